@@ -1,0 +1,1 @@
+"""scalelab analysis: scaling and cost figures computed from run records, and their reports."""

@@ -1,0 +1,424 @@
+"""Rendering of scaling tables: terminal (rich), Markdown report, PNG plots, JSON.
+
+Nothing is computed here beyond formatting: the numbers come from `costs.scaling`
+(`scale_layouts` / `scaling_table`). Every renderer accepts either a full sweep table (summary
+columns + scaling columns) or a bare scaling table (label, workers, throughput, speedup, ...):
+columns that are absent are simply left out, so the same code renders measured sweeps and
+published reference numbers.
+
+Plots use matplotlib's Agg canvas directly (no pyplot, no display, no global state), so they
+work on headless cluster nodes and in parallel tests.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+import numpy as np
+import pandas as pd
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator, PercentFormatter
+from rich.console import Console
+from rich.table import Table
+
+__all__ = [
+    "DEFINITIONS",
+    "table_rows",
+    "render_table",
+    "print_scaling",
+    "write_markdown",
+    "plot_speedup",
+    "plot_throughput",
+    "to_json_records",
+    "write_json",
+]
+
+#: One line each, shown under every Markdown report (and usable as a terminal caption).
+DEFINITIONS: tuple[tuple[str, str], ...] = (
+    ("Throughput", "words/s = sum over measured steps and ranks of words / sum over steps of "
+                   "t_step, where t_step = max over ranks of step_s (the slowest rank sets the "
+                   "step time); samples/s likewise. Warm-up steps are excluded."),
+    ("Speedup", "throughput of a layout / throughput of the smallest layout of the same series "
+                "(the same ratio as t_base/t for a fixed problem and n·t_base/t for fixed work "
+                "per worker)."),
+    ("Efficiency", "speedup / n, with n = workers / workers of the smallest layout; 100 % is "
+                   "perfect linear scaling."),
+    ("Karp-Flatt serial fraction", "e = (1/S − 1/n)/(1 − 1/n); a value that grows with n points "
+                                   "at overhead growing with the worker count (communication)."),
+    ("Phase shares", "time in data loading / gradient exchange on the slowest rank of each step, "
+                     "as a fraction of the total step time."),
+    ("Time to threshold", "training seconds (validation excluded) until the validation loss first "
+                          "reached the loss threshold."),
+)
+
+_DASH = "—"
+
+
+# --------------------------------------------------------------------------------------------------
+# cell formatting (shared by the terminal and the Markdown table, so they always agree)
+
+
+def _missing(x: Any) -> bool:
+    if x is None or x is pd.NA:
+        return True
+    try:
+        return bool(isinstance(x, float) and math.isnan(x)) or bool(
+            isinstance(x, (np.floating,)) and np.isnan(x)
+        )
+    except TypeError:
+        return False
+
+
+def _num(x: Any, fmt: str) -> str:
+    return _DASH if _missing(x) else format(float(x), fmt)
+
+
+def _pct(x: Any, digits: int = 1) -> str:
+    return _DASH if _missing(x) else f"{100.0 * float(x):.{digits}f} %"
+
+
+def _throughput_col(df: pd.DataFrame) -> str | None:
+    for c in ("words_per_s", "throughput"):
+        if c in df.columns:
+            return c
+    return None
+
+
+def _layout(r: pd.Series) -> str:
+    if _missing(r.get("nodes")) or _missing(r.get("gpus_per_node")):
+        return _DASH
+    return f"{int(r['nodes'])}x{int(r['gpus_per_node'])}"
+
+
+def _step_ms(r: pd.Series) -> str:
+    mean = r.get("step_s_mean")
+    if _missing(mean):
+        return _DASH
+    std = r.get("step_s_std")
+    s = f"{1000 * float(mean):.1f}"
+    return s + (f" ± {1000 * float(std):.1f}" if not _missing(std) else "")
+
+
+def _shares(r: pd.Series) -> str:
+    return f"{_pct(r.get('share_data'), 0)} / {_pct(r.get('share_exchange'), 0)}"
+
+
+def _threshold(r: pd.Series) -> str:
+    reached = r.get("reached_threshold")
+    t = r.get("time_to_threshold_s")
+    if _missing(reached):
+        return _num(t, ".1f") + " s" if not _missing(t) else _DASH
+    if not bool(reached):
+        return "not reached"
+    out = _num(t, ".1f") + " s"
+    steps = r.get("steps_to_threshold")
+    return out + (f" ({int(steps)} steps)" if not _missing(steps) else "")
+
+
+def _columns(df: pd.DataFrame) -> list[tuple[str, Callable[[pd.Series], str], bool]]:
+    """(header, formatter, right-aligned) for each column the frame can fill."""
+    has = set(df.columns)
+    thr = _throughput_col(df)
+    cols: list[tuple[str, Callable[[pd.Series], str], bool]] = []
+    if "label" in has:
+        cols.append(("label", lambda r: _DASH if _missing(r.get("label")) else str(r["label"]), False))
+    if {"nodes", "gpus_per_node"} <= has:
+        cols.append(("layout (nodes x GPUs)", _layout, False))
+    if "workers" in has:
+        cols.append(("workers", lambda r: _num(r.get("workers"), ".0f"), True))
+    if thr is not None:
+        cols.append(("words/s" if thr == "words_per_s" else "throughput",
+                     lambda r: _num(r.get(thr), ",.0f"), True))
+    if "samples_per_s" in has:
+        cols.append(("samples/s", lambda r: _num(r.get("samples_per_s"), ",.1f"), True))
+    if "time_s" in has:
+        cols.append(("time (s)", lambda r: _num(r.get("time_s"), ".3f"), True))
+    if "step_s_mean" in has:
+        cols.append(("step (ms, mean ± std)", _step_ms, True))
+    if "speedup" in has:
+        cols.append(("speedup", lambda r: _num(r.get("speedup"), ".2f"), True))
+    if "efficiency" in has:
+        cols.append(("efficiency", lambda r: _pct(r.get("efficiency")), True))
+    if "karp_flatt" in has:
+        cols.append(("serial fraction", lambda r: _num(r.get("karp_flatt"), ".3f"), True))
+    if {"share_data", "share_exchange"} & has:
+        cols.append(("data / exchange share", _shares, True))
+    if {"reached_threshold", "time_to_threshold_s"} & has:
+        cols.append(("time to threshold", _threshold, True))
+    return cols
+
+
+def table_rows(df: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
+    """Headers and formatted cells of the scaling table, as shown in the terminal and Markdown."""
+    cols = _columns(df)
+    rows = [[fmt(r) for _, fmt, _ in cols] for _, r in df.iterrows()]
+    return [h for h, _, _ in cols], rows
+
+
+# --------------------------------------------------------------------------------------------------
+# terminal
+
+
+def render_table(df: pd.DataFrame, title: str = "Scaling") -> Table:
+    """A rich Table of the scaling DataFrame (one row per layout), numbers right-aligned."""
+    table = Table(title=title, show_lines=False, header_style="bold")
+    cols = _columns(df)
+    for header, _, right in cols:
+        table.add_column(header, justify="right" if right else "left", no_wrap=True)
+    _, rows = table_rows(df)
+    for row in rows:
+        table.add_row(*row)
+    if not rows:
+        table.caption = "no runs"
+    return table
+
+
+def print_scaling(df: pd.DataFrame, console: Console | None = None, title: str = "Scaling") -> None:
+    """Print the scaling table to `console` (a new stdout Console when None)."""
+    (console or Console()).print(render_table(df, title))
+
+
+# --------------------------------------------------------------------------------------------------
+# Markdown
+
+
+def _md_escape(s: str) -> str:
+    return s.replace("|", "\\|").replace("\n", " ")
+
+
+def _markdown_table(df: pd.DataFrame) -> str:
+    headers, rows = table_rows(df)
+    if not headers:
+        return "_(no data)_"
+    right = [r for _, _, r in _columns(df)]
+    lines = [
+        "| " + " | ".join(_md_escape(h) for h in headers) + " |",
+        "|" + "|".join("---:" if r else ":---" for r in right) + "|",
+    ]
+    lines += ["| " + " | ".join(_md_escape(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _distinct(df: pd.DataFrame, col: str) -> list[str]:
+    if col not in df.columns:
+        return []
+    return [str(v) for v in dict.fromkeys(df[col].tolist()) if not _missing(v) and str(v) != ""]
+
+
+def _what_was_run(df: pd.DataFrame) -> list[str]:
+    """Bullet lines describing the sweep, from whatever descriptive columns exist."""
+    out: list[str] = []
+    for col, name in (("label", "Series"), ("model", "Model"), ("rnn", "RNN"), ("engine", "Engine")):
+        vals = _distinct(df, col)
+        if vals:
+            out.append(f"{name}: {', '.join(vals)}")
+    modes = _distinct(df, "mode")
+    if modes:
+        expl = {"strong": "strong scaling (fixed global batch, split over the workers)",
+                "weak": "weak scaling (fixed batch per worker, global batch grows with workers)"}
+        out.append("Scaling mode: " + "; ".join(expl.get(m, m) for m in modes))
+    gb = _distinct(df, "global_batch")
+    if gb:
+        out.append(f"Global batch: {', '.join(gb)}")
+    if {"nodes", "gpus_per_node"} <= set(df.columns) and len(df):
+        layouts = list(dict.fromkeys(_layout(r) for _, r in df.iterrows()))
+        out.append(f"Layouts (nodes x GPUs per node): {', '.join(layouts)}")
+    elif "workers" in df.columns:
+        out.append("Workers: " + ", ".join(_distinct(df, "workers")))
+    if "steps_measured" in df.columns and len(df):
+        s = df["steps_measured"].dropna()
+        if len(s):
+            out.append(f"Measured steps per run (after warm-up): {int(s.min())}"
+                       + (f"–{int(s.max())}" if s.max() != s.min() else ""))
+    thr = _distinct(df, "loss_threshold")
+    if thr:
+        out.append(f"Validation-loss threshold: {', '.join(thr)}")
+    return out
+
+
+def write_markdown(
+    df: pd.DataFrame,
+    out_dir: Path,
+    title: str,
+    notes: Sequence[str] = (),
+    plots: bool = True,
+) -> Path:
+    """Write `out_dir/report.md` (and, with `plots`, speedup.png and throughput.png beside it).
+
+    The report stands on its own for a reader who never ran the tool: what was run, the table,
+    one-line definitions of every figure, and the plots as relative links (so the folder can be
+    moved or attached as a whole). Returns the path of report.md.
+    """
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    images: list[tuple[str, str]] = []
+    if plots and len(df) and "workers" in df.columns:
+        if {"speedup", "efficiency"} <= set(df.columns):
+            images.append(("Speedup and efficiency vs workers", plot_speedup(df, out_dir / "speedup.png").name))
+        if _throughput_col(df) is not None:
+            images.append(("Throughput vs workers", plot_throughput(df, out_dir / "throughput.png").name))
+
+    lines = [f"# {title}", ""]
+    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    lines += [f"_Generated {stamp} by scalelab from the per-rank run records._", ""]
+    lines += ["## What was run", ""]
+    lines += [f"- {_md_escape(s)}" for s in _what_was_run(df)] or ["- (no descriptive columns)"]
+    lines += [f"- {_md_escape(str(n))}" for n in notes]
+    lines += ["", "## Results", "", _markdown_table(df), ""]
+    lines += [f"{_DASH} = not available (not measured by this engine, no validation run, or the base "
+              "row of a series).", ""]
+    lines += ["## Definitions", ""]
+    lines += [f"- **{name}**: {text}" for name, text in DEFINITIONS]
+    if images:
+        lines += ["", "## Plots", ""]
+        for alt, name in images:
+            lines += [f"![{alt}]({name})", ""]
+    path = out_dir / "report.md"
+    path.write_text("\n".join(lines).rstrip() + "\n", encoding="utf-8")
+    return path
+
+
+# --------------------------------------------------------------------------------------------------
+# plots
+
+
+def _series(df: pd.DataFrame) -> Iterable[tuple[str | None, pd.DataFrame]]:
+    """(label, rows sorted by workers) per series, in order of first appearance."""
+    if "label" not in df.columns or df["label"].nunique(dropna=False) <= 1:
+        lab = None if "label" not in df.columns or not len(df) else str(df["label"].iloc[0]) or None
+        yield lab, df.sort_values("workers", kind="stable")
+        return
+    for lab in dict.fromkeys(df["label"].tolist()):
+        yield str(lab), df[df["label"] == lab].sort_values("workers", kind="stable")
+
+
+def _worker_axis(ax: Any, df: pd.DataFrame) -> None:
+    workers = sorted({int(w) for w in df["workers"].dropna()})
+    if 0 < len(workers) <= 16:
+        ax.set_xticks(workers)
+    else:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("workers (GPUs)")
+    ax.grid(True, alpha=0.3)
+
+
+def _annotate_layouts(ax: Any, part: pd.DataFrame, y: str) -> None:
+    """Label points with their layout where one series has several layouts at one worker count."""
+    if not {"nodes", "gpus_per_node"} <= set(part.columns) or not part["workers"].duplicated().any():
+        return
+    for _, r in part.iterrows():
+        ax.annotate(_layout(r), (r["workers"], r[y]), textcoords="offset points", xytext=(4, 4), fontsize=7)
+
+
+def _new_figure(panels: int) -> Figure:
+    fig = Figure(figsize=(5.5 * panels, 4.2), layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def plot_speedup(df: pd.DataFrame, path: Path) -> Path:
+    """PNG with speedup vs workers (per series, with the ideal line) and efficiency vs workers."""
+    path = Path(path)
+    fig = _new_figure(2)
+    ax_s, ax_e = fig.subplots(1, 2)
+    wmax = float(df["workers"].max()) if len(df) else 1.0
+    # ideal speedup n = workers / base_workers: one line per distinct base (usually just one)
+    bases = sorted({float(b) for b in df["base_workers"].dropna()}) if "base_workers" in df.columns else []
+    bases = bases or [float(df["workers"].min()) if len(df) else 1.0]
+    for i, b in enumerate(bases):
+        ax_s.plot([b, wmax], [1.0, wmax / b], ls="--", color="grey", lw=1, label="ideal" if i == 0 else None)
+    ax_e.axhline(1.0, ls="--", color="grey", lw=1, label="ideal")
+    for lab, part in _series(df):
+        (line,) = ax_s.plot(part["workers"], part["speedup"], marker="o", label=lab)
+        ax_e.plot(part["workers"], part["efficiency"], marker="o", color=line.get_color(), label=lab)
+        _annotate_layouts(ax_s, part, "speedup")
+    ax_s.set_ylabel("speedup (× smallest layout)")
+    ax_s.set_title("Speedup")
+    ax_e.set_ylabel("efficiency")
+    ax_e.yaxis.set_major_formatter(PercentFormatter(xmax=1.0))
+    eff = pd.to_numeric(df["efficiency"], errors="coerce").dropna()
+    ax_e.set_ylim(0, max(1.1, float(eff.max()) * 1.05) if len(eff) else 1.1)
+    ax_e.set_title("Efficiency (speedup / n)")
+    for ax in (ax_s, ax_e):
+        _worker_axis(ax, df)
+        ax.legend(fontsize=8, loc="best")
+    fig.savefig(path, dpi=110)
+    return path
+
+
+def plot_throughput(df: pd.DataFrame, path: Path) -> Path:
+    """PNG with total throughput vs workers (per series, with linear scaling from the smallest
+    layout as the ideal) and throughput per worker (flat when scaling is perfect)."""
+    path = Path(path)
+    col = _throughput_col(df)
+    if col is None:
+        raise ValueError("plot_throughput needs a 'words_per_s' or 'throughput' column")
+    unit = "words/s" if col == "words_per_s" else "throughput"
+    fig = _new_figure(2)
+    ax_t, ax_w = fig.subplots(1, 2)
+    for i, (lab, part) in enumerate(_series(df)):
+        (line,) = ax_t.plot(part["workers"], part[col], marker="o", label=lab)
+        if len(part):
+            base = part.loc[part["workers"].idxmin()]
+            xs = np.array([part["workers"].min(), part["workers"].max()], dtype=float)
+            # one legend entry for all ideal lines: the colour already ties each to its series
+            ax_t.plot(xs, base[col] * xs / float(base["workers"]), ls="--", lw=1, color=line.get_color(),
+                      alpha=0.6, label="ideal (linear from smallest layout)" if i == 0 else None)
+        ax_w.plot(part["workers"], part[col] / part["workers"], marker="o", color=line.get_color(), label=lab)
+        _annotate_layouts(ax_t, part, col)
+    ax_t.set_ylabel(unit)
+    ax_t.set_title("Throughput" if unit == "throughput" else f"Throughput ({unit})")
+    ax_w.set_ylabel(f"{unit} per worker")
+    ax_w.set_title("Throughput per worker")
+    ax_w.set_ylim(bottom=0)
+    ax_t.set_ylim(bottom=0)
+    for ax in (ax_t, ax_w):
+        _worker_axis(ax, df)
+        ax.yaxis.set_major_formatter(lambda v, _: f"{v:,.0f}")
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8, loc="best")
+    fig.savefig(path, dpi=110)
+    return path
+
+
+# --------------------------------------------------------------------------------------------------
+# JSON
+
+
+def _jsonable(x: Any) -> Any:
+    if _missing(x):
+        return None
+    if isinstance(x, (np.bool_, bool)):
+        return bool(x)
+    if isinstance(x, np.integer):
+        return int(x)
+    if isinstance(x, (np.floating, float)):
+        f = float(x)
+        return None if not math.isfinite(f) else f
+    if isinstance(x, (pd.Timestamp, datetime)):
+        return x.isoformat()
+    if isinstance(x, np.ndarray):
+        return [_jsonable(v) for v in x.tolist()]
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    return x
+
+
+def to_json_records(df: pd.DataFrame) -> list[dict[str, Any]]:
+    """Rows as plain dicts; NaN/inf/NA become None (JSON null), numpy scalars Python scalars."""
+    return [{str(k): _jsonable(v) for k, v in row.items()} for row in df.to_dict(orient="records")]
+
+
+def write_json(df: pd.DataFrame, path: Path) -> Path:
+    """Write the rows as a JSON array (strict JSON: no NaN literals). Returns `path`."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(to_json_records(df), indent=2, allow_nan=False) + "\n", encoding="utf-8")
+    return path

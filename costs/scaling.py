@@ -1,0 +1,477 @@
+"""Scaling figures computed from run records: per-step table, per-run summary, strong/weak scaling.
+
+Everything here is a pure function of DataFrames and dicts (no I/O, no printing), so the same code
+serves the CLI, `summary.json` and the tests. The record format and the throughput formula are
+defined in docs/records.md; this module is their single implementation:
+
+    t_step    = max over ranks of step_s                 (the slowest rank sets the step time)
+    words/s   = sum over steps and ranks of words   / sum over steps of t_step
+    samples/s = sum over steps and ranks of samples / sum over steps of t_step
+
+over the measured (non-warm-up) steps.
+
+Scaling definitions (standard HPC usage, see shared/reference/README.md):
+
+    speedup     S = throughput(N) / throughput(base)          (or t(base) / t(N) for a fixed problem)
+    efficiency  E = S / n,  n = workers / base_workers
+    Karp-Flatt  e = (1/S - 1/n) / (1 - 1/n)                  (experimentally determined serial fraction)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+import pandas as pd
+
+from launcher.errors import RecordError
+
+__all__ = [
+    "PHASES",
+    "STEP_TABLE_COLUMNS",
+    "SCALING_COLUMNS",
+    "LayoutSummary",
+    "step_table",
+    "summarize_run",
+    "scaling_table",
+    "scale_layouts",
+    "karp_flatt",
+]
+
+#: Per-step phase timings of a step record (seconds); they add up to (at most) `step_s`.
+PHASES: tuple[str, ...] = ("data_s", "forward_s", "backward_s", "exchange_s", "optimizer_s")
+
+#: Columns of the DataFrame returned by `step_table`, in order.
+STEP_TABLE_COLUMNS: tuple[str, ...] = (
+    "step", "epoch", "warmup", "ranks", "slowest_rank", "t_step",
+    "words", "samples", *PHASES, "loss", "time",
+)
+
+#: Columns that `scaling_table` adds to its input.
+SCALING_COLUMNS: tuple[str, ...] = ("base_workers", "n", "speedup", "efficiency", "karp_flatt")
+
+_REQUIRED_STEP_COLUMNS = ("rank", "step", "step_s", "words", "samples")
+_MODES = ("strong", "weak")
+
+
+# --------------------------------------------------------------------------------------------------
+# per-step table
+
+
+def step_table(records: pd.DataFrame) -> pd.DataFrame:
+    """Collapse the step records of ONE run (all ranks) into one row per optimizer step.
+
+    Columns (`STEP_TABLE_COLUMNS`): step, epoch, warmup, ranks, slowest_rank, t_step, words,
+    samples, data_s, forward_s, backward_s, exchange_s, optimizer_s, loss, time.
+
+    - `t_step` is the maximum `step_s` over ranks: in synchronous data parallelism every rank waits
+      for the slowest one at the gradient exchange, so the slowest rank sets the step time.
+    - `words` and `samples` are summed over ranks (the work the whole layout did in that step).
+    - The phase columns are taken from the slowest rank of the step (`slowest_rank`), NOT averaged.
+      Why: they then add up to `t_step` and explain it. Averaging phases over ranks would mix the
+      fast ranks' idle time (which shows up as a long `backward_s`/`exchange_s` while they wait
+      in the all-reduce) with the slow rank's real work, and the shares would not sum to the step.
+      Ties in `step_s` go to the lowest rank, so the choice is deterministic.
+    - `loss` is the plain mean of the ranks' losses; `warmup` is true if any rank marked the step
+      as warm-up; `ranks` counts the ranks that reported the step (fewer than the world size means
+      the run stopped in the middle of that step); `time` is the latest rank's end-of-step time.
+    - A step that a rank recorded twice (re-done after resuming from an older checkpoint) keeps
+      its latest record (by `time`), so `step` is unique and the table follows the surviving run.
+
+    Rows with another `kind` than "step" are ignored when a `kind` column exists. The work is
+    vectorised (groupbys only, no per-row Python), so a million records take a fraction of a second.
+
+    Raises RecordError when a required column (rank, step, step_s, words, samples) is missing.
+    """
+    missing = [c for c in _REQUIRED_STEP_COLUMNS if c not in records.columns]
+    if missing:
+        raise RecordError(
+            f"step records lack the column(s) {', '.join(missing)}; "
+            "they must follow docs/records.md (kind 'step')"
+        )
+    df = records
+    if "kind" in df.columns:
+        df = df[df["kind"] == "step"]
+
+    cols: dict[str, Any] = {
+        "rank": pd.to_numeric(df["rank"]).to_numpy(),
+        "step": pd.to_numeric(df["step"]).to_numpy(),
+        "step_s": _float(df, "step_s"),
+        "words": _float(df, "words"),
+        "samples": _float(df, "samples"),
+        "loss": _float(df, "loss"),
+        "time": _float(df, "time"),
+        "epoch": _float(df, "epoch"),
+    }
+    for phase in PHASES:
+        cols[phase] = _float(df, phase)
+    if "warmup" in df.columns:
+        cols["warmup"] = df["warmup"].fillna(False).astype(bool).to_numpy()
+    else:
+        cols["warmup"] = np.zeros(len(df), dtype=bool)
+    work = pd.DataFrame(cols)
+
+    if work["step_s"].isna().any() or work["step"].isna().any() or work["rank"].isna().any():
+        raise RecordError("step records with an empty rank, step or step_s: the record files are corrupt")
+    if len(work) == 0:
+        return pd.DataFrame({c: pd.Series(dtype=_STEP_DTYPES.get(c, "float64")) for c in STEP_TABLE_COLUMNS})
+
+    # A (rank, step) seen twice: a step re-done after a resume. Keep the latest attempt.
+    if work.duplicated(["rank", "step"]).any():
+        work = (
+            work.sort_values(["rank", "step", "time"], kind="stable", na_position="first")
+            .drop_duplicates(["rank", "step"], keep="last")
+        )
+
+    # Slowest rank per step: rows whose step_s equals the step's maximum, then the lowest rank
+    # among them (two cythonised groupbys; a lexsort of all rows is ~20x slower).
+    grouped = work.groupby("step", sort=True)
+    is_max = work["step_s"].to_numpy() == grouped["step_s"].transform("max").to_numpy()
+    slowest = work[is_max].groupby("step", sort=True)["rank"].idxmin()
+    slow = work.loc[slowest.to_numpy()].set_index("step")
+
+    agg = grouped.agg(
+        epoch=("epoch", "max"),
+        warmup=("warmup", "max"),
+        ranks=("rank", "size"),
+        words=("words", "sum"),
+        samples=("samples", "sum"),
+        loss=("loss", "mean"),
+        time=("time", "max"),
+    )
+    out = agg.join(
+        slow[["rank", "step_s", *PHASES]].rename(columns={"rank": "slowest_rank", "step_s": "t_step"})
+    )
+    out = out.reset_index()
+    out["warmup"] = out["warmup"].astype(bool)
+    out["ranks"] = out["ranks"].astype("int64")
+    return out.loc[:, list(STEP_TABLE_COLUMNS)]
+
+
+_STEP_DTYPES = {"step": "int64", "warmup": "bool", "ranks": "int64", "slowest_rank": "int64"}
+
+
+def _float(df: pd.DataFrame, col: str) -> np.ndarray:
+    """Column as float64 (None -> NaN); all-NaN when the column is absent (an optional field)."""
+    if col not in df.columns:
+        return np.full(len(df), np.nan)
+    return pd.to_numeric(df[col], errors="coerce").to_numpy(dtype="float64", na_value=np.nan)
+
+
+# --------------------------------------------------------------------------------------------------
+# per-run summary
+
+
+@dataclass
+class LayoutSummary:
+    """What one run (one layout) measured: throughput, step-time statistics, phases, convergence.
+
+    Throughput follows docs/records.md over the measured (non-warm-up, complete) steps. Phase
+    shares are fractions of the summed step time, from the slowest rank of each step (see
+    `step_table`); `share_exchange` is None when the engine does not expose the exchange wait.
+    Fields that cannot be known are None (never NaN), so `asdict` is directly JSON-serialisable.
+    """
+
+    label: str
+    workers: int
+    nodes: int
+    gpus_per_node: int
+    engine: str | None
+    rnn: str | None
+    model: str | None
+    mode: str
+    global_batch: int | None
+    steps_measured: int
+    steps_warmup: int
+    steps_incomplete: int
+    words_per_s: float
+    samples_per_s: float
+    step_s_mean: float
+    step_s_median: float
+    step_s_p90: float
+    step_s_std: float
+    share_data: float | None
+    share_forward: float | None
+    share_backward: float | None
+    share_exchange: float | None
+    share_optimizer: float | None
+    final_loss: float | None
+    final_val_loss: float | None
+    loss_threshold: float | None
+    reached_threshold: bool | None
+    time_to_threshold_s: float | None
+    steps_to_threshold: int | None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict (for summary.json and DataFrames)."""
+        return asdict(self)
+
+
+def summarize_run(
+    step_records: pd.DataFrame,
+    val_records: pd.DataFrame | None,
+    events: pd.DataFrame | None,
+    meta: dict[str, Any],
+) -> LayoutSummary:
+    """Summarise one run from its records.
+
+    `meta` carries label, nodes, gpus_per_node, workers, engine, rnn, model, batch_mode
+    ("strong" | "weak"), global_batch, loss_threshold (missing keys default to None; `workers`
+    defaults to nodes x gpus_per_node, else to the number of ranks seen).
+
+    Measured steps are those not marked warm-up and reported by every rank: a step that only some
+    ranks finished (the run was interrupted inside it) has no meaningful slowest-rank time.
+
+    Convergence: the first `threshold` event (lowest step) gives `time_to_threshold_s`
+    (its `elapsed_s`: training time excluding validation) and `steps_to_threshold`; without such an
+    event, the first validation record with `val_loss <= loss_threshold` is used. `reached_threshold`
+    is None when no threshold is configured or no validation ran (nothing to judge by), else a bool.
+    `final_loss` is the mean training loss of the last step; `final_val_loss` the last validation.
+
+    Raises RecordError when no measured step exists, because every timing would be undefined.
+    """
+    mode = meta.get("batch_mode") or meta.get("mode") or "strong"
+    if mode not in _MODES:
+        raise ValueError(f"batch_mode must be one of {_MODES}, got {mode!r}")
+
+    steps = step_table(step_records)
+    full = int(steps["ranks"].max()) if len(steps) else 0
+    complete = steps["ranks"] == full
+    warm = steps["warmup"]
+    measured = steps[~warm & complete]
+    if steps.empty:
+        raise RecordError(
+            f"no step records in run {meta.get('label', '?')!r}: the run did not complete a single "
+            "step; check its logs/ and run it again"
+        )
+    if measured.empty:
+        raise RecordError(
+            f"no measured steps in run {meta.get('label', '?')!r}: {len(steps)} step(s) recorded, "
+            f"{int(warm.sum())} of them warm-up. Timings exclude warm-up steps; "
+            "run more steps than warmup_steps (raise --steps or lower warmup_steps)."
+        )
+
+    t = measured["t_step"].to_numpy(dtype=float)
+    total_t = float(t.sum())
+    shares = {}
+    for phase in PHASES:
+        vals = measured[phase]
+        shares[phase] = None if vals.isna().all() else float(vals.sum()) / total_t
+
+    nodes = _int_or_none(meta.get("nodes"))
+    gpn = _int_or_none(meta.get("gpus_per_node"))
+    workers = _int_or_none(meta.get("workers"))
+    if workers is None:
+        workers = nodes * gpn if nodes is not None and gpn is not None else full
+
+    threshold = _float_or_none(meta.get("loss_threshold"))
+    reached, t_thr, s_thr = _threshold(val_records, events, threshold)
+
+    final_val = None
+    if val_records is not None and len(val_records) and "val_loss" in val_records.columns:
+        v = val_records.sort_values("step", kind="stable") if "step" in val_records.columns else val_records
+        final_val = _float_or_none(v["val_loss"].iloc[-1])
+
+    return LayoutSummary(
+        label=str(meta.get("label") or ""),
+        workers=int(workers),
+        nodes=nodes if nodes is not None else 1,
+        gpus_per_node=gpn if gpn is not None else int(workers),
+        engine=meta.get("engine"),
+        rnn=meta.get("rnn"),
+        model=meta.get("model"),
+        mode=mode,
+        global_batch=_int_or_none(meta.get("global_batch")),
+        steps_measured=int(len(measured)),
+        steps_warmup=int(warm.sum()),
+        steps_incomplete=int((~complete).sum()),
+        words_per_s=float(measured["words"].sum()) / total_t,
+        samples_per_s=float(measured["samples"].sum()) / total_t,
+        step_s_mean=float(t.mean()),
+        step_s_median=float(np.median(t)),
+        step_s_p90=float(np.percentile(t, 90)),
+        # sample standard deviation; a single measured step has no spread to estimate -> 0.0
+        step_s_std=float(t.std(ddof=1)) if len(t) > 1 else 0.0,
+        share_data=shares["data_s"],
+        share_forward=shares["forward_s"],
+        share_backward=shares["backward_s"],
+        share_exchange=shares["exchange_s"],
+        share_optimizer=shares["optimizer_s"],
+        final_loss=_float_or_none(steps["loss"].iloc[-1]) if len(steps) else None,
+        final_val_loss=final_val,
+        loss_threshold=threshold,
+        reached_threshold=reached,
+        time_to_threshold_s=t_thr,
+        steps_to_threshold=s_thr,
+    )
+
+
+def _threshold(
+    val_records: pd.DataFrame | None, events: pd.DataFrame | None, threshold: float | None
+) -> tuple[bool | None, float | None, int | None]:
+    """(reached, elapsed_s, step) of the first time validation loss went <= threshold."""
+    if events is not None and len(events) and "event" in events.columns:
+        ev = events[events["event"] == "threshold"]
+        if len(ev):
+            first = ev.sort_values("step", kind="stable").iloc[0] if "step" in ev.columns else ev.iloc[0]
+            return True, _float_or_none(first.get("elapsed_s")), _int_or_none(first.get("step"))
+    if threshold is None:
+        return None, None, None
+    if val_records is None or not len(val_records) or "val_loss" not in val_records.columns:
+        return None, None, None
+    v = val_records.sort_values("step", kind="stable") if "step" in val_records.columns else val_records
+    hits = v[pd.to_numeric(v["val_loss"], errors="coerce") <= threshold]
+    if hits.empty:
+        return False, None, None
+    first = hits.iloc[0]
+    return True, _float_or_none(first.get("elapsed_s")), _int_or_none(first.get("step"))
+
+
+def _float_or_none(x: Any) -> float | None:
+    if x is None:
+        return None
+    try:
+        f = float(x)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(f) else f
+
+
+def _int_or_none(x: Any) -> int | None:
+    f = _float_or_none(x)
+    return None if f is None else int(f)
+
+
+# --------------------------------------------------------------------------------------------------
+# scaling
+
+
+def karp_flatt(speedup: float | np.ndarray, n: float | np.ndarray) -> float | np.ndarray:
+    """Karp-Flatt serial fraction e = (1/S - 1/n) / (1 - 1/n); NaN where n == 1 (undefined).
+
+    Why report it: efficiency falls with n even for a constant serial part; e stays flat then,
+    and a growing e points at overhead that grows with the worker count (communication).
+    """
+    s = np.asarray(speedup, dtype=float)
+    m = np.asarray(n, dtype=float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        e = np.where(m == 1, np.nan, (1.0 / s - 1.0 / m) / (1.0 - 1.0 / m))
+    return float(e) if e.ndim == 0 else e
+
+
+def scaling_table(
+    rows: Sequence[dict[str, Any]] | pd.DataFrame,
+    mode: str = "strong",
+    series: str | Sequence[str] = "label",
+) -> pd.DataFrame:
+    """Speedup, efficiency and Karp-Flatt serial fraction per series, relative to its smallest layout.
+
+    `rows` have `workers` and either `throughput` (work per second, e.g. words/s) or `time_s`
+    (wall time of a job); `throughput` is used when both are present. Rows are grouped into series
+    by the `series` column(s) (default `label`; absent -> all rows form one series). The base of a
+    series is its row with the fewest workers (the first such row in input order on a tie), and
+    n = workers / base_workers. Columns added (`SCALING_COLUMNS`): base_workers, n, speedup,
+    efficiency, karp_flatt. Input columns and row order are kept.
+
+    - Throughput:  speedup = throughput / base_throughput; efficiency = speedup / n — in both modes.
+      Why the same formula serves weak scaling: with fixed work W per worker per step, throughput_1
+      = W / t1 and throughput_N = N·W / tN, so throughput_N / (N·throughput_1) = t1 / tN, which is
+      exactly the weak-scaling efficiency; and with a fixed global problem (strong), the throughput
+      ratio is t1 / tN, the strong speedup. Throughput thus needs no mode.
+    - time_s, strong (same total work): speedup = t_base / t; efficiency = speedup / n.
+    - time_s, weak (same work per worker, total grows with n): speedup = n·t_base / t (the
+      "scaled" speedup: n times the work in t instead of t_base), efficiency = t_base / t.
+
+    Karp-Flatt e = (1/S - 1/n)/(1 - 1/n) is NaN for n == 1.
+    Raises ValueError on an unknown mode, missing columns, or non-positive workers/throughput/time.
+    """
+    if mode not in _MODES:
+        raise ValueError(f"mode must be one of {_MODES}, got {mode!r}")
+    df = rows.copy() if isinstance(rows, pd.DataFrame) else pd.DataFrame(list(rows))
+    if "workers" not in df.columns:
+        raise ValueError("scaling_table needs a 'workers' column")
+    if "throughput" in df.columns:
+        metric = "throughput"
+    elif "time_s" in df.columns:
+        metric = "time_s"
+    else:
+        raise ValueError("scaling_table needs a 'throughput' or a 'time_s' column")
+    if df.empty:
+        for c in SCALING_COLUMNS:
+            df[c] = pd.Series(dtype="float64")
+        return df
+
+    workers = pd.to_numeric(df["workers"], errors="raise").astype(float)
+    value = pd.to_numeric(df[metric], errors="coerce").astype(float)
+    if (workers <= 0).any() or workers.isna().any():
+        raise ValueError("workers must be positive")
+    if (value <= 0).any():
+        raise ValueError(f"{metric} must be positive (NaN marks a failed run)")
+
+    keys = [series] if isinstance(series, str) else list(series)
+    keys = [k for k in keys if k in df.columns]
+    pos = pd.RangeIndex(len(df))
+    if keys:
+        groups = pd.Series(df[keys].astype(str).agg("\x1f".join, axis=1).to_numpy(), index=pos)
+    else:
+        groups = pd.Series(np.zeros(len(df), dtype=int), index=pos)
+    w = pd.Series(workers.to_numpy(), index=pos)
+    v = pd.Series(value.to_numpy(), index=pos)
+
+    # base row per series: fewest workers, first in input order on ties (idxmin returns the first)
+    base_pos = w.groupby(groups, sort=False).idxmin()
+    base_of_row = groups.map(base_pos)
+    base_w = w.to_numpy()[base_of_row.to_numpy()]
+    base_v = v.to_numpy()[base_of_row.to_numpy()]
+    n = w.to_numpy() / base_w
+
+    if metric == "throughput":
+        speedup = v.to_numpy() / base_v
+        efficiency = speedup / n
+    elif mode == "strong":
+        speedup = base_v / v.to_numpy()
+        efficiency = speedup / n
+    else:  # time_s, weak
+        efficiency = base_v / v.to_numpy()
+        speedup = n * efficiency
+
+    df["base_workers"] = base_w
+    df["n"] = n
+    df["speedup"] = speedup
+    df["efficiency"] = efficiency
+    df["karp_flatt"] = karp_flatt(speedup, n)
+    return df
+
+
+def scale_layouts(
+    summaries: Iterable[LayoutSummary], series: str | Sequence[str] = "label"
+) -> pd.DataFrame:
+    """The scaling table of a sweep: one row per run, summary columns plus `SCALING_COLUMNS`.
+
+    Speedup is the ratio of `words_per_s` (see `scaling_table` for why this is right in both
+    modes). Runs are grouped into series by `series` (default `label`: give every run of one sweep
+    the same label and let nodes/gpus_per_node tell the layouts apart). Rows come sorted by series
+    (in order of first appearance), then workers, then nodes, so the base of a series is its
+    smallest layout and, among equal worker counts, the one with the fewest nodes (e.g. 1x2 rather
+    than 2x1: no inter-node traffic).
+    """
+    records = [s.to_dict() for s in summaries]
+    if not records:
+        cols = list(LayoutSummary.__dataclass_fields__) + list(SCALING_COLUMNS)
+        return pd.DataFrame(columns=cols)
+    df = pd.DataFrame(records)
+    keys = [series] if isinstance(series, str) else list(series)
+    keys = [k for k in keys if k in df.columns]
+    if keys:
+        key = df[keys].astype(str).agg("\x1f".join, axis=1)
+        df["_series"] = pd.Categorical(key, categories=list(dict.fromkeys(key)), ordered=True)
+    else:
+        df["_series"] = 0
+    df = df.sort_values(["_series", "workers", "nodes"], kind="stable").drop(columns="_series")
+    df = df.reset_index(drop=True)
+    modes = set(df["mode"])
+    mode = modes.pop() if len(modes) == 1 else "strong"  # throughput-based: mode does not matter
+    out = scaling_table(df.assign(throughput=df["words_per_s"]), mode=mode, series=keys)
+    return out.drop(columns="throughput")

@@ -1,0 +1,303 @@
+"""`launch`: run, sweep and report data-parallel LSTM experiments.
+
+    launch --backend local --nodes 1 --gpus-per-node 2 --model nmt-tiny      (= launch run ...)
+    launch sweep --workers 1,2 --mode strong --model nmt-tiny
+    launch report runs/sweep-...
+
+A spec comes from `--spec FILE.yaml` (optional), overridden by flags, validated before anything runs,
+and saved as RUN_DIR/spec.json. Errors the user can fix print one line and exit 2; Ctrl-C stops every
+process of the run and exits 130.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.markup import escape
+
+from launcher import __version__
+from launcher.backend import BACKENDS, get_backend
+from launcher.errors import ScalelabError, SpecError
+from launcher.runstore import DEFAULT_RUNS_ROOT, new_run_dir, write_json
+from launcher.spec import BATCH_MODES, DATA_KINDS, ENGINES, RNN_KINDS, Spec, load_spec, read_spec, save_spec
+
+console = Console()
+err_console = Console(stderr=True)
+
+
+# ---- the default-command group: `launch --flags` means `launch run --flags` --------------------
+
+
+class DefaultGroup(click.Group):
+    """A group whose first argument, when it is not a command name, goes to `run`."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if args and args[0] not in self.commands and args[0] not in ("--help", "-h", "--version"):
+            args = ["run", *args]
+        return super().parse_args(ctx, args)
+
+
+@click.group(cls=DefaultGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="launch")
+def main() -> None:
+    """Train LSTM models data-parallel on a chosen layout and measure how they scale.
+
+    \b
+    Start here:
+      launch --model nmt-tiny --engine horovod --gpus-per-node 2     one run, local processes
+      launch sweep --model nmt-tiny --workers 1,2                    a strong-scaling sweep
+      launch report runs/sweep-*                                     speedup / efficiency table
+
+    `launch` with options and no command is `launch run`. See `launch run --help` for every option.
+    """
+
+
+# ---- options shared by run and sweep -------------------------------------------------------------
+
+_SPEC_OPTIONS: list[tuple[str, str, dict[str, Any]]] = [
+    # (flag, spec key, click kwargs)
+    ("--backend", "backend", dict(type=click.Choice(list(BACKENDS)), help="Where ranks run [default: local].")),
+    ("--model", "model", dict(help="Model preset: nmt-tiny, nmt-small, nmt-seed, rnnlm-*, sentiment-* [default: nmt-tiny].")),
+    ("--rnn", "rnn", dict(type=click.Choice(RNN_KINDS), help="fused = nn.LSTM (cuDNN on GPU); stepwise = LSTMCell loop (TF dynamic_rnn).")),
+    ("--engine", "engine.name", dict(type=click.Choice(ENGINES), help="Gradient exchange: horovod, ddp (torch.distributed) or single [default: ddp].")),
+    ("--nodes", "nodes", dict(type=int, help="Nodes in the layout [default: 1].")),
+    ("--gpus-per-node", "gpus_per_node", dict(type=int, help="Ranks per node (one per GPU; a process each on CPU) [default: 1].")),
+    ("--global-batch", "global_batch", dict(type=int, help="Strong scaling: this global batch is split across workers [default: the preset's].")),
+    ("--batch-per-worker", "batch_per_worker", dict(type=int, help="Weak scaling: every worker takes this batch; the global batch grows.")),
+    ("--steps", "steps", dict(type=int, help="Optimizer steps to run [default: 40].")),
+    ("--epochs", "epochs", dict(type=int, help="Epochs to run (with --steps: whichever ends first).")),
+    ("--warmup-steps", "warmup_steps", dict(type=int, help="Steps excluded from timings after each (re)start [default: 5].")),
+    ("--lr", "lr", dict(type=float, help="Learning rate for the reference batch [default: 1e-3].")),
+    ("--lr-warmup-steps", "lr_warmup_steps", dict(type=int, help="Steps of linear LR warm-up to the scaled LR [default: 0].")),
+    ("--optimizer", "optimizer", dict(type=click.Choice(["adam", "sgd"]), help="[default: adam]")),
+    ("--data", "data.kind", dict(type=click.Choice(DATA_KINDS), help="synthetic (throughput), task (learnable, for convergence) or text (files) [default: synthetic].")),
+    ("--train-src", "data.train_src", dict(type=str, help="Text data: source file (NMT), text file (LM) or LABEL<TAB>text file.")),
+    ("--train-tgt", "data.train_tgt", dict(type=str, help="Text data: target file for translation.")),
+    ("--valid-src", "data.valid_src", dict(type=str, help="Text data: validation source file (default: held out from training).")),
+    ("--valid-tgt", "data.valid_tgt", dict(type=str, help="Text data: validation target file.")),
+    ("--fixed-length/--variable-length", "data.fixed_length", dict(default=None, help="Task data: all samples full length (equal words per rank) [default: variable].")),
+    ("--train-samples", "data.train_samples", dict(type=int, help="Task data: training samples generated [default: 4096].")),
+    ("--prefetch", "data.prefetch", dict(type=int, help="Batches prepared ahead by a background thread; 0 = none [default: 2].")),
+    ("--val-every", "val_every", dict(type=int, help="Validate every N steps; 0 = never [default: 0].")),
+    ("--loss-threshold", "loss_threshold", dict(type=float, help="Stop at the first validation loss <= this; records time-to-threshold.")),
+    ("--checkpoint-every", "checkpoint_every", dict(type=int, help="Checkpoint every N steps (rank 0 writes) [default: 0 = only on signals].")),
+    ("--threads", "threads", dict(type=int, help="Intra-op threads per rank [default: cores / ranks per node].")),
+    ("--device", "device", dict(type=click.Choice(["auto", "cpu", "cuda"]), help="[default: auto = GPU when present]")),
+    ("--seed", "seed", dict(type=int, help="Seed for model init, data order and synthetic data [default: 1234].")),
+    ("--fusion-threshold-mb", "engine.fusion_threshold_mb", dict(type=float, help="Horovod tensor fusion buffer [default: 64].")),
+    ("--cycle-time-ms", "engine.cycle_time_ms", dict(type=float, help="Horovod fusion cycle time [default: 1].")),
+    ("--fp16-allreduce/--no-fp16-allreduce", "engine.fp16_allreduce", dict(default=None, help="Horovod: compress gradients to fp16 for the exchange.")),
+    ("--bucket-cap-mb", "engine.bucket_cap_mb", dict(type=float, help="DDP gradient bucket size [default: 25].")),
+    ("--name", "name", dict(type=str, help="Run name (prefix of the run directory).")),
+]
+
+
+def spec_options(func):
+    for flag, key, kwargs in reversed(_SPEC_OPTIONS):
+        dest = key.replace(".", "__")
+        func = click.option(flag, dest, **kwargs)(func)
+    func = click.option("--spec", "spec_file", type=click.Path(dir_okay=False), help="YAML spec; flags override it.")(func)
+    func = click.option("--model-arg", "model_args", multiple=True, metavar="KEY=VALUE",
+                        help="Override a preset field, e.g. --model-arg hidden_size=256 (repeatable).")(func)
+    func = click.option("--backend-opt", "backend_opts", multiple=True, metavar="KEY=VALUE",
+                        help="Backend option (repeatable); unknown ones are listed with the valid ones.")(func)
+    func = click.option("--runs-dir", type=click.Path(file_okay=False), default=str(DEFAULT_RUNS_ROOT),
+                        show_default=True, help="Where run directories are created.")(func)
+    func = click.option("--dry-run", is_flag=True, help="Print exactly what would be run and run nothing.")(func)
+    return func
+
+
+def build_spec(params: dict[str, Any]) -> Spec:
+    """YAML (if any) < flags; then validate."""
+    spec = load_spec(params["spec_file"]) if params.get("spec_file") else Spec()
+    overrides = {key: params.get(key.replace(".", "__")) for _, key, _ in _SPEC_OPTIONS}
+    if overrides.get("global_batch") is not None:
+        overrides["batch_per_worker"] = None
+        spec.batch_per_worker = None
+    if overrides.get("batch_per_worker") is not None:
+        spec.global_batch = None
+    spec = spec.with_overrides(overrides)
+    if params.get("model_args"):
+        spec.model_args = {**spec.model_args, **parse_pairs(params["model_args"], "--model-arg")}
+    if params.get("backend_opts"):
+        spec.backend_options = {**spec.backend_options, **parse_pairs(params["backend_opts"], "--backend-opt")}
+    return spec.validate()
+
+
+def parse_pairs(pairs: tuple[str, ...], flag: str) -> dict[str, Any]:
+    import yaml
+
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise SpecError(f"{flag} takes KEY=VALUE, got {pair!r}")
+        out[key.strip().replace("-", "_")] = yaml.safe_load(value)  # 256 -> int, 0.1 -> float, true -> bool
+    return out
+
+
+# ---- run -----------------------------------------------------------------------------------------
+
+
+@main.command("run")
+@spec_options
+def run_cmd(**params: Any) -> None:
+    """Run one training job on the chosen layout and print its summary.
+
+    The run directory (spec, per-rank records, logs, summary) is printed at the end;
+    `launch report RUN_DIR` turns it into tables and plots.
+    """
+    spec = build_spec(params)
+    backend = get_backend(spec.backend, spec.backend_options)
+    if params["dry_run"]:
+        run_dir = Path(params["runs_dir"]) / f"{spec.name or spec.model}-DRYRUN"
+        console.print(backend.submit_dryrun(spec, run_dir).render(), markup=False, highlight=False)
+        return
+    backend.validate(spec)
+    run_dir = new_run_dir(Path(params["runs_dir"]), spec.name or f"{spec.model}-{spec.engine.name}-{spec.nodes}x{spec.gpus_per_node}")
+    summary = execute(backend, spec, run_dir)
+    print_summary(run_dir, summary)
+
+
+def execute(backend, spec: Spec, run_dir: Path, label: str | None = None):
+    """Save the spec, submit, follow progress, then summarise the records into summary.json."""
+    from launcher.progress import RunProgress
+    from launcher.results import summarize_dir, total_steps
+
+    save_spec(spec, run_dir)
+    request = backend.submit_dryrun(spec, run_dir)
+    backend.schedule(request)
+    with RunProgress(run_dir, total_steps(spec), label or run_dir.name, err_console) as progress:
+        status = backend.wait(run_dir, on_poll=progress.poll)
+    if status.state != "COMPLETED":
+        raise ScalelabError(
+            f"run {run_dir} {status.state.lower()} ({status.detail}); last lines of its logs:\n"
+            + tail(backend.logs(run_dir), 25)
+        )
+    summary = summarize_dir(run_dir)
+    write_json(run_dir / "summary.json", summary.to_dict())
+    return summary
+
+
+def tail(text: str, n: int) -> str:
+    return "\n".join(text.rstrip().splitlines()[-n:])
+
+
+def print_summary(run_dir: Path, summary) -> None:
+    from costs.report import print_scaling
+    from costs.scaling import scale_layouts
+
+    print_scaling(scale_layouts([summary]), console=console)
+    console.print(f"run directory: [bold]{run_dir}[/]  (launch report {run_dir})")
+
+
+# ---- resume --------------------------------------------------------------------------------------
+
+
+@main.command("resume")
+@click.argument("run_dir", type=click.Path(file_okay=False))
+def resume_cmd(run_dir: str) -> None:
+    """Continue RUN_DIR from its last checkpoint with the spec it was started with."""
+    path = Path(run_dir)
+    spec = read_spec(path).validate()
+    backend = get_backend(spec.backend, spec.backend_options)
+    backend.validate(spec)
+    print_summary(path, execute(backend, spec, path))
+
+
+# ---- sweep ---------------------------------------------------------------------------------------
+
+
+@main.command("sweep")
+@spec_options
+@click.option("--workers", type=str, help="Worker counts on one node, e.g. 1,2 (same as --layouts 1x1,1x2).")
+@click.option("--layouts", type=str, help="Layouts NODESxGPUS, e.g. 1x1,1x2,2x1.")
+@click.option("--mode", type=click.Choice(BATCH_MODES), default="strong", show_default=True,
+              help="strong: fixed global batch split across workers; weak: fixed batch per worker.")
+def sweep_cmd(workers: str | None, layouts: str | None, mode: str, **params: Any) -> None:
+    """Run the same spec over several layouts and print the scaling table.
+
+    Strong mode keeps the global batch (--global-batch or the preset's) and splits it; weak mode keeps
+    the per-worker batch (--batch-per-worker or the preset's) and grows the global batch. Every layout is
+    checked before the first one runs.
+    """
+    from launcher.sweep import parse_layouts, run_sweep, sweep_specs
+
+    if not workers and not layouts:
+        raise SpecError("give --workers (e.g. 1,2) or --layouts (e.g. 1x1,1x2,2x1)")
+    base = build_spec({**params, "nodes": None, "gpus_per_node": None})
+    specs = sweep_specs(base, parse_layouts(workers, layouts), mode)
+    backend = get_backend(base.backend, base.backend_options)
+    if params["dry_run"]:
+        for spec in specs:
+            run_dir = Path(params["runs_dir"]) / f"sweep-DRYRUN/{spec.nodes}x{spec.gpus_per_node}"
+            console.print(backend.submit_dryrun(spec, run_dir).render(), markup=False, highlight=False)
+        return
+    backend.validate(base)
+    sweep_dir = run_sweep(backend, specs, Path(params["runs_dir"]), base.name or f"sweep-{base.model}-{mode}", execute)
+    report_dirs([sweep_dir], out=sweep_dir, fmt="table")
+
+
+# ---- report --------------------------------------------------------------------------------------
+
+
+@main.command("report")
+@click.argument("run_dirs", nargs=-1, required=True, type=click.Path())
+@click.option("--out", type=click.Path(file_okay=False), help="Where report.md, report.json and plots go [default: beside the runs].")
+@click.option("--format", "fmt", type=click.Choice(["table", "json", "markdown"]), default="table", show_default=True,
+              help="What to print; the Markdown report and plots are written in every case.")
+def report_cmd(run_dirs: tuple[str, ...], out: str | None, fmt: str) -> None:
+    """Throughput, speedup and efficiency per layout from the runs' records.
+
+    RUN_DIRS are run directories or sweep directories (their runs are all taken). Speedup is relative to
+    the layout with the fewest workers; the slowest rank sets each step's time.
+    """
+    report_dirs([Path(p) for p in run_dirs], Path(out) if out else None, fmt)
+
+
+def report_dirs(paths: list[Path], out: Path | None, fmt: str) -> None:
+    from launcher.results import build_report
+
+    report = build_report(paths, out)
+    for warning in report.warnings:
+        err_console.print(f"[yellow]warning:[/] {warning}")
+    if fmt == "json":
+        click.echo(report.json_text)
+    elif fmt == "markdown":
+        click.echo(report.markdown_path.read_text())
+    else:
+        from costs.report import print_scaling
+
+        print_scaling(report.table, console=console)
+        console.print(f"report: [bold]{report.markdown_path}[/]  plot: {report.plot_path}")
+
+
+# ---- entry point ---------------------------------------------------------------------------------
+
+
+def entry() -> None:
+    """Console-script entry: user errors as one line, exit 2; Ctrl-C exit 130; bugs keep tracebacks."""
+    try:
+        main.main(standalone_mode=False)
+    except click.exceptions.Abort:
+        err_console.print("launch: interrupted; every process of the run was stopped")
+        sys.exit(130)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except ScalelabError as exc:
+        err_console.print(f"[bold red]launch: error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        err_console.print("launch: interrupted; every process of the run was stopped")
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    entry()

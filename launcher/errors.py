@@ -1,0 +1,30 @@
+"""The one exception type that reaches the user as a message instead of a traceback.
+
+Anything the user can fix (a wrong flag, a missing file, an impossible layout, a failed submission)
+raises `ScalelabError` with a message that names what is wrong and how to fix it. The CLI prints the
+message and exits non-zero; every other exception is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+
+class ScalelabError(Exception):
+    """A problem the user can fix; its message is shown as it is, without a traceback."""
+
+    exit_code: int = 2
+
+
+class SpecError(ScalelabError):
+    """The experiment spec (YAML or flags) is invalid."""
+
+
+class DataError(ScalelabError):
+    """A data file is missing, unreadable or malformed."""
+
+
+class RecordError(ScalelabError):
+    """A run directory or one of its record files is missing or corrupt."""
+
+
+class EngineError(ScalelabError):
+    """A distributed engine is unavailable or misconfigured (e.g. Horovod built without PyTorch)."""

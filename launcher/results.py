@@ -1,0 +1,99 @@
+"""From run directories to summaries and reports: the glue between the run store and costs/.
+
+All numbers come from the per-rank records (costs.scaling does the arithmetic); this module only
+finds the runs, hands their records and metadata over, and writes the outputs.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from costs.scaling import LayoutSummary, scale_layouts, summarize_run
+from launcher.errors import RecordError
+from launcher.runstore import load_run
+from launcher.spec import Spec
+
+SWEEP_FILE = "sweep.json"
+
+
+def run_label(spec: Spec) -> str:
+    """The series a run belongs to: runs that differ only in layout share a label."""
+    return f"{spec.model} {spec.rnn} {spec.engine.name} {spec.batch_mode}"
+
+
+def total_steps(spec: Spec) -> int | None:
+    return spec.steps
+
+
+def summarize_dir(run_dir: Path) -> LayoutSummary:
+    run = load_run(run_dir)
+    spec = run.spec
+    if run.steps.empty:
+        raise RecordError(f"{run_dir} has no step records: the run stopped before its first step; see {run_dir}/logs")
+    global_batch = int(run.start["global_batch"].iloc[0]) if "global_batch" in run.start else None
+    meta = {
+        "label": run_label(spec), "nodes": spec.nodes, "gpus_per_node": spec.gpus_per_node, "workers": spec.workers,
+        "engine": spec.engine.name, "rnn": spec.rnn, "model": spec.model, "batch_mode": spec.batch_mode,
+        "global_batch": global_batch, "loss_threshold": spec.loss_threshold,
+    }
+    return summarize_run(run.steps, run.val, run.events, meta)
+
+
+def expand_run_dirs(paths: list[Path]) -> list[Path]:
+    """Run directories as given, sweep directories replaced by their runs (in sweep order)."""
+    out: list[Path] = []
+    for p in paths:
+        if (p / SWEEP_FILE).exists():
+            out.extend(p / name for name in json.loads((p / SWEEP_FILE).read_text())["runs"])
+        elif (p / "spec.json").exists():
+            out.append(p)
+        elif not p.exists():
+            raise RecordError(f"not found: {p} (give run directories or sweep directories)")
+        else:
+            raise RecordError(f"{p} is neither a run directory (no spec.json) nor a sweep directory (no {SWEEP_FILE})")
+    return out
+
+
+@dataclass
+class Report:
+    table: pd.DataFrame
+    markdown_path: Path
+    plot_path: Path
+    json_text: str
+    warnings: list[str] = field(default_factory=list)
+
+
+def build_report(paths: list[Path], out: Path | None = None) -> Report:
+    """Summaries of every run, the scaling table, and report.md / report.json / speedup.png in `out`."""
+    from costs.report import plot_speedup, plot_throughput, to_json_records, write_markdown
+
+    runs = expand_run_dirs(paths)
+    warnings: list[str] = []
+    summaries = []
+    for run_dir in runs:
+        summary_file = run_dir / "summary.json"
+        summaries.append(summarize_dir(run_dir))
+        if not summary_file.exists():
+            warnings.append(f"{run_dir} has no summary.json (it did not finish normally); summarised from its records")
+    table = scale_layouts(summaries)
+    if out is None:
+        out = paths[0] if len(paths) == 1 and (paths[0] / SWEEP_FILE).exists() else _common_parent(runs) / (
+            "report-" + datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))
+    out.mkdir(parents=True, exist_ok=True)
+    plot = plot_speedup(table, out / "speedup.png")
+    plot_throughput(table, out / "throughput.png")
+    notes = [f"runs: {', '.join(str(r) for r in runs)}"]
+    md = write_markdown(table, out, "Scaling report", notes=notes)
+    text = json.dumps(to_json_records(table), indent=2)
+    (out / "report.json").write_text(text + "\n")
+    return Report(table, md, plot, text, warnings)
+
+
+def _common_parent(paths: list[Path]) -> Path:
+    parents = {p.resolve().parent for p in paths}
+    return parents.pop() if len(parents) == 1 else Path.cwd()

@@ -1,0 +1,49 @@
+"""Shared helpers: run the real `launch` CLI in a subprocess, find run directories, read records."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def launch(*args: str, cwd: Path, env: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
+    """`launch ARGS...` exactly as a user runs it (through the console entry point)."""
+    full_env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200", **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-m", "launcher.cli", *args], cwd=cwd, env=full_env,
+        capture_output=True, text=True, timeout=timeout,
+    )
+
+
+def only_run_dir(runs: Path) -> Path:
+    dirs = [p for p in runs.iterdir() if p.is_dir()]
+    assert len(dirs) == 1, f"expected one run directory in {runs}, found {dirs}"
+    return dirs[0]
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def steps_of(run_dir: Path, rank: int = 0) -> list[dict]:
+    return [r for r in read_jsonl(run_dir / "records" / f"rank-{rank}.jsonl") if r["kind"] == "step"]
+
+
+def horovod_available() -> bool:
+    try:
+        import horovod.torch as hvd  # noqa: F401
+    except ImportError:
+        return False
+    return hvd.gloo_built()
+
+
+needs_horovod = pytest.mark.skipif(
+    not horovod_available(), reason="Horovod with PyTorch + Gloo is not installed: run scripts/build-horovod.sh"
+)

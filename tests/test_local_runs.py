@@ -1,0 +1,130 @@
+"""End-to-end runs on the `local` backend through the real `launch` CLI.
+
+Each test starts real rank processes (torchrun / horovodrun with Gloo on CPU) and checks what they
+recorded: two ranks really ran, the engines agree, the threshold stops training, a killed run resumes
+to the same parameters.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from tests.conftest import launch, needs_horovod, only_run_dir, read_jsonl, steps_of
+
+TINY = ["--model", "nmt-tiny", "--data", "task", "--warmup-steps", "1", "--prefetch", "1"]
+
+
+def _run(tmp_path, *args, env=None):
+    runs = tmp_path / "runs"
+    proc = launch(*TINY, "--runs-dir", str(runs), *args, cwd=tmp_path, env=env)
+    return proc, runs
+
+
+@pytest.mark.parametrize("engine", ["ddp", pytest.param("horovod", marks=needs_horovod)])
+def test_two_rank_run_writes_records_and_summary(tmp_path, engine):
+    proc, runs = _run(tmp_path, "--engine", engine, "--gpus-per-node", "2", "--steps", "6", "--global-batch", "16")
+    assert proc.returncode == 0, proc.stderr
+    run = only_run_dir(runs)
+    for rank in (0, 1):
+        recs = read_jsonl(run / "records" / f"rank-{rank}.jsonl")
+        start = recs[0]
+        assert start["kind"] == "start" and start["world"] == 2 and start["rank"] == rank
+        assert start["engine"] == engine and start["batch_this_rank"] == 8
+        steps = [r for r in recs if r["kind"] == "step"]
+        assert [s["step"] for s in steps] == list(range(1, 7))
+        assert all(s["samples"] == 8 and s["step_s"] > 0 for s in steps)
+        assert steps[0]["warmup"] and not steps[-1]["warmup"]
+        assert recs[-1]["kind"] == "event" and recs[-1]["event"] == "end"
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["workers"] == 2 and summary["words_per_s"] > 0 and summary["steps_measured"] == 5
+    spec = json.loads((run / "spec.json").read_text())
+    assert spec["engine"]["name"] == engine and spec["gpus_per_node"] == 2
+    assert "words/s" in proc.stdout.replace("\n", " ") or "words" in proc.stdout
+
+
+def _global_losses(run_dir, world):
+    per_rank = [[s["loss"] for s in steps_of(run_dir, r)] for r in range(world)]
+    return torch.tensor(per_rank, dtype=torch.float64).mean(dim=0)
+
+
+def _final_params(run_dir):
+    return torch.load(run_dir / "checkpoint.pt", weights_only=False)["model"]
+
+
+def test_engines_give_the_same_loss_curve(tmp_path):
+    """Same seed + same global batch: single (1 rank), DDP (2 ranks), Horovod (2 ranks) agree."""
+    common = ["--steps", "8", "--global-batch", "16", "--lr", "0.01", "--checkpoint-every", "8",
+              "--model-arg", "dropout=0"]
+    layouts = {"single": ["--engine", "single"], "ddp": ["--engine", "ddp", "--gpus-per-node", "2"]}
+    from tests.conftest import horovod_available
+
+    if horovod_available():
+        layouts["horovod"] = ["--engine", "horovod", "--gpus-per-node", "2"]
+    curves, params = {}, {}
+    for name, args in layouts.items():
+        # fixed-length samples: every rank averages over the same number of words, so the mean of
+        # the per-rank losses is exactly the global batch's loss
+        d = tmp_path / name
+        d.mkdir()
+        proc, runs = _run(d, *common, *args, "--fixed-length")
+        assert proc.returncode == 0, proc.stderr
+        run = only_run_dir(runs)
+        curves[name] = _global_losses(run, 1 if name == "single" else 2)
+        params[name] = _final_params(run)
+    base = curves.pop("single")
+    assert len(base) == 8 and base[-1] < base[0]  # it learned something
+    for name, curve in curves.items():
+        torch.testing.assert_close(curve, base, rtol=1e-4, atol=1e-5, msg=f"{name} loss curve differs")
+        for key, value in params["single"].items():
+            torch.testing.assert_close(params[name][key], value, rtol=1e-3, atol=1e-5, msg=f"{name}: {key}")
+
+
+def test_loss_threshold_stops_training(tmp_path):
+    proc, runs = _run(tmp_path, "--engine", "single", "--steps", "400", "--lr", "0.01",
+                      "--val-every", "10", "--loss-threshold", "3.0")
+    assert proc.returncode == 0, proc.stderr
+    run = only_run_dir(runs)
+    recs = read_jsonl(run / "records" / "rank-0.jsonl")
+    thr = [r for r in recs if r.get("event") == "threshold"]
+    assert len(thr) == 1 and thr[0]["val_loss"] <= 3.0
+    vals = [r for r in recs if r["kind"] == "val"]
+    assert all(v["val_loss"] > 3.0 for v in vals[:-1])  # it stopped at the first validation under
+    assert steps_of(run)[-1]["step"] == thr[0]["step"] < 400
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["reached_threshold"] is True and summary["steps_to_threshold"] == thr[0]["step"]
+    assert 0 < summary["time_to_threshold_s"]
+
+
+def test_threshold_never_reached_is_recorded(tmp_path):
+    proc, runs = _run(tmp_path, "--engine", "single", "--steps", "4", "--val-every", "2", "--loss-threshold", "0.0001")
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads((only_run_dir(runs) / "summary.json").read_text())
+    assert summary["reached_threshold"] is False and summary["time_to_threshold_s"] is None
+
+
+def test_killed_run_resumes_to_the_same_parameters(tmp_path):
+    args = ["--engine", "single", "--steps", "12", "--checkpoint-every", "4", "--lr", "0.01", "--model-arg", "dropout=0.1"]
+    whole_dir, killed_dir = tmp_path / "whole", tmp_path / "killed"
+    whole_dir.mkdir(), killed_dir.mkdir()
+    proc, runs = _run(whole_dir, *args)
+    assert proc.returncode == 0, proc.stderr
+    whole = only_run_dir(runs)
+
+    proc, runs = _run(killed_dir, *args, env={"SCALELAB_FAIL_AT_STEP": "6"})
+    assert proc.returncode != 0 and "failed" in proc.stderr
+    killed = only_run_dir(runs)
+    assert [s["step"] for s in steps_of(killed)] == list(range(1, 7))
+    assert torch.load(killed / "checkpoint.pt", weights_only=False)["step"] == 4
+
+    proc = launch("resume", str(killed), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    recs = read_jsonl(killed / "records" / "rank-0.jsonl")
+    assert any(r.get("event") == "resume" and r["step"] == 4 for r in recs)
+    assert [s["step"] for s in steps_of(killed)][-8:] == list(range(5, 13))
+    a, b = _final_params(whole), _final_params(killed)
+    assert a.keys() == b.keys()
+    for key in a:
+        torch.testing.assert_close(b[key], a[key], rtol=0, atol=0, msg=key)

@@ -1,0 +1,1 @@
+"""scalelab trainer: LSTM models, data, distributed engines and per-step records."""

@@ -1,0 +1,219 @@
+"""Distributed engines: the only module that calls Horovod or torch.distributed.
+
+Every engine offers the same small surface to the training loop, so the loop reads the same for one
+process, DDP and Horovod, and the distributed lines are easy to spot:
+
+- `wrap(model, optimizer)`  - make gradients exchange (DDP wrapper / Horovod DistributedOptimizer) and
+  give every rank rank 0's parameters (and optimizer state when resuming);
+- `finish_exchange(optimizer)` - wait for the gradient all-reduce to complete, returning the seconds
+  spent waiting where the engine can tell (Horovod), so the records can show the exchange share;
+- `step(optimizer)` - the optimizer update (Horovod: without a second synchronisation);
+- `mean(x)` / `any(flag)` - all-reduce of a scalar (validation loss, "stop now" agreement);
+- `shutdown()`.
+
+No collective is written here by hand: DDP, Horovod (Gloo on CPU, NCCL on GPU) do the work.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import time
+from dataclasses import dataclass
+
+import torch
+
+from launcher.errors import EngineError
+from launcher.spec import EngineSpec
+
+
+@dataclass
+class Placement:
+    """Where this process sits in the layout."""
+
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+    local_world: int = 1
+    node_rank: int = 0
+
+
+class Engine:
+    """One process, no exchange: the baseline every layout is compared with."""
+
+    name = "single"
+
+    def __init__(self, spec: EngineSpec) -> None:
+        self.spec = spec
+        self.placement = Placement()
+
+    @property
+    def rank(self) -> int:
+        return self.placement.rank
+
+    @property
+    def world(self) -> int:
+        return self.placement.world
+
+    def device(self, want: str) -> torch.device:
+        """`cuda:<local_rank>` when a GPU is wanted and present, else the CPU."""
+        if want == "cuda" and not torch.cuda.is_available():
+            raise EngineError("--device cuda was asked for, but PyTorch sees no GPU on this machine; use --device cpu")
+        if want in ("auto", "cuda") and torch.cuda.is_available():
+            torch.cuda.set_device(self.placement.local_rank % torch.cuda.device_count())
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
+
+    def wrap(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, resumed: bool):
+        return model, optimizer
+
+    def finish_exchange(self, optimizer: torch.optim.Optimizer) -> float | None:
+        return None
+
+    def step(self, optimizer: torch.optim.Optimizer) -> None:
+        optimizer.step()
+
+    def mean(self, value: float) -> float:
+        return float(value)
+
+    def any(self, flag: bool) -> bool:
+        return bool(flag)
+
+    def shutdown(self) -> None:
+        pass
+
+
+class DDPEngine(Engine):
+    """torch.distributed: Gloo on CPU, NCCL on GPU; started by torchrun (env:// rendezvous)."""
+
+    name = "ddp"
+
+    def __init__(self, spec: EngineSpec) -> None:
+        import torch.distributed as dist
+
+        super().__init__(spec)
+        if "RANK" not in os.environ:
+            raise EngineError("the ddp engine must be started by torchrun (RANK is not set); use `launch --engine ddp`")
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        dist.init_process_group(backend, timeout=datetime.timedelta(minutes=10))  # distributed
+        self.placement = Placement(
+            rank=dist.get_rank(),
+            world=dist.get_world_size(),
+            local_rank=int(os.environ.get("LOCAL_RANK", 0)),
+            local_world=int(os.environ.get("LOCAL_WORLD_SIZE", 1)),
+            node_rank=int(os.environ.get("GROUP_RANK", os.environ.get("NODE_RANK", 0))),
+        )
+        self._dist = dist
+
+    def wrap(self, model, optimizer, resumed):
+        from torch.nn.parallel import DistributedDataParallel
+
+        device_ids = [model_device(model).index] if model_device(model).type == "cuda" else None
+        # DDP broadcasts rank 0's parameters at construction; all-reduce overlaps backward by bucket.
+        model = DistributedDataParallel(model, device_ids=device_ids, bucket_cap_mb=self.spec.bucket_cap_mb)
+        return model, optimizer
+
+    def _tensor(self, value: float) -> torch.Tensor:
+        device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
+        return torch.tensor([float(value)], dtype=torch.float64, device=device)
+
+    def mean(self, value: float) -> float:
+        t = self._tensor(value)
+        self._dist.all_reduce(t)  # distributed: sum
+        return float(t.item()) / self.world
+
+    def any(self, flag: bool) -> bool:
+        t = self._tensor(1.0 if flag else 0.0)
+        self._dist.all_reduce(t, op=self._dist.ReduceOp.MAX)  # distributed
+        return bool(t.item() > 0)
+
+    def shutdown(self) -> None:
+        if self._dist.is_initialized():
+            self._dist.barrier()  # distributed: no rank tears down Gloo while a peer still talks to it
+            self._dist.destroy_process_group()
+
+
+class HorovodEngine(Engine):
+    """Horovod: hvd.init, DistributedOptimizer (tensor fusion, optional fp16 compression), broadcasts."""
+
+    name = "horovod"
+
+    def __init__(self, spec: EngineSpec) -> None:
+        super().__init__(spec)
+        hvd = import_horovod()
+        # Tensor fusion settings must be in the environment before hvd.init() starts the background thread.
+        os.environ.setdefault("HOROVOD_FUSION_THRESHOLD", str(int(spec.fusion_threshold_mb * 1024 * 1024)))
+        os.environ.setdefault("HOROVOD_CYCLE_TIME", str(spec.cycle_time_ms))
+        hvd.init()  # distributed
+        self.placement = Placement(
+            rank=hvd.rank(),
+            world=hvd.size(),
+            local_rank=hvd.local_rank(),
+            local_world=hvd.local_size(),
+            node_rank=hvd.cross_rank(),
+        )
+        self.hvd = hvd
+
+    def wrap(self, model, optimizer, resumed):
+        hvd = self.hvd
+        compression = hvd.Compression.fp16 if self.spec.fp16_allreduce else hvd.Compression.none
+        optimizer = hvd.DistributedOptimizer(
+            optimizer, named_parameters=model.named_parameters(), compression=compression, op=hvd.Average
+        )
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)  # distributed
+        # A fresh optimizer has no state and every rank built the same one; Horovod would initialise
+        # it with a dummy step (changing Adam's step count), so broadcast only a resumed state.
+        if resumed:
+            hvd.broadcast_optimizer_state(optimizer, root_rank=0)  # distributed
+        return model, optimizer
+
+    def finish_exchange(self, optimizer) -> float:
+        t0 = time.perf_counter()
+        optimizer.synchronize()  # distributed: wait for the all-reduces started during backward
+        return time.perf_counter() - t0
+
+    def step(self, optimizer) -> None:
+        with optimizer.skip_synchronize():
+            optimizer.step()
+
+    def mean(self, value: float) -> float:
+        t = torch.tensor([float(value)], dtype=torch.float64)
+        return float(self.hvd.allreduce(t, op=self.hvd.Average, name="scalelab.mean").item())  # distributed
+
+    def any(self, flag: bool) -> bool:
+        t = torch.tensor([1.0 if flag else 0.0], dtype=torch.float64)
+        return bool(self.hvd.allreduce(t, op=self.hvd.Sum, name="scalelab.any").item() > 0)  # distributed
+
+    def shutdown(self) -> None:
+        self.hvd.shutdown()
+
+
+def import_horovod():
+    """Import horovod.torch or say exactly how to get a working build."""
+    try:
+        import horovod.torch as hvd
+    except ImportError as exc:
+        raise EngineError(
+            f"Horovod with PyTorch support is not installed ({exc}); run scripts/build-horovod.sh "
+            "(builds horovod 0.28.1 with PyTorch + Gloo), or use --engine ddp"
+        ) from None
+    if not hvd.gloo_built() and not hvd.mpi_built():
+        raise EngineError("Horovod was built without Gloo or MPI; rebuild it with scripts/build-horovod.sh")
+    return hvd
+
+
+def horovod_status() -> str | None:
+    """None when Horovod can run PyTorch jobs here, else the reason (checked before launching)."""
+    try:
+        import_horovod()
+    except EngineError as exc:
+        return str(exc)
+    return None
+
+
+def model_device(model: torch.nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+def make_engine(spec: EngineSpec) -> Engine:
+    return {"single": Engine, "ddp": DDPEngine, "horovod": HorovodEngine}[spec.name](spec)
