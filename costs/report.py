@@ -169,7 +169,8 @@ def render_table(df: pd.DataFrame, title: str = "Scaling") -> Table:
     table = Table(title=title, show_lines=False, header_style="bold")
     cols = _columns(df)
     for header, _, right in cols:
-        table.add_column(header, justify="right" if right else "left", no_wrap=True)
+        # headers may wrap onto two lines; cells (numbers) never do
+        table.add_column(header, justify="right" if right else "left", overflow="fold", min_width=min(len(header), 6))
     _, rows = table_rows(df)
     for row in rows:
         table.add_row(*row)

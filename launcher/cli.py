@@ -25,8 +25,9 @@ from launcher.errors import ScalelabError, SpecError
 from launcher.runstore import DEFAULT_RUNS_ROOT, new_run_dir, write_json
 from launcher.spec import BATCH_MODES, DATA_KINDS, ENGINES, RNN_KINDS, Spec, load_spec, read_spec, save_spec
 
-console = Console()
-err_console = Console(stderr=True)
+# Off a terminal (CI logs, pipes) rich would wrap tables at 80 columns; give them room instead.
+console = Console(width=None if sys.stdout.isatty() else 160)
+err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
 
 
 # ---- the default-command group: `launch --flags` means `launch run --flags` --------------------
@@ -174,10 +175,13 @@ def execute(backend, spec: Spec, run_dir: Path, label: str | None = None):
     with RunProgress(run_dir, total_steps(spec), label or run_dir.name, err_console) as progress:
         status = backend.wait(run_dir, on_poll=progress.poll)
     if status.state != "COMPLETED":
-        raise ScalelabError(
-            f"run {run_dir} {status.state.lower()} ({status.detail}); last lines of its logs:\n"
-            + tail(backend.logs(run_dir), 25)
-        )
+        logs = backend.logs(run_dir)
+        # a rank that stopped on a user error said so in one line: show that, not the launcher's traceback
+        said = list(dict.fromkeys(line.split("scalelab: error:", 1)[1].strip()
+                                  for line in logs.splitlines() if "scalelab: error:" in line))
+        if said:
+            raise ScalelabError("; ".join(said) + f" (run directory {run_dir})")
+        raise ScalelabError(f"run {run_dir} {status.state.lower()} ({status.detail}); last lines of its logs:\n" + tail(logs, 25))
     summary = summarize_dir(run_dir)
     write_json(run_dir / "summary.json", summary.to_dict())
     return summary
@@ -282,7 +286,7 @@ def report_dirs(paths: list[Path], out: Path | None, fmt: str) -> None:
 def entry() -> None:
     """Console-script entry: user errors as one line, exit 2; Ctrl-C exit 130; bugs keep tracebacks."""
     try:
-        main.main(standalone_mode=False)
+        main.main(prog_name="launch", standalone_mode=False)
     except click.exceptions.Abort:
         err_console.print("launch: interrupted; every process of the run was stopped")
         sys.exit(130)

@@ -175,9 +175,14 @@ class Spec:
             raise SpecError("data kind 'text' needs --train-src (and --train-tgt for translation)")
         if self.data.prefetch < 0:
             raise SpecError(f"--prefetch must be >= 0, got {self.data.prefetch}")
-        from train.models import PRESETS as presets, config_with_overrides
+        from train.models import config_with_overrides
 
-        config_with_overrides(presets[self.model], self.model_args)  # raises SpecError on bad keys
+        cfg = config_with_overrides(PRESETS[self.model], self.model_args)  # raises SpecError on bad keys
+        self.per_worker_batch(cfg.default_batch)  # raises if a strong-scaling batch does not split
+        for key in ("train_src", "train_tgt", "valid_src", "valid_tgt"):
+            path = getattr(self.data, key)
+            if self.data.kind == "text" and path and not Path(path).is_file():
+                raise SpecError(f"data file not found: {path} (check --{key.replace('_', '-')})")
         return self
 
     # ---- (de)serialisation ---------------------------------------------------------------

@@ -60,7 +60,7 @@ def train(run_dir: Path) -> str:
     # ---- model, data, optimizer (identical on every rank: same seed) ----------------------------
     torch.manual_seed(spec.seed)
     cfg = config_with_overrides(PRESETS[spec.model], spec.model_args)
-    dataset = build_dataset(spec.data.kind, cfg, spec.seed, data_paths(spec), **data_options(spec))
+    dataset = build_dataset(spec.data.kind, cfg, spec.seed, data_paths(spec, cfg.family), **data_options(spec))
     cfg = config_with_overrides(cfg, dataset.model_overrides())  # text data fixes vocabulary / labels
     model = build_model(cfg, spec.rnn).to(device)
     global_batch = spec.resolved_global_batch(cfg.default_batch)
@@ -167,8 +167,12 @@ def train(run_dir: Path) -> str:
     return reason
 
 
-def data_paths(spec: Spec) -> dict[str, str]:
-    return {k: v for k in ("train_src", "train_tgt", "valid_src", "valid_tgt") if (v := getattr(spec.data, k))}
+def data_paths(spec: Spec, family: str) -> dict[str, str]:
+    """The spec's file flags under the loader's names: one-file families read --train-src as `train`."""
+    paths = {k: v for k in ("train_src", "train_tgt", "valid_src", "valid_tgt") if (v := getattr(spec.data, k))}
+    if family != "nmt":
+        paths = {k.replace("_src", ""): v for k, v in paths.items() if not k.endswith("_tgt")}
+    return paths
 
 
 def data_options(spec: Spec) -> dict:

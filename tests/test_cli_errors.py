@@ -1,0 +1,117 @@
+"""Bad input through the real `launch` command: one clear message, exit 2, no traceback, nothing left.
+
+Each case is something a user actually types wrong; the assertions check the message names the
+problem and the fix, the exit code is non-zero, no Python traceback leaks, and no run directory full
+of half-started processes is left behind.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from tests.conftest import launch, only_run_dir
+
+
+def _assert_clean_error(proc: subprocess.CompletedProcess, *needles: str) -> None:
+    assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
+    assert "Traceback" not in proc.stderr and "Traceback" not in proc.stdout, proc.stderr
+    for needle in needles:
+        assert needle in proc.stderr, f"{needle!r} not in:\n{proc.stderr}"
+
+
+@pytest.mark.parametrize(
+    "args, needles",
+    [
+        (["--nodes", "0"], ["--nodes must be a positive whole number, got 0"]),
+        (["--gpus-per-node", "-1"], ["--gpus-per-node must be a positive"]),
+        (["--nodes", "two"], ["'two' is not a valid integer"]),
+        (["--model", "transformer"], ["unknown model preset 'transformer'", "nmt-tiny"]),
+        (["--engine", "mpi"], ["'mpi' is not one of", "horovod"]),
+        (["--gpus-pernode", "2"], ["No such option", "--gpus-pernode", "Did you mean '--gpus-per-node'", "Usage: launch run"]),
+        (["--global-batch", "15", "--gpus-per-node", "2"], ["does not split evenly across 2 workers"]),
+        (["--model-arg", "hiden_size=3"], ["hiden_size", "hidden_size"]),
+        (["--backend-opt", "gpus=3"], ["unknown local backend option(s): gpus", "master_port"]),
+        (["--data", "text", "--train-src", "nope.src", "--train-tgt", "nope.tgt", "--engine", "single"],
+         ["nope.src"]),
+        (["--spec", "missing.yaml"], ["spec file not found: missing.yaml"]),
+    ],
+)
+def test_bad_input_is_one_clear_message(tmp_path, args, needles):
+    proc = launch("--runs-dir", str(tmp_path / "runs"), "--steps", "2", *args, cwd=tmp_path)
+    _assert_clean_error(proc, *needles)
+
+
+def test_missing_data_file_fails_before_any_rank_starts(tmp_path):
+    proc = launch("--runs-dir", str(tmp_path / "runs"), "--data", "text", "--train-src", "absent.txt",
+                  "--model", "rnnlm-tiny", "--engine", "ddp", "--gpus-per-node", "2", cwd=tmp_path)
+    _assert_clean_error(proc, "data file not found: absent.txt", "--train-src")
+    assert not (tmp_path / "runs").exists()
+
+
+def test_corrupt_record_line_is_named(tmp_path):
+    proc = launch("--runs-dir", str(tmp_path / "runs"), "--engine", "single", "--steps", "3", "--warmup-steps", "1",
+                  cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    run = only_run_dir(tmp_path / "runs")
+    rec = run / "records" / "rank-0.jsonl"
+    lines = rec.read_text().splitlines()
+    lines.insert(2, '{"kind": "step", "step": 2, oops')
+    rec.write_text("\n".join(lines) + "\n")
+    proc = launch("report", str(run), cwd=tmp_path)
+    _assert_clean_error(proc, "corrupt record at", "rank-0.jsonl:3")
+
+
+def test_report_on_a_directory_that_is_not_a_run(tmp_path):
+    (tmp_path / "empty").mkdir()
+    _assert_clean_error(launch("report", str(tmp_path / "empty"), cwd=tmp_path), "neither a run directory")
+    _assert_clean_error(launch("report", str(tmp_path / "nothing"), cwd=tmp_path), "not found")
+
+
+def test_horovod_not_built_with_pytorch(tmp_path):
+    """A `horovod` package without working PyTorch support (what a plain `pip install horovod` without
+    torch at build time gives): the launcher says so and how to fix it, before starting any rank."""
+    fake = tmp_path / "fake" / "horovod"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("")
+    (fake / "torch.py").write_text("raise ImportError('horovod was built without PyTorch support')\n")
+    proc = launch("--runs-dir", str(tmp_path / "runs"), "--engine", "horovod", "--gpus-per-node", "2",
+                  cwd=tmp_path, env={"PYTHONPATH": f"{tmp_path / 'fake'}:{__import__('tests.conftest').conftest.ROOT}"})
+    _assert_clean_error(proc, "Horovod with PyTorch support is not installed", "scripts/build-horovod.sh")
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
+def test_dry_run_prints_commands_and_runs_nothing(tmp_path):
+    proc = launch("--runs-dir", str(tmp_path / "runs"), "--engine", "ddp", "--nodes", "2", "--gpus-per-node", "2",
+                  "--dry-run", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert out.count("torch.distributed.run") == 2  # one torchrun agent per emulated node
+    assert "--nnodes=2" in out and "--node-rank=1" in out and "--nproc-per-node=2" in out
+    assert "OMP_NUM_THREADS=" in out and "-m train" in out
+    assert not (tmp_path / "runs").exists()
+
+
+def test_help_explains(tmp_path):
+    proc = launch("--help", cwd=tmp_path)
+    assert proc.returncode == 0 and "sweep" in proc.stdout and "report" in proc.stdout
+    proc = launch("run", "--help", cwd=tmp_path)
+    assert "--gpus-per-node" in proc.stdout and "Weak scaling" in proc.stdout
+
+
+def test_error_inside_the_ranks_reaches_the_user_as_one_line(tmp_path):
+    """A malformed data file is only found when the ranks read it: its message, not torchrun's
+    traceback, is what the user sees; the run is marked failed and no rank process is left."""
+    bad = tmp_path / "labelled.txt"
+    bad.write_text("1\tgood film\nno tab on this line\n0\tbad film\n" * 20)
+    proc = launch("--runs-dir", str(tmp_path / "runs"), "--model", "sentiment-tiny", "--data", "text",
+                  "--train-src", str(bad), "--engine", "ddp", "--gpus-per-node", "2", "--steps", "2", cwd=tmp_path)
+    _assert_clean_error(proc, "labelled.txt:2")
+    assert "ChildFailedError" not in proc.stderr
+    run = only_run_dir(tmp_path / "runs")
+    info = json.loads((run / "launch.json").read_text())
+    assert info["state"] == "FAILED"
+    for pid in info["pids"]:
+        assert subprocess.run(["kill", "-0", str(pid)], capture_output=True).returncode != 0
