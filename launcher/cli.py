@@ -174,6 +174,8 @@ def execute(backend, spec: Spec, run_dir: Path, label: str | None = None):
     backend.schedule(request)
     with RunProgress(run_dir, total_steps(spec), label or run_dir.name, err_console) as progress:
         status = backend.wait(run_dir, on_poll=progress.poll)
+    if status.state == "CANCELLED":
+        raise ScalelabError(f"run {run_dir} was cancelled; `launch resume {run_dir}` continues it from its last checkpoint")
     if status.state != "COMPLETED":
         logs = backend.logs(run_dir)
         # a rank that stopped on a user error said so in one line: show that, not the launcher's traceback
@@ -278,6 +280,40 @@ def report_dirs(paths: list[Path], out: Path | None, fmt: str) -> None:
 
         print_scaling(report.table, console=console)
         console.print(f"report: [bold]{report.markdown_path}[/]  plot: {report.plot_path}")
+
+
+# ---- status, logs, cancel ------------------------------------------------------------------------
+
+
+def _backend_of(run_dir: str):
+    spec = read_spec(Path(run_dir))
+    return get_backend(spec.backend, spec.backend_options), Path(run_dir)
+
+
+@main.command("status")
+@click.argument("run_dir", type=click.Path())
+def status_cmd(run_dir: str) -> None:
+    """State of a run (RUNNING, COMPLETED, FAILED, CANCELLED) as its backend reports it."""
+    backend, path = _backend_of(run_dir)
+    st = backend.status(path)
+    console.print(f"{path}: [bold]{st.state}[/] {escape(st.detail)}")
+
+
+@main.command("logs")
+@click.argument("run_dir", type=click.Path())
+def logs_cmd(run_dir: str) -> None:
+    """Print the logs of a run (launcher and ranks)."""
+    backend, path = _backend_of(run_dir)
+    click.echo(backend.logs(path))
+
+
+@main.command("cancel")
+@click.argument("run_dir", type=click.Path())
+def cancel_cmd(run_dir: str) -> None:
+    """Stop a run: ranks get SIGTERM (they checkpoint and exit), then SIGKILL after a grace period."""
+    backend, path = _backend_of(run_dir)
+    backend.cancel(path)
+    console.print(f"{path}: {backend.status(path).state}")
 
 
 # ---- entry point ---------------------------------------------------------------------------------

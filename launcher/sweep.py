@@ -6,6 +6,7 @@ layout 3 of 4 because of a batch that does not split.
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Callable
@@ -48,8 +49,13 @@ def sweep_specs(base: Spec, layouts: list[tuple[int, int]], mode: str) -> list[S
     if mode == "weak" and base.global_batch is not None:
         raise SpecError("--mode weak keeps the per-worker batch fixed; use --batch-per-worker, not --global-batch")
     specs = []
+    # Every emulated "GPU" gets the same compute in every layout: on a host without GPUs a worker is a
+    # process, and letting the 1-worker run use all cores would make it a bigger device than the others.
+    threads = base.threads
+    if threads is None and base.backend == "local":
+        threads = max(1, (os.cpu_count() or 1) // max(n * g for n, g in layouts))
     for nodes, gpus in layouts:
-        overrides = {"nodes": nodes, "gpus_per_node": gpus}
+        overrides = {"nodes": nodes, "gpus_per_node": gpus, "threads": threads}
         if mode == "strong":
             overrides["global_batch"] = base.global_batch or default_batch
         else:

@@ -27,8 +27,8 @@ def test_nested_unknown_option(tmp_path):
 def test_yaml_then_overrides_and_roundtrip(tmp_path):
     f = tmp_path / "s.yaml"
     f.write_text("model: rnnlm-tiny\nnodes: 2\nengine: {name: horovod, fp16_allreduce: true}\nlr: 1\n")
-    spec = load_spec(f).with_overrides({"gpus_per_node": 3, "engine.name": "ddp", "nodes": None})
-    assert (spec.model, spec.nodes, spec.gpus_per_node, spec.engine.name) == ("rnnlm-tiny", 2, 3, "ddp")
+    spec = load_spec(f).with_overrides({"gpus_per_node": 4, "engine.name": "ddp", "nodes": None})
+    assert (spec.model, spec.nodes, spec.gpus_per_node, spec.engine.name) == ("rnnlm-tiny", 2, 4, "ddp")
     assert spec.engine.fp16_allreduce is True and spec.lr == 1.0 and isinstance(spec.lr, float)
     save_spec(spec.validate(), tmp_path)
     assert read_spec(tmp_path) == spec
@@ -54,9 +54,10 @@ def test_invalid_specs_have_clear_messages(overrides, pattern):
 
 
 def test_strong_batch_must_split_evenly():
-    spec = Spec(gpus_per_node=3, global_batch=16).validate()
     with pytest.raises(SpecError, match="does not split evenly across 3 workers"):
-        spec.per_worker_batch(16)
+        Spec(gpus_per_node=3, global_batch=16).validate()
+    with pytest.raises(SpecError, match="multiple of 4"):  # the preset's batch (nmt-tiny: 16) when none given
+        Spec(gpus_per_node=4).per_worker_batch(18)
 
 
 def test_batch_modes_and_lr_scaling():

@@ -207,13 +207,14 @@ def set_lr(optimizer: torch.optim.Optimizer, spec: Spec, scale: float, step: int
 def validate(model, dataset, spec: Spec, per_rank: int, rank: int, world: int, device) -> float:
     """Mean loss over this rank's validation shard (the engine averages across ranks)."""
     model.eval()
-    losses = []
+    total, weight = 0.0, 0
     for i, batch in enumerate(dataset.valid_batches(per_rank, rank, world)):
         if i >= spec.val_batches:
             break
-        losses.append(float(model(**batch.to(device).inputs)))
+        total += float(model(**batch.to(device).inputs)) * batch.samples  # a shard's last batch may be smaller
+        weight += batch.samples
     model.train()
-    return sum(losses) / len(losses)
+    return total / weight
 
 
 def _clock(device: torch.device) -> float:
