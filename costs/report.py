@@ -170,7 +170,8 @@ def render_table(df: pd.DataFrame, title: str = "Scaling") -> Table:
     cols = _columns(df)
     for header, _, right in cols:
         # headers may wrap onto two lines; cells (numbers) never do
-        table.add_column(header, justify="right" if right else "left", overflow="fold", min_width=min(len(header), 6))
+        table.add_column(header, justify="right" if right else "left", overflow="fold",
+                         min_width=min(len(header), 6), no_wrap=header == "label")
     _, rows = table_rows(df)
     for row in rows:
         table.add_row(*row)

@@ -156,7 +156,7 @@ def run_cmd(**params: Any) -> None:
     backend = get_backend(spec.backend, spec.backend_options)
     if params["dry_run"]:
         run_dir = Path(params["runs_dir"]) / f"{spec.name or spec.model}-DRYRUN"
-        console.print(backend.submit_dryrun(spec, run_dir).render(), markup=False, highlight=False)
+        click.echo(backend.submit_dryrun(spec, run_dir).render())
         return
     backend.validate(spec)
     run_dir = new_run_dir(Path(params["runs_dir"]), spec.name or f"{spec.model}-{spec.engine.name}-{spec.nodes}x{spec.gpus_per_node}")
@@ -241,7 +241,7 @@ def sweep_cmd(workers: str | None, layouts: str | None, mode: str, **params: Any
     if params["dry_run"]:
         for spec in specs:
             run_dir = Path(params["runs_dir"]) / f"sweep-DRYRUN/{spec.nodes}x{spec.gpus_per_node}"
-            console.print(backend.submit_dryrun(spec, run_dir).render(), markup=False, highlight=False)
+            click.echo(backend.submit_dryrun(spec, run_dir).render())
         return
     backend.validate(base)
     sweep_dir = run_sweep(backend, specs, Path(params["runs_dir"]), base.name or f"sweep-{base.model}-{mode}", execute)

@@ -71,7 +71,7 @@ class LocalBackend(Backend):
 
     def submit_dryrun(self, spec: Spec, run_dir: Path) -> LocalRequest:
         python = self.options["python"] or sys.executable
-        port = int(self.options["master_port"]) or 29500
+        port = int(self.options["master_port"]) or free_port()  # probed now, so the printed request is what runs
         workers, per_node = spec.workers, spec.gpus_per_node
         threads = spec.threads or max(1, (os.cpu_count() or 1) // per_node)
         env = {"OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
@@ -99,10 +99,6 @@ class LocalBackend(Backend):
         run_dir = request.run_dir
         (run_dir / "logs").mkdir(parents=True, exist_ok=True)
         env = {**os.environ, **request.env}
-        if request.commands and "torch.distributed.run" in request.commands[0] and not self.options["master_port"]:
-            port = str(free_port())
-            request.commands = [[a if not a.startswith("--master-port=") else f"--master-port={port}" for a in c]
-                                for c in request.commands]
         pids = []
         for cmd, log in zip(request.commands, request.log_files):
             with open(log, "ab") as out:
@@ -126,7 +122,7 @@ class LocalBackend(Backend):
                 if on_poll:
                     on_poll()
                 if any(c not in (None, 0) for c in codes):  # one node failed: the others cannot finish
-                    self.cancel(run_dir)
+                    self._stop(run_dir)
                     codes = [self._returncode(pid) for pid in info["pids"]]
                     break
                 if all(c is not None for c in codes):
@@ -136,6 +132,8 @@ class LocalBackend(Backend):
             self.cancel(run_dir)
             _update(run_dir, state="CANCELLED", ended=time.time())
             raise
+        if _launch_info(run_dir).get("state") == "CANCELLED":  # `launch cancel` marked it before signalling
+            return RunStatus("CANCELLED", f"exit codes {codes}")
         state = "COMPLETED" if all(c == 0 for c in codes) else ("CANCELLED" if any(c == 143 for c in codes) else "FAILED")
         _update(run_dir, state=state, exit_codes=codes, ended=time.time())
         return RunStatus(state, f"exit codes {codes}")
@@ -163,6 +161,12 @@ class LocalBackend(Backend):
         return "\n".join(parts)
 
     def cancel(self, run_dir: Path, grace_s: float = 10.0) -> None:
+        """Mark the run cancelled, then stop it (see `_stop`)."""
+        if "state" not in _launch_info(run_dir):
+            _update(run_dir, state="CANCELLED", ended=time.time())
+        self._stop(run_dir, grace_s)
+
+    def _stop(self, run_dir: Path, grace_s: float = 10.0) -> None:
         """SIGTERM every process group of the run (ranks checkpoint and stop), SIGKILL after `grace_s`."""
         info = _launch_info(run_dir)
         for pid in info["pids"]:
@@ -175,8 +179,6 @@ class LocalBackend(Backend):
             proc = self._procs.get(pid)
             if proc is not None:
                 proc.wait()
-        if "state" not in info:
-            _update(run_dir, state="CANCELLED", ended=time.time())
 
 
 def free_port() -> int:

@@ -128,3 +128,56 @@ def test_killed_run_resumes_to_the_same_parameters(tmp_path):
     assert a.keys() == b.keys()
     for key in a:
         torch.testing.assert_close(b[key], a[key], rtol=0, atol=0, msg=key)
+
+
+def test_text_data_two_ranks(tmp_path):
+    """Parallel text files (one sentence a line, as WMT) through the real loader on 2 DDP ranks."""
+    words = "the cat dog sat on a mat and ran far away".split()
+    src = [" ".join(words[(i + k) % len(words)] for k in range(3 + i % 5)) for i in range(200)]
+    (tmp_path / "train.src").write_text("\n".join(src) + "\n")
+    (tmp_path / "train.tgt").write_text("\n".join(" ".join(reversed(s.split())) for s in src) + "\n")
+    proc, runs = _run(tmp_path, "--data", "text", "--train-src", "train.src", "--train-tgt", "train.tgt",
+                      "--engine", "ddp", "--gpus-per-node", "2", "--steps", "4", "--global-batch", "8",
+                      "--val-every", "2")
+    assert proc.returncode == 0, proc.stderr
+    run = only_run_dir(runs)
+    for rank in (0, 1):
+        steps = steps_of(run, rank)
+        assert len(steps) == 4 and all(3 < s["words"] / s["samples"] <= 8 for s in steps)  # real sentence lengths
+    vals = [r for r in read_jsonl(run / "records" / "rank-0.jsonl") if r["kind"] == "val"]
+    vals1 = [r for r in read_jsonl(run / "records" / "rank-1.jsonl") if r["kind"] == "val"]
+    assert [v["val_loss"] for v in vals] == [v["val_loss"] for v in vals1]  # averaged across ranks
+
+
+def test_cancel_stops_every_process_and_keeps_a_checkpoint(tmp_path):
+    import subprocess
+    import sys
+    import time
+
+    from tests.conftest import ROOT
+
+    runs = tmp_path / "runs"
+    env = {**__import__("os").environ, "PYTHONPATH": str(ROOT)}
+    fg = subprocess.Popen([sys.executable, "-m", "launcher.cli", *TINY, "--runs-dir", str(runs), "--engine", "ddp",
+                           "--gpus-per-node", "2", "--steps", "100000"], cwd=tmp_path, env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 60
+        while time.time() < deadline and not (runs.exists() and any(runs.glob("*/records/rank-1.jsonl"))):
+            time.sleep(0.5)
+        run = only_run_dir(runs)
+        while time.time() < deadline and len(steps_of(run, 1)) < 3:
+            time.sleep(0.5)
+        proc = launch("cancel", str(run), cwd=tmp_path)
+        assert proc.returncode == 0 and "CANCELLED" in proc.stdout, proc.stderr
+        _, err = fg.communicate(timeout=60)
+    finally:
+        fg.kill()
+    assert fg.returncode == 2 and "was cancelled" in err and "launch resume" in err
+    info = json.loads((run / "launch.json").read_text())
+    for pid in info["pids"]:
+        assert subprocess.run(["pgrep", "-g", str(pid)], capture_output=True).stdout == b""
+    recs = read_jsonl(run / "records" / "rank-0.jsonl")
+    assert any(r.get("event") == "interrupted" for r in recs)
+    assert torch.load(run / "checkpoint.pt", weights_only=False)["step"] == steps_of(run)[-1]["step"]
+    assert launch("status", str(run), cwd=tmp_path).stdout.count("CANCELLED") == 1
