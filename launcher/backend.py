@@ -27,7 +27,27 @@ from launcher.spec import Spec
 # name -> "module:Class"; the module is imported only when the backend is used.
 BACKENDS: dict[str, str] = {
     "local": "launcher.local:LocalBackend",
+    "slurm": "slurm.backend:SlurmBackend",
+    "k8s": "k8s.backend:KubernetesBackend",
+    "aws": "aws.backend:AwsBackend",
 }
+
+# Backend-specific command-line flags. Each module named here holds only
+# `FLAGS: list[tuple[flag, option_key, click_kwargs]]` (no heavy imports: the CLI loads them at start);
+# a flag sets `backend_options[option_key]` and is accepted only with its own --backend.
+BACKEND_FLAG_MODULES: dict[str, str] = {"slurm": "slurm.flags", "k8s": "k8s.flags", "aws": "aws.flags"}
+
+
+def backend_flags() -> dict[str, list[tuple[str, str, dict[str, Any]]]]:
+    """{backend: FLAGS} for every backend whose flags module exists."""
+    out = {}
+    for name, module in BACKEND_FLAG_MODULES.items():
+        try:
+            out[name] = list(importlib.import_module(module).FLAGS)
+        except ModuleNotFoundError as exc:
+            if exc.name not in (module, module.split(".")[0]):
+                raise
+    return out
 
 
 @dataclass
@@ -94,5 +114,10 @@ def get_backend(name: str, options: dict[str, Any] | None = None) -> Backend:
     if name not in BACKENDS:
         raise SpecError(f"unknown backend {name!r}; valid backends: {', '.join(BACKENDS)}")
     module_name, cls_name = BACKENDS[name].split(":")
-    cls = getattr(importlib.import_module(module_name), cls_name)
-    return cls(options)
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name not in (module_name, module_name.split(".")[0]):
+            raise
+        raise SpecError(f"the {name} backend is not part of this installation yet; use --backend local") from None
+    return getattr(module, cls_name)(options)

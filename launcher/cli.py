@@ -11,6 +11,7 @@ process of the run and exits 130.
 
 from __future__ import annotations
 
+import importlib
 import sys
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from launcher import __version__
-from launcher.backend import BACKENDS, get_backend
+from launcher.backend import BACKENDS, backend_flags, get_backend
 from launcher.errors import ScalelabError, SpecError
 from launcher.runstore import DEFAULT_RUNS_ROOT, new_run_dir, write_json
 from launcher.spec import BATCH_MODES, DATA_KINDS, ENGINES, RNN_KINDS, Spec, load_spec, read_spec, save_spec
@@ -33,13 +34,38 @@ err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
 # ---- the default-command group: `launch --flags` means `launch run --flags` --------------------
 
 
+# Commands that live with the code they drive, imported only when used: name -> "module:attribute".
+LAZY_COMMANDS: dict[str, str] = {
+    "cost": "costs.cli:cost_cmd",
+    "plan": "costs.cli:plan_cmd",
+    "bench": "costs.bench:bench_cmd",
+    "aws": "aws.cli:aws_group",
+}
+
+
 class DefaultGroup(click.Group):
-    """A group whose first argument, when it is not a command name, goes to `run`."""
+    """A group whose first argument, when it is not a command name, goes to `run`; some commands load lazily."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        if args and args[0] not in self.commands and args[0] not in ("--help", "-h", "--version"):
+        names = set(self.commands) | set(LAZY_COMMANDS)
+        if args and args[0] not in names and args[0] not in ("--help", "-h", "--version"):
             args = ["run", *args]
         return super().parse_args(ctx, args)
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(set(self.commands) | {n for n in LAZY_COMMANDS if self.get_command(ctx, n) is not None})
+
+    def get_command(self, ctx: click.Context, name: str):
+        if name in self.commands or name not in LAZY_COMMANDS:
+            return self.commands.get(name)
+        module_name, attr = LAZY_COMMANDS[name].split(":")
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name not in (module_name, module_name.split(".")[0]):
+                raise
+            return None
+        return getattr(module, attr)
 
 
 @click.group(cls=DefaultGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -101,6 +127,10 @@ def spec_options(func):
     for flag, key, kwargs in reversed(_SPEC_OPTIONS):
         dest = key.replace(".", "__")
         func = click.option(flag, dest, **kwargs)(func)
+    for backend, flags in reversed(list(backend_flags().items())):
+        for flag, key, kwargs in reversed(flags):
+            kwargs = {**kwargs, "help": f"[{backend}] " + kwargs.get("help", "")}
+            func = click.option(flag, f"bopt__{backend}__{key}", **kwargs)(func)
     func = click.option("--spec", "spec_file", type=click.Path(dir_okay=False), help="YAML spec; flags override it.")(func)
     func = click.option("--model-arg", "model_args", multiple=True, metavar="KEY=VALUE",
                         help="Override a preset field, e.g. --model-arg hidden_size=256 (repeatable).")(func)
@@ -126,6 +156,14 @@ def build_spec(params: dict[str, Any]) -> Spec:
         spec.model_args = {**spec.model_args, **parse_pairs(params["model_args"], "--model-arg")}
     if params.get("backend_opts"):
         spec.backend_options = {**spec.backend_options, **parse_pairs(params["backend_opts"], "--backend-opt")}
+    for backend, flags in backend_flags().items():
+        for flag, key, _ in flags:
+            value = params.get(f"bopt__{backend}__{key}")
+            if value is None or value == ():
+                continue
+            if spec.backend != backend:
+                raise SpecError(f"{flag.split('/')[0]} is an option of --backend {backend}, not of --backend {spec.backend}")
+            spec.backend_options = {**spec.backend_options, key: list(value) if isinstance(value, tuple) else value}
     return spec.validate()
 
 

@@ -139,6 +139,9 @@ class Spec:
 
         if self.model not in PRESETS:
             raise SpecError(f"unknown model preset {self.model!r}; valid presets: {', '.join(sorted(PRESETS))}")
+        from launcher.backend import BACKENDS
+
+        _choice("backend", self.backend, tuple(BACKENDS))
         _choice("rnn", self.rnn, RNN_KINDS)
         _choice("engine", self.engine.name, ENGINES)
         _choice("data kind", self.data.kind, DATA_KINDS)
