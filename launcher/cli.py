@@ -113,6 +113,11 @@ _SPEC_OPTIONS: list[tuple[str, str, dict[str, Any]]] = [
     ("--loss-threshold", "loss_threshold", dict(type=float, help="Stop at the first validation loss <= this; records time-to-threshold.")),
     ("--checkpoint-every", "checkpoint_every", dict(type=int, help="Checkpoint every N steps (rank 0 writes) [default: 0 = only on signals].")),
     ("--threads", "threads", dict(type=int, help="Intra-op threads per rank [default: cores / ranks per node].")),
+    ("--interop-threads", "interop_threads", dict(type=int, help="Inter-op threads per rank [default: PyTorch's].")),
+    ("--independent-replicas/--exchange", "independent_replicas", dict(default=None, help="Every worker trains its own copy with no gradient exchange: the ideal curve that isolates communication cost.")),
+    ("--balance", "balance", dict(type=click.Choice(["static", "dynamic"]), help="dynamic: shares of the global batch follow each worker's measured speed (mixed hardware) [default: static].")),
+    ("--balance-every", "balance_every", dict(type=int, help="Steps between rebalancing with --balance dynamic [default: 10].")),
+    ("--emulate-slowdown", "emulate_slowdown", dict(type=str, metavar="F0,F1,...", help="Testing aid: make worker i F_i times slower (mixed hardware on one machine).")),
     ("--device", "device", dict(type=click.Choice(["auto", "cpu", "cuda"]), help="[default: auto = GPU when present]")),
     ("--seed", "seed", dict(type=int, help="Seed for model init, data order and synthetic data [default: 1234].")),
     ("--fusion-threshold-mb", "engine.fusion_threshold_mb", dict(type=float, help="Horovod tensor fusion buffer [default: 64].")),
@@ -151,6 +156,11 @@ def build_spec(params: dict[str, Any]) -> Spec:
         spec.batch_per_worker = None
     if overrides.get("batch_per_worker") is not None:
         spec.global_batch = None
+    if isinstance(overrides.get("emulate_slowdown"), str):
+        try:
+            overrides["emulate_slowdown"] = [float(x) for x in overrides["emulate_slowdown"].split(",")]
+        except ValueError:
+            raise SpecError(f"--emulate-slowdown takes numbers separated by commas, e.g. 1,3; got {overrides['emulate_slowdown']!r}") from None
     spec = spec.with_overrides(overrides)
     if params.get("model_args"):
         spec.model_args = {**spec.model_args, **parse_pairs(params["model_args"], "--model-arg")}
@@ -290,16 +300,26 @@ def sweep_cmd(workers: str | None, layouts: str | None, mode: str, **params: Any
 
 
 @main.command("report")
-@click.argument("run_dirs", nargs=-1, required=True, type=click.Path())
+@click.argument("run_dirs", nargs=-1, type=click.Path())
+@click.option("--from-csv", "from_csv", type=click.Path(dir_okay=False),
+              help="A published scaling table instead of runs: label (opt.), workers, nodes (opt.), throughput or time_s, mode (opt.).")
 @click.option("--out", type=click.Path(file_okay=False), help="Where report.md, report.json and plots go [default: beside the runs].")
 @click.option("--format", "fmt", type=click.Choice(["table", "json", "markdown"]), default="table", show_default=True,
               help="What to print; the Markdown report and plots are written in every case.")
-def report_cmd(run_dirs: tuple[str, ...], out: str | None, fmt: str) -> None:
+def report_cmd(run_dirs: tuple[str, ...], from_csv: str | None, out: str | None, fmt: str) -> None:
     """Throughput, speedup and efficiency per layout from the runs' records.
 
     RUN_DIRS are run directories or sweep directories (their runs are all taken). Speedup is relative to
-    the layout with the fewest workers; the slowest rank sets each step's time.
+    the layout with the fewest workers; the slowest rank sets each step's time. With --from-csv FILE the
+    rows of FILE are used instead (speedup relative to the fewest workers of the same label).
     """
+    if bool(from_csv) == bool(run_dirs):
+        raise SpecError("give RUN_DIRS (run or sweep directories) or --from-csv FILE (one of the two)")
+    if from_csv:
+        from costs.cli import report_from_csv
+
+        report_from_csv(from_csv, Path(out) if out else None, fmt)
+        return
     report_dirs([Path(p) for p in run_dirs], Path(out) if out else None, fmt)
 
 

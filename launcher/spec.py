@@ -28,6 +28,7 @@ DATA_KINDS = ("synthetic", "task", "text")
 BATCH_MODES = ("strong", "weak")
 OPTIMIZERS = ("adam", "sgd")
 DEVICES = ("auto", "cpu", "cuda")
+BALANCE_MODES = ("static", "dynamic")
 
 
 @dataclass
@@ -87,6 +88,11 @@ class Spec:
     loss_threshold: float | None = None
     checkpoint_every: int = 0
     threads: int | None = None
+    interop_threads: int | None = None
+    independent_replicas: bool = False
+    balance: str = "static"
+    balance_every: int = 10
+    emulate_slowdown: list[float] = field(default_factory=list)
     device: str = "auto"
     name: str | None = None
 
@@ -147,6 +153,15 @@ class Spec:
         _choice("data kind", self.data.kind, DATA_KINDS)
         _choice("optimizer", self.optimizer, OPTIMIZERS)
         _choice("device", self.device, DEVICES)
+        _choice("balance", self.balance, BALANCE_MODES)
+        if self.balance_every < 1:
+            raise SpecError(f"--balance-every must be >= 1, got {self.balance_every}")
+        if self.emulate_slowdown and (len(self.emulate_slowdown) != self.workers or min(self.emulate_slowdown) < 1):
+            raise SpecError(
+                f"--emulate-slowdown needs one factor >= 1 per worker ({self.workers}), got {self.emulate_slowdown}"
+            )
+        if self.independent_replicas and self.balance == "dynamic":
+            raise SpecError("--independent-replicas and --balance dynamic do not mix: replicas share no batch")
         for name in ("nodes", "gpus_per_node"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
@@ -154,7 +169,7 @@ class Spec:
                 raise SpecError(f"{flag} must be a positive whole number, got {value!r}")
         if self.global_batch is not None and self.batch_per_worker is not None:
             raise SpecError("give either --global-batch (strong scaling) or --batch-per-worker (weak scaling), not both")
-        for name in ("global_batch", "batch_per_worker", "steps", "epochs", "threads"):
+        for name in ("global_batch", "batch_per_worker", "steps", "epochs", "threads", "interop_threads"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise SpecError(f"--{name.replace('_', '-')} must be a positive whole number, got {value!r}")
@@ -258,6 +273,10 @@ def _coerce(value: Any, f: dataclasses.Field, where: str) -> Any:
     elif base == "str":
         if not isinstance(value, str):
             raise SpecError(f"{where}.{f.name} must be a string, got {value!r}")
+    elif base.startswith("list"):
+        if not isinstance(value, list) or any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in value):
+            raise SpecError(f"{where}.{f.name} must be a list of numbers, got {value!r}")
+        return [float(v) for v in value]
     elif base.startswith("dict"):
         if not isinstance(value, dict):
             raise SpecError(f"{where}.{f.name} must be a mapping, got {value!r}")

@@ -67,6 +67,13 @@ class Engine:
     def wrap(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, resumed: bool):
         return model, optimizer
 
+    def replicas(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer):
+        """Independent replicas: every rank trains its own copy, no gradient exchange (the seeds'
+        `--independent_replica`, the ideal curve that isolates communication cost)."""
+        self.finish_exchange = Engine.finish_exchange.__get__(self)  # type: ignore[method-assign]
+        self.step = Engine.step.__get__(self)  # type: ignore[method-assign]
+        return model, optimizer
+
     def finish_exchange(self, optimizer: torch.optim.Optimizer) -> float | None:
         return None
 
@@ -78,6 +85,9 @@ class Engine:
 
     def any(self, flag: bool) -> bool:
         return bool(flag)
+
+    def allgather(self, value: float) -> list[float]:
+        return [float(value)]
 
     def shutdown(self) -> None:
         pass
@@ -126,6 +136,11 @@ class DDPEngine(Engine):
         t = self._tensor(1.0 if flag else 0.0)
         self._dist.all_reduce(t, op=self._dist.ReduceOp.MAX)  # distributed
         return bool(t.item() > 0)
+
+    def allgather(self, value: float) -> list[float]:
+        out = [self._tensor(0.0) for _ in range(self.world)]
+        self._dist.all_gather(out, self._tensor(value))  # distributed
+        return [float(t.item()) for t in out]
 
     def shutdown(self) -> None:
         if self._dist.is_initialized():
@@ -183,6 +198,10 @@ class HorovodEngine(Engine):
     def any(self, flag: bool) -> bool:
         t = torch.tensor([1.0 if flag else 0.0], dtype=torch.float64)
         return bool(self.hvd.allreduce(t, op=self.hvd.Sum, name="scalelab.any").item() > 0)  # distributed
+
+    def allgather(self, value: float) -> list[float]:
+        t = torch.tensor([float(value)], dtype=torch.float64)
+        return [float(x) for x in self.hvd.allgather(t, name="scalelab.allgather")]  # distributed
 
     def shutdown(self) -> None:
         self.hvd.shutdown()

@@ -23,6 +23,7 @@ import torch
 
 from launcher.errors import ScalelabError
 from launcher.spec import Spec, read_spec
+from train import balance
 from train.checkpoint import load_checkpoint, restore_rng, save_checkpoint
 from train.data import Prefetcher, build_dataset
 from train.engines import make_engine
@@ -51,6 +52,8 @@ class Stop:
 def train(run_dir: Path) -> str:
     """Run (or resume) the training described by RUN_DIR/spec.json; return why it ended."""
     spec = read_spec(run_dir)
+    if spec.interop_threads:
+        torch.set_num_interop_threads(spec.interop_threads)  # only possible before any parallel work
     engine = make_engine(spec.engine)  # distributed: init process group / hvd.init
     rank, world = engine.rank, engine.world
     device = engine.device(spec.device)
@@ -65,7 +68,7 @@ def train(run_dir: Path) -> str:
     model = build_model(cfg, spec.rnn).to(device)
     global_batch = spec.resolved_global_batch(cfg.default_batch)
     per_rank = spec.per_worker_batch(cfg.default_batch)
-    lo, hi = rank * per_rank, (rank + 1) * per_rank
+    shares = ShareSchedule([per_rank] * world)
     lr_scale = spec.lr_scale(cfg.default_batch)
     optimizer = make_optimizer(spec, model, spec.lr * lr_scale)
 
@@ -82,14 +85,20 @@ def train(run_dir: Path) -> str:
         optimizer.load_state_dict(ckpt["optimizer"])
         restore_rng(ckpt)
         step, elapsed, reached = ckpt["step"], ckpt["elapsed_s"], ckpt.get("reached")
-    model, optimizer = engine.wrap(model, optimizer, resumed=ckpt is not None)  # distributed
+    if spec.independent_replicas:
+        model, optimizer = engine.replicas(model, optimizer)  # no gradient exchange at all
+    else:
+        model, optimizer = engine.wrap(model, optimizer, resumed=ckpt is not None)  # distributed
+    slowdown = spec.emulate_slowdown[rank] if spec.emulate_slowdown else 1.0
 
     out = RecordWriter(run_dir, rank, world)
     out.write(
         "start", run_id=Path(run_dir).name, model=spec.model, preset=spec.model, rnn=spec.rnn,
         engine=engine.name, nodes=spec.nodes, gpus_per_node=spec.gpus_per_node,
         node_rank=engine.placement.node_rank, local_rank=engine.placement.local_rank, device=str(device),
-        global_batch=global_batch, batch_this_rank=hi - lo, threads=torch.get_num_threads(),
+        global_batch=global_batch, batch_this_rank=per_rank, threads=torch.get_num_threads(),
+        interop_threads=torch.get_num_interop_threads(), independent_replicas=spec.independent_replicas,
+        balance=spec.balance, emulate_slowdown=slowdown,
         resumed_from_step=step if ckpt is not None else None,
         params=sum(p.numel() for p in model.parameters()),
         grad_bytes=sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad),
@@ -99,12 +108,14 @@ def train(run_dir: Path) -> str:
 
     def batches(first_step: int):
         for s in range(first_step, total_steps):
+            lo, hi = balance.offsets(shares.at(s))[rank]
             batch = dataset.get_batch(s // steps_per_epoch, s % steps_per_epoch, global_batch, lo, hi)
             batch.meta["epoch"] = s // steps_per_epoch
             yield batch
 
     reason = "steps" if spec.steps is not None else "epochs"
     started_at = step
+    window: list[float] = []  # compute seconds per sample on this rank since the last rebalance
     with Prefetcher(batches(step), depth=spec.data.prefetch, device=device) as stream:
         while step < total_steps:
             # ---- one step ----------------------------------------------------------------------
@@ -116,7 +127,12 @@ def train(run_dir: Path) -> str:
             model.zero_grad(set_to_none=True)
             loss = model(**batch.inputs)
             t2 = _clock(device)
-            loss.backward()  # DDP all-reduces buckets during backward; Horovod starts its all-reduces here
+            emulated_s = _emulate_slower_device(slowdown, t2 - t1)
+            # Each engine averages gradients over ranks; with unequal shares, weight each rank's mean
+            # loss by its share so the average is still the mean over the whole global batch.
+            weight = batch.samples * world / global_batch if not spec.independent_replicas else 1.0
+            (loss * weight if weight != 1.0 else loss).backward()  # DDP all-reduces during backward; Horovod starts here
+            t2 += emulated_s
             exchange_s = engine.finish_exchange(optimizer)  # distributed: wait for the exchange
             if spec.clip_grad_norm:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), spec.clip_grad_norm)
@@ -132,8 +148,18 @@ def train(run_dir: Path) -> str:
                 "step", step=step, epoch=epoch, warmup=step - started_at <= spec.warmup_steps,
                 step_s=t4 - t0, data_s=t1 - t0, forward_s=t2 - t1, backward_s=t3 - t2,
                 exchange_s=exchange_s, optimizer_s=t4 - t3, samples=batch.samples, words=batch.words,
-                loss=loss_value, lr=lr,
+                loss=loss_value, lr=lr, **({"emulated_s": emulated_s} if slowdown != 1.0 else {}),
             )
+
+            # ---- dynamic load balancing (mixed hardware) ---------------------------------------
+            window.append((t2 - t1) / batch.samples)
+            if spec.balance == "dynamic" and world > 1 and step % spec.balance_every == 0:
+                speeds = engine.allgather(len(window) / sum(window))  # distributed: samples/s per rank
+                new = balance.proportional_shares(global_batch, speeds)
+                effective = step + spec.data.prefetch + 2  # later than any batch already prefetched
+                shares.change(effective, new)
+                out.event("rebalance", step=step, effective_step=effective + 1, shares=new, speeds=speeds)
+                window = []
 
             # ---- validation and the loss threshold ---------------------------------------------
             if spec.val_every and step % spec.val_every == 0:
@@ -165,6 +191,33 @@ def train(run_dir: Path) -> str:
     out.close()
     engine.shutdown()
     return reason
+
+
+class ShareSchedule:
+    """Each rank's share of the global batch, step by step.
+
+    A change made at step s takes effect from a step that no rank can have prefetched yet, so every
+    rank switches at the same step and the slices still tile the global batch exactly.
+    """
+
+    def __init__(self, shares: list[int]) -> None:
+        self.changes: list[tuple[int, list[int]]] = [(0, shares)]
+
+    def at(self, step: int) -> list[int]:
+        return next(sh for first, sh in reversed(self.changes) if step >= first)
+
+    def change(self, first_step: int, shares: list[int]) -> None:
+        self.changes.append((first_step, shares))
+
+
+def _emulate_slower_device(factor: float, forward_s: float) -> float:
+    """Testing aid for mixed hardware on one machine: make this rank `factor` times slower by
+    sleeping for the extra compute time of forward + backward (backward ~ 2x forward)."""
+    if factor == 1.0:
+        return 0.0
+    extra = (factor - 1.0) * 3 * forward_s
+    time.sleep(extra)
+    return extra
 
 
 def data_paths(spec: Spec, family: str) -> dict[str, str]:

@@ -1,0 +1,189 @@
+"""Measurements of the hardware and the trainer, run inside one process or one rank.
+
+`launch bench` (launcher/bench.py) orchestrates these and renders the results; everything here
+returns plain dicts so results can be stored as records and compared across machines.
+
+- `matmul_rate`: the machine's dense float32 matrix-multiply rate, the yardstick for compute.
+- `memcpy_bandwidth`: bytes/s of a large tensor copy, the yardstick for the gradient exchange on
+  one host (loopback all-reduce cannot beat memory).
+- `step_benchmark`: one training step (forward + backward + update) of a preset, as the trainer runs
+  it, with its FLOP rate against `matmul_rate` measured in the same process.
+- `python -m train.bench allreduce ...`: per-rank all-reduce timing under torchrun (torch.distributed
+  Gloo) or horovodrun (Horovod Gloo), reporting algbw and busbw as nccl-tests defines them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+
+def _time(fn, repeats: int, warmup: int = 1) -> list[float]:
+    for _ in range(warmup):
+        fn()
+    out = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def matmul_rate(n: int = 2048, repeats: int = 5, threads: int | None = None) -> dict:
+    """Dense float32 GEMM FLOP/s (2n^3 per n x n product), best of `repeats`."""
+    if threads:
+        torch.set_num_threads(threads)
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    c = torch.empty(n, n)
+    times = _time(lambda: torch.mm(a, b, out=c), repeats)
+    return {"n": n, "threads": torch.get_num_threads(), "flops_per_s": 2 * n**3 / min(times)}
+
+
+def memcpy_bandwidth(mb: int = 256, repeats: int = 5) -> dict:
+    """Bytes moved per second by a large copy (read + write both count), best of `repeats`."""
+    src = torch.ones(mb * 2**20 // 4)
+    dst = torch.empty_like(src)
+    times = _time(lambda: dst.copy_(src), repeats)
+    return {"bytes": src.numel() * 4, "bytes_per_s": 2 * src.numel() * 4 / min(times)}
+
+
+def step_benchmark(preset: str, rnn: str = "fused", batch: int | None = None, steps: int = 10,
+                   warmup: int = 3, threads: int | None = None, optimizer: str = "adam") -> dict:
+    """Time the trainer's step on synthetic data; FLOPs from the model's documented formula.
+
+    Achieved FLOP/s = model.flops_per_step(batch) / median step time; efficiency = that over the
+    dense matmul rate measured here, in this process, with the same threads.
+    """
+    from train.data import build_dataset
+    from train.models import PRESETS, build_model
+
+    if threads:
+        torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    cfg = PRESETS[preset]
+    batch = batch or cfg.default_batch
+    model = build_model(cfg, rnn)
+    opt = (torch.optim.Adam(model.parameters(), lr=1e-3, foreach=True) if optimizer == "adam"
+           else torch.optim.SGD(model.parameters(), lr=0.1))
+    data = build_dataset("synthetic", cfg, 0)
+    b = data.get_batch(0, 0, batch, 0, batch)
+
+    phases: dict[str, list[float]] = {"forward": [], "backward": [], "optimizer": []}
+
+    def step() -> None:
+        t0 = time.perf_counter()
+        model.zero_grad(set_to_none=True)
+        loss = model(**b.inputs)
+        t1 = time.perf_counter()
+        loss.backward()
+        t2 = time.perf_counter()
+        opt.step()
+        t3 = time.perf_counter()
+        for k, v in zip(phases, (t1 - t0, t2 - t1, t3 - t2)):
+            phases[k].append(v)
+
+    times = _time(step, steps, warmup)
+    for k in phases:
+        phases[k] = phases[k][warmup:]
+    med = statistics.median(times)
+    flops = model.flops_per_step(batch)
+    rate = matmul_rate(threads=threads)["flops_per_s"]
+    return {
+        "preset": preset, "rnn": rnn, "batch": batch, "threads": torch.get_num_threads(),
+        "params": sum(p.numel() for p in model.parameters()),
+        "step_s": med, "step_s_min": min(times), "words_per_s": b.words / med,
+        "flops_per_step": flops, "flops_per_s": flops / med, "matmul_flops_per_s": rate,
+        "efficiency": flops / med / rate,
+        **{f"{k}_s": statistics.median(v) for k, v in phases.items()},
+    }
+
+
+# ---- all-reduce, one rank ------------------------------------------------------------------------
+
+
+def allreduce_rank(engine: str, sizes_mb: list[float], repeats: int, out: str | None, label: str,
+                   fp16: bool = False, tensors: int = 1) -> None:
+    """All-reduce float32 buffers of each size (split into `tensors` equal tensors, as gradients are)."""
+    if engine == "ddp":
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo")
+        rank, world = dist.get_rank(), dist.get_world_size()
+
+        def reduce(ts):
+            works = [dist.all_reduce(t, async_op=True) for t in ts]
+            for w in works:
+                w.wait()
+    else:
+        import horovod.torch as hvd
+
+        hvd.init()
+        rank, world = hvd.rank(), hvd.size()
+        compression = hvd.Compression.fp16 if fp16 else hvd.Compression.none
+        counter = iter(range(10**9))
+
+        def reduce(ts):
+            n = next(counter)
+            handles = []
+            for i, t in enumerate(ts):
+                c, ctx = compression.compress(t)
+                handles.append((hvd.allreduce_async_(c, name=f"t{i}.{n}", op=hvd.Sum), c, ctx, t))
+            for h, c, ctx, t in handles:
+                hvd.synchronize(h)
+                if c is not t:
+                    t.copy_(compression.decompress(c, ctx))
+
+    results = []
+    for mb in sizes_mb:
+        numel = int(mb * 2**20 // 4)
+        ts = [torch.ones(numel // tensors) for _ in range(tensors)]
+        times = _time(lambda: reduce(ts), repeats, warmup=2)
+        t = statistics.median(times)
+        nbytes = numel // tensors * tensors * 4
+        algbw = nbytes / t
+        results.append({"label": label, "engine": engine, "ranks": world, "mb": mb, "tensors": tensors,
+                        "fp16": fp16, "time_s": t, "algbw": algbw, "busbw": algbw * 2 * (world - 1) / world})
+    if rank == 0 and out:
+        with open(out, "w") as f:
+            json.dump(results, f)
+    if engine == "ddp":
+        dist.barrier()
+        dist.destroy_process_group()
+    else:
+        hvd.shutdown()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m train.bench")
+    sub = p.add_subparsers(dest="what", required=True)
+    a = sub.add_parser("allreduce", help="time all-reduce on this rank (start with torchrun or horovodrun)")
+    a.add_argument("--engine", choices=["ddp", "horovod"], required=True)
+    a.add_argument("--sizes-mb", default="1,16,64")
+    a.add_argument("--repeats", type=int, default=5)
+    a.add_argument("--tensors", type=int, default=1)
+    a.add_argument("--fp16", action="store_true")
+    a.add_argument("--label", default="")
+    a.add_argument("--out")
+    s = sub.add_parser("step", help="time one preset's training step in this process")
+    s.add_argument("preset")
+    s.add_argument("--rnn", default="fused")
+    s.add_argument("--batch", type=int)
+    s.add_argument("--steps", type=int, default=10)
+    s.add_argument("--threads", type=int)
+    args = p.parse_args(argv)
+    if args.what == "allreduce":
+        allreduce_rank(args.engine, [float(x) for x in args.sizes_mb.split(",")], args.repeats, args.out,
+                       args.label or args.engine, args.fp16, args.tensors)
+    else:
+        print(json.dumps(step_benchmark(args.preset, args.rnn, args.batch, args.steps, threads=args.threads)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
