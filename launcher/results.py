@@ -22,8 +22,8 @@ SWEEP_FILE = "sweep.json"
 
 
 def run_label(spec: Spec) -> str:
-    """The series a run belongs to: runs that differ only in layout share a label."""
-    return f"{spec.model} {spec.rnn} {spec.engine.name} {spec.batch_mode}"
+    """The series a run belongs to: runs that differ only in layout share a label (its --name if given)."""
+    return spec.name or f"{spec.model} {spec.rnn} {spec.engine.name} {spec.batch_mode}"
 
 
 def total_steps(spec: Spec) -> int | None:

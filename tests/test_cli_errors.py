@@ -30,7 +30,7 @@ def _assert_clean_error(proc: subprocess.CompletedProcess, *needles: str) -> Non
         (["--nodes", "two"], ["'two' is not a valid integer"]),
         (["--model", "transformer"], ["unknown model preset 'transformer'", "nmt-tiny"]),
         (["--engine", "mpi"], ["'mpi' is not one of", "horovod"]),
-        (["--gpus-pernode", "2"], ["No such option", "--gpus-pernode", "Did you mean '--gpus-per-node'", "Usage: launch run"]),
+        (["--gpus-pernode", "2"], ["No such option", "--gpus-pernode", "'--gpus-per-node'", "Usage: launch run"]),
         (["--global-batch", "15", "--gpus-per-node", "2"], ["does not split evenly across 2 workers"]),
         (["--model-arg", "hiden_size=3"], ["hiden_size", "hidden_size"]),
         (["--backend-opt", "gpus=3"], ["unknown local backend option(s): gpus", "master_port"]),

@@ -1,0 +1,156 @@
+"""Dollars for a run: instance mixes, per-second billing, spot interruptions.
+
+Billing rule (AWS Linux instances, and the default for user rates): every instance is billed per
+second, with a 60-second minimum. A run on a mix of instances (e.g. `3*g3.4xlarge+1*p2.xlarge`)
+keeps all of them for the whole run, because in synchronous data parallelism the slowest worker
+sets every step's time: the fast ones wait and are billed while waiting.
+
+Spot: an interruption loses the work since the last checkpoint (on average half a checkpoint
+interval, the interruption time being uniform within it) and costs a restart (new instance, image,
+data, resume). With λ interruptions per hour of wall time, a run that needs W seconds of work takes
+
+    T = W / (1 − λ·(c/2 + r)/3600)        c = checkpoint interval (s), r = restart time (s)
+
+seconds of expected wall time (each hour of wall time spends λ·(c/2+r) seconds redoing work and
+restarting). T is infinite when interruptions come faster than progress is made. These are
+expectations over the interruption process, not guarantees.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from costs.catalog import MARKETS, Catalog, CatalogError
+
+__all__ = ["MIN_BILLED_S", "Mix", "parse_mix", "billed_seconds", "RunCost", "run_cost",
+           "spot_expected_seconds", "threshold_cost"]
+
+MIN_BILLED_S = 60
+
+
+@dataclass(frozen=True)
+class Mix:
+    """Instances rented together: ((count, type), ...) in the order written."""
+
+    items: tuple[tuple[int, str], ...]
+
+    def __str__(self) -> str:
+        return "+".join(f"{n}*{t}" for n, t in self.items)
+
+    def count(self) -> int:
+        return sum(n for n, _ in self.items)
+
+    def gpus(self, catalog: Catalog) -> int:
+        return sum(n * catalog.instance(t).gpus for n, t in self.items)
+
+    def usd_per_hour(self, catalog: Catalog, market: str = "on-demand", region: str | None = None) -> float:
+        """Hourly price of the whole mix (sum of count x price)."""
+        return sum(n * catalog.price(t, market, region).usd_per_hour for n, t in self.items)
+
+
+_TERM = re.compile(r"\s*(?:(\d+)\s*[*x×]\s*)?([A-Za-z][\w.\-]*)\s*")
+
+
+def parse_mix(text: str, catalog: Catalog | None = None) -> Mix:
+    """`3*g3.4xlarge+1*p2.xlarge` -> Mix (a bare type means one). Types are checked against
+    `catalog` when given (unknown -> UnknownInstanceError listing the known ones)."""
+    items: list[tuple[int, str]] = []
+    for term in str(text).split("+"):
+        m = _TERM.fullmatch(term)
+        if not m or (m.group(1) is not None and int(m.group(1)) < 1):
+            raise CatalogError(
+                f"cannot read instances {text!r}: write COUNT*TYPE terms joined by '+', "
+                "e.g. 3*g3.4xlarge+1*p2.xlarge (a bare type means one)"
+            )
+        count, name = int(m.group(1) or 1), m.group(2)
+        if catalog is not None:
+            catalog.instance(name)
+        items.append((count, name))
+    return Mix(tuple(items))
+
+
+def billed_seconds(seconds: float) -> int:
+    """Seconds billed for one instance kept `seconds`: whole seconds, at least 60."""
+    if seconds < 0 or math.isnan(seconds):
+        raise CatalogError(f"run time must be a non-negative number of seconds, got {seconds}")
+    return max(MIN_BILLED_S, math.ceil(seconds - 1e-9))
+
+
+def spot_expected_seconds(seconds: float, interruptions_per_hour: float,
+                          checkpoint_interval_s: float = 600.0, restart_s: float = 180.0) -> float:
+    """Expected wall time of `seconds` of work on spot capacity (formula in the module doc)."""
+    if interruptions_per_hour < 0:
+        raise CatalogError("interruptions per hour must be >= 0")
+    lost_per_hour = interruptions_per_hour * (checkpoint_interval_s / 2.0 + restart_s)
+    if lost_per_hour >= 3600.0:
+        return math.inf
+    return seconds / (1.0 - lost_per_hour / 3600.0)
+
+
+@dataclass
+class RunCost:
+    """What a run costs. `hours` is the (expected) wall time; `dollars` follows the billing rule."""
+
+    label: str
+    instances: str
+    market: str
+    region: str
+    seconds: float
+    hours: float
+    billed_seconds: int
+    gpus: int
+    usd_per_hour: float
+    dollars: float
+    work_seconds: float
+    expected_interruptions: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def run_cost(
+    seconds: float,
+    mix: Mix | str,
+    catalog: Catalog,
+    market: str = "on-demand",
+    region: str | None = None,
+    label: str = "",
+    interruptions_per_hour: float = 0.0,
+    checkpoint_interval_s: float = 600.0,
+    restart_s: float = 180.0,
+) -> RunCost:
+    """Dollars for keeping `mix` for `seconds` of work (per-second billing, 60 s minimum each).
+
+    On spot with `interruptions_per_hour` > 0 the wall time is the expected one (lost work and
+    restarts included, see the module doc), and that is what is billed. Measured run times already
+    contain any interruptions they suffered: pass interruptions_per_hour=0 for them.
+    """
+    if market not in MARKETS:
+        raise CatalogError(f"unknown market {market!r}; use one of {', '.join(MARKETS)}")
+    mix = parse_mix(mix, catalog) if isinstance(mix, str) else mix
+    wall = seconds if market == "on-demand" else spot_expected_seconds(
+        seconds, interruptions_per_hour, checkpoint_interval_s, restart_s)
+    rate = mix.usd_per_hour(catalog, market, region)
+    if math.isinf(wall):
+        billed, dollars = 0, math.inf
+    else:
+        billed = billed_seconds(wall)
+        dollars = rate * billed / 3600.0
+    return RunCost(
+        label=label, instances=str(mix), market=market, region=region or catalog.region,
+        seconds=wall, hours=wall / 3600.0, billed_seconds=billed, gpus=mix.gpus(catalog),
+        usd_per_hour=rate, dollars=dollars, work_seconds=float(seconds),
+        expected_interruptions=0.0 if market == "on-demand" or math.isinf(wall)
+        else interruptions_per_hour * wall / 3600.0,
+    )
+
+
+def threshold_cost(time_to_threshold_s: float | None, mix: Mix | str, catalog: Catalog,
+                   market: str = "on-demand", region: str | None = None, **spot: float) -> float | None:
+    """Dollars until the loss threshold was (or will be) reached; None when it never was."""
+    if time_to_threshold_s is None or (isinstance(time_to_threshold_s, float) and math.isnan(time_to_threshold_s)):
+        return None
+    return run_cost(time_to_threshold_s, mix, catalog, market, region, **spot).dollars

@@ -1,0 +1,419 @@
+"""Price catalog: instance shapes, on-demand and spot prices per region, and user-supplied rates.
+
+Why one catalog: a cloud instance, a Slurm partition and a Kubernetes node pool only compare once
+they are priced on one scale (US dollars per hour of the thing you rent). So the catalog holds:
+
+- AWS GPU instance shapes and us-east-1 on-demand prices, built in (`costs/data/`, copied from the
+  project's reference table; every price keeps its source);
+- spot prices per (type, region), refreshable from EC2 `describe_spot_price_history`;
+- on-demand prices per (type, region), refreshable from the AWS Pricing API (`get_products`);
+- user rates for on-premise clusters: per GPU-hour (the "instance" is one GPU) or per node-hour
+  (the "instance" is one node with G GPUs), so `8*slurm-v100` prices eight GPUs of a cluster.
+
+User prices live in one JSON file (`$SCALELAB_PRICES`, else ~/.config/scalelab/prices.json) that
+refreshes write to and that overrides the built-in table. Billing rule (see costs/billing.py):
+per second with a 60-second minimum per instance.
+
+The AWS clients are injected (tests pass botocore-stubbed clients fed with recorded responses);
+boto3 is imported only by `default_clients`, when a refresh actually talks to AWS.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as _dt
+import json
+import os
+import re
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any, Iterable
+
+from launcher.errors import SpecError
+
+__all__ = [
+    "MARKETS",
+    "DEFAULT_REGION",
+    "CatalogError",
+    "UnknownInstanceError",
+    "InstanceType",
+    "Price",
+    "Catalog",
+    "builtin_catalog",
+    "load_catalog",
+    "user_prices_path",
+    "parse_rate",
+    "fetch_spot_prices",
+    "fetch_on_demand_prices",
+    "parse_price_list_item",
+    "refresh",
+]
+
+MARKETS: tuple[str, ...] = ("on-demand", "spot")
+DEFAULT_REGION = "us-east-1"
+DATA_DIR = Path(__file__).resolve().parent / "data"
+
+
+class CatalogError(SpecError):
+    """A price or instance type the catalog cannot supply (the message says how to supply it)."""
+
+
+class UnknownInstanceError(CatalogError):
+    """An instance type (or rate name) that is neither built in nor user-defined."""
+
+
+@dataclass(frozen=True)
+class InstanceType:
+    """What one rented unit is: an AWS instance, or a GPU / node of an on-premise cluster."""
+
+    name: str
+    gpus: int
+    gpu_model: str | None = None
+    gpu_mem_gib: float | None = None
+    vcpus: int | None = None
+    mem_gib: float | None = None
+    network: str | None = None
+    source: str = ""
+    provider: str = "aws"  # "aws" or "rate" (user-supplied on-premise rate)
+
+    @property
+    def network_gbps(self) -> float | None:
+        """Link bandwidth in Gbit/s from the network column ("up to 10 Gbps" -> 10); None if vague."""
+        m = re.search(r"([\d.]+)\s*(?:gbps|gigabit)", (self.network or "").lower())
+        return float(m.group(1)) if m else None
+
+
+@dataclass(frozen=True)
+class Price:
+    """US dollars per hour of one instance, with where the number came from."""
+
+    usd_per_hour: float
+    source: str
+    observed: str | None = None
+
+
+def user_prices_path() -> Path:
+    """Where refreshed prices and user rates are kept: $SCALELAB_PRICES or ~/.config/scalelab/prices.json."""
+    env = os.environ.get("SCALELAB_PRICES")
+    if env:
+        return Path(env)
+    base = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config")
+    return base / "scalelab" / "prices.json"
+
+
+@dataclass
+class Catalog:
+    """Instance shapes and prices. Look-ups raise CatalogError with the fix in the message."""
+
+    instances: dict[str, InstanceType] = field(default_factory=dict)
+    on_demand: dict[tuple[str, str], Price] = field(default_factory=dict)
+    spot: dict[tuple[str, str], Price] = field(default_factory=dict)
+    region: str = DEFAULT_REGION
+
+    # ---- look-ups ----------------------------------------------------------------------------
+
+    def names(self) -> list[str]:
+        return sorted(self.instances)
+
+    def instance(self, name: str) -> InstanceType:
+        try:
+            return self.instances[name]
+        except KeyError:
+            raise UnknownInstanceError(
+                f"unknown instance type {name!r}; known: {', '.join(self.names())} "
+                "(add on-premise rates with --rate NAME=USD/gpu-hour)"
+            ) from None
+
+    def price(self, name: str, market: str = "on-demand", region: str | None = None) -> Price:
+        """Hourly price of one `name` instance in `market` and `region` (default: the catalog's)."""
+        inst = self.instance(name)
+        region = region or self.region
+        if market not in MARKETS:
+            raise CatalogError(f"unknown market {market!r}; use one of {', '.join(MARKETS)}")
+        if inst.provider == "rate":  # an on-premise rate: no markets, no regions
+            return self.on_demand[(name, "*")]
+        table = self.on_demand if market == "on-demand" else self.spot
+        if (name, region) in table:
+            return table[(name, region)]
+        have = sorted(r for (n, r) in table if n == name)
+        where = f" (known for: {', '.join(have)})" if have else ""
+        flag = "on-demand" if market == "on-demand" else "spot"
+        raise CatalogError(
+            f"no {market} price for {name} in {region}{where}; run `launch cost --refresh {flag} "
+            f"--region {region}` (needs AWS credentials) or add it to {user_prices_path()}"
+        )
+
+    # ---- changes -----------------------------------------------------------------------------
+
+    def add_rate(self, name: str, usd_per_hour: float, per: str = "gpu-hour", gpus: int = 1,
+                 source: str = "user rate") -> InstanceType:
+        """Define an on-premise unit: per "gpu-hour" (one GPU) or per "node-hour" (a node of `gpus`)."""
+        if per not in ("gpu-hour", "node-hour"):
+            raise CatalogError(f"rate for {name!r}: per must be gpu-hour or node-hour, got {per!r}")
+        if usd_per_hour < 0 or gpus < 1:
+            raise CatalogError(f"rate for {name!r}: price must be >= 0 and gpus >= 1")
+        inst = InstanceType(name=name, gpus=1 if per == "gpu-hour" else int(gpus), source=source, provider="rate")
+        self.instances[name] = inst
+        self.on_demand[(name, "*")] = Price(float(usd_per_hour), f"{source} ({per})")
+        return inst
+
+    def set_price(self, name: str, region: str, market: str, price: Price) -> None:
+        (self.on_demand if market == "on-demand" else self.spot)[(name, region)] = price
+
+    def apply_user_file(self, data: dict[str, Any], where: str = "prices file") -> None:
+        """Merge a prices file ({"instances": [...], "on_demand": [...], "spot": [...], "rates": [...]})."""
+        try:
+            for row in data.get("instances", []):
+                inst = InstanceType(**row)
+                self.instances[inst.name] = inst
+            for market, key in (("on-demand", "on_demand"), ("spot", "spot")):
+                for row in data.get(key, []):
+                    self.set_price(row["instance_type"], row["region"], market,
+                                   Price(float(row["usd_per_hour"]), row.get("source", where), row.get("observed")))
+            for row in data.get("rates", []):
+                if "usd_per_gpu_hour" in row:
+                    self.add_rate(row["name"], float(row["usd_per_gpu_hour"]), "gpu-hour", source=row.get("source", where))
+                else:
+                    self.add_rate(row["name"], float(row["usd_per_node_hour"]), "node-hour",
+                                  int(row.get("gpus", 1)), source=row.get("source", where))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CatalogError(f"{where}: malformed entry ({exc}); see docs/costs.md for the format") from None
+
+
+def parse_rate(text: str) -> tuple[str, float, str, int]:
+    """`NAME=USD/gpu-hour` or `NAME=USD/node-hour@GPUS` -> (name, usd, per, gpus), for --rate."""
+    m = re.fullmatch(r"\s*([\w.\-]+)\s*=\s*\$?([\d.]+)\s*/\s*(gpu-hour|node-hour)(?:@(\d+))?\s*", text)
+    if not m:
+        raise CatalogError(
+            f"--rate takes NAME=USD/gpu-hour or NAME=USD/node-hour@GPUS (e.g. slurm=0.45/gpu-hour, "
+            f"k8s=3.2/node-hour@4), got {text!r}"
+        )
+    name, usd, per, gpus = m.groups()
+    if per == "node-hour" and gpus is None:
+        raise CatalogError(f"--rate {text!r}: a node-hour rate needs the GPUs per node, e.g. {name}={usd}/node-hour@4")
+    return name, float(usd), per, int(gpus or 1)
+
+
+# ---- loading -----------------------------------------------------------------------------------
+
+
+def _num(x: str, kind: type = float) -> Any:
+    x = (x or "").strip()
+    return kind(float(x)) if x else None
+
+
+def builtin_catalog() -> Catalog:
+    """The shapes and prices shipped in costs/data/ (us-east-1 on-demand; a few spot examples)."""
+    cat = Catalog()
+    with open(DATA_DIR / "aws_gpu_instances.csv", newline="") as f:
+        for row in csv.DictReader(f):
+            name = row["instance_type"].strip()
+            src = f"{row['price_note']} [{row['source']}]"
+            cat.instances[name] = InstanceType(
+                name=name, gpus=int(row["gpus"]), gpu_model=row["gpu_model"] or None,
+                gpu_mem_gib=_num(row["gpu_mem_gib"]), vcpus=_num(row["vcpus"], int),
+                mem_gib=_num(row["mem_gib"]), network=row["network"] or None, source=src,
+            )
+            cat.on_demand[(name, DEFAULT_REGION)] = Price(float(row["on_demand_usd_per_hour_us_east_1"]), src)
+    with open(DATA_DIR / "spot_prices.csv", newline="") as f:
+        for row in csv.DictReader(f):
+            cat.spot[(row["instance_type"], row["region"])] = Price(
+                float(row["spot_usd_per_hour"]), row["source"], row["observed"] or None)
+    return cat
+
+
+def load_catalog(prices_file: str | Path | None = None, rates: Iterable[str] = (),
+                 region: str = DEFAULT_REGION) -> Catalog:
+    """Built-in table, then the user's prices file (if it exists), then --rate strings."""
+    cat = builtin_catalog()
+    cat.region = region
+    path = Path(prices_file) if prices_file else user_prices_path()
+    if prices_file and not path.exists():
+        raise CatalogError(f"prices file not found: {path}")
+    if path.exists():
+        try:
+            data = _read_structured(path)
+        except ValueError as exc:
+            raise CatalogError(f"{path} is not valid JSON/YAML: {exc}") from None
+        cat.apply_user_file(data, str(path))
+    for text in rates:
+        name, usd, per, gpus = parse_rate(text)
+        cat.add_rate(name, usd, per, gpus, source="--rate")
+    return cat
+
+
+def _read_structured(path: Path) -> dict[str, Any]:
+    text = path.read_text()
+    if path.suffix in (".yaml", ".yml"):
+        import yaml
+
+        try:
+            data = yaml.safe_load(text) or {}
+        except yaml.YAMLError as exc:
+            raise ValueError(str(exc)) from None
+    else:
+        data = json.loads(text) if text.strip() else {}
+    if not isinstance(data, dict):
+        raise ValueError("expected a mapping at the top level")
+    return data
+
+
+# ---- refresh from AWS --------------------------------------------------------------------------
+
+
+def fetch_spot_prices(ec2: Any, instance_types: Iterable[str], region: str,
+                      now: _dt.datetime | None = None) -> list[dict[str, Any]]:
+    """Current Linux spot price per type in `region`: the latest price of each availability zone,
+    then the lowest zone (you can pick the zone). `ec2` is a boto3 EC2 client for `region`.
+
+    Uses `describe_spot_price_history` with StartTime=now, which AWS answers with the price in
+    effect now per zone; pages are followed through NextToken.
+    """
+    now = now or _dt.datetime.now(_dt.timezone.utc)
+    types = list(instance_types)
+    latest: dict[tuple[str, str], tuple[Any, float]] = {}
+    kwargs: dict[str, Any] = dict(InstanceTypes=types, ProductDescriptions=["Linux/UNIX"], StartTime=now)
+    while True:
+        page = ec2.describe_spot_price_history(**kwargs)
+        for item in page.get("SpotPriceHistory", []):
+            key = (item["InstanceType"], item.get("AvailabilityZone", "?"))
+            ts = item.get("Timestamp")
+            if key not in latest or (ts is not None and ts > latest[key][0]):
+                latest[key] = (ts, float(item["SpotPrice"]))
+        token = page.get("NextToken")
+        if not token:
+            break
+        kwargs["NextToken"] = token
+    out = []
+    for t in types:
+        zones = {az: p for (it, az), (_, p) in latest.items() if it == t}
+        if not zones:
+            continue
+        az = min(zones, key=zones.get)
+        out.append({"instance_type": t, "region": region, "usd_per_hour": zones[az],
+                    "source": f"describe_spot_price_history, lowest zone {az} of {len(zones)}",
+                    "observed": now.date().isoformat()})
+    return out
+
+
+def parse_price_list_item(item: str | dict[str, Any]) -> dict[str, Any] | None:
+    """One `get_products` PriceList entry (a JSON string) -> {instance_type, region, usd_per_hour,
+    gpus, vcpus, mem_gib, network}, or None when it holds no hourly on-demand USD price."""
+    doc = json.loads(item) if isinstance(item, str) else item
+    attrs = doc.get("product", {}).get("attributes", {})
+    prices = []
+    for term in doc.get("terms", {}).get("OnDemand", {}).values():
+        for dim in term.get("priceDimensions", {}).values():
+            usd = dim.get("pricePerUnit", {}).get("USD")
+            if usd is not None and dim.get("unit", "Hrs").lower().startswith("hr"):
+                prices.append(float(usd))
+    positive = [p for p in prices if p > 0]
+    if not positive or "instanceType" not in attrs:
+        return None
+
+    def gib(s: str | None) -> float | None:
+        m = re.match(r"\s*([\d.,]+)", s or "")
+        return float(m.group(1).replace(",", "")) if m else None
+
+    return {
+        "instance_type": attrs["instanceType"], "region": attrs.get("regionCode"),
+        "usd_per_hour": min(positive), "gpus": int(gib(attrs.get("gpu")) or 0),
+        "vcpus": int(gib(attrs.get("vcpu")) or 0) or None, "mem_gib": gib(attrs.get("memory")),
+        "gpu_mem_gib": gib(attrs.get("gpuMemory")), "network": attrs.get("networkPerformance"),
+    }
+
+
+def fetch_on_demand_prices(pricing: Any, instance_types: Iterable[str], region: str,
+                           today: _dt.date | None = None) -> list[dict[str, Any]]:
+    """Linux, shared-tenancy, no-preinstalled-software on-demand price per type from the Pricing
+    API. `pricing` is a boto3 "pricing" client (the API answers in us-east-1 for every region)."""
+    today = today or _dt.date.today()
+    out = []
+    for t in instance_types:
+        filters = [
+            {"Type": "TERM_MATCH", "Field": k, "Value": v}
+            for k, v in (("instanceType", t), ("regionCode", region), ("operatingSystem", "Linux"),
+                         ("tenancy", "Shared"), ("preInstalledSw", "NA"), ("capacitystatus", "Used"))
+        ]
+        kwargs: dict[str, Any] = dict(ServiceCode="AmazonEC2", Filters=filters, FormatVersion="aws_v1")
+        found: list[dict[str, Any]] = []
+        while True:
+            page = pricing.get_products(**kwargs)
+            found += [p for p in map(parse_price_list_item, page.get("PriceList", [])) if p]
+            token = page.get("NextToken")
+            if not token:
+                break
+            kwargs["NextToken"] = token
+        found = [p for p in found if p["instance_type"] == t]
+        if found:
+            best = min(found, key=lambda p: p["usd_per_hour"])
+            out.append({**best, "region": region, "source": "AWS Pricing API get_products",
+                        "observed": today.isoformat()})
+    return out
+
+
+def default_clients(region: str) -> tuple[Any, Any]:
+    """(ec2 client for `region`, pricing client) from boto3's default credential chain."""
+    try:
+        import boto3
+    except ImportError:
+        raise CatalogError("refreshing prices needs boto3: pip install boto3") from None
+    return boto3.client("ec2", region_name=region), boto3.client("pricing", region_name="us-east-1")
+
+
+def refresh(catalog: Catalog, what: str, region: str, ec2: Any = None, pricing: Any = None,
+            types: Iterable[str] | None = None, path: Path | None = None) -> list[dict[str, Any]]:
+    """Fetch `what` ("spot", "on-demand" or "all") prices for `types` (default: every AWS type in
+    the catalog), merge them into `catalog` and into the user's prices file. Returns the new rows.
+
+    Errors from AWS (no credentials, access denied) become one CatalogError line.
+    """
+    if what not in ("spot", "on-demand", "all"):
+        raise CatalogError(f"--refresh takes spot, on-demand or all, got {what!r}")
+    types = list(types or [n for n, i in catalog.instances.items() if i.provider == "aws"])
+    rows: dict[str, list[dict[str, Any]]] = {"spot": [], "on_demand": []}
+    try:
+        if (ec2 is None and what != "on-demand") or (pricing is None and what != "spot"):
+            d_ec2, d_pricing = default_clients(region)
+            ec2 = ec2 or d_ec2
+            pricing = pricing or d_pricing
+        if what in ("spot", "all"):
+            rows["spot"] = fetch_spot_prices(ec2, types, region)
+        if what in ("on-demand", "all"):
+            rows["on_demand"] = fetch_on_demand_prices(pricing, types, region)
+    except CatalogError:
+        raise
+    except Exception as exc:  # botocore ClientError / NoCredentialsError / EndpointConnectionError
+        if type(exc).__module__.split(".")[0] not in ("botocore", "boto3"):
+            raise
+        raise CatalogError(f"price refresh from AWS failed: {exc}") from None
+    for r in rows["spot"]:
+        catalog.set_price(r["instance_type"], region, "spot", Price(r["usd_per_hour"], r["source"], r["observed"]))
+    new_instances = []
+    for r in rows["on_demand"]:
+        catalog.set_price(r["instance_type"], region, "on-demand", Price(r["usd_per_hour"], r["source"], r["observed"]))
+        if r["instance_type"] not in catalog.instances and r["gpus"]:
+            inst = InstanceType(name=r["instance_type"], gpus=r["gpus"], gpu_mem_gib=r["gpu_mem_gib"],
+                                vcpus=r["vcpus"], mem_gib=r["mem_gib"], network=r["network"], source=r["source"])
+            catalog.instances[inst.name] = inst
+            new_instances.append(asdict(inst))
+    _save_user_prices(path or user_prices_path(), rows, new_instances)
+    return rows["spot"] + rows["on_demand"]
+
+
+def _save_user_prices(path: Path, rows: dict[str, list[dict[str, Any]]], instances: list[dict[str, Any]]) -> None:
+    data = _read_structured(path) if path.exists() else {}
+    for key in ("spot", "on_demand"):
+        fresh = {(r["instance_type"], r["region"]) for r in rows[key]}
+        kept = [r for r in data.get(key, []) if (r.get("instance_type"), r.get("region")) not in fresh]
+        data[key] = kept + [{k: r[k] for k in ("instance_type", "region", "usd_per_hour", "source", "observed")}
+                            for r in rows[key]]
+    names = {i["name"] for i in instances}
+    data["instances"] = [i for i in data.get("instances", []) if i.get("name") not in names] + instances
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2) + "\n")
+
+
+def copy_with_region(catalog: Catalog, region: str) -> Catalog:
+    """The same catalog looking up prices in another region by default."""
+    return replace(catalog, region=region)

@@ -1,0 +1,462 @@
+"""`launch cost`, `launch plan` and `launch report --from-csv`: dollars, predictions, purchase advice.
+
+    launch cost --from-csv runs.csv --format json          dollars per logged run (catalog prices)
+    launch cost runs/sweep-x --instances 2*g3.16xlarge     dollars of recorded runs
+    launch cost --refresh spot --region us-west-2          refresh prices from AWS
+    launch plan --from-csv scaling.csv --predict-workers 5,6,7,8 --format json
+    launch plan runs/sweep-x --instance-types g3.4xlarge,g3.16xlarge --work 1e9 --deadline-h 4
+
+Loaded lazily by launcher/cli.py (LAZY_COMMANDS), so pandas/matplotlib load only when used.
+All numbers come from costs.billing / costs.planner; this module reads inputs and prints.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import click
+import pandas as pd
+from rich.console import Console
+from rich.table import Table
+
+from costs.catalog import DEFAULT_REGION, MARKETS, CatalogError, load_catalog, refresh
+from launcher.errors import DataError, SpecError
+
+console = Console(width=None if sys.stdout.isatty() else 160)
+err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
+
+_FORMATS = ["table", "json", "markdown"]
+
+
+def _catalog_options(func):
+    func = click.option("--region", default=DEFAULT_REGION, show_default=True, help="AWS region of the prices.")(func)
+    func = click.option("--prices", "prices_file", type=click.Path(dir_okay=False),
+                        help="Prices file (JSON/YAML) [default: $SCALELAB_PRICES or ~/.config/scalelab/prices.json].")(func)
+    func = click.option("--rate", "rates", multiple=True, metavar="NAME=USD/gpu-hour",
+                        help="On-premise rate, e.g. slurm=0.45/gpu-hour or k8s=3.2/node-hour@4 (repeatable); "
+                             "then use NAME as an instance type.")(func)
+    func = click.option("--interruptions-per-hour", type=float, default=0.0, show_default=True,
+                        help="Spot: expected interruptions per hour of wall time.")(func)
+    func = click.option("--checkpoint-interval-s", type=float, default=600.0, show_default=True,
+                        help="Spot: seconds between checkpoints (half is lost per interruption on average).")(func)
+    func = click.option("--restart-s", type=float, default=180.0, show_default=True,
+                        help="Spot: seconds to get a new instance and resume after an interruption.")(func)
+    return func
+
+
+def _spot_kwargs(params: dict[str, Any]) -> dict[str, float]:
+    return dict(interruptions_per_hour=params["interruptions_per_hour"],
+                checkpoint_interval_s=params["checkpoint_interval_s"], restart_s=params["restart_s"])
+
+
+def _print_json(rows: Any) -> None:
+    from costs.report import _jsonable
+
+    click.echo(json.dumps(_jsonable(rows), indent=2, allow_nan=False))
+
+
+def _rich_table(title: str, df: pd.DataFrame, fmt: dict[str, str]) -> Table:
+    t = Table(title=title, header_style="bold")
+    for col in df.columns:
+        t.add_column(col, justify="right" if col in fmt else "left")
+    for _, r in df.iterrows():
+        cells = []
+        for col in df.columns:
+            v = r[col]
+            if v is None or (isinstance(v, float) and math.isnan(v)):
+                cells.append("—")
+            elif col in fmt:
+                cells.append(format(float(v), fmt[col]))
+            else:
+                cells.append(str(v))
+        t.add_row(*cells)
+    return t
+
+
+def _markdown(df: pd.DataFrame, fmt: dict[str, str]) -> str:
+    lines = ["| " + " | ".join(df.columns) + " |", "|" + "|".join("---:" if c in fmt else ":---" for c in df.columns) + "|"]
+    for _, r in df.iterrows():
+        cells = []
+        for c in df.columns:
+            v = r[c]
+            missing = v is None or (isinstance(v, float) and math.isnan(v))
+            cells.append("—" if missing else format(float(v), fmt[c]) if c in fmt else str(v).replace("|", "\\|"))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+# ---- cost ----------------------------------------------------------------------------------------
+
+
+@click.command("cost")
+@click.argument("run_dirs", nargs=-1, type=click.Path())
+@click.option("--from-csv", "from_csv", type=click.Path(dir_okay=False),
+              help="CSV with label, seconds, instances (e.g. 3*g3.4xlarge+1*p2.xlarge), market (optional).")
+@click.option("--instances", help="For RUN_DIRS: the instances the runs used, e.g. 2*g3.16xlarge "
+                                  "[default: NODES*instance_type from the run's backend options].")
+@click.option("--market", type=click.Choice(MARKETS), help="Price market [default: the CSV's column, else on-demand].")
+@_catalog_options
+@click.option("--refresh", "refresh_what", type=click.Choice(["spot", "on-demand", "all"]),
+              help="Fetch current prices from AWS (describe_spot_price_history / Pricing API) and keep them.")
+@click.option("--list", "list_catalog", is_flag=True, help="Print the instance types and prices known.")
+@click.option("--format", "fmt", type=click.Choice(_FORMATS), default="table", show_default=True)
+def cost_cmd(run_dirs: tuple[str, ...], from_csv: str | None, instances: str | None, market: str | None,
+             refresh_what: str | None, list_catalog: bool, fmt: str, **params: Any) -> None:
+    """Dollars per run: hours x catalog price, billed per second with a 60-second minimum.
+
+    Spot runs use the spot price; with --interruptions-per-hour their time includes the expected
+    lost work and restarts. Mixed instance types are billed together for the whole run (the
+    slowest worker sets the pace, the others wait and are billed).
+    """
+    from costs.billing import run_cost
+
+    catalog = load_catalog(params["prices_file"], params["rates"], params["region"])
+    if refresh_what:
+        rows = refresh(catalog, refresh_what, params["region"],
+                       path=Path(params["prices_file"]) if params["prices_file"] else None)
+        if fmt == "json":
+            _print_json(rows)
+        else:
+            console.print(f"refreshed {len(rows)} price(s) for {params['region']}")
+            for r in rows:
+                console.print(f"  {r['instance_type']}: ${r['usd_per_hour']:.4f}/h ({r['source']})")
+        if not (from_csv or run_dirs or list_catalog):
+            return
+    if list_catalog:
+        _list_catalog(catalog, params["region"], fmt)
+        return
+    if from_csv and run_dirs:
+        raise SpecError("give RUN_DIRS or --from-csv, not both")
+    if from_csv and instances:
+        raise SpecError("--instances is for RUN_DIRS; with --from-csv the 'instances' column says what each run used")
+    if from_csv:
+        from costs.tables import read_cost_csv
+
+        df = read_cost_csv(from_csv)
+        rows = []
+        for _, r in df.iterrows():
+            try:
+                c = run_cost(float(r["seconds"]), str(r["instances"]), catalog, market or r["market"],
+                             label=r["label"], **_spot_kwargs(params))
+            except CatalogError as exc:
+                raise CatalogError(f"{from_csv}:{int(r['_line'])}: {exc}") from None
+            rows.append(c.to_dict())
+    elif run_dirs:
+        rows = _cost_of_runs([Path(p) for p in run_dirs], instances, market or "on-demand", catalog, params)
+    else:
+        raise SpecError("give RUN_DIRS, --from-csv FILE, --refresh or --list (see launch cost --help)")
+    out = pd.DataFrame(rows)
+    if fmt == "json":
+        _print_json(out.to_dict(orient="records"))
+        return
+    show = out[[c for c in ("label", "instances", "market", "seconds", "hours", "usd_per_hour", "dollars",
+                            "dollars_to_threshold") if c in out.columns]]
+    nfmt = {"seconds": ",.0f", "hours": ".2f", "usd_per_hour": ".4f", "dollars": ",.2f", "dollars_to_threshold": ",.2f"}
+    if fmt == "markdown":
+        click.echo(_markdown(show, nfmt))
+    else:
+        console.print(_rich_table("Cost per run (per-second billing, 60 s minimum)", show, nfmt))
+
+
+def _list_catalog(catalog, region: str, fmt: str) -> None:
+    rows = []
+    for name in catalog.names():
+        inst = catalog.instance(name)
+        row = {"instance_type": name, "gpus": inst.gpus, "gpu_model": inst.gpu_model, "network": inst.network}
+        for m in MARKETS:
+            try:
+                p = catalog.price(name, m, region)
+                row[f"{m}_usd_per_hour"], row[f"{m}_source"] = p.usd_per_hour, p.source
+            except CatalogError:
+                row[f"{m}_usd_per_hour"], row[f"{m}_source"] = None, None
+        rows.append(row)
+    df = pd.DataFrame(rows)
+    if fmt == "json":
+        _print_json(df.to_dict(orient="records"))
+        return
+    show = df[["instance_type", "gpus", "gpu_model", "network", "on-demand_usd_per_hour", "spot_usd_per_hour"]]
+    nfmt = {"gpus": ".0f", "on-demand_usd_per_hour": ".4f", "spot_usd_per_hour": ".4f"}
+    click.echo(_markdown(show, nfmt)) if fmt == "markdown" else console.print(_rich_table(f"Prices ({region})", show, nfmt))
+
+
+def run_seconds(run) -> float:
+    """Wall time of a recorded run: first start record to the last record of any rank."""
+    times = [pd.to_numeric(f["time"], errors="coerce") for f in (run.start, run.steps, run.val, run.events)
+             if len(f) and "time" in f.columns]
+    if not times:
+        raise DataError(f"{run.run_dir}: no timed records; cannot tell how long it ran")
+    first = float(pd.to_numeric(run.start["time"]).min()) if len(run.start) else min(float(t.min()) for t in times)
+    return max(float(t.max()) for t in times) - first
+
+
+def _cost_of_runs(paths: list[Path], instances: str | None, market: str, catalog, params) -> list[dict[str, Any]]:
+    from costs.billing import run_cost, threshold_cost
+    from launcher.results import expand_run_dirs, run_label, summarize_dir
+    from launcher.runstore import load_run
+
+    rows = []
+    for run_dir in expand_run_dirs(paths):
+        run = load_run(run_dir)
+        mix = instances
+        if mix is None:
+            itype = (run.spec.backend_options or {}).get("instance_type")
+            if not itype:
+                raise SpecError(f"{run_dir}: the run does not say which instances it used; give --instances "
+                                f"(e.g. {run.spec.nodes}*g3.4xlarge) or --rate NAME=USD/gpu-hour and --instances "
+                                f"{run.spec.workers}*NAME")
+            mix = f"{run.spec.nodes}*{itype}"
+        c = run_cost(run_seconds(run), mix, catalog, market, label=f"{run_label(run.spec)} "
+                     f"{run.spec.nodes}x{run.spec.gpus_per_node}", **_spot_kwargs(params))
+        row = c.to_dict()
+        try:
+            summary = summarize_dir(run_dir)
+            row["time_to_threshold_s"] = summary.time_to_threshold_s
+            row["dollars_to_threshold"] = threshold_cost(summary.time_to_threshold_s, mix, catalog, market)
+        except DataError:
+            row["dollars_to_threshold"] = None
+        row["run_dir"] = str(run_dir)
+        rows.append(row)
+    return rows
+
+
+# ---- report --from-csv ---------------------------------------------------------------------------
+
+
+def report_from_csv(path: str, out: Path | None, fmt: str) -> None:
+    """`launch report --from-csv FILE`: speedup and efficiency of a published scaling table."""
+    from costs.report import print_scaling, to_json_records, write_markdown
+    from costs.tables import read_scaling_csv, scaling_from_table
+
+    table = scaling_from_table(read_scaling_csv(path))
+    keep = [c for c in ("label", "workers", "nodes", "mode", "throughput", "time_s", "speedup", "efficiency",
+                        "karp_flatt", "base_workers", "n") if c in table.columns]
+    table = table[keep + [c for c in table.columns if c not in keep]]
+    if out is not None:
+        from costs.html import scaling_sections, write_html
+
+        write_markdown(table, out, f"Scaling of {Path(path).name}", notes=[f"source: {path}"])
+        write_html(out / "report.html", f"Scaling of {Path(path).name}", scaling_sections(table),
+                   intro=f"Measurements imported from {path}.")
+        (out / "report.json").write_text(json.dumps(to_json_records(table), indent=2) + "\n")
+    if fmt == "json":
+        _print_json(to_json_records(table))
+    elif fmt == "markdown":
+        with tempfile.TemporaryDirectory() as tmp:
+            click.echo(write_markdown(table, Path(tmp), f"Scaling of {Path(path).name}", plots=False).read_text())
+    else:
+        print_scaling(table, console=console, title=f"Scaling ({Path(path).name})")
+        if out is not None:
+            console.print(f"report: [bold]{out / 'report.md'}[/]  html: {out / 'report.html'}")
+
+
+# ---- plan ----------------------------------------------------------------------------------------
+
+
+def _parse_workers(text: str | None) -> list[int]:
+    if not text:
+        return []
+    try:
+        out = [int(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        raise SpecError(f"--predict-workers takes whole numbers separated by commas, e.g. 5,6,7,8; got {text!r}") from None
+    if any(w < 1 for w in out):
+        raise SpecError(f"--predict-workers must be positive, got {text!r}")
+    return out
+
+
+def _parse_speed(pairs: tuple[str, ...]) -> dict[str, float]:
+    out = {}
+    for p in pairs:
+        k, sep, v = p.partition("=")
+        try:
+            out[k.strip()] = float(v)
+            assert sep and k.strip() and float(v) > 0
+        except (ValueError, AssertionError):
+            raise SpecError(f"--speed takes GPU_OR_TYPE=FACTOR with FACTOR > 0 (e.g. V100=2.5), got {p!r}") from None
+    return out
+
+
+def _measured_from_runs(paths: list[Path]) -> tuple[pd.DataFrame, str | None, float | None, dict[str, pd.DataFrame], pd.DataFrame]:
+    """(measured rows, instance type measured on, work to threshold, loss curves, scaling table) of runs."""
+    from costs.scaling import scale_layouts, step_table
+    from launcher.results import expand_run_dirs, summarize_dir
+    from launcher.runstore import load_run
+
+    summaries, itypes, curves = [], set(), {}
+    for run_dir in expand_run_dirs(paths):
+        s = summarize_dir(run_dir)
+        summaries.append(s)
+        run = load_run(run_dir)
+        itypes.add((run.spec.backend_options or {}).get("instance_type"))
+        st = step_table(run.steps)
+        if len(st) and st["time"].notna().any():
+            # a million step records: plot at most ~2000 points per layout
+            every = max(1, len(st) // 2000)
+            curves[f"{s.label} {s.nodes}x{s.gpus_per_node}"] = pd.DataFrame(
+                {"seconds": st["time"] - st["time"].min(), "loss": st["loss"]}).iloc[::every]
+    table = scale_layouts(summaries)
+    measured = pd.DataFrame({"label": table["label"], "workers": table["workers"], "nodes": table["nodes"],
+                             "throughput": table["words_per_s"], "mode": table["mode"]})
+    itypes.discard(None)
+    work = None
+    reached = table[table["time_to_threshold_s"].notna()] if "time_to_threshold_s" in table else table.iloc[:0]
+    if len(reached):
+        r = reached.sort_values("workers").iloc[0]
+        work = float(r["words_per_s"]) * float(r["time_to_threshold_s"])
+    return measured, (itypes.pop() if len(itypes) == 1 else None), work, curves, table
+
+
+@click.command("plan")
+@click.argument("run_dirs", nargs=-1, type=click.Path())
+@click.option("--from-csv", "from_csv", type=click.Path(dir_okay=False),
+              help="Measured scaling table: label, workers, nodes (opt.), throughput or time_s, mode (opt.).")
+@click.option("--predict-workers", help="Worker counts to predict, e.g. 5,6,7,8 [default: measured ones and doublings].")
+@click.option("--instance-types", help="Price the layouts on these types, e.g. g3.4xlarge,g3.16xlarge (or --rate names).")
+@click.option("--market", type=click.Choice([*MARKETS, "both"]), default="on-demand", show_default=True)
+@click.option("--work", type=float, help="Work the job needs, in the throughput's unit (e.g. words to the loss "
+                                         "threshold) [default for runs: words until the threshold was reached].")
+@click.option("--measured-on", help="Instance type the measurements were made on [default for runs: from their spec].")
+@click.option("--speed", multiple=True, metavar="GPU=FACTOR", help="Per-GPU speed of another GPU model or type relative "
+                                                                   "to the measured one, e.g. V100=2.5 (repeatable).")
+@click.option("--gradient-mb", type=float, help="Gradient size for the all-reduce model [default: 1 MB; the fit calibrates it].")
+@click.option("--intra-gbps", type=float, default=80.0, show_default=True, help="Bandwidth between GPUs of one node.")
+@click.option("--deadline-h", type=float, help="Recommend the cheapest layout that finishes within this many hours.")
+@click.option("--budget", "budget_usd", type=float, help="Recommend the fastest layout that costs at most this many dollars.")
+@_catalog_options
+@click.option("--out", type=click.Path(file_okay=False), help="Write plan.md, plan.html and plan.json here.")
+@click.option("--format", "fmt", type=click.Choice([*_FORMATS, "html"]), default="table", show_default=True)
+def plan_cmd(run_dirs: tuple[str, ...], from_csv: str | None, predict_workers: str | None, instance_types: str | None,
+             market: str, work: float | None, measured_on: str | None, speed: tuple[str, ...], gradient_mb: float | None,
+             intra_gbps: float, deadline_h: float | None, budget_usd: float | None, out: str | None, fmt: str,
+             **params: Any) -> None:
+    """Predict throughput, time and dollars of untried layouts, and say which one to buy.
+
+    Fits an Ernest-style model and a ring all-reduce model to the measured layouts, keeps the one
+    with the lower held-out error, prices every (workers, instance type, market), draws the
+    cost-time Pareto frontier and recommends the cheapest layout within --deadline-h and the
+    fastest within --budget. It also names the measurement that would help most next.
+    """
+    from costs.planner import LinkModel, plan
+
+    if bool(from_csv) == bool(run_dirs):
+        raise SpecError("give RUN_DIRS (run or sweep directories) or --from-csv FILE (one of the two)")
+    curves: dict[str, pd.DataFrame] = {}
+    table = None
+    if from_csv:
+        from costs.tables import read_scaling_csv
+
+        measured = read_scaling_csv(from_csv)
+        if "throughput" not in measured.columns:  # time for the same work: throughput in jobs/s
+            per = measured["workers"].where(measured["mode"] == "weak", 1)
+            measured["throughput"] = per / measured["time_s"]
+        if measured_on is None and "instance" in measured.columns:
+            vals = set(measured["instance"].dropna())
+            measured_on = vals.pop() if len(vals) == 1 else None
+    else:
+        measured, run_type, run_work, curves, table = _measured_from_runs([Path(p) for p in run_dirs])
+        measured_on = measured_on or run_type
+        work = work if work is not None else run_work
+    catalog = load_catalog(params["prices_file"], params["rates"], params["region"])
+    types = [t.strip() for t in (instance_types or "").split(",") if t.strip()]
+    if not types and measured_on:
+        types = [measured_on]
+    for t in types + ([measured_on] if measured_on else []):
+        catalog.instance(t)
+    grid = _parse_workers(predict_workers)
+    if not grid:
+        top = int(measured["workers"].max())
+        grid = sorted({int(w) for w in measured["workers"]} | {2 ** k for k in range(0, 12) if 2 ** k <= 2 * top})
+    link = LinkModel(gradient_bytes=(gradient_mb or 1.0) * 1e6, intra_gbps=intra_gbps)
+    markets = list(MARKETS) if market == "both" else [market]
+    result = plan(measured, grid, catalog, types, markets, work, measured_on, _parse_speed(speed), link,
+                  deadline_h=deadline_h, budget_usd=budget_usd, region=params["region"], **_spot_kwargs(params))
+    if types and measured_on is None:
+        result.notes.append("the instance type the measurements were made on is unknown (--measured-on): every "
+                            "priced type is assumed to have the same per-GPU speed")
+    if len(result.candidates) == 0 and types and work is not None:
+        raise CatalogError("; ".join(result.notes) or "nothing could be priced")
+
+    out_dir = Path(out) if out else (Path(tempfile.mkdtemp(prefix="scalelab-plan-")) if fmt == "html" else None)
+    if out_dir is not None:
+        _write_plan(result, out_dir, table, curves)
+    for note in result.notes:
+        err_console.print(f"[yellow]note:[/] {note}", highlight=False)
+    if fmt == "json":
+        _print_json(result.rows())
+    elif fmt == "html":
+        click.echo(str(out_dir / "plan.html"))
+    elif fmt == "markdown":
+        click.echo(plan_markdown(result))
+    else:
+        _print_plan(result)
+        if out_dir is not None:
+            console.print(f"plan: [bold]{out_dir / 'plan.html'}[/]  ({out_dir / 'plan.md'})")
+
+
+_PRED_FMT = {"workers": ".0f", "predicted_throughput": ",.0f", "interval_low": ",.0f", "interval_high": ",.0f",
+             "measured_throughput": ",.0f", "held_out_error": ".1%"}
+_CAND_FMT = {"workers": ".0f", "instances": ".0f", "predicted_throughput": ",.0f", "hours": ".2f", "dollars": ",.2f",
+             "dollars_high": ",.2f"}
+_CAND_COLS = ["label", "workers", "instances", "instance_type", "market", "predicted_throughput", "hours", "dollars",
+              "dollars_high", "pareto", "recommendation"]
+
+
+def _model_lines(result) -> list[str]:
+    lines = []
+    for label, fit in result.fits.items():
+        errs = ", ".join(f"{m} {'—' if e is None else f'{e:.1%}'}" for m, e in fit.held_out_error.items())
+        lines.append(f"series {label or '(unlabelled)'}: {len(fit.measured)} measurements; held-out error {errs}; "
+                     f"using {fit.chosen}")
+    if result.next_measurement:
+        n = result.next_measurement
+        lines.append(f"measure next: {n['workers']} workers ({n['label'] or 'series'}): {n['why']}")
+    for k, v in result.recommendations.items():
+        if v:
+            lines.append(f"{k.replace('_', ' ')}: {v['workers']} workers on {v['instances']}*{v['instance_type']} "
+                         f"({v['market']}): {v['hours']:.2f} h, ${v['dollars']:,.2f}")
+    return lines
+
+
+def _print_plan(result) -> None:
+    cols = ["label", "workers", "model", "predicted_throughput", "interval_low", "interval_high", "measured_throughput"]
+    console.print(_rich_table("Predicted throughput", result.predictions[cols], _PRED_FMT))
+    if len(result.candidates):
+        c = result.candidates.sort_values("hours")[_CAND_COLS]
+        console.print(_rich_table("Candidates (hours and dollars for the given work)", c, _CAND_FMT))
+    for line in _model_lines(result):
+        console.print(line, highlight=False)
+
+
+def plan_markdown(result) -> str:
+    parts = ["# Scaling plan", "", *[f"- {line}" for line in _model_lines(result)], "", "## Predicted throughput", "",
+             _markdown(result.predictions[["label", "workers", "model", "predicted_throughput", "interval_low",
+                                           "interval_high", "measured_throughput"]], _PRED_FMT)]
+    if len(result.candidates):
+        parts += ["", "## Candidates", "", _markdown(result.candidates.sort_values("hours")[_CAND_COLS], _CAND_FMT)]
+    if result.notes:
+        parts += ["", "## Notes", "", *[f"- {n}" for n in result.notes]]
+    return "\n".join(parts) + "\n"
+
+
+def _write_plan(result, out_dir: Path, table: pd.DataFrame | None, curves: dict[str, pd.DataFrame]) -> None:
+    from costs.html import plan_sections, scaling_sections, write_html
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    sections = plan_sections(result)
+    if table is not None and len(table):
+        sections += scaling_sections(table, curves)
+    write_html(out_dir / "plan.html", "Scaling and cost plan", sections,
+               intro="Predictions come from models fitted to the measured layouts; intervals say how sure they are.")
+    (out_dir / "plan.md").write_text(plan_markdown(result))
+    _write_json_file(out_dir / "plan.json", result.rows())
+
+
+def _write_json_file(path: Path, rows: Any) -> None:
+    from costs.report import _jsonable
+
+    path.write_text(json.dumps(_jsonable(rows), indent=2, allow_nan=False) + "\n")

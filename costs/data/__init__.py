@@ -1,0 +1,1 @@
+"""Built-in price data (CSV files); a package so that setuptools ships the files."""

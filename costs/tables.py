@@ -1,0 +1,157 @@
+"""Measurements made elsewhere: published scaling tables and old cost logs, read from CSV.
+
+Every problem is reported as one line naming the file, the line and the column
+(`results.csv:4: column 'workers': expected a positive whole number, got 'two'`), because these
+files are typed by hand. Formats (header row required, extra columns kept, order free):
+
+- scaling: `label` (optional series name), `workers`, `nodes` (optional), and `throughput` (work
+  per second) or `time_s` (seconds for the same total work); `mode` = strong|weak (optional,
+  default strong), `instance` (optional, the instance type measured on).
+- cost: `label`, `seconds`, `instances` (`3*g3.4xlarge+1*p2.xlarge`; a bare type means one),
+  `market` = on-demand|spot (optional, default on-demand).
+"""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+from typing import Any, Callable
+
+import pandas as pd
+
+from costs.scaling import scaling_table
+from launcher.errors import DataError
+
+__all__ = ["CsvError", "read_scaling_csv", "read_cost_csv", "scaling_from_table"]
+
+
+class CsvError(DataError):
+    """A CSV file that cannot be read as the documented table."""
+
+
+def _positive_int(x: str) -> int:
+    v = float(x)
+    if v != int(v) or v < 1:
+        raise ValueError
+    return int(v)
+
+
+def _positive_float(x: str) -> float:
+    v = float(x.replace(",", "").replace("_", ""))
+    if not v > 0:
+        raise ValueError
+    return v
+
+
+def _non_negative_float(x: str) -> float:
+    v = float(x.replace(",", "").replace("_", ""))
+    if not v >= 0:
+        raise ValueError
+    return v
+
+
+def _choice(*allowed: str) -> Callable[[str], str]:
+    def parse(x: str) -> str:
+        x = x.strip().lower()
+        if x not in allowed:
+            raise ValueError
+        return x
+    parse.__doc__ = " or ".join(allowed)
+    return parse
+
+
+_EXPECT = {
+    _positive_int: "a positive whole number",
+    _positive_float: "a positive number",
+    _non_negative_float: "a number >= 0",
+}
+
+
+def _read(path: str | Path, required: list[list[str]], parsers: dict[str, Callable[[str], Any]],
+          what: str) -> pd.DataFrame:
+    """Rows of `path` with `parsers` applied; `required` lists alternatives (any one of each group)."""
+    path = Path(path)
+    if not path.exists():
+        raise CsvError(f"{path}: file not found")
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CsvError(f"{path}: cannot read it as UTF-8 text ({exc})") from None
+    reader = csv.reader(text.splitlines())
+    try:
+        header = [h.strip() for h in next(reader)]
+    except StopIteration:
+        raise CsvError(f"{path}: empty file; expected a header row with {what}") from None
+    for group in required:
+        if not any(c in header for c in group):
+            raise CsvError(f"{path}: missing column {' or '.join(repr(c) for c in group)}; "
+                           f"the header has {', '.join(repr(h) for h in header) or 'nothing'}; expected {what}")
+    rows = []
+    for line_no, cells in enumerate(reader, start=2):
+        if not any(c.strip() for c in cells):
+            continue
+        if len(cells) != len(header):
+            raise CsvError(f"{path}:{line_no}: {len(cells)} cells for {len(header)} columns ({', '.join(header)})")
+        row: dict[str, Any] = {}
+        for col, cell in zip(header, cells):
+            cell = cell.strip()
+            parse = parsers.get(col)
+            if parse is None or cell == "":
+                row[col] = cell if cell != "" else None
+                continue
+            try:
+                row[col] = parse(cell)
+            except (ValueError, TypeError):
+                expected = _EXPECT.get(parse) or parse.__doc__ or "a valid value"
+                raise CsvError(f"{path}:{line_no}: column {col!r}: expected {expected}, got {cell!r}") from None
+        for group in required:
+            if all(row.get(c) is None for c in group if c in header):
+                raise CsvError(f"{path}:{line_no}: column {' or '.join(repr(c) for c in group if c in header)} is empty")
+        row["_line"] = line_no
+        rows.append(row)
+    if not rows:
+        raise CsvError(f"{path}: no data rows under the header")
+    return pd.DataFrame(rows)
+
+
+def read_scaling_csv(path: str | Path) -> pd.DataFrame:
+    """A published scaling table: one row per measurement (see the module doc for the columns)."""
+    df = _read(path, [["workers"], ["throughput", "time_s"]],
+               {"workers": _positive_int, "nodes": _positive_int, "throughput": _positive_float,
+                "time_s": _positive_float, "mode": _choice("strong", "weak")},
+               "label (optional), workers, nodes (optional), throughput or time_s, mode (optional)")
+    if "label" not in df.columns:
+        df["label"] = ""
+    df["label"] = df["label"].fillna("").astype(str)
+    if "mode" not in df.columns:
+        df["mode"] = "strong"
+    df["mode"] = df["mode"].fillna("strong")
+    metric = "throughput" if "throughput" in df.columns else "time_s"
+    missing = df[df[metric].isna()]
+    if len(missing):
+        raise CsvError(f"{path}:{int(missing['_line'].iloc[0])}: column {metric!r} is empty")
+    return df
+
+
+def read_cost_csv(path: str | Path) -> pd.DataFrame:
+    """A cost log: label, seconds, instances, market (optional)."""
+    df = _read(path, [["seconds"], ["instances"]],
+               {"seconds": _non_negative_float, "market": _choice("on-demand", "spot")},
+               "label, seconds, instances (e.g. 3*g3.4xlarge+1*p2.xlarge), market (optional)")
+    if "label" not in df.columns:
+        df["label"] = ""
+    df["label"] = df["label"].fillna("").astype(str)
+    if "market" not in df.columns:
+        df["market"] = "on-demand"
+    df["market"] = df["market"].fillna("on-demand")
+    return df
+
+
+def scaling_from_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Speedup, efficiency and Karp-Flatt per row, relative to the fewest workers of the same label
+    (and mode). Input order is kept; the private `_line` column is dropped."""
+    parts = []
+    for mode, part in df.groupby("mode", sort=False):
+        parts.append(scaling_table(part, mode=str(mode), series="label"))
+    out = pd.concat(parts).sort_index() if parts else df
+    return out.drop(columns=[c for c in ("_line",) if c in out.columns])

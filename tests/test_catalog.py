@@ -1,0 +1,300 @@
+"""Price catalog and billing: built-in prices with sources, user rates, seed 004's dollars to the cent,
+spot interruptions, and price refresh from AWS.
+
+The refresh code is tested with botocore's Stubber fed with the responses in tests/data/: the
+Pricing API is not served by moto (HTTP 500) and moto's describe_spot_price_history answers with an
+empty list, so no local AWS stand-in can produce these answers. The files are written in the
+documented response shapes (see their "note"); Stubber validates every request's parameters and
+every response against botocore's own service model, so a wrong field name fails the test.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from costs.billing import billed_seconds, parse_mix, run_cost, spot_expected_seconds
+from costs.catalog import (
+    CatalogError,
+    UnknownInstanceError,
+    builtin_catalog,
+    fetch_on_demand_prices,
+    fetch_spot_prices,
+    load_catalog,
+    parse_price_list_item,
+    parse_rate,
+    refresh,
+)
+
+DATA = Path(__file__).parent / "data"
+
+# Seed 004 (shared/seeds/004), "Table of Total Costs for 10 epochs":
+# (experiment, #p2.xlarge, #g3.4xlarge, #g3.16xlarge, seconds, hours, total price)
+SEED_004 = [
+    ("Single g3.4xlarge", 0, 1, 0, 35920, 9.98, 11.38),
+    ("Single p2.xlarge", 1, 0, 0, 63923, 17.76, 15.98),
+    ("Single g3.16xlarge", 0, 0, 1, 13156, 3.65, 16.64),
+    ("Two g3.4xlarge", 0, 2, 0, 24316, 6.75, 15.39),
+    ("Two g3.16xlarge with 2 GPU only", 0, 0, 1, 15820, 4.39, 20.02),
+    ("Four g3.4xlarge", 0, 4, 0, 13973, 3.88, 17.69),
+    ("Two g3.16xlarge", 0, 0, 2, 9531, 2.65, 24.17),
+    ("Three g3.4xlarge + one p2.xlarge", 1, 3, 0, 24256, 6.74, 29.12),
+    ("Three g3.4xlarge + one p2.xlarge + dynamic", 1, 3, 0, 23007, 6.39, 27.6),
+    ("One g3.4xlarge + one p2.xlarge", 1, 1, 0, 39382, 10.94, 22.32),
+    ("One g3.4xlarge + one p2.xlarge + dynamic", 1, 1, 0, 37503, 10.42, 21.26),
+]
+
+
+def seed_mix(p2: int, g3: int, g316: int) -> str:
+    terms = [f"{n}*{t}" for n, t in ((p2, "p2.xlarge"), (g3, "g3.4xlarge"), (g316, "g3.16xlarge")) if n]
+    return "+".join(terms)
+
+
+@pytest.fixture(autouse=True)
+def _no_user_prices(tmp_path, monkeypatch):
+    """Never read or write the real ~/.config/scalelab/prices.json."""
+    monkeypatch.setenv("SCALELAB_PRICES", str(tmp_path / "prices.json"))
+
+
+# ---- built-in catalog -------------------------------------------------------------------------
+
+
+def test_builtin_catalog_matches_seed_004_price_table_and_keeps_sources():
+    cat = builtin_catalog()
+    # seed 004, "AWS Cost Table"
+    for name, usd in (("p2.xlarge", 0.9), ("g3.4xlarge", 1.14), ("g3.16xlarge", 4.56)):
+        p = cat.price(name)
+        assert p.usd_per_hour == pytest.approx(usd)
+        assert "seed 004" in p.source
+    assert cat.instance("g3.16xlarge").gpus == 4
+    assert all(cat.price(n).source for n in cat.names())
+
+
+def test_unknown_instance_type_names_the_known_ones():
+    with pytest.raises(UnknownInstanceError) as err:
+        builtin_catalog().instance("g9.huge")
+    msg = str(err.value)
+    assert msg.startswith("unknown instance type 'g9.huge'; known: ")
+    assert "g3.4xlarge" in msg and "p2.xlarge" in msg
+
+
+def test_missing_spot_price_says_how_to_get_one():
+    with pytest.raises(CatalogError, match=r"no spot price for g3\.4xlarge in us-east-1.*--refresh spot"):
+        builtin_catalog().price("g3.4xlarge", "spot")
+    assert builtin_catalog().price("p2.xlarge", "spot").usd_per_hour == pytest.approx(0.1288)
+
+
+def test_network_bandwidth_is_parsed():
+    cat = builtin_catalog()
+    assert cat.instance("g3.16xlarge").network_gbps == 25
+    assert cat.instance("g3.4xlarge").network_gbps == 10  # "up to 10 Gbps"
+    assert cat.instance("p2.xlarge").network_gbps is None  # "High"
+
+
+# ---- on-premise rates -----------------------------------------------------------------------------
+
+
+def test_rates_put_clusters_and_clouds_on_one_scale(tmp_path):
+    cat = load_catalog(rates=["slurm=0.45/gpu-hour", "k8s=3.2/node-hour@4"])
+    assert cat.instance("slurm").gpus == 1 and cat.instance("k8s").gpus == 4
+    # 8 GPUs for 2 h: on Slurm 8 x 0.45 x 2; on 2 Kubernetes nodes 2 x 3.2 x 2
+    assert run_cost(7200, "8*slurm", cat).dollars == pytest.approx(7.2)
+    assert run_cost(7200, "2*k8s", cat).dollars == pytest.approx(12.8)
+    # a rate has no spot market and no region: the same price everywhere
+    assert run_cost(7200, "8*slurm", cat, "spot", "eu-west-1").dollars == pytest.approx(7.2)
+
+
+@pytest.mark.parametrize("bad", ["slurm", "slurm=abc/gpu-hour", "k8s=3/node-hour", "x=1/day"])
+def test_bad_rate_is_one_clear_error(bad):
+    with pytest.raises(CatalogError, match="--rate"):
+        parse_rate(bad)
+
+
+def test_prices_file_overrides_builtin_and_adds_rates(tmp_path):
+    f = tmp_path / "p.json"
+    f.write_text(json.dumps({
+        "on_demand": [{"instance_type": "g3.4xlarge", "region": "us-east-1", "usd_per_hour": 0.75, "source": "EDP discount"}],
+        "spot": [{"instance_type": "g3.4xlarge", "region": "us-east-1", "usd_per_hour": 0.34}],
+        "rates": [{"name": "onprem", "usd_per_node_hour": 2.0, "gpus": 8}],
+    }))
+    cat = load_catalog(f)
+    assert cat.price("g3.4xlarge").usd_per_hour == 0.75 and cat.price("g3.4xlarge").source == "EDP discount"
+    assert cat.price("g3.4xlarge", "spot").usd_per_hour == 0.34
+    assert cat.instance("onprem").gpus == 8
+    f.write_text(json.dumps({"spot": [{"instance_type": "g3.4xlarge"}]}))
+    with pytest.raises(CatalogError, match="malformed"):
+        load_catalog(f)
+
+
+# ---- billing ----------------------------------------------------------------------------------------
+
+
+def test_billing_is_per_second_with_a_60_second_minimum():
+    assert billed_seconds(0) == 60
+    assert billed_seconds(59.2) == 60
+    assert billed_seconds(60.2) == 61
+    cat = builtin_catalog()
+    assert run_cost(30, "p2.xlarge", cat).dollars == pytest.approx(0.9 * 60 / 3600)
+    # the minimum applies per instance: two instances for 10 s bill 2 x 60 s
+    assert run_cost(10, "2*p2.xlarge", cat).dollars == pytest.approx(2 * 0.9 * 60 / 3600)
+    assert run_cost(3601, "g3.4xlarge", cat).dollars == pytest.approx(1.14 * 3601 / 3600)
+
+
+@pytest.mark.parametrize("text,items", [
+    ("3*g3.4xlarge+1*p2.xlarge", ((3, "g3.4xlarge"), (1, "p2.xlarge"))),
+    ("g3.16xlarge", ((1, "g3.16xlarge"),)),
+    (" 2 * p2.xlarge + g3.4xlarge ", ((2, "p2.xlarge"), (1, "g3.4xlarge"))),
+])
+def test_parse_mix(text, items):
+    assert parse_mix(text, builtin_catalog()).items == items
+
+
+@pytest.mark.parametrize("bad", ["", "3*", "0*p2.xlarge", "p2.xlarge++g3.4xlarge", "*p2.xlarge"])
+def test_bad_mix_is_one_clear_error(bad):
+    with pytest.raises(CatalogError, match="cannot read instances"):
+        parse_mix(bad)
+
+
+@pytest.mark.parametrize("row", SEED_004, ids=[r[0] for r in SEED_004])
+def test_seed_004_money_speed_table_to_the_cent(row):
+    """Hours and dollars of seed 004 from its seconds and instance mix, with the catalog's prices.
+
+    The seed rounds hours to two decimals and then multiplies by the hourly price, so its totals
+    are reproduced exactly that way; our exact per-second dollars differ from them by at most the
+    price of the 0.005 h the seed rounded away (plus half a cent of its own rounding).
+    """
+    name, p2, g3, g316, seconds, hours, dollars = row
+    cat = builtin_catalog()
+    cost = run_cost(seconds, seed_mix(p2, g3, g316), cat)
+    assert round(cost.hours, 2) == pytest.approx(hours, abs=1e-9)
+    assert round(round(cost.hours, 2) * cost.usd_per_hour + 1e-9, 2) == pytest.approx(dollars, abs=1e-9)
+    assert abs(cost.dollars - dollars) <= 0.005 * cost.usd_per_hour + 0.005 + 1e-9
+
+
+def test_spot_interruptions_add_lost_work_and_restarts():
+    # 1 interruption/h, checkpoint every 20 min (10 min lost on average) + 5 min restart:
+    # each wall hour loses 15 min, so 3 h of work take 4 h.
+    assert spot_expected_seconds(3 * 3600, 1.0, 1200, 300) == pytest.approx(4 * 3600)
+    assert spot_expected_seconds(3600, 0.0) == 3600
+    assert math.isinf(spot_expected_seconds(3600, 4.0, 1200, 600))  # never finishes
+    cat = builtin_catalog()
+    c = run_cost(3 * 3600, "p2.xlarge", cat, "spot", interruptions_per_hour=1.0,
+                 checkpoint_interval_s=1200, restart_s=300)
+    assert c.hours == pytest.approx(4.0)
+    assert c.dollars == pytest.approx(4 * 0.1288)
+    assert c.expected_interruptions == pytest.approx(4.0)
+    on_demand = run_cost(3 * 3600, "p2.xlarge", cat)
+    assert on_demand.dollars == pytest.approx(3 * 0.9) and on_demand.hours == 3.0
+
+
+# ---- refresh from AWS (recorded responses) ----------------------------------------------------------
+
+
+def _stubbed(service: str, region: str):
+    botocore = pytest.importorskip("botocore", reason="botocore (boto3) is needed to stub AWS clients")
+    import botocore.session
+    from botocore.stub import Stubber
+
+    client = botocore.session.get_session().create_client(
+        service, region_name=region, aws_access_key_id="x", aws_secret_access_key="x")
+    return client, Stubber(client)
+
+
+class _AnyTime:
+    def __eq__(self, other):
+        return isinstance(other, dt.datetime)
+
+
+ANY_TIME = _AnyTime()
+
+
+def _spot_client(start_time=None):
+    client, stub = _stubbed("ec2", "us-west-2")
+    calls = json.loads((DATA / "ec2_describe_spot_price_history.json").read_text())["calls"]
+    for i, call in enumerate(calls):
+        resp = call["response"]
+        for item in resp["SpotPriceHistory"]:
+            item["Timestamp"] = dt.datetime.fromisoformat(item["Timestamp"])
+        expected = {"InstanceTypes": ["g3.4xlarge", "p2.xlarge"], "ProductDescriptions": ["Linux/UNIX"],
+                    "StartTime": start_time or NOW}
+        if i:
+            expected["NextToken"] = calls[i - 1]["response"]["NextToken"]
+        stub.add_response("describe_spot_price_history", resp, expected)
+    return client, stub
+
+
+def _pricing_client():
+    from botocore.stub import ANY
+
+    client, stub = _stubbed("pricing", "us-east-1")
+    calls = json.loads((DATA / "pricing_get_products.json").read_text())["calls"]
+    for i, call in enumerate(calls):
+        expected = {"ServiceCode": "AmazonEC2", "Filters": ANY, "FormatVersion": "aws_v1"}
+        if i and calls[i - 1]["expected_params_instance"] == call["expected_params_instance"]:
+            expected["NextToken"] = calls[i - 1]["response"]["NextToken"]
+        stub.add_response("get_products", call["response"], expected)
+    return client, stub
+
+
+NOW = dt.datetime(2025, 6, 1, 12, 30, tzinfo=dt.timezone.utc)
+
+
+def test_spot_refresh_takes_latest_price_per_zone_then_cheapest_zone():
+    client, stub = _spot_client()
+    with stub:
+        rows = fetch_spot_prices(client, ["g3.4xlarge", "p2.xlarge"], "us-west-2", now=NOW)
+        stub.assert_no_pending_responses()
+    by = {r["instance_type"]: r for r in rows}
+    # zone a: latest is 0.45 (not the older 0.40); zone b: 0.342 -> cheapest zone b
+    assert by["g3.4xlarge"]["usd_per_hour"] == pytest.approx(0.342)
+    assert "us-west-2b" in by["g3.4xlarge"]["source"]
+    assert by["p2.xlarge"]["usd_per_hour"] == pytest.approx(0.27)
+
+
+def test_price_list_item_parser():
+    doc = json.loads(json.loads((DATA / "pricing_get_products.json").read_text())["calls"][2]["response"]["PriceList"][0])
+    p = parse_price_list_item(doc)
+    assert p["instance_type"] == "g6.xlarge" and p["usd_per_hour"] == pytest.approx(0.8048)
+    assert p["gpus"] == 1 and p["vcpus"] == 4 and p["mem_gib"] == 16 and p["region"] == "us-west-2"
+    doc["terms"] = {"OnDemand": {}}
+    assert parse_price_list_item(doc) is None
+
+
+def test_on_demand_refresh_follows_pages_and_filters_linux_shared():
+    client, stub = _pricing_client()
+    with stub:
+        rows = fetch_on_demand_prices(client, ["p3.2xlarge", "g6.xlarge"], "us-west-2")
+        stub.assert_no_pending_responses()
+    by = {r["instance_type"]: r for r in rows}
+    assert by["p3.2xlarge"]["usd_per_hour"] == pytest.approx(3.06)  # the lower of the two pages
+    assert by["g6.xlarge"]["gpus"] == 1
+
+
+def test_refresh_updates_catalog_and_prices_file(tmp_path):
+    ec2, s1 = _spot_client(start_time=ANY_TIME)
+    pricing, s2 = _pricing_client()
+    cat = builtin_catalog()
+    path = tmp_path / "prices.json"
+    with s1, s2:
+        rows = refresh(cat, "spot", "us-west-2", ec2=ec2, types=["g3.4xlarge", "p2.xlarge"], path=path)
+        rows += refresh(cat, "on-demand", "us-west-2", pricing=pricing, types=["p3.2xlarge", "g6.xlarge"], path=path)
+    assert len(rows) == 4
+    assert cat.price("g3.4xlarge", "spot", "us-west-2").usd_per_hour == pytest.approx(0.342)
+    assert cat.price("g6.xlarge", "on-demand", "us-west-2").usd_per_hour == pytest.approx(0.8048)
+    # a fresh catalog reads the refreshed prices (and the new type) back from the file
+    again = load_catalog(path, region="us-west-2")
+    assert again.price("p3.2xlarge").usd_per_hour == pytest.approx(3.06)
+    assert again.price("g3.4xlarge", "spot").usd_per_hour == pytest.approx(0.342)  # first refresh kept
+    assert again.instance("g6.xlarge").gpus == 1
+    assert again.price("g3.4xlarge", region="us-east-1").usd_per_hour == 1.14  # built-in kept
+
+
+def test_refresh_error_from_aws_is_one_line():
+    client, stub = _stubbed("ec2", "us-west-2")
+    stub.add_client_error("describe_spot_price_history", "UnauthorizedOperation", "You are not authorized")
+    with stub, pytest.raises(CatalogError, match="price refresh from AWS failed.*not authorized"):
+        refresh(builtin_catalog(), "spot", "us-west-2", ec2=client, types=["g3.4xlarge"])

@@ -1,0 +1,186 @@
+"""`launch report --from-csv`, `launch cost`, `launch plan` through the real CLI (subprocess).
+
+Published tables are the test data: seed 001's words/s per GPU count (speedups to the second
+decimal) and seed 004's money-speed table (dollars to the cent). Run directories for `launch plan
+RUN_DIR...` are written here in the record format of docs/records.md (the analysis under test reads
+records, it does not train)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import launch
+from test_catalog import SEED_004, seed_mix
+from test_scaling import SEED_001
+
+
+@pytest.fixture(autouse=True)
+def _prices(tmp_path, monkeypatch):
+    monkeypatch.setenv("SCALELAB_PRICES", str(tmp_path / "no-user-prices.json"))
+
+
+def _env(tmp_path):
+    return {"SCALELAB_PRICES": str(tmp_path / "no-user-prices.json")}
+
+
+def _seed_001_csv(path: Path, column: str = "throughput") -> Path:
+    lines = [f"label,workers,{column},mode"]
+    for kind, rows in SEED_001.items():
+        for gpus, t20, words, _ in rows:
+            lines.append(f"{kind},{gpus},{words if column == 'throughput' else t20},weak")
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("column", ["throughput", "time_s"])
+def test_report_from_csv_reproduces_seed_001_speedups(tmp_path, column):
+    csv = _seed_001_csv(tmp_path / "seed001.csv", column)
+    r = launch("report", "--from-csv", str(csv), "--format", "json", cwd=tmp_path, env=_env(tmp_path))
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout)
+    assert len(rows) == sum(len(v) for v in SEED_001.values())
+    published = {(k, g): s for k, v in SEED_001.items() for g, _, _, s in v}
+    for row in rows:
+        assert {"label", "workers", column, "speedup", "efficiency"} <= set(row)
+        s = published[(row["label"], row["workers"])]
+        if s is None:
+            assert row["speedup"] == pytest.approx(1.0)
+        else:
+            assert round(row["speedup"], 2) == pytest.approx(s, abs=0.0100001)
+            assert row["efficiency"] == pytest.approx(row["speedup"] / row["workers"])
+
+
+def test_report_from_csv_writes_markdown_and_html(tmp_path):
+    csv = _seed_001_csv(tmp_path / "seed001.csv")
+    out = tmp_path / "rep"
+    r = launch("report", "--from-csv", str(csv), "--out", str(out), cwd=tmp_path, env=_env(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert "5.50" in r.stdout  # ps_cudnn_lstm, 8 GPUs
+    html = (out / "report.html").read_text()
+    assert html.count("data:image/png;base64,") >= 2 and "<img" in html and 'src="speedup' not in html
+    assert (out / "report.md").exists()
+
+
+def test_cost_from_csv_reproduces_seed_004(tmp_path):
+    csv = tmp_path / "seed004.csv"
+    csv.write_text("label,seconds,instances\n" + "".join(
+        f'"{name}",{sec},{seed_mix(p2, g3, g316)}\n' for name, p2, g3, g316, sec, _, _ in SEED_004))
+    r = launch("cost", "--from-csv", str(csv), "--format", "json", cwd=tmp_path, env=_env(tmp_path))
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout)
+    assert [row["label"] for row in rows] == [s[0] for s in SEED_004]
+    for row, (_, _, _, _, _, hours, dollars) in zip(rows, SEED_004):
+        assert round(row["hours"], 2) == pytest.approx(hours)
+        # the seed multiplied rounded hours by the price; ours is exact per-second billing
+        assert round(round(row["hours"], 2) * row["usd_per_hour"] + 1e-9, 2) == pytest.approx(dollars)
+        assert abs(row["dollars"] - dollars) <= 0.005 * row["usd_per_hour"] + 0.005 + 1e-9
+
+
+def test_cost_errors_are_one_line(tmp_path):
+    cases = {
+        "label,seconds,instances\na,10,g9.huge\n": "unknown instance type 'g9.huge'; known: ",
+        "label,seconds,instances\na,ten,g3.4xlarge\n": ":2: column 'seconds': expected a number >= 0, got 'ten'",
+        "label,secs,instances\na,10,g3.4xlarge\n": "missing column 'seconds'",
+        "label,seconds,instances,market\na,10,g3.4xlarge,reserved\n": ":2: column 'market': expected on-demand or spot",
+    }
+    for i, (text, expected) in enumerate(cases.items()):
+        f = tmp_path / f"bad{i}.csv"
+        f.write_text(text)
+        r = launch("cost", "--from-csv", str(f), cwd=tmp_path, env=_env(tmp_path))
+        assert r.returncode == 2, r.stdout
+        assert expected in r.stderr and "Traceback" not in r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_cost_spot_market_uses_spot_price(tmp_path):
+    f = tmp_path / "c.csv"
+    f.write_text("label,seconds,instances,market\nspot,3600,p2.xlarge,spot\nod,3600,p2.xlarge,\n")
+    rows = json.loads(launch("cost", "--from-csv", str(f), "--format", "json", cwd=tmp_path, env=_env(tmp_path)).stdout)
+    assert rows[0]["dollars"] == pytest.approx(0.1288) and rows[1]["dollars"] == pytest.approx(0.9)
+
+
+def test_plan_from_csv_predicts_requested_workers(tmp_path):
+    f = tmp_path / "s.csv"
+    rows = SEED_001["replica_cudnn_lstm"][:4]
+    f.write_text("label,workers,throughput\n" + "".join(f"r,{g},{w}\n" for g, _, w, _ in rows))
+    r = launch("plan", "--from-csv", str(f), "--predict-workers", "5,6,7,8", "--format", "json",
+               cwd=tmp_path, env=_env(tmp_path))
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    predicted = [row for row in out if row["predicted"]]
+    assert [row["workers"] for row in predicted] == [5, 6, 7, 8]
+    for row in predicted:
+        assert row["label"] == "r" and row["interval_low"] < row["predicted_throughput"] < row["interval_high"]
+    thr = [row["predicted_throughput"] for row in predicted]
+    assert thr == sorted(thr) and thr[0] > rows[-1][2]
+
+
+def test_plan_prices_and_recommends(tmp_path):
+    f = tmp_path / "s.csv"
+    f.write_text("workers,throughput\n" + "".join(f"{g},{w}\n" for g, _, w, _ in SEED_001["replica_cudnn_lstm"][:5]))
+    out = tmp_path / "plan"
+    r = launch("plan", "--from-csv", str(f), "--predict-workers", "8,16", "--instance-types", "g3.4xlarge,g3.16xlarge",
+               "--measured-on", "g3.4xlarge", "--work", "5e9", "--deadline-h", "10", "--format", "json", "--out", str(out),
+               cwd=tmp_path, env=_env(tmp_path))
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout)
+    rec = [row for row in rows if row["recommendation"]]
+    assert len(rec) == 1 and rec[0]["hours"] <= 10
+    assert rec[0]["dollars"] == pytest.approx(min(row["dollars"] for row in rows if row["hours"] <= 10))
+    html = (out / "plan.html").read_text()
+    assert "Pareto" in html or "frontier" in html
+    assert html.count("data:image/png;base64,") >= 2
+
+
+def test_plan_unknown_instance_type(tmp_path):
+    f = tmp_path / "s.csv"
+    f.write_text("workers,throughput\n1,10\n2,19\n")
+    r = launch("plan", "--from-csv", str(f), "--instance-types", "g9.huge", "--work", "100", cwd=tmp_path, env=_env(tmp_path))
+    assert r.returncode == 2 and "unknown instance type 'g9.huge'; known:" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def _fake_run(root: Path, name: str, gpus: int, step_s: float, words: int, instance: str | None) -> Path:
+    """A run directory in the docs/records.md format: spec.json + per-rank step records."""
+    from launcher.spec import Spec, save_spec
+
+    run = root / name
+    (run / "records").mkdir(parents=True)
+    spec = Spec()
+    spec.nodes, spec.gpus_per_node, spec.steps = 1, gpus, 30
+    if gpus > 1:
+        spec.engine.name = "ddp"
+    if instance:
+        spec.backend_options = {"instance_type": instance}
+    save_spec(spec, run)
+    for rank in range(gpus):
+        recs = [{"kind": "start", "rank": rank, "world": gpus, "time": 1000.0, "global_batch": 64}]
+        for step in range(1, 31):
+            recs.append({"kind": "step", "rank": rank, "world": gpus, "step": step, "epoch": 0, "warmup": step <= 5,
+                         "step_s": step_s * (1.0 + 0.01 * rank), "words": words // gpus, "samples": 64 // gpus,
+                         "data_s": 0.1 * step_s, "exchange_s": 0.2 * step_s if gpus > 1 else 0.0,
+                         "loss": 5.0 - 0.1 * step, "time": 1000.0 + step * step_s})
+        (run / "records" / f"rank-{rank}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    return run
+
+
+def test_plan_and_cost_from_run_directories(tmp_path):
+    runs = [_fake_run(tmp_path, f"r{g}", g, 0.1 * (1 + 0.1 * g) / g, 6400, "g3.16xlarge") for g in (1, 2, 3, 4)]
+    r = launch("plan", *map(str, runs), "--predict-workers", "6,8", "--work", "1e8", "--out", str(tmp_path / "p"),
+               "--format", "json", cwd=tmp_path, env=_env(tmp_path))
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout)
+    assert {row["workers"] for row in rows} >= {1, 2, 3, 4, 6, 8}
+    assert all(row["instance_type"] == "g3.16xlarge" for row in rows)
+    html = (tmp_path / "p" / "plan.html").read_text()
+    for section in ("Loss against time", "Phase breakdown", "Speedup and efficiency", "Cost against time"):
+        assert section in html
+    c = launch("cost", str(runs[1]), "--format", "json", cwd=tmp_path, env=_env(tmp_path))
+    assert c.returncode == 0, c.stderr
+    row = json.loads(c.stdout)[0]
+    assert row["instances"] == "1*g3.16xlarge"
+    assert row["seconds"] == pytest.approx(30 * 0.1 * 1.2 / 2)
+    assert row["dollars"] == pytest.approx(4.56 * 60 / 3600)  # below the 60 s minimum
