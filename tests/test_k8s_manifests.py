@@ -1,0 +1,233 @@
+"""Kubernetes manifests: golden files for both engines and several layouts, validated against the real
+published schemas (the Kubernetes OpenAPI schemas shipped by `kubernetes-validate`, strict mode; the MPI
+Operator's MPIJob CRD shipped in k8s/schemas/), plus the properties the issue asks for.
+
+Regenerate the golden files after an intended change with `SCALELAB_UPDATE_GOLDEN=1 pytest tests/test_k8s_manifests.py`
+and review the diff.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import json
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import launch
+from launcher.errors import SpecError
+from launcher.spec import EngineSpec, Spec
+
+from k8s.backend import KubernetesBackend
+from k8s.manifests import k8s_name
+
+kubernetes_validate = pytest.importorskip(
+    "kubernetes_validate", reason="kubernetes-validate is not installed (pip install kubernetes-validate): "
+    "it ships the Kubernetes OpenAPI schemas the manifests are validated against")
+from k8s.validate import ManifestInvalid, validate_all, validate_doc  # noqa: E402
+
+GOLDEN = Path(__file__).parent / "golden" / "k8s"
+FULL_OPTIONS = {
+    "namespace": "ml-team", "service_account": "trainer", "node_selector": ["nvidia.com/gpu.product=A100-SXM4-80GB"],
+    "tolerations": ["nvidia.com/gpu:NoSchedule", "dedicated=ml:NoExecute"], "priority_class": "training-high",
+    "image_pull_secrets": ["regcred"], "secret_env": ["WANDB_API_KEY=wandb:api-key"], "volume_claim": "ml-runs",
+    "timeout_min": 120, "cpus_per_node": 32, "mem_gb_per_node": 240, "shm_gb": 16,
+}
+CASES = {
+    # name: (engine, nodes, gpus per node, extra options)
+    "ddp-1x1": ("ddp", 1, 1, {}),
+    "ddp-2x4-full": ("ddp", 2, 4, FULL_OPTIONS),
+    "horovod-1x8": ("horovod", 1, 8, {}),
+    "horovod-4x4-full": ("horovod", 4, 4, FULL_OPTIONS),
+}
+
+
+def request_for(case: str):
+    engine, nodes, gpus, extra = CASES[case]
+    spec = Spec(backend="k8s", engine=EngineSpec(name=engine), nodes=nodes, gpus_per_node=gpus,
+                batch_per_worker=32, steps=100).validate()
+    backend = KubernetesBackend({"image": "registry.example.com/scalelab:0.1.0", **extra})
+    return spec, backend.submit_dryrun(spec, Path("runs") / f"{case}-20260101-000000")
+
+
+def all_docs(request) -> list[dict]:
+    return [*request.objects, request.fetch]
+
+
+def containers(doc: dict) -> list[dict]:
+    if doc["kind"] == "MPIJob":
+        return [c for r in doc["spec"]["mpiReplicaSpecs"].values() for c in r["template"]["spec"]["containers"]]
+    if doc["kind"] == "Job":
+        return doc["spec"]["template"]["spec"]["containers"]
+    if doc["kind"] == "Pod":
+        return doc["spec"]["containers"]
+    return []
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_golden_manifest(case: str) -> None:
+    request = request_for(case)[1]
+    # spec.json follows every new Spec field; test_configmap_carries_the_exact_spec checks it instead
+    request.objects[0]["data"]["spec.json"] = "(the resolved spec: RUN_DIR/spec.json)\n"
+    text = request.render()
+    path = GOLDEN / f"{case}.yaml"
+    if os.environ.get("SCALELAB_UPDATE_GOLDEN"):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    assert path.exists(), f"{path} is missing: run with SCALELAB_UPDATE_GOLDEN=1 to create it, then review it"
+    expected = path.read_text()
+    if text != expected:
+        diff = "".join(difflib.unified_diff(expected.splitlines(True), text.splitlines(True), str(path), "rendered now"))
+        pytest.fail(f"rendered manifests differ from {path} (SCALELAB_UPDATE_GOLDEN=1 to accept):\n{diff}")
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_every_manifest_validates_against_the_published_schemas(case: str) -> None:
+    _, request = request_for(case)
+    validate_all(all_docs(request))
+    kinds = [d["kind"] for d in request.objects]
+    assert kinds == (["ConfigMap", "MPIJob"] if case.startswith("horovod") else ["ConfigMap", "Service", "Job"])
+
+
+def test_validation_rejects_what_an_api_server_would() -> None:
+    _, hvd = request_for("horovod-4x4-full")
+    mpijob = copy.deepcopy(hvd.objects[-1])
+    mpijob["spec"]["slotsPerNode"] = 4  # a typo the API server would prune silently
+    with pytest.raises(ManifestInvalid, match="slotsPerNode"):
+        validate_doc(mpijob)
+    mpijob = copy.deepcopy(hvd.objects[-1])
+    mpijob["spec"]["mpiImplementation"] = "MVAPICH"
+    with pytest.raises(ManifestInvalid, match="mpiImplementation"):
+        validate_doc(mpijob)
+    mpijob = copy.deepcopy(hvd.objects[-1])
+    mpijob["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["securityContext"]["privilegd"] = False
+    with pytest.raises(ManifestInvalid, match="privilegd"):
+        validate_doc(mpijob)
+    _, ddp = request_for("ddp-2x4-full")
+    job = copy.deepcopy(ddp.objects[-1])
+    job["spec"]["parallelism"] = "2"
+    with pytest.raises(ManifestInvalid, match="parallelism"):
+        validate_doc(job)
+    service = copy.deepcopy(ddp.objects[1])
+    service["spec"]["headless"] = True
+    with pytest.raises(ManifestInvalid):
+        validate_doc(service)
+
+
+@pytest.mark.parametrize("case", ["horovod-1x8", "horovod-4x4-full"])
+def test_mpijob_layout(case: str) -> None:
+    spec, request = request_for(case)
+    job = request.objects[-1]["spec"]
+    assert job["slotsPerWorker"] == spec.gpus_per_node
+    assert job["launcherCreationPolicy"] == "WaitForWorkersReady"
+    assert job["mpiReplicaSpecs"]["Launcher"]["replicas"] == 1
+    assert job["mpiReplicaSpecs"]["Worker"]["replicas"] == spec.nodes
+    assert {"cleanPodPolicy", "ttlSecondsAfterFinished", "backoffLimit"} <= set(job["runPolicy"])
+    worker = job["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
+    assert worker["resources"]["limits"]["nvidia.com/gpu"] == str(spec.gpus_per_node)
+    launcher = job["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]
+    assert "nvidia.com/gpu" not in launcher["resources"]["limits"]
+    script = launcher["command"][-1]
+    assert f"mpirun -np {spec.workers} " in script and script.endswith(f"python -m train /scalelab/runs/{request.name}")
+    assert f"cp /etc/scalelab/spec.json /scalelab/runs/{request.name}/" in script
+
+
+@pytest.mark.parametrize("case", ["ddp-1x1", "ddp-2x4-full"])
+def test_indexed_job_layout(case: str) -> None:
+    spec, request = request_for(case)
+    service, job = request.objects[1], request.objects[2]
+    assert service["spec"]["clusterIP"] == "None" and service["spec"]["publishNotReadyAddresses"] is True
+    js = job["spec"]
+    assert (js["completionMode"], js["completions"], js["parallelism"]) == ("Indexed", spec.nodes, spec.nodes)
+    pod = js["template"]["spec"]
+    assert pod["subdomain"] == service["metadata"]["name"]
+    assert service["spec"]["selector"].items() <= js["template"]["metadata"]["labels"].items()
+    (container,) = pod["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["MASTER_ADDR"] == f"{job['metadata']['name']}-0.{service['metadata']['name']}"
+    script = container["command"][-1]
+    for arg in (f"--nnodes={spec.nodes}", f"--nproc-per-node={spec.gpus_per_node}", "--node-rank=$JOB_COMPLETION_INDEX "):
+        assert arg in script
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == str(spec.gpus_per_node)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_pods_are_locked_down(case: str) -> None:
+    _, request = request_for(case)
+    for doc in all_docs(request):
+        for c in containers(doc):
+            sc = c["securityContext"]
+            assert sc["runAsNonRoot"] is True and sc["privileged"] is False and sc["allowPrivilegeEscalation"] is False
+            assert sc["capabilities"]["drop"] == ["ALL"]
+            assert c["resources"]["requests"] and c["resources"]["limits"]
+            assert c["resources"]["requests"] == c["resources"]["limits"]
+
+
+def test_options_reach_every_pod() -> None:
+    _, request = request_for("horovod-4x4-full")
+    templates = [r["template"]["spec"] for r in request.objects[-1]["spec"]["mpiReplicaSpecs"].values()]
+    for pod in templates:
+        assert pod["serviceAccountName"] == "trainer" and pod["priorityClassName"] == "training-high"
+        assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "A100-SXM4-80GB"}
+        assert {"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoExecute"} in pod["tolerations"]
+        assert pod["imagePullSecrets"] == [{"name": "regcred"}]
+        assert {"name": "runs", "persistentVolumeClaim": {"claimName": "ml-runs"}} in pod["volumes"]
+    assert all(d["metadata"]["namespace"] == "ml-team" for d in all_docs(request))
+
+
+def test_secrets_are_references_never_literals() -> None:
+    _, request = request_for("ddp-2x4-full")
+    for c in containers(request.objects[-1]):
+        (wandb,) = [e for e in c["env"] if e["name"] == "WANDB_API_KEY"]
+        assert wandb == {"name": "WANDB_API_KEY", "valueFrom": {"secretKeyRef": {"name": "wandb", "key": "api-key"}}}
+    with pytest.raises(SpecError, match="ENV_NAME=SECRET_NAME:KEY"):
+        KubernetesBackend({"image": "x", "secret_env": ["WANDB_API_KEY=abc123"]})
+
+
+def test_configmap_carries_the_exact_spec() -> None:
+    spec, request = request_for("ddp-2x4-full")
+    assert request.objects[0]["data"]["spec.json"] == spec.to_json() + "\n"
+    assert Spec.from_dict(json.loads(request.objects[0]["data"]["spec.json"])) == spec
+
+
+def test_names_are_dns_labels_and_distinct() -> None:
+    a = k8s_name("rnnlm-small-horovod-16x8-20260101-000000-with-a-long-suffix_A")
+    b = k8s_name("rnnlm-small-horovod-16x8-20260101-000000-with-a-long-suffix_B")
+    assert a != b and len(a) <= 40 and len(b) <= 40
+    assert all(ch.isalnum() and ch.islower() or ch.isdigit() or ch == "-" for ch in a)
+    assert k8s_name("2x4.Run") == "run-2x4-run"
+
+
+def test_bad_options_fail_at_configuration_time() -> None:
+    with pytest.raises(SpecError, match="valid options: .*image"):
+        KubernetesBackend({"imagee": "x"})
+    with pytest.raises(SpecError, match="effect must be one of"):
+        KubernetesBackend({"image": "x", "tolerations": ["gpu:Sometimes"]})
+    with pytest.raises(SpecError, match="run_as_user must not be 0"):
+        KubernetesBackend({"image": "x", "run_as_user": 0})
+    with pytest.raises(SpecError, match="--image is required"):
+        KubernetesBackend({}).validate(Spec(backend="k8s").validate())
+
+
+def test_dry_run_prints_the_manifests_and_calls_nothing(tmp_path: Path) -> None:
+    # a kubeconfig pointing at a closed port: any API call would fail loudly
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(json.dumps({"apiVersion": "v1", "kind": "Config", "current-context": "c",
+                                      "clusters": [{"name": "k", "cluster": {"server": "http://127.0.0.1:9"}}],
+                                      "users": [{"name": "u", "user": {}}],
+                                      "contexts": [{"name": "c", "context": {"cluster": "k", "user": "u"}}]}))
+    out = launch("--backend", "k8s", "--engine", "horovod", "--nodes", "2", "--gpus-per-node", "4", "--image", "img:1",
+                 "--kubeconfig", str(kubeconfig), "--runs-dir", str(tmp_path / "runs"), "--dry-run", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    docs = [d for d in yaml.safe_load_all(out.stdout) if d]
+    assert [d["kind"] for d in docs] == ["ConfigMap", "MPIJob", "Pod"]
+    validate_all(docs)
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
+def test_k8s_flags_belong_to_the_k8s_backend(tmp_path: Path) -> None:
+    out = launch("--backend", "local", "--image", "img:1", "--dry-run", cwd=tmp_path)
+    assert out.returncode == 2 and "--image is an option of --backend k8s" in out.stderr
