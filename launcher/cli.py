@@ -38,7 +38,8 @@ err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
 LAZY_COMMANDS: dict[str, str] = {
     "cost": "costs.cli:cost_cmd",
     "plan": "costs.cli:plan_cmd",
-    "bench": "costs.bench:bench_cmd",
+    "bench": "launcher.bench:bench_cmd",
+    "study": "launcher.study:study_cmd",
     "aws": "aws.cli:aws_group",
 }
 
@@ -110,6 +111,7 @@ _SPEC_OPTIONS: list[tuple[str, str, dict[str, Any]]] = [
     ("--train-samples", "data.train_samples", dict(type=int, help="Task data: training samples generated [default: 4096].")),
     ("--prefetch", "data.prefetch", dict(type=int, help="Batches prepared ahead by a background thread; 0 = none [default: 2].")),
     ("--val-every", "val_every", dict(type=int, help="Validate every N steps; 0 = never [default: 0].")),
+    ("--val-batches", "val_batches", dict(type=int, help="Validation batches per rank at each validation [default: 4].")),
     ("--loss-threshold", "loss_threshold", dict(type=float, help="Stop at the first validation loss <= this; records time-to-threshold.")),
     ("--checkpoint-every", "checkpoint_every", dict(type=int, help="Checkpoint every N steps (rank 0 writes) [default: 0 = only on signals].")),
     ("--threads", "threads", dict(type=int, help="Intra-op threads per rank [default: cores / ranks per node].")),

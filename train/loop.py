@@ -163,7 +163,7 @@ def train(run_dir: Path) -> str:
 
             # ---- validation and the loss threshold ---------------------------------------------
             if spec.val_every and step % spec.val_every == 0:
-                val_loss = engine.mean(validate(model, dataset, spec, per_rank, rank, world, device))  # distributed
+                val_loss = validate(model, dataset, spec, per_rank, rank, world, device, engine)
                 out.write("val", step=step, epoch=epoch, val_loss=val_loss, elapsed_s=elapsed)
                 if spec.loss_threshold is not None and reached is None and val_loss <= spec.loss_threshold:
                     reached = {"step": step, "elapsed_s": elapsed, "val_loss": val_loss}
@@ -257,18 +257,21 @@ def set_lr(optimizer: torch.optim.Optimizer, spec: Spec, scale: float, step: int
 
 
 @torch.no_grad()
-def validate(model, dataset, spec: Spec, per_rank: int, rank: int, world: int, device) -> float:
-    """Mean loss over this rank's validation shard (the engine averages across ranks)."""
+def validate(model, dataset, spec: Spec, per_rank: int, rank: int, world: int, device, engine) -> float:
+    """Mean loss over the first `val_batches` x global batch validation samples, on every layout.
+
+    The subset is cut into global-batch-sized pieces and each piece split across ranks as training
+    batches are, so 1 worker and 8 workers judge the loss threshold on exactly the same samples.
+    """
     model.eval()
+    pieces = dataset.valid_batches(per_rank, 0, 1)[: spec.val_batches * world]
     total, weight = 0.0, 0
-    for i, batch in enumerate(dataset.valid_batches(per_rank, rank, world)):
-        if i >= spec.val_batches:
-            break
-        total += float(model(**batch.to(device).inputs)) * batch.samples  # a shard's last batch may be smaller
+    for batch in pieces[rank::world]:
+        total += float(model(**batch.to(device).inputs)) * batch.samples
         weight += batch.samples
     model.train()
+    total, weight = engine.mean(total), engine.mean(weight)  # distributed: sums over ranks / world
     return total / weight
-
 
 def _clock(device: torch.device) -> float:
     if device.type == "cuda":

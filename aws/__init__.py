@@ -1,0 +1,9 @@
+"""The `aws` backend: the trainer on EC2 GPU instances (on-demand or spot), nothing left running.
+
+Modules, in the order a run uses them: `instances` (GPU shapes), `flags` (CLI flags), `render`
+(the pure EC2/S3 requests and the user-data script), `backend` (schedule, wait, status, logs,
+cancel), `bootstrap` (what runs on each instance), `teardown` (terminate and delete by tag),
+`cli` (`launch aws gc`). boto3 is imported
+lazily, only when a request is sent. Mixed instance types use the trainer's dynamic load balancer
+(`--balance dynamic`, train/balance.py). See docs/aws.md.
+"""

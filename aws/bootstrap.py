@@ -1,0 +1,347 @@
+"""What runs on each instance: `python -m aws.bootstrap` (started by the user-data script).
+
+1. Who am I: the instance id from the instance metadata service (IMDSv2).
+2. Peers: the run's instances of this generation, found by their tags (DescribeInstances), in node
+   order (launch group, then launch index). Node 0 is the leader; rank 0 lives there.
+3. The run directory: spec.json and, when resuming, checkpoint.pt from S3.
+4. The trainer: `python -m train RUN_DIR` (single), one torchrun per node (ddp), or horovodrun on
+   the leader reaching the other nodes over ssh (horovod; the leader's public key goes through S3).
+5. Every few seconds: upload records (records/gen-G/rank-R.jsonl), logs, the leader's checkpoint
+   and a heartbeat; poll the spot interruption notice (`spot/instance-action`, 404 until AWS
+   schedules an interruption two minutes ahead) and a stop request from the launcher. Either one
+   sends SIGTERM to the local ranks: they agree, rank 0 checkpoints, they exit 143, and the
+   checkpoint is uploaded before the instance goes.
+6. The final state (completed / interrupted / failed) in status/gen-G/INSTANCE.json.
+
+Configuration comes from the environment the user data sets (SCALELAB_*; no credentials: boto3
+finds the instance profile's). SCALELAB_METADATA_URL, SCALELAB_WORK and SCALELAB_POLL_S exist so the
+bootstrap can run in a test against moto and a stand-in metadata server.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+METADATA_URL = "http://169.254.169.254"
+
+
+class Config:
+    def __init__(self, env: dict[str, str] | None = None) -> None:
+        env = dict(os.environ if env is None else env)
+        self.run_id = env["SCALELAB_RUN_ID"]
+        self.bucket = env["SCALELAB_BUCKET"]
+        self.prefix = env["SCALELAB_PREFIX"]
+        self.generation = int(env.get("SCALELAB_GENERATION", "0"))
+        self.nodes = int(env.get("SCALELAB_NODES", "1"))
+        self.gpus_per_node = int(env.get("SCALELAB_GPUS_PER_NODE", "1"))
+        self.engine = env.get("SCALELAB_ENGINE", "single")
+        self.metadata_url = env.get("SCALELAB_METADATA_URL", METADATA_URL).rstrip("/")
+        self.work = Path(env.get("SCALELAB_WORK", "/opt/scalelab"))
+        self.poll_s = float(env.get("SCALELAB_POLL_S", "5"))
+        self.peer_timeout_s = float(env.get("SCALELAB_PEER_TIMEOUT_S", "600"))
+        self.python = env.get("SCALELAB_PYTHON") or sys.executable
+
+    def key(self, *parts: str) -> str:
+        return "/".join([self.prefix, *parts])
+
+    @property
+    def run_dir(self) -> Path:
+        return self.work / self.run_id
+
+
+# ---- instance metadata (IMDSv2) ---------------------------------------------------------------
+
+
+def _token(cfg: Config) -> str | None:
+    req = urllib.request.Request(cfg.metadata_url + "/latest/api/token", method="PUT",
+                                 headers={"X-aws-ec2-metadata-token-ttl-seconds": "21600"})
+    try:
+        with urllib.request.urlopen(req, timeout=2) as r:
+            return r.read().decode()
+    except (urllib.error.URLError, OSError):
+        return None
+
+
+def metadata(cfg: Config, item: str) -> str | None:
+    """An instance metadata item, or None when it does not exist (HTTP 404)."""
+    headers = {}
+    token = _token(cfg)
+    if token:
+        headers["X-aws-ec2-metadata-token"] = token
+    req = urllib.request.Request(f"{cfg.metadata_url}/latest/meta-data/{item}", headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=2) as r:
+            return r.read().decode()
+    except urllib.error.HTTPError as exc:
+        if exc.code == 404:
+            return None
+        raise
+
+
+def interruption_notice(cfg: Config) -> dict | None:
+    """The spot interruption notice ({"action": "terminate", "time": ...}) or None."""
+    try:
+        text = metadata(cfg, "spot/instance-action")
+    except (urllib.error.URLError, OSError):
+        return None
+    if not text:
+        return None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return {"action": text}
+
+
+# ---- peers --------------------------------------------------------------------------------------
+
+
+def find_peers(ec2, cfg: Config) -> list[dict]:
+    """This generation's instances in node order, waiting until all `nodes` are there."""
+    deadline = time.time() + cfg.peer_timeout_s
+    while True:
+        found = []
+        pages = ec2.get_paginator("describe_instances").paginate(Filters=[
+            {"Name": "tag:scalelab:run-id", "Values": [cfg.run_id]},
+            {"Name": "tag:scalelab:generation", "Values": [str(cfg.generation)]},
+            {"Name": "instance-state-name", "Values": ["pending", "running"]},
+        ])
+        for page in pages:
+            for res in page["Reservations"]:
+                found += res["Instances"]
+        if len(found) >= cfg.nodes and all(i.get("PrivateIpAddress") for i in found):
+            return sorted(found, key=node_order)[: cfg.nodes]
+        if time.time() > deadline:
+            raise RuntimeError(f"found {len(found)} of {cfg.nodes} instances of run {cfg.run_id} "
+                               f"generation {cfg.generation} after {cfg.peer_timeout_s:.0f}s")
+        time.sleep(min(cfg.poll_s, 5))
+
+
+def node_order(instance: dict) -> tuple:
+    tags = {t["Key"]: t["Value"] for t in instance.get("Tags", [])}
+    return int(tags.get("scalelab:group", 0)), int(instance.get("AmiLaunchIndex", 0)), instance["InstanceId"]
+
+
+# ---- the trainer command (pure) -----------------------------------------------------------------
+
+
+def trainer_command(engine: str, python: str, run_dir: Path, hosts: list[str], index: int,
+                    gpus_per_node: int, port: int = 29500, ssh_key: str | None = None) -> list[str] | None:
+    """The command this node runs, or None when the leader starts this node's ranks (horovod)."""
+    trainer = ["-m", "train", str(run_dir)]
+    if engine == "single":
+        return [python, *trainer]
+    if engine == "ddp":
+        return [python, "-m", "torch.distributed.run", f"--nnodes={len(hosts)}", f"--node-rank={index}",
+                f"--nproc-per-node={gpus_per_node}", f"--master-addr={hosts[0]}", f"--master-port={port}", *trainer]
+    if index != 0:
+        return None
+    cmd = [python, "-m", "horovod.runner.launch", "--gloo", "-np", str(len(hosts) * gpus_per_node),
+           "-H", ",".join(f"{h}:{gpus_per_node}" for h in hosts)]
+    if ssh_key:
+        cmd += ["--ssh-identity-file", ssh_key]
+    return cmd + [python, *trainer]
+
+
+# ---- S3 sync ------------------------------------------------------------------------------------
+
+
+class Sync:
+    """Uploads what changed: records of this generation, this node's log, the leader's checkpoint."""
+
+    def __init__(self, s3, cfg: Config, instance_id: str, index: int) -> None:
+        self.s3, self.cfg, self.instance_id, self.index = s3, cfg, instance_id, index
+        self.sent: dict[Path, tuple[float, int]] = {}
+
+    def _put(self, path: Path, key: str) -> None:
+        st = path.stat()
+        if self.sent.get(path) == (st.st_mtime, st.st_size):
+            return
+        self.s3.upload_file(str(path), self.cfg.bucket, self.cfg.key(key))
+        self.sent[path] = (st.st_mtime, st.st_size)
+
+    def mark_present(self, path: Path) -> None:
+        """A file downloaded from S3 is not new work: do not upload it back."""
+        st = path.stat()
+        self.sent[path] = (st.st_mtime, st.st_size)
+
+    def push(self) -> None:
+        g = f"gen-{self.cfg.generation}"
+        run_dir = self.cfg.run_dir
+        for rec in sorted((run_dir / "records").glob("rank-*.jsonl")):
+            self._put(rec, f"records/{g}/{rec.name}")
+        for log in sorted((run_dir / "logs").glob("*.log")):
+            self._put(log, f"logs/{g}/node-{self.index}-{log.name}")
+        boot = self.cfg.work / "bootstrap.log"
+        if boot.exists():
+            self._put(boot, f"logs/{g}/node-{self.index}-bootstrap.log")
+        ckpt = run_dir / "checkpoint.pt"
+        if self.index == 0 and ckpt.exists():
+            self._put(ckpt, "checkpoint.pt")
+
+    def put_json(self, key: str, doc: dict) -> None:
+        self.s3.put_object(Bucket=self.cfg.bucket, Key=self.cfg.key(key), Body=json.dumps(doc).encode())
+
+    def exists(self, key: str) -> bool:
+        try:
+            self.s3.head_object(Bucket=self.cfg.bucket, Key=self.cfg.key(key))
+            return True
+        except Exception:  # botocore ClientError 404
+            return False
+
+
+def prepare_run_dir(s3, cfg: Config) -> bool:
+    """spec.json and, if one exists, the checkpoint; returns whether this is a resume."""
+    from botocore.exceptions import ClientError
+
+    (cfg.run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    (cfg.run_dir / "records").mkdir(parents=True, exist_ok=True)
+    s3.download_file(cfg.bucket, cfg.key("spec.json"), str(cfg.run_dir / "spec.json"))
+    try:
+        s3.download_file(cfg.bucket, cfg.key("checkpoint.pt"), str(cfg.run_dir / "checkpoint.pt"))
+        return True
+    except ClientError as exc:
+        if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+            return False
+        raise
+
+
+def signal_local_ranks(run_dir: Path, sig: int = signal.SIGTERM, exclude: int | None = None) -> int:
+    """SIGTERM every process of this host training `run_dir` (horovod starts them over ssh)."""
+    import psutil
+
+    hit = 0
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        cmd = p.info.get("cmdline") or []
+        if p.pid != os.getpid() and p.pid != exclude and "train" in cmd and str(run_dir) in cmd and "-m" in cmd:
+            try:
+                p.send_signal(sig)
+                hit += 1
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                pass
+    return hit
+
+
+# ---- horovod over ssh: the leader's key through S3 ---------------------------------------------
+
+
+def ssh_setup(sync: Sync, cfg: Config, index: int, peers: list[dict]) -> str | None:
+    """Leader: make a key, publish it, wait for every node to trust it. Others: trust it, say so."""
+    g = f"cluster/gen-{cfg.generation}"
+    ssh = Path.home() / ".ssh"
+    ssh.mkdir(mode=0o700, exist_ok=True)
+    if index == 0:
+        key = ssh / "scalelab"
+        if not key.exists():
+            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+        sync.s3.put_object(Bucket=cfg.bucket, Key=cfg.key(g, "leader.pub"), Body=key.with_suffix(".pub").read_bytes())
+        deadline = time.time() + cfg.peer_timeout_s
+        others = [p["InstanceId"] for p in peers[1:]]
+        while not all(sync.exists(f"{g}/ready/{i}") for i in others):
+            if time.time() > deadline:
+                raise RuntimeError("not every node trusted the leader's ssh key in time")
+            time.sleep(1)
+        return str(key)
+    deadline = time.time() + cfg.peer_timeout_s
+    while not sync.exists(f"{g}/leader.pub"):
+        if time.time() > deadline:
+            raise RuntimeError("the leader never published its ssh key")
+        time.sleep(1)
+    pub = sync.s3.get_object(Bucket=cfg.bucket, Key=cfg.key(g, "leader.pub"))["Body"].read().decode()
+    with open(ssh / "authorized_keys", "a") as f:
+        f.write(pub.strip() + "\n")
+    sync.put_json(f"{g}/ready/{peers[index]['InstanceId']}", {"time": time.time()})
+    return None
+
+
+# ---- the node agent ------------------------------------------------------------------------------
+
+
+def run(cfg: Config, s3=None, ec2=None) -> int:
+    import boto3
+
+    s3 = s3 or boto3.client("s3")
+    ec2 = ec2 or boto3.client("ec2")
+    instance_id = os.environ.get("SCALELAB_INSTANCE_ID") or metadata(cfg, "instance-id")
+    peers = find_peers(ec2, cfg)
+    ids = [p["InstanceId"] for p in peers]
+    if instance_id not in ids:
+        raise RuntimeError(f"instance {instance_id} is not among the run's instances {ids}")
+    index = ids.index(instance_id)
+    hosts = [p["PrivateIpAddress"] for p in peers]
+    sync = Sync(s3, cfg, instance_id, index)
+    g = f"gen-{cfg.generation}"
+    status_key = f"status/{g}/{instance_id}.json"
+
+    resumed = prepare_run_dir(s3, cfg)
+    if resumed:
+        sync.mark_present(cfg.run_dir / "checkpoint.pt")
+    ssh_key = ssh_setup(sync, cfg, index, peers) if cfg.engine == "horovod" and cfg.nodes > 1 else None
+    cmd = trainer_command(cfg.engine, cfg.python, cfg.run_dir, hosts, index, cfg.gpus_per_node, ssh_key=ssh_key)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    log = open(cfg.run_dir / "logs" / "trainer.log", "ab")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cfg.work) if cmd else None
+    notice, stop_sent = None, False
+    sync.put_json(f"status/{g}/{instance_id}.heartbeat.json",
+                  {"time": time.time(), "index": index, "resumed": resumed, "host": hosts[index]})
+    while True:
+        time.sleep(cfg.poll_s)
+        ended = proc.poll() is not None if proc else sync.exists(f"status/{g}/{ids[0]}.json")
+        if not ended and not stop_sent:
+            notice = notice or interruption_notice(cfg)
+            stop = sync.exists("control/stop")
+            if notice or stop:
+                if notice:
+                    sync.put_json(f"events/{g}/{instance_id}.json", {"event": "spot_interruption", "notice": notice,
+                                                                     "time": time.time(), "index": index})
+                if proc:
+                    proc.send_signal(signal.SIGTERM)  # horovodrun / torchrun pass it on to their ranks
+                signal_local_ranks(cfg.run_dir, exclude=proc.pid if proc else None)
+                stop_sent = True
+        sync.push()
+        sync.put_json(f"status/{g}/{instance_id}.heartbeat.json",
+                      {"time": time.time(), "index": index, "resumed": resumed, "host": hosts[index]})
+        if ended:
+            break
+    code = proc.returncode if proc else 0
+    log.close()
+    sync.push()
+    if proc is None:  # a horovod node: its ranks belonged to the leader's horovodrun
+        state = "interrupted" if notice or stop_sent else "completed"
+    elif code == 0:
+        state = "completed"  # finished (also when a notice came too late to matter)
+    elif notice or stop_sent or code in (143, -signal.SIGTERM):
+        state = "interrupted"
+    else:
+        state = "failed"
+    sync.put_json(status_key, {"state": state, "exit_code": code, "index": index, "time": time.time(),
+                               "notice": notice, "resumed": resumed})
+    return 0 if state != "failed" else 1
+
+
+def main() -> int:
+    cfg = Config()
+    try:
+        return run(cfg)
+    except Exception as exc:  # report it: the launcher must not wait for a node that is gone
+        print(f"scalelab bootstrap failed: {exc!r}", file=sys.stderr)
+        try:
+            import boto3
+
+            boto3.client("s3").put_object(
+                Bucket=cfg.bucket, Key=cfg.key(f"status/gen-{cfg.generation}/{os.environ.get('SCALELAB_INSTANCE_ID') or metadata(cfg, 'instance-id')}.json"),
+                Body=json.dumps({"state": "failed", "error": repr(exc), "time": time.time()}).encode())
+        except Exception as exc2:  # noqa: BLE001 - nothing more can be done from here
+            print(f"scalelab bootstrap could not report: {exc2!r}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

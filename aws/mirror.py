@@ -1,0 +1,138 @@
+"""The launcher's copy of a run: S3 mirrored into RUN_DIR, records merged, events for the cost analysis.
+
+The nodes write under s3://BUCKET/PREFIX/RUN_ID/ (aws/bootstrap.py); the launcher mirrors that into
+RUN_DIR/s3/ (by ETag: only what changed is downloaded), the checkpoint to RUN_DIR/checkpoint.pt,
+and merges each rank's records across generations into RUN_DIR/records/rank-R.jsonl (generation
+order; a replacement generation continues the step count from the checkpoint), so `launch report`
+and the progress display read a run directory like any other. Launcher-side events (instances
+started, interruptions, the end with instance-seconds and lost time) go to
+RUN_DIR/records/aws-events.jsonl.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+EVENTS_FILE = "aws-events.jsonl"  # in RUN_DIR/records/, beside (not among) the rank-R.jsonl files
+
+
+def pull(s3, run_dir: Path, info: dict[str, Any]) -> dict[str, str] | None:
+    """Download what changed under the run's prefix and merge; return the new ETags, None if nothing changed."""
+    mirror = Path(run_dir) / "s3"
+    etags = dict(info.get("etags", {}))
+    changed = False
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=info["bucket"], Prefix=info["prefix"] + "/"):
+        for obj in page.get("Contents", []):
+            rel = obj["Key"][len(info["prefix"]) + 1:]
+            if rel.startswith(("package/", "cluster/")) or rel == "spec.json" or etags.get(rel) == obj["ETag"]:
+                continue
+            dest = Path(run_dir) / "checkpoint.pt" if rel == "checkpoint.pt" else mirror / rel
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            s3.download_file(info["bucket"], obj["Key"], str(dest))
+            etags[rel] = obj["ETag"]
+            changed = True
+    if not changed:
+        return None
+    merge(Path(run_dir))
+    return etags
+
+
+def event(run_dir: Path, name: str, **fields: Any) -> None:
+    path = Path(run_dir) / "records" / EVENTS_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as f:
+        f.write(json.dumps({"kind": "event", "event": name, "time": time.time(), **fields}, default=str) + "\n")
+
+
+def cost_facts(run_dir: Path, info: dict[str, Any]) -> dict[str, Any]:
+    """Instance-seconds per type and market, interruptions and the training time they cost."""
+    seconds: dict[str, float] = {}
+    for inst in info["instances"]:
+        key = f"{inst['type']}/{inst['lifecycle']}"
+        seconds[key] = seconds.get(key, 0.0) + max(0.0, (inst.get("ended") or time.time()) - inst["launched"])
+    lost = 0.0
+    records = Path(run_dir) / "s3" / "records"
+    gens = sorted(int(p.name.split("-")[1]) for p in records.glob("gen-*")) if records.exists() else []
+    for a, b in zip(gens, gens[1:]):
+        t_end, t_start = _step_times(records / f"gen-{a}"), _step_times(records / f"gen-{b}")
+        if t_end and t_start:
+            lost += max(0.0, t_start[0] - t_end[-1])  # no training between the generations
+    return {"instance_seconds": seconds, "interruptions": int(info.get("replacements", 0)),
+            "lost_s": lost, "generations": len(gens)}
+
+
+def _step_times(gen_dir: Path) -> list[float]:
+    path = gen_dir / "rank-0.jsonl"
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if rec.get("kind") == "step":
+            out.append(rec["time"])
+    return out
+
+
+def last_step(gen_dir: Path) -> int | None:
+    path = gen_dir / "rank-0.jsonl"
+    steps = []
+    if path.exists():
+        for line in path.read_text().splitlines():
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if rec.get("kind") == "step":
+                steps.append(rec["step"])
+    return max(steps) if steps else None
+
+
+def checkpoint_step(run_dir: Path) -> int | None:
+    steps = []
+    for gen_dir in sorted((Path(run_dir) / "s3" / "records").glob("gen-*")):
+        path = gen_dir / "rank-0.jsonl"
+        for line in path.read_text().splitlines() if path.exists() else []:
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if rec.get("event") == "checkpoint":
+                steps.append(rec["step"])
+    return max(steps) if steps else None
+
+
+def merge(run_dir: Path) -> None:
+    """RUN_DIR/records/rank-R.jsonl = the generations' rank-R files in order; logs copied to RUN_DIR/logs."""
+    records = run_dir / "s3" / "records"
+    ranks: dict[str, list[Path]] = {}
+    for gen_dir in sorted(records.glob("gen-*"), key=lambda p: int(p.name.split("-")[1])):
+        for f in gen_dir.glob("rank-*.jsonl"):
+            ranks.setdefault(f.name, []).append(f)
+    (run_dir / "records").mkdir(exist_ok=True)
+    for name, parts in ranks.items():
+        text = "".join(p.read_text() if p.read_text().endswith("\n") or p is parts[-1] else p.read_text() + "\n" for p in parts)
+        (run_dir / "records" / name).write_text(text)
+    logs = run_dir / "s3" / "logs"
+    if logs.exists():
+        for f in logs.rglob("*.log"):
+            dest = run_dir / "logs" / f"{f.parent.name}-{f.name}"
+            dest.parent.mkdir(exist_ok=True)
+            dest.write_bytes(f.read_bytes())
+
+
+def json_files(directory: Path, keep: Callable[[str], bool]) -> dict[str, dict]:
+    out = {}
+    if directory.exists():
+        for f in directory.glob("*.json"):
+            if keep(f.name):
+                try:
+                    out[f.name.split(".")[0]] = json.loads(f.read_text())
+                except json.JSONDecodeError:
+                    continue
+    return out

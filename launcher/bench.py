@@ -1,0 +1,267 @@
+"""`launch bench`: how fast the trainer, the gradient exchange, the planner and the reports are.
+
+Each part measures against a limit of the machine, in the same run: compute against the dense
+matmul rate, the exchange against memory-copy bandwidth, scaling against the ideal. Results are
+records (bench.json); the tables are rendered from them; docs/benchmarks.md records the figures.
+
+    launch bench                     everything (about 10 minutes on 2 cores)
+    launch bench --only compute,exchange --quick
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+PARTS = ("compute", "exchange", "scaling", "planner", "report")
+console = Console(width=None if sys.stdout.isatty() else 160)
+
+
+def _py(*args: str, timeout: int = 900) -> str:
+    proc = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(args)} failed:\n{proc.stderr[-2000:]}")
+    return proc.stdout
+
+
+# ---- 1. compute -----------------------------------------------------------------------------------
+
+
+def bench_compute(presets: list[str], rnns: list[str], threads: int, steps: int) -> list[dict]:
+    """Each preset x RNN in a fresh process (no allocator or thread-pool state carried over)."""
+    out = []
+    for preset in presets:
+        for rnn in rnns:
+            line = _py("-m", "train.bench", "step", preset, "--rnn", rnn, "--threads", str(threads), "--steps", str(steps))
+            out.append(json.loads(line.strip().splitlines()[-1]))
+            _progress(f"compute {preset} {rnn}: {out[-1]['efficiency']:.0%} of matmul rate")
+    return out
+
+
+# ---- 2. exchange ----------------------------------------------------------------------------------
+
+
+def bench_exchange(sizes_mb: list[float], repeats: int, work: Path) -> list[dict]:
+    """All-reduce busbw with 2 ranks for torch.distributed (Gloo) and Horovod (Gloo) settings."""
+    from train.bench import memcpy_bandwidth
+
+    results = [{"label": "memcpy (one process)", **memcpy_bandwidth()}]
+    sizes = ",".join(str(s) for s in sizes_mb)
+    configs = [
+        ("torch.distributed gloo", "ddp", {}, []),
+        ("horovod default (64 MB fusion, 1 ms cycle)", "horovod", {"HOROVOD_FUSION_THRESHOLD": str(64 << 20), "HOROVOD_CYCLE_TIME": "1"}, []),
+        ("horovod 5 ms cycle", "horovod", {"HOROVOD_FUSION_THRESHOLD": str(64 << 20), "HOROVOD_CYCLE_TIME": "5"}, []),
+        ("horovod fp16 compression", "horovod", {"HOROVOD_FUSION_THRESHOLD": str(64 << 20), "HOROVOD_CYCLE_TIME": "1"}, ["--fp16"]),
+        ("torch.distributed gloo, 64 tensors", "ddp", {}, ["--tensors", "64"]),
+        ("horovod, 64 tensors (fused)", "horovod", {"HOROVOD_FUSION_THRESHOLD": str(64 << 20), "HOROVOD_CYCLE_TIME": "1"}, ["--tensors", "64"]),
+    ]
+    for label, engine, env, extra in configs:
+        out = work / f"allreduce-{len(results)}.json"
+        args = ["-m", "train.bench", "allreduce", "--engine", engine, "--sizes-mb", sizes, "--repeats", str(repeats),
+                "--label", label, "--out", str(out), *extra]
+        if engine == "ddp":
+            cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--master-addr=127.0.0.1",
+                   f"--master-port={_free_port()}", *args]
+        else:
+            cmd = [shutil.which("horovodrun") or "horovodrun", "--gloo", "-np", "2", "-H", "localhost:2", sys.executable, *args]
+        proc = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1", **env}, capture_output=True, text=True, timeout=900)
+        if proc.returncode != 0 or not out.exists():
+            results.append({"label": label, "error": proc.stderr[-500:]})
+            continue
+        results.extend(json.loads(out.read_text()))
+        _progress(f"exchange {label}: done")
+    return results
+
+
+def _free_port() -> int:
+    from launcher.local import free_port
+
+    return free_port()
+
+
+# ---- 3 + 4. scaling on this machine and launch overhead ------------------------------------------
+
+
+def bench_scaling(model: str, steps: int, work: Path) -> dict:
+    """Strong and weak sweeps over 1 and 2 workers per engine; launch overhead from their records."""
+    rows, overhead = [], []
+    for engine in ("ddp", "horovod"):
+        for mode, batch in (("strong", ["--global-batch", "64"]), ("weak", ["--batch-per-worker", "32"])):
+            runs = work / f"scaling-{engine}-{mode}"
+            proc = subprocess.run(
+                [sys.executable, "-m", "launcher.cli", "sweep", "--model", model, "--engine", engine, "--workers", "1,2",
+                 "--mode", mode, *batch, "--steps", str(steps), "--warmup-steps", "3", "--runs-dir", str(runs)],
+                capture_output=True, text=True, timeout=1800)
+            if proc.returncode != 0:
+                raise RuntimeError(f"sweep {engine} {mode} failed:\n{proc.stderr[-2000:]}")
+            sweep = next(p for p in runs.iterdir() if p.is_dir())
+            for r in json.loads((sweep / "report.json").read_text()):
+                rows.append({"engine": engine, "mode": mode, **{k: r[k] for k in (
+                    "workers", "global_batch", "words_per_s", "step_s_mean", "speedup", "efficiency",
+                    "share_exchange", "share_backward", "share_data")}})
+            for run in (sweep / "1x1", sweep / "1x2"):
+                started = json.loads((run / "launch.json").read_text())["started"]
+                first = next(json.loads(line) for line in (run / "records" / "rank-0.jsonl").read_text().splitlines()
+                             if '"kind": "step"' in line)
+                overhead.append({"engine": engine, "mode": mode, "workers": int(run.name[-1]),
+                                 "seconds_to_first_step": first["time"] - first["step_s"] - started})
+            _progress(f"scaling {engine} {mode}: done")
+    return {"rows": rows, "launch_overhead": overhead}
+
+
+# ---- 5. planner accuracy --------------------------------------------------------------------------
+
+
+def bench_planner(fit_workers: int = 4) -> list[dict]:
+    """Fit on 1..fit_workers GPUs of each seed-001 table, predict the rest: mean absolute % error."""
+    from importlib.resources import files
+
+    import numpy as np
+    import pandas as pd
+
+    from costs.planner import fit_series
+
+    data = pd.read_csv(files("costs.data") / "seed001_nmt_scaling.csv")
+    out = []
+    for label, rows in data.groupby("label", sort=False):
+        train, test = rows[rows["workers"] <= fit_workers], rows[rows["workers"] > fit_workers]
+        fit = fit_series(label, train)
+        for model in fit.models:
+            pred = fit.predict(test["workers"], np.ones(len(test)), model=model)
+            mape = float(np.mean(np.abs(pred - test["throughput"]) / test["throughput"]))
+            out.append({"label": label, "model": model, "chosen": model == fit.chosen, "fit_workers": fit_workers,
+                        "predicted_workers": f"{int(test['workers'].min())}-{int(test['workers'].max())}", "mape": mape})
+    return out
+
+
+# ---- 6. report speed ------------------------------------------------------------------------------
+
+
+def bench_report(records: int, ranks: int, work: Path) -> dict:
+    """Write `records` synthetic step records over `ranks` ranks, then time each stage of the report."""
+    import numpy as np
+
+    from launcher.results import build_report
+    from launcher.runstore import load_run
+    from launcher.spec import Spec, save_spec
+
+    run = work / "report-run"
+    (run / "records").mkdir(parents=True, exist_ok=True)
+    save_spec(Spec(gpus_per_node=ranks, global_batch=ranks * 8, steps=records // ranks), run)
+    steps = records // ranks
+    rng = np.random.default_rng(0)
+    t0 = time.perf_counter()
+    for r in range(ranks):
+        st = 0.05 + 0.005 * rng.random(steps)
+        with open(run / "records" / f"rank-{r}.jsonl", "w") as f:
+            f.write(json.dumps({"kind": "start", "rank": r, "world": ranks, "time": 0.0, "global_batch": ranks * 8}) + "\n")
+            for i in range(steps):
+                f.write('{"kind": "step", "rank": %d, "world": %d, "time": %.3f, "step": %d, "epoch": 0, "warmup": %s, '
+                        '"step_s": %.6f, "data_s": 0.0001, "forward_s": %.6f, "backward_s": %.6f, "exchange_s": null, '
+                        '"optimizer_s": 0.002, "samples": 8, "words": 240, "loss": %.4f, "lr": 0.001}\n'
+                        % (r, ranks, i * 0.05, i + 1, "true" if i < 5 else "false", st[i], st[i] / 3, st[i] / 2,
+                           5.0 - i / steps))
+    write_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    load_run(run)
+    load_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    build_report([run], work / "report-out")
+    total_s = time.perf_counter() - t0
+    return {"records": steps * ranks, "ranks": ranks, "write_s": write_s, "load_s": load_s, "full_report_s": total_s}
+
+
+# ---- rendering ------------------------------------------------------------------------------------
+
+
+def _progress(msg: str) -> None:
+    print(f"[bench] {msg}", file=sys.stderr, flush=True)
+
+
+def _table(title: str, rows: list[dict], cols: list[tuple[str, str, str]]) -> Table:
+    t = Table(title=title, header_style="bold")
+    for header, _, _ in cols:
+        t.add_column(header, justify="right")
+    for r in rows:
+        t.add_row(*[("—" if r.get(k) is None else format(r[k], fmt)) if fmt else str(r.get(k, "—")) for _, k, fmt in cols])
+    return t
+
+
+def render(results: dict) -> None:
+    if "compute" in results:
+        console.print(_table("1. Trainer compute (forward + backward + update)", results["compute"], [
+            ("preset", "preset", ""), ("rnn", "rnn", ""), ("batch", "batch", ""), ("threads", "threads", ""),
+            ("step ms", "step_s", ".4f"), ("words/s", "words_per_s", ",.0f"), ("GFLOP/s", "gflops", ".1f"),
+            ("matmul GFLOP/s", "matmul_gflops", ".1f"), ("efficiency", "efficiency", ".0%")]))
+    if "exchange" in results:
+        console.print(_table("2. All-reduce, 2 ranks (busbw = algbw x 2(n-1)/n)", results["exchange"], [
+            ("setting", "label", ""), ("MB", "mb", ""), ("time s", "time_s", ".4f"), ("busbw GB/s", "busbw_gb", ".2f"),
+            ("memcpy GB/s", "memcpy_gb", ".2f")]))
+    if "scaling" in results:
+        console.print(_table("3. Scaling on this machine", results["scaling"]["rows"], [
+            ("engine", "engine", ""), ("mode", "mode", ""), ("workers", "workers", ""), ("words/s", "words_per_s", ",.0f"),
+            ("step s", "step_s_mean", ".3f"), ("speedup", "speedup", ".2f"), ("efficiency", "efficiency", ".0%"),
+            ("exchange wait", "share_exchange", ".0%"), ("backward incl. exchange", "share_backward", ".0%")]))
+        console.print(_table("4. Launch overhead (launch to first step)", results["scaling"]["launch_overhead"], [
+            ("engine", "engine", ""), ("mode", "mode", ""), ("workers", "workers", ""), ("seconds", "seconds_to_first_step", ".2f")]))
+    if "planner" in results:
+        console.print(_table("5. Planner: fit on 1-4 GPUs of seed 001, predict 5-8", results["planner"], [
+            ("series", "label", ""), ("model", "model", ""), ("chosen", "chosen", ""), ("MAPE", "mape", ".1%")]))
+    if "report" in results:
+        console.print(_table("6. Report speed", [results["report"]], [
+            ("records", "records", ","), ("ranks", "ranks", ""), ("load s", "load_s", ".2f"), ("full report s", "full_report_s", ".2f")]))
+
+
+def _decorate(results: dict) -> None:
+    for r in results.get("compute", []):
+        r["gflops"], r["matmul_gflops"] = r["flops_per_s"] / 1e9, r["matmul_flops_per_s"] / 1e9
+        r["step_s"] = r["step_s"]
+    memcpy = next((r["bytes_per_s"] for r in results.get("exchange", []) if "bytes_per_s" in r), None)
+    for r in results.get("exchange", []):
+        if "busbw" in r:
+            r["busbw_gb"], r["memcpy_gb"] = r["busbw"] / 1e9, memcpy / 1e9 if memcpy else None
+
+
+@click.command("bench")
+@click.option("--only", default=",".join(PARTS), show_default=True, help="Parts to run, comma-separated.")
+@click.option("--quick", is_flag=True, help="Fewer presets, sizes and steps (about 2 minutes).")
+@click.option("--out", type=click.Path(file_okay=False), default="bench", show_default=True,
+              help="Directory for bench.json and the runs it makes.")
+def bench_cmd(only: str, quick: bool, out: str) -> None:
+    """Measure the trainer's compute efficiency, all-reduce bandwidth, scaling, launch overhead,
+    planner accuracy and report speed on this machine; print tables and write bench.json."""
+    from launcher.errors import SpecError
+
+    parts = [p.strip() for p in only.split(",") if p.strip()]
+    bad = sorted(set(parts) - set(PARTS))
+    if bad:
+        raise SpecError(f"unknown bench part(s) {', '.join(bad)}; valid: {', '.join(PARTS)}")
+    work = Path(out)
+    work.mkdir(parents=True, exist_ok=True)
+    threads = os.cpu_count() or 1
+    results: dict = {"machine": {"cpus": threads, "python": sys.version.split()[0],
+                                 "torch": __import__("torch").__version__, "date": time.strftime("%Y-%m-%d")}}
+    if "compute" in parts:
+        presets = ["nmt-small"] if quick else ["nmt-tiny", "nmt-small", "rnnlm-small", "sentiment-small"]
+        results["compute"] = bench_compute(presets, ["fused", "stepwise"], threads, 5 if quick else 10)
+    if "exchange" in parts:
+        results["exchange"] = bench_exchange([1, 16, 64] if quick else [1, 16, 40, 64, 270], 3 if quick else 5, work)
+    if "scaling" in parts:
+        results["scaling"] = bench_scaling("nmt-small", 10 if quick else 25, work)
+    if "planner" in parts:
+        results["planner"] = bench_planner()
+    if "report" in parts:
+        results["report"] = bench_report(100_000 if quick else 1_000_000, 8, work)
+    _decorate(results)
+    (work / "bench.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
+    render(results)
+    console.print(f"results: [bold]{work / 'bench.json'}[/]")

@@ -1,0 +1,441 @@
+"""The aws backend against moto's server on loopback, through the real boto3 clients.
+
+What runs here for real: every EC2/S3 request of a launch (package and spec upload, security group,
+placement group, spot market options, tags), the polling of S3 and EC2, spot replacement with a
+fallback type, teardown on every way out, and `launch aws gc`. What cannot: instances in moto run
+nothing, so their side (the bootstrap: heartbeats, records, statuses in S3) is played by a small
+fake driven from the launcher's `on_poll` callback; the real bootstrap is tested on its own in
+tests/test_aws_bootstrap.py. After each scenario we describe the run's instances by tag and require
+that none is left running.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import socket
+import uuid
+from pathlib import Path
+
+import pytest
+
+from conftest import launch
+
+boto3 = pytest.importorskip("boto3", reason="boto3 is not installed: pip install boto3")
+moto_server = pytest.importorskip("moto.server", reason='moto server is not installed: pip install "moto[server]"')
+
+from aws import teardown as td  # noqa: E402
+from aws.backend import AwsBackend  # noqa: E402
+from launcher.errors import ScalelabError  # noqa: E402
+from launcher.spec import Spec  # noqa: E402
+
+REGION = "us-east-1"
+CREDS = {"aws_access_key_id": "AKIATESTMOTOKEYID", "aws_secret_access_key": "moto/test/SECRET/value"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def moto_url():
+    port = free_port()
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    yield f"http://127.0.0.1:{port}"
+    server.stop()
+
+
+@pytest.fixture
+def cloud(moto_url, tmp_path):
+    session = boto3.Session(region_name=REGION, **CREDS)
+    ec2 = session.client("ec2", endpoint_url=moto_url)
+    s3 = session.client("s3", endpoint_url=moto_url)
+    iam = session.client("iam", endpoint_url=moto_url)
+    try:
+        iam.create_instance_profile(InstanceProfileName="scalelab-instance")
+    except iam.exceptions.EntityAlreadyExistsException:
+        pass
+    bucket = f"scalelab-test-{uuid.uuid4().hex[:8]}"
+    s3.create_bucket(Bucket=bucket)
+    wheel = tmp_path / "scalelab-0.1.0-py3-none-any.whl"
+    wheel.write_bytes(b"not really a wheel: moto instances install nothing")
+    return {"ec2": ec2, "s3": s3, "bucket": bucket, "wheel": wheel, "url": moto_url}
+
+
+def backend(cloud, **opts) -> AwsBackend:
+    options = {"bucket": cloud["bucket"], "region": REGION, "wheel": str(cloud["wheel"]), "poll_s": 0.01,
+               "placement_group": "none",
+               "report_timeout_min": 5.0, "interruption_grace_s": 0.0, **opts}
+    return AwsBackend(options, clients={"ec2": cloud["ec2"], "s3": cloud["s3"]})
+
+
+def make_spec(nodes: int = 2, **kw) -> Spec:
+    return Spec.from_dict({"backend": "aws", "nodes": nodes, "engine": {"name": "ddp"}, "steps": 6, **kw})
+
+
+def live(cloud, run_id: str) -> list[dict]:
+    return td.instances(cloud["ec2"], run_id, td.LIVE_STATES)
+
+
+def run_dir_for(tmp_path: Path) -> Path:
+    d = tmp_path / f"run-{uuid.uuid4().hex[:8]}"
+    d.mkdir()
+    return d
+
+
+class FakeNodes:
+    """Plays the instances' side in S3 (what aws/bootstrap.py writes), one step of the story per poll."""
+
+    def __init__(self, cloud, run_dir: Path, prefix: str = "scalelab") -> None:
+        self.cloud, self.run_id = cloud, run_dir.name
+        self.prefix = f"{prefix}/{self.run_id}"
+        self.polls: dict[int, int] = {}
+        self.t0 = 1_700_000_000.0
+
+    def nodes(self, generation: int) -> list[dict]:
+        from aws.bootstrap import node_order
+
+        return sorted(td.instances(self.cloud["ec2"], self.run_id, ["running", "pending"], generation), key=node_order)
+
+    def put(self, key: str, body) -> None:
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        self.cloud["s3"].put_object(Bucket=self.cloud["bucket"], Key=f"{self.prefix}/{key}", Body=data)
+
+    def records(self, generation: int, rank: int, steps: range, world: int, resumed: int | None = None,
+                checkpoint: int | None = None) -> None:
+        lines = [{"kind": "start", "rank": rank, "world": world, "time": self.t0 + 100 * generation,
+                  "resumed_from_step": resumed}]
+        for s in steps:
+            lines.append({"kind": "step", "rank": rank, "world": world, "step": s, "warmup": False,
+                          "time": self.t0 + 100 * generation + s, "step_s": 1.0, "samples": 8, "words": 80, "loss": 1.0})
+        if checkpoint:
+            lines.append({"kind": "event", "event": "checkpoint", "rank": rank, "world": world, "step": checkpoint,
+                          "time": self.t0 + 100 * generation + checkpoint})
+        self.put(f"records/gen-{generation}/rank-{rank}.jsonl", "".join(json.dumps(x) + "\n" for x in lines).encode())
+
+    def heartbeat(self, generation: int) -> list[dict]:
+        nodes = self.nodes(generation)
+        for i, n in enumerate(nodes):
+            self.put(f"status/gen-{generation}/{n['InstanceId']}.heartbeat.json", {"time": 0, "index": i})
+        return nodes
+
+    def status(self, generation: int, nodes: list[dict], state: str) -> None:
+        for i, n in enumerate(nodes):
+            self.put(f"status/gen-{generation}/{n['InstanceId']}.json", {"state": state, "index": i, "exit_code": 0})
+
+    def tick(self, generation: int) -> int:
+        self.polls[generation] = self.polls.get(generation, 0) + 1
+        return self.polls[generation]
+
+
+# ---- launch, tags, groups, spot options, upload, polling, teardown ---------------------------------
+
+
+class PlacementGroups:
+    """moto 5.2 does not serve placement groups (CreatePlacementGroup: 'not implemented'): these three
+    calls are kept in memory, with AWS's request and response shapes; everything else is moto."""
+
+    def __init__(self, real) -> None:
+        self.real, self.groups, self.launched = real, {}, []
+
+    def run_instances(self, **kw):  # moto accepts Placement but does not echo it: keep the request
+        self.launched.append(kw)
+        return self.real.run_instances(**kw)
+
+    def create_placement_group(self, GroupName, Strategy, TagSpecifications=()):
+        tags = [t for s in TagSpecifications for t in s["Tags"]]
+        self.groups[GroupName] = {"GroupName": GroupName, "Strategy": Strategy, "State": "available", "Tags": tags}
+        return {"PlacementGroup": self.groups[GroupName]}
+
+    def describe_placement_groups(self, **kw):
+        return {"PlacementGroups": list(self.groups.values())}
+
+    def delete_placement_group(self, GroupName):
+        del self.groups[GroupName]
+        return {}
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
+
+
+
+def test_spot_run_completes_and_leaves_nothing(cloud, tmp_path, monkeypatch):
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", CREDS["aws_access_key_id"])
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", CREDS["aws_secret_access_key"])
+    be = backend(cloud, spot=True, spot_max_price=0.6, placement_group="auto")
+    pgs = be._clients["ec2"] = PlacementGroups(cloud["ec2"])
+    run_dir = run_dir_for(tmp_path)
+    request = be.submit_dryrun(make_spec(), run_dir)
+    assert be.schedule(request) == run_dir.name
+    ec2, s3 = cloud["ec2"], cloud["s3"]
+
+    nodes = live(cloud, run_dir.name)
+    assert len(nodes) == 2 and {n["InstanceType"] for n in nodes} == {"g3.4xlarge"}
+    assert all(n.get("InstanceLifecycle") == "spot" for n in nodes)
+    tags = {t["Key"]: t["Value"] for t in nodes[0]["Tags"]}
+    assert tags["scalelab:run-id"] == run_dir.name and tags["scalelab:generation"] == "0"
+    (sg,) = [g for g in ec2.describe_security_groups()["SecurityGroups"] if g["GroupName"] == f"scalelab-{run_dir.name}"]
+    perms = sg["IpPermissions"]
+    assert [p["UserIdGroupPairs"][0]["GroupId"] for p in perms] == [sg["GroupId"]]
+    assert not any(p.get("IpRanges") for p in perms)  # traffic only inside the group
+    assert {g["GroupId"] for n in nodes for g in n["SecurityGroups"]} == {sg["GroupId"]}
+    assert pgs.groups[f"scalelab-{run_dir.name}"]["Strategy"] == "cluster"
+    assert {"Key": "scalelab:run-id", "Value": run_dir.name} in pgs.groups[f"scalelab-{run_dir.name}"]["Tags"]
+    assert [kw["Placement"] for kw in pgs.launched] == [{"GroupName": f"scalelab-{run_dir.name}"}]
+    keys = {o["Key"] for o in s3.list_objects_v2(Bucket=cloud["bucket"])["Contents"]}
+    assert f"scalelab/{run_dir.name}/package/scalelab-0.1.0-py3-none-any.whl" in keys
+    assert f"scalelab/{run_dir.name}/spec.json" in keys
+    ud = ec2.describe_instance_attribute(InstanceId=nodes[0]["InstanceId"], Attribute="userData")
+    script = base64.b64decode(ud["UserData"]["Value"]).decode()
+    assert run_dir.name in script and "shutdown -h +120" in script
+    assert CREDS["aws_access_key_id"] not in script and CREDS["aws_secret_access_key"] not in script
+
+    fake = FakeNodes(cloud, run_dir)
+
+    def instance_side() -> None:
+        if fake.tick(0) == 2:
+            ns = fake.heartbeat(0)
+            for rank in range(2):
+                fake.records(0, rank, range(1, 7), world=2)
+            fake.status(0, ns, "completed")
+
+    status = be.wait(run_dir, on_poll=instance_side)
+    assert status.state == "COMPLETED", status.detail
+    assert live(cloud, run_dir.name) == []
+    assert not [g for g in ec2.describe_security_groups()["SecurityGroups"] if g["GroupName"] == f"scalelab-{run_dir.name}"]
+    assert pgs.groups == {}
+    steps = [json.loads(x) for x in (run_dir / "records" / "rank-1.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in steps if r["kind"] == "step"] == [1, 2, 3, 4, 5, 6]
+    events = [json.loads(x) for x in (run_dir / "records" / "aws-events.jsonl").read_text().splitlines()]
+    end = events[-1]
+    assert end["event"] == "aws_end" and end["state"] == "COMPLETED"
+    assert set(end["instance_seconds"]) == {"g3.4xlarge/spot"} and end["interruptions"] == 0
+    assert be.status(run_dir).state == "COMPLETED"
+
+
+# ---- failure injection: nothing is left running ----------------------------------------------------
+
+
+class FailingEc2:
+    """The real moto client, except that the Nth RunInstances raises after the earlier ones started."""
+
+    def __init__(self, real, fail_at: int) -> None:
+        self.real, self.fail_at, self.calls = real, fail_at, 0
+
+    def run_instances(self, **kw):
+        self.calls += 1
+        if self.calls == self.fail_at:
+            raise RuntimeError("injected failure after instances started")
+        return self.real.run_instances(**kw)
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
+
+
+def test_exception_after_some_instances_started(cloud, tmp_path):
+    be = backend(cloud, instance_type="2*g3.4xlarge+1*p3.2xlarge")
+    be._clients["ec2"] = FailingEc2(cloud["ec2"], fail_at=2)
+    run_dir = run_dir_for(tmp_path)
+    with pytest.raises(RuntimeError, match="injected"):
+        be.schedule(be.submit_dryrun(make_spec(nodes=3), run_dir))
+    info = json.loads((run_dir / "launch.json").read_text())
+    assert len(info["instances"]) == 2  # the first group had started
+    assert live(cloud, run_dir.name) == [] and info["state"] == "FAILED"
+
+
+def test_refused_request_is_one_clear_error(cloud, tmp_path):
+    be = backend(cloud, subnet_id="subnet-doesnotexist")
+    run_dir = run_dir_for(tmp_path)
+    with pytest.raises(ScalelabError, match="AWS refused .*subnet"):
+        be.schedule(be.submit_dryrun(make_spec(), run_dir))
+    assert live(cloud, run_dir.name) == []
+
+
+def test_bootstrap_that_never_reports(cloud, tmp_path):
+    be = backend(cloud, report_timeout_min=0.0001)
+    run_dir = run_dir_for(tmp_path)
+    be.schedule(be.submit_dryrun(make_spec(), run_dir))
+    status = be.wait(run_dir)
+    assert status.state == "FAILED" and "never reported" in status.detail
+    assert live(cloud, run_dir.name) == []
+
+
+def test_ctrl_c_in_the_middle(cloud, tmp_path):
+    be = backend(cloud)
+    run_dir = run_dir_for(tmp_path)
+    be.schedule(be.submit_dryrun(make_spec(), run_dir))
+    polls = []
+
+    def ctrl_c() -> None:
+        polls.append(1)
+        if len(polls) == 3:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        be.wait(run_dir, on_poll=ctrl_c)
+    assert live(cloud, run_dir.name) == []
+    assert json.loads((run_dir / "launch.json").read_text())["state"] == "CANCELLED"
+
+
+def test_failed_trainer_fails_the_run(cloud, tmp_path):
+    be = backend(cloud, instance_type="g3.4xlarge")
+    run_dir = run_dir_for(tmp_path)
+    be.schedule(be.submit_dryrun(make_spec(nodes=1, engine={"name": "single"}), run_dir))
+    fake = FakeNodes(cloud, run_dir)
+
+    def instance_side() -> None:
+        ns = fake.heartbeat(0)
+        fake.put("logs/gen-0/node-0-trainer.log", b"scalelab: error: training diverged at step 3 (loss nan); lower --lr\n")
+        fake.put(f"status/gen-0/{ns[0]['InstanceId']}.json", {"state": "failed", "exit_code": 2})
+
+    status = be.wait(run_dir, on_poll=instance_side)
+    assert status.state == "FAILED" and "exit code 2" in status.detail
+    assert "training diverged" in be.logs(run_dir)
+    assert live(cloud, run_dir.name) == []
+
+
+def test_cancel_from_another_process(cloud, tmp_path):
+    be = backend(cloud)
+    run_dir = run_dir_for(tmp_path)
+    be.schedule(be.submit_dryrun(make_spec(), run_dir))
+    other = backend(cloud)  # `launch cancel RUN_DIR` builds its own backend
+    other.cancel(run_dir, grace_s=0)
+    keys = {o["Key"] for o in cloud["s3"].list_objects_v2(Bucket=cloud["bucket"])["Contents"]}
+    assert f"scalelab/{run_dir.name}/control/stop" in keys  # the nodes were asked to checkpoint
+    assert live(cloud, run_dir.name) == []
+    assert be.wait(run_dir).state == "CANCELLED"
+
+
+# ---- spot interruption: checkpoint, replace (fallback type), resume, record the lost time -----------
+
+
+class NoCapacity:
+    """moto always has capacity; AWS often has none for a spot type. Refuse `instance_type` after the first generation."""
+
+    def __init__(self, real, instance_type: str) -> None:
+        self.real, self.instance_type = real, instance_type
+
+    def run_instances(self, **kw):
+        gen = [t["Value"] for s in kw["TagSpecifications"] for t in s["Tags"] if t["Key"] == "scalelab:generation"][0]
+        if kw["InstanceType"] == self.instance_type and gen != "0":
+            from botocore.exceptions import ClientError
+
+            raise ClientError({"Error": {"Code": "InsufficientInstanceCapacity", "Message": "no capacity"}}, "RunInstances")
+        return self.real.run_instances(**kw)
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
+
+
+def test_spot_interruption_is_replaced_and_resumed(cloud, tmp_path):
+    be = backend(cloud, spot=True, fallback_instance_types=["p3.2xlarge"])
+    be._clients["ec2"] = NoCapacity(cloud["ec2"], "g3.4xlarge")
+    run_dir = run_dir_for(tmp_path)
+    be.schedule(be.submit_dryrun(make_spec(), run_dir))
+    fake = FakeNodes(cloud, run_dir)
+    first = [n["InstanceId"] for n in fake.nodes(0)]
+
+    def instance_side() -> None:
+        if 0 in fake.polls and fake.polls[0] >= 2 and fake.nodes(1):
+            if fake.tick(1) == 1:
+                ns = fake.heartbeat(1)
+                for rank in range(2):
+                    fake.records(1, rank, range(4, 7), world=2, resumed=3)
+                fake.status(1, ns, "completed")
+            return
+        n = fake.tick(0)
+        if n == 1:
+            fake.heartbeat(0)
+            for rank in range(2):
+                fake.records(0, rank, range(1, 4), world=2, checkpoint=3)
+        elif n == 2:  # AWS gives the two-minute notice to node 1 and then takes it back
+            ns = fake.nodes(0)
+            fake.put(f"events/gen-0/{ns[1]['InstanceId']}.json", {"event": "spot_interruption",
+                                                                  "notice": {"action": "terminate"}})
+            fake.status(0, ns, "interrupted")
+            cloud["ec2"].terminate_instances(InstanceIds=[ns[1]["InstanceId"]])
+
+    status = be.wait(run_dir, on_poll=instance_side)
+    assert status.state == "COMPLETED", status.detail
+    second = td.instances(cloud["ec2"], run_dir.name, None, 1)
+    assert {n["InstanceType"] for n in second} == {"p3.2xlarge"} and not set(first) & {n["InstanceId"] for n in second}
+    steps = [json.loads(x) for x in (run_dir / "records" / "rank-0.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in steps if r["kind"] == "step"] == [1, 2, 3, 4, 5, 6]
+    events = [json.loads(x) for x in (run_dir / "records" / "aws-events.jsonl").read_text().splitlines()]
+    kinds = [e["event"] for e in events]
+    assert "spot_interruption" in kinds and "capacity_replaced" in kinds
+    hit = next(e for e in events if e["event"] == "spot_interruption")
+    assert hit["instance_id"] == first[1] and hit["last_step"] == 3
+    assert next(e for e in events if e["event"] == "capacity_replaced")["resume_from_step"] == 3
+    end = events[-1]
+    # gen 0's last step at t0+3, gen 1's first at t0+100+4: 101 s without training
+    assert end["interruptions"] == 1 and end["lost_s"] == pytest.approx(101.0)
+    assert {"g3.4xlarge/spot", "p3.2xlarge/spot"} == set(end["instance_seconds"])
+    assert td.instances(cloud["ec2"], run_dir.name, td.LIVE_STATES) == []
+
+
+def test_interruptions_beyond_the_limit_fail_cleanly(cloud, tmp_path):
+    be = backend(cloud, spot=True, max_replacements=0)
+    run_dir = run_dir_for(tmp_path)
+    be.schedule(be.submit_dryrun(make_spec(), run_dir))
+    fake = FakeNodes(cloud, run_dir)
+
+    def instance_side() -> None:
+        ns = fake.heartbeat(0)
+        if ns:
+            cloud["ec2"].terminate_instances(InstanceIds=[ns[0]["InstanceId"]])  # reclaimed without a word
+
+    status = be.wait(run_dir, on_poll=instance_side)
+    assert status.state == "FAILED" and "launch resume" in status.detail
+    assert live(cloud, run_dir.name) == []
+
+
+# ---- launch aws gc and the credential message, through the real CLI --------------------------------
+
+
+def test_gc_terminates_what_a_crash_left(cloud, tmp_path):
+    ec2 = cloud["ec2"]
+    run_id = f"crashed-{uuid.uuid4().hex[:6]}"
+    tag = [{"Key": "scalelab:run-id", "Value": run_id}]
+    ec2.run_instances(ImageId="ami-12345678", InstanceType="g3.4xlarge", MinCount=2, MaxCount=2,
+                      TagSpecifications=[{"ResourceType": "instance", "Tags": tag}])
+    ec2.create_security_group(GroupName=f"scalelab-{run_id}", Description="left over",
+                              TagSpecifications=[{"ResourceType": "security-group", "Tags": tag}])
+    env = {"AWS_ENDPOINT_URL": cloud["url"], "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "y",
+           "AWS_DEFAULT_REGION": REGION, "AWS_MAX_ATTEMPTS": "1"}
+    out = launch("aws", "gc", "--run-id", run_id, "--dry-run", cwd=tmp_path, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count("instance i-") == 2 and "security-group" in out.stdout
+    assert len(live(cloud, run_id)) == 2
+    out = launch("aws", "gc", "--run-id", run_id, cwd=tmp_path, env=env)
+    assert out.returncode == 0, out.stderr
+    assert "terminated 2 instance(s)" in out.stdout and live(cloud, run_id) == []
+    assert not td.groups(ec2, run_id)[0]
+
+
+def test_no_credentials_is_one_clear_message(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env.update(AWS_CONFIG_FILE=str(tmp_path / "none"), AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "none"),
+               AWS_EC2_METADATA_DISABLED="true", AWS_ENDPOINT_URL="http://127.0.0.1:9")
+    out = _launch_clean(tmp_path, env)
+    assert out.returncode == 2, out.stderr
+    assert "no AWS credentials" in out.stderr and "aws configure" in out.stderr and "Traceback" not in out.stderr
+    out = _launch_clean(tmp_path, env, "aws", "gc")
+    assert out.returncode == 2 and "no AWS region" in out.stderr
+    out = _launch_clean(tmp_path, env, "aws", "gc", "--region", REGION)
+    assert out.returncode == 2 and "no AWS credentials" in out.stderr
+
+
+def _launch_clean(cwd: Path, env: dict, *args: str):
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    args = args or ("--backend", "aws", "--bucket", "b", "--region", REGION, "--steps", "2")
+    return subprocess.run([sys.executable, "-m", "launcher.cli", *args], cwd=cwd, capture_output=True, text=True,
+                          env={**env, "PYTHONPATH": str(ROOT)}, timeout=120)

@@ -1,0 +1,169 @@
+"""The aws backend's pure parts: the EC2/S3 requests, the user-data script, the layout checks.
+
+No AWS is touched: rendering is a pure function of the spec, the run directory and the options.
+Golden files (tests/golden/aws-*.{json,sh}) pin the requests; `SCALELAB_UPDATE_GOLDEN=1` rewrites
+them after an intended change, and a mismatch shows a unified diff.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from aws.backend import AwsBackend
+from aws.bootstrap import trainer_command
+from aws.instances import parse_instance_types
+from aws.render import DEFAULT_AMI, TAG_RUN, all_calls, make_plan, user_data
+from conftest import launch
+from launcher.errors import SpecError
+from launcher.spec import Spec
+
+GOLDEN = Path(__file__).parent / "golden"
+OPTIONS = {**AwsBackend.OPTIONS, "bucket": "scalelab-test-bucket", "region": "us-east-1"}
+
+
+def spec(**kw) -> Spec:
+    raw = {"backend": "aws", "nodes": 2, "engine": {"name": "horovod"}, "steps": 20, **kw}
+    return Spec.from_dict(raw)
+
+
+def check_golden(name: str, text: str) -> None:
+    path = GOLDEN / name
+    if os.environ.get("SCALELAB_UPDATE_GOLDEN"):
+        path.write_text(text)
+    if not path.exists():
+        pytest.fail(f"golden file {path} is missing; SCALELAB_UPDATE_GOLDEN=1 writes it (then review it)")
+    want = path.read_text()
+    if text != want:
+        diff = "".join(difflib.unified_diff(want.splitlines(True), text.splitlines(True), str(path), "rendered"))
+        pytest.fail(f"rendered output differs from {path} (SCALELAB_UPDATE_GOLDEN=1 rewrites it):\n{diff}")
+
+
+def calls_without_spec_body(plan) -> list[dict]:
+    """The spec body changes whenever Spec gains a field; it is checked separately."""
+    calls = json.loads(json.dumps(all_calls(plan)))
+    for c in calls:
+        if c["params"].get("Key", "").endswith("spec.json"):
+            c["params"]["Body"] = "<spec.json>"
+    return calls
+
+
+def test_requests_match_golden_files():
+    opts = {**OPTIONS, "spot": True, "spot_max_price": 0.5, "key_name": "mykey", "instance_type": "g3.4xlarge"}
+    plan = make_plan(spec(), Path("runs/nmt-tiny-DRYRUN"), opts, "us-east-1")
+    check_golden("aws-requests.json", json.dumps(calls_without_spec_body(plan), indent=2) + "\n")
+    check_golden("aws-user-data.sh", user_data(plan, 0))
+
+
+def test_spot_tags_placement_and_security_group():
+    opts = {**OPTIONS, "spot": True, "spot_max_price": 0.3, "instance_type": "1*p2.xlarge+3*g3.4xlarge"}
+    plan = make_plan(spec(nodes=4), Path("runs/mix-1"), opts, "us-east-1")
+    calls = all_calls(plan)
+    ops = [c["operation"] for c in calls]
+    assert ops == ["PutObject", "PutObject", "CreateSecurityGroup", "AuthorizeSecurityGroupIngress",
+                   "CreatePlacementGroup", "RunInstances", "RunInstances"]
+    runs = [c["params"] for c in calls if c["operation"] == "RunInstances"]
+    assert [(r["InstanceType"], r["MinCount"], r["MaxCount"]) for r in runs] == [("p2.xlarge", 1, 1), ("g3.4xlarge", 3, 3)]
+    for r in runs:
+        assert r["InstanceMarketOptions"] == {"MarketType": "spot", "SpotOptions": {
+            "SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate", "MaxPrice": "0.3000"}}
+        assert r["InstanceInitiatedShutdownBehavior"] == "terminate"
+        assert r["Placement"] == {"GroupName": "scalelab-mix-1"}
+        assert r["ImageId"] == DEFAULT_AMI
+        for spec_ in r["TagSpecifications"]:
+            assert {"Key": TAG_RUN, "Value": "mix-1"} in spec_["Tags"]
+    ingress = calls[3]["params"]["IpPermissions"]
+    assert ingress == [{"IpProtocol": "-1", "UserIdGroupPairs": [{"GroupId": "$ref:security_group.GroupId"}]}]
+    assert "IpRanges" not in json.dumps(ingress)  # nothing from outside the group
+
+
+def test_options_change_the_requests():
+    opts = {**OPTIONS, "security_group_id": "sg-123", "placement_group": "none", "ami": "ami-42", "subnet_id": "subnet-7"}
+    calls = all_calls(make_plan(spec(), Path("runs/r"), opts, "eu-west-1"))
+    assert [c["operation"] for c in calls] == ["PutObject", "PutObject", "RunInstances"]
+    params = calls[-1]["params"]
+    assert params["SecurityGroupIds"] == ["sg-123"] and params["ImageId"] == "ami-42"
+    assert params["SubnetId"] == "subnet-7" and "Placement" not in params and "InstanceMarketOptions" not in params
+    one = all_calls(make_plan(spec(nodes=1, engine={"name": "single"}), Path("runs/r"), OPTIONS, "us-east-1"))
+    assert "CreatePlacementGroup" not in [c["operation"] for c in one]  # one node: no cluster group
+
+
+def test_user_data_holds_no_credentials(monkeypatch):
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAEXAMPLELEAKCHECK")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "secret/LEAK/check/value")
+    text = json.dumps(all_calls(make_plan(spec(), Path("runs/r"), OPTIONS, "us-east-1")))
+    assert "AKIAEXAMPLELEAKCHECK" not in text and "secret/LEAK/check/value" not in text
+    script = user_data(make_plan(spec(), Path("runs/r"), OPTIONS, "us-east-1"), 3)
+    assert "SCALELAB_GENERATION=3" in script and "shutdown -h +120" in script
+
+
+@pytest.mark.parametrize("text,nodes,want", [
+    ("g3.4xlarge", 3, ["g3.4xlarge"] * 3),
+    ("1*p2.xlarge+3*g3.4xlarge", 4, ["p2.xlarge"] + ["g3.4xlarge"] * 3),
+    ("g3.16xlarge+p3.8xlarge", 2, ["g3.16xlarge", "p3.8xlarge"]),
+])
+def test_instance_mix(text, nodes, want):
+    assert parse_instance_types(text, nodes) == want
+
+
+@pytest.mark.parametrize("text,nodes,msg", [
+    ("g9.huge", 1, "unknown instance type 'g9.huge'"),
+    ("1*p2.xlarge+3*g3.4xlarge", 2, "pass --nodes 4"),
+    ("2x*g3.4xlarge", 2, "cannot read instance type term"),
+])
+def test_bad_instance_types(text, nodes, msg):
+    with pytest.raises(SpecError, match=msg.replace("*", r"\*").replace("+", r"\+")):
+        parse_instance_types(text, nodes)
+
+
+def test_layout_must_fit_the_instance():
+    with pytest.raises(SpecError, match="g3.4xlarge has 1 GPU.*--gpus-per-node is 4"):
+        make_plan(spec(gpus_per_node=4), Path("runs/r"), OPTIONS, "us-east-1")
+    with pytest.raises(SpecError, match="--bucket"):
+        make_plan(spec(), Path("runs/r"), {**OPTIONS, "bucket": ""}, "us-east-1")
+    with pytest.raises(SpecError, match="no AWS region"):
+        make_plan(spec(), Path("runs/r"), OPTIONS, "")
+    plan = make_plan(spec(gpus_per_node=4), Path("runs/r"), {**OPTIONS, "instance_type": "g3.16xlarge"}, "us-east-1")
+    assert json.loads(__import__("aws.render").render.AwsRequest(Path("r"), plan, []).render())["layout"]["workers"] == 8
+
+
+def test_trainer_commands():
+    hosts = ["10.0.0.1", "10.0.0.2"]
+    hvd = trainer_command("horovod", "py", Path("/w/r"), hosts, 0, 4, ssh_key="/k")
+    assert hvd[hvd.index("-np") + 1] == "8" and hvd[hvd.index("-H") + 1] == "10.0.0.1:4,10.0.0.2:4"
+    assert trainer_command("horovod", "py", Path("/w/r"), hosts, 1, 4) is None  # the leader starts its ranks
+    ddp = trainer_command("ddp", "py", Path("/w/r"), hosts, 1, 2)
+    assert "--node-rank=1" in ddp and "--master-addr=10.0.0.1" in ddp and ddp[-3:] == ["-m", "train", "/w/r"]
+
+
+def test_unknown_backend_option_lists_valid_ones():
+    with pytest.raises(SpecError, match="valid options: region"):
+        AwsBackend({"regoin": "us-east-1"})
+
+
+def test_cli_dry_run_prints_requests_and_calls_nothing(tmp_path):
+    # An endpoint nobody listens on: any call would fail, so a clean exit proves nothing was sent.
+    env = {"AWS_ENDPOINT_URL": "http://127.0.0.1:9", "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "y"}
+    out = launch("--backend", "aws", "--instance-type", "g3.4xlarge", "--nodes", "4", "--engine", "horovod",
+                 "--spot", "--bucket", "b", "--region", "eu-west-1", "--dry-run", cwd=tmp_path, env=env)
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["region"] == "eu-west-1" and doc["layout"]["instances"] == {"g3.4xlarge": 4}
+    assert doc["requests"][-1]["params"]["MinCount"] == 4
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
+def test_cli_errors_are_one_line(tmp_path):
+    env = {"AWS_CONFIG_FILE": str(tmp_path / "none"), "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"),
+           "AWS_DEFAULT_REGION": "", "AWS_REGION": ""}
+    out = launch("--backend", "aws", "--bucket", "b", "--dry-run", cwd=tmp_path, env=env)
+    assert out.returncode == 2 and "no AWS region" in out.stderr and "Traceback" not in out.stderr
+    out = launch("--backend", "aws", "--bucket", "b", "--region", "us-east-1", "--instance-type", "g3.4xlarge",
+                 "--gpus-per-node", "2", "--dry-run", cwd=tmp_path, env=env)
+    assert out.returncode == 2 and "--gpus-per-node is 2" in out.stderr
+    out = launch("--bucket", "b", "--dry-run", cwd=tmp_path)
+    assert out.returncode == 2 and "--backend aws" in out.stderr
