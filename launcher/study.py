@@ -27,7 +27,7 @@ from launcher.spec import Spec
 
 TABLES = ("throughput", "epochs", "convergence", "arrangement", "money")
 STUDY_KEYS = {"title", "seed_scale", "base", "mode", "layouts", "variants", "tables", "scales", "instances",
-              "market", "epochs_shown"}
+              "market", "epochs_shown", "kind", "gemm"}
 
 
 @dataclass
@@ -50,6 +50,8 @@ class Study:
     instances: dict[str, str] = field(default_factory=dict)  # layout "NxG" -> "2*g3.4xlarge" (money table)
     market: str = "on-demand"
     epochs_shown: int = 3
+    kind: str = "scaling"  # scaling: sweeps of training runs; gemm: seed 003's single-process measurements
+    gemm: dict[str, Any] = field(default_factory=dict)
 
 
 def load_study(path: Path, scale: str | None = None, overrides: dict[str, Any] | None = None) -> Study:
@@ -93,9 +95,80 @@ def load_study(path: Path, scale: str | None = None, overrides: dict[str, Any] |
         instances=raw.get("instances", {}), market=raw.get("market", "on-demand"),
         epochs_shown=int(raw.get("epochs_shown", 3)),
     )
+    study.kind, study.gemm = raw.get("kind", "scaling"), raw.get("gemm", {})
+    if study.kind == "gemm":
+        _check_gemm(study.gemm, path)
+        return study
+    if study.kind != "scaling":
+        raise SpecError(f"unknown study kind {study.kind!r} in {path}; valid: scaling, gemm")
     for v in study.variants:  # every variant x layout is checked before anything runs
         variant_specs(study, v)
     return study
+
+
+GEMM_KEYS = {"hiddens": [256, 512], "batches": [1, 8, 16, 32, 64], "preset": "rnnlm-small", "step_hiddens": [256],
+             "threads": None}
+
+
+def _check_gemm(cfg: dict[str, Any], path: Path) -> None:
+    unknown = sorted(set(cfg) - set(GEMM_KEYS))
+    if unknown:
+        raise SpecError(f"unknown gemm option(s) in {path}: {', '.join(unknown)}; valid: {', '.join(GEMM_KEYS)}")
+    for key in ("hiddens", "batches", "step_hiddens"):
+        values = cfg.get(key, GEMM_KEYS[key])
+        if not values or any(not isinstance(v, int) or v < 1 for v in values):
+            raise SpecError(f"gemm.{key} in {path} must be a list of positive whole numbers, got {values!r}")
+
+
+def gemm_study(study: Study, runs_root: Path) -> Path:
+    """Seed 003: recurrent GEMM and training-step throughput against batch size, table + plot + knee."""
+    from train.bench import gemm_sweep, knee, step_sweep
+
+    cfg = {**GEMM_KEYS, **study.gemm}
+    out = new_run_dir(runs_root, "study-seed-003-gemm")
+    gemm = pd.DataFrame(gemm_sweep(cfg["hiddens"], cfg["batches"], threads=cfg["threads"]))
+    steps = pd.DataFrame(step_sweep(cfg["preset"], cfg["step_hiddens"], cfg["batches"], threads=cfg["threads"]))
+    gemm.to_csv(out / "gemm.csv", index=False)
+    steps.to_csv(out / "step.csv", index=False)
+    _plot_gemm(gemm, steps, out / "gemm.png")
+    fwd = gemm[gemm["op"] == "NN forward"]
+    knees = knee(fwd.to_dict("records"), "hidden", "gflops")
+    step_knees = knee(steps.to_dict("records"), "hidden", "words_per_s")
+    table = gemm.pivot_table(index="batch", columns=["hidden", "op"], values="gflops").round(1)
+    table.columns = [f"H={h} {op} (GFLOP/s)" for h, op in table.columns]
+    wide = steps.pivot_table(index="batch", columns="hidden", values="words_per_s").round(0)
+    wide.columns = [f"step H={h} (words/s)" for h in wide.columns]
+    parts = [f"# {study.title}", "", f"Scale of the seed: {study.seed_scale.strip()}", "",
+             "## Recurrent multiply and training step throughput against batch size", "",
+             _markdown(table.join(wide).reset_index().astype({"batch": int})), "",
+             "## Where to pick the batch", "",
+             *[f"- hidden {h}: the forward recurrent GEMM reaches 90% of its best rate at batch {b}" for h, b in knees.items()],
+             *[f"- hidden {h}: the {cfg['preset']} training step reaches 90% of its best words/s at batch {b}"
+               for h, b in step_knees.items()], "", "![GEMM and step throughput against batch size](gemm.png)", ""]
+    path = out / "study.md"
+    path.write_text("\n".join(parts))
+    return path
+
+
+def _plot_gemm(gemm: pd.DataFrame, steps: pd.DataFrame, path: Path) -> None:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(11, 4.2))
+    FigureCanvasAgg(fig)
+    ax1, ax2 = fig.subplots(1, 2)
+    for (h, op), g in gemm.groupby(["hidden", "op"]):
+        ax1.plot(g["batch"], g["gflops"], marker="o", ms=3, label=f"H={h} {op}")
+    ax1.set(xlabel="batch size", ylabel="GFLOP/s", title="Recurrent GEMM (h @ U and its gradients)")
+    ax1.legend(fontsize=7)
+    ax1.grid(alpha=0.3)
+    for h, g in steps.groupby("hidden"):
+        ax2.plot(g["batch"], g["words_per_s"], marker="o", ms=3, label=f"hidden {h}")
+    ax2.set(xlabel="batch size", ylabel="words/s", title="One training step")
+    ax2.legend(fontsize=8)
+    ax2.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
 
 
 def variant_specs(study: Study, variant: Variant) -> list[Spec]:
@@ -226,8 +299,8 @@ def _price(mix: str, seconds: float, market: str) -> float:
 def _markdown(df: pd.DataFrame) -> str:
     cols = list(df.columns)
     lines = ["| " + " | ".join(cols) + " |", "|" + "|".join(":--" for _ in cols) + "|"]
-    for _, row in df.iterrows():
-        lines.append("| " + " | ".join("—" if pd.isna(v) else str(v) for v in row.tolist()) + " |")
+    for row in df.astype(object).itertuples(index=False):  # object: ints stay ints in mixed rows
+        lines.append("| " + " | ".join("—" if pd.isna(v) else str(v) for v in row) + " |")
     return "\n".join(lines)
 
 
@@ -300,6 +373,11 @@ def study_cmd(study_file: str, scale: str | None, backend: str | None, runs_dir:
                 b = get_backend(spec.backend, spec.backend_options)
                 click.echo(f"# variant {v.label!r}, layout {spec.nodes}x{spec.gpus_per_node}")
                 click.echo(b.submit_dryrun(spec, Path(runs_dir) / "study-DRYRUN" / f"{spec.nodes}x{spec.gpus_per_node}").render())
+        return
+    if study.kind == "gemm":
+        path = gemm_study(study, Path(runs_dir))
+        console.print(path.read_text(), markup=False, highlight=False)
+        console.print(f"study report: [bold]{path}[/]")
         return
     study_dir = run_study(study, Path(runs_dir), execute)
     path = study_report(study_dir, study)

@@ -25,9 +25,12 @@ def test_every_recipe_and_scale_is_valid(name, scale):
         if "has no scale" in str(exc):
             pytest.skip(str(exc))
         raise
+    assert study.seed_scale.strip(), "every recipe states the scale the seed used"
+    if study.kind == "gemm":
+        assert study.gemm.get("batches") or scale == "cpu"
+        return
     specs = [s for v in study.variants for s in variant_specs(study, v)]
     assert specs and all(s.workers >= 1 for s in specs)
-    assert study.seed_scale.strip(), "every recipe states the scale the seed used"
 
 
 def test_study_errors(tmp_path):
@@ -83,3 +86,15 @@ def test_seed004_convergence_arrangement_money(tmp_path):
     mixed = money[money["Instances"] == "1*p2.xlarge+1*g3.4xlarge"].iloc[0]
     # dollars from the catalog: (0.90 + 1.14) $/h, per second with a 60-second minimum per instance
     assert mixed["Total Price ($)"] == pytest.approx((0.90 + 1.14) * max(mixed["Seconds"], 60) / 3600, abs=1e-3)
+
+
+def test_seed003_gemm_against_batch(tmp_path):
+    study = _run(tmp_path, "seed003-gemm-batch.yaml")
+    gemm = pd.read_csv(study / "gemm.csv")
+    assert len(gemm) == 2 * 3 * 3  # hiddens x batches x (NN, NT, TN)
+    assert set(gemm["batch"]) == {1, 16, 33} and (gemm["gflops"] > 0).all()
+    steps = pd.read_csv(study / "step.csv")
+    assert list(steps["batch"]) == [1, 16, 33] and (steps["words_per_s"] > 0).all()
+    text = (study / "study.md").read_text()
+    assert "reaches 90% of its best rate at batch" in text and "| 33 |" in text
+    assert (study / "gemm.png").read_bytes()[:4] == b"\x89PNG"

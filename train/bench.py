@@ -187,3 +187,73 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+# ---- seed 003: GEMM and training-step throughput against batch size ------------------------------
+
+
+def gemm_sweep(hiddens: list[int], batches: list[int], repeats: int = 5, threads: int | None = None) -> list[dict]:
+    """GFLOP/s of the LSTM's recurrent multiplies for each hidden size H and batch B.
+
+    The three shapes of seed 003: forward `h (B x H) @ U (H x 4H)` (NN), the backward data
+    gradient `delta (B x 4H) @ U^T` (NT here, TN in column-major terms) and the weight update
+    `h^T (H x B) @ delta (B x 4H)` (TN). Best of `repeats`.
+    """
+    if threads:
+        torch.set_num_threads(threads)
+    out = []
+    for H in hiddens:
+        U = torch.randn(H, 4 * H)
+        for B in batches:
+            h, d = torch.randn(B, H), torch.randn(B, 4 * H)
+            flops = 2.0 * B * H * 4 * H
+            for op, fn in (("NN forward", lambda: h @ U), ("NT backward", lambda: d @ U.t()),
+                           ("TN update", lambda: h.t() @ d)):
+                reps = max(repeats, int(2e8 // flops))  # enough work to time small shapes
+                t = min(_time(lambda: [fn() for _ in range(reps)], repeats)) / reps
+                out.append({"hidden": H, "batch": B, "op": op, "gflops": flops / t / 1e9})
+    return out
+
+
+def step_sweep(preset: str, hiddens: list[int], batches: list[int], steps: int = 5,
+               threads: int | None = None) -> list[dict]:
+    """words/s of one full training step of `preset` for each hidden size and batch size."""
+    from train.models import PRESETS, config_with_overrides
+
+    out = []
+    for H in hiddens:
+        for B in batches:
+            cfg = config_with_overrides(PRESETS[preset], {"hidden_size": H, "embed_size": H})
+            r = _step_with_config(cfg, B, steps, threads)
+            out.append({"hidden": H, "batch": B, "words_per_s": r["words_per_s"], "step_s": r["step_s"]})
+    return out
+
+
+def _step_with_config(cfg, batch: int, steps: int, threads: int | None) -> dict:
+    from train.data import SyntheticDataset
+    from train.models import build_model
+
+    if threads:
+        torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    model = build_model(cfg, "fused")
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3, foreach=True)
+    b = SyntheticDataset(cfg, 0).get_batch(0, 0, batch, 0, batch)
+
+    def step() -> None:
+        model.zero_grad(set_to_none=True)
+        model(**b.inputs).backward()
+        opt.step()
+
+    med = statistics.median(_time(step, steps, warmup=2))
+    return {"step_s": med, "words_per_s": b.words / med}
+
+
+def knee(rows: list[dict], key: str, value: str, share: float = 0.9) -> dict:
+    """Per `key` (hidden size), the smallest batch reaching `share` of the best `value` seen."""
+    out = {}
+    for k in sorted({r[key] for r in rows}):
+        rs = sorted((r for r in rows if r[key] == k), key=lambda r: r["batch"])
+        best = max(r[value] for r in rs)
+        out[k] = next(r["batch"] for r in rs if r[value] >= share * best)
+    return out
