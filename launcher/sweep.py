@@ -67,8 +67,14 @@ def sweep_specs(base: Spec, layouts: list[tuple[int, int]], mode: str) -> list[S
 
 
 def run_sweep(backend, specs: list[Spec], runs_root: Path, name: str, execute: Callable) -> Path:
-    """Run the layouts one after another (local) into one sweep directory; return it."""
+    """Run the layouts into one sweep directory; return it.
+
+    One after another (local), or - for a backend with a queue (`SUBMIT_ALL_AT_ONCE`, e.g. Slurm) -
+    every layout queued first, then each followed and summarised in turn by `execute`.
+    """
     sweep_dir = new_run_dir(runs_root, name)
+    if getattr(backend, "SUBMIT_ALL_AT_ONCE", False):
+        return _submit_all_then_follow(backend, specs, sweep_dir, execute)
     runs: list[str] = []
     for spec in specs:
         run_dir = sweep_dir / f"{spec.nodes}x{spec.gpus_per_node}"
@@ -76,4 +82,47 @@ def run_sweep(backend, specs: list[Spec], runs_root: Path, name: str, execute: C
         runs.append(run_dir.name)
         write_json(sweep_dir / "sweep.json", {"runs": runs, "layouts": [[s.nodes, s.gpus_per_node] for s in specs]})
         execute(backend, spec, run_dir, label=f"{spec.nodes}x{spec.gpus_per_node}")
+    return sweep_dir
+
+
+class _AlreadyScheduled:
+    """The backend, for `execute`, of a run already submitted: schedule returns its handle, sends nothing."""
+
+    def __init__(self, backend, request, handle: str) -> None:
+        self._backend, self._request, self._handle = backend, request, handle
+
+    def submit_dryrun(self, spec: Spec, run_dir: Path):
+        return self._request
+
+    def schedule(self, request) -> str:
+        return self._handle
+
+    def __getattr__(self, name: str):
+        return getattr(self._backend, name)
+
+
+def _submit_all_then_follow(backend, specs: list[Spec], sweep_dir: Path, execute: Callable) -> Path:
+    """Queue every layout (one job each), then follow them; on any error or Ctrl-C cancel what is still queued."""
+    from launcher.spec import save_spec
+
+    write_json(sweep_dir / "sweep.json", {"runs": [f"{s.nodes}x{s.gpus_per_node}" for s in specs],
+                                          "layouts": [[s.nodes, s.gpus_per_node] for s in specs]})
+    submitted = []
+    try:
+        for spec in specs:
+            run_dir = sweep_dir / f"{spec.nodes}x{spec.gpus_per_node}"
+            run_dir.mkdir()
+            save_spec(spec, run_dir)
+            request = backend.submit_dryrun(spec, run_dir)
+            submitted.append((spec, run_dir, _AlreadyScheduled(backend, request, backend.schedule(request))))
+        for spec, run_dir, scheduled in submitted:
+            execute(scheduled, spec, run_dir, label=f"{spec.nodes}x{spec.gpus_per_node}")
+    except BaseException:
+        for _, run_dir, _ in submitted:
+            try:
+                if backend.status(run_dir).state in ("PENDING", "RUNNING"):
+                    backend.cancel(run_dir)
+            except Exception:  # noqa: BLE001 - cancel the others whatever this one says
+                pass
+        raise
     return sweep_dir

@@ -1,0 +1,280 @@
+"""`SlurmBackend`: one sbatch job per run on a real Slurm cluster, one rank per GPU started by srun.
+
+Submission goes through `sbatch` itself (no submitit: the job is a shell script that starts the ranks
+with srun, so a pickled Python function would add nothing but a dependency). Before a job is queued,
+`sbatch --test-only` asks the controller whether it could ever run (partition, GPUs per node, time
+format, account...), so a bad request fails with Slurm's own words and nothing queued. Status comes
+from `squeue` while Slurm remembers the job and from `sacct` (accounting) afterwards; cancel is
+`scancel`, and it waits until the job has left the queue.
+
+Order inside the module (as in every backend): options, request, render (pure), schedule,
+wait/status/logs/cancel.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from launcher.backend import Backend, Request, RunStatus
+from launcher.errors import EngineError, ScalelabError, SpecError
+from launcher.runstore import write_json
+from launcher.spec import Spec
+from slurm.render import job_name, render_sbatch
+
+LAUNCH_FILE = "launch.json"
+SCRIPT_NAME = "slurm/job.sbatch"
+
+# Slurm job states (squeue %T / sacct State) -> the backend-neutral states.
+STATE_MAP = {
+    **dict.fromkeys(["PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "RESV_DEL_HOLD",
+                     "SPECIAL_EXIT", "SUSPENDED", "STOPPED", "RESIZING"], "PENDING"),
+    **dict.fromkeys(["RUNNING", "COMPLETING", "SIGNALING", "STAGE_OUT"], "RUNNING"),
+    "COMPLETED": "COMPLETED",
+    "CANCELLED": "CANCELLED",
+    **dict.fromkeys(["FAILED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "PREEMPTED",
+                     "REVOKED"], "FAILED"),
+}
+ACTIVE = ("PENDING", "RUNNING")
+
+# What to do about Slurm's most common refusals (matched in its message, which is always shown too).
+HINTS = [
+    ("invalid partition", "check --partition: `sinfo -s` lists the partitions"),
+    ("node configuration is not available", "the cluster has no nodes with that many GPUs / CPUs / memory: "
+     "check --nodes, --gpus-per-node, --cpus-per-task and --mem-gb against `sinfo -o '%P %D %c %m %G'`"),
+    ("invalid --time", "--time takes MINUTES, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS"),
+    ("time limit", "check --time against the partition's limit (`sinfo -o '%P %l'`)"),
+    ("invalid account", "check --account (`sacctmgr show assoc user=$USER`)"),
+    ("invalid qos", "check --qos (`sacctmgr show assoc user=$USER format=qos`)"),
+    ("unrecognized option", "check the --sbatch-arg lines (`sbatch --help`)"),
+    ("memory", "check --mem-gb against the nodes' memory (`sinfo -o '%P %m'`)"),
+]
+
+
+@dataclass
+class SlurmRequest(Request):
+    """The batch script, exactly as sbatch will get it."""
+
+    script: str = ""
+    job_name: str = ""
+
+    def render(self) -> str:
+        return self.script
+
+    @property
+    def script_path(self) -> Path:
+        return self.run_dir / SCRIPT_NAME
+
+
+class SlurmBackend(Backend):
+    name = "slurm"
+    # The valid options and their defaults (as submitit's executor parameters).
+    OPTIONS: dict[str, Any] = {
+        "partition": "",      # "" = the cluster's default partition
+        "account": "",
+        "qos": "",
+        "constraint": "",     # node features, e.g. "v100"
+        "exclusive": False,   # whole nodes
+        "cpus_per_task": 1,   # CPUs per rank
+        "mem_gb": 0,          # memory per node; 0 = the partition's default
+        "time": "1:00:00",    # time limit in Slurm's format (MINUTES, HH:MM:SS, D-HH:MM, ...); "" = partition default
+        "requeue": True,      # checkpoint and requeue on preemption / before the time limit
+        "signal_s": 120,      # the USR1 warning this many seconds before the time limit
+        "gres_gpus": True,    # ask for --gpus-per-node (False on a cluster without GPU GRES)
+        "job_name": "",       # "" = scalelab-<run directory name>
+        "extra_sbatch": [],   # more #SBATCH arguments, e.g. ["--mail-type=END"]
+        "setup": [],          # shell lines run before srun (e.g. "module load cuda")
+        "python": "",         # the interpreter on the nodes; "" = this one (shared filesystem)
+        "gloo_iface": "",     # network interface for Gloo; "" = the address of the node's hostname
+        "poll_s": 1.0,        # seconds between squeue polls while following a run
+    }
+    # Sweeps queue every layout before following the first (launcher/sweep.py).
+    SUBMIT_ALL_AT_ONCE = True
+
+    # ---- options ---------------------------------------------------------------------------------
+
+    @classmethod
+    def resolve_options(cls, options: dict[str, Any]) -> dict[str, Any]:
+        """Unknown keys fail listing the valid ones (base class); values are checked here, before any submission."""
+        o = super().resolve_options(options)
+        if isinstance(o["time"], int) and not isinstance(o["time"], bool):
+            o["time"] = str(o["time"])  # minutes, as YAML reads `--backend-opt time=30`
+        if not isinstance(o["job_name"], str):
+            raise SpecError(f"slurm option job_name must be a string, got {o['job_name']!r}")
+        for key in ("partition", "account", "qos", "constraint", "time", "python", "gloo_iface"):
+            if not isinstance(o[key], str) or re.search(r"\s", o[key]):
+                raise SpecError(f"slurm option {key} must be one word without spaces, got {o[key]!r}")
+        for key in ("exclusive", "requeue", "gres_gpus"):
+            if not isinstance(o[key], bool):
+                raise SpecError(f"slurm option {key} must be true or false, got {o[key]!r}")
+        for key, low in (("cpus_per_task", 1), ("signal_s", 0)):
+            if isinstance(o[key], bool) or not isinstance(o[key], int) or o[key] < low:
+                raise SpecError(f"slurm option {key} must be a whole number >= {low}, got {o[key]!r}")
+        for key in ("mem_gb", "poll_s"):
+            if isinstance(o[key], bool) or not isinstance(o[key], (int, float)) or o[key] < 0:
+                raise SpecError(f"slurm option {key} must be a number >= 0, got {o[key]!r}")
+        for key in ("extra_sbatch", "setup"):
+            value = [o[key]] if isinstance(o[key], str) else o[key]
+            if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) and "\n" not in v for v in value):
+                raise SpecError(f"slurm option {key} must be a list of one-line strings, got {o[key]!r}")
+            o[key] = list(value)
+        for arg in o["extra_sbatch"]:
+            if not arg.startswith("-"):
+                raise SpecError(f"--sbatch-arg takes an sbatch option such as --mail-type=END, got {arg!r}")
+        return o
+
+    def validate(self, spec: Spec) -> None:
+        if spec.engine.name == "horovod":
+            from train.engines import horovod_status
+
+            problem = horovod_status()
+            if problem:
+                raise EngineError(problem)
+
+    # ---- request, render (pure) ------------------------------------------------------------------
+
+    def submit_dryrun(self, spec: Spec, run_dir: Path) -> SlurmRequest:
+        run_dir = Path(run_dir).absolute()  # the nodes see the same path (shared filesystem)
+        python = self.options["python"] or sys.executable
+        return SlurmRequest(run_dir, render_sbatch(spec, run_dir, self.options, python), job_name(run_dir, self.options))
+
+    # ---- schedule --------------------------------------------------------------------------------
+
+    def schedule(self, request: SlurmRequest) -> str:
+        """Ask Slurm whether the job could run (`sbatch --test-only`), then queue it; return the job id."""
+        run_dir = request.run_dir
+        (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        request.script_path.parent.mkdir(parents=True, exist_ok=True)
+        request.script_path.write_text(request.script)
+        check = _slurm(["sbatch", "--test-only", str(request.script_path)])
+        if check.returncode != 0:
+            raise ScalelabError(_refusal("Slurm refused the job", check, run_dir))
+        sent = _slurm(["sbatch", "--parsable", str(request.script_path)])
+        job_id = sent.stdout.strip().split(";")[0]
+        if sent.returncode != 0 or not job_id.isdigit():
+            raise ScalelabError(_refusal("sbatch failed", sent, run_dir))
+        previous = _launch_info(run_dir) if (run_dir / LAUNCH_FILE).exists() else {}
+        write_json(run_dir / LAUNCH_FILE, {
+            "backend": self.name, "job_id": job_id, "jobs": [*previous.get("jobs", []), job_id],
+            "job_name": request.job_name, "script": str(request.script_path), "submitted": time.time(),
+        })
+        return job_id
+
+    # ---- wait, status, logs, cancel --------------------------------------------------------------
+
+    def wait(self, run_dir: Path, on_poll: Callable[[], None] | None = None) -> RunStatus:
+        """Follow the job through requeues until Slurm says it ended; Ctrl-C cancels it."""
+        unknown_since = None
+        try:
+            while True:
+                status = self.status(run_dir)
+                if on_poll:
+                    on_poll()
+                if status.state == "UNKNOWN":  # a controller too busy to answer, or the job is gone
+                    unknown_since = unknown_since or time.time()
+                    if time.time() - unknown_since > 60:
+                        break
+                elif status.state not in ACTIVE:
+                    break
+                else:
+                    unknown_since = None
+                time.sleep(float(self.options["poll_s"]))
+        except KeyboardInterrupt:
+            self.cancel(run_dir)
+            raise
+        _update(run_dir, state=status.state, detail=status.detail, ended=time.time())
+        return status
+
+    def status(self, run_dir: Path) -> RunStatus:
+        job_id = _launch_info(run_dir)["job_id"]
+        slurm_state, detail = job_state(job_id)
+        return RunStatus(STATE_MAP.get(slurm_state, "UNKNOWN"), f"Slurm job {job_id} {slurm_state}{detail}")
+
+    def logs(self, run_dir: Path) -> str:
+        run_dir = Path(run_dir)
+        info = _launch_info(run_dir)
+        files = [run_dir / "logs" / f"slurm-{job}.out" for job in info.get("jobs", [info["job_id"]])]
+        files += sorted((run_dir / "logs").glob("rank-*.log"), key=lambda p: int(re.sub(r"\D", "", p.stem) or 0))
+        return "\n".join(f"==> {p} <==\n" + (p.read_text(errors="replace") if p.exists() else "(no output yet)\n")
+                         for p in files)
+
+    def cancel(self, run_dir: Path, grace_s: float = 120.0) -> None:
+        """`scancel` (the ranks get SIGTERM, checkpoint and exit), then wait until the job left the queue."""
+        job_id = _launch_info(run_dir)["job_id"]
+        done = _slurm(["scancel", job_id])
+        if done.returncode != 0 and "already completed" not in done.stderr.lower():
+            raise ScalelabError(_refusal(f"scancel {job_id} failed", done, Path(run_dir)))
+        deadline = time.time() + grace_s
+        while time.time() < deadline and STATE_MAP.get(job_state(job_id)[0]) in ACTIVE:
+            time.sleep(0.5)
+
+
+# ---- Slurm's commands ----------------------------------------------------------------------------
+
+
+def job_state(job_id: str) -> tuple[str, str]:
+    """(Slurm state, detail): squeue while the controller remembers the job, else sacct (accounting)."""
+    q = _slurm(["squeue", "-h", "--states=all", "-j", job_id, "-o", "%T|%r"])
+    a = None
+    if q.returncode == 0 and q.stdout.strip():
+        state, _, reason = q.stdout.strip().splitlines()[0].partition("|")
+        if STATE_MAP.get(state) in ACTIVE:
+            return state, f" ({reason})" if reason not in ("", "None") else ""
+        a = _sacct(job_id)  # ended: accounting has the exit code (when it has caught up)
+        return state, f" (exit code {a[1]})" if a and a[0] == state else ""
+    a = _sacct(job_id)
+    if a:
+        return a[0], f" (exit code {a[1]})"
+    return "UNKNOWN", f": neither squeue nor sacct knows it ({_words(q)})"
+
+
+def _sacct(job_id: str) -> tuple[str, str] | None:
+    """(state, exit code) of the job's latest run from accounting, or None without accounting."""
+    a = _slurm(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State,ExitCode"])
+    rows = [line.split("|") for line in a.stdout.strip().splitlines() if line.count("|") == 1]
+    if a.returncode != 0 or not rows:
+        return None
+    return rows[-1][0].split()[0], rows[-1][1]  # "CANCELLED by 0" -> CANCELLED
+
+
+def _slurm(cmd: list[str], timeout: float = 60) -> subprocess.CompletedProcess:
+    if shutil.which(cmd[0]) is None:
+        raise ScalelabError(
+            f"{cmd[0]} is not on PATH: the slurm backend runs on a Slurm login node "
+            "(to try it on this machine: scripts/slurm-cluster.sh start)"
+        )
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise ScalelabError(f"`{' '.join(cmd)}` did not answer in {timeout:.0f} s: is slurmctld up? (`sinfo`)") from None
+
+
+def _words(proc: subprocess.CompletedProcess) -> str:
+    """Slurm's own message, on one line."""
+    return "; ".join(line.strip() for line in (proc.stderr + proc.stdout).splitlines() if line.strip())
+
+
+def _refusal(what: str, proc: subprocess.CompletedProcess, run_dir: Path) -> str:
+    words = _words(proc) or f"exit code {proc.returncode}"
+    hints = [hint for key, hint in HINTS if key in words.lower()][:1]
+    return f"{what} for {run_dir.name} (nothing was queued): {words}" + (f"; {hints[0]}" if hints else "")
+
+
+def _launch_info(run_dir: Path) -> dict:
+    path = Path(run_dir) / LAUNCH_FILE
+    if not path.exists():
+        raise ScalelabError(f"{run_dir} has no {LAUNCH_FILE}: it was never submitted (or is not a run directory)")
+    return json.loads(path.read_text())
+
+
+def _update(run_dir: Path, **fields: Any) -> None:
+    info = _launch_info(run_dir)
+    info.update(fields)
+    write_json(Path(run_dir) / LAUNCH_FILE, info)
