@@ -38,16 +38,24 @@ BACKENDS: dict[str, str] = {
 BACKEND_FLAG_MODULES: dict[str, str] = {"slurm": "slurm.flags", "k8s": "k8s.flags", "aws": "aws.flags"}
 
 
+def import_optional(module_name: str):
+    """Import a module of an optional part (a backend, a command); None when that part is absent.
+
+    Only the module itself being missing means "absent": a missing dependency *inside* it is a real
+    error and propagates.
+    """
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name not in (module_name, module_name.split(".")[0]):
+            raise
+        return None
+
+
 def backend_flags() -> dict[str, list[tuple[str, str, dict[str, Any]]]]:
     """{backend: FLAGS} for every backend whose flags module exists."""
-    out = {}
-    for name, module in BACKEND_FLAG_MODULES.items():
-        try:
-            out[name] = list(importlib.import_module(module).FLAGS)
-        except ModuleNotFoundError as exc:
-            if exc.name not in (module, module.split(".")[0]):
-                raise
-    return out
+    modules = {name: import_optional(module) for name, module in BACKEND_FLAG_MODULES.items()}
+    return {name: list(module.FLAGS) for name, module in modules.items() if module is not None}
 
 
 @dataclass
@@ -114,10 +122,7 @@ def get_backend(name: str, options: dict[str, Any] | None = None) -> Backend:
     if name not in BACKENDS:
         raise SpecError(f"unknown backend {name!r}; valid backends: {', '.join(BACKENDS)}")
     module_name, cls_name = BACKENDS[name].split(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name not in (module_name, module_name.split(".")[0]):
-            raise
-        raise SpecError(f"the {name} backend is not part of this installation yet; use --backend local") from None
+    module = import_optional(module_name)
+    if module is None:
+        raise SpecError(f"the {name} backend is not part of this installation; use --backend local")
     return getattr(module, cls_name)(options)

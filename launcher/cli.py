@@ -11,7 +11,6 @@ process of the run and exits 130.
 
 from __future__ import annotations
 
-import importlib
 import sys
 from pathlib import Path
 from typing import Any
@@ -21,7 +20,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from launcher import __version__
-from launcher.backend import BACKENDS, backend_flags, get_backend
+from launcher.backend import BACKENDS, backend_flags, get_backend, import_optional
 from launcher.errors import ScalelabError, SpecError
 from launcher.runstore import DEFAULT_RUNS_ROOT, new_run_dir, write_json
 from launcher.spec import BATCH_MODES, DATA_KINDS, ENGINES, RNN_KINDS, Spec, load_spec, read_spec, save_spec
@@ -60,13 +59,8 @@ class DefaultGroup(click.Group):
         if name in self.commands or name not in LAZY_COMMANDS:
             return self.commands.get(name)
         module_name, attr = LAZY_COMMANDS[name].split(":")
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            if exc.name not in (module_name, module_name.split(".")[0]):
-                raise
-            return None
-        return getattr(module, attr)
+        module = import_optional(module_name)
+        return getattr(module, attr) if module is not None else None
 
 
 @click.group(cls=DefaultGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})

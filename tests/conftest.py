@@ -47,3 +47,19 @@ def horovod_available() -> bool:
 needs_horovod = pytest.mark.skipif(
     not horovod_available(), reason="Horovod with PyTorch + Gloo is not installed: run scripts/build-horovod.sh"
 )
+
+
+def assert_golden(path: Path, text: str) -> None:
+    """Compare generated text (a script, manifests, requests) with its golden file, showing a unified
+    diff on mismatch. `SCALELAB_UPDATE_GOLDEN=1` rewrites the file instead: review the git diff."""
+    import difflib
+
+    if os.environ.get("SCALELAB_UPDATE_GOLDEN"):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    if not path.exists():
+        pytest.fail(f"golden file {path} is missing; SCALELAB_UPDATE_GOLDEN=1 writes it (then review it)")
+    want = path.read_text()
+    if text != want:
+        diff = "".join(difflib.unified_diff(want.splitlines(True), text.splitlines(True), str(path), "generated now"))
+        pytest.fail(f"generated output differs from {path} (SCALELAB_UPDATE_GOLDEN=1 rewrites it if intended):\n{diff}")

@@ -7,9 +7,7 @@ them after an intended change, and a mismatch shows a unified diff.
 
 from __future__ import annotations
 
-import difflib
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -21,6 +19,7 @@ from aws.render import DEFAULT_AMI, TAG_RUN, all_calls, make_plan, user_data
 from conftest import launch
 from launcher.errors import SpecError
 from launcher.spec import Spec
+from tests.conftest import assert_golden
 
 GOLDEN = Path(__file__).parent / "golden"
 OPTIONS = {**AwsBackend.OPTIONS, "bucket": "scalelab-test-bucket", "region": "us-east-1"}
@@ -32,15 +31,7 @@ def spec(**kw) -> Spec:
 
 
 def check_golden(name: str, text: str) -> None:
-    path = GOLDEN / name
-    if os.environ.get("SCALELAB_UPDATE_GOLDEN"):
-        path.write_text(text)
-    if not path.exists():
-        pytest.fail(f"golden file {path} is missing; SCALELAB_UPDATE_GOLDEN=1 writes it (then review it)")
-    want = path.read_text()
-    if text != want:
-        diff = "".join(difflib.unified_diff(want.splitlines(True), text.splitlines(True), str(path), "rendered"))
-        pytest.fail(f"rendered output differs from {path} (SCALELAB_UPDATE_GOLDEN=1 rewrites it):\n{diff}")
+    assert_golden(GOLDEN / name, text)
 
 
 def calls_without_spec_body(plan) -> list[dict]:

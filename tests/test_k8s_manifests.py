@@ -9,9 +9,7 @@ and review the diff.
 from __future__ import annotations
 
 import copy
-import difflib
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -28,6 +26,7 @@ kubernetes_validate = pytest.importorskip(
     "kubernetes_validate", reason="kubernetes-validate is not installed (pip install kubernetes-validate): "
     "it ships the Kubernetes OpenAPI schemas the manifests are validated against")
 from k8s.validate import ManifestInvalid, validate_all, validate_doc  # noqa: E402
+from tests.conftest import assert_golden
 
 GOLDEN = Path(__file__).parent / "golden" / "k8s"
 FULL_OPTIONS = {
@@ -72,16 +71,7 @@ def test_golden_manifest(case: str) -> None:
     request = request_for(case)[1]
     # spec.json follows every new Spec field; test_configmap_carries_the_exact_spec checks it instead
     request.objects[0]["data"]["spec.json"] = "(the resolved spec: RUN_DIR/spec.json)\n"
-    text = request.render()
-    path = GOLDEN / f"{case}.yaml"
-    if os.environ.get("SCALELAB_UPDATE_GOLDEN"):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-    assert path.exists(), f"{path} is missing: run with SCALELAB_UPDATE_GOLDEN=1 to create it, then review it"
-    expected = path.read_text()
-    if text != expected:
-        diff = "".join(difflib.unified_diff(expected.splitlines(True), text.splitlines(True), str(path), "rendered now"))
-        pytest.fail(f"rendered manifests differ from {path} (SCALELAB_UPDATE_GOLDEN=1 to accept):\n{diff}")
+    assert_golden(GOLDEN / f"{case}.yaml", request.render())
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

@@ -7,7 +7,6 @@ The end-to-end behaviour on a real Slurm cluster is in tests/test_slurm_cluster.
 
 from __future__ import annotations
 
-import difflib
 import os
 import subprocess
 import sys
@@ -20,7 +19,7 @@ from launcher.spec import Spec
 from slurm.backend import SlurmBackend
 from slurm.rank import own_gpu, rank_env, tasks_on_node
 from slurm.render import render_sbatch
-from tests.conftest import launch
+from tests.conftest import assert_golden, launch
 
 GOLDEN = Path(__file__).parent / "golden" / "slurm"
 RUN_DIR = Path("/shared/runs/nmt-2x4-20250101-000000")
@@ -50,16 +49,7 @@ def render_case(name: str) -> str:
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_script_matches_golden_file(name: str) -> None:
-    text = render_case(name)
-    golden = GOLDEN / f"{name}.sbatch"
-    if os.environ.get("SCALELAB_UPDATE_GOLDEN"):
-        golden.parent.mkdir(parents=True, exist_ok=True)
-        golden.write_text(text)
-    assert golden.exists(), f"{golden} is missing: run with SCALELAB_UPDATE_GOLDEN=1 to create it"
-    expected = golden.read_text()
-    diff = "".join(difflib.unified_diff(expected.splitlines(True), text.splitlines(True),
-                                        f"golden/{golden.name}", "rendered now"))
-    assert text == expected, f"the sbatch script changed (regenerate with SCALELAB_UPDATE_GOLDEN=1 if intended):\n{diff}"
+    assert_golden(GOLDEN / f"{name}.sbatch", render_case(name))
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

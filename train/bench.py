@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -68,9 +67,11 @@ def step_benchmark(preset: str, rnn: str = "fused", batch: int | None = None, st
     torch.manual_seed(0)
     cfg = PRESETS[preset]
     batch = batch or cfg.default_batch
+    from launcher.spec import Spec
+    from train.loop import make_optimizer
+
     model = build_model(cfg, rnn)
-    opt = (torch.optim.Adam(model.parameters(), lr=1e-3, foreach=True) if optimizer == "adam"
-           else torch.optim.SGD(model.parameters(), lr=0.1))
+    opt = make_optimizer(Spec(optimizer=optimizer), model, 1e-3)  # exactly the trainer's optimizer
     data = build_dataset("synthetic", cfg, 0)
     b = data.get_batch(0, 0, batch, 0, batch)
 
@@ -236,8 +237,11 @@ def _step_with_config(cfg, batch: int, steps: int, threads: int | None) -> dict:
     if threads:
         torch.set_num_threads(threads)
     torch.manual_seed(0)
+    from launcher.spec import Spec
+    from train.loop import make_optimizer
+
     model = build_model(cfg, "fused")
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3, foreach=True)
+    opt = make_optimizer(Spec(), model, 1e-3)
     b = SyntheticDataset(cfg, 0).get_batch(0, 0, batch, 0, batch)
 
     def step() -> None:
