@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 import queue
 import threading
-from abc import ABC, abstractmethod
+from abc import ABC
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -180,13 +180,16 @@ class Dataset(ABC):
         self._layout: Tensor | None = None
         self._valid_cache: dict[tuple[int, int, int], list[Batch]] = {}
 
-    @property
-    @abstractmethod
-    def train(self) -> Examples: ...
+    _train: Examples  # set by every subclass's constructor
+    _valid: Examples
 
     @property
-    @abstractmethod
-    def valid(self) -> Examples: ...
+    def train(self) -> Examples:
+        return self._train
+
+    @property
+    def valid(self) -> Examples:
+        return self._valid
 
     @property
     def num_train(self) -> int:
@@ -358,14 +361,6 @@ class SyntheticDataset(Dataset):
         size = self._num_samples or max(4 * global_batch, 1024)
         return _random_examples(self.cfg, size, generator_for(self.seed, "synthetic", "train"))
 
-    @property
-    def train(self) -> Examples:
-        return self._train
-
-    @property
-    def valid(self) -> Examples:
-        return self._valid
-
     def steps_per_epoch(self, global_batch: int) -> int:
         if self._num_samples is None and global_batch > 0:
             if len(self._train) != max(4 * global_batch, 1024):
@@ -456,14 +451,6 @@ class TaskDataset(Dataset):
         fixed = bool(fixed_length)
         self._train = _task_examples(cfg, num_train, fixed, generator_for(seed, "task", "train"))
         self._valid = _task_examples(cfg, num_valid, fixed, generator_for(seed, "task", "valid"))
-
-    @property
-    def train(self) -> Examples:
-        return self._train
-
-    @property
-    def valid(self) -> Examples:
-        return self._valid
 
 
 # --------------------------------------------------------------------------------------------

@@ -123,14 +123,6 @@ class TextDataset(Dataset):
         self._train: Examples
         self._valid: Examples
 
-    @property
-    def train(self) -> Examples:
-        return self._train
-
-    @property
-    def valid(self) -> Examples:
-        return self._valid
-
 
 class ParallelTextDataset(TextDataset):
     """Sentence pairs from two aligned files (line i of `train_src` translates line i of
