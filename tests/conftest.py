@@ -63,3 +63,16 @@ def assert_golden(path: Path, text: str) -> None:
     if text != want:
         diff = "".join(difflib.unified_diff(want.splitlines(True), text.splitlines(True), str(path), "generated now"))
         pytest.fail(f"generated output differs from {path} (SCALELAB_UPDATE_GOLDEN=1 rewrites it if intended):\n{diff}")
+
+
+@pytest.fixture(scope="module")
+def moto_url():
+    """AWS APIs served by moto's server on loopback (shared/recipes/moto.md) for one test module."""
+    moto_server = pytest.importorskip("moto.server", reason='moto server is not installed: pip install "moto[server]"')
+    from launcher.local import free_port
+
+    port = free_port()
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    yield f"http://127.0.0.1:{port}"
+    server.stop()

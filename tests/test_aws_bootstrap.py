@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -33,7 +32,7 @@ import pytest
 from conftest import ROOT, launch
 
 boto3 = pytest.importorskip("boto3", reason="boto3 is not installed: pip install boto3")
-moto_server = pytest.importorskip("moto.server", reason='moto server is not installed: pip install "moto[server]"')
+pytest.importorskip("moto.server", reason='moto server is not installed: pip install "moto[server]"')
 
 from aws import teardown as td  # noqa: E402
 from aws.backend import AwsBackend  # noqa: E402
@@ -44,12 +43,6 @@ from launcher.spec import Spec, save_spec  # noqa: E402
 REGION = "us-east-1"
 KEYS = {"AWS_ACCESS_KEY_ID": "AKIABOOTSTRAPTEST", "AWS_SECRET_ACCESS_KEY": "bootstrap/test/secret"}
 STEPS, NOTICE_AT = 150, 5
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Metadata:
@@ -91,15 +84,6 @@ class Metadata:
         if self.records is None or not self.records.exists():
             return False
         return sum('"kind": "step"' in line for line in self.records.read_text().splitlines()) >= NOTICE_AT
-
-
-@pytest.fixture(scope="module")
-def moto_url():
-    port = free_port()
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    yield f"http://127.0.0.1:{port}"
-    server.stop()
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,6 @@ from __future__ import annotations
 import base64
 import json
 import os
-import socket
 import uuid
 from pathlib import Path
 
@@ -23,7 +22,7 @@ import pytest
 from conftest import launch
 
 boto3 = pytest.importorskip("boto3", reason="boto3 is not installed: pip install boto3")
-moto_server = pytest.importorskip("moto.server", reason='moto server is not installed: pip install "moto[server]"')
+pytest.importorskip("moto.server", reason='moto server is not installed: pip install "moto[server]"')
 
 from aws import teardown as td  # noqa: E402
 from aws.backend import AwsBackend  # noqa: E402
@@ -32,21 +31,6 @@ from launcher.spec import Spec  # noqa: E402
 
 REGION = "us-east-1"
 CREDS = {"aws_access_key_id": "AKIATESTMOTOKEYID", "aws_secret_access_key": "moto/test/SECRET/value"}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def moto_url():
-    port = free_port()
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    yield f"http://127.0.0.1:{port}"
-    server.stop()
 
 
 @pytest.fixture

@@ -120,8 +120,6 @@ class TextDataset(Dataset):
     def __init__(self, cfg: ModelConfig, seed: int, bucket_batches: int = 50) -> None:
         super().__init__()
         self.family, self.seed, self.bucket_batches = cfg.family, seed, bucket_batches
-        self._train: Examples
-        self._valid: Examples
 
 
 class ParallelTextDataset(TextDataset):
