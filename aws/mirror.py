@@ -64,33 +64,26 @@ def cost_facts(run_dir: Path, info: dict[str, Any]) -> dict[str, Any]:
             "lost_s": lost, "generations": len(gens)}
 
 
-def _step_times(gen_dir: Path) -> list[float]:
+def _rank0_steps(gen_dir: Path) -> list[dict]:
+    """Rank 0's step records of one generation (a line cut short by a copy in flight is skipped)."""
     path = gen_dir / "rank-0.jsonl"
-    if not path.exists():
-        return []
     out = []
-    for line in path.read_text().splitlines():
+    for line in path.read_text().splitlines() if path.exists() else []:
         try:
             rec = json.loads(line)
         except json.JSONDecodeError:
             continue
         if rec.get("kind") == "step":
-            out.append(rec["time"])
+            out.append(rec)
     return out
 
 
+def _step_times(gen_dir: Path) -> list[float]:
+    return [rec["time"] for rec in _rank0_steps(gen_dir)]
+
+
 def last_step(gen_dir: Path) -> int | None:
-    path = gen_dir / "rank-0.jsonl"
-    steps = []
-    if path.exists():
-        for line in path.read_text().splitlines():
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if rec.get("kind") == "step":
-                steps.append(rec["step"])
-    return max(steps) if steps else None
+    return max((rec["step"] for rec in _rank0_steps(gen_dir)), default=None)
 
 
 def checkpoint_step(run_dir: Path) -> int | None:
