@@ -63,6 +63,8 @@ def bench_exchange(sizes_mb: list[float], repeats: int, work: Path) -> list[dict
         ("horovod fp16 compression", "horovod", {"HOROVOD_FUSION_THRESHOLD": str(64 << 20), "HOROVOD_CYCLE_TIME": "1"}, ["--fp16"]),
         ("torch.distributed gloo, 64 tensors", "ddp", {}, ["--tensors", "64"]),
         ("horovod, 64 tensors (fused)", "horovod", {"HOROVOD_FUSION_THRESHOLD": str(64 << 20), "HOROVOD_CYCLE_TIME": "1"}, ["--tensors", "64"]),
+        ("horovod, 64 tensors, 5 ms cycle", "horovod", {"HOROVOD_FUSION_THRESHOLD": str(64 << 20), "HOROVOD_CYCLE_TIME": "5"}, ["--tensors", "64"]),
+        ("horovod, 64 tensors, fusion off", "horovod", {"HOROVOD_FUSION_THRESHOLD": "0", "HOROVOD_CYCLE_TIME": "1"}, ["--tensors", "64"]),
     ]
     for label, engine, env, extra in configs:
         out = work / f"allreduce-{len(results)}.json"
@@ -79,6 +81,16 @@ def bench_exchange(sizes_mb: list[float], repeats: int, work: Path) -> list[dict
             continue
         results.extend(json.loads(out.read_text()))
         _progress(f"exchange {label}: done")
+    out = work / "ddp-buckets.json"
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--master-addr=127.0.0.1",
+                           f"--master-port={_free_port()}", "-m", "train.bench", "ddp-buckets", "nmt-small",
+                           "--bucket-caps-mb", "1,25,100", "--out", str(out)],
+                          env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=900)
+    if proc.returncode == 0 and out.exists():
+        results.extend(json.loads(out.read_text()))
+        _progress("exchange DDP bucket sizes: done")
+    else:
+        results.append({"label": "DDP bucket sizes", "error": proc.stderr[-500:]})
     return results
 
 
@@ -203,7 +215,12 @@ def render(results: dict) -> None:
             ("step ms", "step_s", ".4f"), ("words/s", "words_per_s", ",.0f"), ("GFLOP/s", "gflops", ".1f"),
             ("matmul GFLOP/s", "matmul_gflops", ".1f"), ("efficiency", "efficiency", ".0%")]))
     if "exchange" in results:
-        console.print(_table("2. All-reduce, 2 ranks (busbw = algbw x 2(n-1)/n)", results["exchange"], [
+        buckets = [r for r in results["exchange"] if "bucket_cap_mb" in r]
+        if buckets:
+            console.print(_table("2b. DDP bucket size: exchange not hidden behind backward (nmt-small, 2 ranks)", buckets, [
+                ("bucket MB", "bucket_cap_mb", "g"), ("fwd+bwd with exchange s", "step_with_exchange_s", ".3f"),
+                ("without s", "step_without_exchange_s", ".3f"), ("exposed s", "exposed_exchange_s", ".3f")]))
+        console.print(_table("2. All-reduce, 2 ranks (busbw = algbw x 2(n-1)/n)", [r for r in results["exchange"] if "bucket_cap_mb" not in r], [
             ("setting", "label", ""), ("MB", "mb", ""), ("time s", "time_s", ".4f"), ("busbw GB/s", "busbw_gb", ".2f"),
             ("memcpy GB/s", "memcpy_gb", ".2f")]))
     if "scaling" in results:

@@ -171,6 +171,10 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("--fp16", action="store_true")
     a.add_argument("--label", default="")
     a.add_argument("--out")
+    d = sub.add_parser("ddp-buckets", help="exposed exchange per DDP bucket size (start with torchrun)")
+    d.add_argument("preset")
+    d.add_argument("--bucket-caps-mb", default="1,25,100")
+    d.add_argument("--out")
     s = sub.add_parser("step", help="time one preset's training step in this process")
     s.add_argument("preset")
     s.add_argument("--rnn", default="fused")
@@ -178,16 +182,15 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--steps", type=int, default=10)
     s.add_argument("--threads", type=int)
     args = p.parse_args(argv)
-    if args.what == "allreduce":
+    if args.what == "ddp-buckets":
+        ddp_exposed_exchange(args.preset, [float(x) for x in args.bucket_caps_mb.split(",")], out=args.out)
+    elif args.what == "allreduce":
         allreduce_rank(args.engine, [float(x) for x in args.sizes_mb.split(",")], args.repeats, args.out,
                        args.label or args.engine, args.fp16, args.tensors)
     else:
         print(json.dumps(step_benchmark(args.preset, args.rnn, args.batch, args.steps, threads=args.threads)))
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())
 
 
 # ---- seed 003: GEMM and training-step throughput against batch size ------------------------------
@@ -261,3 +264,47 @@ def knee(rows: list[dict], key: str, value: str, share: float = 0.9) -> dict:
         best = max(r[value] for r in rs)
         out[k] = next(r["batch"] for r in rs if r[value] >= share * best)
     return out
+
+
+def ddp_exposed_exchange(preset: str, bucket_caps_mb: list[float], steps: int = 5, out: str | None = None) -> None:
+    """Per rank under torchrun: the backward time DDP adds over a backward without gradient sync
+    (`no_sync`), for each bucket size, on `preset`'s real parameter set: the exchange DDP could not
+    hide behind backward."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from train.data import build_dataset
+    from train.models import PRESETS, build_model
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    cfg = PRESETS[preset]
+    torch.manual_seed(0)
+    batch = build_dataset("synthetic", cfg, 0).get_batch(0, 0, cfg.default_batch, 0, cfg.default_batch // dist.get_world_size())
+    results = []
+    for cap in bucket_caps_mb:
+        model = DistributedDataParallel(build_model(cfg), bucket_cap_mb=cap)
+
+        def backward(sync: bool) -> None:
+            model.zero_grad(set_to_none=True)
+            loss = model(**batch.inputs)
+            if sync:
+                loss.backward()
+            else:
+                with model.no_sync():
+                    loss.backward()
+
+        with_sync = statistics.median(_time(lambda: backward(True), steps, warmup=2))
+        without = statistics.median(_time(lambda: backward(False), steps, warmup=2))
+        results.append({"label": f"DDP bucket {cap:g} MB", "preset": preset, "bucket_cap_mb": cap,
+                        "step_with_exchange_s": with_sync, "step_without_exchange_s": without,
+                        "exposed_exchange_s": with_sync - without})
+    if rank == 0 and out:
+        with open(out, "w") as f:
+            json.dump(results, f)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
