@@ -35,3 +35,26 @@ def test_step_benchmark_counts_flops_of_the_real_step():
 def test_knee_is_the_smallest_batch_near_the_best():
     rows = [{"hidden": 64, "batch": b, "gflops": g} for b, g in [(1, 5), (16, 50), (32, 95), (64, 100)]]
     assert knee(rows, "hidden", "gflops") == {64: 32}
+
+
+def test_per_rank_bench_entry_points_under_torchrun(tmp_path):
+    """`python -m train.bench allreduce|ddp-buckets` as `launch bench` starts them: 2 ranks, real Gloo."""
+    import subprocess
+    import sys
+
+    from launcher.local import free_port
+    from tests.conftest import ROOT
+
+    env = {**__import__("os").environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    for args, out in ((["allreduce", "--engine", "ddp", "--sizes-mb", "1", "--repeats", "2"], "ar.json"),
+                      (["ddp-buckets", "rnnlm-tiny", "--bucket-caps-mb", "1,25"], "ddp.json")):
+        proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
+                               "--master-addr=127.0.0.1", f"--master-port={free_port()}", "-m", "train.bench", *args,
+                               "--out", str(tmp_path / out)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                              timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+    ar = json.loads((tmp_path / "ar.json").read_text())
+    assert ar[0]["ranks"] == 2 and ar[0]["busbw"] == ar[0]["algbw"] * 2 * (2 - 1) / 2
+    ddp = json.loads((tmp_path / "ddp.json").read_text())
+    assert [r["bucket_cap_mb"] for r in ddp] == [1.0, 25.0]
+    assert all(r["exposed_exchange_s"] == r["step_with_exchange_s"] - r["step_without_exchange_s"] for r in ddp)
