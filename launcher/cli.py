@@ -22,12 +22,12 @@ from rich.markup import escape
 from launcher import __version__
 from launcher.backend import BACKENDS, backend_flags, get_backend, import_optional
 from launcher.errors import ScalelabError, SpecError
-from launcher.runstore import DEFAULT_RUNS_ROOT, new_run_dir, write_json
-from launcher.spec import BATCH_MODES, DATA_KINDS, ENGINES, RNN_KINDS, Spec, load_spec, read_spec, save_spec
+from launcher.runner import err_console, execute
+from launcher.runstore import DEFAULT_RUNS_ROOT, new_run_dir
+from launcher.spec import BATCH_MODES, DATA_KINDS, ENGINES, RNN_KINDS, Spec, load_spec, read_spec
 
 # Off a terminal (CI logs, pipes) rich would wrap tables at 80 columns; give them room instead.
 console = Console(width=None if sys.stdout.isatty() else 160)
-err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
 
 
 # ---- the default-command group: `launch --flags` means `launch run --flags` --------------------
@@ -208,35 +208,6 @@ def run_cmd(**params: Any) -> None:
     print_summary(run_dir, summary)
 
 
-def execute(backend, spec: Spec, run_dir: Path, label: str | None = None):
-    """Save the spec, submit, follow progress, then summarise the records into summary.json."""
-    from launcher.progress import RunProgress
-    from launcher.results import summarize_dir, total_steps
-
-    save_spec(spec, run_dir)
-    request = backend.submit_dryrun(spec, run_dir)
-    backend.schedule(request)
-    with RunProgress(run_dir, total_steps(spec), label or run_dir.name, err_console) as progress:
-        status = backend.wait(run_dir, on_poll=progress.poll)
-    if status.state == "CANCELLED":
-        raise ScalelabError(f"run {run_dir} was cancelled; `launch resume {run_dir}` continues it from its last checkpoint")
-    if status.state != "COMPLETED":
-        logs = backend.logs(run_dir)
-        # a rank that stopped on a user error said so in one line: show that, not the launcher's traceback
-        said = list(dict.fromkeys(line.split("scalelab: error:", 1)[1].strip()
-                                  for line in logs.splitlines() if "scalelab: error:" in line))
-        if said:
-            raise ScalelabError("; ".join(said) + f" (run directory {run_dir})")
-        raise ScalelabError(f"run {run_dir} {status.state.lower()} ({status.detail}); last lines of its logs:\n" + tail(logs, 25))
-    summary = summarize_dir(run_dir)
-    write_json(run_dir / "summary.json", summary.to_dict())
-    return summary
-
-
-def tail(text: str, n: int) -> str:
-    return "\n".join(text.rstrip().splitlines()[-n:])
-
-
 def print_summary(run_dir: Path, summary) -> None:
     from costs.report import print_scaling
     from costs.scaling import scale_layouts
@@ -288,7 +259,7 @@ def sweep_cmd(workers: str | None, layouts: str | None, mode: str, **params: Any
             click.echo(backend.submit_dryrun(spec, run_dir).render())
         return
     backend.validate(base)
-    sweep_dir = run_sweep(backend, specs, Path(params["runs_dir"]), base.name or f"sweep-{base.model}-{mode}", execute)
+    sweep_dir = run_sweep(backend, specs, Path(params["runs_dir"]), base.name or f"sweep-{base.model}-{mode}")
     report_dirs([sweep_dir], out=sweep_dir, fmt="table")
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Callable
 
 from launcher.errors import SpecError
 from launcher.runstore import new_run_dir, write_json
@@ -66,59 +65,34 @@ def sweep_specs(base: Spec, layouts: list[tuple[int, int]], mode: str) -> list[S
     return specs
 
 
-def run_sweep(backend, specs: list[Spec], runs_root: Path, name: str, execute: Callable) -> Path:
+def run_sweep(backend, specs: list[Spec], runs_root: Path, name: str) -> Path:
     """Run the layouts into one sweep directory; return it.
 
     One after another (local), or - for a backend with a queue (`SUBMIT_ALL_AT_ONCE`, e.g. Slurm) -
-    every layout queued first, then each followed and summarised in turn by `execute`.
+    every layout submitted first, then each followed and summarised in turn; on any error or Ctrl-C
+    what is still queued is cancelled.
     """
+    from launcher.runner import execute, follow, submit
+
     sweep_dir = new_run_dir(runs_root, name)
-    if getattr(backend, "SUBMIT_ALL_AT_ONCE", False):
-        return _submit_all_then_follow(backend, specs, sweep_dir, execute)
-    runs: list[str] = []
-    for spec in specs:
-        run_dir = sweep_dir / f"{spec.nodes}x{spec.gpus_per_node}"
-        run_dir.mkdir()
-        runs.append(run_dir.name)
-        write_json(sweep_dir / "sweep.json", {"runs": runs, "layouts": [[s.nodes, s.gpus_per_node] for s in specs]})
-        execute(backend, spec, run_dir, label=f"{spec.nodes}x{spec.gpus_per_node}")
-    return sweep_dir
-
-
-class _AlreadyScheduled:
-    """The backend, for `execute`, of a run already submitted: schedule returns its handle, sends nothing."""
-
-    def __init__(self, backend, request, handle: str) -> None:
-        self._backend, self._request, self._handle = backend, request, handle
-
-    def submit_dryrun(self, spec: Spec, run_dir: Path):
-        return self._request
-
-    def schedule(self, request) -> str:
-        return self._handle
-
-    def __getattr__(self, name: str):
-        return getattr(self._backend, name)
-
-
-def _submit_all_then_follow(backend, specs: list[Spec], sweep_dir: Path, execute: Callable) -> Path:
-    """Queue every layout (one job each), then follow them; on any error or Ctrl-C cancel what is still queued."""
-    from launcher.spec import save_spec
-
     write_json(sweep_dir / "sweep.json", {"runs": [f"{s.nodes}x{s.gpus_per_node}" for s in specs],
                                           "layouts": [[s.nodes, s.gpus_per_node] for s in specs]})
-    submitted = []
-    try:
-        for spec in specs:
-            run_dir = sweep_dir / f"{spec.nodes}x{spec.gpus_per_node}"
+    runs = [(spec, sweep_dir / f"{spec.nodes}x{spec.gpus_per_node}") for spec in specs]
+    if not getattr(backend, "SUBMIT_ALL_AT_ONCE", False):
+        for spec, run_dir in runs:
             run_dir.mkdir()
-            save_spec(spec, run_dir)
-            request = backend.submit_dryrun(spec, run_dir)
-            submitted.append((spec, run_dir, _AlreadyScheduled(backend, request, backend.schedule(request))))
-        for spec, run_dir, scheduled in submitted:
-            execute(scheduled, spec, run_dir, label=f"{spec.nodes}x{spec.gpus_per_node}")
+            execute(backend, spec, run_dir, label=run_dir.name)
+        return sweep_dir
+    submitted: list[Path] = []
+    try:
+        for spec, run_dir in runs:
+            run_dir.mkdir()
+            submit(backend, spec, run_dir)
+            submitted.append(run_dir)
+        for spec, run_dir in runs:
+            follow(backend, spec, run_dir, label=run_dir.name)
     except BaseException:
-        for _, run_dir, _ in submitted:
+        for run_dir in submitted:
             try:
                 if backend.status(run_dir).state in ("PENDING", "RUNNING"):
                     backend.cancel(run_dir)
