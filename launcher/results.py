@@ -31,17 +31,7 @@ def total_steps(spec: Spec) -> int | None:
 
 
 def summarize_dir(run_dir: Path) -> LayoutSummary:
-    run = load_run(run_dir)
-    spec = run.spec
-    if run.steps.empty:
-        raise RecordError(f"{run_dir} has no step records: the run stopped before its first step; see {run_dir}/logs")
-    global_batch = int(run.start["global_batch"].iloc[0]) if "global_batch" in run.start else None
-    meta = {
-        "label": run_label(spec), "nodes": spec.nodes, "gpus_per_node": spec.gpus_per_node, "workers": spec.workers,
-        "engine": spec.engine.name, "rnn": spec.rnn, "model": spec.model, "batch_mode": spec.batch_mode,
-        "global_batch": global_batch, "loss_threshold": spec.loss_threshold,
-    }
-    return summarize_run(run.steps, run.val, run.events, meta)
+    return summarize_loaded(load_run(run_dir))
 
 
 def expand_run_dirs(paths: list[Path]) -> list[Path]:
@@ -70,28 +60,43 @@ class Report:
 
 def build_report(paths: list[Path], out: Path | None = None) -> Report:
     """Summaries of every run, the scaling table, and report.md / report.json / speedup.png in `out`."""
-    from costs.report import plot_speedup, plot_throughput, to_json_records, write_markdown
-
     runs = expand_run_dirs(paths)
-    warnings: list[str] = []
-    summaries = []
-    for run_dir in runs:
-        summary_file = run_dir / "summary.json"
-        summaries.append(summarize_dir(run_dir))
-        if not summary_file.exists():
-            warnings.append(f"{run_dir} has no summary.json (it did not finish normally); summarised from its records")
-    table = scale_layouts(summaries)
+    warnings = [f"{run_dir} has no summary.json (it did not finish normally); summarised from its records"
+                for run_dir in runs if not (run_dir / "summary.json").exists()]
     if out is None:
         out = paths[0] if len(paths) == 1 and (paths[0] / SWEEP_FILE).exists() else _common_parent(runs) / (
             "report-" + datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))
+    report = write_report([summarize_dir(run_dir) for run_dir in runs], runs, out)
+    report.warnings = warnings
+    return report
+
+
+def write_report(summaries: list[LayoutSummary], runs: list[Path], out: Path) -> Report:
+    """The scaling table of already computed summaries, written as report.md, report.json and plots."""
+    from costs.report import plot_speedup, plot_throughput, to_json_records, write_markdown
+
+    table = scale_layouts(summaries)
     out.mkdir(parents=True, exist_ok=True)
     plot = plot_speedup(table, out / "speedup.png")
     plot_throughput(table, out / "throughput.png")
-    notes = [f"runs: {', '.join(str(r) for r in runs)}"]
-    md = write_markdown(table, out, "Scaling report", notes=notes)
+    md = write_markdown(table, out, "Scaling report", notes=[f"runs: {', '.join(str(r) for r in runs)}"])
     text = json.dumps(to_json_records(table), indent=2)
     (out / "report.json").write_text(text + "\n")
-    return Report(table, md, plot, text, warnings)
+    return Report(table, md, plot, text)
+
+
+def summarize_loaded(run) -> LayoutSummary:
+    """The summary of a run already read with `runstore.load_run`."""
+    spec = run.spec
+    if run.steps.empty:
+        raise RecordError(f"{run.run_dir} has no step records: the run stopped before its first step; see {run.run_dir}/logs")
+    global_batch = int(run.start["global_batch"].iloc[0]) if "global_batch" in run.start else None
+    meta = {
+        "label": run_label(spec), "nodes": spec.nodes, "gpus_per_node": spec.gpus_per_node, "workers": spec.workers,
+        "engine": spec.engine.name, "rnn": spec.rnn, "model": spec.model, "batch_mode": spec.batch_mode,
+        "global_batch": global_batch, "loss_threshold": spec.loss_threshold,
+    }
+    return summarize_run(run.steps, run.val, run.events, meta)
 
 
 def _common_parent(paths: list[Path]) -> Path:

@@ -188,7 +188,7 @@ def _deep_merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def run_study(study: Study, runs_root: Path, execute) -> Path:
+def run_study(study: Study, runs_root: Path) -> Path:
     """Run every variant's sweep into one study directory; return it."""
     from launcher.backend import get_backend
     from launcher.sweep import run_sweep
@@ -199,7 +199,7 @@ def run_study(study: Study, runs_root: Path, execute) -> Path:
         specs = variant_specs(study, variant)
         backend = get_backend(specs[0].backend, specs[0].backend_options)
         backend.validate(specs[0])
-        sweep = run_sweep(backend, specs, study_dir, f"v{i}", execute)
+        sweep = run_sweep(backend, specs, study_dir, f"v{i}")
         sweeps.append({"label": variant.label, "dir": sweep.name})
         write_json(study_dir / "study.json", {"title": study.title, "sweeps": sweeps})
     return study_dir
@@ -288,12 +288,14 @@ def money_table(rows: pd.DataFrame, instances: dict[tuple[str, str], str], marke
     return pd.DataFrame(out)
 
 
-def _price(mix: str, seconds: float, market: str) -> float:
-    """Dollars from the price catalog (per-second billing, 60 s minimum per instance)."""
+def _pricer():
+    """`price(mix, seconds, market)` in dollars from the price catalog, read once (per-second
+    billing, 60 s minimum per instance)."""
     from costs.billing import run_cost
     from costs.catalog import load_catalog
 
-    return round(run_cost(seconds, mix, load_catalog(), market).dollars, 4)
+    catalog = load_catalog()
+    return lambda mix, seconds, market: round(run_cost(seconds, mix, catalog, market).dollars, 4)
 
 
 def _markdown(df: pd.DataFrame) -> str:
@@ -309,7 +311,7 @@ def study_report(study_dir: Path, study: Study) -> Path:
     import json
 
     from costs.scaling import scale_layouts, step_table
-    from launcher.results import build_report, expand_run_dirs, summarize_dir
+    from launcher.results import expand_run_dirs, summarize_loaded, write_report
     from launcher.runstore import load_run
 
     meta = json.loads((study_dir / "study.json").read_text())
@@ -317,8 +319,9 @@ def study_report(study_dir: Path, study: Study) -> Path:
     runs = expand_run_dirs(sweeps)
     summaries, epoch_times, epochs_to, train_s = [], {}, {}, {}
     for run in runs:
-        summaries.append(summarize_dir(run))
-        steps = step_table(load_run(run).steps)
+        records = load_run(run)  # each run is read once, for its summary and its per-step table
+        summaries.append(summarize_loaded(records))
+        steps = step_table(records.steps)
         key = str(run)
         epoch_times[key] = steps.groupby("epoch")["t_step"].sum().tolist()
         train_s[key] = float(steps["t_step"].sum())
@@ -344,10 +347,10 @@ def study_report(study_dir: Path, study: Study) -> Path:
         else:
             mixes = {(v.label, f"{n}x{g}"): v.instances.get(f"{n}x{g}") or study.instances.get(f"{n}x{g}")
                      for v in study.variants for n, g in (v.layouts or study.layouts)}
-            df = money_table(rows, mixes, study.market, _price)
+            df = money_table(rows, mixes, study.market, _pricer())
         parts += [f"## {table.capitalize()}", "", _markdown(df), ""]
         df.to_csv(study_dir / f"{table}.csv", index=False)
-    report = build_report(sweeps, study_dir)
+    report = write_report(summaries, runs, study_dir)
     parts += ["## Scaling", "", f"Full scaling report: [report.md]({report.markdown_path.name})", "",
               "![speedup](speedup.png)", ""]
     path = study_dir / "study.md"
@@ -364,7 +367,7 @@ def study_report(study_dir: Path, study: Study) -> Path:
 def study_cmd(study_file: str, scale: str | None, backend: str | None, runs_dir: str, dry_run: bool) -> None:
     """Run a seed's study (examples/*.yaml) and write its tables (study.md, CSV) and scaling report."""
     from launcher.backend import get_backend
-    from launcher.cli import console, execute
+    from launcher.cli import console
 
     study = load_study(Path(study_file), scale, {"backend": backend} if backend else None)
     if dry_run:
@@ -379,7 +382,7 @@ def study_cmd(study_file: str, scale: str | None, backend: str | None, runs_dir:
         console.print(path.read_text(), markup=False, highlight=False)
         console.print(f"study report: [bold]{path}[/]")
         return
-    study_dir = run_study(study, Path(runs_dir), execute)
+    study_dir = run_study(study, Path(runs_dir))
     path = study_report(study_dir, study)
     console.print(path.read_text(), markup=False, highlight=False)
     console.print(f"study report: [bold]{path}[/]")
