@@ -42,6 +42,7 @@ class Engine:
     """One process, no exchange: the baseline every layout is compared with."""
 
     name = "single"
+    exchanging = True  # False for independent replicas: plain model and optimizer on every rank
 
     def __init__(self, spec: EngineSpec) -> None:
         self.spec = spec
@@ -70,8 +71,7 @@ class Engine:
     def replicas(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer):
         """Independent replicas: every rank trains its own copy, no gradient exchange (the seeds'
         `--independent_replica`, the ideal curve that isolates communication cost)."""
-        self.finish_exchange = Engine.finish_exchange.__get__(self)  # type: ignore[method-assign]
-        self.step = Engine.step.__get__(self)  # type: ignore[method-assign]
+        self.exchanging = False
         return model, optimizer
 
     def finish_exchange(self, optimizer: torch.optim.Optimizer) -> float | None:
@@ -182,12 +182,17 @@ class HorovodEngine(Engine):
             hvd.broadcast_optimizer_state(optimizer, root_rank=0)  # distributed
         return model, optimizer
 
-    def finish_exchange(self, optimizer) -> float:
+    def finish_exchange(self, optimizer) -> float | None:
+        if not self.exchanging:
+            return None
         t0 = time.perf_counter()
         optimizer.synchronize()  # distributed: wait for the all-reduces started during backward
         return time.perf_counter() - t0
 
     def step(self, optimizer) -> None:
+        if not self.exchanging:
+            optimizer.step()
+            return
         with optimizer.skip_synchronize():
             optimizer.step()
 
