@@ -178,7 +178,7 @@ class Dataset(ABC):
     def __init__(self) -> None:
         self._layout_key: tuple[int, int] | None = None
         self._layout: Tensor | None = None
-        self._valid_cache: dict[tuple[int, int, int], list[Batch]] = {}
+        self._valid_cache: dict[tuple[int, int, int, int | None], list[Batch]] = {}
 
     _train: Examples  # set by every subclass's constructor
     _valid: Examples
@@ -256,12 +256,13 @@ class Dataset(ABC):
         batch.meta.update(epoch=epoch, step_in_epoch=step_in_epoch, indices=whole[start:stop])
         return batch
 
-    def valid_batches(self, batch_size: int, rank: int, world: int) -> list[Batch]:
+    def valid_batches(self, batch_size: int, rank: int, world: int, max_batches: int | None = None) -> list[Batch]:
         """This rank's shard of the validation set, in batches of at most `batch_size`.
 
         The set is cut into `world` equal contiguous shards (the last `len % world` samples are
         left out), so every rank gets the same number of batches; a shard's last batch may be
         smaller, which is why each Batch carries its `samples` and `words` for weighting.
+        `max_batches` keeps only the first ones (only those are built: validation sets can be large).
         """
         if batch_size <= 0 or world <= 0 or not 0 <= rank < world:
             raise ValueError(f"bad validation request: batch {batch_size}, rank {rank}/{world}")
@@ -272,12 +273,12 @@ class Dataset(ABC):
                 f"the {self.family} validation set has {n} samples, fewer than the {world} ranks "
                 f"that must share it: use a larger validation set"
             )
-        key = (batch_size, rank, world)
+        key = (batch_size, rank, world, max_batches)
         if key not in self._valid_cache:
             first = rank * per_rank
+            starts = range(0, per_rank, batch_size)[:max_batches]
             self._valid_cache[key] = [
-                self.valid.batch(torch.arange(first + b, first + min(b + batch_size, per_rank)))
-                for b in range(0, per_rank, batch_size)
+                self.valid.batch(torch.arange(first + b, first + min(b + batch_size, per_rank))) for b in starts
             ]
         return self._valid_cache[key]
 

@@ -269,7 +269,7 @@ def validate(model, dataset, spec: Spec, per_rank: int, rank: int, world: int, d
     batches are, so 1 worker and 8 workers judge the loss threshold on exactly the same samples.
     """
     model.eval()
-    pieces = dataset.valid_batches(per_rank, 0, 1)[: spec.val_batches * world]
+    pieces = dataset.valid_batches(per_rank, 0, 1, max_batches=spec.val_batches * world)
     total, weight = 0.0, 0
     for batch in pieces[rank::world]:
         total += float(model(**batch.to(device).inputs)) * batch.samples
