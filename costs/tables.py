@@ -120,12 +120,8 @@ def read_scaling_csv(path: str | Path) -> pd.DataFrame:
                {"workers": _positive_int, "nodes": _positive_int, "throughput": _positive_float,
                 "time_s": _positive_float, "mode": _choice("strong", "weak")},
                "label (optional), workers, nodes (optional), throughput or time_s, mode (optional)")
-    if "label" not in df.columns:
-        df["label"] = ""
-    df["label"] = df["label"].fillna("").astype(str)
-    if "mode" not in df.columns:
-        df["mode"] = "strong"
-    df["mode"] = df["mode"].fillna("strong")
+    _default(df, "label", "")
+    _default(df, "mode", "strong")
     metric = "throughput" if "throughput" in df.columns else "time_s"
     missing = df[df[metric].isna()]
     if len(missing):
@@ -138,13 +134,14 @@ def read_cost_csv(path: str | Path) -> pd.DataFrame:
     df = _read(path, [["seconds"], ["instances"]],
                {"seconds": _non_negative_float, "market": _choice("on-demand", "spot")},
                "label, seconds, instances (e.g. 3*g3.4xlarge+1*p2.xlarge), market (optional)")
-    if "label" not in df.columns:
-        df["label"] = ""
-    df["label"] = df["label"].fillna("").astype(str)
-    if "market" not in df.columns:
-        df["market"] = "on-demand"
-    df["market"] = df["market"].fillna("on-demand")
+    _default(df, "label", "")
+    _default(df, "market", "on-demand")
     return df
+
+
+def _default(df: pd.DataFrame, column: str, value: str) -> None:
+    """An optional column: absent or empty cells take `value`."""
+    df[column] = (df[column] if column in df.columns else pd.Series(value, index=df.index)).fillna(value).astype(str)
 
 
 def scaling_from_table(df: pd.DataFrame) -> pd.DataFrame:
