@@ -26,12 +26,13 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from aws import mirror, render, teardown as td
+from aws import mirror, render
+from aws import teardown as td
 from aws.render import AwsRequest, Plan
+from core.errors import ScalelabError, SpecError
+from core.rundir import write_json
+from core.spec import Spec, read_spec
 from launcher.backend import Backend, RunStatus
-from launcher.errors import ScalelabError, SpecError
-from launcher.runstore import write_json
-from launcher.spec import Spec, read_spec
 
 LAUNCH_FILE = "launch.json"
 CAPACITY_ERRORS = {"InsufficientInstanceCapacity", "InsufficientCapacity", "SpotMaxPriceTooLow",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import click
 
-from launcher.errors import ScalelabError
+from core.errors import ScalelabError
 
 
 def _ec2(region: str | None):

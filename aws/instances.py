@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from launcher.errors import SpecError
+from core.errors import SpecError
 
 
 @dataclass(frozen=True)

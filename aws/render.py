@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from aws.instances import shape
+from core.errors import SpecError
+from core.spec import Spec
 from launcher.backend import Request
-from launcher.errors import SpecError
-from launcher.spec import Spec
 
 TAG_RUN = "scalelab:run-id"
 TAG_GENERATION = "scalelab:generation"

@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterable
 
-from launcher.errors import SpecError
+from core.errors import SpecError
 
 __all__ = [
     "MARKETS",

@@ -24,8 +24,8 @@ import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
+from core.errors import DataError, SpecError
 from costs.catalog import DEFAULT_REGION, MARKETS, CatalogError, load_catalog, refresh
-from launcher.errors import DataError, SpecError
 
 console = Console(width=None if sys.stdout.isatty() else 160)
 err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
@@ -55,7 +55,7 @@ def _spot_kwargs(params: dict[str, Any]) -> dict[str, float]:
 
 
 def _print_json(rows: Any) -> None:
-    from costs.report import _jsonable
+    from analysis.report import _jsonable
 
     click.echo(json.dumps(_jsonable(rows), indent=2, allow_nan=False))
 
@@ -195,9 +195,9 @@ def run_seconds(run) -> float:
 
 
 def _cost_of_runs(paths: list[Path], instances: str | None, market: str, catalog, params) -> list[dict[str, Any]]:
+    from analysis.results import expand_run_dirs, run_label, summarize_dir
+    from core.records import load_run
     from costs.billing import run_cost, threshold_cost
-    from launcher.results import expand_run_dirs, run_label, summarize_dir
-    from launcher.runstore import load_run
 
     rows = []
     for run_dir in expand_run_dirs(paths):
@@ -229,7 +229,7 @@ def _cost_of_runs(paths: list[Path], instances: str | None, market: str, catalog
 
 def report_from_csv(path: str, out: Path | None, fmt: str) -> None:
     """`launch report --from-csv FILE`: speedup and efficiency of a published scaling table."""
-    from costs.report import print_scaling, to_json_records, write_markdown
+    from analysis.report import print_scaling, to_json_records, write_markdown
     from costs.tables import read_scaling_csv, scaling_from_table
 
     table = scaling_from_table(read_scaling_csv(path))
@@ -237,7 +237,7 @@ def report_from_csv(path: str, out: Path | None, fmt: str) -> None:
                         "karp_flatt", "base_workers", "n") if c in table.columns]
     table = table[keep + [c for c in table.columns if c not in keep]]
     if out is not None:
-        from costs.html import scaling_sections, write_html
+        from analysis.html import scaling_sections, write_html
 
         write_markdown(table, out, f"Scaling of {Path(path).name}", notes=[f"source: {path}"])
         write_html(out / "report.html", f"Scaling of {Path(path).name}", scaling_sections(table),
@@ -283,9 +283,9 @@ def _parse_speed(pairs: tuple[str, ...]) -> dict[str, float]:
 
 def _measured_from_runs(paths: list[Path]) -> tuple[pd.DataFrame, str | None, float | None, dict[str, pd.DataFrame], pd.DataFrame]:
     """(measured rows, instance type measured on, work to threshold, loss curves, scaling table) of runs."""
-    from costs.scaling import scale_layouts, step_table
-    from launcher.results import expand_run_dirs, summarize_dir
-    from launcher.runstore import load_run
+    from analysis.results import expand_run_dirs, summarize_dir
+    from analysis.scaling import scale_layouts, step_table
+    from core.records import load_run
 
     summaries, itypes, curves = [], set(), {}
     for run_dir in expand_run_dirs(paths):
@@ -444,7 +444,7 @@ def plan_markdown(result) -> str:
 
 
 def _write_plan(result, out_dir: Path, table: pd.DataFrame | None, curves: dict[str, pd.DataFrame]) -> None:
-    from costs.html import plan_sections, scaling_sections, write_html
+    from analysis.html import plan_sections, scaling_sections, write_html
 
     out_dir.mkdir(parents=True, exist_ok=True)
     sections = plan_sections(result)
@@ -457,6 +457,6 @@ def _write_plan(result, out_dir: Path, table: pd.DataFrame | None, curves: dict[
 
 
 def _write_json_file(path: Path, rows: Any) -> None:
-    from costs.report import _jsonable
+    from analysis.report import _jsonable
 
     path.write_text(json.dumps(_jsonable(rows), indent=2, allow_nan=False) + "\n")

@@ -34,9 +34,9 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 import pandas as pd
 
+from core.errors import DataError
 from costs.billing import Mix, run_cost
 from costs.catalog import Catalog, CatalogError
-from launcher.errors import DataError
 
 __all__ = [
     "nnls",
@@ -264,7 +264,7 @@ class Plan:
 
     def rows(self) -> list[dict[str, Any]]:
         """One flat record per row for --format json: candidates when priced, else predictions."""
-        from costs.report import to_json_records
+        from analysis.report import to_json_records
 
         return to_json_records(self.candidates if len(self.candidates) else self.predictions)
 
@@ -423,7 +423,7 @@ def _pick(all_rows: pd.DataFrame, ok: pd.DataFrame, by: str, tag: str) -> dict[s
     idx = ok.sort_values([by, other], kind="stable").index[0]
     prev = all_rows.at[idx, "recommendation"]
     all_rows.at[idx, "recommendation"] = tag if prev is None else f"{prev}; {tag}"
-    from costs.report import to_json_records
+    from analysis.report import to_json_records
 
     return to_json_records(all_rows.loc[[idx]].drop(columns=["recommendation"]))[0]
 

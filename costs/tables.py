@@ -19,8 +19,8 @@ from typing import Any, Callable
 
 import pandas as pd
 
-from costs.scaling import scaling_table
-from launcher.errors import DataError
+from analysis.scaling import scaling_table
+from core.errors import DataError
 
 __all__ = ["CsvError", "read_scaling_csv", "read_cost_csv", "scaling_from_table"]
 

@@ -13,8 +13,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from launcher.errors import ScalelabError
-
+from core.errors import ScalelabError
 from k8s.manifests import MPI_GROUP, MPI_PLURAL, MPI_VERSION
 
 MPI_OPERATOR_INSTALL = ("kubectl apply --server-side -f "

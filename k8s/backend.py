@@ -21,13 +21,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from launcher.backend import Backend, Request, RunStatus
-from launcher.errors import ScalelabError
-from launcher.runstore import write_json
-from launcher.spec import Spec
-
+from core.errors import ScalelabError
+from core.rundir import write_json
+from core.spec import Spec
 from k8s import manifests
 from k8s.manifests import LABEL_ROLE, to_yaml
+from launcher.backend import Backend, Request, RunStatus
 
 LAUNCH_FILE = "launch.json"
 IMAGE_ERRORS = {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"}

@@ -25,8 +25,8 @@ from typing import Any
 
 import yaml
 
-from launcher.errors import SpecError
-from launcher.spec import Spec
+from core.errors import SpecError
+from core.spec import Spec
 
 MPI_GROUP, MPI_VERSION, MPI_PLURAL = "kubeflow.org", "v2beta1", "mpijobs"
 SPEC_MOUNT = "/etc/scalelab"  # where the ConfigMap with spec.json is mounted

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from launcher.errors import SpecError
-from launcher.spec import Spec
+from core.errors import SpecError
+from core.spec import BACKEND_NAMES, Spec
 
 # name -> "module:Class"; the module is imported only when the backend is used.
 BACKENDS: dict[str, str] = {
@@ -31,6 +31,7 @@ BACKENDS: dict[str, str] = {
     "k8s": "k8s.backend:KubernetesBackend",
     "aws": "aws.backend:AwsBackend",
 }
+assert tuple(BACKENDS) == BACKEND_NAMES
 
 # Backend-specific command-line flags. Each module named here holds only
 # `FLAGS: list[tuple[flag, option_key, click_kwargs]]` (no heavy imports: the CLI loads them at start);

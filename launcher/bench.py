@@ -22,6 +22,8 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from core.net import free_port
+
 PARTS = ("compute", "exchange", "scaling", "planner", "report")
 console = Console(width=None if sys.stdout.isatty() else 160)
 
@@ -72,7 +74,7 @@ def bench_exchange(sizes_mb: list[float], repeats: int, work: Path) -> list[dict
                 "--label", label, "--out", str(out), *extra]
         if engine == "ddp":
             cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--master-addr=127.0.0.1",
-                   f"--master-port={_free_port()}", *args]
+                   f"--master-port={free_port()}", *args]
         else:
             cmd = [shutil.which("horovodrun") or "horovodrun", "--gloo", "-np", "2", "-H", "localhost:2", sys.executable, *args]
         proc = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1", **env}, capture_output=True, text=True, timeout=900)
@@ -83,7 +85,7 @@ def bench_exchange(sizes_mb: list[float], repeats: int, work: Path) -> list[dict
         _progress(f"exchange {label}: done")
     out = work / "ddp-buckets.json"
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--master-addr=127.0.0.1",
-                           f"--master-port={_free_port()}", "-m", "train.bench", "ddp-buckets", "nmt-small",
+                           f"--master-port={free_port()}", "-m", "train.bench", "ddp-buckets", "nmt-small",
                            "--bucket-caps-mb", "1,25,100", "--out", str(out)],
                           env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=900)
     if proc.returncode == 0 and out.exists():
@@ -92,12 +94,6 @@ def bench_exchange(sizes_mb: list[float], repeats: int, work: Path) -> list[dict
     else:
         results.append({"label": "DDP bucket sizes", "error": proc.stderr[-500:]})
     return results
-
-
-def _free_port() -> int:
-    from launcher.local import free_port
-
-    return free_port()
 
 
 # ---- 3 + 4. scaling on this machine and launch overhead ------------------------------------------
@@ -162,9 +158,9 @@ def bench_report(records: int, ranks: int, work: Path) -> dict:
     """Write `records` synthetic step records over `ranks` ranks, then time each stage of the report."""
     import numpy as np
 
-    from launcher.results import build_report
-    from launcher.runstore import load_run
-    from launcher.spec import Spec, save_spec
+    from analysis.results import build_report
+    from core.records import load_run
+    from core.spec import Spec, save_spec
 
     run = work / "report-run"
     (run / "records").mkdir(parents=True, exist_ok=True)
@@ -256,7 +252,7 @@ def _decorate(results: dict) -> None:
 def bench_cmd(only: str, quick: bool, out: str) -> None:
     """Measure the trainer's compute efficiency, all-reduce bandwidth, scaling, launch overhead,
     planner accuracy and report speed on this machine; print tables and write bench.json."""
-    from launcher.errors import SpecError
+    from core.errors import SpecError
 
     parts = [p.strip() for p in only.split(",") if p.strip()]
     bad = sorted(set(parts) - set(PARTS))

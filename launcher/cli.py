@@ -19,12 +19,20 @@ import click
 from rich.console import Console
 from rich.markup import escape
 
+from core.errors import ScalelabError, SpecError
+from core.rundir import DEFAULT_RUNS_ROOT, new_run_dir
+from core.spec import (
+    BATCH_MODES,
+    DATA_KINDS,
+    ENGINES,
+    RNN_KINDS,
+    Spec,
+    load_spec,
+    read_spec,
+)
 from launcher import __version__
 from launcher.backend import BACKENDS, backend_flags, get_backend, import_optional
-from launcher.errors import ScalelabError, SpecError
 from launcher.runner import err_console, execute
-from launcher.runstore import DEFAULT_RUNS_ROOT, new_run_dir
-from launcher.spec import BATCH_MODES, DATA_KINDS, ENGINES, RNN_KINDS, Spec, load_spec, read_spec
 
 # Off a terminal (CI logs, pipes) rich would wrap tables at 80 columns; give them room instead.
 console = Console(width=None if sys.stdout.isatty() else 160)
@@ -209,8 +217,8 @@ def run_cmd(**params: Any) -> None:
 
 
 def print_summary(run_dir: Path, summary) -> None:
-    from costs.report import print_scaling
-    from costs.scaling import scale_layouts
+    from analysis.report import print_scaling
+    from analysis.scaling import scale_layouts
 
     print_scaling(scale_layouts([summary]), console=console)
     console.print(f"run directory: [bold]{run_dir}[/]  (launch report {run_dir})")
@@ -291,7 +299,7 @@ def report_cmd(run_dirs: tuple[str, ...], from_csv: str | None, out: str | None,
 
 
 def report_dirs(paths: list[Path], out: Path | None, fmt: str) -> None:
-    from launcher.results import build_report
+    from analysis.results import build_report
 
     report = build_report(paths, out)
     for warning in report.warnings:
@@ -301,7 +309,7 @@ def report_dirs(paths: list[Path], out: Path | None, fmt: str) -> None:
     elif fmt == "markdown":
         click.echo(report.markdown_path.read_text())
     else:
-        from costs.report import print_scaling
+        from analysis.report import print_scaling
 
         print_scaling(report.table, console=console)
         console.print(f"report: [bold]{report.markdown_path}[/]  plot: {report.plot_path}")

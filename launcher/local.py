@@ -24,10 +24,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from core.errors import EngineError, ScalelabError
+from core.net import free_port
+from core.rundir import write_json
+from core.spec import Spec
 from launcher.backend import Backend, Request, RunStatus
-from launcher.errors import EngineError, ScalelabError
-from launcher.runstore import write_json
-from launcher.spec import Spec
 
 LAUNCH_FILE = "launch.json"
 
@@ -179,12 +180,6 @@ class LocalBackend(Backend):
             proc = self._procs.get(pid)
             if proc is not None:
                 proc.wait()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _launch_info(run_dir: Path) -> dict:

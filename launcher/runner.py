@@ -11,9 +11,9 @@ from pathlib import Path
 
 from rich.console import Console
 
-from launcher.errors import ScalelabError
-from launcher.runstore import write_json
-from launcher.spec import Spec, save_spec
+from core.errors import ScalelabError
+from core.rundir import write_json
+from core.spec import Spec, save_spec
 
 err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
 
@@ -26,8 +26,8 @@ def submit(backend, spec: Spec, run_dir: Path) -> str:
 
 def follow(backend, spec: Spec, run_dir: Path, label: str | None = None):
     """Show progress until the run ends; one clear error if it did not complete; else its summary."""
+    from analysis.results import summarize_dir, total_steps
     from launcher.progress import RunProgress
-    from launcher.results import summarize_dir, total_steps
 
     with RunProgress(run_dir, total_steps(spec), label or run_dir.name, err_console) as progress:
         status = backend.wait(run_dir, on_poll=progress.poll)

@@ -8,7 +8,7 @@ size (for GPUs). `launch study FILE --backend slurm` runs the same study on Slur
     launch study examples/seed001-nmt-data-parallel.yaml --scale cpu
 
 Every variant is a sweep (one run per layout) under one study directory; the tables are computed
-from the runs' records (costs.scaling), like every other report.
+from the runs' records (analysis.scaling), like every other report.
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from typing import Any
 import click
 import pandas as pd
 
-from launcher.errors import SpecError
-from launcher.runstore import new_run_dir, write_json
-from launcher.spec import Spec
+from core.errors import SpecError
+from core.rundir import new_run_dir, write_json
+from core.spec import Spec
 
 TABLES = ("throughput", "epochs", "convergence", "arrangement", "money")
 STUDY_KEYS = {"title", "seed_scale", "base", "mode", "layouts", "variants", "tables", "scales", "instances",
@@ -310,9 +310,9 @@ def study_report(study_dir: Path, study: Study) -> Path:
     """Compute the seed-shaped tables from the study's runs and write study.md (+ the scaling report)."""
     import json
 
-    from costs.scaling import scale_layouts, step_table
-    from launcher.results import expand_run_dirs, summarize_loaded, write_report
-    from launcher.runstore import load_run
+    from analysis.results import expand_run_dirs, summarize_loaded, write_report
+    from analysis.scaling import scale_layouts, step_table
+    from core.records import load_run
 
     meta = json.loads((study_dir / "study.json").read_text())
     sweeps = [study_dir / s["dir"] for s in meta["sweeps"]]

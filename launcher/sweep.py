@@ -10,9 +10,9 @@ import os
 import re
 from pathlib import Path
 
-from launcher.errors import SpecError
-from launcher.runstore import new_run_dir, write_json
-from launcher.spec import Spec
+from core.errors import SpecError
+from core.rundir import new_run_dir, write_json
+from core.spec import Spec
 
 _LAYOUT = re.compile(r"^\s*(\d+)\s*x\s*(\d+)\s*$")
 
@@ -40,7 +40,7 @@ def parse_layouts(workers: str | None, layouts: str | None) -> list[tuple[int, i
 
 def sweep_specs(base: Spec, layouts: list[tuple[int, int]], mode: str) -> list[Spec]:
     """One validated spec per layout. Strong: global batch fixed; weak: per-worker batch fixed."""
-    from train.models import PRESETS
+    from core.presets import PRESETS
 
     default_batch = PRESETS[base.model].default_batch
     if mode == "strong" and base.batch_per_worker is not None:

@@ -23,10 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from core.errors import EngineError, ScalelabError, SpecError
+from core.rundir import write_json
+from core.spec import Spec
 from launcher.backend import Backend, Request, RunStatus
-from launcher.errors import EngineError, ScalelabError, SpecError
-from launcher.runstore import write_json
-from launcher.spec import Spec
 from slurm.render import job_name, render_sbatch
 
 LAUNCH_FILE = "launch.json"

@@ -28,6 +28,8 @@ import sys
 import time
 from pathlib import Path
 
+from core.net import free_port
+
 
 def tasks_on_node(env: dict[str, str]) -> int:
     """Tasks on this node: SLURM_NTASKS_PER_NODE, else this node's entry of SLURM_TASKS_PER_NODE ("4(x2)")."""
@@ -89,16 +91,10 @@ def record_placement(run_dir: Path, env: dict[str, str], added: dict[str, str]) 
         f.write(json.dumps(line) + "\n")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv == ["--free-port"]:
-        print(free_port())
+        print(free_port(""))
         return 0
     if len(argv) != 1 or "SLURM_PROCID" not in os.environ:
         print("usage: python -m slurm.rank RUN_DIR  (started by srun inside a scalelab Slurm job)", file=sys.stderr)

@@ -21,7 +21,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from launcher.spec import Spec
+from core.spec import Spec
 
 LOG_NAME = "slurm-%j.out"  # the batch script's own output, per job id, in RUN_DIR/logs
 

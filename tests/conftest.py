@@ -69,7 +69,7 @@ def assert_golden(path: Path, text: str) -> None:
 def moto_url():
     """AWS APIs served by moto's server on loopback (shared/recipes/moto.md) for one test module."""
     moto_server = pytest.importorskip("moto.server", reason='moto server is not installed: pip install "moto[server]"')
-    from launcher.local import free_port
+    from core.net import free_port
 
     port = free_port()
     server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)

@@ -28,7 +28,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT, launch
 
 boto3 = pytest.importorskip("boto3", reason="boto3 is not installed: pip install boto3")
@@ -37,8 +36,8 @@ pytest.importorskip("moto.server", reason='moto server is not installed: pip ins
 from aws import teardown as td  # noqa: E402
 from aws.backend import AwsBackend  # noqa: E402
 from aws.render import PACKAGE_NAME  # noqa: E402
-from launcher.runstore import new_run_dir  # noqa: E402
-from launcher.spec import Spec, save_spec  # noqa: E402
+from core.rundir import new_run_dir  # noqa: E402
+from core.spec import Spec, save_spec  # noqa: E402
 
 REGION = "us-east-1"
 KEYS = {"AWS_ACCESS_KEY_ID": "AKIABOOTSTRAPTEST", "AWS_SECRET_ACCESS_KEY": "bootstrap/test/secret"}

@@ -18,7 +18,6 @@ import uuid
 from pathlib import Path
 
 import pytest
-
 from conftest import launch
 
 boto3 = pytest.importorskip("boto3", reason="boto3 is not installed: pip install boto3")
@@ -26,8 +25,8 @@ pytest.importorskip("moto.server", reason='moto server is not installed: pip ins
 
 from aws import teardown as td  # noqa: E402
 from aws.backend import AwsBackend  # noqa: E402
-from launcher.errors import ScalelabError  # noqa: E402
-from launcher.spec import Spec  # noqa: E402
+from core.errors import ScalelabError  # noqa: E402
+from core.spec import Spec  # noqa: E402
 
 REGION = "us-east-1"
 CREDS = {"aws_access_key_id": "AKIATESTMOTOKEYID", "aws_secret_access_key": "moto/test/SECRET/value"}

@@ -11,14 +11,14 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import launch
 
 from aws.backend import AwsBackend
 from aws.bootstrap import trainer_command
 from aws.instances import parse_instance_types
 from aws.render import DEFAULT_AMI, TAG_RUN, all_calls, make_plan, user_data
-from conftest import launch
-from launcher.errors import SpecError
-from launcher.spec import Spec
+from core.errors import SpecError
+from core.spec import Spec
 from tests.conftest import assert_golden
 
 GOLDEN = Path(__file__).parent / "golden"

@@ -42,7 +42,7 @@ def test_per_rank_bench_entry_points_under_torchrun(tmp_path):
     import subprocess
     import sys
 
-    from launcher.local import free_port
+    from core.net import free_port
     from tests.conftest import ROOT
 
     env = {**__import__("os").environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}

@@ -11,7 +11,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from conftest import launch
 from test_catalog import SEED_004, seed_mix
 from test_scaling import SEED_001
@@ -145,7 +144,7 @@ def test_plan_unknown_instance_type(tmp_path):
 
 def _fake_run(root: Path, name: str, gpus: int, step_s: float, words: int, instance: str | None) -> Path:
     """A run directory in the docs/records.md format: spec.json + per-rank step records."""
-    from launcher.spec import Spec, save_spec
+    from core.spec import Spec, save_spec
 
     run = root / name
     (run / "records").mkdir(parents=True)

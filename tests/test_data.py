@@ -8,15 +8,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from launcher.errors import DataError, SpecError
+from core.errors import DataError, SpecError
 from train.batch import Batch
 from train.data import (
     Prefetcher,
     SyntheticDataset,
     TaskDataset,
-    build_dataset,
     iterate_batches,
 )
+from train.datasets import build_dataset
 from train.models import BOS_ID, EOS_ID, PAD_ID, PRESETS, config_with_overrides
 from train.text import Vocab
 

@@ -23,16 +23,17 @@ import tarfile
 from pathlib import Path
 
 import pytest
-
 from conftest import launch, only_run_dir, read_jsonl
-from launcher.errors import ScalelabError
-from launcher.local import free_port
-from launcher.spec import EngineSpec, Spec, save_spec
+
+from core.errors import ScalelabError
+from core.net import free_port
+from core.spec import EngineSpec, Spec, save_spec
 
 pytest.importorskip("kubernetes", reason="the `kubernetes` client is not installed (pip install kubernetes)")
 
-from k8s.backend import KubernetesBackend  # noqa: E402
 from k8s_stub import LocalKubelet, StubCluster  # noqa: E402
+
+from k8s.backend import KubernetesBackend  # noqa: E402
 
 RUN = "run-20260101-000000"
 

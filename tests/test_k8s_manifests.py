@@ -14,11 +14,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import launch
-from launcher.errors import SpecError
-from launcher.spec import EngineSpec, Spec
 
+from core.errors import SpecError
+from core.spec import EngineSpec, Spec
 from k8s.backend import KubernetesBackend
 from k8s.manifests import k8s_name
 

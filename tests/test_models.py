@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from launcher.errors import SpecError
+from core.errors import SpecError
 from train.data import TaskDataset
 from train.models import (
     PRESETS,

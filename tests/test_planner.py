@@ -91,7 +91,7 @@ def test_two_measurements_fit_but_are_not_validated_and_one_is_refused():
     two = pd.DataFrame({"workers": [1, 2], "throughput": [10.0, 18.0]})
     fit = fit_series("", two)
     assert all(v is None for v in fit.held_out_error.values())
-    from launcher.errors import DataError
+    from core.errors import DataError
 
     with pytest.raises(DataError, match="at least two different worker counts"):
         fit_series("s", pd.DataFrame({"workers": [2, 2], "throughput": [1.0, 1.1]}))

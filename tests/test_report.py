@@ -1,4 +1,4 @@
-"""Tests of costs.report: terminal table, Markdown report, PNG plots, JSON with null for NaN."""
+"""Tests of analysis.report: terminal table, Markdown report, PNG plots, JSON with null for NaN."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 from rich.console import Console
 
-from costs.report import (
+from analysis.report import (
     plot_speedup,
     plot_throughput,
     print_scaling,
@@ -21,7 +21,7 @@ from costs.report import (
     write_json,
     write_markdown,
 )
-from costs.scaling import LayoutSummary, scale_layouts, scaling_table
+from analysis.scaling import LayoutSummary, scale_layouts, scaling_table
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

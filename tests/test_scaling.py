@@ -1,4 +1,4 @@
-"""Tests of costs.scaling: step table, run summary, scaling table against published numbers.
+"""Tests of analysis.scaling: step table, run summary, scaling table against published numbers.
 
 Reference numbers: shared/seeds/001 (lcy-seso/dl_framework, TensorFlow NMT data parallelism,
 commit 636a8d8): per GPU count, "Total time to process 20 batches (s)", "Processing speed
@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from costs.scaling import (
+from analysis.scaling import (
     SCALING_COLUMNS,
     STEP_TABLE_COLUMNS,
     LayoutSummary,
@@ -24,7 +24,7 @@ from costs.scaling import (
     step_table,
     summarize_run,
 )
-from launcher.errors import RecordError
+from core.errors import RecordError
 
 # (gpus, total time for 20 batches [s], words/s, published speedup) -- seed 001
 SEED_001 = {

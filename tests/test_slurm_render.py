@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher.errors import SpecError
-from launcher.spec import Spec
+from core.errors import SpecError
+from core.spec import Spec
 from slurm.backend import SlurmBackend
 from slurm.rank import own_gpu, rank_env, tasks_on_node
 from slurm.render import render_sbatch

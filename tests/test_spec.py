@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from launcher.errors import SpecError
-from launcher.spec import Spec, load_spec, read_spec, save_spec
+from core.errors import SpecError
+from core.spec import Spec, load_spec, read_spec, save_spec
 
 
 def test_unknown_option_lists_valid_ones(tmp_path):

@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from launcher.errors import SpecError
+from core.errors import SpecError
 from launcher.study import load_study, variant_specs
 from tests.conftest import ROOT, launch, only_run_dir
 

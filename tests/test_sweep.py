@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from launcher.errors import SpecError
-from launcher.spec import Spec
+from core.errors import SpecError
+from core.spec import Spec
 from launcher.sweep import parse_layouts, sweep_specs
 from tests.conftest import launch, only_run_dir, steps_of
 

@@ -59,7 +59,7 @@ def step_benchmark(preset: str, rnn: str = "fused", batch: int | None = None, st
     Achieved FLOP/s = model.flops_per_step(batch) / median step time; efficiency = that over the
     dense matmul rate measured here, in this process, with the same threads.
     """
-    from train.data import build_dataset
+    from train.datasets import build_dataset
     from train.models import PRESETS, build_model
 
     if threads:
@@ -67,7 +67,7 @@ def step_benchmark(preset: str, rnn: str = "fused", batch: int | None = None, st
     torch.manual_seed(0)
     cfg = PRESETS[preset]
     batch = batch or cfg.default_batch
-    from launcher.spec import Spec
+    from core.spec import Spec
     from train.loop import make_optimizer
 
     model = build_model(cfg, rnn)
@@ -222,7 +222,7 @@ def gemm_sweep(hiddens: list[int], batches: list[int], repeats: int = 5, threads
 def step_sweep(preset: str, hiddens: list[int], batches: list[int], steps: int = 5,
                threads: int | None = None) -> list[dict]:
     """words/s of one full training step of `preset` for each hidden size and batch size."""
-    from train.models import PRESETS, config_with_overrides
+    from core.presets import PRESETS, config_with_overrides
 
     out = []
     for H in hiddens:
@@ -240,7 +240,7 @@ def _step_with_config(cfg, batch: int, steps: int, threads: int | None) -> dict:
     if threads:
         torch.set_num_threads(threads)
     torch.manual_seed(0)
-    from launcher.spec import Spec
+    from core.spec import Spec
     from train.loop import make_optimizer
 
     model = build_model(cfg, "fused")
@@ -273,7 +273,7 @@ def ddp_exposed_exchange(preset: str, bucket_caps_mb: list[float], steps: int = 
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    from train.data import build_dataset
+    from train.datasets import build_dataset
     from train.models import PRESETS, build_model
 
     dist.init_process_group("gloo")

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from launcher.errors import RecordError
+from core.errors import RecordError
 
 CHECKPOINT_NAME = "checkpoint.pt"
 

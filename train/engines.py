@@ -23,8 +23,8 @@ from dataclasses import dataclass
 
 import torch
 
-from launcher.errors import EngineError
-from launcher.spec import EngineSpec
+from core.errors import EngineError
+from core.spec import EngineSpec
 
 
 @dataclass

@@ -21,14 +21,15 @@ from pathlib import Path
 
 import torch
 
-from launcher.errors import ScalelabError
-from launcher.spec import Spec, read_spec
+from core.errors import ScalelabError
+from core.records import RecordWriter
+from core.spec import Spec, read_spec
 from train import balance
 from train.checkpoint import load_checkpoint, restore_rng, save_checkpoint
-from train.data import Prefetcher, build_dataset
+from train.data import Prefetcher
+from train.datasets import build_dataset
 from train.engines import make_engine
 from train.models import PRESETS, build_model, config_with_overrides
-from train.records import RecordWriter
 
 BUCKET_BATCHES = 50  # length bucketing sorts within windows of this many global batches
 FAIL_AT_STEP_ENV = "SCALELAB_FAIL_AT_STEP"  # test aid: the process dies (os._exit) after this step

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from launcher.errors import DataError, SpecError
+from core.errors import DataError, SpecError
 from train.data import Dataset, Examples, Ragged, generator_for
 from train.models import EOS_ID, NUM_SPECIALS, UNK_ID, ModelConfig
 

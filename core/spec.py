@@ -20,15 +20,17 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from launcher.errors import SpecError
+from core.errors import SpecError
+from core.presets import RNN_KINDS
 
 ENGINES = ("single", "ddp", "horovod")
-RNN_KINDS = ("fused", "stepwise")
 DATA_KINDS = ("synthetic", "task", "text")
 BATCH_MODES = ("strong", "weak")
 OPTIMIZERS = ("adam", "sgd")
 DEVICES = ("auto", "cpu", "cuda")
 BALANCE_MODES = ("static", "dynamic")
+# Where ranks run; `launcher.backend.BACKENDS` maps each name to its implementation.
+BACKEND_NAMES = ("local", "slurm", "k8s", "aws")
 
 
 @dataclass
@@ -141,13 +143,11 @@ class Spec:
 
     def validate(self) -> "Spec":
         """Check everything that can be checked without touching a backend; raise SpecError."""
-        from train.models import PRESETS  # the trainer owns the presets
+        from core.presets import PRESETS  # the trainer owns the presets
 
         if self.model not in PRESETS:
             raise SpecError(f"unknown model preset {self.model!r}; valid presets: {', '.join(sorted(PRESETS))}")
-        from launcher.backend import BACKENDS
-
-        _choice("backend", self.backend, tuple(BACKENDS))
+        _choice("backend", self.backend, BACKEND_NAMES)
         _choice("rnn", self.rnn, RNN_KINDS)
         _choice("engine", self.engine.name, ENGINES)
         _choice("data kind", self.data.kind, DATA_KINDS)
@@ -193,7 +193,7 @@ class Spec:
             raise SpecError("data kind 'text' needs --train-src (and --train-tgt for translation)")
         if self.data.prefetch < 0:
             raise SpecError(f"--prefetch must be >= 0, got {self.data.prefetch}")
-        from train.models import config_with_overrides
+        from core.presets import config_with_overrides
 
         cfg = config_with_overrides(PRESETS[self.model], self.model_args)  # raises SpecError on bad keys
         self.per_worker_batch(cfg.default_batch)  # raises if a strong-scaling batch does not split

@@ -1,6 +1,6 @@
 """From run directories to summaries and reports: the glue between the run store and costs/.
 
-All numbers come from the per-rank records (costs.scaling does the arithmetic); this module only
+All numbers come from the per-rank records (analysis.scaling does the arithmetic); this module only
 finds the runs, hands their records and metadata over, and writes the outputs.
 """
 
@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from costs.scaling import LayoutSummary, scale_layouts, summarize_run
-from launcher.errors import RecordError
-from launcher.runstore import load_run
-from launcher.spec import Spec
+from analysis.scaling import LayoutSummary, scale_layouts, summarize_run
+from core.errors import RecordError
+from core.records import load_run
+from core.spec import Spec
 
 SWEEP_FILE = "sweep.json"
 
@@ -73,7 +73,12 @@ def build_report(paths: list[Path], out: Path | None = None) -> Report:
 
 def write_report(summaries: list[LayoutSummary], runs: list[Path], out: Path) -> Report:
     """The scaling table of already computed summaries, written as report.md, report.json and plots."""
-    from costs.report import plot_speedup, plot_throughput, to_json_records, write_markdown
+    from analysis.report import (
+        plot_speedup,
+        plot_throughput,
+        to_json_records,
+        write_markdown,
+    )
 
     table = scale_layouts(summaries)
     out.mkdir(parents=True, exist_ok=True)

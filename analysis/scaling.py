@@ -26,7 +26,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 import pandas as pd
 
-from launcher.errors import RecordError
+from core.errors import RecordError
 
 __all__ = [
     "PHASES",

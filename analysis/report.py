@@ -1,6 +1,6 @@
 """Rendering of scaling tables: terminal (rich), Markdown report, PNG plots, JSON.
 
-Nothing is computed here beyond formatting: the numbers come from `costs.scaling`
+Nothing is computed here beyond formatting: the numbers come from `analysis.scaling`
 (`scale_layouts` / `scaling_table`). Every renderer accepts either a full sweep table (summary
 columns + scaling columns) or a bare scaling table (label, workers, throughput, speedup, ...):
 columns that are absent are simply left out, so the same code renders measured sweeps and

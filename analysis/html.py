@@ -21,7 +21,7 @@ import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from costs.report import DEFINITIONS, plot_speedup, plot_throughput, table_rows
+from analysis.report import DEFINITIONS, plot_speedup, plot_throughput, table_rows
 
 __all__ = ["plot_cost_frontier", "plot_phases", "plot_loss", "plot_predictions", "figure_png",
            "png_file", "write_html", "scaling_sections", "plan_sections"]

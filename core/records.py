@@ -1,4 +1,4 @@
-"""Run directories: where each run's spec, records, logs and summary live, and how they are read.
+"""Per-rank structured records: the one writer (ranks) and the one reader (launcher, reports).
 
 Layout and record format: docs/records.md. Reading is strict: a record line that is not JSON is an
 error naming the file and line (a report over silently skipped lines would lie), except a truncated
@@ -7,17 +7,18 @@ error naming the file and line (a report over silently skipped lines would lie),
 
 from __future__ import annotations
 
-import datetime
 import json
-import re
+import math
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from launcher.errors import RecordError
-from launcher.spec import Spec, read_spec
+from core.errors import RecordError
+from core.rundir import RunPaths
+from core.spec import Spec, read_spec
 
 try:  # orjson parses records about 5x faster; the standard library is the fallback
     import orjson
@@ -28,27 +29,6 @@ except ImportError:  # pragma: no cover
     _loads = json.loads
     _DecodeError = (json.JSONDecodeError,)
 
-DEFAULT_RUNS_ROOT = Path("runs")
-
-
-def new_run_dir(root: Path, name: str) -> Path:
-    """A fresh, unique directory `root/name-YYYYmmdd-HHMMSS[-k]`."""
-    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    base = re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-") or "run"
-    root.mkdir(parents=True, exist_ok=True)
-    for k in range(1000):
-        path = root / (f"{base}-{stamp}" + (f"-{k}" if k else ""))
-        try:
-            path.mkdir()
-            return path
-        except FileExistsError:
-            continue
-    raise RecordError(f"cannot create a run directory under {root}")
-
-
-def write_json(path: Path, data: Any) -> Path:
-    path.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
-    return path
 
 
 @dataclass
@@ -69,7 +49,7 @@ class RunRecords:
 
 
 def record_files(run_dir: Path) -> list[Path]:
-    files = sorted((Path(run_dir) / "records").glob("rank-*.jsonl"), key=lambda p: int(p.stem.split("-")[1]))
+    files = sorted(RunPaths(Path(run_dir)).records.glob("rank-*.jsonl"), key=lambda p: int(p.stem.split("-")[1]))
     if not files:
         raise RecordError(
             f"{run_dir} has no records (records/rank-*.jsonl); the run did not start training - see {run_dir}/logs"
@@ -112,3 +92,38 @@ def load_run(run_dir: str | Path) -> RunRecords:
             by_kind.setdefault(rec["kind"], []).append(rec)
     frames = {k: pd.DataFrame.from_records(v) for k, v in by_kind.items()}
     return RunRecords(run_dir, spec, frames["start"], frames["step"], frames["val"], frames["event"], warnings)
+
+
+# ---- the writer: one JSON object a line, one file per rank ------------------------------------
+
+
+def records_path(run_dir: Path, rank: int) -> Path:
+    return RunPaths(Path(run_dir)).rank_records(rank)
+
+
+class RecordWriter:
+    """Appends records for one rank; `time` and the rank's identity are added to every record."""
+
+    def __init__(self, run_dir: Path, rank: int, world: int) -> None:
+        path = records_path(run_dir, rank)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.rank, self.world = rank, world
+        self._file = path.open("a", buffering=1)  # line-buffered: a reader never sees half a record
+
+    def write(self, kind: str, **fields: Any) -> None:
+        record = {"kind": kind, "rank": self.rank, "world": self.world, "time": time.time(), **fields}
+        self._file.write(json.dumps(record, default=_jsonable, allow_nan=False) + "\n")
+
+    def event(self, event: str, **fields: Any) -> None:
+        self.write("event", event=event, **fields)
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def _jsonable(value: Any) -> Any:
+    if hasattr(value, "item"):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return str(value)
