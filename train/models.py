@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from core.errors import SpecError
 from core.presets import (  # noqa: F401  (the configs live in core; re-exported for the trainer)
     BOS_ID,
     EOS_ID,

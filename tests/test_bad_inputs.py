@@ -1,0 +1,334 @@
+"""Bad input across every command, file kind and backend: one clear message, a non-zero exit, no
+traceback, nothing started.
+
+The table is what a new user (or a fault injector) actually typed: wrong flags, NaN, infinity and
+negative numbers, conflicting pairs, binary, empty and corrupt files, CSVs with duplicate rows or
+columns, run directories with broken state. Each case names the words its message must contain (the
+input at fault), checked case-insensitively. Cases run in-process through the console entry point
+(`launcher.cli.entry`), so the table of ~100 inputs takes seconds; the subprocess path is covered by
+tests/test_cli_errors.py. Run and sweep cases carry `--dry-run`: an input silently accepted prints a
+request and exits 0 (a failure here) instead of training.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+GOOD_CSV = "label,workers,throughput\nA,1,100\nA,2,180\nA,4,300\n"
+BINARY = bytes(range(256)) * 4
+
+# name -> content of the files a case may refer to as {name}
+FILES: dict[str, str | bytes] = {
+    "binary.yaml": BINARY,
+    "binary.csv": BINARY,
+    "binary.json": BINARY,
+    "binary.txt": BINARY,
+    "empty.yaml": "",
+    "comments.yaml": "# nothing but a comment\n",
+    "list.yaml": "- nodes\n- 2\n",
+    "syntax.yaml": "nodes: [1, 2\n",
+    "nodes-null.yaml": "nodes: null\n",
+    "nodes-neg.yaml": "nodes: -2\n",
+    "nodes-float.yaml": "nodes: 2.5\n",
+    "nodes-bool.yaml": "nodes: true\n",
+    "lr-nan.yaml": "lr: .nan\n",
+    "lr-inf.yaml": "lr: .inf\n",
+    "seed-neg.yaml": "seed: -1\n",
+    "unknown-key.yaml": "modle: nmt-tiny\n",
+    "engine-unknown.yaml": "engine: {name: mpi}\n",
+    "engine-string.yaml": "engine: horovod\n",
+    "data-text.yaml": "data: {kind: text}\n",
+    "both-batches.yaml": "global_batch: 8\nbatch_per_worker: 4\n",
+    "model-args-neg.yaml": "model_args: {hidden_size: -1}\n",
+    "threshold-nan.yaml": "loss_threshold: .nan\nval_every: 2\n",
+    "slowdown-nan.yaml": "gpus_per_node: 2\nemulate_slowdown: [1, .nan]\n",
+    "nodes-string.json": '{"nodes": "two"}',
+    "steps-inf.yaml": "steps: .inf\n",
+    "bopt-unknown.yaml": "backend: slurm\nbackend_options: {partitionn: gpu}\n",
+    "empty.csv": "",
+    "header-only.csv": "label,workers,throughput\n",
+    "nan.csv": "label,workers,throughput\nA,1,100\nA,2,nan\n",
+    "inf.csv": "label,workers,throughput\nA,1,100\nA,2,inf\n",
+    "neg-workers.csv": "label,workers,throughput\nA,1,100\nA,-2,180\n",
+    "zero-workers.csv": "label,workers,throughput\nA,0,100\nA,2,180\n",
+    "neg-throughput.csv": "label,workers,throughput\nA,1,100\nA,2,-180\n",
+    "dup-rows.csv": "label,workers,throughput\nA,1,100\nA,2,180\nA,2,190\n",
+    "dup-cols.csv": "label,workers,workers,throughput\nA,1,1,100\nA,2,2,180\n",
+    "no-workers.csv": "label,throughput\nA,100\nA,180\n",
+    "text-workers.csv": "label,workers,throughput\nA,one,100\nA,2,180\n",
+    "good.csv": GOOD_CSV,
+    "cost-neg.csv": "label,seconds,instances\nA,-5,1*p2.xlarge\n",
+    "cost-nan.csv": "label,seconds,instances\nA,nan,1*p2.xlarge\n",
+    "cost-badmix.csv": "label,seconds,instances\nA,60,2*nosuch.type\n",
+    "cost-dup.csv": "label,seconds,instances\nA,60,1*p2.xlarge\nA,60,1*p2.xlarge\n",
+    "prices-corrupt.json": '{"p2.xlarge": ',
+    "prices-neg.json": '{"on-demand": {"us-east-1": {"p2.xlarge": -0.9}}}',
+    "study-empty.yaml": "",
+    "study-list.yaml": "- a\n",
+}
+
+
+def _run_dir(root: Path, name: str, spec: str | None = '{"model": "nmt-tiny"}', launch: str | None = None,
+             records: str | bytes | None = None) -> Path:
+    """A run directory as the launcher leaves one, with whichever part broken."""
+    run = root / name
+    (run / "records").mkdir(parents=True)
+    if spec is not None:
+        (run / "spec.json").write_text(spec)
+    if launch is not None:
+        (run / "launch.json").write_text(launch)
+    if records is not None:
+        path = run / "records" / "rank-0.jsonl"
+        path.write_bytes(records if isinstance(records, bytes) else records.encode())
+    return run
+
+
+def _fixtures(tmp: Path) -> dict[str, str]:
+    for name, content in FILES.items():
+        path = tmp / name
+        path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    step = '{"kind": "start", "rank": 0, "world": 1, "time": 1}\n{"kind": "step", "step": "abc", "rank": 0, "world": 1, "time": 2}\n'
+    paths = {name: str(tmp / name) for name in FILES}
+    paths.update({
+        "corrupt_spec_run": str(_run_dir(tmp, "corrupt-spec", spec='{"model": ')),
+        "binary_spec_run": str(_run_dir(tmp, "binary-spec", spec=None)),
+        "no_spec_run": str(_run_dir(tmp, "no-spec", spec=None)),
+        "corrupt_launch_run": str(_run_dir(tmp, "corrupt-launch", launch='{"pids": [')),
+        "binary_records_run": str(_run_dir(tmp, "binary-records", records=BINARY)),
+        "typed_records_run": str(_run_dir(tmp, "typed-records", records=step)),
+        "no_records_run": str(_run_dir(tmp, "no-records")),
+        "a_file": paths["good.csv"],
+        "tmp": str(tmp),
+    })
+    (tmp / "binary-spec" / "spec.json").write_bytes(BINARY)
+    return paths
+
+
+DRY = ["--dry-run"]
+# (case id, argv with {placeholders}, words the message must contain)
+CASES: list[tuple[str, list[str], list[str]]] = [
+    # ---- run: numbers in flags -------------------------------------------------------------------
+    ("nodes-zero", ["--nodes", "0", *DRY], ["--nodes"]),
+    ("nodes-negative", ["--nodes", "-1", *DRY], ["--nodes"]),
+    ("gpus-zero", ["--gpus-per-node", "0", *DRY], ["--gpus-per-node"]),
+    ("nodes-text", ["--nodes", "two", *DRY], ["two"]),
+    ("steps-zero", ["--steps", "0", *DRY], ["--steps"]),
+    ("steps-negative", ["--steps", "-5", *DRY], ["--steps"]),
+    ("epochs-zero", ["--epochs", "0", *DRY], ["--epochs"]),
+    ("lr-nan", ["--lr", "nan", *DRY], ["--lr"]),
+    ("lr-inf", ["--lr", "inf", *DRY], ["--lr"]),
+    ("lr-negative", ["--lr", "-1", *DRY], ["--lr"]),
+    ("lr-zero", ["--lr", "0", *DRY], ["--lr"]),
+    ("threshold-nan", ["--loss-threshold", "nan", "--val-every", "5", *DRY], ["--loss-threshold"]),
+    ("threshold-inf", ["--loss-threshold", "inf", "--val-every", "5", *DRY], ["--loss-threshold"]),
+    ("threshold-negative", ["--loss-threshold", "-1", "--val-every", "5", *DRY], ["--loss-threshold"]),
+    ("threshold-without-validation", ["--loss-threshold", "1.0", *DRY], ["--val-every"]),
+    ("seed-negative", ["--seed", "-1", *DRY], ["--seed"]),
+    ("fusion-negative", ["--fusion-threshold-mb", "-1", *DRY], ["--fusion-threshold-mb"]),
+    ("fusion-nan", ["--fusion-threshold-mb", "nan", *DRY], ["--fusion-threshold-mb"]),
+    ("bucket-zero", ["--bucket-cap-mb", "0", *DRY], ["--bucket-cap-mb"]),
+    ("bucket-inf", ["--bucket-cap-mb", "inf", *DRY], ["--bucket-cap-mb"]),
+    ("cycle-negative", ["--cycle-time-ms", "-1", *DRY], ["--cycle-time-ms"]),
+    ("warmup-negative", ["--warmup-steps", "-1", *DRY], ["--warmup-steps"]),
+    ("val-every-negative", ["--val-every", "-1", *DRY], ["--val-every"]),
+    ("val-batches-zero", ["--val-batches", "0", *DRY], ["--val-batches"]),
+    ("checkpoint-every-negative", ["--checkpoint-every", "-3", *DRY], ["--checkpoint-every"]),
+    ("threads-zero", ["--threads", "0", *DRY], ["--threads"]),
+    ("interop-zero", ["--interop-threads", "0", *DRY], ["--interop-threads"]),
+    ("prefetch-negative", ["--prefetch", "-1", *DRY], ["--prefetch"]),
+    ("train-samples-zero", ["--train-samples", "0", *DRY], ["--train-samples"]),
+    ("global-batch-zero", ["--global-batch", "0", *DRY], ["--global-batch"]),
+    ("balance-every-zero", ["--balance-every", "0", *DRY], ["--balance-every"]),
+    # ---- run: conflicting or impossible combinations ---------------------------------------------
+    ("both-batch-flags", ["--global-batch", "8", "--batch-per-worker", "4", *DRY], ["--global-batch", "--batch-per-worker"]),
+    ("steps-below-warmup", ["--steps", "3", "--warmup-steps", "5", *DRY], ["--steps", "--warmup-steps"]),
+    ("thousand-local-ranks", ["--engine", "ddp", "--gpus-per-node", "1000", *DRY], ["1000"]),
+    ("single-with-two-workers", ["--engine", "single", "--gpus-per-node", "2", *DRY], ["single"]),
+    ("replicas-with-dynamic", ["--engine", "ddp", "--gpus-per-node", "2", "--independent-replicas", "--balance", "dynamic", *DRY],
+     ["--independent-replicas"]),
+    ("batch-does-not-split", ["--engine", "ddp", "--global-batch", "15", "--gpus-per-node", "2", *DRY], ["split"]),
+    ("slowdown-not-a-number", ["--engine", "ddp", "--gpus-per-node", "2", "--emulate-slowdown", "1,x", *DRY], ["--emulate-slowdown"]),
+    ("slowdown-nan", ["--engine", "ddp", "--gpus-per-node", "2", "--emulate-slowdown", "1,nan", *DRY], ["--emulate-slowdown"]),
+    ("slowdown-count", ["--engine", "ddp", "--gpus-per-node", "2", "--emulate-slowdown", "1", *DRY], ["--emulate-slowdown"]),
+    ("text-without-files", ["--data", "text", *DRY], ["--train-src"]),
+    ("text-binary-file", ["--data", "text", "--model", "rnnlm-tiny", "--train-src", "{binary.txt}", *DRY], ["binary.txt"]),
+    ("text-missing-file", ["--data", "text", "--model", "rnnlm-tiny", "--train-src", "{tmp}/absent.txt", *DRY], ["absent.txt"]),
+    ("runs-dir-is-a-file", ["--runs-dir", "{a_file}", "--steps", "2"], ["good.csv"]),
+    # ---- run: model and backend options ----------------------------------------------------------
+    ("model-arg-negative", ["--model-arg", "hidden_size=-5", *DRY], ["hidden_size"]),
+    ("model-arg-nan", ["--model-arg", "hidden_size=nan", *DRY], ["hidden_size"]),
+    ("model-arg-bool", ["--model-arg", "hidden_size=true", *DRY], ["hidden_size"]),
+    ("model-arg-dropout", ["--model-arg", "dropout=1.5", *DRY], ["dropout"]),
+    ("model-arg-null", ["--model-arg", "vocab_size=null", *DRY], ["vocab_size"]),
+    ("model-arg-no-equals", ["--model-arg", "hidden_size", *DRY], ["--model-arg"]),
+    ("model-arg-unknown", ["--model-arg", "hiden_size=3", *DRY], ["hiden_size"]),
+    ("local-port-negative", ["--backend-opt", "master_port=-1", *DRY], ["master_port"]),
+    ("local-port-too-big", ["--backend-opt", "master_port=99999", *DRY], ["master_port"]),
+    ("local-option-unknown", ["--backend-opt", "gpus=3", *DRY], ["gpus"]),
+    ("flag-of-other-backend", ["--partition", "gpu", *DRY], ["--partition", "slurm"]),
+    ("slurm-cpus-zero", ["--backend", "slurm", "--cpus-per-task", "0", *DRY], ["cpus"]),
+    ("slurm-mem-negative", ["--backend", "slurm", "--mem-gb", "-1", *DRY], ["mem"]),
+    ("slurm-mem-nan", ["--backend", "slurm", "--mem-gb", "nan", *DRY], ["mem"]),
+    ("slurm-option-unknown", ["--backend", "slurm", "--backend-opt", "partitionn=gpu", *DRY], ["partitionn"]),
+    ("k8s-without-image", ["--backend", "k8s", *DRY], ["--image"]),
+    ("k8s-bad-selector", ["--backend", "k8s", "--image", "x.org/s:1", "--node-selector", "nolabel", *DRY], ["nolabel"]),
+    ("aws-without-bucket", ["--backend", "aws", *DRY], ["--bucket"]),
+    ("aws-unknown-type", ["--backend", "aws", "--bucket", "b", "--instance-type", "nosuch.x", *DRY], ["nosuch.x"]),
+    ("aws-max-price-negative", ["--backend", "aws", "--bucket", "b", "--spot", "--max-price", "-1", *DRY], ["max"]),
+    ("aws-time-limit-zero", ["--backend", "aws", "--bucket", "b", "--time-limit-min", "0", *DRY], ["time"]),
+    ("aws-time-limit-nan", ["--backend", "aws", "--bucket", "b", "--time-limit-min", "nan", *DRY], ["time"]),
+    ("aws-mix-count", ["--backend", "aws", "--bucket", "b", "--instance-type", "1*p2.xlarge+1*g3.4xlarge", "--nodes", "3", *DRY],
+     ["--nodes"]),
+    # ---- spec files --------------------------------------------------------------------------------
+    ("spec-missing", ["--spec", "{tmp}/missing.yaml", *DRY], ["missing.yaml"]),
+    ("spec-binary", ["--spec", "{binary.yaml}", *DRY], ["binary.yaml"]),
+    ("spec-empty", ["--spec", "{empty.yaml}", *DRY], ["empty.yaml"]),
+    ("spec-only-comments", ["--spec", "{comments.yaml}", *DRY], ["comments.yaml"]),
+    ("spec-list", ["--spec", "{list.yaml}", *DRY], ["list.yaml"]),
+    ("spec-syntax", ["--spec", "{syntax.yaml}", *DRY], ["syntax.yaml"]),
+    ("spec-null-number", ["--spec", "{nodes-null.yaml}", *DRY], ["nodes"]),
+    ("spec-negative", ["--spec", "{nodes-neg.yaml}", *DRY], ["nodes"]),
+    ("spec-float-for-int", ["--spec", "{nodes-float.yaml}", *DRY], ["nodes"]),
+    ("spec-bool-for-int", ["--spec", "{nodes-bool.yaml}", *DRY], ["nodes"]),
+    ("spec-nan", ["--spec", "{lr-nan.yaml}", *DRY], ["lr"]),
+    ("spec-inf", ["--spec", "{lr-inf.yaml}", *DRY], ["lr"]),
+    ("spec-steps-inf", ["--spec", "{steps-inf.yaml}", *DRY], ["steps"]),
+    ("spec-seed-negative", ["--spec", "{seed-neg.yaml}", *DRY], ["seed"]),
+    ("spec-unknown-key", ["--spec", "{unknown-key.yaml}", *DRY], ["modle"]),
+    ("spec-unknown-engine", ["--spec", "{engine-unknown.yaml}", *DRY], ["mpi"]),
+    ("spec-engine-not-mapping", ["--spec", "{engine-string.yaml}", *DRY], ["engine"]),
+    ("spec-text-without-files", ["--spec", "{data-text.yaml}", *DRY], ["train"]),
+    ("spec-both-batches", ["--spec", "{both-batches.yaml}", *DRY], ["global", "batch_per_worker"]),
+    ("spec-model-args-negative", ["--spec", "{model-args-neg.yaml}", *DRY], ["hidden_size"]),
+    ("spec-threshold-nan", ["--spec", "{threshold-nan.yaml}", *DRY], ["threshold"]),
+    ("spec-slowdown-nan", ["--spec", "{slowdown-nan.yaml}", "--engine", "ddp", *DRY], ["slowdown"]),
+    ("spec-json-string-for-int", ["--spec", "{nodes-string.json}", *DRY], ["nodes"]),
+    ("spec-backend-option-unknown", ["--spec", "{bopt-unknown.yaml}", *DRY], ["partitionn"]),
+    # ---- sweep -------------------------------------------------------------------------------------
+    ("sweep-no-layouts", ["sweep", *DRY], ["--workers"]),
+    ("sweep-zero-workers", ["sweep", "--workers", "0,1", *DRY], ["0"]),
+    ("sweep-negative-workers", ["sweep", "--workers", "1,-2", *DRY], ["-2"]),
+    ("sweep-text-workers", ["sweep", "--workers", "a,b", *DRY], ["a"]),
+    ("sweep-bad-layout", ["sweep", "--layouts", "1x0", *DRY], ["1x0"]),
+    ("sweep-half-layout", ["sweep", "--layouts", "2x", *DRY], ["2x"]),
+    ("sweep-duplicate-layout", ["sweep", "--workers", "1,1", *DRY], ["1"]),
+    ("sweep-batch-does-not-split", ["sweep", "--engine", "ddp", "--workers", "1,2", "--global-batch", "3", *DRY], ["split"]),
+    # ---- report ------------------------------------------------------------------------------------
+    ("report-missing-dir", ["report", "{tmp}/nothing"], ["nothing"]),
+    ("report-a-file", ["report", "{a_file}"], ["good.csv"]),
+    ("report-csv-missing", ["report", "--from-csv", "{tmp}/absent.csv"], ["absent.csv"]),
+    ("report-csv-binary", ["report", "--from-csv", "{binary.csv}"], ["binary.csv"]),
+    ("report-csv-empty", ["report", "--from-csv", "{empty.csv}"], ["empty.csv"]),
+    ("report-csv-header-only", ["report", "--from-csv", "{header-only.csv}"], ["header-only.csv"]),
+    ("report-csv-nan", ["report", "--from-csv", "{nan.csv}"], ["nan.csv"]),
+    ("report-csv-inf", ["report", "--from-csv", "{inf.csv}"], ["inf.csv"]),
+    ("report-csv-negative-workers", ["report", "--from-csv", "{neg-workers.csv}"], ["neg-workers.csv"]),
+    ("report-csv-zero-workers", ["report", "--from-csv", "{zero-workers.csv}"], ["zero-workers.csv"]),
+    ("report-csv-negative-throughput", ["report", "--from-csv", "{neg-throughput.csv}"], ["neg-throughput.csv"]),
+    ("report-csv-duplicate-rows", ["report", "--from-csv", "{dup-rows.csv}"], ["dup-rows.csv"]),
+    ("report-csv-duplicate-columns", ["report", "--from-csv", "{dup-cols.csv}"], ["workers"]),
+    ("report-csv-no-workers", ["report", "--from-csv", "{no-workers.csv}"], ["workers"]),
+    ("report-csv-text-workers", ["report", "--from-csv", "{text-workers.csv}"], ["one"]),
+    ("report-runs-and-csv", ["report", "{typed_records_run}", "--from-csv", "{good.csv}"], ["--from-csv"]),
+    ("report-corrupt-spec", ["report", "{corrupt_spec_run}"], ["spec.json"]),
+    ("report-binary-spec", ["report", "{binary_spec_run}"], ["spec.json"]),
+    ("report-binary-records", ["report", "{binary_records_run}"], ["rank-0.jsonl"]),
+    ("report-wrong-record-type", ["report", "{typed_records_run}"], ["rank-0.jsonl"]),
+    ("report-no-records", ["report", "{no_records_run}"], ["records"]),
+    ("report-out-is-a-file", ["report", "--from-csv", "{good.csv}", "--out", "{a_file}"], ["good.csv"]),
+    # ---- cost and plan -----------------------------------------------------------------------------
+    ("cost-csv-binary", ["cost", "--from-csv", "{binary.csv}"], ["binary.csv"]),
+    ("cost-csv-negative", ["cost", "--from-csv", "{cost-neg.csv}"], ["cost-neg.csv"]),
+    ("cost-csv-nan", ["cost", "--from-csv", "{cost-nan.csv}"], ["cost-nan.csv"]),
+    ("cost-csv-unknown-type", ["cost", "--from-csv", "{cost-badmix.csv}"], ["nosuch.type"]),
+    ("cost-csv-duplicate-rows", ["cost", "--from-csv", "{cost-dup.csv}"], ["cost-dup.csv"]),
+    ("cost-rate-text", ["cost", "--from-csv", "{good.csv}", "--rate", "slurm=abc"], ["--rate"]),
+    ("cost-rate-negative", ["cost", "--from-csv", "{good.csv}", "--rate", "slurm=-1/gpu-hour"], ["--rate"]),
+    ("cost-interruptions-negative", ["cost", "--from-csv", "{good.csv}", "--interruptions-per-hour", "-1"], ["--interruptions-per-hour"]),
+    ("cost-prices-binary", ["cost", "--list", "--prices", "{binary.json}"], ["binary.json"]),
+    ("cost-prices-corrupt", ["cost", "--list", "--prices", "{prices-corrupt.json}"], ["prices-corrupt.json"]),
+    ("plan-deadline-negative", ["plan", "--from-csv", "{good.csv}", "--deadline-h", "-1"], ["--deadline-h"]),
+    ("plan-deadline-nan", ["plan", "--from-csv", "{good.csv}", "--deadline-h", "nan"], ["--deadline-h"]),
+    ("plan-budget-negative", ["plan", "--from-csv", "{good.csv}", "--budget", "-5"], ["--budget"]),
+    ("plan-work-negative", ["plan", "--from-csv", "{good.csv}", "--work", "-1"], ["--work"]),
+    ("plan-work-nan", ["plan", "--from-csv", "{good.csv}", "--work", "nan"], ["--work"]),
+    ("plan-predict-negative", ["plan", "--from-csv", "{good.csv}", "--predict-workers", "0,-1"], ["--predict-workers"]),
+    ("plan-predict-text", ["plan", "--from-csv", "{good.csv}", "--predict-workers", "a"], ["--predict-workers"]),
+    ("plan-gradient-negative", ["plan", "--from-csv", "{good.csv}", "--gradient-mb", "-1"], ["--gradient-mb"]),
+    ("plan-unknown-type", ["plan", "--from-csv", "{good.csv}", "--instance-types", "nosuch.type"], ["nosuch.type"]),
+    ("plan-csv-binary", ["plan", "--from-csv", "{binary.csv}"], ["binary.csv"]),
+    # ---- study -------------------------------------------------------------------------------------
+    ("study-missing", ["study", "{tmp}/absent.yaml", "--dry-run"], ["absent.yaml"]),
+    ("study-binary", ["study", "{binary.yaml}", "--dry-run"], ["binary.yaml"]),
+    ("study-empty", ["study", "{study-empty.yaml}", "--dry-run"], ["study-empty.yaml"]),
+    ("study-list", ["study", "{study-list.yaml}", "--dry-run"], ["study-list.yaml"]),
+    # ---- run directories: status, logs, cancel, resume ---------------------------------------------
+    ("status-missing", ["status", "{tmp}/nothing"], ["nothing"]),
+    ("status-not-a-run", ["status", "{no_spec_run}"], ["spec.json"]),
+    ("status-corrupt-launch", ["status", "{corrupt_launch_run}"], ["launch.json"]),
+    ("logs-missing", ["logs", "{tmp}/nothing"], ["nothing"]),
+    ("cancel-missing", ["cancel", "{tmp}/nothing"], ["nothing"]),
+    ("cancel-corrupt-launch", ["cancel", "{corrupt_launch_run}"], ["launch.json"]),
+    ("resume-missing", ["resume", "{tmp}/nothing"], ["nothing"]),
+    ("resume-corrupt-spec", ["resume", "{corrupt_spec_run}"], ["spec.json"]),
+    ("resume-binary-spec", ["resume", "{binary_spec_run}"], ["spec.json"]),
+]
+
+
+def _fill(args: list[str], paths: dict[str, str]) -> list[str]:
+    return [re.sub(r"\{([\w.\-]+)\}", lambda m: paths[m.group(1)], a) for a in args]
+
+
+@pytest.fixture(scope="module")
+def paths(tmp_path_factory) -> dict[str, str]:
+    return _fixtures(tmp_path_factory.mktemp("bad-inputs"))
+
+
+def test_the_table_is_large_and_covers_every_command() -> None:
+    assert len(CASES) >= 80
+    assert len({c[0] for c in CASES}) == len(CASES), "case ids must be unique"
+    commands = {c[1][0] for c in CASES if not c[1][0].startswith("-")}
+    assert {"sweep", "report", "cost", "plan", "study", "status", "logs", "cancel", "resume"} <= commands
+
+
+@pytest.mark.parametrize("case, args, words", CASES, ids=[c[0] for c in CASES])
+def test_bad_input_gets_one_clear_message(case, args, words, paths, monkeypatch, capsys, tmp_path) -> None:
+    from launcher.cli import entry
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    argv = _fill(args, paths)
+    if "--runs-dir" not in argv and argv[0] not in ("report", "cost", "plan", "status", "logs", "cancel", "resume"):
+        argv += ["--runs-dir", str(tmp_path / "runs")]
+    monkeypatch.setattr(sys, "argv", ["launch", *argv])
+    code = 0
+    try:
+        entry()
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    out = capsys.readouterr()
+    text = " ".join((out.err + out.out).split()).lower()
+    assert code != 0, f"{case}: accepted (exit 0); output:\n{out.out[-1500:]}{out.err[-1500:]}"
+    assert "traceback" not in text, f"{case}: traceback:\n{out.err[-3000:]}"
+    for word in words:
+        assert word.lower() in text, f"{case}: {word!r} not in the message:\n{out.err[-1500:]}"
+    runs = tmp_path / "runs"
+    assert not runs.exists() or not any(runs.iterdir()), f"{case}: left {list(runs.iterdir())}"
+
+
+def test_every_message_is_one_line_for_spec_errors(paths, monkeypatch, capsys, tmp_path) -> None:
+    """A spec error is one line (the message), not a wall of text."""
+    from launcher.cli import entry
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["launch", "--spec", paths["lr-nan.yaml"], "--dry-run"])
+    with pytest.raises(SystemExit):
+        entry()
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("launch: error:") and len(err.splitlines()) == 1, err
+    json.dumps(err)  # printable
