@@ -14,6 +14,7 @@ files are typed by hand. Formats (header row required, extra columns kept, order
 from __future__ import annotations
 
 import csv
+import math
 from pathlib import Path
 from typing import Any, Callable
 
@@ -38,14 +39,14 @@ def _positive_int(x: str) -> int:
 
 def _positive_float(x: str) -> float:
     v = float(x.replace(",", "").replace("_", ""))
-    if not v > 0:
+    if not (v > 0 and math.isfinite(v)):
         raise ValueError
     return v
 
 
 def _non_negative_float(x: str) -> float:
     v = float(x.replace(",", "").replace("_", ""))
-    if not v >= 0:
+    if not (v >= 0 and math.isfinite(v)):
         raise ValueError
     return v
 
@@ -82,6 +83,10 @@ def _read(path: str | Path, required: list[list[str]], parsers: dict[str, Callab
         header = [h.strip() for h in next(reader)]
     except StopIteration:
         raise CsvError(f"{path}: empty file; expected a header row with {what}") from None
+    repeated = sorted({h for h in header if header.count(h) > 1})
+    if repeated:
+        raise CsvError(f"{path}: column {', '.join(repr(h) for h in repeated)} appears more than once in the header; "
+                       "keep one of each")
     for group in required:
         if not any(c in header for c in group):
             raise CsvError(f"{path}: missing column {' or '.join(repr(c) for c in group)}; "
@@ -111,7 +116,19 @@ def _read(path: str | Path, required: list[list[str]], parsers: dict[str, Callab
         rows.append(row)
     if not rows:
         raise CsvError(f"{path}: no data rows under the header")
+    _refuse_repeats(path, rows, [h for h in header if h in parsers or h == "label"])
     return pd.DataFrame(rows)
+
+
+def _refuse_repeats(path: Path, rows: list[dict[str, Any]], key: list[str]) -> None:
+    """Two rows that say the same thing (a row pasted twice) are an error naming both lines."""
+    seen: dict[tuple, int] = {}
+    for row in rows:
+        k = tuple(row.get(c) for c in key)
+        if k in seen:
+            raise CsvError(f"{path}:{row['_line']}: repeats line {seen[k]} "
+                           f"({', '.join(f'{c}={row.get(c)}' for c in key)}); delete one of them")
+        seen[k] = row["_line"]
 
 
 def read_scaling_csv(path: str | Path) -> pd.DataFrame:
@@ -126,7 +143,20 @@ def read_scaling_csv(path: str | Path) -> pd.DataFrame:
     missing = df[df[metric].isna()]
     if len(missing):
         raise CsvError(f"{path}:{int(missing['_line'].iloc[0])}: column {metric!r} is empty")
+    _refuse_two_values_for_one_layout(path, df)
     return df
+
+
+def _refuse_two_values_for_one_layout(path: str | Path, df: pd.DataFrame) -> None:
+    """Speedup is against one measurement per layout: two rows for one layout of one series are
+    ambiguous (average them first, or give each repeat a label of its own)."""
+    key = [c for c in ("label", "mode", "workers", "nodes") if c in df.columns]
+    dup = df[df.duplicated(key, keep=False)]
+    if len(dup):
+        lines = ", ".join(str(int(x)) for x in dup["_line"])
+        first = dup.iloc[0]
+        raise CsvError(f"{path}: lines {lines} all measure {first.get('label') or 'the same series'!s} at "
+                       f"{int(first['workers'])} workers; keep one row per layout (average repeats) or label them apart")
 
 
 def read_cost_csv(path: str | Path) -> pd.DataFrame:
