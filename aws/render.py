@@ -16,9 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from aws.instances import shape
 from core.errors import SpecError
 from core.spec import Spec
+from costs.billing import Mix
+from costs.catalog import load_catalog
 from launcher.backend import Request
 
 TAG_RUN = "scalelab:run-id"
@@ -46,6 +47,7 @@ class Plan:
     engine: str
     spec_json: str
     options: dict[str, Any]
+    gpus_per_instance: dict[str, int] = field(default_factory=dict)  # of node_types, from the catalog
 
     @property
     def nodes(self) -> int:
@@ -56,20 +58,25 @@ class Plan:
 
 
 def make_plan(spec: Spec, run_dir: Path, options: dict[str, Any], region: str) -> Plan:
-    """Check the layout against the instance types; raise SpecError on anything impossible."""
-    from aws.instances import parse_instance_types
+    """Check the layout against the instance types; raise SpecError on anything impossible.
 
+    Shapes come from the one instance catalog (costs/catalog.py: the built-in table, then the
+    user's prices file), the same one `launch cost` prices runs with; `--instance-type` is read with
+    `Mix.for_nodes` (a bare type is every node, a mix names one instance per node).
+    """
     if not options.get("bucket"):
         raise SpecError("the aws backend needs --bucket NAME: an S3 bucket in the run's region for its package, "
                         "records, logs and checkpoints")
     if not region:
         raise SpecError("no AWS region: pass --region (e.g. us-east-1) or configure one with "
                         "`aws configure set region us-east-1` or the AWS_REGION environment variable")
-    types = parse_instance_types(options["instance_type"], spec.nodes)
-    for t in [*types, *(options.get("fallback_instance_types") or [])]:
-        if shape(t).gpus < spec.gpus_per_node:
-            raise SpecError(f"{t} has {shape(t).gpus} GPU(s) but --gpus-per-node is {spec.gpus_per_node}; "
-                            f"use --gpus-per-node {shape(t).gpus} or a larger instance type")
+    catalog = load_catalog()
+    types = Mix.for_nodes(options["instance_type"], spec.nodes, catalog, provider="aws").node_types()
+    gpus = {t: catalog.instance(t, "aws").gpus for t in [*types, *(options.get("fallback_instance_types") or [])]}
+    for t, n in gpus.items():
+        if n < spec.gpus_per_node:
+            raise SpecError(f"{t} has {n} GPU(s) but --gpus-per-node is {spec.gpus_per_node}; "
+                            f"use --gpus-per-node {n} or a larger instance type")
     if len(types) > 1 and spec.engine.name == "single":
         raise SpecError("engine 'single' runs on one instance; use --engine horovod or ddp for several")
     if options.get("spot_max_price") is not None and float(options["spot_max_price"]) < 0:
@@ -79,7 +86,7 @@ def make_plan(spec: Spec, run_dir: Path, options: dict[str, Any], region: str) -
     run_id = Path(run_dir).name
     prefix = "/".join(p for p in (str(options.get("prefix") or "").strip("/"), run_id) if p)
     return Plan(run_id, region, options["bucket"], prefix, types, spec.gpus_per_node, spec.engine.name,
-                spec.to_json(), dict(options))
+                spec.to_json(), dict(options), {t: gpus[t] for t in types})
 
 
 def tags(plan: Plan, **extra: str) -> list[dict[str, str]]:
@@ -232,7 +239,7 @@ class AwsRequest(Request):
         doc = {
             "run_id": p.run_id, "region": p.region, "s3": f"s3://{p.bucket}/{p.prefix}/",
             "layout": {"instances": dict(counts), "gpus_per_node": p.gpus_per_node,
-                       "gpus_per_instance": {t: shape(t).gpus for t in counts},
+                       "gpus_per_instance": {t: p.gpus_per_instance[t] for t in counts},
                        "workers": p.nodes * p.gpus_per_node, "engine": p.engine,
                        "balance": json.loads(p.spec_json).get("balance", "static"),
                        "market": "spot" if p.options.get("spot") else "on-demand",

@@ -25,7 +25,7 @@ from typing import Any
 
 from costs.catalog import MARKETS, Catalog, CatalogError
 
-__all__ = ["MIN_BILLED_S", "Mix", "parse_mix", "billed_seconds", "RunCost", "run_cost",
+__all__ = ["MIN_BILLED_S", "Mix", "billed_seconds", "RunCost", "run_cost",
            "spot_expected_seconds", "threshold_cost"]
 
 MIN_BILLED_S = 60
@@ -33,15 +33,64 @@ MIN_BILLED_S = 60
 
 @dataclass(frozen=True)
 class Mix:
-    """Instances rented together: ((count, type), ...) in the order written."""
+    """Instances rented together: ((count, type), ...) in the order written.
+
+    One grammar everywhere an instance mix is written: `COUNT*TYPE` terms joined by `+`, e.g.
+    `1*p2.xlarge+3*g3.4xlarge`; TYPE is an instance type or a `--rate` name of the catalog. A bare
+    `TYPE` term inside a mix is one instance. A text that is a single bare `TYPE` means:
+
+    - one instance in `Mix.parse(text)` (a cost CSV's `instances` column, a study's `instances`),
+      since nothing says how many nodes there were;
+    - one instance per node in `Mix.parse(text, nodes=N)` and `Mix.for_nodes(text, N)` (the aws
+      backend's `--instance-type`, the run's own spec and `--instances` in `launch cost RUN`),
+      as `launch --backend aws --instance-type g3.4xlarge --nodes 4` rents four g3.4xlarge.
+
+    `for_nodes` also requires an explicit mix to hold exactly one instance per node, so the spec
+    saved with a run says what ran; `launch cost RUN --instances` does not, because an on-premise
+    rate per GPU-hour counts GPUs (`8*slurm`), not nodes.
+    """
 
     items: tuple[tuple[int, str], ...]
+
+    @classmethod
+    def parse(cls, text: str, catalog: Catalog | None = None, *, nodes: int | None = None,
+              provider: str | None = None) -> Mix:
+        """Read `text` (grammar in the class doc). Types are checked against `catalog` when given,
+        restricted to `provider` ("aws") when given; an unknown one lists the known ones."""
+        items: list[tuple[int, str]] = []
+        terms = str(text).split("+")
+        for term in terms:
+            m = _TERM.fullmatch(term)
+            count = int(m.group(1)) if m and m.group(1) is not None else None
+            if not m or count == 0:
+                why = "a count must be at least 1" if m else "expected COUNT*TYPE or TYPE"
+                raise CatalogError(f"cannot read instances {text!r}: term {term.strip()!r}: {why}; write "
+                                   "COUNT*TYPE terms joined by '+', e.g. 1*p2.xlarge+3*g3.4xlarge")
+            if catalog is not None:
+                catalog.instance(m.group(2), provider)
+            if count is None:  # a bare type: every node when it stands alone and nodes are known
+                count = nodes if len(terms) == 1 and nodes is not None else 1
+            items.append((count, m.group(2)))
+        return cls(tuple(items))
+
+    @classmethod
+    def for_nodes(cls, text: str, nodes: int, catalog: Catalog | None = None, provider: str | None = None) -> Mix:
+        """One instance per node: a bare type is every node, an explicit mix must count `nodes`."""
+        mix = cls.parse(text, catalog, nodes=nodes, provider=provider)
+        if mix.count() != nodes:
+            raise CatalogError(f"the instance mix {text!r} has {mix.count()} instances but there are {nodes} "
+                               f"nodes (--nodes); pass --nodes {mix.count()}, or one type alone for every node")
+        return mix
 
     def __str__(self) -> str:
         return "+".join(f"{n}*{t}" for n, t in self.items)
 
     def count(self) -> int:
         return sum(n for n, _ in self.items)
+
+    def node_types(self) -> list[str]:
+        """One type per instance, in the order written (for a run: node order, which is rank order)."""
+        return [t for n, t in self.items for _ in range(n)]
 
     def gpus(self, catalog: Catalog) -> int:
         return sum(n * catalog.instance(t).gpus for n, t in self.items)
@@ -51,25 +100,7 @@ class Mix:
         return sum(n * catalog.price(t, market, region).usd_per_hour for n, t in self.items)
 
 
-_TERM = re.compile(r"\s*(?:(\d+)\s*[*x×]\s*)?([A-Za-z][\w.\-]*)\s*")
-
-
-def parse_mix(text: str, catalog: Catalog | None = None) -> Mix:
-    """`3*g3.4xlarge+1*p2.xlarge` -> Mix (a bare type means one). Types are checked against
-    `catalog` when given (unknown -> UnknownInstanceError listing the known ones)."""
-    items: list[tuple[int, str]] = []
-    for term in str(text).split("+"):
-        m = _TERM.fullmatch(term)
-        if not m or (m.group(1) is not None and int(m.group(1)) < 1):
-            raise CatalogError(
-                f"cannot read instances {text!r}: write COUNT*TYPE terms joined by '+', "
-                "e.g. 3*g3.4xlarge+1*p2.xlarge (a bare type means one)"
-            )
-        count, name = int(m.group(1) or 1), m.group(2)
-        if catalog is not None:
-            catalog.instance(name)
-        items.append((count, name))
-    return Mix(tuple(items))
+_TERM = re.compile(r"\s*(?:(\d+)\s*\*\s*)?([A-Za-z][\w.\-]*)\s*")
 
 
 def billed_seconds(seconds: float) -> int:
@@ -130,7 +161,7 @@ def run_cost(
     """
     if market not in MARKETS:
         raise CatalogError(f"unknown market {market!r}; use one of {', '.join(MARKETS)}")
-    mix = parse_mix(mix, catalog) if isinstance(mix, str) else mix
+    mix = Mix.parse(mix, catalog) if isinstance(mix, str) else mix
     wall = seconds if market == "on-demand" else spot_expected_seconds(
         seconds, interruptions_per_hour, checkpoint_interval_s, restart_s)
     rate = mix.usd_per_hour(catalog, market, region)

@@ -1,17 +1,23 @@
-"""Price catalog: instance shapes, on-demand and spot prices per region, and user-supplied rates.
+"""The instance catalog: shapes, on-demand and spot prices per region, and user-supplied rates.
 
 Why one catalog: a cloud instance, a Slurm partition and a Kubernetes node pool only compare once
-they are priced on one scale (US dollars per hour of the thing you rent). So the catalog holds:
+they are priced on one scale (US dollars per hour of the thing you rent), and what the aws backend
+launches must be what `launch cost` prices. So one table (as SkyPilot's catalog) answers both what
+an instance is and what it costs, and the aws backend reads its shapes here (aws imports costs,
+never the reverse). The catalog holds:
 
-- AWS GPU instance shapes and us-east-1 on-demand prices, built in (`costs/data/`, copied from the
-  project's reference table; every price keeps its source);
+- AWS GPU instance shapes (GPUs, GPU model and memory, vCPUs, memory, network) and us-east-1
+  on-demand prices, built in (`costs/data/aws_gpu_instances.csv`, packaged data copied from the
+  project's reference table, so shapes work offline; every price keeps its source);
 - spot prices per (type, region), refreshable from EC2 `describe_spot_price_history`;
 - on-demand prices per (type, region), refreshable from the AWS Pricing API (`get_products`);
 - user rates for on-premise clusters: per GPU-hour (the "instance" is one GPU) or per node-hour
   (the "instance" is one node with G GPUs), so `8*slurm-v100` prices eight GPUs of a cluster.
 
 User prices live in one JSON file (`$SCALELAB_PRICES`, else ~/.config/scalelab/prices.json) that
-refreshes write to and that overrides the built-in table. Billing rule (see costs/billing.py):
+refreshes write to and that overrides the built-in table; its `instances` add or replace shapes,
+which the aws backend then launches as well. Instance mixes (`1*p2.xlarge+3*g3.4xlarge`) are read
+by `costs.billing.Mix`, the one grammar. Billing rule (see costs/billing.py):
 per second with a 60-second minimum per instance.
 
 The AWS clients are injected (tests pass botocore-stubbed clients fed with recorded responses);
@@ -115,14 +121,18 @@ class Catalog:
     def names(self) -> list[str]:
         return sorted(self.instances)
 
-    def instance(self, name: str) -> InstanceType:
-        try:
-            return self.instances[name]
-        except KeyError:
-            raise UnknownInstanceError(
-                f"unknown instance type {name!r}; known: {', '.join(self.names())} "
-                "(add on-premise rates with --rate NAME=USD/gpu-hour)"
-            ) from None
+    def instance(self, name: str, provider: str | None = None) -> InstanceType:
+        """The shape of `name`; with `provider` ("aws") only that provider's types are accepted, so
+        the aws backend refuses an on-premise rate name."""
+        inst = self.instances.get(name)
+        if inst is not None and provider in (None, inst.provider):
+            return inst
+        if provider is None:
+            known, hint = self.names(), "add on-premise rates with --rate NAME=USD/gpu-hour"
+        else:
+            known = [n for n in self.names() if self.instances[n].provider == provider]
+            hint = f"add others to the 'instances' of {user_prices_path()}, see docs/costs.md"
+        raise UnknownInstanceError(f"unknown instance type {name!r}; known: {', '.join(known)} ({hint})")
 
     def price(self, name: str, market: str = "on-demand", region: str | None = None) -> Price:
         """Hourly price of one `name` instance in `market` and `region` (default: the catalog's)."""

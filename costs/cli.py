@@ -97,13 +97,14 @@ def _markdown(df: pd.DataFrame, fmt: dict[str, str]) -> str:
 @click.argument("run_dirs", nargs=-1, type=click.Path())
 @click.option("--from-csv", "from_csv", type=click.Path(dir_okay=False),
               help="CSV with label, seconds, instances (e.g. 3*g3.4xlarge+1*p2.xlarge), market (optional).")
-@click.option("--instances", help="For RUN_DIRS: the instances the runs used, e.g. 2*g3.16xlarge "
-                                  "[default: NODES*instance_type from the run's backend options].")
+@click.option("--instances", help="For RUN_DIRS: the instances the runs used, e.g. 2*g3.16xlarge or "
+                                  "1*p2.xlarge+1*g3.4xlarge; a bare type is one per node "
+                                  "[default: the run's instance_type backend option, one per node].")
 @click.option("--market", type=click.Choice(MARKETS), help="Price market [default: the CSV's column, else on-demand].")
 @_catalog_options
 @click.option("--refresh", "refresh_what", type=click.Choice(["spot", "on-demand", "all"]),
               help="Fetch current prices from AWS (describe_spot_price_history / Pricing API) and keep them.")
-@click.option("--list", "list_catalog", is_flag=True, help="Print the instance types and prices known.")
+@click.option("--list", "list_catalog", is_flag=True, help="Print the catalog: instance shapes and prices known.")
 @click.option("--format", "fmt", type=click.Choice(_FORMATS), default="table", show_default=True)
 def cost_cmd(run_dirs: tuple[str, ...], from_csv: str | None, instances: str | None, market: str | None,
              refresh_what: str | None, list_catalog: bool, fmt: str, **params: Any) -> None:
@@ -167,7 +168,8 @@ def _list_catalog(catalog, region: str, fmt: str) -> None:
     rows = []
     for name in catalog.names():
         inst = catalog.instance(name)
-        row = {"instance_type": name, "gpus": inst.gpus, "gpu_model": inst.gpu_model, "network": inst.network}
+        row = {"instance_type": name, "gpus": inst.gpus, "gpu_model": inst.gpu_model, "gpu_mem_gib": inst.gpu_mem_gib,
+               "vcpus": inst.vcpus, "mem_gib": inst.mem_gib, "network": inst.network, "provider": inst.provider}
         for m in MARKETS:
             try:
                 p = catalog.price(name, m, region)
@@ -179,9 +181,10 @@ def _list_catalog(catalog, region: str, fmt: str) -> None:
     if fmt == "json":
         _print_json(df.to_dict(orient="records"))
         return
-    show = df[["instance_type", "gpus", "gpu_model", "network", "on-demand_usd_per_hour", "spot_usd_per_hour"]]
-    nfmt = {"gpus": ".0f", "on-demand_usd_per_hour": ".4f", "spot_usd_per_hour": ".4f"}
-    click.echo(_markdown(show, nfmt)) if fmt == "markdown" else console.print(_rich_table(f"Prices ({region})", show, nfmt))
+    show = df[["instance_type", "gpus", "gpu_model", "vcpus", "mem_gib", "network", "on-demand_usd_per_hour",
+               "spot_usd_per_hour"]]
+    nfmt = {"gpus": ".0f", "vcpus": ".0f", "mem_gib": ".1f", "on-demand_usd_per_hour": ".4f", "spot_usd_per_hour": ".4f"}
+    click.echo(_markdown(show, nfmt)) if fmt == "markdown" else console.print(_rich_table(f"Instance catalog ({region})", show, nfmt))
 
 
 def run_seconds(run) -> float:
@@ -194,6 +197,25 @@ def run_seconds(run) -> float:
     return max(float(t.max()) for t in times) - first
 
 
+def _run_mix(run, instances: str | None, catalog):
+    """The instances a recorded run rented, read like `launch --instance-type` (costs.billing.Mix):
+    `--instances` if given (a bare type is one per node of the run; counts are taken as written,
+    since a GPU-hour rate counts GPUs), else the run's own `instance_type` option, one per node."""
+    from costs.billing import Mix
+
+    if instances is not None:
+        return Mix.parse(instances, catalog, nodes=run.spec.nodes)
+    itype = (run.spec.backend_options or {}).get("instance_type")
+    if not itype:
+        raise SpecError(f"{run.run_dir}: the run does not say which instances it used; give --instances "
+                        f"(e.g. g3.4xlarge for one per node, or 1*p2.xlarge+1*g3.4xlarge) or --rate "
+                        f"NAME=USD/gpu-hour and --instances {run.spec.workers}*NAME")
+    try:
+        return Mix.for_nodes(itype, run.spec.nodes, catalog)
+    except CatalogError as exc:
+        raise CatalogError(f"{run.run_dir}: instance_type of the run: {exc}") from None
+
+
 def _cost_of_runs(paths: list[Path], instances: str | None, market: str, catalog, params) -> list[dict[str, Any]]:
     from analysis.results import expand_run_dirs, run_label, summarize_dir
     from core.records import load_run
@@ -202,14 +224,7 @@ def _cost_of_runs(paths: list[Path], instances: str | None, market: str, catalog
     rows = []
     for run_dir in expand_run_dirs(paths):
         run = load_run(run_dir)
-        mix = instances
-        if mix is None:
-            itype = (run.spec.backend_options or {}).get("instance_type")
-            if not itype:
-                raise SpecError(f"{run_dir}: the run does not say which instances it used; give --instances "
-                                f"(e.g. {run.spec.nodes}*g3.4xlarge) or --rate NAME=USD/gpu-hour and --instances "
-                                f"{run.spec.workers}*NAME")
-            mix = f"{run.spec.nodes}*{itype}"
+        mix = _run_mix(run, instances, catalog)
         c = run_cost(run_seconds(run), mix, catalog, market, label=f"{run_label(run.spec)} "
                      f"{run.spec.nodes}x{run.spec.gpus_per_node}", **_spot_kwargs(params))
         row = c.to_dict()
@@ -286,13 +301,15 @@ def _measured_from_runs(paths: list[Path]) -> tuple[pd.DataFrame, str | None, fl
     from analysis.results import expand_run_dirs, summarize_dir
     from analysis.scaling import scale_layouts, step_table
     from core.records import load_run
+    from costs.billing import Mix
 
     summaries, itypes, curves = [], set(), {}
     for run_dir in expand_run_dirs(paths):
         s = summarize_dir(run_dir)
         summaries.append(s)
         run = load_run(run_dir)
-        itypes.add((run.spec.backend_options or {}).get("instance_type"))
+        itype = (run.spec.backend_options or {}).get("instance_type")
+        itypes |= {t for _, t in Mix.parse(itype).items} if itype else set()  # a mix: measured on several
         st = step_table(run.steps)
         if len(st) and st["time"].notna().any():
             # a million step records: plot at most ~2000 points per layout
@@ -302,7 +319,6 @@ def _measured_from_runs(paths: list[Path]) -> tuple[pd.DataFrame, str | None, fl
     table = scale_layouts(summaries)
     measured = pd.DataFrame({"label": table["label"], "workers": table["workers"], "nodes": table["nodes"],
                              "throughput": table["words_per_s"], "mode": table["mode"]})
-    itypes.discard(None)
     work = None
     reached = table[table["time_to_threshold_s"].notna()] if "time_to_threshold_s" in table else table.iloc[:0]
     if len(reached):

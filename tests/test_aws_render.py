@@ -15,14 +15,20 @@ from conftest import launch
 
 from aws.backend import AwsBackend
 from aws.bootstrap import trainer_command
-from aws.instances import parse_instance_types
 from aws.render import DEFAULT_AMI, TAG_RUN, all_calls, make_plan, user_data
 from core.errors import SpecError
 from core.spec import Spec
+from costs.catalog import builtin_catalog
 from tests.conftest import assert_golden
 
 GOLDEN = Path(__file__).parent / "golden"
 OPTIONS = {**AwsBackend.OPTIONS, "bucket": "scalelab-test-bucket", "region": "us-east-1"}
+
+
+@pytest.fixture(autouse=True)
+def _no_user_prices(tmp_path, monkeypatch):
+    """Shapes come from the instance catalog, which reads the user's prices file: never the real one."""
+    monkeypatch.setenv("SCALELAB_PRICES", str(tmp_path / "prices.json"))
 
 
 def spec(**kw) -> Spec:
@@ -98,17 +104,43 @@ def test_user_data_holds_no_credentials(monkeypatch):
     ("g3.16xlarge+p3.8xlarge", 2, ["g3.16xlarge", "p3.8xlarge"]),
 ])
 def test_instance_mix(text, nodes, want):
-    assert parse_instance_types(text, nodes) == want
+    plan = make_plan(spec(nodes=nodes), Path("runs/r"), {**OPTIONS, "instance_type": text}, "us-east-1")
+    assert plan.node_types == want
 
 
 @pytest.mark.parametrize("text,nodes,msg", [
-    ("g9.huge", 1, "unknown instance type 'g9.huge'"),
-    ("1*p2.xlarge+3*g3.4xlarge", 2, "pass --nodes 4"),
-    ("2x*g3.4xlarge", 2, "cannot read instance type term"),
+    ("g9.huge", 1, "unknown instance type 'g9.huge'; known: g3.16xlarge"),
+    ("1*p2.xlarge+3*g3.4xlarge", 2, "has 4 instances but there are 2 nodes (--nodes); pass --nodes 4"),
+    ("2x*g3.4xlarge", 2, "cannot read instances '2x*g3.4xlarge': term '2x*g3.4xlarge'"),
 ])
 def test_bad_instance_types(text, nodes, msg):
-    with pytest.raises(SpecError, match=msg.replace("*", r"\*").replace("+", r"\+")):
-        parse_instance_types(text, nodes)
+    with pytest.raises(SpecError) as err:
+        make_plan(spec(nodes=nodes), Path("runs/r"), {**OPTIONS, "instance_type": text}, "us-east-1")
+    assert msg in str(err.value)
+
+
+def test_every_catalog_type_launches_with_its_gpus():
+    """The backend launches exactly the catalog's AWS types, with the catalog's GPU counts."""
+    cat = builtin_catalog()
+    for name, inst in cat.instances.items():
+        opts = {**OPTIONS, "instance_type": name}
+        plan = make_plan(spec(nodes=1, gpus_per_node=inst.gpus), Path("runs/r"), opts, "us-east-1")
+        assert plan.gpus_per_instance == {name: inst.gpus} and cat.price(name).usd_per_hour > 0
+        with pytest.raises(SpecError, match=f"{name} has {inst.gpus} GPU"):
+            make_plan(spec(nodes=1, gpus_per_node=inst.gpus + 1), Path("runs/r"), opts, "us-east-1")
+
+
+def test_prices_file_instances_are_launchable_rates_are_not(tmp_path, monkeypatch):
+    prices = tmp_path / "prices.json"
+    prices.write_text(json.dumps({"instances": [{"name": "g9.test", "gpus": 2, "gpu_model": "X1"}],
+                                  "rates": [{"name": "slurm", "usd_per_gpu_hour": 0.45}]}))
+    monkeypatch.setenv("SCALELAB_PRICES", str(prices))
+    plan = make_plan(spec(gpus_per_node=2), Path("runs/r"), {**OPTIONS, "instance_type": "g9.test"}, "us-east-1")
+    assert plan.node_types == ["g9.test", "g9.test"] and plan.gpus_per_instance == {"g9.test": 2}
+    with pytest.raises(SpecError, match="unknown instance type 'slurm'"):
+        make_plan(spec(), Path("runs/r"), {**OPTIONS, "instance_type": "slurm"}, "us-east-1")
+    with pytest.raises(SpecError, match="unknown instance type 'slurm'"):
+        make_plan(spec(), Path("runs/r"), {**OPTIONS, "fallback_instance_types": ["slurm"]}, "us-east-1")
 
 
 def test_layout_must_fit_the_instance():

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from costs.billing import billed_seconds, parse_mix, run_cost, spot_expected_seconds
+from costs.billing import Mix, billed_seconds, run_cost, spot_expected_seconds
 from costs.catalog import (
     CatalogError,
     UnknownInstanceError,
@@ -144,19 +144,96 @@ def test_billing_is_per_second_with_a_60_second_minimum():
     assert run_cost(3601, "g3.4xlarge", cat).dollars == pytest.approx(1.14 * 3601 / 3600)
 
 
-@pytest.mark.parametrize("text,items", [
-    ("3*g3.4xlarge+1*p2.xlarge", ((3, "g3.4xlarge"), (1, "p2.xlarge"))),
-    ("g3.16xlarge", ((1, "g3.16xlarge"),)),
-    (" 2 * p2.xlarge + g3.4xlarge ", ((2, "p2.xlarge"), (1, "g3.4xlarge"))),
+# ---- the one instance-mix grammar ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("text,nodes,items", [
+    ("3*g3.4xlarge+1*p2.xlarge", None, ((3, "g3.4xlarge"), (1, "p2.xlarge"))),
+    ("g3.16xlarge", None, ((1, "g3.16xlarge"),)),  # a lone bare type, no node count: one instance
+    ("g3.16xlarge", 3, ((3, "g3.16xlarge"),)),  # a lone bare type with a node count: every node
+    (" 2 * p2.xlarge + g3.4xlarge ", None, ((2, "p2.xlarge"), (1, "g3.4xlarge"))),
+    ("2*p2.xlarge+g3.4xlarge", 5, ((2, "p2.xlarge"), (1, "g3.4xlarge"))),  # bare inside a mix: one
+    ("1*g3.4xlarge", 4, ((1, "g3.4xlarge"),)),  # an explicit count is taken as written
 ])
-def test_parse_mix(text, items):
-    assert parse_mix(text, builtin_catalog()).items == items
+def test_mix_parse(text, nodes, items):
+    assert Mix.parse(text, builtin_catalog(), nodes=nodes).items == items
 
 
-@pytest.mark.parametrize("bad", ["", "3*", "0*p2.xlarge", "p2.xlarge++g3.4xlarge", "*p2.xlarge"])
-def test_bad_mix_is_one_clear_error(bad):
-    with pytest.raises(CatalogError, match="cannot read instances"):
-        parse_mix(bad)
+@pytest.mark.parametrize("bad,term,why", [
+    ("", "", "expected COUNT*TYPE"),
+    ("3*", "3*", "expected COUNT*TYPE"),
+    ("0*p2.xlarge", "0*p2.xlarge", "a count must be at least 1"),
+    ("p2.xlarge++g3.4xlarge", "", "expected COUNT*TYPE"),
+    ("*p2.xlarge", "*p2.xlarge", "expected COUNT*TYPE"),
+    ("2x*g3.4xlarge", "2x*g3.4xlarge", "expected COUNT*TYPE"),
+    ("1*p2.xlarge+3x g3.4xlarge", "3x g3.4xlarge", "expected COUNT*TYPE"),
+])
+def test_bad_mix_names_the_term_and_shows_an_example(bad, term, why):
+    with pytest.raises(CatalogError) as err:
+        Mix.parse(bad)
+    msg = str(err.value)
+    assert msg.startswith(f"cannot read instances {bad!r}: term {term!r}: {why}")
+    assert msg.endswith("e.g. 1*p2.xlarge+3*g3.4xlarge")
+
+
+@pytest.mark.parametrize("text,nodes,types", [
+    ("g3.4xlarge", 3, ["g3.4xlarge"] * 3),
+    ("1*p2.xlarge+3*g3.4xlarge", 4, ["p2.xlarge"] + ["g3.4xlarge"] * 3),
+    ("g3.16xlarge+p3.8xlarge", 2, ["g3.16xlarge", "p3.8xlarge"]),
+    ("1*p2.xlarge+1*g3.4xlarge", 2, ["p2.xlarge", "g3.4xlarge"]),
+])
+def test_mix_for_nodes_is_one_type_per_node(text, nodes, types):
+    mix = Mix.for_nodes(text, nodes, builtin_catalog())
+    assert mix.node_types() == types and mix.count() == nodes
+
+
+def test_mix_for_nodes_must_count_the_nodes():
+    with pytest.raises(CatalogError, match=r"'1\*p2\.xlarge\+3\*g3\.4xlarge' has 4 instances but there are 2 "
+                                           r"nodes \(--nodes\); pass --nodes 4"):
+        Mix.for_nodes("1*p2.xlarge+3*g3.4xlarge", 2)
+    with pytest.raises(CatalogError, match="has 1 instances but there are 3 nodes"):
+        Mix.for_nodes("1*g3.4xlarge", 3)
+
+
+def test_mix_for_nodes_checks_types_against_one_provider():
+    cat = load_catalog(rates=["slurm=0.45/gpu-hour"])
+    with pytest.raises(UnknownInstanceError, match="unknown instance type 'g9.huge'; known: g3.16xlarge"):
+        Mix.for_nodes("g9.huge", 1, cat, provider="aws")
+    # a --rate name is an instance type for pricing, but not one the aws backend can launch
+    assert Mix.for_nodes("slurm", 2, cat).node_types() == ["slurm", "slurm"]
+    with pytest.raises(UnknownInstanceError) as err:
+        Mix.for_nodes("slurm", 2, cat, provider="aws")
+    assert "slurm" not in str(err.value).split("known: ")[1].split(" (")[0]
+
+
+# ---- the one instance table -----------------------------------------------------------------------
+
+# Every type the aws backend's own table (aws/instances.py) and the price table had before they were
+# merged into costs/data/aws_gpu_instances.csv: none may be lost.
+MERGED_TYPES = {"p2.xlarge", "p2.8xlarge", "p2.16xlarge", "g3s.xlarge", "g3.4xlarge", "g3.8xlarge", "g3.16xlarge",
+                "p3.2xlarge", "p3.8xlarge", "p3.16xlarge", "g4dn.xlarge", "g4dn.12xlarge", "g5.xlarge",
+                "g5.12xlarge", "p4d.24xlarge"}
+
+
+def test_every_aws_type_has_a_shape_and_a_price():
+    cat = builtin_catalog()
+    aws = {n for n, i in cat.instances.items() if i.provider == "aws"}
+    assert aws == MERGED_TYPES
+    for name in aws:
+        inst = cat.instance(name, "aws")
+        assert inst.gpus >= 1 and inst.gpu_model and inst.gpu_mem_gib and inst.vcpus and inst.mem_gib and inst.network
+        assert cat.price(name).usd_per_hour > 0 and cat.price(name).source
+
+
+def test_shapes_match_the_reference_figures():
+    """A few rows checked by hand against the reference table (shared/reference/aws_gpu_instances.csv)."""
+    cat = builtin_catalog()
+    want = {"p2.xlarge": (1, "K80", 12, 4, 61), "g3s.xlarge": (1, "M60", 8, 4, 30.5),
+            "g3.16xlarge": (4, "M60", 8, 64, 488), "p3.8xlarge": (4, "V100", 16, 32, 244),
+            "p4d.24xlarge": (8, "A100", 40, 96, 1152)}
+    for name, shape in want.items():
+        i = cat.instance(name)
+        assert (i.gpus, i.gpu_model, i.gpu_mem_gib, i.vcpus, i.mem_gib) == shape
 
 
 @pytest.mark.parametrize("row", SEED_004, ids=[r[0] for r in SEED_004])

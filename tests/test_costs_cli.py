@@ -142,14 +142,16 @@ def test_plan_unknown_instance_type(tmp_path):
     assert "Traceback" not in r.stderr
 
 
-def _fake_run(root: Path, name: str, gpus: int, step_s: float, words: int, instance: str | None) -> Path:
-    """A run directory in the docs/records.md format: spec.json + per-rank step records."""
+def _fake_run(root: Path, name: str, gpus: int, step_s: float, words: int, instance: str | None,
+              nodes: int = 1, backend: str = "local") -> Path:
+    """A run directory in the docs/records.md format: spec.json + per-rank step records.
+    `gpus` is the number of workers, `nodes` of nodes (gpus // nodes per node)."""
     from core.spec import Spec, save_spec
 
     run = root / name
     (run / "records").mkdir(parents=True)
     spec = Spec()
-    spec.nodes, spec.gpus_per_node, spec.steps = 1, gpus, 30
+    spec.backend, spec.nodes, spec.gpus_per_node, spec.steps = backend, nodes, gpus // nodes, 30
     if gpus > 1:
         spec.engine.name = "ddp"
     if instance:
@@ -183,3 +185,51 @@ def test_plan_and_cost_from_run_directories(tmp_path):
     assert row["instances"] == "1*g3.16xlarge"
     assert row["seconds"] == pytest.approx(30 * 0.1 * 1.2 / 2)
     assert row["dollars"] == pytest.approx(4.56 * 60 / 3600)  # below the 60 s minimum
+
+
+def test_cost_of_an_aws_run_on_an_instance_mix(tmp_path):
+    """An aws run over 1*p2.xlarge+1*g3.4xlarge (two nodes) is billed for both instances for its whole
+    time; the run's instance_type is read like --instance-type (it once became '2*1*p2.xlarge+...')."""
+    run = _fake_run(tmp_path, "mix", 2, 4.0, 6400, "1*p2.xlarge+1*g3.4xlarge", nodes=2, backend="aws")
+    r = launch("cost", str(run), "--format", "json", cwd=tmp_path, env=_env(tmp_path))
+    assert r.returncode == 0, r.stderr
+    row = json.loads(r.stdout)[0]
+    assert row["instances"] == "1*p2.xlarge+1*g3.4xlarge" and row["gpus"] == 2
+    assert row["seconds"] == pytest.approx(120.0) and row["billed_seconds"] == 120
+    assert row["usd_per_hour"] == pytest.approx(0.90 + 1.14)
+    assert row["dollars"] == pytest.approx((0.90 + 1.14) * 120 / 3600)  # $0.068
+
+
+def test_cost_of_runs_reads_instances_with_the_launch_grammar(tmp_path):
+    two_nodes = _fake_run(tmp_path, "two", 2, 4.0, 6400, "g3.4xlarge", nodes=2, backend="aws")
+    rows = json.loads(launch("cost", str(two_nodes), "--format", "json", cwd=tmp_path, env=_env(tmp_path)).stdout)
+    assert rows[0]["instances"] == "2*g3.4xlarge"  # a bare type: every node
+    assert rows[0]["dollars"] == pytest.approx(2 * 1.14 * 120 / 3600)
+    # --instances: a bare type is one per node of the run; an explicit count (e.g. per-GPU rate) as written
+    rows = json.loads(launch("cost", str(two_nodes), "--instances", "g3.16xlarge", "--format", "json",
+                             cwd=tmp_path, env=_env(tmp_path)).stdout)
+    assert rows[0]["instances"] == "2*g3.16xlarge"
+    rows = json.loads(launch("cost", str(two_nodes), "--rate", "slurm=0.5/gpu-hour", "--instances", "2*slurm",
+                             "--format", "json", cwd=tmp_path, env=_env(tmp_path)).stdout)
+    assert rows[0]["dollars"] == pytest.approx(2 * 0.5 * 120 / 3600)
+
+
+def test_cost_of_a_run_whose_mix_does_not_fit_its_nodes(tmp_path):
+    run = _fake_run(tmp_path, "bad", 2, 4.0, 6400, "1*p2.xlarge+3*g3.4xlarge", nodes=2, backend="aws")
+    r = launch("cost", str(run), cwd=tmp_path, env=_env(tmp_path))
+    assert r.returncode == 2 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert "instance_type of the run: the instance mix '1*p2.xlarge+3*g3.4xlarge' has 4 instances" in r.stderr
+
+
+def test_plan_reads_the_runs_instance_type_with_the_mix_grammar(tmp_path):
+    """`1*g3.16xlarge` is measured on g3.16xlarge; a mixed run is measured on no single type."""
+    one = [_fake_run(tmp_path, f"one{g}", g, 0.1 / g, 6400, "1*g3.16xlarge") for g in (1, 2)]
+    r = launch("plan", *map(str, one), "--predict-workers", "4", "--work", "1e8", "--format", "json",
+               cwd=tmp_path, env=_env(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert {row["instance_type"] for row in json.loads(r.stdout) if row.get("instance_type")} == {"g3.16xlarge"}
+    mixed = _fake_run(tmp_path, "mixed", 2, 0.05, 6400, "1*p2.xlarge+1*g3.4xlarge", nodes=2, backend="aws")
+    r = launch("plan", str(one[0]), str(mixed), "--predict-workers", "4", "--work", "1e8", "--instance-types",
+               "g3.4xlarge", "--format", "json", cwd=tmp_path, env=_env(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert {row["instance_type"] for row in json.loads(r.stdout) if row.get("instance_type")} == {"g3.4xlarge"}
