@@ -24,6 +24,7 @@ import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
+from core.checks import NON_NEGATIVE, POSITIVE
 from core.errors import DataError, SpecError
 from costs.catalog import DEFAULT_REGION, MARKETS, CatalogError, load_catalog, refresh
 
@@ -40,11 +41,11 @@ def _catalog_options(func):
     func = click.option("--rate", "rates", multiple=True, metavar="NAME=USD/gpu-hour",
                         help="On-premise rate, e.g. slurm=0.45/gpu-hour or k8s=3.2/node-hour@4 (repeatable); "
                              "then use NAME as an instance type.")(func)
-    func = click.option("--interruptions-per-hour", type=float, default=0.0, show_default=True,
+    func = click.option("--interruptions-per-hour", type=NON_NEGATIVE, default=0.0, show_default=True,
                         help="Spot: expected interruptions per hour of wall time.")(func)
-    func = click.option("--checkpoint-interval-s", type=float, default=600.0, show_default=True,
+    func = click.option("--checkpoint-interval-s", type=POSITIVE, default=600.0, show_default=True,
                         help="Spot: seconds between checkpoints (half is lost per interruption on average).")(func)
-    func = click.option("--restart-s", type=float, default=180.0, show_default=True,
+    func = click.option("--restart-s", type=NON_NEGATIVE, default=180.0, show_default=True,
                         help="Spot: seconds to get a new instance and resume after an interruption.")(func)
     return func
 
@@ -334,15 +335,15 @@ def _measured_from_runs(paths: list[Path]) -> tuple[pd.DataFrame, str | None, fl
 @click.option("--predict-workers", help="Worker counts to predict, e.g. 5,6,7,8 [default: measured ones and doublings].")
 @click.option("--instance-types", help="Price the layouts on these types, e.g. g3.4xlarge,g3.16xlarge (or --rate names).")
 @click.option("--market", type=click.Choice([*MARKETS, "both"]), default="on-demand", show_default=True)
-@click.option("--work", type=float, help="Work the job needs, in the throughput's unit (e.g. words to the loss "
+@click.option("--work", type=POSITIVE, help="Work the job needs, in the throughput's unit (e.g. words to the loss "
                                          "threshold) [default for runs: words until the threshold was reached].")
 @click.option("--measured-on", help="Instance type the measurements were made on [default for runs: from their spec].")
 @click.option("--speed", multiple=True, metavar="GPU=FACTOR", help="Per-GPU speed of another GPU model or type relative "
                                                                    "to the measured one, e.g. V100=2.5 (repeatable).")
-@click.option("--gradient-mb", type=float, help="Gradient size for the all-reduce model [default: 1 MB; the fit calibrates it].")
-@click.option("--intra-gbps", type=float, default=80.0, show_default=True, help="Bandwidth between GPUs of one node.")
-@click.option("--deadline-h", type=float, help="Recommend the cheapest layout that finishes within this many hours.")
-@click.option("--budget", "budget_usd", type=float, help="Recommend the fastest layout that costs at most this many dollars.")
+@click.option("--gradient-mb", type=POSITIVE, help="Gradient size for the all-reduce model [default: 1 MB; the fit calibrates it].")
+@click.option("--intra-gbps", type=POSITIVE, default=80.0, show_default=True, help="Bandwidth between GPUs of one node.")
+@click.option("--deadline-h", type=POSITIVE, help="Recommend the cheapest layout that finishes within this many hours.")
+@click.option("--budget", "budget_usd", type=POSITIVE, help="Recommend the fastest layout that costs at most this many dollars.")
 @_catalog_options
 @click.option("--out", type=click.Path(file_okay=False), help="Write plan.md, plan.html and plan.json here.")
 @click.option("--format", "fmt", type=click.Choice([*_FORMATS, "html"]), default="table", show_default=True)

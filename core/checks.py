@@ -1,0 +1,80 @@
+"""Shared validators for numbers that enter from flags, spec files and CSV cells.
+
+One rule everywhere: a number must be finite (no NaN, no infinity) and inside its range, and the
+message names the input and what it expects. Python's comparisons are False for NaN, so a plain
+`value < 0` check lets NaN through; these helpers do not.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import click
+
+from core.errors import SpecError
+
+
+def describe(minimum: float | None = None, above: float | None = None, maximum: float | None = None,
+             integer: bool = False) -> str:
+    """'a finite number > 0', 'a whole number >= 1', ... for messages."""
+    kind = "a whole number" if integer else "a finite number"
+    bounds = []
+    if above is not None:
+        bounds.append(f"> {above:g}")
+    if minimum is not None:
+        bounds.append(f">= {minimum:g}")
+    if maximum is not None:
+        bounds.append(f"<= {maximum:g}")
+    return kind + (" " + " and ".join(bounds) if bounds else "")
+
+
+def in_range(value: Any, minimum: float | None = None, above: float | None = None,
+             maximum: float | None = None, integer: bool = False) -> bool:
+    """True when `value` is a (whole, if asked) finite number inside the bounds; bools are not numbers."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    if integer and (isinstance(value, float) and not value.is_integer()):
+        return False
+    if not math.isfinite(value):
+        return False
+    if above is not None and not value > above:
+        return False
+    if minimum is not None and not value >= minimum:
+        return False
+    return maximum is None or value <= maximum
+
+
+def check_number(value: Any, name: str, minimum: float | None = None, above: float | None = None,
+                 maximum: float | None = None, integer: bool = False) -> Any:
+    """`value` if it is in range, else SpecError naming `name` (a flag or a dotted spec key)."""
+    if not in_range(value, minimum, above, maximum, integer):
+        raise SpecError(f"{name} must be {describe(minimum, above, maximum, integer)}, got {value!r}")
+    return value
+
+
+class Number(click.ParamType):
+    """A click type for a bounded finite number: `--deadline-h nan` is refused like `--deadline-h x`."""
+
+    def __init__(self, minimum: float | None = None, above: float | None = None, maximum: float | None = None,
+                 integer: bool = False) -> None:
+        self.bounds = dict(minimum=minimum, above=above, maximum=maximum, integer=integer)
+        self.name = "integer" if integer else "float"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            number: float = value
+        else:
+            try:
+                number = float(str(value).strip())
+            except ValueError:
+                self.fail(f"expected {describe(**self.bounds)}, got {value!r}", param, ctx)
+        if not in_range(number, **self.bounds):
+            self.fail(f"expected {describe(**self.bounds)}, got {value!r}", param, ctx)
+        return int(number) if self.bounds["integer"] else float(number)
+
+
+POSITIVE = Number(above=0)
+NON_NEGATIVE = Number(minimum=0)
+POSITIVE_INT = Number(minimum=1, integer=True)
+NON_NEGATIVE_INT = Number(minimum=0, integer=True)
