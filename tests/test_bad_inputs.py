@@ -182,7 +182,7 @@ CASES: list[tuple[str, list[str], list[str]]] = [
     ("aws-max-price-negative", ["--backend", "aws", "--bucket", "b", "--spot", "--max-price", "-1", *DRY], ["max"]),
     ("aws-time-limit-zero", ["--backend", "aws", "--bucket", "b", "--time-limit-min", "0", *DRY], ["time"]),
     ("aws-time-limit-nan", ["--backend", "aws", "--bucket", "b", "--time-limit-min", "nan", *DRY], ["time"]),
-    ("aws-mix-count", ["--backend", "aws", "--bucket", "b", "--instance-type", "1*p2.xlarge+1*g3.4xlarge", "--nodes", "3", *DRY],
+    ("aws-mix-count", ["--backend", "aws", "--bucket", "b", "--instance-type", "1*p2.xlarge+1*g3.4xlarge", "--nodes", "3", "--global-batch", "12", *DRY],
      ["--nodes"]),
     # ---- spec files --------------------------------------------------------------------------------
     ("spec-missing", ["--spec", "{tmp}/missing.yaml", *DRY], ["missing.yaml"]),

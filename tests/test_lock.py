@@ -1,0 +1,88 @@
+"""Run-directory ownership and process identity (issue #12 items 3 and 4): a live owner is refused,
+a dead or planted one is not trusted, and a pid is signalled only when it is still the same process."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from core.lock import OWNER_FILE, RunBusy, RunLock, owner_of
+from core.procs import ProcessRef, run_processes, stop_processes
+
+
+def _sleeper(*args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", *args])
+
+
+def test_a_live_owner_is_refused_with_how_to_stop_it(tmp_path: Path) -> None:
+    with RunLock(tmp_path):
+        assert owner_of(tmp_path) is not None
+        with pytest.raises(RunBusy, match="launch cancel"):
+            RunLock(tmp_path).acquire()
+    assert not (tmp_path / OWNER_FILE).exists()
+    assert owner_of(tmp_path) is None
+
+
+def test_a_dead_owner_is_taken_over(tmp_path: Path) -> None:
+    proc = _sleeper()
+    ref = ProcessRef.of(proc.pid)
+    proc.kill()
+    proc.wait()
+    (tmp_path / OWNER_FILE).write_text(json.dumps(ref.to_dict()))
+    with RunLock(tmp_path) as lock:
+        assert json.loads((tmp_path / OWNER_FILE).read_text())["pid"] == os.getpid()
+        assert lock.held
+
+
+@pytest.mark.parametrize("planted", [
+    {"pid": 1, "start_time": 0.0, "cmdline": ["init"], "host": socket.gethostname()},  # pid reuse / planted
+    "not json at all",
+    {"pid": "x"},
+])
+def test_a_planted_or_corrupt_lock_is_not_trusted(tmp_path: Path, planted) -> None:
+    (tmp_path / OWNER_FILE).write_text(planted if isinstance(planted, str) else json.dumps(planted))
+    with RunLock(tmp_path):
+        pass
+
+
+def test_a_lock_of_another_host_names_that_host(tmp_path: Path) -> None:
+    ref = ProcessRef.of(os.getpid())
+    raw = {**ref.to_dict(), "host": "elsewhere-42"}
+    (tmp_path / OWNER_FILE).write_text(json.dumps(raw))
+    with pytest.raises(RunBusy, match="elsewhere-42"):
+        RunLock(tmp_path).acquire()
+
+
+def test_process_identity_survives_pid_reuse_checks() -> None:
+    proc = _sleeper()
+    try:
+        ref = ProcessRef.of(proc.pid)
+        assert ref.alive()
+        assert not ProcessRef(ref.pid, ref.start_time - 100, ref.cmdline, ref.host).alive()
+        assert not ProcessRef(ref.pid, ref.start_time, ("other",), ref.host).alive()
+        assert ProcessRef.from_dict({"pid": "1; rm -rf /"}) is None
+    finally:
+        proc.kill()
+        proc.wait()
+    assert not ref.alive()
+
+
+def test_processes_of_a_run_are_found_by_their_run_directory_even_when_orphaned(tmp_path: Path) -> None:
+    run = tmp_path / "run-1"
+    run.mkdir()
+    # a parent that starts a child in its own session and exits: the child is re-parented
+    code = ("import subprocess, sys; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)', "
+            f"{str(run)!r}], start_new_session=True)")
+    subprocess.run([sys.executable, "-c", code], check=True)
+    time.sleep(0.5)
+    found = run_processes(run)
+    assert len(found) == 1 and found[0].ppid() != os.getpid()
+    assert stop_processes(found, grace_s=5) == []
+    assert run_processes(run) == []
