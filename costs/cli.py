@@ -341,7 +341,7 @@ def plan_cmd(run_dirs: tuple[str, ...], from_csv: str | None, predict_workers: s
     cost-time Pareto frontier and recommends the cheapest layout within --deadline-h and the
     fastest within --budget. It also names the measurement that would help most next.
     """
-    from costs.planner import LinkModel, plan
+    from costs.planner import LinkModel, PlanRequest, plan
 
     if bool(from_csv) == bool(run_dirs):
         raise SpecError("give RUN_DIRS (run or sweep directories) or --from-csv FILE (one of the two)")
@@ -373,8 +373,9 @@ def plan_cmd(run_dirs: tuple[str, ...], from_csv: str | None, predict_workers: s
         grid = sorted({int(w) for w in measured["workers"]} | {2 ** k for k in range(0, 12) if 2 ** k <= 2 * top})
     link = LinkModel(gradient_bytes=(gradient_mb or 1.0) * 1e6, intra_gbps=intra_gbps)
     markets = list(MARKETS) if market == "both" else [market]
-    result = plan(measured, grid, catalog, types, markets, work, measured_on, _parse_speed(speed), link,
-                  deadline_h=deadline_h, budget_usd=budget_usd, region=params["region"], **_spot_kwargs(params))
+    result = plan(PlanRequest(measured, grid, catalog, types, markets, work, measured_on, _parse_speed(speed), link,
+                              deadline_h=deadline_h, budget_usd=budget_usd, region=params["region"],
+                              **_spot_kwargs(params)))
     if types and measured_on is None:
         result.notes.append("the instance type the measurements were made on is unknown (--measured-on): every "
                             "priced type is assumed to have the same per-GPU speed")
