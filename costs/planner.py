@@ -18,6 +18,10 @@ error is reported; the prediction interval is ± the largest held-out error, wid
 The next measurement suggested is the untried worker count where the two models disagree most
 (query by committee): measuring it settles the question that matters.
 
+`plan(PlanRequest(...))` runs four steps, each a function of its own: `predict` (fit every series,
+predict every worker count), `next_measurement`, `price` (candidates: layout x type x market) and
+`recommend` (frontier, cheapest within the deadline, fastest within the budget).
+
 Costing: for instance type T with g GPUs, N workers take ceil(N/g) instances; throughput on T is
 the model's prediction times the per-GPU speed factor of T's GPU relative to the measured one
 (1 for the same GPU; others must be given with --speed, nothing is guessed). Time = work /
@@ -507,18 +511,17 @@ def recommend(candidates: pd.DataFrame, deadline_h: float | None,
         return recs, notes
     candidates["pareto"] = pareto_front(candidates["hours"], candidates["dollars"])
     candidates["recommendation"] = None
-    if deadline_h is not None:
-        ok = candidates[candidates["hours"] <= deadline_h]
-        recs["cheapest_within_deadline"] = _pick(candidates, ok, "dollars", "cheapest within deadline")
-        if recs["cheapest_within_deadline"] is None:
-            notes.append(f"no layout finishes within {deadline_h:g} h; the fastest takes "
-                         f"{candidates['hours'].min():.2f} h")
-    if budget_usd is not None:
-        ok = candidates[candidates["dollars"] <= budget_usd]
-        recs["fastest_within_budget"] = _pick(candidates, ok, "hours", "fastest within budget")
-        if recs["fastest_within_budget"] is None:
-            notes.append(f"no layout costs at most ${budget_usd:,.2f}; the cheapest costs "
-                         f"${candidates['dollars'].min():,.2f}")
+    limits = (  # (recommendation, column, its limit, best by, why there is none)
+        ("cheapest_within_deadline", "hours", deadline_h, "dollars", lambda: f"no layout finishes within "
+         f"{deadline_h:g} h; the fastest takes {candidates['hours'].min():.2f} h"),
+        ("fastest_within_budget", "dollars", budget_usd, "hours", lambda: f"no layout costs at most "
+         f"${budget_usd:,.2f}; the cheapest costs ${candidates['dollars'].min():,.2f}"),
+    )
+    for key, column, limit, by, why_none in limits:
+        if limit is not None:
+            recs[key] = _pick(candidates, candidates[candidates[column] <= limit], by, key.replace("_", " "))
+            if recs[key] is None:
+                notes.append(why_none())
     if deadline_h is None and budget_usd is None:
         recs["cheapest"] = _pick(candidates, candidates, "dollars", "cheapest")
         recs["fastest"] = _pick(candidates, candidates, "hours", "fastest")
