@@ -139,7 +139,7 @@ def _latest_attempts(work: pd.DataFrame) -> pd.DataFrame:
     )
 
 
-def _slowest_ranks(work: pd.DataFrame, grouped: Any) -> pd.DataFrame:
+def _slowest_ranks(work: pd.DataFrame, grouped: pd.core.groupby.DataFrameGroupBy) -> pd.DataFrame:
     """Per step (the index): slowest_rank, t_step and its phases. The slowest rank is the one whose
     step_s equals the step's maximum, the lowest such rank on a tie (two cythonised groupbys; a
     lexsort of all rows is ~20x slower)."""
