@@ -7,7 +7,8 @@ columns that are absent are simply left out, so the same code renders measured s
 published reference numbers.
 
 Plots use matplotlib's Agg canvas directly (no pyplot, no display, no global state), so they
-work on headless cluster nodes and in parallel tests.
+work on headless cluster nodes and in parallel tests. matplotlib is imported by the plot functions
+only: the tables (`markdown_table`, used by `launch cost` and `launch plan`) do not pay for it.
 """
 
 from __future__ import annotations
@@ -16,15 +17,15 @@ import json
 import math
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
-from matplotlib.ticker import MaxNLocator, PercentFormatter
 from rich.console import Console
 from rich.table import Table
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 __all__ = [
     "DEFINITIONS",
@@ -32,6 +33,7 @@ __all__ = [
     "render_table",
     "print_scaling",
     "write_markdown",
+    "markdown_table",
     "plot_speedup",
     "plot_throughput",
     "to_json_records",
@@ -64,7 +66,7 @@ _DASH = "—"
 
 
 def _missing(x: Any) -> bool:
-    if x is None or x is pd.NA:
+    if x is None or x is pd.NA or x is pd.NaT:
         return True
     try:
         return bool(isinstance(x, float) and math.isnan(x)) or bool(
@@ -193,17 +195,39 @@ def _md_escape(s: str) -> str:
     return s.replace("|", "\\|").replace("\n", " ")
 
 
-def _markdown_table(df: pd.DataFrame) -> str:
-    headers, rows = table_rows(df)
-    if not headers:
+def markdown_table(df: pd.DataFrame, formats: Mapping[str, str] | None = None, missing: str = _DASH,
+                   align_right: Iterable[str] = ()) -> str:
+    """`df` as a GitHub Markdown table: the column names as headers, one line per row.
+
+    `formats` maps a column to a number format (e.g. ",.0f", ".1%"); those columns and the ones in
+    `align_right` are right-aligned, the others left. A missing value (None, NaN, NA) reads
+    `missing`; any other cell is its str(), with '|' and line breaks escaped so that a label can
+    never break the table. Cells are read column by column, so an int column prints 3, not 3.0,
+    whatever the other columns hold. Every Markdown table of the project comes from here.
+    """
+    if not len(df.columns):
         return "_(no data)_"
-    right = [r for _, _, r in _columns(df)]
-    lines = [
-        "| " + " | ".join(_md_escape(h) for h in headers) + " |",
-        "|" + "|".join("---:" if r else ":---" for r in right) + "|",
-    ]
-    lines += ["| " + " | ".join(_md_escape(c) for c in row) + " |" for row in rows]
+    formats = dict(formats or {})
+    right = set(formats) | set(align_right)
+    headers = [str(c) for c in df.columns]
+    columns = [[_md_cell(v, formats.get(h), missing) for v in df.iloc[:, i].tolist()] for i, h in enumerate(headers)]
+    lines = ["| " + " | ".join(_md_escape(h) for h in headers) + " |",
+             "|" + "|".join("---:" if h in right else ":---" for h in headers) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in zip(*columns)]
     return "\n".join(lines)
+
+
+def _md_cell(value: Any, fmt: str | None, missing: str) -> str:
+    if _missing(value):
+        return missing
+    return format(float(value), fmt) if fmt else _md_escape(str(value))
+
+
+def _scaling_markdown(df: pd.DataFrame) -> str:
+    """The scaling table as shown in the terminal (same headers and cells), in Markdown."""
+    headers, rows = table_rows(df)
+    right = [h for h, _, r in _columns(df) if r]
+    return markdown_table(pd.DataFrame(rows, columns=headers), align_right=right)
 
 
 def _distinct(df: pd.DataFrame, col: str) -> list[str]:
@@ -271,7 +295,7 @@ def write_markdown(
     lines += ["## What was run", ""]
     lines += [f"- {_md_escape(s)}" for s in _what_was_run(df)] or ["- (no descriptive columns)"]
     lines += [f"- {_md_escape(str(n))}" for n in notes]
-    lines += ["", "## Results", "", _markdown_table(df), ""]
+    lines += ["", "## Results", "", _scaling_markdown(df), ""]
     lines += [f"{_DASH} = not available (not measured by this engine, no validation run, or the base "
               "row of a series).", ""]
     lines += ["## Definitions", ""]
@@ -300,6 +324,8 @@ def _series(df: pd.DataFrame) -> Iterable[tuple[str | None, pd.DataFrame]]:
 
 
 def _worker_axis(ax: Any, df: pd.DataFrame) -> None:
+    from matplotlib.ticker import MaxNLocator
+
     workers = sorted({int(w) for w in df["workers"].dropna()})
     if 0 < len(workers) <= 16:
         ax.set_xticks(workers)
@@ -318,6 +344,9 @@ def _annotate_layouts(ax: Any, part: pd.DataFrame, y: str) -> None:
 
 
 def _new_figure(panels: int) -> Figure:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
     fig = Figure(figsize=(5.5 * panels, 4.2), layout="constrained")
     FigureCanvasAgg(fig)
     return fig
@@ -325,6 +354,8 @@ def _new_figure(panels: int) -> Figure:
 
 def plot_speedup(df: pd.DataFrame, path: Path) -> Path:
     """PNG with speedup vs workers (per series, with the ideal line) and efficiency vs workers."""
+    from matplotlib.ticker import PercentFormatter
+
     path = Path(path)
     fig = _new_figure(2)
     ax_s, ax_e = fig.subplots(1, 2)

@@ -85,53 +85,11 @@ def step_table(records: pd.DataFrame) -> pd.DataFrame:
 
     Raises RecordError when a required column (rank, step, step_s, words, samples) is missing.
     """
-    missing = [c for c in _REQUIRED_STEP_COLUMNS if c not in records.columns]
-    if missing:
-        raise RecordError(
-            f"step records lack the column(s) {', '.join(missing)}; "
-            "they must follow docs/records.md (kind 'step')"
-        )
-    df = records
-    if "kind" in df.columns:
-        df = df[df["kind"] == "step"]
-
-    cols: dict[str, Any] = {
-        "rank": pd.to_numeric(df["rank"]).to_numpy(),
-        "step": pd.to_numeric(df["step"]).to_numpy(),
-        "step_s": _float(df, "step_s"),
-        "words": _float(df, "words"),
-        "samples": _float(df, "samples"),
-        "loss": _float(df, "loss"),
-        "time": _float(df, "time"),
-        "epoch": _float(df, "epoch"),
-    }
-    for phase in PHASES:
-        cols[phase] = _float(df, phase)
-    if "warmup" in df.columns:
-        cols["warmup"] = df["warmup"].fillna(False).astype(bool).to_numpy()
-    else:
-        cols["warmup"] = np.zeros(len(df), dtype=bool)
-    work = pd.DataFrame(cols)
-
-    if work["step_s"].isna().any() or work["step"].isna().any() or work["rank"].isna().any():
-        raise RecordError("step records with an empty rank, step or step_s: the record files are corrupt")
+    work = _step_columns(records)
     if len(work) == 0:
         return pd.DataFrame({c: pd.Series(dtype=_STEP_DTYPES.get(c, "float64")) for c in STEP_TABLE_COLUMNS})
-
-    # A (rank, step) seen twice: a step re-done after a resume. Keep the latest attempt.
-    if work.duplicated(["rank", "step"]).any():
-        work = (
-            work.sort_values(["rank", "step", "time"], kind="stable", na_position="first")
-            .drop_duplicates(["rank", "step"], keep="last")
-        )
-
-    # Slowest rank per step: rows whose step_s equals the step's maximum, then the lowest rank
-    # among them (two cythonised groupbys; a lexsort of all rows is ~20x slower).
+    work = _latest_attempts(work)
     grouped = work.groupby("step", sort=True)
-    is_max = work["step_s"].to_numpy() == grouped["step_s"].transform("max").to_numpy()
-    slowest = work[is_max].groupby("step", sort=True)["rank"].idxmin()
-    slow = work.loc[slowest.to_numpy()].set_index("step")
-
     agg = grouped.agg(
         epoch=("epoch", "max"),
         warmup=("warmup", "max"),
@@ -141,13 +99,54 @@ def step_table(records: pd.DataFrame) -> pd.DataFrame:
         loss=("loss", "mean"),
         time=("time", "max"),
     )
-    out = agg.join(
-        slow[["rank", "step_s", *PHASES]].rename(columns={"rank": "slowest_rank", "step_s": "t_step"})
-    )
-    out = out.reset_index()
+    out = agg.join(_slowest_ranks(work, grouped)).reset_index()
     out["warmup"] = out["warmup"].astype(bool)
     out["ranks"] = out["ranks"].astype("int64")
     return out.loc[:, list(STEP_TABLE_COLUMNS)]
+
+
+def _step_columns(records: pd.DataFrame) -> pd.DataFrame:
+    """The step records' fields as numeric columns (absent optional fields all NaN, warmup False)."""
+    missing = [c for c in _REQUIRED_STEP_COLUMNS if c not in records.columns]
+    if missing:
+        raise RecordError(
+            f"step records lack the column(s) {', '.join(missing)}; "
+            "they must follow docs/records.md (kind 'step')"
+        )
+    df = records
+    if "kind" in df.columns:
+        df = df[df["kind"] == "step"]
+    cols: dict[str, Any] = {"rank": pd.to_numeric(df["rank"]).to_numpy(), "step": pd.to_numeric(df["step"]).to_numpy()}
+    for col in ("step_s", "words", "samples", "loss", "time", "epoch", *PHASES):
+        cols[col] = _float(df, col)
+    if "warmup" in df.columns:
+        cols["warmup"] = df["warmup"].fillna(False).astype(bool).to_numpy()
+    else:
+        cols["warmup"] = np.zeros(len(df), dtype=bool)
+    work = pd.DataFrame(cols)
+    if work["step_s"].isna().any() or work["step"].isna().any() or work["rank"].isna().any():
+        raise RecordError("step records with an empty rank, step or step_s: the record files are corrupt")
+    return work
+
+
+def _latest_attempts(work: pd.DataFrame) -> pd.DataFrame:
+    """A (rank, step) seen twice is a step re-done after a resume: keep the latest attempt (by time)."""
+    if not work.duplicated(["rank", "step"]).any():
+        return work
+    return (
+        work.sort_values(["rank", "step", "time"], kind="stable", na_position="first")
+        .drop_duplicates(["rank", "step"], keep="last")
+    )
+
+
+def _slowest_ranks(work: pd.DataFrame, grouped: pd.core.groupby.DataFrameGroupBy) -> pd.DataFrame:
+    """Per step (the index): slowest_rank, t_step and its phases. The slowest rank is the one whose
+    step_s equals the step's maximum, the lowest such rank on a tie (two cythonised groupbys; a
+    lexsort of all rows is ~20x slower)."""
+    is_max = work["step_s"].to_numpy() == grouped["step_s"].transform("max").to_numpy()
+    slowest = work[is_max].groupby("step", sort=True)["rank"].idxmin()
+    slow = work.loc[slowest.to_numpy()].set_index("step")
+    return slow[["rank", "step_s", *PHASES]].rename(columns={"rank": "slowest_rank", "step_s": "t_step"})
 
 
 _STEP_DTYPES = {"step": "int64", "warmup": "bool", "ranks": "int64", "slowest_rank": "int64"}
@@ -235,77 +234,96 @@ def summarize_run(
     mode = meta.get("batch_mode") or meta.get("mode") or "strong"
     if mode not in _MODES:
         raise ValueError(f"batch_mode must be one of {_MODES}, got {mode!r}")
-
     steps = step_table(step_records)
-    full = int(steps["ranks"].max()) if len(steps) else 0
-    complete = steps["ranks"] == full
-    warm = steps["warmup"]
-    measured = steps[~warm & complete]
-    if steps.empty:
-        raise RecordError(
-            f"no step records in run {meta.get('label', '?')!r}: the run did not complete a single "
-            "step; check its logs/ and run it again"
-        )
-    if measured.empty:
-        raise RecordError(
-            f"no measured steps in run {meta.get('label', '?')!r}: {len(steps)} step(s) recorded, "
-            f"{int(warm.sum())} of them warm-up. Timings exclude warm-up steps; "
-            "run more steps than warmup_steps (raise --steps or lower warmup_steps)."
-        )
-
-    t = measured["t_step"].to_numpy(dtype=float)
-    total_t = float(t.sum())
-    shares = {}
-    for phase in PHASES:
-        vals = measured[phase]
-        shares[phase] = None if vals.isna().all() else float(vals.sum()) / total_t
-
-    nodes = _int_or_none(meta.get("nodes"))
-    gpn = _int_or_none(meta.get("gpus_per_node"))
-    workers = _int_or_none(meta.get("workers"))
-    if workers is None:
-        workers = nodes * gpn if nodes is not None and gpn is not None else full
-
+    measured, counts = _measured_steps(steps, meta.get("label", "?"))
     threshold = _float_or_none(meta.get("loss_threshold"))
     reached, t_thr, s_thr = _threshold(val_records, events, threshold)
-
-    final_val = None
-    if val_records is not None and len(val_records) and "val_loss" in val_records.columns:
-        v = val_records.sort_values("step", kind="stable") if "step" in val_records.columns else val_records
-        final_val = _float_or_none(v["val_loss"].iloc[-1])
-
     return LayoutSummary(
         label=str(meta.get("label") or ""),
-        workers=int(workers),
-        nodes=nodes if nodes is not None else 1,
-        gpus_per_node=gpn if gpn is not None else int(workers),
+        **_layout_of(meta, ranks_seen=int(steps["ranks"].max())),
         engine=meta.get("engine"),
         rnn=meta.get("rnn"),
         model=meta.get("model"),
         mode=mode,
         global_batch=_int_or_none(meta.get("global_batch")),
-        steps_measured=int(len(measured)),
-        steps_warmup=int(warm.sum()),
-        steps_incomplete=int((~complete).sum()),
-        words_per_s=float(measured["words"].sum()) / total_t,
-        samples_per_s=float(measured["samples"].sum()) / total_t,
-        step_s_mean=float(t.mean()),
-        step_s_median=float(np.median(t)),
-        step_s_p90=float(np.percentile(t, 90)),
-        # sample standard deviation; a single measured step has no spread to estimate -> 0.0
-        step_s_std=float(t.std(ddof=1)) if len(t) > 1 else 0.0,
-        share_data=shares["data_s"],
-        share_forward=shares["forward_s"],
-        share_backward=shares["backward_s"],
-        share_exchange=shares["exchange_s"],
-        share_optimizer=shares["optimizer_s"],
-        final_loss=_float_or_none(steps["loss"].iloc[-1]) if len(steps) else None,
-        final_val_loss=final_val,
+        **counts,
+        **_rates_and_step_times(measured),
+        **_phase_shares(measured),
+        final_loss=_float_or_none(steps["loss"].iloc[-1]),
+        final_val_loss=_final_val_loss(val_records),
         loss_threshold=threshold,
         reached_threshold=reached,
         time_to_threshold_s=t_thr,
         steps_to_threshold=s_thr,
     )
+
+
+def _measured_steps(steps: pd.DataFrame, label: str) -> tuple[pd.DataFrame, dict[str, int]]:
+    """(measured steps, their counts): steps not marked warm-up and reported by every rank."""
+    if steps.empty:
+        raise RecordError(
+            f"no step records in run {label!r}: the run did not complete a single "
+            "step; check its logs/ and run it again"
+        )
+    complete = steps["ranks"] == int(steps["ranks"].max())
+    warm = steps["warmup"]
+    measured = steps[~warm & complete]
+    if measured.empty:
+        raise RecordError(
+            f"no measured steps in run {label!r}: {len(steps)} step(s) recorded, "
+            f"{int(warm.sum())} of them warm-up. Timings exclude warm-up steps; "
+            "run more steps than warmup_steps (raise --steps or lower warmup_steps)."
+        )
+    counts = {"steps_measured": int(len(measured)), "steps_warmup": int(warm.sum()),
+              "steps_incomplete": int((~complete).sum())}
+    return measured, counts
+
+
+def _layout_of(meta: dict[str, Any], ranks_seen: int) -> dict[str, int]:
+    """workers, nodes, gpus_per_node from `meta`; workers default to nodes x gpus_per_node, else to
+    the ranks seen; one node of all the workers when the layout is not given."""
+    nodes = _int_or_none(meta.get("nodes"))
+    gpn = _int_or_none(meta.get("gpus_per_node"))
+    workers = _int_or_none(meta.get("workers"))
+    if workers is None:
+        workers = nodes * gpn if nodes is not None and gpn is not None else ranks_seen
+    return {"workers": int(workers), "nodes": nodes if nodes is not None else 1,
+            "gpus_per_node": gpn if gpn is not None else int(workers)}
+
+
+def _rates_and_step_times(measured: pd.DataFrame) -> dict[str, float]:
+    """words/s and samples/s over the measured steps (docs/records.md), and step-time statistics."""
+    t = measured["t_step"].to_numpy(dtype=float)
+    total_t = float(t.sum())
+    return {
+        "words_per_s": float(measured["words"].sum()) / total_t,
+        "samples_per_s": float(measured["samples"].sum()) / total_t,
+        "step_s_mean": float(t.mean()),
+        "step_s_median": float(np.median(t)),
+        "step_s_p90": float(np.percentile(t, 90)),
+        # sample standard deviation; a single measured step has no spread to estimate -> 0.0
+        "step_s_std": float(t.std(ddof=1)) if len(t) > 1 else 0.0,
+    }
+
+
+def _phase_shares(measured: pd.DataFrame) -> dict[str, float | None]:
+    """share_<phase>: the phase's time over the summed step time; None when no step recorded it."""
+    total_t = float(measured["t_step"].to_numpy(dtype=float).sum())
+    shares = {}
+    for phase in PHASES:
+        vals = measured[phase]
+        shares["share_" + phase.removesuffix("_s")] = None if vals.isna().all() else float(vals.sum()) / total_t
+    return shares
+
+
+def _by_step(val_records: pd.DataFrame) -> pd.DataFrame:
+    return val_records.sort_values("step", kind="stable") if "step" in val_records.columns else val_records
+
+
+def _final_val_loss(val_records: pd.DataFrame | None) -> float | None:
+    if val_records is None or not len(val_records) or "val_loss" not in val_records.columns:
+        return None
+    return _float_or_none(_by_step(val_records)["val_loss"].iloc[-1])
 
 
 def _threshold(
@@ -321,7 +339,7 @@ def _threshold(
         return None, None, None
     if val_records is None or not len(val_records) or "val_loss" not in val_records.columns:
         return None, None, None
-    v = val_records.sort_values("step", kind="stable") if "step" in val_records.columns else val_records
+    v = _by_step(val_records)
     hits = v[pd.to_numeric(v["val_loss"], errors="coerce") <= threshold]
     if hits.empty:
         return False, None, None
@@ -390,59 +408,67 @@ def scaling_table(
     if mode not in _MODES:
         raise ValueError(f"mode must be one of {_MODES}, got {mode!r}")
     df = rows.copy() if isinstance(rows, pd.DataFrame) else pd.DataFrame(list(rows))
-    if "workers" not in df.columns:
-        raise ValueError("scaling_table needs a 'workers' column")
-    if "throughput" in df.columns:
-        metric = "throughput"
-    elif "time_s" in df.columns:
-        metric = "time_s"
-    else:
-        raise ValueError("scaling_table needs a 'throughput' or a 'time_s' column")
+    metric = _metric_column(df)
     if df.empty:
         for c in SCALING_COLUMNS:
             df[c] = pd.Series(dtype="float64")
         return df
-
-    workers = pd.to_numeric(df["workers"], errors="raise").astype(float)
-    value = pd.to_numeric(df[metric], errors="coerce").astype(float)
-    if (workers <= 0).any() or workers.isna().any():
+    workers = pd.to_numeric(df["workers"], errors="raise").astype(float).to_numpy()
+    value = pd.to_numeric(df[metric], errors="coerce").astype(float).to_numpy()
+    if (workers <= 0).any() or np.isnan(workers).any():
         raise ValueError("workers must be positive")
     if (value <= 0).any():
         raise ValueError(f"{metric} must be positive (NaN marks a failed run)")
-
-    keys = [series] if isinstance(series, str) else list(series)
-    keys = [k for k in keys if k in df.columns]
-    pos = pd.RangeIndex(len(df))
-    if keys:
-        groups = pd.Series(df[keys].astype(str).agg("\x1f".join, axis=1).to_numpy(), index=pos)
-    else:
-        groups = pd.Series(np.zeros(len(df), dtype=int), index=pos)
-    w = pd.Series(workers.to_numpy(), index=pos)
-    v = pd.Series(value.to_numpy(), index=pos)
-
-    # base row per series: fewest workers, first in input order on ties (idxmin returns the first)
-    base_pos = w.groupby(groups, sort=False).idxmin()
-    base_of_row = groups.map(base_pos)
-    base_w = w.to_numpy()[base_of_row.to_numpy()]
-    base_v = v.to_numpy()[base_of_row.to_numpy()]
-    n = w.to_numpy() / base_w
-
+    base = _base_rows(df, _series_columns(df, series), workers)
+    n = workers / workers[base]
     if metric == "throughput":
-        speedup = v.to_numpy() / base_v
+        speedup = value / value[base]
         efficiency = speedup / n
     elif mode == "strong":
-        speedup = base_v / v.to_numpy()
+        speedup = value[base] / value
         efficiency = speedup / n
     else:  # time_s, weak
-        efficiency = base_v / v.to_numpy()
+        efficiency = value[base] / value
         speedup = n * efficiency
-
-    df["base_workers"] = base_w
+    df["base_workers"] = workers[base]
     df["n"] = n
     df["speedup"] = speedup
     df["efficiency"] = efficiency
     df["karp_flatt"] = karp_flatt(speedup, n)
     return df
+
+
+def _metric_column(df: pd.DataFrame) -> str:
+    """throughput when the rows have it, else time_s; ValueError when workers or both are missing."""
+    if "workers" not in df.columns:
+        raise ValueError("scaling_table needs a 'workers' column")
+    for metric in ("throughput", "time_s"):
+        if metric in df.columns:
+            return metric
+    raise ValueError("scaling_table needs a 'throughput' or a 'time_s' column")
+
+
+def _series_columns(df: pd.DataFrame, series: str | Sequence[str]) -> list[str]:
+    """The series columns that `df` has (none: all rows are one series)."""
+    keys = [series] if isinstance(series, str) else list(series)
+    return [k for k in keys if k in df.columns]
+
+
+def _series_key(df: pd.DataFrame, keys: list[str]) -> pd.Series:
+    """One string per row naming its series (the key columns joined)."""
+    return df[keys].astype(str).agg("\x1f".join, axis=1)
+
+
+def _base_rows(df: pd.DataFrame, keys: list[str], workers: np.ndarray) -> np.ndarray:
+    """Position of each row's base: the row of its series with the fewest workers, the first one
+    in input order on a tie (idxmin returns the first)."""
+    pos = pd.RangeIndex(len(df))
+    if keys:
+        groups = pd.Series(_series_key(df, keys).to_numpy(), index=pos)
+    else:
+        groups = pd.Series(np.zeros(len(df), dtype=int), index=pos)
+    base_pos = pd.Series(workers, index=pos).groupby(groups, sort=False).idxmin()
+    return groups.map(base_pos).to_numpy()
 
 
 def scale_layouts(
@@ -462,10 +488,9 @@ def scale_layouts(
         cols = list(LayoutSummary.__dataclass_fields__) + list(SCALING_COLUMNS)
         return pd.DataFrame(columns=cols)
     df = pd.DataFrame(records)
-    keys = [series] if isinstance(series, str) else list(series)
-    keys = [k for k in keys if k in df.columns]
+    keys = _series_columns(df, series)
     if keys:
-        key = df[keys].astype(str).agg("\x1f".join, axis=1)
+        key = _series_key(df, keys)
         df["_series"] = pd.Categorical(key, categories=list(dict.fromkeys(key)), ordered=True)
     else:
         df["_series"] = 0

@@ -24,6 +24,7 @@ import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
+from analysis.report import markdown_table
 from core.checks import NON_NEGATIVE, POSITIVE
 from core.errors import DataError, SpecError
 from costs.catalog import DEFAULT_REGION, MARKETS, CatalogError, load_catalog, refresh
@@ -77,18 +78,6 @@ def _rich_table(title: str, df: pd.DataFrame, fmt: dict[str, str]) -> Table:
                 cells.append(str(v))
         t.add_row(*cells)
     return t
-
-
-def _markdown(df: pd.DataFrame, fmt: dict[str, str]) -> str:
-    lines = ["| " + " | ".join(df.columns) + " |", "|" + "|".join("---:" if c in fmt else ":---" for c in df.columns) + "|"]
-    for _, r in df.iterrows():
-        cells = []
-        for c in df.columns:
-            v = r[c]
-            missing = v is None or (isinstance(v, float) and math.isnan(v))
-            cells.append("—" if missing else format(float(v), fmt[c]) if c in fmt else str(v).replace("|", "\\|"))
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
 
 
 # ---- cost ----------------------------------------------------------------------------------------
@@ -160,7 +149,7 @@ def cost_cmd(run_dirs: tuple[str, ...], from_csv: str | None, instances: str | N
                             "dollars_to_threshold") if c in out.columns]]
     nfmt = {"seconds": ",.0f", "hours": ".2f", "usd_per_hour": ".4f", "dollars": ",.2f", "dollars_to_threshold": ",.2f"}
     if fmt == "markdown":
-        click.echo(_markdown(show, nfmt))
+        click.echo(markdown_table(show, nfmt))
     else:
         console.print(_rich_table("Cost per run (per-second billing, 60 s minimum)", show, nfmt))
 
@@ -185,7 +174,7 @@ def _list_catalog(catalog, region: str, fmt: str) -> None:
     show = df[["instance_type", "gpus", "gpu_model", "vcpus", "mem_gib", "network", "on-demand_usd_per_hour",
                "spot_usd_per_hour"]]
     nfmt = {"gpus": ".0f", "vcpus": ".0f", "mem_gib": ".1f", "on-demand_usd_per_hour": ".4f", "spot_usd_per_hour": ".4f"}
-    click.echo(_markdown(show, nfmt)) if fmt == "markdown" else console.print(_rich_table(f"Instance catalog ({region})", show, nfmt))
+    click.echo(markdown_table(show, nfmt)) if fmt == "markdown" else console.print(_rich_table(f"Instance catalog ({region})", show, nfmt))
 
 
 def run_seconds(run) -> float:
@@ -358,7 +347,7 @@ def plan_cmd(run_dirs: tuple[str, ...], from_csv: str | None, predict_workers: s
     cost-time Pareto frontier and recommends the cheapest layout within --deadline-h and the
     fastest within --budget. It also names the measurement that would help most next.
     """
-    from costs.planner import LinkModel, plan
+    from costs.planner import LinkModel, PlanRequest, plan
 
     if bool(from_csv) == bool(run_dirs):
         raise SpecError("give RUN_DIRS (run or sweep directories) or --from-csv FILE (one of the two)")
@@ -390,8 +379,9 @@ def plan_cmd(run_dirs: tuple[str, ...], from_csv: str | None, predict_workers: s
         grid = sorted({int(w) for w in measured["workers"]} | {2 ** k for k in range(0, 12) if 2 ** k <= 2 * top})
     link = LinkModel(gradient_bytes=(gradient_mb or 1.0) * 1e6, intra_gbps=intra_gbps)
     markets = list(MARKETS) if market == "both" else [market]
-    result = plan(measured, grid, catalog, types, markets, work, measured_on, _parse_speed(speed), link,
-                  deadline_h=deadline_h, budget_usd=budget_usd, region=params["region"], **_spot_kwargs(params))
+    result = plan(PlanRequest(measured, grid, catalog, types, markets, work, measured_on, _parse_speed(speed), link,
+                              deadline_h=deadline_h, budget_usd=budget_usd, region=params["region"],
+                              **_spot_kwargs(params)))
     if types and measured_on is None:
         result.notes.append("the instance type the measurements were made on is unknown (--measured-on): every "
                             "priced type is assumed to have the same per-GPU speed")
@@ -451,10 +441,10 @@ def _print_plan(result) -> None:
 
 def plan_markdown(result) -> str:
     parts = ["# Scaling plan", "", *[f"- {line}" for line in _model_lines(result)], "", "## Predicted throughput", "",
-             _markdown(result.predictions[["label", "workers", "model", "predicted_throughput", "interval_low",
+             markdown_table(result.predictions[["label", "workers", "model", "predicted_throughput", "interval_low",
                                            "interval_high", "measured_throughput"]], _PRED_FMT)]
     if len(result.candidates):
-        parts += ["", "## Candidates", "", _markdown(result.candidates.sort_values("hours")[_CAND_COLS], _CAND_FMT)]
+        parts += ["", "## Candidates", "", markdown_table(result.candidates.sort_values("hours")[_CAND_COLS], _CAND_FMT)]
     if result.notes:
         parts += ["", "## Notes", "", *[f"- {n}" for n in result.notes]]
     return "\n".join(parts) + "\n"

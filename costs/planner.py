@@ -18,6 +18,10 @@ error is reported; the prediction interval is ± the largest held-out error, wid
 The next measurement suggested is the untried worker count where the two models disagree most
 (query by committee): measuring it settles the question that matters.
 
+`plan(PlanRequest(...))` runs four steps, each a function of its own: `predict` (fit every series,
+predict every worker count), `next_measurement`, `price` (candidates: layout x type x market) and
+`recommend` (frontier, cheapest within the deadline, fastest within the budget).
+
 Costing: for instance type T with g GPUs, N workers take ceil(N/g) instances; throughput on T is
 the model's prediction times the per-GPU speed factor of T's GPU relative to the measured one
 (1 for the same GPU; others must be given with --speed, nothing is guessed). Time = work /
@@ -28,7 +32,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Sequence
 
 import numpy as np
@@ -36,7 +40,7 @@ import pandas as pd
 
 from core.errors import DataError
 from costs.billing import Mix, run_cost
-from costs.catalog import Catalog, CatalogError
+from costs.catalog import Catalog, CatalogError, InstanceType
 
 __all__ = [
     "nnls",
@@ -49,8 +53,13 @@ __all__ = [
     "fit_series",
     "mixed_throughput",
     "pareto_front",
+    "PlanRequest",
     "Plan",
     "plan",
+    "predict",
+    "next_measurement",
+    "price",
+    "recommend",
 ]
 
 
@@ -252,6 +261,49 @@ def pareto_front(time: Sequence[float], dollars: Sequence[float]) -> np.ndarray:
 
 
 @dataclass
+class PlanRequest:
+    """What to plan: the measurements, the worker counts to predict, and what to price them on.
+
+    `measured` has label, workers, throughput, and optionally nodes and mode. `work` is the amount
+    of work (in the throughput's unit, e.g. words) the job needs, to the loss threshold or in all;
+    without it there are no times or dollars. `speed` maps a GPU model or instance type to its
+    per-GPU speed relative to `measured_on`'s GPU. The spot terms go to costs.billing.run_cost;
+    `deadline_h` and `budget_usd` decide which candidates are recommended.
+    """
+
+    measured: pd.DataFrame
+    predict_workers: Sequence[int]
+    catalog: Catalog | None = None
+    instance_types: Sequence[str] = ()
+    markets: Sequence[str] = ("on-demand",)
+    work: float | None = None
+    measured_on: str | None = None
+    speed: dict[str, float] | None = None
+    link: LinkModel | None = None
+    interruptions_per_hour: float = 0.0
+    checkpoint_interval_s: float = 600.0
+    restart_s: float = 180.0
+    deadline_h: float | None = None
+    budget_usd: float | None = None
+    region: str | None = None
+
+    def base_instance(self) -> InstanceType | None:
+        """The instance type the measurements were made on, when it is named and a catalog given."""
+        return self.catalog.instance(self.measured_on) if (self.catalog and self.measured_on) else None
+
+    def measured_link(self) -> LinkModel:
+        """The link model of the measurements: between nodes, the measured instance's network
+        when the catalog states it (the fit then calibrates against the link that was used)."""
+        link = self.link or LinkModel()
+        base = self.base_instance()
+        return replace(link, inter_gbps=base.network_gbps) if base is not None and base.network_gbps else link
+
+    def spot_terms(self) -> dict[str, float]:
+        return dict(interruptions_per_hour=self.interruptions_per_hour,
+                    checkpoint_interval_s=self.checkpoint_interval_s, restart_s=self.restart_s)
+
+
+@dataclass
 class Plan:
     """Predictions per (series, workers), priced candidates, frontier, recommendations."""
 
@@ -269,163 +321,61 @@ class Plan:
         return to_json_records(self.candidates if len(self.candidates) else self.predictions)
 
 
-def plan(
-    measured: pd.DataFrame,
-    predict_workers: Sequence[int],
-    catalog: Catalog | None = None,
-    instance_types: Sequence[str] = (),
-    markets: Sequence[str] = ("on-demand",),
-    work: float | None = None,
-    measured_on: str | None = None,
-    speed: dict[str, float] | None = None,
-    link: LinkModel | None = None,
-    interruptions_per_hour: float = 0.0,
-    checkpoint_interval_s: float = 600.0,
-    restart_s: float = 180.0,
-    deadline_h: float | None = None,
-    budget_usd: float | None = None,
-    region: str | None = None,
-) -> Plan:
-    """Fit per series, predict `predict_workers`, price them on `instance_types` x `markets`.
+def plan(request: PlanRequest) -> Plan:
+    """Fit and predict, choose the next measurement, price, recommend: the four steps in order."""
+    fits, predictions = predict(request)
+    nxt = next_measurement(predictions)
+    _mark_next(predictions, nxt)
+    candidates, notes = price(request, fits, predictions)
+    recommendations, more_notes = recommend(candidates, request.deadline_h, request.budget_usd)
+    if len(candidates):
+        _mark_next(candidates, nxt)
+    return Plan(fits, predictions, candidates, recommendations, nxt, notes + more_notes)
 
-    `measured` has label, workers, throughput, and optionally nodes and mode. `work` is the amount
-    of work (in the throughput's unit, e.g. words) the job needs, to the loss threshold or in all;
-    without it there are no times or dollars. `speed` maps a GPU model or instance type to its
-    per-GPU speed relative to `measured_on`'s GPU.
-    """
-    speed = dict(speed or {})
-    link = link or LinkModel()
-    notes: list[str] = []
+
+# ---- 1. fit and predict -------------------------------------------------------------------------
+
+
+def predict(request: PlanRequest) -> tuple[dict[str, FitResult], pd.DataFrame]:
+    """(fit per series, predictions): every series fitted on its own rows (in its one mode, else
+    strong) and predicted at its measured and at the requested worker counts."""
+    measured = request.measured
     if "label" not in measured.columns:
         measured = measured.assign(label="")
     if "mode" not in measured.columns:
         measured = measured.assign(mode="strong")
-    base_inst = catalog.instance(measured_on) if (catalog and measured_on) else None
-    if base_inst is not None and base_inst.network_gbps:
-        link = LinkModel(link.gradient_bytes, link.intra_gbps, base_inst.network_gbps,
-                         link.intra_latency_s, link.inter_latency_s)
-
+    link = request.measured_link()
+    base = request.base_instance()
+    wanted = {int(w) for w in request.predict_workers}
     fits: dict[str, FitResult] = {}
-    pred_rows: list[dict[str, Any]] = []
+    rows: list[dict[str, Any]] = []
     for label, part in measured.groupby("label", sort=False):
         modes = set(part["mode"].fillna("strong"))
-        mode = modes.pop() if len(modes) == 1 else "strong"
-        fit = fit_series(str(label), part, mode, link)
+        fit = fit_series(str(label), part, modes.pop() if len(modes) == 1 else "strong", link)
         fits[str(label)] = fit
-        grid = sorted(set(int(w) for w in predict_workers) | set(int(w) for w in fit.measured["workers"]))
-        gpn = base_inst.gpus if base_inst is not None else None
-        nodes = [_measured_nodes(fit.measured, w, gpn) for w in grid]
-        pred = fit.predict(grid, nodes)
-        lo, hi = fit.interval(grid, nodes, pred)
-        gap = fit.disagreement(grid, nodes)
-        for i, w in enumerate(grid):
-            meas = fit.measured[fit.measured["workers"] == w]["throughput"]
-            pred_rows.append({
-                "label": str(label), "workers": w, "nodes": nodes[i],
-                "predicted_throughput": float(pred[i]), "interval_low": float(lo[i]), "interval_high": float(hi[i]),
-                "model": fit.chosen, "held_out_error": fit.held_out_error[fit.chosen],
-                "measured_throughput": float(meas.mean()) if len(meas) else None,
-                "disagreement": float(gap[i]) if np.isfinite(gap[i]) else None,
-                "predicted": w in set(int(x) for x in predict_workers),
-            })
-    predictions = pd.DataFrame(pred_rows)
-
-    nxt = None
-    untried = predictions[predictions["measured_throughput"].isna()] if len(predictions) else predictions
-    if len(untried) and untried["disagreement"].notna().any():
-        r = untried.loc[untried["disagreement"].idxmax()]
-        nxt = {"label": r["label"], "workers": int(r["workers"]), "disagreement": float(r["disagreement"]),
-               "why": f"the models disagree most there ({r['disagreement']:.0%} apart); measuring it "
-                      "tells which one to trust"}
-    predictions["next_measurement"] = False
-    if nxt is not None:
-        predictions.loc[(predictions["label"] == nxt["label"]) & (predictions["workers"] == nxt["workers"]),
-                        "next_measurement"] = True
-
-    cand_rows: list[dict[str, Any]] = []
-    if instance_types and catalog is None:
-        raise CatalogError("pricing candidates needs a price catalog")
-    if instance_types and work is None:
-        notes.append("no --work given: predicted throughput only; give the job's work (in the "
-                     "throughput unit, e.g. words to the loss threshold) for hours and dollars")
-    elif instance_types:
-        for t in instance_types:
-            inst = catalog.instance(t)
-            factor = _speed_factor(inst, base_inst, speed)
-            if factor is None:
-                notes.append(f"{t}: its GPU ({inst.gpu_model or 'unknown'}) differs from the measured one "
-                             f"({base_inst.gpu_model if base_inst else 'unknown: give --measured-on'}); "
-                             f"give --speed {inst.gpu_model or t}=FACTOR to price it")
-                continue
-            t_link = LinkModel(link.gradient_bytes, link.intra_gbps, inst.network_gbps or link.inter_gbps,
-                               link.intra_latency_s, link.inter_latency_s)
-            for label, fit in fits.items():
-                sel = predictions[(predictions["label"] == label)]
-                for _, pr in sel.iterrows():
-                    w = int(pr["workers"])
-                    count = math.ceil(w / inst.gpus)
-                    thr = float(fit.predict([w], [count], link=t_link)[0]) * factor
-                    lo, hi = fit.interval([w], [count], np.array([thr]), link=t_link)
-                    for market in markets:
-                        try:
-                            cost = run_cost(work / thr, Mix(((count, t),)), catalog, market, region,
-                                            label=label, interruptions_per_hour=interruptions_per_hour,
-                                            checkpoint_interval_s=checkpoint_interval_s, restart_s=restart_s)
-                            slow = run_cost(work / max(float(lo[0]), 1e-300), Mix(((count, t),)), catalog, market,
-                                            region, interruptions_per_hour=interruptions_per_hour,
-                                            checkpoint_interval_s=checkpoint_interval_s, restart_s=restart_s)
-                        except CatalogError as exc:
-                            if str(exc) not in notes:
-                                notes.append(str(exc))
-                            continue
-                        cand_rows.append({
-                            "label": label, "workers": w, "instance_type": t, "instances": count,
-                            "idle_gpus": count * inst.gpus - w, "market": market,
-                            "predicted_throughput": thr, "interval_low": float(lo[0]), "interval_high": float(hi[0]),
-                            "model": fit.chosen, "held_out_error": fit.held_out_error[fit.chosen],
-                            "measured": bool(pd.notna(pr["measured_throughput"]))
-                            and (measured_on is None or measured_on == t),
-                            "hours": cost.hours, "hours_high": slow.hours, "usd_per_hour": cost.usd_per_hour,
-                            "dollars": cost.dollars, "dollars_high": slow.dollars,
-                            "expected_interruptions": cost.expected_interruptions,
-                        })
-    candidates = pd.DataFrame(cand_rows)
-    recs: dict[str, dict[str, Any] | None] = {}
-    if len(candidates):
-        candidates["pareto"] = pareto_front(candidates["hours"], candidates["dollars"])
-        candidates["recommendation"] = None
-        if deadline_h is not None:
-            ok = candidates[candidates["hours"] <= deadline_h]
-            recs["cheapest_within_deadline"] = _pick(candidates, ok, "dollars", "cheapest within deadline")
-            if recs["cheapest_within_deadline"] is None:
-                notes.append(f"no layout finishes within {deadline_h:g} h; the fastest takes "
-                             f"{candidates['hours'].min():.2f} h")
-        if budget_usd is not None:
-            ok = candidates[candidates["dollars"] <= budget_usd]
-            recs["fastest_within_budget"] = _pick(candidates, ok, "hours", "fastest within budget")
-            if recs["fastest_within_budget"] is None:
-                notes.append(f"no layout costs at most ${budget_usd:,.2f}; the cheapest costs "
-                             f"${candidates['dollars'].min():,.2f}")
-        if deadline_h is None and budget_usd is None:
-            recs["cheapest"] = _pick(candidates, candidates, "dollars", "cheapest")
-            recs["fastest"] = _pick(candidates, candidates, "hours", "fastest")
-        candidates["next_measurement"] = False
-        if nxt is not None:
-            candidates.loc[(candidates["label"] == nxt["label"]) & (candidates["workers"] == nxt["workers"]),
-                           "next_measurement"] = True
-    return Plan(fits, predictions, candidates, recs, nxt, notes)
+        rows += _prediction_rows(fit, wanted, base.gpus if base is not None else None)
+    return fits, pd.DataFrame(rows)
 
 
-def _pick(all_rows: pd.DataFrame, ok: pd.DataFrame, by: str, tag: str) -> dict[str, Any] | None:
-    if ok.empty:
-        return None
-    other = "hours" if by == "dollars" else "dollars"
-    idx = ok.sort_values([by, other], kind="stable").index[0]
-    prev = all_rows.at[idx, "recommendation"]
-    all_rows.at[idx, "recommendation"] = tag if prev is None else f"{prev}; {tag}"
-    from analysis.report import to_json_records
-
-    return to_json_records(all_rows.loc[[idx]].drop(columns=["recommendation"]))[0]
+def _prediction_rows(fit: FitResult, wanted: set[int], gpus_per_node: int | None) -> list[dict[str, Any]]:
+    """One row per worker count (measured or wanted) of one series, with its interval."""
+    grid = sorted(wanted | {int(w) for w in fit.measured["workers"]})
+    nodes = [_measured_nodes(fit.measured, w, gpus_per_node) for w in grid]
+    pred = fit.predict(grid, nodes)
+    lo, hi = fit.interval(grid, nodes, pred)
+    gap = fit.disagreement(grid, nodes)
+    rows = []
+    for i, w in enumerate(grid):
+        meas = fit.measured[fit.measured["workers"] == w]["throughput"]
+        rows.append({
+            "label": fit.label, "workers": w, "nodes": nodes[i],
+            "predicted_throughput": float(pred[i]), "interval_low": float(lo[i]), "interval_high": float(hi[i]),
+            "model": fit.chosen, "held_out_error": fit.held_out_error[fit.chosen],
+            "measured_throughput": float(meas.mean()) if len(meas) else None,
+            "disagreement": float(gap[i]) if np.isfinite(gap[i]) else None,
+            "predicted": w in wanted,
+        })
+    return rows
 
 
 def _measured_nodes(measured: pd.DataFrame, workers: int, gpus_per_node: int | None) -> int:
@@ -437,7 +387,106 @@ def _measured_nodes(measured: pd.DataFrame, workers: int, gpus_per_node: int | N
     return math.ceil(workers / gpus_per_node) if gpus_per_node else 1
 
 
-def _speed_factor(inst: Any, base: Any, speed: dict[str, float]) -> float | None:
+# ---- 2. the next measurement --------------------------------------------------------------------
+
+
+def next_measurement(predictions: pd.DataFrame) -> dict[str, Any] | None:
+    """The untried (series, workers) where the models disagree most, or None (query by committee:
+    measuring it settles which model to trust)."""
+    untried = predictions[predictions["measured_throughput"].isna()] if len(predictions) else predictions
+    if not len(untried) or not untried["disagreement"].notna().any():
+        return None
+    r = untried.loc[untried["disagreement"].idxmax()]
+    return {"label": r["label"], "workers": int(r["workers"]), "disagreement": float(r["disagreement"]),
+            "why": f"the models disagree most there ({r['disagreement']:.0%} apart); measuring it "
+                   "tells which one to trust"}
+
+
+def _mark_next(rows: pd.DataFrame, nxt: dict[str, Any] | None) -> None:
+    """Add the column next_measurement: true on the rows of the suggested (series, workers)."""
+    rows["next_measurement"] = False
+    if nxt is not None:
+        rows.loc[(rows["label"] == nxt["label"]) & (rows["workers"] == nxt["workers"]), "next_measurement"] = True
+
+
+# ---- 3. price -----------------------------------------------------------------------------------
+
+
+def price(request: PlanRequest, fits: dict[str, FitResult],
+          predictions: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
+    """(candidates, notes): every predicted (series, workers) on every instance type x market, with
+    hours and dollars. Nothing is priced without `work`; a type whose per-GPU speed is unknown, or
+    a market without a price, is left out with a note saying what to give."""
+    notes: list[str] = []
+    if request.instance_types and request.catalog is None:
+        raise CatalogError("pricing candidates needs a price catalog")
+    if request.instance_types and request.work is None:
+        notes.append("no --work given: predicted throughput only; give the job's work (in the "
+                     "throughput unit, e.g. words to the loss threshold) for hours and dollars")
+        return pd.DataFrame(), notes
+    rows: list[dict[str, Any]] = []
+    for name in request.instance_types:
+        rows += _price_type(request, name, fits, predictions, notes)
+    return pd.DataFrame(rows), notes
+
+
+def _price_type(request: PlanRequest, name: str, fits: dict[str, FitResult], predictions: pd.DataFrame,
+                notes: list[str]) -> list[dict[str, Any]]:
+    """Candidate rows of one instance type: the throughput predicted over its network, scaled by
+    its GPU's speed, with ceil(workers / GPUs) instances."""
+    inst = request.catalog.instance(name)
+    base = request.base_instance()
+    factor = _speed_factor(inst, base, request.speed or {})
+    if factor is None:
+        notes.append(f"{name}: its GPU ({inst.gpu_model or 'unknown'}) differs from the measured one "
+                     f"({base.gpu_model if base else 'unknown: give --measured-on'}); "
+                     f"give --speed {inst.gpu_model or name}=FACTOR to price it")
+        return []
+    link = request.measured_link()
+    link = replace(link, inter_gbps=inst.network_gbps or link.inter_gbps)
+    rows: list[dict[str, Any]] = []
+    for label, fit in fits.items():
+        for _, pr in predictions[predictions["label"] == label].iterrows():
+            w = int(pr["workers"])
+            count = math.ceil(w / inst.gpus)
+            thr = float(fit.predict([w], [count], link=link)[0]) * factor
+            lo, hi = fit.interval([w], [count], np.array([thr]), link=link)
+            layout = {"label": label, "workers": w, "instance_type": name, "instances": count,
+                      "idle_gpus": count * inst.gpus - w}
+            estimate = {"predicted_throughput": thr, "interval_low": float(lo[0]), "interval_high": float(hi[0]),
+                        "model": fit.chosen, "held_out_error": fit.held_out_error[fit.chosen],
+                        "measured": bool(pd.notna(pr["measured_throughput"])) and request.measured_on in (None, name)}
+            rows += _market_rows(request, layout, estimate, notes)
+    return rows
+
+
+def _market_rows(request: PlanRequest, layout: dict[str, Any], estimate: dict[str, Any],
+                 notes: list[str]) -> list[dict[str, Any]]:
+    """One candidate row per market: hours and dollars at the predicted throughput, and at the low
+    end of its interval (hours_high, dollars_high)."""
+    mix = Mix(((layout["instances"], layout["instance_type"]),))
+    slowest = max(estimate["interval_low"], 1e-300)
+    rows = []
+    for market in request.markets:
+        try:
+            cost = run_cost(request.work / estimate["predicted_throughput"], mix, request.catalog, market,
+                            request.region, label=layout["label"], **request.spot_terms())
+            slow = run_cost(request.work / slowest, mix, request.catalog, market, request.region,
+                            **request.spot_terms())
+        except CatalogError as exc:
+            if str(exc) not in notes:
+                notes.append(str(exc))
+            continue
+        rows.append({**layout, "market": market, **estimate,
+                     "hours": cost.hours, "hours_high": slow.hours, "usd_per_hour": cost.usd_per_hour,
+                     "dollars": cost.dollars, "dollars_high": slow.dollars,
+                     "expected_interruptions": cost.expected_interruptions})
+    return rows
+
+
+def _speed_factor(inst: InstanceType, base: InstanceType | None, speed: dict[str, float]) -> float | None:
+    """Per-GPU speed of `inst` relative to the measured instance: as given, 1 for the same GPU (or
+    an on-premise rate), else None (unknown: not guessed)."""
     for key in (inst.name, inst.gpu_model):
         if key and key in speed:
             return float(speed[key])
@@ -446,3 +495,47 @@ def _speed_factor(inst: Any, base: Any, speed: dict[str, float]) -> float | None
     if inst.provider == "rate":
         return 1.0
     return None
+
+
+# ---- 4. recommend -------------------------------------------------------------------------------
+
+
+def recommend(candidates: pd.DataFrame, deadline_h: float | None,
+              budget_usd: float | None) -> tuple[dict[str, dict[str, Any] | None], list[str]]:
+    """(recommendations, notes): the cheapest candidate within the deadline and the fastest within
+    the budget, or without either the cheapest and the fastest overall. Adds the columns pareto
+    (on the cost-time frontier) and recommendation (why a row is recommended) to `candidates`."""
+    recs: dict[str, dict[str, Any] | None] = {}
+    notes: list[str] = []
+    if not len(candidates):
+        return recs, notes
+    candidates["pareto"] = pareto_front(candidates["hours"], candidates["dollars"])
+    candidates["recommendation"] = None
+    limits = (  # (recommendation, column, its limit, best by, why there is none)
+        ("cheapest_within_deadline", "hours", deadline_h, "dollars", lambda: f"no layout finishes within "
+         f"{deadline_h:g} h; the fastest takes {candidates['hours'].min():.2f} h"),
+        ("fastest_within_budget", "dollars", budget_usd, "hours", lambda: f"no layout costs at most "
+         f"${budget_usd:,.2f}; the cheapest costs ${candidates['dollars'].min():,.2f}"),
+    )
+    for key, column, limit, by, why_none in limits:
+        if limit is not None:
+            recs[key] = _pick(candidates, candidates[candidates[column] <= limit], by, key.replace("_", " "))
+            if recs[key] is None:
+                notes.append(why_none())
+    if deadline_h is None and budget_usd is None:
+        recs["cheapest"] = _pick(candidates, candidates, "dollars", "cheapest")
+        recs["fastest"] = _pick(candidates, candidates, "hours", "fastest")
+    return recs, notes
+
+
+def _pick(all_rows: pd.DataFrame, ok: pd.DataFrame, by: str, tag: str) -> dict[str, Any] | None:
+    """The best row of `ok` by `by` (ties: the other measure), tagged in `all_rows`; None if none."""
+    if ok.empty:
+        return None
+    other = "hours" if by == "dollars" else "dollars"
+    idx = ok.sort_values([by, other], kind="stable").index[0]
+    prev = all_rows.at[idx, "recommendation"]
+    all_rows.at[idx, "recommendation"] = tag if prev is None else f"{prev}; {tag}"
+    from analysis.report import to_json_records
+
+    return to_json_records(all_rows.loc[[idx]].drop(columns=["recommendation"]))[0]

@@ -22,7 +22,10 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from analysis.results import expand_run_dirs
 from core.net import free_port
+from core.records import load_run
+from core.rundir import RunPaths, read_json
 
 PARTS = ("compute", "exchange", "scaling", "planner", "report")
 console = Console(width=None if sys.stdout.isatty() else 160)
@@ -112,18 +115,21 @@ def bench_scaling(model: str, steps: int, work: Path) -> dict:
             if proc.returncode != 0:
                 raise RuntimeError(f"sweep {engine} {mode} failed:\n{proc.stderr[-2000:]}")
             sweep = next(p for p in runs.iterdir() if p.is_dir())
-            for r in json.loads((sweep / "report.json").read_text()):
+            for r in read_json(sweep / "report.json", "sweep report"):
                 rows.append({"engine": engine, "mode": mode, **{k: r[k] for k in (
                     "workers", "global_batch", "words_per_s", "step_s_mean", "speedup", "efficiency",
                     "share_exchange", "share_backward", "share_data")}})
-            for run in (sweep / "1x1", sweep / "1x2"):
-                started = json.loads((run / "launch.json").read_text())["started"]
-                first = next(json.loads(line) for line in (run / "records" / "rank-0.jsonl").read_text().splitlines()
-                             if '"kind": "step"' in line)
-                overhead.append({"engine": engine, "mode": mode, "workers": int(run.name[-1]),
-                                 "seconds_to_first_step": first["time"] - first["step_s"] - started})
+            overhead += [{"engine": engine, "mode": mode, **launch_overhead(run)} for run in expand_run_dirs([sweep])]
             _progress(f"scaling {engine} {mode}: done")
     return {"rows": rows, "launch_overhead": overhead}
+
+
+def launch_overhead(run_dir: Path) -> dict:
+    """Seconds from the launch (launch.json) to the start of rank 0's first step (its records)."""
+    run = load_run(run_dir)
+    started = read_json(RunPaths(run_dir).launch, "launch file")["started"]
+    first = run.steps[run.steps["rank"] == 0].iloc[0]
+    return {"workers": run.spec.workers, "seconds_to_first_step": float(first["time"] - first["step_s"] - started)}
 
 
 # ---- 5. planner accuracy --------------------------------------------------------------------------
@@ -159,18 +165,19 @@ def bench_report(records: int, ranks: int, work: Path) -> dict:
     import numpy as np
 
     from analysis.results import build_report
-    from core.records import load_run
     from core.spec import Spec, save_spec
 
     run = work / "report-run"
-    (run / "records").mkdir(parents=True, exist_ok=True)
+    paths = RunPaths(run)
+    paths.records.mkdir(parents=True, exist_ok=True)
     save_spec(Spec(gpus_per_node=ranks, global_batch=ranks * 8, steps=records // ranks), run)
     steps = records // ranks
     rng = np.random.default_rng(0)
     t0 = time.perf_counter()
     for r in range(ranks):
         st = 0.05 + 0.005 * rng.random(steps)
-        with open(run / "records" / f"rank-{r}.jsonl", "w") as f:
+        # written as text, not through RecordWriter: a million records must not take minutes
+        with open(paths.rank_records(r), "w") as f:
             f.write(json.dumps({"kind": "start", "rank": r, "world": ranks, "time": 0.0, "global_batch": ranks * 8}) + "\n")
             for i in range(steps):
                 f.write('{"kind": "step", "rank": %d, "world": %d, "time": %.3f, "step": %d, "epoch": 0, "warmup": %s, '

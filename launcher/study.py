@@ -7,8 +7,9 @@ size (for GPUs). `launch study FILE --backend slurm` runs the same study on Slur
 
     launch study examples/seed001-nmt-data-parallel.yaml --scale cpu
 
-Every variant is a sweep (one run per layout) under one study directory; the tables are computed
-from the runs' records (analysis.scaling), like every other report.
+Every variant is a sweep (one run per layout) under one study directory. This module loads and
+checks the recipe, decides which sweeps run, and writes the files; the tables and figures are
+analysis.studies (from the runs' records, like every other report), the dollars costs.studies.
 """
 
 from __future__ import annotations
@@ -21,11 +22,11 @@ from typing import Any
 import click
 import pandas as pd
 
+from analysis.studies import TABLES
 from core.errors import SpecError
-from core.rundir import new_run_dir, write_json
+from core.rundir import new_run_dir, read_json, write_json
 from core.spec import Spec
 
-TABLES = ("throughput", "epochs", "convergence", "arrangement", "money")
 STUDY_KEYS = {"title", "seed_scale", "base", "mode", "layouts", "variants", "tables", "scales", "instances",
               "market", "epochs_shown", "kind", "gemm"}
 
@@ -52,6 +53,12 @@ class Study:
     epochs_shown: int = 3
     kind: str = "scaling"  # scaling: sweeps of training runs; gemm: seed 003's single-process measurements
     gemm: dict[str, Any] = field(default_factory=dict)
+
+    def instance_mixes(self) -> dict[tuple[str, str], str | None]:
+        """(variant label, layout "NxG") -> the instance mix it runs on (the variant's, else the
+        study's), for the money table."""
+        return {(v.label, f"{n}x{g}"): v.instances.get(f"{n}x{g}") or self.instances.get(f"{n}x{g}")
+                for v in self.variants for n, g in (v.layouts or self.layouts)}
 
 
 def load_study(path: Path, scale: str | None = None, overrides: dict[str, Any] | None = None) -> Study:
@@ -121,7 +128,8 @@ def _check_gemm(cfg: dict[str, Any], path: Path) -> None:
 
 
 def gemm_study(study: Study, runs_root: Path) -> Path:
-    """Seed 003: recurrent GEMM and training-step throughput against batch size, table + plot + knee."""
+    """Seed 003: recurrent GEMM and training-step throughput against batch size: CSV, plot, study.md."""
+    from analysis.studies import gemm_markdown, plot_gemm
     from train.bench import gemm_sweep, knee, step_sweep
 
     cfg = {**GEMM_KEYS, **study.gemm}
@@ -130,45 +138,12 @@ def gemm_study(study: Study, runs_root: Path) -> Path:
     steps = pd.DataFrame(step_sweep(cfg["preset"], cfg["step_hiddens"], cfg["batches"], threads=cfg["threads"]))
     gemm.to_csv(out / "gemm.csv", index=False)
     steps.to_csv(out / "step.csv", index=False)
-    _plot_gemm(gemm, steps, out / "gemm.png")
-    fwd = gemm[gemm["op"] == "NN forward"]
-    knees = knee(fwd.to_dict("records"), "hidden", "gflops")
+    plot_gemm(gemm, steps).savefig(out / "gemm.png", dpi=110)
+    knees = knee(gemm[gemm["op"] == "NN forward"].to_dict("records"), "hidden", "gflops")
     step_knees = knee(steps.to_dict("records"), "hidden", "words_per_s")
-    table = gemm.pivot_table(index="batch", columns=["hidden", "op"], values="gflops").round(1)
-    table.columns = [f"H={h} {op} (GFLOP/s)" for h, op in table.columns]
-    wide = steps.pivot_table(index="batch", columns="hidden", values="words_per_s").round(0)
-    wide.columns = [f"step H={h} (words/s)" for h in wide.columns]
-    parts = [f"# {study.title}", "", f"Scale of the seed: {study.seed_scale.strip()}", "",
-             "## Recurrent multiply and training step throughput against batch size", "",
-             _markdown(table.join(wide).reset_index().astype({"batch": int})), "",
-             "## Where to pick the batch", "",
-             *[f"- hidden {h}: the forward recurrent GEMM reaches 90% of its best rate at batch {b}" for h, b in knees.items()],
-             *[f"- hidden {h}: the {cfg['preset']} training step reaches 90% of its best words/s at batch {b}"
-               for h, b in step_knees.items()], "", "![GEMM and step throughput against batch size](gemm.png)", ""]
     path = out / "study.md"
-    path.write_text("\n".join(parts))
+    path.write_text(gemm_markdown(study.title, study.seed_scale, gemm, steps, knees, step_knees, cfg["preset"]))
     return path
-
-
-def _plot_gemm(gemm: pd.DataFrame, steps: pd.DataFrame, path: Path) -> None:
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(11, 4.2))
-    FigureCanvasAgg(fig)
-    ax1, ax2 = fig.subplots(1, 2)
-    for (h, op), g in gemm.groupby(["hidden", "op"]):
-        ax1.plot(g["batch"], g["gflops"], marker="o", ms=3, label=f"H={h} {op}")
-    ax1.set(xlabel="batch size", ylabel="GFLOP/s", title="Recurrent GEMM (h @ U and its gradients)")
-    ax1.legend(fontsize=7)
-    ax1.grid(alpha=0.3)
-    for h, g in steps.groupby("hidden"):
-        ax2.plot(g["batch"], g["words_per_s"], marker="o", ms=3, label=f"hidden {h}")
-    ax2.set(xlabel="batch size", ylabel="words/s", title="One training step")
-    ax2.legend(fontsize=8)
-    ax2.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
 
 
 def variant_specs(study: Study, variant: Variant) -> list[Spec]:
@@ -205,156 +180,30 @@ def run_study(study: Study, runs_root: Path) -> Path:
     return study_dir
 
 
-# ---- seed-shaped tables (pure: from the summaries and step tables of the runs) ------------------
-
-
-def study_speedups(rows: pd.DataFrame) -> list[float]:
-    """Speedup of every run against its variant's smallest layout, or - for a variant with no run at
-    the study's smallest worker count (the same 4 GPUs arranged, a mixed pair) - against the first
-    variant's smallest layout, as seed 004 compares everything with one g3.4xlarge."""
-    fewest = rows["workers"].min()
-    first = rows.iloc[0]
-    base = {}
-    for label, grp in rows.groupby("label", sort=False):
-        small = grp.loc[grp["workers"].idxmin()]
-        base[label] = small["words_per_s"] if small["workers"] == fewest else first["words_per_s"]
-    return [r["words_per_s"] / base[r["label"]] for _, r in rows.iterrows()]
-
-
-def throughput_table(rows: pd.DataFrame) -> pd.DataFrame:
-    """Seed 001's table: GPUs, batch per GPU, total time of the measured batches, words/s, speedup."""
-    return pd.DataFrame({
-        "variant": rows["label"], "GPU number": rows["workers"],
-        "Batch size (per GPU)": rows["global_batch"] // rows["workers"],
-        "Measured batches": rows["steps_measured"],
-        "Total time of measured batches (s)": (rows["step_s_mean"] * rows["steps_measured"]).round(3),
-        "Processing speed (words/s)": rows["words_per_s"].round(1),
-        "Speedup ratio": rows["speedup"].round(2),
-    })
-
-
-def epochs_table(rows: pd.DataFrame, epoch_times: dict[str, list[float]], shown: int) -> pd.DataFrame:
-    """Seed 002's table: time for each of the first epochs per layout, and the speedup of their sum."""
-    out = pd.DataFrame({"variant": rows["label"], "workers": rows["workers"], "global batch": rows["global_batch"]})
-    sums = []
-    for i in range(shown):
-        out[f"epoch {i + 1} (s)"] = [round(epoch_times[r][i], 3) if len(epoch_times[r]) > i else None for r in rows["run"]]
-    for r in rows["run"]:
-        sums.append(sum(epoch_times[r][:shown]) if len(epoch_times[r]) >= shown else None)
-    out["total (s)"] = [round(s, 3) if s is not None else None for s in sums]
-    base = {}
-    speed = []
-    for label, workers, s in zip(rows["label"], rows["workers"], sums):
-        base.setdefault(label, (workers, s))
-        speed.append(round(base[label][1] / s, 2) if s and base[label][1] else None)
-    out["speedup"] = speed
-    return out
-
-
-def convergence_table(rows: pd.DataFrame, epochs_to: dict[str, float | None]) -> pd.DataFrame:
-    """Seed 004's convergence: epochs and time to the loss threshold per layout."""
-    return pd.DataFrame({
-        "variant": rows["label"], "layout": rows["nodes"].astype(str) + "x" + rows["gpus_per_node"].astype(str),
-        "workers": rows["workers"], "threshold": rows["loss_threshold"],
-        "reached": rows["reached_threshold"], "steps to threshold": rows["steps_to_threshold"],
-        "epochs to threshold": [epochs_to.get(r) for r in rows["run"]],
-        "time to threshold (s)": pd.to_numeric(rows["time_to_threshold_s"], errors="coerce").round(2),
-    })
-
-
-def arrangement_table(rows: pd.DataFrame, epoch_times: dict[str, list[float]]) -> pd.DataFrame:
-    """Seed 004's arrangement table: nodes, GPUs per node, time per epoch, speedup."""
-    per_epoch = [sum(epoch_times[r]) / len(epoch_times[r]) / 60 if epoch_times[r] else None for r in rows["run"]]
-    return pd.DataFrame({
-        "variant": rows["label"], "# of Node": rows["nodes"], "# of GPUs per Node": rows["gpus_per_node"],
-        "Time (min/epoch)": [round(x, 4) if x else None for x in per_epoch], "Speed-up": pd.to_numeric(rows["speedup"], errors="coerce").round(2),
-    })
-
-
-def money_table(rows: pd.DataFrame, instances: dict[tuple[str, str], str], market: str, price) -> pd.DataFrame:
-    """Seed 004's money-speed table: the instance mix of each layout, seconds, hours and dollars.
-
-    Seconds are the run's training time (to the threshold when one was set and reached, else all
-    measured steps); `price(mix, seconds, market)` is the catalog's billing (per second, 60 s minimum).
-    """
-    out = []
-    for _, r in rows.iterrows():
-        layout = f"{r['nodes']}x{r['gpus_per_node']}"
-        mix = instances.get((r["label"], layout))
-        seconds = r["time_to_threshold_s"] if r.get("reached_threshold") else r["train_s"]
-        dollars = price(mix, seconds, market) if mix else None
-        out.append({"Experiment": f"{r['label']} {layout}", "Instances": mix or "—", "Seconds": round(seconds, 1),
-                    "Hours": round(seconds / 3600, 4), "Total Price ($)": dollars})
-    return pd.DataFrame(out)
-
-
-def _pricer():
-    """`price(mix, seconds, market)` in dollars from the price catalog, read once (per-second
-    billing, 60 s minimum per instance)."""
-    from costs.billing import run_cost
-    from costs.catalog import load_catalog
-
-    catalog = load_catalog()
-    return lambda mix, seconds, market: round(run_cost(seconds, mix, catalog, market).dollars, 4)
-
-
-def _markdown(df: pd.DataFrame) -> str:
-    cols = list(df.columns)
-    lines = ["| " + " | ".join(cols) + " |", "|" + "|".join(":--" for _ in cols) + "|"]
-    for row in df.astype(object).itertuples(index=False):  # object: ints stay ints in mixed rows
-        lines.append("| " + " | ".join("—" if pd.isna(v) else str(v) for v in row) + " |")
-    return "\n".join(lines)
-
-
 def study_report(study_dir: Path, study: Study) -> Path:
-    """Compute the seed-shaped tables from the study's runs and write study.md (+ the scaling report)."""
-    import json
-
+    """The seed-shaped tables of the study's runs (a CSV each) and study.md, plus the scaling report."""
     from analysis.results import expand_run_dirs, summarize_loaded, write_report
-    from analysis.scaling import scale_layouts, step_table
+    from analysis.scaling import step_table
+    from analysis.studies import seed_table, study_markdown, study_runs
     from core.records import load_run
+    from costs.studies import price_money_table
 
-    meta = json.loads((study_dir / "study.json").read_text())
-    sweeps = [study_dir / s["dir"] for s in meta["sweeps"]]
-    runs = expand_run_dirs(sweeps)
-    summaries, epoch_times, epochs_to, train_s = [], {}, {}, {}
+    meta = read_json(study_dir / "study.json", "study file")
+    runs = expand_run_dirs([study_dir / s["dir"] for s in meta["sweeps"]])
+    loaded = []
     for run in runs:
         records = load_run(run)  # each run is read once, for its summary and its per-step table
-        summaries.append(summarize_loaded(records))
-        steps = step_table(records.steps)
-        key = str(run)
-        epoch_times[key] = steps.groupby("epoch")["t_step"].sum().tolist()
-        train_s[key] = float(steps["t_step"].sum())
-        s = summaries[-1]
-        epochs_to[key] = (round(float(steps.loc[steps["step"] <= s.steps_to_threshold, "epoch"].max()) + 1, 2)
-                          if s.steps_to_threshold else None)
-    rows = scale_layouts(summaries)
-    order = {(s.label, s.nodes, s.gpus_per_node): str(r) for s, r in zip(summaries, runs)}
-    rows["run"] = [order[(lab, n, g)] for lab, n, g in zip(rows["label"], rows["nodes"], rows["gpus_per_node"])]
-    rows["train_s"] = [train_s[r] for r in rows["run"]]
-    rows["speedup"] = study_speedups(rows)
-    parts = [f"# {study.title}", "", f"Scale of the seed: {study.seed_scale.strip()}", "",
-             f"Scaling mode: {study.mode}; variants: {', '.join(v.label for v in study.variants)}.", ""]
-    for table in study.tables:
-        if table == "throughput":
-            df = throughput_table(rows)
-        elif table == "epochs":
-            df = epochs_table(rows, epoch_times, study.epochs_shown)
-        elif table == "convergence":
-            df = convergence_table(rows, epochs_to)
-        elif table == "arrangement":
-            df = arrangement_table(rows, epoch_times)
-        else:
-            mixes = {(v.label, f"{n}x{g}"): v.instances.get(f"{n}x{g}") or study.instances.get(f"{n}x{g}")
-                     for v in study.variants for n, g in (v.layouts or study.layouts)}
-            df = money_table(rows, mixes, study.market, _pricer())
-        parts += [f"## {table.capitalize()}", "", _markdown(df), ""]
-        df.to_csv(study_dir / f"{table}.csv", index=False)
-    report = write_report(summaries, runs, study_dir)
-    parts += ["## Scaling", "", f"Full scaling report: [report.md]({report.markdown_path.name})", "",
-              "![speedup](speedup.png)", ""]
+        loaded.append((str(run), summarize_loaded(records), step_table(records.steps)))
+    data = study_runs(loaded)
+    tables = {}
+    for name in study.tables:
+        tables[name] = (price_money_table(data.rows, study.instance_mixes(), study.market) if name == "money"
+                        else seed_table(name, data, study.epochs_shown))
+        tables[name].to_csv(study_dir / f"{name}.csv", index=False)
+    report = write_report([summary for _, summary, _ in loaded], runs, study_dir)
     path = study_dir / "study.md"
-    path.write_text("\n".join(parts))
+    path.write_text(study_markdown(study.title, study.seed_scale, study.mode, [v.label for v in study.variants],
+                                   tables, report.markdown_path.name))
     return path
 
 
@@ -379,10 +228,7 @@ def study_cmd(study_file: str, scale: str | None, backend: str | None, runs_dir:
         return
     if study.kind == "gemm":
         path = gemm_study(study, Path(runs_dir))
-        console.print(path.read_text(), markup=False, highlight=False)
-        console.print(f"study report: [bold]{path}[/]")
-        return
-    study_dir = run_study(study, Path(runs_dir))
-    path = study_report(study_dir, study)
+    else:
+        path = study_report(run_study(study, Path(runs_dir)), study)
     console.print(path.read_text(), markup=False, highlight=False)
     console.print(f"study report: [bold]{path}[/]")

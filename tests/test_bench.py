@@ -19,6 +19,27 @@ def test_bench_planner_and_report_parts(tmp_path):
     assert "Planner" in proc.stdout and "Report speed" in proc.stdout
 
 
+def test_launch_overhead_reads_the_run_directory(tmp_path):
+    """Launch to rank 0's first step: launch.json's start time, and the first step record's end time
+    minus its duration (written by the real writer, in the real layout)."""
+    from core.records import RecordWriter
+    from core.rundir import RunPaths, write_json
+    from core.spec import Spec, save_spec
+    from launcher.bench import launch_overhead
+
+    run = tmp_path / "1x2"
+    run.mkdir()
+    save_spec(Spec(gpus_per_node=2), run)
+    write_json(RunPaths(run).launch, {"started": 100.0})
+    for rank in (1, 0):
+        w = RecordWriter(run, rank, 2)
+        w.write("start", global_batch=8)
+        for step, end in ((1, 103.0), (2, 104.0)):  # rank 1 ends each step a second later
+            w.write("step", time=end + rank, step=step, step_s=0.5, words=10, samples=2)
+        w.close()
+    assert launch_overhead(run) == {"workers": 2, "seconds_to_first_step": 2.5}
+
+
 def test_bench_rejects_unknown_parts(tmp_path):
     proc = launch("bench", "--only", "gpu", cwd=tmp_path)
     assert proc.returncode == 2 and "unknown bench part(s) gpu" in proc.stderr

@@ -19,6 +19,7 @@ from costs.planner import (
     mixed_throughput,
     nnls,
     pareto_front,
+    PlanRequest,
     plan,
     ring_allreduce_s,
 )
@@ -78,7 +79,7 @@ def test_seed_001_extrapolation_within_its_interval():
     """Fit on 1..6 GPUs, predict 7 and 8: the published numbers fall in the stated interval."""
     df = pd.DataFrame({"label": "replica", "workers": [w for w, _ in SEED_001[:6]],
                        "throughput": [t for _, t in SEED_001[:6]], "mode": "weak"})
-    p = plan(df, [7, 8])
+    p = plan(PlanRequest(df, [7, 8]))
     for w, t in SEED_001[6:]:
         r = p.predictions[p.predictions["workers"] == w].iloc[0]
         assert r["interval_low"] <= t <= r["interval_high"], (w, t, r.to_dict())
@@ -112,8 +113,8 @@ def test_plan_prices_layouts_and_recommends_within_deadline_and_budget():
     cat = builtin_catalog()
     cat.add_rate("slurm", 0.5, "gpu-hour")
     work = 2e9
-    p = plan(df, [6, 8], cat, ["g3.4xlarge", "g3.16xlarge", "slurm"], ["on-demand"], work=work,
-             measured_on="g3.4xlarge", deadline_h=5, budget_usd=20)
+    p = plan(PlanRequest(df, [6, 8], cat, ["g3.4xlarge", "g3.16xlarge", "slurm"], ["on-demand"], work=work,
+                         measured_on="g3.4xlarge", deadline_h=5, budget_usd=20))
     c = p.candidates
     assert set(c["instance_type"]) == {"g3.4xlarge", "g3.16xlarge", "slurm"}
     # 6 workers on 4-GPU instances need 2 of them
@@ -131,15 +132,16 @@ def test_plan_prices_layouts_and_recommends_within_deadline_and_budget():
 def test_plan_spot_with_interruptions_and_unknown_gpu_speed():
     df = pd.DataFrame({"workers": [1, 2, 4], "throughput": [100.0, 190.0, 350.0]})
     cat = builtin_catalog()
-    p = plan(df, [8], cat, ["p2.xlarge", "p3.2xlarge"], ["on-demand", "spot"], work=1e6,
-             measured_on="p2.xlarge", interruptions_per_hour=0.5)
+    p = plan(PlanRequest(df, [8], cat, ["p2.xlarge", "p3.2xlarge"], ["on-demand", "spot"], work=1e6,
+                         measured_on="p2.xlarge", interruptions_per_hour=0.5))
     c = p.candidates
     assert set(c["instance_type"]) == {"p2.xlarge"}  # V100 speed unknown: not guessed
     assert any("--speed V100=FACTOR" in n for n in p.notes)
     od = c[(c["market"] == "on-demand") & (c["workers"] == 8)].iloc[0]
     sp = c[(c["market"] == "spot") & (c["workers"] == 8)].iloc[0]
     assert sp["hours"] > od["hours"] and sp["expected_interruptions"] > 0
-    p2 = plan(df, [8], cat, ["p3.2xlarge"], ["on-demand"], work=1e6, measured_on="p2.xlarge", speed={"V100": 2.0})
+    p2 = plan(PlanRequest(df, [8], cat, ["p3.2xlarge"], ["on-demand"], work=1e6, measured_on="p2.xlarge",
+                          speed={"V100": 2.0}))
     base = p.candidates[(p.candidates["workers"] == 1) & (p.candidates["market"] == "on-demand")].iloc[0]
     v100 = p2.candidates[p2.candidates["workers"] == 1].iloc[0]
     assert v100["predicted_throughput"] == pytest.approx(2 * base["predicted_throughput"])

@@ -12,6 +12,7 @@ import pytest
 from rich.console import Console
 
 from analysis.report import (
+    markdown_table,
     plot_speedup,
     plot_throughput,
     print_scaling,
@@ -90,6 +91,21 @@ def test_write_markdown_report(tmp_path, sweep):
     for name in links:  # relative links that resolve next to the report
         data = (path.parent / name).read_bytes()
         assert data[:8] == PNG_MAGIC and len(data) > 10_000
+
+
+def test_markdown_table_formats_alignment_missing_and_escaping():
+    df = pd.DataFrame({"label": ["a|b", "two\nlines"], "gpus": [1, 2], "share": [0.5, None],
+                       "dollars": [1234.5, float("nan")], "ok": [True, False]})
+    text = markdown_table(df, {"share": ".0%", "dollars": ",.2f"}, missing="n/a", align_right=["gpus"])
+    assert text.splitlines() == [
+        "| label | gpus | share | dollars | ok |",
+        "|:---|---:|---:|---:|:---|",
+        "| a\\|b | 1 | 50% | 1,234.50 | True |",  # ints stay ints beside floats; '|' cannot split a cell
+        "| two lines | 2 | n/a | n/a | False |",
+    ]
+    assert markdown_table(df.iloc[:0]).splitlines()[1] == "|:---|:---|:---|:---|:---|"
+    assert markdown_table(pd.DataFrame()) == "_(no data)_"
+    assert "| — |" in markdown_table(pd.DataFrame({"x": [None]}))
 
 
 def test_plots_are_valid_pngs(tmp_path, sweep):

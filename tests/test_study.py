@@ -44,6 +44,66 @@ def test_study_errors(tmp_path):
         load_study(tmp_path / "none.yaml")
 
 
+def _layout(label: str, nodes: int, gpn: int, words_per_s: float, steps_to_threshold: int | None):
+    from analysis.scaling import LayoutSummary
+
+    fields = {f: None for f in LayoutSummary.__dataclass_fields__}
+    fields.update(label=label, workers=nodes * gpn, nodes=nodes, gpus_per_node=gpn, mode="strong", global_batch=8,
+                  steps_measured=4, steps_warmup=0, steps_incomplete=0, words_per_s=words_per_s, samples_per_s=1.0,
+                  step_s_mean=0.5, step_s_median=0.5, step_s_p90=0.5, step_s_std=0.0, loss_threshold=1.0,
+                  reached_threshold=steps_to_threshold is not None, steps_to_threshold=steps_to_threshold,
+                  time_to_threshold_s=30.0 if steps_to_threshold else None)
+    return LayoutSummary(**fields)
+
+
+def _steps(step_s: float) -> pd.DataFrame:
+    """Step table of 4 steps, two per epoch, one rank."""
+    from analysis.scaling import step_table
+
+    return step_table(pd.DataFrame({"rank": 0, "step": [1, 2, 3, 4], "epoch": [0, 0, 1, 1], "step_s": step_s,
+                                    "words": 10, "samples": 1}))
+
+
+def test_seed_tables_from_summaries_and_step_tables():
+    """analysis.studies is pure: the tables follow from the summaries and step tables given."""
+    from analysis.studies import seed_table, study_markdown, study_runs
+
+    data = study_runs([("a/1x1", _layout("a", 1, 1, 100.0, None), _steps(2.0)),
+                       ("a/1x2", _layout("a", 1, 2, 150.0, 2), _steps(1.5)),
+                       ("b/1x2", _layout("b", 1, 2, 180.0, 3), _steps(1.0))])
+    assert list(data.rows["run"]) == ["a/1x1", "a/1x2", "b/1x2"]
+    assert list(data.rows["train_s"]) == [8.0, 6.0, 4.0]
+    # b has no run at the fewest workers: its speedup is against the first variant's smallest layout
+    assert data.rows["speedup"].tolist() == pytest.approx([1.0, 1.5, 1.8])
+    assert data.epoch_times["a/1x1"] == [4.0, 4.0] and data.epochs_to == {"a/1x1": None, "a/1x2": 1.0, "b/1x2": 2.0}
+    epochs = seed_table("epochs", data, epochs_shown=2)
+    assert epochs["total (s)"].tolist() == [8.0, 6.0, 4.0] and epochs["speedup"].tolist() == [1.0, 1.33, 1.0]
+    arrangement = seed_table("arrangement", data)
+    assert arrangement["Time (min/epoch)"].tolist() == pytest.approx([4 / 60, 3 / 60, 2 / 60], abs=1e-4)
+    with pytest.raises(ValueError, match="not 'money'"):
+        seed_table("money", data)
+    text = study_markdown("T", "one GPU", "strong", ["a", "b"], {"throughput": seed_table("throughput", data)},
+                          "report.md")
+    assert "## Throughput" in text and "| b | 2 | 4 | 4 | 2.0 | 180.0 | 1.8 |" in text
+
+
+def test_money_table_prices_from_the_catalog():
+    from analysis.studies import study_runs
+    from costs.catalog import builtin_catalog
+    from costs.studies import price_money_table
+
+    data = study_runs([("a/1x1", _layout("a", 1, 1, 100.0, 2), _steps(2.0)),
+                       ("a/2x1", _layout("a", 2, 1, 150.0, None), _steps(400.0))])
+    money = price_money_table(data.rows, {("a", "1x1"): "1*p2.xlarge", ("a", "2x1"): "2*p2.xlarge"}, "on-demand",
+                              builtin_catalog())
+    assert money["Seconds"].tolist() == [30.0, 1600.0]  # to the threshold when reached, else all steps
+    # p2.xlarge on demand: $0.90/h, per second with a 60-second minimum per instance
+    assert money["Total Price ($)"].tolist() == pytest.approx([0.9 * 60 / 3600, round(2 * 0.9 * 1600 / 3600, 4)])
+    study = load_study(EXAMPLES / "seed004-sentiment.yaml", "test")
+    mixes = study.instance_mixes()
+    assert mixes and all(label in {v.label for v in study.variants} for label, _ in mixes)
+
+
 def _run(tmp_path: Path, name: str) -> Path:
     proc = launch("study", str(EXAMPLES / name), "--scale", "test", "--runs-dir", "runs", cwd=tmp_path, timeout=600)
     assert proc.returncode == 0, proc.stderr
