@@ -1,6 +1,6 @@
 """The `aws` backend: the trainer on EC2 GPU instances (on-demand or spot), nothing left running.
 
-Modules, in the order a run uses them: `instances` (GPU shapes), `flags` (CLI flags), `render`
+Modules, in the order a run uses them: `instances` (GPU shapes), `options` (options and their CLI flags), `render`
 (the pure EC2/S3 requests and the user-data script), `backend` (schedule, wait, status, logs,
 cancel), `bootstrap` (what runs on each instance), `teardown` (terminate and delete by tag),
 `cli` (`launch aws gc`). boto3 is imported
