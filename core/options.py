@@ -266,7 +266,7 @@ def coerce_items(cls: type, raw: Any, where: str = "", *, label: str = "", text:
     unknown = sorted(set(raw) - set(known))
     if unknown:
         noun = label.strip() or "option"
-        valid = [f"{prefix}{f.name}" + (f" (default {show(_default(f))})" if show_defaults else "") for f in known.values()]
+        valid = [prefix + name + (f" (default {show(_default(f))})" if show_defaults else "") for name, f in known.items()]
         raise SpecError(f"unknown {noun}(s): {', '.join(prefix + str(k) for k in unknown)}{_src(where)}; "
                         f"valid {noun.split()[-1]}s: {', '.join(valid) or 'none'}")
     hints = type_hints(cls)

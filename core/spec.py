@@ -156,7 +156,7 @@ class Spec:
         if self.model not in PRESETS:
             raise SpecError(f"unknown model preset {self.model!r}; valid presets: {', '.join(sorted(PRESETS))}")
         self._check_combinations()
-        cfg = config_with_overrides(PRESETS[self.model], self.model_args, "in model_args")  # raises SpecError on bad keys
+        cfg = config_with_overrides(PRESETS[self.model], self.model_args, "in model_args")  # SpecError on bad keys
         self.per_worker_batch(cfg.default_batch)  # raises if a strong-scaling batch does not split
         for key in ("train_src", "train_tgt", "valid_src", "valid_tgt"):
             path = getattr(self.data, key)
