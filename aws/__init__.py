@@ -1,7 +1,8 @@
 """The `aws` backend: the trainer on EC2 GPU instances (on-demand or spot), nothing left running.
 
 Instance shapes and the `--instance-type` grammar are the cost catalog's (costs/catalog.py,
-costs/billing.py `Mix.for_nodes`). Modules, in the order a run uses them: `flags` (CLI flags), `render`
+costs/billing.py `Mix.for_nodes`). Modules, in the order a run uses them: `options` (options and their
+CLI flags), `render`
 (the pure EC2/S3 requests and the user-data script), `backend` (schedule, wait, status, logs,
 cancel), `bootstrap` (what runs on each instance), `teardown` (terminate and delete by tag),
 `cli` (`launch aws gc`). boto3 is imported

@@ -28,6 +28,7 @@ from typing import Any, Callable
 
 from aws import mirror, render
 from aws import teardown as td
+from aws.options import AwsOptions
 from aws.render import AwsRequest, Plan
 from core.errors import ScalelabError, SpecError
 from core.rundir import write_json
@@ -42,28 +43,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 class AwsBackend(Backend):
     name = "aws"
-    OPTIONS: dict[str, Any] = {
-        "region": "",                     # "": the boto3 chain (AWS_REGION, ~/.aws/config)
-        "instance_type": "g3.4xlarge",    # or a mix: 1*p2.xlarge+3*g3.4xlarge
-        "fallback_instance_types": [],    # tried in order when the type has no capacity
-        "ami": "",                        # "": render.DEFAULT_AMI (the region's Deep Learning AMI via SSM)
-        "subnet_id": "",
-        "security_group_id": "",          # "": one per run, traffic only inside the group
-        "placement_group": "auto",        # auto | none | NAME of an existing group
-        "key_name": "",
-        "instance_profile": "scalelab-instance",
-        "bucket": "",
-        "prefix": "scalelab",
-        "spot": False,
-        "spot_max_price": None,           # USD per instance-hour; None: the on-demand price
-        "timeout_min": 120.0,             # everything is terminated after this
-        "volume_gb": 100,
-        "max_replacements": 3,            # spot capacity replaced at most this often
-        "report_timeout_min": 20.0,       # a node that never reports by then fails the run
-        "interruption_grace_s": 150.0,    # wait this long for the checkpoint after a notice
-        "poll_s": 10.0,
-        "wheel": "",                      # "": built from this checkout with `pip wheel --no-deps`
-    }
+    Options = AwsOptions  # the valid options, their defaults and checks (aws/options.py)
 
     def __init__(self, options: dict[str, Any] | None = None, *, session=None,
                  clients: dict[str, Any] | None = None, endpoint_url: str | None = None) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,7 +58,7 @@ class Plan:
         return "/".join([self.prefix, *parts])
 
 
-def make_plan(spec: Spec, run_dir: Path, options: dict[str, Any], region: str) -> Plan:
+def make_plan(spec: Spec, run_dir: Path, options: Mapping[str, Any], region: str) -> Plan:
     """Check the layout against the instance types; raise SpecError on anything impossible.
 
     Shapes come from the one instance catalog (costs/catalog.py: the built-in table, then the
@@ -79,10 +80,6 @@ def make_plan(spec: Spec, run_dir: Path, options: dict[str, Any], region: str) -
                             f"use --gpus-per-node {n} or a larger instance type")
     if len(types) > 1 and spec.engine.name == "single":
         raise SpecError("engine 'single' runs on one instance; use --engine horovod or ddp for several")
-    if options.get("spot_max_price") is not None and float(options["spot_max_price"]) < 0:
-        raise SpecError(f"--max-price must be >= 0 USD per hour, got {options['spot_max_price']}")
-    if float(options["timeout_min"]) <= 0:
-        raise SpecError(f"--time-limit-min must be > 0, got {options['timeout_min']}")
     run_id = Path(run_dir).name
     prefix = "/".join(p for p in (str(options.get("prefix") or "").strip("/"), run_id) if p)
     return Plan(run_id, region, options["bucket"], prefix, types, spec.gpus_per_node, spec.engine.name,

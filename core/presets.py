@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from core.errors import SpecError
+from core.options import coerce_fields, coerce_items
 
 PAD_ID = 0
 UNK_ID = 1
@@ -58,38 +59,12 @@ class ModelConfig:
     default_batch: int = 32
 
     def __post_init__(self) -> None:
+        coerce_fields(self, "model field ")  # the types come from the annotations above
         _validate_config(self)
-
-
-_FIELD_TYPES: dict[str, type] = {
-    "family": str,
-    "vocab_size": int,
-    "embed_size": int,
-    "hidden_size": int,
-    "num_layers": int,
-    "enc_layers": int,
-    "dec_layers": int,
-    "bidirectional": bool,
-    "src_len": int,
-    "tgt_len": int,
-    "seq_len": int,
-    "num_classes": int,
-    "dropout": float,
-    "attention": bool,
-    "default_batch": int,
-}
-assert set(_FIELD_TYPES) == {f.name for f in dataclasses.fields(ModelConfig)}
 
 
 def _validate_config(cfg: ModelConfig) -> None:
     """Reject configurations that cannot build a working model, with the fix in the message."""
-    for name, typ in _FIELD_TYPES.items():
-        value = getattr(cfg, name)
-        ok = isinstance(value, typ) and not (typ is int and isinstance(value, bool))
-        if typ is float:
-            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-        if not ok:
-            raise SpecError(f"model field {name} must be {typ.__name__}, got {value!r}")
     if cfg.family not in FAMILIES:
         raise SpecError(f"unknown model family {cfg.family!r}: use one of {', '.join(FAMILIES)}")
     if cfg.vocab_size <= NUM_SPECIALS:
@@ -116,42 +91,15 @@ def _validate_config(cfg: ModelConfig) -> None:
         raise SpecError("a language model cannot be bidirectional: set bidirectional to false")
 
 
-def _coerce(name: str, value: Any) -> Any:
-    """Convert an override to the field's type; strings are accepted so command-line values work."""
-    typ = _FIELD_TYPES[name]
-    if isinstance(value, str) and typ is not str:
-        text = value.strip().lower()
-        try:
-            if typ is bool:
-                if text in ("true", "yes", "1", "on"):
-                    return True
-                if text in ("false", "no", "0", "off"):
-                    return False
-                raise ValueError(text)
-            return typ(text) if typ is float else int(text, 10)
-        except ValueError:
-            raise SpecError(
-                f"model override {name}={value!r}: expected {typ.__name__}"
-            ) from None
-    if typ is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if not isinstance(value, typ) or (typ is int and isinstance(value, bool)):
-        raise SpecError(
-            f"model override {name}={value!r}: expected {typ.__name__}, got {type(value).__name__}"
-        )
-    return value
+def model_overrides(overrides: dict[str, Any], where: str = "") -> dict[str, Any]:
+    """Overrides of preset fields typed and checked; text is read as the field's type (`--model-arg
+    hidden_size=256`). Unknown fields fail listing the valid ones; `where` says where they came from."""
+    return coerce_items(ModelConfig, overrides, where, label="model field ", text=True)
 
 
-def config_with_overrides(cfg: ModelConfig, overrides: dict[str, Any]) -> ModelConfig:
+def config_with_overrides(cfg: ModelConfig, overrides: dict[str, Any], where: str = "") -> ModelConfig:
     """Return `cfg` with `overrides` applied, validated (unknown keys, types, sizes -> SpecError)."""
-    unknown = sorted(set(overrides) - set(_FIELD_TYPES))
-    if unknown:
-        raise SpecError(
-            f"unknown model field(s) {', '.join(unknown)}: valid fields are "
-            f"{', '.join(_FIELD_TYPES)}"
-        )
-    coerced = {k: _coerce(k, v) for k, v in overrides.items()}
-    return dataclasses.replace(cfg, **coerced)
+    return dataclasses.replace(cfg, **model_overrides(overrides, where))
 
 
 PRESETS: dict[str, ModelConfig] = {

@@ -1,7 +1,7 @@
 """Kubernetes backend: Horovod as a Kubeflow MPIJob, DDP as an indexed Job + headless Service.
 
-- `flags.py`      command-line flags (`--image`, `--namespace`, ...) -> backend options
-- `manifests.py`  options and pure rendering of the manifests (no client import)
+- `options.py`    the backend's options: defaults, help, flags (`--image`, `--namespace`, ...), checks
+- `manifests.py`  pure rendering of the manifests from the spec and the options (no client import)
 - `backend.py`    KubernetesBackend: schedule, wait, status, logs, cancel, records back
 - `api.py`        the few API calls through the official `kubernetes` client, errors as messages
 - `validate.py`   manifests against the Kubernetes OpenAPI schemas and the MPIJob CRD

@@ -26,6 +26,7 @@ from core.rundir import write_json
 from core.spec import Spec
 from k8s import manifests
 from k8s.manifests import LABEL_ROLE, to_yaml
+from k8s.options import KubernetesOptions
 from launcher.backend import Backend, Request, RunStatus
 
 LAUNCH_FILE = "launch.json"
@@ -50,11 +51,10 @@ class KubernetesRequest(Request):
 
 class KubernetesBackend(Backend):
     name = "k8s"
-    OPTIONS = manifests.OPTIONS
+    Options = KubernetesOptions  # the valid options, their defaults and checks (k8s/options.py)
 
     def __init__(self, options: dict[str, Any] | None = None, api_factory: Callable[..., Any] | None = None) -> None:
         super().__init__(options)
-        self.options = manifests.normalize_options(self.options)
         self._api_factory = api_factory
         self._api = None
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import re
 import shlex
+from collections.abc import Mapping
 from pathlib import PurePosixPath
 from typing import Any
 
@@ -27,6 +28,7 @@ import yaml
 
 from core.errors import SpecError
 from core.spec import Spec
+from k8s.options import secret_env_ref
 
 MPI_GROUP, MPI_VERSION, MPI_PLURAL = "kubeflow.org", "v2beta1", "mpijobs"
 SPEC_MOUNT = "/etc/scalelab"  # where the ConfigMap with spec.json is mounted
@@ -35,66 +37,8 @@ MPI_HOME = "/home/mpiuser"  # the image's non-root user (uid 1000); the operator
 LABEL_RUN = "scalelab.io/run"
 LABEL_ROLE = "scalelab.io/role"
 
-OPTIONS: dict[str, Any] = {
-    "image": "",  # required: the image built from k8s/Dockerfile, e.g. registry.example.com/scalelab:0.1
-    "image_pull_policy": "IfNotPresent",
-    "namespace": "default",
-    "context": "",  # kubeconfig context; "" = the current one
-    "kubeconfig": "",  # "" = $KUBECONFIG or ~/.kube/config
-    "service_account": "",
-    "node_selector": {},  # {label: value} or ["label=value", ...]
-    "tolerations": [],  # ["key=value:Effect", "key:Effect", "key"] or Kubernetes toleration dicts
-    "priority_class": "",
-    "image_pull_secrets": [],  # Secret names
-    "secret_env": [],  # ["ENV_NAME=secret-name:key", ...]: env vars taken from Kubernetes Secrets
-    "volume_claim": "scalelab-runs",  # a ReadWriteMany PVC (NFS, EFS, Filestore, a bucket via CSI)
-    "mount_path": "/scalelab/runs",  # where that claim is mounted; RUN_DIR = mount_path/<run name>
-    "cpus_per_node": 8,
-    "mem_gb_per_node": 32,
-    "shm_gb": 8,  # /dev/shm (memory-backed) for NCCL and data loading
-    "launcher_cpus": 1,
-    "launcher_mem_gb": 2,
-    "timeout_min": 0,  # activeDeadlineSeconds; 0 = no limit
-    "ttl_after_finished_min": 1440,  # finished objects are garbage-collected after this
-    "backoff_limit": 0,  # retries of failed pods; the trainer resumes from its checkpoint
-    "clean_pod_policy": "Running",  # MPIJob: which pods to delete when it finishes (Running | All | None)
-    "master_port": 29500,
-    "run_as_user": 1000,
-    "poll_s": 10.0,
-}
-
-
-def normalize_options(raw: dict[str, Any]) -> dict[str, Any]:
-    """Options as rendering needs them (lists/dicts parsed), raising SpecError on malformed values."""
-    o = dict(raw)
-    o["node_selector"] = _pairs(o["node_selector"], "node_selector", "LABEL=VALUE")
-    o["tolerations"] = [_toleration(t) for t in _as_list(o["tolerations"], "tolerations")]
-    o["image_pull_secrets"] = [str(s) for s in _as_list(o["image_pull_secrets"], "image_pull_secrets")]
-    o["secret_env"] = [_secret_env(s) for s in _as_list(o["secret_env"], "secret_env")]
-    for key in ("cpus_per_node", "mem_gb_per_node", "shm_gb", "launcher_cpus", "launcher_mem_gb"):
-        if not isinstance(o[key], (int, float)) or isinstance(o[key], bool) or o[key] <= 0:
-            raise SpecError(f"k8s option {key} must be a positive number, got {o[key]!r}")
-    for key in ("timeout_min", "ttl_after_finished_min", "backoff_limit", "master_port", "run_as_user"):
-        if not isinstance(o[key], int) or isinstance(o[key], bool) or o[key] < 0:
-            raise SpecError(f"k8s option {key} must be a whole number >= 0, got {o[key]!r}")
-    if o["run_as_user"] == 0:
-        raise SpecError("k8s option run_as_user must not be 0: pods run as a non-root user")
-    if o["clean_pod_policy"] not in ("Running", "All", "None"):
-        raise SpecError(f"k8s option clean_pod_policy must be Running, All or None, got {o['clean_pod_policy']!r}")
-    if o["image_pull_policy"] not in ("Always", "IfNotPresent", "Never"):
-        raise SpecError(f"k8s option image_pull_policy must be Always, IfNotPresent or Never, got {o['image_pull_policy']!r}")
-    if not str(o["mount_path"]).startswith("/"):
-        raise SpecError(f"k8s option mount_path must be an absolute path, got {o['mount_path']!r}")
-    for key in ("namespace", "volume_claim"):
-        if not _DNS_LABEL.fullmatch(str(o[key])):
-            raise SpecError(f"k8s option {key} must be a DNS label (lower-case letters, digits, '-'), got {o[key]!r}")
-    return o
-
 
 # ---- names -----------------------------------------------------------------------------------------
-
-_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
-
 
 def k8s_name(run_name: str, max_len: int = 40) -> str:
     """A DNS label for the run's objects, derived from the run directory's name.
@@ -112,7 +56,7 @@ def k8s_name(run_name: str, max_len: int = 40) -> str:
     return name.strip("-")
 
 
-def pod_run_dir(name: str, options: dict[str, Any]) -> str:
+def pod_run_dir(name: str, options: Mapping[str, Any]) -> str:
     """RUN_DIR as the pods see it: on the runs volume."""
     return str(PurePosixPath(options["mount_path"]) / name)
 
@@ -120,7 +64,7 @@ def pod_run_dir(name: str, options: dict[str, Any]) -> str:
 # ---- render (pure) ---------------------------------------------------------------------------------
 
 
-def render(spec: Spec, run_name: str, options: dict[str, Any]) -> list[dict[str, Any]]:
+def render(spec: Spec, run_name: str, options: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The objects to create, in creation order (ConfigMap first, the workload last)."""
     if not options["image"]:
         raise SpecError("--image is required with --backend k8s: the trainer image built from k8s/Dockerfile")
@@ -141,17 +85,17 @@ def to_yaml(docs: list[dict[str, Any]]) -> str:
     return "".join("---\n" + yaml.dump(d, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=120) for d in docs)
 
 
-def metadata(name: str, options: dict[str, Any], role: str, run_name: str) -> dict[str, Any]:
+def metadata(name: str, options: Mapping[str, Any], role: str, run_name: str) -> dict[str, Any]:
     return {"name": name, "namespace": options["namespace"],
             "labels": {"app.kubernetes.io/name": "scalelab", LABEL_RUN: run_name, LABEL_ROLE: role}}
 
 
-def config_map(spec: Spec, run_name: str, options: dict[str, Any]) -> dict[str, Any]:
+def config_map(spec: Spec, run_name: str, options: Mapping[str, Any]) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata(f"{run_name}-spec", options, "spec", run_name),
             "data": {"spec.json": spec.to_json() + "\n"}}
 
 
-def headless_service(run_name: str, options: dict[str, Any]) -> dict[str, Any]:
+def headless_service(run_name: str, options: Mapping[str, Any]) -> dict[str, Any]:
     """Gives pod i of the indexed Job the DNS name `<run>-<i>.<run>`; ready or not (rendezvous comes first)."""
     return {
         "apiVersion": "v1", "kind": "Service", "metadata": metadata(run_name, options, "rendezvous", run_name),
@@ -161,7 +105,7 @@ def headless_service(run_name: str, options: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def indexed_job(spec: Spec, run_name: str, options: dict[str, Any]) -> dict[str, Any]:
+def indexed_job(spec: Spec, run_name: str, options: Mapping[str, Any]) -> dict[str, Any]:
     """DDP: `nodes` pods, one torchrun agent each with `gpus_per_node` ranks; pod 0 is the master."""
     run_dir = pod_run_dir(run_name, options)
     torchrun = [
@@ -184,7 +128,7 @@ def indexed_job(spec: Spec, run_name: str, options: dict[str, Any]) -> dict[str,
     return {"apiVersion": "batch/v1", "kind": "Job", "metadata": metadata(run_name, options, "job", run_name), "spec": job_spec}
 
 
-def mpijob(spec: Spec, run_name: str, options: dict[str, Any]) -> dict[str, Any]:
+def mpijob(spec: Spec, run_name: str, options: Mapping[str, Any]) -> dict[str, Any]:
     """Horovod: the operator writes the hostfile and ssh keys; the launcher runs mpirun over the workers."""
     run_dir = pod_run_dir(run_name, options)
     env = _common_env(spec, options)
@@ -223,7 +167,7 @@ def mpijob(spec: Spec, run_name: str, options: dict[str, Any]) -> dict[str, Any]
     }
 
 
-def fetch_pod(run_name: str, options: dict[str, Any]) -> dict[str, Any]:
+def fetch_pod(run_name: str, options: Mapping[str, Any]) -> dict[str, Any]:
     """A short-lived pod that prints RUN_DIR/records (plus spec.json) as one base64 line of gzip'd tar.
 
     Reading it back needs only the pod-log API (no exec, no port-forward, no bucket credentials).
@@ -255,13 +199,13 @@ def _with_spec_copy(run_dir: str, command: list[str]) -> list[str]:
     return ["sh", "-c", f"{prep} && exec {line}"]
 
 
-def _common_env(spec: Spec, options: dict[str, Any]) -> list[dict[str, Any]]:
+def _common_env(spec: Spec, options: Mapping[str, Any]) -> list[dict[str, Any]]:
     threads = spec.threads or max(1, int(options["cpus_per_node"]) // spec.gpus_per_node)
     env = [{"name": "OMP_NUM_THREADS", "value": str(threads)}, {"name": "PYTHONUNBUFFERED", "value": "1"}]
     if spec.engine.name == "horovod":
         env += [{"name": "HOROVOD_FUSION_THRESHOLD", "value": str(int(spec.engine.fusion_threshold_mb * 1024 * 1024))},
                 {"name": "HOROVOD_CYCLE_TIME", "value": str(spec.engine.cycle_time_ms)}]
-    for name, secret, key in options["secret_env"]:
+    for name, secret, key in map(secret_env_ref, options["secret_env"]):
         env.append({"name": name, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}})
     return env
 
@@ -272,7 +216,7 @@ def _resources(cpus: float, mem_gb: float, gpus: int = 0) -> dict[str, Any]:
     return {"requests": dict(limits), "limits": limits}
 
 
-def _node_resources(spec: Spec, options: dict[str, Any]) -> dict[str, Any]:
+def _node_resources(spec: Spec, options: Mapping[str, Any]) -> dict[str, Any]:
     return _resources(options["cpus_per_node"], options["mem_gb_per_node"])
 
 
@@ -280,7 +224,7 @@ def _quantity(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else f"{int(round(x * 1000))}m" if x < 1000 else str(int(round(x)))
 
 
-def _container(name: str, options: dict[str, Any], command: list[str], env: list[dict[str, Any]],
+def _container(name: str, options: Mapping[str, Any], command: list[str], env: list[dict[str, Any]],
                resources: dict[str, Any], gpus: int) -> dict[str, Any]:
     if gpus:
         resources = {k: {**v, "nvidia.com/gpu": str(gpus)} for k, v in resources.items()}
@@ -295,7 +239,7 @@ def _container(name: str, options: dict[str, Any], command: list[str], env: list
     }
 
 
-def _pod_spec(run_name: str, options: dict[str, Any], containers: list[dict[str, Any]], restart: str | None) -> dict[str, Any]:
+def _pod_spec(run_name: str, options: Mapping[str, Any], containers: list[dict[str, Any]], restart: str | None) -> dict[str, Any]:
     uid = options["run_as_user"]
     pod: dict[str, Any] = {}
     if restart:
@@ -321,55 +265,3 @@ def _pod_spec(run_name: str, options: dict[str, Any], containers: list[dict[str,
         {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{_quantity(options['shm_gb'])}Gi"}},
     ]
     return pod
-
-
-def _as_list(value: Any, key: str) -> list[Any]:
-    if value is None or value == "":
-        return []
-    if isinstance(value, (str, dict)):
-        return [value]
-    if isinstance(value, (list, tuple)):
-        return list(value)
-    raise SpecError(f"k8s option {key} must be a list, got {value!r}")
-
-
-def _pairs(value: Any, key: str, form: str) -> dict[str, str]:
-    if isinstance(value, dict):
-        return {str(k): str(v) for k, v in value.items()}
-    out = {}
-    for item in _as_list(value, key):
-        k, sep, v = str(item).partition("=")
-        if not sep or not k:
-            raise SpecError(f"k8s option {key} takes {form}, got {item!r}")
-        out[k] = v
-    return out
-
-
-_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
-
-
-def _toleration(item: Any) -> dict[str, str]:
-    """'key=value:Effect' (Equal), 'key:Effect' or 'key' (Exists), or a toleration mapping as it is."""
-    if isinstance(item, dict):
-        return {str(k): v for k, v in item.items()}
-    text = str(item)
-    rest, _, effect = text.rpartition(":") if ":" in text else (text, "", "")
-    if effect and effect not in _EFFECTS:
-        raise SpecError(f"toleration {text!r}: effect must be one of {', '.join(_EFFECTS)}")
-    key, sep, value = rest.partition("=")
-    if not key:
-        raise SpecError(f"toleration {text!r} needs a key: KEY[=VALUE][:EFFECT], e.g. nvidia.com/gpu:NoSchedule")
-    out = {"key": key, "operator": "Equal" if sep else "Exists"}
-    if sep:
-        out["value"] = value
-    if effect:
-        out["effect"] = effect
-    return out
-
-
-def _secret_env(item: Any) -> tuple[str, str, str]:
-    name, sep, ref = str(item).partition("=")
-    secret, colon, key = ref.partition(":")
-    if not (sep and colon and name and secret and key):
-        raise SpecError(f"secret env {item!r} must be ENV_NAME=SECRET_NAME:KEY (a reference to a Kubernetes Secret)")
-    return name, secret, key

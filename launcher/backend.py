@@ -8,20 +8,24 @@
 3. report `status` and `logs`;
 4. `cancel`.
 
-Backend options follow submitit: each backend declares its valid options with defaults in
-`OPTIONS`; unknown options fail at configuration time, listing the valid ones. Backends are looked up
-by name and imported lazily so that, say, the local backend never imports boto3.
+Backend options follow submitit and TorchX's runopts: each backend names its options type (`Options`,
+a `core.options.BackendOptions` dataclass in a module with no heavy imports), whose fields are the
+valid options with their defaults, help, flags and checks; `self.options` is an instance, so a bad
+key or value fails at configuration time with the valid ones listed. Backends are looked up by name
+and imported lazily so that, say, the local backend never imports boto3.
 """
 
 from __future__ import annotations
 
 import importlib
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 from core.errors import SpecError
+from core.options import BackendOptions, Flag
 from core.spec import BACKEND_NAMES, Spec
 
 # name -> "module:Class"; the module is imported only when the backend is used.
@@ -33,10 +37,15 @@ BACKENDS: dict[str, str] = {
 }
 assert tuple(BACKENDS) == BACKEND_NAMES
 
-# Backend-specific command-line flags. Each module named here holds only
-# `FLAGS: list[tuple[flag, option_key, click_kwargs]]` (no heavy imports: the CLI loads them at start);
-# a flag sets `backend_options[option_key]` and is accepted only with its own --backend.
-BACKEND_FLAG_MODULES: dict[str, str] = {"slurm": "slurm.flags", "k8s": "k8s.flags", "aws": "aws.flags"}
+# name -> "module:Class" of the backend's options: modules with no heavy imports, which the CLI reads at
+# start for the backends' flags and `--backend-opt` keys. Each backend class names the same type.
+BACKEND_OPTIONS: dict[str, str] = {
+    "local": "launcher.options:LocalOptions",
+    "slurm": "slurm.options:SlurmOptions",
+    "k8s": "k8s.options:KubernetesOptions",
+    "aws": "aws.options:AwsOptions",
+}
+assert tuple(BACKEND_OPTIONS) == BACKEND_NAMES
 
 
 def import_optional(module_name: str):
@@ -53,10 +62,22 @@ def import_optional(module_name: str):
         return None
 
 
-def backend_flags() -> dict[str, list[tuple[str, str, dict[str, Any]]]]:
-    """{backend: FLAGS} for every backend whose flags module exists."""
-    modules = {name: import_optional(module) for name, module in BACKEND_FLAG_MODULES.items()}
-    return {name: list(module.FLAGS) for name, module in modules.items() if module is not None}
+def _load(ref: str) -> Any:
+    """"module:attribute" when that module is part of this installation, else None."""
+    module_name, attr = ref.split(":")
+    module = import_optional(module_name)
+    return getattr(module, attr) if module is not None else None
+
+
+def options_type(name: str) -> type[BackendOptions] | None:
+    """The options type of backend `name`; None for an unknown name or a backend not installed."""
+    return _load(BACKEND_OPTIONS[name]) if name in BACKEND_OPTIONS else None
+
+
+def backend_flags() -> dict[str, list[Flag]]:
+    """{backend: its command-line flags} for every installed backend that has some."""
+    types = {name: options_type(name) for name in BACKEND_OPTIONS}
+    return {name: t.flags() for name, t in types.items() if t is not None and t.flags()}
 
 
 @dataclass
@@ -78,18 +99,17 @@ class RunStatus:
 
 class Backend(ABC):
     name: str = ""
-    OPTIONS: dict[str, Any] = {}
+    Options: type[BackendOptions] = BackendOptions  # each backend names its own (see BACKEND_OPTIONS)
 
-    def __init__(self, options: dict[str, Any] | None = None) -> None:
-        self.options = self.resolve_options(options or {})
+    def __init__(self, options: Mapping[str, Any] | None = None) -> None:
+        self.options = self.resolve_options(options)
 
     @classmethod
-    def resolve_options(cls, options: dict[str, Any]) -> dict[str, Any]:
-        unknown = sorted(set(options) - set(cls.OPTIONS))
-        if unknown:
-            valid = ", ".join(f"{k} (default {v!r})" for k, v in cls.OPTIONS.items()) or "none"
-            raise SpecError(f"unknown {cls.name} backend option(s): {', '.join(unknown)}; valid options: {valid}")
-        return {**cls.OPTIONS, **options}
+    def resolve_options(cls, options: Mapping[str, Any] | None) -> BackendOptions:
+        """The typed options: defaults for what is not given; SpecError for an unknown key or a bad value."""
+        if isinstance(options, cls.Options):
+            return options
+        return cls.Options.parse(options or {}, where="in backend_options")
 
     def validate(self, spec: Spec) -> None:
         """Backend-specific checks that need no remote call (e.g. Horovod built, layout possible)."""

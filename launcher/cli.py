@@ -11,6 +11,7 @@ process of the run and exits 130.
 
 from __future__ import annotations
 
+import functools
 import sys
 from pathlib import Path
 from typing import Any
@@ -20,18 +21,24 @@ from rich.console import Console
 from rich.markup import escape
 
 from core.errors import ScalelabError, SpecError
+from core.options import Flag, coerce_path, with_default
+from core.presets import model_overrides
 from core.rundir import DEFAULT_RUNS_ROOT, new_run_dir
 from core.spec import (
+    BACKEND_NAMES,
+    BALANCE_MODES,
     BATCH_MODES,
     DATA_KINDS,
+    DEVICES,
     ENGINES,
+    OPTIMIZERS,
     RNN_KINDS,
     Spec,
     load_spec,
     read_spec,
 )
 from launcher import __version__
-from launcher.backend import BACKENDS, backend_flags, get_backend, import_optional
+from launcher.backend import backend_flags, get_backend, import_optional, options_type
 from launcher.runner import err_console, execute
 
 # Off a terminal (CI logs, pipes) rich would wrap tables at 80 columns; give them room instead.
@@ -88,58 +95,61 @@ def main() -> None:
 
 # ---- options shared by run and sweep -------------------------------------------------------------
 
+# The one place a spec flag is declared: (flag, spec key, click kwargs). Choices are the constants of
+# core/spec.py; "[default: X]" is added from the Spec's own defaults where the help does not say it.
 _SPEC_OPTIONS: list[tuple[str, str, dict[str, Any]]] = [
-    # (flag, spec key, click kwargs)
-    ("--backend", "backend", dict(type=click.Choice(list(BACKENDS)), help="Where ranks run [default: local].")),
-    ("--model", "model", dict(help="Model preset: nmt-tiny, nmt-small, nmt-seed, rnnlm-*, sentiment-* [default: nmt-tiny].")),
+    ("--backend", "backend", dict(type=click.Choice(BACKEND_NAMES), help="Where ranks run.")),
+    ("--model", "model", dict(help="Model preset: nmt-tiny, nmt-small, nmt-seed, rnnlm-*, sentiment-*.")),
     ("--rnn", "rnn", dict(type=click.Choice(RNN_KINDS), help="fused = nn.LSTM (cuDNN on GPU); stepwise = LSTMCell loop (TF dynamic_rnn).")),
-    ("--engine", "engine.name", dict(type=click.Choice(ENGINES), help="Gradient exchange: horovod, ddp (torch.distributed) or single [default: ddp].")),
-    ("--nodes", "nodes", dict(type=int, help="Nodes in the layout [default: 1].")),
-    ("--gpus-per-node", "gpus_per_node", dict(type=int, help="Ranks per node (one per GPU; a process each on CPU) [default: 1].")),
+    ("--engine", "engine.name", dict(type=click.Choice(ENGINES), help="Gradient exchange: horovod, ddp (torch.distributed) or single.")),
+    ("--nodes", "nodes", dict(type=int, help="Nodes in the layout.")),
+    ("--gpus-per-node", "gpus_per_node", dict(type=int, help="Ranks per node (one per GPU; a process each on CPU).")),
     ("--global-batch", "global_batch", dict(type=int, help="Strong scaling: this global batch is split across workers [default: the preset's].")),
     ("--batch-per-worker", "batch_per_worker", dict(type=int, help="Weak scaling: every worker takes this batch; the global batch grows.")),
-    ("--steps", "steps", dict(type=int, help="Optimizer steps to run [default: 40].")),
+    ("--steps", "steps", dict(type=int, help="Optimizer steps to run.")),
     ("--epochs", "epochs", dict(type=int, help="Epochs to run (with --steps: whichever ends first).")),
-    ("--warmup-steps", "warmup_steps", dict(type=int, help="Steps excluded from timings after each (re)start [default: 5].")),
-    ("--lr", "lr", dict(type=float, help="Learning rate for the reference batch [default: 1e-3].")),
-    ("--lr-warmup-steps", "lr_warmup_steps", dict(type=int, help="Steps of linear LR warm-up to the scaled LR [default: 0].")),
-    ("--optimizer", "optimizer", dict(type=click.Choice(["adam", "sgd"]), help="[default: adam]")),
-    ("--data", "data.kind", dict(type=click.Choice(DATA_KINDS), help="synthetic (throughput), task (learnable, for convergence) or text (files) [default: synthetic].")),
+    ("--warmup-steps", "warmup_steps", dict(type=int, help="Steps excluded from timings after each (re)start.")),
+    ("--lr", "lr", dict(type=float, help="Learning rate for the reference batch.")),
+    ("--lr-warmup-steps", "lr_warmup_steps", dict(type=int, help="Steps of linear LR warm-up to the scaled LR.")),
+    ("--optimizer", "optimizer", dict(type=click.Choice(OPTIMIZERS), help="")),
+    ("--data", "data.kind", dict(type=click.Choice(DATA_KINDS), help="synthetic (throughput), task (learnable, for convergence) or text (files).")),
     ("--train-src", "data.train_src", dict(type=str, help="Text data: source file (NMT), text file (LM) or LABEL<TAB>text file.")),
     ("--train-tgt", "data.train_tgt", dict(type=str, help="Text data: target file for translation.")),
     ("--valid-src", "data.valid_src", dict(type=str, help="Text data: validation source file (default: held out from training).")),
     ("--valid-tgt", "data.valid_tgt", dict(type=str, help="Text data: validation target file.")),
     ("--fixed-length/--variable-length", "data.fixed_length", dict(default=None, help="Task data: all samples full length (equal words per rank) [default: variable].")),
-    ("--train-samples", "data.train_samples", dict(type=int, help="Task data: training samples generated [default: 4096].")),
-    ("--prefetch", "data.prefetch", dict(type=int, help="Batches prepared ahead by a background thread; 0 = none [default: 2].")),
-    ("--val-every", "val_every", dict(type=int, help="Validate every N steps; 0 = never [default: 0].")),
-    ("--val-batches", "val_batches", dict(type=int, help="Validation batches per rank at each validation [default: 4].")),
+    ("--train-samples", "data.train_samples", dict(type=int, help="Task data: training samples generated.")),
+    ("--prefetch", "data.prefetch", dict(type=int, help="Batches prepared ahead by a background thread; 0 = none.")),
+    ("--val-every", "val_every", dict(type=int, help="Validate every N steps; 0 = never.")),
+    ("--val-batches", "val_batches", dict(type=int, help="Validation batches per rank at each validation.")),
     ("--loss-threshold", "loss_threshold", dict(type=float, help="Stop at the first validation loss <= this; records time-to-threshold.")),
     ("--checkpoint-every", "checkpoint_every", dict(type=int, help="Checkpoint every N steps (rank 0 writes) [default: 0 = only on signals].")),
     ("--threads", "threads", dict(type=int, help="Intra-op threads per rank [default: cores / ranks per node].")),
     ("--interop-threads", "interop_threads", dict(type=int, help="Inter-op threads per rank [default: PyTorch's].")),
     ("--independent-replicas/--exchange", "independent_replicas", dict(default=None, help="Every worker trains its own copy with no gradient exchange: the ideal curve that isolates communication cost.")),
-    ("--balance", "balance", dict(type=click.Choice(["static", "dynamic"]), help="dynamic: shares of the global batch follow each worker's measured speed (mixed hardware) [default: static].")),
-    ("--balance-every", "balance_every", dict(type=int, help="Steps between rebalancing with --balance dynamic [default: 10].")),
+    ("--balance", "balance", dict(type=click.Choice(BALANCE_MODES), help="dynamic: shares of the global batch follow each worker's measured speed (mixed hardware).")),
+    ("--balance-every", "balance_every", dict(type=int, help="Steps between rebalancing with --balance dynamic.")),
     ("--emulate-slowdown", "emulate_slowdown", dict(type=str, metavar="F0,F1,...", help="Testing aid: make worker i F_i times slower (mixed hardware on one machine).")),
-    ("--device", "device", dict(type=click.Choice(["auto", "cpu", "cuda"]), help="[default: auto = GPU when present]")),
-    ("--seed", "seed", dict(type=int, help="Seed for model init, data order and synthetic data [default: 1234].")),
-    ("--fusion-threshold-mb", "engine.fusion_threshold_mb", dict(type=float, help="Horovod tensor fusion buffer [default: 64].")),
-    ("--cycle-time-ms", "engine.cycle_time_ms", dict(type=float, help="Horovod fusion cycle time [default: 1].")),
+    ("--device", "device", dict(type=click.Choice(DEVICES), help="[default: auto = GPU when present]")),
+    ("--seed", "seed", dict(type=int, help="Seed for model init, data order and synthetic data.")),
+    ("--fusion-threshold-mb", "engine.fusion_threshold_mb", dict(type=float, help="Horovod tensor fusion buffer; 0 = no fusion.")),
+    ("--cycle-time-ms", "engine.cycle_time_ms", dict(type=float, help="Horovod fusion cycle time.")),
     ("--fp16-allreduce/--no-fp16-allreduce", "engine.fp16_allreduce", dict(default=None, help="Horovod: compress gradients to fp16 for the exchange.")),
-    ("--bucket-cap-mb", "engine.bucket_cap_mb", dict(type=float, help="DDP gradient bucket size [default: 25].")),
+    ("--bucket-cap-mb", "engine.bucket_cap_mb", dict(type=float, help="DDP gradient bucket size.")),
     ("--name", "name", dict(type=str, help="Run name (prefix of the run directory).")),
 ]
 
 
 def spec_options(func):
+    """The spec flags, every backend's flags (generated from its options type) and the common ones."""
+    defaults = Spec()
     for flag, key, kwargs in reversed(_SPEC_OPTIONS):
-        dest = key.replace(".", "__")
-        func = click.option(flag, dest, **kwargs)(func)
+        default = functools.reduce(getattr, key.split("."), defaults)
+        kwargs = {**kwargs, "help": with_default(kwargs.get("help", ""), default, flag)}
+        func = click.option(flag, key.replace(".", "__"), **kwargs)(func)
     for backend, flags in reversed(list(backend_flags().items())):
-        for flag, key, kwargs in reversed(flags):
-            kwargs = {**kwargs, "help": f"[{backend}] " + kwargs.get("help", "")}
-            func = click.option(flag, f"bopt__{backend}__{key}", **kwargs)(func)
+        for flag in reversed(flags):
+            func = _backend_flag(backend, flag)(func)
     func = click.option("--spec", "spec_file", type=click.Path(dir_okay=False), help="YAML spec; flags override it.")(func)
     func = click.option("--model-arg", "model_args", multiple=True, metavar="KEY=VALUE",
                         help="Override a preset field, e.g. --model-arg hidden_size=256 (repeatable).")(func)
@@ -151,45 +161,77 @@ def spec_options(func):
     return func
 
 
+def _backend_flag(backend: str, flag: Flag):
+    """The click option of one backend option's flag; it sets `backend_options[flag.key]`."""
+    kwargs: dict[str, Any] = {"help": f"[{backend}] {flag.help}"}
+    if flag.kind is bool:
+        kwargs["default"] = None  # an on/off pair: None when neither is given
+    else:
+        kwargs.update(type=flag.kind, multiple=flag.multiple, metavar=flag.metavar)
+    return click.option(flag.decl, f"bopt__{backend}__{flag.key}", **kwargs)
+
+
 def build_spec(params: dict[str, Any]) -> Spec:
-    """YAML (if any) < flags; then validate."""
+    """YAML (if any) < flags; every value typed and checked with where it came from; then validate."""
     spec = load_spec(params["spec_file"]) if params.get("spec_file") else Spec()
-    overrides = {key: params.get(key.replace(".", "__")) for _, key, _ in _SPEC_OPTIONS}
-    if overrides.get("global_batch") is not None:
-        overrides["batch_per_worker"] = None
+    overrides = _spec_flag_values(params)
+    if "global_batch" in overrides and "batch_per_worker" in overrides:
+        raise SpecError("--global-batch (strong scaling) and --batch-per-worker (weak scaling) were both given; "
+                        "pass one of them")
+    if "global_batch" in overrides:  # a flag wins over the spec file's value of the other key
         spec.batch_per_worker = None
-    if overrides.get("batch_per_worker") is not None:
+    if "batch_per_worker" in overrides:
         spec.global_batch = None
-    if isinstance(overrides.get("emulate_slowdown"), str):
-        try:
-            overrides["emulate_slowdown"] = [float(x) for x in overrides["emulate_slowdown"].split(",")]
-        except ValueError:
-            raise SpecError(f"--emulate-slowdown takes numbers separated by commas, e.g. 1,3; got {overrides['emulate_slowdown']!r}") from None
     spec = spec.with_overrides(overrides)
     if params.get("model_args"):
-        spec.model_args = {**spec.model_args, **parse_pairs(params["model_args"], "--model-arg")}
-    if params.get("backend_opts"):
-        spec.backend_options = {**spec.backend_options, **parse_pairs(params["backend_opts"], "--backend-opt")}
-    for backend, flags in backend_flags().items():
-        for flag, key, _ in flags:
-            value = params.get(f"bopt__{backend}__{key}")
-            if value is None or value == ():
-                continue
-            if spec.backend != backend:
-                raise SpecError(f"{flag.split('/')[0]} is an option of --backend {backend}, not of --backend {spec.backend}")
-            spec.backend_options = {**spec.backend_options, key: list(value) if isinstance(value, tuple) else value}
+        pairs = parse_pairs(params["model_args"], "--model-arg")
+        spec.model_args = {**spec.model_args, **model_overrides(pairs, "from --model-arg")}
+    spec.backend_options = _backend_options(spec, params)
     return spec.validate()
 
 
-def parse_pairs(pairs: tuple[str, ...], flag: str) -> dict[str, Any]:
-    import yaml
+def _spec_flag_values(params: dict[str, Any]) -> dict[str, Any]:
+    """{spec key: value} of the spec flags given, typed and checked as the Spec declares them."""
+    out = {}
+    for flag, key, _ in _SPEC_OPTIONS:
+        value = params.get(key.replace(".", "__"))
+        if value is None:
+            continue
+        if key == "emulate_slowdown":
+            value = value.split(",")  # F0,F1,...: each read as a number below
+        out[key] = coerce_path(Spec, key, value, f"from {flag.split('/')[0]}", text=True)
+    return out
 
+
+def _backend_options(spec: Spec, params: dict[str, Any]) -> dict[str, Any]:
+    """Spec file < --backend-opt < backend flags, each typed and checked against the backend's options
+    with where it came from; a backend's flag with another --backend is an error."""
+    where = f"in spec file {params['spec_file']}" if params.get("spec_file") else ""
+    sources = [(spec.backend_options, where, False),
+               (parse_pairs(params.get("backend_opts") or (), "--backend-opt"), "from --backend-opt", True)]
+    for backend, flags in backend_flags().items():
+        for flag in flags:
+            value = params.get(f"bopt__{backend}__{flag.key}")
+            if value is None or value == ():
+                continue
+            if spec.backend != backend:
+                raise SpecError(f"{flag.name} is an option of --backend {backend}, not of --backend {spec.backend}")
+            sources.append(({flag.key: list(value) if isinstance(value, tuple) else value}, f"from {flag.name}", False))
+    options = options_type(spec.backend)  # None: an unknown backend, which validate() names
+    merged: dict[str, Any] = {}
+    for raw, source, text in sources:
+        merged.update(options.coerce(raw, source, text=text) if options is not None else raw)
+    return merged
+
+
+def parse_pairs(pairs: tuple[str, ...], flag: str) -> dict[str, str]:
+    """KEY=VALUE pairs as {key: text}; the text is read as the type the key declares (core.options)."""
     out = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
-        if not sep or not key:
+        if not sep or not key.strip():
             raise SpecError(f"{flag} takes KEY=VALUE, got {pair!r}")
-        out[key.strip().replace("-", "_")] = yaml.safe_load(value)  # 256 -> int, 0.1 -> float, true -> bool
+        out[key.strip().replace("-", "_")] = value
     return out
 
 

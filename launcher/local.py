@@ -29,6 +29,7 @@ from core.net import free_port
 from core.rundir import write_json
 from core.spec import Spec
 from launcher.backend import Backend, Request, RunStatus
+from launcher.options import LocalOptions
 
 LAUNCH_FILE = "launch.json"
 
@@ -52,7 +53,7 @@ class LocalRequest(Request):
 
 class LocalBackend(Backend):
     name = "local"
-    OPTIONS = {"master_port": 0, "python": ""}  # 0: a free port; "": this interpreter
+    Options = LocalOptions
 
     def __init__(self, options=None) -> None:
         super().__init__(options)

@@ -1,6 +1,6 @@
 """The `slurm` backend: one sbatch job per run, one rank per GPU started by `srun`.
 
-- `flags`: the command-line flags (`--partition`, `--time`, ...), loaded by the CLI at start;
+- `options`: the backend's options with their flags (`--partition`, `--time`, ...), read by the CLI at start;
 - `render`: the sbatch script, a pure function of the spec and the options (golden-file tested);
 - `backend`: `SlurmBackend` - options, request, schedule (`sbatch`), wait/status/logs/cancel
   (`squeue`, `sacct`, `scancel`);

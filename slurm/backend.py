@@ -23,10 +23,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from core.errors import EngineError, ScalelabError, SpecError
+from core.errors import EngineError, ScalelabError
 from core.rundir import write_json
 from core.spec import Spec
 from launcher.backend import Backend, Request, RunStatus
+from slurm.options import SlurmOptions
 from slurm.render import job_name, render_sbatch
 
 LAUNCH_FILE = "launch.json"
@@ -75,60 +76,9 @@ class SlurmRequest(Request):
 
 class SlurmBackend(Backend):
     name = "slurm"
-    # The valid options and their defaults (as submitit's executor parameters).
-    OPTIONS: dict[str, Any] = {
-        "partition": "",      # "" = the cluster's default partition
-        "account": "",
-        "qos": "",
-        "constraint": "",     # node features, e.g. "v100"
-        "exclusive": False,   # whole nodes
-        "cpus_per_task": 1,   # CPUs per rank
-        "mem_gb": 0,          # memory per node; 0 = the partition's default
-        "time": "1:00:00",    # time limit in Slurm's format (MINUTES, HH:MM:SS, D-HH:MM, ...); "" = partition default
-        "requeue": True,      # checkpoint and requeue on preemption / before the time limit
-        "signal_s": 120,      # the USR1 warning this many seconds before the time limit
-        "gres_gpus": True,    # ask for --gpus-per-node (False on a cluster without GPU GRES)
-        "job_name": "",       # "" = scalelab-<run directory name>
-        "extra_sbatch": [],   # more #SBATCH arguments, e.g. ["--mail-type=END"]
-        "setup": [],          # shell lines run before srun (e.g. "module load cuda")
-        "python": "",         # the interpreter on the nodes; "" = this one (shared filesystem)
-        "gloo_iface": "",     # network interface for Gloo; "" = the address of the node's hostname
-        "poll_s": 1.0,        # seconds between squeue polls while following a run
-    }
+    Options = SlurmOptions  # the valid options, their defaults and checks (slurm/options.py)
     # Sweeps queue every layout before following the first (launcher/sweep.py).
     SUBMIT_ALL_AT_ONCE = True
-
-    # ---- options ---------------------------------------------------------------------------------
-
-    @classmethod
-    def resolve_options(cls, options: dict[str, Any]) -> dict[str, Any]:
-        """Unknown keys fail listing the valid ones (base class); values are checked here, before any submission."""
-        o = super().resolve_options(options)
-        if isinstance(o["time"], int) and not isinstance(o["time"], bool):
-            o["time"] = str(o["time"])  # minutes, as YAML reads `--backend-opt time=30`
-        if not isinstance(o["job_name"], str):
-            raise SpecError(f"slurm option job_name must be a string, got {o['job_name']!r}")
-        for key in ("partition", "account", "qos", "constraint", "time", "python", "gloo_iface"):
-            if not isinstance(o[key], str) or re.search(r"\s", o[key]):
-                raise SpecError(f"slurm option {key} must be one word without spaces, got {o[key]!r}")
-        for key in ("exclusive", "requeue", "gres_gpus"):
-            if not isinstance(o[key], bool):
-                raise SpecError(f"slurm option {key} must be true or false, got {o[key]!r}")
-        for key, low in (("cpus_per_task", 1), ("signal_s", 0)):
-            if isinstance(o[key], bool) or not isinstance(o[key], int) or o[key] < low:
-                raise SpecError(f"slurm option {key} must be a whole number >= {low}, got {o[key]!r}")
-        for key in ("mem_gb", "poll_s"):
-            if isinstance(o[key], bool) or not isinstance(o[key], (int, float)) or o[key] < 0:
-                raise SpecError(f"slurm option {key} must be a number >= 0, got {o[key]!r}")
-        for key in ("extra_sbatch", "setup"):
-            value = [o[key]] if isinstance(o[key], str) else o[key]
-            if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) and "\n" not in v for v in value):
-                raise SpecError(f"slurm option {key} must be a list of one-line strings, got {o[key]!r}")
-            o[key] = list(value)
-        for arg in o["extra_sbatch"]:
-            if not arg.startswith("-"):
-                raise SpecError(f"--sbatch-arg takes an sbatch option such as --mail-type=END, got {arg!r}")
-        return o
 
     def validate(self, spec: Spec) -> None:
         if spec.engine.name == "horovod":

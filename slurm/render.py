@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import re
 import shlex
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -26,13 +27,13 @@ from core.spec import Spec
 LOG_NAME = "slurm-%j.out"  # the batch script's own output, per job id, in RUN_DIR/logs
 
 
-def job_name(run_dir: Path, options: dict[str, Any]) -> str:
+def job_name(run_dir: Path, options: Mapping[str, Any]) -> str:
     """The Slurm job name: the option, or `scalelab-<run directory name>`."""
     name = options.get("job_name") or f"scalelab-{Path(run_dir).name}"
     return re.sub(r"[^A-Za-z0-9._-]+", "-", name)
 
 
-def sbatch_lines(spec: Spec, run_dir: Path, options: dict[str, Any]) -> list[str]:
+def sbatch_lines(spec: Spec, run_dir: Path, options: Mapping[str, Any]) -> list[str]:
     """The `#SBATCH` arguments, in the order a Slurm user reads them."""
     o = options
     lines = [
@@ -61,7 +62,7 @@ def sbatch_lines(spec: Spec, run_dir: Path, options: dict[str, Any]) -> list[str
     return lines
 
 
-def render_sbatch(spec: Spec, run_dir: Path, options: dict[str, Any], python: str) -> str:
+def render_sbatch(spec: Spec, run_dir: Path, options: Mapping[str, Any], python: str) -> str:
     """The whole batch script. Pure: the same arguments always give the same text."""
     run_dir = Path(run_dir)
     engine = spec.engine.name

@@ -15,6 +15,7 @@ from conftest import launch
 
 from aws.backend import AwsBackend
 from aws.bootstrap import trainer_command
+from aws.options import AwsOptions
 from aws.render import DEFAULT_AMI, TAG_RUN, all_calls, make_plan, user_data
 from core.errors import SpecError
 from core.spec import Spec
@@ -22,7 +23,7 @@ from costs.catalog import builtin_catalog
 from tests.conftest import assert_golden
 
 GOLDEN = Path(__file__).parent / "golden"
-OPTIONS = {**AwsBackend.OPTIONS, "bucket": "scalelab-test-bucket", "region": "us-east-1"}
+OPTIONS = AwsOptions(bucket="scalelab-test-bucket", region="us-east-1")
 
 
 @pytest.fixture(autouse=True)

@@ -216,7 +216,7 @@ def test_config_overrides_validate() -> None:
     assert config_with_overrides(base, {"hidden_size": 48}).hidden_size == 48
     assert config_with_overrides(base, {"hidden_size": "48", "attention": "false"}).attention is False
     assert config_with_overrides(base, {"dropout": 0}).dropout == 0.0
-    with pytest.raises(SpecError, match="hiden_size.*valid fields are.*hidden_size"):
+    with pytest.raises(SpecError, match="hiden_size.*valid fields: .*hidden_size"):
         config_with_overrides(base, {"hiden_size": 48})
     with pytest.raises(SpecError, match="hidden_size"):
         config_with_overrides(base, {"hidden_size": 0})

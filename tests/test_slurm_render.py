@@ -76,7 +76,7 @@ def test_unknown_option_fails_listing_the_valid_ones() -> None:
         SlurmBackend({"partiton": "gpu"})
     message = str(err.value)
     assert "partiton" in message
-    for valid in SlurmBackend.OPTIONS:
+    for valid in SlurmBackend.Options():
         assert valid in message
 
 

@@ -37,10 +37,10 @@ def test_yaml_then_overrides_and_roundtrip(tmp_path):
 @pytest.mark.parametrize(
     "overrides, pattern",
     [
-        ({"nodes": 0}, "--nodes must be a positive"),
-        ({"gpus_per_node": -2}, "--gpus-per-node must be a positive"),
+        ({"nodes": 0}, "nodes must be a positive whole number, got 0"),
+        ({"gpus_per_node": -2}, "gpus_per_node must be a positive whole number, got -2"),
         ({"model": "gpt-9"}, "unknown model preset 'gpt-9'; valid presets: .*nmt-tiny"),
-        ({"engine.name": "mpi"}, "unknown engine 'mpi'; valid: single, ddp, horovod"),
+        ({"engine.name": "mpi"}, "engine.name must be one of single, ddp, horovod, got 'mpi'"),
         ({"engine.name": "single", "gpus_per_node": 2}, "engine 'single' runs one worker"),
         ({"loss_threshold": 1.0}, "--loss-threshold needs validation"),
         ({"global_batch": 8, "batch_per_worker": 4}, "not both"),
@@ -66,3 +66,62 @@ def test_batch_modes_and_lr_scaling():
     weak = Spec(nodes=2, gpus_per_node=2, batch_per_worker=8)
     assert (weak.batch_mode, weak.resolved_global_batch(99), weak.lr_scale(99)) == ("weak", 32, 4.0)
     assert Spec(gpus_per_node=2).resolved_global_batch(16) == 16  # the preset's batch by default
+
+
+# ---- types: one coercion for spec fields, model fields and backend options (core/options.py) ------
+
+
+@pytest.mark.parametrize(
+    "text, needle",
+    [
+        ("nodes: true\n", "nodes: expected int (a whole number), got true"),
+        ("nodes: 2.5\n", "nodes: expected int (a whole number), got 2.5"),
+        ("lr: .nan\n", "lr: expected float (a finite number), got nan"),
+        ("lr: null\n", "lr: expected float (a finite number), got null"),
+        ("loss_threshold: -.inf\nval_every: 5\n", "loss_threshold: expected float (a finite number) or null, got -inf"),
+        ("engine: {fusion_threshold_mb: .inf}\n", "engine.fusion_threshold_mb: expected float (a finite number), got inf"),
+        ("engine: {cycle_time_ms: -1}\n", "engine.cycle_time_ms must be > 0, got -1.0"),
+        ("data: {prefetch: -1}\n", "data.prefetch must be >= 0, got -1"),
+        ("data: {train_samples: 0}\n", "data.train_samples must be a positive whole number, got 0"),
+        ("data: {bucket: 1}\n", "data.bucket: expected bool (true or false), got 1"),
+        ("model: 7\n", "model: expected str (text), got 7"),
+        ("emulate_slowdown: [1, .nan]\n", "emulate_slowdown: expected a list of float"),
+        ("clip_grad_norm: 0\n", "clip_grad_norm must be > 0, got 0.0"),
+        ("seed: -3\n", "seed must be >= 0, got -3"),
+        ("model_args: {hidden_size: true}\n", "model field hidden_size: expected int (a whole number), got true"),
+        ("model_args: {dropout: .nan}\n", "model field dropout: expected float (a finite number), got nan"),
+        ("model_args: {hidden_size: null}\n", "model field hidden_size: expected int (a whole number), got null"),
+        ("model_args: {hidden_size: -4}\n", "model field hidden_size must be a positive integer"),
+    ],
+)
+def test_bad_values_in_a_spec_file_name_the_field_and_the_file(tmp_path, text, needle):
+    f = tmp_path / "exp.yaml"
+    f.write_text(text)
+    with pytest.raises(SpecError) as exc:
+        load_spec(f).validate()
+    assert needle in str(exc.value)
+    if not needle.startswith("model field"):  # model_args are checked against the preset in validate()
+        assert f"in spec file {f}" in str(exc.value)
+
+
+def test_optional_fields_take_null_and_floats_take_whole_numbers(tmp_path):
+    f = tmp_path / "exp.yaml"
+    f.write_text("steps: null\nepochs: 2\nlr: 1\nclip_grad_norm: null\nengine: {bucket_cap_mb: 10}\n")
+    spec = load_spec(f).validate()
+    assert (spec.steps, spec.epochs, spec.clip_grad_norm) == (None, 2, None)
+    assert spec.lr == 1.0 and isinstance(spec.lr, float) and isinstance(spec.engine.bucket_cap_mb, float)
+
+
+def test_a_spec_built_in_code_is_checked_by_validate():
+    spec = Spec(lr=float("inf"))
+    with pytest.raises(SpecError, match="lr: expected float"):
+        spec.validate()
+    spec = Spec(nodes=True)
+    with pytest.raises(SpecError, match="nodes: expected int"):
+        spec.validate()
+
+
+def test_read_spec_names_the_run_directory_file(tmp_path):
+    (tmp_path / "spec.json").write_text('{"gpus_per_node": "two"}')
+    with pytest.raises(SpecError, match=r"gpus_per_node: expected int .* \(in .*spec.json\)"):
+        read_spec(tmp_path)

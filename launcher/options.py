@@ -1,0 +1,18 @@
+"""The local backend's options, declared once (no heavy imports): the CLI reads them at start."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from core.options import BackendOptions, at_least, at_most, option
+
+
+@dataclass(frozen=True)
+class LocalOptions(BackendOptions):
+    """Ranks as processes on this machine."""
+
+    backend = "local"
+
+    master_port: int = option(0, "Rendezvous port of DDP; 0 = a free port, probed when the request is rendered.",
+                              at_least(0), at_most(65535))
+    python: str = option("", "The interpreter of the ranks [default: this one].")
