@@ -90,7 +90,7 @@ class Spec:
     seed: int = checked(1234, at_least(0))
     val_every: int = checked(0, at_least(0))
     val_batches: int = checked(4, POSITIVE)
-    loss_threshold: float | None = None
+    loss_threshold: float | None = checked(None, at_least(0))  # a loss: cross-entropy is >= 0
     checkpoint_every: int = checked(0, at_least(0))
     threads: int | None = checked(None, POSITIVE)
     interop_threads: int | None = checked(None, POSITIVE)
@@ -160,8 +160,14 @@ class Spec:
         self.per_worker_batch(cfg.default_batch)  # raises if a strong-scaling batch does not split
         for key in ("train_src", "train_tgt", "valid_src", "valid_tgt"):
             path = getattr(self.data, key)
-            if self.data.kind == "text" and path and not Path(path).is_file():
-                raise SpecError(f"data file not found: {path} (check --{key.replace('_', '-')})")
+            if self.data.kind == "text" and path:
+                check_text_file(path, f"--{key.replace('_', '-')}")
+        if self.steps is not None and self.epochs is None and self.steps <= self.warmup_steps:
+            raise SpecError(
+                f"--steps {self.steps} is not more than --warmup-steps {self.warmup_steps}: the first "
+                f"{self.warmup_steps} steps after every (re)start are not timed, so nothing would be measured; "
+                "raise --steps or lower --warmup-steps"
+            )
         return self
 
     def _check_combinations(self) -> None:
@@ -212,18 +218,53 @@ class Spec:
         return Spec.from_dict(raw)
 
 
-def load_spec(path: str | os.PathLike) -> Spec:
-    """Load a spec from YAML (or JSON); the file may hold only the keys it wants to change."""
-    import yaml
-
+def check_text_file(path: str | os.PathLike, flag: str) -> Path:
+    """An existing, readable file whose start is text (no NUL bytes, UTF-8): a data or spec file given by
+    mistake as a binary (a checkpoint, an archive) is named before any rank starts."""
     p = Path(path)
     if not p.is_file():
-        raise SpecError(f"spec file not found: {p} (pass an existing YAML file to --spec)")
+        raise SpecError(f"data file not found: {p} (check {flag})" if flag.startswith("--") else f"{flag} not found: {p}")
     try:
-        raw = yaml.safe_load(p.read_text()) or {}
+        with p.open("rb") as f:
+            head = f.read(8192)
+    except OSError as exc:
+        raise SpecError(f"cannot read {p} ({exc.strerror}); check {flag}") from None
+    if b"\0" in head or not _utf8_prefix(head, complete=len(head) < 8192):
+        raise SpecError(f"{p} is not a text file (binary or not UTF-8); check {flag}")
+    return p
+
+
+def _utf8_prefix(data: bytes, complete: bool) -> bool:
+    """True if `data` is UTF-8, allowing a character cut off at the end when it is only a file's start."""
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return not complete and exc.start >= len(data) - 3
+    return True
+
+
+def read_yaml_mapping(path: str | os.PathLike, what: str) -> dict[str, Any]:
+    """A YAML (or JSON) file that must hold a mapping: missing, binary, empty, invalid or a list are one
+    clear SpecError naming the file; `what` says which kind of file ("spec file", "study file")."""
+    import yaml
+
+    p = check_text_file(path, what)
+    try:
+        raw = yaml.safe_load(p.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:
-        raise SpecError(f"spec file {p} is not valid YAML: {exc}") from None
-    return Spec.from_dict(raw, where=f"in spec file {p}")
+        raise SpecError(f"{what} {p} is not valid YAML: {' '.join(str(exc).split())}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecError(f"cannot read {what} {p} as UTF-8 text ({exc})") from None
+    if raw is None:
+        raise SpecError(f"{what} {p} is empty: give at least one key (see the examples/ folder)")
+    if not isinstance(raw, dict):
+        raise SpecError(f"{what} {p} must be a mapping of key: value, got a {type(raw).__name__}")
+    return raw
+
+
+def load_spec(path: str | os.PathLike) -> Spec:
+    """Load a spec from YAML (or JSON); the file may hold only the keys it wants to change, but not none."""
+    return Spec.from_dict(read_yaml_mapping(path, "spec file"), where=f"in spec file {path}")
 
 
 def save_spec(spec: Spec, run_dir: Path) -> Path:
@@ -237,6 +278,6 @@ def read_spec(run_dir: str | os.PathLike) -> Spec:
     if not path.is_file():
         raise SpecError(f"{run_dir} is not a run directory: {path} is missing")
     try:
-        return Spec.from_dict(json.loads(path.read_text()), where=f"in {path}")
-    except json.JSONDecodeError as exc:
+        return Spec.from_dict(json.loads(path.read_text(encoding="utf-8")), where=f"in {path}")
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise SpecError(f"{path} is corrupt ({exc}); re-run the experiment or restore the file") from None

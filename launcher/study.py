@@ -25,7 +25,7 @@ import pandas as pd
 from analysis.studies import TABLES
 from core.errors import SpecError
 from core.rundir import new_run_dir, read_json, write_json
-from core.spec import Spec
+from core.spec import Spec, read_yaml_mapping
 
 STUDY_KEYS = {"title", "seed_scale", "base", "mode", "layouts", "variants", "tables", "scales", "instances",
               "market", "epochs_shown", "kind", "gemm"}
@@ -63,16 +63,9 @@ class Study:
 
 def load_study(path: Path, scale: str | None = None, overrides: dict[str, Any] | None = None) -> Study:
     """Read a study file, apply a named scale and command-line spec overrides, validate it all."""
-    import yaml
-
     from launcher.sweep import parse_layouts
 
-    if not path.is_file():
-        raise SpecError(f"study file not found: {path} (the recipes are in examples/)")
-    try:
-        raw = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise SpecError(f"study file {path} is not valid YAML: {exc}") from None
+    raw = read_yaml_mapping(path, "study file")
     unknown = sorted(set(raw) - STUDY_KEYS)
     if unknown:
         raise SpecError(f"unknown key(s) in {path}: {', '.join(unknown)}; valid: {', '.join(sorted(STUDY_KEYS))}")

@@ -203,7 +203,7 @@ CASES: list[tuple[str, list[str], list[str]]] = [
     ("spec-unknown-engine", ["--spec", "{engine-unknown.yaml}", *DRY], ["mpi"]),
     ("spec-engine-not-mapping", ["--spec", "{engine-string.yaml}", *DRY], ["engine"]),
     ("spec-text-without-files", ["--spec", "{data-text.yaml}", *DRY], ["train"]),
-    ("spec-both-batches", ["--spec", "{both-batches.yaml}", *DRY], ["global", "batch_per_worker"]),
+    ("spec-both-batches", ["--spec", "{both-batches.yaml}", *DRY], ["global-batch", "batch-per-worker"]),
     ("spec-model-args-negative", ["--spec", "{model-args-neg.yaml}", *DRY], ["hidden_size"]),
     ("spec-threshold-nan", ["--spec", "{threshold-nan.yaml}", *DRY], ["threshold"]),
     ("spec-slowdown-nan", ["--spec", "{slowdown-nan.yaml}", "--engine", "ddp", *DRY], ["slowdown"]),

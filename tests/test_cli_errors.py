@@ -115,7 +115,8 @@ def test_error_inside_the_ranks_reaches_the_user_as_one_line(tmp_path):
     bad = tmp_path / "labelled.txt"
     bad.write_text("1\tgood film\nno tab on this line\n0\tbad film\n" * 20)
     proc = launch("--runs-dir", str(tmp_path / "runs"), "--model", "sentiment-tiny", "--data", "text",
-                  "--train-src", str(bad), "--engine", "ddp", "--gpus-per-node", "2", "--steps", "2", cwd=tmp_path)
+                  "--train-src", str(bad), "--engine", "ddp", "--gpus-per-node", "2", "--steps", "2",
+                  "--warmup-steps", "1", cwd=tmp_path)
     _assert_clean_error(proc, "labelled.txt:2")
     assert "ChildFailedError" not in proc.stderr
     run = only_run_dir(tmp_path / "runs")
