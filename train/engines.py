@@ -4,11 +4,13 @@ Every engine offers the same small surface to the training loop, so the loop rea
 process, DDP and Horovod, and the distributed lines are easy to spot:
 
 - `wrap(model, optimizer)`  - make gradients exchange (DDP wrapper / Horovod DistributedOptimizer) and
-  give every rank rank 0's parameters (and optimizer state when resuming);
+  give every rank rank 0's parameters. Optimizer state is never broadcast: on resume every rank
+  loads it from the checkpoint itself, after `wrap` (Horovod's wrapper is a new optimizer);
 - `finish_exchange(optimizer)` - wait for the gradient all-reduce to complete, returning the seconds
   spent waiting where the engine can tell (Horovod), so the records can show the exchange share;
 - `step(optimizer)` - the optimizer update (Horovod: without a second synchronisation);
 - `mean(x)` / `any(flag)` - all-reduce of a scalar (validation loss, "stop now" agreement);
+- `gather(tensor)` / `allgather(x)` - every rank's tensor (RNG states for a checkpoint) or scalar (speeds);
 - `shutdown()`.
 
 No collective is written here by hand: DDP, Horovod (Gloo on CPU, NCCL on GPU) do the work.
@@ -65,7 +67,7 @@ class Engine:
             return torch.device("cuda", torch.cuda.current_device())
         return torch.device("cpu")
 
-    def wrap(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, resumed: bool):
+    def wrap(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer):
         return model, optimizer
 
     def replicas(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer):
@@ -86,8 +88,12 @@ class Engine:
     def any(self, flag: bool) -> bool:
         return bool(flag)
 
+    def gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
+        """Every rank's `tensor` (same shape and dtype on every rank), in rank order, on the CPU."""
+        return [tensor.cpu()]
+
     def allgather(self, value: float) -> list[float]:
-        return [float(value)]
+        return [float(t) for t in self.gather(torch.tensor([float(value)], dtype=torch.float64))]
 
     def shutdown(self) -> None:
         pass
@@ -115,7 +121,7 @@ class DDPEngine(Engine):
         )
         self._dist = dist
 
-    def wrap(self, model, optimizer, resumed):
+    def wrap(self, model, optimizer):
         from torch.nn.parallel import DistributedDataParallel
 
         device_ids = [model_device(model).index] if model_device(model).type == "cuda" else None
@@ -137,10 +143,11 @@ class DDPEngine(Engine):
         self._dist.all_reduce(t, op=self._dist.ReduceOp.MAX)  # distributed
         return bool(t.item() > 0)
 
-    def allgather(self, value: float) -> list[float]:
-        out = [self._tensor(0.0) for _ in range(self.world)]
-        self._dist.all_gather(out, self._tensor(value))  # distributed
-        return [float(t.item()) for t in out]
+    def gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
+        t = tensor.to(self._tensor(0.0).device)  # NCCL gathers GPU tensors only
+        out = [torch.empty_like(t) for _ in range(self.world)]
+        self._dist.all_gather(out, t)  # distributed
+        return [o.cpu() for o in out]
 
     def shutdown(self) -> None:
         if self._dist.is_initialized():
@@ -169,17 +176,17 @@ class HorovodEngine(Engine):
         )
         self.hvd = hvd
 
-    def wrap(self, model, optimizer, resumed):
+    def wrap(self, model, optimizer):
         hvd = self.hvd
         compression = hvd.Compression.fp16 if self.spec.fp16_allreduce else hvd.Compression.none
         optimizer = hvd.DistributedOptimizer(
             optimizer, named_parameters=model.named_parameters(), compression=compression, op=hvd.Average
         )
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)  # distributed
-        # A fresh optimizer has no state and every rank built the same one; Horovod would initialise
-        # it with a dummy step (changing Adam's step count), so broadcast only a resumed state.
-        if resumed:
-            hvd.broadcast_optimizer_state(optimizer, root_rank=0)  # distributed
+        # No broadcast_optimizer_state: every rank built the same fresh optimizer, and on resume every
+        # rank loads the checkpoint's state into *this* optimizer (DistributedOptimizer is a new one
+        # built from the param groups: state loaded before wrapping is dropped). Horovod would also
+        # initialise an empty state with a dummy step, leaving Adam at step 1 with zero moments.
         return model, optimizer
 
     def finish_exchange(self, optimizer) -> float | None:
@@ -204,9 +211,9 @@ class HorovodEngine(Engine):
         t = torch.tensor([1.0 if flag else 0.0], dtype=torch.float64)
         return bool(self.hvd.allreduce(t, op=self.hvd.Sum, name="scalelab.any").item() > 0)  # distributed
 
-    def allgather(self, value: float) -> list[float]:
-        t = torch.tensor([float(value)], dtype=torch.float64)
-        return [float(x) for x in self.hvd.allgather(t, name="scalelab.allgather")]  # distributed
+    def gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
+        rows = self.hvd.allgather(tensor.cpu().unsqueeze(0), name="scalelab.gather")  # distributed
+        return [row.clone() for row in rows]  # one storage each, not views into the gathered rows
 
     def shutdown(self) -> None:
         self.hvd.shutdown()

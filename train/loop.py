@@ -1,9 +1,13 @@
 """The training loop every backend runs: `python -m train RUN_DIR`.
 
 It reads the resolved spec from RUN_DIR/spec.json, trains on this rank's slice of each global batch,
-and writes one record per step to RUN_DIR/records/rank-R.jsonl (docs/records.md). Read it top to
-bottom: setup, resume, the step (data, forward, backward + exchange, optimizer), validation and the
-threshold stop, checkpoints, the end. The distributed lines are the `engine.` calls.
+and writes one record per step to RUN_DIR/records/rank-R.jsonl (docs/records.md). `train` reads top
+to bottom: setup, resume, then per step: the step itself (data, forward, backward + exchange,
+optimizer) returning its record, load balancing, validation and the threshold, the stop decision,
+the checkpoint. The distributed lines are the `engine.` calls, marked `# distributed`.
+
+Resuming is exact: a checkpoint holds everything that decides the next step (train/checkpoint.py),
+so a run cancelled or killed and resumed records the same losses as one that was never stopped.
 
 Timing: clocks are read only after the device is synchronised, so each phase is the time the work
 took, not the time it took to queue. The first `warmup_steps` steps after every (re)start are marked
@@ -17,7 +21,10 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -25,14 +32,24 @@ from core.errors import ScalelabError
 from core.records import RecordWriter
 from core.spec import Spec, read_spec
 from train import balance
-from train.checkpoint import load_checkpoint, restore_rng, save_checkpoint
-from train.data import Prefetcher
+from train.batch import Batch
+from train.checkpoint import (
+    identity,
+    load_checkpoint,
+    restore,
+    rng_state,
+    save_checkpoint,
+)
+from train.data import Dataset, Prefetcher
 from train.datasets import build_dataset
-from train.engines import make_engine
+from train.engines import Engine, make_engine
 from train.models import PRESETS, build_model, config_with_overrides
 
 BUCKET_BATCHES = 50  # length bucketing sorts within windows of this many global batches
-FAIL_AT_STEP_ENV = "SCALELAB_FAIL_AT_STEP"  # test aid: the process dies (os._exit) after this step
+# Test aids (tests/test_resume.py, tests/test_local_runs.py), read after each step:
+FAIL_AT_STEP_ENV = "SCALELAB_FAIL_AT_STEP"  # STEP: every rank dies (os._exit) after this step
+KILL_AT_STEP_ENV = "SCALELAB_KILL_AT_STEP"  # STEP:RANK: that rank sends itself SIGKILL after STEP
+HOLD_AT_STEP_ENV = "SCALELAB_HOLD_AT_STEP"  # STEP: wait there for a stop signal, so a cancel lands at STEP
 
 
 class Stop:
@@ -50,18 +67,101 @@ class Stop:
         cls.signal = signum
 
 
+class ShareSchedule:
+    """Each rank's share of the global batch, step by step, and the speeds measured since the last change.
+
+    A change made at step s takes effect from a step that no rank can have prefetched yet, so every
+    rank switches at the same step and the slices still tile the global batch exactly. The changes
+    go into checkpoints: they are part of the data position.
+    """
+
+    def __init__(self, changes: list[tuple[int, list[int]]]) -> None:
+        """`changes`: (first step, shares) pairs in order, starting with (0, the initial shares)."""
+        self.changes = [(int(first), [int(n) for n in shares]) for first, shares in changes]
+        self.window: list[float] = []  # compute seconds per sample on this rank since the last change
+
+    def at(self, step: int) -> list[int]:
+        return next(sh for first, sh in reversed(self.changes) if step >= first)
+
+    def change(self, first_step: int, shares: list[int]) -> None:
+        self.changes.append((first_step, shares))
+        self.window = []
+
+
+@dataclass
+class Run:
+    """What stays fixed while training: the spec and what every rank built from it."""
+
+    spec: Spec
+    engine: Engine
+    device: torch.device
+    dataset: Dataset
+    model: torch.nn.Module  # wrapped for the exchange (DDP) where the engine does that
+    optimizer: torch.optim.Optimizer  # wrapped (Horovod's DistributedOptimizer) likewise
+    global_batch: int
+    per_rank: int
+    lr_scale: float
+    steps_per_epoch: int
+    total_steps: int
+    slowdown: float
+    identity: dict[str, Any]  # what a checkpoint must share with this run
+    rank: int
+    world: int
+
+
+@dataclass
+class Progress:
+    """What changes step by step: saved by a checkpoint, restored by a resume."""
+
+    shares: ShareSchedule
+    step: int = 0
+    elapsed: float = 0.0
+    reached: dict[str, Any] | None = None  # when the loss threshold was first reached
+    resumed_from: int | None = None  # None: a fresh start
+
+    @property
+    def started_at(self) -> int:
+        return self.resumed_from or 0
+
+
 def train(run_dir: Path) -> str:
     """Run (or resume) the training described by RUN_DIR/spec.json; return why it ended."""
-    spec = read_spec(run_dir)
+    run = setup(read_spec(run_dir))  # distributed: init, and wrap model + optimizer for the exchange
+    spec, engine = run.spec, run.engine
+    progress = resume(run_dir, run)
+    out = open_records(run_dir, run, progress)
+    reason = "steps" if spec.steps is not None else "epochs"
+    with Prefetcher(batches(run, progress.shares, progress.step), spec.data.prefetch, run.device) as stream:
+        while progress.step < run.total_steps:
+            record = train_step(run, progress, stream)
+            out.write("step", **record)
+            rebalance(run, progress, record, out)
+            if spec.val_every and progress.step % spec.val_every == 0 and validate_and_judge(run, progress, out):
+                reason = "threshold"
+            stop_now = agree_to_stop(engine, progress.step)  # distributed: every rank stops at the same step
+            if checkpoint_due(run, progress.step, stop_now, reason):
+                checkpoint(run_dir, run, progress, out)  # distributed: every rank hands in its RNG state
+            _die_if_asked(progress.step, run.rank)
+            if stop_now:
+                out.event("interrupted", signal=Stop.signal, step=progress.step)
+                reason = "interrupted"
+            if reason in ("interrupted", "threshold"):
+                break
+    finish(run, progress, out, reason)
+    return reason
+
+
+# ---- setup and resume ----------------------------------------------------------------------------
+
+
+def setup(spec: Spec) -> Run:
+    """Engine, data, model and optimizer: identical on every rank (same seed), wrapped for the exchange."""
     if spec.interop_threads:
         torch.set_num_interop_threads(spec.interop_threads)  # only possible before any parallel work
     engine = make_engine(spec.engine)  # distributed: init process group / hvd.init
-    rank, world = engine.rank, engine.world
     device = engine.device(spec.device)
     torch.set_num_threads(spec.threads or max(1, (os.cpu_count() or 1) // engine.placement.local_world))
     Stop.install()
-
-    # ---- model, data, optimizer (identical on every rank: same seed) ----------------------------
     torch.manual_seed(spec.seed)
     cfg = config_with_overrides(PRESETS[spec.model], spec.model_args)
     dataset = build_dataset(spec.data.kind, cfg, spec.seed, data_paths(spec, cfg.family), **data_options(spec))
@@ -69,146 +169,190 @@ def train(run_dir: Path) -> str:
     model = build_model(cfg, spec.rnn).to(device)
     global_batch = spec.resolved_global_batch(cfg.default_batch)
     per_rank = spec.per_worker_batch(cfg.default_batch)
-    shares = ShareSchedule([per_rank] * world)
     lr_scale = spec.lr_scale(cfg.default_batch)
     optimizer = make_optimizer(spec, model, spec.lr * lr_scale)
-
-    steps_per_epoch = dataset.steps_per_epoch(global_batch)
-    total_steps = spec.steps if spec.steps is not None else spec.epochs * steps_per_epoch
-    if spec.epochs is not None and spec.steps is not None:
-        total_steps = min(spec.steps, spec.epochs * steps_per_epoch)
-
-    # ---- resume ----------------------------------------------------------------------------------
-    ckpt = load_checkpoint(run_dir, map_location=device)
-    step, elapsed, reached = 0, 0.0, None
-    if ckpt is not None:
-        model.load_state_dict(ckpt["model"])
-        optimizer.load_state_dict(ckpt["optimizer"])
-        restore_rng(ckpt)
-        step, elapsed, reached = ckpt["step"], ckpt["elapsed_s"], ckpt.get("reached")
     if spec.independent_replicas:
         model, optimizer = engine.replicas(model, optimizer)  # no gradient exchange at all
     else:
-        model, optimizer = engine.wrap(model, optimizer, resumed=ckpt is not None)  # distributed
-    slowdown = spec.emulate_slowdown[rank] if spec.emulate_slowdown else 1.0
+        model, optimizer = engine.wrap(model, optimizer)  # distributed: rank 0's parameters everywhere
+    steps_per_epoch = dataset.steps_per_epoch(global_batch)
+    return Run(
+        spec, engine, device, dataset, model, optimizer, global_batch, per_rank, lr_scale, steps_per_epoch,
+        total_steps=total_steps(spec, steps_per_epoch),
+        slowdown=spec.emulate_slowdown[engine.rank] if spec.emulate_slowdown else 1.0,
+        identity=identity(spec, global_batch), rank=engine.rank, world=engine.world,
+    )
 
-    out = RecordWriter(run_dir, rank, world)
+
+def total_steps(spec: Spec, steps_per_epoch: int) -> int:
+    """--steps, --epochs, or the fewer steps of the two when both are given."""
+    if spec.epochs is None:
+        return spec.steps
+    if spec.steps is None:
+        return spec.epochs * steps_per_epoch
+    return min(spec.steps, spec.epochs * steps_per_epoch)
+
+
+def resume(run_dir: Path, run: Run) -> Progress:
+    """Continue from RUN_DIR/checkpoint.pt when there is one, else start fresh.
+
+    Every rank reads the file itself (ranks share the run directory), after the engine wrapped the
+    model and optimizer, so nothing needs broadcasting and Adam's step and moments stay exact.
+    """
+    ckpt = load_checkpoint(run_dir, run.identity, map_location=run.device)
+    if ckpt is None:
+        return Progress(ShareSchedule([(0, [run.per_rank] * run.world)]))
+    restore(ckpt, run.model, run.optimizer, run.rank)
+    return Progress(
+        ShareSchedule(ckpt["shares"]), step=ckpt["step"], elapsed=ckpt["elapsed_s"], reached=ckpt["reached"],
+        resumed_from=ckpt["step"],
+    )
+
+
+def open_records(run_dir: Path, run: Run, progress: Progress) -> RecordWriter:
+    """This rank's record file, with the `start` record (and `resume` event) of this launch."""
+    spec, engine, model = run.spec, run.engine, run.model
+    out = RecordWriter(run_dir, run.rank, run.world)
     out.write(
         "start", run_id=Path(run_dir).name, model=spec.model, preset=spec.model, rnn=spec.rnn,
         engine=engine.name, nodes=spec.nodes, gpus_per_node=spec.gpus_per_node,
-        node_rank=engine.placement.node_rank, local_rank=engine.placement.local_rank, device=str(device),
-        global_batch=global_batch, batch_this_rank=per_rank, threads=torch.get_num_threads(),
+        node_rank=engine.placement.node_rank, local_rank=engine.placement.local_rank, device=str(run.device),
+        global_batch=run.global_batch, batch_this_rank=run.per_rank, threads=torch.get_num_threads(),
         interop_threads=torch.get_num_interop_threads(), independent_replicas=spec.independent_replicas,
-        balance=spec.balance, emulate_slowdown=slowdown,
-        resumed_from_step=step if ckpt is not None else None,
+        balance=spec.balance, emulate_slowdown=run.slowdown, resumed_from_step=progress.resumed_from,
         params=sum(p.numel() for p in model.parameters()),
         grad_bytes=sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad),
     )
-    if ckpt is not None:
-        out.event("resume", step=step)
+    if progress.resumed_from is not None:
+        out.event("resume", step=progress.step)
+    return out
 
-    def batches(first_step: int):
-        for s in range(first_step, total_steps):
-            lo, hi = balance.offsets(shares.at(s))[rank]
-            batch = dataset.get_batch(s // steps_per_epoch, s % steps_per_epoch, global_batch, lo, hi)
-            batch.meta["epoch"] = s // steps_per_epoch
-            yield batch
 
-    reason = "steps" if spec.steps is not None else "epochs"
-    started_at = step
-    window: list[float] = []  # compute seconds per sample on this rank since the last rebalance
-    with Prefetcher(batches(step), depth=spec.data.prefetch, device=device) as stream:
-        while step < total_steps:
-            # ---- one step ----------------------------------------------------------------------
-            t0 = _clock(device)
-            batch = next(stream)
-            epoch = batch.meta["epoch"]
-            t1 = _clock(device)
-            lr = set_lr(optimizer, spec, lr_scale, step)
-            model.zero_grad(set_to_none=True)
-            loss = model(**batch.inputs)
-            t2 = _clock(device)
-            emulated_s = _emulate_slower_device(slowdown, t2 - t1)
-            # Each engine averages gradients over ranks; with unequal shares, weight each rank's mean
-            # loss by its share so the average is still the mean over the whole global batch.
-            weight = batch.samples * world / global_batch if not spec.independent_replicas else 1.0
-            (loss * weight if weight != 1.0 else loss).backward()  # DDP all-reduces during backward; Horovod starts here
-            t2 += emulated_s
-            exchange_s = engine.finish_exchange(optimizer)  # distributed: wait for the exchange
-            if spec.clip_grad_norm:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), spec.clip_grad_norm)
-            t3 = _clock(device)
-            engine.step(optimizer)
-            t4 = _clock(device)
-            step += 1
-            elapsed += t4 - t0
-            loss_value = float(loss.detach())
-            if not math.isfinite(loss_value):
-                raise ScalelabError(f"training diverged at step {step} (loss {loss_value}); lower --lr")
-            out.write(
-                "step", step=step, epoch=epoch, warmup=step - started_at <= spec.warmup_steps,
-                step_s=t4 - t0, data_s=t1 - t0, forward_s=t2 - t1, backward_s=t3 - t2,
-                exchange_s=exchange_s, optimizer_s=t4 - t3, samples=batch.samples, words=batch.words,
-                loss=loss_value, lr=lr, **({"emulated_s": emulated_s} if slowdown != 1.0 else {}),
-            )
+def batches(run: Run, shares: ShareSchedule, first_step: int) -> Iterator[Batch]:
+    """This rank's slice of every global batch from `first_step` on: the data position is the step."""
+    for s in range(first_step, run.total_steps):
+        lo, hi = balance.offsets(shares.at(s))[run.rank]
+        batch = run.dataset.get_batch(s // run.steps_per_epoch, s % run.steps_per_epoch, run.global_batch, lo, hi)
+        batch.meta["epoch"] = s // run.steps_per_epoch
+        yield batch
 
-            # ---- dynamic load balancing (mixed hardware) ---------------------------------------
-            window.append((t2 - t1) / batch.samples)
-            if spec.balance == "dynamic" and world > 1 and step % spec.balance_every == 0:
-                speeds = engine.allgather(len(window) / sum(window))  # distributed: samples/s per rank
-                new = balance.proportional_shares(global_batch, speeds)
-                effective = step + spec.data.prefetch + 2  # later than any batch already prefetched
-                shares.change(effective, new)
-                out.event("rebalance", step=step, effective_step=effective + 1, shares=new, speeds=speeds)
-                window = []
 
-            # ---- validation and the loss threshold ---------------------------------------------
-            if spec.val_every and step % spec.val_every == 0:
-                val_loss = validate(model, dataset, spec, per_rank, rank, world, device, engine)
-                out.write("val", step=step, epoch=epoch, val_loss=val_loss, elapsed_s=elapsed)
-                if spec.loss_threshold is not None and reached is None and val_loss <= spec.loss_threshold:
-                    reached = {"step": step, "elapsed_s": elapsed, "val_loss": val_loss}
-                    out.event("threshold", **reached)
-                    reason = "threshold"
+# ---- one step ------------------------------------------------------------------------------------
 
-            # ---- checkpoint, signals, the fault-injection aid ----------------------------------
-            stop_now = engine.any(Stop.signal is not None)  # distributed: every rank stops at the same step
-            last = step >= total_steps or reason == "threshold" or stop_now
-            if rank == 0 and (stop_now or (spec.checkpoint_every and (step % spec.checkpoint_every == 0 or last))):
-                path = save_checkpoint(run_dir, model, optimizer, step=step, elapsed_s=elapsed, reached=reached)
-                out.event("checkpoint", step=step, path=str(path))
-            if os.environ.get(FAIL_AT_STEP_ENV) == str(step):
-                os._exit(17)
-            if stop_now:
-                out.event("interrupted", signal=Stop.signal, step=step)
-                reason = "interrupted"
-                break
-            if reason == "threshold":
-                break
 
-    if spec.loss_threshold is not None and reached is None and reason != "interrupted":
-        out.event("threshold_not_reached", step=step, elapsed_s=elapsed, threshold=spec.loss_threshold)
-    out.event("end", step=step, reason=reason, elapsed_s=elapsed)
+def train_step(run: Run, progress: Progress, stream: Prefetcher) -> dict[str, Any]:
+    """One optimizer step on this rank's slice of the global batch; returns its `step` record."""
+    spec, engine, device, model, optimizer = run.spec, run.engine, run.device, run.model, run.optimizer
+    t0 = _clock(device)
+    batch = next(stream)
+    t1 = _clock(device)
+    lr = set_lr(optimizer, spec, run.lr_scale, progress.step)
+    model.zero_grad(set_to_none=True)
+    loss = model(**batch.inputs)
+    t2 = _clock(device)
+    emulated_s = _emulate_slower_device(run.slowdown, t2 - t1)
+    # Each engine averages gradients over ranks; with unequal shares, weight each rank's mean
+    # loss by its share so the average is still the mean over the whole global batch.
+    weight = batch.samples * run.world / run.global_batch if not spec.independent_replicas else 1.0
+    (loss * weight if weight != 1.0 else loss).backward()  # DDP all-reduces during backward; Horovod starts here
+    t2 += emulated_s
+    exchange_s = engine.finish_exchange(optimizer)  # distributed: wait for the exchange
+    if spec.clip_grad_norm:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), spec.clip_grad_norm)
+    t3 = _clock(device)
+    engine.step(optimizer)
+    t4 = _clock(device)
+    progress.step += 1
+    progress.elapsed += t4 - t0
+    loss_value = float(loss.detach())
+    if not math.isfinite(loss_value):
+        raise ScalelabError(f"training diverged at step {progress.step} (loss {loss_value}); lower --lr")
+    return dict(
+        step=progress.step, epoch=batch.meta["epoch"], warmup=progress.step - progress.started_at <= spec.warmup_steps,
+        step_s=t4 - t0, data_s=t1 - t0, forward_s=t2 - t1, backward_s=t3 - t2, exchange_s=exchange_s,
+        optimizer_s=t4 - t3, samples=batch.samples, words=batch.words, loss=loss_value, lr=lr,
+        **({"emulated_s": emulated_s} if run.slowdown != 1.0 else {}),
+    )
+
+
+def rebalance(run: Run, progress: Progress, record: dict[str, Any], out: RecordWriter) -> None:
+    """Dynamic load balancing (mixed hardware): every `balance_every` steps, shares follow speeds."""
+    shares = progress.shares
+    shares.window.append(record["forward_s"] / record["samples"])
+    if run.spec.balance != "dynamic" or run.world == 1 or progress.step % run.spec.balance_every:
+        return
+    speeds = run.engine.allgather(len(shares.window) / sum(shares.window))  # distributed: samples/s per rank
+    new = balance.proportional_shares(run.global_batch, speeds)
+    effective = progress.step + run.spec.data.prefetch + 2  # later than any batch already prefetched
+    shares.change(effective, new)
+    out.event("rebalance", step=progress.step, effective_step=effective + 1, shares=new, speeds=speeds)
+
+
+def validate_and_judge(run: Run, progress: Progress, out: RecordWriter) -> bool:
+    """Record the validation loss; True when it reaches the loss threshold for the first time."""
+    val_loss = validate(run)
+    epoch = (progress.step - 1) // run.steps_per_epoch
+    out.write("val", step=progress.step, epoch=epoch, val_loss=val_loss, elapsed_s=progress.elapsed)
+    threshold = run.spec.loss_threshold
+    if threshold is None or progress.reached is not None or val_loss > threshold:
+        return False
+    progress.reached = {"step": progress.step, "elapsed_s": progress.elapsed, "val_loss": val_loss}
+    out.event("threshold", **progress.reached)
+    return True
+
+
+def agree_to_stop(engine: Engine, step: int) -> bool:
+    """True on every rank when any rank got SIGTERM/SIGUSR1 (a cancel, Slurm's warning): all stop here."""
+    _hold_for_a_stop_signal(step)
+    return engine.any(Stop.signal is not None)  # distributed
+
+
+def checkpoint_due(run: Run, step: int, stop_now: bool, reason: str) -> bool:
+    """Always before stopping on a signal (so `launch resume` can continue); with --checkpoint-every N,
+    every N steps and at the end."""
+    every = run.spec.checkpoint_every
+    return stop_now or (bool(every) and (step % every == 0 or step >= run.total_steps or reason == "threshold"))
+
+
+def checkpoint(run_dir: Path, run: Run, progress: Progress, out: RecordWriter) -> None:
+    """Rank 0 writes the checkpoint. Every rank must call this: each hands in its RNG states."""
+    gathered = [run.engine.gather(t) for t in rng_state()]  # distributed: [kind][rank]
+    if run.rank != 0:
+        return
+    path = save_checkpoint(
+        run_dir, run.model, run.optimizer, identity=run.identity, step=progress.step, elapsed_s=progress.elapsed,
+        reached=progress.reached, shares=progress.shares.changes, rng=[list(states) for states in zip(*gathered)],
+    )
+    out.event("checkpoint", step=progress.step, path=str(path))
+
+
+def finish(run: Run, progress: Progress, out: RecordWriter, reason: str) -> None:
+    if run.spec.loss_threshold is not None and progress.reached is None and reason != "interrupted":
+        out.event("threshold_not_reached", step=progress.step, elapsed_s=progress.elapsed,
+                  threshold=run.spec.loss_threshold)
+    out.event("end", step=progress.step, reason=reason, elapsed_s=progress.elapsed)
     out.close()
-    engine.shutdown()
-    return reason
+    run.engine.shutdown()
 
 
-class ShareSchedule:
-    """Each rank's share of the global batch, step by step.
+# ---- helpers -------------------------------------------------------------------------------------
 
-    A change made at step s takes effect from a step that no rank can have prefetched yet, so every
-    rank switches at the same step and the slices still tile the global batch exactly.
-    """
 
-    def __init__(self, shares: list[int]) -> None:
-        self.changes: list[tuple[int, list[int]]] = [(0, shares)]
+def _hold_for_a_stop_signal(step: int) -> None:
+    """Test aid: at HOLD_AT_STEP, wait (up to 2 minutes) for SIGTERM/SIGUSR1, so a cancel lands there."""
+    if os.environ.get(HOLD_AT_STEP_ENV) != str(step):
+        return
+    deadline = time.monotonic() + 120
+    while Stop.signal is None and time.monotonic() < deadline:
+        time.sleep(0.05)
 
-    def at(self, step: int) -> list[int]:
-        return next(sh for first, sh in reversed(self.changes) if step >= first)
 
-    def change(self, first_step: int, shares: list[int]) -> None:
-        self.changes.append((first_step, shares))
+def _die_if_asked(step: int, rank: int) -> None:
+    """Test aids: every rank exits at FAIL_AT_STEP; one rank is SIGKILLed at KILL_AT_STEP (STEP:RANK)."""
+    if os.environ.get(FAIL_AT_STEP_ENV) == str(step):
+        os._exit(17)
+    if os.environ.get(KILL_AT_STEP_ENV) == f"{step}:{rank}":
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _emulate_slower_device(factor: float, forward_s: float) -> float:
@@ -263,21 +407,23 @@ def set_lr(optimizer: torch.optim.Optimizer, spec: Spec, scale: float, step: int
 
 
 @torch.no_grad()
-def validate(model, dataset, spec: Spec, per_rank: int, rank: int, world: int, device, engine) -> float:
+def validate(run: Run) -> float:
     """Mean loss over the first `val_batches` x global batch validation samples, on every layout.
 
     The subset is cut into global-batch-sized pieces and each piece split across ranks as training
     batches are, so 1 worker and 8 workers judge the loss threshold on exactly the same samples.
     """
+    model, rank, world = run.model, run.rank, run.world
     model.eval()
-    pieces = dataset.valid_batches(per_rank, 0, 1, max_batches=spec.val_batches * world)
+    pieces = run.dataset.valid_batches(run.per_rank, 0, 1, max_batches=run.spec.val_batches * world)
     total, weight = 0.0, 0
     for batch in pieces[rank::world]:
-        total += float(model(**batch.to(device).inputs)) * batch.samples
+        total += float(model(**batch.to(run.device).inputs)) * batch.samples
         weight += batch.samples
     model.train()
-    total, weight = engine.mean(total), engine.mean(weight)  # distributed: sums over ranks / world
+    total, weight = run.engine.mean(total), run.engine.mean(weight)  # distributed: sums over ranks / world
     return total / weight
+
 
 def _clock(device: torch.device) -> float:
     if device.type == "cuda":

@@ -1,0 +1,165 @@
+"""Exact resume on every engine: a run stopped and resumed records what an uninterrupted run records.
+
+For each engine (single, DDP on 2 ranks, Horovod on 2 ranks) one uninterrupted run is the reference.
+Two interruptions are resumed with `launch resume` and compared with it from the resume point on:
+
+- cancel: `launch cancel` sends SIGTERM to the ranks, which agree on a step, checkpoint and stop;
+- killed rank: one rank's process gets SIGKILL, the run fails, and the resume starts from the last
+  periodic checkpoint (`--checkpoint-every`), replaying the steps done after it.
+
+Losses and learning rates are compared exactly (==), and so are the final parameters and Adam's state
+(step, exp_avg, exp_avg_sq): the resumed ranks run the same kernels on the same data, parameters and
+RNG states as the reference ranks, and the gradient exchange over 2 ranks adds two numbers per element,
+which gives the same float whichever comes first. Dropout is on, so the RNG states matter.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from tests.conftest import ROOT, launch, needs_horovod, only_run_dir, read_jsonl
+from train.checkpoint import CHECKPOINT_NAME
+from train.loop import HOLD_AT_STEP_ENV, KILL_AT_STEP_ENV
+
+SPEC = ["--model", "nmt-tiny", "--data", "task", "--warmup-steps", "1", "--prefetch", "1", "--global-batch", "16",
+        "--steps", "10", "--checkpoint-every", "4", "--lr", "0.01", "--model-arg", "dropout=0.2"]
+ENGINES = {
+    "single": ["--engine", "single"],
+    "ddp": ["--engine", "ddp", "--gpus-per-node", "2"],
+    "horovod": ["--engine", "horovod", "--gpus-per-node", "2"],
+}
+ENGINE_PARAMS = ["single", "ddp", pytest.param("horovod", marks=needs_horovod)]
+
+
+def _start(where, engine, *extra, env=None):
+    """`launch` of SPEC on `engine` in the folder `where`; the process and the runs folder."""
+    where.mkdir(parents=True)
+    proc = launch(*SPEC, *ENGINES[engine], *extra, "--runs-dir", "runs", cwd=where, env=env)
+    return proc, where / "runs"
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """The uninterrupted run of each engine, made once for the module."""
+    made = {}
+
+    def get(engine):
+        if engine not in made:
+            proc, runs = _start(tmp_path_factory.mktemp("reference") / engine, engine)
+            assert proc.returncode == 0, proc.stderr
+            made[engine] = only_run_dir(runs)
+        return made[engine]
+
+    return get
+
+
+def _world(engine):
+    return 1 if engine == "single" else 2
+
+
+def _last_launch_steps(run, rank):
+    """The step records written since the last `start` record (the resumed launch) of one rank."""
+    recs = read_jsonl(run / "records" / f"rank-{rank}.jsonl")
+    last_start = max(i for i, r in enumerate(recs) if r["kind"] == "start")
+    return recs[last_start], [r for r in recs[last_start:] if r["kind"] == "step"]
+
+
+def _assert_resumed_exactly(resumed, whole, engine, from_step):
+    for rank in range(_world(engine)):
+        start, steps = _last_launch_steps(resumed, rank)
+        assert start["resumed_from_step"] == from_step
+        reference = [s for s in read_jsonl(whole / "records" / f"rank-{rank}.jsonl") if s["kind"] == "step"]
+        assert [s["step"] for s in steps] == list(range(from_step + 1, 11))
+        for key in ("loss", "lr", "samples", "words"):
+            assert [s[key] for s in steps] == [s[key] for s in reference[from_step:]], f"rank {rank}: {key}"
+    a = torch.load(whole / CHECKPOINT_NAME, weights_only=True)
+    b = torch.load(resumed / CHECKPOINT_NAME, weights_only=True)
+    assert a["step"] == b["step"] == 10
+    for key, value in a["model"].items():
+        torch.testing.assert_close(b["model"][key], value, rtol=0, atol=0, msg=key)
+    assert a["optimizer"]["state"].keys() == b["optimizer"]["state"].keys()
+    for index, state in a["optimizer"]["state"].items():
+        assert state.keys() == {"step", "exp_avg", "exp_avg_sq"}
+        for key, value in state.items():
+            torch.testing.assert_close(b["optimizer"]["state"][index][key], value, rtol=0, atol=0, msg=f"{index} {key}")
+
+
+@pytest.mark.parametrize("engine", ENGINE_PARAMS)
+def test_killed_rank_resumes_exactly_from_the_last_periodic_checkpoint(tmp_path, engine, reference):
+    rank = _world(engine) - 1  # the last rank: on 2 ranks, not the one that writes checkpoints
+    proc, runs = _start(tmp_path / "killed", engine, env={KILL_AT_STEP_ENV: f"6:{rank}"})
+    assert proc.returncode != 0, "the run went on without its killed rank"
+    run = only_run_dir(runs)
+    assert torch.load(run / CHECKPOINT_NAME, weights_only=True)["step"] == 4
+    assert not (run / "checkpoint.tmp").exists()
+
+    proc = launch("resume", str(run), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    _assert_resumed_exactly(run, reference(engine), engine, from_step=4)
+
+
+@pytest.mark.parametrize("engine", ENGINE_PARAMS)
+def test_cancelled_run_resumes_exactly(tmp_path, engine, reference):
+    """The ranks hold after step 6 until the cancel's SIGTERM arrives (a test aid), so the cancel
+    lands at a known step; they agree to stop there, checkpoint and exit."""
+    runs = tmp_path / "runs"
+    env = {**__import__("os").environ, "PYTHONPATH": str(ROOT), HOLD_AT_STEP_ENV: "6"}
+    fg = subprocess.Popen([sys.executable, "-m", "launcher.cli", *SPEC, *ENGINES[engine], "--runs-dir", str(runs)],
+                          cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and not _all_ranks_at(runs, _world(engine), 6):
+            time.sleep(0.2)
+        run = only_run_dir(runs)
+        proc = launch("cancel", str(run), cwd=tmp_path)
+        assert proc.returncode == 0 and "CANCELLED" in proc.stdout, proc.stderr
+        _, err = fg.communicate(timeout=120)
+    finally:
+        fg.kill()
+    assert fg.returncode == 2 and "was cancelled" in err, err
+    assert any(r.get("event") == "interrupted" and r["step"] == 6 for r in read_jsonl(run / "records" / "rank-0.jsonl"))
+    assert torch.load(run / CHECKPOINT_NAME, weights_only=True)["step"] == 6
+
+    proc = launch("resume", str(run), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    _assert_resumed_exactly(run, reference(engine), engine, from_step=6)
+
+
+def _all_ranks_at(runs, world, step):
+    if not runs.exists() or not any(runs.iterdir()):
+        return False
+    run = only_run_dir(runs)
+    files = [run / "records" / f"rank-{r}.jsonl" for r in range(world)]
+    return all(f.exists() and any(r.get("step") == step and r["kind"] == "step" for r in _lines(f)) for f in files)
+
+
+def _lines(path):
+    try:
+        return read_jsonl(path)
+    except ValueError:  # a line being written right now
+        return []
+
+
+def test_resume_keeps_the_batch_shares_of_dynamic_balancing(tmp_path):
+    """The shares in force at the checkpoint (and changes already decided for later steps) are part of
+    the data position: after a resume each rank gets the slice the interrupted run had planned."""
+    balance = ["--balance", "dynamic", "--balance-every", "2", "--emulate-slowdown", "1,3"]
+    proc, runs = _start(tmp_path / "killed", "ddp", *balance, env={KILL_AT_STEP_ENV: "6:1"})
+    assert proc.returncode != 0
+    run = only_run_dir(runs)
+    planned = [(0, [8, 8])] + [(e["effective_step"], e["shares"]) for e in read_jsonl(run / "records" / "rank-0.jsonl")
+                               if e.get("event") == "rebalance" and e["step"] <= 4]
+    assert len(planned) == 3 and planned[-1][0] > 6  # one change planned at step 4 for after the resume point
+
+    proc = launch("resume", str(run), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    for rank in (0, 1):
+        steps = _last_launch_steps(run, rank)[1]
+        for s in steps[:4]:  # steps 5-8; changes decided after the resume act from step 10 on
+            want = next(shares for first, shares in reversed(planned) if s["step"] >= first)
+            assert s["samples"] == want[rank], (rank, s["step"], planned)
