@@ -6,7 +6,7 @@ written through a temporary file and a rename: a crash mid-write leaves the prev
 half a JSON document.
 
 The run states are defined here once, and `launch.json` (how the run was launched and how it
-ended) is changed only through `start_state` / `edit_state` / `update_state` / `end_state`: a
+ended) is changed only through `start_state` / `edit_state` / `update_state` / `record_state`: a
 read-modify-write under a lock on the run directory, because two launcher processes may write it at
 once (the one following the run and a `launch cancel` from another shell).
 """
@@ -171,17 +171,20 @@ def update_state(run_dir: Path, **fields: Any) -> dict[str, Any]:
     return state
 
 
-def end_state(run_dir: Path, state: str, detail: str = "", **fields: Any) -> str:
-    """Record how the run ended and when; return the state recorded.
+def record_state(run_dir: Path, state: str, detail: str = "", **fields: Any) -> str:
+    """Record the run's state (and, for an end, when); return the state recorded.
 
     An end recorded earlier wins: a `launch cancel` marks the run CANCELLED before it stops the
-    ranks, and the exit codes that stopping causes must not turn it into FAILED. UNKNOWN is an end
-    too (the launcher stopped following a run its backend could no longer see), but not a final one.
+    ranks, and neither the exit codes that stopping causes nor a last RUNNING seen by the launcher
+    following it may overwrite that. UNKNOWN is an end too when recorded (the launcher stopped
+    following a run its backend could no longer see), but not a final one.
     """
-    if state not in TERMINAL | {UNKNOWN}:
-        raise ValueError(f"{state} is not a state a run ends in")
+    if state not in ACTIVE | TERMINAL | {UNKNOWN}:
+        raise ValueError(f"{state} is not a run state")
     with edit_state(run_dir) as info:
         if info.get("state") not in TERMINAL:
-            info.update(state=state, detail=detail, ended=time.time())
+            info.update(state=state, detail=detail)
+            if state not in ACTIVE:
+                info["ended"] = time.time()
         info.update(fields)
     return info["state"]

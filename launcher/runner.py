@@ -36,8 +36,8 @@ from core.rundir import (
     TERMINAL,
     UNKNOWN,
     RunPaths,
-    end_state,
     read_state,
+    record_state,
     update_state,
     write_json,
 )
@@ -75,7 +75,7 @@ def submit(backend: Backend, spec: Spec, run_dir: Path) -> str:
         handle = backend.schedule(backend.submit_dryrun(spec, run_dir))
     except BaseException as exc:  # the backend removed what it had started; say how this launch ended
         if RunPaths(run_dir).launch.exists():
-            end_state(run_dir, CANCELLED if isinstance(exc, KeyboardInterrupt) else FAILED, str(exc) or repr(exc))
+            record_state(run_dir, CANCELLED if isinstance(exc, KeyboardInterrupt) else FAILED, str(exc) or repr(exc))
         raise
     update_state(run_dir, launched=launched)  # error records older than this belong to an earlier launch
     return handle
@@ -127,7 +127,7 @@ def _stop_live(backend: Backend, run_dirs: list[Path], exc: BaseException) -> No
     if isinstance(exc, KeyboardInterrupt):
         state, detail = CANCELLED, f"interrupted ({exc.args[0] if exc.args else 'SIGINT'} to the launcher)"
     else:
-        state, detail = FAILED, f"the launcher stopped following it: {exc or repr(exc)}"
+        state, detail = FAILED, f"the launcher stopped following it: {str(exc) or repr(exc)}"
     for run_dir in run_dirs:
         try:
             if RunPaths(run_dir).launch.exists() and read_state(run_dir).get("state") not in TERMINAL:
@@ -140,7 +140,7 @@ def _stop_live(backend: Backend, run_dirs: list[Path], exc: BaseException) -> No
 def cancel(backend: Backend, run_dir: Path, detail: str = "cancelled", state: str = CANCELLED) -> RunStatus:
     """Mark the run ended (so a launcher following it elsewhere takes it as cancelled), then stop it."""
     ended_before = read_state(run_dir).get("state") in TERMINAL
-    recorded = end_state(run_dir, state, detail)
+    recorded = record_state(run_dir, state, detail)
     backend.cancel(run_dir)  # also for a run that ended: it frees whatever may be left
     if not ended_before:
         update_state(run_dir, ended=time.time())  # when it had stopped, not when it was asked to
@@ -157,7 +157,7 @@ def wait(backend: Backend, run_dir: Path, on_tick: Callable[[], None] | None = N
     """
     with stopping_runs(backend, [run_dir]):
         status = backend.finish(run_dir, _until_end(backend, run_dir, on_tick))
-        end_state(run_dir, status.state, status.detail)
+        record_state(run_dir, status.state, status.detail)
     info = read_state(run_dir)
     return RunStatus(info["state"], info.get("detail", ""))
 
@@ -180,7 +180,7 @@ def _until_end(backend: Backend, run_dir: Path, on_tick: Callable[[], None] | No
         else:
             unknown_since = None
             if status.state != last:  # PENDING -> RUNNING: recorded for `launch status`, polled quickly again
-                update_state(run_dir, state=status.state, detail=status.detail)
+                record_state(run_dir, status.state, status.detail)
                 last, delay = status.state, min(FIRST_POLL_S, backend.poll_interval_s)
         time.sleep(delay)
         delay = min(delay * 2, backend.poll_interval_s)
