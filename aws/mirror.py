@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from core.records import read_records
-from core.rundir import CHECKPOINT_FILE, RunPaths
+from core.rundir import CHECKPOINT_FILE, SPEC_FILE, RunPaths
 
 EVENTS_FILE = "aws-events.jsonl"  # in RUN_DIR/records/, beside (not among) the rank-R.jsonl files
 MIRROR_DIR = "s3"  # RUN_DIR/s3/: the run's S3 prefix as the nodes wrote it
@@ -32,7 +32,7 @@ def pull(s3, run_dir: Path, info: dict[str, Any]) -> dict[str, str] | None:
     for page in s3.get_paginator("list_objects_v2").paginate(Bucket=info["bucket"], Prefix=info["prefix"] + "/"):
         for obj in page.get("Contents", []):
             rel = obj["Key"][len(info["prefix"]) + 1:]
-            if rel.startswith(("package/", "cluster/")) or rel == "spec.json" or etags.get(rel) == obj["ETag"]:
+            if rel.startswith(("package/", "cluster/")) or rel == SPEC_FILE or etags.get(rel) == obj["ETag"]:
                 continue
             dest = RunPaths(Path(run_dir)).checkpoint if rel == CHECKPOINT_FILE else mirror / rel
             dest.parent.mkdir(parents=True, exist_ok=True)
