@@ -2,40 +2,52 @@
 
 schedule: build a wheel of this checkout, put it and the resolved spec in S3, create the run's
 security group (traffic only inside it) and cluster placement group, start the instances with the
-user-data bootstrap (aws/bootstrap.py runs there). wait: every `poll_s` mirror the run's S3 prefix
-into RUN_DIR (records merged per rank across generations, so `launch report` works unchanged),
-watch the nodes' states, replace spot capacity after an interruption (same type, then the
-fallbacks; the new generation resumes from the checkpoint in S3), enforce the time limit and the
-"never reported" limit, and tear everything down on every way out. Interruptions, replacements and
+user-data bootstrap (aws/bootstrap.py runs there). poll (each tick of launcher/runner.py's follow
+loop, at most every `poll_s`): mirror the run's S3 prefix into RUN_DIR (records merged per rank
+across generations, so `launch report` works unchanged), watch the nodes' states, replace spot
+capacity after an interruption (same type, then the fallbacks; the new generation resumes from the
+checkpoint in S3), enforce the time limit and the "never reported" limit. finish and cancel tear
+everything down, and the runner calls one of them on every way out. Interruptions, replacements and
 instance-seconds go to RUN_DIR/records/aws-events.jsonl for the cost analysis.
 
 Clients are injected (`clients={"ec2": ..., "s3": ...}` or `session=`) so tests point the backend at
 moto; boto3 is imported only when a request is sent.
 
-Order inside the module: options, request (render is in aws/render.py), schedule, wait/status/logs/cancel.
+Order inside the module: options, request (render is in aws/render.py), schedule, poll, finish,
+status/logs/cancel.
 """
 
 from __future__ import annotations
 
-import json
 import re
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from aws import mirror, render
 from aws import teardown as td
 from aws.options import AwsOptions
 from aws.render import AwsRequest, Plan
 from core.errors import ScalelabError, SpecError
-from core.rundir import write_json
+from core.rundir import (
+    CANCELLED,
+    COMPLETED,
+    FAILED,
+    RUNNING,
+    TERMINAL,
+    UNKNOWN,
+    RunPaths,
+    edit_state,
+    read_state,
+    start_state,
+    update_state,
+)
 from core.spec import Spec, read_spec
-from launcher.backend import Backend, RunStatus
+from launcher.backend import Backend, RunStatus, log_text
 
-LAUNCH_FILE = "launch.json"
 CAPACITY_ERRORS = {"InsufficientInstanceCapacity", "InsufficientCapacity", "SpotMaxPriceTooLow",
                    "MaxSpotInstanceCountExceeded", "InstanceLimitExceeded", "Unsupported"}
 ROOT = Path(__file__).resolve().parents[1]
@@ -64,7 +76,7 @@ class AwsBackend(Backend):
             raise SpecError("the aws backend needs boto3: pip install boto3") from None
         return boto3.Session().region_name or ""  # environment and config files only: no call
 
-    def validate(self, spec: Spec) -> None:
+    def check(self, spec: Spec) -> None:
         render.make_plan(spec, Path("runs/validate"), self.options, self.region())
 
     def submit_dryrun(self, spec: Spec, run_dir: Path) -> AwsRequest:
@@ -93,11 +105,10 @@ class AwsBackend(Backend):
     def schedule(self, request: AwsRequest) -> str:
         plan, run_dir = request.plan, Path(request.run_dir)
         self._plan = plan
-        (run_dir / "logs").mkdir(parents=True, exist_ok=True)
-        info = {"backend": self.name, "run_id": plan.run_id, "region": plan.region, "bucket": plan.bucket,
-                "prefix": plan.prefix, "node_types": plan.node_types, "started": time.time(), "generation": 0,
-                "instances": [], "refs": {}, "replacements": 0, "requests": request.calls}
-        write_json(run_dir / LAUNCH_FILE, info)
+        RunPaths(run_dir).logs.mkdir(parents=True, exist_ok=True)
+        start_state(run_dir, backend=self.name, run_id=plan.run_id, region=plan.region, bucket=plan.bucket,
+                    prefix=plan.prefix, node_types=plan.node_types, started=time.time(), generation=0,
+                    instances=[], refs={}, replacements=0, requests=request.calls)
         try:
             ec2, s3 = self.client("ec2", plan.region), self.client("s3", plan.region)
             generation = _next_generation(s3, plan)
@@ -107,11 +118,11 @@ class AwsBackend(Backend):
                 if call["operation"] == "RunInstances":
                     continue
                 self._send(call, refs, ec2, s3, run_dir)
-                _update(run_dir, refs=refs)  # what exists is known at once: teardown deletes exactly that
-            _update(run_dir, generation=generation)
+                update_state(run_dir, refs=refs)  # what exists is known at once: teardown deletes exactly that
+            update_state(run_dir, generation=generation)
             self._launch_generation(run_dir, generation)
-        except BaseException as exc:
-            self._safe_teardown(run_dir, "FAILED" if not isinstance(exc, KeyboardInterrupt) else "CANCELLED", str(exc))
+        except BaseException as exc:  # the runner records how the launch ended
+            self._safe_teardown(run_dir, CANCELLED if isinstance(exc, KeyboardInterrupt) else FAILED)
             if _is_client_error(exc):
                 raise _user_error(exc, "starting the run") from None
             raise
@@ -152,7 +163,7 @@ class AwsBackend(Backend):
         """Start a generation's instances: the planned types, else each fallback type in turn."""
         plan = self._plan_for(run_dir)
         ec2 = self.client("ec2", plan.region)
-        refs = _launch_info(run_dir)["refs"]
+        refs = read_state(run_dir)["refs"]
         candidates = [plan.node_types] + [[t] * plan.nodes for t in self.options.get("fallback_instance_types") or []]
         errors = []
         for types in candidates:
@@ -160,7 +171,7 @@ class AwsBackend(Backend):
                 for call in render.run_instances_calls(plan, generation, types):
                     response = ec2.run_instances(**_resolve(call["params"], refs, ec2, self.options))
                     self._record_instances(run_dir, generation, response["Instances"])
-                _update(run_dir, generation=generation, generation_started=time.time(), node_types=types)
+                update_state(run_dir, generation=generation, generation_started=time.time(), node_types=types)
                 return
             except Exception as exc:
                 code = _error_code(exc)
@@ -172,11 +183,10 @@ class AwsBackend(Backend):
                             "--fallback-instance-type, region or --on-demand")
 
     def _record_instances(self, run_dir: Path, generation: int, instances: list[dict]) -> None:
-        info = _launch_info(run_dir)
-        for i in instances:
-            info["instances"].append({"id": i["InstanceId"], "type": i["InstanceType"], "generation": generation,
-                                      "lifecycle": i.get("InstanceLifecycle", "on-demand"), "launched": time.time()})
-        write_json(run_dir / LAUNCH_FILE, info)
+        with edit_state(run_dir) as info:
+            for i in instances:
+                info["instances"].append({"id": i["InstanceId"], "type": i["InstanceType"], "generation": generation,
+                                          "lifecycle": i.get("InstanceLifecycle", "on-demand"), "launched": time.time()})
         mirror.event(run_dir, "instances_started", generation=generation,
                      instances=[{"id": i["InstanceId"], "type": i["InstanceType"],
                            "lifecycle": i.get("InstanceLifecycle", "on-demand")} for i in instances])
@@ -184,79 +194,69 @@ class AwsBackend(Backend):
     def _plan_for(self, run_dir: Path) -> Plan:
         """The plan of this run: the one scheduled by this object, else rebuilt from spec.json."""
         if self._plan is None:
-            info = _launch_info(run_dir)
+            info = read_state(run_dir)
             self._plan = render.make_plan(read_spec(Path(run_dir)), Path(run_dir), self.options, info["region"])
         return self._plan
 
-    # ---- wait ------------------------------------------------------------------------------------
+    # ---- poll ------------------------------------------------------------------------------------
 
-    def wait(self, run_dir: Path, on_poll: Callable[[], None] | None = None) -> RunStatus:
+    def poll(self, run_dir: Path) -> RunStatus:
+        """Mirror S3 into the run directory, then look at the run (and replace interrupted capacity)."""
         run_dir = Path(run_dir)
         try:
-            while True:
-                self.pull(run_dir)
-                if on_poll:
-                    on_poll()
-                outcome = self._check(run_dir)
-                if outcome is not None:
-                    break
-                time.sleep(float(self.options["poll_s"]))
-        except KeyboardInterrupt:
-            self._safe_teardown(run_dir, "CANCELLED", "interrupted (Ctrl-C)")
-            raise
-        except BaseException as exc:
-            self._safe_teardown(run_dir, "FAILED", repr(exc))
+            self.pull(run_dir)
+            outcome = self._check(run_dir)
+        except Exception as exc:  # the runner then cancels the run: every instance is terminated
             if _is_client_error(exc):
                 raise _user_error(exc, "following the run") from None
             raise
-        self._finish(run_dir, outcome)
-        return outcome
+        return outcome or RunStatus(RUNNING, f"generation {read_state(run_dir)['generation']}")
 
     def _check(self, run_dir: Path) -> RunStatus | None:
         """One look at the run: None while it goes on, else how it ended (instances still up)."""
-        info = _launch_info(run_dir)
-        if info.get("state") == "CANCELLED":  # `launch cancel` from another process
-            return RunStatus("CANCELLED", "cancelled")
+        info = read_state(run_dir)
+        if info.get("state") == CANCELLED:  # `launch cancel` from another process
+            return RunStatus(CANCELLED, "cancelled")
         plan, gen, now = self._plan_for(run_dir), int(info["generation"]), time.time()
         ec2 = self.client("ec2", plan.region)
-        copy = run_dir / "s3"
+        copy = run_dir / mirror.MIRROR_DIR
         statuses = mirror.json_files(copy / "status" / f"gen-{gen}", lambda n: not n.endswith(".heartbeat.json"))
         beats = mirror.json_files(copy / "status" / f"gen-{gen}", lambda n: n.endswith(".heartbeat.json"))
         notices = mirror.json_files(copy / "events" / f"gen-{gen}", lambda n: True)
         nodes = sorted(td.instances(ec2, plan.run_id, None, gen), key=_node_order)
         if not nodes:
-            return RunStatus("FAILED", f"no instance of generation {gen} exists")
+            return RunStatus(FAILED, f"no instance of generation {gen} exists")
         leader = nodes[0]["InstanceId"]
         lead = statuses.get(leader, {}).get("state")
         if lead == "completed":
-            return RunStatus("COMPLETED", f"generation {gen} finished on {len(nodes)} instance(s)")
+            return RunStatus(COMPLETED, f"generation {gen} finished on {len(nodes)} instance(s)")
         failed = {i: s for i, s in statuses.items() if s.get("state") == "failed"}
         if failed:
-            return RunStatus("FAILED", "; ".join(f"{i}: {s.get('error') or 'exit code ' + str(s.get('exit_code'))}"
+            return RunStatus(FAILED, "; ".join(f"{i}: {s.get('error') or 'exit code ' + str(s.get('exit_code'))}"
                                                  for i, s in failed.items()))
         gone = [n for n in nodes if n["State"]["Name"] in ("shutting-down", "terminated", "stopping", "stopped")
                 and statuses.get(n["InstanceId"], {}).get("state") != "completed"]
         if notices or gone or lead == "interrupted":
             first = info.setdefault("interrupted_at", now)
-            _update(run_dir, interrupted_at=first)
+            update_state(run_dir, interrupted_at=first)
             if lead is None and now - first < float(self.options["interruption_grace_s"]) and leader not in {n["InstanceId"] for n in gone}:
                 return None  # the leader is still checkpointing
             return self._replace(run_dir, gen, nodes, notices, gone)
         silent = [n["InstanceId"] for n in nodes if n["InstanceId"] not in beats and n["InstanceId"] not in statuses]
         started = float(info.get("generation_started", info["started"]))
         if silent and now - started > float(self.options["report_timeout_min"]) * 60:
-            return RunStatus("FAILED", f"instance(s) {', '.join(silent)} never reported within "
+            return RunStatus(FAILED, f"instance(s) {', '.join(silent)} never reported within "
                                        f"{self.options['report_timeout_min']} min of starting; see their console output "
                                        f"(aws ec2 get-console-output --instance-id {silent[0]})")
         if now - float(info["started"]) > float(self.options["timeout_min"]) * 60:
-            return RunStatus("FAILED", f"time limit of {self.options['timeout_min']} min reached (--time-limit-min)")
+            return RunStatus(FAILED, f"time limit of {self.options['timeout_min']} min reached (--time-limit-min)")
         return None
 
     def _replace(self, run_dir: Path, gen: int, nodes: list[dict], notices: dict, gone: list[dict]) -> RunStatus | None:
         """Record the interruption, end the generation, start the next one from the checkpoint."""
         ec2 = self.client("ec2", self._plan_for(run_dir).region)
-        info = _launch_info(run_dir)
-        last_step = mirror.last_step(run_dir / "s3" / "records" / f"gen-{gen}")
+        info = read_state(run_dir)
+        last_step = mirror.last_step(run_dir / mirror.MIRROR_DIR / "records" / f"gen-{gen}")
         hit = sorted(set(notices) | {n["InstanceId"] for n in gone})
         types = {n["InstanceId"]: n["InstanceType"] for n in nodes}
         for iid in hit:
@@ -266,15 +266,14 @@ class AwsBackend(Backend):
         td.terminate(ec2, [n["InstanceId"] for n in nodes if n["State"]["Name"] not in ("terminated", "shutting-down")])
         self._mark_ended(run_dir, gen)
         if int(info.get("replacements", 0)) >= int(self.options["max_replacements"]):
-            return RunStatus("FAILED", f"capacity was interrupted {info.get('replacements', 0) + 1} times "
+            return RunStatus(FAILED, f"capacity was interrupted {info.get('replacements', 0) + 1} times "
                                        f"(max_replacements {self.options['max_replacements']}); "
                                        f"`launch resume {run_dir}` continues from the last checkpoint")
-        info = _launch_info(run_dir)
-        info.pop("interrupted_at", None)
-        info["replacements"] = int(info.get("replacements", 0)) + 1
-        write_json(run_dir / LAUNCH_FILE, info)
+        with edit_state(run_dir) as info:
+            info.pop("interrupted_at", None)
+            info["replacements"] = int(info.get("replacements", 0)) + 1
         self._launch_generation(run_dir, gen + 1)
-        mirror.event(run_dir, "capacity_replaced", generation=gen + 1, instance_types=_launch_info(run_dir)["node_types"],
+        mirror.event(run_dir, "capacity_replaced", generation=gen + 1, instance_types=read_state(run_dir)["node_types"],
                      resume_from_step=mirror.checkpoint_step(run_dir))
         return None
 
@@ -282,98 +281,103 @@ class AwsBackend(Backend):
 
     def pull(self, run_dir: Path) -> None:
         """Mirror the run's S3 prefix into RUN_DIR (see aws/mirror.py)."""
-        info = _launch_info(run_dir)
+        info = read_state(run_dir)
         etags = mirror.pull(self.client("s3", info["region"]), Path(run_dir), info)
         if etags is not None:
-            _update(run_dir, etags=etags)
+            update_state(run_dir, etags=etags)
 
     # ---- the end -----------------------------------------------------------------------------
 
-    def _finish(self, run_dir: Path, outcome: RunStatus) -> None:
+    def finish(self, run_dir: Path, status: RunStatus) -> RunStatus:
+        """The last records and logs from S3, then everything of the run removed."""
         try:
             self.pull(run_dir)
         finally:
-            self._teardown(run_dir, outcome.state, outcome.detail)
+            self._teardown(Path(run_dir), status.state)
+        return status
 
     def _mark_ended(self, run_dir: Path, generation: int | None = None) -> None:
-        info = _launch_info(run_dir)
-        for inst in info["instances"]:
-            if inst.get("ended") is None and (generation is None or inst["generation"] == generation):
-                inst["ended"] = time.time()
-        write_json(run_dir / LAUNCH_FILE, info)
+        with edit_state(run_dir) as info:
+            for inst in info["instances"]:
+                if inst.get("ended") is None and (generation is None or inst["generation"] == generation):
+                    inst["ended"] = time.time()
 
-    def _safe_teardown(self, run_dir: Path, state: str, detail: str) -> None:
+    def _safe_teardown(self, run_dir: Path, state: str) -> None:
         """Teardown on an error path: a failing teardown must not hide the original error, but is said."""
-        if not self._clients and self._session is None and "ec2" not in self._clients:
+        if not self._clients and self._session is None:
             try:
-                self.client("ec2", _launch_info(run_dir)["region"])
+                self.client("ec2", read_state(run_dir)["region"])
             except ScalelabError:  # no credentials: nothing can have been created
-                _update(run_dir, state=state, detail=detail, ended=time.time())
                 return
         try:
-            self._teardown(run_dir, state, detail)
+            self._teardown(run_dir, state)
         except Exception as exc:  # noqa: BLE001
             print(f"launch: warning: could not tear down run {run_dir.name} ({exc!r}); "
                   f"run `launch aws gc --run-id {run_dir.name}`", file=sys.stderr)
 
-    def _teardown(self, run_dir: Path, state: str, detail: str) -> None:
-        """Whatever happened: terminate every instance of the run, delete its groups, write the end."""
-        info = _launch_info(run_dir)
+    def _teardown(self, run_dir: Path, state: str) -> None:
+        """Whatever happened: terminate every instance of the run, delete its groups, record what went.
+
+        `state` is how the run ended for the cost events; an end the runner recorded already (a
+        cancel) wins, as it does in launch.json.
+        """
+        info = read_state(run_dir)
         region = info["region"]
         created_pgs = [c["params"]["GroupName"] for c in info.get("requests", [])
                        if c["operation"] == "CreatePlacementGroup" and "placement_group" in info.get("refs", {})]
         removed = td.teardown(self.client("ec2", region), info["run_id"], poll_s=min(5.0, float(self.options["poll_s"])),
                               placement_groups=created_pgs)
         self._mark_ended(run_dir)
-        info = _launch_info(run_dir)
-        if info.get("state") != "CANCELLED":
-            info["state"] = state
-        info.update(detail=detail, ended=time.time(), removed=removed)
-        write_json(run_dir / LAUNCH_FILE, info)
-        mirror.event(run_dir, "aws_end", state=info["state"], **mirror.cost_facts(run_dir, info))
+        info = update_state(run_dir, removed=removed)
+        state = info["state"] if info.get("state") in TERMINAL else state
+        mirror.event(run_dir, "aws_end", state=state, **mirror.cost_facts(run_dir, info))
 
     # ---- status, logs, cancel ------------------------------------------------------------------
 
     def status(self, run_dir: Path) -> RunStatus:
-        info = _launch_info(run_dir)
-        if info.get("state"):
+        info = read_state(run_dir)
+        if info.get("state") in TERMINAL:
             return RunStatus(info["state"], info.get("detail", ""))
         live = td.instances(self.client("ec2", info["region"]), info["run_id"], ["pending", "running"])
         if live:
-            return RunStatus("RUNNING", f"{len(live)} instance(s) up, generation {info.get('generation')}")
-        return RunStatus("UNKNOWN", "no instance is up and the launcher did not record how the run ended")
+            return RunStatus(RUNNING, f"{len(live)} instance(s) up, generation {info.get('generation')}")
+        return RunStatus(UNKNOWN, "no instance is up and the launcher did not record how the run ended")
 
     def logs(self, run_dir: Path) -> str:
         run_dir = Path(run_dir)
-        info = _launch_info(run_dir)
-        if not info.get("state"):
+        if read_state(run_dir).get("state") not in TERMINAL:
             try:
                 self.pull(run_dir)
             except ScalelabError:
                 pass
-        files = sorted((run_dir / "s3" / "logs").rglob("*.log")) if (run_dir / "s3" / "logs").exists() else []
+        logs = run_dir / mirror.MIRROR_DIR / "logs"
+        files = sorted(logs.rglob("*.log")) if logs.exists() else []
         if not files:
-            return f"(no logs from the instances yet; {run_dir / 's3' / 'logs'} is empty)\n"
-        return "\n".join(f"==> {p.relative_to(run_dir)} <==\n" + p.read_text(errors="replace") for p in files)
+            return f"(no logs from the instances yet; {logs} is empty)\n"
+        return log_text(files)
 
     def cancel(self, run_dir: Path, grace_s: float | None = None) -> None:
         """Ask the nodes to checkpoint (control/stop), wait a little for the leader, terminate everything."""
         run_dir = Path(run_dir)
-        info = _launch_info(run_dir)
-        _update(run_dir, state="CANCELLED")
+        try:
+            self._ask_to_stop(run_dir, float(self.options["interruption_grace_s"]) if grace_s is None else grace_s)
+        finally:  # whatever S3 said: nothing of the run may stay up
+            try:
+                self.pull(run_dir)
+            finally:
+                self._teardown(run_dir, CANCELLED)
+
+    def _ask_to_stop(self, run_dir: Path, grace_s: float) -> None:
+        info = read_state(run_dir)
         s3 = self.client("s3", info["region"])
         s3.put_object(Bucket=info["bucket"], Key=f"{info['prefix']}/control/stop", Body=b"cancel")
-        deadline = time.time() + (float(self.options["interruption_grace_s"]) if grace_s is None else grace_s)
+        deadline = time.time() + grace_s
         gen = info.get("generation", 0)
         while time.time() < deadline:
             listing = s3.list_objects_v2(Bucket=info["bucket"], Prefix=f"{info['prefix']}/status/gen-{gen}/")
             if any(not o["Key"].endswith(".heartbeat.json") for o in listing.get("Contents", [])):
-                break
+                return
             time.sleep(min(5.0, float(self.options["poll_s"])))
-        try:
-            self.pull(run_dir)
-        finally:
-            self._teardown(run_dir, "CANCELLED", "cancelled")
 
 
 # ---- helpers -------------------------------------------------------------------------------------
@@ -409,19 +413,6 @@ def _resolve(value: Any, refs: dict[str, Any], ec2, options: dict[str, Any]) -> 
         name, _, key = ref.partition(".")
         return refs[name][key]
     return value
-
-
-def _launch_info(run_dir: Path) -> dict:
-    path = Path(run_dir) / LAUNCH_FILE
-    if not path.exists():
-        raise ScalelabError(f"{run_dir} has no {LAUNCH_FILE}: it was never launched (or is not a run directory)")
-    return json.loads(path.read_text())
-
-
-def _update(run_dir: Path, **fields: Any) -> None:
-    info = _launch_info(run_dir)
-    info.update(fields)
-    write_json(Path(run_dir) / LAUNCH_FILE, info)
 
 
 def _error_code(exc: BaseException) -> str | None:

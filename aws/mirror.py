@@ -6,7 +6,8 @@ and merges each rank's records across generations into RUN_DIR/records/rank-R.js
 order; a replacement generation continues the step count from the checkpoint), so `launch report`
 and the progress display read a run directory like any other. Launcher-side events (instances
 started, interruptions, the end with instance-seconds and lost time) go to
-RUN_DIR/records/aws-events.jsonl.
+RUN_DIR/records/aws-events.jsonl. Records are read with the one reader (`core.records`), tolerantly:
+a line cut short by a copy in flight is skipped.
 """
 
 from __future__ import annotations
@@ -16,20 +17,24 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from core.records import read_records
+from core.rundir import CHECKPOINT_FILE, SPEC_FILE, RunPaths
+
 EVENTS_FILE = "aws-events.jsonl"  # in RUN_DIR/records/, beside (not among) the rank-R.jsonl files
+MIRROR_DIR = "s3"  # RUN_DIR/s3/: the run's S3 prefix as the nodes wrote it
 
 
 def pull(s3, run_dir: Path, info: dict[str, Any]) -> dict[str, str] | None:
     """Download what changed under the run's prefix and merge; return the new ETags, None if nothing changed."""
-    mirror = Path(run_dir) / "s3"
+    mirror = Path(run_dir) / MIRROR_DIR
     etags = dict(info.get("etags", {}))
     changed = False
     for page in s3.get_paginator("list_objects_v2").paginate(Bucket=info["bucket"], Prefix=info["prefix"] + "/"):
         for obj in page.get("Contents", []):
             rel = obj["Key"][len(info["prefix"]) + 1:]
-            if rel.startswith(("package/", "cluster/")) or rel == "spec.json" or etags.get(rel) == obj["ETag"]:
+            if rel.startswith(("package/", "cluster/")) or rel == SPEC_FILE or etags.get(rel) == obj["ETag"]:
                 continue
-            dest = Path(run_dir) / "checkpoint.pt" if rel == "checkpoint.pt" else mirror / rel
+            dest = RunPaths(Path(run_dir)).checkpoint if rel == CHECKPOINT_FILE else mirror / rel
             dest.parent.mkdir(parents=True, exist_ok=True)
             s3.download_file(info["bucket"], obj["Key"], str(dest))
             etags[rel] = obj["ETag"]
@@ -41,7 +46,7 @@ def pull(s3, run_dir: Path, info: dict[str, Any]) -> dict[str, str] | None:
 
 
 def event(run_dir: Path, name: str, **fields: Any) -> None:
-    path = Path(run_dir) / "records" / EVENTS_FILE
+    path = RunPaths(Path(run_dir)).records / EVENTS_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a") as f:
         f.write(json.dumps({"kind": "event", "event": name, "time": time.time(), **fields}, default=str) + "\n")
@@ -54,7 +59,7 @@ def cost_facts(run_dir: Path, info: dict[str, Any]) -> dict[str, Any]:
         key = f"{inst['type']}/{inst['lifecycle']}"
         seconds[key] = seconds.get(key, 0.0) + max(0.0, (inst.get("ended") or time.time()) - inst["launched"])
     lost = 0.0
-    records = Path(run_dir) / "s3" / "records"
+    records = Path(run_dir) / MIRROR_DIR / "records"
     gens = sorted(int(p.name.split("-")[1]) for p in records.glob("gen-*")) if records.exists() else []
     for a, b in zip(gens, gens[1:]):
         t_end, t_start = _step_times(records / f"gen-{a}"), _step_times(records / f"gen-{b}")
@@ -64,57 +69,41 @@ def cost_facts(run_dir: Path, info: dict[str, Any]) -> dict[str, Any]:
             "lost_s": lost, "generations": len(gens)}
 
 
-def _rank0_steps(gen_dir: Path) -> list[dict]:
-    """Rank 0's step records of one generation (a line cut short by a copy in flight is skipped)."""
+def _rank0(gen_dir: Path, kind: str) -> list[dict]:
+    """Rank 0's records of one kind in one generation."""
     path = gen_dir / "rank-0.jsonl"
-    out = []
-    for line in path.read_text().splitlines() if path.exists() else []:
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if rec.get("kind") == "step":
-            out.append(rec)
-    return out
+    return [rec for rec in read_records(path, [], tolerant=True) if rec["kind"] == kind] if path.exists() else []
 
 
 def _step_times(gen_dir: Path) -> list[float]:
-    return [rec["time"] for rec in _rank0_steps(gen_dir)]
+    return [rec["time"] for rec in _rank0(gen_dir, "step")]
 
 
 def last_step(gen_dir: Path) -> int | None:
-    return max((rec["step"] for rec in _rank0_steps(gen_dir)), default=None)
+    return max((rec["step"] for rec in _rank0(gen_dir, "step")), default=None)
 
 
 def checkpoint_step(run_dir: Path) -> int | None:
-    steps = []
-    for gen_dir in sorted((Path(run_dir) / "s3" / "records").glob("gen-*")):
-        path = gen_dir / "rank-0.jsonl"
-        for line in path.read_text().splitlines() if path.exists() else []:
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if rec.get("event") == "checkpoint":
-                steps.append(rec["step"])
+    steps = [rec["step"] for gen_dir in sorted((Path(run_dir) / MIRROR_DIR / "records").glob("gen-*"))
+             for rec in _rank0(gen_dir, "event") if rec.get("event") == "checkpoint"]
     return max(steps) if steps else None
 
 
 def merge(run_dir: Path) -> None:
     """RUN_DIR/records/rank-R.jsonl = the generations' rank-R files in order; logs copied to RUN_DIR/logs."""
-    records = run_dir / "s3" / "records"
+    records, paths = run_dir / MIRROR_DIR / "records", RunPaths(run_dir)
     ranks: dict[str, list[Path]] = {}
     for gen_dir in sorted(records.glob("gen-*"), key=lambda p: int(p.name.split("-")[1])):
         for f in gen_dir.glob("rank-*.jsonl"):
             ranks.setdefault(f.name, []).append(f)
-    (run_dir / "records").mkdir(exist_ok=True)
+    paths.records.mkdir(exist_ok=True)
     for name, parts in ranks.items():
         text = "".join(p.read_text() if p.read_text().endswith("\n") or p is parts[-1] else p.read_text() + "\n" for p in parts)
-        (run_dir / "records" / name).write_text(text)
-    logs = run_dir / "s3" / "logs"
+        (paths.records / name).write_text(text)
+    logs = run_dir / MIRROR_DIR / "logs"
     if logs.exists():
         for f in logs.rglob("*.log"):
-            dest = run_dir / "logs" / f"{f.parent.name}-{f.name}"
+            dest = paths.logs / f"{f.parent.name}-{f.name}"
             dest.parent.mkdir(exist_ok=True)
             dest.write_bytes(f.read_bytes())
 

@@ -1,18 +1,25 @@
 """Per-rank structured records: the one writer (ranks) and the one reader (launcher, reports).
 
-Layout and record format: docs/records.md. Reading is strict: a record line that is not JSON is an
-error naming the file and line (a report over silently skipped lines would lie), except a truncated
-*last* line of a rank that was killed mid-write, which is dropped with a warning.
+Layout and record format: docs/records.md. Reading for a report is strict: a record line that is
+not JSON is an error naming the file and line (a report over silently skipped lines would lie),
+except a truncated *last* line of a rank that was killed mid-write, which is dropped with a warning.
+Reading while a run goes on (progress, the AWS mirror, the launcher looking for `error` records) is
+tolerant: such a line is skipped with a warning, since the rank may be writing it right now.
+
+A rank that stops on a user error (`ScalelabError`) says so in an `error` record (`record_error`):
+the launcher builds its one-line message from those records, never from log text.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import pandas as pd
 
@@ -28,7 +35,6 @@ try:  # orjson parses records about 5x faster; the standard library is the fallb
 except ImportError:  # pragma: no cover
     _loads = json.loads
     _DecodeError = (json.JSONDecodeError,)
-
 
 
 @dataclass
@@ -48,8 +54,12 @@ class RunRecords:
         return int(self.start["world"].max()) if len(self.start) else 0
 
 
+def _rank_files(run_dir: Path) -> list[Path]:
+    return sorted(RunPaths(Path(run_dir)).records.glob("rank-*.jsonl"), key=lambda p: int(p.stem.split("-")[1]))
+
+
 def record_files(run_dir: Path) -> list[Path]:
-    files = sorted(RunPaths(Path(run_dir)).records.glob("rank-*.jsonl"), key=lambda p: int(p.stem.split("-")[1]))
+    files = _rank_files(run_dir)
     if not files:
         raise RecordError(
             f"{run_dir} has no records (records/rank-*.jsonl); the run did not start training - see {run_dir}/logs"
@@ -57,26 +67,62 @@ def record_files(run_dir: Path) -> list[Path]:
     return files
 
 
-def read_records(path: Path, warnings: list[str]) -> list[dict[str, Any]]:
-    raw = path.read_bytes()
-    lines = raw.split(b"\n")
+def _decode(lines: list[bytes], path: Path, warnings: list[str], tolerant: bool, cut_last: bool) -> list[dict[str, Any]]:
+    """The records among `lines`; a bad line is skipped (tolerant, or the cut last line) or an error."""
     out = []
     for i, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
             rec = _loads(line)
+            problem = None if isinstance(rec, dict) and "kind" in rec else "no 'kind' field"
         except _DecodeError:
-            if i == len(lines) and not raw.endswith(b"\n"):
-                warnings.append(f"{path}:{i}: dropped a truncated last line (the rank was killed while writing)")
-                continue
-            raise RecordError(
-                f"corrupt record at {path}:{i} (not a JSON object); fix or delete that line, or re-run"
-            ) from None
-        if not isinstance(rec, dict) or "kind" not in rec:
-            raise RecordError(f"corrupt record at {path}:{i} (no 'kind' field); fix or delete that line, or re-run")
-        out.append(rec)
+            problem = "not a JSON object"
+        if problem is None:
+            out.append(rec)
+        elif tolerant or (cut_last and i == len(lines)):
+            why = "a truncated last line (the rank was killed while writing)" if i == len(lines) else f"a line with {problem}"
+            warnings.append(f"{path}:{i}: dropped {why}")
+        else:
+            raise RecordError(f"corrupt record at {path}:{i} ({problem}); fix or delete that line, or re-run")
     return out
+
+
+def read_records(path: Path, warnings: list[str], tolerant: bool = False) -> list[dict[str, Any]]:
+    """Every record of one file; `tolerant` skips bad lines (with a warning) instead of failing."""
+    raw = Path(path).read_bytes()
+    return _decode(raw.split(b"\n"), Path(path), warnings, tolerant, cut_last=not raw.endswith(b"\n"))
+
+
+class RecordTail:
+    """The records appended to one file since the last `read()`, for following a run while it writes.
+
+    Only complete lines are taken (a half-written last line waits for the next read), bad lines are
+    skipped, and a file that was rewritten shorter (the AWS mirror merging generations) is read again.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.offset = 0
+        self.warnings: list[str] = []
+
+    def read(self) -> list[dict[str, Any]]:
+        if not self.path.exists():
+            return []
+        with self.path.open("rb") as f:
+            if os.fstat(f.fileno()).st_size < self.offset:
+                self.offset = 0
+            f.seek(self.offset)
+            chunk = f.read()
+        complete = chunk[: chunk.rfind(b"\n") + 1]
+        self.offset += len(complete)
+        return _decode(complete.split(b"\n"), self.path, self.warnings, tolerant=True, cut_last=False)
+
+
+def read_errors(run_dir: Path, since: float | None = None) -> list[dict[str, Any]]:
+    """The `error` records of every rank, in rank order; only those written at `since` or later."""
+    return [rec for path in _rank_files(run_dir) for rec in read_records(path, [], tolerant=True)
+            if rec["kind"] == "error" and (since is None or float(rec.get("time", 0)) >= since)]
 
 
 def load_run(run_dir: str | Path) -> RunRecords:
@@ -117,8 +163,38 @@ class RecordWriter:
     def event(self, event: str, **fields: Any) -> None:
         self.write("event", event=event, **fields)
 
+    def error(self, message: str) -> None:
+        self.write("error", message=message)
+
     def close(self) -> None:
         self._file.close()
+
+
+# Where each launcher tells a process its rank and world size: torchrun, horovodrun, mpirun (Open MPI,
+# then PMI), srun. A rank may fail before its engine starts, so the error record cannot ask the engine.
+RANK_VARIABLES = [("RANK", "WORLD_SIZE"), ("HOROVOD_RANK", "HOROVOD_SIZE"), ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
+                  ("PMI_RANK", "PMI_SIZE"), ("SLURM_PROCID", "SLURM_NTASKS")]
+
+
+def rank_from_env(env: Mapping[str, str] | None = None) -> tuple[int, int]:
+    """(rank, world size) as this process's launcher set them; (0, 1) for a process started alone."""
+    env = os.environ if env is None else env
+    for rank, world in RANK_VARIABLES:
+        if env.get(rank, "").isdigit():
+            return int(env[rank]), int(env.get(world, "1") or 1)
+    return 0, 1
+
+
+def record_error(run_dir: Path, message: str, env: Mapping[str, str] | None = None) -> None:
+    """A rank stops on a user error: an `error` record for the launcher, and the line on stderr for humans."""
+    print(f"scalelab: error: {message}", file=sys.stderr, flush=True)
+    rank, world = rank_from_env(env)
+    try:
+        writer = RecordWriter(run_dir, rank, world)
+        writer.error(message)
+        writer.close()
+    except OSError as exc:  # the line above is then all there is
+        print(f"scalelab: could not write the error record under {run_dir}: {exc}", file=sys.stderr, flush=True)
 
 
 def _jsonable(value: Any) -> Any:

@@ -4,18 +4,26 @@ Every path inside a run directory is spelled here once (`RunPaths`), so the laun
 the backends and the reports agree on the layout documented in docs/records.md. State files are
 written through a temporary file and a rename: a crash mid-write leaves the previous version, never
 half a JSON document.
+
+The run states are defined here once, and `launch.json` (how the run was launched and how it
+ended) is changed only through `start_state` / `edit_state` / `update_state` / `record_state`: a
+read-modify-write under a lock on the run directory, because two launcher processes may write it at
+once (the one following the run and a `launch cancel` from another shell).
 """
 
 from __future__ import annotations
 
 import datetime
+import fcntl
 import json
 import os
 import re
 import tempfile
+import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from core.errors import RecordError
 
@@ -25,6 +33,17 @@ LAUNCH_FILE = "launch.json"
 SUMMARY_FILE = "summary.json"
 RECORDS_DIR = "records"
 LOGS_DIR = "logs"
+CHECKPOINT_FILE = "checkpoint.pt"
+
+# ---- run states: every backend maps its own (Slurm's, Kubernetes', EC2's) onto these -------------
+PENDING = "PENDING"      # queued, instances booting, pods being scheduled
+RUNNING = "RUNNING"
+COMPLETED = "COMPLETED"
+FAILED = "FAILED"
+CANCELLED = "CANCELLED"
+UNKNOWN = "UNKNOWN"      # the backend cannot tell (a controller too busy to answer, an object gone)
+ACTIVE = frozenset({PENDING, RUNNING})
+TERMINAL = frozenset({COMPLETED, FAILED, CANCELLED})
 
 
 @dataclass(frozen=True)
@@ -52,6 +71,10 @@ class RunPaths:
     @property
     def logs(self) -> Path:
         return self.root / LOGS_DIR
+
+    @property
+    def checkpoint(self) -> Path:
+        return self.root / CHECKPOINT_FILE
 
     def rank_records(self, rank: int) -> Path:
         return self.records / f"rank-{rank}.jsonl"
@@ -100,3 +123,68 @@ def read_json(path: Path, what: str = "file") -> Any:
         return json.loads(text)
     except json.JSONDecodeError as exc:
         raise RecordError(f"{what} {path} is corrupt ({exc.msg} at line {exc.lineno}); restore or delete it") from None
+
+
+# ---- launch.json: the run's state ----------------------------------------------------------------
+
+
+def read_state(run_dir: Path) -> dict[str, Any]:
+    """launch.json of a run; a run directory without one was never launched."""
+    path = RunPaths(Path(run_dir)).launch
+    if not path.exists():
+        raise RecordError(f"{run_dir} has no {LAUNCH_FILE}: it was never launched (or is not a run directory)")
+    return read_json(path, LAUNCH_FILE)
+
+
+@contextmanager
+def _locked(run_dir: Path) -> Iterator[None]:
+    """An exclusive lock on the run directory itself (no lock file left behind); not reentrant."""
+    fd = os.open(Path(run_dir), os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def start_state(run_dir: Path, **fields: Any) -> dict[str, Any]:
+    """A new launch of the run: launch.json becomes `fields` plus the absolute run directory, no state yet."""
+    state = {**fields, "run_dir": str(Path(run_dir).absolute())}
+    with _locked(run_dir):
+        write_json(RunPaths(Path(run_dir)).launch, state)
+    return state
+
+
+@contextmanager
+def edit_state(run_dir: Path) -> Iterator[dict[str, Any]]:
+    """Read-modify-write launch.json: change the dict yielded; it is written back atomically at the end."""
+    with _locked(run_dir):
+        state = read_state(run_dir)
+        yield state
+        write_json(RunPaths(Path(run_dir)).launch, state)
+
+
+def update_state(run_dir: Path, **fields: Any) -> dict[str, Any]:
+    """Set `fields` in launch.json; return the whole new state."""
+    with edit_state(run_dir) as state:
+        state.update(fields)
+    return state
+
+
+def record_state(run_dir: Path, state: str, detail: str = "", **fields: Any) -> str:
+    """Record the run's state (and, for an end, when); return the state recorded.
+
+    An end recorded earlier wins: a `launch cancel` marks the run CANCELLED before it stops the
+    ranks, and neither the exit codes that stopping causes nor a last RUNNING seen by the launcher
+    following it may overwrite that. UNKNOWN is an end too when recorded (the launcher stopped
+    following a run its backend could no longer see), but not a final one.
+    """
+    if state not in ACTIVE | TERMINAL | {UNKNOWN}:
+        raise ValueError(f"{state} is not a run state")
+    with edit_state(run_dir) as info:
+        if info.get("state") not in TERMINAL:
+            info.update(state=state, detail=detail)
+            if state not in ACTIVE:
+                info["ended"] = time.time()
+        info.update(fields)
+    return info["state"]

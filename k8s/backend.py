@@ -6,15 +6,17 @@ names the cluster objects; when the run ends its records are copied back from th
 short-lived pod prints them as base64 on its log) and the pod logs are saved under RUN_DIR/logs, so
 `launch report` reads a Kubernetes run like any other.
 
+The follow loop is launcher/runner.py's: `poll` adds failing fast on an image that cannot be pulled,
+`finish` saves the pod logs, copies the records back and deletes the run's objects.
+
 Order inside the module (the same in every backend): options, request, render (pure), schedule,
-wait/status/logs/cancel.
+poll/finish/status/logs/cancel.
 """
 
 from __future__ import annotations
 
 import base64
 import io
-import json
 import tarfile
 import time
 from dataclasses import dataclass, field
@@ -22,14 +24,25 @@ from pathlib import Path
 from typing import Any, Callable
 
 from core.errors import ScalelabError
-from core.rundir import write_json
+from core.rundir import (
+    ACTIVE,
+    COMPLETED,
+    FAILED,
+    PENDING,
+    RUNNING,
+    TERMINAL,
+    UNKNOWN,
+    RunPaths,
+    read_state,
+    start_state,
+    update_state,
+)
 from core.spec import Spec
 from k8s import manifests
 from k8s.manifests import LABEL_ROLE, to_yaml
 from k8s.options import KubernetesOptions
-from launcher.backend import Backend, Request, RunStatus
+from launcher.backend import Backend, Request, RunStatus, log_text
 
-LAUNCH_FILE = "launch.json"
 IMAGE_ERRORS = {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"}
 
 
@@ -70,7 +83,7 @@ class KubernetesBackend(Backend):
 
     # ---- render (pure) ---------------------------------------------------------------------------
 
-    def validate(self, spec: Spec) -> None:
+    def check(self, spec: Spec) -> None:
         manifests.render(spec, "check", self.options)  # raises SpecError (e.g. no --image) before anything runs
 
     def submit_dryrun(self, spec: Spec, run_dir: Path) -> KubernetesRequest:
@@ -103,21 +116,20 @@ class KubernetesBackend(Backend):
                 except ScalelabError:
                     pass
             raise
-        write_json(request.run_dir / LAUNCH_FILE, {
-            "backend": self.name, "name": request.name, "namespace": request.namespace, "server": getattr(api, "server", ""),
-            "context": self.options["context"], "objects": [list(c) for c in created], "workload": list(created[-1]),
-            "fetch": request.fetch, "image": self.options["image"], "started": time.time(),
-        })
+        start_state(request.run_dir, backend=self.name, name=request.name, namespace=request.namespace,
+                    server=getattr(api, "server", ""), context=self.options["context"],
+                    objects=[list(c) for c in created], workload=list(created[-1]), fetch=request.fetch,
+                    image=self.options["image"], started=time.time())
         return request.name
 
     def _clear_previous_launch(self, run_dir: Path, timeout_s: float = 120.0) -> None:
         """`launch resume`: the objects of the run's earlier launch go first (same names); a live one is kept."""
         from k8s.api import KubernetesError, NotFound
 
-        if not (Path(run_dir) / LAUNCH_FILE).exists():
+        if not RunPaths(Path(run_dir)).launch.exists():
             return
-        info = _launch_info(run_dir)
-        if "state" not in info and self._live_status(run_dir)[0].state in ("PENDING", "RUNNING"):
+        info = read_state(run_dir)
+        if info.get("state") not in TERMINAL and self._live_status(run_dir)[0].state in ACTIVE:
             raise KubernetesError(f"{run_dir} is still running on the cluster ({info['workload'][0]} {info['name']}); "
                                   f"`launch cancel {run_dir}` first")
         self._delete_all(run_dir)
@@ -131,68 +143,60 @@ class KubernetesBackend(Backend):
             time.sleep(1.0)
         raise KubernetesError(f"{kind} {name} from the earlier launch is still being deleted; try again in a minute")
 
-    # ---- wait, status, logs, cancel --------------------------------------------------------------
+    # ---- poll, finish, status, logs, cancel -------------------------------------------------------
 
-    def wait(self, run_dir: Path, on_poll: Callable[[], None] | None = None, poll_s: float | None = None) -> RunStatus:
-        poll_s = float(self.options["poll_s"] if poll_s is None else poll_s)
-        try:
-            while True:
-                st, pods = self._live_status(run_dir)
-                if on_poll:
-                    on_poll()
-                self._fail_on_image_error(run_dir, pods)
-                if st.state in ("COMPLETED", "FAILED", "CANCELLED"):
-                    break
-                if st.state == "UNKNOWN":  # deleted under us, e.g. by `launch cancel` from another shell
-                    info = _launch_info(run_dir)
-                    return RunStatus(info.get("state", "UNKNOWN"), info.get("detail", st.detail))
-                time.sleep(poll_s)
-        except KeyboardInterrupt:
-            self.cancel(run_dir)
-            raise
+    def poll(self, run_dir: Path) -> RunStatus:
+        """The live status; an image the nodes cannot pull fails the run at once (pods would wait forever)."""
+        status, pods = self._live_status(run_dir)
+        self._fail_on_image_error(pods)
+        return status
+
+    def finish(self, run_dir: Path, status: RunStatus) -> RunStatus:
+        """Save the pod logs, copy the records back, delete the run's objects (the records stay on the volume)."""
         from k8s.api import KubernetesError
 
         self._save_logs(run_dir)
         try:
             fetched = self.fetch_records(run_dir)
         except KubernetesError as exc:
-            if st.state == "COMPLETED":
+            if status.state == COMPLETED:
                 raise
-            fetched, st.detail = False, f"{st.detail}; {exc}"  # a failed run may have no records at all
-        _update(run_dir, state=st.state, detail=st.detail, ended=time.time(), records=fetched)
-        return st
+            fetched, status = False, RunStatus(status.state, f"{status.detail}; {exc}")  # a failed run may have none
+        finally:
+            self._delete_all(run_dir)
+        update_state(run_dir, records=fetched)
+        return status
 
     def status(self, run_dir: Path) -> RunStatus:
-        info = _launch_info(run_dir)
-        if "state" in info:
+        info = read_state(run_dir)
+        if info.get("state") in TERMINAL:
             return RunStatus(info["state"], info.get("detail", ""))
         return self._live_status(run_dir)[0]
 
     def _live_status(self, run_dir: Path) -> tuple[RunStatus, list[dict[str, Any]]]:
         from k8s.api import NotFound
 
-        info = _launch_info(run_dir)
+        info = read_state(run_dir)
         kind, name = info["workload"]
         api = self.api()
         try:
             obj = api.get(kind, name)
         except NotFound:
-            return RunStatus("UNKNOWN", f"{kind} {name} no longer exists in namespace {info['namespace']} "
+            return RunStatus(UNKNOWN, f"{kind} {name} no longer exists in namespace {info['namespace']} "
                                         "(deleted, or collected after its TTL)"), []
         pods = [p for p in api.pods(name) if p["metadata"].get("labels", {}).get(LABEL_ROLE) != "fetch"]
         state, why = (_mpijob_state if kind == "MPIJob" else _job_state)(obj.get("status") or {})
-        if state == "PENDING" and any(p.get("status", {}).get("phase") == "Running" for p in pods):
-            state = "RUNNING"
+        if state == PENDING and any(p.get("status", {}).get("phase") == "Running" for p in pods):
+            state = RUNNING
         detail = "; ".join(filter(None, [why, "pods: " + ", ".join(_pod_line(p) for p in pods) if pods else "no pods yet"]))
         return RunStatus(state, detail), pods
 
-    def _fail_on_image_error(self, run_dir: Path, pods: list[dict[str, Any]]) -> None:
+    def _fail_on_image_error(self, pods: list[dict[str, Any]]) -> None:
+        """Raise (the runner then records FAILED and deletes the run's objects through `cancel`)."""
         for pod in pods:
             for cs in (pod.get("status") or {}).get("containerStatuses") or []:
                 waiting = (cs.get("state") or {}).get("waiting") or {}
                 if waiting.get("reason") in IMAGE_ERRORS:
-                    self._delete_all(run_dir)
-                    _update(run_dir, state="FAILED", detail=f"image pull: {waiting['reason']}", ended=time.time())
                     from k8s.api import KubernetesError
 
                     raise KubernetesError(
@@ -205,7 +209,7 @@ class KubernetesBackend(Backend):
         """Live pod logs while the pods exist, else the copies saved in RUN_DIR/logs when the run ended."""
         from k8s.api import KubernetesError
 
-        info = _launch_info(run_dir)
+        info = read_state(run_dir)
         parts = []
         try:
             api = self.api()
@@ -215,17 +219,14 @@ class KubernetesBackend(Backend):
         except KubernetesError as exc:
             parts.append(f"(live logs unavailable: {exc})")
         if not [p for p in parts if p.startswith("==>")]:
-            saved = sorted((Path(run_dir) / "logs").glob("*.log"))
-            parts = [f"==> {p} <==\n" + p.read_text(errors="replace") for p in saved] or parts or ["(no logs)"]
+            saved = sorted(RunPaths(Path(run_dir)).logs.glob("*.log"))
+            parts = [log_text(saved)] if saved else parts or ["(no logs)"]
         return "\n".join(parts)
 
     def cancel(self, run_dir: Path) -> None:
         """Delete the workload (foreground: its pods get SIGTERM, rank 0 checkpoints), then its Service/ConfigMap."""
-        info = _launch_info(run_dir)
         self._save_logs(run_dir)
         self._delete_all(run_dir)
-        if "state" not in info:
-            _update(run_dir, state="CANCELLED", detail="deleted by launch cancel", ended=time.time())
 
     # ---- records and logs back to the run directory ------------------------------------------------
 
@@ -233,7 +234,7 @@ class KubernetesBackend(Backend):
         """Run the fetch pod, unpack its base64 tar of RUN_DIR/records locally, delete the pod."""
         from k8s.api import KubernetesError
 
-        info, api = _launch_info(run_dir), self.api()
+        info, api = read_state(run_dir), self.api()
         pod = info["fetch"]
         name = pod["metadata"]["name"]
         api.delete("Pod", name)  # a leftover from an earlier attempt
@@ -264,8 +265,8 @@ class KubernetesBackend(Backend):
     def _save_logs(self, run_dir: Path) -> None:
         from k8s.api import KubernetesError
 
-        info, api = _launch_info(run_dir), self.api()
-        out = Path(run_dir) / "logs"
+        info, api = read_state(run_dir), self.api()
+        out = RunPaths(Path(run_dir)).logs
         try:
             for pod in api.pods(info["name"]):
                 pod_name = pod["metadata"]["name"]
@@ -277,7 +278,7 @@ class KubernetesBackend(Backend):
             pass  # logs are a convenience; the records are what matters
 
     def _delete_all(self, run_dir: Path) -> None:
-        info, api = _launch_info(run_dir), self.api()
+        info, api = read_state(run_dir), self.api()
         for kind, name in reversed(info["objects"]):
             api.delete(kind, name)
         api.delete("Pod", info["fetch"]["metadata"]["name"])
@@ -293,21 +294,21 @@ def _true_conditions(status: dict[str, Any]) -> list[dict[str, Any]]:
 def _job_state(status: dict[str, Any]) -> tuple[str, str]:
     for c in _true_conditions(status):
         if c["type"] == "Complete":
-            return "COMPLETED", ""
+            return COMPLETED, ""
         if c["type"] == "Failed":
-            return "FAILED", f"{c.get('reason', '')}: {c.get('message', '')}".strip(": ")
+            return FAILED, f"{c.get('reason', '')}: {c.get('message', '')}".strip(": ")
     if status.get("active"):
-        return "PENDING", f"{status.get('active')} active, {status.get('succeeded', 0)} succeeded, {status.get('failed', 0)} failed"
-    return "PENDING", ""
+        return PENDING, f"{status.get('active')} active, {status.get('succeeded', 0)} succeeded, {status.get('failed', 0)} failed"
+    return PENDING, ""
 
 
 def _mpijob_state(status: dict[str, Any]) -> tuple[str, str]:
     conds = {c["type"]: c for c in _true_conditions(status)}
-    for ctype, state in (("Succeeded", "COMPLETED"), ("Failed", "FAILED"), ("Running", "RUNNING")):
+    for ctype, state in (("Succeeded", COMPLETED), ("Failed", FAILED), ("Running", RUNNING)):
         if ctype in conds:
             c = conds[ctype]
-            return state, (f"{c.get('reason', '')}: {c.get('message', '')}".strip(": ") if state == "FAILED" else "")
-    return "PENDING", ""
+            return state, (f"{c.get('reason', '')}: {c.get('message', '')}".strip(": ") if state == FAILED else "")
+    return PENDING, ""
 
 
 def _pod_line(pod: dict[str, Any]) -> str:
@@ -315,16 +316,3 @@ def _pod_line(pod: dict[str, Any]) -> str:
     reasons = [((cs.get("state") or {}).get("waiting") or {}).get("reason") for cs in status.get("containerStatuses") or []]
     reasons = [r for r in reasons if r]
     return f"{pod['metadata']['name']} {status.get('phase', 'Unknown')}" + (f" ({', '.join(reasons)})" if reasons else "")
-
-
-def _launch_info(run_dir: Path) -> dict[str, Any]:
-    path = Path(run_dir) / LAUNCH_FILE
-    if not path.exists():
-        raise ScalelabError(f"{run_dir} has no {LAUNCH_FILE}: it was never submitted to Kubernetes (or is not a run directory)")
-    return json.loads(path.read_text())
-
-
-def _update(run_dir: Path, **fields: Any) -> None:
-    info = _launch_info(run_dir)
-    info.update(fields)
-    write_json(Path(run_dir) / LAUNCH_FILE, info)

@@ -6,7 +6,13 @@
 2. send it (`schedule`); `submit()` is `schedule(submit_dryrun(...))` as in TorchX, so what was
    printed is what runs;
 3. report `status` and `logs`;
-4. `cancel`.
+4. `cancel`: stop the run and free everything it holds (the caller records it as CANCELLED).
+
+The run's lifecycle is not the backend's: one follow loop (launcher/runner.py) drives every backend
+through two optional hooks, `poll` (one tick of the backend's own work while the run is live) and
+`finish` (its work once the run has ended), records the run's state in launch.json, and owns the
+one interruption path (Ctrl-C, SIGTERM, SIGHUP). A backend therefore has no loop of its own; it
+declares what the loop and the sweep need to know: `poll_interval_s` and `queues`.
 
 Backend options follow submitit and TorchX's runopts: each backend names its options type (`Options`,
 a `core.options.BackendOptions` dataclass in a module with no heavy imports), whose fields are the
@@ -22,9 +28,9 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from core.errors import SpecError
+from core.errors import EngineError, SpecError
 from core.options import BackendOptions, Flag
 from core.spec import BACKEND_NAMES, Spec
 
@@ -93,11 +99,23 @@ class Request(ABC):
 
 @dataclass
 class RunStatus:
-    state: str  # PENDING | RUNNING | COMPLETED | FAILED | CANCELLED | UNKNOWN
+    state: str  # one of core.rundir's states: PENDING | RUNNING | COMPLETED | FAILED | CANCELLED | UNKNOWN
     detail: str = ""
 
 
 class Backend(ABC):
+    """One place where runs go: render, schedule, status, logs, cancel (+ the poll and finish hooks)."""
+
+    # The sweep submits every layout before following the first when the backend has a queue (Slurm):
+    # the cluster then starts each layout as soon as it can, instead of one job at a time.
+    queues: bool = False
+    # Seconds between polls once the follow loop has backed off (it polls more often at first), unless
+    # the backend has a `poll_s` option: a cluster's controller or a cloud API is asked less often.
+    default_poll_s: float = 1.0
+    # The ranks import Horovod from this machine's Python (local; Slurm through a shared filesystem),
+    # so a Horovod run is checked here before anything starts; other backends bring their own image.
+    horovod_here: bool = False
+
     name: str = ""
     Options: type[BackendOptions] = BackendOptions  # each backend names its own (see BACKEND_OPTIONS)
 
@@ -112,7 +130,17 @@ class Backend(ABC):
         return cls.Options.parse(options or {}, where="in backend_options")
 
     def validate(self, spec: Spec) -> None:
-        """Backend-specific checks that need no remote call (e.g. Horovod built, layout possible)."""
+        """Every check that needs no remote call, before a run directory exists (Horovod built, layout possible)."""
+        if self.horovod_here and spec.engine.name == "horovod":
+            check_horovod()
+        self.check(spec)
+
+    def check(self, spec: Spec) -> None:
+        """The backend's own checks for `validate`."""
+
+    @property
+    def poll_interval_s(self) -> float:
+        return float(self.options.get("poll_s", self.default_poll_s))
 
     @abstractmethod
     def submit_dryrun(self, spec: Spec, run_dir: Path) -> Request:
@@ -120,23 +148,48 @@ class Backend(ABC):
 
     @abstractmethod
     def schedule(self, request: Request) -> str:
-        """Send the request; return a handle (job id, process group id) saved in launch.json."""
+        """Send the request; return a handle (job id, process group id) saved in launch.json.
+
+        It starts launch.json afresh (`core.rundir.start_state`), and on failure removes whatever it
+        had started before raising.
+        """
 
     def submit(self, spec: Spec, run_dir: Path) -> str:
         return self.schedule(self.submit_dryrun(spec, run_dir))
 
     @abstractmethod
-    def wait(self, run_dir: Path, on_poll: Callable[[], None] | None = None) -> RunStatus:
-        """Block until the run ends, calling `on_poll` regularly (progress display)."""
+    def status(self, run_dir: Path) -> RunStatus:
+        """The run's state as the backend sees it now (any process may ask, not only the one following)."""
 
-    @abstractmethod
-    def status(self, run_dir: Path) -> RunStatus: ...
+    def poll(self, run_dir: Path) -> RunStatus:
+        """One tick of the follow loop: the backend's own work while the run is live, then its status."""
+        return self.status(run_dir)
+
+    def finish(self, run_dir: Path, status: RunStatus) -> RunStatus:
+        """Work once the run has ended by itself (records back, resources freed); the final status."""
+        return status
 
     @abstractmethod
     def logs(self, run_dir: Path) -> str: ...
 
     @abstractmethod
-    def cancel(self, run_dir: Path) -> None: ...
+    def cancel(self, run_dir: Path) -> None:
+        """Stop the run (its ranks checkpoint) and free everything it holds; nothing may be left running."""
+
+
+def log_text(paths: list[Path]) -> str:
+    """Log files as one text, each under a `==> PATH <==` header as `tail` prints several files."""
+    return "\n".join(f"==> {p} <==\n" + (p.read_text(errors="replace") if p.exists() else "(no output yet)\n")
+                     for p in paths)
+
+
+def check_horovod() -> None:
+    """Horovod with PyTorch and Gloo importable here, else one EngineError that says how to build it."""
+    from train.engines import horovod_status
+
+    problem = horovod_status()
+    if problem:
+        raise EngineError(problem)
 
 
 def get_backend(name: str, options: dict[str, Any] | None = None) -> Backend:

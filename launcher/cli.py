@@ -5,13 +5,14 @@
     launch report runs/sweep-...
 
 A spec comes from `--spec FILE.yaml` (optional), overridden by flags, validated before anything runs,
-and saved as RUN_DIR/spec.json. Errors the user can fix print one line and exit 2; Ctrl-C stops every
-process of the run and exits 130.
+and saved as RUN_DIR/spec.json. Errors the user can fix print one line and exit 2; Ctrl-C (or SIGTERM,
+SIGHUP) stops every process of the run, records it as CANCELLED and exits 128 + the signal (130).
 """
 
 from __future__ import annotations
 
 import functools
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -39,7 +40,7 @@ from core.spec import (
 )
 from launcher import __version__
 from launcher.backend import backend_flags, get_backend, import_optional, options_type
-from launcher.runner import err_console, execute
+from launcher.runner import INTERRUPTED, err_console, execute
 
 # Off a terminal (CI logs, pipes) rich would wrap tables at 80 columns; give them room instead.
 console = Console(width=None if sys.stdout.isatty() else 160)
@@ -386,8 +387,10 @@ def logs_cmd(run_dir: str) -> None:
 @click.argument("run_dir", type=click.Path())
 def cancel_cmd(run_dir: str) -> None:
     """Stop a run: ranks get SIGTERM (they checkpoint and exit), then SIGKILL after a grace period."""
+    from launcher.runner import cancel
+
     backend, path = _backend_of(run_dir)
-    backend.cancel(path)
+    cancel(backend, path, "cancelled by `launch cancel`")
     console.print(f"{path}: {backend.status(path).state}")
 
 
@@ -395,12 +398,11 @@ def cancel_cmd(run_dir: str) -> None:
 
 
 def entry() -> None:
-    """Console-script entry: user errors as one line, exit 2; Ctrl-C exit 130; bugs keep tracebacks."""
+    """Console-script entry: user errors as one line, exit 2; a stop signal exit 128 + it; bugs keep tracebacks."""
     try:
         main.main(prog_name="launch", standalone_mode=False)
-    except click.exceptions.Abort:
-        err_console.print("launch: interrupted; every process of the run was stopped")
-        sys.exit(130)
+    except click.exceptions.Abort as exc:  # click turns KeyboardInterrupt (and so runner.Interrupted) into Abort
+        interrupted(exc.__cause__)
     except click.ClickException as exc:
         exc.show()
         sys.exit(exc.exit_code)
@@ -409,9 +411,17 @@ def entry() -> None:
     except ScalelabError as exc:
         err_console.print(f"[bold red]launch: error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
         sys.exit(exc.exit_code)
-    except KeyboardInterrupt:
-        err_console.print("launch: interrupted; every process of the run was stopped")
-        sys.exit(130)
+    except KeyboardInterrupt as exc:
+        interrupted(exc)
+
+
+def interrupted(exc: BaseException | None) -> None:
+    """Exit after a stop signal: SIGINT 130, SIGTERM 143, SIGHUP 129 (the runner has cancelled the run)."""
+    try:
+        err_console.print(f"launch: {INTERRUPTED}")
+    except OSError:  # SIGHUP: the terminal may be gone
+        pass
+    sys.exit(getattr(exc, "exit_code", 128 + signal.SIGINT))
 
 
 if __name__ == "__main__":

@@ -6,12 +6,12 @@ emulated on one host: torchrun starts one agent per node (static rendezvous on 1
 starts nodes x GPUs ranks on localhost.
 
 Order inside the module (the same in every backend): options, request, render (pure), schedule,
-wait/status/logs/cancel.
+poll/status/logs/cancel. The follow loop is launcher/runner.py's; `poll` reaps the processes.
 """
 
 from __future__ import annotations
 
-import json
+import contextlib
 import os
 import shlex
 import shutil
@@ -22,16 +22,25 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
-from core.errors import EngineError, ScalelabError
+import psutil
+
+from core.errors import EngineError
 from core.net import free_port
-from core.rundir import write_json
+from core.rundir import (
+    CANCELLED,
+    COMPLETED,
+    FAILED,
+    RUNNING,
+    TERMINAL,
+    UNKNOWN,
+    RunPaths,
+    read_state,
+    start_state,
+)
 from core.spec import Spec
-from launcher.backend import Backend, Request, RunStatus
+from launcher.backend import Backend, Request, RunStatus, log_text
 from launcher.options import LocalOptions
-
-LAUNCH_FILE = "launch.json"
 
 
 @dataclass
@@ -52,6 +61,9 @@ class LocalRequest(Request):
 
 
 class LocalBackend(Backend):
+    default_poll_s = 0.5
+    horovod_here = True  # horovodrun and the ranks run on this machine's Python
+
     name = "local"
     Options = LocalOptions
 
@@ -61,24 +73,18 @@ class LocalBackend(Backend):
 
     # ---- render (pure) ---------------------------------------------------------------------------
 
-    def validate(self, spec: Spec) -> None:
-        if spec.engine.name == "horovod":
-            from train.engines import horovod_status
-
-            problem = horovod_status()
-            if problem:
-                raise EngineError(problem)
-            if shutil.which("horovodrun") is None:
-                raise EngineError("horovodrun is not on PATH; install Horovod with scripts/build-horovod.sh")
+    def check(self, spec: Spec) -> None:
+        if spec.engine.name == "horovod" and shutil.which("horovodrun") is None:
+            raise EngineError("horovodrun is not on PATH; install Horovod with scripts/build-horovod.sh")
 
     def submit_dryrun(self, spec: Spec, run_dir: Path) -> LocalRequest:
+        run_dir = Path(run_dir).absolute()  # the ranks, the logs and launch.json all name the same directory
         python = self.options["python"] or sys.executable
         port = int(self.options["master_port"]) or free_port()  # probed now, so the printed request is what runs
         workers, per_node = spec.workers, spec.gpus_per_node
         threads = spec.threads or max(1, (os.cpu_count() or 1) // per_node)
         env = {"OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
         trainer = ["-m", "train", str(run_dir)]
-        logs = Path(run_dir) / "logs"
         if spec.engine.name == "single":
             commands = [[python, *trainer]]
         elif spec.engine.name == "ddp":
@@ -92,53 +98,47 @@ class LocalBackend(Backend):
             env["HOROVOD_CYCLE_TIME"] = str(spec.engine.cycle_time_ms)
             commands = [[shutil.which("horovodrun") or "horovodrun", "--gloo", "-np", str(workers),
                          "-H", f"localhost:{workers}", python, *trainer]]
+        logs = RunPaths(run_dir).logs
         log_files = [str(logs / (f"node-{i}.log" if len(commands) > 1 else "launcher.log")) for i in range(len(commands))]
-        return LocalRequest(Path(run_dir), commands, env, log_files)
+        return LocalRequest(run_dir, commands, env, log_files)
 
     # ---- schedule --------------------------------------------------------------------------------
 
     def schedule(self, request: LocalRequest) -> str:
         run_dir = request.run_dir
-        (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        RunPaths(run_dir).logs.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, **request.env}
-        pids = []
-        for cmd, log in zip(request.commands, request.log_files):
-            with open(log, "ab") as out:
-                # A new session per command: cancel and Ctrl-C reach every process it started.
-                proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-            pids.append(proc.pid)
-            self._procs[proc.pid] = proc
-        write_json(run_dir / LAUNCH_FILE, {
-            "backend": self.name, "pids": pids, "commands": request.commands, "env": request.env,
-            "log_files": request.log_files, "started": time.time(), "host": socket.gethostname(),
-        })
+        pids: list[int] = []
+        try:
+            for cmd, log in zip(request.commands, request.log_files):
+                with open(log, "ab") as out:
+                    # A new session per command: cancel and Ctrl-C reach every process it started.
+                    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+                pids.append(proc.pid)
+                self._procs[proc.pid] = proc
+        except BaseException:
+            self._stop(pids, grace_s=0)  # no node of a half-started run stays behind
+            raise
+        start_state(run_dir, backend=self.name, pids=pids, commands=request.commands, env=request.env,
+                    log_files=request.log_files, started=time.time(), host=socket.gethostname())
         return ",".join(map(str, pids))
 
-    # ---- wait, status, logs, cancel --------------------------------------------------------------
+    # ---- poll, status, logs, cancel --------------------------------------------------------------
 
-    def wait(self, run_dir: Path, on_poll: Callable[[], None] | None = None, poll_s: float = 0.5) -> RunStatus:
-        info = _launch_info(run_dir)
-        try:
-            while True:
-                codes = [self._returncode(pid) for pid in info["pids"]]
-                if on_poll:
-                    on_poll()
-                if any(c not in (None, 0) for c in codes):  # one node failed: the others cannot finish
-                    self._stop(run_dir)
-                    codes = [self._returncode(pid) for pid in info["pids"]]
-                    break
-                if all(c is not None for c in codes):
-                    break
-                time.sleep(poll_s)
-        except KeyboardInterrupt:
-            self.cancel(run_dir)
-            _update(run_dir, state="CANCELLED", ended=time.time())
-            raise
-        if _launch_info(run_dir).get("state") == "CANCELLED":  # `launch cancel` marked it before signalling
-            return RunStatus("CANCELLED", f"exit codes {codes}")
-        state = "COMPLETED" if all(c == 0 for c in codes) else ("CANCELLED" if any(c == 143 for c in codes) else "FAILED")
-        _update(run_dir, state=state, exit_codes=codes, ended=time.time())
-        return RunStatus(state, f"exit codes {codes}")
+    def poll(self, run_dir: Path) -> RunStatus:
+        """Reap the run's processes; when one node failed, stop the others (they cannot finish alone)."""
+        pids = read_state(run_dir)["pids"]
+        codes = [self._returncode(pid) for pid in pids]
+        if None in codes and any(c not in (None, 0) for c in codes):
+            self._stop(pids)
+            codes = [self._returncode(pid) for pid in pids]
+        if None in codes:
+            return RunStatus(RUNNING, f"pids {pids}")
+        if all(c == 0 for c in codes):
+            return RunStatus(COMPLETED, f"exit codes {codes}")
+        # only SIGTERM from outside the launcher (and the nodes stopped after it): cancelled, not failed
+        stopped = all(c in (0, 143, -signal.SIGTERM) for c in codes)
+        return RunStatus(CANCELLED if stopped else FAILED, f"exit codes {codes}")
 
     def _returncode(self, pid: int) -> int | None:
         proc = self._procs.get(pid)
@@ -147,53 +147,56 @@ class LocalBackend(Backend):
         return None if _alive(pid) else -1  # started by another launcher process: only liveness is known
 
     def status(self, run_dir: Path) -> RunStatus:
-        info = _launch_info(run_dir)
-        if "state" in info:
-            return RunStatus(info["state"], f"exit codes {info.get('exit_codes')}")
+        info = read_state(run_dir)
+        if info.get("state") in TERMINAL:
+            return RunStatus(info["state"], info.get("detail", ""))
         if any(_alive(pid) for pid in info["pids"]):
-            return RunStatus("RUNNING", f"pids {info['pids']}")
-        return RunStatus("UNKNOWN", "the launcher stopped before recording how the run ended")
+            return RunStatus(RUNNING, f"pids {info['pids']}")
+        return RunStatus(UNKNOWN, "the launcher stopped before recording how the run ended")
 
     def logs(self, run_dir: Path) -> str:
-        info = _launch_info(run_dir)
-        parts = []
-        for log in info["log_files"]:
-            p = Path(log)
-            parts.append(f"==> {p} <==\n" + (p.read_text(errors="replace") if p.exists() else "(no output yet)\n"))
-        return "\n".join(parts)
+        return log_text([Path(log) for log in read_state(run_dir)["log_files"]])
 
-    def cancel(self, run_dir: Path, grace_s: float = 10.0) -> None:
-        """Mark the run cancelled, then stop it (see `_stop`)."""
-        if "state" not in _launch_info(run_dir):
-            _update(run_dir, state="CANCELLED", ended=time.time())
-        self._stop(run_dir, grace_s)
-
-    def _stop(self, run_dir: Path, grace_s: float = 10.0) -> None:
+    def cancel(self, run_dir: Path, grace_s: float = 30.0) -> None:
         """SIGTERM every process group of the run (ranks checkpoint and stop), SIGKILL after `grace_s`."""
-        info = _launch_info(run_dir)
-        for pid in info["pids"]:
+        self._stop(read_state(run_dir)["pids"], grace_s)
+
+    def _stop(self, pids: list[int], grace_s: float = 30.0) -> None:
+        """SIGTERM the run's process groups; after `grace_s`, SIGKILL them and every process they started.
+
+        The descendants are listed first: torchrun starts each rank in a session of its own, which a
+        signal to torchrun's group does not reach (torchrun passes SIGTERM on, but may die first).
+        """
+        family = _descendants(pids)
+        for pid in pids:
             _signal_group(pid, signal.SIGTERM)
-        deadline = time.time() + grace_s
-        while time.time() < deadline and any(self._returncode(p) is None for p in info["pids"]):
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and (any(self._returncode(p) is None for p in pids)
+                                               or any(_running(p) for p in family)):
             time.sleep(0.2)
-        for pid in info["pids"]:
+        for pid in pids:
             _signal_group(pid, signal.SIGKILL)
             proc = self._procs.get(pid)
             if proc is not None:
                 proc.wait()
+        for proc in family:
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
 
 
-def _launch_info(run_dir: Path) -> dict:
-    path = Path(run_dir) / LAUNCH_FILE
-    if not path.exists():
-        raise ScalelabError(f"{run_dir} has no {LAUNCH_FILE}: it was never launched (or is not a run directory)")
-    return json.loads(path.read_text())
+def _descendants(pids: list[int]) -> list[psutil.Process]:
+    out = []
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            out += psutil.Process(pid).children(recursive=True)
+    return out
 
 
-def _update(run_dir: Path, **fields) -> None:
-    info = _launch_info(run_dir)
-    info.update(fields)
-    write_json(Path(run_dir) / LAUNCH_FILE, info)
+def _running(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def _alive(pid: int) -> bool:

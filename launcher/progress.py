@@ -1,13 +1,13 @@
 """Live progress from rank 0's records: steps, words/s and loss while a run trains.
 
 It reads the same structured records the reports use (never log text), tailing
-RUN_DIR/records/rank-0.jsonl. On a terminal it draws a rich progress bar; elsewhere (CI, a pipe) it
-prints a plain line about every 10% of the run so logs stay short.
+RUN_DIR/records/rank-0.jsonl with the one record reader (`core.records.RecordTail`). On a terminal
+it draws a rich progress bar; elsewhere (CI, a pipe) it prints a plain line about every 10% of the
+run so logs stay short.
 """
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -20,14 +20,16 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
+from core.records import RecordTail
+from core.rundir import RunPaths
+
 
 class RunProgress:
     def __init__(self, run_dir: Path, total_steps: int | None, label: str, console: Console | None = None) -> None:
-        self.path = Path(run_dir) / "records" / "rank-0.jsonl"
+        self.records = RecordTail(RunPaths(Path(run_dir)).rank_records(0))
         self.total = total_steps
         self.label = label
         self.console = console or Console(stderr=True)
-        self.offset = 0
         self.step = 0
         self.world = 1
         self.words_per_s: float | None = None
@@ -55,18 +57,7 @@ class RunProgress:
 
     def poll(self) -> None:
         """Read the records written since the last poll and refresh the display."""
-        if not self.path.exists():
-            return
-        with self.path.open("rb") as f:
-            f.seek(self.offset)
-            chunk = f.read()
-        complete = chunk[: chunk.rfind(b"\n") + 1]
-        self.offset += len(complete)
-        for line in complete.splitlines():
-            try:
-                rec = json.loads(line)
-            except ValueError:
-                continue
+        for rec in self.records.read():
             self.world = rec.get("world", self.world)
             if rec["kind"] == "step":
                 self.step = rec["step"]

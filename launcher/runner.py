@@ -1,54 +1,222 @@
-"""Run one spec on a backend: submit it, follow it to the end, summarise its records.
+"""A run's lifecycle, the same on every backend: submit it, follow it to the end, summarise it.
 
 `execute` = `submit` + `follow`. They are separate so that a sweep on a queueing backend (Slurm) can
 submit every layout first and then follow each in turn.
+
+`wait` is the one follow loop: it polls the backend (`Backend.poll`, more often at first, backing
+off to the backend's `poll_interval_s`), lets it do its terminal work (`Backend.finish`) and records
+how the run ended in launch.json. `stopping_runs` is the one interruption path: while runs are
+submitted or followed, SIGINT, SIGTERM and SIGHUP all raise `Interrupted` (the Ctrl-C path), and
+whatever leaves the block early - a signal or an error - cancels every run it holds that has not
+ended, so nothing keeps running (or costing) behind the user's back.
+
+When a run fails, the one-line message comes from the ranks' `error` records, never from log text;
+without such records the last lines of the logs are shown.
 """
 
 from __future__ import annotations
 
+import signal
 import sys
+import threading
+import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Callable, Iterator
 
 from rich.console import Console
 
 from core.errors import ScalelabError
-from core.rundir import write_json
+from core.records import read_errors
+from core.rundir import (
+    CANCELLED,
+    COMPLETED,
+    FAILED,
+    PENDING,
+    TERMINAL,
+    UNKNOWN,
+    RunPaths,
+    read_state,
+    record_state,
+    update_state,
+    write_json,
+)
 from core.spec import Spec, save_spec
+from launcher.backend import Backend, RunStatus
 
 err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+FIRST_POLL_S = 0.1     # the first polls come quickly (a short run, a fast failure), then back off
+UNKNOWN_GRACE_S = 60.0  # a backend that cannot tell the state this long (a busy controller) ends the follow
+INTERRUPTED = "interrupted; every process of the run was stopped"
 
-def submit(backend, spec: Spec, run_dir: Path) -> str:
+
+class Interrupted(KeyboardInterrupt):
+    """A stop signal reached the launcher while it held runs; the launcher exits 128 + the signal."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+
+# ---- submit ---------------------------------------------------------------------------------------
+
+
+def submit(backend: Backend, spec: Spec, run_dir: Path) -> str:
     """Save the spec into the run directory and send exactly the request `--dry-run` prints."""
     save_spec(spec, run_dir)
-    return backend.schedule(backend.submit_dryrun(spec, run_dir))
+    launched = time.time()
+    try:
+        handle = backend.schedule(backend.submit_dryrun(spec, run_dir))
+    except BaseException as exc:  # the backend removed what it had started; say how this launch ended
+        if RunPaths(run_dir).launch.exists():
+            record_state(run_dir, CANCELLED if isinstance(exc, KeyboardInterrupt) else FAILED, str(exc) or repr(exc))
+        raise
+    update_state(run_dir, launched=launched)  # error records older than this belong to an earlier launch
+    return handle
 
 
-def follow(backend, spec: Spec, run_dir: Path, label: str | None = None):
+# ---- the one interruption path ---------------------------------------------------------------------
+
+
+@contextmanager
+def _signals(handler: Callable[[int, object], None]) -> Iterator[None]:
+    """`handler` for the stop signals inside the block, the previous handlers after (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signals reach only the main thread; a follow loop in another thread is stopped by its caller
+        return
+    previous = {sig: signal.signal(sig, handler) for sig in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def _raise_interrupted(signum: int, frame: object) -> None:
+    raise Interrupted(signum)
+
+
+def _keep_stopping(signum: int, frame: object) -> None:
+    print(f"launch: {signal.Signals(signum).name} again: still stopping the run, so that nothing is left running",
+          file=sys.stderr, flush=True)
+
+
+@contextmanager
+def stopping_runs(backend: Backend, run_dirs: list[Path]) -> Iterator[list[Path]]:
+    """While inside, the stop signals raise `Interrupted`; leaving early cancels the runs not ended.
+
+    `run_dirs` may grow inside the block (a sweep adds each run as it submits it). A run is cancelled
+    as CANCELLED after a signal, as FAILED (with the error) after any other exception.
+    """
+    with _signals(_raise_interrupted):
+        try:
+            yield run_dirs
+        except BaseException as exc:
+            with _signals(_keep_stopping):  # a second Ctrl-C must not leave half-cancelled cloud resources
+                _stop_live(backend, run_dirs, exc)
+            raise
+
+
+def _stop_live(backend: Backend, run_dirs: list[Path], exc: BaseException) -> None:
+    if isinstance(exc, KeyboardInterrupt):
+        state, detail = CANCELLED, f"interrupted ({exc.args[0] if exc.args else 'SIGINT'} to the launcher)"
+    else:
+        state, detail = FAILED, f"the launcher stopped following it: {str(exc) or repr(exc)}"
+    for run_dir in run_dirs:
+        try:
+            if RunPaths(run_dir).launch.exists() and read_state(run_dir).get("state") not in TERMINAL:
+                cancel(backend, run_dir, detail, state)
+        except Exception as problem:  # noqa: BLE001 - cancel the others whatever this one says
+            print(f"launch: warning: could not stop {run_dir} ({problem}); `launch cancel {run_dir}` retries",
+                  file=sys.stderr, flush=True)
+
+
+def cancel(backend: Backend, run_dir: Path, detail: str = "cancelled", state: str = CANCELLED) -> RunStatus:
+    """Mark the run ended (so a launcher following it elsewhere takes it as cancelled), then stop it."""
+    ended_before = read_state(run_dir).get("state") in TERMINAL
+    recorded = record_state(run_dir, state, detail)
+    backend.cancel(run_dir)  # also for a run that ended: it frees whatever may be left
+    if not ended_before:
+        update_state(run_dir, ended=time.time())  # when it had stopped, not when it was asked to
+    return RunStatus(recorded, read_state(run_dir).get("detail", ""))
+
+
+# ---- the one follow loop --------------------------------------------------------------------------
+
+
+def wait(backend: Backend, run_dir: Path, on_tick: Callable[[], None] | None = None) -> RunStatus:
+    """Follow one run until it ends, let the backend finish it, record the end; return how it ended.
+
+    A signal or an error on the way cancels the run (`stopping_runs`) and propagates.
+    """
+    with stopping_runs(backend, [run_dir]):
+        status = backend.finish(run_dir, _until_end(backend, run_dir, on_tick))
+        record_state(run_dir, status.state, status.detail)
+    info = read_state(run_dir)
+    return RunStatus(info["state"], info.get("detail", ""))
+
+
+def _until_end(backend: Backend, run_dir: Path, on_tick: Callable[[], None] | None) -> RunStatus:
+    delay, last, unknown_since = min(FIRST_POLL_S, backend.poll_interval_s), PENDING, None
+    while True:
+        status = backend.poll(run_dir)
+        if on_tick:
+            on_tick()
+        recorded = read_state(run_dir).get("state")
+        if status.state in TERMINAL:
+            return status if recorded not in TERMINAL else RunStatus(recorded, status.detail)
+        if status.state == UNKNOWN:  # gone or not answering: ended elsewhere (`launch cancel`), or give up
+            unknown_since = unknown_since or time.monotonic()
+            if recorded in TERMINAL:
+                return RunStatus(recorded, status.detail)
+            if time.monotonic() - unknown_since > UNKNOWN_GRACE_S:
+                return RunStatus(UNKNOWN, f"no state for {UNKNOWN_GRACE_S:.0f} s: {status.detail}")
+        else:
+            unknown_since = None
+            if status.state != last:  # PENDING -> RUNNING: recorded for `launch status`, polled quickly again
+                record_state(run_dir, status.state, status.detail)
+                last, delay = status.state, min(FIRST_POLL_S, backend.poll_interval_s)
+        time.sleep(delay)
+        delay = min(delay * 2, backend.poll_interval_s)
+
+
+def follow(backend: Backend, spec: Spec, run_dir: Path, label: str | None = None):
     """Show progress until the run ends; one clear error if it did not complete; else its summary."""
     from analysis.results import summarize_dir, total_steps
     from launcher.progress import RunProgress
 
     with RunProgress(run_dir, total_steps(spec), label or run_dir.name, err_console) as progress:
-        status = backend.wait(run_dir, on_poll=progress.poll)
-    if status.state == "CANCELLED":
+        status = wait(backend, run_dir, on_tick=progress.poll)
+    if status.state == CANCELLED:
         raise ScalelabError(f"run {run_dir} was cancelled; `launch resume {run_dir}` continues it from its last checkpoint")
-    if status.state != "COMPLETED":
-        logs = backend.logs(run_dir)
-        # a rank that stopped on a user error said so in one line: show that, not the launcher's traceback
-        said = list(dict.fromkeys(line.split("scalelab: error:", 1)[1].strip()
-                                  for line in logs.splitlines() if "scalelab: error:" in line))
-        if said:
-            raise ScalelabError("; ".join(said) + f" (run directory {run_dir})")
-        raise ScalelabError(f"run {run_dir} {status.state.lower()} ({status.detail}); last lines of its logs:\n" + tail(logs, 25))
+    if status.state != COMPLETED:
+        raise failure(backend, run_dir, status)
     summary = summarize_dir(run_dir)
-    write_json(run_dir / "summary.json", summary.to_dict())
+    write_json(RunPaths(run_dir).summary, summary.to_dict())
     return summary
 
 
-def execute(backend, spec: Spec, run_dir: Path, label: str | None = None):
-    submit(backend, spec, run_dir)
-    return follow(backend, spec, run_dir, label)
+def failure(backend: Backend, run_dir: Path, status: RunStatus) -> ScalelabError:
+    """The error for a run that did not complete: its ranks' own words, else the end of its logs."""
+    errors = read_errors(run_dir, since=read_state(run_dir).get("launched"))
+    said = list(dict.fromkeys(str(rec.get("message", "")).strip() for rec in errors))
+    if said:
+        return ScalelabError("; ".join(said) + f" (run directory {run_dir})")
+    return ScalelabError(f"run {run_dir} {status.state.lower()} ({status.detail}); last lines of its logs:\n"
+                         + tail(backend.logs(run_dir), 25))
+
+
+def execute(backend: Backend, spec: Spec, run_dir: Path, label: str | None = None):
+    """Submit one run and follow it; a stop signal at any point cancels it."""
+    with stopping_runs(backend, [run_dir]):
+        submit(backend, spec, run_dir)
+        return follow(backend, spec, run_dir, label)
 
 
 def tail(text: str, n: int) -> str:

@@ -68,35 +68,24 @@ def sweep_specs(base: Spec, layouts: list[tuple[int, int]], mode: str) -> list[S
 def run_sweep(backend, specs: list[Spec], runs_root: Path, name: str) -> Path:
     """Run the layouts into one sweep directory; return it.
 
-    One after another (local), or - for a backend with a queue (`SUBMIT_ALL_AT_ONCE`, e.g. Slurm) -
-    every layout submitted first, then each followed and summarised in turn; on any error or Ctrl-C
-    what is still queued is cancelled.
+    One after another, or - for a backend with a queue (`Backend.queues`, e.g. Slurm) - every
+    layout submitted first, then each followed and summarised in turn. The sweep holds every run it
+    submitted (`stopping_runs`): a stop signal or an error cancels whatever has not ended.
     """
-    from launcher.runner import execute, follow, submit
+    from launcher.runner import follow, stopping_runs, submit
 
     sweep_dir = new_run_dir(runs_root, name)
     write_json(sweep_dir / "sweep.json", {"runs": [f"{s.nodes}x{s.gpus_per_node}" for s in specs],
                                           "layouts": [[s.nodes, s.gpus_per_node] for s in specs]})
     runs = [(spec, sweep_dir / f"{spec.nodes}x{spec.gpus_per_node}") for spec in specs]
-    if not getattr(backend, "SUBMIT_ALL_AT_ONCE", False):
+    with stopping_runs(backend, []) as held:
         for spec, run_dir in runs:
             run_dir.mkdir()
-            execute(backend, spec, run_dir, label=run_dir.name)
-        return sweep_dir
-    submitted: list[Path] = []
-    try:
-        for spec, run_dir in runs:
-            run_dir.mkdir()
+            held.append(run_dir)
             submit(backend, spec, run_dir)
-            submitted.append(run_dir)
-        for spec, run_dir in runs:
-            follow(backend, spec, run_dir, label=run_dir.name)
-    except BaseException:
-        for run_dir in submitted:
-            try:
-                if backend.status(run_dir).state in ("PENDING", "RUNNING"):
-                    backend.cancel(run_dir)
-            except Exception:  # noqa: BLE001 - cancel the others whatever this one says
-                pass
-        raise
+            if not backend.queues:  # one at a time: followed to its end before the next starts
+                follow(backend, spec, run_dir, label=run_dir.name)
+        if backend.queues:  # every layout is queued now; follow each in turn
+            for spec, run_dir in runs:
+                follow(backend, spec, run_dir, label=run_dir.name)
     return sweep_dir

@@ -5,15 +5,16 @@ with srun, so a pickled Python function would add nothing but a dependency). Bef
 `sbatch --test-only` asks the controller whether it could ever run (partition, GPUs per node, time
 format, account...), so a bad request fails with Slurm's own words and nothing queued. Status comes
 from `squeue` while Slurm remembers the job and from `sacct` (accounting) afterwards; cancel is
-`scancel`, and it waits until the job has left the queue.
+`scancel`, and it waits until the job has left the queue. The follow loop is launcher/runner.py's;
+this backend needs no `poll` of its own (its status is the poll) and declares `queues`: a sweep
+queues every layout at once.
 
 Order inside the module (as in every backend): options, request, render (pure), schedule,
-wait/status/logs/cancel.
+status/logs/cancel.
 """
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
 import subprocess
@@ -21,29 +22,37 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
 
-from core.errors import EngineError, ScalelabError
-from core.rundir import write_json
+from core.errors import ScalelabError
+from core.rundir import (
+    ACTIVE,
+    CANCELLED,
+    COMPLETED,
+    FAILED,
+    PENDING,
+    RUNNING,
+    UNKNOWN,
+    RunPaths,
+    read_state,
+    start_state,
+)
 from core.spec import Spec
-from launcher.backend import Backend, Request, RunStatus
+from launcher.backend import Backend, Request, RunStatus, log_text
 from slurm.options import SlurmOptions
 from slurm.render import job_name, render_sbatch
 
-LAUNCH_FILE = "launch.json"
 SCRIPT_NAME = "slurm/job.sbatch"
 
 # Slurm job states (squeue %T / sacct State) -> the backend-neutral states.
 STATE_MAP = {
     **dict.fromkeys(["PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "RESV_DEL_HOLD",
-                     "SPECIAL_EXIT", "SUSPENDED", "STOPPED", "RESIZING"], "PENDING"),
-    **dict.fromkeys(["RUNNING", "COMPLETING", "SIGNALING", "STAGE_OUT"], "RUNNING"),
-    "COMPLETED": "COMPLETED",
-    "CANCELLED": "CANCELLED",
+                     "SPECIAL_EXIT", "SUSPENDED", "STOPPED", "RESIZING"], PENDING),
+    **dict.fromkeys(["RUNNING", "COMPLETING", "SIGNALING", "STAGE_OUT"], RUNNING),
+    "COMPLETED": COMPLETED,
+    "CANCELLED": CANCELLED,
     **dict.fromkeys(["FAILED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "PREEMPTED",
-                     "REVOKED"], "FAILED"),
+                     "REVOKED"], FAILED),
 }
-ACTIVE = ("PENDING", "RUNNING")
 
 # What to do about Slurm's most common refusals (matched in its message, which is always shown too).
 HINTS = [
@@ -75,18 +84,11 @@ class SlurmRequest(Request):
 
 
 class SlurmBackend(Backend):
+    queues = True  # a sweep queues every layout before following the first
+    horovod_here = True  # the nodes run this Python from the shared filesystem
+
     name = "slurm"
     Options = SlurmOptions  # the valid options, their defaults and checks (slurm/options.py)
-    # Sweeps queue every layout before following the first (launcher/sweep.py).
-    SUBMIT_ALL_AT_ONCE = True
-
-    def validate(self, spec: Spec) -> None:
-        if spec.engine.name == "horovod":
-            from train.engines import horovod_status
-
-            problem = horovod_status()
-            if problem:
-                raise EngineError(problem)
 
     # ---- request, render (pure) ------------------------------------------------------------------
 
@@ -100,7 +102,7 @@ class SlurmBackend(Backend):
     def schedule(self, request: SlurmRequest) -> str:
         """Ask Slurm whether the job could run (`sbatch --test-only`), then queue it; return the job id."""
         run_dir = request.run_dir
-        (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        RunPaths(run_dir).logs.mkdir(parents=True, exist_ok=True)
         request.script_path.parent.mkdir(parents=True, exist_ok=True)
         request.script_path.write_text(request.script)
         check = _slurm(["sbatch", "--test-only", str(request.script_path)])
@@ -110,54 +112,27 @@ class SlurmBackend(Backend):
         job_id = sent.stdout.strip().split(";")[0]
         if sent.returncode != 0 or not job_id.isdigit():
             raise ScalelabError(_refusal("sbatch failed", sent, run_dir))
-        previous = _launch_info(run_dir) if (run_dir / LAUNCH_FILE).exists() else {}
-        write_json(run_dir / LAUNCH_FILE, {
-            "backend": self.name, "job_id": job_id, "jobs": [*previous.get("jobs", []), job_id],
-            "job_name": request.job_name, "script": str(request.script_path), "submitted": time.time(),
-        })
+        previous = read_state(run_dir) if RunPaths(run_dir).launch.exists() else {}
+        start_state(run_dir, backend=self.name, job_id=job_id, jobs=[*previous.get("jobs", []), job_id],
+                    job_name=request.job_name, script=str(request.script_path), submitted=time.time())
         return job_id
 
-    # ---- wait, status, logs, cancel --------------------------------------------------------------
-
-    def wait(self, run_dir: Path, on_poll: Callable[[], None] | None = None) -> RunStatus:
-        """Follow the job through requeues until Slurm says it ended; Ctrl-C cancels it."""
-        unknown_since = None
-        try:
-            while True:
-                status = self.status(run_dir)
-                if on_poll:
-                    on_poll()
-                if status.state == "UNKNOWN":  # a controller too busy to answer, or the job is gone
-                    unknown_since = unknown_since or time.time()
-                    if time.time() - unknown_since > 60:
-                        break
-                elif status.state not in ACTIVE:
-                    break
-                else:
-                    unknown_since = None
-                time.sleep(float(self.options["poll_s"]))
-        except KeyboardInterrupt:
-            self.cancel(run_dir)
-            raise
-        _update(run_dir, state=status.state, detail=status.detail, ended=time.time())
-        return status
+    # ---- status, logs, cancel ---------------------------------------------------------------------
 
     def status(self, run_dir: Path) -> RunStatus:
-        job_id = _launch_info(run_dir)["job_id"]
+        job_id = read_state(run_dir)["job_id"]
         slurm_state, detail = job_state(job_id)
-        return RunStatus(STATE_MAP.get(slurm_state, "UNKNOWN"), f"Slurm job {job_id} {slurm_state}{detail}")
+        return RunStatus(STATE_MAP.get(slurm_state, UNKNOWN), f"Slurm job {job_id} {slurm_state}{detail}")
 
     def logs(self, run_dir: Path) -> str:
-        run_dir = Path(run_dir)
-        info = _launch_info(run_dir)
-        files = [run_dir / "logs" / f"slurm-{job}.out" for job in info.get("jobs", [info["job_id"]])]
-        files += sorted((run_dir / "logs").glob("rank-*.log"), key=lambda p: int(re.sub(r"\D", "", p.stem) or 0))
-        return "\n".join(f"==> {p} <==\n" + (p.read_text(errors="replace") if p.exists() else "(no output yet)\n")
-                         for p in files)
+        info, logs = read_state(run_dir), RunPaths(Path(run_dir)).logs
+        files = [logs / f"slurm-{job}.out" for job in info.get("jobs", [info["job_id"]])]
+        files += sorted(logs.glob("rank-*.log"), key=lambda p: int(re.sub(r"\D", "", p.stem) or 0))
+        return log_text(files)
 
     def cancel(self, run_dir: Path, grace_s: float = 120.0) -> None:
         """`scancel` (the ranks get SIGTERM, checkpoint and exit), then wait until the job left the queue."""
-        job_id = _launch_info(run_dir)["job_id"]
+        job_id = read_state(run_dir)["job_id"]
         done = _slurm(["scancel", job_id])
         if done.returncode != 0 and "already completed" not in done.stderr.lower():
             raise ScalelabError(_refusal(f"scancel {job_id} failed", done, Path(run_dir)))
@@ -215,16 +190,3 @@ def _refusal(what: str, proc: subprocess.CompletedProcess, run_dir: Path) -> str
     words = _words(proc) or f"exit code {proc.returncode}"
     hints = [hint for key, hint in HINTS if key in words.lower()][:1]
     return f"{what} for {run_dir.name} (nothing was queued): {words}" + (f"; {hints[0]}" if hints else "")
-
-
-def _launch_info(run_dir: Path) -> dict:
-    path = Path(run_dir) / LAUNCH_FILE
-    if not path.exists():
-        raise ScalelabError(f"{run_dir} has no {LAUNCH_FILE}: it was never submitted (or is not a run directory)")
-    return json.loads(path.read_text())
-
-
-def _update(run_dir: Path, **fields: Any) -> None:
-    info = _launch_info(run_dir)
-    info.update(fields)
-    write_json(Path(run_dir) / LAUNCH_FILE, info)

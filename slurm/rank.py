@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 from core.net import free_port
+from core.rundir import RunPaths
 
 
 def tasks_on_node(env: dict[str, str]) -> int:
@@ -100,12 +101,16 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m slurm.rank RUN_DIR  (started by srun inside a scalelab Slurm job)", file=sys.stderr)
         return 2
     run_dir = Path(argv[0])
-    spec = json.loads((run_dir / "spec.json").read_text())
+    spec = json.loads(RunPaths(run_dir).spec.read_text())
     env = dict(os.environ)
     try:
         added = rank_env(env, spec["engine"]["name"])
     except ValueError as exc:
-        print(f"scalelab: error: {exc}", file=sys.stderr)
+        from core.records import (
+            record_error,  # pandas and the spec reader only on this path
+        )
+
+        record_error(run_dir, str(exc), env)
         return 2
     record_placement(run_dir, env, added)
     os.environ.update(added)

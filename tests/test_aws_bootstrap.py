@@ -8,8 +8,8 @@ instance's Python, the moto endpoint in AWS_ENDPOINT_URL with dummy keys standin
 instance profile, and a small HTTP server standing in for the instance metadata service. The
 script downloads the wheel of this checkout from S3, installs it, finds its peers by tag, trains,
 and writes records, logs and the checkpoint to S3. The metadata stand-in announces a spot
-interruption after a few steps: the node checkpoints and stops; the launcher (running its real
-`wait` in a thread) records the interruption and starts a replacement, whose user data runs on a
+interruption after a few steps: the node checkpoints and stops; the launcher (running the real
+follow loop, `launcher.runner.wait`, in a thread) records the interruption and starts a replacement, whose user data runs on a
 fresh scratch directory and resumes from the checkpoint to the end. Then `launch report` reads the
 downloaded run directory unchanged, and no instance is left running.
 """
@@ -38,6 +38,7 @@ from aws.backend import AwsBackend  # noqa: E402
 from aws.render import PACKAGE_NAME  # noqa: E402
 from core.rundir import new_run_dir  # noqa: E402
 from core.spec import Spec, save_spec  # noqa: E402
+from launcher.runner import wait  # noqa: E402
 
 REGION = "us-east-1"
 KEYS = {"AWS_ACCESS_KEY_ID": "AKIABOOTSTRAPTEST", "AWS_SECRET_ACCESS_KEY": "bootstrap/test/secret"}
@@ -151,7 +152,7 @@ def test_bootstrap_trains_checkpoints_on_notice_and_resumes(moto_url, wheel, ven
 
     def follow() -> None:
         try:
-            outcome["status"] = be.wait(run_dir)
+            outcome["status"] = wait(be, run_dir)  # off the main thread: no signal handlers, same loop
         except BaseException as exc:  # noqa: BLE001 - reported by the main thread
             outcome["error"] = exc
 

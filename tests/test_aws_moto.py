@@ -4,7 +4,7 @@ What runs here for real: every EC2/S3 request of a launch (package and spec uplo
 placement group, spot market options, tags), the polling of S3 and EC2, spot replacement with a
 fallback type, teardown on every way out, and `launch aws gc`. What cannot: instances in moto run
 nothing, so their side (the bootstrap: heartbeats, records, statuses in S3) is played by a small
-fake driven from the launcher's `on_poll` callback; the real bootstrap is tested on its own in
+fake driven from each tick of the launcher's follow loop (`launcher.runner.wait`, `on_tick`); the real bootstrap is tested on its own in
 tests/test_aws_bootstrap.py. After each scenario we describe the run's instances by tag and require
 that none is left running.
 """
@@ -14,6 +14,8 @@ from __future__ import annotations
 import base64
 import json
 import os
+import signal
+import time
 import uuid
 from pathlib import Path
 
@@ -27,6 +29,7 @@ from aws import teardown as td  # noqa: E402
 from aws.backend import AwsBackend  # noqa: E402
 from core.errors import ScalelabError  # noqa: E402
 from core.spec import Spec  # noqa: E402
+from launcher.runner import Interrupted, cancel, failure, submit, wait  # noqa: E402
 
 REGION = "us-east-1"
 CREDS = {"aws_access_key_id": "AKIATESTMOTOKEYID", "aws_secret_access_key": "moto/test/SECRET/value"}
@@ -186,7 +189,7 @@ def test_spot_run_completes_and_leaves_nothing(cloud, tmp_path, monkeypatch):
                 fake.records(0, rank, range(1, 7), world=2)
             fake.status(0, ns, "completed")
 
-    status = be.wait(run_dir, on_poll=instance_side)
+    status = wait(be, run_dir, on_tick=instance_side)
     assert status.state == "COMPLETED", status.detail
     assert live(cloud, run_dir.name) == []
     assert not [g for g in ec2.describe_security_groups()["SecurityGroups"] if g["GroupName"] == f"scalelab-{run_dir.name}"]
@@ -224,7 +227,7 @@ def test_exception_after_some_instances_started(cloud, tmp_path):
     be._clients["ec2"] = FailingEc2(cloud["ec2"], fail_at=2)
     run_dir = run_dir_for(tmp_path)
     with pytest.raises(RuntimeError, match="injected"):
-        be.schedule(be.submit_dryrun(make_spec(nodes=3), run_dir))
+        submit(be, make_spec(nodes=3), run_dir)
     info = json.loads((run_dir / "launch.json").read_text())
     assert len(info["instances"]) == 2  # the first group had started
     assert live(cloud, run_dir.name) == [] and info["state"] == "FAILED"
@@ -242,26 +245,38 @@ def test_bootstrap_that_never_reports(cloud, tmp_path):
     be = backend(cloud, report_timeout_min=0.0001)
     run_dir = run_dir_for(tmp_path)
     be.schedule(be.submit_dryrun(make_spec(), run_dir))
-    status = be.wait(run_dir)
+    status = wait(be, run_dir)
     assert status.state == "FAILED" and "never reported" in status.detail
     assert live(cloud, run_dir.name) == []
 
 
-def test_ctrl_c_in_the_middle(cloud, tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_a_stop_signal_in_the_middle_tears_everything_down(cloud, tmp_path, sig):
+    """Ctrl-C, SIGTERM or SIGHUP to the launcher while it follows: the nodes are asked to checkpoint,
+    every instance and group of the run goes, the run is recorded CANCELLED."""
     be = backend(cloud)
     run_dir = run_dir_for(tmp_path)
     be.schedule(be.submit_dryrun(make_spec(), run_dir))
+    assert len(live(cloud, run_dir.name)) == 2
     polls = []
 
-    def ctrl_c() -> None:
+    def stop_signal() -> None:
         polls.append(1)
         if len(polls) == 3:
-            raise KeyboardInterrupt
+            os.kill(os.getpid(), sig)
 
-    with pytest.raises(KeyboardInterrupt):
-        be.wait(run_dir, on_poll=ctrl_c)
+    with pytest.raises(Interrupted) as stopped:
+        wait(be, run_dir, on_tick=stop_signal)
+    assert stopped.value.exit_code == 128 + sig
     assert live(cloud, run_dir.name) == []
-    assert json.loads((run_dir / "launch.json").read_text())["state"] == "CANCELLED"
+    assert not [g for g in cloud["ec2"].describe_security_groups()["SecurityGroups"]
+                if g["GroupName"] == f"scalelab-{run_dir.name}"]
+    keys = {o["Key"] for o in cloud["s3"].list_objects_v2(Bucket=cloud["bucket"])["Contents"]}
+    assert f"scalelab/{run_dir.name}/control/stop" in keys  # the nodes were asked to checkpoint first
+    info = json.loads((run_dir / "launch.json").read_text())
+    assert info["state"] == "CANCELLED" and signal.Signals(sig).name in info["detail"]
+    events = [json.loads(x) for x in (run_dir / "records" / "aws-events.jsonl").read_text().splitlines()]
+    assert events[-1]["event"] == "aws_end" and events[-1]["state"] == "CANCELLED"
 
 
 def test_failed_trainer_fails_the_run(cloud, tmp_path):
@@ -272,12 +287,17 @@ def test_failed_trainer_fails_the_run(cloud, tmp_path):
 
     def instance_side() -> None:
         ns = fake.heartbeat(0)
-        fake.put("logs/gen-0/node-0-trainer.log", b"scalelab: error: training diverged at step 3 (loss nan); lower --lr\n")
+        fake.put("logs/gen-0/node-0-trainer.log", b"training...\n")  # the rank's words are in its records only
+        error = {"kind": "error", "rank": 0, "world": 1, "time": time.time(),
+                 "message": "training diverged at step 3 (loss nan); lower --lr"}
+        fake.put("records/gen-0/rank-0.jsonl", (json.dumps(error) + "\n").encode())
         fake.put(f"status/gen-0/{ns[0]['InstanceId']}.json", {"state": "failed", "exit_code": 2})
 
-    status = be.wait(run_dir, on_poll=instance_side)
+    status = wait(be, run_dir, on_tick=instance_side)
     assert status.state == "FAILED" and "exit code 2" in status.detail
-    assert "training diverged" in be.logs(run_dir)
+    assert "training diverged" not in be.logs(run_dir)
+    message = str(failure(be, run_dir, status))  # the launcher's one line, from the mirrored error record
+    assert message.startswith("training diverged at step 3 (loss nan); lower --lr") and run_dir.name in message
     assert live(cloud, run_dir.name) == []
 
 
@@ -286,11 +306,11 @@ def test_cancel_from_another_process(cloud, tmp_path):
     run_dir = run_dir_for(tmp_path)
     be.schedule(be.submit_dryrun(make_spec(), run_dir))
     other = backend(cloud)  # `launch cancel RUN_DIR` builds its own backend
-    other.cancel(run_dir, grace_s=0)
+    cancel(other, run_dir)
     keys = {o["Key"] for o in cloud["s3"].list_objects_v2(Bucket=cloud["bucket"])["Contents"]}
     assert f"scalelab/{run_dir.name}/control/stop" in keys  # the nodes were asked to checkpoint
     assert live(cloud, run_dir.name) == []
-    assert be.wait(run_dir).state == "CANCELLED"
+    assert wait(be, run_dir).state == "CANCELLED"
 
 
 # ---- spot interruption: checkpoint, replace (fallback type), resume, record the lost time -----------
@@ -342,7 +362,7 @@ def test_spot_interruption_is_replaced_and_resumed(cloud, tmp_path):
             fake.status(0, ns, "interrupted")
             cloud["ec2"].terminate_instances(InstanceIds=[ns[1]["InstanceId"]])
 
-    status = be.wait(run_dir, on_poll=instance_side)
+    status = wait(be, run_dir, on_tick=instance_side)
     assert status.state == "COMPLETED", status.detail
     second = td.instances(cloud["ec2"], run_dir.name, None, 1)
     assert {n["InstanceType"] for n in second} == {"p3.2xlarge"} and not set(first) & {n["InstanceId"] for n in second}
@@ -372,7 +392,7 @@ def test_interruptions_beyond_the_limit_fail_cleanly(cloud, tmp_path):
         if ns:
             cloud["ec2"].terminate_instances(InstanceIds=[ns[0]["InstanceId"]])  # reclaimed without a word
 
-    status = be.wait(run_dir, on_poll=instance_side)
+    status = wait(be, run_dir, on_tick=instance_side)
     assert status.state == "FAILED" and "launch resume" in status.detail
     assert live(cloud, run_dir.name) == []
 

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import json
 import subprocess
+from pathlib import Path
 
 import pytest
 
-from tests.conftest import launch, only_run_dir
+from tests.conftest import launch, only_run_dir, read_jsonl
 
 
 def _assert_clean_error(proc: subprocess.CompletedProcess, *needles: str) -> None:
@@ -124,3 +125,31 @@ def test_error_inside_the_ranks_reaches_the_user_as_one_line(tmp_path):
     assert info["state"] == "FAILED"
     for pid in info["pids"]:
         assert subprocess.run(["kill", "-0", str(pid)], capture_output=True).returncode != 0
+    errors = [r for rank in (0, 1) for r in read_jsonl(run / "records" / f"rank-{rank}.jsonl") if r["kind"] == "error"]
+    assert errors and all("labelled.txt:2" in e["message"] and e["rank"] in (0, 1) and e["world"] == 2 for e in errors)
+
+
+def test_the_error_line_comes_from_the_error_records_not_the_logs(tmp_path):
+    """The launcher's message is built from the ranks' `error` records: with every "scalelab: error:"
+    line removed from the logs it is the same; without error records it falls back to the logs' end."""
+    from launcher.backend import RunStatus
+    from launcher.local import LocalBackend
+    from launcher.runner import failure
+
+    bad = tmp_path / "labelled.txt"
+    bad.write_text("1\tgood film\nno tab on this line\n" * 5)
+    proc = launch("--runs-dir", str(tmp_path / "runs"), "--model", "sentiment-tiny", "--data", "text",
+                  "--train-src", str(bad), "--engine", "single", "--steps", "2", cwd=tmp_path)
+    _assert_clean_error(proc, "labelled.txt:2")
+    run = only_run_dir(tmp_path / "runs")
+    logs = [Path(f) for f in json.loads((run / "launch.json").read_text())["log_files"]]
+    for log in logs:
+        log.write_text("".join(line for line in log.read_text().splitlines(True) if "scalelab: error:" not in line)
+                       + "last words of the rank\n")
+    status = RunStatus("FAILED", "exit codes [2]")
+    message = str(failure(LocalBackend(), run, status))
+    assert "labelled.txt:2" in message and "last lines of its logs" not in message
+    records = run / "records" / "rank-0.jsonl"
+    records.write_text("".join(line for line in records.read_text().splitlines(True) if '"error"' not in line))
+    message = str(failure(LocalBackend(), run, status))
+    assert "labelled.txt" not in message and "last lines of its logs" in message and "last words of the rank" in message

@@ -18,6 +18,8 @@ from __future__ import annotations
 import base64
 import io
 import json
+import os
+import signal
 import sys
 import tarfile
 from pathlib import Path
@@ -28,6 +30,7 @@ from conftest import launch, only_run_dir, read_jsonl
 from core.errors import ScalelabError
 from core.net import free_port
 from core.spec import EngineSpec, Spec, save_spec
+from launcher.runner import Interrupted, cancel, wait
 
 pytest.importorskip("kubernetes", reason="the `kubernetes` client is not installed (pip install kubernetes)")
 
@@ -100,12 +103,13 @@ def test_horovod_mpijob_create_follow_logs_and_records_back(tmp_path: Path, clus
     # the ConfigMap belongs to the MPIJob: deleting the MPIJob (or its TTL) removes it
     owner = cluster.get("configmaps", f"{RUN}-spec")["metadata"]["ownerReferences"][0]
     assert owner["uid"] == cluster.get("mpijobs", RUN)["metadata"]["uid"] and owner["kind"] == "MPIJob"
-    status = backend.wait(run_dir)
+    status = wait(backend, run_dir)
     assert status.state == "COMPLETED"
     for name, text in records.items():
         assert (run_dir / "records" / name).read_text() == text
     assert "Launcher 0 says hello" in (run_dir / "logs" / f"{RUN}-launcher-abcde.log").read_text()
     assert cluster.names("pods").count(f"{RUN}-fetch") == 0, "the fetch pod must be deleted"
+    assert cluster.names("mpijobs") == cluster.names("configmaps") == [], "finish deletes the run's objects"
     info = json.loads((run_dir / "launch.json").read_text())
     assert info["state"] == "COMPLETED" and info["workload"] == ["MPIJob", RUN]
     assert backend.status(run_dir).state == "COMPLETED"
@@ -117,8 +121,9 @@ def test_failed_mpijob_reports_failed_with_the_operator_reason(tmp_path: Path, c
     backend, spec, run_dir = make(tmp_path, cluster, engine="horovod")
     cluster.on_create = simulated_mpi_operator({"rank-0.jsonl": ""}, outcome="Failed")
     backend.schedule(backend.submit_dryrun(spec, run_dir))
-    status = backend.wait(run_dir)
+    status = wait(backend, run_dir)
     assert status.state == "FAILED" and "MPIJobFailed" in status.detail
+    assert cluster.names("mpijobs") == []
 
 
 def test_status_shows_pod_phases_while_running(tmp_path: Path, cluster: StubCluster) -> None:
@@ -142,12 +147,38 @@ def test_cancel_deletes_everything_with_foreground_propagation(tmp_path: Path, c
     backend.schedule(backend.submit_dryrun(spec, run_dir))
     job = cluster.get("jobs", RUN)
     cluster.add_pod(f"{RUN}-0-aaaaa", job["spec"]["template"]["metadata"]["labels"], "Running", log="step 3\n", owner=job)
-    backend.cancel(run_dir)
+    cancel(backend, run_dir)  # what `launch cancel` does
     deletes = [path for method, path in cluster.requests if method == "DELETE"]
     assert f"/apis/batch/v1/namespaces/default/jobs/{RUN}?propagationPolicy=Foreground" in deletes
     assert cluster.names("jobs") == cluster.names("services") == cluster.names("configmaps") == cluster.names("pods") == []
     assert backend.status(run_dir).state == "CANCELLED"
     assert "step 3" in (run_dir / "logs" / f"{RUN}-0-aaaaa.log").read_text(), "logs are kept before the pods go"
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_a_stop_signal_to_the_follow_loop_deletes_everything(tmp_path: Path, cluster: StubCluster, sig) -> None:
+    """SIGTERM or SIGHUP to the launcher while it follows: the run's objects go, its state is CANCELLED."""
+    backend, spec, run_dir = make(tmp_path, cluster)
+    backend.schedule(backend.submit_dryrun(spec, run_dir))
+    job = cluster.get("jobs", RUN)
+    cluster.add_pod(f"{RUN}-0-aaaaa", job["spec"]["template"]["metadata"]["labels"], "Running", log="step 7\n", owner=job)
+    job["status"] = {"active": 1}
+    ticks = []
+
+    def tick() -> None:
+        ticks.append(1)
+        if len(ticks) == 3:
+            os.kill(os.getpid(), sig)
+
+    before = signal.getsignal(sig)
+    with pytest.raises(Interrupted) as stopped:
+        wait(backend, run_dir, on_tick=tick)
+    assert signal.getsignal(sig) is before, "the launcher's own handlers are restored"
+    assert stopped.value.signum == sig and stopped.value.exit_code == 128 + sig
+    assert cluster.names("jobs") == cluster.names("services") == cluster.names("configmaps") == cluster.names("pods") == []
+    info = json.loads((run_dir / "launch.json").read_text())
+    assert info["state"] == "CANCELLED" and signal.Signals(sig).name in info["detail"] and info["ended"]
+    assert "step 7" in (run_dir / "logs" / f"{RUN}-0-aaaaa.log").read_text(), "logs are kept before the pods go"
 
 
 def test_resubmitting_a_finished_run_replaces_its_objects(tmp_path: Path, cluster: StubCluster) -> None:
@@ -220,7 +251,7 @@ def test_image_that_cannot_be_pulled_fails_clearly_and_cleans_up(tmp_path: Path,
     cluster.on_create = kubelet
     backend.schedule(backend.submit_dryrun(spec, run_dir))
     with pytest.raises(ScalelabError, match="cannot be pulled.*ImagePullBackOff.*--image-pull-secret"):
-        backend.wait(run_dir)
+        wait(backend, run_dir)
     assert cluster.names("jobs") == cluster.names("services") == cluster.names("configmaps") == cluster.names("pods") == []
     assert backend.status(run_dir).state == "FAILED"
 

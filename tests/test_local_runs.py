@@ -8,6 +8,7 @@ to the same parameters.
 from __future__ import annotations
 
 import json
+import signal
 
 import pytest
 import torch
@@ -149,7 +150,9 @@ def test_text_data_two_ranks(tmp_path):
     assert [v["val_loss"] for v in vals] == [v["val_loss"] for v in vals1]  # averaged across ranks
 
 
-def test_cancel_stops_every_process_and_keeps_a_checkpoint(tmp_path):
+def _start_long_run(tmp_path):
+    """`launch` of a 2-rank DDP run in the background, once both ranks have trained a few steps."""
+    import os
     import subprocess
     import sys
     import time
@@ -157,27 +160,64 @@ def test_cancel_stops_every_process_and_keeps_a_checkpoint(tmp_path):
     from tests.conftest import ROOT
 
     runs = tmp_path / "runs"
-    env = {**__import__("os").environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     fg = subprocess.Popen([sys.executable, "-m", "launcher.cli", *TINY, "--runs-dir", str(runs), "--engine", "ddp",
                            "--gpus-per-node", "2", "--steps", "100000"], cwd=tmp_path, env=env,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and not (runs.exists() and any(runs.glob("*/records/rank-1.jsonl"))):
+        assert fg.poll() is None, fg.communicate()
+        time.sleep(0.5)
+    run = only_run_dir(runs)
+    while time.time() < deadline and (len(steps_of(run, 0)) < 3 or len(steps_of(run, 1)) < 3):
+        time.sleep(0.5)
+    return fg, run
+
+
+def _processes_of(run) -> list[str]:
+    """Every process on this machine with the run directory in its command line (the ranks, torchrun)."""
+    import psutil
+
+    return [" ".join(p.info["cmdline"]) for p in psutil.process_iter(["cmdline"])
+            if p.info["cmdline"] and any(run.name in arg for arg in p.info["cmdline"])]
+
+
+def _assert_stopped_with_a_checkpoint(run) -> None:
+    assert _processes_of(run) == []
+    recs = read_jsonl(run / "records" / "rank-0.jsonl")
+    assert [r["signal"] for r in recs if r.get("event") == "interrupted"] == [15]  # the ranks got SIGTERM
+    assert torch.load(run / "checkpoint.pt", weights_only=False)["step"] == steps_of(run)[-1]["step"]
+
+
+def test_cancel_stops_every_process_and_keeps_a_checkpoint(tmp_path):
+    fg, run = _start_long_run(tmp_path)
     try:
-        deadline = time.time() + 60
-        while time.time() < deadline and not (runs.exists() and any(runs.glob("*/records/rank-1.jsonl"))):
-            time.sleep(0.5)
-        run = only_run_dir(runs)
-        while time.time() < deadline and len(steps_of(run, 1)) < 3:
-            time.sleep(0.5)
         proc = launch("cancel", str(run), cwd=tmp_path)
         assert proc.returncode == 0 and "CANCELLED" in proc.stdout, proc.stderr
-        _, err = fg.communicate(timeout=60)
+        _, err = fg.communicate(timeout=120)
     finally:
         fg.kill()
     assert fg.returncode == 2 and "was cancelled" in err and "launch resume" in err
     info = json.loads((run / "launch.json").read_text())
-    for pid in info["pids"]:
-        assert subprocess.run(["pgrep", "-g", str(pid)], capture_output=True).stdout == b""
-    recs = read_jsonl(run / "records" / "rank-0.jsonl")
-    assert any(r.get("event") == "interrupted" for r in recs)
-    assert torch.load(run / "checkpoint.pt", weights_only=False)["step"] == steps_of(run)[-1]["step"]
+    assert info["state"] == "CANCELLED" and "launch cancel" in info["detail"]
+    _assert_stopped_with_a_checkpoint(run)
     assert launch("status", str(run), cwd=tmp_path).stdout.count("CANCELLED") == 1
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_a_stop_signal_to_launch_cancels_the_run(tmp_path, sig):
+    """SIGTERM (a job scheduler, `kill`) and SIGHUP (the terminal closed) take the Ctrl-C path: the
+    ranks checkpoint and stop, the run is recorded CANCELLED, `launch` exits 128 + the signal."""
+    fg, run = _start_long_run(tmp_path)
+    try:
+        fg.send_signal(sig)
+        _, err = fg.communicate(timeout=120)
+    finally:
+        fg.kill()
+    assert fg.returncode == 128 + sig, err
+    assert "interrupted; every process of the run was stopped" in err and "Traceback" not in err, err
+    info = json.loads((run / "launch.json").read_text())
+    assert info["state"] == "CANCELLED" and signal.Signals(sig).name in info["detail"], info
+    assert info["run_dir"] == str(run.absolute()) and all(log.startswith("/") for log in info["log_files"])
+    _assert_stopped_with_a_checkpoint(run)
+    assert "CANCELLED" in launch("status", str(run), cwd=tmp_path).stdout

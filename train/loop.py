@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from core.errors import ScalelabError
-from core.records import RecordWriter
+from core.records import RecordWriter, record_error
 from core.spec import Spec, read_spec
 from train import balance
 from train.batch import Batch
@@ -436,9 +436,10 @@ def main(argv: list[str] | None = None) -> int:
     if len(argv) != 1:
         print("usage: python -m train RUN_DIR  (normally started by `launch`)", file=sys.stderr)
         return 2
+    run_dir = Path(argv[0])
     try:
-        reason = train(Path(argv[0]))
-    except ScalelabError as exc:
-        print(f"scalelab: error: {exc}", file=sys.stderr)
+        reason = train(run_dir)
+    except ScalelabError as exc:  # the launcher reads this record, not the line in the log
+        record_error(run_dir, str(exc))
         return exc.exit_code
     return 0 if reason != "interrupted" else 143

@@ -1,0 +1,133 @@
+"""The run lifecycle's parts on their own: launch.json state, the record readers, the follow loop.
+
+The follow loop runs the real local backend on tiny processes (no training), so exit codes, the
+state it records and the interruption path are checked in a second each; the end-to-end versions
+with real ranks are in test_local_runs.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+from core.errors import RecordError
+from core.records import (
+    RecordTail,
+    rank_from_env,
+    read_errors,
+    read_records,
+    record_error,
+)
+from core.rundir import read_state, record_state, start_state, update_state
+from launcher.local import LocalBackend, LocalRequest
+from launcher.runner import Interrupted, failure, wait
+
+
+def test_an_earlier_end_wins_and_a_live_state_never_overwrites_it(tmp_path: Path) -> None:
+    start_state(tmp_path, backend="local", pids=[])
+    assert read_state(tmp_path)["run_dir"] == str(tmp_path.absolute()) and "state" not in read_state(tmp_path)
+    assert record_state(tmp_path, "RUNNING", "pids [1]") == "RUNNING" and "ended" not in read_state(tmp_path)
+    assert record_state(tmp_path, "CANCELLED", "launch cancel") == "CANCELLED"
+    ended = read_state(tmp_path)["ended"]
+    assert record_state(tmp_path, "RUNNING", "a late poll") == "CANCELLED"
+    assert record_state(tmp_path, "FAILED", "exit codes [143]", exit_codes=[143]) == "CANCELLED"
+    info = read_state(tmp_path)
+    assert info["detail"] == "launch cancel" and info["ended"] == ended and info["exit_codes"] == [143]
+    assert update_state(tmp_path, records=True)["records"] is True
+    with pytest.raises(ValueError, match="not a run state"):
+        record_state(tmp_path, "DONE")
+    start_state(tmp_path, backend="local", pids=[])  # a resume starts afresh
+    assert "state" not in read_state(tmp_path)
+
+
+def test_a_run_directory_without_launch_json_says_so(tmp_path: Path) -> None:
+    with pytest.raises(RecordError, match="never launched"):
+        read_state(tmp_path)
+    (tmp_path / "launch.json").write_text("{not json")
+    with pytest.raises(RecordError, match="launch.json .* is corrupt"):
+        read_state(tmp_path)
+
+
+def test_record_tail_takes_complete_lines_skips_bad_ones_and_rereads_a_rewritten_file(tmp_path: Path) -> None:
+    path = tmp_path / "rank-0.jsonl"
+    tail = RecordTail(path)
+    assert tail.read() == []  # not written yet
+    path.write_text('{"kind": "step", "step": 1}\n{"kind": "st')
+    assert [r["step"] for r in tail.read()] == [1]
+    with path.open("a") as f:
+        f.write('ep", "step": 2}\nnot json\n{"kind": "step", "step": 3}\n')
+    assert [r["step"] for r in tail.read()] == [2, 3] and "dropped a line with not a JSON object" in tail.warnings[0]
+    path.write_text('{"kind": "step", "step": 1}\n')  # rewritten shorter (the AWS mirror merging generations)
+    assert [r["step"] for r in tail.read()] == [1]
+
+
+def test_strict_and_tolerant_reading(tmp_path: Path) -> None:
+    path = tmp_path / "rank-0.jsonl"
+    path.write_text('{"kind": "step"}\n{"no": "kind"}\n{"kind": "val"}\n{"kind": "st')
+    with pytest.raises(RecordError, match=r"rank-0.jsonl:2 \(no 'kind' field\)"):
+        read_records(path, [])
+    warnings: list[str] = []
+    assert [r["kind"] for r in read_records(path, warnings, tolerant=True)] == ["step", "val"]
+    assert len(warnings) == 2 and "truncated last line" in warnings[1]
+
+
+def test_rank_from_the_launchers_environment() -> None:
+    assert rank_from_env({"RANK": "3", "WORLD_SIZE": "4"}) == (3, 4)
+    assert rank_from_env({"HOROVOD_RANK": "1", "HOROVOD_SIZE": "2"}) == (1, 2)
+    assert rank_from_env({"OMPI_COMM_WORLD_RANK": "5", "OMPI_COMM_WORLD_SIZE": "8"}) == (5, 8)
+    assert rank_from_env({"SLURM_PROCID": "2", "SLURM_NTASKS": "4"}) == (2, 4)
+    assert rank_from_env({}) == (0, 1)
+
+
+def test_error_records_since_a_launch(tmp_path: Path, capsys) -> None:
+    record_error(tmp_path, "data file not found: a.txt", {"RANK": "1", "WORLD_SIZE": "2"})
+    assert "scalelab: error: data file not found: a.txt" in capsys.readouterr().err
+    (rec,) = read_errors(tmp_path)
+    assert rec["kind"] == "error" and rec["rank"] == 1 and rec["world"] == 2
+    assert read_errors(tmp_path, since=rec["time"] + 1) == []  # an earlier launch's error is not this one's
+
+
+def _local_run(tmp_path: Path, *commands: str) -> tuple[LocalBackend, Path]:
+    """The local backend started on small Python commands instead of ranks."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    backend = LocalBackend()
+    request = LocalRequest(run_dir.absolute(), [[sys.executable, "-c", c] for c in commands], {},
+                           [str(run_dir.absolute() / "logs" / f"node-{i}.log") for i in range(len(commands))])
+    backend.schedule(request)
+    return backend, run_dir
+
+
+def test_the_follow_loop_stops_the_other_nodes_when_one_fails(tmp_path: Path) -> None:
+    backend, run_dir = _local_run(tmp_path, "import time; time.sleep(60)", "print('node 1 gives up'); raise SystemExit(3)")
+    status = wait(backend, run_dir)
+    assert status.state == "FAILED" and "3" in status.detail
+    info = read_state(run_dir)
+    assert info["state"] == "FAILED" and info["ended"] >= info["started"]
+    assert not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE for pid in info["pids"])
+    message = str(failure(backend, run_dir, status))  # no error record: the end of the logs
+    assert "last lines of its logs" in message and "node 1 gives up" in message
+
+
+def test_a_stop_signal_cancels_the_run_and_restores_the_handlers(tmp_path: Path) -> None:
+    backend, run_dir = _local_run(tmp_path, "import time; time.sleep(60)")
+    before = signal.getsignal(signal.SIGTERM)
+    ticks: list[int] = []
+
+    def tick() -> None:
+        ticks.append(1)
+        if len(ticks) == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    with pytest.raises(Interrupted) as stopped:
+        wait(backend, run_dir, on_tick=tick)
+    assert stopped.value.exit_code == 143 and signal.getsignal(signal.SIGTERM) is before
+    info = json.loads((run_dir / "launch.json").read_text())
+    assert info["state"] == "CANCELLED" and "SIGTERM" in info["detail"]
+    assert not psutil.pid_exists(info["pids"][0])
