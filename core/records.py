@@ -37,6 +37,70 @@ except ImportError:  # pragma: no cover
     _DecodeError = (json.JSONDecodeError,)
 
 
+# ---- the record kinds: the schema has one owner, here -----------------------------------------
+
+INT, NUM, BOOL, STR = "a whole number", "a number", "true or false", "a string"
+OPTIONAL = " or null"
+
+# kind -> {field: expected}; every record also has COMMON. Fields a kind may carry beyond these are
+# kept (an `event` has its own); these are the ones reports depend on. Format: docs/records.md.
+COMMON: dict[str, str] = {"kind": STR, "rank": INT, "world": INT, "time": NUM}
+KINDS: dict[str, dict[str, str]] = {
+    "start": {"model": STR, "engine": STR, "nodes": INT, "gpus_per_node": INT, "global_batch": INT},
+    "step": {"step": INT, "epoch": INT, "warmup": BOOL, "step_s": NUM, "data_s": NUM, "forward_s": NUM,
+             "backward_s": NUM, "exchange_s": NUM + OPTIONAL, "optimizer_s": NUM, "samples": INT,
+             "words": INT, "loss": NUM + OPTIONAL, "lr": NUM},
+    "val": {"step": INT, "epoch": INT, "val_loss": NUM + OPTIONAL, "elapsed_s": NUM},
+    "event": {"event": STR},
+    "error": {"message": STR},
+}
+
+
+def _fits(value: Any, expected: str) -> bool:
+    if value is None:
+        return expected.endswith(OPTIONAL)
+    base = expected.removesuffix(OPTIONAL)
+    if base == BOOL:
+        return isinstance(value, bool)
+    if isinstance(value, bool):
+        return False
+    if base == INT:
+        return isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+    if base == NUM:
+        return isinstance(value, (int, float))
+    return isinstance(value, str)
+
+
+_TYPES = {INT: (int,), NUM: (int, float), BOOL: (bool,), STR: (str,)}
+_MISSING = object()
+# kind -> [(field, the types that pass at once, the expectation for the message)]; compiled once,
+# because reports read a million records and this check runs on each.
+_CHECKS: dict[str, list[tuple[str, tuple[type, ...], str]]] = {
+    kind: [(name, _TYPES[exp.removesuffix(OPTIONAL)] + ((type(None),) if exp.endswith(OPTIONAL) else ()), exp)
+           for name, exp in {**COMMON, **fields}.items()]
+    for kind, fields in KINDS.items()
+}
+
+
+def record_problem(rec: Mapping[str, Any], partial: bool = False) -> str | None:
+    """What is wrong with one record against its kind's schema, or None. `partial`: only the fields
+    present are checked (the bench and tests write minimal `start` records)."""
+    checks = _CHECKS.get(rec.get("kind"))  # type: ignore[arg-type]
+    if checks is None:
+        return f"unknown record kind {rec.get('kind')!r} (kinds: {', '.join(KINDS)})"
+    for name, types, expected in checks:
+        value = rec.get(name, _MISSING)
+        if type(value) in types:
+            continue
+        if value is _MISSING:
+            if partial or expected.endswith(OPTIONAL):
+                continue
+            return f"{rec['kind']} record has no {name!r} field"
+        if not _fits(value, expected):
+            return f"{rec['kind']} record field {name!r} must be {expected}, got {value!r}"
+    return None
+
+
 @dataclass
 class RunRecords:
     """Everything recorded by one run, as DataFrames by kind (empty frames when absent)."""
@@ -75,8 +139,9 @@ def _decode(lines: list[bytes], path: Path, warnings: list[str], tolerant: bool,
             continue
         try:
             rec = _loads(line)
-            problem = None if isinstance(rec, dict) and "kind" in rec else "no 'kind' field"
-        except _DecodeError:
+            problem = (record_problem(rec, partial=rec.get("kind") == "start") if isinstance(rec, dict) and "kind" in rec
+                       else "no 'kind' field")
+        except (*_DecodeError, UnicodeDecodeError):
             problem = "not a JSON object"
         if problem is None:
             out.append(rec)
@@ -157,7 +222,11 @@ class RecordWriter:
         self._file = path.open("a", buffering=1)  # line-buffered: a reader never sees half a record
 
     def write(self, kind: str, **fields: Any) -> None:
+        """One record of `kind`; a record that does not fit its kind's schema is a bug, found here."""
         record = {"kind": kind, "rank": self.rank, "world": self.world, "time": time.time(), **fields}
+        problem = record_problem(record)
+        if problem:
+            raise ValueError(f"record written against docs/records.md: {problem}")
         self._file.write(json.dumps(record, default=_jsonable, allow_nan=False) + "\n")
 
     def event(self, event: str, **fields: Any) -> None:
