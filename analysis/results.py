@@ -13,6 +13,12 @@ from pathlib import Path
 
 import pandas as pd
 
+from analysis.report import (
+    plot_speedup,
+    plot_throughput,
+    to_json_records,
+    write_markdown,
+)
 from analysis.scaling import LayoutSummary, scale_layouts, summarize_run
 from core.errors import RecordError
 from core.records import load_run
@@ -73,12 +79,6 @@ def build_report(paths: list[Path], out: Path | None = None) -> Report:
 
 def write_report(summaries: list[LayoutSummary], runs: list[Path], out: Path) -> Report:
     """The scaling table of already computed summaries, written as report.md, report.json and plots."""
-    from analysis.report import (
-        plot_speedup,
-        plot_throughput,
-        to_json_records,
-        write_markdown,
-    )
 
     table = scale_layouts(summaries)
     out.mkdir(parents=True, exist_ok=True)

@@ -19,13 +19,14 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any, Mapping
 
 from core.errors import RecordError
 from core.rundir import RunPaths
 from core.spec import Spec, read_spec
+
+if TYPE_CHECKING:  # pandas costs 0.4 s to import: only the readers that build frames load it
+    import pandas as pd
 
 try:  # orjson parses records about 5x faster; the standard library is the fallback
     import orjson
@@ -47,9 +48,11 @@ OPTIONAL = " or null"
 COMMON: dict[str, str] = {"kind": STR, "rank": INT, "world": INT, "time": NUM}
 KINDS: dict[str, dict[str, str]] = {
     "start": {"model": STR, "engine": STR, "nodes": INT, "gpus_per_node": INT, "global_batch": INT},
-    "step": {"step": INT, "epoch": INT, "warmup": BOOL, "step_s": NUM, "data_s": NUM, "forward_s": NUM,
-             "backward_s": NUM, "exchange_s": NUM + OPTIONAL, "optimizer_s": NUM, "samples": INT,
-             "words": INT, "loss": NUM + OPTIONAL, "lr": NUM},
+    # phases, loss and lr are typed when present (published or hand-made records may lack them)
+    "step": {"step": INT, "warmup": BOOL, "step_s": NUM, "samples": INT, "words": INT,
+             "epoch": INT + OPTIONAL, "data_s": NUM + OPTIONAL, "forward_s": NUM + OPTIONAL,
+             "backward_s": NUM + OPTIONAL, "exchange_s": NUM + OPTIONAL, "optimizer_s": NUM + OPTIONAL,
+             "loss": NUM + OPTIONAL, "lr": NUM + OPTIONAL},
     "val": {"step": INT, "epoch": INT, "val_loss": NUM + OPTIONAL, "elapsed_s": NUM},
     "event": {"event": STR},
     "error": {"message": STR},
@@ -107,10 +110,10 @@ class RunRecords:
 
     run_dir: Path
     spec: Spec
-    start: pd.DataFrame
-    steps: pd.DataFrame
-    val: pd.DataFrame
-    events: pd.DataFrame
+    start: "pd.DataFrame"
+    steps: "pd.DataFrame"
+    val: "pd.DataFrame"
+    events: "pd.DataFrame"
     warnings: list[str] = field(default_factory=list)
 
     @property
@@ -195,6 +198,8 @@ def load_run(run_dir: str | Path) -> RunRecords:
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise RecordError(f"run directory not found: {run_dir}")
+    import pandas as pd
+
     spec = read_spec(run_dir)
     warnings: list[str] = []
     by_kind: dict[str, list[dict[str, Any]]] = {"start": [], "step": [], "val": [], "event": []}

@@ -19,8 +19,16 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import SpecError
-from core.options import POSITIVE, above, at_least, build, checked, coerce_fields, one_of
-from core.presets import RNN_KINDS
+from core.options import (
+    POSITIVE,
+    above,
+    at_least,
+    build,
+    checked,
+    coerce_fields,
+    one_of,
+)
+from core.presets import PRESETS, RNN_KINDS, config_with_overrides
 
 ENGINES = ("single", "ddp", "horovod")
 DATA_KINDS = ("synthetic", "task", "text")
@@ -150,7 +158,6 @@ class Spec:
         Field types and limits first (a spec built in code has not been through them), then what
         involves several fields, the preset and the data files.
         """
-        from core.presets import PRESETS, config_with_overrides
 
         coerce_fields(self)
         if self.model not in PRESETS:

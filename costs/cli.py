@@ -24,10 +24,23 @@ import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
-from analysis.report import markdown_table
+from analysis.html import plan_sections, scaling_sections, write_html
+from analysis.report import (
+    _jsonable,
+    markdown_table,
+    print_scaling,
+    to_json_records,
+    write_markdown,
+)
+from analysis.results import expand_run_dirs, run_label, summarize_dir
+from analysis.scaling import scale_layouts, step_table
 from core.checks import NON_NEGATIVE, POSITIVE
 from core.errors import DataError, SpecError
+from core.records import load_run
+from costs.billing import Mix, run_cost, threshold_cost
 from costs.catalog import DEFAULT_REGION, MARKETS, CatalogError, load_catalog, refresh
+from costs.planner import LinkModel, PlanRequest, plan
+from costs.tables import read_scaling_csv, scaling_from_table
 
 console = Console(width=None if sys.stdout.isatty() else 160)
 err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
@@ -57,7 +70,6 @@ def _spot_kwargs(params: dict[str, Any]) -> dict[str, float]:
 
 
 def _print_json(rows: Any) -> None:
-    from analysis.report import _jsonable
 
     click.echo(json.dumps(_jsonable(rows), indent=2, allow_nan=False))
 
@@ -104,7 +116,6 @@ def cost_cmd(run_dirs: tuple[str, ...], from_csv: str | None, instances: str | N
     lost work and restarts. Mixed instance types are billed together for the whole run (the
     slowest worker sets the pace, the others wait and are billed).
     """
-    from costs.billing import run_cost
 
     catalog = load_catalog(params["prices_file"], params["rates"], params["region"])
     if refresh_what:
@@ -191,7 +202,6 @@ def _run_mix(run, instances: str | None, catalog):
     """The instances a recorded run rented, read like `launch --instance-type` (costs.billing.Mix):
     `--instances` if given (a bare type is one per node of the run; counts are taken as written,
     since a GPU-hour rate counts GPUs), else the run's own `instance_type` option, one per node."""
-    from costs.billing import Mix
 
     if instances is not None:
         return Mix.parse(instances, catalog, nodes=run.spec.nodes)
@@ -207,9 +217,6 @@ def _run_mix(run, instances: str | None, catalog):
 
 
 def _cost_of_runs(paths: list[Path], instances: str | None, market: str, catalog, params) -> list[dict[str, Any]]:
-    from analysis.results import expand_run_dirs, run_label, summarize_dir
-    from core.records import load_run
-    from costs.billing import run_cost, threshold_cost
 
     rows = []
     for run_dir in expand_run_dirs(paths):
@@ -234,8 +241,6 @@ def _cost_of_runs(paths: list[Path], instances: str | None, market: str, catalog
 
 def report_from_csv(path: str, out: Path | None, fmt: str) -> None:
     """`launch report --from-csv FILE`: speedup and efficiency of a published scaling table."""
-    from analysis.report import print_scaling, to_json_records, write_markdown
-    from costs.tables import read_scaling_csv, scaling_from_table
 
     table = scaling_from_table(read_scaling_csv(path))
     keep = [c for c in ("label", "workers", "nodes", "mode", "throughput", "time_s", "speedup", "efficiency",
@@ -288,10 +293,6 @@ def _parse_speed(pairs: tuple[str, ...]) -> dict[str, float]:
 
 def _measured_from_runs(paths: list[Path]) -> tuple[pd.DataFrame, str | None, float | None, dict[str, pd.DataFrame], pd.DataFrame]:
     """(measured rows, instance type measured on, work to threshold, loss curves, scaling table) of runs."""
-    from analysis.results import expand_run_dirs, summarize_dir
-    from analysis.scaling import scale_layouts, step_table
-    from core.records import load_run
-    from costs.billing import Mix
 
     summaries, itypes, curves = [], set(), {}
     for run_dir in expand_run_dirs(paths):
@@ -347,7 +348,6 @@ def plan_cmd(run_dirs: tuple[str, ...], from_csv: str | None, predict_workers: s
     cost-time Pareto frontier and recommends the cheapest layout within --deadline-h and the
     fastest within --budget. It also names the measurement that would help most next.
     """
-    from costs.planner import LinkModel, PlanRequest, plan
 
     if bool(from_csv) == bool(run_dirs):
         raise SpecError("give RUN_DIRS (run or sweep directories) or --from-csv FILE (one of the two)")
@@ -451,7 +451,6 @@ def plan_markdown(result) -> str:
 
 
 def _write_plan(result, out_dir: Path, table: pd.DataFrame | None, curves: dict[str, pd.DataFrame]) -> None:
-    from analysis.html import plan_sections, scaling_sections, write_html
 
     out_dir.mkdir(parents=True, exist_ok=True)
     sections = plan_sections(result)
@@ -464,6 +463,5 @@ def _write_plan(result, out_dir: Path, table: pd.DataFrame | None, curves: dict[
 
 
 def _write_json_file(path: Path, rows: Any) -> None:
-    from analysis.report import _jsonable
 
     path.write_text(json.dumps(_jsonable(rows), indent=2, allow_nan=False) + "\n")

@@ -38,6 +38,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 import pandas as pd
 
+from analysis.report import to_json_records
 from core.errors import DataError
 from costs.billing import Mix, run_cost
 from costs.catalog import Catalog, CatalogError, InstanceType
@@ -316,7 +317,6 @@ class Plan:
 
     def rows(self) -> list[dict[str, Any]]:
         """One flat record per row for --format json: candidates when priced, else predictions."""
-        from analysis.report import to_json_records
 
         return to_json_records(self.candidates if len(self.candidates) else self.predictions)
 
@@ -536,6 +536,5 @@ def _pick(all_rows: pd.DataFrame, ok: pd.DataFrame, by: str, tag: str) -> dict[s
     idx = ok.sort_values([by, other], kind="stable").index[0]
     prev = all_rows.at[idx, "recommendation"]
     all_rows.at[idx, "recommendation"] = tag if prev is None else f"{prev}; {tag}"
-    from analysis.report import to_json_records
 
     return to_json_records(all_rows.loc[[idx]].drop(columns=["recommendation"]))[0]

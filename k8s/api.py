@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import ScalelabError
-from k8s.manifests import MPI_GROUP, MPI_PLURAL, MPI_VERSION
+from k8s.manifests import LABEL_RUN, MPI_GROUP, MPI_PLURAL, MPI_VERSION
 
 MPI_OPERATOR_INSTALL = ("kubectl apply --server-side -f "
                         "https://raw.githubusercontent.com/kubeflow/mpi-operator/v0.6.0/deploy/v2beta1/mpi-operator.yaml")
@@ -23,7 +23,6 @@ TIMEOUT = (10, 60)  # connect, read seconds for every call
 
 class KubernetesError(ScalelabError):
     """A cluster-side problem the user can fix (no kubeconfig, unreachable server, missing namespace...)."""
-
 
 class NotFound(KubernetesError):
     pass
@@ -156,7 +155,6 @@ class KubeApi:
         self._call(f"patch {kind} {name}", fn, name, self.namespace, {"metadata": {"ownerReferences": [ref]}})
 
     def pods(self, run_name: str) -> list[dict[str, Any]]:
-        from k8s.manifests import LABEL_RUN
 
         out = self._call(f"list pods of {run_name}", self.core.list_namespaced_pod, self.namespace,
                          label_selector=f"{LABEL_RUN}={run_name}")

@@ -39,6 +39,7 @@ from core.rundir import (
 )
 from core.spec import Spec
 from k8s import manifests
+from k8s.api import KubernetesError, NotFound
 from k8s.manifests import LABEL_ROLE, to_yaml
 from k8s.options import KubernetesOptions
 from launcher.backend import Backend, Request, RunStatus, log_text
@@ -124,7 +125,6 @@ class KubernetesBackend(Backend):
 
     def _clear_previous_launch(self, run_dir: Path, timeout_s: float = 120.0) -> None:
         """`launch resume`: the objects of the run's earlier launch go first (same names); a live one is kept."""
-        from k8s.api import KubernetesError, NotFound
 
         if not RunPaths(Path(run_dir)).launch.exists():
             return
@@ -153,7 +153,6 @@ class KubernetesBackend(Backend):
 
     def finish(self, run_dir: Path, status: RunStatus) -> RunStatus:
         """Save the pod logs, copy the records back, delete the run's objects (the records stay on the volume)."""
-        from k8s.api import KubernetesError
 
         self._save_logs(run_dir)
         try:
@@ -174,7 +173,6 @@ class KubernetesBackend(Backend):
         return self._live_status(run_dir)[0]
 
     def _live_status(self, run_dir: Path) -> tuple[RunStatus, list[dict[str, Any]]]:
-        from k8s.api import NotFound
 
         info = read_state(run_dir)
         kind, name = info["workload"]
@@ -207,7 +205,6 @@ class KubernetesBackend(Backend):
 
     def logs(self, run_dir: Path) -> str:
         """Live pod logs while the pods exist, else the copies saved in RUN_DIR/logs when the run ended."""
-        from k8s.api import KubernetesError
 
         info = read_state(run_dir)
         parts = []
@@ -232,7 +229,6 @@ class KubernetesBackend(Backend):
 
     def fetch_records(self, run_dir: Path, timeout_s: float = 600.0, poll_s: float = 2.0) -> bool:
         """Run the fetch pod, unpack its base64 tar of RUN_DIR/records locally, delete the pod."""
-        from k8s.api import KubernetesError
 
         info, api = read_state(run_dir), self.api()
         pod = info["fetch"]
@@ -263,7 +259,6 @@ class KubernetesBackend(Backend):
         return True
 
     def _save_logs(self, run_dir: Path) -> None:
-        from k8s.api import KubernetesError
 
         info, api = read_state(run_dir), self.api()
         out = RunPaths(Path(run_dir)).logs

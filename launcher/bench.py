@@ -22,10 +22,14 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from analysis.results import expand_run_dirs
+from analysis.results import build_report, expand_run_dirs
+from core.errors import SpecError
 from core.net import free_port
 from core.records import load_run
 from core.rundir import RunPaths, read_json
+from core.spec import Spec, save_spec
+from costs.planner import fit_series
+from train.bench import memcpy_bandwidth
 
 PARTS = ("compute", "exchange", "scaling", "planner", "report")
 console = Console(width=None if sys.stdout.isatty() else 160)
@@ -57,7 +61,6 @@ def bench_compute(presets: list[str], rnns: list[str], threads: int, steps: int)
 
 def bench_exchange(sizes_mb: list[float], repeats: int, work: Path) -> list[dict]:
     """All-reduce busbw with 2 ranks for torch.distributed (Gloo) and Horovod (Gloo) settings."""
-    from train.bench import memcpy_bandwidth
 
     results = [{"label": "memcpy (one process)", **memcpy_bandwidth()}]
     sizes = ",".join(str(s) for s in sizes_mb)
@@ -142,7 +145,6 @@ def bench_planner(fit_workers: int = 4) -> list[dict]:
     import numpy as np
     import pandas as pd
 
-    from costs.planner import fit_series
 
     data = pd.read_csv(files("costs.data") / "seed001_nmt_scaling.csv")
     out = []
@@ -164,8 +166,6 @@ def bench_report(records: int, ranks: int, work: Path) -> dict:
     """Write `records` synthetic step records over `ranks` ranks, then time each stage of the report."""
     import numpy as np
 
-    from analysis.results import build_report
-    from core.spec import Spec, save_spec
 
     run = work / "report-run"
     paths = RunPaths(run)
@@ -259,7 +259,6 @@ def _decorate(results: dict) -> None:
 def bench_cmd(only: str, quick: bool, out: str) -> None:
     """Measure the trainer's compute efficiency, all-reduce bandwidth, scaling, launch overhead,
     planner accuracy and report speed on this machine; print tables and write bench.json."""
-    from core.errors import SpecError
 
     parts = [p.strip() for p in only.split(",") if p.strip()]
     bad = sorted(set(parts) - set(PARTS))

@@ -22,10 +22,25 @@ from typing import Any
 import click
 import pandas as pd
 
-from analysis.studies import TABLES
+from analysis.results import expand_run_dirs, summarize_loaded, write_report
+from analysis.scaling import step_table
+from analysis.studies import (
+    TABLES,
+    gemm_markdown,
+    plot_gemm,
+    seed_table,
+    study_markdown,
+    study_runs,
+)
 from core.errors import SpecError
+from core.records import load_run
 from core.rundir import new_run_dir, read_json, write_json
 from core.spec import Spec, read_yaml_mapping
+from costs.studies import price_money_table
+from launcher.backend import get_backend
+from launcher.cli import console
+from launcher.sweep import parse_layouts, run_sweep, sweep_specs
+from train.bench import gemm_sweep, knee, step_sweep
 
 STUDY_KEYS = {"title", "seed_scale", "base", "mode", "layouts", "variants", "tables", "scales", "instances",
               "market", "epochs_shown", "kind", "gemm"}
@@ -63,7 +78,6 @@ class Study:
 
 def load_study(path: Path, scale: str | None = None, overrides: dict[str, Any] | None = None) -> Study:
     """Read a study file, apply a named scale and command-line spec overrides, validate it all."""
-    from launcher.sweep import parse_layouts
 
     raw = read_yaml_mapping(path, "study file")
     unknown = sorted(set(raw) - STUDY_KEYS)
@@ -122,8 +136,6 @@ def _check_gemm(cfg: dict[str, Any], path: Path) -> None:
 
 def gemm_study(study: Study, runs_root: Path) -> Path:
     """Seed 003: recurrent GEMM and training-step throughput against batch size: CSV, plot, study.md."""
-    from analysis.studies import gemm_markdown, plot_gemm
-    from train.bench import gemm_sweep, knee, step_sweep
 
     cfg = {**GEMM_KEYS, **study.gemm}
     out = new_run_dir(runs_root, "study-seed-003-gemm")
@@ -140,7 +152,6 @@ def gemm_study(study: Study, runs_root: Path) -> Path:
 
 
 def variant_specs(study: Study, variant: Variant) -> list[Spec]:
-    from launcher.sweep import sweep_specs
 
     spec = Spec.from_dict(_deep_merge(study.base, variant.overrides), where=f"variant {variant.label!r}")
     spec.name = variant.label
@@ -158,8 +169,6 @@ def _deep_merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
 
 def run_study(study: Study, runs_root: Path) -> Path:
     """Run every variant's sweep into one study directory; return it."""
-    from launcher.backend import get_backend
-    from launcher.sweep import run_sweep
 
     study_dir = new_run_dir(runs_root, "study-" + study.title.split(":")[0].replace(" ", "-").lower())
     sweeps = []
@@ -175,11 +184,6 @@ def run_study(study: Study, runs_root: Path) -> Path:
 
 def study_report(study_dir: Path, study: Study) -> Path:
     """The seed-shaped tables of the study's runs (a CSV each) and study.md, plus the scaling report."""
-    from analysis.results import expand_run_dirs, summarize_loaded, write_report
-    from analysis.scaling import step_table
-    from analysis.studies import seed_table, study_markdown, study_runs
-    from core.records import load_run
-    from costs.studies import price_money_table
 
     meta = read_json(study_dir / "study.json", "study file")
     runs = expand_run_dirs([study_dir / s["dir"] for s in meta["sweeps"]])
@@ -208,8 +212,6 @@ def study_report(study_dir: Path, study: Study) -> Path:
 @click.option("--dry-run", is_flag=True, help="Print every variant x layout request and run nothing.")
 def study_cmd(study_file: str, scale: str | None, backend: str | None, runs_dir: str, dry_run: bool) -> None:
     """Run a seed's study (examples/*.yaml) and write its tables (study.md, CSV) and scaling report."""
-    from launcher.backend import get_backend
-    from launcher.cli import console
 
     study = load_study(Path(study_file), scale, {"backend": backend} if backend else None)
     if dry_run:

@@ -22,6 +22,13 @@ import time
 
 import torch
 
+from core.presets import PRESETS, config_with_overrides
+from core.spec import Spec
+from train.data import SyntheticDataset
+from train.datasets import build_dataset
+from train.loop import make_optimizer
+from train.models import build_model
+
 
 def _time(fn, repeats: int, warmup: int = 1) -> list[float]:
     for _ in range(warmup):
@@ -59,16 +66,12 @@ def step_benchmark(preset: str, rnn: str = "fused", batch: int | None = None, st
     Achieved FLOP/s = model.flops_per_step(batch) / median step time; efficiency = that over the
     dense matmul rate measured here, in this process, with the same threads.
     """
-    from train.datasets import build_dataset
-    from train.models import PRESETS, build_model
 
     if threads:
         torch.set_num_threads(threads)
     torch.manual_seed(0)
     cfg = PRESETS[preset]
     batch = batch or cfg.default_batch
-    from core.spec import Spec
-    from train.loop import make_optimizer
 
     model = build_model(cfg, rnn)
     opt = make_optimizer(Spec(optimizer=optimizer), model, 1e-3)  # exactly the trainer's optimizer
@@ -222,7 +225,6 @@ def gemm_sweep(hiddens: list[int], batches: list[int], repeats: int = 5, threads
 def step_sweep(preset: str, hiddens: list[int], batches: list[int], steps: int = 5,
                threads: int | None = None) -> list[dict]:
     """words/s of one full training step of `preset` for each hidden size and batch size."""
-    from core.presets import PRESETS, config_with_overrides
 
     out = []
     for H in hiddens:
@@ -234,14 +236,10 @@ def step_sweep(preset: str, hiddens: list[int], batches: list[int], steps: int =
 
 
 def _step_with_config(cfg, batch: int, steps: int, threads: int | None) -> dict:
-    from train.data import SyntheticDataset
-    from train.models import build_model
 
     if threads:
         torch.set_num_threads(threads)
     torch.manual_seed(0)
-    from core.spec import Spec
-    from train.loop import make_optimizer
 
     model = build_model(cfg, "fused")
     opt = make_optimizer(Spec(), model, 1e-3)
@@ -273,8 +271,6 @@ def ddp_exposed_exchange(preset: str, bucket_caps_mb: list[float], steps: int = 
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    from train.datasets import build_dataset
-    from train.models import PRESETS, build_model
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()
