@@ -47,7 +47,8 @@ OPTIONAL = " or null"
 # kept (an `event` has its own); these are the ones reports depend on. Format: docs/records.md.
 COMMON: dict[str, str] = {"kind": STR, "rank": INT, "world": INT, "time": NUM}
 KINDS: dict[str, dict[str, str]] = {
-    "start": {"model": STR, "engine": STR, "nodes": INT, "gpus_per_node": INT, "global_batch": INT},
+    "start": {"model": STR + OPTIONAL, "engine": STR + OPTIONAL, "nodes": INT + OPTIONAL,
+              "gpus_per_node": INT + OPTIONAL, "global_batch": INT + OPTIONAL},  # typed when present
     # phases, loss and lr are typed when present (published or hand-made records may lack them)
     "step": {"step": INT, "warmup": BOOL, "step_s": NUM, "samples": INT, "words": INT,
              "epoch": INT + OPTIONAL, "data_s": NUM + OPTIONAL, "forward_s": NUM + OPTIONAL,
@@ -142,8 +143,7 @@ def _decode(lines: list[bytes], path: Path, warnings: list[str], tolerant: bool,
             continue
         try:
             rec = _loads(line)
-            problem = (record_problem(rec, partial=rec.get("kind") == "start") if isinstance(rec, dict) and "kind" in rec
-                       else "no 'kind' field")
+            problem = record_problem(rec) if isinstance(rec, dict) and "kind" in rec else "no 'kind' field"
         except (*_DecodeError, UnicodeDecodeError):
             problem = "not a JSON object"
         if problem is None:

@@ -35,7 +35,7 @@ def test_launch_overhead_reads_the_run_directory(tmp_path):
         w = RecordWriter(run, rank, 2)
         w.write("start", global_batch=8)
         for step, end in ((1, 103.0), (2, 104.0)):  # rank 1 ends each step a second later
-            w.write("step", time=end + rank, step=step, step_s=0.5, words=10, samples=2)
+            w.write("step", time=end + rank, step=step, warmup=step == 1, step_s=0.5, words=10, samples=2)
         w.close()
     assert launch_overhead(run) == {"workers": 2, "seconds_to_first_step": 2.5}
 

@@ -51,7 +51,7 @@ def make(tmp_path: Path, cluster: StubCluster, engine: str = "ddp", nodes: int =
     kubeconfig = cluster.write_kubeconfig(tmp_path / "kubeconfig")
     backend = KubernetesBackend({"image": "registry.example.com/scalelab:1", "kubeconfig": str(kubeconfig),
                                  "poll_s": 0.05, **options})
-    spec = Spec(backend="k8s", engine=EngineSpec(name=engine), nodes=nodes, gpus_per_node=gpus, steps=4).validate()
+    spec = Spec(backend="k8s", engine=EngineSpec(name=engine), nodes=nodes, gpus_per_node=gpus, steps=4, warmup_steps=1).validate()
     run_dir = tmp_path / RUN
     run_dir.mkdir()
     save_spec(spec, run_dir)

@@ -54,22 +54,34 @@ def test_a_run_directory_without_launch_json_says_so(tmp_path: Path) -> None:
         read_state(tmp_path)
 
 
+
+def _step(n: int) -> str:
+    """A minimal step record that fits its kind (core/records.py KINDS)."""
+    return ('{"kind": "step", "rank": 0, "world": 1, "time": 1.0, "step": %d, "warmup": false, "step_s": 0.1, '
+            '"samples": 8, "words": 80}' % n)
+
+
+def _val() -> str:
+    return '{"kind": "val", "rank": 0, "world": 1, "time": 1.0, "step": 1, "epoch": 0, "val_loss": 1.0, "elapsed_s": 1.0}'
+
+
 def test_record_tail_takes_complete_lines_skips_bad_ones_and_rereads_a_rewritten_file(tmp_path: Path) -> None:
     path = tmp_path / "rank-0.jsonl"
     tail = RecordTail(path)
     assert tail.read() == []  # not written yet
-    path.write_text('{"kind": "step", "step": 1}\n{"kind": "st')
+    two = _step(2)
+    path.write_text(_step(1) + "\n" + two[:20])
     assert [r["step"] for r in tail.read()] == [1]
     with path.open("a") as f:
-        f.write('ep", "step": 2}\nnot json\n{"kind": "step", "step": 3}\n')
+        f.write(two[20:] + "\nnot json\n" + _step(3) + "\n")
     assert [r["step"] for r in tail.read()] == [2, 3] and "dropped a line with not a JSON object" in tail.warnings[0]
-    path.write_text('{"kind": "step", "step": 1}\n')  # rewritten shorter (the AWS mirror merging generations)
+    path.write_text(_step(1) + "\n")  # rewritten shorter (the AWS mirror merging generations)
     assert [r["step"] for r in tail.read()] == [1]
 
 
 def test_strict_and_tolerant_reading(tmp_path: Path) -> None:
     path = tmp_path / "rank-0.jsonl"
-    path.write_text('{"kind": "step"}\n{"no": "kind"}\n{"kind": "val"}\n{"kind": "st')
+    path.write_text(_step(1) + '\n{"no": "kind"}\n' + _val() + '\n{"kind": "st')
     with pytest.raises(RecordError, match=r"rank-0.jsonl:2 \(no 'kind' field\)"):
         read_records(path, [])
     warnings: list[str] = []
