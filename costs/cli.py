@@ -40,7 +40,7 @@ from core.records import load_run
 from costs.billing import Mix, run_cost, threshold_cost
 from costs.catalog import DEFAULT_REGION, MARKETS, CatalogError, load_catalog, refresh
 from costs.planner import LinkModel, PlanRequest, plan
-from costs.tables import read_scaling_csv, scaling_from_table
+from costs.tables import read_cost_csv, read_scaling_csv, scaling_from_table
 
 console = Console(width=None if sys.stdout.isatty() else 160)
 err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
@@ -137,8 +137,6 @@ def cost_cmd(run_dirs: tuple[str, ...], from_csv: str | None, instances: str | N
     if from_csv and instances:
         raise SpecError("--instances is for RUN_DIRS; with --from-csv the 'instances' column says what each run used")
     if from_csv:
-        from costs.tables import read_cost_csv
-
         df = read_cost_csv(from_csv)
         rows = []
         for _, r in df.iterrows():
@@ -247,8 +245,6 @@ def report_from_csv(path: str, out: Path | None, fmt: str) -> None:
                         "karp_flatt", "base_workers", "n") if c in table.columns]
     table = table[keep + [c for c in table.columns if c not in keep]]
     if out is not None:
-        from analysis.html import scaling_sections, write_html
-
         write_markdown(table, out, f"Scaling of {Path(path).name}", notes=[f"source: {path}"])
         write_html(out / "report.html", f"Scaling of {Path(path).name}", scaling_sections(table),
                    intro=f"Measurements imported from {path}.")
@@ -354,8 +350,6 @@ def plan_cmd(run_dirs: tuple[str, ...], from_csv: str | None, predict_workers: s
     curves: dict[str, pd.DataFrame] = {}
     table = None
     if from_csv:
-        from costs.tables import read_scaling_csv
-
         measured = read_scaling_csv(from_csv)
         if "throughput" not in measured.columns:  # time for the same work: throughput in jobs/s
             per = measured["workers"].where(measured["mode"] == "weak", 1)

@@ -39,7 +39,7 @@ from core.rundir import (
 )
 from core.spec import Spec
 from k8s import manifests
-from k8s.api import KubernetesError, NotFound
+from k8s.api import KubeApi, KubernetesError, NotFound
 from k8s.manifests import LABEL_ROLE, to_yaml
 from k8s.options import KubernetesOptions
 from launcher.backend import Backend, Request, RunStatus, log_text
@@ -75,8 +75,6 @@ class KubernetesBackend(Backend):
     def api(self):
         """The client wrapper, created (and the kubeconfig read) on first use."""
         if self._api is None:
-            from k8s.api import KubeApi
-
             factory = self._api_factory or KubeApi
             self._api = factory(kubeconfig=self.options["kubeconfig"], context=self.options["context"],
                                 namespace=self.options["namespace"])
@@ -195,8 +193,6 @@ class KubernetesBackend(Backend):
             for cs in (pod.get("status") or {}).get("containerStatuses") or []:
                 waiting = (cs.get("state") or {}).get("waiting") or {}
                 if waiting.get("reason") in IMAGE_ERRORS:
-                    from k8s.api import KubernetesError
-
                     raise KubernetesError(
                         f"image {cs.get('image') or self.options['image']} cannot be pulled on the cluster "
                         f"({waiting['reason']}: {waiting.get('message', '')}); push it to a registry the nodes can reach "
