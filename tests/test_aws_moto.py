@@ -67,10 +67,10 @@ def live(cloud, run_id: str) -> list[dict]:
     return td.instances(cloud["ec2"], run_id, td.LIVE_STATES)
 
 
-def left(cloud, run_id: str, placement_groups: "PlacementGroups | None" = None) -> dict[str, int]:
+def left(cloud, run_id: str, placement_groups: PlacementGroups | None = None) -> dict[str, int]:
     """What of the run still exists or costs, counted through boto3: instances not terminated, its
     volumes, its security groups and (where they are kept, see PlacementGroups) its placement groups."""
-    pgs = [g for g in placement_groups.groups.values()] if placement_groups else []
+    pgs = list(placement_groups.groups.values()) if placement_groups else []
     return {"instances": len(live(cloud, run_id)), "volumes": len(td.volumes(cloud["ec2"], run_id)),
             "security_groups": len(td.groups_sg_only(cloud["ec2"], run_id)), "placement_groups": len(pgs)}
 

@@ -31,7 +31,13 @@ import pytest
 import torch
 
 from tests.conftest import ROOT, launch, needs_horovod, only_run_dir, read_jsonl
-from tests.test_resume import ENGINE_PARAMS, ENGINES, SPEC, _all_ranks_at, _assert_resumed_exactly
+from tests.test_resume import (
+    ENGINE_PARAMS,
+    ENGINES,
+    SPEC,
+    _all_ranks_at,
+    _assert_resumed_exactly,
+)
 from train.checkpoint import CHECKPOINT_NAME
 from train.loop import HOLD_AT_STEP_ENV, KILL_AT_STEP_ENV
 
@@ -329,7 +335,7 @@ def test_scontrol_requeue_checkpoints_and_resumes_to_the_same_losses(tmp_path: P
     job = job_of(run_dir)
     subprocess.run(["scontrol", "requeue", job], check=True, capture_output=True)  # as preemption does
     release_requeued(job)
-    out, err = proc.communicate(timeout=540)
+    _, err = proc.communicate(timeout=540)
     assert proc.returncode == 0, err[-3000:]
     assert_resumed(run_dir, 10, signal_number=15)
     _assert_resumed_exactly(run_dir, cluster_reference(engine), engine, from_step=6)
