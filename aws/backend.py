@@ -6,9 +6,13 @@ user-data bootstrap (aws/bootstrap.py runs there). poll (each tick of launcher/r
 loop, at most every `poll_s`): mirror the run's S3 prefix into RUN_DIR (records merged per rank
 across generations, so `launch report` works unchanged), watch the nodes' states, replace spot
 capacity after an interruption (same type, then the fallbacks; the new generation resumes from the
-checkpoint in S3), enforce the time limit and the "never reported" limit. finish and cancel tear
-everything down, and the runner calls one of them on every way out. Interruptions, replacements and
-instance-seconds go to RUN_DIR/records/aws-events.jsonl for the cost analysis.
+checkpoint in S3), enforce the time limit and the "never reported" limit, and rewrite the launcher's
+heartbeat (control/launcher.json). finish and cancel tear everything down, and the runner calls one
+of them on every way out (also on SIGINT, SIGTERM, SIGHUP). Where nothing can run in the launcher
+(SIGKILL, a dead laptop), the nodes see its heartbeat stop changing and, after
+`heartbeat_timeout_min`, checkpoint and terminate themselves (aws/bootstrap.py); `launch aws gc`
+removes the groups left. Interruptions, replacements and instance-seconds go to
+RUN_DIR/records/aws-events.jsonl for the cost analysis.
 
 Clients are injected (`clients={"ec2": ..., "s3": ...}` or `session=`) so tests point the backend at
 moto; boto3 is imported only when a request is sent.
@@ -19,7 +23,10 @@ status/logs/cancel.
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import socket
 import subprocess
 import sys
 import tempfile
@@ -29,6 +36,7 @@ from typing import Any
 
 from aws import mirror, render
 from aws import teardown as td
+from aws.bootstrap import LAUNCHER_HEARTBEAT, LAUNCHER_LOST, STOP_REQUEST, node_order
 from aws.options import AwsOptions
 from aws.render import AwsRequest, Plan
 from core.errors import ScalelabError, SpecError
@@ -105,6 +113,7 @@ class AwsBackend(Backend):
     def schedule(self, request: AwsRequest) -> str:
         plan, run_dir = request.plan, Path(request.run_dir)
         self._plan = plan
+        self._refuse_while_running(plan, run_dir)
         RunPaths(run_dir).logs.mkdir(parents=True, exist_ok=True)
         start_state(run_dir, backend=self.name, run_id=plan.run_id, region=plan.region, bucket=plan.bucket,
                     prefix=plan.prefix, node_types=plan.node_types, started=time.time(), generation=0,
@@ -112,7 +121,8 @@ class AwsBackend(Backend):
         try:
             ec2, s3 = self.client("ec2", plan.region), self.client("s3", plan.region)
             generation = _next_generation(s3, plan)
-            s3.delete_object(Bucket=plan.bucket, Key=plan.key("control", "stop"))  # a resumed run was cancelled before
+            s3.delete_object(Bucket=plan.bucket, Key=plan.key(STOP_REQUEST))  # a resumed run was cancelled before
+            _beat(s3, plan.bucket, plan.prefix)
             refs: dict[str, Any] = {}
             for call in request.calls:
                 if call["operation"] == "RunInstances":
@@ -127,6 +137,19 @@ class AwsBackend(Backend):
                 raise _user_error(exc, "starting the run") from None
             raise
         return plan.run_id
+
+    def _refuse_while_running(self, plan: Plan, run_dir: Path) -> None:
+        """One generation at a time: a resume while instances of the run still run is refused.
+
+        That happens after the launcher that followed them was killed: they go on until its heartbeat
+        is `heartbeat_timeout_min` old.
+        """
+        up = td.instances(self.client("ec2", plan.region), plan.run_id, ["pending", "running"])
+        if up:
+            raise ScalelabError(
+                f"run {run_dir} still has {len(up)} instance(s) running ({up[0]['InstanceId']}...): its launcher is "
+                f"gone and they stop by themselves {self.options['heartbeat_timeout_min']:g} min after its last "
+                f"heartbeat; `launch cancel {run_dir}` stops them now (with a checkpoint), then `launch resume {run_dir}`")
 
     def _send(self, call: dict[str, Any], refs: dict[str, Any], ec2, s3, run_dir: Path) -> dict:
         params = _resolve(call["params"], refs, ec2, self.options)
@@ -204,6 +227,8 @@ class AwsBackend(Backend):
         """Mirror S3 into the run directory, then look at the run (and replace interrupted capacity)."""
         run_dir = Path(run_dir)
         try:
+            info = read_state(run_dir)
+            _beat(self.client("s3", info["region"]), info["bucket"], info["prefix"])  # "still following"
             self.pull(run_dir)
             outcome = self._check(run_dir)
         except Exception as exc:  # the runner then cancels the run: every instance is terminated
@@ -223,13 +248,17 @@ class AwsBackend(Backend):
         statuses = mirror.json_files(copy / "status" / f"gen-{gen}", lambda n: not n.endswith(".heartbeat.json"))
         beats = mirror.json_files(copy / "status" / f"gen-{gen}", lambda n: n.endswith(".heartbeat.json"))
         notices = mirror.json_files(copy / "events" / f"gen-{gen}", lambda n: True)
-        nodes = sorted(td.instances(ec2, plan.run_id, None, gen), key=_node_order)
+        nodes = sorted(td.instances(ec2, plan.run_id, None, gen), key=node_order)
         if not nodes:
             return RunStatus(FAILED, f"no instance of generation {gen} exists")
         leader = nodes[0]["InstanceId"]
         lead = statuses.get(leader, {}).get("state")
         if lead == "completed":
             return RunStatus(COMPLETED, f"generation {gen} finished on {len(nodes)} instance(s)")
+        if any(s.get("reason") == LAUNCHER_LOST for s in statuses.values()):
+            return RunStatus(FAILED, f"the instances stopped themselves: no heartbeat from the launcher for "
+                                     f"{self.options['heartbeat_timeout_min']:g} min (was it suspended?); "
+                                     f"`launch resume {run_dir}` continues from the last checkpoint")
         failed = {i: s for i, s in statuses.items() if s.get("state") == "failed"}
         if failed:
             return RunStatus(FAILED, "; ".join(f"{i}: {s.get('error') or 'exit code ' + str(s.get('exit_code'))}"
@@ -357,7 +386,7 @@ class AwsBackend(Backend):
         return log_text(files)
 
     def cancel(self, run_dir: Path, grace_s: float | None = None) -> None:
-        """Ask the nodes to checkpoint (control/stop), wait a little for the leader, terminate everything."""
+        """Ask the nodes to checkpoint (STOP_REQUEST), wait a little for the leader, terminate everything."""
         run_dir = Path(run_dir)
         try:
             self._ask_to_stop(run_dir, float(self.options["interruption_grace_s"]) if grace_s is None else grace_s)
@@ -370,7 +399,7 @@ class AwsBackend(Backend):
     def _ask_to_stop(self, run_dir: Path, grace_s: float) -> None:
         info = read_state(run_dir)
         s3 = self.client("s3", info["region"])
-        s3.put_object(Bucket=info["bucket"], Key=f"{info['prefix']}/control/stop", Body=b"cancel")
+        s3.put_object(Bucket=info["bucket"], Key=f"{info['prefix']}/{STOP_REQUEST}", Body=b"cancel")
         deadline = time.time() + grace_s
         gen = info.get("generation", 0)
         while time.time() < deadline:
@@ -383,10 +412,10 @@ class AwsBackend(Backend):
 # ---- helpers -------------------------------------------------------------------------------------
 
 
-def _node_order(instance: dict) -> tuple:
-    from aws.bootstrap import node_order
-
-    return node_order(instance)
+def _beat(s3, bucket: str, prefix: str) -> None:
+    """The launcher's heartbeat: the nodes stop when it has not changed for `heartbeat_timeout_min`."""
+    body = {"time": time.time(), "host": socket.gethostname(), "pid": os.getpid()}
+    s3.put_object(Bucket=bucket, Key=f"{prefix}/{LAUNCHER_HEARTBEAT}", Body=json.dumps(body).encode())
 
 
 def _next_generation(s3, plan: Plan) -> int:

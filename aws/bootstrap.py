@@ -8,10 +8,14 @@
    the leader reaching the other nodes over ssh (horovod; the leader's public key goes through S3).
 5. Every few seconds: upload records (records/gen-G/rank-R.jsonl), logs, the leader's checkpoint
    and a heartbeat; poll the spot interruption notice (`spot/instance-action`, 404 until AWS
-   schedules an interruption two minutes ahead) and a stop request from the launcher. Either one
-   sends SIGTERM to the local ranks: they agree, rank 0 checkpoints, they exit 143, and the
-   checkpoint is uploaded before the instance goes.
-6. The final state (completed / interrupted / failed) in status/gen-G/INSTANCE.json.
+   schedules an interruption two minutes ahead), a stop request from the launcher (`control/stop`)
+   and the launcher's own heartbeat (`control/launcher.json`, rewritten on each of its polls).
+   A notice, a stop request, or a launcher heartbeat unchanged for SCALELAB_HEARTBEAT_TIMEOUT_S
+   (the launcher was killed, the laptop closed: nobody would ever terminate this instance) sends
+   SIGTERM to the local ranks: they agree, rank 0 checkpoints, they exit 143, and the checkpoint
+   is uploaded before the instance goes.
+6. The final state (completed / interrupted / failed, and why it was interrupted) in
+   status/gen-G/INSTANCE.json. The user data then powers the instance off, which terminates it.
 
 Configuration comes from the environment the user data sets (SCALELAB_*; no credentials: boto3
 finds the instance profile's). SCALELAB_METADATA_URL, SCALELAB_WORK and SCALELAB_POLL_S exist so the
@@ -31,6 +35,10 @@ import urllib.request
 from pathlib import Path
 
 METADATA_URL = "http://169.254.169.254"
+LAUNCHER_HEARTBEAT = "control/launcher.json"  # the launcher rewrites it on every poll (aws/backend.py)
+STOP_REQUEST = "control/stop"  # written by `launch cancel` and by a launcher stopped by a signal
+# Why a node stopped its ranks early (`reason` in its status): the launcher reads LAUNCHER_LOST.
+SPOT_NOTICE, STOP_REQUESTED, LAUNCHER_LOST = "spot_notice", "stop_requested", "launcher_lost"
 
 
 class Config:
@@ -47,6 +55,7 @@ class Config:
         self.work = Path(env.get("SCALELAB_WORK", "/opt/scalelab"))
         self.poll_s = float(env.get("SCALELAB_POLL_S", "5"))
         self.peer_timeout_s = float(env.get("SCALELAB_PEER_TIMEOUT_S", "600"))
+        self.heartbeat_timeout_s = float(env.get("SCALELAB_HEARTBEAT_TIMEOUT_S", "600"))
         self.python = env.get("SCALELAB_PYTHON") or sys.executable
 
     def key(self, *parts: str) -> str:
@@ -196,6 +205,41 @@ class Sync:
         except Exception:  # botocore ClientError 404
             return False
 
+    def etag(self, key: str) -> str | None:
+        """The object's ETag, None when it does not exist; other errors (S3 unreachable) propagate."""
+        from botocore.exceptions import ClientError
+
+        try:
+            return self.s3.head_object(Bucket=self.cfg.bucket, Key=self.cfg.key(key))["ETag"]
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                return None
+            raise
+
+
+class LauncherWatch:
+    """Is a launcher still following this run? Its heartbeat object must keep changing.
+
+    The age is measured on this instance's clock, from the moment this node last saw the object
+    change (or from its own start), never by comparing timestamps written on the launcher's machine:
+    a laptop's clock may be off by minutes. An S3 error counts as "no news", so a node that cannot
+    reach S3 still stops in time.
+    """
+
+    def __init__(self, sync: Sync, timeout_s: float) -> None:
+        self.sync, self.timeout_s = sync, timeout_s
+        self.seen: str | None = None
+        self.since = time.monotonic()
+
+    def gone(self) -> bool:
+        try:
+            tag = self.sync.etag(LAUNCHER_HEARTBEAT)
+        except Exception:  # noqa: BLE001 - no answer is not a heartbeat
+            tag = self.seen
+        if tag is not None and tag != self.seen:
+            self.seen, self.since = tag, time.monotonic()
+        return time.monotonic() - self.since > self.timeout_s
+
 
 def prepare_run_dir(s3, cfg: Config) -> bool:
     """spec.json and, if one exists, the checkpoint; returns whether this is a resume."""
@@ -288,23 +332,17 @@ def run(cfg: Config, s3=None, ec2=None) -> int:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     log = open(cfg.run_dir / "logs" / "trainer.log", "ab")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cfg.work) if cmd else None
-    notice, stop_sent = None, False
+    notice, reason, watch = None, None, LauncherWatch(sync, cfg.heartbeat_timeout_s)
     sync.put_json(f"status/{g}/{instance_id}.heartbeat.json",
                   {"time": time.time(), "index": index, "resumed": resumed, "host": hosts[index]})
     while True:
         time.sleep(cfg.poll_s)
         ended = proc.poll() is not None if proc else sync.exists(f"status/{g}/{ids[0]}.json")
-        if not ended and not stop_sent:
+        if not ended and reason is None:
             notice = notice or interruption_notice(cfg)
-            stop = sync.exists("control/stop")
-            if notice or stop:
-                if notice:
-                    sync.put_json(f"events/{g}/{instance_id}.json", {"event": "spot_interruption", "notice": notice,
-                                                                     "time": time.time(), "index": index})
-                if proc:
-                    proc.send_signal(signal.SIGTERM)  # horovodrun / torchrun pass it on to their ranks
-                signal_local_ranks(cfg.run_dir, exclude=proc.pid if proc else None)
-                stop_sent = True
+            reason = stop_reason(sync, notice, watch)
+            if reason:
+                stop_ranks(sync, cfg, proc, reason, notice, instance_id, index)
         sync.push()
         sync.put_json(f"status/{g}/{instance_id}.heartbeat.json",
                       {"time": time.time(), "index": index, "resumed": resumed, "host": hosts[index]})
@@ -313,17 +351,45 @@ def run(cfg: Config, s3=None, ec2=None) -> int:
     code = proc.returncode if proc else 0
     log.close()
     sync.push()
-    if proc is None:  # a horovod node: its ranks belonged to the leader's horovodrun
-        state = "interrupted" if notice or stop_sent else "completed"
-    elif code == 0:
-        state = "completed"  # finished (also when a notice came too late to matter)
-    elif notice or stop_sent or code in (143, -signal.SIGTERM):
-        state = "interrupted"
-    else:
-        state = "failed"
-    sync.put_json(status_key, {"state": state, "exit_code": code, "index": index, "time": time.time(),
-                               "notice": notice, "resumed": resumed})
+    state = final_state(proc, code, reason)
+    sync.put_json(status_key, {"state": state, "reason": reason if state == "interrupted" else None, "exit_code": code,
+                               "index": index, "time": time.time(), "notice": notice, "resumed": resumed})
     return 0 if state != "failed" else 1
+
+
+def stop_reason(sync: Sync, notice: dict | None, watch: LauncherWatch) -> str | None:
+    """Why this node's ranks must stop now, or None: a spot notice, a stop request, the launcher gone."""
+    if notice:
+        return SPOT_NOTICE
+    if sync.exists(STOP_REQUEST):
+        return STOP_REQUESTED
+    return LAUNCHER_LOST if watch.gone() else None
+
+
+def stop_ranks(sync: Sync, cfg: Config, proc: subprocess.Popen | None, reason: str, notice: dict | None,
+               instance_id: str, index: int) -> None:
+    """SIGTERM to this node's ranks: they agree on a step, rank 0 checkpoints, they exit 143."""
+    print(f"scalelab: stopping the ranks ({reason})", file=sys.stderr, flush=True)
+    if reason == LAUNCHER_LOST:
+        print(f"scalelab: the launcher's heartbeat has not changed for {cfg.heartbeat_timeout_s:.0f} s: checkpointing "
+              "and shutting down, so that nothing runs without a launcher", file=sys.stderr, flush=True)
+    if notice:
+        sync.put_json(f"events/gen-{cfg.generation}/{instance_id}.json", {"event": "spot_interruption", "notice": notice,
+                                                                       "time": time.time(), "index": index})
+    if proc:
+        proc.send_signal(signal.SIGTERM)  # horovodrun / torchrun pass it on to their ranks
+    signal_local_ranks(cfg.run_dir, exclude=proc.pid if proc else None)
+
+
+def final_state(proc: subprocess.Popen | None, code: int, reason: str | None) -> str:
+    """completed, interrupted (stopped on purpose, with a checkpoint) or failed."""
+    if proc is None:  # a horovod node: its ranks belonged to the leader's horovodrun
+        return "interrupted" if reason else "completed"
+    if code == 0:
+        return "completed"  # finished (also when a stop came too late to matter)
+    if reason or code in (143, -signal.SIGTERM):
+        return "interrupted"
+    return "failed"
 
 
 def main() -> int:

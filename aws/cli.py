@@ -1,8 +1,8 @@
 """`launch aws ...`: housekeeping for the aws backend.
 
 `launch aws gc` lists every resource tagged by a scalelab run (instances not yet terminated,
-security groups, placement groups) and removes them, so that whatever an earlier crash left does
-not keep costing money. `--dry-run` only lists.
+detached volumes, security groups, placement groups) and removes them, so that whatever an earlier
+crash left does not keep costing money. `--dry-run` only lists.
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ def gc_cmd(region: str | None, run_id: str | None, dry_run: bool) -> None:
         live = td.instances(ec2, run_id, td.LIVE_STATES)
         problems: list[str] = []
         sgs, pgs = td.groups(ec2, run_id, problems)
+        vols = td.volumes(ec2, run_id, ["available"])
         for p in problems:
             click.echo(f"warning: {p}", err=True)
         for i in live:
@@ -55,17 +56,20 @@ def gc_cmd(region: str | None, run_id: str | None, dry_run: bool) -> None:
             click.echo(f"security-group {g['GroupId']} {g['GroupName']}")
         for g in pgs:
             click.echo(f"placement-group {g['GroupName']}")
-        if not (live or sgs or pgs):
+        for v in vols:
+            click.echo(f"volume {v['VolumeId']} {v['Size']} GB")
+        if not (live or sgs or pgs or vols):
             click.echo("nothing left by scalelab runs")
             return
         if dry_run:
             click.echo("(dry run: nothing removed)")
             return
-        runs = sorted({td._tagged(r, run_id) for r in [*live, *sgs, *pgs]} - {None})
+        runs = sorted({td._tagged(r, run_id) for r in [*live, *sgs, *pgs, *vols]} - {None})
         for rid in runs:
             removed = td.teardown(ec2, rid)
             click.echo(f"run {rid}: terminated {len(removed['instances'])} instance(s), deleted "
-                       f"{len(removed['security_groups'])} security group(s) and {len(removed['placement_groups'])} "
-                       f"placement group(s)" + (f"; kept {', '.join(removed['kept'])}" if removed["kept"] else ""))
+                       f"{len(removed['volumes'])} volume(s), {len(removed['security_groups'])} security group(s) "
+                       f"and {len(removed['placement_groups'])} placement group(s)"
+                       + (f"; kept {', '.join(removed['kept'])}" if removed["kept"] else ""))
     except (ClientError, BotoCoreError) as exc:
         raise ScalelabError(f"AWS refused the clean-up: {exc}") from None

@@ -40,6 +40,9 @@ class AwsOptions(BackendOptions):
                                           at_least(0), flag="--max-price")
     timeout_min: float = option(120.0, "Everything is terminated after this many minutes.", above(0),
                                 flag="--time-limit-min")
+    heartbeat_timeout_min: float = option(10.0, "The instances checkpoint and terminate themselves when the "
+                                          "launcher's heartbeat in S3 is this many minutes old (a killed "
+                                          "launcher, a closed laptop).", above(0), flag="--heartbeat-timeout-min")
     volume_gb: int = option(100, "Root volume of each instance in GB.", at_least(1))
     max_replacements: int = option(3, "Spot capacity replaced at most this often.", at_least(0))
     report_timeout_min: float = option(20.0, "A node that never reports by then fails the run.", above(0))

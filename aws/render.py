@@ -78,6 +78,10 @@ def make_plan(spec: Spec, run_dir: Path, options: Mapping[str, Any], region: str
         if n < spec.gpus_per_node:
             raise SpecError(f"{t} has {n} GPU(s) but --gpus-per-node is {spec.gpus_per_node}; "
                             f"use --gpus-per-node {n} or a larger instance type")
+    if float(options["heartbeat_timeout_min"]) * 60 < 3 * float(options["poll_s"]):
+        raise SpecError(f"heartbeat_timeout_min {options['heartbeat_timeout_min']:g} is shorter than three of the "
+                        f"launcher's polls (poll_s {options['poll_s']:g}): the instances would stop themselves while "
+                        "it still follows them; raise it or lower poll_s")
     if len(types) > 1 and spec.engine.name == "single":
         raise SpecError("engine 'single' runs on one instance; use --engine horovod or ddp for several")
     run_id = Path(run_dir).name
@@ -96,7 +100,9 @@ def user_data(plan: Plan, generation: int) -> str:
     """The script each instance runs at boot (as root): time limit, install, bootstrap, power off.
 
     `shutdown -h +N` comes first: with InstanceInitiatedShutdownBehavior=terminate the instance
-    terminates itself at the time limit whatever happens to the launcher. The SCALELAB_WORK,
+    terminates itself at the time limit whatever happens to the launcher; sooner, the bootstrap
+    stops when the launcher's heartbeat is SCALELAB_HEARTBEAT_TIMEOUT_S old, and the script's last
+    line powers the instance off. The SCALELAB_WORK,
     SCALELAB_PYTHON and SCALELAB_METADATA_URL defaults can be overridden from the environment
     (the bootstrap test runs this very script on a workstation).
     """
@@ -105,6 +111,7 @@ def user_data(plan: Plan, generation: int) -> str:
         "SCALELAB_RUN_ID": plan.run_id, "SCALELAB_BUCKET": plan.bucket, "SCALELAB_PREFIX": plan.prefix,
         "SCALELAB_GENERATION": str(generation), "SCALELAB_NODES": str(plan.nodes),
         "SCALELAB_GPUS_PER_NODE": str(plan.gpus_per_node), "SCALELAB_ENGINE": plan.engine,
+        "SCALELAB_HEARTBEAT_TIMEOUT_S": f"{float(plan.options['heartbeat_timeout_min']) * 60:g}",
         "AWS_DEFAULT_REGION": plan.region,
     }
     exports = "\n".join(f"export {k}={_sh(v)}" for k, v in env.items())

@@ -1,9 +1,11 @@
-"""Find and remove everything a run created, by its tag: instances first, then placement and security groups.
+"""Find and remove everything a run created, by its tag: instances first, then volumes, placement and security groups.
 
 Used on every exit path of a run (success, failure, Ctrl-C, exceptions) and by `launch aws gc` for
 whatever an earlier crash left. Security and placement groups can only be deleted once their
 instances are gone, so termination is waited for (bounded); a group that still cannot be deleted
-is reported, never silently kept.
+is reported, never silently kept. Root volumes go with their instances (DeleteOnTermination); a
+volume of the run left `available` (detached, or a request changed by hand) is deleted too, since
+it costs money every month.
 """
 
 from __future__ import annotations
@@ -36,6 +38,14 @@ def instances(ec2, run_id: str | None = None, states: list[str] | None = None, g
         for res in page["Reservations"]:
             out += res["Instances"]
     return out
+
+
+def volumes(ec2, run_id: str | None = None, states: list[str] | None = None) -> list[dict]:
+    """The run's EBS volumes (every scalelab run's when `run_id` is None) in the given states."""
+    filters = [{"Name": "tag:" + TAG_RUN, "Values": [run_id]} if run_id else {"Name": "tag-key", "Values": [TAG_RUN]}]
+    if states:
+        filters.append({"Name": "status", "Values": states})
+    return [v for page in ec2.get_paginator("describe_volumes").paginate(Filters=filters) for v in page["Volumes"]]
 
 
 def groups(ec2, run_id: str | None = None, problems: list[str] | None = None) -> tuple[list[dict], list[dict]]:
@@ -76,7 +86,10 @@ def teardown(ec2, run_id: str | None, wait_s: float = 600, poll_s: float = 5,
     deadline = time.time() + wait_s
     while instances(ec2, run_id, LIVE_STATES) and time.time() < deadline:
         time.sleep(poll_s)
-    removed: dict[str, list[str]] = {"instances": live, "security_groups": [], "placement_groups": [], "kept": []}
+    removed: dict[str, list[str]] = {"instances": live, "volumes": [], "security_groups": [], "placement_groups": [],
+                                     "kept": []}
+    for vol in volumes(ec2, run_id, ["available"]):
+        _delete(removed, "volumes", vol["VolumeId"], lambda: ec2.delete_volume(VolumeId=vol["VolumeId"]))
     if placement_groups is None:
         sgs, pgs = groups(ec2, run_id, removed["kept"])
     else:

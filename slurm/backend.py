@@ -102,6 +102,7 @@ class SlurmBackend(Backend):
     def schedule(self, request: SlurmRequest) -> str:
         """Ask Slurm whether the job could run (`sbatch --test-only`), then queue it; return the job id."""
         run_dir = request.run_dir
+        _refuse_while_queued(run_dir)
         RunPaths(run_dir).logs.mkdir(parents=True, exist_ok=True)
         request.script_path.parent.mkdir(parents=True, exist_ok=True)
         request.script_path.write_text(request.script)
@@ -131,14 +132,38 @@ class SlurmBackend(Backend):
         return log_text(files)
 
     def cancel(self, run_dir: Path, grace_s: float = 120.0) -> None:
-        """`scancel` (the ranks get SIGTERM, checkpoint and exit), then wait until the job left the queue."""
+        """`scancel` (the ranks get SIGTERM, checkpoint and exit), then wait until the job left the queue.
+
+        The job has left when Slurm no longer shows it RUNNING or COMPLETING: slurmd has then ended
+        every process of it on every node (after `KillWait` seconds with SIGKILL), so nothing of the
+        run is left. A job still there after `grace_s` is an error that says so.
+        """
         job_id = read_state(run_dir)["job_id"]
         done = _slurm(["scancel", job_id])
-        if done.returncode != 0 and "already completed" not in done.stderr.lower():
+        if done.returncode != 0 and STATE_MAP.get(job_state(job_id)[0]) in ACTIVE:
             raise ScalelabError(_refusal(f"scancel {job_id} failed", done, Path(run_dir)))
         deadline = time.time() + grace_s
-        while time.time() < deadline and STATE_MAP.get(job_state(job_id)[0]) in ACTIVE:
+        while (state := job_state(job_id)[0]) and STATE_MAP.get(state) in ACTIVE:
+            if time.time() > deadline:
+                raise ScalelabError(f"Slurm job {job_id} is still {state} {grace_s:.0f} s after scancel; "
+                                    f"`squeue -j {job_id}` shows it, `scancel --signal=KILL {job_id}` ends it")
             time.sleep(0.5)
+
+
+def _refuse_while_queued(run_dir: Path) -> None:
+    """A run has one job at a time: a resume while its job is still queued or running is refused.
+
+    That happens after the launcher that followed the job was killed (SIGKILL, a lost login
+    session): Slurm, not the launcher, supervises the job, so it goes on.
+    """
+    if not RunPaths(run_dir).launch.exists():
+        return
+    job_id = read_state(run_dir).get("job_id")
+    state = job_state(job_id)[0] if job_id else ""
+    if STATE_MAP.get(state) in ACTIVE:
+        raise ScalelabError(f"run {run_dir} is still {state} as Slurm job {job_id} (Slurm keeps a job going "
+                            f"when its launcher is gone): `launch status {run_dir}` and `launch logs {run_dir}` "
+                            f"follow it; `launch cancel {run_dir}` stops it, then `launch resume {run_dir}` continues it")
 
 
 # ---- Slurm's commands ----------------------------------------------------------------------------

@@ -1,17 +1,26 @@
 """The instance side for real, on this machine: the user-data script of a launched run, against moto.
 
 The launcher schedules a one-node spot run into moto's server (so the instance, its tags and its user
-data exist there), then this test plays the instance: it runs the very user-data script moto holds
-with bash, with `shutdown` replaced by a recorder on PATH, a scratch virtualenv
+data exist there), then a test plays the instance: it runs the very user-data script moto holds with
+bash, with `shutdown` replaced by what EC2 does (it records the call, and `shutdown -h now` terminates
+the instance in moto when its InstanceInitiatedShutdownBehavior is `terminate`), a scratch virtualenv
 (--system-site-packages: torch is already here; PIP_NO_INDEX proves nothing is downloaded) as the
-instance's Python, the moto endpoint in AWS_ENDPOINT_URL with dummy keys standing in for the
-instance profile, and a small HTTP server standing in for the instance metadata service. The
-script downloads the wheel of this checkout from S3, installs it, finds its peers by tag, trains,
-and writes records, logs and the checkpoint to S3. The metadata stand-in announces a spot
-interruption after a few steps: the node checkpoints and stops; the launcher (running the real
-follow loop, `launcher.runner.wait`, in a thread) records the interruption and starts a replacement, whose user data runs on a
-fresh scratch directory and resumes from the checkpoint to the end. Then `launch report` reads the
-downloaded run directory unchanged, and no instance is left running.
+instance's Python, the moto endpoint in AWS_ENDPOINT_URL with dummy keys standing in for the instance
+profile, and a small HTTP server standing in for the instance metadata service. The script downloads
+the wheel of this checkout from S3, installs it, finds its peers by tag, trains, and writes records,
+logs and the checkpoint to S3.
+
+- Spot replacement: the metadata stand-in announces an interruption once the trainer holds at step
+  6 (a test aid, so the stop lands on a known step): the node checkpoints and stops; the launcher
+  (the real follow loop, `launcher.runner.wait`, in a thread) records the interruption and starts a
+  replacement, whose user data runs on a fresh scratch directory and resumes from the checkpoint to
+  the end. The per-step losses, learning rates, final weights and Adam state equal those of an
+  uninterrupted run of the same spec (compared as tests/test_resume.py does), `launch report` reads
+  the downloaded run directory unchanged, and no instance is left running.
+- A killed launcher: a real `launch --backend aws` process follows the run and is SIGKILLed while the
+  node trains; with nobody left to terminate it, the node sees the launcher's heartbeat stop changing
+  and, after `--heartbeat-timeout-min`, checkpoints, uploads and powers off (terminating itself);
+  `launch aws gc` removes the security group that the dead launcher could not.
 """
 
 from __future__ import annotations
@@ -28,6 +37,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import ROOT, launch
 
 boto3 = pytest.importorskip("boto3", reason="boto3 is not installed: pip install boto3")
@@ -39,19 +49,25 @@ from aws.render import PACKAGE_NAME  # noqa: E402
 from core.rundir import new_run_dir  # noqa: E402
 from core.spec import Spec, save_spec  # noqa: E402
 from launcher.runner import wait  # noqa: E402
+from tests.test_resume import SPEC, _assert_resumed_exactly  # noqa: E402
+from train.loop import HOLD_AT_STEP_ENV  # noqa: E402
 
 REGION = "us-east-1"
 KEYS = {"AWS_ACCESS_KEY_ID": "AKIABOOTSTRAPTEST", "AWS_SECRET_ACCESS_KEY": "bootstrap/test/secret"}
-STEPS, NOTICE_AT = 150, 5
+# tests/test_resume.py's runs (SPEC) on one instance: 10 steps, a checkpoint every 4, dropout on.
+RUN = {"backend": "aws", "model": "nmt-tiny", "engine": {"name": "single"}, "steps": 10, "threads": 1,
+       "warmup_steps": 1, "data": {"kind": "task", "prefetch": 1}, "global_batch": 16, "checkpoint_every": 4,
+       "lr": 0.01, "model_args": {"dropout": 0.2}}
+STOP_AT = 6  # the trainer holds there until a stop signal (HOLD_AT_STEP_ENV), so every stop lands on it
 
 
 class Metadata:
     """Stands in for 169.254.169.254: IMDSv2 token, instance-id, and the spot notice once the
-    node's trainer has written NOTICE_AT steps (404 before, as on EC2)."""
+    node's trainer has written STOP_AT steps (404 before, as on EC2)."""
 
     def __init__(self) -> None:
         self.instance_id = ""
-        self.records: Path | None = None  # notice once this file has NOTICE_AT steps; None: never
+        self.records: Path | None = None  # notice once this file has STOP_AT steps; None: never
         meta = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -81,9 +97,11 @@ class Metadata:
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def notice_due(self) -> bool:
-        if self.records is None or not self.records.exists():
-            return False
-        return sum('"kind": "step"' in line for line in self.records.read_text().splitlines()) >= NOTICE_AT
+        return self.records is not None and steps_written(self.records) >= STOP_AT
+
+
+def steps_written(records: Path) -> int:
+    return sum('"kind": "step"' in line for line in records.read_text().splitlines()) if records.exists() else 0
 
 
 @pytest.fixture(scope="module")
@@ -104,26 +122,8 @@ def venv(tmp_path_factory) -> Path:
     return path / "bin" / "python"
 
 
-def clean_env() -> dict[str, str]:
-    """This machine's environment without anything that would point Python at this checkout or at AWS."""
-    return {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "PYTHON", "VIRTUAL_ENV"))}
-
-
-def run_user_data(script: str, work: Path, python: Path, meta: Metadata, moto_url: str, fake_bin: Path) -> subprocess.CompletedProcess:
-    env = clean_env()
-    env.update(KEYS, AWS_ENDPOINT_URL=moto_url, SCALELAB_WORK=str(work), SCALELAB_PYTHON=str(python),
-               SCALELAB_METADATA_URL=meta.url, SCALELAB_POLL_S="0.3", SCALELAB_PEER_TIMEOUT_S="60",
-               PIP_NO_INDEX="1", PIP_DISABLE_PIP_VERSION_CHECK="1", OMP_NUM_THREADS="1",
-               PATH=f"{fake_bin}:{env['PATH']}")
-    return subprocess.run(["bash", "-c", script], env=env, cwd=work.parent, capture_output=True, text=True, timeout=400)
-
-
-def user_data_of(ec2, instance_id: str) -> str:
-    attr = ec2.describe_instance_attribute(InstanceId=instance_id, Attribute="userData")
-    return b64decode(attr["UserData"]["Value"]).decode()
-
-
-def test_bootstrap_trains_checkpoints_on_notice_and_resumes(moto_url, wheel, venv, tmp_path):
+@pytest.fixture
+def cloud(moto_url, tmp_path):
     session = boto3.Session(region_name=REGION, aws_access_key_id=KEYS["AWS_ACCESS_KEY_ID"],
                             aws_secret_access_key=KEYS["AWS_SECRET_ACCESS_KEY"])
     ec2, s3 = session.client("ec2", endpoint_url=moto_url), session.client("s3", endpoint_url=moto_url)
@@ -134,14 +134,59 @@ def test_bootstrap_trains_checkpoints_on_notice_and_resumes(moto_url, wheel, ven
         pass
     bucket = f"scalelab-boot-{uuid.uuid4().hex[:8]}"
     s3.create_bucket(Bucket=bucket)
-    fake_bin = tmp_path / "bin"
-    fake_bin.mkdir()
-    shutdowns = tmp_path / "shutdowns.txt"
-    (fake_bin / "shutdown").write_text(f"#!/bin/sh\necho \"$@\" >> {shutdowns}\n")
-    (fake_bin / "shutdown").chmod(0o755)
+    return {"ec2": ec2, "s3": s3, "bucket": bucket, "url": moto_url, "shutdowns": tmp_path / "shutdowns.txt"}
 
-    spec = Spec.from_dict({"backend": "aws", "model": "nmt-tiny", "engine": {"name": "single"}, "steps": STEPS,
-                           "threads": 1, "warmup_steps": 1, "seed": 7})
+
+def clean_env() -> dict[str, str]:
+    """This machine's environment without anything that would point Python at this checkout or at AWS."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "PYTHON", "VIRTUAL_ENV"))}
+
+
+def node_bin(cloud, instance_id: str) -> Path:
+    """A PATH entry whose `shutdown` does what EC2 does for this instance: `-h now` powers it off, and
+    powering off terminates it when (and only when) it was started with shutdown behaviour terminate."""
+    path = cloud["shutdowns"].parent / f"bin-{instance_id}"
+    path.mkdir()
+    power_off = ("import boto3, sys; ec2 = boto3.client('ec2'); i = sys.argv[1]; "
+                 "b = ec2.describe_instance_attribute(InstanceId=i, Attribute='instanceInitiatedShutdownBehavior'); "
+                 "act = b['InstanceInitiatedShutdownBehavior']['Value'] == 'terminate'; "
+                 "(ec2.terminate_instances if act else ec2.stop_instances)(InstanceIds=[i])")
+    (path / "shutdown").write_text(f'#!/bin/sh\necho "$@" >> {cloud["shutdowns"]}\n'
+                                   f'[ "$2" = now ] && exec {sys.executable} -c "{power_off}" {instance_id}\nexit 0\n')
+    (path / "shutdown").chmod(0o755)
+    return path
+
+
+def start_user_data(cloud, instance_id: str, work: Path, python: Path, meta: Metadata) -> subprocess.Popen:
+    """Run the instance's user data from moto, as the instance would at boot."""
+    env = clean_env()
+    env.update(KEYS, AWS_ENDPOINT_URL=cloud["url"], SCALELAB_WORK=str(work), SCALELAB_PYTHON=str(python),
+               SCALELAB_METADATA_URL=meta.url, SCALELAB_POLL_S="0.3", SCALELAB_PEER_TIMEOUT_S="60",
+               PIP_NO_INDEX="1", PIP_DISABLE_PIP_VERSION_CHECK="1", OMP_NUM_THREADS="1",
+               PATH=f"{node_bin(cloud, instance_id)}:{env['PATH']}", **{HOLD_AT_STEP_ENV: str(STOP_AT)})
+    return subprocess.Popen(["bash", "-c", user_data_of(cloud["ec2"], instance_id)], env=env, cwd=work.parent,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finished(proc: subprocess.Popen, work: Path) -> str:
+    """Wait for a node's user data; its output and bootstrap log (for the failure message)."""
+    out, err = proc.communicate(timeout=400)
+    boot = work / "bootstrap.log"
+    return out + err + (boot.read_text() if boot.exists() else "")
+
+
+def user_data_of(ec2, instance_id: str) -> str:
+    attr = ec2.describe_instance_attribute(InstanceId=instance_id, Attribute="userData")
+    return b64decode(attr["UserData"]["Value"]).decode()
+
+
+def s3_json(cloud, key: str):
+    return json.loads(cloud["s3"].get_object(Bucket=cloud["bucket"], Key=key)["Body"].read())
+
+
+def test_spot_replacement_resumes_to_the_same_losses(cloud, wheel, venv, tmp_path):
+    ec2, s3, bucket = cloud["ec2"], cloud["s3"], cloud["bucket"]
+    spec = Spec.from_dict(RUN)
     be = AwsBackend({"bucket": bucket, "region": REGION, "spot": True, "wheel": str(wheel), "poll_s": 0.3,
                      "interruption_grace_s": 120.0, "report_timeout_min": 6.0, "timeout_min": 15.0},
                     clients={"ec2": ec2, "s3": s3})
@@ -166,21 +211,22 @@ def test_bootstrap_trains_checkpoints_on_notice_and_resumes(moto_url, wheel, ven
         meta.instance_id = first["InstanceId"]
         work0 = tmp_path / "node-gen0"
         meta.records = work0 / run_dir.name / "records" / "rank-0.jsonl"
-        proc = run_user_data(user_data_of(ec2, first["InstanceId"]), work0, venv, meta, moto_url, fake_bin)
-        boot_log = (work0 / "bootstrap.log").read_text() if (work0 / "bootstrap.log").exists() else ""
-        assert proc.returncode == 0, proc.stderr + boot_log
+        proc = start_user_data(cloud, first["InstanceId"], work0, venv, meta)
+        said = finished(proc, work0)
+        assert proc.returncode == 0, said
         installed = subprocess.run([str(venv), "-c", "import aws; print(aws.__file__)"], cwd=work0,
                                    capture_output=True, text=True, env=clean_env()).stdout
         assert str(venv.parent.parent) in installed  # the package came from the wheel, not this checkout
         keys = {o["Key"] for o in s3.list_objects_v2(Bucket=bucket, Prefix=prefix)["Contents"]}
         assert f"{prefix}/checkpoint.pt" in keys and f"{prefix}/records/gen-0/rank-0.jsonl" in keys
-        status0 = json.loads(s3.get_object(Bucket=bucket, Key=f"{prefix}/status/gen-0/{first['InstanceId']}.json")["Body"].read())
-        assert status0["state"] == "interrupted" and status0["exit_code"] == 143, boot_log
+        status0 = s3_json(cloud, f"{prefix}/status/gen-0/{first['InstanceId']}.json")
+        assert status0["state"] == "interrupted" and status0["exit_code"] == 143, said
+        assert status0["reason"] == "spot_notice"
         recs0 = [json.loads(x) for x in s3.get_object(Bucket=bucket, Key=f"{prefix}/records/gen-0/rank-0.jsonl")["Body"].read().decode().splitlines()]
-        stopped = [r for r in recs0 if r.get("event") == "interrupted"]
-        ckpt_step = max(r["step"] for r in recs0 if r.get("event") == "checkpoint")
-        assert stopped and NOTICE_AT <= ckpt_step < STEPS
-        assert shutdowns.read_text().splitlines()[0].startswith("-h +15")  # the time limit is armed first
+        assert [r["step"] for r in recs0 if r.get("event") == "interrupted"] == [STOP_AT]
+        assert max(r["step"] for r in recs0 if r.get("event") == "checkpoint") == STOP_AT
+        shutdowns = cloud["shutdowns"].read_text().splitlines()
+        assert shutdowns[0].startswith("-h +15") and shutdowns[-1].startswith("-h now")  # limit armed first
         assert KEYS["AWS_SECRET_ACCESS_KEY"] not in user_data_of(ec2, first["InstanceId"])
 
         # ---- generation 1: the launcher replaced the capacity; a fresh node resumes ---------------
@@ -192,8 +238,9 @@ def test_bootstrap_trains_checkpoints_on_notice_and_resumes(moto_url, wheel, ven
         assert second["InstanceLifecycle"] == "spot"
         meta.instance_id, meta.records = second["InstanceId"], None
         work1 = tmp_path / "node-gen1"
-        proc = run_user_data(user_data_of(ec2, second["InstanceId"]), work1, venv, meta, moto_url, fake_bin)
-        assert proc.returncode == 0, proc.stderr + (work1 / "bootstrap.log").read_text()
+        proc = start_user_data(cloud, second["InstanceId"], work1, venv, meta)
+        said = finished(proc, work1)
+        assert proc.returncode == 0, said
         launcher.join(timeout=120)
     finally:
         meta.server.shutdown()
@@ -202,17 +249,83 @@ def test_bootstrap_trains_checkpoints_on_notice_and_resumes(moto_url, wheel, ven
     assert "error" not in outcome, outcome
     assert outcome["status"].state == "COMPLETED", outcome["status"].detail
 
-    # ---- the launcher's copy: merged records, the interruption, report unchanged, nothing running ---
-    recs = [json.loads(x) for x in (run_dir / "records" / "rank-0.jsonl").read_text().splitlines()]
-    steps = [r["step"] for r in recs if r["kind"] == "step"]
-    resumed = [r for r in recs if r["kind"] == "start"][-1]["resumed_from_step"]
-    assert resumed == ckpt_step
-    assert steps == list(range(1, ckpt_step + 1)) + list(range(ckpt_step + 1, STEPS + 1))
+    # ---- the launcher's copy: the same losses as without the interruption, report unchanged, nothing left
+    reference = tmp_path / "uninterrupted"
+    reference.mkdir()
+    save_spec(spec, reference)
+    done = subprocess.run([sys.executable, "-m", "train", str(reference)], cwd=tmp_path, capture_output=True,
+                          text=True, env={**clean_env(), "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    _assert_resumed_exactly(run_dir, reference, "single", from_step=STOP_AT)
+    steps = [json.loads(x)["step"] for x in (run_dir / "records" / "rank-0.jsonl").read_text().splitlines()
+             if json.loads(x)["kind"] == "step"]
+    assert steps == list(range(1, 11))
     events = [json.loads(x) for x in (run_dir / "records" / "aws-events.jsonl").read_text().splitlines()]
     assert [e["event"] for e in events if e["event"] in ("spot_interruption", "capacity_replaced")] == \
         ["spot_interruption", "capacity_replaced"]
     assert events[-1]["interruptions"] == 1 and events[-1]["lost_s"] > 0
-    assert (run_dir / "checkpoint.pt").exists()
     assert td.instances(ec2, run_dir.name, td.LIVE_STATES) == []
     report = launch("report", str(run_dir), "--format", "json", cwd=tmp_path)
     assert report.returncode == 0, report.stderr
+
+
+def test_a_killed_launcher_leaves_nothing_running(cloud, wheel, venv, tmp_path):
+    """SIGKILL of the launcher: nothing runs in it any more, so nothing of it can terminate the
+    instances. The node notices that the heartbeat stopped changing, checkpoints, uploads and powers
+    off, which terminates it; `launch aws gc` removes what only a launcher would have removed."""
+    ec2, s3, bucket = cloud["ec2"], cloud["s3"], cloud["bucket"]
+    env = {**os.environ, **KEYS, "PYTHONPATH": str(ROOT), "AWS_ENDPOINT_URL": cloud["url"], "AWS_DEFAULT_REGION": REGION}
+    log = (tmp_path / "launcher.err").open("w")
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "launcher.cli", *SPEC, "--engine", "single", "--threads", "1", "--backend", "aws",
+         "--bucket", bucket, "--region", REGION, "--spot", "--heartbeat-timeout-min", "0.25",
+         f"--backend-opt=wheel={wheel}", "--backend-opt=poll_s=0.3", "--runs-dir", "runs"],
+        cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=log)
+    meta = Metadata()
+    try:
+        run_dir = until(lambda: next(iter(_following(tmp_path / "runs")), None), launcher, "the launcher to follow its run")
+        (node,) = td.instances(ec2, run_dir.name, ["running"], 0)
+        meta.instance_id = node["InstanceId"]
+        work = tmp_path / "node"
+        proc = start_user_data(cloud, node["InstanceId"], work, venv, meta)
+        records = work / run_dir.name / "records" / "rank-0.jsonl"
+        until(lambda: steps_written(records) >= STOP_AT or proc.poll() is not None, launcher, "the node to train")
+        launcher.kill()  # SIGKILL: no handler, no clean-up, no more heartbeats
+        launcher.wait(timeout=60)
+        said = finished(proc, work)
+    finally:
+        meta.server.shutdown()
+        launcher.kill()
+        log.close()
+    assert proc.returncode == 0, said
+    prefix = f"scalelab/{run_dir.name}"
+    status = s3_json(cloud, f"{prefix}/status/gen-0/{node['InstanceId']}.json")
+    assert status["state"] == "interrupted" and status["reason"] == "launcher_lost" and status["exit_code"] == 143, said
+    assert "launcher's heartbeat has not changed for 15 s" in said
+    checkpoint = tmp_path / "checkpoint.pt"
+    s3.download_file(bucket, f"{prefix}/checkpoint.pt", str(checkpoint))
+    assert torch.load(checkpoint, weights_only=True)["step"] == STOP_AT  # stopped with a checkpoint, uploaded
+    assert cloud["shutdowns"].read_text().splitlines()[-1].startswith("-h now")
+    assert td.instances(ec2, run_dir.name, td.LIVE_STATES) == [], "the instance did not terminate itself"
+    assert td.volumes(ec2, run_dir.name) == []
+    assert len(td.groups_sg_only(ec2, run_dir.name)) == 1  # only a launcher deletes it: gc does
+    gc = launch("aws", "gc", "--run-id", run_dir.name, cwd=tmp_path,
+                env={**KEYS, "AWS_ENDPOINT_URL": cloud["url"], "AWS_DEFAULT_REGION": REGION})
+    assert gc.returncode == 0, gc.stderr
+    assert td.groups_sg_only(ec2, run_dir.name) == [] and td.instances(ec2, run_dir.name, td.LIVE_STATES) == []
+
+
+def _following(runs: Path) -> list[Path]:
+    """The run directory whose launcher has seen it RUNNING (its instance exists)."""
+    found = [p.parent for p in runs.glob("*/launch.json")] if runs.exists() else []
+    return [d for d in found if json.loads((d / "launch.json").read_text()).get("state") == "RUNNING"]
+
+
+def until(condition, launcher: subprocess.Popen, what: str, timeout: float = 300):
+    """Poll `condition` until it returns something true; fail if the launcher ends or time runs out first."""
+    deadline = time.time() + timeout
+    while not (found := condition()):
+        assert launcher.poll() is None, f"the launcher ended (exit code {launcher.returncode}) before {what}"
+        assert time.time() < deadline, f"waited {timeout:.0f} s for {what}"
+        time.sleep(0.2)
+    return found

@@ -29,7 +29,7 @@ from aws import teardown as td  # noqa: E402
 from aws.backend import AwsBackend  # noqa: E402
 from core.errors import ScalelabError  # noqa: E402
 from core.spec import Spec  # noqa: E402
-from launcher.runner import Interrupted, cancel, failure, submit, wait  # noqa: E402
+from launcher.runner import Interrupted, cancel, execute, failure, submit, wait  # noqa: E402
 
 REGION = "us-east-1"
 CREDS = {"aws_access_key_id": "AKIATESTMOTOKEYID", "aws_secret_access_key": "moto/test/SECRET/value"}
@@ -65,6 +65,17 @@ def make_spec(nodes: int = 2, **kw) -> Spec:
 
 def live(cloud, run_id: str) -> list[dict]:
     return td.instances(cloud["ec2"], run_id, td.LIVE_STATES)
+
+
+def left(cloud, run_id: str, placement_groups: PlacementGroups | None = None) -> dict[str, int]:
+    """What of the run still exists or costs, counted through boto3: instances not terminated, its
+    volumes, its security groups and (where they are kept, see PlacementGroups) its placement groups."""
+    pgs = list(placement_groups.groups.values()) if placement_groups else []
+    return {"instances": len(live(cloud, run_id)), "volumes": len(td.volumes(cloud["ec2"], run_id)),
+            "security_groups": len(td.groups_sg_only(cloud["ec2"], run_id)), "placement_groups": len(pgs)}
+
+
+NOTHING = {"instances": 0, "volumes": 0, "security_groups": 0, "placement_groups": 0}
 
 
 def run_dir_for(tmp_path: Path) -> Path:
@@ -177,12 +188,18 @@ def test_spot_run_completes_and_leaves_nothing(cloud, tmp_path, monkeypatch):
     assert f"scalelab/{run_dir.name}/spec.json" in keys
     ud = ec2.describe_instance_attribute(InstanceId=nodes[0]["InstanceId"], Attribute="userData")
     script = base64.b64decode(ud["UserData"]["Value"]).decode()
-    assert run_dir.name in script and "shutdown -h +120" in script
+    assert run_dir.name in script and "shutdown -h +120" in script and "SCALELAB_HEARTBEAT_TIMEOUT_S=600" in script
     assert CREDS["aws_access_key_id"] not in script and CREDS["aws_secret_access_key"] not in script
+    for n in nodes:  # powering off (the time limit, the end, a lost launcher) terminates: nothing is left stopped
+        behaviour = ec2.describe_instance_attribute(InstanceId=n["InstanceId"], Attribute="instanceInitiatedShutdownBehavior")
+        assert behaviour["InstanceInitiatedShutdownBehavior"]["Value"] == "terminate"
 
     fake = FakeNodes(cloud, run_dir)
+    beats = []
 
     def instance_side() -> None:
+        beat = s3.get_object(Bucket=cloud["bucket"], Key=f"scalelab/{run_dir.name}/control/launcher.json")
+        beats.append(json.loads(beat["Body"].read())["time"])
         if fake.tick(0) == 2:
             ns = fake.heartbeat(0)
             for rank in range(2):
@@ -191,9 +208,8 @@ def test_spot_run_completes_and_leaves_nothing(cloud, tmp_path, monkeypatch):
 
     status = wait(be, run_dir, on_tick=instance_side)
     assert status.state == "COMPLETED", status.detail
-    assert live(cloud, run_dir.name) == []
-    assert not [g for g in ec2.describe_security_groups()["SecurityGroups"] if g["GroupName"] == f"scalelab-{run_dir.name}"]
-    assert pgs.groups == {}
+    assert len(beats) >= 2 and len(set(beats)) == len(beats), "the launcher rewrites its heartbeat on every poll"
+    assert left(cloud, run_dir.name, pgs) == NOTHING
     steps = [json.loads(x) for x in (run_dir / "records" / "rank-1.jsonl").read_text().splitlines()]
     assert [r["step"] for r in steps if r["kind"] == "step"] == [1, 2, 3, 4, 5, 6]
     events = [json.loads(x) for x in (run_dir / "records" / "aws-events.jsonl").read_text().splitlines()]
@@ -253,11 +269,12 @@ def test_bootstrap_that_never_reports(cloud, tmp_path):
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
 def test_a_stop_signal_in_the_middle_tears_everything_down(cloud, tmp_path, sig):
     """Ctrl-C, SIGTERM or SIGHUP to the launcher while it follows: the nodes are asked to checkpoint,
-    every instance and group of the run goes, the run is recorded CANCELLED."""
-    be = backend(cloud)
+    every instance, volume and group of the run goes, the run is recorded CANCELLED."""
+    be = backend(cloud, placement_group="auto")
+    pgs = be._clients["ec2"] = PlacementGroups(cloud["ec2"])
     run_dir = run_dir_for(tmp_path)
     be.schedule(be.submit_dryrun(make_spec(), run_dir))
-    assert len(live(cloud, run_dir.name)) == 2
+    assert left(cloud, run_dir.name, pgs) == {"instances": 2, "volumes": 2, "security_groups": 1, "placement_groups": 1}
     polls = []
 
     def stop_signal() -> None:
@@ -268,15 +285,85 @@ def test_a_stop_signal_in_the_middle_tears_everything_down(cloud, tmp_path, sig)
     with pytest.raises(Interrupted) as stopped:
         wait(be, run_dir, on_tick=stop_signal)
     assert stopped.value.exit_code == 128 + sig
-    assert live(cloud, run_dir.name) == []
-    assert not [g for g in cloud["ec2"].describe_security_groups()["SecurityGroups"]
-                if g["GroupName"] == f"scalelab-{run_dir.name}"]
+    assert left(cloud, run_dir.name, pgs) == NOTHING
     keys = {o["Key"] for o in cloud["s3"].list_objects_v2(Bucket=cloud["bucket"])["Contents"]}
     assert f"scalelab/{run_dir.name}/control/stop" in keys  # the nodes were asked to checkpoint first
     info = json.loads((run_dir / "launch.json").read_text())
     assert info["state"] == "CANCELLED" and signal.Signals(sig).name in info["detail"]
     events = [json.loads(x) for x in (run_dir / "records" / "aws-events.jsonl").read_text().splitlines()]
     assert events[-1]["event"] == "aws_end" and events[-1]["state"] == "CANCELLED"
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_a_stop_signal_to_the_launch_command_leaves_nothing(cloud, tmp_path, sig):
+    """The same through the real `launch` command in its own process: the signal comes from outside
+    (`kill`, `timeout`, a closed terminal), the command exits 128 + the signal, nothing of the run is left."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "AWS_ENDPOINT_URL": cloud["url"], "AWS_DEFAULT_REGION": REGION,
+           "AWS_ACCESS_KEY_ID": CREDS["aws_access_key_id"], "AWS_SECRET_ACCESS_KEY": CREDS["aws_secret_access_key"]}
+    opts = [f"--backend-opt={kv}" for kv in (f"wheel={cloud['wheel']}", "poll_s=0.2", "interruption_grace_s=0")]
+    proc = subprocess.Popen([sys.executable, "-m", "launcher.cli", "--backend", "aws", "--bucket", cloud["bucket"],
+                             "--region", REGION, "--nodes", "2", "--engine", "ddp", "--steps", "6",
+                             "--placement-group", "none", *opts, "--runs-dir", "runs"],
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 120
+        while not _following(tmp_path / "runs"):
+            assert proc.poll() is None and time.time() < deadline, proc.communicate()
+            time.sleep(0.2)
+        run_dir = next((tmp_path / "runs").iterdir())
+        assert left(cloud, run_dir.name) == {"instances": 2, "volumes": 2, "security_groups": 1, "placement_groups": 0}
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + sig, err
+    assert "Traceback" not in err and "every process of the run was stopped" in err
+    assert left(cloud, run_dir.name) == NOTHING
+    assert json.loads((run_dir / "launch.json").read_text())["state"] == "CANCELLED"
+
+
+def _following(runs: Path) -> bool:
+    """A launcher's follow loop has seen its run RUNNING (its instances exist)."""
+    states = [json.loads(p.read_text()).get("state") for p in runs.glob("*/launch.json")] if runs.exists() else []
+    return states == ["RUNNING"]
+
+
+def test_resume_beside_running_instances_is_refused(cloud, tmp_path):
+    """The launcher was SIGKILLed: its instances go on until its heartbeat is old. A `launch resume`
+    then must neither start a second generation beside them nor stop them; it says what to do."""
+    run_dir = run_dir_for(tmp_path)
+    submit(backend(cloud), make_spec(), run_dir)
+    first = {n["InstanceId"] for n in live(cloud, run_dir.name)}
+    with pytest.raises(ScalelabError, match=r"still has 2 instance\(s\) running.*launch cancel"):
+        execute(backend(cloud), make_spec(), run_dir)  # what `launch resume` does
+    assert {n["InstanceId"] for n in live(cloud, run_dir.name)} == first
+    cancel(backend(cloud), run_dir)
+    assert left(cloud, run_dir.name) == NOTHING
+
+
+def test_nodes_that_lost_their_launcher_end_the_run(cloud, tmp_path):
+    """A launcher that was suspended longer than heartbeat_timeout_min finds that its nodes stopped
+    themselves (with a checkpoint): the run ends FAILED with the way on, not with a replacement."""
+    be = backend(cloud, instance_type="g3.4xlarge", spot=True)
+    run_dir = run_dir_for(tmp_path)
+    be.schedule(be.submit_dryrun(make_spec(nodes=1, engine={"name": "single"}), run_dir))
+    fake = FakeNodes(cloud, run_dir)
+
+    def instance_side() -> None:
+        (node,) = fake.heartbeat(0)
+        fake.put(f"status/gen-0/{node['InstanceId']}.json", {"state": "interrupted", "reason": "launcher_lost",
+                                                             "exit_code": 143})
+
+    status = wait(be, run_dir, on_tick=instance_side)
+    assert status.state == "FAILED" and "no heartbeat from the launcher for 10 min" in status.detail
+    assert f"launch resume {run_dir}" in status.detail
+    assert td.instances(cloud["ec2"], run_dir.name, None, 1) == []  # no replacement generation
+    assert left(cloud, run_dir.name) == NOTHING
 
 
 def test_failed_trainer_fails_the_run(cloud, tmp_path):
@@ -408,16 +495,17 @@ def test_gc_terminates_what_a_crash_left(cloud, tmp_path):
                       TagSpecifications=[{"ResourceType": "instance", "Tags": tag}])
     ec2.create_security_group(GroupName=f"scalelab-{run_id}", Description="left over",
                               TagSpecifications=[{"ResourceType": "security-group", "Tags": tag}])
+    ec2.create_volume(AvailabilityZone=f"{REGION}a", Size=100, TagSpecifications=[{"ResourceType": "volume", "Tags": tag}])
     env = {"AWS_ENDPOINT_URL": cloud["url"], "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "y",
            "AWS_DEFAULT_REGION": REGION, "AWS_MAX_ATTEMPTS": "1"}
     out = launch("aws", "gc", "--run-id", run_id, "--dry-run", cwd=tmp_path, env=env)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.count("instance i-") == 2 and "security-group" in out.stdout
-    assert len(live(cloud, run_id)) == 2
+    assert out.stdout.count("instance i-") == 2 and "security-group" in out.stdout and "volume vol-" in out.stdout
+    assert left(cloud, run_id)["instances"] == 2
     out = launch("aws", "gc", "--run-id", run_id, cwd=tmp_path, env=env)
     assert out.returncode == 0, out.stderr
-    assert "terminated 2 instance(s)" in out.stdout and live(cloud, run_id) == []
-    assert not td.groups(ec2, run_id)[0]
+    assert "terminated 2 instance(s), deleted 1 volume(s)" in out.stdout
+    assert left(cloud, run_id) == NOTHING
 
 
 def test_no_credentials_is_one_clear_message(tmp_path):

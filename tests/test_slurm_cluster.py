@@ -5,6 +5,15 @@ and MariaDB from Debian's packages the first time) and stops it at the end, unle
 Where this machine cannot run Slurm (not root, no apt, no Linux) every test here is skipped with the
 script's reason. Runs are tiny (nmt-tiny, one thread a rank, few steps): they prove placement, the
 engines' rendezvous, signals and requeue, not speed.
+
+Faults injected (issue #12): SIGINT, SIGTERM and SIGHUP to `launch` (no job left in squeue, no
+process of the run left: counted by command line and by SLURM_JOB_ID in each process's environment);
+SIGKILL to `launch` (the job goes on under Slurm; `launch status` and `launch cancel` from a new
+launcher still work on it; a resume beside it is refused); one rank SIGKILLed (the job fails, `launch
+resume` continues from the last periodic checkpoint) and `scontrol requeue` (the ranks checkpoint,
+the job starts again and resumes), both with DDP and Horovod, compared with an uninterrupted run of
+the same spec on the cluster: per-step losses, learning rates, final weights and Adam's state equal,
+as tests/test_resume.py compares them on the local backend.
 """
 
 from __future__ import annotations
@@ -12,17 +21,29 @@ from __future__ import annotations
 import collections
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.conftest import ROOT, launch, needs_horovod, only_run_dir, read_jsonl
+from tests.test_resume import (
+    ENGINE_PARAMS,
+    ENGINES,
+    SPEC,
+    _all_ranks_at,
+    _assert_resumed_exactly,
+)
+from train.checkpoint import CHECKPOINT_NAME
+from train.loop import HOLD_AT_STEP_ENV, KILL_AT_STEP_ENV
 
 SCRIPT = ROOT / "scripts" / "slurm-cluster.sh"
 TINY = ["--backend", "slurm", "--model", "nmt-tiny", "--threads", "1", "--warmup-steps", "1"]
+EXACT = [*SPEC, "--backend", "slurm", "--threads", "1"]  # tests/test_resume.py's runs, on the cluster
 
 
 @pytest.fixture(scope="session")
@@ -69,22 +90,43 @@ def placements(run_dir: Path) -> list[dict]:
     return [r for p in sorted((run_dir / "slurm").glob("placement-*.jsonl")) for r in read_jsonl(p)]
 
 
-def start_run(tmp_path: Path, *args: str) -> tuple[subprocess.Popen, Path]:
-    """`launch run` in the background; return it and its run directory once rank 0 has trained 3 steps."""
+def start_run(tmp_path: Path, *args: str, env: dict | None = None, ranks: int = 1,
+              step: int = 3) -> tuple[subprocess.Popen, Path]:
+    """`launch run` in the background; return it and its run directory once `ranks` ranks trained `step` steps."""
     runs = tmp_path / "runs"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200", **(env or {})}
     proc = subprocess.Popen([sys.executable, "-m", "launcher.cli", *TINY, *args, "--runs-dir", str(runs)],
                             cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 240
     while time.time() < deadline:
-        rank0 = next(runs.glob("*/records/rank-0.jsonl"), None) if runs.exists() else None
-        if rank0 is not None and sum(r["kind"] == "step" for r in read_jsonl(rank0)) >= 3:
-            return proc, rank0.parent.parent
+        if _all_ranks_at(runs, ranks, step):
+            return proc, only_run_dir(runs)
         if proc.poll() is not None:
-            pytest.fail(f"the run ended before training 3 steps: {proc.communicate()}")
+            pytest.fail(f"the run ended before training {step} steps: {proc.communicate()}")
         time.sleep(0.3)
     proc.kill()
-    pytest.fail("the run did not train 3 steps within 240 s")
+    pytest.fail(f"the run did not train {step} steps within 240 s")
+
+
+def processes_of(run_dir: Path, job: str) -> list[str]:
+    """Every live process of the run on this machine (both nodes are here): its command line names the
+    run directory (srun, the ranks), or Slurm started it for the job (SLURM_JOB_ID in its environment:
+    the batch script, the rendezvous server, the ranks)."""
+    import psutil
+
+    found = []
+    for p in psutil.process_iter(["pid", "cmdline", "status"]):
+        try:
+            cmd = " ".join(p.info["cmdline"] or [])
+            if p.info["status"] != psutil.STATUS_ZOMBIE and (str(run_dir) in cmd or p.environ().get("SLURM_JOB_ID") == job):
+                found.append(f"{p.pid} {cmd[:160]}")
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found
+
+
+def in_queue(job: str) -> list[str]:
+    return [line for line in active_jobs() if line.split()[0] == job]
 
 
 def wait_for_state(job: str, states: tuple[str, ...], timeout: float = 120) -> str:
@@ -168,6 +210,97 @@ def test_cancel_stops_the_job_and_leaves_nothing_queued(slurm_cluster, tmp_path:
     assert interrupted and (run_dir / "checkpoint.pt").exists(), "the ranks checkpointed on SIGTERM"
 
 
+# ---- signals to the launcher ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("sig, engine", [(signal.SIGINT, "ddp"), (signal.SIGTERM, "ddp"),
+                                         pytest.param(signal.SIGHUP, "horovod", marks=needs_horovod)])
+def test_a_stop_signal_to_launch_leaves_no_job_and_no_process(slurm_cluster, tmp_path: Path, sig, engine) -> None:
+    """SIGINT (Ctrl-C), SIGTERM (`kill`, `timeout`, CI) and SIGHUP (a closed terminal) take the same path:
+    scancel (the ranks checkpoint), wait until Slurm has ended every process of the job, CANCELLED."""
+    proc, run_dir = start_run(tmp_path, "--engine", engine, "--gpus-per-node", "2", "--steps", "100000", ranks=2)
+    job = job_of(run_dir)
+    assert len(processes_of(run_dir, job)) >= 3, "the count must see the run: batch script, srun, 2 ranks"
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=240)
+    assert proc.returncode == 128 + sig and "every process of the run was stopped" in err, err[-3000:]
+    assert "Traceback" not in err
+    assert in_queue(job) == [] and processes_of(run_dir, job) == [] and not rendezvous_servers()
+    info = json.loads((run_dir / "launch.json").read_text())
+    assert info["state"] == "CANCELLED" and signal.Signals(sig).name in info["detail"]
+    assert slurm("sacct", "-n", "-X", "-P", "-j", job, "-o", "State").split()[0] == "CANCELLED"
+    assert [e for e in records(run_dir, "event") if e["event"] == "interrupted"], "the ranks checkpointed on SIGTERM"
+    assert (run_dir / CHECKPOINT_NAME).exists()
+
+
+def test_a_killed_launcher_leaves_the_job_to_slurm_and_a_new_launcher_still_commands_it(slurm_cluster,
+                                                                                       tmp_path: Path) -> None:
+    """SIGKILL of `launch` (nothing can run in it): the job goes on by design, since Slurm, not the
+    launcher, supervises it. `launch status` and `launch cancel` from another launcher work on it, and
+    `launch resume` refuses to queue a second job into the same run directory."""
+    proc, run_dir = start_run(tmp_path, "--engine", "ddp", "--gpus-per-node", "2", "--steps", "100000", ranks=2)
+    job = job_of(run_dir)
+    proc.kill()
+    proc.communicate(timeout=60)
+    rank0 = run_dir / "records" / "rank-0.jsonl"
+    trained = rank0.read_text().count('"kind": "step"')
+    deadline = time.time() + 120
+    while rank0.read_text().count('"kind": "step"') <= trained:  # still training without its launcher
+        assert time.time() < deadline and in_queue(job), "the job stopped with its launcher"
+        time.sleep(0.3)
+    status = launch("status", str(run_dir), cwd=tmp_path)
+    assert status.returncode == 0 and "RUNNING" in status.stdout and f"Slurm job {job}" in status.stdout, status
+
+    refused = launch("resume", str(run_dir), cwd=tmp_path)
+    assert refused.returncode == 2 and f"still RUNNING as Slurm job {job}" in refused.stderr, refused.stderr
+    assert f"launch cancel {run_dir}" in refused.stderr and "Traceback" not in refused.stderr
+    assert [line.split()[2] for line in in_queue(job)] == ["RUNNING"], "the refused resume must leave the job alone"
+    assert len([line for line in active_jobs() if run_dir.name in line]) == 1, "no second job was queued"
+
+    cancelled = launch("cancel", str(run_dir), cwd=tmp_path)
+    assert cancelled.returncode == 0 and "CANCELLED" in cancelled.stdout, cancelled
+    assert in_queue(job) == [] and processes_of(run_dir, job) == []
+    assert [e for e in records(run_dir, "event") if e["event"] == "interrupted"] and (run_dir / CHECKPOINT_NAME).exists()
+
+
+# ---- exact resume on the cluster: a killed rank, a requeue ----------------------------------------
+
+
+@pytest.fixture(scope="module")
+def cluster_reference(slurm_cluster, tmp_path_factory):
+    """The uninterrupted run of each engine on the cluster, made once for the module."""
+    made = {}
+
+    def get(engine: str) -> Path:
+        if engine not in made:
+            where = tmp_path_factory.mktemp(f"reference-{engine}")
+            done = launch(*EXACT, *ENGINES[engine], "--runs-dir", "runs", cwd=where, timeout=600)
+            assert done.returncode == 0, done.stderr[-3000:]
+            made[engine] = only_run_dir(where / "runs")
+        return made[engine]
+
+    return get
+
+
+@pytest.mark.parametrize("engine", [e for e in ENGINE_PARAMS if e != "single"])
+def test_killed_rank_fails_the_job_and_resume_gives_the_same_losses(tmp_path: Path, engine, cluster_reference) -> None:
+    """SIGKILL of rank 1 after step 6: srun ends the job (FAILED); `launch resume` queues a new job that
+    continues from the periodic checkpoint of step 4 and trains what an uninterrupted run trains."""
+    done = launch(*EXACT, *ENGINES[engine], "--runs-dir", "runs", cwd=tmp_path, env={KILL_AT_STEP_ENV: "6:1"},
+                  timeout=600)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    run_dir = only_run_dir(tmp_path / "runs")
+    job = job_of(run_dir)
+    assert slurm("sacct", "-n", "-X", "-P", "-j", job, "-o", "State").split()[0] == "FAILED"
+    assert in_queue(job) == [] and processes_of(run_dir, job) == [] and not rendezvous_servers()
+    assert torch.load(run_dir / CHECKPOINT_NAME, weights_only=True)["step"] == 4
+
+    resumed = launch("resume", str(run_dir), cwd=tmp_path, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert job_of(run_dir) != job and processes_of(run_dir, job_of(run_dir)) == []
+    _assert_resumed_exactly(run_dir, cluster_reference(engine), engine, from_step=4)
+
+
 # ---- preemption and the time limit: checkpoint, requeue, resume ---------------------------------
 
 
@@ -193,20 +326,22 @@ def release_requeued(job: str) -> None:
     subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now+5"], check=True, capture_output=True)
 
 
-@needs_horovod
-def test_scontrol_requeue_checkpoints_and_resumes(slurm_cluster, tmp_path: Path) -> None:
-    steps = 1500
-    proc, run_dir = start_run(tmp_path, "--engine", "horovod", "--gpus-per-node", "2", "--steps", str(steps),
-                              "--checkpoint-every", "500")
+@pytest.mark.parametrize("engine", [e for e in ENGINE_PARAMS if e != "single"])
+def test_scontrol_requeue_checkpoints_and_resumes_to_the_same_losses(tmp_path: Path, engine, cluster_reference) -> None:
+    """`scontrol requeue` (what preemption does) while the ranks hold after step 6 (a test aid, so the
+    requeue lands on a known step): they checkpoint, the job starts again and resumes from step 6."""
+    proc, run_dir = start_run(tmp_path, *SPEC, *ENGINES[engine], env={HOLD_AT_STEP_ENV: "6"},
+                              ranks=2, step=6)
     job = job_of(run_dir)
     subprocess.run(["scontrol", "requeue", job], check=True, capture_output=True)  # as preemption does
     release_requeued(job)
-    out, err = proc.communicate(timeout=540)
+    _, err = proc.communicate(timeout=540)
     assert proc.returncode == 0, err[-3000:]
-    assert_resumed(run_dir, steps, signal_number=15)
+    assert_resumed(run_dir, 10, signal_number=15)
+    _assert_resumed_exactly(run_dir, cluster_reference(engine), engine, from_step=6)
     history = slurm("sacct", "-n", "-X", "-P", "-D", "-j", job, "-o", "State").split()
     assert history == ["REQUEUED", "COMPLETED"]
-    assert not rendezvous_servers(), "the job left its Horovod rendezvous server running"
+    assert processes_of(run_dir, job) == [] and not rendezvous_servers(), "the job left a process running"
 
 
 def test_time_limit_warning_checkpoints_and_requeues(slurm_cluster, tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ export SCALELAB_GENERATION=0
 export SCALELAB_NODES=2
 export SCALELAB_GPUS_PER_NODE=1
 export SCALELAB_ENGINE=horovod
+export SCALELAB_HEARTBEAT_TIMEOUT_S=600
 export AWS_DEFAULT_REGION=us-east-1
 : "${SCALELAB_WORK:=/opt/scalelab}" "${SCALELAB_PYTHON:=/opt/pytorch/bin/python}"
 [ -x "$SCALELAB_PYTHON" ] || SCALELAB_PYTHON=python3

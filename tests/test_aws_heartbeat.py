@@ -1,0 +1,146 @@
+"""The launcher's heartbeat, piece by piece: what a node decides from it, against moto's S3.
+
+The launcher rewrites PREFIX/control/launcher.json on every poll; each node stops its ranks (with a
+checkpoint) and powers off once that object has not changed for `heartbeat_timeout_min`, measured on
+the node's own clock. The whole path - a real launcher SIGKILLed, the real user data on this machine -
+is in tests/test_aws_bootstrap.py; here the decisions are checked one by one, with the node's clock
+under the test's control (no sleeping, no timing).
+"""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import pytest
+
+boto3 = pytest.importorskip("boto3", reason="boto3 is not installed: pip install boto3")
+pytest.importorskip("moto.server", reason='moto server is not installed: pip install "moto[server]"')
+
+from aws import bootstrap  # noqa: E402
+from aws.bootstrap import (  # noqa: E402
+    LAUNCHER_HEARTBEAT,
+    LAUNCHER_LOST,
+    SPOT_NOTICE,
+    STOP_REQUESTED,
+    Config,
+    LauncherWatch,
+    Sync,
+    final_state,
+    stop_reason,
+)
+from aws.render import make_plan, user_data  # noqa: E402
+from core.errors import SpecError  # noqa: E402
+from core.spec import Spec  # noqa: E402
+from launcher.backend import get_backend  # noqa: E402
+
+KEYS = {"aws_access_key_id": "AKIAHEARTBEATTEST", "aws_secret_access_key": "heartbeat/test"}
+
+
+class Clock:
+    """The node's monotonic clock, moved by the test."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def node(moto_url, monkeypatch):
+    """A node's S3 view of one run (real moto S3) and its clock."""
+    s3 = boto3.Session(region_name="us-east-1", **KEYS).client("s3", endpoint_url=moto_url)
+    bucket = f"scalelab-beat-{uuid.uuid4().hex[:8]}"
+    s3.create_bucket(Bucket=bucket)
+    cfg = Config({"SCALELAB_RUN_ID": "r1", "SCALELAB_BUCKET": bucket, "SCALELAB_PREFIX": "scalelab/r1",
+                  "SCALELAB_HEARTBEAT_TIMEOUT_S": "600"})
+    clock = Clock()
+    monkeypatch.setattr(bootstrap.time, "monotonic", clock)
+    return Sync(s3, cfg, "i-1", 0), clock
+
+
+def beat(sync: Sync, n: int) -> None:
+    """What the launcher's poll writes (a new body, so a new ETag)."""
+    sync.put_json(LAUNCHER_HEARTBEAT, {"time": n})
+
+
+def test_a_changing_heartbeat_keeps_the_node_going_and_a_still_one_stops_it(node):
+    sync, clock = node
+    watch = LauncherWatch(sync, timeout_s=600)
+    for n in range(5):  # the launcher polls: the object changes, the age starts again each time
+        beat(sync, n)
+        clock.now += 500
+        assert not watch.gone()
+    clock.now += 500  # unchanged for 500 s: not yet
+    assert not watch.gone()
+    clock.now += 101  # unchanged for 601 s
+    assert watch.gone()
+    beat(sync, 99)  # a launcher that comes back in time is followed again
+    assert not watch.gone()
+
+
+def test_no_heartbeat_at_all_counts_from_the_nodes_start(node):
+    """The launcher died before its first poll reached S3 (or the object was deleted)."""
+    sync, clock = node
+    watch = LauncherWatch(sync, timeout_s=600)
+    clock.now += 600
+    assert not watch.gone()
+    clock.now += 1
+    assert watch.gone()
+
+
+def test_an_s3_error_is_no_news_and_does_not_restart_the_age(node):
+    sync, clock = node
+    beat(sync, 1)
+    watch = LauncherWatch(sync, timeout_s=600)
+    assert not watch.gone()
+    from botocore.config import Config as BotoConfig
+    from botocore.exceptions import EndpointConnectionError
+
+    sync.s3 = boto3.Session(region_name="us-east-1", **KEYS).client(  # S3 unreachable from the node
+        "s3", endpoint_url="http://127.0.0.1:9", config=BotoConfig(retries={"max_attempts": 1}, connect_timeout=2))
+    with pytest.raises(EndpointConnectionError):
+        sync.etag(LAUNCHER_HEARTBEAT)
+    clock.now += 601
+    assert watch.gone()
+
+
+def test_why_a_node_stops(node):
+    sync, clock = node
+    watch = LauncherWatch(sync, timeout_s=600)
+    beat(sync, 1)
+    assert stop_reason(sync, None, watch) is None
+    clock.now += 601
+    assert stop_reason(sync, None, watch) == LAUNCHER_LOST
+    sync.put_json("control/stop", {})
+    assert stop_reason(sync, None, watch) == STOP_REQUESTED  # a cancel is said as a cancel
+    assert stop_reason(sync, {"action": "terminate"}, watch) == SPOT_NOTICE
+
+
+@pytest.mark.parametrize("has_proc, code, reason, state", [
+    (True, 0, None, "completed"),
+    (True, 0, LAUNCHER_LOST, "completed"),  # finished before the stop mattered
+    (True, 143, LAUNCHER_LOST, "interrupted"),
+    (True, 143, None, "interrupted"),  # SIGTERM from elsewhere (shutdown): checkpointed
+    (True, 1, None, "failed"),
+    (True, 1, SPOT_NOTICE, "interrupted"),
+    (False, 0, STOP_REQUESTED, "interrupted"),  # a horovod node without ranks of its own
+    (False, 0, None, "completed"),
+])
+def test_final_state(has_proc, code, reason, state):
+    assert final_state(object() if has_proc else None, code, reason) == state
+
+
+def test_the_limit_reaches_the_user_data_and_a_limit_below_three_polls_is_refused():
+    spec = Spec.from_dict({"backend": "aws", "model": "nmt-tiny", "engine": {"name": "single"}, "steps": 10})
+    options = get_backend("aws", {"bucket": "b", "heartbeat_timeout_min": 2.5}).options
+    plan = make_plan(spec, Path("runs/r1"), options, "us-east-1")
+    assert "export SCALELAB_HEARTBEAT_TIMEOUT_S=150\n" in user_data(plan, 0)
+    assert Config({"SCALELAB_RUN_ID": "r1", "SCALELAB_BUCKET": "b", "SCALELAB_PREFIX": "p",
+                   "SCALELAB_HEARTBEAT_TIMEOUT_S": "150"}).heartbeat_timeout_s == 150
+    too_short = get_backend("aws", {"bucket": "b", "heartbeat_timeout_min": 0.5, "poll_s": 20}).options
+    with pytest.raises(SpecError, match=r"heartbeat_timeout_min 0.5 is shorter than three .*\(poll_s 20\)"):
+        make_plan(spec, Path("runs/r1"), too_short, "us-east-1")
+    with pytest.raises(SpecError, match="heartbeat_timeout_min"):
+        get_backend("aws", {"bucket": "b", "heartbeat_timeout_min": 0})
