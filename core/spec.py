@@ -24,7 +24,7 @@ from core.errors import SpecError
 from core.presets import RNN_KINDS
 
 ENGINES = ("single", "ddp", "horovod")
-DATA_KINDS = ("synthetic", "task", "text")
+DATA_KINDS = ("synthetic", "task", "text", "shards")
 BATCH_MODES = ("strong", "weak")
 OPTIMIZERS = ("adam", "sgd")
 DEVICES = ("auto", "cpu", "cuda")
@@ -36,7 +36,8 @@ BACKEND_NAMES = ("local", "slurm", "k8s", "aws")
 @dataclass
 class DataSpec:
     """Where batches come from. `synthetic` measures throughput; `task` is learnable (convergence);
-    `text` reads files (parallel text, plain text or labelled lines, by model family)."""
+    `text` reads files (parallel text, plain text or labelled lines, by model family); `shards` reads
+    the directory `shards` that `launch prep` wrote (token ids, no tokenising at start-up)."""
 
     kind: str = "synthetic"
     train_src: str | None = None
@@ -48,6 +49,7 @@ class DataSpec:
     prefetch: int = 2
     bucket: bool = True
     fixed_length: bool = False
+    shards: str | None = None
 
 
 @dataclass
@@ -191,6 +193,10 @@ class Spec:
             )
         if self.data.kind == "text" and not self.data.train_src:
             raise SpecError("data kind 'text' needs --train-src (and --train-tgt for translation)")
+        if (self.data.kind == "shards") != bool(self.data.shards):
+            raise SpecError("--data shards reads --shards DIR (a directory written by launch prep): give both, or neither")
+        if self.data.kind == "shards" and "://" not in self.data.shards and not Path(self.data.shards, "manifest.json").is_file():
+            raise SpecError(f"--shards {self.data.shards} holds no manifest.json: run launch prep --out {self.data.shards} first")
         if self.data.prefetch < 0:
             raise SpecError(f"--prefetch must be >= 0, got {self.data.prefetch}")
         from core.presets import config_with_overrides
