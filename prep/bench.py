@@ -17,7 +17,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +59,7 @@ def generate(directory: Path, family: str, lines: int, words: int = 5000, seed: 
 def baseline(inputs: dict[str, list[str]], model: str, out: Path) -> dict[str, Any]:
     """The same work as prep, in one process, no Dask: lines/s over the training files."""
     from prep.corpus import ROLES
-    from prep.families import Payload, Rules
+    from prep.families import Payload, Rules, Tally
     from prep.shardio import Columns, encode_ipc
     from train.text import Vocab  # loaded (with PyTorch) before the clock starts
 
@@ -69,16 +68,16 @@ def baseline(inputs: dict[str, list[str]], model: str, out: Path) -> dict[str, A
     rules = Rules.for_config(cfg, keys)
     start = time.perf_counter()
     handles = [open(inputs[k][0], encoding="utf-8", newline="\n") for k in keys]
-    samples, counts, lines = [], {name: Counter() for name in rules.vocabs}, 0
+    samples, tally, lines = [], Tally(rules), 0
     for texts in zip(*handles):
         lines += 1
-        sample = rules.sample([t.rstrip("\n").rstrip("\r") for t in texts], inputs[keys[0]][0], lines - 1)
+        sample = rules.sample([t.rstrip("\r\n") for t in texts], inputs[keys[0]][0], lines - 1)
         if sample is not None:
-            rules.count(sample, counts)
+            tally.add(sample)
             samples.append(sample)
     for h in handles:
         h.close()
-    stoi = {name: Vocab.build([c], cfg.vocab_size).stoi for name, c in counts.items()}
+    stoi = {name: Vocab.build([c], cfg.vocab_size).stoi for name, c in tally.counts().items()}
     payload = Payload(stoi, {label: i for i, label in enumerate(LABELS)})
     columns = Columns(cfg.family)
     for sample in samples:

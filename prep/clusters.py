@@ -20,6 +20,7 @@ import logging
 import os
 import re
 import sys
+import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
@@ -68,15 +69,25 @@ def render(request: PrepRequest, run_dir: Path) -> str:
     if request.scheduler:
         return json.dumps({"scheduler": request.scheduler, "out": request.out}, indent=2)
     if request.backend == "slurm":
-        from dask_jobqueue.slurm import SLURMJob
-
-        return SLURMJob(scheduler=SCHEDULER_PLACEHOLDER, name="scalelab-prep", **slurm_kwargs(request, opts, run_dir)).job_script()
+        return _job_script(request, opts, run_dir)
     if request.backend == "k8s":
         import yaml
 
         return yaml.safe_dump(daskcluster(request, opts, run_dir.name), sort_keys=False)
     return json.dumps({"cluster": "distributed.LocalCluster", **local_kwargs(request, opts),
                        "storage": request.storage.options, "out": request.out}, indent=2, default=str)
+
+
+def _job_script(request: PrepRequest, opts: dict[str, Any], run_dir: Path) -> str:
+    """The sbatch script of one worker. dask-jobqueue creates the log directory as it renders, so it
+    renders into a scratch directory here and the text names the run's own: a dry run writes nothing."""
+    from dask_jobqueue.slurm import SLURMJob
+
+    kwargs = slurm_kwargs(request, opts, run_dir)
+    with tempfile.TemporaryDirectory(prefix="prep-dryrun-") as scratch:
+        real, kwargs["log_directory"] = kwargs["log_directory"], scratch
+        script = SLURMJob(scheduler=SCHEDULER_PLACEHOLDER, name="scalelab-prep", **kwargs).job_script()
+    return script.replace(scratch, real)
 
 
 def local_kwargs(request: PrepRequest, opts: dict[str, Any]) -> dict[str, Any]:

@@ -14,6 +14,7 @@ PyTorch: these functions run in the Dask workers.
 from __future__ import annotations
 
 import glob
+import math
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any, Iterator
@@ -56,6 +57,8 @@ class Storage:
         return fsspec.core.url_to_fs(url, **(self.options if is_remote(url) else {}))
 
     def open(self, url: str, mode: str = "rb"):
+        if not is_remote(url):  # the built-in file: its readline is what reading costs per line
+            return open(url.removeprefix("file://"), mode)
         fs, path = self.fs(url)
         return fs.open(path, mode)
 
@@ -108,10 +111,11 @@ def index_block(storage: Storage, url: str, start: int, end: int) -> tuple[tuple
     with storage.open(url) as f:
         f.seek(lo)
         data = f.read(max(end - 1 - lo, 0))
+    newlines = data.count(b"\n")
     if start == 0:
-        return (1 + data.count(b"\n"), 0), {"bytes": end - start}
+        return (1 + newlines, 0), {"bytes": end - start, "lines": 1 + newlines}
     first = data.find(b"\n")
-    return (data.count(b"\n"), lo + first + 1 if first >= 0 else 0), {"bytes": end - start}
+    return (newlines, lo + first + 1 if first >= 0 else 0), {"bytes": end - start, "lines": newlines}
 
 
 def number_lines(blocks: list[Block], counts: list[tuple[int, int]]) -> int:
@@ -146,31 +150,45 @@ class Position:
     offsets: tuple[int, ...]
 
 
-def read_lines(storage: Storage, files: list[tuple[str, ...]], start: Position) -> Iterator[tuple[int, int, list[bytes]]]:
-    """(file, line, raw lines of every role) from `start` to the end of the corpus, across files.
+def read_lines(storage: Storage, files: list[tuple[str, ...]], start: Position, keys: tuple[str, ...],
+               lines: int | None = None, mark_every: int = 0) -> Iterator[tuple[int, int, list[str], int, tuple | None]]:
+    """(file, line, text of every role, bytes, marked offsets) of `lines` lines (None: to the end of
+    the corpus, across files) from `start`.
 
-    Parallel files are read in lockstep (their line counts were checked equal per file). Raw lines
-    keep their \\n, so `len()` advances a byte offset; `decode` turns them into text.
+    Parallel files are read in lockstep (their line counts were checked equal per file). With
+    `mark_every`, the first line and every line whose number is a multiple of it come with the byte
+    offsets (one per role) where they start; other lines with None. Text: as `train.text.read_lines`
+    (a raw line holds one \n at most, at its end, so stripping \r and \n from the right drops exactly
+    the line end and any \r before it). DataError names the file, line and flag of bad UTF-8.
     """
     number, line, offsets = start.file, start.line, start.offsets
-    while number < len(files):
+    left = math.inf if lines is None else lines
+    first = True
+    while number < len(files) and left > 0:
         with ExitStack() as stack:
             handles = [stack.enter_context(storage.open(url)) for url in files[number]]
             for handle, offset in zip(handles, offsets):
                 handle.seek(offset)
-            while True:
-                raws = [handle.readline() for handle in handles]
-                if not raws[0]:
-                    break
-                yield number, line, raws
-                line += 1
+            raws: list[bytes] = []
+            try:
+                while left > 0:
+                    marked = mark_every and (first or line % mark_every == 0)
+                    mark = tuple(h.tell() for h in handles) if marked else None
+                    raws = [h.readline() for h in handles]
+                    if not raws[0]:
+                        break
+                    yield number, line, [r.decode().rstrip("\r\n") for r in raws], sum(map(len, raws)), mark
+                    line, left, first = line + 1, left - 1, False
+            except UnicodeDecodeError as exc:
+                bad = next(i for i, r in enumerate(raws) if not _is_utf8(r))
+                raise DataError(f"data file {files[number][bad]} ({flag(keys[bad])}) is not UTF-8 text: "
+                                f"line {line + 1}: {exc}") from None
         number, line, offsets = number + 1, 0, (0,) * len(offsets)
 
 
-def decode(raw: bytes, url: str, line: int, key: str) -> str:
-    """A raw line as text without its line end; DataError naming the file, line and flag if not UTF-8."""
+def _is_utf8(raw: bytes) -> bool:
     try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise DataError(f"data file {url} ({flag(key)}) is not UTF-8 text: line {line + 1}: {exc}") from None
-    return text[:-1].rstrip("\r") if text.endswith("\n") else text.rstrip("\r")
+        raw.decode()
+    except UnicodeDecodeError:
+        return False
+    return True

@@ -63,24 +63,14 @@ class Rules:
             raise DataError(f"{url}:{line + 1}: expected LABEL<TAB>text, got {text[:80]!r}")
         return label.strip(), tokens
 
+    def has_sample(self, texts: list[str]) -> bool:
+        """Whether the line holds a sample, without tokenising it (nmt, sentiment: `sample` is not
+        None exactly when this is true; a malformed sentiment line was refused by the scan)."""
+        return all(t.strip() for t in texts)
+
     def units(self, sample: Any) -> int:
         """Positions a sample takes in the corpus: one, or its tokens and an eos in the rnnlm stream."""
         return len(sample) + 1 if self.windowed else 1
-
-    def count(self, sample: Any, counts: dict[str, Counter]) -> None:
-        if self.family == "nmt":
-            counts["src"].update(sample[0])
-            counts["tgt"].update(sample[1])
-        else:
-            counts["tokens"].update(sample if self.windowed else sample[1])
-
-    def tokens(self, sample: Any) -> int:
-        if self.family == "nmt":
-            return len(sample[0]) + len(sample[1])
-        return len(sample) if self.windowed else len(sample[1])
-
-    def label(self, sample: Any) -> str | None:
-        return sample[0] if self.family == "sentiment" else None
 
     def encode(self, sample: Any, vocab: "Payload") -> dict[str, Any]:
         """The row of one sample (rnnlm: its stream ids), as the text datasets encode it."""
@@ -90,6 +80,53 @@ class Rules:
         if self.windowed:
             return {"seq": vocab.ids("tokens", sample) + [EOS_ID]}
         return {"seq": vocab.ids("tokens", sample[1][: self.seq_len]), "label": vocab.labels[sample[0]]}
+
+
+class Tally:
+    """Running totals of a scan: samples, positions taken (`Rules.units`), tokens, labels first seen
+    (where) and, when `counting`, token counts per vocabulary. Tokens are gathered in lists and
+    counted in bulk: a `Counter.update` per line would cost more than the tokenising."""
+
+    FLUSH = 1 << 16
+
+    def __init__(self, rules: Rules, counting: bool = True) -> None:
+        self.rules, self.counting = rules, counting
+        self.samples = self.units = self.tokens = 0
+        self.labels: dict[str, Any] = {}
+        self._pending: dict[str, list[str]] = {name: [] for name in rules.vocabs}
+        self._counts: dict[str, Counter] = {name: Counter() for name in rules.vocabs}
+
+    def add(self, sample: Any, where: Any = None) -> None:
+        family, pending = self.rules.family, self._pending
+        self.samples += 1
+        if family == "nmt":
+            self.units += 1
+            self.tokens += len(sample[0]) + len(sample[1])
+            if self.counting:
+                pending["src"] += sample[0]
+                pending["tgt"] += sample[1]
+        elif family == "rnnlm":
+            self.units += len(sample) + 1
+            self.tokens += len(sample)
+            if self.counting:
+                pending["tokens"] += sample
+        else:
+            self.units += 1
+            self.tokens += len(sample[1])
+            self.labels.setdefault(sample[0], where)
+            if self.counting:
+                pending["tokens"] += sample[1]
+        if self.counting and len(next(iter(pending.values()))) > self.FLUSH:
+            self._flush()
+
+    def _flush(self) -> None:
+        for name, tokens in self._pending.items():
+            self._counts[name].update(tokens)
+            tokens.clear()
+
+    def counts(self) -> dict[str, Counter]:
+        self._flush()
+        return self._counts
 
 
 @dataclass

@@ -25,6 +25,7 @@ import numpy as np
 
 from core.errors import DataError
 from prep import tasks
+from prep.checks import check_split
 from prep.corpus import Block, Position, blocks_of, expand, flag, index_block, locate_lines, number_lines
 from prep.families import Payload, Rules
 from prep.request import PrepRequest
@@ -207,8 +208,6 @@ class Prep:
 
     def check(self, train: Corpus, metas: list[dict], valid: Corpus | None, vmetas: list[dict] | None) -> None:
         """The text datasets' checks, on counts: empty files, no samples, labels."""
-        from prep.checks import check_split
-
         self.labels = check_split(self.family, self.cfg, train, metas, valid, vmetas)
 
     def hold_out(self, train: Corpus, metas: list[dict]) -> np.ndarray:
@@ -283,7 +282,7 @@ class Prep:
             "shard_size": req.shard_size,
             "vocab": {name: {"file": files[name], "size": len(entries)} for name, entries in vocab.items()},
             "labels": list(self.labels),
-            "valid_from": "files" if valid else f"holdout {req.valid_fraction}",
+            "valid_from": "files" if valid else "holdout", "valid_fraction": None if valid else req.valid_fraction,
             "sources": {key: [urls[i] for urls in corpus.urls] for corpus in (train, valid) if corpus
                         for i, key in enumerate(corpus.keys)},
             "splits": {s: {"samples": sum(x["samples"] for x in d["shards"]), "tokens": sum(x["tokens"] for x in d["shards"]),

@@ -20,8 +20,8 @@ from typing import Any, Callable
 import numpy as np
 
 from core.errors import DataError
-from prep.corpus import MARK_EVERY, Position, Storage, decode, read_lines
-from prep.families import Payload, Rules
+from prep.corpus import MARK_EVERY, Position, Storage, read_lines
+from prep.families import Payload, Rules, Tally
 from prep.shardio import Columns, concat, read_rows, window_arrays, windows, write_shard
 from train.shard_format import MANIFEST
 
@@ -92,49 +92,26 @@ def pick(outcome: dict[str, Any], key: str) -> Any:
     return outcome[key] if key in ("record", "result") else outcome["result"][key]
 
 
-def _samples(storage: Storage, rules: Rules, files: list[tuple[str, ...]], start: Position, lines: int | None):
-    """(position, texts, sample or None, bytes) of each line (pair) from `start`; `lines` None = to the end."""
-    offsets = start.offsets
-    for count, (number, line, raws) in enumerate(read_lines(storage, files, start)):
-        if lines is not None and count >= lines:
-            return
-        urls = files[number]
-        texts = [decode(raw, urls[i], line, rules.keys[i]) for i, raw in enumerate(raws)]
-        if line == 0:
-            offsets = (0,) * len(raws)
-        yield Position(number, line, offsets), texts, rules.sample(texts, urls[0], line), sum(map(len, raws))
-        offsets = tuple(o + len(r) for o, r in zip(offsets, raws))
-
-
-# ---- scan: count tokens, samples and positions -------------------------------------------------
-
-
 def scan(storage: Storage, rules: Rules, files: list[tuple[str, ...]], start: Position, lines: int,
          count: bool) -> tuple[dict[str, Any], dict]:
     """Read `lines` lines from `start`: token counts per vocabulary (if `count`), samples, positions
-    taken (`units`), labels first seen, non-blank lines per role, and a mark every MARK_EVERY lines."""
-    counts: dict[str, Counter] = {name: Counter() for name in rules.vocabs}
-    marks, labels = [], {}
-    units = samples = tokens = nbytes = 0
-    nonblank = [0] * len(rules.keys)
-    for pos, texts, sample, size in _samples(storage, rules, files, start, lines):
-        if pos.line % MARK_EVERY == 0 or not marks:
-            marks.append((pos.file, pos.line, pos.offsets, units))
+    taken (`units`), labels first seen, whether each role has a non-blank line, and a mark (file,
+    line, byte offsets, units before it) at the first line and every MARK_EVERY lines."""
+    tally, marks, nbytes = Tally(rules, count), [], 0
+    nonblank = [False] * len(rules.keys)
+    for number, line, texts, size, mark in read_lines(storage, files, start, rules.keys, lines, MARK_EVERY):
+        if mark is not None:
+            marks.append((number, line, mark, tally.units))
         nbytes += size
-        nonblank = [n + bool(t.strip()) for n, t in zip(nonblank, texts)]
-        if sample is None:
-            continue
-        samples += 1
-        units += rules.units(sample)
-        tokens += rules.tokens(sample)
-        label = rules.label(sample)
-        if label is not None and label not in labels:
-            labels[label] = f"{files[pos.file][0]}:{pos.line + 1}"
-        if count:
-            rules.count(sample, counts)
-    meta = {"units": units, "samples": samples, "marks": marks, "labels": labels, "nonblank": nonblank}
-    return {"counts": counts if count else None, "meta": meta}, \
-        {"lines": lines, "samples": samples, "tokens": tokens, "bytes": nbytes}
+        if not all(nonblank):
+            nonblank = [seen or bool(t.strip()) for seen, t in zip(nonblank, texts)]
+        sample = rules.sample(texts, files[number][0], line)
+        if sample is not None:
+            tally.add(sample, (number, line))
+    labels = {label: f"{files[n][0]}:{line + 1}" for label, (n, line) in tally.labels.items()}
+    meta = {"units": tally.units, "samples": tally.samples, "marks": marks, "labels": labels, "nonblank": nonblank}
+    return {"counts": tally.counts() if count else None, "meta": meta}, \
+        {"lines": lines, "samples": tally.samples, "tokens": tally.tokens, "bytes": nbytes}
 
 
 def merge_counts(*outcomes: dict[str, Any]) -> dict[str, Counter]:
@@ -150,16 +127,16 @@ def merge_counts(*outcomes: dict[str, Any]) -> dict[str, Counter]:
 def count_held(storage: Storage, rules: Rules, files: list[tuple[str, ...]], start: Position, lines: int,
                held: np.ndarray) -> tuple[dict[str, Counter], dict]:
     """Token counts of the samples numbered `held` (0 = the piece's first sample): the held-out
-    validation samples, whose tokens `--data text` leaves out of the vocabulary."""
-    counts: dict[str, Counter] = {name: Counter() for name in rules.vocabs}
-    wanted, index = set(held.tolist()), 0
-    for _, _, sample, _ in _samples(storage, rules, files, start, lines):
-        if sample is None:
-            continue
-        if index in wanted:
-            rules.count(sample, counts)
-        index += 1
-    return counts, {"lines": lines, "samples": len(held)}
+    validation samples, whose tokens `--data text` leaves out of the vocabulary. Only those are
+    tokenised; the others are only told apart from lines without a sample."""
+    tally, wanted, index, nbytes = Tally(rules), set(held.tolist()), 0, 0
+    for number, line, texts, size, _ in read_lines(storage, files, start, rules.keys, lines):
+        nbytes += size
+        if rules.has_sample(texts):
+            if index in wanted:
+                tally.add(rules.sample(texts, files[number][0], line))
+            index += 1
+    return tally.counts(), {"lines": lines, "samples": len(held), "bytes": nbytes}
 
 
 # ---- encode: write shards ----------------------------------------------------------------------
@@ -178,24 +155,29 @@ def encode(storage: Storage, rules: Rules, files: list[tuple[str, ...]], mark: t
     return info, stats
 
 
+def _until(storage, rules, files, start, first, end, stats):
+    """(position, sample) of every sample read from `start`, where the corpus position is `first`,
+    until position `end` (a sample number, or an rnnlm stream position); counts lines and bytes."""
+    position = first
+    for number, line, texts, size, _ in read_lines(storage, files, start, rules.keys):
+        if position >= end:
+            return
+        stats["lines"] += 1
+        stats["bytes"] += size
+        sample = rules.sample(texts, files[number][0], line)
+        if sample is not None:
+            yield position, sample
+            position += rules.units(sample)
+
+
 def _rows(storage, rules, files, start, first, span, held, vocab):
-    """Per-line samples: sample number `first` is the first at `start`."""
-    lo, hi = span
-    wanted = set(held.tolist())
+    """Per-line samples span[0] .. span[1]-1; sample number `first` is the first at `start`."""
+    wanted, stats = set(held.tolist()), {"lines": 0, "bytes": 0}
     train, kept = Columns(rules.family), Columns(rules.family)
-    index, lines, nbytes = first, 0, 0
-    for _, _, sample, size in _samples(storage, rules, files, start, None):
-        if index >= hi:
-            break
-        lines += 1
-        nbytes += size
-        if sample is None:
-            continue
-        if index >= lo:
+    for index, sample in _until(storage, rules, files, start, first, span[1], stats):
+        if index >= span[0]:
             (kept if index in wanted else train).add(rules.encode(sample, vocab))
-        index += 1
-    return train.arrays(), kept.arrays() if len(kept) else None, \
-        {"lines": lines, "samples": len(train) + len(kept), "bytes": nbytes}
+    return train.arrays(), kept.arrays() if len(kept) else None, {**stats, "samples": len(train) + len(kept)}
 
 
 def _windows(storage, rules, files, start, first, span, held, vocab):
@@ -204,24 +186,17 @@ def _windows(storage, rules, files, start, first, span, held, vocab):
     L = rules.seq_len
     begin, end = span[0] * L, span[1] * L + 1
     stream: list[int] = []
-    position, lines, nbytes = first, 0, 0
-    for _, _, sample, size in _samples(storage, rules, files, start, None):
-        if position >= end:
-            break
-        lines += 1
-        nbytes += size
-        if sample is None:
-            continue
+    stats = {"lines": 0, "bytes": 0}
+    for position, sample in _until(storage, rules, files, start, first, end, stats):
         ids = rules.encode(sample, vocab)["seq"]
         if position + len(ids) > begin:
             stream.extend(ids[max(begin - position, 0):])
-        position += len(ids)
-    if position < end:
-        raise DataError(f"the corpus ended at stream position {position}, before {end}: a file changed during prep")
+    if len(stream) < end - begin:
+        raise DataError(f"the corpus ended {end - begin - len(stream)} tokens early: a file changed during prep")
     rows = windows(np.asarray(stream[: end - begin], dtype=np.int32), span[0], span[1] - span[0], L, begin)
     is_held = np.isin(np.arange(span[0], span[1]), held)
     kept = window_arrays(rows[is_held]) if is_held.any() else None
-    return window_arrays(rows[~is_held]), kept, {"lines": lines, "samples": len(rows), "bytes": nbytes}
+    return window_arrays(rows[~is_held]), kept, {**stats, "samples": len(rows)}
 
 
 def regroup(storage: Storage, family: str, parts: list[tuple[str, int, int]], url: str) -> tuple[dict, dict]:

@@ -313,6 +313,7 @@ def test_slurm_dry_run_prints_the_dask_jobqueue_job_script(tmp_path: Path) -> No
     script = done.stdout
     assert script.startswith("#!/usr/bin/env bash") and "#SBATCH -p debug" in script
     assert "#SBATCH --cpus-per-task=4" in script and "distributed.cli.dask_worker tcp://SCHEDULER:8786" in script
+    assert not (tmp_path / "runs").exists(), "a dry run writes nothing"
 
 
 def test_prep_to_s3_and_train_from_it(client, tmp_path: Path, moto_url: str, monkeypatch) -> None:
