@@ -43,7 +43,7 @@ CACHE_ENV = "SCALELAB_SHARD_CACHE"  # where shards from s3:// are kept [default:
 class MappedRagged(Ragged):
     """Rows of a token-list column spread over several memory-mapped shards, as one `Ragged`.
 
-    Only lengths, shard numbers and offsets (16 bytes a sample) live in the process; `padded`
+    Only lengths, shard numbers and offsets (20 bytes a sample) live in the process; `padded`
     gathers the ids of the rows asked for from each shard's mapped buffer.
     """
 
