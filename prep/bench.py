@@ -103,17 +103,19 @@ def prep_run(inputs: dict[str, list[str]], model: str, workers: int, work: Path,
 
 
 def table(results: list[dict[str, Any]]) -> str:
-    """Markdown: median lines/s (and per worker) per configuration, relative to the baseline."""
+    """Markdown: median lines/s (and per worker) per configuration, and the median over repeats of
+    its ratio to the baseline measured in the same repeat (side by side, so machine load cancels)."""
+    base = {r["repeat"]: r["lines_per_s"] for r in results if r["what"] == "baseline"}
     groups: dict[tuple[str, int], list[dict]] = {}
     for r in results:
         groups.setdefault((r["what"], r["workers"]), []).append(r)
-    base = statistics.median(r["lines_per_s"] for r in groups[("baseline", 1)])
-    rows = ["| run | workers | lines/s (median) | lines/s per worker | vs baseline | runs (lines/s) |",
+    rows = ["| run | workers | lines/s (median) | lines/s per worker | vs baseline (median ratio) | each repeat (lines/s) |",
             "|---|---:|---:|---:|---:|---|"]
     for (what, workers), rs in groups.items():
         med = statistics.median(r["lines_per_s"] for r in rs)
+        ratio = statistics.median(r["lines_per_s"] / base[r["repeat"]] for r in rs)
         each = ", ".join(f"{r['lines_per_s']:,.0f}" for r in rs)
-        rows.append(f"| {what} | {workers} | {med:,.0f} | {med / workers:,.0f} | {med / base:.2f}x | {each} |")
+        rows.append(f"| {what} | {workers} | {med:,.0f} | {med / workers:,.0f} | {ratio:.2f}x | {each} |")
     return "\n".join(rows)
 
 

@@ -165,5 +165,5 @@ def _cluster(request: PrepRequest, opts: dict[str, Any], run_dir: Path):
         return KubeCluster(custom_cluster_spec=spec, namespace=opts["namespace"], shutdown_on_close=True)
     from distributed import LocalCluster
 
-    return LocalCluster(**local_kwargs(request, opts), silence_logs=logging.ERROR,
+    return LocalCluster(**local_kwargs(request, opts), silence_logs=logging.CRITICAL,
                         local_directory=str(Path(run_dir) / "dask"))

@@ -211,13 +211,17 @@ def regroup(storage: Storage, family: str, parts: list[tuple[str, int, int]], ur
 
 def prepare_out(storage: Storage, out: str) -> tuple[None, dict]:
     """Create the output directory (on the workers' side: it may be a volume only they see);
-    refuse one that already holds shards."""
+    refuse one that already holds shards, and clear the files of an unfinished prep (no manifest)."""
     fs, path = storage.fs(out)
     if fs.exists(storage.join(path, MANIFEST)):
         raise DataError(f"--out {out} already holds shards ({MANIFEST}): choose another directory or delete it")
     fs.makedirs(path, exist_ok=True)
+    stale = [p for pattern in ("train-*.arrow", "valid-*.arrow", "vocab*.txt", "_held")
+             for p in fs.glob(storage.join(path, pattern))]
+    if stale:
+        fs.rm(stale, recursive=True)
     fs.makedirs(storage.join(path, "_held"), exist_ok=True)
-    return None, {}
+    return None, {"stale_files_removed": len(stale)}
 
 
 def write_text(storage: Storage, url: str, text: str) -> tuple[None, dict]:

@@ -154,9 +154,21 @@ def test_data_errors_name_the_file_as_data_text_does(client, tmp_path: Path) -> 
     with pytest.raises(DataError, match="matches no file"):
         prep(client, "rnnlm-tiny", {"train": [str(tmp_path / "nothing*.txt")]}, tmp_path / "o3")
     done = generate(tmp_path / "c", "rnnlm", 300)
+    (tmp_path / "o4").mkdir()
+    (tmp_path / "o4" / "train-00007.arrow").write_text("left by an unfinished prep")
     prep(client, "rnnlm-tiny", done, tmp_path / "o4")
+    assert not (tmp_path / "o4" / "train-00007.arrow").exists() and not (tmp_path / "o4" / "_held").exists()
     with pytest.raises(DataError, match="already holds shards"):
         prep(client, "rnnlm-tiny", done, tmp_path / "o4")
+
+
+def test_a_worker_side_error_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.tsv"
+    bad.write_text("pos\tgood film\nno tab here\n")
+    done = launch("prep", "--model", "sentiment-tiny", "--train", str(bad), "--out", str(tmp_path / "o"),
+                  "--workers", "1", "--runs-dir", str(tmp_path / "runs"), cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr and f"{bad}:2: expected LABEL<TAB>text" in done.stderr
 
 
 def test_the_trainer_refuses_shards_cut_for_another_model(client, tmp_path: Path) -> None:
