@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -134,9 +135,10 @@ def main(argv: list[str] | None = None) -> int:
         inputs = generate(work / "corpus", args.family, args.lines)
         results = []
         for repeat in range(args.repeats):
-            results.append({**baseline(inputs, model, work), "repeat": repeat})
+            results.append({**baseline(inputs, model, work), "repeat": repeat, "load": os.getloadavg()[0]})
             for n in (int(w) for w in args.workers.split(",")):
-                results.append({**prep_run(inputs, model, n, work, args.block_mb), "repeat": repeat})
+                results.append({**prep_run(inputs, model, n, work, args.block_mb), "repeat": repeat,
+                                "load": os.getloadavg()[0]})  # other work on the machine (1-minute load)
             print(json.dumps(results[-1]), file=sys.stderr)
     print(table(results))
     if args.out:

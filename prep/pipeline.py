@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections import Counter
 from typing import Any, Callable
 
 import numpy as np
@@ -87,6 +88,8 @@ class Prep:
         """
         from distributed import as_completed
 
+        if not calls:  # an empty corpus: the checks that follow say which file
+            return [], {name: Counter() for name in Rules.for_config(self.cfg, ()).vocabs}
         started, todo, running = time.time(), iter(enumerate(calls)), as_completed()
         counting: set[str] = set()
         briefs, waiting, merges = [], None, 0

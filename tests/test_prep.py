@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -127,7 +128,7 @@ def test_a_task_needs_memory_for_its_piece_not_for_the_corpus(tmp_path: Path, mo
             Client(cluster) as c:
         c.run(tasks.warm_up)  # imports and first calls allocate too: warm up before measuring
         prep(c, "rnnlm-tiny", generate(tmp_path / "warm", "rnnlm", 300, seed=5), tmp_path / "warm-out")
-        for lines in (8_000, 16_000):
+        for lines in (6_000, 12_000):
             inputs = generate(tmp_path / f"c{lines}", "rnnlm", lines, words=3000, seed=4)
             _, records = prep(c, "rnnlm-tiny", inputs, tmp_path / f"s{lines}", shard_size=200, block_mb=1 / 32)
             by_phase: dict[str, float] = {}
@@ -151,6 +152,9 @@ def test_data_errors_name_the_file_as_data_text_does(client, tmp_path: Path) -> 
     tgt.write_text("x\n")
     with pytest.raises(DataError, match="parallel files differ in length"):
         prep(client, "nmt-tiny", {"train_src": [str(src)], "train_tgt": [str(tgt)]}, tmp_path / "o2")
+    (tmp_path / "empty.txt").write_text("")
+    with pytest.raises(DataError, match=r"data file is empty: .*empty.txt \(--train\)"):
+        prep(client, "rnnlm-tiny", {"train": [str(tmp_path / "empty.txt")]}, tmp_path / "o5")
     with pytest.raises(DataError, match="matches no file"):
         prep(client, "rnnlm-tiny", {"train": [str(tmp_path / "nothing*.txt")]}, tmp_path / "o3")
     done = generate(tmp_path / "c", "rnnlm", 300)
@@ -197,7 +201,7 @@ def test_each_rank_reads_its_own_shards(client, tmp_path: Path) -> None:
 # ---- the command, records and report -----------------------------------------------------------
 
 
-def test_launch_prep_sweep_records_report_and_training_on_the_shards(tmp_path: Path) -> None:
+def test_launch_prep_sweep_records_report_and_training_on_the_shards(tmp_path: Path, monkeypatch, capsys) -> None:
     """A strong sweep over 1 and 2 worker processes: records per task, the scaling table, and a
     2-rank training run on the shards (each rank its own)."""
     inputs = generate(tmp_path / "c", "rnnlm", 20_000, words=2000, seed=6)
@@ -206,7 +210,8 @@ def test_launch_prep_sweep_records_report_and_training_on_the_shards(tmp_path: P
                   "--workers", "1,2", "--shard-size", "2000", "--block-mb", "0.25", "--runs-dir", str(runs),
                   cwd=tmp_path, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    print(done.stdout)  # the scaling table of prep itself, in the CI log
+    with capsys.disabled():  # the scaling table of prep itself, shown in the CI log
+        print("\n" + done.stdout)
     sweep = only_run_dir(runs)
     assert "Prep scaling" in done.stdout and "lines/s/worker" in done.stdout
     rows = json.loads((sweep / "report.json").read_text())
@@ -219,9 +224,9 @@ def test_launch_prep_sweep_records_report_and_training_on_the_shards(tmp_path: P
     assert {r["phase"] for r in records if r["kind"] == "phase"} >= {"index", "scan", "encode", "regroup", "manifest"}
     assert (tmp_path / "shards" / "1w" / "manifest.json").read_bytes() == (tmp_path / "shards" / "2w" / "manifest.json").read_bytes()
 
-    again = launch("report", str(sweep / "1w"), "--format", "json", cwd=tmp_path)
-    assert again.returncode == 0, again.stderr
-    assert json.loads(again.stdout)[0]["workers"] == 1
+    code, out, err = run_entry(["report", str(sweep / "1w"), "--format", "json"], monkeypatch, capsys)
+    assert code == 0, err
+    assert json.loads(out)[0]["workers"] == 1
 
     trained = launch("--model", "rnnlm-tiny", "--data", "shards", "--shards", str(tmp_path / "shards" / "2w"),
                      "--gpus-per-node", "2", "--steps", "3", "--warmup-steps", "1", "--threads", "1",
@@ -239,26 +244,48 @@ def test_weak_mode_grows_the_corpus_with_the_workers(client, tmp_path: Path) -> 
         assert sum(r["lines"] for r in records if r["kind"] == "task" and r["phase"] == "scan") == 700 * workers
 
 
-def test_cli_refuses_what_it_cannot_run(tmp_path: Path) -> None:
-    corpus = generate(tmp_path / "c", "rnnlm", 50)["train"][0]
-    cases = [
-        (["--backend", "aws"], "writes shards to S3"),
-        (["--backend", "k8s"], "needs --backend-opt image"),
-        (["--backend-opt", "colour=red"], "unknown local prep option.*valid options: memory_limit"),
-        (["--mode", "weak"], "give --lines-per-worker"),
-        (["--workers", "1,x"], "--workers takes"),
-        (["--train-src", corpus], "--train-src do.es. not apply to rnnlm"),
-    ]
-    for extra, message in cases:
-        done = launch("prep", "--model", "rnnlm-tiny", "--train", corpus, "--out", str(tmp_path / "o"), *extra,
-                      "--dry-run", cwd=tmp_path)
-        assert done.returncode == 2, (extra, done.stderr)
-        assert "Traceback" not in done.stderr
-        assert __import__("re").search(message, done.stderr.replace("\n", " ")), (extra, done.stderr)
+def run_entry(argv: list[str], monkeypatch, capsys) -> tuple[int, str, str]:
+    """`launch ARGV` in this process (exit code, stdout, stderr)."""
+    from launcher.cli import entry
+
+    monkeypatch.setattr(sys, "argv", ["launch", *argv])
+    code = 0
+    try:
+        entry()
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--backend", "aws"], "writes shards to S3"),
+    (["--backend", "k8s"], "needs --backend-opt image"),
+    (["--backend-opt", "colour=red"], "unknown local prep option.*valid options: memory_limit"),
+    (["--mode", "weak"], "give --lines-per-worker"),
+    (["--workers", "1,x"], "--workers takes"),
+    (["--train-src", "c.txt"], "--train-src do.es. not apply to rnnlm"),
+    (["--model-arg", "seq_len=0"], "seq_len must be a positive integer"),
+])
+def test_cli_refuses_what_it_cannot_run(extra: list[str], message: str, tmp_path: Path, monkeypatch, capsys) -> None:
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run_entry(["prep", "--model", "rnnlm-tiny", "--train", "c.txt", "--out", "o", *extra, "--dry-run"],
+                             monkeypatch, capsys)
+    text = " ".join(err.split())
+    assert code == 2 and "Traceback" not in err and text.startswith("launch: error:"), err
+    assert re.search(message, text), text
+    assert not any(tmp_path.iterdir()), "a refused prep leaves nothing behind"
+
+
+def test_data_shards_needs_a_shards_directory(tmp_path: Path) -> None:
+    from core.spec import Spec
+
     with pytest.raises(SpecError, match="--data shards reads --shards DIR"):
         from core.spec import Spec
 
         Spec.from_dict({"data": {"kind": "shards"}}).validate()
+    with pytest.raises(SpecError, match="holds no manifest.json: run launch prep"):
+        Spec.from_dict({"data": {"kind": "shards", "shards": str(tmp_path)}}).validate()
 
 
 # ---- backends: Kubernetes manifests, Slurm job script, S3 -------------------------------------
