@@ -201,7 +201,7 @@ def test_each_rank_reads_its_own_shards(client, tmp_path: Path) -> None:
 # ---- the command, records and report -----------------------------------------------------------
 
 
-def test_launch_prep_sweep_records_report_and_training_on_the_shards(tmp_path: Path, monkeypatch, capsys) -> None:
+def test_launch_prep_sweep_records_report_and_training_on_the_shards(tmp_path: Path, capsys) -> None:
     """A strong sweep over 1 and 2 worker processes: records per task, the scaling table, and a
     2-rank training run on the shards (each rank its own)."""
     inputs = generate(tmp_path / "c", "rnnlm", 20_000, words=2000, seed=6)
@@ -224,9 +224,9 @@ def test_launch_prep_sweep_records_report_and_training_on_the_shards(tmp_path: P
     assert {r["phase"] for r in records if r["kind"] == "phase"} >= {"index", "scan", "encode", "regroup", "manifest"}
     assert (tmp_path / "shards" / "1w" / "manifest.json").read_bytes() == (tmp_path / "shards" / "2w" / "manifest.json").read_bytes()
 
-    code, out, err = run_entry(["report", str(sweep / "1w"), "--format", "json"], monkeypatch, capsys)
-    assert code == 0, err
-    assert json.loads(out)[0]["workers"] == 1
+    again = invoke(["report", str(sweep / "1w"), "--format", "json"])
+    assert again.exit_code == 0, again.output
+    assert json.loads(again.output)[0]["workers"] == 1
 
     trained = launch("--model", "rnnlm-tiny", "--data", "shards", "--shards", str(tmp_path / "shards" / "2w"),
                      "--gpus-per-node", "2", "--steps", "3", "--warmup-steps", "1", "--threads", "1",
@@ -244,18 +244,13 @@ def test_weak_mode_grows_the_corpus_with_the_workers(client, tmp_path: Path) -> 
         assert sum(r["lines"] for r in records if r["kind"] == "task" and r["phase"] == "scan") == 700 * workers
 
 
-def run_entry(argv: list[str], monkeypatch, capsys) -> tuple[int, str, str]:
-    """`launch ARGV` in this process (exit code, stdout, stderr)."""
-    from launcher.cli import entry
+def invoke(argv: list[str]):
+    """`launch ARGV` in this process through click (exceptions kept, not printed)."""
+    from click.testing import CliRunner
 
-    monkeypatch.setattr(sys, "argv", ["launch", *argv])
-    code = 0
-    try:
-        entry()
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    out = capsys.readouterr()
-    return code, out.out, out.err
+    from launcher.cli import main
+
+    return CliRunner().invoke(main, argv)
 
 
 @pytest.mark.parametrize("extra,message", [
@@ -267,13 +262,11 @@ def run_entry(argv: list[str], monkeypatch, capsys) -> tuple[int, str, str]:
     (["--train-src", "c.txt"], "--train-src do.es. not apply to rnnlm"),
     (["--model-arg", "seq_len=0"], "seq_len must be a positive integer"),
 ])
-def test_cli_refuses_what_it_cannot_run(extra: list[str], message: str, tmp_path: Path, monkeypatch, capsys) -> None:
+def test_cli_refuses_what_it_cannot_run(extra: list[str], message: str, tmp_path: Path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
-    code, _, err = run_entry(["prep", "--model", "rnnlm-tiny", "--train", "c.txt", "--out", "o", *extra, "--dry-run"],
-                             monkeypatch, capsys)
-    text = " ".join(err.split())
-    assert code == 2 and "Traceback" not in err and text.startswith("launch: error:"), err
-    assert re.search(message, text), text
+    result = invoke(["prep", "--model", "rnnlm-tiny", "--train", "c.txt", "--out", "o", *extra, "--dry-run"])
+    assert isinstance(result.exception, SpecError), (result.exception, result.output)
+    assert re.search(message, str(result.exception)), str(result.exception)
     assert not any(tmp_path.iterdir()), "a refused prep leaves nothing behind"
 
 
