@@ -109,6 +109,24 @@ def test_same_shards_for_any_number_of_workers(tmp_path: Path) -> None:
     assert outs[0] == outs[1], [name for name in outs[0] if outs[0][name] != outs[1][name]]
 
 
+def test_a_glob_of_files_is_one_corpus_in_sorted_order(client, tmp_path: Path) -> None:
+    """Parallel text split over three file pairs (a glob each side) gives the shards of the whole
+    files: shards and reads cross file boundaries."""
+    whole = generate(tmp_path / "c", "nmt", 700, words=400, seed=8)
+    parts = tmp_path / "parts"
+    parts.mkdir()
+    for key, ext in (("train_src", "src"), ("train_tgt", "tgt")):
+        lines = Path(whole[key][0]).read_bytes().split(b"\n")[:-1]
+        for k, (lo, hi) in enumerate(((0, 250), (250, 251), (251, 700))):
+            (parts / f"part{k}.{ext}").write_bytes(b"".join(line + b"\n" for line in lines[lo:hi]))
+    prep(client, "nmt-tiny", whole, tmp_path / "one")
+    manifest, _ = prep(client, "nmt-tiny", {"train_src": [str(parts / "*.src")], "train_tgt": [str(parts / "*.tgt")]},
+                       tmp_path / "many")
+    assert [Path(u).name for u in manifest["sources"]["train_src"]] == ["part0.src", "part1.src", "part2.src"]
+    for name in sorted(p.name for p in (tmp_path / "one").iterdir() if p.suffix != ".json"):
+        assert (tmp_path / "one" / name).read_bytes() == (tmp_path / "many" / name).read_bytes(), name
+
+
 def test_spans_tile_the_corpus_with_full_training_shards() -> None:
     held = torch.tensor([0, 1, 5, 9, 10, 11, 19]).numpy()
     spans = plan_spans(20, held, 4)
