@@ -31,7 +31,7 @@ from core.options import (
 from core.presets import PRESETS, RNN_KINDS, config_with_overrides
 
 ENGINES = ("single", "ddp", "horovod")
-DATA_KINDS = ("synthetic", "task", "text")
+DATA_KINDS = ("synthetic", "task", "text", "shards")
 BATCH_MODES = ("strong", "weak")
 OPTIMIZERS = ("adam", "sgd")
 DEVICES = ("auto", "cpu", "cuda")
@@ -43,7 +43,8 @@ BACKEND_NAMES = ("local", "slurm", "k8s", "aws")
 @dataclass
 class DataSpec:
     """Where batches come from. `synthetic` measures throughput; `task` is learnable (convergence);
-    `text` reads files (parallel text, plain text or labelled lines, by model family)."""
+    `text` reads files (parallel text, plain text or labelled lines, by model family); `shards` reads
+    the directory `shards` that `launch prep` wrote (token ids, no tokenising at start-up)."""
 
     kind: str = checked("synthetic", one_of(*DATA_KINDS))
     train_src: str | None = None
@@ -55,6 +56,7 @@ class DataSpec:
     prefetch: int = checked(2, at_least(0))
     bucket: bool = True
     fixed_length: bool = False
+    shards: str | None = None
 
 
 @dataclass
@@ -197,6 +199,10 @@ class Spec:
             )
         if self.data.kind == "text" and not self.data.train_src:
             raise SpecError("data kind 'text' needs --train-src (and --train-tgt for translation)")
+        if (self.data.kind == "shards") != bool(self.data.shards):
+            raise SpecError("--data shards reads --shards DIR (a directory written by launch prep): give both, or neither")
+        if self.data.kind == "shards" and "://" not in self.data.shards and not Path(self.data.shards, "manifest.json").is_file():
+            raise SpecError(f"--shards {self.data.shards} holds no manifest.json: run launch prep --out {self.data.shards} first")
 
     # ---- (de)serialisation ---------------------------------------------------------------
 

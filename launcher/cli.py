@@ -56,7 +56,11 @@ LAZY_COMMANDS: dict[str, str] = {
     "bench": "launcher.bench:bench_cmd",
     "study": "launcher.study:study_cmd",
     "aws": "aws.cli:aws_group",
+    "prep": "prep.cli:prep_cmd",
 }
+# Run directories of other kinds than training runs, told by a file they hold: file -> "module:function",
+# the function taking (paths, out, fmt) as `report_dirs` does.
+LAZY_REPORTS: dict[str, str] = {"prep.json": "prep.report:report_dirs"}
 
 
 class DefaultGroup(click.Group):
@@ -113,7 +117,8 @@ _SPEC_OPTIONS: list[tuple[str, str, dict[str, Any]]] = [
     ("--lr", "lr", dict(type=float, help="Learning rate for the reference batch.")),
     ("--lr-warmup-steps", "lr_warmup_steps", dict(type=int, help="Steps of linear LR warm-up to the scaled LR.")),
     ("--optimizer", "optimizer", dict(type=click.Choice(OPTIMIZERS), help="")),
-    ("--data", "data.kind", dict(type=click.Choice(DATA_KINDS), help="synthetic (throughput), task (learnable, for convergence) or text (files).")),
+    ("--data", "data.kind", dict(type=click.Choice(DATA_KINDS), help="synthetic (throughput), task (learnable, for convergence), text (files) or shards (--shards DIR from launch prep).")),
+    ("--shards", "data.shards", dict(type=str, help="Shards data: the directory `launch prep` wrote (local path or s3://).")),
     ("--train-src", "data.train_src", dict(type=str, help="Text data: source file (NMT), text file (LM) or LABEL<TAB>text file.")),
     ("--train-tgt", "data.train_tgt", dict(type=str, help="Text data: target file for translation.")),
     ("--valid-src", "data.valid_src", dict(type=str, help="Text data: validation source file (default: held out from training).")),
@@ -338,6 +343,10 @@ def report_cmd(run_dirs: tuple[str, ...], from_csv: str | None, out: str | None,
 
         report_from_csv(from_csv, Path(out) if out else None, fmt)
         return
+    for marker, target in LAZY_REPORTS.items():
+        if all((Path(p) / marker).is_file() for p in run_dirs):
+            module, attr = target.split(":")
+            return getattr(import_optional(module), attr)([Path(p) for p in run_dirs], Path(out) if out else None, fmt)
     report_dirs([Path(p) for p in run_dirs], Path(out) if out else None, fmt)
 
 

@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # Each package and the packages it may import (besides itself).
 LAYERS: list[str] = ["core", "train", "analysis", "costs", "launcher"]
-BACKENDS = ["slurm", "k8s", "aws"]
+BACKENDS = ["slurm", "k8s", "aws", "prep"]  # prep (`launch prep`) sits at the backends' level
 ALLOWED: dict[str, set[str]] = {pkg: set(LAYERS[:i]) for i, pkg in enumerate(LAYERS)}
 ALLOWED.update({b: set(LAYERS) for b in BACKENDS})
 PACKAGES = set(ALLOWED)

@@ -164,7 +164,7 @@ def setup(spec: Spec) -> Run:
     Stop.install()
     torch.manual_seed(spec.seed)
     cfg = config_with_overrides(PRESETS[spec.model], spec.model_args)
-    dataset = build_dataset(spec.data.kind, cfg, spec.seed, data_paths(spec, cfg.family), **data_options(spec))
+    dataset = build_dataset(spec.data.kind, cfg, spec.seed, data_paths(spec, cfg.family), **data_options(spec, rank, world))
     cfg = config_with_overrides(cfg, dataset.model_overrides())  # text data fixes vocabulary / labels
     model = build_model(cfg, spec.rnn).to(device)
     global_batch = spec.resolved_global_batch(cfg.default_batch)
@@ -373,14 +373,16 @@ def data_paths(spec: Spec, family: str) -> dict[str, str]:
     return paths
 
 
-def data_options(spec: Spec) -> dict:
-    """The spec's data settings that apply to its kind of data."""
+def data_options(spec: Spec, rank: int = 0, world: int = 1) -> dict:
+    """The spec's data settings that apply to its kind of data (shards: this rank's of `world`)."""
     bucket = {"bucket_batches": BUCKET_BATCHES if spec.data.bucket else 0}
     if spec.data.kind == "task":
         return {"num_train": spec.data.train_samples, "num_valid": spec.data.valid_samples,
                 "fixed_length": spec.data.fixed_length, **bucket}
     if spec.data.kind == "text":
         return bucket
+    if spec.data.kind == "shards":
+        return {"directory": spec.data.shards, "rank": rank, "world": world, **bucket}
     return {}
 
 

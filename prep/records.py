@@ -1,0 +1,43 @@
+"""A prep run directory: prep.json (the request), records/prep.jsonl (one JSON object a line), logs/.
+
+Record kinds (docs/prep.md): `cluster` (start-up time, workers), `worker` (each worker's memory
+before any task), `task` (one per task: phase, bytes, lines, samples, tokens, seconds, worker,
+host, node, pid, rss_mb, peak_rss_mb), `phase` (each phase's wall time on the driver). Reports
+are computed from these records only, as training reports are from the rank records.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Callable
+
+from core.errors import RecordError
+from core.records import read_records
+
+RECORDS = Path("records") / "prep.jsonl"
+
+
+class Recorder:
+    """Appends records to RUN_DIR/records/prep.jsonl, line-buffered; `echo` sees each one too."""
+
+    def __init__(self, run_dir: Path, echo: Callable[[dict], None] | None = None) -> None:
+        path = Path(run_dir) / RECORDS
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = path.open("a", buffering=1)
+        self.echo = echo
+
+    def __call__(self, record: dict[str, Any]) -> None:
+        self._file.write(json.dumps(record, allow_nan=False, default=str) + "\n")
+        if self.echo is not None:
+            self.echo(record)
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def load_records(run_dir: Path) -> list[dict[str, Any]]:
+    path = Path(run_dir) / RECORDS
+    if not path.is_file():
+        raise RecordError(f"{run_dir} has no {RECORDS}: the prep did not start; see {run_dir}/logs")
+    return read_records(path, [])

@@ -1,0 +1,393 @@
+"""`launch prep` and `--data shards`: same ids as `--data text`, same shards for any number of
+workers, bounded memory per task, records and the scaling table, S3 (moto), dry runs.
+
+Most tests run the pipeline on an in-process Dask cluster (threads: fast, and the logic is the
+same); one runs the real command with worker processes and trains on its shards.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("distributed", reason='launch prep needs Dask: pip install "scalelab[prep]"')
+pytest.importorskip("pyarrow", reason='launch prep needs pyarrow: pip install "scalelab[prep]"')
+
+import torch  # noqa: E402
+from distributed import Client, LocalCluster  # noqa: E402
+
+from core.errors import DataError, SpecError  # noqa: E402
+from core.presets import PRESETS, config_with_overrides  # noqa: E402
+from prep import tasks  # noqa: E402
+from prep.bench import generate  # noqa: E402
+from prep.corpus import ROLES  # noqa: E402
+from prep.pipeline import Prep, plan_spans  # noqa: E402
+from prep.request import PrepRequest  # noqa: E402
+from tests.conftest import ROOT, launch, only_run_dir, read_jsonl  # noqa: E402
+from train.datasets import build_dataset  # noqa: E402
+from train.text import PATH_KEYS  # noqa: E402
+
+MODELS = {"nmt": "nmt-tiny", "rnnlm": "rnnlm-tiny", "sentiment": "sentiment-tiny"}
+ARGS = {"vocab_size": 300}  # the corpora have more words: the cut (ties by spelling) must agree
+
+
+@pytest.fixture(scope="module")
+def client():
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=":0") as cluster, \
+            Client(cluster) as c:
+        yield c
+
+
+@pytest.fixture(autouse=True)
+def marks_every_few_lines(monkeypatch):
+    """Marks every 7 lines, so shards start from marks in the middle of blocks."""
+    monkeypatch.setattr(tasks, "MARK_EVERY", 7)
+
+
+def prep(client, model: str, inputs: dict, out: Path, **kw) -> tuple[dict, list[dict]]:
+    request = PrepRequest(model=model, inputs=inputs, out=str(out), model_args=kw.pop("model_args", ARGS),
+                          **{"shard_size": 97, "block_mb": 2 / 1024, **kw}).validate()
+    records: list[dict] = []
+    return Prep(client, request, records.append).run(), records
+
+
+def text_paths(inputs: dict) -> dict[str, str]:
+    return {k: v[0] for k, v in inputs.items()}
+
+
+def test_prep_roles_are_the_text_datasets_keys() -> None:
+    assert ROLES == PATH_KEYS
+
+
+@pytest.mark.parametrize("family", ["nmt", "rnnlm", "sentiment"])
+@pytest.mark.parametrize("valid", ["holdout", "files"])
+def test_shards_hold_the_token_ids_of_data_text(client, tmp_path: Path, family: str, valid: str) -> None:
+    inputs = generate(tmp_path / "c", family, 800, words=600, seed=1)
+    if valid == "files":
+        held = generate(tmp_path / "v", family, 150, words=700, seed=2)  # words unseen in training -> <unk>
+        inputs.update({k.replace("train", "valid"): v for k, v in held.items()})
+    manifest, _ = prep(client, MODELS[family], inputs, tmp_path / "shards")
+    cfg = config_with_overrides(PRESETS[MODELS[family]], ARGS)
+    text = build_dataset("text", cfg, 5, text_paths(inputs), bucket_batches=3)
+    shards = build_dataset("shards", cfg, 5, directory=str(tmp_path / "shards"), bucket_batches=3)
+    assert shards.model_overrides() == text.model_overrides()
+    assert len(manifest["splits"]["train"]["shards"]) > 3 and manifest["splits"]["train"]["shards"][0]["samples"] == 97
+    for split in ("train", "valid"):
+        a, b = getattr(text, split), getattr(shards, split)
+        assert len(a) == len(b) == manifest["splits"][split]["samples"]
+        every = torch.arange(len(a))
+        assert_same(a.batch(every), b.batch(every))
+    # one rank reads the batches --data text gives, epoch after epoch
+    assert shards.steps_per_epoch(16) == text.steps_per_epoch(16)
+    for epoch, step in ((0, 0), (0, 5), (1, 2)):
+        assert_same(text.get_batch(epoch, step, 16, 0, 16), shards.get_batch(epoch, step, 16, 0, 16))
+
+
+def assert_same(a, b) -> None:
+    assert a.inputs.keys() == b.inputs.keys()
+    for key in a.inputs:
+        assert torch.equal(a.inputs[key], b.inputs[key]), key
+    assert (a.samples, a.words) == (b.samples, b.words)
+
+
+def test_same_shards_for_any_number_of_workers(tmp_path: Path) -> None:
+    inputs = generate(tmp_path / "c", "nmt", 900, words=400, seed=3)
+    outs = []
+    for workers, block_kb in ((1, 4), (3, 1)):
+        with LocalCluster(n_workers=workers, threads_per_worker=1, processes=False, dashboard_address=":0") as cluster, \
+                Client(cluster) as c:
+            _, records = prep(c, "nmt-tiny", inputs, tmp_path / f"w{workers}", block_mb=block_kb / 1024)
+        assert len({r["worker"] for r in records if r["kind"] == "task"}) == workers
+        outs.append({p.name: p.read_bytes() for p in sorted((tmp_path / f"w{workers}").iterdir())})
+    assert outs[0].keys() == outs[1].keys() and "manifest.json" in outs[0]
+    assert outs[0] == outs[1], [name for name in outs[0] if outs[0][name] != outs[1][name]]
+
+
+def test_a_glob_of_files_is_one_corpus_in_sorted_order(client, tmp_path: Path) -> None:
+    """Parallel text split over three file pairs (a glob each side) gives the shards of the whole
+    files: shards and reads cross file boundaries."""
+    whole = generate(tmp_path / "c", "nmt", 700, words=400, seed=8)
+    parts = tmp_path / "parts"
+    parts.mkdir()
+    for key, ext in (("train_src", "src"), ("train_tgt", "tgt")):
+        lines = Path(whole[key][0]).read_bytes().split(b"\n")[:-1]
+        for k, (lo, hi) in enumerate(((0, 250), (250, 251), (251, 700))):
+            (parts / f"part{k}.{ext}").write_bytes(b"".join(line + b"\n" for line in lines[lo:hi]))
+    prep(client, "nmt-tiny", whole, tmp_path / "one")
+    manifest, _ = prep(client, "nmt-tiny", {"train_src": [str(parts / "*.src")], "train_tgt": [str(parts / "*.tgt")]},
+                       tmp_path / "many")
+    assert [Path(u).name for u in manifest["sources"]["train_src"]] == ["part0.src", "part1.src", "part2.src"]
+    for name in sorted(p.name for p in (tmp_path / "one").iterdir() if p.suffix != ".json"):
+        assert (tmp_path / "one" / name).read_bytes() == (tmp_path / "many" / name).read_bytes(), name
+
+
+def test_spans_tile_the_corpus_with_full_training_shards() -> None:
+    held = torch.tensor([0, 1, 5, 9, 10, 11, 19]).numpy()
+    spans = plan_spans(20, held, 4)
+    assert [(lo, hi) for lo, hi, _ in spans] == [(0, 7), (7, 14), (14, 18), (18, 20)]
+    for lo, hi, mine in spans[:-1]:
+        assert hi - lo - len(mine) == 4
+    assert sorted(x for _, _, m in spans for x in m.tolist()) == held.tolist()
+
+
+def test_a_task_needs_memory_for_its_piece_not_for_the_corpus(tmp_path: Path, monkeypatch) -> None:
+    """A task's peak of Python allocations (traced in the worker's own process) does not grow when
+    the corpus doubles: a worker holds one block of text or one shard at a time, so a corpus
+    larger than its memory still goes through."""
+    monkeypatch.setenv(tasks.TRACE_ENV, "1")
+    peaks = []
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0") as cluster, \
+            Client(cluster) as c:
+        c.run(tasks.warm_up)  # imports and first calls allocate too: warm up before measuring
+        prep(c, "rnnlm-tiny", generate(tmp_path / "warm", "rnnlm", 300, seed=5), tmp_path / "warm-out")
+        for lines in (6_000, 12_000):
+            inputs = generate(tmp_path / f"c{lines}", "rnnlm", lines, words=3000, seed=4)
+            _, records = prep(c, "rnnlm-tiny", inputs, tmp_path / f"s{lines}", shard_size=200, block_mb=1 / 32)
+            by_phase: dict[str, float] = {}
+            for r in records:
+                if r["kind"] == "task":
+                    by_phase[r["phase"]] = max(by_phase.get(r["phase"], 0.0), r["alloc_peak_mb"])
+            peaks.append(by_phase)
+    print(f"peak allocations of a task (MB) per phase, corpus and corpus x 2: {peaks}")
+    for phase in ("scan", "merge", "encode"):  # the work per task; other threads of the worker add ~0.25 MB noise
+        assert peaks[1][phase] < 1.25 * peaks[0][phase] + 0.1, (phase, peaks)
+    assert max(peaks[1].values()) < 1.0
+
+
+def test_data_errors_name_the_file_as_data_text_does(client, tmp_path: Path) -> None:
+    bad = tmp_path / "bad.tsv"
+    bad.write_text("pos\tgood film\nno tab here\n")
+    with pytest.raises(DataError, match=r"bad.tsv:2: expected LABEL<TAB>text"):
+        prep(client, "sentiment-tiny", {"train": [str(bad)]}, tmp_path / "o1")
+    src, tgt = tmp_path / "a.src", tmp_path / "a.tgt"
+    src.write_text("a b\nc d\n")
+    tgt.write_text("x\n")
+    with pytest.raises(DataError, match="parallel files differ in length"):
+        prep(client, "nmt-tiny", {"train_src": [str(src)], "train_tgt": [str(tgt)]}, tmp_path / "o2")
+    (tmp_path / "empty.txt").write_text("")
+    with pytest.raises(DataError, match=r"data file is empty: .*empty.txt \(--train\)"):
+        prep(client, "rnnlm-tiny", {"train": [str(tmp_path / "empty.txt")]}, tmp_path / "o5")
+    with pytest.raises(DataError, match="matches no file"):
+        prep(client, "rnnlm-tiny", {"train": [str(tmp_path / "nothing*.txt")]}, tmp_path / "o3")
+    done = generate(tmp_path / "c", "rnnlm", 300)
+    (tmp_path / "o4").mkdir()
+    (tmp_path / "o4" / "train-00007.arrow").write_text("left by an unfinished prep")
+    prep(client, "rnnlm-tiny", done, tmp_path / "o4")
+    assert not (tmp_path / "o4" / "train-00007.arrow").exists() and not (tmp_path / "o4" / "_held").exists()
+    with pytest.raises(DataError, match="already holds shards"):
+        prep(client, "rnnlm-tiny", done, tmp_path / "o4")
+
+
+def test_a_worker_side_error_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.tsv"
+    bad.write_text("pos\tgood film\nno tab here\n")
+    done = launch("prep", "--model", "sentiment-tiny", "--train", str(bad), "--out", str(tmp_path / "o"),
+                  "--workers", "1", "--runs-dir", str(tmp_path / "runs"), cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr and f"{bad}:2: expected LABEL<TAB>text" in done.stderr
+
+
+def test_the_trainer_refuses_shards_cut_for_another_model(client, tmp_path: Path) -> None:
+    prep(client, "rnnlm-tiny", generate(tmp_path / "c", "rnnlm", 600), tmp_path / "s")
+    other = config_with_overrides(PRESETS["rnnlm-tiny"], {"seq_len": 12, **ARGS})
+    with pytest.raises(DataError, match="seq_len 16 .shards. vs 12 .model."):
+        build_dataset("shards", other, 0, directory=str(tmp_path / "s"))
+    with pytest.raises(DataError, match="fewer than the 64 ranks"):
+        build_dataset("shards", config_with_overrides(PRESETS["rnnlm-tiny"], ARGS), 0, directory=str(tmp_path / "s"),
+                      rank=0, world=64)
+
+
+def test_each_rank_reads_its_own_shards(client, tmp_path: Path) -> None:
+    manifest, _ = prep(client, "sentiment-tiny", generate(tmp_path / "c", "sentiment", 900), tmp_path / "s")
+    cfg = config_with_overrides(PRESETS["sentiment-tiny"], ARGS)
+    ranks = [build_dataset("shards", cfg, 3, directory=str(tmp_path / "s"), rank=r, world=3) for r in range(3)]
+    shards = manifest["splits"]["train"]["shards"]
+    assert [len(d.train) for d in ranks] == [sum(s["samples"] for s in shards[r::3]) for r in range(3)]
+    assert len({d.steps_per_epoch(24) for d in ranks}) == 1  # every rank runs the same steps
+    batches = [d.get_batch(0, 1, 24, 8 * r, 8 * (r + 1)) for r, d in enumerate(ranks)]
+    assert [b.samples for b in batches] == [8, 8, 8]
+    grown = ranks[0].get_batch(0, 1, 24, 0, 12)  # --balance dynamic gave rank 0 a larger share
+    assert grown.samples == 12 and torch.equal(grown.meta["indices"][:8], batches[0].meta["indices"])
+
+
+# ---- the command, records and report -----------------------------------------------------------
+
+
+def test_launch_prep_sweep_records_report_and_training_on_the_shards(tmp_path: Path, capsys) -> None:
+    """A strong sweep over 1 and 2 worker processes: records per task, the scaling table, and a
+    2-rank training run on the shards (each rank its own)."""
+    inputs = generate(tmp_path / "c", "rnnlm", 20_000, words=2000, seed=6)
+    runs = tmp_path / "runs"
+    done = launch("prep", "--model", "rnnlm-tiny", "--train", inputs["train"][0], "--out", str(tmp_path / "shards"),
+                  "--workers", "1,2", "--shard-size", "2000", "--block-mb", "0.25", "--runs-dir", str(runs),
+                  cwd=tmp_path, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    with capsys.disabled():  # the scaling table of prep itself, shown in the CI log
+        print("\n" + done.stdout)
+    sweep = only_run_dir(runs)
+    assert "Prep scaling" in done.stdout and "lines/s/worker" in done.stdout
+    rows = json.loads((sweep / "report.json").read_text())
+    assert [r["workers"] for r in rows] == [1, 2] and rows[0]["speedup"] == 1.0 and rows[1]["speedup"] > 0
+    assert all(r["lines"] == 20_000 and r["peak_rss_mb"] > 0 for r in rows)
+    records = read_jsonl(sweep / "2w" / "records" / "prep.jsonl")
+    scans = [r for r in records if r["kind"] == "task" and r["phase"] == "scan"]
+    assert sum(r["lines"] for r in scans) == 20_000 and {r["worker"] for r in scans} == {"0", "1"}
+    assert all(r["seconds"] >= 0 and r["bytes"] > 0 and r["pid"] for r in scans)
+    assert {r["phase"] for r in records if r["kind"] == "phase"} >= {"index", "scan", "encode", "regroup", "manifest"}
+    assert (tmp_path / "shards" / "1w" / "manifest.json").read_bytes() == (tmp_path / "shards" / "2w" / "manifest.json").read_bytes()
+
+    again = invoke(["report", str(sweep / "1w"), "--format", "json"])
+    assert again.exit_code == 0, again.output
+    assert json.loads(again.output)[0]["workers"] == 1
+
+    trained = launch("--model", "rnnlm-tiny", "--data", "shards", "--shards", str(tmp_path / "shards" / "2w"),
+                     "--gpus-per-node", "2", "--steps", "3", "--warmup-steps", "1", "--threads", "1",
+                     "--runs-dir", str(tmp_path / "train"), cwd=tmp_path, timeout=300)
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    steps = [r for p in sorted((only_run_dir(tmp_path / "train") / "records").glob("rank-*.jsonl"))
+             for r in read_jsonl(p) if r["kind"] == "step"]
+    assert len(steps) == 6 and all(r["samples"] == 8 for r in steps)
+
+
+def test_weak_mode_grows_the_corpus_with_the_workers(client, tmp_path: Path) -> None:
+    inputs = generate(tmp_path / "c", "rnnlm", 2000)
+    for workers in (1, 2):
+        manifest, records = prep(client, "rnnlm-tiny", inputs, tmp_path / f"w{workers}", lines_limit=700 * workers)
+        assert sum(r["lines"] for r in records if r["kind"] == "task" and r["phase"] == "scan") == 700 * workers
+
+
+def invoke(argv: list[str]):
+    """`launch ARGV` in this process through click (exceptions kept, not printed)."""
+    from click.testing import CliRunner
+
+    from launcher.cli import main
+
+    return CliRunner().invoke(main, argv)
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--backend", "aws"], "writes shards to S3"),
+    (["--backend", "k8s"], "needs --backend-opt image"),
+    (["--backend-opt", "colour=red"], "unknown local prep option.*valid options: memory_limit"),
+    (["--mode", "weak"], "give --lines-per-worker"),
+    (["--workers", "1,x"], "--workers takes"),
+    (["--train-src", "c.txt"], "--train-src do.es. not apply to rnnlm"),
+    (["--model-arg", "seq_len=0"], "seq_len must be a positive integer"),
+])
+def test_cli_refuses_what_it_cannot_run(extra: list[str], message: str, tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    result = invoke(["prep", "--model", "rnnlm-tiny", "--train", "c.txt", "--out", "o", *extra, "--dry-run"])
+    assert isinstance(result.exception, SpecError), (result.exception, result.output)
+    assert re.search(message, str(result.exception)), str(result.exception)
+    assert not any(tmp_path.iterdir()), "a refused prep leaves nothing behind"
+
+
+def test_data_shards_needs_a_shards_directory(tmp_path: Path) -> None:
+    from core.spec import Spec
+
+    with pytest.raises(SpecError, match="--data shards reads --shards DIR"):
+        from core.spec import Spec
+
+        Spec.from_dict({"data": {"kind": "shards"}}).validate()
+    with pytest.raises(SpecError, match="holds no manifest.json: run launch prep"):
+        Spec.from_dict({"data": {"kind": "shards", "shards": str(tmp_path)}}).validate()
+
+
+# ---- backends: Kubernetes manifests, Slurm job script, S3 -------------------------------------
+
+
+def test_k8s_dry_run_renders_a_valid_daskcluster_without_torch(tmp_path: Path) -> None:
+    import yaml
+
+    code = (
+        "import sys\nfrom launcher.cli import entry\n"
+        "sys.argv = ['launch', 'prep', '--model', 'nmt-tiny', '--train-src', '/scalelab/runs/c/train.src',\n"
+        "            '--train-tgt', '/scalelab/runs/c/train.tgt', '--out', '/scalelab/runs/shards', '--workers', '3',\n"
+        "            '--backend', 'k8s', '--backend-opt', 'image=example.org/scalelab:1', '--dry-run']\n"
+        "try:\n    entry()\nexcept SystemExit as exc:\n    assert not exc.code, exc.code\n"
+        "print('HEAVY', sorted(m for m in ('torch', 'horovod') if m in sys.modules), file=sys.stderr)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr
+    assert "HEAVY []" in done.stderr
+    doc = yaml.safe_load(done.stdout)
+    assert doc["kind"] == "DaskCluster" and doc["spec"]["worker"]["replicas"] == 3
+    validate_daskcluster(doc)
+    mount = doc["spec"]["worker"]["spec"]["containers"][0]["volumeMounts"][0]
+    assert mount["mountPath"] == "/scalelab/runs"
+
+
+def validate_daskcluster(doc: dict) -> None:
+    """Against the DaskCluster CRD shipped with dask-kubernetes (strict: unknown fields are errors,
+    as k8s/validate.py treats the MPIJob CRD), and the pod templates and Service against the core
+    Kubernetes schemas."""
+    import jsonschema
+    import yaml
+    from dask_kubernetes import operator as dk
+
+    from k8s.validate import _strict, validate_doc
+
+    crds = Path(dk.__file__).parent / "deployment" / "helm" / "dask-kubernetes-operator" / "crds"
+    crd = yaml.safe_load((crds / "daskcluster.yaml").read_text())
+    (version,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1"]
+    schema = _strict(version["schema"]["openAPIV3Schema"])
+    # every object has these; a CRD's schema leaves them out and the API server checks them itself
+    schema["properties"].update(apiVersion={"const": "kubernetes.dask.org/v1"}, kind={"const": "DaskCluster"},
+                                metadata={"type": "object"})
+    errors = list(jsonschema.Draft7Validator(schema).iter_errors(doc))
+    assert not errors, errors[0].message
+    for role in ("scheduler", "worker"):
+        validate_doc({"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": f"prep-{role}"},
+                      "template": {"spec": doc["spec"][role]["spec"]}})
+    validate_doc({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "prep-scheduler"},
+                  "spec": doc["spec"]["scheduler"]["service"]})
+
+
+def test_k8s_refuses_paths_the_workers_cannot_see(tmp_path: Path) -> None:
+    done = launch("prep", "--model", "rnnlm-tiny", "--train", "/home/me/corpus.txt", "--out", "/scalelab/runs/s",
+                  "--backend", "k8s", "--backend-opt", "image=x", "--dry-run", cwd=tmp_path)
+    assert done.returncode == 2 and "/home/me/corpus.txt is neither" in done.stderr
+
+
+def test_slurm_dry_run_prints_the_dask_jobqueue_job_script(tmp_path: Path) -> None:
+    done = launch("prep", "--model", "rnnlm-tiny", "--train", "c.txt", "--out", "s", "--backend", "slurm",
+                  "--backend-opt", "partition=debug", "--backend-opt", "cpus_per_worker=4", "--dry-run", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    script = done.stdout
+    assert script.startswith("#!/usr/bin/env bash") and "#SBATCH -p debug" in script
+    assert "#SBATCH --cpus-per-task=4" in script and "distributed.cli.dask_worker tcp://SCHEDULER:8786" in script
+    assert not (tmp_path / "runs").exists(), "a dry run writes nothing"
+
+
+def test_prep_to_s3_and_train_from_it(client, tmp_path: Path, moto_url: str, monkeypatch) -> None:
+    """On moto's S3: inputs read from and shards written to a bucket; the trainer copies its shards
+    into the cache and reads the same samples as from a local copy."""
+    import boto3
+
+    for key, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                       "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": moto_url,
+                       "SCALELAB_SHARD_CACHE": str(tmp_path / "cache")}.items():
+        monkeypatch.setenv(key, value)
+    s3 = boto3.client("s3", endpoint_url=moto_url)
+    s3.create_bucket(Bucket="corpora")
+    local = generate(tmp_path / "c", "sentiment", 800)
+    s3.upload_file(local["train"][0], "corpora", "reviews/train.txt")
+    opts = {"endpoint_url": moto_url, "region_name": "us-east-1"}
+    manifest, _ = prep(client, "sentiment-tiny", {"train": ["s3://corpora/reviews/*.txt"]}, "s3://corpora/shards",
+                       backend="aws", backend_options=opts)
+    names = {o["Key"] for o in s3.list_objects_v2(Bucket="corpora", Prefix="shards/")["Contents"]}
+    assert "shards/manifest.json" in names and not any("_held" in n for n in names)
+    assert manifest["sources"]["train"] == ["s3://corpora/reviews/train.txt"]
+    cfg = config_with_overrides(PRESETS["sentiment-tiny"], ARGS)
+    remote = build_dataset("shards", cfg, 1, directory="s3://corpora/shards")
+    prep(client, "sentiment-tiny", local, tmp_path / "local")
+    here = build_dataset("shards", cfg, 1, directory=str(tmp_path / "local"))
+    every = torch.arange(len(here.train))
+    assert_same(remote.train.batch(every), here.train.batch(every))
