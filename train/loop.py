@@ -164,7 +164,7 @@ def setup(spec: Spec) -> Run:
     Stop.install()
     torch.manual_seed(spec.seed)
     cfg = config_with_overrides(PRESETS[spec.model], spec.model_args)
-    dataset = build_dataset(spec.data.kind, cfg, spec.seed, data_paths(spec, cfg.family), **data_options(spec, rank, world))
+    dataset = build_dataset(spec.data.kind, cfg, spec.seed, data_paths(spec, cfg.family), **data_options(spec, engine.rank, engine.world))
     cfg = config_with_overrides(cfg, dataset.model_overrides())  # text data fixes vocabulary / labels
     model = build_model(cfg, spec.rnn).to(device)
     global_batch = spec.resolved_global_batch(cfg.default_batch)
