@@ -79,11 +79,19 @@ _TYPES = {INT: (int,), NUM: (int, float), BOOL: (bool,), STR: (str,)}
 _MISSING = object()
 # kind -> [(field, the types that pass at once, the expectation for the message)]; compiled once,
 # because reports read a million records and this check runs on each.
-_CHECKS: dict[str, list[tuple[str, tuple[type, ...], str]]] = {
-    kind: [(name, _TYPES[exp.removesuffix(OPTIONAL)] + ((type(None),) if exp.endswith(OPTIONAL) else ()), exp)
-           for name, exp in {**COMMON, **fields}.items()]
-    for kind, fields in KINDS.items()
-}
+_CHECKS: dict[str, list[tuple[str, tuple[type, ...], str]]] = {}
+
+
+def register_kinds(kinds: Mapping[str, Mapping[str, str]], common: Mapping[str, str] = COMMON) -> None:
+    """Add record kinds to the schema (the rank records' own, and a layer above's, e.g. `launch prep`'s,
+    which carry no rank); the one writer and the one reader then check them like the built-in ones."""
+    for kind, fields in kinds.items():
+        KINDS[kind] = dict(fields)
+        _CHECKS[kind] = [(name, _TYPES[exp.removesuffix(OPTIONAL)] + ((type(None),) if exp.endswith(OPTIONAL) else ()), exp)
+                         for name, exp in {**common, **fields}.items()]
+
+
+register_kinds(dict(KINDS))
 
 
 def record_problem(rec: Mapping[str, Any], partial: bool = False) -> str | None:

@@ -22,32 +22,87 @@ import re
 import sys
 import tempfile
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
 from core.errors import SpecError
+from core.options import (
+    BackendOptions,
+    above,
+    at_least,
+    each,
+    one_line,
+    one_word,
+    option,
+)
 from prep.corpus import is_remote
 from prep.request import PrepRequest
 
-OPTIONS: dict[str, dict[str, Any]] = {
-    "local": {"memory_limit": "auto", "wait_s": 120},
-    "slurm": {"partition": "", "account": "", "cpus_per_worker": 1, "mem_gb_per_worker": 4, "walltime": "01:00:00",
-              "interface": "", "sbatch": [], "wait_s": 600},
-    "k8s": {"image": "", "namespace": "default", "volume_claim": "scalelab-runs", "mount_path": "/scalelab/runs",
-            "cpus_per_worker": 1, "mem_gb_per_worker": 4, "service_account": "", "wait_s": 900},
-    "aws": {"region_name": "", "endpoint_url": "", "memory_limit": "auto", "wait_s": 120},
+
+@dataclass(frozen=True)
+class PrepLocalOptions(BackendOptions):
+    """A Dask LocalCluster of worker processes on this machine."""
+
+    backend = "local prep"
+    memory_limit: str = option("auto", "Memory limit per worker (Dask's syntax, e.g. 2GB; auto = a share of RAM).")
+    wait_s: float = option(120.0, "Seconds to wait for the workers to start.", above(0))
+
+
+@dataclass(frozen=True)
+class PrepSlurmOptions(BackendOptions):
+    """One Slurm job per Dask worker, through dask-jobqueue."""
+
+    backend = "slurm prep"
+    partition: str = option("", "Partition of the worker jobs [default: the cluster's].", one_word)
+    account: str = option("", "Account to charge.", one_word)
+    cpus_per_worker: int = option(1, "Cores per worker job.", at_least(1))
+    mem_gb_per_worker: float = option(4.0, "Memory per worker job, in GB.", above(0))
+    walltime: str = option("01:00:00", "Time limit of each worker job (Slurm's format).", one_word)
+    interface: str = option("", "Network interface of the workers [default: the hostname's address].", one_word)
+    sbatch: list[str] = option([], "More #SBATCH lines for the worker jobs.", each(one_line))
+    wait_s: float = option(600.0, "Seconds to wait for the worker jobs to start.", above(0))
+
+
+@dataclass(frozen=True)
+class PrepK8sOptions(BackendOptions):
+    """A dask-kubernetes DaskCluster (the Dask operator's custom resource)."""
+
+    backend = "k8s prep"
+    image: str = option("", "Worker image (built from k8s/Dockerfile with scalelab[prep]).")
+    namespace: str = option("default", "Namespace of the DaskCluster.", one_word)
+    volume_claim: str = option("scalelab-runs", "ReadWriteMany claim mounted by the workers.", one_word)
+    mount_path: str = option("/scalelab/runs", "Where the claim is mounted in the workers.", one_word)
+    cpus_per_worker: int = option(1, "CPU request per worker.", at_least(1))
+    mem_gb_per_worker: float = option(4.0, "Memory request per worker, in GiB.", above(0))
+    service_account: str = option("", "Service account of the worker pods.", one_word)
+    wait_s: float = option(900.0, "Seconds to wait for the workers to start.", above(0))
+
+
+@dataclass(frozen=True)
+class PrepAwsOptions(BackendOptions):
+    """Workers here (or a --scheduler), reading and writing S3."""
+
+    backend = "aws prep"
+    region_name: str = option("", "S3 region [default: the boto3 chain].", one_word)
+    endpoint_url: str = option("", "S3 endpoint (e.g. a test server).", one_word)
+    memory_limit: str = option("auto", "Memory limit per local worker (Dask's syntax).")
+    wait_s: float = option(120.0, "Seconds to wait for the workers to start.", above(0))
+
+
+# Each cluster kind's options, declared once (defaults, help, checks); unknown keys are refused with the
+# valid ones listed, values are read as the field's type (`--backend-opt cpus_per_worker=2`).
+OPTIONS: dict[str, type[BackendOptions]] = {
+    "local": PrepLocalOptions, "slurm": PrepSlurmOptions, "k8s": PrepK8sOptions, "aws": PrepAwsOptions,
 }
 SCHEDULER_PLACEHOLDER = "tcp://SCHEDULER:8786"  # in a rendered Slurm job script: the address once it listens
 
 
 def resolve_options(request: PrepRequest) -> dict[str, Any]:
     """The backend's options with defaults filled in; SpecError on unknown or missing ones."""
-    valid = OPTIONS[request.backend]
-    unknown = sorted(set(request.backend_options) - set(valid))
-    if unknown:
-        listed = ", ".join(f"{k} (default {v!r})" for k, v in valid.items())
-        raise SpecError(f"unknown {request.backend} prep option(s): {', '.join(unknown)}; valid options: {listed}")
-    opts = {**valid, **request.backend_options}
+    raw = request.backend_options
+    text = all(isinstance(v, str) for v in raw.values())  # from --backend-opt KEY=VALUE: read as each field's type
+    opts = dict(OPTIONS[request.backend].parse(raw, "from --backend-opt", text=text))
     if request.backend == "k8s" and not request.scheduler:
         if not opts["image"]:
             raise SpecError("--backend k8s needs --backend-opt image=IMAGE (built from k8s/Dockerfile with scalelab[prep])")

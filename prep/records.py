@@ -13,7 +13,23 @@ from pathlib import Path
 from typing import Any, Callable
 
 from core.errors import RecordError
-from core.records import read_records
+from core.records import (
+    INT,
+    NUM,
+    OPTIONAL,
+    STR,
+    read_records,
+    record_problem,
+    register_kinds,
+)
+
+# The prep records' schema, checked by the one reader and by `Recorder` (no rank: one driver writes).
+register_kinds({
+    "cluster": {"startup_s": NUM, "backend": STR, "workers": INT + OPTIONAL},
+    "worker": {},
+    "phase": {"phase": STR, "tasks": INT, "start": NUM, "end": NUM},
+    "task": {"phase": STR, "start": NUM, "end": NUM, "seconds": NUM},
+}, common={"kind": STR})
 
 RECORDS = Path("records") / "prep.jsonl"
 
@@ -28,6 +44,9 @@ class Recorder:
         self.echo = echo
 
     def __call__(self, record: dict[str, Any]) -> None:
+        problem = record_problem(record)
+        if problem:
+            raise ValueError(f"prep record against its schema: {problem}")
         self._file.write(json.dumps(record, allow_nan=False, default=str) + "\n")
         if self.echo is not None:
             self.echo(record)

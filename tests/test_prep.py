@@ -274,7 +274,7 @@ def invoke(argv: list[str]):
 @pytest.mark.parametrize("extra,message", [
     (["--backend", "aws"], "writes shards to S3"),
     (["--backend", "k8s"], "needs --backend-opt image"),
-    (["--backend-opt", "colour=red"], "unknown local prep option.*valid options: memory_limit"),
+    (["--backend-opt", "colour=red"], "unknown local prep backend option.*valid options: memory_limit"),
     (["--mode", "weak"], "give --lines-per-worker"),
     (["--workers", "1,x"], "--workers takes"),
     (["--train-src", "c.txt"], "--train-src do.es. not apply to rnnlm"),
