@@ -139,7 +139,7 @@ def test_the_error_line_comes_from_the_error_records_not_the_logs(tmp_path):
     bad = tmp_path / "labelled.txt"
     bad.write_text("1\tgood film\nno tab on this line\n" * 5)
     proc = launch("--runs-dir", str(tmp_path / "runs"), "--model", "sentiment-tiny", "--data", "text",
-                  "--train-src", str(bad), "--engine", "single", "--steps", "2", cwd=tmp_path)
+                  "--train-src", str(bad), "--engine", "single", "--steps", "2", "--warmup-steps", "1", cwd=tmp_path)
     _assert_clean_error(proc, "labelled.txt:2")
     run = only_run_dir(tmp_path / "runs")
     logs = [Path(f) for f in json.loads((run / "launch.json").read_text())["log_files"]]
