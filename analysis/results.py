@@ -22,9 +22,8 @@ from analysis.report import (
 from analysis.scaling import LayoutSummary, scale_layouts, summarize_run
 from core.errors import RecordError
 from core.records import load_run
+from core.rundir import COMPLETED, SWEEP_FILE, RunPaths, read_state, run_state, sweep_runs
 from core.spec import Spec
-
-SWEEP_FILE = "sweep.json"
 
 
 def run_label(spec: Spec) -> str:
@@ -45,7 +44,7 @@ def expand_run_dirs(paths: list[Path]) -> list[Path]:
     out: list[Path] = []
     for p in paths:
         if (p / SWEEP_FILE).exists():
-            out.extend(p / name for name in json.loads((p / SWEEP_FILE).read_text())["runs"])
+            out.extend(sweep_runs(p))
         elif (p / "spec.json").exists():
             out.append(p)
         elif not p.exists():
@@ -64,11 +63,37 @@ class Report:
     warnings: list[str] = field(default_factory=list)
 
 
+def finished_layouts(sweep_dir: Path) -> tuple[list[Path], list[str]]:
+    """The layouts of a sweep that completed, and a warning naming each that did not (and how it stands)."""
+    done, unfinished = [], []
+    for run_dir in sweep_runs(sweep_dir):
+        state = run_state(run_dir) if (run_dir / "spec.json").exists() else None
+        if state == COMPLETED:
+            done.append(run_dir)
+        else:
+            detail = read_state(run_dir).get("detail", "") if state else ""
+            unfinished.append((run_dir.name, f"{state.lower()}: {detail}" if state else "never started"))
+    if not done:
+        raise RecordError(f"no layout of the sweep {sweep_dir} has finished yet "
+                          f"({'; '.join(f'{name} {how}' for name, how in unfinished)}); "
+                          f"`launch resume {sweep_dir}` continues it")
+    return done, [f"layout {name} of {sweep_dir} did not finish ({how}); it is not in the report; "
+                  f"`launch resume {sweep_dir}` continues it" for name, how in unfinished]
+
+
 def build_report(paths: list[Path], out: Path | None = None) -> Report:
-    """Summaries of every run, the scaling table, and report.md / report.json / speedup.png in `out`."""
-    runs = expand_run_dirs(paths)
-    warnings = [f"{run_dir} has no summary.json (it did not finish normally); summarised from its records"
-                for run_dir in runs if not (run_dir / "summary.json").exists()]
+    """Summaries of every run, the scaling table, and report.md / report.json / speedup.png in `out`.
+
+    A sweep's layouts that did not complete (interrupted, failed, never started) are left out of the
+    table, each named in a warning; a run given by its own directory is summarised from its records.
+    """
+    runs, warnings = [], []
+    for p in paths:
+        found, said = finished_layouts(p) if (p / SWEEP_FILE).exists() else (expand_run_dirs([p]), [])
+        runs += found
+        warnings += said
+    warnings += [f"{run_dir} has no summary.json (it did not finish normally); summarised from its records"
+                 for run_dir in runs if not RunPaths(run_dir).summary.exists()]
     if out is None:
         out = paths[0] if len(paths) == 1 and (paths[0] / SWEEP_FILE).exists() else _common_parent(runs) / (
             "report-" + datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))

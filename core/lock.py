@@ -43,6 +43,9 @@ class RunLock:
             except FileExistsError:
                 self._refuse_or_clear()
                 continue
+            except OSError as exc:  # a read-only or missing run directory
+                raise ScalelabError(f"cannot take the run directory {self.path.parent}: cannot write {self.path} "
+                                    f"({exc.strerror}); the run directory must exist and be writable") from None
             with os.fdopen(fd, "w") as f:
                 json.dump(self.me.to_dict() if self.me else {}, f)
             self.held = True

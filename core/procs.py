@@ -3,9 +3,9 @@
 A pid alone is not an identity: after a crash or a reboot the same number can belong to another
 process, and a run directory can be edited by anyone who can write to it. So a run records, for
 each process it starts, the pid *with* its start time and command line (`ProcessRef`), and nothing is
-signalled unless all three still match. Ranks that outlive their parent (torchrun's workers run in
+signalled unless all of them still match. Ranks that outlive their parent (torchrun's workers run in
 process groups of their own and are re-parented to pid 1 when the agent dies) are found by the run
-directory in their command line.
+directory in their command line (`run_processes`).
 """
 
 from __future__ import annotations
@@ -16,9 +16,13 @@ import socket
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 import psutil
+
+# `PID:START_TIME` of the launcher that supervises a run's ranks: they stop when it is gone (train/loop.py).
+LAUNCHER_ENV = "SCALELAB_LAUNCHER"
+SAME_START_S = 1.0  # start times compared with this tolerance (they are kept in clock ticks, as floats)
 
 
 @dataclass(frozen=True)
@@ -56,29 +60,77 @@ class ProcessRef:
         if self.host != socket.gethostname():
             return False
         now = ProcessRef.of(self.pid)
-        if now is None:
-            return False
+        return now is not None and now.cmdline == self.cmdline and started_at(self.pid, self.start_time)
+
+    def process(self) -> psutil.Process | None:
+        """The live process this refers to, or None when it is gone (or another process has its pid)."""
         try:
-            if psutil.Process(self.pid).status() == psutil.STATUS_ZOMBIE:
-                return False
+            return psutil.Process(self.pid) if self.alive() else None
         except psutil.Error:
-            return False
-        return abs(now.start_time - self.start_time) < 1.0 and now.cmdline == self.cmdline
+            return None
 
 
-def run_processes(run_dir: Path) -> list[psutil.Process]:
-    """Every live process on this host whose command line names `run_dir` (ranks, agents, launchers)."""
-    target = str(Path(run_dir).resolve())
+def started_at(pid: int, start_time: float) -> bool:
+    """True while process `pid` runs and is the one that started at `start_time` (not a reused pid).
+
+    Cheap enough to call every few seconds: ranks use it to watch their launcher.
+    """
+    try:
+        p = psutil.Process(pid)
+        return abs(p.create_time() - start_time) < SAME_START_S and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def names_dir(cmdline: Sequence[str], run_dir: Path, after: Sequence[str] = ()) -> bool:
+    """True when an absolute argument of `cmdline` is `run_dir` (preceded by the arguments `after`)."""
+    target = Path(run_dir).resolve()
+    n = len(after)
+    for i, arg in enumerate(cmdline):
+        if i >= n and os.path.isabs(arg) and Path(arg).name == target.name and tuple(cmdline[i - n:i]) == tuple(after):
+            try:
+                if Path(arg).resolve() == target:
+                    return True
+            except (OSError, RuntimeError):
+                continue
+    return False
+
+
+def run_processes(run_dir: Path, after: Sequence[str] = ()) -> list[psutil.Process]:
+    """Every live process on this host whose command line names `run_dir` (after `after`, if given).
+
+    `after` narrows the match to the run's own processes: `("-m", "train")` finds the ranks, torchrun's
+    agents and horovodrun, but not a `launch resume RUN_DIR` or an editor that has the directory open.
+    """
     found = []
     for p in psutil.process_iter(["pid", "cmdline"]):
         try:
-            cmd = p.info["cmdline"] or []
-            if p.pid != os.getpid() and any(target == str(Path(a).resolve()) for a in cmd if a.startswith(("/", "."))):
-                if p.status() != psutil.STATUS_ZOMBIE:
-                    found.append(p)
+            if p.pid != os.getpid() and names_dir(p.info["cmdline"] or [], run_dir, after) and running(p):
+                found.append(p)
         except (psutil.Error, OSError, ValueError):
             continue
     return found
+
+
+def running(p: psutil.Process) -> bool:
+    """Alive and not a zombie (a zombie is dead, only not yet reaped by its parent)."""
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def family(processes: Iterable[psutil.Process]) -> list[psutil.Process]:
+    """`processes` and every live process they started, each once, parents first."""
+    out: dict[int, psutil.Process] = {}
+    for p in processes:
+        try:
+            for q in [p, *p.children(recursive=True)]:
+                if running(q):
+                    out.setdefault(q.pid, q)
+        except psutil.Error:
+            continue
+    return list(out.values())
 
 
 def signal_all(processes: Iterable[psutil.Process], sig: int) -> None:
@@ -89,18 +141,27 @@ def signal_all(processes: Iterable[psutil.Process], sig: int) -> None:
             pass
 
 
-def stop_processes(processes: list[psutil.Process], grace_s: float) -> list[int]:
-    """SIGTERM, wait up to `grace_s`, SIGKILL what is left; the pids that were still alive after that."""
+def wait_gone(processes: list[psutil.Process], timeout_s: float, reap: Any = None) -> list[psutil.Process]:
+    """Wait up to `timeout_s` for `processes` to end; the ones still running. `reap()` is called on each
+    round, so that the caller's own children are waited for (else they stay zombies)."""
+    deadline = time.monotonic() + timeout_s
+    alive = [p for p in processes if running(p)]
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.1)
+        if reap is not None:
+            reap()
+        alive = [p for p in alive if running(p)]
+    return alive
+
+
+def stop_processes(processes: list[psutil.Process], grace_s: float, reap: Any = None) -> tuple[int, list[int]]:
+    """SIGTERM, wait up to `grace_s`, SIGKILL what is left and wait for it.
+
+    Returns how many needed SIGKILL and the pids still running after that (a process in
+    uninterruptible sleep, or one of another user).
+    """
     signal_all(processes, signal.SIGTERM)
-    _, alive = psutil.wait_procs(processes, timeout=grace_s)
+    alive = wait_gone(processes, grace_s, reap)
     signal_all(alive, signal.SIGKILL)
-    _, alive = psutil.wait_procs(alive, timeout=5.0)
-    return [p.pid for p in alive]
-
-
-def wait_gone(processes: list[psutil.Process], timeout_s: float) -> list[int]:
-    deadline = time.time() + timeout_s
-    alive = processes
-    while alive and time.time() < deadline:
-        _, alive = psutil.wait_procs(alive, timeout=0.2)
-    return [p.pid for p in alive]
+    left = wait_gone(alive, 5.0, reap)
+    return len(alive), [p.pid for p in left]

@@ -34,6 +34,7 @@ SUMMARY_FILE = "summary.json"
 RECORDS_DIR = "records"
 LOGS_DIR = "logs"
 CHECKPOINT_FILE = "checkpoint.pt"
+SWEEP_FILE = "sweep.json"  # a sweep directory: {"runs": [layout directory names, in sweep order], ...}
 
 # ---- run states: every backend maps its own (Slurm's, Kubernetes', EC2's) onto these -------------
 PENDING = "PENDING"      # queued, instances booting, pods being scheduled
@@ -188,3 +189,25 @@ def record_state(run_dir: Path, state: str, detail: str = "", **fields: Any) -> 
                 info["ended"] = time.time()
         info.update(fields)
     return info["state"]
+
+
+# ---- sweep directories ---------------------------------------------------------------------------
+
+
+def is_sweep(path: Path) -> bool:
+    return (Path(path) / SWEEP_FILE).exists()
+
+
+def sweep_runs(sweep_dir: Path) -> list[Path]:
+    """The run directories of a sweep, in sweep order (some may not have started)."""
+    meta = read_json(Path(sweep_dir) / SWEEP_FILE, SWEEP_FILE)
+    names = meta.get("runs") if isinstance(meta, dict) else None
+    if not isinstance(names, list) or not all(isinstance(n, str) and n and "/" not in n for n in names):
+        raise RecordError(f"{Path(sweep_dir) / SWEEP_FILE} has no list of layout directories under \"runs\"; "
+                          "restore it or run the sweep again")
+    return [Path(sweep_dir) / name for name in names]
+
+
+def run_state(run_dir: Path) -> str | None:
+    """The state recorded in launch.json; None for a run that was never launched."""
+    return read_state(run_dir).get("state") if RunPaths(Path(run_dir)).launch.exists() else None

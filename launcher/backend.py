@@ -32,6 +32,8 @@ from typing import Any
 
 from core.errors import EngineError, SpecError
 from core.options import BackendOptions, Flag
+from core.records import read_records
+from core.rundir import ACTIVE, CANCELLED, COMPLETED, FAILED, TERMINAL, RunPaths, read_state
 from core.spec import BACKEND_NAMES, Spec
 
 # name -> "module:Class"; the module is imported only when the backend is used.
@@ -115,12 +117,17 @@ class Backend(ABC):
     # The ranks import Horovod from this machine's Python (local; Slurm through a shared filesystem),
     # so a Horovod run is checked here before anything starts; other backends bring their own image.
     horovod_here: bool = False
+    # Whether a run may go on with no launcher following it (`--detach`): the backend's ranks then
+    # run without watching the launcher, and `launch status` records how the run ended. A backend
+    # whose `finish` must run (records copied back, resources freed) is not detachable.
+    detachable: bool = False
 
     name: str = ""
     Options: type[BackendOptions] = BackendOptions  # each backend names its own (see BACKEND_OPTIONS)
 
     def __init__(self, options: Mapping[str, Any] | None = None) -> None:
         self.options = self.resolve_options(options)
+        self.detached = False  # set for `--detach`: the request starts the ranks without a supervising launcher
 
     @classmethod
     def resolve_options(cls, options: Mapping[str, Any] | None) -> BackendOptions:
@@ -172,15 +179,93 @@ class Backend(ABC):
     @abstractmethod
     def logs(self, run_dir: Path) -> str: ...
 
+    def busy(self, run_dir: Path) -> str | None:
+        """What of the run still runs, in words (None: nothing), asked before a resume starts new ranks.
+
+        A run recorded as ended is taken at its word unless the backend can look (local processes).
+        """
+        if read_state(run_dir).get("state") in TERMINAL:
+            return None
+        status = self.status(run_dir)
+        return status.detail or status.state if status.state in ACTIVE else None
+
     @abstractmethod
-    def cancel(self, run_dir: Path) -> None:
-        """Stop the run (its ranks checkpoint) and free everything it holds; nothing may be left running."""
+    def cancel(self, run_dir: Path) -> str | None:
+        """Stop the run (its ranks checkpoint) and free everything it holds; nothing may be left running.
+
+        Returns what it checked, in one line ("stopped 3 processes; none left"), where it can tell.
+        """
 
 
 def log_text(paths: list[Path]) -> str:
     """Log files as one text, each under a `==> PATH <==` header as `tail` prints several files."""
     return "\n".join(f"==> {p} <==\n" + (p.read_text(errors="replace") if p.exists() else "(no output yet)\n")
                      for p in paths)
+
+
+@dataclass
+class RankEnd:
+    """What one rank recorded in one launch: its last step, its end (None: it recorded none), its errors
+    and its `interrupted` events."""
+
+    rank: int
+    world: int
+    last_step: int | None
+    end: dict[str, Any] | None
+    errors: list[str]
+    stops: list[dict[str, Any]]
+
+
+def rank_ends(run_dir: Path, since: float | None) -> list[RankEnd]:
+    """Each rank's records since `since` (the launch's start), read tolerantly; ranks that wrote none
+    are absent (compare with `world`)."""
+    out = []
+    for path in sorted(RunPaths(Path(run_dir)).records.glob("rank-*.jsonl")):
+        recs = [r for r in read_records(path, [], tolerant=True) if since is None or float(r.get("time", 0)) >= since]
+        if recs:
+            steps = [r["step"] for r in recs if r["kind"] == "step"]
+            out.append(RankEnd(int(recs[0].get("rank", 0)), int(recs[0].get("world", 1)), steps[-1] if steps else None,
+                               next((r for r in reversed(recs) if r.get("event") == "end"), None),
+                               [str(r.get("message", "")) for r in recs if r["kind"] == "error"],
+                               [r for r in recs if r.get("event") == "interrupted"]))
+    return out
+
+
+def ended_by_records(run_dir: Path, since: float | None) -> RunStatus | None:
+    """How a run ended according to its ranks' records since `since` (its launch), once no process of it
+    is left to ask: for a run that no launcher followed to its end (detached, or its launcher killed).
+
+    None when the records say nothing (no rank started).
+    """
+    ranks = rank_ends(run_dir, since)
+    if not ranks:
+        return None
+    errors = [e for r in ranks for e in r.errors]
+    if errors:
+        return RunStatus(FAILED, "; ".join(dict.fromkeys(errors)))
+    silent = silent_ranks(run_dir, ranks)
+    if silent:
+        return RunStatus(FAILED, silent)
+    step = ranks[0].end.get("step")
+    if any(r.end.get("reason") == "interrupted" for r in ranks):
+        stops = [s for r in ranks for s in r.stops]
+        why = next((s["cause"] for s in stops if s.get("cause")), None) or next(
+            (f"signal {s['signal']}" for s in stops if s.get("signal")), "a signal")
+        return RunStatus(CANCELLED, f"the ranks stopped at step {step} with a checkpoint ({why}); "
+                                    f"`launch resume {run_dir}` continues it")
+    return RunStatus(COMPLETED, f"every rank recorded its end at step {step}")
+
+
+def silent_ranks(run_dir: Path, ranks: list[RankEnd]) -> str | None:
+    """One line on the ranks that ended without an error or an end record (killed, or gone before they
+    started); None when every rank recorded its end."""
+    world = max((r.world for r in ranks), default=0)
+    started = {r.rank: r for r in ranks}
+    said = [f"rank {n} " + (f"after step {started[n].last_step}" if n in started and started[n].last_step
+                            else "before its first step")
+            for n in range(world) if n not in started or started[n].end is None]
+    return None if not said else (f"{', '.join(said)} stopped with no error and no end record (killed by a signal, or out of memory?); "
+            f"its log: `launch logs {run_dir}`; `launch resume {run_dir}` continues from the last checkpoint")
 
 
 def check_horovod() -> None:

@@ -12,8 +12,10 @@ SIGHUP) stops every process of the run, records it as CANCELLED and exits 128 + 
 from __future__ import annotations
 
 import functools
+import shlex
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +26,7 @@ from rich.markup import escape
 from core.errors import ScalelabError, SpecError
 from core.options import Flag, coerce_path, with_default
 from core.presets import model_overrides
-from core.rundir import DEFAULT_RUNS_ROOT, new_run_dir
+from core.rundir import ACTIVE, DEFAULT_RUNS_ROOT, is_sweep, new_run_dir
 from core.spec import (
     BACKEND_NAMES,
     BALANCE_MODES,
@@ -40,7 +42,7 @@ from core.spec import (
 )
 from launcher import __version__
 from launcher.backend import backend_flags, get_backend, import_optional, options_type
-from launcher.runner import INTERRUPTED, err_console, execute
+from launcher.runner import INTERRUPTED, detaching, err_console, execute, start_detached
 
 # Off a terminal (CI logs, pipes) rich would wrap tables at 80 columns; give them room instead.
 console = Console(width=None if sys.stdout.isatty() else 160)
@@ -244,9 +246,15 @@ def parse_pairs(pairs: tuple[str, ...], flag: str) -> dict[str, str]:
 # ---- run -----------------------------------------------------------------------------------------
 
 
+DETACH_HELP = ("Start the run and return at once, with no launcher following it (its ranks do not stop when "
+               "this process ends). `launch status` follows it and records how it ended, `launch cancel` stops it. "
+               "Local backend only; not for sweeps.")
+
+
 @main.command("run")
 @spec_options
-def run_cmd(**params: Any) -> None:
+@click.option("--detach", is_flag=True, help=DETACH_HELP)
+def run_cmd(detach: bool, **params: Any) -> None:
     """Run one training job on the chosen layout and print its summary.
 
     The run directory (spec, per-rank records, logs, summary) is printed at the end;
@@ -254,14 +262,28 @@ def run_cmd(**params: Any) -> None:
     """
     spec = build_spec(params)
     backend = get_backend(spec.backend, spec.backend_options)
+    if detach:
+        detaching(backend)
     if params["dry_run"]:
         run_dir = Path(params["runs_dir"]) / f"{spec.name or spec.model}-DRYRUN"
         click.echo(backend.submit_dryrun(spec, run_dir).render())
         return
     backend.validate(spec)
     run_dir = new_run_dir(Path(params["runs_dir"]), spec.name or f"{spec.model}-{spec.engine.name}-{spec.nodes}x{spec.gpus_per_node}")
-    summary = execute(backend, spec, run_dir)
-    print_summary(run_dir, summary)
+    run_and_show(backend, spec, run_dir, detach)
+
+
+def run_and_show(backend, spec: Spec, run_dir: Path, detach: bool) -> None:
+    """Follow the run to its summary, or start it detached and say how to follow and stop it."""
+    if not detach:
+        print_summary(run_dir, execute(backend, spec, run_dir))
+        return
+    start_detached(backend, spec, run_dir)
+    console.print(f"started [bold]{run_dir}[/] detached: no launcher follows it.\n"
+                  f"  follow it:  launch status {run_dir}   launch logs {run_dir}\n"
+                  f"  stop it:    launch cancel {run_dir}   (its ranks checkpoint; launch resume {run_dir} continues)\n"
+                  f"  once ended: launch status {run_dir} records how it ended (and its summary), "
+                  f"launch report {run_dir} reports it", highlight=False, soft_wrap=True)
 
 
 def print_summary(run_dir: Path, summary) -> None:
@@ -277,13 +299,28 @@ def print_summary(run_dir: Path, summary) -> None:
 
 @main.command("resume")
 @click.argument("run_dir", type=click.Path(file_okay=False))
-def resume_cmd(run_dir: str) -> None:
-    """Continue RUN_DIR from its last checkpoint with the spec it was started with."""
+@click.option("--detach", is_flag=True, help=DETACH_HELP)
+def resume_cmd(run_dir: str, detach: bool) -> None:
+    """Continue RUN_DIR from its last checkpoint with the spec it was started with.
+
+    A sweep directory: its layouts that did not complete are continued (from their checkpoints) or
+    started, then the sweep is reported. A run that still runs is refused: `launch cancel` it first.
+    """
     path = Path(run_dir)
+    if is_sweep(path):
+        from launcher.sweep import resume_sweep
+
+        if detach:
+            raise SpecError("--detach is not for sweeps: their layouts run one after another, which takes a "
+                            "launcher following them; resume it without --detach")
+        report_dirs([resume_sweep(path)], out=path, fmt="table")
+        return
     spec = read_spec(path).validate()
     backend = get_backend(spec.backend, spec.backend_options)
+    if detach:
+        detaching(backend)
     backend.validate(spec)
-    print_summary(path, execute(backend, spec, path))
+    run_and_show(backend, spec, path, detach)
 
 
 # ---- sweep ---------------------------------------------------------------------------------------
@@ -355,7 +392,7 @@ def report_dirs(paths: list[Path], out: Path | None, fmt: str) -> None:
 
     report = build_report(paths, out)
     for warning in report.warnings:
-        err_console.print(f"[yellow]warning:[/] {warning}")
+        err_console.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False, soft_wrap=True)
     if fmt == "json":
         click.echo(report.json_text)
     elif fmt == "markdown":
@@ -378,10 +415,25 @@ def _backend_of(run_dir: str):
 @main.command("status")
 @click.argument("run_dir", type=click.Path())
 def status_cmd(run_dir: str) -> None:
-    """State of a run (RUNNING, COMPLETED, FAILED, CANCELLED) as its backend reports it."""
+    """State of a run (RUNNING, COMPLETED, FAILED, CANCELLED) as its backend reports it, and its owner.
+
+    A run that ended with no launcher following it (--detach, or its launcher was killed) gets its end
+    recorded now, and its summary when it completed.
+    """
+    from core.lock import owner_of
+    from launcher.runner import settle
+
     backend, path = _backend_of(run_dir)
-    st = backend.status(path)
-    console.print(f"{path}: [bold]{st.state}[/] {escape(st.detail)}")
+    st = settle(backend, path)
+    console.print(f"{path}: [bold]{st.state}[/] {escape(st.detail)}", highlight=False, soft_wrap=True)
+    owner = owner_of(path)
+    if owner is not None:
+        console.print(f"  followed by launcher pid {owner.pid} on {owner.host}, started "
+                      f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(owner.start_time))}: "
+                      f"{escape(shlex.join(owner.cmdline))}", highlight=False, soft_wrap=True)
+    elif st.state in ACTIVE:
+        console.print(f"  no launcher follows it (started with --detach, or its launcher was killed): "
+                      f"`launch cancel {path}` stops it", highlight=False, soft_wrap=True)
 
 
 @main.command("logs")
@@ -395,12 +447,20 @@ def logs_cmd(run_dir: str) -> None:
 @main.command("cancel")
 @click.argument("run_dir", type=click.Path())
 def cancel_cmd(run_dir: str) -> None:
-    """Stop a run: ranks get SIGTERM (they checkpoint and exit), then SIGKILL after a grace period."""
+    """Stop a run: ranks get SIGTERM (they checkpoint and exit), then SIGKILL after a grace period; then
+    check that none of its processes is left. A sweep directory: every layout not ended."""
+    from core.rundir import TERMINAL, run_state, sweep_runs
     from launcher.runner import cancel
 
-    backend, path = _backend_of(run_dir)
-    cancel(backend, path, "cancelled by `launch cancel`")
-    console.print(f"{path}: {backend.status(path).state}")
+    paths = [Path(run_dir)]
+    if is_sweep(Path(run_dir)):
+        paths = [p for p in sweep_runs(Path(run_dir)) if run_state(p) not in TERMINAL | {None}]
+        if not paths:
+            console.print(f"{run_dir}: no layout is running", highlight=False)
+    for path in paths:
+        backend, _ = _backend_of(str(path))
+        st = cancel(backend, path, "cancelled by `launch cancel`")
+        console.print(f"{path}: {st.state} ({escape(st.detail)})", highlight=False, soft_wrap=True)
 
 
 # ---- entry point ---------------------------------------------------------------------------------
@@ -426,8 +486,10 @@ def entry() -> None:
 
 def interrupted(exc: BaseException | None) -> None:
     """Exit after a stop signal: SIGINT 130, SIGTERM 143, SIGHUP 129 (the runner has cancelled the run)."""
+    resume = getattr(exc, "resume", None)
     try:
-        err_console.print(f"launch: {INTERRUPTED}")
+        err_console.print(f"launch: {INTERRUPTED}" + (f"; `launch resume {resume}` continues it" if resume else ""),
+                          highlight=False, soft_wrap=True)
     except OSError:  # SIGHUP: the terminal may be gone
         pass
     sys.exit(getattr(exc, "exit_code", 128 + signal.SIGINT))

@@ -11,7 +11,6 @@ poll/status/logs/cancel. The follow loop is launcher/runner.py's; `poll` reaps t
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shlex
 import shutil
@@ -25,8 +24,9 @@ from pathlib import Path
 
 import psutil
 
-from core.errors import EngineError
+from core.errors import EngineError, ScalelabError
 from core.net import free_port
+from core.procs import LAUNCHER_ENV, ProcessRef, family, names_dir, run_processes, stop_processes
 from core.rundir import (
     CANCELLED,
     COMPLETED,
@@ -39,7 +39,7 @@ from core.rundir import (
     start_state,
 )
 from core.spec import Spec
-from launcher.backend import Backend, Request, RunStatus, log_text
+from launcher.backend import Backend, Request, RunStatus, ended_by_records, log_text
 from launcher.options import LocalOptions
 
 
@@ -60,9 +60,15 @@ class LocalRequest(Request):
         return "\n".join(lines)
 
 
+# Every process of a local run has these arguments before the run directory in its command line: the
+# ranks (`python -m train RUN_DIR`), torchrun's agents and horovodrun (`... -m train RUN_DIR`).
+TRAINER = ("-m", "train")
+
+
 class LocalBackend(Backend):
     default_poll_s = 0.5
     horovod_here = True  # horovodrun and the ranks run on this machine's Python
+    detachable = True  # the processes run on without the launcher; `launch status` finds them and their end
 
     name = "local"
     Options = LocalOptions
@@ -84,7 +90,9 @@ class LocalBackend(Backend):
         workers, per_node = spec.workers, spec.gpus_per_node
         threads = spec.threads or max(1, (os.cpu_count() or 1) // per_node)
         env = {"OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
-        trainer = ["-m", "train", str(run_dir)]
+        if not self.detached:  # the ranks stop (with a checkpoint) when this launcher is gone, even by SIGKILL
+            env[LAUNCHER_ENV] = launcher_watch()
+        trainer = [*TRAINER, str(run_dir)]
         if spec.engine.name == "single":
             commands = [[python, *trainer]]
         elif spec.engine.name == "ddp":
@@ -108,30 +116,36 @@ class LocalBackend(Backend):
         run_dir = request.run_dir
         RunPaths(run_dir).logs.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, **request.env}
-        pids: list[int] = []
+        if LAUNCHER_ENV not in request.env:
+            env.pop(LAUNCHER_ENV, None)  # detached: not even a watch inherited from a launcher above this one
+        started: list[subprocess.Popen] = []
         try:
             for cmd, log in zip(request.commands, request.log_files):
                 with open(log, "ab") as out:
-                    # A new session per command: cancel and Ctrl-C reach every process it started.
-                    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-                pids.append(proc.pid)
-                self._procs[proc.pid] = proc
+                    # A new session per command: a Ctrl-C in the terminal reaches the launcher only, which
+                    # then stops the run its own way (the ranks checkpoint).
+                    started.append(subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                                    start_new_session=True))
+                self._procs[started[-1].pid] = started[-1]
         except BaseException:
-            self._stop(pids, grace_s=0)  # no node of a half-started run stays behind
+            stop_processes(family(_processes_of(started)), 0, self._reap)  # no node of a half-started run stays
             raise
-        start_state(run_dir, backend=self.name, pids=pids, commands=request.commands, env=request.env,
-                    log_files=request.log_files, started=time.time(), host=socket.gethostname())
-        return ",".join(map(str, pids))
+        # pid + start time + command line: `status` and `cancel` signal only these very processes
+        refs = [ref.to_dict() for p in started if (ref := ProcessRef.of(p.pid)) is not None]
+        start_state(run_dir, backend=self.name, pids=[p.pid for p in started], processes=refs,
+                    commands=request.commands, env=request.env, log_files=request.log_files, started=time.time(),
+                    host=socket.gethostname())
+        return ",".join(str(p.pid) for p in started)
 
     # ---- poll, status, logs, cancel --------------------------------------------------------------
 
     def poll(self, run_dir: Path) -> RunStatus:
         """Reap the run's processes; when one node failed, stop the others (they cannot finish alone)."""
         pids = read_state(run_dir)["pids"]
-        codes = [self._returncode(pid) for pid in pids]
+        codes = [self._returncode(run_dir, pid) for pid in pids]
         if None in codes and any(c not in (None, 0) for c in codes):
-            self._stop(pids)
-            codes = [self._returncode(pid) for pid in pids]
+            self._stop(run_dir, float(self.options["stop_grace_s"]))
+            codes = [self._returncode(run_dir, pid) for pid in pids]
         if None in codes:
             return RunStatus(RUNNING, f"pids {pids}")
         if all(c == 0 for c in codes):
@@ -140,77 +154,110 @@ class LocalBackend(Backend):
         stopped = all(c in (0, 143, -signal.SIGTERM) for c in codes)
         return RunStatus(CANCELLED if stopped else FAILED, f"exit codes {codes}")
 
-    def _returncode(self, pid: int) -> int | None:
+    def _returncode(self, run_dir: Path, pid: int) -> int | None:
         proc = self._procs.get(pid)
         if proc is not None:
             return proc.poll()
-        return None if _alive(pid) else -1  # started by another launcher process: only liveness is known
+        # started by another launcher process: only whether that very process still runs is known
+        return None if any(p.pid == pid for p in self._leaders(run_dir)) else -1
+
+    def _reap(self) -> None:
+        for proc in self._procs.values():
+            proc.poll()
 
     def status(self, run_dir: Path) -> RunStatus:
+        """Recorded end, else the run's live processes (verified), else its end read from its records."""
         info = read_state(run_dir)
         if info.get("state") in TERMINAL:
             return RunStatus(info["state"], info.get("detail", ""))
-        if any(_alive(pid) for pid in info["pids"]):
-            return RunStatus(RUNNING, f"pids {info['pids']}")
-        return RunStatus(UNKNOWN, "the launcher stopped before recording how the run ended")
+        live = self._processes(run_dir)
+        if live:
+            return RunStatus(RUNNING, f"{len(live)} processes: pids {sorted(p.pid for p in live)}")
+        return (ended_by_records(run_dir, info.get("launched"))
+                or RunStatus(UNKNOWN, "no process of the run is left and its ranks recorded nothing"))
+
+    def busy(self, run_dir: Path) -> str | None:
+        """The run's processes still alive, whatever launch.json says (a cancel may still be stopping them)."""
+        live = self._processes(run_dir)
+        return f"{len(live)} of its processes still run: pids {sorted(p.pid for p in live)}" if live else None
 
     def logs(self, run_dir: Path) -> str:
         return log_text([Path(log) for log in read_state(run_dir)["log_files"]])
 
-    def cancel(self, run_dir: Path, grace_s: float = 30.0) -> None:
-        """SIGTERM every process group of the run (ranks checkpoint and stop), SIGKILL after `grace_s`."""
-        self._stop(read_state(run_dir)["pids"], grace_s)
+    def cancel(self, run_dir: Path) -> str:
+        """SIGTERM every process of the run (ranks checkpoint and stop), SIGKILL after the grace period,
+        then look again; say what was stopped and that none is left, or raise naming what is."""
+        stopped = self._stop(run_dir, float(self.options["stop_grace_s"]))
+        tmp = RunPaths(run_dir).checkpoint.with_suffix(".tmp")
+        if not stopped.left and tmp.exists():  # a write cut by SIGKILL; the previous checkpoint is whole
+            tmp.unlink(missing_ok=True)
+            stopped.notes.append(f"removed the half-written {tmp.name}")
+        if stopped.left:
+            raise ScalelabError(f"{run_dir}: {stopped}; stop them by hand (kill -9 {' '.join(map(str, stopped.left))})")
+        return str(stopped)
 
-    def _stop(self, pids: list[int], grace_s: float = 30.0) -> None:
-        """SIGTERM the run's process groups; after `grace_s`, SIGKILL them and every process they started.
+    # ---- the run's processes ---------------------------------------------------------------------
 
-        The descendants are listed first: torchrun starts each rank in a session of its own, which a
-        signal to torchrun's group does not reach (torchrun passes SIGTERM on, but may die first).
-        """
-        family = _descendants(pids)
-        for pid in pids:
-            _signal_group(pid, signal.SIGTERM)
-        deadline = time.monotonic() + grace_s
-        while time.monotonic() < deadline and (any(self._returncode(p) is None for p in pids)
-                                               or any(_running(p) for p in family)):
-            time.sleep(0.2)
-        for pid in pids:
-            _signal_group(pid, signal.SIGKILL)
-            proc = self._procs.get(pid)
-            if proc is not None:
-                proc.wait()
-        for proc in family:
-            with contextlib.suppress(psutil.Error):
-                proc.kill()
+    def _leaders(self, run_dir: Path) -> list[psutil.Process]:
+        """The processes this backend started for the run, as launch.json records them, that are still
+        those very processes (pid, start time, command line, host) and name this run directory."""
+        out = []
+        for raw in read_state(run_dir).get("processes", []):
+            ref = ProcessRef.from_dict(raw)
+            if ref is not None and names_dir(ref.cmdline, run_dir, TRAINER) and (proc := ref.process()) is not None:
+                out.append(proc)
+        return out
+
+    def _processes(self, run_dir: Path) -> list[psutil.Process]:
+        """Every live process of the run: the verified ones it started, what they started, and any rank of
+        it found by its command line (torchrun's workers outlive their agent under pid 1)."""
+        return family([*self._leaders(run_dir), *run_processes(run_dir, TRAINER)])
+
+    def _stop(self, run_dir: Path, grace_s: float) -> "Stopped":
+        """Stop every process of the run; a process that appeared meanwhile (an agent starting a worker)
+        is found by a second look and stopped too."""
+        targets = self._processes(run_dir)
+        found = {p.pid for p in targets}
+        killed, left = stop_processes(targets, grace_s, self._reap)
+        again = [p for p in self._processes(run_dir) if p.pid not in found]
+        if again:
+            found |= {p.pid for p in again}
+            more, left_again = stop_processes(again, min(grace_s, 5.0), self._reap)
+            killed, left = killed + more, left + left_again
+        self._reap()
+        return Stopped(len(found), killed, sorted(set(left) | {p.pid for p in self._processes(run_dir)}))
 
 
-def _descendants(pids: list[int]) -> list[psutil.Process]:
+@dataclass
+class Stopped:
+    """What a stop found and did, said in one line."""
+
+    found: int
+    killed: int  # of `found`, those that needed SIGKILL (hung, or slower than the grace period)
+    left: list[int]
+    notes: list[str] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        if not self.found:
+            said = "no process of the run was running"
+        else:
+            said = f"stopped {self.found} process{'es' if self.found != 1 else ''}"
+            said += f" ({self.killed} after SIGKILL)" if self.killed else ""
+        said += f"; {len(self.left)} still running: pids {self.left}" if self.left else "; none left"
+        return "; ".join([said, *self.notes])
+
+
+def launcher_watch() -> str:
+    """`PID:START_TIME` of this launcher, for the ranks to watch (train/loop.py stops them when it is gone)."""
+    me = ProcessRef.of(os.getpid())
+    return f"{os.getpid()}:{me.start_time:.2f}" if me else ""
+
+
+def _processes_of(started: list[subprocess.Popen]) -> list[psutil.Process]:
     out = []
-    for pid in pids:
-        with contextlib.suppress(psutil.Error):
-            out += psutil.Process(pid).children(recursive=True)
+    for popen in started:
+        try:
+            out.append(psutil.Process(popen.pid))
+        except psutil.Error:
+            continue
     return out
-
-
-def _running(proc: psutil.Process) -> bool:
-    try:
-        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _signal_group(pid: int, sig: int) -> None:
-    try:
-        os.killpg(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass

@@ -10,8 +10,14 @@ submitted or followed, SIGINT, SIGTERM and SIGHUP all raise `Interrupted` (the C
 whatever leaves the block early - a signal or an error - cancels every run it holds that has not
 ended, so nothing keeps running (or costing) behind the user's back.
 
+A launcher owns the run directories it submits and follows (`owning`, core/lock.py): a second
+launcher of a live run is refused, and so is a resume while processes of an earlier launch still run
+(`refuse_if_live`). A run started with `--detach` (`start_detached`) is followed by nobody: `settle`,
+called by `launch status`, records its end once its processes are gone. docs/reliability.md says
+what each interruption does.
+
 When a run fails, the one-line message comes from the ranks' `error` records, never from log text;
-without such records the last lines of the logs are shown.
+without such records, the rank that stopped without a word is named, else the end of the logs shown.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from typing import Callable, Iterator
 from rich.console import Console
 
 from core.errors import ScalelabError
+from core.lock import RunBusy, RunLock, owner_of
 from core.records import read_errors
 from core.rundir import (
     CANCELLED,
@@ -42,7 +49,7 @@ from core.rundir import (
     write_json,
 )
 from core.spec import Spec, save_spec
-from launcher.backend import Backend, RunStatus
+from launcher.backend import Backend, RunStatus, rank_ends, silent_ranks
 
 err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
 
@@ -58,10 +65,46 @@ class Interrupted(KeyboardInterrupt):
     def __init__(self, signum: int) -> None:
         super().__init__(signal.Signals(signum).name)
         self.signum = signum
+        self.resume: Path | None = None  # what `launch resume` continues: the outermost directory owned
 
     @property
     def exit_code(self) -> int:
         return 128 + self.signum
+
+
+# ---- one owner per run directory ------------------------------------------------------------------
+
+
+@contextmanager
+def owning(run_dir: Path) -> Iterator[RunLock]:
+    """Hold `run_dir` for this launcher (core/lock.py): a second launcher of it is refused, a dead
+    owner's lock is taken over. An interruption inside names the directory to resume."""
+    try:
+        with RunLock(run_dir) as lock:
+            yield lock
+    except Interrupted as exc:
+        exc.resume = Path(run_dir)  # an outer owner (the sweep) overwrites it: it is what to resume
+        raise
+
+
+def refuse_if_live(backend: Backend, run_dir: Path) -> None:
+    """Before new ranks start in `run_dir`: none of an earlier launch may still run (detached, or its
+    launcher killed and the ranks not yet stopped), or two launches would write one directory."""
+    if not RunPaths(run_dir).launch.exists():
+        return
+    live = backend.busy(run_dir)
+    if live:
+        raise RunBusy(f"{run_dir} is still running ({live}) with no launcher following it; stop it with "
+                      f"`launch cancel {run_dir}` (its ranks checkpoint), then `launch resume {run_dir}`")
+
+
+def detaching(backend: Backend) -> Backend:
+    """The backend set to render and send requests for runs no launcher follows (`--detach`)."""
+    if not backend.detachable:
+        raise ScalelabError(f"--detach: runs of the {backend.name} backend are followed to their end by their "
+                            "launcher (docs/reliability.md, Detached runs); run it without --detach")
+    backend.detached = True
+    return backend
 
 
 # ---- submit ---------------------------------------------------------------------------------------
@@ -138,13 +181,18 @@ def _stop_live(backend: Backend, run_dirs: list[Path], exc: BaseException) -> No
 
 
 def cancel(backend: Backend, run_dir: Path, detail: str = "cancelled", state: str = CANCELLED) -> RunStatus:
-    """Mark the run ended (so a launcher following it elsewhere takes it as cancelled), then stop it."""
+    """Mark the run ended (so a launcher following it elsewhere takes it as cancelled), then stop it.
+
+    The status returned carries what the backend checked ("stopped 3 processes; none left") when it says.
+    """
     ended_before = read_state(run_dir).get("state") in TERMINAL
     recorded = record_state(run_dir, state, detail)
-    backend.cancel(run_dir)  # also for a run that ended: it frees whatever may be left
+    checked = backend.cancel(run_dir)  # also for a run that ended: it frees whatever may be left
+    fields = {"stopped": checked} if checked else {}
     if not ended_before:
-        update_state(run_dir, ended=time.time())  # when it had stopped, not when it was asked to
-    return RunStatus(recorded, read_state(run_dir).get("detail", ""))
+        fields["ended"] = time.time()  # when it had stopped, not when it was asked to
+    update_state(run_dir, **fields)
+    return RunStatus(recorded, checked or read_state(run_dir).get("detail", ""))
 
 
 # ---- the one follow loop --------------------------------------------------------------------------
@@ -188,7 +236,7 @@ def _until_end(backend: Backend, run_dir: Path, on_tick: Callable[[], None] | No
 
 def follow(backend: Backend, spec: Spec, run_dir: Path, label: str | None = None):
     """Show progress until the run ends; one clear error if it did not complete; else its summary."""
-    from analysis.results import summarize_dir, total_steps
+    from analysis.results import total_steps
     from launcher.progress import RunProgress
 
     with RunProgress(run_dir, total_steps(spec), label or run_dir.name, err_console) as progress:
@@ -197,26 +245,69 @@ def follow(backend: Backend, spec: Spec, run_dir: Path, label: str | None = None
         raise ScalelabError(f"run {run_dir} was cancelled; `launch resume {run_dir}` continues it from its last checkpoint")
     if status.state != COMPLETED:
         raise failure(backend, run_dir, status)
+    return write_summary(run_dir)
+
+
+def write_summary(run_dir: Path):
+    """summary.json of a completed run, from its records; the summary."""
+    from analysis.results import summarize_dir
+
     summary = summarize_dir(run_dir)
     write_json(RunPaths(run_dir).summary, summary.to_dict())
     return summary
 
 
+def settle(backend: Backend, run_dir: Path) -> RunStatus:
+    """The run's state now, as `launch status` shows it. A run that ended with no launcher following it
+    (detached, or its launcher was killed) gets its end recorded here, and its summary if it completed."""
+    status = backend.status(run_dir)
+    if status.state not in TERMINAL or read_state(run_dir).get("state") in TERMINAL or owner_of(run_dir):
+        return status
+    recorded = record_state(run_dir, status.state, status.detail)
+    if recorded == COMPLETED and not RunPaths(run_dir).summary.exists():
+        write_summary(run_dir)
+    return RunStatus(recorded, read_state(run_dir).get("detail", ""))
+
+
 def failure(backend: Backend, run_dir: Path, status: RunStatus) -> ScalelabError:
-    """The error for a run that did not complete: its ranks' own words, else the end of its logs."""
-    errors = read_errors(run_dir, since=read_state(run_dir).get("launched"))
+    """The error for a run that did not complete: its ranks' own words; else which rank stopped without
+    a word (killed); else the end of its logs."""
+    since = read_state(run_dir).get("launched")
+    errors = read_errors(run_dir, since=since)
     said = list(dict.fromkeys(str(rec.get("message", "")).strip() for rec in errors))
     if said:
         return ScalelabError("; ".join(said) + f" (run directory {run_dir})")
+    ranks = rank_ends(run_dir, since)
+    silent = silent_ranks(run_dir, ranks) if any(r.last_step for r in ranks) else None
+    if silent:  # they trained, and one of them stopped without a word
+        return ScalelabError(f"run {run_dir} {status.state.lower()} ({status.detail}): {silent}")
     return ScalelabError(f"run {run_dir} {status.state.lower()} ({status.detail}); last lines of its logs:\n"
                          + tail(backend.logs(run_dir), 25))
 
 
 def execute(backend: Backend, spec: Spec, run_dir: Path, label: str | None = None):
-    """Submit one run and follow it; a stop signal at any point cancels it."""
-    with stopping_runs(backend, [run_dir]):
-        submit(backend, spec, run_dir)
+    """Own the run directory, submit one run and follow it; a stop signal at any point cancels it."""
+    with submitted(backend, spec, run_dir):
         return follow(backend, spec, run_dir, label)
+
+
+def start_detached(backend: Backend, spec: Spec, run_dir: Path) -> None:
+    """Submit one run that no launcher follows (`--detach`): its ranks do not watch this process, which
+    returns at once; `launch status` finds them and, once they have ended, records how."""
+    detaching(backend)
+    with submitted(backend, spec, run_dir):
+        pass
+
+
+@contextmanager
+def submitted(backend: Backend, spec: Spec, run_dir: Path) -> Iterator[None]:
+    """Inside: the run directory owned, no earlier launch of it running, the run submitted and held
+    (a stop signal or an error inside cancels it)."""
+    with owning(run_dir):
+        refuse_if_live(backend, run_dir)  # before `stopping_runs`, which would cancel what it refuses
+        with stopping_runs(backend, [run_dir]):
+            submit(backend, spec, run_dir)
+            yield
 
 
 def tail(text: str, n: int) -> str:

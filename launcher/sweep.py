@@ -1,18 +1,22 @@
 """Sweeps: one spec over several layouts, strong or weak, then one report.
 
 Every layout's spec is built and validated before the first run starts, so a sweep never dies at
-layout 3 of 4 because of a batch that does not split.
+layout 3 of 4 because of a batch that does not split; and each is saved in its layout's directory
+before the first run starts, so a sweep interrupted anywhere resumes (`launch resume SWEEP_DIR`)
+and reports what finished (`launch report SWEEP_DIR`).
 """
 
 from __future__ import annotations
 
 import os
 import re
+from contextlib import ExitStack
 from pathlib import Path
 
-from core.errors import SpecError
-from core.rundir import new_run_dir, write_json
-from core.spec import Spec
+from core.errors import ScalelabError, SpecError
+from core.rundir import COMPLETED, SWEEP_FILE, new_run_dir, run_state, sweep_runs, write_json
+from core.spec import Spec, read_spec, save_spec
+from launcher.runner import follow, owning, refuse_if_live, stopping_runs, submit
 
 _LAYOUT = re.compile(r"^\s*(\d+)\s*x\s*(\d+)\s*$")
 
@@ -66,26 +70,61 @@ def sweep_specs(base: Spec, layouts: list[tuple[int, int]], mode: str) -> list[S
 
 
 def run_sweep(backend, specs: list[Spec], runs_root: Path, name: str) -> Path:
-    """Run the layouts into one sweep directory; return it.
+    """Run the layouts into one new sweep directory; return it.
 
-    One after another, or - for a backend with a queue (`Backend.queues`, e.g. Slurm) - every
-    layout submitted first, then each followed and summarised in turn. The sweep holds every run it
-    submitted (`stopping_runs`): a stop signal or an error cancels whatever has not ended.
+    Every layout's directory and spec are written before the first run starts, so an interrupted sweep
+    can be reported (what finished) and resumed (`resume_sweep`) whatever point it reached.
     """
-    from launcher.runner import follow, stopping_runs, submit
-
     sweep_dir = new_run_dir(runs_root, name)
-    write_json(sweep_dir / "sweep.json", {"runs": [f"{s.nodes}x{s.gpus_per_node}" for s in specs],
-                                          "layouts": [[s.nodes, s.gpus_per_node] for s in specs]})
-    runs = [(spec, sweep_dir / f"{spec.nodes}x{spec.gpus_per_node}") for spec in specs]
-    with stopping_runs(backend, []) as held:
-        for spec, run_dir in runs:
-            run_dir.mkdir()
+    names = [f"{s.nodes}x{s.gpus_per_node}" for s in specs]
+    for spec, layout in zip(specs, names):
+        (sweep_dir / layout).mkdir()
+        save_spec(spec, sweep_dir / layout)
+    write_json(sweep_dir / SWEEP_FILE, {"runs": names, "layouts": [[s.nodes, s.gpus_per_node] for s in specs]})
+    return continue_sweep(backend, sweep_dir)
+
+
+def resume_sweep(sweep_dir: Path) -> Path:
+    """`launch resume SWEEP_DIR`: the layouts that did not complete, continued or started; the sweep."""
+    from launcher.backend import get_backend
+
+    layouts = sweep_runs(sweep_dir)
+    first = read_spec(layouts[0]).validate()
+    backend = get_backend(first.backend, first.backend_options)
+    backend.validate(first)
+    return continue_sweep(backend, sweep_dir)
+
+
+def continue_sweep(backend, sweep_dir: Path) -> Path:
+    """Run every layout of the sweep that has not completed; return the sweep directory.
+
+    One after another, or - for a backend with a queue (`Backend.queues`, e.g. Slurm) - every layout
+    submitted first, then each followed and summarised in turn. A layout that was cancelled or failed
+    continues from its checkpoint (a run resumes from the checkpoint in its directory), one never
+    started starts. The sweep owns its directory and each layout's while it runs it (`owning`), and
+    holds every run it submitted (`stopping_runs`): a stop signal or an error cancels whatever has
+    not ended, and names the sweep as what to resume.
+    """
+    todo = [(read_spec(run_dir).validate(), run_dir) for run_dir in sweep_runs(sweep_dir) if run_state(run_dir) != COMPLETED]
+    with owning(sweep_dir), ExitStack() as locks, stopping_runs(backend, []) as held:
+        for spec, run_dir in todo:
+            lock = locks.enter_context(owning(run_dir))
+            refuse_if_live(backend, run_dir)
             held.append(run_dir)
             submit(backend, spec, run_dir)
             if not backend.queues:  # one at a time: followed to its end before the next starts
-                follow(backend, spec, run_dir, label=run_dir.name)
+                _follow_layout(backend, spec, run_dir, sweep_dir)
+                lock.release()
         if backend.queues:  # every layout is queued now; follow each in turn
-            for spec, run_dir in runs:
-                follow(backend, spec, run_dir, label=run_dir.name)
+            for spec, run_dir in todo:
+                _follow_layout(backend, spec, run_dir, sweep_dir)
     return sweep_dir
+
+
+def _follow_layout(backend, spec: Spec, run_dir: Path, sweep_dir: Path) -> None:
+    """Follow one layout; a layout that did not complete stops the sweep, saying how to continue it."""
+    try:
+        follow(backend, spec, run_dir, label=run_dir.name)
+    except ScalelabError as exc:
+        raise ScalelabError(f"{exc}; the sweep stopped at layout {run_dir.name}; `launch resume {sweep_dir}` "
+                            "continues its unfinished layouts, `launch report` reports the finished ones") from None

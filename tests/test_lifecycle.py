@@ -11,12 +11,14 @@ import json
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 import psutil
 import pytest
 
 from core.errors import RecordError
+from core.procs import run_processes
 from core.records import (
     RecordTail,
     rank_from_env,
@@ -106,11 +108,13 @@ def test_error_records_since_a_launch(tmp_path: Path, capsys) -> None:
 
 
 def _local_run(tmp_path: Path, *commands: str) -> tuple[LocalBackend, Path]:
-    """The local backend started on small Python commands instead of ranks."""
+    """The local backend started on small Python commands instead of ranks; their command lines end in
+    `-m train RUN_DIR` as a rank's do (the backend signals no process that does not name its run)."""
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    backend = LocalBackend()
-    request = LocalRequest(run_dir.absolute(), [[sys.executable, "-c", c] for c in commands], {},
+    backend = LocalBackend({"stop_grace_s": 5})
+    request = LocalRequest(run_dir.absolute(), [[sys.executable, "-c", c, "-m", "train", str(run_dir.absolute())]
+                                                for c in commands], {},
                            [str(run_dir.absolute() / "logs" / f"node-{i}.log") for i in range(len(commands))])
     backend.schedule(request)
     return backend, run_dir
@@ -143,3 +147,84 @@ def test_a_stop_signal_cancels_the_run_and_restores_the_handlers(tmp_path: Path)
     info = json.loads((run_dir / "launch.json").read_text())
     assert info["state"] == "CANCELLED" and "SIGTERM" in info["detail"]
     assert not psutil.pid_exists(info["pids"][0])
+
+
+def test_cancel_finds_orphaned_ranks_kills_what_ignores_sigterm_and_says_what_it_checked(tmp_path: Path) -> None:
+    """Node 0 starts a "rank" in a session of its own (as torchrun does) that ignores SIGTERM, then
+    exits: the rank is re-parented. Cancel finds it by its command line, SIGKILLs it after the grace
+    period and looks again; the run's processes are verified, never taken from `pids` alone."""
+    from launcher.runner import cancel
+
+    rank = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"
+    node = (f"import subprocess, sys; subprocess.Popen([sys.executable, '-c', {rank!r}, *sys.argv[1:]], "
+            "start_new_session=True)")
+    backend, run_dir = _local_run(tmp_path, node)
+    info = read_state(run_dir)
+    assert [p["pid"] for p in info["processes"]] == info["pids"] and info["processes"][0]["cmdline"][-1] == str(run_dir)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and (backend.poll(run_dir).state == "RUNNING" or not backend.busy(run_dir)):
+        time.sleep(0.1)  # until the node has exited, leaving its rank behind
+    orphan = run_processes(run_dir, ("-m", "train"))
+    assert len(orphan) == 1 and orphan[0].ppid() != os.getpid()
+    assert backend.status(run_dir).state == "RUNNING"  # found by its command line, not by `pids`
+    said = cancel(backend, run_dir, "test")
+    assert said.state == "CANCELLED" and said.detail.startswith("stopped "), said
+    assert said.detail == "stopped 1 process (1 after SIGKILL); none left"
+    assert read_state(run_dir)["stopped"] == said.detail
+    assert LocalBackend().busy(run_dir) is None
+
+
+def test_how_a_run_ended_is_read_from_its_records_when_no_launcher_saw_it(tmp_path: Path) -> None:
+    from core.records import RecordWriter
+    from launcher.backend import ended_by_records
+
+    def ranks(*ends: dict | None, world: int = 2) -> Path:
+        run = tmp_path / f"run-{len(list(tmp_path.iterdir()))}"
+        for rank, end in enumerate(ends):
+            out = RecordWriter(run, rank, world)
+            out.write("start")
+            out.write("step", step=1)
+            if end is not None:
+                if end.get("reason") == "interrupted":
+                    out.event("interrupted", step=1, signal=None, **({"cause": "its launcher (pid 7) is gone"} if rank else {}))
+                out.event("end", step=1, **end)
+            out.close()
+        return run
+
+    assert ended_by_records(tmp_path / "nothing", None) is None
+    assert ended_by_records(ranks({"reason": "steps"}, {"reason": "steps"}), None).state == "COMPLETED"
+    stopped = ended_by_records(ranks({"reason": "interrupted"}, {"reason": "interrupted"}), None)
+    assert stopped.state == "CANCELLED" and "its launcher (pid 7) is gone" in stopped.detail and "launch resume" in stopped.detail
+    killed = ended_by_records(ranks({"reason": "steps"}, None), None)
+    assert killed.state == "FAILED" and "rank 1 after step 1 stopped with no error and no end record" in killed.detail
+    missing = ended_by_records(ranks({"reason": "steps"}, world=2), None)
+    assert missing.state == "FAILED" and "rank 1 before its first step" in missing.detail
+    run = ranks({"reason": "steps"}, {"reason": "steps"})
+    assert ended_by_records(run, since=time_after(run)) is None  # an earlier launch's records are not this one's
+
+
+def time_after(run: Path) -> float:
+    return max(json.loads(line)["time"] for path in (run / "records").glob("*.jsonl")
+               for line in path.read_text().splitlines()) + 1
+
+
+def test_a_sweep_report_names_the_layouts_that_did_not_finish(tmp_path: Path) -> None:
+    from analysis.results import finished_layouts
+    from core.rundir import write_json
+
+    sweep = tmp_path / "sweep"
+    for name, state in (("1x1", "COMPLETED"), ("1x2", "CANCELLED"), ("1x4", None)):
+        (sweep / name).mkdir(parents=True)
+        (sweep / name / "spec.json").write_text("{}")
+        if state:
+            start_state(sweep / name, backend="local")
+            record_state(sweep / name, state, "interrupted (SIGINT to the launcher)")
+    write_json(sweep / "sweep.json", {"runs": ["1x1", "1x2", "1x4"]})
+    done, warnings = finished_layouts(sweep)
+    assert done == [sweep / "1x1"] and len(warnings) == 2
+    assert "layout 1x2" in warnings[0] and "cancelled: interrupted (SIGINT" in warnings[0]
+    assert "1x4" in warnings[1] and "never started" in warnings[1] and f"launch resume {sweep}" in warnings[1]
+    record_state(sweep / "1x1", "RUNNING")  # an end recorded earlier wins
+    (sweep / "1x1" / "launch.json").write_text(json.dumps({"state": "FAILED"}))
+    with pytest.raises(RecordError, match="no layout of the sweep .* has finished yet .*1x1 failed"):
+        finished_layouts(sweep)

@@ -84,5 +84,34 @@ def test_processes_of_a_run_are_found_by_their_run_directory_even_when_orphaned(
     time.sleep(0.5)
     found = run_processes(run)
     assert len(found) == 1 and found[0].ppid() != os.getpid()
-    assert stop_processes(found, grace_s=5) == []
+    assert stop_processes(found, grace_s=5) == (0, [])
     assert run_processes(run) == []
+
+
+def test_the_run_processes_are_those_that_name_the_run_after_the_trainer(tmp_path: Path) -> None:
+    from core.procs import names_dir
+
+    run = tmp_path / "run-1"
+    run.mkdir()
+    assert names_dir(["python", "-m", "train", str(run)], run, ("-m", "train"))
+    assert names_dir(["python", "-m", "train", str(tmp_path / "." / "run-1")], run, ("-m", "train"))
+    assert not names_dir(["launch", "resume", str(run)], run, ("-m", "train"))  # a launcher is not a rank
+    assert not names_dir(["python", "-m", "train", str(run) + "-2"], run, ("-m", "train"))
+    assert not names_dir(["python", "-m", "train", "run-1"], run)  # relative: resolved against whose cwd?
+    rank = _sleeper("-m", "train", str(run))
+    bystander = _sleeper(str(run))
+    try:
+        time.sleep(0.3)
+        assert [p.pid for p in run_processes(run, ("-m", "train"))] == [rank.pid]
+        assert {p.pid for p in run_processes(run)} == {rank.pid, bystander.pid}
+    finally:
+        for proc in (rank, bystander):
+            proc.kill()
+            proc.wait()
+
+
+def test_a_run_directory_that_cannot_be_written_is_one_clear_error(tmp_path: Path) -> None:
+    from core.errors import ScalelabError
+
+    with pytest.raises(ScalelabError, match="cannot take the run directory .* must exist and be writable"):
+        RunLock(tmp_path / "absent").acquire()

@@ -20,6 +20,7 @@ import math
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ from typing import Any
 import torch
 
 from core.errors import ScalelabError
+from core.procs import LAUNCHER_ENV, started_at
 from core.records import RecordWriter, record_error
 from core.spec import Spec, read_spec
 from train import balance
@@ -52,10 +54,22 @@ KILL_AT_STEP_ENV = "SCALELAB_KILL_AT_STEP"  # STEP:RANK: that rank sends itself 
 HOLD_AT_STEP_ENV = "SCALELAB_HOLD_AT_STEP"  # STEP: wait there for a stop signal, so a cancel lands at STEP
 
 
+# The launcher watch: a rank started by a supervising launcher (the local backend sets LAUNCHER_ENV to
+# its PID:START_TIME) looks every WATCH_EVERY_S whether that very process still runs. When it is gone -
+# killed with SIGKILL, where nothing can run in it to stop the ranks - the rank takes the SIGTERM path
+# (agreed stop, rank 0 checkpoints, all exit); a rank that has not exited WATCH_GRACE_S later (hung in a
+# collective whose peer is gone) exits anyway, so nothing is left running. Started with `--detach`,
+# the ranks get no LAUNCHER_ENV and run on alone.
+WATCH_EVERY_S = 2.0
+WATCH_GRACE_S = 25.0
+
+
 class Stop:
-    """Set by SIGTERM/SIGUSR1 (Slurm's warning before a time limit or preemption): checkpoint, exit."""
+    """Set by SIGTERM/SIGUSR1 (Slurm's warning before a time limit or preemption), or by the launcher
+    watch: checkpoint, exit."""
 
     signal: int | None = None
+    cause: str | None = None  # why, when not a signal to this rank
 
     @classmethod
     def install(cls) -> None:
@@ -65,6 +79,31 @@ class Stop:
     @classmethod
     def _handler(cls, signum, frame) -> None:
         cls.signal = signum
+
+    @classmethod
+    def watch_launcher(cls, value: str | None) -> None:
+        """Watch the launcher named by LAUNCHER_ENV's `value` (PID:START_TIME) in a daemon thread."""
+        if not value:
+            return
+        try:
+            pid, start = (int(value.split(":")[0]), float(value.split(":")[1]))
+        except (IndexError, ValueError):
+            print(f"scalelab: warning: {LAUNCHER_ENV}={value!r} is not PID:START_TIME; the launcher is not "
+                  "watched", file=sys.stderr, flush=True)
+            return
+        threading.Thread(target=cls._watch, args=(pid, start), name="launcher-watch", daemon=True).start()
+
+    @classmethod
+    def _watch(cls, pid: int, start: float) -> None:
+        while started_at(pid, start):
+            time.sleep(WATCH_EVERY_S)
+        cls.cause = f"its launcher (pid {pid}) is gone"
+        cls.signal = signal.SIGTERM
+        print(f"scalelab: {cls.cause}: stopping at the next step with a checkpoint", file=sys.stderr, flush=True)
+        time.sleep(WATCH_GRACE_S)
+        print(f"scalelab: not stopped {WATCH_GRACE_S:.0f} s after the launcher was gone (a peer hung or gone?): "
+              "exiting; the last checkpoint is kept", file=sys.stderr, flush=True)
+        os._exit(143)
 
 
 class ShareSchedule:
@@ -143,7 +182,7 @@ def train(run_dir: Path) -> str:
                 checkpoint(run_dir, run, progress, out)  # distributed: every rank hands in its RNG state
             _die_if_asked(progress.step, run.rank)
             if stop_now:
-                out.event("interrupted", signal=Stop.signal, step=progress.step)
+                out.event("interrupted", signal=Stop.signal, step=progress.step, **({"cause": Stop.cause} if Stop.cause else {}))
                 reason = "interrupted"
             if reason in ("interrupted", "threshold"):
                 break
@@ -158,6 +197,7 @@ def setup(spec: Spec) -> Run:
     """Engine, data, model and optimizer: identical on every rank (same seed), wrapped for the exchange."""
     if spec.interop_threads:
         torch.set_num_interop_threads(spec.interop_threads)  # only possible before any parallel work
+    Stop.watch_launcher(os.environ.get(LAUNCHER_ENV))  # before the rendezvous, which may wait for a peer
     engine = make_engine(spec.engine)  # distributed: init process group / hvd.init
     device = engine.device(spec.device)
     torch.set_num_threads(spec.threads or max(1, (os.cpu_count() or 1) // engine.placement.local_world))
