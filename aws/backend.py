@@ -40,6 +40,7 @@ from aws.bootstrap import LAUNCHER_HEARTBEAT, LAUNCHER_LOST, STOP_REQUEST, node_
 from aws.options import AwsOptions
 from aws.render import AwsRequest, Plan
 from core.errors import ScalelabError, SpecError
+from core.lock import RunBusy
 from core.rundir import (
     CANCELLED,
     COMPLETED,
@@ -146,7 +147,7 @@ class AwsBackend(Backend):
         """
         up = td.instances(self.client("ec2", plan.region), plan.run_id, ["pending", "running"])
         if up:
-            raise ScalelabError(
+            raise RunBusy(
                 f"run {run_dir} still has {len(up)} instance(s) running ({up[0]['InstanceId']}...): its launcher is "
                 f"gone and they stop by themselves {self.options['heartbeat_timeout_min']:g} min after its last "
                 f"heartbeat; `launch cancel {run_dir}` stops them now (with a checkpoint), then `launch resume {run_dir}`")

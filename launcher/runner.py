@@ -116,6 +116,8 @@ def submit(backend: Backend, spec: Spec, run_dir: Path) -> str:
     launched = time.time()
     try:
         handle = backend.schedule(backend.submit_dryrun(spec, run_dir))
+    except RunBusy:  # refused because an earlier launch still runs: its state stays what it is
+        raise
     except BaseException as exc:  # the backend removed what it had started; say how this launch ended
         if RunPaths(run_dir).launch.exists():
             record_state(run_dir, CANCELLED if isinstance(exc, KeyboardInterrupt) else FAILED, str(exc) or repr(exc))
