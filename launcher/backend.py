@@ -33,27 +33,34 @@ from typing import Any
 from core.errors import EngineError, SpecError
 from core.options import BackendOptions, Flag
 from core.records import read_records
-from core.rundir import ACTIVE, CANCELLED, COMPLETED, FAILED, TERMINAL, RunPaths, read_state
+from core.rundir import (
+    ACTIVE,
+    CANCELLED,
+    COMPLETED,
+    FAILED,
+    TERMINAL,
+    RunPaths,
+    read_state,
+)
 from core.spec import BACKEND_NAMES, Spec
 
-# name -> "module:Class"; the module is imported only when the backend is used.
-BACKENDS: dict[str, str] = {
-    "local": "launcher.local:LocalBackend",
-    "slurm": "slurm.backend:SlurmBackend",
-    "k8s": "k8s.backend:KubernetesBackend",
-    "aws": "aws.backend:AwsBackend",
+
+@dataclass(frozen=True)
+class Registered:
+    """Where a backend lives, as "module:Class" references imported only when needed."""
+
+    backend: str  # the Backend subclass: imported only when the backend is used
+    options: str  # its options type: a module with no heavy imports, read by the CLI at start
+
+
+# The one registry: each backend's implementation and its options (flags, `--backend-opt` keys, checks).
+BACKENDS: dict[str, Registered] = {
+    "local": Registered("launcher.local:LocalBackend", "launcher.options:LocalOptions"),
+    "slurm": Registered("slurm.backend:SlurmBackend", "slurm.options:SlurmOptions"),
+    "k8s": Registered("k8s.backend:KubernetesBackend", "k8s.options:KubernetesOptions"),
+    "aws": Registered("aws.backend:AwsBackend", "aws.options:AwsOptions"),
 }
 assert tuple(BACKENDS) == BACKEND_NAMES
-
-# name -> "module:Class" of the backend's options: modules with no heavy imports, which the CLI reads at
-# start for the backends' flags and `--backend-opt` keys. Each backend class names the same type.
-BACKEND_OPTIONS: dict[str, str] = {
-    "local": "launcher.options:LocalOptions",
-    "slurm": "slurm.options:SlurmOptions",
-    "k8s": "k8s.options:KubernetesOptions",
-    "aws": "aws.options:AwsOptions",
-}
-assert tuple(BACKEND_OPTIONS) == BACKEND_NAMES
 
 
 def import_optional(module_name: str):
@@ -79,12 +86,12 @@ def _load(ref: str) -> Any:
 
 def options_type(name: str) -> type[BackendOptions] | None:
     """The options type of backend `name`; None for an unknown name or a backend not installed."""
-    return _load(BACKEND_OPTIONS[name]) if name in BACKEND_OPTIONS else None
+    return _load(BACKENDS[name].options) if name in BACKENDS else None
 
 
 def backend_flags() -> dict[str, list[Flag]]:
     """{backend: its command-line flags} for every installed backend that has some."""
-    types = {name: options_type(name) for name in BACKEND_OPTIONS}
+    types = {name: options_type(name) for name in BACKENDS}
     return {name: t.flags() for name, t in types.items() if t is not None and t.flags()}
 
 
@@ -280,7 +287,7 @@ def check_horovod() -> None:
 def get_backend(name: str, options: dict[str, Any] | None = None) -> Backend:
     if name not in BACKENDS:
         raise SpecError(f"unknown backend {name!r}; valid backends: {', '.join(BACKENDS)}")
-    module_name, cls_name = BACKENDS[name].split(":")
+    module_name, cls_name = BACKENDS[name].backend.split(":")
     module = import_optional(module_name)
     if module is None:
         raise SpecError(f"the {name} backend is not part of this installation; use --backend local")

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from core.errors import SpecError
 from core.options import BackendOptions, at_least, option
 from core.presets import PRESETS, config_with_overrides
-from launcher.backend import BACKEND_OPTIONS, BACKENDS, backend_flags, options_type
+from launcher.backend import BACKENDS, Registered, backend_flags, options_type
 from launcher.cli import _SPEC_OPTIONS, build_spec, main, spec_options
 from slurm.backend import SlurmBackend
 from slurm.options import SlurmOptions
@@ -30,7 +30,7 @@ class WiderSlurmOptions(SlurmOptions):
 
 def command_with(monkeypatch, backend: str, ref: str) -> tuple[click.Command, dict]:
     """A fresh `run`-like command built after the registry names `ref` as `backend`'s options."""
-    monkeypatch.setitem(BACKEND_OPTIONS, backend, ref)
+    monkeypatch.setitem(BACKENDS, backend, Registered(BACKENDS[backend].backend, ref))
     seen: dict = {}
 
     @click.command()
@@ -71,7 +71,7 @@ def test_a_new_option_field_is_a_flag_a_backend_opt_and_a_backend_option(monkeyp
 
 def test_each_backend_class_names_its_registered_options_type():
     for name, ref in BACKENDS.items():
-        module, cls = ref.split(":")
+        module, cls = ref.backend.split(":")
         backend_cls = getattr(importlib.import_module(module), cls)
         assert backend_cls.Options is options_type(name), name
         assert backend_cls.Options.backend == name
@@ -91,7 +91,7 @@ def test_flags_are_unique_and_all_in_the_help():
     assert "[default: 1]" in help_text  # --cpus-per-task: shown from SlurmOptions' default
 
 
-@pytest.mark.parametrize("name", sorted(BACKEND_OPTIONS))
+@pytest.mark.parametrize("name", sorted(BACKENDS))
 def test_every_option_key_is_accepted_as_text(name):
     """Each option's default, written as a user writes it after --backend-opt KEY=, reads back as itself."""
     options = options_type(name)
