@@ -53,7 +53,10 @@ KINDS: dict[str, dict[str, str]] = {
     "step": {"step": INT, "warmup": BOOL, "step_s": NUM, "samples": INT, "words": INT,
              "epoch": INT + OPTIONAL, "data_s": NUM + OPTIONAL, "forward_s": NUM + OPTIONAL,
              "backward_s": NUM + OPTIONAL, "exchange_s": NUM + OPTIONAL, "optimizer_s": NUM + OPTIONAL,
-             "loss": NUM + OPTIONAL, "lr": NUM + OPTIONAL},
+             "loss": NUM + OPTIONAL, "lr": NUM + OPTIONAL,
+             # the gradient noise scale (train/noise.py), on the steps that estimated it
+             "noise_scale": NUM + OPTIONAL, "noise_trace": NUM + OPTIONAL, "noise_grad_sq": NUM + OPTIONAL,
+             "noise_s": NUM + OPTIONAL},
     "val": {"step": INT, "epoch": INT, "val_loss": NUM + OPTIONAL, "elapsed_s": NUM},
     "event": {"event": STR},
     "error": {"message": STR},
