@@ -28,7 +28,7 @@ the batch lies outside the measured ones (at least `SEED_SPREAD`: two batches fi
 The noise basis is far less sure, and says so: the sweeps measured here (scripts/validate-planner.sh,
 docs/benchmarks.md) found B_simple well below the batch where the steps stop halving (under Adam
 with the learning rate scaled linearly the samples to the threshold hardly grew up to batch 128,
-with B_simple near 55-90). So its band spans what is admitted, from perfect scaling (B_noise
+with B_simple near 60-100 on rnnlm-tiny). So its band spans what is admitted, from perfect scaling (B_noise
 unbounded: the samples to the threshold do not grow) to a critical batch `NOISE_FACTOR` times
 below B_simple, widened by the seed and form spreads; the point estimate uses B_simple itself. The prediction holds only under the learning-rate rule the runs used
 (stated in `lr_rule`): change the rule and the curve changes.

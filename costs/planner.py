@@ -151,7 +151,9 @@ class Plan:
 def plan(request: PlanRequest) -> Plan:
     """Fit and predict, choose the next measurement, price, recommend: the four steps in order."""
     convergence, batches, notes = predict_convergence(request)
-    fits, predictions = predict(request, notes if len(batches) else None)
+    fits, predictions = predict(request, notes)
+    if not fits and len(request.measured) and not len(batches):
+        raise DataError(notes[-1])  # nothing at all can be predicted: that is the error
     nxt = next_measurement(predictions)
     _mark_next(predictions, nxt)
     candidates, more = price(request, fits, predictions, convergence)
@@ -168,8 +170,8 @@ def plan(request: PlanRequest) -> Plan:
 def predict(request: PlanRequest, notes: list[str] | None = None) -> tuple[dict[str, FitResult], pd.DataFrame]:
     """(fit per series, predictions): every series fitted on its own rows and predicted at its
     measured and at the requested worker counts, with its band at `confidence`. A series that
-    cannot be fitted (one worker count) is an error, or a note when `notes` is given (the plan
-    has steps to predict all the same)."""
+    cannot be fitted (one worker count) is an error, or a note when `notes` is given (other
+    series, or its steps to the threshold, can be predicted all the same)."""
     measured = request.measured
     if not len(measured):
         return {}, pd.DataFrame()
