@@ -216,6 +216,7 @@ class LayoutSummary:
     # up to the threshold (or the end); how the global batch changes with the workers; the LR of
     # the last step and the steps of LR warm-up (the rule the convergence was measured under)
     noise_scale: float | None = None
+    steps_per_epoch: int | None = None
     batch_scaling: str | None = None
     lr: float | None = None
     lr_warmup_steps: int | None = None
@@ -235,7 +236,7 @@ def summarize_run(
 
     `meta` carries label, nodes, gpus_per_node, workers, engine, rnn, model, batch_mode
     ("strong" | "weak"), global_batch, loss_threshold, launched_at (time.time() of the launch),
-    lr_warmup_steps (missing keys default to None; `workers` defaults to nodes x gpus_per_node,
+    lr_warmup_steps, steps_per_epoch (missing keys default to None; `workers` defaults to nodes x gpus_per_node,
     else to the number of ranks seen).
 
     Measured steps are those not marked warm-up and reported by every rank: a step that only some
@@ -276,6 +277,7 @@ def summarize_run(
         **_work_to(steps, s_thr),
         **_wall_times(step_records, events, s_thr, _float_or_none(meta.get("launched_at"))),
         noise_scale=pooled_noise_scale(step_records, s_thr),
+        steps_per_epoch=_int_or_none(meta.get("steps_per_epoch")),
         batch_scaling=BATCH_SCALING[mode],
         lr=_float_or_none(steps["lr"].iloc[-1]) if "lr" in steps.columns else None,
         lr_warmup_steps=_int_or_none(meta.get("lr_warmup_steps")),

@@ -48,7 +48,7 @@ class StudyRuns:
     `epoch_times` holds the seconds of each epoch's steps per run (a partial last epoch: its
     steps so far), `epochs_to` the fractional epochs until the loss threshold (steps to it over
     steps per epoch), None when it was not reached, and `epochs_run` the fractional epochs of all
-    the run's steps; both None when no epoch was completed (the steps per epoch are not known).
+    the run's steps; both None when the steps per epoch are not known (`steps_per_epoch`).
     """
 
     rows: pd.DataFrame
@@ -57,9 +57,11 @@ class StudyRuns:
     epochs_run: dict[str, float | None] = field(default_factory=dict)
 
 
-def steps_per_epoch(steps: pd.DataFrame) -> int | None:
-    """Steps of one epoch, counted in the first epoch of a per-step table when a later one began
-    (so the first is complete); None when the run never left its first epoch."""
+def steps_per_epoch(summary: LayoutSummary, steps: pd.DataFrame) -> int | None:
+    """Steps of one epoch: as the run recorded it (its start record), else counted in the first epoch
+    of its per-step table when a later one began (so the first is complete); else None."""
+    if summary.steps_per_epoch:
+        return summary.steps_per_epoch
     epochs = steps["epoch"]
     if not len(steps) or epochs.max() == epochs.min():
         return None
@@ -72,7 +74,7 @@ def study_runs(runs: Sequence[tuple[str, LayoutSummary, pd.DataFrame]]) -> Study
     for key, summary, steps in runs:
         epoch_times[key] = steps.groupby("epoch")["t_step"].sum().tolist()
         train_s[key] = float(steps["t_step"].sum())
-        per = steps_per_epoch(steps)
+        per = steps_per_epoch(summary, steps)
         reached = summary.steps_to_threshold
         epochs_to[key] = round(reached / per, 2) if reached and per else None
         epochs_run[key] = len(steps) / per if per else None

@@ -48,7 +48,8 @@ OPTIONAL = " or null"
 COMMON: dict[str, str] = {"kind": STR, "rank": INT, "world": INT, "time": NUM}
 KINDS: dict[str, dict[str, str]] = {
     "start": {"model": STR + OPTIONAL, "engine": STR + OPTIONAL, "nodes": INT + OPTIONAL,
-              "gpus_per_node": INT + OPTIONAL, "global_batch": INT + OPTIONAL},  # typed when present
+              "gpus_per_node": INT + OPTIONAL, "global_batch": INT + OPTIONAL,
+              "steps_per_epoch": INT + OPTIONAL},  # typed when present
     # phases, loss and lr are typed when present (published or hand-made records may lack them)
     "step": {"step": INT, "warmup": BOOL, "step_s": NUM, "samples": INT, "words": INT,
              "epoch": INT + OPTIONAL, "data_s": NUM + OPTIONAL, "forward_s": NUM + OPTIONAL,
