@@ -28,10 +28,13 @@ the batch lies outside the measured ones (at least `SEED_SPREAD`: two batches fi
 The noise basis is far less sure, and says so: the sweeps measured here (scripts/validate-planner.sh,
 docs/benchmarks.md) found B_simple well below the batch where the steps stop halving (under Adam
 with the learning rate scaled linearly the samples to the threshold hardly grew up to batch 128,
-with B_simple near 60-100 on rnnlm-tiny). So its band spans what is admitted, from perfect scaling (B_noise
-unbounded: the samples to the threshold do not grow) to a critical batch `NOISE_FACTOR` times
-below B_simple, widened by the seed and form spreads; the point estimate uses B_simple itself. The prediction holds only under the learning-rate rule the runs used
-(stated in `lr_rule`): change the rule and the curve changes.
+with B_simple near 60-100 on rnnlm-tiny). So its band spans what is admitted, from perfect
+scaling (B_noise unbounded: the samples to the threshold do not grow) to a critical batch
+`NOISE_FACTOR` times below B_simple, widened by the seed and form spreads; the point estimate uses
+B_simple itself.
+
+Every prediction holds only under the learning-rate rule the runs used (stated in `lr_rule`):
+change the rule and the curve changes.
 """
 
 from __future__ import annotations
@@ -195,7 +198,8 @@ def lr_rule(runs: pd.DataFrame) -> str:
     if np.allclose(lr, lr[0], rtol=0.01):
         return f"constant: lr {lr[0]:g} at every global batch{warmup}"
     if np.allclose(lr / batch, lr[smallest] / batch[smallest], rtol=0.01):
-        return f"linear scaling: lr {lr[smallest]:g} at global batch {int(batch[smallest])}, in proportion to it{warmup}"
+        return (f"linear scaling: lr {lr[smallest]:g} at global batch {int(batch[smallest])}, "
+                f"in proportion to it{warmup}")
     pairs = sorted({(int(b), float(x)) for b, x in zip(batch, lr)})
     return "mixed: " + ", ".join(f"lr {x:g} at batch {b}" for b, x in pairs) + warmup
 

@@ -84,8 +84,8 @@ def evaluate(runs: pd.DataFrame, confidence: float = 0.9) -> pd.DataFrame:
         small, rest = part[part["global_batch"].isin(batches[:2])], part[part["global_batch"].isin(batches[2:])]
         rows += _judge(f"{sweep}: batch {batches[0]}, {batches[1]} -> larger", small, rest, "batch-fit", confidence)
         first = part[part["global_batch"] == batches[0]]
-        rows += _judge(f"{sweep}: batch {batches[0]} + noise -> larger", first, part[part["global_batch"] != batches[0]],
-                       "noise-scale", confidence)
+        rest = part[part["global_batch"] != batches[0]]
+        rows += _judge(f"{sweep}: batch {batches[0]} + noise -> larger", first, rest, "noise-scale", confidence)
     for model, weak in runs[runs["label"].str.startswith("weak")].groupby("model"):
         single = runs[(runs["label"] == f"batch {model} w1")]
         if single.empty:
@@ -102,7 +102,8 @@ def summary(rows: pd.DataFrame) -> pd.DataFrame:
     """Per basis: predictions, mean absolute error, coverage and median relative half-width."""
     def one(part: pd.DataFrame) -> pd.Series:
         return pd.Series({"predictions": len(part), "mean_abs_error": float(part["error"].abs().mean()),
-                          "coverage": float(part["covered"].mean()), "median_half_width": float(part["half_width"].median())})
+                          "coverage": float(part["covered"].mean()),
+                          "median_half_width": float(part["half_width"].median())})
     done = rows[rows["skipped"].isna()] if "skipped" in rows.columns else rows
     return done.groupby("basis").apply(one, include_groups=False).reset_index()
 
