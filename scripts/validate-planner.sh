@@ -14,7 +14,7 @@
 #
 #   scripts/validate-planner.sh [RUNS_DIR]      (default runs-validate; runs already there are kept)
 #
-# About 70 runs of a few seconds of training each; 15-20 minutes on 2 shared cores, mostly start-up.
+# 66 runs of a few seconds of training each: 18 minutes on 2 shared cores, mostly start-up.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUNS=$(realpath -m "${1:-runs-validate}")
