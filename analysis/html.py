@@ -178,7 +178,9 @@ def plan_sections(p: Any) -> list[tuple[str, str]]:
                  "mean relative error predicting each measurement from the others. The lower one is used.</p>"
                  + _table(["series", "chosen", "measurements", *[f"{m} held-out error" for m in model_names]], model_rows)))
     if len(p.predictions):
-        secs.append(("Predicted throughput", _img(figure_png(plot_predictions(p.predictions)), "predictions")))
+        secs.append(("Predicted throughput", f"<p>Bands at {p.confidence:.0%}.</p>"
+                     + _img(figure_png(plot_predictions(p.predictions)), "predictions")))
+    secs += _convergence_sections(p)
     if p.next_measurement:
         n = p.next_measurement
         secs.append(("Measure next", f"<p class='rec'>Measure <b>{n['workers']} workers</b> "
@@ -195,13 +197,35 @@ def plan_sections(p: Any) -> list[tuple[str, str]]:
                      + _img(figure_png(plot_cost_frontier(p.candidates)), "cost frontier")))
         c = p.candidates.sort_values(["hours"])
         rows = [[r["label"], int(r["workers"]), f"{int(r['instances'])}× {r['instance_type']}", r["market"],
-                 f"{r['predicted_throughput']:,.0f}", f"{r['hours']:.2f}", f"{r['dollars']:,.2f}",
+                 f"{r['predicted_throughput']:,.0f}", f"{r['hours']:.2f} (up to {r['hours_high']:.2f})",
+                 f"{r['dollars']:,.2f} (up to {r['dollars_high']:,.2f})",
                  "yes" if r["pareto"] else "", r["recommendation"] or ""] for _, r in c.iterrows()]
         secs.append(("Candidates", _table(["series", "workers", "instances", "market", "throughput",
                                            "hours", "dollars", "frontier", "recommended"], rows)))
     if p.notes:
         secs.append(("Notes", "<ul class='note'>" + "".join(f"<li>{html.escape(n)}</li>" for n in p.notes) + "</ul>"))
     return secs
+
+
+def _convergence_sections(p: Any) -> list[tuple[str, str]]:
+    """The steps to the loss threshold: how each curve S(B) was known, and the batches asked for."""
+    if not p.convergence:
+        return []
+    rows = [[label, f.basis, f"{f.runs} at {', '.join(map(str, f.batches))}", f"{f.s_min:,.0f}",
+             "unbounded" if f.b_noise == float("inf") else f"{f.b_noise:,.0f}",
+             "—" if f.noise_scale is None else f"{f.noise_scale:,.0f}", f.lr_rule] for label, f in p.convergence.items()]
+    text = ("<p>S(B) = S_min (1 + B_noise / B) steps to the threshold at global batch B, fitted to runs at two or "
+            "more batches (batch-fit) or from one batch and its measured noise scale (noise-scale). It holds for the "
+            "learning-rate rule the runs used.</p>")
+    body = text + _table(["series", "basis", "runs at batch", "S_min", "B_noise", "noise scale measured",
+                          "learning-rate rule"], rows)
+    if len(p.batch_predictions):
+        b = p.batch_predictions
+        body += _table(["series", "global batch", "steps", f"{p.confidence:.0%} band", "samples"], [
+            [r["label"], int(r["global_batch"]), f"{r['predicted_steps_to_threshold']:,.0f}",
+             f"{r['steps_low']:,.0f} – {r['steps_high']:,.0f}", f"{r['predicted_samples_to_threshold']:,.0f}"]
+            for _, r in b.iterrows()])
+    return [("Steps to the loss threshold", body)]
 
 
 def write_html(path: Path, title: str, sections: Sequence[tuple[str, str]], intro: str = "") -> Path:

@@ -56,6 +56,9 @@ DEFINITIONS: tuple[tuple[str, str], ...] = (
                      "as a fraction of the total step time."),
     ("Time to threshold", "training seconds (validation excluded) until the validation loss first "
                           "reached the loss threshold."),
+    ("Noise scale", "the gradient noise scale B_simple = tr(Σ)/|G|² in samples (McCandlish et al. 2018), "
+                    "pooled over the ranks and the later half of the steps up to the threshold: below it, a "
+                    "larger global batch saves steps almost in proportion."),
 )
 
 _DASH = "—"
@@ -152,6 +155,8 @@ def _columns(df: pd.DataFrame) -> list[tuple[str, Callable[[pd.Series], str], bo
         cols.append(("data / exchange share", _shares, True))
     if {"reached_threshold", "time_to_threshold_s"} & has:
         cols.append(("time to threshold", _threshold, True))
+    if "noise_scale" in has:
+        cols.append(("noise scale (samples)", lambda r: _num(r.get("noise_scale"), ",.0f"), True))
     return cols
 
 
@@ -243,11 +248,15 @@ def _what_was_run(df: pd.DataFrame) -> list[str]:
         vals = _distinct(df, col)
         if vals:
             out.append(f"{name}: {', '.join(vals)}")
-    modes = _distinct(df, "mode")
-    if modes:
-        expl = {"strong": "strong scaling (fixed global batch, split over the workers)",
-                "weak": "weak scaling (fixed batch per worker, global batch grows with workers)"}
-        out.append("Scaling mode: " + "; ".join(expl.get(m, m) for m in modes))
+    axes = {"batch_scaling": ("Global batch as workers are added", {
+                "fixed": "fixed (split over the workers: strong scaling)",
+                "growing": "growing (every worker keeps its batch: weak scaling)"}),
+            "work_scaling": ("Total work as workers are added", {
+                "fixed": "fixed (the same job)", "growing": "growing (the same work per worker)"})}
+    for col, (name, expl) in axes.items():
+        vals = _distinct(df, col)
+        if vals:
+            out.append(f"{name}: " + "; ".join(expl.get(v, v) for v in vals))
     gb = _distinct(df, "global_batch")
     if gb:
         out.append(f"Global batch: {', '.join(gb)}")

@@ -22,7 +22,15 @@ from analysis.report import (
 from analysis.scaling import LayoutSummary, scale_layouts, summarize_run
 from core.errors import RecordError
 from core.records import load_run
-from core.rundir import COMPLETED, SWEEP_FILE, RunPaths, read_state, run_state, sweep_runs
+from core.rundir import (
+    COMPLETED,
+    SWEEP_FILE,
+    RunPaths,
+    read_json,
+    read_state,
+    run_state,
+    sweep_runs,
+)
 from core.spec import Spec
 
 
@@ -121,12 +129,27 @@ def summarize_loaded(run) -> LayoutSummary:
     if run.steps.empty:
         raise RecordError(f"{run.run_dir} has no step records: the run stopped before its first step; see {run.run_dir}/logs")
     global_batch = int(run.start["global_batch"].iloc[0]) if "global_batch" in run.start else None
+    per_epoch = run.start["steps_per_epoch"].dropna() if "steps_per_epoch" in run.start else []
     meta = {
         "label": run_label(spec), "nodes": spec.nodes, "gpus_per_node": spec.gpus_per_node, "workers": spec.workers,
         "engine": spec.engine.name, "rnn": spec.rnn, "model": spec.model, "batch_mode": spec.batch_mode,
-        "global_batch": global_batch, "loss_threshold": spec.loss_threshold,
+        "global_batch": global_batch, "loss_threshold": spec.loss_threshold, "launched_at": launched_at(run),
+        "lr_warmup_steps": spec.lr_warmup_steps, "steps_per_epoch": int(per_epoch.iloc[0]) if len(per_epoch) else None,
     }
     return summarize_run(run.steps, run.val, run.events, meta)
+
+
+def launched_at(run) -> float | None:
+    """When the run's launch began (launch.json `started`), else its earliest `start` record (the
+    start-up before it then goes uncounted), else None."""
+    path = RunPaths(run.run_dir).launch
+    if path.exists():
+        started = read_json(path, "launch file").get("started")
+        if started is not None:
+            return float(started)
+    if len(run.start) and "time" in run.start.columns:
+        return float(pd.to_numeric(run.start["time"]).min())
+    return None
 
 
 def _common_parent(paths: list[Path]) -> Path:

@@ -38,6 +38,8 @@ __all__ = [
     "scaling_table",
     "scale_layouts",
     "karp_flatt",
+    "pooled_noise_scale",
+    "BATCH_SCALING",
 ]
 
 #: Per-step phase timings of a step record (seconds); they add up to (at most) `step_s`.
@@ -46,7 +48,7 @@ PHASES: tuple[str, ...] = ("data_s", "forward_s", "backward_s", "exchange_s", "o
 #: Columns of the DataFrame returned by `step_table`, in order.
 STEP_TABLE_COLUMNS: tuple[str, ...] = (
     "step", "epoch", "warmup", "ranks", "slowest_rank", "t_step",
-    "words", "samples", *PHASES, "loss", "time",
+    "words", "samples", *PHASES, "loss", "lr", "time",
 )
 
 #: Columns that `scaling_table` adds to its input.
@@ -64,7 +66,7 @@ def step_table(records: pd.DataFrame) -> pd.DataFrame:
     """Collapse the step records of ONE run (all ranks) into one row per optimizer step.
 
     Columns (`STEP_TABLE_COLUMNS`): step, epoch, warmup, ranks, slowest_rank, t_step, words,
-    samples, data_s, forward_s, backward_s, exchange_s, optimizer_s, loss, time.
+    samples, data_s, forward_s, backward_s, exchange_s, optimizer_s, loss, lr, time.
 
     - `t_step` is the maximum `step_s` over ranks: in synchronous data parallelism every rank waits
       for the slowest one at the gradient exchange, so the slowest rank sets the step time.
@@ -74,7 +76,7 @@ def step_table(records: pd.DataFrame) -> pd.DataFrame:
       fast ranks' idle time (which shows up as a long `backward_s`/`exchange_s` while they wait
       in the all-reduce) with the slow rank's real work, and the shares would not sum to the step.
       Ties in `step_s` go to the lowest rank, so the choice is deterministic.
-    - `loss` is the plain mean of the ranks' losses; `warmup` is true if any rank marked the step
+    - `loss` is the plain mean of the ranks' losses (`lr` the largest rank's LR: they agree); `warmup` is true if any rank marked the step
       as warm-up; `ranks` counts the ranks that reported the step (fewer than the world size means
       the run stopped in the middle of that step); `time` is the latest rank's end-of-step time.
     - A step that a rank recorded twice (re-done after resuming from an older checkpoint) keeps
@@ -97,6 +99,7 @@ def step_table(records: pd.DataFrame) -> pd.DataFrame:
         words=("words", "sum"),
         samples=("samples", "sum"),
         loss=("loss", "mean"),
+        lr=("lr", "max"),
         time=("time", "max"),
     )
     out = agg.join(_slowest_ranks(work, grouped)).reset_index()
@@ -117,7 +120,7 @@ def _step_columns(records: pd.DataFrame) -> pd.DataFrame:
     if "kind" in df.columns:
         df = df[df["kind"] == "step"]
     cols: dict[str, Any] = {"rank": pd.to_numeric(df["rank"]).to_numpy(), "step": pd.to_numeric(df["step"]).to_numpy()}
-    for col in ("step_s", "words", "samples", "loss", "time", "epoch", *PHASES):
+    for col in ("step_s", "words", "samples", "loss", "lr", "time", "epoch", *PHASES):
         cols[col] = _float(df, col)
     if "warmup" in df.columns:
         cols["warmup"] = df["warmup"].fillna(False).astype(bool).to_numpy()
@@ -202,6 +205,21 @@ class LayoutSummary:
     reached_threshold: bool | None
     time_to_threshold_s: float | None
     steps_to_threshold: int | None
+    # what was processed until the threshold (warm-up steps included: they trained too), the wall
+    # time from the launch to the threshold event (start-up, validation and checkpoints included:
+    # they are paid), and the launch's start-up until the first step began
+    samples_to_threshold: int | None = None
+    words_to_threshold: int | None = None
+    wall_to_threshold_s: float | None = None
+    startup_s: float | None = None
+    # the gradient noise scale B_simple (samples) pooled over ranks and the later half of the steps
+    # up to the threshold (or the end); how the global batch changes with the workers; the LR of
+    # the last step and the steps of LR warm-up (the rule the convergence was measured under)
+    noise_scale: float | None = None
+    steps_per_epoch: int | None = None
+    batch_scaling: str | None = None
+    lr: float | None = None
+    lr_warmup_steps: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict (for summary.json and DataFrames)."""
@@ -217,8 +235,9 @@ def summarize_run(
     """Summarise one run from its records.
 
     `meta` carries label, nodes, gpus_per_node, workers, engine, rnn, model, batch_mode
-    ("strong" | "weak"), global_batch, loss_threshold (missing keys default to None; `workers`
-    defaults to nodes x gpus_per_node, else to the number of ranks seen).
+    ("strong" | "weak"), global_batch, loss_threshold, launched_at (time.time() of the launch),
+    lr_warmup_steps, steps_per_epoch (missing keys default to None; `workers` defaults to nodes x gpus_per_node,
+    else to the number of ranks seen).
 
     Measured steps are those not marked warm-up and reported by every rank: a step that only some
     ranks finished (the run was interrupted inside it) has no meaningful slowest-rank time.
@@ -255,7 +274,67 @@ def summarize_run(
         reached_threshold=reached,
         time_to_threshold_s=t_thr,
         steps_to_threshold=s_thr,
+        **_work_to(steps, s_thr),
+        **_wall_times(step_records, events, s_thr, _float_or_none(meta.get("launched_at"))),
+        noise_scale=pooled_noise_scale(step_records, s_thr),
+        steps_per_epoch=_int_or_none(meta.get("steps_per_epoch")),
+        batch_scaling=BATCH_SCALING[mode],
+        lr=_float_or_none(steps["lr"].iloc[-1]) if "lr" in steps.columns else None,
+        lr_warmup_steps=_int_or_none(meta.get("lr_warmup_steps")),
     )
+
+
+#: How the global batch changes with the workers, by the trainer's batch mode: fixed (strong: the
+#: global batch is split) or growing (weak: every worker keeps its batch).
+BATCH_SCALING = {"strong": "fixed", "weak": "growing"}
+
+
+def _work_to(steps: pd.DataFrame, step: int | None) -> dict[str, int | None]:
+    """samples_to_threshold and words_to_threshold: what every rank processed in steps 1..`step`."""
+    if step is None:
+        return {"samples_to_threshold": None, "words_to_threshold": None}
+    done = steps[steps["step"] <= step]
+    return {"samples_to_threshold": int(done["samples"].sum()), "words_to_threshold": int(done["words"].sum())}
+
+
+def _wall_times(step_records: pd.DataFrame, events: pd.DataFrame | None, step: int | None,
+                launched_at: float | None) -> dict[str, float | None]:
+    """wall_to_threshold_s (launch to the threshold event) and startup_s (launch to the start of
+    the first step), when the launch time is known."""
+    out: dict[str, float | None] = {"wall_to_threshold_s": None, "startup_s": None}
+    if launched_at is None:
+        return out
+    if "time" in step_records.columns and len(step_records):
+        begun = pd.to_numeric(step_records["time"], errors="coerce") - pd.to_numeric(step_records["step_s"])
+        out["startup_s"] = float(begun.min()) - launched_at
+    if step is not None and events is not None and len(events) and "event" in events.columns:
+        ev = events[(events["event"] == "threshold") & (pd.to_numeric(events.get("step"), errors="coerce") == step)]
+        if len(ev) and "time" in ev.columns:
+            out["wall_to_threshold_s"] = float(pd.to_numeric(ev["time"]).max()) - launched_at
+    return out
+
+
+def pooled_noise_scale(step_records: pd.DataFrame, until_step: int | None = None) -> float | None:
+    """B_simple = Σ tr(Σ) / Σ |G|² over every rank's per-step estimates (train/noise.py) in the later
+    half of steps 1..`until_step` (default: all steps). Why pooled sums, not a mean of ratios:
+    each step's |G|² is a noisy difference that can be near zero or negative, so ratios explode;
+    the sums are unbiased and their ratio consistent. Why the later half: B_simple grows as the
+    loss falls, and the steps to a threshold are spent mostly near it; the first steps' large
+    gradients would drag it down. None without estimates or with a non-positive pooled |G|²."""
+    if not {"noise_trace", "noise_grad_sq"} <= set(step_records.columns):
+        return None
+    df = step_records
+    if "kind" in df.columns:
+        df = df[df["kind"] == "step"]
+    step = pd.to_numeric(df["step"], errors="coerce")
+    last = float(step.max()) if until_step is None else float(until_step)
+    window = df[(step > last / 2) & (step <= last)]
+    trace = pd.to_numeric(window["noise_trace"], errors="coerce")
+    grad_sq = pd.to_numeric(window["noise_grad_sq"], errors="coerce")
+    ok = trace.notna() & grad_sq.notna()
+    if not ok.any() or float(grad_sq[ok].sum()) <= 0:
+        return None
+    return float(trace[ok].sum()) / float(grad_sq[ok].sum())
 
 
 def _measured_steps(steps: pd.DataFrame, label: str) -> tuple[pd.DataFrame, dict[str, int]]:

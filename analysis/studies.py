@@ -7,7 +7,7 @@ dollars come from costs/studies.py, which passes the catalog's billing in as `pr
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 import pandas as pd
@@ -29,6 +29,7 @@ __all__ = [
     "convergence_table",
     "arrangement_table",
     "money_table",
+    "steps_per_epoch",
     "study_markdown",
     "gemm_markdown",
     "plot_gemm",
@@ -44,30 +45,45 @@ class StudyRuns:
 
     `rows` is the scaling table of the runs (`scale_layouts`) with three more columns: run (its
     key in the dicts below), train_s (seconds of all its steps) and speedup (`study_speedups`).
-    `epoch_times` holds the seconds of each epoch's steps per run, `epochs_to` the (fractional)
-    epochs until the loss threshold, None when it was not reached.
+    `epoch_times` holds the seconds of each epoch's steps per run (a partial last epoch: its
+    steps so far), `epochs_to` the fractional epochs until the loss threshold (steps to it over
+    steps per epoch), None when it was not reached, and `epochs_run` the fractional epochs of all
+    the run's steps; both None when the steps per epoch are not known (`steps_per_epoch`).
     """
 
     rows: pd.DataFrame
     epoch_times: dict[str, list[float]]
     epochs_to: dict[str, float | None]
+    epochs_run: dict[str, float | None] = field(default_factory=dict)
+
+
+def steps_per_epoch(summary: LayoutSummary, steps: pd.DataFrame) -> int | None:
+    """Steps of one epoch: as the run recorded it (its start record), else counted in the first epoch
+    of its per-step table when a later one began (so the first is complete); else None."""
+    if summary.steps_per_epoch:
+        return summary.steps_per_epoch
+    epochs = steps["epoch"]
+    if not len(steps) or epochs.max() == epochs.min():
+        return None
+    return int((epochs == epochs.min()).sum())
 
 
 def study_runs(runs: Sequence[tuple[str, LayoutSummary, pd.DataFrame]]) -> StudyRuns:
     """`StudyRuns` of (run key, summary, per-step table from `analysis.scaling.step_table`) per run."""
-    epoch_times, epochs_to, train_s = {}, {}, {}
+    epoch_times, epochs_to, epochs_run, train_s = {}, {}, {}, {}
     for key, summary, steps in runs:
         epoch_times[key] = steps.groupby("epoch")["t_step"].sum().tolist()
         train_s[key] = float(steps["t_step"].sum())
+        per = steps_per_epoch(summary, steps)
         reached = summary.steps_to_threshold
-        epochs_to[key] = (round(float(steps.loc[steps["step"] <= reached, "epoch"].max()) + 1, 2)
-                          if reached else None)
+        epochs_to[key] = round(reached / per, 2) if reached and per else None
+        epochs_run[key] = len(steps) / per if per else None
     rows = scale_layouts([summary for _, summary, _ in runs])
     key_of = {(s.label, s.nodes, s.gpus_per_node): key for key, s, _ in runs}
     rows["run"] = [key_of[(lab, n, g)] for lab, n, g in zip(rows["label"], rows["nodes"], rows["gpus_per_node"])]
     rows["train_s"] = [train_s[r] for r in rows["run"]]
     rows["speedup"] = study_speedups(rows)
-    return StudyRuns(rows, epoch_times, epochs_to)
+    return StudyRuns(rows, epoch_times, epochs_to, epochs_run)
 
 
 def study_speedups(rows: pd.DataFrame) -> list[float]:
@@ -92,7 +108,7 @@ def seed_table(name: str, data: StudyRuns, epochs_shown: int = 3) -> pd.DataFram
     if name == "convergence":
         return convergence_table(data.rows, data.epochs_to)
     if name == "arrangement":
-        return arrangement_table(data.rows, data.epoch_times)
+        return arrangement_table(data.rows, data.epochs_run)
     raise ValueError(f"seed_table makes {', '.join(t for t in TABLES if t != 'money')}, not {name!r}")
 
 
@@ -137,9 +153,12 @@ def convergence_table(rows: pd.DataFrame, epochs_to: dict[str, float | None]) ->
     })
 
 
-def arrangement_table(rows: pd.DataFrame, epoch_times: dict[str, list[float]]) -> pd.DataFrame:
-    """Seed 004's arrangement table: nodes, GPUs per node, time per epoch, speedup."""
-    per_epoch = [sum(epoch_times[r]) / len(epoch_times[r]) / 60 if epoch_times[r] else None for r in rows["run"]]
+def arrangement_table(rows: pd.DataFrame, epochs_run: dict[str, float | None]) -> pd.DataFrame:
+    """Seed 004's arrangement table: nodes, GPUs per node, time per epoch, speedup. Minutes per
+    epoch are the training time over the fractional epochs run: a partial last epoch counts as
+    the part it is, not as a whole one."""
+    per_epoch = [train_s / epochs_run[r] / 60 if epochs_run.get(r) else None
+                 for r, train_s in zip(rows["run"], rows["train_s"])]
     return pd.DataFrame({
         "variant": rows["label"], "# of Node": rows["nodes"], "# of GPUs per Node": rows["gpus_per_node"],
         "Time (min/epoch)": [round(x, 4) if x else None for x in per_epoch], "Speed-up": pd.to_numeric(rows["speedup"], errors="coerce").round(2),
@@ -148,20 +167,25 @@ def arrangement_table(rows: pd.DataFrame, epoch_times: dict[str, list[float]]) -
 
 def money_table(rows: pd.DataFrame, instances: Mapping[tuple[str, str], str | None], market: str,
                 price: Callable[[str, float, str], float]) -> pd.DataFrame:
-    """Seed 004's money-speed table: the instance mix of each layout, seconds, hours and dollars.
+    """Seed 004's money-speed table: the instance mix of each layout, and its seconds, hours and
+    dollars twice, each column with one meaning: the training time of all the run's steps, and
+    the wall time from the launch to the threshold event (start-up, validation and checkpoints
+    are paid too; empty when the threshold was not reached or the launch time is not known).
 
-    `instances` maps (variant label, layout "NxG") to its instance mix. Seconds are the run's
-    training time (to the threshold when one was set and reached, else all measured steps);
-    `price(mix, seconds, market)` gives the dollars (the catalog's billing: costs.studies).
+    `instances` maps (variant label, layout "NxG") to its instance mix; `price(mix, seconds,
+    market)` gives the dollars (the catalog's billing: costs.studies).
     """
     out = []
     for _, r in rows.iterrows():
         layout = f"{r['nodes']}x{r['gpus_per_node']}"
         mix = instances.get((r["label"], layout))
-        seconds = r["time_to_threshold_s"] if r.get("reached_threshold") else r["train_s"]
-        dollars = price(mix, seconds, market) if mix else None
-        out.append({"Experiment": f"{r['label']} {layout}", "Instances": mix or "—", "Seconds": round(seconds, 1),
-                    "Hours": round(seconds / 3600, 4), "Total Price ($)": dollars})
+        to_thr = r.get("wall_to_threshold_s") if r.get("reached_threshold") else None
+        to_thr = None if to_thr is None or pd.isna(to_thr) else float(to_thr)
+        out.append({"Experiment": f"{r['label']} {layout}", "Instances": mix or "—",
+                    "Seconds (all steps)": round(r["train_s"], 1), "Hours (all steps)": round(r["train_s"] / 3600, 4),
+                    "Total Price ($)": price(mix, r["train_s"], market) if mix else None,
+                    "Wall seconds to threshold": None if to_thr is None else round(to_thr, 1),
+                    "Price to threshold ($)": price(mix, to_thr, market) if mix and to_thr is not None else None})
     return pd.DataFrame(out)
 
 

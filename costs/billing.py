@@ -5,15 +5,18 @@ second, with a 60-second minimum. A run on a mix of instances (e.g. `3*g3.4xlarg
 keeps all of them for the whole run, because in synchronous data parallelism the slowest worker
 sets every step's time: the fast ones wait and are billed while waiting.
 
-Spot: an interruption loses the work since the last checkpoint (on average half a checkpoint
-interval, the interruption time being uniform within it) and costs a restart (new instance, image,
-data, resume). With λ interruptions per hour of wall time, a run that needs W seconds of work takes
+Spot: every instance is interrupted on its own, at λ per instance-hour, so a job on n instances
+is interrupted n·λ times an hour (8 instances, 8 times as often as one), and one interruption stops
+every worker of a synchronous job. An interruption loses the work since the last checkpoint (on
+average half of a checkpoint interval and its write, the interruption time being uniform within
+it) and costs a restart (new instance, image, data, resume). Checkpoints are written every c
+seconds of work and take w seconds each, so a run that needs W seconds of work takes
 
-    T = W / (1 − λ·(c/2 + r)/3600)        c = checkpoint interval (s), r = restart time (s)
+    T = W·(1 + w/c) / (1 − n·λ·((c + w)/2 + r)/3600)        r = restart time (s)
 
-seconds of expected wall time (each hour of wall time spends λ·(c/2+r) seconds redoing work and
-restarting). T is infinite when interruptions come faster than progress is made. These are
-expectations over the interruption process, not guarantees.
+seconds of expected wall time (each hour of wall time spends n·λ·((c+w)/2 + r) seconds redoing
+work and restarting). T is infinite when interruptions come faster than progress is made. These
+are expectations over the interruption process, not guarantees.
 """
 
 from __future__ import annotations
@@ -110,15 +113,16 @@ def billed_seconds(seconds: float) -> int:
     return max(MIN_BILLED_S, math.ceil(seconds - 1e-9))
 
 
-def spot_expected_seconds(seconds: float, interruptions_per_hour: float,
-                          checkpoint_interval_s: float = 600.0, restart_s: float = 180.0) -> float:
-    """Expected wall time of `seconds` of work on spot capacity (formula in the module doc)."""
-    if interruptions_per_hour < 0:
-        raise CatalogError("interruptions per hour must be >= 0")
-    lost_per_hour = interruptions_per_hour * (checkpoint_interval_s / 2.0 + restart_s)
+def spot_expected_seconds(seconds: float, interruptions_per_hour: float, checkpoint_interval_s: float = 600.0,
+                          restart_s: float = 180.0, checkpoint_write_s: float = 0.0) -> float:
+    """Expected wall time of `seconds` of work on spot capacity interrupted `interruptions_per_hour`
+    times an hour (the whole job's rate; formula in the module doc)."""
+    if interruptions_per_hour < 0 or checkpoint_write_s < 0:
+        raise CatalogError("interruptions per hour and checkpoint write seconds must be >= 0")
+    lost_per_hour = interruptions_per_hour * ((checkpoint_interval_s + checkpoint_write_s) / 2.0 + restart_s)
     if lost_per_hour >= 3600.0:
         return math.inf
-    return seconds / (1.0 - lost_per_hour / 3600.0)
+    return seconds * (1.0 + checkpoint_write_s / checkpoint_interval_s) / (1.0 - lost_per_hour / 3600.0)
 
 
 @dataclass
@@ -152,18 +156,21 @@ def run_cost(
     interruptions_per_hour: float = 0.0,
     checkpoint_interval_s: float = 600.0,
     restart_s: float = 180.0,
+    checkpoint_write_s: float = 0.0,
 ) -> RunCost:
     """Dollars for keeping `mix` for `seconds` of work (per-second billing, 60 s minimum each).
 
-    On spot with `interruptions_per_hour` > 0 the wall time is the expected one (lost work and
-    restarts included, see the module doc), and that is what is billed. Measured run times already
-    contain any interruptions they suffered: pass interruptions_per_hour=0 for them.
+    On spot with `interruptions_per_hour` > 0 (per instance) the wall time is the expected one
+    (checkpoint writes, lost work and restarts included, see the module doc), and that is what is
+    billed. Measured run times already contain any interruptions they suffered: pass
+    interruptions_per_hour=0 for them.
     """
     if market not in MARKETS:
         raise CatalogError(f"unknown market {market!r}; use one of {', '.join(MARKETS)}")
     mix = Mix.parse(mix, catalog) if isinstance(mix, str) else mix
+    job_rate = interruptions_per_hour * mix.count()
     wall = seconds if market == "on-demand" else spot_expected_seconds(
-        seconds, interruptions_per_hour, checkpoint_interval_s, restart_s)
+        seconds, job_rate, checkpoint_interval_s, restart_s, checkpoint_write_s)
     rate = mix.usd_per_hour(catalog, market, region)
     if math.isinf(wall):
         billed, dollars = 0, math.inf
@@ -174,8 +181,7 @@ def run_cost(
         label=label, instances=str(mix), market=market, region=region or catalog.region,
         seconds=wall, hours=wall / 3600.0, billed_seconds=billed, gpus=mix.gpus(catalog),
         usd_per_hour=rate, dollars=dollars, work_seconds=float(seconds),
-        expected_interruptions=0.0 if market == "on-demand" or math.isinf(wall)
-        else interruptions_per_hour * wall / 3600.0,
+        expected_interruptions=0.0 if market == "on-demand" or math.isinf(wall) else job_rate * wall / 3600.0,
     )
 
 

@@ -16,6 +16,7 @@ import json
 import math
 import sys
 import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,15 +33,23 @@ from analysis.report import (
     to_json_records,
     write_markdown,
 )
-from analysis.results import expand_run_dirs, run_label, summarize_dir
+from analysis.results import expand_run_dirs, launched_at, run_label, summarize_loaded
 from analysis.scaling import scale_layouts, step_table
 from core.checks import NON_NEGATIVE, POSITIVE
 from core.errors import DataError, SpecError
 from core.records import load_run
 from costs.billing import Mix, run_cost, threshold_cost
 from costs.catalog import DEFAULT_REGION, MARKETS, CatalogError, load_catalog, refresh
-from costs.planner import LinkModel, PlanRequest, plan
-from costs.tables import read_cost_csv, read_scaling_csv, scaling_from_table
+from costs.convergence import convergence_rows
+from costs.fitting import LinkModel
+from costs.planner import Overheads, PlanRequest, plan
+from costs.tables import (
+    csv_kind,
+    read_convergence_csv,
+    read_cost_csv,
+    read_scaling_csv,
+    scaling_from_table,
+)
 
 console = Console(width=None if sys.stdout.isatty() else 160)
 err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
@@ -56,7 +65,10 @@ def _catalog_options(func):
                         help="On-premise rate, e.g. slurm=0.45/gpu-hour or k8s=3.2/node-hour@4 (repeatable); "
                              "then use NAME as an instance type.")(func)
     func = click.option("--interruptions-per-hour", type=NON_NEGATIVE, default=0.0, show_default=True,
-                        help="Spot: expected interruptions per hour of wall time.")(func)
+                        help="Spot: expected interruptions per instance per hour of wall time (a job on "
+                             "n instances is interrupted n times as often).")(func)
+    func = click.option("--checkpoint-write-s", type=NON_NEGATIVE, default=0.0, show_default=True,
+                        help="Spot: seconds to write one checkpoint (paid every --checkpoint-interval-s).")(func)
     func = click.option("--checkpoint-interval-s", type=POSITIVE, default=600.0, show_default=True,
                         help="Spot: seconds between checkpoints (half is lost per interruption on average).")(func)
     func = click.option("--restart-s", type=NON_NEGATIVE, default=180.0, show_default=True,
@@ -65,8 +77,8 @@ def _catalog_options(func):
 
 
 def _spot_kwargs(params: dict[str, Any]) -> dict[str, float]:
-    return dict(interruptions_per_hour=params["interruptions_per_hour"],
-                checkpoint_interval_s=params["checkpoint_interval_s"], restart_s=params["restart_s"])
+    return dict(interruptions_per_hour=params["interruptions_per_hour"], checkpoint_interval_s=params["checkpoint_interval_s"],
+                restart_s=params["restart_s"], checkpoint_write_s=params["checkpoint_write_s"])
 
 
 def _print_json(rows: Any) -> None:
@@ -155,8 +167,9 @@ def cost_cmd(run_dirs: tuple[str, ...], from_csv: str | None, instances: str | N
         _print_json(out.to_dict(orient="records"))
         return
     show = out[[c for c in ("label", "instances", "market", "seconds", "hours", "usd_per_hour", "dollars",
-                            "dollars_to_threshold") if c in out.columns]]
-    nfmt = {"seconds": ",.0f", "hours": ".2f", "usd_per_hour": ".4f", "dollars": ",.2f", "dollars_to_threshold": ",.2f"}
+                            "wall_to_threshold_s", "dollars_to_threshold") if c in out.columns]]
+    nfmt = {"seconds": ",.0f", "hours": ".2f", "usd_per_hour": ".4f", "dollars": ",.2f", "wall_to_threshold_s": ",.0f",
+            "dollars_to_threshold": ",.2f"}
     if fmt == "markdown":
         click.echo(markdown_table(show, nfmt))
     else:
@@ -187,12 +200,14 @@ def _list_catalog(catalog, region: str, fmt: str) -> None:
 
 
 def run_seconds(run) -> float:
-    """Wall time of a recorded run: first start record to the last record of any rank."""
+    """Wall time of a recorded run: from its launch (launch.json, else the first start record: the
+    start-up is paid too) to the last record of any rank."""
     times = [pd.to_numeric(f["time"], errors="coerce") for f in (run.start, run.steps, run.val, run.events)
              if len(f) and "time" in f.columns]
     if not times:
         raise DataError(f"{run.run_dir}: no timed records; cannot tell how long it ran")
-    first = float(pd.to_numeric(run.start["time"]).min()) if len(run.start) else min(float(t.min()) for t in times)
+    first = launched_at(run)
+    first = min(float(t.min()) for t in times) if first is None else first
     return max(float(t.max()) for t in times) - first
 
 
@@ -223,10 +238,11 @@ def _cost_of_runs(paths: list[Path], instances: str | None, market: str, catalog
         c = run_cost(run_seconds(run), mix, catalog, market, label=f"{run_label(run.spec)} "
                      f"{run.spec.nodes}x{run.spec.gpus_per_node}", **_spot_kwargs(params))
         row = c.to_dict()
-        try:
-            summary = summarize_dir(run_dir)
+        try:  # billed: the wall time from the launch to the threshold event, not the training seconds
+            summary = summarize_loaded(run)
             row["time_to_threshold_s"] = summary.time_to_threshold_s
-            row["dollars_to_threshold"] = threshold_cost(summary.time_to_threshold_s, mix, catalog, market)
+            row["wall_to_threshold_s"] = summary.wall_to_threshold_s
+            row["dollars_to_threshold"] = threshold_cost(summary.wall_to_threshold_s, mix, catalog, market)
         except DataError:
             row["dollars_to_threshold"] = None
         row["run_dir"] = str(run_dir)
@@ -287,14 +303,27 @@ def _parse_speed(pairs: tuple[str, ...]) -> dict[str, float]:
     return out
 
 
-def _measured_from_runs(paths: list[Path]) -> tuple[pd.DataFrame, str | None, float | None, dict[str, pd.DataFrame], pd.DataFrame]:
-    """(measured rows, instance type measured on, work to threshold, loss curves, scaling table) of runs."""
+@dataclass
+class Measurements:
+    """What `launch plan` plans from: throughput per layout (`measured`), the runs that reached a
+    threshold (`convergence`), their overheads, the instance type they ran on, and for runs the
+    scaling table and loss curves of the HTML report."""
 
+    measured: pd.DataFrame
+    convergence: pd.DataFrame | None = None
+    overheads: Overheads = field(default_factory=Overheads)
+    measured_on: str | None = None
+    table: pd.DataFrame | None = None
+    curves: dict[str, pd.DataFrame] = field(default_factory=dict)
+
+
+def _measured_from_runs(paths: list[Path]) -> Measurements:
+    """The measurements of run and sweep directories (their records, through analysis.scaling)."""
     summaries, itypes, curves = [], set(), {}
     for run_dir in expand_run_dirs(paths):
-        s = summarize_dir(run_dir)
-        summaries.append(s)
         run = load_run(run_dir)
+        s = summarize_loaded(run)
+        summaries.append(s)
         itype = (run.spec.backend_options or {}).get("instance_type")
         itypes |= {t for _, t in Mix.parse(itype).items} if itype else set()  # a mix: measured on several
         st = step_table(run.steps)
@@ -304,87 +333,127 @@ def _measured_from_runs(paths: list[Path]) -> tuple[pd.DataFrame, str | None, fl
             curves[f"{s.label} {s.nodes}x{s.gpus_per_node}"] = pd.DataFrame(
                 {"seconds": st["time"] - st["time"].min(), "loss": st["loss"]}).iloc[::every]
     table = scale_layouts(summaries)
-    measured = pd.DataFrame({"label": table["label"], "workers": table["workers"], "nodes": table["nodes"],
-                             "throughput": table["words_per_s"], "mode": table["mode"]})
-    work = None
-    reached = table[table["time_to_threshold_s"].notna()] if "time_to_threshold_s" in table else table.iloc[:0]
-    if len(reached):
-        r = reached.sort_values("workers").iloc[0]
-        work = float(r["words_per_s"]) * float(r["time_to_threshold_s"])
-    return measured, (itypes.pop() if len(itypes) == 1 else None), work, curves, table
+    threshold = table["loss_threshold"].map(lambda x: None if pd.isna(x) else f"{float(x):g}")
+    measured = pd.DataFrame({
+        "label": table["label"], "workers": table["workers"], "nodes": table["nodes"],
+        "throughput": table["words_per_s"], "global_batch": table["global_batch"],
+        "batch_scaling": table["batch_scaling"], "words_per_sample": table["words_per_s"] / table["samples_per_s"],
+        "convergence": [None if t is None else f"{m} to loss {t}" for m, t in zip(table["model"], threshold)]})
+    return Measurements(measured, convergence_rows(table), _overheads(table),
+                        itypes.pop() if len(itypes) == 1 else None, table, curves)
+
+
+def _overheads(table: pd.DataFrame) -> Overheads:
+    """Median start-up of the runs, and the median share of their wall time to the threshold spent
+    outside training steps (validation, checkpoints, probes), relative to the training time."""
+    startup = pd.to_numeric(table["startup_s"], errors="coerce").dropna()
+    wall, train = (pd.to_numeric(table[c], errors="coerce") for c in ("wall_to_threshold_s", "time_to_threshold_s"))
+    startup_each = pd.to_numeric(table["startup_s"], errors="coerce").fillna(0.0)
+    share = ((wall - startup_each - train) / train).dropna()
+    return Overheads(float(startup.median()) if len(startup) else 0.0,
+                     max(float(share.median()), 0.0) if len(share) else 0.0)
+
+
+def _measured_from_csv(path: str, measured_on: str | None) -> Measurements:
+    """A published scaling table, or a table of steps to a threshold (by its columns)."""
+    if csv_kind(path) == "convergence":
+        return Measurements(pd.DataFrame(), read_convergence_csv(path), measured_on=measured_on)
+    measured = read_scaling_csv(path)
+    if "throughput" not in measured.columns:  # time of the run: jobs per second, or per-worker jobs
+        per = measured["workers"].where(measured["work_scaling"] == "growing", 1)
+        measured["throughput"] = per / measured["time_s"]
+    if measured_on is None and "instance" in measured.columns:
+        vals = set(measured["instance"].dropna())
+        measured_on = vals.pop() if len(vals) == 1 else None
+    return Measurements(measured, measured_on=measured_on)
+
+
+def _parse_batches(text: str | None) -> list[int]:
+    try:
+        return _parse_workers(text)
+    except SpecError:
+        raise SpecError(f"--predict-batch takes global batches separated by commas, e.g. 64,128; got {text!r}") from None
 
 
 @click.command("plan")
 @click.argument("run_dirs", nargs=-1, type=click.Path())
 @click.option("--from-csv", "from_csv", type=click.Path(dir_okay=False),
-              help="Measured scaling table: label, workers, nodes (opt.), throughput or time_s, mode (opt.).")
+              help="A published scaling table (label, workers, nodes, throughput or time_s, batch_scaling, "
+                   "work_scaling) or a table of steps to a threshold (label, global_batch, steps_to_threshold, "
+                   "noise_scale).")
 @click.option("--predict-workers", help="Worker counts to predict, e.g. 5,6,7,8 [default: measured ones and doublings].")
+@click.option("--predict-batch", help="Global batches to predict steps and samples to the loss threshold for, e.g. 64,128.")
+@click.option("--confidence", type=click.FloatRange(0.5, 0.99), default=0.9, show_default=True,
+              help="Level of every interval, and the chance a recommendation must have of meeting its limit.")
 @click.option("--instance-types", help="Price the layouts on these types, e.g. g3.4xlarge,g3.16xlarge (or --rate names).")
 @click.option("--market", type=click.Choice([*MARKETS, "both"]), default="on-demand", show_default=True)
-@click.option("--work", type=POSITIVE, help="Work the job needs, in the throughput's unit (e.g. words to the loss "
-                                         "threshold) [default for runs: words until the threshold was reached].")
+@click.option("--work", type=POSITIVE, help="A fixed amount of work for every layout, in the throughput's unit (e.g. "
+                                         "words) [default for runs: the steps to their loss threshold at each "
+                                         "layout's global batch].")
 @click.option("--measured-on", help="Instance type the measurements were made on [default for runs: from their spec].")
 @click.option("--speed", multiple=True, metavar="GPU=FACTOR", help="Per-GPU speed of another GPU model or type relative "
                                                                    "to the measured one, e.g. V100=2.5 (repeatable).")
 @click.option("--gradient-mb", type=POSITIVE, help="Gradient size for the all-reduce model [default: 1 MB; the fit calibrates it].")
 @click.option("--intra-gbps", type=POSITIVE, default=80.0, show_default=True, help="Bandwidth between GPUs of one node.")
-@click.option("--deadline-h", type=POSITIVE, help="Recommend the cheapest layout that finishes within this many hours.")
-@click.option("--budget", "budget_usd", type=POSITIVE, help="Recommend the fastest layout that costs at most this many dollars.")
+@click.option("--deadline-h", type=POSITIVE, help="Recommend the cheapest layout that finishes within this many hours "
+                                               "(with --confidence).")
+@click.option("--budget", "budget_usd", type=POSITIVE, help="Recommend the fastest layout that costs at most this many "
+                                                         "dollars (with --confidence).")
 @_catalog_options
 @click.option("--out", type=click.Path(file_okay=False), help="Write plan.md, plan.html and plan.json here.")
 @click.option("--format", "fmt", type=click.Choice([*_FORMATS, "html"]), default="table", show_default=True)
-def plan_cmd(run_dirs: tuple[str, ...], from_csv: str | None, predict_workers: str | None, instance_types: str | None,
-             market: str, work: float | None, measured_on: str | None, speed: tuple[str, ...], gradient_mb: float | None,
-             intra_gbps: float, deadline_h: float | None, budget_usd: float | None, out: str | None, fmt: str,
-             **params: Any) -> None:
-    """Predict throughput, time and dollars of untried layouts, and say which one to buy.
+def plan_cmd(run_dirs: tuple[str, ...], from_csv: str | None, predict_workers: str | None, predict_batch: str | None,
+             confidence: float, instance_types: str | None, market: str, work: float | None, measured_on: str | None,
+             speed: tuple[str, ...], gradient_mb: float | None, intra_gbps: float, deadline_h: float | None,
+             budget_usd: float | None, out: str | None, fmt: str, **params: Any) -> None:
+    """Predict throughput, steps, time and dollars to the loss threshold of untried layouts and
+    global batches, and say which layout to buy.
 
-    Fits an Ernest-style model and a ring all-reduce model to the measured layouts, keeps the one
-    with the lower held-out error, prices every (workers, instance type, market), draws the
-    cost-time Pareto frontier and recommends the cheapest layout within --deadline-h and the
-    fastest within --budget. It also names the measurement that would help most next.
+    Throughput: an Ernest-style and a ring all-reduce model fitted to the measured layouts, the one
+    with the lower held-out error kept. Steps to the threshold: S(B) = S_min (1 + B_noise/B) from
+    runs at two or more global batches, or from one run and its measured noise scale. Time: S(B)
+    times each layout's step time at its global batch, plus the runs' start-up and overheads. Every
+    interval is at --confidence; the recommendations are the cheapest layout that finishes within
+    --deadline-h and the fastest within --budget with that confidence. It also names the
+    measurement that would help most next.
     """
-
     if bool(from_csv) == bool(run_dirs):
         raise SpecError("give RUN_DIRS (run or sweep directories) or --from-csv FILE (one of the two)")
-    curves: dict[str, pd.DataFrame] = {}
-    table = None
-    if from_csv:
-        measured = read_scaling_csv(from_csv)
-        if "throughput" not in measured.columns:  # time for the same work: throughput in jobs/s
-            per = measured["workers"].where(measured["mode"] == "weak", 1)
-            measured["throughput"] = per / measured["time_s"]
-        if measured_on is None and "instance" in measured.columns:
-            vals = set(measured["instance"].dropna())
-            measured_on = vals.pop() if len(vals) == 1 else None
-    else:
-        measured, run_type, run_work, curves, table = _measured_from_runs([Path(p) for p in run_dirs])
-        measured_on = measured_on or run_type
-        work = work if work is not None else run_work
+    m = _measured_from_csv(from_csv, measured_on) if from_csv else _measured_from_runs([Path(p) for p in run_dirs])
+    measured_on = measured_on or m.measured_on
     catalog = load_catalog(params["prices_file"], params["rates"], params["region"])
-    types = [t.strip() for t in (instance_types or "").split(",") if t.strip()]
-    if not types and measured_on:
-        types = [measured_on]
+    types = [t.strip() for t in (instance_types or "").split(",") if t.strip()] or ([measured_on] if measured_on else [])
     for t in types + ([measured_on] if measured_on else []):
         catalog.instance(t)
-    grid = _parse_workers(predict_workers)
-    if not grid:
-        top = int(measured["workers"].max())
-        grid = sorted({int(w) for w in measured["workers"]} | {2 ** k for k in range(0, 12) if 2 ** k <= 2 * top})
     link = LinkModel(gradient_bytes=(gradient_mb or 1.0) * 1e6, intra_gbps=intra_gbps)
-    markets = list(MARKETS) if market == "both" else [market]
-    result = plan(PlanRequest(measured, grid, catalog, types, markets, work, measured_on, _parse_speed(speed), link,
-                              deadline_h=deadline_h, budget_usd=budget_usd, region=params["region"],
-                              **_spot_kwargs(params)))
+    result = plan(PlanRequest(
+        m.measured, _worker_grid(m.measured, predict_workers), catalog, types,
+        list(MARKETS) if market == "both" else [market], work, measured_on, _parse_speed(speed), link,
+        deadline_h=deadline_h, budget_usd=budget_usd, region=params["region"], confidence=confidence,
+        convergence=m.convergence, predict_batch=_parse_batches(predict_batch), overheads=m.overheads,
+        **_spot_kwargs(params)))
     if types and measured_on is None:
         result.notes.append("the instance type the measurements were made on is unknown (--measured-on): every "
                             "priced type is assumed to have the same per-GPU speed")
     if len(result.candidates) == 0 and types and work is not None:
         raise CatalogError("; ".join(result.notes) or "nothing could be priced")
+    _show_plan(result, fmt, out, m)
 
+
+def _worker_grid(measured: pd.DataFrame, text: str | None) -> list[int]:
+    """--predict-workers, else the measured counts and the doublings up to twice the largest."""
+    grid = _parse_workers(text)
+    if grid or not len(measured):
+        return grid
+    top = int(measured["workers"].max())
+    return sorted({int(w) for w in measured["workers"]} | {2 ** k for k in range(0, 12) if 2 ** k <= 2 * top})
+
+
+def _show_plan(result, fmt: str, out: str | None, m: Measurements) -> None:
+    """Write the plan's files (--out, or a temporary folder for html), the notes, and the plan."""
     out_dir = Path(out) if out else (Path(tempfile.mkdtemp(prefix="scalelab-plan-")) if fmt == "html" else None)
     if out_dir is not None:
-        _write_plan(result, out_dir, table, curves)
+        _write_plan(result, out_dir, m.table, m.curves)
     for note in result.notes:
         err_console.print(f"[yellow]note:[/] {note}", highlight=False)
     if fmt == "json":
@@ -399,46 +468,68 @@ def plan_cmd(run_dirs: tuple[str, ...], from_csv: str | None, predict_workers: s
             console.print(f"plan: [bold]{out_dir / 'plan.html'}[/]  ({out_dir / 'plan.md'})")
 
 
-_PRED_FMT = {"workers": ".0f", "predicted_throughput": ",.0f", "interval_low": ",.0f", "interval_high": ",.0f",
-             "measured_throughput": ",.0f", "held_out_error": ".1%"}
-_CAND_FMT = {"workers": ".0f", "instances": ".0f", "predicted_throughput": ",.0f", "hours": ".2f", "dollars": ",.2f",
-             "dollars_high": ",.2f"}
-_CAND_COLS = ["label", "workers", "instances", "instance_type", "market", "predicted_throughput", "hours", "dollars",
-              "dollars_high", "pareto", "recommendation"]
+_PRED_FMT = {"workers": ".0f", "global_batch": ".0f", "predicted_throughput": ",.0f", "interval_low": ",.0f",
+             "interval_high": ",.0f", "measured_throughput": ",.0f", "held_out_error": ".1%"}
+_PRED_COLS = ["label", "workers", "global_batch", "model", "predicted_throughput", "interval_low", "interval_high",
+              "measured_throughput"]
+_BATCH_FMT = {"global_batch": ".0f", "predicted_steps_to_threshold": ",.0f", "steps_low": ",.0f", "steps_high": ",.0f",
+              "predicted_samples_to_threshold": ",.0f", "b_noise": ",.0f", "noise_scale": ",.0f"}
+_BATCH_COLS = ["label", "global_batch", "predicted_steps_to_threshold", "steps_low", "steps_high",
+               "predicted_samples_to_threshold", "basis", "b_noise", "noise_scale"]
+_CAND_FMT = {"workers": ".0f", "instances": ".0f", "global_batch": ".0f", "predicted_throughput": ",.0f",
+             "steps_to_threshold": ",.0f", "hours": ".2f", "hours_high": ".2f", "dollars": ",.2f", "dollars_high": ",.2f"}
+_CAND_COLS = ["label", "workers", "instances", "instance_type", "market", "global_batch", "predicted_throughput",
+              "steps_to_threshold", "hours", "hours_high", "dollars", "dollars_high", "pareto", "recommendation"]
 
 
 def _model_lines(result) -> list[str]:
-    lines = []
+    lines = [f"intervals at {result.confidence:.0%}"]
     for label, fit in result.fits.items():
         errs = ", ".join(f"{m} {'—' if e is None else f'{e:.1%}'}" for m, e in fit.held_out_error.items())
         lines.append(f"series {label or '(unlabelled)'}: {len(fit.measured)} measurements; held-out error {errs}; "
                      f"using {fit.chosen}")
+    for label, conv in result.convergence.items():
+        b_noise = "unbounded" if math.isinf(conv.b_noise) else f"{conv.b_noise:,.0f}"
+        lines.append(f"steps to threshold, {label}: {conv.basis} of {conv.runs} run(s) at global batch "
+                     f"{', '.join(map(str, conv.batches))}; S_min {conv.s_min:,.0f} steps, B_noise {b_noise} "
+                     f"(measured noise scale {'—' if conv.noise_scale is None else f'{conv.noise_scale:,.0f}'}); "
+                     f"learning-rate rule: {conv.lr_rule}")
     if result.next_measurement:
         n = result.next_measurement
         lines.append(f"measure next: {n['workers']} workers ({n['label'] or 'series'}): {n['why']}")
     for k, v in result.recommendations.items():
         if v:
             lines.append(f"{k.replace('_', ' ')}: {v['workers']} workers on {v['instances']}*{v['instance_type']} "
-                         f"({v['market']}): {v['hours']:.2f} h, ${v['dollars']:,.2f}")
+                         f"({v['market']}): {v['hours']:.2f} h (up to {v['hours_high']:.2f} h), ${v['dollars']:,.2f} "
+                         f"(up to ${v['dollars_high']:,.2f})")
     return lines
 
 
-def _print_plan(result) -> None:
-    cols = ["label", "workers", "model", "predicted_throughput", "interval_low", "interval_high", "measured_throughput"]
-    console.print(_rich_table("Predicted throughput", result.predictions[cols], _PRED_FMT))
+def _plan_tables(result) -> list[tuple[str, pd.DataFrame, dict[str, str]]]:
+    """(title, rows, number formats) of every table the plan has, in the order shown."""
+    tables = []
+    if len(result.predictions):
+        tables.append(("Predicted throughput", result.predictions[_PRED_COLS], _PRED_FMT))
+    if len(result.batch_predictions):
+        tables.append(("Steps to the loss threshold against the global batch", result.batch_predictions[_BATCH_COLS],
+                       _BATCH_FMT))
     if len(result.candidates):
-        c = result.candidates.sort_values("hours")[_CAND_COLS]
-        console.print(_rich_table("Candidates (hours and dollars for the given work)", c, _CAND_FMT))
+        tables.append(("Candidates (hours and dollars to the threshold, or for the given work)",
+                       result.candidates.sort_values("hours")[_CAND_COLS], _CAND_FMT))
+    return tables
+
+
+def _print_plan(result) -> None:
+    for title, rows, fmt in _plan_tables(result):
+        console.print(_rich_table(title, rows, fmt))
     for line in _model_lines(result):
         console.print(line, highlight=False)
 
 
 def plan_markdown(result) -> str:
-    parts = ["# Scaling plan", "", *[f"- {line}" for line in _model_lines(result)], "", "## Predicted throughput", "",
-             markdown_table(result.predictions[["label", "workers", "model", "predicted_throughput", "interval_low",
-                                           "interval_high", "measured_throughput"]], _PRED_FMT)]
-    if len(result.candidates):
-        parts += ["", "## Candidates", "", markdown_table(result.candidates.sort_values("hours")[_CAND_COLS], _CAND_FMT)]
+    parts = ["# Scaling plan", "", *[f"- {line}" for line in _model_lines(result)]]
+    for title, rows, fmt in _plan_tables(result):
+        parts += ["", f"## {title}", "", markdown_table(rows, fmt)]
     if result.notes:
         parts += ["", "## Notes", "", *[f"- {n}" for n in result.notes]]
     return "\n".join(parts) + "\n"

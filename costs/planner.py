@@ -1,39 +1,41 @@
 """Predict untried layouts from a few measured ones, price them, and say which to buy.
 
-Two scaling models are fitted per series to the time per unit of work y(N) = 1 / throughput(N)
-of N workers, each by non-negative least squares (so every term means a cost, never a gain):
+What a user asks is which layout reaches loss X by a deadline at the least cost. The answer has
+three parts, each with an interval at one stated level (`confidence`, 90 % by default):
 
-- **ernest** (Venkataraman et al., NSDI 2016): y = θ0 + θ1/N + θ2·log N + θ3·N
-  (serial part, parallel part, tree-shaped aggregation, per-worker overhead).
-- **comm** (ring all-reduce): y = θ0 + θ1/N + θ2·x(N), with x(N) = s(N)·t_ring(N),
-  t_ring(N) = 2(N−1)·α + 2·((N−1)/N)·bytes/B(N). B(N) is the link bandwidth of the layout
-  (inside one node, or the instance network between nodes), s(N) = 1 in strong scaling (a fixed
-  number of steps per unit of work) and 1/N in weak scaling (each step does N times the work).
-  θ2 calibrates the effective bandwidth; with the true gradient size it reads as steps per unit.
+- **throughput** of N workers: two scaling models fitted to the measured layouts, the one with the
+  lower held-out error chosen (costs/fitting.py); its band from conformal calibration on the
+  extrapolation errors such fits made on published tables and on this series (costs/calibration.py).
+- **steps to the threshold** at the layout's global batch B(N): S(B) = S_min (1 + B_noise/B) from
+  runs at two or more global batches, or from one run and its measured noise scale
+  (costs/convergence.py). B(N) follows the series' batch axis: fixed (the global batch is split)
+  or growing (every worker keeps its batch, B = b·N).
+- **time**: S(B) times the layout's step time at that batch (B · words per sample / throughput),
+  plus the start-up and the share of validation, checkpoints and probes the runs measured:
+  the wall time from launch to the threshold, which is what is billed. `work` (--work) replaces
+  S(B)·B by one fixed amount of work for every layout (the planner's old model), without overheads.
 
-Rows are weighted by 1/y so that every measurement's relative error counts the same. The model
-with the lowest leave-one-out (held-out) mean relative error on throughput is chosen and that
-error is reported; the prediction interval is ± the largest held-out error, widened by
-1 + log2(distance) outside the measured range (extrapolation is less certain than interpolation).
-The next measurement suggested is the untried worker count where the two models disagree most
-(query by committee): measuring it settles the question that matters.
+The throughput and steps bands are each taken at 1 − (1 − c)/2 when combined, so the time band
+holds with at least c. Recommendations judge a candidate by its band's bad end: "cheapest with at
+least c chance of finishing by the deadline" (hours_high within it) and "fastest with at least c
+chance of staying within the budget" (dollars_high within it).
 
 `plan(PlanRequest(...))` runs four steps, each a function of its own: `predict` (fit every series,
-predict every worker count), `next_measurement`, `price` (candidates: layout x type x market) and
-`recommend` (frontier, cheapest within the deadline, fastest within the budget).
+predict every worker count and global batch), `next_measurement` (the untried worker count where
+the models disagree most: query by committee), `price` (candidates: layout x type x market) and
+`recommend` (frontier, and the two recommendations).
 
 Costing: for instance type T with g GPUs, N workers take ceil(N/g) instances; throughput on T is
 the model's prediction times the per-GPU speed factor of T's GPU relative to the measured one
-(1 for the same GPU; others must be given with --speed, nothing is guessed). Time = work /
-throughput; dollars from costs.billing (per second, 60 s minimum, spot with interruptions).
+(1 for the same GPU; others must be given with --speed, nothing is guessed). Dollars come from
+costs.billing (per second, 60 s minimum, spot interruptions per instance).
 """
 
 from __future__ import annotations
 
-import itertools
 import math
 from dataclasses import dataclass, field, replace
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import pandas as pd
@@ -41,235 +43,42 @@ import pandas as pd
 from analysis.report import to_json_records
 from core.errors import DataError
 from costs.billing import Mix, run_cost
+from costs.calibration import DEFAULT_CONFIDENCE, calibrated_quantile
 from costs.catalog import Catalog, CatalogError, InstanceType
+from costs.convergence import ConvergenceFit, fit_convergence
+from costs.fitting import FitResult, LinkModel, fit_series, pareto_front
 
-__all__ = [
-    "nnls",
-    "LinkModel",
-    "ScalingModel",
-    "ErnestModel",
-    "CommModel",
-    "ring_allreduce_s",
-    "FitResult",
-    "fit_series",
-    "mixed_throughput",
-    "pareto_front",
-    "PlanRequest",
-    "Plan",
-    "plan",
-    "predict",
-    "next_measurement",
-    "price",
-    "recommend",
-]
-
-
-# ---- numerics -------------------------------------------------------------------------------
-
-
-def nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Exact non-negative least squares min ||a x − b||, x >= 0, for a few columns.
-
-    Why enumeration: with ≤ 5 terms there are ≤ 32 supports; the optimum is the unconstrained
-    least-squares solution on its support, so the best feasible one over all supports is the
-    answer. No scipy needed, and no iteration limits to tune.
-    """
-    a = np.asarray(a, dtype=float)
-    b = np.asarray(b, dtype=float)
-    p = a.shape[1]
-    best, best_r = np.zeros(p), float(np.sum(b**2))
-    for k in range(1, p + 1):
-        for support in itertools.combinations(range(p), k):
-            cols = list(support)
-            x_s, *_ = np.linalg.lstsq(a[:, cols], b, rcond=None)
-            if np.any(x_s < -1e-12):
-                continue
-            x = np.zeros(p)
-            x[cols] = np.maximum(x_s, 0.0)
-            r = float(np.sum((a @ x - b) ** 2))
-            if r < best_r - 1e-15 * max(1.0, best_r):
-                best, best_r = x, r
-    return best
-
-
-@dataclass(frozen=True)
-class LinkModel:
-    """Bandwidths and latencies for the ring all-reduce (defaults: PCIe-class inside a node,
-    the instance network between nodes, else 10 Gbit/s)."""
-
-    gradient_bytes: float = 1.0e6
-    intra_gbps: float = 80.0
-    inter_gbps: float = 10.0
-    intra_latency_s: float = 5e-6
-    inter_latency_s: float = 5e-5
-
-
-def ring_allreduce_s(workers: np.ndarray, nodes: np.ndarray, link: LinkModel) -> np.ndarray:
-    """t_ring = 2(N−1)·α + 2·((N−1)/N)·bytes/B, with B and α of the slowest link in the layout."""
-    n = np.asarray(workers, dtype=float)
-    multi = np.asarray(nodes, dtype=float) > 1
-    bw = np.where(multi, link.inter_gbps, link.intra_gbps) * 1e9 / 8.0
-    alpha = np.where(multi, link.inter_latency_s, link.intra_latency_s)
-    return 2 * (n - 1) * alpha + 2 * ((n - 1) / n) * link.gradient_bytes / bw
-
-
-class ScalingModel:
-    """y(N) = features(N) · θ with θ >= 0, fitted on time per unit work."""
-
-    name = "base"
-
-    def __init__(self, mode: str = "strong", link: LinkModel | None = None) -> None:
-        self.mode = mode
-        self.link = link or LinkModel()
-        self.theta: np.ndarray | None = None
-
-    def features(self, workers: np.ndarray, nodes: np.ndarray, link: LinkModel | None = None) -> np.ndarray:
-        raise NotImplementedError
-
-    def fit(self, workers: Sequence[float], nodes: Sequence[float], throughput: Sequence[float]) -> "ScalingModel":
-        w, nd, thr = (np.asarray(v, dtype=float) for v in (workers, nodes, throughput))
-        y = 1.0 / thr
-        a = self.features(w, nd) / y[:, None]  # weights 1/y: relative residuals
-        self.theta = nnls(a, np.ones_like(y))
-        return self
-
-    def predict(self, workers: Sequence[float], nodes: Sequence[float], link: LinkModel | None = None) -> np.ndarray:
-        """Predicted throughput (work per second); inf never, NaN when the model predicts no time."""
-        assert self.theta is not None, "fit first"
-        y = self.features(np.asarray(workers, float), np.asarray(nodes, float), link) @ self.theta
-        with np.errstate(divide="ignore"):
-            return np.where(y > 0, 1.0 / np.where(y > 0, y, 1.0), np.nan)
-
-
-class ErnestModel(ScalingModel):
-    name = "ernest"
-
-    def features(self, workers, nodes, link=None):
-        w = np.asarray(workers, dtype=float)
-        return np.column_stack([np.ones_like(w), 1.0 / w, np.log(w), w])
-
-
-class CommModel(ScalingModel):
-    name = "comm"
-
-    def features(self, workers, nodes, link=None):
-        w = np.asarray(workers, dtype=float)
-        ring = ring_allreduce_s(w, nodes, link or self.link)
-        scale = 1.0 / w if self.mode == "weak" else np.ones_like(w)
-        return np.column_stack([np.ones_like(w), 1.0 / w, ring * scale])
-
-
-MODELS: dict[str, type[ScalingModel]] = {"ernest": ErnestModel, "comm": CommModel}
-
-
-# ---- fitting ----------------------------------------------------------------------------------
-
-
-@dataclass
-class FitResult:
-    """Fitted models of one series and how well each predicted measurements it did not see."""
-
-    label: str
-    mode: str
-    measured: pd.DataFrame  # workers, nodes, throughput
-    models: dict[str, ScalingModel]
-    held_out_error: dict[str, float | None]  # mean relative error of leave-one-out predictions
-    max_held_out_error: dict[str, float | None]
-    chosen: str
-
-    def predict(self, workers: Sequence[float], nodes: Sequence[float], model: str | None = None,
-                link: LinkModel | None = None) -> np.ndarray:
-        return self.models[model or self.chosen].predict(workers, nodes, link)
-
-    def disagreement(self, workers: Sequence[float], nodes: Sequence[float],
-                     link: LinkModel | None = None) -> np.ndarray:
-        """Largest relative gap between the chosen model and any other (0 with one model)."""
-        pred = self.predict(workers, nodes, link=link)
-        gaps = [np.abs(self.predict(workers, nodes, m, link) - pred) / pred for m in self.models if m != self.chosen]
-        return np.nanmax(np.vstack(gaps), axis=0) if gaps else np.zeros(len(pred))
-
-    def interval(self, workers: Sequence[float], nodes: Sequence[float], pred: np.ndarray,
-                 link: LinkModel | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """(low, high) of the prediction: ± the larger of the largest held-out error and the
-        models' disagreement there, widened by 1 + log2(distance) outside the measured range."""
-        err = self.max_held_out_error.get(self.chosen)
-        err = 0.25 if err is None else err  # nothing held out: admit a wide band
-        w = np.asarray(workers, dtype=float)
-        gap = np.nan_to_num(self.disagreement(w, nodes, link), nan=0.25)
-        lo_w, hi_w = float(self.measured["workers"].min()), float(self.measured["workers"].max())
-        dist = np.where(w > hi_w, w / hi_w, np.where(w < lo_w, lo_w / w, 1.0))
-        e = np.maximum(np.maximum(err, gap), 0.01) * (1.0 + np.log2(dist))
-        return pred * np.maximum(1.0 - e, 0.0), pred * (1.0 + e)
-
-
-def fit_series(label: str, rows: pd.DataFrame, mode: str = "strong",
-               link: LinkModel | None = None) -> FitResult:
-    """Fit every model to one series (columns workers, throughput, nodes optional) and pick one."""
-    df = rows.copy()
-    if "nodes" not in df.columns:
-        df["nodes"] = 1
-    df["nodes"] = pd.to_numeric(df["nodes"], errors="coerce").fillna(1)
-    df = df[["workers", "nodes", "throughput"]].astype(float).reset_index(drop=True)
-    if df["workers"].nunique() < 2:
-        raise DataError(
-            f"series {label or '(unlabelled)'!r} has measurements at {df['workers'].nunique()} worker "
-            "count(s); a scaling model needs at least two different worker counts (three or more to "
-            "check it on held-out data)"
-        )
-    models, mean_err, max_err = {}, {}, {}
-    for name, cls in MODELS.items():
-        models[name] = cls(mode, link).fit(df["workers"], df["nodes"], df["throughput"])
-        errs = []
-        if len(df) >= 3:
-            for i in range(len(df)):
-                train = df.drop(index=i)
-                if train["workers"].nunique() < 2:
-                    continue
-                m = cls(mode, link).fit(train["workers"], train["nodes"], train["throughput"])
-                p = m.predict([df["workers"][i]], [df["nodes"][i]])[0]
-                errs.append(abs(p - df["throughput"][i]) / df["throughput"][i] if np.isfinite(p) else 1.0)
-        mean_err[name] = float(np.mean(errs)) if errs else None
-        max_err[name] = float(np.max(errs)) if errs else None
-    scored = [n for n in MODELS if mean_err[n] is not None]
-    chosen = min(scored, key=lambda n: mean_err[n]) if scored else "comm"  # fewest terms without data
-    return FitResult(label, mode, df, models, mean_err, max_err, chosen)
-
-
-def mixed_throughput(per_worker_throughput: Iterable[float], efficiency: float = 1.0) -> float:
-    """Throughput of workers of different speeds in synchronous data parallelism with equal shares:
-    every step waits for the slowest, so N·min(speed)·efficiency (seed 004: mixed GPUs are a
-    high-cost, low-performance option for exactly this reason)."""
-    speeds = list(per_worker_throughput)
-    return len(speeds) * min(speeds) * efficiency if speeds else 0.0
-
-
-def pareto_front(time: Sequence[float], dollars: Sequence[float]) -> np.ndarray:
-    """Boolean mask of rows no other row beats on both time and dollars (ties kept once)."""
-    t = np.asarray(time, dtype=float)
-    d = np.asarray(dollars, dtype=float)
-    mask = np.zeros(len(t), dtype=bool)
-    best = math.inf
-    for i in np.lexsort((d, t)):
-        if not (np.isfinite(t[i]) and np.isfinite(d[i])):
-            continue
-        if d[i] < best - 1e-12:
-            mask[i] = True
-            best = d[i]
-    return mask
+__all__ = ["Overheads", "PlanRequest", "Plan", "plan", "predict", "predict_convergence", "next_measurement", "price",
+           "recommend"]
 
 
 # ---- the plan -----------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Overheads:
+    """What a run pays besides its training steps: the start-up (launch to the first step) and
+    validation, checkpoints and noise probes as a share of the training time (measured in runs)."""
+
+    startup_s: float = 0.0
+    share: float = 0.0
+
+    def wall_s(self, train_s: float) -> float:
+        return self.startup_s + train_s * (1.0 + self.share)
+
+
 @dataclass
 class PlanRequest:
-    """What to plan: the measurements, the worker counts to predict, and what to price them on.
+    """What to plan: the measurements, the worker counts and batches to predict, what to price.
 
-    `measured` has label, workers, throughput, and optionally nodes and mode. `work` is the amount
-    of work (in the throughput's unit, e.g. words) the job needs, to the loss threshold or in all;
-    without it there are no times or dollars. `speed` maps a GPU model or instance type to its
-    per-GPU speed relative to `measured_on`'s GPU. The spot terms go to costs.billing.run_cost;
-    `deadline_h` and `budget_usd` decide which candidates are recommended.
+    `measured` has label, workers, throughput, and optionally nodes, global_batch, batch_scaling
+    (fixed | growing), convergence (the label of its series in `convergence`) and
+    words_per_sample (throughput units per sample). `convergence` has the runs that reached the
+    threshold (costs.convergence.CONVERGENCE_COLUMNS); `predict_batch` the global batches to
+    predict steps for. `work` is a fixed amount of work (in the throughput's unit) for every layout
+    instead of the steps to the threshold. `speed` maps a GPU model or instance type to its per-GPU
+    speed relative to `measured_on`'s GPU. The spot terms go to costs.billing.run_cost
+    (interruptions per instance-hour); `deadline_h` and `budget_usd` decide the recommendations.
     """
 
     measured: pd.DataFrame
@@ -284,9 +93,14 @@ class PlanRequest:
     interruptions_per_hour: float = 0.0
     checkpoint_interval_s: float = 600.0
     restart_s: float = 180.0
+    checkpoint_write_s: float = 0.0
     deadline_h: float | None = None
     budget_usd: float | None = None
     region: str | None = None
+    confidence: float = DEFAULT_CONFIDENCE
+    convergence: pd.DataFrame | None = None
+    predict_batch: Sequence[int] = ()
+    overheads: Overheads = field(default_factory=Overheads)
 
     def base_instance(self) -> InstanceType | None:
         """The instance type the measurements were made on, when it is named and a catalog given."""
@@ -301,12 +115,19 @@ class PlanRequest:
 
     def spot_terms(self) -> dict[str, float]:
         return dict(interruptions_per_hour=self.interruptions_per_hour,
-                    checkpoint_interval_s=self.checkpoint_interval_s, restart_s=self.restart_s)
+                    checkpoint_interval_s=self.checkpoint_interval_s, restart_s=self.restart_s,
+                    checkpoint_write_s=self.checkpoint_write_s)
+
+    @property
+    def each_level(self) -> float:
+        """The level of each of two bands combined into one at `confidence` (Bonferroni)."""
+        return 1.0 - (1.0 - self.confidence) / 2
 
 
 @dataclass
 class Plan:
-    """Predictions per (series, workers), priced candidates, frontier, recommendations."""
+    """Predictions per (series, workers) and per (series, global batch), priced candidates,
+    frontier, recommendations."""
 
     fits: dict[str, FitResult]
     predictions: pd.DataFrame
@@ -314,61 +135,81 @@ class Plan:
     recommendations: dict[str, dict[str, Any] | None] = field(default_factory=dict)
     next_measurement: dict[str, Any] | None = None
     notes: list[str] = field(default_factory=list)
+    convergence: dict[str, ConvergenceFit] = field(default_factory=dict)
+    batch_predictions: pd.DataFrame = field(default_factory=pd.DataFrame)
+    confidence: float = DEFAULT_CONFIDENCE
 
     def rows(self) -> list[dict[str, Any]]:
-        """One flat record per row for --format json: candidates when priced, else predictions."""
-
-        return to_json_records(self.candidates if len(self.candidates) else self.predictions)
+        """One flat record per row for --format json: the batch predictions when batches were
+        asked for, else candidates when priced, else throughput predictions."""
+        for table in (self.batch_predictions, self.candidates, self.predictions):
+            if len(table):
+                return to_json_records(table)
+        return []
 
 
 def plan(request: PlanRequest) -> Plan:
     """Fit and predict, choose the next measurement, price, recommend: the four steps in order."""
-    fits, predictions = predict(request)
+    convergence, batches, notes = predict_convergence(request)
+    fits, predictions = predict(request, notes)
+    if not fits and len(request.measured) and not len(batches):
+        raise DataError(notes[-1])  # nothing at all can be predicted: that is the error
     nxt = next_measurement(predictions)
     _mark_next(predictions, nxt)
-    candidates, notes = price(request, fits, predictions)
-    recommendations, more_notes = recommend(candidates, request.deadline_h, request.budget_usd)
+    candidates, more = price(request, fits, predictions, convergence)
+    recommendations, last = recommend(candidates, request.deadline_h, request.budget_usd, request.confidence)
     if len(candidates):
         _mark_next(candidates, nxt)
-    return Plan(fits, predictions, candidates, recommendations, nxt, notes + more_notes)
+    return Plan(fits, predictions, candidates, recommendations, nxt, notes + more + last, convergence, batches,
+                request.confidence)
 
 
 # ---- 1. fit and predict -------------------------------------------------------------------------
 
 
-def predict(request: PlanRequest) -> tuple[dict[str, FitResult], pd.DataFrame]:
-    """(fit per series, predictions): every series fitted on its own rows (in its one mode, else
-    strong) and predicted at its measured and at the requested worker counts."""
+def predict(request: PlanRequest, notes: list[str] | None = None) -> tuple[dict[str, FitResult], pd.DataFrame]:
+    """(fit per series, predictions): every series fitted on its own rows and predicted at its
+    measured and at the requested worker counts, with its band at `confidence`. A series that
+    cannot be fitted (one worker count) is an error, or a note when `notes` is given (other
+    series, or its steps to the threshold, can be predicted all the same)."""
     measured = request.measured
+    if not len(measured):
+        return {}, pd.DataFrame()
     if "label" not in measured.columns:
         measured = measured.assign(label="")
-    if "mode" not in measured.columns:
-        measured = measured.assign(mode="strong")
     link = request.measured_link()
     base = request.base_instance()
     wanted = {int(w) for w in request.predict_workers}
     fits: dict[str, FitResult] = {}
     rows: list[dict[str, Any]] = []
     for label, part in measured.groupby("label", sort=False):
-        modes = set(part["mode"].fillna("strong"))
-        fit = fit_series(str(label), part, modes.pop() if len(modes) == 1 else "strong", link)
+        try:
+            fit = fit_series(str(label), part, link)
+        except DataError as exc:
+            if notes is None:
+                raise
+            notes.append(f"{exc}: its throughput is not predicted")
+            continue
         fits[str(label)] = fit
-        rows += _prediction_rows(fit, wanted, base.gpus if base is not None else None)
+        q = calibrated_quantile(fit.measured, request.confidence, link)
+        rows += _prediction_rows(fit, wanted, base.gpus if base is not None else None, q, _batch_axis(part))
     return fits, pd.DataFrame(rows)
 
 
-def _prediction_rows(fit: FitResult, wanted: set[int], gpus_per_node: int | None) -> list[dict[str, Any]]:
+def _prediction_rows(fit: FitResult, wanted: set[int], gpus_per_node: int | None, q: float,
+                     axis: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per worker count (measured or wanted) of one series, with its interval."""
     grid = sorted(wanted | {int(w) for w in fit.measured["workers"]})
     nodes = [_measured_nodes(fit.measured, w, gpus_per_node) for w in grid]
     pred = fit.predict(grid, nodes)
-    lo, hi = fit.interval(grid, nodes, pred)
+    lo, hi = fit.interval(grid, pred, q)
     gap = fit.disagreement(grid, nodes)
     rows = []
     for i, w in enumerate(grid):
         meas = fit.measured[fit.measured["workers"] == w]["throughput"]
         rows.append({
-            "label": fit.label, "workers": w, "nodes": nodes[i],
+            "label": fit.label, "workers": w, "nodes": nodes[i], "batch_scaling": axis["batch_scaling"],
+            "global_batch": _global_batch(axis, w),
             "predicted_throughput": float(pred[i]), "interval_low": float(lo[i]), "interval_high": float(hi[i]),
             "model": fit.chosen, "held_out_error": fit.held_out_error[fit.chosen],
             "measured_throughput": float(meas.mean()) if len(meas) else None,
@@ -385,6 +226,44 @@ def _measured_nodes(measured: pd.DataFrame, workers: int, gpus_per_node: int | N
     if len(same):
         return int(same["nodes"].iloc[0])
     return math.ceil(workers / gpus_per_node) if gpus_per_node else 1
+
+
+def _batch_axis(part: pd.DataFrame) -> dict[str, Any]:
+    """How the global batch of a series changes with its workers: batch_scaling (fixed, growing
+    or None when not known), the batch (fixed) or the batch per worker (growing), the convergence
+    series it belongs to and its throughput units per sample."""
+    def one(column: str) -> Any:
+        vals = part[column].dropna() if column in part.columns else pd.Series(dtype=object)
+        return vals.mode().iloc[0] if len(vals) else None
+    scaling, batch = one("batch_scaling"), None
+    if "global_batch" in part.columns and part["global_batch"].notna().any():
+        per = (part["global_batch"] / part["workers"]) if scaling == "growing" else part["global_batch"]
+        batch = float(pd.to_numeric(per, errors="coerce").median())
+    return {"batch_scaling": scaling, "batch": batch, "convergence": one("convergence"),
+            "words_per_sample": one("words_per_sample")}
+
+
+def _global_batch(axis: dict[str, Any], workers: int) -> int | None:
+    """The global batch of `workers` workers on the series' batch axis (None when not known)."""
+    if axis["batch"] is None:
+        return None
+    return int(round(axis["batch"] * workers)) if axis["batch_scaling"] == "growing" else int(round(axis["batch"]))
+
+
+def predict_convergence(request: PlanRequest) -> tuple[dict[str, ConvergenceFit], pd.DataFrame, list[str]]:
+    """(S(B) fit per convergence series, rows at the requested global batches, notes)."""
+    fits: dict[str, ConvergenceFit] = {}
+    notes: list[str] = []
+    conv = request.convergence
+    if conv is None or not len(conv):
+        if request.predict_batch:
+            notes.append("no run reached its loss threshold, so steps to it cannot be predicted: run with "
+                         "--loss-threshold and --val-every until it is reached")
+        return fits, pd.DataFrame(), notes
+    for label, part in conv.groupby("label", sort=False):
+        fits[str(label)] = fit_convergence(part, request.confidence, str(label))
+    rows = [fit.predict(list(request.predict_batch)) for fit in fits.values()] if request.predict_batch else []
+    return fits, pd.concat(rows, ignore_index=True) if rows else pd.DataFrame(), notes
 
 
 # ---- 2. the next measurement --------------------------------------------------------------------
@@ -412,75 +291,106 @@ def _mark_next(rows: pd.DataFrame, nxt: dict[str, Any] | None) -> None:
 # ---- 3. price -----------------------------------------------------------------------------------
 
 
-def price(request: PlanRequest, fits: dict[str, FitResult],
-          predictions: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
+def price(request: PlanRequest, fits: dict[str, FitResult], predictions: pd.DataFrame,
+          convergence: dict[str, ConvergenceFit] | None = None) -> tuple[pd.DataFrame, list[str]]:
     """(candidates, notes): every predicted (series, workers) on every instance type x market, with
-    hours and dollars. Nothing is priced without `work`; a type whose per-GPU speed is unknown, or
-    a market without a price, is left out with a note saying what to give."""
+    hours and dollars to the threshold (or for `work`). A series with neither is not priced; a
+    type whose per-GPU speed is unknown, or a market without a price, is left out with a note
+    saying what to give."""
     notes: list[str] = []
     if request.instance_types and request.catalog is None:
         raise CatalogError("pricing candidates needs a price catalog")
-    if request.instance_types and request.work is None:
-        notes.append("no --work given: predicted throughput only; give the job's work (in the "
-                     "throughput unit, e.g. words to the loss threshold) for hours and dollars")
-        return pd.DataFrame(), notes
     rows: list[dict[str, Any]] = []
-    for name in request.instance_types:
-        rows += _price_type(request, name, fits, predictions, notes)
+    for label, fit in fits.items():
+        steps = _steps_of(request, predictions[predictions["label"] == label], convergence or {}, notes)
+        if steps is None:
+            continue
+        for name in request.instance_types:
+            rows += _price_type(request, name, fit, steps, notes)
     return pd.DataFrame(rows), notes
 
 
-def _price_type(request: PlanRequest, name: str, fits: dict[str, FitResult], predictions: pd.DataFrame,
+def _steps_of(request: PlanRequest, predictions: pd.DataFrame, convergence: dict[str, ConvergenceFit],
+              notes: list[str]) -> pd.DataFrame | None:
+    """Per predicted worker count of one series: the work to do (in throughput units) and its band,
+    from `work` or from S(B) at the layout's global batch; None (with a note) when neither is known."""
+    out = predictions[["label", "workers", "nodes", "global_batch", "measured_throughput"]].copy()
+    if request.work is not None:
+        return out.assign(work=request.work, work_low=request.work, work_high=request.work, steps_to_threshold=None,
+                          steps_high=None, time_basis="given work")
+    label = str(out["label"].iloc[0])
+    measured = request.measured
+    axis = _batch_axis(measured[measured["label"] == label] if "label" in measured.columns else measured)
+    fit = convergence.get(str(axis["convergence"]))
+    if fit is None or axis["words_per_sample"] is None or out["global_batch"].isna().any():
+        if request.instance_types:
+            notes.append(f"series {label or '(unlabelled)'}: no steps to a loss threshold measured for it; give "
+                         "--work (its work in the throughput unit, e.g. words) to price it")
+        return None
+    fit = replace(fit, confidence=request.each_level)
+    batch = out["global_batch"].to_numpy(dtype=float)
+    point, low, high = fit.steps(batch)
+    per_step = batch * float(axis["words_per_sample"])
+    return out.assign(work=point * per_step, work_low=low * per_step, work_high=high * per_step,
+                      steps_to_threshold=point, steps_high=high, time_basis=f"steps to threshold ({fit.basis})")
+
+
+def _price_type(request: PlanRequest, name: str, fit: FitResult, steps: pd.DataFrame,
                 notes: list[str]) -> list[dict[str, Any]]:
-    """Candidate rows of one instance type: the throughput predicted over its network, scaled by
-    its GPU's speed, with ceil(workers / GPUs) instances."""
+    """Candidate rows of one series on one instance type: the throughput predicted over its
+    network, scaled by its GPU's speed, with ceil(workers / GPUs) instances."""
     inst = request.catalog.instance(name)
     base = request.base_instance()
     factor = _speed_factor(inst, base, request.speed or {})
     if factor is None:
-        notes.append(f"{name}: its GPU ({inst.gpu_model or 'unknown'}) differs from the measured one "
-                     f"({base.gpu_model if base else 'unknown: give --measured-on'}); "
-                     f"give --speed {inst.gpu_model or name}=FACTOR to price it")
+        note = (f"{name}: its GPU ({inst.gpu_model or 'unknown'}) differs from the measured one "
+                f"({base.gpu_model if base else 'unknown: give --measured-on'}); "
+                f"give --speed {inst.gpu_model or name}=FACTOR to price it")
+        notes.extend([note] if note not in notes else [])
         return []
-    link = request.measured_link()
-    link = replace(link, inter_gbps=inst.network_gbps or link.inter_gbps)
+    link = replace(request.measured_link(), inter_gbps=inst.network_gbps or request.measured_link().inter_gbps)
+    level = request.confidence if request.work is not None else request.each_level
+    q = calibrated_quantile(fit.measured, level, request.measured_link())
     rows: list[dict[str, Any]] = []
-    for label, fit in fits.items():
-        for _, pr in predictions[predictions["label"] == label].iterrows():
-            w = int(pr["workers"])
-            count = math.ceil(w / inst.gpus)
-            thr = float(fit.predict([w], [count], link=link)[0]) * factor
-            lo, hi = fit.interval([w], [count], np.array([thr]), link=link)
-            layout = {"label": label, "workers": w, "instance_type": name, "instances": count,
-                      "idle_gpus": count * inst.gpus - w}
-            estimate = {"predicted_throughput": thr, "interval_low": float(lo[0]), "interval_high": float(hi[0]),
-                        "model": fit.chosen, "held_out_error": fit.held_out_error[fit.chosen],
-                        "measured": bool(pd.notna(pr["measured_throughput"])) and request.measured_on in (None, name)}
-            rows += _market_rows(request, layout, estimate, notes)
+    for _, st in steps.iterrows():
+        w = int(st["workers"])
+        count = math.ceil(w / inst.gpus)
+        thr = float(fit.predict([w], [count], link=link)[0]) * factor
+        lo, hi = fit.interval([w], np.array([thr]), q)
+        layout = {"label": fit.label, "workers": w, "instance_type": name, "instances": count,
+                  "idle_gpus": count * inst.gpus - w, "global_batch": st["global_batch"]}
+        estimate = {"predicted_throughput": thr, "interval_low": float(lo[0]), "interval_high": float(hi[0]),
+                    "model": fit.chosen, "held_out_error": fit.held_out_error[fit.chosen],
+                    "steps_to_threshold": st["steps_to_threshold"], "steps_high": st["steps_high"],
+                    "time_basis": st["time_basis"],
+                    "measured": bool(pd.notna(st["measured_throughput"])) and request.measured_on in (None, name)}
+        seconds = {"point": st["work"] / thr, "low": st["work_low"] / max(float(hi[0]), 1e-300),
+                   "high": st["work_high"] / max(float(lo[0]), 1e-300)}
+        rows += _market_rows(request, layout, estimate, seconds, notes)
     return rows
 
 
 def _market_rows(request: PlanRequest, layout: dict[str, Any], estimate: dict[str, Any],
-                 notes: list[str]) -> list[dict[str, Any]]:
-    """One candidate row per market: hours and dollars at the predicted throughput, and at the low
-    end of its interval (hours_high, dollars_high)."""
+                 train_s: dict[str, float], notes: list[str]) -> list[dict[str, Any]]:
+    """One candidate row per market: hours and dollars of the wall time (training seconds plus the
+    measured overheads, unless a fixed work was given), at the prediction and at both ends of its
+    band (hours_low, hours_high, dollars_high)."""
     mix = Mix(((layout["instances"], layout["instance_type"]),))
-    slowest = max(estimate["interval_low"], 1e-300)
+    over = request.overheads if request.work is None else Overheads()
     rows = []
     for market in request.markets:
         try:
-            cost = run_cost(request.work / estimate["predicted_throughput"], mix, request.catalog, market,
-                            request.region, label=layout["label"], **request.spot_terms())
-            slow = run_cost(request.work / slowest, mix, request.catalog, market, request.region,
-                            **request.spot_terms())
+            cost = {k: run_cost(over.wall_s(v) if math.isfinite(v) else v, mix, request.catalog, market,
+                                request.region, label=layout["label"], **request.spot_terms())
+                    for k, v in train_s.items()}
         except CatalogError as exc:
-            if str(exc) not in notes:
-                notes.append(str(exc))
+            notes.extend([str(exc)] if str(exc) not in notes else [])
             continue
-        rows.append({**layout, "market": market, **estimate,
-                     "hours": cost.hours, "hours_high": slow.hours, "usd_per_hour": cost.usd_per_hour,
-                     "dollars": cost.dollars, "dollars_high": slow.dollars,
-                     "expected_interruptions": cost.expected_interruptions})
+        rows.append({**layout, "market": market, **estimate, "hours": cost["point"].hours,
+                     "hours_low": cost["low"].hours, "hours_high": cost["high"].hours,
+                     "usd_per_hour": cost["point"].usd_per_hour, "dollars": cost["point"].dollars,
+                     "dollars_high": cost["high"].dollars,
+                     "expected_interruptions": cost["point"].expected_interruptions})
     return rows
 
 
@@ -500,26 +410,30 @@ def _speed_factor(inst: InstanceType, base: InstanceType | None, speed: dict[str
 # ---- 4. recommend -------------------------------------------------------------------------------
 
 
-def recommend(candidates: pd.DataFrame, deadline_h: float | None,
-              budget_usd: float | None) -> tuple[dict[str, dict[str, Any] | None], list[str]]:
-    """(recommendations, notes): the cheapest candidate within the deadline and the fastest within
-    the budget, or without either the cheapest and the fastest overall. Adds the columns pareto
-    (on the cost-time frontier) and recommendation (why a row is recommended) to `candidates`."""
+def recommend(candidates: pd.DataFrame, deadline_h: float | None, budget_usd: float | None,
+              confidence: float = DEFAULT_CONFIDENCE) -> tuple[dict[str, dict[str, Any] | None], list[str]]:
+    """(recommendations, notes): the cheapest candidate with at least `confidence` chance of
+    finishing within the deadline (the high end of its time band within it) and the fastest with
+    that chance of staying within the budget (dollars_high), or without either the cheapest and
+    the fastest overall. Adds the columns pareto (on the cost-time frontier of the predictions)
+    and recommendation (why a row is recommended) to `candidates`."""
     recs: dict[str, dict[str, Any] | None] = {}
     notes: list[str] = []
     if not len(candidates):
         return recs, notes
     candidates["pareto"] = pareto_front(candidates["hours"], candidates["dollars"])
     candidates["recommendation"] = None
-    limits = (  # (recommendation, column, its limit, best by, why there is none)
-        ("cheapest_within_deadline", "hours", deadline_h, "dollars", lambda: f"no layout finishes within "
-         f"{deadline_h:g} h; the fastest takes {candidates['hours'].min():.2f} h"),
-        ("fastest_within_budget", "dollars", budget_usd, "hours", lambda: f"no layout costs at most "
-         f"${budget_usd:,.2f}; the cheapest costs ${candidates['dollars'].min():,.2f}"),
+    sure = f"{confidence:.0%}"
+    limits = (  # (recommendation, column judged, its limit, best by, why there is none)
+        ("cheapest_within_deadline", "hours_high", deadline_h, "dollars", lambda: f"no layout finishes within "
+         f"{deadline_h:g} h with {sure} confidence; the surest takes up to {candidates['hours_high'].min():.2f} h"),
+        ("fastest_within_budget", "dollars_high", budget_usd, "hours", lambda: f"no layout costs at most "
+         f"${budget_usd:,.2f} with {sure} confidence; the surest costs up to ${candidates['dollars_high'].min():,.2f}"),
     )
     for key, column, limit, by, why_none in limits:
         if limit is not None:
-            recs[key] = _pick(candidates, candidates[candidates[column] <= limit], by, key.replace("_", " "))
+            tag = f"{key.replace('_', ' ')} ({sure} sure)"
+            recs[key] = _pick(candidates, candidates[candidates[column] <= limit], by, tag)
             if recs[key] is None:
                 notes.append(why_none())
     if deadline_h is None and budget_usd is None:

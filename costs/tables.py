@@ -5,8 +5,16 @@ Every problem is reported as one line naming the file, the line and the column
 files are typed by hand. Formats (header row required, extra columns kept, order free):
 
 - scaling: `label` (optional series name), `workers`, `nodes` (optional), and `throughput` (work
-  per second) or `time_s` (seconds for the same total work); `mode` = strong|weak (optional,
-  default strong), `instance` (optional, the instance type measured on).
+  per second) or `time_s` (seconds of the run); the two axes of how the job changes with the
+  workers, each `fixed` or `growing`: `batch_scaling` (the global batch: split, or every worker
+  keeps its batch) and `work_scaling` (the total work: the same job, or the same work per worker,
+  which is what `time_s` is read by); `global_batch` (optional: of the row, for predicting steps to
+  a threshold); `instance` (optional, the instance type measured on). The older `mode` column is
+  still read as both axes at once (strong = fixed, fixed; weak = growing, growing) where the axes
+  are not given.
+- convergence: `label` (optional), `global_batch`, `steps_to_threshold` (of one run that reached
+  the threshold), and optionally `noise_scale` (its measured B_simple), `lr` (its learning rate
+  after warm-up), `lr_warmup_steps`, `seed`; repeats (several seeds at one batch) are welcome.
 - cost: `label`, `seconds`, `instances` (`3*g3.4xlarge+1*p2.xlarge`; a bare type means one),
   `market` = on-demand|spot (optional, default on-demand).
 """
@@ -23,7 +31,8 @@ import pandas as pd
 from analysis.scaling import scaling_table
 from core.errors import DataError
 
-__all__ = ["CsvError", "read_scaling_csv", "read_cost_csv", "scaling_from_table"]
+__all__ = ["CsvError", "AXES", "read_scaling_csv", "read_convergence_csv", "csv_kind", "read_cost_csv",
+           "scaling_from_table"]
 
 
 class CsvError(DataError):
@@ -69,7 +78,7 @@ _EXPECT = {
 
 
 def _read(path: str | Path, required: list[list[str]], parsers: dict[str, Callable[[str], Any]],
-          what: str) -> pd.DataFrame:
+          what: str, unique: bool = True) -> pd.DataFrame:
     """Rows of `path` with `parsers` applied; `required` lists alternatives (any one of each group)."""
     path = Path(path)
     if not path.exists():
@@ -116,7 +125,8 @@ def _read(path: str | Path, required: list[list[str]], parsers: dict[str, Callab
         rows.append(row)
     if not rows:
         raise CsvError(f"{path}: no data rows under the header")
-    _refuse_repeats(path, rows, [h for h in header if h in parsers or h == "label"])
+    if unique:
+        _refuse_repeats(path, rows, [h for h in header if h in parsers or h == "label"])
     return pd.DataFrame(rows)
 
 
@@ -131,14 +141,24 @@ def _refuse_repeats(path: Path, rows: list[dict[str, Any]], key: list[str]) -> N
         seen[k] = row["_line"]
 
 
+AXES = ("batch_scaling", "work_scaling")
+_MODE_AXES = {"strong": "fixed", "weak": "growing"}  # the older `mode`: both axes at once
+
+
 def read_scaling_csv(path: str | Path) -> pd.DataFrame:
     """A published scaling table: one row per measurement (see the module doc for the columns)."""
+    axis = _choice("fixed", "growing")
     df = _read(path, [["workers"], ["throughput", "time_s"]],
                {"workers": _positive_int, "nodes": _positive_int, "throughput": _positive_float,
-                "time_s": _positive_float, "mode": _choice("strong", "weak")},
-               "label (optional), workers, nodes (optional), throughput or time_s, mode (optional)")
+                "time_s": _positive_float, "mode": _choice("strong", "weak"), "batch_scaling": axis,
+                "work_scaling": axis, "global_batch": _positive_int},
+               "label (optional), workers, nodes (optional), throughput or time_s, batch_scaling and "
+               "work_scaling (optional: fixed or growing)")
     _default(df, "label", "")
-    _default(df, "mode", "strong")
+    for column in AXES:
+        legacy = df["mode"].map(_MODE_AXES) if "mode" in df.columns else None
+        df[column] = (df[column] if column in df.columns else pd.Series(None, index=df.index, dtype=object))
+        df[column] = df[column].fillna(legacy if legacy is not None else "fixed").fillna("fixed").astype(str)
     metric = "throughput" if "throughput" in df.columns else "time_s"
     missing = df[df[metric].isna()]
     if len(missing):
@@ -147,10 +167,31 @@ def read_scaling_csv(path: str | Path) -> pd.DataFrame:
     return df
 
 
+def read_convergence_csv(path: str | Path) -> pd.DataFrame:
+    """Runs that reached a loss threshold: global batch, steps to the threshold (module doc)."""
+    df = _read(path, [["global_batch"], ["steps_to_threshold"]],
+               {"global_batch": _positive_int, "steps_to_threshold": _positive_int, "noise_scale": _positive_float,
+                "lr": _positive_float, "lr_warmup_steps": _non_negative_float, "seed": _non_negative_float},
+               "label (optional), global_batch, steps_to_threshold, noise_scale, lr, lr_warmup_steps, seed "
+               "(the last four optional)", unique=False)
+    _default(df, "label", "")
+    return df
+
+
+def csv_kind(path: str | Path) -> str:
+    """"convergence" for a table of steps to a threshold, else "scaling" (read the header only)."""
+    try:
+        with open(path, encoding="utf-8-sig") as f:
+            header = {h.strip() for h in next(csv.reader([f.readline()]), [])}
+    except (OSError, UnicodeDecodeError):
+        return "scaling"  # its reader names the problem
+    return "convergence" if "steps_to_threshold" in header else "scaling"
+
+
 def _refuse_two_values_for_one_layout(path: str | Path, df: pd.DataFrame) -> None:
     """Speedup is against one measurement per layout: two rows for one layout of one series are
     ambiguous (average them first, or give each repeat a label of its own)."""
-    key = [c for c in ("label", "mode", "workers", "nodes") if c in df.columns]
+    key = [c for c in ("label", *AXES, "workers", "nodes") if c in df.columns]
     dup = df[df.duplicated(key, keep=False)]
     if len(dup):
         lines = ", ".join(str(int(x)) for x in dup["_line"])
@@ -176,9 +217,11 @@ def _default(df: pd.DataFrame, column: str, value: str) -> None:
 
 def scaling_from_table(df: pd.DataFrame) -> pd.DataFrame:
     """Speedup, efficiency and Karp-Flatt per row, relative to the fewest workers of the same label
-    (and mode). Input order is kept; the private `_line` column is dropped."""
+    (and axes). A `time_s` is read by the work axis: the same job (fixed: speedup t_base/t) or the
+    same work per worker (growing: n·t_base/t). Input order is kept; `_line` and the older `mode`
+    (replaced by the two axes) are dropped."""
     parts = []
-    for mode, part in df.groupby("mode", sort=False):
-        parts.append(scaling_table(part, mode=str(mode), series="label"))
+    for (_, work), part in df.groupby(list(AXES), sort=False):
+        parts.append(scaling_table(part, mode="weak" if work == "growing" else "strong", series="label"))
     out = pd.concat(parts).sort_index() if parts else df
-    return out.drop(columns=[c for c in ("_line",) if c in out.columns])
+    return out.drop(columns=[c for c in ("_line", "mode") if c in out.columns])

@@ -28,7 +28,7 @@ from core.net import free_port
 from core.records import load_run
 from core.rundir import RunPaths, read_json
 from core.spec import Spec, save_spec
-from costs.planner import fit_series
+from costs.validation import planner_bench
 from train.bench import memcpy_bandwidth
 
 PARTS = ("compute", "exchange", "scaling", "planner", "report")
@@ -138,25 +138,9 @@ def launch_overhead(run_dir: Path) -> dict:
 # ---- 5. planner accuracy --------------------------------------------------------------------------
 
 
-def bench_planner(fit_workers: int = 4) -> list[dict]:
-    """Fit on 1..fit_workers GPUs of each seed-001 table, predict the rest: mean absolute % error."""
-    from importlib.resources import files
-
-    import numpy as np
-    import pandas as pd
-
-
-    data = pd.read_csv(files("costs.data") / "seed001_nmt_scaling.csv")
-    out = []
-    for label, rows in data.groupby("label", sort=False):
-        train, test = rows[rows["workers"] <= fit_workers], rows[rows["workers"] > fit_workers]
-        fit = fit_series(label, train)
-        for model in fit.models:
-            pred = fit.predict(test["workers"], np.ones(len(test)), model=model)
-            mape = float(np.mean(np.abs(pred - test["throughput"]) / test["throughput"]))
-            out.append({"label": label, "model": model, "chosen": model == fit.chosen, "fit_workers": fit_workers,
-                        "predicted_workers": f"{int(test['workers'].min())}-{int(test['workers'].max())}", "mape": mape})
-    return out
+def bench_planner() -> dict:
+    """Interval coverage of the planner on every table the project ships (costs.validation)."""
+    return planner_bench()
 
 
 # ---- 6. report speed ------------------------------------------------------------------------------
@@ -234,8 +218,16 @@ def render(results: dict) -> None:
         console.print(_table("4. Launch overhead (launch to first step)", results["scaling"]["launch_overhead"], [
             ("engine", "engine", ""), ("mode", "mode", ""), ("workers", "workers", ""), ("seconds", "seconds_to_first_step", ".2f")]))
     if "planner" in results:
-        console.print(_table("5. Planner: fit on 1-4 GPUs of seed 001, predict 5-8", results["planner"], [
-            ("series", "label", ""), ("model", "model", ""), ("chosen", "chosen", ""), ("MAPE", "mape", ".1%")]))
+        p = results["planner"]
+        cols = [("predictions", "predictions", ".0f"), ("coverage", "coverage", ".0%"),
+                ("median half-width", "median_half_width", ".1%"), ("MAPE", "mape", ".1%")]
+        console.print(_table(f"5. Planner: throughput of the shipped tables, first k layouts fitted, the rest predicted "
+                             f"({p['confidence']:.0%} intervals)", [{"series": "all", **p["throughput"]},
+                                                                    *p["throughput_by_series"]],
+                             [("series", "series", ""), *cols]))
+        console.print(_table("5b. Planner: steps to the threshold on the shipped batch sweeps", p["steps"], [
+            ("basis", "basis", ""), ("predictions", "predictions", ".0f"), ("coverage", "coverage", ".0%"),
+            ("median half-width", "median_half_width", ".1%"), ("mean abs error", "mean_abs_error", ".1%")]))
     if "report" in results:
         console.print(_table("6. Report speed", [results["report"]], [
             ("records", "records", ","), ("ranks", "ranks", ""), ("load s", "load_s", ".2f"), ("full report s", "full_report_s", ".2f")]))

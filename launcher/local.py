@@ -26,7 +26,14 @@ import psutil
 
 from core.errors import EngineError, ScalelabError
 from core.net import free_port
-from core.procs import LAUNCHER_ENV, ProcessRef, family, names_dir, run_processes, stop_processes
+from core.procs import (
+    LAUNCHER_ENV,
+    ProcessRef,
+    family,
+    names_dir,
+    run_processes,
+    stop_processes,
+)
 from core.rundir import (
     CANCELLED,
     COMPLETED,

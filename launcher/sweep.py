@@ -14,7 +14,14 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from core.errors import ScalelabError, SpecError
-from core.rundir import COMPLETED, SWEEP_FILE, new_run_dir, run_state, sweep_runs, write_json
+from core.rundir import (
+    COMPLETED,
+    SWEEP_FILE,
+    new_run_dir,
+    run_state,
+    sweep_runs,
+    write_json,
+)
 from core.spec import Spec, read_spec, save_spec
 from launcher.runner import follow, owning, refuse_if_live, stopping_runs, submit
 

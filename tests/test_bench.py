@@ -13,8 +13,12 @@ def test_bench_planner_and_report_parts(tmp_path):
     proc = launch("bench", "--only", "planner,report", "--quick", "--out", "b", cwd=tmp_path, timeout=600)
     assert proc.returncode == 0, proc.stderr
     res = json.loads((tmp_path / "b" / "bench.json").read_text())
-    assert {r["label"] for r in res["planner"]} >= {"cudnn_lstm parameter server", "dynamic_rnn nccl all-reduce"}
-    assert all(0 <= r["mape"] < 1 for r in res["planner"]) and sum(r["chosen"] for r in res["planner"]) == 5
+    planner = res["planner"]
+    assert {r["series"].split(": ")[1] for r in planner["throughput_by_series"]} >= {
+        "cudnn_lstm parameter server", "dynamic_rnn nccl all-reduce"}
+    assert planner["confidence"] == 0.9 and 0 <= planner["throughput"]["mape"] < 1
+    assert 0 <= planner["throughput"]["coverage"] <= 1 and planner["throughput"]["predictions"] == 105
+    assert {r["basis"] for r in planner["steps"]} == {"batch-fit", "noise-scale"}
     assert res["report"]["records"] == 100_000 and res["report"]["full_report_s"] > 0
     assert "Planner" in proc.stdout and "Report speed" in proc.stdout
 

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from costs.catalog import builtin_catalog
-from costs.planner import (
+from costs.fitting import (
     CommModel,
     ErnestModel,
     LinkModel,
@@ -19,10 +19,9 @@ from costs.planner import (
     mixed_throughput,
     nnls,
     pareto_front,
-    PlanRequest,
-    plan,
     ring_allreduce_s,
 )
+from costs.planner import PlanRequest, plan
 
 # seed 001, independent-replica cudnn_lstm: (GPUs, words/s)
 SEED_001 = [(1, 51046.074), (2, 93790.686), (3, 133520.790), (4, 175351.156), (5, 216412.574),
@@ -55,22 +54,22 @@ def test_ring_allreduce_time_and_comm_model():
     # 2(N-1)/N * bytes / B: 4 workers on 2 nodes over 10 Gbit/s = 1.25 GB/s -> 1.5 * 0.08 s
     assert ring_allreduce_s(np.array([4.0]), np.array([2.0]), link)[0] == pytest.approx(1.5 * 100e6 / 1.25e9)
     assert ring_allreduce_s(np.array([1.0]), np.array([1.0]), link)[0] == 0.0
-    w = np.array([1, 2, 4, 8], dtype=float)
-    nodes = np.array([1, 1, 2, 4], dtype=float)
-    truth = CommModel("strong", link)
-    truth.theta = np.array([0.001, 0.02, 0.5])
+    w = np.array([1, 2, 3, 4, 6, 8], dtype=float)
+    nodes = np.array([1, 1, 1, 2, 2, 4], dtype=float)
+    truth = CommModel(link)  # exchange per step with a fixed (θ2) and a growing (θ3) global batch
+    truth.theta = np.array([0.001, 0.02, 0.5, 0.3])
     thr = truth.predict(w, nodes)
-    fitted = CommModel("strong", link).fit(w, nodes, thr)
+    fitted = CommModel(link).fit(w, nodes, thr)
     assert fitted.theta == pytest.approx(truth.theta, rel=1e-6)
 
 
 def test_model_choice_by_held_out_error_picks_the_true_shape():
     link = LinkModel(intra_latency_s=0, inter_latency_s=0)
     w = np.array([1, 2, 3, 4, 6, 8], dtype=float)
-    truth = CommModel("strong", link)
-    truth.theta = np.array([2e-6, 2e-5, 4e-6])
+    truth = CommModel(link)
+    truth.theta = np.array([2e-6, 2e-5, 4e-6, 0.0])
     df = pd.DataFrame({"workers": w, "nodes": np.where(w > 4, 2, 1), "throughput": truth.predict(w, np.where(w > 4, 2, 1))})
-    fit = fit_series("x", df, "strong", link)
+    fit = fit_series("x", df, link)
     assert fit.chosen == "comm"
     assert fit.held_out_error["comm"] < 1e-6 < fit.held_out_error["ernest"]
 

@@ -52,7 +52,8 @@ def _layout(label: str, nodes: int, gpn: int, words_per_s: float, steps_to_thres
                   steps_measured=4, steps_warmup=0, steps_incomplete=0, words_per_s=words_per_s, samples_per_s=1.0,
                   step_s_mean=0.5, step_s_median=0.5, step_s_p90=0.5, step_s_std=0.0, loss_threshold=1.0,
                   reached_threshold=steps_to_threshold is not None, steps_to_threshold=steps_to_threshold,
-                  time_to_threshold_s=30.0 if steps_to_threshold else None)
+                  time_to_threshold_s=30.0 if steps_to_threshold else None,
+                  wall_to_threshold_s=45.0 if steps_to_threshold else None)
     return LayoutSummary(**fields)
 
 
@@ -75,11 +76,15 @@ def test_seed_tables_from_summaries_and_step_tables():
     assert list(data.rows["train_s"]) == [8.0, 6.0, 4.0]
     # b has no run at the fewest workers: its speedup is against the first variant's smallest layout
     assert data.rows["speedup"].tolist() == pytest.approx([1.0, 1.5, 1.8])
-    assert data.epoch_times["a/1x1"] == [4.0, 4.0] and data.epochs_to == {"a/1x1": None, "a/1x2": 1.0, "b/1x2": 2.0}
+    # fractional epochs: 2 steps an epoch, so the threshold at step 3 is 1.5 epochs
+    assert data.epoch_times["a/1x1"] == [4.0, 4.0] and data.epochs_to == {"a/1x1": None, "a/1x2": 1.0, "b/1x2": 1.5}
     epochs = seed_table("epochs", data, epochs_shown=2)
     assert epochs["total (s)"].tolist() == [8.0, 6.0, 4.0] and epochs["speedup"].tolist() == [1.0, 1.33, 1.0]
     arrangement = seed_table("arrangement", data)
     assert arrangement["Time (min/epoch)"].tolist() == pytest.approx([4 / 60, 3 / 60, 2 / 60], abs=1e-4)
+    # a partial last epoch counts as the part it is: 3 steps of 2-step epochs are 1.5 epochs, not 2
+    partial = study_runs([("c/1x1", _layout("c", 1, 1, 100.0, None), _steps(2.0).iloc[:3])])
+    assert seed_table("arrangement", partial)["Time (min/epoch)"].tolist() == pytest.approx([6.0 / 1.5 / 60], abs=1e-4)
     with pytest.raises(ValueError, match="not 'money'"):
         seed_table("money", data)
     text = study_markdown("T", "one GPU", "strong", ["a", "b"], {"throughput": seed_table("throughput", data)},
@@ -96,9 +101,12 @@ def test_money_table_prices_from_the_catalog():
                        ("a/2x1", _layout("a", 2, 1, 150.0, None), _steps(400.0))])
     money = price_money_table(data.rows, {("a", "1x1"): "1*p2.xlarge", ("a", "2x1"): "2*p2.xlarge"}, "on-demand",
                               builtin_catalog())
-    assert money["Seconds"].tolist() == [30.0, 1600.0]  # to the threshold when reached, else all steps
+    # one meaning per column: all the steps' training time, and the wall time launch -> threshold event
+    assert money["Seconds (all steps)"].tolist() == [8.0, 1600.0]
+    assert money["Wall seconds to threshold"].tolist()[0] == 45.0 and pd.isna(money["Wall seconds to threshold"][1])
     # p2.xlarge on demand: $0.90/h, per second with a 60-second minimum per instance
     assert money["Total Price ($)"].tolist() == pytest.approx([0.9 * 60 / 3600, round(2 * 0.9 * 1600 / 3600, 4)])
+    assert money["Price to threshold ($)"].tolist()[0] == pytest.approx(0.9 * 60 / 3600)
     study = load_study(EXAMPLES / "seed004-sentiment.yaml", "test")
     mixes = study.instance_mixes()
     assert mixes and all(label in {v.label for v in study.variants} for label, _ in mixes)
@@ -145,7 +153,8 @@ def test_seed004_convergence_arrangement_money(tmp_path):
     money = pd.read_csv(study / "money.csv")
     mixed = money[money["Instances"] == "1*p2.xlarge+1*g3.4xlarge"].iloc[0]
     # dollars from the catalog: (0.90 + 1.14) $/h, per second with a 60-second minimum per instance
-    assert mixed["Total Price ($)"] == pytest.approx((0.90 + 1.14) * max(mixed["Seconds"], 60) / 3600, abs=1e-3)
+    assert mixed["Total Price ($)"] == pytest.approx((0.90 + 1.14) * max(mixed["Seconds (all steps)"], 60) / 3600,
+                                                     abs=1e-3)
 
 
 def test_seed003_gemm_against_batch(tmp_path):

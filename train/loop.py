@@ -46,6 +46,7 @@ from train.data import Dataset, Prefetcher
 from train.datasets import build_dataset
 from train.engines import Engine, make_engine
 from train.models import PRESETS, build_model, config_with_overrides
+from train.noise import NoiseMeter
 
 BUCKET_BATCHES = 50  # length bucketing sorts within windows of this many global batches
 # Test aids (tests/test_resume.py, tests/test_local_runs.py), read after each step:
@@ -146,6 +147,7 @@ class Run:
     identity: dict[str, Any]  # what a checkpoint must share with this run
     rank: int
     world: int
+    noise: NoiseMeter  # the gradient noise scale, measured as the run trains (train/noise.py)
 
 
 @dataclass
@@ -221,6 +223,7 @@ def setup(spec: Spec) -> Run:
         total_steps=total_steps(spec, steps_per_epoch),
         slowdown=spec.emulate_slowdown[engine.rank] if spec.emulate_slowdown else 1.0,
         identity=identity(spec, global_batch), rank=engine.rank, world=engine.world,
+        noise=NoiseMeter(model, engine.world, global_batch, engine.exchanging),
     )
 
 
@@ -257,7 +260,8 @@ def open_records(run_dir: Path, run: Run, progress: Progress) -> RecordWriter:
         "start", run_id=Path(run_dir).name, model=spec.model, preset=spec.model, rnn=spec.rnn,
         engine=engine.name, nodes=spec.nodes, gpus_per_node=spec.gpus_per_node,
         node_rank=engine.placement.node_rank, local_rank=engine.placement.local_rank, device=str(run.device),
-        global_batch=run.global_batch, batch_this_rank=run.per_rank, threads=torch.get_num_threads(),
+        global_batch=run.global_batch, batch_this_rank=run.per_rank, steps_per_epoch=run.steps_per_epoch,
+        threads=torch.get_num_threads(),
         interop_threads=torch.get_num_interop_threads(), independent_replicas=spec.independent_replicas,
         balance=spec.balance, emulate_slowdown=run.slowdown, resumed_from_step=progress.resumed_from,
         params=sum(p.numel() for p in model.parameters()),
@@ -297,6 +301,8 @@ def train_step(run: Run, progress: Progress, stream: Prefetcher) -> dict[str, An
     (loss * weight if weight != 1.0 else loss).backward()  # DDP all-reduces during backward; Horovod starts here
     t2 += emulated_s
     exchange_s = engine.finish_exchange(optimizer)  # distributed: wait for the exchange
+    probe_s = run.noise.exchanged(model, batch.inputs, batch.samples, progress.step + 1)  # B_simple (train/noise.py)
+    t0, t1, t2 = t0 + probe_s, t1 + probe_s, t2 + probe_s  # one worker's probe is not part of the step
     if spec.clip_grad_norm:
         torch.nn.utils.clip_grad_norm_(model.parameters(), spec.clip_grad_norm)
     t3 = _clock(device)
@@ -311,7 +317,7 @@ def train_step(run: Run, progress: Progress, stream: Prefetcher) -> dict[str, An
         step=progress.step, epoch=batch.meta["epoch"], warmup=progress.step - progress.started_at <= spec.warmup_steps,
         step_s=t4 - t0, data_s=t1 - t0, forward_s=t2 - t1, backward_s=t3 - t2, exchange_s=exchange_s,
         optimizer_s=t4 - t3, samples=batch.samples, words=batch.words, loss=loss_value, lr=lr,
-        **({"emulated_s": emulated_s} if run.slowdown != 1.0 else {}),
+        **({"emulated_s": emulated_s} if run.slowdown != 1.0 else {}), **run.noise.fields(),
     )
 
 
