@@ -12,6 +12,7 @@ SIGHUP) stops every process of the run, records it as CANCELLED and exits 128 + 
 from __future__ import annotations
 
 import functools
+import json
 import shlex
 import signal
 import sys
@@ -412,14 +413,74 @@ def _backend_of(run_dir: str):
     return get_backend(spec.backend, spec.backend_options), Path(run_dir)
 
 
+def rows_table(rows: list[dict[str, Any]], title: str | None = None):
+    """A rich table of inventory rows that fits 100 columns: numbers never wrap; on a narrow terminal
+    the least needed columns go (every one is in --format json)."""
+    from rich.table import Table
+
+    from launcher.inventory import age, cell
+
+    columns = [("name", "left", lambda r: r["name"]), ("backend", "left", lambda r: cell(r["backend"])),
+               ("layout", "left", lambda r: cell(r["layout"])), ("state", "left", lambda r: r["state"]),
+               ("steps", "right", lambda r: cell(r["steps"])),
+               ("words/s", "right", lambda r: cell(r["words_per_s"])),
+               ("cost $", "right", lambda r: cell(r["cost_usd"], 2)), ("age", "right", lambda r: age(r["age_s"]))]
+    if (console.width or 100) < 80:
+        columns = [c for c in columns if c[0] not in ("backend", "cost $")]
+    table = Table(title=title, title_justify="left")
+    for header, justify, _ in columns:
+        table.add_column(header, justify=justify, no_wrap=header != "name", overflow="fold" if header == "name" else "ellipsis")
+    for row in rows:
+        table.add_row(*(escape(get(row)) for _, _, get in columns))
+    return table
+
+
+def print_rows(rows: list[dict[str, Any]], fmt: str, title: str | None = None) -> None:
+    if fmt == "json":
+        click.echo(json.dumps(rows, indent=2))
+    else:
+        console.print(rows_table(rows, title), width=min(console.width, 100))
+
+
+@main.command("ls")
+@click.option("--runs-dir", type=click.Path(file_okay=False), default=str(DEFAULT_RUNS_ROOT), show_default=True,
+              help="Where run directories are.")
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+def ls_cmd(runs_dir: str, fmt: str) -> None:
+    """Runs, sweeps and studies under the runs directory, newest first: backend, layout, state (asked of
+    the backend while recorded as active), steps, words/s, cost so far where a price is known, age."""
+    from launcher.inventory import inventory
+
+    rows = inventory(Path(runs_dir))
+    if not rows and fmt == "table":
+        console.print(f"no runs under {runs_dir}", highlight=False)
+        return
+    print_rows(rows, fmt)
+
+
 @main.command("status")
 @click.argument("run_dir", type=click.Path())
-def status_cmd(run_dir: str) -> None:
-    """State of a run (RUNNING, COMPLETED, FAILED, CANCELLED) as its backend reports it, and its owner.
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+def status_cmd(run_dir: str, fmt: str) -> None:
+    """State of a run (RUNNING, COMPLETED, FAILED, CANCELLED) as its backend reports it, and its owner;
+    of a sweep or study, every layout.
 
     A run that ended with no launcher following it (--detach, or its launcher was killed) gets its end
     recorded now, and its summary when it completed.
     """
+    from launcher.inventory import describe, kind_of
+
+    if fmt == "json" or kind_of(Path(run_dir)) in ("sweep", "study"):
+        row = describe(Path(run_dir))
+        if fmt == "json":
+            click.echo(json.dumps(row, indent=2))
+        else:
+            print_rows(row["layouts"], fmt, title=f"{row['kind']} {row['path']}: {row['state']}")
+        return
+    _run_status(run_dir)
+
+
+def _run_status(run_dir: str) -> None:
     from core.lock import owner_of
     from launcher.runner import settle
 

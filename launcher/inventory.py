@@ -1,0 +1,172 @@
+"""What is under the runs directory: runs, sweeps and studies, for `launch ls` and `launch status`.
+
+A row's state is verified, not copied from launch.json: a run recorded as still active is asked of its
+backend (through `runner.settle`, which also records an end nobody followed), because a launch.json
+saying RUNNING outlives a launcher killed with -9. A backend that cannot answer leaves the recorded
+state, marked "?" so the reader knows it was not checked.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from core.errors import ScalelabError
+from core.rundir import ACTIVE, SWEEP_FILE, RunPaths, is_sweep, read_json, read_state, sweep_runs
+from core.spec import read_spec
+
+STUDY_FILE = "study.json"
+# The columns of `launch ls`, in order; JSON rows carry every one of them (None when not known).
+COLUMNS = ("name", "kind", "backend", "layout", "state", "steps", "words_per_s", "cost_usd", "age_s")
+
+
+def kind_of(path: Path) -> str | None:
+    """"study", "sweep", "run" or None (not a directory scalelab wrote)."""
+    if (path / STUDY_FILE).exists():
+        return "study"
+    if is_sweep(path):
+        return "sweep"
+    if RunPaths(path).spec.exists():
+        return "run"
+    return None
+
+
+def verified_state(run_dir: Path) -> str:
+    """The run's state, asked of its backend while launch.json says it is active ("?" appended when the
+    backend could not be asked); None-launched runs are "NEW"."""
+    from launcher.backend import get_backend
+    from launcher.runner import settle
+
+    if not RunPaths(run_dir).launch.exists():
+        return "NEW"
+    recorded = read_state(run_dir).get("state") or "PENDING"
+    if recorded not in ACTIVE:
+        return recorded
+    try:
+        spec = read_spec(run_dir)
+        return settle(get_backend(spec.backend, spec.backend_options), run_dir).state
+    except ScalelabError:
+        return recorded + "?"
+
+
+def run_row(run_dir: Path, now: float | None = None) -> dict[str, Any]:
+    """One run's row: backend and layout from spec.json, state verified, steps and words/s from
+    summary.json, the cost so far when launch.json knows a price per hour, the age from the launch."""
+    spec = read_spec(run_dir)
+    state = verified_state(run_dir)
+    paths = RunPaths(run_dir)
+    info = read_state(run_dir) if paths.launch.exists() else {}
+    summary = read_json(paths.summary, "summary") if paths.summary.exists() else {}
+    started = info.get("launched") or info.get("started")
+    ended = info.get("ended") or now or time.time()
+    rate = info.get("usd_per_hour")
+    steps = summary.get("steps_measured")
+    return {
+        "name": run_dir.name, "path": str(run_dir.absolute()), "kind": "run", "backend": spec.backend,
+        "layout": f"{spec.nodes}x{spec.gpus_per_node}", "state": state,
+        "steps": steps + summary.get("steps_warmup", 0) if steps is not None else None,
+        "words_per_s": summary.get("words_per_s"),
+        "cost_usd": rate * max(0.0, ended - started) / 3600 if rate is not None and started else None,
+        "age_s": (now or time.time()) - started if started else None,
+    }
+
+
+def combined_state(states: list[str]) -> str:
+    """A sweep's state from its layouts': active while any is, else the worst end."""
+    for state in ("RUNNING", "PENDING", "FAILED", "UNKNOWN", "CANCELLED", "NEW"):
+        if any(s.rstrip("?") == state for s in states):
+            return state
+    return states[0] if states else "NEW"
+
+
+def group_row(path: Path, kind: str, layouts: list[dict[str, Any]]) -> dict[str, Any]:
+    """A sweep's or study's row from its layouts' rows: sums of steps and cost, the newest age."""
+    known = [r for r in layouts if r["age_s"] is not None]
+    costs = [r["cost_usd"] for r in layouts if r["cost_usd"] is not None]
+    return {
+        "name": path.name, "path": str(path.absolute()), "kind": kind,
+        "backend": ",".join(sorted({r["backend"] for r in layouts if r["backend"]})) or None,
+        "layout": ",".join(dict.fromkeys(r["layout"] for r in layouts)) or None,
+        "state": combined_state([r["state"] for r in layouts]),
+        "steps": sum(r["steps"] for r in layouts if r["steps"] is not None) if layouts else None,
+        "words_per_s": max((r["words_per_s"] for r in layouts if r["words_per_s"] is not None), default=None),
+        "cost_usd": sum(costs) if costs else None,
+        "age_s": min(r["age_s"] for r in known) if known else None,
+        "layouts": layouts,
+    }
+
+
+def sweep_row(sweep_dir: Path, now: float | None = None) -> dict[str, Any]:
+    """A sweep: one row per layout (in sweep order; layouts not started yet are "NEW")."""
+    rows = [run_row(p, now) if RunPaths(p).spec.exists() else _unstarted(p) for p in sweep_runs(sweep_dir)]
+    return group_row(sweep_dir, "sweep", rows)
+
+
+def study_row(study_dir: Path, now: float | None = None) -> dict[str, Any]:
+    """A study: the layouts of all its variants' sweeps, each labelled with its variant."""
+    meta = read_json(study_dir / STUDY_FILE, STUDY_FILE)
+    rows = []
+    for sweep in meta.get("sweeps", []) if isinstance(meta, dict) else []:
+        if (study_dir / sweep["dir"] / SWEEP_FILE).exists():
+            rows += [{**r, "variant": sweep.get("label")} for r in sweep_row(study_dir / sweep["dir"], now)["layouts"]]
+    return group_row(study_dir, "study", rows)
+
+
+def _unstarted(path: Path) -> dict[str, Any]:
+    return {**dict.fromkeys(COLUMNS), "name": path.name, "path": str(path.absolute()), "kind": "run",
+            "backend": None, "layout": path.name, "state": "NEW"}
+
+
+def describe(path: Path, now: float | None = None) -> dict[str, Any]:
+    """The row of a run, sweep or study directory; a clear error for anything else."""
+    path = Path(path)
+    if not path.is_dir():
+        raise ScalelabError(f"{path} is not a directory; `launch ls` lists the runs, sweeps and studies")
+    kind = kind_of(path)
+    if kind is None:
+        raise ScalelabError(f"{path} is not a run, sweep or study directory (no spec.json, {SWEEP_FILE} or "
+                            f"{STUDY_FILE}); `launch ls` lists them")
+    return {"study": study_row, "sweep": sweep_row, "run": run_row}[kind](path, now)
+
+
+def inventory(root: Path) -> list[dict[str, Any]]:
+    """Every run, sweep and study directly under `root`, newest first; unreadable ones say why."""
+    root = Path(root)
+    if not root.is_dir():
+        raise ScalelabError(f"runs directory {root} does not exist; pass --runs-dir DIR")
+    now = time.time()
+    rows = []
+    for path in sorted(p for p in root.iterdir() if p.is_dir() and kind_of(p)):
+        try:
+            rows.append(describe(path, now))
+        except ScalelabError as exc:
+            rows.append({**dict.fromkeys(COLUMNS), "name": path.name, "path": str(path.absolute()),
+                         "kind": kind_of(path), "state": "UNREADABLE", "error": str(exc)})
+    return sorted(rows, key=lambda r: r["age_s"] if r["age_s"] is not None else float("inf"))
+
+
+# ---- cells --------------------------------------------------------------------------------------
+
+
+def cell(value: Any, digits: int = 0) -> str:
+    """A table cell: no True/False/inf/None, numbers with thousands separators."""
+    if value is None or (isinstance(value, float) and value != value):
+        return "—"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return "—" if value in (float("inf"), float("-inf")) else f"{value:,.{digits}f}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+def age(seconds: float | None) -> str:
+    """An age in the largest unit that keeps it short: 45s, 12m, 3h, 2d."""
+    if seconds is None:
+        return "—"
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)}{unit}"
+    return f"{int(seconds)}s"

@@ -1,0 +1,88 @@
+"""`launch ls` and `launch status` over hand-made run, sweep and study directories (no training)."""
+
+import json
+import time
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from core.rundir import write_json
+from core.spec import Spec, save_spec
+from launcher.cli import main
+from launcher.inventory import age, cell, combined_state, inventory
+
+
+def make_run(path: Path, nodes: int = 1, gpus: int = 1, state: str = "COMPLETED", summary: bool = True,
+             usd_per_hour: float | None = None) -> Path:
+    path.mkdir(parents=True)
+    save_spec(Spec(nodes=nodes, gpus_per_node=gpus).validate(), path)
+    now = time.time()
+    info = {"backend": "local", "state": state, "launched": now - 7200, "ended": now - 3600, "run_dir": str(path)}
+    if usd_per_hour is not None:
+        info["usd_per_hour"] = usd_per_hour
+    write_json(path / "launch.json", info)
+    if summary:
+        write_json(path / "summary.json", {"steps_measured": 50, "steps_warmup": 5, "words_per_s": 12345.6})
+    return path
+
+
+def make_sweep(path: Path) -> Path:
+    path.mkdir(parents=True)
+    make_run(path / "1x1")
+    make_run(path / "1x2", gpus=2, state="FAILED", summary=False)
+    write_json(path / "sweep.json", {"runs": ["1x1", "1x2", "1x4"], "layouts": [[1, 1], [1, 2], [1, 4]]})
+    return path
+
+
+def test_ls_lists_runs_sweeps_and_studies(tmp_path):
+    make_run(tmp_path / "run-a", usd_per_hour=3.0)
+    make_sweep(tmp_path / "sweep-b")
+    study = tmp_path / "study-c"
+    make_sweep(study / "v0")
+    write_json(study / "study.json", {"title": "t", "sweeps": [{"label": "base", "dir": "v0"}]})
+    (tmp_path / "not-a-run").mkdir()
+    rows = {r["name"]: r for r in inventory(tmp_path)}
+    assert set(rows) == {"run-a", "sweep-b", "study-c"}
+    run = rows["run-a"]
+    assert (run["kind"], run["backend"], run["layout"], run["state"]) == ("run", "local", "1x1", "COMPLETED")
+    assert run["steps"] == 55 and run["words_per_s"] == 12345.6
+    assert abs(run["cost_usd"] - 3.0) < 0.01  # one hour at $3/h
+    assert Path(run["path"]).is_absolute()
+    sweep = rows["sweep-b"]
+    assert sweep["state"] == "FAILED" and sweep["layout"] == "1x1,1x2,1x4"
+    assert [r["state"] for r in sweep["layouts"]] == ["COMPLETED", "FAILED", "NEW"]
+    assert rows["study-c"]["layouts"][0]["variant"] == "base"
+
+
+def test_ls_cli_table_fits_100_columns_and_json(tmp_path):
+    make_run(tmp_path / "run-with-a-rather-long-name-20261123-185000", usd_per_hour=2.5)
+    make_sweep(tmp_path / "sweep-b")
+    out = CliRunner().invoke(main, ["ls", "--runs-dir", str(tmp_path)])
+    assert out.exit_code == 0, out.output
+    assert "12,346" in out.output and "2.50" in out.output
+    assert max(len(line) for line in out.output.splitlines()) <= 100
+    assert "True" not in out.output and "inf" not in out.output
+    rows = json.loads(CliRunner().invoke(main, ["ls", "--runs-dir", str(tmp_path), "--format", "json"]).output)
+    assert {r["kind"] for r in rows} == {"run", "sweep"}
+
+
+def test_status_of_a_sweep_shows_every_layout(tmp_path):
+    sweep = make_sweep(tmp_path / "sweep-b")
+    out = CliRunner().invoke(main, ["status", str(sweep)])
+    assert out.exit_code == 0, out.output
+    for word in ("1x1", "1x2", "1x4", "COMPLETED", "FAILED", "NEW"):
+        assert word in out.output
+    row = json.loads(CliRunner().invoke(main, ["status", str(sweep), "--format", "json"]).output)
+    assert len(row["layouts"]) == 3
+
+
+def test_status_of_something_else_is_a_clear_error(tmp_path):
+    out = CliRunner().invoke(main, ["status", str(tmp_path), "--format", "json"])
+    assert out.exit_code != 0 and "not a run, sweep or study" in str(out.exception)
+
+
+def test_cells_and_ages():
+    assert cell(True) == "yes" and cell(False) == "no" and cell(float("inf")) == "—" and cell(None) == "—"
+    assert cell(1437.6) == "1,438" and cell(2.5, 2) == "2.50"
+    assert age(30) == "30s" and age(3 * 3600 + 5) == "3h" and age(None) == "—"
+    assert combined_state(["COMPLETED", "RUNNING"]) == "RUNNING"
