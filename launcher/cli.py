@@ -11,6 +11,7 @@ SIGHUP) stops every process of the run, records it as CANCELLED and exits 128 + 
 
 from __future__ import annotations
 
+import difflib
 import functools
 import json
 import shlex
@@ -72,6 +73,10 @@ class DefaultGroup(click.Group):
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         names = set(self.commands) | set(LAZY_COMMANDS)
         if args and args[0] not in names and args[0] not in ("--help", "-h", "--version"):
+            if not args[0].startswith("-"):  # `run` takes no arguments: a first word is a mistyped command
+                close = difflib.get_close_matches(args[0], sorted(names), n=1, cutoff=0.6)
+                hint = f"did you mean `launch {close[0]}`?" if close else f"commands: {', '.join(sorted(names))}"
+                raise click.UsageError(f"no command {args[0]!r}; {hint}")
             args = ["run", *args]
         return super().parse_args(ctx, args)
 
@@ -499,10 +504,24 @@ def _run_status(run_dir: str) -> None:
 
 @main.command("logs")
 @click.argument("run_dir", type=click.Path())
-def logs_cmd(run_dir: str) -> None:
+@click.option("--rank", type=int, help="Only this rank's lines.")
+@click.option("--follow", "-f", is_flag=True, help="Keep printing new lines until the run ends (Ctrl-C stops following only).")
+def logs_cmd(run_dir: str, rank: int | None, follow: bool) -> None:
     """Print the logs of a run (launcher and ranks)."""
+    from launcher.inventory import follow as follow_logs, rank_log
+
     backend, path = _backend_of(run_dir)
-    click.echo(backend.logs(path))
+    if rank is not None and not 0 <= rank < read_spec(path).nodes * read_spec(path).gpus_per_node:
+        raise ScalelabError(f"--rank {rank}: the run has ranks 0..{read_spec(path).nodes * read_spec(path).gpus_per_node - 1}")
+
+    def read() -> str:
+        text = backend.logs(path)
+        return text if rank is None else rank_log(path, text, rank)
+
+    if not follow:
+        click.echo(read())
+        return
+    follow_logs(read, lambda: backend.status(path).state in ACTIVE, lambda s: click.echo(s, nl=False))
 
 
 @main.command("cancel")

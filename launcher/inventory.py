@@ -170,3 +170,38 @@ def age(seconds: float | None) -> str:
         if seconds >= size:
             return f"{int(seconds // size)}{unit}"
     return f"{int(seconds)}s"
+
+
+# ---- logs of one rank, and following them -------------------------------------------------------
+
+# How launchers mark a rank's lines: horovodrun "[1,R]<stdout>:", torchrun "[rankR]:" / "[default R]:".
+_RANK_PREFIX = r"^\[(?:\d+,{r}\]|rank{r}\]|default{r}\])"
+
+
+def rank_log(run_dir: Path, text: str, rank: int) -> str:
+    """The lines of one rank: its own file when the backend writes one (logs/rank-R.log, Slurm), else
+    the lines the launcher prefixed with the rank in the combined log."""
+    import re
+
+    own = RunPaths(Path(run_dir)).logs / f"rank-{rank}.log"
+    if own.exists():
+        return own.read_text(errors="replace")
+    pattern = re.compile(_RANK_PREFIX.format(r=rank))
+    return "".join(line for line in text.splitlines(keepends=True) if pattern.match(line))
+
+
+def follow(read: Any, active: Any, write: Any, poll_s: float = 1.0) -> None:
+    """Write what `read()` returns, then only what it adds, until `active()` is false (a last read
+    after it). Ctrl-C stops following and nothing else: the run goes on."""
+    shown = ""
+    try:
+        while True:
+            running = active()
+            text = read()
+            write(text[len(shown):] if text.startswith(shown) else text)
+            shown = text
+            if not running:
+                return
+            time.sleep(poll_s)
+    except KeyboardInterrupt:
+        write("\n(stopped following; the run goes on)\n")

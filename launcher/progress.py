@@ -35,6 +35,7 @@ class RunProgress:
         self.words_per_s: float | None = None
         self.loss: float | None = None
         self.val_loss: float | None = None
+        self.threshold_step: int | None = None  # the step whose validation reached the loss threshold
         self._last_plain = -1
         self.live = self.console.is_terminal
         self._progress = None
@@ -67,9 +68,13 @@ class RunProgress:
                     self.words_per_s = rec["words"] * self.world / rec["step_s"]
             elif rec["kind"] == "val":
                 self.val_loss = rec["val_loss"]
+            elif rec["kind"] == "event" and rec.get("event") == "threshold":
+                self.threshold_step = rec.get("step")
         self._show()
 
     def info(self) -> str:
+        if self.threshold_step is not None:  # the bar stops short of the total: say why
+            return f"threshold reached at step {self.threshold_step}" + (f"  val {self.val_loss:.3f}" if self.val_loss is not None else "")
         parts = [f"{self.world} rank(s)"]
         if self.words_per_s is not None:
             parts.append(f"{self.words_per_s:,.0f} words/s")
@@ -86,6 +91,9 @@ class RunProgress:
         if not self.total:
             return
         decile = self.step * 10 // self.total
-        if decile != self._last_plain and self.step:
+        if self.threshold_step is not None and self._last_plain != "threshold":
+            self._last_plain = "threshold"
+            print(f"[{self.label}] step {self.step}/{self.total}  {self.info()}", file=sys.stderr, flush=True)
+        elif self.threshold_step is None and decile != self._last_plain and self.step:
             self._last_plain = decile
             print(f"[{self.label}] step {self.step}/{self.total}  {self.info()}", file=sys.stderr, flush=True)

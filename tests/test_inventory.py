@@ -86,3 +86,41 @@ def test_cells_and_ages():
     assert cell(1437.6) == "1,438" and cell(2.5, 2) == "2.50"
     assert age(30) == "30s" and age(3 * 3600 + 5) == "3h" and age(None) == "—"
     assert combined_state(["COMPLETED", "RUNNING"]) == "RUNNING"
+
+
+def test_a_mistyped_command_says_did_you_mean():
+    out = CliRunner().invoke(main, ["stauts", "runs/x"])
+    assert out.exit_code == 2 and "did you mean `launch status`" in out.output
+    out = CliRunner().invoke(main, ["xyzzy"])
+    assert out.exit_code == 2 and "commands: " in out.output and "ls" in out.output
+
+
+def test_rank_log_picks_one_ranks_lines(tmp_path):
+    from launcher.inventory import rank_log
+
+    text = "[1,0]<stdout>:step 1\n[1,1]<stdout>:step 1 r1\n[rank1]: torchrun line\nlauncher line\n"
+    assert rank_log(tmp_path, text, 1) == "[1,1]<stdout>:step 1 r1\n[rank1]: torchrun line\n"
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "rank-0.log").write_text("own file\n")
+    assert rank_log(tmp_path, text, 0) == "own file\n"
+
+
+def test_follow_prints_only_new_text_until_the_run_ends():
+    from launcher.inventory import follow
+
+    texts = iter(["a\n", "a\nb\n", "a\nb\nc\n"])
+    states = iter([True, True, False])
+    out = []
+    follow(lambda: next(texts), lambda: next(states), out.append, poll_s=0)
+    assert "".join(out) == "a\nb\nc\n"
+
+
+def test_ctrl_c_stops_following_only():
+    from launcher.inventory import follow
+
+    def read():
+        raise KeyboardInterrupt
+
+    out = []
+    follow(read, lambda: True, out.append, poll_s=0)
+    assert "stopped following" in "".join(out)

@@ -1,0 +1,41 @@
+"""The progress display says why a run stopped short of its steps: the loss threshold."""
+
+import io
+
+from rich.console import Console
+
+from core.records import RecordWriter
+from launcher.progress import RunProgress
+
+
+def write_run(run_dir, threshold_at=None):
+    out = RecordWriter(run_dir, 0, 1)
+    for step in range(1, 41):
+        out.write("step", step=step, warmup=False, step_s=0.1, samples=8, words=80, loss=1.0)
+    if threshold_at:
+        out.write("val", step=threshold_at, epoch=0, val_loss=0.5, elapsed_s=4.0)
+        out.event("threshold", step=threshold_at, elapsed_s=4.0, val_loss=0.5)
+    out.close()
+
+
+def test_the_bar_ends_with_threshold_reached(tmp_path):
+    write_run(tmp_path, threshold_at=40)
+    buf = io.StringIO()
+    with RunProgress(tmp_path, 60, "run", console=Console(file=buf, force_terminal=True, width=100)) as prog:
+        prog.poll()
+    assert prog.threshold_step == 40
+    assert "threshold reached at step 40" in buf.getvalue()
+
+
+def test_plain_output_says_threshold_reached(tmp_path, capsys):
+    write_run(tmp_path, threshold_at=40)
+    with RunProgress(tmp_path, 60, "run", console=Console(file=io.StringIO(), force_terminal=False)):
+        pass
+    assert "threshold reached at step 40" in capsys.readouterr().err
+
+
+def test_without_a_threshold_the_bar_says_nothing_of_it(tmp_path, capsys):
+    write_run(tmp_path)
+    with RunProgress(tmp_path, 40, "run", console=Console(file=io.StringIO(), force_terminal=False)) as prog:
+        prog.poll()
+    assert prog.threshold_step is None and "threshold" not in capsys.readouterr().err
