@@ -19,7 +19,7 @@ from analysis.report import (
     to_json_records,
     write_markdown,
 )
-from analysis.scaling import LayoutSummary, scale_layouts, summarize_run
+from analysis.scaling import LayoutSummary, scale_layouts, summarize_run, trust_warnings
 from core.errors import RecordError
 from core.records import load_run
 from core.rundir import (
@@ -31,7 +31,7 @@ from core.rundir import (
     run_state,
     sweep_runs,
 )
-from core.spec import Spec
+from core.spec import Spec, read_spec
 
 
 def run_label(spec: Spec) -> str:
@@ -106,7 +106,7 @@ def build_report(paths: list[Path], out: Path | None = None) -> Report:
         out = paths[0] if len(paths) == 1 and (paths[0] / SWEEP_FILE).exists() else _common_parent(runs) / (
             "report-" + datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))
     report = write_report([summarize_dir(run_dir) for run_dir in runs], runs, out)
-    report.warnings = warnings
+    report.warnings = warnings + report.warnings
     return report
 
 
@@ -117,10 +117,28 @@ def write_report(summaries: list[LayoutSummary], runs: list[Path], out: Path) ->
     out.mkdir(parents=True, exist_ok=True)
     plot = plot_speedup(table, out / "speedup.png")
     plot_throughput(table, out / "throughput.png")
-    md = write_markdown(table, out, "Scaling report", notes=[f"runs: {', '.join(str(r) for r in runs)}"])
+    warnings = trust_warnings(table) + emulation_warnings(runs)
+    md = write_markdown(table, out, "Scaling report", notes=[f"runs: {', '.join(str(r) for r in runs)}"]
+                        + [f"WARNING: {w}" for w in warnings])
     text = json.dumps(to_json_records(table), indent=2)
     (out / "report.json").write_text(text + "\n")
-    return Report(table, md, plot, text)
+    (out / "warnings.json").write_text(json.dumps(warnings, indent=2) + "\n")
+    return Report(table, md, plot, text, warnings)
+
+
+def emulation_warnings(runs: list[Path]) -> list[str]:
+    """Runs whose devices were emulated, so their scaling says little about real hardware: workers
+    slowed by sleeping (--emulate-slowdown), or several "nodes" that were processes on one machine."""
+    out = []
+    for run_dir in runs:
+        spec = read_spec(run_dir)
+        if any(f != 1 for f in spec.emulate_slowdown or []):
+            out.append(f"{run_dir}: slow workers were emulated by sleeping (--emulate-slowdown "
+                       f"{','.join(f'{f:g}' for f in spec.emulate_slowdown)}); not a measurement of real mixed hardware")
+        if spec.backend == "local" and spec.nodes > 1:
+            out.append(f"{run_dir}: its {spec.nodes} nodes were processes on one machine (local backend); "
+                       "inter-node communication was not measured")
+    return out
 
 
 def summarize_loaded(run) -> LayoutSummary:

@@ -220,6 +220,8 @@ class LayoutSummary:
     batch_scaling: str | None = None
     lr: float | None = None
     lr_warmup_steps: int | None = None
+    # the step of the first validation: a threshold reached there is only known to lie before it
+    first_val_step: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict (for summary.json and DataFrames)."""
@@ -281,7 +283,47 @@ def summarize_run(
         batch_scaling=BATCH_SCALING[mode],
         lr=_float_or_none(steps["lr"].iloc[-1]) if "lr" in steps.columns else None,
         lr_warmup_steps=_int_or_none(meta.get("lr_warmup_steps")),
+        first_val_step=_first_val_step(val_records),
     )
+
+
+def _first_val_step(val_records: pd.DataFrame | None) -> int | None:
+    if val_records is None or not len(val_records) or "step" not in val_records.columns:
+        return None
+    return _int_or_none(pd.to_numeric(val_records["step"], errors="coerce").min())
+
+
+# ---- results that cannot be trusted -------------------------------------------------------------
+
+#: Fewer measured steps than this make every timing a guess (warm-up effects, one slow step).
+MIN_MEASURED_STEPS = 10
+#: A step-time standard deviation over this share of the mean: the machine was busy or the run unsteady.
+MAX_STEP_SPREAD = 0.20
+
+
+def trust_warnings(table: pd.DataFrame) -> list[str]:
+    """What in a scaling table (`scale_layouts`) cannot be trusted, one sentence per finding, as data
+    so every report (terminal, Markdown, JSON) shows the same words."""
+    out: list[str] = []
+    for _, row in table.iterrows():
+        who = f"{row.get('label') or 'run'} at {row.get('workers')} worker(s)"
+        measured = _int_or_none(row.get("steps_measured"))
+        if measured is not None and measured < MIN_MEASURED_STEPS:
+            out.append(f"{who}: only {measured} measured step(s) (fewer than {MIN_MEASURED_STEPS}); "
+                       "its timings are not reliable: run more --steps")
+        mean, std = _float_or_none(row.get("step_s_mean")), _float_or_none(row.get("step_s_std"))
+        if mean and std is not None and std / mean > MAX_STEP_SPREAD:
+            out.append(f"{who}: step times spread {std / mean:.0%} around their mean (over "
+                       f"{MAX_STEP_SPREAD:.0%}): the machine was busy or the steps uneven")
+        serial = _float_or_none(row.get("karp_flatt"))
+        if serial is not None and not 0 <= serial <= 1:
+            out.append(f"{who}: Karp-Flatt serial fraction {serial:.2f} is outside [0, 1]: the speedup "
+                       "is not explained by a serial part (noise, or a different workload per layout)")
+        reached, first = _int_or_none(row.get("steps_to_threshold")), _int_or_none(row.get("first_val_step"))
+        if reached is not None and first is not None and reached <= first:
+            out.append(f"{who}: the loss threshold was reached at the first validation (step {reached}); "
+                       "the time to the threshold is only an upper bound: validate more often (--val-every)")
+    return out
 
 
 #: How the global batch changes with the workers, by the trainer's batch mode: fixed (strong: the
