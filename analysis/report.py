@@ -80,7 +80,7 @@ def _missing(x: Any) -> bool:
 
 
 def _num(x: Any, fmt: str) -> str:
-    return _DASH if _missing(x) else format(float(x), fmt)
+    return _DASH if _missing(x) or math.isinf(float(x)) else format(float(x), fmt)
 
 
 def _pct(x: Any, digits: int = 1) -> str:
@@ -171,25 +171,55 @@ def table_rows(df: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
 # terminal
 
 
-def render_table(df: pd.DataFrame, title: str = "Scaling") -> Table:
-    """A rich Table of the scaling DataFrame (one row per layout), numbers right-aligned."""
-    table = Table(title=title, show_lines=False, header_style="bold")
+#: Terminal width the tables are made to fit; what does not fit is in report.json and report.md.
+TABLE_WIDTH = 100
+#: Columns left out first when the table would be wider than the terminal, least needed first.
+_DROPPABLE = ("noise scale (samples)", "samples/s", "time (s)", "data / exchange share", "serial fraction",
+              "step (ms, mean ± std)", "layout (nodes x GPUs)")
+
+
+def _min_width(header: str, cells: list[str]) -> int:
+    """A column never narrower than its longest cell (numbers do not break) or its longest header word."""
+    return max([len(w) for w in header.split()] + [len(c) for c in cells])
+
+
+def fitting_columns(df: pd.DataFrame, width: int = TABLE_WIDTH) -> list[tuple[str, Callable[[pd.Series], str], bool]]:
+    """The table's columns, the droppable ones left out (least needed first) until it fits `width`."""
     cols = _columns(df)
-    for header, _, right in cols:
-        # headers may wrap onto two lines; cells (numbers) never do
+
+    def needed(cols: list) -> int:
+        return sum(_min_width(h, [fmt(r) for _, r in df.iterrows()]) + 3 for h, fmt, _ in cols) + 1
+
+    for name in _DROPPABLE:
+        if needed(cols) <= width:
+            break
+        cols = [c for c in cols if c[0] != name]
+    return cols
+
+
+def render_table(df: pd.DataFrame, title: str = "Scaling", width: int | None = None) -> Table:
+    """A rich Table of the scaling DataFrame (one row per layout), numbers right-aligned; given a
+    `width`, one that fits it: headers wrap between words, numbers never break, columns that do not fit go."""
+    table = Table(title=title, show_lines=False, header_style="bold")
+    cols = fitting_columns(df, width) if width else _columns(df)
+    rows = [[fmt(r) for _, fmt, _ in cols] for _, r in df.iterrows()]
+    for i, (header, _, right) in enumerate(cols):
         table.add_column(header, justify="right" if right else "left", overflow="fold",
-                         min_width=min(len(header), 6), no_wrap=header == "label")
-    _, rows = table_rows(df)
+                         width=_min_width(header, [row[i] for row in rows]))
     for row in rows:
         table.add_row(*row)
     if not rows:
         table.caption = "no runs"
+    if len(cols) < len(_columns(df)):
+        table.caption = "more columns in report.md and report.json"
     return table
 
 
 def print_scaling(df: pd.DataFrame, console: Console | None = None, title: str = "Scaling") -> None:
-    """Print the scaling table to `console` (a new stdout Console when None)."""
-    (console or Console()).print(render_table(df, title))
+    """Print the scaling table to `console` (a new stdout Console when None), at most TABLE_WIDTH wide."""
+    console = console or Console()
+    width = min(console.width, TABLE_WIDTH)
+    console.print(render_table(df, title, width), width=width)
 
 
 # --------------------------------------------------------------------------------------------------

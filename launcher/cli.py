@@ -106,6 +106,24 @@ def main() -> None:
     """
 
 
+class GroupedCommand(click.Command):
+    """`--help` with the common options first and each backend's options in a section of its own: about
+    40 backend flags listed before --model hid the options every run needs."""
+
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        sections: dict[str, list[tuple[str, str]]] = {"Options": []}
+        for param in self.get_params(ctx):
+            record = param.get_help_record(ctx)
+            if record is None:
+                continue
+            name = param.name or ""
+            title = f"{name.split('__')[1]} backend options" if name.startswith("bopt__") else "Options"
+            sections.setdefault(title, []).append(record)
+        for title, rows in sections.items():
+            with formatter.section(title):
+                formatter.write_dl(rows)
+
+
 # ---- options shared by run and sweep -------------------------------------------------------------
 
 # The one place a spec flag is declared: (flag, spec key, click kwargs). Choices are the constants of
@@ -257,7 +275,7 @@ DETACH_HELP = ("Start the run and return at once, with no launcher following it 
                "Local backend only; not for sweeps.")
 
 
-@main.command("run")
+@main.command("run", cls=GroupedCommand)
 @spec_options
 @click.option("--detach", is_flag=True, help=DETACH_HELP)
 def run_cmd(detach: bool, **params: Any) -> None:
@@ -332,7 +350,7 @@ def resume_cmd(run_dir: str, detach: bool) -> None:
 # ---- sweep ---------------------------------------------------------------------------------------
 
 
-@main.command("sweep")
+@main.command("sweep", cls=GroupedCommand)
 @spec_options
 @click.option("--workers", type=str, help="Worker counts on one node, e.g. 1,2 (same as --layouts 1x1,1x2).")
 @click.option("--layouts", type=str, help="Layouts NODESxGPUS, e.g. 1x1,1x2,2x1.")

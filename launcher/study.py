@@ -225,5 +225,12 @@ def study_cmd(study_file: str, scale: str | None, backend: str | None, runs_dir:
         path = gemm_study(study, Path(runs_dir))
     else:
         path = study_report(run_study(study, Path(runs_dir)), study)
-    console.print(path.read_text(), markup=False, highlight=False)
+    show_study(path)
+
+
+def show_study(path: Path) -> None:
+    """study.md on the terminal with its tables drawn as tables (raw Markdown pipes are hard to read)."""
+    from rich.markdown import Markdown
+
+    console.print(Markdown(path.read_text()), width=min(console.width, 100))
     console.print(f"study report: [bold]{path}[/]")

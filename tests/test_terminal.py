@@ -1,0 +1,55 @@
+"""The terminal: scaling tables that fit 100 columns without breaking a number, cells without
+True/False/inf, `--help` grouped with the common options first."""
+
+import io
+import re
+
+from click.testing import CliRunner
+from rich.console import Console
+
+from analysis.report import print_scaling
+from analysis.scaling import scale_layouts
+from launcher.cli import main
+from test_trust import summary
+
+
+def printed(df, width):
+    buf = io.StringIO()
+    print_scaling(df, console=Console(file=buf, width=width, force_terminal=False))
+    return buf.getvalue()
+
+
+def test_scaling_table_fits_100_columns_and_keeps_numbers_whole():
+    df = scale_layouts([summary(1, 1437.6), summary(2, 2600.0), summary(4, 4800.5, steps_measured=100)])
+    df["noise_scale"] = 123456.0
+    for width in (160, 100, 70):
+        out = printed(df, width)
+        assert max(len(line) for line in out.splitlines()) <= min(width, 100)
+        assert "1,438" in out and "4,800" in out  # whole, on one line
+        assert not re.search(r"\bTrue\b|\bFalse\b|\binf\b", out)
+    assert "more columns in report.md" in printed(df, 70)
+
+
+def test_infinite_values_show_as_a_dash():
+    df = scale_layouts([summary(1, 1000.0), summary(2, 2000.0)])
+    df.loc[1, "karp_flatt"] = float("inf")
+    assert "inf" not in printed(df, 160)
+
+
+def test_run_help_lists_common_options_first_and_each_backend_in_its_section():
+    out = CliRunner().invoke(main, ["run", "--help"]).output
+    sections = re.findall(r"^((?:\S.* )?options):$", out, flags=re.M | re.I)
+    assert sections[0] == "Options" and {"slurm backend options", "k8s backend options", "aws backend options"} <= set(sections)
+    common = out.split("Options:")[1].split("backend options:")[0]
+    assert "--model" in common and "--partition" not in common
+
+
+def test_study_results_print_as_tables_not_markdown(tmp_path, capsys):
+    from launcher.study import show_study
+
+    path = tmp_path / "study.md"
+    path.write_text("# Study\n\n| workers | words/s |\n|--:|--:|\n| 1 | 1,437.6 |\n| 2 | 2,701.0 |\n")
+    show_study(path)
+    out = capsys.readouterr().out
+    assert "1,437.6" in out and "|--" not in out and "| 1 |" not in out
+    assert "study report:" in out
