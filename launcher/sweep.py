@@ -65,27 +65,38 @@ def sweep_specs(base: Spec, layouts: list[tuple[int, int]], mode: str) -> list[S
     return specs
 
 
-def run_sweep(backend, specs: list[Spec], runs_root: Path, name: str) -> Path:
-    """Run the layouts into one sweep directory; return it.
+def repeat_dirs(run_dir: Path, repeats: int) -> list[Path]:
+    """The run directories of one layout: RUN_DIR itself, or RUN_DIR-r0 ... for repeated measurements."""
+    return [run_dir] if repeats == 1 else [run_dir.with_name(f"{run_dir.name}-r{i}") for i in range(repeats)]
+
+
+def run_sweep(backend, specs: list[Spec], runs_root: Path, name: str, repeats: int = 1) -> Path:
+    """Run the layouts (each `repeats` times) into one sweep directory; return it.
 
     One after another, or - for a backend with a queue (`Backend.queues`, e.g. Slurm) - every
-    layout submitted first, then each followed and summarised in turn. The sweep holds every run it
-    submitted (`stopping_runs`): a stop signal or an error cancels whatever has not ended.
+    layout submitted first (its repeats together: one job array), then each followed and summarised
+    in turn. The sweep holds every run it submitted (`stopping_runs`): a stop signal or an error
+    cancels whatever has not ended.
     """
     from launcher.runner import follow, stopping_runs, submit
 
     sweep_dir = new_run_dir(runs_root, name)
-    write_json(sweep_dir / "sweep.json", {"runs": [f"{s.nodes}x{s.gpus_per_node}" for s in specs],
+    runs = [(spec, repeat_dirs(sweep_dir / f"{spec.nodes}x{spec.gpus_per_node}", repeats)) for spec in specs]
+    write_json(sweep_dir / "sweep.json", {"runs": [d.name for _, dirs in runs for d in dirs],
                                           "layouts": [[s.nodes, s.gpus_per_node] for s in specs]})
-    runs = [(spec, sweep_dir / f"{spec.nodes}x{spec.gpus_per_node}") for spec in specs]
     with stopping_runs(backend, []) as held:
-        for spec, run_dir in runs:
-            run_dir.mkdir()
-            held.append(run_dir)
-            submit(backend, spec, run_dir)
-            if not backend.queues:  # one at a time: followed to its end before the next starts
+        for spec, run_dirs in runs:
+            for run_dir in run_dirs:
+                run_dir.mkdir()
+                held.append(run_dir)
+            if backend.queues:  # queued now (the repeats together), followed below
+                submit(backend, spec, *run_dirs)
+                continue
+            for run_dir in run_dirs:  # one at a time, each followed to its end before the next starts
+                submit(backend, spec, run_dir)
                 follow(backend, spec, run_dir, label=run_dir.name)
         if backend.queues:  # every layout is queued now; follow each in turn
-            for spec, run_dir in runs:
-                follow(backend, spec, run_dir, label=run_dir.name)
+            for spec, run_dirs in runs:
+                for run_dir in run_dirs:
+                    follow(backend, spec, run_dir, label=run_dir.name)
     return sweep_dir
