@@ -137,9 +137,9 @@ class SlurmBackend(Backend):
         _test_only(request)
         jobs = self._send(request)
         for run_dir, job in zip(request.run_dirs, jobs):
-            previous = read_state(run_dir) if RunPaths(run_dir).launch.exists() else {}
-            runs = [*previous.get("runs", []), {"job_id": job.job_id, "folder": str(request.folder)}]
-            start_state(run_dir, backend=self.name, job_id=job.job_id, folder=str(request.folder), runs=runs,
+            previous = jobs_of(run_dir) if RunPaths(run_dir).launch.exists() else []
+            runs = [*previous, {"job_id": job.job_id, "folder": str(request.folder)}]
+            start_state(run_dir, backend=self.name, job_id=job.job_id, runs=runs,
                         job_name=request.parameters["job_name"], script=str(job.paths.submission_file),
                         submitted=time.time())
             self.watcher.register_job(job.job_id)
@@ -183,8 +183,8 @@ class SlurmBackend(Backend):
 
     def poll(self, run_dir: Path) -> RunStatus:
         """The status; at once from sacct when rank 0 has finished (its result file, as submitit's `done`)."""
-        info = read_state(run_dir)
-        ended = JobPaths(info["folder"], job_id=info["job_id"], task_id=0).result_pickle.exists()
+        job = jobs_of(run_dir)[-1]
+        ended = JobPaths(job["folder"], job_id=job["job_id"], task_id=0).result_pickle.exists()
         return self.status(run_dir, "force" if ended else "standard")
 
     def status(self, run_dir: Path, mode: str = "standard") -> RunStatus:
@@ -211,7 +211,7 @@ class SlurmBackend(Backend):
     def logs(self, run_dir: Path) -> str:
         """Every job's per-task logs (submitit's JOB_TASK_log.out and .err), rank by rank."""
         ranks, files = read_spec(Path(run_dir)).workers, []
-        for job in read_state(run_dir)["runs"]:
+        for job in jobs_of(run_dir):
             for rank in range(ranks):
                 paths = JobPaths(job["folder"], job_id=job["job_id"], task_id=rank)
                 files += [p for p in (paths.stdout, paths.stderr) if p.exists() or rank == 0]
@@ -225,8 +225,17 @@ class SlurmBackend(Backend):
         if not job_id:
             return  # never queued
         if STATE_MAP.get(squeue_state(job_id)) in ACTIVE:
-            submitit.SlurmJob(read_state(run_dir)["folder"], job_id).cancel(check=False)
+            submitit.SlurmJob(jobs_of(run_dir)[-1]["folder"], job_id).cancel(check=False)
         wait_gone(job_id, grace_s)
+
+
+def jobs_of(run_dir: Path) -> list[dict[str, str]]:
+    """The run's jobs, oldest first: {job_id, folder (submitit's)}; a run launched before submitit had
+    only job ids, and its files in RUN_DIR/slurm."""
+    info = read_state(run_dir)
+    if "runs" in info:
+        return info["runs"]
+    return [{"job_id": job, "folder": str(Path(run_dir) / "slurm")} for job in info.get("jobs", [info["job_id"]])]
 
 
 # ---- Slurm's commands ----------------------------------------------------------------------------

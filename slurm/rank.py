@@ -41,7 +41,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import submitit
 from submitit.core.utils import temporary_save_path
@@ -186,7 +186,7 @@ class RankJob(Checkpointable):
         job._requeue(self.requeues_left - 1)  # scontrol requeue; submitit logs "Requeued job ..."
         sys.exit(INTERRUPTED)
 
-    def _fail(self, message: str, code: int) -> None:
+    def _fail(self, message: str, code: int) -> NoReturn:
         from core.records import record_error  # the spec reader only on this path
 
         record_error(self.run_dir, message, dict(os.environ))

@@ -258,3 +258,12 @@ def test_the_rank_function_passes_stop_signals_on(tmp_path: Path, monkeypatch) -
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == repr((143, {signal.SIGUSR1.value, signal.SIGTERM.value}))
     assert (tmp_path / "got").read_text() == f"{signal.SIGUSR1} {signal.SIGTERM}"
+
+
+def test_a_dry_run_sweep_with_repeats_prints_one_job_array_per_layout(tmp_path: Path) -> None:
+    done = launch("sweep", "--backend", "slurm", "--layouts", "1x1,1x2", "--repeats", "2", "--runs-dir",
+                  str(tmp_path / "runs"), "--dry-run", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("#!/bin/bash") == 2 and done.stdout.count("#SBATCH --array=0-1%2") == 2
+    assert "sweep-DRYRUN/1x2-rN-slurm/%A_%a_%t_log.out" in done.stdout
+    assert not (tmp_path / "runs").exists(), "a dry run must not create a run directory"
