@@ -183,7 +183,9 @@ class RankJob(Checkpointable):
         """Rank 0, once every rank has checkpointed: submitit's requeue of a Checkpointable."""
         with temporary_save_path(job.paths.submitted_pickle) as tmp:
             self.checkpoint().dump(tmp)
-        job._requeue(self.requeues_left - 1)  # scontrol requeue; submitit logs "Requeued job ..."
+        print(f"scalelab: the time limit is near and every rank checkpointed: requeueing job {job.job_id} "
+              f"({self.requeues_left - 1} requeue(s) left after this one)", file=sys.stderr, flush=True)
+        job._requeue(self.requeues_left - 1)  # scontrol requeue (Slurm then stops every task of the job)
         sys.exit(INTERRUPTED)
 
     def _fail(self, message: str, code: int) -> NoReturn:

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from submitit.core.utils import DelayedSubmission
 
 from tests.conftest import ROOT, launch, needs_horovod, only_run_dir, read_jsonl
 from tests.test_resume import (
@@ -375,7 +376,9 @@ def test_time_limit_warning_checkpoints_and_requeues(slurm_cluster, tmp_path: Pa
     out, err = proc.communicate(timeout=540)
     assert proc.returncode == 0, err[-3000:]
     assert_resumed(run_dir, steps, signal_number=10)
-    assert f"Requeued job {job}" in (run_dir / "slurm" / f"{job}_0_log.out").read_text(), "rank 0 requeued it"
+    assert f"requeueing job {job}" in (run_dir / "slurm" / f"{job}_0_log.err").read_text(), "rank 0 requeued it"
+    again = DelayedSubmission.load(run_dir / "slurm" / f"{job}_submitted.pkl").function  # Checkpointable.checkpoint()
+    assert again.requeues_left == 2, "the job started again with the rank function of one requeue fewer"
     assert slurm("sacct", "-n", "-X", "-P", "-D", "-j", job, "-o", "State").split() == ["REQUEUED", "COMPLETED"]
 
 
