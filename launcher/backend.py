@@ -160,6 +160,11 @@ class Backend(ABC):
     def submit_dryrun(self, spec: Spec, run_dir: Path) -> Request:
         """Pure: build the request for `spec` writing into `run_dir`; sends nothing."""
 
+    def submit_dryrun_batch(self, spec: Spec, run_dirs: list[Path]) -> list[Request]:
+        """Pure: the requests for repeated runs of one spec (`launch sweep --repeats N`), one per run; a
+        backend that sends them as one (a Slurm job array) returns one request for them all."""
+        return [self.submit_dryrun(spec, run_dir) for run_dir in run_dirs]
+
     @abstractmethod
     def schedule(self, request: Request) -> str:
         """Send the request; return a handle (job id, process group id) saved in launch.json.

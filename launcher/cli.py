@@ -356,14 +356,16 @@ def resume_cmd(run_dir: str, detach: bool) -> None:
 @click.option("--layouts", type=str, help="Layouts NODESxGPUS, e.g. 1x1,1x2,2x1.")
 @click.option("--mode", type=click.Choice(BATCH_MODES), default="strong", show_default=True,
               help="strong: fixed global batch split across workers; weak: fixed batch per worker.")
-def sweep_cmd(workers: str | None, layouts: str | None, mode: str, **params: Any) -> None:
+@click.option("--repeats", type=click.IntRange(1, 1000), default=1, show_default=True,
+              help="Runs of each layout (repeated measurements: LAYOUT-r0, -r1, ...); one job array on Slurm.")
+def sweep_cmd(workers: str | None, layouts: str | None, mode: str, repeats: int, **params: Any) -> None:
     """Run the same spec over several layouts and print the scaling table.
 
     Strong mode keeps the global batch (--global-batch or the preset's) and splits it; weak mode keeps
     the per-worker batch (--batch-per-worker or the preset's) and grows the global batch. Every layout is
     checked before the first one runs.
     """
-    from launcher.sweep import parse_layouts, run_sweep, sweep_specs
+    from launcher.sweep import parse_layouts, repeat_dirs, run_sweep, sweep_specs
 
     if not workers and not layouts:
         raise SpecError("give --workers (e.g. 1,2) or --layouts (e.g. 1x1,1x2,2x1)")
@@ -373,10 +375,11 @@ def sweep_cmd(workers: str | None, layouts: str | None, mode: str, **params: Any
     if params["dry_run"]:
         for spec in specs:
             run_dir = Path(params["runs_dir"]) / f"sweep-DRYRUN/{spec.nodes}x{spec.gpus_per_node}"
-            click.echo(backend.submit_dryrun(spec, run_dir).render())
+            for request in backend.submit_dryrun_batch(spec, repeat_dirs(run_dir, repeats)):
+                click.echo(request.render())
         return
     backend.validate(base)
-    sweep_dir = run_sweep(backend, specs, Path(params["runs_dir"]), base.name or f"sweep-{base.model}-{mode}")
+    sweep_dir = run_sweep(backend, specs, Path(params["runs_dir"]), base.name or f"sweep-{base.model}-{mode}", repeats)
     report_dirs([sweep_dir], out=sweep_dir, fmt="table")
 
 
@@ -526,7 +529,8 @@ def _run_status(run_dir: str) -> None:
 @click.option("--follow", "-f", is_flag=True, help="Keep printing new lines until the run ends (Ctrl-C stops following only).")
 def logs_cmd(run_dir: str, rank: int | None, follow: bool) -> None:
     """Print the logs of a run (launcher and ranks)."""
-    from launcher.inventory import follow as follow_logs, rank_log
+    from launcher.inventory import follow as follow_logs
+    from launcher.inventory import rank_log
 
     backend, path = _backend_of(run_dir)
     if rank is not None and not 0 <= rank < read_spec(path).nodes * read_spec(path).gpus_per_node:

@@ -13,7 +13,15 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import ScalelabError
-from core.rundir import ACTIVE, SWEEP_FILE, RunPaths, is_sweep, read_json, read_state, sweep_runs
+from core.rundir import (
+    ACTIVE,
+    SWEEP_FILE,
+    RunPaths,
+    is_sweep,
+    read_json,
+    read_state,
+    sweep_runs,
+)
 from core.spec import read_spec
 
 STUDY_FILE = "study.json"

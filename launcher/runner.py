@@ -110,20 +110,26 @@ def detaching(backend: Backend) -> Backend:
 # ---- submit ---------------------------------------------------------------------------------------
 
 
-def submit(backend: Backend, spec: Spec, run_dir: Path) -> str:
-    """Save the spec into the run directory and send exactly the request `--dry-run` prints."""
-    save_spec(spec, run_dir)
+def submit(backend: Backend, spec: Spec, *run_dirs: Path) -> None:
+    """Save the spec into the run directory and send exactly the request `--dry-run` prints.
+
+    Several run directories: repeats of one spec, sent together where the backend can (a job array).
+    """
+    for run_dir in run_dirs:
+        save_spec(spec, run_dir)
     launched = time.time()
     try:
-        handle = backend.schedule(backend.submit_dryrun(spec, run_dir))
+        for request in backend.submit_dryrun_batch(spec, list(run_dirs)):
+            backend.schedule(request)
     except RunBusy:  # refused because an earlier launch still runs: its state stays what it is
         raise
     except BaseException as exc:  # the backend removed what it had started; say how this launch ended
-        if RunPaths(run_dir).launch.exists():
-            record_state(run_dir, CANCELLED if isinstance(exc, KeyboardInterrupt) else FAILED, str(exc) or repr(exc))
+        for run_dir in run_dirs:
+            if RunPaths(run_dir).launch.exists():
+                record_state(run_dir, CANCELLED if isinstance(exc, KeyboardInterrupt) else FAILED, str(exc) or repr(exc))
         raise
-    update_state(run_dir, launched=launched)  # error records older than this belong to an earlier launch
-    return handle
+    for run_dir in run_dirs:
+        update_state(run_dir, launched=launched)  # error records older than this belong to an earlier launch
 
 
 # ---- the one interruption path ---------------------------------------------------------------------

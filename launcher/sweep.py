@@ -76,17 +76,24 @@ def sweep_specs(base: Spec, layouts: list[tuple[int, int]], mode: str) -> list[S
     return specs
 
 
-def run_sweep(backend, specs: list[Spec], runs_root: Path, name: str) -> Path:
-    """Run the layouts into one new sweep directory; return it.
+def repeat_dirs(run_dir: Path, repeats: int) -> list[Path]:
+    """The run directories of one layout: RUN_DIR itself, or RUN_DIR-r0 ... for repeated measurements."""
+    return [run_dir] if repeats == 1 else [run_dir.with_name(f"{run_dir.name}-r{i}") for i in range(repeats)]
+
+
+def run_sweep(backend, specs: list[Spec], runs_root: Path, name: str, repeats: int = 1) -> Path:
+    """Run the layouts (each `repeats` times) into one new sweep directory; return it.
 
     Every layout's directory and spec are written before the first run starts, so an interrupted sweep
     can be reported (what finished) and resumed (`resume_sweep`) whatever point it reached.
     """
     sweep_dir = new_run_dir(runs_root, name)
-    names = [f"{s.nodes}x{s.gpus_per_node}" for s in specs]
-    for spec, layout in zip(specs, names):
-        (sweep_dir / layout).mkdir()
-        save_spec(spec, sweep_dir / layout)
+    names = []
+    for spec in specs:
+        for run_dir in repeat_dirs(sweep_dir / f"{spec.nodes}x{spec.gpus_per_node}", repeats):
+            run_dir.mkdir()
+            save_spec(spec, run_dir)
+            names.append(run_dir.name)
     write_json(sweep_dir / SWEEP_FILE, {"runs": names, "layouts": [[s.nodes, s.gpus_per_node] for s in specs]})
     return continue_sweep(backend, sweep_dir)
 
@@ -114,18 +121,30 @@ def continue_sweep(backend, sweep_dir: Path) -> Path:
     """
     todo = [(read_spec(run_dir).validate(), run_dir) for run_dir in sweep_runs(sweep_dir) if run_state(run_dir) != COMPLETED]
     with owning(sweep_dir), ExitStack() as locks, stopping_runs(backend, []) as held:
-        for spec, run_dir in todo:
-            lock = locks.enter_context(owning(run_dir))
-            refuse_if_live(backend, run_dir)
-            held.append(run_dir)
-            submit(backend, spec, run_dir)
+        for spec, run_dirs in _batches(todo, backend.queues):
+            for run_dir in run_dirs:
+                locks.enter_context(owning(run_dir))
+                refuse_if_live(backend, run_dir)
+                held.append(run_dir)
+            submit(backend, spec, *run_dirs)  # the repeats of a layout together: one job array on Slurm
             if not backend.queues:  # one at a time: followed to its end before the next starts
-                _follow_layout(backend, spec, run_dir, sweep_dir)
-                lock.release()
+                _follow_layout(backend, spec, run_dirs[0], sweep_dir)
         if backend.queues:  # every layout is queued now; follow each in turn
             for spec, run_dir in todo:
                 _follow_layout(backend, spec, run_dir, sweep_dir)
     return sweep_dir
+
+
+def _batches(todo: list[tuple[Spec, Path]], together: bool) -> list[tuple[Spec, list[Path]]]:
+    """The runs to submit at once: consecutive runs of one spec (a layout's repeats) when the backend
+    queues them, else one run at a time."""
+    out: list[tuple[Spec, list[Path]]] = []
+    for spec, run_dir in todo:
+        if together and out and out[-1][0].to_dict() == spec.to_dict():
+            out[-1][1].append(run_dir)
+        else:
+            out.append((spec, [run_dir]))
+    return out
 
 
 def _follow_layout(backend, spec: Spec, run_dir: Path, sweep_dir: Path) -> None:

@@ -1,13 +1,18 @@
-"""`SlurmBackend`: one sbatch job per run on a real Slurm cluster, one rank per GPU started by srun.
+"""`SlurmBackend`: one Slurm job per run through submitit, one rank per GPU in each task of it.
 
-Submission goes through `sbatch` itself (no submitit: the job is a shell script that starts the ranks
-with srun, so a pickled Python function would add nothing but a dependency). Before a job is queued,
-`sbatch --test-only` asks the controller whether it could ever run (partition, GPUs per node, time
-format, account...), so a bad request fails with Slurm's own words and nothing queued. Status comes
-from `squeue` while Slurm remembers the job and from `sacct` (accounting) afterwards; cancel is
-`scancel`, and it waits until the job has left the queue. The follow loop is launcher/runner.py's;
-this backend needs no `poll` of its own (its status is the poll) and declares `queues`: a sweep
-queues every layout at once.
+Submission is submitit's: a `SlurmExecutor` whose parameters are the backend options
+(slurm/render.py) pickles the rank function (`slurm.rank.RankJob`) into RUN_DIR/slurm, writes its
+sbatch script there and runs sbatch; the repeats of one layout go out as one job array
+(`executor.batch()`). Before that, `sbatch --test-only` asks the controller whether the same script
+could ever run (partition, GPUs per node, time format, account...), so a bad request fails with
+Slurm's own words and nothing queued. Status comes from submitit's watcher: one sacct query for
+every job this backend follows (a sweep's), at 2 s at first and backing off to `poll_s`; squeue
+answers for a job that accounting does not know yet. Cancel is submitit's (scancel), then a wait
+until Slurm has ended every process of the job. The follow loop is launcher/runner.py's: this backend
+has no loop of its own, and declares `queues`: a sweep queues every layout at once.
+
+The launcher never loads a pickle from a run directory (submitit's results included): what a run
+did comes from its records, as on every backend.
 
 Order inside the module (as in every backend): options, request, render (pure), schedule,
 status/logs/cancel.
@@ -15,13 +20,19 @@ status/logs/cancel.
 
 from __future__ import annotations
 
-import re
+import logging
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+import submitit
+from submitit.core.utils import FailedJobError, FailedSubmissionError, JobPaths
+from submitit.slurm.slurm import SlurmInfoWatcher
 
 from core.errors import ScalelabError
 from core.rundir import (
@@ -36,14 +47,15 @@ from core.rundir import (
     read_state,
     start_state,
 )
-from core.spec import Spec
+from core.spec import Spec, read_spec
 from launcher.backend import Backend, Request, RunStatus, log_text
 from slurm.options import SlurmOptions
-from slurm.render import job_name, render_sbatch
+from slurm.rank import RankJob
+from slurm.render import array_stem, executor_parameters, job_folder, make_executor, render_sbatch
 
-SCRIPT_NAME = "slurm/job.sbatch"
+logging.getLogger("submitit").setLevel(logging.ERROR)  # the launcher says what Slurm says; the ranks' logs keep submitit's
 
-# Slurm job states (squeue %T / sacct State) -> the backend-neutral states.
+# Slurm job states (sacct State / squeue %T) -> the backend-neutral states.
 STATE_MAP = {
     **dict.fromkeys(["PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "RESV_DEL_HOLD",
                      "SPECIAL_EXIT", "SUSPENDED", "STOPPED", "RESIZING"], PENDING),
@@ -70,17 +82,19 @@ HINTS = [
 
 @dataclass
 class SlurmRequest(Request):
-    """The batch script, exactly as sbatch will get it."""
+    """One sbatch job - a job array for the repeats of one layout - exactly as submitit hands it to sbatch."""
 
     script: str = ""
-    job_name: str = ""
+    run_dirs: list[Path] = field(default_factory=list)
+    parameters: dict[str, Any] = field(default_factory=dict)  # submitit's, which rendered `script`
+    python: str = ""
 
     def render(self) -> str:
         return self.script
 
     @property
-    def script_path(self) -> Path:
-        return self.run_dir / SCRIPT_NAME
+    def folder(self) -> Path:
+        return job_folder(self.run_dirs)
 
 
 class SlurmBackend(Backend):
@@ -90,128 +104,185 @@ class SlurmBackend(Backend):
     name = "slurm"
     Options = SlurmOptions  # the valid options, their defaults and checks (slurm/options.py)
 
+    def __init__(self, options: Any = None) -> None:
+        super().__init__(options)
+        # One watcher for every job this backend follows: one sacct query for all, 2 s apart at first.
+        self.watcher = SlurmInfoWatcher(delay_s=max(2.0, float(self.options["poll_s"])))
+
     # ---- request, render (pure) ------------------------------------------------------------------
 
     def submit_dryrun(self, spec: Spec, run_dir: Path) -> SlurmRequest:
-        run_dir = Path(run_dir).absolute()  # the nodes see the same path (shared filesystem)
+        return self.submit_dryrun_batch(spec, [run_dir])[0]
+
+    def submit_dryrun_batch(self, spec: Spec, run_dirs: list[Path]) -> list[Request]:
+        """One job for one run; one job array for repeats in PARENT/NAME0, NAME1, ... (else one job each)."""
+        run_dirs = [Path(d).absolute() for d in run_dirs]  # the nodes see the same paths (shared filesystem)
+        if len(run_dirs) > 1 and array_stem(run_dirs) is None:
+            return [self.submit_dryrun(spec, d) for d in run_dirs]
         python = self.options["python"] or sys.executable
-        return SlurmRequest(run_dir, render_sbatch(spec, run_dir, self.options, python), job_name(run_dir, self.options))
+        parameters = executor_parameters(spec, run_dirs, self.options, python)
+        script = render_sbatch(job_folder(run_dirs), parameters, python, len(run_dirs))
+        return [SlurmRequest(run_dirs[0], script, run_dirs, parameters, python)]
 
     # ---- schedule --------------------------------------------------------------------------------
 
     def schedule(self, request: SlurmRequest) -> str:
-        """Ask Slurm whether the job could run (`sbatch --test-only`), then queue it; return the job id."""
-        run_dir = request.run_dir
-        _refuse_while_queued(run_dir)
-        RunPaths(run_dir).logs.mkdir(parents=True, exist_ok=True)
-        request.script_path.parent.mkdir(parents=True, exist_ok=True)
-        request.script_path.write_text(request.script)
-        check = _slurm(["sbatch", "--test-only", str(request.script_path)])
-        if check.returncode != 0:
-            raise ScalelabError(_refusal("Slurm refused the job", check, run_dir))
-        sent = _slurm(["sbatch", "--parsable", str(request.script_path)])
-        job_id = sent.stdout.strip().split(";")[0]
-        if sent.returncode != 0 or not job_id.isdigit():
-            raise ScalelabError(_refusal("sbatch failed", sent, run_dir))
-        previous = read_state(run_dir) if RunPaths(run_dir).launch.exists() else {}
-        start_state(run_dir, backend=self.name, job_id=job_id, jobs=[*previous.get("jobs", []), job_id],
-                    job_name=request.job_name, script=str(request.script_path), submitted=time.time())
-        return job_id
+        """Ask Slurm whether the job could run (`sbatch --test-only`), then submit it through submitit.
+
+        Returns the job id (an array's id for repeats); each run's launch.json gets its own (`ID_INDEX`).
+        """
+        for run_dir in request.run_dirs:
+            self._refuse_while_queued(run_dir)
+        request.folder.mkdir(parents=True, exist_ok=True)
+        _test_only(request)
+        jobs = self._send(request)
+        for run_dir, job in zip(request.run_dirs, jobs):
+            previous = jobs_of(run_dir) if RunPaths(run_dir).launch.exists() else []
+            runs = [*previous, {"job_id": job.job_id, "folder": str(request.folder)}]
+            start_state(run_dir, backend=self.name, job_id=job.job_id, runs=runs,
+                        job_name=request.parameters["job_name"], script=str(job.paths.submission_file),
+                        submitted=time.time())
+            self.watcher.register_job(job.job_id)
+        return jobs[0].job_id.split("_")[0]
+
+    def _send(self, request: SlurmRequest) -> list[submitit.Job]:
+        """submitit's submission: the pickled rank function(s), the script, sbatch."""
+        need("sbatch")
+        executor = make_executor(request.folder, request.parameters, request.python)
+        requeues = self.options["max_requeues"] if self.options["requeue"] else 0
+        ranks = [RankJob(run_dir, requeues) for run_dir in request.run_dirs]
+        try:
+            if len(ranks) == 1:
+                return [executor.submit(ranks[0])]
+            with executor.batch():  # one job array
+                jobs = [executor.submit(rank) for rank in ranks]
+            return jobs
+        except (FailedJobError, FailedSubmissionError, OSError) as exc:
+            words = " ".join(str(exc).split())
+            raise ScalelabError(f"sbatch failed for {request.run_dir.name} (nothing was queued): {words}") from None
+
+    def _refuse_while_queued(self, run_dir: Path) -> None:
+        """A run has one job at a time: a resume while its job is still queued or running is refused.
+
+        That happens after the launcher that followed the job was killed (SIGKILL, a lost login
+        session): Slurm, not the launcher, supervises the job, so it goes on.
+        """
+        job_id = read_state(run_dir).get("job_id") if RunPaths(run_dir).launch.exists() else None
+        state = self.job_state(job_id)[0] if job_id else ""
+        if STATE_MAP.get(state) in ACTIVE:
+            raise ScalelabError(f"run {run_dir} is still {state} as Slurm job {job_id} (Slurm keeps a job going "
+                                f"when its launcher is gone): `launch status {run_dir}` and `launch logs {run_dir}` "
+                                f"follow it; `launch cancel {run_dir}` stops it, then `launch resume {run_dir}` "
+                                "continues it")
 
     # ---- status, logs, cancel ---------------------------------------------------------------------
 
-    def status(self, run_dir: Path) -> RunStatus:
+    @property
+    def poll_interval_s(self) -> float:
+        return 1.0  # a poll is cheap: submitit's watcher decides when sacct is asked (`poll_s`)
+
+    def poll(self, run_dir: Path) -> RunStatus:
+        """The status; at once from sacct when rank 0 has finished (its result file, as submitit's `done`)."""
+        job = jobs_of(run_dir)[-1]
+        ended = JobPaths(job["folder"], job_id=job["job_id"], task_id=0).result_pickle.exists()
+        return self.status(run_dir, "force" if ended else "standard")
+
+    def status(self, run_dir: Path, mode: str = "standard") -> RunStatus:
         job_id = read_state(run_dir)["job_id"]
-        slurm_state, detail = job_state(job_id)
-        return RunStatus(STATE_MAP.get(slurm_state, UNKNOWN), f"Slurm job {job_id} {slurm_state}{detail}")
+        state, nodes = self.job_state(job_id, mode)
+        where = f" on {nodes}" if nodes and nodes != "None assigned" else ""
+        return RunStatus(STATE_MAP.get(state, UNKNOWN), f"Slurm job {job_id} {state}{where}")
+
+    def job_state(self, job_id: str, mode: str = "standard") -> tuple[str, str]:
+        """(Slurm state, node list): submitit's watcher (sacct for all this backend's jobs, with back-off);
+        squeue for a job accounting does not know (yet, or on a cluster without accounting)."""
+        need("sacct")
+        info = self.watcher.get_info(job_id, mode)
+        if info.get("State"):
+            return info["State"].split()[0], info.get("NodeList", "")  # "CANCELLED by 0" -> CANCELLED
+        queued = squeue_state(job_id)
+        return (queued, "") if queued else ("UNKNOWN", "")
+
+    def finish(self, run_dir: Path, status: RunStatus) -> RunStatus:
+        """The job ended: wait until Slurm has ended every process of it (it leaves the queue)."""
+        wait_gone(read_state(run_dir)["job_id"], grace_s=120.0)
+        return status
 
     def logs(self, run_dir: Path) -> str:
-        info, logs = read_state(run_dir), RunPaths(Path(run_dir)).logs
-        files = [logs / f"slurm-{job}.out" for job in info.get("jobs", [info["job_id"]])]
-        files += sorted(logs.glob("rank-*.log"), key=lambda p: int(re.sub(r"\D", "", p.stem) or 0))
+        """Every job's per-task logs (submitit's JOB_TASK_log.out and .err), rank by rank."""
+        ranks, files = read_spec(Path(run_dir)).workers, []
+        for job in jobs_of(run_dir):
+            for rank in range(ranks):
+                paths = JobPaths(job["folder"], job_id=job["job_id"], task_id=rank)
+                files += [p for p in (paths.stdout, paths.stderr) if p.exists() or rank == 0]
         return log_text(files)
 
     def cancel(self, run_dir: Path, grace_s: float = 120.0) -> None:
-        """`scancel` (the ranks get SIGTERM, checkpoint and exit), then wait until the job left the queue.
-
-        The job has left when Slurm no longer shows it RUNNING or COMPLETING: slurmd has then ended
-        every process of it on every node (after `KillWait` seconds with SIGKILL), so nothing of the
-        run is left. A job still there after `grace_s` is an error that says so.
-        """
-        job_id = read_state(run_dir)["job_id"]
-        done = _slurm(["scancel", job_id])
-        if done.returncode != 0 and STATE_MAP.get(job_state(job_id)[0]) in ACTIVE:
-            raise ScalelabError(_refusal(f"scancel {job_id} failed", done, Path(run_dir)))
-        deadline = time.time() + grace_s
-        while (state := job_state(job_id)[0]) and STATE_MAP.get(state) in ACTIVE:
-            if time.time() > deadline:
-                raise ScalelabError(f"Slurm job {job_id} is still {state} {grace_s:.0f} s after scancel; "
-                                    f"`squeue -j {job_id}` shows it, `scancel --signal=KILL {job_id}` ends it")
-            time.sleep(0.5)
+        """submitit's cancel (scancel: the ranks get SIGTERM, checkpoint and exit), then wait until the
+        job has left the queue: slurmd has then ended every process of it on every node (SIGKILL after
+        `KillWait`), so nothing of the run is left. A job still there after `grace_s` is an error."""
+        job_id = read_state(run_dir).get("job_id")
+        if not job_id:
+            return  # never queued
+        if STATE_MAP.get(squeue_state(job_id)) in ACTIVE:
+            submitit.SlurmJob(jobs_of(run_dir)[-1]["folder"], job_id).cancel(check=False)
+        wait_gone(job_id, grace_s)
 
 
-def _refuse_while_queued(run_dir: Path) -> None:
-    """A run has one job at a time: a resume while its job is still queued or running is refused.
-
-    That happens after the launcher that followed the job was killed (SIGKILL, a lost login
-    session): Slurm, not the launcher, supervises the job, so it goes on.
-    """
-    if not RunPaths(run_dir).launch.exists():
-        return
-    job_id = read_state(run_dir).get("job_id")
-    state = job_state(job_id)[0] if job_id else ""
-    if STATE_MAP.get(state) in ACTIVE:
-        raise ScalelabError(f"run {run_dir} is still {state} as Slurm job {job_id} (Slurm keeps a job going "
-                            f"when its launcher is gone): `launch status {run_dir}` and `launch logs {run_dir}` "
-                            f"follow it; `launch cancel {run_dir}` stops it, then `launch resume {run_dir}` continues it")
+def jobs_of(run_dir: Path) -> list[dict[str, str]]:
+    """The run's jobs, oldest first: {job_id, folder (submitit's)}; a run launched before submitit had
+    only job ids, and its files in RUN_DIR/slurm."""
+    info = read_state(run_dir)
+    if "runs" in info:
+        return info["runs"]
+    return [{"job_id": job, "folder": str(Path(run_dir) / "slurm")} for job in info.get("jobs", [info["job_id"]])]
 
 
 # ---- Slurm's commands ----------------------------------------------------------------------------
 
 
-def job_state(job_id: str) -> tuple[str, str]:
-    """(Slurm state, detail): squeue while the controller remembers the job, else sacct (accounting)."""
-    q = _slurm(["squeue", "-h", "--states=all", "-j", job_id, "-o", "%T|%r"])
-    a = None
-    if q.returncode == 0 and q.stdout.strip():
-        state, _, reason = q.stdout.strip().splitlines()[0].partition("|")
-        if STATE_MAP.get(state) in ACTIVE:
-            return state, f" ({reason})" if reason not in ("", "None") else ""
-        a = _sacct(job_id)  # ended: accounting has the exit code (when it has caught up)
-        return state, f" (exit code {a[1]})" if a and a[0] == state else ""
-    a = _sacct(job_id)
-    if a:
-        return a[0], f" (exit code {a[1]})"
-    return "UNKNOWN", f": neither squeue nor sacct knows it ({_words(q)})"
+def _test_only(request: SlurmRequest) -> None:
+    """`sbatch --test-only` on the very script submitit will send: Slurm's refusal, nothing queued."""
+    with tempfile.NamedTemporaryFile("w", suffix=".sbatch", dir=request.folder) as script:
+        script.write(request.script)
+        script.flush()
+        check = _slurm(["sbatch", "--test-only", script.name])
+    if check.returncode != 0:
+        raise ScalelabError(_refusal("Slurm refused the job", check, request.run_dir))
 
 
-def _sacct(job_id: str) -> tuple[str, str] | None:
-    """(state, exit code) of the job's latest run from accounting, or None without accounting."""
-    a = _slurm(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State,ExitCode"])
-    rows = [line.split("|") for line in a.stdout.strip().splitlines() if line.count("|") == 1]
-    if a.returncode != 0 or not rows:
-        return None
-    return rows[-1][0].split()[0], rows[-1][1]  # "CANCELLED by 0" -> CANCELLED
+def squeue_state(job_id: str) -> str:
+    """The job's state while the controller lists it (PENDING, RUNNING, COMPLETING...), else ""."""
+    q = _slurm(["squeue", "-h", "--states=all", "-j", job_id, "-o", "%T"])
+    return q.stdout.split()[0] if q.returncode == 0 and q.stdout.split() else ""
+
+
+def wait_gone(job_id: str, grace_s: float) -> None:
+    """Until Slurm no longer lists the job as active, not even COMPLETING: no process of it is left."""
+    deadline = time.time() + grace_s
+    while STATE_MAP.get(state := squeue_state(job_id)) in ACTIVE:
+        if time.time() > deadline:
+            raise ScalelabError(f"Slurm job {job_id} is still {state} {grace_s:.0f} s after it was stopped; "
+                                f"`squeue -j {job_id}` shows it, `scancel --signal=KILL {job_id}` ends it")
+        time.sleep(0.5)
+
+
+def need(command: str) -> None:
+    if shutil.which(command) is None:
+        raise ScalelabError(f"{command} is not on PATH: the slurm backend runs on a Slurm login node "
+                            "(to try it on this machine: scripts/slurm-cluster.sh start)")
 
 
 def _slurm(cmd: list[str], timeout: float = 60) -> subprocess.CompletedProcess:
-    if shutil.which(cmd[0]) is None:
-        raise ScalelabError(
-            f"{cmd[0]} is not on PATH: the slurm backend runs on a Slurm login node "
-            "(to try it on this machine: scripts/slurm-cluster.sh start)"
-        )
+    need(cmd[0])
     try:
         return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         raise ScalelabError(f"`{' '.join(cmd)}` did not answer in {timeout:.0f} s: is slurmctld up? (`sinfo`)") from None
 
 
-def _words(proc: subprocess.CompletedProcess) -> str:
-    """Slurm's own message, on one line."""
-    return "; ".join(line.strip() for line in (proc.stderr + proc.stdout).splitlines() if line.strip())
-
-
 def _refusal(what: str, proc: subprocess.CompletedProcess, run_dir: Path) -> str:
-    words = _words(proc) or f"exit code {proc.returncode}"
+    words = "; ".join(line.strip() for line in (proc.stderr + proc.stdout).splitlines() if line.strip())
+    words = words or f"exit code {proc.returncode}"
     hints = [hint for key, hint in HINTS if key in words.lower()][:1]
     return f"{what} for {run_dir.name} (nothing was queued): {words}" + (f"; {hints[0]}" if hints else "")

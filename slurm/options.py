@@ -3,6 +3,7 @@
 The CLI reads this module at start to make the `[slurm]` flags; `SlurmBackend.options` is an
 instance. Values are checked before anything is submitted; what only the cluster knows (does the
 partition exist, is the time within its limit) is asked with `sbatch --test-only` (slurm/backend.py).
+slurm/render.py maps them to the parameters of submitit's SlurmExecutor, which renders the script.
 """
 
 from __future__ import annotations
@@ -41,7 +42,9 @@ class SlurmOptions(BackendOptions):
     time: str = option("1:00:00", "Time limit in Slurm's format: MM, HH:MM:SS, D-HH:MM; '' = the partition's.",
                        one_word, flag="--time", parse=_minutes_as_text)
     requeue: bool = option(True, "Checkpoint and requeue before the time limit or on preemption.", flag="--requeue")
-    signal_s: int = option(120, "The USR1 warning this many seconds before the time limit.", at_least(0))
+    max_requeues: int = option(3, "Requeues after a time-limit warning; then the run stops with a checkpoint "
+                               "(submitit's max_num_timeout).", at_least(0))
+    signal_s: int = option(120, "The USR1 warning to every rank this many seconds before the time limit.", at_least(0))
     gres_gpus: bool = option(True, "Ask for --gpus-per-node (false on a cluster without GPU GRES).")
     job_name: str = option("", "Slurm job name [default: scalelab-RUN].", flag="--job-name")
     extra_sbatch: list[str] = option([], "Extra #SBATCH line, e.g. --sbatch-arg=--mail-type=END (repeatable).",
@@ -50,4 +53,5 @@ class SlurmOptions(BackendOptions):
     python: str = option("", "The interpreter on the nodes [default: this one: a shared filesystem].", one_word)
     gloo_iface: str = option("", "Network interface for Gloo [default: the address of the node's hostname].",
                              one_word)
-    poll_s: float = option(1.0, "Seconds between squeue polls while following a run.", at_least(0))
+    poll_s: float = option(10.0, "Longest wait between two sacct queries while following (submitit's watcher: one "
+                           "query for every job of a sweep, 2 s at first, backing off to this).", at_least(0))

@@ -1,124 +1,156 @@
-"""The sbatch script for a run: a pure function of the spec, the run directory and the options.
+"""The sbatch script of a run, rendered by submitit itself: what `--dry-run` prints is what sbatch gets.
 
-What the script does, in order (each step is a comment in the script itself, so `--dry-run` explains it):
+`executor_parameters` maps the spec and the backend options to the parameters of submitit's
+`SlurmExecutor` (a pure function); `render_sbatch` asks submitit for the script it writes for them
+(`SlurmExecutor._make_submission_file_text`, the text `executor.submit` hands to sbatch). The script,
+in submitit's layout:
 
-1. `#SBATCH` lines: nodes, one task per GPU, GPUs per node (GRES), CPUs per task, memory, time limit,
-   partition/account/QoS/constraint/exclusive, the log in RUN_DIR/logs (appended across requeues),
-   `--requeue` and `--signal=B:USR1@N` (a warning N seconds before the time limit), extra lines;
-2. the rendezvous on the first node (the batch script runs there): DDP gets MASTER_ADDR/PORT,
-   Horovod gets its Gloo rendezvous server (what `horovodrun` would start; no MPI, no ssh);
-3. `srun` starts one `python -m slurm.rank` per task, which maps SLURM_* to the engine's variables
-   and becomes the trainer; each rank logs to RUN_DIR/logs/rank-R.log;
-4. signals: USR1 (time limit near) and TERM (scancel, `scontrol requeue`, preemption) go on to the
-   ranks through srun; they checkpoint and exit 143. After a USR1 the script requeues the job, and
-   the ranks resume from RUN_DIR/checkpoint.pt when it starts again.
+1. `#SBATCH` lines (submitit sorts them): nodes, one task per GPU, GPUs per node (GRES), CPUs per
+   task, memory, time limit, partition/account/QoS/constraint/exclusive, the batch step's log,
+   `--requeue` and `--signal=USR1@N` (a warning N seconds before the time limit, to every rank),
+   the `--sbatch-arg` lines; `--array` for the repeats of one layout;
+2. `# setup`: threads and engine variables, the user's `setup` lines, then the rendezvous on the
+   first node (the script runs there): DDP gets MASTER_ADDR/PORT, Horovod its Gloo rendezvous
+   server (what `horovodrun` would start; no MPI, no ssh);
+3. `# command`: srun starts `python -m submitit.core._submit FOLDER` on every task, which loads the
+   pickled rank function (`slurm.rank.RankJob`) and calls it; each task logs to
+   FOLDER/JOB_TASK_log.out and .err (FOLDER = RUN_DIR/slurm; for an array, one beside its runs);
+4. `# teardown` (Horovod): the rendezvous server is stopped; the script exits with srun's status.
 """
 
 from __future__ import annotations
 
 import re
 import shlex
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import submitit
+
 from core.spec import Spec
 
-LOG_NAME = "slurm-%j.out"  # the batch script's own output, per job id, in RUN_DIR/logs
+SUBMITIT_DIR = "slurm"  # submitit's folder in the run directory: script, pickles, per-task logs, placements
+WARNING_SIGNAL = "USR1"  # sent N s before the time limit; the ranks checkpoint on it (train/loop.py)
+SRUN_ARGS = ["--kill-on-bad-exit=1", "--distribution=block"]  # one rank dies: the job ends; rank = node*n+local
 
 
-def job_name(run_dir: Path, options: Mapping[str, Any]) -> str:
-    """The Slurm job name: the option, or `scalelab-<run directory name>`."""
-    name = options.get("job_name") or f"scalelab-{Path(run_dir).name}"
+class Executor(submitit.SlurmExecutor):
+    """submitit's Slurm executor, also where Slurm is not (a dry run on a laptop): whether sbatch is
+    here is asked when a job is sent (slurm/backend.py), not when a script is rendered."""
+
+    @classmethod
+    def affinity(cls) -> int:
+        return 2
+
+
+def make_executor(folder: Path, parameters: Mapping[str, Any], python: str) -> Executor:
+    """The executor for a run (or the repeats of one, as a job array), its parameters checked by submitit."""
+    executor = Executor(folder, python=shlex.quote(python))
+    executor.update_parameters(**parameters)
+    return executor
+
+
+def render_sbatch(folder: Path, parameters: Mapping[str, Any], python: str, count: int = 1) -> str:
+    """The batch script submitit writes for these parameters; `count` > 1: the job array of that many runs.
+
+    Pure: the same arguments always give the same text.
+    """
+    executor = make_executor(folder, parameters, python)
+    if count > 1:
+        executor.parameters["map_count"] = count  # what submitit's own array submission sets
+    return executor._make_submission_file_text(executor._submitit_command_str, "")
+
+
+# ---- which folder, which name --------------------------------------------------------------------
+
+
+def array_stem(run_dirs: Sequence[Path]) -> str | None:
+    """NAME when the run directories are PARENT/NAME0, PARENT/NAME1, ... (one job array serves them)."""
+    first = Path(run_dirs[0])
+    stem = first.name[:-1]
+    if len(run_dirs) < 2 or not first.name.endswith("0"):
+        return None
+    return stem if [Path(d) for d in run_dirs] == [first.parent / f"{stem}{i}" for i in range(len(run_dirs))] else None
+
+
+def job_folder(run_dirs: Sequence[Path]) -> Path:
+    """submitit's folder: RUN_DIR/slurm; for a job array, one beside the runs, PARENT/NAMEN-slurm, which
+    its tasks share (submitit has no folder per array task: a `%a` in it fails at submission)."""
+    if len(run_dirs) == 1:
+        return Path(run_dirs[0]) / SUBMITIT_DIR
+    return Path(run_dirs[0]).parent / f"{array_stem(run_dirs)}N-{SUBMITIT_DIR}"
+
+
+def job_name(run_dirs: Sequence[Path], options: Mapping[str, Any]) -> str:
+    """The Slurm job name: the option, or `scalelab-<run directory name>` (`scalelab-NAME` for an array)."""
+    name = options.get("job_name") or f"scalelab-{array_stem(run_dirs) or Path(run_dirs[0]).name}"
     return re.sub(r"[^A-Za-z0-9._-]+", "-", name)
 
 
-def sbatch_lines(spec: Spec, run_dir: Path, options: Mapping[str, Any]) -> list[str]:
-    """The `#SBATCH` arguments, in the order a Slurm user reads them."""
+# ---- the parameters ------------------------------------------------------------------------------
+
+
+def executor_parameters(spec: Spec, run_dirs: Sequence[Path], options: Mapping[str, Any],
+                        python: str) -> dict[str, Any]:
+    """submitit's SlurmExecutor parameters for the run(s): sbatch's own settings where there is one. Pure."""
     o = options
-    lines = [
-        f"--job-name={job_name(run_dir, o)}",
-        f"--nodes={spec.nodes}",
-        f"--ntasks-per-node={spec.gpus_per_node}",  # one rank per GPU
-    ]
+    forced: dict[str, Any] = {"requeue": True} if o["requeue"] else {"no-requeue": True}
+    forced["signal"] = f"{WARNING_SIGNAL}@{o['signal_s']}"  # every rank: no B:, the batch shell forwards nothing
+    forced.update(_sbatch_pairs(o["extra_sbatch"]))
+    params: dict[str, Any] = dict(
+        job_name=job_name(run_dirs, o), nodes=spec.nodes, ntasks_per_node=spec.gpus_per_node,  # one rank per GPU
+        cpus_per_task=o["cpus_per_task"], time=o["time"] or None,  # None: no --time, the partition's limit
+        setup=setup_lines(spec, o, python), srun_args=SRUN_ARGS, additional_parameters=forced,
+    )
+    if spec.engine.name == "horovod":
+        params["teardown"] = ["RC=$?  # srun's status is the job's", 'kill -9 "$RDZV_SERVER" 2>/dev/null', 'exit "$RC"']
     if o["gres_gpus"]:
-        lines.append(f"--gpus-per-node={spec.gpus_per_node}")
-    lines.append(f"--cpus-per-task={o['cpus_per_task']}")
+        params["gpus_per_node"] = spec.gpus_per_node
     if o["mem_gb"]:
-        lines.append(f"--mem={_mem(o['mem_gb'])}")
-    if o["time"]:
-        lines.append(f"--time={o['time']}")
+        params["mem"] = _mem(o["mem_gb"])
     for key in ("partition", "account", "qos", "constraint"):
         if o[key]:
-            lines.append(f"--{key}={o[key]}")
+            params[key] = o[key]
     if o["exclusive"]:
-        lines.append("--exclusive")
-    lines += [f"--output={Path(run_dir) / 'logs' / LOG_NAME}", "--open-mode=append"]
-    if o["requeue"]:
-        lines += ["--requeue", f"--signal=B:USR1@{o['signal_s']}"]
-    else:
-        lines.append("--no-requeue")
-    lines += list(o["extra_sbatch"])
-    return lines
+        params["exclusive"] = True
+    return params
 
 
-def render_sbatch(spec: Spec, run_dir: Path, options: Mapping[str, Any], python: str) -> str:
-    """The whole batch script. Pure: the same arguments always give the same text."""
-    run_dir = Path(run_dir)
-    engine = spec.engine.name
-    threads = spec.threads or options["cpus_per_task"]
-    q = shlex.quote
-    out = ["#!/bin/bash",
-           f"# scalelab: {spec.model} {engine} on {spec.nodes} node(s) x {spec.gpus_per_node} GPU(s), one rank per GPU",
-           *(f"#SBATCH {line}" for line in sbatch_lines(spec, run_dir, options)),
-           "",
-           "set -uo pipefail",
-           f"RUN_DIR={q(str(run_dir))}",
-           f"PYTHON={q(python)}",
-           f"export OMP_NUM_THREADS={threads} PYTHONUNBUFFERED=1"]
+def setup_lines(spec: Spec, options: Mapping[str, Any], python: str) -> list[str]:
+    """What the batch script runs before srun: the ranks' variables, the user's lines, the rendezvous."""
+    q, engine = shlex.quote, spec.engine.name
+    out = [f"export OMP_NUM_THREADS={spec.threads or options['cpus_per_task']} PYTHONUNBUFFERED=1"]
     if engine == "horovod":
         out.append(f"export HOROVOD_FUSION_THRESHOLD={int(spec.engine.fusion_threshold_mb * 1024 * 1024)} "
                    f"HOROVOD_CYCLE_TIME={spec.engine.cycle_time_ms}")
     if options["gloo_iface"]:
-        out.append(f"export HOROVOD_GLOO_IFACE={q(options['gloo_iface'])} GLOO_SOCKET_IFNAME={q(options['gloo_iface'])}")
-    out += ['echo "scalelab: job $SLURM_JOB_ID (restart ${SLURM_RESTART_COUNT:-0}) on $SLURM_JOB_NODELIST, '
-            'batch script on $(hostname)"',
-            'mkdir -p "$RUN_DIR/logs" "$RUN_DIR/slurm"']
+        iface = q(options["gloo_iface"])
+        out.append(f"export HOROVOD_GLOO_IFACE={iface} GLOO_SOCKET_IFNAME={iface}")
     out += list(options["setup"])
-    out += ["", "# Rendezvous on the first node of the allocation: this script runs there, so does rank 0.",
+    out += ["# Rendezvous on the first node of the allocation: this script runs there, so does rank 0.",
             "export SCALELAB_RDZV_ADDR=$(hostname)"]
     if engine == "horovod":
         out += ["# Horovod's Gloo rendezvous server (what horovodrun starts): prints its port, serves until killed.",
-                f'coproc RDZV {{ exec "$PYTHON" -m slurm.rendezvous --tasks-per-node {spec.gpus_per_node}; }}',
+                f"coproc RDZV {{ exec {q(python)} -m slurm.rendezvous --tasks-per-node {spec.gpus_per_node}; }}",
                 'read -r SCALELAB_RDZV_PORT <&"${RDZV[0]}" '
                 '|| { echo "scalelab: error: the Horovod rendezvous server did not start" >&2; exit 1; }',
                 'RDZV_SERVER=$RDZV_PID; disown "$RDZV_SERVER"']
     elif engine == "ddp":
-        out.append('SCALELAB_RDZV_PORT=$("$PYTHON" -m slurm.rank --free-port)')
+        out.append(f"SCALELAB_RDZV_PORT=$({q(python)} -m slurm.rank --free-port)")
     else:
         out.append("SCALELAB_RDZV_PORT=0")
-    out += ["export SCALELAB_RDZV_PORT",
-            "",
-            "# One rank per task; USR1 (time limit near) and TERM (cancel, requeue) go on to them through srun.",
-            "REQUEUE=0",
-            'trap \'REQUEUE=1; kill -USR1 "${SRUN:-}" 2>/dev/null\' USR1',
-            'trap \'kill -TERM "${SRUN:-}" 2>/dev/null\' TERM',
-            'srun --kill-on-bad-exit=1 --distribution=block --open-mode=append \\',
-            '     --output="$RUN_DIR/logs/rank-%t.log" "$PYTHON" -m slurm.rank "$RUN_DIR" &',
-            "SRUN=$!",
-            'wait "$SRUN"; RC=$?',
-            'while [ "$RC" -gt 128 ] && kill -0 "$SRUN" 2>/dev/null; do wait "$SRUN"; RC=$?; done  # woken by a trap',
-            ]
-    if engine == "horovod":
-        out.append('kill -9 "$RDZV_SERVER" 2>/dev/null')
-    out += ['echo "scalelab: ranks exited with $RC"',
-            'if [ "$REQUEUE" = 1 ]; then',
-            '  echo "scalelab: time limit near: the ranks checkpointed; requeueing job $SLURM_JOB_ID"',
-            '  scontrol requeue "$SLURM_JOB_ID"',
-            "fi",
-            'exit "$RC"',
-            ""]
-    return "\n".join(out)
+    out.append("export SCALELAB_RDZV_PORT")
+    return out
+
+
+def _sbatch_pairs(args: Sequence[str]) -> dict[str, Any]:
+    """`--mail-type=END` -> {"mail-type": "END"}, `--exclusive` -> {"exclusive": True} (submitit's form)."""
+    out: dict[str, Any] = {}
+    for arg in args:
+        key, sep, value = arg.lstrip("-").partition("=")
+        out[key] = value if sep else True
+    return out
 
 
 def _mem(gb: float) -> str:

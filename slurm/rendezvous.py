@@ -7,8 +7,9 @@ instead, so the batch script runs this module on the first node:
 
     coproc RDZV { python -m slurm.rendezvous --tasks-per-node 4; }   # prints the port, then serves
 
-The plan uses the Slurm node names of the allocation (`scontrol show hostnames`), the same names the
-ranks give as HOROVOD_HOSTNAME (slurm/rank.py), with block distribution: rank = node * tasks + local.
+The plan uses the node names of the allocation as submitit's `JobEnvironment.hostnames` reads them
+from SLURM_JOB_NODELIST: the same list every rank takes its HOROVOD_HOSTNAME from (slurm/rank.py),
+with block distribution: rank = node * tasks + local.
 The server ignores SIGTERM/SIGUSR1 (the ranks may still talk to it while they checkpoint and shut
 down); the batch script kills it when the ranks are done, and it leaves by itself if the batch
 script is gone.
@@ -19,15 +20,10 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import subprocess
 import sys
 import time
 
-
-def node_names(nodelist: str) -> list[str]:
-    """`node[1-2]` -> ['node1', 'node2'], in allocation order (= SLURM_NODEID order)."""
-    out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, check=True)
-    return out.stdout.split()
+from submitit.slurm.slurm import SlurmJobEnvironment
 
 
 def host_plan(hosts: list[str], tasks_per_node: int):
@@ -40,13 +36,12 @@ def host_plan(hosts: list[str], tasks_per_node: int):
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m slurm.rendezvous", description=__doc__.split("\n")[0])
     parser.add_argument("--tasks-per-node", type=int, required=True)
-    parser.add_argument("--nodelist", default=os.environ.get("SLURM_JOB_NODELIST", ""))
     args = parser.parse_args(argv)
     for sig in (signal.SIGTERM, signal.SIGUSR1):
         signal.signal(sig, signal.SIG_IGN)
     from horovod.runner.http.http_server import RendezvousServer
 
-    hosts = node_names(args.nodelist)
+    hosts = list(SlurmJobEnvironment().hostnames)  # `node[1-2]` -> node1, node2 (= SLURM_NODEID order)
     server = RendezvousServer()
     port = server.start()
     server.init(host_plan(hosts, args.tasks_per_node))

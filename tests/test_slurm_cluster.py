@@ -29,6 +29,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from submitit.core.utils import DelayedSubmission
 
 from tests.conftest import ROOT, launch, needs_horovod, only_run_dir, read_jsonl
 from tests.test_resume import (
@@ -174,7 +175,8 @@ def test_two_nodes_four_gpus_each(slurm_cluster, tmp_path: Path, engine: str) ->
     assert slurm("sacct", "-n", "-X", "-P", "-j", job_of(run_dir), "-o", "State").split() == ["COMPLETED"]
     report = launch("report", str(run_dir), "--format", "json", cwd=tmp_path)
     assert report.returncode == 0, report.stderr
-    assert "slurm-" in launch("logs", str(run_dir), cwd=tmp_path).stdout
+    logs = launch("logs", str(run_dir), cwd=tmp_path).stdout  # submitit's per-task logs, rank by rank
+    assert all(f"slurm/{job_of(run_dir)}_{rank}_log.out" in logs for rank in range(8))
     assert not rendezvous_servers(), "the job left its Horovod rendezvous server running"
 
 
@@ -192,6 +194,26 @@ def test_sweep_submits_every_layout_then_collects(slurm_cluster, tmp_path: Path)
         assert json.loads((sweep / name / "summary.json").read_text())
         assert {r["world"] for r in records(sweep / name, "start")} == {workers}
     assert (sweep / "report.md").exists()
+
+
+def test_repeats_of_a_layout_go_out_as_one_job_array(slurm_cluster, tmp_path: Path) -> None:
+    done = launch("sweep", *TINY, "--engine", "ddp", "--layouts", "1x2", "--repeats", "2", "--steps", "4",
+                  "--runs-dir", str(tmp_path / "runs"), cwd=tmp_path, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    sweep = only_run_dir(tmp_path / "runs")
+    assert json.loads((sweep / "sweep.json").read_text())["runs"] == ["1x2-r0", "1x2-r1"]
+    jobs = [job_of(sweep / name) for name in ("1x2-r0", "1x2-r1")]
+    array = jobs[0].split("_")[0]
+    assert jobs == [f"{array}_0", f"{array}_1"], "one sbatch: array tasks 0 and 1 of one job"
+    for name, job in zip(("1x2-r0", "1x2-r1"), jobs):
+        run_dir = sweep / name
+        assert json.loads((run_dir / "summary.json").read_text())
+        assert {r["world"] for r in records(run_dir, "start")} == {2}
+        assert {p["job_id"] for p in placements(run_dir)} == {job}
+        logs = launch("logs", str(run_dir), cwd=tmp_path).stdout  # the array's tasks share one submitit folder
+        assert f"1x2-rN-slurm/{job}_1_log.out" in logs and "Job completed successfully" in logs
+    states = slurm("sacct", "-n", "-X", "-P", "-j", array, "-o", "JobID,State").split()
+    assert sorted(states) == [f"{array}_0|COMPLETED", f"{array}_1|COMPLETED"]
 
 
 # ---- cancel -------------------------------------------------------------------------------------
@@ -348,13 +370,16 @@ def test_time_limit_warning_checkpoints_and_requeues(slurm_cluster, tmp_path: Pa
     steps = 1500
     proc, run_dir = start_run(tmp_path, "--engine", "ddp", "--gpus-per-node", "2", "--steps", str(steps))
     job = job_of(run_dir)
-    # What Slurm sends signal_s seconds before the time limit (--signal=B:USR1@N): the batch shell gets USR1.
-    subprocess.run(["scancel", "--signal=USR1", "--batch", job], check=True, capture_output=True)
+    # What Slurm sends signal_s seconds before the time limit (--signal=USR1@N): USR1 to every task.
+    subprocess.run(["scancel", "--signal=USR1", job], check=True, capture_output=True)
     release_requeued(job)
     out, err = proc.communicate(timeout=540)
     assert proc.returncode == 0, err[-3000:]
     assert_resumed(run_dir, steps, signal_number=10)
-    assert "requeueing job" in (run_dir / "logs" / f"slurm-{job}.out").read_text()
+    assert f"requeueing job {job}" in (run_dir / "slurm" / f"{job}_0_log.err").read_text(), "rank 0 requeued it"
+    again = DelayedSubmission.load(run_dir / "slurm" / f"{job}_submitted.pkl").function  # Checkpointable.checkpoint()
+    assert again.requeues_left == 2, "the job started again with the rank function of one requeue fewer"
+    assert slurm("sacct", "-n", "-X", "-P", "-D", "-j", job, "-o", "State").split() == ["REQUEUED", "COMPLETED"]
 
 
 # ---- errors: Slurm's own words, nothing queued ---------------------------------------------------

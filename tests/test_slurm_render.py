@@ -1,4 +1,5 @@
-"""The Slurm backend without a cluster: sbatch rendering (golden files), options, the per-rank mapping.
+"""The Slurm backend without a cluster: the script submitit renders (golden files), what is sent, options,
+the per-rank mapping.
 
 Golden files live in tests/golden/slurm/; after an intended change of the script, regenerate them with
 `SCALELAB_UPDATE_GOLDEN=1 python -m pytest tests/test_slurm_render.py` and review the diff.
@@ -7,18 +8,22 @@ The end-to-end behaviour on a real Slurm cluster is in tests/test_slurm_cluster.
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from submitit.core.utils import DelayedSubmission
+from submitit.slurm.slurm import SlurmJobEnvironment
 
-from core.errors import SpecError
+from core.errors import ScalelabError, SpecError
 from core.spec import Spec
+from launcher.runner import submit
 from slurm.backend import SlurmBackend
-from slurm.rank import own_gpu, rank_env, tasks_on_node
-from slurm.render import render_sbatch
+from slurm.rank import RankJob, Task, own_gpu, rank_env
 from tests.conftest import assert_golden, launch
 
 GOLDEN = Path(__file__).parent / "golden" / "slurm"
@@ -38,13 +43,19 @@ CASES = {
         dict(gres_gpus=False, requeue=False, mem_gb=1.5, time=""),
     ),
 }
+REPEATS = [RUN_DIR.parent / f"1x2-r{i}" for i in range(3)]  # `launch sweep --layouts 1x2 --repeats 3`
 
 
 def render_case(name: str) -> str:
     spec_fields, options = CASES[name]
     spec = Spec.from_dict(spec_fields).validate()
-    backend = SlurmBackend({**options, "python": PYTHON})
-    return render_sbatch(spec, RUN_DIR, backend.options, PYTHON)
+    return SlurmBackend({**options, "python": PYTHON}).submit_dryrun(spec, RUN_DIR).render()
+
+
+def render_array() -> str:
+    spec = Spec.from_dict(dict(engine={"name": "ddp"}, nodes=1, gpus_per_node=2)).validate()
+    (request,) = SlurmBackend({"python": PYTHON}).submit_dryrun_batch(spec, REPEATS)
+    return request.render()
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -52,23 +63,81 @@ def test_script_matches_golden_file(name: str) -> None:
     assert_golden(GOLDEN / f"{name}.sbatch", render_case(name))
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
+def test_repeats_are_one_job_array_matching_its_golden_file() -> None:
+    script = render_array()
+    assert_golden(GOLDEN / "ddp-1x2-repeats-3.sbatch", script)
+    assert "#SBATCH --array=0-2%3" in script and "/1x2-rN-slurm/%A_%a_%t_log.out" in script
+
+
+@pytest.mark.parametrize("name", [*sorted(CASES), "array"])
 def test_script_is_valid_bash(name: str, tmp_path: Path) -> None:
     script = tmp_path / "job.sbatch"
-    script.write_text(render_case(name))
+    script.write_text(render_array() if name == "array" else render_case(name))
     done = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
 
 
 def test_rendering_is_pure_and_follows_the_layout() -> None:
     spec = Spec.from_dict(dict(engine={"name": "ddp"}, nodes=3, gpus_per_node=2, global_batch=12)).validate()
-    options = SlurmBackend({"python": PYTHON}).options
-    first = render_sbatch(spec, RUN_DIR, options, PYTHON)
-    assert first == render_sbatch(spec, RUN_DIR, options, PYTHON)
+    backend = SlurmBackend({"python": PYTHON})
+    first = backend.submit_dryrun(spec, RUN_DIR).render()
+    assert first == backend.submit_dryrun(spec, RUN_DIR).render()
     lines = [line for line in first.splitlines() if line.startswith("#SBATCH")]
     assert "#SBATCH --nodes=3" in lines and "#SBATCH --ntasks-per-node=2" in lines
-    assert "#SBATCH --gpus-per-node=2" in lines
-    assert f"#SBATCH --output={RUN_DIR}/logs/slurm-%j.out" in lines
+    assert "#SBATCH --gpus-per-node=2" in lines and "#SBATCH --signal=USR1@120" in lines
+    assert f"#SBATCH --output={RUN_DIR}/slurm/%j_0_log.out" in lines
+    assert f"-m submitit.core._submit {RUN_DIR}/slurm" in first  # every task runs the pickled rank function
+
+
+# ---- what is sent: submitit's submission, with sbatch on PATH a stand-in that records it ----------
+
+FAKE_SBATCH = """#!/bin/bash
+echo "$@" >> "$FAKE_SLURM/calls"
+if [ "$1" = --test-only ]; then
+  case "$(cat "$2")" in *nosuchpartition*) echo "sbatch: error: invalid partition specified: nosuchpartition" >&2; exit 1;; esac
+  echo "sbatch: Job 4242 to start at now using 2 processors on nodes node1 in partition debug" >&2; exit 0
+fi
+cp "$1" "$FAKE_SLURM/sent.sbatch"; echo "Submitted batch job 4242"
+"""
+
+
+@pytest.fixture
+def fake_sbatch(tmp_path: Path, monkeypatch) -> Path:
+    where = tmp_path / "fake-slurm"
+    where.mkdir()
+    (where / "sbatch").write_text(FAKE_SBATCH)
+    (where / "sbatch").chmod(0o755)
+    monkeypatch.setenv("FAKE_SLURM", str(where))
+    monkeypatch.setenv("PATH", f"{where}{os.pathsep}{os.environ['PATH']}")
+    return where
+
+
+def test_what_is_sent_is_the_dry_run_and_the_rank_function(fake_sbatch: Path, tmp_path: Path) -> None:
+    spec = Spec.from_dict(dict(backend="slurm", engine={"name": "ddp"}, nodes=1, gpus_per_node=2,
+                               backend_options={"max_requeues": 2})).validate()
+    backend, run_dir = SlurmBackend(spec.backend_options), tmp_path / "run"
+    run_dir.mkdir()
+    printed = backend.submit_dryrun(spec, run_dir).render()
+    submit(backend, spec, run_dir)
+    assert (fake_sbatch / "sent.sbatch").read_text() == printed, "sbatch got exactly what --dry-run prints"
+    calls = (fake_sbatch / "calls").read_text().splitlines()
+    assert len(calls) == 2 and calls[0].startswith("--test-only "), "asked first, then sent once"
+    info = json.loads((run_dir / "launch.json").read_text())
+    assert info["job_id"] == "4242" and info["runs"] == [{"job_id": "4242", "folder": str(run_dir / "slurm")}]
+    sent = DelayedSubmission.load(run_dir / "slurm" / "4242_submitted.pkl").function  # what every task calls
+    assert isinstance(sent, RankJob) and (sent.run_dir, sent.requeues_left) == (run_dir, 2)
+    again = sent.checkpoint().function  # Checkpointable: what runs after a requeue
+    assert isinstance(again, RankJob) and (again.run_dir, again.requeues_left) == (run_dir, 1)
+
+
+def test_a_refusal_of_test_only_queues_nothing(fake_sbatch: Path, tmp_path: Path) -> None:
+    spec = Spec.from_dict(dict(backend="slurm", nodes=1, gpus_per_node=1)).validate()
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    with pytest.raises(ScalelabError, match="invalid partition specified: nosuchpartition.*sinfo -s"):
+        submit(SlurmBackend({"partition": "nosuchpartition"}), spec, run_dir)
+    assert len((fake_sbatch / "calls").read_text().splitlines()) == 1 and not (fake_sbatch / "sent.sbatch").exists()
+    assert not list((run_dir / "slurm").glob("*.pkl")), "nothing pickled for a job that was never sent"
 
 
 def test_unknown_option_fails_listing_the_valid_ones() -> None:
@@ -113,19 +182,26 @@ def test_slurm_flags_are_rejected_with_another_backend(tmp_path: Path) -> None:
     assert "Traceback" not in done.stderr
 
 
-# ---- slurm/rank.py: SLURM_* -> the engines' variables ---------------------------------------------
+# ---- slurm/rank.py: submitit's JobEnvironment -> the engines' variables ---------------------------
 
-def slurm_env(procid: int, nodes: int = 2, per_node: int = 4, **extra: str) -> dict[str, str]:
-    return {
-        "SLURM_PROCID": str(procid), "SLURM_NTASKS": str(nodes * per_node), "SLURM_LOCALID": str(procid % per_node),
-        "SLURM_NODEID": str(procid // per_node), "SLURM_NNODES": str(nodes), "SLURM_TASKS_PER_NODE": f"{per_node}(x{nodes})",
-        "SLURMD_NODENAME": f"node{procid // per_node + 1}", "SCALELAB_RDZV_ADDR": "node1", "SCALELAB_RDZV_PORT": "29400",
-        **extra,
-    }
+def task(procid: int, nodes: int = 2, per_node: int = 4) -> Task:
+    return Task(procid, nodes * per_node, procid % per_node, procid // per_node, nodes,
+                tuple(f"node{i + 1}" for i in range(nodes)), "77")
+
+
+RDZV = {"SCALELAB_RDZV_ADDR": "node1", "SCALELAB_RDZV_PORT": "29400"}
+
+
+def test_the_task_is_what_submitits_job_environment_says(monkeypatch) -> None:
+    for key, value in {"SLURM_JOB_ID": "77", "SLURM_PROCID": "6", "SLURM_NTASKS": "8", "SLURM_LOCALID": "2",
+                       "SLURM_NODEID": "1", "SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_NODELIST": "node[1-2]"}.items():
+        monkeypatch.setenv(key, value)
+    got = Task.of(SlurmJobEnvironment())
+    assert got == task(6) and (got.local_world, got.hostname) == (4, "node2")
 
 
 def test_ddp_variables() -> None:
-    env = rank_env(slurm_env(6), "ddp")
+    env = rank_env(task(6), "ddp", RDZV)
     assert env["RANK"] == "6" and env["WORLD_SIZE"] == "8"
     assert env["LOCAL_RANK"] == "2" and env["LOCAL_WORLD_SIZE"] == "4" and env["GROUP_RANK"] == "1"
     assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == ("node1", "29400")
@@ -133,7 +209,7 @@ def test_ddp_variables() -> None:
 
 
 def test_horovod_variables() -> None:
-    env = rank_env(slurm_env(5), "horovod")
+    env = rank_env(task(5), "horovod", RDZV)
     assert (env["HOROVOD_RANK"], env["HOROVOD_SIZE"]) == ("5", "8")
     assert (env["HOROVOD_LOCAL_RANK"], env["HOROVOD_LOCAL_SIZE"]) == ("1", "4")
     assert (env["HOROVOD_CROSS_RANK"], env["HOROVOD_CROSS_SIZE"]) == ("1", "2")
@@ -146,18 +222,48 @@ def test_each_rank_sees_its_own_gpu() -> None:
     assert own_gpu({"CUDA_VISIBLE_DEVICES": "4,5,6,7"}, 2) == "6"
     assert own_gpu({"SLURM_GPUS_ON_NODE": "4"}, 3) == "3"  # GPUs allocated, no device list
     assert own_gpu({}, 1) is None
-    assert rank_env(slurm_env(7, CUDA_VISIBLE_DEVICES="0,1,2,3"), "ddp")["CUDA_VISIBLE_DEVICES"] == "3"
-    assert "CUDA_VISIBLE_DEVICES" not in rank_env(slurm_env(7), "ddp")
-
-
-def test_tasks_per_node_forms() -> None:
-    assert tasks_on_node({"SLURM_TASKS_PER_NODE": "4(x2)", "SLURM_NODEID": "1"}) == 4
-    assert tasks_on_node({"SLURM_TASKS_PER_NODE": "2,3", "SLURM_NODEID": "1"}) == 3
-    assert tasks_on_node({"SLURM_NTASKS_PER_NODE": "8"}) == 8
+    assert rank_env(task(7), "ddp", {**RDZV, "CUDA_VISIBLE_DEVICES": "0,1,2,3"})["CUDA_VISIBLE_DEVICES"] == "3"
+    assert "CUDA_VISIBLE_DEVICES" not in rank_env(task(7), "ddp", RDZV)
 
 
 def test_a_non_block_distribution_is_refused() -> None:
-    env = slurm_env(1)
-    env["SLURM_NODEID"] = "1"  # cyclic: rank 1 on the second node
+    cyclic = Task(1, 8, 0, 1, 2, ("node1", "node2"), "77")  # rank 1 on the second node
     with pytest.raises(ValueError, match="block"):
-        rank_env(env, "horovod")
+        rank_env(cyclic, "horovod", RDZV)
+
+
+def test_the_rank_function_passes_stop_signals_on(tmp_path: Path, monkeypatch) -> None:
+    """TERM and USR1 to the task reach the trainer (here a stand-in `train` that records what it got)."""
+    fake = tmp_path / "fake" / "train"  # a regular package, so that it wins over the project's `train`
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("")
+    (fake / "__main__.py").write_text(
+        "import os, signal, sys, time\n"
+        "got = []\n"
+        "for s in (signal.SIGTERM, signal.SIGUSR1): signal.signal(s, lambda n, f: got.append(n))\n"
+        "open(sys.argv[1] + '/ready', 'w').close()\n"
+        "while len(got) < 2: time.sleep(0.05)\n"
+        "open(sys.argv[1] + '/got', 'w').write(' '.join(map(str, got)))\n"
+        "sys.exit(143)\n")
+    code = (f"import os, signal, sys, threading, time; sys.path.insert(0, {str(tmp_path / 'fake')!r})\n"
+            "from slurm.rank import run_trainer\n"
+            f"run = {str(tmp_path)!r}\n"
+            "def send():\n"
+            "    while not os.path.exists(run + '/ready'): time.sleep(0.05)\n"
+            "    os.kill(os.getpid(), signal.SIGUSR1); time.sleep(0.2); os.kill(os.getpid(), signal.SIGTERM)\n"
+            "threading.Thread(target=send).start()\n"
+            "print(run_trainer(run, {}))\n")
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path / 'fake'}{os.pathsep}{Path(__file__).parents[1]}"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == repr((143, {signal.SIGUSR1.value, signal.SIGTERM.value}))
+    assert (tmp_path / "got").read_text() == f"{signal.SIGUSR1} {signal.SIGTERM}"
+
+
+def test_a_dry_run_sweep_with_repeats_prints_one_job_array_per_layout(tmp_path: Path) -> None:
+    done = launch("sweep", "--backend", "slurm", "--layouts", "1x1,1x2", "--repeats", "2", "--runs-dir",
+                  str(tmp_path / "runs"), "--dry-run", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("#!/bin/bash") == 2 and done.stdout.count("#SBATCH --array=0-1%2") == 2
+    assert "sweep-DRYRUN/1x2-rN-slurm/%A_%a_%t_log.out" in done.stdout
+    assert not (tmp_path / "runs").exists(), "a dry run must not create a run directory"
