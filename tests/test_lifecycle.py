@@ -183,7 +183,7 @@ def test_how_a_run_ended_is_read_from_its_records_when_no_launcher_saw_it(tmp_pa
         for rank, end in enumerate(ends):
             out = RecordWriter(run, rank, world)
             out.write("start")
-            out.write("step", step=1)
+            out.write("step", step=1, warmup=True, step_s=0.1, samples=8, words=80)
             if end is not None:
                 if end.get("reason") == "interrupted":
                     out.event("interrupted", step=1, signal=None, **({"cause": "its launcher (pid 7) is gone"} if rank else {}))
