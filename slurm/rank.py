@@ -30,6 +30,7 @@ from pathlib import Path
 
 from core.net import free_port
 from core.rundir import RunPaths
+from core.spec import TORCHRUN_ENGINES
 
 
 def tasks_on_node(env: dict[str, str]) -> int:
@@ -67,7 +68,7 @@ def rank_env(env: dict[str, str], engine: str) -> dict[str, str]:
     if gpu is not None:
         out["CUDA_VISIBLE_DEVICES"] = gpu
     addr, port = env.get("SCALELAB_RDZV_ADDR", "127.0.0.1"), env.get("SCALELAB_RDZV_PORT", "0")
-    if engine == "ddp":
+    if engine in TORCHRUN_ENGINES:
         out.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(local), LOCAL_WORLD_SIZE=str(local_world),
                    GROUP_RANK=str(node), NODE_RANK=str(node), MASTER_ADDR=addr, MASTER_PORT=port)
     elif engine == "horovod":

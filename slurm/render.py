@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from core.spec import Spec
+from core.spec import TORCHRUN_ENGINES, Spec
 
 LOG_NAME = "slurm-%j.out"  # the batch script's own output, per job id, in RUN_DIR/logs
 
@@ -93,7 +93,7 @@ def render_sbatch(spec: Spec, run_dir: Path, options: Mapping[str, Any], python:
                 'read -r SCALELAB_RDZV_PORT <&"${RDZV[0]}" '
                 '|| { echo "scalelab: error: the Horovod rendezvous server did not start" >&2; exit 1; }',
                 'RDZV_SERVER=$RDZV_PID; disown "$RDZV_SERVER"']
-    elif engine == "ddp":
+    elif engine in TORCHRUN_ENGINES:
         out.append('SCALELAB_RDZV_PORT=$("$PYTHON" -m slurm.rank --free-port)')
     else:
         out.append("SCALELAB_RDZV_PORT=0")
