@@ -218,8 +218,10 @@ class PSEngine(DDPEngine):
     def step(self, optimizer) -> float | None:
         """The owners' update, then pull; returns the pull's seconds (the other half of exchange_s)."""
         optimizer.step()  # only owned parameters hold a gradient
-        if not self.exchanging:
-            return None
+        return self.pull() if self.exchanging else None
+
+    def pull(self) -> float:
+        """Every parameter from its owner; returns the seconds."""
         t0 = time.perf_counter()
         for p, owner in self.owner.items():
             self._dist.broadcast(p.data, src=owner)  # distributed: the new value from its owner
