@@ -147,7 +147,7 @@ def trainer_command(engine: str, python: str, run_dir: Path, hosts: list[str], i
     trainer = ["-m", "train", str(run_dir)]
     if engine == "single":
         return [python, *trainer]
-    if engine == "ddp":
+    if engine in ("ddp", "ps"):  # torchrun engines (core.spec.TORCHRUN_ENGINES; this file runs standalone)
         return [python, "-m", "torch.distributed.run", f"--nnodes={len(hosts)}", f"--node-rank={index}",
                 f"--nproc-per-node={gpus_per_node}", f"--master-addr={hosts[0]}", f"--master-port={port}", *trainer]
     if index != 0:

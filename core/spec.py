@@ -30,7 +30,9 @@ from core.options import (
 )
 from core.presets import PRESETS, RNN_KINDS, config_with_overrides
 
-ENGINES = ("single", "ddp", "horovod")
+ENGINES = ("single", "ddp", "horovod", "ps")
+# Engines started by torchrun (env:// rendezvous: RANK, MASTER_ADDR, ...): every backend launches them alike.
+TORCHRUN_ENGINES = ("ddp", "ps")
 DATA_KINDS = ("synthetic", "task", "text", "shards")
 BATCH_MODES = ("strong", "weak")
 OPTIMIZERS = ("adam", "sgd")
@@ -68,6 +70,7 @@ class EngineSpec:
     cycle_time_ms: float = checked(1.0, above(0))
     fp16_allreduce: bool = False
     bucket_cap_mb: float = checked(25.0, above(0))
+    ps_shards: int | None = checked(None, POSITIVE)  # parameter-server shards; None: one per node
 
 
 @dataclass
@@ -154,6 +157,14 @@ class Spec:
 
     # ---- validation ----------------------------------------------------------------------
 
+    def _validate_ps(self) -> None:
+        """A shard lives in a worker process (colocated), so there can be at most one per worker."""
+        if self.engine.ps_shards is not None and self.engine.ps_shards > self.workers:
+            raise SpecError(
+                f"--ps-shards {self.engine.ps_shards} is more than the {self.workers} workers that host the shards; "
+                f"use --ps-shards {self.workers} or fewer (default: one per node)"
+            )
+
     def validate(self) -> "Spec":
         """Check everything that can be checked without touching a backend; raise SpecError.
 
@@ -197,6 +208,8 @@ class Spec:
                 f"engine 'single' runs one worker, but the layout has {self.workers} "
                 f"({self.nodes} x {self.gpus_per_node}); use --engine ddp or --engine horovod"
             )
+        if self.engine.name == "ps":
+            self._validate_ps()
         if self.data.kind == "text" and not self.data.train_src:
             raise SpecError("data kind 'text' needs --train-src (and --train-tgt for translation)")
         if (self.data.kind == "shards") != bool(self.data.shards):

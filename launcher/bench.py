@@ -89,6 +89,7 @@ def bench_exchange(sizes_mb: list[float], repeats: int, work: Path) -> list[dict
             continue
         results.extend(json.loads(out.read_text()))
         _progress(f"exchange {label}: done")
+    results.extend(bench_ps_exchange(sizes_mb, repeats, work))
     out = work / "ddp-buckets.json"
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--master-addr=127.0.0.1",
                            f"--master-port={free_port()}", "-m", "train.bench", "ddp-buckets", "nmt-small",
@@ -100,6 +101,22 @@ def bench_exchange(sizes_mb: list[float], repeats: int, work: Path) -> list[dict
     else:
         results.append({"label": "DDP bucket sizes", "error": proc.stderr[-500:]})
     return results
+
+
+def bench_ps_exchange(sizes_mb: list[float], repeats: int, work: Path) -> list[dict]:
+    """Parameter server (push + pull, 1 and 2 shards) against all-reduce, 2 ranks, at the presets'
+    gradient sizes and the largest flat size (270 MB without --quick)."""
+    out = work / "ps-exchange.json"
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--master-addr=127.0.0.1",
+                           f"--master-port={free_port()}", "-m", "train.bench", "ps-exchange",
+                           "--presets", "nmt-tiny,nmt-small,rnnlm-small,sentiment-small", "--sizes-mb", f"{max(sizes_mb):g}",
+                           "--repeats", str(repeats), "--out", str(out)],
+                          env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=900)
+    if proc.returncode != 0 or not out.exists():
+        return [{"label": "parameter server", "error": proc.stderr[-500:]}]
+    _progress("exchange parameter server: done")
+    return [{"label": "parameter server", **r, "ps1_vs_allreduce": r["ps1_s"] / r["allreduce_s"],
+             "ps2_vs_allreduce": r["ps2_s"] / r["allreduce_s"]} for r in json.loads(out.read_text())]
 
 
 # ---- 3 + 4. scaling on this machine and launch overhead ------------------------------------------
@@ -202,12 +219,18 @@ def render(results: dict) -> None:
             ("step ms", "step_s", ".4f"), ("words/s", "words_per_s", ",.0f"), ("GFLOP/s", "gflops", ".1f"),
             ("matmul GFLOP/s", "matmul_gflops", ".1f"), ("efficiency", "efficiency", ".0%")]))
     if "exchange" in results:
+        ps = [r for r in results["exchange"] if "ps1_s" in r]
+        if ps:
+            console.print(_table("2c. Parameter server (push + pull) against all-reduce, 2 ranks, medians", ps, [
+                ("gradients", "gradients", ""), ("MB", "mb", ".1f"), ("all-reduce s", "allreduce_s", ".4f"),
+                ("PS 1 shard s", "ps1_s", ".4f"), ("PS 2 shards s", "ps2_s", ".4f"),
+                ("1 shard / all-reduce", "ps1_vs_allreduce", ".2f"), ("2 shards / all-reduce", "ps2_vs_allreduce", ".2f")]))
         buckets = [r for r in results["exchange"] if "bucket_cap_mb" in r]
         if buckets:
             console.print(_table("2b. DDP bucket size: exchange not hidden behind backward (nmt-small, 2 ranks)", buckets, [
                 ("bucket MB", "bucket_cap_mb", "g"), ("fwd+bwd with exchange s", "step_with_exchange_s", ".3f"),
                 ("without s", "step_without_exchange_s", ".3f"), ("exposed s", "exposed_exchange_s", ".3f")]))
-        console.print(_table("2. All-reduce, 2 ranks (busbw = algbw x 2(n-1)/n)", [r for r in results["exchange"] if "bucket_cap_mb" not in r], [
+        console.print(_table("2. All-reduce, 2 ranks (busbw = algbw x 2(n-1)/n)", [r for r in results["exchange"] if "bucket_cap_mb" not in r and "ps1_s" not in r], [
             ("setting", "label", ""), ("MB", "mb", ""), ("time s", "time_s", ".4f"), ("busbw GB/s", "busbw_gb", ".2f"),
             ("memcpy GB/s", "memcpy_gb", ".2f")]))
     if "scaling" in results:

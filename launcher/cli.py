@@ -168,6 +168,7 @@ _SPEC_OPTIONS: list[tuple[str, str, dict[str, Any]]] = [
     ("--cycle-time-ms", "engine.cycle_time_ms", dict(type=float, help="Horovod fusion cycle time.")),
     ("--fp16-allreduce/--no-fp16-allreduce", "engine.fp16_allreduce", dict(default=None, help="Horovod: compress gradients to fp16 for the exchange.")),
     ("--bucket-cap-mb", "engine.bucket_cap_mb", dict(type=float, help="DDP gradient bucket size.")),
+    ("--ps-shards", "engine.ps_shards", dict(type=int, help="Parameter-server shards, colocated with workers [default: one per node].")),
     ("--name", "name", dict(type=str, help="Run name (prefix of the run directory).")),
 ]
 

@@ -45,7 +45,7 @@ from core.rundir import (
     read_state,
     start_state,
 )
-from core.spec import Spec
+from core.spec import TORCHRUN_ENGINES, Spec
 from launcher.backend import Backend, Request, RunStatus, ended_by_records, log_text
 from launcher.options import LocalOptions
 
@@ -102,7 +102,7 @@ class LocalBackend(Backend):
         trainer = [*TRAINER, str(run_dir)]
         if spec.engine.name == "single":
             commands = [[python, *trainer]]
-        elif spec.engine.name == "ddp":
+        elif spec.engine.name in TORCHRUN_ENGINES:
             commands = [
                 [python, "-m", "torch.distributed.run", f"--nnodes={spec.nodes}", f"--node-rank={node}",
                  f"--nproc-per-node={per_node}", "--master-addr=127.0.0.1", f"--master-port={port}", *trainer]

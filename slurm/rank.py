@@ -49,6 +49,7 @@ from submitit.helpers import Checkpointable, DelayedSubmission
 
 from core.net import free_port
 from core.rundir import RunPaths
+from core.spec import TORCHRUN_ENGINES
 
 INTERRUPTED = 143  # the trainer's exit after checkpointing on a stop signal (train/loop.py)
 PLACEMENT_DIR = "slurm"
@@ -100,7 +101,7 @@ def rank_env(task: Task, engine: str, env: dict[str, str]) -> dict[str, str]:
     if gpu is not None:
         out["CUDA_VISIBLE_DEVICES"] = gpu
     addr, port = env.get("SCALELAB_RDZV_ADDR", "127.0.0.1"), env.get("SCALELAB_RDZV_PORT", "0")
-    if engine == "ddp":
+    if engine in TORCHRUN_ENGINES:
         out.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(local), LOCAL_WORLD_SIZE=str(local_world),
                    GROUP_RANK=str(node), NODE_RANK=str(node), MASTER_ADDR=addr, MASTER_PORT=port)
     elif engine == "horovod":

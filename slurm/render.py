@@ -28,7 +28,7 @@ from typing import Any
 
 import submitit
 
-from core.spec import Spec
+from core.spec import TORCHRUN_ENGINES, Spec
 
 SUBMITIT_DIR = "slurm"  # submitit's folder in the run directory: script, pickles, per-task logs, placements
 WARNING_SIGNAL = "USR1"  # sent N s before the time limit; the ranks checkpoint on it (train/loop.py)
@@ -136,7 +136,7 @@ def setup_lines(spec: Spec, options: Mapping[str, Any], python: str) -> list[str
                 'read -r SCALELAB_RDZV_PORT <&"${RDZV[0]}" '
                 '|| { echo "scalelab: error: the Horovod rendezvous server did not start" >&2; exit 1; }',
                 'RDZV_SERVER=$RDZV_PID; disown "$RDZV_SERVER"']
-    elif engine == "ddp":
+    elif engine in TORCHRUN_ENGINES:
         out.append(f"SCALELAB_RDZV_PORT=$({q(python)} -m slurm.rank --free-port)")
     else:
         out.append("SCALELAB_RDZV_PORT=0")

@@ -24,7 +24,7 @@ def _run(tmp_path, *args, env=None):
     return proc, runs
 
 
-@pytest.mark.parametrize("engine", ["ddp", pytest.param("horovod", marks=needs_horovod)])
+@pytest.mark.parametrize("engine", ["ddp", "ps", pytest.param("horovod", marks=needs_horovod)])
 def test_two_rank_run_writes_records_and_summary(tmp_path, engine):
     proc, runs = _run(tmp_path, "--engine", engine, "--gpus-per-node", "2", "--steps", "6", "--global-batch", "16")
     assert proc.returncode == 0, proc.stderr
@@ -37,6 +37,8 @@ def test_two_rank_run_writes_records_and_summary(tmp_path, engine):
         steps = [r for r in recs if r["kind"] == "step"]
         assert [s["step"] for s in steps] == list(range(1, 7))
         assert all(s["samples"] == 8 and s["step_s"] > 0 for s in steps)
+        if engine == "ps":  # push + pull, inside the step (backward_s includes the exchange, as for Horovod)
+            assert all(0 < s["exchange_s"] <= s["backward_s"] for s in steps)
         assert steps[0]["warmup"] and not steps[-1]["warmup"]
         assert recs[-1]["kind"] == "event" and recs[-1]["event"] == "end"
     summary = json.loads((run / "summary.json").read_text())
@@ -56,10 +58,13 @@ def _final_params(run_dir):
 
 
 def test_engines_give_the_same_loss_curve(tmp_path):
-    """Same seed + same global batch: single (1 rank), DDP (2 ranks), Horovod (2 ranks) agree."""
+    """Same seed + same global batch: single (1 rank), DDP, parameter server (1 and 2 shards) and
+    Horovod (2 ranks) agree."""
     common = ["--steps", "8", "--global-batch", "16", "--lr", "0.01", "--checkpoint-every", "8",
               "--model-arg", "dropout=0"]
-    layouts = {"single": ["--engine", "single"], "ddp": ["--engine", "ddp", "--gpus-per-node", "2"]}
+    layouts = {"single": ["--engine", "single"], "ddp": ["--engine", "ddp", "--gpus-per-node", "2"],
+               "ps": ["--engine", "ps", "--gpus-per-node", "2"],  # one shard (one node), on rank 0
+               "ps-2": ["--engine", "ps", "--gpus-per-node", "2", "--ps-shards", "2"]}
     from tests.conftest import horovod_available
 
     if horovod_available():

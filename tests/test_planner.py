@@ -15,10 +15,12 @@ from costs.fitting import (
     CommModel,
     ErnestModel,
     LinkModel,
+    PSModel,
     fit_series,
     mixed_throughput,
     nnls,
     pareto_front,
+    ps_exchange_s,
     ring_allreduce_s,
 )
 from costs.planner import PlanRequest, plan
@@ -72,6 +74,22 @@ def test_model_choice_by_held_out_error_picks_the_true_shape():
     fit = fit_series("x", df, link)
     assert fit.chosen == "comm"
     assert fit.held_out_error["comm"] < 1e-6 < fit.held_out_error["ernest"]
+
+
+def test_parameter_server_time_and_its_model_is_chosen_on_ps_data():
+    link = LinkModel(gradient_bytes=100e6, intra_gbps=80, inter_gbps=10, intra_latency_s=0, inter_latency_s=0)
+    # 4 workers, 2 nodes (2 shards): each shard's link carries 2·3·50 MB at 1.25 GB/s
+    assert ps_exchange_s(np.array([4.0]), np.array([2.0]), link)[0] == pytest.approx(2 * 3 * 50e6 / 1.25e9)
+    # one node, one shard: N times the ring's time
+    one = ps_exchange_s(np.array([4.0]), np.array([1.0]), link)[0]
+    assert one == pytest.approx(4 * ring_allreduce_s(np.array([4.0]), np.array([1.0]), link)[0])
+    w = np.array([1, 2, 4, 4, 8, 8, 16], dtype=float)
+    nodes = np.array([1, 1, 1, 2, 2, 4, 4], dtype=float)
+    truth = PSModel(link)
+    truth.theta = np.array([1e-4, 1e-3, 0.05, 0.0])
+    fit = fit_series("ps", pd.DataFrame({"workers": w, "nodes": nodes, "throughput": truth.predict(w, nodes)}), link)
+    assert fit.chosen == "ps"
+    assert fit.held_out_error["ps"] < 1e-6 < fit.held_out_error["comm"]
 
 
 def test_seed_001_extrapolation_within_its_interval():

@@ -32,8 +32,9 @@ ENGINES = {
     "single": ["--engine", "single"],
     "ddp": ["--engine", "ddp", "--gpus-per-node", "2"],
     "horovod": ["--engine", "horovod", "--gpus-per-node", "2"],
+    "ps": ["--engine", "ps", "--gpus-per-node", "2", "--ps-shards", "2"],  # rank 1 owns a shard's Adam state
 }
-ENGINE_PARAMS = ["single", "ddp", pytest.param("horovod", marks=needs_horovod)]
+ENGINE_PARAMS = ["single", "ddp", "ps", pytest.param("horovod", marks=needs_horovod)]
 
 
 def _start(where, engine, *extra, env=None):

@@ -121,10 +121,11 @@ def _run(tmp_path: Path, name: str) -> Path:
 def test_seed001_throughput_table(tmp_path):
     study = _run(tmp_path, "seed001-nmt-data-parallel.yaml")
     table = pd.read_csv(study / "throughput.csv")
-    assert list(table["GPU number"]) == [1, 2, 1, 2]
-    assert set(table["variant"]) == {"cudnn_lstm all-reduce", "dynamic_rnn independent replicas"}
+    assert list(table["GPU number"]) == [1, 2, 1, 2, 1, 2]
+    assert set(table["variant"]) == {"cudnn_lstm all-reduce", "cudnn_lstm parameter server",
+                                     "dynamic_rnn independent replicas"}
     assert (table["Batch size (per GPU)"] == 8).all() and (table["Processing speed (words/s)"] > 0).all()
-    assert list(table["Speedup ratio"])[::2] == [1.0, 1.0]
+    assert list(table["Speedup ratio"])[::2] == [1.0, 1.0, 1.0]
     text = (study / "study.md").read_text()
     assert "| GPU number |" in text and "Scale of the seed:" in text and (study / "speedup.png").exists()
 

@@ -163,6 +163,56 @@ def allreduce_rank(engine: str, sizes_mb: list[float], repeats: int, out: str | 
         hvd.shutdown()
 
 
+# ---- parameter server against all-reduce, one rank ---------------------------------------------------
+
+
+def _gradient_sets(presets: list[str], extra_mb: list[float]) -> list[tuple[str, list[torch.Tensor]]]:
+    """The presets' parameter shapes, and flat sizes split into 16 tensors (a model of that size)."""
+    sets = [(p, [torch.ones_like(t) for t in build_model(PRESETS[p]).parameters()]) for p in presets]
+    return sets + [(f"{mb:g} MB", [torch.ones(int(mb * 2**20 // 4 // 16)) for _ in range(16)]) for mb in extra_mb]
+
+
+def ps_exchange_rank(presets: list[str], extra_mb: list[float], repeats: int, out: str | None) -> None:
+    """Per gradient set: all-reduce of every tensor, against the ps engine's push + pull (1 and 2 shards)."""
+    import torch.distributed as dist
+
+    from core.spec import EngineSpec
+    from train.engines import PSEngine
+
+    engine, results = PSEngine(EngineSpec(name="ps")), []  # distributed: torchrun's env:// rendezvous
+    for name, grads in _gradient_sets(presets, extra_mb):
+        model = torch.nn.ParameterList([torch.nn.Parameter(torch.zeros_like(g)) for g in grads])
+
+        def allreduce():
+            for w in [dist.all_reduce(g, async_op=True) for g in grads]:
+                w.wait()
+
+        row = {"gradients": name, "mb": sum(g.numel() for g in grads) * 4 / 2**20, "ranks": engine.world,
+               "allreduce_s": statistics.median(_time(allreduce, repeats, warmup=2))}
+        for shards in (1, 2):
+            engine.spec = EngineSpec(name="ps", ps_shards=shards)
+            engine.wrap(model, None)
+            row[f"ps{shards}_s"] = statistics.median(_ps_times(engine, model, grads, repeats))
+        results.append(row)
+    if engine.rank == 0 and out:
+        with open(out, "w") as f:
+            json.dump(results, f)
+    engine.shutdown()
+
+
+def _ps_times(engine, model: torch.nn.Module, grads: list[torch.Tensor], repeats: int) -> list[float]:
+    """Push + pull seconds (no optimizer: the owners' update is not exchange), after 2 warm-ups."""
+    times = []
+    for i in range(repeats + 2):
+        for p, g in zip(model.parameters(), grads):
+            p.grad = g.clone()
+        push = engine.finish_exchange(None)
+        pull = engine.pull()
+        if i >= 2:
+            times.append(push + pull)
+    return times
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m train.bench")
     sub = p.add_subparsers(dest="what", required=True)
@@ -174,6 +224,11 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("--fp16", action="store_true")
     a.add_argument("--label", default="")
     a.add_argument("--out")
+    q = sub.add_parser("ps-exchange", help="ps push + pull against all-reduce on this rank (start with torchrun)")
+    q.add_argument("--presets", default="nmt-tiny,nmt-small")
+    q.add_argument("--sizes-mb", default="270")
+    q.add_argument("--repeats", type=int, default=5)
+    q.add_argument("--out")
     d = sub.add_parser("ddp-buckets", help="exposed exchange per DDP bucket size (start with torchrun)")
     d.add_argument("preset")
     d.add_argument("--bucket-caps-mb", default="1,25,100")
@@ -185,7 +240,9 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--steps", type=int, default=10)
     s.add_argument("--threads", type=int)
     args = p.parse_args(argv)
-    if args.what == "ddp-buckets":
+    if args.what == "ps-exchange":
+        ps_exchange_rank(args.presets.split(","), [float(x) for x in args.sizes_mb.split(",")], args.repeats, args.out)
+    elif args.what == "ddp-buckets":
         ddp_exposed_exchange(args.preset, [float(x) for x in args.bucket_caps_mb.split(",")], out=args.out)
     elif args.what == "allreduce":
         allreduce_rank(args.engine, [float(x) for x in args.sizes_mb.split(",")], args.repeats, args.out,

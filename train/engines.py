@@ -79,8 +79,20 @@ class Engine:
     def finish_exchange(self, optimizer: torch.optim.Optimizer) -> float | None:
         return None
 
-    def step(self, optimizer: torch.optim.Optimizer) -> None:
+    def step(self, optimizer: torch.optim.Optimizer) -> float | None:
+        """The update; returns seconds of exchange done after it (the parameter server's pull), else None."""
         optimizer.step()
+        return None
+
+    def clip_grad_norm(self, model: torch.nn.Module, max_norm: float) -> None:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+
+    def grad_sq(self) -> float | None:
+        """|G|² of the exchanged gradient where no rank holds all of it (ps), else None: read it locally."""
+        return None
+
+    def consolidate(self, optimizer: torch.optim.Optimizer) -> None:
+        """Make rank 0's optimizer state complete before it writes a checkpoint (sharded state only)."""
 
     def mean(self, value: float) -> float:
         return float(value)
@@ -153,6 +165,75 @@ class DDPEngine(Engine):
         if self._dist.is_initialized():
             self._dist.barrier()  # distributed: no rank tears down Gloo while a peer still talks to it
             self._dist.destroy_process_group()
+
+
+class PSEngine(DDPEngine):
+    """Parameter server on torch.distributed collectives, shards colocated with the workers.
+
+    Parameters are dealt to shards by size, largest first, round-robin (as TensorFlow placed variables
+    over its PS tasks); shard s lives in worker `s * world // shards`, so the default (one shard per
+    node) puts one on every node. Push: each gradient is reduced to its owner (sum / world: the same
+    average DDP makes). The owner alone applies the optimizer step to its parameters (the others' grads
+    are dropped, so their optimizer state stays empty), then pull: each parameter is broadcast from its
+    owner. Optimizer state is sharded; `consolidate` copies it to every rank before a checkpoint.
+    """
+
+    name = "ps"
+
+    def wrap(self, model, optimizer):
+        params = list(model.parameters())
+        shards = self.spec.ps_shards or max(1, self.world // self.placement.local_world)
+        by_size = sorted(range(len(params)), key=lambda i: (-params[i].numel(), i))
+        self.owner = {params[i]: (n % shards) * self.world // shards for n, i in enumerate(by_size)}
+        for p in params:
+            self._dist.broadcast(p.data, src=0)  # distributed: rank 0's parameters everywhere
+        return model, optimizer
+
+    def finish_exchange(self, optimizer) -> float | None:
+        """Push: every gradient to its owner, averaged; returns the seconds (push half of exchange_s)."""
+        if not self.exchanging:
+            return None
+        t0 = time.perf_counter()
+        for p, owner in self.owner.items():
+            if p.grad is not None:
+                self._dist.reduce(p.grad, dst=owner)  # distributed: sum on the owner only
+                p.grad = p.grad.div_(self.world) if owner == self.rank else None
+        sq = self._tensor(sum(float(p.grad.double().square().sum()) for p in self.owner if p.grad is not None))
+        self._dist.all_reduce(sq)  # distributed: |G|² of the whole averaged gradient (clipping, noise scale)
+        self._grad_sq = float(sq.item())
+        return time.perf_counter() - t0
+
+    def grad_sq(self) -> float | None:
+        return self._grad_sq if self.exchanging else None
+
+    def clip_grad_norm(self, model, max_norm: float) -> None:
+        """torch's clip over the whole gradient, whose shards live on their owners: sum the squares."""
+        if not self.exchanging:
+            return super().clip_grad_norm(model, max_norm)
+        coef = min(1.0, max_norm / (self._grad_sq**0.5 + 1e-6))  # |G|² summed over the shards at the push
+        for p in self.owner:
+            if p.grad is not None:
+                p.grad.mul_(coef)
+
+    def step(self, optimizer) -> float | None:
+        """The owners' update, then pull; returns the pull's seconds (the other half of exchange_s)."""
+        optimizer.step()  # only owned parameters hold a gradient
+        return self.pull() if self.exchanging else None
+
+    def pull(self) -> float:
+        """Every parameter from its owner; returns the seconds."""
+        t0 = time.perf_counter()
+        for p, owner in self.owner.items():
+            self._dist.broadcast(p.data, src=owner)  # distributed: the new value from its owner
+        return time.perf_counter() - t0
+
+    def consolidate(self, optimizer) -> None:
+        """Every rank gets every shard's optimizer state, so rank 0's checkpoint holds all of it."""
+        for p, owner in getattr(self, "owner", {}).items():
+            box = [optimizer.state.get(p)]
+            self._dist.broadcast_object_list(box, src=owner)  # distributed
+            if owner != self.rank and box[0] is not None:
+                optimizer.state[p] = {k: v.to(p.device) if torch.is_tensor(v) and v.dim() else v for k, v in box[0].items()}
 
 
 class HorovodEngine(Engine):
@@ -247,4 +328,4 @@ def model_device(model: torch.nn.Module) -> torch.device:
 
 
 def make_engine(spec: EngineSpec) -> Engine:
-    return {"single": Engine, "ddp": DDPEngine, "horovod": HorovodEngine}[spec.name](spec)
+    return {"single": Engine, "ddp": DDPEngine, "horovod": HorovodEngine, "ps": PSEngine}[spec.name](spec)

@@ -301,13 +301,16 @@ def train_step(run: Run, progress: Progress, stream: Prefetcher) -> dict[str, An
     (loss * weight if weight != 1.0 else loss).backward()  # DDP all-reduces during backward; Horovod starts here
     t2 += emulated_s
     exchange_s = engine.finish_exchange(optimizer)  # distributed: wait for the exchange
-    probe_s = run.noise.exchanged(model, batch.inputs, batch.samples, progress.step + 1)  # B_simple (train/noise.py)
+    probe_s = run.noise.exchanged(model, batch.inputs, batch.samples, progress.step + 1,
+                                  grad_sq=engine.grad_sq())  # B_simple (train/noise.py)
     t0, t1, t2 = t0 + probe_s, t1 + probe_s, t2 + probe_s  # one worker's probe is not part of the step
     if spec.clip_grad_norm:
-        torch.nn.utils.clip_grad_norm_(model.parameters(), spec.clip_grad_norm)
+        engine.clip_grad_norm(model, spec.clip_grad_norm)  # distributed for sharded gradients (ps)
     t3 = _clock(device)
-    engine.step(optimizer)
+    pull_s = engine.step(optimizer)  # distributed for ps: the owners' update, then the pull
     t4 = _clock(device)
+    if pull_s is not None:  # parameter server: exchange = push + pull, not part of the optimizer's time
+        exchange_s, t3 = (exchange_s or 0.0) + pull_s, t3 + pull_s
     progress.step += 1
     progress.elapsed += t4 - t0
     loss_value = float(loss.detach())
@@ -363,6 +366,7 @@ def checkpoint_due(run: Run, step: int, stop_now: bool, reason: str) -> bool:
 def checkpoint(run_dir: Path, run: Run, progress: Progress, out: RecordWriter) -> None:
     """Rank 0 writes the checkpoint. Every rank must call this: each hands in its RNG states."""
     gathered = [run.engine.gather(t) for t in rng_state()]  # distributed: [kind][rank]
+    run.engine.consolidate(run.optimizer)  # distributed for ps: every shard's optimizer state to rank 0
     if run.rank != 0:
         return
     path = save_checkpoint(

@@ -102,29 +102,32 @@ class NoiseMeter:
         self._local = sq if self._local is None else self._local + sq
 
     def exchanged(self, model: torch.nn.Module, inputs: dict[str, torch.Tensor], samples: int, step: int,
-                  loss_scale: float = 1.0) -> float:
+                  loss_scale: float = 1.0, grad_sq: float | None = None) -> float:
         """Estimate this step's tr(Σ) and |G|² while the gradients hold the global batch's average;
         return the seconds spent probing (one worker), which the caller leaves out of the step's
-        timings. `loss_scale`: a factor the loss was multiplied by (mixed precision), divided out."""
+        timings. `loss_scale`: a factor the loss was multiplied by (mixed precision), divided out.
+        `grad_sq`: |G|² when the engine knows it and no rank holds the whole gradient (parameter server)."""
         local, self._local = self._local, None
         if self.data_parallel:
             if local is not None and samples < self.global_batch:
                 # the loss was weighted by samples·world/global_batch (unequal shares): divide it out
                 weight = samples * self.world / self.global_batch * loss_scale
-                self._pending = estimate(float(local) / weight**2, self._averaged_sq(loss_scale), samples,
+                self._pending = estimate(float(local) / weight**2, self._averaged_sq(loss_scale, grad_sq), samples,
                                          self.global_batch)
             return 0.0
         if step % self.probe_every or samples < 2:
             return 0.0
         t0 = time.perf_counter()
         half = samples // 2
-        self._pending = estimate(self._half_sq(model, inputs, half), self._averaged_sq(loss_scale), half, samples)
+        self._pending = estimate(self._half_sq(model, inputs, half), self._averaged_sq(loss_scale, grad_sq), half, samples)
         self._probe_s = time.perf_counter() - t0
         return self._probe_s
 
-    def _averaged_sq(self, loss_scale: float) -> float:
+    def _averaged_sq(self, loss_scale: float, grad_sq: float | None = None) -> float:
         """|G_B|² of the gradient the parameters hold now (the average over the global batch)."""
-        return float(_sq_norm([p.grad for p in self.params if p.grad is not None])) / loss_scale**2
+        if grad_sq is None:
+            grad_sq = float(_sq_norm([p.grad for p in self.params if p.grad is not None]))
+        return grad_sq / loss_scale**2
 
     def _half_sq(self, model: torch.nn.Module, inputs: dict[str, torch.Tensor], half: int) -> float:
         """|g|² of the first `half` samples' mean gradient at the current parameters (one extra

@@ -1,0 +1,59 @@
+"""The parameter-server engine's launch on every backend and its options.
+
+The engine's training (same losses as DDP, exchange_s, exact resume) is tested by running it:
+tests/test_local_runs.py and tests/test_resume.py. Here: `--engine ps` is started like DDP (torchrun,
+env:// rendezvous) by Slurm, Kubernetes and AWS, and `--ps-shards` is checked up front.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from aws.bootstrap import trainer_command
+from core.errors import SpecError
+from core.spec import EngineSpec, Spec
+from slurm.backend import SlurmBackend
+from slurm.rank import rank_env
+from slurm.render import render_sbatch
+from tests.test_slurm_render import PYTHON, RUN_DIR, slurm_env
+
+
+def _spec(**fields) -> Spec:
+    return Spec(engine=EngineSpec(name="ps", **fields.pop("engine", {})), nodes=2, gpus_per_node=2,
+                batch_per_worker=8, steps=10, **fields).validate()
+
+
+def test_slurm_gives_ps_ranks_a_torchrun_rendezvous() -> None:
+    script = render_sbatch(_spec(), RUN_DIR, SlurmBackend({"python": PYTHON}).options, PYTHON)
+    assert 'SCALELAB_RDZV_PORT=$("$PYTHON" -m slurm.rank --free-port)' in script
+    env = rank_env(slurm_env(3), "ps")
+    assert (env["RANK"], env["WORLD_SIZE"], env["LOCAL_WORLD_SIZE"]) == ("3", "8", "4")
+    assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == ("node1", "29400")
+
+
+def test_k8s_runs_ps_as_an_indexed_job_of_torchrun_pods() -> None:
+    pytest.importorskip("kubernetes_validate")
+    from k8s.backend import KubernetesBackend
+    from k8s.validate import validate_all
+
+    spec = Spec(backend="k8s", engine=EngineSpec(name="ps"), nodes=2, gpus_per_node=2, batch_per_worker=8,
+                steps=10).validate()
+    request = KubernetesBackend({"image": "registry.example.com/scalelab:0.1.0"}).submit_dryrun(spec, Path("runs/ps-x"))
+    assert [d["kind"] for d in request.objects] == ["ConfigMap", "Service", "Job"]
+    validate_all([*request.objects, request.fetch])
+    script = request.objects[2]["spec"]["template"]["spec"]["containers"][0]["command"][-1]
+    assert "torch.distributed.run" in script and "--nnodes=2" in script
+
+
+def test_aws_starts_one_torchrun_per_node_for_ps() -> None:
+    cmd = trainer_command("ps", "py", Path("/w/r"), ["10.0.0.1", "10.0.0.2"], 1, 2)
+    assert cmd[:3] == ["py", "-m", "torch.distributed.run"] and "--node-rank=1" in cmd
+    assert "--master-addr=10.0.0.1" in cmd and cmd[-3:] == ["-m", "train", "/w/r"]
+
+
+def test_more_shards_than_workers_is_refused() -> None:
+    assert _spec(engine={"ps_shards": 4}).engine.ps_shards == 4
+    with pytest.raises(SpecError, match="--ps-shards 5 is more than the 4 workers"):
+        _spec(engine={"ps_shards": 5})
