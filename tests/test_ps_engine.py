@@ -16,8 +16,7 @@ from core.errors import SpecError
 from core.spec import EngineSpec, Spec
 from slurm.backend import SlurmBackend
 from slurm.rank import rank_env
-from slurm.render import render_sbatch
-from tests.test_slurm_render import PYTHON, RUN_DIR, slurm_env
+from tests.test_slurm_render import PYTHON, RDZV, RUN_DIR, task
 
 
 def _spec(**fields) -> Spec:
@@ -26,9 +25,9 @@ def _spec(**fields) -> Spec:
 
 
 def test_slurm_gives_ps_ranks_a_torchrun_rendezvous() -> None:
-    script = render_sbatch(_spec(), RUN_DIR, SlurmBackend({"python": PYTHON}).options, PYTHON)
-    assert 'SCALELAB_RDZV_PORT=$("$PYTHON" -m slurm.rank --free-port)' in script
-    env = rank_env(slurm_env(3), "ps")
+    script = SlurmBackend({"python": PYTHON}).submit_dryrun(_spec(), RUN_DIR).render()
+    assert "SCALELAB_RDZV_PORT=$(" in script and "-m slurm.rank --free-port)" in script
+    env = rank_env(task(3), "ps", RDZV)
     assert (env["RANK"], env["WORLD_SIZE"], env["LOCAL_WORLD_SIZE"]) == ("3", "8", "4")
     assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == ("node1", "29400")
 
