@@ -69,6 +69,7 @@ class Report:
     plot_path: Path
     json_text: str
     warnings: list[str] = field(default_factory=list)
+    runs: list[Path] = field(default_factory=list)
 
 
 def finished_layouts(sweep_dir: Path) -> tuple[list[Path], list[str]]:
@@ -120,7 +121,7 @@ def write_report(summaries: list[LayoutSummary], runs: list[Path], out: Path) ->
     md = write_markdown(table, out, "Scaling report", notes=[f"runs: {', '.join(str(r) for r in runs)}"])
     text = json.dumps(to_json_records(table), indent=2)
     (out / "report.json").write_text(text + "\n")
-    return Report(table, md, plot, text)
+    return Report(table, md, plot, text, runs=list(runs))
 
 
 def summarize_loaded(run) -> LayoutSummary:

@@ -364,8 +364,9 @@ def sweep_cmd(workers: str | None, layouts: str | None, mode: str, **params: Any
 @click.option("--from-csv", "from_csv", type=click.Path(dir_okay=False),
               help="A published scaling table instead of runs: label (opt.), workers, nodes (opt.), throughput or time_s, mode (opt.).")
 @click.option("--out", type=click.Path(file_okay=False), help="Where report.md, report.json and plots go [default: beside the runs].")
-@click.option("--format", "fmt", type=click.Choice(["table", "json", "markdown"]), default="table", show_default=True,
-              help="What to print; the Markdown report and plots are written in every case.")
+@click.option("--format", "fmt", type=click.Choice(["table", "json", "markdown", "html"]), default="table", show_default=True,
+              help="What to print; the Markdown report and plots are written in every case; html writes "
+                   "report.html (one self-contained page) and prints its path.")
 def report_cmd(run_dirs: tuple[str, ...], from_csv: str | None, out: str | None, fmt: str) -> None:
     """Throughput, speedup and efficiency per layout from the runs' records.
 
@@ -397,11 +398,24 @@ def report_dirs(paths: list[Path], out: Path | None, fmt: str) -> None:
         click.echo(report.json_text)
     elif fmt == "markdown":
         click.echo(report.markdown_path.read_text())
+    elif fmt == "html":
+        click.echo(str(write_html_report(report)))
     else:
         from analysis.report import print_scaling
 
         print_scaling(report.table, console=console)
         console.print(f"report: [bold]{report.markdown_path}[/]  plot: {report.plot_path}")
+
+
+def write_html_report(report) -> Path:
+    """report.html beside report.md, with each layout's cost at the rates `costs.expected` assumes."""
+    from analysis.runhtml import write_run_html
+    from core.records import load_run
+    from costs.expected import measured_cost_points
+
+    runs = [load_run(r) for r in report.runs]
+    points, basis = measured_cost_points(report.table, runs)
+    return write_run_html(report.markdown_path.parent, "Scaling report", report.table, runs, points, basis)
 
 
 # ---- status, logs, cancel ------------------------------------------------------------------------
