@@ -69,6 +69,7 @@ class Report:
     plot_path: Path
     json_text: str
     warnings: list[str] = field(default_factory=list)
+    runs: list[Path] = field(default_factory=list)
 
 
 def finished_layouts(sweep_dir: Path) -> tuple[list[Path], list[str]]:
@@ -123,7 +124,7 @@ def write_report(summaries: list[LayoutSummary], runs: list[Path], out: Path) ->
     text = json.dumps(to_json_records(table), indent=2)
     (out / "report.json").write_text(text + "\n")
     (out / "warnings.json").write_text(json.dumps(warnings, indent=2) + "\n")
-    return Report(table, md, plot, text, warnings)
+    return Report(table, md, plot, text, warnings, runs=list(runs))
 
 
 def emulation_warnings(runs: list[Path]) -> list[str]:

@@ -391,16 +391,20 @@ def sweep_cmd(workers: str | None, layouts: str | None, mode: str, repeats: int,
 @click.argument("run_dirs", nargs=-1, type=click.Path())
 @click.option("--from-csv", "from_csv", type=click.Path(dir_okay=False),
               help="A published scaling table instead of runs: label (opt.), workers, nodes (opt.), throughput or time_s, mode (opt.).")
+@click.option("--compare", is_flag=True, help="A B: two report directories (or report.json files); what changed from A to B, in percent.")
 @click.option("--out", type=click.Path(file_okay=False), help="Where report.md, report.json and plots go [default: beside the runs].")
-@click.option("--format", "fmt", type=click.Choice(["table", "json", "markdown"]), default="table", show_default=True,
-              help="What to print; the Markdown report and plots are written in every case.")
-def report_cmd(run_dirs: tuple[str, ...], from_csv: str | None, out: str | None, fmt: str) -> None:
+@click.option("--format", "fmt", type=click.Choice(["table", "json", "markdown", "html"]), default="table", show_default=True,
+              help="What to print; the Markdown report and plots are written in every case; html writes "
+                   "report.html (one self-contained page) and prints its path.")
+def report_cmd(run_dirs: tuple[str, ...], from_csv: str | None, compare: bool, out: str | None, fmt: str) -> None:
     """Throughput, speedup and efficiency per layout from the runs' records.
 
     RUN_DIRS are run directories or sweep directories (their runs are all taken). Speedup is relative to
     the layout with the fewest workers; the slowest rank sets each step's time. With --from-csv FILE the
     rows of FILE are used instead (speedup relative to the fewest workers of the same label).
     """
+    if compare:
+        return compare_reports(run_dirs, fmt)
     if bool(from_csv) == bool(run_dirs):
         raise SpecError("give RUN_DIRS (run or sweep directories) or --from-csv FILE (one of the two)")
     if from_csv:
@@ -415,6 +419,31 @@ def report_cmd(run_dirs: tuple[str, ...], from_csv: str | None, out: str | None,
     report_dirs([Path(p) for p in run_dirs], Path(out) if out else None, fmt)
 
 
+def compare_reports(paths: tuple[str, ...], fmt: str) -> None:
+    """Print the change from report A to report B per layout, as JSON or a table of percentages."""
+    from analysis.compare import COMPARED, compare_tables, load_table
+    from analysis.report import to_json_records
+
+    if len(paths) != 2 or not all((Path(p) / "report.json").is_file() or Path(p).name == "report.json" for p in paths):
+        raise SpecError("--compare takes two reports A B: directories holding report.json (`launch report` writes them)")
+    diff = compare_tables(load_table(Path(paths[0])), load_table(Path(paths[1])))
+    if fmt == "json":
+        click.echo(json.dumps(to_json_records(diff), indent=2))
+        return
+    import pandas as pd
+    from rich.table import Table
+
+    table = Table(title=f"From {paths[0]} to {paths[1]}")
+    table.add_column("workers", justify="right")
+    shown = [(c, what) for c, what in COMPARED if f"{c}_change_pct" in diff]
+    for _, what in shown:
+        table.add_column(f"{what} change", justify="right")
+    for _, r in diff.iterrows():
+        table.add_row(str(int(r["workers"])), *("—" if pd.isna(r[f"{c}_change_pct"]) else f"{r[f'{c}_change_pct']:+.1f} %"
+                                                for c, _ in shown))
+    console.print(table)
+
+
 def report_dirs(paths: list[Path], out: Path | None, fmt: str) -> None:
     from analysis.results import build_report
 
@@ -425,11 +454,24 @@ def report_dirs(paths: list[Path], out: Path | None, fmt: str) -> None:
         click.echo(report.json_text)
     elif fmt == "markdown":
         click.echo(report.markdown_path.read_text())
+    elif fmt == "html":
+        click.echo(str(write_html_report(report)))
     else:
         from analysis.report import print_scaling
 
         print_scaling(report.table, console=console)
         console.print(f"report: [bold]{report.markdown_path}[/]  plot: {report.plot_path}")
+
+
+def write_html_report(report) -> Path:
+    """report.html beside report.md, with each layout's cost at the rates `costs.expected` assumes."""
+    from analysis.runhtml import write_run_html
+    from core.records import load_run
+    from costs.expected import measured_cost_points
+
+    runs = [load_run(r) for r in report.runs]
+    points, basis = measured_cost_points(report.table, runs)
+    return write_run_html(report.markdown_path.parent, "Scaling report", report.table, runs, points, basis)
 
 
 # ---- status, logs, cancel ------------------------------------------------------------------------

@@ -17,3 +17,10 @@ echo "install: scalelab and its dependencies"
 quiet $PY -m pip install -q -e ".[dev]"
 $PY -c 'import launcher, train, costs' || { echo "install: scalelab did not install" >&2; exit 1; }
 scripts/build-horovod.sh
+
+# Chromium for the test that opens the HTML report in a real headless browser (tests/test_html_report.py
+# skips with a reason where it is missing); only where apt-get can install as root.
+if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+  echo "install: chromium (headless, for the HTML report test)"
+  apt-get install -y -q chromium >/dev/null 2>&1 || echo "install: chromium not installed; the browser test will skip" >&2
+fi

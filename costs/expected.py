@@ -1,0 +1,98 @@
+"""What a run costs: the fleet's price per hour and the expected dollars, before and after it runs.
+
+Why here: the prices live in costs/ (catalog, billing); the launcher asks before it pays and the HTML
+report shows what the measured runs cost. Every number carries its basis (which rate, which step
+time) because an estimate whose assumption is hidden cannot be checked.
+
+Rates: an AWS run is priced from its `--instance-type` mix (one instance per node, on-demand or
+spot) in the catalog; any other backend from an on-premise rate named after the backend (`slurm`,
+`k8s`, `local`) in the user's prices file, else ASSUMED_GPU_HOUR_USD per GPU-hour.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import pandas as pd
+
+from costs.billing import Mix
+from costs.catalog import Catalog, load_catalog
+from core.spec import Spec
+
+__all__ = ["ASSUMED_GPU_HOUR_USD", "ASSUMED_STEP_S", "Estimate", "fleet_price", "expected_cost",
+           "measured_cost_points"]
+
+#: On-premise price of one GPU-hour when the prices file names no rate for the backend.
+ASSUMED_GPU_HOUR_USD = 0.50
+#: Step time assumed when nothing was measured (seconds per step of the slowest rank).
+ASSUMED_STEP_S = 0.5
+
+
+@dataclass(frozen=True)
+class Estimate:
+    usd_per_hour: float
+    rate_basis: str
+    steps: int | None
+    step_s: float
+    step_basis: str
+    hours: float
+    dollars: float
+
+    def line(self) -> str:
+        """One line for the terminal: price per hour, expected dollars and both assumptions."""
+        steps = "unknown steps (--epochs)" if self.steps is None else f"{self.steps} steps"
+        return (f"fleet ${self.usd_per_hour:,.2f}/hour ({self.rate_basis}); expected ${self.dollars:,.2f} "
+                f"for {steps} x {self.step_s:.3g} s/step ({self.step_basis}) = {self.hours:.3g} h")
+
+
+def fleet_price(spec: Spec, catalog: Catalog | None = None) -> tuple[float, str]:
+    """USD per hour of every node of `spec` together, and where the price comes from."""
+    catalog = catalog or load_catalog()
+    if spec.backend == "aws":
+        opts = spec.backend_options
+        mix = Mix.for_nodes(str(opts.get("instance_type", "g3.4xlarge")), spec.nodes, catalog, provider="aws")
+        market = "spot" if opts.get("spot") else "on-demand"
+        region = opts.get("region") or None
+        return mix.usd_per_hour(catalog, market, region), f"{mix} {market}"
+    inst = catalog.instances.get(spec.backend)
+    if inst is not None and inst.provider == "rate":
+        per_unit = catalog.price(spec.backend).usd_per_hour
+        units = spec.workers / inst.gpus
+        return per_unit * units, f"rate '{spec.backend}' from the prices file, {units:g} units"
+    return ASSUMED_GPU_HOUR_USD * spec.workers, (f"assumed on-premise ${ASSUMED_GPU_HOUR_USD:.2f}/GPU-hour x "
+                                                 f"{spec.workers} GPUs; set a '{spec.backend}' rate in the prices file")
+
+
+def expected_cost(spec: Spec, step_s: float | None = None, catalog: Catalog | None = None) -> Estimate:
+    """Price per hour and expected dollars of `spec`: steps x `step_s` (measured) or ASSUMED_STEP_S."""
+    rate, rate_basis = fleet_price(spec, catalog)
+    measured = step_s is not None
+    step_s = float(step_s) if measured else ASSUMED_STEP_S
+    basis = "measured" if measured else "assumed; pass a measured one to know better"
+    hours = (spec.steps or 0) * step_s / 3600.0 if spec.steps is not None else math.nan
+    return Estimate(rate, rate_basis, spec.steps, step_s, basis, hours, rate * hours)
+
+
+def _train_seconds(steps: pd.DataFrame) -> float:
+    """Seconds of training: per step the slowest rank's step_s, summed."""
+    return float(steps.groupby("step")["step_s"].max().sum()) if len(steps) else 0.0
+
+
+def measured_cost_points(table: pd.DataFrame, runs: Sequence[Any]) -> tuple[pd.DataFrame | None, str]:
+    """Per run: measured training hours and their dollars at the fleet's price (for the HTML report)."""
+    rows, bases = [], set()
+    for run in runs:
+        try:
+            rate, basis = fleet_price(run.spec)
+        except Exception as exc:  # a price missing must not lose the whole report
+            bases.add(f"{run.run_dir.name}: no price ({exc})")
+            continue
+        hours = _train_seconds(run.steps) / 3600.0
+        if hours > 0:
+            rows.append({"layout": f"{run.spec.nodes}x{run.spec.gpus_per_node}", "hours": hours,
+                         "dollars": rate * hours, "usd_per_hour": rate})
+            bases.add(basis)
+    text = "Measured training time (slowest rank per step) at: " + "; ".join(sorted(bases)) + "."
+    return (pd.DataFrame(rows) if rows else None), text
