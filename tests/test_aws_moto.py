@@ -339,7 +339,7 @@ def test_resume_beside_running_instances_is_refused(cloud, tmp_path):
     run_dir = run_dir_for(tmp_path)
     submit(backend(cloud), make_spec(), run_dir)
     first = {n["InstanceId"] for n in live(cloud, run_dir.name)}
-    with pytest.raises(ScalelabError, match=r"still has 2 instance\(s\) running.*launch cancel"):
+    with pytest.raises(ScalelabError, match=r"still running \(2 instance\(s\) up.*launch cancel"):
         execute(backend(cloud), make_spec(), run_dir)  # what `launch resume` does
     assert {n["InstanceId"] for n in live(cloud, run_dir.name)} == first
     cancel(backend(cloud), run_dir)
