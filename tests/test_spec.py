@@ -40,7 +40,7 @@ def test_yaml_then_overrides_and_roundtrip(tmp_path):
         ({"nodes": 0}, "nodes must be a positive whole number, got 0"),
         ({"gpus_per_node": -2}, "gpus_per_node must be a positive whole number, got -2"),
         ({"model": "gpt-9"}, "unknown model preset 'gpt-9'; valid presets: .*nmt-tiny"),
-        ({"engine.name": "mpi"}, "engine.name must be one of single, ddp, horovod, got 'mpi'"),
+        ({"engine.name": "mpi"}, "engine.name must be one of single, ddp, horovod, ps, got 'mpi'"),
         ({"engine.name": "single", "gpus_per_node": 2}, "engine 'single' runs one worker"),
         ({"loss_threshold": 1.0}, "--loss-threshold needs validation"),
         ({"global_batch": 8, "batch_per_worker": 4}, "not both"),
