@@ -273,11 +273,15 @@ def test_a_killed_launcher_leaves_the_job_to_slurm_and_a_new_launcher_still_comm
     status = launch("status", str(run_dir), cwd=tmp_path)
     assert status.returncode == 0 and "RUNNING" in status.stdout and f"Slurm job {job}" in status.stdout, status
 
-    refused = launch("resume", str(run_dir), cwd=tmp_path)
-    assert refused.returncode == 2 and f"still RUNNING as Slurm job {job}" in refused.stderr, refused.stderr
-    assert f"launch cancel {run_dir}" in refused.stderr and "Traceback" not in refused.stderr
-    assert [line.split()[2] for line in in_queue(job)] == ["RUNNING"], "the refused resume must leave the job alone"
-    assert len([line for line in active_jobs() if run_dir.name in line]) == 1, "no second job was queued"
+    try:
+        refused = launch("resume", str(run_dir), cwd=tmp_path)
+        assert refused.returncode == 2 and "is still running" in refused.stderr and job in refused.stderr, refused.stderr
+        assert f"launch cancel {run_dir}" in refused.stderr and "Traceback" not in refused.stderr
+        assert [line.split()[2] for line in in_queue(job)] == ["RUNNING"], "the refused resume must leave the job alone"
+        assert len([line for line in active_jobs() if run_dir.name in line]) == 1, "no second job was queued"
+    except AssertionError:
+        subprocess.run(["scancel", job], capture_output=True)  # leave no job behind for the next tests
+        raise
 
     cancelled = launch("cancel", str(run_dir), cwd=tmp_path)
     assert cancelled.returncode == 0 and "CANCELLED" in cancelled.stdout, cancelled
