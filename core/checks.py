@@ -12,8 +12,6 @@ from typing import Any
 
 import click
 
-from core.errors import SpecError
-
 
 def describe(minimum: float | None = None, above: float | None = None, maximum: float | None = None,
              integer: bool = False) -> str:
@@ -45,13 +43,6 @@ def in_range(value: Any, minimum: float | None = None, above: float | None = Non
     return maximum is None or value <= maximum
 
 
-def check_number(value: Any, name: str, minimum: float | None = None, above: float | None = None,
-                 maximum: float | None = None, integer: bool = False) -> Any:
-    """`value` if it is in range, else SpecError naming `name` (a flag or a dotted spec key)."""
-    if not in_range(value, minimum, above, maximum, integer):
-        raise SpecError(f"{name} must be {describe(minimum, above, maximum, integer)}, got {value!r}")
-    return value
-
 
 class Number(click.ParamType):
     """A click type for a bounded finite number: `--deadline-h nan` is refused like `--deadline-h x`."""
@@ -76,5 +67,3 @@ class Number(click.ParamType):
 
 POSITIVE = Number(above=0)
 NON_NEGATIVE = Number(minimum=0)
-POSITIVE_INT = Number(minimum=1, integer=True)
-NON_NEGATIVE_INT = Number(minimum=0, integer=True)

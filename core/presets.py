@@ -142,3 +142,17 @@ PRESETS: dict[str, ModelConfig] = {
 # --------------------------------------------------------------------------------------------
 # FLOPs
 # --------------------------------------------------------------------------------------------
+
+
+# The data files each family reads: (required, optional) keys of `DataSpec`/`launch prep`. Data, so that
+# the trainer (train.text) and `launch prep` (which must not import PyTorch to plan) share one table.
+PATH_KEYS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "nmt": (("train_src", "train_tgt"), ("valid_src", "valid_tgt")),
+    "rnnlm": (("train",), ("valid",)),
+    "sentiment": (("train",), ("valid",)),
+}
+
+
+def path_flag(key: str) -> str:
+    """The command-line flag that sets path `key`, for error messages."""
+    return "--" + key.replace("_", "-")

@@ -22,20 +22,13 @@ from typing import Any, Iterator
 import numpy as np
 
 from core.errors import DataError
+from core.presets import PATH_KEYS
+from core.presets import path_flag as flag
 
 MARK_EVERY = 1024  # lines between two (line, byte offset) marks noted by the scan phase
 
-#: Input flags per family: (required, optional), as `train.text.PATH_KEYS` (a test keeps them equal;
-#: restated so that planning a prep, e.g. `--dry-run`, imports no PyTorch).
-ROLES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "nmt": (("train_src", "train_tgt"), ("valid_src", "valid_tgt")),
-    "rnnlm": (("train",), ("valid",)),
-    "sentiment": (("train",), ("valid",)),
-}
-
-
-def flag(key: str) -> str:
-    return "--" + key.replace("_", "-")
+#: Input flags per family: (required, optional), the trainer's own table (core.presets.PATH_KEYS).
+ROLES = PATH_KEYS
 
 
 def is_remote(url: str) -> bool:

@@ -21,20 +21,10 @@ from typing import Any
 import torch
 
 from core.errors import DataError, SpecError
+from core.presets import PATH_KEYS
+from core.presets import path_flag as flag
 from train.data import Dataset, Examples, Ragged, generator_for
 from train.models import EOS_ID, NUM_SPECIALS, UNK_ID, ModelConfig
-
-PATH_KEYS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    # family: (required, optional)
-    "nmt": (("train_src", "train_tgt"), ("valid_src", "valid_tgt")),
-    "rnnlm": (("train",), ("valid",)),
-    "sentiment": (("train",), ("valid",)),
-}
-
-
-def flag(key: str) -> str:
-    """The command-line flag that sets path `key`, for error messages."""
-    return "--" + key.replace("_", "-")
 
 
 class Vocab:
