@@ -198,10 +198,13 @@ class SlurmBackend(Backend):
         squeue for a job accounting does not know (yet, or on a cluster without accounting)."""
         need("sacct")
         info = self.watcher.get_info(job_id, mode)
-        if info.get("State"):
-            return info["State"].split()[0], info.get("NodeList", "")  # "CANCELLED by 0" -> CANCELLED
+        state = info.get("State", "").split()[0] if info.get("State") else ""  # "CANCELLED by 0" -> CANCELLED
+        if state and STATE_MAP.get(state) != PENDING:
+            return state, info.get("NodeList", "")
+        # Accounting can lag the controller (slurmdbd records a start late on a loaded host): while sacct says
+        # PENDING, or knows nothing yet, the controller's own word (squeue) is the state.
         queued = squeue_state(job_id)
-        return (queued, "") if queued else ("UNKNOWN", "")
+        return (queued, "") if queued else (state or "UNKNOWN", info.get("NodeList", ""))
 
     def finish(self, run_dir: Path, status: RunStatus) -> RunStatus:
         """The job ended: wait until Slurm has ended every process of it (it leaves the queue)."""
