@@ -132,6 +132,8 @@ def _columns(df: pd.DataFrame) -> list[tuple[str, Callable[[pd.Series], str], bo
     cols: list[tuple[str, Callable[[pd.Series], str], bool]] = []
     if "label" in has:
         cols.append(("label", lambda r: _DASH if _missing(r.get("label")) else str(r["label"]), False))
+    if _distinct(df, "precision"):  # summaries from before mixed precision have none to show
+        cols.append(("precision", lambda r: _DASH if _missing(r.get("precision")) else str(r["precision"]), False))
     if {"nodes", "gpus_per_node"} <= has:
         cols.append(("layout (nodes x GPUs)", _layout, False))
     if "workers" in has:
@@ -274,7 +276,8 @@ def _distinct(df: pd.DataFrame, col: str) -> list[str]:
 def _what_was_run(df: pd.DataFrame) -> list[str]:
     """Bullet lines describing the sweep, from whatever descriptive columns exist."""
     out: list[str] = []
-    for col, name in (("label", "Series"), ("model", "Model"), ("rnn", "RNN"), ("engine", "Engine")):
+    for col, name in (("label", "Series"), ("model", "Model"), ("rnn", "RNN"), ("precision", "Precision"),
+                      ("engine", "Engine")):
         vals = _distinct(df, col)
         if vals:
             out.append(f"{name}: {', '.join(vals)}")

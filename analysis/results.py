@@ -35,8 +35,9 @@ from core.spec import Spec, read_spec
 
 
 def run_label(spec: Spec) -> str:
-    """The series a run belongs to: runs that differ only in layout share a label (its --name if given)."""
-    return spec.name or f"{spec.model} {spec.rnn} {spec.engine.name} {spec.batch_mode}"
+    """The series a run belongs to: runs that differ only in layout share a label (its --name if given).
+    The precision is part of it: a bf16 layout's speedup is over the bf16 base, not the fp32 one."""
+    return spec.name or f"{spec.model} {spec.rnn} {spec.precision} {spec.engine.name} {spec.batch_mode}"
 
 
 def total_steps(spec: Spec) -> int | None:
@@ -151,7 +152,7 @@ def summarize_loaded(run) -> LayoutSummary:
     per_epoch = run.start["steps_per_epoch"].dropna() if "steps_per_epoch" in run.start else []
     meta = {
         "label": run_label(spec), "nodes": spec.nodes, "gpus_per_node": spec.gpus_per_node, "workers": spec.workers,
-        "engine": spec.engine.name, "rnn": spec.rnn, "model": spec.model, "batch_mode": spec.batch_mode,
+        "engine": spec.engine.name, "rnn": spec.rnn, "precision": spec.precision, "model": spec.model, "batch_mode": spec.batch_mode,
         "global_batch": global_batch, "loss_threshold": spec.loss_threshold, "launched_at": launched_at(run),
         "lr_warmup_steps": spec.lr_warmup_steps, "steps_per_epoch": int(per_epoch.iloc[0]) if len(per_epoch) else None,
     }

@@ -222,6 +222,7 @@ class LayoutSummary:
     lr_warmup_steps: int | None = None
     # the step of the first validation: a threshold reached there is only known to lie before it
     first_val_step: int | None = None
+    precision: str | None = None  # fp32 / bf16 / fp16; None in summaries written before the choice existed
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict (for summary.json and DataFrames)."""
@@ -236,7 +237,7 @@ def summarize_run(
 ) -> LayoutSummary:
     """Summarise one run from its records.
 
-    `meta` carries label, nodes, gpus_per_node, workers, engine, rnn, model, batch_mode
+    `meta` carries label, nodes, gpus_per_node, workers, engine, rnn, precision, model, batch_mode
     ("strong" | "weak"), global_batch, loss_threshold, launched_at (time.time() of the launch),
     lr_warmup_steps, steps_per_epoch (missing keys default to None; `workers` defaults to nodes x gpus_per_node,
     else to the number of ranks seen).
@@ -284,6 +285,7 @@ def summarize_run(
         lr=_float_or_none(steps["lr"].iloc[-1]) if "lr" in steps.columns else None,
         lr_warmup_steps=_int_or_none(meta.get("lr_warmup_steps")),
         first_val_step=_first_val_step(val_records),
+        precision=meta.get("precision"),
     )
 
 

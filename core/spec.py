@@ -38,6 +38,16 @@ BATCH_MODES = ("strong", "weak")
 OPTIMIZERS = ("adam", "sgd")
 DEVICES = ("auto", "cpu", "cuda")
 BALANCE_MODES = ("static", "dynamic")
+# Number formats of the training step (train/precision.py). fp32: everything in float32; bf16 / fp16:
+# forward and backward under autocast, master weights, gradients, optimizer, loss and validation in
+# float32; fp16 adds a gradient scaler and needs a GPU. Why fp32 is the default: docs/benchmarks.md.
+PRECISIONS = ("fp32", "bf16", "fp16")
+DEFAULT_PRECISION = "fp32"
+# What a run directory's spec.json means without a `precision` key: it was written before there was a
+# choice, and every step ran in float32 then.
+SAVED_SPEC_PRECISION = "fp32"
+# The gradient exchange's format: the all-reduce in fp16 or bf16, gradients cast back to fp32 after it.
+COMPRESSIONS = ("none", "fp16", "bf16")
 # Where ranks run; `launcher.backend.BACKENDS` maps each name to its implementation.
 BACKEND_NAMES = ("local", "slurm", "k8s", "aws")
 
@@ -68,9 +78,15 @@ class EngineSpec:
     name: str = checked("ddp", one_of(*ENGINES))
     fusion_threshold_mb: float = checked(64.0, at_least(0))  # 0: no fusion
     cycle_time_ms: float = checked(1.0, above(0))
-    fp16_allreduce: bool = False
+    compression: str = checked("none", one_of(*COMPRESSIONS))
+    fp16_allreduce: bool = False  # the older spelling of `compression: fp16`, still read
     bucket_cap_mb: float = checked(25.0, above(0))
     ps_shards: int | None = checked(None, POSITIVE)  # parameter-server shards; None: one per node
+
+    @property
+    def grad_compression(self) -> str:
+        """The exchange's format, whichever way the spec said it."""
+        return "fp16" if self.fp16_allreduce else self.compression
 
 
 @dataclass
@@ -83,6 +99,7 @@ class Spec:
 
     model: str = "nmt-tiny"
     rnn: str = checked("fused", one_of(*RNN_KINDS))
+    precision: str = checked(DEFAULT_PRECISION, one_of(*PRECISIONS))
     model_args: dict[str, Any] = field(default_factory=dict)
     data: DataSpec = field(default_factory=DataSpec)
     engine: EngineSpec = field(default_factory=EngineSpec)
@@ -216,6 +233,19 @@ class Spec:
             raise SpecError("--data shards reads --shards DIR (a directory written by launch prep): give both, or neither")
         if self.data.kind == "shards" and "://" not in self.data.shards and not Path(self.data.shards, "manifest.json").is_file():
             raise SpecError(f"--shards {self.data.shards} holds no manifest.json: run launch prep --out {self.data.shards} first")
+        self._check_precision()
+
+    def _check_precision(self) -> None:
+        if self.precision == "fp16" and self.device == "cpu":
+            raise SpecError("--precision fp16 needs a GPU (its gradient scaler is CUDA-only here); "
+                            "use --precision bf16 on a CPU")
+        engine = self.engine
+        if engine.fp16_allreduce and engine.compression not in ("none", "fp16"):
+            raise SpecError(f"--fp16-allreduce and --grad-compression {engine.compression} contradict each other; "
+                            "give only --grad-compression")
+        if engine.name == "horovod" and engine.grad_compression == "bf16":
+            raise SpecError("Horovod 0.28 cannot all-reduce bf16 tensors; use --grad-compression fp16, "
+                            "or --engine ddp for bf16")
 
     # ---- (de)serialisation ---------------------------------------------------------------
 
@@ -304,6 +334,9 @@ def read_spec(run_dir: str | os.PathLike) -> Spec:
     if not path.is_file():
         raise SpecError(f"{run_dir} is not a run directory: {path} is missing")
     try:
-        return Spec.from_dict(json.loads(path.read_text(encoding="utf-8")), where=f"in {path}")
+        raw = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise SpecError(f"{path} is corrupt ({exc}); re-run the experiment or restore the file") from None
+    if isinstance(raw, dict):
+        raw.setdefault("precision", SAVED_SPEC_PRECISION)
+    return Spec.from_dict(raw, where=f"in {path}")

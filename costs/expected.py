@@ -17,9 +17,9 @@ from typing import Any, Sequence
 
 import pandas as pd
 
+from core.spec import Spec
 from costs.billing import Mix
 from costs.catalog import Catalog, load_catalog
-from core.spec import Spec
 
 __all__ = ["ASSUMED_GPU_HOUR_USD", "ASSUMED_STEP_S", "Estimate", "fleet_price", "expected_cost",
            "measured_cost_points"]

@@ -1,10 +1,12 @@
 """`launch bench`: how fast the trainer, the gradient exchange, the planner and the reports are.
 
-Each part measures against a limit of the machine, in the same run: compute against the dense
-matmul rate, the exchange against memory-copy bandwidth, scaling against the ideal. Results are
+Each part measures against a limit of the machine, in the same run: compute against the machine's best
+dense matmul rate (bf16 where the hardware has it, else fp32), every preset in fp32 and bf16 side by
+side; the exchange against memory-copy bandwidth, scaling against the ideal. Results are
 records (bench.json); the tables are rendered from them; docs/benchmarks.md records the figures.
 
-    launch bench                     everything (about 10 minutes on 2 cores)
+    launch bench                     everything (10 minutes on 2 cores before the compute part timed
+                                     bf16 beside fp32; that part now runs twice the steps)
     launch bench --only compute,exchange --quick
 """
 
@@ -32,6 +34,7 @@ from costs.validation import planner_bench
 from train.bench import memcpy_bandwidth
 
 PARTS = ("compute", "exchange", "scaling", "planner", "report")
+COMPUTE_PRECISIONS = ("fp32", "bf16")  # fp16 needs a GPU (the scaler); this bench runs on the CPU
 console = Console(width=None if sys.stdout.isatty() else 160)
 
 
@@ -46,13 +49,17 @@ def _py(*args: str, timeout: int = 900) -> str:
 
 
 def bench_compute(presets: list[str], rnns: list[str], threads: int, steps: int) -> list[dict]:
-    """Each preset x RNN in a fresh process (no allocator or thread-pool state carried over)."""
+    """Each preset x RNN in a fresh process (no allocator or thread-pool state carried over), its fp32
+    and bf16 steps alternating in that process: one row per precision."""
     out = []
     for preset in presets:
         for rnn in rnns:
-            line = _py("-m", "train.bench", "step", preset, "--rnn", rnn, "--threads", str(threads), "--steps", str(steps))
-            out.append(json.loads(line.strip().splitlines()[-1]))
-            _progress(f"compute {preset} {rnn}: {out[-1]['efficiency']:.0%} of matmul rate")
+            line = _py("-m", "train.bench", "step", preset, "--rnn", rnn, "--threads", str(threads), "--steps", str(steps),
+                       "--precisions", ",".join(COMPUTE_PRECISIONS))
+            rows = json.loads(line.strip().splitlines()[-1])
+            out.extend(rows)
+            _progress(f"compute {preset} {rnn}: " + ", ".join(
+                f"{r['precision']} {r['efficiency']:.0%} of the {r['matmul_precision']} matmul rate" for r in rows))
     return out
 
 
@@ -68,7 +75,9 @@ def bench_exchange(sizes_mb: list[float], repeats: int, work: Path) -> list[dict
         ("torch.distributed gloo", "ddp", {}, []),
         ("horovod default (64 MB fusion, 1 ms cycle)", "horovod", {"HOROVOD_FUSION_THRESHOLD": str(64 << 20), "HOROVOD_CYCLE_TIME": "1"}, []),
         ("horovod 5 ms cycle", "horovod", {"HOROVOD_FUSION_THRESHOLD": str(64 << 20), "HOROVOD_CYCLE_TIME": "5"}, []),
-        ("horovod fp16 compression", "horovod", {"HOROVOD_FUSION_THRESHOLD": str(64 << 20), "HOROVOD_CYCLE_TIME": "1"}, ["--fp16"]),
+        ("horovod fp16 compression", "horovod", {"HOROVOD_FUSION_THRESHOLD": str(64 << 20), "HOROVOD_CYCLE_TIME": "1"}, ["--compression", "fp16"]),
+        ("torch.distributed gloo, fp16 compression", "ddp", {}, ["--compression", "fp16"]),
+        ("torch.distributed gloo, bf16 compression", "ddp", {}, ["--compression", "bf16"]),
         ("torch.distributed gloo, 64 tensors", "ddp", {}, ["--tensors", "64"]),
         ("horovod, 64 tensors (fused)", "horovod", {"HOROVOD_FUSION_THRESHOLD": str(64 << 20), "HOROVOD_CYCLE_TIME": "1"}, ["--tensors", "64"]),
         ("horovod, 64 tensors, 5 ms cycle", "horovod", {"HOROVOD_FUSION_THRESHOLD": str(64 << 20), "HOROVOD_CYCLE_TIME": "5"}, ["--tensors", "64"]),
@@ -90,17 +99,22 @@ def bench_exchange(sizes_mb: list[float], repeats: int, work: Path) -> list[dict
         results.extend(json.loads(out.read_text()))
         _progress(f"exchange {label}: done")
     results.extend(bench_ps_exchange(sizes_mb, repeats, work))
-    out = work / "ddp-buckets.json"
+    for compression, caps in (("none", "1,25,100"), ("fp16", "25"), ("bf16", "25")):
+        results.extend(_ddp_exposed_exchange(compression, caps, work))
+    return results
+
+
+def _ddp_exposed_exchange(compression: str, caps: str, work: Path) -> list[dict]:
+    """nmt-small's exchange left exposed by DDP (2 ranks) per bucket size, gradients sent in `compression`."""
+    out = work / f"ddp-buckets-{compression}.json"
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--master-addr=127.0.0.1",
                            f"--master-port={free_port()}", "-m", "train.bench", "ddp-buckets", "nmt-small",
-                           "--bucket-caps-mb", "1,25,100", "--out", str(out)],
+                           "--bucket-caps-mb", caps, "--compression", compression, "--out", str(out)],
                           env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=900)
-    if proc.returncode == 0 and out.exists():
-        results.extend(json.loads(out.read_text()))
-        _progress("exchange DDP bucket sizes: done")
-    else:
-        results.append({"label": "DDP bucket sizes", "error": proc.stderr[-500:]})
-    return results
+    if proc.returncode != 0 or not out.exists():
+        return [{"label": f"DDP bucket sizes, {compression} compression", "error": proc.stderr[-500:]}]
+    _progress(f"exchange DDP bucket sizes ({compression} compression): done")
+    return json.loads(out.read_text())
 
 
 def bench_ps_exchange(sizes_mb: list[float], repeats: int, work: Path) -> list[dict]:
@@ -214,10 +228,12 @@ def _table(title: str, rows: list[dict], cols: list[tuple[str, str, str]]) -> Ta
 
 def render(results: dict) -> None:
     if "compute" in results:
-        console.print(_table("1. Trainer compute (forward + backward + update)", results["compute"], [
-            ("preset", "preset", ""), ("rnn", "rnn", ""), ("batch", "batch", ""), ("threads", "threads", ""),
-            ("step ms", "step_s", ".4f"), ("words/s", "words_per_s", ",.0f"), ("GFLOP/s", "gflops", ".1f"),
-            ("matmul GFLOP/s", "matmul_gflops", ".1f"), ("efficiency", "efficiency", ".0%")]))
+        console.print(_table("1. Trainer compute (forward + backward + update), against the best matmul rate",
+                             results["compute"], [
+            ("preset", "preset", ""), ("rnn", "rnn", ""), ("precision", "precision", ""), ("batch", "batch", ""),
+            ("threads", "threads", ""), ("step s", "step_s", ".4f"), ("words/s", "words_per_s", ",.0f"),
+            ("vs fp32", "speedup_vs_fp32", ".2f"), ("GFLOP/s", "gflops", ".1f"), ("matmul fp32", "matmul_fp32_gflops", ".1f"),
+            ("matmul bf16", "matmul_bf16_gflops", ".1f"), ("of best matmul", "efficiency", ".0%")]))
     if "exchange" in results:
         ps = [r for r in results["exchange"] if "ps1_s" in r]
         if ps:
@@ -228,7 +244,7 @@ def render(results: dict) -> None:
         buckets = [r for r in results["exchange"] if "bucket_cap_mb" in r]
         if buckets:
             console.print(_table("2b. DDP bucket size: exchange not hidden behind backward (nmt-small, 2 ranks)", buckets, [
-                ("bucket MB", "bucket_cap_mb", "g"), ("fwd+bwd with exchange s", "step_with_exchange_s", ".3f"),
+                ("bucket MB", "bucket_cap_mb", "g"), ("compression", "compression", ""), ("fwd+bwd with exchange s", "step_with_exchange_s", ".3f"),
                 ("without s", "step_without_exchange_s", ".3f"), ("exposed s", "exposed_exchange_s", ".3f")]))
         console.print(_table("2. All-reduce, 2 ranks (busbw = algbw x 2(n-1)/n)", [r for r in results["exchange"] if "bucket_cap_mb" not in r and "ps1_s" not in r], [
             ("setting", "label", ""), ("MB", "mb", ""), ("time s", "time_s", ".4f"), ("busbw GB/s", "busbw_gb", ".2f"),
@@ -259,7 +275,7 @@ def render(results: dict) -> None:
 def _decorate(results: dict) -> None:
     for r in results.get("compute", []):
         r["gflops"], r["matmul_gflops"] = r["flops_per_s"] / 1e9, r["matmul_flops_per_s"] / 1e9
-        r["step_s"] = r["step_s"]
+        r["matmul_fp32_gflops"], r["matmul_bf16_gflops"] = r["matmul_fp32_flops_per_s"] / 1e9, r["matmul_bf16_flops_per_s"] / 1e9
     memcpy = next((r["bytes_per_s"] for r in results.get("exchange", []) if "bytes_per_s" in r), None)
     for r in results.get("exchange", []):
         if "busbw" in r:

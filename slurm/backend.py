@@ -51,7 +51,13 @@ from core.spec import Spec, read_spec
 from launcher.backend import Backend, Request, RunStatus, log_text
 from slurm.options import SlurmOptions
 from slurm.rank import RankJob
-from slurm.render import array_stem, executor_parameters, job_folder, make_executor, render_sbatch
+from slurm.render import (
+    array_stem,
+    executor_parameters,
+    job_folder,
+    make_executor,
+    render_sbatch,
+)
 
 logging.getLogger("submitit").setLevel(logging.ERROR)  # the launcher says what Slurm says; the ranks' logs keep submitit's
 

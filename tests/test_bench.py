@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 
+import torch
+
 from tests.conftest import launch
-from train.bench import knee, step_benchmark
+from train.bench import knee, step_benchmark, step_profile
 
 
 def test_bench_planner_and_report_parts(tmp_path):
@@ -49,12 +51,27 @@ def test_bench_rejects_unknown_parts(tmp_path):
     assert proc.returncode == 2 and "unknown bench part(s) gpu" in proc.stderr
 
 
-def test_step_benchmark_counts_flops_of_the_real_step():
-    r = step_benchmark("rnnlm-tiny", "fused", batch=8, steps=2, threads=1)
+def test_step_benchmark_times_each_precision_against_the_best_matmul_rate():
+    rows = step_benchmark("rnnlm-tiny", "fused", batch=8, steps=2, threads=1, precisions=("fp32", "bf16"))
     from train.models import PRESETS, build_model
 
-    assert r["flops_per_step"] == build_model(PRESETS["rnnlm-tiny"]).flops_per_step(8)
-    assert r["words_per_s"] > 0 and 0 < r["efficiency"] and r["step_s"] >= r["forward_s"]
+    assert [r["precision"] for r in rows] == ["fp32", "bf16"]
+    for r in rows:
+        assert r["flops_per_step"] == build_model(PRESETS["rnnlm-tiny"]).flops_per_step(8)
+        assert r["words_per_s"] > 0 and 0 < r["efficiency"] and r["step_s"] >= r["forward_s"]
+        assert r["matmul_flops_per_s"] == max(r["matmul_fp32_flops_per_s"], r["matmul_bf16_flops_per_s"])
+        assert r["efficiency"] == r[f"efficiency_{r['matmul_precision']}_matmul"]
+        assert r["speedup_vs_fp32"] > 0
+    assert rows[0]["speedup_vs_fp32"] == 1.0
+
+
+def test_step_profile_names_the_ops_of_each_precision():
+    rows = step_profile("rnnlm-tiny", "fused", steps=1, threads=1, top=40)
+    ops = {r["op"]: r for r in rows}
+    assert rows[-1]["op"] == "all ops" and rows[-1]["bf16_ms"] > 0 and rows[-1]["fp32_ms"] > 0
+    if torch.backends.mkldnn.is_available():  # oneDNN's fused LSTM, in both precisions
+        assert ops["aten::mkldnn_rnn_layer"]["fp32_calls"] >= 1 and ops["aten::mkldnn_rnn_layer"]["bf16_calls"] >= 1
+    assert ops["aten::copy_"]["bf16_calls"] > ops["aten::copy_"]["fp32_calls"]  # autocast's casts
 
 
 def test_knee_is_the_smallest_batch_near_the_best():
@@ -72,7 +89,9 @@ def test_per_rank_bench_entry_points_under_torchrun(tmp_path):
 
     env = {**__import__("os").environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     for args, out in ((["allreduce", "--engine", "ddp", "--sizes-mb", "1", "--repeats", "2"], "ar.json"),
-                      (["ddp-buckets", "rnnlm-tiny", "--bucket-caps-mb", "1,25"], "ddp.json")):
+                      (["allreduce", "--engine", "ddp", "--sizes-mb", "1", "--repeats", "2", "--compression", "bf16"],
+                       "ar-bf16.json"),
+                      (["ddp-buckets", "rnnlm-tiny", "--bucket-caps-mb", "1,25", "--compression", "fp16"], "ddp.json")):
         proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
                                "--master-addr=127.0.0.1", f"--master-port={free_port()}", "-m", "train.bench", *args,
                                "--out", str(tmp_path / out)], cwd=tmp_path, env=env, capture_output=True, text=True,
@@ -80,6 +99,7 @@ def test_per_rank_bench_entry_points_under_torchrun(tmp_path):
         assert proc.returncode == 0, proc.stderr[-2000:]
     ar = json.loads((tmp_path / "ar.json").read_text())
     assert ar[0]["ranks"] == 2 and ar[0]["busbw"] == ar[0]["algbw"] * 2 * (2 - 1) / 2
+    assert [r["compression"] for r in json.loads((tmp_path / "ar-bf16.json").read_text())] == ["bf16"]
     ddp = json.loads((tmp_path / "ddp.json").read_text())
-    assert [r["bucket_cap_mb"] for r in ddp] == [1.0, 25.0]
+    assert [r["bucket_cap_mb"] for r in ddp] == [1.0, 25.0] and ddp[0]["compression"] == "fp16"
     assert all(r["exposed_exchange_s"] == r["step_with_exchange_s"] - r["step_without_exchange_s"] for r in ddp)

@@ -11,7 +11,12 @@ import pandas as pd
 import pytest
 
 from core.errors import DataError
-from costs.calibration import calibrated_quantile, conformal_quantile, coverage, coverage_summary
+from costs.calibration import (
+    calibrated_quantile,
+    conformal_quantile,
+    coverage,
+    coverage_summary,
+)
 from costs.catalog import builtin_catalog
 from costs.convergence import SEED_SPREAD, convergence_rows, fit_convergence, lr_rule
 from costs.planner import Overheads, PlanRequest, plan

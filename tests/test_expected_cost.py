@@ -2,9 +2,14 @@
 
 import pytest
 
-from costs.catalog import builtin_catalog
-from costs.expected import ASSUMED_GPU_HOUR_USD, ASSUMED_STEP_S, expected_cost, fleet_price
 from core.spec import Spec
+from costs.catalog import builtin_catalog
+from costs.expected import (
+    ASSUMED_GPU_HOUR_USD,
+    ASSUMED_STEP_S,
+    expected_cost,
+    fleet_price,
+)
 
 
 def test_aws_fleet_is_priced_from_the_instance_mix():

@@ -49,12 +49,12 @@ def reference(tmp_path_factory):
     """The uninterrupted run of each engine, made once for the module."""
     made = {}
 
-    def get(engine):
-        if engine not in made:
-            proc, runs = _start(tmp_path_factory.mktemp("reference") / engine, engine)
+    def get(engine, *extra):
+        if (engine, *extra) not in made:
+            proc, runs = _start(tmp_path_factory.mktemp("reference") / engine, engine, *extra)
             assert proc.returncode == 0, proc.stderr
-            made[engine] = only_run_dir(runs)
-        return made[engine]
+            made[(engine, *extra)] = only_run_dir(runs)
+        return made[(engine, *extra)]
 
     return get
 
@@ -102,6 +102,26 @@ def test_killed_rank_resumes_exactly_from_the_last_periodic_checkpoint(tmp_path,
     proc = launch("resume", str(run), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     _assert_resumed_exactly(run, reference(engine), engine, from_step=4)
+
+
+@pytest.mark.parametrize("engine", ENGINE_PARAMS)
+def test_bf16_run_resumes_exactly(tmp_path, engine, reference):
+    """Under bf16 autocast too: the forward casts the fp32 master weights afresh every step, so a resumed
+    run that loads them (and Adam's fp32 state) runs the same bf16 kernels on the same numbers."""
+    rank = _world(engine) - 1
+    proc, runs = _start(tmp_path / "killed", engine, "--precision", "bf16", env={KILL_AT_STEP_ENV: f"6:{rank}"})
+    assert proc.returncode != 0, "the run went on without its killed rank"
+    run = only_run_dir(runs)
+    assert torch.load(run / CHECKPOINT_NAME, weights_only=True)["identity"]["precision"] == "bf16"
+
+    proc = launch("resume", str(run), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    whole = reference(engine, "--precision", "bf16")
+    _assert_resumed_exactly(run, whole, engine, from_step=4)
+    assert {r["precision"] for r in read_jsonl(run / "records" / "rank-0.jsonl") if r["kind"] == "start"} == {"bf16"}
+    fp32 = [s["loss"] for s in read_jsonl(reference(engine) / "records" / "rank-0.jsonl") if s["kind"] == "step"]
+    bf16 = [s["loss"] for s in read_jsonl(whole / "records" / "rank-0.jsonl") if s["kind"] == "step"]
+    assert fp32 != bf16  # bf16 really ran: the losses are rounded differently
 
 
 @pytest.mark.parametrize("engine", ENGINE_PARAMS)

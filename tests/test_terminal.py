@@ -6,11 +6,11 @@ import re
 
 from click.testing import CliRunner
 from rich.console import Console
+from test_trust import summary
 
 from analysis.report import print_scaling
 from analysis.scaling import scale_layouts
 from launcher.cli import main
-from test_trust import summary
 
 
 def printed(df, width):

@@ -4,16 +4,17 @@ A checkpoint holds everything a resumed run needs to continue exactly where the 
 would have been: model and optimizer state (Adam's step count and moments), the step counter (which
 fixes the LR schedule position and, with the batch shares, the data position: batches are a pure
 function of (seed, epoch, step), see train/data.py), the training time spent so far, the threshold
-bookkeeping and every rank's RNG states (dropout; ranks with different batch shares draw different
-amounts, so one rank's state would not do for the others).
+bookkeeping, every rank's RNG states (dropout; ranks with different batch shares draw different
+amounts, so one rank's state would not do for the others) and, under fp16, the gradient scaler's
+state (`amp`: the loss scale and its growth counter).
 
 Why only tensors and plain values: checkpoints are loaded with `weights_only=True`, so a file planted
 in a run directory is data, never code. A pickled object (a class, a numpy array, a function) is
 refused with a message instead of being run.
 
-Why the identity: a checkpoint written by another spec (another model, seed, batch or layout) would
-load into the wrong run, or fail deep inside `load_state_dict`; it is refused up front, naming the
-fields that differ.
+Why the identity: a checkpoint written by another spec (another model, seed, batch, layout or
+precision) would load into the wrong run, or fail deep inside `load_state_dict`; it is refused up
+front, naming the fields that differ.
 
 Why bytes first: `torch.save` reports a full disk as an opaque RuntimeError and leaves a truncated
 file behind. The checkpoint is serialised in memory, then written with plain file I/O to a temporary
@@ -35,10 +36,12 @@ from typing import Any
 import torch
 
 from core.errors import RecordError
-from core.spec import Spec
+from core.spec import SAVED_SPEC_PRECISION, Spec
 
 CHECKPOINT_NAME = "checkpoint.pt"
 FORMAT = 2  # 1: before identity and per-rank RNG states (loaded with weights_only=False)
+# Identity fields added after format 2 was fixed, with what a checkpoint that lacks them was written with.
+IDENTITY_BEFORE = {"precision": SAVED_SPEC_PRECISION}
 
 
 class CheckpointError(RecordError):
@@ -54,6 +57,7 @@ def identity(spec: Spec, global_batch: int) -> dict[str, Any]:
     return {
         "model": spec.model, "rnn": spec.rnn, "model_args": dict(spec.model_args), "optimizer": spec.optimizer,
         "seed": spec.seed, "data": spec.data.kind, "global_batch": global_batch, "workers": spec.workers,
+        "precision": spec.precision,
     }
 
 
@@ -161,7 +165,7 @@ def check_identity(path: Path, ckpt: Any, expect: dict[str, Any]) -> None:
             f"{ckpt.get('format', 1) if isinstance(ckpt, dict) else '?'}, this one reads {FORMAT}); "
             "delete it to start from scratch"
         )
-    found = ckpt.get("identity", {})
+    found = {**IDENTITY_BEFORE, **ckpt.get("identity", {})}
     differ = [f"{k} {expect[k]!r} here, {found.get(k)!r} in the checkpoint" for k in expect if found.get(k) != expect[k]]
     if differ:
         raise CheckpointError(

@@ -8,12 +8,15 @@ process, DDP and Horovod, and the distributed lines are easy to spot:
   loads it from the checkpoint itself, after `wrap` (Horovod's wrapper is a new optimizer);
 - `finish_exchange(optimizer)` - wait for the gradient all-reduce to complete, returning the seconds
   spent waiting where the engine can tell (Horovod), so the records can show the exchange share;
-- `step(optimizer)` - the optimizer update (Horovod: without a second synchronisation);
+- `step(optimizer, apply)` - the optimizer update, `apply(optimizer)` (default: `optimizer.step()`; the
+  gradient scaler's step under fp16), Horovod without a second synchronisation;
 - `mean(x)` / `any(flag)` - all-reduce of a scalar (validation loss, "stop now" agreement);
 - `gather(tensor)` / `allgather(x)` - every rank's tensor (RNG states for a checkpoint) or scalar (speeds);
 - `shutdown()`.
 
-No collective is written here by hand: DDP, Horovod (Gloo on CPU, NCCL on GPU) do the work.
+No collective is written here by hand: DDP, Horovod (Gloo on CPU, NCCL on GPU) do the work. With
+`--grad-compression fp16|bf16` the gradients travel in that format (a DDP comm hook, Horovod's
+`Compression.fp16`) and are float32 again before anything reads them.
 """
 
 from __future__ import annotations
@@ -21,7 +24,9 @@ from __future__ import annotations
 import datetime
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -79,9 +84,13 @@ class Engine:
     def finish_exchange(self, optimizer: torch.optim.Optimizer) -> float | None:
         return None
 
-    def step(self, optimizer: torch.optim.Optimizer) -> float | None:
-        """The update; returns seconds of exchange done after it (the parameter server's pull), else None."""
-        optimizer.step()
+    def step(self, optimizer: torch.optim.Optimizer, apply: Callable[[Any], Any] | None = None) -> float | None:
+        """The update: `apply(optimizer)` (fp16's scaler step), or the optimizer's own step when none is
+        given; returns seconds of exchange done after it (the parameter server's pull), else None."""
+        if apply is None:
+            optimizer.step()
+        else:
+            apply(optimizer)
         return None
 
     def clip_grad_norm(self, model: torch.nn.Module, max_norm: float) -> None:
@@ -139,6 +148,9 @@ class DDPEngine(Engine):
         device_ids = [model_device(model).index] if model_device(model).type == "cuda" else None
         # DDP broadcasts rank 0's parameters at construction; all-reduce overlaps backward by bucket.
         model = DistributedDataParallel(model, device_ids=device_ids, bucket_cap_mb=self.spec.bucket_cap_mb)
+        hook = ddp_compression_hook(self.spec.grad_compression)
+        if hook is not None:
+            model.register_comm_hook(None, hook)  # each bucket: cast, divide, all-reduce, back to fp32
         return model, optimizer
 
     def _tensor(self, value: float) -> torch.Tensor:
@@ -215,9 +227,9 @@ class PSEngine(DDPEngine):
             if p.grad is not None:
                 p.grad.mul_(coef)
 
-    def step(self, optimizer) -> float | None:
+    def step(self, optimizer, apply: Callable[[Any], Any] | None = None) -> float | None:
         """The owners' update, then pull; returns the pull's seconds (the other half of exchange_s)."""
-        optimizer.step()  # only owned parameters hold a gradient
+        super().step(optimizer, apply)  # only owned parameters hold a gradient
         return self.pull() if self.exchanging else None
 
     def pull(self) -> float:
@@ -259,7 +271,7 @@ class HorovodEngine(Engine):
 
     def wrap(self, model, optimizer):
         hvd = self.hvd
-        compression = hvd.Compression.fp16 if self.spec.fp16_allreduce else hvd.Compression.none
+        compression = horovod_compression(hvd, self.spec.grad_compression)
         optimizer = hvd.DistributedOptimizer(
             optimizer, named_parameters=model.named_parameters(), compression=compression, op=hvd.Average
         )
@@ -277,12 +289,11 @@ class HorovodEngine(Engine):
         optimizer.synchronize()  # distributed: wait for the all-reduces started during backward
         return time.perf_counter() - t0
 
-    def step(self, optimizer) -> None:
+    def step(self, optimizer, apply: Callable[[Any], Any] | None = None) -> float | None:
         if not self.exchanging:
-            optimizer.step()
-            return
+            return super().step(optimizer, apply)
         with optimizer.skip_synchronize():
-            optimizer.step()
+            return super().step(optimizer, apply)
 
     def mean(self, value: float) -> float:
         t = torch.tensor([float(value)], dtype=torch.float64)
@@ -298,6 +309,38 @@ class HorovodEngine(Engine):
 
     def shutdown(self) -> None:
         self.hvd.shutdown()
+
+
+COMPRESSED_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def ddp_compression_hook(compression: str) -> Callable | None:
+    """A DDP comm hook for `--grad-compression` (None: DDP's own all-reduce in fp32).
+
+    Each gradient bucket is cast to fp16 / bf16, divided by the world size, all-reduced and copied back
+    into the fp32 bucket: what torch's `fp16_compress_hook` and `bf16_compress_hook` do, written here
+    because torch's bf16 hook refuses every backend but NCCL, and Gloo reduces bf16 as well.
+    """
+    if compression == "none":
+        return None
+    import torch.distributed as dist
+
+    dtype = COMPRESSED_DTYPES[compression]
+
+    def hook(process_group, bucket):
+        buffer = bucket.buffer()
+        low = buffer.to(dtype).div_(dist.get_world_size(process_group))
+        future = dist.all_reduce(low, group=process_group, async_op=True).get_future()  # distributed
+        return future.then(lambda done: buffer.copy_(done.value()[0]))
+
+    return hook
+
+
+def horovod_compression(hvd: Any, compression: str) -> Any:
+    """Horovod's compressor for `--grad-compression`; bf16 is refused by the spec (Horovod 0.28 has none)."""
+    if compression == "bf16":
+        raise EngineError("Horovod 0.28 cannot all-reduce bf16 tensors; use --grad-compression fp16 or --engine ddp")
+    return hvd.Compression.fp16 if compression == "fp16" else hvd.Compression.none
 
 
 def import_horovod():

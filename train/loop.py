@@ -9,6 +9,10 @@ the checkpoint. The distributed lines are the `engine.` calls, marked `# distrib
 Resuming is exact: a checkpoint holds everything that decides the next step (train/checkpoint.py),
 so a run cancelled or killed and resumed records the same losses as one that was never stopped.
 
+Precision (`--precision`, train/precision.py): the forward runs under autocast, the backward through
+the precision's scaler where it has one, and the gradients are float32 and unscaled from the end of
+the exchange on; validation always runs in float32.
+
 Timing: clocks are read only after the device is synchronised, so each phase is the time the work
 took, not the time it took to queue. The first `warmup_steps` steps after every (re)start are marked
 `warmup` and excluded from throughput (allocator, caches, cuDNN autotuning, Horovod negotiation).
@@ -47,6 +51,7 @@ from train.datasets import build_dataset
 from train.engines import Engine, make_engine
 from train.models import PRESETS, build_model, config_with_overrides
 from train.noise import NoiseMeter
+from train.precision import Precision, make_precision
 
 BUCKET_BATCHES = 50  # length bucketing sorts within windows of this many global batches
 # Test aids (tests/test_resume.py, tests/test_local_runs.py), read after each step:
@@ -148,6 +153,7 @@ class Run:
     rank: int
     world: int
     noise: NoiseMeter  # the gradient noise scale, measured as the run trains (train/noise.py)
+    precision: Precision  # autocast and, for fp16, the gradient scaler
 
 
 @dataclass
@@ -202,6 +208,7 @@ def setup(spec: Spec) -> Run:
     Stop.watch_launcher(os.environ.get(LAUNCHER_ENV))  # before the rendezvous, which may wait for a peer
     engine = make_engine(spec.engine)  # distributed: init process group / hvd.init
     device = engine.device(spec.device)
+    precision = make_precision(spec.precision, device)  # before any work: fp16 on a CPU fails here
     torch.set_num_threads(spec.threads or max(1, (os.cpu_count() or 1) // engine.placement.local_world))
     Stop.install()
     torch.manual_seed(spec.seed)
@@ -223,7 +230,7 @@ def setup(spec: Spec) -> Run:
         total_steps=total_steps(spec, steps_per_epoch),
         slowdown=spec.emulate_slowdown[engine.rank] if spec.emulate_slowdown else 1.0,
         identity=identity(spec, global_batch), rank=engine.rank, world=engine.world,
-        noise=NoiseMeter(model, engine.world, global_batch, engine.exchanging),
+        precision=precision, noise=NoiseMeter(model, engine.world, global_batch, engine.exchanging),
     )
 
 
@@ -246,6 +253,7 @@ def resume(run_dir: Path, run: Run) -> Progress:
     if ckpt is None:
         return Progress(ShareSchedule([(0, [run.per_rank] * run.world)]))
     restore(ckpt, run.model, run.optimizer, run.rank)
+    run.precision.load_state_dict(ckpt.get("amp"))
     return Progress(
         ShareSchedule(ckpt["shares"]), step=ckpt["step"], elapsed=ckpt["elapsed_s"], reached=ckpt["reached"],
         resumed_from=ckpt["step"],
@@ -264,8 +272,8 @@ def open_records(run_dir: Path, run: Run, progress: Progress) -> RecordWriter:
         threads=torch.get_num_threads(),
         interop_threads=torch.get_num_interop_threads(), independent_replicas=spec.independent_replicas,
         balance=spec.balance, emulate_slowdown=run.slowdown, resumed_from_step=progress.resumed_from,
-        params=sum(p.numel() for p in model.parameters()),
-        grad_bytes=sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad),
+        precision=spec.precision, grad_compression=spec.engine.grad_compression,
+        params=sum(p.numel() for p in model.parameters()), grad_bytes=grad_bytes(model, spec.engine.grad_compression),
     )
     if progress.resumed_from is not None:
         out.event("resume", step=progress.step)
@@ -292,22 +300,24 @@ def train_step(run: Run, progress: Progress, stream: Prefetcher) -> dict[str, An
     t1 = _clock(device)
     lr = set_lr(optimizer, spec, run.lr_scale, progress.step)
     model.zero_grad(set_to_none=True)
-    loss = model(**batch.inputs)
+    with run.precision.autocast():
+        loss = model(**batch.inputs)  # fp32: the models take the cross-entropy of float32 logits
     t2 = _clock(device)
     emulated_s = _emulate_slower_device(run.slowdown, t2 - t1)
     # Each engine averages gradients over ranks; with unequal shares, weight each rank's mean
     # loss by its share so the average is still the mean over the whole global batch.
     weight = batch.samples * run.world / run.global_batch if not spec.independent_replicas else 1.0
-    (loss * weight if weight != 1.0 else loss).backward()  # DDP all-reduces during backward; Horovod starts here
+    run.precision.backward(loss * weight if weight != 1.0 else loss)  # DDP all-reduces in here; Horovod starts
     t2 += emulated_s
     exchange_s = engine.finish_exchange(optimizer)  # distributed: wait for the exchange
+    run.precision.unscale(optimizer)  # from here on the gradients are fp32 and unscaled
     probe_s = run.noise.exchanged(model, batch.inputs, batch.samples, progress.step + 1,
                                   grad_sq=engine.grad_sq())  # B_simple (train/noise.py)
     t0, t1, t2 = t0 + probe_s, t1 + probe_s, t2 + probe_s  # one worker's probe is not part of the step
     if spec.clip_grad_norm:
         engine.clip_grad_norm(model, spec.clip_grad_norm)  # distributed for sharded gradients (ps)
     t3 = _clock(device)
-    pull_s = engine.step(optimizer)  # distributed for ps: the owners' update, then the pull
+    applied, pull_s = run.precision.step(optimizer, engine.step)  # fp16: skipped on overflow; ps: update, then pull
     t4 = _clock(device)
     if pull_s is not None:  # parameter server: exchange = push + pull, not part of the optimizer's time
         exchange_s, t3 = (exchange_s or 0.0) + pull_s, t3 + pull_s
@@ -321,6 +331,7 @@ def train_step(run: Run, progress: Progress, stream: Prefetcher) -> dict[str, An
         step_s=t4 - t0, data_s=t1 - t0, forward_s=t2 - t1, backward_s=t3 - t2, exchange_s=exchange_s,
         optimizer_s=t4 - t3, samples=batch.samples, words=batch.words, loss=loss_value, lr=lr,
         **({"emulated_s": emulated_s} if run.slowdown != 1.0 else {}), **run.noise.fields(),
+        **run.precision.record(applied),
     )
 
 
@@ -372,6 +383,7 @@ def checkpoint(run_dir: Path, run: Run, progress: Progress, out: RecordWriter) -
     path = save_checkpoint(
         run_dir, run.model, run.optimizer, identity=run.identity, step=progress.step, elapsed_s=progress.elapsed,
         reached=progress.reached, shares=progress.shares.changes, rng=[list(states) for states in zip(*gathered)],
+        amp=run.precision.state_dict(),
     )
     out.event("checkpoint", step=progress.step, path=str(path))
 
@@ -460,7 +472,8 @@ def set_lr(optimizer: torch.optim.Optimizer, spec: Spec, scale: float, step: int
 
 @torch.no_grad()
 def validate(run: Run) -> float:
-    """Mean loss over the first `val_batches` x global batch validation samples, on every layout.
+    """Mean loss over the first `val_batches` x global batch validation samples, on every layout, in
+    float32 whatever the training precision (no autocast): one yardstick for the loss threshold.
 
     The subset is cut into global-batch-sized pieces and each piece split across ranks as training
     batches are, so 1 worker and 8 workers judge the loss threshold on exactly the same samples.
@@ -475,6 +488,12 @@ def validate(run: Run) -> float:
     model.train()
     total, weight = run.engine.mean(total), run.engine.mean(weight)  # distributed: sums over ranks / world
     return total / weight
+
+
+def grad_bytes(model: torch.nn.Module, compression: str) -> int:
+    """Bytes of gradient one rank sends into the exchange per step: fp32, or 2 bytes with compression."""
+    return sum(p.numel() * (p.element_size() if compression == "none" else 2)
+               for p in model.parameters() if p.requires_grad)
 
 
 def _clock(device: torch.device) -> float:
