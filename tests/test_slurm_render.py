@@ -267,3 +267,29 @@ def test_a_dry_run_sweep_with_repeats_prints_one_job_array_per_layout(tmp_path: 
     assert done.stdout.count("#!/bin/bash") == 2 and done.stdout.count("#SBATCH --array=0-1%2") == 2
     assert "sweep-DRYRUN/1x2-rN-slurm/%A_%a_%t_log.out" in done.stdout
     assert not (tmp_path / "runs").exists(), "a dry run must not create a run directory"
+
+
+@pytest.mark.parametrize("sacct, squeue, expected", [
+    ("PENDING", "RUNNING", "RUNNING"),      # accounting lags the controller: the controller's word
+    ("", "PENDING", "PENDING"),             # accounting does not know the job yet
+    ("RUNNING", "", "RUNNING"),             # sacct's live state is kept without asking squeue
+    ("CANCELLED by 0", "", "CANCELLED"),    # ended: accounting's word
+    ("PENDING", "", "PENDING"),             # left the queue before squeue was asked: sacct's last word
+    ("", "", "UNKNOWN"),
+])
+def test_job_state_prefers_the_controller_while_accounting_says_pending(monkeypatch, sacct, squeue, expected):
+    """CI saw `launch status` say PENDING for a job whose ranks were writing steps: slurmdbd had not yet
+    recorded the start. The state comes from squeue while sacct says PENDING or knows nothing."""
+    import slurm.backend as sb
+
+    class Watcher:
+        def get_info(self, job_id: str, mode: str = "standard") -> dict[str, str]:
+            return {"State": sacct, "NodeList": "n1"} if sacct else {}
+
+    asked: list[str] = []
+    monkeypatch.setattr(sb, "need", lambda *_: None)
+    monkeypatch.setattr(sb, "squeue_state", lambda job: asked.append(job) or squeue)
+    backend = SlurmBackend()
+    backend.watcher = Watcher()
+    assert backend.job_state("42")[0] == expected
+    assert bool(asked) == (sb.STATE_MAP.get(sacct.split()[0] if sacct else "") in (None, sb.PENDING))
