@@ -43,6 +43,7 @@ from costs.catalog import DEFAULT_REGION, MARKETS, CatalogError, load_catalog, r
 from costs.convergence import convergence_rows
 from costs.fitting import LinkModel
 from costs.planner import Overheads, PlanRequest, plan
+from costs.steptime import parse_layouts, predict_layouts
 from costs.tables import (
     csv_kind,
     read_convergence_csv,
@@ -362,9 +363,9 @@ def _measured_from_csv(path: str, measured_on: str | None) -> Measurements:
     if "throughput" not in measured.columns:  # time of the run: jobs per second, or per-worker jobs
         per = measured["workers"].where(measured["work_scaling"] == "growing", 1)
         measured["throughput"] = per / measured["time_s"]
-    if measured_on is None and "instance" in measured.columns:
-        vals = set(measured["instance"].dropna())
-        measured_on = vals.pop() if len(vals) == 1 else None
+    if measured_on is None and "instance_type" in measured.columns:  # `instance` is read as this column too
+        vals = {str(v) for v in measured["instance_type"].dropna()}
+        measured_on = vals.pop() if len(vals) == 1 and not any(c in next(iter(vals)) for c in "*+") else None
     return Measurements(measured, measured_on=measured_on)
 
 
@@ -382,6 +383,10 @@ def _parse_batches(text: str | None) -> list[int]:
                    "work_scaling) or a table of steps to a threshold (label, global_batch, steps_to_threshold, "
                    "noise_scale).")
 @click.option("--predict-workers", help="Worker counts to predict, e.g. 5,6,7,8 [default: measured ones and doublings].")
+@click.option("--predict", "predict_layouts", metavar="LAYOUTS",
+              help="With --from-csv: predict the time of layouts NODESxGPUS@INSTANCES[:dynamic], comma-separated, "
+                   "e.g. 4x1@4*g3.4xlarge,2x2@2*g3.16xlarge,4x1@1*p2.xlarge+3*g3.4xlarge (the step-time model, "
+                   "costs/steptime.py; the CSV needs nodes and instance_type).")
 @click.option("--predict-batch", help="Global batches to predict steps and samples to the loss threshold for, e.g. 64,128.")
 @click.option("--confidence", type=click.FloatRange(0.5, 0.99), default=0.9, show_default=True,
               help="Level of every interval, and the chance a recommendation must have of meeting its limit.")
@@ -402,8 +407,8 @@ def _parse_batches(text: str | None) -> list[int]:
 @_catalog_options
 @click.option("--out", type=click.Path(file_okay=False), help="Write plan.md, plan.html and plan.json here.")
 @click.option("--format", "fmt", type=click.Choice([*_FORMATS, "html"]), default="table", show_default=True)
-def plan_cmd(run_dirs: tuple[str, ...], from_csv: str | None, predict_workers: str | None, predict_batch: str | None,
-             confidence: float, instance_types: str | None, market: str, work: float | None, measured_on: str | None,
+def plan_cmd(run_dirs: tuple[str, ...], from_csv: str | None, predict_workers: str | None,
+             predict_layouts: str | None, predict_batch: str | None, confidence: float, instance_types: str | None, market: str, work: float | None, measured_on: str | None,
              speed: tuple[str, ...], gradient_mb: float | None, intra_gbps: float, deadline_h: float | None,
              budget_usd: float | None, out: str | None, fmt: str, **params: Any) -> None:
     """Predict throughput, steps, time and dollars to the loss threshold of untried layouts and
@@ -419,6 +424,13 @@ def plan_cmd(run_dirs: tuple[str, ...], from_csv: str | None, predict_workers: s
     """
     if bool(from_csv) == bool(run_dirs):
         raise SpecError("give RUN_DIRS (run or sweep directories) or --from-csv FILE (one of the two)")
+    if predict_layouts is not None:
+        _refuse_with_predict({"--predict-workers": predict_workers, "--predict-batch": predict_batch,
+                              "--instance-types": instance_types, "--work": work, "--measured-on": measured_on,
+                              "--speed": speed or None, "--deadline-h": deadline_h, "--budget": budget_usd,
+                              "--out": out, "--format html": "html" if fmt == "html" else None, "RUN_DIRS": run_dirs or None})
+        _predict_from_csv(from_csv, predict_layouts, confidence, fmt, params)
+        return
     m = _measured_from_csv(from_csv, measured_on) if from_csv else _measured_from_runs([Path(p) for p in run_dirs])
     measured_on = measured_on or m.measured_on
     catalog = load_catalog(params["prices_file"], params["rates"], params["region"])
@@ -438,6 +450,37 @@ def plan_cmd(run_dirs: tuple[str, ...], from_csv: str | None, predict_workers: s
     if len(result.candidates) == 0 and types and work is not None:
         raise CatalogError("; ".join(result.notes) or "nothing could be priced")
     _show_plan(result, fmt, out, m)
+
+
+def _refuse_with_predict(given: dict[str, Any]) -> None:
+    """--predict answers one question (the time of named layouts); other planning flags conflict."""
+    bad = [k for k, v in given.items() if v is not None]
+    if bad:
+        raise SpecError(f"--predict does not go with {', '.join(bad)}: it predicts the named layouts from --from-csv "
+                        "FILE alone (json, table or markdown); drop them, or drop --predict to plan")
+
+
+def _predict_from_csv(path: str, text: str, confidence: float, fmt: str, params: dict[str, Any]) -> None:
+    """`launch plan --from-csv F --predict LAYOUTS`: one row per layout (costs.steptime)."""
+    if csv_kind(path) == "convergence":
+        raise DataError(f"{path}: a table of steps to a threshold; --predict needs a scaling table with workers, "
+                        "nodes, instance_type and time_s or throughput")
+    catalog = load_catalog(params["prices_file"], params["rates"], params["region"])
+    layouts = parse_layouts(text, catalog)
+    time_based = "throughput" not in read_scaling_csv(path).columns
+    m = _measured_from_csv(path, None)
+    rows, notes = predict_layouts(m.measured, layouts, catalog, confidence, Path(path).name, time_based)
+    for note in notes:
+        err_console.print(f"[yellow]note:[/] {note}", highlight=False)
+    if fmt == "json":
+        _print_json(to_json_records(rows))
+        return
+    nfmt = {c: ",.0f" for c in ("predicted_time_s", "time_low_s", "time_high_s")} | \
+        {c: ",.4g" for c in ("predicted_throughput", "throughput_low", "throughput_high")} | \
+        {c: ".0%" for c in ("compute_share", "exchange_share", "data_share", "held_out_error")}
+    show = rows[[c for c in rows.columns if c not in ("workers", "nodes", "held_out_predictions")]]
+    title = f"Predicted layouts ({confidence:.0%} intervals, step-time model)"
+    click.echo(markdown_table(show, nfmt)) if fmt == "markdown" else console.print(_rich_table(title, show, nfmt))
 
 
 def _worker_grid(measured: pd.DataFrame, text: str | None) -> list[int]:

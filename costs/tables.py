@@ -9,9 +9,11 @@ files are typed by hand. Formats (header row required, extra columns kept, order
   workers, each `fixed` or `growing`: `batch_scaling` (the global batch: split, or every worker
   keeps its batch) and `work_scaling` (the total work: the same job, or the same work per worker,
   which is what `time_s` is read by); `global_batch` (optional: of the row, for predicting steps to
-  a threshold); `instance` (optional, the instance type measured on). The older `mode` column is
-  still read as both axes at once (strong = fixed, fixed; weak = growing, growing) where the axes
-  are not given.
+  a threshold); `instance_type` (optional, the instances measured on, one per node: a bare type
+  on every node or a mix in the grammar of costs.billing.Mix, `1*p2.xlarge+3*g3.4xlarge`; the
+  older name `instance` is read as the same column); `balance` (optional, static or dynamic: how
+  a mixed fleet split the batch, costs/steptime.py). The older `mode` column is still read as
+  both axes at once (strong = fixed, fixed; weak = growing, growing) where the axes are not given.
 - convergence: `label` (optional), `global_batch`, `steps_to_threshold` (of one run that reached
   the threshold), and optionally `noise_scale` (its measured B_simple), `lr` (its learning rate
   after warm-up), `lr_warmup_steps`, `seed`; repeats (several seeds at one batch) are welcome.
@@ -151,10 +153,12 @@ def read_scaling_csv(path: str | Path) -> pd.DataFrame:
     df = _read(path, [["workers"], ["throughput", "time_s"]],
                {"workers": _positive_int, "nodes": _positive_int, "throughput": _positive_float,
                 "time_s": _positive_float, "mode": _choice("strong", "weak"), "batch_scaling": axis,
-                "work_scaling": axis, "global_batch": _positive_int},
-               "label (optional), workers, nodes (optional), throughput or time_s, batch_scaling and "
-               "work_scaling (optional: fixed or growing)")
+                "work_scaling": axis, "global_batch": _positive_int, "balance": _choice("static", "dynamic")},
+               "label (optional), workers, nodes (optional), instance_type (optional), throughput or time_s, "
+               "batch_scaling and work_scaling (optional: fixed or growing)")
     _default(df, "label", "")
+    if "instance" in df.columns and "instance_type" not in df.columns:  # the older name of the column
+        df["instance_type"] = df["instance"]
     for column in AXES:
         legacy = df["mode"].map(_MODE_AXES) if "mode" in df.columns else None
         df[column] = (df[column] if column in df.columns else pd.Series(None, index=df.index, dtype=object))
@@ -191,7 +195,7 @@ def csv_kind(path: str | Path) -> str:
 def _refuse_two_values_for_one_layout(path: str | Path, df: pd.DataFrame) -> None:
     """Speedup is against one measurement per layout: two rows for one layout of one series are
     ambiguous (average them first, or give each repeat a label of its own)."""
-    key = [c for c in ("label", *AXES, "workers", "nodes") if c in df.columns]
+    key = [c for c in ("label", *AXES, "workers", "nodes", "instance_type", "balance") if c in df.columns]
     dup = df[df.duplicated(key, keep=False)]
     if len(dup):
         lines = ", ".join(str(int(x)) for x in dup["_line"])
