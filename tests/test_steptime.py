@@ -1,0 +1,224 @@
+"""The step-time model (costs/steptime.py): compute per GPU type + exchange by topology + data.
+
+Synthetic tables made from known parameters must give those parameters back exactly; the
+topology rules must order 1x4, 2x2 and 4x1 as the link speeds say; mixed fleets follow the
+slowest worker (static) or the balancer's shares (dynamic, train/balance.py); and
+`launch plan --from-csv F --predict LAYOUTS` prints one row per layout or one clear error.
+Seed 004's money table (costs/data/seed004_money_speed.csv) is the real data."""
+
+from __future__ import annotations
+
+import json
+from importlib.resources import files
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from conftest import launch
+
+from core.errors import DataError
+from costs.catalog import builtin_catalog
+from costs.steptime import (
+    StepModel,
+    exchange_terms,
+    fit_step_model,
+    held_out,
+    parse_layout,
+    parse_layouts,
+    predict_layouts,
+    prepare,
+)
+from costs.tables import CsvError, read_scaling_csv
+from train.balance import proportional_shares
+
+CAT = builtin_catalog()
+SEED_004 = Path(str(files("costs.data") / "seed004_money_speed.csv"))
+# c0 + c1*b per GPU model, and [intra latency, intra bytes, inter latency, inter bytes] in seconds
+TRUE_COMPUTE = {"K80": (0.05, 0.004), "M60": (0.02, 0.002)}
+TRUE_LINKS = np.array([0.001, 0.03, 0.004, 0.12])
+
+
+@pytest.fixture(autouse=True)
+def _prices(tmp_path, monkeypatch):
+    monkeypatch.setenv("SCALELAB_PRICES", str(tmp_path / "no-user-prices.json"))
+
+
+def _model(compute=TRUE_COMPUTE, links=TRUE_LINKS, name="steptime") -> StepModel:
+    return StepModel(name, CAT, dict(compute), np.asarray(links, float), (True, True))
+
+
+def _synthetic(layouts: list[str], batches=(16, 32, 64)) -> pd.DataFrame:
+    """A scaling table measured exactly as the true model says (growing global batch)."""
+    truth, rows = _model(), []
+    for text in layouts:
+        lay = parse_layout(text, CAT)
+        for b in batches if lay.workers == 1 else batches[:1]:
+            glob = b * lay.workers
+            rows.append({"label": text, "workers": lay.workers, "nodes": lay.nodes, "instance_type": lay.instances,
+                         "balance": lay.balance, "global_batch": glob, "batch_scaling": "growing",
+                         "throughput": glob / truth.step_s(lay, b), "_line": len(rows) + 2})
+    return pd.DataFrame(rows)
+
+
+FIT_LAYOUTS = ["1x1@p2.xlarge", "1x1@g3.4xlarge", "1x2@g3.16xlarge", "1x4@g3.16xlarge", "2x1@g3.4xlarge",
+               "4x1@g3.4xlarge", "2x4@2*g3.16xlarge"]
+
+
+def test_known_parameters_are_recovered_exactly():
+    model = fit_step_model(prepare(_synthetic(FIT_LAYOUTS), CAT), CAT)
+    for gpu, (c0, c1) in TRUE_COMPUTE.items():
+        assert model.compute[gpu] == pytest.approx((c0, c1), rel=1e-9, abs=1e-12)
+    assert model.links == pytest.approx(TRUE_LINKS, rel=1e-9)
+    mix = parse_layout("4x1@1*p2.xlarge+3*g3.4xlarge:dynamic", CAT)  # never measured: predicted exactly
+    assert model.step_s(mix, 16) == pytest.approx(_model().step_s(mix, 16), rel=1e-9)
+
+
+def test_one_multi_node_layout_is_read_as_bandwidth_bound():
+    """With 2x1 the only layout across nodes, latency and bandwidth cannot be told apart: the fit
+    keeps the bytes term (the latency term must not absorb it)."""
+    rows = prepare(_synthetic(["1x1@g3.4xlarge", "2x1@g3.4xlarge"]), CAT)
+    model = fit_step_model(rows, CAT)
+    assert model.links[2] == 0 and model.links[3] > 0
+    assert model.why_not(parse_layout("1x2@g3.16xlarge", CAT)).startswith("no measurement with several GPUs")
+
+
+def test_topology_orders_1x4_2x2_4x1_by_link_speed():
+    """Fast links inside a node, a slow network: one node is fastest; hierarchical 2x2 sends
+    2(n-1)/n = 1 gradient over the network against 4x1's 1.5, so it beats the flat ring across 4."""
+    m = _model()
+    b = 32
+    t = {text: m.step_s(parse_layout(text, CAT), b) for text in ("1x4@g3.16xlarge", "2x2@2*g3.16xlarge",
+                                                                  "4x1@4*g3.4xlarge")}
+    assert t["1x4@g3.16xlarge"] < t["2x2@2*g3.16xlarge"] < t["4x1@4*g3.4xlarge"]
+    assert exchange_terms(parse_layout("2x2@g3.16xlarge", CAT)) == pytest.approx([2, 1, 2, 1])
+    assert exchange_terms(parse_layout("4x1@g3.4xlarge", CAT)) == pytest.approx([0, 0, 6, 1.5])
+    assert exchange_terms(parse_layout("1x4@g3.16xlarge", CAT)) == pytest.approx([6, 1.5, 0, 0])
+    # with the catalog's network figures, 25 Gbit/s (g3.16xlarge) moves the bytes 2.5x faster than 10
+    fast = exchange_terms(parse_layout("2x2@g3.16xlarge", CAT), CAT, bandwidth=True)
+    slow = exchange_terms(parse_layout("2x2@g3.8xlarge", CAT), CAT, bandwidth=True)
+    assert slow[3] == pytest.approx(2.5 * fast[3]) and slow[1] == fast[1]
+
+
+def test_mixed_fleet_static_waits_for_the_slowest_dynamic_follows_the_balancer():
+    m = _model(compute={"K80": (0.0, 0.004), "M60": (0.0, 0.002)})
+    static = parse_layout("4x1@1*p2.xlarge+3*g3.4xlarge", CAT)
+    dynamic = parse_layout("4x1@1*p2.xlarge+3*g3.4xlarge:dynamic", CAT)
+    b = 1000
+    assert m.compute_s(static, b) == pytest.approx(0.004 * b)  # the K80 sets the step
+    # the balancer's proportional shares of the global batch finish together, at that time
+    speeds = [1 / 0.004, 1 / 0.002, 1 / 0.002, 1 / 0.002]
+    shares = proportional_shares(4 * b, speeds, min_share=1)
+    per_worker = [s / v for s, v in zip(shares, speeds)]
+    assert m.compute_s(dynamic, b) == pytest.approx(max(per_worker), rel=1e-3)
+    assert m.compute_s(dynamic, b) == pytest.approx(4 * b / sum(speeds))
+    assert m.compute_s(dynamic, b) < m.compute_s(static, b)
+    same = parse_layout("4x1@4*g3.4xlarge:dynamic", CAT)  # one GPU type: balancing changes nothing
+    assert m.compute_s(same, b) == pytest.approx(m.compute_s(parse_layout("4x1@4*g3.4xlarge", CAT), b))
+
+
+def test_held_out_errors_vanish_on_exact_data_and_skip_unpredictable_rows():
+    rows = prepare(_synthetic(FIT_LAYOUTS + ["1x3@g3.16xlarge", "8x1@g3.4xlarge"]), CAT)
+    errs = held_out(rows, CAT, "steptime")
+    assert len(errs) == len(rows) and max(errs) < 1e-9
+    # one batch per GPU type: a type's only single-GPU row cannot be predicted without it
+    rows = prepare(_synthetic(FIT_LAYOUTS, batches=(32,)), CAT)
+    assert len(held_out(rows, CAT, "steptime")) == len(rows) - 2
+
+
+@pytest.mark.parametrize("text, message", [
+    ("4by1@4*g3.4xlarge", "cannot read layout"),
+    ("0x1@g3.4xlarge", "cannot read layout"),
+    ("4x1@2*g3.16xlarge", "4 node(s) but 2 instance(s)"),
+    ("1x4@g3.4xlarge", "g3.4xlarge has 1 GPU(s)"),
+    ("4x1@4*g9.xlarge", "unknown instance type 'g9.xlarge'"),
+    ("4x1@4*g3.4xlarge:sometimes", "balance must be static or dynamic"),
+])
+def test_bad_layouts_are_named(text, message):
+    with pytest.raises(DataError, match="--predict") as exc:
+        parse_layout(text, CAT)
+    assert message in str(exc.value)
+
+
+def test_seed_004_unmeasured_type_is_refused_not_guessed():
+    measured = read_scaling_csv(SEED_004).assign(throughput=lambda d: 1 / d["time_s"])
+    with pytest.raises(DataError, match="p3.2xlarge was not measured"):
+        predict_layouts(measured, parse_layouts("1x1@p3.2xlarge", CAT), CAT, 0.9, "seed004")
+
+
+def test_seed_004_predictions_keep_the_measured_order_of_1x4_4x1_2x2():
+    measured = read_scaling_csv(SEED_004).assign(throughput=lambda d: 1 / d["time_s"])
+    rows, notes = predict_layouts(measured, parse_layouts("1x4@g3.16xlarge,4x1@4*g3.4xlarge,2x2@2*g3.16xlarge", CAT),
+                                  CAT, 0.8, "seed004")
+    t = rows.set_index("layout")["predicted_time_s"]
+    assert t["1x4@1*g3.16xlarge"] < t["4x1@4*g3.4xlarge"] < t["2x2@2*g3.16xlarge"]  # seed: 21.9 < 23.3 < 26.4 min
+    assert (rows["time_low_s"] < rows["predicted_time_s"]).all() and (rows["predicted_time_s"] < rows["time_high_s"]).all()
+    assert set(rows["speed_basis"]) == {"measured"} and notes
+
+
+# ---- the CSV reader ----------------------------------------------------------------------------
+
+
+def test_csv_reads_instance_type_mixes_balance_and_the_older_instance_column(tmp_path):
+    f = tmp_path / "t.csv"
+    f.write_text("label,workers,nodes,instance,balance,time_s\n"
+                 "a,1,1,g3.4xlarge,,100\n"
+                 "a,4,4,1*p2.xlarge+3*g3.4xlarge,static,60\n"
+                 "a,4,4,1*p2.xlarge+3*g3.4xlarge,dynamic,50\n"
+                 "a,4,4,g3.4xlarge,,40\n")
+    df = read_scaling_csv(f)
+    assert list(df["instance_type"]) == ["g3.4xlarge", "1*p2.xlarge+3*g3.4xlarge", "1*p2.xlarge+3*g3.4xlarge",
+                                         "g3.4xlarge"]
+    assert list(df["balance"].fillna("static")) == ["static", "static", "dynamic", "static"]
+    f.write_text("workers,nodes,instance_type,balance,time_s\n1,1,g3.4xlarge,sometimes,100\n")
+    with pytest.raises(CsvError, match=r"t.csv:2: column 'balance': expected static or dynamic"):
+        read_scaling_csv(f)
+
+
+def test_prepare_names_missing_columns_and_uneven_nodes():
+    with pytest.raises(DataError, match="needs the columns nodes and instance_type"):
+        prepare(pd.DataFrame({"workers": [1], "throughput": [1.0]}), CAT, "t.csv")
+    bad = pd.DataFrame({"workers": [3], "nodes": [2], "instance_type": ["g3.16xlarge"], "throughput": [1.0],
+                        "_line": [5]})
+    with pytest.raises(DataError, match="t.csv:5: 3 workers do not split evenly over 2 nodes"):
+        prepare(bad, CAT, "t.csv")
+
+
+# ---- launch plan --predict -----------------------------------------------------------------------
+
+
+def _env(tmp_path):
+    return {"SCALELAB_PRICES": str(tmp_path / "no-user-prices.json")}
+
+
+def test_launch_plan_predict_json_rows_for_time(tmp_path):
+    r = launch("plan", "--from-csv", str(SEED_004), "--predict",
+               "4x1@4*g3.4xlarge,2x2@2*g3.16xlarge,4x1@1*p2.xlarge+3*g3.4xlarge", "--format", "json",
+               cwd=tmp_path, env=_env(tmp_path))
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout)
+    assert [row["layout"] for row in rows] == ["4x1@4*g3.4xlarge", "2x2@2*g3.16xlarge", "4x1@1*p2.xlarge+3*g3.4xlarge"]
+    for row in rows:
+        assert {"layout", "instances", "predicted_time_s", "time_low_s", "time_high_s", "speed_basis"} <= set(row)
+        assert row["time_low_s"] < row["predicted_time_s"] < row["time_high_s"]
+        assert row["speed_basis"] == "measured" and row["model"].startswith("steptime")
+    assert rows[2]["predicted_time_s"] > rows[0]["predicted_time_s"]  # the K80 holds the static mix back
+
+
+def test_launch_plan_predict_throughput_and_errors(tmp_path):
+    f = tmp_path / "thr.csv"
+    table = _synthetic(FIT_LAYOUTS, batches=(32,))
+    table[["workers", "nodes", "instance_type", "throughput"]].to_csv(f, index=False)
+    r = launch("plan", "--from-csv", str(f), "--predict", "2x2@g3.16xlarge,4x1@1*p2.xlarge+3*g3.4xlarge:dynamic",
+               "--format", "json", cwd=tmp_path, env=_env(tmp_path))
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout)
+    assert [row["balance"] for row in rows] == ["static", "dynamic"]
+    for row in rows:
+        assert row["throughput_low"] <= row["predicted_throughput"] <= (row["throughput_high"] or float("inf"))
+        assert "predicted_time_s" not in row
+    for args, message in [(["--predict", "4x1@2*g3.16xlarge"], "4 node(s) but 2 instance(s)"),
+                          (["--predict", "1x1@p3.2xlarge"], "p3.2xlarge was not measured"),
+                          (["--predict", "4x1@g3.4xlarge", "--predict-workers", "4"], "does not go with --predict-workers")]:
+        r = launch("plan", "--from-csv", str(f), *args, cwd=tmp_path, env=_env(tmp_path))
+        assert r.returncode != 0 and message in r.stderr and "Traceback" not in r.stderr, r.stderr
