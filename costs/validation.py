@@ -1,6 +1,8 @@
-"""Judge the steps-to-threshold predictions on runs kept out of their fit (scripts/validate-planner.sh).
+"""Judge the steps-to-threshold predictions on runs kept out of their fit (scripts/validate-planner.sh),
+and the step-time model on seed 004's money table (`steptime_bench`).
 
     python -m costs.validation RUNS_DIR [--confidence 0.9] [--csv FILE]
+    python -m costs.validation --steptime [--confidence 0.9]
 
 RUNS_DIR holds `batch/MODEL/wW/bB-sS/` (one run each: batch sweeps at one and two workers) and
 `weak/MODEL/sS/` (weak-scaling sweeps). Three tasks, each prediction compared with every run of
@@ -19,10 +21,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from importlib.resources import files
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
+
+import numpy as np
 
 import pandas as pd
 
@@ -30,10 +35,13 @@ from analysis.report import _jsonable
 from analysis.results import summarize_loaded
 from core.errors import DataError
 from core.records import load_run
-from costs.calibration import coverage, coverage_summary
+from costs.calibration import conformal_quantile, coverage, coverage_summary
+from costs.catalog import builtin_catalog
 from costs.convergence import fit_convergence
+from costs.steptime import STEP_MODELS, choose, fit_step_model, prepare
+from costs.tables import read_scaling_csv
 
-__all__ = ["collect", "evaluate", "summary", "planner_bench"]
+__all__ = ["collect", "evaluate", "summary", "planner_bench", "steptime_split", "steptime_loo", "steptime_bench"]
 
 _COLUMNS = ["label", "model", "workers", "global_batch", "seed", "steps_to_threshold", "noise_scale", "lr",
             "lr_warmup_steps"]
@@ -121,15 +129,95 @@ def planner_bench(confidence: float = 0.9) -> dict[str, Any]:
             "throughput": coverage_summary(preds).to_dict(orient="records")[0],
             "throughput_by_series": coverage_summary(preds, ["series"]).to_dict(orient="records"),
             "throughput_by_fit_counts": coverage_summary(preds, ["fit_counts"]).to_dict(orient="records"),
-            "steps": summary(steps).to_dict(orient="records")}
+            "steps": summary(steps).to_dict(orient="records"),
+            "steptime": steptime_bench(confidence)}
+
+
+# ---- the step-time model on seed 004 ----------------------------------------------------------------
+
+SEED_004_TABLE = "seed004_money_speed.csv"
+#: the brief's split: every single-instance row and one multi-node row are fitted, the rest predicted
+SEED_004_FIT = ("Single g3.4xlarge", "Single p2.xlarge", "Single g3.16xlarge", "Two g3.4xlarge")
+
+
+def _seed004_rows() -> pd.DataFrame:
+    measured = read_scaling_csv(files("costs.data") / SEED_004_TABLE)
+    return prepare(measured.assign(throughput=1.0 / measured["time_s"]), builtin_catalog(), SEED_004_TABLE)
+
+
+def _time_s(model, row: pd.Series) -> float:
+    """A row's predicted time (its work over the predicted throughput)."""
+    return row["per"] * model.step_s(row["layout"], row["b"]) / row["global_batch"]
+
+
+def steptime_split(rows: pd.DataFrame, fit_labels: Sequence[str]) -> pd.DataFrame:
+    """Fit on the rows labelled `fit_labels`, predict the others: label, layout, balance, measured_s,
+    predicted_s, error (predicted / measured − 1)."""
+    cat = builtin_catalog()
+    train = rows[rows["label"].isin(fit_labels)]
+    name, _ = choose(train, cat)
+    model = fit_step_model(train, cat, name)
+    out = []
+    for _, r in rows[~rows["label"].isin(fit_labels)].iterrows():
+        pred, measured = _time_s(model, r), r["per"] / r["throughput"]
+        out.append({"label": r["label"], "layout": r["layout"].text, "balance": r["layout"].balance, "model": name,
+                    "measured_s": measured, "predicted_s": pred, "error": pred / measured - 1})
+    return pd.DataFrame(out)
+
+
+def steptime_loo(rows: pd.DataFrame, confidence: float) -> pd.DataFrame:
+    """Every row the others can predict, predicted from them with the model they choose and its
+    band from their own held-out errors (nested leave-one-out, as `launch plan --predict` does)."""
+    cat = builtin_catalog()
+    out = []
+    for i in range(len(rows)):
+        train, r = rows.drop(index=rows.index[i]), rows.iloc[i]
+        name, errors = choose(train, cat)
+        model = fit_step_model(train, cat, name) if name in STEP_MODELS else None
+        if model is None or model.why_not(r["layout"]) is not None:
+            continue
+        q = conformal_quantile(errors[name], confidence) if errors[name] else math.inf
+        pred, measured = _time_s(model, r), r["per"] / r["throughput"]
+        low, high = pred / (1 + q) if q < math.inf else 0.0, pred / (1 - q) if q < 1 else math.inf
+        out.append({"label": r["label"], "model": name, "measured_s": measured, "predicted_s": pred,
+                    "error": pred / measured - 1, "half_width": q, "covered": bool(low <= measured <= high)})
+    return pd.DataFrame(out)
+
+
+def _finite(x: float) -> float | None:
+    """None for an unbounded band (JSON null; rendered as a dash)."""
+    return float(x) if math.isfinite(x) else None
+
+
+def steptime_bench(confidence: float = 0.9) -> dict[str, Any]:
+    """Seed 004: the fixed split (errors), nested leave-one-out at `confidence` and at 80 %
+    (errors, coverage, median half-width), and the held-out error of every model on the table's
+    rows of one GPU type (where the existing models can compete)."""
+    rows = _seed004_rows()
+    split = steptime_split(rows, SEED_004_FIT)
+    loo = {f"{c:.0%}": steptime_loo(rows, c) for c in sorted({0.8, confidence})}
+    one_type = rows[rows["layout"].map(lambda lay: set(lay.node_types) <= {"g3.4xlarge", "g3.16xlarge"})]
+    _, errors = choose(one_type.reset_index(drop=True), builtin_catalog())
+    return {"table": SEED_004_TABLE, "fit": list(SEED_004_FIT), "split": split.to_dict(orient="records"),
+            "split_mape": float(split["error"].abs().mean()),
+            "loo": {k: {"predictions": len(v), "mape": float(v["error"].abs().mean()),
+                        "coverage": float(v["covered"].mean()), "median_half_width": _finite(v["half_width"].median()),
+                        "rows": v.to_dict(orient="records")} for k, v in loo.items()},
+            "one_gpu_type_held_out_error": {k: float(np.mean(v)) for k, v in errors.items() if v}}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m costs.validation", description=__doc__.split("\n")[0])
-    parser.add_argument("runs_dir", type=Path)
+    parser.add_argument("runs_dir", type=Path, nargs="?")
     parser.add_argument("--confidence", type=float, default=0.9)
     parser.add_argument("--csv", type=Path, help="Write the convergence table of every run here.")
+    parser.add_argument("--steptime", action="store_true", help="Judge the step-time model on seed 004 instead.")
     args = parser.parse_args(argv)
+    if args.steptime:
+        print(json.dumps(_jsonable(steptime_bench(args.confidence)), indent=2, allow_nan=False))
+        return 0
+    if args.runs_dir is None:
+        parser.error("give RUNS_DIR, or --steptime")
     runs = collect(args.runs_dir)
     if args.csv:
         runs.to_csv(args.csv, index=False)

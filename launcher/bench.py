@@ -267,9 +267,23 @@ def render(results: dict) -> None:
         console.print(_table("5b. Planner: steps to the threshold on the shipped batch sweeps", p["steps"], [
             ("basis", "basis", ""), ("predictions", "predictions", ".0f"), ("coverage", "coverage", ".0%"),
             ("median half-width", "median_half_width", ".1%"), ("mean abs error", "mean_abs_error", ".1%")]))
+        if "steptime" in p:
+            _render_steptime(p["steptime"])
     if "report" in results:
         console.print(_table("6. Report speed", [results["report"]], [
             ("records", "records", ","), ("ranks", "ranks", ""), ("load s", "load_s", ".2f"), ("full report s", "full_report_s", ".2f")]))
+
+
+def _render_steptime(st: dict) -> None:
+    """5c-5d: the step-time model on seed 004 (costs.validation.steptime_bench)."""
+    console.print(_table(f"5c. Step-time model on seed 004: fitted on {', '.join(st['fit'])}; the others predicted "
+                         f"(MAPE {st['split_mape']:.1%})", st["split"], [
+        ("row", "label", ""), ("model", "model", ""), ("measured s", "measured_s", ",.0f"),
+        ("predicted s", "predicted_s", ",.0f"), ("error", "error", "+.1%")]))
+    console.print(_table("5d. Step-time model on seed 004, each row from the other ten (nested leave-one-out bands)",
+                         [{"level": k, **{c: v[c] for c in v if c != "rows"}} for k, v in st["loo"].items()], [
+        ("level", "level", ""), ("predictions", "predictions", ".0f"), ("MAPE", "mape", ".1%"),
+        ("coverage", "coverage", ".0%"), ("median half-width", "median_half_width", ".1%")]))
 
 
 def _decorate(results: dict) -> None:
