@@ -26,12 +26,13 @@ model sees what a step is made of, so those differ:
   *exposed* exchange (what overlap with backward did not hide) and the gradient size need not be
   known. A latency term is fitted only when the layouts can tell it from bandwidth (it adds to
   the rank of the fit): with one multi-node layout the exchange is taken as bandwidth-bound.
-  Variant `steptime-links` divides each bytes term by the link's bandwidth from the catalog
-  (`intra_gbps` where the catalog gives NVLink/PCIe figures, else 80 Gbit/s; the instance network,
-  else 10 Gbit/s), so a faster network shortens the exchange; `steptime` fits one coefficient per
-  link class, the same for every type.
+  Variant `steptime-links` divides each bytes term by the link's bandwidth: measured (`Known`,
+  e.g. by `launch probe`), else the catalog's (`intra_gbps` where it gives NVLink/PCIe figures,
+  else 80 Gbit/s; the instance network, else 10 Gbit/s), so a faster network shortens the
+  exchange; `steptime` fits one coefficient per link class, the same for every type.
 - **data**: the input pipeline's seconds per sample that compute did not hide (the trainer's
-  phase breakdown records it); 0 unless given, since a table's times cannot tell it from compute.
+  phase breakdown records it; `Known`); 0 unless given, since a table's times cannot tell it from
+  compute.
 
 Units: a table gives throughput (work per second) or a time for a fixed (or per-worker) amount of
 work. Its global batch B (the `global_batch` column, else b = 1 nominal per worker under
@@ -50,7 +51,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -61,7 +62,7 @@ from costs.calibration import conformal_quantile
 from costs.catalog import Catalog, CatalogError
 from costs.fitting import LinkModel, fit_series, nnls
 
-__all__ = ["Layout", "parse_layout", "parse_layouts", "exchange_terms", "StepModel", "fit_step_model",
+__all__ = ["Known", "Layout", "parse_layout", "parse_layouts", "exchange_terms", "StepModel", "fit_step_model",
            "prepare", "held_out", "choose", "predict_layouts", "STEP_MODELS"]
 
 STEP_MODELS = ("steptime", "steptime-links")
@@ -150,25 +151,41 @@ def gpu_key(instance_type: str, catalog: Catalog) -> str:
 # ---- the exchange ------------------------------------------------------------------------------
 
 
-def _gbps(layout: Layout, catalog: Catalog, attr: str, default: float) -> float:
-    """The slowest link of a kind over the layout's node types (catalog figures, else `default`)."""
+@dataclass(frozen=True)
+class Known:
+    """What was measured outside the table: the data seconds per sample (the trainer's phase
+    breakdown) and link bandwidths per instance type, {"g3.16xlarge": {"intra_gbps": 60,
+    "network_gbps": 18}} (e.g. from `launch probe`), which take precedence over the catalog's."""
+
+    data_s_per_sample: float = 0.0
+    link_gbps: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+
+
+def _gbps(layout: Layout, catalog: Catalog, attr: str, default: float,
+          measured: Mapping[str, Mapping[str, float]]) -> float:
+    """The slowest link of a kind over the layout's node types: measured, else the catalog's
+    figure, else `default`."""
     vals = []
     for t in set(layout.node_types):
-        v = getattr(catalog.instance(t), attr, None)
+        v = measured.get(t, {}).get(attr) or getattr(catalog.instance(t), attr, None)
         vals.append(float(v) if v else default)
     return min(vals)
 
 
-def exchange_terms(layout: Layout, catalog: Catalog | None = None, bandwidth: bool = False) -> np.ndarray:
+def exchange_terms(layout: Layout, catalog: Catalog | None = None, bandwidth: bool = False,
+                   measured: Mapping[str, Mapping[str, float]] | None = None) -> np.ndarray:
     """[intra latencies, intra bytes, inter latencies, inter bytes] of one all-reduce of the layout
     (module doc: ring inside, ring across, hierarchical). Bytes are in units of the gradient; with
-    `bandwidth` they are divided by the link's Gbit/s relative to the defaults (80 inside, 10 across)."""
+    `bandwidth` they are divided by the link's Gbit/s (`measured`, else the catalog's) relative to
+    the defaults (80 inside, 10 across)."""
     g, n = layout.gpus_per_node, layout.nodes
     intra = [2.0 * (g - 1), 2.0 * (g - 1) / g] if g > 1 else [0.0, 0.0]
     inter = [2.0 * (n - 1), 2.0 * (n - 1) / n] if n > 1 else [0.0, 0.0]
     if bandwidth and catalog is not None:
-        intra[1] *= _DEFAULT_LINK.intra_gbps / _gbps(layout, catalog, "intra_gbps", _DEFAULT_LINK.intra_gbps)
-        inter[1] *= _DEFAULT_LINK.inter_gbps / _gbps(layout, catalog, "network_gbps", _DEFAULT_LINK.inter_gbps)
+        intra[1] *= _DEFAULT_LINK.intra_gbps / _gbps(layout, catalog, "intra_gbps", _DEFAULT_LINK.intra_gbps,
+                                                     measured or {})
+        inter[1] *= _DEFAULT_LINK.inter_gbps / _gbps(layout, catalog, "network_gbps", _DEFAULT_LINK.inter_gbps,
+                                                     measured or {})
     return np.array(intra + inter)
 
 
@@ -185,7 +202,7 @@ class StepModel:
     compute: dict[str, tuple[float, float]] = field(default_factory=dict)
     links: np.ndarray = field(default_factory=lambda: np.zeros(4))
     seen: tuple[bool, bool] = (False, False)  # (inside a node, across nodes)
-    data_s_per_sample: float = 0.0
+    known: Known = field(default_factory=lambda: Known())
 
     @property
     def bandwidth(self) -> bool:
@@ -219,24 +236,28 @@ class StepModel:
         return float(each.max())
 
     def exchange_s(self, layout: Layout) -> float:
-        return float(exchange_terms(layout, self.catalog, self.bandwidth) @ self.links)
+        return float(self.exchange_terms(layout) @ self.links)
+
+    def exchange_terms(self, layout: Layout) -> np.ndarray:
+        return exchange_terms(layout, self.catalog, self.bandwidth, self.known.link_gbps)
 
     def step_s(self, layout: Layout, b: float) -> float:
         """compute + exposed exchange + data (module doc)."""
-        return self.compute_s(layout, b) + self.exchange_s(layout) + self.data_s_per_sample * b
+        return self.compute_s(layout, b) + self.exchange_s(layout) + self.known.data_s_per_sample * b
 
     def parts(self, layout: Layout, b: float) -> dict[str, float]:
         return {"compute": self.compute_s(layout, b), "exchange": self.exchange_s(layout),
-                "data": self.data_s_per_sample * b}
+                "data": self.known.data_s_per_sample * b}
 
 
 def fit_step_model(rows: pd.DataFrame, catalog: Catalog, name: str = "steptime",
-                   data_s_per_sample: float = 0.0) -> StepModel:
+                   known: Known | None = None) -> StepModel:
     """Fit compute per GPU type on the single-GPU rows, then the exchange on what the multi-GPU
     rows of one GPU type left after compute and data. Mixed fleets are predicted, never fitted:
     what they add beyond the slowest worker or the balanced shares (an imbalanced first epoch,
     the balancer's own cost) is not a property of the links. `rows` as from `prepare`."""
-    model = StepModel(name, catalog, data_s_per_sample=data_s_per_sample)
+    model = StepModel(name, catalog, known=known or Known())
+    data_s_per_sample = model.known.data_s_per_sample
     single = rows[rows["workers"] == 1]
     for key, part in single.groupby(single["layout"].map(lambda lay: gpu_key(lay.node_types[0], catalog))):
         b, s = part["b"].to_numpy(float), part["step"].to_numpy(float) - data_s_per_sample * part["b"].to_numpy(float)
@@ -249,7 +270,7 @@ def fit_step_model(rows: pd.DataFrame, catalog: Catalog, name: str = "steptime",
     if len(multi):
         model.seen = (bool((multi["layout"].map(lambda lay: lay.gpus_per_node) > 1).any()),
                       bool((multi["layout"].map(lambda lay: lay.nodes) > 1).any()))
-        feats = np.vstack([exchange_terms(lay, catalog, model.bandwidth) for lay in multi["layout"]])
+        feats = np.vstack([model.exchange_terms(lay) for lay in multi["layout"]])
         rest = np.array([s - model.compute_s(lay, b) - data_s_per_sample * b
                          for lay, b, s in zip(multi["layout"], multi["b"], multi["step"])])
         w = 1.0 / multi["step"].to_numpy(float)  # relative residuals
@@ -318,12 +339,12 @@ def _per(r: pd.Series, workers: int) -> float:
 # ---- held-out error and the choice ----------------------------------------------------------------
 
 
-def held_out(rows: pd.DataFrame, catalog: Catalog, name: str, data_s_per_sample: float = 0.0) -> list[float]:
+def held_out(rows: pd.DataFrame, catalog: Catalog, name: str, known: Known | None = None) -> list[float]:
     """Leave-one-out relative errors of throughput, |pred − true| / true, of every row the others
     can predict (a row whose GPU type or link class only it measured is skipped)."""
     errs = []
     for i in range(len(rows)):
-        model = fit_step_model(rows.drop(index=rows.index[i]), catalog, name, data_s_per_sample)
+        model = fit_step_model(rows.drop(index=rows.index[i]), catalog, name, known)
         r = rows.iloc[i]
         if model.why_not(r["layout"]) is not None:
             continue
@@ -352,10 +373,10 @@ def _baseline_errors(rows: pd.DataFrame, catalog: Catalog) -> dict[str, list[flo
     return out
 
 
-def choose(rows: pd.DataFrame, catalog: Catalog, data_s_per_sample: float = 0.0) -> tuple[str, dict[str, list[float]]]:
+def choose(rows: pd.DataFrame, catalog: Catalog, known: Known | None = None) -> tuple[str, dict[str, list[float]]]:
     """(the model with the lowest mean held-out error, every candidate's held-out errors). Ties go
     to the one listed first (steptime: fewest assumptions)."""
-    errors = {name: held_out(rows, catalog, name, data_s_per_sample) for name in STEP_MODELS}
+    errors = {name: held_out(rows, catalog, name, known) for name in STEP_MODELS}
     errors.update(_baseline_errors(rows, catalog))
     scored = {k: float(np.mean(v)) for k, v in errors.items() if v}
     if not scored:
@@ -406,15 +427,15 @@ def _point(model: StepModel | Any, chosen: str, layout: Layout, b: float, glob: 
 
 def predict_layouts(measured: pd.DataFrame, layouts: Sequence[Layout], catalog: Catalog, confidence: float,
                     source: str = "the table", time_based: bool = True,
-                    data_s_per_sample: float = 0.0) -> tuple[pd.DataFrame, list[str]]:
+                    known: Known | None = None) -> tuple[pd.DataFrame, list[str]]:
     """(one row per layout, notes): the predicted time (`time_based`: the table gave time_s) or
     throughput, with its conformal band from the chosen model's held-out errors (module doc)."""
     rows = prepare(measured, catalog, source)
     types = _measured_types(rows)
     for layout in layouts:
         _refuse_unmeasured(layout, types, source)
-    chosen, errors = choose(rows, catalog, data_s_per_sample)
-    model: Any = (fit_step_model(rows, catalog, chosen, data_s_per_sample) if chosen in STEP_MODELS
+    chosen, errors = choose(rows, catalog, known)
+    model: Any = (fit_step_model(rows, catalog, chosen, known) if chosen in STEP_MODELS
                   else fit_series("", rows[["workers", "nodes", "throughput"]]))
     errs = errors.get(chosen, [])
     q = conformal_quantile(errs, confidence) if errs else math.inf

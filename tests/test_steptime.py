@@ -98,6 +98,9 @@ def test_topology_orders_1x4_2x2_4x1_by_link_speed():
     fast = exchange_terms(parse_layout("2x2@g3.16xlarge", CAT), CAT, bandwidth=True)
     slow = exchange_terms(parse_layout("2x2@g3.8xlarge", CAT), CAT, bandwidth=True)
     assert slow[3] == pytest.approx(2.5 * fast[3]) and slow[1] == fast[1]
+    # a measured bandwidth (launch probe) takes precedence over the catalog's figure
+    probed = exchange_terms(parse_layout("2x2@g3.16xlarge", CAT), CAT, True, {"g3.16xlarge": {"network_gbps": 50}})
+    assert probed[3] == pytest.approx(1.0 * 10 / 50)
 
 
 def test_mixed_fleet_static_waits_for_the_slowest_dynamic_follows_the_balancer():
