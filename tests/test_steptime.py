@@ -21,6 +21,7 @@ from core.errors import DataError
 from costs.catalog import builtin_catalog
 from costs.steptime import (
     StepModel,
+    choose,
     exchange_terms,
     fit_step_model,
     held_out,
@@ -30,6 +31,7 @@ from costs.steptime import (
     prepare,
 )
 from costs.tables import CsvError, read_scaling_csv
+from costs.validation import SEED_004_FIT, steptime_split
 from train.balance import proportional_shares
 
 CAT = builtin_catalog()
@@ -225,3 +227,25 @@ def test_launch_plan_predict_throughput_and_errors(tmp_path):
                           (["--predict", "4x1@g3.4xlarge", "--predict-workers", "4"], "does not go with --predict-workers")]:
         r = launch("plan", "--from-csv", str(f), *args, cwd=tmp_path, env=_env(tmp_path))
         assert r.returncode != 0 and message in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_choice_against_the_existing_models_on_one_gpu_type():
+    """Where the existing models can compete (one GPU type), they are scored on the same held-out
+    rows; on data with a topology they cannot see (2x2 != 4x1) the step-time model wins."""
+    table = _synthetic(["1x1@g3.4xlarge", "1x2@g3.16xlarge", "1x4@g3.16xlarge", "2x1@g3.4xlarge",
+                        "4x1@g3.4xlarge", "2x2@2*g3.16xlarge", "8x1@g3.4xlarge"], batches=(32,))
+    chosen, errors = choose(prepare(table, CAT), CAT)
+    assert {"steptime", "steptime-links", "ernest", "comm", "ps"} <= set(errors)
+    # left out, 1x4 is the one row whose intra-node latency the others cannot tell from bandwidth
+    assert chosen.startswith("steptime") and np.mean(errors[chosen]) < 0.01 < np.mean(errors["comm"])
+    mixed = _synthetic(FIT_LAYOUTS, batches=(32,))  # two GPU types: the existing models cannot tell them apart
+    assert not {"ernest", "comm", "ps"} & set(choose(prepare(mixed, CAT), CAT)[1])
+
+
+def test_seed_004_split_predicts_the_homogeneous_and_static_rows():
+    """docs/benchmarks.md: fitted on the single-instance rows and 2 x g3.4xlarge."""
+    rows = prepare(read_scaling_csv(SEED_004).assign(throughput=lambda d: 1 / d["time_s"]), CAT, "seed004")
+    split = steptime_split(rows, SEED_004_FIT).set_index("label")["error"]
+    assert abs(split["Four g3.4xlarge"]) < 0.05 and abs(split["Two g3.16xlarge with 2 GPU only"]) < 0.1
+    assert abs(split["One g3.4xlarge + one p2.xlarge"]) < 0.05
+    assert split["Three g3.4xlarge + one p2.xlarge + dynamic"] < split["Three g3.4xlarge + one p2.xlarge"] < 0
