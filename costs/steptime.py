@@ -69,7 +69,6 @@ STEP_MODELS = ("steptime", "steptime-links")
 BALANCES = ("static", "dynamic")
 _DEFAULT_LINK = LinkModel()
 _LAYOUT = re.compile(r"\s*(\d+)\s*x\s*(\d+)\s*@\s*([^:]+?)\s*(?::\s*(\w+)\s*)?")
-_TERMS = ("intra latency", "intra bytes", "inter latency", "inter bytes")
 
 
 # ---- layouts ------------------------------------------------------------------------------------
@@ -461,8 +460,8 @@ def _layout_row(model: Any, chosen: str, layout: Layout, rows: pd.DataFrame, mea
                            "nodes": layout.nodes, "balance": layout.balance}
     if time_based:
         per = _per_of(measured, layout.workers)
-        row |= {"predicted_time_s": per / thr, "time_low_s": per / high if high > 0 else math.inf,
-                "time_high_s": per / low}
+        row |= {"predicted_time_s": per / thr, "time_low_s": per / high,
+                "time_high_s": per / low if low > 0 else math.inf}
     else:
         row |= {"predicted_throughput": thr, "throughput_low": low, "throughput_high": high}
     total = sum(parts.values())

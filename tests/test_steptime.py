@@ -161,6 +161,14 @@ def test_seed_004_predictions_keep_the_measured_order_of_1x4_4x1_2x2():
     assert set(rows["speed_basis"]) == {"measured"} and notes
 
 
+def test_too_few_held_out_rows_give_an_unbounded_band_and_say_so():
+    table = _synthetic(["1x1@g3.4xlarge", "2x1@g3.4xlarge", "4x1@g3.4xlarge"], batches=(32,))
+    rows, notes = predict_layouts(table, parse_layouts("8x1@g3.4xlarge", CAT), CAT, 0.9, "t.csv")
+    row = rows.iloc[0]
+    assert row["held_out_predictions"] == 2 and np.isinf(row["time_high_s"]) and row["time_low_s"] == 0
+    assert any("too few for a 90% band" in n for n in notes)
+
+
 # ---- the CSV reader ----------------------------------------------------------------------------
 
 
