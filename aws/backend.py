@@ -55,6 +55,7 @@ from core.rundir import (
     update_state,
 )
 from core.spec import Spec, read_spec
+from core.waiting import wait_until
 from launcher.backend import Backend, RunStatus, log_text
 
 CAPACITY_ERRORS = {"InsufficientInstanceCapacity", "InsufficientCapacity", "SpotMaxPriceTooLow",
@@ -286,7 +287,7 @@ class AwsBackend(Backend):
         """Record the interruption, end the generation, start the next one from the checkpoint."""
         ec2 = self.client("ec2", self._plan_for(run_dir).region)
         info = read_state(run_dir)
-        last_step = mirror.last_step(run_dir / mirror.MIRROR_DIR / "records" / f"gen-{gen}")
+        last_step = mirror.last_step(mirror.generation_records(run_dir, gen))
         hit = sorted(set(notices) | {n["InstanceId"] for n in gone})
         types = {n["InstanceId"]: n["InstanceType"] for n in nodes}
         for iid in hit:
@@ -380,7 +381,7 @@ class AwsBackend(Backend):
                 self.pull(run_dir)
             except ScalelabError:
                 pass
-        logs = run_dir / mirror.MIRROR_DIR / "logs"
+        logs = mirror.mirrored(run_dir).logs
         files = sorted(logs.rglob("*.log")) if logs.exists() else []
         if not files:
             return f"(no logs from the instances yet; {logs} is empty)\n"
@@ -401,13 +402,13 @@ class AwsBackend(Backend):
         info = read_state(run_dir)
         s3 = self.client("s3", info["region"])
         s3.put_object(Bucket=info["bucket"], Key=f"{info['prefix']}/{STOP_REQUEST}", Body=b"cancel")
-        deadline = time.time() + grace_s
-        gen = info.get("generation", 0)
-        while time.time() < deadline:
-            listing = s3.list_objects_v2(Bucket=info["bucket"], Prefix=f"{info['prefix']}/status/gen-{gen}/")
-            if any(not o["Key"].endswith(".heartbeat.json") for o in listing.get("Contents", [])):
-                return
-            time.sleep(min(5.0, float(self.options["poll_s"])))
+        status = f"{info['prefix']}/status/gen-{info.get('generation', 0)}/"
+
+        def a_node_stopped() -> bool:  # a node's final status, not only heartbeats: the leader checkpointed
+            listing = s3.list_objects_v2(Bucket=info["bucket"], Prefix=status)
+            return any(not o["Key"].endswith(".heartbeat.json") for o in listing.get("Contents", []))
+
+        wait_until(a_node_stopped, grace_s, interval_s=min(5.0, float(self.options["poll_s"])))
 
 
 # ---- helpers -------------------------------------------------------------------------------------

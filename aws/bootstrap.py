@@ -34,6 +34,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from core.rundir import CHECKPOINT_FILE, LOGS_DIR, RECORDS_DIR, SPEC_FILE, RunPaths
+
 METADATA_URL = "http://169.254.169.254"
 LAUNCHER_HEARTBEAT = "control/launcher.json"  # the launcher rewrites it on every poll (aws/backend.py)
 STOP_REQUEST = "control/stop"  # written by `launch cancel` and by a launcher stopped by a signal
@@ -183,17 +185,16 @@ class Sync:
 
     def push(self) -> None:
         g = f"gen-{self.cfg.generation}"
-        run_dir = self.cfg.run_dir
-        for rec in sorted((run_dir / "records").glob("rank-*.jsonl")):
-            self._put(rec, f"records/{g}/{rec.name}")
-        for log in sorted((run_dir / "logs").glob("*.log")):
-            self._put(log, f"logs/{g}/node-{self.index}-{log.name}")
+        paths = RunPaths(self.cfg.run_dir)  # S3 keys mirror the run directory's layout (aws/mirror.py reads them)
+        for rec in sorted(paths.records.glob("rank-*.jsonl")):
+            self._put(rec, f"{RECORDS_DIR}/{g}/{rec.name}")
+        for log in sorted(paths.logs.glob("*.log")):
+            self._put(log, f"{LOGS_DIR}/{g}/node-{self.index}-{log.name}")
         boot = self.cfg.work / "bootstrap.log"
         if boot.exists():
-            self._put(boot, f"logs/{g}/node-{self.index}-bootstrap.log")
-        ckpt = run_dir / "checkpoint.pt"
-        if self.index == 0 and ckpt.exists():
-            self._put(ckpt, "checkpoint.pt")
+            self._put(boot, f"{LOGS_DIR}/{g}/node-{self.index}-bootstrap.log")
+        if self.index == 0 and paths.checkpoint.exists():
+            self._put(paths.checkpoint, CHECKPOINT_FILE)
 
     def put_json(self, key: str, doc: dict) -> None:
         self.s3.put_object(Bucket=self.cfg.bucket, Key=self.cfg.key(key), Body=json.dumps(doc).encode())
@@ -245,11 +246,12 @@ def prepare_run_dir(s3, cfg: Config) -> bool:
     """spec.json and, if one exists, the checkpoint; returns whether this is a resume."""
     from botocore.exceptions import ClientError
 
-    (cfg.run_dir / "logs").mkdir(parents=True, exist_ok=True)
-    (cfg.run_dir / "records").mkdir(parents=True, exist_ok=True)
-    s3.download_file(cfg.bucket, cfg.key("spec.json"), str(cfg.run_dir / "spec.json"))
+    paths = RunPaths(cfg.run_dir)
+    paths.logs.mkdir(parents=True, exist_ok=True)
+    paths.records.mkdir(parents=True, exist_ok=True)
+    s3.download_file(cfg.bucket, cfg.key(SPEC_FILE), str(paths.spec))
     try:
-        s3.download_file(cfg.bucket, cfg.key("checkpoint.pt"), str(cfg.run_dir / "checkpoint.pt"))
+        s3.download_file(cfg.bucket, cfg.key(CHECKPOINT_FILE), str(paths.checkpoint))
         return True
     except ClientError as exc:
         if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
@@ -326,11 +328,11 @@ def run(cfg: Config, s3=None, ec2=None) -> int:
 
     resumed = prepare_run_dir(s3, cfg)
     if resumed:
-        sync.mark_present(cfg.run_dir / "checkpoint.pt")
+        sync.mark_present(RunPaths(cfg.run_dir).checkpoint)
     ssh_key = ssh_setup(sync, cfg, index, peers) if cfg.engine == "horovod" and cfg.nodes > 1 else None
     cmd = trainer_command(cfg.engine, cfg.python, cfg.run_dir, hosts, index, cfg.gpus_per_node, ssh_key=ssh_key)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    log = open(cfg.run_dir / "logs" / "trainer.log", "ab")
+    log = open(RunPaths(cfg.run_dir).logs / "trainer.log", "ab")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cfg.work) if cmd else None
     notice, reason, watch = None, None, LauncherWatch(sync, cfg.heartbeat_timeout_s)
     sync.put_json(f"status/{g}/{instance_id}.heartbeat.json",

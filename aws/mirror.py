@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from core.records import read_records
+from core.records import append_record, read_records
 from core.rundir import CHECKPOINT_FILE, SPEC_FILE, RunPaths
 
 EVENTS_FILE = "aws-events.jsonl"  # in RUN_DIR/records/, beside (not among) the rank-R.jsonl files
@@ -46,10 +46,20 @@ def pull(s3, run_dir: Path, info: dict[str, Any]) -> dict[str, str] | None:
 
 
 def event(run_dir: Path, name: str, **fields: Any) -> None:
-    path = RunPaths(Path(run_dir)).records / EVENTS_FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as f:
-        f.write(json.dumps({"kind": "event", "event": name, "time": time.time(), **fields}, default=str) + "\n")
+    """One launcher-side event record, checked against the `event` schema by the one writer; the
+    launcher is no rank, so the record has no `rank` and `world` (docs/aws.md)."""
+    record = {"kind": "event", "event": name, "time": time.time(), **fields}
+    append_record(RunPaths(Path(run_dir)).records / EVENTS_FILE, record, absent=("rank", "world"))
+
+
+def mirrored(run_dir: Path) -> RunPaths:
+    """RUN_DIR/s3/, laid out as the nodes upload it: a run directory's records/ and logs/, one gen-G
+    folder per generation (aws/bootstrap.py `Sync`)."""
+    return RunPaths(Path(run_dir) / MIRROR_DIR)
+
+
+def generation_records(run_dir: Path, gen: int) -> Path:
+    return mirrored(run_dir).records / f"gen-{gen}"
 
 
 def cost_facts(run_dir: Path, info: dict[str, Any]) -> dict[str, Any]:
@@ -59,7 +69,7 @@ def cost_facts(run_dir: Path, info: dict[str, Any]) -> dict[str, Any]:
         key = f"{inst['type']}/{inst['lifecycle']}"
         seconds[key] = seconds.get(key, 0.0) + max(0.0, (inst.get("ended") or time.time()) - inst["launched"])
     lost = 0.0
-    records = Path(run_dir) / MIRROR_DIR / "records"
+    records = mirrored(run_dir).records
     gens = sorted(int(p.name.split("-")[1]) for p in records.glob("gen-*")) if records.exists() else []
     for a, b in zip(gens, gens[1:]):
         t_end, t_start = _step_times(records / f"gen-{a}"), _step_times(records / f"gen-{b}")
@@ -84,14 +94,14 @@ def last_step(gen_dir: Path) -> int | None:
 
 
 def checkpoint_step(run_dir: Path) -> int | None:
-    steps = [rec["step"] for gen_dir in sorted((Path(run_dir) / MIRROR_DIR / "records").glob("gen-*"))
+    steps = [rec["step"] for gen_dir in sorted(mirrored(run_dir).records.glob("gen-*"))
              for rec in _rank0(gen_dir, "event") if rec.get("event") == "checkpoint"]
     return max(steps) if steps else None
 
 
 def merge(run_dir: Path) -> None:
     """RUN_DIR/records/rank-R.jsonl = the generations' rank-R files in order; logs copied to RUN_DIR/logs."""
-    records, paths = run_dir / MIRROR_DIR / "records", RunPaths(run_dir)
+    records, paths = mirrored(run_dir).records, RunPaths(run_dir)
     ranks: dict[str, list[Path]] = {}
     for gen_dir in sorted(records.glob("gen-*"), key=lambda p: int(p.name.split("-")[1])):
         for f in gen_dir.glob("rank-*.jsonl"):
@@ -100,7 +110,7 @@ def merge(run_dir: Path) -> None:
     for name, parts in ranks.items():
         text = "".join(p.read_text() if p.read_text().endswith("\n") or p is parts[-1] else p.read_text() + "\n" for p in parts)
         (paths.records / name).write_text(text)
-    logs = run_dir / MIRROR_DIR / "logs"
+    logs = mirrored(run_dir).logs
     if logs.exists():
         for f in logs.rglob("*.log"):
             dest = paths.logs / f"{f.parent.name}-{f.name}"

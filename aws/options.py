@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from core.options import BackendOptions, above, at_least, option
+from core.spec import DEFAULT_AWS_INSTANCE_TYPE
 
 
 @dataclass(frozen=True)
@@ -19,7 +20,7 @@ class AwsOptions(BackendOptions):
     backend = "aws"
 
     region: str = option("", "AWS region [default: the boto3 chain: AWS_REGION, ~/.aws/config].", flag="--region")
-    instance_type: str = option("g3.4xlarge", "EC2 type for every node, or a mix such as 1*p2.xlarge+3*g3.4xlarge.",
+    instance_type: str = option(DEFAULT_AWS_INSTANCE_TYPE, "EC2 type for every node, or a mix such as 1*p2.xlarge+3*g3.4xlarge.",
                                 flag="--instance-type")
     fallback_instance_types: list[str] = option([], "Type used when the first has no (spot) capacity (repeatable).",
                                                 flag="--fallback-instance-type")

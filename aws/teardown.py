@@ -10,10 +10,10 @@ it costs money every month.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from aws.render import TAG_GENERATION, TAG_RUN
+from core.waiting import wait_until
 
 LIVE_STATES = ["pending", "running", "stopping", "stopped", "shutting-down"]
 
@@ -83,9 +83,7 @@ def teardown(ec2, run_id: str | None, wait_s: float = 600, poll_s: float = 5,
     live = [i["InstanceId"] for i in instances(ec2, run_id, LIVE_STATES)]
     if live:
         terminate(ec2, live)
-    deadline = time.time() + wait_s
-    while instances(ec2, run_id, LIVE_STATES) and time.time() < deadline:
-        time.sleep(poll_s)
+    wait_until(lambda: not instances(ec2, run_id, LIVE_STATES), wait_s, interval_s=poll_s)
     removed: dict[str, list[str]] = {"instances": live, "volumes": [], "security_groups": [], "placement_groups": [],
                                      "kept": []}
     for vol in volumes(ec2, run_id, ["available"]):

@@ -100,9 +100,10 @@ def register_kinds(kinds: Mapping[str, Mapping[str, str]], common: Mapping[str, 
 register_kinds(dict(KINDS))
 
 
-def record_problem(rec: Mapping[str, Any], partial: bool = False) -> str | None:
+def record_problem(rec: Mapping[str, Any], partial: bool = False, absent: tuple[str, ...] = ()) -> str | None:
     """What is wrong with one record against its kind's schema, or None. `partial`: only the fields
-    present are checked (the bench and tests write minimal `start` records)."""
+    present are checked (the bench and tests write minimal `start` records); `absent`: fields this
+    writer never has (the launcher's own events have no rank)."""
     checks = _CHECKS.get(rec.get("kind"))  # type: ignore[arg-type]
     if checks is None:
         return f"unknown record kind {rec.get('kind')!r} (kinds: {', '.join(KINDS)})"
@@ -111,7 +112,7 @@ def record_problem(rec: Mapping[str, Any], partial: bool = False) -> str | None:
         if type(value) in types:
             continue
         if value is _MISSING:
-            if partial or expected.endswith(OPTIONAL):
+            if partial or expected.endswith(OPTIONAL) or name in absent:
                 continue
             return f"{rec['kind']} record has no {name!r} field"
         if not _fits(value, expected):
@@ -242,11 +243,7 @@ class RecordWriter:
 
     def write(self, kind: str, **fields: Any) -> None:
         """One record of `kind`; a record that does not fit its kind's schema is a bug, found here."""
-        record = {"kind": kind, "rank": self.rank, "world": self.world, "time": time.time(), **fields}
-        problem = record_problem(record)
-        if problem:
-            raise ValueError(f"record written against docs/records.md: {problem}")
-        self._file.write(json.dumps(record, default=_jsonable, allow_nan=False) + "\n")
+        self._file.write(record_line({"kind": kind, "rank": self.rank, "world": self.world, "time": time.time(), **fields}))
 
     def event(self, event: str, **fields: Any) -> None:
         self.write("event", event=event, **fields)
@@ -256,6 +253,25 @@ class RecordWriter:
 
     def close(self) -> None:
         self._file.close()
+
+
+def record_line(record: Mapping[str, Any], absent: tuple[str, ...] = ()) -> str:
+    """One record as its line in a JSONL file, checked against its kind's schema first: a record that
+    does not fit is a bug, found where it is written. `absent`: as for `record_problem`."""
+    problem = record_problem(record, absent=absent)
+    if problem:
+        raise ValueError(f"record written against docs/records.md: {problem}")
+    return json.dumps(record, default=_jsonable, allow_nan=False) + "\n"
+
+
+def append_record(path: Path, record: Mapping[str, Any], absent: tuple[str, ...] = ()) -> None:
+    """Append one checked record to `path` (a file written now and then, not a rank's stream: the
+    launcher's own events)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    line = record_line(record, absent)
+    with path.open("a") as f:
+        f.write(line)
 
 
 # Where each launcher tells a process its rank and world size: torchrun, horovodrun, mpirun (Open MPI,

@@ -50,6 +50,9 @@ SAVED_SPEC_PRECISION = "fp32"
 COMPRESSIONS = ("none", "fp16", "bf16")
 # Where ranks run; `launcher.backend.BACKENDS` maps each name to its implementation.
 BACKEND_NAMES = ("local", "slurm", "k8s", "aws")
+# The EC2 type of every node when an aws spec names none: the aws backend's default (aws/options.py) and
+# what a cost estimate of such a spec prices (costs/expected.py).
+DEFAULT_AWS_INSTANCE_TYPE = "g3.4xlarge"
 
 
 @dataclass

@@ -17,7 +17,7 @@ from typing import Any, Sequence
 
 import pandas as pd
 
-from core.spec import Spec
+from core.spec import DEFAULT_AWS_INSTANCE_TYPE, Spec
 from costs.billing import Mix
 from costs.catalog import Catalog, load_catalog
 
@@ -52,7 +52,7 @@ def fleet_price(spec: Spec, catalog: Catalog | None = None) -> tuple[float, str]
     catalog = catalog or load_catalog()
     if spec.backend == "aws":
         opts = spec.backend_options
-        mix = Mix.for_nodes(str(opts.get("instance_type", "g3.4xlarge")), spec.nodes, catalog, provider="aws")
+        mix = Mix.for_nodes(str(opts.get("instance_type", DEFAULT_AWS_INSTANCE_TYPE)), spec.nodes, catalog, provider="aws")
         market = "spot" if opts.get("spot") else "on-demand"
         region = opts.get("region") or None
         return mix.usd_per_hour(catalog, market, region), f"{mix} {market}"

@@ -38,6 +38,7 @@ from core.rundir import (
     update_state,
 )
 from core.spec import Spec
+from core.waiting import wait_until
 from k8s import manifests
 from k8s.api import KubeApi, KubernetesError, NotFound
 from k8s.manifests import LABEL_ROLE, to_yaml
@@ -132,14 +133,15 @@ class KubernetesBackend(Backend):
                                   f"`launch cancel {run_dir}` first")
         self._delete_all(run_dir)
         kind, name = info["workload"]
-        deadline = time.time() + timeout_s
-        while time.time() < deadline:  # foreground deletion finishes when the pods are gone
-            try:
-                self.api().get(kind, name)
-            except NotFound:
-                return
-            time.sleep(1.0)
-        raise KubernetesError(f"{kind} {name} from the earlier launch is still being deleted; try again in a minute")
+        if not wait_until(lambda: self._gone(kind, name), timeout_s, interval_s=1.0):  # foreground deletion: pods gone
+            raise KubernetesError(f"{kind} {name} from the earlier launch is still being deleted; try again in a minute")
+
+    def _gone(self, kind: str, name: str) -> bool:
+        try:
+            self.api().get(kind, name)
+        except NotFound:
+            return True
+        return False
 
     # ---- poll, finish, status, logs, cancel -------------------------------------------------------
 
@@ -232,12 +234,7 @@ class KubernetesBackend(Backend):
         api.delete("Pod", name)  # a leftover from an earlier attempt
         api.create(pod)
         try:
-            deadline = time.time() + timeout_s
-            while True:
-                phase = (api.get("Pod", name).get("status") or {}).get("phase")
-                if phase in ("Succeeded", "Failed") or time.time() > deadline:
-                    break
-                time.sleep(poll_s)
+            phase = wait_until(lambda: _ended_phase(api, name), timeout_s, interval_s=poll_s)
             text = api.log(name)
         finally:
             api.delete("Pod", name)
@@ -276,6 +273,12 @@ class KubernetesBackend(Backend):
 
 
 # ---- status mapping ------------------------------------------------------------------------------
+
+
+def _ended_phase(api: Any, pod: str) -> str | None:
+    """The pod's phase once it has ended (Succeeded, Failed), else None."""
+    phase = (api.get("Pod", pod).get("status") or {}).get("phase")
+    return phase if phase in ("Succeeded", "Failed") else None
 
 
 def _true_conditions(status: dict[str, Any]) -> list[dict[str, Any]]:

@@ -13,6 +13,8 @@ through two optional hooks, `poll` (one tick of the backend's own work while the
 `finish` (its work once the run has ended), records the run's state in launch.json, and owns the
 one interruption path (Ctrl-C, SIGTERM, SIGHUP). A backend therefore has no loop of its own; it
 declares what the loop and the sweep need to know: `poll_interval_s` and `queues`.
+A listing (`launch status SWEEP`, `launch ls`) tells a backend every run it will ask about first
+(`watch`), so a scheduler that answers for many jobs at once (Slurm's sacct) is asked once.
 
 Backend options follow submitit and TorchX's runopts: each backend names its options type (`Options`,
 a `core.options.BackendOptions` dataclass in a module with no heavy imports), whose fields are the
@@ -183,6 +185,11 @@ class Backend(ABC):
     def poll(self, run_dir: Path) -> RunStatus:
         """One tick of the follow loop: the backend's own work while the run is live, then its status."""
         return self.status(run_dir)
+
+    def watch(self, run_dir: Path) -> None:
+        """The run's status will be asked soon, with other runs' (`launch status SWEEP`, `launch ls`): a
+        backend that asks its scheduler about many runs in one query (Slurm's sacct) adds it to that query
+        now, so that the first status asked fetches every run's. Nothing to do by default."""
 
     def finish(self, run_dir: Path, status: RunStatus) -> RunStatus:
         """Work once the run has ended by itself (records back, resources freed); the final status."""

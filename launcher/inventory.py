@@ -4,10 +4,15 @@ A row's state is verified, not copied from launch.json: a run recorded as still 
 backend (through `runner.settle`, which also records an end nobody followed), because a launch.json
 saying RUNNING outlives a launcher killed with -9. A backend that cannot answer leaves the recorded
 state, marked "?" so the reader knows it was not checked.
+
+The runs of one listing are asked together (`Backends`): one backend per backend and options, told
+every active run before the first is asked (`Backend.watch`), so a Slurm sweep's status is one sacct
+query however many layouts it has.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -22,7 +27,7 @@ from core.rundir import (
     read_state,
     sweep_runs,
 )
-from core.spec import read_spec
+from core.spec import Spec, read_spec
 
 STUDY_FILE = "study.json"
 # The columns of `launch ls`, in order; JSON rows carry every one of them (None when not known).
@@ -40,29 +45,60 @@ def kind_of(path: Path) -> str | None:
     return None
 
 
-def verified_state(run_dir: Path) -> str:
+class Backends:
+    """The backends one listing asks, one per backend and options: the runs that share them (a sweep's
+    layouts) are asked together. `watch` tells each backend every run it will be asked about before the
+    first is (`Backend.watch`), so Slurm answers a whole sweep, or a whole runs directory, with one
+    sacct query."""
+
+    def __init__(self) -> None:
+        self._made: dict[str, Any] = {}
+
+    def of(self, spec: Spec):
+        from launcher.backend import get_backend
+
+        key = json.dumps([spec.backend, spec.backend_options], sort_keys=True, default=str)
+        if key not in self._made:
+            self._made[key] = get_backend(spec.backend, spec.backend_options)
+        return self._made[key]
+
+    def watch(self, run_dirs: list[Path]) -> None:
+        """Each run whose launch.json says it is active, to its backend; one that cannot be read is
+        left to `verified_state`, which says so."""
+        for run_dir in run_dirs:
+            try:
+                if RunPaths(run_dir).launch.exists() and _recorded(run_dir) in ACTIVE:
+                    self.of(read_spec(run_dir)).watch(run_dir)
+            except ScalelabError:
+                pass
+
+
+def _recorded(run_dir: Path) -> str:
+    return read_state(run_dir).get("state") or "PENDING"
+
+
+def verified_state(run_dir: Path, backends: Backends | None = None) -> str:
     """The run's state, asked of its backend while launch.json says it is active ("?" appended when the
     backend could not be asked); None-launched runs are "NEW"."""
-    from launcher.backend import get_backend
     from launcher.runner import settle
 
     if not RunPaths(run_dir).launch.exists():
         return "NEW"
-    recorded = read_state(run_dir).get("state") or "PENDING"
+    recorded = _recorded(run_dir)
     if recorded not in ACTIVE:
         return recorded
     try:
         spec = read_spec(run_dir)
-        return settle(get_backend(spec.backend, spec.backend_options), run_dir).state
+        return settle((backends or Backends()).of(spec), run_dir).state
     except ScalelabError:
         return recorded + "?"
 
 
-def run_row(run_dir: Path, now: float | None = None) -> dict[str, Any]:
+def run_row(run_dir: Path, now: float | None = None, backends: Backends | None = None) -> dict[str, Any]:
     """One run's row: backend and layout from spec.json, state verified, steps and words/s from
     summary.json, the cost so far when launch.json knows a price per hour, the age from the launch."""
     spec = read_spec(run_dir)
-    state = verified_state(run_dir)
+    state = verified_state(run_dir, backends)
     paths = RunPaths(run_dir)
     info = read_state(run_dir) if paths.launch.exists() else {}
     summary = read_json(paths.summary, "summary") if paths.summary.exists() else {}
@@ -105,20 +141,33 @@ def group_row(path: Path, kind: str, layouts: list[dict[str, Any]]) -> dict[str,
     }
 
 
-def sweep_row(sweep_dir: Path, now: float | None = None) -> dict[str, Any]:
+def sweep_row(sweep_dir: Path, now: float | None = None, backends: Backends | None = None) -> dict[str, Any]:
     """A sweep: one row per layout (in sweep order; layouts not started yet are "NEW")."""
-    rows = [run_row(p, now) if RunPaths(p).spec.exists() else _unstarted(p) for p in sweep_runs(sweep_dir)]
+    rows = [run_row(p, now, backends) if RunPaths(p).spec.exists() else _unstarted(p) for p in sweep_runs(sweep_dir)]
     return group_row(sweep_dir, "sweep", rows)
 
 
-def study_row(study_dir: Path, now: float | None = None) -> dict[str, Any]:
+def study_row(study_dir: Path, now: float | None = None, backends: Backends | None = None) -> dict[str, Any]:
     """A study: the layouts of all its variants' sweeps, each labelled with its variant."""
-    meta = read_json(study_dir / STUDY_FILE, STUDY_FILE)
     rows = []
-    for sweep in meta.get("sweeps", []) if isinstance(meta, dict) else []:
-        if (study_dir / sweep["dir"] / SWEEP_FILE).exists():
-            rows += [{**r, "variant": sweep.get("label")} for r in sweep_row(study_dir / sweep["dir"], now)["layouts"]]
+    for label, sweep_dir in _study_sweeps(study_dir):
+        rows += [{**r, "variant": label} for r in sweep_row(sweep_dir, now, backends)["layouts"]]
     return group_row(study_dir, "study", rows)
+
+
+def _study_sweeps(study_dir: Path) -> list[tuple[str | None, Path]]:
+    """(variant label, sweep directory) of each of the study's sweeps that exists."""
+    meta = read_json(study_dir / STUDY_FILE, STUDY_FILE)
+    sweeps = meta.get("sweeps", []) if isinstance(meta, dict) else []
+    return [(s.get("label"), study_dir / s["dir"]) for s in sweeps if (study_dir / s["dir"] / SWEEP_FILE).exists()]
+
+
+def _runs_in(path: Path, kind: str) -> list[Path]:
+    """The started runs of a run, sweep or study directory."""
+    if kind == "run":
+        return [path]
+    sweeps = [path] if kind == "sweep" else [d for _, d in _study_sweeps(path)]
+    return [p for d in sweeps for p in sweep_runs(d) if RunPaths(p).spec.exists()]
 
 
 def _unstarted(path: Path) -> dict[str, Any]:
@@ -127,30 +176,50 @@ def _unstarted(path: Path) -> dict[str, Any]:
 
 
 def describe(path: Path, now: float | None = None) -> dict[str, Any]:
-    """The row of a run, sweep or study directory; a clear error for anything else."""
+    """The row of a run, sweep or study directory; a clear error for anything else. Its runs' states
+    are asked of their backends together (`Backends`): one sacct query for a Slurm sweep."""
     path = Path(path)
+    kind = _kind_or_error(path)
+    backends = Backends()
+    backends.watch(_runs_in(path, kind))
+    return _row(path, kind, now, backends)
+
+
+def _kind_or_error(path: Path) -> str:
     if not path.is_dir():
         raise ScalelabError(f"{path} is not a directory; `launch ls` lists the runs, sweeps and studies")
     kind = kind_of(path)
     if kind is None:
         raise ScalelabError(f"{path} is not a run, sweep or study directory (no spec.json, {SWEEP_FILE} or "
                             f"{STUDY_FILE}); `launch ls` lists them")
-    return {"study": study_row, "sweep": sweep_row, "run": run_row}[kind](path, now)
+    return kind
+
+
+def _row(path: Path, kind: str, now: float | None, backends: Backends) -> dict[str, Any]:
+    return {"study": study_row, "sweep": sweep_row, "run": run_row}[kind](path, now, backends)
 
 
 def inventory(root: Path) -> list[dict[str, Any]]:
-    """Every run, sweep and study directly under `root`, newest first; unreadable ones say why."""
+    """Every run, sweep and study directly under `root`, newest first; unreadable ones say why. Every
+    active run is asked of its backend together with the others (`Backends`)."""
     root = Path(root)
     if not root.is_dir():
         raise ScalelabError(f"runs directory {root} does not exist; pass --runs-dir DIR")
-    now = time.time()
-    rows = []
-    for path in sorted(p for p in root.iterdir() if p.is_dir() and kind_of(p)):
+    now, backends = time.time(), Backends()
+    found = [(p, kind_of(p)) for p in sorted(root.iterdir()) if p.is_dir()]
+    found = [(p, k) for p, k in found if k]
+    for path, kind in found:
         try:
-            rows.append(describe(path, now))
+            backends.watch(_runs_in(path, kind))
+        except ScalelabError:
+            pass  # its row says what is wrong
+    rows = []
+    for path, kind in found:
+        try:
+            rows.append(_row(path, kind, now, backends))
         except ScalelabError as exc:
             rows.append({**dict.fromkeys(COLUMNS), "name": path.name, "path": str(path.absolute()),
-                         "kind": kind_of(path), "state": "UNREADABLE", "error": str(exc)})
+                         "kind": kind, "state": "UNREADABLE", "error": str(exc)})
     return sorted(rows, key=lambda r: r["age_s"] if r["age_s"] is not None else float("inf"))
 
 

@@ -22,7 +22,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
+from analysis.report import markdown_table
 from core.presets import PRESETS
 
 LABELS = ("neg", "neutral", "pos")
@@ -110,14 +112,14 @@ def table(results: list[dict[str, Any]]) -> str:
     groups: dict[tuple[str, int], list[dict]] = {}
     for r in results:
         groups.setdefault((r["what"], r["workers"]), []).append(r)
-    rows = ["| run | workers | lines/s (median) | lines/s per worker | vs baseline (median ratio) | each repeat (lines/s) |",
-            "|---|---:|---:|---:|---:|---|"]
+    rows = []
     for (what, workers), rs in groups.items():
         med = statistics.median(r["lines_per_s"] for r in rs)
         ratio = statistics.median(r["lines_per_s"] / base[r["repeat"]] for r in rs)
-        each = ", ".join(f"{r['lines_per_s']:,.0f}" for r in rs)
-        rows.append(f"| {what} | {workers} | {med:,.0f} | {med / workers:,.0f} | {ratio:.2f}x | {each} |")
-    return "\n".join(rows)
+        rows.append([what, workers, med, med / workers, f"{ratio:.2f}x", ", ".join(f"{r['lines_per_s']:,.0f}" for r in rs)])
+    columns = ["run", "workers", "lines/s (median)", "lines/s per worker", "vs baseline (median ratio)", "each repeat (lines/s)"]
+    return markdown_table(pd.DataFrame(rows, columns=columns), formats={"lines/s (median)": ",.0f", "lines/s per worker": ",.0f"},
+                          align_right=["workers", "vs baseline (median ratio)"])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,7 +8,6 @@ are computed from these records only, as training reports are from the rank reco
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Callable
 
@@ -19,9 +18,10 @@ from core.records import (
     OPTIONAL,
     STR,
     read_records,
-    record_problem,
+    record_line,
     register_kinds,
 )
+from core.rundir import RECORDS_DIR
 
 # The prep records' schema, checked by the one reader and by `Recorder` (no rank: one driver writes).
 register_kinds({
@@ -31,7 +31,7 @@ register_kinds({
     "task": {"phase": STR, "start": NUM, "end": NUM, "seconds": NUM},
 }, common={"kind": STR})
 
-RECORDS = Path("records") / "prep.jsonl"
+RECORDS = Path(RECORDS_DIR) / "prep.jsonl"
 
 
 class Recorder:
@@ -44,10 +44,7 @@ class Recorder:
         self.echo = echo
 
     def __call__(self, record: dict[str, Any]) -> None:
-        problem = record_problem(record)
-        if problem:
-            raise ValueError(f"prep record against its schema: {problem}")
-        self._file.write(json.dumps(record, allow_nan=False, default=str) + "\n")
+        self._file.write(record_line(record))  # checked against the prep kinds' schema, as every record
         if self.echo is not None:
             self.echo(record)
 

@@ -21,6 +21,7 @@ import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
+from analysis.report import markdown_table
 from analysis.scaling import scaling_table
 from core.errors import RecordError
 from core.rundir import write_json
@@ -96,13 +97,13 @@ def cells(df: pd.DataFrame) -> list[list[str]]:
 
 def markdown(df: pd.DataFrame, runs: list[Path]) -> str:
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    headers = [h for h, _, _ in COLUMNS]
     lines = ["# Prep scaling report", "", f"_Generated {stamp} by scalelab from the prep records._", "",
              f"- runs: {', '.join(str(r) for r in runs)}",
              "- throughput: training-corpus lines / wall time of the prep (cluster start-up excluded); speedup and "
              "efficiency relative to the fewest workers of each label (weak mode: the corpus grows with the workers)",
              "- peak MB/worker: largest resident size of a worker process; growth: how far it rose during the prep", "",
-             "| " + " | ".join(h for h, _, _ in COLUMNS) + " |", "|" + "|".join("---:" for _ in COLUMNS) + "|"]
-    lines += ["| " + " | ".join(row) + " |" for row in cells(df)]
+             markdown_table(pd.DataFrame(cells(df), columns=headers), align_right=headers[2:])]  # as print_table aligns
     return "\n".join(lines) + "\n"
 
 

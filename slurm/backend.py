@@ -6,9 +6,10 @@ sbatch script there and runs sbatch; the repeats of one layout go out as one job
 (`executor.batch()`). Before that, `sbatch --test-only` asks the controller whether the same script
 could ever run (partition, GPUs per node, time format, account...), so a bad request fails with
 Slurm's own words and nothing queued. Status comes from submitit's watcher: one sacct query for
-every job this backend follows (a sweep's), at 2 s at first and backing off to `poll_s`; squeue
-answers for a job that accounting does not know yet. Cancel is submitit's (scancel), then a wait
-until Slurm has ended every process of the job. The follow loop is launcher/runner.py's: this backend
+every job this backend follows (a sweep's), at 2 s at first and backing off to `poll_s`; right
+after a query that left jobs without a live state (accounting lags), one squeue for all of them
+(`SlurmWatcher`). Cancel is submitit's (scancel), then a wait until Slurm has ended every process
+of the job. The follow loop is launcher/runner.py's: this backend
 has no loop of its own, and declares `queues`: a sweep queues every layout at once.
 
 The launcher never loads a pickle from a run directory (submitit's results included): what a run
@@ -48,6 +49,7 @@ from core.rundir import (
     start_state,
 )
 from core.spec import Spec, read_spec
+from core.waiting import wait_until
 from launcher.backend import Backend, Request, RunStatus, log_text
 from slurm.options import SlurmOptions
 from slurm.rank import RankJob
@@ -113,7 +115,7 @@ class SlurmBackend(Backend):
     def __init__(self, options: Any = None) -> None:
         super().__init__(options)
         # One watcher for every job this backend follows: one sacct query for all, 2 s apart at first.
-        self.watcher = SlurmInfoWatcher(delay_s=max(2.0, float(self.options["poll_s"])))
+        self.watcher = SlurmWatcher(delay_s=max(2.0, float(self.options["poll_s"])))
 
     # ---- request, render (pure) ------------------------------------------------------------------
 
@@ -200,17 +202,22 @@ class SlurmBackend(Backend):
         return RunStatus(STATE_MAP.get(state, UNKNOWN), f"Slurm job {job_id} {state}{where}")
 
     def job_state(self, job_id: str, mode: str = "standard") -> tuple[str, str]:
-        """(Slurm state, node list): submitit's watcher (sacct for all this backend's jobs, with back-off);
-        squeue for a job accounting does not know (yet, or on a cluster without accounting)."""
+        """(Slurm state, node list) from the watcher: accounting's (sacct), or the controller's (squeue)
+        while accounting says PENDING or knows nothing of the job (see `SlurmWatcher`)."""
         need("sacct")
         info = self.watcher.get_info(job_id, mode)
-        state = info.get("State", "").split()[0] if info.get("State") else ""  # "CANCELLED by 0" -> CANCELLED
+        state = sacct_state(info)
         if state and STATE_MAP.get(state) != PENDING:
             return state, info.get("NodeList", "")
-        # Accounting can lag the controller (slurmdbd records a start late on a loaded host): while sacct says
-        # PENDING, or knows nothing yet, the controller's own word (squeue) is the state.
-        queued = squeue_state(job_id)
+        queued = self.watcher.queued.get(job_id, "")
         return (queued, "") if queued else (state or "UNKNOWN", info.get("NodeList", ""))
+
+    def watch(self, run_dir: Path) -> None:
+        """Add the run's job to the watcher's one sacct query, before any status is asked (`launch status
+        SWEEP` asks for every layout's: one query for all)."""
+        job_id = read_state(run_dir).get("job_id") if RunPaths(run_dir).launch.exists() else None
+        if job_id:
+            self.watcher.register_job(str(job_id))
 
     def finish(self, run_dir: Path, status: RunStatus) -> RunStatus:
         """The job ended: wait until Slurm has ended every process of it (it leaves the queue)."""
@@ -238,6 +245,38 @@ class SlurmBackend(Backend):
         wait_gone(job_id, grace_s)
 
 
+class SlurmWatcher(SlurmInfoWatcher):
+    """submitit's watcher (one sacct query for every job registered, with its back-off: 2 s apart at first,
+    then up to `delay_s`) that also asks the controller, in the same update, about the jobs accounting
+    lags on: those sacct does not list yet, or lists as PENDING (slurmdbd records a start late on a
+    loaded host, while the ranks already write steps). One squeue for all of them at once, only when
+    there are such jobs, so squeue is asked at most as often as sacct and, once accounting has caught
+    up, not at all. `queued` holds its answer (job id -> state) until the next update."""
+
+    def __init__(self, delay_s: float) -> None:
+        super().__init__(delay_s=delay_s)  # type: ignore[arg-type]  # submitit's hint says int; seconds as float work
+        self.jobs: set[str] = set()
+        self.queued: dict[str, str] = {}
+
+    def register_job(self, job_id: str) -> None:
+        super().register_job(job_id)
+        self.jobs.add(job_id)
+
+    def update(self) -> None:
+        asked = self.num_calls
+        super().update()
+        if self.num_calls == asked:  # sacct was not asked (no job left to follow): neither is squeue
+            return
+        lagging = sorted(j for j in self.jobs if STATE_MAP.get(sacct_state(self.get_info(j, "cache"))) in (None, PENDING))
+        self.queued = squeue_states(lagging) if lagging else {}
+
+
+def sacct_state(info: dict[str, str]) -> str:
+    """The state word of a sacct row ("CANCELLED by 0" -> CANCELLED); "" when sacct has no row."""
+    words = info.get("State", "").split()
+    return words[0] if words else ""
+
+
 def jobs_of(run_dir: Path) -> list[dict[str, str]]:
     """The run's jobs, oldest first: {job_id, folder (submitit's)}; a run launched before submitit had
     only job ids, and its files in RUN_DIR/slurm."""
@@ -262,18 +301,22 @@ def _test_only(request: SlurmRequest) -> None:
 
 def squeue_state(job_id: str) -> str:
     """The job's state while the controller lists it (PENDING, RUNNING, COMPLETING...), else ""."""
-    q = _slurm(["squeue", "-h", "--states=all", "-j", job_id, "-o", "%T"])
-    return q.stdout.split()[0] if q.returncode == 0 and q.stdout.split() else ""
+    return squeue_states([job_id]).get(job_id, "")
+
+
+def squeue_states(job_ids: list[str]) -> dict[str, str]:
+    """{job id: state} for the jobs the controller still lists, one squeue call for all (`-r`: an array's
+    tasks one by one, as ID_INDEX); a job it no longer lists is absent."""
+    q = _slurm(["squeue", "-h", "-r", "--states=all", "-j", ",".join(job_ids), "-o", "%i|%T"])
+    rows = (line.split("|") for line in q.stdout.splitlines() if line.count("|") == 1)
+    return {job.strip(): state.strip() for job, state in rows if job.strip() and state.strip()}
 
 
 def wait_gone(job_id: str, grace_s: float) -> None:
     """Until Slurm no longer lists the job as active, not even COMPLETING: no process of it is left."""
-    deadline = time.time() + grace_s
-    while STATE_MAP.get(state := squeue_state(job_id)) in ACTIVE:
-        if time.time() > deadline:
-            raise ScalelabError(f"Slurm job {job_id} is still {state} {grace_s:.0f} s after it was stopped; "
-                                f"`squeue -j {job_id}` shows it, `scancel --signal=KILL {job_id}` ends it")
-        time.sleep(0.5)
+    if not wait_until(lambda: STATE_MAP.get(squeue_state(job_id)) not in ACTIVE, grace_s, interval_s=2.0):
+        raise ScalelabError(f"Slurm job {job_id} is still {squeue_state(job_id) or 'listed'} {grace_s:.0f} s after it "
+                            f"was stopped; `squeue -j {job_id}` shows it, `scancel --signal=KILL {job_id}` ends it")
 
 
 def need(command: str) -> None:

@@ -191,3 +191,19 @@ def test_cli_errors_are_one_line(tmp_path):
     assert out.returncode == 2 and "--gpus-per-node is 2" in out.stderr
     out = launch("--bucket", "b", "--dry-run", cwd=tmp_path)
     assert out.returncode == 2 and "--backend aws" in out.stderr
+
+
+def test_the_launchers_events_are_checked_records(tmp_path: Path) -> None:
+    """aws-events.jsonl is written by the one record writer: the `event` schema, without rank (the launcher)."""
+    from aws import mirror
+
+    mirror.event(tmp_path, "aws_end", state="COMPLETED", lost_s=1.5, instance_seconds={"g3.4xlarge/spot": 60.0})
+    (line,) = (tmp_path / "records" / mirror.EVENTS_FILE).read_text().splitlines()
+    record = json.loads(line)
+    assert (record["kind"], record["event"], record["state"], record["lost_s"]) == ("event", "aws_end", "COMPLETED", 1.5)
+    assert "rank" not in record and isinstance(record["time"], float)
+    with pytest.raises(ValueError, match="'event' must be a string"):
+        mirror.event(tmp_path, 7)
+    with pytest.raises(ValueError, match="out of range|not JSON compliant"):
+        mirror.event(tmp_path, "aws_end", lost_s=float("nan"))
+    assert len((tmp_path / "records" / mirror.EVENTS_FILE).read_text().splitlines()) == 1, "a refused record is not written"

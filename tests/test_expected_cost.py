@@ -30,3 +30,15 @@ def test_on_premise_without_a_rate_says_it_assumed_one():
     assert est.usd_per_hour == pytest.approx(4 * ASSUMED_GPU_HOUR_USD)
     assert est.step_s == ASSUMED_STEP_S and "assumed" in est.step_basis and "assumed" in est.rate_basis
     assert est.dollars == pytest.approx(4 * ASSUMED_GPU_HOUR_USD * 7200 * ASSUMED_STEP_S / 3600)
+
+
+def test_an_aws_spec_without_a_type_is_priced_on_the_backends_default():
+    """The default type is one fact (core.spec): what the aws backend launches is what is priced."""
+    from aws.options import AwsOptions
+
+    cat = builtin_catalog()
+    default = Spec(backend="aws", nodes=2, gpus_per_node=1, steps=3600)
+    named = Spec(backend="aws", nodes=2, gpus_per_node=1, steps=3600,
+                 backend_options={"instance_type": AwsOptions().instance_type})
+    assert fleet_price(default, cat) == fleet_price(named, cat)
+    assert f"2*{AwsOptions().instance_type} on-demand" in fleet_price(default, cat)[1]
