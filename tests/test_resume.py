@@ -104,6 +104,7 @@ def test_killed_rank_resumes_exactly_from_the_last_periodic_checkpoint(tmp_path,
     _assert_resumed_exactly(run, reference(engine), engine, from_step=4)
 
 
+@pytest.mark.usefixtures("needs_cpu_bf16")
 @pytest.mark.parametrize("engine", ENGINE_PARAMS)
 def test_bf16_run_resumes_exactly(tmp_path, engine, reference):
     """Under bf16 autocast too: the forward casts the fp32 master weights afresh every step, so a resumed

@@ -208,7 +208,7 @@ def setup(spec: Spec) -> Run:
     Stop.watch_launcher(os.environ.get(LAUNCHER_ENV))  # before the rendezvous, which may wait for a peer
     engine = make_engine(spec.engine)  # distributed: init process group / hvd.init
     device = engine.device(spec.device)
-    precision = make_precision(spec.precision, device)  # before any work: fp16 on a CPU fails here
+    precision = make_precision(spec.precision, device, spec.rnn)  # before any work: fp16 on a CPU fails here
     torch.set_num_threads(spec.threads or max(1, (os.cpu_count() or 1) // engine.placement.local_world))
     Stop.install()
     torch.manual_seed(spec.seed)
