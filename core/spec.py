@@ -175,11 +175,24 @@ class Spec:
     # ---- validation ----------------------------------------------------------------------
 
     def _validate_ps(self) -> None:
-        """A shard lives in a worker process (colocated), so there can be at most one per worker."""
+        """A shard lives in a worker process (colocated), so there can be at most one per worker. fp16's
+        gradient scaler and 16-bit exchange are refused, not half-done: see the messages."""
         if self.engine.ps_shards is not None and self.engine.ps_shards > self.workers:
             raise SpecError(
                 f"--ps-shards {self.engine.ps_shards} is more than the {self.workers} workers that host the shards; "
                 f"use --ps-shards {self.workers} or fewer (default: one per node)"
+            )
+        if self.precision == "fp16":
+            raise SpecError(
+                "--engine ps does not train in --precision fp16: the gradient scaler looks for overflow in the "
+                "gradients a rank holds, and a parameter-server rank holds only its own shards' (none without a "
+                "shard), so ranks could disagree on skipping a step; use --precision bf16 (no scaler) or fp32, "
+                "or --engine ddp for fp16"
+            )
+        if self.engine.grad_compression != "none":
+            raise SpecError(
+                f"--grad-compression {self.engine.grad_compression} is not implemented for --engine ps (its push "
+                "and pull send fp32 tensors); leave --grad-compression out, or use --engine ddp or horovod"
             )
 
     def validate(self) -> "Spec":

@@ -188,6 +188,8 @@ class PSEngine(DDPEngine):
     average DDP makes). The owner alone applies the optimizer step to its parameters (the others' grads
     are dropped, so their optimizer state stays empty), then pull: each parameter is broadcast from its
     owner. Optimizer state is sharded; `consolidate` copies it to every rank before a checkpoint.
+    The spec refuses fp16 (its scaler would check only the gradients this rank owns) and 16-bit
+    exchange, so the gradients read here (|G|², clipping) are the true fp32 ones.
     """
 
     name = "ps"

@@ -69,7 +69,8 @@ class Precision:
         what `update` returned: the seconds of a parameter server's pull).
 
         Every rank decides alike: the gradients were all-reduced before `unscale`, so an overflow on
-        one rank is an overflow on all of them.
+        one rank is an overflow on all of them. Not so on a parameter server, where each rank holds only
+        its shards' gradients: the spec refuses fp16 with `--engine ps`.
         """
         if not self.scaler:
             return True, update(optimizer)
