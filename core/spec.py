@@ -48,6 +48,10 @@ DEFAULT_PRECISION = "fp32"
 SAVED_SPEC_PRECISION = "fp32"
 # The gradient exchange's format: the all-reduce in fp16 or bf16, gradients cast back to fp32 after it.
 COMPRESSIONS = ("none", "fp16", "bf16")
+# Where a parameter server's shards keep their parameters and optimizer state: on the CPU (TensorFlow's
+# placement for PS tasks: each step copies the gradient there and the new values back) or on the
+# workers' device (no copies). The same on a machine without GPUs, apart from the copies.
+PS_STATES = ("device", "cpu")
 # Where ranks run; `launcher.backend.BACKENDS` maps each name to its implementation.
 BACKEND_NAMES = ("local", "slurm", "k8s", "aws")
 
@@ -82,6 +86,7 @@ class EngineSpec:
     fp16_allreduce: bool = False  # the older spelling of `compression: fp16`, still read
     bucket_cap_mb: float = checked(25.0, above(0))
     ps_shards: int | None = checked(None, POSITIVE)  # parameter-server shards; None: one per node
+    ps_state: str = checked("device", one_of(*PS_STATES))  # where the shards' parameters and optimizer state live
 
     @property
     def grad_compression(self) -> str:

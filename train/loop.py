@@ -253,6 +253,7 @@ def resume(run_dir: Path, run: Run) -> Progress:
     if ckpt is None:
         return Progress(ShareSchedule([(0, [run.per_rank] * run.world)]))
     restore(ckpt, run.model, run.optimizer, run.rank)
+    run.engine.restored()  # ps --ps-state cpu: the CPU shards take the loaded weights
     run.precision.load_state_dict(ckpt.get("amp"))
     return Progress(
         ShareSchedule(ckpt["shares"]), step=ckpt["step"], elapsed=ckpt["elapsed_s"], reached=ckpt["reached"],
