@@ -117,8 +117,8 @@ def check_cpu_precision(name: str, rnn: str, device: str = "cpu") -> None:
     """Raise the one clear ScalelabError where this machine's CPU would train `rnn` in precision `name`
     and cannot (`device`: the spec's, `auto` runs on the CPU where there is no GPU). The local launcher
     calls it before any rank starts, each rank again for its own machine."""
-    if device != "cpu" and torch.cuda.is_available():
-        return
+    if device == "cuda" or (device == "auto" and torch.cuda.is_available()):
+        return  # the ranks run on a GPU (--device cuda without one: the engine says so)
     if name == "fp16":
         raise ScalelabError("--precision fp16 needs a GPU (its gradient scaler is CUDA-only here), but this "
                             "machine has none; use --precision fp32, or bf16 where the CPU runs it")
