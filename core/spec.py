@@ -48,6 +48,10 @@ DEFAULT_PRECISION = "fp32"
 SAVED_SPEC_PRECISION = "fp32"
 # The gradient exchange's format: the all-reduce in fp16 or bf16, gradients cast back to fp32 after it.
 COMPRESSIONS = ("none", "fp16", "bf16")
+# Where a parameter server's shards keep their parameters and optimizer state: on the CPU (TensorFlow's
+# placement for PS tasks: each step copies the gradient there and the new values back) or on the
+# workers' device (no copies). The same on a machine without GPUs, apart from the copies.
+PS_STATES = ("device", "cpu")
 # Where ranks run; `launcher.backend.BACKENDS` maps each name to its implementation.
 BACKEND_NAMES = ("local", "slurm", "k8s", "aws")
 # The EC2 type of every node when an aws spec names none: the aws backend's default (aws/options.py) and
@@ -85,6 +89,7 @@ class EngineSpec:
     fp16_allreduce: bool = False  # the older spelling of `compression: fp16`, still read
     bucket_cap_mb: float = checked(25.0, above(0))
     ps_shards: int | None = checked(None, POSITIVE)  # parameter-server shards; None: one per node
+    ps_state: str = checked("device", one_of(*PS_STATES))  # where the shards' parameters and optimizer state live
 
     @property
     def grad_compression(self) -> str:
@@ -178,11 +183,24 @@ class Spec:
     # ---- validation ----------------------------------------------------------------------
 
     def _validate_ps(self) -> None:
-        """A shard lives in a worker process (colocated), so there can be at most one per worker."""
+        """A shard lives in a worker process (colocated), so there can be at most one per worker. fp16's
+        gradient scaler and 16-bit exchange are refused, not half-done: see the messages."""
         if self.engine.ps_shards is not None and self.engine.ps_shards > self.workers:
             raise SpecError(
                 f"--ps-shards {self.engine.ps_shards} is more than the {self.workers} workers that host the shards; "
                 f"use --ps-shards {self.workers} or fewer (default: one per node)"
+            )
+        if self.precision == "fp16":
+            raise SpecError(
+                "--engine ps does not train in --precision fp16: the gradient scaler looks for overflow in the "
+                "gradients a rank holds, and a parameter-server rank holds only its own shards' (none without a "
+                "shard), so ranks could disagree on skipping a step; use --precision bf16 (no scaler) or fp32, "
+                "or --engine ddp for fp16"
+            )
+        if self.engine.grad_compression != "none":
+            raise SpecError(
+                f"--grad-compression {self.engine.grad_compression} is not implemented for --engine ps (its push "
+                "and pull send fp32 tensors); leave --grad-compression out, or use --engine ddp or horovod"
             )
 
     def validate(self) -> "Spec":

@@ -39,6 +39,7 @@ from core.spec import (
     ENGINES,
     OPTIMIZERS,
     PRECISIONS,
+    PS_STATES,
     RNN_KINDS,
     Spec,
     load_spec,
@@ -173,6 +174,7 @@ _SPEC_OPTIONS: list[tuple[str, str, dict[str, Any]]] = [
     ("--fp16-allreduce/--no-fp16-allreduce", "engine.fp16_allreduce", dict(default=None, help="Same as --grad-compression fp16 (the older flag).")),
     ("--bucket-cap-mb", "engine.bucket_cap_mb", dict(type=float, help="DDP gradient bucket size.")),
     ("--ps-shards", "engine.ps_shards", dict(type=int, help="Parameter-server shards, colocated with workers [default: one per node].")),
+    ("--ps-state", "engine.ps_state", dict(type=click.Choice(PS_STATES), help="Where the parameter-server shards keep parameters and optimizer state: the workers' device, or the CPU (TensorFlow's PS placement) [default: device].")),
     ("--name", "name", dict(type=str, help="Run name (prefix of the run directory).")),
 ]
 

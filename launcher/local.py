@@ -89,6 +89,10 @@ class LocalBackend(Backend):
     def check(self, spec: Spec) -> None:
         if spec.engine.name == "horovod" and shutil.which("horovodrun") is None:
             raise EngineError("horovodrun is not on PATH; install Horovod with scripts/build-horovod.sh")
+        if spec.precision != "fp32":  # the ranks run on this machine: its CPU decides, before any starts
+            from train.precision import check_cpu_precision
+
+            check_cpu_precision(spec.precision, spec.rnn, spec.device)
 
     def submit_dryrun(self, spec: Spec, run_dir: Path) -> LocalRequest:
         run_dir = Path(run_dir).absolute()  # the ranks, the logs and launch.json all name the same directory

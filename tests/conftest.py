@@ -49,6 +49,17 @@ needs_horovod = pytest.mark.skipif(
 )
 
 
+@pytest.fixture
+def needs_cpu_bf16() -> None:
+    """Skip a test that trains the fused LSTM in bf16 on the CPU where this CPU cannot (AVX2 only: oneDNN
+    builds no bf16 LSTM without AVX-512); it runs wherever the CPU can. `@pytest.mark.usefixtures`."""
+    from train.precision import cpu_bf16_problem
+
+    if cpu_bf16_problem("fused"):
+        pytest.skip("no native bf16 on this CPU: oneDNN's bf16 LSTM needs AVX-512 (BF16 or AMX for speed), "
+                    "`launch --precision bf16` refuses to run here")
+
+
 def assert_golden(path: Path, text: str) -> None:
     """Compare generated text (a script, manifests, requests) with its golden file, showing a unified
     diff on mismatch. `SCALELAB_UPDATE_GOLDEN=1` rewrites the file instead: review the git diff."""

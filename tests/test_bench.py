@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 from tests.conftest import launch
@@ -51,6 +52,7 @@ def test_bench_rejects_unknown_parts(tmp_path):
     assert proc.returncode == 2 and "unknown bench part(s) gpu" in proc.stderr
 
 
+@pytest.mark.usefixtures("needs_cpu_bf16")
 def test_step_benchmark_times_each_precision_against_the_best_matmul_rate():
     rows = step_benchmark("rnnlm-tiny", "fused", batch=8, steps=2, threads=1, precisions=("fp32", "bf16"))
     from train.models import PRESETS, build_model
@@ -65,6 +67,7 @@ def test_step_benchmark_times_each_precision_against_the_best_matmul_rate():
     assert rows[0]["speedup_vs_fp32"] == 1.0
 
 
+@pytest.mark.usefixtures("needs_cpu_bf16")
 def test_step_profile_names_the_ops_of_each_precision():
     rows = step_profile("rnnlm-tiny", "fused", steps=1, threads=1, top=40)
     ops = {r["op"]: r for r in rows}

@@ -58,13 +58,15 @@ def _final_params(run_dir):
 
 
 def test_engines_give_the_same_loss_curve(tmp_path):
-    """Same seed + same global batch: single (1 rank), DDP, parameter server (1 and 2 shards) and
-    Horovod (2 ranks) agree."""
+    """Same seed + same global batch: single (1 rank), DDP, parameter server (1 and 2 shards, state on
+    the device or the CPU) and Horovod (2 ranks) agree."""
     common = ["--steps", "8", "--global-batch", "16", "--lr", "0.01", "--checkpoint-every", "8",
               "--model-arg", "dropout=0"]
     layouts = {"single": ["--engine", "single"], "ddp": ["--engine", "ddp", "--gpus-per-node", "2"],
                "ps": ["--engine", "ps", "--gpus-per-node", "2"],  # one shard (one node), on rank 0
-               "ps-2": ["--engine", "ps", "--gpus-per-node", "2", "--ps-shards", "2"]}
+               "ps-2": ["--engine", "ps", "--gpus-per-node", "2", "--ps-shards", "2"],
+               # shards' parameters and Adam state in CPU copies that the push fills and the pull reads
+               "ps-cpu": ["--engine", "ps", "--gpus-per-node", "2", "--ps-shards", "2", "--ps-state", "cpu"]}
     from tests.conftest import horovod_available
 
     if horovod_available():

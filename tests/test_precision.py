@@ -91,10 +91,60 @@ def test_the_cuda_precisions_are_built_for_the_gpu_they_get(monkeypatch):
     assert (fp16.device_type, fp16.dtype, fp16.scaler._device) == ("cuda", torch.float16, "cuda")
 
 
+# ---- a CPU without bf16 (AVX2 only): one clear refusal ---------------------------------------------
+
+
+@pytest.fixture
+def cpu_without_bf16(monkeypatch):
+    """This machine's CPU as one that cannot build oneDNN's bf16 LSTM, whatever the real one can."""
+    import train.precision
+
+    def no_bf16_lstm() -> None:
+        raise RuntimeError("could not create a primitive descriptor for the LSTM forward propagation primitive. "
+                           "Run workload with environment variable ONEDNN_VERBOSE=all")
+
+    monkeypatch.setattr(train.precision, "_try_fused_lstm_in_bf16", no_bf16_lstm)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    train.precision.cpu_bf16_problem.cache_clear()
+    yield
+    train.precision.cpu_bf16_problem.cache_clear()  # the next test probes the real CPU again
+
+
+BF16_REFUSAL = (r"--precision bf16 with the fused LSTM \(--rnn fused\) needs a CPU that runs oneDNN's bf16 LSTM .*"
+                r"could not create a primitive descriptor.*use --precision fp32, or --rnn stepwise .* AVX-512 BF16/AMX")
+
+
+@pytest.mark.usefixtures("cpu_without_bf16")
+def test_bf16_on_a_cpu_without_it_is_refused_by_the_rank_and_the_launcher():
+    from launcher.local import LocalBackend
+
+    with pytest.raises(ScalelabError, match=BF16_REFUSAL):
+        make_precision("bf16", torch.device("cpu"))  # a rank (any backend): its error record says this
+    with pytest.raises(ScalelabError, match=BF16_REFUSAL):  # the local launcher, before any rank starts
+        LocalBackend().validate(Spec(precision="bf16", engine=EngineSpec(name="single")).validate())
+    assert make_precision("bf16", torch.device("cpu"), rnn="stepwise").dtype == torch.bfloat16  # runs, emulated
+    LocalBackend().validate(Spec(precision="bf16", rnn="stepwise", engine=EngineSpec(name="single")).validate())
+    LocalBackend().validate(Spec(precision="fp32", engine=EngineSpec(name="single")).validate())
+
+
+def test_bf16_is_refused_up_front_where_this_cpu_lacks_it(tmp_path):
+    """The real CPU, the real launcher: where the fused LSTM cannot run in bf16, `launch` says why
+    before any rank starts (no run directory), instead of oneDNN's error from inside a rank."""
+    from train.precision import cpu_bf16_problem
+
+    if not cpu_bf16_problem("fused"):
+        pytest.skip("this CPU trains the fused LSTM in bf16: nothing to refuse")
+    proc = launch("--model", "nmt-tiny", "--engine", "single", "--precision", "bf16", "--device", "cpu",
+                  "--steps", "3", "--warmup-steps", "1", "--runs-dir", "runs", cwd=tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert [line for line in proc.stderr.splitlines() if "needs a CPU that runs oneDNN's bf16 LSTM" in line]
+    assert not (tmp_path / "runs").exists()
+
+
 # ---- bf16 on the CPU: dtypes and the kernel that runs ------------------------------------------------
 
 
-@pytest.mark.usefixtures("one_thread")
+@pytest.mark.usefixtures("one_thread", "needs_cpu_bf16")
 @pytest.mark.parametrize("name", ["nmt-tiny", "rnnlm-tiny", "sentiment-tiny"])
 def test_bf16_keeps_loss_weights_and_gradients_in_fp32(name):
     cfg = PRESETS[name]
@@ -115,7 +165,7 @@ def test_bf16_keeps_loss_weights_and_gradients_in_fp32(name):
     assert abs(float(fp32) - float(loss.detach())) < 0.05 * float(fp32)  # the same function, rounded differently
 
 
-@pytest.mark.usefixtures("one_thread")
+@pytest.mark.usefixtures("one_thread", "needs_cpu_bf16")
 def test_the_fused_lstm_runs_onednn_rnn_in_bf16_under_autocast():
     """The fast path, seen in a profile: `aten::mkldnn_rnn_layer` (oneDNN's RNN primitive) runs, forward
     and backward, and its output is bf16; no per-time-step cell appears."""
@@ -226,7 +276,7 @@ def _steps_to_threshold(root: Path, model: str, precision: str, lr: float, thres
     return events[0]["step"] if events else None
 
 
-@pytest.mark.usefixtures("one_thread")
+@pytest.mark.usefixtures("one_thread", "needs_cpu_bf16")
 @pytest.mark.parametrize("model, lr, threshold", [("nmt-tiny", 0.02, 3.3), ("rnnlm-tiny", 0.01, 1.0),
                                                   ("sentiment-tiny", 0.01, 0.45)])
 def test_bf16_reaches_the_threshold_within_1_3x_the_fp32_steps(tmp_path, model, lr, threshold):
@@ -240,6 +290,7 @@ def test_bf16_reaches_the_threshold_within_1_3x_the_fp32_steps(tmp_path, model, 
 # ---- a distributed run exchanging bf16 gradients ---------------------------------------------------
 
 
+@pytest.mark.usefixtures("needs_cpu_bf16")
 def test_ddp_exchanges_bf16_gradients(tmp_path):
     proc = launch("--model", "nmt-tiny", "--data", "task", "--engine", "ddp", "--gpus-per-node", "2",
                   "--precision", "bf16", "--grad-compression", "bf16", "--steps", "4", "--warmup-steps", "1",

@@ -54,5 +54,30 @@ def test_aws_starts_one_torchrun_per_node_for_ps() -> None:
 
 def test_more_shards_than_workers_is_refused() -> None:
     assert _spec(engine={"ps_shards": 4}).engine.ps_shards == 4
+    assert (_spec().engine.ps_state, _spec(engine={"ps_state": "cpu"}).engine.ps_state) == ("device", "cpu")
     with pytest.raises(SpecError, match="--ps-shards 5 is more than the 4 workers"):
         _spec(engine={"ps_shards": 5})
+
+
+@pytest.mark.parametrize("flags, pattern", [
+    ({"precision": "fp16"}, "--engine ps does not train in --precision fp16: .* use --precision bf16 .* or --engine ddp"),
+    ({"engine": {"compression": "fp16"}}, "--grad-compression fp16 is not implemented for --engine ps"),
+    ({"engine": {"compression": "bf16"}}, "--grad-compression bf16 is not implemented for --engine ps"),
+    ({"engine": {"fp16_allreduce": True}}, "--grad-compression fp16 is not implemented for --engine ps"),
+    ({"engine": {"ps_state": "disk"}}, "engine.ps_state must be one of device, cpu, got 'disk'"),
+])
+def test_what_the_parameter_server_does_not_do_is_refused(flags, pattern) -> None:
+    """fp16's scaler needs every rank to see every gradient (overflow agreed), and the push and pull are
+    fp32: both refused at validation, not silently ignored or left to fail inside a rank."""
+    with pytest.raises(SpecError, match=pattern):
+        _spec(**flags)
+
+
+def test_ps_refusals_come_from_the_cli_before_any_rank(tmp_path) -> None:
+    from tests.conftest import launch
+
+    proc = launch("--engine", "ps", "--gpus-per-node", "2", "--grad-compression", "fp16", "--runs-dir", "runs",
+                  cwd=tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert "--grad-compression fp16 is not implemented for --engine ps" in proc.stderr
+    assert not (tmp_path / "runs").exists()

@@ -33,6 +33,7 @@ ENGINES = {
     "ddp": ["--engine", "ddp", "--gpus-per-node", "2"],
     "horovod": ["--engine", "horovod", "--gpus-per-node", "2"],
     "ps": ["--engine", "ps", "--gpus-per-node", "2", "--ps-shards", "2"],  # rank 1 owns a shard's Adam state
+    "ps-cpu": ["--engine", "ps", "--gpus-per-node", "2", "--ps-shards", "2", "--ps-state", "cpu"],
 }
 ENGINE_PARAMS = ["single", "ddp", "ps", pytest.param("horovod", marks=needs_horovod)]
 
@@ -104,6 +105,19 @@ def test_killed_rank_resumes_exactly_from_the_last_periodic_checkpoint(tmp_path,
     _assert_resumed_exactly(run, reference(engine), engine, from_step=4)
 
 
+def test_ps_with_cpu_state_resumes_exactly(tmp_path, reference):
+    """`--ps-state cpu`: the shards' CPU copies and their Adam state come back from the checkpoint too
+    (the copies re-read the loaded weights), so the resumed run records the uninterrupted one's losses."""
+    proc, runs = _start(tmp_path / "killed", "ps-cpu", env={KILL_AT_STEP_ENV: "6:1"})
+    assert proc.returncode != 0, "the run went on without its killed rank"
+    run = only_run_dir(runs)
+    assert torch.load(run / CHECKPOINT_NAME, weights_only=True)["step"] == 4
+    proc = launch("resume", str(run), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    _assert_resumed_exactly(run, reference("ps-cpu"), "ps-cpu", from_step=4)
+
+
+@pytest.mark.usefixtures("needs_cpu_bf16")
 @pytest.mark.parametrize("engine", ENGINE_PARAMS)
 def test_bf16_run_resumes_exactly(tmp_path, engine, reference):
     """Under bf16 autocast too: the forward casts the fp32 master weights afresh every step, so a resumed

@@ -140,7 +140,7 @@ def _steps(preset: str, rnn: str, batch: int | None, threads: int | None, optimi
     model = build_model(cfg, rnn)
     opt = make_optimizer(Spec(optimizer=optimizer), model, 1e-3)  # exactly the trainer's optimizer
     b = build_dataset("synthetic", cfg, 0).get_batch(0, 0, batch, 0, batch)
-    return model, b, {p: _phase_timer(model, opt, b.inputs, make_precision(p, torch.device("cpu"))) for p in precisions}
+    return model, b, {p: _phase_timer(model, opt, b.inputs, make_precision(p, torch.device("cpu"), rnn)) for p in precisions}
 
 
 def _phase_timer(model, opt, inputs: dict, precision: Precision) -> Callable[[], dict[str, float]]:

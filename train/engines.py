@@ -10,6 +10,8 @@ process, DDP and Horovod, and the distributed lines are easy to spot:
   spent waiting where the engine can tell (Horovod), so the records can show the exchange share;
 - `step(optimizer, apply)` - the optimizer update, `apply(optimizer)` (default: `optimizer.step()`; the
   gradient scaler's step under fp16), Horovod without a second synchronisation;
+- `consolidate(optimizer)` / `restored()` - sharded optimizer state made whole before a checkpoint;
+  the engine's own copies of the weights (ps `--ps-state cpu`) refreshed after one is loaded;
 - `mean(x)` / `any(flag)` - all-reduce of a scalar (validation loss, "stop now" agreement);
 - `gather(tensor)` / `allgather(x)` - every rank's tensor (RNG states for a checkpoint) or scalar (speeds);
 - `shutdown()`.
@@ -103,6 +105,9 @@ class Engine:
     def consolidate(self, optimizer: torch.optim.Optimizer) -> None:
         """Make rank 0's optimizer state complete before it writes a checkpoint (sharded state only)."""
 
+    def restored(self) -> None:
+        """After a checkpoint's weights were loaded into the model: copies the engine keeps re-read them."""
+
     def mean(self, value: float) -> float:
         return float(value)
 
@@ -188,9 +193,16 @@ class PSEngine(DDPEngine):
     average DDP makes). The owner alone applies the optimizer step to its parameters (the others' grads
     are dropped, so their optimizer state stays empty), then pull: each parameter is broadcast from its
     owner. Optimizer state is sharded; `consolidate` copies it to every rank before a checkpoint.
+    The spec refuses fp16 (its scaler would check only the gradients this rank owns) and 16-bit
+    exchange, so the gradients read here (|G|², clipping) are the true fp32 ones.
     """
 
     name = "ps"
+
+    def __init__(self, spec: EngineSpec) -> None:
+        super().__init__(spec)
+        self.owner: dict[torch.nn.Parameter, int] = {}  # parameter -> the rank holding its shard
+        self.shadow: dict[torch.nn.Parameter, torch.Tensor] = {}  # --ps-state cpu: owned parameter -> its CPU copy
 
     def wrap(self, model, optimizer):
         params = list(model.parameters())
@@ -199,7 +211,27 @@ class PSEngine(DDPEngine):
         self.owner = {params[i]: (n % shards) * self.world // shards for n, i in enumerate(by_size)}
         for p in params:
             self._dist.broadcast(p.data, src=0)  # distributed: rank 0's parameters everywhere
+        if self.spec.ps_state == "cpu":
+            self.shadow = self._cpu_shards(optimizer)
         return model, optimizer
+
+    def _cpu_shards(self, optimizer) -> dict[torch.nn.Parameter, torch.Tensor]:
+        """`--ps-state cpu`: a CPU copy of each parameter this rank's shards own takes its place in the
+        optimizer (same position: checkpoints read alike), so the update and its state live on the CPU,
+        as on TensorFlow's PS tasks. The push lands there, the pull starts from there."""
+        shadow = {p: p.detach().to("cpu", copy=True) for p, owner in self.owner.items() if owner == self.rank}
+        for group in optimizer.param_groups:
+            group["params"] = [shadow.get(p, p) for p in group["params"]]
+        return shadow
+
+    def restored(self) -> None:
+        """The CPU shards take the weights a checkpoint just loaded into the model."""
+        for p, cpu in self.shadow.items():
+            cpu.copy_(p.detach())
+
+    def _held(self) -> list[torch.Tensor]:
+        """The averaged gradients this rank's shards hold after the push (on the CPU with --ps-state cpu)."""
+        return [g for p in self.owner if (g := self.shadow.get(p, p).grad) is not None]
 
     def finish_exchange(self, optimizer) -> float | None:
         """Push: every gradient to its owner, averaged; returns the seconds (push half of exchange_s)."""
@@ -207,10 +239,14 @@ class PSEngine(DDPEngine):
             return None
         t0 = time.perf_counter()
         for p, owner in self.owner.items():
-            if p.grad is not None:
-                self._dist.reduce(p.grad, dst=owner)  # distributed: sum on the owner only
-                p.grad = p.grad.div_(self.world) if owner == self.rank else None
-        sq = self._tensor(sum(float(p.grad.double().square().sum()) for p in self.owner if p.grad is not None))
+            held = self.shadow.get(p, p)  # what the optimizer updates: p, or its CPU copy
+            if p.grad is None:
+                held.grad = None
+                continue
+            self._dist.reduce(p.grad, dst=owner)  # distributed: sum on the owner only
+            grad = p.grad.div_(self.world).to(held.device) if owner == self.rank else None
+            p.grad, held.grad = None, grad
+        sq = self._tensor(sum(float(g.double().square().sum()) for g in self._held()))
         self._dist.all_reduce(sq)  # distributed: |G|² of the whole averaged gradient (clipping, noise scale)
         self._grad_sq = float(sq.item())
         return time.perf_counter() - t0
@@ -223,9 +259,8 @@ class PSEngine(DDPEngine):
         if not self.exchanging:
             return super().clip_grad_norm(model, max_norm)
         coef = min(1.0, max_norm / (self._grad_sq**0.5 + 1e-6))  # |G|² summed over the shards at the push
-        for p in self.owner:
-            if p.grad is not None:
-                p.grad.mul_(coef)
+        for g in self._held():
+            g.mul_(coef)
 
     def step(self, optimizer, apply: Callable[[Any], Any] | None = None) -> float | None:
         """The owners' update, then pull; returns the pull's seconds (the other half of exchange_s)."""
@@ -233,16 +268,18 @@ class PSEngine(DDPEngine):
         return self.pull() if self.exchanging else None
 
     def pull(self) -> float:
-        """Every parameter from its owner; returns the seconds."""
+        """Every parameter from its owner (from its CPU copy with --ps-state cpu); returns the seconds."""
         t0 = time.perf_counter()
+        for p, cpu in self.shadow.items():
+            p.data.copy_(cpu)  # the shard's new value onto the device it is broadcast from
         for p, owner in self.owner.items():
             self._dist.broadcast(p.data, src=owner)  # distributed: the new value from its owner
         return time.perf_counter() - t0
 
     def consolidate(self, optimizer) -> None:
         """Every rank gets every shard's optimizer state, so rank 0's checkpoint holds all of it."""
-        for p, owner in getattr(self, "owner", {}).items():
-            box = [optimizer.state.get(p)]
+        for p, owner in self.owner.items():
+            box = [optimizer.state.get(self.shadow.get(p, p))]
             self._dist.broadcast_object_list(box, src=owner)  # distributed
             if owner != self.rank and box[0] is not None:
                 optimizer.state[p] = {k: v.to(p.device) if torch.is_tensor(v) and v.dim() else v for k, v in box[0].items()}

@@ -208,7 +208,7 @@ def setup(spec: Spec) -> Run:
     Stop.watch_launcher(os.environ.get(LAUNCHER_ENV))  # before the rendezvous, which may wait for a peer
     engine = make_engine(spec.engine)  # distributed: init process group / hvd.init
     device = engine.device(spec.device)
-    precision = make_precision(spec.precision, device)  # before any work: fp16 on a CPU fails here
+    precision = make_precision(spec.precision, device, spec.rnn)  # before any work: fp16 on a CPU fails here
     torch.set_num_threads(spec.threads or max(1, (os.cpu_count() or 1) // engine.placement.local_world))
     Stop.install()
     torch.manual_seed(spec.seed)
@@ -253,6 +253,7 @@ def resume(run_dir: Path, run: Run) -> Progress:
     if ckpt is None:
         return Progress(ShareSchedule([(0, [run.per_rank] * run.world)]))
     restore(ckpt, run.model, run.optimizer, run.rank)
+    run.engine.restored()  # ps --ps-state cpu: the CPU shards take the loaded weights
     run.precision.load_state_dict(ckpt.get("amp"))
     return Progress(
         ShareSchedule(ckpt["shares"]), step=ckpt["step"], elapsed=ckpt["elapsed_s"], reached=ckpt["reached"],

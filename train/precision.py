@@ -3,7 +3,9 @@
 - ``fp32``: every step in float32, as before there was a choice.
 - ``bf16``: forward and backward under `torch.autocast` in bfloat16, on the CPU (oneDNN's bf16 kernels,
   the fused LSTM included) and on GPUs (cuDNN). bfloat16 has float32's exponent range, so gradients
-  cannot underflow and no scaler is needed.
+  cannot underflow and no scaler is needed. oneDNN builds its bf16 LSTM only on CPUs with AVX-512
+  (bf16 in hardware: AVX-512 BF16, AMX); on an AVX2-only CPU it cannot, so `cpu_bf16_problem` tries
+  it once and a run is refused up front with what to do instead (`--rnn stepwise` runs there, emulated).
 - ``fp16``: autocast in float16 with a gradient scaler (GPU only): float16's range is small enough
   that small gradients flush to zero unless the loss is scaled up first and the gradients down after.
 
@@ -23,6 +25,7 @@ continues with the scale the interrupted one had reached.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -66,7 +69,8 @@ class Precision:
         what `update` returned: the seconds of a parameter server's pull).
 
         Every rank decides alike: the gradients were all-reduced before `unscale`, so an overflow on
-        one rank is an overflow on all of them.
+        one rank is an overflow on all of them. Not so on a parameter server, where each rank holds only
+        its shards' gradients: the spec refuses fp16 with `--engine ps`.
         """
         if not self.scaler:
             return True, update(optimizer)
@@ -90,8 +94,8 @@ class Precision:
             self.scaler.load_state_dict(state)
 
 
-def make_precision(name: str, device: torch.device) -> Precision:
-    """The precision `name` on `device`; a ScalelabError where that device cannot run it."""
+def make_precision(name: str, device: torch.device, rnn: str = "fused") -> Precision:
+    """The precision `name` on `device` for the `rnn` kind; a ScalelabError where that device cannot run it."""
     if name == "fp16" and device.type != "cuda":
         raise ScalelabError(
             f"--precision fp16 needs a GPU (its gradient scaler is CUDA-only here), but this rank runs on "
@@ -103,5 +107,65 @@ def make_precision(name: str, device: torch.device) -> Precision:
             f"A100, ...), but {torch.cuda.get_device_name(device)} would only emulate it, slower than fp32; "
             "use --precision fp16 there"
         )
+    if name == "bf16" and device.type == "cpu":
+        check_cpu_precision(name, rnn)
     scaler = torch.amp.GradScaler(device.type) if name == "fp16" else None
     return Precision(name, device.type, scaler)
+
+
+def check_cpu_precision(name: str, rnn: str, device: str = "cpu") -> None:
+    """Raise the one clear ScalelabError where this machine's CPU would train `rnn` in precision `name`
+    and cannot (`device`: the spec's, `auto` runs on the CPU where there is no GPU). The local launcher
+    calls it before any rank starts, each rank again for its own machine."""
+    if device == "cuda" or (device == "auto" and torch.cuda.is_available()):
+        return  # the ranks run on a GPU (--device cuda without one: the engine says so)
+    if name == "fp16":
+        raise ScalelabError("--precision fp16 needs a GPU (its gradient scaler is CUDA-only here), but this "
+                            "machine has none; use --precision fp32, or bf16 where the CPU runs it")
+    problem = cpu_bf16_problem(rnn) if name == "bf16" else None
+    if problem:
+        raise ScalelabError(problem)
+
+
+@functools.lru_cache(maxsize=None)
+def cpu_bf16_problem(rnn: str = "fused") -> str | None:
+    """None when this CPU runs the `rnn` kind under bf16 autocast, else why not and what to do.
+
+    Tried, not guessed from flags: oneDNN decides when it builds its LSTM primitive whether the CPU's
+    instructions can run it in bf16, and on an AVX2-only CPU it cannot ("could not create a primitive
+    descriptor"). The stepwise RNN's cells stay float32 under autocast and its matrix products are
+    emulated in bf16 where there is no hardware for them: it runs anywhere, only slower.
+    """
+    if rnn != "fused":
+        return None
+    try:
+        _try_fused_lstm_in_bf16()
+    except RuntimeError as exc:
+        flags = cpu_flags() & {"avx512_bf16", "amx_bf16", "avx512f"}
+        return (
+            f"--precision bf16 with the fused LSTM (--rnn fused) needs a CPU that runs oneDNN's bf16 LSTM (AVX-512, best with AVX-512 BF16 or AMX), "
+            f"but this one has {torch.backends.cpu.get_cpu_capability()} "
+            f"({', '.join(sorted(flags)) or 'no avx512f, avx512_bf16 or amx_bf16'} in /proc/cpuinfo) and oneDNN "
+            f"cannot build the fused bf16 LSTM here ({str(exc).split('.')[0]}); use --precision fp32, or "
+            "--rnn stepwise (bf16 emulated, slower than fp32), or a machine with AVX-512 BF16/AMX or a GPU "
+            "with bf16 (compute capability 8.0+)"
+        )
+    return None
+
+
+def _try_fused_lstm_in_bf16() -> None:
+    """A tiny fused LSTM forward and backward under CPU bf16 autocast: the kernels a bf16 run needs."""
+    with torch.random.fork_rng(devices=[]):  # the trial draws random weights: leave the run's stream alone
+        lstm = torch.nn.LSTM(4, 4, batch_first=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out, _ = lstm(torch.randn(2, 3, 4))
+        out.float().sum().backward()
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags from /proc/cpuinfo (empty where there is none: not Linux)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            return next((set(line.split(":", 1)[1].split()) for line in f if line.startswith("flags")), set())
+    except OSError:
+        return set()
