@@ -39,7 +39,7 @@ from core.checks import NON_NEGATIVE, POSITIVE
 from core.errors import DataError, SpecError
 from core.records import load_run
 from costs.billing import Mix, run_cost, threshold_cost
-from costs.catalog import DEFAULT_REGION, MARKETS, CatalogError, load_catalog, refresh
+from costs.catalog import DEFAULT_REGION, MARKETS, Catalog, CatalogError, load_catalog, parse_interruptions, refresh
 from costs.convergence import convergence_rows
 from costs.fitting import LinkModel
 from costs.planner import Overheads, PlanRequest, plan
@@ -64,9 +64,10 @@ def _catalog_options(func):
     func = click.option("--rate", "rates", multiple=True, metavar="NAME=USD/gpu-hour",
                         help="On-premise rate, e.g. slurm=0.45/gpu-hour or k8s=3.2/node-hour@4 (repeatable); "
                              "then use NAME as an instance type.")(func)
-    func = click.option("--interruptions-per-hour", type=NON_NEGATIVE, default=0.0, show_default=True,
-                        help="Spot: expected interruptions per instance per hour of wall time (a job on "
-                             "n instances is interrupted n times as often).")(func)
+    func = click.option("--interruptions-per-hour", "interruptions", multiple=True, metavar="[TYPE=]RATE",
+                        help="Spot: expected interruptions per instance per hour of wall time, for every type "
+                             "(RATE) or one type (TYPE=RATE, repeatable; also from the prices file) [default: 0]; "
+                             "a job is interrupted as often as the sum over its instances.")(func)
     func = click.option("--checkpoint-write-s", type=NON_NEGATIVE, default=0.0, show_default=True,
                         help="Spot: seconds to write one checkpoint (paid every --checkpoint-interval-s).")(func)
     func = click.option("--checkpoint-interval-s", type=POSITIVE, default=600.0, show_default=True,
@@ -77,8 +78,15 @@ def _catalog_options(func):
 
 
 def _spot_kwargs(params: dict[str, Any]) -> dict[str, float]:
-    return dict(interruptions_per_hour=params["interruptions_per_hour"], checkpoint_interval_s=params["checkpoint_interval_s"],
-                restart_s=params["restart_s"], checkpoint_write_s=params["checkpoint_write_s"])
+    return dict(interruptions_per_hour=parse_interruptions(params["interruptions"])[0],
+                checkpoint_interval_s=params["checkpoint_interval_s"], restart_s=params["restart_s"],
+                checkpoint_write_s=params["checkpoint_write_s"])
+
+
+def _load_catalog(params: dict[str, Any]) -> Catalog:
+    """The catalog of the common options: prices file, --rate, region, per-type interruptions."""
+    return load_catalog(params["prices_file"], params["rates"], params["region"],
+                        parse_interruptions(params["interruptions"])[1])
 
 
 def _print_json(rows: Any) -> None:
@@ -129,7 +137,7 @@ def cost_cmd(run_dirs: tuple[str, ...], from_csv: str | None, instances: str | N
     slowest worker sets the pace, the others wait and are billed).
     """
 
-    catalog = load_catalog(params["prices_file"], params["rates"], params["region"])
+    catalog = _load_catalog(params)
     if refresh_what:
         rows = refresh(catalog, refresh_what, params["region"],
                        path=Path(params["prices_file"]) if params["prices_file"] else None)
@@ -176,27 +184,53 @@ def cost_cmd(run_dirs: tuple[str, ...], from_csv: str | None, instances: str | N
         console.print(_rich_table("Cost per run (per-second billing, 60 s minimum)", show, nfmt))
 
 
-def _list_catalog(catalog, region: str, fmt: str) -> None:
-    rows = []
-    for name in catalog.names():
-        inst = catalog.instance(name)
-        row = {"instance_type": name, "gpus": inst.gpus, "gpu_model": inst.gpu_model, "gpu_mem_gib": inst.gpu_mem_gib,
-               "vcpus": inst.vcpus, "mem_gib": inst.mem_gib, "network": inst.network, "provider": inst.provider}
-        for m in MARKETS:
-            try:
-                p = catalog.price(name, m, region)
-                row[f"{m}_usd_per_hour"], row[f"{m}_source"] = p.usd_per_hour, p.source
-            except CatalogError:
-                row[f"{m}_usd_per_hour"], row[f"{m}_source"] = None, None
-        rows.append(row)
-    df = pd.DataFrame(rows)
+_GPU_SPECS = ("fp32_tflops", "tf32_tflops", "fp16_tflops", "bf16_tflops", "mem_bandwidth_gbs")
+
+
+def _catalog_row(catalog: Catalog, name: str, region: str) -> dict[str, Any]:
+    """One row of `launch cost --list`: the shape, its GPU's specs, its prices and spot interruption rate."""
+    inst = catalog.instance(name)
+    gpu = catalog.gpu(inst)
+    row: dict[str, Any] = {k: getattr(inst, k) for k in (
+        "gpus", "gpu_model", "gpu_mem_gib", "vcpus", "mem_gib", "network", "network_gbps", "efa", "interconnect",
+        "provider", "source", "source_date")}
+    row = {"instance_type": name, **row, **{f"gpu_{k}": getattr(gpu, k) if gpu else None for k in _GPU_SPECS},
+           "gpu_source": f"{gpu.source} ({gpu.date})" if gpu else None,
+           "spot_interruptions_per_hour": catalog.interruptions.get(name)}
+    for m in MARKETS:
+        try:
+            p = catalog.price(name, m, region)
+            row[f"{m}_usd_per_hour"], row[f"{m}_source"], row[f"{m}_observed"] = p.usd_per_hour, p.source, p.observed
+        except CatalogError:
+            row[f"{m}_usd_per_hour"], row[f"{m}_source"], row[f"{m}_observed"] = None, None, None
+    return row
+
+
+def _list_catalog(catalog: Catalog, region: str, fmt: str) -> None:
+    """The catalog: every column in json; the main ones (GPU specs per GPU, prices per instance) in a table."""
+    df = pd.DataFrame([_catalog_row(catalog, name, region) for name in catalog.names()])
     if fmt == "json":
         _print_json(df.to_dict(orient="records"))
         return
-    show = df[["instance_type", "gpus", "gpu_model", "vcpus", "mem_gib", "network", "on-demand_usd_per_hour",
-               "spot_usd_per_hour"]]
-    nfmt = {"gpus": ".0f", "vcpus": ".0f", "mem_gib": ".1f", "on-demand_usd_per_hour": ".4f", "spot_usd_per_hour": ".4f"}
-    click.echo(markdown_table(show, nfmt)) if fmt == "markdown" else console.print(_rich_table(f"Instance catalog ({region})", show, nfmt))
+    df["efa"] = df["efa"].map({True: "yes", False: "no"})
+    show = df[["instance_type", "gpus", "gpu_model", "gpu_mem_gib", "vcpus", "mem_gib", "network_gbps", "efa",
+               "interconnect", "gpu_fp32_tflops", "gpu_bf16_tflops", "gpu_mem_bandwidth_gbs",
+               "on-demand_usd_per_hour", "spot_usd_per_hour", "spot_interruptions_per_hour"]]
+    show = show.set_axis(list(_LIST_COLUMNS), axis=1)
+    nfmt = {"gpus": ".0f", "gpu_gib": ".0f", "vcpus": ".0f", "mem_gib": ".1f", "net_gbps": "g", "fp32_tf": "g",
+            "bf16_tf": "g", "mem_gb_s": ".0f", "od_usd_h": ".4f", "spot_usd_h": ".4f", "intr_h": "g"}
+    if fmt == "markdown":
+        click.echo(markdown_table(show, nfmt))
+    else:
+        console.print(_rich_table(f"Instance catalog ({region})", show, nfmt))
+        console.print("per GPU: fp32_tf, bf16_tf peak TFLOP/s (dense), mem_gb_s memory GB/s; per instance: "
+                      "net_gbps network Gbit/s, od_usd_h / spot_usd_h dollars an hour, intr_h spot interruptions "
+                      "an hour (if set); sources and dates: --format json", highlight=False)
+
+
+# The table's short headers, in the order of _list_catalog's columns (json keeps the long names).
+_LIST_COLUMNS = ("type", "gpus", "gpu", "gpu_gib", "vcpus", "mem_gib", "net_gbps", "efa", "gpu_link", "fp32_tf",
+                 "bf16_tf", "mem_gb_s", "od_usd_h", "spot_usd_h", "intr_h")
 
 
 def run_seconds(run) -> float:
@@ -421,7 +455,7 @@ def plan_cmd(run_dirs: tuple[str, ...], from_csv: str | None, predict_workers: s
         raise SpecError("give RUN_DIRS (run or sweep directories) or --from-csv FILE (one of the two)")
     m = _measured_from_csv(from_csv, measured_on) if from_csv else _measured_from_runs([Path(p) for p in run_dirs])
     measured_on = measured_on or m.measured_on
-    catalog = load_catalog(params["prices_file"], params["rates"], params["region"])
+    catalog = _load_catalog(params)
     types = [t.strip() for t in (instance_types or "").split(",") if t.strip()] or ([measured_on] if measured_on else [])
     for t in types + ([measured_on] if measured_on else []):
         catalog.instance(t)
