@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+import numpy as np
 import pandas as pd
 from rich.console import Console
 from rich.table import Table
@@ -349,23 +350,31 @@ class Measurements:
     measured_on: str | None = None
     table: pd.DataFrame | None = None
     curves: dict[str, pd.DataFrame] = field(default_factory=dict)
+    probe_speed: dict[str, float] = field(default_factory=dict)
+    precision: str = "fp32"
 
 
-def _measured_from_runs(paths: list[Path]) -> Measurements:
-    """The measurements of run and sweep directories (their records, through analysis.scaling)."""
-    summaries, itypes, curves = [], set(), {}
+def _measured_from_runs(paths: list[Path], measured_on: str | None = None) -> Measurements:
+    """The measurements of run and sweep directories (their records, through analysis.scaling).
+    Runs on several instance types, each on one type: the fit is made on `measured_on` (default:
+    the type with the most runs) and the others are probes (their per-GPU speed, costs/speed.py)."""
+    by_type: dict[str | None, list] = {}
+    curves, precisions = {}, []
     for run_dir in expand_run_dirs(paths):
         run = load_run(run_dir)
         s = summarize_loaded(run)
-        summaries.append(s)
         itype = (run.spec.backend_options or {}).get("instance_type")
-        itypes |= {t for _, t in Mix.parse(itype).items} if itype else set()  # a mix: measured on several
+        types = {t for _, t in Mix.parse(itype).items} if itype else set()  # a mix: measured on several
+        by_type.setdefault(types.pop() if len(types) == 1 else ("mix" if types else None), []).append(s)
+        precisions.append(s.precision or "fp32")
         st = step_table(run.steps)
         if len(st) and st["time"].notna().any():
             # a million step records: plot at most ~2000 points per layout
             every = max(1, len(st) // 2000)
             curves[f"{s.label} {s.nodes}x{s.gpus_per_node}"] = pd.DataFrame(
                 {"seconds": st["time"] - st["time"].min(), "loss": st["loss"]}).iloc[::every]
+    base, probes = _base_and_probes(by_type, measured_on)
+    summaries = by_type[base] if probes else [s for group in by_type.values() for s in group]
     table = scale_layouts(summaries)
     threshold = table["loss_threshold"].map(lambda x: None if pd.isna(x) else f"{float(x):g}")
     measured = pd.DataFrame({
@@ -373,8 +382,30 @@ def _measured_from_runs(paths: list[Path]) -> Measurements:
         "throughput": table["words_per_s"], "global_batch": table["global_batch"],
         "batch_scaling": table["batch_scaling"], "words_per_sample": table["words_per_s"] / table["samples_per_s"],
         "convergence": [None if t is None else f"{m} to loss {t}" for m, t in zip(table["model"], threshold)]})
-    return Measurements(measured, convergence_rows(table), _overheads(table),
-                        itypes.pop() if len(itypes) == 1 else None, table, curves)
+    return Measurements(measured, convergence_rows(table), _overheads(table), base, table, curves, probes,
+                        max(set(precisions), key=precisions.count) if precisions else "fp32")
+
+
+def _base_and_probes(by_type: dict[str | None, list], measured_on: str | None) -> tuple[str | None, dict[str, float]]:
+    """(the measured type, per-GPU words/s of every type) of runs grouped by instance type: one
+    type alone is the measured one; several single types (no mixes, no untyped runs) are the
+    measured type (`measured_on`, else the one with the most runs) and probes, each at the fewest
+    workers all types share (else its own fewest)."""
+    singles = [t for t in by_type if t not in (None, "mix")]
+    if len(by_type) != len(singles) or not singles:
+        return measured_on, {}
+    if len(singles) == 1:
+        return singles[0], {}
+    if measured_on is not None and measured_on not in by_type:
+        raise SpecError(f"--measured-on {measured_on}: the runs were made on {', '.join(sorted(singles))}; "
+                        "name the one to fit (the others are probes of their speed)")
+    base = measured_on or max(singles, key=lambda t: len(by_type[t]))
+    common = set.intersection(*({s.workers for s in by_type[t]} for t in singles))
+    probes = {}
+    for t in singles:
+        w = min(common) if common else min(s.workers for s in by_type[t])
+        probes[t] = float(np.median([s.words_per_s / s.workers for s in by_type[t] if s.workers == w]))
+    return base, probes
 
 
 def _overheads(table: pd.DataFrame) -> Overheads:
@@ -453,7 +484,8 @@ def plan_cmd(run_dirs: tuple[str, ...], from_csv: str | None, predict_workers: s
     """
     if bool(from_csv) == bool(run_dirs):
         raise SpecError("give RUN_DIRS (run or sweep directories) or --from-csv FILE (one of the two)")
-    m = _measured_from_csv(from_csv, measured_on) if from_csv else _measured_from_runs([Path(p) for p in run_dirs])
+    m = _measured_from_csv(from_csv, measured_on) if from_csv else _measured_from_runs([Path(p) for p in run_dirs],
+                                                                                       measured_on)
     measured_on = measured_on or m.measured_on
     catalog = _load_catalog(params)
     types = [t.strip() for t in (instance_types or "").split(",") if t.strip()] or ([measured_on] if measured_on else [])
@@ -465,10 +497,7 @@ def plan_cmd(run_dirs: tuple[str, ...], from_csv: str | None, predict_workers: s
         list(MARKETS) if market == "both" else [market], work, measured_on, _parse_speed(speed), link,
         deadline_h=deadline_h, budget_usd=budget_usd, region=params["region"], confidence=confidence,
         convergence=m.convergence, predict_batch=_parse_batches(predict_batch), overheads=m.overheads,
-        **_spot_kwargs(params)))
-    if types and measured_on is None:
-        result.notes.append("the instance type the measurements were made on is unknown (--measured-on): every "
-                            "priced type is assumed to have the same per-GPU speed")
+        probe_speed=m.probe_speed, precision=m.precision, **_spot_kwargs(params)))
     if len(result.candidates) == 0 and types and work is not None:
         raise CatalogError("; ".join(result.notes) or "nothing could be priced")
     _show_plan(result, fmt, out, m)
@@ -512,7 +541,8 @@ _BATCH_COLS = ["label", "global_batch", "predicted_steps_to_threshold", "steps_l
                "predicted_samples_to_threshold", "basis", "b_noise", "noise_scale"]
 _CAND_FMT = {"workers": ".0f", "instances": ".0f", "global_batch": ".0f", "predicted_throughput": ",.0f",
              "steps_to_threshold": ",.0f", "hours": ".2f", "hours_high": ".2f", "dollars": ",.2f", "dollars_high": ",.2f"}
-_CAND_COLS = ["label", "workers", "instances", "instance_type", "market", "global_batch", "predicted_throughput",
+_CAND_COLS = ["label", "workers", "instances", "instance_type", "speed_basis", "market", "global_batch",
+              "predicted_throughput",
               "steps_to_threshold", "hours", "hours_high", "dollars", "dollars_high", "pareto", "recommendation"]
 
 
