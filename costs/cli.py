@@ -455,9 +455,13 @@ def _parse_batches(text: str | None) -> list[int]:
 @click.option("--work", type=POSITIVE, help="A fixed amount of work for every layout, in the throughput's unit (e.g. "
                                          "words) [default for runs: the steps to their loss threshold at each "
                                          "layout's global batch].")
-@click.option("--measured-on", help="Instance type the measurements were made on [default for runs: from their spec].")
+@click.option("--measured-on", help="Instance type the measurements were made on [default for runs: from their spec; "
+                                    "runs on several types: the one with the most runs, the others are probes].")
 @click.option("--speed", multiple=True, metavar="GPU=FACTOR", help="Per-GPU speed of another GPU model or type relative "
-                                                                   "to the measured one, e.g. V100=2.5 (repeatable).")
+                                                                   "to the measured one, e.g. V100=2.5 (repeatable; "
+                                                                   "speed_basis user). Without it a type is priced at "
+                                                                   "its probed or spec-estimated speed, or not at all "
+                                                                   "(docs/costs.md).")
 @click.option("--gradient-mb", type=POSITIVE, help="Gradient size for the all-reduce model [default: 1 MB; the fit calibrates it].")
 @click.option("--intra-gbps", type=POSITIVE, default=80.0, show_default=True, help="Bandwidth between GPUs of one node.")
 @click.option("--deadline-h", type=POSITIVE, help="Recommend the cheapest layout that finishes within this many hours "
