@@ -351,7 +351,7 @@ def _price_type(request: PlanRequest, name: str, fit: FitResult, steps: pd.DataF
     if isinstance(speed, str):
         notes.extend([speed] if speed not in notes else [])
         return []
-    if speed.note and speed.basis != "user" and speed.note not in notes:
+    if speed.note and speed.note not in notes:
         notes.append(speed.note)
     link = replace(request.measured_link(), inter_gbps=inst.network_gbps or request.measured_link().inter_gbps)
     level = request.confidence if request.work is not None else request.each_level

@@ -85,13 +85,13 @@ def resolve_speed(inst: InstanceType, base: InstanceType | None, catalog: Catalo
     per-GPU throughput (the base's among them)."""
     for key in (inst.name, inst.gpu_model):
         if key and key in speed:
-            return Speed(float(speed[key]), "user", note=f"--speed {key}={speed[key]:g}")
+            return Speed(float(speed[key]), "user")
     if inst.provider == "rate" and not inst.gpu_model:
         return Speed(1.0, "user", note=f"{inst.name}: an on-premise rate without a GPU model, priced at the measured "
                                        f"speed; give --speed {inst.name}=FACTOR if its GPUs differ")
     if base is None:
-        return (f"{inst.name}: the device the measurements were made on is unknown or not in the catalog (a CPU "
-                f"run, a mix of types, or no --measured-on), so {inst.name}'s speed cannot be estimated relative to it; give "
+        return (f"{inst.name}: not priced, its speed cannot be estimated relative to the device the measurements "
+                f"were made on (unknown or not in the catalog: a CPU run, a mix of types, or no --measured-on); give "
                 f"--measured-on TYPE, --speed {inst.gpu_model or inst.name}=FACTOR, or probe it (launch probe)")
     if inst.name == base.name:
         return Speed(1.0, "measured")

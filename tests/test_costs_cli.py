@@ -235,7 +235,8 @@ def test_plan_reads_the_runs_instance_type_with_the_mix_grammar(tmp_path):
             "g3.4xlarge", "--format", "json"]
     r = launch(*args, cwd=tmp_path, env=_env(tmp_path))
     assert r.returncode == 2 and "Traceback" not in r.stderr
-    assert "g3.4xlarge: the device the measurements were made on is unknown or not in the catalog (a CPU run, a mix" in r.stderr
+    assert "g3.4xlarge: not priced, its speed cannot be estimated relative to the device the measurements were " \
+           "made on (unknown or not in the catalog: a CPU run, a mix of types" in r.stderr
     r = launch(*args, "--measured-on", "g3.16xlarge", cwd=tmp_path, env=_env(tmp_path))
     assert r.returncode == 0, r.stderr
     rows = [row for row in json.loads(r.stdout) if row.get("instance_type")]
@@ -259,7 +260,7 @@ def test_plan_runs_on_two_types_fit_one_and_probe_the_other(tmp_path):
     cpu = [_fake_run(tmp_path, f"c{g}", g, 0.1 / g, 6400, None) for g in (1, 2)]
     r = launch("plan", *map(str, cpu), "--work", "1e8", "--instance-types", "p2.xlarge,g3.4xlarge", cwd=tmp_path,
                env=_env(tmp_path))
-    assert r.returncode == 2 and "p2.xlarge: the device the measurements were made on is unknown" in r.stderr
+    assert r.returncode == 2 and "p2.xlarge: not priced, its speed cannot be estimated" in r.stderr
 
 
 def test_cost_list_json_has_the_catalog_columns(tmp_path):

@@ -181,7 +181,7 @@ def test_cpu_measurements_price_no_type_at_their_speed():
     p = plan(PlanRequest(CPU_SWEEP, [8], builtin_catalog(), SEED_TYPES, work=1e9))
     assert len(p.candidates) == 0
     for name in SEED_TYPES:
-        assert any(n.startswith(f"{name}: the device the measurements were made on is unknown or not in the catalog") and
+        assert any(n.startswith(f"{name}: not priced, its speed cannot be estimated relative to the device") and
                    "--measured-on TYPE" in n and "launch probe" in n for n in p.notes), p.notes
 
 
@@ -259,4 +259,5 @@ def test_rate_without_gpu_is_user_basis_and_unknown_gpu_is_refused():
     cat.on_demand[("odd.xlarge", "us-east-1")] = cat.price("g5.xlarge")
     p = plan(PlanRequest(CPU_SWEEP, [8], cat, ["slurm", "odd.xlarge"], work=1e9, measured_on="p2.xlarge"))
     assert set(p.candidates["instance_type"]) == {"slurm"} and set(p.candidates["speed_basis"]) == {"user"}
+    assert any(n.startswith("slurm: an on-premise rate without a GPU model, priced at the measured speed") for n in p.notes)
     assert any(n.startswith("odd.xlarge: no GPU specs for Z9") for n in p.notes)
