@@ -5,16 +5,17 @@ second, with a 60-second minimum. A run on a mix of instances (e.g. `3*g3.4xlarg
 keeps all of them for the whole run, because in synchronous data parallelism the slowest worker
 sets every step's time: the fast ones wait and are billed while waiting.
 
-Spot: every instance is interrupted on its own, at λ per instance-hour, so a job on n instances
-is interrupted n·λ times an hour (8 instances, 8 times as often as one), and one interruption stops
-every worker of a synchronous job. An interruption loses the work since the last checkpoint (on
+Spot: every instance is interrupted on its own, at λ_t per instance-hour for its type t (the
+type's own rate from the catalog, else the global one), so a job is interrupted Σ n_t·λ_t times an
+hour, summed over the instances of its mix (8 instances, 8 times as often as one), and one
+interruption stops every worker of a synchronous job. An interruption loses the work since the last checkpoint (on
 average half of a checkpoint interval and its write, the interruption time being uniform within
 it) and costs a restart (new instance, image, data, resume). Checkpoints are written every c
 seconds of work and take w seconds each, so a run that needs W seconds of work takes
 
-    T = W·(1 + w/c) / (1 − n·λ·((c + w)/2 + r)/3600)        r = restart time (s)
+    T = W·(1 + w/c) / (1 − Λ·((c + w)/2 + r)/3600)        Λ = Σ n_t·λ_t, r = restart time (s)
 
-seconds of expected wall time (each hour of wall time spends n·λ·((c+w)/2 + r) seconds redoing
+seconds of expected wall time (each hour of wall time spends Λ·((c+w)/2 + r) seconds redoing
 work and restarting). T is infinite when interruptions come faster than progress is made. These
 are expectations over the interruption process, not guarantees.
 """
@@ -98,6 +99,11 @@ class Mix:
     def gpus(self, catalog: Catalog) -> int:
         return sum(n * catalog.instance(t).gpus for n, t in self.items)
 
+    def interruptions_per_hour(self, catalog: Catalog, default: float = 0.0) -> float:
+        """Spot interruptions per hour of the whole mix: the sum over its instances of each type's
+        rate (catalog.interruption_rate, `default` for a type without its own)."""
+        return sum(n * catalog.interruption_rate(t, default) for n, t in self.items)
+
     def usd_per_hour(self, catalog: Catalog, market: str = "on-demand", region: str | None = None) -> float:
         """Hourly price of the whole mix (sum of count x price)."""
         return sum(n * catalog.price(t, market, region).usd_per_hour for n, t in self.items)
@@ -160,15 +166,15 @@ def run_cost(
 ) -> RunCost:
     """Dollars for keeping `mix` for `seconds` of work (per-second billing, 60 s minimum each).
 
-    On spot with `interruptions_per_hour` > 0 (per instance) the wall time is the expected one
-    (checkpoint writes, lost work and restarts included, see the module doc), and that is what is
-    billed. Measured run times already contain any interruptions they suffered: pass
+    On spot the wall time is the expected one (checkpoint writes, lost work and restarts included,
+    see the module doc) at the mix's summed rate: each type's own rate from the catalog, else
+    `interruptions_per_hour` (per instance); and that is what is billed. Measured run times already contain any interruptions they suffered: pass
     interruptions_per_hour=0 for them.
     """
     if market not in MARKETS:
         raise CatalogError(f"unknown market {market!r}; use one of {', '.join(MARKETS)}")
     mix = Mix.parse(mix, catalog) if isinstance(mix, str) else mix
-    job_rate = interruptions_per_hour * mix.count()
+    job_rate = mix.interruptions_per_hour(catalog, interruptions_per_hour)
     wall = seconds if market == "on-demand" else spot_expected_seconds(
         seconds, job_rate, checkpoint_interval_s, restart_s, checkpoint_write_s)
     rate = mix.usd_per_hour(catalog, market, region)

@@ -43,12 +43,14 @@ __all__ = [
     "CatalogError",
     "UnknownInstanceError",
     "InstanceType",
+    "GpuModel",
     "Price",
     "Catalog",
     "builtin_catalog",
     "load_catalog",
     "user_prices_path",
     "parse_rate",
+    "parse_interruptions",
     "fetch_spot_prices",
     "fetch_on_demand_prices",
     "parse_price_list_item",
@@ -70,7 +72,14 @@ class UnknownInstanceError(CatalogError):
 
 @dataclass(frozen=True)
 class InstanceType:
-    """What one rented unit is: an AWS instance, or a GPU / node of an on-premise cluster."""
+    """What one rented unit is: an AWS instance, or a GPU / node of an on-premise cluster.
+
+    Everything but `name` and `gpus` is optional, so a user-defined shape (prices file) needs no
+    more than what it knows. `network` is the provider's wording ("up to 10 Gbps", "High");
+    `network_gbps` the number (read from `network` when not given; None when the wording has none);
+    `interconnect` how the GPUs of one instance talk (NVLink or PCIe); `efa` whether the instance
+    has an Elastic Fabric Adapter; `source` and `source_date` where and when the shape was read.
+    """
 
     name: str
     gpus: int
@@ -81,12 +90,42 @@ class InstanceType:
     network: str | None = None
     source: str = ""
     provider: str = "aws"  # "aws" or "rate" (user-supplied on-premise rate)
+    network_gbps: float | None = None
+    efa: bool | None = None
+    interconnect: str | None = None
+    source_date: str | None = None
 
-    @property
-    def network_gbps(self) -> float | None:
-        """Link bandwidth in Gbit/s from the network column ("up to 10 Gbps" -> 10); None if vague."""
-        m = re.search(r"([\d.]+)\s*(?:gbps|gigabit)", (self.network or "").lower())
-        return float(m.group(1)) if m else None
+    def __post_init__(self) -> None:
+        if self.network_gbps is None:
+            m = re.search(r"([\d.]+)\s*(?:gbps|gigabit)", (self.network or "").lower())
+            object.__setattr__(self, "network_gbps", float(m.group(1)) if m else None)
+
+
+@dataclass(frozen=True)
+class GpuModel:
+    """Peak arithmetic and memory bandwidth of one GPU, the specs a speed estimate scales by.
+
+    TFLOP/s are dense (no sparsity); tf32, fp16 and bf16 are tensor-core rates where the GPU has
+    tensor cores; None where the GPU has no such arithmetic (K80, M60: no fast fp16; V100, T4: no
+    bf16 or tf32)."""
+
+    name: str
+    mem_bandwidth_gbs: float
+    fp32_tflops: float
+    tf32_tflops: float | None = None
+    fp16_tflops: float | None = None
+    bf16_tflops: float | None = None
+    mem_gib: float | None = None
+    source: str = ""
+    date: str | None = None
+
+    def peak_tflops(self, precision: str) -> tuple[float, str | None]:
+        """(peak TFLOP/s for a run at `precision`, a note when it falls back to fp32): a GPU
+        without fp16/bf16 arithmetic runs such a run no faster than fp32 (emulated or refused)."""
+        value = getattr(self, f"{precision}_tflops", None)
+        if value is not None:
+            return float(value), None
+        return float(self.fp32_tflops), f"{self.name} has no {precision} arithmetic: its fp32 rate is used"
 
 
 @dataclass(frozen=True)
@@ -115,6 +154,8 @@ class Catalog:
     on_demand: dict[tuple[str, str], Price] = field(default_factory=dict)
     spot: dict[tuple[str, str], Price] = field(default_factory=dict)
     region: str = DEFAULT_REGION
+    gpu_models: dict[str, GpuModel] = field(default_factory=dict)
+    interruptions: dict[str, float] = field(default_factory=dict)
 
     # ---- look-ups ----------------------------------------------------------------------------
 
@@ -153,16 +194,27 @@ class Catalog:
             f"--region {region}` (needs AWS credentials) or add it to {user_prices_path()}"
         )
 
+    def gpu(self, inst: InstanceType) -> GpuModel | None:
+        """The specs of `inst`'s GPU model, or None when it has none or the table lacks it."""
+        return self.gpu_models.get(inst.gpu_model) if inst.gpu_model else None
+
+    def interruption_rate(self, name: str, default: float = 0.0) -> float:
+        """Spot interruptions per hour of one `name` instance: its own rate (prices file or
+        --interruptions-per-hour TYPE=RATE), else `default` (the global --interruptions-per-hour)."""
+        return self.interruptions.get(name, default)
+
     # ---- changes -----------------------------------------------------------------------------
 
     def add_rate(self, name: str, usd_per_hour: float, per: str = "gpu-hour", gpus: int = 1,
-                 source: str = "user rate") -> InstanceType:
-        """Define an on-premise unit: per "gpu-hour" (one GPU) or per "node-hour" (a node of `gpus`)."""
+                 source: str = "user rate", gpu_model: str | None = None) -> InstanceType:
+        """Define an on-premise unit: per "gpu-hour" (one GPU) or per "node-hour" (a node of `gpus`);
+        with its `gpu_model` the planner can estimate its speed from the GPU table."""
         if per not in ("gpu-hour", "node-hour"):
             raise CatalogError(f"rate for {name!r}: per must be gpu-hour or node-hour, got {per!r}")
         if usd_per_hour < 0 or gpus < 1:
             raise CatalogError(f"rate for {name!r}: price must be >= 0 and gpus >= 1")
-        inst = InstanceType(name=name, gpus=1 if per == "gpu-hour" else int(gpus), source=source, provider="rate")
+        inst = InstanceType(name=name, gpus=1 if per == "gpu-hour" else int(gpus), gpu_model=gpu_model,
+                            source=source, provider="rate")
         self.instances[name] = inst
         self.on_demand[(name, "*")] = Price(float(usd_per_hour), f"{source} ({per})")
         return inst
@@ -170,22 +222,32 @@ class Catalog:
     def set_price(self, name: str, region: str, market: str, price: Price) -> None:
         (self.on_demand if market == "on-demand" else self.spot)[(name, region)] = price
 
+    def set_interruptions(self, name: str, per_hour: float) -> None:
+        """Spot interruptions per hour of one `name` instance (a known type or rate)."""
+        self.instance(name)
+        if not (per_hour >= 0 and per_hour != float("inf")):
+            raise CatalogError(f"interruptions per hour of {name} must be a number >= 0, got {per_hour}")
+        self.interruptions[name] = float(per_hour)
+
     def apply_user_file(self, data: dict[str, Any], where: str = "prices file") -> None:
-        """Merge a prices file ({"instances": [...], "on_demand": [...], "spot": [...], "rates": [...]})."""
+        """Merge a prices file ({"instances", "gpu_models", "on_demand", "spot", "rates",
+        "interruptions"}: lists of rows, docs/costs.md)."""
         try:
             for row in data.get("instances", []):
                 inst = InstanceType(**row)
                 self.instances[inst.name] = inst
+            for row in data.get("gpu_models", []):
+                self.gpu_models[row["name"]] = GpuModel(**row)
             for market, key in (("on-demand", "on_demand"), ("spot", "spot")):
                 for row in data.get(key, []):
                     self.set_price(row["instance_type"], row["region"], market,
                                    Price(float(row["usd_per_hour"]), row.get("source", where), row.get("observed")))
             for row in data.get("rates", []):
-                if "usd_per_gpu_hour" in row:
-                    self.add_rate(row["name"], float(row["usd_per_gpu_hour"]), "gpu-hour", source=row.get("source", where))
-                else:
-                    self.add_rate(row["name"], float(row["usd_per_node_hour"]), "node-hour",
-                                  int(row.get("gpus", 1)), source=row.get("source", where))
+                per = "gpu-hour" if "usd_per_gpu_hour" in row else "node-hour"
+                self.add_rate(row["name"], float(row[f"usd_per_{per.replace('-', '_')}"]), per, int(row.get("gpus", 1)),
+                              source=row.get("source", where), gpu_model=row.get("gpu_model"))
+            for row in data.get("interruptions", []):
+                self.set_interruptions(row["instance_type"], float(row["per_hour"]))
         except (KeyError, TypeError, ValueError) as exc:
             raise CatalogError(f"{where}: malformed entry ({exc}); see docs/costs.md for the format") from None
 
@@ -204,6 +266,26 @@ def parse_rate(text: str) -> tuple[str, float, str, int]:
     return name, float(usd), per, int(gpus or 1)
 
 
+def parse_interruptions(texts: Iterable[str]) -> tuple[float, dict[str, float]]:
+    """--interruptions-per-hour values -> (the global rate, {type: its own rate}): `RATE` sets the
+    rate of every type without its own (the last one given wins), `TYPE=RATE` one type's."""
+    default, per_type = 0.0, {}
+    for text in texts:
+        name, sep, value = str(text).rpartition("=")
+        try:
+            rate = float(value)
+            if not (0 <= rate < float("inf")) or (sep and not name.strip()):
+                raise ValueError
+        except ValueError:
+            raise CatalogError(f"--interruptions-per-hour takes RATE or TYPE=RATE with RATE a number >= 0 (spot "
+                               f"interruptions per instance-hour, e.g. 0.05 or g5.xlarge=0.1), got {text!r}") from None
+        if sep:
+            per_type[name.strip()] = rate
+        else:
+            default = rate
+    return default, per_type
+
+
 # ---- loading -----------------------------------------------------------------------------------
 
 
@@ -212,19 +294,35 @@ def _num(x: str, kind: type = float) -> Any:
     return kind(float(x)) if x else None
 
 
+def _yes_no(x: str) -> bool | None:
+    x = (x or "").strip().lower()
+    return {"yes": True, "no": False}.get(x)
+
+
 def builtin_catalog() -> Catalog:
-    """The shapes and prices shipped in costs/data/ (us-east-1 on-demand; a few spot examples)."""
+    """The shapes, GPU specs and prices shipped in costs/data/ (us-east-1 on-demand; a few spot
+    examples); every figure keeps its source and date (costs/data/README.md)."""
     cat = Catalog()
     with open(DATA_DIR / "aws_gpu_instances.csv", newline="") as f:
         for row in csv.DictReader(f):
             name = row["instance_type"].strip()
-            src = f"{row['price_note']} [{row['source']}]"
             cat.instances[name] = InstanceType(
                 name=name, gpus=int(row["gpus"]), gpu_model=row["gpu_model"] or None,
                 gpu_mem_gib=_num(row["gpu_mem_gib"]), vcpus=_num(row["vcpus"], int),
-                mem_gib=_num(row["mem_gib"]), network=row["network"] or None, source=src,
+                mem_gib=_num(row["mem_gib"]), network=row["network"] or None, source=row["shape_source"],
+                network_gbps=_num(row["network_gbps"]), efa=_yes_no(row["efa"]),
+                interconnect=row["interconnect"] or None, source_date=row["shape_date"] or None,
             )
-            cat.on_demand[(name, DEFAULT_REGION)] = Price(float(row["on_demand_usd_per_hour_us_east_1"]), src)
+            src = f"{row['price_note']} [{row['price_source']}, {row['price_date']}]"
+            cat.on_demand[(name, DEFAULT_REGION)] = Price(float(row["on_demand_usd_per_hour_us_east_1"]), src,
+                                                          row["price_date"] or None)
+    with open(DATA_DIR / "gpu_models.csv", newline="") as f:
+        for row in csv.DictReader(f):
+            cat.gpu_models[row["gpu_model"]] = GpuModel(
+                name=row["gpu_model"], mem_bandwidth_gbs=float(row["mem_bandwidth_gbs"]),
+                fp32_tflops=float(row["fp32_tflops"]), tf32_tflops=_num(row["tf32_tflops"]),
+                fp16_tflops=_num(row["fp16_tflops"]), bf16_tflops=_num(row["bf16_tflops"]),
+                mem_gib=_num(row["mem_gib"]), source=row["source"], date=row["date"] or None)
     with open(DATA_DIR / "spot_prices.csv", newline="") as f:
         for row in csv.DictReader(f):
             cat.spot[(row["instance_type"], row["region"])] = Price(
@@ -233,8 +331,9 @@ def builtin_catalog() -> Catalog:
 
 
 def load_catalog(prices_file: str | Path | None = None, rates: Iterable[str] = (),
-                 region: str = DEFAULT_REGION) -> Catalog:
-    """Built-in table, then the user's prices file (if it exists), then --rate strings."""
+                 region: str = DEFAULT_REGION, interruptions: dict[str, float] | None = None) -> Catalog:
+    """Built-in table, then the user's prices file (if it exists), then --rate strings, then the
+    per-type spot interruption rates of --interruptions-per-hour TYPE=RATE."""
     cat = builtin_catalog()
     cat.region = region
     path = Path(prices_file) if prices_file else user_prices_path()
@@ -249,6 +348,8 @@ def load_catalog(prices_file: str | Path | None = None, rates: Iterable[str] = (
     for text in rates:
         name, usd, per, gpus = parse_rate(text)
         cat.add_rate(name, usd, per, gpus, source="--rate")
+    for name, rate in (interruptions or {}).items():
+        cat.set_interruptions(name, rate)
     return cat
 
 

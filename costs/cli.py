@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+import numpy as np
 import pandas as pd
 from rich.console import Console
 from rich.table import Table
@@ -39,7 +40,7 @@ from core.checks import NON_NEGATIVE, POSITIVE
 from core.errors import DataError, SpecError
 from core.records import load_run
 from costs.billing import Mix, run_cost, threshold_cost
-from costs.catalog import DEFAULT_REGION, MARKETS, CatalogError, load_catalog, refresh
+from costs.catalog import DEFAULT_REGION, MARKETS, Catalog, CatalogError, load_catalog, parse_interruptions, refresh
 from costs.convergence import convergence_rows
 from costs.fitting import LinkModel
 from costs.planner import Overheads, PlanRequest, plan
@@ -65,9 +66,10 @@ def _catalog_options(func):
     func = click.option("--rate", "rates", multiple=True, metavar="NAME=USD/gpu-hour",
                         help="On-premise rate, e.g. slurm=0.45/gpu-hour or k8s=3.2/node-hour@4 (repeatable); "
                              "then use NAME as an instance type.")(func)
-    func = click.option("--interruptions-per-hour", type=NON_NEGATIVE, default=0.0, show_default=True,
-                        help="Spot: expected interruptions per instance per hour of wall time (a job on "
-                             "n instances is interrupted n times as often).")(func)
+    func = click.option("--interruptions-per-hour", "interruptions", multiple=True, metavar="[TYPE=]RATE",
+                        help="Spot: expected interruptions per instance per hour of wall time, for every type "
+                             "(RATE) or one type (TYPE=RATE, repeatable; also from the prices file) [default: 0]; "
+                             "a job is interrupted as often as the sum over its instances.")(func)
     func = click.option("--checkpoint-write-s", type=NON_NEGATIVE, default=0.0, show_default=True,
                         help="Spot: seconds to write one checkpoint (paid every --checkpoint-interval-s).")(func)
     func = click.option("--checkpoint-interval-s", type=POSITIVE, default=600.0, show_default=True,
@@ -78,8 +80,15 @@ def _catalog_options(func):
 
 
 def _spot_kwargs(params: dict[str, Any]) -> dict[str, float]:
-    return dict(interruptions_per_hour=params["interruptions_per_hour"], checkpoint_interval_s=params["checkpoint_interval_s"],
-                restart_s=params["restart_s"], checkpoint_write_s=params["checkpoint_write_s"])
+    return dict(interruptions_per_hour=parse_interruptions(params["interruptions"])[0],
+                checkpoint_interval_s=params["checkpoint_interval_s"], restart_s=params["restart_s"],
+                checkpoint_write_s=params["checkpoint_write_s"])
+
+
+def _load_catalog(params: dict[str, Any]) -> Catalog:
+    """The catalog of the common options: prices file, --rate, region, per-type interruptions."""
+    return load_catalog(params["prices_file"], params["rates"], params["region"],
+                        parse_interruptions(params["interruptions"])[1])
 
 
 def _print_json(rows: Any) -> None:
@@ -130,7 +139,7 @@ def cost_cmd(run_dirs: tuple[str, ...], from_csv: str | None, instances: str | N
     slowest worker sets the pace, the others wait and are billed).
     """
 
-    catalog = load_catalog(params["prices_file"], params["rates"], params["region"])
+    catalog = _load_catalog(params)
     if refresh_what:
         rows = refresh(catalog, refresh_what, params["region"],
                        path=Path(params["prices_file"]) if params["prices_file"] else None)
@@ -177,27 +186,53 @@ def cost_cmd(run_dirs: tuple[str, ...], from_csv: str | None, instances: str | N
         console.print(_rich_table("Cost per run (per-second billing, 60 s minimum)", show, nfmt))
 
 
-def _list_catalog(catalog, region: str, fmt: str) -> None:
-    rows = []
-    for name in catalog.names():
-        inst = catalog.instance(name)
-        row = {"instance_type": name, "gpus": inst.gpus, "gpu_model": inst.gpu_model, "gpu_mem_gib": inst.gpu_mem_gib,
-               "vcpus": inst.vcpus, "mem_gib": inst.mem_gib, "network": inst.network, "provider": inst.provider}
-        for m in MARKETS:
-            try:
-                p = catalog.price(name, m, region)
-                row[f"{m}_usd_per_hour"], row[f"{m}_source"] = p.usd_per_hour, p.source
-            except CatalogError:
-                row[f"{m}_usd_per_hour"], row[f"{m}_source"] = None, None
-        rows.append(row)
-    df = pd.DataFrame(rows)
+_GPU_SPECS = ("fp32_tflops", "tf32_tflops", "fp16_tflops", "bf16_tflops", "mem_bandwidth_gbs")
+
+
+def _catalog_row(catalog: Catalog, name: str, region: str) -> dict[str, Any]:
+    """One row of `launch cost --list`: the shape, its GPU's specs, its prices and spot interruption rate."""
+    inst = catalog.instance(name)
+    gpu = catalog.gpu(inst)
+    row: dict[str, Any] = {k: getattr(inst, k) for k in (
+        "gpus", "gpu_model", "gpu_mem_gib", "vcpus", "mem_gib", "network", "network_gbps", "efa", "interconnect",
+        "provider", "source", "source_date")}
+    row = {"instance_type": name, **row, **{f"gpu_{k}": getattr(gpu, k) if gpu else None for k in _GPU_SPECS},
+           "gpu_source": f"{gpu.source} ({gpu.date})" if gpu else None,
+           "spot_interruptions_per_hour": catalog.interruptions.get(name)}
+    for m in MARKETS:
+        try:
+            p = catalog.price(name, m, region)
+            row[f"{m}_usd_per_hour"], row[f"{m}_source"], row[f"{m}_observed"] = p.usd_per_hour, p.source, p.observed
+        except CatalogError:
+            row[f"{m}_usd_per_hour"], row[f"{m}_source"], row[f"{m}_observed"] = None, None, None
+    return row
+
+
+def _list_catalog(catalog: Catalog, region: str, fmt: str) -> None:
+    """The catalog: every column in json; the main ones (GPU specs per GPU, prices per instance) in a table."""
+    df = pd.DataFrame([_catalog_row(catalog, name, region) for name in catalog.names()])
     if fmt == "json":
         _print_json(df.to_dict(orient="records"))
         return
-    show = df[["instance_type", "gpus", "gpu_model", "vcpus", "mem_gib", "network", "on-demand_usd_per_hour",
-               "spot_usd_per_hour"]]
-    nfmt = {"gpus": ".0f", "vcpus": ".0f", "mem_gib": ".1f", "on-demand_usd_per_hour": ".4f", "spot_usd_per_hour": ".4f"}
-    click.echo(markdown_table(show, nfmt)) if fmt == "markdown" else console.print(_rich_table(f"Instance catalog ({region})", show, nfmt))
+    df["efa"] = df["efa"].map({True: "yes", False: "no"})
+    show = df[["instance_type", "gpus", "gpu_model", "gpu_mem_gib", "vcpus", "mem_gib", "network_gbps", "efa",
+               "interconnect", "gpu_fp32_tflops", "gpu_bf16_tflops", "gpu_mem_bandwidth_gbs",
+               "on-demand_usd_per_hour", "spot_usd_per_hour", "spot_interruptions_per_hour"]]
+    show = show.set_axis(list(_LIST_COLUMNS), axis=1)
+    nfmt = {"gpus": ".0f", "gpu_gib": ".0f", "vcpus": ".0f", "mem_gib": ".1f", "net_gbps": "g", "fp32_tf": "g",
+            "bf16_tf": "g", "mem_gb_s": ".0f", "od_usd_h": ".4f", "spot_usd_h": ".4f", "intr_h": "g"}
+    if fmt == "markdown":
+        click.echo(markdown_table(show, nfmt))
+    else:
+        console.print(_rich_table(f"Instance catalog ({region})", show, nfmt))
+        console.print("per GPU: fp32_tf, bf16_tf peak TFLOP/s (dense), mem_gb_s memory GB/s; per instance: "
+                      "net_gbps network Gbit/s, od_usd_h / spot_usd_h dollars an hour, intr_h spot interruptions "
+                      "an hour (if set); sources and dates: --format json", highlight=False)
+
+
+# The table's short headers, in the order of _list_catalog's columns (json keeps the long names).
+_LIST_COLUMNS = ("type", "gpus", "gpu", "gpu_gib", "vcpus", "mem_gib", "net_gbps", "efa", "gpu_link", "fp32_tf",
+                 "bf16_tf", "mem_gb_s", "od_usd_h", "spot_usd_h", "intr_h")
 
 
 def run_seconds(run) -> float:
@@ -316,23 +351,31 @@ class Measurements:
     measured_on: str | None = None
     table: pd.DataFrame | None = None
     curves: dict[str, pd.DataFrame] = field(default_factory=dict)
+    probe_speed: dict[str, float] = field(default_factory=dict)
+    precision: str = "fp32"
 
 
-def _measured_from_runs(paths: list[Path]) -> Measurements:
-    """The measurements of run and sweep directories (their records, through analysis.scaling)."""
-    summaries, itypes, curves = [], set(), {}
+def _measured_from_runs(paths: list[Path], measured_on: str | None = None) -> Measurements:
+    """The measurements of run and sweep directories (their records, through analysis.scaling).
+    Runs on several instance types, each on one type: the fit is made on `measured_on` (default:
+    the type with the most runs) and the others are probes (their per-GPU speed, costs/speed.py)."""
+    by_type: dict[str | None, list] = {}
+    curves, precisions = {}, []
     for run_dir in expand_run_dirs(paths):
         run = load_run(run_dir)
         s = summarize_loaded(run)
-        summaries.append(s)
         itype = (run.spec.backend_options or {}).get("instance_type")
-        itypes |= {t for _, t in Mix.parse(itype).items} if itype else set()  # a mix: measured on several
+        types = {t for _, t in Mix.parse(itype).items} if itype else set()  # a mix: measured on several
+        by_type.setdefault(types.pop() if len(types) == 1 else ("mix" if types else None), []).append(s)
+        precisions.append(s.precision or "fp32")
         st = step_table(run.steps)
         if len(st) and st["time"].notna().any():
             # a million step records: plot at most ~2000 points per layout
             every = max(1, len(st) // 2000)
             curves[f"{s.label} {s.nodes}x{s.gpus_per_node}"] = pd.DataFrame(
                 {"seconds": st["time"] - st["time"].min(), "loss": st["loss"]}).iloc[::every]
+    base, probes = _base_and_probes(by_type, measured_on)
+    summaries = by_type[base] if probes else [s for group in by_type.values() for s in group]
     table = scale_layouts(summaries)
     threshold = table["loss_threshold"].map(lambda x: None if pd.isna(x) else f"{float(x):g}")
     measured = pd.DataFrame({
@@ -340,8 +383,30 @@ def _measured_from_runs(paths: list[Path]) -> Measurements:
         "throughput": table["words_per_s"], "global_batch": table["global_batch"],
         "batch_scaling": table["batch_scaling"], "words_per_sample": table["words_per_s"] / table["samples_per_s"],
         "convergence": [None if t is None else f"{m} to loss {t}" for m, t in zip(table["model"], threshold)]})
-    return Measurements(measured, convergence_rows(table), _overheads(table),
-                        itypes.pop() if len(itypes) == 1 else None, table, curves)
+    return Measurements(measured, convergence_rows(table), _overheads(table), base, table, curves, probes,
+                        max(set(precisions), key=precisions.count) if precisions else "fp32")
+
+
+def _base_and_probes(by_type: dict[str | None, list], measured_on: str | None) -> tuple[str | None, dict[str, float]]:
+    """(the measured type, per-GPU words/s of every type) of runs grouped by instance type: one
+    type alone is the measured one; several single types (no mixes, no untyped runs) are the
+    measured type (`measured_on`, else the one with the most runs) and probes, each at the fewest
+    workers all types share (else its own fewest)."""
+    singles = [t for t in by_type if t not in (None, "mix")]
+    if len(by_type) != len(singles) or not singles:
+        return measured_on, {}
+    if len(singles) == 1:
+        return singles[0], {}
+    if measured_on is not None and measured_on not in by_type:
+        raise SpecError(f"--measured-on {measured_on}: the runs were made on {', '.join(sorted(singles))}; "
+                        "name the one to fit (the others are probes of their speed)")
+    base = measured_on or max(singles, key=lambda t: len(by_type[t]))
+    common = set.intersection(*({s.workers for s in by_type[t]} for t in singles))
+    probes = {}
+    for t in singles:
+        w = min(common) if common else min(s.workers for s in by_type[t])
+        probes[t] = float(np.median([s.words_per_s / s.workers for s in by_type[t] if s.workers == w]))
+    return base, probes
 
 
 def _overheads(table: pd.DataFrame) -> Overheads:
@@ -395,9 +460,13 @@ def _parse_batches(text: str | None) -> list[int]:
 @click.option("--work", type=POSITIVE, help="A fixed amount of work for every layout, in the throughput's unit (e.g. "
                                          "words) [default for runs: the steps to their loss threshold at each "
                                          "layout's global batch].")
-@click.option("--measured-on", help="Instance type the measurements were made on [default for runs: from their spec].")
+@click.option("--measured-on", help="Instance type the measurements were made on [default for runs: from their spec; "
+                                    "runs on several types: the one with the most runs, the others are probes].")
 @click.option("--speed", multiple=True, metavar="GPU=FACTOR", help="Per-GPU speed of another GPU model or type relative "
-                                                                   "to the measured one, e.g. V100=2.5 (repeatable).")
+                                                                   "to the measured one, e.g. V100=2.5 (repeatable; "
+                                                                   "speed_basis user). Without it a type is priced at "
+                                                                   "its probed or spec-estimated speed, or not at all "
+                                                                   "(docs/costs.md).")
 @click.option("--gradient-mb", type=POSITIVE, help="Gradient size for the all-reduce model [default: 1 MB; the fit calibrates it].")
 @click.option("--intra-gbps", type=POSITIVE, default=80.0, show_default=True, help="Bandwidth between GPUs of one node.")
 @click.option("--deadline-h", type=POSITIVE, help="Recommend the cheapest layout that finishes within this many hours "
@@ -431,9 +500,10 @@ def plan_cmd(run_dirs: tuple[str, ...], from_csv: str | None, predict_workers: s
                               "--out": out, "--format html": "html" if fmt == "html" else None, "RUN_DIRS": run_dirs or None})
         _predict_from_csv(from_csv, predict_layouts, confidence, fmt, params)
         return
-    m = _measured_from_csv(from_csv, measured_on) if from_csv else _measured_from_runs([Path(p) for p in run_dirs])
+    m = _measured_from_csv(from_csv, measured_on) if from_csv else _measured_from_runs([Path(p) for p in run_dirs],
+                                                                                       measured_on)
     measured_on = measured_on or m.measured_on
-    catalog = load_catalog(params["prices_file"], params["rates"], params["region"])
+    catalog = _load_catalog(params)
     types = [t.strip() for t in (instance_types or "").split(",") if t.strip()] or ([measured_on] if measured_on else [])
     for t in types + ([measured_on] if measured_on else []):
         catalog.instance(t)
@@ -443,10 +513,7 @@ def plan_cmd(run_dirs: tuple[str, ...], from_csv: str | None, predict_workers: s
         list(MARKETS) if market == "both" else [market], work, measured_on, _parse_speed(speed), link,
         deadline_h=deadline_h, budget_usd=budget_usd, region=params["region"], confidence=confidence,
         convergence=m.convergence, predict_batch=_parse_batches(predict_batch), overheads=m.overheads,
-        **_spot_kwargs(params)))
-    if types and measured_on is None:
-        result.notes.append("the instance type the measurements were made on is unknown (--measured-on): every "
-                            "priced type is assumed to have the same per-GPU speed")
+        probe_speed=m.probe_speed, precision=m.precision, **_spot_kwargs(params)))
     if len(result.candidates) == 0 and types and work is not None:
         raise CatalogError("; ".join(result.notes) or "nothing could be priced")
     _show_plan(result, fmt, out, m)
@@ -521,7 +588,8 @@ _BATCH_COLS = ["label", "global_batch", "predicted_steps_to_threshold", "steps_l
                "predicted_samples_to_threshold", "basis", "b_noise", "noise_scale"]
 _CAND_FMT = {"workers": ".0f", "instances": ".0f", "global_batch": ".0f", "predicted_throughput": ",.0f",
              "steps_to_threshold": ",.0f", "hours": ".2f", "hours_high": ".2f", "dollars": ",.2f", "dollars_high": ",.2f"}
-_CAND_COLS = ["label", "workers", "instances", "instance_type", "market", "global_batch", "predicted_throughput",
+_CAND_COLS = ["label", "workers", "instances", "instance_type", "speed_basis", "market", "global_batch",
+              "predicted_throughput",
               "steps_to_threshold", "hours", "hours_high", "dollars", "dollars_high", "pareto", "recommendation"]
 
 

@@ -26,9 +26,11 @@ the models disagree most: query by committee), `price` (candidates: layout x typ
 `recommend` (frontier, and the two recommendations).
 
 Costing: for instance type T with g GPUs, N workers take ceil(N/g) instances; throughput on T is
-the model's prediction times the per-GPU speed factor of T's GPU relative to the measured one
-(1 for the same GPU; others must be given with --speed, nothing is guessed). Dollars come from
-costs.billing (per second, 60 s minimum, spot interruptions per instance).
+the model's prediction times the per-GPU speed factor of T relative to the measured type, and every
+candidate row says what that factor rests on (`speed_basis`: measured, probe, estimate or user;
+costs/speed.py). Estimates from the catalog's specs have their band widened (`speed_widening`); a
+type whose speed has no basis is not priced, and a note says what to give. Dollars come from
+costs.billing (per second, 60 s minimum, spot interruptions per instance of each type).
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from costs.calibration import DEFAULT_CONFIDENCE, calibrated_quantile
 from costs.catalog import Catalog, CatalogError, InstanceType
 from costs.convergence import ConvergenceFit, fit_convergence
 from costs.fitting import FitResult, LinkModel, fit_series, pareto_front
+from costs.speed import Speed, resolve_speed
 
 __all__ = ["Overheads", "PlanRequest", "Plan", "plan", "predict", "predict_convergence", "next_measurement", "price",
            "recommend"]
@@ -77,7 +80,9 @@ class PlanRequest:
     threshold (costs.convergence.CONVERGENCE_COLUMNS); `predict_batch` the global batches to
     predict steps for. `work` is a fixed amount of work (in the throughput's unit) for every layout
     instead of the steps to the threshold. `speed` maps a GPU model or instance type to its per-GPU
-    speed relative to `measured_on`'s GPU. The spot terms go to costs.billing.run_cost
+    speed relative to `measured_on`'s GPU; `probe_speed` maps instance types to their measured
+    per-GPU throughput (measured_on's included), `precision` is the runs' (fp32, bf16, fp16), what
+    speed estimates from GPU specs scale by (costs/speed.py). The spot terms go to costs.billing.run_cost
     (interruptions per instance-hour); `deadline_h` and `budget_usd` decide the recommendations.
     """
 
@@ -101,6 +106,8 @@ class PlanRequest:
     convergence: pd.DataFrame | None = None
     predict_batch: Sequence[int] = ()
     overheads: Overheads = field(default_factory=Overheads)
+    probe_speed: dict[str, float] | None = None
+    precision: str = "fp32"
 
     def base_instance(self) -> InstanceType | None:
         """The instance type the measurements were made on, when it is named and a catalog given."""
@@ -340,14 +347,12 @@ def _price_type(request: PlanRequest, name: str, fit: FitResult, steps: pd.DataF
     """Candidate rows of one series on one instance type: the throughput predicted over its
     network, scaled by its GPU's speed, with ceil(workers / GPUs) instances."""
     inst = request.catalog.instance(name)
-    base = request.base_instance()
-    factor = _speed_factor(inst, base, request.speed or {})
-    if factor is None:
-        note = (f"{name}: its GPU ({inst.gpu_model or 'unknown'}) differs from the measured one "
-                f"({base.gpu_model if base else 'unknown: give --measured-on'}); "
-                f"give --speed {inst.gpu_model or name}=FACTOR to price it")
-        notes.extend([note] if note not in notes else [])
+    speed = _speed_factor(request, inst)
+    if isinstance(speed, str):
+        notes.extend([speed] if speed not in notes else [])
         return []
+    if speed.note and speed.note not in notes:
+        notes.append(speed.note)
     link = replace(request.measured_link(), inter_gbps=inst.network_gbps or request.measured_link().inter_gbps)
     level = request.confidence if request.work is not None else request.each_level
     q = calibrated_quantile(fit.measured, level, request.measured_link())
@@ -355,15 +360,17 @@ def _price_type(request: PlanRequest, name: str, fit: FitResult, steps: pd.DataF
     for _, st in steps.iterrows():
         w = int(st["workers"])
         count = math.ceil(w / inst.gpus)
-        thr = float(fit.predict([w], [count], link=link)[0]) * factor
+        thr = float(fit.predict([w], [count], link=link)[0]) * speed.factor
         lo, hi = fit.interval([w], np.array([thr]), q)
+        lo, hi = lo / speed.widening, hi * speed.widening
         layout = {"label": fit.label, "workers": w, "instance_type": name, "instances": count,
                   "idle_gpus": count * inst.gpus - w, "global_batch": st["global_batch"]}
         estimate = {"predicted_throughput": thr, "interval_low": float(lo[0]), "interval_high": float(hi[0]),
                     "model": fit.chosen, "held_out_error": fit.held_out_error[fit.chosen],
                     "steps_to_threshold": st["steps_to_threshold"], "steps_high": st["steps_high"],
-                    "time_basis": st["time_basis"],
-                    "measured": bool(pd.notna(st["measured_throughput"])) and request.measured_on in (None, name)}
+                    "time_basis": st["time_basis"], "speed_basis": speed.basis, "speed_factor": speed.factor,
+                    "speed_widening": speed.widening,
+                    "measured": bool(pd.notna(st["measured_throughput"])) and speed.basis == "measured"}
         seconds = {"point": st["work"] / thr, "low": st["work_low"] / max(float(hi[0]), 1e-300),
                    "high": st["work_high"] / max(float(lo[0]), 1e-300)}
         rows += _market_rows(request, layout, estimate, seconds, notes)
@@ -394,17 +401,11 @@ def _market_rows(request: PlanRequest, layout: dict[str, Any], estimate: dict[st
     return rows
 
 
-def _speed_factor(inst: InstanceType, base: InstanceType | None, speed: dict[str, float]) -> float | None:
-    """Per-GPU speed of `inst` relative to the measured instance: as given, 1 for the same GPU (or
-    an on-premise rate), else None (unknown: not guessed)."""
-    for key in (inst.name, inst.gpu_model):
-        if key and key in speed:
-            return float(speed[key])
-    if base is None or inst.name == base.name or (inst.gpu_model and inst.gpu_model == base.gpu_model):
-        return 1.0
-    if inst.provider == "rate":
-        return 1.0
-    return None
+def _speed_factor(request: PlanRequest, inst: InstanceType) -> Speed | str:
+    """Per-GPU speed of `inst` relative to the measured type, with its basis (measured, probe,
+    estimate, user), or the reason it has none (costs/speed.py: never assumed equal silently)."""
+    return resolve_speed(inst, request.base_instance(), request.catalog, request.speed or {},
+                         request.probe_speed or {}, request.precision)
 
 
 # ---- 4. recommend -------------------------------------------------------------------------------

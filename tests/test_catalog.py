@@ -25,6 +25,7 @@ from costs.catalog import (
     fetch_on_demand_prices,
     fetch_spot_prices,
     load_catalog,
+    parse_interruptions,
     parse_price_list_item,
     parse_rate,
     refresh,
@@ -215,14 +216,91 @@ MERGED_TYPES = {"p2.xlarge", "p2.8xlarge", "p2.16xlarge", "g3s.xlarge", "g3.4xla
                 "g5.12xlarge", "p4d.24xlarge"}
 
 
-def test_every_aws_type_has_a_shape_and_a_price():
+# The families of issue 15 (p2 and g3 kept for the seeds).
+FAMILIES = {"p2", "g3", "g3s", "p3", "p3dn", "p4d", "p4de", "p5", "g4dn", "g5", "g6", "g6e"}
+
+
+def test_every_aws_type_has_a_shape_specs_and_a_dated_price():
     cat = builtin_catalog()
     aws = {n for n, i in cat.instances.items() if i.provider == "aws"}
-    assert aws == MERGED_TYPES
+    assert aws >= MERGED_TYPES
+    assert {n.split(".")[0] for n in aws} == FAMILIES
     for name in aws:
         inst = cat.instance(name, "aws")
         assert inst.gpus >= 1 and inst.gpu_model and inst.gpu_mem_gib and inst.vcpus and inst.mem_gib and inst.network
-        assert cat.price(name).usd_per_hour > 0 and cat.price(name).source
+        assert inst.interconnect in ("NVLink", "PCIe") and inst.efa in (True, False)
+        assert inst.source and inst.source_date
+        assert inst.network_gbps or name == "p2.xlarge"  # "High": AWS states no number
+        gpu = cat.gpu(inst)
+        assert gpu is not None and gpu.fp32_tflops > 0 and gpu.mem_bandwidth_gbs > 0 and gpu.source and gpu.date
+        price = cat.price(name)
+        assert price.usd_per_hour > 0 and price.source and price.observed
+
+
+def test_gpu_table_has_no_arithmetic_a_gpu_lacks():
+    cat = builtin_catalog()
+    assert cat.gpu_models["K80"].fp16_tflops is None and cat.gpu_models["V100"].bf16_tflops is None
+    assert cat.gpu_models["V100"].peak_tflops("fp16") == (125.0, None)
+    peak, note = cat.gpu_models["V100"].peak_tflops("bf16")
+    assert peak == 15.7 and "no bf16 arithmetic" in note
+    # dense tensor-core rates, newer GPUs faster in every column
+    a100, h100 = cat.gpu_models["A100"], cat.gpu_models["H100"]
+    assert all(getattr(h100, k) > getattr(a100, k) for k in ("fp32_tflops", "tf32_tflops", "bf16_tflops", "mem_bandwidth_gbs"))
+    assert cat.gpu_models["A100-80GB"].mem_bandwidth_gbs > a100.mem_bandwidth_gbs
+
+
+def test_june_2025_price_cut_is_noted_and_prices_marked_unverified():
+    cat = builtin_catalog()
+    for name in ("p4d.24xlarge", "p4de.24xlarge", "p5.48xlarge"):
+        src = cat.price(name).source
+        assert "June 2025" in src and "unverified: refresh with launch cost --refresh on-demand" in src
+    assert cat.price("p4d.24xlarge").usd_per_hour < 32.7726  # below the price before the cut
+
+
+def test_user_instance_needs_only_name_and_gpus_and_gets_gpu_specs_from_the_file(tmp_path):
+    f = tmp_path / "p.json"
+    f.write_text(json.dumps({
+        "instances": [{"name": "g9.big", "gpus": 2, "gpu_model": "X1", "network": "up to 50 Gbps"},
+                      {"name": "tiny", "gpus": 1}],
+        "gpu_models": [{"name": "X1", "fp32_tflops": 10, "mem_bandwidth_gbs": 500, "bf16_tflops": 80}],
+        "on_demand": [{"instance_type": "g9.big", "region": "us-east-1", "usd_per_hour": 2.0}],
+        "rates": [{"name": "lab", "usd_per_gpu_hour": 0.3, "gpu_model": "V100"}],
+    }))
+    cat = load_catalog(f)
+    big = cat.instance("g9.big")
+    assert big.network_gbps == 50 and big.efa is None and big.interconnect is None
+    assert cat.gpu(big).peak_tflops("bf16") == (80.0, None)
+    assert cat.gpu(cat.instance("tiny")) is None
+    assert cat.gpu(cat.instance("lab")).name == "V100"
+
+
+def test_interruption_rates_per_type_sum_over_the_mix(tmp_path):
+    f = tmp_path / "p.json"
+    f.write_text(json.dumps({"interruptions": [{"instance_type": "p2.xlarge", "per_hour": 0.2}],
+                             "spot": [{"instance_type": "g3.4xlarge", "region": "us-east-1", "usd_per_hour": 0.4}]}))
+    cat = load_catalog(f, interruptions={"g3.4xlarge": 0.05})
+    assert cat.interruption_rate("p2.xlarge") == 0.2 and cat.interruption_rate("g3.4xlarge", 9.0) == 0.05
+    assert cat.interruption_rate("g5.xlarge", 0.01) == 0.01  # no rate of its own: the global one
+    # 1 p2 at 0.2 + 3 g3 at 0.05 = 0.35 interruptions an hour for the job; 300 s lost each (c=600, r=0)
+    c = run_cost(3600, "1*p2.xlarge+3*g3.4xlarge", cat, "spot", interruptions_per_hour=7.0,
+                 checkpoint_interval_s=600, restart_s=0)
+    assert c.seconds == pytest.approx(3600 / (1 - 0.35 * 300 / 3600))
+    assert c.expected_interruptions == pytest.approx(0.35 * c.hours)
+    with pytest.raises(UnknownInstanceError):
+        load_catalog(interruptions={"g9.huge": 0.1})
+
+
+@pytest.mark.parametrize("texts,want", [
+    ([], (0.0, {})), (["0.05"], (0.05, {})), (["0.1", "g5.xlarge=0.3", "p2.xlarge=0"], (0.1, {"g5.xlarge": 0.3, "p2.xlarge": 0.0})),
+])
+def test_parse_interruptions(texts, want):
+    assert parse_interruptions(texts) == want
+
+
+@pytest.mark.parametrize("bad", ["-1", "abc", "g5.xlarge=", "=0.1", "x=nan", "inf"])
+def test_bad_interruptions_is_one_clear_error(bad):
+    with pytest.raises(CatalogError, match=r"--interruptions-per-hour takes RATE or TYPE=RATE"):
+        parse_interruptions([bad])
 
 
 def test_shapes_match_the_reference_figures():

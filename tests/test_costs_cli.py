@@ -222,14 +222,55 @@ def test_cost_of_a_run_whose_mix_does_not_fit_its_nodes(tmp_path):
 
 
 def test_plan_reads_the_runs_instance_type_with_the_mix_grammar(tmp_path):
-    """`1*g3.16xlarge` is measured on g3.16xlarge; a mixed run is measured on no single type."""
+    """`1*g3.16xlarge` is measured on g3.16xlarge; a mixed run is measured on no single type, so no
+    type is priced at its speed without --measured-on (issue 15)."""
     one = [_fake_run(tmp_path, f"one{g}", g, 0.1 / g, 6400, "1*g3.16xlarge") for g in (1, 2)]
     r = launch("plan", *map(str, one), "--predict-workers", "4", "--work", "1e8", "--format", "json",
                cwd=tmp_path, env=_env(tmp_path))
     assert r.returncode == 0, r.stderr
-    assert {row["instance_type"] for row in json.loads(r.stdout) if row.get("instance_type")} == {"g3.16xlarge"}
-    mixed = _fake_run(tmp_path, "mixed", 2, 0.05, 6400, "1*p2.xlarge+1*g3.4xlarge", nodes=2, backend="aws")
-    r = launch("plan", str(one[0]), str(mixed), "--predict-workers", "4", "--work", "1e8", "--instance-types",
-               "g3.4xlarge", "--format", "json", cwd=tmp_path, env=_env(tmp_path))
+    rows = [row for row in json.loads(r.stdout) if row.get("instance_type")]
+    assert {(row["instance_type"], row["speed_basis"]) for row in rows} == {("g3.16xlarge", "measured")}
+    mixed = _fake_run(tmp_path, "mixed", 4, 0.03, 6400, "1*p2.xlarge+1*g3.4xlarge", nodes=2, backend="aws")
+    args = ["plan", str(one[1]), str(mixed), "--predict-workers", "8", "--work", "1e8", "--instance-types",
+            "g3.4xlarge", "--format", "json"]
+    r = launch(*args, cwd=tmp_path, env=_env(tmp_path))
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "g3.4xlarge: not priced, its speed cannot be estimated relative to the device the measurements were " \
+           "made on (unknown or not in the catalog: a CPU run, a mix of types" in r.stderr
+    r = launch(*args, "--measured-on", "g3.16xlarge", cwd=tmp_path, env=_env(tmp_path))
     assert r.returncode == 0, r.stderr
-    assert {row["instance_type"] for row in json.loads(r.stdout) if row.get("instance_type")} == {"g3.4xlarge"}
+    rows = [row for row in json.loads(r.stdout) if row.get("instance_type")]
+    assert {(row["instance_type"], row["speed_basis"]) for row in rows} == {("g3.4xlarge", "estimate")}
+    assert not any(row["measured"] for row in rows)
+
+
+def test_plan_runs_on_two_types_fit_one_and_probe_the_other(tmp_path):
+    """Runs on g3.4xlarge (1, 2, 4 workers) and one on p2.xlarge (1 worker, 1.5x slower): the fit is on
+    g3.4xlarge, p2.xlarge is priced at its probed speed; a CPU run prices nothing without a basis."""
+    runs = [_fake_run(tmp_path, f"g{g}", g, 0.1 * (1 + 0.05 * g) / g, 6400, "g3.4xlarge") for g in (1, 2, 4)]
+    runs.append(_fake_run(tmp_path, "p1", 1, 0.15 * 1.05, 6400, "p2.xlarge"))
+    r = launch("plan", *map(str, runs), "--predict-workers", "4", "--work", "1e8", "--instance-types",
+               "g3.4xlarge,p2.xlarge,g5.xlarge", "--format", "json", cwd=tmp_path, env=_env(tmp_path))
+    assert r.returncode == 0, r.stderr
+    rows = {(row["instance_type"], row["workers"]): row for row in json.loads(r.stdout)}
+    assert rows[("g3.4xlarge", 1)]["speed_basis"] == "measured" and rows[("g3.4xlarge", 1)]["measured"]
+    assert rows[("p2.xlarge", 1)]["speed_basis"] == "probe"
+    assert rows[("p2.xlarge", 1)]["speed_factor"] == pytest.approx(1 / 1.5, rel=1e-3)
+    assert rows[("g5.xlarge", 4)]["speed_basis"] == "estimate" and rows[("g5.xlarge", 4)]["speed_widening"] >= 1.6
+    cpu = [_fake_run(tmp_path, f"c{g}", g, 0.1 / g, 6400, None) for g in (1, 2)]
+    r = launch("plan", *map(str, cpu), "--work", "1e8", "--instance-types", "p2.xlarge,g3.4xlarge", cwd=tmp_path,
+               env=_env(tmp_path))
+    assert r.returncode == 2 and "p2.xlarge: not priced, its speed cannot be estimated" in r.stderr
+
+
+def test_cost_list_json_has_the_catalog_columns(tmp_path):
+    r = launch("cost", "--list", "--format", "json", "--interruptions-per-hour", "0.1", "--interruptions-per-hour",
+               "g5.xlarge=0.3", cwd=tmp_path, env=_env(tmp_path))
+    assert r.returncode == 0, r.stderr
+    rows = {row["instance_type"]: row for row in json.loads(r.stdout)}
+    g5 = rows["g5.xlarge"]
+    assert (g5["gpu_model"], g5["network_gbps"], g5["efa"], g5["interconnect"]) == ("A10G", 10.0, False, "PCIe")
+    assert g5["gpu_bf16_tflops"] > g5["gpu_fp32_tflops"] > 0 and g5["gpu_mem_bandwidth_gbs"] == 600
+    assert g5["spot_interruptions_per_hour"] == 0.3 and rows["p2.xlarge"]["spot_interruptions_per_hour"] is None
+    assert rows["p5.48xlarge"]["efa"] is True and rows["p5.48xlarge"]["interconnect"] == "NVLink"
+    assert "June 2025" in rows["p4d.24xlarge"]["on-demand_source"] and rows["p4d.24xlarge"]["on-demand_observed"]
