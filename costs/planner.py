@@ -140,12 +140,12 @@ class Plan:
     confidence: float = DEFAULT_CONFIDENCE
 
     def rows(self) -> list[dict[str, Any]]:
-        """One flat record per row for --format json: the batch predictions when batches were
-        asked for, else candidates when priced, else throughput predictions."""
-        for table in (self.batch_predictions, self.candidates, self.predictions):
-            if len(table):
-                return to_json_records(table)
-        return []
+        """One flat record per row for --format json and plan.json, each naming its `table`: the
+        batch predictions when batches were asked for and the priced candidates when priced (both
+        when both were asked for: neither answer hides the other); else the throughput predictions."""
+        tables = [("steps_to_threshold", self.batch_predictions), ("candidates", self.candidates)]
+        chosen = [(name, t) for name, t in tables if len(t)] or [("throughput", self.predictions)]
+        return [{"table": name, **row} for name, t in chosen if len(t) for row in to_json_records(t)]
 
 
 def plan(request: PlanRequest) -> Plan:

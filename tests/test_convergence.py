@@ -131,6 +131,23 @@ def test_time_to_threshold_is_steps_at_the_layouts_batch_times_its_step_time():
     assert c.loc[1, "steps_to_threshold"] * 16 < c.loc[8, "steps_to_threshold"] * 128
 
 
+def test_plan_rows_keep_the_batch_predictions_and_the_priced_candidates():
+    """--predict-batch with --instance-types: JSON and plan.json carry both answers, each row
+    naming its table (the batch rows used to hide the candidates)."""
+    conv = _curve(100.0, 64.0, [16, 32]).assign(label="m to loss 1")
+    cat = builtin_catalog()
+    cat.add_rate("slurm", 1.0, "gpu-hour")
+    p = plan(PlanRequest(_measured(), [8], cat, ["slurm"], convergence=conv, predict_batch=[64, 128]))
+    rows = p.rows()
+    batch = [r for r in rows if r["table"] == "steps_to_threshold"]
+    priced = [r for r in rows if r["table"] == "candidates"]
+    assert [r["global_batch"] for r in batch] == [64, 128] and "predicted_steps_to_threshold" in batch[0]
+    assert len(priced) == len(p.candidates) == 4 and {r["instance_type"] for r in priced} == {"slurm"}
+    assert len(rows) == len(batch) + len(priced)
+    alone = plan(PlanRequest(_measured(), [8], cat, ["slurm"], convergence=conv)).rows()
+    assert {r["table"] for r in alone} == {"candidates"}
+
+
 def test_recommendations_judge_by_the_bad_end_of_the_band():
     conv = _curve(100.0, 64.0, [16, 32]).assign(label="m to loss 1")
     cat = builtin_catalog()
