@@ -202,7 +202,7 @@ def _prediction_rows(fit: FitResult, wanted: set[int], gpus_per_node: int | None
     grid = sorted(wanted | {int(w) for w in fit.measured["workers"]})
     nodes = [_measured_nodes(fit.measured, w, gpus_per_node) for w in grid]
     pred = fit.predict(grid, nodes)
-    lo, hi = fit.interval(grid, pred, q)
+    lo, hi = fit.interval(grid, pred, q, nodes)
     gap = fit.disagreement(grid, nodes)
     rows = []
     for i, w in enumerate(grid):
@@ -356,7 +356,7 @@ def _price_type(request: PlanRequest, name: str, fit: FitResult, steps: pd.DataF
         w = int(st["workers"])
         count = math.ceil(w / inst.gpus)
         thr = float(fit.predict([w], [count], link=link)[0]) * factor
-        lo, hi = fit.interval([w], np.array([thr]), q)
+        lo, hi = fit.interval([w], np.array([thr]), q, [count])
         layout = {"label": fit.label, "workers": w, "instance_type": name, "instances": count,
                   "idle_gpus": count * inst.gpus - w, "global_batch": st["global_batch"]}
         estimate = {"predicted_throughput": thr, "interval_low": float(lo[0]), "interval_high": float(hi[0]),
