@@ -385,8 +385,8 @@ def sweep_cmd(workers: str | None, layouts: str | None, batch_scaling: str | Non
 
     if not workers and not layouts:
         raise SpecError("give --workers (e.g. 1,2) or --layouts (e.g. 1x1,1x2,2x1)")
-    axes = sweep_axes(mode, batch_scaling, work_scaling)
     base = build_spec({**params, "nodes": None, "gpus_per_node": None})
+    axes = sweep_axes(mode, batch_scaling, work_scaling, base)
     specs = sweep_specs(base, parse_layouts(workers, layouts), batch_scaling=axes[0], work_scaling=axes[1])
     mode = sweep_name(*axes)
     backend = get_backend(base.backend, base.backend_options)

@@ -55,10 +55,12 @@ def parse_layouts(workers: str | None, layouts: str | None) -> list[tuple[int, i
     return out
 
 
-def sweep_axes(mode: str | None, batch_scaling: str | None, work_scaling: str | None) -> tuple[str, str]:
+def sweep_axes(mode: str | None, batch_scaling: str | None, work_scaling: str | None,
+               base: Spec | None = None) -> tuple[str, str]:
     """(batch_scaling, work_scaling) from --mode and the two axis flags: the mode is a shorthand
     for both, and an axis flag that contradicts it is refused. Without a mode, the batch axis
-    defaults to fixed and the work axis follows the batch axis (the same steps on every layout)."""
+    defaults to fixed and the work axis to what the length given does on every layout unchanged:
+    the same epochs are the same work (fixed); the same steps follow the batch axis."""
     if mode is not None:
         implied = MODE_AXES[mode]
         for flag, given, want in (("--batch-scaling", batch_scaling, implied[0]),
@@ -68,7 +70,8 @@ def sweep_axes(mode: str | None, batch_scaling: str | None, work_scaling: str | 
                                 f"but {flag} {given} was given; give the two axes without --mode, or --mode alone")
         return implied
     batch = batch_scaling or "fixed"
-    return batch, work_scaling or batch
+    same_epochs = base is not None and base.epochs is not None and base.steps is None
+    return batch, work_scaling or ("fixed" if same_epochs else batch)
 
 
 def sweep_name(batch_scaling: str, work_scaling: str) -> str:
@@ -84,7 +87,7 @@ def sweep_specs(base: Spec, layouts: list[tuple[int, int]], mode: str | None = N
     steps (or epochs) given are those of the fewest workers; `_length` sets each layout's."""
     from core.presets import PRESETS
 
-    batch_axis, work_axis = sweep_axes(mode, batch_scaling, work_scaling)
+    batch_axis, work_axis = sweep_axes(mode, batch_scaling, work_scaling, base)
     default_batch = PRESETS[base.model].default_batch
     if batch_axis == "fixed" and base.batch_per_worker is not None:
         raise SpecError("--batch-scaling fixed (--mode strong) keeps the global batch fixed; use --global-batch, "

@@ -40,6 +40,8 @@ def test_sweep_axes_flags_and_the_mode_shorthand():
     assert sweep_axes("weak", "growing", None) == ("growing", "growing")  # agreeing with the mode is fine
     assert sweep_axes(None, "growing", None) == ("growing", "growing")  # the work follows the batch
     assert sweep_axes(None, "growing", "fixed") == ("growing", "fixed")
+    # without --work-scaling the length given is kept: the same epochs are the same job
+    assert sweep_axes(None, "growing", None, Spec(steps=None, epochs=3)) == ("growing", "fixed")
     with pytest.raises(SpecError, match="--mode strong means --batch-scaling fixed --work-scaling fixed, but "
                                         "--work-scaling growing was given"):
         sweep_axes("strong", None, "growing")
