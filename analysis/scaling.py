@@ -218,6 +218,7 @@ class LayoutSummary:
     noise_scale: float | None = None
     steps_per_epoch: int | None = None
     batch_scaling: str | None = None
+    work_scaling: str | None = None  # fixed / growing as the sweep set it (spec.work_scaling); None outside a sweep
     lr: float | None = None
     lr_warmup_steps: int | None = None
     # the step of the first validation: a threshold reached there is only known to lie before it
@@ -238,7 +239,7 @@ def summarize_run(
     """Summarise one run from its records.
 
     `meta` carries label, nodes, gpus_per_node, workers, engine, rnn, precision, model, batch_mode
-    ("strong" | "weak"), global_batch, loss_threshold, launched_at (time.time() of the launch),
+    ("strong" | "weak"), work_scaling ("fixed" | "growing", set by a sweep), global_batch, loss_threshold, launched_at (time.time() of the launch),
     lr_warmup_steps, steps_per_epoch (missing keys default to None; `workers` defaults to nodes x gpus_per_node,
     else to the number of ranks seen).
 
@@ -282,6 +283,7 @@ def summarize_run(
         noise_scale=pooled_noise_scale(step_records, s_thr),
         steps_per_epoch=_int_or_none(meta.get("steps_per_epoch")),
         batch_scaling=BATCH_SCALING[mode],
+        work_scaling=meta.get("work_scaling"),
         lr=_float_or_none(steps["lr"].iloc[-1]) if "lr" in steps.columns else None,
         lr_warmup_steps=_int_or_none(meta.get("lr_warmup_steps")),
         first_val_step=_first_val_step(val_records),

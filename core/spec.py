@@ -35,6 +35,11 @@ ENGINES = ("single", "ddp", "horovod", "ps")
 TORCHRUN_ENGINES = ("ddp", "ps")
 DATA_KINDS = ("synthetic", "task", "text", "shards")
 BATCH_MODES = ("strong", "weak")
+#: The two axes of a sweep, each `fixed` or `growing`: the global batch (split over the workers, or
+#: every worker keeps its batch) and the total work (the same job, or the same work per worker).
+SCALING_AXES = ("fixed", "growing")
+#: The older --mode, as both axes at once.
+MODE_AXES = {"strong": ("fixed", "fixed"), "weak": ("growing", "growing")}
 OPTIMIZERS = ("adam", "sgd")
 DEVICES = ("auto", "cpu", "cuda")
 BALANCE_MODES = ("static", "dynamic")
@@ -138,6 +143,9 @@ class Spec:
     emulate_slowdown: list[float] = field(default_factory=list)
     device: str = checked("auto", one_of(*DEVICES))
     name: str | None = None
+    # how this run's total work relates to its sweep's smallest layout (set by `launch sweep`:
+    # fixed = the same job, growing = the same work per worker); None for a run outside a sweep
+    work_scaling: str | None = checked(None, one_of(*SCALING_AXES))
 
     # ---- derived values -------------------------------------------------------------------
 

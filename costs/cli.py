@@ -51,6 +51,7 @@ from costs.tables import (
     read_cost_csv,
     read_scaling_csv,
     scaling_from_table,
+    with_throughput,
 )
 
 console = Console(width=None if sys.stdout.isatty() else 160)
@@ -424,10 +425,7 @@ def _measured_from_csv(path: str, measured_on: str | None) -> Measurements:
     """A published scaling table, or a table of steps to a threshold (by its columns)."""
     if csv_kind(path) == "convergence":
         return Measurements(pd.DataFrame(), read_convergence_csv(path), measured_on=measured_on)
-    measured = read_scaling_csv(path)
-    if "throughput" not in measured.columns:  # time of the run: jobs per second, or per-worker jobs
-        per = measured["workers"].where(measured["work_scaling"] == "growing", 1)
-        measured["throughput"] = per / measured["time_s"]
+    measured = with_throughput(read_scaling_csv(path))
     if measured_on is None and "instance_type" in measured.columns:  # `instance` is read as this column too
         vals = {str(v) for v in measured["instance_type"].dropna()}
         measured_on = vals.pop() if len(vals) == 1 and not any(c in next(iter(vals)) for c in "*+") else None

@@ -147,12 +147,12 @@ class Plan:
     confidence: float = DEFAULT_CONFIDENCE
 
     def rows(self) -> list[dict[str, Any]]:
-        """One flat record per row for --format json: the batch predictions when batches were
-        asked for, else candidates when priced, else throughput predictions."""
-        for table in (self.batch_predictions, self.candidates, self.predictions):
-            if len(table):
-                return to_json_records(table)
-        return []
+        """One flat record per row for --format json and plan.json, each naming its `table`: the
+        batch predictions when batches were asked for and the priced candidates when priced (both
+        when both were asked for: neither answer hides the other); else the throughput predictions."""
+        tables = [("steps_to_threshold", self.batch_predictions), ("candidates", self.candidates)]
+        chosen = [(name, t) for name, t in tables if len(t)] or [("throughput", self.predictions)]
+        return [{"table": name, **row} for name, t in chosen if len(t) for row in to_json_records(t)]
 
 
 def plan(request: PlanRequest) -> Plan:
@@ -209,7 +209,7 @@ def _prediction_rows(fit: FitResult, wanted: set[int], gpus_per_node: int | None
     grid = sorted(wanted | {int(w) for w in fit.measured["workers"]})
     nodes = [_measured_nodes(fit.measured, w, gpus_per_node) for w in grid]
     pred = fit.predict(grid, nodes)
-    lo, hi = fit.interval(grid, pred, q)
+    lo, hi = fit.interval(grid, pred, q, nodes)
     gap = fit.disagreement(grid, nodes)
     rows = []
     for i, w in enumerate(grid):
@@ -361,7 +361,7 @@ def _price_type(request: PlanRequest, name: str, fit: FitResult, steps: pd.DataF
         w = int(st["workers"])
         count = math.ceil(w / inst.gpus)
         thr = float(fit.predict([w], [count], link=link)[0]) * speed.factor
-        lo, hi = fit.interval([w], np.array([thr]), q)
+        lo, hi = fit.interval([w], np.array([thr]), q, [count])
         lo, hi = lo / speed.widening, hi * speed.widening
         layout = {"label": fit.label, "workers": w, "instance_type": name, "instances": count,
                   "idle_gpus": count * inst.gpus - w, "global_batch": st["global_batch"]}

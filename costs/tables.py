@@ -33,8 +33,8 @@ import pandas as pd
 from analysis.scaling import scaling_table
 from core.errors import DataError
 
-__all__ = ["CsvError", "AXES", "read_scaling_csv", "read_convergence_csv", "csv_kind", "read_cost_csv",
-           "scaling_from_table"]
+__all__ = ["CsvError", "AXES", "read_scaling_csv", "with_throughput", "read_convergence_csv", "csv_kind",
+           "read_cost_csv", "scaling_from_table"]
 
 
 class CsvError(DataError):
@@ -169,6 +169,15 @@ def read_scaling_csv(path: str | Path) -> pd.DataFrame:
         raise CsvError(f"{path}:{int(missing['_line'].iloc[0])}: column {metric!r} is empty")
     _refuse_two_values_for_one_layout(path, df)
     return df
+
+
+def with_throughput(table: pd.DataFrame) -> pd.DataFrame:
+    """A scaling table with a `throughput` column: as given, else from `time_s` read by the work
+    axis (the same job: 1 / time_s jobs per second; the same work per worker: workers / time_s)."""
+    if "throughput" in table.columns:
+        return table
+    per = table["workers"].where(table["work_scaling"] == "growing", 1)
+    return table.assign(throughput=per / table["time_s"])
 
 
 def read_convergence_csv(path: str | Path) -> pd.DataFrame:

@@ -13,7 +13,9 @@ the predicted batch (one per seed):
 - **weak sweep**: the steps of a weak-scaling sweep (global batch 16·N on N workers) from the
   single-worker batch sweep (both bases).
 
-Prints the rows and a summary (mean absolute error, coverage, median half-width) as JSON, and
+Prints the rows and a summary (mean absolute error, coverage, median half-width) as JSON: `summary`
+over the independent held-out predictions only (`independent`: the two-worker runs and the weak
+sweeps repeat the one-worker runs' steps), `summary_all_rows` over every row as before; and
 `--csv` writes the convergence table of every run (the format `launch plan --from-csv` reads).
 """
 
@@ -41,7 +43,8 @@ from costs.convergence import fit_convergence
 from costs.steptime import STEP_MODELS, choose, fit_step_model, prepare
 from costs.tables import read_scaling_csv
 
-__all__ = ["collect", "evaluate", "summary", "planner_bench", "steptime_split", "steptime_loo", "steptime_bench"]
+__all__ = ["collect", "evaluate", "independent", "summary", "planner_bench", "BENCH_LEVELS", "steptime_split",
+           "steptime_loo", "steptime_bench"]
 
 _COLUMNS = ["label", "model", "workers", "global_batch", "seed", "steps_to_threshold", "noise_scale", "lr",
             "lr_warmup_steps"]
@@ -76,7 +79,9 @@ def _judge(task: str, fit_rows: pd.DataFrame, truth: pd.DataFrame, basis: str, c
     for _, r in truth.iterrows():
         p = pred.loc[r["global_batch"]]
         est, lo, hi = p["predicted_steps_to_threshold"], p["steps_low"], p["steps_high"]
-        out.append({"task": task, "basis": basis, "global_batch": int(r["global_batch"]), "seed": int(r["seed"]),
+        out.append({"task": task, "basis": basis, "model": r["model"], "workers": int(r["workers"]),
+                    "held_out": int(r["global_batch"]) not in fit.batches,
+                    "global_batch": int(r["global_batch"]), "seed": int(r["seed"]),
                     "measured": int(r["steps_to_threshold"]), "predicted": float(est), "low": float(lo),
                     "high": float(hi), "error": float(est / r["steps_to_threshold"] - 1),
                     "covered": bool(lo <= r["steps_to_threshold"] <= hi),
@@ -106,6 +111,18 @@ def evaluate(runs: pd.DataFrame, confidence: float = 0.9) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def independent(rows: pd.DataFrame) -> pd.DataFrame:
+    """The predictions that judge something new: the measured batch kept out of the fit, and each
+    (basis, model, batch, seed, prediction) once. The two-worker runs reached the threshold in the
+    same steps as the one-worker runs (the arithmetic is the same), and so did the weak sweeps at
+    the same global batch: a batch-fit of either repeats the one-worker prediction of the same
+    measurement, and a weak sweep's first points are the runs the fit was made on."""
+    done = rows[rows["skipped"].isna()] if "skipped" in rows.columns else rows
+    done = done[done["held_out"].astype(bool)]
+    key = done.assign(_p=done["predicted"].round(6))
+    return done[~key.duplicated(["basis", "model", "global_batch", "seed", "measured", "_p"])]
+
+
 def summary(rows: pd.DataFrame) -> pd.DataFrame:
     """Per basis: predictions, mean absolute error, coverage and median relative half-width."""
     def one(part: pd.DataFrame) -> pd.Series:
@@ -119,18 +136,27 @@ def summary(rows: pd.DataFrame) -> pd.DataFrame:
 SHIPPED_CONVERGENCE = "convergence_tiny_presets.csv"  # scripts/validate-planner.sh's runs, in costs/data
 
 
-def planner_bench(confidence: float = 0.9) -> dict[str, Any]:
-    """`launch bench --only planner`: coverage and median half-width of the throughput bands on
-    every shipped scaling table (costs.calibration.coverage: first k layouts fitted, the rest
-    predicted, for every k) and of the steps bands on the shipped convergence table."""
-    preds = coverage(confidence)
-    steps = evaluate(pd.read_csv(files("costs.data") / SHIPPED_CONVERGENCE), confidence)
-    return {"confidence": confidence,
-            "throughput": coverage_summary(preds).to_dict(orient="records")[0],
+BENCH_LEVELS = (0.8, 0.9)
+
+
+def planner_bench(levels: tuple[float, ...] = BENCH_LEVELS) -> dict[str, Any]:
+    """`launch bench --only planner`, at each level: coverage and median half-width of the
+    throughput bands on every shipped scaling table, overall, per table and per k
+    (costs.calibration.coverage: first k layouts fitted, the rest predicted, every table with a
+    quantile calibrated without it), and of the steps bands on the shipped convergence table over
+    its independent held-out predictions (`independent`)."""
+    runs = pd.read_csv(files("costs.data") / SHIPPED_CONVERGENCE)
+    out: dict[str, Any] = {"levels": []}
+    for level in levels:
+        preds = coverage(level)
+        steps = independent(evaluate(runs, level))
+        out["levels"].append({
+            "confidence": level, "throughput": coverage_summary(preds).to_dict(orient="records")[0],
             "throughput_by_series": coverage_summary(preds, ["series"]).to_dict(orient="records"),
             "throughput_by_fit_counts": coverage_summary(preds, ["fit_counts"]).to_dict(orient="records"),
-            "steps": summary(steps).to_dict(orient="records"),
-            "steptime": steptime_bench(confidence)}
+            "steps": summary(steps).to_dict(orient="records")})
+    out["steptime"] = steptime_bench(max(levels))
+    return out
 
 
 # ---- the step-time model on seed 004 ----------------------------------------------------------------
@@ -222,8 +248,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.csv:
         runs.to_csv(args.csv, index=False)
     rows = evaluate(runs, args.confidence)
+    held = independent(rows) if len(rows) else rows
     out = {"confidence": args.confidence, "runs": len(runs),
-           "summary": summary(rows).to_dict(orient="records") if len(rows) else [],
+           "summary": summary(held).to_dict(orient="records") if len(held) else [],
+           "summary_all_rows": summary(rows).to_dict(orient="records") if len(rows) else [],
            "predictions": rows.to_dict(orient="records")}
     print(json.dumps(_jsonable(out), indent=2, allow_nan=False))
     return 0

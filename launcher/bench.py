@@ -261,18 +261,9 @@ def render(results: dict) -> None:
         console.print(_table("4. Launch overhead (launch to first step)", results["scaling"]["launch_overhead"], [
             ("engine", "engine", ""), ("mode", "mode", ""), ("workers", "workers", ""), ("seconds", "seconds_to_first_step", ".2f")]))
     if "planner" in results:
-        p = results["planner"]
-        cols = [("predictions", "predictions", ".0f"), ("coverage", "coverage", ".0%"),
-                ("median half-width", "median_half_width", ".1%"), ("MAPE", "mape", ".1%")]
-        console.print(_table(f"5. Planner: throughput of the shipped tables, first k layouts fitted, the rest predicted "
-                             f"({p['confidence']:.0%} intervals)", [{"series": "all", **p["throughput"]},
-                                                                    *p["throughput_by_series"]],
-                             [("series", "series", ""), *cols]))
-        console.print(_table("5b. Planner: steps to the threshold on the shipped batch sweeps", p["steps"], [
-            ("basis", "basis", ""), ("predictions", "predictions", ".0f"), ("coverage", "coverage", ".0%"),
-            ("median half-width", "median_half_width", ".1%"), ("mean abs error", "mean_abs_error", ".1%")]))
-        if "steptime" in p:
-            _render_steptime(p["steptime"])
+        _render_planner(results["planner"])
+        if "steptime" in results["planner"]:
+            _render_steptime(results["planner"]["steptime"])
     if "report" in results:
         console.print(_table("6. Report speed", [results["report"]], [
             ("records", "records", ","), ("ranks", "ranks", ""), ("load s", "load_s", ".2f"), ("full report s", "full_report_s", ".2f")]))
@@ -288,6 +279,26 @@ def _render_steptime(st: dict) -> None:
                          [{"level": k, **{c: v[c] for c in v if c != "rows"}} for k, v in st["loo"].items()], [
         ("level", "level", ""), ("predictions", "predictions", ".0f"), ("MAPE", "mape", ".1%"),
         ("coverage", "coverage", ".0%"), ("median half-width", "median_half_width", ".1%")]))
+
+
+def _render_planner(p: dict) -> None:
+    """Per level: coverage and median half-width of the throughput bands per shipped table and per
+    k (first k layouts fitted, the rest predicted, each table calibrated without it), then of the
+    steps bands on the independent held-out predictions."""
+    cols = [("predictions", "predictions", ".0f"), ("coverage", "coverage", ".0%"),
+            ("median half-width", "median_half_width", ".1%"), ("MAPE", "mape", ".1%")]
+    for lv in p["levels"]:
+        level = f"{lv['confidence']:.0%} intervals"
+        console.print(_table(f"5. Planner throughput per shipped table ({level})",
+                             [{"series": "all", **lv["throughput"]}, *lv["throughput_by_series"]],
+                             [("table", "series", ""), *cols]))
+        console.print(_table(f"5a. Planner throughput per k ({level})", lv["throughput_by_fit_counts"],
+                             [("k fitted", "fit_counts", ".0f"), *cols]))
+        console.print(_table(f"5b. Planner steps to threshold, held out ({level})",
+                             lv["steps"], [("basis", "basis", ""), ("predictions", "predictions", ".0f"),
+                                           ("coverage", "coverage", ".0%"),
+                                           ("median half-width", "median_half_width", ".1%"),
+                                           ("mean abs error", "mean_abs_error", ".1%")]))
 
 
 def _decorate(results: dict) -> None:

@@ -41,6 +41,7 @@ from core.spec import (
     PRECISIONS,
     PS_STATES,
     RNN_KINDS,
+    SCALING_AXES,
     Spec,
     load_spec,
     read_spec,
@@ -361,23 +362,35 @@ def resume_cmd(run_dir: str, detach: bool) -> None:
 @spec_options
 @click.option("--workers", type=str, help="Worker counts on one node, e.g. 1,2 (same as --layouts 1x1,1x2).")
 @click.option("--layouts", type=str, help="Layouts NODESxGPUS, e.g. 1x1,1x2,2x1.")
-@click.option("--mode", type=click.Choice(BATCH_MODES), default="strong", show_default=True,
-              help="strong: fixed global batch split across workers; weak: fixed batch per worker.")
+@click.option("--batch-scaling", type=click.Choice(SCALING_AXES),
+              help="How the global batch changes with the workers: fixed (split over them: --global-batch) or "
+                   "growing (every worker keeps --batch-per-worker) [default: fixed, or as --mode says].")
+@click.option("--work-scaling", type=click.Choice(SCALING_AXES),
+              help="How the total work changes with the workers: fixed (the same job: the steps shrink as the "
+                   "batch grows) or growing (the same work per worker) [default: as the batch axis, or --mode].")
+@click.option("--mode", type=click.Choice(BATCH_MODES),
+              help="Shorthand for both axes: strong = fixed, fixed; weak = growing, growing. An axis flag that "
+                   "contradicts it is refused.")
 @click.option("--repeats", type=click.IntRange(1, 1000), default=1, show_default=True,
               help="Runs of each layout (repeated measurements: LAYOUT-r0, -r1, ...); one job array on Slurm.")
-def sweep_cmd(workers: str | None, layouts: str | None, mode: str, repeats: int, **params: Any) -> None:
+def sweep_cmd(workers: str | None, layouts: str | None, batch_scaling: str | None, work_scaling: str | None,
+              mode: str | None, repeats: int, **params: Any) -> None:
     """Run the same spec over several layouts and print the scaling table.
 
-    Strong mode keeps the global batch (--global-batch or the preset's) and splits it; weak mode keeps
-    the per-worker batch (--batch-per-worker or the preset's) and grows the global batch. Every layout is
-    checked before the first one runs.
+    Two axes: the global batch (fixed: --global-batch or the preset's, split over the workers;
+    growing: --batch-per-worker or the preset's on every worker) and the total work (fixed: the same
+    samples on every layout; growing: the same samples per worker); --steps and --epochs are those of
+    the fewest workers. --mode strong is both fixed, --mode weak both growing. Every layout is
+    checked before the first one runs, and every run records both axes.
     """
-    from launcher.sweep import parse_layouts, repeat_dirs, run_sweep, sweep_specs
+    from launcher.sweep import parse_layouts, repeat_dirs, run_sweep, sweep_axes, sweep_name, sweep_specs
 
     if not workers and not layouts:
         raise SpecError("give --workers (e.g. 1,2) or --layouts (e.g. 1x1,1x2,2x1)")
     base = build_spec({**params, "nodes": None, "gpus_per_node": None})
-    specs = sweep_specs(base, parse_layouts(workers, layouts), mode)
+    axes = sweep_axes(mode, batch_scaling, work_scaling, base)
+    specs = sweep_specs(base, parse_layouts(workers, layouts), batch_scaling=axes[0], work_scaling=axes[1])
+    mode = sweep_name(*axes)
     backend = get_backend(base.backend, base.backend_options)
     if params["dry_run"]:
         for spec in specs:

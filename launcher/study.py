@@ -35,7 +35,7 @@ from analysis.studies import (
 from core.errors import SpecError
 from core.records import load_run
 from core.rundir import new_run_dir, read_json, write_json
-from core.spec import Spec, read_yaml_mapping
+from core.spec import MODE_AXES, Spec, read_yaml_mapping
 from costs.studies import price_money_table
 from launcher.backend import get_backend
 from launcher.cli import console
@@ -157,7 +157,9 @@ def variant_specs(study: Study, variant: Variant) -> list[Spec]:
     spec.name = variant.label
     layouts = variant.layouts or study.layouts
     spec.nodes, spec.gpus_per_node = layouts[0]  # validated as its first layout, then per layout
-    return sweep_specs(spec.validate(), layouts, study.mode)
+    # a study's mode is its batch axis; its length (steps or epochs) is kept on every layout, as the
+    # seed it reproduces did: the work axis is what that length does (launcher.sweep.sweep_axes)
+    return sweep_specs(spec.validate(), layouts, batch_scaling=MODE_AXES[study.mode][0])
 
 
 def _deep_merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:

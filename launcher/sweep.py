@@ -1,4 +1,9 @@
-"""Sweeps: one spec over several layouts, strong or weak, then one report.
+"""Sweeps: one spec over several layouts, along two axes, then one report.
+
+The axes are named apart (issue 14): how the global batch changes with the workers
+(`batch_scaling`: fixed = split over them, growing = every worker keeps its batch) and how the total
+work does (`work_scaling`: fixed = the same job, growing = the same work per worker). `--mode strong`
+is both fixed, `--mode weak` both growing.
 
 Every layout's spec is built and validated before the first run starts, so a sweep never dies at
 layout 3 of 4 because of a batch that does not split; and each is saved in its layout's directory
@@ -8,6 +13,7 @@ and reports what finished (`launch report SWEEP_DIR`).
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from contextlib import ExitStack
@@ -22,7 +28,7 @@ from core.rundir import (
     sweep_runs,
     write_json,
 )
-from core.spec import Spec, read_spec, save_spec
+from core.spec import MODE_AXES, Spec, read_spec, save_spec
 from launcher.runner import follow, owning, refuse_if_live, stopping_runs, submit
 
 _LAYOUT = re.compile(r"^\s*(\d+)\s*x\s*(\d+)\s*$")
@@ -49,24 +55,57 @@ def parse_layouts(workers: str | None, layouts: str | None) -> list[tuple[int, i
     return out
 
 
-def sweep_specs(base: Spec, layouts: list[tuple[int, int]], mode: str) -> list[Spec]:
-    """One validated spec per layout. Strong: global batch fixed; weak: per-worker batch fixed."""
+def sweep_axes(mode: str | None, batch_scaling: str | None, work_scaling: str | None,
+               base: Spec | None = None) -> tuple[str, str]:
+    """(batch_scaling, work_scaling) from --mode and the two axis flags: the mode is a shorthand
+    for both, and an axis flag that contradicts it is refused. Without a mode, the batch axis
+    defaults to fixed and the work axis to what the length given does on every layout unchanged:
+    the same epochs are the same work (fixed); the same steps follow the batch axis."""
+    if mode is not None:
+        implied = MODE_AXES[mode]
+        for flag, given, want in (("--batch-scaling", batch_scaling, implied[0]),
+                                  ("--work-scaling", work_scaling, implied[1])):
+            if given is not None and given != want:
+                raise SpecError(f"--mode {mode} means --batch-scaling {implied[0]} --work-scaling {implied[1]}, "
+                                f"but {flag} {given} was given; give the two axes without --mode, or --mode alone")
+        return implied
+    batch = batch_scaling or "fixed"
+    same_epochs = base is not None and base.epochs is not None and base.steps is None
+    return batch, work_scaling or ("fixed" if same_epochs else batch)
+
+
+def sweep_name(batch_scaling: str, work_scaling: str) -> str:
+    """"strong" or "weak" for the two usual pairs, else both axes (for the sweep directory's name)."""
+    named = {axes: mode for mode, axes in MODE_AXES.items()}
+    return named.get((batch_scaling, work_scaling), f"batch-{batch_scaling}-work-{work_scaling}")
+
+
+def sweep_specs(base: Spec, layouts: list[tuple[int, int]], mode: str | None = None, *,
+                batch_scaling: str | None = None, work_scaling: str | None = None) -> list[Spec]:
+    """One validated spec per layout, on the two axes (`sweep_axes`), each recording its work axis.
+    Batch fixed: the global batch is kept and split; growing: the per-worker batch is kept. The
+    steps (or epochs) given are those of the fewest workers; `_length` sets each layout's."""
     from core.presets import PRESETS
 
+    batch_axis, work_axis = sweep_axes(mode, batch_scaling, work_scaling, base)
     default_batch = PRESETS[base.model].default_batch
-    if mode == "strong" and base.batch_per_worker is not None:
-        raise SpecError("--mode strong keeps the global batch fixed; use --global-batch, not --batch-per-worker")
-    if mode == "weak" and base.global_batch is not None:
-        raise SpecError("--mode weak keeps the per-worker batch fixed; use --batch-per-worker, not --global-batch")
+    if batch_axis == "fixed" and base.batch_per_worker is not None:
+        raise SpecError("--batch-scaling fixed (--mode strong) keeps the global batch fixed; use --global-batch, "
+                        "not --batch-per-worker")
+    if batch_axis == "growing" and base.global_batch is not None:
+        raise SpecError("--batch-scaling growing (--mode weak) keeps the per-worker batch fixed; use "
+                        "--batch-per-worker, not --global-batch")
     specs = []
     # Every emulated "GPU" gets the same compute in every layout: on a host without GPUs a worker is a
     # process, and letting the 1-worker run use all cores would make it a bigger device than the others.
     threads = base.threads
     if threads is None and base.backend == "local":
         threads = max(1, (os.cpu_count() or 1) // max(n * g for n, g in layouts))
+    fewest = min(n * g for n, g in layouts)
     for nodes, gpus in layouts:
-        overrides = {"nodes": nodes, "gpus_per_node": gpus, "threads": threads}
-        if mode == "strong":
+        overrides = {"nodes": nodes, "gpus_per_node": gpus, "threads": threads, "work_scaling": work_axis,
+                     **_length(base, nodes * gpus, fewest, batch_axis, work_axis)}
+        if batch_axis == "fixed":
             overrides["global_batch"] = base.global_batch or default_batch
         else:
             overrides["batch_per_worker"] = base.batch_per_worker or default_batch
@@ -74,6 +113,27 @@ def sweep_specs(base: Spec, layouts: list[tuple[int, int]], mode: str) -> list[S
         spec.per_worker_batch(default_batch)  # raises if the global batch does not split
         specs.append(spec)
     return specs
+
+
+def _length(base: Spec, workers: int, fewest: int, batch_axis: str, work_axis: str) -> dict[str, int]:
+    """The steps and epochs of a layout of `workers` so that its total work follows the work axis
+    (the base's are the fewest workers'). Epochs are samples: they grow with the work. Steps are
+    samples over the global batch: they shrink when the batch grows and the work does not, and
+    grow when the work grows and the batch does not. A length that does not divide is refused."""
+    out = {}
+    if base.epochs is not None and work_axis == "growing":
+        out["epochs"] = _scaled(base.epochs, workers, fewest, "--epochs")
+    if base.steps is not None and batch_axis != work_axis:
+        up, down = (workers, fewest) if work_axis == "growing" else (fewest, workers)
+        out["steps"] = _scaled(base.steps, up, down, "--steps")
+    return out
+
+
+def _scaled(value: int, up: int, down: int, flag: str) -> int:
+    if value * up % down:
+        raise SpecError(f"{flag} {value} times {up}/{down} is not a whole number, so the layouts cannot do the "
+                        f"work the axes ask for; choose {flag} a multiple of {down // math.gcd(up, down)}")
+    return value * up // down
 
 
 def repeat_dirs(run_dir: Path, repeats: int) -> list[Path]:

@@ -10,7 +10,9 @@
 # warm-up (what `launch sweep --mode weak` does by default), validation on the whole validation set
 # every 5 steps. Then `python -m costs.validation RUNS_DIR` fits on the small batches and predicts
 # the large ones, predicts every batch from one run and its noise scale, and predicts the weak
-# sweeps from the single-worker runs; it prints the errors and interval coverage as JSON.
+# sweeps from the single-worker runs; it prints the errors and interval coverage as JSON, summarised
+# over the independent held-out predictions only (the 2-worker runs and the weak sweeps reach the
+# threshold in the 1-worker runs' steps, so they repeat predictions rather than test new ones).
 #
 #   scripts/validate-planner.sh [RUNS_DIR]      (default runs-validate; runs already there are kept)
 #

@@ -218,6 +218,11 @@ CASES: list[tuple[str, list[str], list[str]]] = [
     ("sweep-half-layout", ["sweep", "--layouts", "2x", *DRY], ["2x"]),
     ("sweep-duplicate-layout", ["sweep", "--workers", "1,1", *DRY], ["1"]),
     ("sweep-batch-does-not-split", ["sweep", "--engine", "ddp", "--workers", "1,2", "--global-batch", "3", *DRY], ["split"]),
+    ("sweep-mode-contradicts-axis", ["sweep", "--workers", "1,2", "--mode", "strong", "--work-scaling", "growing", *DRY],
+     ["--mode strong", "--work-scaling growing"]),
+    ("sweep-bad-axis", ["sweep", "--workers", "1,2", "--batch-scaling", "weak", *DRY], ["--batch-scaling"]),
+    ("sweep-steps-do-not-divide", ["sweep", "--engine", "ddp", "--workers", "1,2,4", "--batch-scaling", "growing",
+                                   "--work-scaling", "fixed", "--steps", "42", *DRY], ["--steps 42"]),
     # ---- report ------------------------------------------------------------------------------------
     ("report-missing-dir", ["report", "{tmp}/nothing"], ["nothing"]),
     ("report-a-file", ["report", "{a_file}"], ["good.csv"]),

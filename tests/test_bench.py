@@ -16,14 +16,20 @@ def test_bench_planner_and_report_parts(tmp_path):
     proc = launch("bench", "--only", "planner,report", "--quick", "--out", "b", cwd=tmp_path, timeout=600)
     assert proc.returncode == 0, proc.stderr
     res = json.loads((tmp_path / "b" / "bench.json").read_text())
-    planner = res["planner"]
-    assert {r["series"].split(": ")[1] for r in planner["throughput_by_series"]} >= {
-        "cudnn_lstm parameter server", "dynamic_rnn nccl all-reduce"}
-    assert planner["confidence"] == 0.9 and 0 <= planner["throughput"]["mape"] < 1
-    assert 0 <= planner["throughput"]["coverage"] <= 1 and planner["throughput"]["predictions"] == 105
-    assert {r["basis"] for r in planner["steps"]} == {"batch-fit", "noise-scale"}
+    levels = res["planner"]["levels"]
+    assert [lv["confidence"] for lv in levels] == [0.8, 0.9]
+    for planner in levels:
+        tables = {r["series"].split(": ")[0] for r in planner["throughput_by_series"]}
+        assert tables == {"seed001_nmt_scaling.csv", "seed004_sentiment_scaling.csv", "seed004_emr_preprocessing.csv"}
+        assert 0 <= planner["throughput"]["mape"] < 1 and planner["throughput"]["predictions"] == 112
+        assert sorted(r["fit_counts"] for r in planner["throughput_by_fit_counts"]) == [2, 3, 4, 5, 6, 7]
+        assert {r["basis"] for r in planner["steps"]} == {"batch-fit", "noise-scale"}
+    # a band at 90 % is wider than at 80 %
+    assert levels[1]["throughput"]["median_half_width"] > levels[0]["throughput"]["median_half_width"]
     assert res["report"]["records"] == 100_000 and res["report"]["full_report_s"] > 0
-    assert "Planner" in proc.stdout and "Report speed" in proc.stdout
+    # the coverage per table and per k is printed, not only written to bench.json
+    assert "per shipped table" in proc.stdout and "per k" in proc.stdout and "sentiment LSTM" in proc.stdout
+    assert "Report speed" in proc.stdout
 
 
 def test_launch_overhead_reads_the_run_directory(tmp_path):

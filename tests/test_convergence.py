@@ -103,8 +103,19 @@ def test_throughput_bands_hold_on_the_shipped_tables():
     series predicted from its first k layouts (every k) with a quantile calibrated without it."""
     preds = coverage(0.9)
     total = coverage_summary(preds).iloc[0]
-    assert total["predictions"] == 5 * (6 + 5 + 4 + 3 + 2 + 1)
+    # seed 001's five series (8 counts each) and seed 004's three tables (6 + 1 + 1 predictions)
+    assert total["predictions"] == 5 * (6 + 5 + 4 + 3 + 2 + 1) + 5 + 1 + 1
     assert total["coverage"] >= 0.9 and total["median_half_width"] <= 0.2
+    per = coverage_summary(preds, ["series"]).set_index("series")["coverage"]
+    # seed 004's tables (the audit: 0 of 3 inside the old band) are covered; seed 001's cudnn_lstm
+    # parameter server falls short at 18 of 21 (docs/benchmarks.md), every other table holds 90 %
+    assert (per[per.index.str.startswith("seed004")] == 1.0).all()
+    assert (per >= 0.85).all() and (per >= 0.9).sum() == len(per) - 1
+    by_k = coverage_summary(preds, ["fit_counts"])
+    assert (by_k["coverage"] >= 0.9).all()
+    # two fitted counts leave the models free: their bands are the widest
+    widths = by_k.set_index("fit_counts")["median_half_width"]
+    assert widths[2] == widths.max()
 
 
 def _measured() -> pd.DataFrame:
@@ -131,6 +142,23 @@ def test_time_to_threshold_is_steps_at_the_layouts_batch_times_its_step_time():
     assert c.loc[1, "steps_to_threshold"] * 16 < c.loc[8, "steps_to_threshold"] * 128
 
 
+def test_plan_rows_keep_the_batch_predictions_and_the_priced_candidates():
+    """--predict-batch with --instance-types: JSON and plan.json carry both answers, each row
+    naming its table (the batch rows used to hide the candidates)."""
+    conv = _curve(100.0, 64.0, [16, 32]).assign(label="m to loss 1")
+    cat = builtin_catalog()
+    cat.add_rate("slurm", 1.0, "gpu-hour")
+    p = plan(PlanRequest(_measured(), [8], cat, ["slurm"], convergence=conv, predict_batch=[64, 128]))
+    rows = p.rows()
+    batch = [r for r in rows if r["table"] == "steps_to_threshold"]
+    priced = [r for r in rows if r["table"] == "candidates"]
+    assert [r["global_batch"] for r in batch] == [64, 128] and "predicted_steps_to_threshold" in batch[0]
+    assert len(priced) == len(p.candidates) == 4 and {r["instance_type"] for r in priced} == {"slurm"}
+    assert len(rows) == len(batch) + len(priced)
+    alone = plan(PlanRequest(_measured(), [8], cat, ["slurm"], convergence=conv)).rows()
+    assert {r["table"] for r in alone} == {"candidates"}
+
+
 def test_recommendations_judge_by_the_bad_end_of_the_band():
     conv = _curve(100.0, 64.0, [16, 32]).assign(label="m to loss 1")
     cat = builtin_catalog()
@@ -145,3 +173,49 @@ def test_recommendations_judge_by_the_bad_end_of_the_band():
     sure = free[free["hours_high"] <= deadline].sort_values("dollars").iloc[0]
     assert rec["workers"] == sure["workers"] == 2 and rec["hours_high"] <= deadline
     assert all("90% sure" in r for r in p.candidates["recommendation"].dropna())
+
+
+def test_band_scale_grows_with_distance_disagreement_and_inefficiency():
+    from costs.fitting import BAND_FLOOR, fit_series
+
+    ideal = fit_series("i", pd.DataFrame({"workers": [1, 2, 4], "throughput": [100.0, 200.0, 400.0]}))
+    lossy = fit_series("l", pd.DataFrame({"workers": [1, 2, 4], "throughput": [100.0, 150.0, 225.0]}))
+    assert ideal.inefficiency() == pytest.approx(0.0, abs=1e-9)
+    assert lossy.inefficiency() == pytest.approx(abs(math.log(2.25 / 4)) / 2)
+    near, far = ideal.band_scale([4, 16])
+    assert near >= 0.5 * BAND_FLOOR and far > near  # 0.5 + d: 0.5 inside the measured, 2.5 two doublings out
+    assert lossy.band_scale([16])[0] > ideal.band_scale([16])[0]
+    lo, hi = lossy.interval([16], np.array([300.0]), 0.2)
+    h = 0.2 * lossy.band_scale([16])[0]
+    assert lo[0] == pytest.approx(300 / (1 + h)) and hi[0] == pytest.approx(300 / (1 - h))
+
+
+def test_seed_004_tables_are_shipped_and_read_as_throughput():
+    from costs.calibration import reference_series
+
+    series = reference_series()
+    train = series["seed004_sentiment_scaling.csv: sentiment LSTM training, 10 epochs, M60 GPUs"]
+    # the same 10 epochs on every layout: throughput is 1 / time (seed 004's money-speed table)
+    one = train[train["workers"] == 1]["throughput"].iloc[0]
+    eight = train[train["workers"] == 8]["throughput"].iloc[0]
+    assert eight / one == pytest.approx(35920 / 9531)
+    weak = series["seed004_emr_preprocessing.csv: EMR preprocessing, 12.5% of the corpus per node (weak)"]
+    # the same work per node: 8 nodes did 4 times the work of 2 in 55 minutes against 99
+    thr = weak.set_index("workers")["throughput"]
+    assert thr[8] / thr[2] == pytest.approx(4 * 99 / 55)
+
+
+def test_validation_counts_each_independent_held_out_prediction_once():
+    from importlib.resources import files
+
+    from costs.validation import evaluate, independent
+
+    runs = pd.read_csv(files("costs.data") / "convergence_tiny_presets.csv")
+    rows = evaluate(runs, 0.9)
+    held = independent(rows)
+    fit = held[held["basis"] == "batch-fit"]
+    # 2 models x batches 64, 128 x 3 seeds: the 2-worker sweeps and the weak sweeps repeat the
+    # 1-worker runs' steps, and the weak sweeps' batch 16 and 32 are the runs fitted on
+    assert len(rows[rows["basis"] == "batch-fit"]) == 42 and len(fit) == 12
+    assert set(fit["global_batch"]) == {64, 128} and held["held_out"].all()
+    assert not held.duplicated(["basis", "model", "global_batch", "seed", "predicted"]).any()
