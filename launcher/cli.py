@@ -46,6 +46,7 @@ from core.spec import (
 )
 from launcher import __version__
 from launcher.backend import backend_flags, get_backend, import_optional, options_type
+from launcher.pricing import guard, price_options, show_quote
 from launcher.runner import INTERRUPTED, detaching, err_console, execute, start_detached
 
 # Off a terminal (CI logs, pipes) rich would wrap tables at 80 columns; give them room instead.
@@ -194,8 +195,9 @@ def spec_options(func):
                         help="Backend option (repeatable); unknown ones are listed with the valid ones.")(func)
     func = click.option("--runs-dir", type=click.Path(file_okay=False), default=str(DEFAULT_RUNS_ROOT),
                         show_default=True, help="Where run directories are created.")(func)
-    func = click.option("--dry-run", is_flag=True, help="Print exactly what would be run and run nothing.")(func)
-    return func
+    func = click.option("--dry-run", is_flag=True, help="Print exactly what would be run and run nothing "
+                                                         "(and, on stderr, what it would cost).")(func)
+    return price_options(func)
 
 
 def _backend_flag(backend: str, flag: Flag):
@@ -296,8 +298,10 @@ def run_cmd(detach: bool, **params: Any) -> None:
     if params["dry_run"]:
         run_dir = Path(params["runs_dir"]) / f"{spec.name or spec.model}-DRYRUN"
         click.echo(backend.submit_dryrun(spec, run_dir).render())
+        show_quote([(spec, 1)], params)
         return
     backend.validate(spec)
+    guard([(spec, 1)], params)
     run_dir = new_run_dir(Path(params["runs_dir"]), spec.name or f"{spec.model}-{spec.engine.name}-{spec.nodes}x{spec.gpus_per_node}")
     run_and_show(backend, spec, run_dir, detach)
 
@@ -382,8 +386,10 @@ def sweep_cmd(workers: str | None, layouts: str | None, mode: str, repeats: int,
             run_dir = Path(params["runs_dir"]) / f"sweep-DRYRUN/{spec.nodes}x{spec.gpus_per_node}"
             for request in backend.submit_dryrun_batch(spec, repeat_dirs(run_dir, repeats)):
                 click.echo(request.render())
+        show_quote([(spec, repeats) for spec in specs], params)
         return
     backend.validate(base)
+    guard([(spec, repeats) for spec in specs], params)
     sweep_dir = run_sweep(backend, specs, Path(params["runs_dir"]), base.name or f"sweep-{base.model}-{mode}", repeats)
     report_dirs([sweep_dir], out=sweep_dir, fmt="table")
 

@@ -39,6 +39,7 @@ from core.spec import Spec, read_yaml_mapping
 from costs.studies import price_money_table
 from launcher.backend import get_backend
 from launcher.cli import console
+from launcher.pricing import guard, price_options, show_quote
 from launcher.sweep import parse_layouts, run_sweep, sweep_specs
 from train.bench import gemm_sweep, knee, step_sweep
 
@@ -209,18 +210,26 @@ def study_report(study_dir: Path, study: Study) -> Path:
 @click.option("--scale", help="A named scale of the study (e.g. test, cpu, seed); default: the file's base.")
 @click.option("--backend", type=str, help="Run on this backend instead of the study's (local, slurm, k8s, aws).")
 @click.option("--runs-dir", type=click.Path(file_okay=False), default="runs", show_default=True)
-@click.option("--dry-run", is_flag=True, help="Print every variant x layout request and run nothing.")
-def study_cmd(study_file: str, scale: str | None, backend: str | None, runs_dir: str, dry_run: bool) -> None:
+@click.option("--dry-run", is_flag=True, help="Print every variant x layout request (and, on stderr, what it "
+                                             "would cost) and run nothing.")
+@price_options
+def study_cmd(study_file: str, scale: str | None, backend: str | None, runs_dir: str, dry_run: bool, **price: Any) -> None:
     """Run a seed's study (examples/*.yaml) and write its tables (study.md, CSV) and scaling report."""
 
     study = load_study(Path(study_file), scale, {"backend": backend} if backend else None)
+    specs = [(spec, 1) for v in study.variants for spec in variant_specs(study, v)] if study.kind == "scaling" else []
+    price = {**price, "runs_dir": runs_dir}
     if dry_run:
         for v in study.variants:
             for spec in variant_specs(study, v):
                 b = get_backend(spec.backend, spec.backend_options)
                 click.echo(f"# variant {v.label!r}, layout {spec.nodes}x{spec.gpus_per_node}")
                 click.echo(b.submit_dryrun(spec, Path(runs_dir) / "study-DRYRUN" / f"{spec.nodes}x{spec.gpus_per_node}").render())
+        if specs:
+            show_quote(specs, price)
         return
+    if specs:
+        guard(specs, price)
     if study.kind == "gemm":
         path = gemm_study(study, Path(runs_dir))
     else:
