@@ -9,11 +9,13 @@ Cost points are handed in by the caller (costs/ sits above analysis/ and owns th
 from __future__ import annotations
 
 import html
+import os
 import platform
 import subprocess
 from importlib import metadata
 from pathlib import Path
 from typing import Any, Sequence
+from urllib.parse import quote
 
 import numpy as np
 import pandas as pd
@@ -158,9 +160,17 @@ def _cost_section(points: pd.DataFrame | None, basis: str) -> list[tuple[str, st
              + _table(["layout", "hours", "dollars", "$/hour"], rows))]
 
 
+def _href(path: Path, out: Path) -> str:
+    """A link from the page in `out` to `path`: relative, so the page and its runs can move together."""
+    try:
+        return quote(Path(os.path.relpath(path.resolve(), Path(out).resolve())).as_posix())
+    except ValueError:  # another drive (Windows): no relative path exists
+        return path.resolve().as_uri()
+
+
 def _profile_section(runs: Sequence[RunRecords], out: Path) -> list[tuple[str, str]]:
     """Links to the torch.profiler traces (Chrome trace format) recorded with --profile-steps."""
-    items = [f"<li><a href='{html.escape(p.resolve().as_uri())}'>{html.escape(f'{run.run_dir.name}/{p.name}')}</a></li>"
+    items = [f"<li><a href='{html.escape(_href(p, out))}'>{html.escape(f'{run.run_dir.name}/{p.name}')}</a></li>"
              for run in runs for p in sorted((run.run_dir / "profile").glob("*.json"))]
     if not items:
         return []

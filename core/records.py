@@ -59,7 +59,8 @@ KINDS: dict[str, dict[str, str]] = {
              # the gradient noise scale (train/noise.py), on the steps that estimated it
              "noise_scale": NUM + OPTIONAL, "noise_trace": NUM + OPTIONAL, "noise_grad_sq": NUM + OPTIONAL,
              "noise_s": NUM + OPTIONAL,
-             "loss_scale": NUM + OPTIONAL, "skipped": BOOL + OPTIONAL},  # the two: fp16's gradient scaler
+             "loss_scale": NUM + OPTIONAL, "skipped": BOOL + OPTIONAL,  # the two: fp16's gradient scaler
+             "profiled": BOOL + OPTIONAL},  # traced by --profile-steps: left out of timings
     "val": {"step": INT, "epoch": INT, "val_loss": NUM + OPTIONAL, "elapsed_s": NUM},
     "event": {"event": STR},
     "error": {"message": STR},

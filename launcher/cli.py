@@ -174,6 +174,7 @@ _SPEC_OPTIONS: list[tuple[str, str, dict[str, Any]]] = [
     ("--fp16-allreduce/--no-fp16-allreduce", "engine.fp16_allreduce", dict(default=None, help="Same as --grad-compression fp16 (the older flag).")),
     ("--bucket-cap-mb", "engine.bucket_cap_mb", dict(type=float, help="DDP gradient bucket size.")),
     ("--ps-shards", "engine.ps_shards", dict(type=int, help="Parameter-server shards, colocated with workers [default: one per node].")),
+    ("--profile-steps", "profile_steps", dict(type=str, metavar="A:B", help="Record a torch.profiler trace of steps A..B on every rank (RUN_DIR/profile/rank-R.json, Chrome trace format; the HTML report links them); those steps are left out of the timings.")),
     ("--name", "name", dict(type=str, help="Run name (prefix of the run directory).")),
 ]
 

@@ -29,7 +29,7 @@ def html_report(tmp_path_factory) -> Path:
     tmp = tmp_path_factory.mktemp("html")
     runs = tmp / "runs"
     proc = launch(*TINY, "--engine", "ddp", "--gpus-per-node", "2", "--steps", "12", "--val-every", "4",
-                  "--loss-threshold", "100", "--runs-dir", str(runs), cwd=tmp)
+                  "--loss-threshold", "100", "--profile-steps", "2:3", "--runs-dir", str(runs), cwd=tmp)
     assert proc.returncode == 0, proc.stderr
     proc = launch("report", str(only_run_dir(runs)), "--format", "html", "--out", str(tmp / "out"), cwd=tmp)
     assert proc.returncode == 0, proc.stderr
@@ -53,3 +53,35 @@ def test_chromium_shows_the_report(html_report, tmp_path):
     for what in ("PyTorch", "Horovod", "git commit", "CPU model", "GPU model", "backend", "local", "1x2"):
         assert what in dom, what
     assert "2.13" in dom  # the PyTorch version, read from the installed package
+
+
+def test_profile_steps_write_a_chrome_trace_per_rank_that_the_page_links(html_report):
+    """--profile-steps 2:3: each rank's torch.profiler trace of steps 2..3, in Chrome trace format,
+    linked from the page by a relative path; the traced steps are marked and left out of timings."""
+    import json
+    from urllib.parse import unquote
+
+    run = only_run_dir(html_report.parent.parent / "runs")
+    traces = sorted((run / "profile").glob("*.json"))
+    assert [p.name for p in traces] == ["rank-0.json", "rank-1.json"]
+    for trace in traces:
+        events = json.loads(trace.read_text())["traceEvents"]
+        assert any(e.get("ph") == "X" and "aten::" in e.get("name", "") for e in events)
+    steps = [json.loads(x) for x in (run / "records" / "rank-0.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in steps if r.get("profiled")] == [2, 3]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["steps_measured"] == 1 and summary["steps_warmup"] == 3  # 1 warm-up + 2 traced; stopped at 4
+    page = html_report.read_text()
+    assert "<h2>Profiler traces</h2>" in page
+    hrefs = [h.split("'")[0] for h in page.split("href='")[1:]]
+    linked = {(html_report.parent / unquote(h)).resolve() for h in hrefs if h.endswith(".json")}
+    assert linked == {t.resolve() for t in traces}
+
+
+@pytest.mark.parametrize("value, words", [("5:3", "1 <= A <= B"), ("-1:2", "1 <= A <= B"), ("0:2", "1 <= A <= B"),
+                                          ("2-3", "takes A:B"), ("4:50", "ends after the last step (12)")])
+def test_bad_profile_steps_are_refused_before_anything_runs(tmp_path, value, words):
+    proc = launch(*TINY, "--steps", "12", "--profile-steps", value, "--runs-dir", str(tmp_path / "runs"),
+                  "--dry-run", cwd=tmp_path)
+    assert proc.returncode == 2 and words in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "runs").exists()

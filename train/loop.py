@@ -52,6 +52,7 @@ from train.engines import Engine, make_engine
 from train.models import PRESETS, build_model, config_with_overrides
 from train.noise import NoiseMeter
 from train.precision import Precision, make_precision
+from train.profiling import StepProfiler
 
 BUCKET_BATCHES = 50  # length bucketing sorts within windows of this many global batches
 # Test aids (tests/test_resume.py, tests/test_local_runs.py), read after each step:
@@ -178,10 +179,13 @@ def train(run_dir: Path) -> str:
     progress = resume(run_dir, run)
     out = open_records(run_dir, run, progress)
     reason = "steps" if spec.steps is not None else "epochs"
+    profiler = StepProfiler(run_dir, spec, run.rank, run.device)  # --profile-steps A:B
     with Prefetcher(batches(run, progress.shares, progress.step), spec.data.prefetch, run.device) as stream:
         while progress.step < run.total_steps:
+            profiler.before(progress.step + 1)
             record = train_step(run, progress, stream)
-            out.write("step", **record)
+            out.write("step", **record, **({"profiled": True} if profiler.active else {}))
+            profiler.after(progress.step, out)
             rebalance(run, progress, record, out)
             if spec.val_every and progress.step % spec.val_every == 0 and validate_and_judge(run, progress, out):
                 reason = "threshold"
@@ -194,6 +198,7 @@ def train(run_dir: Path) -> str:
                 reason = "interrupted"
             if reason in ("interrupted", "threshold"):
                 break
+    profiler.close(progress.step, out)
     finish(run, progress, out, reason)
     return reason
 
