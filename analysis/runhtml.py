@@ -177,12 +177,24 @@ def _profile_section(runs: Sequence[RunRecords], out: Path) -> list[tuple[str, s
     return [("Profiler traces", "<p>Open in chrome://tracing or https://ui.perfetto.dev.</p><ul>" + "".join(items) + "</ul>")]
 
 
+def _warnings_section(warnings: Sequence[str]) -> list[tuple[str, str]]:
+    """The results that cannot be trusted (analysis.scaling.trust_warnings and the report's own), first
+    thing after the provenance: a reader must see them before the numbers they qualify."""
+    if not warnings:
+        return []
+    items = "".join(f"<li>{html.escape(w)}</li>" for w in warnings)
+    return [("Warnings", f"<div class='warn'><p>{len(warnings)} result(s) below cannot be trusted as they "
+                         f"stand:</p><ul>{items}</ul></div>")]
+
+
 def write_run_html(out: Path, title: str, table: pd.DataFrame, runs: Sequence[RunRecords],
-                   cost_points: pd.DataFrame | None = None, cost_basis: str = "") -> Path:
-    """Write report.html in `out`: provenance, scaling, loss, timeline, cost, profiler links."""
+                   cost_points: pd.DataFrame | None = None, cost_basis: str = "",
+                   warnings: Sequence[str] = ()) -> Path:
+    """Write report.html in `out`: provenance, warnings, scaling, loss, timeline, cost, profiler links."""
     thresholds = {r.spec.loss_threshold for r in runs} - {None}
     threshold = min(thresholds) if thresholds else None
     secs = [("Provenance", "<p>What produced these numbers.</p>" + _table(["what", "value"], provenance(runs)))]
+    secs += _warnings_section(warnings)
     secs += [s for s in scaling_sections(table) if s[0] != "Definitions"]
     secs.append(("Training and validation loss", "<p>Rank 0's training loss per step and the validation "
                  "loss; the dotted red line is the loss threshold.</p>"

@@ -482,7 +482,8 @@ def write_html_report(report) -> Path:
 
     runs = [load_run(r) for r in report.runs]
     points, basis = measured_cost_points(report.table, runs)
-    return write_run_html(report.markdown_path.parent, "Scaling report", report.table, runs, points, basis)
+    return write_run_html(report.markdown_path.parent, "Scaling report", report.table, runs, points, basis,
+                          report.warnings)
 
 
 # ---- status, logs, cancel ------------------------------------------------------------------------

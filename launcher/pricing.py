@@ -36,7 +36,7 @@ from core.spec import Spec, read_spec
 DEFAULT_CONFIRM_USD = 20.0
 # Spec fields that do not change how long a step takes (what `timing_key` leaves out).
 _UNTIMED = ("name", "steps", "epochs", "seed", "warmup_steps", "lr", "lr_warmup_steps", "lr_ref_batch",
-            "checkpoint_every", "loss_threshold", "clip_grad_norm", "nodes", "gpus_per_node", "backend_options")
+            "checkpoint_every", "loss_threshold", "clip_grad_norm", "profile_steps", "nodes", "gpus_per_node", "backend_options")
 
 
 def price_options(func: Callable) -> Callable:

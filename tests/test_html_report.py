@@ -47,7 +47,7 @@ def test_page_is_self_contained(html_report):
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (scripts/install.sh installs it with apt-get)")
 def test_chromium_shows_the_report(html_report, tmp_path):
     dom = _dom(html_report, tmp_path)
-    for heading in ("Provenance", "Speedup and efficiency", "Throughput", "Phase breakdown",
+    for heading in ("Provenance", "Warnings", "Profiler traces", "Speedup and efficiency", "Throughput", "Phase breakdown",
                     "Training and validation loss", "Per-rank timeline", "Cost against time", "Definitions"):
         assert f"<h2>{heading}</h2>" in dom, heading
     for what in ("PyTorch", "Horovod", "git commit", "CPU model", "GPU model", "backend", "local", "1x2"):
@@ -85,3 +85,17 @@ def test_bad_profile_steps_are_refused_before_anything_runs(tmp_path, value, wor
                   "--dry-run", cwd=tmp_path)
     assert proc.returncode == 2 and words in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "runs").exists()
+
+
+def test_the_page_shows_every_trust_warning(html_report):
+    """warnings.json's warnings (1 measured step, the threshold at the first validation) are on the
+    page, in a section of their own before the numbers."""
+    import html
+    import json
+
+    warnings = json.loads((html_report.parent / "warnings.json").read_text())
+    assert any("measured step" in w for w in warnings) and any("first validation" in w for w in warnings)
+    page = html_report.read_text()
+    assert page.index("<h2>Warnings</h2>") < page.index("<h2>Speedup and efficiency</h2>")
+    for warning in warnings:
+        assert html.escape(warning) in page, warning
