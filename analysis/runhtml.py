@@ -177,6 +177,12 @@ def _profile_section(runs: Sequence[RunRecords], out: Path) -> list[tuple[str, s
     return [("Profiler traces", "<p>Open in chrome://tracing or https://ui.perfetto.dev.</p><ul>" + "".join(items) + "</ul>")]
 
 
+def _study_table(df: pd.DataFrame) -> str:
+    """One of a study's seed-shaped tables as it was written (its CSV), empty cells as a dash."""
+    cells = df.astype(object).where(df.notna(), "—")
+    return _table([str(c) for c in df.columns], cells.values.tolist())
+
+
 def _warnings_section(warnings: Sequence[str]) -> list[tuple[str, str]]:
     """The results that cannot be trusted (analysis.scaling.trust_warnings and the report's own), first
     thing after the provenance: a reader must see them before the numbers they qualify."""
@@ -189,13 +195,15 @@ def _warnings_section(warnings: Sequence[str]) -> list[tuple[str, str]]:
 
 def write_run_html(out: Path, title: str, table: pd.DataFrame, runs: Sequence[RunRecords],
                    cost_points: pd.DataFrame | None = None, cost_basis: str = "",
-                   warnings: Sequence[str] = ()) -> Path:
-    """Write report.html in `out`: provenance, warnings, scaling, loss, timeline, cost, profiler links."""
+                   warnings: Sequence[str] = (), tables: Sequence[tuple[str, pd.DataFrame]] = ()) -> Path:
+    """Write report.html in `out`: provenance, warnings, scaling, `tables` (a study's), loss, timeline,
+    cost, profiler links."""
     thresholds = {r.spec.loss_threshold for r in runs} - {None}
     threshold = min(thresholds) if thresholds else None
     secs = [("Provenance", "<p>What produced these numbers.</p>" + _table(["what", "value"], provenance(runs)))]
     secs += _warnings_section(warnings)
     secs += [s for s in scaling_sections(table) if s[0] != "Definitions"]
+    secs += [(f"Study table: {name}", _study_table(df)) for name, df in tables]
     secs.append(("Training and validation loss", "<p>Rank 0's training loss per step and the validation "
                  "loss; the dotted red line is the loss threshold.</p>"
                  + _img(figure_png(plot_loss_curves(runs, threshold)), "loss curves")))

@@ -410,7 +410,7 @@ def sweep_cmd(workers: str | None, layouts: str | None, mode: str, repeats: int,
 def report_cmd(run_dirs: tuple[str, ...], from_csv: str | None, compare: bool, out: str | None, fmt: str) -> None:
     """Throughput, speedup and efficiency per layout from the runs' records.
 
-    RUN_DIRS are run directories or sweep directories (their runs are all taken). Speedup is relative to
+    RUN_DIRS are run, sweep or study directories (their runs are all taken). Speedup is relative to
     the layout with the fewest workers; the slowest rank sets each step's time. With --from-csv FILE the
     rows of FILE are used instead (speedup relative to the fewest workers of the same label).
     """
@@ -466,7 +466,7 @@ def report_dirs(paths: list[Path], out: Path | None, fmt: str) -> None:
     elif fmt == "markdown":
         click.echo(report.markdown_path.read_text())
     elif fmt == "html":
-        click.echo(str(write_html_report(report)))
+        click.echo(str(write_html_report(report, paths)))
     else:
         from analysis.report import print_scaling
 
@@ -474,16 +474,24 @@ def report_dirs(paths: list[Path], out: Path | None, fmt: str) -> None:
         console.print(f"report: [bold]{report.markdown_path}[/]  plot: {report.plot_path}")
 
 
-def write_html_report(report) -> Path:
-    """report.html beside report.md, with each layout's cost at the rates `costs.expected` assumes."""
+def write_html_report(report, paths: list[Path]) -> Path:
+    """report.html beside report.md, with each layout's cost at the rates `costs.expected` assumes; for
+    one study, titled by it and with its seed-shaped tables (the CSVs `launch study` wrote)."""
     from analysis.runhtml import write_run_html
     from core.records import load_run
+    from core.rundir import STUDY_FILE, read_json
     from costs.expected import measured_cost_points
 
     runs = [load_run(r) for r in report.runs]
     points, basis = measured_cost_points(report.table, runs)
-    return write_run_html(report.markdown_path.parent, "Scaling report", report.table, runs, points, basis,
-                          report.warnings)
+    title, tables = "Scaling report", []
+    if len(paths) == 1 and (paths[0] / STUDY_FILE).exists():
+        import pandas as pd
+
+        title = f"Study: {read_json(paths[0] / STUDY_FILE, STUDY_FILE).get('title') or paths[0].name}"
+        tables = [(csv.stem, pd.read_csv(csv)) for csv in sorted(paths[0].glob("*.csv"))]
+    return write_run_html(report.markdown_path.parent, title, report.table, runs, points, basis,
+                          report.warnings, tables)
 
 
 # ---- status, logs, cancel ------------------------------------------------------------------------

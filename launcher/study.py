@@ -34,7 +34,7 @@ from analysis.studies import (
 )
 from core.errors import SpecError
 from core.records import load_run
-from core.rundir import new_run_dir, read_json, write_json
+from core.rundir import STUDY_FILE, new_run_dir, study_sweeps, write_json
 from core.spec import Spec, read_yaml_mapping
 from costs.studies import price_money_table
 from launcher.backend import get_backend
@@ -179,15 +179,14 @@ def run_study(study: Study, runs_root: Path) -> Path:
         backend.validate(specs[0])
         sweep = run_sweep(backend, specs, study_dir, f"v{i}")
         sweeps.append({"label": variant.label, "dir": sweep.name})
-        write_json(study_dir / "study.json", {"title": study.title, "sweeps": sweeps})
+        write_json(study_dir / STUDY_FILE, {"title": study.title, "sweeps": sweeps})
     return study_dir
 
 
 def study_report(study_dir: Path, study: Study) -> Path:
     """The seed-shaped tables of the study's runs (a CSV each) and study.md, plus the scaling report."""
 
-    meta = read_json(study_dir / "study.json", "study file")
-    runs = expand_run_dirs([study_dir / s["dir"] for s in meta["sweeps"]])
+    runs = expand_run_dirs([sweep for _, sweep in study_sweeps(study_dir)])
     loaded = []
     for run in runs:
         records = load_run(run)  # each run is read once, for its summary and its per-step table

@@ -99,3 +99,26 @@ def test_the_page_shows_every_trust_warning(html_report):
     assert page.index("<h2>Warnings</h2>") < page.index("<h2>Speedup and efficiency</h2>")
     for warning in warnings:
         assert html.escape(warning) in page, warning
+
+
+def test_a_study_gets_one_page_with_its_tables(tmp_path):
+    """`launch report STUDY --format html`: the study's runs (every variant's sweep) on one page, titled
+    by the study, with its seed-shaped tables; before, a study directory was refused."""
+    recipe = tmp_path / "tiny.yaml"
+    recipe.write_text("title: 'Tiny study: two layouts'\nseed_scale: none, a test\nmode: strong\nlayouts: [1x1, 1x2]\n"
+                      "base: {model: nmt-tiny, data: {kind: task, prefetch: 1}, engine: {name: ddp}, steps: 6,\n"
+                      "       warmup_steps: 1, global_batch: 8}\n"
+                      "variants: [{label: fused}]\ntables: [throughput]\n")
+    proc = launch("study", str(recipe), "--runs-dir", "runs", cwd=tmp_path, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    study = only_run_dir(tmp_path / "runs")
+    proc = launch("report", str(study), "--format", "html", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    page = Path(proc.stdout.strip().splitlines()[-1])
+    assert page == study / "report.html"
+    text = page.read_text()
+    assert "<title>Study: Tiny study: two layouts</title>" in text
+    assert "<h2>Study table: throughput</h2>" in text and "Processing speed (words/s)" in text
+    assert text.count("<tr><td>fused</td>") >= 2  # the variant's series: both layouts in the scaling table
+    proc = launch("report", str(study), "--format", "json", cwd=tmp_path)
+    assert proc.returncode == 0 and sorted(r["workers"] for r in __import__("json").loads(proc.stdout)) == [1, 2]
