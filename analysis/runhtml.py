@@ -11,8 +11,6 @@ from __future__ import annotations
 import html
 import os
 import platform
-import subprocess
-from importlib import metadata
 from pathlib import Path
 from typing import Any, Sequence
 from urllib.parse import quote
@@ -28,52 +26,29 @@ __all__ = ["provenance", "plot_loss_curves", "plot_rank_timeline", "plot_cost_ti
 _PHASES = ("data_s", "forward_s", "backward_s", "exchange_s", "optimizer_s")
 
 
-def _version(dist: str) -> str:
-    try:
-        return metadata.version(dist)
-    except metadata.PackageNotFoundError:
-        return "not installed"
+# (label, start-record field) of the provenance table: what ran, read back from the ranks' records
+_PROVENANCE = (("scalelab", "scalelab_version"), ("PyTorch", "torch_version"), ("Horovod", "horovod_version"),
+               ("Python", "python_version"), ("git commit", "git_commit"), ("host", "host"),
+               ("CPU model", "cpu_model"), ("GPU model", "gpu_model"), ("rank devices", "device"))
 
 
-def _git_commit() -> str:
-    """The commit of the scalelab source this report was made with, when it lies in a git repository."""
-    try:
-        out = subprocess.run(["git", "-C", str(Path(__file__).resolve().parent), "rev-parse", "HEAD"],
-                             capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return "not a git checkout"
-    return out.stdout.strip() if out.returncode == 0 else "not a git checkout"
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
-def _gpu_model() -> str:
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return "none (no nvidia-smi)"
-    names = sorted(set(out.stdout.split("\n")) - {""})
-    return ", ".join(names) if out.returncode == 0 and names else "none found"
+def _recorded(runs: Sequence[RunRecords], column: str) -> str:
+    """The distinct values of a start-record field over the runs; "unknown" when no run recorded it
+    (runs from before it was recorded), "none" when recorded as null (no GPU, Horovod not installed)."""
+    frames = [r.start[column] for r in runs if column in r.start.columns]
+    if not frames:
+        return "unknown"
+    values = sorted({str(v) for f in frames for v in f.dropna()})
+    return ", ".join(values) or "none"
 
 
 def provenance(runs: Sequence[RunRecords]) -> list[tuple[str, str]]:
-    """(name, value) rows saying what made the numbers: software, source commit, machine, backend."""
+    """(name, value) rows saying what made the numbers, as the ranks recorded it in their start records
+    (core/provenance.py): software, source commit, machines, backend; then where the report was made."""
     backends = sorted({str(r.spec.backend) for r in runs})
-    devices = sorted({str(d) for r in runs if "device" in r.start for d in r.start["device"].dropna()})
-    return [("scalelab", _version("scalelab")), ("PyTorch", _version("torch")),
-            ("Horovod", _version("horovod")), ("git commit", _git_commit()),
-            ("host (report)", platform.node()), ("CPU model", _cpu_model()), ("GPU model", _gpu_model()),
-            ("backend", ", ".join(backends) or "unknown"), ("rank devices", ", ".join(devices) or "unknown"),
-            ("Python", platform.python_version())]
+    rows = [(label, _recorded(runs, column)) for label, column in _PROVENANCE]
+    return rows + [("backend", ", ".join(backends) or "unknown"),
+                   ("report made on (host)", platform.node() or "unknown")]
 
 
 def _name(run: RunRecords) -> str:

@@ -122,3 +122,50 @@ def test_a_study_gets_one_page_with_its_tables(tmp_path):
     assert text.count("<tr><td>fused</td>") >= 2  # the variant's series: both layouts in the scaling table
     proc = launch("report", str(study), "--format", "json", cwd=tmp_path)
     assert proc.returncode == 0 and sorted(r["workers"] for r in __import__("json").loads(proc.stdout)) == [1, 2]
+
+
+_PROVENANCE_FIELDS = ("host", "cpu_model", "gpu_model", "scalelab_version", "torch_version", "horovod_version",
+                      "python_version", "git_commit")
+
+
+def _rewrite_start_records(run: Path, change) -> None:
+    import json
+
+    for path in (run / "records").glob("rank-*.jsonl"):
+        recs = [json.loads(x) for x in path.read_text().splitlines()]
+        path.write_text("".join(json.dumps(change(r) if r["kind"] == "start" else r) + "\n" for r in recs))
+
+
+def test_provenance_is_what_the_ranks_recorded(html_report, tmp_path):
+    """The start records carry the machine (every rank) and the software (rank 0) that ran; the page
+    shows those, not the report machine's; runs recorded before that show "unknown"."""
+    import json
+    import platform
+
+    import torch
+
+    from tests.conftest import ROOT
+
+    run = only_run_dir(html_report.parent.parent / "runs")
+    start = [json.loads(x) for x in (run / "records" / "rank-0.jsonl").read_text().splitlines()][0]
+    other = [json.loads(x) for x in (run / "records" / "rank-1.jsonl").read_text().splitlines()][0]
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    assert start["host"] == platform.node() == other["host"] and start["torch_version"] == torch.__version__
+    assert start["git_commit"].removesuffix("+dirty") == head and start["gpu_model"] is None  # CPU ranks
+    assert "git_commit" not in other and other["cpu_model"] == start["cpu_model"]
+
+    elsewhere, old = tmp_path / "elsewhere", tmp_path / "old"
+    shutil.copytree(run, elsewhere)
+    shutil.copytree(run, old)
+    _rewrite_start_records(elsewhere, lambda r: {**r, "host": "node-a17", "gpu_model": "Tesla V100-SXM2-16GB"})
+    _rewrite_start_records(old, lambda r: {k: v for k, v in r.items() if k not in _PROVENANCE_FIELDS})
+    for copy in (elsewhere, old):
+        proc = launch("report", str(copy), "--format", "html", "--out", str(copy / "html"), cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr
+    page = (elsewhere / "html" / "report.html").read_text()
+    assert "<tr><td>host</td><td>node-a17</td></tr>" in page
+    assert "<tr><td>GPU model</td><td>Tesla V100-SXM2-16GB</td></tr>" in page
+    assert f"<tr><td>git commit</td><td>{start['git_commit']}</td></tr>" in page
+    page = (old / "html" / "report.html").read_text()
+    for label in ("host", "git commit", "CPU model", "PyTorch"):
+        assert f"<tr><td>{label}</td><td>unknown</td></tr>" in page, label

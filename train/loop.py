@@ -35,6 +35,7 @@ import torch
 
 from core.errors import ScalelabError
 from core.procs import LAUNCHER_ENV, started_at
+from core.provenance import machine, software
 from core.records import RecordWriter, record_error
 from core.spec import Spec, read_spec
 from train import balance
@@ -279,6 +280,8 @@ def open_records(run_dir: Path, run: Run, progress: Progress) -> RecordWriter:
         balance=spec.balance, emulate_slowdown=run.slowdown, resumed_from_step=progress.resumed_from,
         precision=spec.precision, grad_compression=spec.engine.grad_compression,
         params=sum(p.numel() for p in model.parameters()), grad_bytes=grad_bytes(model, spec.engine.grad_compression),
+        **machine(torch.cuda.get_device_name(run.device) if run.device.type == "cuda" else None),
+        **(software(torch.__version__) if run.rank == 0 else {}),
     )
     if progress.resumed_from is not None:
         out.event("resume", step=progress.step)
