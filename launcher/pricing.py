@@ -100,6 +100,19 @@ def quote(specs: list[tuple[Spec, int]], params: dict[str, Any]) -> Quote | None
     return Quote(lines, total, peak)
 
 
+def fleet_rate(spec: Spec) -> float | None:
+    """The fleet's price per hour as the catalog and prices file know it (recorded in launch.json, for
+    `launch ls`'s cost so far); None where nothing prices it or the price is not known."""
+    from costs.catalog import DEFAULT_REGION, load_catalog
+    from costs.expected import fleet_price
+
+    try:
+        catalog = load_catalog(region=spec.backend_options.get("region") or DEFAULT_REGION)
+        return fleet_price(spec, catalog)[0] if _priced(spec, catalog) else None
+    except ScalelabError:
+        return None
+
+
 def _priced(spec: Spec, catalog) -> bool:
     inst = catalog.instances.get(spec.backend)
     return spec.backend == "aws" or (inst is not None and inst.provider == "rate")

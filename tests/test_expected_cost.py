@@ -77,18 +77,24 @@ def test_on_premise_rate_prices_slurm_and_no_rate_prices_nothing(tmp_path):
 
 
 def test_over_the_threshold_without_a_terminal_needs_yes(tmp_path):
-    """A local run with a rate: over --confirm-above-usd and no terminal it is refused naming --yes;
-    with --yes it runs; then a dry-run of the same spec is priced from that run's measured step time."""
-    runs = tmp_path / "runs"
-    args = [*TINY, "--runs-dir", str(runs), "--rate", "local=100/gpu-hour", "--confirm-above-usd", "0"]
-    out = launch(*args, cwd=tmp_path, env=NO_PRICES)
+    """A local run with a rate in the prices file: over --confirm-above-usd and no terminal it is
+    refused naming --yes; with --yes it runs and records its price per hour (`launch ls` shows its
+    cost); then a dry-run of the same spec is priced from that run's measured step time."""
+    runs, prices = tmp_path / "runs", tmp_path / "prices.json"
+    prices.write_text(json.dumps({"rates": [{"name": "local", "usd_per_gpu_hour": 100}]}))
+    env = {"SCALELAB_PRICES": str(prices)}
+    args = [*TINY, "--runs-dir", str(runs), "--confirm-above-usd", "0"]
+    out = launch(*args, cwd=tmp_path, env=env)
     assert out.returncode == 2 and "pass --yes" in out.stderr and "--confirm-above-usd" in out.stderr
-    assert not runs.exists()
-    out = launch(*args, "--yes", cwd=tmp_path, env=NO_PRICES)
+    assert "fleet $100.00/hour (rate 'local' from " in out.stderr and not runs.exists()
+    out = launch(*args, "--yes", cwd=tmp_path, env=env)
     assert out.returncode == 0, out.stderr
     run = only_run_dir(runs)
+    assert json.loads((run / "launch.json").read_text())["usd_per_hour"] == 100.0
+    listed = json.loads(launch("ls", "--runs-dir", str(runs), "--format", "json", cwd=tmp_path, env=env).stdout)
+    assert listed[0]["cost_usd"] > 0
     measured = json.loads((run / "summary.json").read_text())["step_s_median"]
-    out = launch(*args, "--dry-run", cwd=tmp_path, env=NO_PRICES)
+    out = launch(*args, "--dry-run", cwd=tmp_path, env=env)
     assert f"x {measured:.3g} s/step (median measured in {run})" in out.stderr, out.stderr
 
 
