@@ -29,7 +29,8 @@ __all__ = ["plot_cost_frontier", "plot_phases", "plot_loss", "plot_predictions",
 _CSS = """body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
 table{border-collapse:collapse;margin:1em 0;font-size:90%}th,td{border:1px solid #ccc;padding:4px 8px}
 td.n{text-align:right;font-variant-numeric:tabular-nums}th{background:#f3f3f3}img{max-width:100%}
-.note{color:#555}.rec{background:#eef7ee;padding:.5em 1em;border-left:4px solid #4a4}"""
+.note{color:#555}.rec{background:#eef7ee;padding:.5em 1em;border-left:4px solid #4a4}
+.warn{background:#fff6e0;padding:.5em 1em;border-left:4px solid #d90}"""
 
 
 def _fig(panels: int = 1, height: float = 4.2) -> Figure:

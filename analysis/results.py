@@ -24,11 +24,13 @@ from core.errors import RecordError
 from core.records import load_run
 from core.rundir import (
     COMPLETED,
+    STUDY_FILE,
     SWEEP_FILE,
     RunPaths,
     read_json,
     read_state,
     run_state,
+    study_sweeps,
     sweep_runs,
 )
 from core.spec import Spec, read_spec
@@ -49,18 +51,44 @@ def summarize_dir(run_dir: Path) -> LayoutSummary:
 
 
 def expand_run_dirs(paths: list[Path]) -> list[Path]:
-    """Run directories as given, sweep directories replaced by their runs (in sweep order)."""
+    """Run directories as given, sweep directories replaced by their runs (in sweep order), study
+    directories by their sweeps' runs (in study order)."""
     out: list[Path] = []
     for p in paths:
-        if (p / SWEEP_FILE).exists():
+        if (p / STUDY_FILE).exists():
+            out.extend(expand_run_dirs([sweep for _, sweep in study_sweeps(p) if (sweep / SWEEP_FILE).exists()]))
+        elif (p / SWEEP_FILE).exists():
             out.extend(sweep_runs(p))
         elif (p / "spec.json").exists():
             out.append(p)
         elif not p.exists():
-            raise RecordError(f"not found: {p} (give run directories or sweep directories)")
+            raise RecordError(f"not found: {p} (give run, sweep or study directories)")
         else:
-            raise RecordError(f"{p} is neither a run directory (no spec.json) nor a sweep directory (no {SWEEP_FILE})")
+            raise RecordError(f"{p} is not a run directory (no spec.json), a sweep directory (no {SWEEP_FILE}) "
+                              f"or a study directory (no {STUDY_FILE}); `launch ls` lists them")
     return out
+
+
+def _finished_runs(path: Path) -> tuple[list[Path], list[str]]:
+    """The runs of a run, sweep or study directory that a report takes, and warnings about the others."""
+    if (path / STUDY_FILE).exists():
+        runs, warnings = [], []
+        for label, sweep in study_sweeps(path):
+            if not (sweep / SWEEP_FILE).exists():
+                warnings.append(f"variant {label!r} of {path} never started; `launch study` runs it")
+                continue
+            try:
+                found, said = finished_layouts(sweep)
+            except RecordError as exc:  # one variant with nothing finished: report the others
+                found, said = [], [str(exc)]
+            runs += found
+            warnings += said
+        if not runs:
+            raise RecordError(f"no run of the study {path} has finished yet: {'; '.join(warnings)}")
+        return runs, warnings
+    if (path / SWEEP_FILE).exists():
+        return finished_layouts(path)
+    return expand_run_dirs([path]), []
 
 
 @dataclass
@@ -99,13 +127,14 @@ def build_report(paths: list[Path], out: Path | None = None) -> Report:
     """
     runs, warnings = [], []
     for p in paths:
-        found, said = finished_layouts(p) if (p / SWEEP_FILE).exists() else (expand_run_dirs([p]), [])
+        found, said = _finished_runs(p)
         runs += found
         warnings += said
     warnings += [f"{run_dir} has no summary.json (it did not finish normally); summarised from its records"
                  for run_dir in runs if not RunPaths(run_dir).summary.exists()]
     if out is None:
-        out = paths[0] if len(paths) == 1 and (paths[0] / SWEEP_FILE).exists() else _common_parent(runs) / (
+        grouped = len(paths) == 1 and ((paths[0] / SWEEP_FILE).exists() or (paths[0] / STUDY_FILE).exists())
+        out = paths[0] if grouped else _common_parent(runs) / (
             "report-" + datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))
     report = write_report([summarize_dir(run_dir) for run_dir in runs], runs, out)
     report.warnings = warnings + report.warnings

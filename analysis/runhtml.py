@@ -9,11 +9,11 @@ Cost points are handed in by the caller (costs/ sits above analysis/ and owns th
 from __future__ import annotations
 
 import html
+import os
 import platform
-import subprocess
-from importlib import metadata
 from pathlib import Path
 from typing import Any, Sequence
+from urllib.parse import quote
 
 import numpy as np
 import pandas as pd
@@ -26,52 +26,29 @@ __all__ = ["provenance", "plot_loss_curves", "plot_rank_timeline", "plot_cost_ti
 _PHASES = ("data_s", "forward_s", "backward_s", "exchange_s", "optimizer_s")
 
 
-def _version(dist: str) -> str:
-    try:
-        return metadata.version(dist)
-    except metadata.PackageNotFoundError:
-        return "not installed"
+# (label, start-record field) of the provenance table: what ran, read back from the ranks' records
+_PROVENANCE = (("scalelab", "scalelab_version"), ("PyTorch", "torch_version"), ("Horovod", "horovod_version"),
+               ("Python", "python_version"), ("git commit", "git_commit"), ("host", "host"),
+               ("CPU model", "cpu_model"), ("GPU model", "gpu_model"), ("rank devices", "device"))
 
 
-def _git_commit() -> str:
-    """The commit of the scalelab source this report was made with, when it lies in a git repository."""
-    try:
-        out = subprocess.run(["git", "-C", str(Path(__file__).resolve().parent), "rev-parse", "HEAD"],
-                             capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return "not a git checkout"
-    return out.stdout.strip() if out.returncode == 0 else "not a git checkout"
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
-def _gpu_model() -> str:
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return "none (no nvidia-smi)"
-    names = sorted(set(out.stdout.split("\n")) - {""})
-    return ", ".join(names) if out.returncode == 0 and names else "none found"
+def _recorded(runs: Sequence[RunRecords], column: str) -> str:
+    """The distinct values of a start-record field over the runs; "unknown" when no run recorded it
+    (runs from before it was recorded), "none" when recorded as null (no GPU, Horovod not installed)."""
+    frames = [r.start[column] for r in runs if column in r.start.columns]
+    if not frames:
+        return "unknown"
+    values = sorted({str(v) for f in frames for v in f.dropna()})
+    return ", ".join(values) or "none"
 
 
 def provenance(runs: Sequence[RunRecords]) -> list[tuple[str, str]]:
-    """(name, value) rows saying what made the numbers: software, source commit, machine, backend."""
+    """(name, value) rows saying what made the numbers, as the ranks recorded it in their start records
+    (core/provenance.py): software, source commit, machines, backend; then where the report was made."""
     backends = sorted({str(r.spec.backend) for r in runs})
-    devices = sorted({str(d) for r in runs if "device" in r.start for d in r.start["device"].dropna()})
-    return [("scalelab", _version("scalelab")), ("PyTorch", _version("torch")),
-            ("Horovod", _version("horovod")), ("git commit", _git_commit()),
-            ("host (report)", platform.node()), ("CPU model", _cpu_model()), ("GPU model", _gpu_model()),
-            ("backend", ", ".join(backends) or "unknown"), ("rank devices", ", ".join(devices) or "unknown"),
-            ("Python", platform.python_version())]
+    rows = [(label, _recorded(runs, column)) for label, column in _PROVENANCE]
+    return rows + [("backend", ", ".join(backends) or "unknown"),
+                   ("report made on (host)", platform.node() or "unknown")]
 
 
 def _name(run: RunRecords) -> str:
@@ -158,22 +135,50 @@ def _cost_section(points: pd.DataFrame | None, basis: str) -> list[tuple[str, st
              + _table(["layout", "hours", "dollars", "$/hour"], rows))]
 
 
+def _href(path: Path, out: Path) -> str:
+    """A link from the page in `out` to `path`: relative, so the page and its runs can move together."""
+    try:
+        return quote(Path(os.path.relpath(path.resolve(), Path(out).resolve())).as_posix())
+    except ValueError:  # another drive (Windows): no relative path exists
+        return path.resolve().as_uri()
+
+
 def _profile_section(runs: Sequence[RunRecords], out: Path) -> list[tuple[str, str]]:
     """Links to the torch.profiler traces (Chrome trace format) recorded with --profile-steps."""
-    items = [f"<li><a href='{html.escape(p.resolve().as_uri())}'>{html.escape(f'{run.run_dir.name}/{p.name}')}</a></li>"
+    items = [f"<li><a href='{html.escape(_href(p, out))}'>{html.escape(f'{run.run_dir.name}/{p.name}')}</a></li>"
              for run in runs for p in sorted((run.run_dir / "profile").glob("*.json"))]
     if not items:
         return []
     return [("Profiler traces", "<p>Open in chrome://tracing or https://ui.perfetto.dev.</p><ul>" + "".join(items) + "</ul>")]
 
 
+def _study_table(df: pd.DataFrame) -> str:
+    """One of a study's seed-shaped tables as it was written (its CSV), empty cells as a dash."""
+    cells = df.astype(object).where(df.notna(), "—")
+    return _table([str(c) for c in df.columns], cells.values.tolist())
+
+
+def _warnings_section(warnings: Sequence[str]) -> list[tuple[str, str]]:
+    """The results that cannot be trusted (analysis.scaling.trust_warnings and the report's own), first
+    thing after the provenance: a reader must see them before the numbers they qualify."""
+    if not warnings:
+        return []
+    items = "".join(f"<li>{html.escape(w)}</li>" for w in warnings)
+    return [("Warnings", f"<div class='warn'><p>{len(warnings)} result(s) below cannot be trusted as they "
+                         f"stand:</p><ul>{items}</ul></div>")]
+
+
 def write_run_html(out: Path, title: str, table: pd.DataFrame, runs: Sequence[RunRecords],
-                   cost_points: pd.DataFrame | None = None, cost_basis: str = "") -> Path:
-    """Write report.html in `out`: provenance, scaling, loss, timeline, cost, profiler links."""
+                   cost_points: pd.DataFrame | None = None, cost_basis: str = "",
+                   warnings: Sequence[str] = (), tables: Sequence[tuple[str, pd.DataFrame]] = ()) -> Path:
+    """Write report.html in `out`: provenance, warnings, scaling, `tables` (a study's), loss, timeline,
+    cost, profiler links."""
     thresholds = {r.spec.loss_threshold for r in runs} - {None}
     threshold = min(thresholds) if thresholds else None
     secs = [("Provenance", "<p>What produced these numbers.</p>" + _table(["what", "value"], provenance(runs)))]
+    secs += _warnings_section(warnings)
     secs += [s for s in scaling_sections(table) if s[0] != "Definitions"]
+    secs += [(f"Study table: {name}", _study_table(df)) for name, df in tables]
     secs.append(("Training and validation loss", "<p>Rank 0's training loss per step and the validation "
                  "loss; the dotted red line is the loss threshold.</p>"
                  + _img(figure_png(plot_loss_curves(runs, threshold)), "loss curves")))

@@ -76,7 +76,7 @@ def step_table(records: pd.DataFrame) -> pd.DataFrame:
       fast ranks' idle time (which shows up as a long `backward_s`/`exchange_s` while they wait
       in the all-reduce) with the slow rank's real work, and the shares would not sum to the step.
       Ties in `step_s` go to the lowest rank, so the choice is deterministic.
-    - `loss` is the plain mean of the ranks' losses (`lr` the largest rank's LR: they agree); `warmup` is true if any rank marked the step
+    - `loss` is the plain mean of the ranks' losses (`lr` the largest rank's LR: they agree); `warmup` is true if any rank marked the step (or traced it with --profile-steps)
       as warm-up; `ranks` counts the ranks that reported the step (fewer than the world size means
       the run stopped in the middle of that step); `time` is the latest rank's end-of-step time.
     - A step that a rank recorded twice (re-done after resuming from an older checkpoint) keeps
@@ -126,6 +126,8 @@ def _step_columns(records: pd.DataFrame) -> pd.DataFrame:
         cols["warmup"] = df["warmup"].fillna(False).astype(bool).to_numpy()
     else:
         cols["warmup"] = np.zeros(len(df), dtype=bool)
+    if "profiled" in df.columns:  # steps traced by --profile-steps ran slower: not timed, like warm-up
+        cols["warmup"] = cols["warmup"] | df["profiled"].fillna(False).astype(bool).to_numpy()
     work = pd.DataFrame(cols)
     if work["step_s"].isna().any() or work["step"].isna().any() or work["rank"].isna().any():
         raise RecordError("step records with an empty rank, step or step_s: the record files are corrupt")

@@ -35,6 +35,7 @@ RECORDS_DIR = "records"
 LOGS_DIR = "logs"
 CHECKPOINT_FILE = "checkpoint.pt"
 SWEEP_FILE = "sweep.json"  # a sweep directory: {"runs": [layout directory names, in sweep order], ...}
+STUDY_FILE = "study.json"  # a study directory: {"title": ..., "sweeps": [{"label": variant, "dir": sweep}, ...]}
 
 # ---- run states: every backend maps its own (Slurm's, Kubernetes', EC2's) onto these -------------
 PENDING = "PENDING"      # queued, instances booting, pods being scheduled
@@ -206,6 +207,17 @@ def sweep_runs(sweep_dir: Path) -> list[Path]:
         raise RecordError(f"{Path(sweep_dir) / SWEEP_FILE} has no list of layout directories under \"runs\"; "
                           "restore it or run the sweep again")
     return [Path(sweep_dir) / name for name in names]
+
+
+def study_sweeps(study_dir: Path) -> list[tuple[str, Path]]:
+    """(variant label, sweep directory) of a study, in study order (a sweep may not have started)."""
+    meta = read_json(Path(study_dir) / STUDY_FILE, STUDY_FILE)
+    sweeps = meta.get("sweeps") if isinstance(meta, dict) else None
+    if not isinstance(sweeps, list) or not all(isinstance(s, dict) and isinstance(s.get("dir"), str) and s["dir"]
+                                               and "/" not in s["dir"] for s in sweeps):
+        raise RecordError(f"{Path(study_dir) / STUDY_FILE} has no list of sweeps (label, dir) under \"sweeps\"; "
+                          "restore it or run the study again")
+    return [(str(s.get("label", s["dir"])), Path(study_dir) / s["dir"]) for s in sweeps]
 
 
 def run_state(run_dir: Path) -> str | None:

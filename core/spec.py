@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -142,6 +143,7 @@ class Spec:
     balance_every: int = checked(10, POSITIVE)
     emulate_slowdown: list[float] = field(default_factory=list)
     device: str = checked("auto", one_of(*DEVICES))
+    profile_steps: str | None = None  # "A:B": a torch.profiler trace of steps A..B per rank (profile_range)
     name: str | None = None
     # how this run's total work relates to its sweep's smallest layout (set by `launch sweep`:
     # fixed = the same job, growing = the same work per worker); None for a run outside a sweep
@@ -187,6 +189,20 @@ class Spec:
         if ref is None:
             ref = self.batch_per_worker if self.batch_per_worker is not None else self.resolved_global_batch(default_batch)
         return self.resolved_global_batch(default_batch) / ref
+
+    def profile_range(self) -> tuple[int, int] | None:
+        """--profile-steps A:B as (A, B): the first and last step traced, 1-based as step records count."""
+        if self.profile_steps is None:
+            return None
+        m = re.fullmatch(r"\s*(\d+)\s*:\s*(\d+)\s*", str(self.profile_steps))
+        a, b = (int(m[1]), int(m[2])) if m else (0, 0)
+        if not m or a < 1 or b < a:
+            raise SpecError(f"--profile-steps takes A:B, the first and last step to trace with 1 <= A <= B "
+                            f"(steps count from 1), e.g. 6:8; got {self.profile_steps!r}")
+        if self.steps is not None and b > self.steps:
+            raise SpecError(f"--profile-steps {a}:{b} ends after the last step ({self.steps}); "
+                            f"choose B <= --steps {self.steps}, e.g. --profile-steps {min(a, self.steps)}:{self.steps}")
+        return a, b
 
     # ---- validation ----------------------------------------------------------------------
 
@@ -263,6 +279,7 @@ class Spec:
         if self.data.kind == "shards" and "://" not in self.data.shards and not Path(self.data.shards, "manifest.json").is_file():
             raise SpecError(f"--shards {self.data.shards} holds no manifest.json: run launch prep --out {self.data.shards} first")
         self._check_precision()
+        self.profile_range()
 
     def _check_precision(self) -> None:
         if self.precision == "fp16" and self.device == "cpu":

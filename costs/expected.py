@@ -12,14 +12,14 @@ spot) in the catalog; any other backend from an on-premise rate named after the 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
 import pandas as pd
 
 from core.spec import DEFAULT_AWS_INSTANCE_TYPE, Spec
 from costs.billing import Mix
-from costs.catalog import Catalog, load_catalog
+from costs.catalog import DEFAULT_REGION, Catalog, CatalogError, load_catalog
 
 __all__ = ["ASSUMED_GPU_HOUR_USD", "ASSUMED_STEP_S", "Estimate", "fleet_price", "expected_cost",
            "measured_cost_points"]
@@ -39,40 +39,69 @@ class Estimate:
     step_basis: str
     hours: float
     dollars: float
+    startup_s: float = 0.0
 
     def line(self) -> str:
         """One line for the terminal: price per hour, expected dollars and both assumptions."""
         steps = "unknown steps (--epochs)" if self.steps is None else f"{self.steps} steps"
-        return (f"fleet ${self.usd_per_hour:,.2f}/hour ({self.rate_basis}); expected ${self.dollars:,.2f} "
-                f"for {steps} x {self.step_s:.3g} s/step ({self.step_basis}) = {self.hours:.3g} h")
+        dollars = "unknown" if math.isnan(self.dollars) else f"${self.dollars:,.2f}"
+        startup = f" + {self.startup_s:.3g} s start-up" if self.startup_s else ""
+        return (f"fleet ${self.usd_per_hour:,.2f}/hour ({self.rate_basis}); expected {dollars} "
+                f"for {steps} x {self.step_s:.3g} s/step ({self.step_basis}){startup} = {self.hours:.3g} h")
+
+    def with_step_basis(self, basis: str) -> "Estimate":
+        """The same estimate, saying where its measured step time came from."""
+        return replace(self, step_basis=basis)
 
 
 def fleet_price(spec: Spec, catalog: Catalog | None = None) -> tuple[float, str]:
     """USD per hour of every node of `spec` together, and where the price comes from."""
     catalog = catalog or load_catalog()
     if spec.backend == "aws":
-        opts = spec.backend_options
-        mix = Mix.for_nodes(str(opts.get("instance_type", DEFAULT_AWS_INSTANCE_TYPE)), spec.nodes, catalog, provider="aws")
-        market = "spot" if opts.get("spot") else "on-demand"
-        region = opts.get("region") or None
-        return mix.usd_per_hour(catalog, market, region), f"{mix} {market}"
+        return _aws_price(spec, catalog)
     inst = catalog.instances.get(spec.backend)
     if inst is not None and inst.provider == "rate":
-        per_unit = catalog.price(spec.backend).usd_per_hour
+        price = catalog.price(spec.backend)
         units = spec.workers / inst.gpus
-        return per_unit * units, f"rate '{spec.backend}' from the prices file, {units:g} units"
+        return price.usd_per_hour * units, f"rate '{spec.backend}' from {price.source}, {units:g} units"
     return ASSUMED_GPU_HOUR_USD * spec.workers, (f"assumed on-premise ${ASSUMED_GPU_HOUR_USD:.2f}/GPU-hour x "
                                                  f"{spec.workers} GPUs; set a '{spec.backend}' rate in the prices file")
 
 
-def expected_cost(spec: Spec, step_s: float | None = None, catalog: Catalog | None = None) -> Estimate:
-    """Price per hour and expected dollars of `spec`: steps x `step_s` (measured) or ASSUMED_STEP_S."""
+def _aws_price(spec: Spec, catalog: Catalog) -> tuple[float, str]:
+    """The instance mix's price in the run's market and region; where the catalog lacks it, an
+    upper bound (spot: on-demand) or another region's price (us-east-1, built in), said as such."""
+    opts = spec.backend_options
+    mix = Mix.for_nodes(str(opts.get("instance_type", DEFAULT_AWS_INSTANCE_TYPE)), spec.nodes, catalog, provider="aws")
+    market = "spot" if opts.get("spot") else "on-demand"
+    region = opts.get("region") or catalog.region
+    tries = [(market, region, f"{mix} {market}")]
+    if market == "spot":  # a spot price never exceeds on-demand (the default maximum bid)
+        tries.append(("on-demand", region, f"{mix} spot at most the on-demand price (no spot price known: "
+                                            f"`launch cost --refresh spot --region {region}`)"))
+    if region != DEFAULT_REGION:
+        tries.append(("on-demand", DEFAULT_REGION, f"{mix} {market} assumed at most the {DEFAULT_REGION} on-demand "
+                                                   f"price (none known in {region}: `launch cost --refresh all "
+                                                   f"--region {region}`)"))
+    error: CatalogError | None = None
+    for market_, region_, basis in tries:
+        try:
+            return mix.usd_per_hour(catalog, market_, region_), basis
+        except CatalogError as exc:
+            error = error or exc  # the first: it names the price that was asked for
+    raise error
+
+
+def expected_cost(spec: Spec, step_s: float | None = None, catalog: Catalog | None = None,
+                  startup_s: float = 0.0) -> Estimate:
+    """Price per hour and expected dollars of `spec`: its steps x `step_s` (measured) or ASSUMED_STEP_S,
+    plus a measured start-up (launch to the first step: it is paid too)."""
     rate, rate_basis = fleet_price(spec, catalog)
     measured = step_s is not None
     step_s = float(step_s) if measured else ASSUMED_STEP_S
-    basis = "measured" if measured else "assumed; pass a measured one to know better"
-    hours = (spec.steps or 0) * step_s / 3600.0 if spec.steps is not None else math.nan
-    return Estimate(rate, rate_basis, spec.steps, step_s, basis, hours, rate * hours)
+    basis = "measured" if measured else "assumed: nothing measured; --expect-from RUN uses a run's"
+    hours = (spec.steps * step_s + startup_s) / 3600.0 if spec.steps is not None else math.nan
+    return Estimate(rate, rate_basis, spec.steps, step_s, basis, hours, rate * hours, startup_s)
 
 
 def _train_seconds(steps: pd.DataFrame) -> float:

@@ -48,6 +48,7 @@ from core.spec import (
 )
 from launcher import __version__
 from launcher.backend import backend_flags, get_backend, import_optional, options_type
+from launcher.pricing import guard, price_options, show_quote
 from launcher.runner import INTERRUPTED, detaching, err_console, execute, start_detached
 
 # Off a terminal (CI logs, pipes) rich would wrap tables at 80 columns; give them room instead.
@@ -176,6 +177,7 @@ _SPEC_OPTIONS: list[tuple[str, str, dict[str, Any]]] = [
     ("--bucket-cap-mb", "engine.bucket_cap_mb", dict(type=float, help="DDP gradient bucket size.")),
     ("--ps-shards", "engine.ps_shards", dict(type=int, help="Parameter-server shards, colocated with workers [default: one per node].")),
     ("--ps-state", "engine.ps_state", dict(type=click.Choice(PS_STATES), help="Where the parameter-server shards keep parameters and optimizer state: the workers' device, or the CPU (TensorFlow's PS placement) [default: device].")),
+    ("--profile-steps", "profile_steps", dict(type=str, metavar="A:B", help="Record a torch.profiler trace of steps A..B on every rank (RUN_DIR/profile/rank-R.json, Chrome trace format; the HTML report links them); those steps are left out of the timings.")),
     ("--name", "name", dict(type=str, help="Run name (prefix of the run directory).")),
 ]
 
@@ -197,8 +199,9 @@ def spec_options(func):
                         help="Backend option (repeatable); unknown ones are listed with the valid ones.")(func)
     func = click.option("--runs-dir", type=click.Path(file_okay=False), default=str(DEFAULT_RUNS_ROOT),
                         show_default=True, help="Where run directories are created.")(func)
-    func = click.option("--dry-run", is_flag=True, help="Print exactly what would be run and run nothing.")(func)
-    return func
+    func = click.option("--dry-run", is_flag=True, help="Print exactly what would be run and run nothing "
+                                                         "(and, on stderr, what it would cost).")(func)
+    return price_options(func)
 
 
 def _backend_flag(backend: str, flag: Flag):
@@ -299,8 +302,10 @@ def run_cmd(detach: bool, **params: Any) -> None:
     if params["dry_run"]:
         run_dir = Path(params["runs_dir"]) / f"{spec.name or spec.model}-DRYRUN"
         click.echo(backend.submit_dryrun(spec, run_dir).render())
+        show_quote([(spec, 1)], params)
         return
     backend.validate(spec)
+    guard([(spec, 1)], params)
     run_dir = new_run_dir(Path(params["runs_dir"]), spec.name or f"{spec.model}-{spec.engine.name}-{spec.nodes}x{spec.gpus_per_node}")
     run_and_show(backend, spec, run_dir, detach)
 
@@ -397,8 +402,10 @@ def sweep_cmd(workers: str | None, layouts: str | None, batch_scaling: str | Non
             run_dir = Path(params["runs_dir"]) / f"sweep-DRYRUN/{spec.nodes}x{spec.gpus_per_node}"
             for request in backend.submit_dryrun_batch(spec, repeat_dirs(run_dir, repeats)):
                 click.echo(request.render())
+        show_quote([(spec, repeats) for spec in specs], params)
         return
     backend.validate(base)
+    guard([(spec, repeats) for spec in specs], params)
     sweep_dir = run_sweep(backend, specs, Path(params["runs_dir"]), base.name or f"sweep-{base.model}-{mode}", repeats)
     report_dirs([sweep_dir], out=sweep_dir, fmt="table")
 
@@ -418,7 +425,7 @@ def sweep_cmd(workers: str | None, layouts: str | None, batch_scaling: str | Non
 def report_cmd(run_dirs: tuple[str, ...], from_csv: str | None, compare: bool, out: str | None, fmt: str) -> None:
     """Throughput, speedup and efficiency per layout from the runs' records.
 
-    RUN_DIRS are run directories or sweep directories (their runs are all taken). Speedup is relative to
+    RUN_DIRS are run, sweep or study directories (their runs are all taken). Speedup is relative to
     the layout with the fewest workers; the slowest rank sets each step's time. With --from-csv FILE the
     rows of FILE are used instead (speedup relative to the fewest workers of the same label).
     """
@@ -474,7 +481,7 @@ def report_dirs(paths: list[Path], out: Path | None, fmt: str) -> None:
     elif fmt == "markdown":
         click.echo(report.markdown_path.read_text())
     elif fmt == "html":
-        click.echo(str(write_html_report(report)))
+        click.echo(str(write_html_report(report, paths)))
     else:
         from analysis.report import print_scaling
 
@@ -482,15 +489,24 @@ def report_dirs(paths: list[Path], out: Path | None, fmt: str) -> None:
         console.print(f"report: [bold]{report.markdown_path}[/]  plot: {report.plot_path}")
 
 
-def write_html_report(report) -> Path:
-    """report.html beside report.md, with each layout's cost at the rates `costs.expected` assumes."""
+def write_html_report(report, paths: list[Path]) -> Path:
+    """report.html beside report.md, with each layout's cost at the rates `costs.expected` assumes; for
+    one study, titled by it and with its seed-shaped tables (the CSVs `launch study` wrote)."""
     from analysis.runhtml import write_run_html
     from core.records import load_run
+    from core.rundir import STUDY_FILE, read_json
     from costs.expected import measured_cost_points
 
     runs = [load_run(r) for r in report.runs]
     points, basis = measured_cost_points(report.table, runs)
-    return write_run_html(report.markdown_path.parent, "Scaling report", report.table, runs, points, basis)
+    title, tables = "Scaling report", []
+    if len(paths) == 1 and (paths[0] / STUDY_FILE).exists():
+        import pandas as pd
+
+        title = f"Study: {read_json(paths[0] / STUDY_FILE, STUDY_FILE).get('title') or paths[0].name}"
+        tables = [(csv.stem, pd.read_csv(csv)) for csv in sorted(paths[0].glob("*.csv"))]
+    return write_run_html(report.markdown_path.parent, title, report.table, runs, points, basis,
+                          report.warnings, tables)
 
 
 # ---- status, logs, cancel ------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from typing import Any
 from core.errors import ScalelabError
 from core.rundir import (
     ACTIVE,
+    STUDY_FILE,
     SWEEP_FILE,
     RunPaths,
     is_sweep,
@@ -29,7 +30,6 @@ from core.rundir import (
 )
 from core.spec import Spec, read_spec
 
-STUDY_FILE = "study.json"
 # The columns of `launch ls`, in order; JSON rows carry every one of them (None when not known).
 COLUMNS = ("name", "kind", "backend", "layout", "state", "steps", "words_per_s", "cost_usd", "age_s")
 

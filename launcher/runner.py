@@ -50,6 +50,7 @@ from core.rundir import (
 )
 from core.spec import Spec, save_spec
 from launcher.backend import Backend, RunStatus, rank_ends, silent_ranks
+from launcher.pricing import fleet_rate
 
 err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
 
@@ -128,8 +129,9 @@ def submit(backend: Backend, spec: Spec, *run_dirs: Path) -> None:
             if RunPaths(run_dir).launch.exists():
                 record_state(run_dir, CANCELLED if isinstance(exc, KeyboardInterrupt) else FAILED, str(exc) or repr(exc))
         raise
-    for run_dir in run_dirs:
-        update_state(run_dir, launched=launched)  # error records older than this belong to an earlier launch
+    rate = fleet_rate(spec)  # `launch ls` shows the cost so far from it
+    for run_dir in run_dirs:  # error records older than `launched` belong to an earlier launch
+        update_state(run_dir, launched=launched, **({"usd_per_hour": rate} if rate is not None else {}))
 
 
 # ---- the one interruption path ---------------------------------------------------------------------

@@ -34,11 +34,12 @@ from analysis.studies import (
 )
 from core.errors import SpecError
 from core.records import load_run
-from core.rundir import new_run_dir, read_json, write_json
+from core.rundir import STUDY_FILE, new_run_dir, study_sweeps, write_json
 from core.spec import MODE_AXES, Spec, read_yaml_mapping
 from costs.studies import price_money_table
 from launcher.backend import get_backend
 from launcher.cli import console
+from launcher.pricing import guard, price_options, show_quote
 from launcher.sweep import parse_layouts, run_sweep, sweep_specs
 from train.bench import gemm_sweep, knee, step_sweep
 
@@ -180,15 +181,14 @@ def run_study(study: Study, runs_root: Path) -> Path:
         backend.validate(specs[0])
         sweep = run_sweep(backend, specs, study_dir, f"v{i}")
         sweeps.append({"label": variant.label, "dir": sweep.name})
-        write_json(study_dir / "study.json", {"title": study.title, "sweeps": sweeps})
+        write_json(study_dir / STUDY_FILE, {"title": study.title, "sweeps": sweeps})
     return study_dir
 
 
 def study_report(study_dir: Path, study: Study) -> Path:
     """The seed-shaped tables of the study's runs (a CSV each) and study.md, plus the scaling report."""
 
-    meta = read_json(study_dir / "study.json", "study file")
-    runs = expand_run_dirs([study_dir / s["dir"] for s in meta["sweeps"]])
+    runs = expand_run_dirs([sweep for _, sweep in study_sweeps(study_dir)])
     loaded = []
     for run in runs:
         records = load_run(run)  # each run is read once, for its summary and its per-step table
@@ -211,18 +211,26 @@ def study_report(study_dir: Path, study: Study) -> Path:
 @click.option("--scale", help="A named scale of the study (e.g. test, cpu, seed); default: the file's base.")
 @click.option("--backend", type=str, help="Run on this backend instead of the study's (local, slurm, k8s, aws).")
 @click.option("--runs-dir", type=click.Path(file_okay=False), default="runs", show_default=True)
-@click.option("--dry-run", is_flag=True, help="Print every variant x layout request and run nothing.")
-def study_cmd(study_file: str, scale: str | None, backend: str | None, runs_dir: str, dry_run: bool) -> None:
+@click.option("--dry-run", is_flag=True, help="Print every variant x layout request (and, on stderr, what it "
+                                             "would cost) and run nothing.")
+@price_options
+def study_cmd(study_file: str, scale: str | None, backend: str | None, runs_dir: str, dry_run: bool, **price: Any) -> None:
     """Run a seed's study (examples/*.yaml) and write its tables (study.md, CSV) and scaling report."""
 
     study = load_study(Path(study_file), scale, {"backend": backend} if backend else None)
+    specs = [(spec, 1) for v in study.variants for spec in variant_specs(study, v)] if study.kind == "scaling" else []
+    price = {**price, "runs_dir": runs_dir}
     if dry_run:
         for v in study.variants:
             for spec in variant_specs(study, v):
                 b = get_backend(spec.backend, spec.backend_options)
                 click.echo(f"# variant {v.label!r}, layout {spec.nodes}x{spec.gpus_per_node}")
                 click.echo(b.submit_dryrun(spec, Path(runs_dir) / "study-DRYRUN" / f"{spec.nodes}x{spec.gpus_per_node}").render())
+        if specs:
+            show_quote(specs, price)
         return
+    if specs:
+        guard(specs, price)
     if study.kind == "gemm":
         path = gemm_study(study, Path(runs_dir))
     else:

@@ -530,3 +530,22 @@ def _launch_clean(cwd: Path, env: dict, *args: str):
     args = args or ("--backend", "aws", "--bucket", "b", "--region", REGION, "--steps", "2", "--warmup-steps", "1")
     return subprocess.run([sys.executable, "-m", "launcher.cli", *args], cwd=cwd, capture_output=True, text=True,
                           env={**env, "PYTHONPATH": str(ROOT)}, timeout=120)
+
+
+@pytest.mark.parametrize("flags, message", [(["--max-usd", "1"], "over --max-usd 1"),
+                                            ([], "pass --yes to launch")])
+def test_a_launch_over_its_price_limit_sends_nothing(cloud, tmp_path, flags, message):
+    """`--max-usd` under the expected cost, or a cost over the confirmation threshold with no terminal
+    and no --yes: the command refuses before any request; moto has no new instance, group or object."""
+    env = {"AWS_ENDPOINT_URL": cloud["url"], "AWS_DEFAULT_REGION": REGION, "SCALELAB_PRICES": str(tmp_path / "none.json"),
+           "AWS_ACCESS_KEY_ID": CREDS["aws_access_key_id"], "AWS_SECRET_ACCESS_KEY": CREDS["aws_secret_access_key"]}
+    before = (cloud["ec2"].describe_instances()["Reservations"], cloud["ec2"].describe_security_groups()["SecurityGroups"])
+    out = launch("--backend", "aws", "--bucket", cloud["bucket"], "--region", REGION, "--nodes", "4",
+                 "--engine", "ddp", "--steps", "400000", f"--backend-opt=wheel={cloud['wheel']}",
+                 "--placement-group", "none", "--runs-dir", "runs", *flags, cwd=tmp_path, env=env)
+    assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr
+    assert "expected cost of the launch: $" in out.stderr
+    assert (cloud["ec2"].describe_instances()["Reservations"],
+            cloud["ec2"].describe_security_groups()["SecurityGroups"]) == before
+    assert cloud["s3"].list_objects_v2(Bucket=cloud["bucket"]).get("KeyCount", 0) == 0
+    assert not (tmp_path / "runs").exists()

@@ -75,7 +75,7 @@ def test_corrupt_record_line_is_named(tmp_path):
 
 def test_report_on_a_directory_that_is_not_a_run(tmp_path):
     (tmp_path / "empty").mkdir()
-    _assert_clean_error(launch("report", str(tmp_path / "empty"), cwd=tmp_path), "neither a run directory")
+    _assert_clean_error(launch("report", str(tmp_path / "empty"), cwd=tmp_path), "is not a run directory (no spec.json), a sweep directory", "or a study directory")
     _assert_clean_error(launch("report", str(tmp_path / "nothing"), cwd=tmp_path), "not found")
 
 

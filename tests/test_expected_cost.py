@@ -42,3 +42,95 @@ def test_an_aws_spec_without_a_type_is_priced_on_the_backends_default():
                  backend_options={"instance_type": AwsOptions().instance_type})
     assert fleet_price(default, cat) == fleet_price(named, cat)
     assert f"2*{AwsOptions().instance_type} on-demand" in fleet_price(default, cat)[1]
+
+
+# ---- the price before paying, at the command line (launcher/pricing.py) ------------------------------
+
+import json  # noqa: E402
+
+from conftest import launch, only_run_dir  # noqa: E402
+
+from launcher.pricing import guard, step_time  # noqa: E402
+
+NO_PRICES = {"SCALELAB_PRICES": "/nonexistent/scalelab-prices.json"}
+AWS = ["--backend", "aws", "--bucket", "b", "--region", "us-east-1", "--instance-type", "g3.4xlarge"]
+TINY = ["--model", "nmt-tiny", "--data", "task", "--steps", "4", "--warmup-steps", "1", "--prefetch", "1",
+        "--engine", "single"]
+
+
+def test_aws_dry_run_prints_the_price_on_stderr_and_the_requests_exactly(tmp_path):
+    out = launch(*AWS, "--nodes", "2", "--steps", "7200", "--dry-run", cwd=tmp_path, env=NO_PRICES)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["layout"]["instances"] == {"g3.4xlarge": 2}  # stdout: the requests only
+    per_hour = 2 * builtin_catalog().price("g3.4xlarge").usd_per_hour
+    assert f"fleet ${per_hour:,.2f}/hour (2*g3.4xlarge on-demand)" in out.stderr
+    expected = per_hour * 7200 * ASSUMED_STEP_S / 3600
+    assert f"expected cost of the launch: ${expected:,.2f}" in out.stderr and "assumed" in out.stderr
+
+
+def test_sweep_dry_run_prices_every_layout_and_repeat(tmp_path):
+    out = launch("sweep", *AWS, "--layouts", "1x1,2x1", "--repeats", "2", "--steps", "3600", "--dry-run",
+                 cwd=tmp_path, env=NO_PRICES)
+    assert out.returncode == 0, out.stderr
+    one = builtin_catalog().price("g3.4xlarge").usd_per_hour * 3600 * ASSUMED_STEP_S / 3600
+    assert "1x1: 2 x fleet" in out.stderr and "2x1: 2 x fleet" in out.stderr
+    assert f"expected cost of the launch: ${2 * one + 2 * 2 * one:,.2f}" in out.stderr
+
+
+def test_on_premise_rate_prices_slurm_and_no_rate_prices_nothing(tmp_path):
+    out = launch("--backend", "slurm", "--nodes", "2", "--gpus-per-node", "4", "--steps", "3600",
+                 "--rate", "0.45/gpu-hour", "--dry-run", cwd=tmp_path, env=NO_PRICES)
+    assert out.returncode == 0, out.stderr
+    assert "fleet $3.60/hour (rate 'slurm' from --rate" in out.stderr and "cost of the launch: $1.80" in out.stderr
+    out = launch("--backend", "local", "--steps", "3600", "--dry-run", cwd=tmp_path, env=NO_PRICES)
+    assert out.returncode == 0 and "/hour" not in out.stderr  # the local backend costs nothing
+    out = launch("--backend", "local", "--steps", "30", "--max-usd", "1", cwd=tmp_path, env=NO_PRICES)
+    assert out.returncode == 2 and "--rate local=USD/gpu-hour" in out.stderr and not (tmp_path / "runs").exists()
+
+
+def test_over_the_threshold_without_a_terminal_needs_yes(tmp_path):
+    """A local run with a rate in the prices file: over --confirm-above-usd and no terminal it is
+    refused naming --yes; with --yes it runs and records its price per hour (`launch ls` shows its
+    cost); then a dry-run of the same spec is priced from that run's measured step time."""
+    runs, prices = tmp_path / "runs", tmp_path / "prices.json"
+    prices.write_text(json.dumps({"rates": [{"name": "local", "usd_per_gpu_hour": 100}]}))
+    env = {"SCALELAB_PRICES": str(prices)}
+    args = [*TINY, "--runs-dir", str(runs), "--confirm-above-usd", "0"]
+    out = launch(*args, cwd=tmp_path, env=env)
+    assert out.returncode == 2 and "pass --yes" in out.stderr and "--confirm-above-usd" in out.stderr
+    assert "fleet $100.00/hour (rate 'local' from " in out.stderr and not runs.exists()
+    out = launch(*args, "--yes", cwd=tmp_path, env=env)
+    assert out.returncode == 0, out.stderr
+    run = only_run_dir(runs)
+    assert json.loads((run / "launch.json").read_text())["usd_per_hour"] == 100.0
+    listed = json.loads(launch("ls", "--runs-dir", str(runs), "--format", "json", cwd=tmp_path, env=env).stdout)
+    assert listed[0]["cost_usd"] > 0
+    measured = json.loads((run / "summary.json").read_text())["step_s_median"]
+    out = launch(*args, "--dry-run", cwd=tmp_path, env=env)
+    assert f"x {measured:.3g} s/step (median measured in {run})" in out.stderr, out.stderr
+
+
+def test_refused_on_a_terminal_when_the_answer_is_no(monkeypatch):
+    spec = Spec(backend="slurm", nodes=1, gpus_per_node=4, steps=7200)
+    params = {"rates": ["slurm=100/gpu-hour"], "prices_file": None, "runs_dir": "/nonexistent", "yes": False,
+              "max_usd": None, "confirm_above_usd": 20.0}
+    monkeypatch.setattr("sys.stdin.isatty", lambda: True)
+    answers = []
+    monkeypatch.setattr("click.confirm", lambda text, **kw: answers.append(text) or False)
+    with pytest.raises(Exception, match="declined"):
+        guard([(spec, 1)], params)
+    assert answers and "$400.00" in answers[0]
+    assert guard([(spec, 1)], {**params, "yes": True}).total_usd == pytest.approx(400.0)
+    with pytest.raises(Exception, match=r"\$400.00 is over --max-usd 399"):
+        guard([(spec, 1)], {**params, "yes": True, "max_usd": 399})
+
+
+def test_an_unmeasured_layout_is_predicted_from_the_measured_ones():
+    base = dict(backend="slurm", model="nmt-tiny", global_batch=64, steps=100)
+    runs = [(Spec(nodes=1, gpus_per_node=w, **base), {"samples_per_s": rate, "run_dir": f"r{w}"})
+            for w, rate in ((1, 100.0), (2, 190.0), (4, 350.0))]
+    step_s, _, basis = step_time(Spec(nodes=1, gpus_per_node=2, **base), runs + [
+        (Spec(nodes=1, gpus_per_node=2, **base), {"samples_per_s": 190.0, "step_s_median": 0.3, "run_dir": "r"})])
+    assert step_s == 0.3 and "measured" in basis
+    step_s, _, basis = step_time(Spec(nodes=1, gpus_per_node=8, **base), runs)
+    assert "predicted" in basis and 64 / 700 < step_s < 64 / 350  # faster than 4 workers, below linear

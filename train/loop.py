@@ -35,6 +35,7 @@ import torch
 
 from core.errors import ScalelabError
 from core.procs import LAUNCHER_ENV, started_at
+from core.provenance import machine, software
 from core.records import RecordWriter, record_error
 from core.spec import Spec, read_spec
 from train import balance
@@ -52,6 +53,7 @@ from train.engines import Engine, make_engine
 from train.models import PRESETS, build_model, config_with_overrides
 from train.noise import NoiseMeter
 from train.precision import Precision, make_precision
+from train.profiling import StepProfiler
 
 BUCKET_BATCHES = 50  # length bucketing sorts within windows of this many global batches
 # Test aids (tests/test_resume.py, tests/test_local_runs.py), read after each step:
@@ -178,10 +180,13 @@ def train(run_dir: Path) -> str:
     progress = resume(run_dir, run)
     out = open_records(run_dir, run, progress)
     reason = "steps" if spec.steps is not None else "epochs"
+    profiler = StepProfiler(run_dir, spec, run.rank, run.device)  # --profile-steps A:B
     with Prefetcher(batches(run, progress.shares, progress.step), spec.data.prefetch, run.device) as stream:
         while progress.step < run.total_steps:
+            profiler.before(progress.step + 1)
             record = train_step(run, progress, stream)
-            out.write("step", **record)
+            out.write("step", **record, **({"profiled": True} if profiler.active else {}))
+            profiler.after(progress.step, out)
             rebalance(run, progress, record, out)
             if spec.val_every and progress.step % spec.val_every == 0 and validate_and_judge(run, progress, out):
                 reason = "threshold"
@@ -194,6 +199,7 @@ def train(run_dir: Path) -> str:
                 reason = "interrupted"
             if reason in ("interrupted", "threshold"):
                 break
+    profiler.close(progress.step, out)
     finish(run, progress, out, reason)
     return reason
 
@@ -275,6 +281,8 @@ def open_records(run_dir: Path, run: Run, progress: Progress) -> RecordWriter:
         balance=spec.balance, emulate_slowdown=run.slowdown, resumed_from_step=progress.resumed_from,
         precision=spec.precision, grad_compression=spec.engine.grad_compression,
         params=sum(p.numel() for p in model.parameters()), grad_bytes=grad_bytes(model, spec.engine.grad_compression),
+        **machine(torch.cuda.get_device_name(run.device) if run.device.type == "cuda" else None),
+        **(software(torch.__version__) if run.rank == 0 else {}),
     )
     if progress.resumed_from is not None:
         out.event("resume", step=progress.step)
