@@ -1,6 +1,6 @@
 """Memory stays bounded, shown directly: a corpus larger than a worker's memory limit goes through.
 
-    python -m prep.membench --corpus-mb 550 --memory-limit 300MB --workers 2      (docs/benchmarks.md)
+    python -m prep.membench --corpus-mb 320 --memory-limit 250MB --workers 2      (docs/benchmarks.md)
 
 Generates a labelled corpus (`prep.bench.generate`, in chunks: never held whole here) under a
 scratch directory, runs `launch prep` on it with local Dask worker processes limited to
@@ -128,8 +128,8 @@ def measure(work: Path, args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m prep.membench", description=__doc__.splitlines()[0])
-    parser.add_argument("--corpus-mb", type=float, default=550.0, help="Size of the generated corpus, in MB.")
-    parser.add_argument("--memory-limit", default="300MB", help="Each worker's limit (Dask's syntax).")
+    parser.add_argument("--corpus-mb", type=float, default=320.0, help="Size of the generated corpus, in MB.")
+    parser.add_argument("--memory-limit", default="250MB", help="Each worker's limit (Dask's syntax).")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--block-mb", type=float, default=16.0, help="launch prep's --block-mb (its default).")
     parser.add_argument("--out", type=Path, help="Write the result as JSON here.")
