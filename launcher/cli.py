@@ -131,6 +131,37 @@ class GroupedCommand(click.Command):
 
 # ---- options shared by run and sweep -------------------------------------------------------------
 
+
+class DataFlag(click.ParamType):
+    """`--data KIND`, or `--data shards:DIR`: the spelling of `launch prep`'s issue, the same as
+    `--data shards --shards DIR` (split by `_data_flag`). Refused here, with the kinds listed:
+    another kind with a colon, or `shards:` with no directory."""
+
+    name = "kind"
+
+    def get_metavar(self, param: click.Parameter, ctx: click.Context | None = None) -> str:
+        return "[" + "|".join(DATA_KINDS) + "|shards:DIR]"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        kind, colon, directory = str(value).partition(":")
+        if kind in DATA_KINDS and (not colon or (kind == "shards" and directory.strip())):
+            return str(value)
+        if kind == "shards":
+            self.fail("--data shards:DIR needs the directory launch prep wrote after the colon "
+                      "(or give --data shards --shards DIR)", param, ctx)
+        self.fail(f"{value!r} is not one of {', '.join(DATA_KINDS)}, or shards:DIR", param, ctx)
+
+
+def _data_flag(params: dict[str, Any]) -> dict[str, Any]:
+    """`--data shards:DIR` as `--data shards --shards DIR`; naming two different directories is an error."""
+    kind, colon, directory = (params.get("data__kind") or "").partition(":")
+    if not colon:
+        return params
+    if params.get("data__shards") not in (None, directory):
+        raise SpecError(f"--data shards:{directory} and --shards {params['data__shards']} name two shards "
+                        "directories: give one of them")
+    return {**params, "data__kind": kind, "data__shards": directory}
+
 # The one place a spec flag is declared: (flag, spec key, click kwargs). Choices are the constants of
 # core/spec.py; "[default: X]" is added from the Spec's own defaults where the help does not say it.
 _SPEC_OPTIONS: list[tuple[str, str, dict[str, Any]]] = [
@@ -149,7 +180,7 @@ _SPEC_OPTIONS: list[tuple[str, str, dict[str, Any]]] = [
     ("--lr", "lr", dict(type=float, help="Learning rate for the reference batch.")),
     ("--lr-warmup-steps", "lr_warmup_steps", dict(type=int, help="Steps of linear LR warm-up to the scaled LR.")),
     ("--optimizer", "optimizer", dict(type=click.Choice(OPTIMIZERS), help="")),
-    ("--data", "data.kind", dict(type=click.Choice(DATA_KINDS), help="synthetic (throughput), task (learnable, for convergence), text (files) or shards (--shards DIR from launch prep).")),
+    ("--data", "data.kind", dict(type=DataFlag(), help="synthetic (throughput), task (learnable, for convergence), text (files) or shards (--shards DIR from launch prep; --data shards:DIR says both).")),
     ("--shards", "data.shards", dict(type=str, help="Shards data: the directory `launch prep` wrote (local path or s3://).")),
     ("--train-src", "data.train_src", dict(type=str, help="Text data: source file (NMT), text file (LM) or LABEL<TAB>text file.")),
     ("--train-tgt", "data.train_tgt", dict(type=str, help="Text data: target file for translation.")),
@@ -235,7 +266,7 @@ def build_spec(params: dict[str, Any]) -> Spec:
 
 def _spec_flag_values(params: dict[str, Any]) -> dict[str, Any]:
     """{spec key: value} of the spec flags given, typed and checked as the Spec declares them."""
-    out = {}
+    out, params = {}, _data_flag(params)
     for flag, key, _ in _SPEC_OPTIONS:
         value = params.get(key.replace(".", "__"))
         if value is None:

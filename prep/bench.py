@@ -90,19 +90,22 @@ def baseline(inputs: dict[str, list[str]], model: str, out: Path) -> dict[str, A
     return {"what": "baseline", "workers": 1, "lines": lines, "seconds": seconds, "lines_per_s": lines / seconds}
 
 
-def prep_run(inputs: dict[str, list[str]], model: str, workers: int, work: Path, block_mb: float) -> dict[str, Any]:
-    """`launch prep` in a fresh process; its summary (wall time excludes the cluster's start-up)."""
+def prep_run(inputs: dict[str, list[str]], model: str, workers: int, work: Path, block_mb: float,
+             extra: tuple[str, ...] = ()) -> dict[str, Any]:
+    """`launch prep` (and `extra` flags) in a fresh process; its summary (wall time excludes the
+    cluster's start-up), its run directory and its shards directory."""
     flags = [arg for key, paths in inputs.items() for p in paths for arg in ("--" + key.replace("_", "-"), p)]
     out, runs = work / f"shards-{workers}-{time.time_ns()}", work / "runs"
     cmd = [sys.executable, "-m", "launcher.cli", "prep", "--model", model, *flags, "--out", str(out),
-           "--workers", str(workers), "--block-mb", str(block_mb), "--runs-dir", str(runs)]
+           "--workers", str(workers), "--block-mb", str(block_mb), "--runs-dir", str(runs), *extra]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{done.stderr[-3000:]}")
     summary = json.loads(max(runs.glob("*/summary.json"), key=lambda p: p.stat().st_mtime).read_text())
     return {"what": "prep", "workers": workers, "lines": summary["lines"], "seconds": summary["wall_s"],
             "lines_per_s": summary["lines_per_s"], "startup_s": summary["startup_s"],
-            "peak_rss_mb": summary["peak_rss_mb"], "growth_mb": summary["growth_mb"]}
+            "peak_rss_mb": summary["peak_rss_mb"], "growth_mb": summary["growth_mb"],
+            "run": summary["run"], "out": str(out)}
 
 
 def table(results: list[dict[str, Any]]) -> str:

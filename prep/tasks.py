@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import resource
 import socket
+import sys
 import time
 import tracemalloc
 from collections import Counter
@@ -65,7 +66,25 @@ def where(dask_worker: Any = None) -> dict[str, Any]:
         worker = "driver"
     return {"worker": worker, "host": socket.gethostname(), "node": os.environ.get("SLURMD_NODENAME"),
             "pid": os.getpid(), "rss_mb": psutil.Process().memory_info().rss / 2**20,
-            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+            "peak_rss_mb": peak_rss_mb()}
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident size in MiB (Linux: VmHWM of /proc/self/status).
+
+    Why not getrusage's ru_maxrss: Linux carries it over fork and exec, so a worker process that
+    `launch prep` spawns (its driver ~310 MB with PyTorch loaded) reported the driver's peak, not
+    its own (~130 MB after imports), which also hid any growth during the prep.
+    """
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+    return peak / 2**20 if sys.platform == "darwin" else peak / 1024
 
 
 def brief(outcome: dict[str, Any], key: str | None) -> tuple[dict, Any]:

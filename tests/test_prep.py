@@ -233,12 +233,13 @@ def test_launch_prep_sweep_records_report_and_training_on_the_shards(tmp_path: P
     sweep = only_run_dir(runs)
     assert "Prep scaling" in done.stdout and "lines/s/worker" in done.stdout
     rows = json.loads((sweep / "report.json").read_text())
-    assert [r["workers"] for r in rows] == [1, 2] and rows[0]["speedup"] == 1.0 and rows[1]["speedup"] > 0
-    assert all(r["lines"] == 20_000 and r["peak_rss_mb"] > 0 for r in rows)
+    assert_table_from_records(rows, [sweep / "1w", sweep / "2w"], "strong", lines=[20_000, 20_000])
+    assert all(r["peak_rss_mb"] > 0 for r in rows)
     records = read_jsonl(sweep / "2w" / "records" / "prep.jsonl")
     scans = [r for r in records if r["kind"] == "task" and r["phase"] == "scan"]
     assert sum(r["lines"] for r in scans) == 20_000 and {r["worker"] for r in scans} == {"0", "1"}
     assert all(r["seconds"] >= 0 and r["bytes"] > 0 and r["pid"] for r in scans)
+    assert_work_split(records, workers=2)
     assert {r["phase"] for r in records if r["kind"] == "phase"} >= {"index", "scan", "encode", "regroup", "manifest"}
     assert (tmp_path / "shards" / "1w" / "manifest.json").read_bytes() == (tmp_path / "shards" / "2w" / "manifest.json").read_bytes()
 
@@ -255,11 +256,69 @@ def test_launch_prep_sweep_records_report_and_training_on_the_shards(tmp_path: P
     assert len(steps) == 6 and all(r["samples"] == 8 for r in steps)
 
 
-def test_weak_mode_grows_the_corpus_with_the_workers(client, tmp_path: Path) -> None:
+def assert_work_split(records: list[dict], workers: int) -> None:
+    """The reading and writing tasks (index, scan, encode) were shared: every worker ran at least half
+    its equal share (1/W) of them and read at least half its share of their lines. Counts, not times:
+    on a loaded machine a worker may be slower, but not starved, and none may be left out."""
+    work = [r for r in records if r["kind"] == "task" and r["phase"] in ("index", "scan", "encode")]
+    assert len(work) >= 4 * workers, f"too few tasks ({len(work)}) to show a split"
+    for measure in ("tasks", "lines"):
+        share = {str(w): 0 for w in range(workers)}
+        for r in work:
+            share[r["worker"]] += 1 if measure == "tasks" else r.get("lines", 0)
+        total = sum(share.values())
+        assert len(share) == workers and min(share.values()) >= total / workers / 2, (measure, share)
+
+
+def assert_table_from_records(rows: list[dict], runs: list[Path], mode: str, lines: list[int]) -> None:
+    """The report's rows, one per run in order, recomputed from each run's records: lines of the scan
+    tasks, wall time from the first phase's start to the manifest, speedup and efficiency against the
+    fewest workers (the trainer's definitions: efficiency = speedup / (workers / base workers))."""
+    assert [r["workers"] for r in rows] == [int(p.name.rstrip("w")) for p in runs]
+    assert [r["mode"] for r in rows] == [mode] * len(runs) and [r["lines"] for r in rows] == lines
+    speed = []
+    for row, run in zip(rows, runs):
+        records = read_jsonl(run / "records" / "prep.jsonl")
+        phases = [r for r in records if r["kind"] == "phase"]
+        wall = max(p["end"] for p in phases) - min(p["start"] for p in phases)
+        scanned = sum(r["lines"] for r in records if r["kind"] == "task" and r["phase"] == "scan")
+        assert scanned == row["lines"] and row["wall_s"] == pytest.approx(wall)
+        speed.append(scanned / wall)
+        assert row["lines_per_s"] == pytest.approx(speed[-1])
+        assert row["lines_per_s_per_worker"] == pytest.approx(speed[-1] / row["workers"])
+        assert row["speedup"] == pytest.approx(speed[-1] / speed[0])
+        assert row["efficiency"] == pytest.approx(speed[-1] / speed[0] / (row["workers"] / rows[0]["workers"]))
+
+
+def test_weak_mode_grows_the_corpus_with_the_workers(tmp_path: Path) -> None:
+    """A weak sweep (run directories as `launch prep --mode weak` writes them): run N preps the first
+    N x 700 lines, each on its own cluster of N workers, and the report's table is computed from the
+    records."""
+    from prep.records import Recorder
+    from prep.report import report_dirs
+
     inputs = generate(tmp_path / "c", "rnnlm", 2000)
+    sweep = tmp_path / "sweep"
+    (sweep / "1w").mkdir(parents=True)
+    (sweep / "2w").mkdir()
+    (sweep / "prep.json").write_text(json.dumps({"sweep": ["1w", "2w"], "mode": "weak"}))
     for workers in (1, 2):
-        manifest, records = prep(client, "rnnlm-tiny", inputs, tmp_path / f"w{workers}", lines_limit=700 * workers)
+        run = sweep / f"{workers}w"
+        with LocalCluster(n_workers=workers, threads_per_worker=1, processes=False, dashboard_address=":0") as cluster, \
+                Client(cluster) as c:
+            request = PrepRequest(model="rnnlm-tiny", inputs=inputs, out=str(tmp_path / f"w{workers}"), model_args=ARGS,
+                                  workers=workers, shard_size=97, block_mb=1 / 1024, mode="weak",
+                                  lines_limit=700 * workers).validate()
+            (run / "prep.json").write_text(json.dumps(request.to_dict()))
+            recorder = Recorder(run)
+            Prep(c, request, recorder).run()
+            recorder.close()
+        records = read_jsonl(run / "records" / "prep.jsonl")
         assert sum(r["lines"] for r in records if r["kind"] == "task" and r["phase"] == "scan") == 700 * workers
+        assert {r["worker"] for r in records if r["kind"] == "task"} == {str(w) for w in range(workers)}
+    report_dirs([sweep], None, "json")
+    rows = json.loads((sweep / "report.json").read_text())
+    assert_table_from_records(rows, [sweep / "1w", sweep / "2w"], "weak", lines=[700, 1400])
 
 
 def invoke(argv: list[str]):
@@ -286,6 +345,41 @@ def test_cli_refuses_what_it_cannot_run(extra: list[str], message: str, tmp_path
     assert isinstance(result.exception, SpecError), (result.exception, result.output)
     assert re.search(message, str(result.exception)), str(result.exception)
     assert not any(tmp_path.iterdir()), "a refused prep leaves nothing behind"
+
+
+def test_data_shards_colon_dir_is_data_shards_with_shards_dir(tmp_path: Path) -> None:
+    """`--data shards:DIR` (the issue's spelling) builds the spec `--data shards --shards DIR` does."""
+    from launcher.cli import build_spec, run_cmd
+
+    (tmp_path / "manifest.json").write_text("{}")
+
+    def spec(*argv: str):
+        with run_cmd.make_context("run", ["--model", "rnnlm-tiny", "--steps", "8", *argv]) as ctx:
+            return build_spec(ctx.params)
+
+    short = spec("--data", f"shards:{tmp_path}")
+    assert short == spec("--data", "shards", "--shards", str(tmp_path))
+    assert (short.data.kind, short.data.shards) == ("shards", str(tmp_path))
+    assert spec("--data", f"shards:{tmp_path}", "--shards", str(tmp_path)).data == short.data  # the same twice: fine
+    assert spec("--data", "shards:s3://corpora/shards").data.shards == "s3://corpora/shards"
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--data", "shards:"], "--data shards:DIR needs the directory launch prep wrote after the colon"),
+    (["--data", "text:corpus.txt"], "'text:corpus.txt' is not one of synthetic, task, text, shards, or shards:DIR"),
+    (["--data", "shard:x"], "'shard:x' is not one of"),
+    (["--data", "shards:a", "--shards", "b"], "--data shards:a and --shards b name two shards directories"),
+    (["--data", "shards:absent"], "--shards absent holds no manifest.json: run launch prep --out absent first"),
+])
+def test_a_bad_data_shards_flag_is_one_clear_error(argv: list[str], message: str, tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    result = invoke(["run", "--model", "rnnlm-tiny", "--steps", "8", "--runs-dir", str(tmp_path / "runs"), *argv,
+                     "--dry-run"])
+    # click's usage errors exit 2 here; a SpecError is raised to `launch`'s entry, which prints it and exits 2
+    assert result.exit_code == 2 or isinstance(result.exception, SpecError), (result.exception, result.output)
+    assert not (tmp_path / "runs").exists()
+    text = result.output if isinstance(result.exception, SystemExit) else str(result.exception)
+    assert message in " ".join(text.split()), text
 
 
 def test_data_shards_needs_a_shards_directory(tmp_path: Path) -> None:
