@@ -61,6 +61,7 @@ LAZY_COMMANDS: dict[str, str] = {
     "plan": "costs.cli:plan_cmd",
     "bench": "launcher.bench:bench_cmd",
     "study": "launcher.study:study_cmd",
+    "probe": "launcher.probe:probe_cmd",
     "aws": "aws.cli:aws_group",
     "prep": "prep.cli:prep_cmd",
 }
