@@ -208,11 +208,11 @@ def actual_row(run_dir: Path, spec: Spec, catalog) -> dict[str, Any]:
     info = read_json(RunPaths(run_dir).launch, "launch file") if RunPaths(run_dir).launch.exists() else {}
     started = info.get("launched") or info.get("started") or info.get("submitted")
     wall = max(0.0, float(info.get("ended") or time.time()) - float(started)) if started else 0.0
-    if spec.backend == "aws" and info.get("instances"):
+    if spec.backend == "aws":  # each instance its own seconds; none started, nothing paid
         market = "spot" if spec.backend_options.get("spot") else "on-demand"
         dollars = sum(catalog.price(i["type"], market, spec.backend_options.get("region") or None).usd_per_hour
                       * billed_seconds(max(0.0, float(i.get("ended") or time.time()) - float(i["launched"]))) / 3600
-                      for i in info["instances"])
+                      for i in info.get("instances", []))
     else:
         dollars = fleet_price(spec, catalog)[0] * (billed_seconds(wall) / 3600 if wall else 0.0)
     return {"run": run_dir.name, "state": info.get("state"), "wall_s": wall, "dollars": dollars}
@@ -327,12 +327,13 @@ def probe_cmd(instance_types: str | None, probe_steps: int, mode: str, link_size
 
 
 def run_probe(base: Spec, runs: list[tuple[Candidate, Spec]], expected: list[dict[str, Any]], runs_root: Path,
-              name: str, mode: str, probe_steps: int, catalog=None) -> Path:
-    """Create the probe directory, run it as a sweep (teardown on every way out), write the results."""
+              name: str, mode: str, probe_steps: int, catalog=None, backend=None) -> Path:
+    """Create the probe directory, run it as a sweep (teardown on every way out), write the results.
+    `backend`: one built by the caller (tests give one with their clients), else the spec's."""
     from launcher.backend import get_backend
     from launcher.sweep import continue_sweep
 
-    backend = get_backend(base.backend, runs[0][1].backend_options)
+    backend = backend or get_backend(base.backend, runs[0][1].backend_options)
     for _, spec in runs:
         backend.for_spec(spec).validate(spec)
     probe_dir = create_probe_dir(runs_root, name, base.backend, mode, probe_steps, runs, expected)
