@@ -41,7 +41,7 @@ import click
 from core.errors import SpecError
 from core.rundir import SWEEP_FILE, RunPaths, new_run_dir, read_json, write_json
 from core.spec import Spec, save_spec
-from launcher.cli import build_spec, console, spec_options
+from launcher.cli import GroupedCommand, build_spec, console, spec_options
 from launcher.runner import err_console
 
 PROBE_FILE = "probe.json"
@@ -286,7 +286,7 @@ def create_probe_dir(runs_root: Path, name: str, backend: str, mode: str, probe_
 # ---- the command ---------------------------------------------------------------------------------
 
 
-@click.command("probe")
+@click.command("probe", cls=GroupedCommand)
 @spec_options
 @click.option("--instance-types", help="Candidates, comma-separated: EC2 types (aws), GPU types or PARTITION/TYPE "
                                        "(slurm), local-<T>t[-<precision>] variants (local).")
