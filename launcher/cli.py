@@ -344,6 +344,10 @@ def resume_cmd(run_dir: str, detach: bool) -> None:
             raise SpecError("--detach is not for sweeps: their layouts run one after another, which takes a "
                             "launcher following them; resume it without --detach")
         report_dirs([resume_sweep(path)], out=path, fmt="table")
+        if (path / "probe.json").is_file():  # a probe: its figures and cost with the runs resumed
+            from launcher.probe import show_probe
+
+            show_probe(path)
         return
     spec = read_spec(path).validate()
     backend = get_backend(spec.backend, spec.backend_options)

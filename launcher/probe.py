@@ -248,8 +248,8 @@ def write_results(probe_dir: Path, catalog=None) -> dict[str, Any]:
     from core.spec import read_spec
     from costs.catalog import load_catalog
 
-    catalog = catalog or load_catalog()
     manifest = read_json(probe_dir / PROBE_FILE, PROBE_FILE)
+    catalog = catalog or load_catalog(rates=manifest.get("rates", []))
     costs = {}
     for cand in manifest["candidates"]:
         cand["results"] = candidate_results(probe_dir, cand)
@@ -263,7 +263,8 @@ def write_results(probe_dir: Path, catalog=None) -> dict[str, Any]:
 
 
 def create_probe_dir(runs_root: Path, name: str, backend: str, mode: str, probe_steps: int,
-                     runs: list[tuple[Candidate, Spec]], expected: list[dict[str, Any]]) -> Path:
+                     runs: list[tuple[Candidate, Spec]], expected: list[dict[str, Any]],
+                     rates: tuple[str, ...] = ()) -> Path:
     """The probe directory: every run's directory and spec, sweep.json (its runs) and probe.json."""
     probe_dir = new_run_dir(runs_root, name)
     for cand, spec in runs:
@@ -275,7 +276,7 @@ def create_probe_dir(runs_root: Path, name: str, backend: str, mode: str, probe_
                                         "probe": True})
     seen = list({c.name: c for c, _ in runs}.values())
     write_json(probe_dir / PROBE_FILE, {
-        "backend": backend, "mode": mode, "probe_steps": probe_steps, "created": time.time(),
+        "backend": backend, "mode": mode, "probe_steps": probe_steps, "created": time.time(), "rates": list(rates),
         "candidates": [{**asdict(c), "layouts": [list(x) for x in c.layouts()],
                         "runs": [c.run_name(s.nodes, s.gpus_per_node) for cc, s in runs if cc.name == c.name]}
                        for c in seen],
@@ -323,20 +324,21 @@ def probe_cmd(instance_types: str | None, probe_steps: int, mode: str, link_size
     _show_expected(expected)
     _confirm(base, yes)
     run_probe(base, runs, expected, Path(params["runs_dir"]), base.name or f"probe-{base.model}", mode, probe_steps,
-              catalog)
+              catalog, rates=rates)
 
 
 def run_probe(base: Spec, runs: list[tuple[Candidate, Spec]], expected: list[dict[str, Any]], runs_root: Path,
-              name: str, mode: str, probe_steps: int, catalog=None, backend=None) -> Path:
+              name: str, mode: str, probe_steps: int, catalog=None, backend=None, rates: tuple[str, ...] = ()) -> Path:
     """Create the probe directory, run it as a sweep (teardown on every way out), write the results.
-    `backend`: one built by the caller (tests give one with their clients), else the spec's."""
+    `backend`: one built by the caller (tests give one with their clients), else the spec's; `rates`
+    (--rate) are kept in probe.json for the costs after a resume."""
     from launcher.backend import get_backend
     from launcher.sweep import continue_sweep
 
     backend = backend or get_backend(base.backend, runs[0][1].backend_options)
     for _, spec in runs:
         backend.for_spec(spec).validate(spec)
-    probe_dir = create_probe_dir(runs_root, name, base.backend, mode, probe_steps, runs, expected)
+    probe_dir = create_probe_dir(runs_root, name, base.backend, mode, probe_steps, runs, expected, rates)
     try:
         continue_sweep(backend, probe_dir)
     except BaseException:  # what ran was paid for, also when the probe stopped early: say it, then the error
@@ -380,6 +382,11 @@ def _confirm(base: Spec, yes: bool) -> None:
                         "(the expected cost is printed above)")
     if not click.confirm("start the probe?", default=False):
         raise SpecError("probe not started")
+
+
+def show_probe(probe_dir: Path) -> None:
+    """probe.json's results rewritten from the runs as they are now (after `launch resume`), and shown."""
+    _show_results(probe_dir, write_results(probe_dir))
 
 
 def _show_results(probe_dir: Path, manifest: dict[str, Any]) -> None:

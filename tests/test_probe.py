@@ -118,6 +118,10 @@ def test_local_probe_of_two_variants_end_to_end_and_plan_reads_it(tmp_path: Path
     assert manifest["actual"]["dollars"] == pytest.approx(sum(r["dollars"] for r in actual.values()))
     assert manifest["expected"]["dollars"] > 0 and "probe: actual cost $" in done.stdout
 
+    again = launch("resume", str(probe), cwd=tmp_path)  # every run completed: nothing runs, the same costs
+    assert again.returncode == 0 and "probe: actual cost $" in again.stdout, again.stderr
+    assert json.loads((probe / "probe.json").read_text())["actual"]["runs"] == manifest["actual"]["runs"]
+
     plan = launch("plan", str(probe), "--format", "json", cwd=tmp_path)
     assert plan.returncode == 0, plan.stderr
     labels = {row["label"] for row in json.loads(plan.stdout)}
