@@ -309,6 +309,8 @@ def probe_cmd(instance_types: str | None, probe_steps: int, mode: str, link_size
     """
     if params.get("nodes"):
         raise SpecError("launch probe chooses the layouts itself (1x1, 1xG, 2xG); drop --nodes")
+    if params.get("steps") or params.get("epochs"):
+        raise SpecError("a probe run is --warmup-steps plus --probe-steps long; drop --steps / --epochs")
     if params.get("bopt__aws__instance_type"):
         raise SpecError("launch probe takes its candidates from --instance-types, not --instance-type")
     from costs.catalog import load_catalog

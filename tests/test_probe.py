@@ -70,6 +70,7 @@ def test_slurm_dry_run_asks_for_typed_gpus_and_partitions(tmp_path: Path) -> Non
     ([], "--instance-types needs at least one candidate"),
     (["--instance-types", "local-1t,local-1t"], "lists a candidate twice"),
     (["--instance-types", "local-1t", "--nodes", "2"], "drop --nodes"),
+    (["--instance-types", "local-1t", "--steps", "100"], "drop --steps"),
     (["--instance-types", "local-1t", "--link-sizes-mb", "0,1"], "--link-sizes-mb takes sizes"),
     (["--instance-types", "local-1t", "--probe-steps", "0"], "--probe-steps"),
     ([*AWS, "--instance-types", "g9.huge"], "unknown instance type 'g9.huge'; known: "),
