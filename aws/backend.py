@@ -73,6 +73,9 @@ class AwsBackend(Backend):
         self._session, self._clients, self._endpoint = session, dict(clients or {}), endpoint_url
         self._plan: Plan | None = None
 
+    def _forget(self) -> None:
+        self._plan = None  # the plan of another run (another instance type)
+
     # ---- request (pure) --------------------------------------------------------------------------
 
     def region(self) -> str:

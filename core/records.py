@@ -69,6 +69,8 @@ KINDS: dict[str, dict[str, str]] = {
     "val": {"step": INT, "epoch": INT, "val_loss": NUM + OPTIONAL, "elapsed_s": NUM},
     "event": {"event": STR},
     "error": {"message": STR},
+    # an all-reduce timed over every rank after the last step (spec.link_probe_mb; rank 0 writes it)
+    "link": {"scope": STR, "nodes": INT, "mb": NUM, "time_s": NUM, "algbw": NUM, "busbw": NUM},
 }
 
 

@@ -142,6 +142,9 @@ class Spec:
     balance: str = checked("static", one_of(*BALANCE_MODES))
     balance_every: int = checked(10, POSITIVE)
     emulate_slowdown: list[float] = field(default_factory=list)
+    # After the last step, all-reduce buffers of these sizes (MB) across every rank and record how long
+    # each took (`link` records): the bandwidth and latency of the links the layout uses (`launch probe`).
+    link_probe_mb: list[float] = field(default_factory=list)
     device: str = checked("auto", one_of(*DEVICES))
     profile_steps: str | None = None  # "A:B": a torch.profiler trace of steps A..B per rank (profile_range)
     name: str | None = None
@@ -257,6 +260,8 @@ class Spec:
             raise SpecError(
                 f"--emulate-slowdown needs one factor >= 1 per worker ({self.workers}), got {self.emulate_slowdown}"
             )
+        if any(not 0 < mb <= 4096 for mb in self.link_probe_mb):
+            raise SpecError(f"link_probe_mb takes buffer sizes in MB above 0 and at most 4096, got {self.link_probe_mb}")
         if self.independent_replicas and self.balance == "dynamic":
             raise SpecError("--independent-replicas and --balance dynamic do not mix: replicas share no batch")
         if self.global_batch is not None and self.batch_per_worker is not None:

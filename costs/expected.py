@@ -5,8 +5,9 @@ report shows what the measured runs cost. Every number carries its basis (which 
 time) because an estimate whose assumption is hidden cannot be checked.
 
 Rates: an AWS run is priced from its `--instance-type` mix (one instance per node, on-demand or
-spot) in the catalog; any other backend from an on-premise rate named after the backend (`slurm`,
-`k8s`, `local`) in the user's prices file, else ASSUMED_GPU_HOUR_USD per GPU-hour.
+spot) in the catalog; any other backend from the on-premise rate named by its `instance_type` option
+(what `launch probe` sets: a local variant, a Slurm partition or GPU type), else the rate named after
+the backend (`slurm`, `k8s`, `local`) in the user's prices file, else ASSUMED_GPU_HOUR_USD per GPU-hour.
 """
 
 from __future__ import annotations
@@ -59,13 +60,15 @@ def fleet_price(spec: Spec, catalog: Catalog | None = None) -> tuple[float, str]
     catalog = catalog or load_catalog()
     if spec.backend == "aws":
         return _aws_price(spec, catalog)
-    inst = catalog.instances.get(spec.backend)
-    if inst is not None and inst.provider == "rate":
-        price = catalog.price(spec.backend)
-        units = spec.workers / inst.gpus
-        return price.usd_per_hour * units, f"rate '{spec.backend}' from {price.source}, {units:g} units"
+    for name in dict.fromkeys([spec.backend_options.get("instance_type") or spec.backend, spec.backend]):
+        inst = catalog.instances.get(name)
+        if inst is not None and inst.provider == "rate":
+            price = catalog.price(name)
+            units = spec.workers / inst.gpus
+            return price.usd_per_hour * units, f"rate '{name}' from {price.source}, {units:g} units"
+    name = spec.backend_options.get("instance_type") or spec.backend
     return ASSUMED_GPU_HOUR_USD * spec.workers, (f"assumed on-premise ${ASSUMED_GPU_HOUR_USD:.2f}/GPU-hour x "
-                                                 f"{spec.workers} GPUs; set a '{spec.backend}' rate in the prices file")
+                                                 f"{spec.workers} GPUs; set a '{name}' rate in the prices file")
 
 
 def _aws_price(spec: Spec, catalog: Catalog) -> tuple[float, str]:

@@ -25,6 +25,7 @@ and imported lazily so that, say, the local backend never imports boto3.
 
 from __future__ import annotations
 
+import copy
 import importlib
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
@@ -153,6 +154,21 @@ class Backend(ABC):
 
     def check(self, spec: Spec) -> None:
         """The backend's own checks for `validate`."""
+
+    def for_spec(self, spec: Spec) -> Backend:
+        """This backend with `spec`'s own options: the runs of a probe differ in instance type or GPU
+        type, and each must be sent with its own. The same object when they are this one's; else a
+        copy sharing its clients and watchers (`_forget` drops what belonged to one request)."""
+        options = self.resolve_options(spec.backend_options)
+        if options == self.options:
+            return self
+        other = copy.copy(self)
+        other.options = options
+        other._forget()
+        return other
+
+    def _forget(self) -> None:
+        """Drop per-request state a copy must not share (`for_spec`)."""
 
     @property
     def poll_interval_s(self) -> float:

@@ -64,12 +64,16 @@ LAZY_COMMANDS: dict[str, str] = {
     "plan": "costs.cli:plan_cmd",
     "bench": "launcher.bench:bench_cmd",
     "study": "launcher.study:study_cmd",
+    "probe": "launcher.probe:probe_cmd",
     "aws": "aws.cli:aws_group",
     "prep": "prep.cli:prep_cmd",
 }
 # Run directories of other kinds than training runs, told by a file they hold: file -> "module:function",
 # the function taking (paths, out, fmt) as `report_dirs` does.
 LAZY_REPORTS: dict[str, str] = {"prep.json": "prep.report:report_dirs"}
+# Sweep directories of a kind told by a file they hold: file -> "module:function" taking the directory,
+# called after `launch resume` has continued its runs.
+LAZY_RESUMED: dict[str, str] = {"probe.json": "launcher.probe:show_probe"}
 
 
 class DefaultGroup(click.Group):
@@ -382,6 +386,10 @@ def resume_cmd(run_dir: str, detach: bool) -> None:
             raise SpecError("--detach is not for sweeps: their layouts run one after another, which takes a "
                             "launcher following them; resume it without --detach")
         report_dirs([resume_sweep(path)], out=path, fmt="table")
+        for marker, target in LAZY_RESUMED.items():  # e.g. a probe: its figures and cost with the runs resumed
+            if (path / marker).is_file():
+                module, attr = target.split(":")
+                getattr(import_optional(module), attr)(path)
         return
     spec = read_spec(path).validate()
     backend = get_backend(spec.backend, spec.backend_options)

@@ -186,12 +186,15 @@ def continue_sweep(backend, sweep_dir: Path) -> Path:
                 locks.enter_context(owning(run_dir))
                 refuse_if_live(backend, run_dir)
                 held.append(run_dir)
-            submit(backend, spec, *run_dirs)  # the repeats of a layout together: one job array on Slurm
+            # the repeats of a layout together: one job array on Slurm; each spec with its own backend
+            # options (a probe's candidates differ in instance type)
+            own = backend.for_spec(spec)
+            submit(own, spec, *run_dirs)
             if not backend.queues:  # one at a time: followed to its end before the next starts
-                _follow_layout(backend, spec, run_dirs[0], sweep_dir)
+                _follow_layout(own, spec, run_dirs[0], sweep_dir)
         if backend.queues:  # every layout is queued now; follow each in turn
             for spec, run_dir in todo:
-                _follow_layout(backend, spec, run_dir, sweep_dir)
+                _follow_layout(backend.for_spec(spec), spec, run_dir, sweep_dir)
     return sweep_dir
 
 

@@ -8,8 +8,11 @@
 # One controller (slurmctld), two compute nodes `node1` and `node2` (two slurmd on localhost, each with
 # 4 CPUs and 4 GPUs declared through GRES, backed by empty placeholder files: no CUDA device exists,
 # jobs just get the allocation) in partition `debug`, and accounting (slurmdbd + a private MariaDB) so
-# that `sacct` and job states are real. Needs root (Slurm's daemons, /etc/slurm) and apt for the first
-# install; exits 3 with the reason when this machine cannot run it (the tests then skip with it).
+# that `sacct` and job states are real. The GPUs are of two types, 2 of type `a` (devices 0-1) and 2 of
+# type `b` (devices 2-3) on each node, so that `--gres=gpu:a:N` and `launch probe --instance-types a,b`
+# pick GPUs by type on one node and on two, while an untyped `--gpus-per-node=N` takes any of the 4.
+# Needs root (Slurm's daemons, /etc/slurm) and apt for the first install; exits 3 with the reason when
+# this machine cannot run it (the tests then skip with it).
 # Verified configuration and traps: see the comments below (from shared/recipes/slurm-local-cluster.md).
 #
 # Everything lives under $SCALELAB_SLURM_DIR (default /tmp/scalelab-slurm); the configuration is written
@@ -20,7 +23,9 @@ BASE=${SCALELAB_SLURM_DIR:-/tmp/scalelab-slurm}
 CONF_DIR=/etc/slurm
 MARK="# written by scalelab scripts/slurm-cluster.sh"
 NODES=(node1 node2)
-GPUS=4
+GPU_TYPES=(a b)   # GPUS_PER_TYPE of each type on every node
+GPUS_PER_TYPE=2
+GPUS=$(( ${#GPU_TYPES[@]} * GPUS_PER_TYPE ))
 CPUS=4
 CTLD_PORT=${SCALELAB_SLURM_PORT:-6817}      # slurmctld; slurmd ports follow, slurmdbd and MariaDB after
 DBD_PORT=$((CTLD_PORT + 12))
@@ -56,15 +61,20 @@ write_config() {
   if [ -f "$CONF_DIR/slurm.conf" ] && ! grep -qF "$MARK" "$CONF_DIR/slurm.conf"; then
     cannot "$CONF_DIR/slurm.conf exists and was not written by this script (a real Slurm installation?); not touching it"
   fi
-  local nodes_line="" gres_lines="" port=$CTLD_PORT name
+  local nodes_line="" gres_lines="" port=$CTLD_PORT name gres t first
   for name in "${NODES[@]}"; do
     port=$((port + 1))
     mkdir -p "$BASE/dev/$name"
     for i in $(seq 0 $((GPUS - 1))); do : >"$BASE/dev/$name/nvidia$i"; done
+    gres="" first=0
+    for t in "${GPU_TYPES[@]}"; do
+      gres+="${gres:+,}gpu:$t:$GPUS_PER_TYPE"
+      # GRES needs File=, else slurmd reports 0 GPUs and the node is drained (recipe); one line per type.
+      gres_lines+="NodeName=$name Name=gpu Type=$t File=$BASE/dev/$name/nvidia[$first-$((first + GPUS_PER_TYPE - 1))]"$'\n'
+      first=$((first + GPUS_PER_TYPE))
+    done
     # Two slurmd share this host: NodeHostname/NodeAddr localhost, each its own Port (recipe).
-    nodes_line+="NodeName=$name NodeHostname=localhost NodeAddr=127.0.0.1 Port=$port CPUs=$CPUS RealMemory=8000 Gres=gpu:$GPUS State=UNKNOWN"$'\n'
-    # GRES needs File=, else slurmd reports 0 GPUs and the node is drained (recipe).
-    gres_lines+="NodeName=$name Name=gpu File=$BASE/dev/$name/nvidia[0-$((GPUS - 1))]"$'\n'
+    nodes_line+="NodeName=$name NodeHostname=localhost NodeAddr=127.0.0.1 Port=$port CPUs=$CPUS RealMemory=8000 Gres=$gres State=UNKNOWN"$'\n'
   done
   cat >"$CONF_DIR/slurm.conf" <<EOF
 $MARK
@@ -103,7 +113,8 @@ JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/slurmdbd
 AccountingStorageHost=127.0.0.1
 AccountingStoragePort=$DBD_PORT
-AccountingStorageTRES=gres/gpu
+# Typed GPUs accounted per type too: sacct's AllocTRES then says gres/gpu:a=N.
+AccountingStorageTRES=gres/gpu$(printf ',gres/gpu:%s' "${GPU_TYPES[@]}")
 JobCompType=jobcomp/none
 ${nodes_line}PartitionName=debug Nodes=$(IFS=,; echo "${NODES[*]}") Default=YES MaxTime=INFINITE State=UP
 EOF
@@ -181,7 +192,7 @@ start_slurm() {
     local states
     states=$(sinfo -h -N -o '%N %t' 2>/dev/null | sort -u || true)
     if [ "$(echo "$states" | grep -cE ' (idle|mix|alloc)$')" -eq ${#NODES[@]} ]; then
-      say "up: nodes $(echo "$states" | tr '\n' ' ')(partition debug, ${GPUS} GPUs each; accounting on)"
+      say "up: nodes $(echo "$states" | tr '\n' ' ')(partition debug, ${GPUS} GPUs each: ${GPUS_PER_TYPE} of each type ${GPU_TYPES[*]}; accounting on)"
       return 0
     fi
     if echo "$states" | grep -qE ' (drain|down|inval|drng)\*?$'; then

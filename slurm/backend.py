@@ -117,6 +117,11 @@ class SlurmBackend(Backend):
         # One watcher for every job this backend follows: one sacct query for all, 2 s apart at first.
         self.watcher = SlurmWatcher(delay_s=max(2.0, float(self.options["poll_s"])))
 
+    def check(self, spec: Spec) -> None:
+        if self.options["gpu_type"] and not self.options["gres_gpus"]:
+            raise ScalelabError(f"--gpu-type {self.options['gpu_type']} asks for typed GPUs, but gres_gpus is false "
+                                "(no GPUs are requested); drop one of the two")
+
     # ---- request, render (pure) ------------------------------------------------------------------
 
     def submit_dryrun(self, spec: Spec, run_dir: Path) -> SlurmRequest:

@@ -35,6 +35,11 @@ class SlurmOptions(BackendOptions):
     qos: str = option("", "Quality of service (sbatch --qos).", one_word, flag="--qos")
     constraint: str = option("", "Node features required (sbatch --constraint), e.g. v100.", one_word,
                              flag="--constraint")
+    gpu_type: str = option("", "GPU type the nodes must have, as the cluster's GRES names it (sbatch "
+                           "--gres=gpu:TYPE:N), e.g. v100; '' = any GPU (--gpus-per-node=N).", one_word,
+                           flag="--gpu-type")
+    instance_type: str = option("", "What the planner and `launch cost` call these nodes: a --rate name of the "
+                                "prices file (`launch probe` sets it to the probed partition or GPU type).", one_word)
     exclusive: bool = option(False, "Whole nodes for the job (sbatch --exclusive).", flag="--exclusive")
     cpus_per_task: int = option(1, "CPUs per rank (sbatch --cpus-per-task).", at_least(1), flag="--cpus-per-task")
     mem_gb: float = option(0.0, "Memory per node in GB (sbatch --mem); 0 = the partition's default.", at_least(0),

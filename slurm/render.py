@@ -5,7 +5,8 @@
 (`SlurmExecutor._make_submission_file_text`, the text `executor.submit` hands to sbatch). The script,
 in submitit's layout:
 
-1. `#SBATCH` lines (submitit sorts them): nodes, one task per GPU, GPUs per node (GRES), CPUs per
+1. `#SBATCH` lines (submitit sorts them): nodes, one task per GPU, GPUs per node (GRES; `--gres=gpu:TYPE:N`
+   with a GPU type), CPUs per
    task, memory, time limit, partition/account/QoS/constraint/exclusive, the batch step's log,
    `--requeue` and `--signal=USR1@N` (a warning N seconds before the time limit, to every rank),
    the `--sbatch-arg` lines; `--array` for the repeats of one layout;
@@ -105,7 +106,9 @@ def executor_parameters(spec: Spec, run_dirs: Sequence[Path], options: Mapping[s
     )
     if spec.engine.name == "horovod":
         params["teardown"] = ["RC=$?  # srun's status is the job's", 'kill -9 "$RDZV_SERVER" 2>/dev/null', 'exit "$RC"']
-    if o["gres_gpus"]:
+    if o["gres_gpus"] and o["gpu_type"]:  # a typed GRES: only nodes with GPUs of that type
+        params["gres"] = f"gpu:{o['gpu_type']}:{spec.gpus_per_node}"
+    elif o["gres_gpus"]:
         params["gpus_per_node"] = spec.gpus_per_node
     if o["mem_gb"]:
         params["mem"] = _mem(o["mem_gb"])

@@ -405,3 +405,44 @@ def test_refused_jobs_say_why_in_slurms_words_and_leave_nothing(slurm_cluster, t
     assert not [line for line in active_jobs() if run_name in line]
     never = slurm("sacct", "-n", "-X", "-P", "--starttime=now-1hour", f"--name=scalelab-{run_name}", "-o", "JobID")
     assert never.strip() == "", "a refused job must never have been submitted"
+
+
+# ---- launch probe: the cluster's two GPU types, each on one node and on two -------------------------
+
+
+def test_probe_two_gpu_types_on_the_cluster(slurm_cluster, tmp_path: Path) -> None:
+    """`launch probe --instance-types a,debug/b`: GPUs per node from sinfo (2 of each type), every run a
+    typed GRES request (`--gres=gpu:TYPE:N`) that Slurm allocated as GPUs of that type (sacct's
+    AllocTRES), links measured inside a node and across the two; nothing left queued; `launch plan`
+    reads the probe."""
+    gres = slurm("sinfo", "-h", "-N", "-o", "%G")
+    if "gpu:a:" not in gres:
+        pytest.skip(f"the running test cluster's GPUs are untyped ({gres.split()[0]}): it was started before "
+                    "typed GRES; `scripts/slurm-cluster.sh stop` and start it again")
+    done = launch("probe", *TINY, "--engine", "ddp", "--instance-types", "a,debug/b", "--probe-steps", "2",
+                  "--link-sizes-mb", "0.004,1", "--runs-dir", str(tmp_path / "runs"), cwd=tmp_path, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "probe: expected cost $" in done.stderr and "probe: actual cost $" in done.stdout
+    probe = only_run_dir(tmp_path / "runs")
+    manifest = json.loads((probe / "probe.json").read_text())
+    assert [(c["name"], c["gpus"]) for c in manifest["candidates"]] == [("a", 2), ("debug/b", 2)]
+    for cand in manifest["candidates"]:
+        gpu_type = cand["name"].split("/")[-1]
+        assert cand["runs"] == [f"{cand['name'].replace('/', '-')}-{x}" for x in ("1x1", "1x2", "2x2")]
+        for name in cand["runs"]:
+            run_dir = probe / name
+            script = (run_dir / "slurm").glob("*_submission.sh")
+            text = next(script).read_text()
+            assert f"#SBATCH --gres=gpu:{gpu_type}:" in text and "--gpus-per-node" not in text
+            state, tres = slurm("sacct", "-n", "-X", "-P", "-j", job_of(run_dir), "-o", "State,AllocTRES").strip().split("|")
+            spec = json.loads((run_dir / "spec.json").read_text())
+            assert state == "COMPLETED" and f"gres/gpu:{gpu_type}={spec['gpus_per_node'] * spec['nodes']}" in tres, tres
+            assert f"gres/gpu:{'b' if gpu_type == 'a' else 'a'}=" not in tres, tres  # none of the other type
+        assert {p["node"] for p in placements(probe / cand["runs"][2])} == {"node1", "node2"}
+        links = cand["results"]["links"]
+        assert links["intra"]["run"].endswith("-1x2") and links["inter"]["run"].endswith("-2x2")
+        assert links["inter"]["ranks"] == 4 and links["intra"]["busbw_bytes_per_s"] > 0
+    assert not [name for c in manifest["candidates"] for name in c["runs"] if in_queue(job_of(probe / name))]
+    plan = launch("plan", str(probe), "--format", "json", cwd=tmp_path)
+    assert plan.returncode == 0, plan.stderr
+    assert {row["label"].rsplit(" on ", 1)[1] for row in json.loads(plan.stdout)} == {"a", "debug/b"}

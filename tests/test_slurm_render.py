@@ -38,6 +38,7 @@ CASES = {
              setup=["module load cuda/12.1"], gloo_iface="ib0", signal_s=300),
     ),
     "horovod-2x4-defaults": (dict(engine={"name": "horovod"}, nodes=2, gpus_per_node=4), {}),
+    "ddp-2x2-gpu-type": (dict(engine={"name": "ddp"}, nodes=2, gpus_per_node=2), dict(gpu_type="v100", partition="gpu")),
     "single-1x1-cpu-cluster": (
         dict(engine={"name": "single"}, nodes=1, gpus_per_node=1),
         dict(gres_gpus=False, requeue=False, mem_gb=1.5, time=""),

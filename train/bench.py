@@ -32,20 +32,13 @@ from core.spec import COMPRESSIONS, Spec
 from train.data import SyntheticDataset
 from train.datasets import build_dataset
 from train.engines import COMPRESSED_DTYPES, ddp_compression_hook, horovod_compression
+from train.links import allreduce_figures, timed
 from train.loop import make_optimizer
 from train.models import build_model
 from train.precision import DTYPES, Precision, make_precision
 
 
-def _time(fn, repeats: int, warmup: int = 1) -> list[float]:
-    for _ in range(warmup):
-        fn()
-    out = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - t0)
-    return out
+_time = timed  # one timing loop for the bench and the runs' link records (train/links.py)
 
 
 MATMUL_PRECISIONS = ("fp32", "bf16")  # the yardstick is the better of the two on this machine
@@ -221,16 +214,8 @@ def allreduce_rank(engine: str, sizes_mb: list[float], repeats: int, out: str | 
                 if c is not t:
                     t.copy_(compressor.decompress(c, ctx))
 
-    results = []
-    for mb in sizes_mb:
-        numel = int(mb * 2**20 // 4)
-        ts = [torch.ones(numel // tensors) for _ in range(tensors)]
-        times = _time(lambda: reduce(ts), repeats, warmup=2)
-        t = statistics.median(times)
-        nbytes = numel // tensors * tensors * 4
-        algbw = nbytes / t
-        results.append({"label": label, "engine": engine, "ranks": world, "mb": mb, "tensors": tensors,
-                        "compression": compression, "time_s": t, "algbw": algbw, "busbw": algbw * 2 * (world - 1) / world})
+    results = [{"label": label, "engine": engine, "ranks": world, "tensors": tensors, "compression": compression,
+                **allreduce_figures(reduce, world, mb, repeats, tensors)} for mb in sizes_mb]
     if rank == 0 and out:
         with open(out, "w") as f:
             json.dump(results, f)

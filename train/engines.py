@@ -121,6 +121,9 @@ class Engine:
     def allgather(self, value: float) -> list[float]:
         return [float(t) for t in self.gather(torch.tensor([float(value)], dtype=torch.float64))]
 
+    def allreduce_(self, tensor: torch.Tensor) -> None:
+        """Sum `tensor` over every rank in place (one rank: nothing to do); the links' timing uses it."""
+
     def shutdown(self) -> None:
         pass
 
@@ -171,6 +174,9 @@ class DDPEngine(Engine):
         t = self._tensor(1.0 if flag else 0.0)
         self._dist.all_reduce(t, op=self._dist.ReduceOp.MAX)  # distributed
         return bool(t.item() > 0)
+
+    def allreduce_(self, tensor: torch.Tensor) -> None:
+        self._dist.all_reduce(tensor)  # distributed: sum
 
     def gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
         t = tensor.to(self._tensor(0.0).device)  # NCCL gathers GPU tensors only
@@ -339,6 +345,9 @@ class HorovodEngine(Engine):
     def any(self, flag: bool) -> bool:
         t = torch.tensor([1.0 if flag else 0.0], dtype=torch.float64)
         return bool(self.hvd.allreduce(t, op=self.hvd.Sum, name="scalelab.any").item() > 0)  # distributed
+
+    def allreduce_(self, tensor: torch.Tensor) -> None:
+        self.hvd.allreduce_(tensor, op=self.hvd.Sum, name="scalelab.link")  # distributed
 
     def gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
         rows = self.hvd.allgather(tensor.cpu().unsqueeze(0), name="scalelab.gather")  # distributed

@@ -199,6 +199,8 @@ def train(run_dir: Path) -> str:
                 reason = "interrupted"
             if reason in ("interrupted", "threshold"):
                 break
+    if spec.link_probe_mb and reason != "interrupted":
+        measure_links(run, out)
     profiler.close(progress.step, out)
     finish(run, progress, out, reason)
     return reason
@@ -395,6 +397,15 @@ def checkpoint(run_dir: Path, run: Run, progress: Progress, out: RecordWriter) -
         amp=run.precision.state_dict(),
     )
     out.event("checkpoint", step=progress.step, path=str(path))
+
+
+def measure_links(run: Run, out: RecordWriter) -> None:
+    """The layout's links after training (`spec.link_probe_mb`): every rank all-reduces, rank 0 records."""
+    from train.links import link_records
+
+    figures = link_records(run.engine.allreduce_, run.world, run.spec.nodes, run.spec.link_probe_mb, run.device)
+    for fields in figures if run.rank == 0 else []:
+        out.write("link", **fields)
 
 
 def finish(run: Run, progress: Progress, out: RecordWriter, reason: str) -> None:
