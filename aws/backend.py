@@ -346,8 +346,9 @@ class AwsBackend(Backend):
         try:
             self._teardown(run_dir, state)
         except Exception as exc:  # noqa: BLE001
-            print(f"launch: warning: could not tear down run {run_dir.name} ({exc!r}); "
-                  f"run `launch aws gc --run-id {run_dir.name}`", file=sys.stderr)
+            run_id = render.cloud_run_id(run_dir)
+            print(f"launch: warning: could not tear down run {run_id} ({exc!r}); "
+                  f"run `launch aws gc --run-id {run_id}`", file=sys.stderr)
 
     def _teardown(self, run_dir: Path, state: str) -> None:
         """Whatever happened: terminate every instance of the run, delete its groups, record what went.

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import SpecError
+from core.rundir import is_sweep
 from core.spec import Spec
 from costs.billing import Mix
 from costs.catalog import load_catalog
@@ -58,6 +59,16 @@ class Plan:
         return "/".join([self.prefix, *parts])
 
 
+def cloud_run_id(run_dir: Path) -> str:
+    """The id that tags a run's instances, volumes, groups and S3 prefix. A layout of a sweep or a
+    probe is named by its layout alone (`1x1`, `g5.xlarge-1x1`), so two sweeps in one bucket would
+    share tags and one's teardown would end the other's instances: a layout's id carries its sweep's
+    (timestamped, unique) name as well."""
+    run_dir = Path(run_dir)
+    parent = run_dir.parent
+    return f"{parent.name}-{run_dir.name}" if parent.name and is_sweep(parent) else run_dir.name
+
+
 def make_plan(spec: Spec, run_dir: Path, options: Mapping[str, Any], region: str) -> Plan:
     """Check the layout against the instance types; raise SpecError on anything impossible.
 
@@ -84,7 +95,7 @@ def make_plan(spec: Spec, run_dir: Path, options: Mapping[str, Any], region: str
                         "it still follows them; raise it or lower poll_s")
     if len(types) > 1 and spec.engine.name == "single":
         raise SpecError("engine 'single' runs on one instance; use --engine horovod or ddp for several")
-    run_id = Path(run_dir).name
+    run_id = cloud_run_id(Path(run_dir))
     prefix = "/".join(p for p in (str(options.get("prefix") or "").strip("/"), run_id) if p)
     return Plan(run_id, region, options["bucket"], prefix, types, spec.gpus_per_node, spec.engine.name,
                 spec.to_json(), dict(options), {t: gpus[t] for t in types})

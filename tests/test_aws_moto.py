@@ -26,6 +26,7 @@ boto3 = pytest.importorskip("boto3", reason="boto3 is not installed: pip install
 pytest.importorskip("moto.server", reason='moto server is not installed: pip install "moto[server]"')
 
 from aws import teardown as td  # noqa: E402
+from aws.render import cloud_run_id  # noqa: E402
 from aws.backend import AwsBackend  # noqa: E402
 from core.errors import ScalelabError  # noqa: E402
 from core.spec import Spec  # noqa: E402
@@ -88,7 +89,7 @@ class FakeNodes:
     """Plays the instances' side in S3 (what aws/bootstrap.py writes), one step of the story per poll."""
 
     def __init__(self, cloud, run_dir: Path, prefix: str = "scalelab") -> None:
-        self.cloud, self.run_id = cloud, run_dir.name
+        self.cloud, self.run_id = cloud, cloud_run_id(run_dir)
         self.prefix = f"{prefix}/{self.run_id}"
         self.polls: dict[int, int] = {}
         self.t0 = 1_700_000_000.0

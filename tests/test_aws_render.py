@@ -207,3 +207,20 @@ def test_the_launchers_events_are_checked_records(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="out of range|not JSON compliant"):
         mirror.event(tmp_path, "aws_end", lost_s=float("nan"))
     assert len((tmp_path / "records" / mirror.EVENTS_FILE).read_text().splitlines()) == 1, "a refused record is not written"
+
+
+def test_layouts_of_two_sweeps_are_tagged_apart(tmp_path):
+    """A sweep's layout directories are named by the layout alone (`1x1`): two sweeps in one bucket
+    must still tag, group and prefix their instances apart, or one's teardown ends the other's."""
+    plans = []
+    for sweep in ("sweep-a-20261125-010101", "sweep-b-20261125-020202"):
+        (tmp_path / sweep / "1x1").mkdir(parents=True)
+        (tmp_path / sweep / "sweep.json").write_text(json.dumps({"runs": ["1x1"]}))
+        plans.append(make_plan(spec(), tmp_path / sweep / "1x1", OPTIONS, "us-east-1"))
+    assert [p.run_id for p in plans] == ["sweep-a-20261125-010101-1x1", "sweep-b-20261125-020202-1x1"]
+    tags = [{t["Value"] for c in all_calls(p) if c["operation"] == "RunInstances"
+             for s in c["params"]["TagSpecifications"] for t in s["Tags"] if t["Key"] == TAG_RUN} for p in plans]
+    assert tags[0] == {plans[0].run_id} and tags[1] == {plans[1].run_id}
+    assert plans[0].prefix != plans[1].prefix
+    single = make_plan(spec(), tmp_path / "nmt-tiny-single-1x1-20261125-030303", OPTIONS, "us-east-1")
+    assert single.run_id == "nmt-tiny-single-1x1-20261125-030303"  # a lone run keeps its directory's name

@@ -137,6 +137,7 @@ from aws.backend import AwsBackend  # noqa: E402
 from core.spec import Spec, read_spec  # noqa: E402
 from costs.catalog import load_catalog  # noqa: E402
 from launcher.probe import expected_rows, parse_candidates, probe_specs, run_probe  # noqa: E402
+from aws.render import cloud_run_id  # noqa: E402
 from tests.test_aws_moto import FailingEc2, FakeNodes, cloud, left  # noqa: E402, F401 - `cloud` is a fixture
 
 MOTO_NOTHING = {"instances": 0, "volumes": 0, "security_groups": 0, "placement_groups": 0}
@@ -186,7 +187,8 @@ def test_aws_probe_against_moto_measures_each_type_and_leaves_nothing(cloud, tmp
     for name in names:
         info = json.loads((probe / name / "launch.json").read_text())
         assert info["state"] == "COMPLETED" and {i["type"] for i in info["instances"]} == {name.rsplit("-", 1)[0]}
-        assert left(cloud, name) == MOTO_NOTHING, name
+        assert info["run_id"] == cloud_run_id(probe / name) == f"{probe.name}-{name}"  # tagged apart from other probes
+        assert left(cloud, info["run_id"]) == MOTO_NOTHING, name
     manifest = json.loads((probe / "probe.json").read_text())
     g38 = manifest["candidates"][1]
     assert g38["name"] == "g3.8xlarge" and g38["gpus"] == 2
@@ -205,10 +207,10 @@ def test_aws_probe_fault_in_the_middle_tears_everything_down(cloud, tmp_path: Pa
     are gone, no later run starts, and probe.json still says what the runs cost."""
     probe, names, error = _aws_probe(cloud, tmp_path, FailingEc2(cloud["ec2"], fail_at=2))
     assert isinstance(error, RuntimeError) and "injected" in str(error)
-    for name in names:
-        assert left(cloud, name) == MOTO_NOTHING, name
-        assert td.instances(cloud["ec2"], name, td.LIVE_STATES) == []
     probe = only_run_dir(tmp_path / "runs")
+    for name in names:
+        assert left(cloud, cloud_run_id(probe / name)) == MOTO_NOTHING, name
+        assert td.instances(cloud["ec2"], cloud_run_id(probe / name), td.LIVE_STATES) == []
     states = {n: json.loads((probe / n / "launch.json").read_text())["state"] for n in names
               if (probe / n / "launch.json").exists()}
     assert states == {"g3.4xlarge-1x1": "COMPLETED", "g3.4xlarge-2x1": "FAILED"}
