@@ -50,7 +50,7 @@ KINDS: dict[str, dict[str, str]] = {
     "start": {"model": STR + OPTIONAL, "engine": STR + OPTIONAL, "nodes": INT + OPTIONAL,
               "gpus_per_node": INT + OPTIONAL, "global_batch": INT + OPTIONAL,
               "steps_per_epoch": INT + OPTIONAL, "precision": STR + OPTIONAL,
-              "grad_compression": STR + OPTIONAL},  # typed when present
+              "grad_compression": STR + OPTIONAL, "role": STR + OPTIONAL},  # typed when present
     # phases, loss and lr are typed when present (published or hand-made records may lack them)
     "step": {"step": INT, "warmup": BOOL, "step_s": NUM, "samples": INT, "words": INT,
              "epoch": INT + OPTIONAL, "data_s": NUM + OPTIONAL, "forward_s": NUM + OPTIONAL,
@@ -59,7 +59,8 @@ KINDS: dict[str, dict[str, str]] = {
              # the gradient noise scale (train/noise.py), on the steps that estimated it
              "noise_scale": NUM + OPTIONAL, "noise_trace": NUM + OPTIONAL, "noise_grad_sq": NUM + OPTIONAL,
              "noise_s": NUM + OPTIONAL,
-             "loss_scale": NUM + OPTIONAL, "skipped": BOOL + OPTIONAL},  # the two: fp16's gradient scaler
+             "loss_scale": NUM + OPTIONAL, "skipped": BOOL + OPTIONAL,  # the two: fp16's gradient scaler
+             "role": STR + OPTIONAL},  # "server": a ps shard rank of --ps-placement separate (no samples)
     "val": {"step": INT, "epoch": INT, "val_loss": NUM + OPTIONAL, "elapsed_s": NUM},
     "event": {"event": STR},
     "error": {"message": STR},
