@@ -163,3 +163,16 @@ def test_separate_on_the_local_backend_starts_g_plus_one_ranks(tmp_path) -> None
     spec = _separate(nodes=1, gpus=2).with_overrides({"backend": "local"})
     request = LocalBackend({"master_port": 29999}).submit_dryrun(spec, tmp_path / "run")
     assert len(request.commands) == 1 and "--nproc-per-node=3" in request.commands[0]
+
+
+def test_separate_placement_from_the_cli(tmp_path) -> None:
+    """The flag reaches the spec: a dry run prints G+1 ranks per node; a misuse is one message, no rank."""
+    from tests.conftest import launch
+
+    proc = launch("--engine", "ps", "--ps-placement", "separate", "--gpus-per-node", "2", "--dry-run",
+                  "--runs-dir", "runs", cwd=tmp_path)
+    assert proc.returncode == 0 and "--nproc-per-node=3" in proc.stdout, proc.stderr
+    proc = launch("--engine", "ddp", "--ps-placement", "separate", "--gpus-per-node", "2", "--runs-dir", "runs",
+                  cwd=tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert "--ps-placement separate is for --engine ps" in proc.stderr and not (tmp_path / "runs").exists()

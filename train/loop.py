@@ -234,7 +234,7 @@ def setup(spec: Spec) -> Run:
         total_steps=total_steps(spec, steps_per_epoch),
         slowdown=spec.emulate_slowdown[index] if spec.emulate_slowdown else 1.0,
         identity=identity(spec, global_batch), rank=engine.rank, world=engine.world,
-        precision=precision, noise=NoiseMeter(model, engine.world, global_batch, engine.exchanging),
+        precision=precision, noise=NoiseMeter(model, engine.world, global_batch, engine.exchanging, workers=spec.workers),
         role=role, worker=index, workers=spec.workers,
     )
 
