@@ -38,6 +38,8 @@ CASES = {
              setup=["module load cuda/12.1"], gloo_iface="ib0", signal_s=300),
     ),
     "horovod-2x4-defaults": (dict(engine={"name": "horovod"}, nodes=2, gpus_per_node=4), {}),
+    # 2 workers and a parameter-server task per node: --ntasks-per-node=3, still two GPUs
+    "ps-separate-2x2": (dict(engine={"name": "ps", "ps_placement": "separate"}, nodes=2, gpus_per_node=2), {}),
     "single-1x1-cpu-cluster": (
         dict(engine={"name": "single"}, nodes=1, gpus_per_node=1),
         dict(gres_gpus=False, requeue=False, mem_gb=1.5, time=""),
