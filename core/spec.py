@@ -205,8 +205,9 @@ class Spec:
     # ---- validation ----------------------------------------------------------------------
 
     def _validate_ps(self) -> None:
-        """A shard lives in a worker process (colocated), so there can be at most one per worker. fp16's
-        gradient scaler and 16-bit exchange are refused, not half-done: see the messages."""
+        """A colocated shard lives in a worker process, so there can be at most one per worker (separate
+        placement: `_validate_separate`). fp16's gradient scaler and 16-bit exchange are refused, not
+        half-done: see the messages."""
         if self.engine.ps_placement == "separate":
             self._validate_separate()
         elif self.engine.ps_shards is not None and self.engine.ps_shards > self.workers:
