@@ -82,7 +82,9 @@ def step_table(records: pd.DataFrame) -> pd.DataFrame:
     - A step that a rank recorded twice (re-done after resuming from an older checkpoint) keeps
       its latest record (by `time`), so `step` is unique and the table follows the surviving run.
 
-    Rows with another `kind` than "step" are ignored when a `kind` column exists. The work is
+    Rows with another `kind` than "step" are ignored when a `kind` column exists, and so are the steps
+    of parameter-server ranks (`role` "server", `--ps-placement separate`): they train on no data, and
+    a worker's step already includes waiting for them in the exchange; `ranks` counts workers. The work is
     vectorised (groupbys only, no per-row Python), so a million records take a fraction of a second.
 
     Raises RecordError when a required column (rank, step, step_s, words, samples) is missing.
@@ -119,6 +121,8 @@ def _step_columns(records: pd.DataFrame) -> pd.DataFrame:
     df = records
     if "kind" in df.columns:
         df = df[df["kind"] == "step"]
+    if "role" in df.columns:
+        df = df[df["role"] != "server"]  # ps server ranks: no samples, not workers (docs/records.md)
     cols: dict[str, Any] = {"rank": pd.to_numeric(df["rank"]).to_numpy(), "step": pd.to_numeric(df["step"]).to_numpy()}
     for col in ("step_s", "words", "samples", "loss", "lr", "time", "epoch", *PHASES):
         cols[col] = _float(df, col)

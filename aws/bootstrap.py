@@ -52,6 +52,8 @@ class Config:
         self.generation = int(env.get("SCALELAB_GENERATION", "0"))
         self.nodes = int(env.get("SCALELAB_NODES", "1"))
         self.gpus_per_node = int(env.get("SCALELAB_GPUS_PER_NODE", "1"))
+        # ranks this node starts: the GPUs' workers, plus the parameter-server ranks of ps separate placement
+        self.ranks_per_node = int(env.get("SCALELAB_RANKS_PER_NODE", self.gpus_per_node))
         self.engine = env.get("SCALELAB_ENGINE", "single")
         self.metadata_url = env.get("SCALELAB_METADATA_URL", METADATA_URL).rstrip("/")
         self.work = Path(env.get("SCALELAB_WORK", "/opt/scalelab"))
@@ -145,7 +147,8 @@ def node_order(instance: dict) -> tuple:
 
 def trainer_command(engine: str, python: str, run_dir: Path, hosts: list[str], index: int,
                     gpus_per_node: int, port: int = 29500, ssh_key: str | None = None) -> list[str] | None:
-    """The command this node runs, or None when the leader starts this node's ranks (horovod)."""
+    """The command this node runs, or None when the leader starts this node's ranks (horovod).
+    `gpus_per_node`: the ranks each node runs (with ps separate placement, its server ranks too)."""
     trainer = ["-m", "train", str(run_dir)]
     if engine == "single":
         return [python, *trainer]
@@ -330,7 +333,7 @@ def run(cfg: Config, s3=None, ec2=None) -> int:
     if resumed:
         sync.mark_present(RunPaths(cfg.run_dir).checkpoint)
     ssh_key = ssh_setup(sync, cfg, index, peers) if cfg.engine == "horovod" and cfg.nodes > 1 else None
-    cmd = trainer_command(cfg.engine, cfg.python, cfg.run_dir, hosts, index, cfg.gpus_per_node, ssh_key=ssh_key)
+    cmd = trainer_command(cfg.engine, cfg.python, cfg.run_dir, hosts, index, cfg.ranks_per_node, ssh_key=ssh_key)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     log = open(RunPaths(cfg.run_dir).logs / "trainer.log", "ab")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cfg.work) if cmd else None

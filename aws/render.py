@@ -50,6 +50,7 @@ class Plan:
     spec_json: str
     options: dict[str, Any]
     gpus_per_instance: dict[str, int] = field(default_factory=dict)  # of node_types, from the catalog
+    ranks_per_node: int | None = None  # Spec.ranks_per_node where it is not gpus_per_node (ps separate)
 
     @property
     def nodes(self) -> int:
@@ -98,7 +99,8 @@ def make_plan(spec: Spec, run_dir: Path, options: Mapping[str, Any], region: str
     run_id = cloud_run_id(Path(run_dir))
     prefix = "/".join(p for p in (str(options.get("prefix") or "").strip("/"), run_id) if p)
     return Plan(run_id, region, options["bucket"], prefix, types, spec.gpus_per_node, spec.engine.name,
-                spec.to_json(), dict(options), {t: gpus[t] for t in types})
+                spec.to_json(), dict(options), {t: gpus[t] for t in types},
+                spec.ranks_per_node if spec.ranks_per_node != spec.gpus_per_node else None)
 
 
 def tags(plan: Plan, **extra: str) -> list[dict[str, str]]:
@@ -124,6 +126,7 @@ def user_data(plan: Plan, generation: int) -> str:
         "SCALELAB_GPUS_PER_NODE": str(plan.gpus_per_node), "SCALELAB_ENGINE": plan.engine,
         "SCALELAB_HEARTBEAT_TIMEOUT_S": f"{float(plan.options['heartbeat_timeout_min']) * 60:g}",
         "AWS_DEFAULT_REGION": plan.region,
+        **({"SCALELAB_RANKS_PER_NODE": str(plan.ranks_per_node)} if plan.ranks_per_node else {}),
     }
     exports = "\n".join(f"export {k}={_sh(v)}" for k, v in env.items())
     wheel_key = plan.key("package", PACKAGE_NAME)

@@ -58,6 +58,9 @@ COMPRESSIONS = ("none", "fp16", "bf16")
 # placement for PS tasks: each step copies the gradient there and the new values back) or on the
 # workers' device (no copies). The same on a machine without GPUs, apart from the copies.
 PS_STATES = ("device", "cpu")
+# Where the parameter-server shards run: inside worker ranks (colocated), or in ranks of their own that
+# train on no data (separate, TensorFlow's PS tasks): each node then runs its workers and its servers.
+PS_PLACEMENTS = ("colocated", "separate")
 # Where ranks run; `launcher.backend.BACKENDS` maps each name to its implementation.
 BACKEND_NAMES = ("local", "slurm", "k8s", "aws")
 # The EC2 type of every node when an aws spec names none: the aws backend's default (aws/options.py) and
@@ -96,6 +99,13 @@ class EngineSpec:
     bucket_cap_mb: float = checked(25.0, above(0))
     ps_shards: int | None = checked(None, POSITIVE)  # parameter-server shards; None: one per node
     ps_state: str = checked("device", one_of(*PS_STATES))  # where the shards' parameters and optimizer state live
+    ps_placement: str = checked("colocated", one_of(*PS_PLACEMENTS))  # shards in the workers, or in server ranks
+
+    def servers_per_node(self, nodes: int) -> int:
+        """Server ranks on each node: none unless the ps shards run separately (then one per shard)."""
+        if self.name != "ps" or self.ps_placement != "separate":
+            return 0
+        return (self.ps_shards or nodes) // nodes
 
     @property
     def grad_compression(self) -> str:
@@ -160,6 +170,21 @@ class Spec:
         return self.nodes * self.gpus_per_node
 
     @property
+    def ranks_per_node(self) -> int:
+        """Processes per node, what every backend starts: the workers, plus the parameter-server ranks
+        of `--ps-placement separate` (they hold the shards and train on no data)."""
+        return self.gpus_per_node + self.engine.servers_per_node(self.nodes)
+
+    @property
+    def world(self) -> int:
+        """Total ranks: the workers and any separate parameter-server ranks."""
+        return self.nodes * self.ranks_per_node
+
+    def role_of(self, rank: int) -> tuple[str, int]:
+        """("worker", index among the workers) or ("server", index among the ps server ranks)."""
+        return rank_role(rank, self.ranks_per_node, self.engine.servers_per_node(self.nodes))
+
+    @property
     def batch_mode(self) -> str:
         """`weak` when the per-worker batch is fixed (the global batch grows with workers)."""
         return "weak" if self.batch_per_worker is not None else "strong"
@@ -210,9 +235,12 @@ class Spec:
     # ---- validation ----------------------------------------------------------------------
 
     def _validate_ps(self) -> None:
-        """A shard lives in a worker process (colocated), so there can be at most one per worker. fp16's
-        gradient scaler and 16-bit exchange are refused, not half-done: see the messages."""
-        if self.engine.ps_shards is not None and self.engine.ps_shards > self.workers:
+        """A colocated shard lives in a worker process, so there can be at most one per worker (separate
+        placement: `_validate_separate`). fp16's gradient scaler and 16-bit exchange are refused, not
+        half-done: see the messages."""
+        if self.engine.ps_placement == "separate":
+            self._validate_separate()
+        elif self.engine.ps_shards is not None and self.engine.ps_shards > self.workers:
             raise SpecError(
                 f"--ps-shards {self.engine.ps_shards} is more than the {self.workers} workers that host the shards; "
                 f"use --ps-shards {self.workers} or fewer (default: one per node)"
@@ -229,6 +257,21 @@ class Spec:
                 f"--grad-compression {self.engine.grad_compression} is not implemented for --engine ps (its push "
                 "and pull send fp32 tensors); leave --grad-compression out, or use --engine ddp or horovod"
             )
+
+    def _validate_separate(self) -> None:
+        """Every node runs the same number of ranks (torchrun's --nproc-per-node, Slurm's tasks per node),
+        so the server ranks must spread evenly over the nodes. A server has no data: it has no speed to
+        balance by, and no slowdown to emulate."""
+        shards = self.engine.ps_shards
+        if shards is not None and shards % self.nodes:
+            raise SpecError(
+                f"--ps-placement separate runs the {shards} shard server(s) spread evenly over the {self.nodes} nodes, "
+                f"and {shards} does not divide by {self.nodes}; use a multiple of {self.nodes} for --ps-shards "
+                "(default: one per node)"
+            )
+        if self.balance == "dynamic" or self.emulate_slowdown:
+            raise SpecError("--ps-placement separate does not mix with --balance dynamic or --emulate-slowdown "
+                            "(server ranks train on no data); leave those out, or use --ps-placement colocated")
 
     def validate(self) -> "Spec":
         """Check everything that can be checked without touching a backend; raise SpecError.
@@ -277,6 +320,9 @@ class Spec:
             )
         if self.engine.name == "ps":
             self._validate_ps()
+        elif self.engine.ps_placement != "colocated":
+            raise SpecError(f"--ps-placement {self.engine.ps_placement} is for --engine ps (the parameter server), "
+                            f"not --engine {self.engine.name}; add --engine ps or leave --ps-placement out")
         if self.data.kind == "text" and not self.data.train_src:
             raise SpecError("data kind 'text' needs --train-src (and --train-tgt for translation)")
         if (self.data.kind == "shards") != bool(self.data.shards):
@@ -323,6 +369,22 @@ class Spec:
                 target = target[part]
             target[parts[-1]] = value
         return Spec.from_dict(raw)
+
+
+def rank_role(rank: int, ranks_per_node: int, servers_per_node: int) -> tuple[str, int]:
+    """("worker", i) or ("server", i) for a global rank: on every node the workers come first (so rank
+    0 is a worker and writes checkpoints) and the parameter-server ranks last."""
+    node, local = divmod(rank, ranks_per_node)
+    workers_per_node = ranks_per_node - servers_per_node
+    if local < workers_per_node:
+        return "worker", node * workers_per_node + local
+    return "server", node * servers_per_node + local - workers_per_node
+
+
+def server_rank(server: int, ranks_per_node: int, servers_per_node: int) -> int:
+    """The global rank of parameter server `server` (the inverse of `rank_role`)."""
+    node, j = divmod(server, servers_per_node)
+    return node * ranks_per_node + ranks_per_node - servers_per_node + j
 
 
 def check_text_file(path: str | os.PathLike, flag: str) -> Path:

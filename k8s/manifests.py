@@ -106,10 +106,10 @@ def headless_service(run_name: str, options: Mapping[str, Any]) -> dict[str, Any
 
 
 def indexed_job(spec: Spec, run_name: str, options: Mapping[str, Any]) -> dict[str, Any]:
-    """DDP: `nodes` pods, one torchrun agent each with `gpus_per_node` ranks; pod 0 is the master."""
+    """DDP, ps: `nodes` pods, one torchrun agent each with `ranks_per_node` ranks; pod 0 is the master."""
     run_dir = pod_run_dir(run_name, options)
     torchrun = [
-        "python", "-m", "torch.distributed.run", f"--nnodes={spec.nodes}", f"--nproc-per-node={spec.gpus_per_node}",
+        "python", "-m", "torch.distributed.run", f"--nnodes={spec.nodes}", f"--nproc-per-node={spec.ranks_per_node}",
         _Shell("--node-rank=$JOB_COMPLETION_INDEX"), _Shell("--master-addr=$MASTER_ADDR"), f"--master-port={options['master_port']}",
         "-m", "train", run_dir,
     ]
@@ -200,7 +200,7 @@ def _with_spec_copy(run_dir: str, command: list[str]) -> list[str]:
 
 
 def _common_env(spec: Spec, options: Mapping[str, Any]) -> list[dict[str, Any]]:
-    threads = spec.threads or max(1, int(options["cpus_per_node"]) // spec.gpus_per_node)
+    threads = spec.threads or max(1, int(options["cpus_per_node"]) // spec.ranks_per_node)
     env = [{"name": "OMP_NUM_THREADS", "value": str(threads)}, {"name": "PYTHONUNBUFFERED", "value": "1"}]
     if spec.engine.name == "horovod":
         env += [{"name": "HOROVOD_FUSION_THRESHOLD", "value": str(int(spec.engine.fusion_threshold_mb * 1024 * 1024))},

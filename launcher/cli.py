@@ -39,6 +39,7 @@ from core.spec import (
     ENGINES,
     OPTIMIZERS,
     PRECISIONS,
+    PS_PLACEMENTS,
     PS_STATES,
     RNN_KINDS,
     SCALING_AXES,
@@ -210,9 +211,10 @@ _SPEC_OPTIONS: list[tuple[str, str, dict[str, Any]]] = [
     ("--grad-compression", "engine.compression", dict(type=click.Choice(COMPRESSIONS), help="Gradient exchange in fp16 or bf16 (DDP comm hook, Horovod compression; Horovod: fp16 only). Slower on CPU: docs/benchmarks.md.")),
     ("--fp16-allreduce/--no-fp16-allreduce", "engine.fp16_allreduce", dict(default=None, help="Same as --grad-compression fp16 (the older flag).")),
     ("--bucket-cap-mb", "engine.bucket_cap_mb", dict(type=float, help="DDP gradient bucket size.")),
-    ("--ps-shards", "engine.ps_shards", dict(type=int, help="Parameter-server shards, colocated with workers [default: one per node].")),
+    ("--ps-shards", "engine.ps_shards", dict(type=int, help="Parameter-server shards [default: one per node].")),
     ("--ps-state", "engine.ps_state", dict(type=click.Choice(PS_STATES), help="Where the parameter-server shards keep parameters and optimizer state: the workers' device, or the CPU (TensorFlow's PS placement) [default: device].")),
     ("--profile-steps", "profile_steps", dict(type=str, metavar="A:B", help="Record a torch.profiler trace of steps A..B on every rank (RUN_DIR/profile/rank-R.json, Chrome trace format; the HTML report links them); those steps are left out of the timings.")),
+    ("--ps-placement", "engine.ps_placement", dict(type=click.Choice(PS_PLACEMENTS), help="Parameter-server shards inside the worker ranks, or in server ranks of their own (one more rank per node per shard; they train on no data) [default: colocated].")),
     ("--name", "name", dict(type=str, help="Run name (prefix of the run directory).")),
 ]
 
@@ -650,8 +652,8 @@ def logs_cmd(run_dir: str, rank: int | None, follow: bool) -> None:
     from launcher.inventory import rank_log
 
     backend, path = _backend_of(run_dir)
-    if rank is not None and not 0 <= rank < read_spec(path).nodes * read_spec(path).gpus_per_node:
-        raise ScalelabError(f"--rank {rank}: the run has ranks 0..{read_spec(path).nodes * read_spec(path).gpus_per_node - 1}")
+    if rank is not None and not 0 <= rank < read_spec(path).world:
+        raise ScalelabError(f"--rank {rank}: the run has ranks 0..{read_spec(path).world - 1}")
 
     def read() -> str:
         text = backend.logs(path)

@@ -98,7 +98,7 @@ class LocalBackend(Backend):
         run_dir = Path(run_dir).absolute()  # the ranks, the logs and launch.json all name the same directory
         python = self.options["python"] or sys.executable
         port = int(self.options["master_port"]) or free_port()  # probed now, so the printed request is what runs
-        workers, per_node = spec.workers, spec.gpus_per_node
+        workers, per_node = spec.workers, spec.ranks_per_node  # ps separate: + server ranks
         threads = spec.threads or max(1, (os.cpu_count() or 1) // per_node)
         env = {"OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
         if not self.detached:  # the ranks stop (with a checkpoint) when this launcher is gone, even by SIGKILL

@@ -32,6 +32,7 @@ class RunProgress:
         self.console = console or Console(stderr=True)
         self.step = 0
         self.world = 1
+        self.workers: int | None = None  # ranks with data (ps server ranks have none); None: every rank
         self.words_per_s: float | None = None
         self.loss: float | None = None
         self.val_loss: float | None = None
@@ -60,12 +61,15 @@ class RunProgress:
         """Read the records written since the last poll and refresh the display."""
         for rec in self.records.read():
             self.world = rec.get("world", self.world)
-            if rec["kind"] == "step":
+            if rec["kind"] == "start":
+                share, batch = rec.get("batch_this_rank"), rec.get("global_batch")
+                self.workers = batch // share if share and batch else None
+            elif rec["kind"] == "step":
                 self.step = rec["step"]
                 self.loss = rec["loss"]
                 if not rec["warmup"] and rec["step_s"] > 0:
                     # rank 0's view; the report uses the slowest rank (docs/records.md)
-                    self.words_per_s = rec["words"] * self.world / rec["step_s"]
+                    self.words_per_s = rec["words"] * (self.workers or self.world) / rec["step_s"]
             elif rec["kind"] == "val":
                 self.val_loss = rec["val_loss"]
             elif rec["kind"] == "event" and rec.get("event") == "threshold":

@@ -231,7 +231,7 @@ class SlurmBackend(Backend):
 
     def logs(self, run_dir: Path) -> str:
         """Every job's per-task logs (submitit's JOB_TASK_log.out and .err), rank by rank."""
-        ranks, files = read_spec(Path(run_dir)).workers, []
+        ranks, files = read_spec(Path(run_dir)).world, []
         for job in jobs_of(run_dir):
             for rank in range(ranks):
                 paths = JobPaths(job["folder"], job_id=job["job_id"], task_id=rank)

@@ -100,7 +100,7 @@ def executor_parameters(spec: Spec, run_dirs: Sequence[Path], options: Mapping[s
     forced["signal"] = f"{WARNING_SIGNAL}@{o['signal_s']}"  # every rank: no B:, the batch shell forwards nothing
     forced.update(_sbatch_pairs(o["extra_sbatch"]))
     params: dict[str, Any] = dict(
-        job_name=job_name(run_dirs, o), nodes=spec.nodes, ntasks_per_node=spec.gpus_per_node,  # one rank per GPU
+        job_name=job_name(run_dirs, o), nodes=spec.nodes, ntasks_per_node=spec.ranks_per_node,  # one rank per GPU (+ ps server ranks)
         cpus_per_task=o["cpus_per_task"], time=o["time"] or None,  # None: no --time, the partition's limit
         setup=setup_lines(spec, o, python), srun_args=SRUN_ARGS, additional_parameters=forced,
     )

@@ -57,6 +57,16 @@ def test_requests_match_golden_files():
     check_golden("aws-user-data.sh", user_data(plan, 0))
 
 
+def test_ps_separate_user_data_matches_its_golden_file():
+    """`--ps-placement separate`: the one line more is the ranks each instance starts (its GPU's worker and
+    a parameter-server rank); the colocated user data above has none, so it is unchanged."""
+    plan = make_plan(spec(engine={"name": "ps", "ps_placement": "separate"}), Path("runs/ps-DRYRUN"), OPTIONS,
+                     "us-east-1")
+    script = user_data(plan, 0)
+    check_golden("aws-user-data-ps-separate.sh", script)
+    assert "export SCALELAB_GPUS_PER_NODE=1\n" in script and "export SCALELAB_RANKS_PER_NODE=2\n" in script
+
+
 def test_spot_tags_placement_and_security_group():
     opts = {**OPTIONS, "spot": True, "spot_max_price": 0.3, "instance_type": "1*p2.xlarge+3*g3.4xlarge"}
     plan = make_plan(spec(nodes=4), Path("runs/mix-1"), opts, "us-east-1")

@@ -40,12 +40,15 @@ CASES = {
     "ddp-2x4-full": ("ddp", 2, 4, FULL_OPTIONS),
     "horovod-1x8": ("horovod", 1, 8, {}),
     "horovod-4x4-full": ("horovod", 4, 4, FULL_OPTIONS),
+    # 2 workers and a parameter-server rank per pod: --nproc-per-node=3, two GPUs
+    "ps-separate-2x2": ({"name": "ps", "ps_placement": "separate"}, 2, 2, {}),
 }
 
 
 def request_for(case: str):
     engine, nodes, gpus, extra = CASES[case]
-    spec = Spec(backend="k8s", engine=EngineSpec(name=engine), nodes=nodes, gpus_per_node=gpus,
+    engine = EngineSpec(**engine) if isinstance(engine, dict) else EngineSpec(name=engine)
+    spec = Spec(backend="k8s", engine=engine, nodes=nodes, gpus_per_node=gpus,
                 batch_per_worker=32, steps=100).validate()
     backend = KubernetesBackend({"image": "registry.example.com/scalelab:0.1.0", **extra})
     return spec, backend.submit_dryrun(spec, Path("runs") / f"{case}-20260101-000000")

@@ -59,14 +59,16 @@ def _final_params(run_dir):
 
 def test_engines_give_the_same_loss_curve(tmp_path):
     """Same seed + same global batch: single (1 rank), DDP, parameter server (1 and 2 shards, state on
-    the device or the CPU) and Horovod (2 ranks) agree."""
+    the device or the CPU, shards in the workers or in a server rank) and Horovod (2 ranks) agree."""
     common = ["--steps", "8", "--global-batch", "16", "--lr", "0.01", "--checkpoint-every", "8",
               "--model-arg", "dropout=0"]
     layouts = {"single": ["--engine", "single"], "ddp": ["--engine", "ddp", "--gpus-per-node", "2"],
                "ps": ["--engine", "ps", "--gpus-per-node", "2"],  # one shard (one node), on rank 0
                "ps-2": ["--engine", "ps", "--gpus-per-node", "2", "--ps-shards", "2"],
                # shards' parameters and Adam state in CPU copies that the push fills and the pull reads
-               "ps-cpu": ["--engine", "ps", "--gpus-per-node", "2", "--ps-shards", "2", "--ps-state", "cpu"]}
+               "ps-cpu": ["--engine", "ps", "--gpus-per-node", "2", "--ps-shards", "2", "--ps-state", "cpu"],
+               # the shard in a third rank of its own, which trains on no data (rank 2: a server)
+               "ps-separate": ["--engine", "ps", "--gpus-per-node", "2", "--ps-placement", "separate"]}
     from tests.conftest import horovod_available
 
     if horovod_available():
@@ -82,6 +84,12 @@ def test_engines_give_the_same_loss_curve(tmp_path):
         run = only_run_dir(runs)
         curves[name] = _global_losses(run, 1 if name == "single" else 2)
         params[name] = _final_params(run)
+        if name == "ps-separate":
+            server = read_jsonl(run / "records" / "rank-2.jsonl")
+            assert server[0]["role"] == "server" and server[0]["world"] == 3 and server[0]["batch_this_rank"] == 0
+            steps = [r for r in server if r["kind"] == "step"]
+            assert len(steps) == 8 and all(s["role"] == "server" and s["samples"] == s["words"] == 0 for s in steps)
+            assert json.loads((run / "summary.json").read_text())["workers"] == 2
     base = curves.pop("single")
     assert len(base) == 8 and base[-1] < base[0]  # it learned something
     for name, curve in curves.items():

@@ -83,6 +83,19 @@ def test_one_worker_probe_is_the_half_batch_and_changes_nothing():
     assert fields["noise_s"] == seconds and set(fields) == {"noise_scale", "noise_trace", "noise_grad_sq", "noise_s"}
 
 
+def test_one_worker_beside_ps_server_ranks_probes_as_alone():
+    """`--ps-placement separate` with one worker: the world is 2, but only one rank has data, so there is
+    no second gradient to compare; the worker probes half its batch (a server has none: it never probes)."""
+    model = _Loss()
+    x, y = torch.randn(16, 6), torch.randn(16)
+    meter = NoiseMeter(model, world=2, global_batch=16, exchanging=True, probe_every=2, workers=1)
+    assert not meter.data_parallel and NoiseMeter(model, world=2, global_batch=16, exchanging=True).data_parallel
+    model.zero_grad()
+    model(x=x, y=y).backward()
+    assert meter.exchanged(model, {"x": x, "y": y}, 16, step=2) > 0 and "noise_trace" in meter.fields()
+    assert meter.exchanged(model, {}, 0, step=4) == 0.0 and meter.fields() == {}  # a server rank's step
+
+
 def test_data_parallel_hooks_read_the_local_gradient_before_the_exchange():
     """Rank 0 of two: its backward runs on its 8 samples (the hooks see that gradient); the exchange
     is stood in for by writing the 16-sample average into .grad, as DDP and Horovod do."""

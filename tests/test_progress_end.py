@@ -39,3 +39,14 @@ def test_without_a_threshold_the_bar_says_nothing_of_it(tmp_path, capsys):
     with RunProgress(tmp_path, 40, "run", console=Console(file=io.StringIO(), force_terminal=False)) as prog:
         prog.poll()
     assert prog.threshold_step is None and "threshold" not in capsys.readouterr().err
+
+
+def test_words_per_s_counts_the_workers_not_the_ps_server_ranks(tmp_path):
+    """`--ps-placement separate`: 2 workers and a server (world 3); rank 0's words stand for 2 ranks' work."""
+    out = RecordWriter(tmp_path, 0, 3)
+    out.write("start", global_batch=16, batch_this_rank=8)
+    out.write("step", step=1, warmup=False, step_s=0.5, samples=8, words=80, loss=1.0)
+    out.close()
+    with RunProgress(tmp_path, 10, "run", console=Console(file=io.StringIO(), force_terminal=False)) as prog:
+        prog.poll()
+    assert (prog.world, prog.words_per_s) == (3, 320.0)

@@ -2,7 +2,8 @@
 
 The engine's training (same losses as DDP, exchange_s, exact resume) is tested by running it:
 tests/test_local_runs.py and tests/test_resume.py. Here: `--engine ps` is started like DDP (torchrun,
-env:// rendezvous) by Slurm, Kubernetes and AWS, and `--ps-shards` is checked up front.
+env:// rendezvous) by Slurm, Kubernetes and AWS, `--ps-placement separate` starts G + servers ranks
+per node on every backend, and `--ps-shards` / `--ps-placement` are checked up front.
 """
 
 from __future__ import annotations
@@ -11,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from aws.bootstrap import trainer_command
+from aws.bootstrap import Config, trainer_command
 from core.errors import SpecError
-from core.spec import EngineSpec, Spec
+from core.spec import EngineSpec, Spec, rank_role, server_rank
 from slurm.backend import SlurmBackend
 from slurm.rank import rank_env
 from tests.test_slurm_render import PYTHON, RDZV, RUN_DIR, task
@@ -81,3 +82,97 @@ def test_ps_refusals_come_from_the_cli_before_any_rank(tmp_path) -> None:
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert "--grad-compression fp16 is not implemented for --engine ps" in proc.stderr
     assert not (tmp_path / "runs").exists()
+
+
+# ---- --ps-placement separate ---------------------------------------------------------------------
+
+
+def _separate(nodes: int = 2, gpus: int = 2, **engine) -> Spec:
+    return Spec(engine=EngineSpec(name="ps", ps_placement="separate", **engine), nodes=nodes, gpus_per_node=gpus,
+                batch_per_worker=8, steps=10).validate()
+
+
+def test_separate_servers_add_ranks_per_node_and_come_last_on_every_node() -> None:
+    spec = _separate(nodes=2, gpus=2)  # one server per node by default
+    assert (spec.workers, spec.ranks_per_node, spec.world) == (4, 3, 6)
+    assert spec.resolved_global_batch(1) == 32  # the batch is the workers': servers train on no data
+    roles = [rank_role(r, spec.ranks_per_node, 1) for r in range(spec.world)]
+    assert roles == [("worker", 0), ("worker", 1), ("server", 0), ("worker", 2), ("worker", 3), ("server", 1)]
+    assert [server_rank(s, 3, 1) for s in range(2)] == [2, 5]
+    four = _separate(nodes=2, gpus=1, ps_shards=4)  # two servers per node
+    assert (four.ranks_per_node, four.world) == (3, 6)
+    assert [server_rank(s, 3, 2) for s in range(4)] == [1, 2, 4, 5]
+    assert [rank_role(r, 3, 2) for r in (1, 2, 4, 5)] == [("server", i) for i in range(4)]
+    assert _spec().ranks_per_node == 2 and _spec(engine={"ps_shards": 4}).world == 4  # colocated: no extra ranks
+
+
+@pytest.mark.parametrize("make, pattern", [
+    (lambda: _separate(nodes=2, ps_shards=3), "3 shard server.* spread evenly over the 2 nodes.* multiple of 2"),
+    (lambda: Spec(engine=EngineSpec(name="ps", ps_placement="separate"), gpus_per_node=2, global_batch=16, steps=10,
+                  balance="dynamic").validate(), "--ps-placement separate does not mix with --balance dynamic"),
+    (lambda: Spec(engine=EngineSpec(name="ddp", ps_placement="separate"), gpus_per_node=2, steps=10).validate(),
+     "--ps-placement separate is for --engine ps .* not --engine ddp"),
+    (lambda: Spec(engine=EngineSpec(name="ps", ps_placement="beside"), steps=10).validate(),
+     "engine.ps_placement must be one of colocated, separate, got 'beside'"),
+])
+def test_what_separate_placement_cannot_do_is_refused(make, pattern) -> None:
+    with pytest.raises(SpecError, match=pattern):
+        make()
+
+
+def test_separate_on_slurm_runs_a_server_task_per_node() -> None:
+    script = SlurmBackend({"python": PYTHON}).submit_dryrun(_separate(), RUN_DIR).render()
+    lines = script.splitlines()
+    assert "#SBATCH --nodes=2" in lines and "#SBATCH --ntasks-per-node=3" in lines
+    env = rank_env(task(5, nodes=2, per_node=3), "ps", RDZV)  # the last task of node 2: its server
+    assert (env["RANK"], env["WORLD_SIZE"], env["LOCAL_RANK"], env["LOCAL_WORLD_SIZE"]) == ("5", "6", "2", "3")
+
+
+def test_separate_on_k8s_starts_g_plus_one_ranks_per_pod() -> None:
+    pytest.importorskip("kubernetes_validate")
+    from k8s.backend import KubernetesBackend
+    from k8s.validate import validate_all
+
+    spec = _separate().with_overrides({"backend": "k8s"})
+    request = KubernetesBackend({"image": "registry.example.com/scalelab:0.1.0"}).submit_dryrun(spec, Path("runs/ps-s"))
+    validate_all([*request.objects, request.fetch])
+    script = request.objects[2]["spec"]["template"]["spec"]["containers"][0]["command"][-1]
+    assert "--nnodes=2" in script and "--nproc-per-node=3" in script
+
+
+def test_separate_on_aws_starts_g_plus_one_ranks_per_instance(tmp_path, monkeypatch) -> None:
+    from aws.options import AwsOptions
+    from aws.render import make_plan, user_data
+
+    monkeypatch.setenv("SCALELAB_PRICES", str(tmp_path / "prices.json"))
+    spec = _separate().with_overrides({"backend": "aws"})
+    plan = make_plan(spec, Path("runs/ps-s"), AwsOptions(bucket="b", region="us-east-1", instance_type="g3.16xlarge"),
+                     "us-east-1")
+    script = user_data(plan, 0)
+    assert "export SCALELAB_GPUS_PER_NODE=2" in script and "export SCALELAB_RANKS_PER_NODE=3" in script
+    env = {"SCALELAB_RUN_ID": "r", "SCALELAB_BUCKET": "b", "SCALELAB_PREFIX": "p", "SCALELAB_GPUS_PER_NODE": "2"}
+    assert Config(env).ranks_per_node == 2  # colocated (and older user data): one rank per GPU
+    cfg = Config({**env, "SCALELAB_RANKS_PER_NODE": "3"})
+    cmd = trainer_command("ps", "py", Path("/w/r"), ["10.0.0.1", "10.0.0.2"], 0, cfg.ranks_per_node)
+    assert "--nproc-per-node=3" in cmd
+
+
+def test_separate_on_the_local_backend_starts_g_plus_one_ranks(tmp_path) -> None:
+    from launcher.local import LocalBackend
+
+    spec = _separate(nodes=1, gpus=2).with_overrides({"backend": "local"})
+    request = LocalBackend({"master_port": 29999}).submit_dryrun(spec, tmp_path / "run")
+    assert len(request.commands) == 1 and "--nproc-per-node=3" in request.commands[0]
+
+
+def test_separate_placement_from_the_cli(tmp_path) -> None:
+    """The flag reaches the spec: a dry run prints G+1 ranks per node; a misuse is one message, no rank."""
+    from tests.conftest import launch
+
+    proc = launch("--engine", "ps", "--ps-placement", "separate", "--gpus-per-node", "2", "--dry-run",
+                  "--runs-dir", "runs", cwd=tmp_path)
+    assert proc.returncode == 0 and "--nproc-per-node=3" in proc.stdout, proc.stderr
+    proc = launch("--engine", "ddp", "--ps-placement", "separate", "--gpus-per-node", "2", "--runs-dir", "runs",
+                  cwd=tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert "--ps-placement separate is for --engine ps" in proc.stderr and not (tmp_path / "runs").exists()

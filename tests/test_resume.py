@@ -34,6 +34,7 @@ ENGINES = {
     "horovod": ["--engine", "horovod", "--gpus-per-node", "2"],
     "ps": ["--engine", "ps", "--gpus-per-node", "2", "--ps-shards", "2"],  # rank 1 owns a shard's Adam state
     "ps-cpu": ["--engine", "ps", "--gpus-per-node", "2", "--ps-shards", "2", "--ps-state", "cpu"],
+    "ps-separate": ["--engine", "ps", "--gpus-per-node", "2", "--ps-placement", "separate"],  # rank 2: the server
 }
 ENGINE_PARAMS = ["single", "ddp", "ps", pytest.param("horovod", marks=needs_horovod)]
 
@@ -61,7 +62,7 @@ def reference(tmp_path_factory):
 
 
 def _world(engine):
-    return 1 if engine == "single" else 2
+    return {"single": 1, "ps-separate": 3}.get(engine, 2)
 
 
 def _last_launch_steps(run, rank):
@@ -105,16 +106,30 @@ def test_killed_rank_resumes_exactly_from_the_last_periodic_checkpoint(tmp_path,
     _assert_resumed_exactly(run, reference(engine), engine, from_step=4)
 
 
-def test_ps_with_cpu_state_resumes_exactly(tmp_path, reference):
-    """`--ps-state cpu`: the shards' CPU copies and their Adam state come back from the checkpoint too
-    (the copies re-read the loaded weights), so the resumed run records the uninterrupted one's losses."""
-    proc, runs = _start(tmp_path / "killed", "ps-cpu", env={KILL_AT_STEP_ENV: "6:1"})
+def _kill_and_resume(tmp_path, engine: str, rank: int):
+    """Run `engine` until `rank` is SIGKILLed after step 6, resume it; the run directory."""
+    proc, runs = _start(tmp_path / "killed", engine, env={KILL_AT_STEP_ENV: f"6:{rank}"})
     assert proc.returncode != 0, "the run went on without its killed rank"
     run = only_run_dir(runs)
     assert torch.load(run / CHECKPOINT_NAME, weights_only=True)["step"] == 4
     proc = launch("resume", str(run), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
+    return run
+
+
+def test_ps_with_cpu_state_resumes_exactly(tmp_path, reference):
+    """`--ps-state cpu`: the shards' CPU copies and their Adam state come back from the checkpoint too
+    (the copies re-read the loaded weights), so the resumed run records the uninterrupted one's losses."""
+    run = _kill_and_resume(tmp_path, "ps-cpu", rank=1)
     _assert_resumed_exactly(run, reference("ps-cpu"), "ps-cpu", from_step=4)
+
+
+def test_ps_separate_resumes_exactly_after_its_server_is_killed(tmp_path, reference):
+    """`--ps-placement separate`: the server rank (all the shards, all of Adam's state) is the one killed;
+    the resumed server and workers record what the uninterrupted ones record (the server: no samples)."""
+    run = _kill_and_resume(tmp_path, "ps-separate", rank=2)
+    _assert_resumed_exactly(run, reference("ps-separate"), "ps-separate", from_step=4)
+    assert {s["samples"] for s in _last_launch_steps(run, 2)[1]} == {0}
 
 
 @pytest.mark.usefixtures("needs_cpu_bf16")

@@ -126,6 +126,21 @@ def test_step_table_ignores_other_kinds_and_keeps_latest_rerun():
     assert st.loc[st["step"] == 4, "slowest_rank"].item() == 1
 
 
+def test_step_table_leaves_out_ps_server_ranks():
+    """`--ps-placement separate`: a server rank's steps (no samples, `role` server) are not a worker's: they
+    change neither the work, the ranks counted, nor which rank is the slowest, even when theirs is longest."""
+    recs = _records()
+    servers = pd.DataFrame([
+        dict(kind="step", rank=2, world=3, time=1100.0 + step, step=step, epoch=0, warmup=step == 1, step_s=9.0,
+             data_s=0.0, forward_s=0.0, backward_s=8.0, exchange_s=8.0, optimizer_s=1.0, samples=0, words=0,
+             loss=None, lr=0.1, role="server")
+        for step in (1, 2, 3, 4)
+    ])
+    st = step_table(pd.concat([recs, servers], ignore_index=True))
+    assert st.equals(step_table(recs))
+    assert st["ranks"].tolist() == [2, 2, 2, 2] and 2 not in st["slowest_rank"].tolist()
+
+
 def test_step_table_ties_go_to_lowest_rank_and_missing_column_is_an_error():
     df = pd.DataFrame(dict(rank=[2, 0, 1], step=[1, 1, 1], step_s=[1.0, 1.0, 0.5],
                            data_s=[0.3, 0.1, 0.0], words=[1, 1, 1], samples=[1, 1, 1]))

@@ -39,6 +39,8 @@ CASES = {
     ),
     "horovod-2x4-defaults": (dict(engine={"name": "horovod"}, nodes=2, gpus_per_node=4), {}),
     "ddp-2x2-gpu-type": (dict(engine={"name": "ddp"}, nodes=2, gpus_per_node=2), dict(gpu_type="v100", partition="gpu")),
+    # 2 workers and a parameter-server task per node: --ntasks-per-node=3, still two GPUs
+    "ps-separate-2x2": (dict(engine={"name": "ps", "ps_placement": "separate"}, nodes=2, gpus_per_node=2), {}),
     "single-1x1-cpu-cluster": (
         dict(engine={"name": "single"}, nodes=1, gpus_per_node=1),
         dict(gres_gpus=False, requeue=False, mem_gb=1.5, time=""),

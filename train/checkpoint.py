@@ -58,6 +58,7 @@ def identity(spec: Spec, global_batch: int) -> dict[str, Any]:
         "model": spec.model, "rnn": spec.rnn, "model_args": dict(spec.model_args), "optimizer": spec.optimizer,
         "seed": spec.seed, "data": spec.data.kind, "global_batch": global_batch, "workers": spec.workers,
         "precision": spec.precision,
+        **({"ranks": spec.world} if spec.world != spec.workers else {}),  # ps server ranks: their RNG states
     }
 
 

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from core.errors import EngineError
-from core.spec import EngineSpec
+from core.spec import EngineSpec, server_rank
 
 
 @dataclass
@@ -191,7 +191,8 @@ class DDPEngine(Engine):
 
 
 class PSEngine(DDPEngine):
-    """Parameter server on torch.distributed collectives, shards colocated with the workers.
+    """Parameter server on torch.distributed collectives, shards colocated with the workers or in
+    server ranks of their own (`--ps-placement separate`).
 
     Parameters are dealt to shards by size, largest first, round-robin (as TensorFlow placed variables
     over its PS tasks); shard s lives in worker `s * world // shards`, so the default (one shard per
@@ -199,6 +200,9 @@ class PSEngine(DDPEngine):
     average DDP makes). The owner alone applies the optimizer step to its parameters (the others' grads
     are dropped, so their optimizer state stays empty), then pull: each parameter is broadcast from its
     owner. Optimizer state is sharded; `consolidate` copies it to every rank before a checkpoint.
+    Separate placement: the last `servers_per_node` local ranks of every node own all the shards and
+    train on no data (the loop gives them an empty slice); their gradients, and any a worker lacks, are
+    zeros, so every rank takes part in every reduce, and the sum over the workers is what colocated sums.
     The spec refuses fp16 (its scaler would check only the gradients this rank owns) and 16-bit
     exchange, so the gradients read here (|G|², clipping) are the true fp32 ones.
     """
@@ -210,11 +214,22 @@ class PSEngine(DDPEngine):
         self.owner: dict[torch.nn.Parameter, int] = {}  # parameter -> the rank holding its shard
         self.shadow: dict[torch.nn.Parameter, torch.Tensor] = {}  # --ps-state cpu: owned parameter -> its CPU copy
 
+    @property
+    def separate(self) -> bool:
+        return self.spec.ps_placement == "separate"
+
+    def _shard_rank(self, shard: int, shards: int) -> int:
+        """The rank that holds `shard`: a worker spread over the world (colocated), or its server rank."""
+        if not self.separate:
+            return shard * self.world // shards
+        per_node = self.placement.local_world
+        return server_rank(shard, per_node, self.spec.servers_per_node(self.world // per_node))
+
     def wrap(self, model, optimizer):
         params = list(model.parameters())
         shards = self.spec.ps_shards or max(1, self.world // self.placement.local_world)
         by_size = sorted(range(len(params)), key=lambda i: (-params[i].numel(), i))
-        self.owner = {params[i]: (n % shards) * self.world // shards for n, i in enumerate(by_size)}
+        self.owner = {params[i]: self._shard_rank(n % shards, shards) for n, i in enumerate(by_size)}
         for p in params:
             self._dist.broadcast(p.data, src=0)  # distributed: rank 0's parameters everywhere
         if self.spec.ps_state == "cpu":
@@ -246,6 +261,8 @@ class PSEngine(DDPEngine):
         t0 = time.perf_counter()
         for p, owner in self.owner.items():
             held = self.shadow.get(p, p)  # what the optimizer updates: p, or its CPU copy
+            if p.grad is None and self.separate:  # a server computes none: it adds zeros to the sum
+                p.grad = torch.zeros_like(p)
             if p.grad is None:
                 held.grad = None
                 continue

@@ -156,6 +156,9 @@ class Run:
     world: int
     noise: NoiseMeter  # the gradient noise scale, measured as the run trains (train/noise.py)
     precision: Precision  # autocast and, for fp16, the gradient scaler
+    role: str = "worker"  # or "server": a ps shard rank of --ps-placement separate, which has no data
+    worker: int = 0  # this worker's index among the workers (a server's: its index among the servers)
+    workers: int = 1  # ranks that train on data (the world less the server ranks)
 
 
 @dataclass
@@ -215,13 +218,14 @@ def setup(spec: Spec) -> Run:
         torch.set_num_interop_threads(spec.interop_threads)  # only possible before any parallel work
     Stop.watch_launcher(os.environ.get(LAUNCHER_ENV))  # before the rendezvous, which may wait for a peer
     engine = make_engine(spec.engine)  # distributed: init process group / hvd.init
+    role, index = spec.role_of(engine.rank)  # ps --ps-placement separate: "server" ranks have no data
     device = engine.device(spec.device)
     precision = make_precision(spec.precision, device, spec.rnn)  # before any work: fp16 on a CPU fails here
     torch.set_num_threads(spec.threads or max(1, (os.cpu_count() or 1) // engine.placement.local_world))
     Stop.install()
     torch.manual_seed(spec.seed)
     cfg = config_with_overrides(PRESETS[spec.model], spec.model_args)
-    dataset = build_dataset(spec.data.kind, cfg, spec.seed, data_paths(spec, cfg.family), **data_options(spec, engine.rank, engine.world))
+    dataset = build_dataset(spec.data.kind, cfg, spec.seed, data_paths(spec, cfg.family), **data_options(spec, index * (role == "worker"), spec.workers))
     cfg = config_with_overrides(cfg, dataset.model_overrides())  # text data fixes vocabulary / labels
     model = build_model(cfg, spec.rnn).to(device)
     global_batch = spec.resolved_global_batch(cfg.default_batch)
@@ -236,9 +240,10 @@ def setup(spec: Spec) -> Run:
     return Run(
         spec, engine, device, dataset, model, optimizer, global_batch, per_rank, lr_scale, steps_per_epoch,
         total_steps=total_steps(spec, steps_per_epoch),
-        slowdown=spec.emulate_slowdown[engine.rank] if spec.emulate_slowdown else 1.0,
+        slowdown=spec.emulate_slowdown[index] if spec.emulate_slowdown else 1.0,
         identity=identity(spec, global_batch), rank=engine.rank, world=engine.world,
-        precision=precision, noise=NoiseMeter(model, engine.world, global_batch, engine.exchanging),
+        precision=precision, noise=NoiseMeter(model, engine.world, global_batch, engine.exchanging, workers=spec.workers),
+        role=role, worker=index, workers=spec.workers,
     )
 
 
@@ -259,7 +264,7 @@ def resume(run_dir: Path, run: Run) -> Progress:
     """
     ckpt = load_checkpoint(run_dir, run.identity, map_location=run.device)
     if ckpt is None:
-        return Progress(ShareSchedule([(0, [run.per_rank] * run.world)]))
+        return Progress(ShareSchedule([(0, initial_shares(run))]))
     restore(ckpt, run.model, run.optimizer, run.rank)
     run.engine.restored()  # ps --ps-state cpu: the CPU shards take the loaded weights
     run.precision.load_state_dict(ckpt.get("amp"))
@@ -267,6 +272,11 @@ def resume(run_dir: Path, run: Run) -> Progress:
         ShareSchedule(ckpt["shares"]), step=ckpt["step"], elapsed=ckpt["elapsed_s"], reached=ckpt["reached"],
         resumed_from=ckpt["step"],
     )
+
+
+def initial_shares(run: Run) -> list[int]:
+    """Every rank's slice of the global batch: equal for the workers, empty for ps server ranks."""
+    return [run.per_rank if run.spec.role_of(r)[0] == "worker" else 0 for r in range(run.world)]
 
 
 def open_records(run_dir: Path, run: Run, progress: Progress) -> RecordWriter:
@@ -277,7 +287,8 @@ def open_records(run_dir: Path, run: Run, progress: Progress) -> RecordWriter:
         "start", run_id=Path(run_dir).name, model=spec.model, preset=spec.model, rnn=spec.rnn,
         engine=engine.name, nodes=spec.nodes, gpus_per_node=spec.gpus_per_node,
         node_rank=engine.placement.node_rank, local_rank=engine.placement.local_rank, device=str(run.device),
-        global_batch=run.global_batch, batch_this_rank=run.per_rank, steps_per_epoch=run.steps_per_epoch,
+        role=run.role,
+        global_batch=run.global_batch, batch_this_rank=run.per_rank if run.role == "worker" else 0, steps_per_epoch=run.steps_per_epoch,
         threads=torch.get_num_threads(),
         interop_threads=torch.get_num_interop_threads(), independent_replicas=spec.independent_replicas,
         balance=spec.balance, emulate_slowdown=run.slowdown, resumed_from_step=progress.resumed_from,
@@ -295,7 +306,10 @@ def batches(run: Run, shares: ShareSchedule, first_step: int) -> Iterator[Batch]
     """This rank's slice of every global batch from `first_step` on: the data position is the step."""
     for s in range(first_step, run.total_steps):
         lo, hi = balance.offsets(shares.at(s))[run.rank]
-        batch = run.dataset.get_batch(s // run.steps_per_epoch, s % run.steps_per_epoch, run.global_batch, lo, hi)
+        if lo == hi:  # a ps server rank: no data, nothing to read
+            batch = Batch({}, samples=0, words=0)
+        else:
+            batch = run.dataset.get_batch(s // run.steps_per_epoch, s % run.steps_per_epoch, run.global_batch, lo, hi)
         batch.meta["epoch"] = s // run.steps_per_epoch
         yield batch
 
@@ -311,15 +325,18 @@ def train_step(run: Run, progress: Progress, stream: Prefetcher) -> dict[str, An
     t1 = _clock(device)
     lr = set_lr(optimizer, spec, run.lr_scale, progress.step)
     model.zero_grad(set_to_none=True)
-    with run.precision.autocast():
-        loss = model(**batch.inputs)  # fp32: the models take the cross-entropy of float32 logits
+    loss, emulated_s = None, 0.0  # a ps server rank (no data) computes nothing: the push gives it gradients
+    if batch.samples:
+        with run.precision.autocast():
+            loss = model(**batch.inputs)  # fp32: the models take the cross-entropy of float32 logits
     t2 = _clock(device)
-    emulated_s = _emulate_slower_device(run.slowdown, t2 - t1)
-    # Each engine averages gradients over ranks; with unequal shares, weight each rank's mean
-    # loss by its share so the average is still the mean over the whole global batch.
-    weight = batch.samples * run.world / run.global_batch if not spec.independent_replicas else 1.0
-    run.precision.backward(loss * weight if weight != 1.0 else loss)  # DDP all-reduces in here; Horovod starts
-    t2 += emulated_s
+    if loss is not None:
+        emulated_s = _emulate_slower_device(run.slowdown, t2 - t1)
+        # Each engine averages gradients over ranks; with unequal shares, weight each rank's mean
+        # loss by its share so the average is still the mean over the whole global batch.
+        weight = batch.samples * run.world / run.global_batch if not spec.independent_replicas else 1.0
+        run.precision.backward(loss * weight if weight != 1.0 else loss)  # DDP all-reduces in here; Horovod starts
+        t2 += emulated_s
     exchange_s = engine.finish_exchange(optimizer)  # distributed: wait for the exchange
     run.precision.unscale(optimizer)  # from here on the gradients are fp32 and unscaled
     probe_s = run.noise.exchanged(model, batch.inputs, batch.samples, progress.step + 1,
@@ -334,14 +351,15 @@ def train_step(run: Run, progress: Progress, stream: Prefetcher) -> dict[str, An
         exchange_s, t3 = (exchange_s or 0.0) + pull_s, t3 + pull_s
     progress.step += 1
     progress.elapsed += t4 - t0
-    loss_value = float(loss.detach())
-    if not math.isfinite(loss_value):
+    loss_value = float(loss.detach()) if loss is not None else None
+    if loss_value is not None and not math.isfinite(loss_value):
         raise ScalelabError(f"training diverged at step {progress.step} (loss {loss_value}); lower --lr")
     return dict(
         step=progress.step, epoch=batch.meta["epoch"], warmup=progress.step - progress.started_at <= spec.warmup_steps,
         step_s=t4 - t0, data_s=t1 - t0, forward_s=t2 - t1, backward_s=t3 - t2, exchange_s=exchange_s,
         optimizer_s=t4 - t3, samples=batch.samples, words=batch.words, loss=loss_value, lr=lr,
         **({"emulated_s": emulated_s} if run.slowdown != 1.0 else {}), **run.noise.fields(),
+        **({"role": run.role} if run.role != "worker" else {}),
         **run.precision.record(applied),
     )
 
@@ -349,7 +367,8 @@ def train_step(run: Run, progress: Progress, stream: Prefetcher) -> dict[str, An
 def rebalance(run: Run, progress: Progress, record: dict[str, Any], out: RecordWriter) -> None:
     """Dynamic load balancing (mixed hardware): every `balance_every` steps, shares follow speeds."""
     shares = progress.shares
-    shares.window.append(record["forward_s"] / record["samples"])
+    if record["samples"]:  # a ps server rank has no speed to measure
+        shares.window.append(record["forward_s"] / record["samples"])
     if run.spec.balance != "dynamic" or run.world == 1 or progress.step % run.spec.balance_every:
         return
     speeds = run.engine.allgather(len(shares.window) / sum(shares.window))  # distributed: samples/s per rank
@@ -498,11 +517,11 @@ def validate(run: Run) -> float:
     The subset is cut into global-batch-sized pieces and each piece split across ranks as training
     batches are, so 1 worker and 8 workers judge the loss threshold on exactly the same samples.
     """
-    model, rank, world = run.model, run.rank, run.world
+    model, index, workers = run.model, run.worker, run.workers
     model.eval()
-    pieces = run.dataset.valid_batches(run.per_rank, 0, 1, max_batches=run.spec.val_batches * world)
+    pieces = run.dataset.valid_batches(run.per_rank, 0, 1, max_batches=run.spec.val_batches * workers)
     total, weight = 0.0, 0
-    for batch in pieces[rank::world]:
+    for batch in pieces[index::workers] if run.role == "worker" else []:  # ps server ranks: none
         total += float(model(**batch.to(run.device).inputs)) * batch.samples
         weight += batch.samples
     model.train()

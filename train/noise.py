@@ -83,10 +83,12 @@ class NoiseMeter:
     the update), `fields()` for the step record."""
 
     def __init__(self, model: torch.nn.Module, world: int, global_batch: int, exchanging: bool,
-                 probe_every: int = PROBE_EVERY) -> None:
+                 probe_every: int = PROBE_EVERY, workers: int | None = None) -> None:
+        """`workers`: the ranks with data when fewer than `world` (ps server ranks have none): one worker
+        and its servers have no second gradient to compare, so the worker probes, as alone."""
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.world, self.global_batch = world, global_batch
-        self.data_parallel = exchanging and world > 1
+        self.data_parallel = exchanging and (workers or world) > 1
         self.probe_every = probe_every
         self.smoother = Smoother()
         self._local: torch.Tensor | None = None  # Σ |this rank's gradient|² of this backward
