@@ -49,7 +49,7 @@ class RunLock:
         """
         mine = self.path.with_name(f".{OWNER_FILE}.{os.getpid()}.tmp")
         try:
-            write_text(mine, json.dumps(self.me.to_dict() if self.me else {}))
+            write_text(mine, json.dumps(self.me.to_dict() if self.me else {}), shown=self.path)
             for _ in range(3):
                 try:
                     os.link(mine, self.path)

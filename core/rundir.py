@@ -112,11 +112,11 @@ def write_json(path: Path, data: Any) -> Path:
     return write_text(path, json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
 
 
-def write_text(path: Path, text: str) -> Path:
+def write_text(path: Path, text: str, shown: Path | None = None) -> Path:
     """Replace `path` by `text` atomically (a temporary file beside it, then a rename), keeping the mode
     the file had (else the umask's, not mkstemp's 0600). A failed write - a full or read-only
     filesystem - removes the temporary file, leaves the previous version and is a WriteError naming
-    `path` and its filesystem."""
+    `path` (or `shown`, the file it stands for) and its filesystem."""
     path = Path(path)
     tmp = None
     try:
@@ -130,7 +130,7 @@ def write_text(path: Path, text: str) -> Path:
             Path(tmp).unlink(missing_ok=True)
         if isinstance(exc, FileNotFoundError):
             raise
-        raise WriteError(write_failure(path, exc)) from None
+        raise WriteError(write_failure(shown or path, exc)) from None
     except BaseException:
         if tmp:
             Path(tmp).unlink(missing_ok=True)

@@ -73,6 +73,19 @@ def writing(path: Path | str, what: str = "", fix: str = "or choose another dire
         raise WriteError(write_failure(Path(exc.filename or path), exc, what, fix)) from None
 
 
+def check_writable(path: Path | str, what: str, fix: str) -> None:
+    """Refuse early a local output that cannot be written (read-only, or not ours) before work starts
+    that would fail at its end; a full disk cannot be foreseen and is said when it happens."""
+    path = Path(path)
+    there = path
+    while not there.exists() and there != there.parent:
+        there = there.parent
+    if not os.access(there, os.W_OK):
+        read_only = bool(os.statvfs(there).f_flag & os.ST_RDONLY)
+        exc = OSError(errno.EROFS if read_only else errno.EACCES, "not writable")
+        raise WriteError(write_failure(path, exc, what, fix))
+
+
 def is_write_failure(exc: BaseException) -> bool:
     """An OSError the user fixes by making room or choosing a writable place (for the CLI's last resort)."""
     return isinstance(exc, OSError) and exc.errno in WRITE_FAILURES

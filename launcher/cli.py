@@ -15,6 +15,7 @@ import difflib
 import functools
 import json
 import shlex
+import shutil
 import signal
 import sys
 import time
@@ -413,8 +414,14 @@ def report_cmd(run_dirs: tuple[str, ...], from_csv: str | None, compare: bool, o
     rows of FILE are used instead (speedup relative to the fewest workers of the same label).
     """
     where = out or (run_dirs[0] if run_dirs else from_csv) or "."
-    with writing(where, "the report", "or give --out a writable directory with room"):
-        write_report(run_dirs, from_csv, compare, out, fmt)
+    made = out is not None and not Path(out).exists()
+    try:
+        with writing(where, "the report", "or give --out a writable directory with room"):
+            write_report(run_dirs, from_csv, compare, out, fmt)
+    except WriteError:
+        if made:  # what this report put there is incomplete
+            shutil.rmtree(out, ignore_errors=True)
+        raise
 
 
 def write_report(run_dirs: tuple[str, ...], from_csv: str | None, compare: bool, out: str | None, fmt: str) -> None:
