@@ -173,3 +173,23 @@ def test_cli_run_on_a_full_filesystem_leaves_no_run_directory(small_fs, tmp_path
     assert f"filesystem at {full} is full" in " ".join(proc.stderr.split())
     assert list((full / "runs").iterdir()) == [], "a failed start left a run directory or owner.json"
     assert isinstance(WriteError("x"), ScalelabError)
+
+
+@pytest.mark.parametrize("checkpointed", [True, False])
+def test_a_rank_error_names_the_resume_when_a_checkpoint_exists(tmp_path: Path, checkpointed: bool) -> None:
+    """A rank's own error (here: the records' disk filled) is the launcher's message, plus `launch resume
+    RUN` where the run has a checkpoint to continue from."""
+    from launcher.runner import failure
+
+    run = tmp_path / "run"
+    run.mkdir()
+    save_spec(Spec(model="nmt-tiny"), run)
+    start_state(run, backend="following", state=RUNNING, launched=time.time() - 1)
+    writer = RecordWriter(run, rank=1, world=2)
+    writer.error(f"cannot write records {run}/records/rank-1.jsonl: the filesystem at /x is full")
+    writer.close()
+    if checkpointed:
+        (run / "checkpoint.pt").write_bytes(b"PK")
+    message = str(failure(_Following(), run, RunStatus("FAILED", "rank 1 exited 2")))
+    assert message.startswith("cannot write records") and "is full" in message
+    assert (f"`launch resume {run}`" in message) == checkpointed
