@@ -90,6 +90,17 @@ def fill(directory: Path) -> None:
         os.close(fd)
 
 
+def mount_tmpfs(mnt: Path, size: int, read_only: bool = False) -> str:
+    """Mount a tmpfs of `size` bytes (rounded up to pages) at `mnt`; '' on success, else why it cannot."""
+    if os.geteuid() != 0:
+        return "mounting a small tmpfs needs root; the injected variants cover the same paths"
+    mnt.mkdir(exist_ok=True)
+    opts = f"size={-(-size // 4096) * 4096}" + (",ro" if read_only else "")
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(mnt)], check=False,
+                          capture_output=True, text=True)
+    return "" if proc.returncode == 0 else f"this machine forbids mounting a tmpfs ({proc.stderr.strip()})"
+
+
 @pytest.fixture
 def small_fs(tmp_path):
     """`make(size, read_only=False)`: a tmpfs of `size` bytes mounted for the test; skips where mounting is
@@ -97,16 +108,10 @@ def small_fs(tmp_path):
     mounted = []
 
     def make(size: int, read_only: bool = False):
-        if os.geteuid() != 0:
-            pytest.skip("mounting a small tmpfs needs root; the injected variants cover the same paths")
         mnt = tmp_path / f"small-fs-{len(mounted)}"
-        mnt.mkdir()
-        size = -(-size // 4096) * 4096
-        opts = f"size={size}" + (",ro" if read_only else "")
-        proc = subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(mnt)], check=False,
-                              capture_output=True, text=True)
-        if proc.returncode != 0:
-            pytest.skip(f"this machine forbids mounting a tmpfs ({proc.stderr.strip()}); the injected variants run")
+        why = mount_tmpfs(mnt, size, read_only)
+        if why:
+            pytest.skip(why)
         mounted.append(mnt)
         return mnt
 

@@ -13,7 +13,6 @@ request and exits 0 (a failure here) instead of training.
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -21,6 +20,8 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
+
+from tests.conftest import fill, mount_tmpfs
 
 GOOD_CSV = "label,workers,throughput\nA,1,100\nA,2,180\nA,4,300\n"
 BINARY = bytes(range(256)) * 4
@@ -95,37 +96,20 @@ def _run_dir(root: Path, name: str, spec: str | None = '{"model": "nmt-tiny"}', 
 LAUNCHED = json.dumps({"backend": "local", "state": "RUNNING", "processes": [], "pids": []})
 
 
-def _mount_tmpfs(mnt: Path, size: int) -> str:
-    """Mount a tmpfs of `size` bytes at `mnt`; '' on success, else why not (the cases then skip)."""
-    if os.geteuid() != 0:
-        return "mounting a tmpfs needs root"
-    mnt.mkdir()
-    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)],
-                          capture_output=True, text=True, check=False)
-    return "" if proc.returncode == 0 else f"this machine forbids mounting a tmpfs ({proc.stderr.strip()})"
-
-
 def _small_filesystems(tmp: Path, mounted: list[Path]) -> tuple[dict[str, str], list[Path], str]:
     """{ro}: a read-only tmpfs holding a launched run; {full}: a tmpfs of 64 KiB, filled, holding one too.
 
     Read-only is a real read-only mount (root writes through chmod and a read-only bind can be
     remounted by the test only as root too, so a tmpfs remounted `ro` is the honest case)."""
     for name in ("ro", "full"):
-        why = _mount_tmpfs(tmp / f"fs-{name}", 64 * 1024)
+        why = mount_tmpfs(tmp / f"fs-{name}", 64 * 1024)
         if why:
             return {}, mounted, why
         mounted.append(tmp / f"fs-{name}")
         _run_dir(tmp / f"fs-{name}", "run", launch=LAUNCHED)
     ro, full = mounted
     subprocess.run(["mount", "-o", "remount,ro", str(ro)], check=True)
-    fd = os.open(full / "filler", os.O_WRONLY | os.O_CREAT)
-    try:  # fill it to the last block
-        while os.write(fd, b"x" * 4096):
-            pass
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+    fill(full)
     return {"ro": str(ro), "full": str(full)}, mounted, ""
 
 

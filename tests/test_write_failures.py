@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import fill
+from tests.conftest import fill, launch
 from core.errors import ScalelabError
 from core.lock import OWNER_FILE, RunLock
 from core.records import RecordWriter
@@ -162,8 +162,6 @@ def test_a_disk_full_while_following_stops_the_run_and_names_the_filesystem(smal
 
 
 def test_cli_run_on_a_full_filesystem_leaves_no_run_directory(small_fs, tmp_path: Path) -> None:
-    from conftest import launch
-
     full = small_fs(64 * 1024)
     (full / "runs").mkdir()
     fill(full)
