@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import os
 import pwd
+import re
 import shutil
 import subprocess
 import sys
@@ -149,8 +150,8 @@ class SlurmBackend(Backend):
             previous = jobs_of(run_dir) if RunPaths(run_dir).launch.exists() else []
             runs = [*previous, {"job_id": job.job_id, "folder": str(request.folder)}]
             start_state(run_dir, backend=self.name, job_id=job.job_id, runs=runs,
-                        job_name=request.parameters["job_name"], script=str(job.paths.submission_file),
-                        submitted=time.time(), **job_owner())
+                        script=str(job.paths.submission_file), submitted=time.time(),
+                        **job_owner(request.script, request.parameters["job_name"]))
             self.watcher.register_job(job.job_id)
         return jobs[0].job_id.split("_")[0]
 
@@ -265,10 +266,18 @@ class SlurmBackend(Backend):
 JOB_FIELDS = ("name", "user", "workdir")
 
 
-def job_owner() -> dict[str, str]:
-    """What a job of this launcher shows Slurm besides its name: the user and the working directory
-    (sbatch runs in this process's), recorded at submission for `job_mismatch`."""
-    return {"user": this_user(), "workdir": os.getcwd()}
+def job_owner(script: str = "", job_name: str = "") -> dict[str, Any]:
+    """What Slurm will show for a job of this launcher with this sbatch script, recorded at submission
+    for `job_mismatch`: its name and working directory (the script's last --job-name and --chdir, which
+    `--sbatch-arg` may add; else `job_name` and this process's directory, where sbatch runs) and the user."""
+    def last(flag: str) -> str | None:
+        found = re.findall(rf"^#SBATCH\s+--{flag}[= ](\S+)", script, flags=re.M)
+        return found[-1] if found else None
+
+    where = [os.getcwd()] + ([os.environ["PWD"]] if os.environ.get("PWD") else [])  # sbatch's getcwd(); $PWD too
+    owner = {"user": this_user(), "workdir": [os.path.normpath(os.path.join(w, last("chdir") or "")) for w in where]}
+    name = last("job-name") or job_name
+    return {**owner, "job_name": name} if name else owner
 
 
 def this_user() -> str:
@@ -294,11 +303,16 @@ def job_fields(job_id: str) -> dict[str, str]:
 
 def job_mismatch(state: dict[str, Any], fields: dict[str, str]) -> str:
     """What differs between the job Slurm shows (`fields`) and the run's launch.json (`state`): its name,
-    its user (this user for a run recorded before users were) and its working directory; '' if none."""
+    its user (this user for a run recorded before users were) and its working directory (one of those
+    recorded); '' if none."""
     expected = {"name": state.get("job_name"), "user": state.get("user") or this_user(),
                 "workdir": state.get("workdir")}
-    return "; ".join(f"its {key} is {fields[key]!r}, the run's {want!r}" for key, want in expected.items()
-                     if want and fields.get(key) and fields[key] != want)
+    wrong = []
+    for key, want in expected.items():
+        allowed = [want] if isinstance(want, str) else list(want or [])
+        if allowed and fields.get(key) and fields[key] not in allowed:
+            wrong.append(f"its {key} is {fields[key]!r}, the run's {' or '.join(map(repr, allowed))}")
+    return "; ".join(wrong)
 
 
 def jobs_of(run_dir: Path) -> list[dict[str, str]]:

@@ -46,8 +46,8 @@ def slurm(tmp_path: Path, monkeypatch) -> Path:
 def _run(tmp_path: Path) -> Path:
     run = tmp_path / "run"
     (run / "slurm").mkdir(parents=True)
-    start_state(run, backend="slurm", state=RUNNING, job_id="4242", job_name="scalelab-run",
-                runs=[{"job_id": "4242", "folder": str(run / "slurm")}], **job_owner())
+    start_state(run, backend="slurm", state=RUNNING, job_id="4242",
+                runs=[{"job_id": "4242", "folder": str(run / "slurm")}], **job_owner("", "scalelab-run"))
     return run
 
 
@@ -64,7 +64,7 @@ def _calls(slurm: Path) -> list[str]:
 def test_cancel_refuses_a_job_that_is_not_the_runs(slurm: Path, tmp_path: Path, job: str, differs: str) -> None:
     run = _run(tmp_path)
     owner = job_owner()
-    (slurm / "job").write_text(job.format(user=owner["user"], cwd=owner["workdir"]) + "\n")
+    (slurm / "job").write_text(job.format(user=owner["user"], cwd=owner["workdir"][0]) + "\n")
     with pytest.raises(ScalelabError) as info:
         SlurmBackend().cancel(run, grace_s=5)
     message = str(info.value)
@@ -75,7 +75,7 @@ def test_cancel_refuses_a_job_that_is_not_the_runs(slurm: Path, tmp_path: Path, 
 def test_cancel_of_the_runs_own_job_sends_scancel(slurm: Path, tmp_path: Path) -> None:
     run = _run(tmp_path)
     owner = job_owner()
-    (slurm / "job").write_text(f"scalelab-run|{owner['user']}|{owner['workdir']}\n")
+    (slurm / "job").write_text(f"scalelab-run|{owner['user']}|{owner['workdir'][0]}\n")
     SlurmBackend().cancel(run, grace_s=5)
     assert [c for c in _calls(slurm) if c.startswith("scancel")] == ["scancel 4242"]
 
@@ -92,3 +92,10 @@ def test_a_run_recorded_before_users_were_is_checked_against_this_user() -> None
     assert job_mismatch({"job_name": "a"}, {"name": "a", "user": job_owner()["user"], "workdir": "/x"}) == ""
     assert "user" in job_mismatch({"job_name": "a"}, {"name": "a", "user": "someone-else", "workdir": "/x"})
     assert job_mismatch({"job_name": "a"}, {}) == "", "a job Slurm no longer knows has nothing to compare"
+
+
+def test_what_slurm_will_show_is_read_from_the_script() -> None:
+    """`--sbatch-arg` may add a --job-name or --chdir after submitit's: Slurm takes the last one."""
+    owner = job_owner("#SBATCH --job-name=a\n#SBATCH --chdir=/srv/x\n#SBATCH --job-name=b\n", "a")
+    assert owner["job_name"] == "b" and owner["workdir"][0] == "/srv/x"
+    assert job_owner("", "scalelab-x")["workdir"][0] == os.getcwd()
