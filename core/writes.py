@@ -86,6 +86,20 @@ def check_writable(path: Path | str, what: str, fix: str) -> None:
         raise WriteError(write_failure(path, exc, what, fix))
 
 
+FULL_BELOW_BYTES = 1 << 20  # less room than this where a run writes: its records and checkpoints cannot go on
+
+
+def full_note(path: Path | str) -> str:
+    """'the filesystem at M is full (N bytes free)' when there is (almost) no room left where `path` is,
+    else '': said with a run that failed without a word, since a full disk also stops its error record."""
+    try:
+        st = os.statvfs(mount_point(Path(path)))
+    except OSError:
+        return ""
+    free = st.f_bavail * st.f_frsize
+    return f"the filesystem at {mount_point(Path(path))} is full ({free:,} bytes free)" if free < FULL_BELOW_BYTES else ""
+
+
 def is_write_failure(exc: BaseException) -> bool:
     """An OSError the user fixes by making room or choosing a writable place (for the CLI's last resort)."""
     return isinstance(exc, OSError) and exc.errno in WRITE_FAILURES

@@ -49,7 +49,7 @@ from core.rundir import (
     write_json,
 )
 from core.spec import Spec, save_spec
-from core.writes import WriteError
+from core.writes import WriteError, full_note
 from launcher.backend import Backend, RunStatus, rank_ends, silent_ranks
 
 err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
@@ -305,6 +305,10 @@ def failure(backend: Backend, run_dir: Path, status: RunStatus) -> ScalelabError
     said = list(dict.fromkeys(str(rec.get("message", "")).strip() for rec in errors))
     if said:
         return ScalelabError("; ".join(said) + f" (run directory {run_dir})" + resume_hint(run_dir))
+    full = full_note(run_dir)
+    if full:  # its ranks could not write their error records either
+        return WriteError(f"run {run_dir} {status.state.lower()} ({status.detail}): {full}; free space there, "
+                          f"then `launch resume {run_dir}` (or run with --runs-dir on a filesystem with room)")
     ranks = rank_ends(run_dir, since)
     silent = silent_ranks(run_dir, ranks) if any(r.last_step for r in ranks) else None
     if silent:  # they trained, and one of them stopped without a word

@@ -191,3 +191,17 @@ def test_a_rank_error_names_the_resume_when_a_checkpoint_exists(tmp_path: Path, 
     message = str(failure(_Following(), run, RunStatus("FAILED", "rank 1 exited 2")))
     assert message.startswith("cannot write records") and "is full" in message
     assert (f"`launch resume {run}`" in message) == checkpointed
+
+
+def test_a_run_that_failed_without_a_word_on_a_full_disk_names_it(small_fs) -> None:
+    """The ranks could not write their error records: the launcher names the full filesystem itself."""
+    from launcher.runner import failure
+
+    full = small_fs(64 * 1024)
+    run = full / "run"
+    run.mkdir()
+    save_spec(Spec(model="nmt-tiny"), run)
+    start_state(run, backend="following", state=RUNNING, launched=time.time() - 1)
+    fill(full)
+    message = str(failure(_Following(), run, RunStatus("FAILED", "rank 0 exited 2")))
+    assert f"the filesystem at {full} is full" in message and f"launch resume {run}" in message
