@@ -356,7 +356,7 @@ def run(cfg: Config, s3=None, ec2=None) -> int:
     code = proc.returncode if proc else 0
     log.close()
     sync.push()
-    state = final_state(proc, code, reason)
+    state = final_state(proc, code, reason, ranks_stopped_early(cfg.run_dir))
     sync.put_json(status_key, {"state": state, "reason": reason if state == "interrupted" else None, "exit_code": code,
                                "index": index, "time": time.time(), "notice": notice, "resumed": resumed})
     return 0 if state != "failed" else 1
@@ -386,12 +386,25 @@ def stop_ranks(sync: Sync, cfg: Config, proc: subprocess.Popen | None, reason: s
     signal_local_ranks(cfg.run_dir, exclude=proc.pid if proc else None)
 
 
-def final_state(proc: subprocess.Popen | None, code: int, reason: str | None) -> str:
-    """completed, interrupted (stopped on purpose, with a checkpoint) or failed."""
+def ranks_stopped_early(run_dir: Path) -> bool:
+    """Whether a rank of this node recorded an `interrupted` event (it stopped before the last step)."""
+    for path in (Path(run_dir) / "records").glob("rank-*.jsonl"):
+        for line in path.read_text(errors="replace").splitlines():
+            try:
+                if json.loads(line).get("event") == "interrupted":
+                    return True
+            except (ValueError, AttributeError):
+                continue  # a line cut by the stop
+    return False
+
+
+def final_state(proc: subprocess.Popen | None, code: int, reason: str | None, stopped: bool = False) -> str:
+    """completed, interrupted (stopped on purpose, with a checkpoint) or failed. `stopped`: the ranks'
+    records say they stopped early (horovodrun exits 0 when its ranks stopped on its SIGTERM)."""
     if proc is None:  # a horovod node: its ranks belonged to the leader's horovodrun
         return "interrupted" if reason else "completed"
     if code == 0:
-        return "completed"  # finished (also when a stop came too late to matter)
+        return "interrupted" if reason and stopped else "completed"  # a stop too late to matter: completed
     if reason or code in (143, -signal.SIGTERM):
         return "interrupted"
     return "failed"

@@ -41,6 +41,9 @@ def gc_cmd(region: str | None, run_id: str | None, dry_run: bool) -> None:
 
     from aws import teardown as td
 
+    if run_id is not None and (not run_id.strip() or any(c.isspace() for c in run_id)):
+        raise ScalelabError(f"--run-id {run_id!r}: give a run id (the scalelab:run-id tag, no spaces), "
+                            "or leave --run-id out for every scalelab run's resources")
     ec2 = _ec2(region)
     try:
         live = td.instances(ec2, run_id, td.LIVE_STATES)

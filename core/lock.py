@@ -2,7 +2,8 @@
 
 Two launchers following one run directory (a `launch resume` of a run that is still going) write
 into the same records and checkpoints: the ranks load different checkpoints and hang. The owner
-writes `owner.json` (host, pid, process start time, command line) with an exclusive create. Another
+writes `owner.json` (host, pid, process start time, command line) complete, then links it into
+place, which fails if it exists (an exclusive create). Another
 launcher that finds it checks whether that very process still lives (`ProcessRef.alive`: pid reuse
 after a crash does not count as alive); a dead owner's lock is taken over, a live one's refused with
 a message that says how to stop it. A lock from another host cannot be checked from here: it is
@@ -20,8 +21,11 @@ from types import TracebackType
 
 from core.errors import ScalelabError
 from core.procs import ProcessRef
+from core.rundir import dir_locked, write_text
+from core.writes import WriteError, write_failure
 
 OWNER_FILE = "owner.json"
+LOCK_FIX = "or choose a writable --runs-dir"
 
 
 class RunBusy(ScalelabError):
@@ -37,38 +41,56 @@ class RunLock:
         self.held = False
 
     def acquire(self) -> "RunLock":
-        for _ in range(3):
-            try:
-                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
-                self._refuse_or_clear()
-                continue
-            except OSError as exc:  # a read-only or missing run directory
-                raise ScalelabError(f"cannot take the run directory {self.path.parent}: cannot write {self.path} "
-                                    f"({exc.strerror}); the run directory must exist and be writable") from None
-            with os.fdopen(fd, "w") as f:
-                json.dump(self.me.to_dict() if self.me else {}, f)
-            self.held = True
-            return self
+        """Take the run directory, or raise RunBusy (a live owner) or WriteError (cannot write here).
+
+        owner.json appears complete or not at all: it is written to a file of this process first and
+        linked into place (`os.link` fails if the name exists, as O_EXCL does), so a second launcher never
+        reads it half written and takes it for stale.
+        """
+        mine = self.path.with_name(f".{OWNER_FILE}.{os.getpid()}.tmp")
+        try:
+            write_text(mine, json.dumps(self.me.to_dict() if self.me else {}), shown=self.path)
+            for _ in range(3):
+                try:
+                    os.link(mine, self.path)
+                except FileExistsError:
+                    self._refuse_or_clear()
+                    continue
+                except OSError as exc:
+                    raise WriteError(write_failure(self.path, exc, "the run lock", LOCK_FIX)) from None
+                self.held = True
+                return self
+        except FileNotFoundError:
+            raise ScalelabError(f"cannot take the run directory {self.path.parent}: it does not exist; "
+                                "the run directory must exist and be writable") from None
+        except WriteError as exc:
+            raise WriteError(f"cannot take the run directory {self.path.parent}: {exc}") from None
+        finally:
+            mine.unlink(missing_ok=True)
         raise RunBusy(f"could not take {self.path}: another launcher keeps taking it")
 
     def _refuse_or_clear(self) -> None:
-        """Refuse if a live process owns the run; remove a stale (dead or unreadable) lock."""
-        try:
-            raw = json.loads(self.path.read_text())
-        except FileNotFoundError:
-            return
-        except (OSError, ValueError):
-            raw = None
-        owner = ProcessRef.from_dict(raw) if isinstance(raw, dict) else None
-        run = self.path.parent
-        if owner is not None and owner.host != socket.gethostname():
-            raise RunBusy(f"{run} is owned by pid {owner.pid} on host {owner.host}; stop that launcher "
-                          f"(`launch cancel {run}`), or delete {self.path} if that host is down")
-        if owner is not None and owner.alive():
-            raise RunBusy(f"{run} is still running (launcher pid {owner.pid}); stop it first with "
-                          f"`launch cancel {run}` (or wait for it), then `launch resume {run}`")
-        self.path.unlink(missing_ok=True)
+        """Refuse if a live process owns the run; remove a stale (dead or unreadable) lock.
+
+        Under a lock on the directory, so that two launchers finding one stale owner cannot both remove
+        it: the second one to look reads the first one's (live) owner.json, or none.
+        """
+        with dir_locked(self.path.parent):
+            try:
+                raw = json.loads(self.path.read_text())
+            except FileNotFoundError:
+                return
+            except (OSError, ValueError):
+                raw = None
+            owner = ProcessRef.from_dict(raw) if isinstance(raw, dict) else None
+            run = self.path.parent
+            if owner is not None and owner.host != socket.gethostname():
+                raise RunBusy(f"{run} is owned by pid {owner.pid} on host {owner.host}; stop that launcher "
+                              f"(`launch cancel {run}`), or delete {self.path} if that host is down")
+            if owner is not None and owner.alive():
+                raise RunBusy(f"{run} is still running (launcher pid {owner.pid}); stop it first with "
+                              f"`launch cancel {run}` (or wait for it), then `launch resume {run}`")
+            self.path.unlink(missing_ok=True)
 
     def release(self) -> None:
         if self.held:

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 from core.errors import RecordError
 from core.rundir import RunPaths
 from core.spec import Spec, read_spec
+from core.writes import WriteError, writing
 
 if TYPE_CHECKING:  # pandas costs 0.4 s to import: only the readers that build frames load it
     import pandas as pd
@@ -42,6 +43,7 @@ except ImportError:  # pragma: no cover
 
 INT, NUM, BOOL, STR = "a whole number", "a number", "true or false", "a string"
 OPTIONAL = " or null"
+RECORDS_FIX = "and `launch resume` the run, or run with --runs-dir on a filesystem with room"
 
 # kind -> {field: expected}; every record also has COMMON. Fields a kind may carry beyond these are
 # kept (an `event` has its own); these are the ones reports depend on. Format: docs/records.md.
@@ -245,14 +247,17 @@ class RecordWriter:
     """Appends records for one rank; `time` and the rank's identity are added to every record."""
 
     def __init__(self, run_dir: Path, rank: int, world: int) -> None:
-        path = records_path(run_dir, rank)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path = records_path(run_dir, rank)
         self.rank, self.world = rank, world
-        self._file = path.open("a", buffering=1)  # line-buffered: a reader never sees half a record
+        with writing(path, "records", RECORDS_FIX):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = path.open("a", buffering=1)  # line-buffered: a reader never sees half a record
 
     def write(self, kind: str, **fields: Any) -> None:
         """One record of `kind`; a record that does not fit its kind's schema is a bug, found here."""
-        self._file.write(record_line({"kind": kind, "rank": self.rank, "world": self.world, "time": time.time(), **fields}))
+        with writing(self.path, "records", RECORDS_FIX):  # a full disk: one line naming it, not an OSError
+            self._file.write(record_line({"kind": kind, "rank": self.rank, "world": self.world, "time": time.time(),
+                                          **fields}))
 
     def event(self, event: str, **fields: Any) -> None:
         self.write("event", event=event, **fields)
@@ -261,7 +266,10 @@ class RecordWriter:
         self.write("error", message=message)
 
     def close(self) -> None:
-        self._file.close()
+        try:
+            self._file.close()
+        except OSError:  # the last line could not be flushed (a full disk): the write already said so
+            pass
 
 
 def record_line(record: Mapping[str, Any], absent: tuple[str, ...] = ()) -> str:
@@ -306,7 +314,7 @@ def record_error(run_dir: Path, message: str, env: Mapping[str, str] | None = No
         writer = RecordWriter(run_dir, rank, world)
         writer.error(message)
         writer.close()
-    except OSError as exc:  # the line above is then all there is
+    except (OSError, WriteError) as exc:  # the line above is then all there is
         print(f"scalelab: could not write the error record under {run_dir}: {exc}", file=sys.stderr, flush=True)
 
 

@@ -18,6 +18,7 @@ import fcntl
 import json
 import os
 import re
+import shutil
 import tempfile
 import time
 from contextlib import contextmanager
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from core.errors import RecordError
+from core.writes import WriteError, write_failure, writing
 
 DEFAULT_RUNS_ROOT = Path("runs")
 SPEC_FILE = "spec.json"
@@ -83,33 +85,79 @@ class RunPaths:
 
 
 def new_run_dir(root: Path, name: str) -> Path:
-    """A fresh, unique directory `root/name-YYYYmmdd-HHMMSS[-k]`."""
+    """A fresh, unique directory `root/name-YYYYmmdd-HHMMSS[-k]`; a root that cannot take one (read-only,
+    full, not ours) is one line naming it and its filesystem."""
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     base = re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-") or "run"
-    root.mkdir(parents=True, exist_ok=True)
-    for k in range(1000):
-        path = root / (f"{base}-{stamp}" + (f"-{k}" if k else ""))
-        try:
-            path.mkdir()
-            return path
-        except FileExistsError:
-            continue
+    with writing(root, "a run directory", "or give --runs-dir a directory on a filesystem with room"):
+        root.mkdir(parents=True, exist_ok=True)
+        for k in range(1000):
+            path = root / (f"{base}-{stamp}" + (f"-{k}" if k else ""))
+            try:
+                path.mkdir()
+                return path
+            except FileExistsError:
+                continue
     raise RecordError(f"cannot create a run directory under {root}")
+
+
+def discard_unlaunched(run_dir: Path) -> None:
+    """Remove a run directory this launcher just made and never launched (no launch.json): what a
+    failed start (a full disk, a read-only one) left in it is of no use."""
+    if Path(run_dir).is_dir() and not RunPaths(Path(run_dir)).launch.exists():
+        shutil.rmtree(run_dir, ignore_errors=True)
 
 
 def write_json(path: Path, data: Any) -> Path:
     """Write `data` as JSON atomically: a temporary file beside `path`, then a rename."""
+    return write_text(path, json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
+
+
+def write_text(path: Path, text: str, shown: Path | None = None) -> Path:
+    """Replace `path` by `text` atomically (a temporary file beside it, then a rename), keeping the mode
+    the file had (else the umask's, not mkstemp's 0600). A failed write - a full or read-only
+    filesystem - removes the temporary file, leaves the previous version and is a WriteError naming
+    `path` (or `shown`, the file it stands for) and its filesystem."""
     path = Path(path)
-    text = json.dumps(data, indent=2, sort_keys=True, default=str) + "\n"
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp = None
     try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        os.fchmod(fd, _mode_for(path))
         with os.fdopen(fd, "w") as f:
             f.write(text)
         os.replace(tmp, path)
+    except OSError as exc:
+        if tmp:
+            Path(tmp).unlink(missing_ok=True)
+        if isinstance(exc, FileNotFoundError):
+            raise
+        raise WriteError(write_failure(shown or path, exc)) from None
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        if tmp:
+            Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def _mode_for(path: Path) -> int:
+    """The mode a rewritten file keeps: its own; a new file's is 0666 less the umask, as open() gives."""
+    try:
+        return path.stat().st_mode & 0o777
+    except OSError:
+        return 0o666 & ~_umask()
+
+
+def _umask() -> int:
+    """The process umask, read without changing it where Linux shows it (other threads create files too)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def read_json(path: Path, what: str = "file") -> Any:
@@ -139,7 +187,7 @@ def read_state(run_dir: Path) -> dict[str, Any]:
 
 
 @contextmanager
-def _locked(run_dir: Path) -> Iterator[None]:
+def dir_locked(run_dir: Path) -> Iterator[None]:
     """An exclusive lock on the run directory itself (no lock file left behind); not reentrant."""
     fd = os.open(Path(run_dir), os.O_RDONLY)
     try:
@@ -152,7 +200,7 @@ def _locked(run_dir: Path) -> Iterator[None]:
 def start_state(run_dir: Path, **fields: Any) -> dict[str, Any]:
     """A new launch of the run: launch.json becomes `fields` plus the absolute run directory, no state yet."""
     state = {**fields, "run_dir": str(Path(run_dir).absolute())}
-    with _locked(run_dir):
+    with dir_locked(run_dir):
         write_json(RunPaths(Path(run_dir)).launch, state)
     return state
 
@@ -160,7 +208,7 @@ def start_state(run_dir: Path, **fields: Any) -> dict[str, Any]:
 @contextmanager
 def edit_state(run_dir: Path) -> Iterator[dict[str, Any]]:
     """Read-modify-write launch.json: change the dict yielded; it is written back atomically at the end."""
-    with _locked(run_dir):
+    with dir_locked(run_dir):
         state = read_state(run_dir)
         yield state
         write_json(RunPaths(Path(run_dir)).launch, state)

@@ -30,6 +30,7 @@ from core.options import (
     one_of,
 )
 from core.presets import PRESETS, RNN_KINDS, config_with_overrides
+from core.rundir import SPEC_FILE, write_text
 
 ENGINES = ("single", "ddp", "horovod", "ps")
 # Engines started by torchrun (env:// rendezvous: RANK, MASTER_ADDR, ...): every backend launches them alike.
@@ -437,9 +438,8 @@ def load_spec(path: str | os.PathLike) -> Spec:
 
 
 def save_spec(spec: Spec, run_dir: Path) -> Path:
-    path = Path(run_dir) / "spec.json"
-    path.write_text(spec.to_json() + "\n")
-    return path
+    """spec.json of the run, written atomically: a crash or a full disk leaves the previous one whole."""
+    return write_text(Path(run_dir) / SPEC_FILE, spec.to_json() + "\n")
 
 
 def read_spec(run_dir: str | os.PathLike) -> Spec:

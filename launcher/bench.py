@@ -30,6 +30,7 @@ from core.net import free_port
 from core.records import load_run
 from core.rundir import RunPaths, read_json
 from core.spec import Spec, save_spec
+from core.writes import writing
 from costs.validation import planner_bench
 from train.bench import memcpy_bandwidth
 from train.precision import cpu_bf16_problem
@@ -322,10 +323,11 @@ def bench_cmd(only: str, quick: bool, out: str) -> None:
 
     parts = [p.strip() for p in only.split(",") if p.strip()]
     bad = sorted(set(parts) - set(PARTS))
-    if bad:
-        raise SpecError(f"unknown bench part(s) {', '.join(bad)}; valid: {', '.join(PARTS)}")
+    if bad or not parts:
+        raise SpecError(f"unknown bench part(s) {', '.join(bad) or repr(only)}; valid: {', '.join(PARTS)}")
     work = Path(out)
-    work.mkdir(parents=True, exist_ok=True)
+    with writing(work, "the bench directory", "or give --out a writable directory with room"):
+        work.mkdir(parents=True, exist_ok=True)
     threads = os.cpu_count() or 1
     results: dict = {"machine": {"cpus": threads, "python": sys.version.split()[0],
                                  "torch": __import__("torch").__version__, "date": time.strftime("%Y-%m-%d")}}

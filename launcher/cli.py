@@ -15,6 +15,7 @@ import difflib
 import functools
 import json
 import shlex
+import shutil
 import signal
 import sys
 import time
@@ -28,7 +29,7 @@ from rich.markup import escape
 from core.errors import ScalelabError, SpecError
 from core.options import Flag, coerce_path, with_default
 from core.presets import model_overrides
-from core.rundir import ACTIVE, DEFAULT_RUNS_ROOT, is_sweep, new_run_dir
+from core.rundir import ACTIVE, DEFAULT_RUNS_ROOT, discard_unlaunched, is_sweep, new_run_dir
 from core.spec import (
     BACKEND_NAMES,
     BALANCE_MODES,
@@ -47,6 +48,7 @@ from core.spec import (
     load_spec,
     read_spec,
 )
+from core.writes import WriteError, is_write_failure, write_failure, writing
 from launcher import __version__
 from launcher.backend import backend_flags, get_backend, import_optional, options_type
 from launcher.pricing import guard, price_options, show_quote
@@ -344,7 +346,11 @@ def run_cmd(detach: bool, **params: Any) -> None:
     backend.validate(spec)
     guard([(spec, 1)], params)
     run_dir = new_run_dir(Path(params["runs_dir"]), spec.name or f"{spec.model}-{spec.engine.name}-{spec.nodes}x{spec.gpus_per_node}")
-    run_and_show(backend, spec, run_dir, detach)
+    try:
+        run_and_show(backend, spec, run_dir, detach)
+    except WriteError:
+        discard_unlaunched(run_dir)  # a full or read-only disk before the launch: leave no empty run directory
+        raise
 
 
 def run_and_show(backend, spec: Spec, run_dir: Path, detach: bool) -> None:
@@ -470,6 +476,18 @@ def report_cmd(run_dirs: tuple[str, ...], from_csv: str | None, compare: bool, o
     the layout with the fewest workers; the slowest rank sets each step's time. With --from-csv FILE the
     rows of FILE are used instead (speedup relative to the fewest workers of the same label).
     """
+    where = out or (run_dirs[0] if run_dirs else from_csv) or "."
+    made = out is not None and not Path(out).exists()
+    try:
+        with writing(where, "the report", "or give --out a writable directory with room"):
+            write_report(run_dirs, from_csv, compare, out, fmt)
+    except WriteError:
+        if made:  # what this report put there is incomplete
+            shutil.rmtree(out, ignore_errors=True)
+        raise
+
+
+def write_report(run_dirs: tuple[str, ...], from_csv: str | None, compare: bool, out: str | None, fmt: str) -> None:
     if compare:
         return compare_reports(run_dirs, fmt)
     if bool(from_csv) == bool(run_dirs):
@@ -701,6 +719,12 @@ def entry() -> None:
     except ScalelabError as exc:
         err_console.print(f"[bold red]launch: error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
         sys.exit(exc.exit_code)
+    except OSError as exc:  # a write no command wrapped: still the user's to fix (full, read-only, not theirs)
+        if not is_write_failure(exc):
+            raise
+        err_console.print(f"[bold red]launch: error:[/] {escape(write_failure(Path(exc.filename or '.'), exc))}",
+                          highlight=False, soft_wrap=True)
+        sys.exit(2)
     except KeyboardInterrupt as exc:
         interrupted(exc)
 

@@ -49,6 +49,7 @@ from core.rundir import (
     write_json,
 )
 from core.spec import Spec, save_spec
+from core.writes import WriteError, full_note
 from launcher.backend import Backend, RunStatus, rank_ends, silent_ranks
 from launcher.pricing import fleet_rate
 
@@ -127,7 +128,8 @@ def submit(backend: Backend, spec: Spec, *run_dirs: Path) -> None:
     except BaseException as exc:  # the backend removed what it had started; say how this launch ended
         for run_dir in run_dirs:
             if RunPaths(run_dir).launch.exists():
-                record_state(run_dir, CANCELLED if isinstance(exc, KeyboardInterrupt) else FAILED, str(exc) or repr(exc))
+                state = CANCELLED if isinstance(exc, KeyboardInterrupt) else FAILED
+                _try_write(lambda d=run_dir: record_state(d, state, str(exc) or repr(exc)))  # keep the first error
         raise
     rate = fleet_rate(spec)  # `launch ls` shows the cost so far from it
     for run_dir in run_dirs:  # error records older than `launched` belong to an earlier launch
@@ -185,6 +187,8 @@ def _stop_live(backend: Backend, run_dirs: list[Path], exc: BaseException) -> No
         try:
             if RunPaths(run_dir).launch.exists() and read_state(run_dir).get("state") not in TERMINAL:
                 cancel(backend, run_dir, detail, state)
+        except WriteError as problem:  # stopped, but its state could not be written: the message says so
+            print(f"launch: warning: {problem}", file=sys.stderr, flush=True)
         except Exception as problem:  # noqa: BLE001 - cancel the others whatever this one says
             print(f"launch: warning: could not stop {run_dir} ({problem}); `launch cancel {run_dir}` retries",
                   file=sys.stderr, flush=True)
@@ -194,15 +198,31 @@ def cancel(backend: Backend, run_dir: Path, detail: str = "cancelled", state: st
     """Mark the run ended (so a launcher following it elsewhere takes it as cancelled), then stop it.
 
     The status returned carries what the backend checked ("stopped 3 processes; none left") when it says.
+    The ranks are stopped even when launch.json cannot be written (a full or read-only disk): the
+    write's error is raised after, saying that the run was stopped all the same.
     """
     ended_before = read_state(run_dir).get("state") in TERMINAL
-    recorded = record_state(run_dir, state, detail)
+    unrecorded = _try_write(lambda: record_state(run_dir, state, detail))
     checked = backend.cancel(run_dir)  # also for a run that ended: it frees whatever may be left
     fields = {"stopped": checked} if checked else {}
     if not ended_before:
         fields["ended"] = time.time()  # when it had stopped, not when it was asked to
-    update_state(run_dir, **fields)
-    return RunStatus(recorded, checked or read_state(run_dir).get("detail", ""))
+    unrecorded = unrecorded or _try_write(lambda: update_state(run_dir, **fields))
+    if unrecorded:
+        raise WriteError(f"run {run_dir} was stopped ({checked or state}), but its state could not be recorded: "
+                         f"{unrecorded}")
+    info = read_state(run_dir)
+    return RunStatus(info.get("state", state), checked or info.get("detail", ""))
+
+
+def _try_write(write: Callable[[], object]) -> WriteError | None:
+    """Run a state write; its WriteError (full or read-only disk) returned instead of raised, so that
+    stopping the run goes on."""
+    try:
+        write()
+    except WriteError as exc:
+        return exc
+    return None
 
 
 # ---- the one follow loop --------------------------------------------------------------------------
@@ -286,13 +306,24 @@ def failure(backend: Backend, run_dir: Path, status: RunStatus) -> ScalelabError
     errors = read_errors(run_dir, since=since)
     said = list(dict.fromkeys(str(rec.get("message", "")).strip() for rec in errors))
     if said:
-        return ScalelabError("; ".join(said) + f" (run directory {run_dir})")
+        return ScalelabError("; ".join(said) + f" (run directory {run_dir})" + resume_hint(run_dir))
+    full = full_note(run_dir)
+    if full:  # its ranks could not write their error records either
+        return WriteError(f"run {run_dir} {status.state.lower()} ({status.detail}): {full}; free space there, "
+                          f"then `launch resume {run_dir}` (or run with --runs-dir on a filesystem with room)")
     ranks = rank_ends(run_dir, since)
     silent = silent_ranks(run_dir, ranks) if any(r.last_step for r in ranks) else None
     if silent:  # they trained, and one of them stopped without a word
         return ScalelabError(f"run {run_dir} {status.state.lower()} ({status.detail}): {silent}")
     return ScalelabError(f"run {run_dir} {status.state.lower()} ({status.detail}); last lines of its logs:\n"
                          + tail(backend.logs(run_dir), 25))
+
+
+def resume_hint(run_dir: Path) -> str:
+    """'; `launch resume RUN` continues it from its checkpoint' when the run has one to continue from."""
+    if RunPaths(run_dir).checkpoint.exists():
+        return f"; `launch resume {run_dir}` continues it from its last checkpoint once that is fixed"
+    return ""
 
 
 def execute(backend: Backend, spec: Spec, run_dir: Path, label: str | None = None):

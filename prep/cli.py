@@ -19,6 +19,7 @@ import click
 
 from core.errors import SpecError
 from core.rundir import new_run_dir, write_json
+from core.writes import check_writable
 from launcher.cli import console, parse_pairs
 from launcher.runner import err_console
 from prep.request import BACKENDS, MODES, PREP_FILE, PrepRequest
@@ -74,6 +75,8 @@ def prep_cmd(**params: Any) -> None:
         return
     from prep.report import report_dirs
 
+    if "://" not in params["out"]:  # a read-only or forbidden --out fails now, not after the cluster started
+        check_writable(params["out"], "the shards directory", "or give --out a writable directory")
     if len(requests) == 1:
         report_dirs([run_one(requests[0], new_run_dir(runs, _name(requests[0])))], None, "table")
         return

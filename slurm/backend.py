@@ -22,6 +22,9 @@ status/logs/cancel.
 from __future__ import annotations
 
 import logging
+import os
+import pwd
+import re
 import shutil
 import subprocess
 import sys
@@ -116,6 +119,7 @@ class SlurmBackend(Backend):
         super().__init__(options)
         # One watcher for every job this backend follows: one sacct query for all, 2 s apart at first.
         self.watcher = SlurmWatcher(delay_s=max(2.0, float(self.options["poll_s"])))
+        self._verified: set[str] = set()  # job ids found to be their run's (`_not_this_run`)
 
     def check(self, spec: Spec) -> None:
         if self.options["gpu_type"] and not self.options["gres_gpus"]:
@@ -153,8 +157,8 @@ class SlurmBackend(Backend):
             previous = jobs_of(run_dir) if RunPaths(run_dir).launch.exists() else []
             runs = [*previous, {"job_id": job.job_id, "folder": str(request.folder)}]
             start_state(run_dir, backend=self.name, job_id=job.job_id, runs=runs,
-                        job_name=request.parameters["job_name"], script=str(job.paths.submission_file),
-                        submitted=time.time())
+                        script=str(job.paths.submission_file), submitted=time.time(),
+                        **job_owner(request.script, request.parameters["job_name"]))
             self.watcher.register_job(job.job_id)
         return jobs[0].job_id.split("_")[0]
 
@@ -202,6 +206,9 @@ class SlurmBackend(Backend):
 
     def status(self, run_dir: Path, mode: str = "standard") -> RunStatus:
         job_id = read_state(run_dir)["job_id"]
+        wrong = self._not_this_run(run_dir, job_id)
+        if wrong:
+            return RunStatus(UNKNOWN, wrong)
         state, nodes = self.job_state(job_id, mode)
         where = f" on {nodes}" if nodes and nodes != "None assigned" else ""
         return RunStatus(STATE_MAP.get(state, UNKNOWN), f"Slurm job {job_id} {state}{where}")
@@ -245,9 +252,25 @@ class SlurmBackend(Backend):
         job_id = read_state(run_dir).get("job_id")
         if not job_id:
             return  # never queued
+        wrong = self._not_this_run(run_dir, job_id)
+        if wrong:
+            raise ScalelabError(wrong)
         if STATE_MAP.get(squeue_state(job_id)) in ACTIVE:
             submitit.SlurmJob(jobs_of(run_dir)[-1]["folder"], job_id).cancel(check=False)
         wait_gone(job_id, grace_s)
+
+
+    def _not_this_run(self, run_dir: Path, job_id: str) -> str:
+        """'' when Slurm's job `job_id` is the run's own (checked once per job), else why it is refused."""
+        if job_id in self._verified:
+            return ""
+        wrong = job_mismatch(read_state(run_dir), job_fields(job_id))
+        if wrong:
+            return (f"Slurm job {job_id} named in {RunPaths(run_dir).launch} is not this run's job ({wrong}); nothing "
+                    f"was sent to it. The file may have been edited, or Slurm reused the id: check `squeue -j {job_id}` "
+                    f"and `sacct -j {job_id}`, and stop the run's own job with scancel")
+        self._verified.add(job_id)
+        return ""
 
 
 class SlurmWatcher(SlurmInfoWatcher):
@@ -280,6 +303,60 @@ def sacct_state(info: dict[str, str]) -> str:
     """The state word of a sacct row ("CANCELLED by 0" -> CANCELLED); "" when sacct has no row."""
     words = info.get("State", "").split()
     return words[0] if words else ""
+
+
+# ---- is this job the run's? (a job id in launch.json is checked before anything acts on it) --------
+
+JOB_FIELDS = ("name", "user", "workdir")
+
+
+def job_owner(script: str = "", job_name: str = "") -> dict[str, Any]:
+    """What Slurm will show for a job of this launcher with this sbatch script, recorded at submission
+    for `job_mismatch`: its name and working directory (the script's last --job-name and --chdir, which
+    `--sbatch-arg` may add; else `job_name` and this process's directory, where sbatch runs) and the user."""
+    def last(flag: str) -> str | None:
+        found = re.findall(rf"^#SBATCH\s+--{flag}[= ](\S+)", script, flags=re.M)
+        return found[-1] if found else None
+
+    where = [os.getcwd()] + ([os.environ["PWD"]] if os.environ.get("PWD") else [])  # sbatch's getcwd(); $PWD too
+    owner = {"user": this_user(), "workdir": [os.path.normpath(os.path.join(w, last("chdir") or "")) for w in where]}
+    name = last("job-name") or job_name
+    return {**owner, "job_name": name} if name else owner
+
+
+def this_user() -> str:
+    """The user Slurm shows for this process's jobs: its uid's name (not $USER, which anyone can set)."""
+    try:
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:
+        return str(os.getuid())
+
+
+def job_fields(job_id: str) -> dict[str, str]:
+    """The job's name, user and working directory as the controller (squeue) or accounting (sacct) know
+    them; {} when neither does any more."""
+    for cmd in (["squeue", "-h", "--states=all", "-j", job_id, "-o", "%j|%u|%Z"],
+                ["sacct", "-X", "-n", "-P", "-j", job_id, "-o", "JobName,User,WorkDir"]):
+        proc = _slurm(cmd)
+        lines = proc.stdout.strip().splitlines() if proc.returncode == 0 else []
+        parts = [p.strip() for p in lines[0].split("|")] if lines else []
+        if len(parts) == len(JOB_FIELDS):
+            return dict(zip(JOB_FIELDS, parts))
+    return {}
+
+
+def job_mismatch(state: dict[str, Any], fields: dict[str, str]) -> str:
+    """What differs between the job Slurm shows (`fields`) and the run's launch.json (`state`): its name,
+    its user (this user for a run recorded before users were) and its working directory (one of those
+    recorded); '' if none."""
+    expected = {"name": state.get("job_name"), "user": state.get("user") or this_user(),
+                "workdir": state.get("workdir")}
+    wrong = []
+    for key, want in expected.items():
+        allowed = [want] if isinstance(want, str) else list(want or [])
+        if allowed and fields.get(key) and fields[key] not in allowed:
+            wrong.append(f"its {key} is {fields[key]!r}, the run's {' or '.join(map(repr, allowed))}")
+    return "; ".join(wrong)
 
 
 def jobs_of(run_dir: Path) -> list[dict[str, str]]:

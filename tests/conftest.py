@@ -87,3 +87,45 @@ def moto_url():
     server.start()
     yield f"http://127.0.0.1:{port}"
     server.stop()
+
+
+def fill(directory: Path) -> None:
+    """Fill the filesystem of `directory` to its last block (a file named `filler`)."""
+    fd = os.open(Path(directory) / "filler", os.O_WRONLY | os.O_CREAT)
+    try:
+        while os.write(fd, b"x" * 4096):
+            pass
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def mount_tmpfs(mnt: Path, size: int, read_only: bool = False) -> str:
+    """Mount a tmpfs of `size` bytes (rounded up to pages) at `mnt`; '' on success, else why it cannot."""
+    if os.geteuid() != 0:
+        return "mounting a small tmpfs needs root; the injected variants cover the same paths"
+    mnt.mkdir(exist_ok=True)
+    opts = f"size={-(-size // 4096) * 4096}" + (",ro" if read_only else "")
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(mnt)], check=False,
+                          capture_output=True, text=True)
+    return "" if proc.returncode == 0 else f"this machine forbids mounting a tmpfs ({proc.stderr.strip()})"
+
+
+@pytest.fixture
+def small_fs(tmp_path):
+    """`make(size, read_only=False)`: a tmpfs of `size` bytes mounted for the test; skips where mounting is
+    forbidden. Read-only is a real read-only mount: root writes through chmod 0555, so that proves nothing."""
+    mounted = []
+
+    def make(size: int, read_only: bool = False):
+        mnt = tmp_path / f"small-fs-{len(mounted)}"
+        why = mount_tmpfs(mnt, size, read_only)
+        if why:
+            pytest.skip(why)
+        mounted.append(mnt)
+        return mnt
+
+    yield make
+    for mnt in mounted:
+        subprocess.run(["umount", str(mnt)], check=True)

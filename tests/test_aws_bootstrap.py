@@ -10,7 +10,9 @@ profile, and a small HTTP server standing in for the instance metadata service. 
 the wheel of this checkout from S3, installs it, finds its peers by tag, trains, and writes records,
 logs and the checkpoint to S3.
 
-- Spot replacement: the metadata stand-in announces an interruption once the trainer holds at step
+- Spot replacement, for each engine (single; DDP, ps and Horovod on one node of 2 ranks, with the
+  node's moto-assigned private address added to this machine's `lo`, as torchrun and horovodrun are
+  told to reach it): the metadata stand-in announces an interruption once the trainer holds at step
   6 (a test aid, so the stop lands on a known step): the node checkpoints and stops; the launcher
   (the real follow loop, `launcher.runner.wait`, in a thread) records the interruption and starts a
   replacement, whose user data runs on a fresh scratch directory and resumes from the checkpoint to
@@ -32,13 +34,14 @@ import sys
 import threading
 import time
 import uuid
+from contextlib import contextmanager
 from base64 import b64decode
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, launch
+from conftest import ROOT, launch, needs_horovod, only_run_dir
 
 boto3 = pytest.importorskip("boto3", reason="boto3 is not installed: pip install boto3")
 pytest.importorskip("moto.server", reason='moto server is not installed: pip install "moto[server]"')
@@ -184,12 +187,49 @@ def s3_json(cloud, key: str):
     return json.loads(cloud["s3"].get_object(Bucket=cloud["bucket"], Key=key)["Body"].read())
 
 
-def test_spot_replacement_resumes_to_the_same_losses(cloud, wheel, venv, tmp_path):
+# One node of each engine: 2 ranks (a 2-GPU type) for the distributed ones, as tests/test_resume.py runs them.
+MULTI = {"gpus_per_node": 2, "threads": 1}
+ENGINE_RUNS = {"single": ({"name": "single"}, {}, "g3.4xlarge"),
+               "ddp": ({"name": "ddp"}, MULTI, "g3.8xlarge"),
+               "ps": ({"name": "ps", "ps_shards": 2}, MULTI, "g3.8xlarge"),
+               "horovod": ({"name": "horovod"}, MULTI, "g3.8xlarge")}
+
+
+@contextmanager
+def reachable(instance: dict, engine: str):
+    """The node's private address (moto's) made an address of this machine, as it is on the instance:
+    torchrun's master address and horovodrun's host list name it. Skips where it cannot be added."""
+    if engine == "single":  # one process: no address to reach
+        yield
+        return
+    ip = instance["PrivateIpAddress"]
+    added = subprocess.run(["ip", "addr", "add", f"{ip}/32", "dev", "lo"], capture_output=True, text=True)
+    if added.returncode != 0:
+        pytest.skip(f"cannot give this machine the node's address {ip} ({added.stderr.strip()})")
+    try:
+        yield
+    finally:
+        subprocess.run(["ip", "addr", "del", f"{ip}/32", "dev", "lo"], capture_output=True)
+
+
+def reference_run(spec: Spec, where: Path) -> Path:
+    """The uninterrupted run of `spec` on this machine (the local backend starts its ranks)."""
+    where.mkdir()
+    (where / "spec.json").write_text(spec.to_json())
+    done = launch("--spec", str(where / "spec.json"), "--backend", "local", "--runs-dir", "runs", cwd=where,
+                  timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return only_run_dir(where / "runs")
+
+
+@pytest.mark.parametrize("engine", ["single", "ddp", "ps", pytest.param("horovod", marks=needs_horovod)])
+def test_spot_replacement_resumes_to_the_same_losses(cloud, wheel, venv, tmp_path, engine):
     ec2, s3, bucket = cloud["ec2"], cloud["s3"], cloud["bucket"]
-    spec = Spec.from_dict(RUN)
+    engine_spec, extra, instance_type = ENGINE_RUNS[engine]
+    spec = Spec.from_dict({**RUN, "engine": engine_spec, **extra})
     be = AwsBackend({"bucket": bucket, "region": REGION, "spot": True, "wheel": str(wheel), "poll_s": 0.3,
-                     "interruption_grace_s": 120.0, "report_timeout_min": 6.0, "timeout_min": 15.0},
-                    clients={"ec2": ec2, "s3": s3})
+                     "interruption_grace_s": 120.0, "report_timeout_min": 6.0, "timeout_min": 15.0,
+                     "instance_type": instance_type}, clients={"ec2": ec2, "s3": s3})
     run_dir = new_run_dir(tmp_path / "runs", "boot")
     save_spec(spec, run_dir)
     be.schedule(be.submit_dryrun(spec, run_dir))
@@ -211,8 +251,9 @@ def test_spot_replacement_resumes_to_the_same_losses(cloud, wheel, venv, tmp_pat
         meta.instance_id = first["InstanceId"]
         work0 = tmp_path / "node-gen0"
         meta.records = work0 / run_dir.name / "records" / "rank-0.jsonl"
-        proc = start_user_data(cloud, first["InstanceId"], work0, venv, meta)
-        said = finished(proc, work0)
+        with reachable(first, engine):
+            proc = start_user_data(cloud, first["InstanceId"], work0, venv, meta)
+            said = finished(proc, work0)
         assert proc.returncode == 0, said
         installed = subprocess.run([str(venv), "-c", "import aws; print(aws.__file__)"], cwd=work0,
                                    capture_output=True, text=True, env=clean_env()).stdout
@@ -220,7 +261,9 @@ def test_spot_replacement_resumes_to_the_same_losses(cloud, wheel, venv, tmp_pat
         keys = {o["Key"] for o in s3.list_objects_v2(Bucket=bucket, Prefix=prefix)["Contents"]}
         assert f"{prefix}/checkpoint.pt" in keys and f"{prefix}/records/gen-0/rank-0.jsonl" in keys
         status0 = s3_json(cloud, f"{prefix}/status/gen-0/{first['InstanceId']}.json")
-        assert status0["state"] == "interrupted" and status0["exit_code"] == 143, said
+        assert status0["state"] == "interrupted", said
+        if engine == "single":  # torchrun and horovodrun exit with their own code when stopped
+            assert status0["exit_code"] == 143, said
         assert status0["reason"] == "spot_notice"
         recs0 = [json.loads(x) for x in s3.get_object(Bucket=bucket, Key=f"{prefix}/records/gen-0/rank-0.jsonl")["Body"].read().decode().splitlines()]
         assert [r["step"] for r in recs0 if r.get("event") == "interrupted"] == [STOP_AT]
@@ -238,8 +281,9 @@ def test_spot_replacement_resumes_to_the_same_losses(cloud, wheel, venv, tmp_pat
         assert second["InstanceLifecycle"] == "spot"
         meta.instance_id, meta.records = second["InstanceId"], None
         work1 = tmp_path / "node-gen1"
-        proc = start_user_data(cloud, second["InstanceId"], work1, venv, meta)
-        said = finished(proc, work1)
+        with reachable(second, engine):
+            proc = start_user_data(cloud, second["InstanceId"], work1, venv, meta)
+            said = finished(proc, work1)
         assert proc.returncode == 0, said
         launcher.join(timeout=120)
     finally:
@@ -250,13 +294,16 @@ def test_spot_replacement_resumes_to_the_same_losses(cloud, wheel, venv, tmp_pat
     assert outcome["status"].state == "COMPLETED", outcome["status"].detail
 
     # ---- the launcher's copy: the same losses as without the interruption, report unchanged, nothing left
-    reference = tmp_path / "uninterrupted"
-    reference.mkdir()
-    save_spec(spec, reference)
-    done = subprocess.run([sys.executable, "-m", "train", str(reference)], cwd=tmp_path, capture_output=True,
-                          text=True, env={**clean_env(), "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
-    assert done.returncode == 0, done.stderr[-3000:]
-    _assert_resumed_exactly(run_dir, reference, "single", from_step=STOP_AT)
+    if engine == "single":
+        reference = tmp_path / "uninterrupted"
+        reference.mkdir()
+        save_spec(spec, reference)
+        done = subprocess.run([sys.executable, "-m", "train", str(reference)], cwd=tmp_path, capture_output=True,
+                              text=True, env={**clean_env(), "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
+        assert done.returncode == 0, done.stderr[-3000:]
+    else:
+        reference = reference_run(spec, tmp_path / "uninterrupted")
+    _assert_resumed_exactly(run_dir, reference, engine, from_step=STOP_AT)
     steps = [json.loads(x)["step"] for x in (run_dir / "records" / "rank-0.jsonl").read_text().splitlines()
              if json.loads(x)["kind"] == "step"]
     assert steps == list(range(1, 11))

@@ -118,18 +118,20 @@ def test_why_a_node_stops(node):
     assert stop_reason(sync, {"action": "terminate"}, watch) == SPOT_NOTICE
 
 
-@pytest.mark.parametrize("has_proc, code, reason, state", [
-    (True, 0, None, "completed"),
-    (True, 0, LAUNCHER_LOST, "completed"),  # finished before the stop mattered
-    (True, 143, LAUNCHER_LOST, "interrupted"),
-    (True, 143, None, "interrupted"),  # SIGTERM from elsewhere (shutdown): checkpointed
-    (True, 1, None, "failed"),
-    (True, 1, SPOT_NOTICE, "interrupted"),
-    (False, 0, STOP_REQUESTED, "interrupted"),  # a horovod node without ranks of its own
-    (False, 0, None, "completed"),
+@pytest.mark.parametrize("has_proc, code, reason, stopped, state", [
+    (True, 0, None, False, "completed"),
+    (True, 0, LAUNCHER_LOST, False, "completed"),  # finished before the stop mattered
+    (True, 0, SPOT_NOTICE, True, "interrupted"),  # horovodrun exits 0 once its ranks stopped on its SIGTERM
+    (True, 0, None, True, "completed"),  # no stop asked here: an earlier generation's record
+    (True, 143, LAUNCHER_LOST, False, "interrupted"),
+    (True, 143, None, False, "interrupted"),  # SIGTERM from elsewhere (shutdown): checkpointed
+    (True, 1, None, False, "failed"),
+    (True, 1, SPOT_NOTICE, False, "interrupted"),
+    (False, 0, STOP_REQUESTED, False, "interrupted"),  # a horovod node without ranks of its own
+    (False, 0, None, False, "completed"),
 ])
-def test_final_state(has_proc, code, reason, state):
-    assert final_state(object() if has_proc else None, code, reason) == state
+def test_final_state(has_proc, code, reason, stopped, state):
+    assert final_state(object() if has_proc else None, code, reason, stopped) == state
 
 
 def test_the_limit_reaches_the_user_data_and_a_limit_below_three_polls_is_refused():

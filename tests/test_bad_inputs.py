@@ -14,10 +14,14 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import sys
 from pathlib import Path
+from typing import Iterator
 
 import pytest
+
+from tests.conftest import fill, mount_tmpfs
 
 GOOD_CSV = "label,workers,throughput\nA,1,100\nA,2,180\nA,4,300\n"
 BINARY = bytes(range(256)) * 4
@@ -62,6 +66,7 @@ FILES: dict[str, str | bytes] = {
     "no-workers.csv": "label,throughput\nA,100\nA,180\n",
     "text-workers.csv": "label,workers,throughput\nA,one,100\nA,2,180\n",
     "good.csv": GOOD_CSV,
+    "one-row.csv": "label,workers,throughput\nA,1,100\n",
     "cost-neg.csv": "label,seconds,instances\nA,-5,1*p2.xlarge\n",
     "cost-nan.csv": "label,seconds,instances\nA,nan,1*p2.xlarge\n",
     "cost-badmix.csv": "label,seconds,instances\nA,60,2*nosuch.type\n",
@@ -86,6 +91,26 @@ def _run_dir(root: Path, name: str, spec: str | None = '{"model": "nmt-tiny"}', 
         path = run / "records" / "rank-0.jsonl"
         path.write_bytes(records if isinstance(records, bytes) else records.encode())
     return run
+
+
+LAUNCHED = json.dumps({"backend": "local", "state": "RUNNING", "processes": [], "pids": []})
+
+
+def _small_filesystems(tmp: Path, mounted: list[Path]) -> tuple[dict[str, str], list[Path], str]:
+    """{ro}: a read-only tmpfs holding a launched run; {full}: a tmpfs of 64 KiB, filled, holding one too.
+
+    Read-only is a real read-only mount (root writes through chmod and a read-only bind can be
+    remounted by the test only as root too, so a tmpfs remounted `ro` is the honest case)."""
+    for name in ("ro", "full"):
+        why = mount_tmpfs(tmp / f"fs-{name}", 64 * 1024)
+        if why:
+            return {}, mounted, why
+        mounted.append(tmp / f"fs-{name}")
+        _run_dir(tmp / f"fs-{name}", "run", launch=LAUNCHED)
+    ro, full = mounted
+    subprocess.run(["mount", "-o", "remount,ro", str(ro)], check=True)
+    fill(full)
+    return {"ro": str(ro), "full": str(full)}, mounted, ""
 
 
 def _fixtures(tmp: Path) -> dict[str, str]:
@@ -282,6 +307,39 @@ CASES: list[tuple[str, list[str], list[str]]] = [
     ("resume-missing", ["resume", "{tmp}/nothing"], ["nothing"]),
     ("resume-corrupt-spec", ["resume", "{corrupt_spec_run}"], ["spec.json"]),
     ("resume-binary-spec", ["resume", "{binary_spec_run}"], ["spec.json"]),
+    # ---- read-only and full filesystems where the launcher writes ------------------------------------
+    ("run-runs-dir-read-only", ["--steps", "6", "--runs-dir", "{ro}/runs"], ["read-only", "--runs-dir"]),
+    ("run-runs-dir-full", ["--steps", "6", "--runs-dir", "{full}/runs"], ["is full", "--runs-dir"]),
+    ("detach-runs-dir-full", ["--steps", "6", "--detach", "--runs-dir", "{full}/runs"], ["is full"]),
+    ("sweep-runs-dir-read-only", ["sweep", "--workers", "1", "--steps", "6", "--runs-dir", "{ro}/runs"], ["read-only"]),
+    ("report-out-read-only", ["report", "--from-csv", "{good.csv}", "--out", "{ro}/report"], ["read-only", "--out"]),
+    ("report-out-full", ["report", "--from-csv", "{good.csv}", "--out", "{full}/report"], ["is full", "--out"]),
+    ("cancel-read-only-run", ["cancel", "{ro}/run"], ["read-only", "stopped"]),
+    ("cancel-full-run", ["cancel", "{full}/run"], ["is full", "launch.json"]),
+    ("resume-read-only-run", ["resume", "{ro}/run"], ["read-only"]),
+    ("resume-full-run", ["resume", "{full}/run"], ["is full"]),
+    ("bench-out-read-only", ["bench", "--only", "report", "--out", "{ro}/bench"], ["read-only", "--out"]),
+    ("prep-out-read-only", ["prep", "--model", "rnnlm-tiny", "--train", "{good.csv}", "--out", "{ro}/shards"], ["read-only"]),
+    # ---- ls, bench, prep, aws gc, plan and cost edge cases -----------------------------------------
+    ("ls-runs-dir-missing", ["ls", "--runs-dir", "{tmp}/nothing"], ["nothing"]),
+    ("ls-runs-dir-a-file", ["ls", "--runs-dir", "{a_file}"], ["good.csv"]),
+    ("ls-format-unknown", ["ls", "--format", "xml"], ["xml"]),
+    ("bench-part-unknown", ["bench", "--only", "nosuch"], ["nosuch"]),
+    ("bench-no-part", ["bench", "--only", ","], ["valid"]),
+    ("bench-out-a-file", ["bench", "--only", "report", "--out", "{a_file}"], ["good.csv"]),
+    ("prep-model-unknown", ["prep", "--model", "nosuch", "--train", "{good.csv}", "--out", "{tmp}/shards"], ["nosuch"]),
+    ("prep-workers-zero", ["prep", "--model", "rnnlm-tiny", "--train", "{good.csv}", "--out", "{tmp}/shards", "--workers", "0"],
+     ["--workers"]),
+    ("aws-gc-empty-run-id", ["aws", "gc", "--run-id", "", "--dry-run"], ["--run-id"]),
+    ("aws-gc-run-id-with-spaces", ["aws", "gc", "--run-id", "a b", "--dry-run"], ["--run-id"]),
+    ("plan-one-worker-count", ["plan", "--from-csv", "{one-row.csv}"], ["two different worker counts"]),
+    ("plan-deadline-zero", ["plan", "--from-csv", "{good.csv}", "--deadline-h", "0"], ["--deadline-h"]),
+    ("plan-deadline-inf", ["plan", "--from-csv", "{good.csv}", "--deadline-h", "inf"], ["--deadline-h"]),
+    ("plan-budget-nan", ["plan", "--from-csv", "{good.csv}", "--budget", "nan"], ["--budget"]),
+    ("plan-csv-not-a-table", ["plan", "--from-csv", "{comments.yaml}"], ["workers"]),
+    ("cost-csv-of-plan", ["cost", "--from-csv", "{good.csv}"], ["seconds"]),
+    ("cost-csv-empty", ["cost", "--from-csv", "{empty.csv}"], ["empty.csv"]),
+    ("cost-interruptions-nan", ["cost", "--from-csv", "{good.csv}", "--interruptions-per-hour", "nan"], ["--interruptions-per-hour"]),
 ]
 
 
@@ -290,25 +348,37 @@ def _fill(args: list[str], paths: dict[str, str]) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def paths(tmp_path_factory) -> dict[str, str]:
-    return _fixtures(tmp_path_factory.mktemp("bad-inputs"))
+def paths(tmp_path_factory) -> Iterator[dict[str, str]]:
+    tmp = tmp_path_factory.mktemp("bad-inputs")
+    found = _fixtures(tmp)
+    mounted: list[Path] = []
+    try:
+        filesystems, mounted, why = _small_filesystems(tmp, mounted)
+        yield {**found, **filesystems, "no_filesystems": why}
+    finally:
+        for mnt in mounted:
+            subprocess.run(["umount", str(mnt)], check=True)
 
 
 def test_the_table_is_large_and_covers_every_command() -> None:
     assert len(CASES) >= 80
     assert len({c[0] for c in CASES}) == len(CASES), "case ids must be unique"
     commands = {c[1][0] for c in CASES if not c[1][0].startswith("-")}
-    assert {"sweep", "report", "cost", "plan", "study", "status", "logs", "cancel", "resume"} <= commands
+    assert {"sweep", "report", "cost", "plan", "study", "status", "logs", "cancel", "resume", "ls", "bench", "prep",
+            "aws"} <= commands
 
 
 @pytest.mark.parametrize("case, args, words", CASES, ids=[c[0] for c in CASES])
 def test_bad_input_gets_one_clear_message(case, args, words, paths, monkeypatch, capsys, tmp_path) -> None:
     from launcher.cli import entry
 
+    if any(f"{{{fs}}}" in a for a in args for fs in ("ro", "full")) and paths["no_filesystems"]:
+        pytest.skip(paths["no_filesystems"])
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
     argv = _fill(args, paths)
-    if "--runs-dir" not in argv and argv[0] not in ("report", "cost", "plan", "status", "logs", "cancel", "resume"):
+    if "--runs-dir" not in argv and argv[0] not in ("report", "cost", "plan", "status", "logs", "cancel", "resume",
+                                                    "bench", "aws"):
         argv += ["--runs-dir", str(tmp_path / "runs")]
     monkeypatch.setattr(sys, "argv", ["launch", *argv])
     code = 0
@@ -322,8 +392,11 @@ def test_bad_input_gets_one_clear_message(case, args, words, paths, monkeypatch,
     assert "traceback" not in text, f"{case}: traceback:\n{out.err[-3000:]}"
     for word in words:
         assert word.lower() in text, f"{case}: {word!r} not in the message:\n{out.err[-1500:]}"
-    runs = tmp_path / "runs"
-    assert not runs.exists() or not any(runs.iterdir()), f"{case}: left {list(runs.iterdir())}"
+    for runs in (tmp_path / "runs", Path(paths.get("full", tmp_path)) / "runs"):
+        assert not runs.exists() or not any(runs.iterdir()), f"{case}: left {list(runs.iterdir())}"
+    if any("{full}" in a for a in args):  # what a failed write left on the full filesystem: nothing
+        assert {p.name for p in Path(paths["full"]).iterdir()} <= {"filler", "run", "runs"}, f"{case}: left files"
+        assert sorted(p.name for p in (Path(paths["full"]) / "run").iterdir()) == ["launch.json", "records", "spec.json"]
 
 
 def test_every_message_is_one_line_for_spec_errors(paths, monkeypatch, capsys, tmp_path) -> None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import errno
 import os
 import shutil
-import subprocess
 
 import pytest
 import torch
@@ -115,29 +114,6 @@ def _checkpoint_size(tmp_path) -> int:
     probe = tmp_path / "probe"
     probe.mkdir()
     return _save(probe, *_model_and_optimizer(), step=1).stat().st_size
-
-
-@pytest.fixture
-def small_fs(tmp_path):
-    """`make(size)`: a tmpfs of `size` bytes mounted for the test; skips where mounting is forbidden."""
-    mounted = []
-
-    def make(size: int):
-        if os.geteuid() != 0:
-            pytest.skip("mounting a small tmpfs needs root; test_full_disk_injected covers the same path")
-        mnt = tmp_path / "small-fs"
-        mnt.mkdir()
-        size = -(-size // 4096) * 4096
-        proc = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)], check=False,
-                              capture_output=True, text=True)
-        if proc.returncode != 0:
-            pytest.skip(f"this machine forbids mounting a tmpfs ({proc.stderr.strip()}); the injected variant runs")
-        mounted.append(mnt)
-        return mnt
-
-    yield make
-    for mnt in mounted:
-        subprocess.run(["umount", str(mnt)], check=True)
 
 
 def _assert_previous_kept(run_dir, error, step):

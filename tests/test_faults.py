@@ -42,6 +42,7 @@ SPEC = ["--model", "nmt-tiny", "--data", "task", "--warmup-steps", "1", "--prefe
 ENGINES = {"ddp": ["--engine", "ddp", "--gpus-per-node", "2"], "horovod": ["--engine", "horovod", "--gpus-per-node", "2"]}
 HOROVOD = pytest.param("horovod", marks=needs_horovod)
 PATIENCE_S = 180  # how long a test waits for ranks to reach a step on a busy machine (not a timing check)
+LAUNCHER_GONE_S = 30  # the bound issue #12 sets for the ranks to stop after a SIGKILL of their launcher
 
 # Imported by the ranks before anything else (sitecustomize on PYTHONPATH): from the SLOW_FSYNC_FROM-th
 # call on, os.fsync - called by the checkpoint write after the data is in the temporary file and before
@@ -234,6 +235,7 @@ def test_cancel_during_a_checkpoint_write(tmp_path, reference, grace_s, stopped_
 
 @pytest.mark.parametrize("sig,engine", [
     pytest.param(signal.SIGINT, "ddp", id="SIGINT-ddp"),
+    pytest.param(signal.SIGTERM, "ddp", id="SIGTERM-ddp"),
     pytest.param(signal.SIGTERM, "horovod", marks=needs_horovod, id="SIGTERM-horovod"),
     pytest.param(signal.SIGHUP, "ddp", id="SIGHUP-ddp"),
 ])
@@ -259,6 +261,11 @@ def test_sigkill_of_the_launcher_stops_the_ranks_with_a_checkpoint(tmp_path, ref
     fg, run = _held_at(tmp_path, engine, 5)
     fg.kill()
     fg.communicate()
+    # The issue's contract: the ranks stop within 30 s of their launcher's death (2 s watch + the step
+    # + the checkpoint; a rank still there 25 s after noticing exits anyway). Waiting no longer than that
+    # is the assertion; a busy machine only makes the ranks slower inside that bound.
+    _wait_for("every process of the run gone 30 s after the launcher's SIGKILL", lambda: not _left(run) or None,
+              patience_s=LAUNCHER_GONE_S)
     _assert_nothing_left(run, lock="stale")
     assert _checkpoint_step(run) == 5
     stops = [r for r in _records(run, 0) + _records(run, 1) if r.get("event") == "interrupted"]

@@ -115,3 +115,68 @@ def test_a_run_directory_that_cannot_be_written_is_one_clear_error(tmp_path: Pat
 
     with pytest.raises(ScalelabError, match="cannot take the run directory .* must exist and be writable"):
         RunLock(tmp_path / "absent").acquire()
+
+
+# ---- two launchers at once (owner.json is never seen half written; a stale lock has one heir) --------
+
+_CONTENDER = """
+import sys, time
+from pathlib import Path
+from core.lock import RunBusy, RunLock
+run, go, out = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
+while not go.exists():
+    time.sleep(0.001)
+try:
+    lock = RunLock(run).acquire()
+except RunBusy:
+    out.write_text("busy")
+else:
+    out.write_text("got")
+    time.sleep(2.0)  # held while the others try: they must see a live owner
+    lock.release()
+"""
+
+
+def _dead_owner() -> dict:
+    proc = _sleeper()
+    ref = ProcessRef.of(proc.pid)
+    proc.kill()
+    proc.wait()
+    return ref.to_dict()
+
+
+@pytest.mark.parametrize("round_", range(3))
+def test_launchers_racing_for_a_stale_lock_leave_one_owner(tmp_path: Path, round_: int) -> None:
+    """Four launchers find one stale owner.json at the same moment: exactly one takes the run."""
+    run, go = tmp_path / "run", tmp_path / "go"
+    run.mkdir()
+    (run / OWNER_FILE).write_text(json.dumps(_dead_owner()))
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    outs = [tmp_path / f"out-{i}" for i in range(4)]
+    procs = [subprocess.Popen([sys.executable, "-c", _CONTENDER, str(run), str(go), str(out)], env=env) for out in outs]
+    time.sleep(1.5)  # let them all import and wait for the start
+    go.touch()
+    for proc in procs:
+        assert proc.wait(timeout=60) == 0
+    results = sorted(out.read_text() for out in outs)
+    assert results == ["busy", "busy", "busy", "got"], results
+    assert not (run / OWNER_FILE).exists()
+    assert not list(run.glob(".owner.json.*")), "a launcher left its temporary owner file"
+
+
+def test_owner_file_is_never_seen_empty_or_half_written(tmp_path: Path) -> None:
+    """A launcher taking and releasing the lock over and over; every read of owner.json is a whole owner."""
+    code = ("import sys; from pathlib import Path; from core.lock import RunLock\n"
+            "for _ in range(300):\n    RunLock(Path(sys.argv[1])).acquire().release()\n")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], env=env)
+    seen = 0
+    while proc.poll() is None:
+        try:
+            text = (tmp_path / OWNER_FILE).read_text()
+        except FileNotFoundError:
+            continue
+        assert json.loads(text)["pid"] == proc.pid, f"owner.json read as {text!r}"
+        seen += 1
+    assert proc.returncode == 0
+    assert seen > 0, "the reader never saw the lock held; the test proved nothing"

@@ -38,6 +38,7 @@ from tests.test_resume import (
     SPEC,
     _all_ranks_at,
     _assert_resumed_exactly,
+    _world,
 )
 from train.checkpoint import CHECKPOINT_NAME
 from train.loop import HOLD_AT_STEP_ENV, KILL_AT_STEP_ENV
@@ -308,12 +309,13 @@ def cluster_reference(slurm_cluster, tmp_path_factory):
     return get
 
 
-@pytest.mark.parametrize("engine", [e for e in ENGINE_PARAMS if e != "single"])
+@pytest.mark.parametrize("engine", ENGINE_PARAMS)
 def test_killed_rank_fails_the_job_and_resume_gives_the_same_losses(tmp_path: Path, engine, cluster_reference) -> None:
-    """SIGKILL of rank 1 after step 6: srun ends the job (FAILED); `launch resume` queues a new job that
+    """SIGKILL of the last rank after step 6: srun ends the job (FAILED); `launch resume` queues a new job that
     continues from the periodic checkpoint of step 4 and trains what an uninterrupted run trains."""
-    done = launch(*EXACT, *ENGINES[engine], "--runs-dir", "runs", cwd=tmp_path, env={KILL_AT_STEP_ENV: "6:1"},
-                  timeout=600)
+    killed = _world(engine) - 1  # the last rank: on 2 ranks, not the one that writes checkpoints
+    done = launch(*EXACT, *ENGINES[engine], "--runs-dir", "runs", cwd=tmp_path,
+                  env={KILL_AT_STEP_ENV: f"6:{killed}"}, timeout=600)
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
     run_dir = only_run_dir(tmp_path / "runs")
     job = job_of(run_dir)
@@ -352,12 +354,12 @@ def release_requeued(job: str) -> None:
     subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now+5"], check=True, capture_output=True)
 
 
-@pytest.mark.parametrize("engine", [e for e in ENGINE_PARAMS if e != "single"])
+@pytest.mark.parametrize("engine", ENGINE_PARAMS)
 def test_scontrol_requeue_checkpoints_and_resumes_to_the_same_losses(tmp_path: Path, engine, cluster_reference) -> None:
     """`scontrol requeue` (what preemption does) while the ranks hold after step 6 (a test aid, so the
     requeue lands on a known step): they checkpoint, the job starts again and resumes from step 6."""
     proc, run_dir = start_run(tmp_path, *SPEC, *ENGINES[engine], env={HOLD_AT_STEP_ENV: "6"},
-                              ranks=2, step=6)
+                              ranks=_world(engine), step=6)
     job = job_of(run_dir)
     subprocess.run(["scontrol", "requeue", job], check=True, capture_output=True)  # as preemption does
     release_requeued(job)

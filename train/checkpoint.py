@@ -37,6 +37,7 @@ import torch
 
 from core.errors import RecordError
 from core.spec import SAVED_SPEC_PRECISION, Spec
+from core.writes import free_bytes, mount_point
 
 CHECKPOINT_NAME = "checkpoint.pt"
 FORMAT = 2  # 1: before identity and per-rank RNG states (loaded with weights_only=False)
@@ -112,26 +113,11 @@ def _write_failure(path: Path, exc: OSError, size: int) -> str:
     kept = "the previous checkpoint is kept" if path.exists() else "no earlier checkpoint exists"
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
         return (
-            f"checkpoint {path} could not be written: the filesystem at {_mount_point(path.parent)} is full "
-            f"({_free(path.parent)} free, {size:,} bytes needed); {kept}. Free space there and continue with "
+            f"checkpoint {path} could not be written: the filesystem at {mount_point(path.parent)} is full "
+            f"({free_bytes(path.parent)} free, {size:,} bytes needed); {kept}. Free space there and continue with "
             f"`launch resume`, or run with --runs-dir on a filesystem with room"
         )
     return f"checkpoint {path} could not be written ({exc.strerror or exc}); {kept}"
-
-
-def _mount_point(path: Path) -> Path:
-    path = path.resolve()
-    while not os.path.ismount(path) and path != path.parent:
-        path = path.parent
-    return path
-
-
-def _free(path: Path) -> str:
-    try:
-        st = os.statvfs(path)
-    except OSError:
-        return "unknown"
-    return f"{st.f_bavail * st.f_frsize:,} bytes"
 
 
 # ---- load and restore ----------------------------------------------------------------------------

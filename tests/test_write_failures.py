@@ -1,0 +1,207 @@
+"""Full, read-only and forbidden filesystems where the launcher and the ranks write (issue #12, item 6
+and 7): one line naming the file, its filesystem and the fix; no half-written file left; the ranks of a
+run stopped even when its state cannot be written. Real small tmpfs mounts (skipped where mounting is
+not allowed); the bad-input table (tests/test_bad_inputs.py) runs the CLI against the same kinds."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import fill, launch
+from core.errors import ScalelabError
+from core.lock import OWNER_FILE, RunLock
+from core.records import RecordWriter
+from core.rundir import PENDING, RUNNING, new_run_dir, read_state, start_state, write_json
+from core.spec import Spec, read_spec, save_spec
+from core.writes import WriteError
+from launcher.backend import Backend, RunStatus
+from launcher.local import LocalBackend
+from launcher.runner import cancel, wait
+
+
+def _leftovers(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.iterdir() if p.name.endswith(".tmp"))
+
+
+def test_a_run_directory_on_a_read_only_filesystem_is_one_line(small_fs) -> None:
+    ro = small_fs(64 * 1024, read_only=True)
+    with pytest.raises(WriteError) as info:
+        new_run_dir(ro / "runs", "x")
+    message = str(info.value)
+    assert "read-only" in message and str(ro) in message and "--runs-dir" in message
+
+
+def test_the_lock_on_a_full_filesystem_leaves_no_owner_file(small_fs) -> None:
+    full = small_fs(64 * 1024)
+    run = full / "run"
+    run.mkdir()
+    fill(full)
+    with pytest.raises(WriteError, match=f"filesystem at {full} is full"):
+        RunLock(run).acquire()
+    assert list(run.iterdir()) == [], "a failed lock left owner.json or its temporary file"
+
+
+def test_state_files_keep_the_old_version_and_leave_no_temporary_file(small_fs) -> None:
+    full = small_fs(64 * 1024)
+    run = full / "run"
+    run.mkdir()
+    save_spec(Spec(model="nmt-tiny", steps=7), run)
+    write_json(run / "launch.json", {"state": "RUNNING"})
+    fill(full)
+    with pytest.raises(WriteError, match="is full"):
+        save_spec(Spec(model="nmt-tiny", steps=9, name="a-much-longer-name-" * 300), run)
+    with pytest.raises(WriteError, match="launch.json: the filesystem at .* is full"):
+        write_json(run / "launch.json", {"state": "COMPLETED", "detail": "x" * 100_000})
+    assert read_spec(run).steps == 7
+    assert json.loads((run / "launch.json").read_text()) == {"state": "RUNNING"}
+    assert _leftovers(run) == []
+
+
+def test_state_files_keep_their_mode(tmp_path: Path) -> None:
+    """launch.json and spec.json are readable by others as with a plain open() (umask), not mkstemp's 0600;
+    a file made private by its owner stays private when rewritten."""
+    old = os.umask(0o022)
+    try:
+        write_json(tmp_path / "launch.json", {"a": 1})
+        save_spec(Spec(model="nmt-tiny"), tmp_path)
+        assert stat.S_IMODE((tmp_path / "launch.json").stat().st_mode) == 0o644
+        assert stat.S_IMODE((tmp_path / "spec.json").stat().st_mode) == 0o644
+        os.chmod(tmp_path / "launch.json", 0o640)
+        write_json(tmp_path / "launch.json", {"a": 2})
+        assert stat.S_IMODE((tmp_path / "launch.json").stat().st_mode) == 0o640
+    finally:
+        os.umask(old)
+
+
+def test_records_on_a_full_filesystem_name_it(small_fs) -> None:
+    full = small_fs(64 * 1024)
+    writer = RecordWriter(full / "run", rank=1, world=2)
+    fill(full)
+    try:
+        with pytest.raises(WriteError) as info:
+            for step in range(10_000):  # line-buffered: the first line that needs a new block fails
+                writer.event("note", step=step)
+    finally:
+        writer.close()
+    message = str(info.value)
+    assert "rank-1.jsonl" in message and f"filesystem at {full} is full" in message and "launch resume" in message
+
+
+def _fake_rank(run: Path) -> subprocess.Popen:
+    """A process with a rank's command line (`-m train RUN_DIR`), as `launch cancel` finds them."""
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "-m", "train", str(run)])
+
+
+def test_cancel_stops_the_ranks_when_the_state_cannot_be_written(small_fs) -> None:
+    """A disk that filled mid-run: cancel cannot record CANCELLED, and stops every process anyway."""
+    full = small_fs(64 * 1024)
+    run = full / "run"
+    run.mkdir()
+    save_spec(Spec(model="nmt-tiny"), run)
+    start_state(run, backend="local", state=RUNNING, processes=[], host=socket.gethostname())
+    rank = _fake_rank(run)
+    try:
+        time.sleep(0.3)
+        fill(full)
+        with pytest.raises(WriteError) as info:
+            cancel(LocalBackend({"stop_grace_s": 5}), run)
+        assert rank.wait(timeout=30) is not None, "the rank still runs"
+    finally:
+        rank.kill()
+        rank.wait()
+    message = str(info.value)
+    assert "was stopped" in message and f"filesystem at {full} is full" in message
+    assert read_state(run)["state"] == RUNNING  # what could not be written; `launch status` settles it later
+
+
+class _Following(Backend):
+    """A backend whose run is RUNNING until cancelled: the follow loop's view, with cancel recorded."""
+
+    name = "following"
+
+    def __init__(self) -> None:
+        super().__init__({})
+        self.cancelled: list[Path] = []
+
+    def submit_dryrun(self, spec, run_dir):  # never sent in these tests
+        raise NotImplementedError
+
+    def schedule(self, request):
+        raise NotImplementedError
+
+    def status(self, run_dir: Path) -> RunStatus:
+        return RunStatus(RUNNING, "training")
+
+    def logs(self, run_dir: Path) -> str:
+        return ""
+
+    def cancel(self, run_dir: Path) -> str | None:
+        self.cancelled.append(run_dir)
+        return "stopped 2 processes; none left"
+
+
+def test_a_disk_full_while_following_stops_the_run_and_names_the_filesystem(small_fs) -> None:
+    full = small_fs(64 * 1024)
+    run = full / "run"
+    run.mkdir()
+    start_state(run, backend="following", state=PENDING)
+    fill(full)
+    backend = _Following()
+    with pytest.raises(WriteError, match=f"launch.json: the filesystem at {full} is full"):
+        wait(backend, run)  # PENDING -> RUNNING cannot be recorded
+    assert backend.cancelled == [run], "the run was left running"
+
+
+def test_cli_run_on_a_full_filesystem_leaves_no_run_directory(small_fs, tmp_path: Path) -> None:
+    full = small_fs(64 * 1024)
+    (full / "runs").mkdir()
+    fill(full)
+    proc = launch("--steps", "6", "--runs-dir", str(full / "runs"), cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert f"filesystem at {full} is full" in " ".join(proc.stderr.split())
+    assert list((full / "runs").iterdir()) == [], "a failed start left a run directory or owner.json"
+    assert isinstance(WriteError("x"), ScalelabError)
+
+
+@pytest.mark.parametrize("checkpointed", [True, False])
+def test_a_rank_error_names_the_resume_when_a_checkpoint_exists(tmp_path: Path, checkpointed: bool) -> None:
+    """A rank's own error (here: the records' disk filled) is the launcher's message, plus `launch resume
+    RUN` where the run has a checkpoint to continue from."""
+    from launcher.runner import failure
+
+    run = tmp_path / "run"
+    run.mkdir()
+    save_spec(Spec(model="nmt-tiny"), run)
+    start_state(run, backend="following", state=RUNNING, launched=time.time() - 1)
+    writer = RecordWriter(run, rank=1, world=2)
+    writer.error(f"cannot write records {run}/records/rank-1.jsonl: the filesystem at /x is full")
+    writer.close()
+    if checkpointed:
+        (run / "checkpoint.pt").write_bytes(b"PK")
+    message = str(failure(_Following(), run, RunStatus("FAILED", "rank 1 exited 2")))
+    assert message.startswith("cannot write records") and "is full" in message
+    assert (f"`launch resume {run}`" in message) == checkpointed
+
+
+def test_a_run_that_failed_without_a_word_on_a_full_disk_names_it(small_fs) -> None:
+    """The ranks could not write their error records: the launcher names the full filesystem itself."""
+    from launcher.runner import failure
+
+    full = small_fs(64 * 1024)
+    run = full / "run"
+    run.mkdir()
+    save_spec(Spec(model="nmt-tiny"), run)
+    start_state(run, backend="following", state=RUNNING, launched=time.time() - 1)
+    fill(full)
+    message = str(failure(_Following(), run, RunStatus("FAILED", "rank 0 exited 2")))
+    assert f"the filesystem at {full} is full" in message and f"launch resume {run}" in message
