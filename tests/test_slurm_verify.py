@@ -19,7 +19,7 @@ FAKE = {
     "squeue": """#!/bin/bash
 echo "squeue $*" >> "$FAKE_SLURM/calls"
 [ -e "$FAKE_SLURM/cancelled" ] && exit 0
-case "$*" in *%T*) echo RUNNING ;; *%j*) cat "$FAKE_SLURM/job" 2>/dev/null ;; esac
+case "$*" in *%T*) echo "4242|RUNNING" ;; *%j*) cat "$FAKE_SLURM/job" 2>/dev/null ;; esac  # %i|%T: id|state
 """,
     "sacct": """#!/bin/bash
 echo "sacct $*" >> "$FAKE_SLURM/calls"
