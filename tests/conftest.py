@@ -60,6 +60,18 @@ def needs_cpu_bf16() -> None:
                     "`launch --precision bf16` refuses to run here")
 
 
+def fake_commands(where: Path, scripts: dict[str, str], monkeypatch) -> Path:
+    """Stand-in executables (name -> bash script) in `where`, first on PATH; $FAKE_SLURM names the
+    folder so the scripts can keep state and log their calls there."""
+    where.mkdir(exist_ok=True)
+    for name, text in scripts.items():
+        (where / name).write_text(text)
+        (where / name).chmod(0o755)
+    monkeypatch.setenv("FAKE_SLURM", str(where))
+    monkeypatch.setenv("PATH", f"{where}{os.pathsep}{os.environ['PATH']}")
+    return where
+
+
 def assert_golden(path: Path, text: str) -> None:
     """Compare generated text (a script, manifests, requests) with its golden file, showing a unified
     diff on mismatch. `SCALELAB_UPDATE_GOLDEN=1` rewrites the file instead: review the git diff."""

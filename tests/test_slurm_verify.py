@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import fake_commands
+
 from core.errors import ScalelabError
 from core.rundir import RUNNING, start_state
 from slurm.backend import SlurmBackend, job_mismatch, job_owner
@@ -33,14 +35,7 @@ echo "scancel $*" >> "$FAKE_SLURM/calls"; touch "$FAKE_SLURM/cancelled"
 
 @pytest.fixture
 def slurm(tmp_path: Path, monkeypatch) -> Path:
-    where = tmp_path / "fake-slurm"
-    where.mkdir()
-    for name, text in FAKE.items():
-        (where / name).write_text(text)
-        (where / name).chmod(0o755)
-    monkeypatch.setenv("FAKE_SLURM", str(where))
-    monkeypatch.setenv("PATH", f"{where}{os.pathsep}{os.environ['PATH']}")
-    return where
+    return fake_commands(tmp_path / "fake-slurm", FAKE, monkeypatch)
 
 
 def _run(tmp_path: Path) -> Path:

@@ -12,12 +12,12 @@ not on when: the counts below do not depend on timing.
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from conftest import fake_commands
 
 from core.records import RecordWriter
 from core.rundir import SWEEP_FILE, read_state, write_json
@@ -49,14 +49,8 @@ while [ $# -gt 0 ]; do [ "$1" = -j ] && for id in ${2//,/ }; do echo "$id|RUNNIN
 
 @pytest.fixture
 def fake_slurm(tmp_path: Path, monkeypatch) -> Path:
-    where = tmp_path / "fake-slurm"
-    where.mkdir()
-    for name, text in FAKES.items():
-        (where / name).write_text(text)
-        (where / name).chmod(0o755)
+    where = fake_commands(tmp_path / "fake-slurm", FAKES, monkeypatch)
     (where / "calls").write_text("")
-    monkeypatch.setenv("FAKE_SLURM", str(where))
-    monkeypatch.setenv("PATH", f"{where}{os.pathsep}{os.environ['PATH']}")
     return where
 
 
