@@ -30,6 +30,7 @@ from typing import Any
 import pandas as pd
 
 from analysis.results import summarize_loaded
+from analysis.scaling import step_table
 from core.errors import DataError, RecordError
 from core.rundir import read_json
 from core.records import load_run
@@ -44,8 +45,8 @@ PROBE_FILE = "probe.json"  # launcher.probe.PROBE_FILE (launcher sits above cost
 
 
 def probe_runs(probe_dir: Path) -> pd.DataFrame:
-    """One row per finished run of the probe: type, gpus per instance, layout, run_dir, words/s,
-    global batch and batch axis."""
+    """One row per run of the probe with step records: type, gpus per instance, layout, run_dir,
+    words/s, global batch, batch axis, median step time and its p90/p10 spread."""
     probe_dir = Path(probe_dir)
     if not (probe_dir / PROBE_FILE).exists():
         raise DataError(f"{probe_dir}: no {PROBE_FILE}; give a directory `launch probe` made")
@@ -61,10 +62,19 @@ def probe_runs(probe_dir: Path) -> pd.DataFrame:
             rows.append({"instance_type": cand["name"], "gpus": int(cand["gpus"]), "layout": f"{s.nodes}x{s.gpus_per_node}",
                          "workers": s.workers, "nodes": s.nodes, "run_dir": run_dir, "throughput": s.words_per_s,
                          "global_batch": s.global_batch,
-                         "batch_scaling": "growing" if run.spec.batch_mode == "weak" else "fixed"})
+                         "batch_scaling": "growing" if run.spec.batch_mode == "weak" else "fixed", **_spread(run)})
     if not rows:
         raise DataError(f"{probe_dir}: no probe run has step records; `launch resume {probe_dir}` runs them")
     return pd.DataFrame(rows)
+
+
+def _spread(run) -> dict[str, float]:
+    """The run's median measured step time and its p90/p10 ratio: how steady the machine was."""
+    st = step_table(run.steps)
+    t = st.loc[~st["warmup"].astype(bool), "t_step"].dropna()
+    if not len(t):
+        return {"step_s_median": math.nan, "step_p90_over_p10": math.nan}
+    return {"step_s_median": float(t.median()), "step_p90_over_p10": float(t.quantile(0.9) / t.quantile(0.1))}
 
 
 def probe_catalog(runs: pd.DataFrame) -> Catalog:

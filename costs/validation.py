@@ -247,8 +247,9 @@ def _probe_main(probe_dir: Path, confidence: float, fmt: str) -> int:
     if fmt == "markdown":
         show = rows.drop(columns=["fit"]).assign(covered=rows["covered"].map({True: "yes", False: "no"}))
         nfmt = {"measured": ",.0f", "predicted": ",.0f", "low": ",.0f", "high": ",.0f", "error": "+.0%"}
-        print(markdown_table(runs[["instance_type", "layout", "workers", "nodes", "throughput"]],
-                             {"workers": ".0f", "nodes": ".0f", "throughput": ",.0f"}))
+        print(markdown_table(runs[["instance_type", "layout", "workers", "nodes", "throughput", "step_s_median",
+                                   "step_p90_over_p10"]], {"workers": ".0f", "nodes": ".0f", "throughput": ",.0f",
+                                                           "step_s_median": ".4f", "step_p90_over_p10": ".2f"}))
         print()
         print(markdown_table(show, nfmt))
         print()

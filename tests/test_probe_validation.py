@@ -63,6 +63,8 @@ def test_probe_runs_read_every_layout_of_both_types(tmp_path: Path) -> None:
     # weak scaling: every worker does 160 words a step
     assert one[("local-2t", "2x2")] == pytest.approx(4 * 160 / 0.30)
     assert one[("local-1t", "1x1")] == pytest.approx(160 / 0.10)
+    assert runs["step_s_median"].tolist() == pytest.approx([0.10, 0.12, 0.15, 0.25, 0.27, 0.30])
+    assert runs["step_p90_over_p10"].tolist() == pytest.approx([1.0] * 6)  # every step alike
 
 
 def test_evaluation_of_a_probe_with_known_parts(tmp_path: Path) -> None:
