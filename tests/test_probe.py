@@ -123,10 +123,19 @@ def test_local_probe_of_two_variants_end_to_end_and_plan_reads_it(tmp_path: Path
     assert again.returncode == 0 and "probe: actual cost $" in again.stdout, again.stderr
     assert json.loads((probe / "probe.json").read_text())["actual"]["runs"] == manifest["actual"]["runs"]
 
+    # The planner reads the probe: local-1t (most runs, listed first) is what was measured; without
+    # rates nothing can be priced, and the note says how; with a rate for each, every row says where
+    # its speed comes from: local-1t measured, local-2t at its own probed speed.
     plan = launch("plan", str(probe), "--format", "json", cwd=tmp_path)
     assert plan.returncode == 0, plan.stderr
-    labels = {row["label"] for row in json.loads(plan.stdout)}
-    assert {label.rsplit(" on ", 1)[1] for label in labels} == {"local-1t", "local-2t"}
+    assert {row["label"].rsplit(" on ", 1)[1] for row in json.loads(plan.stdout)} == {"local-1t"}
+    assert "does not price" in plan.stderr and "--rate local-1t=" in plan.stderr
+    priced = launch("plan", str(probe), "--rate", "local-1t=0.3/gpu-hour", "--rate", "local-2t=0.3/gpu-hour",
+                    "--instance-types", "local-1t,local-2t", "--work", "100000", "--format", "json", cwd=tmp_path)
+    assert priced.returncode == 0, priced.stderr
+    rows = [r for r in json.loads(priced.stdout) if r.get("instance_type")]
+    basis = {r["instance_type"]: r["speed_basis"] for r in rows}
+    assert basis == {"local-1t": "measured", "local-2t": "probe"}, basis
 
 
 # ---- AWS against moto: the instances' side played from each poll, as in tests/test_aws_moto.py -------
