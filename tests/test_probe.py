@@ -77,6 +77,7 @@ def test_slurm_dry_run_asks_for_typed_gpus_and_partitions(tmp_path: Path) -> Non
     ([*AWS, "--instance-types", "g3.4xlarge", "--gpus-per-node", "2"], "g3.4xlarge has 1 GPU(s)"),
     ([*AWS, "--instance-types", "g3.4xlarge", "--instance-type", "p2.xlarge"], "not --instance-type"),
     ([*AWS, "--instance-types", "g3.4xlarge"], "pass --yes"),
+    ([*AWS, "--instance-types", "g3.4xlarge", "--yes", "--max-usd", "0.001"], "over --max-usd 0.001"),
     (["--backend", "slurm", "--gpus-per-node", "2", "--instance-types", "a/b/c"], "cannot read Slurm candidate"),
 ])
 def test_bad_input_is_one_clear_line(tmp_path: Path, args: list[str], words: str) -> None:
