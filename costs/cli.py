@@ -502,9 +502,11 @@ def plan_cmd(run_dirs: tuple[str, ...], from_csv: str | None, predict_workers: s
                                                                                        measured_on)
     measured_on = measured_on or m.measured_on
     catalog = _load_catalog(params)
-    types = [t.strip() for t in (instance_types or "").split(",") if t.strip()] or ([measured_on] if measured_on else [])
-    for t in types + ([measured_on] if measured_on else []):
-        catalog.instance(t)
+    asked = [t.strip() for t in (instance_types or "").split(",") if t.strip()]
+    for t in asked:
+        catalog.instance(t)  # a type asked for that the catalog lacks: an error naming the fix
+    unpriced = measured_on is not None and measured_on not in catalog.names()
+    types = asked or ([measured_on] if measured_on and not unpriced else [])
     link = LinkModel(gradient_bytes=(gradient_mb or 1.0) * 1e6, intra_gbps=intra_gbps)
     result = plan(PlanRequest(
         m.measured, _worker_grid(m.measured, predict_workers), catalog, types,
@@ -512,6 +514,10 @@ def plan_cmd(run_dirs: tuple[str, ...], from_csv: str | None, predict_workers: s
         deadline_h=deadline_h, budget_usd=budget_usd, region=params["region"], confidence=confidence,
         convergence=m.convergence, predict_batch=_parse_batches(predict_batch), overheads=m.overheads,
         probe_speed=m.probe_speed, precision=m.precision, **_spot_kwargs(params)))
+    if unpriced:
+        result.notes.append(f"the runs were measured on {measured_on!r}, which the catalog does not price: the "
+                            f"predictions are not priced; give --rate {measured_on}=USD/gpu-hour (and a rate for each "
+                            "probed type) with --instance-types to price them")
     if len(result.candidates) == 0 and types and work is not None:
         raise CatalogError("; ".join(result.notes) or "nothing could be priced")
     _show_plan(result, fmt, out, m)

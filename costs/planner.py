@@ -111,7 +111,12 @@ class PlanRequest:
 
     def base_instance(self) -> InstanceType | None:
         """The instance type the measurements were made on, when it is named and a catalog given."""
-        return self.catalog.instance(self.measured_on) if (self.catalog and self.measured_on) else None
+        if not (self.catalog and self.measured_on):
+            return None
+        try:
+            return self.catalog.instance(self.measured_on)
+        except CatalogError:  # a local variant or cluster without a rate: nothing is priced relative to it
+            return None
 
     def measured_link(self) -> LinkModel:
         """The link model of the measurements: between nodes, the measured instance's network

@@ -8,7 +8,8 @@ factor is only as good as its basis, and every candidate row says which it is:
 - **probe**: a type with its own runs of the same job (`launch probe`, or runs of the sweep on
   another type): its measured per-GPU throughput over the measured type's;
 - **user**: given with `--speed GPU_OR_TYPE=FACTOR`, or an on-premise `--rate` without a GPU model
-  (the user's own cluster, priced at the measured speed unless `--speed` says otherwise);
+  that was neither measured nor probed (the user's own cluster, priced at the measured speed unless
+  `--speed` says otherwise; a probed rate, e.g. `launch probe`'s local-2t, has its probe's speed);
 - **estimate**: from the catalog's GPU specs (costs/data/gpu_models.csv), a roofline-like ratio of
   the time per unit of work, `t_T / t_base = s · F_base/F_T + (1 − s) · B_base/B_T`, with F the peak
   FLOP/s at the run's precision and B the memory bandwidth; s (the compute-bound share of the time)
@@ -86,17 +87,17 @@ def resolve_speed(inst: InstanceType, base: InstanceType | None, catalog: Catalo
     for key in (inst.name, inst.gpu_model):
         if key and key in speed:
             return Speed(float(speed[key]), "user")
-    if inst.provider == "rate" and not inst.gpu_model:
+    if base is not None and inst.name == base.name:
+        return Speed(1.0, "measured")
+    if base is not None and inst.name in probes and probes.get(base.name, 0) > 0:
+        return Speed(probes[inst.name] / probes[base.name], "probe")
+    if inst.provider == "rate" and not inst.gpu_model:  # after the probes: a probed rate has its own speed
         return Speed(1.0, "user", note=f"{inst.name}: an on-premise rate without a GPU model, priced at the measured "
                                        f"speed; give --speed {inst.name}=FACTOR if its GPUs differ")
     if base is None:
         return (f"{inst.name}: not priced, its speed cannot be estimated relative to the device the measurements "
                 f"were made on (unknown or not in the catalog: a CPU run, a mix of types, or no --measured-on); give "
                 f"--measured-on TYPE, --speed {inst.gpu_model or inst.name}=FACTOR, or probe it (launch probe)")
-    if inst.name == base.name:
-        return Speed(1.0, "measured")
-    if inst.name in probes and probes.get(base.name, 0) > 0:
-        return Speed(probes[inst.name] / probes[base.name], "probe")
     return _estimate(inst, base, catalog, probes, precision)
 
 

@@ -3,6 +3,7 @@ and the step-time model on seed 004's money table (`steptime_bench`).
 
     python -m costs.validation RUNS_DIR [--confidence 0.9] [--csv FILE]
     python -m costs.validation --steptime [--confidence 0.9]
+    python -m costs.validation --probe PROBE_DIR [--format markdown]   (costs/probe_validation.py)
 
 RUNS_DIR holds `batch/MODEL/wW/bB-sS/` (one run each: batch sweeps at one and two workers) and
 `weak/MODEL/sS/` (weak-scaling sweeps). Three tasks, each prediction compared with every run of
@@ -35,7 +36,7 @@ import pandas as pd
 
 from analysis.report import _jsonable
 from analysis.results import summarize_loaded
-from core.errors import DataError
+from core.errors import DataError, RecordError
 from core.records import load_run
 from costs.calibration import conformal_quantile, coverage, coverage_summary
 from costs.catalog import builtin_catalog
@@ -232,13 +233,47 @@ def steptime_bench(confidence: float = 0.9) -> dict[str, Any]:
             "one_gpu_type_held_out_error": {k: float(np.mean(v)) for k, v in errors.items() if v}}
 
 
+def _probe_main(probe_dir: Path, confidence: float, fmt: str) -> int:
+    """`--probe`: every prediction and the summary per task, as JSON or markdown tables."""
+    from analysis.report import markdown_table
+    from costs.probe_validation import evaluate_probe, probe_runs, probe_summary
+
+    try:
+        runs = probe_runs(probe_dir)
+        rows = evaluate_probe(runs, confidence)
+    except (DataError, RecordError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if fmt == "markdown":
+        show = rows.drop(columns=["fit"]).assign(covered=rows["covered"].map({True: "yes", False: "no"}))
+        nfmt = {"measured": ",.0f", "predicted": ",.0f", "low": ",.0f", "high": ",.0f", "error": "+.0%"}
+        print(markdown_table(runs[["instance_type", "layout", "workers", "nodes", "throughput", "step_s_median",
+                                   "step_p90_over_p10"]], {"workers": ".0f", "nodes": ".0f", "throughput": ",.0f",
+                                                           "step_s_median": ".4f", "step_p90_over_p10": ".2f"}))
+        print()
+        print(markdown_table(show, nfmt))
+        print()
+        print(markdown_table(pd.DataFrame(probe_summary(rows)),
+                             {"predictions": ".0f", "mean_abs_error": ".0%", "coverage": ".0%", "median_half_width": ".0%"}))
+        return 0
+    out = {"probe": str(probe_dir), "confidence": confidence, "summary": probe_summary(rows),
+           "runs": runs.drop(columns=["run_dir"]).to_dict(orient="records"), "predictions": rows.to_dict(orient="records")}
+    print(json.dumps(_jsonable(out), indent=2))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m costs.validation", description=__doc__.split("\n")[0])
     parser.add_argument("runs_dir", type=Path, nargs="?")
     parser.add_argument("--confidence", type=float, default=0.9)
     parser.add_argument("--csv", type=Path, help="Write the convergence table of every run here.")
     parser.add_argument("--steptime", action="store_true", help="Judge the step-time model on seed 004 instead.")
+    parser.add_argument("--probe", type=Path, metavar="PROBE_DIR",
+                        help="Judge the planner on a `launch probe` directory instead (costs/probe_validation.py).")
+    parser.add_argument("--format", choices=["json", "markdown"], default="json", help="With --probe: the output.")
     args = parser.parse_args(argv)
+    if args.probe is not None:
+        return _probe_main(args.probe, args.confidence, args.format)
     if args.steptime:
         print(json.dumps(_jsonable(steptime_bench(args.confidence)), indent=2, allow_nan=False))
         return 0

@@ -297,15 +297,14 @@ def create_probe_dir(runs_root: Path, name: str, backend: str, mode: str, probe_
               help="weak: every worker keeps its batch (the per-GPU speed); strong: the global batch is split.")
 @click.option("--link-sizes-mb", default=DEFAULT_LINK_SIZES_MB, show_default=True,
               help="All-reduce sizes timed in every run of more than one rank (its links).")
-@click.option("--rate", "rates", multiple=True, metavar="NAME=USD/gpu-hour",
-              help="On-premise rate of a candidate for the costs, e.g. local-2t=0.1/gpu-hour (repeatable).")
-@click.option("--yes", is_flag=True, help="Start without asking (AWS asks on a terminal before it spends money).")
 def probe_cmd(instance_types: str | None, probe_steps: int, mode: str, link_sizes_mb: str, rates: tuple[str, ...],
               yes: bool, **params: Any) -> None:
     """Measure candidate instance types on your own spec: 1 GPU, a whole instance, two instances.
 
     Prints the expected cost first, then runs every probe (one sweep), then the actual cost and a
     table per candidate; `launch plan PROBE_DIR` plans from the measurements (probe.json holds them).
+    A candidate's on-premise rate is `--rate NAME=USD/gpu-hour` (e.g. local-2t=0.1/gpu-hour, repeatable)
+    or the prices file; `--max-usd` refuses a probe expected to cost more; `--yes` starts it without asking.
     """
     if params.get("nodes"):
         raise SpecError("launch probe chooses the layouts itself (1x1, 1xG, 2xG); drop --nodes")
@@ -316,7 +315,7 @@ def probe_cmd(instance_types: str | None, probe_steps: int, mode: str, link_size
     from costs.catalog import load_catalog
 
     base = build_spec({**params, "nodes": None, "gpus_per_node": None})
-    catalog = load_catalog(rates=rates)
+    catalog = load_catalog(params.get("prices_file"), rates=rates)
     candidates = parse_candidates(instance_types, base.backend, params.get("gpus_per_node"), catalog)
     runs = probe_specs(base, candidates, mode, probe_steps, parse_sizes(link_sizes_mb))
     named = [(c.run_name(s.nodes, s.gpus_per_node), s) for c, s in runs]
@@ -324,6 +323,10 @@ def probe_cmd(instance_types: str | None, probe_steps: int, mode: str, link_size
     if params["dry_run"]:
         return _print_dry_run(runs, named, expected)
     _show_expected(expected)
+    total = sum(r["dollars"] for r in expected)
+    if params.get("max_usd") is not None and total > params["max_usd"]:
+        raise SpecError(f"the probe is expected to cost ${total:,.2f}, over --max-usd {params['max_usd']:g}: "
+                        "nothing was started; probe fewer types, lower --probe-steps, or raise --max-usd")
     _confirm(base, yes)
     run_probe(base, runs, expected, Path(params["runs_dir"]), base.name or f"probe-{base.model}", mode, probe_steps,
               catalog, rates=rates)

@@ -262,3 +262,21 @@ def test_rate_without_gpu_is_user_basis_and_unknown_gpu_is_refused():
     assert set(p.candidates["instance_type"]) == {"slurm"} and set(p.candidates["speed_basis"]) == {"user"}
     assert any(n.startswith("slurm: an on-premise rate without a GPU model, priced at the measured speed") for n in p.notes)
     assert any(n.startswith("odd.xlarge: no GPU specs for Z9") for n in p.notes)
+
+
+def test_probed_rates_without_gpu_model_get_their_probe_speed():
+    """launch probe's local variants (and Slurm GPU types) are --rate names without a GPU model: the
+    measured one is `measured`, a probed one is priced at its probe's speed, not at the measured
+    type's as `user` (seen on this machine: local-2t ran at 1/60 of local-1t's words/s and was priced
+    at local-1t's); an unprobed rate is still `user`."""
+    cat = builtin_catalog()
+    for name in ("local-1t", "local-2t", "local-4t"):
+        cat.add_rate(name, 0.5, "node-hour", 2)
+    p = plan(PlanRequest(CPU_SWEEP, [1, 2, 4], cat, ["local-1t", "local-2t", "local-4t"], work=1e9,
+                         measured_on="local-1t", probe_speed={"local-1t": 30000.0, "local-2t": 500.0}))
+    rows = _by_type(p, 2)
+    assert {t: r["speed_basis"] for t, r in rows.items()} == {
+        "local-1t": "measured", "local-2t": "probe", "local-4t": "user"}
+    assert rows["local-2t"]["predicted_throughput"] == pytest.approx(rows["local-1t"]["predicted_throughput"] / 60)
+    assert rows["local-4t"]["predicted_throughput"] == pytest.approx(rows["local-1t"]["predicted_throughput"])
+    assert not any(n.startswith("local-2t:") for n in p.notes) and any(n.startswith("local-4t:") for n in p.notes)

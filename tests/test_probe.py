@@ -77,6 +77,7 @@ def test_slurm_dry_run_asks_for_typed_gpus_and_partitions(tmp_path: Path) -> Non
     ([*AWS, "--instance-types", "g3.4xlarge", "--gpus-per-node", "2"], "g3.4xlarge has 1 GPU(s)"),
     ([*AWS, "--instance-types", "g3.4xlarge", "--instance-type", "p2.xlarge"], "not --instance-type"),
     ([*AWS, "--instance-types", "g3.4xlarge"], "pass --yes"),
+    ([*AWS, "--instance-types", "g3.4xlarge", "--yes", "--max-usd", "0.001"], "over --max-usd 0.001"),
     (["--backend", "slurm", "--gpus-per-node", "2", "--instance-types", "a/b/c"], "cannot read Slurm candidate"),
 ])
 def test_bad_input_is_one_clear_line(tmp_path: Path, args: list[str], words: str) -> None:
@@ -123,10 +124,19 @@ def test_local_probe_of_two_variants_end_to_end_and_plan_reads_it(tmp_path: Path
     assert again.returncode == 0 and "probe: actual cost $" in again.stdout, again.stderr
     assert json.loads((probe / "probe.json").read_text())["actual"]["runs"] == manifest["actual"]["runs"]
 
+    # The planner reads the probe: local-1t (most runs, listed first) is what was measured; without
+    # rates nothing can be priced, and the note says how; with a rate for each, every row says where
+    # its speed comes from: local-1t measured, local-2t at its own probed speed.
     plan = launch("plan", str(probe), "--format", "json", cwd=tmp_path)
     assert plan.returncode == 0, plan.stderr
-    labels = {row["label"] for row in json.loads(plan.stdout)}
-    assert {label.rsplit(" on ", 1)[1] for label in labels} == {"local-1t", "local-2t"}
+    assert {row["label"].rsplit(" on ", 1)[1] for row in json.loads(plan.stdout)} == {"local-1t"}
+    assert "does not price" in plan.stderr and "--rate local-1t=" in plan.stderr
+    priced = launch("plan", str(probe), "--rate", "local-1t=0.3/gpu-hour", "--rate", "local-2t=0.3/gpu-hour",
+                    "--instance-types", "local-1t,local-2t", "--work", "100000", "--format", "json", cwd=tmp_path)
+    assert priced.returncode == 0, priced.stderr
+    rows = [r for r in json.loads(priced.stdout) if r.get("instance_type")]
+    basis = {r["instance_type"]: r["speed_basis"] for r in rows}
+    assert basis == {"local-1t": "measured", "local-2t": "probe"}, basis
 
 
 # ---- AWS against moto: the instances' side played from each poll, as in tests/test_aws_moto.py -------
