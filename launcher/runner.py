@@ -129,7 +129,7 @@ def submit(backend: Backend, spec: Spec, *run_dirs: Path) -> None:
         for run_dir in run_dirs:
             if RunPaths(run_dir).launch.exists():
                 state = CANCELLED if isinstance(exc, KeyboardInterrupt) else FAILED
-                _try_write(lambda d=run_dir: record_state(d, state, str(exc) or repr(exc)))  # keep the first error
+                _try_write(lambda d=run_dir, e=exc: record_state(d, state, str(e) or repr(e)))  # keep the first error
         raise
     rate = fleet_rate(spec)  # `launch ls` shows the cost so far from it
     for run_dir in run_dirs:  # error records older than `launched` belong to an earlier launch
