@@ -39,7 +39,7 @@ from analysis.results import summarize_loaded
 from core.errors import DataError, RecordError
 from core.records import load_run
 from costs.calibration import conformal_quantile, coverage, coverage_summary
-from costs.catalog import builtin_catalog
+from costs.catalog import Catalog, builtin_catalog
 from costs.convergence import fit_convergence
 from costs.steptime import STEP_MODELS, choose, fit_step_model, prepare
 from costs.tables import read_scaling_csv
@@ -167,9 +167,9 @@ SEED_004_TABLE = "seed004_money_speed.csv"
 SEED_004_FIT = ("Single g3.4xlarge", "Single p2.xlarge", "Single g3.16xlarge", "Two g3.4xlarge")
 
 
-def _seed004_rows() -> pd.DataFrame:
+def _seed004_rows(cat: Catalog | None = None) -> pd.DataFrame:
     measured = read_scaling_csv(files("costs.data") / SEED_004_TABLE)
-    return prepare(measured.assign(throughput=1.0 / measured["time_s"]), builtin_catalog(), SEED_004_TABLE)
+    return prepare(measured.assign(throughput=1.0 / measured["time_s"]), cat or builtin_catalog(), SEED_004_TABLE)
 
 
 def _time_s(model, row: pd.Series) -> float:
@@ -177,10 +177,10 @@ def _time_s(model, row: pd.Series) -> float:
     return row["per"] * model.step_s(row["layout"], row["b"]) / row["global_batch"]
 
 
-def steptime_split(rows: pd.DataFrame, fit_labels: Sequence[str]) -> pd.DataFrame:
+def steptime_split(rows: pd.DataFrame, fit_labels: Sequence[str], cat: Catalog | None = None) -> pd.DataFrame:
     """Fit on the rows labelled `fit_labels`, predict the others: label, layout, balance, measured_s,
     predicted_s, error (predicted / measured − 1)."""
-    cat = builtin_catalog()
+    cat = cat or builtin_catalog()
     train = rows[rows["label"].isin(fit_labels)]
     name, _ = choose(train, cat)
     model = fit_step_model(train, cat, name)
@@ -192,10 +192,10 @@ def steptime_split(rows: pd.DataFrame, fit_labels: Sequence[str]) -> pd.DataFram
     return pd.DataFrame(out)
 
 
-def steptime_loo(rows: pd.DataFrame, confidence: float) -> pd.DataFrame:
+def steptime_loo(rows: pd.DataFrame, confidence: float, cat: Catalog | None = None) -> pd.DataFrame:
     """Every row the others can predict, predicted from them with the model they choose and its
     band from their own held-out errors (nested leave-one-out, as `launch plan --predict` does)."""
-    cat = builtin_catalog()
+    cat = cat or builtin_catalog()
     out = []
     for i in range(len(rows)):
         train, r = rows.drop(index=rows.index[i]), rows.iloc[i]
@@ -220,11 +220,12 @@ def steptime_bench(confidence: float = 0.9) -> dict[str, Any]:
     """Seed 004: the fixed split (errors), nested leave-one-out at `confidence` and at 80 %
     (errors, coverage, median half-width), and the held-out error of every model on the table's
     rows of one GPU type (where the existing models can compete)."""
-    rows = _seed004_rows()
-    split = steptime_split(rows, SEED_004_FIT)
-    loo = {f"{c:.0%}": steptime_loo(rows, c) for c in sorted({0.8, confidence})}
+    cat = builtin_catalog()  # read once for every step below
+    rows = _seed004_rows(cat)
+    split = steptime_split(rows, SEED_004_FIT, cat)
+    loo = {f"{c:.0%}": steptime_loo(rows, c, cat) for c in sorted({0.8, confidence})}
     one_type = rows[rows["layout"].map(lambda lay: set(lay.node_types) <= {"g3.4xlarge", "g3.16xlarge"})]
-    _, errors = choose(one_type.reset_index(drop=True), builtin_catalog())
+    _, errors = choose(one_type.reset_index(drop=True), cat)
     return {"table": SEED_004_TABLE, "fit": list(SEED_004_FIT), "split": split.to_dict(orient="records"),
             "split_mape": float(split["error"].abs().mean()),
             "loo": {k: {"predictions": len(v), "mape": float(v["error"].abs().mean()),
