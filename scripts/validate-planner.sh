@@ -8,7 +8,7 @@
 #
 # every run under one learning-rate rule: linear scaling from lr 1e-3 at batch 16 with 20 steps of
 # warm-up (what `launch sweep --mode weak` does by default), validation on the whole validation set
-# every 5 steps. Then `python -m costs.validation RUNS_DIR` fits on the small batches and predicts
+# every 5 steps. Then `python -m scalelab.costs.validation RUNS_DIR` fits on the small batches and predicts
 # the large ones, predicts every batch from one run and its noise scale, and predicts the weak
 # sweeps from the single-worker runs; it prints the errors and interval coverage as JSON, summarised
 # over the independent held-out predictions only (the 2-worker runs and the weak sweeps reach the
@@ -53,4 +53,4 @@ for model in rnnlm-tiny sentiment-tiny; do
     echo "weak sweep: $model, seed $seed: done" >&2
   done
 done
-python3 -m costs.validation "$RUNS"
+python3 -m scalelab.costs.validation "$RUNS"

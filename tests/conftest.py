@@ -17,7 +17,7 @@ def launch(*args: str, cwd: Path, env: dict | None = None, timeout: int = 300) -
     """`launch ARGS...` exactly as a user runs it (through the console entry point)."""
     full_env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200", **(env or {})}
     return subprocess.run(
-        [sys.executable, "-m", "launcher.cli", *args], cwd=cwd, env=full_env,
+        [sys.executable, "-m", "scalelab.launcher.cli", *args], cwd=cwd, env=full_env,
         capture_output=True, text=True, timeout=timeout,
     )
 
@@ -53,7 +53,7 @@ needs_horovod = pytest.mark.skipif(
 def needs_cpu_bf16() -> None:
     """Skip a test that trains the fused LSTM in bf16 on the CPU where this CPU cannot (AVX2 only: oneDNN
     builds no bf16 LSTM without AVX-512); it runs wherever the CPU can. `@pytest.mark.usefixtures`."""
-    from train.precision import cpu_bf16_problem
+    from scalelab.train.precision import cpu_bf16_problem
 
     if cpu_bf16_problem("fused"):
         pytest.skip("no native bf16 on this CPU: oneDNN's bf16 LSTM needs AVX-512 (BF16 or AMX for speed), "
@@ -92,7 +92,7 @@ def assert_golden(path: Path, text: str) -> None:
 def moto_url():
     """AWS APIs served by moto's server on loopback (shared/recipes/moto.md) for one test module."""
     moto_server = pytest.importorskip("moto.server", reason='moto server is not installed: pip install "moto[server]"')
-    from core.net import free_port
+    from scalelab.core.net import free_port
 
     port = free_port()
     server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)

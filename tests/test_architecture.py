@@ -128,7 +128,7 @@ def test_dry_run_of_remote_backends_does_not_import_torch(backend: str, extra: l
     """Planning a cluster job on a laptop must not need PyTorch: the dry run imports none of it."""
     code = (
         "import sys\n"
-        "from launcher.cli import entry\n"
+        "from scalelab.launcher.cli import entry\n"
         "sys.argv = ['launch', '--backend', sys.argv[1], '--engine', 'ddp', '--nodes', '2', '--gpus-per-node', '2',\n"
         "            '--dry-run', '--runs-dir', sys.argv[2], *sys.argv[3:]]\n"
         "try:\n"

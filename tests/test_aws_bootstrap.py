@@ -46,14 +46,14 @@ from conftest import ROOT, launch, needs_horovod, only_run_dir
 boto3 = pytest.importorskip("boto3", reason="boto3 is not installed: pip install boto3")
 pytest.importorskip("moto.server", reason='moto server is not installed: pip install "moto[server]"')
 
-from aws import teardown as td  # noqa: E402
-from aws.backend import AwsBackend  # noqa: E402
-from aws.render import PACKAGE_NAME  # noqa: E402
-from core.rundir import new_run_dir  # noqa: E402
-from core.spec import Spec, save_spec  # noqa: E402
-from launcher.runner import wait  # noqa: E402
+from scalelab.aws import teardown as td  # noqa: E402
+from scalelab.aws.backend import AwsBackend  # noqa: E402
+from scalelab.aws.render import PACKAGE_NAME  # noqa: E402
+from scalelab.core.rundir import new_run_dir  # noqa: E402
+from scalelab.core.spec import Spec, save_spec  # noqa: E402
+from scalelab.launcher.runner import wait  # noqa: E402
 from tests.test_resume import SPEC, _assert_resumed_exactly  # noqa: E402
-from train.loop import HOLD_AT_STEP_ENV  # noqa: E402
+from scalelab.train.loop import HOLD_AT_STEP_ENV  # noqa: E402
 
 REGION = "us-east-1"
 KEYS = {"AWS_ACCESS_KEY_ID": "AKIABOOTSTRAPTEST", "AWS_SECRET_ACCESS_KEY": "bootstrap/test/secret"}
@@ -255,7 +255,7 @@ def test_spot_replacement_resumes_to_the_same_losses(cloud, wheel, venv, tmp_pat
             proc = start_user_data(cloud, first["InstanceId"], work0, venv, meta)
             said = finished(proc, work0)
         assert proc.returncode == 0, said
-        installed = subprocess.run([str(venv), "-c", "import aws; print(aws.__file__)"], cwd=work0,
+        installed = subprocess.run([str(venv), "-c", "import scalelab.aws; print(scalelab.aws.__file__)"], cwd=work0,
                                    capture_output=True, text=True, env=clean_env()).stdout
         assert str(venv.parent.parent) in installed  # the package came from the wheel, not this checkout
         keys = {o["Key"] for o in s3.list_objects_v2(Bucket=bucket, Prefix=prefix)["Contents"]}
@@ -298,7 +298,7 @@ def test_spot_replacement_resumes_to_the_same_losses(cloud, wheel, venv, tmp_pat
         reference = tmp_path / "uninterrupted"
         reference.mkdir()
         save_spec(spec, reference)
-        done = subprocess.run([sys.executable, "-m", "train", str(reference)], cwd=tmp_path, capture_output=True,
+        done = subprocess.run([sys.executable, "-m", "scalelab.train", str(reference)], cwd=tmp_path, capture_output=True,
                               text=True, env={**clean_env(), "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
         assert done.returncode == 0, done.stderr[-3000:]
     else:
@@ -324,7 +324,7 @@ def test_a_killed_launcher_leaves_nothing_running(cloud, wheel, venv, tmp_path):
     env = {**os.environ, **KEYS, "PYTHONPATH": str(ROOT), "AWS_ENDPOINT_URL": cloud["url"], "AWS_DEFAULT_REGION": REGION}
     log = (tmp_path / "launcher.err").open("w")
     launcher = subprocess.Popen(
-        [sys.executable, "-m", "launcher.cli", *SPEC, "--engine", "single", "--threads", "1", "--backend", "aws",
+        [sys.executable, "-m", "scalelab.launcher.cli", *SPEC, "--engine", "single", "--threads", "1", "--backend", "aws",
          "--bucket", bucket, "--region", REGION, "--spot", "--heartbeat-timeout-min", "0.25",
          f"--backend-opt=wheel={wheel}", "--backend-opt=poll_s=0.3", "--runs-dir", "runs"],
         cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=log)

@@ -17,8 +17,8 @@ import pytest
 boto3 = pytest.importorskip("boto3", reason="boto3 is not installed: pip install boto3")
 pytest.importorskip("moto.server", reason='moto server is not installed: pip install "moto[server]"')
 
-from aws import bootstrap  # noqa: E402
-from aws.bootstrap import (  # noqa: E402
+from scalelab.aws import bootstrap  # noqa: E402
+from scalelab.aws.bootstrap import (  # noqa: E402
     LAUNCHER_HEARTBEAT,
     LAUNCHER_LOST,
     SPOT_NOTICE,
@@ -29,10 +29,10 @@ from aws.bootstrap import (  # noqa: E402
     final_state,
     stop_reason,
 )
-from aws.render import make_plan, user_data  # noqa: E402
-from core.errors import SpecError  # noqa: E402
-from core.spec import Spec  # noqa: E402
-from launcher.backend import get_backend  # noqa: E402
+from scalelab.aws.render import make_plan, user_data  # noqa: E402
+from scalelab.core.errors import SpecError  # noqa: E402
+from scalelab.core.spec import Spec  # noqa: E402
+from scalelab.launcher.backend import get_backend  # noqa: E402
 
 KEYS = {"aws_access_key_id": "AKIAHEARTBEATTEST", "aws_secret_access_key": "heartbeat/test"}
 

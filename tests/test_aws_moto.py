@@ -25,12 +25,12 @@ from conftest import launch
 boto3 = pytest.importorskip("boto3", reason="boto3 is not installed: pip install boto3")
 pytest.importorskip("moto.server", reason='moto server is not installed: pip install "moto[server]"')
 
-from aws import teardown as td  # noqa: E402
-from aws.render import cloud_run_id  # noqa: E402
-from aws.backend import AwsBackend  # noqa: E402
-from core.errors import ScalelabError  # noqa: E402
-from core.spec import Spec  # noqa: E402
-from launcher.runner import Interrupted, cancel, execute, failure, submit, wait  # noqa: E402
+from scalelab.aws import teardown as td  # noqa: E402
+from scalelab.aws.render import cloud_run_id  # noqa: E402
+from scalelab.aws.backend import AwsBackend  # noqa: E402
+from scalelab.core.errors import ScalelabError  # noqa: E402
+from scalelab.core.spec import Spec  # noqa: E402
+from scalelab.launcher.runner import Interrupted, cancel, execute, failure, submit, wait  # noqa: E402
 
 REGION = "us-east-1"
 CREDS = {"aws_access_key_id": "AKIATESTMOTOKEYID", "aws_secret_access_key": "moto/test/SECRET/value"}
@@ -86,7 +86,7 @@ def run_dir_for(tmp_path: Path) -> Path:
 
 
 class FakeNodes:
-    """Plays the instances' side in S3 (what aws/bootstrap.py writes), one step of the story per poll."""
+    """Plays the instances' side in S3 (what scalelab/aws/bootstrap.py writes), one step of the story per poll."""
 
     def __init__(self, cloud, run_dir: Path, prefix: str = "scalelab") -> None:
         self.cloud, self.run_id = cloud, cloud_run_id(run_dir)
@@ -95,7 +95,7 @@ class FakeNodes:
         self.t0 = 1_700_000_000.0
 
     def nodes(self, generation: int) -> list[dict]:
-        from aws.bootstrap import node_order
+        from scalelab.aws.bootstrap import node_order
 
         return sorted(td.instances(self.cloud["ec2"], self.run_id, ["running", "pending"], generation), key=node_order)
 
@@ -307,7 +307,7 @@ def test_a_stop_signal_to_the_launch_command_leaves_nothing(cloud, tmp_path, sig
     env = {**os.environ, "PYTHONPATH": str(ROOT), "AWS_ENDPOINT_URL": cloud["url"], "AWS_DEFAULT_REGION": REGION,
            "AWS_ACCESS_KEY_ID": CREDS["aws_access_key_id"], "AWS_SECRET_ACCESS_KEY": CREDS["aws_secret_access_key"]}
     opts = [f"--backend-opt={kv}" for kv in (f"wheel={cloud['wheel']}", "poll_s=0.2", "interruption_grace_s=0")]
-    proc = subprocess.Popen([sys.executable, "-m", "launcher.cli", "--backend", "aws", "--bucket", cloud["bucket"],
+    proc = subprocess.Popen([sys.executable, "-m", "scalelab.launcher.cli", "--backend", "aws", "--bucket", cloud["bucket"],
                              "--region", REGION, "--nodes", "2", "--engine", "ddp", "--steps", "6",
                              "--placement-group", "none", *opts, "--runs-dir", "runs"],
                             cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -529,7 +529,7 @@ def _launch_clean(cwd: Path, env: dict, *args: str):
     from conftest import ROOT
 
     args = args or ("--backend", "aws", "--bucket", "b", "--region", REGION, "--steps", "2", "--warmup-steps", "1")
-    return subprocess.run([sys.executable, "-m", "launcher.cli", *args], cwd=cwd, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "scalelab.launcher.cli", *args], cwd=cwd, capture_output=True, text=True,
                           env={**env, "PYTHONPATH": str(ROOT)}, timeout=120)
 
 

@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 from conftest import launch
 
-from aws.backend import AwsBackend
-from aws.bootstrap import trainer_command
-from aws.options import AwsOptions
-from aws.render import DEFAULT_AMI, TAG_RUN, all_calls, make_plan, user_data
-from core.errors import SpecError
-from core.spec import Spec
-from costs.catalog import builtin_catalog
+from scalelab.aws.backend import AwsBackend
+from scalelab.aws.bootstrap import trainer_command
+from scalelab.aws.options import AwsOptions
+from scalelab.aws.render import DEFAULT_AMI, TAG_RUN, all_calls, make_plan, user_data
+from scalelab.core.errors import SpecError
+from scalelab.core.spec import Spec
+from scalelab.costs.catalog import builtin_catalog
 from tests.conftest import assert_golden
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -162,7 +162,7 @@ def test_layout_must_fit_the_instance():
     with pytest.raises(SpecError, match="no AWS region"):
         make_plan(spec(), Path("runs/r"), OPTIONS, "")
     plan = make_plan(spec(gpus_per_node=4), Path("runs/r"), {**OPTIONS, "instance_type": "g3.16xlarge"}, "us-east-1")
-    assert json.loads(__import__("aws.render").render.AwsRequest(Path("r"), plan, []).render())["layout"]["workers"] == 8
+    assert json.loads(__import__("scalelab.aws.render").aws.render.AwsRequest(Path("r"), plan, []).render())["layout"]["workers"] == 8
 
 
 def test_trainer_commands():
@@ -171,7 +171,7 @@ def test_trainer_commands():
     assert hvd[hvd.index("-np") + 1] == "8" and hvd[hvd.index("-H") + 1] == "10.0.0.1:4,10.0.0.2:4"
     assert trainer_command("horovod", "py", Path("/w/r"), hosts, 1, 4) is None  # the leader starts its ranks
     ddp = trainer_command("ddp", "py", Path("/w/r"), hosts, 1, 2)
-    assert "--node-rank=1" in ddp and "--master-addr=10.0.0.1" in ddp and ddp[-3:] == ["-m", "train", "/w/r"]
+    assert "--node-rank=1" in ddp and "--master-addr=10.0.0.1" in ddp and ddp[-3:] == ["-m", "scalelab.train", "/w/r"]
 
 
 def test_unknown_backend_option_lists_valid_ones():
@@ -205,7 +205,7 @@ def test_cli_errors_are_one_line(tmp_path):
 
 def test_the_launchers_events_are_checked_records(tmp_path: Path) -> None:
     """aws-events.jsonl is written by the one record writer: the `event` schema, without rank (the launcher)."""
-    from aws import mirror
+    from scalelab.aws import mirror
 
     mirror.event(tmp_path, "aws_end", state="COMPLETED", lost_s=1.5, instance_seconds={"g3.4xlarge/spot": 60.0})
     (line,) = (tmp_path / "records" / mirror.EVENTS_FILE).read_text().splitlines()

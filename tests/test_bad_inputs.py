@@ -370,7 +370,7 @@ def test_the_table_is_large_and_covers_every_command() -> None:
 
 @pytest.mark.parametrize("case, args, words", CASES, ids=[c[0] for c in CASES])
 def test_bad_input_gets_one_clear_message(case, args, words, paths, monkeypatch, capsys, tmp_path) -> None:
-    from launcher.cli import entry
+    from scalelab.launcher.cli import entry
 
     if any(f"{{{fs}}}" in a for a in args for fs in ("ro", "full")) and paths["no_filesystems"]:
         pytest.skip(paths["no_filesystems"])
@@ -401,7 +401,7 @@ def test_bad_input_gets_one_clear_message(case, args, words, paths, monkeypatch,
 
 def test_every_message_is_one_line_for_spec_errors(paths, monkeypatch, capsys, tmp_path) -> None:
     """A spec error is one line (the message), not a wall of text."""
-    from launcher.cli import entry
+    from scalelab.launcher.cli import entry
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "argv", ["launch", "--spec", paths["lr-nan.yaml"], "--dry-run"])

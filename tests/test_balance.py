@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from tests.conftest import launch, only_run_dir, read_jsonl, steps_of
-from train.balance import equal_shares, offsets, proportional_shares
+from scalelab.train.balance import equal_shares, offsets, proportional_shares
 
 
 def test_proportional_shares():

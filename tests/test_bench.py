@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tests.conftest import launch
-from train.bench import knee, step_benchmark, step_profile
+from scalelab.train.bench import knee, step_benchmark, step_profile
 
 
 def test_bench_planner_and_report_parts(tmp_path):
@@ -35,10 +35,10 @@ def test_bench_planner_and_report_parts(tmp_path):
 def test_launch_overhead_reads_the_run_directory(tmp_path):
     """Launch to rank 0's first step: launch.json's start time, and the first step record's end time
     minus its duration (written by the real writer, in the real layout)."""
-    from core.records import RecordWriter
-    from core.rundir import RunPaths, write_json
-    from core.spec import Spec, save_spec
-    from launcher.bench import launch_overhead
+    from scalelab.core.records import RecordWriter
+    from scalelab.core.rundir import RunPaths, write_json
+    from scalelab.core.spec import Spec, save_spec
+    from scalelab.launcher.bench import launch_overhead
 
     run = tmp_path / "1x2"
     run.mkdir()
@@ -61,7 +61,7 @@ def test_bench_rejects_unknown_parts(tmp_path):
 @pytest.mark.usefixtures("needs_cpu_bf16")
 def test_step_benchmark_times_each_precision_against_the_best_matmul_rate():
     rows = step_benchmark("rnnlm-tiny", "fused", batch=8, steps=2, threads=1, precisions=("fp32", "bf16"))
-    from train.models import PRESETS, build_model
+    from scalelab.train.models import PRESETS, build_model
 
     assert [r["precision"] for r in rows] == ["fp32", "bf16"]
     for r in rows:
@@ -89,11 +89,11 @@ def test_knee_is_the_smallest_batch_near_the_best():
 
 
 def test_per_rank_bench_entry_points_under_torchrun(tmp_path):
-    """`python -m train.bench allreduce|ddp-buckets` as `launch bench` starts them: 2 ranks, real Gloo."""
+    """`python -m scalelab.train.bench allreduce|ddp-buckets` as `launch bench` starts them: 2 ranks, real Gloo."""
     import subprocess
     import sys
 
-    from core.net import free_port
+    from scalelab.core.net import free_port
     from tests.conftest import ROOT
 
     env = {**__import__("os").environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
@@ -102,7 +102,7 @@ def test_per_rank_bench_entry_points_under_torchrun(tmp_path):
                        "ar-bf16.json"),
                       (["ddp-buckets", "rnnlm-tiny", "--bucket-caps-mb", "1,25", "--compression", "fp16"], "ddp.json")):
         proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
-                               "--master-addr=127.0.0.1", f"--master-port={free_port()}", "-m", "train.bench", *args,
+                               "--master-addr=127.0.0.1", f"--master-port={free_port()}", "-m", "scalelab.train.bench", *args,
                                "--out", str(tmp_path / out)], cwd=tmp_path, env=env, capture_output=True, text=True,
                               timeout=300)
         assert proc.returncode == 0, proc.stderr[-2000:]

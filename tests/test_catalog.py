@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from costs.billing import Mix, billed_seconds, run_cost, spot_expected_seconds
-from costs.catalog import (
+from scalelab.costs.billing import Mix, billed_seconds, run_cost, spot_expected_seconds
+from scalelab.costs.catalog import (
     CatalogError,
     UnknownInstanceError,
     builtin_catalog,
@@ -209,8 +209,8 @@ def test_mix_for_nodes_checks_types_against_one_provider():
 
 # ---- the one instance table -----------------------------------------------------------------------
 
-# Every type the aws backend's own table (aws/instances.py) and the price table had before they were
-# merged into costs/data/aws_gpu_instances.csv: none may be lost.
+# Every type the aws backend's own table (scalelab/aws/instances.py) and the price table had before they were
+# merged into scalelab/costs/data/aws_gpu_instances.csv: none may be lost.
 MERGED_TYPES = {"p2.xlarge", "p2.8xlarge", "p2.16xlarge", "g3s.xlarge", "g3.4xlarge", "g3.8xlarge", "g3.16xlarge",
                 "p3.2xlarge", "p3.8xlarge", "p3.16xlarge", "g4dn.xlarge", "g4dn.12xlarge", "g5.xlarge",
                 "g5.12xlarge", "p4d.24xlarge"}

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from tests.conftest import launch, only_run_dir
-from train.checkpoint import (
+from scalelab.train.checkpoint import (
     CHECKPOINT_NAME,
     CheckpointError,
     load_checkpoint,
@@ -142,7 +142,7 @@ def test_full_disk_injected(tmp_path, monkeypatch):
     def disk_full(fd):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr("train.checkpoint.os.fsync", disk_full)
+    monkeypatch.setattr("scalelab.train.checkpoint.os.fsync", disk_full)
     with pytest.raises(CheckpointError, match="the filesystem at .* is full") as failed:
         _save(tmp_path, model, optimizer, step=2)
     monkeypatch.undo()

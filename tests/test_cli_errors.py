@@ -99,7 +99,7 @@ def test_dry_run_prints_commands_and_runs_nothing(tmp_path):
     out = proc.stdout
     assert out.count("torch.distributed.run") == 2  # one torchrun agent per emulated node
     assert "--nnodes=2" in out and "--node-rank=1" in out and "--nproc-per-node=2" in out
-    assert "OMP_NUM_THREADS=" in out and "-m train" in out
+    assert "OMP_NUM_THREADS=" in out and "-m scalelab.train" in out
     assert not (tmp_path / "runs").exists()
 
 
@@ -132,9 +132,9 @@ def test_error_inside_the_ranks_reaches_the_user_as_one_line(tmp_path):
 def test_the_error_line_comes_from_the_error_records_not_the_logs(tmp_path):
     """The launcher's message is built from the ranks' `error` records: with every "scalelab: error:"
     line removed from the logs it is the same; without error records it falls back to the logs' end."""
-    from launcher.backend import RunStatus
-    from launcher.local import LocalBackend
-    from launcher.runner import failure
+    from scalelab.launcher.backend import RunStatus
+    from scalelab.launcher.local import LocalBackend
+    from scalelab.launcher.runner import failure
 
     bad = tmp_path / "labelled.txt"
     bad.write_text("1\tgood film\nno tab on this line\n" * 5)

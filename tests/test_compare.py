@@ -1,11 +1,11 @@
-"""analysis.compare: the change between two reports in percent, per layout."""
+"""scalelab.analysis.compare: the change between two reports in percent, per layout."""
 
 import json
 
 import pandas as pd
 import pytest
 
-from analysis.compare import compare_tables, load_table
+from scalelab.analysis.compare import compare_tables, load_table
 
 
 def test_changes_in_percent_and_unmatched_layouts(tmp_path):

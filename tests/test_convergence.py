@@ -1,5 +1,5 @@
-"""Steps and samples to a loss threshold against the global batch (costs/convergence.py), the
-conformal bands of throughput (costs/calibration.py), and the planner's time to the threshold:
+"""Steps and samples to a loss threshold against the global batch (scalelab/costs/convergence.py), the
+conformal bands of throughput (scalelab/costs/calibration.py), and the planner's time to the threshold:
 S(B) at each layout's global batch times its step time, judged by the band's bad end."""
 
 from __future__ import annotations
@@ -10,16 +10,16 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from core.errors import DataError
-from costs.calibration import (
+from scalelab.core.errors import DataError
+from scalelab.costs.calibration import (
     calibrated_quantile,
     conformal_quantile,
     coverage,
     coverage_summary,
 )
-from costs.catalog import builtin_catalog
-from costs.convergence import SEED_SPREAD, convergence_rows, fit_convergence, lr_rule
-from costs.planner import Overheads, PlanRequest, plan
+from scalelab.costs.catalog import builtin_catalog
+from scalelab.costs.convergence import SEED_SPREAD, convergence_rows, fit_convergence, lr_rule
+from scalelab.costs.planner import Overheads, PlanRequest, plan
 
 
 def _curve(s_min: float, b_noise: float, batches, seeds=(1, 2, 3), wobble=0.02) -> pd.DataFrame:
@@ -176,7 +176,7 @@ def test_recommendations_judge_by_the_bad_end_of_the_band():
 
 
 def test_band_scale_grows_with_distance_disagreement_and_inefficiency():
-    from costs.fitting import BAND_FLOOR, fit_series
+    from scalelab.costs.fitting import BAND_FLOOR, fit_series
 
     ideal = fit_series("i", pd.DataFrame({"workers": [1, 2, 4], "throughput": [100.0, 200.0, 400.0]}))
     lossy = fit_series("l", pd.DataFrame({"workers": [1, 2, 4], "throughput": [100.0, 150.0, 225.0]}))
@@ -191,7 +191,7 @@ def test_band_scale_grows_with_distance_disagreement_and_inefficiency():
 
 
 def test_seed_004_tables_are_shipped_and_read_as_throughput():
-    from costs.calibration import reference_series
+    from scalelab.costs.calibration import reference_series
 
     series = reference_series()
     train = series["seed004_sentiment_scaling.csv: sentiment LSTM training, 10 epochs, M60 GPUs"]
@@ -208,9 +208,9 @@ def test_seed_004_tables_are_shipped_and_read_as_throughput():
 def test_validation_counts_each_independent_held_out_prediction_once():
     from importlib.resources import files
 
-    from costs.validation import evaluate, independent
+    from scalelab.costs.validation import evaluate, independent
 
-    runs = pd.read_csv(files("costs.data") / "convergence_tiny_presets.csv")
+    runs = pd.read_csv(files("scalelab.costs.data") / "convergence_tiny_presets.csv")
     rows = evaluate(runs, 0.9)
     held = independent(rows)
     fit = held[held["basis"] == "batch-fit"]

@@ -12,10 +12,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from analysis.scaling import summarize_run
-from costs.billing import run_cost, spot_expected_seconds
-from costs.catalog import builtin_catalog
-from costs.tables import read_scaling_csv, scaling_from_table
+from scalelab.analysis.scaling import summarize_run
+from scalelab.costs.billing import run_cost, spot_expected_seconds
+from scalelab.costs.catalog import builtin_catalog
+from scalelab.costs.tables import read_scaling_csv, scaling_from_table
 from tests.conftest import launch
 
 
@@ -97,8 +97,8 @@ def test_plan_predict_batch_from_a_convergence_table(tmp_path):
 
 def _run_with_threshold(root: Path, name: str, batch: int, steps_to_thr: int, noise: float) -> Path:
     """A finished one-worker run that reached its threshold at `steps_to_thr`, launched at t=990."""
-    from core.rundir import RunPaths, write_json
-    from core.spec import Spec, save_spec
+    from scalelab.core.rundir import RunPaths, write_json
+    from scalelab.core.spec import Spec, save_spec
 
     run = root / name
     (run / "records").mkdir(parents=True)

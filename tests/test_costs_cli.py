@@ -146,7 +146,7 @@ def _fake_run(root: Path, name: str, gpus: int, step_s: float, words: int, insta
               nodes: int = 1, backend: str = "local") -> Path:
     """A run directory in the docs/records.md format: spec.json + per-rank step records.
     `gpus` is the number of workers, `nodes` of nodes (gpus // nodes per node)."""
-    from core.spec import Spec, save_spec
+    from scalelab.core.spec import Spec, save_spec
 
     run = root / name
     (run / "records").mkdir(parents=True)

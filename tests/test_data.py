@@ -8,17 +8,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from core.errors import DataError, SpecError
-from train.batch import Batch
-from train.data import (
+from scalelab.core.errors import DataError, SpecError
+from scalelab.train.batch import Batch
+from scalelab.train.data import (
     Prefetcher,
     SyntheticDataset,
     TaskDataset,
     iterate_batches,
 )
-from train.datasets import build_dataset
-from train.models import BOS_ID, EOS_ID, PAD_ID, PRESETS, config_with_overrides
-from train.text import Vocab
+from scalelab.train.datasets import build_dataset
+from scalelab.train.models import BOS_ID, EOS_ID, PAD_ID, PRESETS, config_with_overrides
+from scalelab.train.text import Vocab
 
 TINY = ["nmt-tiny", "rnnlm-tiny", "sentiment-tiny"]
 

@@ -1,10 +1,10 @@
-"""costs.expected: the fleet's price per hour and the expected dollars, each with its basis."""
+"""scalelab.costs.expected: the fleet's price per hour and the expected dollars, each with its basis."""
 
 import pytest
 
-from core.spec import Spec
-from costs.catalog import builtin_catalog
-from costs.expected import (
+from scalelab.core.spec import Spec
+from scalelab.costs.catalog import builtin_catalog
+from scalelab.costs.expected import (
     ASSUMED_GPU_HOUR_USD,
     ASSUMED_STEP_S,
     expected_cost,
@@ -34,7 +34,7 @@ def test_on_premise_without_a_rate_says_it_assumed_one():
 
 def test_an_aws_spec_without_a_type_is_priced_on_the_backends_default():
     """The default type is one fact (core.spec): what the aws backend launches is what is priced."""
-    from aws.options import AwsOptions
+    from scalelab.aws.options import AwsOptions
 
     cat = builtin_catalog()
     default = Spec(backend="aws", nodes=2, gpus_per_node=1, steps=3600)
@@ -44,13 +44,13 @@ def test_an_aws_spec_without_a_type_is_priced_on_the_backends_default():
     assert f"2*{AwsOptions().instance_type} on-demand" in fleet_price(default, cat)[1]
 
 
-# ---- the price before paying, at the command line (launcher/pricing.py) ------------------------------
+# ---- the price before paying, at the command line (scalelab/launcher/pricing.py) ------------------------------
 
 import json  # noqa: E402
 
 from conftest import launch, only_run_dir  # noqa: E402
 
-from launcher.pricing import guard, step_time  # noqa: E402
+from scalelab.launcher.pricing import guard, step_time  # noqa: E402
 
 NO_PRICES = {"SCALELAB_PRICES": "/nonexistent/scalelab-prices.json"}
 AWS = ["--backend", "aws", "--bucket", "b", "--region", "us-east-1", "--instance-type", "g3.4xlarge"]

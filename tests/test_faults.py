@@ -29,11 +29,11 @@ import psutil
 import pytest
 import torch
 
-from core.lock import OWNER_FILE
-from core.procs import ProcessRef, run_processes
+from scalelab.core.lock import OWNER_FILE
+from scalelab.core.procs import ProcessRef, run_processes
 from tests.conftest import ROOT, launch, needs_horovod, read_jsonl
-from train.checkpoint import CHECKPOINT_NAME
-from train.loop import HOLD_AT_STEP_ENV, KILL_AT_STEP_ENV
+from scalelab.train.checkpoint import CHECKPOINT_NAME
+from scalelab.train.loop import HOLD_AT_STEP_ENV, KILL_AT_STEP_ENV
 
 STEPS = 8
 SPEC = ["--model", "nmt-tiny", "--data", "task", "--warmup-steps", "1", "--prefetch", "1", "--global-batch", "16",
@@ -69,7 +69,7 @@ def _start(where: Path, engine: str, *extra: str, env: dict | None = None, comma
     where.mkdir(parents=True, exist_ok=True)
     full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
     args = [*command, *SPEC, *ENGINES[engine], *extra, "--runs-dir", str(where / "runs")]
-    return subprocess.Popen([sys.executable, "-m", "launcher.cli", *args], cwd=where, env=full_env,
+    return subprocess.Popen([sys.executable, "-m", "scalelab.launcher.cli", *args], cwd=where, env=full_env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -187,7 +187,7 @@ def test_a_hung_rank_is_stopped_by_cancel_and_checked(tmp_path, reference):
     """Rank 1 stopped with SIGSTOP: rank 0 hangs in the gradient exchange and cannot take SIGTERM's
     path. Cancel SIGKILLs what is left after the grace period, and finds nothing left."""
     fg, run = _held_at(tmp_path, "ddp", 4, "--backend-opt", "stop_grace_s=3")
-    rank1 = next(p for p in run_processes(run, ("-m", "train")) if p.environ().get("RANK") == "1")
+    rank1 = next(p for p in run_processes(run, ("-m", "scalelab.train")) if p.environ().get("RANK") == "1")
     rank1.suspend()
     try:
         proc = launch("cancel", str(run), cwd=tmp_path)
@@ -326,7 +326,7 @@ def test_a_planted_pid_is_neither_reported_nor_signalled(tmp_path, reference):
     bystander = subprocess.Popen(["sleep", "300"])
     try:
         ref = ProcessRef.of(bystander.pid)
-        reused = {**ref.to_dict(), "cmdline": [sys.executable, "-m", "train", str(run)]}
+        reused = {**ref.to_dict(), "cmdline": [sys.executable, "-m", "scalelab.train", str(run)]}
         info = {k: v for k, v in _state(run).items() if k not in ("state", "detail", "ended")}
         (run / "launch.json").write_text(json.dumps({**info, "pids": [bystander.pid], "processes": [ref.to_dict(), reused]}))
         status = launch("status", str(run), cwd=tmp_path)
@@ -364,7 +364,7 @@ def test_an_interrupted_sweep_reports_what_finished_and_resumes_the_rest(tmp_pat
 
     def interrupted(*args: str, wait_in: str) -> Path:
         env = {**os.environ, "PYTHONPATH": str(ROOT), HOLD_AT_STEP_ENV: "2"}
-        fg = subprocess.Popen([sys.executable, "-m", "launcher.cli", *args], cwd=tmp_path, env=env,
+        fg = subprocess.Popen([sys.executable, "-m", "scalelab.launcher.cli", *args], cwd=tmp_path, env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         sweep = _run_dir(tmp_path / "runs", fg)
         world = int(wait_in.split("x")[1])

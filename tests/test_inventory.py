@@ -6,10 +6,10 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from core.rundir import write_json
-from core.spec import Spec, save_spec
-from launcher.cli import main
-from launcher.inventory import age, cell, combined_state, inventory
+from scalelab.core.rundir import write_json
+from scalelab.core.spec import Spec, save_spec
+from scalelab.launcher.cli import main
+from scalelab.launcher.inventory import age, cell, combined_state, inventory
 
 
 def make_run(path: Path, nodes: int = 1, gpus: int = 1, state: str = "COMPLETED", summary: bool = True,
@@ -96,7 +96,7 @@ def test_a_mistyped_command_says_did_you_mean():
 
 
 def test_rank_log_picks_one_ranks_lines(tmp_path):
-    from launcher.inventory import rank_log
+    from scalelab.launcher.inventory import rank_log
 
     text = "[1,0]<stdout>:step 1\n[1,1]<stdout>:step 1 r1\n[rank1]: torchrun line\nlauncher line\n"
     assert rank_log(tmp_path, text, 1) == "[1,1]<stdout>:step 1 r1\n[rank1]: torchrun line\n"
@@ -106,7 +106,7 @@ def test_rank_log_picks_one_ranks_lines(tmp_path):
 
 
 def test_follow_prints_only_new_text_until_the_run_ends():
-    from launcher.inventory import follow
+    from scalelab.launcher.inventory import follow
 
     texts = iter(["a\n", "a\nb\n", "a\nb\nc\n"])
     states = iter([True, True, False])
@@ -116,7 +116,7 @@ def test_follow_prints_only_new_text_until_the_run_ends():
 
 
 def test_ctrl_c_stops_following_only():
-    from launcher.inventory import follow
+    from scalelab.launcher.inventory import follow
 
     def read():
         raise KeyboardInterrupt

@@ -27,16 +27,16 @@ from pathlib import Path
 import pytest
 from conftest import launch, only_run_dir, read_jsonl
 
-from core.errors import ScalelabError
-from core.net import free_port
-from core.spec import EngineSpec, Spec, save_spec
-from launcher.runner import Interrupted, cancel, wait
+from scalelab.core.errors import ScalelabError
+from scalelab.core.net import free_port
+from scalelab.core.spec import EngineSpec, Spec, save_spec
+from scalelab.launcher.runner import Interrupted, cancel, wait
 
 pytest.importorskip("kubernetes", reason="the `kubernetes` client is not installed (pip install kubernetes)")
 
 from k8s_stub import LocalKubelet, StubCluster  # noqa: E402
 
-from k8s.backend import KubernetesBackend  # noqa: E402
+from scalelab.k8s.backend import KubernetesBackend  # noqa: E402
 
 RUN = "run-20260101-000000"
 

@@ -1,6 +1,6 @@
 """Kubernetes manifests: golden files for both engines and several layouts, validated against the real
 published schemas (the Kubernetes OpenAPI schemas shipped by `kubernetes-validate`, strict mode; the MPI
-Operator's MPIJob CRD shipped in k8s/schemas/), plus the properties the issue asks for.
+Operator's MPIJob CRD shipped in scalelab/k8s/schemas/), plus the properties the issue asks for.
 
 Regenerate the golden files after an intended change with `SCALELAB_UPDATE_GOLDEN=1 pytest tests/test_k8s_manifests.py`
 and review the diff.
@@ -16,15 +16,15 @@ import pytest
 import yaml
 from conftest import launch
 
-from core.errors import SpecError
-from core.spec import EngineSpec, Spec
-from k8s.backend import KubernetesBackend
-from k8s.manifests import k8s_name
+from scalelab.core.errors import SpecError
+from scalelab.core.spec import EngineSpec, Spec
+from scalelab.k8s.backend import KubernetesBackend
+from scalelab.k8s.manifests import k8s_name
 
 kubernetes_validate = pytest.importorskip(
     "kubernetes_validate", reason="kubernetes-validate is not installed (pip install kubernetes-validate): "
     "it ships the Kubernetes OpenAPI schemas the manifests are validated against")
-from k8s.validate import ManifestInvalid, validate_all, validate_doc  # noqa: E402
+from scalelab.k8s.validate import ManifestInvalid, validate_all, validate_doc  # noqa: E402
 from tests.conftest import assert_golden
 
 GOLDEN = Path(__file__).parent / "golden" / "k8s"
@@ -123,7 +123,7 @@ def test_mpijob_layout(case: str) -> None:
     launcher = job["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]
     assert "nvidia.com/gpu" not in launcher["resources"]["limits"]
     script = launcher["command"][-1]
-    assert f"mpirun -np {spec.workers} " in script and script.endswith(f"python -m train /scalelab/runs/{request.name}")
+    assert f"mpirun -np {spec.workers} " in script and script.endswith(f"python -m scalelab.train /scalelab/runs/{request.name}")
     assert f"cp /etc/scalelab/spec.json /scalelab/runs/{request.name}/" in script
 
 

@@ -17,18 +17,18 @@ from pathlib import Path
 import psutil
 import pytest
 
-from core.errors import RecordError
-from core.procs import run_processes
-from core.records import (
+from scalelab.core.errors import RecordError
+from scalelab.core.procs import run_processes
+from scalelab.core.records import (
     RecordTail,
     rank_from_env,
     read_errors,
     read_records,
     record_error,
 )
-from core.rundir import read_state, record_state, start_state, update_state
-from launcher.local import LocalBackend, LocalRequest
-from launcher.runner import Interrupted, failure, wait
+from scalelab.core.rundir import read_state, record_state, start_state, update_state
+from scalelab.launcher.local import LocalBackend, LocalRequest
+from scalelab.launcher.runner import Interrupted, failure, wait
 
 
 def test_an_earlier_end_wins_and_a_live_state_never_overwrites_it(tmp_path: Path) -> None:
@@ -58,7 +58,7 @@ def test_a_run_directory_without_launch_json_says_so(tmp_path: Path) -> None:
 
 
 def _step(n: int) -> str:
-    """A minimal step record that fits its kind (core/records.py KINDS)."""
+    """A minimal step record that fits its kind (scalelab/core/records.py KINDS)."""
     return ('{"kind": "step", "rank": 0, "world": 1, "time": 1.0, "step": %d, "warmup": false, "step_s": 0.1, '
             '"samples": 8, "words": 80}' % n)
 
@@ -109,11 +109,11 @@ def test_error_records_since_a_launch(tmp_path: Path, capsys) -> None:
 
 def _local_run(tmp_path: Path, *commands: str) -> tuple[LocalBackend, Path]:
     """The local backend started on small Python commands instead of ranks; their command lines end in
-    `-m train RUN_DIR` as a rank's do (the backend signals no process that does not name its run)."""
+    `-m scalelab.train RUN_DIR` as a rank's do (the backend signals no process that does not name its run)."""
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     backend = LocalBackend({"stop_grace_s": 5})
-    request = LocalRequest(run_dir.absolute(), [[sys.executable, "-c", c, "-m", "train", str(run_dir.absolute())]
+    request = LocalRequest(run_dir.absolute(), [[sys.executable, "-c", c, "-m", "scalelab.train", str(run_dir.absolute())]
                                                 for c in commands], {},
                            [str(run_dir.absolute() / "logs" / f"node-{i}.log") for i in range(len(commands))])
     backend.schedule(request)
@@ -153,7 +153,7 @@ def test_cancel_finds_orphaned_ranks_kills_what_ignores_sigterm_and_says_what_it
     """Node 0 starts a "rank" in a session of its own (as torchrun does) that ignores SIGTERM, then
     exits: the rank is re-parented. Cancel finds it by its command line, SIGKILLs it after the grace
     period and looks again; the run's processes are verified, never taken from `pids` alone."""
-    from launcher.runner import cancel
+    from scalelab.launcher.runner import cancel
 
     rank = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"
     node = (f"import subprocess, sys; subprocess.Popen([sys.executable, '-c', {rank!r}, *sys.argv[1:]], "
@@ -164,7 +164,7 @@ def test_cancel_finds_orphaned_ranks_kills_what_ignores_sigterm_and_says_what_it
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and (backend.poll(run_dir).state == "RUNNING" or not backend.busy(run_dir)):
         time.sleep(0.1)  # until the node has exited, leaving its rank behind
-    orphan = run_processes(run_dir, ("-m", "train"))
+    orphan = run_processes(run_dir, ("-m", "scalelab.train"))
     assert len(orphan) == 1 and orphan[0].ppid() != os.getpid()
     assert backend.status(run_dir).state == "RUNNING"  # found by its command line, not by `pids`
     said = cancel(backend, run_dir, "test")
@@ -175,8 +175,8 @@ def test_cancel_finds_orphaned_ranks_kills_what_ignores_sigterm_and_says_what_it
 
 
 def test_how_a_run_ended_is_read_from_its_records_when_no_launcher_saw_it(tmp_path: Path) -> None:
-    from core.records import RecordWriter
-    from launcher.backend import ended_by_records
+    from scalelab.core.records import RecordWriter
+    from scalelab.launcher.backend import ended_by_records
 
     def ranks(*ends: dict | None, world: int = 2) -> Path:
         run = tmp_path / f"run-{len(list(tmp_path.iterdir()))}"
@@ -209,8 +209,8 @@ def time_after(run: Path) -> float:
 
 
 def test_a_sweep_report_names_the_layouts_that_did_not_finish(tmp_path: Path) -> None:
-    from analysis.results import finished_layouts
-    from core.rundir import write_json
+    from scalelab.analysis.results import finished_layouts
+    from scalelab.core.rundir import write_json
 
     sweep = tmp_path / "sweep"
     for name, state in (("1x1", "COMPLETED"), ("1x2", "CANCELLED"), ("1x4", None)):

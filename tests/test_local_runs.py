@@ -176,7 +176,7 @@ def _start_long_run(tmp_path):
 
     runs = tmp_path / "runs"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    fg = subprocess.Popen([sys.executable, "-m", "launcher.cli", *TINY, "--runs-dir", str(runs), "--engine", "ddp",
+    fg = subprocess.Popen([sys.executable, "-m", "scalelab.launcher.cli", *TINY, "--runs-dir", str(runs), "--engine", "ddp",
                            "--gpus-per-node", "2", "--steps", "100000"], cwd=tmp_path, env=env,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 120

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from core.lock import OWNER_FILE, RunBusy, RunLock, owner_of
-from core.procs import ProcessRef, run_processes, stop_processes
+from scalelab.core.lock import OWNER_FILE, RunBusy, RunLock, owner_of
+from scalelab.core.procs import ProcessRef, run_processes, stop_processes
 
 
 def _sleeper(*args: str) -> subprocess.Popen:
@@ -89,20 +89,20 @@ def test_processes_of_a_run_are_found_by_their_run_directory_even_when_orphaned(
 
 
 def test_the_run_processes_are_those_that_name_the_run_after_the_trainer(tmp_path: Path) -> None:
-    from core.procs import names_dir
+    from scalelab.core.procs import names_dir
 
     run = tmp_path / "run-1"
     run.mkdir()
-    assert names_dir(["python", "-m", "train", str(run)], run, ("-m", "train"))
-    assert names_dir(["python", "-m", "train", str(tmp_path / "." / "run-1")], run, ("-m", "train"))
-    assert not names_dir(["launch", "resume", str(run)], run, ("-m", "train"))  # a launcher is not a rank
-    assert not names_dir(["python", "-m", "train", str(run) + "-2"], run, ("-m", "train"))
-    assert not names_dir(["python", "-m", "train", "run-1"], run)  # relative: resolved against whose cwd?
-    rank = _sleeper("-m", "train", str(run))
+    assert names_dir(["python", "-m", "scalelab.train", str(run)], run, ("-m", "scalelab.train"))
+    assert names_dir(["python", "-m", "scalelab.train", str(tmp_path / "." / "run-1")], run, ("-m", "scalelab.train"))
+    assert not names_dir(["launch", "resume", str(run)], run, ("-m", "scalelab.train"))  # a launcher is not a rank
+    assert not names_dir(["python", "-m", "scalelab.train", str(run) + "-2"], run, ("-m", "scalelab.train"))
+    assert not names_dir(["python", "-m", "scalelab.train", "run-1"], run)  # relative: resolved against whose cwd?
+    rank = _sleeper("-m", "scalelab.train", str(run))
     bystander = _sleeper(str(run))
     try:
         time.sleep(0.3)
-        assert [p.pid for p in run_processes(run, ("-m", "train"))] == [rank.pid]
+        assert [p.pid for p in run_processes(run, ("-m", "scalelab.train"))] == [rank.pid]
         assert {p.pid for p in run_processes(run)} == {rank.pid, bystander.pid}
     finally:
         for proc in (rank, bystander):
@@ -111,7 +111,7 @@ def test_the_run_processes_are_those_that_name_the_run_after_the_trainer(tmp_pat
 
 
 def test_a_run_directory_that_cannot_be_written_is_one_clear_error(tmp_path: Path) -> None:
-    from core.errors import ScalelabError
+    from scalelab.core.errors import ScalelabError
 
     with pytest.raises(ScalelabError, match="cannot take the run directory .* must exist and be writable"):
         RunLock(tmp_path / "absent").acquire()
@@ -122,7 +122,7 @@ def test_a_run_directory_that_cannot_be_written_is_one_clear_error(tmp_path: Pat
 _CONTENDER = """
 import sys, time
 from pathlib import Path
-from core.lock import RunBusy, RunLock
+from scalelab.core.lock import RunBusy, RunLock
 run, go, out = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
 while not go.exists():
     time.sleep(0.001)
@@ -166,7 +166,7 @@ def test_launchers_racing_for_a_stale_lock_leave_one_owner(tmp_path: Path, round
 
 def test_owner_file_is_never_seen_empty_or_half_written(tmp_path: Path) -> None:
     """A launcher taking and releasing the lock over and over; every read of owner.json is a whole owner."""
-    code = ("import sys; from pathlib import Path; from core.lock import RunLock\n"
+    code = ("import sys; from pathlib import Path; from scalelab.core.lock import RunLock\n"
             "for _ in range(300):\n    RunLock(Path(sys.argv[1])).acquire().release()\n")
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], env=env)

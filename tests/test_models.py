@@ -6,9 +6,9 @@ import pytest
 import torch
 from torch import nn
 
-from core.errors import SpecError
-from train.data import TaskDataset
-from train.models import (
+from scalelab.core.errors import SpecError
+from scalelab.train.data import TaskDataset
+from scalelab.train.models import (
     PRESETS,
     ModelConfig,
     StepwiseLSTM,

@@ -1,4 +1,4 @@
-"""The gradient noise scale (train/noise.py): the estimator on gradients with a known noise scale,
+"""The gradient noise scale (scalelab/train/noise.py): the estimator on gradients with a known noise scale,
 the meter's two ways of getting a small and a large batch's gradient (the data-parallel hooks and
 the one-worker probe), and a real two-worker run whose records and summary carry it."""
 
@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from analysis.scaling import pooled_noise_scale
-from train.noise import NoiseMeter, Smoother, estimate
+from scalelab.analysis.scaling import pooled_noise_scale
+from scalelab.train.noise import NoiseMeter, Smoother, estimate
 
 
 def test_estimate_solves_the_two_expectations_exactly():

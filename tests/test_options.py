@@ -1,4 +1,4 @@
-"""Options declared once (core/options.py): each backend's flags, `--backend-opt` keys, spec-file keys and
+"""Options declared once (scalelab/core/options.py): each backend's flags, `--backend-opt` keys, spec-file keys and
 checks all come from its options class; one coercion types spec fields, model fields and backend options."""
 
 from __future__ import annotations
@@ -11,13 +11,13 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from core.errors import SpecError
-from core.options import BackendOptions, at_least, option
-from core.presets import PRESETS, config_with_overrides
-from launcher.backend import BACKENDS, Registered, backend_flags, options_type
-from launcher.cli import _SPEC_OPTIONS, build_spec, main, spec_options
-from slurm.backend import SlurmBackend
-from slurm.options import SlurmOptions
+from scalelab.core.errors import SpecError
+from scalelab.core.options import BackendOptions, at_least, option
+from scalelab.core.presets import PRESETS, config_with_overrides
+from scalelab.launcher.backend import BACKENDS, Registered, backend_flags, options_type
+from scalelab.launcher.cli import _SPEC_OPTIONS, build_spec, main, spec_options
+from scalelab.slurm.backend import SlurmBackend
+from scalelab.slurm.options import SlurmOptions
 
 
 @dataclasses.dataclass(frozen=True)

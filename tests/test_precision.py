@@ -21,17 +21,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from core.errors import ScalelabError, SpecError
-from core.presets import PRESETS
-from core.spec import EngineSpec, Spec, read_spec, save_spec
+from scalelab.core.errors import ScalelabError, SpecError
+from scalelab.core.presets import PRESETS
+from scalelab.core.spec import EngineSpec, Spec, read_spec, save_spec
 from tests.conftest import launch, only_run_dir, read_jsonl, steps_of
 from tests.test_models import one_thread  # noqa: F401  (the fixture: tiny models on one thread)
-from train.checkpoint import identity, load_checkpoint, save_checkpoint
-from train.datasets import build_dataset
-from train.engines import Engine
-from train.loop import train
-from train.models import FusedLSTM, build_model
-from train.precision import Precision, make_precision
+from scalelab.train.checkpoint import identity, load_checkpoint, save_checkpoint
+from scalelab.train.datasets import build_dataset
+from scalelab.train.engines import Engine
+from scalelab.train.loop import train
+from scalelab.train.models import FusedLSTM, build_model
+from scalelab.train.precision import Precision, make_precision
 
 # ---- options ---------------------------------------------------------------------------------------
 
@@ -97,17 +97,17 @@ def test_the_cuda_precisions_are_built_for_the_gpu_they_get(monkeypatch):
 @pytest.fixture
 def cpu_without_bf16(monkeypatch):
     """This machine's CPU as one that cannot build oneDNN's bf16 LSTM, whatever the real one can."""
-    import train.precision
+    import scalelab.train.precision as precision_mod
 
     def no_bf16_lstm() -> None:
         raise RuntimeError("could not create a primitive descriptor for the LSTM forward propagation primitive. "
                            "Run workload with environment variable ONEDNN_VERBOSE=all")
 
-    monkeypatch.setattr(train.precision, "_try_fused_lstm_in_bf16", no_bf16_lstm)
+    monkeypatch.setattr(precision_mod, "_try_fused_lstm_in_bf16", no_bf16_lstm)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    train.precision.cpu_bf16_problem.cache_clear()
+    precision_mod.cpu_bf16_problem.cache_clear()
     yield
-    train.precision.cpu_bf16_problem.cache_clear()  # the next test probes the real CPU again
+    precision_mod.cpu_bf16_problem.cache_clear()  # the next test probes the real CPU again
 
 
 BF16_REFUSAL = (r"--precision bf16 with the fused LSTM \(--rnn fused\) needs a CPU that runs oneDNN's bf16 LSTM .*"
@@ -116,7 +116,7 @@ BF16_REFUSAL = (r"--precision bf16 with the fused LSTM \(--rnn fused\) needs a C
 
 @pytest.mark.usefixtures("cpu_without_bf16")
 def test_bf16_on_a_cpu_without_it_is_refused_by_the_rank_and_the_launcher():
-    from launcher.local import LocalBackend
+    from scalelab.launcher.local import LocalBackend
 
     with pytest.raises(ScalelabError, match=BF16_REFUSAL):
         make_precision("bf16", torch.device("cpu"))  # a rank (any backend): its error record says this
@@ -130,7 +130,7 @@ def test_bf16_on_a_cpu_without_it_is_refused_by_the_rank_and_the_launcher():
 def test_bf16_is_refused_up_front_where_this_cpu_lacks_it(tmp_path):
     """The real CPU, the real launcher: where the fused LSTM cannot run in bf16, `launch` says why
     before any rank starts (no run directory), instead of oneDNN's error from inside a rank."""
-    from train.precision import cpu_bf16_problem
+    from scalelab.train.precision import cpu_bf16_problem
 
     if not cpu_bf16_problem("fused"):
         pytest.skip("this CPU trains the fused LSTM in bf16: nothing to refuse")
@@ -247,7 +247,7 @@ def test_scaler_state_survives_a_weights_only_checkpoint(tmp_path):
 
 
 def test_a_checkpoint_of_another_precision_is_refused(tmp_path):
-    from train.checkpoint import CheckpointError
+    from scalelab.train.checkpoint import CheckpointError
 
     model, optimizer, _ = _scaled()
     save_checkpoint(tmp_path, model, optimizer, identity=identity(Spec(precision="fp32"), 16), step=1)

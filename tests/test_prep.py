@@ -22,16 +22,16 @@ pytest.importorskip("pyarrow", reason='launch prep needs pyarrow: pip install "s
 import torch  # noqa: E402
 from distributed import Client, LocalCluster  # noqa: E402
 
-from core.errors import DataError, SpecError  # noqa: E402
-from core.presets import PRESETS, config_with_overrides  # noqa: E402
-from prep import tasks  # noqa: E402
-from prep.bench import generate  # noqa: E402
-from prep.corpus import ROLES  # noqa: E402
-from prep.pipeline import Prep, plan_spans  # noqa: E402
-from prep.request import PrepRequest  # noqa: E402
+from scalelab.core.errors import DataError, SpecError  # noqa: E402
+from scalelab.core.presets import PRESETS, config_with_overrides  # noqa: E402
+from scalelab.prep import tasks  # noqa: E402
+from scalelab.prep.bench import generate  # noqa: E402
+from scalelab.prep.corpus import ROLES  # noqa: E402
+from scalelab.prep.pipeline import Prep, plan_spans  # noqa: E402
+from scalelab.prep.request import PrepRequest  # noqa: E402
 from tests.conftest import ROOT, launch, only_run_dir, read_jsonl  # noqa: E402
-from train.datasets import build_dataset  # noqa: E402
-from train.text import PATH_KEYS  # noqa: E402
+from scalelab.train.datasets import build_dataset  # noqa: E402
+from scalelab.train.text import PATH_KEYS  # noqa: E402
 
 MODELS = {"nmt": "nmt-tiny", "rnnlm": "rnnlm-tiny", "sentiment": "sentiment-tiny"}
 ARGS = {"vocab_size": 300}  # the corpora have more words: the cut (ties by spelling) must agree
@@ -294,8 +294,8 @@ def test_weak_mode_grows_the_corpus_with_the_workers(tmp_path: Path) -> None:
     """A weak sweep (run directories as `launch prep --mode weak` writes them): run N preps the first
     N x 700 lines, each on its own cluster of N workers, and the report's table is computed from the
     records."""
-    from prep.records import Recorder
-    from prep.report import report_dirs
+    from scalelab.prep.records import Recorder
+    from scalelab.prep.report import report_dirs
 
     inputs = generate(tmp_path / "c", "rnnlm", 2000)
     sweep = tmp_path / "sweep"
@@ -325,7 +325,7 @@ def invoke(argv: list[str]):
     """`launch ARGV` in this process through click (exceptions kept, not printed)."""
     from click.testing import CliRunner
 
-    from launcher.cli import main
+    from scalelab.launcher.cli import main
 
     return CliRunner().invoke(main, argv)
 
@@ -349,7 +349,7 @@ def test_cli_refuses_what_it_cannot_run(extra: list[str], message: str, tmp_path
 
 def test_data_shards_colon_dir_is_data_shards_with_shards_dir(tmp_path: Path) -> None:
     """`--data shards:DIR` (the issue's spelling) builds the spec `--data shards --shards DIR` does."""
-    from launcher.cli import build_spec, run_cmd
+    from scalelab.launcher.cli import build_spec, run_cmd
 
     (tmp_path / "manifest.json").write_text("{}")
 
@@ -383,10 +383,10 @@ def test_a_bad_data_shards_flag_is_one_clear_error(argv: list[str], message: str
 
 
 def test_data_shards_needs_a_shards_directory(tmp_path: Path) -> None:
-    from core.spec import Spec
+    from scalelab.core.spec import Spec
 
     with pytest.raises(SpecError, match="--data shards reads --shards DIR"):
-        from core.spec import Spec
+        from scalelab.core.spec import Spec
 
         Spec.from_dict({"data": {"kind": "shards"}}).validate()
     with pytest.raises(SpecError, match="holds no manifest.json: run launch prep"):
@@ -400,7 +400,7 @@ def test_k8s_dry_run_renders_a_valid_daskcluster_without_torch(tmp_path: Path) -
     import yaml
 
     code = (
-        "import sys\nfrom launcher.cli import entry\n"
+        "import sys\nfrom scalelab.launcher.cli import entry\n"
         "sys.argv = ['launch', 'prep', '--model', 'nmt-tiny', '--train-src', '/scalelab/runs/c/train.src',\n"
         "            '--train-tgt', '/scalelab/runs/c/train.tgt', '--out', '/scalelab/runs/shards', '--workers', '3',\n"
         "            '--backend', 'k8s', '--backend-opt', 'image=example.org/scalelab:1', '--dry-run']\n"
@@ -420,13 +420,13 @@ def test_k8s_dry_run_renders_a_valid_daskcluster_without_torch(tmp_path: Path) -
 
 def validate_daskcluster(doc: dict) -> None:
     """Against the DaskCluster CRD shipped with dask-kubernetes (strict: unknown fields are errors,
-    as k8s/validate.py treats the MPIJob CRD), and the pod templates and Service against the core
+    as scalelab/k8s/validate.py treats the MPIJob CRD), and the pod templates and Service against the core
     Kubernetes schemas."""
     import jsonschema
     import yaml
     from dask_kubernetes import operator as dk
 
-    from k8s.validate import _strict, validate_doc
+    from scalelab.k8s.validate import _strict, validate_doc
 
     crds = Path(dk.__file__).parent / "deployment" / "helm" / "dask-kubernetes-operator" / "crds"
     crd = yaml.safe_load((crds / "daskcluster.yaml").read_text())

@@ -14,7 +14,7 @@ import pytest
 
 pytest.importorskip("dask_jobqueue", reason='launch prep --backend slurm needs dask-jobqueue: pip install "scalelab[prep]"')
 
-from prep.bench import generate  # noqa: E402
+from scalelab.prep.bench import generate  # noqa: E402
 from tests.conftest import launch, only_run_dir, read_jsonl  # noqa: E402
 from tests.test_slurm_cluster import slurm_cluster  # noqa: E402,F401 - the session fixture
 

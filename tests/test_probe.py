@@ -142,19 +142,19 @@ def test_local_probe_of_two_variants_end_to_end_and_plan_reads_it(tmp_path: Path
 # ---- AWS against moto: the instances' side played from each poll, as in tests/test_aws_moto.py -------
 
 boto3 = pytest.importorskip("boto3", reason="boto3 is not installed: pip install boto3")
-from aws import teardown as td  # noqa: E402
-from aws.backend import AwsBackend  # noqa: E402
-from core.spec import Spec, read_spec  # noqa: E402
-from costs.catalog import load_catalog  # noqa: E402
-from launcher.probe import expected_rows, parse_candidates, probe_specs, run_probe  # noqa: E402
-from aws.render import cloud_run_id  # noqa: E402
+from scalelab.aws import teardown as td  # noqa: E402
+from scalelab.aws.backend import AwsBackend  # noqa: E402
+from scalelab.core.spec import Spec, read_spec  # noqa: E402
+from scalelab.costs.catalog import load_catalog  # noqa: E402
+from scalelab.launcher.probe import expected_rows, parse_candidates, probe_specs, run_probe  # noqa: E402
+from scalelab.aws.render import cloud_run_id  # noqa: E402
 from tests.test_aws_moto import FailingEc2, FakeNodes, cloud, left  # noqa: E402, F401 - `cloud` is a fixture
 
 MOTO_NOTHING = {"instances": 0, "volumes": 0, "security_groups": 0, "placement_groups": 0}
 
 
 class PlayedAws(AwsBackend):
-    """The aws backend against moto; on each poll the instances' side (what aws/bootstrap.py writes to S3)
+    """The aws backend against moto; on each poll the instances' side (what scalelab/aws/bootstrap.py writes to S3)
     is played: heartbeats, every rank's records (rank 0 with its `link` records), status completed."""
 
     def poll(self, run_dir: Path):

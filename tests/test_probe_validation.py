@@ -1,4 +1,4 @@
-"""costs/probe_validation.py on a probe directory written by hand (the layout `launch probe` leaves:
+"""scalelab/costs/probe_validation.py on a probe directory written by hand (the layout `launch probe` leaves:
 probe.json, sweep.json and one run directory per candidate and layout), with step times made of
 known parts: compute per type plus an exchange per link class shared by both types."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from costs.probe_validation import evaluate_probe, probe_runs, probe_summary
+from scalelab.costs.probe_validation import evaluate_probe, probe_runs, probe_summary
 
 # seconds per step: compute of each type at 16 samples per worker, exposed exchange of each layout
 COMPUTE_S = {"local-1t": 0.10, "local-2t": 0.25}
@@ -20,7 +20,7 @@ WORDS_PER_SAMPLE = 10
 
 
 def _run(probe: Path, name: str, itype: str, nodes: int, gpus: int) -> None:
-    from core.spec import Spec, save_spec
+    from scalelab.core.spec import Spec, save_spec
 
     run, workers = probe / name, nodes * gpus
     (run / "records").mkdir(parents=True)
@@ -90,7 +90,7 @@ def test_a_missing_run_is_left_out_and_the_cli_reports_json(tmp_path: Path) -> N
     probe = _probe(tmp_path, skip="local-2t-2x2")
     rows = evaluate_probe(probe_runs(probe))
     assert not ((rows["instance_type"] == "local-2t") & (rows["layout"] == "2x2")).any()
-    done = subprocess.run([sys.executable, "-m", "costs.validation", "--probe", str(probe)], capture_output=True,
+    done = subprocess.run([sys.executable, "-m", "scalelab.costs.validation", "--probe", str(probe)], capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     out = json.loads(done.stdout)
@@ -98,7 +98,7 @@ def test_a_missing_run_is_left_out_and_the_cli_reports_json(tmp_path: Path) -> N
 
 
 def test_not_a_probe_directory_is_one_clear_line(tmp_path: Path) -> None:
-    done = subprocess.run([sys.executable, "-m", "costs.validation", "--probe", str(tmp_path)], capture_output=True,
+    done = subprocess.run([sys.executable, "-m", "scalelab.costs.validation", "--probe", str(tmp_path)], capture_output=True,
                           text=True, timeout=300)
     assert done.returncode == 2 and "no probe.json; give a directory `launch probe` made" in done.stderr
     assert "Traceback" not in done.stderr

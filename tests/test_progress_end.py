@@ -4,8 +4,8 @@ import io
 
 from rich.console import Console
 
-from core.records import RecordWriter
-from launcher.progress import RunProgress
+from scalelab.core.records import RecordWriter
+from scalelab.launcher.progress import RunProgress
 
 
 def write_run(run_dir, threshold_at=None):

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from aws.bootstrap import Config, trainer_command
-from core.errors import SpecError
-from core.spec import EngineSpec, Spec, rank_role, server_rank
-from slurm.backend import SlurmBackend
-from slurm.rank import rank_env
+from scalelab.aws.bootstrap import Config, trainer_command
+from scalelab.core.errors import SpecError
+from scalelab.core.spec import EngineSpec, Spec, rank_role, server_rank
+from scalelab.slurm.backend import SlurmBackend
+from scalelab.slurm.rank import rank_env
 from tests.test_slurm_render import PYTHON, RDZV, RUN_DIR, task
 
 
@@ -27,7 +27,7 @@ def _spec(**fields) -> Spec:
 
 def test_slurm_gives_ps_ranks_a_torchrun_rendezvous() -> None:
     script = SlurmBackend({"python": PYTHON}).submit_dryrun(_spec(), RUN_DIR).render()
-    assert "SCALELAB_RDZV_PORT=$(" in script and "-m slurm.rank --free-port)" in script
+    assert "SCALELAB_RDZV_PORT=$(" in script and "-m scalelab.slurm.rank --free-port)" in script
     env = rank_env(task(3), "ps", RDZV)
     assert (env["RANK"], env["WORLD_SIZE"], env["LOCAL_WORLD_SIZE"]) == ("3", "8", "4")
     assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == ("node1", "29400")
@@ -35,8 +35,8 @@ def test_slurm_gives_ps_ranks_a_torchrun_rendezvous() -> None:
 
 def test_k8s_runs_ps_as_an_indexed_job_of_torchrun_pods() -> None:
     pytest.importorskip("kubernetes_validate")
-    from k8s.backend import KubernetesBackend
-    from k8s.validate import validate_all
+    from scalelab.k8s.backend import KubernetesBackend
+    from scalelab.k8s.validate import validate_all
 
     spec = Spec(backend="k8s", engine=EngineSpec(name="ps"), nodes=2, gpus_per_node=2, batch_per_worker=8,
                 steps=10).validate()
@@ -50,7 +50,7 @@ def test_k8s_runs_ps_as_an_indexed_job_of_torchrun_pods() -> None:
 def test_aws_starts_one_torchrun_per_node_for_ps() -> None:
     cmd = trainer_command("ps", "py", Path("/w/r"), ["10.0.0.1", "10.0.0.2"], 1, 2)
     assert cmd[:3] == ["py", "-m", "torch.distributed.run"] and "--node-rank=1" in cmd
-    assert "--master-addr=10.0.0.1" in cmd and cmd[-3:] == ["-m", "train", "/w/r"]
+    assert "--master-addr=10.0.0.1" in cmd and cmd[-3:] == ["-m", "scalelab.train", "/w/r"]
 
 
 def test_more_shards_than_workers_is_refused() -> None:
@@ -130,8 +130,8 @@ def test_separate_on_slurm_runs_a_server_task_per_node() -> None:
 
 def test_separate_on_k8s_starts_g_plus_one_ranks_per_pod() -> None:
     pytest.importorskip("kubernetes_validate")
-    from k8s.backend import KubernetesBackend
-    from k8s.validate import validate_all
+    from scalelab.k8s.backend import KubernetesBackend
+    from scalelab.k8s.validate import validate_all
 
     spec = _separate().with_overrides({"backend": "k8s"})
     request = KubernetesBackend({"image": "registry.example.com/scalelab:0.1.0"}).submit_dryrun(spec, Path("runs/ps-s"))
@@ -141,8 +141,8 @@ def test_separate_on_k8s_starts_g_plus_one_ranks_per_pod() -> None:
 
 
 def test_separate_on_aws_starts_g_plus_one_ranks_per_instance(tmp_path, monkeypatch) -> None:
-    from aws.options import AwsOptions
-    from aws.render import make_plan, user_data
+    from scalelab.aws.options import AwsOptions
+    from scalelab.aws.render import make_plan, user_data
 
     monkeypatch.setenv("SCALELAB_PRICES", str(tmp_path / "prices.json"))
     spec = _separate().with_overrides({"backend": "aws"})
@@ -158,7 +158,7 @@ def test_separate_on_aws_starts_g_plus_one_ranks_per_instance(tmp_path, monkeypa
 
 
 def test_separate_on_the_local_backend_starts_g_plus_one_ranks(tmp_path) -> None:
-    from launcher.local import LocalBackend
+    from scalelab.launcher.local import LocalBackend
 
     spec = _separate(nodes=1, gpus=2).with_overrides({"backend": "local"})
     request = LocalBackend({"master_port": 29999}).submit_dryrun(spec, tmp_path / "run")

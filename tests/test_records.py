@@ -1,4 +1,4 @@
-"""The record schema has one owner (core/records.py): the writer refuses a record that does not fit its
+"""The record schema has one owner (scalelab/core/records.py): the writer refuses a record that does not fit its
 kind, and the reader names the file, the line and the field of one that does not."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from core.errors import RecordError
-from core.records import KINDS, RecordWriter, read_records, record_problem
+from scalelab.core.errors import RecordError
+from scalelab.core.records import KINDS, RecordWriter, read_records, record_problem
 
 
 def test_the_writer_refuses_a_record_against_its_kind(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 from rich.console import Console
 
-from analysis.report import (
+from scalelab.analysis.report import (
     markdown_table,
     plot_speedup,
     plot_throughput,
@@ -22,7 +22,7 @@ from analysis.report import (
     write_json,
     write_markdown,
 )
-from analysis.scaling import LayoutSummary, scale_layouts, scaling_table
+from scalelab.analysis.scaling import LayoutSummary, scale_layouts, scaling_table
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

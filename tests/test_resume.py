@@ -23,8 +23,8 @@ import pytest
 import torch
 
 from tests.conftest import ROOT, launch, needs_horovod, only_run_dir, read_jsonl
-from train.checkpoint import CHECKPOINT_NAME
-from train.loop import HOLD_AT_STEP_ENV, KILL_AT_STEP_ENV
+from scalelab.train.checkpoint import CHECKPOINT_NAME
+from scalelab.train.loop import HOLD_AT_STEP_ENV, KILL_AT_STEP_ENV
 
 SPEC = ["--model", "nmt-tiny", "--data", "task", "--warmup-steps", "1", "--prefetch", "1", "--global-batch", "16",
         "--steps", "10", "--checkpoint-every", "4", "--lr", "0.01", "--model-arg", "dropout=0.2"]
@@ -159,7 +159,7 @@ def test_cancelled_run_resumes_exactly(tmp_path, engine, reference):
     lands at a known step; they agree to stop there, checkpoint and exit."""
     runs = tmp_path / "runs"
     env = {**__import__("os").environ, "PYTHONPATH": str(ROOT), HOLD_AT_STEP_ENV: "6"}
-    fg = subprocess.Popen([sys.executable, "-m", "launcher.cli", *SPEC, *ENGINES[engine], "--runs-dir", str(runs)],
+    fg = subprocess.Popen([sys.executable, "-m", "scalelab.launcher.cli", *SPEC, *ENGINES[engine], "--runs-dir", str(runs)],
                           cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.time() + 120

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.scaling import (
+from scalelab.analysis.scaling import (
     SCALING_COLUMNS,
     STEP_TABLE_COLUMNS,
     LayoutSummary,
@@ -24,7 +24,7 @@ from analysis.scaling import (
     step_table,
     summarize_run,
 )
-from core.errors import RecordError
+from scalelab.core.errors import RecordError
 
 # (gpus, total time for 20 batches [s], words/s, published speedup) -- seed 001
 SEED_001 = {

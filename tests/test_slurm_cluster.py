@@ -40,8 +40,8 @@ from tests.test_resume import (
     _assert_resumed_exactly,
     _world,
 )
-from train.checkpoint import CHECKPOINT_NAME
-from train.loop import HOLD_AT_STEP_ENV, KILL_AT_STEP_ENV
+from scalelab.train.checkpoint import CHECKPOINT_NAME
+from scalelab.train.loop import HOLD_AT_STEP_ENV, KILL_AT_STEP_ENV
 
 SCRIPT = ROOT / "scripts" / "slurm-cluster.sh"
 TINY = ["--backend", "slurm", "--model", "nmt-tiny", "--threads", "1", "--warmup-steps", "1"]
@@ -97,7 +97,7 @@ def start_run(tmp_path: Path, *args: str, env: dict | None = None, ranks: int = 
     """`launch run` in the background; return it and its run directory once `ranks` ranks trained `step` steps."""
     runs = tmp_path / "runs"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200", **(env or {})}
-    proc = subprocess.Popen([sys.executable, "-m", "launcher.cli", *TINY, *args, "--runs-dir", str(runs)],
+    proc = subprocess.Popen([sys.executable, "-m", "scalelab.launcher.cli", *TINY, *args, "--runs-dir", str(runs)],
                             cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 240
     while time.time() < deadline:

@@ -19,11 +19,11 @@ import pytest
 from submitit.core.utils import DelayedSubmission
 from submitit.slurm.slurm import SlurmJobEnvironment
 
-from core.errors import ScalelabError, SpecError
-from core.spec import Spec
-from launcher.runner import submit
-from slurm.backend import SlurmBackend
-from slurm.rank import RankJob, Task, own_gpu, rank_env
+from scalelab.core.errors import ScalelabError, SpecError
+from scalelab.core.spec import Spec
+from scalelab.launcher.runner import submit
+from scalelab.slurm.backend import SlurmBackend
+from scalelab.slurm.rank import RankJob, Task, own_gpu, rank_env
 from tests.conftest import assert_golden, launch
 
 GOLDEN = Path(__file__).parent / "golden" / "slurm"
@@ -185,7 +185,7 @@ def test_slurm_flags_are_rejected_with_another_backend(tmp_path: Path) -> None:
     assert "Traceback" not in done.stderr
 
 
-# ---- slurm/rank.py: submitit's JobEnvironment -> the engines' variables ---------------------------
+# ---- scalelab/slurm/rank.py: submitit's JobEnvironment -> the engines' variables ---------------------------
 
 def task(procid: int, nodes: int = 2, per_node: int = 4) -> Task:
     return Task(procid, nodes * per_node, procid % per_node, procid // per_node, nodes,
@@ -236,8 +236,8 @@ def test_a_non_block_distribution_is_refused() -> None:
 
 
 def test_the_rank_function_passes_stop_signals_on(tmp_path: Path, monkeypatch) -> None:
-    """TERM and USR1 to the task reach the trainer (here a stand-in `train` that records what it got)."""
-    fake = tmp_path / "fake" / "train"  # a regular package, so that it wins over the project's `train`
+    """TERM and USR1 to the task reach the trainer (here a stand-in `faketrain` that records what it got)."""
+    fake = tmp_path / "fake" / "faketrain"
     fake.mkdir(parents=True)
     (fake / "__init__.py").write_text("")
     (fake / "__main__.py").write_text(
@@ -249,7 +249,8 @@ def test_the_rank_function_passes_stop_signals_on(tmp_path: Path, monkeypatch) -
         "open(sys.argv[1] + '/got', 'w').write(' '.join(map(str, got)))\n"
         "sys.exit(143)\n")
     code = (f"import os, signal, sys, threading, time; sys.path.insert(0, {str(tmp_path / 'fake')!r})\n"
-            "from slurm.rank import run_trainer\n"
+            "import scalelab.slurm.rank as rank; rank.TRAINER = ('-m', 'faketrain')\n"
+            "from scalelab.slurm.rank import run_trainer\n"
             f"run = {str(tmp_path)!r}\n"
             "def send():\n"
             "    while not os.path.exists(run + '/ready'): time.sleep(0.05)\n"
@@ -285,7 +286,7 @@ def test_job_state_prefers_the_controller_while_accounting_says_pending(monkeypa
     recorded the start. The state comes from the controller (the watcher's squeue answer) while sacct
     says PENDING or knows nothing; job_state itself never calls squeue (tests/test_slurm_watch.py
     counts when the watcher does)."""
-    import slurm.backend as sb
+    import scalelab.slurm.backend as sb
 
     class Watcher:
         queued = {"42": squeue} if squeue else {}

@@ -11,9 +11,9 @@ import pytest
 
 from conftest import fake_commands
 
-from core.errors import ScalelabError
-from core.rundir import RUNNING, start_state
-from slurm.backend import SlurmBackend, job_mismatch, job_owner
+from scalelab.core.errors import ScalelabError
+from scalelab.core.rundir import RUNNING, start_state
+from scalelab.slurm.backend import SlurmBackend, job_mismatch, job_owner
 
 # The controller's view of one job: squeue answers from $FAKE_SLURM/job (name|user|workdir) until
 # scancel has run; sacct answers from $FAKE_SLURM/acct. Every call is logged in $FAKE_SLURM/calls.

@@ -19,14 +19,14 @@ import pytest
 from click.testing import CliRunner
 from conftest import fake_commands
 
-from core.records import RecordWriter
-from core.rundir import SWEEP_FILE, read_state, write_json
-from core.spec import Spec, save_spec
-from launcher.cli import main
-from launcher.sweep import continue_sweep, sweep_specs
-from slurm.backend import SlurmBackend, SlurmWatcher
+from scalelab.core.records import RecordWriter
+from scalelab.core.rundir import SWEEP_FILE, read_state, write_json
+from scalelab.core.spec import Spec, save_spec
+from scalelab.launcher.cli import main
+from scalelab.launcher.sweep import continue_sweep, sweep_specs
+from scalelab.slurm.backend import SlurmBackend, SlurmWatcher
 
-# The ownership query (slurm/backend.py job_fields: is the job in launch.json the run's?) is logged apart
+# The ownership query (scalelab/slurm/backend.py job_fields: is the job in launch.json the run's?) is logged apart
 # and answered with nothing: these tests count the status queries only.
 LOG = ('case "$*" in *"%j|%u|%Z"*|*JobName,User,WorkDir*) echo "$(basename "$0")-owner $*" >> "$FAKE_SLURM/calls"; '
        'exit 0;; esac\necho "$(basename "$0") $*" >> "$FAKE_SLURM/calls"\n')

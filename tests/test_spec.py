@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from core.errors import SpecError
-from core.spec import Spec, load_spec, read_spec, save_spec
+from scalelab.core.errors import SpecError
+from scalelab.core.spec import Spec, load_spec, read_spec, save_spec
 
 
 def test_unknown_option_lists_valid_ones(tmp_path):
@@ -68,7 +68,7 @@ def test_batch_modes_and_lr_scaling():
     assert Spec(gpus_per_node=2).resolved_global_batch(16) == 16  # the preset's batch by default
 
 
-# ---- types: one coercion for spec fields, model fields and backend options (core/options.py) ------
+# ---- types: one coercion for spec fields, model fields and backend options (scalelab/core/options.py) ------
 
 
 @pytest.mark.parametrize(

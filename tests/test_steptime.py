@@ -1,10 +1,10 @@
-"""The step-time model (costs/steptime.py): compute per GPU type + exchange by topology + data.
+"""The step-time model (scalelab/costs/steptime.py): compute per GPU type + exchange by topology + data.
 
 Synthetic tables made from known parameters must give those parameters back exactly; the
 topology rules must order 1x4, 2x2 and 4x1 as the link speeds say; mixed fleets follow the
-slowest worker (static) or the balancer's shares (dynamic, train/balance.py); and
+slowest worker (static) or the balancer's shares (dynamic, scalelab/train/balance.py); and
 `launch plan --from-csv F --predict LAYOUTS` prints one row per layout or one clear error.
-Seed 004's money table (costs/data/seed004_money_speed.csv) is the real data."""
+Seed 004's money table (scalelab/costs/data/seed004_money_speed.csv) is the real data."""
 
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ import pandas as pd
 import pytest
 from conftest import launch
 
-from core.errors import DataError
-from costs.catalog import builtin_catalog
-from costs.steptime import (
+from scalelab.core.errors import DataError
+from scalelab.costs.catalog import builtin_catalog
+from scalelab.costs.steptime import (
     StepModel,
     choose,
     exchange_terms,
@@ -30,12 +30,12 @@ from costs.steptime import (
     predict_layouts,
     prepare,
 )
-from costs.tables import CsvError, read_scaling_csv
-from costs.validation import SEED_004_FIT, steptime_split
-from train.balance import proportional_shares
+from scalelab.costs.tables import CsvError, read_scaling_csv
+from scalelab.costs.validation import SEED_004_FIT, steptime_split
+from scalelab.train.balance import proportional_shares
 
 CAT = builtin_catalog()
-SEED_004 = Path(str(files("costs.data") / "seed004_money_speed.csv"))
+SEED_004 = Path(str(files("scalelab.costs.data") / "seed004_money_speed.csv"))
 # c0 + c1*b per GPU model, and [intra latency, intra bytes, inter latency, inter bytes] in seconds
 TRUE_COMPUTE = {"K80": (0.05, 0.004), "M60": (0.02, 0.002)}
 TRUE_LINKS = np.array([0.001, 0.03, 0.004, 0.12])

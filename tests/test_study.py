@@ -8,8 +8,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from core.errors import SpecError
-from launcher.study import load_study, variant_specs
+from scalelab.core.errors import SpecError
+from scalelab.launcher.study import load_study, variant_specs
 from tests.conftest import ROOT, launch, only_run_dir
 
 EXAMPLES = ROOT / "examples"
@@ -45,7 +45,7 @@ def test_study_errors(tmp_path):
 
 
 def _layout(label: str, nodes: int, gpn: int, words_per_s: float, steps_to_threshold: int | None):
-    from analysis.scaling import LayoutSummary
+    from scalelab.analysis.scaling import LayoutSummary
 
     fields = {f: None for f in LayoutSummary.__dataclass_fields__}
     fields.update(label=label, workers=nodes * gpn, nodes=nodes, gpus_per_node=gpn, mode="strong", global_batch=8,
@@ -59,7 +59,7 @@ def _layout(label: str, nodes: int, gpn: int, words_per_s: float, steps_to_thres
 
 def _steps(step_s: float) -> pd.DataFrame:
     """Step table of 4 steps, two per epoch, one rank."""
-    from analysis.scaling import step_table
+    from scalelab.analysis.scaling import step_table
 
     return step_table(pd.DataFrame({"rank": 0, "step": [1, 2, 3, 4], "epoch": [0, 0, 1, 1], "step_s": step_s,
                                     "words": 10, "samples": 1}))
@@ -67,7 +67,7 @@ def _steps(step_s: float) -> pd.DataFrame:
 
 def test_seed_tables_from_summaries_and_step_tables():
     """analysis.studies is pure: the tables follow from the summaries and step tables given."""
-    from analysis.studies import seed_table, study_markdown, study_runs
+    from scalelab.analysis.studies import seed_table, study_markdown, study_runs
 
     data = study_runs([("a/1x1", _layout("a", 1, 1, 100.0, None), _steps(2.0)),
                        ("a/1x2", _layout("a", 1, 2, 150.0, 2), _steps(1.5)),
@@ -93,9 +93,9 @@ def test_seed_tables_from_summaries_and_step_tables():
 
 
 def test_money_table_prices_from_the_catalog():
-    from analysis.studies import study_runs
-    from costs.catalog import builtin_catalog
-    from costs.studies import price_money_table
+    from scalelab.analysis.studies import study_runs
+    from scalelab.costs.catalog import builtin_catalog
+    from scalelab.costs.studies import price_money_table
 
     data = study_runs([("a/1x1", _layout("a", 1, 1, 100.0, 2), _steps(2.0)),
                        ("a/2x1", _layout("a", 2, 1, 150.0, None), _steps(400.0))])

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from core.errors import SpecError
-from core.spec import Spec
-from launcher.sweep import parse_layouts, sweep_axes, sweep_specs
+from scalelab.core.errors import SpecError
+from scalelab.core.spec import Spec
+from scalelab.launcher.sweep import parse_layouts, sweep_axes, sweep_specs
 from tests.conftest import launch, only_run_dir, steps_of
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from prep.bench import table
-from prep.report import COLUMNS, markdown
+from scalelab.prep.bench import table
+from scalelab.prep.report import COLUMNS, markdown
 
 
 def test_the_prep_report_table_has_every_column_and_a_dash_for_missing() -> None:

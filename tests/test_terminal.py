@@ -8,9 +8,9 @@ from click.testing import CliRunner
 from rich.console import Console
 from test_trust import summary
 
-from analysis.report import print_scaling
-from analysis.scaling import scale_layouts
-from launcher.cli import main
+from scalelab.analysis.report import print_scaling
+from scalelab.analysis.scaling import scale_layouts
+from scalelab.launcher.cli import main
 
 
 def printed(df, width):
@@ -45,7 +45,7 @@ def test_run_help_lists_common_options_first_and_each_backend_in_its_section():
 
 
 def test_study_results_print_as_tables_not_markdown(tmp_path, capsys):
-    from launcher.study import show_study
+    from scalelab.launcher.study import show_study
 
     path = tmp_path / "study.md"
     path.write_text("# Study\n\n| workers | words/s |\n|--:|--:|\n| 1 | 1,437.6 |\n| 2 | 2,701.0 |\n")

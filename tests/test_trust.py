@@ -3,9 +3,9 @@
 import dataclasses
 import json
 
-from analysis.results import emulation_warnings, write_report
-from analysis.scaling import LayoutSummary, scale_layouts, trust_warnings
-from core.spec import Spec, save_spec
+from scalelab.analysis.results import emulation_warnings, write_report
+from scalelab.analysis.scaling import LayoutSummary, scale_layouts, trust_warnings
+from scalelab.core.spec import Spec, save_spec
 
 
 def summary(workers: int, wps: float, **changes) -> LayoutSummary:

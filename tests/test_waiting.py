@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-import core.waiting as waiting
-from core.waiting import wait_until
+import scalelab.core.waiting as waiting
+from scalelab.core.waiting import wait_until
 
 
 @pytest.fixture

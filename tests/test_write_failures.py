@@ -17,15 +17,15 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import fill, launch
-from core.errors import ScalelabError
-from core.lock import OWNER_FILE, RunLock
-from core.records import RecordWriter
-from core.rundir import PENDING, RUNNING, new_run_dir, read_state, start_state, write_json
-from core.spec import Spec, read_spec, save_spec
-from core.writes import WriteError
-from launcher.backend import Backend, RunStatus
-from launcher.local import LocalBackend
-from launcher.runner import cancel, wait
+from scalelab.core.errors import ScalelabError
+from scalelab.core.lock import OWNER_FILE, RunLock
+from scalelab.core.records import RecordWriter
+from scalelab.core.rundir import PENDING, RUNNING, new_run_dir, read_state, start_state, write_json
+from scalelab.core.spec import Spec, read_spec, save_spec
+from scalelab.core.writes import WriteError
+from scalelab.launcher.backend import Backend, RunStatus
+from scalelab.launcher.local import LocalBackend
+from scalelab.launcher.runner import cancel, wait
 
 
 def _leftovers(directory: Path) -> list[str]:
@@ -97,8 +97,8 @@ def test_records_on_a_full_filesystem_name_it(small_fs) -> None:
 
 
 def _fake_rank(run: Path) -> subprocess.Popen:
-    """A process with a rank's command line (`-m train RUN_DIR`), as `launch cancel` finds them."""
-    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "-m", "train", str(run)])
+    """A process with a rank's command line (`-m scalelab.train RUN_DIR`), as `launch cancel` finds them."""
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "-m", "scalelab.train", str(run)])
 
 
 def test_cancel_stops_the_ranks_when_the_state_cannot_be_written(small_fs) -> None:
@@ -177,7 +177,7 @@ def test_cli_run_on_a_full_filesystem_leaves_no_run_directory(small_fs, tmp_path
 def test_a_rank_error_names_the_resume_when_a_checkpoint_exists(tmp_path: Path, checkpointed: bool) -> None:
     """A rank's own error (here: the records' disk filled) is the launcher's message, plus `launch resume
     RUN` where the run has a checkpoint to continue from."""
-    from launcher.runner import failure
+    from scalelab.launcher.runner import failure
 
     run = tmp_path / "run"
     run.mkdir()
@@ -195,7 +195,7 @@ def test_a_rank_error_names_the_resume_when_a_checkpoint_exists(tmp_path: Path, 
 
 def test_a_run_that_failed_without_a_word_on_a_full_disk_names_it(small_fs) -> None:
     """The ranks could not write their error records: the launcher names the full filesystem itself."""
-    from launcher.runner import failure
+    from scalelab.launcher.runner import failure
 
     full = small_fs(64 * 1024)
     run = full / "run"

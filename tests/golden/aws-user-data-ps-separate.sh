@@ -1,5 +1,5 @@
 #!/bin/bash
-# scalelab bootstrap, run ps-DRYRUN, generation 0 (rendered by aws/render.py; no credentials)
+# scalelab bootstrap, run ps-DRYRUN, generation 0 (rendered by scalelab/aws/render.py; no credentials)
 set -uo pipefail
 shutdown -h +120 "scalelab time limit" || true
 export SCALELAB_RUN_ID=ps-DRYRUN
@@ -24,6 +24,6 @@ fi
 "$SCALELAB_PYTHON" -c 'import sys, boto3; boto3.client("s3").download_file(*sys.argv[1:])' scalelab-test-bucket scalelab/ps-DRYRUN/package/scalelab-0.1.0-py3-none-any.whl scalelab-0.1.0-py3-none-any.whl \
   && "$SCALELAB_PYTHON" -m pip install -q scalelab-0.1.0-py3-none-any.whl \
   && "$SCALELAB_PYTHON" -m pip install -q --force-reinstall --no-deps scalelab-0.1.0-py3-none-any.whl \
-  && "$SCALELAB_PYTHON" -m aws.bootstrap
+  && "$SCALELAB_PYTHON" -m scalelab.aws.bootstrap
 echo "scalelab: bootstrap exited with $?"
 shutdown -h now "scalelab run ended"

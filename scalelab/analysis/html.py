@@ -1,0 +1,244 @@
+"""Self-contained HTML report (one file, images embedded) and the plots only it needs.
+
+Why one file: it is mailed, attached to tickets and opened years later; linked images get lost.
+Plots use matplotlib's Agg canvas (no pyplot state), like scalelab/costs/report.py, whose speedup and
+throughput plots are reused. Every section starts with a sentence saying what it shows, so a
+reader who never ran the tool can follow it.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import pandas as pd
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from scalelab.analysis.report import DEFINITIONS, plot_speedup, plot_throughput, table_rows
+
+__all__ = ["plot_cost_frontier", "plot_phases", "plot_loss", "plot_predictions", "figure_png",
+           "png_file", "write_html", "scaling_sections", "plan_sections"]
+
+_CSS = """body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
+table{border-collapse:collapse;margin:1em 0;font-size:90%}th,td{border:1px solid #ccc;padding:4px 8px}
+td.n{text-align:right;font-variant-numeric:tabular-nums}th{background:#f3f3f3}img{max-width:100%}
+.note{color:#555}.rec{background:#eef7ee;padding:.5em 1em;border-left:4px solid #4a4}
+.warn{background:#fff6e0;padding:.5em 1em;border-left:4px solid #d90}"""
+
+
+def _fig(panels: int = 1, height: float = 4.2) -> Figure:
+    fig = Figure(figsize=(5.8 * panels, height), layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def figure_png(fig: Figure) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
+    return buf.getvalue()
+
+
+def png_file(path: Path) -> bytes:
+    return Path(path).read_bytes()
+
+
+def plot_cost_frontier(candidates: pd.DataFrame) -> Figure:
+    """Dollars against hours per candidate (colour = instance type), the Pareto frontier as a line."""
+    fig = _fig(1, 4.6)
+    ax = fig.subplots()
+    for (itype, market), part in candidates.groupby(["instance_type", "market"], sort=False):
+        ax.scatter(part["hours"], part["dollars"], label=f"{itype} ({market})", s=28,
+                   marker="o" if market == "on-demand" else "^")
+        for _, r in part.iterrows():
+            ax.annotate(str(int(r["workers"])), (r["hours"], r["dollars"]), textcoords="offset points",
+                        xytext=(3, 3), fontsize=7)
+    front = candidates[candidates["pareto"]].sort_values("hours")
+    ax.step(front["hours"], front["dollars"], where="post", color="black", lw=1.2, label="Pareto frontier")
+    for _, r in candidates[candidates["recommendation"].notna()].iterrows():
+        ax.scatter([r["hours"]], [r["dollars"]], s=160, facecolors="none", edgecolors="green", lw=2)
+    ax.set_xlabel("hours (predicted)")
+    ax.set_ylabel("US dollars per run")
+    ax.set_title("Cost against time (labels: workers; circled: recommended)")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7, loc="best")
+    return fig
+
+
+def plot_phases(table: pd.DataFrame) -> Figure:
+    """Stacked bars of the step-time shares (data, forward, backward, exchange, optimizer) per run."""
+    fig = _fig(1)
+    ax = fig.subplots()
+    cols = [c for c in ("share_data", "share_forward", "share_backward", "share_exchange", "share_optimizer")
+            if c in table.columns]
+    names = [f"{r.get('label', '')} {int(r['nodes'])}x{int(r['gpus_per_node'])}".strip()
+             if {"nodes", "gpus_per_node"} <= set(table.columns) else str(i) for i, r in table.iterrows()]
+    x = np.arange(len(table))
+    bottom = np.zeros(len(table))
+    for c in cols:
+        v = pd.to_numeric(table[c], errors="coerce").fillna(0.0).to_numpy()
+        ax.bar(x, v, bottom=bottom, label=c.removeprefix("share_"))
+        bottom += v
+    ax.set_xticks(x, names, rotation=30, ha="right", fontsize=7)
+    ax.set_ylabel("share of step time (slowest rank)")
+    ax.set_ylim(0, 1.05)
+    ax.set_title("Where the step time goes")
+    ax.legend(fontsize=7)
+    return fig
+
+
+def plot_loss(curves: dict[str, pd.DataFrame]) -> Figure:
+    """Training loss against seconds since the run's first step, one line per layout."""
+    fig = _fig(1)
+    ax = fig.subplots()
+    for name, df in curves.items():
+        if len(df):
+            ax.plot(df["seconds"], df["loss"], label=name, lw=1)
+    ax.set_xlabel("seconds since the first step")
+    ax.set_ylabel("training loss")
+    ax.set_title("Loss against time")
+    ax.grid(True, alpha=0.3)
+    if curves:
+        ax.legend(fontsize=7)
+    return fig
+
+
+def plot_predictions(predictions: pd.DataFrame) -> Figure:
+    """Measured throughput (dots) and the fitted model with its interval, per series."""
+    fig = _fig(1)
+    ax = fig.subplots()
+    for label, part in predictions.groupby("label", sort=False):
+        part = part.sort_values("workers")
+        (line,) = ax.plot(part["workers"], part["predicted_throughput"], lw=1.2,
+                          label=f"{label or 'series'}: {part['model'].iloc[0]} model")
+        ax.fill_between(part["workers"], part["interval_low"], part["interval_high"], alpha=0.2,
+                        color=line.get_color())
+        m = part[part["measured_throughput"].notna()]
+        ax.scatter(m["workers"], m["measured_throughput"], color=line.get_color(), zorder=3, s=20)
+    ax.set_xlabel("workers (GPUs)")
+    ax.set_ylabel("throughput (work/s)")
+    ax.set_title("Measured (dots) and predicted throughput with interval")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7)
+    return fig
+
+
+def _img(png: bytes, alt: str) -> str:
+    return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{base64.b64encode(png).decode()}">'
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    def cell(v: Any) -> str:
+        s = html.escape(str(v))
+        numeric = s.replace(",", "").replace(".", "").replace("%", "").replace("$", "").replace("-", "").strip().isdigit()
+        return f'<td class="n">{s}</td>' if numeric else f"<td>{s}</td>"
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(cell(v) for v in r) + "</tr>" for r in rows)
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def scaling_sections(table: pd.DataFrame, curves: dict[str, pd.DataFrame] | None = None) -> list[tuple[str, str]]:
+    """Sections for a scaling table: table, speedup/efficiency, throughput, phases, loss."""
+    secs = []
+    headers, rows = table_rows(table)
+    secs.append(("Scaling", "<p>One row per layout; speedup and efficiency are relative to the "
+                 "smallest layout of each series.</p>" + _table(headers, rows)))
+    with tempfile.TemporaryDirectory() as tmp:
+        if {"speedup", "efficiency", "workers"} <= set(table.columns) and len(table):
+            png = png_file(plot_speedup(table, Path(tmp) / "s.png"))
+            secs.append(("Speedup and efficiency", "<p>Dashed: ideal (linear) scaling.</p>" + _img(png, "speedup")))
+        if any(c in table.columns for c in ("words_per_s", "throughput")) and len(table):
+            png = png_file(plot_throughput(table, Path(tmp) / "t.png"))
+            secs.append(("Throughput", "<p>Total work per second, and per worker (flat = perfect scaling).</p>"
+                         + _img(png, "throughput")))
+    if any(c in table.columns for c in ("share_data", "share_exchange")) and len(table):
+        secs.append(("Phase breakdown", "<p>Share of each step spent loading data, computing and exchanging "
+                     "gradients, on the slowest rank.</p>" + _img(figure_png(plot_phases(table)), "phases")))
+    if curves:
+        secs.append(("Loss against time", _img(figure_png(plot_loss(curves)), "loss")))
+    defs = "".join(f"<li><b>{html.escape(n)}</b>: {html.escape(t)}</li>" for n, t in DEFINITIONS)
+    secs.append(("Definitions", f"<ul>{defs}</ul>"))
+    return secs
+
+
+def plan_sections(p: Any) -> list[tuple[str, str]]:
+    """Sections for a costs.planner.Plan: models, predictions, frontier, recommendations."""
+    secs = []
+    model_rows = [[lab, f.chosen, f"{len(f.measured)}",
+                   *(("—" if f.held_out_error[m] is None else f"{f.held_out_error[m]:.1%}") for m in f.models)]
+                  for lab, f in p.fits.items()]
+    any_fit = next(iter(p.fits.values()), None)
+    model_names = list(any_fit.models) if any_fit else []
+    secs.append(("Scaling models", "<p>Each model was fitted to the measured layouts; the held-out error is the "
+                 "mean relative error predicting each measurement from the others. The lower one is used.</p>"
+                 + _table(["series", "chosen", "measurements", *[f"{m} held-out error" for m in model_names]], model_rows)))
+    if len(p.predictions):
+        secs.append(("Predicted throughput", f"<p>Bands at {p.confidence:.0%}.</p>"
+                     + _img(figure_png(plot_predictions(p.predictions)), "predictions")))
+    secs += _convergence_sections(p)
+    if p.next_measurement:
+        n = p.next_measurement
+        secs.append(("Measure next", f"<p class='rec'>Measure <b>{n['workers']} workers</b> "
+                     f"({html.escape(str(n['label']) or 'series')}): {html.escape(n['why'])}.</p>"))
+    if len(p.candidates):
+        recs = "".join(f"<li><b>{html.escape(k.replace('_', ' '))}</b>: {v['workers']} workers on "
+                       f"{v['instances']}× {html.escape(v['instance_type'])} ({v['market']}), "
+                       f"{v['hours']:.2f} h, ${v['dollars']:,.2f}</li>"
+                       for k, v in p.recommendations.items() if v)
+        if recs:
+            secs.append(("Recommendation", f"<ul class='rec'>{recs}</ul>"))
+        secs.append(("Cost against time", "<p>Each point is one layout on one instance type; the frontier "
+                     "joins those that no other layout beats on both time and money.</p>"
+                     + _img(figure_png(plot_cost_frontier(p.candidates)), "cost frontier")))
+        c = p.candidates.sort_values(["hours"])
+        rows = [[r["label"], int(r["workers"]), f"{int(r['instances'])}× {r['instance_type']}", r["market"],
+                 f"{r['predicted_throughput']:,.0f}", f"{r['hours']:.2f} (up to {r['hours_high']:.2f})",
+                 f"{r['dollars']:,.2f} (up to {r['dollars_high']:,.2f})",
+                 "yes" if r["pareto"] else "", r["recommendation"] or ""] for _, r in c.iterrows()]
+        secs.append(("Candidates", _table(["series", "workers", "instances", "market", "throughput",
+                                           "hours", "dollars", "frontier", "recommended"], rows)))
+    if p.notes:
+        secs.append(("Notes", "<ul class='note'>" + "".join(f"<li>{html.escape(n)}</li>" for n in p.notes) + "</ul>"))
+    return secs
+
+
+def _convergence_sections(p: Any) -> list[tuple[str, str]]:
+    """The steps to the loss threshold: how each curve S(B) was known, and the batches asked for."""
+    if not p.convergence:
+        return []
+    rows = [[label, f.basis, f"{f.runs} at {', '.join(map(str, f.batches))}", f"{f.s_min:,.0f}",
+             "unbounded" if f.b_noise == float("inf") else f"{f.b_noise:,.0f}",
+             "—" if f.noise_scale is None else f"{f.noise_scale:,.0f}", f.lr_rule] for label, f in p.convergence.items()]
+    text = ("<p>S(B) = S_min (1 + B_noise / B) steps to the threshold at global batch B, fitted to runs at two or "
+            "more batches (batch-fit) or from one batch and its measured noise scale (noise-scale). It holds for the "
+            "learning-rate rule the runs used.</p>")
+    body = text + _table(["series", "basis", "runs at batch", "S_min", "B_noise", "noise scale measured",
+                          "learning-rate rule"], rows)
+    if len(p.batch_predictions):
+        b = p.batch_predictions
+        body += _table(["series", "global batch", "steps", f"{p.confidence:.0%} band", "samples"], [
+            [r["label"], int(r["global_batch"]), f"{r['predicted_steps_to_threshold']:,.0f}",
+             f"{r['steps_low']:,.0f} – {r['steps_high']:,.0f}", f"{r['predicted_samples_to_threshold']:,.0f}"]
+            for _, r in b.iterrows()])
+    return [("Steps to the loss threshold", body)]
+
+
+def write_html(path: Path, title: str, sections: Sequence[tuple[str, str]], intro: str = "") -> Path:
+    """Write one self-contained HTML file with `sections` ((heading, html body) pairs)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    body = "".join(f"<h2>{html.escape(h)}</h2>\n{b}\n" for h, b in sections)
+    path.write_text(
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+        f"<style>{_CSS}</style></head><body><h1>{html.escape(title)}</h1>"
+        f"<p class='note'>Generated {stamp} by scalelab. {html.escape(intro)}</p>\n{body}</body></html>\n",
+        encoding="utf-8",
+    )
+    return path

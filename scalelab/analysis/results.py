@@ -1,0 +1,207 @@
+"""From run directories to summaries and reports: the glue between the run store and scalelab/costs/.
+
+All numbers come from the per-rank records (analysis.scaling does the arithmetic); this module only
+finds the runs, hands their records and metadata over, and writes the outputs.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from scalelab.analysis.report import (
+    plot_speedup,
+    plot_throughput,
+    to_json_records,
+    write_markdown,
+)
+from scalelab.analysis.scaling import LayoutSummary, scale_layouts, summarize_run, trust_warnings
+from scalelab.core.errors import RecordError
+from scalelab.core.records import load_run
+from scalelab.core.rundir import (
+    COMPLETED,
+    STUDY_FILE,
+    SWEEP_FILE,
+    RunPaths,
+    read_json,
+    read_state,
+    run_state,
+    study_sweeps,
+    sweep_runs,
+)
+from scalelab.core.spec import Spec, read_spec
+
+
+def run_label(spec: Spec) -> str:
+    """The series a run belongs to: runs that differ only in layout share a label (its --name if given).
+    The precision is part of it: a bf16 layout's speedup is over the bf16 base, not the fp32 one."""
+    return spec.name or f"{spec.model} {spec.rnn} {spec.precision} {spec.engine.name} {spec.batch_mode}"
+
+
+def total_steps(spec: Spec) -> int | None:
+    return spec.steps
+
+
+def summarize_dir(run_dir: Path) -> LayoutSummary:
+    return summarize_loaded(load_run(run_dir))
+
+
+def expand_run_dirs(paths: list[Path]) -> list[Path]:
+    """Run directories as given, sweep directories replaced by their runs (in sweep order), study
+    directories by their sweeps' runs (in study order)."""
+    out: list[Path] = []
+    for p in paths:
+        if (p / STUDY_FILE).exists():
+            out.extend(expand_run_dirs([sweep for _, sweep in study_sweeps(p) if (sweep / SWEEP_FILE).exists()]))
+        elif (p / SWEEP_FILE).exists():
+            out.extend(sweep_runs(p))
+        elif (p / "spec.json").exists():
+            out.append(p)
+        elif not p.exists():
+            raise RecordError(f"not found: {p} (give run, sweep or study directories)")
+        else:
+            raise RecordError(f"{p} is not a run directory (no spec.json), a sweep directory (no {SWEEP_FILE}) "
+                              f"or a study directory (no {STUDY_FILE}); `launch ls` lists them")
+    return out
+
+
+def _finished_runs(path: Path) -> tuple[list[Path], list[str]]:
+    """The runs of a run, sweep or study directory that a report takes, and warnings about the others."""
+    if (path / STUDY_FILE).exists():
+        runs, warnings = [], []
+        for label, sweep in study_sweeps(path):
+            if not (sweep / SWEEP_FILE).exists():
+                warnings.append(f"variant {label!r} of {path} never started; `launch study` runs it")
+                continue
+            try:
+                found, said = finished_layouts(sweep)
+            except RecordError as exc:  # one variant with nothing finished: report the others
+                found, said = [], [str(exc)]
+            runs += found
+            warnings += said
+        if not runs:
+            raise RecordError(f"no run of the study {path} has finished yet: {'; '.join(warnings)}")
+        return runs, warnings
+    if (path / SWEEP_FILE).exists():
+        return finished_layouts(path)
+    return expand_run_dirs([path]), []
+
+
+@dataclass
+class Report:
+    table: pd.DataFrame
+    markdown_path: Path
+    plot_path: Path
+    json_text: str
+    warnings: list[str] = field(default_factory=list)
+    runs: list[Path] = field(default_factory=list)
+
+
+def finished_layouts(sweep_dir: Path) -> tuple[list[Path], list[str]]:
+    """The layouts of a sweep that completed, and a warning naming each that did not (and how it stands)."""
+    done, unfinished = [], []
+    for run_dir in sweep_runs(sweep_dir):
+        state = run_state(run_dir) if (run_dir / "spec.json").exists() else None
+        if state == COMPLETED:
+            done.append(run_dir)
+        else:
+            detail = read_state(run_dir).get("detail", "") if state else ""
+            unfinished.append((run_dir.name, f"{state.lower()}: {detail}" if state else "never started"))
+    if not done:
+        raise RecordError(f"no layout of the sweep {sweep_dir} has finished yet "
+                          f"({'; '.join(f'{name} {how}' for name, how in unfinished)}); "
+                          f"`launch resume {sweep_dir}` continues it")
+    return done, [f"layout {name} of {sweep_dir} did not finish ({how}); it is not in the report; "
+                  f"`launch resume {sweep_dir}` continues it" for name, how in unfinished]
+
+
+def build_report(paths: list[Path], out: Path | None = None) -> Report:
+    """Summaries of every run, the scaling table, and report.md / report.json / speedup.png in `out`.
+
+    A sweep's layouts that did not complete (interrupted, failed, never started) are left out of the
+    table, each named in a warning; a run given by its own directory is summarised from its records.
+    """
+    runs, warnings = [], []
+    for p in paths:
+        found, said = _finished_runs(p)
+        runs += found
+        warnings += said
+    warnings += [f"{run_dir} has no summary.json (it did not finish normally); summarised from its records"
+                 for run_dir in runs if not RunPaths(run_dir).summary.exists()]
+    if out is None:
+        grouped = len(paths) == 1 and ((paths[0] / SWEEP_FILE).exists() or (paths[0] / STUDY_FILE).exists())
+        out = paths[0] if grouped else _common_parent(runs) / (
+            "report-" + datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))
+    report = write_report([summarize_dir(run_dir) for run_dir in runs], runs, out)
+    report.warnings = warnings + report.warnings
+    return report
+
+
+def write_report(summaries: list[LayoutSummary], runs: list[Path], out: Path) -> Report:
+    """The scaling table of already computed summaries, written as report.md, report.json and plots."""
+
+    table = scale_layouts(summaries)
+    out.mkdir(parents=True, exist_ok=True)
+    plot = plot_speedup(table, out / "speedup.png")
+    plot_throughput(table, out / "throughput.png")
+    warnings = trust_warnings(table) + emulation_warnings(runs)
+    md = write_markdown(table, out, "Scaling report", notes=[f"runs: {', '.join(str(r) for r in runs)}"]
+                        + [f"WARNING: {w}" for w in warnings])
+    text = json.dumps(to_json_records(table), indent=2)
+    (out / "report.json").write_text(text + "\n")
+    (out / "warnings.json").write_text(json.dumps(warnings, indent=2) + "\n")
+    return Report(table, md, plot, text, warnings, runs=list(runs))
+
+
+def emulation_warnings(runs: list[Path]) -> list[str]:
+    """Runs whose devices were emulated, so their scaling says little about real hardware: workers
+    slowed by sleeping (--emulate-slowdown), or several "nodes" that were processes on one machine."""
+    out = []
+    for run_dir in runs:
+        spec = read_spec(run_dir)
+        if any(f != 1 for f in spec.emulate_slowdown or []):
+            out.append(f"{run_dir}: slow workers were emulated by sleeping (--emulate-slowdown "
+                       f"{','.join(f'{f:g}' for f in spec.emulate_slowdown)}); not a measurement of real mixed hardware")
+        if spec.backend == "local" and spec.nodes > 1:
+            out.append(f"{run_dir}: its {spec.nodes} nodes were processes on one machine (local backend); "
+                       "inter-node communication was not measured")
+    return out
+
+
+def summarize_loaded(run) -> LayoutSummary:
+    """The summary of a run already read with `runstore.load_run`."""
+    spec = run.spec
+    if run.steps.empty:
+        raise RecordError(f"{run.run_dir} has no step records: the run stopped before its first step; see {run.run_dir}/logs")
+    global_batch = int(run.start["global_batch"].iloc[0]) if "global_batch" in run.start else None
+    per_epoch = run.start["steps_per_epoch"].dropna() if "steps_per_epoch" in run.start else []
+    meta = {
+        "label": run_label(spec), "nodes": spec.nodes, "gpus_per_node": spec.gpus_per_node, "workers": spec.workers,
+        "engine": spec.engine.name, "rnn": spec.rnn, "precision": spec.precision, "model": spec.model, "batch_mode": spec.batch_mode,
+        "work_scaling": spec.work_scaling,
+        "global_batch": global_batch, "loss_threshold": spec.loss_threshold, "launched_at": launched_at(run),
+        "lr_warmup_steps": spec.lr_warmup_steps, "steps_per_epoch": int(per_epoch.iloc[0]) if len(per_epoch) else None,
+    }
+    return summarize_run(run.steps, run.val, run.events, meta)
+
+
+def launched_at(run) -> float | None:
+    """When the run's launch began (launch.json `started`), else its earliest `start` record (the
+    start-up before it then goes uncounted), else None."""
+    path = RunPaths(run.run_dir).launch
+    if path.exists():
+        started = read_json(path, "launch file").get("started")
+        if started is not None:
+            return float(started)
+    if len(run.start) and "time" in run.start.columns:
+        return float(pd.to_numeric(run.start["time"]).min())
+    return None
+
+
+def _common_parent(paths: list[Path]) -> Path:
+    parents = {p.resolve().parent for p in paths}
+    return parents.pop() if len(parents) == 1 else Path.cwd()

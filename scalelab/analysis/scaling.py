@@ -1,0 +1,633 @@
+"""Scaling figures computed from run records: per-step table, per-run summary, strong/weak scaling.
+
+Everything here is a pure function of DataFrames and dicts (no I/O, no printing), so the same code
+serves the CLI, `summary.json` and the tests. The record format and the throughput formula are
+defined in docs/records.md; this module is their single implementation:
+
+    t_step    = max over ranks of step_s                 (the slowest rank sets the step time)
+    words/s   = sum over steps and ranks of words   / sum over steps of t_step
+    samples/s = sum over steps and ranks of samples / sum over steps of t_step
+
+over the measured (non-warm-up) steps.
+
+Scaling definitions (standard HPC usage, see shared/reference/README.md):
+
+    speedup     S = throughput(N) / throughput(base)          (or t(base) / t(N) for a fixed problem)
+    efficiency  E = S / n,  n = workers / base_workers
+    Karp-Flatt  e = (1/S - 1/n) / (1 - 1/n)                  (experimentally determined serial fraction)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+import pandas as pd
+
+from scalelab.core.errors import RecordError
+
+__all__ = [
+    "PHASES",
+    "STEP_TABLE_COLUMNS",
+    "SCALING_COLUMNS",
+    "LayoutSummary",
+    "step_table",
+    "summarize_run",
+    "scaling_table",
+    "scale_layouts",
+    "karp_flatt",
+    "pooled_noise_scale",
+    "BATCH_SCALING",
+]
+
+#: Per-step phase timings of a step record (seconds); they add up to (at most) `step_s`.
+PHASES: tuple[str, ...] = ("data_s", "forward_s", "backward_s", "exchange_s", "optimizer_s")
+
+#: Columns of the DataFrame returned by `step_table`, in order.
+STEP_TABLE_COLUMNS: tuple[str, ...] = (
+    "step", "epoch", "warmup", "ranks", "slowest_rank", "t_step",
+    "words", "samples", *PHASES, "loss", "lr", "time",
+)
+
+#: Columns that `scaling_table` adds to its input.
+SCALING_COLUMNS: tuple[str, ...] = ("base_workers", "n", "speedup", "efficiency", "karp_flatt")
+
+_REQUIRED_STEP_COLUMNS = ("rank", "step", "step_s", "words", "samples")
+_MODES = ("strong", "weak")
+
+
+# --------------------------------------------------------------------------------------------------
+# per-step table
+
+
+def step_table(records: pd.DataFrame) -> pd.DataFrame:
+    """Collapse the step records of ONE run (all ranks) into one row per optimizer step.
+
+    Columns (`STEP_TABLE_COLUMNS`): step, epoch, warmup, ranks, slowest_rank, t_step, words,
+    samples, data_s, forward_s, backward_s, exchange_s, optimizer_s, loss, lr, time.
+
+    - `t_step` is the maximum `step_s` over ranks: in synchronous data parallelism every rank waits
+      for the slowest one at the gradient exchange, so the slowest rank sets the step time.
+    - `words` and `samples` are summed over ranks (the work the whole layout did in that step).
+    - The phase columns are taken from the slowest rank of the step (`slowest_rank`), NOT averaged.
+      Why: they then add up to `t_step` and explain it. Averaging phases over ranks would mix the
+      fast ranks' idle time (which shows up as a long `backward_s`/`exchange_s` while they wait
+      in the all-reduce) with the slow rank's real work, and the shares would not sum to the step.
+      Ties in `step_s` go to the lowest rank, so the choice is deterministic.
+    - `loss` is the plain mean of the ranks' losses (`lr` the largest rank's LR: they agree); `warmup` is true if any rank marked the step (or traced it with --profile-steps)
+      as warm-up; `ranks` counts the ranks that reported the step (fewer than the world size means
+      the run stopped in the middle of that step); `time` is the latest rank's end-of-step time.
+    - A step that a rank recorded twice (re-done after resuming from an older checkpoint) keeps
+      its latest record (by `time`), so `step` is unique and the table follows the surviving run.
+
+    Rows with another `kind` than "step" are ignored when a `kind` column exists, and so are the steps
+    of parameter-server ranks (`role` "server", `--ps-placement separate`): they train on no data, and
+    a worker's step already includes waiting for them in the exchange; `ranks` counts workers. The work is
+    vectorised (groupbys only, no per-row Python), so a million records take a fraction of a second.
+
+    Raises RecordError when a required column (rank, step, step_s, words, samples) is missing.
+    """
+    work = _step_columns(records)
+    if len(work) == 0:
+        return pd.DataFrame({c: pd.Series(dtype=_STEP_DTYPES.get(c, "float64")) for c in STEP_TABLE_COLUMNS})
+    work = _latest_attempts(work)
+    grouped = work.groupby("step", sort=True)
+    agg = grouped.agg(
+        epoch=("epoch", "max"),
+        warmup=("warmup", "max"),
+        ranks=("rank", "size"),
+        words=("words", "sum"),
+        samples=("samples", "sum"),
+        loss=("loss", "mean"),
+        lr=("lr", "max"),
+        time=("time", "max"),
+    )
+    out = agg.join(_slowest_ranks(work, grouped)).reset_index()
+    out["warmup"] = out["warmup"].astype(bool)
+    out["ranks"] = out["ranks"].astype("int64")
+    return out.loc[:, list(STEP_TABLE_COLUMNS)]
+
+
+def _step_columns(records: pd.DataFrame) -> pd.DataFrame:
+    """The step records' fields as numeric columns (absent optional fields all NaN, warmup False)."""
+    missing = [c for c in _REQUIRED_STEP_COLUMNS if c not in records.columns]
+    if missing:
+        raise RecordError(
+            f"step records lack the column(s) {', '.join(missing)}; "
+            "they must follow docs/records.md (kind 'step')"
+        )
+    df = records
+    if "kind" in df.columns:
+        df = df[df["kind"] == "step"]
+    if "role" in df.columns:
+        df = df[df["role"] != "server"]  # ps server ranks: no samples, not workers (docs/records.md)
+    cols: dict[str, Any] = {"rank": pd.to_numeric(df["rank"]).to_numpy(), "step": pd.to_numeric(df["step"]).to_numpy()}
+    for col in ("step_s", "words", "samples", "loss", "lr", "time", "epoch", *PHASES):
+        cols[col] = _float(df, col)
+    if "warmup" in df.columns:
+        cols["warmup"] = df["warmup"].fillna(False).astype(bool).to_numpy()
+    else:
+        cols["warmup"] = np.zeros(len(df), dtype=bool)
+    if "profiled" in df.columns:  # steps traced by --profile-steps ran slower: not timed, like warm-up
+        cols["warmup"] = cols["warmup"] | df["profiled"].fillna(False).astype(bool).to_numpy()
+    work = pd.DataFrame(cols)
+    if work["step_s"].isna().any() or work["step"].isna().any() or work["rank"].isna().any():
+        raise RecordError("step records with an empty rank, step or step_s: the record files are corrupt")
+    return work
+
+
+def _latest_attempts(work: pd.DataFrame) -> pd.DataFrame:
+    """A (rank, step) seen twice is a step re-done after a resume: keep the latest attempt (by time)."""
+    if not work.duplicated(["rank", "step"]).any():
+        return work
+    return (
+        work.sort_values(["rank", "step", "time"], kind="stable", na_position="first")
+        .drop_duplicates(["rank", "step"], keep="last")
+    )
+
+
+def _slowest_ranks(work: pd.DataFrame, grouped: pd.core.groupby.DataFrameGroupBy) -> pd.DataFrame:
+    """Per step (the index): slowest_rank, t_step and its phases. The slowest rank is the one whose
+    step_s equals the step's maximum, the lowest such rank on a tie (two cythonised groupbys; a
+    lexsort of all rows is ~20x slower)."""
+    is_max = work["step_s"].to_numpy() == grouped["step_s"].transform("max").to_numpy()
+    slowest = work[is_max].groupby("step", sort=True)["rank"].idxmin()
+    slow = work.loc[slowest.to_numpy()].set_index("step")
+    return slow[["rank", "step_s", *PHASES]].rename(columns={"rank": "slowest_rank", "step_s": "t_step"})
+
+
+_STEP_DTYPES = {"step": "int64", "warmup": "bool", "ranks": "int64", "slowest_rank": "int64"}
+
+
+def _float(df: pd.DataFrame, col: str) -> np.ndarray:
+    """Column as float64 (None -> NaN); all-NaN when the column is absent (an optional field)."""
+    if col not in df.columns:
+        return np.full(len(df), np.nan)
+    return pd.to_numeric(df[col], errors="coerce").to_numpy(dtype="float64", na_value=np.nan)
+
+
+# --------------------------------------------------------------------------------------------------
+# per-run summary
+
+
+@dataclass
+class LayoutSummary:
+    """What one run (one layout) measured: throughput, step-time statistics, phases, convergence.
+
+    Throughput follows docs/records.md over the measured (non-warm-up, complete) steps. Phase
+    shares are fractions of the summed step time, from the slowest rank of each step (see
+    `step_table`); `share_exchange` is None when the engine does not expose the exchange wait.
+    Fields that cannot be known are None (never NaN), so `asdict` is directly JSON-serialisable.
+    """
+
+    label: str
+    workers: int
+    nodes: int
+    gpus_per_node: int
+    engine: str | None
+    rnn: str | None
+    model: str | None
+    mode: str
+    global_batch: int | None
+    steps_measured: int
+    steps_warmup: int
+    steps_incomplete: int
+    words_per_s: float
+    samples_per_s: float
+    step_s_mean: float
+    step_s_median: float
+    step_s_p90: float
+    step_s_std: float
+    share_data: float | None
+    share_forward: float | None
+    share_backward: float | None
+    share_exchange: float | None
+    share_optimizer: float | None
+    final_loss: float | None
+    final_val_loss: float | None
+    loss_threshold: float | None
+    reached_threshold: bool | None
+    time_to_threshold_s: float | None
+    steps_to_threshold: int | None
+    # what was processed until the threshold (warm-up steps included: they trained too), the wall
+    # time from the launch to the threshold event (start-up, validation and checkpoints included:
+    # they are paid), and the launch's start-up until the first step began
+    samples_to_threshold: int | None = None
+    words_to_threshold: int | None = None
+    wall_to_threshold_s: float | None = None
+    startup_s: float | None = None
+    # the gradient noise scale B_simple (samples) pooled over ranks and the later half of the steps
+    # up to the threshold (or the end); how the global batch changes with the workers; the LR of
+    # the last step and the steps of LR warm-up (the rule the convergence was measured under)
+    noise_scale: float | None = None
+    steps_per_epoch: int | None = None
+    batch_scaling: str | None = None
+    work_scaling: str | None = None  # fixed / growing as the sweep set it (spec.work_scaling); None outside a sweep
+    lr: float | None = None
+    lr_warmup_steps: int | None = None
+    # the step of the first validation: a threshold reached there is only known to lie before it
+    first_val_step: int | None = None
+    precision: str | None = None  # fp32 / bf16 / fp16; None in summaries written before the choice existed
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain dict (for summary.json and DataFrames)."""
+        return asdict(self)
+
+
+def summarize_run(
+    step_records: pd.DataFrame,
+    val_records: pd.DataFrame | None,
+    events: pd.DataFrame | None,
+    meta: dict[str, Any],
+) -> LayoutSummary:
+    """Summarise one run from its records.
+
+    `meta` carries label, nodes, gpus_per_node, workers, engine, rnn, precision, model, batch_mode
+    ("strong" | "weak"), work_scaling ("fixed" | "growing", set by a sweep), global_batch, loss_threshold, launched_at (time.time() of the launch),
+    lr_warmup_steps, steps_per_epoch (missing keys default to None; `workers` defaults to nodes x gpus_per_node,
+    else to the number of ranks seen).
+
+    Measured steps are those not marked warm-up and reported by every rank: a step that only some
+    ranks finished (the run was interrupted inside it) has no meaningful slowest-rank time.
+
+    Convergence: the first `threshold` event (lowest step) gives `time_to_threshold_s`
+    (its `elapsed_s`: training time excluding validation) and `steps_to_threshold`; without such an
+    event, the first validation record with `val_loss <= loss_threshold` is used. `reached_threshold`
+    is None when no threshold is configured or no validation ran (nothing to judge by), else a bool.
+    `final_loss` is the mean training loss of the last step; `final_val_loss` the last validation.
+
+    Raises RecordError when no measured step exists, because every timing would be undefined.
+    """
+    mode = meta.get("batch_mode") or meta.get("mode") or "strong"
+    if mode not in _MODES:
+        raise ValueError(f"batch_mode must be one of {_MODES}, got {mode!r}")
+    steps = step_table(step_records)
+    measured, counts = _measured_steps(steps, meta.get("label", "?"))
+    threshold = _float_or_none(meta.get("loss_threshold"))
+    reached, t_thr, s_thr = _threshold(val_records, events, threshold)
+    return LayoutSummary(
+        label=str(meta.get("label") or ""),
+        **_layout_of(meta, ranks_seen=int(steps["ranks"].max())),
+        engine=meta.get("engine"),
+        rnn=meta.get("rnn"),
+        model=meta.get("model"),
+        mode=mode,
+        global_batch=_int_or_none(meta.get("global_batch")),
+        **counts,
+        **_rates_and_step_times(measured),
+        **_phase_shares(measured),
+        final_loss=_float_or_none(steps["loss"].iloc[-1]),
+        final_val_loss=_final_val_loss(val_records),
+        loss_threshold=threshold,
+        reached_threshold=reached,
+        time_to_threshold_s=t_thr,
+        steps_to_threshold=s_thr,
+        **_work_to(steps, s_thr),
+        **_wall_times(step_records, events, s_thr, _float_or_none(meta.get("launched_at"))),
+        noise_scale=pooled_noise_scale(step_records, s_thr),
+        steps_per_epoch=_int_or_none(meta.get("steps_per_epoch")),
+        batch_scaling=BATCH_SCALING[mode],
+        work_scaling=meta.get("work_scaling"),
+        lr=_float_or_none(steps["lr"].iloc[-1]) if "lr" in steps.columns else None,
+        lr_warmup_steps=_int_or_none(meta.get("lr_warmup_steps")),
+        first_val_step=_first_val_step(val_records),
+        precision=meta.get("precision"),
+    )
+
+
+def _first_val_step(val_records: pd.DataFrame | None) -> int | None:
+    if val_records is None or not len(val_records) or "step" not in val_records.columns:
+        return None
+    return _int_or_none(pd.to_numeric(val_records["step"], errors="coerce").min())
+
+
+# ---- results that cannot be trusted -------------------------------------------------------------
+
+#: Fewer measured steps than this make every timing a guess (warm-up effects, one slow step).
+MIN_MEASURED_STEPS = 10
+#: A step-time standard deviation over this share of the mean: the machine was busy or the run unsteady.
+MAX_STEP_SPREAD = 0.20
+
+
+def trust_warnings(table: pd.DataFrame) -> list[str]:
+    """What in a scaling table (`scale_layouts`) cannot be trusted, one sentence per finding, as data
+    so every report (terminal, Markdown, JSON) shows the same words."""
+    out: list[str] = []
+    for _, row in table.iterrows():
+        who = f"{row.get('label') or 'run'} at {row.get('workers')} worker(s)"
+        measured = _int_or_none(row.get("steps_measured"))
+        if measured is not None and measured < MIN_MEASURED_STEPS:
+            out.append(f"{who}: only {measured} measured step(s) (fewer than {MIN_MEASURED_STEPS}); "
+                       "its timings are not reliable: run more --steps")
+        mean, std = _float_or_none(row.get("step_s_mean")), _float_or_none(row.get("step_s_std"))
+        if mean and std is not None and std / mean > MAX_STEP_SPREAD:
+            out.append(f"{who}: step times spread {std / mean:.0%} around their mean (over "
+                       f"{MAX_STEP_SPREAD:.0%}): the machine was busy or the steps uneven")
+        serial = _float_or_none(row.get("karp_flatt"))
+        if serial is not None and not 0 <= serial <= 1:
+            out.append(f"{who}: Karp-Flatt serial fraction {serial:.2f} is outside [0, 1]: the speedup "
+                       "is not explained by a serial part (noise, or a different workload per layout)")
+        reached, first = _int_or_none(row.get("steps_to_threshold")), _int_or_none(row.get("first_val_step"))
+        if reached is not None and first is not None and reached <= first:
+            out.append(f"{who}: the loss threshold was reached at the first validation (step {reached}); "
+                       "the time to the threshold is only an upper bound: validate more often (--val-every)")
+    return out
+
+
+#: How the global batch changes with the workers, by the trainer's batch mode: fixed (strong: the
+#: global batch is split) or growing (weak: every worker keeps its batch).
+BATCH_SCALING = {"strong": "fixed", "weak": "growing"}
+
+
+def _work_to(steps: pd.DataFrame, step: int | None) -> dict[str, int | None]:
+    """samples_to_threshold and words_to_threshold: what every rank processed in steps 1..`step`."""
+    if step is None:
+        return {"samples_to_threshold": None, "words_to_threshold": None}
+    done = steps[steps["step"] <= step]
+    return {"samples_to_threshold": int(done["samples"].sum()), "words_to_threshold": int(done["words"].sum())}
+
+
+def _wall_times(step_records: pd.DataFrame, events: pd.DataFrame | None, step: int | None,
+                launched_at: float | None) -> dict[str, float | None]:
+    """wall_to_threshold_s (launch to the threshold event) and startup_s (launch to the start of
+    the first step), when the launch time is known."""
+    out: dict[str, float | None] = {"wall_to_threshold_s": None, "startup_s": None}
+    if launched_at is None:
+        return out
+    if "time" in step_records.columns and len(step_records):
+        begun = pd.to_numeric(step_records["time"], errors="coerce") - pd.to_numeric(step_records["step_s"])
+        out["startup_s"] = float(begun.min()) - launched_at
+    if step is not None and events is not None and len(events) and "event" in events.columns:
+        ev = events[(events["event"] == "threshold") & (pd.to_numeric(events.get("step"), errors="coerce") == step)]
+        if len(ev) and "time" in ev.columns:
+            out["wall_to_threshold_s"] = float(pd.to_numeric(ev["time"]).max()) - launched_at
+    return out
+
+
+def pooled_noise_scale(step_records: pd.DataFrame, until_step: int | None = None) -> float | None:
+    """B_simple = Σ tr(Σ) / Σ |G|² over every rank's per-step estimates (scalelab/train/noise.py) in the later
+    half of steps 1..`until_step` (default: all steps). Why pooled sums, not a mean of ratios:
+    each step's |G|² is a noisy difference that can be near zero or negative, so ratios explode;
+    the sums are unbiased and their ratio consistent. Why the later half: B_simple grows as the
+    loss falls, and the steps to a threshold are spent mostly near it; the first steps' large
+    gradients would drag it down. None without estimates or with a non-positive pooled |G|²."""
+    if not {"noise_trace", "noise_grad_sq"} <= set(step_records.columns):
+        return None
+    df = step_records
+    if "kind" in df.columns:
+        df = df[df["kind"] == "step"]
+    step = pd.to_numeric(df["step"], errors="coerce")
+    last = float(step.max()) if until_step is None else float(until_step)
+    window = df[(step > last / 2) & (step <= last)]
+    trace = pd.to_numeric(window["noise_trace"], errors="coerce")
+    grad_sq = pd.to_numeric(window["noise_grad_sq"], errors="coerce")
+    ok = trace.notna() & grad_sq.notna()
+    if not ok.any() or float(grad_sq[ok].sum()) <= 0:
+        return None
+    return float(trace[ok].sum()) / float(grad_sq[ok].sum())
+
+
+def _measured_steps(steps: pd.DataFrame, label: str) -> tuple[pd.DataFrame, dict[str, int]]:
+    """(measured steps, their counts): steps not marked warm-up and reported by every rank."""
+    if steps.empty:
+        raise RecordError(
+            f"no step records in run {label!r}: the run did not complete a single "
+            "step; check its logs/ and run it again"
+        )
+    complete = steps["ranks"] == int(steps["ranks"].max())
+    warm = steps["warmup"]
+    measured = steps[~warm & complete]
+    if measured.empty:
+        raise RecordError(
+            f"no measured steps in run {label!r}: {len(steps)} step(s) recorded, "
+            f"{int(warm.sum())} of them warm-up. Timings exclude warm-up steps; "
+            "run more steps than warmup_steps (raise --steps or lower warmup_steps)."
+        )
+    counts = {"steps_measured": int(len(measured)), "steps_warmup": int(warm.sum()),
+              "steps_incomplete": int((~complete).sum())}
+    return measured, counts
+
+
+def _layout_of(meta: dict[str, Any], ranks_seen: int) -> dict[str, int]:
+    """workers, nodes, gpus_per_node from `meta`; workers default to nodes x gpus_per_node, else to
+    the ranks seen; one node of all the workers when the layout is not given."""
+    nodes = _int_or_none(meta.get("nodes"))
+    gpn = _int_or_none(meta.get("gpus_per_node"))
+    workers = _int_or_none(meta.get("workers"))
+    if workers is None:
+        workers = nodes * gpn if nodes is not None and gpn is not None else ranks_seen
+    return {"workers": int(workers), "nodes": nodes if nodes is not None else 1,
+            "gpus_per_node": gpn if gpn is not None else int(workers)}
+
+
+def _rates_and_step_times(measured: pd.DataFrame) -> dict[str, float]:
+    """words/s and samples/s over the measured steps (docs/records.md), and step-time statistics."""
+    t = measured["t_step"].to_numpy(dtype=float)
+    total_t = float(t.sum())
+    return {
+        "words_per_s": float(measured["words"].sum()) / total_t,
+        "samples_per_s": float(measured["samples"].sum()) / total_t,
+        "step_s_mean": float(t.mean()),
+        "step_s_median": float(np.median(t)),
+        "step_s_p90": float(np.percentile(t, 90)),
+        # sample standard deviation; a single measured step has no spread to estimate -> 0.0
+        "step_s_std": float(t.std(ddof=1)) if len(t) > 1 else 0.0,
+    }
+
+
+def _phase_shares(measured: pd.DataFrame) -> dict[str, float | None]:
+    """share_<phase>: the phase's time over the summed step time; None when no step recorded it."""
+    total_t = float(measured["t_step"].to_numpy(dtype=float).sum())
+    shares = {}
+    for phase in PHASES:
+        vals = measured[phase]
+        shares["share_" + phase.removesuffix("_s")] = None if vals.isna().all() else float(vals.sum()) / total_t
+    return shares
+
+
+def _by_step(val_records: pd.DataFrame) -> pd.DataFrame:
+    return val_records.sort_values("step", kind="stable") if "step" in val_records.columns else val_records
+
+
+def _final_val_loss(val_records: pd.DataFrame | None) -> float | None:
+    if val_records is None or not len(val_records) or "val_loss" not in val_records.columns:
+        return None
+    return _float_or_none(_by_step(val_records)["val_loss"].iloc[-1])
+
+
+def _threshold(
+    val_records: pd.DataFrame | None, events: pd.DataFrame | None, threshold: float | None
+) -> tuple[bool | None, float | None, int | None]:
+    """(reached, elapsed_s, step) of the first time validation loss went <= threshold."""
+    if events is not None and len(events) and "event" in events.columns:
+        ev = events[events["event"] == "threshold"]
+        if len(ev):
+            first = ev.sort_values("step", kind="stable").iloc[0] if "step" in ev.columns else ev.iloc[0]
+            return True, _float_or_none(first.get("elapsed_s")), _int_or_none(first.get("step"))
+    if threshold is None:
+        return None, None, None
+    if val_records is None or not len(val_records) or "val_loss" not in val_records.columns:
+        return None, None, None
+    v = _by_step(val_records)
+    hits = v[pd.to_numeric(v["val_loss"], errors="coerce") <= threshold]
+    if hits.empty:
+        return False, None, None
+    first = hits.iloc[0]
+    return True, _float_or_none(first.get("elapsed_s")), _int_or_none(first.get("step"))
+
+
+def _float_or_none(x: Any) -> float | None:
+    if x is None:
+        return None
+    try:
+        f = float(x)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(f) else f
+
+
+def _int_or_none(x: Any) -> int | None:
+    f = _float_or_none(x)
+    return None if f is None else int(f)
+
+
+# --------------------------------------------------------------------------------------------------
+# scaling
+
+
+def karp_flatt(speedup: float | np.ndarray, n: float | np.ndarray) -> float | np.ndarray:
+    """Karp-Flatt serial fraction e = (1/S - 1/n) / (1 - 1/n); NaN where n == 1 (undefined).
+
+    Why report it: efficiency falls with n even for a constant serial part; e stays flat then,
+    and a growing e points at overhead that grows with the worker count (communication).
+    """
+    s = np.asarray(speedup, dtype=float)
+    m = np.asarray(n, dtype=float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        e = np.where(m == 1, np.nan, (1.0 / s - 1.0 / m) / (1.0 - 1.0 / m))
+    return float(e) if e.ndim == 0 else e
+
+
+def scaling_table(
+    rows: Sequence[dict[str, Any]] | pd.DataFrame,
+    mode: str = "strong",
+    series: str | Sequence[str] = "label",
+) -> pd.DataFrame:
+    """Speedup, efficiency and Karp-Flatt serial fraction per series, relative to its smallest layout.
+
+    `rows` have `workers` and either `throughput` (work per second, e.g. words/s) or `time_s`
+    (wall time of a job); `throughput` is used when both are present. Rows are grouped into series
+    by the `series` column(s) (default `label`; absent -> all rows form one series). The base of a
+    series is its row with the fewest workers (the first such row in input order on a tie), and
+    n = workers / base_workers. Columns added (`SCALING_COLUMNS`): base_workers, n, speedup,
+    efficiency, karp_flatt. Input columns and row order are kept.
+
+    - Throughput:  speedup = throughput / base_throughput; efficiency = speedup / n — in both modes.
+      Why the same formula serves weak scaling: with fixed work W per worker per step, throughput_1
+      = W / t1 and throughput_N = N·W / tN, so throughput_N / (N·throughput_1) = t1 / tN, which is
+      exactly the weak-scaling efficiency; and with a fixed global problem (strong), the throughput
+      ratio is t1 / tN, the strong speedup. Throughput thus needs no mode.
+    - time_s, strong (same total work): speedup = t_base / t; efficiency = speedup / n.
+    - time_s, weak (same work per worker, total grows with n): speedup = n·t_base / t (the
+      "scaled" speedup: n times the work in t instead of t_base), efficiency = t_base / t.
+
+    Karp-Flatt e = (1/S - 1/n)/(1 - 1/n) is NaN for n == 1.
+    Raises ValueError on an unknown mode, missing columns, or non-positive workers/throughput/time.
+    """
+    if mode not in _MODES:
+        raise ValueError(f"mode must be one of {_MODES}, got {mode!r}")
+    df = rows.copy() if isinstance(rows, pd.DataFrame) else pd.DataFrame(list(rows))
+    metric = _metric_column(df)
+    if df.empty:
+        for c in SCALING_COLUMNS:
+            df[c] = pd.Series(dtype="float64")
+        return df
+    workers = pd.to_numeric(df["workers"], errors="raise").astype(float).to_numpy()
+    value = pd.to_numeric(df[metric], errors="coerce").astype(float).to_numpy()
+    if (workers <= 0).any() or np.isnan(workers).any():
+        raise ValueError("workers must be positive")
+    if (value <= 0).any():
+        raise ValueError(f"{metric} must be positive (NaN marks a failed run)")
+    base = _base_rows(df, _series_columns(df, series), workers)
+    n = workers / workers[base]
+    if metric == "throughput":
+        speedup = value / value[base]
+        efficiency = speedup / n
+    elif mode == "strong":
+        speedup = value[base] / value
+        efficiency = speedup / n
+    else:  # time_s, weak
+        efficiency = value[base] / value
+        speedup = n * efficiency
+    df["base_workers"] = workers[base]
+    df["n"] = n
+    df["speedup"] = speedup
+    df["efficiency"] = efficiency
+    df["karp_flatt"] = karp_flatt(speedup, n)
+    return df
+
+
+def _metric_column(df: pd.DataFrame) -> str:
+    """throughput when the rows have it, else time_s; ValueError when workers or both are missing."""
+    if "workers" not in df.columns:
+        raise ValueError("scaling_table needs a 'workers' column")
+    for metric in ("throughput", "time_s"):
+        if metric in df.columns:
+            return metric
+    raise ValueError("scaling_table needs a 'throughput' or a 'time_s' column")
+
+
+def _series_columns(df: pd.DataFrame, series: str | Sequence[str]) -> list[str]:
+    """The series columns that `df` has (none: all rows are one series)."""
+    keys = [series] if isinstance(series, str) else list(series)
+    return [k for k in keys if k in df.columns]
+
+
+def _series_key(df: pd.DataFrame, keys: list[str]) -> pd.Series:
+    """One string per row naming its series (the key columns joined)."""
+    return df[keys].astype(str).agg("\x1f".join, axis=1)
+
+
+def _base_rows(df: pd.DataFrame, keys: list[str], workers: np.ndarray) -> np.ndarray:
+    """Position of each row's base: the row of its series with the fewest workers, the first one
+    in input order on a tie (idxmin returns the first)."""
+    pos = pd.RangeIndex(len(df))
+    if keys:
+        groups = pd.Series(_series_key(df, keys).to_numpy(), index=pos)
+    else:
+        groups = pd.Series(np.zeros(len(df), dtype=int), index=pos)
+    base_pos = pd.Series(workers, index=pos).groupby(groups, sort=False).idxmin()
+    return groups.map(base_pos).to_numpy()
+
+
+def scale_layouts(
+    summaries: Iterable[LayoutSummary], series: str | Sequence[str] = "label"
+) -> pd.DataFrame:
+    """The scaling table of a sweep: one row per run, summary columns plus `SCALING_COLUMNS`.
+
+    Speedup is the ratio of `words_per_s` (see `scaling_table` for why this is right in both
+    modes). Runs are grouped into series by `series` (default `label`: give every run of one sweep
+    the same label and let nodes/gpus_per_node tell the layouts apart). Rows come sorted by series
+    (in order of first appearance), then workers, then nodes, so the base of a series is its
+    smallest layout and, among equal worker counts, the one with the fewest nodes (e.g. 1x2 rather
+    than 2x1: no inter-node traffic).
+    """
+    records = [s.to_dict() for s in summaries]
+    if not records:
+        cols = list(LayoutSummary.__dataclass_fields__) + list(SCALING_COLUMNS)
+        return pd.DataFrame(columns=cols)
+    df = pd.DataFrame(records)
+    keys = _series_columns(df, series)
+    if keys:
+        key = _series_key(df, keys)
+        df["_series"] = pd.Categorical(key, categories=list(dict.fromkeys(key)), ordered=True)
+    else:
+        df["_series"] = 0
+    df = df.sort_values(["_series", "workers", "nodes"], kind="stable").drop(columns="_series")
+    df = df.reset_index(drop=True)
+    modes = set(df["mode"])
+    mode = modes.pop() if len(modes) == 1 else "strong"  # throughput-based: mode does not matter
+    out = scaling_table(df.assign(throughput=df["words_per_s"]), mode=mode, series=keys)
+    return out.drop(columns="throughput")

@@ -1,0 +1,473 @@
+"""The `aws` backend: the trainer on EC2 GPU instances (on-demand or spot) through boto3.
+
+schedule: build a wheel of this checkout, put it and the resolved spec in S3, create the run's
+security group (traffic only inside it) and cluster placement group, start the instances with the
+user-data bootstrap (scalelab/aws/bootstrap.py runs there). poll (each tick of scalelab/launcher/runner.py's follow
+loop, at most every `poll_s`): mirror the run's S3 prefix into RUN_DIR (records merged per rank
+across generations, so `launch report` works unchanged), watch the nodes' states, replace spot
+capacity after an interruption (same type, then the fallbacks; the new generation resumes from the
+checkpoint in S3), enforce the time limit and the "never reported" limit, and rewrite the launcher's
+heartbeat (control/launcher.json). finish and cancel tear everything down, and the runner calls one
+of them on every way out (also on SIGINT, SIGTERM, SIGHUP). Where nothing can run in the launcher
+(SIGKILL, a dead laptop), the nodes see its heartbeat stop changing and, after
+`heartbeat_timeout_min`, checkpoint and terminate themselves (scalelab/aws/bootstrap.py); `launch aws gc`
+removes the groups left. Interruptions, replacements and instance-seconds go to
+RUN_DIR/records/aws-events.jsonl for the cost analysis.
+
+Clients are injected (`clients={"ec2": ..., "s3": ...}` or `session=`) so tests point the backend at
+moto; boto3 is imported only when a request is sent.
+
+Order inside the module: options, request (render is in scalelab/aws/render.py), schedule, poll, finish,
+status/logs/cancel.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from scalelab.aws import mirror, render
+from scalelab.aws import teardown as td
+from scalelab.aws.bootstrap import LAUNCHER_HEARTBEAT, LAUNCHER_LOST, STOP_REQUEST, node_order
+from scalelab.aws.options import AwsOptions
+from scalelab.aws.render import AwsRequest, Plan
+from scalelab.core.errors import ScalelabError, SpecError
+from scalelab.core.lock import RunBusy
+from scalelab.core.rundir import (
+    CANCELLED,
+    COMPLETED,
+    FAILED,
+    RUNNING,
+    TERMINAL,
+    UNKNOWN,
+    RunPaths,
+    edit_state,
+    read_state,
+    start_state,
+    update_state,
+)
+from scalelab.core.spec import Spec, read_spec
+from scalelab.core.waiting import wait_until
+from scalelab.launcher.backend import Backend, RunStatus, log_text
+
+CAPACITY_ERRORS = {"InsufficientInstanceCapacity", "InsufficientCapacity", "SpotMaxPriceTooLow",
+                   "MaxSpotInstanceCountExceeded", "InstanceLimitExceeded", "Unsupported"}
+ROOT = Path(__file__).resolve().parents[2]  # the project root (pyproject.toml) of a source checkout
+
+
+class AwsBackend(Backend):
+    name = "aws"
+    Options = AwsOptions  # the valid options, their defaults and checks (scalelab/aws/options.py)
+
+    def __init__(self, options: dict[str, Any] | None = None, *, session=None,
+                 clients: dict[str, Any] | None = None, endpoint_url: str | None = None) -> None:
+        super().__init__(options)
+        self._session, self._clients, self._endpoint = session, dict(clients or {}), endpoint_url
+        self._plan: Plan | None = None
+
+    def _forget(self) -> None:
+        self._plan = None  # the plan of another run (another instance type)
+
+    # ---- request (pure) --------------------------------------------------------------------------
+
+    def region(self) -> str:
+        if self.options["region"]:
+            return str(self.options["region"])
+        if self._session is not None:
+            return self._session.region_name or ""
+        try:
+            import boto3
+        except ImportError:
+            raise SpecError("the aws backend needs boto3: pip install boto3") from None
+        return boto3.Session().region_name or ""  # environment and config files only: no call
+
+    def check(self, spec: Spec) -> None:
+        render.make_plan(spec, Path("runs/validate"), self.options, self.region())
+
+    def submit_dryrun(self, spec: Spec, run_dir: Path) -> AwsRequest:
+        plan = render.make_plan(spec, run_dir, self.options, self.region())
+        return AwsRequest(Path(run_dir), plan, render.all_calls(plan))
+
+    # ---- clients ---------------------------------------------------------------------------------
+
+    def client(self, service: str, region: str):
+        if service in self._clients:
+            return self._clients[service]
+        try:
+            import boto3
+        except ImportError:
+            raise ScalelabError("the aws backend needs boto3: pip install boto3") from None
+        session = self._session or boto3.Session(region_name=region)
+        if session.get_credentials() is None:
+            raise ScalelabError(
+                "no AWS credentials found: run `aws configure` (or `aws sso login`), or set AWS_PROFILE, or "
+                "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY; they stay on this machine (instances use --instance-profile)")
+        self._clients[service] = session.client(service, region_name=region, endpoint_url=self._endpoint)
+        return self._clients[service]
+
+    # ---- schedule --------------------------------------------------------------------------------
+
+    def schedule(self, request: AwsRequest) -> str:
+        plan, run_dir = request.plan, Path(request.run_dir)
+        self._plan = plan
+        self._refuse_while_running(plan, run_dir)
+        RunPaths(run_dir).logs.mkdir(parents=True, exist_ok=True)
+        start_state(run_dir, backend=self.name, run_id=plan.run_id, region=plan.region, bucket=plan.bucket,
+                    prefix=plan.prefix, node_types=plan.node_types, started=time.time(), generation=0,
+                    instances=[], refs={}, replacements=0, requests=request.calls)
+        try:
+            ec2, s3 = self.client("ec2", plan.region), self.client("s3", plan.region)
+            generation = _next_generation(s3, plan)
+            s3.delete_object(Bucket=plan.bucket, Key=plan.key(STOP_REQUEST))  # a resumed run was cancelled before
+            _beat(s3, plan.bucket, plan.prefix)
+            refs: dict[str, Any] = {}
+            for call in request.calls:
+                if call["operation"] == "RunInstances":
+                    continue
+                self._send(call, refs, ec2, s3, run_dir)
+                update_state(run_dir, refs=refs)  # what exists is known at once: teardown deletes exactly that
+            update_state(run_dir, generation=generation)
+            self._launch_generation(run_dir, generation)
+        except BaseException as exc:  # the runner records how the launch ended
+            self._safe_teardown(run_dir, CANCELLED if isinstance(exc, KeyboardInterrupt) else FAILED)
+            if _is_client_error(exc):
+                raise _user_error(exc, "starting the run") from None
+            raise
+        return plan.run_id
+
+    def _refuse_while_running(self, plan: Plan, run_dir: Path) -> None:
+        """One generation at a time: a resume while instances of the run still run is refused.
+
+        That happens after the launcher that followed them was killed: they go on until its heartbeat
+        is `heartbeat_timeout_min` old.
+        """
+        up = td.instances(self.client("ec2", plan.region), plan.run_id, ["pending", "running"])
+        if up:
+            raise RunBusy(
+                f"run {run_dir} still has {len(up)} instance(s) running ({up[0]['InstanceId']}...): its launcher is "
+                f"gone and they stop by themselves {self.options['heartbeat_timeout_min']:g} min after its last "
+                f"heartbeat; `launch cancel {run_dir}` stops them now (with a checkpoint), then `launch resume {run_dir}`")
+
+    def _send(self, call: dict[str, Any], refs: dict[str, Any], ec2, s3, run_dir: Path) -> dict:
+        params = _resolve(call["params"], refs, ec2, self.options)
+        if call["service"] == "s3":
+            if params["Body"] == render.WHEEL_BODY:
+                s3.upload_file(str(self._wheel(run_dir)), params["Bucket"], params["Key"])
+                return {}
+            return s3.put_object(**{**params, "Body": params["Body"].encode()})
+        from botocore import xform_name
+
+        response = getattr(ec2, xform_name(call["operation"]))(**params)
+        if call.get("name"):
+            refs[call["name"]] = {k: v for k, v in response.items() if k != "ResponseMetadata"}
+        return response
+
+    def _wheel(self, run_dir: Path) -> Path:
+        if self.options["wheel"]:
+            path = Path(self.options["wheel"])
+            if not path.is_file():
+                raise ScalelabError(f"wheel not found: {path} (check --backend-opt wheel=PATH)")
+            return path
+        if not (ROOT / "pyproject.toml").is_file():
+            raise ScalelabError("cannot build the package to ship: no pyproject.toml beside the aws package; "
+                                "pass --backend-opt wheel=PATH (pip wheel --no-deps scalelab)")
+        out = Path(tempfile.mkdtemp(prefix="scalelab-wheel-"))
+        proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+                               "-w", str(out), str(ROOT)], capture_output=True, text=True)
+        wheel = out / render.PACKAGE_NAME
+        if proc.returncode or not wheel.is_file():
+            raise ScalelabError(f"building the wheel {render.PACKAGE_NAME} of {ROOT} failed: {proc.stderr.strip()[-500:]}")
+        return wheel
+
+    def _launch_generation(self, run_dir: Path, generation: int) -> None:
+        """Start a generation's instances: the planned types, else each fallback type in turn."""
+        plan = self._plan_for(run_dir)
+        ec2 = self.client("ec2", plan.region)
+        refs = read_state(run_dir)["refs"]
+        candidates = [plan.node_types] + [[t] * plan.nodes for t in self.options.get("fallback_instance_types") or []]
+        errors = []
+        for types in candidates:
+            try:
+                for call in render.run_instances_calls(plan, generation, types):
+                    response = ec2.run_instances(**_resolve(call["params"], refs, ec2, self.options))
+                    self._record_instances(run_dir, generation, response["Instances"])
+                update_state(run_dir, generation=generation, generation_started=time.time(), node_types=types)
+                return
+            except Exception as exc:
+                code = _error_code(exc)
+                if code not in CAPACITY_ERRORS:
+                    raise
+                errors.append(f"{types[0]}: {code}")
+                td.terminate(ec2, [i["InstanceId"] for i in td.instances(ec2, plan.run_id, td.LIVE_STATES, generation)])
+        raise ScalelabError(f"no EC2 capacity for the run ({'; '.join(errors)}); try another --instance-type, "
+                            "--fallback-instance-type, region or --on-demand")
+
+    def _record_instances(self, run_dir: Path, generation: int, instances: list[dict]) -> None:
+        with edit_state(run_dir) as info:
+            for i in instances:
+                info["instances"].append({"id": i["InstanceId"], "type": i["InstanceType"], "generation": generation,
+                                          "lifecycle": i.get("InstanceLifecycle", "on-demand"), "launched": time.time()})
+        mirror.event(run_dir, "instances_started", generation=generation,
+                     instances=[{"id": i["InstanceId"], "type": i["InstanceType"],
+                           "lifecycle": i.get("InstanceLifecycle", "on-demand")} for i in instances])
+
+    def _plan_for(self, run_dir: Path) -> Plan:
+        """The plan of this run: the one scheduled by this object, else rebuilt from spec.json."""
+        if self._plan is None:
+            info = read_state(run_dir)
+            self._plan = render.make_plan(read_spec(Path(run_dir)), Path(run_dir), self.options, info["region"])
+        return self._plan
+
+    # ---- poll ------------------------------------------------------------------------------------
+
+    def poll(self, run_dir: Path) -> RunStatus:
+        """Mirror S3 into the run directory, then look at the run (and replace interrupted capacity)."""
+        run_dir = Path(run_dir)
+        try:
+            info = read_state(run_dir)
+            _beat(self.client("s3", info["region"]), info["bucket"], info["prefix"])  # "still following"
+            self.pull(run_dir)
+            outcome = self._check(run_dir)
+        except Exception as exc:  # the runner then cancels the run: every instance is terminated
+            if _is_client_error(exc):
+                raise _user_error(exc, "following the run") from None
+            raise
+        return outcome or RunStatus(RUNNING, f"generation {read_state(run_dir)['generation']}")
+
+    def _check(self, run_dir: Path) -> RunStatus | None:
+        """One look at the run: None while it goes on, else how it ended (instances still up)."""
+        info = read_state(run_dir)
+        if info.get("state") == CANCELLED:  # `launch cancel` from another process
+            return RunStatus(CANCELLED, "cancelled")
+        plan, gen, now = self._plan_for(run_dir), int(info["generation"]), time.time()
+        ec2 = self.client("ec2", plan.region)
+        copy = run_dir / mirror.MIRROR_DIR
+        statuses = mirror.json_files(copy / "status" / f"gen-{gen}", lambda n: not n.endswith(".heartbeat.json"))
+        beats = mirror.json_files(copy / "status" / f"gen-{gen}", lambda n: n.endswith(".heartbeat.json"))
+        notices = mirror.json_files(copy / "events" / f"gen-{gen}", lambda n: True)
+        nodes = sorted(td.instances(ec2, plan.run_id, None, gen), key=node_order)
+        if not nodes:
+            return RunStatus(FAILED, f"no instance of generation {gen} exists")
+        leader = nodes[0]["InstanceId"]
+        lead = statuses.get(leader, {}).get("state")
+        if lead == "completed":
+            return RunStatus(COMPLETED, f"generation {gen} finished on {len(nodes)} instance(s)")
+        if any(s.get("reason") == LAUNCHER_LOST for s in statuses.values()):
+            return RunStatus(FAILED, f"the instances stopped themselves: no heartbeat from the launcher for "
+                                     f"{self.options['heartbeat_timeout_min']:g} min (was it suspended?); "
+                                     f"`launch resume {run_dir}` continues from the last checkpoint")
+        failed = {i: s for i, s in statuses.items() if s.get("state") == "failed"}
+        if failed:
+            return RunStatus(FAILED, "; ".join(f"{i}: {s.get('error') or 'exit code ' + str(s.get('exit_code'))}"
+                                                 for i, s in failed.items()))
+        gone = [n for n in nodes if n["State"]["Name"] in ("shutting-down", "terminated", "stopping", "stopped")
+                and statuses.get(n["InstanceId"], {}).get("state") != "completed"]
+        if notices or gone or lead == "interrupted":
+            first = info.setdefault("interrupted_at", now)
+            update_state(run_dir, interrupted_at=first)
+            if lead is None and now - first < float(self.options["interruption_grace_s"]) and leader not in {n["InstanceId"] for n in gone}:
+                return None  # the leader is still checkpointing
+            return self._replace(run_dir, gen, nodes, notices, gone)
+        silent = [n["InstanceId"] for n in nodes if n["InstanceId"] not in beats and n["InstanceId"] not in statuses]
+        started = float(info.get("generation_started", info["started"]))
+        if silent and now - started > float(self.options["report_timeout_min"]) * 60:
+            return RunStatus(FAILED, f"instance(s) {', '.join(silent)} never reported within "
+                                       f"{self.options['report_timeout_min']} min of starting; see their console output "
+                                       f"(aws ec2 get-console-output --instance-id {silent[0]})")
+        if now - float(info["started"]) > float(self.options["timeout_min"]) * 60:
+            return RunStatus(FAILED, f"time limit of {self.options['timeout_min']} min reached (--time-limit-min)")
+        return None
+
+    def _replace(self, run_dir: Path, gen: int, nodes: list[dict], notices: dict, gone: list[dict]) -> RunStatus | None:
+        """Record the interruption, end the generation, start the next one from the checkpoint."""
+        ec2 = self.client("ec2", self._plan_for(run_dir).region)
+        info = read_state(run_dir)
+        last_step = mirror.last_step(mirror.generation_records(run_dir, gen))
+        hit = sorted(set(notices) | {n["InstanceId"] for n in gone})
+        types = {n["InstanceId"]: n["InstanceType"] for n in nodes}
+        for iid in hit:
+            mirror.event(run_dir, "spot_interruption", generation=gen, instance_id=iid, instance_type=types.get(iid),
+                   notice=(notices.get(iid) or {}).get("notice"), last_step=last_step,
+                   interrupted_at=info.get("interrupted_at"))
+        td.terminate(ec2, [n["InstanceId"] for n in nodes if n["State"]["Name"] not in ("terminated", "shutting-down")])
+        self._mark_ended(run_dir, gen)
+        if int(info.get("replacements", 0)) >= int(self.options["max_replacements"]):
+            return RunStatus(FAILED, f"capacity was interrupted {info.get('replacements', 0) + 1} times "
+                                       f"(max_replacements {self.options['max_replacements']}); "
+                                       f"`launch resume {run_dir}` continues from the last checkpoint")
+        with edit_state(run_dir) as info:
+            info.pop("interrupted_at", None)
+            info["replacements"] = int(info.get("replacements", 0)) + 1
+        self._launch_generation(run_dir, gen + 1)
+        mirror.event(run_dir, "capacity_replaced", generation=gen + 1, instance_types=read_state(run_dir)["node_types"],
+                     resume_from_step=mirror.checkpoint_step(run_dir))
+        return None
+
+    # ---- mirror S3 into the run directory -----------------------------------------------------
+
+    def pull(self, run_dir: Path) -> None:
+        """Mirror the run's S3 prefix into RUN_DIR (see scalelab/aws/mirror.py)."""
+        info = read_state(run_dir)
+        etags = mirror.pull(self.client("s3", info["region"]), Path(run_dir), info)
+        if etags is not None:
+            update_state(run_dir, etags=etags)
+
+    # ---- the end -----------------------------------------------------------------------------
+
+    def finish(self, run_dir: Path, status: RunStatus) -> RunStatus:
+        """The last records and logs from S3, then everything of the run removed."""
+        try:
+            self.pull(run_dir)
+        finally:
+            self._teardown(Path(run_dir), status.state)
+        return status
+
+    def _mark_ended(self, run_dir: Path, generation: int | None = None) -> None:
+        with edit_state(run_dir) as info:
+            for inst in info["instances"]:
+                if inst.get("ended") is None and (generation is None or inst["generation"] == generation):
+                    inst["ended"] = time.time()
+
+    def _safe_teardown(self, run_dir: Path, state: str) -> None:
+        """Teardown on an error path: a failing teardown must not hide the original error, but is said."""
+        if not self._clients and self._session is None:
+            try:
+                self.client("ec2", read_state(run_dir)["region"])
+            except ScalelabError:  # no credentials: nothing can have been created
+                return
+        try:
+            self._teardown(run_dir, state)
+        except Exception as exc:  # noqa: BLE001
+            run_id = render.cloud_run_id(run_dir)
+            print(f"launch: warning: could not tear down run {run_id} ({exc!r}); "
+                  f"run `launch aws gc --run-id {run_id}`", file=sys.stderr)
+
+    def _teardown(self, run_dir: Path, state: str) -> None:
+        """Whatever happened: terminate every instance of the run, delete its groups, record what went.
+
+        `state` is how the run ended for the cost events; an end the runner recorded already (a
+        cancel) wins, as it does in launch.json.
+        """
+        info = read_state(run_dir)
+        region = info["region"]
+        created_pgs = [c["params"]["GroupName"] for c in info.get("requests", [])
+                       if c["operation"] == "CreatePlacementGroup" and "placement_group" in info.get("refs", {})]
+        removed = td.teardown(self.client("ec2", region), info["run_id"], poll_s=min(5.0, float(self.options["poll_s"])),
+                              placement_groups=created_pgs)
+        self._mark_ended(run_dir)
+        info = update_state(run_dir, removed=removed)
+        state = info["state"] if info.get("state") in TERMINAL else state
+        mirror.event(run_dir, "aws_end", state=state, **mirror.cost_facts(run_dir, info))
+
+    # ---- status, logs, cancel ------------------------------------------------------------------
+
+    def status(self, run_dir: Path) -> RunStatus:
+        info = read_state(run_dir)
+        if info.get("state") in TERMINAL:
+            return RunStatus(info["state"], info.get("detail", ""))
+        live = td.instances(self.client("ec2", info["region"]), info["run_id"], ["pending", "running"])
+        if live:
+            return RunStatus(RUNNING, f"{len(live)} instance(s) up, generation {info.get('generation')}")
+        return RunStatus(UNKNOWN, "no instance is up and the launcher did not record how the run ended")
+
+    def logs(self, run_dir: Path) -> str:
+        run_dir = Path(run_dir)
+        if read_state(run_dir).get("state") not in TERMINAL:
+            try:
+                self.pull(run_dir)
+            except ScalelabError:
+                pass
+        logs = mirror.mirrored(run_dir).logs
+        files = sorted(logs.rglob("*.log")) if logs.exists() else []
+        if not files:
+            return f"(no logs from the instances yet; {logs} is empty)\n"
+        return log_text(files)
+
+    def cancel(self, run_dir: Path, grace_s: float | None = None) -> None:
+        """Ask the nodes to checkpoint (STOP_REQUEST), wait a little for the leader, terminate everything."""
+        run_dir = Path(run_dir)
+        try:
+            self._ask_to_stop(run_dir, float(self.options["interruption_grace_s"]) if grace_s is None else grace_s)
+        finally:  # whatever S3 said: nothing of the run may stay up
+            try:
+                self.pull(run_dir)
+            finally:
+                self._teardown(run_dir, CANCELLED)
+
+    def _ask_to_stop(self, run_dir: Path, grace_s: float) -> None:
+        info = read_state(run_dir)
+        s3 = self.client("s3", info["region"])
+        s3.put_object(Bucket=info["bucket"], Key=f"{info['prefix']}/{STOP_REQUEST}", Body=b"cancel")
+        status = f"{info['prefix']}/status/gen-{info.get('generation', 0)}/"
+
+        def a_node_stopped() -> bool:  # a node's final status, not only heartbeats: the leader checkpointed
+            listing = s3.list_objects_v2(Bucket=info["bucket"], Prefix=status)
+            return any(not o["Key"].endswith(".heartbeat.json") for o in listing.get("Contents", []))
+
+        wait_until(a_node_stopped, grace_s, interval_s=min(5.0, float(self.options["poll_s"])))
+
+
+# ---- helpers -------------------------------------------------------------------------------------
+
+
+def _beat(s3, bucket: str, prefix: str) -> None:
+    """The launcher's heartbeat: the nodes stop when it has not changed for `heartbeat_timeout_min`."""
+    body = {"time": time.time(), "host": socket.gethostname(), "pid": os.getpid()}
+    s3.put_object(Bucket=bucket, Key=f"{prefix}/{LAUNCHER_HEARTBEAT}", Body=json.dumps(body).encode())
+
+
+def _next_generation(s3, plan: Plan) -> int:
+    """0 for a new run; after a `launch resume`, one past the generations already in S3."""
+    gens = [-1]
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=plan.bucket, Prefix=plan.key("status") + "/"):
+        for obj in page.get("Contents", []):
+            m = re.search(r"/status/gen-(\d+)/", obj["Key"])
+            if m:
+                gens.append(int(m.group(1)))
+    return max(gens) + 1
+
+
+def _resolve(value: Any, refs: dict[str, Any], ec2, options: dict[str, Any]) -> Any:
+    """Fill in `$ref:` values from earlier responses (see scalelab/aws/render.py)."""
+    if isinstance(value, dict):
+        return {k: _resolve(v, refs, ec2, options) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_resolve(v, refs, ec2, options) for v in value]
+    if isinstance(value, str) and value.startswith("$ref:"):
+        ref = value[5:]
+        if ref == "vpc_of_subnet":
+            return ec2.describe_subnets(SubnetIds=[options["subnet_id"]])["Subnets"][0]["VpcId"]
+        name, _, key = ref.partition(".")
+        return refs[name][key]
+    return value
+
+
+def _error_code(exc: BaseException) -> str | None:
+    response = getattr(exc, "response", None)
+    return (response or {}).get("Error", {}).get("Code") if isinstance(response, dict) else None
+
+
+def _is_client_error(exc: BaseException) -> bool:
+    return _error_code(exc) is not None or type(exc).__name__ in ("NoCredentialsError", "EndpointConnectionError",
+                                                                  "NoRegionError")
+
+
+def _user_error(exc: BaseException, doing: str) -> BaseException:
+    """AWS's answer as one line: the operation, the error code and AWS's message."""
+    if not _is_client_error(exc):
+        return exc
+    if type(exc).__name__ == "NoCredentialsError":
+        return ScalelabError("no AWS credentials found: run `aws configure`, or set AWS_PROFILE or "
+                             "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY")
+    err = getattr(exc, "response", {}).get("Error", {}) if _error_code(exc) else {}
+    op = getattr(exc, "operation_name", "")
+    msg = f"{err.get('Code')}: {err.get('Message')}" if err else str(exc)
+    return ScalelabError(f"AWS refused {op or 'a request'} while {doing}: {msg}; every instance of the run was terminated")

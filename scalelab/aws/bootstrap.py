@@ -1,0 +1,432 @@
+"""What runs on each instance: `python -m scalelab.aws.bootstrap` (started by the user-data script).
+
+1. Who am I: the instance id from the instance metadata service (IMDSv2).
+2. Peers: the run's instances of this generation, found by their tags (DescribeInstances), in node
+   order (launch group, then launch index). Node 0 is the leader; rank 0 lives there.
+3. The run directory: spec.json and, when resuming, checkpoint.pt from S3.
+4. The trainer: `python -m scalelab.train RUN_DIR` (single), one torchrun per node (ddp), or horovodrun on
+   the leader reaching the other nodes over ssh (horovod; the leader's public key goes through S3).
+5. Every few seconds: upload records (records/gen-G/rank-R.jsonl), logs, the leader's checkpoint
+   and a heartbeat; poll the spot interruption notice (`spot/instance-action`, 404 until AWS
+   schedules an interruption two minutes ahead), a stop request from the launcher (`control/stop`)
+   and the launcher's own heartbeat (`control/launcher.json`, rewritten on each of its polls).
+   A notice, a stop request, or a launcher heartbeat unchanged for SCALELAB_HEARTBEAT_TIMEOUT_S
+   (the launcher was killed, the laptop closed: nobody would ever terminate this instance) sends
+   SIGTERM to the local ranks: they agree, rank 0 checkpoints, they exit 143, and the checkpoint
+   is uploaded before the instance goes.
+6. The final state (completed / interrupted / failed, and why it was interrupted) in
+   status/gen-G/INSTANCE.json. The user data then powers the instance off, which terminates it.
+
+Configuration comes from the environment the user data sets (SCALELAB_*; no credentials: boto3
+finds the instance profile's). SCALELAB_METADATA_URL, SCALELAB_WORK and SCALELAB_POLL_S exist so the
+bootstrap can run in a test against moto and a stand-in metadata server.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from scalelab.core.procs import TRAINER
+from scalelab.core.rundir import CHECKPOINT_FILE, LOGS_DIR, RECORDS_DIR, SPEC_FILE, RunPaths
+
+METADATA_URL = "http://169.254.169.254"
+LAUNCHER_HEARTBEAT = "control/launcher.json"  # the launcher rewrites it on every poll (scalelab/aws/backend.py)
+STOP_REQUEST = "control/stop"  # written by `launch cancel` and by a launcher stopped by a signal
+# Why a node stopped its ranks early (`reason` in its status): the launcher reads LAUNCHER_LOST.
+SPOT_NOTICE, STOP_REQUESTED, LAUNCHER_LOST = "spot_notice", "stop_requested", "launcher_lost"
+
+
+class Config:
+    def __init__(self, env: dict[str, str] | None = None) -> None:
+        env = dict(os.environ if env is None else env)
+        self.run_id = env["SCALELAB_RUN_ID"]
+        self.bucket = env["SCALELAB_BUCKET"]
+        self.prefix = env["SCALELAB_PREFIX"]
+        self.generation = int(env.get("SCALELAB_GENERATION", "0"))
+        self.nodes = int(env.get("SCALELAB_NODES", "1"))
+        self.gpus_per_node = int(env.get("SCALELAB_GPUS_PER_NODE", "1"))
+        # ranks this node starts: the GPUs' workers, plus the parameter-server ranks of ps separate placement
+        self.ranks_per_node = int(env.get("SCALELAB_RANKS_PER_NODE", self.gpus_per_node))
+        self.engine = env.get("SCALELAB_ENGINE", "single")
+        self.metadata_url = env.get("SCALELAB_METADATA_URL", METADATA_URL).rstrip("/")
+        self.work = Path(env.get("SCALELAB_WORK", "/opt/scalelab"))
+        self.poll_s = float(env.get("SCALELAB_POLL_S", "5"))
+        self.peer_timeout_s = float(env.get("SCALELAB_PEER_TIMEOUT_S", "600"))
+        self.heartbeat_timeout_s = float(env.get("SCALELAB_HEARTBEAT_TIMEOUT_S", "600"))
+        self.python = env.get("SCALELAB_PYTHON") or sys.executable
+
+    def key(self, *parts: str) -> str:
+        return "/".join([self.prefix, *parts])
+
+    @property
+    def run_dir(self) -> Path:
+        return self.work / self.run_id
+
+
+# ---- instance metadata (IMDSv2) ---------------------------------------------------------------
+
+
+def _token(cfg: Config) -> str | None:
+    req = urllib.request.Request(cfg.metadata_url + "/latest/api/token", method="PUT",
+                                 headers={"X-aws-ec2-metadata-token-ttl-seconds": "21600"})
+    try:
+        with urllib.request.urlopen(req, timeout=2) as r:
+            return r.read().decode()
+    except (urllib.error.URLError, OSError):
+        return None
+
+
+def metadata(cfg: Config, item: str) -> str | None:
+    """An instance metadata item, or None when it does not exist (HTTP 404)."""
+    headers = {}
+    token = _token(cfg)
+    if token:
+        headers["X-aws-ec2-metadata-token"] = token
+    req = urllib.request.Request(f"{cfg.metadata_url}/latest/meta-data/{item}", headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=2) as r:
+            return r.read().decode()
+    except urllib.error.HTTPError as exc:
+        if exc.code == 404:
+            return None
+        raise
+
+
+def interruption_notice(cfg: Config) -> dict | None:
+    """The spot interruption notice ({"action": "terminate", "time": ...}) or None."""
+    try:
+        text = metadata(cfg, "spot/instance-action")
+    except (urllib.error.URLError, OSError):
+        return None
+    if not text:
+        return None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return {"action": text}
+
+
+# ---- peers --------------------------------------------------------------------------------------
+
+
+def find_peers(ec2, cfg: Config) -> list[dict]:
+    """This generation's instances in node order, waiting until all `nodes` are there."""
+    deadline = time.time() + cfg.peer_timeout_s
+    while True:
+        found = []
+        pages = ec2.get_paginator("describe_instances").paginate(Filters=[
+            {"Name": "tag:scalelab:run-id", "Values": [cfg.run_id]},
+            {"Name": "tag:scalelab:generation", "Values": [str(cfg.generation)]},
+            {"Name": "instance-state-name", "Values": ["pending", "running"]},
+        ])
+        for page in pages:
+            for res in page["Reservations"]:
+                found += res["Instances"]
+        if len(found) >= cfg.nodes and all(i.get("PrivateIpAddress") for i in found):
+            return sorted(found, key=node_order)[: cfg.nodes]
+        if time.time() > deadline:
+            raise RuntimeError(f"found {len(found)} of {cfg.nodes} instances of run {cfg.run_id} "
+                               f"generation {cfg.generation} after {cfg.peer_timeout_s:.0f}s")
+        time.sleep(min(cfg.poll_s, 5))
+
+
+def node_order(instance: dict) -> tuple:
+    tags = {t["Key"]: t["Value"] for t in instance.get("Tags", [])}
+    return int(tags.get("scalelab:group", 0)), int(instance.get("AmiLaunchIndex", 0)), instance["InstanceId"]
+
+
+# ---- the trainer command (pure) -----------------------------------------------------------------
+
+
+def trainer_command(engine: str, python: str, run_dir: Path, hosts: list[str], index: int,
+                    gpus_per_node: int, port: int = 29500, ssh_key: str | None = None) -> list[str] | None:
+    """The command this node runs, or None when the leader starts this node's ranks (horovod).
+    `gpus_per_node`: the ranks each node runs (with ps separate placement, its server ranks too)."""
+    trainer = [*TRAINER, str(run_dir)]
+    if engine == "single":
+        return [python, *trainer]
+    if engine in ("ddp", "ps"):  # torchrun engines (core.spec.TORCHRUN_ENGINES; this file runs standalone)
+        return [python, "-m", "torch.distributed.run", f"--nnodes={len(hosts)}", f"--node-rank={index}",
+                f"--nproc-per-node={gpus_per_node}", f"--master-addr={hosts[0]}", f"--master-port={port}", *trainer]
+    if index != 0:
+        return None
+    cmd = [python, "-m", "horovod.runner.launch", "--gloo", "-np", str(len(hosts) * gpus_per_node),
+           "-H", ",".join(f"{h}:{gpus_per_node}" for h in hosts)]
+    if ssh_key:
+        cmd += ["--ssh-identity-file", ssh_key]
+    return cmd + [python, *trainer]
+
+
+# ---- S3 sync ------------------------------------------------------------------------------------
+
+
+class Sync:
+    """Uploads what changed: records of this generation, this node's log, the leader's checkpoint."""
+
+    def __init__(self, s3, cfg: Config, instance_id: str, index: int) -> None:
+        self.s3, self.cfg, self.instance_id, self.index = s3, cfg, instance_id, index
+        self.sent: dict[Path, tuple[float, int]] = {}
+
+    def _put(self, path: Path, key: str) -> None:
+        st = path.stat()
+        if self.sent.get(path) == (st.st_mtime, st.st_size):
+            return
+        self.s3.upload_file(str(path), self.cfg.bucket, self.cfg.key(key))
+        self.sent[path] = (st.st_mtime, st.st_size)
+
+    def mark_present(self, path: Path) -> None:
+        """A file downloaded from S3 is not new work: do not upload it back."""
+        st = path.stat()
+        self.sent[path] = (st.st_mtime, st.st_size)
+
+    def push(self) -> None:
+        g = f"gen-{self.cfg.generation}"
+        paths = RunPaths(self.cfg.run_dir)  # S3 keys mirror the run directory's layout (scalelab/aws/mirror.py reads them)
+        for rec in sorted(paths.records.glob("rank-*.jsonl")):
+            self._put(rec, f"{RECORDS_DIR}/{g}/{rec.name}")
+        for log in sorted(paths.logs.glob("*.log")):
+            self._put(log, f"{LOGS_DIR}/{g}/node-{self.index}-{log.name}")
+        boot = self.cfg.work / "bootstrap.log"
+        if boot.exists():
+            self._put(boot, f"{LOGS_DIR}/{g}/node-{self.index}-bootstrap.log")
+        if self.index == 0 and paths.checkpoint.exists():
+            self._put(paths.checkpoint, CHECKPOINT_FILE)
+
+    def put_json(self, key: str, doc: dict) -> None:
+        self.s3.put_object(Bucket=self.cfg.bucket, Key=self.cfg.key(key), Body=json.dumps(doc).encode())
+
+    def exists(self, key: str) -> bool:
+        try:
+            self.s3.head_object(Bucket=self.cfg.bucket, Key=self.cfg.key(key))
+            return True
+        except Exception:  # botocore ClientError 404
+            return False
+
+    def etag(self, key: str) -> str | None:
+        """The object's ETag, None when it does not exist; other errors (S3 unreachable) propagate."""
+        from botocore.exceptions import ClientError
+
+        try:
+            return self.s3.head_object(Bucket=self.cfg.bucket, Key=self.cfg.key(key))["ETag"]
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                return None
+            raise
+
+
+class LauncherWatch:
+    """Is a launcher still following this run? Its heartbeat object must keep changing.
+
+    The age is measured on this instance's clock, from the moment this node last saw the object
+    change (or from its own start), never by comparing timestamps written on the launcher's machine:
+    a laptop's clock may be off by minutes. An S3 error counts as "no news", so a node that cannot
+    reach S3 still stops in time.
+    """
+
+    def __init__(self, sync: Sync, timeout_s: float) -> None:
+        self.sync, self.timeout_s = sync, timeout_s
+        self.seen: str | None = None
+        self.since = time.monotonic()
+
+    def gone(self) -> bool:
+        try:
+            tag = self.sync.etag(LAUNCHER_HEARTBEAT)
+        except Exception:  # noqa: BLE001 - no answer is not a heartbeat
+            tag = self.seen
+        if tag is not None and tag != self.seen:
+            self.seen, self.since = tag, time.monotonic()
+        return time.monotonic() - self.since > self.timeout_s
+
+
+def prepare_run_dir(s3, cfg: Config) -> bool:
+    """spec.json and, if one exists, the checkpoint; returns whether this is a resume."""
+    from botocore.exceptions import ClientError
+
+    paths = RunPaths(cfg.run_dir)
+    paths.logs.mkdir(parents=True, exist_ok=True)
+    paths.records.mkdir(parents=True, exist_ok=True)
+    s3.download_file(cfg.bucket, cfg.key(SPEC_FILE), str(paths.spec))
+    try:
+        s3.download_file(cfg.bucket, cfg.key(CHECKPOINT_FILE), str(paths.checkpoint))
+        return True
+    except ClientError as exc:
+        if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+            return False
+        raise
+
+
+def signal_local_ranks(run_dir: Path, sig: int = signal.SIGTERM, exclude: int | None = None) -> int:
+    """SIGTERM every process of this host training `run_dir` (horovod starts them over ssh)."""
+    import psutil
+
+    hit = 0
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        cmd = p.info.get("cmdline") or []
+        if p.pid != os.getpid() and p.pid != exclude and "train" in cmd and str(run_dir) in cmd and "-m" in cmd:
+            try:
+                p.send_signal(sig)
+                hit += 1
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                pass
+    return hit
+
+
+# ---- horovod over ssh: the leader's key through S3 ---------------------------------------------
+
+
+def ssh_setup(sync: Sync, cfg: Config, index: int, peers: list[dict]) -> str | None:
+    """Leader: make a key, publish it, wait for every node to trust it. Others: trust it, say so."""
+    g = f"cluster/gen-{cfg.generation}"
+    ssh = Path.home() / ".ssh"
+    ssh.mkdir(mode=0o700, exist_ok=True)
+    if index == 0:
+        key = ssh / "scalelab"
+        if not key.exists():
+            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+        sync.s3.put_object(Bucket=cfg.bucket, Key=cfg.key(g, "leader.pub"), Body=key.with_suffix(".pub").read_bytes())
+        deadline = time.time() + cfg.peer_timeout_s
+        others = [p["InstanceId"] for p in peers[1:]]
+        while not all(sync.exists(f"{g}/ready/{i}") for i in others):
+            if time.time() > deadline:
+                raise RuntimeError("not every node trusted the leader's ssh key in time")
+            time.sleep(1)
+        return str(key)
+    deadline = time.time() + cfg.peer_timeout_s
+    while not sync.exists(f"{g}/leader.pub"):
+        if time.time() > deadline:
+            raise RuntimeError("the leader never published its ssh key")
+        time.sleep(1)
+    pub = sync.s3.get_object(Bucket=cfg.bucket, Key=cfg.key(g, "leader.pub"))["Body"].read().decode()
+    with open(ssh / "authorized_keys", "a") as f:
+        f.write(pub.strip() + "\n")
+    sync.put_json(f"{g}/ready/{peers[index]['InstanceId']}", {"time": time.time()})
+    return None
+
+
+# ---- the node agent ------------------------------------------------------------------------------
+
+
+def run(cfg: Config, s3=None, ec2=None) -> int:
+    import boto3
+
+    s3 = s3 or boto3.client("s3")
+    ec2 = ec2 or boto3.client("ec2")
+    instance_id = os.environ.get("SCALELAB_INSTANCE_ID") or metadata(cfg, "instance-id")
+    peers = find_peers(ec2, cfg)
+    ids = [p["InstanceId"] for p in peers]
+    if instance_id not in ids:
+        raise RuntimeError(f"instance {instance_id} is not among the run's instances {ids}")
+    index = ids.index(instance_id)
+    hosts = [p["PrivateIpAddress"] for p in peers]
+    sync = Sync(s3, cfg, instance_id, index)
+    g = f"gen-{cfg.generation}"
+    status_key = f"status/{g}/{instance_id}.json"
+
+    resumed = prepare_run_dir(s3, cfg)
+    if resumed:
+        sync.mark_present(RunPaths(cfg.run_dir).checkpoint)
+    ssh_key = ssh_setup(sync, cfg, index, peers) if cfg.engine == "horovod" and cfg.nodes > 1 else None
+    cmd = trainer_command(cfg.engine, cfg.python, cfg.run_dir, hosts, index, cfg.ranks_per_node, ssh_key=ssh_key)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    log = open(RunPaths(cfg.run_dir).logs / "trainer.log", "ab")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cfg.work) if cmd else None
+    notice, reason, watch = None, None, LauncherWatch(sync, cfg.heartbeat_timeout_s)
+    sync.put_json(f"status/{g}/{instance_id}.heartbeat.json",
+                  {"time": time.time(), "index": index, "resumed": resumed, "host": hosts[index]})
+    while True:
+        time.sleep(cfg.poll_s)
+        ended = proc.poll() is not None if proc else sync.exists(f"status/{g}/{ids[0]}.json")
+        if not ended and reason is None:
+            notice = notice or interruption_notice(cfg)
+            reason = stop_reason(sync, notice, watch)
+            if reason:
+                stop_ranks(sync, cfg, proc, reason, notice, instance_id, index)
+        sync.push()
+        sync.put_json(f"status/{g}/{instance_id}.heartbeat.json",
+                      {"time": time.time(), "index": index, "resumed": resumed, "host": hosts[index]})
+        if ended:
+            break
+    code = proc.returncode if proc else 0
+    log.close()
+    sync.push()
+    state = final_state(proc, code, reason, ranks_stopped_early(cfg.run_dir))
+    sync.put_json(status_key, {"state": state, "reason": reason if state == "interrupted" else None, "exit_code": code,
+                               "index": index, "time": time.time(), "notice": notice, "resumed": resumed})
+    return 0 if state != "failed" else 1
+
+
+def stop_reason(sync: Sync, notice: dict | None, watch: LauncherWatch) -> str | None:
+    """Why this node's ranks must stop now, or None: a spot notice, a stop request, the launcher gone."""
+    if notice:
+        return SPOT_NOTICE
+    if sync.exists(STOP_REQUEST):
+        return STOP_REQUESTED
+    return LAUNCHER_LOST if watch.gone() else None
+
+
+def stop_ranks(sync: Sync, cfg: Config, proc: subprocess.Popen | None, reason: str, notice: dict | None,
+               instance_id: str, index: int) -> None:
+    """SIGTERM to this node's ranks: they agree on a step, rank 0 checkpoints, they exit 143."""
+    print(f"scalelab: stopping the ranks ({reason})", file=sys.stderr, flush=True)
+    if reason == LAUNCHER_LOST:
+        print(f"scalelab: the launcher's heartbeat has not changed for {cfg.heartbeat_timeout_s:.0f} s: checkpointing "
+              "and shutting down, so that nothing runs without a launcher", file=sys.stderr, flush=True)
+    if notice:
+        sync.put_json(f"events/gen-{cfg.generation}/{instance_id}.json", {"event": "spot_interruption", "notice": notice,
+                                                                       "time": time.time(), "index": index})
+    if proc:
+        proc.send_signal(signal.SIGTERM)  # horovodrun / torchrun pass it on to their ranks
+    signal_local_ranks(cfg.run_dir, exclude=proc.pid if proc else None)
+
+
+def ranks_stopped_early(run_dir: Path) -> bool:
+    """Whether a rank of this node recorded an `interrupted` event (it stopped before the last step)."""
+    for path in (Path(run_dir) / "records").glob("rank-*.jsonl"):
+        for line in path.read_text(errors="replace").splitlines():
+            try:
+                if json.loads(line).get("event") == "interrupted":
+                    return True
+            except (ValueError, AttributeError):
+                continue  # a line cut by the stop
+    return False
+
+
+def final_state(proc: subprocess.Popen | None, code: int, reason: str | None, stopped: bool = False) -> str:
+    """completed, interrupted (stopped on purpose, with a checkpoint) or failed. `stopped`: the ranks'
+    records say they stopped early (horovodrun exits 0 when its ranks stopped on its SIGTERM)."""
+    if proc is None:  # a horovod node: its ranks belonged to the leader's horovodrun
+        return "interrupted" if reason else "completed"
+    if code == 0:
+        return "interrupted" if reason and stopped else "completed"  # a stop too late to matter: completed
+    if reason or code in (143, -signal.SIGTERM):
+        return "interrupted"
+    return "failed"
+
+
+def main() -> int:
+    cfg = Config()
+    try:
+        return run(cfg)
+    except Exception as exc:  # report it: the launcher must not wait for a node that is gone
+        print(f"scalelab bootstrap failed: {exc!r}", file=sys.stderr)
+        try:
+            import boto3
+
+            boto3.client("s3").put_object(
+                Bucket=cfg.bucket, Key=cfg.key(f"status/gen-{cfg.generation}/{os.environ.get('SCALELAB_INSTANCE_ID') or metadata(cfg, 'instance-id')}.json"),
+                Body=json.dumps({"state": "failed", "error": repr(exc), "time": time.time()}).encode())
+        except Exception as exc2:  # noqa: BLE001 - nothing more can be done from here
+            print(f"scalelab bootstrap could not report: {exc2!r}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

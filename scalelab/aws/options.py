@@ -1,0 +1,52 @@
+"""The aws backend's options, declared once: defaults, help, flags and checks (no heavy imports).
+
+The CLI reads this module at start to make the `[aws]` flags; `AwsBackend.options` is an instance.
+What depends on the spec or the region (do the instance types have the GPUs the layout needs, is
+there a bucket and a region) is checked when the requests are planned (scalelab/aws/render.py:make_plan).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from scalelab.core.options import BackendOptions, above, at_least, option
+from scalelab.core.spec import DEFAULT_AWS_INSTANCE_TYPE
+
+
+@dataclass(frozen=True)
+class AwsOptions(BackendOptions):
+    """EC2 instances, S3 and the limits that keep a run from costing more than asked."""
+
+    backend = "aws"
+
+    region: str = option("", "AWS region [default: the boto3 chain: AWS_REGION, ~/.aws/config].", flag="--region")
+    instance_type: str = option(DEFAULT_AWS_INSTANCE_TYPE, "EC2 type for every node, or a mix such as 1*p2.xlarge+3*g3.4xlarge.",
+                                flag="--instance-type")
+    fallback_instance_types: list[str] = option([], "Type used when the first has no (spot) capacity (repeatable).",
+                                                flag="--fallback-instance-type")
+    ami: str = option("", "AMI id [default: the region's AWS Deep Learning AMI with PyTorch, via SSM].", flag="--ami")
+    subnet_id: str = option("", "Subnet to launch into [default: the default VPC's].", flag="--subnet")
+    security_group_id: str = option("", "Existing security group [default: one per run, traffic only inside it].",
+                                    flag="--security-group")
+    placement_group: str = option("auto", "Cluster placement group name; 'auto' creates one per run (several "
+                                  "nodes), 'none' uses none.", flag="--placement-group")
+    key_name: str = option("", "EC2 key pair for ssh access (optional).", flag="--key-name")
+    instance_profile: str = option("scalelab-instance", "IAM instance profile the instances use for S3/EC2.",
+                                   flag="--instance-profile")
+    bucket: str = option("", "S3 bucket for the package, records, logs and checkpoints (required).", flag="--bucket")
+    prefix: str = option("scalelab", "S3 key prefix of the runs.")
+    spot: bool = option(False, "Spot instances (interruptions are resumed from checkpoints) or on-demand.",
+                        flag="--spot/--on-demand")
+    spot_max_price: float | None = option(None, "Spot: highest USD per instance-hour [default: the on-demand price].",
+                                          at_least(0), flag="--max-price")
+    timeout_min: float = option(120.0, "Everything is terminated after this many minutes.", above(0),
+                                flag="--time-limit-min")
+    heartbeat_timeout_min: float = option(10.0, "The instances checkpoint and terminate themselves when the "
+                                          "launcher's heartbeat in S3 is this many minutes old (a killed "
+                                          "launcher, a closed laptop).", above(0), flag="--heartbeat-timeout-min")
+    volume_gb: int = option(100, "Root volume of each instance in GB.", at_least(1))
+    max_replacements: int = option(3, "Spot capacity replaced at most this often.", at_least(0))
+    report_timeout_min: float = option(20.0, "A node that never reports by then fails the run.", above(0))
+    interruption_grace_s: float = option(150.0, "Wait this long for the checkpoint after a spot notice.", at_least(0))
+    poll_s: float = option(10.0, "Seconds between polls of S3 and EC2 while following a run.", above(0))
+    wheel: str = option("", "A prebuilt wheel to ship [default: built from this checkout with pip wheel --no-deps].")

@@ -1,0 +1,158 @@
+"""Model presets as data: the shape of every model, with no dependency on PyTorch.
+
+The launcher validates `--model` and `--model-arg` against these before anything runs, and the
+backends' dry runs need them too; keeping them free of torch lets `launch --backend k8s --dry-run`
+answer without importing it. `train.models` builds the networks from these configs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from scalelab.core.errors import SpecError
+from scalelab.core.options import coerce_fields, coerce_items
+
+PAD_ID = 0
+UNK_ID = 1
+BOS_ID = 2
+EOS_ID = 3
+NUM_SPECIALS = 4
+
+FAMILIES = ("nmt", "rnnlm", "sentiment")
+RNN_KINDS = ("fused", "stepwise")
+
+# Backward costs about twice the forward matmuls (gradients w.r.t. inputs and w.r.t. weights).
+TRAIN_FLOPS_FACTOR = 3.0
+
+
+# --------------------------------------------------------------------------------------------
+# Configuration
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Everything that fixes a model's shape; one dataclass for all families.
+
+    Fields a family does not use keep their defaults and are ignored. Lengths are maxima: data is
+    truncated to them. `tgt_len` counts decoder steps including the end-of-sentence token, so a
+    translation target has at most `tgt_len - 1` words. `default_batch` is the global batch the
+    preset was designed for (the trainer may use another).
+    """
+
+    family: str
+    vocab_size: int
+    embed_size: int
+    hidden_size: int
+    num_layers: int = 1  # rnnlm, sentiment
+    enc_layers: int = 1  # nmt
+    dec_layers: int = 1  # nmt
+    bidirectional: bool = False  # nmt encoder, sentiment
+    src_len: int = 0  # nmt
+    tgt_len: int = 0  # nmt
+    seq_len: int = 0  # rnnlm, sentiment
+    num_classes: int = 2  # sentiment
+    dropout: float = 0.0
+    attention: bool = True  # nmt
+    default_batch: int = 32
+
+    def __post_init__(self) -> None:
+        coerce_fields(self, "model field ")  # the types come from the annotations above
+        _validate_config(self)
+
+
+def _validate_config(cfg: ModelConfig) -> None:
+    """Reject configurations that cannot build a working model, with the fix in the message."""
+    if cfg.family not in FAMILIES:
+        raise SpecError(f"unknown model family {cfg.family!r}: use one of {', '.join(FAMILIES)}")
+    if cfg.vocab_size <= NUM_SPECIALS:
+        raise SpecError(
+            f"vocab_size must be greater than {NUM_SPECIALS} (ids 0-3 are pad/unk/bos/eos), "
+            f"got {cfg.vocab_size}"
+        )
+    needed = ["embed_size", "hidden_size", "default_batch"]
+    if cfg.family == "nmt":
+        needed += ["enc_layers", "dec_layers", "src_len", "tgt_len"]
+    else:
+        needed += ["num_layers", "seq_len"]
+    for name in needed:
+        if getattr(cfg, name) <= 0:
+            raise SpecError(
+                f"model field {name} must be a positive integer for family {cfg.family}, "
+                f"got {getattr(cfg, name)}"
+            )
+    if cfg.family == "sentiment" and cfg.num_classes < 2:
+        raise SpecError(f"num_classes must be at least 2, got {cfg.num_classes}")
+    if not 0.0 <= cfg.dropout < 1.0:
+        raise SpecError(f"dropout must be in [0, 1), got {cfg.dropout}")
+    if cfg.family == "rnnlm" and cfg.bidirectional:
+        raise SpecError("a language model cannot be bidirectional: set bidirectional to false")
+
+
+def model_overrides(overrides: dict[str, Any], where: str = "") -> dict[str, Any]:
+    """Overrides of preset fields typed and checked; text is read as the field's type (`--model-arg
+    hidden_size=256`). Unknown fields fail listing the valid ones; `where` says where they came from."""
+    return coerce_items(ModelConfig, overrides, where, label="model field ", text=True)
+
+
+def config_with_overrides(cfg: ModelConfig, overrides: dict[str, Any], where: str = "") -> ModelConfig:
+    """Return `cfg` with `overrides` applied, validated (unknown keys, types, sizes -> SpecError)."""
+    return dataclasses.replace(cfg, **model_overrides(overrides, where))
+
+
+PRESETS: dict[str, ModelConfig] = {
+    # The seed experiment: WMT14 En-De, tf/nmt-style GNMT-lite, batch 360, 100-token sentences.
+    "nmt-seed": ModelConfig(
+        family="nmt", vocab_size=50000, embed_size=512, hidden_size=512, enc_layers=2,
+        dec_layers=4, bidirectional=True, src_len=100, tgt_len=100, attention=True,
+        default_batch=360,
+    ),
+    "nmt-small": ModelConfig(
+        family="nmt", vocab_size=8000, embed_size=256, hidden_size=256, enc_layers=2,
+        dec_layers=2, bidirectional=True, src_len=30, tgt_len=30, attention=True,
+        default_batch=64,
+    ),
+    "nmt-tiny": ModelConfig(
+        family="nmt", vocab_size=64, embed_size=32, hidden_size=32, enc_layers=1,
+        dec_layers=1, bidirectional=True, src_len=10, tgt_len=10, attention=True,
+        default_batch=16,
+    ),
+    "rnnlm-small": ModelConfig(
+        family="rnnlm", vocab_size=10000, embed_size=256, hidden_size=256, num_layers=2,
+        seq_len=35, default_batch=64,
+    ),
+    "rnnlm-tiny": ModelConfig(
+        family="rnnlm", vocab_size=64, embed_size=32, hidden_size=32, num_layers=1,
+        seq_len=16, default_batch=16,
+    ),
+    # The distributed sentiment-RNN study: 128-wide embedding and LSTM, two classes.
+    "sentiment-small": ModelConfig(
+        family="sentiment", vocab_size=20000, embed_size=128, hidden_size=128, num_layers=1,
+        seq_len=100, num_classes=2, default_batch=64,
+    ),
+    "sentiment-tiny": ModelConfig(
+        family="sentiment", vocab_size=64, embed_size=16, hidden_size=32, num_layers=1,
+        seq_len=16, num_classes=2, default_batch=16,
+    ),
+}
+
+
+# --------------------------------------------------------------------------------------------
+# FLOPs
+# --------------------------------------------------------------------------------------------
+
+
+# The data files each family reads: (required, optional) keys of `DataSpec`/`launch prep`. Data, so that
+# the trainer (train.text) and `launch prep` (which must not import PyTorch to plan) share one table.
+PATH_KEYS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "nmt": (("train_src", "train_tgt"), ("valid_src", "valid_tgt")),
+    "rnnlm": (("train",), ("valid",)),
+    "sentiment": (("train",), ("valid",)),
+}
+
+
+def path_flag(key: str) -> str:
+    """The command-line flag that sets path `key`, for error messages."""
+    return "--" + key.replace("_", "-")

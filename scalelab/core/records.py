@@ -1,0 +1,326 @@
+"""Per-rank structured records: the one writer (ranks) and the one reader (launcher, reports).
+
+Layout and record format: docs/records.md. Reading for a report is strict: a record line that is
+not JSON is an error naming the file and line (a report over silently skipped lines would lie),
+except a truncated *last* line of a rank that was killed mid-write, which is dropped with a warning.
+Reading while a run goes on (progress, the AWS mirror, the launcher looking for `error` records) is
+tolerant: such a line is skipped with a warning, since the rank may be writing it right now.
+
+A rank that stops on a user error (`ScalelabError`) says so in an `error` record (`record_error`):
+the launcher builds its one-line message from those records, never from log text.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping
+
+from scalelab.core.errors import RecordError
+from scalelab.core.rundir import RunPaths
+from scalelab.core.spec import Spec, read_spec
+from scalelab.core.writes import WriteError, writing
+
+if TYPE_CHECKING:  # pandas costs 0.4 s to import: only the readers that build frames load it
+    import pandas as pd
+
+try:  # orjson parses records about 5x faster; the standard library is the fallback
+    import orjson
+
+    _loads = orjson.loads
+    _DecodeError: tuple[type[Exception], ...] = (orjson.JSONDecodeError,)
+except ImportError:  # pragma: no cover
+    _loads = json.loads
+    _DecodeError = (json.JSONDecodeError,)
+
+
+# ---- the record kinds: the schema has one owner, here -----------------------------------------
+
+INT, NUM, BOOL, STR = "a whole number", "a number", "true or false", "a string"
+OPTIONAL = " or null"
+RECORDS_FIX = "and `launch resume` the run, or run with --runs-dir on a filesystem with room"
+
+# kind -> {field: expected}; every record also has COMMON. Fields a kind may carry beyond these are
+# kept (an `event` has its own); these are the ones reports depend on. Format: docs/records.md.
+COMMON: dict[str, str] = {"kind": STR, "rank": INT, "world": INT, "time": NUM}
+KINDS: dict[str, dict[str, str]] = {
+    "start": {"model": STR + OPTIONAL, "engine": STR + OPTIONAL, "nodes": INT + OPTIONAL,
+              "gpus_per_node": INT + OPTIONAL, "global_batch": INT + OPTIONAL,
+              "steps_per_epoch": INT + OPTIONAL, "precision": STR + OPTIONAL,
+              "grad_compression": STR + OPTIONAL,
+              # provenance (scalelab/core/provenance.py): every rank's machine, rank 0's software
+              "host": STR + OPTIONAL, "cpu_model": STR + OPTIONAL, "gpu_model": STR + OPTIONAL,
+              "scalelab_version": STR + OPTIONAL, "torch_version": STR + OPTIONAL,
+              "horovod_version": STR + OPTIONAL, "python_version": STR + OPTIONAL,
+              "git_commit": STR + OPTIONAL, "role": STR + OPTIONAL},  # typed when present
+    # phases, loss and lr are typed when present (published or hand-made records may lack them)
+    "step": {"step": INT, "warmup": BOOL, "step_s": NUM, "samples": INT, "words": INT,
+             "epoch": INT + OPTIONAL, "data_s": NUM + OPTIONAL, "forward_s": NUM + OPTIONAL,
+             "backward_s": NUM + OPTIONAL, "exchange_s": NUM + OPTIONAL, "optimizer_s": NUM + OPTIONAL,
+             "loss": NUM + OPTIONAL, "lr": NUM + OPTIONAL,
+             # the gradient noise scale (scalelab/train/noise.py), on the steps that estimated it
+             "noise_scale": NUM + OPTIONAL, "noise_trace": NUM + OPTIONAL, "noise_grad_sq": NUM + OPTIONAL,
+             "noise_s": NUM + OPTIONAL,
+             "loss_scale": NUM + OPTIONAL, "skipped": BOOL + OPTIONAL,  # the two: fp16's gradient scaler
+             "profiled": BOOL + OPTIONAL,  # traced by --profile-steps: left out of timings
+             "role": STR + OPTIONAL},  # "server": a ps shard rank of --ps-placement separate (no samples)
+    "val": {"step": INT, "epoch": INT, "val_loss": NUM + OPTIONAL, "elapsed_s": NUM},
+    "event": {"event": STR},
+    "error": {"message": STR},
+    # an all-reduce timed over every rank after the last step (spec.link_probe_mb; rank 0 writes it)
+    "link": {"scope": STR, "nodes": INT, "mb": NUM, "time_s": NUM, "algbw": NUM, "busbw": NUM},
+}
+
+
+def _fits(value: Any, expected: str) -> bool:
+    if value is None:
+        return expected.endswith(OPTIONAL)
+    base = expected.removesuffix(OPTIONAL)
+    if base == BOOL:
+        return isinstance(value, bool)
+    if isinstance(value, bool):
+        return False
+    if base == INT:
+        return isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+    if base == NUM:
+        return isinstance(value, (int, float))
+    return isinstance(value, str)
+
+
+_TYPES = {INT: (int,), NUM: (int, float), BOOL: (bool,), STR: (str,)}
+_MISSING = object()
+# kind -> [(field, the types that pass at once, the expectation for the message)]; compiled once,
+# because reports read a million records and this check runs on each.
+_CHECKS: dict[str, list[tuple[str, tuple[type, ...], str]]] = {}
+
+
+def register_kinds(kinds: Mapping[str, Mapping[str, str]], common: Mapping[str, str] = COMMON) -> None:
+    """Add record kinds to the schema (the rank records' own, and a layer above's, e.g. `launch prep`'s,
+    which carry no rank); the one writer and the one reader then check them like the built-in ones."""
+    for kind, fields in kinds.items():
+        KINDS[kind] = dict(fields)
+        _CHECKS[kind] = [(name, _TYPES[exp.removesuffix(OPTIONAL)] + ((type(None),) if exp.endswith(OPTIONAL) else ()), exp)
+                         for name, exp in {**common, **fields}.items()]
+
+
+register_kinds(dict(KINDS))
+
+
+def record_problem(rec: Mapping[str, Any], partial: bool = False, absent: tuple[str, ...] = ()) -> str | None:
+    """What is wrong with one record against its kind's schema, or None. `partial`: only the fields
+    present are checked (the bench and tests write minimal `start` records); `absent`: fields this
+    writer never has (the launcher's own events have no rank)."""
+    checks = _CHECKS.get(rec.get("kind"))  # type: ignore[arg-type]
+    if checks is None:
+        return f"unknown record kind {rec.get('kind')!r} (kinds: {', '.join(KINDS)})"
+    for name, types, expected in checks:
+        value = rec.get(name, _MISSING)
+        if type(value) in types:
+            continue
+        if value is _MISSING:
+            if partial or expected.endswith(OPTIONAL) or name in absent:
+                continue
+            return f"{rec['kind']} record has no {name!r} field"
+        if not _fits(value, expected):
+            return f"{rec['kind']} record field {name!r} must be {expected}, got {value!r}"
+    return None
+
+
+@dataclass
+class RunRecords:
+    """Everything recorded by one run, as DataFrames by kind (empty frames when absent)."""
+
+    run_dir: Path
+    spec: Spec
+    start: "pd.DataFrame"
+    steps: "pd.DataFrame"
+    val: "pd.DataFrame"
+    events: "pd.DataFrame"
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def ranks(self) -> int:
+        return int(self.start["world"].max()) if len(self.start) else 0
+
+
+def _rank_files(run_dir: Path) -> list[Path]:
+    return sorted(RunPaths(Path(run_dir)).records.glob("rank-*.jsonl"), key=lambda p: int(p.stem.split("-")[1]))
+
+
+def record_files(run_dir: Path) -> list[Path]:
+    files = _rank_files(run_dir)
+    if not files:
+        raise RecordError(
+            f"{run_dir} has no records (records/rank-*.jsonl); the run did not start training - see {run_dir}/logs"
+        )
+    return files
+
+
+def _decode(lines: list[bytes], path: Path, warnings: list[str], tolerant: bool, cut_last: bool) -> list[dict[str, Any]]:
+    """The records among `lines`; a bad line is skipped (tolerant, or the cut last line) or an error."""
+    out = []
+    for i, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            rec = _loads(line)
+            problem = record_problem(rec) if isinstance(rec, dict) and "kind" in rec else "no 'kind' field"
+        except (*_DecodeError, UnicodeDecodeError):
+            problem = "not a JSON object"
+        if problem is None:
+            out.append(rec)
+        elif tolerant or (cut_last and i == len(lines)):
+            why = "a truncated last line (the rank was killed while writing)" if i == len(lines) else f"a line with {problem}"
+            warnings.append(f"{path}:{i}: dropped {why}")
+        else:
+            raise RecordError(f"corrupt record at {path}:{i} ({problem}); fix or delete that line, or re-run")
+    return out
+
+
+def read_records(path: Path, warnings: list[str], tolerant: bool = False) -> list[dict[str, Any]]:
+    """Every record of one file; `tolerant` skips bad lines (with a warning) instead of failing."""
+    raw = Path(path).read_bytes()
+    return _decode(raw.split(b"\n"), Path(path), warnings, tolerant, cut_last=not raw.endswith(b"\n"))
+
+
+class RecordTail:
+    """The records appended to one file since the last `read()`, for following a run while it writes.
+
+    Only complete lines are taken (a half-written last line waits for the next read), bad lines are
+    skipped, and a file that was rewritten shorter (the AWS mirror merging generations) is read again.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.offset = 0
+        self.warnings: list[str] = []
+
+    def read(self) -> list[dict[str, Any]]:
+        if not self.path.exists():
+            return []
+        with self.path.open("rb") as f:
+            if os.fstat(f.fileno()).st_size < self.offset:
+                self.offset = 0
+            f.seek(self.offset)
+            chunk = f.read()
+        complete = chunk[: chunk.rfind(b"\n") + 1]
+        self.offset += len(complete)
+        return _decode(complete.split(b"\n"), self.path, self.warnings, tolerant=True, cut_last=False)
+
+
+def read_errors(run_dir: Path, since: float | None = None) -> list[dict[str, Any]]:
+    """The `error` records of every rank, in rank order; only those written at `since` or later."""
+    return [rec for path in _rank_files(run_dir) for rec in read_records(path, [], tolerant=True)
+            if rec["kind"] == "error" and (since is None or float(rec.get("time", 0)) >= since)]
+
+
+def load_run(run_dir: str | Path) -> RunRecords:
+    """Read a run directory's spec and every rank's records."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise RecordError(f"run directory not found: {run_dir}")
+    import pandas as pd
+
+    spec = read_spec(run_dir)
+    warnings: list[str] = []
+    by_kind: dict[str, list[dict[str, Any]]] = {"start": [], "step": [], "val": [], "event": []}
+    for path in record_files(run_dir):
+        for rec in read_records(path, warnings):
+            by_kind.setdefault(rec["kind"], []).append(rec)
+    frames = {k: pd.DataFrame.from_records(v) for k, v in by_kind.items()}
+    return RunRecords(run_dir, spec, frames["start"], frames["step"], frames["val"], frames["event"], warnings)
+
+
+# ---- the writer: one JSON object a line, one file per rank ------------------------------------
+
+
+def records_path(run_dir: Path, rank: int) -> Path:
+    return RunPaths(Path(run_dir)).rank_records(rank)
+
+
+class RecordWriter:
+    """Appends records for one rank; `time` and the rank's identity are added to every record."""
+
+    def __init__(self, run_dir: Path, rank: int, world: int) -> None:
+        self.path = path = records_path(run_dir, rank)
+        self.rank, self.world = rank, world
+        with writing(path, "records", RECORDS_FIX):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = path.open("a", buffering=1)  # line-buffered: a reader never sees half a record
+
+    def write(self, kind: str, **fields: Any) -> None:
+        """One record of `kind`; a record that does not fit its kind's schema is a bug, found here."""
+        with writing(self.path, "records", RECORDS_FIX):  # a full disk: one line naming it, not an OSError
+            self._file.write(record_line({"kind": kind, "rank": self.rank, "world": self.world, "time": time.time(),
+                                          **fields}))
+
+    def event(self, event: str, **fields: Any) -> None:
+        self.write("event", event=event, **fields)
+
+    def error(self, message: str) -> None:
+        self.write("error", message=message)
+
+    def close(self) -> None:
+        try:
+            self._file.close()
+        except OSError:  # the last line could not be flushed (a full disk): the write already said so
+            pass
+
+
+def record_line(record: Mapping[str, Any], absent: tuple[str, ...] = ()) -> str:
+    """One record as its line in a JSONL file, checked against its kind's schema first: a record that
+    does not fit is a bug, found where it is written. `absent`: as for `record_problem`."""
+    problem = record_problem(record, absent=absent)
+    if problem:
+        raise ValueError(f"record written against docs/records.md: {problem}")
+    return json.dumps(record, default=_jsonable, allow_nan=False) + "\n"
+
+
+def append_record(path: Path, record: Mapping[str, Any], absent: tuple[str, ...] = ()) -> None:
+    """Append one checked record to `path` (a file written now and then, not a rank's stream: the
+    launcher's own events)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    line = record_line(record, absent)
+    with path.open("a") as f:
+        f.write(line)
+
+
+# Where each launcher tells a process its rank and world size: torchrun, horovodrun, mpirun (Open MPI,
+# then PMI), srun. A rank may fail before its engine starts, so the error record cannot ask the engine.
+RANK_VARIABLES = [("RANK", "WORLD_SIZE"), ("HOROVOD_RANK", "HOROVOD_SIZE"), ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
+                  ("PMI_RANK", "PMI_SIZE"), ("SLURM_PROCID", "SLURM_NTASKS")]
+
+
+def rank_from_env(env: Mapping[str, str] | None = None) -> tuple[int, int]:
+    """(rank, world size) as this process's launcher set them; (0, 1) for a process started alone."""
+    env = os.environ if env is None else env
+    for rank, world in RANK_VARIABLES:
+        if env.get(rank, "").isdigit():
+            return int(env[rank]), int(env.get(world, "1") or 1)
+    return 0, 1
+
+
+def record_error(run_dir: Path, message: str, env: Mapping[str, str] | None = None) -> None:
+    """A rank stops on a user error: an `error` record for the launcher, and the line on stderr for humans."""
+    print(f"scalelab: error: {message}", file=sys.stderr, flush=True)
+    rank, world = rank_from_env(env)
+    try:
+        writer = RecordWriter(run_dir, rank, world)
+        writer.error(message)
+        writer.close()
+    except (OSError, WriteError) as exc:  # the line above is then all there is
+        print(f"scalelab: could not write the error record under {run_dir}: {exc}", file=sys.stderr, flush=True)
+
+
+def _jsonable(value: Any) -> Any:
+    if hasattr(value, "item"):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return str(value)

@@ -1,0 +1,273 @@
+"""Run directories: where each run's files live, created uniquely and written atomically.
+
+Every path inside a run directory is spelled here once (`RunPaths`), so the launcher, the trainer,
+the backends and the reports agree on the layout documented in docs/records.md. State files are
+written through a temporary file and a rename: a crash mid-write leaves the previous version, never
+half a JSON document.
+
+The run states are defined here once, and `launch.json` (how the run was launched and how it
+ended) is changed only through `start_state` / `edit_state` / `update_state` / `record_state`: a
+read-modify-write under a lock on the run directory, because two launcher processes may write it at
+once (the one following the run and a `launch cancel` from another shell).
+"""
+
+from __future__ import annotations
+
+import datetime
+import fcntl
+import json
+import os
+import re
+import shutil
+import tempfile
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+from scalelab.core.errors import RecordError
+from scalelab.core.writes import WriteError, write_failure, writing
+
+DEFAULT_RUNS_ROOT = Path("runs")
+SPEC_FILE = "spec.json"
+LAUNCH_FILE = "launch.json"
+SUMMARY_FILE = "summary.json"
+RECORDS_DIR = "records"
+LOGS_DIR = "logs"
+CHECKPOINT_FILE = "checkpoint.pt"
+SWEEP_FILE = "sweep.json"  # a sweep directory: {"runs": [layout directory names, in sweep order], ...}
+STUDY_FILE = "study.json"  # a study directory: {"title": ..., "sweeps": [{"label": variant, "dir": sweep}, ...]}
+
+# ---- run states: every backend maps its own (Slurm's, Kubernetes', EC2's) onto these -------------
+PENDING = "PENDING"      # queued, instances booting, pods being scheduled
+RUNNING = "RUNNING"
+COMPLETED = "COMPLETED"
+FAILED = "FAILED"
+CANCELLED = "CANCELLED"
+UNKNOWN = "UNKNOWN"      # the backend cannot tell (a controller too busy to answer, an object gone)
+ACTIVE = frozenset({PENDING, RUNNING})
+TERMINAL = frozenset({COMPLETED, FAILED, CANCELLED})
+
+
+@dataclass(frozen=True)
+class RunPaths:
+    """The files of one run directory."""
+
+    root: Path
+
+    @property
+    def spec(self) -> Path:
+        return self.root / SPEC_FILE
+
+    @property
+    def launch(self) -> Path:
+        return self.root / LAUNCH_FILE
+
+    @property
+    def summary(self) -> Path:
+        return self.root / SUMMARY_FILE
+
+    @property
+    def records(self) -> Path:
+        return self.root / RECORDS_DIR
+
+    @property
+    def logs(self) -> Path:
+        return self.root / LOGS_DIR
+
+    @property
+    def checkpoint(self) -> Path:
+        return self.root / CHECKPOINT_FILE
+
+    def rank_records(self, rank: int) -> Path:
+        return self.records / f"rank-{rank}.jsonl"
+
+
+def new_run_dir(root: Path, name: str) -> Path:
+    """A fresh, unique directory `root/name-YYYYmmdd-HHMMSS[-k]`; a root that cannot take one (read-only,
+    full, not ours) is one line naming it and its filesystem."""
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    base = re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-") or "run"
+    with writing(root, "a run directory", "or give --runs-dir a directory on a filesystem with room"):
+        root.mkdir(parents=True, exist_ok=True)
+        for k in range(1000):
+            path = root / (f"{base}-{stamp}" + (f"-{k}" if k else ""))
+            try:
+                path.mkdir()
+                return path
+            except FileExistsError:
+                continue
+    raise RecordError(f"cannot create a run directory under {root}")
+
+
+def discard_unlaunched(run_dir: Path) -> None:
+    """Remove a run directory this launcher just made and never launched (no launch.json): what a
+    failed start (a full disk, a read-only one) left in it is of no use."""
+    if Path(run_dir).is_dir() and not RunPaths(Path(run_dir)).launch.exists():
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def write_json(path: Path, data: Any) -> Path:
+    """Write `data` as JSON atomically: a temporary file beside `path`, then a rename."""
+    return write_text(path, json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
+
+
+def write_text(path: Path, text: str, shown: Path | None = None) -> Path:
+    """Replace `path` by `text` atomically (a temporary file beside it, then a rename), keeping the mode
+    the file had (else the umask's, not mkstemp's 0600). A failed write - a full or read-only
+    filesystem - removes the temporary file, leaves the previous version and is a WriteError naming
+    `path` (or `shown`, the file it stands for) and its filesystem."""
+    path = Path(path)
+    tmp = None
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        os.fchmod(fd, _mode_for(path))
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except OSError as exc:
+        if tmp:
+            Path(tmp).unlink(missing_ok=True)
+        if isinstance(exc, FileNotFoundError):
+            raise
+        raise WriteError(write_failure(shown or path, exc)) from None
+    except BaseException:
+        if tmp:
+            Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def _mode_for(path: Path) -> int:
+    """The mode a rewritten file keeps: its own; a new file's is 0666 less the umask, as open() gives."""
+    try:
+        return path.stat().st_mode & 0o777
+    except OSError:
+        return 0o666 & ~_umask()
+
+
+def _umask() -> int:
+    """The process umask, read without changing it where Linux shows it (other threads create files too)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def read_json(path: Path, what: str = "file") -> Any:
+    """Read a JSON state file; a missing or corrupt one is a RecordError naming the file."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise RecordError(f"{path} is missing") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise RecordError(f"cannot read {what} {path}: {exc}") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise RecordError(f"{what} {path} is corrupt ({exc.msg} at line {exc.lineno}); restore or delete it") from None
+
+
+# ---- launch.json: the run's state ----------------------------------------------------------------
+
+
+def read_state(run_dir: Path) -> dict[str, Any]:
+    """launch.json of a run; a run directory without one was never launched."""
+    path = RunPaths(Path(run_dir)).launch
+    if not path.exists():
+        raise RecordError(f"{run_dir} has no {LAUNCH_FILE}: it was never launched (or is not a run directory)")
+    return read_json(path, LAUNCH_FILE)
+
+
+@contextmanager
+def dir_locked(run_dir: Path) -> Iterator[None]:
+    """An exclusive lock on the run directory itself (no lock file left behind); not reentrant."""
+    fd = os.open(Path(run_dir), os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def start_state(run_dir: Path, **fields: Any) -> dict[str, Any]:
+    """A new launch of the run: launch.json becomes `fields` plus the absolute run directory, no state yet."""
+    state = {**fields, "run_dir": str(Path(run_dir).absolute())}
+    with dir_locked(run_dir):
+        write_json(RunPaths(Path(run_dir)).launch, state)
+    return state
+
+
+@contextmanager
+def edit_state(run_dir: Path) -> Iterator[dict[str, Any]]:
+    """Read-modify-write launch.json: change the dict yielded; it is written back atomically at the end."""
+    with dir_locked(run_dir):
+        state = read_state(run_dir)
+        yield state
+        write_json(RunPaths(Path(run_dir)).launch, state)
+
+
+def update_state(run_dir: Path, **fields: Any) -> dict[str, Any]:
+    """Set `fields` in launch.json; return the whole new state."""
+    with edit_state(run_dir) as state:
+        state.update(fields)
+    return state
+
+
+def record_state(run_dir: Path, state: str, detail: str = "", **fields: Any) -> str:
+    """Record the run's state (and, for an end, when); return the state recorded.
+
+    An end recorded earlier wins: a `launch cancel` marks the run CANCELLED before it stops the
+    ranks, and neither the exit codes that stopping causes nor a last RUNNING seen by the launcher
+    following it may overwrite that. UNKNOWN is an end too when recorded (the launcher stopped
+    following a run its backend could no longer see), but not a final one.
+    """
+    if state not in ACTIVE | TERMINAL | {UNKNOWN}:
+        raise ValueError(f"{state} is not a run state")
+    with edit_state(run_dir) as info:
+        if info.get("state") not in TERMINAL:
+            info.update(state=state, detail=detail)
+            if state not in ACTIVE:
+                info["ended"] = time.time()
+        info.update(fields)
+    return info["state"]
+
+
+# ---- sweep directories ---------------------------------------------------------------------------
+
+
+def is_sweep(path: Path) -> bool:
+    return (Path(path) / SWEEP_FILE).exists()
+
+
+def sweep_runs(sweep_dir: Path) -> list[Path]:
+    """The run directories of a sweep, in sweep order (some may not have started)."""
+    meta = read_json(Path(sweep_dir) / SWEEP_FILE, SWEEP_FILE)
+    names = meta.get("runs") if isinstance(meta, dict) else None
+    if not isinstance(names, list) or not all(isinstance(n, str) and n and "/" not in n for n in names):
+        raise RecordError(f"{Path(sweep_dir) / SWEEP_FILE} has no list of layout directories under \"runs\"; "
+                          "restore it or run the sweep again")
+    return [Path(sweep_dir) / name for name in names]
+
+
+def study_sweeps(study_dir: Path) -> list[tuple[str, Path]]:
+    """(variant label, sweep directory) of a study, in study order (a sweep may not have started)."""
+    meta = read_json(Path(study_dir) / STUDY_FILE, STUDY_FILE)
+    sweeps = meta.get("sweeps") if isinstance(meta, dict) else None
+    if not isinstance(sweeps, list) or not all(isinstance(s, dict) and isinstance(s.get("dir"), str) and s["dir"]
+                                               and "/" not in s["dir"] for s in sweeps):
+        raise RecordError(f"{Path(study_dir) / STUDY_FILE} has no list of sweeps (label, dir) under \"sweeps\"; "
+                          "restore it or run the study again")
+    return [(str(s.get("label", s["dir"])), Path(study_dir) / s["dir"]) for s in sweeps]
+
+
+def run_state(run_dir: Path) -> str | None:
+    """The state recorded in launch.json; None for a run that was never launched."""
+    return read_state(run_dir).get("state") if RunPaths(Path(run_dir)).launch.exists() else None

@@ -1,0 +1,455 @@
+"""The backend-neutral experiment spec.
+
+One `Spec` says everything about a run that does not depend on where it runs: model and preset, data,
+engine, layout (nodes x GPUs per node), batch mode, length, threshold, plus a free `backend_options`
+mapping that each backend validates itself. It loads from YAML, is overridden by flags, and the
+resolved spec is saved as `spec.json` in every run directory, so a run can always be reproduced and
+the trainer reads exactly what the launcher decided.
+
+Like submitit's executor parameters, the dataclass fields and their defaults *are* the list of valid
+options: an unknown key fails at configuration time and the message lists the valid ones.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from scalelab.core.errors import SpecError
+from scalelab.core.options import (
+    POSITIVE,
+    above,
+    at_least,
+    build,
+    checked,
+    coerce_fields,
+    one_of,
+)
+from scalelab.core.presets import PRESETS, RNN_KINDS, config_with_overrides
+from scalelab.core.rundir import SPEC_FILE, write_text
+
+ENGINES = ("single", "ddp", "horovod", "ps")
+# Engines started by torchrun (env:// rendezvous: RANK, MASTER_ADDR, ...): every backend launches them alike.
+TORCHRUN_ENGINES = ("ddp", "ps")
+DATA_KINDS = ("synthetic", "task", "text", "shards")
+BATCH_MODES = ("strong", "weak")
+#: The two axes of a sweep, each `fixed` or `growing`: the global batch (split over the workers, or
+#: every worker keeps its batch) and the total work (the same job, or the same work per worker).
+SCALING_AXES = ("fixed", "growing")
+#: The older --mode, as both axes at once.
+MODE_AXES = {"strong": ("fixed", "fixed"), "weak": ("growing", "growing")}
+OPTIMIZERS = ("adam", "sgd")
+DEVICES = ("auto", "cpu", "cuda")
+BALANCE_MODES = ("static", "dynamic")
+# Number formats of the training step (scalelab/train/precision.py). fp32: everything in float32; bf16 / fp16:
+# forward and backward under autocast, master weights, gradients, optimizer, loss and validation in
+# float32; fp16 adds a gradient scaler and needs a GPU. Why fp32 is the default: docs/benchmarks.md.
+PRECISIONS = ("fp32", "bf16", "fp16")
+DEFAULT_PRECISION = "fp32"
+# What a run directory's spec.json means without a `precision` key: it was written before there was a
+# choice, and every step ran in float32 then.
+SAVED_SPEC_PRECISION = "fp32"
+# The gradient exchange's format: the all-reduce in fp16 or bf16, gradients cast back to fp32 after it.
+COMPRESSIONS = ("none", "fp16", "bf16")
+# Where a parameter server's shards keep their parameters and optimizer state: on the CPU (TensorFlow's
+# placement for PS tasks: each step copies the gradient there and the new values back) or on the
+# workers' device (no copies). The same on a machine without GPUs, apart from the copies.
+PS_STATES = ("device", "cpu")
+# Where the parameter-server shards run: inside worker ranks (colocated), or in ranks of their own that
+# train on no data (separate, TensorFlow's PS tasks): each node then runs its workers and its servers.
+PS_PLACEMENTS = ("colocated", "separate")
+# Where ranks run; `launcher.backend.BACKENDS` maps each name to its implementation.
+BACKEND_NAMES = ("local", "slurm", "k8s", "aws")
+# The EC2 type of every node when an aws spec names none: the aws backend's default (scalelab/aws/options.py) and
+# what a cost estimate of such a spec prices (scalelab/costs/expected.py).
+DEFAULT_AWS_INSTANCE_TYPE = "g3.4xlarge"
+
+
+@dataclass
+class DataSpec:
+    """Where batches come from. `synthetic` measures throughput; `task` is learnable (convergence);
+    `text` reads files (parallel text, plain text or labelled lines, by model family); `shards` reads
+    the directory `shards` that `launch prep` wrote (token ids, no tokenising at start-up)."""
+
+    kind: str = checked("synthetic", one_of(*DATA_KINDS))
+    train_src: str | None = None
+    train_tgt: str | None = None
+    valid_src: str | None = None
+    valid_tgt: str | None = None
+    train_samples: int = checked(4096, POSITIVE)
+    valid_samples: int = checked(256, POSITIVE)
+    prefetch: int = checked(2, at_least(0))
+    bucket: bool = True
+    fixed_length: bool = False
+    shards: str | None = None
+
+
+@dataclass
+class EngineSpec:
+    """Gradient-exchange settings. Defaults are the fast settings measured in docs/benchmarks.md."""
+
+    name: str = checked("ddp", one_of(*ENGINES))
+    fusion_threshold_mb: float = checked(64.0, at_least(0))  # 0: no fusion
+    cycle_time_ms: float = checked(1.0, above(0))
+    compression: str = checked("none", one_of(*COMPRESSIONS))
+    fp16_allreduce: bool = False  # the older spelling of `compression: fp16`, still read
+    bucket_cap_mb: float = checked(25.0, above(0))
+    ps_shards: int | None = checked(None, POSITIVE)  # parameter-server shards; None: one per node
+    ps_state: str = checked("device", one_of(*PS_STATES))  # where the shards' parameters and optimizer state live
+    ps_placement: str = checked("colocated", one_of(*PS_PLACEMENTS))  # shards in the workers, or in server ranks
+
+    def servers_per_node(self, nodes: int) -> int:
+        """Server ranks on each node: none unless the ps shards run separately (then one per shard)."""
+        if self.name != "ps" or self.ps_placement != "separate":
+            return 0
+        return (self.ps_shards or nodes) // nodes
+
+    @property
+    def grad_compression(self) -> str:
+        """The exchange's format, whichever way the spec said it."""
+        return "fp16" if self.fp16_allreduce else self.compression
+
+
+@dataclass
+class Spec:
+    """A complete, backend-neutral description of one training run.
+
+    The field types are checked wherever a spec is built (YAML, JSON, flags: `core.options`), and so
+    are the limits declared with `checked`; `validate` adds what involves several fields.
+    """
+
+    model: str = "nmt-tiny"
+    rnn: str = checked("fused", one_of(*RNN_KINDS))
+    precision: str = checked(DEFAULT_PRECISION, one_of(*PRECISIONS))
+    model_args: dict[str, Any] = field(default_factory=dict)
+    data: DataSpec = field(default_factory=DataSpec)
+    engine: EngineSpec = field(default_factory=EngineSpec)
+    backend: str = checked("local", one_of(*BACKEND_NAMES))
+    backend_options: dict[str, Any] = field(default_factory=dict)
+    nodes: int = checked(1, POSITIVE)
+    gpus_per_node: int = checked(1, POSITIVE)
+    global_batch: int | None = checked(None, POSITIVE)
+    batch_per_worker: int | None = checked(None, POSITIVE)
+    steps: int | None = checked(40, POSITIVE)
+    epochs: int | None = checked(None, POSITIVE)
+    warmup_steps: int = checked(5, at_least(0))
+    optimizer: str = checked("adam", one_of(*OPTIMIZERS))
+    lr: float = checked(1e-3, above(0))
+    lr_warmup_steps: int = checked(0, at_least(0))
+    lr_ref_batch: int | None = checked(None, POSITIVE)
+    clip_grad_norm: float | None = checked(5.0, above(0))  # None: no clipping
+    seed: int = checked(1234, at_least(0))
+    val_every: int = checked(0, at_least(0))
+    val_batches: int = checked(4, POSITIVE)
+    loss_threshold: float | None = checked(None, at_least(0))  # a loss: cross-entropy is >= 0
+    checkpoint_every: int = checked(0, at_least(0))
+    threads: int | None = checked(None, POSITIVE)
+    interop_threads: int | None = checked(None, POSITIVE)
+    independent_replicas: bool = False
+    balance: str = checked("static", one_of(*BALANCE_MODES))
+    balance_every: int = checked(10, POSITIVE)
+    emulate_slowdown: list[float] = field(default_factory=list)
+    # After the last step, all-reduce buffers of these sizes (MB) across every rank and record how long
+    # each took (`link` records): the bandwidth and latency of the links the layout uses (`launch probe`).
+    link_probe_mb: list[float] = field(default_factory=list)
+    device: str = checked("auto", one_of(*DEVICES))
+    profile_steps: str | None = None  # "A:B": a torch.profiler trace of steps A..B per rank (profile_range)
+    name: str | None = None
+    # how this run's total work relates to its sweep's smallest layout (set by `launch sweep`:
+    # fixed = the same job, growing = the same work per worker); None for a run outside a sweep
+    work_scaling: str | None = checked(None, one_of(*SCALING_AXES))
+
+    # ---- derived values -------------------------------------------------------------------
+
+    @property
+    def workers(self) -> int:
+        """Total ranks: one per GPU (on a machine without GPUs, one process per "GPU")."""
+        return self.nodes * self.gpus_per_node
+
+    @property
+    def ranks_per_node(self) -> int:
+        """Processes per node, what every backend starts: the workers, plus the parameter-server ranks
+        of `--ps-placement separate` (they hold the shards and train on no data)."""
+        return self.gpus_per_node + self.engine.servers_per_node(self.nodes)
+
+    @property
+    def world(self) -> int:
+        """Total ranks: the workers and any separate parameter-server ranks."""
+        return self.nodes * self.ranks_per_node
+
+    def role_of(self, rank: int) -> tuple[str, int]:
+        """("worker", index among the workers) or ("server", index among the ps server ranks)."""
+        return rank_role(rank, self.ranks_per_node, self.engine.servers_per_node(self.nodes))
+
+    @property
+    def batch_mode(self) -> str:
+        """`weak` when the per-worker batch is fixed (the global batch grows with workers)."""
+        return "weak" if self.batch_per_worker is not None else "strong"
+
+    def resolved_global_batch(self, default_batch: int) -> int:
+        """Global batch for this layout; `default_batch` is the preset's when neither is given."""
+        if self.batch_per_worker is not None:
+            return self.batch_per_worker * self.workers
+        return self.global_batch if self.global_batch is not None else default_batch
+
+    def per_worker_batch(self, default_batch: int) -> int:
+        g = self.resolved_global_batch(default_batch)
+        if g % self.workers:
+            raise SpecError(
+                f"global batch {g} does not split evenly across {self.workers} workers "
+                f"({self.nodes} node(s) x {self.gpus_per_node}); choose a global batch that is a "
+                f"multiple of {self.workers} (e.g. {max(self.workers, g // self.workers * self.workers)}), "
+                "or use --batch-per-worker for weak scaling"
+            )
+        return g // self.workers
+
+    def lr_scale(self, default_batch: int) -> float:
+        """Linear LR scaling (Goyal et al.; Horovod's lr * hvd.size()) relative to `lr_ref_batch`.
+
+        The reference defaults to the batch the LR was chosen for: the per-worker batch in weak
+        mode (so the LR grows with the number of workers) and the global batch in strong mode (the
+        optimisation problem does not change with the layout, so neither does the LR).
+        """
+        ref = self.lr_ref_batch
+        if ref is None:
+            ref = self.batch_per_worker if self.batch_per_worker is not None else self.resolved_global_batch(default_batch)
+        return self.resolved_global_batch(default_batch) / ref
+
+    def profile_range(self) -> tuple[int, int] | None:
+        """--profile-steps A:B as (A, B): the first and last step traced, 1-based as step records count."""
+        if self.profile_steps is None:
+            return None
+        m = re.fullmatch(r"\s*(\d+)\s*:\s*(\d+)\s*", str(self.profile_steps))
+        a, b = (int(m[1]), int(m[2])) if m else (0, 0)
+        if not m or a < 1 or b < a:
+            raise SpecError(f"--profile-steps takes A:B, the first and last step to trace with 1 <= A <= B "
+                            f"(steps count from 1), e.g. 6:8; got {self.profile_steps!r}")
+        if self.steps is not None and b > self.steps:
+            raise SpecError(f"--profile-steps {a}:{b} ends after the last step ({self.steps}); "
+                            f"choose B <= --steps {self.steps}, e.g. --profile-steps {min(a, self.steps)}:{self.steps}")
+        return a, b
+
+    # ---- validation ----------------------------------------------------------------------
+
+    def _validate_ps(self) -> None:
+        """A colocated shard lives in a worker process, so there can be at most one per worker (separate
+        placement: `_validate_separate`). fp16's gradient scaler and 16-bit exchange are refused, not
+        half-done: see the messages."""
+        if self.engine.ps_placement == "separate":
+            self._validate_separate()
+        elif self.engine.ps_shards is not None and self.engine.ps_shards > self.workers:
+            raise SpecError(
+                f"--ps-shards {self.engine.ps_shards} is more than the {self.workers} workers that host the shards; "
+                f"use --ps-shards {self.workers} or fewer (default: one per node)"
+            )
+        if self.precision == "fp16":
+            raise SpecError(
+                "--engine ps does not train in --precision fp16: the gradient scaler looks for overflow in the "
+                "gradients a rank holds, and a parameter-server rank holds only its own shards' (none without a "
+                "shard), so ranks could disagree on skipping a step; use --precision bf16 (no scaler) or fp32, "
+                "or --engine ddp for fp16"
+            )
+        if self.engine.grad_compression != "none":
+            raise SpecError(
+                f"--grad-compression {self.engine.grad_compression} is not implemented for --engine ps (its push "
+                "and pull send fp32 tensors); leave --grad-compression out, or use --engine ddp or horovod"
+            )
+
+    def _validate_separate(self) -> None:
+        """Every node runs the same number of ranks (torchrun's --nproc-per-node, Slurm's tasks per node),
+        so the server ranks must spread evenly over the nodes. A server has no data: it has no speed to
+        balance by, and no slowdown to emulate."""
+        shards = self.engine.ps_shards
+        if shards is not None and shards % self.nodes:
+            raise SpecError(
+                f"--ps-placement separate runs the {shards} shard server(s) spread evenly over the {self.nodes} nodes, "
+                f"and {shards} does not divide by {self.nodes}; use a multiple of {self.nodes} for --ps-shards "
+                "(default: one per node)"
+            )
+        if self.balance == "dynamic" or self.emulate_slowdown:
+            raise SpecError("--ps-placement separate does not mix with --balance dynamic or --emulate-slowdown "
+                            "(server ranks train on no data); leave those out, or use --ps-placement colocated")
+
+    def validate(self) -> "Spec":
+        """Check everything that can be checked without touching a backend; raise SpecError.
+
+        Field types and limits first (a spec built in code has not been through them), then what
+        involves several fields, the preset and the data files.
+        """
+
+        coerce_fields(self)
+        if self.model not in PRESETS:
+            raise SpecError(f"unknown model preset {self.model!r}; valid presets: {', '.join(sorted(PRESETS))}")
+        self._check_combinations()
+        cfg = config_with_overrides(PRESETS[self.model], self.model_args, "in model_args")  # SpecError on bad keys
+        self.per_worker_batch(cfg.default_batch)  # raises if a strong-scaling batch does not split
+        for key in ("train_src", "train_tgt", "valid_src", "valid_tgt"):
+            path = getattr(self.data, key)
+            if self.data.kind == "text" and path:
+                check_text_file(path, f"--{key.replace('_', '-')}")
+        if self.steps is not None and self.epochs is None and self.steps <= self.warmup_steps:
+            raise SpecError(
+                f"--steps {self.steps} is not more than --warmup-steps {self.warmup_steps}: the first "
+                f"{self.warmup_steps} steps after every (re)start are not timed, so nothing would be measured; "
+                "raise --steps or lower --warmup-steps"
+            )
+        return self
+
+    def _check_combinations(self) -> None:
+        if self.emulate_slowdown and (len(self.emulate_slowdown) != self.workers or min(self.emulate_slowdown) < 1):
+            raise SpecError(
+                f"--emulate-slowdown needs one factor >= 1 per worker ({self.workers}), got {self.emulate_slowdown}"
+            )
+        if any(not 0 < mb <= 4096 for mb in self.link_probe_mb):
+            raise SpecError(f"link_probe_mb takes buffer sizes in MB above 0 and at most 4096, got {self.link_probe_mb}")
+        if self.independent_replicas and self.balance == "dynamic":
+            raise SpecError("--independent-replicas and --balance dynamic do not mix: replicas share no batch")
+        if self.global_batch is not None and self.batch_per_worker is not None:
+            raise SpecError("give either --global-batch (strong scaling) or --batch-per-worker (weak scaling), not both")
+        if self.steps is None and self.epochs is None:
+            raise SpecError("give --steps or --epochs (how long to train)")
+        if self.loss_threshold is not None and self.val_every == 0:
+            raise SpecError("--loss-threshold needs validation: set --val-every N (steps between validations)")
+        if self.engine.name == "single" and self.workers != 1:
+            raise SpecError(
+                f"engine 'single' runs one worker, but the layout has {self.workers} "
+                f"({self.nodes} x {self.gpus_per_node}); use --engine ddp or --engine horovod"
+            )
+        if self.engine.name == "ps":
+            self._validate_ps()
+        elif self.engine.ps_placement != "colocated":
+            raise SpecError(f"--ps-placement {self.engine.ps_placement} is for --engine ps (the parameter server), "
+                            f"not --engine {self.engine.name}; add --engine ps or leave --ps-placement out")
+        if self.data.kind == "text" and not self.data.train_src:
+            raise SpecError("data kind 'text' needs --train-src (and --train-tgt for translation)")
+        if (self.data.kind == "shards") != bool(self.data.shards):
+            raise SpecError("--data shards reads --shards DIR (a directory written by launch prep): give both, or neither")
+        if self.data.kind == "shards" and "://" not in self.data.shards and not Path(self.data.shards, "manifest.json").is_file():
+            raise SpecError(f"--shards {self.data.shards} holds no manifest.json: run launch prep --out {self.data.shards} first")
+        self._check_precision()
+        self.profile_range()
+
+    def _check_precision(self) -> None:
+        if self.precision == "fp16" and self.device == "cpu":
+            raise SpecError("--precision fp16 needs a GPU (its gradient scaler is CUDA-only here); "
+                            "use --precision bf16 on a CPU")
+        engine = self.engine
+        if engine.fp16_allreduce and engine.compression not in ("none", "fp16"):
+            raise SpecError(f"--fp16-allreduce and --grad-compression {engine.compression} contradict each other; "
+                            "give only --grad-compression")
+        if engine.name == "horovod" and engine.grad_compression == "bf16":
+            raise SpecError("Horovod 0.28 cannot all-reduce bf16 tensors; use --grad-compression fp16, "
+                            "or --engine ddp for bf16")
+
+    # ---- (de)serialisation ---------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any], where: str = "") -> "Spec":
+        """A spec from a mapping (YAML, JSON); `where` (e.g. "in spec file exp.yaml") goes into messages."""
+        return build(cls, raw, where)
+
+    def with_overrides(self, overrides: dict[str, Any]) -> "Spec":
+        """A copy with dotted keys (`engine.name`, `data.kind`, `nodes`) replaced; None means unset."""
+        raw = self.to_dict()
+        for key, value in overrides.items():
+            if value is None:
+                continue
+            target = raw
+            parts = key.split(".")
+            for part in parts[:-1]:
+                target = target[part]
+            target[parts[-1]] = value
+        return Spec.from_dict(raw)
+
+
+def rank_role(rank: int, ranks_per_node: int, servers_per_node: int) -> tuple[str, int]:
+    """("worker", i) or ("server", i) for a global rank: on every node the workers come first (so rank
+    0 is a worker and writes checkpoints) and the parameter-server ranks last."""
+    node, local = divmod(rank, ranks_per_node)
+    workers_per_node = ranks_per_node - servers_per_node
+    if local < workers_per_node:
+        return "worker", node * workers_per_node + local
+    return "server", node * servers_per_node + local - workers_per_node
+
+
+def server_rank(server: int, ranks_per_node: int, servers_per_node: int) -> int:
+    """The global rank of parameter server `server` (the inverse of `rank_role`)."""
+    node, j = divmod(server, servers_per_node)
+    return node * ranks_per_node + ranks_per_node - servers_per_node + j
+
+
+def check_text_file(path: str | os.PathLike, flag: str) -> Path:
+    """An existing, readable file whose start is text (no NUL bytes, UTF-8): a data or spec file given by
+    mistake as a binary (a checkpoint, an archive) is named before any rank starts."""
+    p = Path(path)
+    if not p.is_file():
+        raise SpecError(f"data file not found: {p} (check {flag})" if flag.startswith("--") else f"{flag} not found: {p}")
+    try:
+        with p.open("rb") as f:
+            head = f.read(8192)
+    except OSError as exc:
+        raise SpecError(f"cannot read {p} ({exc.strerror}); check {flag}") from None
+    if b"\0" in head or not _utf8_prefix(head, complete=len(head) < 8192):
+        raise SpecError(f"{p} is not a text file (binary or not UTF-8); check {flag}")
+    return p
+
+
+def _utf8_prefix(data: bytes, complete: bool) -> bool:
+    """True if `data` is UTF-8, allowing a character cut off at the end when it is only a file's start."""
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return not complete and exc.start >= len(data) - 3
+    return True
+
+
+def read_yaml_mapping(path: str | os.PathLike, what: str) -> dict[str, Any]:
+    """A YAML (or JSON) file that must hold a mapping: missing, binary, empty, invalid or a list are one
+    clear SpecError naming the file; `what` says which kind of file ("spec file", "study file")."""
+    import yaml
+
+    p = check_text_file(path, what)
+    try:
+        raw = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise SpecError(f"{what} {p} is not valid YAML: {' '.join(str(exc).split())}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecError(f"cannot read {what} {p} as UTF-8 text ({exc})") from None
+    if raw is None:
+        raise SpecError(f"{what} {p} is empty: give at least one key (see the examples/ folder)")
+    if not isinstance(raw, dict):
+        raise SpecError(f"{what} {p} must be a mapping of key: value, got a {type(raw).__name__}")
+    return raw
+
+
+def load_spec(path: str | os.PathLike) -> Spec:
+    """Load a spec from YAML (or JSON); the file may hold only the keys it wants to change, but not none."""
+    return Spec.from_dict(read_yaml_mapping(path, "spec file"), where=f"in spec file {path}")
+
+
+def save_spec(spec: Spec, run_dir: Path) -> Path:
+    """spec.json of the run, written atomically: a crash or a full disk leaves the previous one whole."""
+    return write_text(Path(run_dir) / SPEC_FILE, spec.to_json() + "\n")
+
+
+def read_spec(run_dir: str | os.PathLike) -> Spec:
+    path = Path(run_dir) / "spec.json"
+    if not path.is_file():
+        raise SpecError(f"{run_dir} is not a run directory: {path} is missing")
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise SpecError(f"{path} is corrupt ({exc}); re-run the experiment or restore the file") from None
+    if isinstance(raw, dict):
+        raw.setdefault("precision", SAVED_SPEC_PRECISION)
+    return Spec.from_dict(raw, where=f"in {path}")

@@ -1,0 +1,105 @@
+"""Failed writes as one line: which file, which filesystem, and what to do about it.
+
+Where the launcher and the ranks write (run directories, launch.json, records, owner.json, reports)
+the filesystem can be read-only, not ours, or full. Each of those is something the user fixes, not a
+bug, so it becomes a `WriteError` naming the path, the filesystem it lives on (its mount point and
+free bytes) and the fix, instead of an `OSError` traceback. Files half written are removed by the
+callers (they know which); this module only says what went wrong.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+from scalelab.core.errors import ScalelabError
+
+FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
+READ_ONLY = frozenset({errno.EROFS})
+DENIED = frozenset({errno.EACCES, errno.EPERM})
+WRITE_FAILURES = FULL | READ_ONLY | DENIED
+
+
+class WriteError(ScalelabError):
+    """A file could not be written: a full, read-only or forbidden filesystem (the message says which)."""
+
+
+def mount_point(path: Path) -> Path:
+    """The mount point of the filesystem holding `path` (or its nearest existing parent)."""
+    path = Path(os.path.abspath(path))
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    path = path.resolve()
+    while not os.path.ismount(path) and path != path.parent:
+        path = path.parent
+    return path
+
+
+def free_bytes(path: Path) -> str:
+    """'1,234 bytes' free for unprivileged users on the filesystem of `path`; 'unknown' if it cannot tell."""
+    try:
+        st = os.statvfs(mount_point(path))
+    except OSError:
+        return "unknown"
+    return f"{st.f_bavail * st.f_frsize:,} bytes"
+
+
+def write_failure(path: Path | str, exc: OSError, what: str = "",
+                  fix: str = "or choose another directory (--runs-dir, --out)") -> str:
+    """The one line for `exc` raised while writing `path` (`what` says which file it is)."""
+    path = Path(path)
+    mount, name = mount_point(path), f"{what} {path}" if what else str(path)
+    if exc.errno in FULL:
+        return f"cannot write {name}: the filesystem at {mount} is full ({free_bytes(path)} free); free space there {fix}"
+    if exc.errno in READ_ONLY:
+        return f"cannot write {name}: the filesystem at {mount} is read-only; remount it read-write {fix}"
+    if exc.errno in DENIED:
+        return f"cannot write {name}: permission denied (filesystem at {mount}); make it writable {fix}"
+    return f"cannot write {name} on the filesystem at {mount}: {exc.strerror or exc}; check it {fix}"
+
+
+@contextmanager
+def writing(path: Path | str, what: str = "", fix: str = "or choose another directory (--runs-dir, --out)") -> Iterator[None]:
+    """Inside, an OSError from a write becomes a `WriteError` naming the file (the one the OS named, else
+    `path`) and its filesystem."""
+    try:
+        yield
+    except OSError as exc:
+        if isinstance(exc, (FileNotFoundError, IsADirectoryError, NotADirectoryError, FileExistsError)):
+            raise
+        raise WriteError(write_failure(Path(exc.filename or path), exc, what, fix)) from None
+
+
+def check_writable(path: Path | str, what: str, fix: str) -> None:
+    """Refuse early a local output that cannot be written (read-only, or not ours) before work starts
+    that would fail at its end; a full disk cannot be foreseen and is said when it happens."""
+    path = Path(path)
+    there = path
+    while not there.exists() and there != there.parent:
+        there = there.parent
+    if not os.access(there, os.W_OK):
+        read_only = bool(os.statvfs(there).f_flag & os.ST_RDONLY)
+        exc = OSError(errno.EROFS if read_only else errno.EACCES, "not writable")
+        raise WriteError(write_failure(path, exc, what, fix))
+
+
+FULL_BELOW_BYTES = 1 << 20  # less room than this where a run writes: its records and checkpoints cannot go on
+
+
+def full_note(path: Path | str) -> str:
+    """'the filesystem at M is full (N bytes free)' when there is (almost) no room left where `path` is,
+    else '': said with a run that failed without a word, since a full disk also stops its error record."""
+    try:
+        st = os.statvfs(mount_point(Path(path)))
+    except OSError:
+        return ""
+    free = st.f_bavail * st.f_frsize
+    return f"the filesystem at {mount_point(Path(path))} is full ({free:,} bytes free)" if free < FULL_BELOW_BYTES else ""
+
+
+def is_write_failure(exc: BaseException) -> bool:
+    """An OSError the user fixes by making room or choosing a writable place (for the CLI's last resort)."""
+    return isinstance(exc, OSError) and exc.errno in WRITE_FAILURES

@@ -1,0 +1,667 @@
+"""`launch cost`, `launch plan` and `launch report --from-csv`: dollars, predictions, purchase advice.
+
+    launch cost --from-csv runs.csv --format json          dollars per logged run (catalog prices)
+    launch cost runs/sweep-x --instances 2*g3.16xlarge     dollars of recorded runs
+    launch cost --refresh spot --region us-west-2          refresh prices from AWS
+    launch plan --from-csv scaling.csv --predict-workers 5,6,7,8 --format json
+    launch plan runs/sweep-x --instance-types g3.4xlarge,g3.16xlarge --work 1e9 --deadline-h 4
+
+Loaded lazily by scalelab/launcher/cli.py (LAZY_COMMANDS), so pandas/matplotlib load only when used.
+All numbers come from costs.billing / costs.planner; this module reads inputs and prints.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import click
+import numpy as np
+import pandas as pd
+from rich.console import Console
+from rich.table import Table
+
+from scalelab.analysis.html import plan_sections, scaling_sections, write_html
+from scalelab.analysis.report import (
+    _jsonable,
+    markdown_table,
+    print_scaling,
+    to_json_records,
+    write_markdown,
+)
+from scalelab.analysis.results import expand_run_dirs, launched_at, run_label, summarize_loaded
+from scalelab.analysis.scaling import scale_layouts, step_table
+from scalelab.core.checks import NON_NEGATIVE, POSITIVE
+from scalelab.core.errors import DataError, SpecError
+from scalelab.core.records import load_run
+from scalelab.costs.billing import Mix, run_cost, threshold_cost
+from scalelab.costs.catalog import DEFAULT_REGION, MARKETS, Catalog, CatalogError, load_catalog, parse_interruptions, refresh
+from scalelab.costs.convergence import convergence_rows
+from scalelab.costs.fitting import LinkModel
+from scalelab.costs.planner import Overheads, PlanRequest, plan
+from scalelab.costs.steptime import parse_layouts, predict_layouts
+from scalelab.costs.tables import (
+    csv_kind,
+    read_convergence_csv,
+    read_cost_csv,
+    read_scaling_csv,
+    scaling_from_table,
+    with_throughput,
+)
+
+console = Console(width=None if sys.stdout.isatty() else 160)
+err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
+
+_FORMATS = ["table", "json", "markdown"]
+
+
+def _catalog_options(func):
+    func = click.option("--region", default=DEFAULT_REGION, show_default=True, help="AWS region of the prices.")(func)
+    func = click.option("--prices", "prices_file", type=click.Path(dir_okay=False),
+                        help="Prices file (JSON/YAML) [default: $SCALELAB_PRICES or ~/.config/scalelab/prices.json].")(func)
+    func = click.option("--rate", "rates", multiple=True, metavar="NAME=USD/gpu-hour",
+                        help="On-premise rate, e.g. slurm=0.45/gpu-hour or k8s=3.2/node-hour@4 (repeatable); "
+                             "then use NAME as an instance type.")(func)
+    func = click.option("--interruptions-per-hour", "interruptions", multiple=True, metavar="[TYPE=]RATE",
+                        help="Spot: expected interruptions per instance per hour of wall time, for every type "
+                             "(RATE) or one type (TYPE=RATE, repeatable; also from the prices file) [default: 0]; "
+                             "a job is interrupted as often as the sum over its instances.")(func)
+    func = click.option("--checkpoint-write-s", type=NON_NEGATIVE, default=0.0, show_default=True,
+                        help="Spot: seconds to write one checkpoint (paid every --checkpoint-interval-s).")(func)
+    func = click.option("--checkpoint-interval-s", type=POSITIVE, default=600.0, show_default=True,
+                        help="Spot: seconds between checkpoints (half is lost per interruption on average).")(func)
+    func = click.option("--restart-s", type=NON_NEGATIVE, default=180.0, show_default=True,
+                        help="Spot: seconds to get a new instance and resume after an interruption.")(func)
+    return func
+
+
+def _spot_kwargs(params: dict[str, Any]) -> dict[str, float]:
+    return dict(interruptions_per_hour=parse_interruptions(params["interruptions"])[0],
+                checkpoint_interval_s=params["checkpoint_interval_s"], restart_s=params["restart_s"],
+                checkpoint_write_s=params["checkpoint_write_s"])
+
+
+def _load_catalog(params: dict[str, Any]) -> Catalog:
+    """The catalog of the common options: prices file, --rate, region, per-type interruptions."""
+    return load_catalog(params["prices_file"], params["rates"], params["region"],
+                        parse_interruptions(params["interruptions"])[1])
+
+
+def _print_json(rows: Any) -> None:
+
+    click.echo(json.dumps(_jsonable(rows), indent=2, allow_nan=False))
+
+
+def _rich_table(title: str, df: pd.DataFrame, fmt: dict[str, str]) -> Table:
+    t = Table(title=title, header_style="bold")
+    for col in df.columns:
+        t.add_column(col, justify="right" if col in fmt else "left")
+    for _, r in df.iterrows():
+        cells = []
+        for col in df.columns:
+            v = r[col]
+            if v is None or (isinstance(v, float) and math.isnan(v)):
+                cells.append("—")
+            elif col in fmt:
+                cells.append(format(float(v), fmt[col]))
+            else:
+                cells.append(str(v))
+        t.add_row(*cells)
+    return t
+
+
+# ---- cost ----------------------------------------------------------------------------------------
+
+
+@click.command("cost")
+@click.argument("run_dirs", nargs=-1, type=click.Path())
+@click.option("--from-csv", "from_csv", type=click.Path(dir_okay=False),
+              help="CSV with label, seconds, instances (e.g. 3*g3.4xlarge+1*p2.xlarge), market (optional).")
+@click.option("--instances", help="For RUN_DIRS: the instances the runs used, e.g. 2*g3.16xlarge or "
+                                  "1*p2.xlarge+1*g3.4xlarge; a bare type is one per node "
+                                  "[default: the run's instance_type backend option, one per node].")
+@click.option("--market", type=click.Choice(MARKETS), help="Price market [default: the CSV's column, else on-demand].")
+@_catalog_options
+@click.option("--refresh", "refresh_what", type=click.Choice(["spot", "on-demand", "all"]),
+              help="Fetch current prices from AWS (describe_spot_price_history / Pricing API) and keep them.")
+@click.option("--list", "list_catalog", is_flag=True, help="Print the catalog: instance shapes and prices known.")
+@click.option("--format", "fmt", type=click.Choice(_FORMATS), default="table", show_default=True)
+def cost_cmd(run_dirs: tuple[str, ...], from_csv: str | None, instances: str | None, market: str | None,
+             refresh_what: str | None, list_catalog: bool, fmt: str, **params: Any) -> None:
+    """Dollars per run: hours x catalog price, billed per second with a 60-second minimum.
+
+    Spot runs use the spot price; with --interruptions-per-hour their time includes the expected
+    lost work and restarts. Mixed instance types are billed together for the whole run (the
+    slowest worker sets the pace, the others wait and are billed).
+    """
+
+    catalog = _load_catalog(params)
+    if refresh_what:
+        rows = refresh(catalog, refresh_what, params["region"],
+                       path=Path(params["prices_file"]) if params["prices_file"] else None)
+        if fmt == "json":
+            _print_json(rows)
+        else:
+            console.print(f"refreshed {len(rows)} price(s) for {params['region']}")
+            for r in rows:
+                console.print(f"  {r['instance_type']}: ${r['usd_per_hour']:.4f}/h ({r['source']})")
+        if not (from_csv or run_dirs or list_catalog):
+            return
+    if list_catalog:
+        _list_catalog(catalog, params["region"], fmt)
+        return
+    if from_csv and run_dirs:
+        raise SpecError("give RUN_DIRS or --from-csv, not both")
+    if from_csv and instances:
+        raise SpecError("--instances is for RUN_DIRS; with --from-csv the 'instances' column says what each run used")
+    if from_csv:
+        df = read_cost_csv(from_csv)
+        rows = []
+        for _, r in df.iterrows():
+            try:
+                c = run_cost(float(r["seconds"]), str(r["instances"]), catalog, market or r["market"],
+                             label=r["label"], **_spot_kwargs(params))
+            except CatalogError as exc:
+                raise CatalogError(f"{from_csv}:{int(r['_line'])}: {exc}") from None
+            rows.append(c.to_dict())
+    elif run_dirs:
+        rows = _cost_of_runs([Path(p) for p in run_dirs], instances, market or "on-demand", catalog, params)
+    else:
+        raise SpecError("give RUN_DIRS, --from-csv FILE, --refresh or --list (see launch cost --help)")
+    out = pd.DataFrame(rows)
+    if fmt == "json":
+        _print_json(out.to_dict(orient="records"))
+        return
+    show = out[[c for c in ("label", "instances", "market", "seconds", "hours", "usd_per_hour", "dollars",
+                            "wall_to_threshold_s", "dollars_to_threshold") if c in out.columns]]
+    nfmt = {"seconds": ",.0f", "hours": ".2f", "usd_per_hour": ".4f", "dollars": ",.2f", "wall_to_threshold_s": ",.0f",
+            "dollars_to_threshold": ",.2f"}
+    if fmt == "markdown":
+        click.echo(markdown_table(show, nfmt))
+    else:
+        console.print(_rich_table("Cost per run (per-second billing, 60 s minimum)", show, nfmt))
+
+
+_GPU_SPECS = ("fp32_tflops", "tf32_tflops", "fp16_tflops", "bf16_tflops", "mem_bandwidth_gbs")
+
+
+def _catalog_row(catalog: Catalog, name: str, region: str) -> dict[str, Any]:
+    """One row of `launch cost --list`: the shape, its GPU's specs, its prices and spot interruption rate."""
+    inst = catalog.instance(name)
+    gpu = catalog.gpu(inst)
+    row: dict[str, Any] = {k: getattr(inst, k) for k in (
+        "gpus", "gpu_model", "gpu_mem_gib", "vcpus", "mem_gib", "network", "network_gbps", "efa", "interconnect",
+        "provider", "source", "source_date")}
+    row = {"instance_type": name, **row, **{f"gpu_{k}": getattr(gpu, k) if gpu else None for k in _GPU_SPECS},
+           "gpu_source": f"{gpu.source} ({gpu.date})" if gpu else None,
+           "spot_interruptions_per_hour": catalog.interruptions.get(name)}
+    for m in MARKETS:
+        try:
+            p = catalog.price(name, m, region)
+            row[f"{m}_usd_per_hour"], row[f"{m}_source"], row[f"{m}_observed"] = p.usd_per_hour, p.source, p.observed
+        except CatalogError:
+            row[f"{m}_usd_per_hour"], row[f"{m}_source"], row[f"{m}_observed"] = None, None, None
+    return row
+
+
+def _list_catalog(catalog: Catalog, region: str, fmt: str) -> None:
+    """The catalog: every column in json; the main ones (GPU specs per GPU, prices per instance) in a table."""
+    df = pd.DataFrame([_catalog_row(catalog, name, region) for name in catalog.names()])
+    if fmt == "json":
+        _print_json(df.to_dict(orient="records"))
+        return
+    df["efa"] = df["efa"].map({True: "yes", False: "no"})
+    show = df[["instance_type", "gpus", "gpu_model", "gpu_mem_gib", "vcpus", "mem_gib", "network_gbps", "efa",
+               "interconnect", "gpu_fp32_tflops", "gpu_bf16_tflops", "gpu_mem_bandwidth_gbs",
+               "on-demand_usd_per_hour", "spot_usd_per_hour", "spot_interruptions_per_hour"]]
+    show = show.set_axis(list(_LIST_COLUMNS), axis=1)
+    nfmt = {"gpus": ".0f", "gpu_gib": ".0f", "vcpus": ".0f", "mem_gib": ".1f", "net_gbps": "g", "fp32_tf": "g",
+            "bf16_tf": "g", "mem_gb_s": ".0f", "od_usd_h": ".4f", "spot_usd_h": ".4f", "intr_h": "g"}
+    if fmt == "markdown":
+        click.echo(markdown_table(show, nfmt))
+    else:
+        console.print(_rich_table(f"Instance catalog ({region})", show, nfmt))
+        console.print("per GPU: fp32_tf, bf16_tf peak TFLOP/s (dense), mem_gb_s memory GB/s; per instance: "
+                      "net_gbps network Gbit/s, od_usd_h / spot_usd_h dollars an hour, intr_h spot interruptions "
+                      "an hour (if set); sources and dates: --format json", highlight=False)
+
+
+# The table's short headers, in the order of _list_catalog's columns (json keeps the long names).
+_LIST_COLUMNS = ("type", "gpus", "gpu", "gpu_gib", "vcpus", "mem_gib", "net_gbps", "efa", "gpu_link", "fp32_tf",
+                 "bf16_tf", "mem_gb_s", "od_usd_h", "spot_usd_h", "intr_h")
+
+
+def run_seconds(run) -> float:
+    """Wall time of a recorded run: from its launch (launch.json, else the first start record: the
+    start-up is paid too) to the last record of any rank."""
+    times = [pd.to_numeric(f["time"], errors="coerce") for f in (run.start, run.steps, run.val, run.events)
+             if len(f) and "time" in f.columns]
+    if not times:
+        raise DataError(f"{run.run_dir}: no timed records; cannot tell how long it ran")
+    first = launched_at(run)
+    first = min(float(t.min()) for t in times) if first is None else first
+    return max(float(t.max()) for t in times) - first
+
+
+def _run_mix(run, instances: str | None, catalog):
+    """The instances a recorded run rented, read like `launch --instance-type` (costs.billing.Mix):
+    `--instances` if given (a bare type is one per node of the run; counts are taken as written,
+    since a GPU-hour rate counts GPUs), else the run's own `instance_type` option, one per node."""
+
+    if instances is not None:
+        return Mix.parse(instances, catalog, nodes=run.spec.nodes)
+    itype = (run.spec.backend_options or {}).get("instance_type")
+    if not itype:
+        raise SpecError(f"{run.run_dir}: the run does not say which instances it used; give --instances "
+                        f"(e.g. g3.4xlarge for one per node, or 1*p2.xlarge+1*g3.4xlarge) or --rate "
+                        f"NAME=USD/gpu-hour and --instances {run.spec.workers}*NAME")
+    try:
+        return Mix.for_nodes(itype, run.spec.nodes, catalog)
+    except CatalogError as exc:
+        raise CatalogError(f"{run.run_dir}: instance_type of the run: {exc}") from None
+
+
+def _cost_of_runs(paths: list[Path], instances: str | None, market: str, catalog, params) -> list[dict[str, Any]]:
+
+    rows = []
+    for run_dir in expand_run_dirs(paths):
+        run = load_run(run_dir)
+        mix = _run_mix(run, instances, catalog)
+        c = run_cost(run_seconds(run), mix, catalog, market, label=f"{run_label(run.spec)} "
+                     f"{run.spec.nodes}x{run.spec.gpus_per_node}", **_spot_kwargs(params))
+        row = c.to_dict()
+        try:  # billed: the wall time from the launch to the threshold event, not the training seconds
+            summary = summarize_loaded(run)
+            row["time_to_threshold_s"] = summary.time_to_threshold_s
+            row["wall_to_threshold_s"] = summary.wall_to_threshold_s
+            row["dollars_to_threshold"] = threshold_cost(summary.wall_to_threshold_s, mix, catalog, market)
+        except DataError:
+            row["dollars_to_threshold"] = None
+        row["run_dir"] = str(run_dir)
+        rows.append(row)
+    return rows
+
+
+# ---- report --from-csv ---------------------------------------------------------------------------
+
+
+def report_from_csv(path: str, out: Path | None, fmt: str) -> None:
+    """`launch report --from-csv FILE`: speedup and efficiency of a published scaling table."""
+
+    table = scaling_from_table(read_scaling_csv(path))
+    keep = [c for c in ("label", "workers", "nodes", "mode", "throughput", "time_s", "speedup", "efficiency",
+                        "karp_flatt", "base_workers", "n") if c in table.columns]
+    table = table[keep + [c for c in table.columns if c not in keep]]
+    if out is not None:
+        write_markdown(table, out, f"Scaling of {Path(path).name}", notes=[f"source: {path}"])
+        write_html(out / "report.html", f"Scaling of {Path(path).name}", scaling_sections(table),
+                   intro=f"Measurements imported from {path}.")
+        (out / "report.json").write_text(json.dumps(to_json_records(table), indent=2) + "\n")
+    if fmt == "json":
+        _print_json(to_json_records(table))
+    elif fmt == "markdown":
+        with tempfile.TemporaryDirectory() as tmp:
+            click.echo(write_markdown(table, Path(tmp), f"Scaling of {Path(path).name}", plots=False).read_text())
+    else:
+        print_scaling(table, console=console, title=f"Scaling ({Path(path).name})")
+        if out is not None:
+            console.print(f"report: [bold]{out / 'report.md'}[/]  html: {out / 'report.html'}")
+
+
+# ---- plan ----------------------------------------------------------------------------------------
+
+
+def _parse_workers(text: str | None) -> list[int]:
+    if not text:
+        return []
+    try:
+        out = [int(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        raise SpecError(f"--predict-workers takes whole numbers separated by commas, e.g. 5,6,7,8; got {text!r}") from None
+    if any(w < 1 for w in out):
+        raise SpecError(f"--predict-workers must be positive, got {text!r}")
+    return out
+
+
+def _parse_speed(pairs: tuple[str, ...]) -> dict[str, float]:
+    out = {}
+    for p in pairs:
+        k, sep, v = p.partition("=")
+        try:
+            out[k.strip()] = float(v)
+            assert sep and k.strip() and float(v) > 0
+        except (ValueError, AssertionError):
+            raise SpecError(f"--speed takes GPU_OR_TYPE=FACTOR with FACTOR > 0 (e.g. V100=2.5), got {p!r}") from None
+    return out
+
+
+@dataclass
+class Measurements:
+    """What `launch plan` plans from: throughput per layout (`measured`), the runs that reached a
+    threshold (`convergence`), their overheads, the instance type they ran on, and for runs the
+    scaling table and loss curves of the HTML report."""
+
+    measured: pd.DataFrame
+    convergence: pd.DataFrame | None = None
+    overheads: Overheads = field(default_factory=Overheads)
+    measured_on: str | None = None
+    table: pd.DataFrame | None = None
+    curves: dict[str, pd.DataFrame] = field(default_factory=dict)
+    probe_speed: dict[str, float] = field(default_factory=dict)
+    precision: str = "fp32"
+
+
+def _measured_from_runs(paths: list[Path], measured_on: str | None = None) -> Measurements:
+    """The measurements of run and sweep directories (their records, through analysis.scaling).
+    Runs on several instance types, each on one type: the fit is made on `measured_on` (default:
+    the type with the most runs) and the others are probes (their per-GPU speed, scalelab/costs/speed.py)."""
+    by_type: dict[str | None, list] = {}
+    curves, precisions = {}, []
+    for run_dir in expand_run_dirs(paths):
+        run = load_run(run_dir)
+        s = summarize_loaded(run)
+        itype = (run.spec.backend_options or {}).get("instance_type")
+        types = {t for _, t in Mix.parse(itype).items} if itype else set()  # a mix: measured on several
+        by_type.setdefault(types.pop() if len(types) == 1 else ("mix" if types else None), []).append(s)
+        precisions.append(s.precision or "fp32")
+        st = step_table(run.steps)
+        if len(st) and st["time"].notna().any():
+            # a million step records: plot at most ~2000 points per layout
+            every = max(1, len(st) // 2000)
+            curves[f"{s.label} {s.nodes}x{s.gpus_per_node}"] = pd.DataFrame(
+                {"seconds": st["time"] - st["time"].min(), "loss": st["loss"]}).iloc[::every]
+    base, probes = _base_and_probes(by_type, measured_on)
+    summaries = by_type[base] if probes else [s for group in by_type.values() for s in group]
+    table = scale_layouts(summaries)
+    threshold = table["loss_threshold"].map(lambda x: None if pd.isna(x) else f"{float(x):g}")
+    measured = pd.DataFrame({
+        "label": table["label"], "workers": table["workers"], "nodes": table["nodes"],
+        "throughput": table["words_per_s"], "global_batch": table["global_batch"],
+        "batch_scaling": table["batch_scaling"], "words_per_sample": table["words_per_s"] / table["samples_per_s"],
+        "convergence": [None if t is None else f"{m} to loss {t}" for m, t in zip(table["model"], threshold)]})
+    return Measurements(measured, convergence_rows(table), _overheads(table), base, table, curves, probes,
+                        max(set(precisions), key=precisions.count) if precisions else "fp32")
+
+
+def _base_and_probes(by_type: dict[str | None, list], measured_on: str | None) -> tuple[str | None, dict[str, float]]:
+    """(the measured type, per-GPU words/s of every type) of runs grouped by instance type: one
+    type alone is the measured one; several single types (no mixes, no untyped runs) are the
+    measured type (`measured_on`, else the one with the most runs) and probes, each at the fewest
+    workers all types share (else its own fewest)."""
+    singles = [t for t in by_type if t not in (None, "mix")]
+    if len(by_type) != len(singles) or not singles:
+        return measured_on, {}
+    if len(singles) == 1:
+        return singles[0], {}
+    if measured_on is not None and measured_on not in by_type:
+        raise SpecError(f"--measured-on {measured_on}: the runs were made on {', '.join(sorted(singles))}; "
+                        "name the one to fit (the others are probes of their speed)")
+    base = measured_on or max(singles, key=lambda t: len(by_type[t]))
+    common = set.intersection(*({s.workers for s in by_type[t]} for t in singles))
+    probes = {}
+    for t in singles:
+        w = min(common) if common else min(s.workers for s in by_type[t])
+        probes[t] = float(np.median([s.words_per_s / s.workers for s in by_type[t] if s.workers == w]))
+    return base, probes
+
+
+def _overheads(table: pd.DataFrame) -> Overheads:
+    """Median start-up of the runs, and the median share of their wall time to the threshold spent
+    outside training steps (validation, checkpoints, probes), relative to the training time."""
+    startup = pd.to_numeric(table["startup_s"], errors="coerce").dropna()
+    wall, train = (pd.to_numeric(table[c], errors="coerce") for c in ("wall_to_threshold_s", "time_to_threshold_s"))
+    startup_each = pd.to_numeric(table["startup_s"], errors="coerce").fillna(0.0)
+    share = ((wall - startup_each - train) / train).dropna()
+    return Overheads(float(startup.median()) if len(startup) else 0.0,
+                     max(float(share.median()), 0.0) if len(share) else 0.0)
+
+
+def _measured_from_csv(path: str, measured_on: str | None) -> Measurements:
+    """A published scaling table, or a table of steps to a threshold (by its columns)."""
+    if csv_kind(path) == "convergence":
+        return Measurements(pd.DataFrame(), read_convergence_csv(path), measured_on=measured_on)
+    measured = with_throughput(read_scaling_csv(path))
+    if measured_on is None and "instance_type" in measured.columns:  # `instance` is read as this column too
+        vals = {str(v) for v in measured["instance_type"].dropna()}
+        measured_on = vals.pop() if len(vals) == 1 and not any(c in next(iter(vals)) for c in "*+") else None
+    return Measurements(measured, measured_on=measured_on)
+
+
+def _parse_batches(text: str | None) -> list[int]:
+    try:
+        return _parse_workers(text)
+    except SpecError:
+        raise SpecError(f"--predict-batch takes global batches separated by commas, e.g. 64,128; got {text!r}") from None
+
+
+@click.command("plan")
+@click.argument("run_dirs", nargs=-1, type=click.Path())
+@click.option("--from-csv", "from_csv", type=click.Path(dir_okay=False),
+              help="A published scaling table (label, workers, nodes, throughput or time_s, batch_scaling, "
+                   "work_scaling) or a table of steps to a threshold (label, global_batch, steps_to_threshold, "
+                   "noise_scale).")
+@click.option("--predict-workers", help="Worker counts to predict, e.g. 5,6,7,8 [default: measured ones and doublings].")
+@click.option("--predict", "predict_layouts", metavar="LAYOUTS",
+              help="With --from-csv: predict the time of layouts NODESxGPUS@INSTANCES[:dynamic], comma-separated, "
+                   "e.g. 4x1@4*g3.4xlarge,2x2@2*g3.16xlarge,4x1@1*p2.xlarge+3*g3.4xlarge (the step-time model, "
+                   "scalelab/costs/steptime.py; the CSV needs nodes and instance_type).")
+@click.option("--predict-batch", help="Global batches to predict steps and samples to the loss threshold for, e.g. 64,128.")
+@click.option("--confidence", type=click.FloatRange(0.5, 0.99), default=0.9, show_default=True,
+              help="Level of every interval, and the chance a recommendation must have of meeting its limit.")
+@click.option("--instance-types", help="Price the layouts on these types, e.g. g3.4xlarge,g3.16xlarge (or --rate names).")
+@click.option("--market", type=click.Choice([*MARKETS, "both"]), default="on-demand", show_default=True)
+@click.option("--work", type=POSITIVE, help="A fixed amount of work for every layout, in the throughput's unit (e.g. "
+                                         "words) [default for runs: the steps to their loss threshold at each "
+                                         "layout's global batch].")
+@click.option("--measured-on", help="Instance type the measurements were made on [default for runs: from their spec; "
+                                    "runs on several types: the one with the most runs, the others are probes].")
+@click.option("--speed", multiple=True, metavar="GPU=FACTOR", help="Per-GPU speed of another GPU model or type relative "
+                                                                   "to the measured one, e.g. V100=2.5 (repeatable; "
+                                                                   "speed_basis user). Without it a type is priced at "
+                                                                   "its probed or spec-estimated speed, or not at all "
+                                                                   "(docs/costs.md).")
+@click.option("--gradient-mb", type=POSITIVE, help="Gradient size for the all-reduce model [default: 1 MB; the fit calibrates it].")
+@click.option("--intra-gbps", type=POSITIVE, default=80.0, show_default=True, help="Bandwidth between GPUs of one node.")
+@click.option("--deadline-h", type=POSITIVE, help="Recommend the cheapest layout that finishes within this many hours "
+                                               "(with --confidence).")
+@click.option("--budget", "budget_usd", type=POSITIVE, help="Recommend the fastest layout that costs at most this many "
+                                                         "dollars (with --confidence).")
+@_catalog_options
+@click.option("--out", type=click.Path(file_okay=False), help="Write plan.md, plan.html and plan.json here.")
+@click.option("--format", "fmt", type=click.Choice([*_FORMATS, "html"]), default="table", show_default=True)
+def plan_cmd(run_dirs: tuple[str, ...], from_csv: str | None, predict_workers: str | None,
+             predict_layouts: str | None, predict_batch: str | None, confidence: float, instance_types: str | None, market: str, work: float | None, measured_on: str | None,
+             speed: tuple[str, ...], gradient_mb: float | None, intra_gbps: float, deadline_h: float | None,
+             budget_usd: float | None, out: str | None, fmt: str, **params: Any) -> None:
+    """Predict throughput, steps, time and dollars to the loss threshold of untried layouts and
+    global batches, and say which layout to buy.
+
+    Throughput: an Ernest-style and a ring all-reduce model fitted to the measured layouts, the one
+    with the lower held-out error kept. Steps to the threshold: S(B) = S_min (1 + B_noise/B) from
+    runs at two or more global batches, or from one run and its measured noise scale. Time: S(B)
+    times each layout's step time at its global batch, plus the runs' start-up and overheads. Every
+    interval is at --confidence; the recommendations are the cheapest layout that finishes within
+    --deadline-h and the fastest within --budget with that confidence. It also names the
+    measurement that would help most next.
+    """
+    if bool(from_csv) == bool(run_dirs):
+        raise SpecError("give RUN_DIRS (run or sweep directories) or --from-csv FILE (one of the two)")
+    if predict_layouts is not None:
+        _refuse_with_predict({"--predict-workers": predict_workers, "--predict-batch": predict_batch,
+                              "--instance-types": instance_types, "--work": work, "--measured-on": measured_on,
+                              "--speed": speed or None, "--deadline-h": deadline_h, "--budget": budget_usd,
+                              "--out": out, "--format html": "html" if fmt == "html" else None, "RUN_DIRS": run_dirs or None})
+        _predict_from_csv(from_csv, predict_layouts, confidence, fmt, params)
+        return
+    m = _measured_from_csv(from_csv, measured_on) if from_csv else _measured_from_runs([Path(p) for p in run_dirs],
+                                                                                       measured_on)
+    measured_on = measured_on or m.measured_on
+    catalog = _load_catalog(params)
+    asked = [t.strip() for t in (instance_types or "").split(",") if t.strip()]
+    for t in asked:
+        catalog.instance(t)  # a type asked for that the catalog lacks: an error naming the fix
+    unpriced = measured_on is not None and measured_on not in catalog.names()
+    types = asked or ([measured_on] if measured_on and not unpriced else [])
+    link = LinkModel(gradient_bytes=(gradient_mb or 1.0) * 1e6, intra_gbps=intra_gbps)
+    result = plan(PlanRequest(
+        m.measured, _worker_grid(m.measured, predict_workers), catalog, types,
+        list(MARKETS) if market == "both" else [market], work, measured_on, _parse_speed(speed), link,
+        deadline_h=deadline_h, budget_usd=budget_usd, region=params["region"], confidence=confidence,
+        convergence=m.convergence, predict_batch=_parse_batches(predict_batch), overheads=m.overheads,
+        probe_speed=m.probe_speed, precision=m.precision, **_spot_kwargs(params)))
+    if unpriced:
+        result.notes.append(f"the runs were measured on {measured_on!r}, which the catalog does not price: the "
+                            f"predictions are not priced; give --rate {measured_on}=USD/gpu-hour (and a rate for each "
+                            "probed type) with --instance-types to price them")
+    if len(result.candidates) == 0 and types and work is not None:
+        raise CatalogError("; ".join(result.notes) or "nothing could be priced")
+    _show_plan(result, fmt, out, m)
+
+
+def _refuse_with_predict(given: dict[str, Any]) -> None:
+    """--predict answers one question (the time of named layouts); other planning flags conflict."""
+    bad = [k for k, v in given.items() if v is not None]
+    if bad:
+        raise SpecError(f"--predict does not go with {', '.join(bad)}: it predicts the named layouts from --from-csv "
+                        "FILE alone (json, table or markdown); drop them, or drop --predict to plan")
+
+
+def _predict_from_csv(path: str, text: str, confidence: float, fmt: str, params: dict[str, Any]) -> None:
+    """`launch plan --from-csv F --predict LAYOUTS`: one row per layout (costs.steptime)."""
+    if csv_kind(path) == "convergence":
+        raise DataError(f"{path}: a table of steps to a threshold; --predict needs a scaling table with workers, "
+                        "nodes, instance_type and time_s or throughput")
+    catalog = load_catalog(params["prices_file"], params["rates"], params["region"])
+    layouts = parse_layouts(text, catalog)
+    time_based = "throughput" not in read_scaling_csv(path).columns
+    m = _measured_from_csv(path, None)
+    rows, notes = predict_layouts(m.measured, layouts, catalog, confidence, Path(path).name, time_based)
+    for note in notes:
+        err_console.print(f"[yellow]note:[/] {note}", highlight=False)
+    if fmt == "json":
+        _print_json(to_json_records(rows))
+        return
+    nfmt = {c: ",.0f" for c in ("predicted_time_s", "time_low_s", "time_high_s")} | \
+        {c: ",.4g" for c in ("predicted_throughput", "throughput_low", "throughput_high")} | \
+        {c: ".0%" for c in ("compute_share", "exchange_share", "data_share", "held_out_error")}
+    show = rows[[c for c in rows.columns if c not in ("workers", "nodes", "held_out_predictions")]]
+    title = f"Predicted layouts ({confidence:.0%} intervals, step-time model)"
+    click.echo(markdown_table(show, nfmt)) if fmt == "markdown" else console.print(_rich_table(title, show, nfmt))
+
+
+def _worker_grid(measured: pd.DataFrame, text: str | None) -> list[int]:
+    """--predict-workers, else the measured counts and the doublings up to twice the largest."""
+    grid = _parse_workers(text)
+    if grid or not len(measured):
+        return grid
+    top = int(measured["workers"].max())
+    return sorted({int(w) for w in measured["workers"]} | {2 ** k for k in range(0, 12) if 2 ** k <= 2 * top})
+
+
+def _show_plan(result, fmt: str, out: str | None, m: Measurements) -> None:
+    """Write the plan's files (--out, or a temporary folder for html), the notes, and the plan."""
+    out_dir = Path(out) if out else (Path(tempfile.mkdtemp(prefix="scalelab-plan-")) if fmt == "html" else None)
+    if out_dir is not None:
+        _write_plan(result, out_dir, m.table, m.curves)
+    for note in result.notes:
+        err_console.print(f"[yellow]note:[/] {note}", highlight=False)
+    if fmt == "json":
+        _print_json(result.rows())
+    elif fmt == "html":
+        click.echo(str(out_dir / "plan.html"))
+    elif fmt == "markdown":
+        click.echo(plan_markdown(result))
+    else:
+        _print_plan(result)
+        if out_dir is not None:
+            console.print(f"plan: [bold]{out_dir / 'plan.html'}[/]  ({out_dir / 'plan.md'})")
+
+
+_PRED_FMT = {"workers": ".0f", "global_batch": ".0f", "predicted_throughput": ",.0f", "interval_low": ",.0f",
+             "interval_high": ",.0f", "measured_throughput": ",.0f", "held_out_error": ".1%"}
+_PRED_COLS = ["label", "workers", "global_batch", "model", "predicted_throughput", "interval_low", "interval_high",
+              "measured_throughput"]
+_BATCH_FMT = {"global_batch": ".0f", "predicted_steps_to_threshold": ",.0f", "steps_low": ",.0f", "steps_high": ",.0f",
+              "predicted_samples_to_threshold": ",.0f", "b_noise": ",.0f", "noise_scale": ",.0f"}
+_BATCH_COLS = ["label", "global_batch", "predicted_steps_to_threshold", "steps_low", "steps_high",
+               "predicted_samples_to_threshold", "basis", "b_noise", "noise_scale"]
+_CAND_FMT = {"workers": ".0f", "instances": ".0f", "global_batch": ".0f", "predicted_throughput": ",.0f",
+             "steps_to_threshold": ",.0f", "hours": ".2f", "hours_high": ".2f", "dollars": ",.2f", "dollars_high": ",.2f"}
+_CAND_COLS = ["label", "workers", "instances", "instance_type", "speed_basis", "market", "global_batch",
+              "predicted_throughput",
+              "steps_to_threshold", "hours", "hours_high", "dollars", "dollars_high", "pareto", "recommendation"]
+
+
+def _model_lines(result) -> list[str]:
+    lines = [f"intervals at {result.confidence:.0%}"]
+    for label, fit in result.fits.items():
+        errs = ", ".join(f"{m} {'—' if e is None else f'{e:.1%}'}" for m, e in fit.held_out_error.items())
+        lines.append(f"series {label or '(unlabelled)'}: {len(fit.measured)} measurements; held-out error {errs}; "
+                     f"using {fit.chosen}")
+    for label, conv in result.convergence.items():
+        b_noise = "unbounded" if math.isinf(conv.b_noise) else f"{conv.b_noise:,.0f}"
+        lines.append(f"steps to threshold, {label}: {conv.basis} of {conv.runs} run(s) at global batch "
+                     f"{', '.join(map(str, conv.batches))}; S_min {conv.s_min:,.0f} steps, B_noise {b_noise} "
+                     f"(measured noise scale {'—' if conv.noise_scale is None else f'{conv.noise_scale:,.0f}'}); "
+                     f"learning-rate rule: {conv.lr_rule}")
+    if result.next_measurement:
+        n = result.next_measurement
+        lines.append(f"measure next: {n['workers']} workers ({n['label'] or 'series'}): {n['why']}")
+    for k, v in result.recommendations.items():
+        if v:
+            lines.append(f"{k.replace('_', ' ')}: {v['workers']} workers on {v['instances']}*{v['instance_type']} "
+                         f"({v['market']}): {v['hours']:.2f} h (up to {v['hours_high']:.2f} h), ${v['dollars']:,.2f} "
+                         f"(up to ${v['dollars_high']:,.2f})")
+    return lines
+
+
+def _plan_tables(result) -> list[tuple[str, pd.DataFrame, dict[str, str]]]:
+    """(title, rows, number formats) of every table the plan has, in the order shown."""
+    tables = []
+    if len(result.predictions):
+        tables.append(("Predicted throughput", result.predictions[_PRED_COLS], _PRED_FMT))
+    if len(result.batch_predictions):
+        tables.append(("Steps to the loss threshold against the global batch", result.batch_predictions[_BATCH_COLS],
+                       _BATCH_FMT))
+    if len(result.candidates):
+        tables.append(("Candidates (hours and dollars to the threshold, or for the given work)",
+                       result.candidates.sort_values("hours")[_CAND_COLS], _CAND_FMT))
+    return tables
+
+
+def _print_plan(result) -> None:
+    for title, rows, fmt in _plan_tables(result):
+        console.print(_rich_table(title, rows, fmt))
+    for line in _model_lines(result):
+        console.print(line, highlight=False)
+
+
+def plan_markdown(result) -> str:
+    parts = ["# Scaling plan", "", *[f"- {line}" for line in _model_lines(result)]]
+    for title, rows, fmt in _plan_tables(result):
+        parts += ["", f"## {title}", "", markdown_table(rows, fmt)]
+    if result.notes:
+        parts += ["", "## Notes", "", *[f"- {n}" for n in result.notes]]
+    return "\n".join(parts) + "\n"
+
+
+def _write_plan(result, out_dir: Path, table: pd.DataFrame | None, curves: dict[str, pd.DataFrame]) -> None:
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    sections = plan_sections(result)
+    if table is not None and len(table):
+        sections += scaling_sections(table, curves)
+    write_html(out_dir / "plan.html", "Scaling and cost plan", sections,
+               intro="Predictions come from models fitted to the measured layouts; intervals say how sure they are.")
+    (out_dir / "plan.md").write_text(plan_markdown(result))
+    _write_json_file(out_dir / "plan.json", result.rows())
+
+
+def _write_json_file(path: Path, rows: Any) -> None:
+
+    path.write_text(json.dumps(_jsonable(rows), indent=2, allow_nan=False) + "\n")

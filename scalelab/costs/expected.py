@@ -1,0 +1,130 @@
+"""What a run costs: the fleet's price per hour and the expected dollars, before and after it runs.
+
+Why here: the prices live in costs/ (catalog, billing); the launcher asks before it pays and the HTML
+report shows what the measured runs cost. Every number carries its basis (which rate, which step
+time) because an estimate whose assumption is hidden cannot be checked.
+
+Rates: an AWS run is priced from its `--instance-type` mix (one instance per node, on-demand or
+spot) in the catalog; any other backend from the on-premise rate named by its `instance_type` option
+(what `launch probe` sets: a local variant, a Slurm partition or GPU type), else the rate named after
+the backend (`slurm`, `k8s`, `local`) in the user's prices file, else ASSUMED_GPU_HOUR_USD per GPU-hour.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Any, Sequence
+
+import pandas as pd
+
+from scalelab.core.spec import DEFAULT_AWS_INSTANCE_TYPE, Spec
+from scalelab.costs.billing import Mix
+from scalelab.costs.catalog import DEFAULT_REGION, Catalog, CatalogError, load_catalog
+
+__all__ = ["ASSUMED_GPU_HOUR_USD", "ASSUMED_STEP_S", "Estimate", "fleet_price", "expected_cost",
+           "measured_cost_points"]
+
+#: On-premise price of one GPU-hour when the prices file names no rate for the backend.
+ASSUMED_GPU_HOUR_USD = 0.50
+#: Step time assumed when nothing was measured (seconds per step of the slowest rank).
+ASSUMED_STEP_S = 0.5
+
+
+@dataclass(frozen=True)
+class Estimate:
+    usd_per_hour: float
+    rate_basis: str
+    steps: int | None
+    step_s: float
+    step_basis: str
+    hours: float
+    dollars: float
+    startup_s: float = 0.0
+
+    def line(self) -> str:
+        """One line for the terminal: price per hour, expected dollars and both assumptions."""
+        steps = "unknown steps (--epochs)" if self.steps is None else f"{self.steps} steps"
+        dollars = "unknown" if math.isnan(self.dollars) else f"${self.dollars:,.2f}"
+        startup = f" + {self.startup_s:.3g} s start-up" if self.startup_s else ""
+        return (f"fleet ${self.usd_per_hour:,.2f}/hour ({self.rate_basis}); expected {dollars} "
+                f"for {steps} x {self.step_s:.3g} s/step ({self.step_basis}){startup} = {self.hours:.3g} h")
+
+    def with_step_basis(self, basis: str) -> "Estimate":
+        """The same estimate, saying where its measured step time came from."""
+        return replace(self, step_basis=basis)
+
+
+def fleet_price(spec: Spec, catalog: Catalog | None = None) -> tuple[float, str]:
+    """USD per hour of every node of `spec` together, and where the price comes from."""
+    catalog = catalog or load_catalog()
+    if spec.backend == "aws":
+        return _aws_price(spec, catalog)
+    for name in dict.fromkeys([spec.backend_options.get("instance_type") or spec.backend, spec.backend]):
+        inst = catalog.instances.get(name)
+        if inst is not None and inst.provider == "rate":
+            price = catalog.price(name)
+            units = spec.workers / inst.gpus
+            return price.usd_per_hour * units, f"rate '{name}' from {price.source}, {units:g} units"
+    name = spec.backend_options.get("instance_type") or spec.backend
+    return ASSUMED_GPU_HOUR_USD * spec.workers, (f"assumed on-premise ${ASSUMED_GPU_HOUR_USD:.2f}/GPU-hour x "
+                                                 f"{spec.workers} GPUs; set a '{name}' rate in the prices file")
+
+
+def _aws_price(spec: Spec, catalog: Catalog) -> tuple[float, str]:
+    """The instance mix's price in the run's market and region; where the catalog lacks it, an
+    upper bound (spot: on-demand) or another region's price (us-east-1, built in), said as such."""
+    opts = spec.backend_options
+    mix = Mix.for_nodes(str(opts.get("instance_type", DEFAULT_AWS_INSTANCE_TYPE)), spec.nodes, catalog, provider="aws")
+    market = "spot" if opts.get("spot") else "on-demand"
+    region = opts.get("region") or catalog.region
+    tries = [(market, region, f"{mix} {market}")]
+    if market == "spot":  # a spot price never exceeds on-demand (the default maximum bid)
+        tries.append(("on-demand", region, f"{mix} spot at most the on-demand price (no spot price known: "
+                                            f"`launch cost --refresh spot --region {region}`)"))
+    if region != DEFAULT_REGION:
+        tries.append(("on-demand", DEFAULT_REGION, f"{mix} {market} assumed at most the {DEFAULT_REGION} on-demand "
+                                                   f"price (none known in {region}: `launch cost --refresh all "
+                                                   f"--region {region}`)"))
+    error: CatalogError | None = None
+    for market_, region_, basis in tries:
+        try:
+            return mix.usd_per_hour(catalog, market_, region_), basis
+        except CatalogError as exc:
+            error = error or exc  # the first: it names the price that was asked for
+    raise error
+
+
+def expected_cost(spec: Spec, step_s: float | None = None, catalog: Catalog | None = None,
+                  startup_s: float = 0.0) -> Estimate:
+    """Price per hour and expected dollars of `spec`: its steps x `step_s` (measured) or ASSUMED_STEP_S,
+    plus a measured start-up (launch to the first step: it is paid too)."""
+    rate, rate_basis = fleet_price(spec, catalog)
+    measured = step_s is not None
+    step_s = float(step_s) if measured else ASSUMED_STEP_S
+    basis = "measured" if measured else "assumed: nothing measured; --expect-from RUN uses a run's"
+    hours = (spec.steps * step_s + startup_s) / 3600.0 if spec.steps is not None else math.nan
+    return Estimate(rate, rate_basis, spec.steps, step_s, basis, hours, rate * hours, startup_s)
+
+
+def _train_seconds(steps: pd.DataFrame) -> float:
+    """Seconds of training: per step the slowest rank's step_s, summed."""
+    return float(steps.groupby("step")["step_s"].max().sum()) if len(steps) else 0.0
+
+
+def measured_cost_points(table: pd.DataFrame, runs: Sequence[Any]) -> tuple[pd.DataFrame | None, str]:
+    """Per run: measured training hours and their dollars at the fleet's price (for the HTML report)."""
+    rows, bases = [], set()
+    for run in runs:
+        try:
+            rate, basis = fleet_price(run.spec)
+        except Exception as exc:  # a price missing must not lose the whole report
+            bases.add(f"{run.run_dir.name}: no price ({exc})")
+            continue
+        hours = _train_seconds(run.steps) / 3600.0
+        if hours > 0:
+            rows.append({"layout": f"{run.spec.nodes}x{run.spec.gpus_per_node}", "hours": hours,
+                         "dollars": rate * hours, "usd_per_hour": rate})
+            bases.add(basis)
+    text = "Measured training time (slowest rank per step) at: " + "; ".join(sorted(bases)) + "."
+    return (pd.DataFrame(rows) if rows else None), text

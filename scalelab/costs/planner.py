@@ -1,0 +1,460 @@
+"""Predict untried layouts from a few measured ones, price them, and say which to buy.
+
+What a user asks is which layout reaches loss X by a deadline at the least cost. The answer has
+three parts, each with an interval at one stated level (`confidence`, 90 % by default):
+
+- **throughput** of N workers: two scaling models fitted to the measured layouts, the one with the
+  lower held-out error chosen (scalelab/costs/fitting.py); its band from conformal calibration on the
+  extrapolation errors such fits made on published tables and on this series (scalelab/costs/calibration.py).
+- **steps to the threshold** at the layout's global batch B(N): S(B) = S_min (1 + B_noise/B) from
+  runs at two or more global batches, or from one run and its measured noise scale
+  (scalelab/costs/convergence.py). B(N) follows the series' batch axis: fixed (the global batch is split)
+  or growing (every worker keeps its batch, B = b·N).
+- **time**: S(B) times the layout's step time at that batch (B · words per sample / throughput),
+  plus the start-up and the share of validation, checkpoints and probes the runs measured:
+  the wall time from launch to the threshold, which is what is billed. `work` (--work) replaces
+  S(B)·B by one fixed amount of work for every layout (the planner's old model), without overheads.
+
+The throughput and steps bands are each taken at 1 − (1 − c)/2 when combined, so the time band
+holds with at least c. Recommendations judge a candidate by its band's bad end: "cheapest with at
+least c chance of finishing by the deadline" (hours_high within it) and "fastest with at least c
+chance of staying within the budget" (dollars_high within it).
+
+`plan(PlanRequest(...))` runs four steps, each a function of its own: `predict` (fit every series,
+predict every worker count and global batch), `next_measurement` (the untried worker count where
+the models disagree most: query by committee), `price` (candidates: layout x type x market) and
+`recommend` (frontier, and the two recommendations).
+
+Costing: for instance type T with g GPUs, N workers take ceil(N/g) instances; throughput on T is
+the model's prediction times the per-GPU speed factor of T relative to the measured type, and every
+candidate row says what that factor rests on (`speed_basis`: measured, probe, estimate or user;
+scalelab/costs/speed.py). Estimates from the catalog's specs have their band widened (`speed_widening`); a
+type whose speed has no basis is not priced, and a note says what to give. Dollars come from
+costs.billing (per second, 60 s minimum, spot interruptions per instance of each type).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any, Sequence
+
+import numpy as np
+import pandas as pd
+
+from scalelab.analysis.report import to_json_records
+from scalelab.core.errors import DataError
+from scalelab.costs.billing import Mix, run_cost
+from scalelab.costs.calibration import DEFAULT_CONFIDENCE, calibrated_quantile
+from scalelab.costs.catalog import Catalog, CatalogError, InstanceType
+from scalelab.costs.convergence import ConvergenceFit, fit_convergence
+from scalelab.costs.fitting import FitResult, LinkModel, fit_series, pareto_front
+from scalelab.costs.speed import Speed, resolve_speed
+
+__all__ = ["Overheads", "PlanRequest", "Plan", "plan", "predict", "predict_convergence", "next_measurement", "price",
+           "recommend"]
+
+
+# ---- the plan -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Overheads:
+    """What a run pays besides its training steps: the start-up (launch to the first step) and
+    validation, checkpoints and noise probes as a share of the training time (measured in runs)."""
+
+    startup_s: float = 0.0
+    share: float = 0.0
+
+    def wall_s(self, train_s: float) -> float:
+        return self.startup_s + train_s * (1.0 + self.share)
+
+
+@dataclass
+class PlanRequest:
+    """What to plan: the measurements, the worker counts and batches to predict, what to price.
+
+    `measured` has label, workers, throughput, and optionally nodes, global_batch, batch_scaling
+    (fixed | growing), convergence (the label of its series in `convergence`) and
+    words_per_sample (throughput units per sample). `convergence` has the runs that reached the
+    threshold (costs.convergence.CONVERGENCE_COLUMNS); `predict_batch` the global batches to
+    predict steps for. `work` is a fixed amount of work (in the throughput's unit) for every layout
+    instead of the steps to the threshold. `speed` maps a GPU model or instance type to its per-GPU
+    speed relative to `measured_on`'s GPU; `probe_speed` maps instance types to their measured
+    per-GPU throughput (measured_on's included), `precision` is the runs' (fp32, bf16, fp16), what
+    speed estimates from GPU specs scale by (scalelab/costs/speed.py). The spot terms go to costs.billing.run_cost
+    (interruptions per instance-hour); `deadline_h` and `budget_usd` decide the recommendations.
+    """
+
+    measured: pd.DataFrame
+    predict_workers: Sequence[int]
+    catalog: Catalog | None = None
+    instance_types: Sequence[str] = ()
+    markets: Sequence[str] = ("on-demand",)
+    work: float | None = None
+    measured_on: str | None = None
+    speed: dict[str, float] | None = None
+    link: LinkModel | None = None
+    interruptions_per_hour: float = 0.0
+    checkpoint_interval_s: float = 600.0
+    restart_s: float = 180.0
+    checkpoint_write_s: float = 0.0
+    deadline_h: float | None = None
+    budget_usd: float | None = None
+    region: str | None = None
+    confidence: float = DEFAULT_CONFIDENCE
+    convergence: pd.DataFrame | None = None
+    predict_batch: Sequence[int] = ()
+    overheads: Overheads = field(default_factory=Overheads)
+    probe_speed: dict[str, float] | None = None
+    precision: str = "fp32"
+
+    def base_instance(self) -> InstanceType | None:
+        """The instance type the measurements were made on, when it is named and a catalog given."""
+        if not (self.catalog and self.measured_on):
+            return None
+        try:
+            return self.catalog.instance(self.measured_on)
+        except CatalogError:  # a local variant or cluster without a rate: nothing is priced relative to it
+            return None
+
+    def measured_link(self) -> LinkModel:
+        """The link model of the measurements: between nodes, the measured instance's network
+        when the catalog states it (the fit then calibrates against the link that was used)."""
+        link = self.link or LinkModel()
+        base = self.base_instance()
+        return replace(link, inter_gbps=base.network_gbps) if base is not None and base.network_gbps else link
+
+    def spot_terms(self) -> dict[str, float]:
+        return dict(interruptions_per_hour=self.interruptions_per_hour,
+                    checkpoint_interval_s=self.checkpoint_interval_s, restart_s=self.restart_s,
+                    checkpoint_write_s=self.checkpoint_write_s)
+
+    @property
+    def each_level(self) -> float:
+        """The level of each of two bands combined into one at `confidence` (Bonferroni)."""
+        return 1.0 - (1.0 - self.confidence) / 2
+
+
+@dataclass
+class Plan:
+    """Predictions per (series, workers) and per (series, global batch), priced candidates,
+    frontier, recommendations."""
+
+    fits: dict[str, FitResult]
+    predictions: pd.DataFrame
+    candidates: pd.DataFrame
+    recommendations: dict[str, dict[str, Any] | None] = field(default_factory=dict)
+    next_measurement: dict[str, Any] | None = None
+    notes: list[str] = field(default_factory=list)
+    convergence: dict[str, ConvergenceFit] = field(default_factory=dict)
+    batch_predictions: pd.DataFrame = field(default_factory=pd.DataFrame)
+    confidence: float = DEFAULT_CONFIDENCE
+
+    def rows(self) -> list[dict[str, Any]]:
+        """One flat record per row for --format json and plan.json, each naming its `table`: the
+        batch predictions when batches were asked for and the priced candidates when priced (both
+        when both were asked for: neither answer hides the other); else the throughput predictions."""
+        tables = [("steps_to_threshold", self.batch_predictions), ("candidates", self.candidates)]
+        chosen = [(name, t) for name, t in tables if len(t)] or [("throughput", self.predictions)]
+        return [{"table": name, **row} for name, t in chosen if len(t) for row in to_json_records(t)]
+
+
+def plan(request: PlanRequest) -> Plan:
+    """Fit and predict, choose the next measurement, price, recommend: the four steps in order."""
+    convergence, batches, notes = predict_convergence(request)
+    fits, predictions = predict(request, notes)
+    if not fits and len(request.measured) and not len(batches):
+        raise DataError(notes[-1])  # nothing at all can be predicted: that is the error
+    nxt = next_measurement(predictions)
+    _mark_next(predictions, nxt)
+    candidates, more = price(request, fits, predictions, convergence)
+    recommendations, last = recommend(candidates, request.deadline_h, request.budget_usd, request.confidence)
+    if len(candidates):
+        _mark_next(candidates, nxt)
+    return Plan(fits, predictions, candidates, recommendations, nxt, notes + more + last, convergence, batches,
+                request.confidence)
+
+
+# ---- 1. fit and predict -------------------------------------------------------------------------
+
+
+def predict(request: PlanRequest, notes: list[str] | None = None) -> tuple[dict[str, FitResult], pd.DataFrame]:
+    """(fit per series, predictions): every series fitted on its own rows and predicted at its
+    measured and at the requested worker counts, with its band at `confidence`. A series that
+    cannot be fitted (one worker count) is an error, or a note when `notes` is given (other
+    series, or its steps to the threshold, can be predicted all the same)."""
+    measured = request.measured
+    if not len(measured):
+        return {}, pd.DataFrame()
+    if "label" not in measured.columns:
+        measured = measured.assign(label="")
+    link = request.measured_link()
+    base = request.base_instance()
+    wanted = {int(w) for w in request.predict_workers}
+    fits: dict[str, FitResult] = {}
+    rows: list[dict[str, Any]] = []
+    for label, part in measured.groupby("label", sort=False):
+        try:
+            fit = fit_series(str(label), part, link)
+        except DataError as exc:
+            if notes is None:
+                raise
+            notes.append(f"{exc}: its throughput is not predicted")
+            continue
+        fits[str(label)] = fit
+        q = calibrated_quantile(fit.measured, request.confidence, link)
+        rows += _prediction_rows(fit, wanted, base.gpus if base is not None else None, q, _batch_axis(part))
+    return fits, pd.DataFrame(rows)
+
+
+def _prediction_rows(fit: FitResult, wanted: set[int], gpus_per_node: int | None, q: float,
+                     axis: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per worker count (measured or wanted) of one series, with its interval."""
+    grid = sorted(wanted | {int(w) for w in fit.measured["workers"]})
+    nodes = [_measured_nodes(fit.measured, w, gpus_per_node) for w in grid]
+    pred = fit.predict(grid, nodes)
+    lo, hi = fit.interval(grid, pred, q, nodes)
+    gap = fit.disagreement(grid, nodes)
+    rows = []
+    for i, w in enumerate(grid):
+        meas = fit.measured[fit.measured["workers"] == w]["throughput"]
+        rows.append({
+            "label": fit.label, "workers": w, "nodes": nodes[i], "batch_scaling": axis["batch_scaling"],
+            "global_batch": _global_batch(axis, w),
+            "predicted_throughput": float(pred[i]), "interval_low": float(lo[i]), "interval_high": float(hi[i]),
+            "model": fit.chosen, "held_out_error": fit.held_out_error[fit.chosen],
+            "measured_throughput": float(meas.mean()) if len(meas) else None,
+            "disagreement": float(gap[i]) if np.isfinite(gap[i]) else None,
+            "predicted": w in wanted,
+        })
+    return rows
+
+
+def _measured_nodes(measured: pd.DataFrame, workers: int, gpus_per_node: int | None) -> int:
+    """Nodes for a worker count: as measured when it was; else packed onto nodes of the measured
+    instance's GPU count; else one node (nothing says otherwise)."""
+    same = measured[measured["workers"] == workers]
+    if len(same):
+        return int(same["nodes"].iloc[0])
+    return math.ceil(workers / gpus_per_node) if gpus_per_node else 1
+
+
+def _batch_axis(part: pd.DataFrame) -> dict[str, Any]:
+    """How the global batch of a series changes with its workers: batch_scaling (fixed, growing
+    or None when not known), the batch (fixed) or the batch per worker (growing), the convergence
+    series it belongs to and its throughput units per sample."""
+    def one(column: str) -> Any:
+        vals = part[column].dropna() if column in part.columns else pd.Series(dtype=object)
+        return vals.mode().iloc[0] if len(vals) else None
+    scaling, batch = one("batch_scaling"), None
+    if "global_batch" in part.columns and part["global_batch"].notna().any():
+        per = (part["global_batch"] / part["workers"]) if scaling == "growing" else part["global_batch"]
+        batch = float(pd.to_numeric(per, errors="coerce").median())
+    return {"batch_scaling": scaling, "batch": batch, "convergence": one("convergence"),
+            "words_per_sample": one("words_per_sample")}
+
+
+def _global_batch(axis: dict[str, Any], workers: int) -> int | None:
+    """The global batch of `workers` workers on the series' batch axis (None when not known)."""
+    if axis["batch"] is None:
+        return None
+    return int(round(axis["batch"] * workers)) if axis["batch_scaling"] == "growing" else int(round(axis["batch"]))
+
+
+def predict_convergence(request: PlanRequest) -> tuple[dict[str, ConvergenceFit], pd.DataFrame, list[str]]:
+    """(S(B) fit per convergence series, rows at the requested global batches, notes)."""
+    fits: dict[str, ConvergenceFit] = {}
+    notes: list[str] = []
+    conv = request.convergence
+    if conv is None or not len(conv):
+        if request.predict_batch:
+            notes.append("no run reached its loss threshold, so steps to it cannot be predicted: run with "
+                         "--loss-threshold and --val-every until it is reached")
+        return fits, pd.DataFrame(), notes
+    for label, part in conv.groupby("label", sort=False):
+        fits[str(label)] = fit_convergence(part, request.confidence, str(label))
+    rows = [fit.predict(list(request.predict_batch)) for fit in fits.values()] if request.predict_batch else []
+    return fits, pd.concat(rows, ignore_index=True) if rows else pd.DataFrame(), notes
+
+
+# ---- 2. the next measurement --------------------------------------------------------------------
+
+
+def next_measurement(predictions: pd.DataFrame) -> dict[str, Any] | None:
+    """The untried (series, workers) where the models disagree most, or None (query by committee:
+    measuring it settles which model to trust)."""
+    untried = predictions[predictions["measured_throughput"].isna()] if len(predictions) else predictions
+    if not len(untried) or not untried["disagreement"].notna().any():
+        return None
+    r = untried.loc[untried["disagreement"].idxmax()]
+    return {"label": r["label"], "workers": int(r["workers"]), "disagreement": float(r["disagreement"]),
+            "why": f"the models disagree most there ({r['disagreement']:.0%} apart); measuring it "
+                   "tells which one to trust"}
+
+
+def _mark_next(rows: pd.DataFrame, nxt: dict[str, Any] | None) -> None:
+    """Add the column next_measurement: true on the rows of the suggested (series, workers)."""
+    rows["next_measurement"] = False
+    if nxt is not None:
+        rows.loc[(rows["label"] == nxt["label"]) & (rows["workers"] == nxt["workers"]), "next_measurement"] = True
+
+
+# ---- 3. price -----------------------------------------------------------------------------------
+
+
+def price(request: PlanRequest, fits: dict[str, FitResult], predictions: pd.DataFrame,
+          convergence: dict[str, ConvergenceFit] | None = None) -> tuple[pd.DataFrame, list[str]]:
+    """(candidates, notes): every predicted (series, workers) on every instance type x market, with
+    hours and dollars to the threshold (or for `work`). A series with neither is not priced; a
+    type whose per-GPU speed is unknown, or a market without a price, is left out with a note
+    saying what to give."""
+    notes: list[str] = []
+    if request.instance_types and request.catalog is None:
+        raise CatalogError("pricing candidates needs a price catalog")
+    rows: list[dict[str, Any]] = []
+    for label, fit in fits.items():
+        steps = _steps_of(request, predictions[predictions["label"] == label], convergence or {}, notes)
+        if steps is None:
+            continue
+        for name in request.instance_types:
+            rows += _price_type(request, name, fit, steps, notes)
+    return pd.DataFrame(rows), notes
+
+
+def _steps_of(request: PlanRequest, predictions: pd.DataFrame, convergence: dict[str, ConvergenceFit],
+              notes: list[str]) -> pd.DataFrame | None:
+    """Per predicted worker count of one series: the work to do (in throughput units) and its band,
+    from `work` or from S(B) at the layout's global batch; None (with a note) when neither is known."""
+    out = predictions[["label", "workers", "nodes", "global_batch", "measured_throughput"]].copy()
+    if request.work is not None:
+        return out.assign(work=request.work, work_low=request.work, work_high=request.work, steps_to_threshold=None,
+                          steps_high=None, time_basis="given work")
+    label = str(out["label"].iloc[0])
+    measured = request.measured
+    axis = _batch_axis(measured[measured["label"] == label] if "label" in measured.columns else measured)
+    fit = convergence.get(str(axis["convergence"]))
+    if fit is None or axis["words_per_sample"] is None or out["global_batch"].isna().any():
+        if request.instance_types:
+            notes.append(f"series {label or '(unlabelled)'}: no steps to a loss threshold measured for it; give "
+                         "--work (its work in the throughput unit, e.g. words) to price it")
+        return None
+    fit = replace(fit, confidence=request.each_level)
+    batch = out["global_batch"].to_numpy(dtype=float)
+    point, low, high = fit.steps(batch)
+    per_step = batch * float(axis["words_per_sample"])
+    return out.assign(work=point * per_step, work_low=low * per_step, work_high=high * per_step,
+                      steps_to_threshold=point, steps_high=high, time_basis=f"steps to threshold ({fit.basis})")
+
+
+def _price_type(request: PlanRequest, name: str, fit: FitResult, steps: pd.DataFrame,
+                notes: list[str]) -> list[dict[str, Any]]:
+    """Candidate rows of one series on one instance type: the throughput predicted over its
+    network, scaled by its GPU's speed, with ceil(workers / GPUs) instances."""
+    inst = request.catalog.instance(name)
+    speed = _speed_factor(request, inst)
+    if isinstance(speed, str):
+        notes.extend([speed] if speed not in notes else [])
+        return []
+    if speed.note and speed.note not in notes:
+        notes.append(speed.note)
+    link = replace(request.measured_link(), inter_gbps=inst.network_gbps or request.measured_link().inter_gbps)
+    level = request.confidence if request.work is not None else request.each_level
+    q = calibrated_quantile(fit.measured, level, request.measured_link())
+    rows: list[dict[str, Any]] = []
+    for _, st in steps.iterrows():
+        w = int(st["workers"])
+        count = math.ceil(w / inst.gpus)
+        thr = float(fit.predict([w], [count], link=link)[0]) * speed.factor
+        lo, hi = fit.interval([w], np.array([thr]), q, [count])
+        lo, hi = lo / speed.widening, hi * speed.widening
+        layout = {"label": fit.label, "workers": w, "instance_type": name, "instances": count,
+                  "idle_gpus": count * inst.gpus - w, "global_batch": st["global_batch"]}
+        estimate = {"predicted_throughput": thr, "interval_low": float(lo[0]), "interval_high": float(hi[0]),
+                    "model": fit.chosen, "held_out_error": fit.held_out_error[fit.chosen],
+                    "steps_to_threshold": st["steps_to_threshold"], "steps_high": st["steps_high"],
+                    "time_basis": st["time_basis"], "speed_basis": speed.basis, "speed_factor": speed.factor,
+                    "speed_widening": speed.widening,
+                    "measured": bool(pd.notna(st["measured_throughput"])) and speed.basis == "measured"}
+        seconds = {"point": st["work"] / thr, "low": st["work_low"] / max(float(hi[0]), 1e-300),
+                   "high": st["work_high"] / max(float(lo[0]), 1e-300)}
+        rows += _market_rows(request, layout, estimate, seconds, notes)
+    return rows
+
+
+def _market_rows(request: PlanRequest, layout: dict[str, Any], estimate: dict[str, Any],
+                 train_s: dict[str, float], notes: list[str]) -> list[dict[str, Any]]:
+    """One candidate row per market: hours and dollars of the wall time (training seconds plus the
+    measured overheads, unless a fixed work was given), at the prediction and at both ends of its
+    band (hours_low, hours_high, dollars_high)."""
+    mix = Mix(((layout["instances"], layout["instance_type"]),))
+    over = request.overheads if request.work is None else Overheads()
+    rows = []
+    for market in request.markets:
+        try:
+            cost = {k: run_cost(over.wall_s(v) if math.isfinite(v) else v, mix, request.catalog, market,
+                                request.region, label=layout["label"], **request.spot_terms())
+                    for k, v in train_s.items()}
+        except CatalogError as exc:
+            notes.extend([str(exc)] if str(exc) not in notes else [])
+            continue
+        rows.append({**layout, "market": market, **estimate, "hours": cost["point"].hours,
+                     "hours_low": cost["low"].hours, "hours_high": cost["high"].hours,
+                     "usd_per_hour": cost["point"].usd_per_hour, "dollars": cost["point"].dollars,
+                     "dollars_high": cost["high"].dollars,
+                     "expected_interruptions": cost["point"].expected_interruptions})
+    return rows
+
+
+def _speed_factor(request: PlanRequest, inst: InstanceType) -> Speed | str:
+    """Per-GPU speed of `inst` relative to the measured type, with its basis (measured, probe,
+    estimate, user), or the reason it has none (scalelab/costs/speed.py: never assumed equal silently)."""
+    return resolve_speed(inst, request.base_instance(), request.catalog, request.speed or {},
+                         request.probe_speed or {}, request.precision)
+
+
+# ---- 4. recommend -------------------------------------------------------------------------------
+
+
+def recommend(candidates: pd.DataFrame, deadline_h: float | None, budget_usd: float | None,
+              confidence: float = DEFAULT_CONFIDENCE) -> tuple[dict[str, dict[str, Any] | None], list[str]]:
+    """(recommendations, notes): the cheapest candidate with at least `confidence` chance of
+    finishing within the deadline (the high end of its time band within it) and the fastest with
+    that chance of staying within the budget (dollars_high), or without either the cheapest and
+    the fastest overall. Adds the columns pareto (on the cost-time frontier of the predictions)
+    and recommendation (why a row is recommended) to `candidates`."""
+    recs: dict[str, dict[str, Any] | None] = {}
+    notes: list[str] = []
+    if not len(candidates):
+        return recs, notes
+    candidates["pareto"] = pareto_front(candidates["hours"], candidates["dollars"])
+    candidates["recommendation"] = None
+    sure = f"{confidence:.0%}"
+    limits = (  # (recommendation, column judged, its limit, best by, why there is none)
+        ("cheapest_within_deadline", "hours_high", deadline_h, "dollars", lambda: f"no layout finishes within "
+         f"{deadline_h:g} h with {sure} confidence; the surest takes up to {candidates['hours_high'].min():.2f} h"),
+        ("fastest_within_budget", "dollars_high", budget_usd, "hours", lambda: f"no layout costs at most "
+         f"${budget_usd:,.2f} with {sure} confidence; the surest costs up to ${candidates['dollars_high'].min():,.2f}"),
+    )
+    for key, column, limit, by, why_none in limits:
+        if limit is not None:
+            tag = f"{key.replace('_', ' ')} ({sure} sure)"
+            recs[key] = _pick(candidates, candidates[candidates[column] <= limit], by, tag)
+            if recs[key] is None:
+                notes.append(why_none())
+    if deadline_h is None and budget_usd is None:
+        recs["cheapest"] = _pick(candidates, candidates, "dollars", "cheapest")
+        recs["fastest"] = _pick(candidates, candidates, "hours", "fastest")
+    return recs, notes
+
+
+def _pick(all_rows: pd.DataFrame, ok: pd.DataFrame, by: str, tag: str) -> dict[str, Any] | None:
+    """The best row of `ok` by `by` (ties: the other measure), tagged in `all_rows`; None if none."""
+    if ok.empty:
+        return None
+    other = "hours" if by == "dollars" else "dollars"
+    idx = ok.sort_values([by, other], kind="stable").index[0]
+    prev = all_rows.at[idx, "recommendation"]
+    all_rows.at[idx, "recommendation"] = tag if prev is None else f"{prev}; {tag}"
+
+    return to_json_records(all_rows.loc[[idx]].drop(columns=["recommendation"]))[0]

@@ -1,0 +1,470 @@
+"""Step time with its parts apart: compute + exposed exchange + data, per layout (issue 15).
+
+The scaling models of scalelab/costs/fitting.py see a layout as (workers, nodes): 1x4, 2x2 and 4x1 look
+alike to them, every GPU is the measured one, and a mixed fleet cannot be written down. This
+model sees what a step is made of, so those differ:
+
+    step(layout, b) = compute + exposed exchange + data
+
+- **compute** of a worker with GPU type t and per-worker batch b: c0_t + c1_t·b (seed 003: the
+  step time depends on the batch, and not proportionally). Each GPU type's c0, c1 come from the
+  single-GPU measurements of that type only (several batches fit both; one batch fits c1 alone,
+  compute proportional to the batch). A GPU type is the catalog's GPU model (g3.4xlarge and
+  g3.16xlarge both hold M60s), or the type's name when the catalog does not say.
+- **mixed fleets**: under a static split every worker gets b, so the slowest worker sets the step
+  (max over workers of c_t(b)); under dynamic balancing (scalelab/train/balance.py: shares proportional to
+  each worker's measured speed s_w = b / c_w(b)) the workers finish together, so the compute part
+  is the global batch over the summed speeds, N·b / Σ s_w.
+- **exchange**, by the topology of the layout NODESxGPUS (g GPUs on each of n nodes, bytes S):
+  ring inside a node when n = 1: 2(g−1) latencies and 2(g−1)/g·S over the node's GPU link;
+  ring across nodes when g = 1: 2(n−1) latencies and 2(n−1)/n·S over the network;
+  hierarchical otherwise: reduce-scatter inside the node, all-reduce across nodes on each GPU's
+  slice S/g, all-gather inside: the inside ring's terms plus the across ring's, whose g slices
+  share the node's one network link, so the network still carries 2(n−1)/n·S per node.
+  The four terms (intra latency, intra bytes, inter latency, inter bytes) are fitted by NNLS to
+  what the multi-GPU measurements left after their compute, so their coefficients are the
+  *exposed* exchange (what overlap with backward did not hide) and the gradient size need not be
+  known. A latency term is fitted only when the layouts can tell it from bandwidth (it adds to
+  the rank of the fit): with one multi-node layout the exchange is taken as bandwidth-bound.
+  Variant `steptime-links` divides each bytes term by the link's bandwidth: measured (`Known`,
+  e.g. by `launch probe`), else the catalog's (`intra_gbps` where it gives NVLink/PCIe figures,
+  else 80 Gbit/s; the instance network, else 10 Gbit/s), so a faster network shortens the
+  exchange; `steptime` fits one coefficient per link class, the same for every type.
+- **data**: the input pipeline's seconds per sample that compute did not hide (the trainer's
+  phase breakdown records it; `Known`); 0 unless given, since a table's times cannot tell it from
+  compute.
+
+Units: a table gives throughput (work per second) or a time for a fixed (or per-worker) amount of
+work. Its global batch B (the `global_batch` column, else b = 1 nominal per worker under
+`batch_scaling=growing`, or B = 1 nominal under `fixed`) turns 1/throughput into a step time up to
+one constant factor, which the fit absorbs: the model predicts ratios between layouts exactly.
+
+Which model: `steptime`, `steptime-links`, and (for tables of one GPU type, which is all they can
+describe) the existing ernest/comm/ps models, each judged by its leave-one-out error over the
+table's rows; the lowest is used. Its band at `confidence` is the conformal quantile of those
+held-out relative errors (the ⌈(n+1)c⌉-th smallest of n): with fewer than c/(1−c) held-out
+predictions it is unbounded, and says so.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+
+from scalelab.core.errors import DataError
+from scalelab.costs.billing import Mix
+from scalelab.costs.calibration import conformal_quantile
+from scalelab.costs.catalog import Catalog, CatalogError
+from scalelab.costs.fitting import LinkModel, fit_series, nnls
+
+__all__ = ["Known", "Layout", "parse_layout", "parse_layouts", "exchange_terms", "StepModel", "fit_step_model",
+           "prepare", "held_out", "choose", "predict_layouts", "STEP_MODELS"]
+
+STEP_MODELS = ("steptime", "steptime-links")
+BALANCES = ("static", "dynamic")
+_DEFAULT_LINK = LinkModel()
+_LAYOUT = re.compile(r"\s*(\d+)\s*x\s*(\d+)\s*@\s*([^:]+?)\s*(?::\s*(\w+)\s*)?")
+
+
+# ---- layouts ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Layout:
+    """g GPUs on each of n nodes, one instance type per node (in node order), split statically or
+    balanced dynamically."""
+
+    nodes: int
+    gpus_per_node: int
+    node_types: tuple[str, ...]
+    balance: str = "static"
+
+    @property
+    def workers(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    @property
+    def instances(self) -> str:
+        """The instances in the one mix grammar (costs.billing.Mix), counted in node order."""
+        items: list[list[Any]] = []
+        for t in self.node_types:
+            if items and items[-1][1] == t:
+                items[-1][0] += 1
+            else:
+                items.append([1, t])
+        return str(Mix(tuple((n, t) for n, t in items)))
+
+    @property
+    def text(self) -> str:
+        return f"{self.nodes}x{self.gpus_per_node}@{self.instances}"
+
+
+def _layout(nodes: int, gpus: int, mix: Mix, balance: str, catalog: Catalog, what: str) -> Layout:
+    """A checked layout: one instance per node, each with at least `gpus` GPUs."""
+    if mix.count() != nodes:
+        raise DataError(f"{what}: {nodes} node(s) but {mix.count()} instance(s) ({mix}); give one instance per node, "
+                        f"e.g. {nodes}x{gpus}@{nodes}*{mix.items[0][1]}")
+    for _, t in mix.items:
+        have = catalog.instance(t).gpus
+        if have < gpus:
+            raise DataError(f"{what}: {t} has {have} GPU(s) but the layout puts {gpus} on each node; use a type with "
+                            f"{gpus} or more GPUs, or fewer GPUs per node")
+    if balance not in BALANCES:
+        raise DataError(f"{what}: balance must be static or dynamic, got {balance!r}")
+    return Layout(nodes, gpus, tuple(mix.node_types()), balance)
+
+
+def parse_layout(text: str, catalog: Catalog) -> Layout:
+    """`NODESxGPUS@INSTANCES[:static|:dynamic]`, e.g. `4x1@1*p2.xlarge+3*g3.4xlarge:dynamic`; a bare
+    type after @ is one instance per node (`4x1@g3.4xlarge`)."""
+    m = _LAYOUT.fullmatch(text)
+    if not m or int(m.group(1)) < 1 or int(m.group(2)) < 1:
+        raise DataError(f"--predict: cannot read layout {text!r}; write NODESxGPUS@INSTANCES, e.g. 4x1@4*g3.4xlarge, "
+                        "2x2@2*g3.16xlarge or 4x1@1*p2.xlarge+3*g3.4xlarge:dynamic (NODES, GPUS >= 1)")
+    nodes, gpus = int(m.group(1)), int(m.group(2))
+    try:
+        mix = Mix.parse(m.group(3), catalog, nodes=nodes)
+    except CatalogError as exc:
+        raise DataError(f"--predict {text!r}: {exc}") from None
+    return _layout(nodes, gpus, mix, (m.group(4) or "static").lower(), catalog, f"--predict {text!r}")
+
+
+def parse_layouts(text: str, catalog: Catalog) -> list[Layout]:
+    """Comma-separated layouts (parse_layout); an empty list is an error."""
+    items = [t for t in str(text).split(",") if t.strip()]
+    if not items:
+        raise DataError("--predict needs at least one layout, e.g. 4x1@4*g3.4xlarge,2x2@2*g3.16xlarge")
+    return [parse_layout(t, catalog) for t in items]
+
+
+def gpu_key(instance_type: str, catalog: Catalog) -> str:
+    """What sets a worker's compute: the GPU model, or the type's name when it is not known."""
+    return catalog.instance(instance_type).gpu_model or instance_type
+
+
+# ---- the exchange ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Known:
+    """What was measured outside the table: the data seconds per sample (the trainer's phase
+    breakdown) and link bandwidths per instance type, {"g3.16xlarge": {"intra_gbps": 60,
+    "network_gbps": 18}} (e.g. from `launch probe`), which take precedence over the catalog's."""
+
+    data_s_per_sample: float = 0.0
+    link_gbps: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+
+
+def _gbps(layout: Layout, catalog: Catalog, attr: str, default: float,
+          measured: Mapping[str, Mapping[str, float]]) -> float:
+    """The slowest link of a kind over the layout's node types: measured, else the catalog's
+    figure, else `default`."""
+    vals = []
+    for t in set(layout.node_types):
+        v = measured.get(t, {}).get(attr) or getattr(catalog.instance(t), attr, None)
+        vals.append(float(v) if v else default)
+    return min(vals)
+
+
+def exchange_terms(layout: Layout, catalog: Catalog | None = None, bandwidth: bool = False,
+                   measured: Mapping[str, Mapping[str, float]] | None = None) -> np.ndarray:
+    """[intra latencies, intra bytes, inter latencies, inter bytes] of one all-reduce of the layout
+    (module doc: ring inside, ring across, hierarchical). Bytes are in units of the gradient; with
+    `bandwidth` they are divided by the link's Gbit/s (`measured`, else the catalog's) relative to
+    the defaults (80 inside, 10 across)."""
+    g, n = layout.gpus_per_node, layout.nodes
+    intra = [2.0 * (g - 1), 2.0 * (g - 1) / g] if g > 1 else [0.0, 0.0]
+    inter = [2.0 * (n - 1), 2.0 * (n - 1) / n] if n > 1 else [0.0, 0.0]
+    if bandwidth and catalog is not None:
+        intra[1] *= _DEFAULT_LINK.intra_gbps / _gbps(layout, catalog, "intra_gbps", _DEFAULT_LINK.intra_gbps,
+                                                     measured or {})
+        inter[1] *= _DEFAULT_LINK.inter_gbps / _gbps(layout, catalog, "network_gbps", _DEFAULT_LINK.inter_gbps,
+                                                     measured or {})
+    return np.array(intra + inter)
+
+
+# ---- the model ----------------------------------------------------------------------------------
+
+
+@dataclass
+class StepModel:
+    """Fitted parts: compute (c0, c1) per GPU type, the four exchange coefficients (seconds per
+    term), which link classes the measurements saw, and the data seconds per sample."""
+
+    name: str
+    catalog: Catalog
+    compute: dict[str, tuple[float, float]] = field(default_factory=dict)
+    links: np.ndarray = field(default_factory=lambda: np.zeros(4))
+    seen: tuple[bool, bool] = (False, False)  # (inside a node, across nodes)
+    known: Known = field(default_factory=lambda: Known())
+
+    @property
+    def bandwidth(self) -> bool:
+        return self.name == "steptime-links"
+
+    def why_not(self, layout: Layout) -> str | None:
+        """Why this model cannot predict `layout` (a GPU type or a link class never measured), or None."""
+        for t in dict.fromkeys(layout.node_types):
+            key = gpu_key(t, self.catalog)
+            if key not in self.compute:
+                return f"no single-GPU measurement of {key} ({t}), so its compute is unknown"
+        if layout.gpus_per_node > 1 and not self.seen[0]:
+            return "no measurement with several GPUs in one node, so the exchange inside a node is unknown"
+        if layout.nodes > 1 and not self.seen[1]:
+            return "no measurement on several nodes, so the exchange across nodes is unknown"
+        return None
+
+    def worker_compute_s(self, layout: Layout, b: float) -> np.ndarray:
+        """Each worker's compute seconds at per-worker batch b (node order)."""
+        out = []
+        for t in layout.node_types:
+            c0, c1 = self.compute[gpu_key(t, self.catalog)]
+            out += [c0 + c1 * b] * layout.gpus_per_node
+        return np.array(out)
+
+    def compute_s(self, layout: Layout, b: float) -> float:
+        """Static: the slowest worker; dynamic: the global batch over the summed speeds."""
+        each = self.worker_compute_s(layout, b)
+        if layout.balance == "dynamic" and np.all(each > 0):
+            return float(layout.workers * b / np.sum(b / each))
+        return float(each.max())
+
+    def exchange_s(self, layout: Layout) -> float:
+        return float(self.exchange_terms(layout) @ self.links)
+
+    def exchange_terms(self, layout: Layout) -> np.ndarray:
+        return exchange_terms(layout, self.catalog, self.bandwidth, self.known.link_gbps)
+
+    def step_s(self, layout: Layout, b: float) -> float:
+        """compute + exposed exchange + data (module doc)."""
+        return self.compute_s(layout, b) + self.exchange_s(layout) + self.known.data_s_per_sample * b
+
+    def parts(self, layout: Layout, b: float) -> dict[str, float]:
+        return {"compute": self.compute_s(layout, b), "exchange": self.exchange_s(layout),
+                "data": self.known.data_s_per_sample * b}
+
+
+def fit_step_model(rows: pd.DataFrame, catalog: Catalog, name: str = "steptime",
+                   known: Known | None = None) -> StepModel:
+    """Fit compute per GPU type on the single-GPU rows, then the exchange on what the multi-GPU
+    rows of one GPU type left after compute and data. Mixed fleets are predicted, never fitted:
+    what they add beyond the slowest worker or the balanced shares (an imbalanced first epoch,
+    the balancer's own cost) is not a property of the links. `rows` as from `prepare`."""
+    model = StepModel(name, catalog, known=known or Known())
+    data_s_per_sample = model.known.data_s_per_sample
+    single = rows[rows["workers"] == 1]
+    for key, part in single.groupby(single["layout"].map(lambda lay: gpu_key(lay.node_types[0], catalog))):
+        b, s = part["b"].to_numpy(float), part["step"].to_numpy(float) - data_s_per_sample * part["b"].to_numpy(float)
+        if len(np.unique(b)) < 2:  # one batch: compute proportional to it
+            model.compute[key] = (0.0, float(nnls((b / s)[:, None], np.ones_like(s))[0]))
+        else:
+            c0, c1 = nnls(np.column_stack([1.0 / s, b / s]), np.ones_like(s))
+            model.compute[key] = (float(c0), float(c1))
+    multi = rows[(rows["workers"] > 1) & rows["layout"].map(lambda lay: _one_known_type(model, lay))]
+    if len(multi):
+        model.seen = (bool((multi["layout"].map(lambda lay: lay.gpus_per_node) > 1).any()),
+                      bool((multi["layout"].map(lambda lay: lay.nodes) > 1).any()))
+        feats = np.vstack([model.exchange_terms(lay) for lay in multi["layout"]])
+        rest = np.array([s - model.compute_s(lay, b) - data_s_per_sample * b
+                         for lay, b, s in zip(multi["layout"], multi["b"], multi["step"])])
+        w = 1.0 / multi["step"].to_numpy(float)  # relative residuals
+        cols = _identifiable(feats * w[:, None])
+        model.links = np.zeros(4)
+        model.links[cols] = nnls(feats[:, cols] * w[:, None], rest * w)
+    return model
+
+
+def _one_known_type(model: StepModel, layout: Layout) -> bool:
+    keys = {gpu_key(t, model.catalog) for t in layout.node_types}
+    return len(keys) == 1 and keys <= set(model.compute)
+
+
+def _identifiable(a: np.ndarray) -> list[int]:
+    """The bytes columns that vary, then each latency column that adds to the rank: latency is
+    fitted only where the layouts can tell it from bandwidth."""
+    cols = [c for c in (1, 3) if np.any(a[:, c] != 0)]
+    for c in (0, 2):
+        if np.any(a[:, c] != 0) and np.linalg.matrix_rank(a[:, cols + [c]]) > np.linalg.matrix_rank(a[:, cols]):
+            cols.append(c)
+    return sorted(cols)
+
+
+# ---- a table's rows -----------------------------------------------------------------------------
+
+
+def prepare(measured: pd.DataFrame, catalog: Catalog, where: str = "the table") -> pd.DataFrame:
+    """The rows of a scaling table (costs.tables.read_scaling_csv, throughput computed) as the
+    model reads them: layout, per-worker batch b, global batch, and step (global batch / throughput)."""
+    missing = [c for c in ("nodes", "instance_type") if c not in measured.columns or measured[c].isna().any()]
+    if missing:
+        raise DataError(f"{where}: the step-time model needs the columns nodes and instance_type (or instance) on "
+                        f"every row; missing or empty: {', '.join(missing)}")
+    out = []
+    for _, r in measured.iterrows():
+        what = f"{where}:{int(r['_line'])}" if "_line" in r and pd.notna(r.get("_line")) else where
+        workers, nodes = int(r["workers"]), int(r["nodes"])
+        if workers % nodes:
+            raise DataError(f"{what}: {workers} workers do not split evenly over {nodes} nodes; the model needs the "
+                            "same GPUs on every node")
+        try:
+            mix = Mix.parse(str(r["instance_type"]), catalog, nodes=nodes)
+        except CatalogError as exc:
+            raise DataError(f"{what}: column 'instance_type': {exc}") from None
+        layout = _layout(nodes, workers // nodes, mix, str(r.get("balance") or "static"), catalog, what)
+        glob = _global_batch(r, workers)
+        out.append({"label": r.get("label", ""), "layout": layout, "workers": workers, "nodes": nodes,
+                    "b": glob / workers, "global_batch": glob, "throughput": float(r["throughput"]),
+                    "step": glob / float(r["throughput"]), "per": _per(r, workers)})
+    return pd.DataFrame(out)
+
+
+def _global_batch(r: pd.Series, workers: int) -> float:
+    """The row's global batch, or the nominal one of its batch axis (module doc: Units)."""
+    if "global_batch" in r and pd.notna(r.get("global_batch")):
+        return float(r["global_batch"])
+    return float(workers) if r.get("batch_scaling") == "growing" else 1.0
+
+
+def _per(r: pd.Series, workers: int) -> float:
+    """Work units of the row's time: the whole job (fixed), or one per worker (growing)."""
+    return float(workers) if r.get("work_scaling") == "growing" else 1.0
+
+
+# ---- held-out error and the choice ----------------------------------------------------------------
+
+
+def held_out(rows: pd.DataFrame, catalog: Catalog, name: str, known: Known | None = None) -> list[float]:
+    """Leave-one-out relative errors of throughput, |pred − true| / true, of every row the others
+    can predict (a row whose GPU type or link class only it measured is skipped)."""
+    errs = []
+    for i in range(len(rows)):
+        model = fit_step_model(rows.drop(index=rows.index[i]), catalog, name, known)
+        r = rows.iloc[i]
+        if model.why_not(r["layout"]) is not None:
+            continue
+        step = model.step_s(r["layout"], r["b"])
+        pred = r["global_batch"] / step if step > 0 else math.nan
+        errs.append(abs(pred - r["throughput"]) / r["throughput"] if math.isfinite(pred) else 1.0)
+    return errs
+
+
+def _baseline_errors(rows: pd.DataFrame, catalog: Catalog) -> dict[str, list[float]]:
+    """The existing models' leave-one-out errors, only for a table of one GPU type (they cannot
+    tell types apart) with three or more rows."""
+    keys = {gpu_key(t, catalog) for lay in rows["layout"] for t in lay.node_types}
+    df = rows[["workers", "nodes", "throughput"]].reset_index(drop=True)
+    if len(keys) != 1 or len(df) < 3 or df["workers"].nunique() < 2:
+        return {}
+    out: dict[str, list[float]] = {}
+    for i in range(len(df)):
+        train = df.drop(index=i)
+        if train["workers"].nunique() < 2:
+            continue
+        fit = fit_series("", train)
+        for m in fit.models:
+            p = fit.predict([df["workers"][i]], [df["nodes"][i]], m)[0]
+            out.setdefault(m, []).append(abs(p - df["throughput"][i]) / df["throughput"][i] if np.isfinite(p) else 1.0)
+    return out
+
+
+def choose(rows: pd.DataFrame, catalog: Catalog, known: Known | None = None) -> tuple[str, dict[str, list[float]]]:
+    """(the model with the lowest mean held-out error, every candidate's held-out errors). Ties go
+    to the one listed first (steptime: fewest assumptions)."""
+    errors = {name: held_out(rows, catalog, name, known) for name in STEP_MODELS}
+    errors.update(_baseline_errors(rows, catalog))
+    scored = {k: float(np.mean(v)) for k, v in errors.items() if v}
+    if not scored:
+        return STEP_MODELS[0], errors
+    best = min(scored.values())
+    return next(k for k in scored if scored[k] <= best + 1e-12), errors
+
+
+# ---- predictions for --predict --------------------------------------------------------------------
+
+
+def _measured_types(rows: pd.DataFrame) -> set[str]:
+    return {t for lay in rows["layout"] for t in lay.node_types}
+
+
+def _batch_of(rows: pd.DataFrame, measured: pd.DataFrame, workers: int) -> tuple[float, float]:
+    """(per-worker batch, global batch) of a predicted layout on the table's batch axis."""
+    growing = "batch_scaling" in measured.columns and (measured["batch_scaling"] == "growing").mean() >= 0.5
+    if growing:
+        b = float(rows["b"].median())
+        return b, b * workers
+    glob = float(rows["global_batch"].median())
+    return glob / workers, glob
+
+
+def _per_of(measured: pd.DataFrame, workers: int) -> float:
+    """Work units of a predicted time on the table's work axis (mostly growing: one per worker)."""
+    growing = "work_scaling" in measured.columns and (measured["work_scaling"] == "growing").mean() >= 0.5
+    return float(workers) if growing else 1.0
+
+
+def _refuse_unmeasured(layout: Layout, measured_types: set[str], source: str) -> None:
+    """speed_basis is `measured` only: a type the table never ran on is refused, not guessed."""
+    missing = [t for t in dict.fromkeys(layout.node_types) if t not in measured_types]
+    if missing:
+        raise DataError(f"--predict {layout.text}: {', '.join(missing)} was not measured in {source} (measured: "
+                        f"{', '.join(sorted(measured_types))}); add its rows (one GPU alone, and a multi-GPU layout) "
+                        "or probe it (launch probe); no type is priced at another type's speed")
+
+
+def _point(model: StepModel | Any, chosen: str, layout: Layout, b: float, glob: float) -> tuple[float, dict]:
+    """(predicted throughput, parts in seconds or {}) of one layout with the chosen model."""
+    if chosen in STEP_MODELS:
+        step = model.step_s(layout, b)
+        return (glob / step if step > 0 else math.nan), model.parts(layout, b)
+    return float(model.predict([layout.workers], [layout.nodes], chosen)[0]), {}
+
+
+def predict_layouts(measured: pd.DataFrame, layouts: Sequence[Layout], catalog: Catalog, confidence: float,
+                    source: str = "the table", time_based: bool = True,
+                    known: Known | None = None) -> tuple[pd.DataFrame, list[str]]:
+    """(one row per layout, notes): the predicted time (`time_based`: the table gave time_s) or
+    throughput, with its conformal band from the chosen model's held-out errors (module doc)."""
+    rows = prepare(measured, catalog, source)
+    types = _measured_types(rows)
+    for layout in layouts:
+        _refuse_unmeasured(layout, types, source)
+    chosen, errors = choose(rows, catalog, known)
+    model: Any = (fit_step_model(rows, catalog, chosen, known) if chosen in STEP_MODELS
+                  else fit_series("", rows[["workers", "nodes", "throughput"]]))
+    errs = errors.get(chosen, [])
+    q = conformal_quantile(errs, confidence) if errs else math.inf
+    notes = [f"model {chosen}: held-out error {np.mean(errs):.1%} over {len(errs)} row(s); "
+             + "; ".join(f"{k} {np.mean(v):.1%}" for k, v in errors.items() if v and k != chosen) if errs else
+             f"model {chosen}: no row could be predicted from the others, so its band is unbounded"]
+    if errs and math.isinf(q):
+        notes.append(f"{len(errs)} held-out prediction(s) are too few for a {confidence:.0%} band (it needs "
+                     f"{math.ceil(confidence / (1 - confidence) - 1e-9)}): the high end is unbounded")
+    out = [_layout_row(model, chosen, layout, rows, measured, q, time_based, errs) for layout in layouts]
+    return pd.DataFrame(out), notes
+
+
+def _layout_row(model: Any, chosen: str, layout: Layout, rows: pd.DataFrame, measured: pd.DataFrame, q: float,
+                time_based: bool, errs: list[float]) -> dict[str, Any]:
+    """One output row: point, band, parts and where the speed came from."""
+    if chosen in STEP_MODELS and model.why_not(layout):
+        raise DataError(f"--predict {layout.text}: {model.why_not(layout)}; add such a measurement to the table")
+    b, glob = _batch_of(rows, measured, layout.workers)
+    thr, parts = _point(model, chosen, layout, b, glob)
+    low, high = thr / (1 + q), (thr / (1 - q) if q < 1 else math.inf)
+    row: dict[str, Any] = {"layout": layout.text, "instances": layout.instances, "workers": layout.workers,
+                           "nodes": layout.nodes, "balance": layout.balance}
+    if time_based:
+        per = _per_of(measured, layout.workers)
+        row |= {"predicted_time_s": per / thr, "time_low_s": per / high,
+                "time_high_s": per / low if low > 0 else math.inf}
+    else:
+        row |= {"predicted_throughput": thr, "throughput_low": low, "throughput_high": high}
+    total = sum(parts.values())
+    row |= {f"{k}_share": v / total for k, v in parts.items()} if total > 0 else {}
+    return row | {"model": chosen, "held_out_error": float(np.mean(errs)) if errs else None,
+                  "held_out_predictions": len(errs), "speed_basis": "measured"}

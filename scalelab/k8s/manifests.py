@@ -1,0 +1,268 @@
+"""Kubernetes manifests for one run, rendered as a pure function of (spec, run directory, options).
+
+What one run becomes (docs/k8s.md says why):
+
+- a ConfigMap holding `spec.json`; every pod mounts it and copies it to RUN_DIR on the runs volume
+  before the trainer starts (the trainer reads RUN_DIR/spec.json, as on every backend);
+- Horovod: a Kubeflow MPI Operator `MPIJob` (kubeflow.org/v2beta1): one launcher running `mpirun`,
+  `nodes` workers running sshd (non-root, port 2222), `slotsPerWorker` = GPUs per node;
+- DDP: a headless Service (stable DNS names for pod 0, the rendezvous master) and an indexed
+  `batch/v1` Job of `nodes` pods, each running torchrun with `--node-rank=$JOB_COMPLETION_INDEX`;
+- after the run, a short-lived "fetch" pod that prints RUN_DIR/records as a base64 tar on its log,
+  which is how the records come back to the local run directory.
+
+Nothing here imports the Kubernetes client: manifests are plain dicts, so `--dry-run`, the golden
+tests and the schema validation need no cluster. Secrets are referenced (secretKeyRef), never copied.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import shlex
+from collections.abc import Mapping
+from pathlib import PurePosixPath
+from typing import Any
+
+import yaml
+
+from scalelab.core.errors import SpecError
+from scalelab.core.procs import TRAINER
+from scalelab.core.spec import Spec
+from scalelab.k8s.options import secret_env_ref
+
+MPI_GROUP, MPI_VERSION, MPI_PLURAL = "kubeflow.org", "v2beta1", "mpijobs"
+SPEC_MOUNT = "/etc/scalelab"  # where the ConfigMap with spec.json is mounted
+SSH_PORT = 2222  # sshd of the MPI workers listens here as the non-root user (scalelab/k8s/Dockerfile)
+MPI_HOME = "/home/mpiuser"  # the image's non-root user (uid 1000); the operator mounts its ssh keys here
+LABEL_RUN = "scalelab.io/run"
+LABEL_ROLE = "scalelab.io/role"
+
+
+# ---- names -----------------------------------------------------------------------------------------
+
+def k8s_name(run_name: str, max_len: int = 40) -> str:
+    """A DNS label for the run's objects, derived from the run directory's name.
+
+    40 characters at most: pod names add "-launcher", "-worker-N", "-N-xxxxx" or "-fetch" and must
+    stay within 63. Long names are cut and keep a short hash so two runs never share a name.
+    """
+    name = re.sub(r"[^a-z0-9-]+", "-", run_name.lower())
+    name = re.sub(r"-+", "-", name).strip("-")
+    if not name or not name[0].isalpha():
+        name = "run-" + name
+    if len(name) > max_len:
+        digest = hashlib.sha1(run_name.encode()).hexdigest()[:6]
+        name = name[: max_len - 7].rstrip("-") + "-" + digest
+    return name.strip("-")
+
+
+def pod_run_dir(name: str, options: Mapping[str, Any]) -> str:
+    """RUN_DIR as the pods see it: on the runs volume."""
+    return str(PurePosixPath(options["mount_path"]) / name)
+
+
+# ---- render (pure) ---------------------------------------------------------------------------------
+
+
+def render(spec: Spec, run_name: str, options: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The objects to create, in creation order (ConfigMap first, the workload last)."""
+    if not options["image"]:
+        raise SpecError("--image is required with --backend k8s: the trainer image built from scalelab/k8s/Dockerfile")
+    if spec.engine.name == "horovod":
+        return [config_map(spec, run_name, options), mpijob(spec, run_name, options)]
+    return [config_map(spec, run_name, options), headless_service(run_name, options), indexed_job(spec, run_name, options)]
+
+
+class _Dumper(yaml.SafeDumper):
+    """Multi-line strings (spec.json, shell scripts) as literal blocks: readable YAML and diffs."""
+
+
+_Dumper.add_representer(str, lambda d, s: d.represent_scalar("tag:yaml.org,2002:str", s, style="|" if "\n" in s else None))
+
+
+def to_yaml(docs: list[dict[str, Any]]) -> str:
+    """Multi-document YAML in the order given, keys in the order written (readable diffs)."""
+    return "".join("---\n" + yaml.dump(d, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=120) for d in docs)
+
+
+def metadata(name: str, options: Mapping[str, Any], role: str, run_name: str) -> dict[str, Any]:
+    return {"name": name, "namespace": options["namespace"],
+            "labels": {"app.kubernetes.io/name": "scalelab", LABEL_RUN: run_name, LABEL_ROLE: role}}
+
+
+def config_map(spec: Spec, run_name: str, options: Mapping[str, Any]) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata(f"{run_name}-spec", options, "spec", run_name),
+            "data": {"spec.json": spec.to_json() + "\n"}}
+
+
+def headless_service(run_name: str, options: Mapping[str, Any]) -> dict[str, Any]:
+    """Gives pod i of the indexed Job the DNS name `<run>-<i>.<run>`; ready or not (rendezvous comes first)."""
+    return {
+        "apiVersion": "v1", "kind": "Service", "metadata": metadata(run_name, options, "rendezvous", run_name),
+        "spec": {"clusterIP": "None", "publishNotReadyAddresses": True,
+                 "selector": {LABEL_RUN: run_name, LABEL_ROLE: "worker"},
+                 "ports": [{"name": "rendezvous", "port": options["master_port"], "targetPort": options["master_port"], "protocol": "TCP"}]},
+    }
+
+
+def indexed_job(spec: Spec, run_name: str, options: Mapping[str, Any]) -> dict[str, Any]:
+    """DDP, ps: `nodes` pods, one torchrun agent each with `ranks_per_node` ranks; pod 0 is the master."""
+    run_dir = pod_run_dir(run_name, options)
+    torchrun = [
+        "python", "-m", "torch.distributed.run", f"--nnodes={spec.nodes}", f"--nproc-per-node={spec.ranks_per_node}",
+        _Shell("--node-rank=$JOB_COMPLETION_INDEX"), _Shell("--master-addr=$MASTER_ADDR"), f"--master-port={options['master_port']}",
+        *TRAINER, run_dir,
+    ]
+    env = [{"name": "MASTER_ADDR", "value": f"{run_name}-0.{run_name}"}, *_common_env(spec, options)]
+    container = _container("trainer", options, _with_spec_copy(run_dir, torchrun), env,
+                           _node_resources(spec, options), gpus=spec.gpus_per_node)
+    pod = _pod_spec(run_name, options, [container], restart="Never")
+    pod["subdomain"] = run_name  # with the headless Service: stable DNS names per index
+    job_spec: dict[str, Any] = {
+        "completionMode": "Indexed", "completions": spec.nodes, "parallelism": spec.nodes,
+        "backoffLimit": options["backoff_limit"], "ttlSecondsAfterFinished": options["ttl_after_finished_min"] * 60,
+    }
+    if options["timeout_min"]:
+        job_spec["activeDeadlineSeconds"] = options["timeout_min"] * 60
+    job_spec["template"] = {"metadata": {"labels": metadata("", options, "worker", run_name)["labels"]}, "spec": pod}
+    return {"apiVersion": "batch/v1", "kind": "Job", "metadata": metadata(run_name, options, "job", run_name), "spec": job_spec}
+
+
+def mpijob(spec: Spec, run_name: str, options: Mapping[str, Any]) -> dict[str, Any]:
+    """Horovod: the operator writes the hostfile and ssh keys; the launcher runs mpirun over the workers."""
+    run_dir = pod_run_dir(run_name, options)
+    env = _common_env(spec, options)
+    mpirun = ["mpirun", "-np", str(spec.workers), "-bind-to", "none", "-map-by", "slot",
+              "-mca", "plm_rsh_args", f"-p {SSH_PORT}"]
+    for var in ["PATH", "LD_LIBRARY_PATH", *(e["name"] for e in env)]:
+        mpirun += ["-x", var]
+    mpirun += ["python", *TRAINER, run_dir]
+    launcher = _container("launcher", options, _with_spec_copy(run_dir, mpirun), env,
+                          _resources(options["launcher_cpus"], options["launcher_mem_gb"]), gpus=0)
+    worker = _container("worker", options, ["/usr/sbin/sshd", "-De", "-f", f"{MPI_HOME}/.sshd_config"], env,
+                        _node_resources(spec, options), gpus=spec.gpus_per_node)
+    labels = lambda role: {"metadata": {"labels": metadata("", options, role, run_name)["labels"]}}  # noqa: E731
+    run_policy: dict[str, Any] = {
+        "cleanPodPolicy": options["clean_pod_policy"], "ttlSecondsAfterFinished": options["ttl_after_finished_min"] * 60,
+        "backoffLimit": options["backoff_limit"],
+    }
+    if options["timeout_min"]:
+        run_policy["activeDeadlineSeconds"] = options["timeout_min"] * 60
+    return {
+        "apiVersion": f"{MPI_GROUP}/{MPI_VERSION}", "kind": "MPIJob", "metadata": metadata(run_name, options, "job", run_name),
+        "spec": {
+            "slotsPerWorker": spec.gpus_per_node,
+            "runLauncherAsWorker": False,
+            "launcherCreationPolicy": "WaitForWorkersReady",
+            "mpiImplementation": "OpenMPI",
+            "sshAuthMountPath": f"{MPI_HOME}/.ssh",
+            "runPolicy": run_policy,
+            "mpiReplicaSpecs": {
+                "Launcher": {"replicas": 1, "restartPolicy": "Never",
+                             "template": {**labels("launcher"), "spec": _pod_spec(run_name, options, [launcher], restart=None)}},
+                "Worker": {"replicas": spec.nodes, "restartPolicy": "Never",
+                           "template": {**labels("worker"), "spec": _pod_spec(run_name, options, [worker], restart=None)}},
+            },
+        },
+    }
+
+
+def fetch_pod(run_name: str, options: Mapping[str, Any]) -> dict[str, Any]:
+    """A short-lived pod that prints RUN_DIR/records (plus spec.json) as one base64 line of gzip'd tar.
+
+    Reading it back needs only the pod-log API (no exec, no port-forward, no bucket credentials).
+    Checkpoints stay on the volume.
+    """
+    run_dir = pod_run_dir(run_name, options)
+    script = f"cd {shlex.quote(run_dir)} && tar -czf - records | base64 -w0"
+    container = _container("fetch", options, ["sh", "-c", script], [], _resources(0.25, 0.25), gpus=0)
+    container["volumeMounts"] = [{"name": "runs", "mountPath": options["mount_path"], "readOnly": True}]
+    pod = _pod_spec(run_name, options, [container], restart="Never")
+    pod["volumes"] = [{"name": "runs", "persistentVolumeClaim": {"claimName": options["volume_claim"], "readOnly": True}}]
+    pod.pop("priorityClassName", None)
+    pod["activeDeadlineSeconds"] = 600
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata(f"{run_name}-fetch", options, "fetch", run_name), "spec": pod}
+
+
+# ---- pieces --------------------------------------------------------------------------------------
+
+
+class _Shell(str):
+    """An argument the shell expands (e.g. `$JOB_COMPLETION_INDEX`, set by the Job controller): not quoted."""
+
+
+def _with_spec_copy(run_dir: str, command: list[str]) -> list[str]:
+    """Copy spec.json from the ConfigMap to RUN_DIR (atomically: several pods may do it), then exec."""
+    q = shlex.quote(run_dir)
+    prep = f"mkdir -p {q}/records && cp {SPEC_MOUNT}/spec.json {q}/.spec.json.$HOSTNAME && mv {q}/.spec.json.$HOSTNAME {q}/spec.json"
+    line = " ".join(a if isinstance(a, _Shell) else shlex.quote(a) for a in command)
+    return ["sh", "-c", f"{prep} && exec {line}"]
+
+
+def _common_env(spec: Spec, options: Mapping[str, Any]) -> list[dict[str, Any]]:
+    threads = spec.threads or max(1, int(options["cpus_per_node"]) // spec.ranks_per_node)
+    env = [{"name": "OMP_NUM_THREADS", "value": str(threads)}, {"name": "PYTHONUNBUFFERED", "value": "1"}]
+    if spec.engine.name == "horovod":
+        env += [{"name": "HOROVOD_FUSION_THRESHOLD", "value": str(int(spec.engine.fusion_threshold_mb * 1024 * 1024))},
+                {"name": "HOROVOD_CYCLE_TIME", "value": str(spec.engine.cycle_time_ms)}]
+    for name, secret, key in map(secret_env_ref, options["secret_env"]):
+        env.append({"name": name, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}})
+    return env
+
+
+def _resources(cpus: float, mem_gb: float, gpus: int = 0) -> dict[str, Any]:
+    amounts = {"cpu": _quantity(cpus), "memory": f"{_quantity(mem_gb * 1024)}Mi"}
+    limits = {**amounts, **({"nvidia.com/gpu": str(gpus)} if gpus else {})}
+    return {"requests": dict(limits), "limits": limits}
+
+
+def _node_resources(spec: Spec, options: Mapping[str, Any]) -> dict[str, Any]:
+    return _resources(options["cpus_per_node"], options["mem_gb_per_node"])
+
+
+def _quantity(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else f"{int(round(x * 1000))}m" if x < 1000 else str(int(round(x)))
+
+
+def _container(name: str, options: Mapping[str, Any], command: list[str], env: list[dict[str, Any]],
+               resources: dict[str, Any], gpus: int) -> dict[str, Any]:
+    if gpus:
+        resources = {k: {**v, "nvidia.com/gpu": str(gpus)} for k, v in resources.items()}
+    return {
+        "name": name, "image": options["image"], "imagePullPolicy": options["image_pull_policy"],
+        "command": command, "env": env, "resources": resources,
+        "securityContext": {"allowPrivilegeEscalation": False, "privileged": False, "runAsNonRoot": True,
+                            "capabilities": {"drop": ["ALL"]}},
+        "volumeMounts": [{"name": "runs", "mountPath": options["mount_path"]},
+                         {"name": "spec", "mountPath": SPEC_MOUNT, "readOnly": True},
+                         {"name": "dshm", "mountPath": "/dev/shm"}],
+    }
+
+
+def _pod_spec(run_name: str, options: Mapping[str, Any], containers: list[dict[str, Any]], restart: str | None) -> dict[str, Any]:
+    uid = options["run_as_user"]
+    pod: dict[str, Any] = {}
+    if restart:
+        pod["restartPolicy"] = restart
+    if options["service_account"]:
+        pod["serviceAccountName"] = options["service_account"]
+    pod["automountServiceAccountToken"] = False  # the trainer never talks to the API server
+    pod["securityContext"] = {"runAsNonRoot": True, "runAsUser": uid, "runAsGroup": uid, "fsGroup": uid,
+                              "seccompProfile": {"type": "RuntimeDefault"}}
+    if options["node_selector"]:
+        pod["nodeSelector"] = dict(options["node_selector"])
+    if options["tolerations"]:
+        pod["tolerations"] = [dict(t) for t in options["tolerations"]]
+    if options["priority_class"]:
+        pod["priorityClassName"] = options["priority_class"]
+    if options["image_pull_secrets"]:
+        pod["imagePullSecrets"] = [{"name": s} for s in options["image_pull_secrets"]]
+    pod["terminationGracePeriodSeconds"] = 120  # SIGTERM -> ranks agree, rank 0 checkpoints, exit 143
+    pod["containers"] = containers
+    pod["volumes"] = [
+        {"name": "runs", "persistentVolumeClaim": {"claimName": options["volume_claim"]}},
+        {"name": "spec", "configMap": {"name": f"{run_name}-spec", "items": [{"key": "spec.json", "path": "spec.json"}]}},
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{_quantity(options['shm_gb'])}Gi"}},
+    ]
+    return pod

@@ -1,0 +1,127 @@
+"""The k8s backend's options, declared once: defaults, help, flags and checks (no heavy imports).
+
+The CLI reads this module at start to make the `[k8s]` flags; `KubernetesBackend.options` is an
+instance, which scalelab/k8s/manifests.py renders from. Forms a user types (`LABEL=VALUE`,
+`KEY[=VALUE][:EFFECT]`) are parsed here into what the manifests hold, so a bad one fails before
+anything is rendered. Secrets are referenced by name (`ENV=SECRET:KEY`), never copied.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from scalelab.core.options import BackendOptions, above, at_least, at_most, one_of, option
+
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+
+
+def dns_label(value: str) -> str | None:
+    return None if _DNS_LABEL.fullmatch(value) else "must be a DNS label (lower-case letters, digits, '-')"
+
+
+def _absolute(path: str) -> str | None:
+    return None if path.startswith("/") else "must be an absolute path"
+
+
+def _non_root(uid: int) -> str | None:
+    return "must not be 0: pods run as a non-root user" if uid == 0 else at_least(1)(uid)
+
+
+def _items(value: Any) -> list[Any]:
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def _label_pairs(value: Any) -> Any:
+    """`["LABEL=VALUE", ...]` (or one such string) as a mapping; a mapping as it is, values as text."""
+    if isinstance(value, dict):
+        return {str(k): str(v) for k, v in value.items()}
+    out = {}
+    for item in _items(value):
+        key, sep, val = str(item).partition("=")
+        if not sep or not key:
+            raise ValueError(f"takes LABEL=VALUE, got {item!r}")
+        out[key] = val
+    return out
+
+
+def _tolerations(value: Any) -> list[Any]:
+    return [_toleration(item) for item in _items(value)]
+
+
+def _toleration(item: Any) -> Any:
+    """'key=value:Effect' (Equal), 'key:Effect' or 'key' (Exists), or a toleration mapping as it is."""
+    if isinstance(item, dict):
+        return {str(k): v for k, v in item.items()}
+    text = str(item)
+    rest, _, effect = text.rpartition(":") if ":" in text else (text, "", "")
+    if effect and effect not in _EFFECTS:
+        raise ValueError(f"toleration {text!r}: effect must be one of {', '.join(_EFFECTS)}")
+    key, sep, val = rest.partition("=")
+    if not key:
+        raise ValueError(f"toleration {text!r} needs a key: KEY[=VALUE][:EFFECT], e.g. nvidia.com/gpu:NoSchedule")
+    out = {"key": key, "operator": "Equal" if sep else "Exists"}
+    if sep:
+        out["value"] = val
+    if effect:
+        out["effect"] = effect
+    return out
+
+
+def secret_env_ref(item: str) -> tuple[str, str, str]:
+    """`ENV_NAME=SECRET_NAME:KEY` as (env name, secret name, key); ValueError if it is not that form."""
+    name, sep, ref = item.partition("=")
+    secret, colon, key = ref.partition(":")
+    if not (sep and colon and name and secret and key):
+        raise ValueError(f"secret env {item!r} must be ENV_NAME=SECRET_NAME:KEY (a reference to a Kubernetes Secret)")
+    return name, secret, key
+
+
+def _secret_env(value: Any) -> Any:
+    items = [str(item) for item in _items(value)]
+    for item in items:
+        secret_env_ref(item)
+    return items
+
+
+@dataclass(frozen=True)
+class KubernetesOptions(BackendOptions):
+    """Where and how the pods run; sizes per node (pod), the unit in each name."""
+
+    backend = "k8s"
+
+    image: str = option("", "Trainer image (built from scalelab/k8s/Dockerfile); required.", flag="--image")
+    image_pull_policy: str = option("IfNotPresent", "When the kubelet pulls the image.",
+                                    one_of("Always", "IfNotPresent", "Never"))
+    namespace: str = option("default", "Namespace to run in.", dns_label, flag="--namespace")
+    context: str = option("", "kubeconfig context [default: the current one].", flag="--kube-context")
+    kubeconfig: str = option("", "kubeconfig file [default: $KUBECONFIG or ~/.kube/config].", flag="--kubeconfig")
+    service_account: str = option("", "Service account of the pods.", flag="--service-account")
+    node_selector: dict[str, str] = option({}, "Node selector (repeatable).", flag="--node-selector",
+                                           metavar="LABEL=VALUE", parse=_label_pairs)
+    tolerations: list[dict[str, Any]] = option([], "Toleration (repeatable), e.g. nvidia.com/gpu:NoSchedule.",
+                                               flag="--toleration", metavar="KEY[=VALUE][:EFFECT]", parse=_tolerations)
+    priority_class: str = option("", "PriorityClass of the pods.", flag="--priority-class")
+    image_pull_secrets: list[str] = option([], "Secret for a private registry (repeatable).",
+                                           flag="--image-pull-secret", metavar="SECRET")
+    secret_env: list[str] = option([], "Env var from a Kubernetes Secret key (repeatable); never a literal.",
+                                   flag="--secret-env", metavar="ENV=SECRET:KEY", parse=_secret_env)
+    volume_claim: str = option("scalelab-runs", "ReadWriteMany PVC for records and checkpoints.", dns_label,
+                               flag="--volume-claim")
+    mount_path: str = option("/scalelab/runs", "Where the claim is mounted; RUN_DIR = mount_path/<run name>.",
+                             _absolute)
+    cpus_per_node: float = option(8.0, "CPUs of each worker pod.", above(0))
+    mem_gb_per_node: float = option(32.0, "Memory of each worker pod in GB.", above(0))
+    shm_gb: float = option(8.0, "/dev/shm (memory-backed) for NCCL and data loading, in GB.", above(0))
+    launcher_cpus: float = option(1.0, "CPUs of the MPIJob launcher pod.", above(0))
+    launcher_mem_gb: float = option(2.0, "Memory of the MPIJob launcher pod in GB.", above(0))
+    timeout_min: int = option(0, "activeDeadlineSeconds in minutes; 0 = no limit.", at_least(0))
+    ttl_after_finished_min: int = option(1440, "Finished objects are garbage-collected after this.", at_least(0))
+    backoff_limit: int = option(0, "Retries of failed pods; the trainer resumes from its checkpoint.", at_least(0))
+    clean_pod_policy: str = option("Running", "MPIJob: which pods to delete when it finishes.",
+                                   one_of("Running", "All", "None"))
+    master_port: int = option(29500, "DDP rendezvous port of pod 0.", at_least(1), at_most(65535))
+    run_as_user: int = option(1000, "User id of the pods (the image's non-root user).", _non_root)
+    poll_s: float = option(10.0, "Seconds between status polls while following a run.", above(0))

@@ -1,0 +1,322 @@
+"""The backend interface: every backend does the same four things.
+
+1. render a request from the spec as a pure function (`submit_dryrun`) - an object whose `render()`
+   is exactly what will be sent (command lines + environment, an sbatch script, manifests, EC2
+   requests), so `--dry-run` prints it and touches nothing;
+2. send it (`schedule`); `submit()` is `schedule(submit_dryrun(...))` as in TorchX, so what was
+   printed is what runs;
+3. report `status` and `logs`;
+4. `cancel`: stop the run and free everything it holds (the caller records it as CANCELLED).
+
+The run's lifecycle is not the backend's: one follow loop (scalelab/launcher/runner.py) drives every backend
+through two optional hooks, `poll` (one tick of the backend's own work while the run is live) and
+`finish` (its work once the run has ended), records the run's state in launch.json, and owns the
+one interruption path (Ctrl-C, SIGTERM, SIGHUP). A backend therefore has no loop of its own; it
+declares what the loop and the sweep need to know: `poll_interval_s` and `queues`.
+A listing (`launch status SWEEP`, `launch ls`) tells a backend every run it will ask about first
+(`watch`), so a scheduler that answers for many jobs at once (Slurm's sacct) is asked once.
+
+Backend options follow submitit and TorchX's runopts: each backend names its options type (`Options`,
+a `core.options.BackendOptions` dataclass in a module with no heavy imports), whose fields are the
+valid options with their defaults, help, flags and checks; `self.options` is an instance, so a bad
+key or value fails at configuration time with the valid ones listed. Backends are looked up by name
+and imported lazily so that, say, the local backend never imports boto3.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from scalelab.core.errors import EngineError, SpecError
+from scalelab.core.options import BackendOptions, Flag
+from scalelab.core.records import read_records
+from scalelab.core.rundir import (
+    ACTIVE,
+    CANCELLED,
+    COMPLETED,
+    FAILED,
+    TERMINAL,
+    RunPaths,
+    read_state,
+)
+from scalelab.core.spec import BACKEND_NAMES, Spec
+
+
+@dataclass(frozen=True)
+class Registered:
+    """Where a backend lives, as "module:Class" references imported only when needed."""
+
+    backend: str  # the Backend subclass: imported only when the backend is used
+    options: str  # its options type: a module with no heavy imports, read by the CLI at start
+
+
+# The one registry: each backend's implementation and its options (flags, `--backend-opt` keys, checks).
+BACKENDS: dict[str, Registered] = {
+    "local": Registered("scalelab.launcher.local:LocalBackend", "scalelab.launcher.options:LocalOptions"),
+    "slurm": Registered("scalelab.slurm.backend:SlurmBackend", "scalelab.slurm.options:SlurmOptions"),
+    "k8s": Registered("scalelab.k8s.backend:KubernetesBackend", "scalelab.k8s.options:KubernetesOptions"),
+    "aws": Registered("scalelab.aws.backend:AwsBackend", "scalelab.aws.options:AwsOptions"),
+}
+assert tuple(BACKENDS) == BACKEND_NAMES
+
+
+def import_optional(module_name: str):
+    """Import a module of an optional part (a backend, a command); None when that part is absent.
+
+    Only the module itself being missing means "absent": a missing dependency *inside* it is a real
+    error and propagates.
+    """
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name not in (module_name, module_name.split(".")[0]):
+            raise
+        return None
+
+
+def _load(ref: str) -> Any:
+    """"module:attribute" when that module is part of this installation, else None."""
+    module_name, attr = ref.split(":")
+    module = import_optional(module_name)
+    return getattr(module, attr) if module is not None else None
+
+
+def options_type(name: str) -> type[BackendOptions] | None:
+    """The options type of backend `name`; None for an unknown name or a backend not installed."""
+    return _load(BACKENDS[name].options) if name in BACKENDS else None
+
+
+def backend_flags() -> dict[str, list[Flag]]:
+    """{backend: its command-line flags} for every installed backend that has some."""
+    types = {name: options_type(name) for name in BACKENDS}
+    return {name: t.flags() for name, t in types.items() if t is not None and t.flags()}
+
+
+@dataclass
+class Request(ABC):
+    """What a backend will send, printable before anything is sent."""
+
+    run_dir: Path
+
+    @abstractmethod
+    def render(self) -> str:
+        """Exactly what will be sent, as text (shell lines, a script, YAML or JSON)."""
+
+
+@dataclass
+class RunStatus:
+    state: str  # one of core.rundir's states: PENDING | RUNNING | COMPLETED | FAILED | CANCELLED | UNKNOWN
+    detail: str = ""
+
+
+class Backend(ABC):
+    """One place where runs go: render, schedule, status, logs, cancel (+ the poll and finish hooks)."""
+
+    # The sweep submits every layout before following the first when the backend has a queue (Slurm):
+    # the cluster then starts each layout as soon as it can, instead of one job at a time.
+    queues: bool = False
+    # Seconds between polls once the follow loop has backed off (it polls more often at first), unless
+    # the backend has a `poll_s` option: a cluster's controller or a cloud API is asked less often.
+    default_poll_s: float = 1.0
+    # The ranks import Horovod from this machine's Python (local; Slurm through a shared filesystem),
+    # so a Horovod run is checked here before anything starts; other backends bring their own image.
+    horovod_here: bool = False
+    # Whether a run may go on with no launcher following it (`--detach`): the backend's ranks then
+    # run without watching the launcher, and `launch status` records how the run ended. A backend
+    # whose `finish` must run (records copied back, resources freed) is not detachable.
+    detachable: bool = False
+
+    name: str = ""
+    Options: type[BackendOptions] = BackendOptions  # each backend names its own (see BACKEND_OPTIONS)
+
+    def __init__(self, options: Mapping[str, Any] | None = None) -> None:
+        self.options = self.resolve_options(options)
+        self.detached = False  # set for `--detach`: the request starts the ranks without a supervising launcher
+
+    @classmethod
+    def resolve_options(cls, options: Mapping[str, Any] | None) -> BackendOptions:
+        """The typed options: defaults for what is not given; SpecError for an unknown key or a bad value."""
+        if isinstance(options, cls.Options):
+            return options
+        return cls.Options.parse(options or {}, where="in backend_options")
+
+    def validate(self, spec: Spec) -> None:
+        """Every check that needs no remote call, before a run directory exists (Horovod built, layout possible)."""
+        if self.horovod_here and spec.engine.name == "horovod":
+            check_horovod()
+        self.check(spec)
+
+    def check(self, spec: Spec) -> None:
+        """The backend's own checks for `validate`."""
+
+    def for_spec(self, spec: Spec) -> Backend:
+        """This backend with `spec`'s own options: the runs of a probe differ in instance type or GPU
+        type, and each must be sent with its own. The same object when they are this one's; else a
+        copy sharing its clients and watchers (`_forget` drops what belonged to one request)."""
+        options = self.resolve_options(spec.backend_options)
+        if options == self.options:
+            return self
+        other = copy.copy(self)
+        other.options = options
+        other._forget()
+        return other
+
+    def _forget(self) -> None:
+        """Drop per-request state a copy must not share (`for_spec`)."""
+
+    @property
+    def poll_interval_s(self) -> float:
+        return float(self.options.get("poll_s", self.default_poll_s))
+
+    @abstractmethod
+    def submit_dryrun(self, spec: Spec, run_dir: Path) -> Request:
+        """Pure: build the request for `spec` writing into `run_dir`; sends nothing."""
+
+    def submit_dryrun_batch(self, spec: Spec, run_dirs: list[Path]) -> list[Request]:
+        """Pure: the requests for repeated runs of one spec (`launch sweep --repeats N`), one per run; a
+        backend that sends them as one (a Slurm job array) returns one request for them all."""
+        return [self.submit_dryrun(spec, run_dir) for run_dir in run_dirs]
+
+    @abstractmethod
+    def schedule(self, request: Request) -> str:
+        """Send the request; return a handle (job id, process group id) saved in launch.json.
+
+        It starts launch.json afresh (`core.rundir.start_state`), and on failure removes whatever it
+        had started before raising.
+        """
+
+    def submit(self, spec: Spec, run_dir: Path) -> str:
+        return self.schedule(self.submit_dryrun(spec, run_dir))
+
+    @abstractmethod
+    def status(self, run_dir: Path) -> RunStatus:
+        """The run's state as the backend sees it now (any process may ask, not only the one following)."""
+
+    def poll(self, run_dir: Path) -> RunStatus:
+        """One tick of the follow loop: the backend's own work while the run is live, then its status."""
+        return self.status(run_dir)
+
+    def watch(self, run_dir: Path) -> None:
+        """The run's status will be asked soon, with other runs' (`launch status SWEEP`, `launch ls`): a
+        backend that asks its scheduler about many runs in one query (Slurm's sacct) adds it to that query
+        now, so that the first status asked fetches every run's. Nothing to do by default."""
+
+    def finish(self, run_dir: Path, status: RunStatus) -> RunStatus:
+        """Work once the run has ended by itself (records back, resources freed); the final status."""
+        return status
+
+    @abstractmethod
+    def logs(self, run_dir: Path) -> str: ...
+
+    def busy(self, run_dir: Path) -> str | None:
+        """What of the run still runs, in words (None: nothing), asked before a resume starts new ranks.
+
+        A run recorded as ended is taken at its word unless the backend can look (local processes).
+        """
+        if read_state(run_dir).get("state") in TERMINAL:
+            return None
+        status = self.status(run_dir)
+        return status.detail or status.state if status.state in ACTIVE else None
+
+    @abstractmethod
+    def cancel(self, run_dir: Path) -> str | None:
+        """Stop the run (its ranks checkpoint) and free everything it holds; nothing may be left running.
+
+        Returns what it checked, in one line ("stopped 3 processes; none left"), where it can tell.
+        """
+
+
+def log_text(paths: list[Path]) -> str:
+    """Log files as one text, each under a `==> PATH <==` header as `tail` prints several files."""
+    return "\n".join(f"==> {p} <==\n" + (p.read_text(errors="replace") if p.exists() else "(no output yet)\n")
+                     for p in paths)
+
+
+@dataclass
+class RankEnd:
+    """What one rank recorded in one launch: its last step, its end (None: it recorded none), its errors
+    and its `interrupted` events."""
+
+    rank: int
+    world: int
+    last_step: int | None
+    end: dict[str, Any] | None
+    errors: list[str]
+    stops: list[dict[str, Any]]
+
+
+def rank_ends(run_dir: Path, since: float | None) -> list[RankEnd]:
+    """Each rank's records since `since` (the launch's start), read tolerantly; ranks that wrote none
+    are absent (compare with `world`)."""
+    out = []
+    for path in sorted(RunPaths(Path(run_dir)).records.glob("rank-*.jsonl")):
+        recs = [r for r in read_records(path, [], tolerant=True) if since is None or float(r.get("time", 0)) >= since]
+        if recs:
+            steps = [r["step"] for r in recs if r["kind"] == "step"]
+            out.append(RankEnd(int(recs[0].get("rank", 0)), int(recs[0].get("world", 1)), steps[-1] if steps else None,
+                               next((r for r in reversed(recs) if r.get("event") == "end"), None),
+                               [str(r.get("message", "")) for r in recs if r["kind"] == "error"],
+                               [r for r in recs if r.get("event") == "interrupted"]))
+    return out
+
+
+def ended_by_records(run_dir: Path, since: float | None) -> RunStatus | None:
+    """How a run ended according to its ranks' records since `since` (its launch), once no process of it
+    is left to ask: for a run that no launcher followed to its end (detached, or its launcher killed).
+
+    None when the records say nothing (no rank started).
+    """
+    ranks = rank_ends(run_dir, since)
+    if not ranks:
+        return None
+    errors = [e for r in ranks for e in r.errors]
+    if errors:
+        return RunStatus(FAILED, "; ".join(dict.fromkeys(errors)))
+    silent = silent_ranks(run_dir, ranks)
+    if silent:
+        return RunStatus(FAILED, silent)
+    step = ranks[0].end.get("step")
+    if any(r.end.get("reason") == "interrupted" for r in ranks):
+        stops = [s for r in ranks for s in r.stops]
+        why = next((s["cause"] for s in stops if s.get("cause")), None) or next(
+            (f"signal {s['signal']}" for s in stops if s.get("signal")), "a signal")
+        return RunStatus(CANCELLED, f"the ranks stopped at step {step} with a checkpoint ({why}); "
+                                    f"`launch resume {run_dir}` continues it")
+    return RunStatus(COMPLETED, f"every rank recorded its end at step {step}")
+
+
+def silent_ranks(run_dir: Path, ranks: list[RankEnd]) -> str | None:
+    """One line on the ranks that ended without an error or an end record (killed, or gone before they
+    started); None when every rank recorded its end."""
+    world = max((r.world for r in ranks), default=0)
+    started = {r.rank: r for r in ranks}
+    said = [f"rank {n} " + (f"after step {started[n].last_step}" if n in started and started[n].last_step
+                            else "before its first step")
+            for n in range(world) if n not in started or started[n].end is None]
+    return None if not said else (f"{', '.join(said)} stopped with no error and no end record (killed by a signal, or out of memory?); "
+            f"its log: `launch logs {run_dir}`; `launch resume {run_dir}` continues from the last checkpoint")
+
+
+def check_horovod() -> None:
+    """Horovod with PyTorch and Gloo importable here, else one EngineError that says how to build it."""
+    from scalelab.train.engines import horovod_status
+
+    problem = horovod_status()
+    if problem:
+        raise EngineError(problem)
+
+
+def get_backend(name: str, options: dict[str, Any] | None = None) -> Backend:
+    if name not in BACKENDS:
+        raise SpecError(f"unknown backend {name!r}; valid backends: {', '.join(BACKENDS)}")
+    module_name, cls_name = BACKENDS[name].backend.split(":")
+    module = import_optional(module_name)
+    if module is None:
+        raise SpecError(f"the {name} backend is not part of this installation; use --backend local")
+    return getattr(module, cls_name)(options)

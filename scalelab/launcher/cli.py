@@ -1,0 +1,744 @@
+"""`launch`: run, sweep and report data-parallel LSTM experiments.
+
+    launch --backend local --nodes 1 --gpus-per-node 2 --model nmt-tiny      (= launch run ...)
+    launch sweep --workers 1,2 --mode strong --model nmt-tiny
+    launch report runs/sweep-...
+
+A spec comes from `--spec FILE.yaml` (optional), overridden by flags, validated before anything runs,
+and saved as RUN_DIR/spec.json. Errors the user can fix print one line and exit 2; Ctrl-C (or SIGTERM,
+SIGHUP) stops every process of the run, records it as CANCELLED and exits 128 + the signal (130).
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import json
+import shlex
+import shutil
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.markup import escape
+
+from scalelab.core.errors import ScalelabError, SpecError
+from scalelab.core.options import Flag, coerce_path, with_default
+from scalelab.core.presets import model_overrides
+from scalelab.core.rundir import ACTIVE, DEFAULT_RUNS_ROOT, discard_unlaunched, is_sweep, new_run_dir
+from scalelab.core.spec import (
+    BACKEND_NAMES,
+    BALANCE_MODES,
+    BATCH_MODES,
+    COMPRESSIONS,
+    DATA_KINDS,
+    DEVICES,
+    ENGINES,
+    OPTIMIZERS,
+    PRECISIONS,
+    PS_PLACEMENTS,
+    PS_STATES,
+    RNN_KINDS,
+    SCALING_AXES,
+    Spec,
+    load_spec,
+    read_spec,
+)
+from scalelab.core.writes import WriteError, is_write_failure, write_failure, writing
+from scalelab.launcher import __version__
+from scalelab.launcher.backend import backend_flags, get_backend, import_optional, options_type
+from scalelab.launcher.pricing import guard, price_options, show_quote
+from scalelab.launcher.runner import INTERRUPTED, detaching, err_console, execute, start_detached
+
+# Off a terminal (CI logs, pipes) rich would wrap tables at 80 columns; give them room instead.
+console = Console(width=None if sys.stdout.isatty() else 160)
+
+
+# ---- the default-command group: `launch --flags` means `launch run --flags` --------------------
+
+
+# Commands that live with the code they drive, imported only when used: name -> "module:attribute".
+LAZY_COMMANDS: dict[str, str] = {
+    "cost": "scalelab.costs.cli:cost_cmd",
+    "plan": "scalelab.costs.cli:plan_cmd",
+    "bench": "scalelab.launcher.bench:bench_cmd",
+    "study": "scalelab.launcher.study:study_cmd",
+    "probe": "scalelab.launcher.probe:probe_cmd",
+    "aws": "scalelab.aws.cli:aws_group",
+    "prep": "scalelab.prep.cli:prep_cmd",
+}
+# Run directories of other kinds than training runs, told by a file they hold: file -> "module:function",
+# the function taking (paths, out, fmt) as `report_dirs` does.
+LAZY_REPORTS: dict[str, str] = {"prep.json": "scalelab.prep.report:report_dirs"}
+# Sweep directories of a kind told by a file they hold: file -> "module:function" taking the directory,
+# called after `launch resume` has continued its runs.
+LAZY_RESUMED: dict[str, str] = {"probe.json": "scalelab.launcher.probe:show_probe"}
+
+
+class DefaultGroup(click.Group):
+    """A group whose first argument, when it is not a command name, goes to `run`; some commands load lazily."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        names = set(self.commands) | set(LAZY_COMMANDS)
+        if args and args[0] not in names and args[0] not in ("--help", "-h", "--version"):
+            if not args[0].startswith("-"):  # `run` takes no arguments: a first word is a mistyped command
+                close = difflib.get_close_matches(args[0], sorted(names), n=1, cutoff=0.6)
+                hint = f"did you mean `launch {close[0]}`?" if close else f"commands: {', '.join(sorted(names))}"
+                raise click.UsageError(f"no command {args[0]!r}; {hint}")
+            args = ["run", *args]
+        return super().parse_args(ctx, args)
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(set(self.commands) | {n for n in LAZY_COMMANDS if self.get_command(ctx, n) is not None})
+
+    def get_command(self, ctx: click.Context, name: str):
+        if name in self.commands or name not in LAZY_COMMANDS:
+            return self.commands.get(name)
+        module_name, attr = LAZY_COMMANDS[name].split(":")
+        module = import_optional(module_name)
+        return getattr(module, attr) if module is not None else None
+
+
+@click.group(cls=DefaultGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="launch")
+def main() -> None:
+    """Train LSTM models data-parallel on a chosen layout and measure how they scale.
+
+    \b
+    Start here:
+      launch --model nmt-tiny --engine horovod --gpus-per-node 2     one run, local processes
+      launch sweep --model nmt-tiny --workers 1,2                    a strong-scaling sweep
+      launch report runs/sweep-*                                     speedup / efficiency table
+
+    `launch` with options and no command is `launch run`. See `launch run --help` for every option.
+    """
+
+
+class GroupedCommand(click.Command):
+    """`--help` with the common options first and each backend's options in a section of its own: about
+    40 backend flags listed before --model hid the options every run needs."""
+
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        sections: dict[str, list[tuple[str, str]]] = {"Options": []}
+        for param in self.get_params(ctx):
+            record = param.get_help_record(ctx)
+            if record is None:
+                continue
+            name = param.name or ""
+            title = f"{name.split('__')[1]} backend options" if name.startswith("bopt__") else "Options"
+            sections.setdefault(title, []).append(record)
+        for title, rows in sections.items():
+            with formatter.section(title):
+                formatter.write_dl(rows)
+
+
+# ---- options shared by run and sweep -------------------------------------------------------------
+
+
+class DataFlag(click.ParamType):
+    """`--data KIND`, or `--data shards:DIR`: the spelling of `launch prep`'s issue, the same as
+    `--data shards --shards DIR` (split by `_data_flag`). Refused here, with the kinds listed:
+    another kind with a colon, or `shards:` with no directory."""
+
+    name = "kind"
+
+    def get_metavar(self, param: click.Parameter, ctx: click.Context | None = None) -> str:
+        return "[" + "|".join(DATA_KINDS) + "|shards:DIR]"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        kind, colon, directory = str(value).partition(":")
+        if kind in DATA_KINDS and (not colon or (kind == "shards" and directory.strip())):
+            return str(value)
+        if kind == "shards":
+            self.fail("--data shards:DIR needs the directory launch prep wrote after the colon "
+                      "(or give --data shards --shards DIR)", param, ctx)
+        self.fail(f"{value!r} is not one of {', '.join(DATA_KINDS)}, or shards:DIR", param, ctx)
+
+
+def _data_flag(params: dict[str, Any]) -> dict[str, Any]:
+    """`--data shards:DIR` as `--data shards --shards DIR`; naming two different directories is an error."""
+    kind, colon, directory = (params.get("data__kind") or "").partition(":")
+    if not colon:
+        return params
+    if params.get("data__shards") not in (None, directory):
+        raise SpecError(f"--data shards:{directory} and --shards {params['data__shards']} name two shards "
+                        "directories: give one of them")
+    return {**params, "data__kind": kind, "data__shards": directory}
+
+# The one place a spec flag is declared: (flag, spec key, click kwargs). Choices are the constants of
+# scalelab/core/spec.py; "[default: X]" is added from the Spec's own defaults where the help does not say it.
+_SPEC_OPTIONS: list[tuple[str, str, dict[str, Any]]] = [
+    ("--backend", "backend", dict(type=click.Choice(BACKEND_NAMES), help="Where ranks run.")),
+    ("--model", "model", dict(help="Model preset: nmt-tiny, nmt-small, nmt-seed, rnnlm-*, sentiment-*.")),
+    ("--rnn", "rnn", dict(type=click.Choice(RNN_KINDS), help="fused = nn.LSTM (cuDNN on GPU); stepwise = LSTMCell loop (TF dynamic_rnn).")),
+    ("--precision", "precision", dict(type=click.Choice(PRECISIONS), help="Number format of forward and backward: bf16 / fp16 = autocast with fp32 master weights and loss (fp16: GPU only, with a gradient scaler).")),
+    ("--engine", "engine.name", dict(type=click.Choice(ENGINES), help="Gradient exchange: horovod, ddp (torch.distributed) or single.")),
+    ("--nodes", "nodes", dict(type=int, help="Nodes in the layout.")),
+    ("--gpus-per-node", "gpus_per_node", dict(type=int, help="Ranks per node (one per GPU; a process each on CPU).")),
+    ("--global-batch", "global_batch", dict(type=int, help="Strong scaling: this global batch is split across workers [default: the preset's].")),
+    ("--batch-per-worker", "batch_per_worker", dict(type=int, help="Weak scaling: every worker takes this batch; the global batch grows.")),
+    ("--steps", "steps", dict(type=int, help="Optimizer steps to run.")),
+    ("--epochs", "epochs", dict(type=int, help="Epochs to run (with --steps: whichever ends first).")),
+    ("--warmup-steps", "warmup_steps", dict(type=int, help="Steps excluded from timings after each (re)start.")),
+    ("--lr", "lr", dict(type=float, help="Learning rate for the reference batch.")),
+    ("--lr-warmup-steps", "lr_warmup_steps", dict(type=int, help="Steps of linear LR warm-up to the scaled LR.")),
+    ("--optimizer", "optimizer", dict(type=click.Choice(OPTIMIZERS), help="")),
+    ("--data", "data.kind", dict(type=DataFlag(), help="synthetic (throughput), task (learnable, for convergence), text (files) or shards (--shards DIR from launch prep; --data shards:DIR says both).")),
+    ("--shards", "data.shards", dict(type=str, help="Shards data: the directory `launch prep` wrote (local path or s3://).")),
+    ("--train-src", "data.train_src", dict(type=str, help="Text data: source file (NMT), text file (LM) or LABEL<TAB>text file.")),
+    ("--train-tgt", "data.train_tgt", dict(type=str, help="Text data: target file for translation.")),
+    ("--valid-src", "data.valid_src", dict(type=str, help="Text data: validation source file (default: held out from training).")),
+    ("--valid-tgt", "data.valid_tgt", dict(type=str, help="Text data: validation target file.")),
+    ("--fixed-length/--variable-length", "data.fixed_length", dict(default=None, help="Task data: all samples full length (equal words per rank) [default: variable].")),
+    ("--train-samples", "data.train_samples", dict(type=int, help="Task data: training samples generated.")),
+    ("--prefetch", "data.prefetch", dict(type=int, help="Batches prepared ahead by a background thread; 0 = none.")),
+    ("--val-every", "val_every", dict(type=int, help="Validate every N steps; 0 = never.")),
+    ("--val-batches", "val_batches", dict(type=int, help="Validation batches per rank at each validation.")),
+    ("--loss-threshold", "loss_threshold", dict(type=float, help="Stop at the first validation loss <= this; records time-to-threshold.")),
+    ("--checkpoint-every", "checkpoint_every", dict(type=int, help="Checkpoint every N steps (rank 0 writes) [default: 0 = only on signals].")),
+    ("--threads", "threads", dict(type=int, help="Intra-op threads per rank [default: cores / ranks per node].")),
+    ("--interop-threads", "interop_threads", dict(type=int, help="Inter-op threads per rank [default: PyTorch's].")),
+    ("--independent-replicas/--exchange", "independent_replicas", dict(default=None, help="Every worker trains its own copy with no gradient exchange: the ideal curve that isolates communication cost.")),
+    ("--balance", "balance", dict(type=click.Choice(BALANCE_MODES), help="dynamic: shares of the global batch follow each worker's measured speed (mixed hardware).")),
+    ("--balance-every", "balance_every", dict(type=int, help="Steps between rebalancing with --balance dynamic.")),
+    ("--emulate-slowdown", "emulate_slowdown", dict(type=str, metavar="F0,F1,...", help="Testing aid: make worker i F_i times slower (mixed hardware on one machine).")),
+    ("--device", "device", dict(type=click.Choice(DEVICES), help="[default: auto = GPU when present]")),
+    ("--seed", "seed", dict(type=int, help="Seed for model init, data order and synthetic data.")),
+    ("--fusion-threshold-mb", "engine.fusion_threshold_mb", dict(type=float, help="Horovod tensor fusion buffer; 0 = no fusion.")),
+    ("--cycle-time-ms", "engine.cycle_time_ms", dict(type=float, help="Horovod fusion cycle time.")),
+    ("--grad-compression", "engine.compression", dict(type=click.Choice(COMPRESSIONS), help="Gradient exchange in fp16 or bf16 (DDP comm hook, Horovod compression; Horovod: fp16 only). Slower on CPU: docs/benchmarks.md.")),
+    ("--fp16-allreduce/--no-fp16-allreduce", "engine.fp16_allreduce", dict(default=None, help="Same as --grad-compression fp16 (the older flag).")),
+    ("--bucket-cap-mb", "engine.bucket_cap_mb", dict(type=float, help="DDP gradient bucket size.")),
+    ("--ps-shards", "engine.ps_shards", dict(type=int, help="Parameter-server shards [default: one per node].")),
+    ("--ps-state", "engine.ps_state", dict(type=click.Choice(PS_STATES), help="Where the parameter-server shards keep parameters and optimizer state: the workers' device, or the CPU (TensorFlow's PS placement) [default: device].")),
+    ("--profile-steps", "profile_steps", dict(type=str, metavar="A:B", help="Record a torch.profiler trace of steps A..B on every rank (RUN_DIR/profile/rank-R.json, Chrome trace format; the HTML report links them); those steps are left out of the timings.")),
+    ("--ps-placement", "engine.ps_placement", dict(type=click.Choice(PS_PLACEMENTS), help="Parameter-server shards inside the worker ranks, or in server ranks of their own (one more rank per node per shard; they train on no data) [default: colocated].")),
+    ("--name", "name", dict(type=str, help="Run name (prefix of the run directory).")),
+]
+
+
+def spec_options(func):
+    """The spec flags, every backend's flags (generated from its options type) and the common ones."""
+    defaults = Spec()
+    for flag, key, kwargs in reversed(_SPEC_OPTIONS):
+        default = functools.reduce(getattr, key.split("."), defaults)
+        kwargs = {**kwargs, "help": with_default(kwargs.get("help", ""), default, flag)}
+        func = click.option(flag, key.replace(".", "__"), **kwargs)(func)
+    for backend, flags in reversed(list(backend_flags().items())):
+        for flag in reversed(flags):
+            func = _backend_flag(backend, flag)(func)
+    func = click.option("--spec", "spec_file", type=click.Path(dir_okay=False), help="YAML spec; flags override it.")(func)
+    func = click.option("--model-arg", "model_args", multiple=True, metavar="KEY=VALUE",
+                        help="Override a preset field, e.g. --model-arg hidden_size=256 (repeatable).")(func)
+    func = click.option("--backend-opt", "backend_opts", multiple=True, metavar="KEY=VALUE",
+                        help="Backend option (repeatable); unknown ones are listed with the valid ones.")(func)
+    func = click.option("--runs-dir", type=click.Path(file_okay=False), default=str(DEFAULT_RUNS_ROOT),
+                        show_default=True, help="Where run directories are created.")(func)
+    func = click.option("--dry-run", is_flag=True, help="Print exactly what would be run and run nothing "
+                                                         "(and, on stderr, what it would cost).")(func)
+    return price_options(func)
+
+
+def _backend_flag(backend: str, flag: Flag):
+    """The click option of one backend option's flag; it sets `backend_options[flag.key]`."""
+    kwargs: dict[str, Any] = {"help": f"[{backend}] {flag.help}"}
+    if flag.kind is bool:
+        kwargs["default"] = None  # an on/off pair: None when neither is given
+    else:
+        kwargs.update(type=flag.kind, multiple=flag.multiple, metavar=flag.metavar)
+    return click.option(flag.decl, f"bopt__{backend}__{flag.key}", **kwargs)
+
+
+def build_spec(params: dict[str, Any]) -> Spec:
+    """YAML (if any) < flags; every value typed and checked with where it came from; then validate."""
+    spec = load_spec(params["spec_file"]) if params.get("spec_file") else Spec()
+    overrides = _spec_flag_values(params)
+    if "global_batch" in overrides and "batch_per_worker" in overrides:
+        raise SpecError("--global-batch (strong scaling) and --batch-per-worker (weak scaling) were both given; "
+                        "pass one of them")
+    if "global_batch" in overrides:  # a flag wins over the spec file's value of the other key
+        spec.batch_per_worker = None
+    if "batch_per_worker" in overrides:
+        spec.global_batch = None
+    spec = spec.with_overrides(overrides)
+    if params.get("model_args"):
+        pairs = parse_pairs(params["model_args"], "--model-arg")
+        spec.model_args = {**spec.model_args, **model_overrides(pairs, "from --model-arg")}
+    spec.backend_options = _backend_options(spec, params)
+    return spec.validate()
+
+
+def _spec_flag_values(params: dict[str, Any]) -> dict[str, Any]:
+    """{spec key: value} of the spec flags given, typed and checked as the Spec declares them."""
+    out, params = {}, _data_flag(params)
+    for flag, key, _ in _SPEC_OPTIONS:
+        value = params.get(key.replace(".", "__"))
+        if value is None:
+            continue
+        if key == "emulate_slowdown":
+            value = value.split(",")  # F0,F1,...: each read as a number below
+        out[key] = coerce_path(Spec, key, value, f"from {flag.split('/')[0]}", text=True)
+    return out
+
+
+def _backend_options(spec: Spec, params: dict[str, Any]) -> dict[str, Any]:
+    """Spec file < --backend-opt < backend flags, each typed and checked against the backend's options
+    with where it came from; a backend's flag with another --backend is an error."""
+    where = f"in spec file {params['spec_file']}" if params.get("spec_file") else ""
+    sources = [(spec.backend_options, where, False),
+               (parse_pairs(params.get("backend_opts") or (), "--backend-opt"), "from --backend-opt", True)]
+    for backend, flags in backend_flags().items():
+        for flag in flags:
+            value = params.get(f"bopt__{backend}__{flag.key}")
+            if value is None or value == ():
+                continue
+            if spec.backend != backend:
+                raise SpecError(f"{flag.name} is an option of --backend {backend}, not of --backend {spec.backend}")
+            sources.append(({flag.key: list(value) if isinstance(value, tuple) else value}, f"from {flag.name}", False))
+    options = options_type(spec.backend)  # None: an unknown backend, which validate() names
+    merged: dict[str, Any] = {}
+    for raw, source, text in sources:
+        merged.update(options.coerce(raw, source, text=text) if options is not None else raw)
+    return merged
+
+
+def parse_pairs(pairs: tuple[str, ...], flag: str) -> dict[str, str]:
+    """KEY=VALUE pairs as {key: text}; the text is read as the type the key declares (core.options)."""
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise SpecError(f"{flag} takes KEY=VALUE, got {pair!r}")
+        out[key.strip().replace("-", "_")] = value
+    return out
+
+
+# ---- run -----------------------------------------------------------------------------------------
+
+
+DETACH_HELP = ("Start the run and return at once, with no launcher following it (its ranks do not stop when "
+               "this process ends). `launch status` follows it and records how it ended, `launch cancel` stops it. "
+               "Local backend only; not for sweeps.")
+
+
+@main.command("run", cls=GroupedCommand)
+@spec_options
+@click.option("--detach", is_flag=True, help=DETACH_HELP)
+def run_cmd(detach: bool, **params: Any) -> None:
+    """Run one training job on the chosen layout and print its summary.
+
+    The run directory (spec, per-rank records, logs, summary) is printed at the end;
+    `launch report RUN_DIR` turns it into tables and plots.
+    """
+    spec = build_spec(params)
+    backend = get_backend(spec.backend, spec.backend_options)
+    if detach:
+        detaching(backend)
+    if params["dry_run"]:
+        run_dir = Path(params["runs_dir"]) / f"{spec.name or spec.model}-DRYRUN"
+        click.echo(backend.submit_dryrun(spec, run_dir).render())
+        show_quote([(spec, 1)], params)
+        return
+    backend.validate(spec)
+    guard([(spec, 1)], params)
+    run_dir = new_run_dir(Path(params["runs_dir"]), spec.name or f"{spec.model}-{spec.engine.name}-{spec.nodes}x{spec.gpus_per_node}")
+    try:
+        run_and_show(backend, spec, run_dir, detach)
+    except WriteError:
+        discard_unlaunched(run_dir)  # a full or read-only disk before the launch: leave no empty run directory
+        raise
+
+
+def run_and_show(backend, spec: Spec, run_dir: Path, detach: bool) -> None:
+    """Follow the run to its summary, or start it detached and say how to follow and stop it."""
+    if not detach:
+        print_summary(run_dir, execute(backend, spec, run_dir))
+        return
+    start_detached(backend, spec, run_dir)
+    console.print(f"started [bold]{run_dir}[/] detached: no launcher follows it.\n"
+                  f"  follow it:  launch status {run_dir}   launch logs {run_dir}\n"
+                  f"  stop it:    launch cancel {run_dir}   (its ranks checkpoint; launch resume {run_dir} continues)\n"
+                  f"  once ended: launch status {run_dir} records how it ended (and its summary), "
+                  f"launch report {run_dir} reports it", highlight=False, soft_wrap=True)
+
+
+def print_summary(run_dir: Path, summary) -> None:
+    from scalelab.analysis.report import print_scaling
+    from scalelab.analysis.scaling import scale_layouts
+
+    print_scaling(scale_layouts([summary]), console=console)
+    console.print(f"run directory: [bold]{run_dir}[/]  (launch report {run_dir})")
+
+
+# ---- resume --------------------------------------------------------------------------------------
+
+
+@main.command("resume")
+@click.argument("run_dir", type=click.Path(file_okay=False))
+@click.option("--detach", is_flag=True, help=DETACH_HELP)
+def resume_cmd(run_dir: str, detach: bool) -> None:
+    """Continue RUN_DIR from its last checkpoint with the spec it was started with.
+
+    A sweep directory: its layouts that did not complete are continued (from their checkpoints) or
+    started, then the sweep is reported. A run that still runs is refused: `launch cancel` it first.
+    """
+    path = Path(run_dir)
+    if is_sweep(path):
+        from scalelab.launcher.sweep import resume_sweep
+
+        if detach:
+            raise SpecError("--detach is not for sweeps: their layouts run one after another, which takes a "
+                            "launcher following them; resume it without --detach")
+        report_dirs([resume_sweep(path)], out=path, fmt="table")
+        for marker, target in LAZY_RESUMED.items():  # e.g. a probe: its figures and cost with the runs resumed
+            if (path / marker).is_file():
+                module, attr = target.split(":")
+                getattr(import_optional(module), attr)(path)
+        return
+    spec = read_spec(path).validate()
+    backend = get_backend(spec.backend, spec.backend_options)
+    if detach:
+        detaching(backend)
+    backend.validate(spec)
+    run_and_show(backend, spec, path, detach)
+
+
+# ---- sweep ---------------------------------------------------------------------------------------
+
+
+@main.command("sweep", cls=GroupedCommand)
+@spec_options
+@click.option("--workers", type=str, help="Worker counts on one node, e.g. 1,2 (same as --layouts 1x1,1x2).")
+@click.option("--layouts", type=str, help="Layouts NODESxGPUS, e.g. 1x1,1x2,2x1.")
+@click.option("--batch-scaling", type=click.Choice(SCALING_AXES),
+              help="How the global batch changes with the workers: fixed (split over them: --global-batch) or "
+                   "growing (every worker keeps --batch-per-worker) [default: fixed, or as --mode says].")
+@click.option("--work-scaling", type=click.Choice(SCALING_AXES),
+              help="How the total work changes with the workers: fixed (the same job: the steps shrink as the "
+                   "batch grows) or growing (the same work per worker) [default: as the batch axis, or --mode].")
+@click.option("--mode", type=click.Choice(BATCH_MODES),
+              help="Shorthand for both axes: strong = fixed, fixed; weak = growing, growing. An axis flag that "
+                   "contradicts it is refused.")
+@click.option("--repeats", type=click.IntRange(1, 1000), default=1, show_default=True,
+              help="Runs of each layout (repeated measurements: LAYOUT-r0, -r1, ...); one job array on Slurm.")
+def sweep_cmd(workers: str | None, layouts: str | None, batch_scaling: str | None, work_scaling: str | None,
+              mode: str | None, repeats: int, **params: Any) -> None:
+    """Run the same spec over several layouts and print the scaling table.
+
+    Two axes: the global batch (fixed: --global-batch or the preset's, split over the workers;
+    growing: --batch-per-worker or the preset's on every worker) and the total work (fixed: the same
+    samples on every layout; growing: the same samples per worker); --steps and --epochs are those of
+    the fewest workers. --mode strong is both fixed, --mode weak both growing. Every layout is
+    checked before the first one runs, and every run records both axes.
+    """
+    from scalelab.launcher.sweep import parse_layouts, repeat_dirs, run_sweep, sweep_axes, sweep_name, sweep_specs
+
+    if not workers and not layouts:
+        raise SpecError("give --workers (e.g. 1,2) or --layouts (e.g. 1x1,1x2,2x1)")
+    base = build_spec({**params, "nodes": None, "gpus_per_node": None})
+    axes = sweep_axes(mode, batch_scaling, work_scaling, base)
+    specs = sweep_specs(base, parse_layouts(workers, layouts), batch_scaling=axes[0], work_scaling=axes[1])
+    mode = sweep_name(*axes)
+    backend = get_backend(base.backend, base.backend_options)
+    if params["dry_run"]:
+        for spec in specs:
+            run_dir = Path(params["runs_dir"]) / f"sweep-DRYRUN/{spec.nodes}x{spec.gpus_per_node}"
+            for request in backend.submit_dryrun_batch(spec, repeat_dirs(run_dir, repeats)):
+                click.echo(request.render())
+        show_quote([(spec, repeats) for spec in specs], params)
+        return
+    backend.validate(base)
+    guard([(spec, repeats) for spec in specs], params)
+    sweep_dir = run_sweep(backend, specs, Path(params["runs_dir"]), base.name or f"sweep-{base.model}-{mode}", repeats)
+    report_dirs([sweep_dir], out=sweep_dir, fmt="table")
+
+
+# ---- report --------------------------------------------------------------------------------------
+
+
+@main.command("report")
+@click.argument("run_dirs", nargs=-1, type=click.Path())
+@click.option("--from-csv", "from_csv", type=click.Path(dir_okay=False),
+              help="A published scaling table instead of runs: label (opt.), workers, nodes (opt.), throughput or time_s, mode (opt.).")
+@click.option("--compare", is_flag=True, help="A B: two report directories (or report.json files); what changed from A to B, in percent.")
+@click.option("--out", type=click.Path(file_okay=False), help="Where report.md, report.json and plots go [default: beside the runs].")
+@click.option("--format", "fmt", type=click.Choice(["table", "json", "markdown", "html"]), default="table", show_default=True,
+              help="What to print; the Markdown report and plots are written in every case; html writes "
+                   "report.html (one self-contained page) and prints its path.")
+def report_cmd(run_dirs: tuple[str, ...], from_csv: str | None, compare: bool, out: str | None, fmt: str) -> None:
+    """Throughput, speedup and efficiency per layout from the runs' records.
+
+    RUN_DIRS are run, sweep or study directories (their runs are all taken). Speedup is relative to
+    the layout with the fewest workers; the slowest rank sets each step's time. With --from-csv FILE the
+    rows of FILE are used instead (speedup relative to the fewest workers of the same label).
+    """
+    where = out or (run_dirs[0] if run_dirs else from_csv) or "."
+    made = out is not None and not Path(out).exists()
+    try:
+        with writing(where, "the report", "or give --out a writable directory with room"):
+            write_report(run_dirs, from_csv, compare, out, fmt)
+    except WriteError:
+        if made:  # what this report put there is incomplete
+            shutil.rmtree(out, ignore_errors=True)
+        raise
+
+
+def write_report(run_dirs: tuple[str, ...], from_csv: str | None, compare: bool, out: str | None, fmt: str) -> None:
+    if compare:
+        return compare_reports(run_dirs, fmt)
+    if bool(from_csv) == bool(run_dirs):
+        raise SpecError("give RUN_DIRS (run or sweep directories) or --from-csv FILE (one of the two)")
+    if from_csv:
+        from scalelab.costs.cli import report_from_csv
+
+        report_from_csv(from_csv, Path(out) if out else None, fmt)
+        return
+    for marker, target in LAZY_REPORTS.items():
+        if all((Path(p) / marker).is_file() for p in run_dirs):
+            module, attr = target.split(":")
+            return getattr(import_optional(module), attr)([Path(p) for p in run_dirs], Path(out) if out else None, fmt)
+    report_dirs([Path(p) for p in run_dirs], Path(out) if out else None, fmt)
+
+
+def compare_reports(paths: tuple[str, ...], fmt: str) -> None:
+    """Print the change from report A to report B per layout, as JSON or a table of percentages."""
+    from scalelab.analysis.compare import COMPARED, compare_tables, load_table
+    from scalelab.analysis.report import to_json_records
+
+    if len(paths) != 2 or not all((Path(p) / "report.json").is_file() or Path(p).name == "report.json" for p in paths):
+        raise SpecError("--compare takes two reports A B: directories holding report.json (`launch report` writes them)")
+    diff = compare_tables(load_table(Path(paths[0])), load_table(Path(paths[1])))
+    if fmt == "json":
+        click.echo(json.dumps(to_json_records(diff), indent=2))
+        return
+    import pandas as pd
+    from rich.table import Table
+
+    table = Table(title=f"From {paths[0]} to {paths[1]}")
+    table.add_column("workers", justify="right")
+    shown = [(c, what) for c, what in COMPARED if f"{c}_change_pct" in diff]
+    for _, what in shown:
+        table.add_column(f"{what} change", justify="right")
+    for _, r in diff.iterrows():
+        table.add_row(str(int(r["workers"])), *("—" if pd.isna(r[f"{c}_change_pct"]) else f"{r[f'{c}_change_pct']:+.1f} %"
+                                                for c, _ in shown))
+    console.print(table)
+
+
+def report_dirs(paths: list[Path], out: Path | None, fmt: str) -> None:
+    from scalelab.analysis.results import build_report
+
+    report = build_report(paths, out)
+    for warning in report.warnings:
+        err_console.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False, soft_wrap=True)
+    if fmt == "json":
+        click.echo(report.json_text)
+    elif fmt == "markdown":
+        click.echo(report.markdown_path.read_text())
+    elif fmt == "html":
+        click.echo(str(write_html_report(report, paths)))
+    else:
+        from scalelab.analysis.report import print_scaling
+
+        print_scaling(report.table, console=console)
+        console.print(f"report: [bold]{report.markdown_path}[/]  plot: {report.plot_path}")
+
+
+def write_html_report(report, paths: list[Path]) -> Path:
+    """report.html beside report.md, with each layout's cost at the rates `costs.expected` assumes; for
+    one study, titled by it and with its seed-shaped tables (the CSVs `launch study` wrote)."""
+    from scalelab.analysis.runhtml import write_run_html
+    from scalelab.core.records import load_run
+    from scalelab.core.rundir import STUDY_FILE, read_json
+    from scalelab.costs.expected import measured_cost_points
+
+    runs = [load_run(r) for r in report.runs]
+    points, basis = measured_cost_points(report.table, runs)
+    title, tables = "Scaling report", []
+    if len(paths) == 1 and (paths[0] / STUDY_FILE).exists():
+        import pandas as pd
+
+        title = f"Study: {read_json(paths[0] / STUDY_FILE, STUDY_FILE).get('title') or paths[0].name}"
+        tables = [(csv.stem, pd.read_csv(csv)) for csv in sorted(paths[0].glob("*.csv"))]
+    return write_run_html(report.markdown_path.parent, title, report.table, runs, points, basis,
+                          report.warnings, tables)
+
+
+# ---- status, logs, cancel ------------------------------------------------------------------------
+
+
+def _backend_of(run_dir: str):
+    spec = read_spec(Path(run_dir))
+    return get_backend(spec.backend, spec.backend_options), Path(run_dir)
+
+
+def rows_table(rows: list[dict[str, Any]], title: str | None = None):
+    """A rich table of inventory rows that fits 100 columns: numbers never wrap; on a narrow terminal
+    the least needed columns go (every one is in --format json)."""
+    from rich.table import Table
+
+    from scalelab.launcher.inventory import age, cell
+
+    columns = [("name", "left", lambda r: r["name"]), ("backend", "left", lambda r: cell(r["backend"])),
+               ("layout", "left", lambda r: cell(r["layout"])), ("state", "left", lambda r: r["state"]),
+               ("steps", "right", lambda r: cell(r["steps"])),
+               ("words/s", "right", lambda r: cell(r["words_per_s"])),
+               ("cost $", "right", lambda r: cell(r["cost_usd"], 2)), ("age", "right", lambda r: age(r["age_s"]))]
+    if (console.width or 100) < 80:
+        columns = [c for c in columns if c[0] not in ("backend", "cost $")]
+    table = Table(title=title, title_justify="left")
+    for header, justify, _ in columns:
+        table.add_column(header, justify=justify, no_wrap=header != "name", overflow="fold" if header == "name" else "ellipsis")
+    for row in rows:
+        table.add_row(*(escape(get(row)) for _, _, get in columns))
+    return table
+
+
+def print_rows(rows: list[dict[str, Any]], fmt: str, title: str | None = None) -> None:
+    if fmt == "json":
+        click.echo(json.dumps(rows, indent=2))
+    else:
+        console.print(rows_table(rows, title), width=min(console.width, 100))
+
+
+@main.command("ls")
+@click.option("--runs-dir", type=click.Path(file_okay=False), default=str(DEFAULT_RUNS_ROOT), show_default=True,
+              help="Where run directories are.")
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+def ls_cmd(runs_dir: str, fmt: str) -> None:
+    """Runs, sweeps and studies under the runs directory, newest first: backend, layout, state (asked of
+    the backend while recorded as active), steps, words/s, cost so far where a price is known, age."""
+    from scalelab.launcher.inventory import inventory
+
+    rows = inventory(Path(runs_dir))
+    if not rows and fmt == "table":
+        console.print(f"no runs under {runs_dir}", highlight=False)
+        return
+    print_rows(rows, fmt)
+
+
+@main.command("status")
+@click.argument("run_dir", type=click.Path())
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+def status_cmd(run_dir: str, fmt: str) -> None:
+    """State of a run (RUNNING, COMPLETED, FAILED, CANCELLED) as its backend reports it, and its owner;
+    of a sweep or study, every layout.
+
+    A run that ended with no launcher following it (--detach, or its launcher was killed) gets its end
+    recorded now, and its summary when it completed.
+    """
+    from scalelab.launcher.inventory import describe, kind_of
+
+    if fmt == "json" or kind_of(Path(run_dir)) in ("sweep", "study"):
+        row = describe(Path(run_dir))
+        if fmt == "json":
+            click.echo(json.dumps(row, indent=2))
+        else:
+            print_rows(row["layouts"], fmt, title=f"{row['kind']} {row['path']}: {row['state']}")
+        return
+    _run_status(run_dir)
+
+
+def _run_status(run_dir: str) -> None:
+    from scalelab.core.lock import owner_of
+    from scalelab.launcher.runner import settle
+
+    backend, path = _backend_of(run_dir)
+    st = settle(backend, path)
+    console.print(f"{path}: [bold]{st.state}[/] {escape(st.detail)}", highlight=False, soft_wrap=True)
+    owner = owner_of(path)
+    if owner is not None:
+        console.print(f"  followed by launcher pid {owner.pid} on {owner.host}, started "
+                      f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(owner.start_time))}: "
+                      f"{escape(shlex.join(owner.cmdline))}", highlight=False, soft_wrap=True)
+    elif st.state in ACTIVE:
+        console.print(f"  no launcher follows it (started with --detach, or its launcher was killed): "
+                      f"`launch cancel {path}` stops it", highlight=False, soft_wrap=True)
+
+
+@main.command("logs")
+@click.argument("run_dir", type=click.Path())
+@click.option("--rank", type=int, help="Only this rank's lines.")
+@click.option("--follow", "-f", is_flag=True, help="Keep printing new lines until the run ends (Ctrl-C stops following only).")
+def logs_cmd(run_dir: str, rank: int | None, follow: bool) -> None:
+    """Print the logs of a run (launcher and ranks)."""
+    from scalelab.launcher.inventory import follow as follow_logs
+    from scalelab.launcher.inventory import rank_log
+
+    backend, path = _backend_of(run_dir)
+    if rank is not None and not 0 <= rank < read_spec(path).world:
+        raise ScalelabError(f"--rank {rank}: the run has ranks 0..{read_spec(path).world - 1}")
+
+    def read() -> str:
+        text = backend.logs(path)
+        return text if rank is None else rank_log(path, text, rank)
+
+    if not follow:
+        click.echo(read())
+        return
+    follow_logs(read, lambda: backend.status(path).state in ACTIVE, lambda s: click.echo(s, nl=False))
+
+
+@main.command("cancel")
+@click.argument("run_dir", type=click.Path())
+def cancel_cmd(run_dir: str) -> None:
+    """Stop a run: ranks get SIGTERM (they checkpoint and exit), then SIGKILL after a grace period; then
+    check that none of its processes is left. A sweep directory: every layout not ended."""
+    from scalelab.core.rundir import TERMINAL, run_state, sweep_runs
+    from scalelab.launcher.runner import cancel
+
+    paths = [Path(run_dir)]
+    if is_sweep(Path(run_dir)):
+        paths = [p for p in sweep_runs(Path(run_dir)) if run_state(p) not in TERMINAL | {None}]
+        if not paths:
+            console.print(f"{run_dir}: no layout is running", highlight=False)
+    for path in paths:
+        backend, _ = _backend_of(str(path))
+        st = cancel(backend, path, "cancelled by `launch cancel`")
+        console.print(f"{path}: {st.state} ({escape(st.detail)})", highlight=False, soft_wrap=True)
+
+
+# ---- entry point ---------------------------------------------------------------------------------
+
+
+def entry() -> None:
+    """Console-script entry: user errors as one line, exit 2; a stop signal exit 128 + it; bugs keep tracebacks."""
+    try:
+        main.main(prog_name="launch", standalone_mode=False)
+    except click.exceptions.Abort as exc:  # click turns KeyboardInterrupt (and so runner.Interrupted) into Abort
+        interrupted(exc.__cause__)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except ScalelabError as exc:
+        err_console.print(f"[bold red]launch: error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
+        sys.exit(exc.exit_code)
+    except OSError as exc:  # a write no command wrapped: still the user's to fix (full, read-only, not theirs)
+        if not is_write_failure(exc):
+            raise
+        err_console.print(f"[bold red]launch: error:[/] {escape(write_failure(Path(exc.filename or '.'), exc))}",
+                          highlight=False, soft_wrap=True)
+        sys.exit(2)
+    except KeyboardInterrupt as exc:
+        interrupted(exc)
+
+
+def interrupted(exc: BaseException | None) -> None:
+    """Exit after a stop signal: SIGINT 130, SIGTERM 143, SIGHUP 129 (the runner has cancelled the run)."""
+    resume = getattr(exc, "resume", None)
+    try:
+        err_console.print(f"launch: {INTERRUPTED}" + (f"; `launch resume {resume}` continues it" if resume else ""),
+                          highlight=False, soft_wrap=True)
+    except OSError:  # SIGHUP: the terminal may be gone
+        pass
+    sys.exit(getattr(exc, "exit_code", 128 + signal.SIGINT))
+
+
+if __name__ == "__main__":
+    entry()

@@ -1,0 +1,284 @@
+"""What is under the runs directory: runs, sweeps and studies, for `launch ls` and `launch status`.
+
+A row's state is verified, not copied from launch.json: a run recorded as still active is asked of its
+backend (through `runner.settle`, which also records an end nobody followed), because a launch.json
+saying RUNNING outlives a launcher killed with -9. A backend that cannot answer leaves the recorded
+state, marked "?" so the reader knows it was not checked.
+
+The runs of one listing are asked together (`Backends`): one backend per backend and options, told
+every active run before the first is asked (`Backend.watch`), so a Slurm sweep's status is one sacct
+query however many layouts it has.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from scalelab.core.errors import ScalelabError
+from scalelab.core.rundir import (
+    ACTIVE,
+    STUDY_FILE,
+    SWEEP_FILE,
+    RunPaths,
+    is_sweep,
+    read_json,
+    read_state,
+    sweep_runs,
+)
+from scalelab.core.spec import Spec, read_spec
+
+# The columns of `launch ls`, in order; JSON rows carry every one of them (None when not known).
+COLUMNS = ("name", "kind", "backend", "layout", "state", "steps", "words_per_s", "cost_usd", "age_s")
+
+
+def kind_of(path: Path) -> str | None:
+    """"study", "sweep", "run" or None (not a directory scalelab wrote)."""
+    if (path / STUDY_FILE).exists():
+        return "study"
+    if is_sweep(path):
+        return "sweep"
+    if RunPaths(path).spec.exists():
+        return "run"
+    return None
+
+
+class Backends:
+    """The backends one listing asks, one per backend and options: the runs that share them (a sweep's
+    layouts) are asked together. `watch` tells each backend every run it will be asked about before the
+    first is (`Backend.watch`), so Slurm answers a whole sweep, or a whole runs directory, with one
+    sacct query."""
+
+    def __init__(self) -> None:
+        self._made: dict[str, Any] = {}
+
+    def of(self, spec: Spec):
+        from scalelab.launcher.backend import get_backend
+
+        key = json.dumps([spec.backend, spec.backend_options], sort_keys=True, default=str)
+        if key not in self._made:
+            self._made[key] = get_backend(spec.backend, spec.backend_options)
+        return self._made[key]
+
+    def watch(self, run_dirs: list[Path]) -> None:
+        """Each run whose launch.json says it is active, to its backend; one that cannot be read is
+        left to `verified_state`, which says so."""
+        for run_dir in run_dirs:
+            try:
+                if RunPaths(run_dir).launch.exists() and _recorded(run_dir) in ACTIVE:
+                    self.of(read_spec(run_dir)).watch(run_dir)
+            except ScalelabError:
+                pass
+
+
+def _recorded(run_dir: Path) -> str:
+    return read_state(run_dir).get("state") or "PENDING"
+
+
+def verified_state(run_dir: Path, backends: Backends | None = None) -> str:
+    """The run's state, asked of its backend while launch.json says it is active ("?" appended when the
+    backend could not be asked); None-launched runs are "NEW"."""
+    from scalelab.launcher.runner import settle
+
+    if not RunPaths(run_dir).launch.exists():
+        return "NEW"
+    recorded = _recorded(run_dir)
+    if recorded not in ACTIVE:
+        return recorded
+    try:
+        spec = read_spec(run_dir)
+        return settle((backends or Backends()).of(spec), run_dir).state
+    except ScalelabError:
+        return recorded + "?"
+
+
+def run_row(run_dir: Path, now: float | None = None, backends: Backends | None = None) -> dict[str, Any]:
+    """One run's row: backend and layout from spec.json, state verified, steps and words/s from
+    summary.json, the cost so far when launch.json knows a price per hour, the age from the launch."""
+    spec = read_spec(run_dir)
+    state = verified_state(run_dir, backends)
+    paths = RunPaths(run_dir)
+    info = read_state(run_dir) if paths.launch.exists() else {}
+    summary = read_json(paths.summary, "summary") if paths.summary.exists() else {}
+    started = info.get("launched") or info.get("started")
+    ended = info.get("ended") or now or time.time()
+    rate = info.get("usd_per_hour")
+    steps = summary.get("steps_measured")
+    return {
+        "name": run_dir.name, "path": str(run_dir.absolute()), "kind": "run", "backend": spec.backend,
+        "layout": f"{spec.nodes}x{spec.gpus_per_node}", "state": state,
+        "steps": steps + summary.get("steps_warmup", 0) if steps is not None else None,
+        "words_per_s": summary.get("words_per_s"),
+        "cost_usd": rate * max(0.0, ended - started) / 3600 if rate is not None and started else None,
+        "age_s": (now or time.time()) - started if started else None,
+    }
+
+
+def combined_state(states: list[str]) -> str:
+    """A sweep's state from its layouts': active while any is, else the worst end."""
+    for state in ("RUNNING", "PENDING", "FAILED", "UNKNOWN", "CANCELLED", "NEW"):
+        if any(s.rstrip("?") == state for s in states):
+            return state
+    return states[0] if states else "NEW"
+
+
+def group_row(path: Path, kind: str, layouts: list[dict[str, Any]]) -> dict[str, Any]:
+    """A sweep's or study's row from its layouts' rows: sums of steps and cost, the newest age."""
+    known = [r for r in layouts if r["age_s"] is not None]
+    costs = [r["cost_usd"] for r in layouts if r["cost_usd"] is not None]
+    return {
+        "name": path.name, "path": str(path.absolute()), "kind": kind,
+        "backend": ",".join(sorted({r["backend"] for r in layouts if r["backend"]})) or None,
+        "layout": ",".join(dict.fromkeys(r["layout"] for r in layouts)) or None,
+        "state": combined_state([r["state"] for r in layouts]),
+        "steps": sum(r["steps"] for r in layouts if r["steps"] is not None) if layouts else None,
+        "words_per_s": max((r["words_per_s"] for r in layouts if r["words_per_s"] is not None), default=None),
+        "cost_usd": sum(costs) if costs else None,
+        "age_s": min(r["age_s"] for r in known) if known else None,
+        "layouts": layouts,
+    }
+
+
+def sweep_row(sweep_dir: Path, now: float | None = None, backends: Backends | None = None) -> dict[str, Any]:
+    """A sweep: one row per layout (in sweep order; layouts not started yet are "NEW")."""
+    rows = [run_row(p, now, backends) if RunPaths(p).spec.exists() else _unstarted(p) for p in sweep_runs(sweep_dir)]
+    return group_row(sweep_dir, "sweep", rows)
+
+
+def study_row(study_dir: Path, now: float | None = None, backends: Backends | None = None) -> dict[str, Any]:
+    """A study: the layouts of all its variants' sweeps, each labelled with its variant."""
+    rows = []
+    for label, sweep_dir in _study_sweeps(study_dir):
+        rows += [{**r, "variant": label} for r in sweep_row(sweep_dir, now, backends)["layouts"]]
+    return group_row(study_dir, "study", rows)
+
+
+def _study_sweeps(study_dir: Path) -> list[tuple[str | None, Path]]:
+    """(variant label, sweep directory) of each of the study's sweeps that exists."""
+    meta = read_json(study_dir / STUDY_FILE, STUDY_FILE)
+    sweeps = meta.get("sweeps", []) if isinstance(meta, dict) else []
+    return [(s.get("label"), study_dir / s["dir"]) for s in sweeps if (study_dir / s["dir"] / SWEEP_FILE).exists()]
+
+
+def _runs_in(path: Path, kind: str) -> list[Path]:
+    """The started runs of a run, sweep or study directory."""
+    if kind == "run":
+        return [path]
+    sweeps = [path] if kind == "sweep" else [d for _, d in _study_sweeps(path)]
+    return [p for d in sweeps for p in sweep_runs(d) if RunPaths(p).spec.exists()]
+
+
+def _unstarted(path: Path) -> dict[str, Any]:
+    return {**dict.fromkeys(COLUMNS), "name": path.name, "path": str(path.absolute()), "kind": "run",
+            "backend": None, "layout": path.name, "state": "NEW"}
+
+
+def describe(path: Path, now: float | None = None) -> dict[str, Any]:
+    """The row of a run, sweep or study directory; a clear error for anything else. Its runs' states
+    are asked of their backends together (`Backends`): one sacct query for a Slurm sweep."""
+    path = Path(path)
+    kind = _kind_or_error(path)
+    backends = Backends()
+    backends.watch(_runs_in(path, kind))
+    return _row(path, kind, now, backends)
+
+
+def _kind_or_error(path: Path) -> str:
+    if not path.is_dir():
+        raise ScalelabError(f"{path} is not a directory; `launch ls` lists the runs, sweeps and studies")
+    kind = kind_of(path)
+    if kind is None:
+        raise ScalelabError(f"{path} is not a run, sweep or study directory (no spec.json, {SWEEP_FILE} or "
+                            f"{STUDY_FILE}); `launch ls` lists them")
+    return kind
+
+
+def _row(path: Path, kind: str, now: float | None, backends: Backends) -> dict[str, Any]:
+    return {"study": study_row, "sweep": sweep_row, "run": run_row}[kind](path, now, backends)
+
+
+def inventory(root: Path) -> list[dict[str, Any]]:
+    """Every run, sweep and study directly under `root`, newest first; unreadable ones say why. Every
+    active run is asked of its backend together with the others (`Backends`)."""
+    root = Path(root)
+    if not root.is_dir():
+        raise ScalelabError(f"runs directory {root} does not exist; pass --runs-dir DIR")
+    now, backends = time.time(), Backends()
+    found = [(p, kind_of(p)) for p in sorted(root.iterdir()) if p.is_dir()]
+    found = [(p, k) for p, k in found if k]
+    for path, kind in found:
+        try:
+            backends.watch(_runs_in(path, kind))
+        except ScalelabError:
+            pass  # its row says what is wrong
+    rows = []
+    for path, kind in found:
+        try:
+            rows.append(_row(path, kind, now, backends))
+        except ScalelabError as exc:
+            rows.append({**dict.fromkeys(COLUMNS), "name": path.name, "path": str(path.absolute()),
+                         "kind": kind, "state": "UNREADABLE", "error": str(exc)})
+    return sorted(rows, key=lambda r: r["age_s"] if r["age_s"] is not None else float("inf"))
+
+
+# ---- cells --------------------------------------------------------------------------------------
+
+
+def cell(value: Any, digits: int = 0) -> str:
+    """A table cell: no True/False/inf/None, numbers with thousands separators."""
+    if value is None or (isinstance(value, float) and value != value):
+        return "—"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return "—" if value in (float("inf"), float("-inf")) else f"{value:,.{digits}f}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+def age(seconds: float | None) -> str:
+    """An age in the largest unit that keeps it short: 45s, 12m, 3h, 2d."""
+    if seconds is None:
+        return "—"
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)}{unit}"
+    return f"{int(seconds)}s"
+
+
+# ---- logs of one rank, and following them -------------------------------------------------------
+
+# How launchers mark a rank's lines: horovodrun "[1,R]<stdout>:", torchrun "[rankR]:" / "[default R]:".
+_RANK_PREFIX = r"^\[(?:\d+,{r}\]|rank{r}\]|default{r}\])"
+
+
+def rank_log(run_dir: Path, text: str, rank: int) -> str:
+    """The lines of one rank: its own file when the backend writes one (logs/rank-R.log, Slurm), else
+    the lines the launcher prefixed with the rank in the combined log."""
+    import re
+
+    own = RunPaths(Path(run_dir)).logs / f"rank-{rank}.log"
+    if own.exists():
+        return own.read_text(errors="replace")
+    pattern = re.compile(_RANK_PREFIX.format(r=rank))
+    return "".join(line for line in text.splitlines(keepends=True) if pattern.match(line))
+
+
+def follow(read: Any, active: Any, write: Any, poll_s: float = 1.0) -> None:
+    """Write what `read()` returns, then only what it adds, until `active()` is false (a last read
+    after it). Ctrl-C stops following and nothing else: the run goes on."""
+    shown = ""
+    try:
+        while True:
+            running = active()
+            text = read()
+            write(text[len(shown):] if text.startswith(shown) else text)
+            shown = text
+            if not running:
+                return
+            time.sleep(poll_s)
+    except KeyboardInterrupt:
+        write("\n(stopped following; the run goes on)\n")

@@ -1,0 +1,270 @@
+"""The `local` backend: ranks as processes on this machine, through horovodrun (Gloo) or torchrun.
+
+The embedded default: it needs nothing but this machine. Without GPUs each "GPU" of the layout is a
+worker process; with GPUs each rank gets its own device (local rank). A layout of several nodes is
+emulated on one host: torchrun starts one agent per node (static rendezvous on 127.0.0.1), horovodrun
+starts nodes x GPUs ranks on localhost.
+
+Order inside the module (the same in every backend): options, request, render (pure), schedule,
+poll/status/logs/cancel. The follow loop is scalelab/launcher/runner.py's; `poll` reaps the processes.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+from scalelab.core.errors import EngineError, ScalelabError
+from scalelab.core.net import free_port
+from scalelab.core.procs import (
+    LAUNCHER_ENV,
+    TRAINER,
+    ProcessRef,
+    family,
+    names_dir,
+    run_processes,
+    stop_processes,
+    tool_path,
+)
+from scalelab.core.rundir import (
+    CANCELLED,
+    COMPLETED,
+    FAILED,
+    RUNNING,
+    TERMINAL,
+    UNKNOWN,
+    RunPaths,
+    read_state,
+    start_state,
+)
+from scalelab.core.spec import TORCHRUN_ENGINES, Spec
+from scalelab.launcher.backend import Backend, Request, RunStatus, ended_by_records, log_text
+from scalelab.launcher.options import LocalOptions
+
+
+@dataclass
+class LocalRequest(Request):
+    """The processes to start: one command per emulated node (one in all for single and horovod)."""
+
+    commands: list[list[str]] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    log_files: list[str] = field(default_factory=list)
+
+    def render(self) -> str:
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
+        lines = [f"# run directory: {self.run_dir}"]
+        for cmd, log in zip(self.commands, self.log_files):
+            lines.append(f"{env} {shlex.join(cmd)} > {shlex.quote(log)} 2>&1 &")
+        lines.append("wait")
+        return "\n".join(lines)
+
+
+class LocalBackend(Backend):
+    default_poll_s = 0.5
+    horovod_here = True  # horovodrun and the ranks run on this machine's Python
+    detachable = True  # the processes run on without the launcher; `launch status` finds them and their end
+
+    name = "local"
+    Options = LocalOptions
+
+    def __init__(self, options=None) -> None:
+        super().__init__(options)
+        self._procs: dict[int, subprocess.Popen] = {}
+
+    # ---- render (pure) ---------------------------------------------------------------------------
+
+    def check(self, spec: Spec) -> None:
+        if spec.engine.name == "horovod" and tool_path("horovodrun") is None:
+            raise EngineError("horovodrun is not installed beside this Python nor on PATH; install Horovod with scripts/build-horovod.sh")
+        if spec.precision != "fp32":  # the ranks run on this machine: its CPU decides, before any starts
+            from scalelab.train.precision import check_cpu_precision
+
+            check_cpu_precision(spec.precision, spec.rnn, spec.device)
+
+    def submit_dryrun(self, spec: Spec, run_dir: Path) -> LocalRequest:
+        run_dir = Path(run_dir).absolute()  # the ranks, the logs and launch.json all name the same directory
+        python = self.options["python"] or sys.executable
+        port = int(self.options["master_port"]) or free_port()  # probed now, so the printed request is what runs
+        workers, per_node = spec.workers, spec.ranks_per_node  # ps separate: + server ranks
+        threads = spec.threads or max(1, (os.cpu_count() or 1) // per_node)
+        env = {"OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
+        if not self.detached:  # the ranks stop (with a checkpoint) when this launcher is gone, even by SIGKILL
+            env[LAUNCHER_ENV] = launcher_watch()
+        trainer = [*TRAINER, str(run_dir)]
+        if spec.engine.name == "single":
+            commands = [[python, *trainer]]
+        elif spec.engine.name in TORCHRUN_ENGINES:
+            commands = [
+                [python, "-m", "torch.distributed.run", f"--nnodes={spec.nodes}", f"--node-rank={node}",
+                 f"--nproc-per-node={per_node}", "--master-addr=127.0.0.1", f"--master-port={port}", *trainer]
+                for node in range(spec.nodes)
+            ]
+        else:  # horovod: Gloo controller and operations, no MPI, no ssh on one host
+            env["HOROVOD_FUSION_THRESHOLD"] = str(int(spec.engine.fusion_threshold_mb * 1024 * 1024))
+            env["HOROVOD_CYCLE_TIME"] = str(spec.engine.cycle_time_ms)
+            commands = [[tool_path("horovodrun") or "horovodrun", "--gloo", "-np", str(workers),
+                         "-H", f"localhost:{workers}", python, *trainer]]
+        logs = RunPaths(run_dir).logs
+        log_files = [str(logs / (f"node-{i}.log" if len(commands) > 1 else "launcher.log")) for i in range(len(commands))]
+        return LocalRequest(run_dir, commands, env, log_files)
+
+    # ---- schedule --------------------------------------------------------------------------------
+
+    def schedule(self, request: LocalRequest) -> str:
+        run_dir = request.run_dir
+        RunPaths(run_dir).logs.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, **request.env}
+        if LAUNCHER_ENV not in request.env:
+            env.pop(LAUNCHER_ENV, None)  # detached: not even a watch inherited from a launcher above this one
+        started: list[subprocess.Popen] = []
+        try:
+            for cmd, log in zip(request.commands, request.log_files):
+                with open(log, "ab") as out:
+                    # A new session per command: a Ctrl-C in the terminal reaches the launcher only, which
+                    # then stops the run its own way (the ranks checkpoint).
+                    started.append(subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                                    start_new_session=True))
+                self._procs[started[-1].pid] = started[-1]
+        except BaseException:
+            stop_processes(family(_processes_of(started)), 0, self._reap)  # no node of a half-started run stays
+            raise
+        # pid + start time + command line: `status` and `cancel` signal only these very processes
+        refs = [ref.to_dict() for p in started if (ref := ProcessRef.of(p.pid)) is not None]
+        start_state(run_dir, backend=self.name, pids=[p.pid for p in started], processes=refs,
+                    commands=request.commands, env=request.env, log_files=request.log_files, started=time.time(),
+                    host=socket.gethostname())
+        return ",".join(str(p.pid) for p in started)
+
+    # ---- poll, status, logs, cancel --------------------------------------------------------------
+
+    def poll(self, run_dir: Path) -> RunStatus:
+        """Reap the run's processes; when one node failed, stop the others (they cannot finish alone)."""
+        pids = read_state(run_dir)["pids"]
+        codes = [self._returncode(run_dir, pid) for pid in pids]
+        if None in codes and any(c not in (None, 0) for c in codes):
+            self._stop(run_dir, float(self.options["stop_grace_s"]))
+            codes = [self._returncode(run_dir, pid) for pid in pids]
+        if None in codes:
+            return RunStatus(RUNNING, f"pids {pids}")
+        if all(c == 0 for c in codes):
+            return RunStatus(COMPLETED, f"exit codes {codes}")
+        # only SIGTERM from outside the launcher (and the nodes stopped after it): cancelled, not failed
+        stopped = all(c in (0, 143, -signal.SIGTERM) for c in codes)
+        return RunStatus(CANCELLED if stopped else FAILED, f"exit codes {codes}")
+
+    def _returncode(self, run_dir: Path, pid: int) -> int | None:
+        proc = self._procs.get(pid)
+        if proc is not None:
+            return proc.poll()
+        # started by another launcher process: only whether that very process still runs is known
+        return None if any(p.pid == pid for p in self._leaders(run_dir)) else -1
+
+    def _reap(self) -> None:
+        for proc in self._procs.values():
+            proc.poll()
+
+    def status(self, run_dir: Path) -> RunStatus:
+        """Recorded end, else the run's live processes (verified), else its end read from its records."""
+        info = read_state(run_dir)
+        if info.get("state") in TERMINAL:
+            return RunStatus(info["state"], info.get("detail", ""))
+        live = self._processes(run_dir)
+        if live:
+            return RunStatus(RUNNING, f"{len(live)} processes: pids {sorted(p.pid for p in live)}")
+        return (ended_by_records(run_dir, info.get("launched"))
+                or RunStatus(UNKNOWN, "no process of the run is left and its ranks recorded nothing"))
+
+    def busy(self, run_dir: Path) -> str | None:
+        """The run's processes still alive, whatever launch.json says (a cancel may still be stopping them)."""
+        live = self._processes(run_dir)
+        return f"{len(live)} of its processes still run: pids {sorted(p.pid for p in live)}" if live else None
+
+    def logs(self, run_dir: Path) -> str:
+        return log_text([Path(log) for log in read_state(run_dir)["log_files"]])
+
+    def cancel(self, run_dir: Path) -> str:
+        """SIGTERM every process of the run (ranks checkpoint and stop), SIGKILL after the grace period,
+        then look again; say what was stopped and that none is left, or raise naming what is."""
+        stopped = self._stop(run_dir, float(self.options["stop_grace_s"]))
+        tmp = RunPaths(run_dir).checkpoint.with_suffix(".tmp")
+        if not stopped.left and tmp.exists():  # a write cut by SIGKILL; the previous checkpoint is whole
+            tmp.unlink(missing_ok=True)
+            stopped.notes.append(f"removed the half-written {tmp.name}")
+        if stopped.left:
+            raise ScalelabError(f"{run_dir}: {stopped}; stop them by hand (kill -9 {' '.join(map(str, stopped.left))})")
+        return str(stopped)
+
+    # ---- the run's processes ---------------------------------------------------------------------
+
+    def _leaders(self, run_dir: Path) -> list[psutil.Process]:
+        """The processes this backend started for the run, as launch.json records them, that are still
+        those very processes (pid, start time, command line, host) and name this run directory."""
+        out = []
+        for raw in read_state(run_dir).get("processes", []):
+            ref = ProcessRef.from_dict(raw)
+            if ref is not None and names_dir(ref.cmdline, run_dir, TRAINER) and (proc := ref.process()) is not None:
+                out.append(proc)
+        return out
+
+    def _processes(self, run_dir: Path) -> list[psutil.Process]:
+        """Every live process of the run: the verified ones it started, what they started, and any rank of
+        it found by its command line (torchrun's workers outlive their agent under pid 1)."""
+        return family([*self._leaders(run_dir), *run_processes(run_dir, TRAINER)])
+
+    def _stop(self, run_dir: Path, grace_s: float) -> "Stopped":
+        """Stop every process of the run; a process that appeared meanwhile (an agent starting a worker)
+        is found by a second look and stopped too."""
+        targets = self._processes(run_dir)
+        found = {p.pid for p in targets}
+        killed, left = stop_processes(targets, grace_s, self._reap)
+        again = [p for p in self._processes(run_dir) if p.pid not in found]
+        if again:
+            found |= {p.pid for p in again}
+            more, left_again = stop_processes(again, min(grace_s, 5.0), self._reap)
+            killed, left = killed + more, left + left_again
+        self._reap()
+        return Stopped(len(found), killed, sorted(set(left) | {p.pid for p in self._processes(run_dir)}))
+
+
+@dataclass
+class Stopped:
+    """What a stop found and did, said in one line."""
+
+    found: int
+    killed: int  # of `found`, those that needed SIGKILL (hung, or slower than the grace period)
+    left: list[int]
+    notes: list[str] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        if not self.found:
+            said = "no process of the run was running"
+        else:
+            said = f"stopped {self.found} process{'es' if self.found != 1 else ''}"
+            said += f" ({self.killed} after SIGKILL)" if self.killed else ""
+        said += f"; {len(self.left)} still running: pids {self.left}" if self.left else "; none left"
+        return "; ".join([said, *self.notes])
+
+
+def launcher_watch() -> str:
+    """`PID:START_TIME` of this launcher, for the ranks to watch (scalelab/train/loop.py stops them when it is gone)."""
+    me = ProcessRef.of(os.getpid())
+    return f"{os.getpid()}:{me.start_time:.2f}" if me else ""
+
+
+def _processes_of(started: list[subprocess.Popen]) -> list[psutil.Process]:
+    out = []
+    for popen in started:
+        try:
+            out.append(psutil.Process(popen.pid))
+        except psutil.Error:
+            continue
+    return out

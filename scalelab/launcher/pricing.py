@@ -1,0 +1,228 @@
+"""What a launch will cost, said before anything is paid for; a question above a threshold.
+
+Why: a cloud launch (or an on-premise cluster that bills by the GPU-hour) spends money the moment it
+starts, and a wrong `--nodes` or `--steps` is cheap to see and dear to find in the bill. So `launch
+run`, `sweep` and `study` print the fleet's price per hour and the expected dollars of every layout
+(costs.expected) before they submit anything, and above `--confirm-above-usd` they ask; `--yes`
+answers, `--max-usd` refuses. The local backend costs nothing and is only priced when a rate is set
+for it (`--rate local=...`), as are slurm and k8s (a rate named after the backend, in `--rate` or
+the prices file); AWS is always priced, from its instance mix in the catalog.
+
+Step time, in this order: the runs of `--expect-from DIR` (a run, sweep or study directory), else
+the newest completed runs under the runs directory with the same timing spec (model, batch, engine,
+precision, data kind, instance type...: `timing_key`); a run of the same layout gives its measured
+median step time and start-up, other layouts (two worker counts or more) a prediction of the
+planner's throughput model (costs.planner.predict); nothing measured: costs.expected's assumption,
+said as such.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import click
+
+from scalelab.core.checks import NON_NEGATIVE
+from scalelab.core.errors import ScalelabError, SpecError
+from scalelab.core.rundir import RunPaths, read_json
+from scalelab.core.spec import Spec, read_spec
+
+#: Expected dollars above which a launch asks first (`--confirm-above-usd`, $SCALELAB_CONFIRM_USD).
+DEFAULT_CONFIRM_USD = 20.0
+# Spec fields that do not change how long a step takes (what `timing_key` leaves out).
+_UNTIMED = ("name", "steps", "epochs", "seed", "warmup_steps", "lr", "lr_warmup_steps", "lr_ref_batch",
+            "checkpoint_every", "loss_threshold", "clip_grad_norm", "profile_steps", "nodes", "gpus_per_node", "backend_options")
+
+
+def price_options(func: Callable) -> Callable:
+    """--yes, --max-usd, --confirm-above-usd, --expect-from, --rate, --prices: declared once, for
+    run, sweep and study."""
+    confirm_default = os.environ.get("SCALELAB_CONFIRM_USD", str(DEFAULT_CONFIRM_USD))
+    options = [
+        click.option("--yes", "-y", "yes", is_flag=True, help="Launch without asking, whatever the expected cost."),
+        click.option("--max-usd", type=NON_NEGATIVE, help="Refuse to launch when the expected cost is over this many dollars."),
+        click.option("--confirm-above-usd", type=NON_NEGATIVE, default=confirm_default, show_default=True,
+                     help="Ask before launching above this expected cost [env: SCALELAB_CONFIRM_USD]."),
+        click.option("--expect-from", type=click.Path(exists=True, file_okay=False),
+                     help="A run, sweep or study directory whose measured step times price this launch "
+                          "[default: earlier runs of the same spec under --runs-dir]."),
+        click.option("--rate", "rates", multiple=True, metavar="[NAME=]USD/gpu-hour",
+                     help="On-premise price, e.g. 0.45/gpu-hour or 3.2/node-hour@4 (NAME: the backend)."),
+        click.option("--prices", "prices_file", type=click.Path(dir_okay=False),
+                     help="Prices file [default: $SCALELAB_PRICES or ~/.config/scalelab/prices.json]."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+@dataclass
+class Quote:
+    """The expected cost of a launch: one line per layout and the total (NaN when not known)."""
+
+    lines: list[str]
+    total_usd: float
+    usd_per_hour: float
+
+    def text(self) -> str:
+        total = "unknown (--epochs: the steps are not known before the data is read)" if math.isnan(self.total_usd) \
+            else f"${self.total_usd:,.2f}"
+        return "\n".join([*self.lines, f"expected cost of the launch: {total}"])
+
+
+def quote(specs: list[tuple[Spec, int]], params: dict[str, Any]) -> Quote | None:
+    """The cost of running each spec `count` times, or None when nothing is priced (a backend with no
+    rate that is not AWS: the local backend costs nothing)."""
+    from scalelab.costs.catalog import load_catalog
+    from scalelab.costs.expected import expected_cost
+
+    region = specs[0][0].backend_options.get("region") or "us-east-1"
+    rates = [r if "=" in r else f"{specs[0][0].backend}={r}" for r in params.get("rates") or ()]
+    catalog = load_catalog(params.get("prices_file"), rates, region)
+    if not _priced(specs[0][0], catalog):
+        return None
+    runs = _measured_runs(params, specs[0][0])
+    lines, total, peak = [], 0.0, 0.0
+    for spec, count in specs:
+        step_s, startup_s, basis = step_time(spec, runs)
+        est = expected_cost(spec, step_s, catalog, startup_s=startup_s)
+        if basis:
+            est = est.with_step_basis(basis)
+        times = f"{count} x " if count > 1 else ""
+        lines.append(f"{spec.nodes}x{spec.gpus_per_node}: {times}{est.line()}")
+        total += count * est.dollars
+        peak = max(peak, est.usd_per_hour)
+    return Quote(lines, total, peak)
+
+
+def fleet_rate(spec: Spec) -> float | None:
+    """The fleet's price per hour as the catalog and prices file know it (recorded in launch.json, for
+    `launch ls`'s cost so far); None where nothing prices it or the price is not known."""
+    from scalelab.costs.catalog import DEFAULT_REGION, load_catalog
+    from scalelab.costs.expected import fleet_price
+
+    try:
+        catalog = load_catalog(region=spec.backend_options.get("region") or DEFAULT_REGION)
+        return fleet_price(spec, catalog)[0] if _priced(spec, catalog) else None
+    except ScalelabError:
+        return None
+
+
+def _priced(spec: Spec, catalog) -> bool:
+    inst = catalog.instances.get(spec.backend)
+    return spec.backend == "aws" or (inst is not None and inst.provider == "rate")
+
+
+def show_quote(specs: list[tuple[Spec, int]], params: dict[str, Any]) -> Quote | None:
+    """For --dry-run: the price on stderr (stdout stays exactly what would be sent); no question."""
+    q = quote(specs, params)
+    if q is None:
+        return None
+    click.echo(q.text(), err=True)
+    if params.get("max_usd") is not None and not q.total_usd <= params["max_usd"]:
+        click.echo(f"(a launch would be refused: over --max-usd {params['max_usd']:g})", err=True)
+    return q
+
+
+def guard(specs: list[tuple[Spec, int]], params: dict[str, Any]) -> Quote | None:
+    """Before a real launch: say the price; refuse over --max-usd; above the threshold ask on a terminal
+    (--yes answers), refuse off one. Raises ScalelabError (nothing is launched) when refused."""
+    q = quote(specs, params)
+    max_usd = params.get("max_usd")
+    if q is None:
+        if max_usd is not None:
+            backend = specs[0][0].backend
+            raise SpecError(f"--max-usd: the {backend} backend has no price; set one with --rate "
+                            f"{backend}=USD/gpu-hour (or in the prices file) to check a launch against it")
+        return None
+    click.echo(q.text(), err=True)
+    total, known = q.total_usd, not math.isnan(q.total_usd)
+    if max_usd is not None and not (known and total <= max_usd):
+        what = f"${total:,.2f}" if known else "not known (give --steps instead of --epochs)"
+        raise ScalelabError(f"not launched: the expected cost {what} is over --max-usd {max_usd:g}; "
+                            "raise --max-usd, or lower --steps or the layout")
+    threshold = params.get("confirm_above_usd", DEFAULT_CONFIRM_USD)
+    if params.get("yes") or (known and total <= threshold):
+        return q
+    what = f"${total:,.2f}" if known else "not known"
+    if not sys.stdin.isatty():
+        raise ScalelabError(f"not launched: the expected cost {what} is above ${threshold:g} "
+                            "(--confirm-above-usd) and there is no terminal to ask; pass --yes to launch")
+    if not click.confirm(f"The expected cost is {what}. Launch?", default=False, err=True):
+        raise ScalelabError("not launched: declined at the cost question")
+    return q
+
+
+# ---- measured step times -------------------------------------------------------------------------
+
+
+def timing_key(spec: Spec) -> dict[str, Any]:
+    """What sets a step's time, apart from the layout: two specs with equal keys have equal step times
+    on equal layouts."""
+    raw = spec.to_dict()
+    key = {k: v for k, v in raw.items() if k not in _UNTIMED}
+    key["instance_type"] = spec.backend_options.get("instance_type")
+    return key
+
+
+def _measured_runs(params: dict[str, Any], spec: Spec) -> list[tuple[Spec, dict[str, Any]]]:
+    """(spec, summary) of completed runs: those under --expect-from, else the runs directory's of the
+    same timing key; newest first."""
+    explicit = params.get("expect_from")
+    root = Path(explicit) if explicit else Path(params.get("runs_dir") or "runs")
+    found = []
+    for summary_path in _summaries(root):
+        try:
+            run_spec, summary = read_spec(summary_path.parent), read_json(summary_path, "summary")
+        except ScalelabError:
+            continue
+        if explicit or timing_key(run_spec) == timing_key(spec):
+            found.append((summary_path.stat().st_mtime, run_spec, {**summary, "run_dir": str(summary_path.parent)}))
+    if explicit and not found:
+        raise SpecError(f"--expect-from {explicit}: no completed run (summary.json) under it to take step times from")
+    return [(s, summary) for _, s, summary in sorted(found, key=lambda f: -f[0])]
+
+
+def _summaries(root: Path) -> list[Path]:
+    """summary.json of runs at the root, in sweeps (one level down) and in studies (two levels)."""
+    if not root.is_dir():
+        return []
+    return [p for pattern in ("summary.json", "*/summary.json", "*/*/summary.json", "*/*/*/summary.json")
+            for p in root.glob(pattern) if RunPaths(p.parent).spec.exists()]
+
+
+def step_time(spec: Spec, runs: list[tuple[Spec, dict[str, Any]]]) -> tuple[float | None, float, str]:
+    """(seconds per step, start-up seconds, basis) for `spec` from `runs`: the same layout measured,
+    else predicted from two worker counts or more; (None, 0, "") when neither."""
+    for run_spec, summary in runs:
+        if (run_spec.nodes, run_spec.gpus_per_node) == (spec.nodes, spec.gpus_per_node) and summary.get("step_s_median"):
+            startup = float(summary.get("startup_s") or 0.0)
+            return float(summary["step_s_median"]), startup, f"median measured in {summary['run_dir']}"
+    return _predicted_step_time(spec, runs)
+
+
+def _predicted_step_time(spec: Spec, runs: list[tuple[Spec, dict[str, Any]]]) -> tuple[float | None, float, str]:
+    """Samples per second at `spec.workers` from the planner's throughput model of the measured layouts."""
+    import pandas as pd
+
+    from scalelab.core.presets import PRESETS
+    from scalelab.costs.planner import PlanRequest, predict
+
+    rows = [{"label": "runs", "workers": s.workers, "nodes": s.nodes, "throughput": m["samples_per_s"]}
+            for s, m in runs if m.get("samples_per_s")]
+    if len({r["workers"] for r in rows}) < 2:
+        return None, 0.0, ""
+    try:
+        _, table = predict(PlanRequest(measured=pd.DataFrame(rows), predict_workers=[spec.workers]))
+    except ScalelabError:
+        return None, 0.0, ""
+    pred = table[table["workers"] == spec.workers]["predicted_throughput"]
+    if not len(pred) or not float(pred.iloc[0]) > 0:
+        return None, 0.0, ""
+    batch = spec.resolved_global_batch(PRESETS[spec.model].default_batch)
+    return batch / float(pred.iloc[0]), 0.0, f"predicted by the planner from {len(rows)} measured runs"

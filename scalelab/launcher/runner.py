@@ -1,0 +1,355 @@
+"""A run's lifecycle, the same on every backend: submit it, follow it to the end, summarise it.
+
+`execute` = `submit` + `follow`. They are separate so that a sweep on a queueing backend (Slurm) can
+submit every layout first and then follow each in turn.
+
+`wait` is the one follow loop: it polls the backend (`Backend.poll`, more often at first, backing
+off to the backend's `poll_interval_s`), lets it do its terminal work (`Backend.finish`) and records
+how the run ended in launch.json. `stopping_runs` is the one interruption path: while runs are
+submitted or followed, SIGINT, SIGTERM and SIGHUP all raise `Interrupted` (the Ctrl-C path), and
+whatever leaves the block early - a signal or an error - cancels every run it holds that has not
+ended, so nothing keeps running (or costing) behind the user's back.
+
+A launcher owns the run directories it submits and follows (`owning`, scalelab/core/lock.py): a second
+launcher of a live run is refused, and so is a resume while processes of an earlier launch still run
+(`refuse_if_live`). A run started with `--detach` (`start_detached`) is followed by nobody: `settle`,
+called by `launch status`, records its end once its processes are gone. docs/reliability.md says
+what each interruption does.
+
+When a run fails, the one-line message comes from the ranks' `error` records, never from log text;
+without such records, the rank that stopped without a word is named, else the end of the logs shown.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Callable, Iterator
+
+from rich.console import Console
+
+from scalelab.core.errors import ScalelabError
+from scalelab.core.lock import RunBusy, RunLock, owner_of
+from scalelab.core.records import read_errors
+from scalelab.core.rundir import (
+    CANCELLED,
+    COMPLETED,
+    FAILED,
+    PENDING,
+    TERMINAL,
+    UNKNOWN,
+    RunPaths,
+    read_state,
+    record_state,
+    update_state,
+    write_json,
+)
+from scalelab.core.spec import Spec, save_spec
+from scalelab.core.writes import WriteError, full_note
+from scalelab.launcher.backend import Backend, RunStatus, rank_ends, silent_ranks
+from scalelab.launcher.pricing import fleet_rate
+
+err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+FIRST_POLL_S = 0.1     # the first polls come quickly (a short run, a fast failure), then back off
+UNKNOWN_GRACE_S = 60.0  # a backend that cannot tell the state this long (a busy controller) ends the follow
+INTERRUPTED = "interrupted; every process of the run was stopped"
+
+
+class Interrupted(KeyboardInterrupt):
+    """A stop signal reached the launcher while it held runs; the launcher exits 128 + the signal."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+        self.resume: Path | None = None  # what `launch resume` continues: the outermost directory owned
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+
+# ---- one owner per run directory ------------------------------------------------------------------
+
+
+@contextmanager
+def owning(run_dir: Path) -> Iterator[RunLock]:
+    """Hold `run_dir` for this launcher (scalelab/core/lock.py): a second launcher of it is refused, a dead
+    owner's lock is taken over. An interruption inside names the directory to resume."""
+    try:
+        with RunLock(run_dir) as lock:
+            yield lock
+    except Interrupted as exc:
+        exc.resume = Path(run_dir)  # an outer owner (the sweep) overwrites it: it is what to resume
+        raise
+
+
+def refuse_if_live(backend: Backend, run_dir: Path) -> None:
+    """Before new ranks start in `run_dir`: none of an earlier launch may still run (detached, or its
+    launcher killed and the ranks not yet stopped), or two launches would write one directory."""
+    if not RunPaths(run_dir).launch.exists():
+        return
+    live = backend.busy(run_dir)
+    if live:
+        raise RunBusy(f"{run_dir} is still running ({live}) with no launcher following it; stop it with "
+                      f"`launch cancel {run_dir}` (its ranks checkpoint), then `launch resume {run_dir}`")
+
+
+def detaching(backend: Backend) -> Backend:
+    """The backend set to render and send requests for runs no launcher follows (`--detach`)."""
+    if not backend.detachable:
+        raise ScalelabError(f"--detach: runs of the {backend.name} backend are followed to their end by their "
+                            "launcher (docs/reliability.md, Detached runs); run it without --detach")
+    backend.detached = True
+    return backend
+
+
+# ---- submit ---------------------------------------------------------------------------------------
+
+
+def submit(backend: Backend, spec: Spec, *run_dirs: Path) -> None:
+    """Save the spec into the run directory and send exactly the request `--dry-run` prints.
+
+    Several run directories: repeats of one spec, sent together where the backend can (a job array).
+    """
+    for run_dir in run_dirs:
+        save_spec(spec, run_dir)
+    launched = time.time()
+    try:
+        for request in backend.submit_dryrun_batch(spec, list(run_dirs)):
+            backend.schedule(request)
+    except RunBusy:  # refused because an earlier launch still runs: its state stays what it is
+        raise
+    except BaseException as exc:  # the backend removed what it had started; say how this launch ended
+        for run_dir in run_dirs:
+            if RunPaths(run_dir).launch.exists():
+                state = CANCELLED if isinstance(exc, KeyboardInterrupt) else FAILED
+                _try_write(lambda d=run_dir, e=exc: record_state(d, state, str(e) or repr(e)))  # keep the first error
+        raise
+    rate = fleet_rate(spec)  # `launch ls` shows the cost so far from it
+    for run_dir in run_dirs:  # error records older than `launched` belong to an earlier launch
+        update_state(run_dir, launched=launched, **({"usd_per_hour": rate} if rate is not None else {}))
+
+
+# ---- the one interruption path ---------------------------------------------------------------------
+
+
+@contextmanager
+def _signals(handler: Callable[[int, object], None]) -> Iterator[None]:
+    """`handler` for the stop signals inside the block, the previous handlers after (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signals reach only the main thread; a follow loop in another thread is stopped by its caller
+        return
+    previous = {sig: signal.signal(sig, handler) for sig in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def _raise_interrupted(signum: int, frame: object) -> None:
+    raise Interrupted(signum)
+
+
+def _keep_stopping(signum: int, frame: object) -> None:
+    print(f"launch: {signal.Signals(signum).name} again: still stopping the run, so that nothing is left running",
+          file=sys.stderr, flush=True)
+
+
+@contextmanager
+def stopping_runs(backend: Backend, run_dirs: list[Path]) -> Iterator[list[Path]]:
+    """While inside, the stop signals raise `Interrupted`; leaving early cancels the runs not ended.
+
+    `run_dirs` may grow inside the block (a sweep adds each run as it submits it). A run is cancelled
+    as CANCELLED after a signal, as FAILED (with the error) after any other exception.
+    """
+    with _signals(_raise_interrupted):
+        try:
+            yield run_dirs
+        except BaseException as exc:
+            with _signals(_keep_stopping):  # a second Ctrl-C must not leave half-cancelled cloud resources
+                _stop_live(backend, run_dirs, exc)
+            raise
+
+
+def _stop_live(backend: Backend, run_dirs: list[Path], exc: BaseException) -> None:
+    if isinstance(exc, KeyboardInterrupt):
+        state, detail = CANCELLED, f"interrupted ({exc.args[0] if exc.args else 'SIGINT'} to the launcher)"
+    else:
+        state, detail = FAILED, f"the launcher stopped following it: {str(exc) or repr(exc)}"
+    for run_dir in run_dirs:
+        try:
+            if RunPaths(run_dir).launch.exists() and read_state(run_dir).get("state") not in TERMINAL:
+                cancel(backend, run_dir, detail, state)
+        except WriteError as problem:  # stopped, but its state could not be written: the message says so
+            print(f"launch: warning: {problem}", file=sys.stderr, flush=True)
+        except Exception as problem:  # noqa: BLE001 - cancel the others whatever this one says
+            print(f"launch: warning: could not stop {run_dir} ({problem}); `launch cancel {run_dir}` retries",
+                  file=sys.stderr, flush=True)
+
+
+def cancel(backend: Backend, run_dir: Path, detail: str = "cancelled", state: str = CANCELLED) -> RunStatus:
+    """Mark the run ended (so a launcher following it elsewhere takes it as cancelled), then stop it.
+
+    The status returned carries what the backend checked ("stopped 3 processes; none left") when it says.
+    The ranks are stopped even when launch.json cannot be written (a full or read-only disk): the
+    write's error is raised after, saying that the run was stopped all the same.
+    """
+    ended_before = read_state(run_dir).get("state") in TERMINAL
+    unrecorded = _try_write(lambda: record_state(run_dir, state, detail))
+    checked = backend.cancel(run_dir)  # also for a run that ended: it frees whatever may be left
+    fields = {"stopped": checked} if checked else {}
+    if not ended_before:
+        fields["ended"] = time.time()  # when it had stopped, not when it was asked to
+    unrecorded = unrecorded or _try_write(lambda: update_state(run_dir, **fields))
+    if unrecorded:
+        raise WriteError(f"run {run_dir} was stopped ({checked or state}), but its state could not be recorded: "
+                         f"{unrecorded}")
+    info = read_state(run_dir)
+    return RunStatus(info.get("state", state), checked or info.get("detail", ""))
+
+
+def _try_write(write: Callable[[], object]) -> WriteError | None:
+    """Run a state write; its WriteError (full or read-only disk) returned instead of raised, so that
+    stopping the run goes on."""
+    try:
+        write()
+    except WriteError as exc:
+        return exc
+    return None
+
+
+# ---- the one follow loop --------------------------------------------------------------------------
+
+
+def wait(backend: Backend, run_dir: Path, on_tick: Callable[[], None] | None = None) -> RunStatus:
+    """Follow one run until it ends, let the backend finish it, record the end; return how it ended.
+
+    A signal or an error on the way cancels the run (`stopping_runs`) and propagates.
+    """
+    with stopping_runs(backend, [run_dir]):
+        status = backend.finish(run_dir, _until_end(backend, run_dir, on_tick))
+        record_state(run_dir, status.state, status.detail)
+    info = read_state(run_dir)
+    return RunStatus(info["state"], info.get("detail", ""))
+
+
+def _until_end(backend: Backend, run_dir: Path, on_tick: Callable[[], None] | None) -> RunStatus:
+    delay, last, unknown_since = min(FIRST_POLL_S, backend.poll_interval_s), PENDING, None
+    while True:
+        status = backend.poll(run_dir)
+        if on_tick:
+            on_tick()
+        recorded = read_state(run_dir).get("state")
+        if status.state in TERMINAL:
+            return status if recorded not in TERMINAL else RunStatus(recorded, status.detail)
+        if status.state == UNKNOWN:  # gone or not answering: ended elsewhere (`launch cancel`), or give up
+            unknown_since = unknown_since or time.monotonic()
+            if recorded in TERMINAL:
+                return RunStatus(recorded, status.detail)
+            if time.monotonic() - unknown_since > UNKNOWN_GRACE_S:
+                return RunStatus(UNKNOWN, f"no state for {UNKNOWN_GRACE_S:.0f} s: {status.detail}")
+        else:
+            unknown_since = None
+            if status.state != last:  # PENDING -> RUNNING: recorded for `launch status`, polled quickly again
+                record_state(run_dir, status.state, status.detail)
+                last, delay = status.state, min(FIRST_POLL_S, backend.poll_interval_s)
+        time.sleep(delay)
+        delay = min(delay * 2, backend.poll_interval_s)
+
+
+def follow(backend: Backend, spec: Spec, run_dir: Path, label: str | None = None):
+    """Show progress until the run ends; one clear error if it did not complete; else its summary."""
+    from scalelab.analysis.results import total_steps
+    from scalelab.launcher.progress import RunProgress
+
+    with RunProgress(run_dir, total_steps(spec), label or run_dir.name, err_console) as progress:
+        status = wait(backend, run_dir, on_tick=progress.poll)
+    if status.state == CANCELLED:
+        raise ScalelabError(f"run {run_dir} was cancelled; `launch resume {run_dir}` continues it from its last checkpoint")
+    if status.state != COMPLETED:
+        raise failure(backend, run_dir, status)
+    return write_summary(run_dir)
+
+
+def write_summary(run_dir: Path):
+    """summary.json of a completed run, from its records; the summary."""
+    from scalelab.analysis.results import summarize_dir
+
+    summary = summarize_dir(run_dir)
+    write_json(RunPaths(run_dir).summary, summary.to_dict())
+    return summary
+
+
+def settle(backend: Backend, run_dir: Path) -> RunStatus:
+    """The run's state now, as `launch status` shows it. A run that ended with no launcher following it
+    (detached, or its launcher was killed) gets its end recorded here, and its summary if it completed."""
+    status = backend.status(run_dir)
+    if status.state not in TERMINAL or read_state(run_dir).get("state") in TERMINAL or owner_of(run_dir):
+        return status
+    recorded = record_state(run_dir, status.state, status.detail)
+    if recorded == COMPLETED and not RunPaths(run_dir).summary.exists():
+        write_summary(run_dir)
+    return RunStatus(recorded, read_state(run_dir).get("detail", ""))
+
+
+def failure(backend: Backend, run_dir: Path, status: RunStatus) -> ScalelabError:
+    """The error for a run that did not complete: its ranks' own words; else which rank stopped without
+    a word (killed); else the end of its logs."""
+    since = read_state(run_dir).get("launched")
+    errors = read_errors(run_dir, since=since)
+    said = list(dict.fromkeys(str(rec.get("message", "")).strip() for rec in errors))
+    if said:
+        return ScalelabError("; ".join(said) + f" (run directory {run_dir})" + resume_hint(run_dir))
+    full = full_note(run_dir)
+    if full:  # its ranks could not write their error records either
+        return WriteError(f"run {run_dir} {status.state.lower()} ({status.detail}): {full}; free space there, "
+                          f"then `launch resume {run_dir}` (or run with --runs-dir on a filesystem with room)")
+    ranks = rank_ends(run_dir, since)
+    silent = silent_ranks(run_dir, ranks) if any(r.last_step for r in ranks) else None
+    if silent:  # they trained, and one of them stopped without a word
+        return ScalelabError(f"run {run_dir} {status.state.lower()} ({status.detail}): {silent}")
+    return ScalelabError(f"run {run_dir} {status.state.lower()} ({status.detail}); last lines of its logs:\n"
+                         + tail(backend.logs(run_dir), 25))
+
+
+def resume_hint(run_dir: Path) -> str:
+    """'; `launch resume RUN` continues it from its checkpoint' when the run has one to continue from."""
+    if RunPaths(run_dir).checkpoint.exists():
+        return f"; `launch resume {run_dir}` continues it from its last checkpoint once that is fixed"
+    return ""
+
+
+def execute(backend: Backend, spec: Spec, run_dir: Path, label: str | None = None):
+    """Own the run directory, submit one run and follow it; a stop signal at any point cancels it."""
+    with submitted(backend, spec, run_dir):
+        return follow(backend, spec, run_dir, label)
+
+
+def start_detached(backend: Backend, spec: Spec, run_dir: Path) -> None:
+    """Submit one run that no launcher follows (`--detach`): its ranks do not watch this process, which
+    returns at once; `launch status` finds them and, once they have ended, records how."""
+    detaching(backend)
+    with submitted(backend, spec, run_dir):
+        pass
+
+
+@contextmanager
+def submitted(backend: Backend, spec: Spec, run_dir: Path) -> Iterator[None]:
+    """Inside: the run directory owned, no earlier launch of it running, the run submitted and held
+    (a stop signal or an error inside cancels it)."""
+    with owning(run_dir):
+        refuse_if_live(backend, run_dir)  # before `stopping_runs`, which would cancel what it refuses
+        with stopping_runs(backend, [run_dir]):
+            submit(backend, spec, run_dir)
+            yield
+
+
+def tail(text: str, n: int) -> str:
+    return "\n".join(text.rstrip().splitlines()[-n:])

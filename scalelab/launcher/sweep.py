@@ -1,0 +1,219 @@
+"""Sweeps: one spec over several layouts, along two axes, then one report.
+
+The axes are named apart (issue 14): how the global batch changes with the workers
+(`batch_scaling`: fixed = split over them, growing = every worker keeps its batch) and how the total
+work does (`work_scaling`: fixed = the same job, growing = the same work per worker). `--mode strong`
+is both fixed, `--mode weak` both growing.
+
+Every layout's spec is built and validated before the first run starts, so a sweep never dies at
+layout 3 of 4 because of a batch that does not split; and each is saved in its layout's directory
+before the first run starts, so a sweep interrupted anywhere resumes (`launch resume SWEEP_DIR`)
+and reports what finished (`launch report SWEEP_DIR`).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from contextlib import ExitStack
+from pathlib import Path
+
+from scalelab.core.errors import ScalelabError, SpecError
+from scalelab.core.rundir import (
+    COMPLETED,
+    SWEEP_FILE,
+    new_run_dir,
+    run_state,
+    sweep_runs,
+    write_json,
+)
+from scalelab.core.spec import MODE_AXES, Spec, read_spec, save_spec
+from scalelab.launcher.runner import follow, owning, refuse_if_live, stopping_runs, submit
+
+_LAYOUT = re.compile(r"^\s*(\d+)\s*x\s*(\d+)\s*$")
+
+
+def parse_layouts(workers: str | None, layouts: str | None) -> list[tuple[int, int]]:
+    """`--workers 1,2` -> [(1,1),(1,2)]; `--layouts 1x1,2x2` -> [(1,1),(2,2)]."""
+    if workers and layouts:
+        raise SpecError("give --workers or --layouts, not both")
+    out: list[tuple[int, int]] = []
+    if workers:
+        for item in workers.split(","):
+            if not item.strip().isdigit() or int(item) < 1:
+                raise SpecError(f"--workers takes positive whole numbers separated by commas, e.g. 1,2,4; got {workers!r}")
+            out.append((1, int(item)))
+    else:
+        for item in (layouts or "").split(","):
+            m = _LAYOUT.match(item)
+            if not m or int(m[1]) < 1 or int(m[2]) < 1:
+                raise SpecError(f"--layouts takes NODESxGPUS items separated by commas, e.g. 1x1,1x2,2x2; got {item!r}")
+            out.append((int(m[1]), int(m[2])))
+    if len(set(out)) != len(out):
+        raise SpecError(f"the sweep lists a layout twice: {out}")
+    return out
+
+
+def sweep_axes(mode: str | None, batch_scaling: str | None, work_scaling: str | None,
+               base: Spec | None = None) -> tuple[str, str]:
+    """(batch_scaling, work_scaling) from --mode and the two axis flags: the mode is a shorthand
+    for both, and an axis flag that contradicts it is refused. Without a mode, the batch axis
+    defaults to fixed and the work axis to what the length given does on every layout unchanged:
+    the same epochs are the same work (fixed); the same steps follow the batch axis."""
+    if mode is not None:
+        implied = MODE_AXES[mode]
+        for flag, given, want in (("--batch-scaling", batch_scaling, implied[0]),
+                                  ("--work-scaling", work_scaling, implied[1])):
+            if given is not None and given != want:
+                raise SpecError(f"--mode {mode} means --batch-scaling {implied[0]} --work-scaling {implied[1]}, "
+                                f"but {flag} {given} was given; give the two axes without --mode, or --mode alone")
+        return implied
+    batch = batch_scaling or "fixed"
+    same_epochs = base is not None and base.epochs is not None and base.steps is None
+    return batch, work_scaling or ("fixed" if same_epochs else batch)
+
+
+def sweep_name(batch_scaling: str, work_scaling: str) -> str:
+    """"strong" or "weak" for the two usual pairs, else both axes (for the sweep directory's name)."""
+    named = {axes: mode for mode, axes in MODE_AXES.items()}
+    return named.get((batch_scaling, work_scaling), f"batch-{batch_scaling}-work-{work_scaling}")
+
+
+def sweep_specs(base: Spec, layouts: list[tuple[int, int]], mode: str | None = None, *,
+                batch_scaling: str | None = None, work_scaling: str | None = None) -> list[Spec]:
+    """One validated spec per layout, on the two axes (`sweep_axes`), each recording its work axis.
+    Batch fixed: the global batch is kept and split; growing: the per-worker batch is kept. The
+    steps (or epochs) given are those of the fewest workers; `_length` sets each layout's."""
+    from scalelab.core.presets import PRESETS
+
+    batch_axis, work_axis = sweep_axes(mode, batch_scaling, work_scaling, base)
+    default_batch = PRESETS[base.model].default_batch
+    if batch_axis == "fixed" and base.batch_per_worker is not None:
+        raise SpecError("--batch-scaling fixed (--mode strong) keeps the global batch fixed; use --global-batch, "
+                        "not --batch-per-worker")
+    if batch_axis == "growing" and base.global_batch is not None:
+        raise SpecError("--batch-scaling growing (--mode weak) keeps the per-worker batch fixed; use "
+                        "--batch-per-worker, not --global-batch")
+    specs = []
+    # Every emulated "GPU" gets the same compute in every layout: on a host without GPUs a worker is a
+    # process, and letting the 1-worker run use all cores would make it a bigger device than the others.
+    threads = base.threads
+    if threads is None and base.backend == "local":
+        threads = max(1, (os.cpu_count() or 1) // max(n * g for n, g in layouts))
+    fewest = min(n * g for n, g in layouts)
+    for nodes, gpus in layouts:
+        overrides = {"nodes": nodes, "gpus_per_node": gpus, "threads": threads, "work_scaling": work_axis,
+                     **_length(base, nodes * gpus, fewest, batch_axis, work_axis)}
+        if batch_axis == "fixed":
+            overrides["global_batch"] = base.global_batch or default_batch
+        else:
+            overrides["batch_per_worker"] = base.batch_per_worker or default_batch
+        spec = base.with_overrides(overrides).validate()
+        spec.per_worker_batch(default_batch)  # raises if the global batch does not split
+        specs.append(spec)
+    return specs
+
+
+def _length(base: Spec, workers: int, fewest: int, batch_axis: str, work_axis: str) -> dict[str, int]:
+    """The steps and epochs of a layout of `workers` so that its total work follows the work axis
+    (the base's are the fewest workers'). Epochs are samples: they grow with the work. Steps are
+    samples over the global batch: they shrink when the batch grows and the work does not, and
+    grow when the work grows and the batch does not. A length that does not divide is refused."""
+    out = {}
+    if base.epochs is not None and work_axis == "growing":
+        out["epochs"] = _scaled(base.epochs, workers, fewest, "--epochs")
+    if base.steps is not None and batch_axis != work_axis:
+        up, down = (workers, fewest) if work_axis == "growing" else (fewest, workers)
+        out["steps"] = _scaled(base.steps, up, down, "--steps")
+    return out
+
+
+def _scaled(value: int, up: int, down: int, flag: str) -> int:
+    if value * up % down:
+        raise SpecError(f"{flag} {value} times {up}/{down} is not a whole number, so the layouts cannot do the "
+                        f"work the axes ask for; choose {flag} a multiple of {down // math.gcd(up, down)}")
+    return value * up // down
+
+
+def repeat_dirs(run_dir: Path, repeats: int) -> list[Path]:
+    """The run directories of one layout: RUN_DIR itself, or RUN_DIR-r0 ... for repeated measurements."""
+    return [run_dir] if repeats == 1 else [run_dir.with_name(f"{run_dir.name}-r{i}") for i in range(repeats)]
+
+
+def run_sweep(backend, specs: list[Spec], runs_root: Path, name: str, repeats: int = 1) -> Path:
+    """Run the layouts (each `repeats` times) into one new sweep directory; return it.
+
+    Every layout's directory and spec are written before the first run starts, so an interrupted sweep
+    can be reported (what finished) and resumed (`resume_sweep`) whatever point it reached.
+    """
+    sweep_dir = new_run_dir(runs_root, name)
+    names = []
+    for spec in specs:
+        for run_dir in repeat_dirs(sweep_dir / f"{spec.nodes}x{spec.gpus_per_node}", repeats):
+            run_dir.mkdir()
+            save_spec(spec, run_dir)
+            names.append(run_dir.name)
+    write_json(sweep_dir / SWEEP_FILE, {"runs": names, "layouts": [[s.nodes, s.gpus_per_node] for s in specs]})
+    return continue_sweep(backend, sweep_dir)
+
+
+def resume_sweep(sweep_dir: Path) -> Path:
+    """`launch resume SWEEP_DIR`: the layouts that did not complete, continued or started; the sweep."""
+    from scalelab.launcher.backend import get_backend
+
+    layouts = sweep_runs(sweep_dir)
+    first = read_spec(layouts[0]).validate()
+    backend = get_backend(first.backend, first.backend_options)
+    backend.validate(first)
+    return continue_sweep(backend, sweep_dir)
+
+
+def continue_sweep(backend, sweep_dir: Path) -> Path:
+    """Run every layout of the sweep that has not completed; return the sweep directory.
+
+    One after another, or - for a backend with a queue (`Backend.queues`, e.g. Slurm) - every layout
+    submitted first, then each followed and summarised in turn. A layout that was cancelled or failed
+    continues from its checkpoint (a run resumes from the checkpoint in its directory), one never
+    started starts. The sweep owns its directory and each layout's while it runs it (`owning`), and
+    holds every run it submitted (`stopping_runs`): a stop signal or an error cancels whatever has
+    not ended, and names the sweep as what to resume.
+    """
+    todo = [(read_spec(run_dir).validate(), run_dir) for run_dir in sweep_runs(sweep_dir) if run_state(run_dir) != COMPLETED]
+    with owning(sweep_dir), ExitStack() as locks, stopping_runs(backend, []) as held:
+        for spec, run_dirs in _batches(todo, backend.queues):
+            for run_dir in run_dirs:
+                locks.enter_context(owning(run_dir))
+                refuse_if_live(backend, run_dir)
+                held.append(run_dir)
+            # the repeats of a layout together: one job array on Slurm; each spec with its own backend
+            # options (a probe's candidates differ in instance type)
+            own = backend.for_spec(spec)
+            submit(own, spec, *run_dirs)
+            if not backend.queues:  # one at a time: followed to its end before the next starts
+                _follow_layout(own, spec, run_dirs[0], sweep_dir)
+        if backend.queues:  # every layout is queued now; follow each in turn
+            for spec, run_dir in todo:
+                _follow_layout(backend.for_spec(spec), spec, run_dir, sweep_dir)
+    return sweep_dir
+
+
+def _batches(todo: list[tuple[Spec, Path]], together: bool) -> list[tuple[Spec, list[Path]]]:
+    """The runs to submit at once: consecutive runs of one spec (a layout's repeats) when the backend
+    queues them, else one run at a time."""
+    out: list[tuple[Spec, list[Path]]] = []
+    for spec, run_dir in todo:
+        if together and out and out[-1][0].to_dict() == spec.to_dict():
+            out[-1][1].append(run_dir)
+        else:
+            out.append((spec, [run_dir]))
+    return out
+
+
+def _follow_layout(backend, spec: Spec, run_dir: Path, sweep_dir: Path) -> None:
+    """Follow one layout; a layout that did not complete stops the sweep, saying how to continue it."""
+    try:
+        follow(backend, spec, run_dir, label=run_dir.name)
+    except ScalelabError as exc:
+        raise ScalelabError(f"{exc}; the sweep stopped at layout {run_dir.name}; `launch resume {sweep_dir}` "
+                            "continues its unfinished layouts, `launch report` reports the finished ones") from None

@@ -1,0 +1,157 @@
+"""`launch prep`: tokenise a corpus once, on a Dask cluster, into shards the trainer memory-maps.
+
+    launch prep --model nmt-small --train-src 'wmt/train.*.en' --train-tgt 'wmt/train.*.de' --out shards/wmt
+    launch prep --model rnnlm-small --train corpus.txt --out shards/lm --workers 4
+    launch prep --model rnnlm-small --train corpus.txt --out shards/lm --workers 1,2,4       (a strong sweep)
+    launch prep ... --workers 1,2 --mode weak --lines-per-worker 100000                    (a weak sweep)
+    launch --model nmt-small --data shards --shards shards/wmt ...                           (train on them)
+
+Loaded lazily by `launch` (LAZY_COMMANDS); Dask and pyarrow are imported only when a prep runs.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from scalelab.core.errors import SpecError
+from scalelab.core.rundir import new_run_dir, write_json
+from scalelab.core.writes import check_writable
+from scalelab.launcher.cli import console, parse_pairs
+from scalelab.launcher.runner import err_console
+from scalelab.prep.request import BACKENDS, MODES, PREP_FILE, PrepRequest
+
+INPUTS = ("train", "valid", "train_src", "train_tgt", "valid_src", "valid_tgt")
+
+
+def _inputs(func):
+    helps = {"train": "Training text: plain text (rnnlm) or LABEL<TAB>text lines (sentiment).",
+             "valid": "Validation text [default: held out from the training text, as --data text does].",
+             "train_src": "Translation: source side, one sentence a line.",
+             "train_tgt": "Translation: target side, line i translating line i of --train-src.",
+             "valid_src": "Translation: validation source.", "valid_tgt": "Translation: validation target."}
+    for key in reversed(INPUTS):
+        func = click.option("--" + key.replace("_", "-"), key, multiple=True, metavar="FILE",
+                            help=helps[key] + " Files, globs or s3:// URLs; repeatable.")(func)
+    return func
+
+
+@click.command("prep")
+@click.option("--model", required=True, help="Model preset the shards are cut for (lengths, vocabulary limit).")
+@click.option("--model-arg", "model_args", multiple=True, metavar="KEY=VALUE", help="Override a preset field (repeatable).")
+@_inputs
+@click.option("--out", required=True, help="Shards directory (local path or s3://BUCKET/PREFIX); must not hold shards yet.")
+@click.option("--workers", default="2", show_default=True, help="Dask workers; a list (1,2,4) runs a sweep.")
+@click.option("--mode", type=click.Choice(MODES), default="strong", show_default=True,
+              help="Sweep: strong = the same corpus on more workers; weak = --lines-per-worker x workers lines.")
+@click.option("--lines-per-worker", type=int, help="Weak scaling: prep only the first N x workers training lines.")
+@click.option("--backend", type=click.Choice(BACKENDS), default="local", show_default=True, help="Where the Dask workers run.")
+@click.option("--backend-opt", "backend_opts", multiple=True, metavar="KEY=VALUE",
+              help="Cluster option (repeatable), e.g. partition=debug, image=..., endpoint_url=...; unknown ones are listed.")
+@click.option("--scheduler", help="Use this running Dask scheduler (tcp://HOST:8786) instead of starting a cluster.")
+@click.option("--shard-size", type=int, default=50_000, show_default=True, help="Samples per shard.")
+@click.option("--block-mb", type=float, default=16.0, show_default=True, help="Bytes of text per read task, in MiB.")
+@click.option("--valid-fraction", type=float, default=0.05, show_default=True, help="Held out without validation files.")
+@click.option("--name", help="Run name (and the label of its scaling series).")
+@click.option("--runs-dir", type=click.Path(file_okay=False), default="runs", show_default=True,
+              help="Where the prep's run directory (records, report) is created.")
+@click.option("--dry-run", is_flag=True, help="Print the cluster request (job script, manifest or settings); start nothing.")
+def prep_cmd(**params: Any) -> None:
+    """Normalise, tokenise and shard a corpus on Dask; records and a scaling table like training's.
+
+    The vocabulary, truncation and hold-out follow `--data text` exactly, so training with
+    `--data shards --shards OUT` sees the same token ids without tokenising at start-up.
+    """
+    requests = build_requests(params)
+    runs = Path(params["runs_dir"])
+    if params["dry_run"]:
+        from scalelab.prep.clusters import render
+
+        for request in requests:
+            click.echo(render(request, runs / f"{request.name or 'prep'}-DRYRUN"))
+        return
+    from scalelab.prep.report import report_dirs
+
+    if "://" not in params["out"]:  # a read-only or forbidden --out fails now, not after the cluster started
+        check_writable(params["out"], "the shards directory", "or give --out a writable directory")
+    if len(requests) == 1:
+        report_dirs([run_one(requests[0], new_run_dir(runs, _name(requests[0])))], None, "table")
+        return
+    sweep = new_run_dir(runs, f"{_name(requests[0])}-sweep-{requests[0].mode}")
+    names = [f"{r.workers}w" for r in requests]
+    write_json(sweep / PREP_FILE, {"sweep": names, "mode": requests[0].mode})
+    for request, name in zip(requests, names):
+        (sweep / name).mkdir()
+        run_one(request, sweep / name)
+    report_dirs([sweep], None, "table")
+
+
+def build_requests(params: dict[str, Any]) -> list[PrepRequest]:
+    """One validated request per worker count; a sweep writes each run's shards to OUT/<N>w."""
+    counts = _counts(params["workers"])
+    if params["mode"] == "weak" and not params["lines_per_worker"]:
+        raise SpecError("--mode weak grows the corpus with the workers: give --lines-per-worker N")
+    if params["lines_per_worker"] and params["mode"] != "weak":
+        raise SpecError("--lines-per-worker is for --mode weak (strong scaling preps the whole corpus)")
+    out = []
+    for n in counts:
+        request = PrepRequest(
+            model=params["model"], model_args=parse_pairs(params["model_args"], "--model-arg"),
+            inputs={k: list(params[k]) for k in INPUTS if params[k]},
+            out=params["out"] if len(counts) == 1 else params["out"].rstrip("/") + f"/{n}w",
+            workers=n, backend=params["backend"], backend_options=parse_pairs(params["backend_opts"], "--backend-opt"),
+            shard_size=params["shard_size"], block_mb=params["block_mb"], valid_fraction=params["valid_fraction"],
+            lines_limit=params["lines_per_worker"] * n if params["lines_per_worker"] else None, mode=params["mode"],
+            scheduler=params["scheduler"], name=params["name"],
+        )
+        out.append(request.validate())
+    from scalelab.prep.clusters import resolve_options
+
+    resolve_options(out[0])  # unknown or missing backend options fail before anything starts
+    return out
+
+
+def _counts(text: str) -> list[int]:
+    items = [s.strip() for s in str(text).split(",")]
+    if not all(s.isdigit() and int(s) > 0 for s in items) or len(set(items)) != len(items):
+        raise SpecError(f"--workers takes a positive whole number or a list of distinct ones (1,2,4), got {text!r}")
+    return [int(s) for s in items]
+
+
+def _name(request: PrepRequest) -> str:
+    return request.name or f"prep-{request.model}"
+
+
+def run_one(request: PrepRequest, run_dir: Path) -> Path:
+    """Start the cluster, prep, write the records and summary; return the run directory."""
+    import scalelab.train.text  # noqa: F401 - the driver's vocabulary rules (and PyTorch): loaded before the clock runs
+    from scalelab.prep.clusters import connect
+    from scalelab.prep.pipeline import Prep
+    from scalelab.prep.records import Recorder
+    from scalelab.prep.report import summarize
+    from scalelab.prep.tasks import warm_up, where
+
+    write_json(run_dir / PREP_FILE, request.to_dict())
+    recorder = Recorder(run_dir, echo=_progress)
+    started = time.time()
+    try:
+        with connect(request, run_dir) as client:
+            client.run(warm_up)
+            recorder({"kind": "cluster", "startup_s": time.time() - started, "backend": request.backend,
+                      "workers": len(client.scheduler_info()["workers"])})
+            for info in client.run(where).values():
+                recorder({"kind": "worker", **info})
+            Prep(client, request, recorder).run()
+    finally:
+        recorder.close()
+    write_json(run_dir / "summary.json", summarize(run_dir))
+    console.print(f"shards: [bold]{request.describe_out()}[/]  run directory: {run_dir}  (launch report {run_dir})")
+    return run_dir
+
+
+def _progress(record: dict[str, Any]) -> None:
+    if record["kind"] == "phase":
+        err_console.print(f"prep {record['phase']}: {record['tasks']} task(s), {record['seconds']:.2f} s", highlight=False)

@@ -1,0 +1,422 @@
+"""`SlurmBackend`: one Slurm job per run through submitit, one rank per GPU in each task of it.
+
+Submission is submitit's: a `SlurmExecutor` whose parameters are the backend options
+(scalelab/slurm/render.py) pickles the rank function (`slurm.rank.RankJob`) into RUN_DIR/slurm, writes its
+sbatch script there and runs sbatch; the repeats of one layout go out as one job array
+(`executor.batch()`). Before that, `sbatch --test-only` asks the controller whether the same script
+could ever run (partition, GPUs per node, time format, account...), so a bad request fails with
+Slurm's own words and nothing queued. Status comes from submitit's watcher: one sacct query for
+every job this backend follows (a sweep's), at 2 s at first and backing off to `poll_s`; right
+after a query that left jobs without a live state (accounting lags), one squeue for all of them
+(`SlurmWatcher`). Cancel is submitit's (scancel), then a wait until Slurm has ended every process
+of the job. The follow loop is scalelab/launcher/runner.py's: this backend
+has no loop of its own, and declares `queues`: a sweep queues every layout at once.
+
+The launcher never loads a pickle from a run directory (submitit's results included): what a run
+did comes from its records, as on every backend.
+
+Order inside the module (as in every backend): options, request, render (pure), schedule,
+status/logs/cancel.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pwd
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import submitit
+from submitit.core.utils import FailedJobError, FailedSubmissionError, JobPaths
+from submitit.slurm.slurm import SlurmInfoWatcher
+
+from scalelab.core.errors import ScalelabError
+from scalelab.core.rundir import (
+    ACTIVE,
+    CANCELLED,
+    COMPLETED,
+    FAILED,
+    PENDING,
+    RUNNING,
+    UNKNOWN,
+    RunPaths,
+    read_state,
+    start_state,
+)
+from scalelab.core.spec import Spec, read_spec
+from scalelab.core.waiting import wait_until
+from scalelab.launcher.backend import Backend, Request, RunStatus, log_text
+from scalelab.slurm.options import SlurmOptions
+from scalelab.slurm.rank import RankJob
+from scalelab.slurm.render import (
+    array_stem,
+    executor_parameters,
+    job_folder,
+    make_executor,
+    render_sbatch,
+)
+
+logging.getLogger("submitit").setLevel(logging.ERROR)  # the launcher says what Slurm says; the ranks' logs keep submitit's
+
+# Slurm job states (sacct State / squeue %T) -> the backend-neutral states.
+STATE_MAP = {
+    **dict.fromkeys(["PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "RESV_DEL_HOLD",
+                     "SPECIAL_EXIT", "SUSPENDED", "STOPPED", "RESIZING"], PENDING),
+    **dict.fromkeys(["RUNNING", "COMPLETING", "SIGNALING", "STAGE_OUT"], RUNNING),
+    "COMPLETED": COMPLETED,
+    "CANCELLED": CANCELLED,
+    **dict.fromkeys(["FAILED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "PREEMPTED",
+                     "REVOKED"], FAILED),
+}
+
+# What to do about Slurm's most common refusals (matched in its message, which is always shown too).
+HINTS = [
+    ("invalid partition", "check --partition: `sinfo -s` lists the partitions"),
+    ("node configuration is not available", "the cluster has no nodes with that many GPUs / CPUs / memory: "
+     "check --nodes, --gpus-per-node, --cpus-per-task and --mem-gb against `sinfo -o '%P %D %c %m %G'`"),
+    ("invalid --time", "--time takes MINUTES, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS"),
+    ("time limit", "check --time against the partition's limit (`sinfo -o '%P %l'`)"),
+    ("invalid account", "check --account (`sacctmgr show assoc user=$USER`)"),
+    ("invalid qos", "check --qos (`sacctmgr show assoc user=$USER format=qos`)"),
+    ("unrecognized option", "check the --sbatch-arg lines (`sbatch --help`)"),
+    ("memory", "check --mem-gb against the nodes' memory (`sinfo -o '%P %m'`)"),
+]
+
+
+@dataclass
+class SlurmRequest(Request):
+    """One sbatch job - a job array for the repeats of one layout - exactly as submitit hands it to sbatch."""
+
+    script: str = ""
+    run_dirs: list[Path] = field(default_factory=list)
+    parameters: dict[str, Any] = field(default_factory=dict)  # submitit's, which rendered `script`
+    python: str = ""
+
+    def render(self) -> str:
+        return self.script
+
+    @property
+    def folder(self) -> Path:
+        return job_folder(self.run_dirs)
+
+
+class SlurmBackend(Backend):
+    queues = True  # a sweep queues every layout before following the first
+    horovod_here = True  # the nodes run this Python from the shared filesystem
+
+    name = "slurm"
+    Options = SlurmOptions  # the valid options, their defaults and checks (scalelab/slurm/options.py)
+
+    def __init__(self, options: Any = None) -> None:
+        super().__init__(options)
+        # One watcher for every job this backend follows: one sacct query for all, 2 s apart at first.
+        self.watcher = SlurmWatcher(delay_s=max(2.0, float(self.options["poll_s"])))
+        self._verified: set[str] = set()  # job ids found to be their run's (`_not_this_run`)
+
+    def check(self, spec: Spec) -> None:
+        if self.options["gpu_type"] and not self.options["gres_gpus"]:
+            raise ScalelabError(f"--gpu-type {self.options['gpu_type']} asks for typed GPUs, but gres_gpus is false "
+                                "(no GPUs are requested); drop one of the two")
+
+    # ---- request, render (pure) ------------------------------------------------------------------
+
+    def submit_dryrun(self, spec: Spec, run_dir: Path) -> SlurmRequest:
+        return self.submit_dryrun_batch(spec, [run_dir])[0]
+
+    def submit_dryrun_batch(self, spec: Spec, run_dirs: list[Path]) -> list[Request]:
+        """One job for one run; one job array for repeats in PARENT/NAME0, NAME1, ... (else one job each)."""
+        run_dirs = [Path(d).absolute() for d in run_dirs]  # the nodes see the same paths (shared filesystem)
+        if len(run_dirs) > 1 and array_stem(run_dirs) is None:
+            return [self.submit_dryrun(spec, d) for d in run_dirs]
+        python = self.options["python"] or sys.executable
+        parameters = executor_parameters(spec, run_dirs, self.options, python)
+        script = render_sbatch(job_folder(run_dirs), parameters, python, len(run_dirs))
+        return [SlurmRequest(run_dirs[0], script, run_dirs, parameters, python)]
+
+    # ---- schedule --------------------------------------------------------------------------------
+
+    def schedule(self, request: SlurmRequest) -> str:
+        """Ask Slurm whether the job could run (`sbatch --test-only`), then submit it through submitit.
+
+        Returns the job id (an array's id for repeats); each run's launch.json gets its own (`ID_INDEX`).
+        """
+        for run_dir in request.run_dirs:
+            self._refuse_while_queued(run_dir)
+        request.folder.mkdir(parents=True, exist_ok=True)
+        _test_only(request)
+        jobs = self._send(request)
+        for run_dir, job in zip(request.run_dirs, jobs):
+            previous = jobs_of(run_dir) if RunPaths(run_dir).launch.exists() else []
+            runs = [*previous, {"job_id": job.job_id, "folder": str(request.folder)}]
+            start_state(run_dir, backend=self.name, job_id=job.job_id, runs=runs,
+                        script=str(job.paths.submission_file), submitted=time.time(),
+                        **job_owner(request.script, request.parameters["job_name"]))
+            self.watcher.register_job(job.job_id)
+        return jobs[0].job_id.split("_")[0]
+
+    def _send(self, request: SlurmRequest) -> list[submitit.Job]:
+        """submitit's submission: the pickled rank function(s), the script, sbatch."""
+        need("sbatch")
+        executor = make_executor(request.folder, request.parameters, request.python)
+        requeues = self.options["max_requeues"] if self.options["requeue"] else 0
+        ranks = [RankJob(run_dir, requeues) for run_dir in request.run_dirs]
+        try:
+            if len(ranks) == 1:
+                return [executor.submit(ranks[0])]
+            with executor.batch():  # one job array
+                jobs = [executor.submit(rank) for rank in ranks]
+            return jobs
+        except (FailedJobError, FailedSubmissionError, OSError) as exc:
+            words = " ".join(str(exc).split())
+            raise ScalelabError(f"sbatch failed for {request.run_dir.name} (nothing was queued): {words}") from None
+
+    def _refuse_while_queued(self, run_dir: Path) -> None:
+        """A run has one job at a time: a resume while its job is still queued or running is refused.
+
+        That happens after the launcher that followed the job was killed (SIGKILL, a lost login
+        session): Slurm, not the launcher, supervises the job, so it goes on.
+        """
+        job_id = read_state(run_dir).get("job_id") if RunPaths(run_dir).launch.exists() else None
+        state = self.job_state(job_id)[0] if job_id else ""
+        if STATE_MAP.get(state) in ACTIVE:
+            raise ScalelabError(f"run {run_dir} is still {state} as Slurm job {job_id} (Slurm keeps a job going "
+                                f"when its launcher is gone): `launch status {run_dir}` and `launch logs {run_dir}` "
+                                f"follow it; `launch cancel {run_dir}` stops it, then `launch resume {run_dir}` "
+                                "continues it")
+
+    # ---- status, logs, cancel ---------------------------------------------------------------------
+
+    @property
+    def poll_interval_s(self) -> float:
+        return 1.0  # a poll is cheap: submitit's watcher decides when sacct is asked (`poll_s`)
+
+    def poll(self, run_dir: Path) -> RunStatus:
+        """The status; at once from sacct when rank 0 has finished (its result file, as submitit's `done`)."""
+        job = jobs_of(run_dir)[-1]
+        ended = JobPaths(job["folder"], job_id=job["job_id"], task_id=0).result_pickle.exists()
+        return self.status(run_dir, "force" if ended else "standard")
+
+    def status(self, run_dir: Path, mode: str = "standard") -> RunStatus:
+        job_id = read_state(run_dir)["job_id"]
+        wrong = self._not_this_run(run_dir, job_id)
+        if wrong:
+            return RunStatus(UNKNOWN, wrong)
+        state, nodes = self.job_state(job_id, mode)
+        where = f" on {nodes}" if nodes and nodes != "None assigned" else ""
+        return RunStatus(STATE_MAP.get(state, UNKNOWN), f"Slurm job {job_id} {state}{where}")
+
+    def job_state(self, job_id: str, mode: str = "standard") -> tuple[str, str]:
+        """(Slurm state, node list) from the watcher: accounting's (sacct), or the controller's (squeue)
+        while accounting says PENDING or knows nothing of the job (see `SlurmWatcher`)."""
+        need("sacct")
+        info = self.watcher.get_info(job_id, mode)
+        state = sacct_state(info)
+        if state and STATE_MAP.get(state) != PENDING:
+            return state, info.get("NodeList", "")
+        queued = self.watcher.queued.get(job_id, "")
+        return (queued, "") if queued else (state or "UNKNOWN", info.get("NodeList", ""))
+
+    def watch(self, run_dir: Path) -> None:
+        """Add the run's job to the watcher's one sacct query, before any status is asked (`launch status
+        SWEEP` asks for every layout's: one query for all)."""
+        job_id = read_state(run_dir).get("job_id") if RunPaths(run_dir).launch.exists() else None
+        if job_id:
+            self.watcher.register_job(str(job_id))
+
+    def finish(self, run_dir: Path, status: RunStatus) -> RunStatus:
+        """The job ended: wait until Slurm has ended every process of it (it leaves the queue)."""
+        wait_gone(read_state(run_dir)["job_id"], grace_s=120.0)
+        return status
+
+    def logs(self, run_dir: Path) -> str:
+        """Every job's per-task logs (submitit's JOB_TASK_log.out and .err), rank by rank."""
+        ranks, files = read_spec(Path(run_dir)).world, []
+        for job in jobs_of(run_dir):
+            for rank in range(ranks):
+                paths = JobPaths(job["folder"], job_id=job["job_id"], task_id=rank)
+                files += [p for p in (paths.stdout, paths.stderr) if p.exists() or rank == 0]
+        return log_text(files)
+
+    def cancel(self, run_dir: Path, grace_s: float = 120.0) -> None:
+        """submitit's cancel (scancel: the ranks get SIGTERM, checkpoint and exit), then wait until the
+        job has left the queue: slurmd has then ended every process of it on every node (SIGKILL after
+        `KillWait`), so nothing of the run is left. A job still there after `grace_s` is an error."""
+        job_id = read_state(run_dir).get("job_id")
+        if not job_id:
+            return  # never queued
+        wrong = self._not_this_run(run_dir, job_id)
+        if wrong:
+            raise ScalelabError(wrong)
+        if STATE_MAP.get(squeue_state(job_id)) in ACTIVE:
+            submitit.SlurmJob(jobs_of(run_dir)[-1]["folder"], job_id).cancel(check=False)
+        wait_gone(job_id, grace_s)
+
+
+    def _not_this_run(self, run_dir: Path, job_id: str) -> str:
+        """'' when Slurm's job `job_id` is the run's own (checked once per job), else why it is refused."""
+        if job_id in self._verified:
+            return ""
+        wrong = job_mismatch(read_state(run_dir), job_fields(job_id))
+        if wrong:
+            return (f"Slurm job {job_id} named in {RunPaths(run_dir).launch} is not this run's job ({wrong}); nothing "
+                    f"was sent to it. The file may have been edited, or Slurm reused the id: check `squeue -j {job_id}` "
+                    f"and `sacct -j {job_id}`, and stop the run's own job with scancel")
+        self._verified.add(job_id)
+        return ""
+
+
+class SlurmWatcher(SlurmInfoWatcher):
+    """submitit's watcher (one sacct query for every job registered, with its back-off: 2 s apart at first,
+    then up to `delay_s`) that also asks the controller, in the same update, about the jobs accounting
+    lags on: those sacct does not list yet, or lists as PENDING (slurmdbd records a start late on a
+    loaded host, while the ranks already write steps). One squeue for all of them at once, only when
+    there are such jobs, so squeue is asked at most as often as sacct and, once accounting has caught
+    up, not at all. `queued` holds its answer (job id -> state) until the next update."""
+
+    def __init__(self, delay_s: float) -> None:
+        super().__init__(delay_s=delay_s)  # type: ignore[arg-type]  # submitit's hint says int; seconds as float work
+        self.jobs: set[str] = set()
+        self.queued: dict[str, str] = {}
+
+    def register_job(self, job_id: str) -> None:
+        super().register_job(job_id)
+        self.jobs.add(job_id)
+
+    def update(self) -> None:
+        asked = self.num_calls
+        super().update()
+        if self.num_calls == asked:  # sacct was not asked (no job left to follow): neither is squeue
+            return
+        lagging = sorted(j for j in self.jobs if STATE_MAP.get(sacct_state(self.get_info(j, "cache"))) in (None, PENDING))
+        self.queued = squeue_states(lagging) if lagging else {}
+
+
+def sacct_state(info: dict[str, str]) -> str:
+    """The state word of a sacct row ("CANCELLED by 0" -> CANCELLED); "" when sacct has no row."""
+    words = info.get("State", "").split()
+    return words[0] if words else ""
+
+
+# ---- is this job the run's? (a job id in launch.json is checked before anything acts on it) --------
+
+JOB_FIELDS = ("name", "user", "workdir")
+
+
+def job_owner(script: str = "", job_name: str = "") -> dict[str, Any]:
+    """What Slurm will show for a job of this launcher with this sbatch script, recorded at submission
+    for `job_mismatch`: its name and working directory (the script's last --job-name and --chdir, which
+    `--sbatch-arg` may add; else `job_name` and this process's directory, where sbatch runs) and the user."""
+    def last(flag: str) -> str | None:
+        found = re.findall(rf"^#SBATCH\s+--{flag}[= ](\S+)", script, flags=re.M)
+        return found[-1] if found else None
+
+    where = [os.getcwd()] + ([os.environ["PWD"]] if os.environ.get("PWD") else [])  # sbatch's getcwd(); $PWD too
+    owner = {"user": this_user(), "workdir": [os.path.normpath(os.path.join(w, last("chdir") or "")) for w in where]}
+    name = last("job-name") or job_name
+    return {**owner, "job_name": name} if name else owner
+
+
+def this_user() -> str:
+    """The user Slurm shows for this process's jobs: its uid's name (not $USER, which anyone can set)."""
+    try:
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:
+        return str(os.getuid())
+
+
+def job_fields(job_id: str) -> dict[str, str]:
+    """The job's name, user and working directory as the controller (squeue) or accounting (sacct) know
+    them; {} when neither does any more."""
+    for cmd in (["squeue", "-h", "--states=all", "-j", job_id, "-o", "%j|%u|%Z"],
+                ["sacct", "-X", "-n", "-P", "-j", job_id, "-o", "JobName,User,WorkDir"]):
+        proc = _slurm(cmd)
+        lines = proc.stdout.strip().splitlines() if proc.returncode == 0 else []
+        parts = [p.strip() for p in lines[0].split("|")] if lines else []
+        if len(parts) == len(JOB_FIELDS):
+            return dict(zip(JOB_FIELDS, parts))
+    return {}
+
+
+def job_mismatch(state: dict[str, Any], fields: dict[str, str]) -> str:
+    """What differs between the job Slurm shows (`fields`) and the run's launch.json (`state`): its name,
+    its user (this user for a run recorded before users were) and its working directory (one of those
+    recorded); '' if none."""
+    expected = {"name": state.get("job_name"), "user": state.get("user") or this_user(),
+                "workdir": state.get("workdir")}
+    wrong = []
+    for key, want in expected.items():
+        allowed = [want] if isinstance(want, str) else list(want or [])
+        if allowed and fields.get(key) and fields[key] not in allowed:
+            wrong.append(f"its {key} is {fields[key]!r}, the run's {' or '.join(map(repr, allowed))}")
+    return "; ".join(wrong)
+
+
+def jobs_of(run_dir: Path) -> list[dict[str, str]]:
+    """The run's jobs, oldest first: {job_id, folder (submitit's)}; a run launched before submitit had
+    only job ids, and its files in RUN_DIR/slurm."""
+    info = read_state(run_dir)
+    if "runs" in info:
+        return info["runs"]
+    return [{"job_id": job, "folder": str(Path(run_dir) / "slurm")} for job in info.get("jobs", [info["job_id"]])]
+
+
+# ---- Slurm's commands ----------------------------------------------------------------------------
+
+
+def _test_only(request: SlurmRequest) -> None:
+    """`sbatch --test-only` on the very script submitit will send: Slurm's refusal, nothing queued."""
+    with tempfile.NamedTemporaryFile("w", suffix=".sbatch", dir=request.folder) as script:
+        script.write(request.script)
+        script.flush()
+        check = _slurm(["sbatch", "--test-only", script.name])
+    if check.returncode != 0:
+        raise ScalelabError(_refusal("Slurm refused the job", check, request.run_dir))
+
+
+def squeue_state(job_id: str) -> str:
+    """The job's state while the controller lists it (PENDING, RUNNING, COMPLETING...), else ""."""
+    return squeue_states([job_id]).get(job_id, "")
+
+
+def squeue_states(job_ids: list[str]) -> dict[str, str]:
+    """{job id: state} for the jobs the controller still lists, one squeue call for all (`-r`: an array's
+    tasks one by one, as ID_INDEX); a job it no longer lists is absent."""
+    q = _slurm(["squeue", "-h", "-r", "--states=all", "-j", ",".join(job_ids), "-o", "%i|%T"])
+    rows = (line.split("|") for line in q.stdout.splitlines() if line.count("|") == 1)
+    return {job.strip(): state.strip() for job, state in rows if job.strip() and state.strip()}
+
+
+def wait_gone(job_id: str, grace_s: float) -> None:
+    """Until Slurm no longer lists the job as active, not even COMPLETING: no process of it is left."""
+    if not wait_until(lambda: STATE_MAP.get(squeue_state(job_id)) not in ACTIVE, grace_s, interval_s=2.0):
+        raise ScalelabError(f"Slurm job {job_id} is still {squeue_state(job_id) or 'listed'} {grace_s:.0f} s after it "
+                            f"was stopped; `squeue -j {job_id}` shows it, `scancel --signal=KILL {job_id}` ends it")
+
+
+def need(command: str) -> None:
+    if shutil.which(command) is None:
+        raise ScalelabError(f"{command} is not on PATH: the slurm backend runs on a Slurm login node "
+                            "(to try it on this machine: scripts/slurm-cluster.sh start)")
+
+
+def _slurm(cmd: list[str], timeout: float = 60) -> subprocess.CompletedProcess:
+    need(cmd[0])
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise ScalelabError(f"`{' '.join(cmd)}` did not answer in {timeout:.0f} s: is slurmctld up? (`sinfo`)") from None
+
+
+def _refusal(what: str, proc: subprocess.CompletedProcess, run_dir: Path) -> str:
+    words = "; ".join(line.strip() for line in (proc.stderr + proc.stdout).splitlines() if line.strip())
+    words = words or f"exit code {proc.returncode}"
+    hints = [hint for key, hint in HINTS if key in words.lower()][:1]
+    return f"{what} for {run_dir.name} (nothing was queued): {words}" + (f"; {hints[0]}" if hints else "")

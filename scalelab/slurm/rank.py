@@ -1,0 +1,210 @@
+"""The rank function: what submitit runs in every task of the job (`RankJob`, pickled at submission).
+
+srun starts `python -m submitit.core._submit FOLDER` once per task; submitit loads the pickled
+`RankJob` and calls it. It reads where this task sits from submitit's `JobEnvironment`, maps that to
+the variables the engines read, records the placement, and runs the trainer (`python -m scalelab.train
+RUN_DIR`) as its child, passing the stop signals on:
+
+    global_rank -> RANK / HOROVOD_RANK             num_tasks -> WORLD_SIZE / HOROVOD_SIZE
+    local_rank  -> LOCAL_RANK / HOROVOD_LOCAL_RANK  num_tasks / num_nodes -> LOCAL_WORLD_SIZE / ..._LOCAL_SIZE
+    node        -> GROUP_RANK / HOROVOD_CROSS_RANK  num_nodes -> HOROVOD_CROSS_SIZE
+    hostnames[node] -> HOROVOD_HOSTNAME (the name in the rendezvous plan, scalelab/slurm/rendezvous.py)
+
+The trainer is a child, not this process, so that it keeps its own exit (`os._exit` after Gloo's
+threads, scalelab/train/__main__.py) and submitit's process stays free of torch.
+
+GPUs: each rank sees only its own GPU - the one at position local_rank in the GPUs Slurm gave the
+node (CUDA_VISIBLE_DEVICES, or their count when the node sets none).
+
+Signals: TERM (scancel, `scontrol requeue`, preemption) and USR1 (`--signal=USR1@N`, the time limit
+near) reach the trainer, which checkpoints at a step every rank agrees on and exits 143. After a USR1,
+rank 0 requeues the job as submitit does for a `Checkpointable`: `checkpoint()` gives the function to
+run again, submitit saves it as the job's submission, `scontrol requeue`; the ranks resume from
+RUN_DIR/checkpoint.pt when the job starts again. Unlike submitit's own handler, this happens after
+the ranks have checkpointed, not inside the signal handler, since the trainer needs the time.
+
+Where each rank ran (Slurm node, node id, local rank, GPU, job id, restart count) is appended to
+RUN_DIR/slurm/placement-R.jsonl, one line per (re)start; the training records stay as they are.
+
+`python -m scalelab.slurm.rank --free-port` prints a free TCP port (the DDP rendezvous port, on the first node).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NoReturn
+
+import submitit
+from submitit.core.utils import temporary_save_path
+from submitit.helpers import Checkpointable, DelayedSubmission
+
+from scalelab.core.net import free_port
+from scalelab.core.procs import TRAINER
+from scalelab.core.rundir import RunPaths
+from scalelab.core.spec import TORCHRUN_ENGINES
+
+INTERRUPTED = 143  # the trainer's exit after checkpointing on a stop signal (scalelab/train/loop.py)
+PLACEMENT_DIR = "slurm"
+
+
+@dataclass(frozen=True)
+class Task:
+    """Where one task of the job sits, as submitit's JobEnvironment tells it."""
+
+    rank: int
+    world: int
+    local: int
+    node: int
+    nodes: int
+    hostnames: tuple[str, ...]
+    job_id: str
+
+    @classmethod
+    def of(cls, job: submitit.JobEnvironment) -> Task:
+        return cls(job.global_rank, job.num_tasks, job.local_rank, job.node, job.num_nodes, tuple(job.hostnames),
+                   job.job_id)
+
+    @property
+    def local_world(self) -> int:
+        return self.world // self.nodes  # every node runs --ntasks-per-node tasks
+
+    @property
+    def hostname(self) -> str:
+        return self.hostnames[self.node] if self.node < len(self.hostnames) else socket.gethostname()
+
+
+def own_gpu(env: dict[str, str], local_rank: int) -> str | None:
+    """The one GPU this rank should see, or None when the node has none allocated."""
+    visible = env.get("CUDA_VISIBLE_DEVICES") or env.get("SLURM_STEP_GPUS") or env.get("SLURM_JOB_GPUS")
+    devices = [d for d in (visible or "").split(",") if d.strip()]
+    if not devices and int(env.get("SLURM_GPUS_ON_NODE", "0") or 0) > 0:
+        devices = [str(i) for i in range(int(env["SLURM_GPUS_ON_NODE"]))]
+    return devices[local_rank % len(devices)] if devices else None
+
+
+def rank_env(task: Task, engine: str, env: dict[str, str]) -> dict[str, str]:
+    """The variables to add for this task (pure: a function of the task, the engine and the environment)."""
+    rank, world, local, node, local_world = task.rank, task.world, task.local, task.node, task.local_world
+    if rank != node * local_world + local:
+        raise ValueError(f"rank {rank} is not node {node} x {local_world} + local {local}: "
+                         "the job must use block distribution (srun --distribution=block)")
+    out: dict[str, str] = {}
+    gpu = own_gpu(env, local)
+    if gpu is not None:
+        out["CUDA_VISIBLE_DEVICES"] = gpu
+    addr, port = env.get("SCALELAB_RDZV_ADDR", "127.0.0.1"), env.get("SCALELAB_RDZV_PORT", "0")
+    if engine in TORCHRUN_ENGINES:
+        out.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(local), LOCAL_WORLD_SIZE=str(local_world),
+                   GROUP_RANK=str(node), NODE_RANK=str(node), MASTER_ADDR=addr, MASTER_PORT=port)
+    elif engine == "horovod":
+        out.update(HOROVOD_RANK=str(rank), HOROVOD_SIZE=str(world), HOROVOD_LOCAL_RANK=str(local),
+                   HOROVOD_LOCAL_SIZE=str(local_world), HOROVOD_CROSS_RANK=str(node),
+                   HOROVOD_CROSS_SIZE=str(task.nodes), HOROVOD_HOSTNAME=task.hostname,
+                   HOROVOD_CONTROLLER="gloo", HOROVOD_CPU_OPERATIONS="gloo",
+                   HOROVOD_GLOO_RENDEZVOUS_ADDR=addr, HOROVOD_GLOO_RENDEZVOUS_PORT=port)
+    return out
+
+
+def record_placement(run_dir: Path, task: Task, env: dict[str, str], added: dict[str, str]) -> None:
+    path = Path(run_dir) / PLACEMENT_DIR / f"placement-{task.rank}.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    line = {
+        "rank": task.rank, "node": task.hostname, "node_id": task.node, "local_rank": task.local,
+        "host": socket.gethostname(), "job_id": task.job_id, "restart": int(env.get("SLURM_RESTART_COUNT", "0") or 0),
+        "gpu": added.get("CUDA_VISIBLE_DEVICES"), "time": time.time(),
+    }
+    with path.open("a") as f:
+        f.write(json.dumps(line) + "\n")
+
+
+def run_trainer(run_dir: Path, added: dict[str, str]) -> tuple[int, set[int]]:
+    """`python -m scalelab.train RUN_DIR` with this rank's variables until it exits; TERM and USR1 are passed on.
+
+    Returns its exit status (128 + N when signal N ended it) and the stop signals this task got.
+    """
+    got: set[int] = set()
+    trainer = subprocess.Popen([sys.executable, *TRAINER, str(run_dir)], env={**os.environ, **added})
+
+    def pass_on(signum: int, frame: object) -> None:
+        got.add(signum)
+        if trainer.returncode is None:  # Slurm signals every process of the step; this covers the rest
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(trainer.pid, signum)
+
+    for sig in (signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(sig, pass_on)
+    while (code := trainer.poll()) is None:  # Python runs the handler when this thread wakes, whoever got the signal
+        time.sleep(0.2)
+    return (code if code >= 0 else 128 - code), got
+
+
+class RankJob(Checkpointable):
+    """One rank of the run in RUN_DIR; `requeues_left`: requeues after a time-limit warning still allowed."""
+
+    def __init__(self, run_dir: Path, requeues_left: int) -> None:
+        self.run_dir = Path(run_dir)
+        self.requeues_left = requeues_left
+
+    def __call__(self) -> dict[str, Any]:
+        job = submitit.JobEnvironment()
+        task, env = Task.of(job), dict(os.environ)
+        engine = json.loads(RunPaths(self.run_dir).spec.read_text())["engine"]["name"]
+        try:
+            added = rank_env(task, engine, env)
+        except ValueError as exc:
+            self._fail(str(exc), 2)
+        record_placement(self.run_dir, task, env, added)
+        code, got = run_trainer(self.run_dir, added)
+        if code == 0:
+            return {"rank": task.rank, "exit_code": 0}
+        if code == INTERRUPTED and got == {signal.SIGUSR1}:  # the time limit is near; not a cancel
+            if self.requeues_left > 0:
+                if task.rank == 0:
+                    self.requeue(job)
+                return {"rank": task.rank, "exit_code": code, "requeued": True}  # exit 0: srun keeps rank 0
+            if task.rank == 0:
+                self._fail("the time limit was near: every rank checkpointed and stopped, and no requeue is left "
+                           f"(--requeue, max_requeues); `launch resume {self.run_dir}` continues it", code)
+        sys.exit(code)  # SystemExit: submitit saves no result, as for its own preemption exit
+
+    def checkpoint(self) -> DelayedSubmission:
+        """What runs when the requeued job starts again: this rank function with one requeue fewer. The
+        training state is not in it: the ranks wrote RUN_DIR/checkpoint.pt before stopping."""
+        return DelayedSubmission(RankJob(self.run_dir, self.requeues_left - 1))
+
+    def requeue(self, job: submitit.JobEnvironment) -> None:
+        """Rank 0, once every rank has checkpointed: submitit's requeue of a Checkpointable."""
+        with temporary_save_path(job.paths.submitted_pickle) as tmp:
+            self.checkpoint().dump(tmp)
+        print(f"scalelab: the time limit is near and every rank checkpointed: requeueing job {job.job_id} "
+              f"({self.requeues_left - 1} requeue(s) left after this one)", file=sys.stderr, flush=True)
+        job._requeue(self.requeues_left - 1)  # scontrol requeue (Slurm then stops every task of the job)
+        sys.exit(INTERRUPTED)
+
+    def _fail(self, message: str, code: int) -> NoReturn:
+        from scalelab.core.records import record_error  # the spec reader only on this path
+
+        record_error(self.run_dir, message, dict(os.environ))
+        sys.exit(code)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv != ["--free-port"]:
+        print("usage: python -m scalelab.slurm.rank --free-port  (the ranks themselves are started by submitit)", file=sys.stderr)
+        return 2
+    print(free_port(""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

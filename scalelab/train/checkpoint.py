@@ -1,0 +1,176 @@
+"""Checkpoints: rank 0 writes, every rank reads.
+
+A checkpoint holds everything a resumed run needs to continue exactly where the uninterrupted run
+would have been: model and optimizer state (Adam's step count and moments), the step counter (which
+fixes the LR schedule position and, with the batch shares, the data position: batches are a pure
+function of (seed, epoch, step), see scalelab/train/data.py), the training time spent so far, the threshold
+bookkeeping, every rank's RNG states (dropout; ranks with different batch shares draw different
+amounts, so one rank's state would not do for the others) and, under fp16, the gradient scaler's
+state (`amp`: the loss scale and its growth counter).
+
+Why only tensors and plain values: checkpoints are loaded with `weights_only=True`, so a file planted
+in a run directory is data, never code. A pickled object (a class, a numpy array, a function) is
+refused with a message instead of being run.
+
+Why the identity: a checkpoint written by another spec (another model, seed, batch, layout or
+precision) would load into the wrong run, or fail deep inside `load_state_dict`; it is refused up
+front, naming the fields that differ.
+
+Why bytes first: `torch.save` reports a full disk as an opaque RuntimeError and leaves a truncated
+file behind. The checkpoint is serialised in memory, then written with plain file I/O to a temporary
+file that is synced and renamed over the previous checkpoint; a failed write removes the temporary
+file, keeps the previous checkpoint and says which filesystem is full.
+"""
+
+from __future__ import annotations
+
+import errno
+import io
+import os
+import pickle
+import re
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from scalelab.core.errors import RecordError
+from scalelab.core.spec import SAVED_SPEC_PRECISION, Spec
+from scalelab.core.writes import free_bytes, mount_point
+
+CHECKPOINT_NAME = "checkpoint.pt"
+FORMAT = 2  # 1: before identity and per-rank RNG states (loaded with weights_only=False)
+# Identity fields added after format 2 was fixed, with what a checkpoint that lacks them was written with.
+IDENTITY_BEFORE = {"precision": SAVED_SPEC_PRECISION}
+
+
+class CheckpointError(RecordError):
+    """A checkpoint cannot be written, or is not one this run may resume from."""
+
+
+def checkpoint_path(run_dir: Path) -> Path:
+    return Path(run_dir) / CHECKPOINT_NAME
+
+
+def identity(spec: Spec, global_batch: int) -> dict[str, Any]:
+    """The settings a checkpoint must share with the run that resumes from it (plain values)."""
+    return {
+        "model": spec.model, "rnn": spec.rnn, "model_args": dict(spec.model_args), "optimizer": spec.optimizer,
+        "seed": spec.seed, "data": spec.data.kind, "global_batch": global_batch, "workers": spec.workers,
+        "precision": spec.precision,
+        **({"ranks": spec.world} if spec.world != spec.workers else {}),  # ps server ranks: their RNG states
+    }
+
+
+# ---- RNG states --------------------------------------------------------------------------------
+
+
+def rng_state() -> list[torch.Tensor]:
+    """This process's RNG states as uint8 tensors: the CPU generator, then this rank's GPU, if any."""
+    states = [torch.get_rng_state()]
+    if torch.cuda.is_available():
+        states.append(torch.cuda.get_rng_state())
+    return states
+
+
+def set_rng_state(states: list[torch.Tensor]) -> None:
+    """Set this process's generators. The states are copied first: `torch.set_rng_state` reads a view
+    into a larger storage (as loaded from a gathered, saved tensor) from the storage's start, and crashes."""
+    torch.set_rng_state(states[0].cpu().clone())
+    if len(states) > 1 and torch.cuda.is_available():
+        torch.cuda.set_rng_state(states[1].cpu().clone())
+
+
+# ---- save ----------------------------------------------------------------------------------------
+
+
+def save_checkpoint(run_dir: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, **state: Any) -> Path:
+    """Write model, optimizer and `state` (plain values: step, rng, ...) atomically; see the module doc."""
+    path = checkpoint_path(run_dir)
+    payload = {"format": FORMAT, "model": unwrap(model).state_dict(), "optimizer": optimizer.state_dict(), **state}
+    buffer = io.BytesIO()
+    torch.save(payload, buffer)
+    write_atomically(path, buffer.getbuffer())
+    return path
+
+
+def write_atomically(path: Path, data: bytes | memoryview) -> None:
+    """Replace `path` by `data`, or leave it as it was and raise CheckpointError saying why."""
+    tmp = path.with_suffix(".tmp")
+    try:
+        with open(tmp, "wb") as out:
+            out.write(data)
+            out.flush()
+            os.fsync(out.fileno())  # the rename must not publish a file whose blocks are not on disk
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise CheckpointError(_write_failure(path, exc, len(data))) from None
+
+
+def _write_failure(path: Path, exc: OSError, size: int) -> str:
+    kept = "the previous checkpoint is kept" if path.exists() else "no earlier checkpoint exists"
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return (
+            f"checkpoint {path} could not be written: the filesystem at {mount_point(path.parent)} is full "
+            f"({free_bytes(path.parent)} free, {size:,} bytes needed); {kept}. Free space there and continue with "
+            f"`launch resume`, or run with --runs-dir on a filesystem with room"
+        )
+    return f"checkpoint {path} could not be written ({exc.strerror or exc}); {kept}"
+
+
+# ---- load and restore ----------------------------------------------------------------------------
+
+
+def load_checkpoint(run_dir: Path, expect: dict[str, Any], map_location: torch.device | str = "cpu") -> dict[str, Any] | None:
+    """The checkpoint of RUN_DIR (None when there is none), refused unless it is plain data of this spec."""
+    path = checkpoint_path(run_dir)
+    if not path.exists():
+        return None
+    if not zipfile.is_zipfile(path):
+        raise CheckpointError(f"checkpoint {path} is truncated or not a checkpoint; delete it to start from scratch")
+    try:
+        ckpt = torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as exc:
+        found = re.search(r"GLOBAL (\S+)", str(exc))
+        what = f"it calls {found.group(1)}" if found else "a pickled object"
+        raise CheckpointError(
+            f"checkpoint {path} holds more than tensors and plain values ({what}); loading it could run code, "
+            "so it was not loaded. Delete it unless you know where it came from"
+        ) from None
+    except Exception as exc:  # noqa: BLE001 - a damaged archive fails in many ways: say which file and what to do
+        raise CheckpointError(f"checkpoint {path} cannot be read ({exc}); delete it to start from scratch") from None
+    check_identity(path, ckpt, expect)
+    return ckpt
+
+
+def check_identity(path: Path, ckpt: Any, expect: dict[str, Any]) -> None:
+    if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
+        raise CheckpointError(
+            f"checkpoint {path} was written by another version of scalelab (format "
+            f"{ckpt.get('format', 1) if isinstance(ckpt, dict) else '?'}, this one reads {FORMAT}); "
+            "delete it to start from scratch"
+        )
+    found = {**IDENTITY_BEFORE, **ckpt.get("identity", {})}
+    differ = [f"{k} {expect[k]!r} here, {found.get(k)!r} in the checkpoint" for k in expect if found.get(k) != expect[k]]
+    if differ:
+        raise CheckpointError(
+            f"checkpoint {path} belongs to a different run ({'; '.join(differ)}); resume the run it was written "
+            "by, or delete it to start from scratch"
+        )
+
+
+def restore(ckpt: dict[str, Any], model: torch.nn.Module, optimizer: torch.optim.Optimizer, rank: int) -> None:
+    """Model, optimizer (after any engine wrapping: Horovod's wrapper builds a fresh optimizer) and RNG."""
+    try:
+        unwrap(model).load_state_dict(ckpt["model"])
+        optimizer.load_state_dict(ckpt["optimizer"])
+    except (RuntimeError, ValueError, KeyError) as exc:
+        raise CheckpointError(f"the checkpoint does not fit this model or optimizer ({exc}); delete it to start from scratch") from None
+    set_rng_state(ckpt["rng"][rank])
+
+
+def unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """The plain model inside a DDP wrapper (checkpoints are engine-independent)."""
+    return getattr(model, "module", model)
