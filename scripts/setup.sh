@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# First command of the README: install everything, then run the main job on the embedded default -
-# a small strong-scaling sweep of the LSTM translation model (nmt-small, global batch 64) over 1 and
-# 2 local worker processes with Horovod over Gloo, ending in a scaling table and a Markdown report
-# with plots (about a minute on 2 cores). Extra arguments go to `launch sweep`.
+# First command of the README: install everything (scripts/install.sh: into the active virtualenv, else
+# the project's .venv), then run the main job on the embedded default - a small strong-scaling sweep of
+# the LSTM translation model (nmt-small, global batch 64) over 1 and 2 local worker processes with Horovod
+# over Gloo, ending in a scaling table and a Markdown report with plots (about a minute on 2 cores).
+# Extra arguments go to `launch sweep`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/python-env.sh
 scripts/install.sh
-exec launch sweep --model nmt-small --engine horovod --workers 1,2 --mode strong \
+exec "$PY_BIN/launch" sweep --model nmt-small --engine horovod --workers 1,2 --mode strong \
   --global-batch 64 --steps 30 --warmup-steps 5 "$@"

@@ -141,3 +141,23 @@ def small_fs(tmp_path):
     yield make
     for mnt in mounted:
         subprocess.run(["umount", str(mnt)], check=True)
+
+
+SLURM_SCRIPT = ROOT / "scripts" / "slurm-cluster.sh"
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    """A running two-node cluster for the whole session (started here, stopped here)."""
+    if not sys.platform.startswith("linux"):
+        pytest.skip("the test Slurm cluster needs Linux")
+    was_up = subprocess.run(["bash", str(SLURM_SCRIPT), "status"], capture_output=True, text=True).returncode == 0
+    if not was_up:
+        done = subprocess.run(["bash", str(SLURM_SCRIPT), "start"], capture_output=True, text=True, timeout=900)
+        if done.returncode != 0:
+            subprocess.run(["bash", str(SLURM_SCRIPT), "stop"], capture_output=True, text=True, timeout=120)
+            reason = (done.stderr.strip() or done.stdout.strip()).splitlines()[-1:] or [f"exit code {done.returncode}"]
+            pytest.skip(f"no Slurm cluster on this machine: {reason[0]}")
+    yield
+    if not was_up:
+        subprocess.run(["bash", str(SLURM_SCRIPT), "stop"], capture_output=True, text=True, timeout=300)

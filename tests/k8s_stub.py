@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import threading
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -266,7 +267,10 @@ class LocalKubelet:
                 for key, text in cm["data"].items():
                     (spec_dir / key).write_text(text)
         bindir = Path(tempfile.mkdtemp(prefix="bin-", dir=scratch))
-        (bindir / "python").symlink_to(self.python)
+        # A wrapper, not a symlink: a link to a virtualenv's python, found in another directory, starts the base
+        # interpreter without the virtualenv's packages (Python looks for pyvenv.cfg beside the name it was run as).
+        (bindir / "python").write_text(f'#!/bin/sh\nexec {shlex.quote(self.python)} "$@"\n')
+        (bindir / "python").chmod(0o755)
 
         def local(arg: str) -> str:
             arg = re.sub(r"\$\((\w+)\)", lambda m: env.get(m[1], m[0]), arg)

@@ -26,15 +26,33 @@ PACKAGES = set(ALLOWED)
 MAX_FUNCTION_LINES = 80
 
 
+TOP = "scalelab"  # the one importable package; its subpackages are the layers
+
+
 def _modules() -> dict[str, Path]:
+    """{"scalelab.core.spec": path, ...} for every module of every layer."""
     out = {}
     for pkg in PACKAGES:
-        for path in (ROOT / pkg).rglob("*.py"):
+        for path in (ROOT / TOP / pkg).rglob("*.py"):
             parts = list(path.relative_to(ROOT).with_suffix("").parts)
             if parts[-1] == "__init__":
                 parts = parts[:-1]
             out[".".join(parts)] = path
+    assert {m.split(".")[1] for m in out} == PACKAGES, "a layer has no modules: has the package moved?"
     return out
+
+
+def _layer(name: str) -> str | None:
+    """The layer of an absolute module name ("scalelab.costs.cli" -> "costs"); None outside the project."""
+    parts = name.split(".")
+    return parts[1] if len(parts) > 1 and parts[0] == TOP and parts[1] in PACKAGES else None
+
+
+def test_nothing_but_the_package_is_top_level() -> None:
+    """Everything importable lives under scalelab/ (issue #24): no old top-level folder came back."""
+    stray = [p.name for p in ROOT.iterdir() if p.is_dir() and (p / "__init__.py").exists() and p.name not in (TOP, "tests")]
+    assert not stray, f"top-level packages beside {TOP}: {stray}"
+    assert not [n for n in PACKAGES if (ROOT / n).exists()]
 
 
 def _imports(module: str, path: Path) -> set[str]:
@@ -59,11 +77,12 @@ def _imports(module: str, path: Path) -> set[str]:
 def test_packages_import_downward_only() -> None:
     wrong = []
     for module, path in _modules().items():
-        pkg = module.split(".")[0]
+        pkg = _layer(module)
         for name in _imports(module, path):
-            top = name.split(".")[0]
-            if top in PACKAGES and top != pkg and top not in ALLOWED[pkg]:
+            top = _layer(name)
+            if top is not None and top != pkg and top not in ALLOWED[pkg]:
                 wrong.append(f"{path.relative_to(ROOT)} imports {name}")
+            assert name.split(".")[0] not in PACKAGES, f"{path.relative_to(ROOT)} imports {name}: the old top-level name"
     assert not wrong, "imports against the layers:\n" + "\n".join(sorted(wrong))
 
 

@@ -31,6 +31,7 @@ import json
 import os
 import subprocess
 import sys
+import sysconfig
 import threading
 import time
 import uuid
@@ -122,6 +123,13 @@ def venv(tmp_path_factory) -> Path:
     # --without-pip: the venv's own old setuptools would hide this machine's (torch pins setuptools>=77);
     # pip itself comes from the system site-packages and installs into the venv.
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(path)], check=True)
+    if sys.prefix != sys.base_prefix:
+        # Run from a virtualenv, --system-site-packages reaches the base interpreter's packages, not this
+        # environment's (torch, boto3): add this environment's site-packages after the new one's own.
+        new_site = Path(subprocess.run([str(path / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                                       capture_output=True, text=True, check=True).stdout.strip())
+        ours = dict.fromkeys([sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]])
+        (new_site / "_scalelab_test_outer_env.pth").write_text("".join(f"{d}\n" for d in ours))
     return path / "bin" / "python"
 
 

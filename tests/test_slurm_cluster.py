@@ -31,7 +31,7 @@ import pytest
 import torch
 from submitit.core.utils import DelayedSubmission
 
-from tests.conftest import ROOT, launch, needs_horovod, only_run_dir, read_jsonl
+from tests.conftest import ROOT, launch, needs_horovod, only_run_dir, read_jsonl, slurm_cluster  # noqa: F401
 from tests.test_resume import (
     ENGINE_PARAMS,
     ENGINES,
@@ -43,26 +43,8 @@ from tests.test_resume import (
 from scalelab.train.checkpoint import CHECKPOINT_NAME
 from scalelab.train.loop import HOLD_AT_STEP_ENV, KILL_AT_STEP_ENV
 
-SCRIPT = ROOT / "scripts" / "slurm-cluster.sh"
 TINY = ["--backend", "slurm", "--model", "nmt-tiny", "--threads", "1", "--warmup-steps", "1"]
 EXACT = [*SPEC, "--backend", "slurm", "--threads", "1"]  # tests/test_resume.py's runs, on the cluster
-
-
-@pytest.fixture(scope="session")
-def slurm_cluster():
-    """A running two-node cluster for the whole session (started here, stopped here)."""
-    if not sys.platform.startswith("linux"):
-        pytest.skip("the test Slurm cluster needs Linux")
-    was_up = subprocess.run(["bash", str(SCRIPT), "status"], capture_output=True, text=True).returncode == 0
-    if not was_up:
-        done = subprocess.run(["bash", str(SCRIPT), "start"], capture_output=True, text=True, timeout=900)
-        if done.returncode != 0:
-            subprocess.run(["bash", str(SCRIPT), "stop"], capture_output=True, text=True, timeout=120)
-            reason = (done.stderr.strip() or done.stdout.strip()).splitlines()[-1:] or [f"exit code {done.returncode}"]
-            pytest.skip(f"no Slurm cluster on this machine: {reason[0]}")
-    yield
-    if not was_up:
-        subprocess.run(["bash", str(SCRIPT), "stop"], capture_output=True, text=True, timeout=300)
 
 
 def slurm(*cmd: str) -> str:

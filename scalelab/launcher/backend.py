@@ -75,7 +75,7 @@ def import_optional(module_name: str):
     try:
         return importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
-        if exc.name not in (module_name, module_name.split(".")[0]):
+        if not exc.name or not (module_name == exc.name or module_name.startswith(exc.name + ".")):
             raise
         return None
 

@@ -71,6 +71,19 @@ LAZY_COMMANDS: dict[str, str] = {
     "aws": "scalelab.aws.cli:aws_group",
     "prep": "scalelab.prep.cli:prep_cmd",
 }
+# Their one-line help for `launch --help`, so listing the commands imports none of them (importing them all
+# loads PyTorch and pandas: 5-8 s). tests/test_cli_errors.py checks each against the command's own help.
+LAZY_HELP: dict[str, str] = {
+    "cost": "Dollars per run: hours x catalog price, billed per second with a 60-second minimum.",
+    "plan": "Predict throughput, steps, time and dollars to the loss threshold of untried layouts and global "
+            "batches, and say which layout to buy.",
+    "bench": "Measure the trainer's compute efficiency, all-reduce bandwidth, scaling, launch overhead, planner "
+             "accuracy and report speed on this machine; print tables and write bench.json.",
+    "study": "Run a seed's study (examples/*.yaml) and write its tables (study.md, CSV) and scaling report.",
+    "probe": "Measure candidate instance types on your own spec: 1 GPU, a whole instance, two instances.",
+    "aws": "Housekeeping for runs on AWS (--backend aws).",
+    "prep": "Normalise, tokenise and shard a corpus on Dask; records and a scaling table like training's.",
+}
 # Run directories of other kinds than training runs, told by a file they hold: file -> "module:function",
 # the function taking (paths, out, fmt) as `report_dirs` does.
 LAZY_REPORTS: dict[str, str] = {"prep.json": "scalelab.prep.report:report_dirs"}
@@ -93,7 +106,15 @@ class DefaultGroup(click.Group):
         return super().parse_args(ctx, args)
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted(set(self.commands) | {n for n in LAZY_COMMANDS if self.get_command(ctx, n) is not None})
+        return sorted(set(self.commands) | {n for n in LAZY_COMMANDS if _installed(LAZY_COMMANDS[n])})
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """The command list of `launch --help`, the lazy commands' lines from LAZY_HELP (nothing imported)."""
+        limit = formatter.width - 6 - max(len(n) for n in self.list_commands(ctx))
+        rows = [(n, self.commands[n].get_short_help_str(limit) if n in self.commands
+                 else click.Command(n, help=LAZY_HELP[n]).get_short_help_str(limit)) for n in self.list_commands(ctx)]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
 
     def get_command(self, ctx: click.Context, name: str):
         if name in self.commands or name not in LAZY_COMMANDS:
@@ -101,6 +122,16 @@ class DefaultGroup(click.Group):
         module_name, attr = LAZY_COMMANDS[name].split(":")
         module = import_optional(module_name)
         return getattr(module, attr) if module is not None else None
+
+
+def _installed(ref: str) -> bool:
+    """Whether the module of "module:attribute" is part of this installation, found without importing it."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(ref.split(":")[0]) is not None
+    except ModuleNotFoundError:
+        return False
 
 
 @click.group(cls=DefaultGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
