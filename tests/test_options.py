@@ -15,7 +15,7 @@ from scalelab.core.errors import SpecError
 from scalelab.core.options import BackendOptions, at_least, option
 from scalelab.core.presets import PRESETS, config_with_overrides
 from scalelab.launcher.backend import BACKENDS, Registered, backend_flags, options_type
-from scalelab.launcher.cli import _SPEC_OPTIONS, build_spec, main, spec_options
+from scalelab.launcher.cli import SPEC_FLAGS, build_spec, main, spec_options
 from scalelab.slurm.backend import SlurmBackend
 from scalelab.slurm.options import SlurmOptions
 
@@ -78,7 +78,7 @@ def test_each_backend_class_names_its_registered_options_type():
 
 
 def test_flags_are_unique_and_all_in_the_help():
-    names = [flag.split("/")[0] for flag, _, _ in _SPEC_OPTIONS]
+    names = [flag.name for flag in SPEC_FLAGS]
     for flags in backend_flags().values():
         names += [f.name for f in flags]
     assert len(names) == len(set(names)), sorted(n for n in names if names.count(n) > 1)

@@ -50,15 +50,18 @@ def checked(default: Any, *checks: Check, **metadata: Any) -> Any:
 
 
 def option(default: Any, help: str, *checks: Check, flag: str | None = None, metavar: str | None = None,
-           parse: Callable[[Any], Any] | None = None) -> Any:
-    """A backend option: default, help text, checks, and optionally its command-line flag.
+           parse: Callable[[Any], Any] | None = None, separator: str | None = None) -> Any:
+    """A spec field or backend option: default, help text, checks, and optionally its command-line flag.
 
     `flag` is the flag's name (`--partition`; a bool gets `--x/--no-x` unless the pair is given, as in
-    `--spot/--on-demand`); a list option's flag is repeatable. `parse` turns another accepted form into
-    the declared type before the type is checked (`"gpu:NoSchedule"` into a toleration mapping); it
-    raises ValueError with what is wrong, and must accept its own output.
+    `--spot/--on-demand`); a list option's flag is repeatable, unless `separator` is given: then the
+    flag is given once, its items separated by it (`--emulate-slowdown 1,2`). `parse` turns another
+    accepted form into the declared type before the type is checked (`"gpu:NoSchedule"` into a
+    toleration mapping); it raises ValueError with what is wrong, and must accept its own output. A
+    `one_of` check makes the flag a choice of those values. The help says the default unless it says
+    one itself (`with_default`).
     """
-    return checked(default, *checks, help=help, flag=flag, metavar=metavar, parse=parse)
+    return checked(default, *checks, help=help, flag=flag, metavar=metavar, parse=parse, separator=separator)
 
 
 def at_least(low: float, problem: str | None = None) -> Check:
@@ -74,7 +77,13 @@ def at_most(high: float) -> Check:
 
 
 def one_of(*choices: Any) -> Check:
-    return lambda v: None if v in choices else f"must be one of {', '.join(map(str, choices))}"
+    """A check that the value is one of `choices`; a flag made from the field offers exactly these."""
+
+    def check(v: Any) -> str | None:
+        return None if v in choices else f"must be one of {', '.join(map(str, choices))}"
+
+    check.choices = tuple(choices)  # type: ignore[attr-defined]  # read by `option_flags`
+    return check
 
 
 def one_word(value: str) -> str | None:
@@ -235,9 +244,16 @@ def _src(where: str) -> str:
 
 def coerce_field(f: dataclasses.Field, hint: Any, value: Any, where: str = "", *, label: str = "",
                  prefix: str = "", text: bool = False) -> Any:
-    """One field's value: its `parse` hook, its type, then its checks; errors name the field and `where`."""
-    flag = f.metadata.get("flag")
+    """One field's value: its `parse` hook, its type, then its checks; errors name the field and `where`.
+
+    A backend option (given a `label`) is named with its flag, `cpus_per_task (--cpus-per-task)`, since
+    its key is what a spec file and --backend-opt use; a spec field's messages keep the key alone (a
+    flag's value already says `from --nodes`)."""
+    flag = f.metadata.get("flag") if label else None
     name = f"{label}{prefix}{f.name}" + (f" ({flag})" if flag else "")
+    separator = f.metadata.get("separator")
+    if text and separator and isinstance(value, str):  # `--emulate-slowdown 1,2`: each item read below
+        value = value.split(separator)
     parse = f.metadata.get("parse")
     if parse is not None and value is not None:
         try:
@@ -322,7 +338,7 @@ def with_default(help: str, default: Any, decl: str = "") -> str:
     return f"{help} [default: {default}]".strip()
 
 
-# ---- backend options ------------------------------------------------------------------------------------
+# ---- flags ---------------------------------------------------------------------------------------------
 
 
 @dataclasses.dataclass(frozen=True)
@@ -330,15 +346,51 @@ class Flag:
     """A command-line flag generated from an option field; the CLI makes a click option of it."""
 
     decl: str  # "--partition", or an on/off pair "--spot/--on-demand"
-    key: str  # the option it sets
+    key: str  # the option it sets: a field name, dotted for a nested dataclass's field ("engine.name")
     kind: type  # what one value is: str, int, float or bool (a bool flag is an on/off pair)
     multiple: bool  # repeatable: a list option
     help: str
     metavar: str | None = None
+    choices: tuple[Any, ...] | None = None  # from the field's `one_of` check
 
     @property
     def name(self) -> str:
         return self.decl.split("/")[0]
+
+
+def option_flags(cls: type, prefix: str = "") -> list[Flag]:
+    """The command-line flags of dataclass `cls`'s fields that declare one (`option(..., flag=...)`), in
+    declaration order; a field that is itself a dataclass (a spec's `engine`) gives its own flags
+    there, keys dotted. The CLI makes its click options of these and of nothing else, so a field's
+    flag, type, choices, help and default cannot drift from the field."""
+    hints = type_hints(cls)
+    out = []
+    for f in dataclasses.fields(cls):
+        if dataclasses.is_dataclass(hints[f.name]):
+            out += option_flags(hints[f.name], f"{prefix}{f.name}.")
+            continue
+        decl = f.metadata.get("flag")
+        if not decl:
+            continue
+        out.append(_flag(f, hints[f.name], decl, prefix))
+    return out
+
+
+def _flag(f: dataclasses.Field, hint: Any, decl: str, prefix: str) -> Flag:
+    """The Flag of one field: its kind from the type hint, choices from a `one_of` check."""
+    hint = next((a for a in typing.get_args(hint) if a is not type(None)), hint)
+    multiple = typing.get_origin(hint) is list
+    kind = typing.get_args(hint)[0] if multiple else hint
+    if f.metadata.get("separator"):  # one flag, its items in one text: `--emulate-slowdown 1,2`
+        multiple, kind = False, str
+    if kind is bool and "/" not in decl:
+        decl = f"{decl}/--no-{decl[2:]}"
+    choices = next((c.choices for c in f.metadata.get("checks", ()) if hasattr(c, "choices")), None)
+    return Flag(decl, prefix + f.name, kind, multiple, with_default(f.metadata["help"], _default(f), decl),
+                f.metadata.get("metavar"), choices)
+
+
+# ---- backend options ------------------------------------------------------------------------------------
 
 
 @dataclasses.dataclass(frozen=True)
@@ -372,20 +424,7 @@ class BackendOptions(Mapping[str, Any]):
     @classmethod
     def flags(cls) -> list[Flag]:
         """The command-line flags of the fields that declare one, in declaration order."""
-        hints = type_hints(cls)
-        out = []
-        for f in dataclasses.fields(cls):
-            decl = f.metadata.get("flag")
-            if not decl:
-                continue
-            hint = next((a for a in typing.get_args(hints[f.name]) if a is not type(None)), hints[f.name])
-            multiple = typing.get_origin(hint) is list
-            kind = typing.get_args(hint)[0] if multiple else hint
-            if kind is bool and "/" not in decl:
-                decl = f"{decl}/--no-{decl[2:]}"
-            out.append(Flag(decl, f.name, kind, multiple, with_default(f.metadata["help"], _default(f), decl),
-                            f.metadata.get("metavar")))
-        return out
+        return option_flags(cls)
 
     def __getitem__(self, key: str) -> Any:
         if key not in self._names():

@@ -28,11 +28,18 @@ from scalelab.core.options import (
     checked,
     coerce_fields,
     one_of,
+    option,
 )
 from scalelab.core.presets import PRESETS, RNN_KINDS, config_with_overrides
 from scalelab.core.rundir import SPEC_FILE, write_text
 
-ENGINES = ("single", "ddp", "horovod", "ps")
+#: The engines, each with what it is in a few words: `--engine`'s choices and its help are made of this.
+ENGINES = {
+    "single": "one worker, no exchange",
+    "ddp": "torch.distributed DistributedDataParallel",
+    "horovod": "Horovod all-reduce",
+    "ps": "parameter server (sharded push and pull over torch.distributed)",
+}
 # Engines started by torchrun (env:// rendezvous: RANK, MASTER_ADDR, ...): every backend launches them alike.
 TORCHRUN_ENGINES = ("ddp", "ps")
 DATA_KINDS = ("synthetic", "task", "text", "shards")
@@ -40,8 +47,17 @@ BATCH_MODES = ("strong", "weak")
 #: The two axes of a sweep, each `fixed` or `growing`: the global batch (split over the workers, or
 #: every worker keeps its batch) and the total work (the same job, or the same work per worker).
 SCALING_AXES = ("fixed", "growing")
-#: The older --mode, as both axes at once.
-MODE_AXES = {"strong": ("fixed", "fixed"), "weak": ("growing", "growing")}
+#: The one map between the two vocabularies: a batch mode's batch axis (strong: the global batch is
+#: fixed and split; weak: it grows, every worker keeps its batch). Summaries, CSV tables, sweeps and
+#: the planner all translate through this.
+BATCH_SCALING = {"strong": "fixed", "weak": "growing"}
+#: The older --mode (and a CSV's `mode` column), as both axes at once.
+MODE_AXES = {mode: (axis, axis) for mode, axis in BATCH_SCALING.items()}
+
+
+def batch_mode_of(axis: str) -> str:
+    """The batch mode ("strong" | "weak") of a scaling axis ("fixed" | "growing"): `BATCH_SCALING` read backwards."""
+    return next(mode for mode, a in BATCH_SCALING.items() if a == axis)
 OPTIMIZERS = ("adam", "sgd")
 DEVICES = ("auto", "cpu", "cuda")
 BALANCE_MODES = ("static", "dynamic")
@@ -75,32 +91,50 @@ class DataSpec:
     `text` reads files (parallel text, plain text or labelled lines, by model family); `shards` reads
     the directory `shards` that `launch prep` wrote (token ids, no tokenising at start-up)."""
 
-    kind: str = checked("synthetic", one_of(*DATA_KINDS))
-    train_src: str | None = None
-    train_tgt: str | None = None
-    valid_src: str | None = None
-    valid_tgt: str | None = None
-    train_samples: int = checked(4096, POSITIVE)
+    kind: str = option("synthetic", "synthetic (throughput), task (learnable, for convergence), text (files) or "
+                       "shards (--shards DIR from launch prep; --data shards:DIR says both).",
+                       one_of(*DATA_KINDS), flag="--data")
+    train_src: str | None = option(None, "Text data: source file (NMT), text file (LM) or LABEL<TAB>text file.",
+                                   flag="--train-src")
+    train_tgt: str | None = option(None, "Text data: target file for translation.", flag="--train-tgt")
+    valid_src: str | None = option(None, "Text data: validation source file (default: held out from training).",
+                                   flag="--valid-src")
+    valid_tgt: str | None = option(None, "Text data: validation target file.", flag="--valid-tgt")
+    train_samples: int = option(4096, "Task data: training samples generated.", POSITIVE, flag="--train-samples")
     valid_samples: int = checked(256, POSITIVE)
-    prefetch: int = checked(2, at_least(0))
+    prefetch: int = option(2, "Batches prepared ahead by a background thread; 0 = none.", at_least(0),
+                           flag="--prefetch")
     bucket: bool = True
-    fixed_length: bool = False
-    shards: str | None = None
+    fixed_length: bool = option(False, "Task data: all samples full length (equal words per rank) [default: variable].",
+                                flag="--fixed-length/--variable-length")
+    shards: str | None = option(None, "Shards data: the directory `launch prep` wrote (local path or s3://).",
+                                flag="--shards")
 
 
 @dataclass
 class EngineSpec:
     """Gradient-exchange settings. Defaults are the fast settings measured in docs/benchmarks.md."""
 
-    name: str = checked("ddp", one_of(*ENGINES))
-    fusion_threshold_mb: float = checked(64.0, at_least(0))  # 0: no fusion
-    cycle_time_ms: float = checked(1.0, above(0))
-    compression: str = checked("none", one_of(*COMPRESSIONS))
-    fp16_allreduce: bool = False  # the older spelling of `compression: fp16`, still read
-    bucket_cap_mb: float = checked(25.0, above(0))
-    ps_shards: int | None = checked(None, POSITIVE)  # parameter-server shards; None: one per node
-    ps_state: str = checked("device", one_of(*PS_STATES))  # where the shards' parameters and optimizer state live
-    ps_placement: str = checked("colocated", one_of(*PS_PLACEMENTS))  # shards in the workers, or in server ranks
+    name: str = option("ddp", "Gradient exchange: " + "; ".join(f"{n} = {what}" for n, what in ENGINES.items()) + ".",
+                       one_of(*ENGINES), flag="--engine")
+    fusion_threshold_mb: float = option(64.0, "Horovod tensor fusion buffer; 0 = no fusion.", at_least(0),
+                                        flag="--fusion-threshold-mb")
+    cycle_time_ms: float = option(1.0, "Horovod fusion cycle time.", above(0), flag="--cycle-time-ms")
+    compression: str = option("none", "Gradient exchange in fp16 or bf16 (DDP comm hook, Horovod compression; "
+                              "Horovod: fp16 only). Slower on CPU: docs/benchmarks.md.", one_of(*COMPRESSIONS),
+                              flag="--grad-compression")
+    # the older spelling of `compression: fp16`, still read
+    fp16_allreduce: bool = option(False, "Same as --grad-compression fp16 (the older flag).",
+                                  flag="--fp16-allreduce/--no-fp16-allreduce")
+    bucket_cap_mb: float = option(25.0, "DDP gradient bucket size.", above(0), flag="--bucket-cap-mb")
+    ps_shards: int | None = option(None, "Parameter-server shards [default: one per node].", POSITIVE,
+                                   flag="--ps-shards")
+    ps_state: str = option("device", "Where the parameter-server shards keep parameters and optimizer state: the "
+                           "workers' device, or the CPU (TensorFlow's PS placement).", one_of(*PS_STATES),
+                           flag="--ps-state")
+    ps_placement: str = option("colocated", "Parameter-server shards inside the worker ranks, or in server ranks of "
+                               "their own (one more rank per node per shard; they train on no data).",
+                               one_of(*PS_PLACEMENTS), flag="--ps-placement")
 
     def servers_per_node(self, nodes: int) -> int:
         """Server ranks on each node: none unless the ps shards run separately (then one per shard)."""
@@ -118,47 +152,77 @@ class EngineSpec:
 class Spec:
     """A complete, backend-neutral description of one training run.
 
-    The field types are checked wherever a spec is built (YAML, JSON, flags: `core.options`), and so
-    are the limits declared with `checked`; `validate` adds what involves several fields.
+    Each field that has a command-line flag declares it here with `option()` (flag, help, checks):
+    the `launch run` / `launch sweep` flags are generated from these declarations
+    (`core.options.option_flags`), so a field and its flag cannot drift. The field types are checked
+    wherever a spec is built (YAML, JSON, flags: `core.options`), and so are the declared limits;
+    `validate` adds what involves several fields.
     """
 
-    model: str = "nmt-tiny"
-    rnn: str = checked("fused", one_of(*RNN_KINDS))
-    precision: str = checked(DEFAULT_PRECISION, one_of(*PRECISIONS))
-    model_args: dict[str, Any] = field(default_factory=dict)
-    data: DataSpec = field(default_factory=DataSpec)
-    engine: EngineSpec = field(default_factory=EngineSpec)
-    backend: str = checked("local", one_of(*BACKEND_NAMES))
+    backend: str = option("local", "Where ranks run.", one_of(*BACKEND_NAMES), flag="--backend")
     backend_options: dict[str, Any] = field(default_factory=dict)
-    nodes: int = checked(1, POSITIVE)
-    gpus_per_node: int = checked(1, POSITIVE)
-    global_batch: int | None = checked(None, POSITIVE)
-    batch_per_worker: int | None = checked(None, POSITIVE)
-    steps: int | None = checked(40, POSITIVE)
-    epochs: int | None = checked(None, POSITIVE)
-    warmup_steps: int = checked(5, at_least(0))
-    optimizer: str = checked("adam", one_of(*OPTIMIZERS))
-    lr: float = checked(1e-3, above(0))
-    lr_warmup_steps: int = checked(0, at_least(0))
+    model: str = option("nmt-tiny", "Model preset: nmt-tiny, nmt-small, nmt-seed, rnnlm-*, sentiment-*.",
+                        flag="--model")
+    rnn: str = option("fused", "fused = nn.LSTM (cuDNN on GPU); stepwise = LSTMCell loop (TF dynamic_rnn).",
+                      one_of(*RNN_KINDS), flag="--rnn")
+    precision: str = option(DEFAULT_PRECISION, "Number format of forward and backward: bf16 / fp16 = autocast with "
+                            "fp32 master weights and loss (fp16: GPU only, with a gradient scaler).",
+                            one_of(*PRECISIONS), flag="--precision")
+    model_args: dict[str, Any] = field(default_factory=dict)
+    engine: EngineSpec = field(default_factory=EngineSpec)
+    nodes: int = option(1, "Nodes in the layout.", POSITIVE, flag="--nodes")
+    gpus_per_node: int = option(1, "Ranks per node (one per GPU; a process each on CPU).", POSITIVE,
+                                flag="--gpus-per-node")
+    global_batch: int | None = option(None, "Strong scaling: this global batch is split across workers "
+                                      "[default: the preset's].", POSITIVE, flag="--global-batch")
+    batch_per_worker: int | None = option(None, "Weak scaling: every worker takes this batch; the global batch "
+                                          "grows.", POSITIVE, flag="--batch-per-worker")
+    steps: int | None = option(40, "Optimizer steps to run.", POSITIVE, flag="--steps")
+    epochs: int | None = option(None, "Epochs to run (with --steps: whichever ends first).", POSITIVE,
+                                flag="--epochs")
+    warmup_steps: int = option(5, "Steps excluded from timings after each (re)start.", at_least(0),
+                               flag="--warmup-steps")
+    optimizer: str = option("adam", "Optimizer: adam or sgd (momentum 0.9).", one_of(*OPTIMIZERS),
+                            flag="--optimizer")
+    lr: float = option(1e-3, "Learning rate for the reference batch.", above(0), flag="--lr")
+    lr_warmup_steps: int = option(0, "Steps of linear LR warm-up to the scaled LR.", at_least(0),
+                                  flag="--lr-warmup-steps")
     lr_ref_batch: int | None = checked(None, POSITIVE)
     clip_grad_norm: float | None = checked(5.0, above(0))  # None: no clipping
-    seed: int = checked(1234, at_least(0))
-    val_every: int = checked(0, at_least(0))
-    val_batches: int = checked(4, POSITIVE)
-    loss_threshold: float | None = checked(None, at_least(0))  # a loss: cross-entropy is >= 0
-    checkpoint_every: int = checked(0, at_least(0))
-    threads: int | None = checked(None, POSITIVE)
-    interop_threads: int | None = checked(None, POSITIVE)
-    independent_replicas: bool = False
-    balance: str = checked("static", one_of(*BALANCE_MODES))
-    balance_every: int = checked(10, POSITIVE)
-    emulate_slowdown: list[float] = field(default_factory=list)
+    data: DataSpec = field(default_factory=DataSpec)
+    seed: int = option(1234, "Seed for model init, data order and synthetic data.", at_least(0), flag="--seed")
+    val_every: int = option(0, "Validate every N steps; 0 = never.", at_least(0), flag="--val-every")
+    val_batches: int = option(4, "Validation batches per rank at each validation.", POSITIVE, flag="--val-batches")
+    # a loss: cross-entropy is >= 0
+    loss_threshold: float | None = option(None, "Stop at the first validation loss <= this; records "
+                                          "time-to-threshold.", at_least(0), flag="--loss-threshold")
+    checkpoint_every: int = option(0, "Checkpoint every N steps (rank 0 writes) [default: 0 = only on signals].",
+                                   at_least(0), flag="--checkpoint-every")
+    threads: int | None = option(None, "Intra-op threads per rank [default: cores / ranks per node].", POSITIVE,
+                                 flag="--threads")
+    interop_threads: int | None = option(None, "Inter-op threads per rank [default: PyTorch's].", POSITIVE,
+                                         flag="--interop-threads")
+    independent_replicas: bool = option(False, "Every worker trains its own copy with no gradient exchange: the "
+                                        "ideal curve that isolates communication cost.",
+                                        flag="--independent-replicas/--exchange")
+    balance: str = option("static", "static: equal shares of the global batch; dynamic: shares follow each "
+                          "worker's measured speed (mixed hardware).", one_of(*BALANCE_MODES), flag="--balance")
+    balance_every: int = option(10, "Steps between rebalancing with --balance dynamic.", POSITIVE,
+                                flag="--balance-every")
+    emulate_slowdown: list[float] = option([], "Testing aid: make worker i F_i times slower (mixed hardware on one "
+                                           "machine).", flag="--emulate-slowdown", metavar="F0,F1,...",
+                                           separator=",")
     # After the last step, all-reduce buffers of these sizes (MB) across every rank and record how long
     # each took (`link` records): the bandwidth and latency of the links the layout uses (`launch probe`).
     link_probe_mb: list[float] = field(default_factory=list)
-    device: str = checked("auto", one_of(*DEVICES))
-    profile_steps: str | None = None  # "A:B": a torch.profiler trace of steps A..B per rank (profile_range)
-    name: str | None = None
+    device: str = option("auto", "Device the ranks compute on [default: auto = GPU when present].",
+                         one_of(*DEVICES), flag="--device")
+    # "A:B": a torch.profiler trace of steps A..B per rank (profile_range)
+    profile_steps: str | None = option(None, "Record a torch.profiler trace of steps A..B on every rank "
+                                       "(RUN_DIR/profile/rank-R.json, Chrome trace format; the HTML report links "
+                                       "them); those steps are left out of the timings.", flag="--profile-steps",
+                                       metavar="A:B")
+    name: str | None = option(None, "Run name (prefix of the run directory).", flag="--name")
     # how this run's total work relates to its sweep's smallest layout (set by `launch sweep`:
     # fixed = the same job, growing = the same work per worker); None for a run outside a sweep
     work_scaling: str | None = checked(None, one_of(*SCALING_AXES))

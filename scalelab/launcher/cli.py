@@ -12,7 +12,6 @@ SIGHUP) stops every process of the run, records it as CANCELLED and exits 128 + 
 from __future__ import annotations
 
 import difflib
-import functools
 import json
 import shlex
 import shutil
@@ -27,35 +26,25 @@ from rich.console import Console
 from rich.markup import escape
 
 from scalelab.core.errors import ScalelabError, SpecError
-from scalelab.core.options import Flag, coerce_path, with_default
+from scalelab.core.options import Flag, coerce_path, option_flags
 from scalelab.core.presets import model_overrides
 from scalelab.core.rundir import ACTIVE, DEFAULT_RUNS_ROOT, discard_unlaunched, is_sweep, new_run_dir
 from scalelab.core.spec import (
-    BACKEND_NAMES,
-    BALANCE_MODES,
     BATCH_MODES,
-    COMPRESSIONS,
     DATA_KINDS,
-    DEVICES,
-    ENGINES,
-    OPTIMIZERS,
-    PRECISIONS,
-    PS_PLACEMENTS,
-    PS_STATES,
-    RNN_KINDS,
     SCALING_AXES,
     Spec,
     load_spec,
     read_spec,
 )
+from scalelab.core.terminal import make_console
 from scalelab.core.writes import WriteError, is_write_failure, write_failure, writing
 from scalelab.launcher import __version__
 from scalelab.launcher.backend import backend_flags, get_backend, import_optional, options_type
 from scalelab.launcher.pricing import guard, price_options, show_quote
 from scalelab.launcher.runner import INTERRUPTED, detaching, err_console, execute, start_detached
 
-# Off a terminal (CI logs, pipes) rich would wrap tables at 80 columns; give them room instead.
-console = Console(width=None if sys.stdout.isatty() else 160)
+console = make_console()
 
 
 # ---- the default-command group: `launch --flags` means `launch run --flags` --------------------
@@ -200,65 +189,17 @@ def _data_flag(params: dict[str, Any]) -> dict[str, Any]:
                         "directories: give one of them")
     return {**params, "data__kind": kind, "data__shards": directory}
 
-# The one place a spec flag is declared: (flag, spec key, click kwargs). Choices are the constants of
-# scalelab/core/spec.py; "[default: X]" is added from the Spec's own defaults where the help does not say it.
-_SPEC_OPTIONS: list[tuple[str, str, dict[str, Any]]] = [
-    ("--backend", "backend", dict(type=click.Choice(BACKEND_NAMES), help="Where ranks run.")),
-    ("--model", "model", dict(help="Model preset: nmt-tiny, nmt-small, nmt-seed, rnnlm-*, sentiment-*.")),
-    ("--rnn", "rnn", dict(type=click.Choice(RNN_KINDS), help="fused = nn.LSTM (cuDNN on GPU); stepwise = LSTMCell loop (TF dynamic_rnn).")),
-    ("--precision", "precision", dict(type=click.Choice(PRECISIONS), help="Number format of forward and backward: bf16 / fp16 = autocast with fp32 master weights and loss (fp16: GPU only, with a gradient scaler).")),
-    ("--engine", "engine.name", dict(type=click.Choice(ENGINES), help="Gradient exchange: horovod, ddp (torch.distributed) or single.")),
-    ("--nodes", "nodes", dict(type=int, help="Nodes in the layout.")),
-    ("--gpus-per-node", "gpus_per_node", dict(type=int, help="Ranks per node (one per GPU; a process each on CPU).")),
-    ("--global-batch", "global_batch", dict(type=int, help="Strong scaling: this global batch is split across workers [default: the preset's].")),
-    ("--batch-per-worker", "batch_per_worker", dict(type=int, help="Weak scaling: every worker takes this batch; the global batch grows.")),
-    ("--steps", "steps", dict(type=int, help="Optimizer steps to run.")),
-    ("--epochs", "epochs", dict(type=int, help="Epochs to run (with --steps: whichever ends first).")),
-    ("--warmup-steps", "warmup_steps", dict(type=int, help="Steps excluded from timings after each (re)start.")),
-    ("--lr", "lr", dict(type=float, help="Learning rate for the reference batch.")),
-    ("--lr-warmup-steps", "lr_warmup_steps", dict(type=int, help="Steps of linear LR warm-up to the scaled LR.")),
-    ("--optimizer", "optimizer", dict(type=click.Choice(OPTIMIZERS), help="")),
-    ("--data", "data.kind", dict(type=DataFlag(), help="synthetic (throughput), task (learnable, for convergence), text (files) or shards (--shards DIR from launch prep; --data shards:DIR says both).")),
-    ("--shards", "data.shards", dict(type=str, help="Shards data: the directory `launch prep` wrote (local path or s3://).")),
-    ("--train-src", "data.train_src", dict(type=str, help="Text data: source file (NMT), text file (LM) or LABEL<TAB>text file.")),
-    ("--train-tgt", "data.train_tgt", dict(type=str, help="Text data: target file for translation.")),
-    ("--valid-src", "data.valid_src", dict(type=str, help="Text data: validation source file (default: held out from training).")),
-    ("--valid-tgt", "data.valid_tgt", dict(type=str, help="Text data: validation target file.")),
-    ("--fixed-length/--variable-length", "data.fixed_length", dict(default=None, help="Task data: all samples full length (equal words per rank) [default: variable].")),
-    ("--train-samples", "data.train_samples", dict(type=int, help="Task data: training samples generated.")),
-    ("--prefetch", "data.prefetch", dict(type=int, help="Batches prepared ahead by a background thread; 0 = none.")),
-    ("--val-every", "val_every", dict(type=int, help="Validate every N steps; 0 = never.")),
-    ("--val-batches", "val_batches", dict(type=int, help="Validation batches per rank at each validation.")),
-    ("--loss-threshold", "loss_threshold", dict(type=float, help="Stop at the first validation loss <= this; records time-to-threshold.")),
-    ("--checkpoint-every", "checkpoint_every", dict(type=int, help="Checkpoint every N steps (rank 0 writes) [default: 0 = only on signals].")),
-    ("--threads", "threads", dict(type=int, help="Intra-op threads per rank [default: cores / ranks per node].")),
-    ("--interop-threads", "interop_threads", dict(type=int, help="Inter-op threads per rank [default: PyTorch's].")),
-    ("--independent-replicas/--exchange", "independent_replicas", dict(default=None, help="Every worker trains its own copy with no gradient exchange: the ideal curve that isolates communication cost.")),
-    ("--balance", "balance", dict(type=click.Choice(BALANCE_MODES), help="dynamic: shares of the global batch follow each worker's measured speed (mixed hardware).")),
-    ("--balance-every", "balance_every", dict(type=int, help="Steps between rebalancing with --balance dynamic.")),
-    ("--emulate-slowdown", "emulate_slowdown", dict(type=str, metavar="F0,F1,...", help="Testing aid: make worker i F_i times slower (mixed hardware on one machine).")),
-    ("--device", "device", dict(type=click.Choice(DEVICES), help="[default: auto = GPU when present]")),
-    ("--seed", "seed", dict(type=int, help="Seed for model init, data order and synthetic data.")),
-    ("--fusion-threshold-mb", "engine.fusion_threshold_mb", dict(type=float, help="Horovod tensor fusion buffer; 0 = no fusion.")),
-    ("--cycle-time-ms", "engine.cycle_time_ms", dict(type=float, help="Horovod fusion cycle time.")),
-    ("--grad-compression", "engine.compression", dict(type=click.Choice(COMPRESSIONS), help="Gradient exchange in fp16 or bf16 (DDP comm hook, Horovod compression; Horovod: fp16 only). Slower on CPU: docs/benchmarks.md.")),
-    ("--fp16-allreduce/--no-fp16-allreduce", "engine.fp16_allreduce", dict(default=None, help="Same as --grad-compression fp16 (the older flag).")),
-    ("--bucket-cap-mb", "engine.bucket_cap_mb", dict(type=float, help="DDP gradient bucket size.")),
-    ("--ps-shards", "engine.ps_shards", dict(type=int, help="Parameter-server shards [default: one per node].")),
-    ("--ps-state", "engine.ps_state", dict(type=click.Choice(PS_STATES), help="Where the parameter-server shards keep parameters and optimizer state: the workers' device, or the CPU (TensorFlow's PS placement) [default: device].")),
-    ("--profile-steps", "profile_steps", dict(type=str, metavar="A:B", help="Record a torch.profiler trace of steps A..B on every rank (RUN_DIR/profile/rank-R.json, Chrome trace format; the HTML report links them); those steps are left out of the timings.")),
-    ("--ps-placement", "engine.ps_placement", dict(type=click.Choice(PS_PLACEMENTS), help="Parameter-server shards inside the worker ranks, or in server ranks of their own (one more rank per node per shard; they train on no data) [default: colocated].")),
-    ("--name", "name", dict(type=str, help="Run name (prefix of the run directory).")),
-]
+# The spec's flags: generated from the fields of `Spec` that declare one with `option()` (scalelab/core/spec.py: flag,
+# help, choices, checks and default in one place). Only the click type of `--data` is the CLI's own (DataFlag:
+# it also takes `shards:DIR`).
+SPEC_FLAGS: list[Flag] = option_flags(Spec)
+_CLICK_TYPES: dict[str, click.ParamType] = {"data.kind": DataFlag()}
 
 
 def spec_options(func):
     """The spec flags, every backend's flags (generated from its options type) and the common ones."""
-    defaults = Spec()
-    for flag, key, kwargs in reversed(_SPEC_OPTIONS):
-        default = functools.reduce(getattr, key.split("."), defaults)
-        kwargs = {**kwargs, "help": with_default(kwargs.get("help", ""), default, flag)}
-        func = click.option(flag, key.replace(".", "__"), **kwargs)(func)
+    for flag in reversed(SPEC_FLAGS):
+        func = _spec_flag(flag)(func)
     for backend, flags in reversed(list(backend_flags().items())):
         for flag in reversed(flags):
             func = _backend_flag(backend, flag)(func)
@@ -272,6 +213,17 @@ def spec_options(func):
     func = click.option("--dry-run", is_flag=True, help="Print exactly what would be run and run nothing "
                                                          "(and, on stderr, what it would cost).")(func)
     return price_options(func)
+
+
+def _spec_flag(flag: Flag):
+    """The click option of one spec field's flag; its value reaches the spec through `_spec_flag_values`
+    (None when not given, so the spec file or the field's default stands)."""
+    kwargs: dict[str, Any] = {"help": flag.help, "metavar": flag.metavar}
+    if flag.kind is bool:
+        kwargs["default"] = None  # an on/off pair: None when neither is given
+    else:
+        kwargs["type"] = _CLICK_TYPES.get(flag.key) or (click.Choice(flag.choices) if flag.choices else flag.kind)
+    return click.option(flag.decl, flag.key.replace(".", "__"), **kwargs)
 
 
 def _backend_flag(backend: str, flag: Flag):
@@ -306,13 +258,10 @@ def build_spec(params: dict[str, Any]) -> Spec:
 def _spec_flag_values(params: dict[str, Any]) -> dict[str, Any]:
     """{spec key: value} of the spec flags given, typed and checked as the Spec declares them."""
     out, params = {}, _data_flag(params)
-    for flag, key, _ in _SPEC_OPTIONS:
-        value = params.get(key.replace(".", "__"))
-        if value is None:
-            continue
-        if key == "emulate_slowdown":
-            value = value.split(",")  # F0,F1,...: each read as a number below
-        out[key] = coerce_path(Spec, key, value, f"from {flag.split('/')[0]}", text=True)
+    for flag in SPEC_FLAGS:
+        value = params.get(flag.key.replace(".", "__"))
+        if value is not None:
+            out[flag.key] = coerce_path(Spec, flag.key, value, f"from {flag.name}", text=True)
     return out
 
 
