@@ -25,8 +25,8 @@ from scalelab.costs.steptime import (
     exchange_terms,
     fit_step_model,
     held_out,
-    parse_layout,
-    parse_layouts,
+    parse_fleet_layout,
+    parse_fleet_layouts,
     predict_layouts,
     prepare,
 )
@@ -54,7 +54,7 @@ def _synthetic(layouts: list[str], batches=(16, 32, 64)) -> pd.DataFrame:
     """A scaling table measured exactly as the true model says (growing global batch)."""
     truth, rows = _model(), []
     for text in layouts:
-        lay = parse_layout(text, CAT)
+        lay = parse_fleet_layout(text, CAT)
         for b in batches if lay.workers == 1 else batches[:1]:
             glob = b * lay.workers
             rows.append({"label": text, "workers": lay.workers, "nodes": lay.nodes, "instance_type": lay.instances,
@@ -72,7 +72,7 @@ def test_known_parameters_are_recovered_exactly():
     for gpu, (c0, c1) in TRUE_COMPUTE.items():
         assert model.compute[gpu] == pytest.approx((c0, c1), rel=1e-9, abs=1e-12)
     assert model.links == pytest.approx(TRUE_LINKS, rel=1e-9)
-    mix = parse_layout("4x1@1*p2.xlarge+3*g3.4xlarge:dynamic", CAT)  # never measured: predicted exactly
+    mix = parse_fleet_layout("4x1@1*p2.xlarge+3*g3.4xlarge:dynamic", CAT)  # never measured: predicted exactly
     assert model.step_s(mix, 16) == pytest.approx(_model().step_s(mix, 16), rel=1e-9)
 
 
@@ -82,7 +82,7 @@ def test_one_multi_node_layout_is_read_as_bandwidth_bound():
     rows = prepare(_synthetic(["1x1@g3.4xlarge", "2x1@g3.4xlarge"]), CAT)
     model = fit_step_model(rows, CAT)
     assert model.links[2] == 0 and model.links[3] > 0
-    assert model.why_not(parse_layout("1x2@g3.16xlarge", CAT)).startswith("no measurement with several GPUs")
+    assert model.why_not(parse_fleet_layout("1x2@g3.16xlarge", CAT)).startswith("no measurement with several GPUs")
 
 
 def test_topology_orders_1x4_2x2_4x1_by_link_speed():
@@ -90,25 +90,25 @@ def test_topology_orders_1x4_2x2_4x1_by_link_speed():
     2(n-1)/n = 1 gradient over the network against 4x1's 1.5, so it beats the flat ring across 4."""
     m = _model()
     b = 32
-    t = {text: m.step_s(parse_layout(text, CAT), b) for text in ("1x4@g3.16xlarge", "2x2@2*g3.16xlarge",
+    t = {text: m.step_s(parse_fleet_layout(text, CAT), b) for text in ("1x4@g3.16xlarge", "2x2@2*g3.16xlarge",
                                                                   "4x1@4*g3.4xlarge")}
     assert t["1x4@g3.16xlarge"] < t["2x2@2*g3.16xlarge"] < t["4x1@4*g3.4xlarge"]
-    assert exchange_terms(parse_layout("2x2@g3.16xlarge", CAT)) == pytest.approx([2, 1, 2, 1])
-    assert exchange_terms(parse_layout("4x1@g3.4xlarge", CAT)) == pytest.approx([0, 0, 6, 1.5])
-    assert exchange_terms(parse_layout("1x4@g3.16xlarge", CAT)) == pytest.approx([6, 1.5, 0, 0])
+    assert exchange_terms(parse_fleet_layout("2x2@g3.16xlarge", CAT)) == pytest.approx([2, 1, 2, 1])
+    assert exchange_terms(parse_fleet_layout("4x1@g3.4xlarge", CAT)) == pytest.approx([0, 0, 6, 1.5])
+    assert exchange_terms(parse_fleet_layout("1x4@g3.16xlarge", CAT)) == pytest.approx([6, 1.5, 0, 0])
     # with the catalog's network figures, 25 Gbit/s (g3.16xlarge) moves the bytes 2.5x faster than 10
-    fast = exchange_terms(parse_layout("2x2@g3.16xlarge", CAT), CAT, bandwidth=True)
-    slow = exchange_terms(parse_layout("2x2@g3.8xlarge", CAT), CAT, bandwidth=True)
+    fast = exchange_terms(parse_fleet_layout("2x2@g3.16xlarge", CAT), CAT, bandwidth=True)
+    slow = exchange_terms(parse_fleet_layout("2x2@g3.8xlarge", CAT), CAT, bandwidth=True)
     assert slow[3] == pytest.approx(2.5 * fast[3]) and slow[1] == fast[1]
     # a measured bandwidth (launch probe) takes precedence over the catalog's figure
-    probed = exchange_terms(parse_layout("2x2@g3.16xlarge", CAT), CAT, True, {"g3.16xlarge": {"network_gbps": 50}})
+    probed = exchange_terms(parse_fleet_layout("2x2@g3.16xlarge", CAT), CAT, True, {"g3.16xlarge": {"network_gbps": 50}})
     assert probed[3] == pytest.approx(1.0 * 10 / 50)
 
 
 def test_mixed_fleet_static_waits_for_the_slowest_dynamic_follows_the_balancer():
     m = _model(compute={"K80": (0.0, 0.004), "M60": (0.0, 0.002)})
-    static = parse_layout("4x1@1*p2.xlarge+3*g3.4xlarge", CAT)
-    dynamic = parse_layout("4x1@1*p2.xlarge+3*g3.4xlarge:dynamic", CAT)
+    static = parse_fleet_layout("4x1@1*p2.xlarge+3*g3.4xlarge", CAT)
+    dynamic = parse_fleet_layout("4x1@1*p2.xlarge+3*g3.4xlarge:dynamic", CAT)
     b = 1000
     assert m.compute_s(static, b) == pytest.approx(0.004 * b)  # the K80 sets the step
     # the balancer's proportional shares of the global batch finish together, at that time
@@ -118,8 +118,8 @@ def test_mixed_fleet_static_waits_for_the_slowest_dynamic_follows_the_balancer()
     assert m.compute_s(dynamic, b) == pytest.approx(max(per_worker), rel=1e-3)
     assert m.compute_s(dynamic, b) == pytest.approx(4 * b / sum(speeds))
     assert m.compute_s(dynamic, b) < m.compute_s(static, b)
-    same = parse_layout("4x1@4*g3.4xlarge:dynamic", CAT)  # one GPU type: balancing changes nothing
-    assert m.compute_s(same, b) == pytest.approx(m.compute_s(parse_layout("4x1@4*g3.4xlarge", CAT), b))
+    same = parse_fleet_layout("4x1@4*g3.4xlarge:dynamic", CAT)  # one GPU type: balancing changes nothing
+    assert m.compute_s(same, b) == pytest.approx(m.compute_s(parse_fleet_layout("4x1@4*g3.4xlarge", CAT), b))
 
 
 def test_held_out_errors_vanish_on_exact_data_and_skip_unpredictable_rows():
@@ -141,19 +141,19 @@ def test_held_out_errors_vanish_on_exact_data_and_skip_unpredictable_rows():
 ])
 def test_bad_layouts_are_named(text, message):
     with pytest.raises(DataError, match="--predict") as exc:
-        parse_layout(text, CAT)
+        parse_fleet_layout(text, CAT)
     assert message in str(exc.value)
 
 
 def test_seed_004_unmeasured_type_is_refused_not_guessed():
     measured = read_scaling_csv(SEED_004).assign(throughput=lambda d: 1 / d["time_s"])
     with pytest.raises(DataError, match="p3.2xlarge was not measured"):
-        predict_layouts(measured, parse_layouts("1x1@p3.2xlarge", CAT), CAT, 0.9, "seed004")
+        predict_layouts(measured, parse_fleet_layouts("1x1@p3.2xlarge", CAT), CAT, 0.9, "seed004")
 
 
 def test_seed_004_predictions_keep_the_measured_order_of_1x4_4x1_2x2():
     measured = read_scaling_csv(SEED_004).assign(throughput=lambda d: 1 / d["time_s"])
-    rows, notes = predict_layouts(measured, parse_layouts("1x4@g3.16xlarge,4x1@4*g3.4xlarge,2x2@2*g3.16xlarge", CAT),
+    rows, notes = predict_layouts(measured, parse_fleet_layouts("1x4@g3.16xlarge,4x1@4*g3.4xlarge,2x2@2*g3.16xlarge", CAT),
                                   CAT, 0.8, "seed004")
     t = rows.set_index("layout")["predicted_time_s"]
     assert t["1x4@1*g3.16xlarge"] < t["4x1@4*g3.4xlarge"] < t["2x2@2*g3.16xlarge"]  # seed: 21.9 < 23.3 < 26.4 min
@@ -163,7 +163,7 @@ def test_seed_004_predictions_keep_the_measured_order_of_1x4_4x1_2x2():
 
 def test_too_few_held_out_rows_give_an_unbounded_band_and_say_so():
     table = _synthetic(["1x1@g3.4xlarge", "2x1@g3.4xlarge", "4x1@g3.4xlarge"], batches=(32,))
-    rows, notes = predict_layouts(table, parse_layouts("8x1@g3.4xlarge", CAT), CAT, 0.9, "t.csv")
+    rows, notes = predict_layouts(table, parse_fleet_layouts("8x1@g3.4xlarge", CAT), CAT, 0.9, "t.csv")
     row = rows.iloc[0]
     assert row["held_out_predictions"] == 2 and np.isinf(row["time_high_s"]) and row["time_low_s"] == 0
     assert any("too few for a 90% band" in n for n in notes)

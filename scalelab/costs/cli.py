@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +22,6 @@ from typing import Any
 import click
 import numpy as np
 import pandas as pd
-from rich.console import Console
 from rich.table import Table
 
 from scalelab.analysis.html import plan_sections, scaling_sections, write_html
@@ -39,12 +37,13 @@ from scalelab.analysis.scaling import scale_layouts, step_table
 from scalelab.core.checks import NON_NEGATIVE, POSITIVE
 from scalelab.core.errors import DataError, SpecError
 from scalelab.core.records import load_run
+from scalelab.core.terminal import make_console
 from scalelab.costs.billing import Mix, run_cost, threshold_cost
 from scalelab.costs.catalog import DEFAULT_REGION, MARKETS, Catalog, CatalogError, load_catalog, parse_interruptions, refresh
 from scalelab.costs.convergence import convergence_rows
 from scalelab.costs.fitting import LinkModel
 from scalelab.costs.planner import Overheads, PlanRequest, plan
-from scalelab.costs.steptime import parse_layouts, predict_layouts
+from scalelab.costs.steptime import parse_fleet_layouts, predict_layouts
 from scalelab.costs.tables import (
     csv_kind,
     read_convergence_csv,
@@ -54,8 +53,8 @@ from scalelab.costs.tables import (
     with_throughput,
 )
 
-console = Console(width=None if sys.stdout.isatty() else 160)
-err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
+console = make_console()
+err_console = make_console(stderr=True)
 
 _FORMATS = ["table", "json", "markdown"]
 
@@ -537,7 +536,7 @@ def _predict_from_csv(path: str, text: str, confidence: float, fmt: str, params:
         raise DataError(f"{path}: a table of steps to a threshold; --predict needs a scaling table with workers, "
                         "nodes, instance_type and time_s or throughput")
     catalog = load_catalog(params["prices_file"], params["rates"], params["region"])
-    layouts = parse_layouts(text, catalog)
+    layouts = parse_fleet_layouts(text, catalog)
     time_based = "throughput" not in read_scaling_csv(path).columns
     m = _measured_from_csv(path, None)
     rows, notes = predict_layouts(m.measured, layouts, catalog, confidence, Path(path).name, time_based)

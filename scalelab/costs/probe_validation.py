@@ -33,11 +33,12 @@ from scalelab.analysis.results import summarize_loaded
 from scalelab.analysis.scaling import step_table
 from scalelab.core.errors import DataError, RecordError
 from scalelab.core.rundir import read_json
+from scalelab.core.spec import BATCH_SCALING
 from scalelab.core.records import load_run
 from scalelab.costs.catalog import Catalog, builtin_catalog
 from scalelab.costs.cli import _measured_from_runs
 from scalelab.costs.planner import PlanRequest, plan
-from scalelab.costs.steptime import parse_layouts, predict_layouts
+from scalelab.costs.steptime import parse_fleet_layouts, predict_layouts
 
 __all__ = ["probe_runs", "probe_catalog", "evaluate_probe", "probe_summary"]
 
@@ -62,7 +63,7 @@ def probe_runs(probe_dir: Path) -> pd.DataFrame:
             rows.append({"instance_type": cand["name"], "gpus": int(cand["gpus"]), "layout": f"{s.nodes}x{s.gpus_per_node}",
                          "workers": s.workers, "nodes": s.nodes, "run_dir": run_dir, "throughput": s.words_per_s,
                          "global_batch": s.global_batch,
-                         "batch_scaling": "growing" if run.spec.batch_mode == "weak" else "fixed", **_spread(run)})
+                         "batch_scaling": BATCH_SCALING[run.spec.batch_mode], **_spread(run)})
     if not rows:
         raise DataError(f"{probe_dir}: no probe run has step records; `launch resume {probe_dir}` runs them")
     return pd.DataFrame(rows)
@@ -120,7 +121,7 @@ def _steptime(fit_runs: pd.DataFrame, targets: pd.DataFrame, cat: Catalog, confi
     out = []
     for _, t in targets.iterrows():
         try:
-            rows, _ = predict_layouts(table.assign(label="probe"), parse_layouts(f"{t['layout']}@{t['instance_type']}", cat),
+            rows, _ = predict_layouts(table.assign(label="probe"), parse_fleet_layouts(f"{t['layout']}@{t['instance_type']}", cat),
                                       cat, confidence, "probe", time_based=False)
         except DataError:
             continue

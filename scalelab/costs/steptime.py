@@ -57,16 +57,16 @@ import numpy as np
 import pandas as pd
 
 from scalelab.core.errors import DataError
+from scalelab.core.spec import BALANCE_MODES
 from scalelab.costs.billing import Mix
 from scalelab.costs.calibration import conformal_quantile
 from scalelab.costs.catalog import Catalog, CatalogError
 from scalelab.costs.fitting import LinkModel, fit_series, nnls
 
-__all__ = ["Known", "Layout", "parse_layout", "parse_layouts", "exchange_terms", "StepModel", "fit_step_model",
+__all__ = ["Known", "Layout", "parse_fleet_layout", "parse_fleet_layouts", "exchange_terms", "StepModel", "fit_step_model",
            "prepare", "held_out", "choose", "predict_layouts", "STEP_MODELS"]
 
 STEP_MODELS = ("steptime", "steptime-links")
-BALANCES = ("static", "dynamic")
 _DEFAULT_LINK = LinkModel()
 _LAYOUT = re.compile(r"\s*(\d+)\s*x\s*(\d+)\s*@\s*([^:]+?)\s*(?::\s*(\w+)\s*)?")
 
@@ -114,14 +114,15 @@ def _layout(nodes: int, gpus: int, mix: Mix, balance: str, catalog: Catalog, wha
         if have < gpus:
             raise DataError(f"{what}: {t} has {have} GPU(s) but the layout puts {gpus} on each node; use a type with "
                             f"{gpus} or more GPUs, or fewer GPUs per node")
-    if balance not in BALANCES:
+    if balance not in BALANCE_MODES:
         raise DataError(f"{what}: balance must be static or dynamic, got {balance!r}")
     return Layout(nodes, gpus, tuple(mix.node_types()), balance)
 
 
-def parse_layout(text: str, catalog: Catalog) -> Layout:
-    """`NODESxGPUS@INSTANCES[:static|:dynamic]`, e.g. `4x1@1*p2.xlarge+3*g3.4xlarge:dynamic`; a bare
-    type after @ is one instance per node (`4x1@g3.4xlarge`)."""
+def parse_fleet_layout(text: str, catalog: Catalog) -> Layout:
+    """A layout on instance types, `NODESxGPUS@INSTANCES[:static|:dynamic]` (`launch plan --predict`),
+    e.g. `4x1@1*p2.xlarge+3*g3.4xlarge:dynamic`; a bare type after @ is one instance per node
+    (`4x1@g3.4xlarge`). Not a sweep's bare NODESxGPUS: that is `launcher.sweep.parse_layouts`."""
     m = _LAYOUT.fullmatch(text)
     if not m or int(m.group(1)) < 1 or int(m.group(2)) < 1:
         raise DataError(f"--predict: cannot read layout {text!r}; write NODESxGPUS@INSTANCES, e.g. 4x1@4*g3.4xlarge, "
@@ -134,12 +135,12 @@ def parse_layout(text: str, catalog: Catalog) -> Layout:
     return _layout(nodes, gpus, mix, (m.group(4) or "static").lower(), catalog, f"--predict {text!r}")
 
 
-def parse_layouts(text: str, catalog: Catalog) -> list[Layout]:
-    """Comma-separated layouts (parse_layout); an empty list is an error."""
+def parse_fleet_layouts(text: str, catalog: Catalog) -> list[Layout]:
+    """Comma-separated layouts on instance types (parse_fleet_layout); an empty list is an error."""
     items = [t for t in str(text).split(",") if t.strip()]
     if not items:
         raise DataError("--predict needs at least one layout, e.g. 4x1@4*g3.4xlarge,2x2@2*g3.16xlarge")
-    return [parse_layout(t, catalog) for t in items]
+    return [parse_fleet_layout(t, catalog) for t in items]
 
 
 def gpu_key(instance_type: str, catalog: Catalog) -> str:
