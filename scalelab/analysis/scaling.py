@@ -27,6 +27,7 @@ import numpy as np
 import pandas as pd
 
 from scalelab.core.errors import RecordError
+from scalelab.core.spec import BATCH_MODES, BATCH_SCALING
 
 __all__ = [
     "PHASES",
@@ -55,7 +56,6 @@ STEP_TABLE_COLUMNS: tuple[str, ...] = (
 SCALING_COLUMNS: tuple[str, ...] = ("base_workers", "n", "speedup", "efficiency", "karp_flatt")
 
 _REQUIRED_STEP_COLUMNS = ("rank", "step", "step_s", "words", "samples")
-_MODES = ("strong", "weak")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -261,8 +261,8 @@ def summarize_run(
     Raises RecordError when no measured step exists, because every timing would be undefined.
     """
     mode = meta.get("batch_mode") or meta.get("mode") or "strong"
-    if mode not in _MODES:
-        raise ValueError(f"batch_mode must be one of {_MODES}, got {mode!r}")
+    if mode not in BATCH_MODES:
+        raise ValueError(f"batch_mode must be one of {BATCH_MODES}, got {mode!r}")
     steps = step_table(step_records)
     measured, counts = _measured_steps(steps, meta.get("label", "?"))
     threshold = _float_or_none(meta.get("loss_threshold"))
@@ -335,10 +335,6 @@ def trust_warnings(table: pd.DataFrame) -> list[str]:
                        "the time to the threshold is only an upper bound: validate more often (--val-every)")
     return out
 
-
-#: How the global batch changes with the workers, by the trainer's batch mode: fixed (strong: the
-#: global batch is split) or growing (weak: every worker keeps its batch).
-BATCH_SCALING = {"strong": "fixed", "weak": "growing"}
 
 
 def _work_to(steps: pd.DataFrame, step: int | None) -> dict[str, int | None]:
@@ -536,8 +532,8 @@ def scaling_table(
     Karp-Flatt e = (1/S - 1/n)/(1 - 1/n) is NaN for n == 1.
     Raises ValueError on an unknown mode, missing columns, or non-positive workers/throughput/time.
     """
-    if mode not in _MODES:
-        raise ValueError(f"mode must be one of {_MODES}, got {mode!r}")
+    if mode not in BATCH_MODES:
+        raise ValueError(f"mode must be one of {BATCH_MODES}, got {mode!r}")
     df = rows.copy() if isinstance(rows, pd.DataFrame) else pd.DataFrame(list(rows))
     metric = _metric_column(df)
     if df.empty:

@@ -32,6 +32,7 @@ import pandas as pd
 
 from scalelab.analysis.scaling import scaling_table
 from scalelab.core.errors import DataError
+from scalelab.core.spec import BALANCE_MODES, BATCH_MODES, BATCH_SCALING, SCALING_AXES, batch_mode_of
 
 __all__ = ["CsvError", "AXES", "read_scaling_csv", "with_throughput", "read_convergence_csv", "csv_kind",
            "read_cost_csv", "scaling_from_table"]
@@ -144,23 +145,22 @@ def _refuse_repeats(path: Path, rows: list[dict[str, Any]], key: list[str]) -> N
 
 
 AXES = ("batch_scaling", "work_scaling")
-_MODE_AXES = {"strong": "fixed", "weak": "growing"}  # the older `mode`: both axes at once
 
 
 def read_scaling_csv(path: str | Path) -> pd.DataFrame:
     """A published scaling table: one row per measurement (see the module doc for the columns)."""
-    axis = _choice("fixed", "growing")
+    axis = _choice(*SCALING_AXES)
     df = _read(path, [["workers"], ["throughput", "time_s"]],
                {"workers": _positive_int, "nodes": _positive_int, "throughput": _positive_float,
-                "time_s": _positive_float, "mode": _choice("strong", "weak"), "batch_scaling": axis,
-                "work_scaling": axis, "global_batch": _positive_int, "balance": _choice("static", "dynamic")},
+                "time_s": _positive_float, "mode": _choice(*BATCH_MODES), "batch_scaling": axis,
+                "work_scaling": axis, "global_batch": _positive_int, "balance": _choice(*BALANCE_MODES)},
                "label (optional), workers, nodes (optional), instance_type (optional), throughput or time_s, "
                "batch_scaling and work_scaling (optional: fixed or growing)")
     _default(df, "label", "")
     if "instance" in df.columns and "instance_type" not in df.columns:  # the older name of the column
         df["instance_type"] = df["instance"]
     for column in AXES:
-        legacy = df["mode"].map(_MODE_AXES) if "mode" in df.columns else None
+        legacy = df["mode"].map(BATCH_SCALING) if "mode" in df.columns else None
         df[column] = (df[column] if column in df.columns else pd.Series(None, index=df.index, dtype=object))
         df[column] = df[column].fillna(legacy if legacy is not None else "fixed").fillna("fixed").astype(str)
     metric = "throughput" if "throughput" in df.columns else "time_s"
@@ -235,6 +235,6 @@ def scaling_from_table(df: pd.DataFrame) -> pd.DataFrame:
     (replaced by the two axes) are dropped."""
     parts = []
     for (_, work), part in df.groupby(list(AXES), sort=False):
-        parts.append(scaling_table(part, mode="weak" if work == "growing" else "strong", series="label"))
+        parts.append(scaling_table(part, mode=batch_mode_of(work), series="label"))
     out = pd.concat(parts).sort_index() if parts else df
     return out.drop(columns=[c for c in ("_line", "mode") if c in out.columns])

@@ -20,7 +20,6 @@ import time
 from pathlib import Path
 
 import click
-from rich.console import Console
 from rich.table import Table
 
 from scalelab.analysis.results import build_report, expand_run_dirs
@@ -30,6 +29,7 @@ from scalelab.core.procs import tool_path
 from scalelab.core.records import load_run
 from scalelab.core.rundir import RunPaths, read_json
 from scalelab.core.spec import Spec, save_spec
+from scalelab.core.terminal import make_console
 from scalelab.core.writes import writing
 from scalelab.costs.validation import planner_bench
 from scalelab.train.bench import memcpy_bandwidth
@@ -37,7 +37,7 @@ from scalelab.train.precision import cpu_bf16_problem
 
 PARTS = ("compute", "exchange", "scaling", "planner", "report")
 COMPUTE_PRECISIONS = ("fp32", "bf16")  # fp16 needs a GPU (the scaler); this bench runs on the CPU
-console = Console(width=None if sys.stdout.isatty() else 160)
+console = make_console()
 
 
 def _py(*args: str, timeout: int = 900) -> str:

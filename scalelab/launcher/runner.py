@@ -30,7 +30,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator
 
-from rich.console import Console
 
 from scalelab.core.errors import ScalelabError
 from scalelab.core.lock import RunBusy, RunLock, owner_of
@@ -49,11 +48,12 @@ from scalelab.core.rundir import (
     write_json,
 )
 from scalelab.core.spec import Spec, save_spec
+from scalelab.core.terminal import make_console
 from scalelab.core.writes import WriteError, full_note
 from scalelab.launcher.backend import Backend, RunStatus, rank_ends, silent_ranks
 from scalelab.launcher.pricing import fleet_rate
 
-err_console = Console(stderr=True, width=None if sys.stderr.isatty() else 160)
+err_console = make_console(stderr=True)
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 FIRST_POLL_S = 0.1     # the first polls come quickly (a short run, a fast failure), then back off

@@ -35,7 +35,7 @@ from scalelab.analysis.studies import (
 from scalelab.core.errors import SpecError
 from scalelab.core.records import load_run
 from scalelab.core.rundir import STUDY_FILE, new_run_dir, study_sweeps, write_json
-from scalelab.core.spec import MODE_AXES, Spec, read_yaml_mapping
+from scalelab.core.spec import BACKEND_NAMES, MODE_AXES, Spec, read_yaml_mapping
 from scalelab.costs.studies import price_money_table
 from scalelab.launcher.backend import get_backend
 from scalelab.launcher.cli import console
@@ -209,7 +209,7 @@ def study_report(study_dir: Path, study: Study) -> Path:
 @click.command("study")
 @click.argument("study_file", type=click.Path(dir_okay=False))
 @click.option("--scale", help="A named scale of the study (e.g. test, cpu, seed); default: the file's base.")
-@click.option("--backend", type=str, help="Run on this backend instead of the study's (local, slurm, k8s, aws).")
+@click.option("--backend", type=str, help=f"Run on this backend instead of the study's ({', '.join(BACKEND_NAMES)}).")
 @click.option("--runs-dir", type=click.Path(file_okay=False), default="runs", show_default=True)
 @click.option("--dry-run", is_flag=True, help="Print every variant x layout request (and, on stderr, what it "
                                              "would cost) and run nothing.")

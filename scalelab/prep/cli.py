@@ -19,10 +19,11 @@ import click
 
 from scalelab.core.errors import SpecError
 from scalelab.core.rundir import new_run_dir, write_json
+from scalelab.core.spec import BACKEND_NAMES, BATCH_MODES
 from scalelab.core.writes import check_writable
 from scalelab.launcher.cli import console, parse_pairs
 from scalelab.launcher.runner import err_console
-from scalelab.prep.request import BACKENDS, MODES, PREP_FILE, PrepRequest
+from scalelab.prep.request import PREP_FILE, PrepRequest
 
 INPUTS = ("train", "valid", "train_src", "train_tgt", "valid_src", "valid_tgt")
 
@@ -45,10 +46,10 @@ def _inputs(func):
 @_inputs
 @click.option("--out", required=True, help="Shards directory (local path or s3://BUCKET/PREFIX); must not hold shards yet.")
 @click.option("--workers", default="2", show_default=True, help="Dask workers; a list (1,2,4) runs a sweep.")
-@click.option("--mode", type=click.Choice(MODES), default="strong", show_default=True,
+@click.option("--mode", type=click.Choice(BATCH_MODES), default="strong", show_default=True,
               help="Sweep: strong = the same corpus on more workers; weak = --lines-per-worker x workers lines.")
 @click.option("--lines-per-worker", type=int, help="Weak scaling: prep only the first N x workers training lines.")
-@click.option("--backend", type=click.Choice(BACKENDS), default="local", show_default=True, help="Where the Dask workers run.")
+@click.option("--backend", type=click.Choice(BACKEND_NAMES), default="local", show_default=True, help="Where the Dask workers run.")
 @click.option("--backend-opt", "backend_opts", multiple=True, metavar="KEY=VALUE",
               help="Cluster option (repeatable), e.g. partition=debug, image=..., endpoint_url=...; unknown ones are listed.")
 @click.option("--scheduler", help="Use this running Dask scheduler (tcp://HOST:8786) instead of starting a cluster.")

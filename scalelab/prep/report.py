@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import datetime
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +24,7 @@ from scalelab.analysis.report import markdown_table
 from scalelab.analysis.scaling import scaling_table
 from scalelab.core.errors import RecordError
 from scalelab.core.rundir import write_json
+from scalelab.core.terminal import make_console
 from scalelab.prep.records import load_records
 from scalelab.prep.request import read_request
 
@@ -126,7 +126,7 @@ def report_dirs(paths: list[Path], out: Path | None, fmt: str) -> None:
     (out / "report.md").write_text(markdown(df, runs))
     records = json.loads(df.to_json(orient="records"))
     write_json(out / "report.json", records)
-    console = Console(width=None if sys.stdout.isatty() else 160)
+    console = make_console()
     if fmt == "json":
         print(json.dumps(records, indent=2))
     elif fmt == "markdown":

@@ -14,10 +14,9 @@ from typing import Any
 
 from scalelab.core.errors import SpecError
 from scalelab.core.presets import PRESETS, ModelConfig, config_with_overrides
+from scalelab.core.spec import BACKEND_NAMES, BATCH_MODES
 from scalelab.prep.corpus import ROLES, Storage, flag, is_remote
 
-BACKENDS = ("local", "slurm", "k8s", "aws")
-MODES = ("strong", "weak")
 PREP_FILE = "prep.json"  # marks a prep run (or a sweep of prep runs) for `launch report`
 
 
@@ -67,8 +66,8 @@ class PrepRequest:
             raise SpecError(f"prep for {family} needs {' and '.join(missing)}")
         if family == "nmt" and ("valid_src" in given) != ("valid_tgt" in given):
             raise SpecError("give both --valid-src and --valid-tgt, or neither")
-        _choice("backend", self.backend, BACKENDS)
-        _choice("mode", self.mode, MODES)
+        _choice("backend", self.backend, BACKEND_NAMES)
+        _choice("mode", self.mode, BATCH_MODES)
         for name in ("workers", "shard_size"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:

@@ -30,8 +30,6 @@ from scalelab.core.errors import DataError, SpecError
 from scalelab.train.batch import Batch
 from scalelab.train.models import BOS_ID, EOS_ID, NUM_SPECIALS, PAD_ID, ModelConfig
 
-DATASET_KINDS = ("synthetic", "task", "text")
-
 
 def generator_for(seed: int, *keys: object) -> torch.Generator:
     """A CPU generator seeded from `seed` and `keys` (e.g. "epoch", 3), stable across processes.

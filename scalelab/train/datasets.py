@@ -10,16 +10,18 @@ from typing import Any
 
 from scalelab.core.errors import SpecError
 from scalelab.core.presets import ModelConfig
+from scalelab.core.spec import DATA_KINDS
 from scalelab.train.data import Dataset, SyntheticDataset, TaskDataset
 from scalelab.train.text import build_text_dataset
 
+# The options each data kind (core.spec.DATA_KINDS, the one list of them) takes here.
 _OPTIONS = {
     "synthetic": ("num_samples", "num_valid", "global_batch"),
     "task": ("num_train", "num_valid", "fixed_length", "bucket_batches"),
     "text": ("valid_fraction", "bucket_batches"),
     "shards": ("directory", "rank", "world", "bucket_batches"),
 }
-KINDS = tuple(_OPTIONS)
+assert tuple(_OPTIONS) == DATA_KINDS, "a data kind in core.spec.DATA_KINDS needs its options here"
 
 
 def build_dataset(
@@ -32,8 +34,8 @@ def build_dataset(
     For text and shards data the vocabulary may be smaller than `cfg.vocab_size`: apply
     `dataset.model_overrides()` to the model config before building the model.
     """
-    if kind not in KINDS:
-        raise SpecError(f"unknown data kind {kind!r}: use one of {', '.join(KINDS)}")
+    if kind not in DATA_KINDS:
+        raise SpecError(f"unknown data kind {kind!r}: use one of {', '.join(DATA_KINDS)}")
     unknown = sorted(set(opts) - set(_OPTIONS[kind]))
     if unknown:
         raise SpecError(
