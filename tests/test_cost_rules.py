@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from scalelab.analysis.scaling import summarize_run
+from scalelab.analysis.scaling import RunMeta, summarize_run
 from scalelab.costs.billing import run_cost, spot_expected_seconds
 from scalelab.costs.catalog import builtin_catalog
 from scalelab.costs.tables import read_scaling_csv, scaling_from_table
@@ -32,8 +32,8 @@ def _steps(n: int = 6, warmup: int = 2) -> pd.DataFrame:
 
 def test_work_to_threshold_is_what_was_processed_and_wall_time_runs_from_the_launch():
     events = pd.DataFrame([dict(kind="event", event="threshold", step=4, elapsed_s=8.0, time=1011.0)])
-    meta = dict(label="x", workers=1, batch_mode="weak", global_batch=8, loss_threshold=0.5, launched_at=990.0,
-                lr_warmup_steps=3)
+    meta = RunMeta(label="x", workers=1, batch_mode="weak", global_batch=8, loss_threshold=0.5, launched_at=990.0,
+                   lr_warmup_steps=3)
     s = summarize_run(_steps(), None, events, meta)
     # steps 1-4, the two warm-up steps included: they trained the model too
     assert (s.steps_to_threshold, s.samples_to_threshold, s.words_to_threshold) == (4, 32, 320)

@@ -9,6 +9,7 @@ these runs are weak-scaling runs in the sense of fixed work per worker.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
@@ -22,6 +23,7 @@ from scalelab.analysis.scaling import (
     scale_layouts,
     scaling_table,
     step_table,
+    RunMeta,
     summarize_run,
 )
 from scalelab.core.errors import RecordError
@@ -90,8 +92,8 @@ def _records() -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-META = dict(label="lstm", nodes=1, gpus_per_node=2, workers=2, engine="ddp", rnn="lstm",
-            model="lm", batch_mode="strong", global_batch=20, loss_threshold=2.5)
+META = RunMeta(label="lstm", nodes=1, gpus_per_node=2, workers=2, engine="ddp", rnn="lstm",
+               model="lm", batch_mode="strong", global_batch=20, loss_threshold=2.5)
 
 
 def test_step_table_slowest_rank_sets_time_and_phases():
@@ -180,9 +182,9 @@ def test_summarize_run_threshold_from_val_records_and_not_reached():
                         dict(step=4, val_loss=2.2, elapsed_s=9.0)])
     s = summarize_run(_records(), val, None, META)
     assert (s.reached_threshold, s.time_to_threshold_s, s.steps_to_threshold) == (True, 9.0, 4)
-    s = summarize_run(_records(), val, None, {**META, "loss_threshold": 1.0})
+    s = summarize_run(_records(), val, None, replace(META, loss_threshold=1.0))
     assert (s.reached_threshold, s.time_to_threshold_s, s.steps_to_threshold) == (False, None, None)
-    s = summarize_run(_records(), None, None, {**META, "loss_threshold": None})
+    s = summarize_run(_records(), None, None, replace(META, loss_threshold=None))
     assert s.reached_threshold is None and s.time_to_threshold_s is None
 
 
@@ -303,8 +305,8 @@ def test_karp_flatt_known_case():
 
 def _summary(label: str, nodes: int, gpn: int, wps: float) -> LayoutSummary:
     recs = _records()
-    s = summarize_run(recs, None, None, {**META, "label": label, "nodes": nodes, "gpus_per_node": gpn,
-                                         "workers": nodes * gpn})
+    s = summarize_run(recs, None, None, replace(META, label=label, nodes=nodes, gpus_per_node=gpn,
+                                                 workers=nodes * gpn))
     s.words_per_s = wps
     return s
 
@@ -319,3 +321,12 @@ def test_scale_layouts_uses_words_per_s_and_smallest_single_node_base():
     assert list(zip(df["nodes"], df["gpus_per_node"])) == [(1, 1), (1, 2), (2, 1), (1, 4), (2, 2)]
     assert df["speedup"].tolist() == pytest.approx([1.0, 1.9, 1.5, 3.6, 3.0])
     assert df["efficiency"].tolist() == pytest.approx([1.0, 0.95, 0.75, 0.9, 0.75])
+
+
+def test_run_meta_is_typed_a_misspelt_key_or_an_unknown_mode_fails_where_it_is_written():
+    with pytest.raises(TypeError):
+        RunMeta(label="x", gpus_per_nodes=2)  # type: ignore[call-arg]
+    with pytest.raises(ValueError, match="batch_mode must be one of"):
+        RunMeta(batch_mode="fixed")
+    s = summarize_run(_records(), None, None, replace(META, batch_mode="weak", work_scaling="growing"))
+    assert (s.mode, s.batch_scaling, s.work_scaling) == ("weak", "growing", "growing")

@@ -19,7 +19,7 @@ from scalelab.analysis.report import (
     to_json_records,
     write_markdown,
 )
-from scalelab.analysis.scaling import LayoutSummary, scale_layouts, summarize_run, trust_warnings
+from scalelab.analysis.scaling import LayoutSummary, RunMeta, scale_layouts, summarize_run, trust_warnings
 from scalelab.core.errors import RecordError
 from scalelab.core.records import load_run
 from scalelab.core.rundir import (
@@ -179,13 +179,13 @@ def summarize_loaded(run) -> LayoutSummary:
         raise RecordError(f"{run.run_dir} has no step records: the run stopped before its first step; see {run.run_dir}/logs")
     global_batch = int(run.start["global_batch"].iloc[0]) if "global_batch" in run.start else None
     per_epoch = run.start["steps_per_epoch"].dropna() if "steps_per_epoch" in run.start else []
-    meta = {
-        "label": run_label(spec), "nodes": spec.nodes, "gpus_per_node": spec.gpus_per_node, "workers": spec.workers,
-        "engine": spec.engine.name, "rnn": spec.rnn, "precision": spec.precision, "model": spec.model, "batch_mode": spec.batch_mode,
-        "work_scaling": spec.work_scaling,
-        "global_batch": global_batch, "loss_threshold": spec.loss_threshold, "launched_at": launched_at(run),
-        "lr_warmup_steps": spec.lr_warmup_steps, "steps_per_epoch": int(per_epoch.iloc[0]) if len(per_epoch) else None,
-    }
+    meta = RunMeta(
+        label=run_label(spec), nodes=spec.nodes, gpus_per_node=spec.gpus_per_node, workers=spec.workers,
+        engine=spec.engine.name, rnn=spec.rnn, precision=spec.precision, model=spec.model, batch_mode=spec.batch_mode,
+        work_scaling=spec.work_scaling, global_batch=global_batch, loss_threshold=spec.loss_threshold,
+        launched_at=launched_at(run), lr_warmup_steps=spec.lr_warmup_steps,
+        steps_per_epoch=int(per_epoch.iloc[0]) if len(per_epoch) else None,
+    )
     return summarize_run(run.steps, run.val, run.events, meta)
 
 

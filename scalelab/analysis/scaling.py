@@ -34,6 +34,7 @@ __all__ = [
     "STEP_TABLE_COLUMNS",
     "SCALING_COLUMNS",
     "LayoutSummary",
+    "RunMeta",
     "step_table",
     "summarize_run",
     "scaling_table",
@@ -236,18 +237,42 @@ class LayoutSummary:
         return asdict(self)
 
 
+@dataclass(frozen=True)
+class RunMeta:
+    """What a run's summary takes from outside its step, validation and event records: the spec's
+    layout and choices and the start records' batch facts (`analysis.results.summarize_loaded` fills
+    it from a run directory). Typed, so a misspelt key fails where it is written rather than reading
+    as None; what is not known stays None. `workers` defaults to nodes x gpus_per_node, else to the
+    ranks seen."""
+
+    label: str = ""
+    nodes: int | None = None
+    gpus_per_node: int | None = None
+    workers: int | None = None
+    engine: str | None = None
+    rnn: str | None = None
+    precision: str | None = None
+    model: str | None = None
+    batch_mode: str = "strong"  # core.spec.BATCH_MODES; its batch axis is core.spec.BATCH_SCALING's
+    work_scaling: str | None = None  # fixed / growing, set by a sweep
+    global_batch: int | None = None
+    loss_threshold: float | None = None
+    launched_at: float | None = None  # time.time() of the launch
+    lr_warmup_steps: int | None = None
+    steps_per_epoch: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.batch_mode not in BATCH_MODES:
+            raise ValueError(f"batch_mode must be one of {BATCH_MODES}, got {self.batch_mode!r}")
+
+
 def summarize_run(
     step_records: pd.DataFrame,
     val_records: pd.DataFrame | None,
     events: pd.DataFrame | None,
-    meta: dict[str, Any],
+    meta: RunMeta,
 ) -> LayoutSummary:
-    """Summarise one run from its records.
-
-    `meta` carries label, nodes, gpus_per_node, workers, engine, rnn, precision, model, batch_mode
-    ("strong" | "weak"), work_scaling ("fixed" | "growing", set by a sweep), global_batch, loss_threshold, launched_at (time.time() of the launch),
-    lr_warmup_steps, steps_per_epoch (missing keys default to None; `workers` defaults to nodes x gpus_per_node,
-    else to the number of ranks seen).
+    """Summarise one run from its records and `meta` (what the records do not say: `RunMeta`).
 
     Measured steps are those not marked warm-up and reported by every rank: a step that only some
     ranks finished (the run was interrupted inside it) has no meaningful slowest-rank time.
@@ -260,21 +285,19 @@ def summarize_run(
 
     Raises RecordError when no measured step exists, because every timing would be undefined.
     """
-    mode = meta.get("batch_mode") or meta.get("mode") or "strong"
-    if mode not in BATCH_MODES:
-        raise ValueError(f"batch_mode must be one of {BATCH_MODES}, got {mode!r}")
+    mode = meta.batch_mode
     steps = step_table(step_records)
-    measured, counts = _measured_steps(steps, meta.get("label", "?"))
-    threshold = _float_or_none(meta.get("loss_threshold"))
+    measured, counts = _measured_steps(steps, meta.label or "?")
+    threshold = _float_or_none(meta.loss_threshold)
     reached, t_thr, s_thr = _threshold(val_records, events, threshold)
     return LayoutSummary(
-        label=str(meta.get("label") or ""),
+        label=meta.label,
         **_layout_of(meta, ranks_seen=int(steps["ranks"].max())),
-        engine=meta.get("engine"),
-        rnn=meta.get("rnn"),
-        model=meta.get("model"),
+        engine=meta.engine,
+        rnn=meta.rnn,
+        model=meta.model,
         mode=mode,
-        global_batch=_int_or_none(meta.get("global_batch")),
+        global_batch=_int_or_none(meta.global_batch),
         **counts,
         **_rates_and_step_times(measured),
         **_phase_shares(measured),
@@ -285,15 +308,15 @@ def summarize_run(
         time_to_threshold_s=t_thr,
         steps_to_threshold=s_thr,
         **_work_to(steps, s_thr),
-        **_wall_times(step_records, events, s_thr, _float_or_none(meta.get("launched_at"))),
+        **_wall_times(step_records, events, s_thr, _float_or_none(meta.launched_at)),
         noise_scale=pooled_noise_scale(step_records, s_thr),
-        steps_per_epoch=_int_or_none(meta.get("steps_per_epoch")),
+        steps_per_epoch=_int_or_none(meta.steps_per_epoch),
         batch_scaling=BATCH_SCALING[mode],
-        work_scaling=meta.get("work_scaling"),
+        work_scaling=meta.work_scaling,
         lr=_float_or_none(steps["lr"].iloc[-1]) if "lr" in steps.columns else None,
-        lr_warmup_steps=_int_or_none(meta.get("lr_warmup_steps")),
+        lr_warmup_steps=_int_or_none(meta.lr_warmup_steps),
         first_val_step=_first_val_step(val_records),
-        precision=meta.get("precision"),
+        precision=meta.precision,
     )
 
 
@@ -406,12 +429,12 @@ def _measured_steps(steps: pd.DataFrame, label: str) -> tuple[pd.DataFrame, dict
     return measured, counts
 
 
-def _layout_of(meta: dict[str, Any], ranks_seen: int) -> dict[str, int]:
+def _layout_of(meta: RunMeta, ranks_seen: int) -> dict[str, int]:
     """workers, nodes, gpus_per_node from `meta`; workers default to nodes x gpus_per_node, else to
     the ranks seen; one node of all the workers when the layout is not given."""
-    nodes = _int_or_none(meta.get("nodes"))
-    gpn = _int_or_none(meta.get("gpus_per_node"))
-    workers = _int_or_none(meta.get("workers"))
+    nodes = _int_or_none(meta.nodes)
+    gpn = _int_or_none(meta.gpus_per_node)
+    workers = _int_or_none(meta.workers)
     if workers is None:
         workers = nodes * gpn if nodes is not None and gpn is not None else ranks_seen
     return {"workers": int(workers), "nodes": nodes if nodes is not None else 1,
