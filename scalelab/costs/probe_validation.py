@@ -6,7 +6,7 @@ types that differ and predict layouts of each").
     scripts/validate-probe.sh                  (runs a local probe, then this)
 
 A probe measures every candidate on 1x1, 1xG and 2xG (scalelab/launcher/probe.py). Three tasks, each
-through the code `launch plan` runs (costs.cli's reading of run directories, costs.planner,
+through the code `launch plan` runs (costs.measurements' reading of run directories, costs.planner,
 costs.steptime), never a re-implementation of it:
 
 - **own**: a type's own 1x1 and 1xG runs fitted (the planner's scaling models), its 2xG predicted;
@@ -36,7 +36,7 @@ from scalelab.core.rundir import read_json
 from scalelab.core.spec import BATCH_SCALING
 from scalelab.core.records import load_run
 from scalelab.costs.catalog import Catalog, builtin_catalog
-from scalelab.costs.cli import _measured_from_runs
+from scalelab.costs.measurements import measured_from_runs
 from scalelab.costs.planner import PlanRequest, plan
 from scalelab.costs.steptime import parse_fleet_layouts, predict_layouts
 
@@ -98,7 +98,7 @@ def _planned(fit_runs: pd.DataFrame, base: str, targets: pd.DataFrame, cat: Cata
              task: str) -> list[dict]:
     """Predict `targets` (runs of one type) with `launch plan`'s own path: read the fit runs'
     directories, fit on `base`'s, price the targets' type at the probes' speed."""
-    m = _measured_from_runs(list(fit_runs["run_dir"]), base)
+    m = measured_from_runs(list(fit_runs["run_dir"]), base)
     itype = str(targets["instance_type"].iloc[0])
     result = plan(PlanRequest(m.measured, sorted(int(w) for w in targets["workers"]), cat, [itype], work=1.0,
                               measured_on=m.measured_on, confidence=confidence, probe_speed=m.probe_speed,

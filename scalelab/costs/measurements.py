@@ -1,0 +1,118 @@
+"""Runs and tables turned into what the planner plans from (`Measurements`): throughput per layout,
+the runs that reached a loss threshold, their overheads, the measured type and the probes' speeds.
+
+It lives in the planner's package, not in its command (`costs.cli`): `launch plan`, `launch cost`'s
+--from-csv report and the planner's judges (`costs.probe_validation`) all read runs through this one
+module, so a prediction judged on a probe is made from exactly what `launch plan` would read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from scalelab.analysis.results import expand_run_dirs, summarize_loaded
+from scalelab.analysis.scaling import scale_layouts, step_table
+from scalelab.core.errors import SpecError
+from scalelab.core.records import load_run
+from scalelab.costs.billing import Mix
+from scalelab.costs.convergence import convergence_rows
+from scalelab.costs.planner import Overheads
+from scalelab.costs.tables import csv_kind, read_convergence_csv, read_scaling_csv, with_throughput
+
+__all__ = ["Measurements", "measured_from_runs", "measured_from_csv"]
+
+
+@dataclass
+class Measurements:
+    """What `launch plan` plans from: throughput per layout (`measured`), the runs that reached a
+    threshold (`convergence`), their overheads, the instance type they ran on, and for runs the
+    scaling table and loss curves of the HTML report."""
+
+    measured: pd.DataFrame
+    convergence: pd.DataFrame | None = None
+    overheads: Overheads = field(default_factory=Overheads)
+    measured_on: str | None = None
+    table: pd.DataFrame | None = None
+    curves: dict[str, pd.DataFrame] = field(default_factory=dict)
+    probe_speed: dict[str, float] = field(default_factory=dict)
+    precision: str = "fp32"
+
+
+def measured_from_runs(paths: list[Path], measured_on: str | None = None) -> Measurements:
+    """The measurements of run and sweep directories (their records, through analysis.scaling).
+    Runs on several instance types, each on one type: the fit is made on `measured_on` (default:
+    the type with the most runs) and the others are probes (their per-GPU speed, scalelab/costs/speed.py)."""
+    by_type: dict[str | None, list] = {}
+    curves, precisions = {}, []
+    for run_dir in expand_run_dirs(paths):
+        run = load_run(run_dir)
+        s = summarize_loaded(run)
+        itype = (run.spec.backend_options or {}).get("instance_type")
+        types = {t for _, t in Mix.parse(itype).items} if itype else set()  # a mix: measured on several
+        by_type.setdefault(types.pop() if len(types) == 1 else ("mix" if types else None), []).append(s)
+        precisions.append(s.precision or "fp32")
+        st = step_table(run.steps)
+        if len(st) and st["time"].notna().any():
+            # a million step records: plot at most ~2000 points per layout
+            every = max(1, len(st) // 2000)
+            curves[f"{s.label} {s.nodes}x{s.gpus_per_node}"] = pd.DataFrame(
+                {"seconds": st["time"] - st["time"].min(), "loss": st["loss"]}).iloc[::every]
+    base, probes = _base_and_probes(by_type, measured_on)
+    summaries = by_type[base] if probes else [s for group in by_type.values() for s in group]
+    table = scale_layouts(summaries)
+    threshold = table["loss_threshold"].map(lambda x: None if pd.isna(x) else f"{float(x):g}")
+    measured = pd.DataFrame({
+        "label": table["label"], "workers": table["workers"], "nodes": table["nodes"],
+        "throughput": table["words_per_s"], "global_batch": table["global_batch"],
+        "batch_scaling": table["batch_scaling"], "words_per_sample": table["words_per_s"] / table["samples_per_s"],
+        "convergence": [None if t is None else f"{m} to loss {t}" for m, t in zip(table["model"], threshold)]})
+    return Measurements(measured, convergence_rows(table), _overheads(table), base, table, curves, probes,
+                        max(set(precisions), key=precisions.count) if precisions else "fp32")
+
+
+def _base_and_probes(by_type: dict[str | None, list], measured_on: str | None) -> tuple[str | None, dict[str, float]]:
+    """(the measured type, per-GPU words/s of every type) of runs grouped by instance type: one
+    type alone is the measured one; several single types (no mixes, no untyped runs) are the
+    measured type (`measured_on`, else the one with the most runs) and probes, each at the fewest
+    workers all types share (else its own fewest)."""
+    singles = [t for t in by_type if t not in (None, "mix")]
+    if len(by_type) != len(singles) or not singles:
+        return measured_on, {}
+    if len(singles) == 1:
+        return singles[0], {}
+    if measured_on is not None and measured_on not in by_type:
+        raise SpecError(f"--measured-on {measured_on}: the runs were made on {', '.join(sorted(singles))}; "
+                        "name the one to fit (the others are probes of their speed)")
+    base = measured_on or max(singles, key=lambda t: len(by_type[t]))
+    common = set.intersection(*({s.workers for s in by_type[t]} for t in singles))
+    probes = {}
+    for t in singles:
+        w = min(common) if common else min(s.workers for s in by_type[t])
+        probes[t] = float(np.median([s.words_per_s / s.workers for s in by_type[t] if s.workers == w]))
+    return base, probes
+
+
+def _overheads(table: pd.DataFrame) -> Overheads:
+    """Median start-up of the runs, and the median share of their wall time to the threshold spent
+    outside training steps (validation, checkpoints, probes), relative to the training time."""
+    startup = pd.to_numeric(table["startup_s"], errors="coerce").dropna()
+    wall, train = (pd.to_numeric(table[c], errors="coerce") for c in ("wall_to_threshold_s", "time_to_threshold_s"))
+    startup_each = pd.to_numeric(table["startup_s"], errors="coerce").fillna(0.0)
+    share = ((wall - startup_each - train) / train).dropna()
+    return Overheads(float(startup.median()) if len(startup) else 0.0,
+                     max(float(share.median()), 0.0) if len(share) else 0.0)
+
+
+def measured_from_csv(path: str, measured_on: str | None) -> Measurements:
+    """A published scaling table, or a table of steps to a threshold (by its columns)."""
+    if csv_kind(path) == "convergence":
+        return Measurements(pd.DataFrame(), read_convergence_csv(path), measured_on=measured_on)
+    measured = with_throughput(read_scaling_csv(path))
+    if measured_on is None and "instance_type" in measured.columns:  # `instance` is read as this column too
+        vals = {str(v) for v in measured["instance_type"].dropna()}
+        measured_on = vals.pop() if len(vals) == 1 and not any(c in next(iter(vals)) for c in "*+") else None
+    return Measurements(measured, measured_on=measured_on)
