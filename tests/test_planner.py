@@ -23,7 +23,7 @@ from scalelab.costs.fitting import (
     ps_exchange_s,
     ring_allreduce_s,
 )
-from scalelab.costs.planner import PlanRequest, plan
+from scalelab.costs.planner import PlanRequest, plan, resolve_candidate
 
 # seed 001, independent-replica cudnn_lstm: (GPUs, words/s)
 SEED_001 = [(1, 51046.074), (2, 93790.686), (3, 133520.790), (4, 175351.156), (5, 216412.574),
@@ -280,3 +280,23 @@ def test_probed_rates_without_gpu_model_get_their_probe_speed():
     assert rows["local-2t"]["predicted_throughput"] == pytest.approx(rows["local-1t"]["predicted_throughput"] / 60)
     assert rows["local-4t"]["predicted_throughput"] == pytest.approx(rows["local-1t"]["predicted_throughput"])
     assert not any(n.startswith("local-2t:") for n in p.notes) and any(n.startswith("local-4t:") for n in p.notes)
+
+
+def test_each_type_is_resolved_from_the_catalog_once_and_carried_through_its_rows(monkeypatch):
+    """price() resolves a type into one Candidate (shape, speed, link, prices, interruptions) and makes
+    every row of it from that object: the catalog's prices are read once per type and market, however
+    many worker counts are priced."""
+    cat = builtin_catalog()
+    calls: list[tuple[str, str]] = []
+    real_price = type(cat).price
+    monkeypatch.setattr(type(cat), "price", lambda self, name, market="on-demand", region=None:
+                        calls.append((name, market)) or real_price(self, name, market, region))
+    request = PlanRequest(CPU_SWEEP, [2, 8, 16], cat, ["p2.xlarge", "p2.8xlarge"], ["on-demand", "spot"], work=1e9,
+                          measured_on="p2.xlarge")
+    p = plan(request)
+    assert sorted(calls) == sorted({(t, m) for t in ("p2.xlarge", "p2.8xlarge") for m in ("on-demand", "spot")})
+    cand = resolve_candidate(request, "p2.8xlarge", [])
+    assert (cand.name, cand.gpus, cand.speed.basis) == ("p2.8xlarge", 8, "estimate")
+    assert cand.instances_for(9) == 2 and cand.gpu_mem_gib == cat.instance("p2.8xlarge").gpu_mem_gib
+    rows = p.candidates[(p.candidates["instance_type"] == "p2.8xlarge") & (p.candidates["market"] == "on-demand")]
+    assert set(rows["usd_per_hour"]) == {n * cand.usd_per_hour["on-demand"] for n in rows["instances"]}

@@ -29,7 +29,7 @@ from typing import Any
 
 from scalelab.costs.catalog import MARKETS, Catalog, CatalogError
 
-__all__ = ["MIN_BILLED_S", "Mix", "billed_seconds", "RunCost", "run_cost",
+__all__ = ["MIN_BILLED_S", "Mix", "billed_seconds", "RunCost", "run_cost", "cost_at_rate",
            "spot_expected_seconds", "threshold_cost"]
 
 MIN_BILLED_S = 60
@@ -174,20 +174,29 @@ def run_cost(
     if market not in MARKETS:
         raise CatalogError(f"unknown market {market!r}; use one of {', '.join(MARKETS)}")
     mix = Mix.parse(mix, catalog) if isinstance(mix, str) else mix
-    job_rate = mix.interruptions_per_hour(catalog, interruptions_per_hour)
+    return cost_at_rate(seconds, str(mix), mix.gpus(catalog), mix.usd_per_hour(catalog, market, region), market,
+                        region or catalog.region, label, mix.interruptions_per_hour(catalog, interruptions_per_hour),
+                        checkpoint_interval_s, restart_s, checkpoint_write_s)
+
+
+def cost_at_rate(seconds: float, instances: str, gpus: int, usd_per_hour: float, market: str, region: str,
+                 label: str = "", interruptions_per_hour: float = 0.0, checkpoint_interval_s: float = 600.0,
+                 restart_s: float = 180.0, checkpoint_write_s: float = 0.0) -> RunCost:
+    """`run_cost`'s arithmetic for a fleet whose price and spot interruption rate are already known
+    (`usd_per_hour` and `interruptions_per_hour` of the whole fleet): the planner resolves each
+    instance type once (`costs.planner.Candidate`) and prices every row of it without the catalog."""
     wall = seconds if market == "on-demand" else spot_expected_seconds(
-        seconds, job_rate, checkpoint_interval_s, restart_s, checkpoint_write_s)
-    rate = mix.usd_per_hour(catalog, market, region)
+        seconds, interruptions_per_hour, checkpoint_interval_s, restart_s, checkpoint_write_s)
     if math.isinf(wall):
         billed, dollars = 0, math.inf
     else:
         billed = billed_seconds(wall)
-        dollars = rate * billed / 3600.0
+        dollars = usd_per_hour * billed / 3600.0
     return RunCost(
-        label=label, instances=str(mix), market=market, region=region or catalog.region,
-        seconds=wall, hours=wall / 3600.0, billed_seconds=billed, gpus=mix.gpus(catalog),
-        usd_per_hour=rate, dollars=dollars, work_seconds=float(seconds),
-        expected_interruptions=0.0 if market == "on-demand" or math.isinf(wall) else job_rate * wall / 3600.0,
+        label=label, instances=instances, market=market, region=region,
+        seconds=wall, hours=wall / 3600.0, billed_seconds=billed, gpus=gpus,
+        usd_per_hour=usd_per_hour, dollars=dollars, work_seconds=float(seconds),
+        expected_interruptions=0.0 if market == "on-demand" or math.isinf(wall) else interruptions_per_hour * wall / 3600.0,
     )
 
 

@@ -44,15 +44,15 @@ import pandas as pd
 
 from scalelab.analysis.report import to_json_records
 from scalelab.core.errors import DataError
-from scalelab.costs.billing import Mix, run_cost
+from scalelab.costs.billing import Mix, cost_at_rate
 from scalelab.costs.calibration import DEFAULT_CONFIDENCE, calibrated_quantile
 from scalelab.costs.catalog import Catalog, CatalogError, InstanceType
 from scalelab.costs.convergence import ConvergenceFit, fit_convergence
 from scalelab.costs.fitting import FitResult, LinkModel, fit_series, pareto_front
 from scalelab.costs.speed import Speed, resolve_speed
 
-__all__ = ["Overheads", "PlanRequest", "Plan", "plan", "predict", "predict_convergence", "next_measurement", "price",
-           "recommend"]
+__all__ = ["Overheads", "PlanRequest", "Plan", "Candidate", "plan", "predict", "predict_convergence", "next_measurement",
+           "resolve_candidate", "price", "recommend"]
 
 
 # ---- the plan -----------------------------------------------------------------------------------
@@ -303,6 +303,61 @@ def _mark_next(rows: pd.DataFrame, nxt: dict[str, Any] | None) -> None:
 # ---- 3. price -----------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Candidate:
+    """One instance type as a plan prices it, resolved from the catalog once (`resolve_candidate`):
+    its shape (GPUs, GPU memory, network), its per-GPU speed relative to the measured type with
+    what that rests on, the link its nodes exchange over, the price of one instance in each market
+    that has one, and its spot interruption rate. Every candidate row of the type is made from this
+    object; nothing after it reads the catalog."""
+
+    instance: InstanceType
+    speed: Speed
+    link: LinkModel  # the measured link, between nodes over this type's network when the catalog states it
+    usd_per_hour: dict[str, float]  # market -> price of one instance; a market without a price is absent
+    interruptions_per_hour: float  # spot interruptions per hour of one instance
+    region: str
+
+    @property
+    def name(self) -> str:
+        return self.instance.name
+
+    @property
+    def gpus(self) -> int:
+        return self.instance.gpus
+
+    @property
+    def gpu_mem_gib(self) -> float | None:
+        return self.instance.gpu_mem_gib
+
+    def instances_for(self, workers: int) -> int:
+        """Instances that hold `workers` workers, one per GPU."""
+        return math.ceil(workers / self.gpus)
+
+
+def resolve_candidate(request: PlanRequest, name: str, notes: list[str]) -> Candidate | None:
+    """`name` resolved once for pricing: shape, speed, link, prices, interruptions; None (with a note
+    saying what to give) when its speed has no basis. A market without a price is left out of
+    `usd_per_hour` with the catalog's note (how to get that price)."""
+    catalog = request.catalog
+    inst = catalog.instance(name)
+    speed = _speed_factor(request, inst)
+    if isinstance(speed, str):
+        notes.extend([speed] if speed not in notes else [])
+        return None
+    if speed.note and speed.note not in notes:
+        notes.append(speed.note)
+    prices = {}
+    for market in request.markets:
+        try:
+            prices[market] = catalog.price(name, market, request.region).usd_per_hour
+        except CatalogError as exc:
+            notes.extend([str(exc)] if str(exc) not in notes else [])
+    measured = request.measured_link()
+    return Candidate(inst, speed, replace(measured, inter_gbps=inst.network_gbps or measured.inter_gbps), prices,
+                     catalog.interruption_rate(name, request.interruptions_per_hour), request.region or catalog.region)
+
+
 def price(request: PlanRequest, fits: dict[str, FitResult], predictions: pd.DataFrame,
           convergence: dict[str, ConvergenceFit] | None = None) -> tuple[pd.DataFrame, list[str]]:
     """(candidates, notes): every predicted (series, workers) on every instance type x market, with
@@ -313,12 +368,16 @@ def price(request: PlanRequest, fits: dict[str, FitResult], predictions: pd.Data
     if request.instance_types and request.catalog is None:
         raise CatalogError("pricing candidates needs a price catalog")
     rows: list[dict[str, Any]] = []
+    resolved: dict[str, Candidate | None] = {}  # each type resolved once, when first priced
     for label, fit in fits.items():
         steps = _steps_of(request, predictions[predictions["label"] == label], convergence or {}, notes)
         if steps is None:
             continue
         for name in request.instance_types:
-            rows += _price_type(request, name, fit, steps, notes)
+            if name not in resolved:
+                resolved[name] = resolve_candidate(request, name, notes)
+            if resolved[name] is not None:
+                rows += _price_type(request, resolved[name], fit, steps)
     return pd.DataFrame(rows), notes
 
 
@@ -347,29 +406,21 @@ def _steps_of(request: PlanRequest, predictions: pd.DataFrame, convergence: dict
                       steps_to_threshold=point, steps_high=high, time_basis=f"steps to threshold ({fit.basis})")
 
 
-def _price_type(request: PlanRequest, name: str, fit: FitResult, steps: pd.DataFrame,
-                notes: list[str]) -> list[dict[str, Any]]:
+def _price_type(request: PlanRequest, cand: Candidate, fit: FitResult, steps: pd.DataFrame) -> list[dict[str, Any]]:
     """Candidate rows of one series on one instance type: the throughput predicted over its
     network, scaled by its GPU's speed, with ceil(workers / GPUs) instances."""
-    inst = request.catalog.instance(name)
-    speed = _speed_factor(request, inst)
-    if isinstance(speed, str):
-        notes.extend([speed] if speed not in notes else [])
-        return []
-    if speed.note and speed.note not in notes:
-        notes.append(speed.note)
-    link = replace(request.measured_link(), inter_gbps=inst.network_gbps or request.measured_link().inter_gbps)
+    speed = cand.speed
     level = request.confidence if request.work is not None else request.each_level
     q = calibrated_quantile(fit.measured, level, request.measured_link())
     rows: list[dict[str, Any]] = []
     for _, st in steps.iterrows():
         w = int(st["workers"])
-        count = math.ceil(w / inst.gpus)
-        thr = float(fit.predict([w], [count], link=link)[0]) * speed.factor
+        count = cand.instances_for(w)
+        thr = float(fit.predict([w], [count], link=cand.link)[0]) * speed.factor
         lo, hi = fit.interval([w], np.array([thr]), q, [count])
         lo, hi = lo / speed.widening, hi * speed.widening
-        layout = {"label": fit.label, "workers": w, "instance_type": name, "instances": count,
-                  "idle_gpus": count * inst.gpus - w, "global_batch": st["global_batch"]}
+        layout = {"label": fit.label, "workers": w, "instance_type": cand.name, "instances": count,
+                  "idle_gpus": count * cand.gpus - w, "global_batch": st["global_batch"]}
         estimate = {"predicted_throughput": thr, "interval_low": float(lo[0]), "interval_high": float(hi[0]),
                     "model": fit.chosen, "held_out_error": fit.held_out_error[fit.chosen],
                     "steps_to_threshold": st["steps_to_threshold"], "steps_high": st["steps_high"],
@@ -378,26 +429,24 @@ def _price_type(request: PlanRequest, name: str, fit: FitResult, steps: pd.DataF
                     "measured": bool(pd.notna(st["measured_throughput"])) and speed.basis == "measured"}
         seconds = {"point": st["work"] / thr, "low": st["work_low"] / max(float(hi[0]), 1e-300),
                    "high": st["work_high"] / max(float(lo[0]), 1e-300)}
-        rows += _market_rows(request, layout, estimate, seconds, notes)
+        rows += _market_rows(request, cand, layout, estimate, seconds)
     return rows
 
 
-def _market_rows(request: PlanRequest, layout: dict[str, Any], estimate: dict[str, Any],
-                 train_s: dict[str, float], notes: list[str]) -> list[dict[str, Any]]:
-    """One candidate row per market: hours and dollars of the wall time (training seconds plus the
-    measured overheads, unless a fixed work was given), at the prediction and at both ends of its
-    band (hours_low, hours_high, dollars_high)."""
-    mix = Mix(((layout["instances"], layout["instance_type"]),))
+def _market_rows(request: PlanRequest, cand: Candidate, layout: dict[str, Any], estimate: dict[str, Any],
+                 train_s: dict[str, float]) -> list[dict[str, Any]]:
+    """One candidate row per market with a price: hours and dollars of the wall time (training
+    seconds plus the measured overheads, unless a fixed work was given), at the prediction and at
+    both ends of its band (hours_low, hours_high, dollars_high)."""
+    count = layout["instances"]
     over = request.overheads if request.work is None else Overheads()
+    spot = {k: v for k, v in request.spot_terms().items() if k != "interruptions_per_hour"}
     rows = []
-    for market in request.markets:
-        try:
-            cost = {k: run_cost(over.wall_s(v) if math.isfinite(v) else v, mix, request.catalog, market,
-                                request.region, label=layout["label"], **request.spot_terms())
-                    for k, v in train_s.items()}
-        except CatalogError as exc:
-            notes.extend([str(exc)] if str(exc) not in notes else [])
-            continue
+    for market, usd in cand.usd_per_hour.items():
+        cost = {k: cost_at_rate(over.wall_s(v) if math.isfinite(v) else v, str(Mix(((count, cand.name),))), count * cand.gpus,
+                                count * usd, market, cand.region, layout["label"],
+                                count * cand.interruptions_per_hour, **spot)
+                for k, v in train_s.items()}
         rows.append({**layout, "market": market, **estimate, "hours": cost["point"].hours,
                      "hours_low": cost["low"].hours, "hours_high": cost["high"].hours,
                      "usd_per_hour": cost["point"].usd_per_hour, "dollars": cost["point"].dollars,
