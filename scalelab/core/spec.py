@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from scalelab.core.engines import ENGINES  # the engine table (scalelab/core/engines.py)
 from scalelab.core.errors import SpecError
 from scalelab.core.options import (
     POSITIVE,
@@ -32,9 +33,6 @@ from scalelab.core.options import (
 from scalelab.core.presets import PRESETS, RNN_KINDS, config_with_overrides
 from scalelab.core.rundir import SPEC_FILE, write_text
 
-ENGINES = ("single", "ddp", "horovod", "ps")
-# Engines started by torchrun (env:// rendezvous: RANK, MASTER_ADDR, ...): every backend launches them alike.
-TORCHRUN_ENGINES = ("ddp", "ps")
 DATA_KINDS = ("synthetic", "task", "text", "shards")
 BATCH_MODES = ("strong", "weak")
 #: The two axes of a sweep, each `fixed` or `growing`: the global batch (split over the workers, or
