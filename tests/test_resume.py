@@ -31,13 +31,12 @@ SPEC = ["--model", "nmt-tiny", "--data", "task", "--warmup-steps", "1", "--prefe
 ENGINES = {
     "single": ["--engine", "single"],
     "ddp": ["--engine", "ddp", "--gpus-per-node", "2"],
-    "ddp2": ["--engine", "ddp2", "--gpus-per-node", "2"],
     "horovod": ["--engine", "horovod", "--gpus-per-node", "2"],
     "ps": ["--engine", "ps", "--gpus-per-node", "2", "--ps-shards", "2"],  # rank 1 owns a shard's Adam state
     "ps-cpu": ["--engine", "ps", "--gpus-per-node", "2", "--ps-shards", "2", "--ps-state", "cpu"],
     "ps-separate": ["--engine", "ps", "--gpus-per-node", "2", "--ps-placement", "separate"],  # rank 2: the server
 }
-ENGINE_PARAMS = ["single", "ddp", "ddp2", "ps", pytest.param("horovod", marks=needs_horovod)]
+ENGINE_PARAMS = ["single", "ddp", "ps", pytest.param("horovod", marks=needs_horovod)]
 
 
 def _start(where, engine, *extra, env=None):

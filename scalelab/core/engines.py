@@ -27,7 +27,6 @@ ENGINE_STARTERS: dict[str, str] = {
     "ddp": TORCHRUN,
     "horovod": HOROVODRUN,
     "ps": TORCHRUN,
-    "ddp2": TORCHRUN,  # scratch: a copy of DDP
 }
 ENGINES = tuple(ENGINE_STARTERS)
 TORCHRUN_ENGINES = tuple(name for name, how in ENGINE_STARTERS.items() if how == TORCHRUN)

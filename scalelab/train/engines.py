@@ -435,14 +435,8 @@ def model_device(model: torch.nn.Module) -> torch.device:
     return next(model.parameters()).device
 
 
-class DDP2Engine(DDPEngine):
-    """Scratch: DDP under another name, to count the files a new torchrun engine needs."""
-
-    name = "ddp2"
-
-
 #: Each engine's class, by the names of core.engines.ENGINES (which also says how its ranks start).
-ENGINE_CLASSES: dict[str, type[Engine]] = {"single": Engine, "ddp": DDPEngine, "horovod": HorovodEngine, "ps": PSEngine, "ddp2": DDP2Engine}
+ENGINE_CLASSES: dict[str, type[Engine]] = {"single": Engine, "ddp": DDPEngine, "horovod": HorovodEngine, "ps": PSEngine}
 
 
 def make_engine(spec: EngineSpec) -> Engine:
