@@ -29,7 +29,6 @@ ENGINE_STARTERS: dict[str, str] = {
     "ps": TORCHRUN,
 }
 ENGINES = tuple(ENGINE_STARTERS)
-TORCHRUN_ENGINES = tuple(name for name, how in ENGINE_STARTERS.items() if how == TORCHRUN)
 assert set(ENGINE_STARTERS.values()) <= set(STARTERS)
 
 
