@@ -18,7 +18,7 @@ from scalelab.aws.bootstrap import trainer_command
 from scalelab.aws.options import AwsOptions
 from scalelab.aws.render import DEFAULT_AMI, TAG_RUN, all_calls, make_plan, user_data
 from scalelab.core.errors import SpecError
-from scalelab.core.spec import Spec
+from scalelab.core.spec import EngineSpec, Spec
 from scalelab.costs.catalog import builtin_catalog
 from tests.conftest import assert_golden
 
@@ -166,12 +166,19 @@ def test_layout_must_fit_the_instance():
 
 
 def test_trainer_commands():
+    """Each node's launch comes from the engine's plan: horovodrun on the leader only, Horovod's fusion
+    settings in its environment; one torchrun per node with the first host as the master."""
     hosts = ["10.0.0.1", "10.0.0.2"]
-    hvd = trainer_command("horovod", "py", Path("/w/r"), hosts, 0, 4, ssh_key="/k")
-    assert hvd[hvd.index("-np") + 1] == "8" and hvd[hvd.index("-H") + 1] == "10.0.0.1:4,10.0.0.2:4"
-    assert trainer_command("horovod", "py", Path("/w/r"), hosts, 1, 4) is None  # the leader starts its ranks
-    ddp = trainer_command("ddp", "py", Path("/w/r"), hosts, 1, 2)
-    assert "--node-rank=1" in ddp and "--master-addr=10.0.0.1" in ddp and ddp[-3:] == ["-m", "scalelab.train", "/w/r"]
+    horovod = Spec(engine=EngineSpec(name="horovod", fusion_threshold_mb=32), nodes=2, gpus_per_node=4, batch_per_worker=8)
+    hvd = trainer_command(horovod, "py", Path("/w/r"), hosts, 0, ssh_key="/k")
+    assert hvd.argv[:3] == ["py", "-m", "horovod.runner.launch"]
+    assert hvd.argv[hvd.argv.index("-np") + 1] == "8" and hvd.argv[hvd.argv.index("-H") + 1] == "10.0.0.1:4,10.0.0.2:4"
+    assert hvd.argv[hvd.argv.index("--ssh-identity-file") + 1] == "/k"
+    assert hvd.env["HOROVOD_FUSION_THRESHOLD"] == str(32 * 1024 * 1024)
+    assert trainer_command(horovod, "py", Path("/w/r"), hosts, 1) is None  # the leader starts its ranks
+    ddp = trainer_command(Spec(nodes=2, gpus_per_node=2, batch_per_worker=8), "py", Path("/w/r"), hosts, 1)
+    assert "--node-rank=1" in ddp.argv and "--master-addr=10.0.0.1" in ddp.argv and "--nproc-per-node=2" in ddp.argv
+    assert ddp.argv[-3:] == ["-m", "scalelab.train", "/w/r"] and ddp.env == {}
 
 
 def test_unknown_backend_option_lists_valid_ones():

@@ -9,39 +9,59 @@ from scalelab.costs.expected import (
     ASSUMED_STEP_S,
     expected_cost,
     fleet_price,
+    is_priced,
 )
+from scalelab.costs.fleet import Fleet
+from scalelab.launcher.backend import assumed_startup_s, fleet_of
 
 
 def test_aws_fleet_is_priced_from_the_instance_mix():
     cat = builtin_catalog()
     spec = Spec(backend="aws", nodes=2, gpus_per_node=1, steps=3600,
                 backend_options={"instance_type": "g3.4xlarge"})
-    rate, basis = fleet_price(spec, cat)
+    rate, basis = fleet_price(spec, cat, fleet=fleet_of(spec))
     assert rate == pytest.approx(2 * cat.price("g3.4xlarge").usd_per_hour)
     assert "2*g3.4xlarge on-demand" in basis
-    est = expected_cost(spec, step_s=2.0, catalog=cat)
+    est = expected_cost(spec, step_s=2.0, catalog=cat, fleet=fleet_of(spec))
     assert est.hours == pytest.approx(2.0) and est.dollars == pytest.approx(2 * rate)
     assert "measured" in est.line() and f"${rate:,.2f}/hour" in est.line()
 
 
 def test_on_premise_without_a_rate_says_it_assumed_one():
     spec = Spec(backend="slurm", nodes=1, gpus_per_node=4, steps=7200)
-    est = expected_cost(spec, catalog=builtin_catalog())
+    est = expected_cost(spec, catalog=builtin_catalog(), fleet=fleet_of(spec))
     assert est.usd_per_hour == pytest.approx(4 * ASSUMED_GPU_HOUR_USD)
     assert est.step_s == ASSUMED_STEP_S and "assumed" in est.step_basis and "assumed" in est.rate_basis
     assert est.dollars == pytest.approx(4 * ASSUMED_GPU_HOUR_USD * 7200 * ASSUMED_STEP_S / 3600)
 
 
 def test_an_aws_spec_without_a_type_is_priced_on_the_backends_default():
-    """The default type is one fact (core.spec): what the aws backend launches is what is priced."""
+    """The default type is one fact (the aws options' default): what the backend launches is what is priced."""
     from scalelab.aws.options import AwsOptions
 
     cat = builtin_catalog()
     default = Spec(backend="aws", nodes=2, gpus_per_node=1, steps=3600)
     named = Spec(backend="aws", nodes=2, gpus_per_node=1, steps=3600,
                  backend_options={"instance_type": AwsOptions().instance_type})
-    assert fleet_price(default, cat) == fleet_price(named, cat)
-    assert f"2*{AwsOptions().instance_type} on-demand" in fleet_price(default, cat)[1]
+    assert fleet_price(default, cat, fleet=fleet_of(default)) == fleet_price(named, cat, fleet=fleet_of(named))
+    assert f"2*{AwsOptions().instance_type} on-demand" in fleet_price(default, cat, fleet=fleet_of(default))[1]
+
+
+def test_each_backend_states_how_its_nodes_are_paid_for_and_how_long_they_take_to_start():
+    """The facts live on the backends' options types (read through the registry), not in costs/."""
+    spot = Spec(backend="aws", nodes=1, steps=10, backend_options={"spot": True, "region": "eu-west-1"})
+    assert fleet_of(spot) == Fleet(provider="aws", instance_type="g3.4xlarge", market="spot", region="eu-west-1",
+                                   rate_name="aws")
+    variant = Spec(backend="local", steps=10, backend_options={"instance_type": "local-2t"})
+    assert fleet_of(variant) == Fleet(instance_type="local-2t", rate_name="local") and not fleet_of(variant).cloud
+    assert fleet_of(Spec(backend="k8s", steps=10)).rate_name == "k8s"
+    assert [assumed_startup_s(b) for b in ("local", "slurm", "k8s", "aws")] == [15.0, 30.0, 120.0, 300.0]
+    cat = builtin_catalog()
+    assert is_priced(fleet_of(spot), cat) and not is_priced(fleet_of(variant), cat)  # no 'local' rate built in
+    # a fleet the cost model has never heard of is priced by what it says, not by a backend's name
+    rented = Spec(backend="slurm", nodes=2, steps=10)
+    assert fleet_price(rented, cat, fleet=Fleet(provider="aws", instance_type="g3.4xlarge"))[0] == pytest.approx(
+        2 * cat.price("g3.4xlarge").usd_per_hour)
 
 
 # ---- the price before paying, at the command line (scalelab/launcher/pricing.py) ------------------------------

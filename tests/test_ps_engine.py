@@ -48,7 +48,7 @@ def test_k8s_runs_ps_as_an_indexed_job_of_torchrun_pods() -> None:
 
 
 def test_aws_starts_one_torchrun_per_node_for_ps() -> None:
-    cmd = trainer_command("ps", "py", Path("/w/r"), ["10.0.0.1", "10.0.0.2"], 1, 2)
+    cmd = trainer_command(_spec(), "py", Path("/w/r"), ["10.0.0.1", "10.0.0.2"], 1).argv
     assert cmd[:3] == ["py", "-m", "torch.distributed.run"] and "--node-rank=1" in cmd
     assert "--master-addr=10.0.0.1" in cmd and cmd[-3:] == ["-m", "scalelab.train", "/w/r"]
 
@@ -152,8 +152,8 @@ def test_separate_on_aws_starts_g_plus_one_ranks_per_instance(tmp_path, monkeypa
     assert "export SCALELAB_GPUS_PER_NODE=2" in script and "export SCALELAB_RANKS_PER_NODE=3" in script
     env = {"SCALELAB_RUN_ID": "r", "SCALELAB_BUCKET": "b", "SCALELAB_PREFIX": "p", "SCALELAB_GPUS_PER_NODE": "2"}
     assert Config(env).ranks_per_node == 2  # colocated (and older user data): one rank per GPU
-    cfg = Config({**env, "SCALELAB_RANKS_PER_NODE": "3"})
-    cmd = trainer_command("ps", "py", Path("/w/r"), ["10.0.0.1", "10.0.0.2"], 0, cfg.ranks_per_node)
+    assert Config({**env, "SCALELAB_RANKS_PER_NODE": "3"}).ranks_per_node == 3
+    cmd = trainer_command(spec, "py", Path("/w/r"), ["10.0.0.1", "10.0.0.2"], 0).argv  # the ranks: from spec.json
     assert "--nproc-per-node=3" in cmd
 
 

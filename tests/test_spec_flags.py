@@ -12,6 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from scalelab.core.options import checked, one_of, option, option_flags, type_hints
+from scalelab.core.engines import ENGINE_HELP
 from scalelab.core.spec import (
     BACKEND_NAMES,
     BALANCE_MODES,
@@ -76,7 +77,7 @@ def test_engine_help_lists_every_engine_of_the_one_definition():
     engine = next(f for f in SPEC_FLAGS if f.name == "--engine")
     assert engine.choices == tuple(ENGINES)
     text = " ".join(_run_help().split())
-    for name, what in ENGINES.items():
+    for name, what in ENGINE_HELP.items():
         assert f"{name} = {' '.join(what.split())}" in text.replace("- ", "-"), name
 
 

@@ -4,8 +4,10 @@
 2. Peers: the run's instances of this generation, found by their tags (DescribeInstances), in node
    order (launch group, then launch index). Node 0 is the leader; rank 0 lives there.
 3. The run directory: spec.json and, when resuming, checkpoint.pt from S3.
-4. The trainer: `python -m scalelab.train RUN_DIR` (single), one torchrun per node (ddp), or horovodrun on
-   the leader reaching the other nodes over ssh (horovod; the leader's public key goes through S3).
+4. The trainer, as the engine's launch plan says (scalelab/core/launch.py, from the run's spec.json):
+   `python -m scalelab.train RUN_DIR` (single), one torchrun per node (ddp, ps), or horovodrun on the
+   leader reaching the other nodes over ssh (horovod; the leader's public key goes through S3), with
+   Horovod's fusion settings in its environment.
 5. Every few seconds: upload records (records/gen-G/rank-R.jsonl), logs, the leader's checkpoint
    and a heartbeat; poll the spot interruption notice (`spot/instance-action`, 404 until AWS
    schedules an interruption two minutes ahead), a stop request from the launcher (`control/stop`)
@@ -34,8 +36,10 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from scalelab.core.procs import TRAINER
+from scalelab.core.engines import HOROVODRUN, starter
+from scalelab.core.launch import NodeLaunch, Site, launch_plan
 from scalelab.core.rundir import CHECKPOINT_FILE, LOGS_DIR, RECORDS_DIR, SPEC_FILE, RunPaths
+from scalelab.core.spec import Spec, read_spec
 
 METADATA_URL = "http://169.254.169.254"
 LAUNCHER_HEARTBEAT = "control/launcher.json"  # the launcher rewrites it on every poll (scalelab/aws/backend.py)
@@ -146,23 +150,13 @@ def node_order(instance: dict) -> tuple:
 # ---- the trainer command (pure) -----------------------------------------------------------------
 
 
-def trainer_command(engine: str, python: str, run_dir: Path, hosts: list[str], index: int,
-                    gpus_per_node: int, port: int = 29500, ssh_key: str | None = None) -> list[str] | None:
-    """The command this node runs, or None when the leader starts this node's ranks (horovod).
-    `gpus_per_node`: the ranks each node runs (with ps separate placement, its server ranks too)."""
-    trainer = [*TRAINER, str(run_dir)]
-    if engine == "single":
-        return [python, *trainer]
-    if engine in ("ddp", "ps"):  # torchrun engines (core.spec.TORCHRUN_ENGINES; this file runs standalone)
-        return [python, "-m", "torch.distributed.run", f"--nnodes={len(hosts)}", f"--node-rank={index}",
-                f"--nproc-per-node={gpus_per_node}", f"--master-addr={hosts[0]}", f"--master-port={port}", *trainer]
-    if index != 0:
-        return None
-    cmd = [python, "-m", "horovod.runner.launch", "--gloo", "-np", str(len(hosts) * gpus_per_node),
-           "-H", ",".join(f"{h}:{gpus_per_node}" for h in hosts)]
-    if ssh_key:
-        cmd += ["--ssh-identity-file", ssh_key]
-    return cmd + [python, *trainer]
+def trainer_command(spec: Spec, python: str, run_dir: Path, hosts: list[str], index: int, port: int = 29500,
+                    ssh_key: str | None = None) -> NodeLaunch | None:
+    """What node `index` runs (the engine's launch plan on these hosts, node 0 the master), or None when
+    another node starts this node's ranks (horovodrun on the leader, over ssh)."""
+    site = Site(python=python, master_addr=hosts[0], master_port=port, hosts=tuple(hosts), horovodrun=None,
+                ssh_identity=ssh_key)
+    return next((launch for launch in launch_plan(spec, run_dir, site) if launch.node == index), None)
 
 
 # ---- S3 sync ------------------------------------------------------------------------------------
@@ -333,11 +327,12 @@ def run(cfg: Config, s3=None, ec2=None) -> int:
     resumed = prepare_run_dir(s3, cfg)
     if resumed:
         sync.mark_present(RunPaths(cfg.run_dir).checkpoint)
-    ssh_key = ssh_setup(sync, cfg, index, peers) if cfg.engine == "horovod" and cfg.nodes > 1 else None
-    cmd = trainer_command(cfg.engine, cfg.python, cfg.run_dir, hosts, index, cfg.ranks_per_node, ssh_key=ssh_key)
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    spec = read_spec(cfg.run_dir)
+    ssh_key = ssh_setup(sync, cfg, index, peers) if starter(spec.engine.name) == HOROVODRUN and cfg.nodes > 1 else None
+    launch = trainer_command(spec, cfg.python, cfg.run_dir, hosts, index, ssh_key=ssh_key)
     log = open(RunPaths(cfg.run_dir).logs / "trainer.log", "ab")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cfg.work) if cmd else None
+    proc = (subprocess.Popen(launch.argv, stdout=log, stderr=subprocess.STDOUT, cwd=cfg.work,
+                             env={**os.environ, "PYTHONUNBUFFERED": "1", **launch.env}) if launch else None)
     notice, reason, watch = None, None, LauncherWatch(sync, cfg.heartbeat_timeout_s)
     sync.put_json(f"status/{g}/{instance_id}.heartbeat.json",
                   {"time": time.time(), "index": index, "resumed": resumed, "host": hosts[index]})

@@ -10,14 +10,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from scalelab.core.options import BackendOptions, above, at_least, option
+from scalelab.costs.fleet import CloudFleet
 from scalelab.core.spec import DEFAULT_AWS_INSTANCE_TYPE
 
 
 @dataclass(frozen=True)
-class AwsOptions(BackendOptions):
+class AwsOptions(BackendOptions, CloudFleet):
     """EC2 instances, S3 and the limits that keep a run from costing more than asked."""
 
     backend = "aws"
+    provider = "aws"  # the catalog's EC2 prices: one instance per node
+    assumed_startup_s = 300.0  # an instance boots and installs the package
 
     region: str = option("", "AWS region [default: the boto3 chain: AWS_REGION, ~/.aws/config].", flag="--region")
     instance_type: str = option(DEFAULT_AWS_INSTANCE_TYPE, "EC2 type for every node, or a mix such as 1*p2.xlarge+3*g3.4xlarge.",

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from scalelab.core.engines import ENGINE_HELP, ENGINES  # the engine table (scalelab/core/engines.py)
 from scalelab.core.errors import SpecError
 from scalelab.core.options import (
     POSITIVE,
@@ -33,15 +34,6 @@ from scalelab.core.options import (
 from scalelab.core.presets import PRESETS, RNN_KINDS, config_with_overrides
 from scalelab.core.rundir import SPEC_FILE, write_text
 
-#: The engines, each with what it is in a few words: `--engine`'s choices and its help are made of this.
-ENGINES = {
-    "single": "one worker, no exchange",
-    "ddp": "torch.distributed DistributedDataParallel",
-    "horovod": "Horovod all-reduce",
-    "ps": "parameter server (sharded push and pull over torch.distributed)",
-}
-# Engines started by torchrun (env:// rendezvous: RANK, MASTER_ADDR, ...): every backend launches them alike.
-TORCHRUN_ENGINES = ("ddp", "ps")
 DATA_KINDS = ("synthetic", "task", "text", "shards")
 BATCH_MODES = ("strong", "weak")
 #: The two axes of a sweep, each `fixed` or `growing`: the global batch (split over the workers, or
@@ -115,7 +107,7 @@ class DataSpec:
 class EngineSpec:
     """Gradient-exchange settings. Defaults are the fast settings measured in docs/benchmarks.md."""
 
-    name: str = option("ddp", "Gradient exchange: " + "; ".join(f"{n} = {what}" for n, what in ENGINES.items()) + ".",
+    name: str = option("ddp", "Gradient exchange: " + "; ".join(f"{n} = {what}" for n, what in ENGINE_HELP.items()) + ".",
                        one_of(*ENGINES), flag="--engine")
     fusion_threshold_mb: float = option(64.0, "Horovod tensor fusion buffer; 0 = no fusion.", at_least(0),
                                         flag="--fusion-threshold-mb")

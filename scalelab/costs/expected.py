@@ -4,26 +4,29 @@ Why here: the prices live in costs/ (catalog, billing); the launcher asks before
 report shows what the measured runs cost. Every number carries its basis (which rate, which step
 time) because an estimate whose assumption is hidden cannot be checked.
 
-Rates: an AWS run is priced from its `--instance-type` mix (one instance per node, on-demand or
-spot) in the catalog; any other backend from the on-premise rate named by its `instance_type` option
-(what `launch probe` sets: a local variant, a Slurm partition or GPU type), else the rate named after
-the backend (`slurm`, `k8s`, `local`) in the user's prices file, else ASSUMED_GPU_HOUR_USD per GPU-hour.
+Rates: the backend says how its nodes are paid for (a `Fleet`, scalelab/costs/fleet.py, passed in: this
+layer does not import the backends). A cloud fleet (AWS) is priced from its `--instance-type` mix (one
+instance per node, on-demand or spot) in the catalog; an on-premise one from the rate named by its
+`instance_type` option (what `launch probe` sets: a local variant, a Slurm partition or GPU type), else
+the rate named after the backend (`slurm`, `k8s`, `local`) in the user's prices file, else
+ASSUMED_GPU_HOUR_USD per GPU-hour.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import pandas as pd
 
-from scalelab.core.spec import DEFAULT_AWS_INSTANCE_TYPE, Spec
+from scalelab.core.spec import Spec
 from scalelab.costs.billing import Mix
 from scalelab.costs.catalog import DEFAULT_REGION, Catalog, CatalogError, load_catalog
+from scalelab.costs.fleet import MARKET_ON_DEMAND, MARKET_SPOT, Fleet
 
 __all__ = ["ASSUMED_GPU_HOUR_USD", "ASSUMED_STEP_S", "Estimate", "fleet_price", "expected_cost",
-           "measured_cost_points"]
+           "measured_cost_points", "is_priced"]
 
 #: On-premise price of one GPU-hour when the prices file names no rate for the backend.
 ASSUMED_GPU_HOUR_USD = 0.50
@@ -55,37 +58,44 @@ class Estimate:
         return replace(self, step_basis=basis)
 
 
-def fleet_price(spec: Spec, catalog: Catalog | None = None) -> tuple[float, str]:
-    """USD per hour of every node of `spec` together, and where the price comes from."""
+def fleet_price(spec: Spec, catalog: Catalog | None = None, *, fleet: Fleet) -> tuple[float, str]:
+    """USD per hour of every node of `spec` together, and where the price comes from. `fleet`: how its
+    backend pays for nodes (`launcher.backend.fleet_of`: the backend says it, not this module)."""
     catalog = catalog or load_catalog()
-    if spec.backend == "aws":
-        return _aws_price(spec, catalog)
-    for name in dict.fromkeys([spec.backend_options.get("instance_type") or spec.backend, spec.backend]):
+    if fleet.cloud:
+        return _cloud_price(spec, fleet, catalog)
+    for name in dict.fromkeys([fleet.instance_type or fleet.rate_name, fleet.rate_name]):
         inst = catalog.instances.get(name)
         if inst is not None and inst.provider == "rate":
             price = catalog.price(name)
             units = spec.workers / inst.gpus
             return price.usd_per_hour * units, f"rate '{name}' from {price.source}, {units:g} units"
-    name = spec.backend_options.get("instance_type") or spec.backend
+    name = fleet.instance_type or fleet.rate_name
     return ASSUMED_GPU_HOUR_USD * spec.workers, (f"assumed on-premise ${ASSUMED_GPU_HOUR_USD:.2f}/GPU-hour x "
                                                  f"{spec.workers} GPUs; set a '{name}' rate in the prices file")
 
 
-def _aws_price(spec: Spec, catalog: Catalog) -> tuple[float, str]:
+def is_priced(fleet: Fleet, catalog: Catalog) -> bool:
+    """Whether the launch is priced at all: a cloud always is; on-premise machines (the local backend
+    costs nothing) only when the prices name a rate after the backend."""
+    inst = catalog.instances.get(fleet.rate_name)
+    return fleet.cloud or (inst is not None and inst.provider == "rate")
+
+
+def _cloud_price(spec: Spec, fleet: Fleet, catalog: Catalog) -> tuple[float, str]:
     """The instance mix's price in the run's market and region; where the catalog lacks it, an
     upper bound (spot: on-demand) or another region's price (us-east-1, built in), said as such."""
-    opts = spec.backend_options
-    mix = Mix.for_nodes(str(opts.get("instance_type", DEFAULT_AWS_INSTANCE_TYPE)), spec.nodes, catalog, provider="aws")
-    market = "spot" if opts.get("spot") else "on-demand"
-    region = opts.get("region") or catalog.region
+    mix = Mix.for_nodes(fleet.instance_type, spec.nodes, catalog, provider=fleet.provider)
+    market = fleet.market
+    region = fleet.region or catalog.region
     tries = [(market, region, f"{mix} {market}")]
-    if market == "spot":  # a spot price never exceeds on-demand (the default maximum bid)
-        tries.append(("on-demand", region, f"{mix} spot at most the on-demand price (no spot price known: "
-                                            f"`launch cost --refresh spot --region {region}`)"))
+    if market == MARKET_SPOT:  # a spot price never exceeds on-demand (the default maximum bid)
+        tries.append((MARKET_ON_DEMAND, region, f"{mix} spot at most the on-demand price (no spot price known: "
+                                                f"`launch cost --refresh spot --region {region}`)"))
     if region != DEFAULT_REGION:
-        tries.append(("on-demand", DEFAULT_REGION, f"{mix} {market} assumed at most the {DEFAULT_REGION} on-demand "
-                                                   f"price (none known in {region}: `launch cost --refresh all "
-                                                   f"--region {region}`)"))
+        tries.append((MARKET_ON_DEMAND, DEFAULT_REGION, f"{mix} {market} assumed at most the {DEFAULT_REGION} "
+                                                        f"on-demand price (none known in {region}: `launch cost "
+                                                        f"--refresh all --region {region}`)"))
     error: CatalogError | None = None
     for market_, region_, basis in tries:
         try:
@@ -96,10 +106,10 @@ def _aws_price(spec: Spec, catalog: Catalog) -> tuple[float, str]:
 
 
 def expected_cost(spec: Spec, step_s: float | None = None, catalog: Catalog | None = None,
-                  startup_s: float = 0.0) -> Estimate:
+                  startup_s: float = 0.0, *, fleet: Fleet) -> Estimate:
     """Price per hour and expected dollars of `spec`: its steps x `step_s` (measured) or ASSUMED_STEP_S,
-    plus a measured start-up (launch to the first step: it is paid too)."""
-    rate, rate_basis = fleet_price(spec, catalog)
+    plus a measured start-up (launch to the first step: it is paid too); `fleet` as for `fleet_price`."""
+    rate, rate_basis = fleet_price(spec, catalog, fleet=fleet)
     measured = step_s is not None
     step_s = float(step_s) if measured else ASSUMED_STEP_S
     basis = "measured" if measured else "assumed: nothing measured; --expect-from RUN uses a run's"
@@ -112,12 +122,14 @@ def _train_seconds(steps: pd.DataFrame) -> float:
     return float(steps.groupby("step")["step_s"].max().sum()) if len(steps) else 0.0
 
 
-def measured_cost_points(table: pd.DataFrame, runs: Sequence[Any]) -> tuple[pd.DataFrame | None, str]:
-    """Per run: measured training hours and their dollars at the fleet's price (for the HTML report)."""
+def measured_cost_points(table: pd.DataFrame, runs: Sequence[Any],
+                         fleet_of: Callable[[Spec], Fleet]) -> tuple[pd.DataFrame | None, str]:
+    """Per run: measured training hours and their dollars at the fleet's price (for the HTML report);
+    `fleet_of` says how each run's backend pays for its nodes."""
     rows, bases = [], set()
     for run in runs:
         try:
-            rate, basis = fleet_price(run.spec)
+            rate, basis = fleet_price(run.spec, fleet=fleet_of(run.spec))
         except Exception as exc:  # a price missing must not lose the whole report
             bases.add(f"{run.run_dir.name}: no price ({exc})")
             continue

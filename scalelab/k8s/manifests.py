@@ -6,7 +6,7 @@ What one run becomes (docs/k8s.md says why):
   before the trainer starts (the trainer reads RUN_DIR/spec.json, as on every backend);
 - Horovod: a Kubeflow MPI Operator `MPIJob` (kubeflow.org/v2beta1): one launcher running `mpirun`,
   `nodes` workers running sshd (non-root, port 2222), `slotsPerWorker` = GPUs per node;
-- DDP: a headless Service (stable DNS names for pod 0, the rendezvous master) and an indexed
+- DDP, ps (any torchrun engine): a headless Service (stable DNS names for pod 0, the rendezvous master) and an indexed
   `batch/v1` Job of `nodes` pods, each running torchrun with `--node-rank=$JOB_COMPLETION_INDEX`;
 - after the run, a short-lived "fetch" pod that prints RUN_DIR/records as a base64 tar on its log,
   which is how the records come back to the local run directory.
@@ -26,8 +26,9 @@ from typing import Any
 
 import yaml
 
+from scalelab.core.engines import HOROVODRUN, starter
 from scalelab.core.errors import SpecError
-from scalelab.core.procs import TRAINER
+from scalelab.core.launch import NodeVar, Site, engine_env, launch_plan
 from scalelab.core.spec import Spec
 from scalelab.k8s.options import secret_env_ref
 
@@ -69,7 +70,7 @@ def render(spec: Spec, run_name: str, options: Mapping[str, Any]) -> list[dict[s
     """The objects to create, in creation order (ConfigMap first, the workload last)."""
     if not options["image"]:
         raise SpecError("--image is required with --backend k8s: the trainer image built from scalelab/k8s/Dockerfile")
-    if spec.engine.name == "horovod":
+    if starter(spec.engine.name) == HOROVODRUN:
         return [config_map(spec, run_name, options), mpijob(spec, run_name, options)]
     return [config_map(spec, run_name, options), headless_service(run_name, options), indexed_job(spec, run_name, options)]
 
@@ -107,15 +108,14 @@ def headless_service(run_name: str, options: Mapping[str, Any]) -> dict[str, Any
 
 
 def indexed_job(spec: Spec, run_name: str, options: Mapping[str, Any]) -> dict[str, Any]:
-    """DDP, ps: `nodes` pods, one torchrun agent each with `ranks_per_node` ranks; pod 0 is the master."""
+    """DDP, ps (and single): `nodes` pods running the plan's one launch (a torchrun agent with `ranks_per_node`
+    ranks), each its own node rank, $JOB_COMPLETION_INDEX; pod 0 is the master."""
     run_dir = pod_run_dir(run_name, options)
-    torchrun = [
-        "python", "-m", "torch.distributed.run", f"--nnodes={spec.nodes}", f"--nproc-per-node={spec.ranks_per_node}",
-        _Shell("--node-rank=$JOB_COMPLETION_INDEX"), _Shell("--master-addr=$MASTER_ADDR"), f"--master-port={options['master_port']}",
-        *TRAINER, run_dir,
-    ]
+    site = Site(python="python", master_addr=NodeVar("$MASTER_ADDR"), master_port=options["master_port"],
+                node_rank=NodeVar("$JOB_COMPLETION_INDEX"))
+    [launch] = launch_plan(spec, run_dir, site)
     env = [{"name": "MASTER_ADDR", "value": f"{run_name}-0.{run_name}"}, *_common_env(spec, options)]
-    container = _container("trainer", options, _with_spec_copy(run_dir, torchrun), env,
+    container = _container("trainer", options, _with_spec_copy(run_dir, launch.argv), env,
                            _node_resources(spec, options), gpus=spec.gpus_per_node)
     pod = _pod_spec(run_name, options, [container], restart="Never")
     pod["subdomain"] = run_name  # with the headless Service: stable DNS names per index
@@ -133,11 +133,10 @@ def mpijob(spec: Spec, run_name: str, options: Mapping[str, Any]) -> dict[str, A
     """Horovod: the operator writes the hostfile and ssh keys; the launcher runs mpirun over the workers."""
     run_dir = pod_run_dir(run_name, options)
     env = _common_env(spec, options)
-    mpirun = ["mpirun", "-np", str(spec.workers), "-bind-to", "none", "-map-by", "slot",
-              "-mca", "plm_rsh_args", f"-p {SSH_PORT}"]
-    for var in ["PATH", "LD_LIBRARY_PATH", *(e["name"] for e in env)]:
-        mpirun += ["-x", var]
-    mpirun += ["python", *TRAINER, run_dir]
+    site = Site(python="python", mpirun_args=("-bind-to", "none", "-map-by", "slot", "-mca", "plm_rsh_args", f"-p {SSH_PORT}"),
+                exports=("PATH", "LD_LIBRARY_PATH", *(e["name"] for e in env)))
+    [launch] = launch_plan(spec, run_dir, site)
+    mpirun = launch.argv
     launcher = _container("launcher", options, _with_spec_copy(run_dir, mpirun), env,
                           _resources(options["launcher_cpus"], options["launcher_mem_gb"]), gpus=0)
     worker = _container("worker", options, ["/usr/sbin/sshd", "-De", "-f", f"{MPI_HOME}/.sshd_config"], env,
@@ -188,24 +187,18 @@ def fetch_pod(run_name: str, options: Mapping[str, Any]) -> dict[str, Any]:
 # ---- pieces --------------------------------------------------------------------------------------
 
 
-class _Shell(str):
-    """An argument the shell expands (e.g. `$JOB_COMPLETION_INDEX`, set by the Job controller): not quoted."""
-
-
 def _with_spec_copy(run_dir: str, command: list[str]) -> list[str]:
     """Copy spec.json from the ConfigMap to RUN_DIR (atomically: several pods may do it), then exec."""
     q = shlex.quote(run_dir)
     prep = f"mkdir -p {q}/records && cp {SPEC_MOUNT}/spec.json {q}/.spec.json.$HOSTNAME && mv {q}/.spec.json.$HOSTNAME {q}/spec.json"
-    line = " ".join(a if isinstance(a, _Shell) else shlex.quote(a) for a in command)
+    line = " ".join(a if isinstance(a, NodeVar) else shlex.quote(a) for a in command)  # $VARs the pod's shell expands
     return ["sh", "-c", f"{prep} && exec {line}"]
 
 
 def _common_env(spec: Spec, options: Mapping[str, Any]) -> list[dict[str, Any]]:
     threads = spec.threads or max(1, int(options["cpus_per_node"]) // spec.ranks_per_node)
     env = [{"name": "OMP_NUM_THREADS", "value": str(threads)}, {"name": "PYTHONUNBUFFERED", "value": "1"}]
-    if spec.engine.name == "horovod":
-        env += [{"name": "HOROVOD_FUSION_THRESHOLD", "value": str(int(spec.engine.fusion_threshold_mb * 1024 * 1024))},
-                {"name": "HOROVOD_CYCLE_TIME", "value": str(spec.engine.cycle_time_ms)}]
+    env += [{"name": name, "value": value} for name, value in engine_env(spec).items()]  # Horovod's fusion settings
     for name, secret, key in map(secret_env_ref, options["secret_env"]):
         env.append({"name": name, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}})
     return env

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from scalelab.core.options import BackendOptions, above, at_least, at_most, one_of, option
+from scalelab.costs.fleet import OnPremiseFleet
 
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 _EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
@@ -87,10 +88,11 @@ def _secret_env(value: Any) -> Any:
 
 
 @dataclass(frozen=True)
-class KubernetesOptions(BackendOptions):
+class KubernetesOptions(BackendOptions, OnPremiseFleet):
     """Where and how the pods run; sizes per node (pod), the unit in each name."""
 
     backend = "k8s"
+    assumed_startup_s = 120.0  # pods scheduled, the image pulled, the rendezvous
 
     image: str = option("", "Trainer image (built from scalelab/k8s/Dockerfile); required.", flag="--image")
     image_pull_policy: str = option("IfNotPresent", "When the kubelet pulls the image.",

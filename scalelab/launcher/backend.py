@@ -18,7 +18,9 @@ A listing (`launch status SWEEP`, `launch ls`) tells a backend every run it will
 
 Backend options follow submitit and TorchX's runopts: each backend names its options type (`Options`,
 a `core.options.BackendOptions` dataclass in a module with no heavy imports), whose fields are the
-valid options with their defaults, help, flags and checks; `self.options` is an instance, so a bad
+valid options with their defaults, help, flags and checks, and which states how the backend's nodes
+are paid for and how long a run takes to start (`costs.fleet`: `fleet()`, `assumed_startup_s`, read
+here by `fleet_of` and `assumed_startup_s`); `self.options` is an instance, so a bad
 key or value fails at configuration time with the valid ones listed. Backends are looked up by name
 and imported lazily so that, say, the local backend never imports boto3.
 """
@@ -33,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from scalelab.core.engines import HOROVODRUN, starter
 from scalelab.core.errors import EngineError, SpecError
 from scalelab.core.options import BackendOptions, Flag
 from scalelab.core.records import read_records
@@ -46,6 +49,7 @@ from scalelab.core.rundir import (
     read_state,
 )
 from scalelab.core.spec import BACKEND_NAMES, Spec
+from scalelab.costs.fleet import Fleet
 
 
 @dataclass(frozen=True)
@@ -90,6 +94,25 @@ def _load(ref: str) -> Any:
 def options_type(name: str) -> type[BackendOptions] | None:
     """The options type of backend `name`; None for an unknown name or a backend not installed."""
     return _load(BACKENDS[name].options) if name in BACKENDS else None
+
+
+def installed_options_type(name: str) -> type[BackendOptions]:
+    """The options type of backend `name`; SpecError when it is unknown or not installed."""
+    found = options_type(name)
+    if found is None:
+        raise SpecError(f"unknown backend {name!r} or not part of this installation; valid backends: {', '.join(BACKENDS)}")
+    return found
+
+
+def fleet_of(spec: Spec) -> Fleet:
+    """How `spec`'s nodes are paid for, as its backend states it (its options type: `fleet()`); the cost
+    model (costs/) takes this as data, since it may not import the backends."""
+    return installed_options_type(spec.backend).parse(spec.backend_options, where="in backend_options").fleet()
+
+
+def assumed_startup_s(backend: str) -> float:
+    """Seconds from submission to the first step that `backend` states for an estimate made before any run."""
+    return float(installed_options_type(backend).assumed_startup_s)
 
 
 def backend_flags() -> dict[str, list[Flag]]:
@@ -148,7 +171,7 @@ class Backend(ABC):
 
     def validate(self, spec: Spec) -> None:
         """Every check that needs no remote call, before a run directory exists (Horovod built, layout possible)."""
-        if self.horovod_here and spec.engine.name == "horovod":
+        if self.horovod_here and starter(spec.engine.name) == HOROVODRUN:
             check_horovod()
         self.check(spec)
 

@@ -24,6 +24,7 @@ from rich.table import Table
 
 from scalelab.analysis.results import build_report, expand_run_dirs
 from scalelab.core.errors import SpecError
+from scalelab.core.launch import horovod_env, horovodrun_argv, torchrun_argv
 from scalelab.core.net import free_port
 from scalelab.core.procs import tool_path
 from scalelab.core.records import load_run
@@ -78,25 +79,24 @@ def bench_exchange(sizes_mb: list[float], repeats: int, work: Path) -> list[dict
     sizes = ",".join(str(s) for s in sizes_mb)
     configs = [
         ("torch.distributed gloo", "ddp", {}, []),
-        ("horovod default (64 MB fusion, 1 ms cycle)", "horovod", {"HOROVOD_FUSION_THRESHOLD": str(64 << 20), "HOROVOD_CYCLE_TIME": "1"}, []),
-        ("horovod 5 ms cycle", "horovod", {"HOROVOD_FUSION_THRESHOLD": str(64 << 20), "HOROVOD_CYCLE_TIME": "5"}, []),
-        ("horovod fp16 compression", "horovod", {"HOROVOD_FUSION_THRESHOLD": str(64 << 20), "HOROVOD_CYCLE_TIME": "1"}, ["--compression", "fp16"]),
+        ("horovod default (64 MB fusion, 1 ms cycle)", "horovod", horovod_env(64, 1), []),
+        ("horovod 5 ms cycle", "horovod", horovod_env(64, 5), []),
+        ("horovod fp16 compression", "horovod", horovod_env(64, 1), ["--compression", "fp16"]),
         ("torch.distributed gloo, fp16 compression", "ddp", {}, ["--compression", "fp16"]),
         ("torch.distributed gloo, bf16 compression", "ddp", {}, ["--compression", "bf16"]),
         ("torch.distributed gloo, 64 tensors", "ddp", {}, ["--tensors", "64"]),
-        ("horovod, 64 tensors (fused)", "horovod", {"HOROVOD_FUSION_THRESHOLD": str(64 << 20), "HOROVOD_CYCLE_TIME": "1"}, ["--tensors", "64"]),
-        ("horovod, 64 tensors, 5 ms cycle", "horovod", {"HOROVOD_FUSION_THRESHOLD": str(64 << 20), "HOROVOD_CYCLE_TIME": "5"}, ["--tensors", "64"]),
-        ("horovod, 64 tensors, fusion off", "horovod", {"HOROVOD_FUSION_THRESHOLD": "0", "HOROVOD_CYCLE_TIME": "1"}, ["--tensors", "64"]),
+        ("horovod, 64 tensors (fused)", "horovod", horovod_env(64, 1), ["--tensors", "64"]),
+        ("horovod, 64 tensors, 5 ms cycle", "horovod", horovod_env(64, 5), ["--tensors", "64"]),
+        ("horovod, 64 tensors, fusion off", "horovod", horovod_env(0, 1), ["--tensors", "64"]),
     ]
     for label, engine, env, extra in configs:
         out = work / f"allreduce-{len(results)}.json"
         args = ["-m", "scalelab.train.bench", "allreduce", "--engine", engine, "--sizes-mb", sizes, "--repeats", str(repeats),
                 "--label", label, "--out", str(out), *extra]
         if engine == "ddp":
-            cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--master-addr=127.0.0.1",
-                   f"--master-port={free_port()}", *args]
+            cmd = _two_ranks(args)
         else:
-            cmd = [tool_path("horovodrun") or "horovodrun", "--gloo", "-np", "2", "-H", "localhost:2", sys.executable, *args]
+            cmd = horovodrun_argv(tool_path("horovodrun") or "horovodrun", sys.executable, 2, ["localhost"], args)
         proc = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1", **env}, capture_output=True, text=True, timeout=900)
         if proc.returncode != 0 or not out.exists():
             results.append({"label": label, "error": proc.stderr[-500:]})
@@ -109,12 +109,16 @@ def bench_exchange(sizes_mb: list[float], repeats: int, work: Path) -> list[dict
     return results
 
 
+def _two_ranks(program: list[str]) -> list[str]:
+    """torchrun starting 2 ranks of `python PROGRAM` here (one node, a free port on 127.0.0.1)."""
+    return torchrun_argv(sys.executable, 1, 2, 0, "127.0.0.1", free_port(), program)
+
+
 def _ddp_exposed_exchange(compression: str, caps: str, work: Path) -> list[dict]:
     """nmt-small's exchange left exposed by DDP (2 ranks) per bucket size, gradients sent in `compression`."""
     out = work / f"ddp-buckets-{compression}.json"
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--master-addr=127.0.0.1",
-                           f"--master-port={free_port()}", "-m", "scalelab.train.bench", "ddp-buckets", "nmt-small",
-                           "--bucket-caps-mb", caps, "--compression", compression, "--out", str(out)],
+    proc = subprocess.run(_two_ranks(["-m", "scalelab.train.bench", "ddp-buckets", "nmt-small",
+                                      "--bucket-caps-mb", caps, "--compression", compression, "--out", str(out)]),
                           env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=900)
     if proc.returncode != 0 or not out.exists():
         return [{"label": f"DDP bucket sizes, {compression} compression", "error": proc.stderr[-500:]}]
@@ -126,10 +130,9 @@ def bench_ps_exchange(sizes_mb: list[float], repeats: int, work: Path) -> list[d
     """Parameter server (push + pull, 1 and 2 shards) against all-reduce, 2 ranks, at the presets'
     gradient sizes and the largest flat size (270 MB without --quick)."""
     out = work / "ps-exchange.json"
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--master-addr=127.0.0.1",
-                           f"--master-port={free_port()}", "-m", "scalelab.train.bench", "ps-exchange",
-                           "--presets", "nmt-tiny,nmt-small,rnnlm-small,sentiment-small", "--sizes-mb", f"{max(sizes_mb):g}",
-                           "--repeats", str(repeats), "--out", str(out)],
+    proc = subprocess.run(_two_ranks(["-m", "scalelab.train.bench", "ps-exchange",
+                                      "--presets", "nmt-tiny,nmt-small,rnnlm-small,sentiment-small",
+                                      "--sizes-mb", f"{max(sizes_mb):g}", "--repeats", str(repeats), "--out", str(out)]),
                           env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=900)
     if proc.returncode != 0 or not out.exists():
         return [{"label": "parameter server", "error": proc.stderr[-500:]}]

@@ -535,9 +535,10 @@ def write_html_report(report, paths: list[Path]) -> Path:
     from scalelab.core.records import load_run
     from scalelab.core.rundir import STUDY_FILE, read_json
     from scalelab.costs.expected import measured_cost_points
+    from scalelab.launcher.backend import fleet_of
 
     runs = [load_run(r) for r in report.runs]
-    points, basis = measured_cost_points(report.table, runs)
+    points, basis = measured_cost_points(report.table, runs, fleet_of)
     title, tables = "Scaling report", []
     if len(paths) == 1 and (paths[0] / STUDY_FILE).exists():
         import pandas as pd

@@ -1,9 +1,9 @@
-"""The `local` backend: ranks as processes on this machine, through horovodrun (Gloo) or torchrun.
+"""The `local` backend: ranks as processes on this machine, started as the engine's launch plan says.
 
 The embedded default: it needs nothing but this machine. Without GPUs each "GPU" of the layout is a
 worker process; with GPUs each rank gets its own device (local rank). A layout of several nodes is
-emulated on one host: torchrun starts one agent per node (static rendezvous on 127.0.0.1), horovodrun
-starts nodes x GPUs ranks on localhost.
+emulated on one host: the plan (scalelab/core/launch.py) gets 127.0.0.1 as node 0 and `localhost` as
+the only host, so torchrun starts one agent per node and horovodrun nodes x GPUs ranks here.
 
 Order inside the module (the same in every backend): options, request, render (pure), schedule,
 poll/status/logs/cancel. The follow loop is scalelab/launcher/runner.py's; `poll` reaps the processes.
@@ -23,7 +23,9 @@ from pathlib import Path
 
 import psutil
 
+from scalelab.core.engines import HOROVODRUN, starter
 from scalelab.core.errors import EngineError, ScalelabError
+from scalelab.core.launch import Site, launch_plan
 from scalelab.core.net import free_port
 from scalelab.core.procs import (
     LAUNCHER_ENV,
@@ -46,7 +48,7 @@ from scalelab.core.rundir import (
     read_state,
     start_state,
 )
-from scalelab.core.spec import TORCHRUN_ENGINES, Spec
+from scalelab.core.spec import Spec
 from scalelab.launcher.backend import Backend, Request, RunStatus, ended_by_records, log_text
 from scalelab.launcher.options import LocalOptions
 
@@ -83,7 +85,7 @@ class LocalBackend(Backend):
     # ---- render (pure) ---------------------------------------------------------------------------
 
     def check(self, spec: Spec) -> None:
-        if spec.engine.name == "horovod" and tool_path("horovodrun") is None:
+        if starter(spec.engine.name) == HOROVODRUN and tool_path("horovodrun") is None:
             raise EngineError("horovodrun is not installed beside this Python nor on PATH; install Horovod with scripts/build-horovod.sh")
         if spec.precision != "fp32":  # the ranks run on this machine: its CPU decides, before any starts
             from scalelab.train.precision import check_cpu_precision
@@ -94,25 +96,15 @@ class LocalBackend(Backend):
         run_dir = Path(run_dir).absolute()  # the ranks, the logs and launch.json all name the same directory
         python = self.options["python"] or sys.executable
         port = int(self.options["master_port"]) or free_port()  # probed now, so the printed request is what runs
-        workers, per_node = spec.workers, spec.ranks_per_node  # ps separate: + server ranks
-        threads = spec.threads or max(1, (os.cpu_count() or 1) // per_node)
+        threads = spec.threads or max(1, (os.cpu_count() or 1) // spec.ranks_per_node)  # ps separate: + servers
         env = {"OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
         if not self.detached:  # the ranks stop (with a checkpoint) when this launcher is gone, even by SIGKILL
             env[LAUNCHER_ENV] = launcher_watch()
-        trainer = [*TRAINER, str(run_dir)]
-        if spec.engine.name == "single":
-            commands = [[python, *trainer]]
-        elif spec.engine.name in TORCHRUN_ENGINES:
-            commands = [
-                [python, "-m", "torch.distributed.run", f"--nnodes={spec.nodes}", f"--node-rank={node}",
-                 f"--nproc-per-node={per_node}", "--master-addr=127.0.0.1", f"--master-port={port}", *trainer]
-                for node in range(spec.nodes)
-            ]
-        else:  # horovod: Gloo controller and operations, no MPI, no ssh on one host
-            env["HOROVOD_FUSION_THRESHOLD"] = str(int(spec.engine.fusion_threshold_mb * 1024 * 1024))
-            env["HOROVOD_CYCLE_TIME"] = str(spec.engine.cycle_time_ms)
-            commands = [[tool_path("horovodrun") or "horovodrun", "--gloo", "-np", str(workers),
-                         "-H", f"localhost:{workers}", python, *trainer]]
+        site = Site(python=python, master_addr="127.0.0.1", master_port=port, hosts=("localhost",),
+                    horovodrun=tool_path("horovodrun") or "horovodrun")  # every emulated node on this host
+        plan = launch_plan(spec, run_dir, site)
+        env.update(plan[0].env)  # the engine's (Horovod's fusion settings): the same for every node
+        commands = [launch.argv for launch in plan]
         logs = RunPaths(run_dir).logs
         log_files = [str(logs / (f"node-{i}.log" if len(commands) > 1 else "launcher.log")) for i in range(len(commands))]
         return LocalRequest(run_dir, commands, env, log_files)

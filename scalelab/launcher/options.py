@@ -5,13 +5,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from scalelab.core.options import BackendOptions, at_least, at_most, option
+from scalelab.costs.fleet import OnPremiseFleet
 
 
 @dataclass(frozen=True)
-class LocalOptions(BackendOptions):
+class LocalOptions(BackendOptions, OnPremiseFleet):
     """Ranks as processes on this machine."""
 
     backend = "local"
+    assumed_startup_s = 15.0  # the trainer's imports and the rendezvous
 
     master_port: int = option(0, "Rendezvous port of DDP; 0 = a free port, probed when the request is rendered.",
                               at_least(0), at_most(65535))

@@ -4,9 +4,11 @@ Why: a cloud launch (or an on-premise cluster that bills by the GPU-hour) spends
 starts, and a wrong `--nodes` or `--steps` is cheap to see and dear to find in the bill. So `launch
 run`, `sweep` and `study` print the fleet's price per hour and the expected dollars of every layout
 (costs.expected) before they submit anything, and above `--confirm-above-usd` they ask; `--yes`
-answers, `--max-usd` refuses. The local backend costs nothing and is only priced when a rate is set
-for it (`--rate local=...`), as are slurm and k8s (a rate named after the backend, in `--rate` or
-the prices file); AWS is always priced, from its instance mix in the catalog.
+answers, `--max-usd` refuses. How a backend's nodes are paid for is the backend's to say (its options
+type's `fleet()`, read through the registry: `launcher.backend.fleet_of`): on-premise machines (local,
+slurm, k8s) are only priced when a rate is set for them (`--rate local=...`, a rate named after the
+backend in `--rate` or the prices file); a cloud fleet (AWS) always is, from its instance mix in the
+catalog.
 
 Step time, in this order: the runs of `--expect-from DIR` (a run, sweep or study directory), else
 the newest completed runs under the runs directory with the same timing spec (model, batch, engine,
@@ -78,19 +80,20 @@ class Quote:
 def quote(specs: list[tuple[Spec, int]], params: dict[str, Any]) -> Quote | None:
     """The cost of running each spec `count` times, or None when nothing is priced (a backend with no
     rate that is not AWS: the local backend costs nothing)."""
-    from scalelab.costs.catalog import load_catalog
-    from scalelab.costs.expected import expected_cost
+    from scalelab.costs.catalog import DEFAULT_REGION, load_catalog
+    from scalelab.costs.expected import expected_cost, is_priced
+    from scalelab.launcher.backend import fleet_of
 
-    region = specs[0][0].backend_options.get("region") or "us-east-1"
+    fleet = fleet_of(specs[0][0])
     rates = [r if "=" in r else f"{specs[0][0].backend}={r}" for r in params.get("rates") or ()]
-    catalog = load_catalog(params.get("prices_file"), rates, region)
-    if not _priced(specs[0][0], catalog):
+    catalog = load_catalog(params.get("prices_file"), rates, fleet.region or DEFAULT_REGION)
+    if not is_priced(fleet, catalog):
         return None
     runs = _measured_runs(params, specs[0][0])
     lines, total, peak = [], 0.0, 0.0
     for spec, count in specs:
         step_s, startup_s, basis = step_time(spec, runs)
-        est = expected_cost(spec, step_s, catalog, startup_s=startup_s)
+        est = expected_cost(spec, step_s, catalog, startup_s=startup_s, fleet=fleet_of(spec))
         if basis:
             est = est.with_step_basis(basis)
         times = f"{count} x " if count > 1 else ""
@@ -104,18 +107,15 @@ def fleet_rate(spec: Spec) -> float | None:
     """The fleet's price per hour as the catalog and prices file know it (recorded in launch.json, for
     `launch ls`'s cost so far); None where nothing prices it or the price is not known."""
     from scalelab.costs.catalog import DEFAULT_REGION, load_catalog
-    from scalelab.costs.expected import fleet_price
+    from scalelab.costs.expected import fleet_price, is_priced
+    from scalelab.launcher.backend import fleet_of
 
     try:
-        catalog = load_catalog(region=spec.backend_options.get("region") or DEFAULT_REGION)
-        return fleet_price(spec, catalog)[0] if _priced(spec, catalog) else None
+        fleet = fleet_of(spec)
+        catalog = load_catalog(region=fleet.region or DEFAULT_REGION)
+        return fleet_price(spec, catalog, fleet=fleet)[0] if is_priced(fleet, catalog) else None
     except ScalelabError:
         return None
-
-
-def _priced(spec: Spec, catalog) -> bool:
-    inst = catalog.instances.get(spec.backend)
-    return spec.backend == "aws" or (inst is not None and inst.provider == "rate")
 
 
 def show_quote(specs: list[tuple[Spec, int]], params: dict[str, Any]) -> Quote | None:

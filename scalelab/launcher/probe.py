@@ -48,9 +48,6 @@ PROBE_FILE = "probe.json"
 DEFAULT_PROBE_STEPS = 30
 DEFAULT_LINK_SIZES_MB = "0.004,1,16"
 LOCAL_GPUS = 2  # workers of one local "instance" unless --gpus-per-node says otherwise
-# Seconds from submission to the first step assumed in the expected cost: an EC2 instance boots and
-# installs the package; a Slurm job and local processes start the trainer.
-ASSUMED_STARTUP_S = {"aws": 300.0, "slurm": 30.0, "local": 15.0, "k8s": 120.0}
 _NAME = r"[A-Za-z][\w.\-]*"
 _LOCAL = re.compile(r"local-(\d+)t(?:-(fp32|bf16|fp16))?")
 
@@ -188,11 +185,12 @@ def expected_rows(runs: list[tuple[str, Spec]], catalog=None) -> list[dict[str, 
     time) and the dollars billed for them (per second, 60 s minimum: scalelab/costs/billing.py)."""
     from scalelab.costs.billing import billed_seconds
     from scalelab.costs.expected import expected_cost
+    from scalelab.launcher.backend import assumed_startup_s, fleet_of
 
     rows = []
     for name, spec in runs:
-        est = expected_cost(spec, catalog=catalog)
-        seconds = ASSUMED_STARTUP_S.get(spec.backend, 60.0) + est.hours * 3600
+        est = expected_cost(spec, catalog=catalog, fleet=fleet_of(spec))
+        seconds = assumed_startup_s(spec.backend) + est.hours * 3600  # the backend's own start-up
         rows.append({"run": name, "usd_per_hour": est.usd_per_hour, "rate_basis": est.rate_basis,
                      "seconds": seconds, "step_basis": f"{est.steps} steps x {est.step_s:g} s ({est.step_basis})",
                      "dollars": est.usd_per_hour * billed_seconds(seconds) / 3600})
@@ -204,17 +202,18 @@ def actual_row(run_dir: Path, spec: Spec, catalog) -> dict[str, Any]:
     60 s minimum at the fleet's price (on AWS each instance's own seconds, from launch.json)."""
     from scalelab.costs.billing import billed_seconds
     from scalelab.costs.expected import fleet_price
+    from scalelab.launcher.backend import fleet_of
 
+    fleet = fleet_of(spec)
     info = read_json(RunPaths(run_dir).launch, "launch file") if RunPaths(run_dir).launch.exists() else {}
     started = info.get("launched") or info.get("started") or info.get("submitted")
     wall = max(0.0, float(info.get("ended") or time.time()) - float(started)) if started else 0.0
-    if spec.backend == "aws":  # each instance its own seconds; none started, nothing paid
-        market = "spot" if spec.backend_options.get("spot") else "on-demand"
-        dollars = sum(catalog.price(i["type"], market, spec.backend_options.get("region") or None).usd_per_hour
+    if fleet.cloud:  # each instance its own seconds (launch.json); none started, nothing paid
+        dollars = sum(catalog.price(i["type"], fleet.market, fleet.region).usd_per_hour
                       * billed_seconds(max(0.0, float(i.get("ended") or time.time()) - float(i["launched"]))) / 3600
                       for i in info.get("instances", []))
     else:
-        dollars = fleet_price(spec, catalog)[0] * (billed_seconds(wall) / 3600 if wall else 0.0)
+        dollars = fleet_price(spec, catalog, fleet=fleet)[0] * (billed_seconds(wall) / 3600 if wall else 0.0)
     return {"run": run_dir.name, "state": info.get("state"), "wall_s": wall, "dollars": dollars}
 
 
@@ -379,11 +378,14 @@ def _show_expected(expected: list[dict[str, Any]]) -> None:
 
 
 def _confirm(base: Spec, yes: bool) -> None:
-    """On AWS the probe spends money: ask on a terminal, else require --yes."""
-    if yes or base.backend != "aws":
+    """On a cloud (AWS: its options say so, `fleet()`) the probe rents instances: ask on a terminal, else
+    require --yes."""
+    from scalelab.launcher.backend import fleet_of
+
+    if yes or not fleet_of(base).cloud:
         return
     if not sys.stdin.isatty():
-        raise SpecError("launch probe on aws starts paid instances: pass --yes to start it without asking "
+        raise SpecError(f"launch probe on {base.backend} starts paid instances: pass --yes to start it without asking "
                         "(the expected cost is printed above)")
     if not click.confirm("start the probe?", default=False):
         raise SpecError("probe not started")

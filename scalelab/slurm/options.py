@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from scalelab.core.options import BackendOptions, at_least, each, one_line, one_word, option
+from scalelab.costs.fleet import OnPremiseFleet
 
 
 def _minutes_as_text(value: Any) -> Any:
@@ -24,10 +25,11 @@ def _sbatch_option(arg: str) -> str | None:
 
 
 @dataclass(frozen=True)
-class SlurmOptions(BackendOptions):
+class SlurmOptions(BackendOptions, OnPremiseFleet):
     """One sbatch job per run; the fields are sbatch's own settings where there is one."""
 
     backend = "slurm"
+    assumed_startup_s = 30.0  # queued on an idle partition, then the trainer starts
 
     partition: str = option("", "Partition (sbatch --partition) [default: the cluster's default].", one_word,
                             flag="--partition")

@@ -47,10 +47,12 @@ import submitit
 from submitit.core.utils import temporary_save_path
 from submitit.helpers import Checkpointable, DelayedSubmission
 
+from scalelab.core.errors import SpecError
+from scalelab.core.launch import Slot
+from scalelab.core.launch import rank_env as engine_rank_env
 from scalelab.core.net import free_port
 from scalelab.core.procs import TRAINER
 from scalelab.core.rundir import RunPaths
-from scalelab.core.spec import TORCHRUN_ENGINES
 
 INTERRUPTED = 143  # the trainer's exit after checkpointing on a stop signal (scalelab/train/loop.py)
 PLACEMENT_DIR = "slurm"
@@ -102,15 +104,7 @@ def rank_env(task: Task, engine: str, env: dict[str, str]) -> dict[str, str]:
     if gpu is not None:
         out["CUDA_VISIBLE_DEVICES"] = gpu
     addr, port = env.get("SCALELAB_RDZV_ADDR", "127.0.0.1"), env.get("SCALELAB_RDZV_PORT", "0")
-    if engine in TORCHRUN_ENGINES:
-        out.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(local), LOCAL_WORLD_SIZE=str(local_world),
-                   GROUP_RANK=str(node), NODE_RANK=str(node), MASTER_ADDR=addr, MASTER_PORT=port)
-    elif engine == "horovod":
-        out.update(HOROVOD_RANK=str(rank), HOROVOD_SIZE=str(world), HOROVOD_LOCAL_RANK=str(local),
-                   HOROVOD_LOCAL_SIZE=str(local_world), HOROVOD_CROSS_RANK=str(node),
-                   HOROVOD_CROSS_SIZE=str(task.nodes), HOROVOD_HOSTNAME=task.hostname,
-                   HOROVOD_CONTROLLER="gloo", HOROVOD_CPU_OPERATIONS="gloo",
-                   HOROVOD_GLOO_RENDEZVOUS_ADDR=addr, HOROVOD_GLOO_RENDEZVOUS_PORT=port)
+    out.update(engine_rank_env(engine, Slot(rank, world, local, local_world, node, task.nodes, task.hostname), addr, port))
     return out
 
 
@@ -160,7 +154,7 @@ class RankJob(Checkpointable):
         engine = json.loads(RunPaths(self.run_dir).spec.read_text())["engine"]["name"]
         try:
             added = rank_env(task, engine, env)
-        except ValueError as exc:
+        except (ValueError, SpecError) as exc:  # not block-distributed; an engine this installation lacks
             self._fail(str(exc), 2)
         record_placement(self.run_dir, task, env, added)
         code, got = run_trainer(self.run_dir, added)

@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from scalelab.core.errors import EngineError
+from scalelab.core.launch import horovod_env
 from scalelab.core.spec import EngineSpec, server_rank
 
 
@@ -316,9 +317,10 @@ class HorovodEngine(Engine):
     def __init__(self, spec: EngineSpec) -> None:
         super().__init__(spec)
         hvd = import_horovod()
-        # Tensor fusion settings must be in the environment before hvd.init() starts the background thread.
-        os.environ.setdefault("HOROVOD_FUSION_THRESHOLD", str(int(spec.fusion_threshold_mb * 1024 * 1024)))
-        os.environ.setdefault("HOROVOD_CYCLE_TIME", str(spec.cycle_time_ms))
+        # Tensor fusion settings must be in the environment before hvd.init() starts the background thread;
+        # the launcher put them there (core.launch.engine_env), this covers a rank started by hand.
+        for name, value in horovod_env(spec.fusion_threshold_mb, spec.cycle_time_ms).items():
+            os.environ.setdefault(name, value)
         hvd.init()  # distributed
         self.placement = Placement(
             rank=hvd.rank(),
@@ -433,5 +435,10 @@ def model_device(model: torch.nn.Module) -> torch.device:
     return next(model.parameters()).device
 
 
+#: Each engine's class, by the names of core.engines.ENGINES (which also says how its ranks start).
+ENGINE_CLASSES: dict[str, type[Engine]] = {"single": Engine, "ddp": DDPEngine, "horovod": HorovodEngine, "ps": PSEngine}
+
+
 def make_engine(spec: EngineSpec) -> Engine:
-    return {"single": Engine, "ddp": DDPEngine, "horovod": HorovodEngine, "ps": PSEngine}[spec.name](spec)
+    """This rank's engine, initialised (joins the rendezvous its launcher set up)."""
+    return ENGINE_CLASSES[spec.name](spec)

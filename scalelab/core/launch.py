@@ -1,0 +1,170 @@
+"""How a run's ranks start, decided once for every backend: `launch_plan(spec, run_dir, site)`.
+
+TorchX's idea (an AppDef says what to run; a scheduler only places it): the plan is a list of
+`NodeLaunch` - which node, the command line, the engine's environment - and a backend places those
+launches (processes here, pods, instances, a job's tasks) and decides nothing about the engine. What
+decides is the engine's starter (scalelab/core/engines.py):
+
+- plain: `python -m scalelab.train RUN_DIR` on node 0;
+- torchrun: one `python -m torch.distributed.run` agent per node, static rendezvous on node 0
+  (`--master-addr`/`--master-port`), `--nproc-per-node` = `Spec.ranks_per_node`;
+- horovodrun: one `horovodrun --gloo` on node 0 that starts every rank (over ssh on other hosts), or,
+  where the site starts Horovod's ranks through MPI (the Kubeflow MPI Operator), one `mpirun`;
+  Horovod's fusion settings go into the environment (`engine_env`).
+
+A scheduler that starts every rank itself (Slurm's srun) takes `rank_env`: the variables torchrun or
+horovodrun would have given that rank. What the backend knows and the plan does not - node 0's
+address, a free port, which Python, values only the node knows when it starts (`NodeVar`, such as
+Kubernetes' `$JOB_COMPLETION_INDEX`) - comes in as a `Site`.
+
+This is the one module that writes the torchrun, horovodrun and mpirun command lines and Horovod's
+environment (the link benchmark, scalelab/launcher/bench.py, uses the same builders). No PyTorch:
+`--dry-run` of a cluster backend imports this and must stay light; it runs on AWS instances too
+(scalelab/aws/bootstrap.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import PurePath
+
+from scalelab.core.engines import HOROVODRUN, PLAIN, TORCHRUN, starter
+from scalelab.core.procs import TRAINER
+from scalelab.core.spec import Spec
+
+DEFAULT_MASTER_PORT = 29500  # torchrun's own default
+
+
+class NodeVar(str):
+    """A value the node's shell fills in when it starts (`$JOB_COMPLETION_INDEX`, `$MASTER_ADDR`), known
+    to no one when the plan is made: a command line that holds one is written unquoted there."""
+
+
+@dataclass(frozen=True)
+class Site:
+    """What the backend knows of where the ranks start, as `launch_plan` needs it.
+
+    `node_rank`: None makes one launch per node, numbered; a `NodeVar` makes one launch that every
+    node runs, its number filled in there (an indexed Kubernetes Job). `hosts`: horovodrun's hosts, the
+    ranks spread evenly over them (the local backend emulates every node on `localhost`).
+    `horovodrun`: the horovodrun script, None for `python -m horovod.runner.launch` (the same program,
+    where no script is on PATH). `mpirun_args`: Horovod's ranks are started by mpirun with these
+    options (the MPI Operator gives the hosts), and `exports` are the variables it passes on.
+    """
+
+    python: str = "python"
+    master_addr: str = "127.0.0.1"
+    master_port: int | str = DEFAULT_MASTER_PORT
+    node_rank: NodeVar | None = None
+    hosts: tuple[str, ...] = ("localhost",)
+    horovodrun: str | None = "horovodrun"
+    ssh_identity: str | None = None
+    mpirun_args: tuple[str, ...] | None = None
+    exports: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class NodeLaunch:
+    """One process a backend starts: on which node (a number, or a `NodeVar` when every node runs it),
+    its command line and the engine's environment (added to what the backend sets itself)."""
+
+    node: int | NodeVar
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def launch_plan(spec: Spec, run_dir: str | PurePath, site: Site = Site()) -> list[NodeLaunch]:
+    """The processes that start `spec`'s ranks, in node order; an unknown engine raises SpecError here.
+
+    A node with no launch in the plan runs nothing of its own: its ranks are started from node 0
+    (horovodrun over ssh, mpirun). Pure: the same arguments give the same plan.
+    """
+    how, env = starter(spec.engine.name), engine_env(spec)
+    program = [*TRAINER, str(run_dir)]
+    if how == PLAIN:
+        return [NodeLaunch(0, [site.python, *program], env)]
+    if how == TORCHRUN:
+        nodes = [site.node_rank] if site.node_rank is not None else range(spec.nodes)
+        return [NodeLaunch(node, torchrun_argv(site.python, spec.nodes, spec.ranks_per_node, node, site.master_addr,
+                                               site.master_port, program), env) for node in nodes]
+    if site.mpirun_args is not None:
+        return [NodeLaunch(0, mpirun_argv(spec.world, site.mpirun_args, site.exports, site.python, program), env)]
+    return [NodeLaunch(0, horovodrun_argv(site.horovodrun, site.python, spec.world, site.hosts, program,
+                                          site.ssh_identity), env)]
+
+
+def engine_env(spec: Spec) -> dict[str, str]:
+    """The environment the engine's ranks need besides their placement: Horovod's fusion buffer and cycle."""
+    if starter(spec.engine.name) != HOROVODRUN:
+        return {}
+    return horovod_env(spec.engine.fusion_threshold_mb, spec.engine.cycle_time_ms)
+
+
+def horovod_env(fusion_threshold_mb: float, cycle_time_ms: float) -> dict[str, str]:
+    """HOROVOD_FUSION_THRESHOLD (bytes; 0: no fusion) and HOROVOD_CYCLE_TIME (ms), as Horovod reads them."""
+    return {"HOROVOD_FUSION_THRESHOLD": str(int(fusion_threshold_mb * 1024 * 1024)),
+            "HOROVOD_CYCLE_TIME": str(cycle_time_ms)}
+
+
+def _arg(flag: str, value: object) -> str:
+    """`--flag=value`, still a NodeVar when the value is one (the node's shell expands it)."""
+    return NodeVar(f"{flag}={value}") if isinstance(value, NodeVar) else f"{flag}={value}"
+
+
+def torchrun_argv(python: str, nodes: int, ranks_per_node: int, node_rank: int | str, master_addr: str,
+                  master_port: int | str, program: Sequence[str]) -> list[str]:
+    """One node's torchrun agent: `ranks_per_node` ranks of `python PROGRAM`, static rendezvous on node 0."""
+    return [python, "-m", "torch.distributed.run", f"--nnodes={nodes}", f"--nproc-per-node={ranks_per_node}",
+            _arg("--node-rank", node_rank), _arg("--master-addr", master_addr), f"--master-port={master_port}",
+            *program]
+
+
+def horovodrun_argv(horovodrun: str | None, python: str, world: int, hosts: Sequence[str], program: Sequence[str],
+                    ssh_identity: str | None = None) -> list[str]:
+    """horovodrun with Gloo (no MPI): `world` ranks of `python PROGRAM`, spread evenly over `hosts`."""
+    launcher = [horovodrun] if horovodrun else [python, "-m", "horovod.runner.launch"]
+    slots = world // len(hosts)
+    cmd = [*launcher, "--gloo", "-np", str(world), "-H", ",".join(f"{h}:{slots}" for h in hosts)]
+    if ssh_identity:
+        cmd += ["--ssh-identity-file", ssh_identity]
+    return [*cmd, python, *program]
+
+
+def mpirun_argv(world: int, options: Sequence[str], exports: Sequence[str], python: str,
+                program: Sequence[str]) -> list[str]:
+    """mpirun starting `world` ranks of `python PROGRAM`, passing on `exports` (Horovod reads MPI's ranks)."""
+    cmd = ["mpirun", "-np", str(world), *options]
+    for name in exports:
+        cmd += ["-x", name]
+    return [*cmd, python, *program]
+
+
+@dataclass(frozen=True)
+class Slot:
+    """Where one rank sits, for a scheduler that starts every rank itself (Slurm's srun)."""
+
+    rank: int
+    world: int
+    local: int
+    local_world: int
+    node: int
+    nodes: int
+    hostname: str
+
+
+def rank_env(engine: str, slot: Slot, addr: str, port: str) -> dict[str, str]:
+    """The variables torchrun or horovodrun would have given this rank (`addr`:`port`: the rendezvous on
+    node 0, torchrun's store or Horovod's Gloo server); none for a plain engine."""
+    how = starter(engine)
+    if how == TORCHRUN:
+        return dict(RANK=str(slot.rank), WORLD_SIZE=str(slot.world), LOCAL_RANK=str(slot.local),
+                    LOCAL_WORLD_SIZE=str(slot.local_world), GROUP_RANK=str(slot.node), NODE_RANK=str(slot.node),
+                    MASTER_ADDR=addr, MASTER_PORT=port)
+    if how == HOROVODRUN:
+        return dict(HOROVOD_RANK=str(slot.rank), HOROVOD_SIZE=str(slot.world), HOROVOD_LOCAL_RANK=str(slot.local),
+                    HOROVOD_LOCAL_SIZE=str(slot.local_world), HOROVOD_CROSS_RANK=str(slot.node),
+                    HOROVOD_CROSS_SIZE=str(slot.nodes), HOROVOD_HOSTNAME=slot.hostname,
+                    HOROVOD_CONTROLLER="gloo", HOROVOD_CPU_OPERATIONS="gloo",
+                    HOROVOD_GLOO_RENDEZVOUS_ADDR=addr, HOROVOD_GLOO_RENDEZVOUS_PORT=port)
+    return {}
