@@ -22,7 +22,7 @@ import pytest
 
 from scalelab.core.procs import tool_path
 from scalelab.launcher.cli import LAZY_COMMANDS, LAZY_HELP, main
-from tests.conftest import ROOT, horovod_available, only_run_dir, slurm_cluster, steps_of  # noqa: F401
+from tests.conftest import ROOT, horovod_available, only_run_dir, steps_of
 
 ENGINES = ["single", "ddp", "ps", pytest.param("horovod", marks=pytest.mark.skipif(
     not horovod_available(), reason="Horovod with PyTorch + Gloo is not installed: run scripts/build-horovod.sh"))]

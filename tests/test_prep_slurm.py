@@ -15,7 +15,7 @@ import pytest
 pytest.importorskip("dask_jobqueue", reason='launch prep --backend slurm needs dask-jobqueue: pip install "scalelab[prep]"')
 
 from scalelab.prep.bench import generate  # noqa: E402
-from tests.conftest import launch, only_run_dir, read_jsonl, slurm_cluster  # noqa: E402,F401
+from tests.conftest import launch, only_run_dir, read_jsonl  # noqa: E402
 
 SLURM = ["--backend", "slurm", "--backend-opt", "partition=debug", "--backend-opt", "cpus_per_worker=4",
          "--backend-opt", "mem_gb_per_worker=2", "--backend-opt", "walltime=00:10:00"]

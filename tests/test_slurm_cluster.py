@@ -31,7 +31,7 @@ import pytest
 import torch
 from submitit.core.utils import DelayedSubmission
 
-from tests.conftest import ROOT, launch, needs_horovod, only_run_dir, read_jsonl, slurm_cluster  # noqa: F401
+from tests.conftest import ROOT, launch, needs_horovod, only_run_dir, read_jsonl
 from tests.test_resume import (
     ENGINE_PARAMS,
     ENGINES,

@@ -18,7 +18,7 @@ import pytest
 
 from tests.conftest import fill, launch
 from scalelab.core.errors import ScalelabError
-from scalelab.core.lock import OWNER_FILE, RunLock
+from scalelab.core.lock import RunLock
 from scalelab.core.records import RecordWriter
 from scalelab.core.rundir import PENDING, RUNNING, new_run_dir, read_state, start_state, write_json
 from scalelab.core.spec import Spec, read_spec, save_spec

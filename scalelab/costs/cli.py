@@ -43,11 +43,9 @@ from scalelab.costs.planner import PlanRequest, plan
 from scalelab.costs.steptime import parse_fleet_layouts, predict_layouts
 from scalelab.costs.tables import (
     csv_kind,
-    read_convergence_csv,
     read_cost_csv,
     read_scaling_csv,
     scaling_from_table,
-    with_throughput,
 )
 
 console = make_console()

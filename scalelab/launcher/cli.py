@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import click
-from rich.console import Console
 from rich.markup import escape
 
 from scalelab.core.errors import ScalelabError, SpecError
