@@ -56,6 +56,8 @@ from scalelab.launcher.runner import wait  # noqa: E402
 from tests.test_resume import SPEC, _assert_resumed_exactly  # noqa: E402
 from scalelab.train.loop import HOLD_AT_STEP_ENV  # noqa: E402
 
+pytestmark = pytest.mark.slow  # every test here takes over 5 s on 2 cores (the fast subset: -m 'not slow')
+
 REGION = "us-east-1"
 KEYS = {"AWS_ACCESS_KEY_ID": "AKIABOOTSTRAPTEST", "AWS_SECRET_ACCESS_KEY": "bootstrap/test/secret"}
 # tests/test_resume.py's runs (SPEC) on one instance: 10 steps, a checkpoint every 4, dropout on.

@@ -509,6 +509,7 @@ def test_gc_terminates_what_a_crash_left(cloud, tmp_path):
     assert left(cloud, run_id) == NOTHING
 
 
+@pytest.mark.slow
 def test_no_credentials_is_one_clear_message(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
     env.update(AWS_CONFIG_FILE=str(tmp_path / "none"), AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "none"),

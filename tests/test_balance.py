@@ -19,6 +19,7 @@ def test_proportional_shares():
         proportional_shares(1, [1.0, 1.0])
 
 
+@pytest.mark.slow
 def test_dynamic_balance_keeps_the_global_gradient(tmp_path):
     """A 3x slower worker gets a smaller share, every step still covers the whole global batch, and
     because each rank's loss is weighted by its share the loss curve equals the 1-process run's."""
@@ -42,6 +43,7 @@ def test_dynamic_balance_keeps_the_global_gradient(tmp_path):
     torch.testing.assert_close(weighted, base, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_independent_replicas_do_not_exchange(tmp_path):
     """Same seed and data: with exchange, rank 0 ends with the parameters of the averaged gradient;
     as an independent replica it ends with parameters trained on its own half of each batch only."""

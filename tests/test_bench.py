@@ -12,6 +12,7 @@ from tests.conftest import launch
 from scalelab.train.bench import knee, step_benchmark, step_profile
 
 
+@pytest.mark.slow
 def test_bench_planner_and_report_parts(tmp_path):
     proc = launch("bench", "--only", "planner,report", "--quick", "--out", "b", cwd=tmp_path, timeout=600)
     assert proc.returncode == 0, proc.stderr
@@ -53,6 +54,7 @@ def test_launch_overhead_reads_the_run_directory(tmp_path):
     assert launch_overhead(run) == {"workers": 2, "seconds_to_first_step": 2.5}
 
 
+@pytest.mark.slow
 def test_bench_rejects_unknown_parts(tmp_path):
     proc = launch("bench", "--only", "gpu", cwd=tmp_path)
     assert proc.returncode == 2 and "unknown bench part(s) gpu" in proc.stderr
@@ -88,6 +90,7 @@ def test_knee_is_the_smallest_batch_near_the_best():
     assert knee(rows, "hidden", "gflops") == {64: 32}
 
 
+@pytest.mark.slow
 def test_per_rank_bench_entry_points_under_torchrun(tmp_path):
     """`python -m scalelab.train.bench allreduce|ddp-buckets` as `launch bench` starts them: 2 ranks, real Gloo."""
     import subprocess

@@ -61,6 +61,7 @@ class _RunsACommand:
         return os.system, (self.command,)
 
 
+@pytest.mark.slow
 def test_planted_pickle_is_refused_and_does_not_run(nmt_run, tmp_path):
     run = _copy(nmt_run, tmp_path)
     marker = tmp_path / "the-planted-code-ran"
@@ -72,6 +73,7 @@ def test_planted_pickle_is_refused_and_does_not_run(nmt_run, tmp_path):
     assert not marker.exists(), "unpickling the checkpoint ran the planted command"
 
 
+@pytest.mark.slow
 def test_checkpoint_of_another_spec_is_refused(nmt_run, tmp_path):
     proc = launch("--model", "rnnlm-tiny", *TWO_STEPS, "--runs-dir", "runs", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
@@ -149,6 +151,7 @@ def test_full_disk_injected(tmp_path, monkeypatch):
     _assert_previous_kept(tmp_path, failed.value, step=1)
 
 
+@pytest.mark.slow
 def test_full_disk_during_a_run_is_one_clear_error(tmp_path, small_fs):
     """The whole path: rank 0's write fails at step 4, the run stops with one line naming the
     filesystem, and the step-2 checkpoint is still there for `launch resume`."""

@@ -60,6 +60,7 @@ def test_missing_data_file_fails_before_any_rank_starts(tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.slow
 def test_corrupt_record_line_is_named(tmp_path):
     proc = launch("--runs-dir", str(tmp_path / "runs"), "--engine", "single", "--steps", "3", "--warmup-steps", "1",
                   cwd=tmp_path)
@@ -73,12 +74,14 @@ def test_corrupt_record_line_is_named(tmp_path):
     _assert_clean_error(proc, "corrupt record at", "rank-0.jsonl:3")
 
 
+@pytest.mark.slow
 def test_report_on_a_directory_that_is_not_a_run(tmp_path):
     (tmp_path / "empty").mkdir()
     _assert_clean_error(launch("report", str(tmp_path / "empty"), cwd=tmp_path), "is not a run directory (no spec.json), a sweep directory", "or a study directory")
     _assert_clean_error(launch("report", str(tmp_path / "nothing"), cwd=tmp_path), "not found")
 
 
+@pytest.mark.slow
 def test_horovod_not_built_with_pytorch(tmp_path):
     """A `horovod` package without working PyTorch support (what a plain `pip install horovod` without
     torch at build time gives): the launcher says so and how to fix it, before starting any rank."""
@@ -103,6 +106,7 @@ def test_dry_run_prints_commands_and_runs_nothing(tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.slow
 def test_help_explains(tmp_path):
     proc = launch("--help", cwd=tmp_path)
     assert proc.returncode == 0 and "sweep" in proc.stdout and "report" in proc.stdout
@@ -110,6 +114,7 @@ def test_help_explains(tmp_path):
     assert "--gpus-per-node" in proc.stdout and "Weak scaling" in proc.stdout
 
 
+@pytest.mark.slow
 def test_error_inside_the_ranks_reaches_the_user_as_one_line(tmp_path):
     """A malformed data file is only found when the ranks read it: its message, not torchrun's
     traceback, is what the user sees; the run is marked failed and no rank process is left."""
@@ -129,6 +134,7 @@ def test_error_inside_the_ranks_reaches_the_user_as_one_line(tmp_path):
     assert errors and all("labelled.txt:2" in e["message"] and e["rank"] in (0, 1) and e["world"] == 2 for e in errors)
 
 
+@pytest.mark.slow
 def test_the_error_line_comes_from_the_error_records_not_the_logs(tmp_path):
     """The launcher's message is built from the ranks' `error` records: with every "scalelab: error:"
     line removed from the logs it is the same; without error records it falls back to the logs' end."""

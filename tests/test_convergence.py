@@ -205,6 +205,7 @@ def test_seed_004_tables_are_shipped_and_read_as_throughput():
     assert thr[8] / thr[2] == pytest.approx(4 * 99 / 55)
 
 
+@pytest.mark.slow
 def test_validation_counts_each_independent_held_out_prediction_once():
     from importlib.resources import files
 

@@ -75,6 +75,7 @@ def test_the_two_axes_of_a_scaling_table_are_read_apart(tmp_path):
     assert r.returncode == 2 and "column 'batch_scaling': expected fixed or growing" in r.stderr
 
 
+@pytest.mark.slow
 def test_plan_predict_batch_from_a_convergence_table(tmp_path):
     f = tmp_path / "conv.csv"
     rows = ["label,global_batch,steps_to_threshold,seed,lr"]
@@ -118,6 +119,7 @@ def _run_with_threshold(root: Path, name: str, batch: int, steps_to_thr: int, no
     return run
 
 
+@pytest.mark.slow
 def test_plan_predict_batch_from_runs_states_the_basis_and_the_rule(tmp_path):
     one = _run_with_threshold(tmp_path, "b16", 16, 80, noise=40.0)
     r = launch("plan", str(one), "--predict-batch", "32,64", "--format", "json", cwd=tmp_path)

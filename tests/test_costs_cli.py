@@ -52,6 +52,7 @@ def test_report_from_csv_reproduces_seed_001_speedups(tmp_path, column):
             assert row["efficiency"] == pytest.approx(row["speedup"] / row["workers"])
 
 
+@pytest.mark.slow
 def test_report_from_csv_writes_markdown_and_html(tmp_path):
     csv = _seed_001_csv(tmp_path / "seed001.csv")
     out = tmp_path / "rep"
@@ -63,6 +64,7 @@ def test_report_from_csv_writes_markdown_and_html(tmp_path):
     assert (out / "report.md").exists()
 
 
+@pytest.mark.slow
 def test_cost_from_csv_reproduces_seed_004(tmp_path):
     csv = tmp_path / "seed004.csv"
     csv.write_text("label,seconds,instances\n" + "".join(
@@ -78,6 +80,7 @@ def test_cost_from_csv_reproduces_seed_004(tmp_path):
         assert abs(row["dollars"] - dollars) <= 0.005 * row["usd_per_hour"] + 0.005 + 1e-9
 
 
+@pytest.mark.slow
 def test_cost_errors_are_one_line(tmp_path):
     cases = {
         "label,seconds,instances\na,10,g9.huge\n": "unknown instance type 'g9.huge'; known: ",
@@ -94,6 +97,7 @@ def test_cost_errors_are_one_line(tmp_path):
         assert len(r.stderr.strip().splitlines()) == 1, r.stderr
 
 
+@pytest.mark.slow
 def test_cost_spot_market_uses_spot_price(tmp_path):
     f = tmp_path / "c.csv"
     f.write_text("label,seconds,instances,market\nspot,3600,p2.xlarge,spot\nod,3600,p2.xlarge,\n")
@@ -101,6 +105,7 @@ def test_cost_spot_market_uses_spot_price(tmp_path):
     assert rows[0]["dollars"] == pytest.approx(0.1288) and rows[1]["dollars"] == pytest.approx(0.9)
 
 
+@pytest.mark.slow
 def test_plan_from_csv_predicts_requested_workers(tmp_path):
     f = tmp_path / "s.csv"
     rows = SEED_001["replica_cudnn_lstm"][:4]
@@ -117,6 +122,7 @@ def test_plan_from_csv_predicts_requested_workers(tmp_path):
     assert thr == sorted(thr) and thr[0] > rows[-1][2]
 
 
+@pytest.mark.slow
 def test_plan_prices_and_recommends(tmp_path):
     f = tmp_path / "s.csv"
     f.write_text("workers,throughput\n" + "".join(f"{g},{w}\n" for g, _, w, _ in SEED_001["replica_cudnn_lstm"][:5]))
@@ -168,6 +174,7 @@ def _fake_run(root: Path, name: str, gpus: int, step_s: float, words: int, insta
     return run
 
 
+@pytest.mark.slow
 def test_plan_and_cost_from_run_directories(tmp_path):
     runs = [_fake_run(tmp_path, f"r{g}", g, 0.1 * (1 + 0.1 * g) / g, 6400, "g3.16xlarge") for g in (1, 2, 3, 4)]
     r = launch("plan", *map(str, runs), "--predict-workers", "6,8", "--work", "1e8", "--out", str(tmp_path / "p"),
@@ -200,6 +207,7 @@ def test_cost_of_an_aws_run_on_an_instance_mix(tmp_path):
     assert row["dollars"] == pytest.approx((0.90 + 1.14) * 120 / 3600)  # $0.068
 
 
+@pytest.mark.slow
 def test_cost_of_runs_reads_instances_with_the_launch_grammar(tmp_path):
     two_nodes = _fake_run(tmp_path, "two", 2, 4.0, 6400, "g3.4xlarge", nodes=2, backend="aws")
     rows = json.loads(launch("cost", str(two_nodes), "--format", "json", cwd=tmp_path, env=_env(tmp_path)).stdout)
@@ -214,6 +222,7 @@ def test_cost_of_runs_reads_instances_with_the_launch_grammar(tmp_path):
     assert rows[0]["dollars"] == pytest.approx(2 * 0.5 * 120 / 3600)
 
 
+@pytest.mark.slow
 def test_cost_of_a_run_whose_mix_does_not_fit_its_nodes(tmp_path):
     run = _fake_run(tmp_path, "bad", 2, 4.0, 6400, "1*p2.xlarge+3*g3.4xlarge", nodes=2, backend="aws")
     r = launch("cost", str(run), cwd=tmp_path, env=_env(tmp_path))
@@ -221,6 +230,7 @@ def test_cost_of_a_run_whose_mix_does_not_fit_its_nodes(tmp_path):
     assert "instance_type of the run: the instance mix '1*p2.xlarge+3*g3.4xlarge' has 4 instances" in r.stderr
 
 
+@pytest.mark.slow
 def test_plan_reads_the_runs_instance_type_with_the_mix_grammar(tmp_path):
     """`1*g3.16xlarge` is measured on g3.16xlarge; a mixed run is measured on no single type, so no
     type is priced at its speed without --measured-on (issue 15)."""
@@ -244,6 +254,7 @@ def test_plan_reads_the_runs_instance_type_with_the_mix_grammar(tmp_path):
     assert not any(row["measured"] for row in rows)
 
 
+@pytest.mark.slow
 def test_plan_runs_on_two_types_fit_one_and_probe_the_other(tmp_path):
     """Runs on g3.4xlarge (1, 2, 4 workers) and one on p2.xlarge (1 worker, 1.5x slower): the fit is on
     g3.4xlarge, p2.xlarge is priced at its probed speed; a CPU run prices nothing without a basis."""

@@ -97,6 +97,7 @@ def test_sweep_dry_run_prices_every_layout_and_repeat(tmp_path):
     assert f"expected cost of the launch: ${2 * one + 2 * 2 * one:,.2f}" in out.stderr
 
 
+@pytest.mark.slow
 def test_on_premise_rate_prices_slurm_and_no_rate_prices_nothing(tmp_path):
     out = launch("--backend", "slurm", "--nodes", "2", "--gpus-per-node", "4", "--steps", "3600",
                  "--rate", "0.45/gpu-hour", "--dry-run", cwd=tmp_path, env=NO_PRICES)
@@ -108,6 +109,7 @@ def test_on_premise_rate_prices_slurm_and_no_rate_prices_nothing(tmp_path):
     assert out.returncode == 2 and "--rate local=USD/gpu-hour" in out.stderr and not (tmp_path / "runs").exists()
 
 
+@pytest.mark.slow
 def test_over_the_threshold_without_a_terminal_needs_yes(tmp_path):
     """A local run with a rate in the prices file: over --confirm-above-usd and no terminal it is
     refused naming --yes; with --yes it runs and records its price per hour (`launch ls` shows its

@@ -172,6 +172,7 @@ def _resume_matches(run: Path, whole: Path, from_step: int) -> None:
 # ---- faults of a rank ----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("engine", ["ddp", HOROVOD])
 def test_a_killed_rank_fails_the_run_and_it_resumes_from_the_last_checkpoint(tmp_path, engine, reference):
     proc = launch(*SPEC, *ENGINES[engine], "--runs-dir", "runs", cwd=tmp_path, env={KILL_AT_STEP_ENV: "5:1"})
@@ -183,6 +184,7 @@ def test_a_killed_rank_fails_the_run_and_it_resumes_from_the_last_checkpoint(tmp
     _resume_matches(run, reference(engine), from_step=3)
 
 
+@pytest.mark.slow
 def test_a_hung_rank_is_stopped_by_cancel_and_checked(tmp_path, reference):
     """Rank 1 stopped with SIGSTOP: rank 0 hangs in the gradient exchange and cannot take SIGTERM's
     path. Cancel SIGKILLs what is left after the grace period, and finds nothing left."""
@@ -204,6 +206,7 @@ def test_a_hung_rank_is_stopped_by_cancel_and_checked(tmp_path, reference):
     _resume_matches(run, reference("ddp"), from_step=3)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("grace_s,stopped_at", [(30, 7), (1, 3)], ids=["write-completes", "write-cut-by-sigkill"])
 def test_cancel_during_a_checkpoint_write(tmp_path, reference, grace_s, stopped_at):
     """Rank 0 is held inside the write of the step-6 checkpoint (data written, not yet renamed) when
@@ -233,6 +236,7 @@ def test_cancel_during_a_checkpoint_write(tmp_path, reference, grace_s, stopped_
 # ---- signals to the launcher ---------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig,engine", [
     pytest.param(signal.SIGINT, "ddp", id="SIGINT-ddp"),
     pytest.param(signal.SIGTERM, "ddp", id="SIGTERM-ddp"),
@@ -254,6 +258,7 @@ def test_a_stop_signal_to_the_launcher_checkpoints_stops_everything_and_resumes_
     _resume_matches(run, reference(engine), from_step=5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("engine", ["ddp", HOROVOD])
 def test_sigkill_of_the_launcher_stops_the_ranks_with_a_checkpoint(tmp_path, reference, engine):
     """Nothing runs in a launcher killed with SIGKILL: the ranks see it gone (they watch its pid and
@@ -280,6 +285,7 @@ def test_sigkill_of_the_launcher_stops_the_ranks_with_a_checkpoint(tmp_path, ref
 # ---- one owner per run, detached runs ------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_live_run_has_one_owner_and_a_detached_run_is_followed_by_status(tmp_path):
     fg, run = _held_at(tmp_path, "ddp", 2)
     try:
@@ -318,6 +324,7 @@ def test_a_live_run_has_one_owner_and_a_detached_run_is_followed_by_status(tmp_p
 # ---- planted files -------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_planted_pid_is_neither_reported_nor_signalled(tmp_path, reference):
     """launch.json edited to name an unrelated live process - by its exact identity, and by its pid with a
     rank's command line (as after pid reuse): status does not call the run RUNNING, cancel kills nothing."""
@@ -339,6 +346,7 @@ def test_a_planted_pid_is_neither_reported_nor_signalled(tmp_path, reference):
         bystander.wait()
 
 
+@pytest.mark.slow
 def test_a_planted_checkpoint_is_refused_and_leaves_nothing_running(tmp_path, reference):
     from tests.test_checkpoint import _RunsACommand
 
@@ -357,6 +365,7 @@ def test_a_planted_checkpoint_is_refused_and_leaves_nothing_running(tmp_path, re
 # ---- sweeps --------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_an_interrupted_sweep_reports_what_finished_and_resumes_the_rest(tmp_path):
     sweep_args = ["sweep", "--model", "rnnlm-tiny", "--data", "task", "--engine", "ddp", "--workers", "1,2",
                   "--global-batch", "8", "--steps", "4", "--warmup-steps", "1", "--checkpoint-every", "2",

@@ -38,12 +38,14 @@ def html_report(tmp_path_factory) -> Path:
     return page
 
 
+@pytest.mark.slow
 def test_page_is_self_contained(html_report):
     text = html_report.read_text()
     assert text.count("data:image/png;base64,") >= 5  # speedup, throughput, phases, loss, timeline, cost
     assert "src=\"http" not in text and "src='http" not in text and "<link" not in text
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (scripts/install.sh installs it with apt-get)")
 def test_chromium_shows_the_report(html_report, tmp_path):
     dom = _dom(html_report, tmp_path)
@@ -101,6 +103,7 @@ def test_the_page_shows_every_trust_warning(html_report):
         assert html.escape(warning) in page, warning
 
 
+@pytest.mark.slow
 def test_a_study_gets_one_page_with_its_tables(tmp_path):
     """`launch report STUDY --format html`: the study's runs (every variant's sweep) on one page, titled
     by the study, with its seed-shaped tables; before, a study directory was refused."""
@@ -136,6 +139,7 @@ def _rewrite_start_records(run: Path, change) -> None:
         path.write_text("".join(json.dumps(change(r) if r["kind"] == "start" else r) + "\n" for r in recs))
 
 
+@pytest.mark.slow
 def test_provenance_is_what_the_ranks_recorded(html_report, tmp_path):
     """The start records carry the machine (every rank) and the software (rank 0) that ran; the page
     shows those, not the report machine's; runs recorded before that show "unknown"."""

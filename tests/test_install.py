@@ -87,6 +87,7 @@ def test_the_listed_help_of_a_lazy_command_is_its_own(name: str) -> None:
     assert command.get_short_help_str(10_000) == click.Command(name, help=LAZY_HELP[name]).get_short_help_str(10_000)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("engine", ENGINES)
 def test_launch_from_a_directory_that_shadows_module_names_trains_normally(tmp_path: Path, engine: str) -> None:
     cwd = shadowing_dir(tmp_path)

@@ -280,6 +280,7 @@ def test_unreachable_api_server(tmp_path: Path) -> None:
         backend.schedule(backend.submit_dryrun(Spec(backend="k8s").validate(), tmp_path / RUN))
 
 
+@pytest.mark.slow
 def test_cli_prints_one_line_and_exits_2(tmp_path: Path) -> None:
     with StubCluster(mpi_operator=False) as cluster:
         kubeconfig = cluster.write_kubeconfig(tmp_path / "kubeconfig")
@@ -293,6 +294,7 @@ def test_cli_prints_one_line_and_exits_2(tmp_path: Path) -> None:
 # ---- end to end through `launch` ----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_ddp_run_end_to_end_through_the_cli(tmp_path: Path, cluster: StubCluster) -> None:
     """The indexed Job's own commands run (torchrun, 2 nodes), records come back, `launch report` reads them."""
     kubeconfig = cluster.write_kubeconfig(tmp_path / "kubeconfig")

@@ -149,6 +149,7 @@ def test_a_stop_signal_cancels_the_run_and_restores_the_handlers(tmp_path: Path)
     assert not psutil.pid_exists(info["pids"][0])
 
 
+@pytest.mark.slow
 def test_cancel_finds_orphaned_ranks_kills_what_ignores_sigterm_and_says_what_it_checked(tmp_path: Path) -> None:
     """Node 0 starts a "rank" in a session of its own (as torchrun does) that ignores SIGTERM, then
     exits: the rank is re-parented. Cancel finds it by its command line, SIGKILLs it after the grace

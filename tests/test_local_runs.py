@@ -15,6 +15,8 @@ import torch
 
 from tests.conftest import launch, needs_horovod, only_run_dir, read_jsonl, steps_of
 
+pytestmark = pytest.mark.slow  # every test here takes over 5 s on 2 cores (the fast subset: -m 'not slow')
+
 TINY = ["--model", "nmt-tiny", "--data", "task", "--warmup-steps", "1", "--prefetch", "1"]
 
 

@@ -134,6 +134,7 @@ def test_pooled_noise_scale_uses_the_later_half_up_to_the_threshold():
     assert pooled_noise_scale(recs.drop(columns=["noise_trace"])) is None
 
 
+@pytest.mark.slow
 def test_a_two_worker_run_records_and_summarises_the_noise_scale(tmp_path):
     from tests.conftest import launch, only_run_dir, steps_of
 

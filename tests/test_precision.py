@@ -63,6 +63,7 @@ def test_a_run_directory_from_before_the_choice_reads_as_fp32(tmp_path):
     assert read_spec(tmp_path).precision == "fp32"
 
 
+@pytest.mark.slow
 def test_fp16_on_a_cpu_is_one_clear_error(tmp_path):
     with pytest.raises(ScalelabError, match="fp16 needs a GPU .* runs on cpu; use --precision bf16"):
         make_precision("fp16", torch.device("cpu"))
@@ -290,6 +291,7 @@ def test_bf16_reaches_the_threshold_within_1_3x_the_fp32_steps(tmp_path, model, 
 # ---- a distributed run exchanging bf16 gradients ---------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("needs_cpu_bf16")
 def test_ddp_exchanges_bf16_gradients(tmp_path):
     proc = launch("--model", "nmt-tiny", "--data", "task", "--engine", "ddp", "--gpus-per-node", "2",

@@ -136,6 +136,7 @@ def test_spans_tile_the_corpus_with_full_training_shards() -> None:
     assert sorted(x for _, _, m in spans for x in m.tolist()) == held.tolist()
 
 
+@pytest.mark.slow
 def test_a_task_needs_memory_for_its_piece_not_for_the_corpus(tmp_path: Path, monkeypatch) -> None:
     """A task's peak of Python allocations (traced in the worker's own process) does not grow when
     the corpus doubles: a worker holds one block of text or one shard at a time, so a corpus
@@ -184,6 +185,7 @@ def test_data_errors_name_the_file_as_data_text_does(client, tmp_path: Path) -> 
         prep(client, "rnnlm-tiny", done, tmp_path / "o4")
 
 
+@pytest.mark.slow
 def test_a_worker_side_error_is_one_line_and_exit_2(tmp_path: Path) -> None:
     bad = tmp_path / "bad.tsv"
     bad.write_text("pos\tgood film\nno tab here\n")
@@ -219,6 +221,7 @@ def test_each_rank_reads_its_own_shards(client, tmp_path: Path) -> None:
 # ---- the command, records and report -----------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_launch_prep_sweep_records_report_and_training_on_the_shards(tmp_path: Path, capsys) -> None:
     """A strong sweep over 1 and 2 worker processes: records per task, the scaling table, and a
     2-rank training run on the shards (each rank its own)."""
@@ -290,6 +293,7 @@ def assert_table_from_records(rows: list[dict], runs: list[Path], mode: str, lin
         assert row["efficiency"] == pytest.approx(speed[-1] / speed[0] / (row["workers"] / rows[0]["workers"]))
 
 
+@pytest.mark.slow
 def test_weak_mode_grows_the_corpus_with_the_workers(tmp_path: Path) -> None:
     """A weak sweep (run directories as `launch prep --mode weak` writes them): run N preps the first
     N x 700 lines, each on its own cluster of N workers, and the report's table is computed from the
@@ -396,6 +400,7 @@ def test_data_shards_needs_a_shards_directory(tmp_path: Path) -> None:
 # ---- backends: Kubernetes manifests, Slurm job script, S3 -------------------------------------
 
 
+@pytest.mark.slow
 def test_k8s_dry_run_renders_a_valid_daskcluster_without_torch(tmp_path: Path) -> None:
     import yaml
 

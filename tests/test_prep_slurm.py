@@ -17,6 +17,8 @@ pytest.importorskip("dask_jobqueue", reason='launch prep --backend slurm needs d
 from scalelab.prep.bench import generate  # noqa: E402
 from tests.conftest import launch, only_run_dir, read_jsonl  # noqa: E402
 
+pytestmark = pytest.mark.slow  # every test here takes over 5 s on 2 cores (the fast subset: -m 'not slow')
+
 SLURM = ["--backend", "slurm", "--backend-opt", "partition=debug", "--backend-opt", "cpus_per_worker=4",
          "--backend-opt", "mem_gb_per_worker=2", "--backend-opt", "walltime=00:10:00"]
 

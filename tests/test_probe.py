@@ -48,6 +48,7 @@ def test_aws_dry_run_prints_every_request_and_touches_nothing(tmp_path: Path) ->
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.slow
 def test_slurm_dry_run_asks_for_typed_gpus_and_partitions(tmp_path: Path) -> None:
     done = launch("probe", "--backend", "slurm", *TINY, "--instance-types", "a,debug/b", "--gpus-per-node", "2",
                   "--dry-run", "--runs-dir", "runs", cwd=tmp_path)
@@ -92,6 +93,7 @@ def test_bad_input_is_one_clear_line(tmp_path: Path, args: list[str], words: str
 # ---- a local probe of two variants, end to end ----------------------------------------------------
 
 
+@pytest.mark.slow
 def test_local_probe_of_two_variants_end_to_end_and_plan_reads_it(tmp_path: Path) -> None:
     done = launch("probe", *TINY, "--instance-types", "local-1t,local-2t", "--gpus-per-node", "1",
                   "--rate", "local-2t=0.3/gpu-hour", "--runs-dir", "runs", cwd=tmp_path, timeout=900)

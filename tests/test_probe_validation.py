@@ -86,6 +86,7 @@ def test_evaluation_of_a_probe_with_known_parts(tmp_path: Path) -> None:
     assert summary["steptime"]["mean_abs_error"] < 1e-6 and summary["cross"]["predictions"] == 4
 
 
+@pytest.mark.slow
 def test_a_missing_run_is_left_out_and_the_cli_reports_json(tmp_path: Path) -> None:
     probe = _probe(tmp_path, skip="local-2t-2x2")
     rows = evaluate_probe(probe_runs(probe))

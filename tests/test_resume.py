@@ -26,6 +26,8 @@ from tests.conftest import ROOT, launch, needs_horovod, only_run_dir, read_jsonl
 from scalelab.train.checkpoint import CHECKPOINT_NAME
 from scalelab.train.loop import HOLD_AT_STEP_ENV, KILL_AT_STEP_ENV
 
+pytestmark = pytest.mark.slow  # every test here takes over 5 s on 2 cores (the fast subset: -m 'not slow')
+
 SPEC = ["--model", "nmt-tiny", "--data", "task", "--warmup-steps", "1", "--prefetch", "1", "--global-batch", "16",
         "--steps", "10", "--checkpoint-every", "4", "--lr", "0.01", "--model-arg", "dropout=0.2"]
 ENGINES = {

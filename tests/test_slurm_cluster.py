@@ -43,6 +43,8 @@ from tests.test_resume import (
 from scalelab.train.checkpoint import CHECKPOINT_NAME
 from scalelab.train.loop import HOLD_AT_STEP_ENV, KILL_AT_STEP_ENV
 
+pytestmark = pytest.mark.slow  # every test here takes over 5 s on 2 cores (the fast subset: -m 'not slow')
+
 TINY = ["--backend", "slurm", "--model", "nmt-tiny", "--threads", "1", "--warmup-steps", "1"]
 EXACT = [*SPEC, "--backend", "slurm", "--threads", "1"]  # tests/test_resume.py's runs, on the cluster
 

@@ -89,6 +89,7 @@ def two_layout_sweep(tmp_path: Path) -> Path:
     return sweep
 
 
+@pytest.mark.slow
 def test_a_followed_sweep_queues_every_layout_first_and_asks_slurm_for_all_jobs_at_once(fake_slurm, tmp_path):
     # sacct: no rows yet, then PENDING (accounting lags: the controller runs them), RUNNING, COMPLETED
     sacct_answers(fake_slurm, "-", "PENDING", "RUNNING", "COMPLETED")

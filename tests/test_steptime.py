@@ -218,6 +218,7 @@ def test_launch_plan_predict_json_rows_for_time(tmp_path):
     assert rows[2]["predicted_time_s"] > rows[0]["predicted_time_s"]  # the K80 holds the static mix back
 
 
+@pytest.mark.slow
 def test_launch_plan_predict_throughput_and_errors(tmp_path):
     f = tmp_path / "thr.csv"
     table = _synthetic(FIT_LAYOUTS, batches=(32,))

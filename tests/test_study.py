@@ -118,6 +118,7 @@ def _run(tmp_path: Path, name: str) -> Path:
     return only_run_dir(tmp_path / "runs")
 
 
+@pytest.mark.slow
 def test_seed001_throughput_table(tmp_path):
     study = _run(tmp_path, "seed001-nmt-data-parallel.yaml")
     table = pd.read_csv(study / "throughput.csv")
@@ -130,6 +131,7 @@ def test_seed001_throughput_table(tmp_path):
     assert "| GPU number |" in text and "Scale of the seed:" in text and (study / "speedup.png").exists()
 
 
+@pytest.mark.slow
 def test_seed002_epoch_times(tmp_path):
     study = _run(tmp_path, "seed002-rnnlm-strong-weak.yaml")
     table = pd.read_csv(study / "epochs.csv")
@@ -138,6 +140,7 @@ def test_seed002_epoch_times(tmp_path):
     assert table["total (s)"].iloc[0] == pytest.approx(table[["epoch 1 (s)", "epoch 2 (s)", "epoch 3 (s)"]].iloc[0].sum(), abs=0.01)
 
 
+@pytest.mark.slow
 def test_seed004_convergence_arrangement_money(tmp_path):
     study = _run(tmp_path, "seed004-sentiment.yaml")
     conv = pd.read_csv(study / "convergence.csv")
@@ -158,6 +161,7 @@ def test_seed004_convergence_arrangement_money(tmp_path):
                                                      abs=1e-3)
 
 
+@pytest.mark.slow
 def test_seed003_gemm_against_batch(tmp_path):
     study = _run(tmp_path, "seed003-gemm-batch.yaml")
     gemm = pd.read_csv(study / "gemm.csv")

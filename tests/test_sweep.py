@@ -73,6 +73,7 @@ def test_sweep_refuses_a_mode_that_contradicts_an_axis(tmp_path):
     assert "--mode weak means --batch-scaling growing --work-scaling growing" in proc.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["strong", "weak"])
 def test_sweep_runs_layouts_and_reports(tmp_path, mode):
     # strong through the shorthand; weak as a batch per worker kept on the same job (the steps halve)

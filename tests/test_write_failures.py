@@ -193,6 +193,7 @@ def test_a_rank_error_names_the_resume_when_a_checkpoint_exists(tmp_path: Path, 
     assert (f"`launch resume {run}`" in message) == checkpointed
 
 
+@pytest.mark.slow
 def test_a_run_that_failed_without_a_word_on_a_full_disk_names_it(small_fs) -> None:
     """The ranks could not write their error records: the launcher names the full filesystem itself."""
     from scalelab.launcher.runner import failure
