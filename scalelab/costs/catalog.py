@@ -358,8 +358,10 @@ def _read_structured(path: Path) -> dict[str, Any]:
     if path.suffix in (".yaml", ".yml"):
         import yaml
 
+        from scalelab.core.yamltext import load_yaml
+
         try:
-            data = yaml.safe_load(text) or {}
+            data = load_yaml(text) or {}
         except yaml.YAMLError as exc:
             raise ValueError(str(exc)) from None
     else:
