@@ -410,3 +410,33 @@ def test_every_message_is_one_line_for_spec_errors(paths, monkeypatch, capsys, t
     err = capsys.readouterr().err.strip()
     assert err.startswith("launch: error:") and len(err.splitlines()) == 1, err
     json.dumps(err)  # printable
+
+
+# ---- a --name that is shell text: dry runs print what a real run would submit (issue #27 item 8) ----
+
+HOSTILE_NAME = "x\ntouch /tmp/scalelab-pwned $(id)"
+DRY_BACKENDS = [("local", []), ("slurm", []), ("aws", ["--bucket", "b", "--region", "us-east-1"])]
+
+
+@pytest.mark.parametrize("backend, extra", DRY_BACKENDS, ids=[b for b, _ in DRY_BACKENDS])
+def test_dry_run_sanitises_the_name_like_a_real_run(backend, extra, monkeypatch, capsys, tmp_path) -> None:
+    """The dry run's run directory and id go through `run_name`, as `new_run_dir` does: no line of the
+    rendered request (shell command, batch script, EC2 user data) is the name's second line."""
+    from scalelab.core.rundir import run_name
+    from scalelab.launcher.cli import entry
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["launch", "--backend", backend, *extra, "--name", HOSTILE_NAME, "--dry-run",
+                                      "--runs-dir", str(tmp_path / "runs")])
+    try:
+        entry()
+    except SystemExit as exc:
+        assert not exc.code, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert f"{run_name(HOSTILE_NAME)}-DRYRUN" in out
+    assert run_name(HOSTILE_NAME) == "x-touch-tmp-scalelab-pwned-id"
+    assert not [line for line in out.splitlines() if line.lstrip().startswith("touch")]
+    assert "$(id)-DRYRUN" not in out
+    # the name itself appears only as the spec's JSON string (escaped, on one line), never as shell text
+    assert all(re.search(r"x\\+ntouch /tmp/scalelab-pwned \$\(id\)", line) for line in out.splitlines() if "$(id)" in line)
+    assert not (tmp_path / "runs").exists()
