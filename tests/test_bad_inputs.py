@@ -140,7 +140,24 @@ def _fixtures(tmp: Path) -> dict[str, str]:
         "tmp": str(tmp),
     })
     (tmp / "binary-spec" / "spec.json").write_bytes(BINARY)
+    paths.update(_planted_links(tmp))
     return paths
+
+
+def _planted_links(tmp: Path) -> dict[str, str]:
+    """Run and report directories whose files are links out of them (issue #27 item 3); the victims'
+    content is checked unchanged by test_no_planted_link_was_followed."""
+    victim = tmp / "victim.txt"
+    victim.write_text("precious\n")
+    out = tmp / "linked-out"
+    out.mkdir()
+    (out / "report.md").symlink_to(victim)
+    linked = _run_dir(tmp, "linked-records", launch=LAUNCHED)
+    (linked / "records" / "rank-0.jsonl").symlink_to(victim)
+    logs = _run_dir(tmp, "planted-logs", spec='{"model": "nmt-tiny", "backend": "local"}',
+                    launch=json.dumps({**json.loads(LAUNCHED), "log_files": ["/etc/hostname"]}))
+    return {"victim": str(victim), "linked_out": str(out), "linked_records_run": str(linked),
+            "planted_logs_run": str(logs)}
 
 
 DRY = ["--dry-run"]
@@ -294,6 +311,10 @@ CASES: list[tuple[str, list[str], list[str]]] = [
     ("cost-interruptions-negative", ["cost", "--from-csv", "{good.csv}", "--interruptions-per-hour", "-1"], ["--interruptions-per-hour"]),
     ("cost-prices-binary", ["cost", "--list", "--prices", "{binary.json}"], ["binary.json"]),
     ("cost-prices-corrupt", ["cost", "--list", "--prices", "{prices-corrupt.json}"], ["prices-corrupt.json"]),
+    # ---- links out of a run or report directory are never followed (issue #27 item 3) ---------------
+    ("report-out-through-a-link", ["report", "--from-csv", "{good.csv}", "--out", "{linked_out}"], ["report.md", "symbolic link", "rm "]),
+    ("report-linked-records", ["report", "{linked_records_run}"], ["rank-0.jsonl", "symbolic link"]),
+    ("logs-planted-log-file", ["logs", "{planted_logs_run}"], ["/etc/hostname", "launch.json", "own logs"]),
     # ---- prices files: one schema (issue #27 item 4) ------------------------------------------------
     ("cost-prices-misspelt-top-key", ["cost", "--list", "--prices", "{prices-neg.json}"], ["'on-demand'", "did you mean 'on_demand'"]),
     ("plan-prices-negative", ["plan", "--from-csv", "{good.csv}", "--prices", "{prices-od-neg.json}"], ["on_demand[0].usd_per_hour", "prices-od-neg.json"]),
@@ -460,3 +481,16 @@ def test_dry_run_sanitises_the_name_like_a_real_run(backend, extra, monkeypatch,
     # the name itself appears only as the spec's JSON string (escaped, on one line), never as shell text
     assert all(re.search(r"x\\+ntouch /tmp/scalelab-pwned \$\(id\)", line) for line in out.splitlines() if "$(id)" in line)
     assert not (tmp_path / "runs").exists()
+
+
+def test_no_planted_link_was_followed(paths, monkeypatch) -> None:
+    """After the link cases of the table (or on their own): the files the links point to are unchanged."""
+    from scalelab.launcher.cli import entry
+
+    for argv in (["report", "--from-csv", paths["good.csv"], "--out", paths["linked_out"]],
+                 ["report", paths["linked_records_run"]]):
+        monkeypatch.setattr(sys, "argv", ["launch", *argv])
+        with pytest.raises(SystemExit) as exc:
+            entry()
+        assert exc.value.code != 0
+    assert Path(paths["victim"]).read_text() == "precious\n"
