@@ -73,6 +73,15 @@ FILES: dict[str, str | bytes] = {
     "cost-dup.csv": "label,seconds,instances\nA,60,1*p2.xlarge\nA,60,1*p2.xlarge\n",
     "prices-corrupt.json": '{"p2.xlarge": ',
     "prices-neg.json": '{"on-demand": {"us-east-1": {"p2.xlarge": -0.9}}}',
+    "prices-od-neg.json": '{"on_demand": [{"instance_type": "p2.xlarge", "region": "us-east-1", "usd_per_hour": -0.9}]}',
+    "prices-nan.json": '{"spot": [{"instance_type": "p2.xlarge", "region": "us-east-1", "usd_per_hour": NaN}]}',
+    "prices-huge.json": '{"on_demand": [{"instance_type": "p2.xlarge", "region": "us-east-1", "usd_per_hour": 1e308}]}',
+    "prices-gpus0.json": '{"instances": [{"name": "x9.large", "gpus": 0}]}',
+    "prices-rate-key.yaml": "rates: [{name: slurm, usd_per_gpu_hour: 0.45, gpu_modle: V100}]\n",
+    "prices-dup.yaml": "rates: []\nrates: []\n",
+    "dup-key.yaml": "nodes: 2\nseed: 3\nnodes: 4\n",
+    "study-dup-key.yaml": "title: t\ntitle: u\n",
+    "profile-bad.yaml": "profile_steps: 8:6\n",
     "study-empty.yaml": "",
     "study-list.yaml": "- a\n",
 }
@@ -131,7 +140,24 @@ def _fixtures(tmp: Path) -> dict[str, str]:
         "tmp": str(tmp),
     })
     (tmp / "binary-spec" / "spec.json").write_bytes(BINARY)
+    paths.update(_planted_links(tmp))
     return paths
+
+
+def _planted_links(tmp: Path) -> dict[str, str]:
+    """Run and report directories whose files are links out of them (issue #27 item 3); the victims'
+    content is checked unchanged by test_no_planted_link_was_followed."""
+    victim = tmp / "victim.txt"
+    victim.write_text("precious\n")
+    out = tmp / "linked-out"
+    out.mkdir()
+    (out / "report.md").symlink_to(victim)
+    linked = _run_dir(tmp, "linked-records", launch=LAUNCHED)
+    (linked / "records" / "rank-0.jsonl").symlink_to(victim)
+    logs = _run_dir(tmp, "planted-logs", spec='{"model": "nmt-tiny", "backend": "local"}',
+                    launch=json.dumps({**json.loads(LAUNCHED), "log_files": ["/etc/hostname"]}))
+    return {"victim": str(victim), "linked_out": str(out), "linked_records_run": str(linked),
+            "planted_logs_run": str(logs)}
 
 
 DRY = ["--dry-run"]
@@ -224,6 +250,9 @@ CASES: list[tuple[str, list[str], list[str]]] = [
     ("spec-inf", ["--spec", "{lr-inf.yaml}", *DRY], ["lr"]),
     ("spec-steps-inf", ["--spec", "{steps-inf.yaml}", *DRY], ["steps"]),
     ("spec-seed-negative", ["--spec", "{seed-neg.yaml}", *DRY], ["seed"]),
+    ("spec-duplicate-key", ["--spec", "{dup-key.yaml}", *DRY], ["duplicate key 'nodes'", "dup-key.yaml"]),
+    ("spec-profile-steps-backwards", ["--spec", "{profile-bad.yaml}", *DRY], ["profile-steps", "8:6"]),
+    ("study-duplicate-key", ["study", "{study-dup-key.yaml}", *DRY], ["duplicate key 'title'"]),
     ("spec-unknown-key", ["--spec", "{unknown-key.yaml}", *DRY], ["modle"]),
     ("spec-unknown-engine", ["--spec", "{engine-unknown.yaml}", *DRY], ["mpi"]),
     ("spec-engine-not-mapping", ["--spec", "{engine-string.yaml}", *DRY], ["engine"]),
@@ -282,6 +311,18 @@ CASES: list[tuple[str, list[str], list[str]]] = [
     ("cost-interruptions-negative", ["cost", "--from-csv", "{good.csv}", "--interruptions-per-hour", "-1"], ["--interruptions-per-hour"]),
     ("cost-prices-binary", ["cost", "--list", "--prices", "{binary.json}"], ["binary.json"]),
     ("cost-prices-corrupt", ["cost", "--list", "--prices", "{prices-corrupt.json}"], ["prices-corrupt.json"]),
+    # ---- links out of a run or report directory are never followed (issue #27 item 3) ---------------
+    ("report-out-through-a-link", ["report", "--from-csv", "{good.csv}", "--out", "{linked_out}"], ["report.md", "symbolic link", "rm "]),
+    ("report-linked-records", ["report", "{linked_records_run}"], ["rank-0.jsonl", "symbolic link"]),
+    ("logs-planted-log-file", ["logs", "{planted_logs_run}"], ["/etc/hostname", "launch.json", "own logs"]),
+    # ---- prices files: one schema (issue #27 item 4) ------------------------------------------------
+    ("cost-prices-misspelt-top-key", ["cost", "--list", "--prices", "{prices-neg.json}"], ["'on-demand'", "did you mean 'on_demand'"]),
+    ("plan-prices-negative", ["plan", "--from-csv", "{good.csv}", "--prices", "{prices-od-neg.json}"], ["on_demand[0].usd_per_hour", "prices-od-neg.json"]),
+    ("cost-prices-nan", ["cost", "--list", "--prices", "{prices-nan.json}"], ["spot[0].usd_per_hour", "nan"]),
+    ("cost-prices-1e308", ["cost", "--list", "--prices", "{prices-huge.json}"], ["usd_per_hour", "<= 10,000"]),
+    ("cost-prices-gpus-zero", ["cost", "--list", "--prices", "{prices-gpus0.json}"], ["instances[0].gpus", ">= 1"]),
+    ("cost-prices-row-key", ["cost", "--list", "--prices", "{prices-rate-key.yaml}"], ["gpu_modle", "did you mean 'gpu_model'"]),
+    ("cost-prices-duplicate-key", ["cost", "--list", "--prices", "{prices-dup.yaml}"], ["duplicate key 'rates'"]),
     ("plan-deadline-negative", ["plan", "--from-csv", "{good.csv}", "--deadline-h", "-1"], ["--deadline-h"]),
     ("plan-deadline-nan", ["plan", "--from-csv", "{good.csv}", "--deadline-h", "nan"], ["--deadline-h"]),
     ("plan-budget-negative", ["plan", "--from-csv", "{good.csv}", "--budget", "-5"], ["--budget"]),
@@ -410,3 +451,46 @@ def test_every_message_is_one_line_for_spec_errors(paths, monkeypatch, capsys, t
     err = capsys.readouterr().err.strip()
     assert err.startswith("launch: error:") and len(err.splitlines()) == 1, err
     json.dumps(err)  # printable
+
+
+# ---- a --name that is shell text: dry runs print what a real run would submit (issue #27 item 8) ----
+
+HOSTILE_NAME = "x\ntouch /tmp/scalelab-pwned $(id)"
+DRY_BACKENDS = [("local", []), ("slurm", []), ("aws", ["--bucket", "b", "--region", "us-east-1"])]
+
+
+@pytest.mark.parametrize("backend, extra", DRY_BACKENDS, ids=[b for b, _ in DRY_BACKENDS])
+def test_dry_run_sanitises_the_name_like_a_real_run(backend, extra, monkeypatch, capsys, tmp_path) -> None:
+    """The dry run's run directory and id go through `run_name`, as `new_run_dir` does: no line of the
+    rendered request (shell command, batch script, EC2 user data) is the name's second line."""
+    from scalelab.core.rundir import run_name
+    from scalelab.launcher.cli import entry
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["launch", "--backend", backend, *extra, "--name", HOSTILE_NAME, "--dry-run",
+                                      "--runs-dir", str(tmp_path / "runs")])
+    try:
+        entry()
+    except SystemExit as exc:
+        assert not exc.code, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert f"{run_name(HOSTILE_NAME)}-DRYRUN" in out
+    assert run_name(HOSTILE_NAME) == "x-touch-tmp-scalelab-pwned-id"
+    assert not [line for line in out.splitlines() if line.lstrip().startswith("touch")]
+    assert "$(id)-DRYRUN" not in out
+    # the name itself appears only as the spec's JSON string (escaped, on one line), never as shell text
+    assert all(re.search(r"x\\+ntouch /tmp/scalelab-pwned \$\(id\)", line) for line in out.splitlines() if "$(id)" in line)
+    assert not (tmp_path / "runs").exists()
+
+
+def test_no_planted_link_was_followed(paths, monkeypatch) -> None:
+    """After the link cases of the table (or on their own): the files the links point to are unchanged."""
+    from scalelab.launcher.cli import entry
+
+    for argv in (["report", "--from-csv", paths["good.csv"], "--out", paths["linked_out"]],
+                 ["report", paths["linked_records_run"]]):
+        monkeypatch.setattr(sys, "argv", ["launch", *argv])
+        with pytest.raises(SystemExit) as exc:
+            entry()
+        assert exc.value.code != 0
+    assert Path(paths["victim"]).read_text() == "precious\n"

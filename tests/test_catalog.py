@@ -127,7 +127,7 @@ def test_prices_file_overrides_builtin_and_adds_rates(tmp_path):
     assert cat.price("g3.4xlarge", "spot").usd_per_hour == 0.34
     assert cat.instance("onprem").gpus == 8
     f.write_text(json.dumps({"spot": [{"instance_type": "g3.4xlarge"}]}))
-    with pytest.raises(CatalogError, match="malformed"):
+    with pytest.raises(CatalogError, match=r"spot\[0\] has no 'region'"):
         load_catalog(f)
 
 
@@ -453,3 +453,53 @@ def test_refresh_error_from_aws_is_one_line():
     stub.add_client_error("describe_spot_price_history", "UnauthorizedOperation", "You are not authorized")
     with stub, pytest.raises(CatalogError, match="price refresh from AWS failed.*not authorized"):
         refresh(builtin_catalog(), "spot", "us-west-2", ec2=client, types=["g3.4xlarge"])
+
+
+# ---- the prices file's schema (issue #27 item 4) ------------------------------------------------
+
+
+def test_prices_schema_names_every_field_of_the_shapes_it_builds():
+    """A field added to InstanceType or GpuModel must be allowed in the file (refresh writes them all)."""
+    from dataclasses import fields
+
+    from scalelab.costs.catalog import GpuModel, InstanceType
+    from scalelab.costs.prices_file import ROWS
+
+    assert set(ROWS["instances"]) == {f.name for f in fields(InstanceType)}
+    assert set(ROWS["gpu_models"]) == {f.name for f in fields(GpuModel)}
+
+
+@pytest.mark.parametrize("data, words", [
+    ({"on-demand": []}, ["unknown key 'on-demand'", "did you mean 'on_demand'"]),
+    ({"on_demand": [{"instance_type": "p2.xlarge", "region": "us-east-1", "usd_per_hour": -0.9}]},
+     ["on_demand[0].usd_per_hour", "-0.9"]),
+    ({"spot": [{"instance_type": "p2.xlarge", "region": "us-east-1", "usd_per_hour": float("nan")}]},
+     ["spot[0].usd_per_hour", "nan"]),
+    ({"spot": [{"instance_type": "p2.xlarge", "region": "us-east-1", "usd_per_hour": 1e308}]}, ["<= 10,000"]),
+    ({"instances": [{"name": "x9", "gpus": 0}]}, ["instances[0].gpus", "whole number >= 1"]),
+    ({"instances": [{"name": "x9", "gpus": 1.5}]}, ["instances[0].gpus"]),
+    ({"rates": [{"name": "r", "usd_per_gpu_hour": 1, "usd_per_node_hour": 2, "gpus": 2}]}, ["not both"]),
+    ({"interruptions": [{"instance_type": "p2.xlarge", "per_hour": -1}]}, ["interruptions[0].per_hour"]),
+    ({"on_demand": {"p2.xlarge": 1}}, ["on_demand must be a list"]),
+])
+def test_a_bad_prices_file_is_one_line_naming_the_entry(tmp_path, data, words):
+    path = tmp_path / "prices.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(CatalogError) as exc:
+        load_catalog(path)
+    msg = str(exc.value)
+    assert str(path) in msg and "docs/costs.md" in msg and "\n" not in msg
+    for word in words:
+        assert word in msg
+
+
+def test_a_valid_prices_file_with_every_list_is_taken(tmp_path):
+    path = tmp_path / "prices.yaml"
+    path.write_text(
+        "on_demand: [{instance_type: g3.4xlarge, region: us-east-1, usd_per_hour: 0.75, source: ours}]\n"
+        "rates: [{name: slurm, usd_per_gpu_hour: 0.45, gpu_model: V100}, {name: k8s, usd_per_node_hour: 3.2, gpus: 4}]\n"
+        "instances: [{name: g4dn.2xlarge, gpus: 1, gpu_model: T4, efa: false, vcpus: 8, network_gbps: 25}]\n"
+        "gpu_models: [{name: X1, fp32_tflops: 10, mem_bandwidth_gbs: 500}]\n"
+        "interruptions: [{instance_type: g3.4xlarge, per_hour: 0.05}]\n")
+    cat = load_catalog(path)
+    assert cat.instance("k8s").gpus == 4 and "g4dn.2xlarge" in cat.instances

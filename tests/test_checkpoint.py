@@ -165,3 +165,36 @@ def test_full_disk_during_a_run_is_one_clear_error(tmp_path, small_fs):
     run = only_run_dir(fs / "runs")
     assert not (run / "checkpoint.tmp").exists()
     assert torch.load(run / CHECKPOINT_NAME, weights_only=True)["step"] == 2
+
+
+# ---- planted links (issue #27 item 3) -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["checkpoint.tmp", "checkpoint.pt"])
+def test_a_checkpoint_is_never_written_through_a_link(tmp_path, name):
+    from scalelab.core.writes import LinkError
+
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / name).symlink_to(victim)
+    model, optimizer = _model_and_optimizer()
+    with pytest.raises(LinkError) as exc:
+        _save(run, model, optimizer, 3)
+    msg = str(exc.value)
+    assert str(run / name) in msg and f"rm {run / name}" in msg and "\n" not in msg
+    assert victim.read_text() == "precious" and (run / name).is_symlink()
+
+
+def test_a_linked_checkpoint_is_not_loaded(tmp_path):
+    from scalelab.core.writes import LinkError
+
+    model, optimizer = _model_and_optimizer()
+    (tmp_path / "other").mkdir()
+    _save(tmp_path / "other", model, optimizer, 3)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / CHECKPOINT_NAME).symlink_to(tmp_path / "other" / CHECKPOINT_NAME)
+    with pytest.raises(LinkError, match="symbolic link"):
+        load_checkpoint(run, {})

@@ -403,3 +403,33 @@ def test_an_interrupted_sweep_reports_what_finished_and_resumes_the_rest(tmp_pat
     rows = json.loads((sweep / "report.json").read_text())
     assert [row["workers"] for row in rows] == [1, 2]
     _assert_nothing_left(sweep)
+
+
+# ---- a record line cut by a kill or a full disk (issue #27 item 1) --------------------------------
+
+
+def test_a_cut_record_line_is_dropped_on_resume_and_report_says_so(tmp_path, reference):
+    """SIGTERM at step 5, the last 60 bytes of rank 1's records cut (as a kill mid-write or a full disk
+    leaves them), resume: the resumed rank truncates the cut line before appending (it used to glue its
+    `start` record onto it: "corrupt record at ...rank-1.jsonl:N" for ever), says so, the losses after
+    the resume are the uninterrupted run's, and `launch report` works and names what was dropped."""
+    fg, run = _held_at(tmp_path, "ddp", 5)
+    try:
+        fg.send_signal(signal.SIGTERM)
+        fg.communicate(timeout=PATIENCE_S)
+    finally:
+        fg.kill()
+    assert fg.returncode == 143
+    _assert_nothing_left(run)
+    path = run / "records" / "rank-1.jsonl"
+    whole = path.read_bytes()
+    path.write_bytes(whole[:-60])
+    assert not path.read_bytes().endswith(b"\n")  # the cut left half a line
+    cut = len(whole) - 60 - (whole[:-60].rfind(b"\n") + 1)
+    _resume_matches(run, reference("ddp"), from_step=5)
+    dropped = [r for r in _records(run, 1) if r.get("event") == "cut_line_dropped"]
+    assert [r["bytes"] for r in dropped] == [cut]
+    assert f"{path}: dropped a cut last line of {cut} bytes" in (run / "logs" / "launcher.log").read_text()
+    report = launch("report", str(run), cwd=tmp_path)
+    assert report.returncode == 0 and "Traceback" not in report.stderr, report.stderr
+    assert f"a cut last line of {cut} bytes" in " ".join(report.stderr.split()), report.stderr

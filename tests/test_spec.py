@@ -125,3 +125,33 @@ def test_read_spec_names_the_run_directory_file(tmp_path):
     (tmp_path / "spec.json").write_text('{"gpus_per_node": "two"}')
     with pytest.raises(SpecError, match=r"gpus_per_node: expected int .* \(in .*spec.json\)"):
         read_spec(tmp_path)
+
+
+# ---- YAML 1.2 numbers and unique keys (issue #27 items 6 and 7) ----------------------------------
+
+
+@pytest.mark.parametrize("value", ["6:8", "1:30", "2:59"])
+def test_profile_steps_with_a_colon_is_not_read_as_base_60(tmp_path, value):
+    """YAML 1.1 reads 6:8 as 368; the spec loader reads YAML 1.2, so the range reaches its own parser."""
+    f = tmp_path / "s.yaml"
+    f.write_text(f"model: nmt-tiny\nsteps: 200\nprofile_steps: {value}\n")
+    assert load_spec(f).profile_steps == value
+
+
+def test_numbers_other_than_base_60_are_read_as_before():
+    from scalelab.core.yamltext import load_yaml
+
+    assert load_yaml("a: 12\nb: 1.5\nc: 0x10\nd: 1e3\ne: -4\nf: 1_000\n") == {
+        "a": 12, "b": 1.5, "c": 16, "d": "1e3", "e": -4, "f": 1000}  # 1e3 without a dot is text in PyYAML too
+    assert load_yaml("t: 1:30:00.5") == {"t": "1:30:00.5"}
+
+
+@pytest.mark.parametrize("text, key", [("nodes: 2\nseed: 1\nnodes: 4\n", "nodes"),
+                                       ("engine: {name: ddp, name: horovod}\n", "name")])
+def test_a_duplicate_yaml_key_is_refused_naming_it(tmp_path, text, key):
+    f = tmp_path / "s.yaml"
+    f.write_text(text)
+    with pytest.raises(SpecError) as exc:
+        load_spec(f)
+    msg = str(exc.value)
+    assert f"duplicate key '{key}'" in msg and str(f) in msg and "\n" not in msg

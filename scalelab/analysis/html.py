@@ -22,6 +22,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from scalelab.analysis.report import DEFINITIONS, plot_speedup, plot_throughput, table_rows
+from scalelab.core.writes import check_inside
 
 __all__ = ["plot_cost_frontier", "plot_phases", "plot_loss", "plot_predictions", "figure_png",
            "png_file", "write_html", "scaling_sections", "plan_sections"]
@@ -233,6 +234,7 @@ def write_html(path: Path, title: str, sections: Sequence[tuple[str, str]], intr
     """Write one self-contained HTML file with `sections` ((heading, html body) pairs)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    check_inside(path.parent, path)  # a linked report.html is refused, its target not overwritten
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     body = "".join(f"<h2>{html.escape(h)}</h2>\n{b}\n" for h, b in sections)
     path.write_text(

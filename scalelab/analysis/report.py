@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 from rich.console import Console
 from rich.table import Table
+from scalelab.core.writes import refuse_links
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -309,6 +310,10 @@ def _what_was_run(df: pd.DataFrame) -> list[str]:
     return out
 
 
+# Every file a report (re)writes in its directory: none may be a link (it would overwrite the target).
+REPORT_FILES = ("report.md", "report.json", "warnings.json", "speedup.png", "throughput.png", "report.html")
+
+
 def write_markdown(
     df: pd.DataFrame,
     out_dir: Path,
@@ -324,6 +329,7 @@ def write_markdown(
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    refuse_links(out_dir, REPORT_FILES)
     images: list[tuple[str, str]] = []
     if plots and len(df) and "workers" in df.columns:
         if {"speedup", "efficiency"} <= set(df.columns):

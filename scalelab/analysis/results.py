@@ -14,6 +14,7 @@ from pathlib import Path
 import pandas as pd
 
 from scalelab.analysis.report import (
+    REPORT_FILES,
     plot_speedup,
     plot_throughput,
     to_json_records,
@@ -34,6 +35,7 @@ from scalelab.core.rundir import (
     sweep_runs,
 )
 from scalelab.core.spec import Spec, read_spec
+from scalelab.core.writes import refuse_links
 
 
 def run_label(spec: Spec) -> str:
@@ -136,7 +138,12 @@ def build_report(paths: list[Path], out: Path | None = None) -> Report:
         grouped = len(paths) == 1 and ((paths[0] / SWEEP_FILE).exists() or (paths[0] / STUDY_FILE).exists())
         out = paths[0] if grouped else _common_parent(runs) / (
             "report-" + datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))
-    report = write_report([summarize_dir(run_dir) for run_dir in runs], runs, out)
+    summaries = []
+    for run_dir in runs:  # one run's records in memory at a time
+        run = load_run(run_dir)
+        warnings += run.warnings  # record lines dropped (a cut last line): said here, not lost
+        summaries.append(summarize_loaded(run))
+    report = write_report(summaries, runs, out)
     report.warnings = warnings + report.warnings
     return report
 
@@ -146,6 +153,7 @@ def write_report(summaries: list[LayoutSummary], runs: list[Path], out: Path) ->
 
     table = scale_layouts(summaries)
     out.mkdir(parents=True, exist_ok=True)
+    refuse_links(out, REPORT_FILES)
     plot = plot_speedup(table, out / "speedup.png")
     plot_throughput(table, out / "throughput.png")
     warnings = trust_warnings(table) + emulation_warnings(runs)

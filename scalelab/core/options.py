@@ -207,8 +207,10 @@ def _text_container(value: Any, hint: Any) -> Any:
         return value
     import yaml
 
+    from scalelab.core.yamltext import load_yaml  # the one YAML reading of user text (docstring there)
+
     try:
-        return yaml.safe_load(value)
+        return load_yaml(value)
     except yaml.YAMLError:
         return value  # the type check names it
 

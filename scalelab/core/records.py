@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
 from scalelab.core.errors import RecordError
-from scalelab.core.rundir import RunPaths
+from scalelab.core.rundir import RECORDS_DIR, RunPaths
 from scalelab.core.spec import Spec, read_spec
-from scalelab.core.writes import WriteError, writing
+from scalelab.core.writes import WriteError, check_inside, open_inside, writing
 
 if TYPE_CHECKING:  # pandas costs 0.4 s to import: only the readers that build frames load it
     import pandas as pd
@@ -184,7 +184,10 @@ def _decode(lines: list[bytes], path: Path, warnings: list[str], tolerant: bool,
 
 def read_records(path: Path, warnings: list[str], tolerant: bool = False) -> list[dict[str, Any]]:
     """Every record of one file; `tolerant` skips bad lines (with a warning) instead of failing."""
-    raw = Path(path).read_bytes()
+    path = Path(path)
+    fd = open_inside(path.parent, path, os.O_RDONLY)  # a planted link is refused, not read
+    with os.fdopen(fd, "rb") as f:
+        raw = f.read()
     return _decode(raw.split(b"\n"), Path(path), warnings, tolerant, cut_last=not raw.endswith(b"\n"))
 
 
@@ -232,6 +235,9 @@ def load_run(run_dir: str | Path) -> RunRecords:
     for path in record_files(run_dir):
         for rec in read_records(path, warnings):
             by_kind.setdefault(rec["kind"], []).append(rec)
+            if rec["kind"] == "event" and rec.get("event") == CUT_LINE_EVENT:
+                warnings.append(f"{path}: a cut last line of {rec.get('bytes')} bytes (an interrupted write) was "
+                                "dropped when the rank resumed; the steps it held were run again from the checkpoint")
     frames = {k: pd.DataFrame.from_records(v) for k, v in by_kind.items()}
     return RunRecords(run_dir, spec, frames["start"], frames["step"], frames["val"], frames["event"], warnings)
 
@@ -243,6 +249,47 @@ def records_path(run_dir: Path, rank: int) -> Path:
     return RunPaths(Path(run_dir)).rank_records(rank)
 
 
+CUT_LINE_EVENT = "cut_line_dropped"  # the event a writer records after dropping a cut last line
+
+
+def open_for_append(run_dir: Path, path: Path) -> tuple[int, int]:
+    """(fd, bytes dropped) of `path`, a records file of `run_dir`, opened to append whole lines.
+
+    Why: a full disk or a kill can leave the last line cut; appending onto it would glue the next
+    record to it, and a line in the middle of a file that is not JSON is an error forever after
+    ("corrupt record at ...:26"). So the cut last line is truncated first (said on stderr, and in an
+    event by the RecordWriter); a link or a file outside the run directory is refused (LinkError)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    check_inside(run_dir, path.parent)
+    fd = open_inside(run_dir, path, os.O_RDWR | os.O_CREAT | os.O_APPEND)
+    try:
+        dropped = drop_cut_line(fd)
+    except BaseException:
+        os.close(fd)
+        raise
+    if dropped:
+        print(f"scalelab: warning: {path}: dropped a cut last line of {dropped} bytes (an interrupted write); "
+              "the records before it are kept", file=sys.stderr, flush=True)
+    return fd, dropped
+
+
+def drop_cut_line(fd: int, block: int = 1 << 16) -> int:
+    """Truncate an open file after its last newline; the number of bytes removed (0: it ended whole)."""
+    size = os.fstat(fd).st_size
+    if size == 0 or os.pread(fd, 1, size - 1) == b"\n":
+        return 0
+    end = size
+    while end > 0:
+        start = max(0, end - block)
+        at = os.pread(fd, end - start, start).rfind(b"\n")
+        if at >= 0:
+            os.ftruncate(fd, start + at + 1)
+            return size - (start + at + 1)
+        end = start
+    os.ftruncate(fd, 0)
+    return size
+
+
 class RecordWriter:
     """Appends records for one rank; `time` and the rank's identity are added to every record."""
 
@@ -250,8 +297,10 @@ class RecordWriter:
         self.path = path = records_path(run_dir, rank)
         self.rank, self.world = rank, world
         with writing(path, "records", RECORDS_FIX):
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self._file = path.open("a", buffering=1)  # line-buffered: a reader never sees half a record
+            fd, dropped = open_for_append(Path(run_dir), path)
+            self._file = os.fdopen(fd, "a", buffering=1)  # line-buffered: a reader never sees half a record
+        if dropped:  # said in the records too, so that `launch report` can say it
+            self.event(CUT_LINE_EVENT, bytes=dropped)
 
     def write(self, kind: str, **fields: Any) -> None:
         """One record of `kind`; a record that does not fit its kind's schema is a bug, found here."""
@@ -285,9 +334,9 @@ def append_record(path: Path, record: Mapping[str, Any], absent: tuple[str, ...]
     """Append one checked record to `path` (a file written now and then, not a rank's stream: the
     launcher's own events)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     line = record_line(record, absent)
-    with path.open("a") as f:
+    fd, _ = open_for_append(path.parent.parent if path.parent.name == RECORDS_DIR else path.parent, path)
+    with os.fdopen(fd, "a") as f:
         f.write(line)
 
 

@@ -84,11 +84,24 @@ class RunPaths:
         return self.records / f"rank-{rank}.jsonl"
 
 
+def run_name(name: str) -> str:
+    """`name` (a --name, a model) as the one component of a run directory's name: letters, digits and
+    `._-` only. Why here, for real and dry runs alike: the name is written into shell scripts (the local
+    command, a Slurm batch script, EC2 user data), where a newline or `$(...)` would be a command."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-") or "run"
+
+
+def dryrun_dir(root: Path, name: str) -> Path:
+    """The run directory a --dry-run prints (never created): `root/NAME-DRYRUN`, NAME sanitised as a
+    real run's is, so the printed request is the one a real run would submit."""
+    return Path(root) / f"{run_name(name)}-DRYRUN"
+
+
 def new_run_dir(root: Path, name: str) -> Path:
     """A fresh, unique directory `root/name-YYYYmmdd-HHMMSS[-k]`; a root that cannot take one (read-only,
     full, not ours) is one line naming it and its filesystem."""
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    base = re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-") or "run"
+    base = run_name(name)
     with writing(root, "a run directory", "or give --runs-dir a directory on a filesystem with room"):
         root.mkdir(parents=True, exist_ok=True)
         for k in range(1000):

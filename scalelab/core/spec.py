@@ -474,9 +474,11 @@ def read_yaml_mapping(path: str | os.PathLike, what: str) -> dict[str, Any]:
     clear SpecError naming the file; `what` says which kind of file ("spec file", "study file")."""
     import yaml
 
+    from scalelab.core.yamltext import load_yaml  # YAML 1.2 numbers (`6:8` is text), unique keys
+
     p = check_text_file(path, what)
     try:
-        raw = yaml.safe_load(p.read_text(encoding="utf-8"))
+        raw = load_yaml(p.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:
         raise SpecError(f"{what} {p} is not valid YAML: {' '.join(str(exc).split())}") from None
     except (OSError, UnicodeDecodeError) as exc:

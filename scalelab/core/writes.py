@@ -103,3 +103,50 @@ def full_note(path: Path | str) -> str:
 def is_write_failure(exc: BaseException) -> bool:
     """An OSError the user fixes by making room or choosing a writable place (for the CLI's last resort)."""
     return isinstance(exc, OSError) and exc.errno in WRITE_FAILURES
+
+
+# ---- the one safe open inside a run directory ------------------------------------------------------
+
+
+class LinkError(ScalelabError):
+    """A file of a run directory is a symbolic link, or lies outside the directory: never followed."""
+
+
+def _link_message(path: Path, root: Path, why: str, fix: str = "") -> str:
+    fix = fix or f"remove the link (rm {path}) or put the file itself there"
+    return f"{path} {why}; scalelab never reads or writes through a link out of {root}: {fix}, then run the command again"
+
+
+def check_inside(root: Path | str, path: Path | str) -> Path:
+    """`path` as it will be opened, refused (LinkError) when its directory resolves outside `root` (a linked
+    `records/` or `logs/`) or its final component is a symbolic link. Why: a run directory is shared and
+    edited by hand; a planted link would make a resume append to, or a checkpoint overwrite, any file
+    the user can write, and `launch logs` print any file the user can read."""
+    root, path = Path(root), Path(path)
+    if os.path.islink(path):
+        raise LinkError(_link_message(path, root, f"is a symbolic link (to {os.readlink(path)})"))
+    real_root = root.resolve()
+    parent = path.parent.resolve()
+    if parent != real_root and real_root not in parent.parents:
+        raise LinkError(_link_message(path, root, f"lies outside {root} (in {parent})",
+                                      f"replace the link to {parent} by a directory, or correct the file name"))
+    return path
+
+
+def open_inside(root: Path | str, path: Path | str, flags: int, mode: int = 0o666) -> int:
+    """os.open of a file of the run directory `root`: checked as `check_inside`, and opened with O_NOFOLLOW
+    so that a link planted between the check and the open fails too (ELOOP), with the same message."""
+    path = check_inside(root, path)
+    try:
+        return os.open(path, flags | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), mode)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise LinkError(_link_message(path, Path(root), "is a symbolic link")) from None
+        raise
+
+
+def refuse_links(out_dir: Path | str, names: tuple[str, ...]) -> None:
+    """Refuse (LinkError) before anything is written when one of the files `names` a command is about to
+    (re)write in `out_dir` is a symbolic link: replacing it would overwrite the link's target."""
+    for name in names:
+        check_inside(out_dir, Path(out_dir) / name)

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from scalelab.core.errors import SpecError
+from scalelab.costs.prices_file import FIX, prices_problem
 
 __all__ = [
     "MARKETS",
@@ -231,7 +232,11 @@ class Catalog:
 
     def apply_user_file(self, data: dict[str, Any], where: str = "prices file") -> None:
         """Merge a prices file ({"instances", "gpu_models", "on_demand", "spot", "rates",
-        "interruptions"}: lists of rows, docs/costs.md)."""
+        "interruptions"}: lists of rows, docs/costs.md), checked whole against its schema first
+        (costs/prices_file.py): a bad price must not reach a plan, nor a misspelt key void the file."""
+        problem = prices_problem(data)
+        if problem:
+            raise CatalogError(f"prices file {where}: {problem}; {FIX}")
         try:
             for row in data.get("instances", []):
                 inst = InstanceType(**row)
@@ -343,7 +348,7 @@ def load_catalog(prices_file: str | Path | None = None, rates: Iterable[str] = (
         try:
             data = _read_structured(path)
         except ValueError as exc:
-            raise CatalogError(f"{path} is not valid JSON/YAML: {exc}") from None
+            raise CatalogError(f"prices file {path} is not valid JSON/YAML: {exc}; {FIX}") from None
         cat.apply_user_file(data, str(path))
     for text in rates:
         name, usd, per, gpus = parse_rate(text)
@@ -358,8 +363,10 @@ def _read_structured(path: Path) -> dict[str, Any]:
     if path.suffix in (".yaml", ".yml"):
         import yaml
 
+        from scalelab.core.yamltext import load_yaml
+
         try:
-            data = yaml.safe_load(text) or {}
+            data = load_yaml(text) or {}
         except yaml.YAMLError as exc:
             raise ValueError(str(exc)) from None
     else:

@@ -27,7 +27,7 @@ from rich.markup import escape
 from scalelab.core.errors import ScalelabError, SpecError
 from scalelab.core.options import Flag, coerce_path, option_flags
 from scalelab.core.presets import model_overrides
-from scalelab.core.rundir import ACTIVE, DEFAULT_RUNS_ROOT, discard_unlaunched, is_sweep, new_run_dir
+from scalelab.core.rundir import ACTIVE, DEFAULT_RUNS_ROOT, discard_unlaunched, dryrun_dir, is_sweep, new_run_dir
 from scalelab.core.spec import (
     BATCH_MODES,
     DATA_KINDS,
@@ -318,7 +318,7 @@ def run_cmd(detach: bool, **params: Any) -> None:
     if detach:
         detaching(backend)
     if params["dry_run"]:
-        run_dir = Path(params["runs_dir"]) / f"{spec.name or spec.model}-DRYRUN"
+        run_dir = dryrun_dir(Path(params["runs_dir"]), spec.name or spec.model)
         click.echo(backend.submit_dryrun(spec, run_dir).render())
         show_quote([(spec, 1)], params)
         return

@@ -12,6 +12,7 @@ poll/status/logs/cancel. The follow loop is scalelab/launcher/runner.py's; `poll
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import signal
 import socket
@@ -20,6 +21,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -41,6 +43,7 @@ from scalelab.core.rundir import (
     CANCELLED,
     COMPLETED,
     FAILED,
+    LOGS_DIR,
     RUNNING,
     TERMINAL,
     UNKNOWN,
@@ -49,6 +52,7 @@ from scalelab.core.rundir import (
     start_state,
 )
 from scalelab.core.spec import Spec
+from scalelab.core.writes import LinkError, check_inside
 from scalelab.launcher.backend import Backend, Request, RunStatus, ended_by_records, log_text
 from scalelab.launcher.options import LocalOptions
 
@@ -68,6 +72,21 @@ class LocalRequest(Request):
             lines.append(f"{env} {shlex.join(cmd)} > {shlex.quote(log)} 2>&1 &")
         lines.append("wait")
         return "\n".join(lines)
+
+
+def own_logs(run_dir: Path, recorded: list[Any]) -> list[Path]:
+    """The run's own log files that launch.json names: `logs/launcher.log` or `logs/node-N.log` of this run
+    directory, never a link. Why not the recorded paths as they are: launch.json can be edited or planted,
+    and `launch logs` printed whatever file it named (/etc/hostname)."""
+    logs, out = RunPaths(Path(run_dir)).logs, []
+    for log in recorded:
+        name = Path(str(log)).name
+        if not re.fullmatch(r"launcher\.log|node-\d+\.log", name) or Path(str(log)).parent.name != LOGS_DIR:
+            raise LinkError(f"{RunPaths(Path(run_dir)).launch} names {str(log)!r} as a log file, which is not one of "
+                            f"the run's own logs ({LOGS_DIR}/launcher.log, {LOGS_DIR}/node-N.log); restore launch.json "
+                            "or read the file yourself")
+        out.append(check_inside(logs, logs / name))
+    return out
 
 
 class LocalBackend(Backend):
@@ -181,7 +200,7 @@ class LocalBackend(Backend):
         return f"{len(live)} of its processes still run: pids {sorted(p.pid for p in live)}" if live else None
 
     def logs(self, run_dir: Path) -> str:
-        return log_text([Path(log) for log in read_state(run_dir)["log_files"]])
+        return log_text(own_logs(run_dir, read_state(run_dir).get("log_files") or []))
 
     def cancel(self, run_dir: Path) -> str:
         """SIGTERM every process of the run (ranks checkpoint and stop), SIGKILL after the grace period,

@@ -18,7 +18,7 @@ from typing import Any
 import click
 
 from scalelab.core.errors import SpecError
-from scalelab.core.rundir import new_run_dir, write_json
+from scalelab.core.rundir import dryrun_dir, new_run_dir, write_json
 from scalelab.core.spec import BACKEND_NAMES, BATCH_MODES
 from scalelab.core.writes import check_writable
 from scalelab.launcher.cli import console, parse_pairs
@@ -72,7 +72,7 @@ def prep_cmd(**params: Any) -> None:
         from scalelab.prep.clusters import render
 
         for request in requests:
-            click.echo(render(request, runs / f"{request.name or 'prep'}-DRYRUN"))
+            click.echo(render(request, dryrun_dir(runs, request.name or "prep")))
         return
     from scalelab.prep.report import report_dirs
 

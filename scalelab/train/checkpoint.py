@@ -37,7 +37,7 @@ import torch
 
 from scalelab.core.errors import RecordError
 from scalelab.core.spec import SAVED_SPEC_PRECISION, Spec
-from scalelab.core.writes import free_bytes, mount_point
+from scalelab.core.writes import check_inside, free_bytes, mount_point, open_inside
 
 CHECKPOINT_NAME = "checkpoint.pt"
 FORMAT = 2  # 1: before identity and per-rank RNG states (loaded with weights_only=False)
@@ -98,8 +98,10 @@ def save_checkpoint(run_dir: Path, model: torch.nn.Module, optimizer: torch.opti
 def write_atomically(path: Path, data: bytes | memoryview) -> None:
     """Replace `path` by `data`, or leave it as it was and raise CheckpointError saying why."""
     tmp = path.with_suffix(".tmp")
+    check_inside(path.parent, path)  # a linked checkpoint.pt is refused too (the rename would replace the link)
     try:
-        with open(tmp, "wb") as out:
+        fd = open_inside(path.parent, tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)  # never through a planted link
+        with os.fdopen(fd, "wb") as out:
             out.write(data)
             out.flush()
             os.fsync(out.fileno())  # the rename must not publish a file whose blocks are not on disk
@@ -126,8 +128,9 @@ def _write_failure(path: Path, exc: OSError, size: int) -> str:
 def load_checkpoint(run_dir: Path, expect: dict[str, Any], map_location: torch.device | str = "cpu") -> dict[str, Any] | None:
     """The checkpoint of RUN_DIR (None when there is none), refused unless it is plain data of this spec."""
     path = checkpoint_path(run_dir)
-    if not path.exists():
+    if not os.path.lexists(path):
         return None
+    check_inside(run_dir, path)  # a link to a checkpoint elsewhere is refused, not loaded
     if not zipfile.is_zipfile(path):
         raise CheckpointError(f"checkpoint {path} is truncated or not a checkpoint; delete it to start from scratch")
     try:
