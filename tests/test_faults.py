@@ -408,6 +408,7 @@ def test_an_interrupted_sweep_reports_what_finished_and_resumes_the_rest(tmp_pat
 # ---- a record line cut by a kill or a full disk (issue #27 item 1) --------------------------------
 
 
+@pytest.mark.slow
 def test_a_cut_record_line_is_dropped_on_resume_and_report_says_so(tmp_path, reference):
     """SIGTERM at step 5, the last 60 bytes of rank 1's records cut (as a kill mid-write or a full disk
     leaves them), resume: the resumed rank truncates the cut line before appending (it used to glue its
