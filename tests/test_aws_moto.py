@@ -551,3 +551,83 @@ def test_a_launch_over_its_price_limit_sends_nothing(cloud, tmp_path, flags, mes
             cloud["ec2"].describe_security_groups()["SecurityGroups"]) == before
     assert cloud["s3"].list_objects_v2(Bucket=cloud["bucket"]).get("KeyCount", 0) == 0
     assert not (tmp_path / "runs").exists()
+
+
+# ---- the wheel built for a launch (issue 27, item 10) ----------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_launch_leaves_no_wheel_directory(cloud, tmp_path, monkeypatch):
+    """Without --backend-opt wheel=, the launch builds the wheel of this checkout in a temporary
+    directory; once uploaded it is removed (every launch used to leave a scalelab-wheel-* directory)."""
+    import tempfile
+
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # tempfile caches the directory: read TMPDIR again
+    assert tempfile.gettempdir() == str(tmp) and list(tmp.glob("scalelab-wheel-*")) == []
+    be = backend(cloud, wheel="")
+    run_dir = run_dir_for(tmp_path)
+    try:
+        submit(be, make_spec(), run_dir)
+        key = f"scalelab/{run_dir.name}/package/scalelab-0.1.0-py3-none-any.whl"
+        body = cloud["s3"].get_object(Bucket=cloud["bucket"], Key=key)["Body"].read()
+        assert body[:2] == b"PK" and len(body) > 10_000  # the real wheel (a zip file) went up
+    finally:
+        cancel(be, run_dir)
+    assert list(tmp.glob("scalelab-wheel-*")) == []
+    assert left(cloud, run_dir.name) == NOTHING
+
+
+# ---- gc leaves alone a run a launcher follows (issue 27, item 2) ------------------------------------
+
+
+def _gc_env(cloud) -> dict[str, str]:
+    return {"AWS_ENDPOINT_URL": cloud["url"], "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "y",
+            "AWS_DEFAULT_REGION": REGION, "AWS_MAX_ATTEMPTS": "1"}
+
+
+def test_gc_skips_a_run_whose_launcher_is_live_and_cleans_a_stale_one(cloud, tmp_path):
+    """Two runs: one a launcher follows (heartbeat just written, fresh for 10 min), one whose launcher
+    was killed (heartbeat older than its own 1.2 s timeout). `launch aws gc` with no --run-id removes
+    the stale run only, says which it skipped and why; the live launcher follows on unharmed."""
+    followed, killed = backend(cloud), backend(cloud, heartbeat_timeout_min=0.02)
+    live_dir, dead_dir = run_dir_for(tmp_path), run_dir_for(tmp_path)
+    followed.schedule(followed.submit_dryrun(make_spec(), live_dir))
+    killed.schedule(killed.submit_dryrun(make_spec(), dead_dir))
+    time.sleep(2.5)  # the killed launcher's heartbeat goes stale; the followed one beats again:
+    followed.poll(live_dir)
+    out = launch("aws", "gc", cwd=tmp_path, env=_gc_env(cloud))
+    assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
+    assert f"run {live_dir.name}: skipped, a launcher still follows it" in out.stderr
+    assert "wrote its heartbeat" in out.stderr and f"--run-id {live_dir.name} --force" in out.stderr
+    assert f"run {dead_dir.name}: terminated 2 instance(s)" in out.stdout
+    assert f"run {live_dir.name}: terminated" not in out.stdout
+    assert left(cloud, dead_dir.name) == NOTHING
+    assert left(cloud, live_dir.name) == {"instances": 2, "volumes": 2, "security_groups": 1, "placement_groups": 0}
+    assert followed.poll(live_dir).state == "RUNNING"  # its group and instances are all there
+    out = launch("aws", "gc", "--force", cwd=tmp_path, env=_gc_env(cloud))
+    assert out.returncode == 2 and "--force: name the one run" in out.stderr and "Traceback" not in out.stderr
+    assert left(cloud, live_dir.name)["instances"] == 2
+    out = launch("aws", "gc", "--run-id", live_dir.name, "--force", cwd=tmp_path, env=_gc_env(cloud))
+    assert out.returncode == 0 and "(--force)" in out.stderr, out.stderr
+    assert left(cloud, live_dir.name) == NOTHING
+
+
+def test_gc_cleans_what_an_ended_launcher_kept(cloud, tmp_path):
+    """A launcher that tore its run down marks its heartbeat ended: gc need not wait for it to age."""
+    be = backend(cloud)
+    run_dir = run_dir_for(tmp_path)
+    submit(be, make_spec(), run_dir)
+    cancel(be, run_dir)
+    beat = json.loads(cloud["s3"].get_object(Bucket=cloud["bucket"],
+                                             Key=f"scalelab/{run_dir.name}/control/launcher.json")["Body"].read())
+    assert beat["ended"] is True and beat["timeout_s"] == 600
+    tag = [{"Key": "scalelab:run-id", "Value": run_dir.name},
+           {"Key": "scalelab:heartbeat", "Value": f"s3://{cloud['bucket']}/scalelab/{run_dir.name}/control/launcher.json"}]
+    cloud["ec2"].create_security_group(GroupName=f"kept-{run_dir.name}", Description="kept by a teardown",
+                                       TagSpecifications=[{"ResourceType": "security-group", "Tags": tag}])
+    out = launch("aws", "gc", "--run-id", run_dir.name, cwd=tmp_path, env=_gc_env(cloud))
+    assert out.returncode == 0 and "skipped" not in out.stderr, out.stderr
+    assert "1 security group(s)" in out.stdout and left(cloud, run_dir.name) == NOTHING

@@ -31,8 +31,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from scalelab.aws import mirror, render
 from scalelab.aws import teardown as td
@@ -127,7 +128,7 @@ class AwsBackend(Backend):
             ec2, s3 = self.client("ec2", plan.region), self.client("s3", plan.region)
             generation = _next_generation(s3, plan)
             s3.delete_object(Bucket=plan.bucket, Key=plan.key(STOP_REQUEST))  # a resumed run was cancelled before
-            _beat(s3, plan.bucket, plan.prefix)
+            _beat(s3, plan.bucket, plan.prefix, self._heartbeat_timeout_s())
             refs: dict[str, Any] = {}
             for call in request.calls:
                 if call["operation"] == "RunInstances":
@@ -142,6 +143,9 @@ class AwsBackend(Backend):
                 raise _user_error(exc, "starting the run") from None
             raise
         return plan.run_id
+
+    def _heartbeat_timeout_s(self) -> float:
+        return float(self.options["heartbeat_timeout_min"]) * 60
 
     def _refuse_while_running(self, plan: Plan, run_dir: Path) -> None:
         """One generation at a time: a resume while instances of the run still run is refused.
@@ -160,7 +164,8 @@ class AwsBackend(Backend):
         params = _resolve(call["params"], refs, ec2, self.options)
         if call["service"] == "s3":
             if params["Body"] == render.WHEEL_BODY:
-                s3.upload_file(str(self._wheel(run_dir)), params["Bucket"], params["Key"])
+                with self._wheel() as wheel:
+                    s3.upload_file(str(wheel), params["Bucket"], params["Key"])
                 return {}
             return s3.put_object(**{**params, "Body": params["Body"].encode()})
         from botocore import xform_name
@@ -170,22 +175,28 @@ class AwsBackend(Backend):
             refs[call["name"]] = {k: v for k, v in response.items() if k != "ResponseMetadata"}
         return response
 
-    def _wheel(self, run_dir: Path) -> Path:
+    @contextmanager
+    def _wheel(self) -> Iterator[Path]:
+        """The wheel to ship: --backend-opt wheel=PATH, else one built from this checkout into a
+        temporary directory that is removed once the wheel is uploaded (or the build failed), so
+        that no launch leaves a `scalelab-wheel-*` directory behind."""
         if self.options["wheel"]:
             path = Path(self.options["wheel"])
             if not path.is_file():
                 raise ScalelabError(f"wheel not found: {path} (check --backend-opt wheel=PATH)")
-            return path
+            yield path
+            return
         if not (ROOT / "pyproject.toml").is_file():
             raise ScalelabError("cannot build the package to ship: no pyproject.toml beside the aws package; "
                                 "pass --backend-opt wheel=PATH (pip wheel --no-deps scalelab)")
-        out = Path(tempfile.mkdtemp(prefix="scalelab-wheel-"))
-        proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-                               "-w", str(out), str(ROOT)], capture_output=True, text=True)
-        wheel = out / render.PACKAGE_NAME
-        if proc.returncode or not wheel.is_file():
-            raise ScalelabError(f"building the wheel {render.PACKAGE_NAME} of {ROOT} failed: {proc.stderr.strip()[-500:]}")
-        return wheel
+        with tempfile.TemporaryDirectory(prefix="scalelab-wheel-") as out:
+            proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+                                   "-w", out, str(ROOT)], capture_output=True, text=True)
+            wheel = Path(out) / render.PACKAGE_NAME
+            if proc.returncode or not wheel.is_file():
+                raise ScalelabError(f"building the wheel {render.PACKAGE_NAME} of {ROOT} failed: "
+                                    f"{proc.stderr.strip()[-500:]}")
+            yield wheel
 
     def _launch_generation(self, run_dir: Path, generation: int) -> None:
         """Start a generation's instances: the planned types, else each fallback type in turn."""
@@ -233,7 +244,8 @@ class AwsBackend(Backend):
         run_dir = Path(run_dir)
         try:
             info = read_state(run_dir)
-            _beat(self.client("s3", info["region"]), info["bucket"], info["prefix"])  # "still following"
+            _beat(self.client("s3", info["region"]), info["bucket"], info["prefix"],  # "still following"
+                  self._heartbeat_timeout_s())
             self.pull(run_dir)
             outcome = self._check(run_dir)
         except Exception as exc:  # the runner then cancels the run: every instance is terminated
@@ -364,8 +376,17 @@ class AwsBackend(Backend):
                               placement_groups=created_pgs)
         self._mark_ended(run_dir)
         info = update_state(run_dir, removed=removed)
+        self._beat_ended(info)
         state = info["state"] if info.get("state") in TERMINAL else state
         mirror.event(run_dir, "aws_end", state=state, **mirror.cost_facts(run_dir, info))
+
+    def _beat_ended(self, info: dict[str, Any]) -> None:
+        """Mark the heartbeat ended: `launch aws gc` may then remove what the teardown kept at once."""
+        try:
+            _beat(self.client("s3", info["region"]), info["bucket"], info["prefix"], self._heartbeat_timeout_s(),
+                  ended=True)
+        except Exception:  # noqa: BLE001 - the run is down; gc falls back on the heartbeat's age
+            pass
 
     # ---- status, logs, cancel ------------------------------------------------------------------
 
@@ -418,9 +439,14 @@ class AwsBackend(Backend):
 # ---- helpers -------------------------------------------------------------------------------------
 
 
-def _beat(s3, bucket: str, prefix: str) -> None:
-    """The launcher's heartbeat: the nodes stop when it has not changed for `heartbeat_timeout_min`."""
-    body = {"time": time.time(), "host": socket.gethostname(), "pid": os.getpid()}
+def _beat(s3, bucket: str, prefix: str, timeout_s: float, ended: bool = False) -> None:
+    """The launcher's heartbeat: the nodes stop when it has not changed for `heartbeat_timeout_min`.
+
+    It carries that timeout (`timeout_s`) so that `launch aws gc` judges it fresh or stale by the
+    run's own setting, and `ended` once the run is torn down, so that gc need not wait for it to age.
+    """
+    body = {"time": time.time(), "host": socket.gethostname(), "pid": os.getpid(), "timeout_s": timeout_s,
+            **({"ended": True} if ended else {})}
     s3.put_object(Bucket=bucket, Key=f"{prefix}/{LAUNCHER_HEARTBEAT}", Body=json.dumps(body).encode())
 
 
