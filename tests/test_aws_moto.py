@@ -631,3 +631,77 @@ def test_gc_cleans_what_an_ended_launcher_kept(cloud, tmp_path):
     out = launch("aws", "gc", "--run-id", run_dir.name, cwd=tmp_path, env=_gc_env(cloud))
     assert out.returncode == 0 and "skipped" not in out.stderr, out.stderr
     assert "1 security group(s)" in out.stdout and left(cloud, run_dir.name) == NOTHING
+
+
+# ---- Ctrl-C: say what the stop waits for; no wait without ranks; a second Ctrl-C at once (issue 27, item 9)
+
+
+def _start_following(cloud, tmp_path: Path):
+    """The real `launch` command on moto with the default interruption_grace_s (150 s), until its follow
+    loop runs; returns (process, run directory, stderr file). Its instances exist but run nothing."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "AWS_ENDPOINT_URL": cloud["url"], "AWS_DEFAULT_REGION": REGION,
+           "AWS_ACCESS_KEY_ID": CREDS["aws_access_key_id"], "AWS_SECRET_ACCESS_KEY": CREDS["aws_secret_access_key"]}
+    err = tmp_path / "stderr.txt"
+    proc = subprocess.Popen([sys.executable, "-m", "scalelab.launcher.cli", "--backend", "aws", "--bucket", cloud["bucket"],
+                             "--region", REGION, "--nodes", "2", "--engine", "ddp", "--steps", "6",
+                             "--placement-group", "none", f"--backend-opt=wheel={cloud['wheel']}",
+                             "--backend-opt=poll_s=0.5", "--runs-dir", "runs"],
+                            cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=err.open("w"), text=True)
+    deadline = time.time() + 120
+    while not _following(tmp_path / "runs"):
+        if proc.poll() is not None or time.time() > deadline:
+            proc.kill()
+            pytest.fail(f"the launch did not start following: {err.read_text()}")
+        time.sleep(0.2)
+    return proc, next((tmp_path / "runs").iterdir()), err
+
+
+def _exit_within(proc, seconds: float) -> float:
+    t0 = time.monotonic()
+    try:
+        proc.wait(timeout=seconds)
+    except Exception:  # noqa: BLE001 - subprocess.TimeoutExpired: fail below, after killing it
+        proc.kill()
+        proc.wait()
+        pytest.fail(f"the launcher did not exit within {seconds} s of the signal")
+    return time.monotonic() - t0
+
+
+def test_ctrl_c_before_any_rank_started_stops_at_once(cloud, tmp_path):
+    """No rank has recorded anything, so no checkpoint is possible: the stop does not wait the 150 s
+    interruption grace, says so, and every instance is terminated within 30 s."""
+    proc, run_dir, err = _start_following(cloud, tmp_path)
+    assert left(cloud, run_dir.name)["instances"] == 2
+    proc.send_signal(signal.SIGINT)
+    took = _exit_within(proc, 30)
+    text = err.read_text()
+    assert proc.returncode == 130 and took < 30, text
+    assert "no rank has started yet" in text and "terminating its 2 instance(s) now" in text and "Traceback" not in text
+    assert left(cloud, run_dir.name) == NOTHING
+    assert json.loads((run_dir / "launch.json").read_text())["state"] == "CANCELLED"
+
+
+def test_ctrl_c_twice_terminates_without_the_checkpoint(cloud, tmp_path):
+    """A rank has records, so the first Ctrl-C waits for the leader's checkpoint (up to 150 s) and says
+    so; the second ends the wait at once and still leaves nothing running."""
+    proc, run_dir, err = _start_following(cloud, tmp_path)
+    FakeNodes(cloud, run_dir).records(0, 0, range(1, 3), world=2)
+    proc.send_signal(signal.SIGINT)
+    deadline = time.time() + 30
+    while "waiting up to 150 s" not in err.read_text():
+        assert proc.poll() is None and time.time() < deadline, err.read_text()
+        time.sleep(0.2)
+    assert "asked its 1 rank(s) to checkpoint" in err.read_text() and "Ctrl-C again" in err.read_text()
+    time.sleep(1)
+    assert proc.poll() is None  # still waiting for the checkpoint
+    proc.send_signal(signal.SIGINT)
+    took = _exit_within(proc, 20)
+    text = err.read_text()
+    assert proc.returncode == 130 and took < 20 and "SIGINT again: not waiting for a checkpoint" in text, text
+    assert "Traceback" not in text
+    assert left(cloud, run_dir.name) == NOTHING

@@ -57,7 +57,7 @@ from scalelab.core.rundir import (
 )
 from scalelab.core.spec import Spec, read_spec
 from scalelab.core.waiting import wait_until
-from scalelab.launcher.backend import Backend, RunStatus, log_text
+from scalelab.launcher.backend import STOP_NOW, Backend, RunStatus, log_text
 
 CAPACITY_ERRORS = {"InsufficientInstanceCapacity", "InsufficientCapacity", "SpotMaxPriceTooLow",
                    "MaxSpotInstanceCountExceeded", "InstanceLimitExceeded", "Unsupported"}
@@ -373,7 +373,7 @@ class AwsBackend(Backend):
         created_pgs = [c["params"]["GroupName"] for c in info.get("requests", [])
                        if c["operation"] == "CreatePlacementGroup" and "placement_group" in info.get("refs", {})]
         removed = td.teardown(self.client("ec2", region), info["run_id"], poll_s=min(5.0, float(self.options["poll_s"])),
-                              placement_groups=created_pgs)
+                              placement_groups=created_pgs, give_up=STOP_NOW.is_set)
         self._mark_ended(run_dir)
         info = update_state(run_dir, removed=removed)
         self._beat_ended(info)
@@ -413,27 +413,54 @@ class AwsBackend(Backend):
         return log_text(files)
 
     def cancel(self, run_dir: Path, grace_s: float | None = None) -> None:
-        """Ask the nodes to checkpoint (STOP_REQUEST), wait a little for the leader, terminate everything."""
+        """Ask the nodes to checkpoint (STOP_REQUEST), wait for the leader where a rank has something to
+        save, terminate everything. After a second Ctrl-C (STOP_NOW) nothing is waited for or pulled:
+        the instances go at once, and the records stay in S3 for the next `launch report` or resume."""
         run_dir = Path(run_dir)
         try:
             self._ask_to_stop(run_dir, float(self.options["interruption_grace_s"]) if grace_s is None else grace_s)
         finally:  # whatever S3 said: nothing of the run may stay up
             try:
-                self.pull(run_dir)
+                if not STOP_NOW.is_set():
+                    self.pull(run_dir)
             finally:
                 self._teardown(run_dir, CANCELLED)
 
     def _ask_to_stop(self, run_dir: Path, grace_s: float) -> None:
+        """Put the stop request, then wait (up to `grace_s`) for the leader's checkpoint, but only when a
+        rank of this generation has recorded something: before that a checkpoint is impossible and the
+        wait was minutes of silence (issue 27). What the stop waits for, and how long, is said."""
         info = read_state(run_dir)
-        s3 = self.client("s3", info["region"])
+        s3, ec2 = self.client("s3", info["region"]), self.client("ec2", info["region"])
         s3.put_object(Bucket=info["bucket"], Key=f"{info['prefix']}/{STOP_REQUEST}", Body=b"cancel")
-        status = f"{info['prefix']}/status/gen-{info.get('generation', 0)}/"
+        gen = info.get("generation", 0)
+        up = td.instances(ec2, info["run_id"], ["pending", "running"])
+        if not up:
+            return  # nothing runs that could save anything (an ended run, `launch cancel` again)
+        ranks = _ranks_started(s3, info["bucket"], f"{info['prefix']}/records/gen-{gen}/")
+        if not ranks or grace_s <= 0 or STOP_NOW.is_set():
+            why = ("no rank has started yet (no records in S3), so there is no checkpoint to wait for" if not ranks
+                   else "not waiting for a checkpoint")
+            _say(f"stopping run {info['run_id']}: {why}; terminating its {len(up)} instance(s) now")
+            return
+        _say(f"stopping run {info['run_id']}: asked its {ranks} rank(s) to checkpoint; waiting up to {grace_s:g} s "
+             f"(interruption_grace_s) for the leader to save it to S3, then terminating its {len(up)} instance(s); "
+             "Ctrl-C again terminates them at once, without the checkpoint")
+        status = f"{info['prefix']}/status/gen-{gen}/"
+        every, last = min(5.0, float(self.options["poll_s"])), [0.0]
 
-        def a_node_stopped() -> bool:  # a node's final status, not only heartbeats: the leader checkpointed
+        def stopped() -> bool:  # a node's final status, not only heartbeats: the leader checkpointed
+            if STOP_NOW.is_set():
+                return True
+            if time.monotonic() - last[0] < every:
+                return False
+            last[0] = time.monotonic()
             listing = s3.list_objects_v2(Bucket=info["bucket"], Prefix=status)
             return any(not o["Key"].endswith(".heartbeat.json") for o in listing.get("Contents", []))
 
-        wait_until(a_node_stopped, grace_s, interval_s=min(5.0, float(self.options["poll_s"])))
+        if not wait_until(stopped, grace_s, interval_s=0.5):
+            _say(f"no checkpoint reported within {grace_s:g} s: terminating the instances anyway; "
+                 f"`launch resume {run_dir}` continues from the last checkpoint in S3")
 
 
 # ---- helpers -------------------------------------------------------------------------------------
@@ -448,6 +475,17 @@ def _beat(s3, bucket: str, prefix: str, timeout_s: float, ended: bool = False) -
     body = {"time": time.time(), "host": socket.gethostname(), "pid": os.getpid(), "timeout_s": timeout_s,
             **({"ended": True} if ended else {})}
     s3.put_object(Bucket=bucket, Key=f"{prefix}/{LAUNCHER_HEARTBEAT}", Body=json.dumps(body).encode())
+
+
+def _say(message: str) -> None:
+    """A line for the user on stderr while the launcher stops a run (it may wait, so it says why)."""
+    print(f"launch: {message}", file=sys.stderr, flush=True)
+
+
+def _ranks_started(s3, bucket: str, prefix: str) -> int:
+    """How many ranks of the generation have records in S3: only those can have something to save."""
+    listing = s3.list_objects_v2(Bucket=bucket, Prefix=prefix)
+    return sum(1 for o in listing.get("Contents", []) if o["Key"].endswith(".jsonl") and o.get("Size", 1) > 0)
 
 
 def _next_generation(s3, plan: Plan) -> int:
