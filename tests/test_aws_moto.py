@@ -705,3 +705,20 @@ def test_ctrl_c_twice_terminates_without_the_checkpoint(cloud, tmp_path):
     assert proc.returncode == 130 and took < 20 and "SIGINT again: not waiting for a checkpoint" in text, text
     assert "Traceback" not in text
     assert left(cloud, run_dir.name) == NOTHING
+
+
+def test_gc_finds_the_heartbeat_of_a_run_launched_before_the_tag(cloud, tmp_path):
+    """Instances launched before the scalelab:heartbeat tag: their user data names bucket and prefix,
+    and a fresh heartbeat there keeps gc off them."""
+    run_id = f"older-{uuid.uuid4().hex[:6]}"
+    script = f"#!/bin/bash\nexport SCALELAB_BUCKET={cloud['bucket']}\nexport SCALELAB_PREFIX=scalelab/{run_id}\n"
+    cloud["ec2"].run_instances(ImageId="ami-12345678", InstanceType="g3.4xlarge", MinCount=1, MaxCount=1, UserData=script,
+                               TagSpecifications=[{"ResourceType": "instance",
+                                                   "Tags": [{"Key": "scalelab:run-id", "Value": run_id}]}])
+    cloud["s3"].put_object(Bucket=cloud["bucket"], Key=f"scalelab/{run_id}/control/launcher.json",
+                           Body=json.dumps({"time": time.time(), "host": "laptop", "pid": 7}).encode())
+    out = launch("aws", "gc", "--run-id", run_id, cwd=tmp_path, env=_gc_env(cloud))
+    assert out.returncode == 0 and "pid 7 on laptop" in out.stderr and "stale after 10 min" in out.stderr, out.stderr
+    assert left(cloud, run_id)["instances"] == 1
+    out = launch("aws", "gc", "--run-id", run_id, "--force", cwd=tmp_path, env=_gc_env(cloud))
+    assert out.returncode == 0 and left(cloud, run_id) == NOTHING, out.stderr
