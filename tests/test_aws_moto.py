@@ -551,3 +551,174 @@ def test_a_launch_over_its_price_limit_sends_nothing(cloud, tmp_path, flags, mes
             cloud["ec2"].describe_security_groups()["SecurityGroups"]) == before
     assert cloud["s3"].list_objects_v2(Bucket=cloud["bucket"]).get("KeyCount", 0) == 0
     assert not (tmp_path / "runs").exists()
+
+
+# ---- the wheel built for a launch (issue 27, item 10) ----------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_launch_leaves_no_wheel_directory(cloud, tmp_path, monkeypatch):
+    """Without --backend-opt wheel=, the launch builds the wheel of this checkout in a temporary
+    directory; once uploaded it is removed (every launch used to leave a scalelab-wheel-* directory)."""
+    import tempfile
+
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # tempfile caches the directory: read TMPDIR again
+    assert tempfile.gettempdir() == str(tmp) and list(tmp.glob("scalelab-wheel-*")) == []
+    be = backend(cloud, wheel="")
+    run_dir = run_dir_for(tmp_path)
+    try:
+        submit(be, make_spec(), run_dir)
+        key = f"scalelab/{run_dir.name}/package/scalelab-0.1.0-py3-none-any.whl"
+        body = cloud["s3"].get_object(Bucket=cloud["bucket"], Key=key)["Body"].read()
+        assert body[:2] == b"PK" and len(body) > 10_000  # the real wheel (a zip file) went up
+    finally:
+        cancel(be, run_dir)
+    assert list(tmp.glob("scalelab-wheel-*")) == []
+    assert left(cloud, run_dir.name) == NOTHING
+
+
+# ---- gc leaves alone a run a launcher follows (issue 27, item 2) ------------------------------------
+
+
+def _gc_env(cloud) -> dict[str, str]:
+    return {"AWS_ENDPOINT_URL": cloud["url"], "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "y",
+            "AWS_DEFAULT_REGION": REGION, "AWS_MAX_ATTEMPTS": "1"}
+
+
+def test_gc_skips_a_run_whose_launcher_is_live_and_cleans_a_stale_one(cloud, tmp_path):
+    """Two runs: one a launcher follows (heartbeat just written, fresh for 10 min), one whose launcher
+    was killed (heartbeat older than its own 1.2 s timeout). `launch aws gc` with no --run-id removes
+    the stale run only, says which it skipped and why; the live launcher follows on unharmed."""
+    followed, killed = backend(cloud), backend(cloud, heartbeat_timeout_min=0.02)
+    live_dir, dead_dir = run_dir_for(tmp_path), run_dir_for(tmp_path)
+    followed.schedule(followed.submit_dryrun(make_spec(), live_dir))
+    killed.schedule(killed.submit_dryrun(make_spec(), dead_dir))
+    time.sleep(2.5)  # the killed launcher's heartbeat goes stale; the followed one beats again:
+    followed.poll(live_dir)
+    out = launch("aws", "gc", cwd=tmp_path, env=_gc_env(cloud))
+    assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
+    assert f"run {live_dir.name}: skipped, a launcher still follows it" in out.stderr
+    assert "wrote its heartbeat" in out.stderr and f"--run-id {live_dir.name} --force" in out.stderr
+    assert f"run {dead_dir.name}: terminated 2 instance(s)" in out.stdout
+    assert f"run {live_dir.name}: terminated" not in out.stdout
+    assert left(cloud, dead_dir.name) == NOTHING
+    assert left(cloud, live_dir.name) == {"instances": 2, "volumes": 2, "security_groups": 1, "placement_groups": 0}
+    assert followed.poll(live_dir).state == "RUNNING"  # its group and instances are all there
+    out = launch("aws", "gc", "--force", cwd=tmp_path, env=_gc_env(cloud))
+    assert out.returncode == 2 and "--force: name the one run" in out.stderr and "Traceback" not in out.stderr
+    assert left(cloud, live_dir.name)["instances"] == 2
+    out = launch("aws", "gc", "--run-id", live_dir.name, "--force", cwd=tmp_path, env=_gc_env(cloud))
+    assert out.returncode == 0 and "(--force)" in out.stderr, out.stderr
+    assert left(cloud, live_dir.name) == NOTHING
+
+
+def test_gc_cleans_what_an_ended_launcher_kept(cloud, tmp_path):
+    """A launcher that tore its run down marks its heartbeat ended: gc need not wait for it to age."""
+    be = backend(cloud)
+    run_dir = run_dir_for(tmp_path)
+    submit(be, make_spec(), run_dir)
+    cancel(be, run_dir)
+    beat = json.loads(cloud["s3"].get_object(Bucket=cloud["bucket"],
+                                             Key=f"scalelab/{run_dir.name}/control/launcher.json")["Body"].read())
+    assert beat["ended"] is True and beat["timeout_s"] == 600
+    tag = [{"Key": "scalelab:run-id", "Value": run_dir.name},
+           {"Key": "scalelab:heartbeat", "Value": f"s3://{cloud['bucket']}/scalelab/{run_dir.name}/control/launcher.json"}]
+    cloud["ec2"].create_security_group(GroupName=f"kept-{run_dir.name}", Description="kept by a teardown",
+                                       TagSpecifications=[{"ResourceType": "security-group", "Tags": tag}])
+    out = launch("aws", "gc", "--run-id", run_dir.name, cwd=tmp_path, env=_gc_env(cloud))
+    assert out.returncode == 0 and "skipped" not in out.stderr, out.stderr
+    assert "1 security group(s)" in out.stdout and left(cloud, run_dir.name) == NOTHING
+
+
+# ---- Ctrl-C: say what the stop waits for; no wait without ranks; a second Ctrl-C at once (issue 27, item 9)
+
+
+def _start_following(cloud, tmp_path: Path):
+    """The real `launch` command on moto with the default interruption_grace_s (150 s), until its follow
+    loop runs; returns (process, run directory, stderr file). Its instances exist but run nothing."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "AWS_ENDPOINT_URL": cloud["url"], "AWS_DEFAULT_REGION": REGION,
+           "AWS_ACCESS_KEY_ID": CREDS["aws_access_key_id"], "AWS_SECRET_ACCESS_KEY": CREDS["aws_secret_access_key"]}
+    err = tmp_path / "stderr.txt"
+    proc = subprocess.Popen([sys.executable, "-m", "scalelab.launcher.cli", "--backend", "aws", "--bucket", cloud["bucket"],
+                             "--region", REGION, "--nodes", "2", "--engine", "ddp", "--steps", "6",
+                             "--placement-group", "none", f"--backend-opt=wheel={cloud['wheel']}",
+                             "--backend-opt=poll_s=0.5", "--runs-dir", "runs"],
+                            cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=err.open("w"), text=True)
+    deadline = time.time() + 120
+    while not _following(tmp_path / "runs"):
+        if proc.poll() is not None or time.time() > deadline:
+            proc.kill()
+            pytest.fail(f"the launch did not start following: {err.read_text()}")
+        time.sleep(0.2)
+    return proc, next((tmp_path / "runs").iterdir()), err
+
+
+def _exit_within(proc, seconds: float) -> float:
+    t0 = time.monotonic()
+    try:
+        proc.wait(timeout=seconds)
+    except Exception:  # noqa: BLE001 - subprocess.TimeoutExpired: fail below, after killing it
+        proc.kill()
+        proc.wait()
+        pytest.fail(f"the launcher did not exit within {seconds} s of the signal")
+    return time.monotonic() - t0
+
+
+def test_ctrl_c_before_any_rank_started_stops_at_once(cloud, tmp_path):
+    """No rank has recorded anything, so no checkpoint is possible: the stop does not wait the 150 s
+    interruption grace, says so, and every instance is terminated within 30 s."""
+    proc, run_dir, err = _start_following(cloud, tmp_path)
+    assert left(cloud, run_dir.name)["instances"] == 2
+    proc.send_signal(signal.SIGINT)
+    took = _exit_within(proc, 30)
+    text = err.read_text()
+    assert proc.returncode == 130 and took < 30, text
+    assert "no rank has started yet" in text and "terminating its 2 instance(s) now" in text and "Traceback" not in text
+    assert left(cloud, run_dir.name) == NOTHING
+    assert json.loads((run_dir / "launch.json").read_text())["state"] == "CANCELLED"
+
+
+def test_ctrl_c_twice_terminates_without_the_checkpoint(cloud, tmp_path):
+    """A rank has records, so the first Ctrl-C waits for the leader's checkpoint (up to 150 s) and says
+    so; the second ends the wait at once and still leaves nothing running."""
+    proc, run_dir, err = _start_following(cloud, tmp_path)
+    FakeNodes(cloud, run_dir).records(0, 0, range(1, 3), world=2)
+    proc.send_signal(signal.SIGINT)
+    deadline = time.time() + 30
+    while "waiting up to 150 s" not in err.read_text():
+        assert proc.poll() is None and time.time() < deadline, err.read_text()
+        time.sleep(0.2)
+    assert "asked its 1 rank(s) to checkpoint" in err.read_text() and "Ctrl-C again" in err.read_text()
+    time.sleep(1)
+    assert proc.poll() is None  # still waiting for the checkpoint
+    proc.send_signal(signal.SIGINT)
+    took = _exit_within(proc, 20)
+    text = err.read_text()
+    assert proc.returncode == 130 and took < 20 and "SIGINT again: not waiting for a checkpoint" in text, text
+    assert "Traceback" not in text
+    assert left(cloud, run_dir.name) == NOTHING
+
+
+def test_gc_finds_the_heartbeat_of_a_run_launched_before_the_tag(cloud, tmp_path):
+    """Instances launched before the scalelab:heartbeat tag: their user data names bucket and prefix,
+    and a fresh heartbeat there keeps gc off them."""
+    run_id = f"older-{uuid.uuid4().hex[:6]}"
+    script = f"#!/bin/bash\nexport SCALELAB_BUCKET={cloud['bucket']}\nexport SCALELAB_PREFIX=scalelab/{run_id}\n"
+    cloud["ec2"].run_instances(ImageId="ami-12345678", InstanceType="g3.4xlarge", MinCount=1, MaxCount=1, UserData=script,
+                               TagSpecifications=[{"ResourceType": "instance",
+                                                   "Tags": [{"Key": "scalelab:run-id", "Value": run_id}]}])
+    cloud["s3"].put_object(Bucket=cloud["bucket"], Key=f"scalelab/{run_id}/control/launcher.json",
+                           Body=json.dumps({"time": time.time(), "host": "laptop", "pid": 7}).encode())
+    out = launch("aws", "gc", "--run-id", run_id, cwd=tmp_path, env=_gc_env(cloud))
+    assert out.returncode == 0 and "pid 7 on laptop" in out.stderr and "stale after 10 min" in out.stderr, out.stderr
+    assert left(cloud, run_id)["instances"] == 1
+    out = launch("aws", "gc", "--run-id", run_id, "--force", cwd=tmp_path, env=_gc_env(cloud))
+    assert out.returncode == 0 and left(cloud, run_id) == NOTHING, out.stderr

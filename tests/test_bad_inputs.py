@@ -373,6 +373,7 @@ CASES: list[tuple[str, list[str], list[str]]] = [
      ["--workers"]),
     ("aws-gc-empty-run-id", ["aws", "gc", "--run-id", "", "--dry-run"], ["--run-id"]),
     ("aws-gc-run-id-with-spaces", ["aws", "gc", "--run-id", "a b", "--dry-run"], ["--run-id"]),
+    ("aws-gc-force-every-run", ["aws", "gc", "--force"], ["--force", "--run-id"]),
     ("plan-one-worker-count", ["plan", "--from-csv", "{one-row.csv}"], ["two different worker counts"]),
     ("plan-deadline-zero", ["plan", "--from-csv", "{good.csv}", "--deadline-h", "0"], ["--deadline-h"]),
     ("plan-deadline-inf", ["plan", "--from-csv", "{good.csv}", "--deadline-h", "inf"], ["--deadline-h"]),

@@ -31,8 +31,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from scalelab.aws import mirror, render
 from scalelab.aws import teardown as td
@@ -56,7 +57,7 @@ from scalelab.core.rundir import (
 )
 from scalelab.core.spec import Spec, read_spec
 from scalelab.core.waiting import wait_until
-from scalelab.launcher.backend import Backend, RunStatus, log_text
+from scalelab.launcher.backend import STOP_NOW, Backend, RunStatus, log_text
 
 CAPACITY_ERRORS = {"InsufficientInstanceCapacity", "InsufficientCapacity", "SpotMaxPriceTooLow",
                    "MaxSpotInstanceCountExceeded", "InstanceLimitExceeded", "Unsupported"}
@@ -127,7 +128,7 @@ class AwsBackend(Backend):
             ec2, s3 = self.client("ec2", plan.region), self.client("s3", plan.region)
             generation = _next_generation(s3, plan)
             s3.delete_object(Bucket=plan.bucket, Key=plan.key(STOP_REQUEST))  # a resumed run was cancelled before
-            _beat(s3, plan.bucket, plan.prefix)
+            _beat(s3, plan.bucket, plan.prefix, self._heartbeat_timeout_s())
             refs: dict[str, Any] = {}
             for call in request.calls:
                 if call["operation"] == "RunInstances":
@@ -142,6 +143,9 @@ class AwsBackend(Backend):
                 raise _user_error(exc, "starting the run") from None
             raise
         return plan.run_id
+
+    def _heartbeat_timeout_s(self) -> float:
+        return float(self.options["heartbeat_timeout_min"]) * 60
 
     def _refuse_while_running(self, plan: Plan, run_dir: Path) -> None:
         """One generation at a time: a resume while instances of the run still run is refused.
@@ -160,7 +164,8 @@ class AwsBackend(Backend):
         params = _resolve(call["params"], refs, ec2, self.options)
         if call["service"] == "s3":
             if params["Body"] == render.WHEEL_BODY:
-                s3.upload_file(str(self._wheel(run_dir)), params["Bucket"], params["Key"])
+                with self._wheel() as wheel:
+                    s3.upload_file(str(wheel), params["Bucket"], params["Key"])
                 return {}
             return s3.put_object(**{**params, "Body": params["Body"].encode()})
         from botocore import xform_name
@@ -170,22 +175,28 @@ class AwsBackend(Backend):
             refs[call["name"]] = {k: v for k, v in response.items() if k != "ResponseMetadata"}
         return response
 
-    def _wheel(self, run_dir: Path) -> Path:
+    @contextmanager
+    def _wheel(self) -> Iterator[Path]:
+        """The wheel to ship: --backend-opt wheel=PATH, else one built from this checkout into a
+        temporary directory that is removed once the wheel is uploaded (or the build failed), so
+        that no launch leaves a `scalelab-wheel-*` directory behind."""
         if self.options["wheel"]:
             path = Path(self.options["wheel"])
             if not path.is_file():
                 raise ScalelabError(f"wheel not found: {path} (check --backend-opt wheel=PATH)")
-            return path
+            yield path
+            return
         if not (ROOT / "pyproject.toml").is_file():
             raise ScalelabError("cannot build the package to ship: no pyproject.toml beside the aws package; "
                                 "pass --backend-opt wheel=PATH (pip wheel --no-deps scalelab)")
-        out = Path(tempfile.mkdtemp(prefix="scalelab-wheel-"))
-        proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-                               "-w", str(out), str(ROOT)], capture_output=True, text=True)
-        wheel = out / render.PACKAGE_NAME
-        if proc.returncode or not wheel.is_file():
-            raise ScalelabError(f"building the wheel {render.PACKAGE_NAME} of {ROOT} failed: {proc.stderr.strip()[-500:]}")
-        return wheel
+        with tempfile.TemporaryDirectory(prefix="scalelab-wheel-") as out:
+            proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+                                   "-w", out, str(ROOT)], capture_output=True, text=True)
+            wheel = Path(out) / render.PACKAGE_NAME
+            if proc.returncode or not wheel.is_file():
+                raise ScalelabError(f"building the wheel {render.PACKAGE_NAME} of {ROOT} failed: "
+                                    f"{proc.stderr.strip()[-500:]}")
+            yield wheel
 
     def _launch_generation(self, run_dir: Path, generation: int) -> None:
         """Start a generation's instances: the planned types, else each fallback type in turn."""
@@ -233,7 +244,8 @@ class AwsBackend(Backend):
         run_dir = Path(run_dir)
         try:
             info = read_state(run_dir)
-            _beat(self.client("s3", info["region"]), info["bucket"], info["prefix"])  # "still following"
+            _beat(self.client("s3", info["region"]), info["bucket"], info["prefix"],  # "still following"
+                  self._heartbeat_timeout_s())
             self.pull(run_dir)
             outcome = self._check(run_dir)
         except Exception as exc:  # the runner then cancels the run: every instance is terminated
@@ -361,11 +373,20 @@ class AwsBackend(Backend):
         created_pgs = [c["params"]["GroupName"] for c in info.get("requests", [])
                        if c["operation"] == "CreatePlacementGroup" and "placement_group" in info.get("refs", {})]
         removed = td.teardown(self.client("ec2", region), info["run_id"], poll_s=min(5.0, float(self.options["poll_s"])),
-                              placement_groups=created_pgs)
+                              placement_groups=created_pgs, give_up=STOP_NOW.is_set)
         self._mark_ended(run_dir)
         info = update_state(run_dir, removed=removed)
+        self._beat_ended(info)
         state = info["state"] if info.get("state") in TERMINAL else state
         mirror.event(run_dir, "aws_end", state=state, **mirror.cost_facts(run_dir, info))
+
+    def _beat_ended(self, info: dict[str, Any]) -> None:
+        """Mark the heartbeat ended: `launch aws gc` may then remove what the teardown kept at once."""
+        try:
+            _beat(self.client("s3", info["region"]), info["bucket"], info["prefix"], self._heartbeat_timeout_s(),
+                  ended=True)
+        except Exception:  # noqa: BLE001 - the run is down; gc falls back on the heartbeat's age
+            pass
 
     # ---- status, logs, cancel ------------------------------------------------------------------
 
@@ -392,36 +413,79 @@ class AwsBackend(Backend):
         return log_text(files)
 
     def cancel(self, run_dir: Path, grace_s: float | None = None) -> None:
-        """Ask the nodes to checkpoint (STOP_REQUEST), wait a little for the leader, terminate everything."""
+        """Ask the nodes to checkpoint (STOP_REQUEST), wait for the leader where a rank has something to
+        save, terminate everything. After a second Ctrl-C (STOP_NOW) nothing is waited for or pulled:
+        the instances go at once, and the records stay in S3 for the next `launch report` or resume."""
         run_dir = Path(run_dir)
         try:
             self._ask_to_stop(run_dir, float(self.options["interruption_grace_s"]) if grace_s is None else grace_s)
         finally:  # whatever S3 said: nothing of the run may stay up
             try:
-                self.pull(run_dir)
+                if not STOP_NOW.is_set():
+                    self.pull(run_dir)
             finally:
                 self._teardown(run_dir, CANCELLED)
 
     def _ask_to_stop(self, run_dir: Path, grace_s: float) -> None:
+        """Put the stop request, then wait (up to `grace_s`) for the leader's checkpoint, but only when a
+        rank of this generation has recorded something: before that a checkpoint is impossible and the
+        wait was minutes of silence (issue 27). What the stop waits for, and how long, is said."""
         info = read_state(run_dir)
-        s3 = self.client("s3", info["region"])
+        s3, ec2 = self.client("s3", info["region"]), self.client("ec2", info["region"])
         s3.put_object(Bucket=info["bucket"], Key=f"{info['prefix']}/{STOP_REQUEST}", Body=b"cancel")
-        status = f"{info['prefix']}/status/gen-{info.get('generation', 0)}/"
+        gen = info.get("generation", 0)
+        up = td.instances(ec2, info["run_id"], ["pending", "running"])
+        if not up:
+            return  # nothing runs that could save anything (an ended run, `launch cancel` again)
+        ranks = _ranks_started(s3, info["bucket"], f"{info['prefix']}/records/gen-{gen}/")
+        if not ranks or grace_s <= 0 or STOP_NOW.is_set():
+            why = ("no rank has started yet (no records in S3), so there is no checkpoint to wait for" if not ranks
+                   else "not waiting for a checkpoint")
+            _say(f"stopping run {info['run_id']}: {why}; terminating its {len(up)} instance(s) now")
+            return
+        _say(f"stopping run {info['run_id']}: asked its {ranks} rank(s) to checkpoint; waiting up to {grace_s:g} s "
+             f"(interruption_grace_s) for the leader to save it to S3, then terminating its {len(up)} instance(s); "
+             "Ctrl-C again terminates them at once, without the checkpoint")
+        status = f"{info['prefix']}/status/gen-{gen}/"
+        every, last = min(5.0, float(self.options["poll_s"])), [0.0]
 
-        def a_node_stopped() -> bool:  # a node's final status, not only heartbeats: the leader checkpointed
+        def stopped() -> bool:  # a node's final status, not only heartbeats: the leader checkpointed
+            if STOP_NOW.is_set():
+                return True
+            if time.monotonic() - last[0] < every:
+                return False
+            last[0] = time.monotonic()
             listing = s3.list_objects_v2(Bucket=info["bucket"], Prefix=status)
             return any(not o["Key"].endswith(".heartbeat.json") for o in listing.get("Contents", []))
 
-        wait_until(a_node_stopped, grace_s, interval_s=min(5.0, float(self.options["poll_s"])))
+        if not wait_until(stopped, grace_s, interval_s=0.5):
+            _say(f"no checkpoint reported within {grace_s:g} s: terminating the instances anyway; "
+                 f"`launch resume {run_dir}` continues from the last checkpoint in S3")
 
 
 # ---- helpers -------------------------------------------------------------------------------------
 
 
-def _beat(s3, bucket: str, prefix: str) -> None:
-    """The launcher's heartbeat: the nodes stop when it has not changed for `heartbeat_timeout_min`."""
-    body = {"time": time.time(), "host": socket.gethostname(), "pid": os.getpid()}
+def _beat(s3, bucket: str, prefix: str, timeout_s: float, ended: bool = False) -> None:
+    """The launcher's heartbeat: the nodes stop when it has not changed for `heartbeat_timeout_min`.
+
+    It carries that timeout (`timeout_s`) so that `launch aws gc` judges it fresh or stale by the
+    run's own setting, and `ended` once the run is torn down, so that gc need not wait for it to age.
+    """
+    body = {"time": time.time(), "host": socket.gethostname(), "pid": os.getpid(), "timeout_s": timeout_s,
+            **({"ended": True} if ended else {})}
     s3.put_object(Bucket=bucket, Key=f"{prefix}/{LAUNCHER_HEARTBEAT}", Body=json.dumps(body).encode())
+
+
+def _say(message: str) -> None:
+    """A line for the user on stderr while the launcher stops a run (it may wait, so it says why)."""
+    print(f"launch: {message}", file=sys.stderr, flush=True)
+
+
+def _ranks_started(s3, bucket: str, prefix: str) -> int:
+    """How many ranks of the generation have records in S3: only those can have something to save."""
+    listing = s3.list_objects_v2(Bucket=bucket, Prefix=prefix)
+    return sum(1 for o in listing.get("Contents", []) if o["Key"].endswith(".jsonl") and o.get("Size", 1) > 0)
 
 
 def _next_generation(s3, plan: Plan) -> int:

@@ -2,7 +2,9 @@
 
 `launch aws gc` lists every resource tagged by a scalelab run (instances not yet terminated,
 detached volumes, security groups, placement groups) and removes them, so that whatever an earlier
-crash left does not keep costing money. `--dry-run` only lists.
+crash left does not keep costing money. `--dry-run` only lists. A run that a launcher still follows
+(its heartbeat in S3 is fresh, scalelab/aws/liveness.py) is skipped and said so: removing it would
+break that launcher (InvalidGroup.NotFound) and lose its run; `--run-id RUN --force` removes it anyway.
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ import click
 from scalelab.core.errors import ScalelabError
 
 
-def _ec2(region: str | None):
+def _clients(region: str | None):
+    """(ec2, s3) clients of one session: gc reads the runs' launcher heartbeats in S3."""
     try:
         import boto3
     except ImportError:
@@ -23,7 +26,7 @@ def _ec2(region: str | None):
     if session.get_credentials() is None:
         raise ScalelabError("no AWS credentials found: run `aws configure`, or set AWS_PROFILE or "
                             "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY")
-    return session.client("ec2")
+    return session.client("ec2"), session.client("s3")
 
 
 @click.group("aws")
@@ -35,44 +38,88 @@ def aws_group() -> None:
 @click.option("--region", type=str, help="Region to clean [default: the boto3 chain].")
 @click.option("--run-id", type=str, help="Only this run's resources [default: every scalelab run's].")
 @click.option("--dry-run", is_flag=True, help="List what would be removed; remove nothing.")
-def gc_cmd(region: str | None, run_id: str | None, dry_run: bool) -> None:
-    """Terminate instances and delete groups that runs left behind (found by their scalelab:run-id tag)."""
-    from botocore.exceptions import BotoCoreError, ClientError
+@click.option("--force", is_flag=True, help="With --run-id: remove the run even if its launcher's heartbeat is fresh.")
+def gc_cmd(region: str | None, run_id: str | None, dry_run: bool, force: bool) -> None:
+    """Terminate instances and delete groups that runs left behind (found by their scalelab:run-id tag).
 
-    from scalelab.aws import teardown as td
+    A run whose launcher heartbeat is fresh is skipped (a launcher elsewhere still follows it); see
+    scalelab/aws/liveness.py.
+    """
+    from botocore.exceptions import BotoCoreError, ClientError
 
     if run_id is not None and (not run_id.strip() or any(c.isspace() for c in run_id)):
         raise ScalelabError(f"--run-id {run_id!r}: give a run id (the scalelab:run-id tag, no spaces), "
                             "or leave --run-id out for every scalelab run's resources")
-    ec2 = _ec2(region)
+    if force and run_id is None:
+        raise ScalelabError("--force: name the one run to remove whatever its launcher does, with --run-id RUN "
+                            "(gc never forces every run at once)")
+    ec2, s3 = _clients(region)
     try:
-        live = td.instances(ec2, run_id, td.LIVE_STATES)
-        problems: list[str] = []
-        sgs, pgs = td.groups(ec2, run_id, problems)
-        vols = td.volumes(ec2, run_id, ["available"])
-        for p in problems:
-            click.echo(f"warning: {p}", err=True)
-        for i in live:
-            tags = {t["Key"]: t["Value"] for t in i.get("Tags", [])}
-            click.echo(f"instance {i['InstanceId']} {i['InstanceType']} {i['State']['Name']} run {tags.get(td.TAG_RUN)}")
-        for g in sgs:
-            click.echo(f"security-group {g['GroupId']} {g['GroupName']}")
-        for g in pgs:
-            click.echo(f"placement-group {g['GroupName']}")
-        for v in vols:
-            click.echo(f"volume {v['VolumeId']} {v['Size']} GB")
-        if not (live or sgs or pgs or vols):
+        found = _found(ec2, run_id)
+        if not found:
             click.echo("nothing left by scalelab runs")
             return
+        runs = _not_followed(ec2, s3, found, force)
         if dry_run:
             click.echo("(dry run: nothing removed)")
             return
-        runs = sorted({td._tagged(r, run_id) for r in [*live, *sgs, *pgs, *vols]} - {None})
         for rid in runs:
-            removed = td.teardown(ec2, rid)
-            click.echo(f"run {rid}: terminated {len(removed['instances'])} instance(s), deleted "
-                       f"{len(removed['volumes'])} volume(s), {len(removed['security_groups'])} security group(s) "
-                       f"and {len(removed['placement_groups'])} placement group(s)"
-                       + (f"; kept {', '.join(removed['kept'])}" if removed["kept"] else ""))
+            _remove(ec2, rid)
     except (ClientError, BotoCoreError) as exc:
         raise ScalelabError(f"AWS refused the clean-up: {exc}") from None
+
+
+def _found(ec2, run_id: str | None) -> dict[str, list[dict]]:
+    """Every resource tagged by a scalelab run (or by `run_id`), listed, by run id."""
+    from scalelab.aws import teardown as td
+
+    live = td.instances(ec2, run_id, td.LIVE_STATES)
+    problems: list[str] = []
+    sgs, pgs = td.groups(ec2, run_id, problems)
+    vols = td.volumes(ec2, run_id, ["available"])
+    for p in problems:
+        click.echo(f"warning: {p}", err=True)
+    for i in live:
+        tags = {t["Key"]: t["Value"] for t in i.get("Tags", [])}
+        click.echo(f"instance {i['InstanceId']} {i['InstanceType']} {i['State']['Name']} run {tags.get(td.TAG_RUN)}")
+    for g in sgs:
+        click.echo(f"security-group {g['GroupId']} {g['GroupName']}")
+    for g in pgs:
+        click.echo(f"placement-group {g['GroupName']}")
+    for v in vols:
+        click.echo(f"volume {v['VolumeId']} {v['Size']} GB")
+    by_run: dict[str, list[dict]] = {}
+    for r in [*live, *sgs, *pgs, *vols]:
+        rid = td._tagged(r, run_id)
+        if rid is not None:
+            by_run.setdefault(rid, []).append(r)
+    return by_run
+
+
+def _not_followed(ec2, s3, found: dict[str, list[dict]], force: bool) -> list[str]:
+    """The runs gc may remove: those no launcher follows (its heartbeat stale, ended or absent);
+    each run skipped is said, with why and how to remove it anyway."""
+    from scalelab.aws.liveness import launcher_of
+
+    runs = []
+    for rid in sorted(found):
+        launcher = launcher_of(s3, ec2, found[rid])
+        if launcher.live and not force:
+            click.echo(f"run {rid}: skipped, a launcher still follows it: {launcher.why}; stop it there (Ctrl-C, "
+                       f"or `launch cancel RUN_DIR`), wait until its heartbeat is stale, or remove it anyway with "
+                       f"`launch aws gc --run-id {rid} --force`", err=True)
+            continue
+        if launcher.live:
+            click.echo(f"run {rid}: removing it although {launcher.why} (--force)", err=True)
+        runs.append(rid)
+    return runs
+
+
+def _remove(ec2, rid: str) -> None:
+    from scalelab.aws import teardown as td
+
+    removed = td.teardown(ec2, rid)
+    click.echo(f"run {rid}: terminated {len(removed['instances'])} instance(s), deleted "
+               f"{len(removed['volumes'])} volume(s), {len(removed['security_groups'])} security group(s) "
+               f"and {len(removed['placement_groups'])} placement group(s)"
+               + (f"; kept {', '.join(removed['kept'])}" if removed["kept"] else ""))

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from scalelab.aws.bootstrap import LAUNCHER_HEARTBEAT
 from scalelab.core.errors import SpecError
 from scalelab.core.rundir import is_sweep
 from scalelab.core.spec import Spec
@@ -27,6 +28,7 @@ from scalelab.launcher.backend import Request
 TAG_RUN = "scalelab:run-id"
 TAG_GENERATION = "scalelab:generation"
 TAG_GROUP = "scalelab:group"
+TAG_HEARTBEAT = "scalelab:heartbeat"  # s3://BUCKET/KEY of the launcher's heartbeat: `launch aws gc` reads it
 # The region's current AWS Deep Learning AMI (PyTorch, NVIDIA driver), resolved by EC2 itself from
 # the public SSM parameter: one name, the right AMI in every region. p2 (K80) needs an older AMI.
 DEFAULT_AMI = "resolve:ssm:/aws/service/deeplearning/ami/x86_64/oss-nvidia-driver-gpu-pytorch-2.9-ubuntu-24.04/latest/ami-id"
@@ -104,8 +106,10 @@ def make_plan(spec: Spec, run_dir: Path, options: Mapping[str, Any], region: str
 
 
 def tags(plan: Plan, **extra: str) -> list[dict[str, str]]:
-    """Every resource of the run carries its id, so `launch aws gc` can always find it."""
-    base = {TAG_RUN: plan.run_id, "Name": f"scalelab-{plan.run_id}", **extra}
+    """Every resource of the run carries its id, so `launch aws gc` can always find it, and where its
+    launcher's heartbeat is, so that gc leaves alone a run a launcher still follows."""
+    base = {TAG_RUN: plan.run_id, "Name": f"scalelab-{plan.run_id}",
+            TAG_HEARTBEAT: f"s3://{plan.bucket}/{plan.key(LAUNCHER_HEARTBEAT)}", **extra}
     return [{"Key": k, "Value": str(v)} for k, v in base.items()]
 
 

@@ -10,7 +10,7 @@ it costs money every month.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from scalelab.aws.render import TAG_GENERATION, TAG_RUN
 from scalelab.core.waiting import wait_until
@@ -74,16 +74,20 @@ def terminate(ec2, ids: list[str]) -> None:
 
 
 def teardown(ec2, run_id: str | None, wait_s: float = 600, poll_s: float = 5,
-             placement_groups: list[str] | None = None) -> dict[str, list[str]]:
+             placement_groups: list[str] | None = None,
+             give_up: Callable[[], bool] | None = None) -> dict[str, list[str]]:
     """Terminate the run's instances, wait for them to go, delete its groups; return what was removed.
 
     `placement_groups`: the names the run created, when known (the launcher knows them); None
-    finds them by tag (`launch aws gc`).
+    finds them by tag (`launch aws gc`). `give_up()` true (a second Ctrl-C) ends the wait for the
+    terminations: the instances are going already, and a group that cannot be deleted yet is
+    reported as kept for `launch aws gc`.
     """
     live = [i["InstanceId"] for i in instances(ec2, run_id, LIVE_STATES)]
     if live:
         terminate(ec2, live)
-    wait_until(lambda: not instances(ec2, run_id, LIVE_STATES), wait_s, interval_s=poll_s)
+    wait_until(lambda: (give_up is not None and give_up()) or not instances(ec2, run_id, LIVE_STATES), wait_s,
+               interval_s=poll_s)
     removed: dict[str, list[str]] = {"instances": live, "volumes": [], "security_groups": [], "placement_groups": [],
                                      "kept": []}
     for vol in volumes(ec2, run_id, ["available"]):

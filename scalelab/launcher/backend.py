@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import copy
 import importlib
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -50,6 +51,12 @@ from scalelab.core.rundir import (
 )
 from scalelab.core.spec import BACKEND_NAMES, Spec
 from scalelab.costs.fleet import Fleet
+
+# Set by a second stop signal while the launcher stops its runs (scalelab/launcher/runner.py): a
+# backend that waits for a checkpoint before it stops (aws: the leader saving to S3) stops waiting
+# and removes everything at once, so that the user never has to kill -9 the launcher (which would
+# leave instances running until their heartbeat timeout).
+STOP_NOW = threading.Event()
 
 
 @dataclass(frozen=True)

@@ -50,7 +50,7 @@ from scalelab.core.rundir import (
 from scalelab.core.spec import Spec, save_spec
 from scalelab.core.terminal import make_console
 from scalelab.core.writes import WriteError, full_note
-from scalelab.launcher.backend import Backend, RunStatus, rank_ends, silent_ranks
+from scalelab.launcher.backend import STOP_NOW, Backend, RunStatus, rank_ends, silent_ranks
 from scalelab.launcher.pricing import fleet_rate
 
 err_console = make_console(stderr=True)
@@ -158,8 +158,16 @@ def _raise_interrupted(signum: int, frame: object) -> None:
 
 
 def _keep_stopping(signum: int, frame: object) -> None:
-    print(f"launch: {signal.Signals(signum).name} again: still stopping the run, so that nothing is left running",
-          file=sys.stderr, flush=True)
+    """A stop signal while the runs are stopped: the first one ends any wait for a checkpoint
+    (STOP_NOW); the stop itself goes on, so that nothing is left running."""
+    name = signal.Signals(signum).name
+    if not STOP_NOW.is_set():
+        STOP_NOW.set()
+        print(f"launch: {name} again: not waiting for a checkpoint any longer; stopping everything of the run now "
+              "(nothing is left running)", file=sys.stderr, flush=True)
+    else:
+        print(f"launch: {name} again: already stopping everything of the run without a checkpoint; a few seconds",
+              file=sys.stderr, flush=True)
 
 
 @contextmanager
@@ -173,6 +181,7 @@ def stopping_runs(backend: Backend, run_dirs: list[Path]) -> Iterator[list[Path]
         try:
             yield run_dirs
         except BaseException as exc:
+            STOP_NOW.clear()  # only a signal during this stop cuts its waits short
             with _signals(_keep_stopping):  # a second Ctrl-C must not leave half-cancelled cloud resources
                 _stop_live(backend, run_dirs, exc)
             raise
