@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 from scalelab.core.records import append_record, read_records
 from scalelab.core.rundir import CHECKPOINT_FILE, SPEC_FILE, RunPaths
+from scalelab.core.writes import check_inside, write_inside
 
 EVENTS_FILE = "aws-events.jsonl"  # in RUN_DIR/records/, beside (not among) the rank-R.jsonl files
 MIRROR_DIR = "s3"  # RUN_DIR/s3/: the run's S3 prefix as the nodes wrote it
@@ -36,6 +37,7 @@ def pull(s3, run_dir: Path, info: dict[str, Any]) -> dict[str, str] | None:
                 continue
             dest = RunPaths(Path(run_dir)).checkpoint if rel == CHECKPOINT_FILE else mirror / rel
             dest.parent.mkdir(parents=True, exist_ok=True)
+            check_inside(run_dir, dest)  # a planted link is refused, not followed
             s3.download_file(info["bucket"], obj["Key"], str(dest))
             etags[rel] = obj["ETag"]
             changed = True
@@ -109,13 +111,13 @@ def merge(run_dir: Path) -> None:
     paths.records.mkdir(exist_ok=True)
     for name, parts in ranks.items():
         text = "".join(p.read_text() if p.read_text().endswith("\n") or p is parts[-1] else p.read_text() + "\n" for p in parts)
-        (paths.records / name).write_text(text)
+        write_inside(run_dir, paths.records / name, text)
     logs = mirrored(run_dir).logs
     if logs.exists():
         for f in logs.rglob("*.log"):
             dest = paths.logs / f"{f.parent.name}-{f.name}"
             dest.parent.mkdir(exist_ok=True)
-            dest.write_bytes(f.read_bytes())
+            write_inside(run_dir, dest, f.read_bytes())
 
 
 def json_files(directory: Path, keep: Callable[[str], bool]) -> dict[str, dict]:

@@ -150,3 +150,13 @@ def refuse_links(out_dir: Path | str, names: tuple[str, ...]) -> None:
     (re)write in `out_dir` is a symbolic link: replacing it would overwrite the link's target."""
     for name in names:
         check_inside(out_dir, Path(out_dir) / name)
+
+
+def write_inside(root: Path | str, path: Path | str, data: str | bytes, append: bool = False) -> None:
+    """Write (or append) `data` to a file of the run directory `root` through `open_inside`: the backends'
+    copies of records, placements and logs never follow a link planted in the run directory."""
+    raw = data.encode() if isinstance(data, str) else data
+    flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else os.O_TRUNC)
+    fd = open_inside(root, path, flags, 0o644)
+    with os.fdopen(fd, "ab" if append else "wb") as f:
+        f.write(raw)

@@ -39,6 +39,7 @@ from scalelab.core.rundir import (
 )
 from scalelab.core.spec import Spec
 from scalelab.core.waiting import wait_until
+from scalelab.core.writes import write_inside
 from scalelab.k8s import manifests
 from scalelab.k8s.api import KubeApi, KubernetesError, NotFound
 from scalelab.k8s.manifests import LABEL_ROLE, to_yaml
@@ -261,7 +262,7 @@ class KubernetesBackend(Backend):
                 if pod["metadata"].get("labels", {}).get(LABEL_ROLE) == "fetch":
                     continue
                 out.mkdir(parents=True, exist_ok=True)
-                (out / f"{pod_name}.log").write_text(api.log(pod_name))
+                write_inside(run_dir, out / f"{pod_name}.log", api.log(pod_name))
         except KubernetesError:
             pass  # logs are a convenience; the records are what matters
 

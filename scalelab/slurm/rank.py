@@ -53,6 +53,7 @@ from scalelab.core.launch import rank_env as engine_rank_env
 from scalelab.core.net import free_port
 from scalelab.core.procs import TRAINER
 from scalelab.core.rundir import RunPaths
+from scalelab.core.writes import write_inside
 
 INTERRUPTED = 143  # the trainer's exit after checkpointing on a stop signal (scalelab/train/loop.py)
 PLACEMENT_DIR = "slurm"
@@ -116,8 +117,7 @@ def record_placement(run_dir: Path, task: Task, env: dict[str, str], added: dict
         "host": socket.gethostname(), "job_id": task.job_id, "restart": int(env.get("SLURM_RESTART_COUNT", "0") or 0),
         "gpu": added.get("CUDA_VISIBLE_DEVICES"), "time": time.time(),
     }
-    with path.open("a") as f:
-        f.write(json.dumps(line) + "\n")
+    write_inside(run_dir, path, json.dumps(line) + "\n", append=True)
 
 
 def run_trainer(run_dir: Path, added: dict[str, str]) -> tuple[int, set[int]]:
