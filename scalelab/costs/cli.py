@@ -31,7 +31,7 @@ from scalelab.analysis.report import (
     write_markdown,
 )
 from scalelab.analysis.results import expand_run_dirs, launched_at, run_label, summarize_loaded
-from scalelab.core.checks import NON_NEGATIVE, POSITIVE
+from scalelab.core.checks import NON_NEGATIVE, POSITIVE, OutputDir
 from scalelab.core.errors import DataError, SpecError
 from scalelab.core.records import load_run
 from scalelab.core.terminal import make_console
@@ -374,7 +374,7 @@ def _parse_batches(text: str | None) -> list[int]:
 @click.option("--budget", "budget_usd", type=POSITIVE, help="Recommend the fastest layout that costs at most this many "
                                                          "dollars (with --confidence).")
 @_catalog_options
-@click.option("--out", type=click.Path(file_okay=False), help="Write plan.md, plan.html and plan.json here.")
+@click.option("--out", type=OutputDir("--out"), help="Write plan.md, plan.html and plan.json here.")
 @click.option("--format", "fmt", type=click.Choice([*_FORMATS, "html"]), default="table", show_default=True)
 def plan_cmd(run_dirs: tuple[str, ...], from_csv: str | None, predict_workers: str | None,
              predict_layouts: str | None, predict_batch: str | None, confidence: float, instance_types: str | None, market: str, work: float | None, measured_on: str | None,

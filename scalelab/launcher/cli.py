@@ -24,6 +24,7 @@ from typing import Any
 import click
 from rich.markup import escape
 
+from scalelab.core.checks import OutputDir
 from scalelab.core.errors import ScalelabError, SpecError
 from scalelab.core.options import Flag, coerce_path, option_flags
 from scalelab.core.presets import model_overrides
@@ -207,7 +208,7 @@ def spec_options(func):
                         help="Override a preset field, e.g. --model-arg hidden_size=256 (repeatable).")(func)
     func = click.option("--backend-opt", "backend_opts", multiple=True, metavar="KEY=VALUE",
                         help="Backend option (repeatable); unknown ones are listed with the valid ones.")(func)
-    func = click.option("--runs-dir", type=click.Path(file_okay=False), default=str(DEFAULT_RUNS_ROOT),
+    func = click.option("--runs-dir", type=OutputDir("--runs-dir"), default=str(DEFAULT_RUNS_ROOT),
                         show_default=True, help="Where run directories are created.")(func)
     func = click.option("--dry-run", is_flag=True, help="Print exactly what would be run and run nothing "
                                                          "(and, on stderr, what it would cost).")(func)
@@ -444,7 +445,7 @@ def sweep_cmd(workers: str | None, layouts: str | None, batch_scaling: str | Non
 @click.option("--from-csv", "from_csv", type=click.Path(dir_okay=False),
               help="A published scaling table instead of runs: label (opt.), workers, nodes (opt.), throughput or time_s, mode (opt.).")
 @click.option("--compare", is_flag=True, help="A B: two report directories (or report.json files); what changed from A to B, in percent.")
-@click.option("--out", type=click.Path(file_okay=False), help="Where report.md, report.json and plots go [default: beside the runs].")
+@click.option("--out", type=OutputDir("--out"), help="Where report.md, report.json and plots go [default: beside the runs].")
 @click.option("--format", "fmt", type=click.Choice(["table", "json", "markdown", "html"]), default="table", show_default=True,
               help="What to print; the Markdown report and plots are written in every case; html writes "
                    "report.html (one self-contained page) and prints its path.")
