@@ -88,3 +88,20 @@ class OutputDir(click.ParamType):
             return text
         check_output_dir(text, self.flag)  # a WriteError: one line, through the CLI's ScalelabError path
         return text
+
+
+class InputFile(click.ParamType):
+    """A file flag a command reads (--spec, --from-csv): checked by `writes.check_input_file` when the flag
+    is read, so a directory, FIFO or device is one line saying what it is (click's own check said "is
+    a directory" under a usage block, and let a FIFO through to a read that never returns)."""
+
+    name = "file"
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        from scalelab.core.writes import check_input_file
+
+        check_input_file(str(value), self.what)
+        return str(value)

@@ -21,6 +21,7 @@ from typing import Any
 
 from scalelab.core.engines import ENGINE_HELP, ENGINES  # the engine table (scalelab/core/engines.py)
 from scalelab.core.errors import SpecError
+from scalelab.core.writes import what_it_is
 from scalelab.core.options import (
     POSITIVE,
     above,
@@ -449,7 +450,11 @@ def check_text_file(path: str | os.PathLike, flag: str) -> Path:
     mistake as a binary (a checkpoint, an archive) is named before any rank starts."""
     p = Path(path)
     if not p.is_file():
-        raise SpecError(f"data file not found: {p} (check {flag})" if flag.startswith("--") else f"{flag} not found: {p}")
+        kind = what_it_is(p)  # a directory or a FIFO is said as such, not as "not found"
+        check = f" (check {flag})" if flag.startswith("--") else ""
+        if kind == "missing":
+            raise SpecError(f"data file not found: {p}{check}" if check else f"{flag} not found: {p}")
+        raise SpecError(f"{'data file' if check else flag} {p} is {kind}, not a regular file: give the file itself{check}")
     try:
         with p.open("rb") as f:
             head = f.read(8192)

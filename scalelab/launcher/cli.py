@@ -24,7 +24,7 @@ from typing import Any
 import click
 from rich.markup import escape
 
-from scalelab.core.checks import OutputDir
+from scalelab.core.checks import InputFile, OutputDir
 from scalelab.core.errors import ScalelabError, SpecError
 from scalelab.core.options import Flag, coerce_path, option_flags
 from scalelab.core.presets import model_overrides
@@ -203,7 +203,7 @@ def spec_options(func):
     for backend, flags in reversed(list(backend_flags().items())):
         for flag in reversed(flags):
             func = _backend_flag(backend, flag)(func)
-    func = click.option("--spec", "spec_file", type=click.Path(dir_okay=False), help="YAML spec; flags override it.")(func)
+    func = click.option("--spec", "spec_file", type=InputFile("spec file"), help="YAML spec; flags override it.")(func)
     func = click.option("--model-arg", "model_args", multiple=True, metavar="KEY=VALUE",
                         help="Override a preset field, e.g. --model-arg hidden_size=256 (repeatable).")(func)
     func = click.option("--backend-opt", "backend_opts", multiple=True, metavar="KEY=VALUE",
@@ -442,7 +442,7 @@ def sweep_cmd(workers: str | None, layouts: str | None, batch_scaling: str | Non
 
 @main.command("report")
 @click.argument("run_dirs", nargs=-1, type=click.Path())
-@click.option("--from-csv", "from_csv", type=click.Path(dir_okay=False),
+@click.option("--from-csv", "from_csv", type=InputFile("--from-csv file"),
               help="A published scaling table instead of runs: label (opt.), workers, nodes (opt.), throughput or time_s, mode (opt.).")
 @click.option("--compare", is_flag=True, help="A B: two report directories (or report.json files); what changed from A to B, in percent.")
 @click.option("--out", type=OutputDir("--out"), help="Where report.md, report.json and plots go [default: beside the runs].")

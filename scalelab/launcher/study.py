@@ -32,7 +32,7 @@ from scalelab.analysis.studies import (
     study_markdown,
     study_runs,
 )
-from scalelab.core.checks import OutputDir
+from scalelab.core.checks import InputFile, OutputDir
 from scalelab.core.errors import SpecError
 from scalelab.core.records import load_run
 from scalelab.core.rundir import STUDY_FILE, new_run_dir, study_sweeps, write_json
@@ -208,7 +208,7 @@ def study_report(study_dir: Path, study: Study) -> Path:
 
 
 @click.command("study")
-@click.argument("study_file", type=click.Path(dir_okay=False))
+@click.argument("study_file", type=InputFile("study file"))
 @click.option("--scale", help="A named scale of the study (e.g. test, cpu, seed); default: the file's base.")
 @click.option("--backend", type=str, help=f"Run on this backend instead of the study's ({', '.join(BACKEND_NAMES)}).")
 @click.option("--runs-dir", type=OutputDir("--runs-dir"), default="runs", show_default=True)
