@@ -79,6 +79,7 @@ def prep_cmd(**params: Any) -> None:
 
     if "://" not in params["out"]:  # a read-only or forbidden --out fails now, not after the cluster started
         check_writable(params["out"], "the shards directory", "or give --out a writable directory")
+    check_local_inputs(requests[0])
     if len(requests) == 1:
         report_dirs([run_one(requests[0], new_run_dir(runs, _name(requests[0])))], None, "table")
         return
@@ -114,6 +115,18 @@ def build_requests(params: dict[str, Any]) -> list[PrepRequest]:
 
     resolve_options(out[0])  # unknown or missing backend options fail before anything starts
     return out
+
+
+def check_local_inputs(request: PrepRequest) -> None:
+    """Every local input file or glob names a file, checked before the run directory is made: a missing
+    --train was found by the first task, after the cluster started, and left a run directory behind.
+    Remote URLs are checked by the cluster (listing a bucket here would cost a round trip per pattern)."""
+    from scalelab.prep.corpus import expand, is_remote
+
+    for key, patterns in request.inputs.items():
+        local = [p for p in patterns if not is_remote(p)]
+        if local:
+            expand(local, key, request.storage)
 
 
 def _counts(text: str) -> list[int]:
