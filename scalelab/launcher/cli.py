@@ -415,10 +415,12 @@ def sweep_cmd(workers: str | None, layouts: str | None, batch_scaling: str | Non
     the fewest workers. --mode strong is both fixed, --mode weak both growing. Every layout is
     checked before the first one runs, and every run records both axes.
     """
-    from scalelab.launcher.sweep import parse_layouts, repeat_dirs, run_sweep, sweep_axes, sweep_name, sweep_specs
+    from scalelab.launcher.sweep import (parse_layouts, refuse_layout_flags, repeat_dirs, run_sweep, sweep_axes,
+                                         sweep_name, sweep_specs)
 
     if not workers and not layouts:
         raise SpecError("give --workers (e.g. 1,2) or --layouts (e.g. 1x1,1x2,2x1)")
+    refuse_layout_flags(params.get("nodes"), params.get("gpus_per_node"), workers, layouts)
     base = build_spec({**params, "nodes": None, "gpus_per_node": None})
     axes = sweep_axes(mode, batch_scaling, work_scaling, base)
     specs = sweep_specs(base, parse_layouts(workers, layouts), batch_scaling=axes[0], work_scaling=axes[1])
