@@ -260,13 +260,23 @@ def is_sweep(path: Path) -> bool:
     return (Path(path) / SWEEP_FILE).exists()
 
 
+def member_name(name: Any) -> bool:
+    """True for a name that is one directory inside its sweep or study: not empty, no '/', not '.' or
+    '..'. Why: a hand-edited sweep.json listing '..' made report, ls and resume act on the parent."""
+    return isinstance(name, str) and bool(name) and "/" not in name and "\0" not in name and name not in (".", "..")
+
+
 def sweep_runs(sweep_dir: Path) -> list[Path]:
     """The run directories of a sweep, in sweep order (some may not have started)."""
-    meta = read_json(Path(sweep_dir) / SWEEP_FILE, SWEEP_FILE)
+    path = Path(sweep_dir) / SWEEP_FILE
+    meta = read_json(path, SWEEP_FILE)
     names = meta.get("runs") if isinstance(meta, dict) else None
-    if not isinstance(names, list) or not all(isinstance(n, str) and n and "/" not in n for n in names):
-        raise RecordError(f"{Path(sweep_dir) / SWEEP_FILE} has no list of layout directories under \"runs\"; "
-                          "restore it or run the sweep again")
+    if not isinstance(names, list):
+        raise RecordError(f"{path} has no list of layout directories under \"runs\"; restore it or run the sweep again")
+    outside = [n for n in names if not member_name(n)]
+    if outside:
+        raise RecordError(f"{path} lists {outside[0]!r} under \"runs\", which is not a directory inside "
+                          f"{sweep_dir}; restore the file (entries are layout directory names such as 1x2)")
     return [Path(sweep_dir) / name for name in names]
 
 
@@ -274,8 +284,7 @@ def study_sweeps(study_dir: Path) -> list[tuple[str, Path]]:
     """(variant label, sweep directory) of a study, in study order (a sweep may not have started)."""
     meta = read_json(Path(study_dir) / STUDY_FILE, STUDY_FILE)
     sweeps = meta.get("sweeps") if isinstance(meta, dict) else None
-    if not isinstance(sweeps, list) or not all(isinstance(s, dict) and isinstance(s.get("dir"), str) and s["dir"]
-                                               and "/" not in s["dir"] for s in sweeps):
+    if not isinstance(sweeps, list) or not all(isinstance(s, dict) and member_name(s.get("dir")) for s in sweeps):
         raise RecordError(f"{Path(study_dir) / STUDY_FILE} has no list of sweeps (label, dir) under \"sweeps\"; "
                           "restore it or run the study again")
     return [(str(s.get("label", s["dir"])), Path(study_dir) / s["dir"]) for s in sweeps]
