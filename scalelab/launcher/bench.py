@@ -170,7 +170,7 @@ def bench_scaling(model: str, steps: int, work: Path) -> dict:
 def launch_overhead(run_dir: Path) -> dict:
     """Seconds from the launch (launch.json) to the start of rank 0's first step (its records)."""
     run = load_run(run_dir)
-    started = read_json(RunPaths(run_dir).launch, "launch file")["started"]
+    started = read_json(RunPaths(run_dir).launch, "launch file", dict)["started"]
     first = run.steps[run.steps["rank"] == 0].iloc[0]
     return {"workers": run.spec.workers, "seconds_to_first_step": float(first["time"] - first["step_s"] - started)}
 

@@ -545,7 +545,7 @@ def write_html_report(report, paths: list[Path]) -> Path:
     if len(paths) == 1 and (paths[0] / STUDY_FILE).exists():
         import pandas as pd
 
-        title = f"Study: {read_json(paths[0] / STUDY_FILE, STUDY_FILE).get('title') or paths[0].name}"
+        title = f"Study: {read_json(paths[0] / STUDY_FILE, STUDY_FILE, dict).get('title') or paths[0].name}"
         tables = [(csv.stem, pd.read_csv(csv)) for csv in sorted(paths[0].glob("*.csv"))]
     return write_run_html(report.markdown_path.parent, title, report.table, runs, points, basis,
                           report.warnings, tables)

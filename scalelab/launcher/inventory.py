@@ -102,7 +102,7 @@ def run_row(run_dir: Path, now: float | None = None, backends: Backends | None =
     state = verified_state(run_dir, backends)
     paths = RunPaths(run_dir)
     info = read_state(run_dir) if paths.launch.exists() else {}
-    summary = read_json(paths.summary, "summary") if paths.summary.exists() else {}
+    summary = read_json(paths.summary, "summary", dict) if paths.summary.exists() else {}
     started = info.get("launched") or info.get("started")
     ended = info.get("ended") or now or time.time()
     rate = info.get("usd_per_hour")
