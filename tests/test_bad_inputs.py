@@ -84,7 +84,15 @@ FILES: dict[str, str | bytes] = {
     "profile-bad.yaml": "profile_steps: 8:6\n",
     "study-empty.yaml": "",
     "study-list.yaml": "- a\n",
+    "workers-1e400.csv": "label,workers,throughput\nA,1,100\nA,1e400,180\n",
+    "study-mode.yaml": "mode: medium\nbase: {model: nmt-tiny}\nvariants: [{label: a}]\n",
+    "study-dup-labels.yaml": "base: {model: nmt-tiny}\nvariants: [{label: a, set: {rnn: fused}}, {label: a, set: {rnn: stepwise}}]\n",
+    "study-no-variants.yaml": "base: {model: nmt-tiny}\nvariants: []\n",
 }
+
+STEP = ('{"kind": "start", "rank": 0, "world": 1, "time": 1}\n'
+        '{"kind": "step", "step": 1, "warmup": false, "step_s": STEP_S, "samples": 8, "words": 80, "rank": 0, '
+        '"world": 1, "time": 2}\n')
 
 
 def _run_dir(root: Path, name: str, spec: str | None = '{"model": "nmt-tiny"}', launch: str | None = None,
@@ -141,7 +149,35 @@ def _fixtures(tmp: Path) -> dict[str, str]:
     })
     (tmp / "binary-spec" / "spec.json").write_bytes(BINARY)
     paths.update(_planted_links(tmp))
+    paths.update(_hand_edited(tmp))
     return paths
+
+
+def _hand_edited(tmp: Path) -> dict[str, str]:
+    """Special files and state edited by hand (issue #27 items 5, 6 and 10): each was a traceback, a hang
+    or an acceptance."""
+    import os
+
+    os.mkfifo(tmp / "pipe.csv")
+    (tmp / "a-dir").mkdir()
+    out = {"fifo": str(tmp / "pipe.csv"), "a_dir": str(tmp / "a-dir")}
+    out["launch_list_run"] = str(_run_dir(tmp, "launch-list", launch="[]", records=STEP.replace("STEP_S", "0.5")))
+    for name, step_s in (("step-zero", "0"), ("step-negative", "-1"), ("step-1e308", "1e308")):
+        out[name.replace("-", "_") + "_run"] = str(_run_dir(tmp, name, records=STEP.replace("STEP_S", step_s)))
+    stray = _run_dir(tmp, "stray-rank", records=STEP.replace("STEP_S", "0.5"))
+    (stray / "records" / "rank-abc.jsonl").write_text("")
+    rank_dir = _run_dir(tmp, "rank-dir", launch=LAUNCHED)
+    (rank_dir / "records" / "rank-0.jsonl").mkdir()
+    out.update(stray_rank_run=str(stray), rank_dir_run=str(rank_dir))
+    sweep = tmp / "parent" / "sweep"
+    sweep.mkdir(parents=True)
+    (sweep / "sweep.json").write_text('{"runs": [".."]}')
+    corrupt, empty = tmp / "corrupt-report", tmp / "empty-report"
+    corrupt.mkdir(), empty.mkdir()
+    (corrupt / "report.json").write_text('[{"label": ')
+    (empty / "report.json").write_text("[]")
+    out.update(dotdot_sweep=str(sweep), corrupt_report=str(corrupt), empty_report=str(empty))
+    return out
 
 
 def _planted_links(tmp: Path) -> dict[str, str]:
@@ -383,6 +419,70 @@ CASES: list[tuple[str, list[str], list[str]]] = [
     ("cost-csv-empty", ["cost", "--from-csv", "{empty.csv}"], ["empty.csv"]),
     ("cost-interruptions-nan", ["cost", "--from-csv", "{good.csv}", "--interruptions-per-hour", "nan"], ["--interruptions-per-hour"]),
 ]
+FIRST_ISSUE27_CASE = len(CASES)  # the rows below must also be one line on stderr (click's usage block is not)
+CASES += [
+    # ---- issue #27 item 5: output paths through a file or on special files (were mkdir tracebacks) ----
+    ("runs-dir-under-a-file", ["--runs-dir", "{a_file}/x", "--steps", "6"], ["--runs-dir", "good.csv", "not a directory"]),
+    ("runs-dir-dev-null", ["--runs-dir", "/dev/null", "--steps", "6"], ["--runs-dir", "/dev/null", "character device"]),
+    ("runs-dir-proc", ["--runs-dir", "/proc/x", "--steps", "6"], ["--runs-dir", "/proc/x", "proc"]),
+    ("sweep-runs-dir-dev-null", ["sweep", "--workers", "1,2", "--runs-dir", "/dev/null", *DRY], ["--runs-dir", "/dev/null"]),
+    ("study-runs-dir-under-a-file", ["study", "{study-mode.yaml}", "--runs-dir", "{a_file}/x", *DRY], ["--runs-dir"]),
+    ("prep-out-a-file", ["prep", "--model", "rnnlm-tiny", "--train", "{good.csv}", "--out", "{a_file}"],
+     ["--out", "good.csv", "not a directory"]),
+    ("bench-out-dev-null", ["bench", "--only", "report", "--out", "/dev/null"], ["--out", "/dev/null"]),
+    # ---- item 5: hand-edited state ------------------------------------------------------------------
+    ("status-launch-json-list", ["status", "{launch_list_run}"], ["launch.json", "list", "restore or delete"]),
+    ("report-launch-json-list", ["report", "{launch_list_run}"], ["launch.json", "list"]),
+    ("cancel-launch-json-list", ["cancel", "{launch_list_run}"], ["launch.json", "list"]),
+    ("logs-launch-json-list", ["logs", "{launch_list_run}"], ["launch.json", "list"]),
+    ("compare-corrupt-report", ["report", "--compare", "{corrupt_report}", "{empty_report}"], ["corrupt-report", "corrupt"]),
+    ("compare-empty-report", ["report", "--compare", "{empty_report}", "{corrupt_report}"], ["empty-report", "no rows"]),
+    ("report-step-s-zero", ["report", "{step_zero_run}"], ["rank-0.jsonl:2", "step_s 0"]),
+    ("report-step-s-negative", ["report", "{step_negative_run}"], ["rank-0.jsonl:2", "step_s -1"]),
+    ("report-step-s-1e308", ["report", "{step_1e308_run}"], ["rank-0.jsonl:2", "step_s 1e+308"]),
+    ("report-stray-rank-file", ["report", "{stray_rank_run}"], ["rank-abc.jsonl", "move it out"]),
+    ("report-rank-file-a-directory", ["report", "{rank_dir_run}"], ["rank-0.jsonl", "is a directory"]),
+    ("resume-rank-file-a-directory", ["resume", "{rank_dir_run}"], ["rank-0.jsonl", "is a directory"]),
+    ("report-csv-workers-1e400", ["report", "--from-csv", "{workers-1e400.csv}"], ["workers-1e400.csv:3", "1e400"]),
+    ("plan-csv-workers-1e400", ["plan", "--from-csv", "{workers-1e400.csv}"], ["workers-1e400.csv:3", "1e400"]),
+    # ---- item 5: values accepted, then crashing in the rank -------------------------------------------
+    ("seed-past-64-bits", ["--seed", "100000000000000000000000", *DRY], ["seed", "<="]),
+    ("model-arg-hidden-1e12", ["--model-arg", "hidden_size=1000000000000", *DRY], ["hidden_size", "at most"]),
+    ("backend-opt-python-missing", ["--backend-opt", "python=/missing", *DRY], ["python", "/missing"]),
+    ("prep-scheduler-not-an-address", ["prep", "--model", "rnnlm-tiny", "--train", "{good.csv}", "--out", "{tmp}/shards",
+                                       "--scheduler", "not-a-url"], ["--scheduler", "not-a-url", "tcp://"]),
+    ("study-mode-medium", ["study", "{study-mode.yaml}", *DRY], ["mode 'medium'", "strong, weak"]),
+    # ---- item 6: silent acceptances -------------------------------------------------------------------
+    ("sweep-workers-with-nodes", ["sweep", "--workers", "1,2", "--nodes", "2", *DRY], ["--nodes 2", "--workers 1,2", "--layouts 2x1,2x2"]),
+    ("sweep-workers-with-gpus-per-node", ["sweep", "--workers", "1,2", "--gpus-per-node", "4", *DRY],
+     ["--gpus-per-node 4", "--workers 1,2"]),
+    ("sweep-layouts-with-nodes", ["sweep", "--layouts", "1x1,1x2", "--nodes", "1", *DRY], ["--nodes 1", "--layouts"]),
+    ("report-sweep-lists-dotdot", ["report", "{dotdot_sweep}"], ["sweep.json", "'..'"]),
+    ("resume-sweep-lists-dotdot", ["resume", "{dotdot_sweep}"], ["sweep.json", "'..'"]),
+    ("status-sweep-lists-dotdot", ["status", "{dotdot_sweep}"], ["sweep.json", "'..'"]),
+    ("runs-dir-empty", ["--runs-dir", "", *DRY], ["--runs-dir is empty"]),
+    ("sweep-runs-dir-empty", ["sweep", "--workers", "1,2", "--runs-dir", "", *DRY], ["--runs-dir is empty"]),
+    ("study-duplicate-labels", ["study", "{study-dup-labels.yaml}", *DRY], ["label 'a'", "study-dup-labels.yaml"]),
+    ("study-no-variants", ["study", "{study-no-variants.yaml}", *DRY], ["variants", "study-no-variants.yaml"]),
+    # ---- item 10: a directory or FIFO where a file is expected: said as such, never opened -------------
+    ("report-csv-fifo", ["report", "--from-csv", "{fifo}"], ["pipe.csv", "FIFO"]),
+    ("plan-csv-fifo", ["plan", "--from-csv", "{fifo}"], ["pipe.csv", "FIFO"]),
+    ("spec-fifo", ["--spec", "{fifo}", *DRY], ["pipe.csv", "FIFO"]),
+    ("spec-a-directory", ["--spec", "{a_dir}", *DRY], ["a-dir", "is a directory"]),
+    ("report-csv-a-directory", ["report", "--from-csv", "{a_dir}"], ["a-dir", "is a directory"]),
+    ("study-file-a-directory", ["study", "{a_dir}", *DRY], ["a-dir", "is a directory"]),
+    ("cost-prices-fifo", ["cost", "--list", "--prices", "{fifo}"], ["pipe.csv", "FIFO"]),
+    ("text-train-src-a-directory", ["--data", "text", "--model", "rnnlm-tiny", "--train-src", "{a_dir}", *DRY],
+     ["a-dir", "is a directory", "--train-src"]),
+    # ---- item 10: prep refuses what it can check before it makes a run directory ----------------------
+    ("prep-train-missing", ["prep", "--model", "rnnlm-tiny", "--train", "{tmp}/absent.txt", "--out", "{tmp}/shards"],
+     ["absent.txt", "--train"]),
+    ("prep-train-a-directory", ["prep", "--model", "rnnlm-tiny", "--train", "{a_dir}", "--out", "{tmp}/shards"],
+     ["a-dir", "is a directory"]),
+]
+
+
+ISSUE27_CASES = {c[0] for c in CASES[FIRST_ISSUE27_CASE:]}
 
 
 def _fill(args: list[str], paths: dict[str, str]) -> list[str]:
@@ -434,6 +534,8 @@ def test_bad_input_gets_one_clear_message(case, args, words, paths, monkeypatch,
     assert "traceback" not in text, f"{case}: traceback:\n{out.err[-3000:]}"
     for word in words:
         assert word.lower() in text, f"{case}: {word!r} not in the message:\n{out.err[-1500:]}"
+    if case in ISSUE27_CASES:
+        assert len(out.err.strip().splitlines()) == 1, f"{case}: not one line:\n{out.err[-1500:]}"
     for runs in (tmp_path / "runs", Path(paths.get("full", tmp_path)) / "runs"):
         assert not runs.exists() or not any(runs.iterdir()), f"{case}: left {list(runs.iterdir())}"
     if any("{full}" in a for a in args):  # what a failed write left on the full filesystem: nothing
@@ -495,3 +597,22 @@ def test_no_planted_link_was_followed(paths, monkeypatch) -> None:
             entry()
         assert exc.value.code != 0
     assert Path(paths["victim"]).read_text() == "precious\n"
+
+
+def test_a_rank_killed_by_a_signal_is_128_plus_n() -> None:
+    """issue #27 item 10: the local backend's exit codes are the shell's (143 for SIGTERM), not Popen's -15."""
+    import signal
+
+    from scalelab.launcher.local import shell_status
+
+    assert shell_status(-signal.SIGTERM) == 143
+    assert shell_status(-signal.SIGKILL) == 137
+    assert shell_status(0) == 0 and shell_status(2) == 2 and shell_status(None) is None
+
+
+def test_a_fifo_given_as_a_csv_is_refused_without_opening_it(paths, monkeypatch, capsys) -> None:
+    """issue #27 item 10: `report --from-csv FIFO` blocked forever in open(); now refused at once (the
+    timeout of this test's subprocess is the hang it guards against)."""
+    done = subprocess.run([sys.executable, "-c", "from scalelab.launcher.cli import entry; entry()", "report",
+                           "--from-csv", paths["fifo"]], capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0 and "FIFO" in done.stderr and "Traceback" not in done.stderr

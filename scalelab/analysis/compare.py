@@ -6,10 +6,12 @@ only one of them has is listed with no change rather than dropped, so nothing va
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pandas as pd
+
+from scalelab.core.errors import RecordError
+from scalelab.core.rundir import read_json
 
 __all__ = ["COMPARED", "load_table", "compare_tables"]
 
@@ -22,7 +24,11 @@ def load_table(path: Path) -> pd.DataFrame:
     """The scaling table of a report directory (its report.json) or of report.json itself."""
     path = Path(path)
     file = path / "report.json" if path.is_dir() else path
-    return pd.DataFrame(json.loads(file.read_text()))
+    rows = read_json(file, "report", list)  # corrupt, missing or not a list of rows: one line naming it
+    if not rows or not all(isinstance(r, dict) for r in rows):
+        raise RecordError(f"report {file} holds no rows of a scaling table (an empty or hand-edited file); "
+                          "write it again with `launch report RUNS --out DIR`")
+    return pd.DataFrame(rows)
 
 
 def compare_tables(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:

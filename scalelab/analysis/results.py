@@ -202,7 +202,7 @@ def launched_at(run) -> float | None:
     start-up before it then goes uncounted), else None."""
     path = RunPaths(run.run_dir).launch
     if path.exists():
-        started = read_json(path, "launch file").get("started")
+        started = read_json(path, "launch file", dict).get("started")
         if started is not None:
             return float(started)
     if len(run.start) and "time" in run.start.columns:

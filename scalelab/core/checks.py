@@ -67,3 +67,41 @@ class Number(click.ParamType):
 
 POSITIVE = Number(above=0)
 NON_NEGATIVE = Number(minimum=0)
+
+
+class OutputDir(click.ParamType):
+    """A directory flag a command creates and writes (--runs-dir, --out): checked by
+    `writes.check_output_dir` when the flag is read, so every command refuses an empty path, a file,
+    /dev/null, FILE/x or /proc/x with the same one line before it makes anything. `remote_ok` lets
+    s3:// URLs through (prep --out), which are checked where they are written."""
+
+    name = "directory"
+
+    def __init__(self, flag: str, remote_ok: bool = False) -> None:
+        self.flag, self.remote_ok = flag, remote_ok
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        from scalelab.core.writes import check_output_dir
+
+        text = str(value)
+        if self.remote_ok and "://" in text:
+            return text
+        check_output_dir(text, self.flag)  # a WriteError: one line, through the CLI's ScalelabError path
+        return text
+
+
+class InputFile(click.ParamType):
+    """A file flag a command reads (--spec, --from-csv): checked by `writes.check_input_file` when the flag
+    is read, so a directory, FIFO or device is one line saying what it is (click's own check said "is
+    a directory" under a usage block, and let a FIFO through to a read that never returns)."""
+
+    name = "file"
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        from scalelab.core.writes import check_input_file
+
+        check_input_file(str(value), self.what)
+        return str(value)

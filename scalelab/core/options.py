@@ -90,6 +90,22 @@ def one_word(value: str) -> str | None:
     return "must be one word without spaces" if re.search(r"\s", value) else None
 
 
+def executable(value: str) -> str | None:
+    """'' (the default) or a program this machine can run: a path, or a name on PATH. Why here: a missing
+    interpreter (`--backend-opt python=/missing`) was accepted and every rank failed to start."""
+    import os
+    import shutil
+
+    if not value:
+        return None
+    found = shutil.which(value)
+    if found:
+        return None
+    if os.path.exists(value):
+        return "is not an executable file: give an interpreter's path (chmod +x, or another path)"
+    return "was not found: give the path of a Python interpreter on this machine (or leave it out for this one)"
+
+
 def one_line(value: str) -> str | None:
     return "must be one line" if "\n" in value else None
 

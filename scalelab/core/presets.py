@@ -63,6 +63,13 @@ class ModelConfig:
         _validate_config(self)
 
 
+# Sizes past these cannot be allocated (hidden_size=1e12 was accepted and each rank died in torch): far
+# above every preset (nmt-seed: hidden 512, vocabulary 50,000), so no real model is refused.
+_MAXIMA = {"vocab_size": 10_000_000, "embed_size": 65_536, "hidden_size": 65_536, "num_layers": 1_024,
+           "enc_layers": 1_024, "dec_layers": 1_024, "src_len": 1_000_000, "tgt_len": 1_000_000,
+           "seq_len": 1_000_000, "num_classes": 10_000_000, "default_batch": 10_000_000}
+
+
 def _validate_config(cfg: ModelConfig) -> None:
     """Reject configurations that cannot build a working model, with the fix in the message."""
     if cfg.family not in FAMILIES:
@@ -83,6 +90,11 @@ def _validate_config(cfg: ModelConfig) -> None:
                 f"model field {name} must be a positive integer for family {cfg.family}, "
                 f"got {getattr(cfg, name)}"
             )
+    for name in needed + ["vocab_size", "num_classes"]:
+        limit = _MAXIMA[name]
+        if getattr(cfg, name) > limit:
+            raise SpecError(f"model field {name} must be at most {limit:,} (a model that size cannot be built "
+                            f"in memory), got {getattr(cfg, name):,}; choose a smaller {name}")
     if cfg.family == "sentiment" and cfg.num_classes < 2:
         raise SpecError(f"num_classes must be at least 2, got {cfg.num_classes}")
     if not 0.0 <= cfg.dropout < 1.0:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import sys
 import time
 from dataclasses import dataclass, field
@@ -24,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 from scalelab.core.errors import RecordError
 from scalelab.core.rundir import RECORDS_DIR, RunPaths
 from scalelab.core.spec import Spec, read_spec
-from scalelab.core.writes import WriteError, check_inside, open_inside, writing
+from scalelab.core.writes import WriteError, check_inside, open_inside, what_it_is, writing
 
 if TYPE_CHECKING:  # pandas costs 0.4 s to import: only the readers that build frames load it
     import pandas as pd
@@ -148,17 +149,47 @@ class RunRecords:
         return int(self.start["world"].max()) if len(self.start) else 0
 
 
-def _rank_files(run_dir: Path) -> list[Path]:
-    return sorted(RunPaths(Path(run_dir)).records.glob("rank-*.jsonl"), key=lambda p: int(p.stem.split("-")[1]))
+RANK_FILE = re.compile(r"rank-(\d+)\.jsonl")
+
+
+def rank_files(run_dir: Path) -> list[Path]:
+    """records/rank-N.jsonl in rank order; a stray rank-abc.jsonl or a rank-0.jsonl that is a directory is
+    one line naming it (were a ValueError and an IsADirectoryError traceback in report and resume)."""
+    records = RunPaths(Path(run_dir)).records
+    found = []
+    for path in records.glob("rank-*.jsonl"):
+        match = RANK_FILE.fullmatch(path.name)
+        if not match:
+            raise RecordError(f"{path} is not a rank's records file (rank-N.jsonl, N a number); move it out of "
+                              f"{records}, then run the command again")
+        if not path.is_file() and not path.is_symlink():  # a link is refused, with its own message, where opened
+            raise RecordError(f"{path} is {what_it_is(path)}, not a records file; remove it (rank files are "
+                              "written by the ranks), then run the command again")
+        found.append((int(match[1]), path))
+    return [path for _, path in sorted(found)]
 
 
 def record_files(run_dir: Path) -> list[Path]:
-    files = _rank_files(run_dir)
+    files = rank_files(run_dir)
     if not files:
         raise RecordError(
             f"{run_dir} has no records (records/rank-*.jsonl); the run did not start training - see {run_dir}/logs"
         )
     return files
+
+
+MAX_STEP_S = 7 * 24 * 3600.0  # a week: no step takes longer; 1e308 was accepted and broke the throughput
+
+
+def _value_problem(rec: Mapping[str, Any]) -> str | None:
+    """What no rank writes although the schema's types allow it: a step time <= 0, infinite or past a
+    week (hand-edited records; a report then divided by zero or refused a negative throughput with a
+    traceback)."""
+    if rec.get("kind") == "step":
+        step_s = rec.get("step_s")
+        if not (isinstance(step_s, (int, float)) and 0 < step_s <= MAX_STEP_S):
+            return f"step_s {step_s!r}, where a step time in seconds > 0 and <= {MAX_STEP_S:,.0f} is expected"
+    return None
 
 
 def _decode(lines: list[bytes], path: Path, warnings: list[str], tolerant: bool, cut_last: bool) -> list[dict[str, Any]]:
@@ -172,6 +203,8 @@ def _decode(lines: list[bytes], path: Path, warnings: list[str], tolerant: bool,
             problem = record_problem(rec) if isinstance(rec, dict) and "kind" in rec else "no 'kind' field"
         except (*_DecodeError, UnicodeDecodeError):
             problem = "not a JSON object"
+        if problem is None:
+            problem = _value_problem(rec)
         if problem is None:
             out.append(rec)
         elif tolerant or (cut_last and i == len(lines)):
@@ -218,7 +251,7 @@ class RecordTail:
 
 def read_errors(run_dir: Path, since: float | None = None) -> list[dict[str, Any]]:
     """The `error` records of every rank, in rank order; only those written at `since` or later."""
-    return [rec for path in _rank_files(run_dir) for rec in read_records(path, [], tolerant=True)
+    return [rec for path in rank_files(run_dir) for rec in read_records(path, [], tolerant=True)
             if rec["kind"] == "error" and (since is None or float(rec.get("time", 0)) >= since)]
 
 

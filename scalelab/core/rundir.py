@@ -173,8 +173,10 @@ def _umask() -> int:
     return mask
 
 
-def read_json(path: Path, what: str = "file") -> Any:
-    """Read a JSON state file; a missing or corrupt one is a RecordError naming the file."""
+def read_json(path: Path, what: str = "file", kind: type | None = None) -> Any:
+    """Read a JSON state file; a missing or corrupt one is a RecordError naming the file, and so is one
+    whose top level is not `kind` (a hand-edited launch.json holding `[]` was an AttributeError traceback
+    in every command that read it)."""
     path = Path(path)
     try:
         text = path.read_text()
@@ -183,9 +185,14 @@ def read_json(path: Path, what: str = "file") -> Any:
     except (OSError, UnicodeDecodeError) as exc:
         raise RecordError(f"cannot read {what} {path}: {exc}") from None
     try:
-        return json.loads(text)
+        data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise RecordError(f"{what} {path} is corrupt ({exc.msg} at line {exc.lineno}); restore or delete it") from None
+    if kind is not None and not isinstance(data, kind):
+        expected = {dict: "a JSON object {...}", list: "a JSON list [...]"}.get(kind, kind.__name__)
+        raise RecordError(f"{what} {path} holds {type(data).__name__} {text.strip()[:40]!r} where {expected} is "
+                          "expected (edited by hand?); restore or delete it")
+    return data
 
 
 # ---- launch.json: the run's state ----------------------------------------------------------------
@@ -196,7 +203,7 @@ def read_state(run_dir: Path) -> dict[str, Any]:
     path = RunPaths(Path(run_dir)).launch
     if not path.exists():
         raise RecordError(f"{run_dir} has no {LAUNCH_FILE}: it was never launched (or is not a run directory)")
-    return read_json(path, LAUNCH_FILE)
+    return read_json(path, LAUNCH_FILE, dict)
 
 
 @contextmanager
@@ -260,22 +267,31 @@ def is_sweep(path: Path) -> bool:
     return (Path(path) / SWEEP_FILE).exists()
 
 
+def member_name(name: Any) -> bool:
+    """True for a name that is one directory inside its sweep or study: not empty, no '/', not '.' or
+    '..'. Why: a hand-edited sweep.json listing '..' made report, ls and resume act on the parent."""
+    return isinstance(name, str) and bool(name) and "/" not in name and "\0" not in name and name not in (".", "..")
+
+
 def sweep_runs(sweep_dir: Path) -> list[Path]:
     """The run directories of a sweep, in sweep order (some may not have started)."""
-    meta = read_json(Path(sweep_dir) / SWEEP_FILE, SWEEP_FILE)
+    path = Path(sweep_dir) / SWEEP_FILE
+    meta = read_json(path, SWEEP_FILE, dict)
     names = meta.get("runs") if isinstance(meta, dict) else None
-    if not isinstance(names, list) or not all(isinstance(n, str) and n and "/" not in n for n in names):
-        raise RecordError(f"{Path(sweep_dir) / SWEEP_FILE} has no list of layout directories under \"runs\"; "
-                          "restore it or run the sweep again")
+    if not isinstance(names, list):
+        raise RecordError(f"{path} has no list of layout directories under \"runs\"; restore it or run the sweep again")
+    outside = [n for n in names if not member_name(n)]
+    if outside:
+        raise RecordError(f"{path} lists {outside[0]!r} under \"runs\", which is not a directory inside "
+                          f"{sweep_dir}; restore the file (entries are layout directory names such as 1x2)")
     return [Path(sweep_dir) / name for name in names]
 
 
 def study_sweeps(study_dir: Path) -> list[tuple[str, Path]]:
     """(variant label, sweep directory) of a study, in study order (a sweep may not have started)."""
-    meta = read_json(Path(study_dir) / STUDY_FILE, STUDY_FILE)
+    meta = read_json(Path(study_dir) / STUDY_FILE, STUDY_FILE, dict)
     sweeps = meta.get("sweeps") if isinstance(meta, dict) else None
-    if not isinstance(sweeps, list) or not all(isinstance(s, dict) and isinstance(s.get("dir"), str) and s["dir"]
-                                               and "/" not in s["dir"] for s in sweeps):
+    if not isinstance(sweeps, list) or not all(isinstance(s, dict) and member_name(s.get("dir")) for s in sweeps):
         raise RecordError(f"{Path(study_dir) / STUDY_FILE} has no list of sweeps (label, dir) under \"sweeps\"; "
                           "restore it or run the study again")
     return [(str(s.get("label", s["dir"])), Path(study_dir) / s["dir"]) for s in sweeps]

@@ -21,10 +21,12 @@ from typing import Any
 
 from scalelab.core.engines import ENGINE_HELP, ENGINES  # the engine table (scalelab/core/engines.py)
 from scalelab.core.errors import SpecError
+from scalelab.core.writes import what_it_is
 from scalelab.core.options import (
     POSITIVE,
     above,
     at_least,
+    at_most,
     build,
     checked,
     coerce_fields,
@@ -34,6 +36,8 @@ from scalelab.core.options import (
 from scalelab.core.presets import PRESETS, RNN_KINDS, config_with_overrides
 from scalelab.core.rundir import SPEC_FILE, write_text
 
+# torch.manual_seed takes at most 64 bits; a bigger seed was accepted here and failed in every rank
+MAX_SEED = 2**63 - 1
 DATA_KINDS = ("synthetic", "task", "text", "shards")
 BATCH_MODES = ("strong", "weak")
 #: The two axes of a sweep, each `fixed` or `growing`: the global batch (split over the workers, or
@@ -182,7 +186,8 @@ class Spec:
     lr_ref_batch: int | None = checked(None, POSITIVE)
     clip_grad_norm: float | None = checked(5.0, above(0))  # None: no clipping
     data: DataSpec = field(default_factory=DataSpec)
-    seed: int = option(1234, "Seed for model init, data order and synthetic data.", at_least(0), flag="--seed")
+    seed: int = option(1234, "Seed for model init, data order and synthetic data.", at_least(0), at_most(MAX_SEED),
+                       flag="--seed")
     val_every: int = option(0, "Validate every N steps; 0 = never.", at_least(0), flag="--val-every")
     val_batches: int = option(4, "Validation batches per rank at each validation.", POSITIVE, flag="--val-batches")
     # a loss: cross-entropy is >= 0
@@ -449,7 +454,11 @@ def check_text_file(path: str | os.PathLike, flag: str) -> Path:
     mistake as a binary (a checkpoint, an archive) is named before any rank starts."""
     p = Path(path)
     if not p.is_file():
-        raise SpecError(f"data file not found: {p} (check {flag})" if flag.startswith("--") else f"{flag} not found: {p}")
+        kind = what_it_is(p)  # a directory or a FIFO is said as such, not as "not found"
+        check = f" (check {flag})" if flag.startswith("--") else ""
+        if kind == "missing":
+            raise SpecError(f"data file not found: {p}{check}" if check else f"{flag} not found: {p}")
+        raise SpecError(f"{'data file' if check else flag} {p} is {kind}, not a regular file: give the file itself{check}")
     try:
         with p.open("rb") as f:
             head = f.read(8192)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
@@ -160,3 +161,77 @@ def write_inside(root: Path | str, path: Path | str, data: str | bytes, append: 
     fd = open_inside(root, path, flags, 0o644)
     with os.fdopen(fd, "ab" if append else "wb") as f:
         f.write(raw)
+
+
+# ---- the one place paths given on the command line are checked ---------------------------------------
+
+# filesystems made by the kernel: nothing a run writes can be created there (mkdir in /proc fails ENOENT)
+PSEUDO_FILESYSTEMS = frozenset({"proc", "sysfs", "cgroup", "cgroup2", "devpts", "securityfs", "debugfs", "tracefs",
+                                "pstore", "bpf", "configfs", "fusectl", "mqueue", "efivarfs", "binfmt_misc"})
+
+
+def what_it_is(path: Path | str) -> str:
+    """'a directory', 'a FIFO (named pipe)', 'a character device', ...: said instead of "not found" when a
+    path exists but is not the kind of file a command wants, so the user sees what they gave."""
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError:
+        return "missing"
+    kinds = [(stat.S_ISLNK, f"a symbolic link (to {os.readlink(path) if os.path.islink(path) else '?'})"),
+             (stat.S_ISDIR, "a directory"), (stat.S_ISREG, "a regular file"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+             (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")]
+    return next((text for test, text in kinds if test(mode)), "a special file")
+
+
+def filesystem_type(path: Path | str) -> str:
+    """The type of the filesystem mounted at `mount_point(path)` ('ext4', 'proc'), '' if it cannot tell."""
+    mount = str(mount_point(Path(path)))
+    try:
+        with open("/proc/self/mounts", encoding="utf-8") as f:
+            rows = [line.split() for line in f]
+    except OSError:
+        return ""
+    found = [row[2] for row in rows if len(row) > 2 and row[1].replace("\\040", " ") == mount]
+    return found[-1] if found else ""
+
+
+def check_output_dir(path: Path | str, flag: str) -> Path:
+    """`path` given to `flag` (--runs-dir, --out) as a directory the command may create and write, refused
+    (WriteError) before anything is made when it cannot be: empty, an existing non-directory (a file,
+    /dev/null), under a file (FILE/x) or on a kernel filesystem (/proc/x). Why one place: each command
+    created its directory its own way and those cases ended in a mkdir traceback, half through a run."""
+    text = str(path)
+    if not text.strip():
+        raise WriteError(f"{flag} is empty: give a directory, e.g. {flag} runs")
+    p = Path(text)
+    if os.path.lexists(p):
+        if not p.is_dir():
+            raise WriteError(f"{flag} {p} is {what_it_is(p)}, not a directory: give a directory (or a new path)")
+        there = p
+    else:
+        there = p.parent
+        while not os.path.lexists(there) and there != there.parent:
+            there = there.parent
+        if not there.is_dir():
+            raise WriteError(f"{flag} {p} cannot be created: {there} is {what_it_is(there)}, not a directory; "
+                             "give a path under a directory")
+    kind = filesystem_type(there)
+    if kind in PSEUDO_FILESYSTEMS:
+        raise WriteError(f"{flag} {p} is on the kernel's {kind} filesystem ({mount_point(there)}), where no file "
+                         "can be made: give a directory on a disk")
+    return p
+
+
+def check_input_file(path: Path | str, what: str) -> Path:
+    """`path` as a regular file to read, else one line (DataError) saying what it is instead: missing, a
+    directory, a FIFO, a device. Why before opening: reading a FIFO with no writer blocks forever, and
+    "not found" for a directory sends the user looking for a file that is there."""
+    from scalelab.core.errors import DataError
+
+    p = Path(path)
+    kind = what_it_is(p) if not os.path.islink(p) or not p.exists() else what_it_is(p.resolve())
+    if kind == "missing":
+        raise DataError(f"{what} not found: {p}")
+    if kind != "a regular file":
+        raise DataError(f"{what} {p} is {kind}, not a regular file: give the file itself")
+    return p

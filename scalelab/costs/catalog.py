@@ -35,7 +35,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterable
 
-from scalelab.core.errors import SpecError
+from scalelab.core.errors import ScalelabError, SpecError
+from scalelab.core.writes import check_input_file
 from scalelab.costs.prices_file import FIX, prices_problem
 
 __all__ = [
@@ -342,8 +343,11 @@ def load_catalog(prices_file: str | Path | None = None, rates: Iterable[str] = (
     cat = builtin_catalog()
     cat.region = region
     path = Path(prices_file) if prices_file else user_prices_path()
-    if prices_file and not path.exists():
-        raise CatalogError(f"prices file not found: {path}")
+    if prices_file or path.exists():  # a directory or FIFO is said as such; a FIFO is never opened
+        try:
+            check_input_file(path, "prices file")
+        except ScalelabError as exc:
+            raise CatalogError(str(exc)) from None
     if path.exists():
         try:
             data = _read_structured(path)

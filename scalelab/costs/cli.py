@@ -31,7 +31,7 @@ from scalelab.analysis.report import (
     write_markdown,
 )
 from scalelab.analysis.results import expand_run_dirs, launched_at, run_label, summarize_loaded
-from scalelab.core.checks import NON_NEGATIVE, POSITIVE
+from scalelab.core.checks import NON_NEGATIVE, POSITIVE, InputFile, OutputDir
 from scalelab.core.errors import DataError, SpecError
 from scalelab.core.records import load_run
 from scalelab.core.terminal import make_console
@@ -114,7 +114,7 @@ def _rich_table(title: str, df: pd.DataFrame, fmt: dict[str, str]) -> Table:
 
 @click.command("cost")
 @click.argument("run_dirs", nargs=-1, type=click.Path())
-@click.option("--from-csv", "from_csv", type=click.Path(dir_okay=False),
+@click.option("--from-csv", "from_csv", type=InputFile("--from-csv file"),
               help="CSV with label, seconds, instances (e.g. 3*g3.4xlarge+1*p2.xlarge), market (optional).")
 @click.option("--instances", help="For RUN_DIRS: the instances the runs used, e.g. 2*g3.16xlarge or "
                                   "1*p2.xlarge+1*g3.4xlarge; a bare type is one per node "
@@ -343,7 +343,7 @@ def _parse_batches(text: str | None) -> list[int]:
 
 @click.command("plan")
 @click.argument("run_dirs", nargs=-1, type=click.Path())
-@click.option("--from-csv", "from_csv", type=click.Path(dir_okay=False),
+@click.option("--from-csv", "from_csv", type=InputFile("--from-csv file"),
               help="A published scaling table (label, workers, nodes, throughput or time_s, batch_scaling, "
                    "work_scaling) or a table of steps to a threshold (label, global_batch, steps_to_threshold, "
                    "noise_scale).")
@@ -374,7 +374,7 @@ def _parse_batches(text: str | None) -> list[int]:
 @click.option("--budget", "budget_usd", type=POSITIVE, help="Recommend the fastest layout that costs at most this many "
                                                          "dollars (with --confidence).")
 @_catalog_options
-@click.option("--out", type=click.Path(file_okay=False), help="Write plan.md, plan.html and plan.json here.")
+@click.option("--out", type=OutputDir("--out"), help="Write plan.md, plan.html and plan.json here.")
 @click.option("--format", "fmt", type=click.Choice([*_FORMATS, "html"]), default="table", show_default=True)
 def plan_cmd(run_dirs: tuple[str, ...], from_csv: str | None, predict_workers: str | None,
              predict_layouts: str | None, predict_batch: str | None, confidence: float, instance_types: str | None, market: str, work: float | None, measured_on: str | None,

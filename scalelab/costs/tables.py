@@ -32,6 +32,7 @@ import pandas as pd
 
 from scalelab.analysis.scaling import scaling_table
 from scalelab.core.errors import DataError
+from scalelab.core.writes import check_input_file
 from scalelab.core.spec import BALANCE_MODES, BATCH_MODES, BATCH_SCALING, SCALING_AXES, batch_mode_of
 
 __all__ = ["CsvError", "AXES", "read_scaling_csv", "with_throughput", "read_convergence_csv", "csv_kind",
@@ -44,7 +45,7 @@ class CsvError(DataError):
 
 def _positive_int(x: str) -> int:
     v = float(x)
-    if v != int(v) or v < 1:
+    if not math.isfinite(v) or v != int(v) or v < 1:  # 1e400 reads as infinity, which int() cannot take
         raise ValueError
     return int(v)
 
@@ -84,8 +85,10 @@ def _read(path: str | Path, required: list[list[str]], parsers: dict[str, Callab
           what: str, unique: bool = True) -> pd.DataFrame:
     """Rows of `path` with `parsers` applied; `required` lists alternatives (any one of each group)."""
     path = Path(path)
-    if not path.exists():
-        raise CsvError(f"{path}: file not found")
+    try:
+        check_input_file(path, "CSV file")  # a FIFO is refused before a read that would never return
+    except DataError as exc:
+        raise CsvError(str(exc)) from None
     try:
         text = path.read_text(encoding="utf-8-sig")
     except (OSError, UnicodeDecodeError) as exc:

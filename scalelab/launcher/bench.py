@@ -23,6 +23,7 @@ import click
 from rich.table import Table
 
 from scalelab.analysis.results import build_report, expand_run_dirs
+from scalelab.core.checks import OutputDir
 from scalelab.core.errors import SpecError
 from scalelab.core.launch import horovod_env, horovodrun_argv, torchrun_argv
 from scalelab.core.net import free_port
@@ -169,7 +170,7 @@ def bench_scaling(model: str, steps: int, work: Path) -> dict:
 def launch_overhead(run_dir: Path) -> dict:
     """Seconds from the launch (launch.json) to the start of rank 0's first step (its records)."""
     run = load_run(run_dir)
-    started = read_json(RunPaths(run_dir).launch, "launch file")["started"]
+    started = read_json(RunPaths(run_dir).launch, "launch file", dict)["started"]
     first = run.steps[run.steps["rank"] == 0].iloc[0]
     return {"workers": run.spec.workers, "seconds_to_first_step": float(first["time"] - first["step_s"] - started)}
 
@@ -318,7 +319,7 @@ def _decorate(results: dict) -> None:
 @click.command("bench")
 @click.option("--only", default=",".join(PARTS), show_default=True, help="Parts to run, comma-separated.")
 @click.option("--quick", is_flag=True, help="Fewer presets, sizes and steps (about 2 minutes).")
-@click.option("--out", type=click.Path(file_okay=False), default="bench", show_default=True,
+@click.option("--out", type=OutputDir("--out"), default="bench", show_default=True,
               help="Directory for bench.json and the runs it makes.")
 def bench_cmd(only: str, quick: bool, out: str) -> None:
     """Measure the trainer's compute efficiency, all-reduce bandwidth, scaling, launch overhead,

@@ -24,6 +24,7 @@ from typing import Any
 import click
 from rich.markup import escape
 
+from scalelab.core.checks import InputFile, OutputDir
 from scalelab.core.errors import ScalelabError, SpecError
 from scalelab.core.options import Flag, coerce_path, option_flags
 from scalelab.core.presets import model_overrides
@@ -202,12 +203,12 @@ def spec_options(func):
     for backend, flags in reversed(list(backend_flags().items())):
         for flag in reversed(flags):
             func = _backend_flag(backend, flag)(func)
-    func = click.option("--spec", "spec_file", type=click.Path(dir_okay=False), help="YAML spec; flags override it.")(func)
+    func = click.option("--spec", "spec_file", type=InputFile("spec file"), help="YAML spec; flags override it.")(func)
     func = click.option("--model-arg", "model_args", multiple=True, metavar="KEY=VALUE",
                         help="Override a preset field, e.g. --model-arg hidden_size=256 (repeatable).")(func)
     func = click.option("--backend-opt", "backend_opts", multiple=True, metavar="KEY=VALUE",
                         help="Backend option (repeatable); unknown ones are listed with the valid ones.")(func)
-    func = click.option("--runs-dir", type=click.Path(file_okay=False), default=str(DEFAULT_RUNS_ROOT),
+    func = click.option("--runs-dir", type=OutputDir("--runs-dir"), default=str(DEFAULT_RUNS_ROOT),
                         show_default=True, help="Where run directories are created.")(func)
     func = click.option("--dry-run", is_flag=True, help="Print exactly what would be run and run nothing "
                                                          "(and, on stderr, what it would cost).")(func)
@@ -414,10 +415,12 @@ def sweep_cmd(workers: str | None, layouts: str | None, batch_scaling: str | Non
     the fewest workers. --mode strong is both fixed, --mode weak both growing. Every layout is
     checked before the first one runs, and every run records both axes.
     """
-    from scalelab.launcher.sweep import parse_layouts, repeat_dirs, run_sweep, sweep_axes, sweep_name, sweep_specs
+    from scalelab.launcher.sweep import (parse_layouts, refuse_layout_flags, repeat_dirs, run_sweep, sweep_axes,
+                                         sweep_name, sweep_specs)
 
     if not workers and not layouts:
         raise SpecError("give --workers (e.g. 1,2) or --layouts (e.g. 1x1,1x2,2x1)")
+    refuse_layout_flags(params.get("nodes"), params.get("gpus_per_node"), workers, layouts)
     base = build_spec({**params, "nodes": None, "gpus_per_node": None})
     axes = sweep_axes(mode, batch_scaling, work_scaling, base)
     specs = sweep_specs(base, parse_layouts(workers, layouts), batch_scaling=axes[0], work_scaling=axes[1])
@@ -441,10 +444,10 @@ def sweep_cmd(workers: str | None, layouts: str | None, batch_scaling: str | Non
 
 @main.command("report")
 @click.argument("run_dirs", nargs=-1, type=click.Path())
-@click.option("--from-csv", "from_csv", type=click.Path(dir_okay=False),
+@click.option("--from-csv", "from_csv", type=InputFile("--from-csv file"),
               help="A published scaling table instead of runs: label (opt.), workers, nodes (opt.), throughput or time_s, mode (opt.).")
 @click.option("--compare", is_flag=True, help="A B: two report directories (or report.json files); what changed from A to B, in percent.")
-@click.option("--out", type=click.Path(file_okay=False), help="Where report.md, report.json and plots go [default: beside the runs].")
+@click.option("--out", type=OutputDir("--out"), help="Where report.md, report.json and plots go [default: beside the runs].")
 @click.option("--format", "fmt", type=click.Choice(["table", "json", "markdown", "html"]), default="table", show_default=True,
               help="What to print; the Markdown report and plots are written in every case; html writes "
                    "report.html (one self-contained page) and prints its path.")
@@ -542,7 +545,7 @@ def write_html_report(report, paths: list[Path]) -> Path:
     if len(paths) == 1 and (paths[0] / STUDY_FILE).exists():
         import pandas as pd
 
-        title = f"Study: {read_json(paths[0] / STUDY_FILE, STUDY_FILE).get('title') or paths[0].name}"
+        title = f"Study: {read_json(paths[0] / STUDY_FILE, STUDY_FILE, dict).get('title') or paths[0].name}"
         tables = [(csv.stem, pd.read_csv(csv)) for csv in sorted(paths[0].glob("*.csv"))]
     return write_run_html(report.markdown_path.parent, title, report.table, runs, points, basis,
                           report.warnings, tables)

@@ -26,6 +26,7 @@ from scalelab.core.rundir import (
     is_sweep,
     read_json,
     read_state,
+    study_sweeps,
     sweep_runs,
 )
 from scalelab.core.spec import Spec, read_spec
@@ -101,7 +102,7 @@ def run_row(run_dir: Path, now: float | None = None, backends: Backends | None =
     state = verified_state(run_dir, backends)
     paths = RunPaths(run_dir)
     info = read_state(run_dir) if paths.launch.exists() else {}
-    summary = read_json(paths.summary, "summary") if paths.summary.exists() else {}
+    summary = read_json(paths.summary, "summary", dict) if paths.summary.exists() else {}
     started = info.get("launched") or info.get("started")
     ended = info.get("ended") or now or time.time()
     rate = info.get("usd_per_hour")
@@ -157,9 +158,7 @@ def study_row(study_dir: Path, now: float | None = None, backends: Backends | No
 
 def _study_sweeps(study_dir: Path) -> list[tuple[str | None, Path]]:
     """(variant label, sweep directory) of each of the study's sweeps that exists."""
-    meta = read_json(study_dir / STUDY_FILE, STUDY_FILE)
-    sweeps = meta.get("sweeps", []) if isinstance(meta, dict) else []
-    return [(s.get("label"), study_dir / s["dir"]) for s in sweeps if (study_dir / s["dir"] / SWEEP_FILE).exists()]
+    return [(label, d) for label, d in study_sweeps(study_dir) if (d / SWEEP_FILE).exists()]  # names checked there
 
 
 def _runs_in(path: Path, kind: str) -> list[Path]:

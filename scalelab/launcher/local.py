@@ -89,6 +89,13 @@ def own_logs(run_dir: Path, recorded: list[Any]) -> list[Path]:
     return out
 
 
+def shell_status(code: int | None) -> int | None:
+    """A child's exit as a shell reports it: Popen's -N (killed by signal N) becomes 128 + N. Why: the
+    run's status said "exit codes [-15]" where every other place (the launcher's own exit, the ranks'
+    os._exit(143)) says 143 for the same SIGTERM."""
+    return 128 - code if code is not None and code < 0 else code
+
+
 class LocalBackend(Backend):
     default_poll_s = 0.5
     horovod_here = True  # horovodrun and the ranks run on this machine's Python
@@ -169,13 +176,13 @@ class LocalBackend(Backend):
         if all(c == 0 for c in codes):
             return RunStatus(COMPLETED, f"exit codes {codes}")
         # only SIGTERM from outside the launcher (and the nodes stopped after it): cancelled, not failed
-        stopped = all(c in (0, 143, -signal.SIGTERM) for c in codes)
+        stopped = all(c in (0, 128 + signal.SIGTERM) for c in codes)
         return RunStatus(CANCELLED if stopped else FAILED, f"exit codes {codes}")
 
     def _returncode(self, run_dir: Path, pid: int) -> int | None:
         proc = self._procs.get(pid)
         if proc is not None:
-            return proc.poll()
+            return shell_status(proc.poll())
         # started by another launcher process: only whether that very process still runs is known
         return None if any(p.pid == pid for p in self._leaders(run_dir)) else -1
 

@@ -178,7 +178,7 @@ def _measured_runs(params: dict[str, Any], spec: Spec) -> list[tuple[Spec, dict[
     found = []
     for summary_path in _summaries(root):
         try:
-            run_spec, summary = read_spec(summary_path.parent), read_json(summary_path, "summary")
+            run_spec, summary = read_spec(summary_path.parent), read_json(summary_path, "summary", dict)
         except ScalelabError:
             continue
         if explicit or timing_key(run_spec) == timing_key(spec):

@@ -205,7 +205,7 @@ def actual_row(run_dir: Path, spec: Spec, catalog) -> dict[str, Any]:
     from scalelab.launcher.backend import fleet_of
 
     fleet = fleet_of(spec)
-    info = read_json(RunPaths(run_dir).launch, "launch file") if RunPaths(run_dir).launch.exists() else {}
+    info = read_json(RunPaths(run_dir).launch, "launch file", dict) if RunPaths(run_dir).launch.exists() else {}
     started = info.get("launched") or info.get("started") or info.get("submitted")
     wall = max(0.0, float(info.get("ended") or time.time()) - float(started)) if started else 0.0
     if fleet.cloud:  # each instance its own seconds (launch.json); none started, nothing paid
@@ -228,7 +228,7 @@ def candidate_results(probe_dir: Path, cand: dict[str, Any]) -> dict[str, Any]:
     layouts, links = [], {}
     for name in cand["runs"]:
         run_dir = probe_dir / name
-        summary = read_json(RunPaths(run_dir).summary, "summary") if RunPaths(run_dir).summary.exists() else {}
+        summary = read_json(RunPaths(run_dir).summary, "summary", dict) if RunPaths(run_dir).summary.exists() else {}
         layouts.append({"run": name, "layout": name.rsplit("-", 1)[1], "words_per_s": summary.get("words_per_s"),
                         "step_s_median": summary.get("step_s_median"), "share_exchange": summary.get("share_exchange")})
         rank0 = RunPaths(run_dir).rank_records(0)

@@ -33,7 +33,7 @@ from typing import Callable, Iterator
 
 from scalelab.core.errors import ScalelabError
 from scalelab.core.lock import RunBusy, RunLock, owner_of
-from scalelab.core.records import read_errors
+from scalelab.core.records import rank_files, read_errors
 from scalelab.core.rundir import (
     CANCELLED,
     COMPLETED,
@@ -355,6 +355,7 @@ def submitted(backend: Backend, spec: Spec, run_dir: Path) -> Iterator[None]:
     (a stop signal or an error inside cancels it)."""
     with owning(run_dir):
         refuse_if_live(backend, run_dir)  # before `stopping_runs`, which would cancel what it refuses
+        rank_files(run_dir)  # a resume onto a stray or directory rank file is refused before any rank starts
         with stopping_runs(backend, [run_dir]):
             submit(backend, spec, run_dir)
             yield

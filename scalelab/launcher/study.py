@@ -32,6 +32,7 @@ from scalelab.analysis.studies import (
     study_markdown,
     study_runs,
 )
+from scalelab.core.checks import InputFile, OutputDir
 from scalelab.core.errors import SpecError
 from scalelab.core.records import load_run
 from scalelab.core.rundir import STUDY_FILE, new_run_dir, study_sweeps, write_json
@@ -92,13 +93,10 @@ def load_study(path: Path, scale: str | None = None, overrides: dict[str, Any] |
         raw = {**raw, **{k: v for k, v in patch.items() if k != "base"},
                "base": {**raw.get("base", {}), **patch.get("base", {})}}
     base = _deep_merge(raw.get("base", {}), overrides or {})
-    variants = []
-    for v in raw.get("variants", [{"label": "base"}]):
-        extra = sorted(set(v) - {"label", "set", "layouts", "instances"})
-        if extra or "label" not in v:
-            raise SpecError(f"a variant in {path} needs a label and may have set, layouts, instances; got {sorted(v)}")
-        layouts = parse_layouts(None, ",".join(v["layouts"])) if v.get("layouts") else None
-        variants.append(Variant(str(v["label"]), v.get("set", {}), layouts, v.get("instances", {})))
+    variants = _variants(raw, path)
+    mode = raw.get("mode", "strong")
+    if mode not in MODE_AXES:  # 'medium' was a KeyError traceback when the sweeps were made
+        raise SpecError(f"mode {mode!r} in {path} is not a scaling mode: use one of {', '.join(MODE_AXES)}")
     tables = raw.get("tables", ["throughput"])
     for t in tables:
         if t not in TABLES:
@@ -106,7 +104,7 @@ def load_study(path: Path, scale: str | None = None, overrides: dict[str, Any] |
     layouts = parse_layouts(None, ",".join(raw.get("layouts", ["1x1", "1x2"])))
     study = Study(
         title=raw.get("title", path.stem), seed_scale=raw.get("seed_scale", ""), base=base,
-        mode=raw.get("mode", "strong"), layouts=layouts, variants=variants, tables=tables,
+        mode=mode, layouts=layouts, variants=variants, tables=tables,
         instances=raw.get("instances", {}), market=raw.get("market", "on-demand"),
         epochs_shown=int(raw.get("epochs_shown", 3)),
     )
@@ -119,6 +117,28 @@ def load_study(path: Path, scale: str | None = None, overrides: dict[str, Any] |
     for v in study.variants:  # every variant x layout is checked before anything runs
         variant_specs(study, v)
     return study
+
+
+def _variants(raw: dict[str, Any], path: Path) -> list[Variant]:
+    """The study's variants (the base alone when the key is left out), refused when `variants:` is given
+    but empty, or two share a label: both were accepted without a word, and the study then ran nothing,
+    or its tables merged two variants' rows under one name."""
+    given = raw.get("variants", [{"label": "base"}])
+    if not isinstance(given, list) or not given:
+        raise SpecError(f"variants in {path} must be a non-empty list of {{label, set}} entries, got {given!r}; "
+                        "give at least one variant, or leave the key out to run the base alone")
+    variants, seen = [], set()
+    for v in given:
+        extra = sorted(set(v) - {"label", "set", "layouts", "instances"}) if isinstance(v, dict) else ["?"]
+        if extra or "label" not in v:
+            raise SpecError(f"a variant in {path} needs a label and may have set, layouts, instances; got {v!r}")
+        label = str(v["label"])
+        if label in seen:
+            raise SpecError(f"two variants in {path} have the label {label!r}: give each variant its own label")
+        seen.add(label)
+        layouts = parse_layouts(None, ",".join(v["layouts"])) if v.get("layouts") else None
+        variants.append(Variant(label, v.get("set", {}), layouts, v.get("instances", {})))
+    return variants
 
 
 GEMM_KEYS = {"hiddens": [256, 512], "batches": [1, 8, 16, 32, 64], "preset": "rnnlm-small", "step_hiddens": [256],
@@ -207,10 +227,10 @@ def study_report(study_dir: Path, study: Study) -> Path:
 
 
 @click.command("study")
-@click.argument("study_file", type=click.Path(dir_okay=False))
+@click.argument("study_file", type=InputFile("study file"))
 @click.option("--scale", help="A named scale of the study (e.g. test, cpu, seed); default: the file's base.")
 @click.option("--backend", type=str, help=f"Run on this backend instead of the study's ({', '.join(BACKEND_NAMES)}).")
-@click.option("--runs-dir", type=click.Path(file_okay=False), default="runs", show_default=True)
+@click.option("--runs-dir", type=OutputDir("--runs-dir"), default="runs", show_default=True)
 @click.option("--dry-run", is_flag=True, help="Print every variant x layout request (and, on stderr, what it "
                                              "would cost) and run nothing.")
 @price_options

@@ -55,6 +55,21 @@ def parse_layouts(workers: str | None, layouts: str | None) -> list[tuple[int, i
     return out
 
 
+def refuse_layout_flags(nodes: int | None, gpus_per_node: int | None, workers: str | None, layouts: str | None) -> None:
+    """A sweep's layouts come from --workers or --layouts alone: --nodes or --gpus-per-node beside them was
+    dropped without a word (`sweep --workers 1,2 --nodes 2` ran on one node). Refused naming both flags
+    and the --layouts that says what was probably meant."""
+    given = "--workers " + workers if workers else "--layouts " + str(layouts)
+    counts = [int(x) for x in str(workers).split(",") if x.strip().isdigit()] if workers else []
+    if nodes is not None:
+        meant = f"; for {nodes} nodes give --layouts {','.join(f'{nodes}x{c}' for c in counts)}" if counts else ""
+        raise SpecError(f"--nodes {nodes} conflicts with {given}: a sweep's layouts come from --workers or "
+                        f"--layouts alone{meant}")
+    if gpus_per_node is not None:
+        raise SpecError(f"--gpus-per-node {gpus_per_node} conflicts with {given}: a sweep's layouts come from "
+                        "--workers (workers on one node) or --layouts NODESxGPUS alone; leave --gpus-per-node out")
+
+
 def sweep_axes(mode: str | None, batch_scaling: str | None, work_scaling: str | None,
                base: Spec | None = None) -> tuple[str, str]:
     """(batch_scaling, work_scaling) from --mode and the two axis flags: the mode is a shorthand

@@ -17,6 +17,7 @@ from typing import Any
 
 import click
 
+from scalelab.core.checks import OutputDir
 from scalelab.core.errors import SpecError
 from scalelab.core.rundir import dryrun_dir, new_run_dir, write_json
 from scalelab.core.spec import BACKEND_NAMES, BATCH_MODES
@@ -44,7 +45,7 @@ def _inputs(func):
 @click.option("--model", required=True, help="Model preset the shards are cut for (lengths, vocabulary limit).")
 @click.option("--model-arg", "model_args", multiple=True, metavar="KEY=VALUE", help="Override a preset field (repeatable).")
 @_inputs
-@click.option("--out", required=True, help="Shards directory (local path or s3://BUCKET/PREFIX); must not hold shards yet.")
+@click.option("--out", required=True, type=OutputDir("--out", remote_ok=True), help="Shards directory (local path or s3://BUCKET/PREFIX); must not hold shards yet.")
 @click.option("--workers", default="2", show_default=True, help="Dask workers; a list (1,2,4) runs a sweep.")
 @click.option("--mode", type=click.Choice(BATCH_MODES), default="strong", show_default=True,
               help="Sweep: strong = the same corpus on more workers; weak = --lines-per-worker x workers lines.")
@@ -57,7 +58,7 @@ def _inputs(func):
 @click.option("--block-mb", type=float, default=16.0, show_default=True, help="Bytes of text per read task, in MiB.")
 @click.option("--valid-fraction", type=float, default=0.05, show_default=True, help="Held out without validation files.")
 @click.option("--name", help="Run name (and the label of its scaling series).")
-@click.option("--runs-dir", type=click.Path(file_okay=False), default="runs", show_default=True,
+@click.option("--runs-dir", type=OutputDir("--runs-dir"), default="runs", show_default=True,
               help="Where the prep's run directory (records, report) is created.")
 @click.option("--dry-run", is_flag=True, help="Print the cluster request (job script, manifest or settings); start nothing.")
 def prep_cmd(**params: Any) -> None:
@@ -78,6 +79,7 @@ def prep_cmd(**params: Any) -> None:
 
     if "://" not in params["out"]:  # a read-only or forbidden --out fails now, not after the cluster started
         check_writable(params["out"], "the shards directory", "or give --out a writable directory")
+    check_local_inputs(requests[0])
     if len(requests) == 1:
         report_dirs([run_one(requests[0], new_run_dir(runs, _name(requests[0])))], None, "table")
         return
@@ -113,6 +115,18 @@ def build_requests(params: dict[str, Any]) -> list[PrepRequest]:
 
     resolve_options(out[0])  # unknown or missing backend options fail before anything starts
     return out
+
+
+def check_local_inputs(request: PrepRequest) -> None:
+    """Every local input file or glob names a file, checked before the run directory is made: a missing
+    --train was found by the first task, after the cluster started, and left a run directory behind.
+    Remote URLs are checked by the cluster (listing a bucket here would cost a round trip per pattern)."""
+    from scalelab.prep.corpus import expand, is_remote
+
+    for key, patterns in request.inputs.items():
+        local = [p for p in patterns if not is_remote(p)]
+        if local:
+            expand(local, key, request.storage)
 
 
 def _counts(text: str) -> list[int]:

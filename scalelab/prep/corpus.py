@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import glob
 import math
+import os
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any, Iterator
@@ -24,6 +25,7 @@ import numpy as np
 from scalelab.core.errors import DataError
 from scalelab.core.presets import PATH_KEYS
 from scalelab.core.presets import path_flag as flag
+from scalelab.core.writes import what_it_is
 
 MARK_EVERY = 1024  # lines between two (line, byte offset) marks noted by the scan phase
 
@@ -70,6 +72,8 @@ def expand(patterns: list[str], key: str, storage: Storage) -> list[tuple[str, i
                 raise DataError(f"{flag(key)} {pattern!r} matches no file")
         elif fs.isfile(path):
             paths = [path]
+        elif not is_remote(pattern) and os.path.lexists(path):  # a directory or FIFO: say what it is
+            raise DataError(f"data file {pattern} is {what_it_is(path)}, not a regular file (check {flag(key)})")
         else:
             raise DataError(f"data file not found: {pattern} (check {flag(key)})")
         out.extend((fs.unstrip_protocol(p) if is_remote(pattern) else p, int(fs.size(p))) for p in paths)

@@ -8,6 +8,7 @@ the list of valid ones).
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,11 @@ from scalelab.core.spec import BACKEND_NAMES, BATCH_MODES
 from scalelab.prep.corpus import ROLES, Storage, flag, is_remote
 
 PREP_FILE = "prep.json"  # marks a prep run (or a sweep of prep runs) for `launch report`
+
+
+# what distributed's address parser takes: [PROTOCOL://]HOST:PORT ('not-a-url' was a ValueError traceback
+# from inside distributed, after the run directory was made)
+SCHEDULER_ADDRESS = re.compile(r"^(?:(?:tcp|tls|ucx|ws|wss|inproc)://)?(?:\[[0-9A-Fa-f:.]+\]|[^\s:/\[\]]+):\d{1,5}/?$")
 
 
 @dataclass
@@ -76,6 +82,9 @@ class PrepRequest:
             raise SpecError(f"--block-mb must be above 0 and at most 4096, got {self.block_mb}")
         if not 0.0 < self.valid_fraction < 1.0:
             raise SpecError(f"--valid-fraction must be between 0 and 1, got {self.valid_fraction}")
+        if self.scheduler is not None and not SCHEDULER_ADDRESS.match(self.scheduler):
+            raise SpecError(f"--scheduler {self.scheduler!r} is not a Dask scheduler address: give "
+                            "tcp://HOST:PORT (e.g. tcp://10.0.0.5:8786), or leave it out to start a cluster")
         if self.lines_limit is not None and self.lines_limit < 1:
             raise SpecError(f"--lines-per-worker must be a positive whole number, got {self.lines_limit}")
         if self.backend == "aws" and not self.out.startswith("s3://"):
