@@ -11,11 +11,12 @@ import click
 import pytest
 from click.testing import CliRunner
 
+from tests.test_spec_flags import _command
 from scalelab.core.errors import SpecError
 from scalelab.core.options import BackendOptions, at_least, option
 from scalelab.core.presets import PRESETS, config_with_overrides
 from scalelab.launcher.backend import BACKENDS, Registered, backend_flags, options_type
-from scalelab.launcher.cli import SPEC_FLAGS, build_spec, main, spec_options
+from scalelab.launcher.cli import SPEC_FLAGS, build_spec, main
 from scalelab.slurm.backend import SlurmBackend
 from scalelab.slurm.options import SlurmOptions
 
@@ -31,14 +32,7 @@ class WiderSlurmOptions(SlurmOptions):
 def command_with(monkeypatch, backend: str, ref: str) -> tuple[click.Command, dict]:
     """A fresh `run`-like command built after the registry names `ref` as `backend`'s options."""
     monkeypatch.setitem(BACKENDS, backend, Registered(BACKENDS[backend].backend, ref))
-    seen: dict = {}
-
-    @click.command()
-    @spec_options
-    def cmd(**params):
-        seen["spec"] = build_spec(params)
-
-    return cmd, seen
+    return _command()
 
 
 def invoke(cmd: click.Command, *args: str):

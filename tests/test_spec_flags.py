@@ -126,6 +126,7 @@ def test_a_new_field_declared_with_option_is_a_flag_with_its_choices_and_default
 
 
 def _command():
+    """A `run`-like command of the spec flags alone; it stores the Spec it builds in the returned dict."""
     seen: dict = {}
 
     @click.command()
