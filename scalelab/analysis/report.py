@@ -160,7 +160,19 @@ def _columns(df: pd.DataFrame) -> list[tuple[str, Callable[[pd.Series], str], bo
         cols.append(("time to threshold", _threshold, True))
     if "noise_scale" in has:
         cols.append(("noise scale (samples)", lambda r: _num(r.get("noise_scale"), ",.0f"), True))
+    if "peak_mem_bytes" in has and df["peak_mem_bytes"].notna().any():
+        cols.append(("peak mem/rank", _memory, True))
     return cols
+
+
+def _memory(r: pd.Series) -> str:
+    """Peak memory of the hungriest rank: GiB, marked 'RSS' for a CPU process's whole resident set."""
+    peak = r.get("peak_mem_bytes")
+    if _missing(peak):
+        return _DASH
+    gib = float(peak) / 1024**3
+    text = f"{gib:.2f} GiB" if gib >= 1 else f"{gib * 1024:.0f} MiB"
+    return text + (" RSS" if r.get("mem_kind") == "max_rss" else "")
 
 
 def table_rows(df: pd.DataFrame) -> tuple[list[str], list[list[str]]]:

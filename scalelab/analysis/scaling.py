@@ -231,6 +231,9 @@ class LayoutSummary:
     # the step of the first validation: a threshold reached there is only known to lie before it
     first_val_step: int | None = None
     precision: str | None = None  # fp32 / bf16 / fp16; None in summaries written before the choice existed
+    # the largest peak memory of any rank (docs/records.md `mem_peak_bytes`) and which measure it is
+    peak_mem_bytes: int | None = None
+    mem_kind: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict (for summary.json and DataFrames)."""
@@ -317,7 +320,21 @@ def summarize_run(
         lr_warmup_steps=_int_or_none(meta.lr_warmup_steps),
         first_val_step=_first_val_step(val_records),
         precision=meta.precision,
+        **_peak_memory(step_records),
     )
+
+
+def _peak_memory(step_records: pd.DataFrame) -> dict[str, Any]:
+    """The largest `mem_peak_bytes` over every rank and step (the rank that needs the most decides
+    whether a layout fits), with its `mem_kind`; None for records written before memory was recorded."""
+    if "mem_peak_bytes" not in step_records.columns:
+        return {"peak_mem_bytes": None, "mem_kind": None}
+    peaks = pd.to_numeric(step_records["mem_peak_bytes"], errors="coerce")
+    if peaks.isna().all():
+        return {"peak_mem_bytes": None, "mem_kind": None}
+    row = step_records.loc[peaks.idxmax()]
+    kind = row.get("mem_kind")
+    return {"peak_mem_bytes": int(peaks.max()), "mem_kind": kind if isinstance(kind, str) else None}
 
 
 def _first_val_step(val_records: pd.DataFrame | None) -> int | None:

@@ -58,7 +58,7 @@ KINDS: dict[str, dict[str, str]] = {
               "host": STR + OPTIONAL, "cpu_model": STR + OPTIONAL, "gpu_model": STR + OPTIONAL,
               "scalelab_version": STR + OPTIONAL, "torch_version": STR + OPTIONAL,
               "horovod_version": STR + OPTIONAL, "python_version": STR + OPTIONAL,
-              "git_commit": STR + OPTIONAL, "role": STR + OPTIONAL},  # typed when present
+              "git_commit": STR + OPTIONAL, "role": STR + OPTIONAL, "mem_base_bytes": INT + OPTIONAL},  # typed when present
     # phases, loss and lr are typed when present (published or hand-made records may lack them)
     "step": {"step": INT, "warmup": BOOL, "step_s": NUM, "samples": INT, "words": INT,
              "epoch": INT + OPTIONAL, "data_s": NUM + OPTIONAL, "forward_s": NUM + OPTIONAL,
@@ -69,6 +69,7 @@ KINDS: dict[str, dict[str, str]] = {
              "noise_s": NUM + OPTIONAL,
              "loss_scale": NUM + OPTIONAL, "skipped": BOOL + OPTIONAL,  # the two: fp16's gradient scaler
              "profiled": BOOL + OPTIONAL,  # traced by --profile-steps: left out of timings
+             "mem_peak_bytes": INT + OPTIONAL, "mem_kind": STR + OPTIONAL,  # scalelab/train/memory.py
              "role": STR + OPTIONAL},  # "server": a ps shard rank of --ps-placement separate (no samples)
     "val": {"step": INT, "epoch": INT, "val_loss": NUM + OPTIONAL, "elapsed_s": NUM},
     "event": {"event": STR},

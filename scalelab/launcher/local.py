@@ -25,6 +25,7 @@ from typing import Any
 
 import psutil
 
+from scalelab.core.devices import check_gpus
 from scalelab.core.engines import HOROVODRUN, starter
 from scalelab.core.errors import EngineError, ScalelabError
 from scalelab.core.launch import Site, launch_plan
@@ -113,6 +114,8 @@ class LocalBackend(Backend):
     def check(self, spec: Spec) -> None:
         if starter(spec.engine.name) == HOROVODRUN and tool_path("horovodrun") is None:
             raise EngineError("horovodrun is not installed beside this Python nor on PATH; install Horovod with scripts/build-horovod.sh")
+        where = "this machine" + (f" ({spec.nodes} emulated nodes x {spec.ranks_per_node})" if spec.nodes > 1 else "")
+        check_gpus(spec.nodes * spec.ranks_per_node, spec.device, where)  # never two ranks on one GPU
         if spec.precision != "fp32":  # the ranks run on this machine: its CPU decides, before any starts
             from scalelab.train.precision import check_cpu_precision
 

@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from scalelab.core.devices import check_gpus
 from scalelab.core.errors import EngineError
 from scalelab.core.launch import horovod_env
 from scalelab.core.spec import EngineSpec, server_rank
@@ -67,11 +68,16 @@ class Engine:
         return self.placement.world
 
     def device(self, want: str) -> torch.device:
-        """`cuda:<local_rank>` when a GPU is wanted and present, else the CPU."""
+        """`cuda:<local_rank>` when a GPU is wanted and present, else the CPU.
+
+        Every rank of a node checks that the node has a GPU for each of its ranks (the backends that
+        cannot see the node before it starts rely on this): two ranks on one GPU is refused, never run.
+        """
         if want == "cuda" and not torch.cuda.is_available():
             raise EngineError("--device cuda was asked for, but PyTorch sees no GPU on this machine; use --device cpu")
         if want in ("auto", "cuda") and torch.cuda.is_available():
-            torch.cuda.set_device(self.placement.local_rank % torch.cuda.device_count())
+            check_gpus(self.placement.local_world, want, f"node {self.placement.node_rank}")
+            torch.cuda.set_device(self.placement.local_rank)
             return torch.device("cuda", torch.cuda.current_device())
         return torch.device("cpu")
 
@@ -267,13 +273,21 @@ class PSEngine(DDPEngine):
             if p.grad is None:
                 held.grad = None
                 continue
-            self._dist.reduce(p.grad, dst=owner)  # distributed: sum on the owner only
+            if self.world > 1:  # one rank owns every shard: there is nobody to exchange with
+                self._dist.reduce(p.grad, dst=owner)  # distributed: sum on the owner only
             grad = p.grad.div_(self.world).to(held.device) if owner == self.rank else None
             p.grad, held.grad = None, grad
-        sq = self._tensor(sum(float(g.double().square().sum()) for g in self._held()))
-        self._dist.all_reduce(sq)  # distributed: |G|² of the whole averaged gradient (clipping, noise scale)
-        self._grad_sq = float(sq.item())
-        return time.perf_counter() - t0
+        self._grad_sq = self._sum_of_squares()
+        return time.perf_counter() - t0 if self.world > 1 else 0.0
+
+    def _sum_of_squares(self) -> float:
+        """|G|² of the whole averaged gradient (clipping, noise scale): this rank's shards, summed over ranks."""
+        held = self._held()
+        local = torch.stack([g.double().square().sum().cpu() for g in held]).sum() if held else torch.zeros((), dtype=torch.float64)
+        sq = self._tensor(float(local))
+        if self.world > 1:
+            self._dist.all_reduce(sq)  # distributed
+        return float(sq.item())
 
     def grad_sq(self) -> float | None:
         return self._grad_sq if self.exchanging else None
@@ -296,12 +310,16 @@ class PSEngine(DDPEngine):
         t0 = time.perf_counter()
         for p, cpu in self.shadow.items():
             p.data.copy_(cpu)  # the shard's new value onto the device it is broadcast from
+        if self.world == 1:
+            return 0.0  # nothing to pull from anyone else
         for p, owner in self.owner.items():
             self._dist.broadcast(p.data, src=owner)  # distributed: the new value from its owner
         return time.perf_counter() - t0
 
     def consolidate(self, optimizer) -> None:
         """Every rank gets every shard's optimizer state, so rank 0's checkpoint holds all of it."""
+        if self.world == 1:
+            return  # this rank holds every shard's state already
         for p, owner in self.owner.items():
             box = [optimizer.state.get(self.shadow.get(p, p))]
             self._dist.broadcast_object_list(box, src=owner)  # distributed

@@ -52,6 +52,7 @@ from scalelab.train.datasets import build_dataset
 from scalelab.train.engines import Engine, make_engine
 from scalelab.train.models import PRESETS, build_model, config_with_overrides
 from scalelab.train.noise import NoiseMeter
+from scalelab.train.memory import current_rss_bytes, is_out_of_memory, memory_fields, oom_message
 from scalelab.train.precision import Precision, make_precision
 from scalelab.train.profiling import StepProfiler
 
@@ -155,6 +156,7 @@ class Run:
     rank: int
     world: int
     noise: NoiseMeter  # the gradient noise scale, measured as the run trains (scalelab/train/noise.py)
+    mem_base: int  # resident bytes before the model was built (CPU; 0 on a GPU: scalelab/train/memory.py)
     precision: Precision  # autocast and, for fp16, the gradient scaler
     role: str = "worker"  # or "server": a ps shard rank of --ps-placement separate, which has no data
     worker: int = 0  # this worker's index among the workers (a server's: its index among the servers)
@@ -187,7 +189,7 @@ def train(run_dir: Path) -> str:
     with Prefetcher(batches(run, progress.shares, progress.step), spec.data.prefetch, run.device) as stream:
         while progress.step < run.total_steps:
             profiler.before(progress.step + 1)
-            record = train_step(run, progress, stream)
+            record = guard_memory(run, progress, stream)
             out.write("step", **record, **({"profiled": True} if profiler.active else {}))
             profiler.after(progress.step, out)
             rebalance(run, progress, record, out)
@@ -224,6 +226,7 @@ def setup(spec: Spec) -> Run:
     torch.set_num_threads(spec.threads or max(1, (os.cpu_count() or 1) // engine.placement.local_world))
     Stop.install()
     torch.manual_seed(spec.seed)
+    mem_base = current_rss_bytes() if device.type == "cpu" else 0
     cfg = config_with_overrides(PRESETS[spec.model], spec.model_args)
     dataset = build_dataset(spec.data.kind, cfg, spec.seed, data_paths(spec, cfg.family), **data_options(spec, index * (role == "worker"), spec.workers))
     cfg = config_with_overrides(cfg, dataset.model_overrides())  # text data fixes vocabulary / labels
@@ -243,7 +246,7 @@ def setup(spec: Spec) -> Run:
         slowdown=spec.emulate_slowdown[index] if spec.emulate_slowdown else 1.0,
         identity=identity(spec, global_batch), rank=engine.rank, world=engine.world,
         precision=precision, noise=NoiseMeter(model, engine.world, global_batch, engine.exchanging, workers=spec.workers),
-        role=role, worker=index, workers=spec.workers,
+        role=role, worker=index, workers=spec.workers, mem_base=mem_base,
     )
 
 
@@ -294,6 +297,7 @@ def open_records(run_dir: Path, run: Run, progress: Progress) -> RecordWriter:
         balance=spec.balance, emulate_slowdown=run.slowdown, resumed_from_step=progress.resumed_from,
         precision=spec.precision, grad_compression=spec.engine.grad_compression,
         params=sum(p.numel() for p in model.parameters()), grad_bytes=grad_bytes(model, spec.engine.grad_compression),
+        mem_base_bytes=run.mem_base,
         **machine(torch.cuda.get_device_name(run.device) if run.device.type == "cuda" else None),
         **(software(torch.__version__) if run.rank == 0 else {}),
     )
@@ -315,6 +319,17 @@ def batches(run: Run, shares: ShareSchedule, first_step: int) -> Iterator[Batch]
 
 
 # ---- one step ------------------------------------------------------------------------------------
+
+
+def guard_memory(run: Run, progress: Progress, stream: Prefetcher) -> dict[str, Any]:
+    """`train_step`, with PyTorch's out-of-memory traceback turned into the one message of
+    scalelab/train/memory.py (batch per rank, asked and free, the fixes) in this rank's error record."""
+    try:
+        return train_step(run, progress, stream)
+    except Exception as exc:
+        if not is_out_of_memory(exc):
+            raise
+        raise ScalelabError(oom_message(exc, run.per_rank, run.spec.precision, run.device, progress.step + 1)) from None
 
 
 def train_step(run: Run, progress: Progress, stream: Prefetcher) -> dict[str, Any]:
@@ -360,7 +375,7 @@ def train_step(run: Run, progress: Progress, stream: Prefetcher) -> dict[str, An
         optimizer_s=t4 - t3, samples=batch.samples, words=batch.words, loss=loss_value, lr=lr,
         **({"emulated_s": emulated_s} if run.slowdown != 1.0 else {}), **run.noise.fields(),
         **({"role": run.role} if run.role != "worker" else {}),
-        **run.precision.record(applied),
+        **run.precision.record(applied), **memory_fields(device),
     )
 
 

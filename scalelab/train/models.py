@@ -81,10 +81,23 @@ def count_parameters(model: nn.Module) -> int:
 # --------------------------------------------------------------------------------------------
 
 
+def autocast_dtype(device_type: str) -> torch.dtype | None:
+    """The low-precision format autocast runs `device_type`'s ops in now, None when autocast is off."""
+    if not torch.is_autocast_enabled(device_type):
+        return None
+    return torch.get_autocast_dtype(device_type)
+
+
 class FusedLSTM(nn.LSTM):
     """`nn.LSTM` (batch_first) that accepts and ignores `lengths`, so models can call either RNN.
 
     Subclassing keeps `nn.LSTM`'s parameter names and its cuDNN kernel unchanged.
+
+    Under autocast the layer runs in autocast's format itself, with autocast off around the call: on
+    CUDA, autocast's own LSTM rule runs cuDNN's float16 kernels whatever format was asked for, so
+    `--precision bf16` ran the recurrent layers in float16 with no loss scale (shared/reference/
+    gpu-h100-2026-11.md). The float32 weights are cast per call, as autocast casts them; their
+    gradients come back in float32.
     """
 
     def __init__(
@@ -106,7 +119,13 @@ class FusedLSTM(nn.LSTM):
         hx: tuple[Tensor, Tensor] | None = None,
         lengths: Tensor | None = None,
     ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
-        return super().forward(input, hx)
+        low = autocast_dtype(input.device.type)
+        if low is None:
+            return super().forward(input, hx)
+        with torch.autocast(input.device.type, enabled=False):  # the call below re-enters with it off
+            weights = {name: p.to(low) for name, p in self.named_parameters()}
+            state = None if hx is None else (hx[0].to(low), hx[1].to(low))
+            return torch.func.functional_call(self, weights, (input.to(low), state))
 
 
 def reverse_padded(x: Tensor, lengths: Tensor | None) -> Tensor:
@@ -177,6 +196,18 @@ class StepwiseLSTM(nn.Module):
         valid: Tensor | None,
     ) -> tuple[Tensor, Tensor, Tensor]:
         w_ih, w_hh, b_ih, b_hh = (getattr(self, n) for n in names)
+        low = autocast_dtype(x.device.type)
+        if low is not None:  # like FusedLSTM: the cells in autocast's format (they would stay float32)
+            with torch.autocast(x.device.type, enabled=False):
+                cast = [t.to(low) for t in (x, h, c, w_ih, w_hh, b_ih, b_hh)]
+                return self._run_direction_in(*cast, valid)
+        return self._run_direction_in(x, h, c, w_ih, w_hh, b_ih, b_hh, valid)
+
+    @staticmethod
+    def _run_direction_in(
+        x: Tensor, h: Tensor, c: Tensor, w_ih: Tensor, w_hh: Tensor, b_ih: Tensor, b_hh: Tensor,
+        valid: Tensor | None,
+    ) -> tuple[Tensor, Tensor, Tensor]:
         outputs = []
         for t in range(x.size(1)):
             h_new, c_new = torch.lstm_cell(x[:, t], (h, c), w_ih, w_hh, b_ih, b_hh)
