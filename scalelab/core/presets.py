@@ -22,6 +22,7 @@ NUM_SPECIALS = 4
 
 FAMILIES = ("nmt", "rnnlm", "sentiment")
 RNN_KINDS = ("fused", "stepwise")
+OUTPUT_LOSSES = ("auto", "full", "chunked", "compiled")  # scalelab/train/outloss.py
 
 # Backward costs about twice the forward matmuls (gradients w.r.t. inputs and w.r.t. weights).
 TRAIN_FLOPS_FACTOR = 3.0

@@ -58,7 +58,8 @@ KINDS: dict[str, dict[str, str]] = {
               "host": STR + OPTIONAL, "cpu_model": STR + OPTIONAL, "gpu_model": STR + OPTIONAL,
               "scalelab_version": STR + OPTIONAL, "torch_version": STR + OPTIONAL,
               "horovod_version": STR + OPTIONAL, "python_version": STR + OPTIONAL,
-              "git_commit": STR + OPTIONAL, "role": STR + OPTIONAL, "mem_base_bytes": INT + OPTIONAL},  # typed when present
+              "git_commit": STR + OPTIONAL, "role": STR + OPTIONAL, "mem_base_bytes": INT + OPTIONAL,
+              "output_loss": STR + OPTIONAL, "output_loss_note": STR + OPTIONAL},  # typed when present
     # phases, loss and lr are typed when present (published or hand-made records may lack them)
     "step": {"step": INT, "warmup": BOOL, "step_s": NUM, "samples": INT, "words": INT,
              "epoch": INT + OPTIONAL, "data_s": NUM + OPTIONAL, "forward_s": NUM + OPTIONAL,

@@ -33,7 +33,7 @@ from scalelab.core.options import (
     one_of,
     option,
 )
-from scalelab.core.presets import PRESETS, RNN_KINDS, config_with_overrides
+from scalelab.core.presets import OUTPUT_LOSSES, PRESETS, RNN_KINDS, config_with_overrides
 from scalelab.core.rundir import SPEC_FILE, write_text
 
 # torch.manual_seed takes at most 64 bits; a bigger seed was accepted here and failed in every rank
@@ -214,6 +214,11 @@ class Spec:
     link_probe_mb: list[float] = field(default_factory=list)
     device: str = option("auto", "Device the ranks compute on [default: auto = GPU when present].",
                          one_of(*DEVICES), flag="--device")
+    output_loss: str = option("auto", "How the output layer and its cross-entropy run: full (all float32 logits "
+                              "at once), chunked (a chunk of rows at a time, plain PyTorch), compiled "
+                              "(torch.compile fuses them); auto = compiled on a GPU, full on a CPU. The "
+                              "same loss and gradients; see scalelab/train/outloss.py.",
+                              one_of(*OUTPUT_LOSSES), flag="--output-loss")
     # "A:B": a torch.profiler trace of steps A..B per rank (profile_range)
     profile_steps: str | None = option(None, "Record a torch.profiler trace of steps A..B on every rank "
                                        "(RUN_DIR/profile/rank-R.json, Chrome trace format; the HTML report links "

@@ -54,6 +54,7 @@ console = make_console()
 LAZY_COMMANDS: dict[str, str] = {
     "cost": "scalelab.costs.cli:cost_cmd",
     "plan": "scalelab.costs.cli:plan_cmd",
+    "memory": "scalelab.costs.memory_cli:memory_cmd",
     "bench": "scalelab.launcher.bench:bench_cmd",
     "study": "scalelab.launcher.study:study_cmd",
     "probe": "scalelab.launcher.probe:probe_cmd",
@@ -66,6 +67,7 @@ LAZY_HELP: dict[str, str] = {
     "cost": "Dollars per run: hours x catalog price, billed per second with a 60-second minimum.",
     "plan": "Predict throughput, steps, time and dollars to the loss threshold of untried layouts and global "
             "batches, and say which layout to buy.",
+    "memory": "Predict a rank's peak GPU memory for a model, batch, precision and engine, and which GPUs it fits.",
     "bench": "Measure the trainer's compute efficiency, all-reduce bandwidth, scaling, launch overhead, planner "
              "accuracy and report speed on this machine; print tables and write bench.json.",
     "study": "Run a seed's study (examples/*.yaml) and write its tables (study.md, CSV) and scaling report.",

@@ -173,6 +173,44 @@ def _step_figures(rounds: list[dict], precision: str, words: int, flops: float, 
     }
 
 
+def loss_benchmark(preset: str, batch: int | None = None, precision: str = "fp32",
+                   losses: tuple[str, ...] = ("full", "chunked"), steps: int = 8, warmup: int = 2,
+                   threads: int | None = None) -> list[dict]:
+    """Whole training steps of `preset` with each output-loss implementation (scalelab/train/outloss.py),
+    their steps alternating round by round in this process, on models with the same weights.
+
+    One row per implementation: median step and words/s, the median per-round ratio to `full` (a shared
+    machine's load falls on every implementation of a round alike), and the loss of the first step (the
+    same weights and batch: the implementations must agree)."""
+    from scalelab.train.outloss import resolve
+
+    if threads:
+        torch.set_num_threads(threads)
+    cfg = PRESETS[preset]
+    batch = batch or cfg.default_batch
+    b = build_dataset("synthetic", cfg, 0).get_batch(0, 0, batch, 0, batch)
+    prec = make_precision(precision, torch.device("cpu"), "fused")
+    steps_by, first = {}, {}
+    for name in losses:
+        torch.manual_seed(0)
+        impl, _ = resolve(name, torch.device("cpu"))
+        model = build_model(cfg, "fused", impl)
+        steps_by[name] = _phase_timer(model, make_optimizer(Spec(), model, 1e-3), b.inputs, prec)
+        with torch.no_grad(), prec.autocast():
+            first[name] = float(model(**b.inputs))
+    for _ in range(warmup):
+        for step in steps_by.values():
+            step()
+    rounds = [{name: step()["step"] for name, step in steps_by.items()} for _ in range(steps)]
+    out = []
+    for name in losses:
+        med = statistics.median(r[name] for r in rounds)
+        out.append({"preset": preset, "batch": batch, "precision": precision, "output_loss": name,
+                    "step_s": med, "words_per_s": b.words / med, "loss": first[name],
+                    "speedup_vs_full": statistics.median(r["full"] / r[name] for r in rounds) if "full" in rounds[0] else None})
+    return out
+
+
 # ---- all-reduce, one rank ------------------------------------------------------------------------
 
 
@@ -304,6 +342,13 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--steps", type=int, default=10)
     s.add_argument("--threads", type=int)
     s.add_argument("--precisions", default="fp32,bf16", help="comma-separated; their steps alternate")
+    o = sub.add_parser("loss", help="time whole steps with each --output-loss implementation, alternating")
+    o.add_argument("preset")
+    o.add_argument("--batch", type=int)
+    o.add_argument("--precision", default="fp32")
+    o.add_argument("--losses", default="full,chunked")
+    o.add_argument("--steps", type=int, default=8)
+    o.add_argument("--threads", type=int)
     f = sub.add_parser("profile", help="self time per op of one preset's step, fp32 beside bf16 (torch.profiler)")
     f.add_argument("preset")
     f.add_argument("--rnn", default="fused")
@@ -318,6 +363,9 @@ def main(argv: list[str] | None = None) -> int:
     elif args.what == "allreduce":
         allreduce_rank(args.engine, [float(x) for x in args.sizes_mb.split(",")], args.repeats, args.out,
                        args.label or args.engine, args.compression, args.tensors)
+    elif args.what == "loss":
+        print(json.dumps(loss_benchmark(args.preset, args.batch, args.precision, tuple(args.losses.split(",")),
+                                        args.steps, threads=args.threads)))
     elif args.what == "profile":
         for row in step_profile(args.preset, args.rnn, args.steps, args.threads):
             print(json.dumps(row))

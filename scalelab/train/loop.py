@@ -52,6 +52,7 @@ from scalelab.train.datasets import build_dataset
 from scalelab.train.engines import Engine, make_engine
 from scalelab.train.models import PRESETS, build_model, config_with_overrides
 from scalelab.train.noise import NoiseMeter
+from scalelab.train.outloss import resolve as resolve_output_loss
 from scalelab.train.memory import current_rss_bytes, is_out_of_memory, memory_fields, oom_message
 from scalelab.train.precision import Precision, make_precision
 from scalelab.train.profiling import StepProfiler
@@ -161,6 +162,8 @@ class Run:
     role: str = "worker"  # or "server": a ps shard rank of --ps-placement separate, which has no data
     worker: int = 0  # this worker's index among the workers (a server's: its index among the servers)
     workers: int = 1  # ranks that train on data (the world less the server ranks)
+    output_loss: str = "full"  # how the output layer and loss run (scalelab/train/outloss.py)
+    output_loss_note: str | None = None  # why it is not what --output-loss asked for (compiling failed)
 
 
 @dataclass
@@ -230,7 +233,10 @@ def setup(spec: Spec) -> Run:
     cfg = config_with_overrides(PRESETS[spec.model], spec.model_args)
     dataset = build_dataset(spec.data.kind, cfg, spec.seed, data_paths(spec, cfg.family), **data_options(spec, index * (role == "worker"), spec.workers))
     cfg = config_with_overrides(cfg, dataset.model_overrides())  # text data fixes vocabulary / labels
-    model = build_model(cfg, spec.rnn).to(device)
+    output_loss, output_loss_note = resolve_output_loss(spec.output_loss, device)  # compiled, or why not
+    if output_loss_note and engine.rank == 0:
+        print(f"scalelab: note: {output_loss_note}", file=sys.stderr, flush=True)
+    model = build_model(cfg, spec.rnn, output_loss).to(device)
     global_batch = spec.resolved_global_batch(cfg.default_batch)
     per_rank = spec.per_worker_batch(cfg.default_batch)
     lr_scale = spec.lr_scale(cfg.default_batch)
@@ -247,6 +253,7 @@ def setup(spec: Spec) -> Run:
         identity=identity(spec, global_batch), rank=engine.rank, world=engine.world,
         precision=precision, noise=NoiseMeter(model, engine.world, global_batch, engine.exchanging, workers=spec.workers),
         role=role, worker=index, workers=spec.workers, mem_base=mem_base,
+        output_loss=output_loss, output_loss_note=output_loss_note,
     )
 
 
@@ -297,7 +304,8 @@ def open_records(run_dir: Path, run: Run, progress: Progress) -> RecordWriter:
         balance=spec.balance, emulate_slowdown=run.slowdown, resumed_from_step=progress.resumed_from,
         precision=spec.precision, grad_compression=spec.engine.grad_compression,
         params=sum(p.numel() for p in model.parameters()), grad_bytes=grad_bytes(model, spec.engine.grad_compression),
-        mem_base_bytes=run.mem_base,
+        mem_base_bytes=run.mem_base, output_loss=run.output_loss,
+        **({"output_loss_note": run.output_loss_note} if run.output_loss_note else {}),
         **machine(torch.cuda.get_device_name(run.device) if run.device.type == "cuda" else None),
         **(software(torch.__version__) if run.rank == 0 else {}),
     )

@@ -78,7 +78,7 @@ def oom_message(exc: BaseException, batch_per_rank: int, precision: str, device:
     fixes = ["a smaller --batch-size (or the same global batch over more ranks: --gpus-per-node/--nodes)"]
     if precision == "fp32":
         fixes.append("--precision bf16 (half the activations)")
-    fixes.append("`launch plan ... --model` to see the predicted peak per rank for each GPU type")
+    fixes.append("`launch memory --batch-per-worker N` to see the predicted peak per rank on each GPU type")
     return "; ".join(parts) + "; fixes: " + ", or ".join(fixes)
 
 

@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from scalelab.core.errors import SpecError
+from scalelab.train.outloss import loss_function
 from scalelab.core.presets import (  # noqa: F401  (the configs live in core; re-exported for the trainer)
     BOS_ID,
     EOS_ID,
@@ -341,10 +342,8 @@ class Seq2Seq(nn.Module):
             scores = scores.masked_fill(~mask.unsqueeze(1), torch.finfo(scores.dtype).min)
             context = torch.bmm(torch.softmax(scores, dim=-1), memory)
             dec_out = torch.tanh(self.attn_combine(torch.cat([context, dec_out], dim=-1)))
-        logits = self.out(self.drop(dec_out))
-        return F.cross_entropy(
-            logits.reshape(-1, logits.size(-1)).float(), tgt_out.reshape(-1), ignore_index=PAD_ID
-        )
+        hidden = self.drop(dec_out)
+        return self.output_loss(hidden.reshape(-1, hidden.size(-1)), self.out.weight, self.out.bias, tgt_out.reshape(-1))
 
     def flops_per_step(self, batch_size: int) -> float:
         """Training FLOPs for `batch_size` full-length pairs (src_len x tgt_len), 3x forward."""
@@ -377,10 +376,8 @@ class RNNLM(nn.Module):
     def forward(self, tokens: Tensor, targets: Tensor) -> Tensor:
         """Mean cross-entropy over the non-pad targets."""
         out, _ = self.lstm(self.drop(self.embed(tokens)))
-        logits = self.out(self.drop(out))
-        return F.cross_entropy(
-            logits.reshape(-1, logits.size(-1)).float(), targets.reshape(-1), ignore_index=PAD_ID
-        )
+        hidden = self.drop(out)
+        return self.output_loss(hidden.reshape(-1, hidden.size(-1)), self.out.weight, self.out.bias, targets.reshape(-1))
 
     def flops_per_step(self, batch_size: int) -> float:
         """Training FLOPs for `batch_size` sequences of `seq_len` tokens, 3x forward."""
@@ -440,11 +437,15 @@ _MODELS: dict[str, type[nn.Module]] = {
 }
 
 
-def build_model(cfg: ModelConfig, rnn: str = "fused") -> nn.Module:
-    """The model for `cfg.family` with the chosen RNN implementation ("fused" or "stepwise")."""
+def build_model(cfg: ModelConfig, rnn: str = "fused", output_loss: str = "full") -> nn.Module:
+    """The model for `cfg.family` with the chosen RNN implementation ("fused" or "stepwise") and output
+    loss (a resolved name of scalelab/train/outloss.py: full, chunked or compiled; the vocabulary
+    models use it, the classifier's two-class output has no large logits to fuse)."""
     if rnn not in RNN_KINDS:
         raise SpecError(f"unknown rnn implementation {rnn!r}: use one of {', '.join(RNN_KINDS)}")
-    return _MODELS[cfg.family](cfg, rnn)
+    model = _MODELS[cfg.family](cfg, rnn)
+    model.output_loss = loss_function(output_loss)
+    return model
 
 
 def copy_weights(src: nn.Module, dst: nn.Module) -> None:

@@ -1,0 +1,80 @@
+"""`launch memory`: will a model and batch fit a GPU? The predicted peak per rank against every GPU type.
+
+Why a command of its own: the question comes before any run (which batch can I use on a 16 GB T4?) and
+after an out-of-memory error (whose message points here). `launch plan` uses the same prediction to
+mark the layouts that do not fit (scalelab/costs/memory.py).
+"""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from scalelab.core.errors import SpecError
+from scalelab.core.presets import OUTPUT_LOSSES, PRESETS, config_with_overrides, model_overrides
+from scalelab.core.engines import ENGINES
+from scalelab.core.spec import PRECISIONS
+from scalelab.core.terminal import make_console
+from scalelab.costs.catalog import InstanceType, builtin_catalog
+from scalelab.costs.memory import GIB, HEADROOM, MemoryPrediction, predict_peak
+
+console = make_console()
+
+
+def gpu_types(names: list[str] | None = None) -> list[InstanceType]:
+    """One instance type per GPU model and memory (the smallest), or the named types."""
+    catalog = builtin_catalog()
+    if names:
+        return [catalog.instance(n) for n in names]
+    seen: dict[tuple[str | None, float | None], InstanceType] = {}
+    for inst in sorted(catalog.instances.values(), key=lambda i: (i.gpus, i.name)):
+        if inst.gpu_mem_gib:
+            seen.setdefault((inst.gpu_model, inst.gpu_mem_gib), inst)
+    return sorted(seen.values(), key=lambda i: (i.gpu_mem_gib or 0, i.gpu_model or ""))
+
+
+def fit_rows(prediction: MemoryPrediction, types: list[InstanceType]) -> list[dict]:
+    """Per type: its GPU, the GPU's memory, whether the predicted peak fits (HEADROOM of it)."""
+    return [{"instance_type": t.name, "gpu": t.gpu_model, "gpu_mem_gib": t.gpu_mem_gib,
+             "fits": bool(t.gpu_mem_gib) and prediction.fits(float(t.gpu_mem_gib)),
+             "used_share": prediction.peak_bytes / (float(t.gpu_mem_gib) * GIB) if t.gpu_mem_gib else None}
+            for t in types]
+
+
+@click.command("memory")
+@click.option("--model", "model_name", type=click.Choice(sorted(PRESETS)), default="nmt-seed", show_default=True)
+@click.option("--model-arg", "model_args", multiple=True, metavar="KEY=VALUE", help="Override a preset field, e.g. hidden_size=1024.")
+@click.option("--batch-per-worker", type=click.IntRange(min=1), required=True, help="Samples per rank and step.")
+@click.option("--precision", type=click.Choice(PRECISIONS), default="fp32", show_default=True)
+@click.option("--engine", type=click.Choice(ENGINES), default="horovod", show_default=True)
+@click.option("--output-loss", type=click.Choice(OUTPUT_LOSSES), default="auto", show_default=True,
+              help="As `launch --output-loss` (auto: compiled on a GPU).")
+@click.option("--instance-types", help="Check these types [default: one per GPU model in the catalog].")
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+def memory_cmd(model_name: str, model_args: tuple[str, ...], batch_per_worker: int, precision: str, engine: str,
+               output_loss: str, instance_types: str | None, fmt: str) -> None:
+    """Predict the peak GPU memory of one rank (tensors, as torch.cuda.max_memory_allocated counts them)
+    and show which GPU types it fits, keeping 10% for the CUDA context and the allocator's cache."""
+    overrides = dict(a.split("=", 1) for a in model_args if "=" in a)
+    if len(overrides) != len(model_args):
+        raise SpecError("--model-arg takes KEY=VALUE, e.g. --model-arg hidden_size=1024")
+    cfg = config_with_overrides(PRESETS[model_name], model_overrides(overrides, "--model-arg"))
+    prediction = predict_peak(cfg, batch_per_worker, precision, engine, output_loss, device="cuda")
+    names = [n.strip() for n in instance_types.split(",") if n.strip()] if instance_types else None
+    rows = fit_rows(prediction, gpu_types(names))
+    if fmt == "json":
+        click.echo(json.dumps({"peak_gib": prediction.peak_gib, "model_state_gib": prediction.model_state / GIB,
+                               "activations_gib": prediction.activations / GIB,
+                               "output_layer_gib": prediction.output_layer / GIB, "types": rows}, indent=2))
+        return
+    console.print(f"{model_name}, {batch_per_worker} per rank, {precision}, {engine}: predicted peak "
+                  f"[bold]{prediction.peak_gib:.2f} GiB[/] per rank (model state {prediction.model_state / GIB:.2f}, "
+                  f"activations {prediction.activations / GIB:.2f}, output layer and loss {prediction.output_layer / GIB:.2f})")
+    for r in rows:
+        mark = "fits" if r["fits"] else "[red]does not fit[/]"
+        share = f"{r['used_share']:.0%} of it" if r["used_share"] is not None else "memory unknown"
+        console.print(f"  {r['instance_type']:<16} {r['gpu'] or '?':<10} {r['gpu_mem_gib'] or 0:>5.0f} GiB  {share:<12} {mark}")
+    if not all(r["fits"] for r in rows):
+        console.print(f"A rank fits where its peak is at most {HEADROOM:.0%} of the GPU's memory; "
+                      "for the others use a smaller --batch-per-worker, bf16, or --output-loss compiled.")
