@@ -38,7 +38,7 @@ from scalelab.analysis.report import _jsonable
 from scalelab.analysis.results import summarize_loaded
 from scalelab.core.errors import DataError, RecordError
 from scalelab.core.records import load_run
-from scalelab.costs.calibration import conformal_quantile, coverage, coverage_summary
+from scalelab.costs.calibration import calibrate, conformal_quantile, coverage, coverage_summary
 from scalelab.costs.catalog import Catalog, builtin_catalog
 from scalelab.costs.convergence import fit_convergence
 from scalelab.costs.steptime import STEP_MODELS, choose, fit_step_model, prepare
@@ -142,9 +142,10 @@ BENCH_LEVELS = (0.8, 0.9)
 
 def planner_bench(levels: tuple[float, ...] = BENCH_LEVELS) -> dict[str, Any]:
     """`launch bench --only planner`, at each level: coverage and median half-width of the
-    throughput bands on every shipped scaling table, overall, per table and per k
-    (costs.calibration.coverage: first k layouts fitted, the rest predicted, every table with a
-    quantile calibrated without it), and of the steps bands on the shipped convergence table over
+    throughput bands on every shipped scaling table (the seeds' and the published corpus), overall,
+    per table, per class of fits (2 or 3+ counts) and per k (costs.calibration.coverage: first k
+    counts fitted, the rest predicted, every table with the model and band chosen without it), the
+    naive last-efficiency rule's error beside the chosen model's, and of the steps bands on the shipped convergence table over
     its independent held-out predictions (`independent`)."""
     runs = pd.read_csv(files("scalelab.costs.data") / SHIPPED_CONVERGENCE)
     out: dict[str, Any] = {"levels": []}
@@ -153,8 +154,11 @@ def planner_bench(levels: tuple[float, ...] = BENCH_LEVELS) -> dict[str, Any]:
         steps = independent(evaluate(runs, level))
         out["levels"].append({
             "confidence": level, "throughput": coverage_summary(preds).to_dict(orient="records")[0],
-            "throughput_by_series": coverage_summary(preds, ["series"]).to_dict(orient="records"),
+            "throughput_by_series": coverage_summary(preds, ["table"]).to_dict(orient="records"),
+            "throughput_by_k_class": coverage_summary(preds, ["k_class"]).to_dict(orient="records"),
             "throughput_by_fit_counts": coverage_summary(preds, ["fit_counts"]).to_dict(orient="records"),
+            "throughput_models": {k: {"model": c.model, "held_out_error": c.errors}
+                                  for k, c in calibrate(level).items()},
             "steps": summary(steps).to_dict(orient="records")})
     out["steptime"] = steptime_bench(max(levels))
     return out
