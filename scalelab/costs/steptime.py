@@ -59,7 +59,7 @@ import pandas as pd
 from scalelab.core.errors import DataError
 from scalelab.core.spec import BALANCE_MODES
 from scalelab.costs.billing import Mix
-from scalelab.costs.calibration import conformal_quantile
+from scalelab.costs.calibration import band_spread, calibrate, conformal_quantile, k_class
 from scalelab.costs.catalog import Catalog, CatalogError
 from scalelab.costs.fitting import LinkModel, fit_series, nnls
 
@@ -442,21 +442,63 @@ def predict_layouts(measured: pd.DataFrame, layouts: Sequence[Layout], catalog: 
     notes = [f"model {chosen}: held-out error {np.mean(errs):.1%} over {len(errs)} row(s); "
              + "; ".join(f"{k} {np.mean(v):.1%}" for k, v in errors.items() if v and k != chosen) if errs else
              f"model {chosen}: no row could be predicted from the others, so its band is unbounded"]
-    if errs and math.isinf(q):
+    corpus = None
+    if math.isinf(q) or q >= 1:
+        corpus = _corpus_band(rows, confidence, errs)
         notes.append(f"{len(errs)} held-out prediction(s) are too few for a {confidence:.0%} band (it needs "
-                     f"{math.ceil(confidence / (1 - confidence) - 1e-9)}): the high end is unbounded")
-    out = [_layout_row(model, chosen, layout, rows, measured, q, time_based, errs) for layout in layouts]
-    return pd.DataFrame(out), notes
+                     f"{math.ceil(confidence / (1 - confidence) - 1e-9)}): the band is the one calibrated on the "
+                     "published scaling tables for as many measured GPU counts (scalelab/costs/calibration.py), "
+                     "widened to the largest error the model made on this table's own held-out rows")
+    out = [_layout_row(model, chosen, layout, rows, measured, q, time_based, errs, corpus) for layout in layouts]
+    return _priced(pd.DataFrame(out), layouts, catalog, notes), notes
+
+
+def _corpus_band(rows: pd.DataFrame, confidence: float,
+                 errs: Sequence[float]) -> tuple[pd.DataFrame, float, float, float]:
+    """(the table's rows as worker-count measurements, low and high log quantiles, the largest
+    |log error| of its own held-out rows): the band of the published tables for a table with too
+    few rows to calibrate its own, never narrower than the misses the model already made on it."""
+    fitted = rows[["workers", "throughput"]].astype(float)
+    cal = calibrate(confidence)[k_class(fitted["workers"].nunique())]
+    worst = max((-math.log(1 - min(e, 0.99)) for e in errs), default=0.0)  # |e| relative: the wider side
+    return fitted, min(cal.lo, 0.0), max(cal.hi, 0.0), worst
+
+
+def _priced(out: pd.DataFrame, layouts: Sequence[Layout], catalog: Catalog, notes: list[str]) -> pd.DataFrame:
+    """Add the on-demand price of each layout's instances and the dollars of its predicted time and
+    of its band's slow end, when the catalog prices every instance (a note names the price dates)."""
+    if "predicted_time_s" not in out.columns:
+        return out
+    usd, dates = [], set()
+    for layout in layouts:
+        try:
+            prices = [catalog.price(t) for t in layout.node_types]
+        except CatalogError as exc:
+            notes.append(f"{layout.text}: not priced: {exc}")
+            usd.append(math.nan)
+            continue
+        usd.append(sum(p.usd_per_hour for p in prices))
+        dates |= {f"{t}: {p.source}" for t, p in zip(layout.node_types, prices)}
+    hours = out["predicted_time_s"].clip(lower=60) / 3600  # per-second billing, 60 s minimum
+    notes.extend(f"price of {d}" for d in sorted(dates))
+    return out.assign(usd_per_hour=usd, dollars=hours * usd,
+                      dollars_high=out["time_high_s"].clip(lower=60) / 3600 * usd)
 
 
 def _layout_row(model: Any, chosen: str, layout: Layout, rows: pd.DataFrame, measured: pd.DataFrame, q: float,
-                time_based: bool, errs: list[float]) -> dict[str, Any]:
+                time_based: bool, errs: list[float],
+                corpus: tuple[pd.DataFrame, float, float, float] | None = None) -> dict[str, Any]:
     """One output row: point, band, parts and where the speed came from."""
     if chosen in STEP_MODELS and model.why_not(layout):
         raise DataError(f"--predict {layout.text}: {model.why_not(layout)}; add such a measurement to the table")
     b, glob = _batch_of(rows, measured, layout.workers)
     thr, parts = _point(model, chosen, layout, b, glob)
-    low, high = thr / (1 + q), (thr / (1 - q) if q < 1 else math.inf)
+    if corpus is not None:
+        fitted, lo, hi, worst = corpus
+        spread = float(band_spread(fitted, [layout.workers])[0])
+        low, high = thr * math.exp(min(lo * spread, -worst)), thr * math.exp(max(hi * spread, worst))
+    else:
+        low, high = thr / (1 + q), thr / (1 - q)
     row: dict[str, Any] = {"layout": layout.text, "instances": layout.instances, "workers": layout.workers,
                            "nodes": layout.nodes, "balance": layout.balance}
     if time_based:
