@@ -502,9 +502,10 @@ _CAND_COLS = ["label", "workers", "instances", "instance_type", "speed_basis", "
 def _model_lines(result) -> list[str]:
     lines = [f"intervals at {result.confidence:.0%}"]
     for label, fit in result.fits.items():
-        errs = ", ".join(f"{m} {'—' if e is None else f'{e:.1%}'}" for m, e in fit.held_out_error.items())
-        lines.append(f"series {label or '(unlabelled)'}: {len(fit.measured)} measurements; held-out error {errs}; "
-                     f"using {fit.chosen}")
+        used = result.predictions[result.predictions["label"] == label].iloc[0]
+        lines.append(f"series {label or '(unlabelled)'}: {len(fit.measured)} measurements at "
+                     f"{fit.measured['workers'].nunique()} GPU counts; using {used['model']} (held-out error "
+                     f"{used['held_out_error']:.1%} on the published scaling tables, docs/benchmarks.md)")
     for label, conv in result.convergence.items():
         b_noise = "unbounded" if math.isinf(conv.b_noise) else f"{conv.b_noise:,.0f}"
         lines.append(f"steps to threshold, {label}: {conv.basis} of {conv.runs} run(s) at global batch "
@@ -526,13 +527,17 @@ def _plan_tables(result) -> list[tuple[str, pd.DataFrame, dict[str, str]]]:
     """(title, rows, number formats) of every table the plan has, in the order shown."""
     tables = []
     if len(result.predictions):
-        tables.append(("Predicted throughput", result.predictions[_PRED_COLS], _PRED_FMT))
+        small = result.predictions["predicted_throughput"].max() < 100  # e.g. runs per second of a time_s table
+        fmt = _PRED_FMT | ({c: ".4g" for c in _PRED_COLS if "throughput" in c or "interval" in c} if small else {})
+        tables.append(("Predicted throughput", result.predictions[_PRED_COLS], fmt))
     if len(result.batch_predictions):
         tables.append(("Steps to the loss threshold against the global batch", result.batch_predictions[_BATCH_COLS],
                        _BATCH_FMT))
     if len(result.candidates):
+        small = result.candidates["predicted_throughput"].max() < 100
         tables.append(("Candidates (hours and dollars to the threshold, or for the given work)",
-                       result.candidates.sort_values("hours")[_CAND_COLS], _CAND_FMT))
+                       result.candidates.sort_values("hours")[_CAND_COLS],
+                       _CAND_FMT | ({"predicted_throughput": ".4g"} if small else {})))
     return tables
 
 
