@@ -109,3 +109,17 @@ def test_seed_004_cheapest_is_not_the_unmeasured_k80_when_its_band_allows_it_to_
     assert (k80["speed_basis"] != "measured").all() and (k80["interval_low"] < k80["predicted_throughput"] / 1.13).all()
     assert p.recommendations["cheapest"]["instance_type"] != "p2.xlarge"
     assert any("measuring 4 GPUs would narrow it" in n for n in p.notes)
+
+
+def test_speeds_across_gpu_types_come_from_published_measurements_before_specs():
+    """Seed 004 measured a K80 at 0.56x an M60; specs said 1.13x. The published ratio wins, at the
+    run's kind of arithmetic, and a type of the measured chip is not looked up."""
+    from scalelab.costs.speed import published_ratio, resolve_speed
+
+    cat = builtin_catalog()
+    k80 = resolve_speed(cat.instance("p2.xlarge"), cat.instance("g3.4xlarge"), cat, {}, {}, "fp32")
+    assert k80.basis == "published" and k80.factor == pytest.approx(35920 / 63923, rel=1e-3) and k80.widening >= 1.3
+    fp32, mixed = published_ratio("A100-80GB", "V100", "fp32"), published_ratio("A100", "V100-32GB", "bf16")
+    assert fp32[0] == pytest.approx(83214 / 21860, rel=1e-3) and mixed[0] == pytest.approx(140909 / 76438, rel=1e-3)
+    assert published_ratio("V100", "A100", "fp32")[0] == pytest.approx(21860 / 83214, rel=1e-3)
+    assert published_ratio("H100", "A100", "fp32") is None  # none published here: specs, widened, instead
