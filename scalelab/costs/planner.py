@@ -372,9 +372,13 @@ def resolve_candidate(request: PlanRequest, name: str, notes: list[str]) -> Cand
     prices = {}
     for market in request.markets:
         try:
-            prices[market] = catalog.price(name, market, request.region).usd_per_hour
+            found = catalog.price(name, market, request.region)
         except CatalogError as exc:
             notes.extend([str(exc)] if str(exc) not in notes else [])
+            continue
+        prices[market] = found.usd_per_hour
+        notes.append(f"price of {name} ({market}): ${found.usd_per_hour:g}/h, {found.source}"
+                     + (f", observed {found.observed}" if found.observed else ""))
     measured = request.measured_link()
     return Candidate(inst, speed, replace(measured, inter_gbps=inst.network_gbps or measured.inter_gbps), prices,
                      catalog.interruption_rate(name, request.interruptions_per_hour), request.region or catalog.region)
