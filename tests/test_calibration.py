@@ -123,3 +123,25 @@ def test_speeds_across_gpu_types_come_from_published_measurements_before_specs()
     assert fp32[0] == pytest.approx(83214 / 21860, rel=1e-3) and mixed[0] == pytest.approx(140909 / 76438, rel=1e-3)
     assert published_ratio("V100", "A100", "fp32")[0] == pytest.approx(21860 / 83214, rel=1e-3)
     assert published_ratio("H100", "A100", "fp32") is None  # none published here: specs, widened, instead
+
+
+def test_a_measured_1x2_layout_billed_per_gpu_hour_stays_measured_as_1x2():
+    cat = builtin_catalog()
+    cat.add_rate("lab", 0.5, "gpu-hour")
+    df = pd.DataFrame({"label": "s", "workers": [1, 2, 4], "nodes": [1, 1, 1], "throughput": [100.0, 190.0, 360.0]})
+    c = plan(PlanRequest(df, [1, 2, 4, 8], cat, ["lab"], work=1e6, measured_on="lab")).candidates.set_index("workers")
+    assert c.loc[2, "instances"] == 2 and c.loc[2, "measured"]  # two GPU-hours an hour, on the one measured node
+    assert c.loc[2, "predicted_throughput"] == pytest.approx(190.0, rel=1e-6)
+    assert c.loc[4, "predicted_throughput"] == pytest.approx(360.0, rel=1e-6) and not c.loc[8, "measured"]
+    assert c.loc[2, "dollars"] == pytest.approx(1e6 / 190.0 / 3600 * 2 * 0.5, rel=1e-3)  # whole seconds billed
+
+
+def test_time_tables_show_their_throughput_not_zero(tmp_path):
+    """A table in seconds (time_s) has throughputs far below 1 (runs per second): shown, not 0."""
+    from scalelab.costs.cli import _plan_tables
+
+    df = pd.DataFrame({"label": "s", "workers": [1, 2, 4], "throughput": [1 / 35920, 1 / 24316, 1 / 13156]})
+    p = plan(PlanRequest(df, [8]))
+    title, rows, fmt = _plan_tables(p)[0]
+    shown = format(rows["predicted_throughput"].iloc[-1], fmt["predicted_throughput"])
+    assert float(shown) > 0

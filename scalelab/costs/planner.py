@@ -441,7 +441,8 @@ def _price_type(request: PlanRequest, cand: Candidate, fit: FitResult, steps: pd
     for _, st in steps.iterrows():
         w = int(st["workers"])
         count = cand.instances_for(w)
-        band = _band(fit, [w], [count], level, cand.link).iloc[0]
+        nodes = _priced_nodes(st, count, speed)
+        band = _band(fit, [w], [nodes], level, cand.link).iloc[0]
         thr = float(band["predicted"]) * speed.factor
         lo = float(band["low"]) * speed.factor / speed.widening
         hi = float(band["high"]) * speed.factor * speed.widening
@@ -452,11 +453,21 @@ def _price_type(request: PlanRequest, cand: Candidate, fit: FitResult, steps: pd
                     "steps_to_threshold": st["steps_to_threshold"], "steps_high": st["steps_high"],
                     "time_basis": st["time_basis"], "speed_basis": speed.basis, "speed_factor": speed.factor,
                     "speed_widening": speed.widening,
-                    "measured": bool(pd.notna(st["measured_throughput"])) and speed.basis == "measured"}
+                    "measured": bool(pd.notna(st["measured_throughput"])) and speed.basis == "measured"
+                    and nodes == int(st["nodes"])}
         seconds = {"point": st["work"] / thr, "low": st["work_low"] / max(hi, 1e-300),
                    "high": st["work_high"] / max(lo, 1e-300)}
         rows += _market_rows(request, cand, layout, estimate, seconds)
     return rows
+
+
+def _priced_nodes(step: pd.Series, instances: int, speed: Speed) -> int:
+    """The nodes a priced layout runs on: as measured, for a measured layout of the measured type whose
+    instances can hold it that way (a 1x2 run billed per GPU-hour is still 1x2, not 2x1), else one per
+    instance."""
+    if speed.basis == "measured" and pd.notna(step["measured_throughput"]) and int(step["nodes"]) <= instances:
+        return int(step["nodes"])
+    return instances
 
 
 def _market_rows(request: PlanRequest, cand: Candidate, layout: dict[str, Any], estimate: dict[str, Any],
