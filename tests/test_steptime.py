@@ -280,3 +280,17 @@ def test_seed_004_split_predicts_the_homogeneous_and_static_rows():
     assert abs(split["Four g3.4xlarge"]) < 0.05 and abs(split["Two g3.16xlarge with 2 GPU only"]) < 0.1
     assert abs(split["One g3.4xlarge + one p2.xlarge"]) < 0.05
     assert split["Three g3.4xlarge + one p2.xlarge + dynamic"] < split["Three g3.4xlarge + one p2.xlarge"] < 0
+
+
+def test_launch_plan_predict_prices_and_recommends_at_the_bands_bad_end(tmp_path):
+    r = launch("plan", "--from-csv", str(SEED_004), "--predict", "4x1@4*g3.4xlarge,2x4@2*g3.16xlarge,1x1@p2.xlarge",
+               "--market", "both", "--deadline-h", "6", "--format", "json", cwd=tmp_path, env=_env(tmp_path))
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout)
+    assert {row["market"] for row in rows} == {"on-demand", "spot"} and len(rows) == 6
+    priced = [row for row in rows if row["dollars"] is not None]
+    assert all(row["dollars_high"] >= row["dollars"] > 0 for row in priced)
+    ok = [row for row in priced if row["hours_high"] <= 6]
+    best = min(ok, key=lambda row: row["dollars"])
+    assert f"cheapest within deadline: {best['layout']} ({best['market']})" in " ".join(r.stderr.split())
+    assert "observed 2017" in r.stderr  # the p2.xlarge spot price is a 2017 example, and says so

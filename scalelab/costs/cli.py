@@ -39,7 +39,7 @@ from scalelab.costs.billing import Mix, run_cost, threshold_cost
 from scalelab.costs.catalog import DEFAULT_REGION, MARKETS, Catalog, CatalogError, load_catalog, parse_interruptions, refresh
 from scalelab.costs.fitting import LinkModel
 from scalelab.costs.measurements import Measurements, measured_from_csv, measured_from_runs
-from scalelab.costs.planner import PlanRequest, plan
+from scalelab.costs.planner import PlanRequest, plan, recommend
 from scalelab.costs.steptime import parse_fleet_layouts, predict_layouts
 from scalelab.costs.tables import (
     csv_kind,
@@ -396,9 +396,10 @@ def plan_cmd(run_dirs: tuple[str, ...], from_csv: str | None, predict_workers: s
     if predict_layouts is not None:
         _refuse_with_predict({"--predict-workers": predict_workers, "--predict-batch": predict_batch,
                               "--instance-types": instance_types, "--work": work, "--measured-on": measured_on,
-                              "--speed": speed or None, "--deadline-h": deadline_h, "--budget": budget_usd,
+                              "--speed": speed or None,
                               "--out": out, "--format html": "html" if fmt == "html" else None, "RUN_DIRS": run_dirs or None})
-        _predict_from_csv(from_csv, predict_layouts, confidence, fmt, params)
+        markets = list(MARKETS) if market == "both" else [market]
+        _predict_from_csv(from_csv, predict_layouts, confidence, fmt, params, markets, deadline_h, budget_usd)
         return
     m = measured_from_csv(from_csv, measured_on) if from_csv else measured_from_runs([Path(p) for p in run_dirs],
                                                                                        measured_on)
@@ -433,8 +434,11 @@ def _refuse_with_predict(given: dict[str, Any]) -> None:
                         "FILE alone (json, table or markdown); drop them, or drop --predict to plan")
 
 
-def _predict_from_csv(path: str, text: str, confidence: float, fmt: str, params: dict[str, Any]) -> None:
-    """`launch plan --from-csv F --predict LAYOUTS`: one row per layout (costs.steptime)."""
+def _predict_from_csv(path: str, text: str, confidence: float, fmt: str, params: dict[str, Any],
+                      markets: list[str] | None = None, deadline_h: float | None = None,
+                      budget_usd: float | None = None) -> None:
+    """`launch plan --from-csv F --predict LAYOUTS`: one row per layout and market (costs.steptime),
+    priced, with the cheapest and fastest (within --deadline-h / --budget) at the band's bad end."""
     if csv_kind(path) == "convergence":
         raise DataError(f"{path}: a table of steps to a threshold; --predict needs a scaling table with workers, "
                         "nodes, instance_type and time_s or throughput")
@@ -442,13 +446,20 @@ def _predict_from_csv(path: str, text: str, confidence: float, fmt: str, params:
     layouts = parse_fleet_layouts(text, catalog)
     time_based = "throughput" not in read_scaling_csv(path).columns
     m = measured_from_csv(path, None)
-    rows, notes = predict_layouts(m.measured, layouts, catalog, confidence, Path(path).name, time_based)
+    rows, notes = predict_layouts(m.measured, layouts, catalog, confidence, Path(path).name, time_based,
+                                  markets=markets or ["on-demand"])
+    if "dollars" in rows.columns and rows["dollars"].notna().any():
+        recs, more = recommend(rows[rows["dollars"].notna()].copy(), deadline_h, budget_usd, confidence)
+        notes += more + [f"{k.replace('_', ' ')}: {r['layout']} ({r['market']}): {r['hours']:.2f} h (up to "
+                         f"{r['hours_high']:.2f} h), ${r['dollars']:,.2f} (up to ${r['dollars_high']:,.2f})"
+                         for k, r in recs.items() if r]
     for note in notes:
         err_console.print(f"[yellow]note:[/] {note}", highlight=False)
     if fmt == "json":
         _print_json(to_json_records(rows))
         return
     nfmt = {c: ",.0f" for c in ("predicted_time_s", "time_low_s", "time_high_s")} | \
+        {c: ",.2f" for c in ("usd_per_hour", "hours", "hours_high", "dollars", "dollars_high")} | \
         {c: ",.4g" for c in ("predicted_throughput", "throughput_low", "throughput_high")} | \
         {c: ".0%" for c in ("compute_share", "exchange_share", "data_share", "held_out_error")}
     show = rows[[c for c in rows.columns if c not in ("workers", "nodes", "held_out_predictions")]]

@@ -540,7 +540,7 @@ def _unmeasured_notes(recs: dict[str, dict[str, Any] | None]) -> list[str]:
     out = []
     for key, rec in recs.items():
         if rec is not None and rec.get("speed_basis") not in (None, "measured", "probe"):
-            out.append(f"{key.replace('_', ' ')}: {rec['instance_type']}'s speed is not measured on this job "
+            out.append(f"{key.replace('_', ' ')}: {rec.get('instance_type') or rec.get('layout')}'s speed is not measured on this job "
                        f"({rec['speed_basis']}); probe it (launch probe) before relying on it")
     return out
 

@@ -427,9 +427,11 @@ def _point(model: StepModel | Any, chosen: str, layout: Layout, b: float, glob: 
 
 def predict_layouts(measured: pd.DataFrame, layouts: Sequence[Layout], catalog: Catalog, confidence: float,
                     source: str = "the table", time_based: bool = True,
-                    known: Known | None = None) -> tuple[pd.DataFrame, list[str]]:
-    """(one row per layout, notes): the predicted time (`time_based`: the table gave time_s) or
-    throughput, with its conformal band from the chosen model's held-out errors (module doc)."""
+                    known: Known | None = None,
+                    markets: Sequence[str] = ("on-demand",)) -> tuple[pd.DataFrame, list[str]]:
+    """(one row per layout and market, notes): the predicted time (`time_based`: the table gave
+    time_s) or throughput, with its conformal band from the chosen model's held-out errors (module
+    doc), and for time the dollars in each of `markets` where the catalog prices every instance."""
     rows = prepare(measured, catalog, source)
     types = _measured_types(rows)
     for layout in layouts:
@@ -450,7 +452,8 @@ def predict_layouts(measured: pd.DataFrame, layouts: Sequence[Layout], catalog: 
                      "published scaling tables for as many measured GPU counts (scalelab/costs/calibration.py), "
                      "widened to the largest error the model made on this table's own held-out rows")
     out = [_layout_row(model, chosen, layout, rows, measured, q, time_based, errs, corpus) for layout in layouts]
-    return _priced(pd.DataFrame(out), layouts, catalog, notes), notes
+    priced = [_priced(pd.DataFrame(out), layouts, catalog, notes, m) for m in markets]
+    return pd.concat(priced, ignore_index=True), notes
 
 
 def _corpus_band(rows: pd.DataFrame, confidence: float,
@@ -464,25 +467,32 @@ def _corpus_band(rows: pd.DataFrame, confidence: float,
     return fitted, min(cal.lo, 0.0), max(cal.hi, 0.0), worst
 
 
-def _priced(out: pd.DataFrame, layouts: Sequence[Layout], catalog: Catalog, notes: list[str]) -> pd.DataFrame:
-    """Add the on-demand price of each layout's instances and the dollars of its predicted time and
-    of its band's slow end, when the catalog prices every instance (a note names the price dates)."""
+def _priced(out: pd.DataFrame, layouts: Sequence[Layout], catalog: Catalog, notes: list[str],
+            market: str = "on-demand") -> pd.DataFrame:
+    """Add the `market` price of each layout's instances, its hours and the dollars of its predicted
+    time and of its band's slow end, when the catalog prices every instance (a note names each
+    price's source and date, another the layouts it cannot price)."""
     if "predicted_time_s" not in out.columns:
         return out
-    usd, dates = [], set()
+    usd = []
     for layout in layouts:
         try:
-            prices = [catalog.price(t) for t in layout.node_types]
+            prices = [catalog.price(t, market) for t in layout.node_types]
         except CatalogError as exc:
-            notes.append(f"{layout.text}: not priced: {exc}")
+            notes.append(f"{layout.text}: not priced {market}: {exc}")
             usd.append(math.nan)
             continue
         usd.append(sum(p.usd_per_hour for p in prices))
-        dates |= {f"{t}: {p.source}" for t, p in zip(layout.node_types, prices)}
-    hours = out["predicted_time_s"].clip(lower=60) / 3600  # per-second billing, 60 s minimum
-    notes.extend(f"price of {d}" for d in sorted(dates))
-    return out.assign(usd_per_hour=usd, dollars=hours * usd,
-                      dollars_high=out["time_high_s"].clip(lower=60) / 3600 * usd)
+        for t, p in dict(zip(layout.node_types, prices)).items():
+            line = (f"price of {t} ({market}): ${p.usd_per_hour:g}/h, {p.source}"
+                    + (f", observed {p.observed}" if p.observed else ""))
+            notes.extend([line] if line not in notes else [])
+    if market == "spot":
+        notes.append("spot: priced at the spot rate without interruptions (the worker-count plan, without "
+                     "--predict, prices their restarts)")
+    hours, hours_high = out["predicted_time_s"].clip(lower=60) / 3600, out["time_high_s"].clip(lower=60) / 3600
+    return out.assign(market=market, usd_per_hour=usd, hours=hours, hours_high=hours_high, dollars=hours * usd,
+                      dollars_high=hours_high * usd)  # per-second billing, 60 s minimum
 
 
 def _layout_row(model: Any, chosen: str, layout: Layout, rows: pd.DataFrame, measured: pd.DataFrame, q: float,
