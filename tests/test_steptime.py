@@ -294,3 +294,18 @@ def test_launch_plan_predict_prices_and_recommends_at_the_bands_bad_end(tmp_path
     best = min(ok, key=lambda row: row["dollars"])
     assert f"cheapest within deadline: {best['layout']} ({best['market']})" in " ".join(r.stderr.split())
     assert "observed 2017" in r.stderr  # the p2.xlarge spot price is a 2017 example, and says so
+
+
+def test_worker_count_and_step_time_models_answer_one_interface():
+    """Both kinds give the step time of (layout, batch): the worker-count model behind it predicts
+    what it predicts as throughput, and refuses a GPU type it never saw."""
+    from scalelab.costs.steptime import WorkerCountModel, fit_layout_model
+
+    table = _synthetic(["1x1@g3.4xlarge", "2x1@g3.4xlarge", "4x1@g3.4xlarge", "1x4@g3.16xlarge"], batches=(32,))
+    rows = prepare(table, CAT)
+    comm, step = fit_layout_model(rows, CAT, "comm"), fit_layout_model(rows, CAT, "steptime")
+    assert isinstance(comm, WorkerCountModel) and isinstance(step, StepModel)
+    lay = parse_fleet_layouts("8x1@g3.4xlarge", CAT)[0]
+    thr = comm.fit.predict([8], [8], "comm")[0]
+    assert comm.step_s(lay, 32.0) == pytest.approx(32.0 * 8 / thr) and step.step_s(lay, 32.0) > 0
+    assert comm.why_not(parse_fleet_layouts("1x1@p2.xlarge", CAT)[0]) is not None and comm.why_not(lay) is None

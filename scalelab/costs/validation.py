@@ -41,7 +41,7 @@ from scalelab.core.records import load_run
 from scalelab.costs.calibration import calibrate, conformal_quantile, coverage, coverage_summary
 from scalelab.costs.catalog import Catalog, builtin_catalog
 from scalelab.costs.convergence import fit_convergence
-from scalelab.costs.steptime import STEP_MODELS, choose, fit_step_model, prepare
+from scalelab.costs.steptime import choose, fit_layout_model, prepare
 from scalelab.costs.tables import read_scaling_csv
 
 __all__ = ["collect", "evaluate", "independent", "summary", "planner_bench", "BENCH_LEVELS", "steptime_split",
@@ -187,7 +187,7 @@ def steptime_split(rows: pd.DataFrame, fit_labels: Sequence[str], cat: Catalog |
     cat = cat or builtin_catalog()
     train = rows[rows["label"].isin(fit_labels)]
     name, _ = choose(train, cat)
-    model = fit_step_model(train, cat, name)
+    model = fit_layout_model(train, cat, name)
     out = []
     for _, r in rows[~rows["label"].isin(fit_labels)].iterrows():
         pred, measured = _time_s(model, r), r["per"] / r["throughput"]
@@ -204,8 +204,8 @@ def steptime_loo(rows: pd.DataFrame, confidence: float, cat: Catalog | None = No
     for i in range(len(rows)):
         train, r = rows.drop(index=rows.index[i]), rows.iloc[i]
         name, errors = choose(train, cat)
-        model = fit_step_model(train, cat, name) if name in STEP_MODELS else None
-        if model is None or model.why_not(r["layout"]) is not None:
+        model = fit_layout_model(train, cat, name)
+        if model.why_not(r["layout"]) is not None:
             continue
         q = conformal_quantile(errors[name], confidence) if errors[name] else math.inf
         pred, measured = _time_s(model, r), r["per"] / r["throughput"]
