@@ -69,7 +69,7 @@ from scalelab.costs.fitting import FitResult, LinkModel, fit_series, nnls
 
 __all__ = ["Known", "Layout", "parse_fleet_layout", "parse_fleet_layouts", "exchange_terms", "StepModel", "fit_step_model",
            "prepare", "held_out", "choose", "predict_layouts", "STEP_MODELS", "LayoutModel", "WorkerCountModel",
-           "fit_layout_model"]
+           "fit_layout_model", "corpus_band"]
 
 STEP_MODELS = ("steptime", "steptime-links")
 _DEFAULT_LINK = LinkModel()
@@ -490,7 +490,7 @@ def predict_layouts(measured: pd.DataFrame, layouts: Sequence[Layout], catalog: 
              f"model {chosen}: no row could be predicted from the others, so its band is unbounded"]
     corpus = None
     if math.isinf(q) or q >= 1:
-        corpus = _corpus_band(rows, confidence, errs)
+        corpus = corpus_band(rows, confidence, errs)
         notes.append(f"{len(errs)} held-out prediction(s) are too few for a {confidence:.0%} band (it needs "
                      f"{math.ceil(confidence / (1 - confidence) - 1e-9)}): the band is the one calibrated on the "
                      "published scaling tables for as many measured GPU counts (scalelab/costs/calibration.py), "
@@ -500,7 +500,7 @@ def predict_layouts(measured: pd.DataFrame, layouts: Sequence[Layout], catalog: 
     return pd.concat(priced, ignore_index=True), notes
 
 
-def _corpus_band(rows: pd.DataFrame, confidence: float,
+def corpus_band(rows: pd.DataFrame, confidence: float,
                  errs: Sequence[float]) -> tuple[pd.DataFrame, float, float, float]:
     """(the table's rows as worker-count measurements, low and high log quantiles, the largest
     |log error| of its own held-out rows): the band of the published tables for a table with too

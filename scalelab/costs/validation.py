@@ -38,10 +38,10 @@ from scalelab.analysis.report import _jsonable
 from scalelab.analysis.results import summarize_loaded
 from scalelab.core.errors import DataError, RecordError
 from scalelab.core.records import load_run
-from scalelab.costs.calibration import calibrate, conformal_quantile, coverage, coverage_summary
+from scalelab.costs.calibration import band_spread, calibrate, conformal_quantile, coverage, coverage_summary
 from scalelab.costs.catalog import Catalog, builtin_catalog
 from scalelab.costs.convergence import fit_convergence
-from scalelab.costs.steptime import choose, fit_layout_model, prepare
+from scalelab.costs.steptime import choose, corpus_band, fit_layout_model, prepare
 from scalelab.costs.tables import read_scaling_csv
 
 __all__ = ["collect", "evaluate", "independent", "summary", "planner_bench", "BENCH_LEVELS", "steptime_split",
@@ -209,9 +209,15 @@ def steptime_loo(rows: pd.DataFrame, confidence: float, cat: Catalog | None = No
             continue
         q = conformal_quantile(errors[name], confidence) if errors[name] else math.inf
         pred, measured = _time_s(model, r), r["per"] / r["throughput"]
-        low, high = pred / (1 + q) if q < math.inf else 0.0, pred / (1 - q) if q < 1 else math.inf
+        if q < 1:
+            low, high = pred / (1 + q), pred / (1 - q)
+        else:  # as `launch plan --predict` does: the corpus band, widened to the model's worst miss here
+            fitted, lo, hi, worst = corpus_band(train, confidence, errors[name])
+            spread = float(band_spread(fitted, [r["workers"]])[0])
+            low, high = pred * math.exp(-max(hi * spread, worst)), pred * math.exp(-min(lo * spread, -worst))
         out.append({"label": r["label"], "model": name, "measured_s": measured, "predicted_s": pred,
-                    "error": pred / measured - 1, "half_width": q, "covered": bool(low <= measured <= high)})
+                    "error": pred / measured - 1, "half_width": (high - low) / 2 / pred,
+                    "covered": bool(low <= measured <= high)})
     return pd.DataFrame(out)
 
 
