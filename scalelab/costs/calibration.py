@@ -20,13 +20,15 @@ Which one a plan uses is chosen by held-out error: the lowest mean |log(pred/tru
 task of the tables (each table weighted equally), separately for fits on two counts and on three
 or more. To measure it honestly a table is never judged with a choice or a band made with it.
 
-**The band** is in log space and grows with the distance d = log2(N/ck) past the fitted counts:
-log(true/pred) lies in [lo·(d + δ), hi·(d + δ)], δ = 0.5 (a measured point is off by its noise), lo and
-hi the 1−c' and c' quantiles (c' = 1 − (1 − c)/2) of log(true/pred)/(d + δ) over the tasks of the
-other tables, each table weighted equally. Log space keeps every band finite and positive, with two
-counts too. Then **physics** clips both the prediction and the band: never above linear scaling from
-the best measured per-GPU rate (N · max p; data that scales super-linearly raises that rate itself),
-never below what the fewest measured GPUs already deliver (for more GPUs than those).
+**The band** is in log space and grows with the distance d = log2(N/ck) past the fitted counts and
+with how far from linear the fitted counts scale (r, the |log| of the per-GPU rate lost per doubling
+across them): log(true/pred) lies in [lo, hi] · (d + δ) · (r + 0.05), δ = 0.5 (a measured point is
+off by its noise). lo and hi are conformal over the tables (tables are not interchangeable draws):
+each table's own (1 − c') and c' quantiles of log(true/pred) / ((d + δ)(r + 0.05)), c' = 1 − (1 − c)/2,
+then the ⌈(n+1)·c⌉-th widest of the n tables'. Log space keeps every band finite and positive, with
+two counts too. Then **physics** clips both the prediction and the band: never above linear scaling
+from the best measured per-GPU rate (N · max p; data that scales super-linearly raises that rate
+itself), never below what the fewest measured GPUs already deliver (for more GPUs than those).
 
 `coverage` judges the whole procedure: every table predicted with the model and band chosen
 without it (`launch bench --only planner`; docs/benchmarks.md has the figures).

@@ -383,8 +383,9 @@ def plan_cmd(run_dirs: tuple[str, ...], from_csv: str | None, predict_workers: s
     """Predict throughput, steps, time and dollars to the loss threshold of untried layouts and
     global batches, and say which layout to buy.
 
-    Throughput: an Ernest-style and a ring all-reduce model fitted to the measured layouts, the one
-    with the lower held-out error kept. Steps to the threshold: S(B) = S_min (1 + B_noise/B) from
+    Throughput: the model (naive last efficiency, efficiency decay, Ernest, ring, PS) with the lowest
+    held-out error on published scaling tables, its band calibrated on them and bounded by linear
+    scaling. Steps to the threshold: S(B) = S_min (1 + B_noise/B) from
     runs at two or more global batches, or from one run and its measured noise scale. Time: S(B)
     times each layout's step time at its global batch, plus the runs' start-up and overheads. Every
     interval is at --confidence; the recommendations are the cheapest layout that finishes within
