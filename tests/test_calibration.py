@@ -25,14 +25,14 @@ from scalelab.costs.catalog import builtin_catalog
 from scalelab.costs.planner import PlanRequest, plan
 
 
-def test_the_corpus_names_a_source_for_every_table_and_spans_kepler_to_ampere_and_64_gpus():
+def test_the_corpus_names_a_source_for_every_table_and_spans_kepler_to_hopper_and_64_gpus():
     sources = pd.read_csv(files("scalelab.costs.data.corpus") / "SOURCES.csv")
     tables = reference_tables()
     corpus = {t for t in tables if not t.startswith("seed")}
     assert len(corpus) >= 12 and corpus == set(sources["table"])
     assert sources["source"].str.contains("@[0-9a-f]{40}:", regex=True).all()  # repository@commit:path
     gpus = " ".join(sources["gpu"])
-    assert all(g in gpus for g in ("Kepler", "Pascal", "Volta", "Ampere"))
+    assert all(g in gpus for g in ("Kepler", "Pascal", "Volta", "Ampere", "Hopper"))
     most = max(int(rows["workers"].max()) for series in tables.values() for rows in series.values())
     multi = [t for t, series in tables.items() if any((rows["nodes"] > 1).any() for rows in series.values())]
     assert most >= 64 and len(multi) >= 3
@@ -123,6 +123,8 @@ def test_speeds_across_gpu_types_come_from_published_measurements_before_specs()
     assert fp32[0] == pytest.approx(83214 / 21860, rel=1e-3) and mixed[0] == pytest.approx(140909 / 76438, rel=1e-3)
     assert published_ratio("V100", "A100", "fp32")[0] == pytest.approx(21860 / 83214, rel=1e-3)
     assert published_ratio("H100", "A100", "fp32") is None  # none published here: specs, widened, instead
+    h100 = published_ratio("H100", "A100-80GB", "bf16")  # Lambda's five fp16 models: median 30,841 / 17,918
+    assert h100[0] == pytest.approx(30841 / 17918, rel=1e-3) and h100[1] == pytest.approx(1.3)
 
 
 def test_a_measured_1x2_layout_billed_per_gpu_hour_stays_measured_as_1x2():
