@@ -171,13 +171,16 @@ def scaling_sections(table: pd.DataFrame, curves: dict[str, pd.DataFrame] | None
 def plan_sections(p: Any) -> list[tuple[str, str]]:
     """Sections for a costs.planner.Plan: models, predictions, frontier, recommendations."""
     secs = []
-    model_rows = [[lab, f.chosen, f"{len(f.measured)}",
+    used = p.predictions.groupby("label")["model"].first().to_dict() if len(p.predictions) else {}
+    model_rows = [[lab, used.get(lab, f.chosen), f"{len(f.measured)}",
                    *(("—" if f.held_out_error[m] is None else f"{f.held_out_error[m]:.1%}") for m in f.models)]
                   for lab, f in p.fits.items()]
     any_fit = next(iter(p.fits.values()), None)
     model_names = list(any_fit.models) if any_fit else []
     secs.append(("Scaling models", "<p>Each model was fitted to the measured layouts; the held-out error is the "
-                 "mean relative error predicting each measurement from the others. The lower one is used.</p>"
+                 "mean relative error predicting each measurement from the others. The model used is the one "
+                 "with the lowest held-out error on published scaling tables the plan never saw "
+                 "(docs/benchmarks.md).</p>"
                  + _table(["series", "chosen", "measurements", *[f"{m} held-out error" for m in model_names]], model_rows)))
     if len(p.predictions):
         secs.append(("Predicted throughput", f"<p>Bands at {p.confidence:.0%}.</p>"

@@ -39,7 +39,7 @@ from scalelab.costs.billing import Mix, run_cost, threshold_cost
 from scalelab.costs.catalog import DEFAULT_REGION, MARKETS, Catalog, CatalogError, load_catalog, parse_interruptions, refresh
 from scalelab.costs.fitting import LinkModel
 from scalelab.costs.measurements import Measurements, measured_from_csv, measured_from_runs
-from scalelab.costs.planner import PlanRequest, plan
+from scalelab.costs.planner import PlanRequest, plan, recommend
 from scalelab.costs.steptime import parse_fleet_layouts, predict_layouts
 from scalelab.costs.tables import (
     csv_kind,
@@ -383,8 +383,9 @@ def plan_cmd(run_dirs: tuple[str, ...], from_csv: str | None, predict_workers: s
     """Predict throughput, steps, time and dollars to the loss threshold of untried layouts and
     global batches, and say which layout to buy.
 
-    Throughput: an Ernest-style and a ring all-reduce model fitted to the measured layouts, the one
-    with the lower held-out error kept. Steps to the threshold: S(B) = S_min (1 + B_noise/B) from
+    Throughput: the model (naive last efficiency, efficiency decay, Ernest, ring, PS) with the lowest
+    held-out error on published scaling tables, its band calibrated on them and bounded by linear
+    scaling. Steps to the threshold: S(B) = S_min (1 + B_noise/B) from
     runs at two or more global batches, or from one run and its measured noise scale. Time: S(B)
     times each layout's step time at its global batch, plus the runs' start-up and overheads. Every
     interval is at --confidence; the recommendations are the cheapest layout that finishes within
@@ -396,9 +397,10 @@ def plan_cmd(run_dirs: tuple[str, ...], from_csv: str | None, predict_workers: s
     if predict_layouts is not None:
         _refuse_with_predict({"--predict-workers": predict_workers, "--predict-batch": predict_batch,
                               "--instance-types": instance_types, "--work": work, "--measured-on": measured_on,
-                              "--speed": speed or None, "--deadline-h": deadline_h, "--budget": budget_usd,
+                              "--speed": speed or None,
                               "--out": out, "--format html": "html" if fmt == "html" else None, "RUN_DIRS": run_dirs or None})
-        _predict_from_csv(from_csv, predict_layouts, confidence, fmt, params)
+        markets = list(MARKETS) if market == "both" else [market]
+        _predict_from_csv(from_csv, predict_layouts, confidence, fmt, params, markets, deadline_h, budget_usd)
         return
     m = measured_from_csv(from_csv, measured_on) if from_csv else measured_from_runs([Path(p) for p in run_dirs],
                                                                                        measured_on)
@@ -433,8 +435,11 @@ def _refuse_with_predict(given: dict[str, Any]) -> None:
                         "FILE alone (json, table or markdown); drop them, or drop --predict to plan")
 
 
-def _predict_from_csv(path: str, text: str, confidence: float, fmt: str, params: dict[str, Any]) -> None:
-    """`launch plan --from-csv F --predict LAYOUTS`: one row per layout (costs.steptime)."""
+def _predict_from_csv(path: str, text: str, confidence: float, fmt: str, params: dict[str, Any],
+                      markets: list[str] | None = None, deadline_h: float | None = None,
+                      budget_usd: float | None = None) -> None:
+    """`launch plan --from-csv F --predict LAYOUTS`: one row per layout and market (costs.steptime),
+    priced, with the cheapest and fastest (within --deadline-h / --budget) at the band's bad end."""
     if csv_kind(path) == "convergence":
         raise DataError(f"{path}: a table of steps to a threshold; --predict needs a scaling table with workers, "
                         "nodes, instance_type and time_s or throughput")
@@ -442,13 +447,20 @@ def _predict_from_csv(path: str, text: str, confidence: float, fmt: str, params:
     layouts = parse_fleet_layouts(text, catalog)
     time_based = "throughput" not in read_scaling_csv(path).columns
     m = measured_from_csv(path, None)
-    rows, notes = predict_layouts(m.measured, layouts, catalog, confidence, Path(path).name, time_based)
+    rows, notes = predict_layouts(m.measured, layouts, catalog, confidence, Path(path).name, time_based,
+                                  markets=markets or ["on-demand"])
+    if "dollars" in rows.columns and rows["dollars"].notna().any():
+        recs, more = recommend(rows[rows["dollars"].notna()].copy(), deadline_h, budget_usd, confidence)
+        notes += more + [f"{k.replace('_', ' ')}: {r['layout']} ({r['market']}): {r['hours']:.2f} h (up to "
+                         f"{r['hours_high']:.2f} h), ${r['dollars']:,.2f} (up to ${r['dollars_high']:,.2f})"
+                         for k, r in recs.items() if r]
     for note in notes:
         err_console.print(f"[yellow]note:[/] {note}", highlight=False)
     if fmt == "json":
         _print_json(to_json_records(rows))
         return
     nfmt = {c: ",.0f" for c in ("predicted_time_s", "time_low_s", "time_high_s")} | \
+        {c: ",.2f" for c in ("usd_per_hour", "hours", "hours_high", "dollars", "dollars_high")} | \
         {c: ",.4g" for c in ("predicted_throughput", "throughput_low", "throughput_high")} | \
         {c: ".0%" for c in ("compute_share", "exchange_share", "data_share", "held_out_error")}
     show = rows[[c for c in rows.columns if c not in ("workers", "nodes", "held_out_predictions")]]
@@ -502,9 +514,10 @@ _CAND_COLS = ["label", "workers", "instances", "instance_type", "speed_basis", "
 def _model_lines(result) -> list[str]:
     lines = [f"intervals at {result.confidence:.0%}"]
     for label, fit in result.fits.items():
-        errs = ", ".join(f"{m} {'—' if e is None else f'{e:.1%}'}" for m, e in fit.held_out_error.items())
-        lines.append(f"series {label or '(unlabelled)'}: {len(fit.measured)} measurements; held-out error {errs}; "
-                     f"using {fit.chosen}")
+        used = result.predictions[result.predictions["label"] == label].iloc[0]
+        lines.append(f"series {label or '(unlabelled)'}: {len(fit.measured)} measurements at "
+                     f"{fit.measured['workers'].nunique()} GPU counts; using {used['model']} (held-out error "
+                     f"{used['held_out_error']:.1%} on the published scaling tables, docs/benchmarks.md)")
     for label, conv in result.convergence.items():
         b_noise = "unbounded" if math.isinf(conv.b_noise) else f"{conv.b_noise:,.0f}"
         lines.append(f"steps to threshold, {label}: {conv.basis} of {conv.runs} run(s) at global batch "
@@ -526,13 +539,17 @@ def _plan_tables(result) -> list[tuple[str, pd.DataFrame, dict[str, str]]]:
     """(title, rows, number formats) of every table the plan has, in the order shown."""
     tables = []
     if len(result.predictions):
-        tables.append(("Predicted throughput", result.predictions[_PRED_COLS], _PRED_FMT))
+        small = result.predictions["predicted_throughput"].max() < 100  # e.g. runs per second of a time_s table
+        fmt = _PRED_FMT | ({c: ".4g" for c in _PRED_COLS if "throughput" in c or "interval" in c} if small else {})
+        tables.append(("Predicted throughput", result.predictions[_PRED_COLS], fmt))
     if len(result.batch_predictions):
         tables.append(("Steps to the loss threshold against the global batch", result.batch_predictions[_BATCH_COLS],
                        _BATCH_FMT))
     if len(result.candidates):
+        small = result.candidates["predicted_throughput"].max() < 100
         tables.append(("Candidates (hours and dollars to the threshold, or for the given work)",
-                       result.candidates.sort_values("hours")[_CAND_COLS], _CAND_FMT))
+                       result.candidates.sort_values("hours")[_CAND_COLS],
+                       _CAND_FMT | ({"predicted_throughput": ".4g"} if small else {})))
     return tables
 
 

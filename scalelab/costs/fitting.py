@@ -19,8 +19,8 @@ that every measurement's relative error counts the same:
   times slower, across S = N nodes they are alike.
 
 The model with the lower leave-one-out (held-out) mean relative error on throughput is chosen.
-How far to trust it is not judged here but by scalelab/costs/calibration.py, from the errors such fits
-made on published tables; `FitResult.interval` turns its quantile into a band.
+How far to trust it, and whether a plan uses it at all, is judged by scalelab/costs/calibration.py
+from the errors such fits made on published tables it never saw.
 """
 
 from __future__ import annotations
@@ -45,7 +45,6 @@ __all__ = [
     "ring_allreduce_s",
     "PSModel",
     "ps_exchange_s",
-    "BAND_FLOOR",
     "FitResult",
     "fit_series",
     "extrapolation",
@@ -151,9 +150,6 @@ MODELS: dict[str, type[ScalingModel]] = {"ernest": ErnestModel, "comm": CommMode
 
 # ---- fitting ----------------------------------------------------------------------------------
 
-BAND_FLOOR = 0.05  # the band's width factor of a series that scales perfectly and whose models agree
-
-
 @dataclass
 class FitResult:
     """Fitted models of one series and how well each predicted measurements it did not see."""
@@ -174,36 +170,6 @@ class FitResult:
         pred = self.predict(workers, nodes, link=link)
         gaps = [np.abs(self.predict(workers, nodes, m, link) - pred) / pred for m in self.models if m != self.chosen]
         return np.nanmax(np.vstack(gaps), axis=0) if gaps else np.zeros(len(pred))
-
-    def inefficiency(self) -> float:
-        """How far from ideal the measured layouts scale, per doubling of the workers:
-        |log(efficiency)| / log2(N_max / N_min), efficiency = (T_max / T_min) / (N_max / N_min)
-        of the best throughput at the fewest and most workers. A series that scales perfectly is
-        easy to extrapolate; one that loses (or gains) a lot per doubling can bend either way."""
-        best = self.measured.groupby("workers")["throughput"].max()
-        span = best.index[-1] / best.index[0]
-        return abs(math.log(best.iloc[-1] / best.iloc[0] / span)) / math.log2(span)
-
-    def band_scale(self, workers: Sequence[float], nodes: Sequence[float] | None = None) -> np.ndarray:
-        """The width of the band at `workers`, in units of the calibrated quantile:
-        (0.5 + d) · (disagreement + inefficiency + BAND_FLOOR), d = `extrapolation`. Errors grow
-        with the distance (not from zero: a measured point is off by its own noise), where the
-        models disagree (two points leave them free to) and on series far from ideal scaling
-        (seed 004's tables: docs/benchmarks.md). The calibrated score is |error| / band_scale."""
-        w = np.asarray(workers, dtype=float)
-        nd = np.ones_like(w) if nodes is None else np.asarray(nodes, dtype=float)
-        gap = np.nan_to_num(self.disagreement(w, nd), nan=0.0, posinf=1.0)
-        return (0.5 + extrapolation(w, self.measured["workers"])) * (gap + self.inefficiency() + BAND_FLOOR)
-
-    def interval(self, workers: Sequence[float], pred: np.ndarray, quantile: float,
-                 nodes: Sequence[float] | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """(low, high) of the true throughput at `workers` (on `nodes`), predicted `pred`: the
-        relative error |pred − true| / true is at most h = quantile × `band_scale` (the calibrated
-        score, scalelab/costs/calibration.py), so true lies in [pred/(1+h), pred/(1−h)]."""
-        h = quantile * self.band_scale(workers, nodes)
-        with np.errstate(divide="ignore"):
-            high = np.where(h < 1, pred / np.maximum(1 - h, 1e-300), np.inf)
-        return pred / (1 + h), high
 
 
 def extrapolation(workers: Sequence[float], measured: Sequence[float]) -> np.ndarray:

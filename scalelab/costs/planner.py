@@ -3,9 +3,10 @@
 What a user asks is which layout reaches loss X by a deadline at the least cost. The answer has
 three parts, each with an interval at one stated level (`confidence`, 90 % by default):
 
-- **throughput** of N workers: two scaling models fitted to the measured layouts, the one with the
-  lower held-out error chosen (scalelab/costs/fitting.py); its band from conformal calibration on the
-  extrapolation errors such fits made on published tables and on this series (scalelab/costs/calibration.py).
+- **throughput** of N workers: the model with the lowest held-out error on published scaling tables
+  (the naive last-efficiency rule, efficiency decay, or the NNLS models of scalelab/costs/fitting.py),
+  its band calibrated on them one whole table left out at a time, finite even from two measured
+  counts and never beyond linear scaling or below the fewest measured GPUs (scalelab/costs/calibration.py).
 - **steps to the threshold** at the layout's global batch B(N): S(B) = S_min (1 + B_noise/B) from
   runs at two or more global batches, or from one run and its measured noise scale
   (scalelab/costs/convergence.py). B(N) follows the series' batch axis: fixed (the global batch is split)
@@ -45,7 +46,7 @@ import pandas as pd
 from scalelab.analysis.report import to_json_records
 from scalelab.core.errors import DataError
 from scalelab.costs.billing import Mix, cost_at_rate
-from scalelab.costs.calibration import DEFAULT_CONFIDENCE, calibrated_quantile
+from scalelab.costs.calibration import DEFAULT_CONFIDENCE, calibrate, k_class, next_count, predict_band
 from scalelab.costs.catalog import Catalog, CatalogError, InstanceType
 from scalelab.costs.convergence import ConvergenceFit, fit_convergence
 from scalelab.costs.fitting import FitResult, LinkModel, fit_series, pareto_front
@@ -203,27 +204,48 @@ def predict(request: PlanRequest, notes: list[str] | None = None) -> tuple[dict[
             notes.append(f"{exc}: its throughput is not predicted")
             continue
         fits[str(label)] = fit
-        q = calibrated_quantile(fit.measured, request.confidence, link)
-        rows += _prediction_rows(fit, wanted, base.gpus if base is not None else None, q, _batch_axis(part))
+        rows += _prediction_rows(fit, wanted, base.gpus if base is not None else None, request.confidence,
+                                 _batch_axis(part), link)
+        if notes is not None:
+            notes.extend(_two_count_note(fit, wanted))
     return fits, pd.DataFrame(rows)
 
 
-def _prediction_rows(fit: FitResult, wanted: set[int], gpus_per_node: int | None, q: float,
-                     axis: dict[str, Any]) -> list[dict[str, Any]]:
+def _two_count_note(fit: FitResult, wanted: set[int]) -> list[str]:
+    """With two measured GPU counts: where the band comes from and which third count narrows it."""
+    third = next_count(fit.measured, sorted(wanted))
+    if third is None:
+        return []
+    return [f"series {fit.label or '(unlabelled)'}: measured at two GPU counts only, so its band comes from how "
+            f"per-GPU efficiency decays across the published tables (scalelab/costs/calibration.py); measuring "
+            f"{third} GPUs would narrow it"]
+
+
+def _band(fit: FitResult, workers: Sequence[int], nodes: Sequence[int], confidence: float,
+          link: LinkModel | None) -> pd.DataFrame:
+    """The prediction and its physically bounded band at `workers` (scalelab/costs/calibration.py), with the
+    chosen model's held-out error on the published tables."""
+    band = predict_band(fit.measured, workers, nodes, confidence, link)
+    cal = calibrate(confidence)[k_class(fit.measured["workers"].nunique())]
+    return band.assign(held_out_error=cal.errors[cal.model])
+
+
+def _prediction_rows(fit: FitResult, wanted: set[int], gpus_per_node: int | None, confidence: float,
+                     axis: dict[str, Any], link: LinkModel | None = None) -> list[dict[str, Any]]:
     """One row per worker count (measured or wanted) of one series, with its interval."""
     grid = sorted(wanted | {int(w) for w in fit.measured["workers"]})
     nodes = [_measured_nodes(fit.measured, w, gpus_per_node) for w in grid]
-    pred = fit.predict(grid, nodes)
-    lo, hi = fit.interval(grid, pred, q, nodes)
+    band = _band(fit, grid, nodes, confidence, link)
     gap = fit.disagreement(grid, nodes)
     rows = []
     for i, w in enumerate(grid):
         meas = fit.measured[fit.measured["workers"] == w]["throughput"]
+        b = band.iloc[i]
         rows.append({
             "label": fit.label, "workers": w, "nodes": nodes[i], "batch_scaling": axis["batch_scaling"],
             "global_batch": _global_batch(axis, w),
-            "predicted_throughput": float(pred[i]), "interval_low": float(lo[i]), "interval_high": float(hi[i]),
-            "model": fit.chosen, "held_out_error": fit.held_out_error[fit.chosen],
+            "predicted_throughput": float(b["predicted"]), "interval_low": float(b["low"]),
+            "interval_high": float(b["high"]), "model": b["model"], "held_out_error": float(b["held_out_error"]),
             "measured_throughput": float(meas.mean()) if len(meas) else None,
             "disagreement": float(gap[i]) if np.isfinite(gap[i]) else None,
             "predicted": w in wanted,
@@ -350,9 +372,13 @@ def resolve_candidate(request: PlanRequest, name: str, notes: list[str]) -> Cand
     prices = {}
     for market in request.markets:
         try:
-            prices[market] = catalog.price(name, market, request.region).usd_per_hour
+            found = catalog.price(name, market, request.region)
         except CatalogError as exc:
             notes.extend([str(exc)] if str(exc) not in notes else [])
+            continue
+        prices[market] = found.usd_per_hour
+        notes.append(f"price of {name} ({market}): ${found.usd_per_hour:g}/h, {found.source}"
+                     + (f", observed {found.observed}" if found.observed else ""))
     measured = request.measured_link()
     return Candidate(inst, speed, replace(measured, inter_gbps=inst.network_gbps or measured.inter_gbps), prices,
                      catalog.interruption_rate(name, request.interruptions_per_hour), request.region or catalog.region)
@@ -411,26 +437,37 @@ def _price_type(request: PlanRequest, cand: Candidate, fit: FitResult, steps: pd
     network, scaled by its GPU's speed, with ceil(workers / GPUs) instances."""
     speed = cand.speed
     level = request.confidence if request.work is not None else request.each_level
-    q = calibrated_quantile(fit.measured, level, request.measured_link())
     rows: list[dict[str, Any]] = []
     for _, st in steps.iterrows():
         w = int(st["workers"])
         count = cand.instances_for(w)
-        thr = float(fit.predict([w], [count], link=cand.link)[0]) * speed.factor
-        lo, hi = fit.interval([w], np.array([thr]), q, [count])
-        lo, hi = lo / speed.widening, hi * speed.widening
+        nodes = _priced_nodes(st, count, speed)
+        band = _band(fit, [w], [nodes], level, cand.link).iloc[0]
+        thr = float(band["predicted"]) * speed.factor
+        lo = float(band["low"]) * speed.factor / speed.widening
+        hi = float(band["high"]) * speed.factor * speed.widening
         layout = {"label": fit.label, "workers": w, "instance_type": cand.name, "instances": count,
                   "idle_gpus": count * cand.gpus - w, "global_batch": st["global_batch"]}
-        estimate = {"predicted_throughput": thr, "interval_low": float(lo[0]), "interval_high": float(hi[0]),
-                    "model": fit.chosen, "held_out_error": fit.held_out_error[fit.chosen],
+        estimate = {"predicted_throughput": thr, "interval_low": lo, "interval_high": hi,
+                    "model": band["model"], "held_out_error": float(band["held_out_error"]),
                     "steps_to_threshold": st["steps_to_threshold"], "steps_high": st["steps_high"],
                     "time_basis": st["time_basis"], "speed_basis": speed.basis, "speed_factor": speed.factor,
                     "speed_widening": speed.widening,
-                    "measured": bool(pd.notna(st["measured_throughput"])) and speed.basis == "measured"}
-        seconds = {"point": st["work"] / thr, "low": st["work_low"] / max(float(hi[0]), 1e-300),
-                   "high": st["work_high"] / max(float(lo[0]), 1e-300)}
+                    "measured": bool(pd.notna(st["measured_throughput"])) and speed.basis == "measured"
+                    and nodes == int(st["nodes"])}
+        seconds = {"point": st["work"] / thr, "low": st["work_low"] / max(hi, 1e-300),
+                   "high": st["work_high"] / max(lo, 1e-300)}
         rows += _market_rows(request, cand, layout, estimate, seconds)
     return rows
+
+
+def _priced_nodes(step: pd.Series, instances: int, speed: Speed) -> int:
+    """The nodes a priced layout runs on: as measured, for a measured layout of the measured type whose
+    instances can hold it that way (a 1x2 run billed per GPU-hour is still 1x2, not 2x1), else one per
+    instance."""
+    if speed.basis == "measured" and pd.notna(step["measured_throughput"]) and int(step["nodes"]) <= instances:
+        return int(step["nodes"])
+    return instances
 
 
 def _market_rows(request: PlanRequest, cand: Candidate, layout: dict[str, Any], estimate: dict[str, Any],
@@ -491,17 +528,28 @@ def recommend(candidates: pd.DataFrame, deadline_h: float | None, budget_usd: fl
             recs[key] = _pick(candidates, candidates[candidates[column] <= limit], by, tag)
             if recs[key] is None:
                 notes.append(why_none())
-    if deadline_h is None and budget_usd is None:
-        recs["cheapest"] = _pick(candidates, candidates, "dollars", "cheapest")
-        recs["fastest"] = _pick(candidates, candidates, "hours", "fastest")
+    if deadline_h is None and budget_usd is None:  # judged by the band's bad end, as under a limit
+        recs["cheapest"] = _pick(candidates, candidates, "dollars_high", f"cheapest ({sure} sure)")
+        recs["fastest"] = _pick(candidates, candidates, "hours_high", f"fastest ({sure} sure)")
+    notes.extend(_unmeasured_notes(recs))
     return recs, notes
+
+
+def _unmeasured_notes(recs: dict[str, dict[str, Any] | None]) -> list[str]:
+    """A note per recommendation that rests on a type whose speed was not measured."""
+    out = []
+    for key, rec in recs.items():
+        if rec is not None and rec.get("speed_basis") not in (None, "measured", "probe"):
+            out.append(f"{key.replace('_', ' ')}: {rec.get('instance_type') or rec.get('layout')}'s speed is not measured on this job "
+                       f"({rec['speed_basis']}); probe it (launch probe) before relying on it")
+    return out
 
 
 def _pick(all_rows: pd.DataFrame, ok: pd.DataFrame, by: str, tag: str) -> dict[str, Any] | None:
     """The best row of `ok` by `by` (ties: the other measure), tagged in `all_rows`; None if none."""
     if ok.empty:
         return None
-    other = "hours" if by == "dollars" else "dollars"
+    other = "hours" if by.startswith("dollars") else "dollars"
     idx = ok.sort_values([by, other], kind="stable").index[0]
     prev = all_rows.at[idx, "recommendation"]
     all_rows.at[idx, "recommendation"] = tag if prev is None else f"{prev}; {tag}"

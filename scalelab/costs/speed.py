@@ -10,6 +10,12 @@ factor is only as good as its basis, and every candidate row says which it is:
 - **user**: given with `--speed GPU_OR_TYPE=FACTOR`, or an on-premise `--rate` without a GPU model
   that was neither measured nor probed (the user's own cluster, priced at the measured speed unless
   `--speed` says otherwise; a probed rate, e.g. `launch probe`'s local-2t, has its probe's speed);
+- **published**: the per-GPU throughput ratio of the two GPU models measured on other jobs of the
+  same kind of arithmetic (fp32/tf32 or mixed precision): scalelab/costs/data/gpu_speed_measured.csv
+  (seed 004's K80 against M60, the published corpus's K80 against P100 and A100 against V100), the
+  median over its jobs, band widened by κ = max(1.3, the jobs' spread): jobs differ (the corpus's
+  K80/P100 ratios span 10 % over three CNNs, an LSTM can differ more). Preferred to spec ratios,
+  which missed seed 004's K80/M60 by a factor 2;
 - **estimate**: from the catalog's GPU specs (scalelab/costs/data/gpu_models.csv), a roofline-like ratio of
   the time per unit of work, `t_T / t_base = s · F_base/F_T + (1 − s) · B_base/B_T`, with F the peak
   FLOP/s at the run's precision and B the memory bandwidth; s (the compute-bound share of the time)
@@ -33,14 +39,18 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
+from importlib.resources import files
 
 import numpy as np
+import pandas as pd
 
 from scalelab.costs.catalog import Catalog, GpuModel, InstanceType
 
-__all__ = ["SPEED_BASES", "Speed", "resolve_speed", "spec_time_ratio", "calibrate"]
+__all__ = ["SPEED_BASES", "Speed", "resolve_speed", "spec_time_ratio", "calibrate", "published_ratio"]
 
-SPEED_BASES = ("measured", "probe", "estimate", "user")
+SPEED_BASES = ("measured", "probe", "published", "estimate", "user")
+PUBLISHED_WIDENING = 1.3  # a ratio measured on other jobs: the corpus's K80/P100 ratios span 10 % over three CNNs
 UNCALIBRATED_WIDENING = 2.2  # seed 004: the 0.5 blend is a factor 2.1 off on K80 -> M60
 CALIBRATED_FLOOR = 1.6  # seed 004: the best blend in hindsight is still a factor 1.6 off
 SAME_GPU_WIDENING = 1.1
@@ -118,6 +128,12 @@ def _estimate(inst: InstanceType, base: InstanceType, catalog: Catalog, probes: 
         factor = float(np.median(list(same.values())))
         return Speed(factor, "estimate", SAME_GPU_WIDENING, f"{inst.name}: the GPU ({gpu.name}) of {', '.join(same)}: "
                      f"{factor:.2f}× the measured per-GPU speed, band widened ×{SAME_GPU_WIDENING:g}")
+    published = published_ratio(gpu.name, ref.name, precision)
+    if published is not None and not ratios:
+        factor, kappa, jobs = published
+        return Speed(factor, "published", kappa, f"{inst.name}: speed from published measurements of {gpu.name} against "
+                     f"{ref.name} ({jobs}; scalelab/costs/data/gpu_speed_measured.csv): {factor:.2f}× the measured "
+                     f"per-GPU speed, band widened ×{kappa:.2g}; probe it or give --speed {gpu.name}=FACTOR to narrow it")
     share, kappa = calibrate(catalog, base, ratios, precision)
     factor = 1.0 / spec_time_ratio(gpu, ref, precision, share)
     how = (f"compute share {share:.2f} fitted on {len(ratios)} probed type(s)" if ratios
@@ -129,3 +145,30 @@ def _estimate(inst: InstanceType, base: InstanceType, catalog: Catalog, probes: 
             f"per-GPU speed, band widened ×{kappa:.2g} either way" + "".join(f"; {n}" for n in fallbacks)
             + f"; probe it or give --speed {gpu.name}=FACTOR to narrow it")
     return Speed(factor, "estimate", kappa, note)
+
+
+@lru_cache(maxsize=1)
+def _measured_ratios() -> pd.DataFrame:
+    return pd.read_csv(files("scalelab.costs.data") / "gpu_speed_measured.csv")
+
+
+def _family(gpu: str) -> str:
+    """The chip of a GPU model name (V100-32GB -> V100): memory variants share published ratios."""
+    return gpu.split("-")[0]
+
+
+def published_ratio(gpu: str, ref: str, precision: str) -> tuple[float, float, str] | None:
+    """(per-GPU speed of `gpu` over `ref`, widening κ, the jobs in words) from published measurements
+    at the run's kind of arithmetic (mixed for fp16/bf16, else fp32), or None when there are none."""
+    kind = "mixed" if precision in ("fp16", "bf16") else "fp32"
+    table = _measured_ratios()
+    table = table[table["precision"] == kind]
+    g, r = _family(gpu), _family(ref)
+    direct = table[(table["gpu"] == g) & (table["reference_gpu"] == r)]
+    inverse = table[(table["gpu"] == r) & (table["reference_gpu"] == g)]
+    ratios = [*direct["ratio"], *(1.0 / inverse["ratio"])]
+    if not ratios or g == r:
+        return None
+    median = float(np.median(ratios))
+    spread = math.exp(max(abs(math.log(x / median)) for x in ratios))
+    return median, max(PUBLISHED_WIDENING, spread), f"{len(ratios)} job(s), {kind}"

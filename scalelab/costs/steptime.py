@@ -39,11 +39,15 @@ work. Its global batch B (the `global_batch` column, else b = 1 nominal per work
 `batch_scaling=growing`, or B = 1 nominal under `fixed`) turns 1/throughput into a step time up to
 one constant factor, which the fit absorbs: the model predicts ratios between layouts exactly.
 
+One interface: every model here answers "step time of (layout, per-worker batch)" (`LayoutModel`:
+`step_s`, `parts`, `why_not`): `StepModel` from the parts above, `WorkerCountModel` from a
+worker-count model of scalelab/costs/fitting.py (throughput of N workers on n nodes, one GPU type).
 Which model: `steptime`, `steptime-links`, and (for tables of one GPU type, which is all they can
 describe) the existing ernest/comm/ps models, each judged by its leave-one-out error over the
-table's rows; the lowest is used. Its band at `confidence` is the conformal quantile of those
-held-out relative errors (the ⌈(n+1)c⌉-th smallest of n): with fewer than c/(1−c) held-out
-predictions it is unbounded, and says so.
+table's rows; the lowest is used (`fit_layout_model` builds it). Its band at `confidence` is the
+conformal quantile of those held-out relative errors (the ⌈(n+1)c⌉-th smallest of n); with fewer than
+c/(1−c) held-out predictions, the band calibrated on the published scaling tables widened to the
+model's worst miss on the table (`predict_layouts`).
 """
 
 from __future__ import annotations
@@ -51,7 +55,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, Protocol, Sequence
 
 import numpy as np
 import pandas as pd
@@ -59,12 +63,13 @@ import pandas as pd
 from scalelab.core.errors import DataError
 from scalelab.core.spec import BALANCE_MODES
 from scalelab.costs.billing import Mix
-from scalelab.costs.calibration import conformal_quantile
+from scalelab.costs.calibration import band_spread, calibrate, conformal_quantile, k_class
 from scalelab.costs.catalog import Catalog, CatalogError
-from scalelab.costs.fitting import LinkModel, fit_series, nnls
+from scalelab.costs.fitting import FitResult, LinkModel, fit_series, nnls
 
 __all__ = ["Known", "Layout", "parse_fleet_layout", "parse_fleet_layouts", "exchange_terms", "StepModel", "fit_step_model",
-           "prepare", "held_out", "choose", "predict_layouts", "STEP_MODELS"]
+           "prepare", "held_out", "choose", "predict_layouts", "STEP_MODELS", "LayoutModel", "WorkerCountModel",
+           "fit_layout_model", "corpus_band"]
 
 STEP_MODELS = ("steptime", "steptime-links")
 _DEFAULT_LINK = LinkModel()
@@ -417,46 +422,137 @@ def _refuse_unmeasured(layout: Layout, measured_types: set[str], source: str) ->
                         "or probe it (launch probe); no type is priced at another type's speed")
 
 
-def _point(model: StepModel | Any, chosen: str, layout: Layout, b: float, glob: float) -> tuple[float, dict]:
-    """(predicted throughput, parts in seconds or {}) of one layout with the chosen model."""
-    if chosen in STEP_MODELS:
-        step = model.step_s(layout, b)
-        return (glob / step if step > 0 else math.nan), model.parts(layout, b)
-    return float(model.predict([layout.workers], [layout.nodes], chosen)[0]), {}
+class LayoutModel(Protocol):
+    """What every model of a layout answers: its step time at a per-worker batch, the step's parts,
+    and why it cannot predict a layout (None when it can)."""
+
+    def step_s(self, layout: Layout, b: float) -> float: ...
+
+    def parts(self, layout: Layout, b: float) -> dict[str, float]: ...
+
+    def why_not(self, layout: Layout) -> str | None: ...
+
+
+@dataclass(frozen=True)
+class WorkerCountModel:
+    """A worker-count model (scalelab/costs/fitting.py) behind the step-time interface: a step of N
+    workers at batch b each takes N·b over the predicted throughput of N workers on the layout's
+    nodes. It knows one GPU type and nothing of the topology beyond the node count."""
+
+    fit: FitResult
+    name: str
+    gpu_types: frozenset[str]
+    catalog: Catalog
+
+    def step_s(self, layout: Layout, b: float) -> float:
+        thr = float(self.fit.predict([layout.workers], [layout.nodes], self.name)[0])
+        return b * layout.workers / thr if thr > 0 else math.inf
+
+    def parts(self, layout: Layout, b: float) -> dict[str, float]:
+        return {}
+
+    def why_not(self, layout: Layout) -> str | None:
+        other = {gpu_key(t, self.catalog) for t in layout.node_types} - self.gpu_types
+        return f"the {self.name} model knows one GPU type, not {', '.join(sorted(other))}" if other else None
+
+
+def fit_layout_model(rows: pd.DataFrame, catalog: Catalog, name: str, known: Known | None = None) -> LayoutModel:
+    """The model `name` (a step-time variant or a worker-count model) fitted on prepared `rows`."""
+    if name in STEP_MODELS:
+        return fit_step_model(rows, catalog, name, known)
+    keys = frozenset(gpu_key(t, catalog) for lay in rows["layout"] for t in lay.node_types)
+    return WorkerCountModel(fit_series("", rows[["workers", "nodes", "throughput"]]), name, keys, catalog)
+
+
+def _point(model: LayoutModel, layout: Layout, b: float, glob: float) -> tuple[float, dict]:
+    """(predicted throughput, parts in seconds or {}) of one layout."""
+    step = model.step_s(layout, b)
+    return (glob / step if 0 < step < math.inf else math.nan), model.parts(layout, b)
 
 
 def predict_layouts(measured: pd.DataFrame, layouts: Sequence[Layout], catalog: Catalog, confidence: float,
                     source: str = "the table", time_based: bool = True,
-                    known: Known | None = None) -> tuple[pd.DataFrame, list[str]]:
-    """(one row per layout, notes): the predicted time (`time_based`: the table gave time_s) or
-    throughput, with its conformal band from the chosen model's held-out errors (module doc)."""
+                    known: Known | None = None,
+                    markets: Sequence[str] = ("on-demand",)) -> tuple[pd.DataFrame, list[str]]:
+    """(one row per layout and market, notes): the predicted time (`time_based`: the table gave
+    time_s) or throughput, with its conformal band from the chosen model's held-out errors (module
+    doc), and for time the dollars in each of `markets` where the catalog prices every instance."""
     rows = prepare(measured, catalog, source)
     types = _measured_types(rows)
     for layout in layouts:
         _refuse_unmeasured(layout, types, source)
     chosen, errors = choose(rows, catalog, known)
-    model: Any = (fit_step_model(rows, catalog, chosen, known) if chosen in STEP_MODELS
-                  else fit_series("", rows[["workers", "nodes", "throughput"]]))
+    model = fit_layout_model(rows, catalog, chosen, known)
     errs = errors.get(chosen, [])
     q = conformal_quantile(errs, confidence) if errs else math.inf
     notes = [f"model {chosen}: held-out error {np.mean(errs):.1%} over {len(errs)} row(s); "
              + "; ".join(f"{k} {np.mean(v):.1%}" for k, v in errors.items() if v and k != chosen) if errs else
              f"model {chosen}: no row could be predicted from the others, so its band is unbounded"]
-    if errs and math.isinf(q):
+    corpus = None
+    if math.isinf(q) or q >= 1:
+        corpus = corpus_band(rows, confidence, errs)
         notes.append(f"{len(errs)} held-out prediction(s) are too few for a {confidence:.0%} band (it needs "
-                     f"{math.ceil(confidence / (1 - confidence) - 1e-9)}): the high end is unbounded")
-    out = [_layout_row(model, chosen, layout, rows, measured, q, time_based, errs) for layout in layouts]
-    return pd.DataFrame(out), notes
+                     f"{math.ceil(confidence / (1 - confidence) - 1e-9)}): the band is the one calibrated on the "
+                     "published scaling tables for as many measured GPU counts (scalelab/costs/calibration.py), "
+                     "widened to the largest error the model made on this table's own held-out rows")
+    out = [_layout_row(model, chosen, layout, rows, measured, q, time_based, errs, corpus) for layout in layouts]
+    priced = [_priced(pd.DataFrame(out), layouts, catalog, notes, m) for m in markets]
+    return pd.concat(priced, ignore_index=True), notes
 
 
-def _layout_row(model: Any, chosen: str, layout: Layout, rows: pd.DataFrame, measured: pd.DataFrame, q: float,
-                time_based: bool, errs: list[float]) -> dict[str, Any]:
+def corpus_band(rows: pd.DataFrame, confidence: float,
+                 errs: Sequence[float]) -> tuple[pd.DataFrame, float, float, float]:
+    """(the table's rows as worker-count measurements, low and high log quantiles, the largest
+    |log error| of its own held-out rows): the band of the published tables for a table with too
+    few rows to calibrate its own, never narrower than the misses the model already made on it."""
+    fitted = rows[["workers", "throughput"]].astype(float)
+    cal = calibrate(confidence)[k_class(fitted["workers"].nunique())]
+    worst = max((-math.log(1 - min(e, 0.99)) for e in errs), default=0.0)  # |e| relative: the wider side
+    return fitted, min(cal.lo, 0.0), max(cal.hi, 0.0), worst
+
+
+def _priced(out: pd.DataFrame, layouts: Sequence[Layout], catalog: Catalog, notes: list[str],
+            market: str = "on-demand") -> pd.DataFrame:
+    """Add the `market` price of each layout's instances, its hours and the dollars of its predicted
+    time and of its band's slow end, when the catalog prices every instance (a note names each
+    price's source and date, another the layouts it cannot price)."""
+    if "predicted_time_s" not in out.columns:
+        return out
+    usd = []
+    for layout in layouts:
+        try:
+            prices = [catalog.price(t, market) for t in layout.node_types]
+        except CatalogError as exc:
+            notes.append(f"{layout.text}: not priced {market}: {exc}")
+            usd.append(math.nan)
+            continue
+        usd.append(sum(p.usd_per_hour for p in prices))
+        for t, p in dict(zip(layout.node_types, prices)).items():
+            line = (f"price of {t} ({market}): ${p.usd_per_hour:g}/h, {p.source}"
+                    + (f", observed {p.observed}" if p.observed else ""))
+            notes.extend([line] if line not in notes else [])
+    if market == "spot":
+        notes.append("spot: priced at the spot rate without interruptions (the worker-count plan, without "
+                     "--predict, prices their restarts)")
+    hours, hours_high = out["predicted_time_s"].clip(lower=60) / 3600, out["time_high_s"].clip(lower=60) / 3600
+    return out.assign(market=market, usd_per_hour=usd, hours=hours, hours_high=hours_high, dollars=hours * usd,
+                      dollars_high=hours_high * usd)  # per-second billing, 60 s minimum
+
+
+def _layout_row(model: LayoutModel, chosen: str, layout: Layout, rows: pd.DataFrame, measured: pd.DataFrame, q: float,
+                time_based: bool, errs: list[float],
+                corpus: tuple[pd.DataFrame, float, float, float] | None = None) -> dict[str, Any]:
     """One output row: point, band, parts and where the speed came from."""
-    if chosen in STEP_MODELS and model.why_not(layout):
+    if model.why_not(layout):
         raise DataError(f"--predict {layout.text}: {model.why_not(layout)}; add such a measurement to the table")
     b, glob = _batch_of(rows, measured, layout.workers)
-    thr, parts = _point(model, chosen, layout, b, glob)
-    low, high = thr / (1 + q), (thr / (1 - q) if q < 1 else math.inf)
+    thr, parts = _point(model, layout, b, glob)
+    if corpus is not None:
+        fitted, lo, hi, worst = corpus
+        spread = float(band_spread(fitted, [layout.workers])[0])
+        low, high = thr * math.exp(min(lo * spread, -worst)), thr * math.exp(max(hi * spread, worst))
+    else:
+        low, high = thr / (1 + q), thr / (1 - q)
     row: dict[str, Any] = {"layout": layout.text, "instances": layout.instances, "workers": layout.workers,
                            "nodes": layout.nodes, "balance": layout.balance}
     if time_based:

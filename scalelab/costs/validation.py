@@ -38,10 +38,10 @@ from scalelab.analysis.report import _jsonable
 from scalelab.analysis.results import summarize_loaded
 from scalelab.core.errors import DataError, RecordError
 from scalelab.core.records import load_run
-from scalelab.costs.calibration import conformal_quantile, coverage, coverage_summary
+from scalelab.costs.calibration import band_spread, calibrate, conformal_quantile, coverage, coverage_summary
 from scalelab.costs.catalog import Catalog, builtin_catalog
 from scalelab.costs.convergence import fit_convergence
-from scalelab.costs.steptime import STEP_MODELS, choose, fit_step_model, prepare
+from scalelab.costs.steptime import choose, corpus_band, fit_layout_model, prepare
 from scalelab.costs.tables import read_scaling_csv
 
 __all__ = ["collect", "evaluate", "independent", "summary", "planner_bench", "BENCH_LEVELS", "steptime_split",
@@ -142,9 +142,10 @@ BENCH_LEVELS = (0.8, 0.9)
 
 def planner_bench(levels: tuple[float, ...] = BENCH_LEVELS) -> dict[str, Any]:
     """`launch bench --only planner`, at each level: coverage and median half-width of the
-    throughput bands on every shipped scaling table, overall, per table and per k
-    (costs.calibration.coverage: first k layouts fitted, the rest predicted, every table with a
-    quantile calibrated without it), and of the steps bands on the shipped convergence table over
+    throughput bands on every shipped scaling table (the seeds' and the published corpus), overall,
+    per table, per class of fits (2 or 3+ counts) and per k (costs.calibration.coverage: first k
+    counts fitted, the rest predicted, every table with the model and band chosen without it), the
+    naive last-efficiency rule's error beside the chosen model's, and of the steps bands on the shipped convergence table over
     its independent held-out predictions (`independent`)."""
     runs = pd.read_csv(files("scalelab.costs.data") / SHIPPED_CONVERGENCE)
     out: dict[str, Any] = {"levels": []}
@@ -153,8 +154,11 @@ def planner_bench(levels: tuple[float, ...] = BENCH_LEVELS) -> dict[str, Any]:
         steps = independent(evaluate(runs, level))
         out["levels"].append({
             "confidence": level, "throughput": coverage_summary(preds).to_dict(orient="records")[0],
-            "throughput_by_series": coverage_summary(preds, ["series"]).to_dict(orient="records"),
+            "throughput_by_series": coverage_summary(preds, ["table"]).to_dict(orient="records"),
+            "throughput_by_k_class": coverage_summary(preds, ["k_class"]).to_dict(orient="records"),
             "throughput_by_fit_counts": coverage_summary(preds, ["fit_counts"]).to_dict(orient="records"),
+            "throughput_models": {k: {"model": c.model, "held_out_error": c.errors}
+                                  for k, c in calibrate(level).items()},
             "steps": summary(steps).to_dict(orient="records")})
     out["steptime"] = steptime_bench(max(levels))
     return out
@@ -183,7 +187,7 @@ def steptime_split(rows: pd.DataFrame, fit_labels: Sequence[str], cat: Catalog |
     cat = cat or builtin_catalog()
     train = rows[rows["label"].isin(fit_labels)]
     name, _ = choose(train, cat)
-    model = fit_step_model(train, cat, name)
+    model = fit_layout_model(train, cat, name)
     out = []
     for _, r in rows[~rows["label"].isin(fit_labels)].iterrows():
         pred, measured = _time_s(model, r), r["per"] / r["throughput"]
@@ -200,14 +204,20 @@ def steptime_loo(rows: pd.DataFrame, confidence: float, cat: Catalog | None = No
     for i in range(len(rows)):
         train, r = rows.drop(index=rows.index[i]), rows.iloc[i]
         name, errors = choose(train, cat)
-        model = fit_step_model(train, cat, name) if name in STEP_MODELS else None
-        if model is None or model.why_not(r["layout"]) is not None:
+        model = fit_layout_model(train, cat, name)
+        if model.why_not(r["layout"]) is not None:
             continue
         q = conformal_quantile(errors[name], confidence) if errors[name] else math.inf
         pred, measured = _time_s(model, r), r["per"] / r["throughput"]
-        low, high = pred / (1 + q) if q < math.inf else 0.0, pred / (1 - q) if q < 1 else math.inf
+        if q < 1:
+            low, high = pred / (1 + q), pred / (1 - q)
+        else:  # as `launch plan --predict` does: the corpus band, widened to the model's worst miss here
+            fitted, lo, hi, worst = corpus_band(train, confidence, errors[name])
+            spread = float(band_spread(fitted, [r["workers"]])[0])
+            low, high = pred * math.exp(-max(hi * spread, worst)), pred * math.exp(-min(lo * spread, -worst))
         out.append({"label": r["label"], "model": name, "measured_s": measured, "predicted_s": pred,
-                    "error": pred / measured - 1, "half_width": q, "covered": bool(low <= measured <= high)})
+                    "error": pred / measured - 1, "half_width": (high - low) / 2 / pred,
+                    "covered": bool(low <= measured <= high)})
     return pd.DataFrame(out)
 
 

@@ -291,12 +291,16 @@ def _render_planner(p: dict) -> None:
     k (first k layouts fitted, the rest predicted, each table calibrated without it), then of the
     steps bands on the independent held-out predictions."""
     cols = [("predictions", "predictions", ".0f"), ("coverage", "coverage", ".0%"),
-            ("median half-width", "median_half_width", ".1%"), ("MAPE", "mape", ".1%")]
+            ("median half-width", "median_half_width", ".1%"), ("MAPE", "mape", ".1%"),
+            ("naive MAPE", "naive_mape", ".1%"), ("infinite", "infinite", ".0f")]
     for lv in p["levels"]:
         level = f"{lv['confidence']:.0%} intervals"
-        console.print(_table(f"5. Planner throughput per shipped table ({level})",
-                             [{"series": "all", **lv["throughput"]}, *lv["throughput_by_series"]],
-                             [("table", "series", ""), *cols]))
+        console.print(_table(f"5. Planner throughput per shipped table, each left out ({level})",
+                             [{"table": "all", **lv["throughput"]}, *lv["throughput_by_series"]],
+                             [("table", "table", ""), *cols]))
+        by_class = [{**r, "model": lv["throughput_models"][r["k_class"]]["model"]} for r in lv["throughput_by_k_class"]]
+        console.print(_table(f"5a. Planner throughput per class of fits ({level})", by_class,
+                             [("counts fitted", "k_class", ""), ("model", "model", ""), *cols]))
         console.print(_table(f"5a. Planner throughput per k ({level})", lv["throughput_by_fit_counts"],
                              [("k fitted", "fit_counts", ".0f"), *cols]))
         console.print(_table(f"5b. Planner steps to threshold, held out ({level})",
