@@ -417,7 +417,7 @@ def plan_cmd(run_dirs: tuple[str, ...], from_csv: str | None, predict_workers: s
         list(MARKETS) if market == "both" else [market], work, measured_on, _parse_speed(speed), link,
         deadline_h=deadline_h, budget_usd=budget_usd, region=params["region"], confidence=confidence,
         convergence=m.convergence, predict_batch=_parse_batches(predict_batch), overheads=m.overheads,
-        probe_speed=m.probe_speed, precision=m.precision, **_spot_kwargs(params)))
+        probe_speed=m.probe_speed, precision=m.precision, memory=m.memory, **_spot_kwargs(params)))
     if unpriced:
         result.notes.append(f"the runs were measured on {measured_on!r}, which the catalog does not price: the "
                             f"predictions are not priced; give --rate {measured_on}=USD/gpu-hour (and a rate for each "

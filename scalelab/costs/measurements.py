@@ -17,9 +17,12 @@ import pandas as pd
 from scalelab.analysis.results import expand_run_dirs, summarize_loaded
 from scalelab.analysis.scaling import scale_layouts, step_table
 from scalelab.core.errors import SpecError
+from scalelab.core.presets import PRESETS, config_with_overrides
+from scalelab.core.spec import Spec
 from scalelab.core.records import load_run
 from scalelab.costs.billing import Mix
 from scalelab.costs.convergence import convergence_rows
+from scalelab.costs.memory import MemoryModel
 from scalelab.costs.planner import Overheads
 from scalelab.costs.tables import csv_kind, read_convergence_csv, read_scaling_csv, with_throughput
 
@@ -40,6 +43,13 @@ class Measurements:
     curves: dict[str, pd.DataFrame] = field(default_factory=dict)
     probe_speed: dict[str, float] = field(default_factory=dict)
     precision: str = "fp32"
+    memory: dict[str, MemoryModel] = field(default_factory=dict)  # label -> what its runs train (GPU fit)
+
+
+def memory_model(spec: Spec) -> MemoryModel:
+    """The memory-relevant part of a run's spec (scalelab/costs/memory.py)."""
+    cfg = config_with_overrides(PRESETS[spec.model], spec.model_args)
+    return MemoryModel(cfg, spec.precision, spec.engine.name, spec.output_loss, spec.optimizer)
 
 
 def measured_from_runs(paths: list[Path], measured_on: str | None = None) -> Measurements:
@@ -47,10 +57,11 @@ def measured_from_runs(paths: list[Path], measured_on: str | None = None) -> Mea
     Runs on several instance types, each on one type: the fit is made on `measured_on` (default:
     the type with the most runs) and the others are probes (their per-GPU speed, scalelab/costs/speed.py)."""
     by_type: dict[str | None, list] = {}
-    curves, precisions = {}, []
+    curves, precisions, memory = {}, [], {}
     for run_dir in expand_run_dirs(paths):
         run = load_run(run_dir)
         s = summarize_loaded(run)
+        memory[s.label] = memory_model(run.spec)
         itype = (run.spec.backend_options or {}).get("instance_type")
         types = {t for _, t in Mix.parse(itype).items} if itype else set()  # a mix: measured on several
         by_type.setdefault(types.pop() if len(types) == 1 else ("mix" if types else None), []).append(s)
@@ -71,7 +82,7 @@ def measured_from_runs(paths: list[Path], measured_on: str | None = None) -> Mea
         "batch_scaling": table["batch_scaling"], "words_per_sample": table["words_per_s"] / table["samples_per_s"],
         "convergence": [None if t is None else f"{m} to loss {t}" for m, t in zip(table["model"], threshold)]})
     return Measurements(measured, convergence_rows(table), _overheads(table), base, table, curves, probes,
-                        max(set(precisions), key=precisions.count) if precisions else "fp32")
+                        max(set(precisions), key=precisions.count) if precisions else "fp32", memory)
 
 
 def _base_and_probes(by_type: dict[str | None, list], measured_on: str | None) -> tuple[str | None, dict[str, float]]:

@@ -121,6 +121,21 @@ def _output_layer(cfg: ModelConfig, batch: int, fmt: int, output_loss: str) -> f
     return 10 * chunk + 6 * V * H  # a chunk's logits, softmax and its low copy; W's low copy and float32 gradient
 
 
+@dataclass(frozen=True)
+class MemoryModel:
+    """What a series of runs trains, as far as its memory goes: the model's shape and how it is trained."""
+
+    config: ModelConfig
+    precision: str = "fp32"
+    engine: str = "single"
+    output_loss: str = "auto"
+    optimizer: str = "adam"
+
+    def peak(self, batch_per_rank: int, device: str = "cuda") -> MemoryPrediction:
+        return predict_peak(self.config, batch_per_rank, self.precision, self.engine, self.output_loss,
+                            self.optimizer, device)
+
+
 def predict_peak(cfg: ModelConfig, batch_per_rank: int, precision: str = "fp32", engine: str = "single",
                  output_loss: str = "full", optimizer: str = "adam", device: str = "cuda") -> MemoryPrediction:
     """The peak tensor bytes of one worker rank; `output_loss` as resolved for `device` (auto: compiled

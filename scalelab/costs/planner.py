@@ -50,6 +50,7 @@ from scalelab.costs.calibration import DEFAULT_CONFIDENCE, calibrate, k_class, n
 from scalelab.costs.catalog import Catalog, CatalogError, InstanceType
 from scalelab.costs.convergence import ConvergenceFit, fit_convergence
 from scalelab.costs.fitting import FitResult, LinkModel, fit_series, pareto_front
+from scalelab.costs.memory import HEADROOM, MemoryModel
 from scalelab.costs.speed import Speed, resolve_speed
 
 __all__ = ["Overheads", "PlanRequest", "Plan", "Candidate", "plan", "predict", "predict_convergence", "next_measurement",
@@ -109,6 +110,7 @@ class PlanRequest:
     overheads: Overheads = field(default_factory=Overheads)
     probe_speed: dict[str, float] | None = None
     precision: str = "fp32"
+    memory: dict[str, MemoryModel] = field(default_factory=dict)  # label -> what it trains: GPU memory fit
 
     def base_instance(self) -> InstanceType | None:
         """The instance type the measurements were made on, when it is named and a catalog given."""
@@ -454,11 +456,21 @@ def _price_type(request: PlanRequest, cand: Candidate, fit: FitResult, steps: pd
                     "time_basis": st["time_basis"], "speed_basis": speed.basis, "speed_factor": speed.factor,
                     "speed_widening": speed.widening,
                     "measured": bool(pd.notna(st["measured_throughput"])) and speed.basis == "measured"
-                    and nodes == int(st["nodes"])}
+                    and nodes == int(st["nodes"]), **_memory_fit(request, cand, fit.label, w, st["global_batch"])}
         seconds = {"point": st["work"] / thr, "low": st["work_low"] / max(hi, 1e-300),
                    "high": st["work_high"] / max(lo, 1e-300)}
         rows += _market_rows(request, cand, layout, estimate, seconds)
     return rows
+
+
+def _memory_fit(request: PlanRequest, cand: Candidate, label: str, workers: int, global_batch: Any) -> dict[str, Any]:
+    """The predicted peak memory of one rank of this layout and whether it fits the type's GPUs
+    (scalelab/costs/memory.py); nothing when the series' model or the GPU's memory is unknown."""
+    model = request.memory.get(label)
+    if model is None or not cand.gpu_mem_gib or pd.isna(global_batch):
+        return {}
+    peak = model.peak(max(1, math.ceil(float(global_batch) / workers)))
+    return {"peak_mem_gib": peak.peak_gib, "fits_memory": peak.fits(float(cand.gpu_mem_gib))}
 
 
 def _priced_nodes(step: pd.Series, instances: int, speed: Speed) -> int:
@@ -516,6 +528,8 @@ def recommend(candidates: pd.DataFrame, deadline_h: float | None, budget_usd: fl
     candidates["pareto"] = pareto_front(candidates["hours"], candidates["dollars"])
     candidates["recommendation"] = None
     sure = f"{confidence:.0%}"
+    notes.extend(_memory_notes(candidates))
+    everything, candidates = candidates, _fitting(candidates)  # a layout that does not fit is never recommended
     limits = (  # (recommendation, column judged, its limit, best by, why there is none)
         ("cheapest_within_deadline", "hours_high", deadline_h, "dollars", lambda: f"no layout finishes within "
          f"{deadline_h:g} h with {sure} confidence; the surest takes up to {candidates['hours_high'].min():.2f} h"),
@@ -532,7 +546,29 @@ def recommend(candidates: pd.DataFrame, deadline_h: float | None, budget_usd: fl
         recs["cheapest"] = _pick(candidates, candidates, "dollars_high", f"cheapest ({sure} sure)")
         recs["fastest"] = _pick(candidates, candidates, "hours_high", f"fastest ({sure} sure)")
     notes.extend(_unmeasured_notes(recs))
+    everything.loc[candidates.index, "recommendation"] = candidates["recommendation"]
     return recs, notes
+
+
+def _fitting(candidates: pd.DataFrame) -> pd.DataFrame:
+    """The rows whose ranks fit their GPUs' memory (or whose fit is unknown)."""
+    if "fits_memory" not in candidates.columns:
+        return candidates
+    return candidates[candidates["fits_memory"].map(lambda f: f is not False and not (isinstance(f, float) and f == 0))].copy()
+
+
+def _memory_notes(candidates: pd.DataFrame) -> list[str]:
+    """One note per instance type whose GPUs some layouts would overflow."""
+    if "fits_memory" not in candidates.columns:
+        return []
+    out = []
+    short = candidates[candidates["fits_memory"].map(lambda f: f is False or f == 0)]
+    for name, rows in short.groupby("instance_type", sort=True):
+        worst = rows.sort_values("workers").iloc[0]
+        out.append(f"{name}: {len(rows)} layout(s) do not fit its GPUs' memory and are never recommended (predicted "
+                   f"peak {worst['peak_mem_gib']:.1f} GiB per rank at {int(worst['workers'])} worker(s), over "
+                   f"{HEADROOM:.0%} of the GPU's; `launch memory` shows the fit per batch)")
+    return out
 
 
 def _unmeasured_notes(recs: dict[str, dict[str, Any] | None]) -> list[str]:
