@@ -33,7 +33,8 @@ FLAGS_BEFORE = """--backend --model --rnn --precision --engine --nodes --gpus-pe
 --valid-tgt --fixed-length/--variable-length --train-samples --prefetch --val-every --val-batches --loss-threshold
 --checkpoint-every --threads --interop-threads --independent-replicas/--exchange --balance --balance-every
 --emulate-slowdown --device --seed --fusion-threshold-mb --cycle-time-ms --grad-compression
---fp16-allreduce/--no-fp16-allreduce --bucket-cap-mb --ps-shards --ps-state --profile-steps --ps-placement --name""".split()
+--fp16-allreduce/--no-fp16-allreduce --bucket-cap-mb --ps-shards --ps-state --profile-steps --ps-placement --name
+--output-loss""".split()
 
 
 def _leaf_keys(cls: type, prefix: str = "") -> list[str]:

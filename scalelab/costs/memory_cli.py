@@ -54,8 +54,10 @@ def fit_rows(prediction: MemoryPrediction, types: list[InstanceType]) -> list[di
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
 def memory_cmd(model_name: str, model_args: tuple[str, ...], batch_per_worker: int, precision: str, engine: str,
                output_loss: str, instance_types: str | None, fmt: str) -> None:
-    """Predict the peak GPU memory of one rank (tensors, as torch.cuda.max_memory_allocated counts them)
-    and show which GPU types it fits, keeping 10% for the CUDA context and the allocator's cache."""
+    """Predict a rank's peak GPU memory for a model, batch, precision and engine, and which GPUs it fits.
+
+    The peak counts tensors, as torch.cuda.max_memory_allocated does; a GPU fits when the peak is at
+    most 90% of its memory (the rest: the CUDA context and the allocator's cache)."""
     overrides = dict(a.split("=", 1) for a in model_args if "=" in a)
     if len(overrides) != len(model_args):
         raise SpecError("--model-arg takes KEY=VALUE, e.g. --model-arg hidden_size=1024")
