@@ -38,7 +38,14 @@ from scalelab.train.bench import memcpy_bandwidth
 from scalelab.train.precision import cpu_bf16_problem
 
 PARTS = ("compute", "exchange", "scaling", "planner", "report")
-COMPUTE_PRECISIONS = ("fp32", "bf16")  # fp16 needs a GPU (the scaler); this bench runs on the CPU
+COMPUTE_PRECISIONS = ("fp32", "bf16")  # on a CPU: fp16 needs a GPU (the scaler)
+GPU_COMPUTE_PRECISIONS = ("fp32", "bf16", "fp16")  # on a GPU, each against the GPU's matmul rate in it
+
+
+def _gpu_here() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 console = make_console()
 
 
@@ -58,8 +65,11 @@ def bench_compute(presets: list[str], rnns: list[str], threads: int, steps: int)
     out = []
     for preset in presets:
         for rnn in rnns:
-            precisions = [p for p in COMPUTE_PRECISIONS if p != "bf16" or not cpu_bf16_problem(rnn)]
-            if len(precisions) < len(COMPUTE_PRECISIONS):  # one clear line, not oneDNN's error from the child
+            if _gpu_here():  # the child benches the GPU: every precision, against the GPU's own rates
+                precisions = list(GPU_COMPUTE_PRECISIONS)
+            else:
+                precisions = [p for p in COMPUTE_PRECISIONS if p != "bf16" or not cpu_bf16_problem(rnn)]
+            if not _gpu_here() and len(precisions) < len(COMPUTE_PRECISIONS):  # one clear line, not oneDNN's error from the child
                 _progress(f"compute {preset} {rnn}: fp32 only; {cpu_bf16_problem(rnn).split('; ')[0]}")
             line = _py("-m", "scalelab.train.bench", "step", preset, "--rnn", rnn, "--threads", str(threads), "--steps", str(steps),
                        "--precisions", ",".join(precisions))

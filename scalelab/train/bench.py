@@ -42,17 +42,32 @@ _time = timed  # one timing loop for the bench and the runs' link records (scale
 
 
 MATMUL_PRECISIONS = ("fp32", "bf16")  # the yardstick is the better of the two on this machine
+GPU_MATMUL_PRECISIONS = ("fp32", "bf16", "fp16")  # a GPU's own rate in each format a step can run in
 
 
-def _matmul(precision: str, n: int = 2048) -> Callable[[], float]:
-    """A function doing one dense n x n product with `precision`'s operands, returning its FLOP/s (2n^3)."""
+def bench_device() -> torch.device:
+    """Where the bench runs: the first GPU when there is one (the trainer's `--device auto`), else the CPU."""
+    return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _matmul(precision: str, n: int | None = None, device: torch.device = torch.device("cpu")) -> Callable[[], float]:
+    """A function doing one dense n x n product with `precision`'s operands, returning its FLOP/s (2n^3).
+    On a GPU the product is 8192^3 (2048^3 would not fill an H100) and timed between synchronisations."""
+    n = n or (8192 if device.type == "cuda" else 2048)
     dtype = DTYPES[precision]
-    a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
-    c = torch.empty(n, n, dtype=dtype)
+    a, b = torch.randn(n, n, device=device).to(dtype), torch.randn(n, n, device=device).to(dtype)
+    c = torch.empty(n, n, dtype=dtype, device=device)
 
     def product() -> float:
+        _sync(device)
         t0 = time.perf_counter()
         torch.mm(a, b, out=c)
+        _sync(device)
         return 2 * n**3 / (time.perf_counter() - t0)
 
     return product
@@ -78,21 +93,24 @@ def step_benchmark(preset: str, rnn: str = "fused", batch: int | None = None, st
     and `speedup_vs_fp32` is a median over rounds of that round's ratio: on a shared machine a round's
     load falls on the steps and the products alike.
     """
-    model, b, timed = _steps(preset, rnn, batch, threads, optimizer, precisions)
+    device = bench_device()
+    formats = GPU_MATMUL_PRECISIONS if device.type == "cuda" else MATMUL_PRECISIONS
+    model, b, timed = _steps(preset, rnn, batch, threads, optimizer, precisions, device)
     batch = b.samples
-    timed.update({f"matmul_{p}": _matmul(p) for p in MATMUL_PRECISIONS})
+    timed.update({f"matmul_{p}": _matmul(p, device=device) for p in formats})
     for _ in range(warmup):
         for run in timed.values():
             run()
     rounds = [{key: run() for key, run in timed.items()} for _ in range(steps)]
-    rates = {p: statistics.median(r[f"matmul_{p}"] for r in rounds) for p in MATMUL_PRECISIONS}
+    rates = {p: statistics.median(r[f"matmul_{p}"] for r in rounds) for p in formats}
     best = max(rates, key=rates.get)
     flops = model.flops_per_step(batch)
     common = {"preset": preset, "rnn": rnn, "batch": batch, "threads": torch.get_num_threads(),
+              "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
               "params": sum(p.numel() for p in model.parameters()), "flops_per_step": flops,
               "matmul_flops_per_s": rates[best], "matmul_precision": best,
               **{f"matmul_{p}_flops_per_s": rate for p, rate in rates.items()}}
-    return [{**common, "precision": p, **_step_figures(rounds, p, b.words, flops, best)} for p in precisions]
+    return [{**common, "precision": p, **_step_figures(rounds, p, b.words, flops, best, formats)} for p in precisions]
 
 
 def step_profile(preset: str, rnn: str = "fused", steps: int = 3, threads: int | None = None,
@@ -122,40 +140,53 @@ def step_profile(preset: str, rnn: str = "fused", steps: int = 3, threads: int |
 
 
 def _steps(preset: str, rnn: str, batch: int | None, threads: int | None, optimizer: str,
-           precisions: tuple[str, ...]) -> tuple[torch.nn.Module, Any, dict[str, Callable[[], dict[str, float]]]]:
+           precisions: tuple[str, ...], device: torch.device = torch.device("cpu"),
+           ) -> tuple[torch.nn.Module, Any, dict[str, Callable[[], dict[str, float]]]]:
     """The model, its synthetic batch, and a step function per precision: the trainer's model, optimizer
-    and step, sharing one model and optimizer (the numbers do not change the work)."""
+    and step, sharing one model and optimizer (the numbers do not change the work). On a GPU the output
+    layer and loss run as the trainer's default does there (`--output-loss auto`)."""
+    from scalelab.train.outloss import resolve
+
     if threads:
         torch.set_num_threads(threads)
     torch.manual_seed(0)
     cfg = PRESETS[preset]
     batch = batch or cfg.default_batch
-    model = build_model(cfg, rnn)
+    model = build_model(cfg, rnn, resolve("auto", device)[0] if device.type == "cuda" else "full").to(device)
     opt = make_optimizer(Spec(optimizer=optimizer), model, 1e-3)  # exactly the trainer's optimizer
-    b = build_dataset("synthetic", cfg, 0).get_batch(0, 0, batch, 0, batch)
-    return model, b, {p: _phase_timer(model, opt, b.inputs, make_precision(p, torch.device("cpu"), rnn)) for p in precisions}
+    b = build_dataset("synthetic", cfg, 0).get_batch(0, 0, batch, 0, batch).to(device)
+    return model, b, {p: _phase_timer(model, opt, b.inputs, make_precision(p, device, rnn), device) for p in precisions}
 
 
-def _phase_timer(model, opt, inputs: dict, precision: Precision) -> Callable[[], dict[str, float]]:
-    """A function running one training step in `precision` and returning its phase times."""
+def _phase_timer(model, opt, inputs: dict, precision: Precision,
+                 device: torch.device = torch.device("cpu")) -> Callable[[], dict[str, float]]:
+    """A function running one training step in `precision` and returning its phase times. Every clock
+    is read after the device is synchronised, so on a GPU a phase is the time its kernels took."""
+
+    def clock() -> float:
+        _sync(device)
+        return time.perf_counter()
 
     def step() -> dict[str, float]:
-        t0 = time.perf_counter()
+        t0 = clock()
         model.zero_grad(set_to_none=True)
         with precision.autocast():
             loss = model(**inputs)
-        t1 = time.perf_counter()
+        t1 = clock()
         precision.backward(loss)
-        t2 = time.perf_counter()
-        opt.step()
-        t3 = time.perf_counter()
+        t2 = clock()
+        opt.step() if precision.scaler is None else (precision.scaler.step(opt), precision.scaler.update())
+        t3 = clock()
         return {"forward": t1 - t0, "backward": t2 - t1, "optimizer": t3 - t2, "step": t3 - t0}
 
     return step
 
 
-def _step_figures(rounds: list[dict], precision: str, words: int, flops: float, best: str) -> dict:
-    """Median step and phases, words/s, FLOP/s, and the per-round ratios (medians) of one precision."""
+def _step_figures(rounds: list[dict], precision: str, words: int, flops: float, best: str,
+                  formats: tuple[str, ...] = MATMUL_PRECISIONS) -> dict:
+    """Median step and phases, words/s, FLOP/s, and the per-round ratios (medians) of one precision:
+    against the best matmul rate, against each format's, and (`efficiency_own`) against the rate of the
+    step's own format, the step's share of what the hardware does in that precision."""
     times = [r[precision] for r in rounds]
     med = statistics.median(t["step"] for t in times)
 
@@ -167,7 +198,9 @@ def _step_figures(rounds: list[dict], precision: str, words: int, flops: float, 
         "flops_per_s": flops / med,
         "efficiency": ratio(lambda r: flops / r[precision]["step"] / r[f"matmul_{best}"]),
         **{f"efficiency_{m}_matmul": ratio(lambda r, m=m: flops / r[precision]["step"] / r[f"matmul_{m}"])
-           for m in MATMUL_PRECISIONS},
+           for m in formats},
+        **({"efficiency_own": ratio(lambda r: flops / r[precision]["step"] / r[f"matmul_{precision}"])}
+           if f"matmul_{precision}" in rounds[0] else {}),
         **({"speedup_vs_fp32": ratio(lambda r: r["fp32"]["step"] / r[precision]["step"])} if "fp32" in rounds[0] else {}),
         **{f"{k}_s": statistics.median(t[k] for t in times) for k in ("forward", "backward", "optimizer")},
     }
