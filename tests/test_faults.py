@@ -31,7 +31,7 @@ import torch
 
 from scalelab.core.lock import OWNER_FILE
 from scalelab.core.procs import ProcessRef, run_processes
-from tests.conftest import ROOT, launch, needs_horovod, read_jsonl
+from tests.conftest import ROOT, launch, needs_horovod, on_cpu_where_gpus_are_short, read_jsonl
 from scalelab.train.checkpoint import CHECKPOINT_NAME
 from scalelab.train.loop import HOLD_AT_STEP_ENV, KILL_AT_STEP_ENV
 
@@ -68,7 +68,7 @@ def _start(where: Path, engine: str, *extra: str, env: dict | None = None, comma
     """`launch` in the background, its run directories under where/runs."""
     where.mkdir(parents=True, exist_ok=True)
     full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
-    args = [*command, *SPEC, *ENGINES[engine], *extra, "--runs-dir", str(where / "runs")]
+    args = [*on_cpu_where_gpus_are_short((*command, *SPEC, *ENGINES[engine], *extra)), "--runs-dir", str(where / "runs")]
     return subprocess.Popen([sys.executable, "-m", "scalelab.launcher.cli", *args], cwd=where, env=full_env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
@@ -373,7 +373,7 @@ def test_an_interrupted_sweep_reports_what_finished_and_resumes_the_rest(tmp_pat
 
     def interrupted(*args: str, wait_in: str) -> Path:
         env = {**os.environ, "PYTHONPATH": str(ROOT), HOLD_AT_STEP_ENV: "2"}
-        fg = subprocess.Popen([sys.executable, "-m", "scalelab.launcher.cli", *args], cwd=tmp_path, env=env,
+        fg = subprocess.Popen([sys.executable, "-m", "scalelab.launcher.cli", *on_cpu_where_gpus_are_short(args)], cwd=tmp_path, env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         sweep = _run_dir(tmp_path / "runs", fg)
         world = int(wait_in.split("x")[1])

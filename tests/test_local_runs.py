@@ -13,7 +13,7 @@ import signal
 import pytest
 import torch
 
-from tests.conftest import launch, needs_horovod, only_run_dir, read_jsonl, steps_of
+from tests.conftest import launch, needs_horovod, on_cpu_where_gpus_are_short, only_run_dir, read_jsonl, steps_of
 
 pytestmark = pytest.mark.slow  # every test here takes over 5 s on 2 cores (the fast subset: -m 'not slow')
 
@@ -178,8 +178,9 @@ def _start_long_run(tmp_path):
 
     runs = tmp_path / "runs"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    fg = subprocess.Popen([sys.executable, "-m", "scalelab.launcher.cli", *TINY, "--runs-dir", str(runs), "--engine", "ddp",
-                           "--gpus-per-node", "2", "--steps", "100000"], cwd=tmp_path, env=env,
+    fg = subprocess.Popen([sys.executable, "-m", "scalelab.launcher.cli", *on_cpu_where_gpus_are_short(
+                           (*TINY, "--runs-dir", str(runs), "--engine", "ddp", "--gpus-per-node", "2", "--steps", "100000"))],
+                          cwd=tmp_path, env=env,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 120
     while time.time() < deadline and not (runs.exists() and any(runs.glob("*/records/rank-1.jsonl"))):

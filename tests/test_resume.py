@@ -22,7 +22,7 @@ import time
 import pytest
 import torch
 
-from tests.conftest import ROOT, launch, needs_horovod, only_run_dir, read_jsonl
+from tests.conftest import ROOT, launch, needs_horovod, on_cpu_where_gpus_are_short, only_run_dir, read_jsonl
 from scalelab.train.checkpoint import CHECKPOINT_NAME
 from scalelab.train.loop import HOLD_AT_STEP_ENV, KILL_AT_STEP_ENV
 
@@ -161,7 +161,8 @@ def test_cancelled_run_resumes_exactly(tmp_path, engine, reference):
     lands at a known step; they agree to stop there, checkpoint and exit."""
     runs = tmp_path / "runs"
     env = {**__import__("os").environ, "PYTHONPATH": str(ROOT), HOLD_AT_STEP_ENV: "6"}
-    fg = subprocess.Popen([sys.executable, "-m", "scalelab.launcher.cli", *SPEC, *ENGINES[engine], "--runs-dir", str(runs)],
+    args = on_cpu_where_gpus_are_short((*SPEC, *ENGINES[engine]))  # a one-GPU machine: two ranks on the CPU
+    fg = subprocess.Popen([sys.executable, "-m", "scalelab.launcher.cli", *args, "--runs-dir", str(runs)],
                           cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.time() + 120
