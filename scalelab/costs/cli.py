@@ -34,6 +34,7 @@ from scalelab.analysis.results import expand_run_dirs, launched_at, run_label, s
 from scalelab.core.checks import NON_NEGATIVE, POSITIVE, InputFile, OutputDir
 from scalelab.core.errors import DataError, SpecError
 from scalelab.core.records import load_run
+from scalelab.core.runids import RunDir
 from scalelab.core.terminal import make_console
 from scalelab.costs.billing import Mix, run_cost, threshold_cost
 from scalelab.costs.catalog import DEFAULT_REGION, MARKETS, Catalog, CatalogError, load_catalog, parse_interruptions, refresh
@@ -113,7 +114,7 @@ def _rich_table(title: str, df: pd.DataFrame, fmt: dict[str, str]) -> Table:
 
 
 @click.command("cost")
-@click.argument("run_dirs", nargs=-1, type=click.Path())
+@click.argument("run_dirs", nargs=-1, type=RunDir())
 @click.option("--from-csv", "from_csv", type=InputFile("--from-csv file"),
               help="CSV with label, seconds, instances (e.g. 3*g3.4xlarge+1*p2.xlarge), market (optional).")
 @click.option("--instances", help="For RUN_DIRS: the instances the runs used, e.g. 2*g3.16xlarge or "
@@ -342,7 +343,7 @@ def _parse_batches(text: str | None) -> list[int]:
 
 
 @click.command("plan")
-@click.argument("run_dirs", nargs=-1, type=click.Path())
+@click.argument("run_dirs", nargs=-1, type=RunDir())
 @click.option("--from-csv", "from_csv", type=InputFile("--from-csv file"),
               help="A published scaling table (label, workers, nodes, throughput or time_s, batch_scaling, "
                    "work_scaling) or a table of steps to a threshold (label, global_batch, steps_to_threshold, "
