@@ -291,7 +291,7 @@ def follow(read: Any, active: Any, write: Any, poll_s: float = 1.0, progress: An
     after it). `progress()`, when given, is a line saying where the run is (from its records): written
     when it changed, at most every `progress_every_s`, and always after the run ended, so the follower
     sees the last step. Ctrl-C stops following and nothing else: the run goes on."""
-    shown, said, said_at = "", None, 0.0
+    shown, said, said_at = "", None, float("-inf")
     try:
         while True:
             running = active()
