@@ -36,7 +36,8 @@ from scalelab.core.errors import DataError, SpecError
 from scalelab.core.records import load_run
 from scalelab.core.runids import RunDir
 from scalelab.core.terminal import make_console
-from scalelab.costs.billing import Mix, run_cost, threshold_cost
+from scalelab.costs.billing import Mix, billed_seconds, cost_at_rate, run_cost
+from scalelab.costs.expected import fleet_price, run_mix, run_seconds
 from scalelab.costs.catalog import DEFAULT_REGION, MARKETS, Catalog, CatalogError, load_catalog, parse_interruptions, refresh
 from scalelab.costs.fitting import LinkModel
 from scalelab.costs.measurements import Measurements, measured_from_csv, measured_from_runs
@@ -92,22 +93,36 @@ def _print_json(rows: Any) -> None:
     click.echo(json.dumps(_jsonable(rows), indent=2, allow_nan=False))
 
 
-def _rich_table(title: str, df: pd.DataFrame, fmt: dict[str, str]) -> Table:
+def _rich_table(title: str, df: pd.DataFrame, fmt: dict[str, Any]) -> Table:
+    """A table whose headers never split inside a word (each column at least as wide as its header's
+    longest word: long cells wrap instead); `fmt` maps a column to a format spec or a function."""
     t = Table(title=title, header_style="bold")
     for col in df.columns:
-        t.add_column(col, justify="right" if col in fmt else "left")
+        t.add_column(str(col), justify="right" if col in fmt else "left",
+                     min_width=max(len(w) for w in str(col).split() or [""]))
     for _, r in df.iterrows():
         cells = []
         for col in df.columns:
             v = r[col]
             if v is None or (isinstance(v, float) and math.isnan(v)):
                 cells.append("—")
+            elif callable(fmt.get(col)):
+                cells.append(fmt[col](v))
             elif col in fmt:
                 cells.append(format(float(v), fmt[col]))
             else:
                 cells.append(str(v))
         t.add_row(*cells)
     return t
+
+
+def human_duration(seconds: float) -> str:
+    """A duration a reader takes in at a glance: 45 s, 12.5 min, 2.11 h (short jobs were "0.00 h")."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.2f} h"
 
 
 # ---- cost ----------------------------------------------------------------------------------------
@@ -165,21 +180,34 @@ def cost_cmd(run_dirs: tuple[str, ...], from_csv: str | None, instances: str | N
                 raise CatalogError(f"{from_csv}:{int(r['_line'])}: {exc}") from None
             rows.append(c.to_dict())
     elif run_dirs:
-        rows = _cost_of_runs([Path(p) for p in run_dirs], instances, market or "on-demand", catalog, params)
+        fleet_of = (click.get_current_context().obj or {}).get("fleet_of")  # the launcher's: costs/ names no backend
+        rows = _cost_of_runs([Path(p) for p in run_dirs], instances, market, catalog, params, fleet_of)
     else:
         raise SpecError("give RUN_DIRS, --from-csv FILE, --refresh or --list (see launch cost --help)")
     out = pd.DataFrame(rows)
     if fmt == "json":
         _print_json(out.to_dict(orient="records"))
         return
-    show = out[[c for c in ("label", "instances", "market", "seconds", "hours", "usd_per_hour", "dollars",
-                            "wall_to_threshold_s", "dollars_to_threshold") if c in out.columns]]
-    nfmt = {"seconds": ",.0f", "hours": ".2f", "usd_per_hour": ".4f", "dollars": ",.2f", "wall_to_threshold_s": ",.0f",
-            "dollars_to_threshold": ",.2f"}
+    keep = [c for c in _COST_HEADERS if c in out.columns and (c in ("label", "seconds") or out[c].notna().any())]
+    show = out[keep].rename(columns=_COST_HEADERS)  # threshold columns only where a run has a threshold
+    nfmt: dict[str, Any] = {"wall": human_duration, "$/hour": ".4f", "dollars": ",.2f",
+                            "wall to threshold": human_duration, "$ to threshold": ",.2f"}
     if fmt == "markdown":
-        click.echo(markdown_table(show, nfmt))
+        for col in ("wall", "wall to threshold"):
+            if col in show.columns:
+                show[col] = show[col].map(lambda v: None if v is None or v != v else human_duration(v))
+        click.echo(markdown_table(show, {k: v for k, v in nfmt.items() if not callable(v)}))
     else:
         console.print(_rich_table("Cost per run (per-second billing, 60 s minimum)", show, nfmt))
+        bases = sorted({str(b) for b in out.get("price_basis", pd.Series(dtype=str)).dropna()})
+        if bases:
+            console.print("price: " + "; ".join(bases), highlight=False, soft_wrap=True)
+
+
+# `launch cost`'s columns in a table (JSON keeps the long names, every column and seconds).
+_COST_HEADERS = {"label": "run", "instances": "instances", "market": "market", "seconds": "wall",
+                 "usd_per_hour": "$/hour", "dollars": "dollars", "wall_to_threshold_s": "wall to threshold",
+                 "dollars_to_threshold": "$ to threshold"}
 
 
 _GPU_SPECS = ("fp32_tflops", "tf32_tflops", "fp16_tflops", "bf16_tflops", "mem_bandwidth_gbs")
@@ -231,25 +259,13 @@ _LIST_COLUMNS = ("type", "gpus", "gpu", "gpu_gib", "vcpus", "mem_gib", "net_gbps
                  "bf16_tf", "mem_gb_s", "od_usd_h", "spot_usd_h", "intr_h")
 
 
-def run_seconds(run) -> float:
-    """Wall time of a recorded run: from its launch (launch.json, else the first start record: the
-    start-up is paid too) to the last record of any rank."""
-    times = [pd.to_numeric(f["time"], errors="coerce") for f in (run.start, run.steps, run.val, run.events)
-             if len(f) and "time" in f.columns]
-    if not times:
-        raise DataError(f"{run.run_dir}: no timed records; cannot tell how long it ran")
-    first = launched_at(run)
-    first = min(float(t.min()) for t in times) if first is None else first
-    return max(float(t.max()) for t in times) - first
-
-
 def _run_mix(run, instances: str | None, catalog):
-    """The instances a recorded run rented, read like `launch --instance-type` (costs.billing.Mix):
-    `--instances` if given (a bare type is one per node of the run; counts are taken as written,
-    since a GPU-hour rate counts GPUs), else the run's own `instance_type` option, one per node."""
+    """The instances a recorded run is priced on when no backend prices it: `--instances` if given (a
+    bare type: enough instances to hold every node's GPUs, `costs.expected.run_mix`; counts as written),
+    else the run's own `instance_type` option, one per node."""
 
     if instances is not None:
-        return Mix.parse(instances, catalog, nodes=run.spec.nodes)
+        return run_mix(run.spec, instances, catalog)
     itype = (run.spec.backend_options or {}).get("instance_type")
     if not itype:
         raise SpecError(f"{run.run_dir}: the run does not say which instances it used; give --instances "
@@ -261,20 +277,47 @@ def _run_mix(run, instances: str | None, catalog):
         raise CatalogError(f"{run.run_dir}: instance_type of the run: {exc}") from None
 
 
-def _cost_of_runs(paths: list[Path], instances: str | None, market: str, catalog, params) -> list[dict[str, Any]]:
+def _fleet_cost(run, market: str | None, catalog, params, fleet_of) -> tuple[Any, Any]:
+    """The run at its own fleet's price (`costs.expected.fleet_price`: the rule the report, the previews
+    and the plan use: a cloud's instances per node, an on-premise rate per GPU), and the mix to price its
+    threshold with; (None, None) when its backend cannot say (then --instances or instance_type)."""
+    if fleet_of is None:
+        return None, None
+    try:
+        fleet = fleet_of(run.spec)
+        rate, basis = fleet_price(run.spec, catalog, fleet=fleet)
+    except (CatalogError, SpecError):
+        return None, None
+    market = market or fleet.market
+    if fleet.cloud and market != fleet.market:
+        return None, None  # another market than the run's: priced from its instances below
+    label = f"{run_label(run.spec)} {run.spec.nodes}x{run.spec.gpus_per_node}"
+    cost = cost_at_rate(run_seconds(run), fleet.instance_type or fleet.rate_name, run.spec.workers, rate, market,
+                        fleet.region or catalog.region, label)  # measured time: its interruptions are in it
+    row = cost.to_dict()
+    row["price_basis"] = basis
+    return row, rate
 
+
+def _cost_of_runs(paths: list[Path], instances: str | None, market: str | None, catalog, params,
+                  fleet_of=None) -> list[dict[str, Any]]:
+    """One row per run: billed wall time (`run_seconds`) at its fleet's price, or at --instances'."""
     rows = []
     for run_dir in expand_run_dirs(paths):
         run = load_run(run_dir)
-        mix = _run_mix(run, instances, catalog)
-        c = run_cost(run_seconds(run), mix, catalog, market, label=f"{run_label(run.spec)} "
-                     f"{run.spec.nodes}x{run.spec.gpus_per_node}", **_spot_kwargs(params))
-        row = c.to_dict()
+        row, rate = _fleet_cost(run, market, catalog, params, fleet_of) if instances is None else (None, None)
+        if row is None:
+            mix = _run_mix(run, instances, catalog)
+            row = run_cost(run_seconds(run), mix, catalog, market or "on-demand", label=f"{run_label(run.spec)} "
+                           f"{run.spec.nodes}x{run.spec.gpus_per_node}", **_spot_kwargs(params)).to_dict()
+            rate = row["usd_per_hour"]
         try:  # billed: the wall time from the launch to the threshold event, not the training seconds
             summary = summarize_loaded(run)
             row["time_to_threshold_s"] = summary.time_to_threshold_s
             row["wall_to_threshold_s"] = summary.wall_to_threshold_s
-            row["dollars_to_threshold"] = threshold_cost(summary.wall_to_threshold_s, mix, catalog, market)
+            wall = summary.wall_to_threshold_s
+            row["dollars_to_threshold"] = (None if wall is None or wall != wall
+                                           else rate * billed_seconds(wall) / 3600.0)
         except DataError:
             row["dollars_to_threshold"] = None
         row["run_dir"] = str(run_dir)

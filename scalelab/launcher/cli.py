@@ -126,7 +126,8 @@ def _installed(ref: str) -> bool:
 
 @click.group(cls=DefaultGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, prog_name="launch")
-def main() -> None:
+@click.pass_context
+def main(ctx: click.Context) -> None:
     """Train LSTM models data-parallel on a chosen layout and measure how they scale.
 
     \b
@@ -137,6 +138,9 @@ def main() -> None:
 
     `launch` with options and no command is `launch run`. See `launch run --help` for every option.
     """
+    from scalelab.launcher.backend import fleet_of
+
+    ctx.obj = {"fleet_of": fleet_of}  # how each backend pays for its nodes, for `launch cost` (costs/ names none)
 
 
 class GroupedCommand(click.Command):
