@@ -188,9 +188,7 @@ def plan_sections(p: Any) -> list[tuple[str, str]]:
         secs.append(("Measure next", f"<p class='rec'>Measure <b>{n['workers']} workers</b> "
                      f"({html.escape(str(n['label']) or 'series')}): {html.escape(n['why'])}.</p>"))
     if len(p.candidates):
-        recs = "".join(f"<li><b>{html.escape(k.replace('_', ' '))}</b>: {v['workers']} workers on "
-                       f"{v['instances']}× {html.escape(v['instance_type'])} ({v['market']}), "
-                       f"{v['hours']:.2f} h, ${v['dollars']:,.2f}</li>"
+        recs = "".join(f"<li><b>{html.escape(k.replace('_', ' '))}</b>: {_recommendation(v)}</li>"
                        for k, v in p.recommendations.items() if v)
         if recs:
             secs.append(("Recommendation", f"<ul class='rec'>{recs}</ul>"))
@@ -199,14 +197,37 @@ def plan_sections(p: Any) -> list[tuple[str, str]]:
                      + _img(figure_png(plot_cost_frontier(p.candidates)), "cost frontier")))
         c = p.candidates.sort_values(["hours"])
         rows = [[r["label"], int(r["workers"]), f"{int(r['instances'])}× {r['instance_type']}", r["market"],
-                 f"{r['predicted_throughput']:,.0f}", f"{r['hours']:.2f} (up to {r['hours_high']:.2f})",
+                 r.get("speed_basis") or "", f"{r['predicted_throughput']:,.0f}",
+                 f"{duration_text(r['hours'] * 3600)} (up to {duration_text(r['hours_high'] * 3600)})",
                  f"{r['dollars']:,.2f} (up to {r['dollars_high']:,.2f})",
                  "yes" if r["pareto"] else "", r["recommendation"] or ""] for _, r in c.iterrows()]
-        secs.append(("Candidates", _table(["series", "workers", "instances", "market", "throughput",
-                                           "hours", "dollars", "frontier", "recommended"], rows)))
+        secs.append(("Candidates", _table(["series", "workers", "instances", "market", "speed basis", "throughput /s",
+                                           "time", "dollars", "frontier", "recommended"], rows)))
     if p.notes:
         secs.append(("Notes", "<ul class='note'>" + "".join(f"<li>{html.escape(n)}</li>" for n in p.notes) + "</ul>"))
     return secs
+
+
+def duration_text(seconds: float) -> str:
+    """A duration at a glance: 45 s, 12.5 min, 2.11 h (a short job was "0.00 h")."""
+    if seconds != seconds or seconds in (float("inf"), float("-inf")):
+        return "—"
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.2f} h"
+
+
+def _recommendation(v: dict[str, Any]) -> str:
+    """A recommendation as the terminal says it: its bounds, and a speed never measured on its type named."""
+    speed = v.get("speed_basis")
+    unmeasured = ("" if speed in (None, "measured", "probe") else
+                  f"; <i>{html.escape(str(speed))} speed: never measured on {html.escape(v['instance_type'])}</i>")
+    workers = int(v["workers"])
+    return (f"{workers} worker{'s' if workers != 1 else ''} on {v['instances']}× {html.escape(v['instance_type'])} "
+            f"({v['market']}): {duration_text(v['hours'] * 3600)} (up to {duration_text(v['hours_high'] * 3600)}), "
+            f"${v['dollars']:,.2f} (up to ${v['dollars_high']:,.2f}){unmeasured}")
 
 
 def _convergence_sections(p: Any) -> list[tuple[str, str]]:

@@ -20,9 +20,10 @@ from typing import Any
 
 import click
 import pandas as pd
+from rich.markup import escape
 from rich.table import Table
 
-from scalelab.analysis.html import plan_sections, scaling_sections, write_html
+from scalelab.analysis.html import duration_text, plan_sections, scaling_sections, write_html
 from scalelab.analysis.report import (
     _jsonable,
     markdown_table,
@@ -30,7 +31,7 @@ from scalelab.analysis.report import (
     to_json_records,
     write_markdown,
 )
-from scalelab.analysis.results import expand_run_dirs, launched_at, run_label, summarize_loaded
+from scalelab.analysis.results import expand_run_dirs, run_label, summarize_loaded
 from scalelab.core.checks import NON_NEGATIVE, POSITIVE, InputFile, OutputDir
 from scalelab.core.errors import DataError, SpecError
 from scalelab.core.records import load_run
@@ -96,7 +97,7 @@ def _print_json(rows: Any) -> None:
 def _rich_table(title: str, df: pd.DataFrame, fmt: dict[str, Any]) -> Table:
     """A table whose headers never split inside a word (each column at least as wide as its header's
     longest word: long cells wrap instead); `fmt` maps a column to a format spec or a function."""
-    t = Table(title=title, header_style="bold")
+    t = Table(title=title or None, header_style="bold")
     for col in df.columns:
         t.add_column(str(col), justify="right" if col in fmt else "left",
                      min_width=max(len(w) for w in str(col).split() or [""]))
@@ -116,13 +117,7 @@ def _rich_table(title: str, df: pd.DataFrame, fmt: dict[str, Any]) -> Table:
     return t
 
 
-def human_duration(seconds: float) -> str:
-    """A duration a reader takes in at a glance: 45 s, 12.5 min, 2.11 h (short jobs were "0.00 h")."""
-    if seconds < 90:
-        return f"{seconds:.0f} s"
-    if seconds < 5400:
-        return f"{seconds / 60:.1f} min"
-    return f"{seconds / 3600:.2f} h"
+human_duration = duration_text  # one rendering of a duration: analysis.html's
 
 
 # ---- cost ----------------------------------------------------------------------------------------
@@ -466,7 +461,26 @@ def plan_cmd(run_dirs: tuple[str, ...], from_csv: str | None, predict_workers: s
                             "probed type) with --instance-types to price them")
     if len(result.candidates) == 0 and types and work is not None:
         raise CatalogError("; ".join(result.notes) or "nothing could be priced")
+    _refuse_unanswered_limits(result, deadline_h, budget_usd, asked, m)
     _show_plan(result, fmt, out, m)
+
+
+def _refuse_unanswered_limits(result, deadline_h: float | None, budget_usd: float | None, asked: list[str],
+                              m: Measurements) -> None:
+    """--deadline-h and --budget are answered only by priced candidates with a time to the loss threshold (or
+    --work): without them the flags were silently ignored (the README's own example). Refused, saying why."""
+    given = [flag for flag, v in (("--deadline-h", deadline_h), ("--budget", budget_usd)) if v is not None]
+    if not given or len(result.candidates):
+        return
+    why = []
+    if not result.convergence:
+        why.append("the runs have no loss threshold to reach (run them with --val-every N --loss-threshold X, "
+                   "or give --work)")
+    if not asked:
+        why.append("no instance type is priced (give --instance-types, e.g. g5.xlarge,g5.12xlarge; runs on a CPU "
+                   "also need --measured-on TYPE or --speed GPU=FACTOR, or `launch probe` the types)")
+    why += [n for n in result.notes if "not priced" in n or "price" in n][:2]
+    raise SpecError(f"{' and '.join(given)} cannot be answered: " + "; ".join(why or result.notes or ["nothing was priced"]))
 
 
 def _refuse_with_predict(given: dict[str, Any]) -> None:
@@ -528,69 +542,139 @@ def _show_plan(result, fmt: str, out: str | None, m: Measurements) -> None:
             console.print(f"plan: [bold]{out_dir / 'plan.html'}[/]  ({out_dir / 'plan.md'})")
 
 
-_PRED_FMT = {"workers": ".0f", "global_batch": ".0f", "predicted_throughput": ",.0f", "interval_low": ",.0f",
-             "interval_high": ",.0f", "measured_throughput": ",.0f", "held_out_error": ".1%"}
-_PRED_COLS = ["label", "workers", "global_batch", "model", "predicted_throughput", "interval_low", "interval_high",
-              "measured_throughput"]
-_BATCH_FMT = {"global_batch": ".0f", "predicted_steps_to_threshold": ",.0f", "steps_low": ",.0f", "steps_high": ",.0f",
-              "predicted_samples_to_threshold": ",.0f", "b_noise": ",.0f", "noise_scale": ",.0f"}
-_BATCH_COLS = ["label", "global_batch", "predicted_steps_to_threshold", "steps_low", "steps_high",
-               "predicted_samples_to_threshold", "basis", "b_noise", "noise_scale"]
-_CAND_FMT = {"workers": ".0f", "instances": ".0f", "global_batch": ".0f", "predicted_throughput": ",.0f",
-             "steps_to_threshold": ",.0f", "hours": ".2f", "hours_high": ".2f", "dollars": ",.2f", "dollars_high": ",.2f"}
-_CAND_COLS = ["label", "workers", "instances", "instance_type", "speed_basis", "market", "global_batch",
-              "predicted_throughput",
-              "steps_to_threshold", "hours", "hours_high", "dollars", "dollars_high", "pareto", "recommendation"]
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
 
 
-def _model_lines(result) -> list[str]:
-    lines = [f"intervals at {result.confidence:.0%}"]
+def _recommendation_line(key: str, v: dict[str, Any]) -> str:
+    """One recommendation with its bounds, and what its speed rests on when it was never measured on that type."""
+    speed = v.get("speed_basis")
+    unmeasured = "" if speed in (None, "measured", "probe") else f"; {speed} speed, never measured on {v['instance_type']}"
+    return (f"{key.replace('_', ' ')}: {_plural(int(v['workers']), 'worker')} on {v['instances']}*{v['instance_type']} "
+            f"({v['market']}): {human_duration(v['hours'] * 3600)} (up to {human_duration(v['hours_high'] * 3600)}), "
+            f"${v['dollars']:,.2f} (up to ${v['dollars_high']:,.2f}){unmeasured}")
+
+
+def _assumption_lines(result) -> list[str]:
+    """What every figure below rests on, said once on top: the models, the steps to the threshold."""
+    lines = [f"every interval and recommendation at {result.confidence:.0%} confidence; "
+             "prices per second with a 60 s minimum"]
     for label, fit in result.fits.items():
         errs = ", ".join(f"{m} {'—' if e is None else f'{e:.1%}'}" for m, e in fit.held_out_error.items())
-        lines.append(f"series {label or '(unlabelled)'}: {len(fit.measured)} measurements; held-out error {errs}; "
-                     f"using {fit.chosen}")
+        lines.append(f"throughput of {label or '(unlabelled)'}: {fit.chosen} model fitted to "
+                     f"{_plural(len(fit.measured), 'measurement')} (held-out error {errs})")
     for label, conv in result.convergence.items():
         b_noise = "unbounded" if math.isinf(conv.b_noise) else f"{conv.b_noise:,.0f}"
-        lines.append(f"steps to threshold, {label}: {conv.basis} of {conv.runs} run(s) at global batch "
+        lines.append(f"steps to threshold, {label}: {conv.basis} of {_plural(conv.runs, 'run')} at global batch "
                      f"{', '.join(map(str, conv.batches))}; S_min {conv.s_min:,.0f} steps, B_noise {b_noise} "
                      f"(measured noise scale {'—' if conv.noise_scale is None else f'{conv.noise_scale:,.0f}'}); "
                      f"learning-rate rule: {conv.lr_rule}")
-    if result.next_measurement:
-        n = result.next_measurement
-        lines.append(f"measure next: {n['workers']} workers ({n['label'] or 'series'}): {n['why']}")
-    for k, v in result.recommendations.items():
-        if v:
-            lines.append(f"{k.replace('_', ' ')}: {v['workers']} workers on {v['instances']}*{v['instance_type']} "
-                         f"({v['market']}): {v['hours']:.2f} h (up to {v['hours_high']:.2f} h), ${v['dollars']:,.2f} "
-                         f"(up to ${v['dollars_high']:,.2f})")
     return lines
 
 
-def _plan_tables(result) -> list[tuple[str, pd.DataFrame, dict[str, str]]]:
+def _model_lines(result) -> list[str]:
+    """The plan's words, in reading order: assumptions, the answer (recommendations with their bounds),
+    what to measure next."""
+    lines = _assumption_lines(result)
+    lines += [_recommendation_line(k, v) for k, v in result.recommendations.items() if v]
+    if result.next_measurement:
+        n = result.next_measurement
+        lines.append(f"measure next: {_plural(int(n['workers']), 'worker')} ({n['label'] or 'series'}): {n['why']}")
+    return lines
+
+
+# Terminal and Markdown tables of the plan: short headers with units, each column a word or two, so
+# they fit 100 columns; every column (and the long names) is in --format json and plan.json.
+_PRED_VIEW = {"label": "series", "workers": "workers", "global_batch": "batch", "model": "model",
+              "predicted_throughput": "predicted /s", "interval_low": "low /s", "interval_high": "high /s",
+              "measured_throughput": "measured /s"}
+_PRED_FMT = {"workers": ".0f", "batch": ".0f", "predicted /s": ",.0f", "low /s": ",.0f", "high /s": ",.0f",
+             "measured /s": ",.0f"}
+_BATCH_VIEW = {"label": "series", "global_batch": "batch", "predicted_steps_to_threshold": "steps",
+               "steps_low": "steps low", "steps_high": "steps high", "predicted_samples_to_threshold": "samples",
+               "basis": "basis", "b_noise": "B_noise", "noise_scale": "noise scale"}
+_BATCH_FMT = {"batch": ".0f", "steps": ",.0f", "steps low": ",.0f", "steps high": ",.0f", "samples": ",.0f",
+              "B_noise": ",.0f", "noise scale": ",.0f"}
+_CAND_VIEW = {"label": "series", "workers": "workers", "instances": "instances", "market": "market",
+              "speed_basis": "speed", "global_batch": "batch", "steps_to_threshold": "steps", "hours": "time",
+              "hours_high": "up to", "dollars": "dollars", "dollars_high": "up to $", "pick": "pick"}
+_CAND_FMT: dict[str, Any] = {"workers": ".0f", "batch": ".0f", "steps": ",.0f", "dollars": ",.2f", "up to $": ",.2f",
+                             "time": lambda h: human_duration(h * 3600), "up to": lambda h: human_duration(h * 3600)}
+
+
+def _view(rows: pd.DataFrame, names: dict[str, str], always: tuple[str, ...]) -> tuple[pd.DataFrame, str]:
+    """`rows` under short names; a column with one value in every row (the series, the market, the batch)
+    leaves the table for its title, unless `always` keeps it."""
+    rows = rows[[c for c in names if c in rows.columns]]
+    same = [c for c in rows.columns if c not in always and len(rows) > 1 and rows[c].astype(str).nunique() == 1]
+    if len(rows) == 1:
+        same = [c for c in ("label", "market", "global_batch") if c in rows.columns]
+    said = ", ".join(f"{names[c] if c != 'label' else ''} {rows[c].iloc[0]}".strip() for c in same
+                     if c in ("label", "market", "global_batch", "model", "speed_basis", "basis"))
+    keep = [c for c in rows.columns if c not in same or c not in ("label", "market", "global_batch", "model",
+                                                                  "speed_basis", "basis")]
+    return rows[keep].rename(columns=names), said
+
+
+def _candidate_rows(result) -> pd.DataFrame:
+    c = result.candidates.sort_values("hours").copy()
+    c["instances"] = [f"{int(n)}*{t}" for n, t in zip(c["instances"], c["instance_type"])]
+    c["pick"] = [_pick_word(r, p) for r, p in zip(c["recommendation"], c["pareto"])]
+    return c
+
+
+def _pick_word(recommendation: Any, pareto: Any) -> str:
+    """cheapest / fastest (a recommendation), frontier (nothing both faster and cheaper), or nothing."""
+    if isinstance(recommendation, str) and recommendation:
+        words = [w for w in ("cheapest", "fastest") if w in recommendation]
+        return "both" if len(words) == 2 else words[0] if words else ""
+    return "frontier" if bool(pareto) else ""
+
+
+_PICK_LEGEND = ("pick: cheapest / fastest / both = the recommendations above; frontier = no other row is both faster and "
+                "cheaper. speed: measured (the runs' type), probe (its own runs), estimate (GPU specs), user (--speed)")
+
+
+def _plan_tables(result) -> list[tuple[str, pd.DataFrame, dict[str, Any]]]:
     """(title, rows, number formats) of every table the plan has, in the order shown."""
     tables = []
     if len(result.predictions):
-        tables.append(("Predicted throughput", result.predictions[_PRED_COLS], _PRED_FMT))
+        rows, said = _view(result.predictions, _PRED_VIEW, ("workers",))
+        title = "Predicted throughput per second (words/s from runs; a table's own unit)"
+        tables.append((title + (f": {said}" if said else ""), rows, _PRED_FMT))
     if len(result.batch_predictions):
-        tables.append(("Steps to the loss threshold against the global batch", result.batch_predictions[_BATCH_COLS],
+        rows, said = _view(result.batch_predictions, _BATCH_VIEW, ("batch",))
+        tables.append(("Steps to the loss threshold against the global batch" + (f" ({said})" if said else ""), rows,
                        _BATCH_FMT))
     if len(result.candidates):
-        tables.append(("Candidates (hours and dollars to the threshold, or for the given work)",
-                       result.candidates.sort_values("hours")[_CAND_COLS], _CAND_FMT))
+        rows, said = _view(_candidate_rows(result), _CAND_VIEW, ("workers", "instances", "time", "dollars", "pick"))
+        tables.append(("Candidates: time and dollars to the threshold, or for the given work"
+                       + (f" ({said})" if said else ""), rows, _CAND_FMT))
     return tables
 
 
 def _print_plan(result) -> None:
-    for title, rows, fmt in _plan_tables(result):
-        console.print(_rich_table(title, rows, fmt))
-    for line in _model_lines(result):
+    """Assumptions once on top, the answer, then the tables (at 100 columns), notes last."""
+    lines = _model_lines(result)
+    for line in lines:
         console.print(line, highlight=False)
+    for title, rows, fmt in _plan_tables(result):
+        console.print(f"[bold]{escape(title)}[/]", highlight=False)  # above the table: a title inside wraps at its width
+        console.print(_rich_table("", rows, fmt))
+    if len(result.candidates):
+        console.print(_PICK_LEGEND, highlight=False)
 
 
 def plan_markdown(result) -> str:
     parts = ["# Scaling plan", "", *[f"- {line}" for line in _model_lines(result)]]
     for title, rows, fmt in _plan_tables(result):
-        parts += ["", f"## {title}", "", markdown_table(rows, fmt)]
+        rows = rows.copy()
+        for col, how in fmt.items():
+            if callable(how) and col in rows.columns:
+                rows[col] = rows[col].map(lambda v, how=how: None if v is None or v != v else how(v))
+        parts += ["", f"## {title}", "", markdown_table(rows, {k: v for k, v in fmt.items() if not callable(v)})]
+    if len(result.candidates):
+        parts += ["", _PICK_LEGEND]
     if result.notes:
         parts += ["", "## Notes", "", *[f"- {n}" for n in result.notes]]
     return "\n".join(parts) + "\n"
