@@ -447,7 +447,7 @@ def plan_cmd(run_dirs: tuple[str, ...], from_csv: str | None, predict_workers: s
     for t in asked:
         catalog.instance(t)  # a type asked for that the catalog lacks: an error naming the fix
     unpriced = measured_on is not None and measured_on not in catalog.names()
-    types = asked or ([measured_on] if measured_on and not unpriced else [])
+    types = asked or _default_types(measured_on, m, catalog)
     link = LinkModel(gradient_bytes=(gradient_mb or 1.0) * 1e6, intra_gbps=intra_gbps)
     result = plan(PlanRequest(
         m.measured, _worker_grid(m.measured, predict_workers), catalog, types,
@@ -463,6 +463,18 @@ def plan_cmd(run_dirs: tuple[str, ...], from_csv: str | None, predict_workers: s
         raise CatalogError("; ".join(result.notes) or "nothing could be priced")
     _refuse_unanswered_limits(result, deadline_h, budget_usd, asked, m)
     _show_plan(result, fmt, out, m)
+
+
+def _default_types(measured_on: str | None, m: Measurements, catalog: Catalog) -> list[str]:
+    """Without --instance-types: the measured type and every probed one the catalog prices (`launch plan
+    PROBE_DIR` left out the second probed candidate unless it was named)."""
+    found = [t for t in dict.fromkeys([measured_on, *m.probe_speed]) if t]
+    priced = [t for t in found if t in catalog.names()]
+    for t in found:
+        if t not in priced and t != measured_on:
+            err_console.print(f"[yellow]note:[/] probed {t!r} is not priced: give --rate {t}=USD/gpu-hour (or "
+                              f"USD/node-hour@GPUS) to plan it", highlight=False)
+    return priced
 
 
 def _refuse_unanswered_limits(result, deadline_h: float | None, budget_usd: float | None, asked: list[str],
