@@ -38,7 +38,7 @@ from scalelab.core.records import load_run
 from scalelab.core.runids import RunDir
 from scalelab.core.terminal import make_console
 from scalelab.costs.billing import Mix, billed_seconds, cost_at_rate, run_cost
-from scalelab.costs.expected import fleet_price, run_mix, run_seconds
+from scalelab.costs.expected import run_mix, run_price, run_seconds
 from scalelab.costs.catalog import DEFAULT_REGION, MARKETS, Catalog, CatalogError, load_catalog, parse_interruptions, refresh
 from scalelab.costs.fitting import LinkModel
 from scalelab.costs.measurements import Measurements, measured_from_csv, measured_from_runs
@@ -273,21 +273,20 @@ def _run_mix(run, instances: str | None, catalog):
 
 
 def _fleet_cost(run, market: str | None, catalog, params, fleet_of) -> tuple[Any, Any]:
-    """The run at its own fleet's price (`costs.expected.fleet_price`: the rule the report, the previews
-    and the plan use: a cloud's instances per node, an on-premise rate per GPU), and the mix to price its
-    threshold with; (None, None) when its backend cannot say (then --instances or instance_type)."""
+    """The run at its own fleet's price (`costs.expected.run_price`: the rule the report, the previews and
+    the plan use: a cloud's instances per node, an on-premise rate per GPU), and its price per hour;
+    (None, None) when its backend cannot say (then --instances or instance_type)."""
     if fleet_of is None:
         return None, None
     try:
         fleet = fleet_of(run.spec)
-        rate, basis = fleet_price(run.spec, catalog, fleet=fleet)
+        rate, basis, instances = run_price(run.spec, fleet, catalog)
     except (CatalogError, SpecError):
         return None, None
-    market = market or fleet.market
-    if fleet.cloud and market != fleet.market:
+    if fleet.cloud and market is not None and market != fleet.market:
         return None, None  # another market than the run's: priced from its instances below
     label = f"{run_label(run.spec)} {run.spec.nodes}x{run.spec.gpus_per_node}"
-    cost = cost_at_rate(run_seconds(run), fleet.instance_type or fleet.rate_name, run.spec.workers, rate, market,
+    cost = cost_at_rate(run_seconds(run), instances, run.spec.workers, rate, market or fleet.market,
                         fleet.region or catalog.region, label)  # measured time: its interruptions are in it
     row = cost.to_dict()
     row["price_basis"] = basis

@@ -26,7 +26,7 @@ from scalelab.costs.catalog import DEFAULT_REGION, Catalog, CatalogError, load_c
 from scalelab.costs.fleet import MARKET_ON_DEMAND, MARKET_SPOT, Fleet
 
 __all__ = ["ASSUMED_GPU_HOUR_USD", "ASSUMED_STEP_S", "Estimate", "fleet_price", "expected_cost",
-           "measured_cost_points", "is_priced", "run_mix", "run_seconds"]
+           "measured_cost_points", "is_priced", "run_mix", "run_price", "run_seconds"]
 
 #: On-premise price of one GPU-hour when the prices file names no rate for the backend.
 ASSUMED_GPU_HOUR_USD = 0.50
@@ -144,6 +144,26 @@ def run_mix(spec: Spec, text: str, catalog: Catalog) -> Mix:
     return mix
 
 
+def run_price(spec: Spec, fleet: Fleet, catalog: Catalog | None = None) -> tuple[float, str, str]:
+    """(USD per hour, basis, instances) of a recorded run: the one rule `launch cost RUN`, the report's cost
+    chart, the previews (`fleet_price`) and the planner (ceil(GPUs / GPUs per instance) instances of a type)
+    share. Its fleet's price; an on-premise run that names a catalog instance type but has no rate (hand-
+    made, or measured "as" a type) at that type's on-demand price for instances holding its GPUs
+    (`run_mix`), rather than at the assumed GPU-hour price."""
+    catalog = catalog or load_catalog()
+    name = fleet.instance_type or fleet.rate_name
+    inst = catalog.instances.get(fleet.instance_type) if fleet.instance_type else None
+    if not fleet.cloud and not is_priced(fleet, catalog) and inst is not None and inst.provider != "rate":
+        mix = run_mix(spec, fleet.instance_type, catalog)
+        return mix.usd_per_hour(catalog, MARKET_ON_DEMAND), f"{mix} on-demand (the run's instance_type)", str(mix)
+    rate, basis = fleet_price(spec, catalog, fleet=fleet)
+    if fleet.cloud:
+        return rate, basis, str(Mix.for_nodes(fleet.instance_type, spec.nodes, catalog, provider=fleet.provider))
+    inst = catalog.instances.get(name) or catalog.instances.get(fleet.rate_name)
+    units = spec.workers / inst.gpus if inst is not None and inst.provider == "rate" else spec.workers
+    return rate, basis, f"{units:g}*{name}"
+
+
 def measured_cost_points(table: pd.DataFrame, runs: Sequence[Any],
                          fleet_of: Callable[[Spec], Fleet]) -> tuple[pd.DataFrame | None, str]:
     """Per run: its billed hours and dollars at its fleet's price (the HTML report), by the rule `launch
@@ -156,14 +176,13 @@ def measured_cost_points(table: pd.DataFrame, runs: Sequence[Any],
     for run in runs:
         try:
             fleet = fleet_of(run.spec)
-            rate, basis = fleet_price(run.spec, fleet=fleet)
+            rate, basis, instances = run_price(run.spec, fleet)
             seconds = run_seconds(run)
         except Exception as exc:  # a price missing must not lose the whole report
             bases.add(f"{run.run_dir.name}: no price ({exc})")
             continue
         if seconds > 0:
-            cost = cost_at_rate(seconds, fleet.instance_type or fleet.rate_name, run.spec.workers, rate, fleet.market,
-                                fleet.region or "")
+            cost = cost_at_rate(seconds, instances, run.spec.workers, rate, fleet.market, fleet.region or "")
             rows.append({"layout": f"{run.spec.nodes}x{run.spec.gpus_per_node}", "hours": cost.billed_seconds / 3600.0,
                          "dollars": cost.dollars, "usd_per_hour": rate})
             bases.add(basis)

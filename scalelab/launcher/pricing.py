@@ -125,7 +125,7 @@ def measured_elsewhere(spec: Spec, runs: list[tuple[Spec, dict[str, Any]]]) -> s
     """A note for a step time measured on other hardware than the launch's (an --expect-from CPU sweep
     pricing a g5.xlarge): it is that hardware's step time, not the target's, and the reader must know."""
     target = _hardware(spec)
-    seen = sorted({_hardware(s, m.get("run_dir")) for s, m in runs} - {target})
+    seen = sorted({_hardware(s, m.get("run_dir")) for s, m in runs if _hardware(s) != target})
     if not seen:
         return ""
     return f"; step time from runs on {', '.join(seen)}, not on {target}: its speed is not applied"
