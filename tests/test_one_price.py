@@ -1,0 +1,60 @@
+"""One pricing rule (issue #28): `launch cost`, the report's cost chart and `launch plan` give the same
+dollars for the same run at the same rate; a 2-GPU run is not priced as one 1-GPU instance."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+from test_costs_cli import _fake_run
+
+from scalelab.core.records import load_run
+from scalelab.costs.billing import billed_seconds
+from scalelab.costs.expected import measured_cost_points, run_seconds
+from scalelab.launcher.backend import fleet_of
+from scalelab.launcher.cli import main
+
+
+@pytest.fixture
+def runs(tmp_path, monkeypatch):
+    """A local 1-GPU and 2-GPU run (one node), priced by a 'local' rate of $0.50 a GPU-hour."""
+    prices = tmp_path / "prices.json"
+    prices.write_text(json.dumps({"rates": [{"name": "local", "usd_per_gpu_hour": 0.5}]}))
+    monkeypatch.setenv("SCALELAB_PRICES", str(prices))
+    return [_fake_run(tmp_path, f"r{g}", g, 0.1 * (1 + 0.1 * g) / g, 6400, None) for g in (1, 2)]
+
+
+def _json(*args: str):
+    out = CliRunner().invoke(main, [*args, "--format", "json"])
+    assert out.exit_code == 0, out.output
+    return json.loads(out.stdout)  # notes go to stderr
+
+
+def test_cost_report_and_plan_agree_on_one_run(runs):
+    two = runs[1]
+    cost = _json("cost", str(two))[0]
+    assert cost["usd_per_hour"] == pytest.approx(2 * 0.5)  # 2 GPUs at $0.50 (it was one unit: $0.50)
+    seconds = run_seconds(load_run(two))
+    assert cost["dollars"] == pytest.approx(1.0 * billed_seconds(seconds) / 3600)
+
+    points, basis = measured_cost_points(None, [load_run(two)], fleet_of)
+    assert points["usd_per_hour"].iloc[0] == pytest.approx(cost["usd_per_hour"])
+    assert points["dollars"].iloc[0] == pytest.approx(cost["dollars"])  # the report: the same dollars
+    assert "as `launch cost`" in basis
+
+    plan = _json("plan", *map(str, runs), "--instance-types", "local", "--work", "1e6")
+    row = next(r for r in plan if r.get("instance_type") == "local" and r["workers"] == 2)
+    assert row["usd_per_hour"] == pytest.approx(cost["usd_per_hour"])  # the plan: the same price of the layout
+    assert row["dollars"] == pytest.approx(row["usd_per_hour"] * billed_seconds(row["hours"] * 3600) / 3600)
+
+
+def test_a_bare_instance_type_holds_every_gpu_of_the_run(runs):
+    """`launch cost RUN --instances g5.xlarge` of a 1x2 run: two 1-GPU g5.xlarge, as the planner counts
+    ceil(workers / GPUs) instances of a type."""
+    cost = _json("cost", str(runs[1]), "--instances", "g5.xlarge")[0]
+    assert cost["instances"] == "2*g5.xlarge" and cost["gpus"] == 2
+    plan = _json("plan", *map(str, runs), "--instance-types", "g5.xlarge", "--measured-on", "g5.xlarge",
+                 "--work", "1e6")
+    row = next(r for r in plan if r.get("instance_type") == "g5.xlarge" and r["workers"] == 2)
+    assert row["instances"] == 2 and row["usd_per_hour"] == pytest.approx(cost["usd_per_hour"])
