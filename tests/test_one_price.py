@@ -4,6 +4,7 @@ dollars for the same run at the same rate; a 2-GPU run is not priced as one 1-GP
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from click.testing import CliRunner
@@ -58,3 +59,33 @@ def test_a_bare_instance_type_holds_every_gpu_of_the_run(runs):
                  "--work", "1e6")
     row = next(r for r in plan if r.get("instance_type") == "g5.xlarge" and r["workers"] == 2)
     assert row["instances"] == 2 and row["usd_per_hour"] == pytest.approx(cost["usd_per_hour"])
+
+
+def test_the_plan_answers_first_with_its_bounds_at_100_columns(runs, tmp_path, monkeypatch):
+    from rich.console import Console
+
+    import scalelab.costs.cli as costs_cli
+
+    monkeypatch.setattr(costs_cli, "console", Console(width=100, force_terminal=False))
+    out = CliRunner().invoke(main, ["plan", *map(str, runs), "--instance-types", "local", "--work", "1e6",
+                                    "--deadline-h", "6", "--budget", "50"])
+    assert out.exit_code == 0, out.output
+    lines = out.stdout.splitlines()
+    assert max(len(line) for line in lines) <= 100
+    answer = next(i for i, line in enumerate(lines) if line.startswith("cheapest within deadline: "))
+    assert "(up to " in lines[answer] and "$" in lines[answer]
+    assert answer < next(i for i, line in enumerate(lines) if line.startswith("Candidates"))  # the answer first
+    assert "0.00 h" not in out.stdout and re.search(r"\d s\b|\d min\b", out.stdout)  # short jobs in s / min
+    assert "1 workers" not in out.stdout
+    # markdown and html carry the bounds too
+    md = CliRunner().invoke(main, ["plan", *map(str, runs), "--instance-types", "local", "--work", "1e6",
+                                   "--deadline-h", "6", "--out", str(tmp_path / "p"), "--format", "markdown"])
+    assert md.exit_code == 0 and "(up to " in md.stdout
+    assert "(up to " in (tmp_path / "p" / "plan.html").read_text()
+
+
+def test_a_deadline_nothing_can_answer_is_refused_saying_what_to_give(runs):
+    """The README's `launch plan runs/sweep-* --deadline-h 6 --budget 50` silently ignored both flags."""
+    out = CliRunner().invoke(main, ["plan", *map(str, runs), "--deadline-h", "6", "--budget", "50"])
+    assert out.exit_code != 0
+    assert "--deadline-h and --budget cannot be answered" in str(out.exception) and "--instance-types" in str(out.exception)
