@@ -72,6 +72,24 @@ def plot_cost_frontier(candidates: pd.DataFrame) -> Figure:
     return fig
 
 
+# One colour per step phase, in the phase breakdown and the per-rank timeline alike.
+PHASE_COLORS = {"data": "#999999", "forward": "#4c72b0", "backward": "#dd8452", "exchange": "#c44e52",
+                "optimizer": "#55a868"}
+
+
+def exchange_overlapped(table: pd.DataFrame) -> bool:
+    """Whether the exchange share is unknown because the engine overlaps it with the backward (DDP's
+    all-reduce runs in hooks during the backward: no separate wait to time), not because it is 0."""
+    if "share_exchange" not in table.columns:
+        return False
+    unknown = pd.to_numeric(table["share_exchange"], errors="coerce").isna()
+    if "workers" in table.columns:
+        unknown &= pd.to_numeric(table["workers"], errors="coerce") > 1  # one worker exchanges nothing
+    if "engine" in table.columns:
+        unknown &= table["engine"].astype(str).str.startswith("ddp")
+    return bool(unknown.any())
+
+
 def plot_phases(table: pd.DataFrame) -> Figure:
     """Stacked bars of the step-time shares (data, forward, backward, exchange, optimizer) per run."""
     fig = _fig(1)
@@ -83,8 +101,10 @@ def plot_phases(table: pd.DataFrame) -> Figure:
     x = np.arange(len(table))
     bottom = np.zeros(len(table))
     for c in cols:
+        phase = c.removeprefix("share_")
+        label = "backward (incl. overlapped exchange)" if phase == "backward" and exchange_overlapped(table) else phase
         v = pd.to_numeric(table[c], errors="coerce").fillna(0.0).to_numpy()
-        ax.bar(x, v, bottom=bottom, label=c.removeprefix("share_"))
+        ax.bar(x, v, bottom=bottom, label=label, color=PHASE_COLORS[phase])
         bottom += v
     ax.set_xticks(x, names, rotation=30, ha="right", fontsize=7)
     ax.set_ylabel("share of step time (slowest rank)")
@@ -159,8 +179,10 @@ def scaling_sections(table: pd.DataFrame, curves: dict[str, pd.DataFrame] | None
             secs.append(("Throughput", "<p>Total work per second, and per worker (flat = perfect scaling).</p>"
                          + _img(png, "throughput")))
     if any(c in table.columns for c in ("share_data", "share_exchange")) and len(table):
+        overlap = ("<p class='note'>Exchange: DDP all-reduces the gradients during the backward pass (it overlaps "
+                   "the backward), so its time is inside <b>backward</b>, not 0%.</p>" if exchange_overlapped(table) else "")
         secs.append(("Phase breakdown", "<p>Share of each step spent loading data, computing and exchanging "
-                     "gradients, on the slowest rank.</p>" + _img(figure_png(plot_phases(table)), "phases")))
+                     "gradients, on the slowest rank.</p>" + overlap + _img(figure_png(plot_phases(table)), "phases")))
     if curves:
         secs.append(("Loss against time", _img(figure_png(plot_loss(curves)), "loss")))
     defs = "".join(f"<li><b>{html.escape(n)}</b>: {html.escape(t)}</li>" for n, t in DEFINITIONS)

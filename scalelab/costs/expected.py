@@ -71,8 +71,9 @@ def fleet_price(spec: Spec, catalog: Catalog | None = None, *, fleet: Fleet) -> 
             units = spec.workers / inst.gpus
             return price.usd_per_hour * units, f"rate '{name}' from {price.source}, {units:g} units"
     name = fleet.instance_type or fleet.rate_name
+    gpus = f"{spec.workers} GPU" + ("s" if spec.workers != 1 else "")
     return ASSUMED_GPU_HOUR_USD * spec.workers, (f"assumed on-premise ${ASSUMED_GPU_HOUR_USD:.2f}/GPU-hour x "
-                                                 f"{spec.workers} GPUs; set a '{name}' rate in the prices file")
+                                                 f"{gpus}; set a '{name}' rate in the prices file")
 
 
 def is_priced(fleet: Fleet, catalog: Catalog) -> bool:
