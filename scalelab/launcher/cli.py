@@ -498,7 +498,14 @@ def compare_reports(paths: tuple[str, ...], fmt: str) -> None:
 
     if len(paths) != 2 or not all((Path(p) / "report.json").is_file() or Path(p).name == "report.json" for p in paths):
         raise SpecError("--compare takes two reports A B: directories holding report.json (`launch report` writes them)")
-    diff = compare_tables(load_table(Path(paths[0])), load_table(Path(paths[1])))
+    a, b = load_table(Path(paths[0])), load_table(Path(paths[1]))
+    for column in ("model", "engine", "precision"):  # a change across unrelated runs is not a speed-up
+        seen = [sorted(set(map(str, t[column].dropna()))) if column in t.columns else [] for t in (a, b)]
+        if seen[0] and seen[1] and seen[0] != seen[1]:
+            err_console.print(f"[yellow]warning:[/] the reports compare different {column}s ({', '.join(seen[0])} "
+                              f"against {', '.join(seen[1])}): the changes are not those of one {column}",
+                              highlight=False, soft_wrap=True)
+    diff = compare_tables(a, b)
     if fmt == "json":
         click.echo(json.dumps(to_json_records(diff), indent=2))
         return
@@ -740,7 +747,7 @@ def entry() -> None:
     except click.exceptions.Abort as exc:  # click turns KeyboardInterrupt (and so runner.Interrupted) into Abort
         interrupted(exc.__cause__)
     except click.ClickException as exc:
-        exc.show()
+        show_click_error(exc)
         sys.exit(exc.exit_code)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
@@ -755,6 +762,17 @@ def entry() -> None:
         sys.exit(2)
     except KeyboardInterrupt as exc:
         interrupted(exc)
+
+
+def show_click_error(exc: click.ClickException) -> None:
+    """A flag click could not read, in the one style of every error (`launch: error: ...`, where click
+    said `Error: ...`), after the usage line and before where the help is."""
+    ctx = getattr(exc, "ctx", None)
+    if isinstance(exc, click.UsageError) and ctx is not None:
+        click.echo(ctx.get_usage(), err=True)
+    err_console.print(f"[bold red]launch: error:[/] {escape(exc.format_message())}", highlight=False, soft_wrap=True)
+    if isinstance(exc, click.UsageError) and ctx is not None:
+        click.echo(f"(`{ctx.command_path} --help` lists every option)", err=True)
 
 
 def interrupted(exc: BaseException | None) -> None:
