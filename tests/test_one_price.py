@@ -89,3 +89,22 @@ def test_a_deadline_nothing_can_answer_is_refused_saying_what_to_give(runs):
     out = CliRunner().invoke(main, ["plan", *map(str, runs), "--deadline-h", "6", "--budget", "50"])
     assert out.exit_code != 0
     assert "--deadline-h and --budget cannot be answered" in str(out.exception) and "--instance-types" in str(out.exception)
+
+
+AWS = ["--backend", "aws", "--bucket", "b", "--region", "us-east-1", "--model", "nmt-tiny", "--data", "task",
+       "--steps", "20000", "--dry-run"]
+
+
+def test_the_preview_warns_past_the_time_limit_and_names_where_its_step_time_was_measured(runs, tmp_path,
+                                                                                         monkeypatch):
+    from scalelab.launcher.runner import write_summary
+
+    monkeypatch.chdir(tmp_path)
+    out = CliRunner().invoke(main, AWS)  # 20000 x the assumed 0.5 s: 2.78 h, past the default 120 min
+    assert out.exit_code == 0, out.output
+    assert "longer than --time-limit-min 120" in out.stderr and "= 2.78 h" in out.stderr
+    assert "warning" not in CliRunner().invoke(main, [*AWS, "--time-limit-min", "200"]).stderr
+    write_summary(runs[0])  # a 1x1 run of the local backend, on a CPU
+    out = CliRunner().invoke(main, [*AWS, "--expect-from", str(runs[0])])
+    assert out.exit_code == 0, out.output
+    assert "step time from runs on local (CPU), not on aws g3.4xlarge: its speed is not applied" in out.stderr

@@ -50,8 +50,11 @@ class Estimate:
         steps = "unknown steps (--epochs)" if self.steps is None else f"{self.steps} steps"
         dollars = "unknown" if math.isnan(self.dollars) else f"${self.dollars:,.2f}"
         startup = f" + {self.startup_s:.3g} s start-up" if self.startup_s else ""
+        from scalelab.analysis.html import duration_text
+
+        took = "an unknown time" if math.isnan(self.hours) else duration_text(self.hours * 3600)
         return (f"fleet ${self.usd_per_hour:,.2f}/hour ({self.rate_basis}); expected {dollars} "
-                f"for {steps} x {self.step_s:.3g} s/step ({self.step_basis}){startup} = {self.hours:.3g} h")
+                f"for {steps} x {self.step_s:.3g} s/step ({self.step_basis}){startup} = {took}")
 
     def with_step_basis(self, basis: str) -> "Estimate":
         """The same estimate, saying where its measured step time came from."""

@@ -107,7 +107,12 @@ def quote(specs: list[tuple[Spec, int]], params: dict[str, Any]) -> Quote | None
 def _hardware(spec: Spec, run_dir: str | None = None) -> str:
     """Where a spec runs, as a price reader needs it: backend, instance type, and for a measured run its
     device (rank 0's start record: a CPU or which GPU)."""
-    itype = spec.backend_options.get("instance_type")
+    from scalelab.launcher.backend import fleet_of
+
+    try:
+        itype = fleet_of(spec).instance_type  # the backend's default type too (aws: g3.4xlarge)
+    except ScalelabError:
+        itype = spec.backend_options.get("instance_type")
     where = spec.backend + (f" {itype}" if itype else "")
     if run_dir is None:
         return where
