@@ -69,9 +69,10 @@ def test_ls_cli_table_fits_the_terminals_width_and_json(tmp_path, monkeypatch, w
     make_sweep(tmp_path / "sweep-b")
     out = CliRunner().invoke(main, ["ls", "--runs-dir", str(tmp_path)])
     assert out.exit_code == 0, out.output
-    assert "12,346" in out.output and "2.50" in out.output and "55/" in out.output
+    assert "12,346" in out.output and "55/" in out.output
+    assert ("2.50" in out.output) == (width > 100)  # at 100 the cost column goes (JSON has it) before names wrap
     assert max(len(line) for line in out.output.splitlines()) <= width
-    assert (name in out.output) == (width > 100)  # one line only where there is room for it
+    assert name in out.output  # on one line (it wrapped over 2-3 lines, capped at 100 columns)
     assert "True" not in out.output and "inf" not in out.output
     rows = json.loads(CliRunner().invoke(main, ["ls", "--runs-dir", str(tmp_path), "--format", "json"]).output)
     assert {r["kind"] for r in rows} == {"run", "sweep"}

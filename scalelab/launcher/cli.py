@@ -590,10 +590,18 @@ def rows_table(rows: list[dict[str, Any]], title: str | None = None, width: int 
     keep = ("name", "layout", "state", "steps")  # the others only where some row has a value (JSON has all)
     columns = [c for c in columns if c[0] in keep or any(c[2](r) != "—" for r in rows)]
     width = width or console.width or 100
-    for narrower, drop in ((110, "backend"), (90, "cost $"), (80, "age"), (70, "loss")):
-        if width < narrower:
-            columns = [c for c in columns if c[0] != drop]
-    table = Table(title=title, title_justify="left")
+
+    def natural(cols: list) -> int:  # every cell on one line, 3 columns between cells (padding, rule, padding)
+        return sum(max([len(h)] + [len(get(r)) for r in rows]) for h, _, get in cols) + 3 * (len(cols) - 1)
+
+    for drop in ("backend", "cost $", "age", "loss", "ETA"):  # least needed first, until names fit on one line
+        if natural(columns) <= width:
+            break
+        columns = [c for c in columns if c[0] != drop]
+    from rich import box
+
+    # no vertical rules: 2 columns between cells instead of 3, so a run's name stays on one line at 100 columns
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
     for header, justify, _ in columns:
         table.add_column(header, justify=justify, no_wrap=header != "name", overflow="fold" if header == "name" else "ellipsis")
     for row in rows:
