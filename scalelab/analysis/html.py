@@ -52,19 +52,24 @@ def png_file(path: Path) -> bytes:
 
 def plot_cost_frontier(candidates: pd.DataFrame) -> Figure:
     """Dollars against hours per candidate (colour = instance type), the Pareto frontier as a line."""
+    from matplotlib.ticker import FuncFormatter
+
     fig = _fig(1, 4.6)
     ax = fig.subplots()
+    scale = 60.0 if float(candidates["hours"].max()) < 1.5 else 1.0  # minutes for short jobs (ticks were 0.0054 h)
     for (itype, market), part in candidates.groupby(["instance_type", "market"], sort=False):
-        ax.scatter(part["hours"], part["dollars"], label=f"{itype} ({market})", s=28,
+        ax.scatter(part["hours"] * scale, part["dollars"], label=f"{itype} ({market})", s=28,
                    marker="o" if market == "on-demand" else "^")
         for _, r in part.iterrows():
-            ax.annotate(str(int(r["workers"])), (r["hours"], r["dollars"]), textcoords="offset points",
+            ax.annotate(str(int(r["workers"])), (r["hours"] * scale, r["dollars"]), textcoords="offset points",
                         xytext=(3, 3), fontsize=7)
     front = candidates[candidates["pareto"]].sort_values("hours")
-    ax.step(front["hours"], front["dollars"], where="post", color="black", lw=1.2, label="Pareto frontier")
+    ax.step(front["hours"] * scale, front["dollars"], where="post", color="black", lw=1.2, label="Pareto frontier")
     for _, r in candidates[candidates["recommendation"].notna()].iterrows():
-        ax.scatter([r["hours"]], [r["dollars"]], s=160, facecolors="none", edgecolors="green", lw=2)
-    ax.set_xlabel("hours (predicted)")
+        ax.scatter([r["hours"] * scale], [r["dollars"]], s=160, facecolors="none", edgecolors="green", lw=2)
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.3g}"))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"${v:,.3g}"))
+    ax.set_xlabel("minutes (predicted)" if scale == 60.0 else "hours (predicted)")
     ax.set_ylabel("US dollars per run")
     ax.set_title("Cost against time (labels: workers; circled: recommended)")
     ax.grid(True, alpha=0.3)
@@ -207,7 +212,7 @@ def plan_sections(p: Any) -> list[tuple[str, str]]:
     secs += _convergence_sections(p)
     if p.next_measurement:
         n = p.next_measurement
-        secs.append(("Measure next", f"<p class='rec'>Measure <b>{n['workers']} workers</b> "
+        secs.append(("Measure next", f"<p class='rec'>Measure <b>{n['workers']} worker{'s' if int(n['workers']) != 1 else ''}</b> "
                      f"({html.escape(str(n['label']) or 'series')}): {html.escape(n['why'])}.</p>"))
     if len(p.candidates):
         recs = "".join(f"<li><b>{html.escape(k.replace('_', ' '))}</b>: {_recommendation(v)}</li>"
