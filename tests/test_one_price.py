@@ -1,5 +1,6 @@
 """One pricing rule (issue #28): `launch cost`, the report's cost chart and `launch plan` give the same
-dollars for the same run at the same rate; a 2-GPU run is not priced as one 1-GPU instance."""
+dollars for the same run at the same rate; a 2-GPU run is not priced as one 1-GPU instance. Also the
+planning path's presentation, the previews' warnings and a report of merged sweeps, on the same runs."""
 
 from __future__ import annotations
 
@@ -108,3 +109,22 @@ def test_the_preview_warns_past_the_time_limit_and_names_where_its_step_time_was
     out = CliRunner().invoke(main, [*AWS, "--expect-from", str(runs[0])])
     assert out.exit_code == 0, out.output
     assert "step time from runs on local (CPU), not on aws g3.4xlarge: its speed is not applied" in out.stderr
+
+
+def test_a_report_of_two_sweeps_with_the_same_layouts_says_it_merged_them(tmp_path):
+    """`launch report runs/sweep-nmt-small-strong-*` merged two sweeps into one series without a word."""
+    from scalelab.analysis.results import build_report
+    from scalelab.core.rundir import write_json
+
+    sweeps = []
+    for name in ("sweep-a", "sweep-b"):
+        sweep = tmp_path / name
+        sweep.mkdir()
+        run = _fake_run(sweep, "1x1", 1, 0.1, 6400, None)
+        write_json(run / "launch.json", {"backend": "local", "state": "COMPLETED", "run_dir": str(run)})
+        write_json(sweep / "sweep.json", {"runs": ["1x1"], "layouts": [[1, 1]]})
+        sweeps.append(sweep)
+    both = build_report(sweeps, tmp_path / "out")
+    assert any("2 sweeps given together measured the same layouts" in w for w in both.warnings), both.warnings
+    one = build_report(sweeps[:1], tmp_path / "out1")
+    assert not any("sweeps given together" in w for w in one.warnings)
