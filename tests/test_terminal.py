@@ -67,3 +67,16 @@ def test_scaling_headers_never_split_inside_a_word_at_100_columns():
         for word in header.split():
             assert word in words, (word, out)
     assert max(len(line) for line in out.splitlines()) <= 100
+
+
+def test_ddp_exchange_reads_in_backward_not_a_dash():
+    """DDP overlaps its all-reduce with the backward: no exchange is timed apart, and the table says where it is."""
+    df = scale_layouts([summary(1, 1437.6), summary(2, 2600.0)])
+    df["engine"], df["share_data"], df["share_exchange"] = "ddp", 0.05, None
+    from scalelab.analysis.report import render_table
+
+    console = Console(file=io.StringIO(), width=250, color_system=None)
+    console.print(render_table(df, "Scaling"))  # every column
+    out = console.file.getvalue()
+    assert "5 % / in backward" in out  # the 2-worker row
+    assert "5 % / —" in out  # one worker exchanges nothing

@@ -111,7 +111,13 @@ def _step_ms(r: pd.Series) -> str:
 
 
 def _shares(r: pd.Series) -> str:
-    return f"{_pct(r.get('share_data'), 0)} / {_pct(r.get('share_exchange'), 0)}"
+    """Data / exchange share; DDP's exchange, overlapped with the backward and so not timed apart, reads
+    "in backward" (a dash read as "no exchange")."""
+    exchange = _pct(r.get("share_exchange"), 0)
+    if _missing(r.get("share_exchange")) and str(r.get("engine") or "").startswith("ddp") \
+            and not _missing(r.get("workers")) and int(r["workers"]) > 1:
+        exchange = "in backward"
+    return f"{_pct(r.get('share_data'), 0)} / {exchange}"
 
 
 def _threshold(r: pd.Series) -> str:
