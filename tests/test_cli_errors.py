@@ -159,3 +159,10 @@ def test_the_error_line_comes_from_the_error_records_not_the_logs(tmp_path):
     records.write_text("".join(line for line in records.read_text().splitlines(True) if '"error"' not in line))
     message = str(failure(LocalBackend(), run, status))
     assert "labelled.txt" not in message and "last lines of its logs" in message and "last words of the rank" in message
+
+
+def test_a_flag_click_cannot_read_has_the_one_error_prefix(tmp_path):
+    """click said `Error: ...` where every other error says `launch: error: ...`."""
+    proc = launch("--runs-dir", str(tmp_path / "runs"), "--nodes", "two", cwd=tmp_path)
+    _assert_clean_error(proc, "launch: error: ", "'two' is not a valid integer", "Usage: launch run", "--help")
+    assert not any(line.startswith("Error:") for line in proc.stderr.splitlines()), proc.stderr

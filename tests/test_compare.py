@@ -28,3 +28,19 @@ def test_cli_compare_refuses_one_report(tmp_path):
     proc = launch("report", str(tmp_path), "--compare", cwd=tmp_path)
     assert proc.returncode == 2 and "--compare takes two reports" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_cli_compare_warns_when_the_models_differ(tmp_path):
+    """Comparing an nmt-tiny report with an rnnlm-small one printed percentages without a word."""
+    from click.testing import CliRunner
+
+    from scalelab.launcher.cli import main
+
+    for name, model in (("a", "nmt-tiny"), ("b", "rnnlm-small"), ("c", "nmt-tiny")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "report.json").write_text(json.dumps([{"workers": 1, "model": model, "words_per_s": 100.0}]))
+    out = CliRunner().invoke(main, ["report", str(tmp_path / "a"), str(tmp_path / "b"), "--compare"])
+    assert out.exit_code == 0, out.output
+    assert "warning: the reports compare different models (nmt-tiny against rnnlm-small)" in out.stderr
+    same = CliRunner().invoke(main, ["report", str(tmp_path / "a"), str(tmp_path / "c"), "--compare"])
+    assert same.exit_code == 0 and "warning" not in same.stderr

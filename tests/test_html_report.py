@@ -173,3 +173,71 @@ def test_provenance_is_what_the_ranks_recorded(html_report, tmp_path):
     page = (old / "html" / "report.html").read_text()
     for label in ("host", "git commit", "CPU model", "PyTorch"):
         assert f"<tr><td>{label}</td><td>unknown</td></tr>" in page, label
+
+
+# ---- issue #28: what the page shows, looked at in a screenshot ----------------------------------
+
+
+def _run_of(page: Path):
+    from scalelab.core.records import load_run
+
+    return load_run(only_run_dir(page.parent.parent / "runs"))
+
+
+@pytest.mark.slow
+def test_phase_colours_agree_and_the_loss_has_one_clock(html_report):
+    from scalelab.analysis.html import PHASE_COLORS, plot_phases
+    from scalelab.analysis.results import summarize_dir
+    from scalelab.analysis.runhtml import _name, plot_loss_curves, plot_rank_timeline
+    from scalelab.analysis.scaling import scale_layouts
+    from matplotlib.colors import to_hex
+
+    run = _run_of(html_report)
+    table = scale_layouts([summarize_dir(run.run_dir)])
+
+    def legend_colours(fig):
+        ax = fig.axes[0]
+        handles, labels = ax.get_legend_handles_labels()
+        return {lab.split()[0]: to_hex(h.patches[0].get_facecolor() if hasattr(h, "patches") else h.get_facecolor())
+                for h, lab in zip(handles, labels)}
+
+    breakdown, timeline = legend_colours(plot_phases(table)), legend_colours(plot_rank_timeline(run))
+    shared = set(breakdown) & set(timeline)
+    assert {"forward", "backward", "optimizer"} <= shared
+    assert all(breakdown[p] == timeline[p] == PHASE_COLORS[p] for p in shared), (breakdown, timeline)
+
+    by_step, by_time = plot_loss_curves([run], 100.0).axes
+    train, val = by_time.get_lines()[0], by_time.get_lines()[1]
+    first_val = int(run.val["step"].iloc[0])
+    train_at = dict(zip(run.steps[run.steps["rank"] == 0]["step"], train.get_xdata()))
+    assert val.get_xdata()[0] >= train_at[first_val]  # validated after the step it follows, on the same clock
+    assert _name(run) in by_step.get_legend_handles_labels()[1][0] and "1x2 1x2" not in _name(run)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (scripts/install.sh installs it with apt-get)")
+def test_a_screenshot_shows_the_phase_colours_and_the_ddp_note(html_report, tmp_path):
+    """Chromium renders the page to a PNG (looked at by hand for issue #28: one palette in the breakdown and
+    the timeline, readable cost axes); here its pixels hold the shared phase colours, and the DOM the note
+    that DDP's exchange overlaps the backward (it read 0%)."""
+    from PIL import Image
+
+    from scalelab.analysis.html import PHASE_COLORS
+
+    shot = tmp_path / "report.png"
+    proc = subprocess.run(
+        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--no-first-run",
+         f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1200,7000", f"--screenshot={shot}",
+         html_report.resolve().as_uri()], capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0 and shot.is_file(), proc.stderr[-2000:]
+    image = Image.open(shot).convert("RGB")
+    assert image.size == (1200, 7000)
+    counts = {c: n for n, c in image.getcolors(maxcolors=1 << 20)}
+
+    def near(hex_colour: str) -> int:
+        target = tuple(int(hex_colour[i:i + 2], 16) for i in (1, 3, 5))
+        return sum(n for c, n in counts.items() if max(abs(a - b) for a, b in zip(c, target)) <= 6)
+
+    for phase in ("forward", "backward"):
+        assert near(PHASE_COLORS[phase]) > 2000, phase  # the breakdown's bars and the timeline's
+    assert "overlaps the backward" in _dom(html_report, tmp_path)

@@ -4,6 +4,7 @@ import json
 import time
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from scalelab.core.rundir import write_json
@@ -54,13 +55,24 @@ def test_ls_lists_runs_sweeps_and_studies(tmp_path):
     assert rows["study-c"]["layouts"][0]["variant"] == "base"
 
 
-def test_ls_cli_table_fits_100_columns_and_json(tmp_path):
-    make_run(tmp_path / "run-with-a-rather-long-name-20261123-185000", usd_per_hour=2.5)
+@pytest.mark.parametrize("width", [100, 160])
+def test_ls_cli_table_fits_the_terminals_width_and_json(tmp_path, monkeypatch, width):
+    """`ls` is as wide as the terminal ($COLUMNS): no line over it, and in a wide one a long run name on one
+    line (it was capped at 100 columns, so names wrapped over 2-3 lines in any terminal)."""
+    from rich.console import Console
+
+    import scalelab.launcher.cli as cli
+
+    monkeypatch.setattr(cli, "console", Console(width=width, force_terminal=False))
+    name = "run-with-a-rather-long-name-20261123-185000"
+    make_run(tmp_path / name, usd_per_hour=2.5)
     make_sweep(tmp_path / "sweep-b")
     out = CliRunner().invoke(main, ["ls", "--runs-dir", str(tmp_path)])
     assert out.exit_code == 0, out.output
-    assert "12,346" in out.output and "2.50" in out.output
-    assert max(len(line) for line in out.output.splitlines()) <= 100
+    assert "12,346" in out.output and "55/" in out.output
+    assert ("2.50" in out.output) == (width > 100)  # at 100 the cost column goes (JSON has it) before names wrap
+    assert max(len(line) for line in out.output.splitlines()) <= width
+    assert name in out.output  # on one line (it wrapped over 2-3 lines, capped at 100 columns)
     assert "True" not in out.output and "inf" not in out.output
     rows = json.loads(CliRunner().invoke(main, ["ls", "--runs-dir", str(tmp_path), "--format", "json"]).output)
     assert {r["kind"] for r in rows} == {"run", "sweep"}

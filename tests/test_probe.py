@@ -139,6 +139,11 @@ def test_local_probe_of_two_variants_end_to_end_and_plan_reads_it(tmp_path: Path
     rows = [r for r in json.loads(priced.stdout) if r.get("instance_type")]
     basis = {r["instance_type"]: r["speed_basis"] for r in rows}
     assert basis == {"local-1t": "measured", "local-2t": "probe"}, basis
+    # without --instance-types: every probed candidate the prices know is planned (local-2t was left out)
+    unnamed = launch("plan", str(probe), "--rate", "local-1t=0.3/gpu-hour", "--rate", "local-2t=0.3/gpu-hour",
+                     "--work", "100000", "--format", "json", cwd=tmp_path)
+    assert unnamed.returncode == 0, unnamed.stderr
+    assert {r["instance_type"] for r in json.loads(unnamed.stdout) if r.get("instance_type")} == {"local-1t", "local-2t"}
 
 
 # ---- AWS against moto: the instances' side played from each poll, as in tests/test_aws_moto.py -------

@@ -53,3 +53,30 @@ def test_study_results_print_as_tables_not_markdown(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "1,437.6" in out and "|--" not in out and "| 1 |" not in out
     assert "study report:" in out
+
+
+def test_scaling_headers_never_split_inside_a_word_at_100_columns():
+    """The label wraps between its words instead ("speedu/p", "threshol/d" were split at 100 columns)."""
+    from scalelab.analysis.report import fitting_columns
+
+    df = scale_layouts([summary(1, 1437.6), summary(2, 2600.0), summary(4, 4800.5)])
+    df["label"] = "nmt-tiny fused fp32 ddp strong with a long series name"
+    out = printed(df, 100)
+    words = set(re.findall(r"[^\s┃│┏┓┗┛━┳┻╇╈┡┩┃]+", out))
+    for header, _, _ in fitting_columns(df, 100):
+        for word in header.split():
+            assert word in words, (word, out)
+    assert max(len(line) for line in out.splitlines()) <= 100
+
+
+def test_ddp_exchange_reads_in_backward_not_a_dash():
+    """DDP overlaps its all-reduce with the backward: no exchange is timed apart, and the table says where it is."""
+    df = scale_layouts([summary(1, 1437.6), summary(2, 2600.0)])
+    df["engine"], df["share_data"], df["share_exchange"] = "ddp", 0.05, None
+    from scalelab.analysis.report import render_table
+
+    console = Console(file=io.StringIO(), width=250, color_system=None)
+    console.print(render_table(df, "Scaling"))  # every column
+    out = console.file.getvalue()
+    assert "5 % / in backward" in out  # the 2-worker row
+    assert "5 % / —" in out  # one worker exchanges nothing

@@ -52,24 +52,47 @@ def png_file(path: Path) -> bytes:
 
 def plot_cost_frontier(candidates: pd.DataFrame) -> Figure:
     """Dollars against hours per candidate (colour = instance type), the Pareto frontier as a line."""
+    from matplotlib.ticker import FuncFormatter
+
     fig = _fig(1, 4.6)
     ax = fig.subplots()
+    scale = 60.0 if float(candidates["hours"].max()) < 1.5 else 1.0  # minutes for short jobs (ticks were 0.0054 h)
     for (itype, market), part in candidates.groupby(["instance_type", "market"], sort=False):
-        ax.scatter(part["hours"], part["dollars"], label=f"{itype} ({market})", s=28,
+        ax.scatter(part["hours"] * scale, part["dollars"], label=f"{itype} ({market})", s=28,
                    marker="o" if market == "on-demand" else "^")
         for _, r in part.iterrows():
-            ax.annotate(str(int(r["workers"])), (r["hours"], r["dollars"]), textcoords="offset points",
+            ax.annotate(str(int(r["workers"])), (r["hours"] * scale, r["dollars"]), textcoords="offset points",
                         xytext=(3, 3), fontsize=7)
     front = candidates[candidates["pareto"]].sort_values("hours")
-    ax.step(front["hours"], front["dollars"], where="post", color="black", lw=1.2, label="Pareto frontier")
+    ax.step(front["hours"] * scale, front["dollars"], where="post", color="black", lw=1.2, label="Pareto frontier")
     for _, r in candidates[candidates["recommendation"].notna()].iterrows():
-        ax.scatter([r["hours"]], [r["dollars"]], s=160, facecolors="none", edgecolors="green", lw=2)
-    ax.set_xlabel("hours (predicted)")
+        ax.scatter([r["hours"] * scale], [r["dollars"]], s=160, facecolors="none", edgecolors="green", lw=2)
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.3g}"))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"${v:,.3g}"))
+    ax.set_xlabel("minutes (predicted)" if scale == 60.0 else "hours (predicted)")
     ax.set_ylabel("US dollars per run")
     ax.set_title("Cost against time (labels: workers; circled: recommended)")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7, loc="best")
     return fig
+
+
+# One colour per step phase, in the phase breakdown and the per-rank timeline alike.
+PHASE_COLORS = {"data": "#999999", "forward": "#4c72b0", "backward": "#dd8452", "exchange": "#c44e52",
+                "optimizer": "#55a868"}
+
+
+def exchange_overlapped(table: pd.DataFrame) -> bool:
+    """Whether the exchange share is unknown because the engine overlaps it with the backward (DDP's
+    all-reduce runs in hooks during the backward: no separate wait to time), not because it is 0."""
+    if "share_exchange" not in table.columns:
+        return False
+    unknown = pd.to_numeric(table["share_exchange"], errors="coerce").isna()
+    if "workers" in table.columns:
+        unknown &= pd.to_numeric(table["workers"], errors="coerce") > 1  # one worker exchanges nothing
+    if "engine" in table.columns:
+        unknown &= table["engine"].astype(str).str.startswith("ddp")
+    return bool(unknown.any())
 
 
 def plot_phases(table: pd.DataFrame) -> Figure:
@@ -83,8 +106,10 @@ def plot_phases(table: pd.DataFrame) -> Figure:
     x = np.arange(len(table))
     bottom = np.zeros(len(table))
     for c in cols:
+        phase = c.removeprefix("share_")
+        label = "backward (incl. overlapped exchange)" if phase == "backward" and exchange_overlapped(table) else phase
         v = pd.to_numeric(table[c], errors="coerce").fillna(0.0).to_numpy()
-        ax.bar(x, v, bottom=bottom, label=c.removeprefix("share_"))
+        ax.bar(x, v, bottom=bottom, label=label, color=PHASE_COLORS[phase])
         bottom += v
     ax.set_xticks(x, names, rotation=30, ha="right", fontsize=7)
     ax.set_ylabel("share of step time (slowest rank)")
@@ -159,8 +184,10 @@ def scaling_sections(table: pd.DataFrame, curves: dict[str, pd.DataFrame] | None
             secs.append(("Throughput", "<p>Total work per second, and per worker (flat = perfect scaling).</p>"
                          + _img(png, "throughput")))
     if any(c in table.columns for c in ("share_data", "share_exchange")) and len(table):
+        overlap = ("<p class='note'>Exchange: DDP all-reduces the gradients during the backward pass (it overlaps "
+                   "the backward), so its time is inside <b>backward</b>, not 0%.</p>" if exchange_overlapped(table) else "")
         secs.append(("Phase breakdown", "<p>Share of each step spent loading data, computing and exchanging "
-                     "gradients, on the slowest rank.</p>" + _img(figure_png(plot_phases(table)), "phases")))
+                     "gradients, on the slowest rank.</p>" + overlap + _img(figure_png(plot_phases(table)), "phases")))
     if curves:
         secs.append(("Loss against time", _img(figure_png(plot_loss(curves)), "loss")))
     defs = "".join(f"<li><b>{html.escape(n)}</b>: {html.escape(t)}</li>" for n, t in DEFINITIONS)
@@ -188,12 +215,10 @@ def plan_sections(p: Any) -> list[tuple[str, str]]:
     secs += _convergence_sections(p)
     if p.next_measurement:
         n = p.next_measurement
-        secs.append(("Measure next", f"<p class='rec'>Measure <b>{n['workers']} workers</b> "
+        secs.append(("Measure next", f"<p class='rec'>Measure <b>{n['workers']} worker{'s' if int(n['workers']) != 1 else ''}</b> "
                      f"({html.escape(str(n['label']) or 'series')}): {html.escape(n['why'])}.</p>"))
     if len(p.candidates):
-        recs = "".join(f"<li><b>{html.escape(k.replace('_', ' '))}</b>: {v['workers']} workers on "
-                       f"{v['instances']}× {html.escape(v['instance_type'])} ({v['market']}), "
-                       f"{v['hours']:.2f} h, ${v['dollars']:,.2f}</li>"
+        recs = "".join(f"<li><b>{html.escape(k.replace('_', ' '))}</b>: {_recommendation(v)}</li>"
                        for k, v in p.recommendations.items() if v)
         if recs:
             secs.append(("Recommendation", f"<ul class='rec'>{recs}</ul>"))
@@ -202,14 +227,37 @@ def plan_sections(p: Any) -> list[tuple[str, str]]:
                      + _img(figure_png(plot_cost_frontier(p.candidates)), "cost frontier")))
         c = p.candidates.sort_values(["hours"])
         rows = [[r["label"], int(r["workers"]), f"{int(r['instances'])}× {r['instance_type']}", r["market"],
-                 f"{r['predicted_throughput']:,.0f}", f"{r['hours']:.2f} (up to {r['hours_high']:.2f})",
+                 r.get("speed_basis") or "", f"{r['predicted_throughput']:,.0f}",
+                 f"{duration_text(r['hours'] * 3600)} (up to {duration_text(r['hours_high'] * 3600)})",
                  f"{r['dollars']:,.2f} (up to {r['dollars_high']:,.2f})",
                  "yes" if r["pareto"] else "", r["recommendation"] or ""] for _, r in c.iterrows()]
-        secs.append(("Candidates", _table(["series", "workers", "instances", "market", "throughput",
-                                           "hours", "dollars", "frontier", "recommended"], rows)))
+        secs.append(("Candidates", _table(["series", "workers", "instances", "market", "speed basis", "throughput /s",
+                                           "time", "dollars", "frontier", "recommended"], rows)))
     if p.notes:
         secs.append(("Notes", "<ul class='note'>" + "".join(f"<li>{html.escape(n)}</li>" for n in p.notes) + "</ul>"))
     return secs
+
+
+def duration_text(seconds: float) -> str:
+    """A duration at a glance: 45 s, 12.5 min, 2.11 h (a short job was "0.00 h")."""
+    if seconds != seconds or seconds in (float("inf"), float("-inf")):
+        return "—"
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.2f} h"
+
+
+def _recommendation(v: dict[str, Any]) -> str:
+    """A recommendation as the terminal says it: its bounds, and a speed never measured on its type named."""
+    speed = v.get("speed_basis")
+    unmeasured = ("" if speed in (None, "measured", "probe") else
+                  f"; <i>{html.escape(str(speed))} speed: never measured on {html.escape(v['instance_type'])}</i>")
+    workers = int(v["workers"])
+    return (f"{workers} worker{'s' if workers != 1 else ''} on {v['instances']}× {html.escape(v['instance_type'])} "
+            f"({v['market']}): {duration_text(v['hours'] * 3600)} (up to {duration_text(v['hours_high'] * 3600)}), "
+            f"${v['dollars']:,.2f} (up to ${v['dollars_high']:,.2f}){unmeasured}")
 
 
 def _convergence_sections(p: Any) -> list[tuple[str, str]]:

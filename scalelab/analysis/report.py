@@ -111,7 +111,13 @@ def _step_ms(r: pd.Series) -> str:
 
 
 def _shares(r: pd.Series) -> str:
-    return f"{_pct(r.get('share_data'), 0)} / {_pct(r.get('share_exchange'), 0)}"
+    """Data / exchange share; DDP's exchange, overlapped with the backward and so not timed apart, reads
+    "in backward" (a dash read as "no exchange")."""
+    exchange = _pct(r.get("share_exchange"), 0)
+    if _missing(r.get("share_exchange")) and str(r.get("engine") or "").startswith("ddp") \
+            and not _missing(r.get("workers")) and int(r["workers"]) > 1:
+        exchange = "in backward"
+    return f"{_pct(r.get('share_data'), 0)} / {exchange}"
 
 
 def _threshold(r: pd.Series) -> str:
@@ -193,8 +199,12 @@ _DROPPABLE = ("noise scale (samples)", "samples/s", "time (s)", "data / exchange
               "step (ms, mean ± std)", "layout (nodes x GPUs)")
 
 
-def _min_width(header: str, cells: list[str]) -> int:
-    """A column never narrower than its longest cell (numbers do not break) or its longest header word."""
+def _min_width(header: str, cells: list[str], text: bool = False) -> int:
+    """A column never narrower than its longest cell (numbers do not break) or its longest header word;
+    a `text` column (a label) only than its longest word: it wraps between words, so the numbers' headers
+    never have to split inside a word ("speedu/p", "threshol/d" at 100 columns)."""
+    if text:
+        return max(len(w) for w in [*header.split(), *(w for c in cells for w in c.split()), ""])
     return max([len(w) for w in header.split()] + [len(c) for c in cells])
 
 
@@ -203,7 +213,8 @@ def fitting_columns(df: pd.DataFrame, width: int = TABLE_WIDTH) -> list[tuple[st
     cols = _columns(df)
 
     def needed(cols: list) -> int:
-        return sum(_min_width(h, [fmt(r) for _, r in df.iterrows()]) + 3 for h, fmt, _ in cols) + 1
+        return sum(_min_width(h, [fmt(r) for _, r in df.iterrows()], not right and i == 0) + 3
+                   for i, (h, fmt, right) in enumerate(cols)) + 1
 
     for name in _DROPPABLE:
         if needed(cols) <= width:
@@ -219,8 +230,13 @@ def render_table(df: pd.DataFrame, title: str = "Scaling", width: int | None = N
     cols = fitting_columns(df, width) if width else _columns(df)
     rows = [[fmt(r) for _, fmt, _ in cols] for _, r in df.iterrows()]
     for i, (header, _, right) in enumerate(cols):
-        table.add_column(header, justify="right" if right else "left", overflow="fold",
-                         width=_min_width(header, [row[i] for row in rows]))
+        cells = [row[i] for row in rows]
+        if right or i:  # numbers (and short text after the label): as wide as they need, never folded
+            table.add_column(header, justify="right" if right else "left", overflow="fold",
+                             width=_min_width(header, cells))
+        else:  # the label: what is left, wrapping between words
+            table.add_column(header, justify="left", overflow="fold", min_width=_min_width(header, cells, True),
+                             ratio=1)
     for row in rows:
         table.add_row(*row)
     if not rows:

@@ -143,9 +143,29 @@ def build_report(paths: list[Path], out: Path | None = None) -> Report:
         run = load_run(run_dir)
         warnings += run.warnings  # record lines dropped (a cut last line): said here, not lost
         summaries.append(summarize_loaded(run))
+    warnings += merged_sweeps(paths, summaries)
     report = write_report(summaries, runs, out)
     report.warnings = warnings + report.warnings
     return report
+
+
+def merged_sweeps(paths: list[Path], summaries: list[LayoutSummary]) -> list[str]:
+    """A warning when several sweeps given together (a glob such as `runs/sweep-nmt-small-strong-*`)
+    measured the same layout of the same series: their rows are merged into one series, which the
+    reader should know (the README's own glob silently merged two sweeps)."""
+    sweeps = [p for p in paths if (p / SWEEP_FILE).exists()]
+    if len(sweeps) < 2:
+        return []
+    seen: dict[tuple, int] = {}
+    for s in summaries:
+        key = (s.label, s.nodes, s.gpus_per_node)
+        seen[key] = seen.get(key, 0) + 1
+    twice = sorted(f"{label} {n}x{g}" for (label, n, g), count in seen.items() if count > 1)
+    if not twice:
+        return []
+    return [f"{len(sweeps)} sweeps given together measured the same layouts ({', '.join(twice[:4])}"
+            f"{' ...' if len(twice) > 4 else ''}): their runs are merged into one series; give one sweep "
+            "directory to report it alone"]
 
 
 def write_report(summaries: list[LayoutSummary], runs: list[Path], out: Path) -> Report:

@@ -18,7 +18,7 @@ from urllib.parse import quote
 import numpy as np
 import pandas as pd
 
-from scalelab.analysis.html import _fig, _img, _table, figure_png, scaling_sections, write_html
+from scalelab.analysis.html import PHASE_COLORS, _fig, _img, _table, figure_png, scaling_sections, write_html
 from scalelab.core.records import RunRecords
 
 __all__ = ["provenance", "plot_loss_curves", "plot_rank_timeline", "plot_cost_time", "write_run_html"]
@@ -52,7 +52,11 @@ def provenance(runs: Sequence[RunRecords]) -> list[tuple[str, str]]:
 
 
 def _name(run: RunRecords) -> str:
-    return f"{run.spec.nodes}x{run.spec.gpus_per_node} {run.run_dir.name}"
+    """A run's legend label: its layout, and its directory when that says more (a sweep's layout
+    directory is named after the layout: the legend read "1x1 1x1 train")."""
+    layout = f"{run.spec.nodes}x{run.spec.gpus_per_node}"
+    return layout if run.run_dir.name.startswith(layout) and len(run.run_dir.name) <= len(layout) + 3 \
+        else f"{layout} {run.run_dir.name}"
 
 
 def plot_loss_curves(runs: Sequence[RunRecords], threshold: float | None) -> Any:
@@ -62,15 +66,17 @@ def plot_loss_curves(runs: Sequence[RunRecords], threshold: float | None) -> Any
     for run in runs:
         steps = run.steps[run.steps["rank"] == 0] if len(run.steps) else run.steps
         if "loss" in steps and len(steps):
-            t = pd.to_numeric(steps["time"]) - float(pd.to_numeric(steps["time"]).min())
+            # one clock for both curves: wall seconds since rank 0's first step began (the validation's
+            # elapsed_s counts training seconds only, so a threshold at 2.9 s sat left of a curve ending at 4.3 s)
+            t0 = float((pd.to_numeric(steps["time"]) - pd.to_numeric(steps["step_s"])).min())
             (line,) = by_step.plot(steps["step"], steps["loss"], lw=1, label=f"{_name(run)} train")
-            by_time.plot(t, steps["loss"], lw=1, color=line.get_color())
+            by_time.plot(pd.to_numeric(steps["time"]) - t0, steps["loss"], lw=1, color=line.get_color())
             val = run.val[run.val["rank"] == 0] if len(run.val) else run.val
             if "val_loss" in val and len(val):
                 by_step.plot(val["step"], val["val_loss"], "o--", ms=4, color=line.get_color(),
                              label=f"{_name(run)} validation")
-                by_time.plot(val["elapsed_s"], val["val_loss"], "o--", ms=4, color=line.get_color())
-    for ax, xlabel in ((by_step, "step"), (by_time, "training seconds")):
+                by_time.plot(pd.to_numeric(val["time"]) - t0, val["val_loss"], "o--", ms=4, color=line.get_color())
+    for ax, xlabel in ((by_step, "step"), (by_time, "wall seconds since the first step")):
         if threshold is not None:
             ax.axhline(threshold, color="red", lw=1, ls=":", label="loss threshold" if ax is by_step else None)
         ax.set_xlabel(xlabel)
@@ -90,7 +96,7 @@ def plot_rank_timeline(run: RunRecords, last: int = 8) -> Any:
     keep = sorted(steps["step"].unique())[-last:]
     steps = steps[steps["step"].isin(keep)]
     t0 = float((pd.to_numeric(steps["time"]) - pd.to_numeric(steps["step_s"])).min())
-    colors = dict(zip(_PHASES, ("#999", "#4c72b0", "#dd8452", "#c44e52", "#55a868")))
+    colors = {phase: PHASE_COLORS[phase.removesuffix("_s")] for phase in _PHASES}  # as the phase breakdown
     for _, s in steps.iterrows():
         left = float(s["time"]) - float(s["step_s"]) - t0
         for phase in _PHASES:
@@ -107,20 +113,31 @@ def plot_rank_timeline(run: RunRecords, last: int = 8) -> Any:
 
 
 def plot_cost_time(points: pd.DataFrame) -> Any:
-    """Dollars against hours per layout on log axes, with the frontier (none cheaper and faster)."""
+    """Dollars against time per layout, with the frontier (none cheaper and faster). Axes in plain units
+    (minutes or hours, dollars with a $): log axes gave ticks such as 1.25x10^-2 for a few cents; log
+    only where the points span more than 30x."""
+    from matplotlib.ticker import FuncFormatter
+
     fig = _fig(1, 4.6)
     ax = fig.subplots()
-    ax.scatter(points["hours"], points["dollars"], s=28)
-    for _, r in points.iterrows():
-        ax.annotate(str(r["layout"]), (r["hours"], r["dollars"]), textcoords="offset points", xytext=(3, 3), fontsize=7)
-    front = points.sort_values("hours")
-    front = front[front["dollars"] <= front["dollars"].cummin()]
-    ax.step(front["hours"], front["dollars"], where="post", color="black", lw=1.2, label="frontier")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("hours")
+    minutes = float(points["hours"].max()) < 1.5
+    x = points["hours"] * (60.0 if minutes else 1.0)
+    ax.scatter(x, points["dollars"], s=28)
+    for i, (xi, (_, r)) in enumerate(zip(x, points.iterrows())):  # alternate sides: neighbours do not overlap
+        ax.annotate(str(r["layout"]), (xi, r["dollars"]), textcoords="offset points",
+                    xytext=(4, 4) if i % 2 == 0 else (4, -11), fontsize=8)
+    order = points.assign(x=x).sort_values("x")
+    front = order[order["dollars"] <= order["dollars"].cummin()]
+    ax.step(front["x"], front["dollars"], where="post", color="black", lw=1.2, label="frontier")
+    for axis, values in ((ax.xaxis, x), (ax.yaxis, points["dollars"])):
+        positive = values[values > 0]
+        if len(positive) and float(positive.max()) > 30 * float(positive.min()):
+            (ax.set_xscale if axis is ax.xaxis else ax.set_yscale)("log")
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"${v:,.3g}"))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.3g}"))
+    ax.set_xlabel("minutes (billed)" if minutes else "hours (billed)")
     ax.set_ylabel("US dollars")
-    ax.set_title("Cost against time (log axes)")
+    ax.set_title("Cost against time")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7)
     return fig
@@ -129,10 +146,12 @@ def plot_cost_time(points: pd.DataFrame) -> Any:
 def _cost_section(points: pd.DataFrame | None, basis: str) -> list[tuple[str, str]]:
     if points is None or not len(points):
         return []
-    rows = [[r["layout"], f"{r['hours']:.4f}", f"{r['dollars']:,.4f}", f"{r['usd_per_hour']:,.2f}"]
+    from scalelab.analysis.html import duration_text
+
+    rows = [[r["layout"], duration_text(r["hours"] * 3600), f"{r['dollars']:,.4f}", f"{r['usd_per_hour']:,.2f}"]
             for _, r in points.iterrows()]
     return [("Cost against time", f"<p>{html.escape(basis)}</p>" + _img(figure_png(plot_cost_time(points)), "cost time")
-             + _table(["layout", "hours", "dollars", "$/hour"], rows))]
+             + _table(["layout", "billed time", "dollars", "$/hour"], rows))]
 
 
 def _href(path: Path, out: Path) -> str:

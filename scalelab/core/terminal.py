@@ -1,7 +1,7 @@
 """The one way our commands set up a rich console.
 
 Off a terminal (CI logs, pipes, a file) rich would wrap every table at 80 columns and cut the help
-and the reports' rows; there it gets 160 columns instead. On a terminal rich measures it. Every
+and the reports' rows; there it gets $COLUMNS, else 160 columns. On a terminal rich measures it. Every
 command module (`launch`, `launch cost`/`plan`, `launch bench`, `launch prep`'s report, the runner's
 messages) makes its consoles here, so they agree.
 """
@@ -19,4 +19,13 @@ OFF_TERMINAL_WIDTH = 160
 def make_console(stderr: bool = False) -> Console:
     """A console on stdout (or stderr): the terminal's width, or OFF_TERMINAL_WIDTH off one."""
     stream = sys.stderr if stderr else sys.stdout
-    return Console(stderr=stderr, width=None if stream.isatty() else OFF_TERMINAL_WIDTH)
+    return Console(stderr=stderr, width=None if stream.isatty() else columns_env() or OFF_TERMINAL_WIDTH)
+
+
+def columns_env() -> int | None:
+    """$COLUMNS when it is a sensible width: a user who sets it (or `script`, `watch`, a CI with a known
+    width) gets tables of that width off a terminal too, as on one."""
+    import os
+
+    value = os.environ.get("COLUMNS", "")
+    return int(value) if value.isdigit() and 20 <= int(value) <= 1000 else None

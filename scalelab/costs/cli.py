@@ -20,9 +20,10 @@ from typing import Any
 
 import click
 import pandas as pd
+from rich.markup import escape
 from rich.table import Table
 
-from scalelab.analysis.html import plan_sections, scaling_sections, write_html
+from scalelab.analysis.html import duration_text, plan_sections, scaling_sections, write_html
 from scalelab.analysis.report import (
     _jsonable,
     markdown_table,
@@ -30,12 +31,14 @@ from scalelab.analysis.report import (
     to_json_records,
     write_markdown,
 )
-from scalelab.analysis.results import expand_run_dirs, launched_at, run_label, summarize_loaded
+from scalelab.analysis.results import expand_run_dirs, run_label, summarize_loaded
 from scalelab.core.checks import NON_NEGATIVE, POSITIVE, InputFile, OutputDir
 from scalelab.core.errors import DataError, SpecError
 from scalelab.core.records import load_run
+from scalelab.core.runids import RunDir
 from scalelab.core.terminal import make_console
-from scalelab.costs.billing import Mix, run_cost, threshold_cost
+from scalelab.costs.billing import Mix, billed_seconds, cost_at_rate, run_cost
+from scalelab.costs.expected import run_mix, run_price, run_seconds
 from scalelab.costs.catalog import DEFAULT_REGION, MARKETS, Catalog, CatalogError, load_catalog, parse_interruptions, refresh
 from scalelab.costs.fitting import LinkModel
 from scalelab.costs.measurements import Measurements, measured_from_csv, measured_from_runs
@@ -91,16 +94,21 @@ def _print_json(rows: Any) -> None:
     click.echo(json.dumps(_jsonable(rows), indent=2, allow_nan=False))
 
 
-def _rich_table(title: str, df: pd.DataFrame, fmt: dict[str, str]) -> Table:
-    t = Table(title=title, header_style="bold")
+def _rich_table(title: str, df: pd.DataFrame, fmt: dict[str, Any]) -> Table:
+    """A table whose headers never split inside a word (each column at least as wide as its header's
+    longest word: long cells wrap instead); `fmt` maps a column to a format spec or a function."""
+    t = Table(title=title or None, header_style="bold")
     for col in df.columns:
-        t.add_column(col, justify="right" if col in fmt else "left")
+        t.add_column(str(col), justify="right" if col in fmt else "left",
+                     min_width=max(len(w) for w in str(col).split() or [""]))
     for _, r in df.iterrows():
         cells = []
         for col in df.columns:
             v = r[col]
             if v is None or (isinstance(v, float) and math.isnan(v)):
                 cells.append("—")
+            elif callable(fmt.get(col)):
+                cells.append(fmt[col](v))
             elif col in fmt:
                 cells.append(format(float(v), fmt[col]))
             else:
@@ -109,11 +117,14 @@ def _rich_table(title: str, df: pd.DataFrame, fmt: dict[str, str]) -> Table:
     return t
 
 
+human_duration = duration_text  # one rendering of a duration: analysis.html's
+
+
 # ---- cost ----------------------------------------------------------------------------------------
 
 
 @click.command("cost")
-@click.argument("run_dirs", nargs=-1, type=click.Path())
+@click.argument("run_dirs", nargs=-1, type=RunDir())
 @click.option("--from-csv", "from_csv", type=InputFile("--from-csv file"),
               help="CSV with label, seconds, instances (e.g. 3*g3.4xlarge+1*p2.xlarge), market (optional).")
 @click.option("--instances", help="For RUN_DIRS: the instances the runs used, e.g. 2*g3.16xlarge or "
@@ -164,21 +175,34 @@ def cost_cmd(run_dirs: tuple[str, ...], from_csv: str | None, instances: str | N
                 raise CatalogError(f"{from_csv}:{int(r['_line'])}: {exc}") from None
             rows.append(c.to_dict())
     elif run_dirs:
-        rows = _cost_of_runs([Path(p) for p in run_dirs], instances, market or "on-demand", catalog, params)
+        fleet_of = (click.get_current_context().obj or {}).get("fleet_of")  # the launcher's: costs/ names no backend
+        rows = _cost_of_runs([Path(p) for p in run_dirs], instances, market, catalog, params, fleet_of)
     else:
         raise SpecError("give RUN_DIRS, --from-csv FILE, --refresh or --list (see launch cost --help)")
     out = pd.DataFrame(rows)
     if fmt == "json":
         _print_json(out.to_dict(orient="records"))
         return
-    show = out[[c for c in ("label", "instances", "market", "seconds", "hours", "usd_per_hour", "dollars",
-                            "wall_to_threshold_s", "dollars_to_threshold") if c in out.columns]]
-    nfmt = {"seconds": ",.0f", "hours": ".2f", "usd_per_hour": ".4f", "dollars": ",.2f", "wall_to_threshold_s": ",.0f",
-            "dollars_to_threshold": ",.2f"}
+    keep = [c for c in _COST_HEADERS if c in out.columns and (c in ("label", "seconds") or out[c].notna().any())]
+    show = out[keep].rename(columns=_COST_HEADERS)  # threshold columns only where a run has a threshold
+    nfmt: dict[str, Any] = {"wall": human_duration, "$/hour": ".4f", "dollars": ",.2f",
+                            "wall to threshold": human_duration, "$ to threshold": ",.2f"}
     if fmt == "markdown":
-        click.echo(markdown_table(show, nfmt))
+        for col in ("wall", "wall to threshold"):
+            if col in show.columns:
+                show[col] = show[col].map(lambda v: None if v is None or v != v else human_duration(v))
+        click.echo(markdown_table(show, {k: v for k, v in nfmt.items() if not callable(v)}))
     else:
         console.print(_rich_table("Cost per run (per-second billing, 60 s minimum)", show, nfmt))
+        bases = sorted({str(b) for b in out.get("price_basis", pd.Series(dtype=str)).dropna()})
+        if bases:
+            console.print("price: " + "; ".join(bases), highlight=False, soft_wrap=True)
+
+
+# `launch cost`'s columns in a table (JSON keeps the long names, every column and seconds).
+_COST_HEADERS = {"label": "run", "instances": "instances", "market": "market", "seconds": "wall",
+                 "usd_per_hour": "$/hour", "dollars": "dollars", "wall_to_threshold_s": "wall to threshold",
+                 "dollars_to_threshold": "$ to threshold"}
 
 
 _GPU_SPECS = ("fp32_tflops", "tf32_tflops", "fp16_tflops", "bf16_tflops", "mem_bandwidth_gbs")
@@ -230,25 +254,13 @@ _LIST_COLUMNS = ("type", "gpus", "gpu", "gpu_gib", "vcpus", "mem_gib", "net_gbps
                  "bf16_tf", "mem_gb_s", "od_usd_h", "spot_usd_h", "intr_h")
 
 
-def run_seconds(run) -> float:
-    """Wall time of a recorded run: from its launch (launch.json, else the first start record: the
-    start-up is paid too) to the last record of any rank."""
-    times = [pd.to_numeric(f["time"], errors="coerce") for f in (run.start, run.steps, run.val, run.events)
-             if len(f) and "time" in f.columns]
-    if not times:
-        raise DataError(f"{run.run_dir}: no timed records; cannot tell how long it ran")
-    first = launched_at(run)
-    first = min(float(t.min()) for t in times) if first is None else first
-    return max(float(t.max()) for t in times) - first
-
-
 def _run_mix(run, instances: str | None, catalog):
-    """The instances a recorded run rented, read like `launch --instance-type` (costs.billing.Mix):
-    `--instances` if given (a bare type is one per node of the run; counts are taken as written,
-    since a GPU-hour rate counts GPUs), else the run's own `instance_type` option, one per node."""
+    """The instances a recorded run is priced on when no backend prices it: `--instances` if given (a
+    bare type: enough instances to hold every node's GPUs, `costs.expected.run_mix`; counts as written),
+    else the run's own `instance_type` option, one per node."""
 
     if instances is not None:
-        return Mix.parse(instances, catalog, nodes=run.spec.nodes)
+        return run_mix(run.spec, instances, catalog)
     itype = (run.spec.backend_options or {}).get("instance_type")
     if not itype:
         raise SpecError(f"{run.run_dir}: the run does not say which instances it used; give --instances "
@@ -260,20 +272,46 @@ def _run_mix(run, instances: str | None, catalog):
         raise CatalogError(f"{run.run_dir}: instance_type of the run: {exc}") from None
 
 
-def _cost_of_runs(paths: list[Path], instances: str | None, market: str, catalog, params) -> list[dict[str, Any]]:
+def _fleet_cost(run, market: str | None, catalog, params, fleet_of) -> tuple[Any, Any]:
+    """The run at its own fleet's price (`costs.expected.run_price`: the rule the report, the previews and
+    the plan use: a cloud's instances per node, an on-premise rate per GPU), and its price per hour;
+    (None, None) when its backend cannot say (then --instances or instance_type)."""
+    if fleet_of is None:
+        return None, None
+    try:
+        fleet = fleet_of(run.spec)
+        rate, basis, instances = run_price(run.spec, fleet, catalog)
+    except (CatalogError, SpecError):
+        return None, None
+    if fleet.cloud and market is not None and market != fleet.market:
+        return None, None  # another market than the run's: priced from its instances below
+    label = f"{run_label(run.spec)} {run.spec.nodes}x{run.spec.gpus_per_node}"
+    cost = cost_at_rate(run_seconds(run), instances, run.spec.workers, rate, market or fleet.market,
+                        fleet.region or catalog.region, label)  # measured time: its interruptions are in it
+    row = cost.to_dict()
+    row["price_basis"] = basis
+    return row, rate
 
+
+def _cost_of_runs(paths: list[Path], instances: str | None, market: str | None, catalog, params,
+                  fleet_of=None) -> list[dict[str, Any]]:
+    """One row per run: billed wall time (`run_seconds`) at its fleet's price, or at --instances'."""
     rows = []
     for run_dir in expand_run_dirs(paths):
         run = load_run(run_dir)
-        mix = _run_mix(run, instances, catalog)
-        c = run_cost(run_seconds(run), mix, catalog, market, label=f"{run_label(run.spec)} "
-                     f"{run.spec.nodes}x{run.spec.gpus_per_node}", **_spot_kwargs(params))
-        row = c.to_dict()
+        row, rate = _fleet_cost(run, market, catalog, params, fleet_of) if instances is None else (None, None)
+        if row is None:
+            mix = _run_mix(run, instances, catalog)
+            row = run_cost(run_seconds(run), mix, catalog, market or "on-demand", label=f"{run_label(run.spec)} "
+                           f"{run.spec.nodes}x{run.spec.gpus_per_node}", **_spot_kwargs(params)).to_dict()
+            rate = row["usd_per_hour"]
         try:  # billed: the wall time from the launch to the threshold event, not the training seconds
             summary = summarize_loaded(run)
             row["time_to_threshold_s"] = summary.time_to_threshold_s
             row["wall_to_threshold_s"] = summary.wall_to_threshold_s
-            row["dollars_to_threshold"] = threshold_cost(summary.wall_to_threshold_s, mix, catalog, market)
+            wall = summary.wall_to_threshold_s
+            row["dollars_to_threshold"] = (None if wall is None or wall != wall
+                                           else rate * billed_seconds(wall) / 3600.0)
         except DataError:
             row["dollars_to_threshold"] = None
         row["run_dir"] = str(run_dir)
@@ -342,7 +380,7 @@ def _parse_batches(text: str | None) -> list[int]:
 
 
 @click.command("plan")
-@click.argument("run_dirs", nargs=-1, type=click.Path())
+@click.argument("run_dirs", nargs=-1, type=RunDir())
 @click.option("--from-csv", "from_csv", type=InputFile("--from-csv file"),
               help="A published scaling table (label, workers, nodes, throughput or time_s, batch_scaling, "
                    "work_scaling) or a table of steps to a threshold (label, global_batch, steps_to_threshold, "
@@ -410,7 +448,7 @@ def plan_cmd(run_dirs: tuple[str, ...], from_csv: str | None, predict_workers: s
     for t in asked:
         catalog.instance(t)  # a type asked for that the catalog lacks: an error naming the fix
     unpriced = measured_on is not None and measured_on not in catalog.names()
-    types = asked or ([measured_on] if measured_on and not unpriced else [])
+    types = asked or _default_types(measured_on, m, catalog)
     link = LinkModel(gradient_bytes=(gradient_mb or 1.0) * 1e6, intra_gbps=intra_gbps)
     result = plan(PlanRequest(
         m.measured, _worker_grid(m.measured, predict_workers), catalog, types,
@@ -424,7 +462,38 @@ def plan_cmd(run_dirs: tuple[str, ...], from_csv: str | None, predict_workers: s
                             "probed type) with --instance-types to price them")
     if len(result.candidates) == 0 and types and work is not None:
         raise CatalogError("; ".join(result.notes) or "nothing could be priced")
+    _refuse_unanswered_limits(result, deadline_h, budget_usd, asked, m)
     _show_plan(result, fmt, out, m)
+
+
+def _default_types(measured_on: str | None, m: Measurements, catalog: Catalog) -> list[str]:
+    """Without --instance-types: the measured type and every probed one the catalog prices (`launch plan
+    PROBE_DIR` left out the second probed candidate unless it was named)."""
+    found = [t for t in dict.fromkeys([measured_on, *m.probe_speed]) if t]
+    priced = [t for t in found if t in catalog.names()]
+    for t in found:
+        if t not in priced and t != measured_on:
+            err_console.print(f"[yellow]note:[/] probed {t!r} is not priced: give --rate {t}=USD/gpu-hour (or "
+                              f"USD/node-hour@GPUS) to plan it", highlight=False)
+    return priced
+
+
+def _refuse_unanswered_limits(result, deadline_h: float | None, budget_usd: float | None, asked: list[str],
+                              m: Measurements) -> None:
+    """--deadline-h and --budget are answered only by priced candidates with a time to the loss threshold (or
+    --work): without them the flags were silently ignored (the README's own example). Refused, saying why."""
+    given = [flag for flag, v in (("--deadline-h", deadline_h), ("--budget", budget_usd)) if v is not None]
+    if not given or len(result.candidates):
+        return
+    why = []
+    if not result.convergence:
+        why.append("the runs have no loss threshold to reach (run them with --val-every N --loss-threshold X, "
+                   "or give --work)")
+    if not asked:
+        why.append("no instance type is priced (give --instance-types, e.g. g5.xlarge,g5.12xlarge; runs on a CPU "
+                   "also need --measured-on TYPE or --speed GPU=FACTOR, or `launch probe` the types)")
+    why += [n for n in result.notes if "not priced" in n or "price" in n][:2]
+    raise SpecError(f"{' and '.join(given)} cannot be answered: " + "; ".join(why or result.notes or ["nothing was priced"]))
 
 
 def _refuse_with_predict(given: dict[str, Any]) -> None:
@@ -496,74 +565,146 @@ def _show_plan(result, fmt: str, out: str | None, m: Measurements) -> None:
             console.print(f"plan: [bold]{out_dir / 'plan.html'}[/]  ({out_dir / 'plan.md'})")
 
 
-_PRED_FMT = {"workers": ".0f", "global_batch": ".0f", "predicted_throughput": ",.0f", "interval_low": ",.0f",
-             "interval_high": ",.0f", "measured_throughput": ",.0f", "held_out_error": ".1%"}
-_PRED_COLS = ["label", "workers", "global_batch", "model", "predicted_throughput", "interval_low", "interval_high",
-              "measured_throughput"]
-_BATCH_FMT = {"global_batch": ".0f", "predicted_steps_to_threshold": ",.0f", "steps_low": ",.0f", "steps_high": ",.0f",
-              "predicted_samples_to_threshold": ",.0f", "b_noise": ",.0f", "noise_scale": ",.0f"}
-_BATCH_COLS = ["label", "global_batch", "predicted_steps_to_threshold", "steps_low", "steps_high",
-               "predicted_samples_to_threshold", "basis", "b_noise", "noise_scale"]
-_CAND_FMT = {"workers": ".0f", "instances": ".0f", "global_batch": ".0f", "predicted_throughput": ",.0f",
-             "steps_to_threshold": ",.0f", "hours": ".2f", "hours_high": ".2f", "dollars": ",.2f", "dollars_high": ",.2f"}
-_CAND_COLS = ["label", "workers", "instances", "instance_type", "speed_basis", "market", "global_batch",
-              "predicted_throughput",
-              "steps_to_threshold", "hours", "hours_high", "dollars", "dollars_high", "pareto", "recommendation"]
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
 
 
-def _model_lines(result) -> list[str]:
-    lines = [f"intervals at {result.confidence:.0%}"]
+def _recommendation_line(key: str, v: dict[str, Any]) -> str:
+    """One recommendation with its bounds, and what its speed rests on when it was never measured on that type."""
+    speed = v.get("speed_basis")
+    unmeasured = "" if speed in (None, "measured", "probe") else f"; {speed} speed, never measured on {v['instance_type']}"
+    return (f"{key.replace('_', ' ')}: {_plural(int(v['workers']), 'worker')} on {v['instances']}*{v['instance_type']} "
+            f"({v['market']}): {human_duration(v['hours'] * 3600)} (up to {human_duration(v['hours_high'] * 3600)}), "
+            f"${v['dollars']:,.2f} (up to ${v['dollars_high']:,.2f}){unmeasured}")
+
+
+def _assumption_lines(result) -> list[str]:
+    """What every figure below rests on, said once on top: the models, the steps to the threshold."""
+    lines = [f"every interval and recommendation at {result.confidence:.0%} confidence; "
+             "prices per second with a 60 s minimum"]
     for label, fit in result.fits.items():
         used = result.predictions[result.predictions["label"] == label].iloc[0]
-        lines.append(f"series {label or '(unlabelled)'}: {len(fit.measured)} measurements at "
-                     f"{fit.measured['workers'].nunique()} GPU counts; using {used['model']} (held-out error "
+        lines.append(f"throughput of {label or '(unlabelled)'}: {_plural(len(fit.measured), 'measurement')} at "
+                     f"{_plural(fit.measured['workers'].nunique(), 'GPU count')}; {used['model']} model (held-out error "
                      f"{used['held_out_error']:.1%} on the published scaling tables, docs/benchmarks.md)")
     for label, conv in result.convergence.items():
         b_noise = "unbounded" if math.isinf(conv.b_noise) else f"{conv.b_noise:,.0f}"
-        lines.append(f"steps to threshold, {label}: {conv.basis} of {conv.runs} run(s) at global batch "
+        lines.append(f"steps to threshold, {label}: {conv.basis} of {_plural(conv.runs, 'run')} at global batch "
                      f"{', '.join(map(str, conv.batches))}; S_min {conv.s_min:,.0f} steps, B_noise {b_noise} "
                      f"(measured noise scale {'—' if conv.noise_scale is None else f'{conv.noise_scale:,.0f}'}); "
                      f"learning-rate rule: {conv.lr_rule}")
-    if result.next_measurement:
-        n = result.next_measurement
-        lines.append(f"measure next: {n['workers']} workers ({n['label'] or 'series'}): {n['why']}")
-    for k, v in result.recommendations.items():
-        if v:
-            lines.append(f"{k.replace('_', ' ')}: {v['workers']} workers on {v['instances']}*{v['instance_type']} "
-                         f"({v['market']}): {v['hours']:.2f} h (up to {v['hours_high']:.2f} h), ${v['dollars']:,.2f} "
-                         f"(up to ${v['dollars_high']:,.2f})")
     return lines
 
 
-def _plan_tables(result) -> list[tuple[str, pd.DataFrame, dict[str, str]]]:
+def _model_lines(result) -> list[str]:
+    """The plan's words, in reading order: assumptions, the answer (recommendations with their bounds),
+    what to measure next."""
+    lines = _assumption_lines(result)
+    lines += [_recommendation_line(k, v) for k, v in result.recommendations.items() if v]
+    if result.next_measurement:
+        n = result.next_measurement
+        lines.append(f"measure next: {_plural(int(n['workers']), 'worker')} ({n['label'] or 'series'}): {n['why']}")
+    return lines
+
+
+# Terminal and Markdown tables of the plan: short headers with units, each column a word or two, so
+# they fit 100 columns; every column (and the long names) is in --format json and plan.json.
+_PRED_VIEW = {"label": "series", "workers": "workers", "global_batch": "batch", "model": "model",
+              "predicted_throughput": "predicted /s", "interval_low": "low /s", "interval_high": "high /s",
+              "measured_throughput": "measured /s"}
+_PRED_FMT = {"workers": ".0f", "batch": ".0f", "predicted /s": ",.0f", "low /s": ",.0f", "high /s": ",.0f",
+             "measured /s": ",.0f"}
+_BATCH_VIEW = {"label": "series", "global_batch": "batch", "predicted_steps_to_threshold": "steps",
+               "steps_low": "steps low", "steps_high": "steps high", "predicted_samples_to_threshold": "samples",
+               "basis": "basis", "b_noise": "B_noise", "noise_scale": "noise scale"}
+_BATCH_FMT = {"batch": ".0f", "steps": ",.0f", "steps low": ",.0f", "steps high": ",.0f", "samples": ",.0f",
+              "B_noise": ",.0f", "noise scale": ",.0f"}
+_CAND_VIEW = {"label": "series", "workers": "workers", "instances": "instances", "market": "market",
+              "speed_basis": "speed", "global_batch": "batch", "steps_to_threshold": "steps", "hours": "time",
+              "hours_high": "up to", "dollars": "dollars", "dollars_high": "up to $", "pick": "pick"}
+_CAND_FMT: dict[str, Any] = {"workers": ".0f", "batch": ".0f", "steps": ",.0f", "dollars": ",.2f", "up to $": ",.2f",
+                             "time": lambda h: human_duration(h * 3600), "up to": lambda h: human_duration(h * 3600)}
+
+
+def _view(rows: pd.DataFrame, names: dict[str, str], always: tuple[str, ...]) -> tuple[pd.DataFrame, str]:
+    """`rows` under short names; a column with one value in every row (the series, the market, the batch)
+    leaves the table for its title, unless `always` keeps it."""
+    rows = rows[[c for c in names if c in rows.columns]]
+    same = [c for c in rows.columns if c not in always and len(rows) > 1 and rows[c].astype(str).nunique() == 1]
+    if len(rows) == 1:
+        same = [c for c in ("label", "market", "global_batch") if c in rows.columns]
+    said = ", ".join(f"{names[c] if c != 'label' else ''} {rows[c].iloc[0]}".strip() for c in same
+                     if c in ("label", "market", "global_batch", "model", "speed_basis", "basis"))
+    keep = [c for c in rows.columns if c not in same or c not in ("label", "market", "global_batch", "model",
+                                                                  "speed_basis", "basis")]
+    return rows[keep].rename(columns=names), said
+
+
+def _candidate_rows(result) -> pd.DataFrame:
+    c = result.candidates.sort_values("hours").copy()
+    c["instances"] = [f"{int(n)}*{t}" for n, t in zip(c["instances"], c["instance_type"])]
+    fits = c["fits_memory"] if "fits_memory" in c.columns else [None] * len(c)
+    c["pick"] = [_pick_word(r, p, f) for r, p, f in zip(c["recommendation"], c["pareto"], fits)]
+    return c
+
+
+def _pick_word(recommendation: Any, pareto: Any, fits: Any = None) -> str:
+    """cheapest / fastest (a recommendation), no fit (a rank would overflow its GPU's memory), frontier
+    (nothing both faster and cheaper), or nothing."""
+    if fits is False or (isinstance(fits, (bool, float, int)) and not pd.isna(fits) and not fits):
+        return "no fit"
+    if isinstance(recommendation, str) and recommendation:
+        words = [w for w in ("cheapest", "fastest") if w in recommendation]
+        return "both" if len(words) == 2 else words[0] if words else ""
+    return "frontier" if bool(pareto) else ""
+
+
+_PICK_LEGEND = ("pick: cheapest / fastest / both = the recommendations above; frontier = no other row is both faster and "
+                "cheaper; no fit = a rank would not fit its GPU's memory (never recommended). speed: measured (the runs' type), probe (its own runs), estimate (GPU specs), user (--speed)")
+
+
+def _plan_tables(result) -> list[tuple[str, pd.DataFrame, dict[str, Any]]]:
     """(title, rows, number formats) of every table the plan has, in the order shown."""
     tables = []
     if len(result.predictions):
         small = result.predictions["predicted_throughput"].max() < 100  # e.g. runs per second of a time_s table
-        fmt = _PRED_FMT | ({c: ".4g" for c in _PRED_COLS if "throughput" in c or "interval" in c} if small else {})
-        tables.append(("Predicted throughput", result.predictions[_PRED_COLS], fmt))
+        rows, said = _view(result.predictions, _PRED_VIEW, ("workers",))
+        title = "Predicted throughput per second (words/s from runs; a table's own unit)"
+        fmt = _PRED_FMT | ({c: ".4g" for c in ("predicted /s", "low /s", "high /s", "measured /s")} if small else {})
+        tables.append((title + (f": {said}" if said else ""), rows, fmt))
     if len(result.batch_predictions):
-        tables.append(("Steps to the loss threshold against the global batch", result.batch_predictions[_BATCH_COLS],
+        rows, said = _view(result.batch_predictions, _BATCH_VIEW, ("batch",))
+        tables.append(("Steps to the loss threshold against the global batch" + (f" ({said})" if said else ""), rows,
                        _BATCH_FMT))
     if len(result.candidates):
-        small = result.candidates["predicted_throughput"].max() < 100
-        tables.append(("Candidates (hours and dollars to the threshold, or for the given work)",
-                       result.candidates.sort_values("hours")[_CAND_COLS],
-                       _CAND_FMT | ({"predicted_throughput": ".4g"} if small else {})))
+        rows, said = _view(_candidate_rows(result), _CAND_VIEW, ("workers", "instances", "time", "dollars", "pick"))
+        tables.append(("Candidates: time and dollars to the threshold, or for the given work"
+                       + (f" ({said})" if said else ""), rows, _CAND_FMT))
     return tables
 
 
 def _print_plan(result) -> None:
-    for title, rows, fmt in _plan_tables(result):
-        console.print(_rich_table(title, rows, fmt))
-    for line in _model_lines(result):
+    """Assumptions once on top, the answer, then the tables (at 100 columns), notes last."""
+    lines = _model_lines(result)
+    for line in lines:
         console.print(line, highlight=False)
+    for title, rows, fmt in _plan_tables(result):
+        console.print(f"[bold]{escape(title)}[/]", highlight=False)  # above the table: a title inside wraps at its width
+        console.print(_rich_table("", rows, fmt))
+    if len(result.candidates):
+        console.print(_PICK_LEGEND, highlight=False)
 
 
 def plan_markdown(result) -> str:
     parts = ["# Scaling plan", "", *[f"- {line}" for line in _model_lines(result)]]
     for title, rows, fmt in _plan_tables(result):
-        parts += ["", f"## {title}", "", markdown_table(rows, fmt)]
+        rows = rows.copy()
+        for col, how in fmt.items():
+            if callable(how) and col in rows.columns:
+                rows[col] = rows[col].map(lambda v, how=how: None if v is None or v != v else how(v))
+        parts += ["", f"## {title}", "", markdown_table(rows, {k: v for k, v in fmt.items() if not callable(v)})]
+    if len(result.candidates):
+        parts += ["", _PICK_LEGEND]
     if result.notes:
         parts += ["", "## Notes", "", *[f"- {n}" for n in result.notes]]
     return "\n".join(parts) + "\n"

@@ -26,7 +26,7 @@ from scalelab.costs.catalog import DEFAULT_REGION, Catalog, CatalogError, load_c
 from scalelab.costs.fleet import MARKET_ON_DEMAND, MARKET_SPOT, Fleet
 
 __all__ = ["ASSUMED_GPU_HOUR_USD", "ASSUMED_STEP_S", "Estimate", "fleet_price", "expected_cost",
-           "measured_cost_points", "is_priced"]
+           "measured_cost_points", "is_priced", "run_mix", "run_price", "run_seconds"]
 
 #: On-premise price of one GPU-hour when the prices file names no rate for the backend.
 ASSUMED_GPU_HOUR_USD = 0.50
@@ -50,8 +50,11 @@ class Estimate:
         steps = "unknown steps (--epochs)" if self.steps is None else f"{self.steps} steps"
         dollars = "unknown" if math.isnan(self.dollars) else f"${self.dollars:,.2f}"
         startup = f" + {self.startup_s:.3g} s start-up" if self.startup_s else ""
+        from scalelab.analysis.html import duration_text
+
+        took = "an unknown time" if math.isnan(self.hours) else duration_text(self.hours * 3600)
         return (f"fleet ${self.usd_per_hour:,.2f}/hour ({self.rate_basis}); expected {dollars} "
-                f"for {steps} x {self.step_s:.3g} s/step ({self.step_basis}){startup} = {self.hours:.3g} h")
+                f"for {steps} x {self.step_s:.3g} s/step ({self.step_basis}){startup} = {took}")
 
     def with_step_basis(self, basis: str) -> "Estimate":
         """The same estimate, saying where its measured step time came from."""
@@ -71,8 +74,9 @@ def fleet_price(spec: Spec, catalog: Catalog | None = None, *, fleet: Fleet) -> 
             units = spec.workers / inst.gpus
             return price.usd_per_hour * units, f"rate '{name}' from {price.source}, {units:g} units"
     name = fleet.instance_type or fleet.rate_name
+    gpus = f"{spec.workers} GPU" + ("s" if spec.workers != 1 else "")
     return ASSUMED_GPU_HOUR_USD * spec.workers, (f"assumed on-premise ${ASSUMED_GPU_HOUR_USD:.2f}/GPU-hour x "
-                                                 f"{spec.workers} GPUs; set a '{name}' rate in the prices file")
+                                                 f"{gpus}; set a '{name}' rate in the prices file")
 
 
 def is_priced(fleet: Fleet, catalog: Catalog) -> bool:
@@ -117,26 +121,75 @@ def expected_cost(spec: Spec, step_s: float | None = None, catalog: Catalog | No
     return Estimate(rate, rate_basis, spec.steps, step_s, basis, hours, rate * hours, startup_s)
 
 
-def _train_seconds(steps: pd.DataFrame) -> float:
-    """Seconds of training: per step the slowest rank's step_s, summed."""
-    return float(steps.groupby("step")["step_s"].max().sum()) if len(steps) else 0.0
+def run_seconds(run: Any) -> float:
+    """Wall time of a recorded run: from its launch (launch.json, else the first start record: the
+    start-up is paid too) to the last record of any rank. The one run time every price of a finished run
+    uses (`launch cost`, the report's cost chart): billing counts the wall clock, not training seconds."""
+    from scalelab.analysis.results import launched_at
+    from scalelab.core.errors import DataError
+
+    times = [pd.to_numeric(f["time"], errors="coerce") for f in (run.start, run.steps, run.val, run.events)
+             if len(f) and "time" in f.columns]
+    if not times:
+        raise DataError(f"{run.run_dir}: no timed records; cannot tell how long it ran")
+    first = launched_at(run)
+    first = min(float(t.min()) for t in times) if first is None else first
+    return max(float(t.max()) for t in times) - first
+
+
+def run_mix(spec: Spec, text: str, catalog: Catalog) -> Mix:
+    """The instances that hold a run's layout, as `launch cost RUN --instances TEXT` prices it: a bare type
+    is `nodes x ceil(gpus_per_node / its GPUs)` instances (a 1x2 run on 1-GPU g5.xlarge is two, not one, as
+    the planner counts ceil(workers / GPUs)); an explicit mix (`2*g5.xlarge`, `8*slurm`) is taken as written."""
+    mix = Mix.parse(text, catalog, nodes=spec.nodes)
+    if len(mix.items) == 1 and "*" not in text:
+        gpus = max(1, catalog.instance(mix.items[0][1]).gpus)
+        mix = Mix(((spec.nodes * math.ceil(spec.gpus_per_node / gpus), mix.items[0][1]),))
+    return mix
+
+
+def run_price(spec: Spec, fleet: Fleet, catalog: Catalog | None = None) -> tuple[float, str, str]:
+    """(USD per hour, basis, instances) of a recorded run: the one rule `launch cost RUN`, the report's cost
+    chart, the previews (`fleet_price`) and the planner (ceil(GPUs / GPUs per instance) instances of a type)
+    share. Its fleet's price; an on-premise run that names a catalog instance type but has no rate (hand-
+    made, or measured "as" a type) at that type's on-demand price for instances holding its GPUs
+    (`run_mix`), rather than at the assumed GPU-hour price."""
+    catalog = catalog or load_catalog()
+    name = fleet.instance_type or fleet.rate_name
+    inst = catalog.instances.get(fleet.instance_type) if fleet.instance_type else None
+    if not fleet.cloud and not is_priced(fleet, catalog) and inst is not None and inst.provider != "rate":
+        mix = run_mix(spec, fleet.instance_type, catalog)
+        return mix.usd_per_hour(catalog, MARKET_ON_DEMAND), f"{mix} on-demand (the run's instance_type)", str(mix)
+    rate, basis = fleet_price(spec, catalog, fleet=fleet)
+    if fleet.cloud:
+        return rate, basis, str(Mix.for_nodes(fleet.instance_type, spec.nodes, catalog, provider=fleet.provider))
+    inst = catalog.instances.get(name) or catalog.instances.get(fleet.rate_name)
+    units = spec.workers / inst.gpus if inst is not None and inst.provider == "rate" else spec.workers
+    return rate, basis, f"{units:g}*{name}"
 
 
 def measured_cost_points(table: pd.DataFrame, runs: Sequence[Any],
                          fleet_of: Callable[[Spec], Fleet]) -> tuple[pd.DataFrame | None, str]:
-    """Per run: measured training hours and their dollars at the fleet's price (for the HTML report);
-    `fleet_of` says how each run's backend pays for its nodes."""
+    """Per run: its billed hours and dollars at its fleet's price (the HTML report), by the rule `launch
+    cost` uses (`fleet_price` for the whole fleet, `run_seconds` of wall time, per-second billing with a
+    60 s minimum), so the two give the same dollars for the same run; `fleet_of` says how each run's
+    backend pays for its nodes."""
+    from scalelab.costs.billing import cost_at_rate
+
     rows, bases = [], set()
     for run in runs:
         try:
-            rate, basis = fleet_price(run.spec, fleet=fleet_of(run.spec))
+            fleet = fleet_of(run.spec)
+            rate, basis, instances = run_price(run.spec, fleet)
+            seconds = run_seconds(run)
         except Exception as exc:  # a price missing must not lose the whole report
             bases.add(f"{run.run_dir.name}: no price ({exc})")
             continue
-        hours = _train_seconds(run.steps) / 3600.0
-        if hours > 0:
-            rows.append({"layout": f"{run.spec.nodes}x{run.spec.gpus_per_node}", "hours": hours,
-                         "dollars": rate * hours, "usd_per_hour": rate})
+        if seconds > 0:
+            cost = cost_at_rate(seconds, instances, run.spec.workers, rate, fleet.market, fleet.region or "")
+            rows.append({"layout": f"{run.spec.nodes}x{run.spec.gpus_per_node}", "hours": cost.billed_seconds / 3600.0,
+                         "dollars": cost.dollars, "usd_per_hour": rate})
             bases.add(basis)
-    text = "Measured training time (slowest rank per step) at: " + "; ".join(sorted(bases)) + "."
+    text = ("Billed wall time (launch to last record, per second, 60 s minimum; as `launch cost`) at: "
+            + "; ".join(sorted(bases)) + ".")
     return (pd.DataFrame(rows) if rows else None), text

@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import copy
 import importlib
+import re
+import signal
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
@@ -263,9 +265,31 @@ class Backend(ABC):
 
 
 def log_text(paths: list[Path]) -> str:
-    """Log files as one text, each under a `==> PATH <==` header as `tail` prints several files."""
-    return "\n".join(f"==> {p} <==\n" + (p.read_text(errors="replace") if p.exists() else "(no output yet)\n")
-                     for p in paths)
+    """Log files as one text, each under a `==> PATH <==` header as `tail` prints several files; a
+    torchrun agent's traceback for the stop signal it was sent is one line (`quiet_stop_tracebacks`)."""
+    return "\n".join(f"==> {p} <==\n" + (quiet_stop_tracebacks(p.read_text(errors="replace")) if p.exists()
+                                          else "(no output yet)\n") for p in paths)
+
+
+# torchrun's agent answers SIGTERM/SIGINT by raising SignalException, which Python prints as a ~25-line
+# traceback: after a clean `launch cancel` (ranks checkpointed, nothing left) it read as a crash.
+_STOP_TRACEBACK = re.compile(
+    r"^Traceback \(most recent call last\):\n(?:[ \t].*\n)*?"
+    r"torch\.distributed\.elastic\.multiprocessing\.api\.SignalException: Process (\d+) got signal: (\d+)\n?",
+    re.MULTILINE)
+
+
+def quiet_stop_tracebacks(text: str) -> str:
+    """`text` with each torchrun SignalException traceback replaced by one line saying which signal
+    stopped the agent: a stop that was asked for (cancel, Ctrl-C, a scheduler's time limit) is not a crash."""
+    def line(m: re.Match) -> str:
+        try:
+            name = signal.Signals(int(m[2])).name
+        except ValueError:
+            name = f"signal {m[2]}"
+        return f"torchrun agent (pid {m[1]}) stopped by {name}, as asked; its traceback is left out\n"
+
+    return _STOP_TRACEBACK.sub(line, text)
 
 
 @dataclass

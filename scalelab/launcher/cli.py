@@ -28,6 +28,7 @@ from scalelab.core.checks import InputFile, OutputDir
 from scalelab.core.errors import ScalelabError, SpecError
 from scalelab.core.options import Flag, coerce_path, option_flags
 from scalelab.core.presets import model_overrides
+from scalelab.core.runids import RunDir
 from scalelab.core.rundir import ACTIVE, DEFAULT_RUNS_ROOT, discard_unlaunched, dryrun_dir, is_sweep, new_run_dir
 from scalelab.core.spec import (
     BATCH_MODES,
@@ -127,7 +128,8 @@ def _installed(ref: str) -> bool:
 
 @click.group(cls=DefaultGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, prog_name="launch")
-def main() -> None:
+@click.pass_context
+def main(ctx: click.Context) -> None:
     """Train LSTM models data-parallel on a chosen layout and measure how they scale.
 
     \b
@@ -138,6 +140,9 @@ def main() -> None:
 
     `launch` with options and no command is `launch run`. See `launch run --help` for every option.
     """
+    from scalelab.launcher.backend import fleet_of
+
+    ctx.obj = {"fleet_of": fleet_of}  # how each backend pays for its nodes, for `launch cost` (costs/ names none)
 
 
 class GroupedCommand(click.Command):
@@ -360,7 +365,7 @@ def print_summary(run_dir: Path, summary) -> None:
 
 
 @main.command("resume")
-@click.argument("run_dir", type=click.Path(file_okay=False))
+@click.argument("run_dir", type=RunDir())
 @click.option("--detach", is_flag=True, help=DETACH_HELP)
 def resume_cmd(run_dir: str, detach: bool) -> None:
     """Continue RUN_DIR from its last checkpoint with the spec it was started with.
@@ -445,7 +450,7 @@ def sweep_cmd(workers: str | None, layouts: str | None, batch_scaling: str | Non
 
 
 @main.command("report")
-@click.argument("run_dirs", nargs=-1, type=click.Path())
+@click.argument("run_dirs", nargs=-1, type=RunDir())
 @click.option("--from-csv", "from_csv", type=InputFile("--from-csv file"),
               help="A published scaling table instead of runs: label (opt.), workers, nodes (opt.), throughput or time_s, mode (opt.).")
 @click.option("--compare", is_flag=True, help="A B: two report directories (or report.json files); what changed from A to B, in percent.")
@@ -495,7 +500,14 @@ def compare_reports(paths: tuple[str, ...], fmt: str) -> None:
 
     if len(paths) != 2 or not all((Path(p) / "report.json").is_file() or Path(p).name == "report.json" for p in paths):
         raise SpecError("--compare takes two reports A B: directories holding report.json (`launch report` writes them)")
-    diff = compare_tables(load_table(Path(paths[0])), load_table(Path(paths[1])))
+    a, b = load_table(Path(paths[0])), load_table(Path(paths[1]))
+    for column in ("model", "engine", "precision"):  # a change across unrelated runs is not a speed-up
+        seen = [sorted(set(map(str, t[column].dropna()))) if column in t.columns else [] for t in (a, b)]
+        if seen[0] and seen[1] and seen[0] != seen[1]:
+            err_console.print(f"[yellow]warning:[/] the reports compare different {column}s ({', '.join(seen[0])} "
+                              f"against {', '.join(seen[1])}): the changes are not those of one {column}",
+                              highlight=False, soft_wrap=True)
+    diff = compare_tables(a, b)
     if fmt == "json":
         click.echo(json.dumps(to_json_records(diff), indent=2))
         return
@@ -561,21 +573,37 @@ def _backend_of(run_dir: str):
     return get_backend(spec.backend, spec.backend_options), Path(run_dir)
 
 
-def rows_table(rows: list[dict[str, Any]], title: str | None = None):
-    """A rich table of inventory rows that fits 100 columns: numbers never wrap; on a narrow terminal
-    the least needed columns go (every one is in --format json)."""
+def rows_table(rows: list[dict[str, Any]], title: str | None = None, width: int | None = None):
+    """A rich table of inventory rows for a terminal `width` columns wide (the console's: $COLUMNS):
+    numbers never wrap; the narrower the terminal, the more of the least needed columns go (every one is
+    in --format json)."""
     from rich.table import Table
 
     from scalelab.launcher.inventory import age, cell
+    from scalelab.launcher.progress import duration
 
     columns = [("name", "left", lambda r: r["name"]), ("backend", "left", lambda r: cell(r["backend"])),
                ("layout", "left", lambda r: cell(r["layout"])), ("state", "left", lambda r: r["state"]),
-               ("steps", "right", lambda r: cell(r["steps"])),
+               ("steps", "right", _steps_cell),
+               ("loss", "right", lambda r: "—" if r.get("loss") is None else f"{r['loss']:.3f}"),
                ("words/s", "right", lambda r: cell(r["words_per_s"])),
+               ("ETA", "right", lambda r: "—" if r.get("eta_s") is None else duration(r["eta_s"])),
                ("cost $", "right", lambda r: cell(r["cost_usd"], 2)), ("age", "right", lambda r: age(r["age_s"]))]
-    if (console.width or 100) < 80:
-        columns = [c for c in columns if c[0] not in ("backend", "cost $")]
-    table = Table(title=title, title_justify="left")
+    keep = ("name", "layout", "state", "steps")  # the others only where some row has a value (JSON has all)
+    columns = [c for c in columns if c[0] in keep or any(c[2](r) != "—" for r in rows)]
+    width = width or console.width or 100
+
+    def natural(cols: list) -> int:  # every cell on one line, 3 columns between cells (padding, rule, padding)
+        return sum(max([len(h)] + [len(get(r)) for r in rows]) for h, _, get in cols) + 3 * (len(cols) - 1)
+
+    for drop in ("backend", "cost $", "age", "loss", "ETA"):  # least needed first, until names fit on one line
+        if natural(columns) <= width:
+            break
+        columns = [c for c in columns if c[0] != drop]
+    from rich import box
+
+    # no vertical rules: 2 columns between cells instead of 3, so a run's name stays on one line at 100 columns
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
     for header, justify, _ in columns:
         table.add_column(header, justify=justify, no_wrap=header != "name", overflow="fold" if header == "name" else "ellipsis")
     for row in rows:
@@ -583,11 +611,20 @@ def rows_table(rows: list[dict[str, Any]], title: str | None = None):
     return table
 
 
+def _steps_cell(row: dict[str, Any]) -> str:
+    """"40/200" (step of total), the step alone when the total is not known, or —."""
+    from scalelab.launcher.inventory import cell
+
+    steps, total = row.get("steps"), row.get("total_steps")
+    return f"{steps:,}/{total:,}" if steps is not None and total else cell(steps)
+
+
 def print_rows(rows: list[dict[str, Any]], fmt: str, title: str | None = None) -> None:
+    """Rows as JSON, or as a table as wide as the terminal ($COLUMNS), so names wrap no more than they must."""
     if fmt == "json":
         click.echo(json.dumps(rows, indent=2))
     else:
-        console.print(rows_table(rows, title), width=min(console.width, 100))
+        console.print(rows_table(rows, title, console.width))
 
 
 @main.command("ls")
@@ -607,11 +644,12 @@ def ls_cmd(runs_dir: str, fmt: str) -> None:
 
 
 @main.command("status")
-@click.argument("run_dir", type=click.Path())
+@click.argument("run_dir", type=RunDir())
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
 def status_cmd(run_dir: str, fmt: str) -> None:
-    """State of a run (RUNNING, COMPLETED, FAILED, CANCELLED) as its backend reports it, and its owner;
-    of a sweep or study, every layout.
+    """State of a run (RUNNING, COMPLETED, FAILED, CANCELLED) as its backend reports it, where it is (step
+    of total, last loss, words/s, ETA) and its owner; of a sweep or study, every layout. RUN_DIR may be a
+    short id (a unique prefix or suffix of its name under runs/).
 
     A run that ended with no launcher following it (--detach, or its launcher was killed) gets its end
     recorded now, and its summary when it completed.
@@ -632,9 +670,16 @@ def _run_status(run_dir: str) -> None:
     from scalelab.core.lock import owner_of
     from scalelab.launcher.runner import settle
 
+    from scalelab.launcher.progress import snapshot_of
+
     backend, path = _backend_of(run_dir)
     st = settle(backend, path)
     console.print(f"{path}: [bold]{st.state}[/] {escape(st.detail)}", highlight=False, soft_wrap=True)
+    snap = snapshot_of(path)
+    if snap is not None:  # where it is (or where it stopped), from its records
+        if st.state not in ACTIVE:
+            snap.eta_s = None
+        console.print(f"  {snap.line()}", highlight=False, soft_wrap=True)
     owner = owner_of(path)
     if owner is not None:
         console.print(f"  followed by launcher pid {owner.pid} on {owner.host}, started "
@@ -646,30 +691,45 @@ def _run_status(run_dir: str) -> None:
 
 
 @main.command("logs")
-@click.argument("run_dir", type=click.Path())
+@click.argument("run_dir", type=RunDir())
 @click.option("--rank", type=int, help="Only this rank's lines.")
-@click.option("--follow", "-f", is_flag=True, help="Keep printing new lines until the run ends (Ctrl-C stops following only).")
+@click.option("--follow", "-f", is_flag=True,
+              help="Keep printing new lines and the run's progress until it ends (Ctrl-C stops following only).")
 def logs_cmd(run_dir: str, rank: int | None, follow: bool) -> None:
-    """Print the logs of a run (launcher and ranks)."""
+    """Print the logs of a run (launcher and ranks) and where it is: step of total, loss, words/s and ETA
+    from its records, so a run started with --detach, or on another backend, can be followed from any
+    terminal (`launch logs RUN -f` until it ends). RUN_DIR may be a short id: a unique prefix or suffix
+    of the run directory's name under runs/ ($SCALELAB_RUNS_DIR)."""
     from scalelab.launcher.inventory import follow as follow_logs
     from scalelab.launcher.inventory import rank_log
+    from scalelab.launcher.progress import watch_run
+    from scalelab.launcher.runner import settle
 
     backend, path = _backend_of(run_dir)
     if rank is not None and not 0 <= rank < read_spec(path).world:
         raise ScalelabError(f"--rank {rank}: the run has ranks 0..{read_spec(path).world - 1}")
+    watch = watch_run(path)
 
     def read() -> str:
         text = backend.logs(path)
         return text if rank is None else rank_log(path, text, rank)
 
+    def progress() -> str | None:
+        snap = watch.poll()
+        return snap.line() if snap.step or snap.ended else None
+
     if not follow:
-        click.echo(read())
+        text, line = read(), progress()
+        click.echo(text + (f"{'' if text.endswith(chr(10)) else chr(10)}[progress] {line}" if line else ""))
         return
-    follow_logs(read, lambda: backend.status(path).state in ACTIVE, lambda s: click.echo(s, nl=False))
+    follow_logs(read, lambda: backend.status(path).state in ACTIVE, lambda s: click.echo(s, nl=False), progress=progress)
+    st = settle(backend, path)  # a detached run's end is recorded here, as `launch status` would
+    if st.state not in ACTIVE:  # not after Ctrl-C, which stops following only
+        click.echo(f"[end] {path}: {st.state} {st.detail}".rstrip())
 
 
 @main.command("cancel")
-@click.argument("run_dir", type=click.Path())
+@click.argument("run_dir", type=RunDir())
 def cancel_cmd(run_dir: str) -> None:
     """Stop a run: ranks get SIGTERM (they checkpoint and exit), then SIGKILL after a grace period; then
     check that none of its processes is left. A sweep directory: every layout not ended."""
@@ -697,7 +757,7 @@ def entry() -> None:
     except click.exceptions.Abort as exc:  # click turns KeyboardInterrupt (and so runner.Interrupted) into Abort
         interrupted(exc.__cause__)
     except click.ClickException as exc:
-        exc.show()
+        show_click_error(exc)
         sys.exit(exc.exit_code)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
@@ -712,6 +772,17 @@ def entry() -> None:
         sys.exit(2)
     except KeyboardInterrupt as exc:
         interrupted(exc)
+
+
+def show_click_error(exc: click.ClickException) -> None:
+    """A flag click could not read, in the one style of every error (`launch: error: ...`, where click
+    said `Error: ...`), after the usage line and before where the help is."""
+    ctx = getattr(exc, "ctx", None)
+    if isinstance(exc, click.UsageError) and ctx is not None:
+        click.echo(ctx.get_usage(), err=True)
+    err_console.print(f"[bold red]launch: error:[/] {escape(exc.format_message())}", highlight=False, soft_wrap=True)
+    if isinstance(exc, click.UsageError) and ctx is not None:
+        click.echo(f"(`{ctx.command_path} --help` lists every option)", err=True)
 
 
 def interrupted(exc: BaseException | None) -> None:

@@ -32,7 +32,8 @@ from scalelab.core.rundir import (
 from scalelab.core.spec import Spec, read_spec
 
 # The columns of `launch ls`, in order; JSON rows carry every one of them (None when not known).
-COLUMNS = ("name", "kind", "backend", "layout", "state", "steps", "words_per_s", "cost_usd", "age_s")
+COLUMNS = ("name", "kind", "backend", "layout", "state", "steps", "total_steps", "loss", "words_per_s", "eta_s",
+           "cost_usd", "age_s")
 
 
 def kind_of(path: Path) -> str | None:
@@ -96,25 +97,41 @@ def verified_state(run_dir: Path, backends: Backends | None = None) -> str:
 
 
 def run_row(run_dir: Path, now: float | None = None, backends: Backends | None = None) -> dict[str, Any]:
-    """One run's row: backend and layout from spec.json, state verified, steps and words/s from
-    summary.json, the cost so far when launch.json knows a price per hour, the age from the launch."""
+    """One run's row: backend and layout from spec.json, state verified, steps, loss and words/s from
+    summary.json once it completed, else from its records as they are (step of total, last loss, ETA:
+    `launcher.progress`), the cost so far when launch.json knows a price per hour, the age from the launch."""
     spec = read_spec(run_dir)
     state = verified_state(run_dir, backends)
     paths = RunPaths(run_dir)
     info = read_state(run_dir) if paths.launch.exists() else {}
-    summary = read_json(paths.summary, "summary", dict) if paths.summary.exists() else {}
     started = info.get("launched") or info.get("started")
     ended = info.get("ended") or now or time.time()
     rate = info.get("usd_per_hour")
-    steps = summary.get("steps_measured")
     return {
         "name": run_dir.name, "path": str(run_dir.absolute()), "kind": "run", "backend": spec.backend,
-        "layout": f"{spec.nodes}x{spec.gpus_per_node}", "state": state,
-        "steps": steps + summary.get("steps_warmup", 0) if steps is not None else None,
-        "words_per_s": summary.get("words_per_s"),
+        "layout": f"{spec.nodes}x{spec.gpus_per_node}", "state": state, **_progress(run_dir, state),
         "cost_usd": rate * max(0.0, ended - started) / 3600 if rate is not None and started else None,
         "age_s": (now or time.time()) - started if started else None,
     }
+
+
+def _progress(run_dir: Path, state: str) -> dict[str, Any]:
+    """steps, total_steps, loss, words_per_s, eta_s: a completed run's from its summary, any other's from
+    its records (a run that is training, or one that stopped: where it stopped)."""
+    from scalelab.launcher.progress import snapshot_of
+
+    paths = RunPaths(run_dir)
+    if state not in ACTIVE and paths.summary.exists():
+        summary = read_json(paths.summary, "summary", dict)
+        steps = summary.get("steps_measured")
+        steps = steps + summary.get("steps_warmup", 0) if steps is not None else None
+        return {"steps": steps, "total_steps": read_spec(run_dir).steps, "loss": summary.get("final_loss"),
+                "words_per_s": summary.get("words_per_s"), "eta_s": None}
+    snap = snapshot_of(run_dir) if paths.records.exists() else None
+    if snap is None:
+        return {"steps": None, "total_steps": read_spec(run_dir).steps, "loss": None, "words_per_s": None, "eta_s": None}
+    return {"steps": snap.step, "total_steps": snap.total, "loss": snap.loss, "words_per_s": snap.words_per_s,
+            "eta_s": snap.eta_s if state.rstrip("?") in ACTIVE else None}
 
 
 def combined_state(states: list[str]) -> str:
@@ -135,6 +152,8 @@ def group_row(path: Path, kind: str, layouts: list[dict[str, Any]]) -> dict[str,
         "layout": ",".join(dict.fromkeys(r["layout"] for r in layouts)) or None,
         "state": combined_state([r["state"] for r in layouts]),
         "steps": sum(r["steps"] for r in layouts if r["steps"] is not None) if layouts else None,
+        "total_steps": None, "loss": None,
+        "eta_s": max((r["eta_s"] for r in layouts if r.get("eta_s") is not None), default=None),
         "words_per_s": max((r["words_per_s"] for r in layouts if r["words_per_s"] is not None), default=None),
         "cost_usd": sum(costs) if costs else None,
         "age_s": min(r["age_s"] for r in known) if known else None,
@@ -266,16 +285,23 @@ def rank_log(run_dir: Path, text: str, rank: int) -> str:
     return "".join(line for line in text.splitlines(keepends=True) if pattern.match(line))
 
 
-def follow(read: Any, active: Any, write: Any, poll_s: float = 1.0) -> None:
+def follow(read: Any, active: Any, write: Any, poll_s: float = 1.0, progress: Any = None,
+           progress_every_s: float = 5.0) -> None:
     """Write what `read()` returns, then only what it adds, until `active()` is false (a last read
-    after it). Ctrl-C stops following and nothing else: the run goes on."""
-    shown = ""
+    after it). `progress()`, when given, is a line saying where the run is (from its records): written
+    when it changed, at most every `progress_every_s`, and always after the run ended, so the follower
+    sees the last step. Ctrl-C stops following and nothing else: the run goes on."""
+    shown, said, said_at = "", None, float("-inf")
     try:
         while True:
             running = active()
             text = read()
             write(text[len(shown):] if text.startswith(shown) else text)
             shown = text
+            line = progress() if progress else None
+            if line and line != said and (not running or time.monotonic() - said_at >= progress_every_s):
+                write(("" if not shown or shown.endswith("\n") else "\n") + f"[progress] {line}\n")
+                said, said_at = line, time.monotonic()
             if not running:
                 return
             time.sleep(poll_s)

@@ -69,6 +69,8 @@ class LocalRequest(Request):
     def render(self) -> str:
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
         lines = [f"# run directory: {self.run_dir}"]
+        if str(self.run_dir).endswith("-DRYRUN"):  # say so: the folder it names is never made
+            lines[0] += " (a placeholder: --dry-run creates nothing; a real run gets NAME-DATE-TIME)"
         for cmd, log in zip(self.commands, self.log_files):
             lines.append(f"{env} {shlex.join(cmd)} > {shlex.quote(log)} 2>&1 &")
         lines.append("wait")

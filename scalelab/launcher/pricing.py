@@ -95,12 +95,60 @@ def quote(specs: list[tuple[Spec, int]], params: dict[str, Any]) -> Quote | None
         step_s, startup_s, basis = step_time(spec, runs)
         est = expected_cost(spec, step_s, catalog, startup_s=startup_s, fleet=fleet_of(spec))
         if basis:
-            est = est.with_step_basis(basis)
+            est = est.with_step_basis(basis + measured_elsewhere(spec, runs))
         times = f"{count} x " if count > 1 else ""
         lines.append(f"{spec.nodes}x{spec.gpus_per_node}: {times}{est.line()}")
+        lines += time_limit_warning(spec, est.hours)
         total += count * est.dollars
         peak = max(peak, est.usd_per_hour)
     return Quote(lines, total, peak)
+
+
+def _hardware(spec: Spec, run_dir: str | None = None) -> str:
+    """Where a spec runs, as a price reader needs it: backend, instance type, and for a measured run its
+    device (rank 0's start record: a CPU or which GPU)."""
+    from scalelab.launcher.backend import fleet_of
+
+    try:
+        itype = fleet_of(spec).instance_type  # the backend's default type too (aws: g3.4xlarge)
+    except ScalelabError:
+        itype = spec.backend_options.get("instance_type")
+    where = spec.backend + (f" {itype}" if itype else "")
+    if run_dir is None:
+        return where
+    from scalelab.core.records import read_records
+
+    path = RunPaths(Path(run_dir)).rank_records(0)
+    try:
+        start = next((r for r in read_records(path, [], tolerant=True) if r["kind"] == "start"), {})
+    except ScalelabError:
+        return where
+    return f"{where} ({('GPU ' + start['gpu_model']) if start.get('gpu_model') else 'CPU'})"
+
+
+def measured_elsewhere(spec: Spec, runs: list[tuple[Spec, dict[str, Any]]]) -> str:
+    """A note for a step time measured on other hardware than the launch's (an --expect-from CPU sweep
+    pricing a g5.xlarge): it is that hardware's step time, not the target's, and the reader must know."""
+    target = _hardware(spec)
+    seen = sorted({_hardware(s, m.get("run_dir")) for s, m in runs if _hardware(s) != target})
+    if not seen:
+        return ""
+    return f"; step time from runs on {', '.join(seen)}, not on {target}: its speed is not applied"
+
+
+def time_limit_warning(spec: Spec, hours: float) -> list[str]:
+    """A warning line when the backend's time limit (`--time-limit-min`: AWS terminates everything then;
+    a Kubernetes deadline) is shorter than the expected run, which would then be cut off unfinished."""
+    from scalelab.launcher.backend import installed_options_type
+
+    try:
+        limit = float(installed_options_type(spec.backend).parse(spec.backend_options).get("timeout_min") or 0)
+    except (ScalelabError, TypeError, ValueError):
+        return []
+    if not limit or math.isnan(hours) or hours * 60 <= limit:
+        return []
+    return [f"  warning: the expected {hours * 60:,.0f} min is longer than --time-limit-min {limit:g}: the run "
+            f"would be stopped at {limit:g} min; raise --time-limit-min (or lower --steps)"]
 
 
 def fleet_rate(spec: Spec) -> float | None:

@@ -1,15 +1,23 @@
-"""Live progress from rank 0's records: steps, words/s and loss while a run trains.
+"""Live progress from the ranks' records: step of total, loss, words/s and ETA while a run trains.
 
-It reads the same structured records the reports use (never log text), tailing
-RUN_DIR/records/rank-0.jsonl with the one record reader (`core.records.RecordTail`). On a terminal
-it draws a rich progress bar; elsewhere (CI, a pipe) it prints a plain line about every 10% of the
-run so logs stay short.
+One reader (`RunWatch`) serves every view of a running run: the launcher's progress bar, `launch logs
+-f` in a second terminal, `launch status` and `launch ls`. It tails every RUN_DIR/records/rank-R.jsonl
+with the one record reader (`core.records.RecordTail`), never log text, so a detached run, or one
+on Slurm, Kubernetes or AWS whose records are mirrored back, shows the same figures.
+
+Words/s is the reports' definition (docs/records.md, "Throughput formula"): over the measured
+(non-warm-up, non-profiled) steps, the words of every worker rank over the sum of each step's slowest
+rank. A step counts once every worker has recorded it, so the bar never shows rank 0's own, faster
+figure (it showed 47,696 words/s above a table saying 22,510).
 """
 
 from __future__ import annotations
 
 import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.progress import (
@@ -20,24 +28,181 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
-from scalelab.core.records import RecordTail
+from scalelab.core.errors import ScalelabError
+from scalelab.core.records import RecordTail, rank_files
 from scalelab.core.rundir import RunPaths
+from scalelab.core.spec import read_spec
+
+
+def duration(seconds: float | None) -> str:
+    """A duration short enough for a status line: 45s, 12m05s, 3h07m."""
+    if seconds is None:
+        return "—"
+    seconds = max(0, int(round(seconds)))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+@dataclass
+class Snapshot:
+    """Where a run is, from its records: what `launch status`, `ls` and `logs -f` print."""
+
+    step: int = 0
+    total: int | None = None
+    loss: float | None = None
+    val_loss: float | None = None
+    words_per_s: float | None = None
+    eta_s: float | None = None
+    threshold_step: int | None = None
+    ended: str | None = None  # rank 0's `end` reason (steps, epochs, threshold, ...) once it wrote one
+
+    def steps(self) -> str:
+        """"40/200", or "40" when the total is not known."""
+        return f"{self.step}/{self.total}" if self.total else str(self.step)
+
+    def line(self) -> str:
+        """One line: step 40/200  loss 3.210  val 3.105  12,345 words/s  ETA 1m10s."""
+        parts = [f"step {self.steps()}"]
+        if self.loss is not None:
+            parts.append(f"loss {self.loss:.3f}")
+        if self.val_loss is not None:
+            parts.append(f"val {self.val_loss:.3f}")
+        if self.words_per_s is not None:
+            parts.append(f"{self.words_per_s:,.0f} words/s")
+        if self.threshold_step is not None:
+            parts.append(f"threshold reached at step {self.threshold_step}")
+        elif self.ended:
+            parts.append(f"ended ({self.ended})")
+        elif self.eta_s is not None:
+            parts.append(f"ETA {duration(self.eta_s)}")
+        return "  ".join(parts)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"step": self.step, "total_steps": self.total, "loss": self.loss, "val_loss": self.val_loss,
+                "words_per_s": self.words_per_s, "eta_s": self.eta_s, "threshold_step": self.threshold_step,
+                "ended": self.ended}
+
+
+class RunWatch:
+    """Every rank's records, read as they are appended; `snapshot()` says where the run is."""
+
+    def __init__(self, run_dir: Path, steps: int | None = None, epochs: int | None = None) -> None:
+        self.run_dir = Path(run_dir)
+        self.total, self.epochs = steps, epochs  # the total: --steps, or the fewer with --epochs (train.loop)
+        self.tails: dict[Path, RecordTail] = {}
+        self.world = 1
+        self.servers: set[int] = set()  # parameter-server ranks: no words, left out as the reports do
+        self.pending: dict[int, list[float]] = {}  # step -> what the ranks that recorded it so far say
+        self.counted: set[int] = set()
+        self.measured = 0  # counted steps that were timed (not warm-up, not profiled)
+        self.words = 0.0
+        self.seconds = 0.0
+        self.snap = Snapshot(total=steps)
+
+    def _files(self) -> list[Path]:
+        try:
+            return rank_files(self.run_dir)
+        except ScalelabError:  # a stray file in records/: the reports name it; progress just reads the others
+            return sorted(RunPaths(self.run_dir).records.glob("rank-[0-9]*.jsonl"))
+
+    def poll(self) -> Snapshot:
+        """Read what was appended since the last poll; the snapshot after it."""
+        for path in self._files():
+            tail = self.tails.setdefault(path, RecordTail(path))
+            rank = int(path.stem.split("-")[1])
+            for rec in tail.read():
+                self._take(rank, rec)
+        self._count_complete()
+        return self.snapshot()
+
+    def _take(self, rank: int, rec: dict[str, Any]) -> None:
+        kind = rec.get("kind")
+        self.world = int(rec.get("world") or self.world)
+        if kind == "start":
+            self._start(rank, rec)
+        elif kind == "step":
+            self._step(rank, rec)
+        elif rank == 0 and kind == "val":
+            self.snap.val_loss = rec.get("val_loss")
+        elif rank == 0 and kind == "event" and rec.get("event") == "threshold":
+            self.snap.threshold_step = rec.get("step")
+        elif rank == 0 and kind == "event" and rec.get("event") == "end":
+            self.snap.ended = str(rec.get("reason") or "ended")
+
+    def _start(self, rank: int, rec: dict[str, Any]) -> None:
+        if rec.get("role") == "server":
+            self.servers.add(rank)
+        per_epoch = rec.get("steps_per_epoch")
+        if rank == 0 and per_epoch and self.epochs:
+            self.total = min(self.total or 1 << 62, int(per_epoch) * int(self.epochs))
+            self.epochs = None
+        if rank == 0:
+            self.snap.ended = None  # a resumed run trains again
+
+    def _step(self, rank: int, rec: dict[str, Any]) -> None:
+        step = int(rec["step"])
+        if rank == 0:
+            self.snap.step = step  # rank 0 leads; after a resume it counts on from the checkpoint
+        if rank in self.servers or rec.get("role") == "server" or step in self.counted:
+            return  # a server has no words or loss; a step run again after a resume is counted once
+        seen = self.pending.setdefault(step, [0, 0.0, 0.0, 0.0, 1.0])  # ranks, words, slowest s, loss sum, measured
+        seen[0] += 1
+        seen[1] += float(rec.get("words") or 0)
+        seen[2] = max(seen[2], float(rec.get("step_s") or 0))
+        seen[3] += float(rec.get("loss") or 0)
+        if rec.get("warmup") or rec.get("profiled"):
+            seen[4] = 0.0
+
+    def _count_complete(self) -> None:
+        """Count the steps every worker has recorded (checked after a whole poll: a server rank's start
+        record may be read after the workers' steps). The loss shown is the last complete step's mean
+        over the workers, as the summary's `final_loss`."""
+        need = max(1, self.world - len(self.servers))
+        for step in sorted(s for s, seen in self.pending.items() if seen[0] >= need):
+            ranks, words, slowest, loss, measured = self.pending.pop(step)
+            self.counted.add(step)
+            self.snap.loss = loss / ranks
+            if measured:
+                self.measured += 1
+                self.words += words
+                self.seconds += slowest
+
+    def snapshot(self) -> Snapshot:
+        snap = self.snap
+        snap.total = self.total
+        snap.words_per_s = self.words / self.seconds if self.seconds > 0 else None
+        left = (self.total - snap.step) if self.total else None
+        snap.eta_s = left * self.seconds / self.measured if left is not None and self.measured else None
+        return snap
+
+
+def watch_run(run_dir: Path) -> RunWatch:
+    """A RunWatch of a run directory, its total from spec.json."""
+    spec = read_spec(Path(run_dir))
+    return RunWatch(run_dir, spec.steps, spec.epochs)
+
+
+def snapshot_of(run_dir: Path) -> Snapshot | None:
+    """Where a run is now, from all its records; None when it wrote none yet."""
+    watch = watch_run(run_dir)
+    snap = watch.poll()
+    return snap if watch.tails and (snap.step or snap.ended) else None
 
 
 class RunProgress:
-    def __init__(self, run_dir: Path, total_steps: int | None, label: str, console: Console | None = None) -> None:
-        self.records = RecordTail(RunPaths(Path(run_dir)).rank_records(0))
-        self.total = total_steps
+    """The launcher's own view while it follows a run: a rich bar on a terminal; elsewhere (CI, a pipe) a
+    plain line about every 10% of the run, so logs stay short."""
+
+    def __init__(self, run_dir: Path, total_steps: int | None, label: str, console: Console | None = None,
+                 epochs: int | None = None) -> None:
+        self.watch = RunWatch(run_dir, total_steps, epochs)
         self.label = label
         self.console = console or Console(stderr=True)
-        self.step = 0
-        self.world = 1
-        self.workers: int | None = None  # ranks with data (ps server ranks have none); None: every rank
-        self.words_per_s: float | None = None
-        self.loss: float | None = None
-        self.val_loss: float | None = None
-        self.threshold_step: int | None = None  # the step whose validation reached the loss threshold
-        self._last_plain = -1
+        self.snap = Snapshot(total=self.watch.total)
+        self._last_plain: int | str = -1
         self.live = self.console.is_terminal
         self._progress = None
         if self.live:
@@ -45,7 +210,7 @@ class RunProgress:
                 TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                 TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=self.console, transient=False,
             )
-            self._task = self._progress.add_task(label, total=total_steps, info="starting ranks...")
+            self._task = self._progress.add_task(label, total=self.watch.total, info="starting ranks...")
 
     def __enter__(self) -> "RunProgress":
         if self._progress:
@@ -59,45 +224,24 @@ class RunProgress:
 
     def poll(self) -> None:
         """Read the records written since the last poll and refresh the display."""
-        for rec in self.records.read():
-            self.world = rec.get("world", self.world)
-            if rec["kind"] == "start":
-                share, batch = rec.get("batch_this_rank"), rec.get("global_batch")
-                self.workers = batch // share if share and batch else None
-            elif rec["kind"] == "step":
-                self.step = rec["step"]
-                self.loss = rec["loss"]
-                if not rec["warmup"] and rec["step_s"] > 0:
-                    # rank 0's view; the report uses the slowest rank (docs/records.md)
-                    self.words_per_s = rec["words"] * (self.workers or self.world) / rec["step_s"]
-            elif rec["kind"] == "val":
-                self.val_loss = rec["val_loss"]
-            elif rec["kind"] == "event" and rec.get("event") == "threshold":
-                self.threshold_step = rec.get("step")
+        self.snap = self.watch.poll()
         self._show()
 
     def info(self) -> str:
-        if self.threshold_step is not None:  # the bar stops short of the total: say why
-            return f"threshold reached at step {self.threshold_step}" + (f"  val {self.val_loss:.3f}" if self.val_loss is not None else "")
-        parts = [f"{self.world} rank(s)"]
-        if self.words_per_s is not None:
-            parts.append(f"{self.words_per_s:,.0f} words/s")
-        if self.loss is not None:
-            parts.append(f"loss {self.loss:.3f}")
-        if self.val_loss is not None:
-            parts.append(f"val {self.val_loss:.3f}")
-        return "  ".join(parts)
+        """The bar's text: the snapshot's line without the step (the bar shows it)."""
+        return f"{self.watch.world} rank(s)  " + self.snap.line().split("  ", 1)[-1] if self.snap.step else "starting ranks..."
 
     def _show(self) -> None:
+        snap = self.snap
         if self._progress:
-            self._progress.update(self._task, completed=self.step, info=self.info())
+            self._progress.update(self._task, total=snap.total, completed=snap.step, info=self.info())
             return
-        if not self.total:
+        if not snap.total:
             return
-        decile = self.step * 10 // self.total
-        if self.threshold_step is not None and self._last_plain != "threshold":
+        decile = snap.step * 10 // snap.total
+        if snap.threshold_step is not None and self._last_plain != "threshold":
             self._last_plain = "threshold"
-            print(f"[{self.label}] step {self.step}/{self.total}  {self.info()}", file=sys.stderr, flush=True)
-        elif self.threshold_step is None and decile != self._last_plain and self.step:
+            print(f"[{self.label}] {snap.line()}", file=sys.stderr, flush=True)
+        elif snap.threshold_step is None and decile != self._last_plain and snap.step:
             self._last_plain = decile
-            print(f"[{self.label}] step {self.step}/{self.total}  {self.info()}", file=sys.stderr, flush=True)
+            print(f"[{self.label}] {snap.line()}", file=sys.stderr, flush=True)

@@ -275,10 +275,9 @@ def _until_end(backend: Backend, run_dir: Path, on_tick: Callable[[], None] | No
 
 def follow(backend: Backend, spec: Spec, run_dir: Path, label: str | None = None):
     """Show progress until the run ends; one clear error if it did not complete; else its summary."""
-    from scalelab.analysis.results import total_steps
     from scalelab.launcher.progress import RunProgress
 
-    with RunProgress(run_dir, total_steps(spec), label or run_dir.name, err_console) as progress:
+    with RunProgress(run_dir, spec.steps, label or run_dir.name, err_console, epochs=spec.epochs) as progress:
         status = wait(backend, run_dir, on_tick=progress.poll)
     if status.state == CANCELLED:
         raise ScalelabError(f"run {run_dir} was cancelled; `launch resume {run_dir}` continues it from its last checkpoint")
