@@ -124,7 +124,7 @@ def test_an_out_of_memory_error_becomes_one_line_with_the_batch_and_the_fixes():
     assert "\n" not in text
     assert "batch of 1440 per rank in bf16" in text and "at step 1" in text
     assert "asked for 26.82 GiB more with 16.50 GiB free" in text
-    assert "--batch-size" in text and "--precision bf16" not in text  # already bf16: not a fix
+    assert "--batch-per-worker" in text and "--precision bf16" not in text  # already bf16: not a fix
     assert "--precision bf16" in oom_message(exc, 1440, "fp32", torch.device("cpu"))
 
 

@@ -222,9 +222,30 @@ def test_horovod_variables() -> None:
 
 
 def test_each_rank_sees_its_own_gpu() -> None:
-    assert own_gpu({"CUDA_VISIBLE_DEVICES": "4,5,6,7"}, 2) == "6"
-    assert own_gpu({"SLURM_GPUS_ON_NODE": "4"}, 3) == "3"  # GPUs allocated, no device list
-    assert own_gpu({}, 1) is None
+    assert own_gpu({"CUDA_VISIBLE_DEVICES": "4,5,6,7"}, 2, 4) == "6"
+    assert own_gpu({"SLURM_GPUS_ON_NODE": "4"}, 3, 4) == "3"  # GPUs allocated, no device list
+    assert own_gpu({}, 1, 2) is None
+
+
+def test_a_node_with_fewer_gpus_than_ranks_is_refused_by_the_rank_and_a_pinned_rank_uses_cuda_0(monkeypatch) -> None:
+    """Two ranks never share a GPU on Slurm either: the rank wrapper refuses with the one message; the ranks
+    it pins (one GPU each, CUDA_VISIBLE_DEVICES) skip the engine's node check, which would count one GPU."""
+    import torch
+
+    from scalelab.core.devices import GPU_PINNED_ENV
+    from scalelab.core.errors import SpecError
+    from scalelab.core.spec import EngineSpec
+    from scalelab.train.engines import Engine, Placement
+
+    with pytest.raises(SpecError, match=r"4 ranks would run on node 1, but only 2 GPUs are visible there"):
+        own_gpu({"CUDA_VISIBLE_DEVICES": "0,1"}, 3, 4, node=1)
+    monkeypatch.setenv(GPU_PINNED_ENV, "1")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda index: None)
+    engine = Engine(EngineSpec())
+    engine.placement = Placement(rank=5, world=8, local_rank=1, local_world=4, node_rank=1)
+    assert engine.device("auto") == torch.device("cuda", 0)
     assert rank_env(task(7), "ddp", {**RDZV, "CUDA_VISIBLE_DEVICES": "0,1,2,3"})["CUDA_VISIBLE_DEVICES"] == "3"
     assert "CUDA_VISIBLE_DEVICES" not in rank_env(task(7), "ddp", RDZV)
 

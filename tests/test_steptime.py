@@ -8,6 +8,8 @@ Seed 004's money table (scalelab/costs/data/seed004_money_speed.csv) is the real
 
 from __future__ import annotations
 
+import math
+
 import json
 from importlib.resources import files
 from pathlib import Path
@@ -157,7 +159,7 @@ def test_seed_004_predictions_keep_the_measured_order_of_1x4_4x1_2x2():
                                   CAT, 0.8, "seed004")
     t = rows.set_index("layout")["predicted_time_s"]
     assert t["1x4@1*g3.16xlarge"] < t["4x1@4*g3.4xlarge"] < t["2x2@2*g3.16xlarge"]  # seed: 21.9 < 23.3 < 26.4 min
-    assert (rows["time_low_s"] < rows["predicted_time_s"]).all() and (rows["predicted_time_s"] < rows["time_high_s"]).all()
+    assert (rows["time_low_s"] <= rows["predicted_time_s"]).all() and (rows["predicted_time_s"] <= rows["time_high_s"]).all()  # a measured layout can pin both bounds
     assert set(rows["speed_basis"]) == {"measured"} and notes
 
 
@@ -235,7 +237,7 @@ def test_launch_plan_predict_json_rows_for_time(tmp_path):
     assert [row["layout"] for row in rows] == ["4x1@4*g3.4xlarge", "2x2@2*g3.16xlarge", "4x1@1*p2.xlarge+3*g3.4xlarge"]
     for row in rows:
         assert {"layout", "instances", "predicted_time_s", "time_low_s", "time_high_s", "speed_basis"} <= set(row)
-        assert row["time_low_s"] < row["predicted_time_s"] < row["time_high_s"]
+        assert row["time_low_s"] <= row["predicted_time_s"] < row["time_high_s"]  # a point at linear scaling is its own bound
         assert row["speed_basis"] == "measured" and row["model"].startswith("steptime")
     assert rows[2]["predicted_time_s"] > rows[0]["predicted_time_s"]  # the K80 holds the static mix back
 
@@ -309,3 +311,22 @@ def test_worker_count_and_step_time_models_answer_one_interface():
     thr = comm.fit.predict([8], [8], "comm")[0]
     assert comm.step_s(lay, 32.0) == pytest.approx(32.0 * 8 / thr) and step.step_s(lay, 32.0) > 0
     assert comm.why_not(parse_fleet_layouts("1x1@p2.xlarge", CAT)[0]) is not None and comm.why_not(lay) is None
+
+
+
+def test_predicted_layouts_never_beat_linear_scaling_from_the_best_measured_gpu():
+    """Issue #26, ask 2 on the layout path: no predicted throughput or band end is above every GPU at its
+    type's best measured per-GPU rate (the review found 6,198 s where linear scaling allows 8,980)."""
+    from scalelab.costs.catalog import builtin_catalog
+    from scalelab.costs.steptime import layout_bounds, parse_fleet_layouts, predict_layouts, prepare
+    from scalelab.costs.tables import read_scaling_csv, with_throughput
+
+    cat = builtin_catalog()
+    measured = with_throughput(read_scaling_csv(SEED_004))
+    layouts = parse_fleet_layouts("4x1@4*g3.4xlarge,2x4@2*g3.16xlarge,16x1@16*g3.4xlarge", cat)
+    out, _ = predict_layouts(measured, layouts, cat, 0.9, time_based=False)
+    rows = prepare(measured, cat)
+    for (_, row), layout in zip(out.iterrows(), layouts):
+        floor, ceiling = layout_bounds(layout, rows)
+        assert math.isfinite(ceiling) and row["throughput_high"] <= ceiling * (1 + 1e-9)
+        assert floor <= row["throughput_low"] <= row["predicted_throughput"] <= row["throughput_high"]

@@ -13,6 +13,10 @@ import os
 
 from scalelab.core.errors import SpecError
 
+# Set by a launcher that gives every rank its own GPU through CUDA_VISIBLE_DEVICES (the Slurm rank wrapper,
+# which checked the node's GPUs against its ranks first): such a rank sees one GPU, cuda:0, and is right to.
+GPU_PINNED_ENV = "SCALELAB_GPU_PINNED"
+
 
 def gpu_shortage(ranks: int, gpus: int, where: str = "this machine", flag: str = "--gpus-per-node") -> str | None:
     """The one message for `ranks` GPU ranks on `where`, which has `gpus` visible GPUs; None when they fit.

@@ -26,6 +26,9 @@ def gpu_types(names: list[str] | None = None) -> list[InstanceType]:
     """One instance type per GPU model and memory (the smallest), or the named types."""
     catalog = builtin_catalog()
     if names:
+        unknown = [n for n in names if n not in catalog.instances]
+        if unknown:
+            raise SpecError(f"unknown instance type(s) {', '.join(map(repr, unknown))}; known: {', '.join(catalog.names())}")
         return [catalog.instance(n) for n in names]
     seen: dict[tuple[str | None, float | None], InstanceType] = {}
     for inst in sorted(catalog.instances.values(), key=lambda i: (i.gpus, i.name)):
@@ -50,19 +53,21 @@ def fit_rows(prediction: MemoryPrediction, types: list[InstanceType]) -> list[di
 @click.option("--engine", type=click.Choice(ENGINES), default="horovod", show_default=True)
 @click.option("--output-loss", type=click.Choice(OUTPUT_LOSSES), default="auto", show_default=True,
               help="As `launch --output-loss` (auto: compiled on a GPU).")
+@click.option("--optimizer", type=click.Choice(["adam", "sgd"]), default="adam", show_default=True,
+              help="Adam keeps two moments per parameter, SGD with momentum one.")
 @click.option("--instance-types", help="Check these types [default: one per GPU model in the catalog].")
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
 def memory_cmd(model_name: str, model_args: tuple[str, ...], batch_per_worker: int, precision: str, engine: str,
-               output_loss: str, instance_types: str | None, fmt: str) -> None:
+               output_loss: str, optimizer: str, instance_types: str | None, fmt: str) -> None:
     """Predict a rank's peak GPU memory for a model, batch, precision and engine, and which GPUs it fits.
 
     The peak counts tensors, as torch.cuda.max_memory_allocated does; a GPU fits when the peak is at
     most 90% of its memory (the rest: the CUDA context and the allocator's cache)."""
-    overrides = dict(a.split("=", 1) for a in model_args if "=" in a)
-    if len(overrides) != len(model_args):
+    if any("=" not in a for a in model_args):
         raise SpecError("--model-arg takes KEY=VALUE, e.g. --model-arg hidden_size=1024")
+    overrides = dict(a.split("=", 1) for a in model_args)  # a key given twice: the last one, as `launch` does
     cfg = config_with_overrides(PRESETS[model_name], model_overrides(overrides, "--model-arg"))
-    prediction = predict_peak(cfg, batch_per_worker, precision, engine, output_loss, device="cuda")
+    prediction = predict_peak(cfg, batch_per_worker, precision, engine, output_loss, optimizer, device="cuda")
     names = [n.strip() for n in instance_types.split(",") if n.strip()] if instance_types else None
     rows = fit_rows(prediction, gpu_types(names))
     if fmt == "json":

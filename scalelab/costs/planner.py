@@ -169,7 +169,7 @@ def plan(request: PlanRequest) -> Plan:
     fits, predictions = predict(request, notes)
     if not fits and len(request.measured) and not len(batches):
         raise DataError(notes[-1])  # nothing at all can be predicted: that is the error
-    nxt = next_measurement(predictions)
+    nxt = _two_count_next(fits, request.predict_workers) or next_measurement(predictions)
     _mark_next(predictions, nxt)
     candidates, more = price(request, fits, predictions, convergence)
     recommendations, last = recommend(candidates, request.deadline_h, request.budget_usd, request.confidence)
@@ -315,6 +315,18 @@ def next_measurement(predictions: pd.DataFrame) -> dict[str, Any] | None:
     return {"label": r["label"], "workers": int(r["workers"]), "disagreement": float(r["disagreement"]),
             "why": f"the models disagree most there ({r['disagreement']:.0%} apart); measuring it "
                    "tells which one to trust"}
+
+
+def _two_count_next(fits: dict[str, FitResult], wanted: Sequence[int]) -> dict[str, Any] | None:
+    """With a series measured at two GPU counts only, the third count its note names (the band comes from
+    the corpus's efficiency decay, not from models that could disagree): one answer, said alike twice."""
+    for label, fit in fits.items():
+        third = next_count(fit.measured, sorted(int(w) for w in wanted))
+        if third is not None:
+            return {"label": label, "workers": third, "disagreement": None,
+                    "why": "the series is measured at two GPU counts only: a third shows whether per-GPU "
+                           "efficiency keeps decaying, and narrows every band"}
+    return None
 
 
 def _mark_next(rows: pd.DataFrame, nxt: dict[str, Any] | None) -> None:
@@ -519,21 +531,29 @@ def recommend(candidates: pd.DataFrame, deadline_h: float | None, budget_usd: fl
     """(recommendations, notes): the cheapest candidate with at least `confidence` chance of
     finishing within the deadline (the high end of its time band within it) and the fastest with
     that chance of staying within the budget (dollars_high), or without either the cheapest and
-    the fastest overall. Adds the columns pareto (on the cost-time frontier of the predictions)
+    the fastest overall, every one judged and ranked by its band's bad end (hours_high, dollars_high).
+    Adds the columns pareto (on the frontier of those bad ends, among the layouts that fit their GPUs)
     and recommendation (why a row is recommended) to `candidates`."""
     recs: dict[str, dict[str, Any] | None] = {}
     notes: list[str] = []
     if not len(candidates):
         return recs, notes
-    candidates["pareto"] = pareto_front(candidates["hours"], candidates["dollars"])
     candidates["recommendation"] = None
+    candidates["pareto"] = False
     sure = f"{confidence:.0%}"
     notes.extend(_memory_notes(candidates))
     everything, candidates = candidates, _fitting(candidates)  # a layout that does not fit is never recommended
+    if candidates.empty:
+        notes.append("no layout fits its GPUs' memory: nothing to recommend; use a smaller batch per rank or GPUs "
+                     "with more memory (`launch memory`)")
+        return recs, notes
+    # the frontier of what the recommendations judge: the bad ends of the bands, among the layouts that fit
+    candidates["pareto"] = pareto_front(candidates["hours_high"], candidates["dollars_high"])
+    everything.loc[candidates.index, "pareto"] = candidates["pareto"]
     limits = (  # (recommendation, column judged, its limit, best by, why there is none)
-        ("cheapest_within_deadline", "hours_high", deadline_h, "dollars", lambda: f"no layout finishes within "
+        ("cheapest_within_deadline", "hours_high", deadline_h, "dollars_high", lambda: f"no layout finishes within "
          f"{deadline_h:g} h with {sure} confidence; the surest takes up to {candidates['hours_high'].min():.2f} h"),
-        ("fastest_within_budget", "dollars_high", budget_usd, "hours", lambda: f"no layout costs at most "
+        ("fastest_within_budget", "dollars_high", budget_usd, "hours_high", lambda: f"no layout costs at most "
          f"${budget_usd:,.2f} with {sure} confidence; the surest costs up to ${candidates['dollars_high'].min():,.2f}"),
     )
     for key, column, limit, by, why_none in limits:

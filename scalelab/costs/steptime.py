@@ -487,7 +487,7 @@ def predict_layouts(measured: pd.DataFrame, layouts: Sequence[Layout], catalog: 
     q = conformal_quantile(errs, confidence) if errs else math.inf
     notes = [f"model {chosen}: held-out error {np.mean(errs):.1%} over {len(errs)} row(s); "
              + "; ".join(f"{k} {np.mean(v):.1%}" for k, v in errors.items() if v and k != chosen) if errs else
-             f"model {chosen}: no row could be predicted from the others, so its band is unbounded"]
+             f"model {chosen}: no row could be predicted from the others"]
     corpus = None
     if math.isinf(q) or q >= 1:
         corpus = corpus_band(rows, confidence, errs)
@@ -539,6 +539,28 @@ def _priced(out: pd.DataFrame, layouts: Sequence[Layout], catalog: Catalog, note
                       dollars_high=hours_high * usd)  # per-second billing, 60 s minimum
 
 
+def layout_bounds(layout: Layout, rows: pd.DataFrame) -> tuple[float, float]:
+    """(floor, ceiling) of a layout's throughput from the measured rows (scalelab/costs/calibration.py's
+    physical bounds, per GPU type): the ceiling is every GPU at its type's best measured per-GPU rate
+    (linear scaling; unbounded when a type has no single-type row), the floor what the fewest measured
+    GPUs of the layout's one type delivered, for a layout of at least that many GPUs on no more nodes
+    (zero otherwise)."""
+    per_type: dict[str, list[tuple[int, int, float]]] = {}
+    for _, r in rows.iterrows():
+        types = set(r["layout"].node_types)
+        if len(types) == 1:
+            per_type.setdefault(types.pop(), []).append((int(r["workers"]), int(r["nodes"]), float(r["throughput"])))
+    rates = {t: max(thr / w for w, _, thr in seen) for t, seen in per_type.items()}
+    ceiling = sum(layout.gpus_per_node * rates.get(t, math.inf) for t in layout.node_types)
+    floor = 0.0
+    if len(set(layout.node_types)) == 1 and layout.node_types[0] in per_type:
+        seen = per_type[layout.node_types[0]]
+        fewest = min(w for w, _, _ in seen)
+        # more GPUs over no more nodes: a layout that adds a network hop (2x2 after 1x4) may be slower
+        floor = max((thr for w, n, thr in seen if w == fewest and layout.workers >= w and layout.nodes <= n), default=0.0)
+    return floor, ceiling
+
+
 def _layout_row(model: LayoutModel, chosen: str, layout: Layout, rows: pd.DataFrame, measured: pd.DataFrame, q: float,
                 time_based: bool, errs: list[float],
                 corpus: tuple[pd.DataFrame, float, float, float] | None = None) -> dict[str, Any]:
@@ -553,6 +575,8 @@ def _layout_row(model: LayoutModel, chosen: str, layout: Layout, rows: pd.DataFr
         low, high = thr * math.exp(min(lo * spread, -worst)), thr * math.exp(max(hi * spread, worst))
     else:
         low, high = thr / (1 + q), thr / (1 - q)
+    floor, ceiling = layout_bounds(layout, rows)  # physics: never past linear, never below the fewest GPUs
+    thr, low, high = (min(max(v, floor), ceiling) for v in (thr, low, high))
     row: dict[str, Any] = {"layout": layout.text, "instances": layout.instances, "workers": layout.workers,
                            "nodes": layout.nodes, "balance": layout.balance}
     if time_based:

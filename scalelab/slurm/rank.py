@@ -47,6 +47,7 @@ import submitit
 from submitit.core.utils import temporary_save_path
 from submitit.helpers import Checkpointable, DelayedSubmission
 
+from scalelab.core.devices import GPU_PINNED_ENV, gpu_shortage
 from scalelab.core.errors import SpecError
 from scalelab.core.launch import Slot
 from scalelab.core.launch import rank_env as engine_rank_env
@@ -85,13 +86,17 @@ class Task:
         return self.hostnames[self.node] if self.node < len(self.hostnames) else socket.gethostname()
 
 
-def own_gpu(env: dict[str, str], local_rank: int) -> str | None:
-    """The one GPU this rank should see, or None when the node has none allocated."""
+def own_gpu(env: dict[str, str], local_rank: int, local_world: int = 1, node: int = 0) -> str | None:
+    """The one GPU this rank should see, or None when the node has none allocated; a SpecError (the one
+    message of scalelab/core/devices.py) when the node has fewer GPUs than ranks: never two on one GPU."""
     visible = env.get("CUDA_VISIBLE_DEVICES") or env.get("SLURM_STEP_GPUS") or env.get("SLURM_JOB_GPUS")
     devices = [d for d in (visible or "").split(",") if d.strip()]
     if not devices and int(env.get("SLURM_GPUS_ON_NODE", "0") or 0) > 0:
         devices = [str(i) for i in range(int(env["SLURM_GPUS_ON_NODE"]))]
-    return devices[local_rank % len(devices)] if devices else None
+    problem = gpu_shortage(local_world, len(devices), f"node {node}")
+    if problem:
+        raise SpecError(problem)
+    return devices[local_rank] if devices else None
 
 
 def rank_env(task: Task, engine: str, env: dict[str, str]) -> dict[str, str]:
@@ -101,9 +106,10 @@ def rank_env(task: Task, engine: str, env: dict[str, str]) -> dict[str, str]:
         raise ValueError(f"rank {rank} is not node {node} x {local_world} + local {local}: "
                          "the job must use block distribution (srun --distribution=block)")
     out: dict[str, str] = {}
-    gpu = own_gpu(env, local)
+    gpu = own_gpu(env, local, local_world, node)
     if gpu is not None:
         out["CUDA_VISIBLE_DEVICES"] = gpu
+        out[GPU_PINNED_ENV] = "1"  # the rank sees its one GPU as cuda:0 (Engine.device)
     addr, port = env.get("SCALELAB_RDZV_ADDR", "127.0.0.1"), env.get("SCALELAB_RDZV_PORT", "0")
     out.update(engine_rank_env(engine, Slot(rank, world, local, local_world, node, task.nodes, task.hostname), addr, port))
     return out

@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from scalelab.core.devices import check_gpus
+from scalelab.core.devices import GPU_PINNED_ENV, check_gpus
 from scalelab.core.errors import EngineError
 from scalelab.core.launch import horovod_env
 from scalelab.core.spec import EngineSpec, server_rank
@@ -76,6 +76,9 @@ class Engine:
         if want == "cuda" and not torch.cuda.is_available():
             raise EngineError("--device cuda was asked for, but PyTorch sees no GPU on this machine; use --device cpu")
         if want in ("auto", "cuda") and torch.cuda.is_available():
+            if os.environ.get(GPU_PINNED_ENV) == "1":  # its launcher gave it one GPU of its own (Slurm)
+                torch.cuda.set_device(0)
+                return torch.device("cuda", 0)
             check_gpus(self.placement.local_world, want, f"node {self.placement.node_rank}")
             torch.cuda.set_device(self.placement.local_rank)
             return torch.device("cuda", torch.cuda.current_device())

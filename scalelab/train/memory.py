@@ -50,9 +50,9 @@ def memory_fields(device: torch.device) -> dict[str, object]:
 
 
 _GIB = 1024**3
-_ASKED = re.compile(r"[Tt]ried to allocate ([\d.]+) ([KMGT]i?B)")
-_FREE = re.compile(r"([\d.]+) ([KMGT]i?B) is free")
-_UNIT = {"KiB": 1024, "MiB": 1024**2, "GiB": 1024**3, "TiB": 1024**4, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12}
+_ASKED = re.compile(r"[Tt]ried to allocate ([\d.]+) ([KMGT]i?B|bytes)")
+_FREE = re.compile(r"([\d.]+) ([KMGT]i?B|bytes) is free")
+_UNIT = {"bytes": 1, "KiB": 1024, "MiB": 1024**2, "GiB": 1024**3, "TiB": 1024**4, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12}
 
 
 def _bytes(match: re.Match[str] | None) -> float | None:
@@ -75,7 +75,7 @@ def oom_message(exc: BaseException, batch_per_rank: int, precision: str, device:
     if asked is not None:
         parts.append(f"it asked for {asked / _GIB:.2f} GiB more" + (f" with {free / _GIB:.2f} GiB free" if free is not None else "")
                      + (f" of {total:.1f} GiB" if total else ""))
-    fixes = ["a smaller --batch-size (or the same global batch over more ranks: --gpus-per-node/--nodes)"]
+    fixes = ["a smaller --batch-per-worker (or the same --global-batch over more ranks: --gpus-per-node/--nodes)"]
     if precision == "fp32":
         fixes.append("--precision bf16 (half the activations)")
     fixes.append("`launch memory --batch-per-worker N` to see the predicted peak per rank on each GPU type")
