@@ -461,3 +461,14 @@ class BackendOptions(Mapping[str, Any]):
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def parse_pairs(pairs: tuple[str, ...], flag: str) -> dict[str, str]:
+    """KEY=VALUE pairs as {key: text}; the text is read as the type the key declares (core.options)."""
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise SpecError(f"{flag} takes KEY=VALUE, got {pair!r}")
+        out[key.strip().replace("-", "_")] = value
+    return out

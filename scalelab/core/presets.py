@@ -23,6 +23,7 @@ NUM_SPECIALS = 4
 FAMILIES = ("nmt", "rnnlm", "sentiment")
 RNN_KINDS = ("fused", "stepwise")
 OUTPUT_LOSSES = ("auto", "full", "chunked", "compiled")  # scalelab/train/outloss.py
+LOSS_CHUNK_ELEMENTS = 2**24  # logits per chunk of --output-loss chunked (64 MiB in float32); costs/memory.py counts it
 
 # Backward costs about twice the forward matmuls (gradients w.r.t. inputs and w.r.t. weights).
 TRAIN_FLOPS_FACTOR = 3.0

@@ -41,6 +41,7 @@ from scalelab.costs.billing import Mix, billed_seconds, cost_at_rate, run_cost
 from scalelab.costs.expected import run_mix, run_price, run_seconds
 from scalelab.costs.catalog import DEFAULT_REGION, MARKETS, Catalog, CatalogError, load_catalog, parse_interruptions, refresh
 from scalelab.costs.fitting import LinkModel
+from scalelab.costs.memory import overflows
 from scalelab.costs.measurements import Measurements, measured_from_csv, measured_from_runs
 from scalelab.costs.planner import PlanRequest, plan, recommend
 from scalelab.costs.steptime import parse_fleet_layouts, predict_layouts
@@ -651,7 +652,7 @@ def _candidate_rows(result) -> pd.DataFrame:
 def _pick_word(recommendation: Any, pareto: Any, fits: Any = None) -> str:
     """cheapest / fastest (a recommendation), no fit (a rank would overflow its GPU's memory), frontier
     (nothing both faster and cheaper), or nothing."""
-    if fits is False or (isinstance(fits, (bool, float, int)) and not pd.isna(fits) and not fits):
+    if overflows(fits):
         return "no fit"
     if isinstance(recommendation, str) and recommendation:
         words = [w for w in ("cheapest", "fastest") if w in recommendation]

@@ -25,11 +25,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from scalelab.core.presets import OUTPUT_LOSSES, ModelConfig
+from scalelab.core.presets import LOSS_CHUNK_ELEMENTS, OUTPUT_LOSSES, ModelConfig
 
 GIB = 1024**3
 FORMAT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
-CHUNK_ELEMENTS = 2**24  # as scalelab/train/outloss.py: logits per chunk
 # Values kept per hidden unit and token by a training LSTM layer and direction: cuDNN's 4 gates, cell,
 # hidden and output. On a CPU oneDNN also holds, per direction of a stack, a scratch of about 11 more:
 # isolated nn.LSTM forward + backward, peak RSS growth per token and hidden unit: 1 layer 17.3-17.9,
@@ -117,8 +116,13 @@ def _output_layer(cfg: ModelConfig, batch: int, fmt: int, output_loss: str) -> f
         return FULL_LOSS_BYTES_PER_LOGIT * rows * V
     if output_loss == "compiled":
         return fmt * rows * V
-    chunk = min(rows, max(1, CHUNK_ELEMENTS // V)) * V
+    chunk = min(rows, max(1, LOSS_CHUNK_ELEMENTS // V)) * V
     return 10 * chunk + 6 * V * H  # a chunk's logits, softmax and its low copy; W's low copy and float32 gradient
+
+
+def overflows(fits: object) -> bool:
+    """True for a candidate row marked as not fitting its GPU (`fits_memory` False); unknown (None, NaN) is not."""
+    return fits is False or (isinstance(fits, (bool, int, float)) and fits == 0)
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ import click
 from scalelab.core.errors import SpecError
 from scalelab.core.presets import OUTPUT_LOSSES, PRESETS, config_with_overrides, model_overrides
 from scalelab.core.engines import ENGINES
+from scalelab.core.options import parse_pairs
 from scalelab.core.spec import PRECISIONS
 from scalelab.core.terminal import make_console
 from scalelab.costs.catalog import InstanceType, builtin_catalog
@@ -63,10 +64,7 @@ def memory_cmd(model_name: str, model_args: tuple[str, ...], batch_per_worker: i
 
     The peak counts tensors, as torch.cuda.max_memory_allocated does; a GPU fits when the peak is at
     most 90% of its memory (the rest: the CUDA context and the allocator's cache)."""
-    if any("=" not in a for a in model_args):
-        raise SpecError("--model-arg takes KEY=VALUE, e.g. --model-arg hidden_size=1024")
-    overrides = dict(a.split("=", 1) for a in model_args)  # a key given twice: the last one, as `launch` does
-    cfg = config_with_overrides(PRESETS[model_name], model_overrides(overrides, "--model-arg"))
+    cfg = config_with_overrides(PRESETS[model_name], model_overrides(parse_pairs(model_args, "--model-arg"), "--model-arg"))
     prediction = predict_peak(cfg, batch_per_worker, precision, engine, output_loss, optimizer, device="cuda")
     names = [n.strip() for n in instance_types.split(",") if n.strip()] if instance_types else None
     rows = fit_rows(prediction, gpu_types(names))

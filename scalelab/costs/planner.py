@@ -50,7 +50,7 @@ from scalelab.costs.calibration import DEFAULT_CONFIDENCE, calibrate, k_class, n
 from scalelab.costs.catalog import Catalog, CatalogError, InstanceType
 from scalelab.costs.convergence import ConvergenceFit, fit_convergence
 from scalelab.costs.fitting import FitResult, LinkModel, fit_series, pareto_front
-from scalelab.costs.memory import HEADROOM, MemoryModel
+from scalelab.costs.memory import HEADROOM, MemoryModel, overflows
 from scalelab.costs.speed import Speed, resolve_speed
 
 __all__ = ["Overheads", "PlanRequest", "Plan", "Candidate", "plan", "predict", "predict_convergence", "next_measurement",
@@ -574,7 +574,7 @@ def _fitting(candidates: pd.DataFrame) -> pd.DataFrame:
     """The rows whose ranks fit their GPUs' memory (or whose fit is unknown)."""
     if "fits_memory" not in candidates.columns:
         return candidates
-    return candidates[candidates["fits_memory"].map(lambda f: f is not False and not (isinstance(f, float) and f == 0))].copy()
+    return candidates[~candidates["fits_memory"].map(overflows)].copy()
 
 
 def _memory_notes(candidates: pd.DataFrame) -> list[str]:
@@ -582,7 +582,7 @@ def _memory_notes(candidates: pd.DataFrame) -> list[str]:
     if "fits_memory" not in candidates.columns:
         return []
     out = []
-    short = candidates[candidates["fits_memory"].map(lambda f: f is False or f == 0)]
+    short = candidates[candidates["fits_memory"].map(overflows)]
     for name, rows in short.groupby("instance_type", sort=True):
         worst = rows.sort_values("workers").iloc[0]
         out.append(f"{name}: {len(rows)} layout(s) do not fit its GPUs' memory and are never recommended (predicted "

@@ -26,7 +26,7 @@ from rich.markup import escape
 
 from scalelab.core.checks import InputFile, OutputDir
 from scalelab.core.errors import ScalelabError, SpecError
-from scalelab.core.options import Flag, coerce_path, option_flags
+from scalelab.core.options import Flag, coerce_path, option_flags, parse_pairs  # noqa: F401  (prep imports it here)
 from scalelab.core.presets import model_overrides
 from scalelab.core.runids import RunDir
 from scalelab.core.rundir import ACTIVE, DEFAULT_RUNS_ROOT, discard_unlaunched, dryrun_dir, is_sweep, new_run_dir
@@ -291,17 +291,6 @@ def _backend_options(spec: Spec, params: dict[str, Any]) -> dict[str, Any]:
     for raw, source, text in sources:
         merged.update(options.coerce(raw, source, text=text) if options is not None else raw)
     return merged
-
-
-def parse_pairs(pairs: tuple[str, ...], flag: str) -> dict[str, str]:
-    """KEY=VALUE pairs as {key: text}; the text is read as the type the key declares (core.options)."""
-    out = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key.strip():
-            raise SpecError(f"{flag} takes KEY=VALUE, got {pair!r}")
-        out[key.strip().replace("-", "_")] = value
-    return out
 
 
 # ---- run -----------------------------------------------------------------------------------------

@@ -175,7 +175,7 @@ def _phase_timer(model, opt, inputs: dict, precision: Precision,
         t1 = clock()
         precision.backward(loss)
         t2 = clock()
-        opt.step() if precision.scaler is None else (precision.scaler.step(opt), precision.scaler.update())
+        precision.step(opt, lambda o, apply=None: (apply or type(o).step)(o))  # fp16: the scaler's guarded step
         t3 = clock()
         return {"forward": t1 - t0, "backward": t2 - t1, "optimizer": t3 - t2, "step": t3 - t0}
 

@@ -32,9 +32,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from scalelab.core.presets import OUTPUT_LOSSES, PAD_ID  # noqa: F401  (the names --output-loss takes)
+from scalelab.core.presets import LOSS_CHUNK_ELEMENTS, OUTPUT_LOSSES, PAD_ID  # noqa: F401  (the names --output-loss takes)
 
-CHUNK_ELEMENTS = 2**24  # logits per chunk (64 MiB in float32): nmt-seed's 50,000-word vocabulary -> 335 rows
 CHUNK_ROWS_ENV = "SCALELAB_LOSS_CHUNK_ROWS"  # test aid: force small chunks on tiny models
 
 LossFn = Callable[[Tensor, Tensor, Tensor | None, Tensor], Tensor]
@@ -47,9 +46,9 @@ def full_loss(hidden: Tensor, weight: Tensor, bias: Tensor | None, target: Tenso
 
 
 def chunk_rows(vocab: int) -> int:
-    """Rows per chunk: CHUNK_ELEMENTS logits, or what the test aid says."""
+    """Rows per chunk: LOSS_CHUNK_ELEMENTS logits (nmt-seed's 50,000 words: 335 rows), or what the test aid says."""
     forced = os.environ.get(CHUNK_ROWS_ENV)
-    return max(1, int(forced)) if forced else max(1, CHUNK_ELEMENTS // vocab)
+    return max(1, int(forced)) if forced else max(1, LOSS_CHUNK_ELEMENTS // vocab)
 
 
 def _low_format(device_type: str) -> torch.dtype | None:
