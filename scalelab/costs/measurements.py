@@ -80,9 +80,19 @@ def measured_from_runs(paths: list[Path], measured_on: str | None = None) -> Mea
         "label": table["label"], "workers": table["workers"], "nodes": table["nodes"],
         "throughput": table["words_per_s"], "global_batch": table["global_batch"],
         "batch_scaling": table["batch_scaling"], "words_per_sample": table["words_per_s"] / table["samples_per_s"],
-        "convergence": [None if t is None else f"{m} to loss {t}" for m, t in zip(table["model"], threshold)]})
+        "convergence": [None if t is None else f"{m} to loss {t}" for m, t in zip(table["model"], threshold)],
+        # how much its steps spread: the band of a measured layout (scalelab/costs/model.py)
+        "throughput_spread": _spread(table)})
     return Measurements(measured, convergence_rows(table), _overheads(table), base, table, curves, probes,
                         max(set(precisions), key=precisions.count) if precisions else "fp32", memory)
+
+
+def _spread(table: pd.DataFrame) -> pd.Series:
+    """Relative spread (std / mean) of each layout's step times, where the table has them."""
+    if not {"step_s_mean", "step_s_std"} <= set(table.columns):
+        return pd.Series(np.nan, index=table.index)
+    mean, std = (pd.to_numeric(table[c], errors="coerce") for c in ("step_s_mean", "step_s_std"))
+    return (std / mean).where(mean > 0)
 
 
 def _base_and_probes(by_type: dict[str | None, list], measured_on: str | None) -> tuple[str | None, dict[str, float]]:

@@ -46,11 +46,12 @@ import pandas as pd
 from scalelab.analysis.report import to_json_records
 from scalelab.core.errors import DataError
 from scalelab.costs.billing import Mix, cost_at_rate
-from scalelab.costs.calibration import DEFAULT_CONFIDENCE, calibrate, k_class, next_count, predict_band
+from scalelab.costs.calibration import DEFAULT_CONFIDENCE, next_count
 from scalelab.costs.catalog import Catalog, CatalogError, InstanceType
 from scalelab.costs.convergence import ConvergenceFit, fit_convergence
-from scalelab.costs.fitting import FitResult, LinkModel, fit_series, pareto_front
+from scalelab.costs.fitting import LinkModel, pareto_front
 from scalelab.costs.memory import HEADROOM, MemoryModel, overflows
+from scalelab.costs.model import FittedSeries
 from scalelab.costs.speed import Speed, resolve_speed
 
 __all__ = ["Overheads", "PlanRequest", "Plan", "Candidate", "plan", "predict", "predict_convergence", "next_measurement",
@@ -144,7 +145,7 @@ class Plan:
     """Predictions per (series, workers) and per (series, global batch), priced candidates,
     frontier, recommendations."""
 
-    fits: dict[str, FitResult]
+    fits: dict[str, FittedSeries]
     predictions: pd.DataFrame
     candidates: pd.DataFrame
     recommendations: dict[str, dict[str, Any] | None] = field(default_factory=dict)
@@ -182,7 +183,7 @@ def plan(request: PlanRequest) -> Plan:
 # ---- 1. fit and predict -------------------------------------------------------------------------
 
 
-def predict(request: PlanRequest, notes: list[str] | None = None) -> tuple[dict[str, FitResult], pd.DataFrame]:
+def predict(request: PlanRequest, notes: list[str] | None = None) -> tuple[dict[str, FittedSeries], pd.DataFrame]:
     """(fit per series, predictions): every series fitted on its own rows and predicted at its
     measured and at the requested worker counts, with its band at `confidence`. A series that
     cannot be fitted (one worker count) is an error, or a note when `notes` is given (other
@@ -195,25 +196,36 @@ def predict(request: PlanRequest, notes: list[str] | None = None) -> tuple[dict[
     link = request.measured_link()
     base = request.base_instance()
     wanted = {int(w) for w in request.predict_workers}
-    fits: dict[str, FitResult] = {}
+    fits: dict[str, FittedSeries] = {}
     rows: list[dict[str, Any]] = []
     for label, part in measured.groupby("label", sort=False):
         try:
-            fit = fit_series(str(label), part, link)
+            fit = FittedSeries.fit(str(label), part, link, base.gpus if base is not None else None)
         except DataError as exc:
             if notes is None:
                 raise
             notes.append(f"{exc}: its throughput is not predicted")
             continue
         fits[str(label)] = fit
-        rows += _prediction_rows(fit, wanted, base.gpus if base is not None else None, request.confidence,
-                                 _batch_axis(part), link)
+        rows += _prediction_rows(fit, wanted, request.confidence, _batch_axis(part), link)
         if notes is not None:
-            notes.extend(_two_count_note(fit, wanted))
+            notes.extend(_two_count_note(fit, wanted) + fit.notes(request.confidence)
+                         + _placement_note(fit, wanted, base is not None))
     return fits, pd.DataFrame(rows)
 
 
-def _two_count_note(fit: FitResult, wanted: set[int]) -> list[str]:
+def _placement_note(fit: FittedSeries, wanted: set[int], typed: bool) -> list[str]:
+    """Where predicted counts beyond the measured ones were placed, and how to place them otherwise."""
+    beyond = sorted(w for w in wanted if w > max(fit.counts))
+    if not beyond or typed:
+        return []
+    where = (f"on nodes of {fit.gpus_per_node} GPUs, as the measurements place them" if fit.gpus_per_node else
+             "on one node: no measurement spans nodes and no instance type is named")
+    return [f"series {fit.label or '(unlabelled)'}: {', '.join(map(str, beyond))} workers are placed {where}; give "
+            "--measured-on TYPE or --predict NODESxGPUS to place them otherwise"]
+
+
+def _two_count_note(fit: FittedSeries, wanted: set[int]) -> list[str]:
     """With two measured GPU counts: where the band comes from and which third count narrows it."""
     third = next_count(fit.measured, sorted(wanted))
     if third is None:
@@ -223,21 +235,12 @@ def _two_count_note(fit: FitResult, wanted: set[int]) -> list[str]:
             f"{third} GPUs would narrow it"]
 
 
-def _band(fit: FitResult, workers: Sequence[int], nodes: Sequence[int], confidence: float,
-          link: LinkModel | None) -> pd.DataFrame:
-    """The prediction and its physically bounded band at `workers` (scalelab/costs/calibration.py), with the
-    chosen model's held-out error on the published tables."""
-    band = predict_band(fit.measured, workers, nodes, confidence, link)
-    cal = calibrate(confidence)[k_class(fit.measured["workers"].nunique())]
-    return band.assign(held_out_error=cal.errors[cal.model])
-
-
-def _prediction_rows(fit: FitResult, wanted: set[int], gpus_per_node: int | None, confidence: float,
-                     axis: dict[str, Any], link: LinkModel | None = None) -> list[dict[str, Any]]:
+def _prediction_rows(fit: FittedSeries, wanted: set[int], confidence: float, axis: dict[str, Any],
+                     link: LinkModel | None = None) -> list[dict[str, Any]]:
     """One row per worker count (measured or wanted) of one series, with its interval."""
     grid = sorted(wanted | {int(w) for w in fit.measured["workers"]})
-    nodes = [_measured_nodes(fit.measured, w, gpus_per_node) for w in grid]
-    band = _band(fit, grid, nodes, confidence, link)
+    nodes = [fit.nodes_for(w) for w in grid]
+    band = fit.estimate(grid, nodes, confidence, link)
     gap = fit.disagreement(grid, nodes)
     rows = []
     for i, w in enumerate(grid):
@@ -247,21 +250,13 @@ def _prediction_rows(fit: FitResult, wanted: set[int], gpus_per_node: int | None
             "label": fit.label, "workers": w, "nodes": nodes[i], "batch_scaling": axis["batch_scaling"],
             "global_batch": _global_batch(axis, w),
             "predicted_throughput": float(b["predicted"]), "interval_low": float(b["low"]),
-            "interval_high": float(b["high"]), "model": b["model"], "held_out_error": float(b["held_out_error"]),
+            "interval_high": float(b["high"]), "model": b["model"], "basis": b["basis"],
+            "held_out_error": float(b["held_out_error"]),
             "measured_throughput": float(meas.mean()) if len(meas) else None,
             "disagreement": float(gap[i]) if np.isfinite(gap[i]) else None,
             "predicted": w in wanted,
         })
     return rows
-
-
-def _measured_nodes(measured: pd.DataFrame, workers: int, gpus_per_node: int | None) -> int:
-    """Nodes for a worker count: as measured when it was; else packed onto nodes of the measured
-    instance's GPU count; else one node (nothing says otherwise)."""
-    same = measured[measured["workers"] == workers]
-    if len(same):
-        return int(same["nodes"].iloc[0])
-    return math.ceil(workers / gpus_per_node) if gpus_per_node else 1
 
 
 def _batch_axis(part: pd.DataFrame) -> dict[str, Any]:
@@ -317,7 +312,7 @@ def next_measurement(predictions: pd.DataFrame) -> dict[str, Any] | None:
                    "tells which one to trust"}
 
 
-def _two_count_next(fits: dict[str, FitResult], wanted: Sequence[int]) -> dict[str, Any] | None:
+def _two_count_next(fits: dict[str, FittedSeries], wanted: Sequence[int]) -> dict[str, Any] | None:
     """With a series measured at two GPU counts only, the third count its note names (the band comes from
     the corpus's efficiency decay, not from models that could disagree): one answer, said alike twice."""
     for label, fit in fits.items():
@@ -398,7 +393,7 @@ def resolve_candidate(request: PlanRequest, name: str, notes: list[str]) -> Cand
                      catalog.interruption_rate(name, request.interruptions_per_hour), request.region or catalog.region)
 
 
-def price(request: PlanRequest, fits: dict[str, FitResult], predictions: pd.DataFrame,
+def price(request: PlanRequest, fits: dict[str, FittedSeries], predictions: pd.DataFrame,
           convergence: dict[str, ConvergenceFit] | None = None) -> tuple[pd.DataFrame, list[str]]:
     """(candidates, notes): every predicted (series, workers) on every instance type x market, with
     hours and dollars to the threshold (or for `work`). A series with neither is not priced; a
@@ -446,7 +441,7 @@ def _steps_of(request: PlanRequest, predictions: pd.DataFrame, convergence: dict
                       steps_to_threshold=point, steps_high=high, time_basis=f"steps to threshold ({fit.basis})")
 
 
-def _price_type(request: PlanRequest, cand: Candidate, fit: FitResult, steps: pd.DataFrame) -> list[dict[str, Any]]:
+def _price_type(request: PlanRequest, cand: Candidate, fit: FittedSeries, steps: pd.DataFrame) -> list[dict[str, Any]]:
     """Candidate rows of one series on one instance type: the throughput predicted over its
     network, scaled by its GPU's speed, with ceil(workers / GPUs) instances."""
     speed = cand.speed
@@ -456,14 +451,14 @@ def _price_type(request: PlanRequest, cand: Candidate, fit: FitResult, steps: pd
         w = int(st["workers"])
         count = cand.instances_for(w)
         nodes = _priced_nodes(st, count, speed)
-        band = _band(fit, [w], [nodes], level, cand.link).iloc[0]
+        band = fit.estimate([w], [nodes], level, cand.link).iloc[0]
         thr = float(band["predicted"]) * speed.factor
         lo = float(band["low"]) * speed.factor / speed.widening
         hi = float(band["high"]) * speed.factor * speed.widening
         layout = {"label": fit.label, "workers": w, "instance_type": cand.name, "instances": count,
                   "idle_gpus": count * cand.gpus - w, "global_batch": st["global_batch"]}
         estimate = {"predicted_throughput": thr, "interval_low": lo, "interval_high": hi,
-                    "model": band["model"], "held_out_error": float(band["held_out_error"]),
+                    "model": band["model"], "basis": band["basis"], "held_out_error": float(band["held_out_error"]),
                     "steps_to_threshold": st["steps_to_threshold"], "steps_high": st["steps_high"],
                     "time_basis": st["time_basis"], "speed_basis": speed.basis, "speed_factor": speed.factor,
                     "speed_widening": speed.widening,

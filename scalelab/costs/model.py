@@ -1,0 +1,147 @@
+"""One fitted model per measured series: built once, asked many times.
+
+A plan asks the same series for its throughput at many layouts (every worker count, on every
+instance type's network, at two confidence levels). `FittedSeries.fit` fits it once: the NNLS
+models of scalelab/costs/fitting.py (with their leave-one-out errors, for the next measurement),
+where its GPUs sit on nodes, and how much its own measurements spread. `estimate(workers, nodes)`
+then answers with a point and a band, in this order of trust:
+
+1. **A measured layout is its measurement** (the mean of its runs), with a band from its own spread:
+   the runs' step-time spread and the spread between repeated runs, never narrower than the
+   calibrated band at a measured count (scalelab/costs/calibration.py, d = 0). A model never
+   overrides a measurement; where the counts below a measurement predicted something else, `notes`
+   says so, and a measured drop is a drop.
+2. **Any other layout** is the model chosen on the published tables, with its band calibrated
+   leaving whole sources out, bounded by physics (`calibration.predict_band`).
+
+**Nodes.** A predicted count is placed on nodes as the data places them (`gpus_per_node`): the
+measured instance type's GPUs when it is known, else the GPUs per node of the multi-node rows, else
+the most GPUs measured on one node (a node that large is known to exist). Crossing a node boundary
+is what the inter-node term of the comm and ps models prices; `nodes=` asks for a layout explicitly.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+
+from scalelab.costs.calibration import (
+    DEFAULT_CONFIDENCE,
+    Calibration,
+    band_spread,
+    calibrate,
+    k_class,
+    predict_band,
+)
+from scalelab.costs.fitting import FitResult, LinkModel, fit_series
+
+__all__ = ["FittedSeries", "gpus_per_node_of"]
+
+SPREAD_COLUMN = "throughput_spread"  # relative spread (std / mean) of a measurement's step times
+
+
+def gpus_per_node_of(measured: pd.DataFrame, instance_gpus: int | None = None) -> int | None:
+    """GPUs per node for placing counts the data does not hold (module doc, "Nodes"); None when
+    nothing says (every row on one node, no instance type): such counts stay on one node."""
+    if instance_gpus:
+        return int(instance_gpus)
+    nodes = pd.to_numeric(measured.get("nodes", pd.Series(1, index=measured.index)), errors="coerce").fillna(1)
+    multi = nodes > 1
+    if multi.any():
+        return max(1, int(round(float((measured.loc[multi, "workers"] / nodes[multi]).max()))))
+    return None
+
+
+@dataclass
+class FittedSeries(FitResult):
+    """A series fitted once (module doc): the NNLS fits, node placement and measured spreads."""
+
+    gpus_per_node: int | None = None
+    spread: dict[int, float] = field(default_factory=dict)  # workers -> relative spread of its measurement
+
+    @classmethod
+    def fit(cls, label: str, rows: pd.DataFrame, link: LinkModel | None = None,
+            instance_gpus: int | None = None) -> "FittedSeries":
+        """Fit `rows` (workers, throughput, optionally nodes and throughput_spread) once."""
+        base = fit_series(label, rows, link)
+        spread: dict[int, float] = {}
+        if SPREAD_COLUMN in rows.columns:
+            vals = pd.to_numeric(rows[SPREAD_COLUMN], errors="coerce")
+            for w, s in zip(rows["workers"], vals):
+                if pd.notna(s) and math.isfinite(float(s)) and s >= 0:
+                    spread[int(w)] = max(spread.get(int(w), 0.0), float(s))
+        return cls(base.label, base.measured, base.models, base.held_out_error, base.chosen,
+                   gpus_per_node_of(base.measured, instance_gpus), spread)
+
+    @property
+    def counts(self) -> list[int]:
+        return sorted({int(w) for w in self.measured["workers"]})
+
+    def calibration(self, confidence: float = DEFAULT_CONFIDENCE) -> Calibration:
+        return calibrate(confidence)[k_class(len(self.counts))]
+
+    def nodes_for(self, workers: int) -> int:
+        """Nodes of `workers` GPUs: as measured when it was, else packed onto nodes of gpus_per_node."""
+        same = self.measured[self.measured["workers"] == workers]
+        if len(same):
+            return int(same["nodes"].iloc[0])
+        return max(1, math.ceil(workers / self.gpus_per_node)) if self.gpus_per_node else 1
+
+    def estimate(self, workers: Sequence[int], nodes: Sequence[int] | None = None,
+                confidence: float = DEFAULT_CONFIDENCE, link: LinkModel | None = None) -> pd.DataFrame:
+        """Columns workers, nodes, predicted, low, high, model, basis (measured | model), held_out_error:
+        the measurement at a measured layout, the calibrated model elsewhere (module doc)."""
+        w = [int(x) for x in workers]
+        nd = [self.nodes_for(x) for x in w] if nodes is None else [int(x) for x in nodes]
+        band = predict_band(self.measured, w, nd, confidence, link, models=self.models)
+        cal = self.calibration(confidence)
+        band = band.assign(nodes=nd, basis="model", held_out_error=cal.errors[cal.model])
+        for i, (x, n) in enumerate(zip(w, nd)):
+            rows = self.measured[(self.measured["workers"] == x) & (self.measured["nodes"] == n)]
+            if len(rows):
+                point, low, high = self._measured_band(x, rows["throughput"].to_numpy(float), cal, confidence)
+                band.loc[i, ["predicted", "low", "high", "basis"]] = [point, low, high, "measured"]
+        return band
+
+    def _measured_band(self, workers: int, values: np.ndarray, cal: Calibration,
+                       confidence: float) -> tuple[float, float, float]:
+        """(mean, low, high) of a measured layout: its runs' spread, never narrower than the calibrated
+        band at a measured count."""
+        point = float(values.mean())
+        s0 = float(band_spread(self.measured, [workers])[0])
+        low, high = point * math.exp(cal.lo * s0), point * math.exp(cal.hi * s0)
+        rel = self.spread.get(workers, 0.0)
+        z = _z(confidence)
+        low = min(low, float(values.min()), point / (1.0 + z * rel))
+        high = max(high, float(values.max()), point * (1.0 + z * rel))
+        return point, low, high
+
+    def notes(self, confidence: float = DEFAULT_CONFIDENCE) -> list[str]:
+        """What the measurements say against the model: a measured drop, and every measured count
+        outside the band the counts below it predicted (the measurement is what the plan uses)."""
+        name = self.label or "(unlabelled)"
+        rate = self.measured.groupby("workers")["throughput"].mean().sort_index()
+        out = [f"series {name}: throughput drops from {int(a)} to {int(b)} workers ({rate[a]:,.0f} -> {rate[b]:,.0f}): "
+               "the plan follows the measured drop (negative scaling: a busy host, oversubscribed cores or a slow "
+               "link); predictions beyond it continue the measured trend"
+               for a, b in zip(rate.index[:-1], rate.index[1:]) if rate[b] < rate[a]]
+        counts = self.counts
+        for i in range(2, len(counts)):
+            below = self.measured[self.measured["workers"] <= counts[i - 1]]
+            b = predict_band(below, [counts[i]], [self.nodes_for(counts[i])], confidence).iloc[0]
+            m = float(rate[counts[i]])
+            if not b["low"] <= m <= b["high"]:
+                out.append(f"series {name}: at {counts[i]} workers the measurement ({m:,.0f}) lies outside what the "
+                           f"counts below it predicted ({b['low']:,.0f}-{b['high']:,.0f}, {b['model']}); the plan "
+                           "uses the measurement")
+        return out
+
+
+def _z(confidence: float) -> float:
+    """The two-sided normal quantile of `confidence` (a measurement's spread as a band)."""
+    from statistics import NormalDist
+    return NormalDist().inv_cdf(0.5 + confidence / 2)
