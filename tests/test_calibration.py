@@ -31,7 +31,10 @@ def test_the_corpus_names_a_source_for_every_table_and_spans_kepler_to_hopper_an
     tables = reference_tables()
     corpus = {t for t in tables if not t.startswith("seed")}
     assert len(corpus) >= 12 and corpus == set(sources["table"])
-    assert sources["source"].str.contains("@[0-9a-f]{40}:", regex=True).all()  # repository@commit:path
+    pinned = sources["source"].str.contains("@[0-9a-f]{40}:", regex=True)  # repository@commit:path
+    thread = sources["source"].str.fullmatch(r"https://github\.com/[\w.-]+/[\w.-]+/(issues|pull)/\d+")  # a user's thread
+    assert (pinned | thread).all()
+    assert sources["origin"].notna().all() and sources["origin"].nunique() >= 8  # independent origins (issue 33)
     gpus = " ".join(sources["gpu"])
     assert all(g in gpus for g in ("Kepler", "Pascal", "Volta", "Ampere", "Hopper"))
     most = max(int(rows["workers"].max()) for series in tables.values() for rows in series.values())
