@@ -64,14 +64,15 @@ from scalelab.costs.tables import read_scaling_csv, with_throughput
 __all__ = ["SEED_TABLES", "DEFAULT_CONFIDENCE", "CANDIDATES", "DELTA", "reference_tables", "reference_series",
            "origin_of", "candidate_predictions", "fit_models", "trend_rule", "physical_bounds", "band_spread",
            "all_tasks", "Calibration", "calibrate", "conformal_quantile", "predict_band", "band_ceiling", "next_count", "coverage",
-           "coverage_summary", "k_class"]
+           "coverage_summary", "k_class", "band_class"]
 
 #: The seeds' scaling tables shipped in scalelab/costs/data (costs.tables' scaling format).
 SEED_TABLES = ("seed001_nmt_scaling.csv", "seed004_sentiment_scaling.csv", "seed004_emr_preprocessing.csv")
 CORPUS_PACKAGE = "scalelab.costs.data.corpus"
 DEFAULT_CONFIDENCE = 0.9
-BLENDS = {"decay+comm": ("decay", "comm"), "decay+ps": ("decay", "ps"), "decay+half-decay": ("decay", "half-decay")}
-CANDIDATES = ("naive", "decay", "half-decay", *MODELS, *BLENDS)
+BLENDS = {"decay+comm": ("decay", "comm"), "decay+ps": ("decay", "ps"), "decay+half-decay": ("decay", "half-decay"),
+          "node-decay+comm": ("node-decay", "comm")}
+CANDIDATES = ("naive", "decay", "half-decay", "node-decay", *MODELS, *BLENDS)
 DELTA = 0.5  # the band's width at a measured count, in doublings
 LOSS_FLOOR = 0.05  # the band's width factor of a series that loses nothing per doubling
 _LEVELS = np.concatenate([np.linspace(0.9, 0.99, 19), [0.995, 0.998, 1.0]])  # the band's inner levels tried
@@ -80,6 +81,15 @@ _LEVELS = np.concatenate([np.linspace(0.9, 0.99, 19), [0.995, 0.998, 1.0]])  # t
 def k_class(k: int) -> str:
     """The class of a fit by its fitted counts: "2" or "3+" (calibrated apart: two counts say little)."""
     return "2" if k <= 2 else "3+"
+
+
+ACROSS = " across nodes"
+
+
+def band_class(k: int | str, crosses_nodes: bool) -> str:
+    """The band's class: the fit's class, and whether the prediction crosses onto more nodes than any
+    fitted count used (the network is then paid for the first time: the published tables' widest misses)."""
+    return (k if isinstance(k, str) else k_class(k)) + (ACROSS if crosses_nodes else "")
 
 
 # ---- the tables -----------------------------------------------------------------------------------
@@ -144,6 +154,16 @@ def _last_loss(rate: pd.Series) -> float:
     return math.log(rate.iloc[-1] / rate.iloc[-2]) / math.log2(rate.index[-1] / rate.index[-2])
 
 
+def _node_loss(fitted: pd.DataFrame, rate: pd.Series) -> float:
+    """The decay's loss per doubling, unless the last fitted step is the first to cross onto several
+    nodes: that step pays the network once (a ring's bytes per GPU barely grow with more nodes), so
+    it is not carried forward."""
+    nodes = fitted.groupby("workers")["nodes"].max().sort_index() if "nodes" in fitted.columns else None
+    if nodes is not None and nodes.iloc[-1] > 1 and nodes.iloc[-2] <= 1:
+        return 0.0
+    return min(0.0, _last_loss(rate))
+
+
 def fit_models(fitted: pd.DataFrame, link: LinkModel | None = None) -> dict[str, ScalingModel]:
     """The NNLS models of scalelab/costs/fitting.py fitted once on `fitted` (workers, nodes, throughput)."""
     nodes = fitted["nodes"] if "nodes" in fitted.columns else np.ones(len(fitted))
@@ -176,6 +196,7 @@ def candidate_predictions(fitted: pd.DataFrame, workers: Sequence[float], nodes:
     out = {"naive": np.where(w > ck, w * last, w * inside)}
     for name, lam in (("decay", 1.0), ("half-decay", 0.5)):
         out[name] = np.where(w > ck, w * last * np.exp(lam * g * d), w * inside)
+    out["node-decay"] = np.where(w > ck, w * last * np.exp(_node_loss(fitted, rate) * d), w * inside)
     for name, model in (models or fit_models(fitted, link)).items():
         out[name] = np.nan_to_num(model.predict(w, nd, link), nan=0.0)
     floor, ceiling = physical_bounds(fitted, w)
@@ -199,12 +220,12 @@ def band_spread(fitted: pd.DataFrame, workers: Sequence[float]) -> np.ndarray:
     return (d + DELTA) * (loss_per_doubling(fitted) + LOSS_FLOOR)
 
 
-def band_ceiling(fitted: pd.DataFrame, workers: Sequence[float], hi: float) -> np.ndarray:
+def band_ceiling(fitted: pd.DataFrame, workers: Sequence[float], hi: float | np.ndarray) -> np.ndarray:
     """The band's high end may pass the point's ceiling by the noise of the measurement it rests on (the
     calibrated band at a measured count, δ doublings), never linear scaling from the best per-GPU rate."""
     w = np.asarray(workers, dtype=float)
     _, ceiling = physical_bounds(fitted, w)
-    noise = math.exp(max(hi, 0.0) * DELTA * (loss_per_doubling(fitted) + LOSS_FLOOR))
+    noise = np.exp(np.maximum(hi, 0.0) * DELTA * (loss_per_doubling(fitted) + LOSS_FLOOR))
     return np.minimum(ceiling * noise, w * float(_per_gpu(fitted).max()))
 
 
@@ -282,9 +303,10 @@ def _weighted_quantile(values: np.ndarray, weights: np.ndarray, q: float) -> flo
 
 
 def _origin_weights(origins: np.ndarray) -> np.ndarray:
-    """Each task's weight so that every origin weighs the same, however many tasks it holds."""
-    _, inverse, counts = np.unique(origins, return_inverse=True, return_counts=True)
-    return 1.0 / counts[inverse]
+    """Each task's weight in the band's quantiles: the same for every task, since the coverage asked
+    for is over predictions pooled (weighting origins equally let two small, wild user threads set
+    every band's tails: their worst 1 % became everybody's 5 %)."""
+    return np.ones(len(origins))
 
 
 def _band_at(scores: np.ndarray, weights: np.ndarray, level: float) -> tuple[float, float]:
@@ -353,12 +375,16 @@ def calibrate(confidence: float = DEFAULT_CONFIDENCE, exclude: str | None = None
     for cls, part in tasks.groupby("k_class"):
         errs = {m: _mean_error(part, m) for m in CANDIDATES}
         model = min(CANDIDATES, key=lambda m: (errs[m], CANDIDATES.index(m)))
-        scores = (np.log(part["true"] / part[f"pred_{model}"]) / part["spread"]).to_numpy(float)
-        origins = part["origin"].to_numpy(str)
-        level = _level(scores, origins, confidence)
-        lo, hi = _band_at(scores, _origin_weights(origins), level)
-        out[str(cls)] = Calibration(str(cls), model, errs, lo, hi, part["table"].nunique(), len(np.unique(origins)),
-                                    level)
+        for across in (False, True):
+            sub = part[part["crosses_nodes"] == across]
+            if sub["origin"].nunique() < 2:  # too few sources crossed nodes: the class's band as a whole
+                sub = part
+            scores = (np.log(sub["true"] / sub[f"pred_{model}"]) / sub["spread"]).to_numpy(float)
+            origins = sub["origin"].to_numpy(str)
+            level = _level(scores, origins, confidence)
+            lo, hi = _band_at(scores, _origin_weights(origins), level)
+            key = band_class(str(cls), across)
+            out[key] = Calibration(key, model, errs, lo, hi, sub["table"].nunique(), len(np.unique(origins)), level)
     return out
 
 
@@ -374,16 +400,21 @@ def predict_band(fitted: pd.DataFrame, workers: Sequence[float], nodes: Sequence
     k = fitted["workers"].nunique()
     if k < 2:
         raise DataError(f"a scaling prediction needs measurements at two or more GPU counts, got {k}")
-    cal = calibrate(confidence, exclude)[k_class(k)]
+    cals = calibrate(confidence, exclude)
     w = np.asarray(workers, dtype=float)
-    pred = candidate_predictions(fitted, w, nodes, link, models)[cal.model]
+    nd = np.ones_like(w) if nodes is None else np.asarray(nodes, dtype=float)
+    used = [cals[band_class(k, bool(c))] for c in nd > float(fitted["nodes"].max())]
+    lo, hi = np.array([c.lo for c in used]), np.array([c.hi for c in used])
+    preds = candidate_predictions(fitted, w, nodes, link, models)
+    pred = np.array([preds[c.model][i] for i, c in enumerate(used)]) if len(used) else np.zeros(0)
     floor, ceiling = physical_bounds(fitted, w)
     pred = np.clip(pred, floor, ceiling)
     spread = band_spread(fitted, w)
-    low = np.minimum(pred * np.exp(cal.lo * spread), ceiling)
-    high = np.minimum(pred * np.exp(cal.hi * spread), band_ceiling(fitted, w, cal.hi))
+    low = np.minimum(pred * np.exp(lo * spread), ceiling)
+    high = np.minimum(pred * np.exp(hi * spread), band_ceiling(fitted, w, hi))
     return pd.DataFrame({"workers": w, "predicted": pred, "low": np.minimum(low, pred),
-                         "high": np.maximum(high, pred), "model": cal.model, "floor": floor, "ceiling": ceiling})
+                         "high": np.maximum(high, pred), "model": [c.model for c in used], "floor": floor,
+                         "ceiling": ceiling})
 
 
 def next_count(fitted: pd.DataFrame, wanted: Sequence[float]) -> int | None:
@@ -408,7 +439,8 @@ def coverage(confidence: float = DEFAULT_CONFIDENCE) -> pd.DataFrame:
     parts = []
     for origin, part in tasks.groupby("origin", sort=False):
         cal = calibrate(confidence, origin)
-        c = part["k_class"].map(cal)
+        c = pd.Series([cal[band_class(k, bool(x))] for k, x in zip(part["k_class"], part["crosses_nodes"])],
+                      index=part.index)
         model = c.map(lambda x: x.model)
         pred = np.array([part.at[i, f"pred_{m}"] for i, m in zip(part.index, model)])
         lo = c.map(lambda x: x.lo).to_numpy(float) * part["spread"].to_numpy(float)
