@@ -196,8 +196,12 @@ def scaling_sections(table: pd.DataFrame, curves: dict[str, pd.DataFrame] | None
 
 
 def plan_sections(p: Any) -> list[tuple[str, str]]:
-    """Sections for a costs.planner.Plan: models, predictions, frontier, recommendations."""
+    """Sections for a costs.planner.Plan: the recommendation first, then models, predictions, frontier."""
     secs = []
+    recs = "".join(f"<li><b>{html.escape(k.replace('_', ' '))}</b>: {_recommendation(v)}</li>"
+                   for k, v in p.recommendations.items() if v)
+    if len(p.candidates) and recs:
+        secs.append(("Recommendation", f"<ul class='rec'>{recs}</ul>"))
     used = p.predictions.groupby("label")["model"].first().to_dict() if len(p.predictions) else {}
     model_rows = [[lab, used.get(lab, f.chosen), f"{len(f.measured)}",
                    *(("—" if f.held_out_error[m] is None else f"{f.held_out_error[m]:.1%}") for m in f.models)]
@@ -209,7 +213,7 @@ def plan_sections(p: Any) -> list[tuple[str, str]]:
                  "with the lowest held-out error on published scaling tables the plan never saw "
                  "(docs/benchmarks.md).</p>"
                  + _table(["series", "chosen", "measurements", *[f"{m} held-out error" for m in model_names]], model_rows)))
-    if len(p.predictions):
+    if len(p.predictions) and "interval_low" in p.predictions.columns:
         secs.append(("Predicted throughput", f"<p>Bands at {p.confidence:.0%}.</p>"
                      + _img(figure_png(plot_predictions(p.predictions)), "predictions")))
     secs += _convergence_sections(p)
@@ -218,16 +222,13 @@ def plan_sections(p: Any) -> list[tuple[str, str]]:
         secs.append(("Measure next", f"<p class='rec'>Measure <b>{n['workers']} worker{'s' if int(n['workers']) != 1 else ''}</b> "
                      f"({html.escape(str(n['label']) or 'series')}): {html.escape(n['why'])}.</p>"))
     if len(p.candidates):
-        recs = "".join(f"<li><b>{html.escape(k.replace('_', ' '))}</b>: {_recommendation(v)}</li>"
-                       for k, v in p.recommendations.items() if v)
-        if recs:
-            secs.append(("Recommendation", f"<ul class='rec'>{recs}</ul>"))
         secs.append(("Cost against time", "<p>Each point is one layout on one instance type; the frontier "
                      "joins those that no other layout beats on both time and money.</p>"
                      + _img(figure_png(plot_cost_frontier(p.candidates)), "cost frontier")))
         c = p.candidates.sort_values(["hours"])
-        rows = [[r["label"], int(r["workers"]), f"{int(r['instances'])}× {r['instance_type']}", r["market"],
-                 r.get("speed_basis") or "", f"{r['predicted_throughput']:,.0f}",
+        rows = [[r["label"], int(r["workers"]), r["layout"] if pd.notna(r.get("layout")) else
+                 f"{int(r['instances'])}× {r['instance_type']}", r["market"], r.get("speed_basis") or "",
+                 f"{r['predicted_throughput']:,.0f}" if pd.notna(r.get("predicted_throughput")) else "—",
                  f"{duration_text(r['hours'] * 3600)} (up to {duration_text(r['hours_high'] * 3600)})",
                  f"{r['dollars']:,.2f} (up to {r['dollars_high']:,.2f})",
                  "yes" if r["pareto"] else "", r["recommendation"] or ""] for _, r in c.iterrows()]
@@ -255,7 +256,9 @@ def _recommendation(v: dict[str, Any]) -> str:
     unmeasured = ("" if speed in (None, "measured", "probe") else
                   f"; <i>{html.escape(str(speed))} speed: never measured on {html.escape(v['instance_type'])}</i>")
     workers = int(v["workers"])
-    return (f"{workers} worker{'s' if workers != 1 else ''} on {v['instances']}× {html.escape(v['instance_type'])} "
+    where = (html.escape(str(v["layout"])) if v.get("layout") else
+             f"{workers} worker{'s' if workers != 1 else ''} on {v['instances']}× {html.escape(v['instance_type'])}")
+    return (f"{where} "
             f"({v['market']}): {duration_text(v['hours'] * 3600)} (up to {duration_text(v['hours_high'] * 3600)}), "
             f"${v['dollars']:,.2f} (up to ${v['dollars_high']:,.2f}){unmeasured}")
 

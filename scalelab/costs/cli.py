@@ -44,7 +44,7 @@ from scalelab.costs.fitting import LinkModel
 from scalelab.costs.memory import overflows
 from scalelab.costs.measurements import Measurements, measured_from_csv, measured_from_runs
 from scalelab.costs.planner import PlanRequest, plan, recommend
-from scalelab.costs.steptime import parse_fleet_layouts, predict_layouts
+from scalelab.costs.steptime import parse_fleet_layouts
 from scalelab.costs.tables import (
     csv_kind,
     read_cost_csv,
@@ -435,11 +435,11 @@ def plan_cmd(run_dirs: tuple[str, ...], from_csv: str | None, predict_workers: s
         raise SpecError("give RUN_DIRS (run or sweep directories) or --from-csv FILE (one of the two)")
     if predict_layouts is not None:
         _refuse_with_predict({"--predict-workers": predict_workers, "--predict-batch": predict_batch,
-                              "--instance-types": instance_types, "--work": work, "--measured-on": measured_on,
-                              "--speed": speed or None,
-                              "--out": out, "--format html": "html" if fmt == "html" else None, "RUN_DIRS": run_dirs or None})
+                              "--instance-types": instance_types, "--measured-on": measured_on,
+                              "--speed": speed or None})
         markets = list(MARKETS) if market == "both" else [market]
-        _predict_from_csv(from_csv, predict_layouts, confidence, fmt, params, markets, deadline_h, budget_usd)
+        _predict_layouts(run_dirs, from_csv, predict_layouts, confidence, fmt, out, params, markets, deadline_h,
+                         budget_usd, work)
         return
     m = measured_from_csv(from_csv, measured_on) if from_csv else measured_from_runs([Path(p) for p in run_dirs],
                                                                                        measured_on)
@@ -498,44 +498,39 @@ def _refuse_unanswered_limits(result, deadline_h: float | None, budget_usd: floa
 
 
 def _refuse_with_predict(given: dict[str, Any]) -> None:
-    """--predict answers one question (the time of named layouts); other planning flags conflict."""
+    """--predict names its layouts and their instances; flags that choose workers or types conflict."""
     bad = [k for k, v in given.items() if v is not None]
     if bad:
-        raise SpecError(f"--predict does not go with {', '.join(bad)}: it predicts the named layouts from --from-csv "
-                        "FILE alone (json, table or markdown); drop them, or drop --predict to plan")
+        raise SpecError(f"--predict does not go with {', '.join(bad)}: its layouts name their own workers and "
+                        "instance types (NODESxGPUS@INSTANCES); drop them, or drop --predict to plan worker counts")
 
 
-def _predict_from_csv(path: str, text: str, confidence: float, fmt: str, params: dict[str, Any],
-                      markets: list[str] | None = None, deadline_h: float | None = None,
-                      budget_usd: float | None = None) -> None:
-    """`launch plan --from-csv F --predict LAYOUTS`: one row per layout and market (costs.steptime),
-    priced, with the cheapest and fastest (within --deadline-h / --budget) at the band's bad end."""
-    if csv_kind(path) == "convergence":
+def _predict_layouts(run_dirs: tuple[str, ...], path: str | None, text: str, confidence: float, fmt: str,
+                     out: str | None, params: dict[str, Any], markets: list[str], deadline_h: float | None,
+                     budget_usd: float | None, work: float | None) -> None:
+    """`launch plan (RUN_DIRS | --from-csv F) --predict LAYOUTS`: the named layouts through the one planner
+    (costs.planner.plan with layouts), shown, written and recommended like every other plan."""
+    if path and csv_kind(path) == "convergence":
         raise DataError(f"{path}: a table of steps to a threshold; --predict needs a scaling table with workers, "
                         "nodes, instance_type and time_s or throughput")
-    catalog = load_catalog(params["prices_file"], params["rates"], params["region"])
+    catalog = _load_catalog(params)
     layouts = parse_fleet_layouts(text, catalog)
-    time_based = "throughput" not in read_scaling_csv(path).columns
-    m = measured_from_csv(path, None)
-    rows, notes = predict_layouts(m.measured, layouts, catalog, confidence, Path(path).name, time_based,
-                                  markets=markets or ["on-demand"])
-    if "dollars" in rows.columns and rows["dollars"].notna().any():
-        recs, more = recommend(rows[rows["dollars"].notna()].copy(), deadline_h, budget_usd, confidence)
-        notes += more + [f"{k.replace('_', ' ')}: {r['layout']} ({r['market']}): {r['hours']:.2f} h (up to "
-                         f"{r['hours_high']:.2f} h), ${r['dollars']:,.2f} (up to ${r['dollars_high']:,.2f})"
-                         for k, r in recs.items() if r]
-    for note in notes:
-        err_console.print(f"[yellow]note:[/] {note}", highlight=False)
-    if fmt == "json":
-        _print_json(to_json_records(rows))
-        return
-    nfmt = {c: ",.0f" for c in ("predicted_time_s", "time_low_s", "time_high_s")} | \
-        {c: ",.2f" for c in ("usd_per_hour", "hours", "hours_high", "dollars", "dollars_high")} | \
-        {c: ",.4g" for c in ("predicted_throughput", "throughput_low", "throughput_high")} | \
-        {c: ".0%" for c in ("compute_share", "exchange_share", "data_share", "held_out_error")}
-    show = rows[[c for c in rows.columns if c not in ("workers", "nodes", "held_out_predictions")]]
-    title = f"Predicted layouts ({confidence:.0%} intervals, step-time model)"
-    click.echo(markdown_table(show, nfmt)) if fmt == "markdown" else console.print(_rich_table(title, show, nfmt))
+    m = measured_from_csv(path, None) if path else measured_from_runs([Path(p) for p in run_dirs], None)
+    measured = m.measured
+    if not path and "instance_type" not in measured.columns:
+        measured = _with_run_types(measured, m)
+    result = plan(PlanRequest(measured, [], catalog, markets=markets, work=work, deadline_h=deadline_h,
+                              budget_usd=budget_usd, region=params["region"], confidence=confidence,
+                              layouts=layouts, source=Path(path).name if path else "the runs", **_spot_kwargs(params)))
+    _show_plan(result, fmt, out, m)
+
+
+def _with_run_types(measured: pd.DataFrame, m: Measurements) -> pd.DataFrame:
+    """Runs' measurements with the instance type they ran on (the step-time model reads it per row)."""
+    if m.measured_on is None:
+        raise DataError("--predict with run directories needs runs made on a named instance type (a cloud "
+                        "backend, or --rate TYPE=... with --instance-type); these runs name none")
+    return measured.assign(instance_type=m.measured_on)
 
 
 def _worker_grid(measured: pd.DataFrame, text: str | None) -> list[int]:
@@ -574,7 +569,8 @@ def _recommendation_line(key: str, v: dict[str, Any]) -> str:
     """One recommendation with its bounds, and what its speed rests on when it was never measured on that type."""
     speed = v.get("speed_basis")
     unmeasured = "" if speed in (None, "measured", "probe") else f"; {speed} speed, never measured on {v['instance_type']}"
-    return (f"{key.replace('_', ' ')}: {_plural(int(v['workers']), 'worker')} on {v['instances']}*{v['instance_type']} "
+    where = v["layout"] if v.get("layout") else f"{_plural(int(v['workers']), 'worker')} on {v['instances']}*{v['instance_type']}"
+    return (f"{key.replace('_', ' ')}: {where} "
             f"({v['market']}): {human_duration(v['hours'] * 3600)} (up to {human_duration(v['hours_high'] * 3600)}), "
             f"${v['dollars']:,.2f} (up to ${v['dollars_high']:,.2f}){unmeasured}")
 
@@ -615,6 +611,10 @@ _PRED_VIEW = {"label": "series", "workers": "workers", "global_batch": "batch", 
               "measured_throughput": "measured /s"}
 _PRED_FMT = {"workers": ".0f", "batch": ".0f", "predicted /s": ",.0f", "low /s": ",.0f", "high /s": ",.0f",
              "measured /s": ",.0f"}
+_LAYOUT_VIEW = {"layout": "layout", "model": "model", "predicted_time_s": "time", "time_low_s": "low",
+                "time_high_s": "high", "compute_share": "compute", "exchange_share": "exchange"}
+_LAYOUT_FMT: dict[str, Any] = {"time": lambda s: human_duration(s), "low": lambda s: human_duration(s),
+                               "high": lambda s: human_duration(s), "compute": ".0%", "exchange": ".0%"}
 _BATCH_VIEW = {"label": "series", "global_batch": "batch", "predicted_steps_to_threshold": "steps",
                "steps_low": "steps low", "steps_high": "steps high", "predicted_samples_to_threshold": "samples",
                "basis": "basis", "b_noise": "B_noise", "noise_scale": "noise scale"}
@@ -643,7 +643,10 @@ def _view(rows: pd.DataFrame, names: dict[str, str], always: tuple[str, ...]) ->
 
 def _candidate_rows(result) -> pd.DataFrame:
     c = result.candidates.sort_values("hours").copy()
-    c["instances"] = [f"{int(n)}*{t}" for n, t in zip(c["instances"], c["instance_type"])]
+    if "layout" in c.columns:  # named layouts: the layout names its instances
+        c["instances"] = c["layout"]
+    else:
+        c["instances"] = [f"{int(n)}*{t}" for n, t in zip(c["instances"], c["instance_type"])]
     fits = c["fits_memory"] if "fits_memory" in c.columns else [None] * len(c)
     c["pick"] = [_pick_word(r, p, f) for r, p, f in zip(c["recommendation"], c["pareto"], fits)]
     return c
@@ -667,7 +670,12 @@ _PICK_LEGEND = ("pick: cheapest / fastest / both = the recommendations above; fr
 def _plan_tables(result) -> list[tuple[str, pd.DataFrame, dict[str, Any]]]:
     """(title, rows, number formats) of every table the plan has, in the order shown."""
     tables = []
-    if len(result.predictions):
+    if len(result.predictions) and "layout" in result.predictions.columns and \
+            "predicted_time_s" in result.predictions.columns:
+        rows, said = _view(result.predictions, _LAYOUT_VIEW, ("layout",))
+        tables.append((f"Predicted time of each layout ({result.confidence:.0%} band; the step-time model, its "
+                       "share of compute and exchange)" + (f": {said}" if said else ""), rows, _LAYOUT_FMT))
+    elif len(result.predictions):
         small = result.predictions["predicted_throughput"].max() < 100  # e.g. runs per second of a time_s table
         rows, said = _view(result.predictions, _PRED_VIEW, ("workers",))
         title = "Predicted throughput per second (words/s from runs; a table's own unit)"

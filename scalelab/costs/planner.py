@@ -45,7 +45,7 @@ import pandas as pd
 
 from scalelab.analysis.report import to_json_records
 from scalelab.core.errors import DataError
-from scalelab.costs.billing import Mix, cost_at_rate
+from scalelab.costs.billing import Mix, cost_at_rate, run_cost
 from scalelab.costs.calibration import DEFAULT_CONFIDENCE, next_count
 from scalelab.costs.catalog import Catalog, CatalogError, InstanceType
 from scalelab.costs.convergence import ConvergenceFit, fit_convergence
@@ -53,6 +53,7 @@ from scalelab.costs.fitting import LinkModel, pareto_front
 from scalelab.costs.memory import HEADROOM, MemoryModel, overflows
 from scalelab.costs.model import FittedSeries
 from scalelab.costs.speed import Speed, resolve_speed
+from scalelab.costs.steptime import Layout, predict_layouts
 
 __all__ = ["Overheads", "PlanRequest", "Plan", "Candidate", "plan", "predict", "predict_convergence", "next_measurement",
            "resolve_candidate", "price", "recommend"]
@@ -112,6 +113,8 @@ class PlanRequest:
     probe_speed: dict[str, float] | None = None
     precision: str = "fp32"
     memory: dict[str, MemoryModel] = field(default_factory=dict)  # label -> what it trains: GPU memory fit
+    layouts: Sequence[Layout] = ()  # named layouts on named instances (NODESxGPUS@INSTANCES, mixed fleets)
+    source: str = "the table"  # where `measured` came from, for the layout path's messages
 
     def base_instance(self) -> InstanceType | None:
         """The instance type the measurements were made on, when it is named and a catalog given."""
@@ -165,7 +168,10 @@ class Plan:
 
 
 def plan(request: PlanRequest) -> Plan:
-    """Fit and predict, choose the next measurement, price, recommend: the four steps in order."""
+    """Fit and predict, choose the next measurement, price, recommend: the four steps in order. Named
+    layouts (`request.layouts`) are predicted by the step-time model and priced and recommended the same way."""
+    if request.layouts:
+        return _plan_layouts(request)
     convergence, batches, notes = predict_convergence(request)
     fits, predictions = predict(request, notes)
     if not fits and len(request.measured) and not len(batches):
@@ -178,6 +184,61 @@ def plan(request: PlanRequest) -> Plan:
         _mark_next(candidates, nxt)
     return Plan(fits, predictions, candidates, recommendations, nxt, notes + more + last, convergence, batches,
                 request.confidence)
+
+
+def _plan_layouts(request: PlanRequest) -> Plan:
+    """The plan of named layouts (`launch plan --predict`): each layout's throughput and band from the
+    step-time model (scalelab/costs/steptime.py, fitted once), its time for the table's work (or `work`),
+    priced by the one dollar rule on the instances it names, and recommended as every candidate is."""
+    if request.catalog is None:
+        raise CatalogError("predicting layouts on instance types needs a price catalog")
+    rows, notes = predict_layouts(request.measured, request.layouts, request.catalog, request.confidence,
+                                  request.source, time_based="time_s" in request.measured.columns)
+    rows = rows.assign(label=request.source)
+    if request.work is not None:  # the work given, over the predicted throughput and its band
+        rows = rows.assign(predicted_time_s=request.work / rows["predicted_throughput"],
+                           time_low_s=request.work / rows["throughput_high"],
+                           time_high_s=request.work / rows["throughput_low"])
+    if "predicted_time_s" not in rows.columns:
+        notes.append("the table gives throughput, not the time of a fixed job: give --work (the job's work in the "
+                     "table's unit) to price the layouts")
+        return Plan({}, rows, pd.DataFrame(), {}, None, notes, {}, pd.DataFrame(), request.confidence)
+    candidates = pd.DataFrame([row for layout, (_, r) in zip(request.layouts, rows.iterrows())
+                               for row in _layout_markets(request, layout, r, notes)])
+    recommendations, more = recommend(candidates, request.deadline_h, request.budget_usd, request.confidence) \
+        if len(candidates) else ({}, [])
+    return Plan({}, rows, candidates, recommendations, None, notes + more, {}, pd.DataFrame(), request.confidence)
+
+
+def _layout_markets(request: PlanRequest, layout: Layout, r: pd.Series, notes: list[str]) -> list[dict[str, Any]]:
+    """One candidate row per market of one named layout, dollars by the one rule (costs.billing.run_cost)."""
+    mix = Mix.parse(layout.instances, request.catalog, nodes=layout.nodes)
+    out = []
+    for market in request.markets:
+        try:
+            cost = {k: run_cost(float(r[col]), mix, request.catalog, market, request.region, str(r["label"]),
+                                **request.spot_terms())
+                    for k, col in (("point", "predicted_time_s"), ("low", "time_low_s"), ("high", "time_high_s"))}
+        except CatalogError as exc:
+            line = f"{layout.text}: not priced {market}: {exc}"
+            notes.extend([line] if line not in notes else [])
+            continue
+        for t in dict.fromkeys(layout.node_types):
+            found = request.catalog.price(t, market, request.region)
+            line = (f"price of {t} ({market}): ${found.usd_per_hour:g}/h, {found.source}"
+                    + (f", observed {found.observed}" if found.observed else ""))
+            notes.extend([line] if line not in notes else [])
+        shares = {k: r[k] for k in ("compute_share", "exchange_share", "data_share") if k in r and pd.notna(r[k])}
+        out.append({"label": r["label"], "layout": layout.text, "workers": layout.workers, "nodes": layout.nodes,
+                    "instances": mix.count(), "instance_type": str(mix), "balance": layout.balance, "market": market,
+                    "predicted_time_s": float(r["predicted_time_s"]), "time_low_s": float(r["time_low_s"]),
+                    "time_high_s": float(r["time_high_s"]), "model": r["model"], "basis": "model",
+                    "held_out_error": r.get("held_out_error"), "speed_basis": r.get("speed_basis"), **shares,
+                    "hours": cost["point"].hours, "hours_low": cost["low"].hours, "hours_high": cost["high"].hours,
+                    "usd_per_hour": cost["point"].usd_per_hour, "dollars": cost["point"].dollars,
+                    "dollars_high": cost["high"].dollars,
+                    "expected_interruptions": cost["point"].expected_interruptions})
+    return out
 
 
 # ---- 1. fit and predict -------------------------------------------------------------------------

@@ -63,7 +63,7 @@ import pandas as pd
 from scalelab.core.errors import DataError
 from scalelab.core.spec import BALANCE_MODES
 from scalelab.costs.billing import Mix
-from scalelab.costs.calibration import band_spread, calibrate, conformal_quantile, k_class
+from scalelab.costs.calibration import band_class, band_spread, calibrate, conformal_quantile, k_class
 from scalelab.costs.catalog import Catalog, CatalogError
 from scalelab.costs.fitting import FitResult, LinkModel, fit_series, nnls
 
@@ -253,6 +253,37 @@ class StepModel:
     def parts(self, layout: Layout, b: float) -> dict[str, float]:
         return {"compute": self.compute_s(layout, b), "exchange": self.exchange_s(layout),
                 "data": self.known.data_s_per_sample * b}
+
+
+@dataclass
+class ScaledStepModel(StepModel):
+    """steptime with the exposed exchange scaled by the slowest worker's compute over the compute of the
+    GPU type whose layouts measured it. On layouts of that type it is steptime exactly, so no table of
+    one type can tell them apart; on a mixed fleet or another type it says what happens if the exchange
+    is paced by the slow worker (its host, PCIe and network) rather than fixed. A committee member for
+    the band (`predict_layouts`), never the point."""
+
+    ref: str = ""
+
+    def exchange_s(self, layout: Layout) -> float:
+        return super().exchange_s(layout) * self._scale
+
+    def step_s(self, layout: Layout, b: float) -> float:
+        base = self.compute_s(layout, b)
+        c0, c1 = self.compute.get(self.ref, (0.0, 0.0))
+        scale = base / (c0 + c1 * b) if self.ref in self.compute and c0 + c1 * b > 0 else 1.0
+        return base + super().exchange_s(layout) * scale + self.known.data_s_per_sample * b
+
+    _scale = 1.0
+
+
+def fit_scaled_model(rows: pd.DataFrame, catalog: Catalog, known: Known | None = None) -> ScaledStepModel:
+    """`ScaledStepModel` on prepared `rows`: steptime's fit, referred to the type of its multi-GPU rows."""
+    base = fit_step_model(rows, catalog, "steptime", known)
+    multi = rows[(rows["workers"] > 1) & rows["layout"].map(lambda lay: _one_known_type(base, lay))]
+    keys = multi["layout"].map(lambda lay: gpu_key(lay.node_types[0], catalog))
+    return ScaledStepModel("steptime-scaled", catalog, base.compute, base.links, base.seen, base.known,
+                           ref=str(keys.mode().iloc[0]) if len(keys) else "")
 
 
 def fit_step_model(rows: pd.DataFrame, catalog: Catalog, name: str = "steptime",
@@ -472,11 +503,10 @@ def _point(model: LayoutModel, layout: Layout, b: float, glob: float) -> tuple[f
 
 def predict_layouts(measured: pd.DataFrame, layouts: Sequence[Layout], catalog: Catalog, confidence: float,
                     source: str = "the table", time_based: bool = True,
-                    known: Known | None = None,
-                    markets: Sequence[str] = ("on-demand",)) -> tuple[pd.DataFrame, list[str]]:
-    """(one row per layout and market, notes): the predicted time (`time_based`: the table gave
-    time_s) or throughput, with its conformal band from the chosen model's held-out errors (module
-    doc), and for time the dollars in each of `markets` where the catalog prices every instance."""
+                    known: Known | None = None) -> tuple[pd.DataFrame, list[str]]:
+    """(one row per layout, notes): the predicted throughput and, when the table gave time_s
+    (`time_based`), the time of its job, each with its band (module doc). Pricing and recommending are
+    the planner's (scalelab/costs/planner.py: `plan` with `layouts`), as for every other candidate."""
     rows = prepare(measured, catalog, source)
     types = _measured_types(rows)
     for layout in layouts:
@@ -493,50 +523,45 @@ def predict_layouts(measured: pd.DataFrame, layouts: Sequence[Layout], catalog: 
         corpus = corpus_band(rows, confidence, errs)
         notes.append(f"{len(errs)} held-out prediction(s) are too few for a {confidence:.0%} band (it needs "
                      f"{math.ceil(confidence / (1 - confidence) - 1e-9)}): the band is the one calibrated on the "
-                     "published scaling tables for as many measured GPU counts (scalelab/costs/calibration.py), "
-                     "widened to the largest error the model made on this table's own held-out rows")
-    out = [_layout_row(model, chosen, layout, rows, measured, q, time_based, errs, corpus) for layout in layouts]
-    priced = [_priced(pd.DataFrame(out), layouts, catalog, notes, m) for m in markets]
-    return pd.concat(priced, ignore_index=True), notes
+                     "published scaling tables for as many measured GPU counts (scalelab/costs/calibration.py; the class "
+                     "of predictions that cross onto new nodes for layouts beyond the measured ones), widened to the "
+                     "largest error the model made on this table's own held-out rows and to every other step-time "
+                     "model's answer")
+    others: dict[str, LayoutModel] = {name: fit_layout_model(rows, catalog, name, known)
+                                      for name in STEP_MODELS if name != chosen}
+    others["steptime-scaled"] = fit_scaled_model(rows, catalog, known)
+    out = [_layout_row(model, chosen, layout, rows, measured, q, time_based, errs, corpus, confidence, others)
+           for layout in layouts]
+    return pd.DataFrame(out), notes
 
 
-def corpus_band(rows: pd.DataFrame, confidence: float,
-                 errs: Sequence[float]) -> tuple[pd.DataFrame, float, float, float]:
+def corpus_band(rows: pd.DataFrame, confidence: float, errs: Sequence[float],
+                layout: Layout | None = None) -> tuple[pd.DataFrame, float, float, float]:
     """(the table's rows as worker-count measurements, low and high log quantiles, the largest
     |log error| of its own held-out rows): the band of the published tables for a table with too
-    few rows to calibrate its own, never narrower than the misses the model already made on it."""
+    few rows to calibrate its own, never narrower than the misses the model already made on it. A
+    layout that puts a type on more nodes than it was measured on, or mixes types never measured
+    together, takes the band of predictions that cross onto new nodes (`new_ground`)."""
     fitted = rows[["workers", "throughput"]].astype(float)
-    cal = calibrate(confidence)[k_class(fitted["workers"].nunique())]
+    k = fitted["workers"].nunique()
+    cal = calibrate(confidence)[band_class(k, layout is not None and new_ground(layout, rows))]
     worst = max((-math.log(1 - min(e, 0.99)) for e in errs), default=0.0)  # |e| relative: the wider side
     return fitted, min(cal.lo, 0.0), max(cal.hi, 0.0), worst
 
 
-def _priced(out: pd.DataFrame, layouts: Sequence[Layout], catalog: Catalog, notes: list[str],
-            market: str = "on-demand") -> pd.DataFrame:
-    """Add the `market` price of each layout's instances, its hours and the dollars of its predicted
-    time and of its band's slow end, when the catalog prices every instance (a note names each
-    price's source and date, another the layouts it cannot price)."""
-    if "predicted_time_s" not in out.columns:
-        return out
-    usd = []
-    for layout in layouts:
-        try:
-            prices = [catalog.price(t, market) for t in layout.node_types]
-        except CatalogError as exc:
-            notes.append(f"{layout.text}: not priced {market}: {exc}")
-            usd.append(math.nan)
-            continue
-        usd.append(sum(p.usd_per_hour for p in prices))
-        for t, p in dict(zip(layout.node_types, prices)).items():
-            line = (f"price of {t} ({market}): ${p.usd_per_hour:g}/h, {p.source}"
-                    + (f", observed {p.observed}" if p.observed else ""))
-            notes.extend([line] if line not in notes else [])
-    if market == "spot":
-        notes.append("spot: priced at the spot rate without interruptions (the worker-count plan, without "
-                     "--predict, prices their restarts)")
-    hours, hours_high = out["predicted_time_s"].clip(lower=60) / 3600, out["time_high_s"].clip(lower=60) / 3600
-    return out.assign(market=market, usd_per_hour=usd, hours=hours, hours_high=hours_high, dollars=hours * usd,
-                      dollars_high=hours_high * usd)  # per-second billing, 60 s minimum
+def new_ground(layout: Layout, rows: pd.DataFrame) -> bool:
+    """Whether a layout goes where the measurements did not: a type on more nodes than any of its
+    measured layouts, or a mix of types no measured layout held."""
+    nodes: dict[str, int] = {}
+    mixes = set()
+    for lay in rows["layout"]:
+        mixes.add(frozenset(lay.node_types))
+        for t in set(lay.node_types):
+            nodes[t] = max(nodes.get(t, 0), lay.node_types.count(t))
+    types = set(layout.node_types)
+    if len(types) > 1 and frozenset(layout.node_types) not in mixes:
+        return True
+    return any(layout.node_types.count(t) > nodes.get(t, 0) for t in types)
 
 
 def layout_bounds(layout: Layout, rows: pd.DataFrame) -> tuple[float, float]:
@@ -563,28 +588,33 @@ def layout_bounds(layout: Layout, rows: pd.DataFrame) -> tuple[float, float]:
 
 def _layout_row(model: LayoutModel, chosen: str, layout: Layout, rows: pd.DataFrame, measured: pd.DataFrame, q: float,
                 time_based: bool, errs: list[float],
-                corpus: tuple[pd.DataFrame, float, float, float] | None = None) -> dict[str, Any]:
-    """One output row: point, band, parts and where the speed came from."""
+                corpus: tuple[pd.DataFrame, float, float, float] | None = None, confidence: float = 0.9,
+                others: Mapping[str, LayoutModel] | None = None) -> dict[str, Any]:
+    """One output row: point, band, parts and where the speed came from. The band holds every other
+    step-time model's answer too (they fit the measurements alike: which one is right is not known)."""
     if model.why_not(layout):
         raise DataError(f"--predict {layout.text}: {model.why_not(layout)}; add such a measurement to the table")
     b, glob = _batch_of(rows, measured, layout.workers)
     thr, parts = _point(model, layout, b, glob)
     if corpus is not None:
-        fitted, lo, hi, worst = corpus
+        fitted, lo, hi, worst = corpus_band(rows, confidence, errs, layout)
         spread = float(band_spread(fitted, [layout.workers])[0])
         low, high = thr * math.exp(min(lo * spread, -worst)), thr * math.exp(max(hi * spread, worst))
     else:
         low, high = thr / (1 + q), thr / (1 - q)
-    floor, ceiling = layout_bounds(layout, rows)  # physics: never past linear, never below the fewest GPUs
-    thr, low, high = (min(max(v, floor), ceiling) for v in (thr, low, high))
+    for other in (others or {}).values():
+        if other.why_not(layout) is None:
+            alt, _ = _point(other, layout, b, glob)
+            low, high = (min(low, alt), max(high, alt)) if math.isfinite(alt) else (low, high)
+    _, ceiling = layout_bounds(layout, rows)  # physics: never past linear scaling (a measured drop is possible)
+    thr, low, high = (min(v, ceiling) for v in (thr, low, high))
     row: dict[str, Any] = {"layout": layout.text, "instances": layout.instances, "workers": layout.workers,
                            "nodes": layout.nodes, "balance": layout.balance}
+    row |= {"predicted_throughput": thr, "throughput_low": low, "throughput_high": high}
     if time_based:
         per = _per_of(measured, layout.workers)
         row |= {"predicted_time_s": per / thr, "time_low_s": per / high,
                 "time_high_s": per / low if low > 0 else math.inf}
-    else:
-        row |= {"predicted_throughput": thr, "throughput_low": low, "throughput_high": high}
     total = sum(parts.values())
     row |= {f"{k}_share": v / total for k, v in parts.items()} if total > 0 else {}
     return row | {"model": chosen, "held_out_error": float(np.mean(errs)) if errs else None,
