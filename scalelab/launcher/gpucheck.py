@@ -128,15 +128,15 @@ def _stop_session(proc: subprocess.Popen) -> None:
 
 
 def run_steps(steps: list[Step], total_s: float, progress: Callable[[str], None] = lambda _: None,
-              clock: Callable[[], float] = time.monotonic) -> list[StepResult]:
+              clock: Callable[[], float] = time.monotonic, min_step_s: float = MIN_STEP_S) -> list[StepResult]:
     """Every step in turn, each within min(its budget, what is left of `total_s`); one step's failure,
-    crash or overrun is its own result and the next step still runs. Steps with under MIN_STEP_S left
+    crash or overrun is its own result and the next step still runs. Steps with under `min_step_s` left
     are recorded as skipped."""
     deadline = clock() + total_s
     results = []
     for step in steps:
         left = deadline - clock()
-        if left < MIN_STEP_S:
+        if left < min_step_s:
             results.append(StepResult(step.name, step.what, SKIPPED, 0.0, step.budget_s, command=step.argv,
                                       error=f"not started: {max(left, 0):.0f} s of the check's {total_s:.0f} s were left"))
         else:
