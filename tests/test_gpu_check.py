@@ -74,6 +74,7 @@ def test_the_steps_cover_the_issue(tmp_path):
         (b, loss) for b in ("360", "720", "1440") for loss in ("auto", "full")}
     assert "," not in steps["refusal"].env["CUDA_VISIBLE_DEVICES"]  # one GPU visible: two ranks must be refused
     assert "--gpus-per-node 2" in " ".join(steps["refusal"].argv)
+    assert steps["tests"].cwd == ROOT and all((ROOT / f).exists() for f in gpucheck.GPU_TEST_FILES)
     assert "--engine ddp --gpus-per-node 1" in " ".join(steps["ddp-nccl"].argv)
     assert sum(s.budget_s for s in steps.values()) > gpucheck.TOTAL_S  # the deadline, not the sum, bounds the check
 
@@ -197,6 +198,12 @@ def test_an_out_of_memory_run_is_a_result_and_another_failure_is_not(tmp_path):
            "per rank in bf16; it asked for 26.82 GiB more with 16.50 GiB free of 79.2 GiB; fixes: ...")
     f = read_run(tmp_path, 1440, "full")(Outcome(2, "", oom, 30.0))
     assert f["status"] == OOM and "26.82 GiB" in f["error"] and f["predicted_peak_gib"] > 80
+    records = tmp_path / "runs" / "nmt-seed-single-1x1-x" / "records"
+    records.mkdir(parents=True)
+    (records / "rank-0.jsonl").write_text(json.dumps({"kind": "start"}) + "\n" + json.dumps(
+        {"kind": "error", "message": "out of memory on cuda:0 at step 1 with a batch of 1440 per rank in bf16"}) + "\n")
+    f = read_run(tmp_path / "runs", 1440, "auto")(Outcome(1, "", "run failed", 30.0))  # only the rank's record says it
+    assert f["status"] == OOM and "batch of 1440" in f["error"] and f["predicted_for"] == "auto"
     with pytest.raises(StepFailed, match="exit 2: rank 0: NCCL error"):
         read_run(tmp_path, 1440, "full")(Outcome(2, "", "launch: error: rank 0: NCCL error", 30.0))
 

@@ -34,6 +34,7 @@ from scalelab.core.checks import OutputDir
 from scalelab.core.errors import ScalelabError, SpecError
 from scalelab.core.writes import writing
 
+ROOT = Path(__file__).resolve().parents[2]  # the working tree: the tests step runs there
 TOTAL_S = 450  # the check's deadline: 8 minutes with room for starting Python and writing the summary
 MIN_STEP_S = 10  # a step is not started with less left than this
 SEED_BATCHES = (360, 720, 1440)
@@ -48,6 +49,7 @@ GPU_TEST_FILES = ("tests/test_device_fit.py", "tests/test_precision.py", "tests/
 REFERENCE_H100 = {"matmul_tflops": {"fp32": 51, "tf32": 409, "bf16": 791, "fp16": 761},
                   "seed_bf16_words_per_s": {"360 full": 468_146, "720 full": 602_000, "360 compiled": 724_000,
                                             "720 compiled": 906_000}}
+RUN_DEVICE = "cuda"  # where the runs must have run (a CPU rehearsal of the check's reading sets "cpu")
 OK, FAILED, TIMEOUT, OOM, SKIPPED = "ok", "failed", "timeout", "oom", "skipped"
 
 
@@ -78,6 +80,7 @@ class Step:
     argv: list[str]
     read: Callable[[Outcome], dict]
     env: dict[str, str] = field(default_factory=dict)
+    cwd: Path | None = None
 
 
 @dataclass
@@ -150,7 +153,7 @@ def run_step(step: Step, budget_s: float) -> StepResult:
     """One step: its command within `budget_s`, then its figures read; nothing it raises escapes."""
     result = StepResult(step.name, step.what, FAILED, 0.0, budget_s, command=step.argv)
     try:
-        outcome = run_command(step.argv, budget_s, step.env)
+        outcome = run_command(step.argv, budget_s, step.env, step.cwd)
     except Exception as exc:  # the command could not start: the step's failure, not the check's
         result.error = f"could not run {step.argv[0]}: {exc}"
         return result
@@ -242,10 +245,11 @@ def read_run(runs: Path, batch: int | None = None, loss: str | None = None) -> C
     also `launch memory`'s prediction beside the measured peak, and an out-of-memory failure as a result."""
     def read(outcome: Outcome) -> dict:
         if outcome.returncode != 0:
-            message = launch_error(outcome) or _last_lines(outcome)
-            if "out of memory" in message.lower() and batch is not None:
-                return {"status": OOM, "error": message, **memory_figures(batch, loss or "auto", None, None)}
-            raise StepFailed(f"exit {outcome.returncode}: {message}")
+            messages = [m for m in (launch_error(outcome), *rank_errors(runs)) if m] or [_last_lines(outcome)]
+            oom = next((m for m in messages if "out of memory" in m.lower()), None)
+            if oom and batch is not None:
+                return {"status": OOM, "error": oom, **memory_figures(batch, loss or "auto", None, None)}
+            raise StepFailed(f"exit {outcome.returncode}: {messages[0]}")
         run_dir = next(p for p in runs.iterdir() if p.is_dir())
         summary = json.loads((run_dir / "summary.json").read_text())
         start = next(json.loads(line) for line in (run_dir / "records" / "rank-0.jsonl").open()
@@ -255,13 +259,27 @@ def read_run(runs: Path, batch: int | None = None, loss: str | None = None) -> C
                    "step_s_median": summary.get("step_s_median"), "steps_measured": summary.get("steps_measured"),
                    "peak_mem_bytes": summary.get("peak_mem_bytes"), "mem_kind": summary.get("mem_kind"),
                    "torch_version": start.get("torch_version")}
-        if not str(figures["device"]).startswith("cuda"):
+        if not str(figures["device"]).startswith(RUN_DEVICE):
             raise StepFailed(f"the run ran on {figures['device']}, not on the GPU")
         if batch is not None:
             figures.update(memory_figures(batch, figures["output_loss"] or loss, figures["peak_mem_bytes"],
                                           figures["words_per_s"]))
         return figures
     return read
+
+
+def rank_errors(runs: Path) -> list[str]:
+    """The messages of the `error` records the ranks of the runs under `runs` wrote (an OOM is one)."""
+    out = []
+    for path in sorted(runs.glob("*/records/rank-*.jsonl")) if runs.exists() else []:
+        for line in path.read_text(errors="replace").splitlines():
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(rec, dict) and rec.get("kind") == "error":
+                out.append(_one_line(str(rec.get("message", ""))))
+    return out
 
 
 def read_ddp(runs: Path) -> Callable[[Outcome], dict]:
@@ -347,13 +365,14 @@ def build_steps(work: Path, python: str = sys.executable) -> list[Step]:
             runs = work / f"seed-{batch}-{loss}"
             steps.append(Step(
                 f"seed-{batch}-{loss}", f"nmt-seed single fused bf16, batch {batch}, --output-loss {loss}",
-                90 if loss == "auto" else 60,
+                120 if loss == "auto" else 60,
                 [*launch, "--model", "nmt-seed", "--engine", "single", "--gpus-per-node", "1", "--rnn", "fused",
                  "--precision", "bf16", "--output-loss", loss, "--global-batch", str(batch), "--data", "synthetic",
                  "--steps", "8", "--warmup-steps", "3", "--device", "cuda", "--runs-dir", str(runs)],
                 read_run(runs, batch, loss)))
     steps.append(Step("tests", "the GPU-marked tests (pytest -m gpu)", 120,
-                      [python, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", *GPU_TEST_FILES], read_tests))
+                      [python, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", *GPU_TEST_FILES], read_tests,
+                      cwd=ROOT))
     steps.append(Step("bench", "`launch bench --only compute --quick` on the GPU", 180,
                       [*launch, "bench", "--only", "compute", "--quick", "--out", str(work / "bench")],
                       read_bench(work / "bench")))
