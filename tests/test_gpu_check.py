@@ -218,6 +218,21 @@ def test_the_tests_step_counts_and_names_failures():
         read_tests(Outcome(5, "no tests ran", "", 1.0))
 
 
+def test_the_bench_and_ddp_steps_are_read_from_what_they_wrote(tmp_path):
+    (tmp_path / "bench").mkdir()
+    rows = [{"preset": "nmt-small", "rnn": "fused", "precision": p, "batch": 64, "step_s": 0.01, "words_per_s": 6.4e5,
+             "flops_per_s": 5e13, "efficiency_own": 0.1, "matmul_flops_per_s": 7.9e14} for p in ("fp32", "bf16")]
+    (tmp_path / "bench" / "bench.json").write_text(json.dumps({"machine": {}, "compute": rows}))
+    f = gpucheck.read_bench(tmp_path / "bench")(Outcome(0, "", "", 60.0))
+    assert [r["precision"] for r in f["compute"]] == ["fp32", "bf16"] and f["compute"][0]["efficiency_own"] == 0.1
+    with pytest.raises(StepFailed, match="exit 2: unknown bench part"):
+        gpucheck.read_bench(tmp_path / "bench")(Outcome(2, "", "launch: error: unknown bench part(s) x", 1.0))
+    _fake_run(tmp_path / "ddp", "cuda:0", "compiled", 2e9, 3e5)
+    (tmp_path / "ddp" / "nmt-seed-single-1x1-x" / "logs").mkdir()
+    (tmp_path / "ddp" / "nmt-seed-single-1x1-x" / "logs" / "node-0.log").write_text("x:1:1 [0] NCCL INFO NCCL version 2.28.9+cuda13.0\n")
+    assert gpucheck.read_ddp(tmp_path / "ddp")(Outcome(0, "", "", 30.0))["nccl_version_seen"] == "2.28.9+cuda13.0"
+
+
 # ---- the summary ----------------------------------------------------------------------------------
 
 

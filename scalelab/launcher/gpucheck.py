@@ -427,7 +427,7 @@ def _table(headers: list[str], rows: list[list[str]]) -> list[str]:
 
 def _device_line(device: dict) -> str:
     if not device.get("devices"):
-        return "Device: unknown (the device step did not finish)."
+        return "Device: not recorded (the device step did not run, or did not run to a result)."
     gpus = "; ".join(f"{d['name']} ({d['total_memory_bytes'] / 2**30:.1f} GiB, capability {d['capability']}, "
                      f"{d['multiprocessors']} SMs)" for d in device["devices"])
     smi = (device.get("nvidia_smi") or {}).get("gpus") or [{}]
@@ -495,9 +495,10 @@ def _other_lines(by_name: dict) -> list[str]:
         lines.append(f"- refusal ({r['status']}): " + _cell(r["figures"].get("message") or r["error"]))
     if d:
         f = d["figures"]
+        nccl = (f"NCCL {f['nccl_version_seen']} seen in the rank's log" if f.get("nccl_version_seen")
+                else f.get("note", "NCCL not seen"))
         lines.append(f"- ddp-nccl ({d['status']}): " + (f"{_cell(f.get('words_per_s'), ',.0f')} words/s on "
-                     f"{f.get('device')}, NCCL {_cell(f.get('nccl_version_seen'))} seen in the rank's log"
-                     if d["status"] == OK else _cell(d["error"])))
+                     f"{f.get('device')}, {nccl}" if d["status"] == OK else _cell(d["error"])))
     if t:
         f = t["figures"]
         lines.append(f"- tests ({t['status']}): " + (", ".join(f"{n} {k}" for k, n in f.get("counts", {}).items()) or "—")
