@@ -209,7 +209,7 @@ def test_an_out_of_memory_run_is_a_result_and_another_failure_is_not(tmp_path):
 
 
 def test_the_tests_step_counts_and_names_failures():
-    out = "FAILED tests/test_precision.py::test_x - AssertionError\n1 failed, 7 passed, 2 skipped, 40 deselected in 9s\n"
+    out = "E  assert 3 passed == 4\nFAILED tests/test_precision.py::test_x - AssertionError\n1 failed, 7 passed, 2 skipped, 40 deselected in 9s\n"
     f = read_tests(Outcome(1, out, "", 9.0))
     assert f["status"] == FAILED and f["failed"] == ["tests/test_precision.py::test_x"]
     assert f["counts"] == {"failed": 1, "passed": 7, "skipped": 2, "deselected": 40}
