@@ -280,6 +280,7 @@ def test_the_markdown_shows_device_rates_runs_targets_and_failures(tmp_path):
     assert "| tf32 | 400.0 | 410.0 | 409 |" in md
     seed_rows = [line for line in md.splitlines() if line.startswith(("| 360 ", "| 1440 "))]
     assert len(seed_rows) == 2 and "| 1,050,000 |" in seed_rows[0] and "| oom |" in seed_rows[1]
+    assert "| 7.15 | yes |" in seed_rows[0] and "| 90.77 | no |" in seed_rows[1]  # 90 % of this GPU's 79.2 GiB
     assert all(row.count(" | ") == seed_rows[0].count(" | ") for row in seed_rows)
     assert "Target words/s >= 1,000,000 at batch 360 (`--output-loss auto`): met (1,050,000)." in md
     assert "**seed-1440-full** (oom): rank 0: out of memory on cuda:0 at step 1 \\| asked for 26.82 GiB" in md

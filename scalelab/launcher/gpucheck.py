@@ -155,6 +155,7 @@ def run_steps(steps: list[Step], total_s: float, progress: Callable[[str], None]
             results.append(StepResult(step.name, step.what, SKIPPED, 0.0, step.budget_s, command=step.argv,
                                       error=f"not started: {max(left, 0):.0f} s of the check's {total_s:.0f} s were left"))
         else:
+            progress(f"{step.name}: {step.what} (budget {min(step.budget_s, left):.0f} s)")
             results.append(run_step(step, min(step.budget_s, left)))
         r = results[-1]
         progress(f"{r.name}: {r.status} ({r.seconds:.0f} s)" + (f": {r.error}" if r.error else ""))
@@ -463,7 +464,7 @@ def markdown(summary: dict) -> str:
                     [[s["name"], _cell(s["what"]), s["status"].upper() if s["status"] != OK else "ok",
                       _cell(s["seconds"], ".0f"), _cell(s["budget_s"], ".0f")] for s in steps])
     lines += _matmul_lines(by_name.get("matmul"))
-    lines += _seed_lines([s for s in steps if s["name"].startswith("seed-")], summary["targets"])
+    lines += _seed_lines([s for s in steps if s["name"].startswith("seed-")], summary["targets"], summary["device"])
     lines += _other_lines(by_name)
     failures = [s for s in steps if s["status"] not in (OK,) and s["error"]]
     if failures:
@@ -482,20 +483,27 @@ def _matmul_lines(step: dict | None) -> list[str]:
         [[p, _cell(v, ".1f"), _cell(f["best_tflops"].get(p), ".1f"), _cell(ref.get(p))] for p, v in f["tflops"].items()])
 
 
-def _seed_lines(seed: list[dict], targets: dict) -> list[str]:
+def _seed_lines(seed: list[dict], targets: dict, device: dict) -> list[str]:
+    """The nmt-seed table; "predicted to fit" is `launch memory`'s test (HEADROOM of this GPU's memory)."""
+    from scalelab.costs.memory import HEADROOM
+
     if not seed:
         return []
+    gpus = device.get("devices") or []
+    usable = HEADROOM * gpus[0]["total_memory_bytes"] / 2**30 if gpus else None
     rows = []
     for s in seed:
         f = s["figures"]
         batch, loss = s["name"].split("-")[1:3]
+        fits = f["predicted_peak_gib"] <= usable if usable and f.get("predicted_peak_gib") else None
         rows.append([batch, loss, _cell(f.get("output_loss")), s["status"], _cell(f.get("words_per_s"), ",.0f"),
-                     _cell(f.get("peak_gib"), ".2f"), _cell(f.get("predicted_peak_gib"), ".2f"),
+                     _cell(f.get("peak_gib"), ".2f"), _cell(f.get("predicted_peak_gib"), ".2f"), _cell(fits),
                      _cell(f.get("peak_vs_predicted"), ".2f"), _cell(f.get("within_tolerance"))])
     w, m = targets["words_per_s"], targets["memory"]
     met = {True: "met", False: "NOT met", None: "not measured"}[w["met"]]
     return ["## nmt-seed, single engine, fused LSTM, bf16", ""] + _table(
-        ["batch", "--output-loss", "ran as", "status", "words/s", "peak GiB", "predicted GiB", "peak / predicted",
+        ["batch", "--output-loss", "ran as", "status", "words/s", "peak GiB", "predicted GiB", "predicted to fit",
+         "peak / predicted",
          f"within {m['tolerance']:.0%}"], rows) + [
         f"Target words/s >= {w['target']:,} at batch {w['batch']} (`--output-loss auto`): {met}"
         + (f" ({w['measured']:,.0f})." if w["measured"] else "."),
