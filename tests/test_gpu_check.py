@@ -296,6 +296,28 @@ def test_a_check_where_every_step_gave_a_result_passes_an_oom_included():
     assert "(`--output-loss auto`): NOT met (1,050,000)." in markdown(summarize(results, 450, 0.0, 100.0))
 
 
+def test_the_command_writes_three_files_into_out_and_fails_when_a_step_did(tmp_path, monkeypatch):
+    """The command's wiring with the GPU faked away: selection, $OUT, the files, the exit status."""
+    from click.testing import CliRunner
+
+    facts = {"cuda_available": True, "devices": []}
+    fake = {"device": _step("device", f"import json; print(json.dumps({facts!r}))", read=gpucheck.read_device),
+            "matmul": _step("matmul", "import sys; sys.exit(1)", read=gpucheck.last_json),
+            "tests": _step("tests", "print('3 passed in 1s')", read=read_tests)}
+    monkeypatch.setattr(gpucheck, "require_cuda", lambda: None)
+    monkeypatch.setattr(gpucheck, "build_steps", lambda work: [fake[n] for n in ("device", "matmul", "tests")])
+    monkeypatch.setenv("OUT", str(tmp_path / "out"))
+    done = CliRunner().invoke(gpucheck.gpu_check_cmd, ["--only", "device,matmul"])
+    assert done.exit_code == 1, done.output
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["gpu-check.json", "gpu-check.log", "gpu-check.md"]
+    data = json.loads((tmp_path / "out" / "gpu-check.json").read_text())
+    assert data["statuses"][OK] == ["device"] and data["statuses"][FAILED] == ["matmul"]  # tests: not chosen
+    assert "| matmul | fake matmul | FAILED |" in done.output
+    done = CliRunner().invoke(gpucheck.gpu_check_cmd, ["--skip", "matmul", "--out", str(tmp_path / "mine")])
+    assert done.exit_code == 0, done.output
+    assert json.loads((tmp_path / "mine" / "gpu-check.json").read_text())["statuses"][OK] == ["device", "tests"]
+
+
 # ---- the offline start: what is missing, and how to carry it --------------------------------------
 
 
