@@ -56,6 +56,18 @@ def test_without_cuda_the_script_says_so_in_one_line_and_fails(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_a_driver_pytorch_cannot_use_is_named_in_the_one_line(monkeypatch):
+    import warnings
+
+    def broken() -> bool:
+        warnings.warn("CUDA initialization: The NVIDIA driver on your system is too old (found version 11040)")
+        return False
+
+    monkeypatch.setattr(torch.cuda, "is_available", broken)
+    with pytest.raises(gpucheck.ScalelabError, match=r"sees none; CUDA initialization: The NVIDIA driver .* too old"):
+        gpucheck.require_cuda()
+
+
 def test_steps_are_chosen_in_their_order():
     assert select_steps("tests,device", None) == ["device", "tests"]
     assert select_steps(None, "bench,tests")[-1] == "seed-1440-full"

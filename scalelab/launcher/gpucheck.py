@@ -573,11 +573,17 @@ def select_steps(only: str | None, skip: str | None) -> list[str]:
 
 def require_cuda() -> None:
     """One line, before anything is made, where this machine has no CUDA device."""
+    import warnings
+
     import torch
 
-    if not torch.cuda.is_available():
+    with warnings.catch_warnings(record=True) as seen:  # a driver PyTorch cannot use warns: said in the line
+        warnings.simplefilter("always")
+        available = torch.cuda.is_available()
+    if not available:
         build = f"CUDA {torch.version.cuda} build" if torch.version.cuda else "CPU-only build"
-        raise ScalelabError(f"no CUDA device here (PyTorch {torch.__version__}, {build}, sees none): the GPU check "
+        why = "".join(f"; {_one_line(str(w.message), 300)}" for w in seen[:1])
+        raise ScalelabError(f"no CUDA device here (PyTorch {torch.__version__}, {build}, sees none{why}): the GPU check "
                             "runs on a machine with an NVIDIA GPU; see docs/benchmarks.md, 'The GPU check'")
 
 
