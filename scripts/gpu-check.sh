@@ -6,7 +6,8 @@
 #   bash scripts/gpu-check.sh                      every step
 #   bash scripts/gpu-check.sh --only device,matmul  some steps (launch gpu-check --help lists them)
 # Python: $PYTHON, else the project's .venv where there is one, else python3 (the one that holds PyTorch on
-# the device machine). The working tree goes first on PYTHONPATH, so an installed scalelab is not used.
+# the device machine). The working tree goes first on PYTHONPATH, so an installed scalelab is not used; the
+# command runs in the working tree, so a relative --out is taken from there.
 # Exit: 0 when every step ran to a result (an out-of-memory run is one), 1 when a step failed, ran past its
 # budget or was skipped, 2 when the check could not start. docs/benchmarks.md, "The GPU check".
 set -uo pipefail
