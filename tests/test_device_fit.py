@@ -75,6 +75,7 @@ def test_every_rank_checks_its_node_where_the_launcher_cannot_see_it(monkeypatch
         assert engine.device("auto").type == "cuda"
 
 
+@pytest.mark.gpu
 def test_the_cli_refuses_before_any_rank_starts(tmp_path):
     """Without a GPU here the refusal is not reachable from the CLI; this checks the CPU path still runs
     two ranks, and (on a machine with one GPU) that the message reaches the user as one line."""
@@ -142,10 +143,11 @@ def test_the_loop_turns_an_out_of_memory_step_into_the_rank_error(monkeypatch):
 # ---- precision -----------------------------------------------------------------------------------
 
 
-def _devices_and_precisions() -> list[tuple[str, str, str]]:
+def _devices_and_precisions() -> list:  # (device, precision, rnn), or a pytest.param of them
     cases = [("cpu", p, rnn) for p in ("fp32", "bf16") for rnn in ("fused", "stepwise")]
     if torch.cuda.is_available():
-        cases += [("cuda", p, rnn) for p in ("fp32", "bf16", "fp16") for rnn in ("fused", "stepwise")]
+        cases += [pytest.param("cuda", p, rnn, marks=pytest.mark.gpu) for p in ("fp32", "bf16", "fp16")
+                  for rnn in ("fused", "stepwise")]
     return cases
 
 

@@ -76,6 +76,7 @@ def test_fp16_on_a_cpu_is_one_clear_error(tmp_path):
     assert lines and "Traceback" not in proc.stderr, proc.stderr
 
 
+@pytest.mark.gpu
 def test_the_cuda_precisions_are_built_for_the_gpu_they_get(monkeypatch):
     """What a CPU can check of the CUDA path: fp16 gets a CUDA gradient scaler, bf16 none, and bf16 on
     a GPU without bf16 arithmetic (K80, M60, V100, T4 in the price catalog) is one clear error."""

@@ -57,6 +57,7 @@ LAZY_COMMANDS: dict[str, str] = {
     "plan": "scalelab.costs.cli:plan_cmd",
     "memory": "scalelab.costs.memory_cli:memory_cmd",
     "bench": "scalelab.launcher.bench:bench_cmd",
+    "gpu-check": "scalelab.launcher.gpucheck:gpu_check_cmd",
     "study": "scalelab.launcher.study:study_cmd",
     "probe": "scalelab.launcher.probe:probe_cmd",
     "aws": "scalelab.aws.cli:aws_group",
@@ -71,6 +72,8 @@ LAZY_HELP: dict[str, str] = {
     "memory": "Predict a rank's peak GPU memory for a model, batch, precision and engine, and which GPUs it fits.",
     "bench": "Measure the trainer's compute efficiency, all-reduce bandwidth, scaling, launch overhead, planner "
              "accuracy and report speed on this machine; print tables and write bench.json.",
+    "gpu-check": "Check everything that needs a GPU (device, matrix rates, nmt-seed words/s and memory, refusal, "
+                 "NCCL, GPU tests, bench) and write gpu-check.json and gpu-check.md.",
     "study": "Run a seed's study (examples/*.yaml) and write its tables (study.md, CSV) and scaling report.",
     "probe": "Measure candidate instance types on your own spec: 1 GPU, a whole instance, two instances.",
     "aws": "Housekeeping for runs on AWS (--backend aws).",

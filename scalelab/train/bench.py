@@ -18,7 +18,10 @@ returns plain dicts so results can be stored as records and compared across mach
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import shutil
+import subprocess
 import statistics
 import sys
 import time
@@ -43,6 +46,9 @@ _time = timed  # one timing loop for the bench and the runs' link records (scale
 
 MATMUL_PRECISIONS = ("fp32", "bf16")  # the yardstick is the better of the two on this machine
 GPU_MATMUL_PRECISIONS = ("fp32", "bf16", "fp16")  # a GPU's own rate in each format a step can run in
+# `launch gpu-check`'s table: fp32 with TF32 tensor cores besides, the format PyTorch's fp32 matmuls take
+# where `torch.set_float32_matmul_precision("high")` (or the older `allow_tf32`) is set.
+GPU_CHECK_MATMUL_FORMATS = ("fp32", "tf32", "bf16", "fp16")
 
 
 def bench_device() -> torch.device:
@@ -59,18 +65,99 @@ def _matmul(precision: str, n: int | None = None, device: torch.device = torch.d
     """A function doing one dense n x n product with `precision`'s operands, returning its FLOP/s (2n^3).
     On a GPU the product is 8192^3 (2048^3 would not fill an H100) and timed between synchronisations."""
     n = n or (8192 if device.type == "cuda" else 2048)
-    dtype = DTYPES[precision]
+    dtype = DTYPES["fp32" if precision == "tf32" else precision]
     a, b = torch.randn(n, n, device=device).to(dtype), torch.randn(n, n, device=device).to(dtype)
     c = torch.empty(n, n, dtype=dtype, device=device)
 
     def product() -> float:
-        _sync(device)
-        t0 = time.perf_counter()
-        torch.mm(a, b, out=c)
-        _sync(device)
-        return 2 * n**3 / (time.perf_counter() - t0)
+        with _float32_matmuls(precision):
+            _sync(device)
+            t0 = time.perf_counter()
+            torch.mm(a, b, out=c)
+            _sync(device)
+            return 2 * n**3 / (time.perf_counter() - t0)
 
     return product
+
+
+@contextlib.contextmanager
+def _float32_matmuls(precision: str):
+    """float32 products as `precision` names them: "tf32" lets them use TF32 tensor cores, "fp32" keeps
+    them in full float32 (PyTorch's default), whatever the process had set; other formats are untouched."""
+    if precision not in ("fp32", "tf32"):
+        yield
+        return
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high" if precision == "tf32" else "highest")
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(before)
+
+
+def matmul_rates(formats: tuple[str, ...] = GPU_CHECK_MATMUL_FORMATS, repeats: int = 10, warmup: int = 3,
+                 n: int | None = None) -> list[dict]:
+    """The dense product rate of this machine's bench device (`_matmul`: 8192^3 on a GPU, each product
+    between synchronisations) in each format, their products alternating round by round; one row each
+    with the median and the best of `repeats` rounds after `warmup`."""
+    device = bench_device()
+    products = {p: _matmul(p, n, device) for p in formats}
+    for _ in range(warmup):
+        for run in products.values():
+            run()
+    rounds = [{p: run() for p, run in products.items()} for _ in range(repeats)]
+    size = n or (8192 if device.type == "cuda" else 2048)
+    return [{"precision": p, "n": size, "device": _device_name(device), "repeats": repeats,
+             "flops_per_s": statistics.median(r[p] for r in rounds), "best_flops_per_s": max(r[p] for r in rounds)}
+            for p in formats]
+
+
+def _device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+
+
+def device_facts() -> dict:
+    """The GPUs and software this process sees: PyTorch's CUDA properties of each device, the CUDA,
+    cuDNN and NCCL versions, and `nvidia-smi`'s name, driver and memory where it is installed."""
+    cuda = torch.cuda.is_available()
+    facts: dict[str, Any] = {
+        "torch": torch.__version__, "cuda_build": torch.version.cuda, "cuda_available": cuda,
+        "cudnn": torch.backends.cudnn.version() if cuda else None,
+        "nccl": _nccl_version() if cuda else None,
+        "bf16_supported": torch.cuda.is_bf16_supported() if cuda else False,
+        "devices": [], "nvidia_smi": _nvidia_smi(),
+    }
+    for i in range(torch.cuda.device_count() if cuda else 0):
+        p = torch.cuda.get_device_properties(i)
+        facts["devices"].append({"index": i, "name": p.name, "total_memory_bytes": p.total_memory,
+                                 "capability": f"{p.major}.{p.minor}", "multiprocessors": p.multi_processor_count,
+                                 "l2_cache_bytes": getattr(p, "L2_cache_size", None)})
+    return facts
+
+
+def _nccl_version() -> str | None:
+    try:
+        v = torch.cuda.nccl.version()
+    except (AttributeError, RuntimeError):
+        return None
+    return ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
+
+
+def _nvidia_smi() -> dict | None:
+    """`nvidia-smi`'s view of each GPU (name, driver, memory, clocks, power limit); None without the tool."""
+    tool = shutil.which("nvidia-smi")
+    if tool is None:
+        return None
+    fields = ["name", "driver_version", "memory.total", "memory.used", "clocks.max.sm", "power.limit", "pstate"]
+    try:
+        proc = subprocess.run([tool, f"--query-gpu={','.join(fields)}", "--format=csv,noheader"],
+                              capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return {"error": str(exc)}
+    if proc.returncode != 0:
+        return {"error": (proc.stderr or proc.stdout).strip()[-500:]}
+    gpus = [dict(zip(fields, (v.strip() for v in line.split(",")))) for line in proc.stdout.strip().splitlines()]
+    return {"gpus": gpus}
 
 
 def memcpy_bandwidth(mb: int = 256, repeats: int = 5) -> dict:
@@ -382,13 +469,22 @@ def main(argv: list[str] | None = None) -> int:
     o.add_argument("--losses", default="full,chunked")
     o.add_argument("--steps", type=int, default=8)
     o.add_argument("--threads", type=int)
+    sub.add_parser("device", help="the GPUs, driver and CUDA/cuDNN/NCCL versions this process sees (JSON)")
+    m = sub.add_parser("matmul", help="dense product rates of the bench device per format (JSON)")
+    m.add_argument("--precisions", default=",".join(GPU_CHECK_MATMUL_FORMATS))
+    m.add_argument("--repeats", type=int, default=10)
+    m.add_argument("--n", type=int)
     f = sub.add_parser("profile", help="self time per op of one preset's step, fp32 beside bf16 (torch.profiler)")
     f.add_argument("preset")
     f.add_argument("--rnn", default="fused")
     f.add_argument("--steps", type=int, default=3)
     f.add_argument("--threads", type=int)
     args = p.parse_args(argv)
-    if args.what == "ps-exchange":
+    if args.what == "device":
+        print(json.dumps(device_facts()))
+    elif args.what == "matmul":
+        print(json.dumps(matmul_rates(tuple(args.precisions.split(",")), args.repeats, n=args.n)))
+    elif args.what == "ps-exchange":
         ps_exchange_rank(args.presets.split(","), [float(x) for x in args.sizes_mb.split(",")], args.repeats, args.out)
     elif args.what == "ddp-buckets":
         ddp_exposed_exchange(args.preset, [float(x) for x in args.bucket_caps_mb.split(",")], out=args.out,
