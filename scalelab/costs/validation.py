@@ -155,6 +155,7 @@ def planner_bench(levels: tuple[float, ...] = BENCH_LEVELS) -> dict[str, Any]:
         out["levels"].append({
             "confidence": level, "throughput": coverage_summary(preds).to_dict(orient="records")[0],
             "throughput_by_series": coverage_summary(preds, ["table"]).to_dict(orient="records"),
+            "throughput_by_origin": coverage_summary(preds, ["origin", "k_class"]).to_dict(orient="records"),
             "throughput_by_k_class": coverage_summary(preds, ["k_class"]).to_dict(orient="records"),
             "throughput_by_fit_counts": coverage_summary(preds, ["fit_counts"]).to_dict(orient="records"),
             "throughput_models": {k: {"model": c.model, "held_out_error": c.errors}
@@ -236,12 +237,42 @@ def steptime_bench(confidence: float = 0.9) -> dict[str, Any]:
     loo = {f"{c:.0%}": steptime_loo(rows, c, cat) for c in sorted({0.8, confidence})}
     one_type = rows[rows["layout"].map(lambda lay: set(lay.node_types) <= {"g3.4xlarge", "g3.16xlarge"})]
     _, errors = choose(one_type.reset_index(drop=True), cat)
+    issue = issue33_split(confidence, cat)
     return {"table": SEED_004_TABLE, "fit": list(SEED_004_FIT), "split": split.to_dict(orient="records"),
             "split_mape": float(split["error"].abs().mean()),
+            "issue33_fit": list(ISSUE_33_FIT), "issue33_split": issue.to_dict(orient="records"),
+            "issue33_mape": float(issue["error"].abs().mean()), "issue33_coverage": float(issue["covered"].mean()),
             "loo": {k: {"predictions": len(v), "mape": float(v["error"].abs().mean()),
                         "coverage": float(v["covered"].mean()), "median_half_width": _finite(v["half_width"].median()),
                         "rows": v.to_dict(orient="records")} for k, v in loo.items()},
             "one_gpu_type_held_out_error": {k: float(np.mean(v)) for k, v in errors.items() if v}}
+
+
+#: issue 33's split: seed 004's 1x1 and 2x1 g3.4xlarge, 1x4 g3.16xlarge and 1x1 p2.xlarge fitted, and
+#: its four held-out layouts predicted and priced through the one planner (`plan` with layouts)
+ISSUE_33_FIT = ("Single g3.4xlarge", "Two g3.4xlarge", "Single g3.16xlarge", "Single p2.xlarge")
+ISSUE_33_HELD_OUT = {"4x1@4*g3.4xlarge": "Four g3.4xlarge", "2x4@2*g3.16xlarge": "Two g3.16xlarge",
+                     "2x2@2*g3.16xlarge": "Two g3.16xlarge with 2 GPU only",
+                     "4x1@1*p2.xlarge+3*g3.4xlarge": "Three g3.4xlarge + one p2.xlarge"}
+
+
+def issue33_split(confidence: float = 0.9, cat: Catalog | None = None) -> pd.DataFrame:
+    """Issue 33's layout question through `plan`: layout, measured_s, predicted_s, low_s, high_s, error,
+    covered, dollars."""
+    from scalelab.costs.planner import PlanRequest, plan
+    from scalelab.costs.steptime import parse_fleet_layouts
+
+    cat = cat or builtin_catalog()
+    measured = read_scaling_csv(files("scalelab.costs.data") / SEED_004_TABLE)
+    measured = measured.assign(throughput=1.0 / measured["time_s"])
+    truth = measured.set_index("label")["time_s"]
+    p = plan(PlanRequest(measured[measured["label"].isin(ISSUE_33_FIT)], [], cat, confidence=confidence,
+                         layouts=parse_fleet_layouts(",".join(ISSUE_33_HELD_OUT), cat), source=SEED_004_TABLE))
+    c = p.candidates
+    t = c["layout"].map(lambda lay: float(truth[ISSUE_33_HELD_OUT[lay]]))
+    return pd.DataFrame({"layout": c["layout"], "measured_s": t, "predicted_s": c["predicted_time_s"],
+                         "low_s": c["time_low_s"], "high_s": c["time_high_s"], "error": c["predicted_time_s"] / t - 1,
+                         "covered": (c["time_low_s"] <= t) & (t <= c["time_high_s"]), "dollars": c["dollars"]})
 
 
 def _probe_main(probe_dir: Path, confidence: float, fmt: str) -> int:

@@ -290,6 +290,12 @@ def _render_steptime(st: dict) -> None:
                          f"(MAPE {st['split_mape']:.1%})", st["split"], [
         ("row", "label", ""), ("model", "model", ""), ("measured s", "measured_s", ",.0f"),
         ("predicted s", "predicted_s", ",.0f"), ("error", "error", "+.1%")]))
+    console.print(_table(f"5c'. Issue 33's layouts through the planner: fitted on {', '.join(st['issue33_fit'])} "
+                         f"(MAPE {st['issue33_mape']:.1%}, {st['issue33_coverage']:.0%} inside their bands)",
+                         st["issue33_split"], [
+        ("layout", "layout", ""), ("measured s", "measured_s", ",.0f"), ("predicted s", "predicted_s", ",.0f"),
+        ("low s", "low_s", ",.0f"), ("high s", "high_s", ",.0f"), ("error", "error", "+.1%"),
+        ("dollars", "dollars", ",.2f")]))
     console.print(_table("5d. Step-time model on seed 004, each row from the other ten (nested leave-one-out bands)",
                          [{"level": k, **{c: v[c] for c in v if c != "rows"}} for k, v in st["loo"].items()], [
         ("level", "level", ""), ("predictions", "predictions", ".0f"), ("MAPE", "mape", ".1%"),
@@ -298,16 +304,16 @@ def _render_steptime(st: dict) -> None:
 
 def _render_planner(p: dict) -> None:
     """Per level: coverage and median half-width of the throughput bands per shipped table and per
-    k (first k layouts fitted, the rest predicted, each table calibrated without it), then of the
+    k (first k layouts fitted, the rest predicted, each source calibrated without it), then of the
     steps bands on the independent held-out predictions."""
     cols = [("predictions", "predictions", ".0f"), ("coverage", "coverage", ".0%"),
             ("median half-width", "median_half_width", ".1%"), ("MAPE", "mape", ".1%"),
             ("naive MAPE", "naive_mape", ".1%"), ("infinite", "infinite", ".0f")]
     for lv in p["levels"]:
         level = f"{lv['confidence']:.0%} intervals"
-        console.print(_table(f"5. Planner throughput per shipped table, each left out ({level})",
-                             [{"table": "all", **lv["throughput"]}, *lv["throughput_by_series"]],
-                             [("table", "table", ""), *cols]))
+        console.print(_table(f"5. Planner throughput per source, each whole source left out ({level})",
+                             [{"origin": "all", "k_class": "", **lv["throughput"]}, *lv["throughput_by_origin"]],
+                             [("source", "origin", ""), ("counts fitted", "k_class", ""), *cols]))
         by_class = [{**r, "model": lv["throughput_models"][r["k_class"]]["model"]} for r in lv["throughput_by_k_class"]]
         console.print(_table(f"5a. Planner throughput per class of fits ({level})", by_class,
                              [("counts fitted", "k_class", ""), ("model", "model", ""), *cols]))
