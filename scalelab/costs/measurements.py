@@ -81,6 +81,7 @@ def measured_from_runs(paths: list[Path], measured_on: str | None = None) -> Mea
         "throughput": table["words_per_s"], "global_batch": table["global_batch"],
         "batch_scaling": table["batch_scaling"], "words_per_sample": table["words_per_s"] / table["samples_per_s"],
         "convergence": [None if t is None else f"{m} to loss {t}" for m, t in zip(table["model"], threshold)]})
+    measured = measured[measured["throughput"].notna()]  # a run at its threshold in warm-up: steps, no speed
     return Measurements(measured, convergence_rows(table), _overheads(table), base, table, curves, probes,
                         max(set(precisions), key=precisions.count) if precisions else "fp32", memory)
 
@@ -103,7 +104,9 @@ def _base_and_probes(by_type: dict[str | None, list], measured_on: str | None) -
     probes = {}
     for t in singles:
         w = min(common) if common else min(s.workers for s in by_type[t])
-        probes[t] = float(np.median([s.words_per_s / s.workers for s in by_type[t] if s.workers == w]))
+        speeds = [s.words_per_s / s.workers for s in by_type[t] if s.workers == w and s.words_per_s is not None]
+        if speeds:
+            probes[t] = float(np.median(speeds))
     return base, probes
 
 
