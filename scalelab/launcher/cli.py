@@ -770,6 +770,10 @@ def show_click_error(exc: click.ClickException) -> None:
     """A flag click could not read, in the one style of every error (`launch: error: ...`, where click
     said `Error: ...`), after the usage line and before where the help is."""
     ctx = getattr(exc, "ctx", None)
+    # `launch` (or `launch aws`) alone: its help, once (it starts with Usage); click < 8.2 prints it itself
+    if isinstance(exc, getattr(click.exceptions, "NoArgsIsHelpError", ())):
+        exc.show()
+        return
     if isinstance(exc, click.UsageError) and ctx is not None:
         click.echo(ctx.get_usage(), err=True)
     err_console.print(f"[bold red]launch: error:[/] {escape(exc.format_message())}", highlight=False, soft_wrap=True)
