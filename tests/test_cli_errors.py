@@ -166,3 +166,13 @@ def test_a_flag_click_cannot_read_has_the_one_error_prefix(tmp_path):
     proc = launch("--runs-dir", str(tmp_path / "runs"), "--nodes", "two", cwd=tmp_path)
     _assert_clean_error(proc, "launch: error: ", "'two' is not a valid integer", "Usage: launch run", "--help")
     assert not any(line.startswith("Error:") for line in proc.stderr.splitlines()), proc.stderr
+
+
+def test_launch_alone_prints_its_help_once(tmp_path):
+    """`launch` with nothing printed the usage line, then `launch: error: Usage: ...` with the whole help."""
+    proc = launch(cwd=tmp_path)
+    text = proc.stdout + proc.stderr
+    assert text.count("Usage: launch") == 1, text
+    assert "launch: error:" not in text and "Traceback" not in text
+    assert "Commands:" in text and "sweep" in text  # the help itself, not only a usage line
+    assert proc.returncode in (0, 2)  # click >= 8.2 exits 2 (no command given), older clicks 0

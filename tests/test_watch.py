@@ -40,7 +40,7 @@ def test_a_unique_prefix_or_suffix_names_the_run(tmp_path):
 
 def test_an_ambiguous_id_is_refused_naming_the_matches(tmp_path):
     root = _runs(tmp_path, "nmt-a-20261126-1", "nmt-b-20261126-2")
-    with pytest.raises(ScalelabError, match="matches 2 directories.*nmt-a.*nmt-b.*give more of the name"):
+    with pytest.raises(ScalelabError, match="matches 2 directories, newest first.*nmt-b.*nmt-a.*give more of the name"):
         resolve_run_dir("nmt", root)
 
 

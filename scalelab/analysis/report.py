@@ -372,8 +372,8 @@ def write_markdown(
     lines += [f"- {_md_escape(s)}" for s in _what_was_run(df)] or ["- (no descriptive columns)"]
     lines += [f"- {_md_escape(str(n))}" for n in notes]
     lines += ["", "## Results", "", _scaling_markdown(df), ""]
-    lines += [f"{_DASH} = not available (not measured by this engine, no validation run, or the base "
-              "row of a series).", ""]
+    lines += [f"{_DASH} = not available (not measured by this engine, no validation run, the base "
+              "row of a series, or a run that reached its loss threshold inside its warm-up steps).", ""]
     lines += ["## Definitions", ""]
     lines += [f"- **{name}**: {text}" for name, text in DEFINITIONS]
     if images:
@@ -472,9 +472,10 @@ def plot_throughput(df: pd.DataFrame, path: Path) -> Path:
     ax_t, ax_w = fig.subplots(1, 2)
     for i, (lab, part) in enumerate(_series(df)):
         (line,) = ax_t.plot(part["workers"], part[col], marker="o", label=lab)
-        if len(part):
-            base = part.loc[part["workers"].idxmin()]
-            xs = np.array([part["workers"].min(), part["workers"].max()], dtype=float)
+        timed = part[pd.to_numeric(part[col], errors="coerce").notna()]  # a run stopped in warm-up has none
+        if len(timed):
+            base = timed.loc[timed["workers"].idxmin()]
+            xs = np.array([timed["workers"].min(), part["workers"].max()], dtype=float)
             # one legend entry for all ideal lines: the colour already ties each to its series
             ax_t.plot(xs, base[col] * xs / float(base["workers"]), ls="--", lw=1, color=line.get_color(),
                       alpha=0.6, label="ideal (linear from smallest layout)" if i == 0 else None)

@@ -195,12 +195,13 @@ class LayoutSummary:
     steps_measured: int
     steps_warmup: int
     steps_incomplete: int
-    words_per_s: float
-    samples_per_s: float
-    step_s_mean: float
-    step_s_median: float
-    step_s_p90: float
-    step_s_std: float
+    # None when no step was measured: the loss threshold was reached inside the warm-up
+    words_per_s: float | None
+    samples_per_s: float | None
+    step_s_mean: float | None
+    step_s_median: float | None
+    step_s_p90: float | None
+    step_s_std: float | None
     share_data: float | None
     share_forward: float | None
     share_backward: float | None
@@ -286,13 +287,16 @@ def summarize_run(
     is None when no threshold is configured or no validation ran (nothing to judge by), else a bool.
     `final_loss` is the mean training loss of the last step; `final_val_loss` the last validation.
 
-    Raises RecordError when no measured step exists, because every timing would be undefined.
+    A run that reached its loss threshold before any measured step (at a validation inside the
+    warm-up) is a success: its time and steps to the threshold stand, while its throughput and step
+    times were not measured (None; `steps_measured` 0, and `trust_warnings` says so).
+    Raises RecordError when no measured step exists otherwise, because every figure would be undefined.
     """
     mode = meta.batch_mode
     steps = step_table(step_records)
-    measured, counts = _measured_steps(steps, meta.label or "?")
     threshold = _float_or_none(meta.loss_threshold)
     reached, t_thr, s_thr = _threshold(val_records, events, threshold)
+    measured, counts = _measured_steps(steps, meta.label or "?", early_threshold=bool(reached) and s_thr is not None)
     return LayoutSummary(
         label=meta.label,
         **_layout_of(meta, ranks_seen=int(steps["ranks"].max())),
@@ -358,7 +362,12 @@ def trust_warnings(table: pd.DataFrame) -> list[str]:
     for _, row in table.iterrows():
         who = f"{row.get('label') or 'run'} at {row.get('workers')} worker(s)"
         measured = _int_or_none(row.get("steps_measured"))
-        if measured is not None and measured < MIN_MEASURED_STEPS:
+        if measured == 0:  # summarize_run allows it only for a run that reached its threshold
+            out.append(f"{who}: reached the loss threshold at step {_int_or_none(row.get('steps_to_threshold'))}, "
+                       f"inside its {_int_or_none(row.get('steps_warmup'))} warm-up step(s): its time to the "
+                       "threshold stands, its throughput was not measured past warm-up (no words/s, step time or "
+                       "speedup); to measure it too, lower --warmup-steps")
+        elif measured is not None and measured < MIN_MEASURED_STEPS:
             out.append(f"{who}: only {measured} measured step(s) (fewer than {MIN_MEASURED_STEPS}); "
                        "its timings are not reliable: run more --steps")
         mean, std = _float_or_none(row.get("step_s_mean")), _float_or_none(row.get("step_s_std"))
@@ -425,8 +434,9 @@ def pooled_noise_scale(step_records: pd.DataFrame, until_step: int | None = None
     return float(trace[ok].sum()) / float(grad_sq[ok].sum())
 
 
-def _measured_steps(steps: pd.DataFrame, label: str) -> tuple[pd.DataFrame, dict[str, int]]:
-    """(measured steps, their counts): steps not marked warm-up and reported by every rank."""
+def _measured_steps(steps: pd.DataFrame, label: str, early_threshold: bool = False) -> tuple[pd.DataFrame, dict[str, int]]:
+    """(measured steps, their counts): steps not marked warm-up and reported by every rank. None
+    measured is an error, unless the run stopped at its loss threshold (`early_threshold`) first."""
     if steps.empty:
         raise RecordError(
             f"no step records in run {label!r}: the run did not complete a single "
@@ -435,7 +445,7 @@ def _measured_steps(steps: pd.DataFrame, label: str) -> tuple[pd.DataFrame, dict
     complete = steps["ranks"] == int(steps["ranks"].max())
     warm = steps["warmup"]
     measured = steps[~warm & complete]
-    if measured.empty:
+    if measured.empty and not early_threshold:
         raise RecordError(
             f"no measured steps in run {label!r}: {len(steps)} step(s) recorded, "
             f"{int(warm.sum())} of them warm-up. Timings exclude warm-up steps; "
@@ -458,9 +468,17 @@ def _layout_of(meta: RunMeta, ranks_seen: int) -> dict[str, int]:
             "gpus_per_node": gpn if gpn is not None else int(workers)}
 
 
-def _rates_and_step_times(measured: pd.DataFrame) -> dict[str, float]:
-    """words/s and samples/s over the measured steps (docs/records.md), and step-time statistics."""
+#: The summary's figures of the measured steps: None for a run that reached its threshold in warm-up.
+_UNMEASURED = ("words_per_s", "samples_per_s", "step_s_mean", "step_s_median", "step_s_p90", "step_s_std",
+               *("share_" + phase.removesuffix("_s") for phase in PHASES))
+
+
+def _rates_and_step_times(measured: pd.DataFrame) -> dict[str, float | None]:
+    """words/s and samples/s over the measured steps (docs/records.md), and step-time statistics;
+    None without a measured step."""
     t = measured["t_step"].to_numpy(dtype=float)
+    if not len(t):
+        return dict.fromkeys(_UNMEASURED[:6])
     total_t = float(t.sum())
     return {
         "words_per_s": float(measured["words"].sum()) / total_t,
@@ -476,6 +494,8 @@ def _rates_and_step_times(measured: pd.DataFrame) -> dict[str, float]:
 def _phase_shares(measured: pd.DataFrame) -> dict[str, float | None]:
     """share_<phase>: the phase's time over the summed step time; None when no step recorded it."""
     total_t = float(measured["t_step"].to_numpy(dtype=float).sum())
+    if not len(measured):
+        return {"share_" + phase.removesuffix("_s"): None for phase in PHASES}
     shares = {}
     for phase in PHASES:
         vals = measured[phase]
@@ -586,18 +606,20 @@ def scaling_table(
         raise ValueError("workers must be positive")
     if (value <= 0).any():
         raise ValueError(f"{metric} must be positive (NaN marks a failed run)")
-    base = _base_rows(df, _series_columns(df, series), workers)
-    n = workers / workers[base]
+    base = _base_rows(df, _series_columns(df, series), workers, value)
+    # a base of -1 (a row without a figure: no base) reads the NaN appended at the end
+    base_value, base_workers = np.append(value, np.nan)[base], np.append(workers, np.nan)[base]
+    n = workers / base_workers
     if metric == "throughput":
-        speedup = value / value[base]
+        speedup = value / base_value
         efficiency = speedup / n
     elif mode == "strong":
-        speedup = value[base] / value
+        speedup = base_value / value
         efficiency = speedup / n
     else:  # time_s, weak
-        efficiency = value[base] / value
+        efficiency = base_value / value
         speedup = n * efficiency
-    df["base_workers"] = workers[base]
+    df["base_workers"] = base_workers
     df["n"] = n
     df["speedup"] = speedup
     df["efficiency"] = efficiency
@@ -626,10 +648,19 @@ def _series_key(df: pd.DataFrame, keys: list[str]) -> pd.Series:
     return df[keys].astype(str).agg("\x1f".join, axis=1)
 
 
-def _base_rows(df: pd.DataFrame, keys: list[str], workers: np.ndarray) -> np.ndarray:
+def _base_rows(df: pd.DataFrame, keys: list[str], workers: np.ndarray, value: np.ndarray) -> np.ndarray:
     """Position of each row's base: the row of its series with the fewest workers, the first one
-    in input order on a tie (idxmin returns the first)."""
+    in input order on a tie (idxmin returns the first); among the rows with a figure (`value` not
+    NaN), -1 for the rows without one."""
     pos = pd.RangeIndex(len(df))
+    measured = ~np.isnan(value)
+    if not measured.all():  # rows without a figure (a run stopped at its threshold in warm-up) are no base
+        base = np.full(len(df), -1)
+        some = np.flatnonzero(measured)
+        if len(some):
+            part = _base_rows(df.iloc[some], keys, workers[some], value[some])
+            base[some] = some[part]
+        return base
     if keys:
         groups = pd.Series(_series_key(df, keys).to_numpy(), index=pos)
     else:
@@ -655,6 +686,8 @@ def scale_layouts(
         cols = list(LayoutSummary.__dataclass_fields__) + list(SCALING_COLUMNS)
         return pd.DataFrame(columns=cols)
     df = pd.DataFrame(records)
+    for col in _UNMEASURED:  # None (not measured past warm-up) as NaN, even where every run has None
+        df[col] = pd.to_numeric(df[col], errors="coerce").astype("float64")
     keys = _series_columns(df, series)
     if keys:
         key = _series_key(df, keys)

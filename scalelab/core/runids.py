@@ -4,8 +4,9 @@ Why: run directories are named `MODEL-ENGINE-LAYOUT-DATE-TIME` under `runs/`, an
 `launch logs runs/nmt-small-ddp-1x2-20261126-151022 -f` from a second terminal is the friction that
 made users not follow detached runs at all. `launch logs 151022 -f` (a suffix) or `launch status
 nmt-small-ddp` (a prefix, when only one run starts so) name the same directory, as `docker` and
-`sky` accept short ids. A path that exists always wins; an id matching several directories is one
-error that lists them, never a guess.
+`sky` accept short ids. A path that exists always wins; an id matching several directories (the layout
+`1x2` of several sweeps) is one error that lists them newest first, never a guess; `launch status` with no
+id shows the newest run, `launch ls` every one.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 import click
 
 from scalelab.core.errors import ScalelabError
-from scalelab.core.rundir import DEFAULT_RUNS_ROOT
+from scalelab.core.rundir import DEFAULT_RUNS_ROOT, STUDY_FILE, SWEEP_FILE
 
 # Where short ids are looked up: $SCALELAB_RUNS_DIR, else `runs/` (the default --runs-dir).
 RUNS_DIR_ENV = "SCALELAB_RUNS_DIR"
@@ -38,19 +39,48 @@ def _candidates(root: Path) -> list[Path]:
     return top + inner
 
 
-def resolve_run_dir(text: str, root: Path | None = None) -> str:
+def _newest_first(paths: list[Path]) -> list[Path]:
+    """`paths` newest first: by when their spec (a sweep's or study's file) was written, then by name
+    (the names end in their date and time)."""
+    def born(p: Path) -> float:
+        for marker in ("spec.json", SWEEP_FILE, STUDY_FILE):
+            if (p / marker).exists():
+                return (p / marker).stat().st_mtime
+        return p.stat().st_mtime
+
+    return sorted(paths, key=lambda p: (born(p), p.name, str(p)), reverse=True)
+
+
+def resolve_run_dir(text: str, root: Path | None = None, command: str = "launch status") -> str:
     """`text` itself when it exists (or looks like a path); else the one directory under the runs root
-    whose name starts or ends with it. No match: `text` unchanged, so the command says what is missing."""
+    whose name is exactly `text`, or else starts or ends with it. No match: `text` unchanged, so the
+    command says what is missing. Several (the layout `1x2` of several sweeps): one error listing them,
+    newest first, with how to name one exactly; never a guess."""
     if not text or Path(text).exists() or os.sep in text:
         return text
     found = [p for p in _candidates(root or runs_root()) if p.name.startswith(text) or p.name.endswith(text)]
     exact = [p for p in found if p.name == text]
     if exact:
-        found = exact[:1]
+        found = exact
     if len(found) > 1:
+        found = _newest_first(found)
         names = ", ".join(str(p) for p in found[:SHOWN]) + (f" and {len(found) - SHOWN} more" if len(found) > SHOWN else "")
-        raise ScalelabError(f"run id {text!r} matches {len(found)} directories ({names}); give more of the name")
+        raise ScalelabError(f"run id {text!r} matches {len(found)} directories, newest first: {names}; name one "
+                            f"exactly by its path (`{command} {found[0]}`) or give more of the name "
+                            "(`launch ls` lists every run)")
     return str(found[0]) if found else text
+
+
+def newest_run_dir(root: Path | None = None) -> Path:
+    """The newest run, sweep or study directory directly under the runs root (what `launch status` with
+    no argument shows); an error when there is none."""
+    root = root or runs_root()
+    top = [p for p in _candidates(root) if p.parent == root
+           and any((p / marker).exists() for marker in ("spec.json", SWEEP_FILE, STUDY_FILE))]
+    if not top:
+        raise ScalelabError(f"no runs under {root} (${RUNS_DIR_ENV} or runs/ of this directory): give RUN_DIR, "
+                            "or start one with `launch run`")
+    return _newest_first(top)[0]
 
 
 class RunDir(click.ParamType):
@@ -59,4 +89,6 @@ class RunDir(click.ParamType):
     name = "RUN_DIR"
 
     def convert(self, value, param, ctx):  # type: ignore[no-untyped-def]
-        return resolve_run_dir(str(value))  # an ambiguous id: ScalelabError, one line like every user error
+        command = ctx.command_path if ctx is not None else "launch status"
+        # an ambiguous id: ScalelabError, one line like every user error
+        return resolve_run_dir(str(value), command=command)

@@ -16,41 +16,25 @@ import json
 import math
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
-import pandas as pd
 from rich.markup import escape
 from rich.table import Table
 
-from scalelab.analysis.html import duration_text, plan_sections, scaling_sections, write_html
-from scalelab.analysis.report import (
-    _jsonable,
-    markdown_table,
-    print_scaling,
-    to_json_records,
-    write_markdown,
-)
-from scalelab.analysis.results import expand_run_dirs, run_label, summarize_loaded
 from scalelab.core.checks import NON_NEGATIVE, POSITIVE, InputFile, OutputDir
 from scalelab.core.errors import DataError, SpecError
 from scalelab.core.records import load_run
 from scalelab.core.runids import RunDir
 from scalelab.core.terminal import make_console
 from scalelab.costs.billing import Mix, billed_seconds, cost_at_rate, run_cost
-from scalelab.costs.expected import run_mix, run_price, run_seconds
 from scalelab.costs.catalog import DEFAULT_REGION, MARKETS, Catalog, CatalogError, load_catalog, parse_interruptions, refresh
-from scalelab.costs.fitting import LinkModel
 from scalelab.costs.memory import overflows
-from scalelab.costs.measurements import Measurements, measured_from_csv, measured_from_runs
-from scalelab.costs.planner import PlanRequest, plan, recommend
-from scalelab.costs.steptime import parse_fleet_layouts
-from scalelab.costs.tables import (
-    csv_kind,
-    read_cost_csv,
-    read_scaling_csv,
-    scaling_from_table,
-)
+
+if TYPE_CHECKING:  # pandas, the planner and the reports load in the commands that use them: --help needs none
+    import pandas as pd
+
+    from scalelab.costs.measurements import Measurements
 
 console = make_console()
 err_console = make_console(stderr=True)
@@ -91,6 +75,7 @@ def _load_catalog(params: dict[str, Any]) -> Catalog:
 
 
 def _print_json(rows: Any) -> None:
+    from scalelab.analysis.report import _jsonable
 
     click.echo(json.dumps(_jsonable(rows), indent=2, allow_nan=False))
 
@@ -118,7 +103,11 @@ def _rich_table(title: str, df: pd.DataFrame, fmt: dict[str, Any]) -> Table:
     return t
 
 
-human_duration = duration_text  # one rendering of a duration: analysis.html's
+def human_duration(seconds: float) -> str:
+    """One rendering of a duration: analysis.html's (imported when used: it loads pandas and matplotlib)."""
+    from scalelab.analysis.html import duration_text
+
+    return duration_text(seconds)
 
 
 # ---- cost ----------------------------------------------------------------------------------------
@@ -145,6 +134,9 @@ def cost_cmd(run_dirs: tuple[str, ...], from_csv: str | None, instances: str | N
     lost work and restarts. Mixed instance types are billed together for the whole run (the
     slowest worker sets the pace, the others wait and are billed).
     """
+    import pandas as pd
+    from scalelab.analysis.report import markdown_table
+    from scalelab.costs.tables import read_cost_csv
 
     catalog = _load_catalog(params)
     if refresh_what:
@@ -230,6 +222,9 @@ def _catalog_row(catalog: Catalog, name: str, region: str) -> dict[str, Any]:
 
 def _list_catalog(catalog: Catalog, region: str, fmt: str) -> None:
     """The catalog: every column in json; the main ones (GPU specs per GPU, prices per instance) in a table."""
+    import pandas as pd
+    from scalelab.analysis.report import markdown_table
+
     df = pd.DataFrame([_catalog_row(catalog, name, region) for name in catalog.names()])
     if fmt == "json":
         _print_json(df.to_dict(orient="records"))
@@ -259,6 +254,7 @@ def _run_mix(run, instances: str | None, catalog):
     """The instances a recorded run is priced on when no backend prices it: `--instances` if given (a
     bare type: enough instances to hold every node's GPUs, `costs.expected.run_mix`; counts as written),
     else the run's own `instance_type` option, one per node."""
+    from scalelab.costs.expected import run_mix
 
     if instances is not None:
         return run_mix(run.spec, instances, catalog)
@@ -277,6 +273,9 @@ def _fleet_cost(run, market: str | None, catalog, params, fleet_of) -> tuple[Any
     """The run at its own fleet's price (`costs.expected.run_price`: the rule the report, the previews and
     the plan use: a cloud's instances per node, an on-premise rate per GPU), and its price per hour;
     (None, None) when its backend cannot say (then --instances or instance_type)."""
+    from scalelab.analysis.results import run_label
+    from scalelab.costs.expected import run_price, run_seconds
+
     if fleet_of is None:
         return None, None
     try:
@@ -297,6 +296,9 @@ def _fleet_cost(run, market: str | None, catalog, params, fleet_of) -> tuple[Any
 def _cost_of_runs(paths: list[Path], instances: str | None, market: str | None, catalog, params,
                   fleet_of=None) -> list[dict[str, Any]]:
     """One row per run: billed wall time (`run_seconds`) at its fleet's price, or at --instances'."""
+    from scalelab.analysis.results import expand_run_dirs, run_label, summarize_loaded
+    from scalelab.costs.expected import run_seconds
+
     rows = []
     for run_dir in expand_run_dirs(paths):
         run = load_run(run_dir)
@@ -325,6 +327,9 @@ def _cost_of_runs(paths: list[Path], instances: str | None, market: str | None, 
 
 def report_from_csv(path: str, out: Path | None, fmt: str) -> None:
     """`launch report --from-csv FILE`: speedup and efficiency of a published scaling table."""
+    from scalelab.analysis.html import scaling_sections, write_html
+    from scalelab.analysis.report import print_scaling, to_json_records, write_markdown
+    from scalelab.costs.tables import read_scaling_csv, scaling_from_table
 
     table = scaling_from_table(read_scaling_csv(path))
     keep = [c for c in ("label", "workers", "nodes", "mode", "throughput", "time_s", "speedup", "efficiency",
@@ -431,6 +436,10 @@ def plan_cmd(run_dirs: tuple[str, ...], from_csv: str | None, predict_workers: s
     --deadline-h and the fastest within --budget with that confidence. It also names the
     measurement that would help most next.
     """
+    from scalelab.costs.fitting import LinkModel
+    from scalelab.costs.measurements import measured_from_csv, measured_from_runs
+    from scalelab.costs.planner import PlanRequest, plan
+
     if bool(from_csv) == bool(run_dirs):
         raise SpecError("give RUN_DIRS (run or sweep directories) or --from-csv FILE (one of the two)")
     if predict_layouts is not None:
@@ -510,6 +519,11 @@ def _predict_layouts(run_dirs: tuple[str, ...], path: str | None, text: str, con
                      budget_usd: float | None, work: float | None) -> None:
     """`launch plan (RUN_DIRS | --from-csv F) --predict LAYOUTS`: the named layouts through the one planner
     (costs.planner.plan with layouts), shown, written and recommended like every other plan."""
+    from scalelab.costs.measurements import measured_from_csv, measured_from_runs
+    from scalelab.costs.planner import PlanRequest, plan
+    from scalelab.costs.steptime import parse_fleet_layouts
+    from scalelab.costs.tables import csv_kind
+
     if path and csv_kind(path) == "convergence":
         raise DataError(f"{path}: a table of steps to a threshold; --predict needs a scaling table with workers, "
                         "nodes, instance_type and time_s or throughput")
@@ -705,6 +719,8 @@ def _print_plan(result) -> None:
 
 
 def plan_markdown(result) -> str:
+    from scalelab.analysis.report import markdown_table
+
     parts = ["# Scaling plan", "", *[f"- {line}" for line in _model_lines(result)]]
     for title, rows, fmt in _plan_tables(result):
         rows = rows.copy()
@@ -720,6 +736,7 @@ def plan_markdown(result) -> str:
 
 
 def _write_plan(result, out_dir: Path, table: pd.DataFrame | None, curves: dict[str, pd.DataFrame]) -> None:
+    from scalelab.analysis.html import plan_sections, scaling_sections, write_html
 
     out_dir.mkdir(parents=True, exist_ok=True)
     sections = plan_sections(result)
@@ -732,5 +749,6 @@ def _write_plan(result, out_dir: Path, table: pd.DataFrame | None, curves: dict[
 
 
 def _write_json_file(path: Path, rows: Any) -> None:
+    from scalelab.analysis.report import _jsonable
 
     path.write_text(json.dumps(_jsonable(rows), indent=2, allow_nan=False) + "\n")

@@ -83,6 +83,7 @@ def measured_from_runs(paths: list[Path], measured_on: str | None = None) -> Mea
         "convergence": [None if t is None else f"{m} to loss {t}" for m, t in zip(table["model"], threshold)],
         # how much its steps spread: the band of a measured layout (scalelab/costs/model.py)
         "throughput_spread": _spread(table)})
+    measured = measured[measured["throughput"].notna()]  # a run at its threshold in warm-up: steps, no speed
     return Measurements(measured, convergence_rows(table), _overheads(table), base, table, curves, probes,
                         max(set(precisions), key=precisions.count) if precisions else "fp32", memory)
 
@@ -113,7 +114,9 @@ def _base_and_probes(by_type: dict[str | None, list], measured_on: str | None) -
     probes = {}
     for t in singles:
         w = min(common) if common else min(s.workers for s in by_type[t])
-        probes[t] = float(np.median([s.words_per_s / s.workers for s in by_type[t] if s.workers == w]))
+        speeds = [s.words_per_s / s.workers for s in by_type[t] if s.workers == w and s.words_per_s is not None]
+        if speeds:
+            probes[t] = float(np.median(speeds))
     return base, probes
 
 

@@ -22,7 +22,6 @@ from pathlib import Path
 import click
 from rich.table import Table
 
-from scalelab.analysis.results import build_report, expand_run_dirs
 from scalelab.core.checks import OutputDir
 from scalelab.core.errors import SpecError
 from scalelab.core.launch import horovod_env, horovodrun_argv, torchrun_argv
@@ -33,9 +32,6 @@ from scalelab.core.rundir import RunPaths, read_json
 from scalelab.core.spec import Spec, save_spec
 from scalelab.core.terminal import make_console
 from scalelab.core.writes import writing
-from scalelab.costs.validation import planner_bench
-from scalelab.train.bench import memcpy_bandwidth
-from scalelab.train.precision import cpu_bf16_problem
 
 PARTS = ("compute", "exchange", "scaling", "planner", "report")
 COMPUTE_PRECISIONS = ("fp32", "bf16")  # on a CPU: fp16 needs a GPU (the scaler)
@@ -62,6 +58,8 @@ def _py(*args: str, timeout: int = 900) -> str:
 def bench_compute(presets: list[str], rnns: list[str], threads: int, steps: int) -> list[dict]:
     """Each preset x RNN in a fresh process (no allocator or thread-pool state carried over), its fp32
     and bf16 steps alternating in that process: one row per precision."""
+    from scalelab.train.precision import cpu_bf16_problem
+
     out = []
     for preset in presets:
         for rnn in rnns:
@@ -85,6 +83,7 @@ def bench_compute(presets: list[str], rnns: list[str], threads: int, steps: int)
 
 def bench_exchange(sizes_mb: list[float], repeats: int, work: Path) -> list[dict]:
     """All-reduce busbw with 2 ranks for torch.distributed (Gloo) and Horovod (Gloo) settings."""
+    from scalelab.train.bench import memcpy_bandwidth
 
     results = [{"label": "memcpy (one process)", **memcpy_bandwidth()}]
     sizes = ",".join(str(s) for s in sizes_mb)
@@ -157,6 +156,8 @@ def bench_ps_exchange(sizes_mb: list[float], repeats: int, work: Path) -> list[d
 
 def bench_scaling(model: str, steps: int, work: Path) -> dict:
     """Strong and weak sweeps over 1 and 2 workers per engine; launch overhead from their records."""
+    from scalelab.analysis.results import expand_run_dirs
+
     rows, overhead = [], []
     for engine in ("ddp", "horovod"):
         for mode, batch in (("strong", ["--global-batch", "64"]), ("weak", ["--batch-per-worker", "32"])):
@@ -190,6 +191,8 @@ def launch_overhead(run_dir: Path) -> dict:
 
 def bench_planner() -> dict:
     """Interval coverage of the planner on every table the project ships (costs.validation)."""
+    from scalelab.costs.validation import planner_bench
+
     return planner_bench()
 
 
@@ -200,6 +203,7 @@ def bench_report(records: int, ranks: int, work: Path) -> dict:
     """Write `records` synthetic step records over `ranks` ranks, then time each stage of the report."""
     import numpy as np
 
+    from scalelab.analysis.results import build_report
 
     run = work / "report-run"
     paths = RunPaths(run)

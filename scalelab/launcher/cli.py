@@ -636,18 +636,21 @@ def ls_cmd(runs_dir: str, fmt: str) -> None:
 
 
 @main.command("status")
-@click.argument("run_dir", type=RunDir())
+@click.argument("run_dir", type=RunDir(), required=False)
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
-def status_cmd(run_dir: str, fmt: str) -> None:
+def status_cmd(run_dir: str | None, fmt: str) -> None:
     """State of a run (RUNNING, COMPLETED, FAILED, CANCELLED) as its backend reports it, where it is (step
     of total, last loss, words/s, ETA) and its owner; of a sweep or study, every layout. RUN_DIR may be a
-    short id (a unique prefix or suffix of its name under runs/).
+    short id (a unique prefix or suffix of its name under runs/; one that matches several runs is refused,
+    listing them); without it, the newest run, sweep or study under runs/ (`launch ls` lists them all).
 
     A run that ended with no launcher following it (--detach, or its launcher was killed) gets its end
     recorded now, and its summary when it completed.
     """
+    from scalelab.core.runids import newest_run_dir
     from scalelab.launcher.inventory import describe, kind_of
 
+    run_dir = run_dir if run_dir is not None else str(newest_run_dir())
     if fmt == "json" or kind_of(Path(run_dir)) in ("sweep", "study"):
         row = describe(Path(run_dir))
         if fmt == "json":
@@ -770,6 +773,10 @@ def show_click_error(exc: click.ClickException) -> None:
     """A flag click could not read, in the one style of every error (`launch: error: ...`, where click
     said `Error: ...`), after the usage line and before where the help is."""
     ctx = getattr(exc, "ctx", None)
+    # `launch` (or `launch aws`) alone: its help, once (it starts with Usage); click < 8.2 prints it itself
+    if isinstance(exc, getattr(click.exceptions, "NoArgsIsHelpError", ())):
+        exc.show()
+        return
     if isinstance(exc, click.UsageError) and ctx is not None:
         click.echo(ctx.get_usage(), err=True)
     err_console.print(f"[bold red]launch: error:[/] {escape(exc.format_message())}", highlight=False, soft_wrap=True)

@@ -20,29 +20,16 @@ from pathlib import Path
 from typing import Any
 
 import click
-import pandas as pd
 
-from scalelab.analysis.results import expand_run_dirs, summarize_loaded, write_report
-from scalelab.analysis.scaling import step_table
-from scalelab.analysis.studies import (
-    TABLES,
-    gemm_markdown,
-    plot_gemm,
-    seed_table,
-    study_markdown,
-    study_runs,
-)
 from scalelab.core.checks import InputFile, OutputDir
 from scalelab.core.errors import SpecError
 from scalelab.core.records import load_run
 from scalelab.core.rundir import STUDY_FILE, new_run_dir, study_sweeps, write_json
 from scalelab.core.spec import BACKEND_NAMES, MODE_AXES, Spec, read_yaml_mapping
-from scalelab.costs.studies import price_money_table
 from scalelab.launcher.backend import get_backend
 from scalelab.launcher.cli import console
 from scalelab.launcher.pricing import guard, price_options, show_quote
 from scalelab.launcher.sweep import parse_layouts, run_sweep, sweep_specs
-from scalelab.train.bench import gemm_sweep, knee, step_sweep
 
 STUDY_KEYS = {"title", "seed_scale", "base", "mode", "layouts", "variants", "tables", "scales", "instances",
               "market", "epochs_shown", "kind", "gemm"}
@@ -80,6 +67,7 @@ class Study:
 
 def load_study(path: Path, scale: str | None = None, overrides: dict[str, Any] | None = None) -> Study:
     """Read a study file, apply a named scale and command-line spec overrides, validate it all."""
+    from scalelab.analysis.studies import TABLES
 
     raw = read_yaml_mapping(path, "study file")
     unknown = sorted(set(raw) - STUDY_KEYS)
@@ -157,6 +145,9 @@ def _check_gemm(cfg: dict[str, Any], path: Path) -> None:
 
 def gemm_study(study: Study, runs_root: Path) -> Path:
     """Seed 003: recurrent GEMM and training-step throughput against batch size: CSV, plot, study.md."""
+    import pandas as pd
+    from scalelab.analysis.studies import gemm_markdown, plot_gemm
+    from scalelab.train.bench import gemm_sweep, knee, step_sweep
 
     cfg = {**GEMM_KEYS, **study.gemm}
     out = new_run_dir(runs_root, "study-seed-003-gemm")
@@ -207,6 +198,10 @@ def run_study(study: Study, runs_root: Path) -> Path:
 
 def study_report(study_dir: Path, study: Study) -> Path:
     """The seed-shaped tables of the study's runs (a CSV each) and study.md, plus the scaling report."""
+    from scalelab.analysis.results import expand_run_dirs, summarize_loaded, write_report
+    from scalelab.analysis.scaling import step_table
+    from scalelab.analysis.studies import seed_table, study_markdown, study_runs
+    from scalelab.costs.studies import price_money_table
 
     runs = expand_run_dirs([sweep for _, sweep in study_sweeps(study_dir)])
     loaded = []

@@ -20,8 +20,6 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-import numpy as np
-
 from scalelab.core.errors import DataError
 from scalelab.core.presets import PATH_KEYS
 from scalelab.core.presets import path_flag as flag
@@ -126,6 +124,8 @@ def number_lines(blocks: list[Block], counts: list[tuple[int, int]]) -> int:
 
 def locate_lines(storage: Storage, url: str, offset: int, end: int, relative: list[int]) -> tuple[list[int], dict]:
     """Byte offsets of lines `relative` (counted from the line at `offset`, all starting before `end`)."""
+    import numpy as np
+
     with storage.open(url) as f:
         f.seek(offset)
         data = f.read(end - offset)

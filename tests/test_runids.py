@@ -1,0 +1,75 @@
+"""Issue 35: a short id that matches several runs (the layout `1x2` of several sweeps) is refused, listing
+them newest first, by every command that takes a run; `launch status` alone shows the newest run."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from scalelab.core.errors import ScalelabError
+from scalelab.core.runids import newest_run_dir, resolve_run_dir
+from scalelab.core.spec import Spec, save_spec
+from tests.conftest import launch
+
+# three sweeps, oldest first (their spec files' times say so, not their names)
+SWEEPS = ("sweep-b-20261127-0900", "sweep-a-20261127-1000", "sweep-c-20261127-1100")
+
+
+def _sweeps(tmp_path):
+    root = tmp_path / "runs"
+    for age, name in enumerate(SWEEPS):
+        sweep = root / name
+        for layout, gpus in (("1x1", 1), ("1x2", 2)):
+            (sweep / layout).mkdir(parents=True)
+            save_spec(Spec(model="nmt-tiny", gpus_per_node=gpus).validate(), sweep / layout)
+            os.utime(sweep / layout / "spec.json", (1_800_000_000 + age * 60,) * 2)
+        (sweep / "sweep.json").write_text(json.dumps({"runs": ["1x1", "1x2"], "layouts": [[1, 1], [1, 2]]}))
+        os.utime(sweep / "sweep.json", (1_800_000_000 + age * 60,) * 2)
+    return root
+
+
+def test_an_id_of_several_sweeps_layouts_is_refused_newest_first(tmp_path):
+    root = _sweeps(tmp_path)
+    with pytest.raises(ScalelabError) as err:
+        resolve_run_dir("1x2", root)
+    said = str(err.value)
+    assert "matches 3 directories, newest first" in said
+    positions = [said.index(f"{name}/1x2") for name in reversed(SWEEPS)]
+    assert positions == sorted(positions)  # sweep-c (newest), sweep-a, sweep-b: by time, not by name
+    assert f"`launch status {root / SWEEPS[2] / '1x2'}`" in said  # how to name one exactly
+    assert resolve_run_dir(str(root / SWEEPS[0] / "1x2"), root) == str(root / SWEEPS[0] / "1x2")  # a path is exact
+    assert resolve_run_dir("sweep-a", root) == str(root / SWEEPS[1])  # a unique prefix still works
+
+
+def test_the_newest_run_is_the_default_and_none_is_an_error(tmp_path):
+    root = _sweeps(tmp_path)
+    assert newest_run_dir(root) == root / SWEEPS[2]
+    with pytest.raises(ScalelabError, match="no runs under"):
+        newest_run_dir(tmp_path / "empty")
+
+
+@pytest.mark.parametrize("command", ["status", "cancel", "resume", "logs"])
+def test_every_command_refuses_an_ambiguous_id_in_one_line(tmp_path, command):
+    root = _sweeps(tmp_path)
+    done = launch(command, "1x2", cwd=tmp_path, env={"SCALELAB_RUNS_DIR": str(root)})
+    assert done.returncode == 2
+    assert "Traceback" not in done.stderr
+    errors = [line for line in done.stderr.splitlines() if line.startswith("launch: error:")]
+    assert len(errors) == 1 and "matches 3 directories, newest first" in errors[0]
+    assert f"`launch {command} {root / SWEEPS[2] / '1x2'}`" in errors[0]
+    assert not (root / SWEEPS[0] / "1x2" / "launch.json").exists()  # nothing was done to the oldest
+
+
+def test_status_alone_shows_the_newest_and_ls_shows_every_one(tmp_path):
+    root = _sweeps(tmp_path)
+    env = {"SCALELAB_RUNS_DIR": str(root)}
+    shown = launch("status", "--format", "json", cwd=tmp_path, env=env)
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout)["name"] == SWEEPS[2]
+    listed = launch("ls", "--runs-dir", str(root), "--format", "json", cwd=tmp_path)
+    assert listed.returncode == 0, listed.stderr
+    assert sorted(row["name"] for row in json.loads(listed.stdout)) == sorted(SWEEPS)
+    empty = launch("status", cwd=tmp_path, env={"SCALELAB_RUNS_DIR": str(tmp_path / "none")})
+    assert empty.returncode == 2 and empty.stderr.count("launch: error:") == 1 and "no runs under" in empty.stderr
