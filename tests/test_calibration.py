@@ -209,3 +209,15 @@ def test_time_tables_show_their_throughput_not_zero(tmp_path):
     title, rows, fmt = _plan_tables(p)[0]
     shown = format(rows["predicted /s"].iloc[-1], fmt["predicted /s"])
     assert float(shown) > 0
+
+
+def test_one_registry_names_every_model_the_planner_can_use():
+    """Issue 33: worker-count and layout models in one registry; each name is a model the code computes."""
+    from scalelab.costs.calibration import candidate_predictions
+    from scalelab.costs.registry import REGISTRY, names
+    from scalelab.costs.steptime import STEP_MODELS
+
+    fitted = pd.DataFrame({"workers": [1, 2, 4], "nodes": [1, 1, 2], "throughput": [100.0, 190.0, 330.0]})
+    assert set(candidate_predictions(fitted, [8], [2])) == set(names("worker-count"))
+    assert set(STEP_MODELS) == set(names("layout", choosable=True)) and "steptime-scaled" in names("layout")
+    assert all(m.kind in ("worker-count", "layout") and m.what for m in REGISTRY.values())

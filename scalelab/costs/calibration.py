@@ -59,6 +59,7 @@ import pandas as pd
 
 from scalelab.core.errors import DataError
 from scalelab.costs.fitting import MODELS, LinkModel, ScalingModel, extrapolation
+from scalelab.costs.registry import names
 from scalelab.costs.tables import read_scaling_csv, with_throughput
 
 __all__ = ["SEED_TABLES", "DEFAULT_CONFIDENCE", "CANDIDATES", "DELTA", "reference_tables", "reference_series",
@@ -72,7 +73,7 @@ CORPUS_PACKAGE = "scalelab.costs.data.corpus"
 DEFAULT_CONFIDENCE = 0.9
 BLENDS = {"decay+comm": ("decay", "comm"), "decay+ps": ("decay", "ps"), "decay+half-decay": ("decay", "half-decay"),
           "node-decay+comm": ("node-decay", "comm")}
-CANDIDATES = ("naive", "decay", "half-decay", "node-decay", *MODELS, *BLENDS)
+CANDIDATES = names("worker-count", choosable=True)  # scalelab/costs/registry.py: one registry of every model
 DELTA = 0.5  # the band's width at a measured count, in doublings
 LOSS_FLOOR = 0.05  # the band's width factor of a series that loses nothing per doubling
 _LEVELS = np.concatenate([np.linspace(0.9, 0.99, 19), [0.995, 0.998, 1.0]])  # the band's inner levels tried

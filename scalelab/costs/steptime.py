@@ -66,12 +66,13 @@ from scalelab.costs.billing import Mix
 from scalelab.costs.calibration import band_class, band_spread, calibrate, conformal_quantile, k_class
 from scalelab.costs.catalog import Catalog, CatalogError
 from scalelab.costs.fitting import FitResult, LinkModel, fit_series, nnls
+from scalelab.costs.registry import names
 
 __all__ = ["Known", "Layout", "parse_fleet_layout", "parse_fleet_layouts", "exchange_terms", "StepModel", "fit_step_model",
            "prepare", "held_out", "choose", "predict_layouts", "STEP_MODELS", "LayoutModel", "WorkerCountModel",
            "fit_layout_model", "corpus_band"]
 
-STEP_MODELS = ("steptime", "steptime-links")
+STEP_MODELS = names("layout", choosable=True)  # scalelab/costs/registry.py; steptime-scaled only widens bands
 _DEFAULT_LINK = LinkModel()
 _LAYOUT = re.compile(r"\s*(\d+)\s*x\s*(\d+)\s*@\s*([^:]+?)\s*(?::\s*(\w+)\s*)?")
 
