@@ -221,3 +221,19 @@ def test_one_registry_names_every_model_the_planner_can_use():
     assert set(candidate_predictions(fitted, [8], [2])) == set(names("worker-count"))
     assert set(STEP_MODELS) == set(names("layout", choosable=True)) and "steptime-scaled" in names("layout")
     assert all(m.kind in ("worker-count", "layout") and m.what for m in REGISTRY.values())
+
+
+def test_the_tasks_are_kept_in_a_cache_keyed_by_the_corpus_and_read_back_exactly(tmp_path, monkeypatch):
+    """`launch plan` reads the published tables' tasks from a file instead of fitting them again (seconds);
+    the file read back equals the fit, a damaged one is made anew, and "off" keeps none."""
+    import scalelab.costs.calibration as cal
+
+    monkeypatch.setenv(cal.CACHE_ENV, str(tmp_path))
+    fresh = cal.all_tasks.__wrapped__()
+    [path] = tmp_path.glob("calibration-tasks-*.csv")
+    again = cal.all_tasks.__wrapped__()
+    pd.testing.assert_frame_equal(fresh, again, check_dtype=False, check_exact=True)
+    path.write_text("garbage\\n\\x00\\x01")
+    assert len(cal.all_tasks.__wrapped__()) == len(fresh)
+    monkeypatch.setenv(cal.CACHE_ENV, "off")
+    assert cal._tasks_cache() is None

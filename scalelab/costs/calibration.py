@@ -48,10 +48,13 @@ it (`launch bench --only planner`; docs/benchmarks.md has the figures per source
 
 from __future__ import annotations
 
+import hashlib
 import math
+import os
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib.resources import as_file, files
+from pathlib import Path
 from typing import Sequence
 
 import numpy as np
@@ -277,11 +280,58 @@ def _series_tasks(table: str, label: str, rows: pd.DataFrame) -> list[dict]:
 
 @lru_cache(maxsize=1)
 def all_tasks() -> pd.DataFrame:
-    """Every extrapolation task of every shipped table, with each candidate's bounded prediction."""
+    """Every extrapolation task of every shipped table, with each candidate's bounded prediction.
+    Fitting them takes seconds, so they are kept in a file keyed by the corpus and this code
+    (`_tasks_cache`): every `launch plan` after the first reads it instead."""
+    cache = _tasks_cache()
+    if cache is not None and cache.is_file():
+        try:
+            kept = pd.read_csv(cache, dtype={"k_class": str, "table": str, "origin": str, "series": str})
+            needed = {"table", "origin", "k_class", "true", "spread", "ceiling", "noise", "linear", "crosses_nodes",
+                      "pred_trend", *(f"pred_{m}" for m in CANDIDATES)}
+            if len(kept) and needed <= set(kept.columns) and kept[sorted(needed - {"table", "origin",
+                                                                                    "k_class"})].notna().all().all():
+                return kept
+        except (OSError, ValueError, UnicodeDecodeError, pd.errors.ParserError):
+            pass  # a damaged cache is made again
     rows = [t for table, series in reference_tables().items() for label, part in series.items()
             for t in _series_tasks(table, label, part)]
     df = pd.DataFrame(rows)
-    return df.assign(k_class=df["fit_counts"].map(k_class))
+    df = df.assign(k_class=df["fit_counts"].map(k_class))
+    if cache is not None:
+        _write_cache(cache, df)
+    return df
+
+
+CACHE_ENV = "SCALELAB_CACHE"  # where derived data is kept [default: ~/.cache/scalelab]; "off" keeps none
+
+
+def _tasks_cache() -> Path | None:
+    """The file of the tasks for this corpus and this code: named by a hash of every shipped table,
+    SOURCES.csv and the modules that compute the tasks, so a change to any of them makes it anew."""
+    where = os.environ.get(CACHE_ENV, "")
+    if where.lower() == "off":
+        return None
+    digest = hashlib.sha256()
+    for package in ("scalelab.costs.data", CORPUS_PACKAGE):
+        for entry in sorted(files(package).iterdir(), key=lambda e: e.name):
+            if entry.name.endswith(".csv"):
+                digest.update(entry.name.encode() + entry.read_bytes())
+    for module in ("calibration.py", "fitting.py", "registry.py", "tables.py"):
+        digest.update((files("scalelab.costs") / module).read_bytes())
+    base = Path(where) if where else Path.home() / ".cache" / "scalelab"
+    return base / f"calibration-tasks-{digest.hexdigest()[:20]}.csv"
+
+
+def _write_cache(path: Path, df: pd.DataFrame) -> None:
+    """Write the tasks atomically; a cache that cannot be written (read-only or full disk) is skipped."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        df.to_csv(tmp, index=False)
+        os.replace(tmp, path)
+    except OSError:
+        pass
 
 
 # ---- calibration ----------------------------------------------------------------------------------------

@@ -127,7 +127,7 @@ class FittedSeries(FitResult):
         rate = self.measured.groupby("workers")["throughput"].mean().sort_index()
         out = [f"series {name}: throughput drops from {int(a)} to {int(b)} workers ({rate[a]:,.0f} -> {rate[b]:,.0f}): "
                "the plan follows the measured drop (negative scaling: a busy host, oversubscribed cores or a slow "
-               "link); predictions beyond it continue the measured trend"
+               "link); predictions beyond it follow the measured rates, not a rule that throughput grows"
                for a, b in zip(rate.index[:-1], rate.index[1:]) if rate[b] < rate[a]]
         counts = self.counts
         for i in range(2, len(counts)):
