@@ -31,7 +31,6 @@ from typing import Iterable, Sequence
 
 import numpy as np
 import pandas as pd
-from scipy import optimize
 
 from scalelab.core.errors import DataError
 
@@ -59,6 +58,8 @@ __all__ = [
 def nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Non-negative least squares min ||a x − b||, x >= 0 (scipy.optimize.nnls: Lawson-Hanson
     active set, exact for these few columns)."""
+    from scipy import optimize  # here, not at import: `launch plan` on cached tasks and measurements needs no SciPy
+
     x, _ = optimize.nnls(np.asarray(a, dtype=float), np.asarray(b, dtype=float))
     return x
 
