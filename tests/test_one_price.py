@@ -13,8 +13,7 @@ from test_costs_cli import _fake_run
 
 from scalelab.core.records import load_run
 from scalelab.costs.billing import billed_seconds
-from scalelab.costs.expected import measured_cost_points, run_seconds
-from scalelab.launcher.backend import fleet_of
+from scalelab.costs.expected import run_seconds
 from scalelab.launcher.cli import main
 
 
@@ -40,10 +39,10 @@ def test_cost_report_and_plan_agree_on_one_run(runs):
     seconds = run_seconds(load_run(two))
     assert cost["dollars"] == pytest.approx(1.0 * billed_seconds(seconds) / 3600)
 
-    points, basis = measured_cost_points(None, [load_run(two)], fleet_of)
-    assert points["usd_per_hour"].iloc[0] == pytest.approx(cost["usd_per_hour"])
-    assert points["dollars"].iloc[0] == pytest.approx(cost["dollars"])  # the report: the same dollars
-    assert "as `launch cost`" in basis
+    report = _json("report", str(two), "--out", str(two.parent / "rep"))[0]
+    assert report["usd_per_hour"] == pytest.approx(cost["usd_per_hour"])
+    assert report["dollars"] == pytest.approx(cost["dollars"])  # the report: the same dollars
+    assert report["price_basis"] == cost["price_basis"]
 
     plan = _json("plan", *map(str, runs), "--instance-types", "local", "--work", "1e6")
     row = next(r for r in plan if r.get("instance_type") == "local" and r["workers"] == 2)
