@@ -555,11 +555,11 @@ def report_pricer(rates: tuple[str, ...] = (), prices_file: str | None = None):
     load_catalog(prices_file, named_rates(rates, ["local"]))  # a bad prices file: said before any run is read
 
     def price(run, summary) -> dict[str, Any]:
-        fleet = fleet_of(run.spec)
-        key = (run.spec.backend, fleet.region or DEFAULT_REGION)
-        if key not in catalogs:
-            catalogs[key] = load_catalog(prices_file, named_rates(rates, [run.spec.backend]), key[1])
         try:
+            fleet = fleet_of(run.spec)
+            key = (run.spec.backend, fleet.region or DEFAULT_REGION)
+            if key not in catalogs:
+                catalogs[key] = load_catalog(prices_file, named_rates(rates, [run.spec.backend]), key[1])
             found = fleet_pricing(run.spec, fleet, catalogs[key])
         except ScalelabError as exc:  # a type the catalog lacks: this run unpriced, the report still made
             found = None
