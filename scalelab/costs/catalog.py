@@ -266,8 +266,8 @@ def parse_rate(text: str) -> tuple[str, float, str, int]:
     usd = _rate_usd(m.group(2)) if m else None
     if not m or usd is None:
         raise CatalogError(
-            f"--rate takes NAME=USD/gpu-hour or NAME=USD/node-hour@GPUS with USD a number >= 0 (e.g. "
-            f"slurm=0.45/gpu-hour, k8s=3.2/node-hour@4), got {text!r}"
+            f"--rate takes [NAME=]USD/gpu-hour or [NAME=]USD/node-hour@GPUS with USD a number >= 0 (e.g. "
+            f"0.45/gpu-hour, slurm=0.45/gpu-hour, k8s=3.2/node-hour@4), got {text!r}"
         )
     name, _, per, gpus = m.groups()
     per = per or "gpu-hour"

@@ -29,7 +29,7 @@ class RateText(click.ParamType):
         try:
             parse_rate(text if "=" in text else f"{BARE}={text}")
         except CatalogError as exc:
-            self.fail(str(exc).replace(f"'{BARE}=", "'"), param, ctx)
+            self.fail(str(exc).replace(f"'{BARE}=", "'").replace(f" {BARE}=", " "), param, ctx)
         return text
 
 
