@@ -196,7 +196,7 @@ def test_a_run_with_no_price_shows_no_dollars_and_says_how_to_give_one(tmp_path,
     row = json.loads(_invoke("report", str(run), "--out", str(tmp_path / "r"), "--format", "json").stdout)[0]
     assert row["dollars"] is None and row["price_basis"] is None and "--rate USD_PER_GPU_HOUR" in row["price_note"]
     md = (tmp_path / "r" / "report.md").read_text()
-    assert "no dollars: free (local) has no price: give --rate USD_PER_GPU_HOUR" in md
+    assert "no dollars: the local backend's runs have no price: give --rate USD_PER_GPU_HOUR" in md
     assert "| dollars |" not in md  # no column of dashes
     priced = _invoke("report", str(run), "--rate", "0.5", "--out", str(tmp_path / "r2"), "--format", "markdown").stdout
     assert "| dollars |" in priced and "$0.0083" in priced  # 3 s billed as 60 s at $0.50 a GPU-hour

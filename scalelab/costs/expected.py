@@ -191,8 +191,8 @@ def recorded_cost(run: Any, price: FleetPrice | None, wall_to_threshold_s: float
         named = (run.spec.backend_options or {}).get("instance_type") or backend
         return {"instances": None, "market": None, "usd_per_hour": None, "billed_seconds": None, "dollars": None,
                 "dollars_to_threshold": None, "price_basis": None,
-                "price_note": f"{run.run_dir.name} ({backend}) has no price: give --rate USD_PER_GPU_HOUR (its backend's "
-                              f"rate), --rate {named}=USD/gpu-hour, or a '{named}' rate in the prices file"}
+                "price_note": f"the {backend} backend's runs have no price: give --rate USD_PER_GPU_HOUR (the "
+                              f"backend's rate), --rate {named}=USD/gpu-hour, or a '{named}' rate in the prices file"}
     cost = price.cost(run_seconds(run), label, measured=True)
     wall = wall_to_threshold_s
     to_threshold = None if wall is None or wall != wall else price.cost(float(wall), measured=True).dollars

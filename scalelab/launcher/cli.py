@@ -433,7 +433,8 @@ def sweep_cmd(workers: str | None, layouts: str | None, batch_scaling: str | Non
     backend.validate(base)
     guard([(spec, repeats) for spec in specs], params)
     sweep_dir = run_sweep(backend, specs, Path(params["runs_dir"]), base.name or f"sweep-{base.model}-{mode}", repeats)
-    report_dirs([sweep_dir], out=sweep_dir, fmt="table")
+    report_dirs([sweep_dir], out=sweep_dir, fmt="table", rates=params.get("rates") or (),
+                prices_file=params.get("prices_file"))  # priced as its preview was
 
 
 # ---- report --------------------------------------------------------------------------------------
