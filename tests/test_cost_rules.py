@@ -138,3 +138,30 @@ def test_plan_predict_batch_from_runs_states_the_basis_and_the_rule(tmp_path):
     cost = json.loads(c.stdout)[0]
     # from the launch (990) to the threshold event (1001.8): 11.8 s, billed as the 60 s minimum
     assert cost["wall_to_threshold_s"] == pytest.approx(11.8) and cost["dollars_to_threshold"] == pytest.approx(0.9 / 60)
+
+
+@pytest.mark.parametrize("nodes,gpus,text,want", [
+    (1, 2, "g5.xlarge", "2*g5.xlarge"),        # 1-GPU instances: one per GPU
+    (2, 4, "g3.16xlarge", "2*g3.16xlarge"),    # 4-GPU instances: one per node
+    (2, 1, "g3.16xlarge", "2*g3.16xlarge"),    # a node is rented whole, however few GPUs it uses
+    (1, 8, "g3.16xlarge", "2*g3.16xlarge"),    # ceil(8 / 4) on one node
+    (1, 8, "slurm", "8*slurm"),                # a GPU-hour rate: one unit per GPU
+    (1, 2, "k8s", "1*k8s"),                    # a node-hour@4 rate: the node
+    (2, 1, "1*p2.xlarge+1*g3.4xlarge", "1*p2.xlarge+1*g3.4xlarge"),  # an explicit mix: as written
+])
+def test_one_instance_count_per_layout(nodes, gpus, text, want):
+    from scalelab.costs.billing import instances_for
+    from scalelab.costs.catalog import load_catalog
+
+    cat = load_catalog(rates=["slurm=0.45/gpu-hour", "k8s=3.2/node-hour@4"])
+    assert str(instances_for(nodes, gpus, text, cat)) == want
+
+
+def test_the_one_function_bills_60_s_per_instance_and_adds_no_interruptions_to_a_measured_time():
+    cat = builtin_catalog()
+    cat.set_interruptions("p2.xlarge", 1.0)
+    ten = run_cost(10, "2*p2.xlarge", cat)
+    assert ten.billed_seconds == 60 and ten.dollars == pytest.approx(2 * 0.9 * 60 / 3600)
+    expected = run_cost(3600, "1*p2.xlarge", cat, "spot", checkpoint_interval_s=600, restart_s=0)
+    measured = run_cost(3600, "1*p2.xlarge", cat, "spot", checkpoint_interval_s=600, restart_s=0, measured=True)
+    assert expected.seconds == pytest.approx(3600 / (1 - 300 / 3600)) and measured.seconds == 3600

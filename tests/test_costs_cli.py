@@ -285,3 +285,18 @@ def test_cost_list_json_has_the_catalog_columns(tmp_path):
     assert g5["spot_interruptions_per_hour"] == 0.3 and rows["p2.xlarge"]["spot_interruptions_per_hour"] is None
     assert rows["p5.48xlarge"]["efa"] is True and rows["p5.48xlarge"]["interconnect"] == "NVLink"
     assert "June 2025" in rows["p4d.24xlarge"]["on-demand_source"] and rows["p4d.24xlarge"]["on-demand_observed"]
+
+
+@pytest.mark.parametrize("args", [["report", "RUN", "--rate", "nan"], ["report", "RUN", "--rate", "-1/gpu-hour"],
+                                  ["report", "RUN", "--prices", "MISSING"], ["cost", "RUN", "--rate", "x=0.../gpu-hour"],
+                                  ["cost", "--list", "--rate", "slurm=inf"], ["plan", "--from-csv", "CSV", "--rate", "0.5"]])
+def test_a_bad_rate_or_a_missing_prices_file_is_one_error_line(tmp_path, args):
+    """NaN, negative, unreadable or unnamed rates and a prices file that is not there: `launch: error:`, exit 2,
+    no traceback (`--rate x=0...` was a ValueError's traceback)."""
+    run = _fake_run(tmp_path, "r", 1, 0.1, 6400, None)
+    csv = _seed_001_csv(tmp_path / "t.csv")
+    args = [{"RUN": str(run), "MISSING": str(tmp_path / "missing.json"), "CSV": str(csv)}.get(a, a) for a in args]
+    r = launch(*args, cwd=tmp_path, env=_env(tmp_path))
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    errors = [line for line in r.stderr.splitlines() if line.startswith("launch: error:")]
+    assert len(errors) == 1 and ("--rate" in errors[0] or "prices file not found" in errors[0]), r.stderr

@@ -31,7 +31,8 @@ def html_report(tmp_path_factory) -> Path:
     proc = launch(*TINY, "--engine", "ddp", "--gpus-per-node", "2", "--steps", "12", "--val-every", "4",
                   "--loss-threshold", "100", "--profile-steps", "2:3", "--runs-dir", str(runs), cwd=tmp)
     assert proc.returncode == 0, proc.stderr
-    proc = launch("report", str(only_run_dir(runs)), "--format", "html", "--out", str(tmp / "out"), cwd=tmp)
+    proc = launch("report", str(only_run_dir(runs)), "--format", "html", "--out", str(tmp / "out"),
+                  "--rate", "0.5/gpu-hour", cwd=tmp)  # the local backend has no price of its own
     assert proc.returncode == 0, proc.stderr
     page = Path(proc.stdout.strip().splitlines()[-1])
     assert page == tmp / "out" / "report.html" and page.is_file()

@@ -13,8 +13,7 @@ from test_costs_cli import _fake_run
 
 from scalelab.core.records import load_run
 from scalelab.costs.billing import billed_seconds
-from scalelab.costs.expected import measured_cost_points, run_seconds
-from scalelab.launcher.backend import fleet_of
+from scalelab.costs.expected import run_seconds
 from scalelab.launcher.cli import main
 
 
@@ -40,10 +39,10 @@ def test_cost_report_and_plan_agree_on_one_run(runs):
     seconds = run_seconds(load_run(two))
     assert cost["dollars"] == pytest.approx(1.0 * billed_seconds(seconds) / 3600)
 
-    points, basis = measured_cost_points(None, [load_run(two)], fleet_of)
-    assert points["usd_per_hour"].iloc[0] == pytest.approx(cost["usd_per_hour"])
-    assert points["dollars"].iloc[0] == pytest.approx(cost["dollars"])  # the report: the same dollars
-    assert "as `launch cost`" in basis
+    report = _json("report", str(two), "--out", str(two.parent / "rep"))[0]
+    assert report["usd_per_hour"] == pytest.approx(cost["usd_per_hour"])
+    assert report["dollars"] == pytest.approx(cost["dollars"])  # the report: the same dollars
+    assert report["price_basis"] == cost["price_basis"]
 
     plan = _json("plan", *map(str, runs), "--instance-types", "local", "--work", "1e6")
     row = next(r for r in plan if r.get("instance_type") == "local" and r["workers"] == 2)
@@ -128,3 +127,76 @@ def test_a_report_of_two_sweeps_with_the_same_layouts_says_it_merged_them(tmp_pa
     assert any("2 sweeps given together measured the same layouts" in w for w in both.warnings), both.warnings
     one = build_report(sweeps[:1], tmp_path / "out1")
     assert not any("sweeps given together" in w for w in one.warnings)
+
+
+# ---- issue 33: one dollar rule ---------------------------------------------------------------------------
+
+
+def _invoke(*args: str):
+    out = CliRunner().invoke(main, list(args))
+    assert out.exit_code == 0, out.output
+    return out
+
+
+def test_a_10_s_run_bills_60_s_per_instance_in_cost_report_and_preview(tmp_path, monkeypatch):
+    """The same 2-GPU run at $36 a GPU-hour: `launch cost`, `launch report --format json` and the launch
+    preview (and so --max-usd) all bill its 10 s as 60 s on each of 2 units: $1.20 (10 s alone: $0.20)."""
+    from scalelab.launcher.runner import write_summary
+
+    monkeypatch.setenv("SCALELAB_PRICES", str(tmp_path / "no-prices.json"))
+    monkeypatch.chdir(tmp_path)
+    run = _fake_run(tmp_path, "ten", 2, 1 / 3, 6400, None)  # 30 steps of 1/3 s: 10 s from the first record
+    write_summary(run)
+    assert run_seconds(load_run(run)) == pytest.approx(10.0)
+    want = 2 * 36.0 * 60 / 3600
+    cost = json.loads(_invoke("cost", str(run), "--rate", "36/gpu-hour", "--format", "json").stdout)[0]
+    assert (cost["instances"], cost["billed_seconds"]) == ("2*local", 60)
+    assert cost["dollars"] == pytest.approx(want)
+    report = json.loads(_invoke("report", str(run), "--rate", "36/gpu-hour", "--out", str(tmp_path / "r"),
+                                "--format", "json").stdout)[0]
+    assert report["dollars"] == pytest.approx(want) and report["instances"] == "2*local"
+    preview = _invoke("--model", "nmt-tiny", "--gpus-per-node", "2", "--steps", "20", "--rate", "36/gpu-hour",
+                      "--expect-from", str(run), "--max-usd", "1", "--dry-run", "--runs-dir", str(tmp_path / "runs"))
+    assert f"expected cost of the launch: ${want:,.2f}" in preview.stderr  # 20 steps x 1/3 s: billed as 60 s
+    assert "a launch would be refused: over --max-usd 1" in preview.stderr  # $1.20, not the $0.13 of 7 s
+
+
+def test_a_multi_instance_layout_counts_its_instances_once_everywhere(tmp_path, monkeypatch):
+    """A 2x2 Slurm layout at a node-hour rate of 4-GPU nodes holds two nodes (`instances_for`: nodes x
+    ceil(GPUs per node / 4)), not the one that 4 GPUs / 4 gave: $8/hour in the preview, `launch cost` and
+    `launch report`; the planner's 4 workers on it are one node (1x4), as instances_for counts them."""
+    from scalelab.costs.billing import instances_for
+    from scalelab.costs.catalog import load_catalog
+
+    monkeypatch.setenv("SCALELAB_PRICES", str(tmp_path / "no-prices.json"))
+    monkeypatch.chdir(tmp_path)
+    rate = "slurm=4/node-hour@4"
+    cat = load_catalog(rates=[rate])
+    assert str(instances_for(2, 2, "slurm", cat)) == "2*slurm" and instances_for(1, 4, "slurm", cat).count() == 1
+    preview = _invoke("--backend", "slurm", "--nodes", "2", "--gpus-per-node", "2", "--steps", "7200", "--rate", rate,
+                      "--dry-run", "--runs-dir", str(tmp_path / "runs"))
+    assert "fleet $8.00/hour (rate 'slurm' from --rate (node-hour), 2 units)" in preview.stderr
+    run = _fake_run(tmp_path, "two-nodes", 4, 4.0, 6400, None, nodes=2, backend="slurm")  # 120 s
+    cost = json.loads(_invoke("cost", str(run), "--rate", rate, "--format", "json").stdout)[0]
+    report = json.loads(_invoke("report", str(run), "--rate", rate, "--out", str(tmp_path / "r"),
+                                "--format", "json").stdout)[0]
+    for row in (cost, report):
+        assert row["instances"] == "2*slurm" and row["usd_per_hour"] == pytest.approx(8.0)
+        assert row["dollars"] == pytest.approx(8.0 * 120 / 3600)
+    one = _fake_run(tmp_path, "one-node", 1, 4.0, 6400, None, backend="slurm")
+    plan = json.loads(_invoke("plan", str(one), str(run), "--rate", rate, "--instance-types", "slurm", "--work", "1e6",
+                              "--format", "json").stdout)
+    row = next(r for r in plan if r.get("instance_type") == "slurm" and r["workers"] == 4)
+    assert row["instances"] == instances_for(1, 4, "slurm", cat).count() and row["usd_per_hour"] == pytest.approx(4.0)
+
+
+def test_a_run_with_no_price_shows_no_dollars_and_says_how_to_give_one(tmp_path, monkeypatch):
+    monkeypatch.setenv("SCALELAB_PRICES", str(tmp_path / "no-prices.json"))
+    run = _fake_run(tmp_path, "free", 1, 0.1, 6400, None)
+    row = json.loads(_invoke("report", str(run), "--out", str(tmp_path / "r"), "--format", "json").stdout)[0]
+    assert row["dollars"] is None and row["price_basis"] is None and "--rate USD_PER_GPU_HOUR" in row["price_note"]
+    md = (tmp_path / "r" / "report.md").read_text()
+    assert "no dollars: the local backend's runs have no price: give --rate USD_PER_GPU_HOUR" in md
+    assert "| dollars |" not in md  # no column of dashes
+    priced = _invoke("report", str(run), "--rate", "0.5", "--out", str(tmp_path / "r2"), "--format", "markdown").stdout
+    assert "| dollars |" in priced and "$0.0083" in priced  # 3 s billed as 60 s at $0.50 a GPU-hour

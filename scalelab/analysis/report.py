@@ -57,6 +57,9 @@ DEFINITIONS: tuple[tuple[str, str], ...] = (
                      "as a fraction of the total step time."),
     ("Time to threshold", "training seconds (validation excluded) until the validation loss first "
                           "reached the loss threshold."),
+    ("Dollars", "the run's wall time from its launch to its last record (dollars), or to the threshold event "
+                "($ to threshold), billed per second with a 60 s minimum per instance at its fleet's price "
+                "(costs.billing.run_cost, as `launch cost`); runs with no price show none."),
     ("Noise scale", "the gradient noise scale B_simple = tr(Σ)/|G|² in samples (McCandlish et al. 2018), "
                     "pooled over the ranks and the later half of the steps up to the threshold: below it, a "
                     "larger global batch saves steps almost in proportion."),
@@ -168,7 +171,18 @@ def _columns(df: pd.DataFrame) -> list[tuple[str, Callable[[pd.Series], str], bo
         cols.append(("noise scale (samples)", lambda r: _num(r.get("noise_scale"), ",.0f"), True))
     if "peak_mem_bytes" in has and df["peak_mem_bytes"].notna().any():
         cols.append(("peak mem/rank", _memory, True))
+    if "dollars" in has and df["dollars"].notna().any():  # priced runs (`launch report --rate`, a cloud's catalog)
+        cols.append(("dollars", lambda r: _usd(r.get("dollars")), True))
+    if "dollars_to_threshold" in has and df["dollars_to_threshold"].notna().any():
+        cols.append(("$ to threshold", lambda r: _usd(r.get("dollars_to_threshold")), True))
     return cols
+
+
+def _usd(x: Any) -> str:
+    """Dollars with cents, or four decimals below a dollar (a short run costs a fraction of a cent)."""
+    if _missing(x) or math.isinf(float(x)):
+        return _DASH
+    return f"${float(x):,.2f}" if abs(float(x)) >= 1 else f"${float(x):.4f}"
 
 
 def _memory(r: pd.Series) -> str:

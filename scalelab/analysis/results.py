@@ -10,6 +10,7 @@ import datetime
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Callable
 
 import pandas as pd
 
@@ -101,6 +102,7 @@ class Report:
     json_text: str
     warnings: list[str] = field(default_factory=list)
     runs: list[Path] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # what the dollars rest on, or how to give them a price
 
 
 def finished_layouts(sweep_dir: Path) -> tuple[list[Path], list[str]]:
@@ -121,11 +123,16 @@ def finished_layouts(sweep_dir: Path) -> tuple[list[Path], list[str]]:
                   f"`launch resume {sweep_dir}` continues it" for name, how in unfinished]
 
 
-def build_report(paths: list[Path], out: Path | None = None) -> Report:
+#: (run, its summary) -> more columns of its row: the dollars, priced by the caller (costs/ sits above this layer)
+Pricer = Callable[[Any, LayoutSummary], dict[str, Any]]
+
+
+def build_report(paths: list[Path], out: Path | None = None, price: Pricer | None = None) -> Report:
     """Summaries of every run, the scaling table, and report.md / report.json / speedup.png in `out`.
 
     A sweep's layouts that did not complete (interrupted, failed, never started) are left out of the
     table, each named in a warning; a run given by its own directory is summarised from its records.
+    `price` adds each run's dollars (`launcher.cli.report_dirs` passes costs.expected.recorded_cost).
     """
     runs, warnings = [], []
     for p in paths:
@@ -138,15 +145,25 @@ def build_report(paths: list[Path], out: Path | None = None) -> Report:
         grouped = len(paths) == 1 and ((paths[0] / SWEEP_FILE).exists() or (paths[0] / STUDY_FILE).exists())
         out = paths[0] if grouped else _common_parent(runs) / (
             "report-" + datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))
-    summaries = []
+    summaries, extra = [], []
     for run_dir in runs:  # one run's records in memory at a time
         run = load_run(run_dir)
         warnings += run.warnings  # record lines dropped (a cut last line): said here, not lost
         summaries.append(summarize_loaded(run))
+        if price is not None:
+            extra.append(price(run, summaries[-1]))
     warnings += merged_sweeps(paths, summaries)
-    report = write_report(summaries, runs, out)
+    report = write_report(summaries, runs, out, extra if price is not None else None)
     report.warnings = warnings + report.warnings
     return report
+
+
+def price_notes(extra: list[dict[str, Any]]) -> list[str]:
+    """What the report's dollars rest on (each price basis once), and how to price the runs that have none."""
+    bases = sorted({str(e["price_basis"]) for e in extra if e.get("price_basis")})
+    unpriced = sorted({str(e["price_note"]) for e in extra if e.get("price_note")})
+    notes = [f"dollars: billed per second from the launch, 60 s minimum per instance, at {'; '.join(bases)}"] if bases else []
+    return notes + [f"no dollars: {n}" for n in unpriced]
 
 
 def merged_sweeps(paths: list[Path], summaries: list[LayoutSummary]) -> list[str]:
@@ -168,21 +185,24 @@ def merged_sweeps(paths: list[Path], summaries: list[LayoutSummary]) -> list[str
             "directory to report it alone"]
 
 
-def write_report(summaries: list[LayoutSummary], runs: list[Path], out: Path) -> Report:
-    """The scaling table of already computed summaries, written as report.md, report.json and plots."""
+def write_report(summaries: list[LayoutSummary], runs: list[Path], out: Path,
+                 extra: list[dict[str, Any]] | None = None) -> Report:
+    """The scaling table of already computed summaries (and `extra` columns per run: its dollars), written
+    as report.md, report.json and plots."""
 
-    table = scale_layouts(summaries)
+    table = scale_layouts(summaries, extra=extra)
+    notes = price_notes(extra or [])
     out.mkdir(parents=True, exist_ok=True)
     refuse_links(out, REPORT_FILES)
     plot = plot_speedup(table, out / "speedup.png")
     plot_throughput(table, out / "throughput.png")
     warnings = trust_warnings(table) + emulation_warnings(runs)
-    md = write_markdown(table, out, "Scaling report", notes=[f"runs: {', '.join(str(r) for r in runs)}"]
+    md = write_markdown(table, out, "Scaling report", notes=[f"runs: {', '.join(str(r) for r in runs)}", *notes]
                         + [f"WARNING: {w}" for w in warnings])
     text = json.dumps(to_json_records(table), indent=2)
     (out / "report.json").write_text(text + "\n")
     (out / "warnings.json").write_text(json.dumps(warnings, indent=2) + "\n")
-    return Report(table, md, plot, text, warnings, runs=list(runs))
+    return Report(table, md, plot, text, warnings, runs=list(runs), notes=notes)
 
 
 def emulation_warnings(runs: list[Path]) -> list[str]:

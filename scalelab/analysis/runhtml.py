@@ -21,7 +21,7 @@ import pandas as pd
 from scalelab.analysis.html import PHASE_COLORS, _fig, _img, _table, figure_png, scaling_sections, write_html
 from scalelab.core.records import RunRecords
 
-__all__ = ["provenance", "plot_loss_curves", "plot_rank_timeline", "plot_cost_time", "write_run_html"]
+__all__ = ["provenance", "plot_loss_curves", "plot_rank_timeline", "plot_cost_time", "cost_points", "write_run_html"]
 
 _PHASES = ("data_s", "forward_s", "backward_s", "exchange_s", "optimizer_s")
 
@@ -143,9 +143,21 @@ def plot_cost_time(points: pd.DataFrame) -> Any:
     return fig
 
 
+def cost_points(table: pd.DataFrame) -> pd.DataFrame | None:
+    """Per priced run of a report's table: its layout, billed hours, dollars and price per hour, as the
+    report priced it (its `dollars` column: costs.billing.run_cost, as `launch cost`); None when none is priced."""
+    if "dollars" not in table.columns or not table["dollars"].notna().any():
+        return None
+    rows = table[table["dollars"].notna()]
+    return pd.DataFrame({"layout": [f"{int(n)}x{int(g)}" for n, g in zip(rows["nodes"], rows["gpus_per_node"])],
+                         "hours": pd.to_numeric(rows["billed_seconds"]) / 3600.0,
+                         "dollars": pd.to_numeric(rows["dollars"]),
+                         "usd_per_hour": pd.to_numeric(rows["usd_per_hour"])}).reset_index(drop=True)
+
+
 def _cost_section(points: pd.DataFrame | None, basis: str) -> list[tuple[str, str]]:
     if points is None or not len(points):
-        return []
+        return [("Cost", f"<p>{html.escape(basis)}</p>")] if basis else []
     from scalelab.analysis.html import duration_text
 
     rows = [[r["layout"], duration_text(r["hours"] * 3600), f"{r['dollars']:,.4f}", f"{r['usd_per_hour']:,.2f}"]

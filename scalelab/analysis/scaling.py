@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -670,7 +670,8 @@ def _base_rows(df: pd.DataFrame, keys: list[str], workers: np.ndarray, value: np
 
 
 def scale_layouts(
-    summaries: Iterable[LayoutSummary], series: str | Sequence[str] = "label"
+    summaries: Iterable[LayoutSummary], series: str | Sequence[str] = "label",
+    extra: Sequence[Mapping[str, Any]] | None = None,
 ) -> pd.DataFrame:
     """The scaling table of a sweep: one row per run, summary columns plus `SCALING_COLUMNS`.
 
@@ -679,9 +680,12 @@ def scale_layouts(
     the same label and let nodes/gpus_per_node tell the layouts apart). Rows come sorted by series
     (in order of first appearance), then workers, then nodes, so the base of a series is its
     smallest layout and, among equal worker counts, the one with the fewest nodes (e.g. 1x2 rather
-    than 2x1: no inter-node traffic).
+    than 2x1: no inter-node traffic). `extra`: more columns of each run, in the order of `summaries`
+    (the report's dollars, priced above this layer).
     """
     records = [s.to_dict() for s in summaries]
+    if extra is not None:
+        records = [{**r, **e} for r, e in zip(records, extra)]
     if not records:
         cols = list(LayoutSummary.__dataclass_fields__) + list(SCALING_COLUMNS)
         return pd.DataFrame(columns=cols)

@@ -18,6 +18,10 @@ seconds of work and take w seconds each, so a run that needs W seconds of work t
 seconds of expected wall time (each hour of wall time spends Λ·((c+w)/2 + r) seconds redoing
 work and restarting). T is infinite when interruptions come faster than progress is made. These
 are expectations over the interruption process, not guarantees.
+
+One rule for every dollar (issue 33): `launch cost`, `launch report`, `launch plan`, the launch
+previews and `--max-usd`, `launch probe` and the studies price through `run_cost` (a mix and a catalog;
+its arithmetic is `cost_at_rate`), and count a layout's instances with `instances_for`.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from typing import Any
 
 from scalelab.costs.catalog import MARKETS, Catalog, CatalogError
 
-__all__ = ["MIN_BILLED_S", "Mix", "billed_seconds", "RunCost", "run_cost", "cost_at_rate",
+__all__ = ["MIN_BILLED_S", "Mix", "billed_seconds", "RunCost", "run_cost", "cost_at_rate", "instances_for",
            "spot_expected_seconds", "threshold_cost"]
 
 MIN_BILLED_S = 60
@@ -112,6 +116,24 @@ class Mix:
 _TERM = re.compile(r"\s*(?:(\d+)\s*\*\s*)?([A-Za-z][\w.\-]*)\s*")
 
 
+def instances_for(nodes: int, gpus_per_node: int, instances: str | Mix, catalog: Catalog,
+                  provider: str | None = None) -> Mix:
+    """The instances that hold a layout of `nodes` x `gpus_per_node` GPUs: the one count every price uses.
+
+    A bare type T with g GPUs is `nodes * ceil(gpus_per_node / g)` instances (a 1x2 run on 1-GPU
+    g5.xlarge is two; a 2x4 run on 4-GPU g3.16xlarge is two; 8 GPUs at a gpu-hour rate are 8 units; a
+    1x2 run at a node-hour@4 rate is one node). The planner's N workers on T are the layout 1 x N:
+    ceil(N / g). An explicit mix (`1*p2.xlarge+3*g3.4xlarge`, `8*slurm`) is taken as written."""
+    if isinstance(instances, Mix):
+        return instances
+    mix = Mix.parse(instances, catalog, provider=provider)
+    if len(mix.items) > 1 or "*" in instances:
+        return mix
+    name = mix.items[0][1]
+    per_node = math.ceil(max(1, int(gpus_per_node)) / max(1, catalog.instance(name).gpus))
+    return Mix(((max(1, int(nodes)) * per_node, name),))
+
+
 def billed_seconds(seconds: float) -> int:
     """Seconds billed for one instance kept `seconds`: whole seconds, at least 60."""
     if seconds < 0 or math.isnan(seconds):
@@ -163,28 +185,33 @@ def run_cost(
     checkpoint_interval_s: float = 600.0,
     restart_s: float = 180.0,
     checkpoint_write_s: float = 0.0,
+    *,
+    measured: bool = False,
 ) -> RunCost:
-    """Dollars for keeping `mix` for `seconds` of work (per-second billing, 60 s minimum each).
+    """Dollars for keeping `mix` for `seconds` of work (per-second billing, 60 s minimum each): the one
+    pricing function (a layout's `mix` from `instances_for`; `mix` may be text, a `Mix`, or one type as
+    `Mix(((count, type),))`). `market` "on-demand" or "spot", `region` default the catalog's.
 
     On spot the wall time is the expected one (checkpoint writes, lost work and restarts included,
     see the module doc) at the mix's summed rate: each type's own rate from the catalog, else
-    `interruptions_per_hour` (per instance); and that is what is billed. Measured run times already contain any interruptions they suffered: pass
-    interruptions_per_hour=0 for them.
+    `interruptions_per_hour` (per instance); and that is what is billed. A `measured` wall time (a
+    recorded run's) already holds the interruptions it suffered: none are added, whatever the rates.
     """
     if market not in MARKETS:
         raise CatalogError(f"unknown market {market!r}; use one of {', '.join(MARKETS)}")
     mix = Mix.parse(mix, catalog) if isinstance(mix, str) else mix
+    per_hour = 0.0 if measured else mix.interruptions_per_hour(catalog, interruptions_per_hour)
     return cost_at_rate(seconds, str(mix), mix.gpus(catalog), mix.usd_per_hour(catalog, market, region), market,
-                        region or catalog.region, label, mix.interruptions_per_hour(catalog, interruptions_per_hour),
-                        checkpoint_interval_s, restart_s, checkpoint_write_s)
+                        region or catalog.region, label, per_hour, checkpoint_interval_s, restart_s, checkpoint_write_s)
 
 
 def cost_at_rate(seconds: float, instances: str, gpus: int, usd_per_hour: float, market: str, region: str,
                  label: str = "", interruptions_per_hour: float = 0.0, checkpoint_interval_s: float = 600.0,
                  restart_s: float = 180.0, checkpoint_write_s: float = 0.0) -> RunCost:
     """`run_cost`'s arithmetic for a fleet whose price and spot interruption rate are already known
-    (`usd_per_hour` and `interruptions_per_hour` of the whole fleet): the planner resolves each
-    instance type once (`costs.planner.Candidate`) and prices every row of it without the catalog."""
+    (`usd_per_hour` and `interruptions_per_hour` of the whole fleet): per-second billing of the (expected)
+    wall time with a 60 s minimum, the spot wall time of the module doc. Call `run_cost`; this is for a
+    price resolved once per type (`costs.planner.Candidate` prices every row of it without the catalog)."""
     wall = seconds if market == "on-demand" else spot_expected_seconds(
         seconds, interruptions_per_hour, checkpoint_interval_s, restart_s, checkpoint_write_s)
     if math.isinf(wall):

@@ -29,6 +29,7 @@ from __future__ import annotations
 import csv
 import datetime as _dt
 import json
+import math
 import os
 import re
 from dataclasses import asdict, dataclass, field, replace
@@ -37,7 +38,7 @@ from typing import Any, Iterable
 
 from scalelab.core.errors import ScalelabError, SpecError
 from scalelab.core.writes import check_input_file
-from scalelab.costs.prices_file import FIX, prices_problem
+from scalelab.costs.prices_file import FIX, MAX_USD_PER_HOUR, prices_problem
 
 __all__ = [
     "MARKETS",
@@ -213,7 +214,7 @@ class Catalog:
         with its `gpu_model` the planner can estimate its speed from the GPU table."""
         if per not in ("gpu-hour", "node-hour"):
             raise CatalogError(f"rate for {name!r}: per must be gpu-hour or node-hour, got {per!r}")
-        if usd_per_hour < 0 or gpus < 1:
+        if not (0 <= usd_per_hour < math.inf) or gpus < 1:
             raise CatalogError(f"rate for {name!r}: price must be >= 0 and gpus >= 1")
         inst = InstanceType(name=name, gpus=1 if per == "gpu-hour" else int(gpus), gpu_model=gpu_model,
                             source=source, provider="rate")
@@ -259,17 +260,31 @@ class Catalog:
 
 
 def parse_rate(text: str) -> tuple[str, float, str, int]:
-    """`NAME=USD/gpu-hour` or `NAME=USD/node-hour@GPUS` -> (name, usd, per, gpus), for --rate."""
-    m = re.fullmatch(r"\s*([\w.\-]+)\s*=\s*\$?([\d.]+)\s*/\s*(gpu-hour|node-hour)(?:@(\d+))?\s*", text)
-    if not m:
+    """`NAME=USD/gpu-hour`, `NAME=USD` (per GPU-hour) or `NAME=USD/node-hour@GPUS` -> (name, usd, per,
+    gpus), for --rate. The price is a finite number >= 0; anything else is one CatalogError naming it."""
+    m = re.fullmatch(r"\s*([\w.\-]+)\s*=\s*\$?([^/\s]+)\s*(?:/\s*(gpu-hour|node-hour)(?:@(\d+))?)?\s*", str(text))
+    usd = _rate_usd(m.group(2)) if m else None
+    if not m or usd is None:
         raise CatalogError(
-            f"--rate takes NAME=USD/gpu-hour or NAME=USD/node-hour@GPUS (e.g. slurm=0.45/gpu-hour, "
-            f"k8s=3.2/node-hour@4), got {text!r}"
+            f"--rate takes [NAME=]USD/gpu-hour or [NAME=]USD/node-hour@GPUS with USD a number >= 0 (e.g. "
+            f"0.45/gpu-hour, slurm=0.45/gpu-hour, k8s=3.2/node-hour@4), got {text!r}"
         )
-    name, usd, per, gpus = m.groups()
+    name, _, per, gpus = m.groups()
+    per = per or "gpu-hour"
     if per == "node-hour" and gpus is None:
-        raise CatalogError(f"--rate {text!r}: a node-hour rate needs the GPUs per node, e.g. {name}={usd}/node-hour@4")
-    return name, float(usd), per, int(gpus or 1)
+        raise CatalogError(f"--rate {text!r}: a node-hour rate needs the GPUs per node, e.g. {name}={usd:g}/node-hour@4")
+    if int(gpus or 1) < 1:
+        raise CatalogError(f"--rate {text!r}: a node has at least 1 GPU")
+    return name, usd, per, int(gpus or 1)
+
+
+def _rate_usd(text: str) -> float | None:
+    """A price of --rate: a finite number >= 0 and at most the prices file's ceiling, else None."""
+    try:
+        usd = float(text)
+    except ValueError:
+        return None
+    return usd if math.isfinite(usd) and 0 <= usd <= MAX_USD_PER_HOUR else None
 
 
 def parse_interruptions(texts: Iterable[str]) -> tuple[float, dict[str, float]]:

@@ -27,13 +27,15 @@ from scalelab.core.errors import DataError, SpecError
 from scalelab.core.records import load_run
 from scalelab.core.runids import RunDir
 from scalelab.core.terminal import make_console
-from scalelab.costs.billing import Mix, billed_seconds, cost_at_rate, run_cost
+from scalelab.costs.billing import Mix, instances_for, run_cost
 from scalelab.costs.catalog import DEFAULT_REGION, MARKETS, Catalog, CatalogError, load_catalog, parse_interruptions, refresh
 from scalelab.costs.memory import overflows
+from scalelab.costs.rates import named_rates, rate_options
 
 if TYPE_CHECKING:  # pandas, the planner and the reports load in the commands that use them: --help needs none
     import pandas as pd
 
+    from scalelab.costs.expected import FleetPrice
     from scalelab.costs.measurements import Measurements
 
 console = make_console()
@@ -44,11 +46,7 @@ _FORMATS = ["table", "json", "markdown"]
 
 def _catalog_options(func):
     func = click.option("--region", default=DEFAULT_REGION, show_default=True, help="AWS region of the prices.")(func)
-    func = click.option("--prices", "prices_file", type=click.Path(dir_okay=False),
-                        help="Prices file (JSON/YAML) [default: $SCALELAB_PRICES or ~/.config/scalelab/prices.json].")(func)
-    func = click.option("--rate", "rates", multiple=True, metavar="NAME=USD/gpu-hour",
-                        help="On-premise rate, e.g. slurm=0.45/gpu-hour or k8s=3.2/node-hour@4 (repeatable); "
-                             "then use NAME as an instance type.")(func)
+    func = rate_options(func)
     func = click.option("--interruptions-per-hour", "interruptions", multiple=True, metavar="[TYPE=]RATE",
                         help="Spot: expected interruptions per instance per hour of wall time, for every type "
                              "(RATE) or one type (TYPE=RATE, repeatable; also from the prices file) [default: 0]; "
@@ -68,9 +66,10 @@ def _spot_kwargs(params: dict[str, Any]) -> dict[str, float]:
                 checkpoint_write_s=params["checkpoint_write_s"])
 
 
-def _load_catalog(params: dict[str, Any]) -> Catalog:
-    """The catalog of the common options: prices file, --rate, region, per-type interruptions."""
-    return load_catalog(params["prices_file"], params["rates"], params["region"],
+def _load_catalog(params: dict[str, Any], backends: tuple[str, ...] = ()) -> Catalog:
+    """The catalog of the common options: prices file, --rate (a bare one names each of `backends`, the
+    runs' own), region, per-type interruptions."""
+    return load_catalog(params["prices_file"], named_rates(params["rates"], backends), params["region"],
                         parse_interruptions(params["interruptions"])[1])
 
 
@@ -138,7 +137,7 @@ def cost_cmd(run_dirs: tuple[str, ...], from_csv: str | None, instances: str | N
     from scalelab.analysis.report import markdown_table
     from scalelab.costs.tables import read_cost_csv
 
-    catalog = _load_catalog(params)
+    catalog = _load_catalog(params, _backends(run_dirs))
     if refresh_what:
         rows = refresh(catalog, refresh_what, params["region"],
                        path=Path(params["prices_file"]) if params["prices_file"] else None)
@@ -190,6 +189,14 @@ def cost_cmd(run_dirs: tuple[str, ...], from_csv: str | None, instances: str | N
         bases = sorted({str(b) for b in out.get("price_basis", pd.Series(dtype=str)).dropna()})
         if bases:
             console.print("price: " + "; ".join(bases), highlight=False, soft_wrap=True)
+
+
+def _backends(run_dirs: tuple[str, ...]) -> tuple[str, ...]:
+    """The backends of the runs given (what a bare --rate prices)."""
+    from scalelab.analysis.results import expand_run_dirs
+    from scalelab.core.spec import read_spec
+
+    return tuple(dict.fromkeys(read_spec(d).backend for d in expand_run_dirs([Path(p) for p in run_dirs])))
 
 
 # `launch cost`'s columns in a table (JSON keeps the long names, every column and seconds).
@@ -250,73 +257,67 @@ _LIST_COLUMNS = ("type", "gpus", "gpu", "gpu_gib", "vcpus", "mem_gib", "net_gbps
                  "bf16_tf", "mem_gb_s", "od_usd_h", "spot_usd_h", "intr_h")
 
 
-def _run_mix(run, instances: str | None, catalog):
-    """The instances a recorded run is priced on when no backend prices it: `--instances` if given (a
-    bare type: enough instances to hold every node's GPUs, `costs.expected.run_mix`; counts as written),
-    else the run's own `instance_type` option, one per node."""
-    from scalelab.costs.expected import run_mix
+def _given_price(run, instances: str | None, market: str | None, catalog) -> FleetPrice:
+    """The instances a recorded run is priced on when its backend does not price it: `--instances` if given,
+    else the run's own `instance_type` option, one per node; counted by `billing.instances_for` as every
+    price is (a bare type holds every node's GPUs; an explicit mix as written)."""
+    from scalelab.costs.expected import FleetPrice
 
-    if instances is not None:
-        return run_mix(run.spec, instances, catalog)
-    itype = (run.spec.backend_options or {}).get("instance_type")
-    if not itype:
+    spec = run.spec
+    text = instances if instances is not None else (spec.backend_options or {}).get("instance_type")
+    if not text:
         raise SpecError(f"{run.run_dir}: the run does not say which instances it used; give --instances "
                         f"(e.g. g3.4xlarge for one per node, or 1*p2.xlarge+1*g3.4xlarge) or --rate "
-                        f"NAME=USD/gpu-hour and --instances {run.spec.workers}*NAME")
+                        f"USD_PER_GPU_HOUR for its backend (or NAME=USD/gpu-hour and --instances {spec.workers}*NAME)")
     try:
-        return Mix.for_nodes(itype, run.spec.nodes, catalog)
+        if instances is None:
+            Mix.for_nodes(text, spec.nodes, catalog)  # the run's own: one instance per node
+        mix = instances_for(spec.nodes, spec.gpus_per_node, text, catalog)
     except CatalogError as exc:
-        raise CatalogError(f"{run.run_dir}: instance_type of the run: {exc}") from None
+        raise CatalogError(f"{run.run_dir}: instance_type of the run: {exc}" if instances is None else str(exc)) from None
+    market = market or "on-demand"
+    return FleetPrice(mix, market, catalog.region, f"{mix} {market}", catalog)
 
 
-def _fleet_cost(run, market: str | None, catalog, params, fleet_of) -> tuple[Any, Any]:
-    """The run at its own fleet's price (`costs.expected.run_price`: the rule the report, the previews and
-    the plan use: a cloud's instances per node, an on-premise rate per GPU), and its price per hour;
-    (None, None) when its backend cannot say (then --instances or instance_type)."""
-    from scalelab.analysis.results import run_label
-    from scalelab.costs.expected import run_price, run_seconds
+def _fleet_price(run, market: str | None, catalog, fleet_of) -> FleetPrice | None:
+    """The run's own fleet's price (`costs.expected.fleet_pricing`: the rule the report, the previews and the
+    plan use); None when its backend cannot say, no rate prices it, or another market is asked of a cloud
+    run (then --instances or its instance_type)."""
+    from scalelab.costs.expected import fleet_pricing
 
     if fleet_of is None:
-        return None, None
+        return None
     try:
         fleet = fleet_of(run.spec)
-        rate, basis, instances = run_price(run.spec, fleet, catalog)
+        price = fleet_pricing(run.spec, fleet, catalog)
     except (CatalogError, SpecError):
-        return None, None
-    if fleet.cloud and market is not None and market != fleet.market:
-        return None, None  # another market than the run's: priced from its instances below
-    label = f"{run_label(run.spec)} {run.spec.nodes}x{run.spec.gpus_per_node}"
-    cost = cost_at_rate(run_seconds(run), instances, run.spec.workers, rate, market or fleet.market,
-                        fleet.region or catalog.region, label)  # measured time: its interruptions are in it
-    row = cost.to_dict()
-    row["price_basis"] = basis
-    return row, rate
+        return None
+    if price.assumed or (fleet.cloud and market is not None and market != fleet.market):
+        return None
+    return price
 
 
 def _cost_of_runs(paths: list[Path], instances: str | None, market: str | None, catalog, params,
                   fleet_of=None) -> list[dict[str, Any]]:
-    """One row per run: billed wall time (`run_seconds`) at its fleet's price, or at --instances'."""
+    """One row per run: billed wall time (`run_seconds`) and wall time to the threshold at its fleet's
+    price, or at --instances', through `billing.run_cost` (the measured time holds its interruptions)."""
     from scalelab.analysis.results import expand_run_dirs, run_label, summarize_loaded
-    from scalelab.costs.expected import run_seconds
+    from scalelab.costs.expected import recorded_cost
 
     rows = []
     for run_dir in expand_run_dirs(paths):
         run = load_run(run_dir)
-        row, rate = _fleet_cost(run, market, catalog, params, fleet_of) if instances is None else (None, None)
-        if row is None:
-            mix = _run_mix(run, instances, catalog)
-            row = run_cost(run_seconds(run), mix, catalog, market or "on-demand", label=f"{run_label(run.spec)} "
-                           f"{run.spec.nodes}x{run.spec.gpus_per_node}", **_spot_kwargs(params)).to_dict()
-            rate = row["usd_per_hour"]
+        price = _fleet_price(run, market, catalog, fleet_of) if instances is None else None
+        price = price or _given_price(run, instances, market, catalog)
         try:  # billed: the wall time from the launch to the threshold event, not the training seconds
             summary = summarize_loaded(run)
-            row["time_to_threshold_s"] = summary.time_to_threshold_s
-            row["wall_to_threshold_s"] = summary.wall_to_threshold_s
-            wall = summary.wall_to_threshold_s
-            row["dollars_to_threshold"] = (None if wall is None or wall != wall
-                                           else rate * billed_seconds(wall) / 3600.0)
         except DataError:
-            row["dollars_to_threshold"] = None
+            summary = None
+        wall = summary.wall_to_threshold_s if summary is not None else None
+        row = recorded_cost(run, price, wall, f"{run_label(run.spec)} {run.spec.nodes}x{run.spec.gpus_per_node}")
+        row.pop("price_note")
+        row["time_to_threshold_s"] = summary.time_to_threshold_s if summary is not None else None
+        row["wall_to_threshold_s"] = wall
         row["run_dir"] = str(run_dir)
         rows.append(row)
     return rows
@@ -453,7 +454,7 @@ def plan_cmd(run_dirs: tuple[str, ...], from_csv: str | None, predict_workers: s
     m = measured_from_csv(from_csv, measured_on) if from_csv else measured_from_runs([Path(p) for p in run_dirs],
                                                                                        measured_on)
     measured_on = measured_on or m.measured_on
-    catalog = _load_catalog(params)
+    catalog = _load_catalog(params, _backends(run_dirs))
     asked = [t.strip() for t in (instance_types or "").split(",") if t.strip()]
     for t in asked:
         catalog.instance(t)  # a type asked for that the catalog lacks: an error naming the fix

@@ -16,17 +16,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import pandas as pd
 
 from scalelab.core.spec import Spec
-from scalelab.costs.billing import Mix
+from scalelab.costs.billing import Mix, RunCost, instances_for, run_cost
 from scalelab.costs.catalog import DEFAULT_REGION, Catalog, CatalogError, load_catalog
 from scalelab.costs.fleet import MARKET_ON_DEMAND, MARKET_SPOT, Fleet
 
-__all__ = ["ASSUMED_GPU_HOUR_USD", "ASSUMED_STEP_S", "Estimate", "fleet_price", "expected_cost",
-           "measured_cost_points", "is_priced", "run_mix", "run_price", "run_seconds"]
+__all__ = ["ASSUMED_GPU_HOUR_USD", "ASSUMED_STEP_S", "Estimate", "FleetPrice", "fleet_price", "fleet_pricing",
+           "expected_cost", "is_priced", "recorded_cost", "run_seconds"]
 
 #: On-premise price of one GPU-hour when the prices file names no rate for the backend.
 ASSUMED_GPU_HOUR_USD = 0.50
@@ -61,22 +61,60 @@ class Estimate:
         return replace(self, step_basis=basis)
 
 
-def fleet_price(spec: Spec, catalog: Catalog | None = None, *, fleet: Fleet) -> tuple[float, str]:
-    """USD per hour of every node of `spec` together, and where the price comes from. `fleet`: how its
-    backend pays for nodes (`launcher.backend.fleet_of`: the backend says it, not this module)."""
+@dataclass(frozen=True)
+class FleetPrice:
+    """How a fleet is priced: its instances (`billing.instances_for`, the one count), the market and region
+    of the price found, where it comes from, and the catalog that holds it. `assumed`: no rate was set (an
+    on-premise machine at ASSUMED_GPU_HOUR_USD): an estimate before a launch may use it, a recorded run's
+    dollars (`launch cost`, `launch report`) never do."""
+
+    mix: Mix
+    market: str
+    region: str
+    basis: str
+    catalog: Catalog
+    assumed: bool = False
+
+    @property
+    def usd_per_hour(self) -> float:
+        return self.mix.usd_per_hour(self.catalog, self.market, self.region)
+
+    def cost(self, seconds: float, label: str = "", measured: bool = False, **spot: float) -> RunCost:
+        """Dollars of keeping the fleet `seconds`: `billing.run_cost`, the one pricing function (`measured`:
+        a recorded wall time, whose interruptions are in it)."""
+        return run_cost(seconds, self.mix, self.catalog, self.market, self.region, label, measured=measured, **spot)
+
+
+def fleet_pricing(spec: Spec, fleet: Fleet, catalog: Catalog | None = None) -> FleetPrice:
+    """The fleet of `spec` as its backend pays for it (`fleet`: `launcher.backend.fleet_of`): a cloud's
+    instance mix in the catalog; on premise the rate named by its instance_type, else by its backend; an
+    on-premise run that names a catalog instance type (measured "as" it) at that type's on-demand price;
+    else the assumed GPU-hour price. Instances counted by `instances_for` in every case."""
     catalog = catalog or load_catalog()
     if fleet.cloud:
         return _cloud_price(spec, fleet, catalog)
     for name in dict.fromkeys([fleet.instance_type or fleet.rate_name, fleet.rate_name]):
         inst = catalog.instances.get(name)
         if inst is not None and inst.provider == "rate":
-            price = catalog.price(name)
-            units = spec.workers / inst.gpus
-            return price.usd_per_hour * units, f"rate '{name}' from {price.source}, {units:g} units"
+            mix = instances_for(spec.nodes, spec.gpus_per_node, name, catalog)
+            basis = f"rate '{name}' from {catalog.price(name).source}, {mix.count()} units"
+            return FleetPrice(mix, MARKET_ON_DEMAND, catalog.region, basis, catalog)
+    if fleet.instance_type in catalog.instances:
+        mix = instances_for(spec.nodes, spec.gpus_per_node, fleet.instance_type, catalog)
+        return FleetPrice(mix, MARKET_ON_DEMAND, catalog.region, f"{mix} on-demand (the run's instance_type)", catalog)
     name = fleet.instance_type or fleet.rate_name
-    gpus = f"{spec.workers} GPU" + ("s" if spec.workers != 1 else "")
-    return ASSUMED_GPU_HOUR_USD * spec.workers, (f"assumed on-premise ${ASSUMED_GPU_HOUR_USD:.2f}/GPU-hour x "
-                                                 f"{gpus}; set a '{name}' rate in the prices file")
+    assumed = replace(catalog, instances=dict(catalog.instances), on_demand=dict(catalog.on_demand))
+    assumed.add_rate(name, ASSUMED_GPU_HOUR_USD, source="assumed")
+    mix = instances_for(spec.nodes, spec.gpus_per_node, name, assumed)
+    gpus = f"{mix.count()} GPU" + ("s" if mix.count() != 1 else "")
+    return FleetPrice(mix, MARKET_ON_DEMAND, catalog.region, f"assumed on-premise ${ASSUMED_GPU_HOUR_USD:.2f}/GPU-hour "
+                      f"x {gpus}; set a '{name}' rate in the prices file", assumed, assumed=True)
+
+
+def fleet_price(spec: Spec, catalog: Catalog | None = None, *, fleet: Fleet) -> tuple[float, str]:
+    """USD per hour of every node of `spec` together, and where the price comes from (`fleet_pricing`)."""
+    price = fleet_pricing(spec, fleet, catalog)
+    return price.usd_per_hour, price.basis
 
 
 def is_priced(fleet: Fleet, catalog: Catalog) -> bool:
@@ -86,10 +124,11 @@ def is_priced(fleet: Fleet, catalog: Catalog) -> bool:
     return fleet.cloud or (inst is not None and inst.provider == "rate")
 
 
-def _cloud_price(spec: Spec, fleet: Fleet, catalog: Catalog) -> tuple[float, str]:
+def _cloud_price(spec: Spec, fleet: Fleet, catalog: Catalog) -> FleetPrice:
     """The instance mix's price in the run's market and region; where the catalog lacks it, an
     upper bound (spot: on-demand) or another region's price (us-east-1, built in), said as such."""
-    mix = Mix.for_nodes(fleet.instance_type, spec.nodes, catalog, provider=fleet.provider)
+    Mix.for_nodes(fleet.instance_type, spec.nodes, catalog, provider=fleet.provider)  # an explicit mix: one per node
+    mix = instances_for(spec.nodes, spec.gpus_per_node, fleet.instance_type, catalog, provider=fleet.provider)
     market = fleet.market
     region = fleet.region or catalog.region
     tries = [(market, region, f"{mix} {market}")]
@@ -103,7 +142,8 @@ def _cloud_price(spec: Spec, fleet: Fleet, catalog: Catalog) -> tuple[float, str
     error: CatalogError | None = None
     for market_, region_, basis in tries:
         try:
-            return mix.usd_per_hour(catalog, market_, region_), basis
+            mix.usd_per_hour(catalog, market_, region_)
+            return FleetPrice(mix, market_, region_, basis, catalog)
         except CatalogError as exc:
             error = error or exc  # the first: it names the price that was asked for
     raise error
@@ -112,13 +152,15 @@ def _cloud_price(spec: Spec, fleet: Fleet, catalog: Catalog) -> tuple[float, str
 def expected_cost(spec: Spec, step_s: float | None = None, catalog: Catalog | None = None,
                   startup_s: float = 0.0, *, fleet: Fleet) -> Estimate:
     """Price per hour and expected dollars of `spec`: its steps x `step_s` (measured) or ASSUMED_STEP_S,
-    plus a measured start-up (launch to the first step: it is paid too); `fleet` as for `fleet_price`."""
-    rate, rate_basis = fleet_price(spec, catalog, fleet=fleet)
+    plus a start-up (launch to the first step: it is paid too), billed as every run is (`billing.run_cost`:
+    per second, 60 s minimum per instance); `fleet` as for `fleet_pricing`."""
+    price = fleet_pricing(spec, fleet, catalog)
     measured = step_s is not None
     step_s = float(step_s) if measured else ASSUMED_STEP_S
     basis = "measured" if measured else "assumed: nothing measured; --expect-from RUN uses a run's"
-    hours = (spec.steps * step_s + startup_s) / 3600.0 if spec.steps is not None else math.nan
-    return Estimate(rate, rate_basis, spec.steps, step_s, basis, hours, rate * hours, startup_s)
+    seconds = spec.steps * step_s + startup_s if spec.steps is not None else math.nan
+    dollars = price.cost(seconds).dollars if spec.steps is not None else math.nan
+    return Estimate(price.usd_per_hour, price.basis, spec.steps, step_s, basis, seconds / 3600.0, dollars, startup_s)
 
 
 def run_seconds(run: Any) -> float:
@@ -137,59 +179,21 @@ def run_seconds(run: Any) -> float:
     return max(float(t.max()) for t in times) - first
 
 
-def run_mix(spec: Spec, text: str, catalog: Catalog) -> Mix:
-    """The instances that hold a run's layout, as `launch cost RUN --instances TEXT` prices it: a bare type
-    is `nodes x ceil(gpus_per_node / its GPUs)` instances (a 1x2 run on 1-GPU g5.xlarge is two, not one, as
-    the planner counts ceil(workers / GPUs)); an explicit mix (`2*g5.xlarge`, `8*slurm`) is taken as written."""
-    mix = Mix.parse(text, catalog, nodes=spec.nodes)
-    if len(mix.items) == 1 and "*" not in text:
-        gpus = max(1, catalog.instance(mix.items[0][1]).gpus)
-        mix = Mix(((spec.nodes * math.ceil(spec.gpus_per_node / gpus), mix.items[0][1]),))
-    return mix
-
-
-def run_price(spec: Spec, fleet: Fleet, catalog: Catalog | None = None) -> tuple[float, str, str]:
-    """(USD per hour, basis, instances) of a recorded run: the one rule `launch cost RUN`, the report's cost
-    chart, the previews (`fleet_price`) and the planner (ceil(GPUs / GPUs per instance) instances of a type)
-    share. Its fleet's price; an on-premise run that names a catalog instance type but has no rate (hand-
-    made, or measured "as" a type) at that type's on-demand price for instances holding its GPUs
-    (`run_mix`), rather than at the assumed GPU-hour price."""
-    catalog = catalog or load_catalog()
-    name = fleet.instance_type or fleet.rate_name
-    inst = catalog.instances.get(fleet.instance_type) if fleet.instance_type else None
-    if not fleet.cloud and not is_priced(fleet, catalog) and inst is not None and inst.provider != "rate":
-        mix = run_mix(spec, fleet.instance_type, catalog)
-        return mix.usd_per_hour(catalog, MARKET_ON_DEMAND), f"{mix} on-demand (the run's instance_type)", str(mix)
-    rate, basis = fleet_price(spec, catalog, fleet=fleet)
-    if fleet.cloud:
-        return rate, basis, str(Mix.for_nodes(fleet.instance_type, spec.nodes, catalog, provider=fleet.provider))
-    inst = catalog.instances.get(name) or catalog.instances.get(fleet.rate_name)
-    units = spec.workers / inst.gpus if inst is not None and inst.provider == "rate" else spec.workers
-    return rate, basis, f"{units:g}*{name}"
-
-
-def measured_cost_points(table: pd.DataFrame, runs: Sequence[Any],
-                         fleet_of: Callable[[Spec], Fleet]) -> tuple[pd.DataFrame | None, str]:
-    """Per run: its billed hours and dollars at its fleet's price (the HTML report), by the rule `launch
-    cost` uses (`fleet_price` for the whole fleet, `run_seconds` of wall time, per-second billing with a
-    60 s minimum), so the two give the same dollars for the same run; `fleet_of` says how each run's
-    backend pays for its nodes."""
-    from scalelab.costs.billing import cost_at_rate
-
-    rows, bases = [], set()
-    for run in runs:
-        try:
-            fleet = fleet_of(run.spec)
-            rate, basis, instances = run_price(run.spec, fleet)
-            seconds = run_seconds(run)
-        except Exception as exc:  # a price missing must not lose the whole report
-            bases.add(f"{run.run_dir.name}: no price ({exc})")
-            continue
-        if seconds > 0:
-            cost = cost_at_rate(seconds, instances, run.spec.workers, rate, fleet.market, fleet.region or "")
-            rows.append({"layout": f"{run.spec.nodes}x{run.spec.gpus_per_node}", "hours": cost.billed_seconds / 3600.0,
-                         "dollars": cost.dollars, "usd_per_hour": rate})
-            bases.add(basis)
-    text = ("Billed wall time (launch to last record, per second, 60 s minimum; as `launch cost`) at: "
-            + "; ".join(sorted(bases)) + ".")
-    return (pd.DataFrame(rows) if rows else None), text
+def recorded_cost(run: Any, price: FleetPrice | None, wall_to_threshold_s: float | None = None,
+                  label: str = "") -> dict[str, Any]:
+    """What a recorded run cost, the one row `launch cost RUN` and `launch report` show: its wall time
+    (`run_seconds`) and its wall time to the loss threshold, each priced at `price` (`fleet_pricing`, or
+    `launch cost --instances`) by `billing.run_cost` (measured times hold their interruptions: none added).
+    No price, or only the assumed one (no rate set for an on-premise machine): no dollars; `price_note`
+    says what to give."""
+    if price is None or price.assumed:
+        backend = run.spec.backend
+        named = (run.spec.backend_options or {}).get("instance_type") or backend
+        return {"instances": None, "market": None, "usd_per_hour": None, "billed_seconds": None, "dollars": None,
+                "dollars_to_threshold": None, "price_basis": None,
+                "price_note": f"the {backend} backend's runs have no price: give --rate USD_PER_GPU_HOUR (the "
+                              f"backend's rate), --rate {named}=USD/gpu-hour, or a '{named}' rate in the prices file"}
+    cost = price.cost(run_seconds(run), label, measured=True)
+    wall = wall_to_threshold_s
+    to_threshold = None if wall is None or wall != wall else price.cost(float(wall), measured=True).dollars
+    return {**cost.to_dict(), "dollars_to_threshold": to_threshold, "price_basis": price.basis, "price_note": None}

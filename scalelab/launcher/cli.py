@@ -42,6 +42,7 @@ from scalelab.core.terminal import make_console
 from scalelab.core.writes import WriteError, is_write_failure, write_failure, writing
 from scalelab.launcher import __version__
 from scalelab.launcher.backend import backend_flags, get_backend, import_optional, options_type
+from scalelab.costs.rates import named_rates, rate_options
 from scalelab.launcher.pricing import guard, price_options, show_quote
 from scalelab.launcher.runner import INTERRUPTED, detaching, err_console, execute, start_detached
 
@@ -435,7 +436,8 @@ def sweep_cmd(workers: str | None, layouts: str | None, batch_scaling: str | Non
     backend.validate(base)
     guard([(spec, repeats) for spec in specs], params)
     sweep_dir = run_sweep(backend, specs, Path(params["runs_dir"]), base.name or f"sweep-{base.model}-{mode}", repeats)
-    report_dirs([sweep_dir], out=sweep_dir, fmt="table")
+    report_dirs([sweep_dir], out=sweep_dir, fmt="table", rates=params.get("rates") or (),
+                prices_file=params.get("prices_file"))  # priced as its preview was
 
 
 # ---- report --------------------------------------------------------------------------------------
@@ -450,25 +452,31 @@ def sweep_cmd(workers: str | None, layouts: str | None, batch_scaling: str | Non
 @click.option("--format", "fmt", type=click.Choice(["table", "json", "markdown", "html"]), default="table", show_default=True,
               help="What to print; the Markdown report and plots are written in every case; html writes "
                    "report.html (one self-contained page) and prints its path.")
-def report_cmd(run_dirs: tuple[str, ...], from_csv: str | None, compare: bool, out: str | None, fmt: str) -> None:
-    """Throughput, speedup and efficiency per layout from the runs' records.
+@rate_options
+def report_cmd(run_dirs: tuple[str, ...], from_csv: str | None, compare: bool, out: str | None, fmt: str,
+               rates: tuple[str, ...], prices_file: str | None) -> None:
+    """Throughput, speedup, efficiency and dollars per layout from the runs' records.
 
     RUN_DIRS are run, sweep or study directories (their runs are all taken). Speedup is relative to
-    the layout with the fewest workers; the slowest rank sets each step's time. With --from-csv FILE the
-    rows of FILE are used instead (speedup relative to the fewest workers of the same label).
+    the layout with the fewest workers; the slowest rank sets each step's time. Dollars per run and to
+    the loss threshold: a cloud run at the catalog's price, an on-premise one at --rate or the prices
+    file's rate (none: no dollars), billed as `launch cost` bills. With --from-csv FILE the rows of FILE
+    are used instead (speedup relative to the fewest workers of the same label).
     """
     where = out or (run_dirs[0] if run_dirs else from_csv) or "."
     made = out is not None and not Path(out).exists()
+    prices = {"rates": rates, "prices_file": prices_file}
     try:
         with writing(where, "the report", "or give --out a writable directory with room"):
-            write_report(run_dirs, from_csv, compare, out, fmt)
+            write_report(run_dirs, from_csv, compare, out, fmt, prices)
     except WriteError:
         if made:  # what this report put there is incomplete
             shutil.rmtree(out, ignore_errors=True)
         raise
 
 
-def write_report(run_dirs: tuple[str, ...], from_csv: str | None, compare: bool, out: str | None, fmt: str) -> None:
+def write_report(run_dirs: tuple[str, ...], from_csv: str | None, compare: bool, out: str | None, fmt: str,
+                 prices: dict[str, Any] | None = None) -> None:
     if compare:
         return compare_reports(run_dirs, fmt)
     if bool(from_csv) == bool(run_dirs):
@@ -482,7 +490,7 @@ def write_report(run_dirs: tuple[str, ...], from_csv: str | None, compare: bool,
         if all((Path(p) / marker).is_file() for p in run_dirs):
             module, attr = target.split(":")
             return getattr(import_optional(module), attr)([Path(p) for p in run_dirs], Path(out) if out else None, fmt)
-    report_dirs([Path(p) for p in run_dirs], Path(out) if out else None, fmt)
+    report_dirs([Path(p) for p in run_dirs], Path(out) if out else None, fmt, **(prices or {}))
 
 
 def compare_reports(paths: tuple[str, ...], fmt: str) -> None:
@@ -517,10 +525,11 @@ def compare_reports(paths: tuple[str, ...], fmt: str) -> None:
     console.print(table)
 
 
-def report_dirs(paths: list[Path], out: Path | None, fmt: str) -> None:
+def report_dirs(paths: list[Path], out: Path | None, fmt: str, rates: tuple[str, ...] = (),
+                prices_file: str | None = None) -> None:
     from scalelab.analysis.results import build_report
 
-    report = build_report(paths, out)
+    report = build_report(paths, out, report_pricer(rates, prices_file))
     for warning in report.warnings:
         err_console.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False, soft_wrap=True)
     if fmt == "json":
@@ -533,27 +542,59 @@ def report_dirs(paths: list[Path], out: Path | None, fmt: str) -> None:
         from scalelab.analysis.report import print_scaling
 
         print_scaling(report.table, console=console)
+        for note in report.notes:
+            console.print(f"note: {escape(note)}", highlight=False, soft_wrap=True)
         console.print(f"report: [bold]{report.markdown_path}[/]  plot: {report.plot_path}")
 
 
-def write_html_report(report, paths: list[Path]) -> Path:
-    """report.html beside report.md, with each layout's cost at the rates `costs.expected` assumes; for
-    one study, titled by it and with its seed-shaped tables (the CSVs `launch study` wrote)."""
-    from scalelab.analysis.runhtml import write_run_html
-    from scalelab.core.records import load_run
-    from scalelab.core.rundir import STUDY_FILE, read_json
-    from scalelab.costs.expected import measured_cost_points
+def report_pricer(rates: tuple[str, ...] = (), prices_file: str | None = None):
+    """The report's dollars of one run (`costs.expected.recorded_cost`, what `launch cost` shows): its fleet
+    priced by the catalog with the prices file and --rate (a bare rate prices the run's own backend), one
+    catalog per backend and region; a run no rate prices gets none, and a note saying how to give one."""
+    from scalelab.costs.catalog import DEFAULT_REGION, load_catalog
+    from scalelab.costs.expected import fleet_pricing, recorded_cost
     from scalelab.launcher.backend import fleet_of
 
+    catalogs: dict[tuple[str, str], Any] = {}
+    load_catalog(prices_file, named_rates(rates, ["local"]))  # a bad prices file: said before any run is read
+
+    def price(run, summary) -> dict[str, Any]:
+        try:
+            fleet = fleet_of(run.spec)
+            key = (run.spec.backend, fleet.region or DEFAULT_REGION)
+            if key not in catalogs:
+                catalogs[key] = load_catalog(prices_file, named_rates(rates, [run.spec.backend]), key[1])
+            found = fleet_pricing(run.spec, fleet, catalogs[key])
+        except ScalelabError as exc:  # a type the catalog lacks: this run unpriced, the report still made
+            found = None
+            err_console.print(f"[yellow]warning:[/] {run.run_dir}: no price ({escape(str(exc))})", highlight=False)
+        row = recorded_cost(run, found, summary.wall_to_threshold_s)
+        return {k: row[k] for k in REPORT_COST_COLUMNS}
+
+    return price
+
+
+#: The columns of a report row that say what the run cost (the rest of `launch cost`'s row is in it already).
+REPORT_COST_COLUMNS = ("instances", "market", "usd_per_hour", "billed_seconds", "dollars", "dollars_to_threshold",
+                       "price_basis", "price_note")
+
+
+def write_html_report(report, paths: list[Path]) -> Path:
+    """report.html beside report.md, with each run's cost as the report priced it (its `dollars` column);
+    for one study, titled by it and with its seed-shaped tables (the CSVs `launch study` wrote)."""
+    from scalelab.analysis.runhtml import cost_points, write_run_html
+    from scalelab.core.records import load_run
+    from scalelab.core.rundir import STUDY_FILE, read_json
+
     runs = [load_run(r) for r in report.runs]
-    points, basis = measured_cost_points(report.table, runs, fleet_of)
+    points = cost_points(report.table)
     title, tables = "Scaling report", []
     if len(paths) == 1 and (paths[0] / STUDY_FILE).exists():
         import pandas as pd
 
         title = f"Study: {read_json(paths[0] / STUDY_FILE, STUDY_FILE, dict).get('title') or paths[0].name}"
         tables = [(csv.stem, pd.read_csv(csv)) for csv in sorted(paths[0].glob("*.csv"))]
-    return write_run_html(report.markdown_path.parent, title, report.table, runs, points, basis,
+    return write_run_html(report.markdown_path.parent, title, report.table, runs, points, " ".join(report.notes),
                           report.warnings, tables)
 
 

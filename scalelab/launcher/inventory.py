@@ -110,9 +110,17 @@ def run_row(run_dir: Path, now: float | None = None, backends: Backends | None =
     return {
         "name": run_dir.name, "path": str(run_dir.absolute()), "kind": "run", "backend": spec.backend,
         "layout": f"{spec.nodes}x{spec.gpus_per_node}", "state": state, **_progress(run_dir, state),
-        "cost_usd": rate * max(0.0, ended - started) / 3600 if rate is not None and started else None,
+        "cost_usd": _cost_so_far(rate, ended - started) if rate is not None and started else None,
         "age_s": (now or time.time()) - started if started else None,
     }
+
+
+def _cost_so_far(usd_per_hour: float, seconds: float) -> float:
+    """Dollars of the fleet kept `seconds` at the price launch.json recorded: billed as every dollar is
+    (costs.billing's per-second rule, 60 s minimum per instance)."""
+    from scalelab.costs.billing import cost_at_rate
+
+    return cost_at_rate(max(0.0, float(seconds)), "", 0, float(usd_per_hour), "on-demand", "").dollars
 
 
 def _progress(run_dir: Path, state: str) -> dict[str, Any]:

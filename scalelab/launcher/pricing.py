@@ -33,6 +33,7 @@ from scalelab.core.checks import NON_NEGATIVE
 from scalelab.core.errors import ScalelabError, SpecError
 from scalelab.core.rundir import RunPaths, read_json
 from scalelab.core.spec import Spec, read_spec
+from scalelab.costs.rates import named_rates, rate_options
 
 #: Expected dollars above which a launch asks first (`--confirm-above-usd`, $SCALELAB_CONFIRM_USD).
 DEFAULT_CONFIRM_USD = 20.0
@@ -53,14 +54,10 @@ def price_options(func: Callable) -> Callable:
         click.option("--expect-from", type=click.Path(exists=True, file_okay=False),
                      help="A run, sweep or study directory whose measured step times price this launch "
                           "[default: earlier runs of the same spec under --runs-dir]."),
-        click.option("--rate", "rates", multiple=True, metavar="[NAME=]USD/gpu-hour",
-                     help="On-premise price, e.g. 0.45/gpu-hour or 3.2/node-hour@4 (NAME: the backend)."),
-        click.option("--prices", "prices_file", type=click.Path(dir_okay=False),
-                     help="Prices file [default: $SCALELAB_PRICES or ~/.config/scalelab/prices.json]."),
     ]
     for option in reversed(options):
         func = option(func)
-    return func
+    return rate_options(func)
 
 
 @dataclass
@@ -85,7 +82,7 @@ def quote(specs: list[tuple[Spec, int]], params: dict[str, Any]) -> Quote | None
     from scalelab.launcher.backend import fleet_of
 
     fleet = fleet_of(specs[0][0])
-    rates = [r if "=" in r else f"{specs[0][0].backend}={r}" for r in params.get("rates") or ()]
+    rates = named_rates(params.get("rates") or (), [specs[0][0].backend])
     catalog = load_catalog(params.get("prices_file"), rates, fleet.region or DEFAULT_REGION)
     if not is_priced(fleet, catalog):
         return None

@@ -181,27 +181,27 @@ def parse_sizes(text: str) -> list[float]:
 
 
 def expected_rows(runs: list[tuple[str, Spec]], catalog=None) -> list[dict[str, Any]]:
-    """Per run: price per hour and its basis, the seconds assumed (start-up, steps at the assumed step
-    time) and the dollars billed for them (per second, 60 s minimum: scalelab/costs/billing.py)."""
-    from scalelab.costs.billing import billed_seconds
+    """Per run: price per hour and its basis, the seconds assumed (the backend's start-up, steps at the
+    assumed step time) and the dollars billed for them: `costs.expected.expected_cost`, the launches'
+    preview (per second, 60 s minimum per instance: `costs.billing.run_cost`)."""
     from scalelab.costs.expected import expected_cost
     from scalelab.launcher.backend import assumed_startup_s, fleet_of
 
     rows = []
     for name, spec in runs:
-        est = expected_cost(spec, catalog=catalog, fleet=fleet_of(spec))
-        seconds = assumed_startup_s(spec.backend) + est.hours * 3600  # the backend's own start-up
+        est = expected_cost(spec, catalog=catalog, startup_s=assumed_startup_s(spec.backend), fleet=fleet_of(spec))
         rows.append({"run": name, "usd_per_hour": est.usd_per_hour, "rate_basis": est.rate_basis,
-                     "seconds": seconds, "step_basis": f"{est.steps} steps x {est.step_s:g} s ({est.step_basis})",
-                     "dollars": est.usd_per_hour * billed_seconds(seconds) / 3600})
+                     "seconds": est.hours * 3600, "step_basis": f"{est.steps} steps x {est.step_s:g} s ({est.step_basis})",
+                     "dollars": est.dollars})
     return rows
 
 
 def actual_row(run_dir: Path, spec: Spec, catalog) -> dict[str, Any]:
     """What one finished probe run cost: its wall time from launch.json, billed per second with the
-    60 s minimum at the fleet's price (on AWS each instance's own seconds, from launch.json)."""
-    from scalelab.costs.billing import billed_seconds
-    from scalelab.costs.expected import fleet_price
+    60 s minimum at the fleet's price (on AWS each instance its own seconds, from launch.json), through
+    `costs.billing.run_cost` with the instances `costs.expected.fleet_pricing` counts."""
+    from scalelab.costs.billing import Mix, run_cost
+    from scalelab.costs.expected import fleet_pricing
     from scalelab.launcher.backend import fleet_of
 
     fleet = fleet_of(spec)
@@ -209,11 +209,11 @@ def actual_row(run_dir: Path, spec: Spec, catalog) -> dict[str, Any]:
     started = info.get("launched") or info.get("started") or info.get("submitted")
     wall = max(0.0, float(info.get("ended") or time.time()) - float(started)) if started else 0.0
     if fleet.cloud:  # each instance its own seconds (launch.json); none started, nothing paid
-        dollars = sum(catalog.price(i["type"], fleet.market, fleet.region).usd_per_hour
-                      * billed_seconds(max(0.0, float(i.get("ended") or time.time()) - float(i["launched"]))) / 3600
+        dollars = sum(run_cost(max(0.0, float(i.get("ended") or time.time()) - float(i["launched"])),
+                               Mix(((1, i["type"]),)), catalog, fleet.market, fleet.region, measured=True).dollars
                       for i in info.get("instances", []))
-    else:
-        dollars = fleet_price(spec, catalog, fleet=fleet)[0] * (billed_seconds(wall) / 3600 if wall else 0.0)
+    else:  # nothing launched, nothing paid
+        dollars = fleet_pricing(spec, fleet, catalog).cost(wall, measured=True).dollars if wall else 0.0
     return {"run": run_dir.name, "state": info.get("state"), "wall_s": wall, "dollars": dollars}
 
 
@@ -312,8 +312,10 @@ def probe_cmd(instance_types: str | None, probe_steps: int, mode: str, link_size
     if params.get("bopt__aws__instance_type"):
         raise SpecError("launch probe takes its candidates from --instance-types, not --instance-type")
     from scalelab.costs.catalog import load_catalog
+    from scalelab.costs.rates import named_rates
 
     base = build_spec({**params, "nodes": None, "gpus_per_node": None})
+    rates = tuple(named_rates(rates, [base.backend]))
     catalog = load_catalog(params.get("prices_file"), rates=rates)
     candidates = parse_candidates(instance_types, base.backend, params.get("gpus_per_node"), catalog)
     runs = probe_specs(base, candidates, mode, probe_steps, parse_sizes(link_sizes_mb))
