@@ -237,3 +237,17 @@ def test_the_tasks_are_kept_in_a_cache_keyed_by_the_corpus_and_read_back_exactly
     assert len(cal.all_tasks.__wrapped__()) == len(fresh)
     monkeypatch.setenv(cal.CACHE_ENV, "off")
     assert cal._tasks_cache() is None
+
+
+def test_counts_beyond_one_full_node_go_on_more_nodes_and_odd_sizes_stay_on_one():
+    """1-8 GPUs on one node: 16 and 32 are placed on 2 and 4 nodes of 8 (a full node), with a note; 1-6 GPUs
+    (no full node) or 1-2 stay on one node, and the note says how to place them."""
+    eight = pd.DataFrame({"label": "s", "workers": [1, 2, 4, 8], "nodes": 1, "throughput": [100.0, 195.0, 380.0, 740.0]})
+    p = plan(PlanRequest(eight, [16, 32]))
+    rows = p.predictions.set_index("workers")
+    assert rows.loc[16, "nodes"] == 2 and rows.loc[32, "nodes"] == 4 and rows.loc[8, "nodes"] == 1
+    assert any("nodes of 8 GPUs" in n for n in p.notes)
+    six = pd.DataFrame({"label": "s", "workers": [1, 2, 3, 6], "throughput": [100.0, 195.0, 280.0, 540.0]})
+    p = plan(PlanRequest(six, [12]))
+    assert p.predictions.set_index("workers").loc[12, "nodes"] == 1
+    assert any("on one node" in n and "--predict NODESxGPUS" in n for n in p.notes)

@@ -41,6 +41,7 @@ from scalelab.costs.fitting import FitResult, LinkModel, fit_series
 
 __all__ = ["FittedSeries", "gpus_per_node_of"]
 
+FULL_NODES = (4, 8, 16)  # GPUs in the nodes machines are built with (cloud instances, DGX-1/A100/H100, DGX-2)
 SPREAD_COLUMN = "throughput_spread"  # relative spread (std / mean) of a measurement's step times
 
 
@@ -53,7 +54,9 @@ def gpus_per_node_of(measured: pd.DataFrame, instance_gpus: int | None = None) -
     multi = nodes > 1
     if multi.any():
         return max(1, int(round(float((measured.loc[multi, "workers"] / nodes[multi]).max()))))
-    return None
+    most = int(measured["workers"].max())
+    # a full node of the sizes machines are built with (4, 8, 16 GPUs): more GPUs need another node
+    return most if most in FULL_NODES else None
 
 
 @dataclass

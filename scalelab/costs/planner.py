@@ -280,7 +280,10 @@ def _placement_note(fit: FittedSeries, wanted: set[int], typed: bool) -> list[st
     beyond = sorted(w for w in wanted if w > max(fit.counts))
     if not beyond or typed:
         return []
-    where = (f"on nodes of {fit.gpus_per_node} GPUs, as the measurements place them" if fit.gpus_per_node else
+    multi = int(fit.measured["nodes"].max()) > 1
+    where = (f"on nodes of {fit.gpus_per_node} GPUs, as the measurements place them" if fit.gpus_per_node and multi
+             else f"on nodes of {fit.gpus_per_node} GPUs, the most measured on one node (a full node)"
+             if fit.gpus_per_node else
              "on one node: no measurement spans nodes and no instance type is named")
     return [f"series {fit.label or '(unlabelled)'}: {', '.join(map(str, beyond))} workers are placed {where}; give "
             "--measured-on TYPE or --predict NODESxGPUS to place them otherwise"]
