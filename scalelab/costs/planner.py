@@ -176,6 +176,10 @@ def plan(request: PlanRequest) -> Plan:
     fits, predictions = predict(request, notes)
     if not fits and len(request.measured) and not len(batches):
         raise DataError(notes[-1])  # nothing at all can be predicted: that is the error
+    if not len(request.measured) and not len(batches):
+        raise DataError("nothing to plan from: no measured throughput (a run that reached its loss threshold inside "
+                        "its warm-up measured no speed: run it with fewer --warmup-steps or a lower threshold) and no "
+                        "--predict-batch for the steps to the threshold")
     nxt = _two_count_next(fits, request.predict_workers) or next_measurement(predictions)
     _mark_next(predictions, nxt)
     candidates, more = price(request, fits, predictions, convergence)
