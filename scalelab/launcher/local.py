@@ -53,7 +53,7 @@ from scalelab.core.rundir import (
     start_state,
 )
 from scalelab.core.spec import Spec
-from scalelab.core.writes import LinkError, check_inside
+from scalelab.core.writes import LinkError, check_inside, open_inside
 from scalelab.launcher.backend import Backend, Request, RunStatus, ended_by_records, log_text
 from scalelab.launcher.options import LocalOptions
 
@@ -144,6 +144,8 @@ class LocalBackend(Backend):
 
     def schedule(self, request: LocalRequest) -> str:
         run_dir = request.run_dir
+        for log in request.log_files:  # a linked (or dangling) logs/ or log file: refused before mkdir follows it
+            check_inside(run_dir, log)
         RunPaths(run_dir).logs.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, **request.env}
         if LAUNCHER_ENV not in request.env:
@@ -151,7 +153,8 @@ class LocalBackend(Backend):
         started: list[subprocess.Popen] = []
         try:
             for cmd, log in zip(request.commands, request.log_files):
-                with open(log, "ab") as out:
+                # O_NOFOLLOW: a link planted since the check is refused too, its target never appended to
+                with os.fdopen(open_inside(run_dir, log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644), "ab") as out:
                     # A new session per command: a Ctrl-C in the terminal reaches the launcher only, which
                     # then stops the run its own way (the ranks checkpoint).
                     started.append(subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,

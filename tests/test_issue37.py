@@ -1,0 +1,194 @@
+"""Issue #37: writes that followed links, a finished run a resume destroyed, tracebacks and silent
+acceptances left. Each case: one `launch: error:` line (or a no-op said in one line), the exit code, and
+what must not have changed (a link's target, a run directory's files byte-for-byte)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import launch, only_run_dir
+
+SPEC = ["--model", "nmt-tiny", "--data", "task", "--warmup-steps", "1", "--prefetch", "1", "--global-batch", "8",
+        "--steps", "4", "--checkpoint-every", "2"]
+ENGINES = {"single": ["--engine", "single"], "ddp": ["--engine", "ddp", "--gpus-per-node", "2"]}
+
+
+@pytest.fixture(scope="module")
+def completed(tmp_path_factory):
+    """A COMPLETED run of each engine (4 steps, checkpoints at 2 and 4), made once; tests work on copies."""
+    made: dict[str, Path] = {}
+
+    def get(engine: str) -> Path:
+        if engine not in made:
+            where = tmp_path_factory.mktemp(f"done-{engine}")
+            proc = launch(*SPEC, *ENGINES[engine], "--runs-dir", "runs", cwd=where)
+            assert proc.returncode == 0, proc.stderr[-3000:]
+            made[engine] = only_run_dir(where / "runs")
+        return made[engine]
+
+    return get
+
+
+def _copy(run: Path, dest: Path, state: str | None = None) -> Path:
+    shutil.copytree(run, dest, symlinks=True)
+    if state:
+        info = json.loads((dest / "launch.json").read_text())
+        info["state"] = state
+        (dest / "launch.json").write_text(json.dumps(info))
+    return dest
+
+
+def _tree(root: Path) -> dict[str, str]:
+    """Every entry under `root` (links not followed): a file's sha256, a link's target, 'dir'."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            path = Path(dirpath) / name
+            rel = str(path.relative_to(root))
+            if path.is_symlink():
+                out[rel] = "link -> " + os.readlink(path)
+            elif path.is_dir():
+                out[rel] = "dir"
+            else:
+                out[rel] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return out
+
+
+def _one_error_line(proc) -> str:
+    err = proc.stderr.strip()
+    assert proc.returncode == 2, (proc.returncode, proc.stdout[-2000:], err[-3000:])
+    assert "Traceback" not in err and "torchrun" not in err.lower(), err[-3000:]
+    assert err.startswith("launch: error:") and len(err.splitlines()) == 1, err[-3000:]
+    return err
+
+
+# ---- 1. no write into a run directory follows a link (the logs included) ------------------------------
+
+
+def _plant(run: Path, part: str, victim_dir: Path) -> Path:
+    """A link at `part` of `run` to something of `victim_dir`; returns the link's target."""
+    if part == "logs/launcher.log":
+        target = victim_dir / "victim.txt"
+        target.write_text("precious\n")
+        (run / part).unlink()
+    else:
+        target = victim_dir / part
+        shutil.copytree(run / part, target)  # a plausible target: the folder moved elsewhere
+        shutil.rmtree(run / part)
+    (run / part).symlink_to(target)
+    return target
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("part", ["logs/launcher.log", "logs", "records"])
+def test_resume_refuses_a_planted_link_and_leaves_its_target(part, completed, tmp_path) -> None:
+    """`logs/launcher.log` linked to a file, `logs/` or `records/` linked to a folder: `launch resume` of the
+    (cancelled) run is one line naming the link and the fix, exit 2; the target, the run's state and its
+    files are untouched; no rank started (records/ linked used to end in torchrun's error block). The check
+    is `refuse_run_dir_links`, called in `launcher/runner.py` `submitted`, which every backend (local,
+    slurm, k8s, aws) goes through before it submits anything."""
+    run = _copy(completed("single"), tmp_path / "run", state="CANCELLED")
+    victims = tmp_path / "victims"
+    victims.mkdir()
+    target = _plant(run, part, victims)
+    before, victims_before = _tree(run), _tree(victims)
+    err = _one_error_line(launch("resume", str(run), cwd=tmp_path))
+    assert f"{run / part} is a symbolic link" in err and f"rm {run / part}" in err, err
+    assert _tree(victims) == victims_before, "the link's target changed"
+    assert _tree(run) == before, "the run directory changed"
+    assert json.loads((run / "launch.json").read_text())["state"] == "CANCELLED"
+    if part == "logs/launcher.log":
+        assert target.read_text() == "precious\n"
+
+
+def test_the_local_backend_opens_its_logs_without_following_a_link(tmp_path) -> None:
+    """Beside the check before submitting, the local backend's own open of each log is O_NOFOLLOW and
+    checked for a linked folder (`open_inside`): a link planted after `submitted`'s check is refused too,
+    nothing is started and the target gets no byte."""
+    from scalelab.core.writes import LinkError
+    from scalelab.launcher.local import LocalBackend, LocalRequest
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    for case in ("file", "folder"):
+        run = tmp_path / f"run-{case}"
+        run.mkdir()
+        if case == "file":
+            (run / "logs").mkdir()
+            (run / "logs" / "launcher.log").symlink_to(victim)
+        else:
+            (run / "logs").symlink_to(elsewhere)
+        marker = tmp_path / f"started-{case}"
+        request = LocalRequest(run_dir=run, commands=[[sys.executable, "-c", f"open({str(marker)!r}, 'w')"]],
+                               env={}, log_files=[str(run / "logs" / "launcher.log")])
+        with pytest.raises(LinkError, match="never reads or writes through a link"):
+            LocalBackend().schedule(request)
+        assert not marker.exists(), f"{case}: a process was started"
+        assert not (run / "launch.json").exists()
+    assert victim.read_text() == "precious\n"
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_write_inside_helpers_cover_prep_records(tmp_path) -> None:
+    """prep's records go through the same open: a linked records/ of a prep run is refused."""
+    from scalelab.core.writes import LinkError
+    from scalelab.prep.records import Recorder
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    run = tmp_path / "prep-run"
+    run.mkdir()
+    (run / "records").symlink_to(elsewhere)
+    with pytest.raises(LinkError):
+        Recorder(run)
+    assert list(elsewhere.iterdir()) == []
+
+
+# ---- 2. a COMPLETED run is never turned into anything else by a resume that ran no step ------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("engine", ["single", "ddp"])
+def test_resume_of_a_completed_run_with_a_corrupt_checkpoint_changes_nothing(engine, completed, tmp_path) -> None:
+    """Before: `launch resume` of a COMPLETED run whose checkpoint is damaged recorded it FAILED. Now it is a
+    no-op said in one line, exit 0, every file byte-for-byte as it was; with its spec's steps raised (so
+    that it would train), the damaged checkpoint is one error line before anything changes."""
+    run = _copy(completed(engine), tmp_path / "run")
+    ckpt = run / "checkpoint.pt"
+    ckpt.write_bytes(ckpt.read_bytes()[:3000])
+    before = _tree(run)
+    proc = launch("resume", str(run), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "COMPLETED already" in proc.stdout and "nothing to resume" in proc.stdout, proc.stdout
+    assert _tree(run) == before
+    assert json.loads((run / "launch.json").read_text())["state"] == "COMPLETED"
+
+    spec = json.loads((run / "spec.json").read_text())
+    (run / "spec.json").write_text(json.dumps({**spec, "steps": 6}))
+    before = _tree(run)
+    err = _one_error_line(launch("resume", str(run), cwd=tmp_path))
+    assert f"checkpoint {ckpt}" in err and "truncated" in err, err
+    assert _tree(run) == before
+    assert json.loads((run / "launch.json").read_text())["state"] == "COMPLETED"
+
+
+@pytest.mark.slow
+def test_a_completed_run_whose_steps_were_raised_resumes_to_them(completed, tmp_path) -> None:
+    """The one way a resume changes a COMPLETED run: it runs more steps (spec.json's steps raised)."""
+    run = _copy(completed("single"), tmp_path / "run")
+    spec = json.loads((run / "spec.json").read_text())
+    (run / "spec.json").write_text(json.dumps({**spec, "steps": 6}))
+    proc = launch("resume", str(run), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    steps = [json.loads(line)["step"] for line in (run / "records" / "rank-0.jsonl").read_text().splitlines()
+             if '"kind": "step"' in line]
+    assert steps[-1] == 6 and json.loads((run / "launch.json").read_text())["state"] == "COMPLETED"
