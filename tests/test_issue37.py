@@ -192,3 +192,106 @@ def test_a_completed_run_whose_steps_were_raised_resumes_to_them(completed, tmp_
     steps = [json.loads(line)["step"] for line in (run / "records" / "rank-0.jsonl").read_text().splitlines()
              if '"kind": "step"' in line]
     assert steps[-1] == 6 and json.loads((run / "launch.json").read_text())["state"] == "COMPLETED"
+
+
+# ---- 3. tracebacks left: each one `launch: error:` line, exit 2 ------------------------------------
+
+
+def _entry(argv: list[str], monkeypatch, capsys) -> tuple[int, str, str]:
+    """`launch ARGV` in-process through the console entry point: (exit code, stderr, stdout)."""
+    from scalelab.launcher.cli import entry
+
+    monkeypatch.setattr(sys, "argv", ["launch", *argv])
+    code = 0
+    try:
+        entry()
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    out = capsys.readouterr()
+    return code, out.err, out.out
+
+
+def _refused(argv, words, monkeypatch, capsys, lines: int = 1) -> str:
+    code, err, out = _entry(argv, monkeypatch, capsys)
+    assert code == 2, (code, err[-2000:], out[-2000:])
+    assert "Traceback" not in err + out, err[-3000:]
+    said = [line for line in err.strip().splitlines() if line.startswith("launch: error:")]
+    assert len(said) == 1 and len(err.strip().splitlines()) <= lines, err
+    for word in words:
+        assert word in said[0], (word, said[0])
+    return said[0]
+
+
+BIG = "9" * 5_000_000
+DEEP = 100_000
+
+
+@pytest.mark.parametrize("name, text, words", [
+    ("big.yaml", f"seed: {BIG}\n", ["big.yaml", "line 1", "5,000,000 digits", "4,300"]),
+    ("big.json", f'{{"model": "nmt-tiny",\n "seed": {BIG}}}', ["big.json", "line 2", "5,000,000 digits"]),
+    ("deep.yaml", "model_args: " + "[" * DEEP + "]" * DEEP + "\n", ["deep.yaml", "nested deeper", "flatten"]),
+    ("deep.json", '{"model_args": ' + "[" * DEEP + "]" * DEEP + "}", ["deep.json", "nested deeper", "flatten"]),
+])
+def test_a_spec_beyond_pythons_limits_is_one_line(name, text, words, tmp_path, monkeypatch, capsys) -> None:
+    """Before: ValueError (int's 4,300-digit limit) and RecursionError tracebacks. The YAML loader says
+    which line and which limit; a shallow, short-numbered spec still loads."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / name).write_text(text)
+    _refused(["--spec", name, "--dry-run", "--runs-dir", "runs"], words, monkeypatch, capsys)
+    from scalelab.core.yamltext import load_yaml
+
+    assert load_yaml("a: " + "[" * 50 + "]" * 50 + f"\nb: {'9' * 4300}\n")["b"] == int("9" * 4300)
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("value", ["nan", "NaN", "inf", "0.3", "1"])
+def test_plan_confidence_outside_its_range_is_refused_at_the_flag(value, tmp_path, monkeypatch, capsys) -> None:
+    """Before: click's FloatRange let NaN through (every comparison with NaN is False) and the planner
+    refused it naming the wrong range (0 to 1). Now the flag itself: finite, 0.5 to 0.99."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "good.csv").write_text("label,workers,throughput\nA,1,100\nA,2,180\nA,4,300\n")
+    _refused(["plan", "--from-csv", "good.csv", "--confidence", value], ["--confidence", ">= 0.5 and <= 0.99"],
+             monkeypatch, capsys, lines=3)  # click's usage line and hint around it, as for every flag
+
+
+@pytest.mark.parametrize("bucket, why", [
+    ("my bucket", "lowercase letters, digits, dots and hyphens"),
+    ("My_Bucket", "lowercase letters, digits, dots and hyphens"),
+    ("ab", "3 to 63"),
+    ("b" * 64, "3 to 63"),
+    ("-bucket", "begin and end with a letter or a digit"),
+    ("a..b", "two dots"),
+    ("192.168.1.1", "IP address"),
+    ("xn--bucket", "xn--"),
+    ("bucket-s3alias", "-s3alias"),
+])
+def test_an_s3_bucket_name_is_checked_before_any_api_call(bucket, why, tmp_path, monkeypatch, capsys) -> None:
+    """Before: `--bucket 'my bucket'` reached boto3 (a ParamValidationError traceback). Now S3's naming
+    rules are checked where the flag enters; a dry run shows it with no network."""
+    monkeypatch.chdir(tmp_path)
+    _refused(["--backend", "aws", "--bucket", bucket, "--region", "us-east-1", "--dry-run", "--runs-dir", "runs"],
+             ["--bucket", why, "S3's naming rules"], monkeypatch, capsys)
+    code, err, out = _entry(["--backend", "aws", "--bucket", "my-team.scalelab-1", "--region", "us-east-1",
+                             "--dry-run", "--runs-dir", "runs"], monkeypatch, capsys)
+    assert code == 0, err
+
+
+@pytest.mark.parametrize("command", [["--dry-run"], [], ["sweep", "--workers", "1", "--dry-run"]])
+def test_a_name_too_long_for_a_directory_is_refused_where_it_enters(command, tmp_path, monkeypatch, capsys) -> None:
+    """Before: a --name of 300 characters was `OSError: [Errno 36] File name too long` when the run directory
+    was made. Now the spec refuses it (at most 200: the date and time are added); nothing is created."""
+    monkeypatch.chdir(tmp_path)
+    argv = [*command, "--name", "a" * 300, "--runs-dir", "runs", "--model", "nmt-tiny", "--data", "task",
+            "--steps", "6", "--warmup-steps", "1"]
+    _refused(argv, ["--name", "300 characters", "at most 200"], monkeypatch, capsys)
+    assert not (tmp_path / "runs").exists()
+
+
+def test_new_run_dir_refuses_a_name_too_long(tmp_path) -> None:
+    """The same limit where any name becomes a directory (a study's title): one line, nothing made."""
+    from scalelab.core.errors import RecordError
+    from scalelab.core.rundir import new_run_dir
+
+    with pytest.raises(RecordError, match="at most 200"):
+        new_run_dir(tmp_path / "runs", "study-" + "t" * 250)
+    assert new_run_dir(tmp_path / "runs", "x" * 200).name.startswith("x" * 200 + "-")

@@ -34,7 +34,7 @@ from scalelab.core.options import (
     option,
 )
 from scalelab.core.presets import OUTPUT_LOSSES, PRESETS, RNN_KINDS, config_with_overrides
-from scalelab.core.rundir import SPEC_FILE, write_text
+from scalelab.core.rundir import SPEC_FILE, name_problem, write_text
 
 # torch.manual_seed takes at most 64 bits; a bigger seed was accepted here and failed in every rank
 MAX_SEED = 2**63 - 1
@@ -366,6 +366,8 @@ class Spec:
         return self
 
     def _check_combinations(self) -> None:
+        if self.name is not None and name_problem(str(self.name)):
+            raise SpecError(f"--name {str(self.name)[:40]}... {name_problem(str(self.name))}")
         if self.emulate_slowdown and (len(self.emulate_slowdown) != self.workers or min(self.emulate_slowdown) < 1):
             raise SpecError(
                 f"--emulate-slowdown needs one factor >= 1 per worker ({self.workers}), got {self.emulate_slowdown}"
@@ -488,11 +490,13 @@ def read_yaml_mapping(path: str | os.PathLike, what: str) -> dict[str, Any]:
     clear SpecError naming the file; `what` says which kind of file ("spec file", "study file")."""
     import yaml
 
-    from scalelab.core.yamltext import load_yaml  # YAML 1.2 numbers (`6:8` is text), unique keys
+    from scalelab.core.yamltext import BeyondLimitsError, load_yaml  # YAML 1.2 numbers (`6:8` is text), unique keys
 
     p = check_text_file(path, what)
     try:
         raw = load_yaml(p.read_text(encoding="utf-8"))
+    except BeyondLimitsError as exc:
+        raise SpecError(f"{what} {p}: {exc}") from None
     except yaml.YAMLError as exc:
         raise SpecError(f"{what} {p} is not valid YAML: {' '.join(str(exc).split())}") from None
     except (OSError, UnicodeDecodeError) as exc:
