@@ -295,3 +295,72 @@ def test_new_run_dir_refuses_a_name_too_long(tmp_path) -> None:
     with pytest.raises(RecordError, match="at most 200"):
         new_run_dir(tmp_path / "runs", "study-" + "t" * 250)
     assert new_run_dir(tmp_path / "runs", "x" * 200).name.startswith("x" * 200 + "-")
+
+
+# ---- 4. silent acceptances: refused where the value enters, saying why and the limit ----------------
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--lr", "1e30"], ["--lr", "at most 10", "diverges"]),
+    (["--lr", "10.5"], ["--lr", "at most 10"]),
+    (["--threads", "100000"], ["--threads", "at most 1024"]),
+    (["--interop-threads", "5000"], ["--interop-threads", "at most 1024"]),
+    (["--model-arg", "num_layers=0"], ["num_layers", "at least 1"]),  # nmt-tiny: a field its family ignores
+    (["--model", "rnnlm-tiny", "--model-arg", "num_layers=0"], ["num_layers", "at least 1"]),
+    (["--model", "rnnlm-tiny", "--model-arg", "dec_layers=0"], ["dec_layers", "at least 1"]),
+])
+def test_values_past_their_bounds_are_refused_in_the_spec(args, words, tmp_path, monkeypatch, capsys) -> None:
+    monkeypatch.chdir(tmp_path)
+    _refused([*args, "--dry-run", "--runs-dir", "runs"], words, monkeypatch, capsys)
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("args", [["--lr", "10"], ["--threads", "1024"], ["--model", "rnnlm-tiny",
+                                                                         "--model-arg", "num_layers=1"]])
+def test_values_at_their_bounds_are_accepted(args, tmp_path, monkeypatch, capsys) -> None:
+    monkeypatch.chdir(tmp_path)
+    code, err, _ = _entry([*args, "--dry-run", "--runs-dir", "runs"], monkeypatch, capsys)
+    assert code == 0, err
+
+
+def test_the_local_backend_holds_threads_to_its_cores(tmp_path, monkeypatch, capsys) -> None:
+    """On the local backend the ranks run here: more than 4 threads per core of this machine is refused
+    before any run directory exists (checked by `validate`, so a real run, not a dry run)."""
+    from scalelab.core.errors import SpecError
+    from scalelab.core.spec import Spec
+    from scalelab.launcher.local import LocalBackend
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    _refused(["--threads", "9", "--runs-dir", "runs", "--model", "nmt-tiny", "--data", "task", "--steps", "6",
+              "--warmup-steps", "1"], ["--threads 9", "2 cores x 4", "at most 8"], monkeypatch, capsys)
+    assert not (tmp_path / "runs").exists()
+    LocalBackend().check(Spec.from_dict({"engine": {"name": "single"}, "threads": 8, "interop_threads": 8}).validate())
+    with pytest.raises(SpecError, match="--interop-threads 9"):
+        LocalBackend().check(Spec.from_dict({"engine": {"name": "single"}, "interop_threads": 9}).validate())
+
+
+@pytest.mark.parametrize("text, words", [
+    ('{\n  "model": "nmt-tiny",\n  "nodes": 1,\n}\n', ["spec.json", "trailing comma at line 3", "closing } at line 4"]),
+    ('{"model": "nmt-tiny", "emulate_slowdown": [1,]}', ["trailing comma at line 1", "closing ]"]),
+    ("{'model': 'nmt-tiny'}", ["spec.json", "not valid JSON", "line 1, column 2"]),
+])
+def test_a_json_spec_must_be_json(text, words, tmp_path, monkeypatch, capsys) -> None:
+    """Before: YAML read `{"nodes": 1,}` and single quotes without a word. A .json spec is now JSON; the
+    same text named .yaml still loads."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "spec.json").write_text(text)
+    _refused(["--spec", "spec.json", "--dry-run", "--runs-dir", "runs"], words, monkeypatch, capsys)
+    if "nodes" in text:
+        (tmp_path / "spec.yaml").write_text(text)
+        code, err, _ = _entry(["--spec", "spec.yaml", "--dry-run", "--runs-dir", "runs"], monkeypatch, capsys)
+        assert code == 0, err
+
+
+@pytest.mark.parametrize("value", ["", ",", " , "])
+def test_plan_instance_types_naming_no_type_is_refused(value, tmp_path, monkeypatch, capsys) -> None:
+    """Before: `--instance-types ''` priced the default types as if the flag were not given."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "good.csv").write_text("label,workers,throughput\nA,1,100\nA,2,180\nA,4,300\n")
+    _refused(["plan", "--from-csv", "good.csv", "--instance-types", value], ["--instance-types", "names no type"],
+             monkeypatch, capsys)

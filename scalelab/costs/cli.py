@@ -446,6 +446,9 @@ def plan_cmd(run_dirs: tuple[str, ...], from_csv: str | None, predict_workers: s
     measured_on = measured_on or m.measured_on
     catalog = _load_catalog(params)
     asked = [t.strip() for t in (instance_types or "").split(",") if t.strip()]
+    if instance_types is not None and not asked:  # '' or ',' priced the default types without a word
+        raise SpecError(f"--instance-types {instance_types!r} names no type: give types, e.g. g3.4xlarge,g3.16xlarge, "
+                        "or leave the flag out for the default ones")
     for t in asked:
         catalog.instance(t)  # a type asked for that the catalog lacks: an error naming the fix
     unpriced = measured_on is not None and measured_on not in catalog.names()

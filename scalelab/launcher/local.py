@@ -27,7 +27,7 @@ import psutil
 
 from scalelab.core.devices import check_gpus
 from scalelab.core.engines import HOROVODRUN, starter
-from scalelab.core.errors import EngineError, ScalelabError
+from scalelab.core.errors import EngineError, ScalelabError, SpecError
 from scalelab.core.launch import Site, launch_plan
 from scalelab.core.net import free_port
 from scalelab.core.procs import (
@@ -99,6 +99,9 @@ def shell_status(code: int | None) -> int | None:
     return 128 - code if code is not None and code < 0 else code
 
 
+THREADS_PER_CORE = 4  # --threads above this many per core of this machine is refused (issue #37)
+
+
 class LocalBackend(Backend):
     default_poll_s = 0.5
     horovod_here = True  # horovodrun and the ranks run on this machine's Python
@@ -118,6 +121,12 @@ class LocalBackend(Backend):
             raise EngineError("horovodrun is not installed beside this Python nor on PATH; install Horovod with scripts/build-horovod.sh")
         where = "this machine" + (f" ({spec.nodes} emulated nodes x {spec.ranks_per_node})" if spec.nodes > 1 else "")
         check_gpus(spec.nodes * spec.ranks_per_node, spec.device, where)  # never two ranks on one GPU
+        cores = os.cpu_count() or 1
+        for flag, threads in (("--threads", spec.threads), ("--interop-threads", spec.interop_threads)):
+            if threads is not None and threads > THREADS_PER_CORE * cores:  # the ranks run here: its cores decide
+                raise SpecError(f"{flag} {threads} is more than this machine's {cores} cores x {THREADS_PER_CORE} "
+                                f"({THREADS_PER_CORE * cores}); each rank would oversubscribe them: give at most "
+                                f"{THREADS_PER_CORE * cores}, or leave it out (cores / ranks per node)")
         if spec.precision != "fp32":  # the ranks run on this machine: its CPU decides, before any starts
             from scalelab.train.precision import check_cpu_precision
 
