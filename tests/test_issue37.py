@@ -108,6 +108,22 @@ def test_resume_refuses_a_planted_link_and_leaves_its_target(part, completed, tm
         assert target.read_text() == "precious\n"
 
 
+@pytest.mark.slow
+def test_resuming_a_sweep_refuses_a_planted_link_in_a_layout(completed, tmp_path) -> None:
+    """Sweeps submit without `submitted`: `continue_sweep` checks every layout it would run first."""
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    (sweep / "sweep.json").write_text(json.dumps({"runs": ["1x1"], "layouts": [[1, 1]]}))
+    run = _copy(completed("single"), sweep / "1x1", state="CANCELLED")
+    victims = tmp_path / "victims"
+    victims.mkdir()
+    target = _plant(run, "logs/launcher.log", victims)
+    before = _tree(sweep)
+    err = _one_error_line(launch("resume", str(sweep), cwd=tmp_path))
+    assert f"{run / 'logs/launcher.log'} is a symbolic link" in err, err
+    assert target.read_text() == "precious\n" and _tree(sweep) == before
+
+
 def test_the_local_backend_opens_its_logs_without_following_a_link(tmp_path) -> None:
     """Beside the check before submitting, the local backend's own open of each log is O_NOFOLLOW and
     checked for a linked folder (`open_inside`): a link planted after `submitted`'s check is refused too,
