@@ -136,13 +136,13 @@ def test_final_state(has_proc, code, reason, stopped, state):
 
 def test_the_limit_reaches_the_user_data_and_a_limit_below_three_polls_is_refused():
     spec = Spec.from_dict({"backend": "aws", "model": "nmt-tiny", "engine": {"name": "single"}, "steps": 10})
-    options = get_backend("aws", {"bucket": "b", "heartbeat_timeout_min": 2.5}).options
+    options = get_backend("aws", {"bucket": "bkt", "heartbeat_timeout_min": 2.5}).options
     plan = make_plan(spec, Path("runs/r1"), options, "us-east-1")
     assert "export SCALELAB_HEARTBEAT_TIMEOUT_S=150\n" in user_data(plan, 0)
     assert Config({"SCALELAB_RUN_ID": "r1", "SCALELAB_BUCKET": "b", "SCALELAB_PREFIX": "p",
                    "SCALELAB_HEARTBEAT_TIMEOUT_S": "150"}).heartbeat_timeout_s == 150
-    too_short = get_backend("aws", {"bucket": "b", "heartbeat_timeout_min": 0.5, "poll_s": 20}).options
+    too_short = get_backend("aws", {"bucket": "bkt", "heartbeat_timeout_min": 0.5, "poll_s": 20}).options
     with pytest.raises(SpecError, match=r"heartbeat_timeout_min 0.5 is shorter than three .*\(poll_s 20\)"):
         make_plan(spec, Path("runs/r1"), too_short, "us-east-1")
     with pytest.raises(SpecError, match="heartbeat_timeout_min"):
-        get_backend("aws", {"bucket": "b", "heartbeat_timeout_min": 0})
+        get_backend("aws", {"bucket": "bkt", "heartbeat_timeout_min": 0})

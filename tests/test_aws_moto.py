@@ -529,7 +529,7 @@ def _launch_clean(cwd: Path, env: dict, *args: str):
 
     from conftest import ROOT
 
-    args = args or ("--backend", "aws", "--bucket", "b", "--region", REGION, "--steps", "2", "--warmup-steps", "1")
+    args = args or ("--backend", "aws", "--bucket", "bkt", "--region", REGION, "--steps", "2", "--warmup-steps", "1")
     return subprocess.run([sys.executable, "-m", "scalelab.launcher.cli", *args], cwd=cwd, capture_output=True, text=True,
                           env={**env, "PYTHONPATH": str(ROOT)}, timeout=120)
 

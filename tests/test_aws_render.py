@@ -190,7 +190,7 @@ def test_cli_dry_run_prints_requests_and_calls_nothing(tmp_path):
     # An endpoint nobody listens on: any call would fail, so a clean exit proves nothing was sent.
     env = {"AWS_ENDPOINT_URL": "http://127.0.0.1:9", "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "y"}
     out = launch("--backend", "aws", "--instance-type", "g3.4xlarge", "--nodes", "4", "--engine", "horovod",
-                 "--spot", "--bucket", "b", "--region", "eu-west-1", "--dry-run", cwd=tmp_path, env=env)
+                 "--spot", "--bucket", "bkt", "--region", "eu-west-1", "--dry-run", cwd=tmp_path, env=env)
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
     assert doc["region"] == "eu-west-1" and doc["layout"]["instances"] == {"g3.4xlarge": 4}
@@ -201,12 +201,12 @@ def test_cli_dry_run_prints_requests_and_calls_nothing(tmp_path):
 def test_cli_errors_are_one_line(tmp_path):
     env = {"AWS_CONFIG_FILE": str(tmp_path / "none"), "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"),
            "AWS_DEFAULT_REGION": "", "AWS_REGION": ""}
-    out = launch("--backend", "aws", "--bucket", "b", "--dry-run", cwd=tmp_path, env=env)
+    out = launch("--backend", "aws", "--bucket", "bkt", "--dry-run", cwd=tmp_path, env=env)
     assert out.returncode == 2 and "no AWS region" in out.stderr and "Traceback" not in out.stderr
-    out = launch("--backend", "aws", "--bucket", "b", "--region", "us-east-1", "--instance-type", "g3.4xlarge",
+    out = launch("--backend", "aws", "--bucket", "bkt", "--region", "us-east-1", "--instance-type", "g3.4xlarge",
                  "--gpus-per-node", "2", "--dry-run", cwd=tmp_path, env=env)
     assert out.returncode == 2 and "--gpus-per-node is 2" in out.stderr
-    out = launch("--bucket", "b", "--dry-run", cwd=tmp_path)
+    out = launch("--bucket", "bkt", "--dry-run", cwd=tmp_path)
     assert out.returncode == 2 and "--backend aws" in out.stderr
 
 

@@ -265,11 +265,11 @@ CASES: list[tuple[str, list[str], list[str]]] = [
     ("k8s-without-image", ["--backend", "k8s", *DRY], ["--image"]),
     ("k8s-bad-selector", ["--backend", "k8s", "--image", "x.org/s:1", "--node-selector", "nolabel", *DRY], ["nolabel"]),
     ("aws-without-bucket", ["--backend", "aws", *DRY], ["--bucket"]),
-    ("aws-unknown-type", ["--backend", "aws", "--bucket", "b", "--instance-type", "nosuch.x", *DRY], ["nosuch.x"]),
-    ("aws-max-price-negative", ["--backend", "aws", "--bucket", "b", "--spot", "--max-price", "-1", *DRY], ["max"]),
-    ("aws-time-limit-zero", ["--backend", "aws", "--bucket", "b", "--time-limit-min", "0", *DRY], ["time"]),
-    ("aws-time-limit-nan", ["--backend", "aws", "--bucket", "b", "--time-limit-min", "nan", *DRY], ["time"]),
-    ("aws-mix-count", ["--backend", "aws", "--bucket", "b", "--instance-type", "1*p2.xlarge+1*g3.4xlarge", "--nodes", "3", "--global-batch", "12", *DRY],
+    ("aws-unknown-type", ["--backend", "aws", "--bucket", "bkt", "--instance-type", "nosuch.x", *DRY], ["nosuch.x"]),
+    ("aws-max-price-negative", ["--backend", "aws", "--bucket", "bkt", "--spot", "--max-price", "-1", *DRY], ["max"]),
+    ("aws-time-limit-zero", ["--backend", "aws", "--bucket", "bkt", "--time-limit-min", "0", *DRY], ["time"]),
+    ("aws-time-limit-nan", ["--backend", "aws", "--bucket", "bkt", "--time-limit-min", "nan", *DRY], ["time"]),
+    ("aws-mix-count", ["--backend", "aws", "--bucket", "bkt", "--instance-type", "1*p2.xlarge+1*g3.4xlarge", "--nodes", "3", "--global-batch", "12", *DRY],
      ["--nodes"]),
     # ---- spec files --------------------------------------------------------------------------------
     ("spec-missing", ["--spec", "{tmp}/missing.yaml", *DRY], ["missing.yaml"]),
@@ -559,7 +559,7 @@ def test_every_message_is_one_line_for_spec_errors(paths, monkeypatch, capsys, t
 # ---- a --name that is shell text: dry runs print what a real run would submit (issue #27 item 8) ----
 
 HOSTILE_NAME = "x\ntouch /tmp/scalelab-pwned $(id)"
-DRY_BACKENDS = [("local", []), ("slurm", []), ("aws", ["--bucket", "b", "--region", "us-east-1"])]
+DRY_BACKENDS = [("local", []), ("slurm", []), ("aws", ["--bucket", "bkt", "--region", "us-east-1"])]
 
 
 @pytest.mark.parametrize("backend, extra", DRY_BACKENDS, ids=[b for b, _ in DRY_BACKENDS])

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import errno
+import json
 import os
 import shutil
 
@@ -44,6 +45,14 @@ def _copy(run, tmp_path):
     return dest
 
 
+def _as_cancelled(run):
+    """Record a finished run CANCELLED, so that `launch resume` goes on to its checkpoint: a COMPLETED
+    run with no step left to run is a no-op that reads nothing (issue #37)."""
+    info = json.loads((run / "launch.json").read_text())
+    (run / "launch.json").write_text(json.dumps({**info, "state": "CANCELLED"}))
+    return run
+
+
 def _assert_one_line_error(proc, *phrases):
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr and "Traceback" not in proc.stdout
@@ -63,7 +72,7 @@ class _RunsACommand:
 
 @pytest.mark.slow
 def test_planted_pickle_is_refused_and_does_not_run(nmt_run, tmp_path):
-    run = _copy(nmt_run, tmp_path)
+    run = _as_cancelled(_copy(nmt_run, tmp_path))
     marker = tmp_path / "the-planted-code-ran"
     good = torch.load(run / CHECKPOINT_NAME, weights_only=True)
     torch.save({**good, "reached": _RunsACommand(f"touch {marker}")}, run / CHECKPOINT_NAME)
@@ -80,7 +89,7 @@ def test_checkpoint_of_another_spec_is_refused(nmt_run, tmp_path):
     run = only_run_dir(tmp_path / "runs")
     shutil.copy(nmt_run / CHECKPOINT_NAME, run / CHECKPOINT_NAME)
 
-    proc = launch("resume", str(run), cwd=tmp_path)
+    proc = launch("resume", str(_as_cancelled(run)), cwd=tmp_path)
     _assert_one_line_error(proc, "belongs to a different run", "model 'rnnlm-tiny' here, 'nmt-tiny' in the checkpoint")
 
 

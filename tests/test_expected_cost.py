@@ -73,7 +73,7 @@ from conftest import launch, only_run_dir  # noqa: E402
 from scalelab.launcher.pricing import guard, step_time  # noqa: E402
 
 NO_PRICES = {"SCALELAB_PRICES": "/nonexistent/scalelab-prices.json"}
-AWS = ["--backend", "aws", "--bucket", "b", "--region", "us-east-1", "--instance-type", "g3.4xlarge"]
+AWS = ["--backend", "aws", "--bucket", "bkt", "--region", "us-east-1", "--instance-type", "g3.4xlarge"]
 TINY = ["--model", "nmt-tiny", "--data", "task", "--steps", "4", "--warmup-steps", "1", "--prefetch", "1",
         "--engine", "single"]
 

@@ -352,6 +352,8 @@ def test_a_planted_checkpoint_is_refused_and_leaves_nothing_running(tmp_path, re
 
     run = tmp_path / "run"
     shutil.copytree(reference("ddp"), run)
+    state = {**_state(run), "state": "CANCELLED"}  # a COMPLETED run with no step left: resume is a no-op (#37)
+    (run / "launch.json").write_text(json.dumps(state))
     marker = tmp_path / "the-planted-code-ran"
     good = torch.load(run / CHECKPOINT_NAME, weights_only=True)
     torch.save({**good, "reached": _RunsACommand(f"touch {marker}")}, run / CHECKPOINT_NAME)

@@ -91,7 +91,7 @@ def test_a_deadline_nothing_can_answer_is_refused_saying_what_to_give(runs):
     assert "--deadline-h and --budget cannot be answered" in str(out.exception) and "--instance-types" in str(out.exception)
 
 
-AWS = ["--backend", "aws", "--bucket", "b", "--region", "us-east-1", "--model", "nmt-tiny", "--data", "task",
+AWS = ["--backend", "aws", "--bucket", "bkt", "--region", "us-east-1", "--model", "nmt-tiny", "--data", "task",
        "--steps", "20000", "--dry-run"]
 
 

@@ -146,7 +146,7 @@ def test_separate_on_aws_starts_g_plus_one_ranks_per_instance(tmp_path, monkeypa
 
     monkeypatch.setenv("SCALELAB_PRICES", str(tmp_path / "prices.json"))
     spec = _separate().with_overrides({"backend": "aws"})
-    plan = make_plan(spec, Path("runs/ps-s"), AwsOptions(bucket="b", region="us-east-1", instance_type="g3.16xlarge"),
+    plan = make_plan(spec, Path("runs/ps-s"), AwsOptions(bucket="bkt", region="us-east-1", instance_type="g3.16xlarge"),
                      "us-east-1")
     script = user_data(plan, 0)
     assert "export SCALELAB_GPUS_PER_NODE=2" in script and "export SCALELAB_RANKS_PER_NODE=3" in script

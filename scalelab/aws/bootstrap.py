@@ -40,6 +40,7 @@ from scalelab.core.engines import HOROVODRUN, starter
 from scalelab.core.launch import NodeLaunch, Site, launch_plan
 from scalelab.core.rundir import CHECKPOINT_FILE, LOGS_DIR, RECORDS_DIR, SPEC_FILE, RunPaths
 from scalelab.core.spec import Spec, read_spec
+from scalelab.core.writes import open_inside
 
 METADATA_URL = "http://169.254.169.254"
 LAUNCHER_HEARTBEAT = "control/launcher.json"  # the launcher rewrites it on every poll (scalelab/aws/backend.py)
@@ -330,7 +331,8 @@ def run(cfg: Config, s3=None, ec2=None) -> int:
     spec = read_spec(cfg.run_dir)
     ssh_key = ssh_setup(sync, cfg, index, peers) if starter(spec.engine.name) == HOROVODRUN and cfg.nodes > 1 else None
     launch = trainer_command(spec, cfg.python, cfg.run_dir, hosts, index, ssh_key=ssh_key)
-    log = open(RunPaths(cfg.run_dir).logs / "trainer.log", "ab")
+    log_path = RunPaths(cfg.run_dir).logs / "trainer.log"
+    log = os.fdopen(open_inside(cfg.run_dir, log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644), "ab")  # no link
     proc = (subprocess.Popen(launch.argv, stdout=log, stderr=subprocess.STDOUT, cwd=cfg.work,
                              env={**os.environ, "PYTHONUNBUFFERED": "1", **launch.env}) if launch else None)
     notice, reason, watch = None, None, LauncherWatch(sync, cfg.heartbeat_timeout_s)

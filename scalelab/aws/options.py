@@ -7,11 +7,33 @@ there a bucket and a region) is checked when the requests are planned (scalelab/
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from scalelab.core.options import BackendOptions, above, at_least, option
 from scalelab.costs.fleet import CloudFleet
 from scalelab.core.spec import DEFAULT_AWS_INSTANCE_TYPE
+
+
+def s3_bucket_name(name: str) -> str | None:
+    """S3's rules for a general purpose bucket's name, checked where --bucket enters, before any API call
+    ('' is left to make_plan, which asks for one). Why: `--bucket 'my bucket'` went through to boto3,
+    whose ParamValidationError was a traceback."""
+    if not name:
+        return None
+    rules = [
+        (3 <= len(name) <= 63, f"is {len(name)} characters long; S3 bucket names have 3 to 63"),
+        (re.fullmatch(r"[a-z0-9.-]+", name) is not None,
+         "may hold only lowercase letters, digits, dots and hyphens (no spaces, capitals or underscores)"),
+        (name[0].isalnum() and name[-1].isalnum(), "must begin and end with a letter or a digit"),
+        (".." not in name, "must not hold two dots in a row"),
+        (re.fullmatch(r"\d+\.\d+\.\d+\.\d+", name) is None, "must not look like an IP address"),
+        (not name.startswith(("xn--", "sthree-", "amzn-s3-demo-")), "must not begin with xn--, sthree- or amzn-s3-demo-"),
+        (not name.endswith(("-s3alias", "--ol-s3", ".mrap", "--x-s3", "--table-s3")),
+         "must not end with -s3alias, --ol-s3, .mrap, --x-s3 or --table-s3"),
+    ]
+    broken = next((why for ok, why in rules if not ok), None)
+    return f"{broken} (S3's naming rules), e.g. my-team-scalelab" if broken else None
 
 
 @dataclass(frozen=True)
@@ -36,7 +58,8 @@ class AwsOptions(BackendOptions, CloudFleet):
     key_name: str = option("", "EC2 key pair for ssh access (optional).", flag="--key-name")
     instance_profile: str = option("scalelab-instance", "IAM instance profile the instances use for S3/EC2.",
                                    flag="--instance-profile")
-    bucket: str = option("", "S3 bucket for the package, records, logs and checkpoints (required).", flag="--bucket")
+    bucket: str = option("", "S3 bucket for the package, records, logs and checkpoints (required).", s3_bucket_name,
+                         flag="--bucket")
     prefix: str = option("scalelab", "S3 key prefix of the runs.")
     spot: bool = option(False, "Spot instances (interruptions are resumed from checkpoints) or on-demand.",
                         flag="--spot/--on-demand")

@@ -72,8 +72,8 @@ def above(low: float, problem: str | None = None) -> Check:
     return lambda v: None if v > low else problem or f"must be > {low}"
 
 
-def at_most(high: float) -> Check:
-    return lambda v: None if v <= high else f"must be <= {high}"
+def at_most(high: float, problem: str | None = None) -> Check:
+    return lambda v: None if v <= high else problem or f"must be <= {high}"
 
 
 def one_of(*choices: Any) -> Check:

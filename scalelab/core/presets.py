@@ -86,6 +86,10 @@ def _validate_config(cfg: ModelConfig) -> None:
         needed += ["enc_layers", "dec_layers", "src_len", "tgt_len"]
     else:
         needed += ["num_layers", "seq_len"]
+    for name in ("num_layers", "enc_layers", "dec_layers"):  # every family's: 0 layers was accepted where unused
+        if getattr(cfg, name) < 1:
+            raise SpecError(f"model field {name} must be at least 1 (a model has at least one layer), got "
+                            f"{getattr(cfg, name)}")
     for name in needed:
         if getattr(cfg, name) <= 0:
             raise SpecError(

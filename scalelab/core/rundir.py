@@ -91,6 +91,19 @@ def run_name(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-") or "run"
 
 
+# A run directory's name is NAME-YYYYmmdd-HHMMSS[-k]: a filesystem name holds 255 bytes, so the name at most
+# 200 leaves room for the stamp (and a sweep's or repeat's suffixes). A --name of 300 characters was an
+# "OSError: File name too long" traceback (issue #37).
+MAX_NAME_BYTES = 200
+
+
+def name_problem(name: str) -> str:
+    """'' for a name that fits a run directory's name; else what is wrong with it, for the message."""
+    size = len(run_name(name).encode())
+    return (f"is {size:,} characters long; a run name has at most {MAX_NAME_BYTES} (it becomes the run "
+            "directory's name, with the date and time added): give a shorter one") if size > MAX_NAME_BYTES else ""
+
+
 def dryrun_dir(root: Path, name: str) -> Path:
     """The run directory a --dry-run prints (never created): `root/NAME-DRYRUN`, NAME sanitised as a
     real run's is, so the printed request is the one a real run would submit."""
@@ -102,6 +115,8 @@ def new_run_dir(root: Path, name: str) -> Path:
     full, not ours) is one line naming it and its filesystem."""
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     base = run_name(name)
+    if name_problem(name):  # a study's title, a sweep's name: refused before anything is made
+        raise RecordError(f"the name {base[:40]}... {name_problem(name)}")
     with writing(root, "a run directory", "or give --runs-dir a directory on a filesystem with room"):
         root.mkdir(parents=True, exist_ok=True)
         for k in range(1000):

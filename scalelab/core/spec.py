@@ -34,10 +34,15 @@ from scalelab.core.options import (
     option,
 )
 from scalelab.core.presets import OUTPUT_LOSSES, PRESETS, RNN_KINDS, config_with_overrides
-from scalelab.core.rundir import SPEC_FILE, write_text
+from scalelab.core.rundir import SPEC_FILE, name_problem, write_text
 
 # torch.manual_seed takes at most 64 bits; a bigger seed was accepted here and failed in every rank
 MAX_SEED = 2**63 - 1
+# Issue #37: `--lr 1e30` and `--threads 100000` were accepted. A learning rate above MAX_LR diverges with
+# every optimizer here (Adam's usual range is 1e-4 to 1e-2, SGD's up to about 1); more threads per rank
+# than MAX_THREADS exceeds any machine's cores (the local backend holds them to its own cores x 4).
+MAX_LR = 10.0
+MAX_THREADS = 1024
 DATA_KINDS = ("synthetic", "task", "text", "shards")
 BATCH_MODES = ("strong", "weak")
 #: The two axes of a sweep, each `fixed` or `growing`: the global batch (split over the workers, or
@@ -180,7 +185,9 @@ class Spec:
                                flag="--warmup-steps")
     optimizer: str = option("adam", "Optimizer: adam or sgd (momentum 0.9).", one_of(*OPTIMIZERS),
                             flag="--optimizer")
-    lr: float = option(1e-3, "Learning rate for the reference batch.", above(0), flag="--lr")
+    lr: float = option(1e-3, "Learning rate for the reference batch.", above(0),
+                       at_most(MAX_LR, f"must be at most {MAX_LR:g} (above that every optimizer here diverges; Adam's "
+                               "usual range is 1e-4 to 1e-2)"), flag="--lr")
     lr_warmup_steps: int = option(0, "Steps of linear LR warm-up to the scaled LR.", at_least(0),
                                   flag="--lr-warmup-steps")
     lr_ref_batch: int | None = checked(None, POSITIVE)
@@ -196,8 +203,11 @@ class Spec:
     checkpoint_every: int = option(0, "Checkpoint every N steps (rank 0 writes) [default: 0 = only on signals].",
                                    at_least(0), flag="--checkpoint-every")
     threads: int | None = option(None, "Intra-op threads per rank [default: cores / ranks per node].", POSITIVE,
-                                 flag="--threads")
+                                 at_most(MAX_THREADS, f"must be at most {MAX_THREADS} threads per rank (more than "
+                                         "any machine's cores)"), flag="--threads")
     interop_threads: int | None = option(None, "Inter-op threads per rank [default: PyTorch's].", POSITIVE,
+                                         at_most(MAX_THREADS, f"must be at most {MAX_THREADS} threads per rank "
+                                                 "(more than any machine's cores)"),
                                          flag="--interop-threads")
     independent_replicas: bool = option(False, "Every worker trains its own copy with no gradient exchange: the "
                                         "ideal curve that isolates communication cost.",
@@ -366,6 +376,8 @@ class Spec:
         return self
 
     def _check_combinations(self) -> None:
+        if self.name is not None and name_problem(str(self.name)):
+            raise SpecError(f"--name {str(self.name)[:40]}... {name_problem(str(self.name))}")
         if self.emulate_slowdown and (len(self.emulate_slowdown) != self.workers or min(self.emulate_slowdown) < 1):
             raise SpecError(
                 f"--emulate-slowdown needs one factor >= 1 per worker ({self.workers}), got {self.emulate_slowdown}"
@@ -488,20 +500,44 @@ def read_yaml_mapping(path: str | os.PathLike, what: str) -> dict[str, Any]:
     clear SpecError naming the file; `what` says which kind of file ("spec file", "study file")."""
     import yaml
 
-    from scalelab.core.yamltext import load_yaml  # YAML 1.2 numbers (`6:8` is text), unique keys
+    from scalelab.core.yamltext import BeyondLimitsError, load_yaml  # YAML 1.2 numbers (`6:8` is text), unique keys
 
     p = check_text_file(path, what)
     try:
-        raw = load_yaml(p.read_text(encoding="utf-8"))
+        text = p.read_text(encoding="utf-8")
+        raw = load_yaml(text)
+    except BeyondLimitsError as exc:
+        raise SpecError(f"{what} {p}: {exc}") from None
     except yaml.YAMLError as exc:
         raise SpecError(f"{what} {p} is not valid YAML: {' '.join(str(exc).split())}") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise SpecError(f"cannot read {what} {p} as UTF-8 text ({exc})") from None
+    if p.suffix.lower() == ".json":
+        strict_json(text, p, what)
     if raw is None:
         raise SpecError(f"{what} {p} is empty: give at least one key (see the examples/ folder)")
     if not isinstance(raw, dict):
         raise SpecError(f"{what} {p} must be a mapping of key: value, got a {type(raw).__name__}")
     return raw
+
+
+def strict_json(text: str, path: Path, what: str) -> None:
+    """A .json file must be JSON, not merely YAML: YAML reads `{"nodes": 2,}` (a trailing comma) and
+    single quotes without a word, so a JSON spec that any JSON tool would refuse was accepted (issue #37).
+    The message names the line and column."""
+    try:
+        json.loads(text)
+    except json.JSONDecodeError as exc:
+        before = text[:exc.pos].rstrip()
+        if before.endswith(",") and text[exc.pos:exc.pos + 1] in ("}", "]"):
+            line = before.count("\n") + 1
+            column = len(before) - (before.rfind("\n") + 1)
+            raise SpecError(f"{what} {path} is not valid JSON: a trailing comma at line {line}, column {column} "
+                            f"(before the closing {text[exc.pos]} at line {exc.lineno}); remove it") from None
+        raise SpecError(f"{what} {path} is not valid JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}; "
+                        "correct it (or name the file .yaml to write YAML)") from None
+    except (ValueError, RecursionError):  # past Python's limits: load_yaml has said so already
+        pass
 
 
 def load_spec(path: str | os.PathLike) -> Spec:

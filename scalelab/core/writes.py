@@ -153,6 +153,27 @@ def refuse_links(out_dir: Path | str, names: tuple[str, ...]) -> None:
         check_inside(out_dir, Path(out_dir) / name)
 
 
+RUN_DIR_PARTS = ("records", "logs", "slurm", "checkpoint.pt", "checkpoint.tmp")  # what a launch writes into
+
+
+def refuse_run_dir_links(run_dir: Path | str) -> None:
+    """Refuse (LinkError) a run directory where a launch would write through a link: `records/`, `logs/`
+    (or `slurm/`) that is a link or resolves out of the run directory, a checkpoint that is a link, or a
+    link among the files in `records/` and `logs/`. Called by every backend before anything is submitted
+    or written (`launcher/runner.py` `submitted`), so a refused link leaves the run's state, its files and
+    the link's target as they were; the opens themselves use O_NOFOLLOW (`open_inside`) as well."""
+    root = Path(run_dir)
+    for name in RUN_DIR_PARTS:
+        part = root / name
+        if not os.path.lexists(part):
+            continue
+        check_inside(root, part)  # the part itself is not a link
+        if part.is_dir():
+            check_inside(root, part / "x")  # a directory resolving out of the run directory
+            for entry in sorted(part.iterdir()):
+                check_inside(root, entry)
+
+
 def write_inside(root: Path | str, path: Path | str, data: str | bytes, append: bool = False) -> None:
     """Write (or append) `data` to a file of the run directory `root` through `open_inside`: the backends'
     copies of records, placements and logs never follow a link planted in the run directory."""

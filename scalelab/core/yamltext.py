@@ -11,6 +11,7 @@ the key and both lines.
 from __future__ import annotations
 
 import re
+import sys
 from typing import Any
 
 import yaml
@@ -21,6 +22,12 @@ _SEXAGESIMAL = ("[-+]?[1-9][0-9_]*(?::[0-5]?[0-9])+", "[-+]?[0-9][0-9_]*(?::[0-5
 
 class DuplicateKeyError(yaml.YAMLError):
     """A mapping gives one key twice: YAML says keys are unique, PyYAML would keep the last silently."""
+
+
+class BeyondLimitsError(yaml.YAMLError):
+    """Valid YAML that Python cannot hold: a whole number of more digits than `int()` converts (4,300 by
+    default), mappings or lists nested deeper than the interpreter's recursion allows. Both were a
+    ValueError or RecursionError traceback (issue #37); now one line naming the line and the limit."""
 
 
 class SpecLoader(yaml.SafeLoader):
@@ -40,6 +47,21 @@ class SpecLoader(yaml.SafeLoader):
                 raise DuplicateKeyError(f"duplicate key {key!r} at line {key_node.start_mark.line + 1} "
                                         f"(first at line {first}); keep one of them")
         return super().construct_mapping(node, deep=deep)
+
+    def construct_yaml_int(self, node: yaml.ScalarNode) -> int:
+        """An integer; one of more digits than Python converts is refused with its line and the limit."""
+        try:
+            return super().construct_yaml_int(node)
+        except ValueError as exc:
+            if "digits" not in str(exc):
+                raise
+            digits = sum(c.isdigit() for c in str(node.value))
+            raise BeyondLimitsError(f"line {node.start_mark.line + 1}: a whole number of {digits:,} digits, more than "
+                                    f"the {sys.get_int_max_str_digits():,} digits a number may have; give a smaller "
+                                    "number") from None
+
+
+SpecLoader.add_constructor("tag:yaml.org,2002:int", SpecLoader.construct_yaml_int)
 
 
 def _drop_sexagesimal() -> None:
@@ -65,7 +87,11 @@ _drop_sexagesimal()
 def load_yaml(text: str) -> Any:
     """`text` read as YAML with 1.2's numbers and unique keys; errors are `yaml.YAMLError` (the caller
     names the file)."""
-    return yaml.load(text, Loader=SpecLoader)  # noqa: S506 - SpecLoader is a SafeLoader
+    try:
+        return yaml.load(text, Loader=SpecLoader)  # noqa: S506 - SpecLoader is a SafeLoader
+    except RecursionError:  # the composer recurses once per level of nesting
+        raise BeyondLimitsError("lists or mappings nested deeper than can be read (a few hundred levels, with "
+                                "Python's recursion limit; a spec needs a few); flatten it") from None
 
 
 def is_sexagesimal(text: str) -> bool:

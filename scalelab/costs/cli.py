@@ -22,7 +22,7 @@ import click
 from rich.markup import escape
 from rich.table import Table
 
-from scalelab.core.checks import NON_NEGATIVE, POSITIVE, InputFile, OutputDir
+from scalelab.core.checks import NON_NEGATIVE, POSITIVE, InputFile, Number, OutputDir
 from scalelab.core.errors import DataError, SpecError
 from scalelab.core.records import load_run
 from scalelab.core.runids import RunDir
@@ -398,7 +398,7 @@ def _parse_batches(text: str | None) -> list[int]:
                    "e.g. 4x1@4*g3.4xlarge,2x2@2*g3.16xlarge,4x1@1*p2.xlarge+3*g3.4xlarge (the step-time model, "
                    "scalelab/costs/steptime.py; the CSV needs nodes and instance_type).")
 @click.option("--predict-batch", help="Global batches to predict steps and samples to the loss threshold for, e.g. 64,128.")
-@click.option("--confidence", type=click.FloatRange(0.5, 0.99), default=0.9, show_default=True,
+@click.option("--confidence", type=Number(minimum=0.5, maximum=0.99), default=0.9, show_default=True,
               help="Level of every interval, and the chance a recommendation must have of meeting its limit.")
 @click.option("--instance-types", help="Price the layouts on these types, e.g. g3.4xlarge,g3.16xlarge (or --rate names).")
 @click.option("--market", type=click.Choice([*MARKETS, "both"]), default="on-demand", show_default=True)
@@ -456,6 +456,9 @@ def plan_cmd(run_dirs: tuple[str, ...], from_csv: str | None, predict_workers: s
     measured_on = measured_on or m.measured_on
     catalog = _load_catalog(params, _backends(run_dirs))
     asked = [t.strip() for t in (instance_types or "").split(",") if t.strip()]
+    if instance_types is not None and not asked:  # '' or ',' priced the default types without a word
+        raise SpecError(f"--instance-types {instance_types!r} names no type: give types, e.g. g3.4xlarge,g3.16xlarge, "
+                        "or leave the flag out for the default ones")
     for t in asked:
         catalog.instance(t)  # a type asked for that the catalog lacks: an error naming the fix
     unpriced = measured_on is not None and measured_on not in catalog.names()

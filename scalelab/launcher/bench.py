@@ -31,7 +31,7 @@ from scalelab.core.records import load_run
 from scalelab.core.rundir import RunPaths, read_json
 from scalelab.core.spec import Spec, save_spec
 from scalelab.core.terminal import make_console
-from scalelab.core.writes import writing
+from scalelab.core.writes import open_inside, writing
 
 PARTS = ("compute", "exchange", "scaling", "planner", "report")
 COMPUTE_PRECISIONS = ("fp32", "bf16")  # on a CPU: fp16 needs a GPU (the scaler)
@@ -215,7 +215,7 @@ def bench_report(records: int, ranks: int, work: Path) -> dict:
     for r in range(ranks):
         st = 0.05 + 0.005 * rng.random(steps)
         # written as text, not through RecordWriter: a million records must not take minutes
-        with open(paths.rank_records(r), "w") as f:
+        with os.fdopen(open_inside(run, paths.rank_records(r), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), "w") as f:
             f.write(json.dumps({"kind": "start", "rank": r, "world": ranks, "time": 0.0, "global_batch": ranks * 8}) + "\n")
             for i in range(steps):
                 f.write('{"kind": "step", "rank": %d, "world": %d, "time": %.3f, "step": %d, "epoch": 0, "warmup": %s, '

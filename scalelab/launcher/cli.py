@@ -380,6 +380,12 @@ def resume_cmd(run_dir: str, detach: bool) -> None:
                 getattr(import_optional(module), attr)(path)
         return
     spec = read_spec(path).validate()
+    from scalelab.launcher.runner import nothing_to_resume
+
+    done = nothing_to_resume(path, spec)  # a COMPLETED run: left byte-for-byte as it is
+    if done:
+        console.print(done, highlight=False, soft_wrap=True)
+        return
     backend = get_backend(spec.backend, spec.backend_options)
     if detach:
         detaching(backend)

@@ -27,7 +27,7 @@ import psutil
 
 from scalelab.core.devices import check_gpus
 from scalelab.core.engines import HOROVODRUN, starter
-from scalelab.core.errors import EngineError, ScalelabError
+from scalelab.core.errors import EngineError, ScalelabError, SpecError
 from scalelab.core.launch import Site, launch_plan
 from scalelab.core.net import free_port
 from scalelab.core.procs import (
@@ -53,7 +53,7 @@ from scalelab.core.rundir import (
     start_state,
 )
 from scalelab.core.spec import Spec
-from scalelab.core.writes import LinkError, check_inside
+from scalelab.core.writes import LinkError, check_inside, open_inside
 from scalelab.launcher.backend import Backend, Request, RunStatus, ended_by_records, log_text
 from scalelab.launcher.options import LocalOptions
 
@@ -99,6 +99,9 @@ def shell_status(code: int | None) -> int | None:
     return 128 - code if code is not None and code < 0 else code
 
 
+THREADS_PER_CORE = 4  # --threads above this many per core of this machine is refused (issue #37)
+
+
 class LocalBackend(Backend):
     default_poll_s = 0.5
     horovod_here = True  # horovodrun and the ranks run on this machine's Python
@@ -118,6 +121,12 @@ class LocalBackend(Backend):
             raise EngineError("horovodrun is not installed beside this Python nor on PATH; install Horovod with scripts/build-horovod.sh")
         where = "this machine" + (f" ({spec.nodes} emulated nodes x {spec.ranks_per_node})" if spec.nodes > 1 else "")
         check_gpus(spec.nodes * spec.ranks_per_node, spec.device, where)  # never two ranks on one GPU
+        cores = os.cpu_count() or 1
+        for flag, threads in (("--threads", spec.threads), ("--interop-threads", spec.interop_threads)):
+            if threads is not None and threads > THREADS_PER_CORE * cores:  # the ranks run here: its cores decide
+                raise SpecError(f"{flag} {threads} is more than this machine's {cores} cores x {THREADS_PER_CORE} "
+                                f"({THREADS_PER_CORE * cores}); each rank would oversubscribe them: give at most "
+                                f"{THREADS_PER_CORE * cores}, or leave it out (cores / ranks per node)")
         if spec.precision != "fp32":  # the ranks run on this machine: its CPU decides, before any starts
             from scalelab.train.precision import check_cpu_precision
 
@@ -144,6 +153,8 @@ class LocalBackend(Backend):
 
     def schedule(self, request: LocalRequest) -> str:
         run_dir = request.run_dir
+        for log in request.log_files:  # a linked (or dangling) logs/ or log file: refused before mkdir follows it
+            check_inside(run_dir, log)
         RunPaths(run_dir).logs.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, **request.env}
         if LAUNCHER_ENV not in request.env:
@@ -151,7 +162,8 @@ class LocalBackend(Backend):
         started: list[subprocess.Popen] = []
         try:
             for cmd, log in zip(request.commands, request.log_files):
-                with open(log, "ab") as out:
+                # O_NOFOLLOW: a link planted since the check is refused too, its target never appended to
+                with os.fdopen(open_inside(run_dir, log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644), "ab") as out:
                     # A new session per command: a Ctrl-C in the terminal reaches the launcher only, which
                     # then stops the run its own way (the ranks checkpoint).
                     started.append(subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,

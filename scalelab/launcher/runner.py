@@ -44,12 +44,13 @@ from scalelab.core.rundir import (
     RunPaths,
     read_state,
     record_state,
+    run_state,
     update_state,
     write_json,
 )
 from scalelab.core.spec import Spec, save_spec
 from scalelab.core.terminal import make_console
-from scalelab.core.writes import WriteError, full_note
+from scalelab.core.writes import WriteError, full_note, refuse_run_dir_links
 from scalelab.launcher.backend import STOP_NOW, Backend, RunStatus, rank_ends, silent_ranks
 from scalelab.launcher.pricing import fleet_rate
 
@@ -327,6 +328,25 @@ def failure(backend: Backend, run_dir: Path, status: RunStatus) -> ScalelabError
                          + tail(backend.logs(run_dir), 25))
 
 
+def nothing_to_resume(run_dir: Path, spec: Spec) -> str:
+    """Why `launch resume` of RUN_DIR has nothing to do ('' when it has): the run is recorded COMPLETED
+    and its spec asks for no step beyond those it ran. Why before anything: resuming it started the ranks
+    only to stop them, and anything failing on the way (a damaged checkpoint) recorded the finished run
+    FAILED. A spec whose `steps` were raised since (spec.json edited) resumes, its checkpoint read here
+    first, so that an unreadable one is refused before the run's state or files change."""
+    if run_state(run_dir) != COMPLETED:
+        return ""
+    done = max((r.last_step or 0 for r in rank_ends(run_dir, None)), default=0)
+    if spec.steps is not None and spec.epochs is None and spec.steps > done:
+        from scalelab.train.checkpoint import read_checkpoint
+
+        read_checkpoint(run_dir)  # CheckpointError, one line, before anything is written
+        return ""
+    return (f"run {run_dir} is COMPLETED already ({done} steps ran); nothing to resume, nothing changed: "
+            f"`launch report {run_dir}` reports it; to train it longer, raise `steps` in its spec.json, then "
+            f"`launch resume {run_dir}`")
+
+
 def resume_hint(run_dir: Path) -> str:
     """'; `launch resume RUN` continues it from its checkpoint' when the run has one to continue from."""
     if RunPaths(run_dir).checkpoint.exists():
@@ -354,6 +374,7 @@ def submitted(backend: Backend, spec: Spec, run_dir: Path) -> Iterator[None]:
     (a stop signal or an error inside cancels it)."""
     with owning(run_dir):
         refuse_if_live(backend, run_dir)  # before `stopping_runs`, which would cancel what it refuses
+        refuse_run_dir_links(run_dir)  # every backend: no write of this launch may follow a planted link
         rank_files(run_dir)  # a resume onto a stray or directory rank file is refused before any rank starts
         with stopping_runs(backend, [run_dir]):
             submit(backend, spec, run_dir)

@@ -26,6 +26,7 @@ from scalelab.core.errors import SpecError
 from scalelab.core.records import load_run
 from scalelab.core.rundir import STUDY_FILE, new_run_dir, study_sweeps, write_json
 from scalelab.core.spec import BACKEND_NAMES, MODE_AXES, Spec, read_yaml_mapping
+from scalelab.core.writes import refuse_links
 from scalelab.launcher.backend import get_backend
 from scalelab.launcher.cli import console
 from scalelab.launcher.pricing import guard, price_options, show_quote
@@ -153,6 +154,7 @@ def gemm_study(study: Study, runs_root: Path) -> Path:
     out = new_run_dir(runs_root, "study-seed-003-gemm")
     gemm = pd.DataFrame(gemm_sweep(cfg["hiddens"], cfg["batches"], threads=cfg["threads"]))
     steps = pd.DataFrame(step_sweep(cfg["preset"], cfg["step_hiddens"], cfg["batches"], threads=cfg["threads"]))
+    refuse_links(out, ("gemm.csv", "step.csv", "gemm.png", "study.md"))  # never written through a link
     gemm.to_csv(out / "gemm.csv", index=False)
     steps.to_csv(out / "step.csv", index=False)
     plot_gemm(gemm, steps).savefig(out / "gemm.png", dpi=110)
@@ -210,6 +212,7 @@ def study_report(study_dir: Path, study: Study) -> Path:
         loaded.append((str(run), summarize_loaded(records), step_table(records.steps)))
     data = study_runs(loaded)
     tables = {}
+    refuse_links(study_dir, (*(f"{name}.csv" for name in study.tables), "study.md"))  # never through a link
     for name in study.tables:
         tables[name] = (price_money_table(data.rows, study.instance_mixes(), study.market) if name == "money"
                         else seed_table(name, data, study.epochs_shown))

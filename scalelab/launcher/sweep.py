@@ -29,6 +29,7 @@ from scalelab.core.rundir import (
     write_json,
 )
 from scalelab.core.spec import MODE_AXES, Spec, read_spec, save_spec
+from scalelab.core.writes import refuse_run_dir_links
 from scalelab.launcher.runner import follow, owning, refuse_if_live, stopping_runs, submit
 
 _LAYOUT = re.compile(r"^\s*(\d+)\s*x\s*(\d+)\s*$")
@@ -195,6 +196,8 @@ def continue_sweep(backend, sweep_dir: Path) -> Path:
     not ended, and names the sweep as what to resume.
     """
     todo = [(read_spec(run_dir).validate(), run_dir) for run_dir in sweep_runs(sweep_dir) if run_state(run_dir) != COMPLETED]
+    for _, run_dir in todo:  # a planted link in any layout: refused before anything is written (issue #37)
+        refuse_run_dir_links(run_dir)
     with owning(sweep_dir), ExitStack() as locks, stopping_runs(backend, []) as held:
         for spec, run_dirs in _batches(todo, backend.queues):
             for run_dir in run_dirs:

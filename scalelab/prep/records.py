@@ -8,6 +8,7 @@ are computed from these records only, as training reports are from the rank reco
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Callable
 
@@ -22,6 +23,7 @@ from scalelab.core.records import (
     register_kinds,
 )
 from scalelab.core.rundir import RECORDS_DIR
+from scalelab.core.writes import check_inside, open_inside
 
 # The prep records' schema, checked by the one reader and by `Recorder` (no rank: one driver writes).
 register_kinds({
@@ -39,8 +41,10 @@ class Recorder:
 
     def __init__(self, run_dir: Path, echo: Callable[[dict], None] | None = None) -> None:
         path = Path(run_dir) / RECORDS
+        check_inside(run_dir, path)  # a linked records/ (or records file) is refused, never appended through
         path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = path.open("a", buffering=1)
+        self._file = os.fdopen(open_inside(run_dir, path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644), "a",
+                               buffering=1)
         self.echo = echo
 
     def __call__(self, record: dict[str, Any]) -> None:

@@ -25,6 +25,7 @@ from scalelab.analysis.scaling import scaling_table
 from scalelab.core.errors import RecordError
 from scalelab.core.rundir import write_json
 from scalelab.core.terminal import make_console
+from scalelab.core.writes import refuse_links
 from scalelab.prep.records import load_records
 from scalelab.prep.request import read_request
 
@@ -123,6 +124,7 @@ def report_dirs(paths: list[Path], out: Path | None, fmt: str) -> None:
     df = scaling(rows)
     out = out or (paths[0] if len(paths) == 1 else Path.cwd() / ("prep-report-" + datetime.datetime.now().strftime("%Y%m%d-%H%M%S")))
     out.mkdir(parents=True, exist_ok=True)
+    refuse_links(out, ("report.md", "report.json"))  # a planted link's target is never overwritten
     (out / "report.md").write_text(markdown(df, runs))
     records = json.loads(df.to_json(orient="records"))
     write_json(out / "report.json", records)

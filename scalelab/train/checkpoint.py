@@ -127,6 +127,16 @@ def _write_failure(path: Path, exc: OSError, size: int) -> str:
 
 def load_checkpoint(run_dir: Path, expect: dict[str, Any], map_location: torch.device | str = "cpu") -> dict[str, Any] | None:
     """The checkpoint of RUN_DIR (None when there is none), refused unless it is plain data of this spec."""
+    ckpt = read_checkpoint(run_dir, map_location)
+    if ckpt is not None:
+        check_identity(checkpoint_path(run_dir), ckpt, expect)
+    return ckpt
+
+
+def read_checkpoint(run_dir: Path, map_location: torch.device | str = "cpu") -> dict[str, Any] | None:
+    """The checkpoint of RUN_DIR as stored (None when there is none), refused (CheckpointError, one line)
+    when it is a link, truncated, damaged or more than plain data. The launcher reads it too, before a
+    resume of a completed run changes anything."""
     path = checkpoint_path(run_dir)
     if not os.path.lexists(path):
         return None
@@ -144,7 +154,6 @@ def load_checkpoint(run_dir: Path, expect: dict[str, Any], map_location: torch.d
         ) from None
     except Exception as exc:  # noqa: BLE001 - a damaged archive fails in many ways: say which file and what to do
         raise CheckpointError(f"checkpoint {path} cannot be read ({exc}); delete it to start from scratch") from None
-    check_identity(path, ckpt, expect)
     return ckpt
 
 
