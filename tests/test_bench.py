@@ -19,10 +19,11 @@ def test_bench_planner_and_report_parts(tmp_path):
     res = json.loads((tmp_path / "b" / "bench.json").read_text())
     levels = res["planner"]["levels"]
     assert [lv["confidence"] for lv in levels] == [0.8, 0.9]
-    from scalelab.costs.calibration import all_tasks, reference_tables
+    from scalelab.costs.calibration import all_tasks, origin_of, reference_tables
 
-    for planner in levels:  # every shipped table (seeds and published corpus) left out in turn
+    for planner in levels:  # every shipped table (seeds and published corpus), each source left out whole
         assert {r["table"] for r in planner["throughput_by_series"]} == set(reference_tables())
+        assert {r["origin"] for r in planner["throughput_by_origin"]} == {origin_of(t) for t in reference_tables()}
         assert 0 <= planner["throughput"]["mape"] < 1 and planner["throughput"]["predictions"] == len(all_tasks())
         assert sorted(r["fit_counts"] for r in planner["throughput_by_fit_counts"]) == [2, 3, 4, 5, 6, 7]
         assert {r["k_class"] for r in planner["throughput_by_k_class"]} == {"2", "3+"}
@@ -32,8 +33,9 @@ def test_bench_planner_and_report_parts(tmp_path):
     assert levels[1]["throughput"]["median_half_width"] > levels[0]["throughput"]["median_half_width"]
     assert res["report"]["records"] == 100_000 and res["report"]["full_report_s"] > 0
     # the coverage per table and per k is printed, not only written to bench.json
-    assert "per shipped table" in proc.stdout and "per k" in proc.stdout and "per class of fits" in proc.stdout
-    assert "tf_k80_gce" in proc.stdout and "naive" in proc.stdout
+    assert "per source" in proc.stdout and "per k" in proc.stdout and "per class of fits" in proc.stdout
+    assert "seed001" in proc.stdout and "node-decay" in proc.stdout
+    assert "Issue 33's layouts through the planner" in proc.stdout
     assert "Report speed" in proc.stdout
 
 
