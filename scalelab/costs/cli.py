@@ -394,9 +394,11 @@ def _parse_batches(text: str | None) -> list[int]:
                    "noise_scale).")
 @click.option("--predict-workers", help="Worker counts to predict, e.g. 5,6,7,8 [default: measured ones and doublings].")
 @click.option("--predict", "predict_layouts", metavar="LAYOUTS",
-              help="With --from-csv: predict the time of layouts NODESxGPUS@INSTANCES[:dynamic], comma-separated, "
-                   "e.g. 4x1@4*g3.4xlarge,2x2@2*g3.16xlarge,4x1@1*p2.xlarge+3*g3.4xlarge (the step-time model, "
-                   "scalelab/costs/steptime.py; the CSV needs nodes and instance_type).")
+              help="Plan named layouts NODESxGPUS@INSTANCES[:dynamic], comma-separated, e.g. "
+                   "4x1@4*g3.4xlarge,2x2@2*g3.16xlarge,4x1@1*p2.xlarge+3*g3.4xlarge: predicted by the step-time "
+                   "model (scalelab/costs/steptime.py; the CSV needs nodes and instance_type, runs an instance "
+                   "type), priced, ranked and recommended like every plan (--out, --format html, --work, "
+                   "--deadline-h, --budget and --market work with it).")
 @click.option("--predict-batch", help="Global batches to predict steps and samples to the loss threshold for, e.g. 64,128.")
 @click.option("--confidence", type=Number(minimum=0.5, maximum=0.99), default=0.9, show_default=True,
               help="Level of every interval, and the chance a recommendation must have of meeting its limit.")
@@ -428,9 +430,11 @@ def plan_cmd(run_dirs: tuple[str, ...], from_csv: str | None, predict_workers: s
     """Predict throughput, steps, time and dollars to the loss threshold of untried layouts and
     global batches, and say which layout to buy.
 
-    Throughput: the model (naive last efficiency, efficiency decay, Ernest, ring, PS) with the lowest
-    held-out error on published scaling tables, its band calibrated on them and bounded by linear
-    scaling. Steps to the threshold: S(B) = S_min (1 + B_noise/B) from
+    Throughput: a measured layout is its measurement; any other, the model (efficiency decay, its node-aware
+    variant, Ernest, ring, PS and their blends: scalelab/costs/registry.py) with the lowest held-out error
+    on 35 published scaling tables, its band calibrated on them leaving each whole source out, bounded by
+    linear scaling, with more GPUs placed on nodes as the measurements place them. --predict
+    NODESxGPUS@INSTANCES plans named layouts and mixed fleets the same way (the step-time model). Steps to the threshold: S(B) = S_min (1 + B_noise/B) from
     runs at two or more global batches, or from one run and its measured noise scale. Time: S(B)
     times each layout's step time at its global batch, plus the runs' start-up and overheads. Every
     interval is at --confidence; the recommendations are the cheapest layout that finishes within
