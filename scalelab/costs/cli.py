@@ -651,8 +651,9 @@ _CAND_FMT: dict[str, Any] = {"workers": ".0f", "batch": ".0f", "steps": ",.0f", 
 
 def _view(rows: pd.DataFrame, names: dict[str, str], always: tuple[str, ...]) -> tuple[pd.DataFrame, str]:
     """`rows` under short names; a column with one value in every row (the series, the market, the batch)
-    leaves the table for its title, unless `always` keeps it."""
-    rows = rows[[c for c in names if c in rows.columns]]
+    leaves the table for its title, unless `always` keeps it; a column no row has a value in (the batch and
+    steps under --work) leaves it too, so the table fits 80 columns."""
+    rows = rows[[c for c in names if c in rows.columns and (c in always or rows[c].notna().any())]]
     same = [c for c in rows.columns if c not in always and len(rows) > 1 and rows[c].astype(str).nunique() == 1]
     if len(rows) == 1:
         same = [c for c in ("label", "market", "global_batch") if c in rows.columns]
