@@ -108,3 +108,18 @@ def test_the_planner_marks_layouts_that_overflow_a_16_gb_gpu_and_never_recommend
     assert picked and all(r["fits_memory"] for r in picked)
     assert not (p.candidates["recommendation"].notna() & (p.candidates["fits_memory"] == False)).any()  # noqa: E712
     assert any(n.startswith("g4dn.xlarge: ") and "do not fit its GPUs' memory" in n for n in p.notes)
+
+
+def test_launch_memory_marks_gpus_without_the_precisions_arithmetic(tmp_path):
+    """Issue 35: `launch memory --precision bf16` said a K80 or M60 "fits"; they have no bf16 (nor do the T4
+    and V100): such GPUs are marked, never "fits", whatever their memory; fp32 fits them as before."""
+    bf16 = launch("memory", "--batch-per-worker", "64", "--precision", "bf16", "--format", "json", cwd=tmp_path)
+    assert bf16.returncode == 0, bf16.stderr
+    rows = {r["gpu"]: r for r in json.loads(bf16.stdout)["types"]}
+    for old in ("K80", "M60", "T4", "V100"):
+        assert rows[old]["runs_precision"] is False and rows[old]["fits"] is False
+    assert rows["A10G"]["runs_precision"] and rows["A10G"]["fits"]
+    fp32 = launch("memory", "--batch-per-worker", "64", "--format", "json", cwd=tmp_path)
+    assert {r["gpu"]: r for r in json.loads(fp32.stdout)["types"]}["M60"]["fits"]
+    text = launch("memory", "--batch-per-worker", "64", "--precision", "bf16", cwd=tmp_path).stdout
+    assert "no bf16" in " ".join(text.split())

@@ -38,12 +38,21 @@ def gpu_types(names: list[str] | None = None) -> list[InstanceType]:
     return sorted(seen.values(), key=lambda i: (i.gpu_mem_gib or 0, i.gpu_model or ""))
 
 
-def fit_rows(prediction: MemoryPrediction, types: list[InstanceType]) -> list[dict]:
-    """Per type: its GPU, the GPU's memory, whether the predicted peak fits (HEADROOM of it)."""
-    return [{"instance_type": t.name, "gpu": t.gpu_model, "gpu_mem_gib": t.gpu_mem_gib,
-             "fits": bool(t.gpu_mem_gib) and prediction.fits(float(t.gpu_mem_gib)),
-             "used_share": prediction.peak_bytes / (float(t.gpu_mem_gib) * GIB) if t.gpu_mem_gib else None}
-            for t in types]
+def fit_rows(prediction: MemoryPrediction, types: list[InstanceType], precision: str = "fp32") -> list[dict]:
+    """Per type: its GPU, the GPU's memory, whether the predicted peak fits (HEADROOM of it), and whether
+    the GPU has the precision's arithmetic at all (`runs_precision`: a K80 or M60 has no bf16 or fast fp16,
+    so a bf16 rank does not "fit" there whatever its memory)."""
+    catalog = builtin_catalog()
+    rows = []
+    for t in types:
+        gpu = catalog.gpu(t)
+        rate = getattr(gpu, f"{precision}_tflops", None) if gpu is not None and precision in ("bf16", "fp16") else 1.0
+        runs = gpu is None or rate is not None  # unknown GPUs are not refused on a guess
+        rows.append({"instance_type": t.name, "gpu": t.gpu_model, "gpu_mem_gib": t.gpu_mem_gib,
+                     "runs_precision": runs,
+                     "fits": runs and bool(t.gpu_mem_gib) and prediction.fits(float(t.gpu_mem_gib)),
+                     "used_share": prediction.peak_bytes / (float(t.gpu_mem_gib) * GIB) if t.gpu_mem_gib else None})
+    return rows
 
 
 @click.command("memory")
@@ -67,7 +76,7 @@ def memory_cmd(model_name: str, model_args: tuple[str, ...], batch_per_worker: i
     cfg = config_with_overrides(PRESETS[model_name], model_overrides(parse_pairs(model_args, "--model-arg"), "--model-arg"))
     prediction = predict_peak(cfg, batch_per_worker, precision, engine, output_loss, optimizer, device="cuda")
     names = [n.strip() for n in instance_types.split(",") if n.strip()] if instance_types else None
-    rows = fit_rows(prediction, gpu_types(names))
+    rows = fit_rows(prediction, gpu_types(names), precision)
     if fmt == "json":
         click.echo(json.dumps({"peak_gib": prediction.peak_gib, "model_state_gib": prediction.model_state / GIB,
                                "activations_gib": prediction.activations / GIB,
@@ -77,7 +86,8 @@ def memory_cmd(model_name: str, model_args: tuple[str, ...], batch_per_worker: i
                   f"[bold]{prediction.peak_gib:.2f} GiB[/] per rank (model state {prediction.model_state / GIB:.2f}, "
                   f"activations {prediction.activations / GIB:.2f}, output layer and loss {prediction.output_layer / GIB:.2f})")
     for r in rows:
-        mark = "fits" if r["fits"] else "[red]does not fit[/]"
+        mark = ("fits" if r["fits"] else f"[red]no {precision}[/] (the GPU lacks its arithmetic)"
+                if not r["runs_precision"] else "[red]does not fit[/]")
         share = f"{r['used_share']:.0%} of it" if r["used_share"] is not None else "memory unknown"
         console.print(f"  {r['instance_type']:<16} {r['gpu'] or '?':<10} {r['gpu_mem_gib'] or 0:>5.0f} GiB  {share:<12} {mark}")
     if not all(r["fits"] for r in rows):
