@@ -155,3 +155,23 @@ def test_a_duplicate_yaml_key_is_refused_naming_it(tmp_path, text, key):
         load_spec(f)
     msg = str(exc.value)
     assert f"duplicate key '{key}'" in msg and str(f) in msg and "\n" not in msg
+
+
+def test_a_spec_file_may_say_what_the_flags_say(tmp_path):
+    """Issue 35: `engine: horovod` and `data: task` (the flags' words) were refused without a hint; a
+    section given one word sets the field its flag sets, a flag's name is read as its field, and a wrong
+    value or an unknown key is still one clear error."""
+    from scalelab.core.errors import SpecError
+    from scalelab.core.spec import load_spec
+
+    f = tmp_path / "exp.yaml"
+    f.write_text("engine: horovod\ndata: task\nmodel: nmt-tiny\nloss-threshold: 4.3\n--fusion-threshold-mb: 32\n")
+    spec = load_spec(f)
+    assert (spec.engine.name, spec.data.kind, spec.loss_threshold, spec.engine.fusion_threshold_mb) == \
+        ("horovod", "task", 4.3, 32.0)
+    f.write_text("engine:\n  name: ps\n  fusion_threshold_mb: 8\n")  # the mapping form is unchanged
+    assert (load_spec(f).engine.name, load_spec(f).engine.fusion_threshold_mb) == ("ps", 8.0)
+    for text, message in [("engine: nosuch\n", "engine.name must be one of"), ("bogus-key: 3\n", "unknown option")]:
+        f.write_text(text)
+        with pytest.raises(SpecError, match=message):
+            load_spec(f)

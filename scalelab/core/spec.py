@@ -12,6 +12,8 @@ options: an unknown key fails at configuration time and the message lists the va
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import os
 import re
@@ -541,8 +543,37 @@ def strict_json(text: str, path: Path, what: str) -> None:
 
 
 def load_spec(path: str | os.PathLike) -> Spec:
-    """Load a spec from YAML (or JSON); the file may hold only the keys it wants to change, but not none."""
-    return Spec.from_dict(read_yaml_mapping(path, "spec file"), where=f"in spec file {path}")
+    """Load a spec from YAML (or JSON); the file may hold only the keys it wants to change, but not none.
+    It may say what the flags say (`engine: horovod`, `data: task`, `loss-threshold: 4.3`): `flag_words`."""
+    return Spec.from_dict(flag_words(read_yaml_mapping(path, "spec file")), where=f"in spec file {path}")
+
+
+def flag_words(raw: dict[str, Any]) -> dict[str, Any]:
+    """A spec mapping with the flags' words read as the fields they set: a section given one word
+    (`engine: horovod`, `data: task`) sets the section's field whose flag is named like it (`--engine`,
+    `--data`), and a key that is a flag's name and no field's (`loss-threshold`, `--fusion-threshold-mb`)
+    becomes the field it sets. Anything else is left for `Spec.from_dict` to judge (an unknown key is
+    still named as one)."""
+    from scalelab.core.options import option_flags
+
+    flags = {f.name.lstrip("-"): f.key for f in option_flags(Spec)}
+    fields = {f.name for f in dataclasses.fields(Spec)}
+    out: dict[str, Any] = {}
+    for key, value in raw.items():
+        k = str(key)
+        if k in fields and not isinstance(value, dict) and flags.get(k, "").startswith(k + "."):
+            dotted = flags[k]  # engine: horovod -> engine.name
+        elif k not in fields and k.lstrip("-") in flags:
+            dotted = flags[k.lstrip("-")]  # loss-threshold: 4.3 -> loss_threshold
+        else:
+            dotted = k
+        head, _, rest = dotted.partition(".")
+        if rest:
+            value = {rest: value}
+        if isinstance(value, dict) and isinstance(out.get(head), dict):
+            value = {**out[head], **value}
+        out[head] = value
+    return out
 
 
 def save_spec(spec: Spec, run_dir: Path) -> Path:
