@@ -251,3 +251,24 @@ def test_counts_beyond_one_full_node_go_on_more_nodes_and_odd_sizes_stay_on_one(
     p = plan(PlanRequest(six, [12]))
     assert p.predictions.set_index("workers").loc[12, "nodes"] == 1
     assert any("on one node" in n and "--predict NODESxGPUS" in n for n in p.notes)
+
+
+def test_two_layouts_of_one_count_are_two_rows_each_its_own_measurement():
+    """Review of issue 33: 4 GPUs on 1 node (400/s) and on 2 nodes (300/s) were merged into one row whose
+    'measured' was their mean and whose band passed linear scaling."""
+    measured = pd.DataFrame({"label": "s", "workers": [4, 4, 8], "nodes": [1, 2, 2], "throughput": [400.0, 300.0, 560.0]})
+    rows = plan(PlanRequest(measured, [16])).predictions.set_index(["workers", "nodes"])
+    assert rows.loc[(4, 1), "predicted_throughput"] == 400.0 and rows.loc[(4, 1), "measured_throughput"] == 400.0
+    assert rows.loc[(4, 2), "predicted_throughput"] == 300.0 and rows.loc[(4, 2), "basis"] == "measured"
+    assert (rows["interval_high"] <= rows.index.get_level_values("workers") * 100.0 * (1 + 1e-9)).all()
+    assert rows.loc[(16, 4), "basis"] == "model"  # 4 GPUs per node: the most measured on one node
+
+
+@pytest.mark.parametrize("confidence", [0.5, 0.8])
+def test_a_lower_confidence_gives_narrower_bands_that_hold_about_as_asked(confidence):
+    """Review of issue 33: the band's inner levels started at 0.9, so 50 % and 80 % bands were 90 % ones."""
+    lower = coverage_summary(coverage(confidence), ["k_class"]).set_index("k_class")
+    ninety = coverage_summary(coverage(0.9), ["k_class"]).set_index("k_class")
+    for k in ("2", "3+"):
+        assert lower.loc[k, "median_half_width"] < ninety.loc[k, "median_half_width"]
+        assert lower.loc[k, "coverage"] >= confidence - 0.05

@@ -351,3 +351,26 @@ def test_predicted_layouts_never_beat_linear_scaling_from_the_best_measured_gpu(
         floor, ceiling = layout_bounds(layout, rows)
         assert math.isfinite(ceiling) and row["throughput_high"] <= ceiling * (1 + 1e-9)
         assert floor <= row["throughput_low"] <= row["predicted_throughput"] <= row["throughput_high"]
+
+
+def test_a_named_layout_the_table_measured_is_its_measurement(tmp_path):
+    """Review of issue 33: --predict answered measured layouts with the model (4x1@4*g3.4xlarge: 14,259 s
+    where the table says 13,973); now the measurement, basis measured, inside its band; a throughput table
+    shows each layout's band, and --deadline-h with nothing priced is one error."""
+    r = launch("plan", "--from-csv", str(SEED_004), "--predict", "4x1@4*g3.4xlarge,2x2@2*g3.16xlarge",
+               "--format", "json", cwd=tmp_path, env=_env(tmp_path))
+    assert r.returncode == 0, r.stderr
+    rows = {row["layout"]: row for row in json.loads(r.stdout)}
+    assert rows["4x1@4*g3.4xlarge"]["predicted_time_s"] == pytest.approx(13973)
+    assert rows["2x2@2*g3.16xlarge"]["predicted_time_s"] == pytest.approx(15820)
+    assert all(row["basis"] == "measured" and row["time_low_s"] <= row["predicted_time_s"] <= row["time_high_s"]
+               for row in rows.values())
+    f = tmp_path / "thr.csv"
+    f.write_text("label,workers,nodes,instance_type,throughput\na,1,1,g3.4xlarge,100\nb,2,2,g3.4xlarge,180\n"
+                 "c,4,1,g3.16xlarge,350\n")
+    r = launch("plan", "--from-csv", str(f), "--predict", "4x1@4*g3.4xlarge,1x4@g3.16xlarge", cwd=tmp_path,
+               env=_env(tmp_path))
+    assert r.returncode == 0 and "4x1@4*g3.4xlarge" in r.stdout and "low /s" in r.stdout, r.stderr
+    r = launch("plan", "--from-csv", str(f), "--predict", "4x1@4*g3.4xlarge", "--deadline-h", "1", cwd=tmp_path,
+               env=_env(tmp_path))
+    assert r.returncode == 2 and "--deadline-h cannot be answered" in r.stderr and "Traceback" not in r.stderr

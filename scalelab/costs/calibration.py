@@ -386,8 +386,9 @@ def _level(scores: np.ndarray, origins: np.ndarray, confidence: float) -> float:
     if len(np.unique(origins)) < 2:
         return 1.0
     target = confidence + (1.0 - confidence) / 3
-    for level in _LEVELS:
-        if level >= confidence and _held_out_coverage(scores, origins, level) >= target:
+    levels = sorted({*np.linspace(confidence, 0.99, 19), *_LEVELS[_LEVELS >= confidence]})
+    for level in levels:
+        if _held_out_coverage(scores, origins, level) >= target:
             return float(level)
     return 1.0
 

@@ -544,6 +544,10 @@ def _predict_layouts(run_dirs: tuple[str, ...], path: str | None, text: str, con
     result = plan(PlanRequest(measured, [], catalog, markets=markets, work=work, deadline_h=deadline_h,
                               budget_usd=budget_usd, region=params["region"], confidence=confidence,
                               layouts=layouts, source=Path(path).name if path else "the runs", **_spot_kwargs(params)))
+    given = [flag for flag, v in (("--deadline-h", deadline_h), ("--budget", budget_usd)) if v is not None]
+    if given and not len(result.candidates):
+        raise SpecError(f"{' and '.join(given)} cannot be answered: no layout is priced ("
+                        + "; ".join(result.notes[-1:] or ["nothing was priced"]) + ")")
     _show_plan(result, fmt, out, m)
 
 
@@ -633,10 +637,15 @@ _PRED_VIEW = {"label": "series", "workers": "workers", "global_batch": "batch", 
               "measured_throughput": "measured /s"}
 _PRED_FMT = {"workers": ".0f", "batch": ".0f", "predicted /s": ",.0f", "low /s": ",.0f", "high /s": ",.0f",
              "measured /s": ",.0f"}
-_LAYOUT_VIEW = {"layout": "layout", "model": "model", "predicted_time_s": "time", "time_low_s": "low",
+_LAYOUT_VIEW = {"layout": "layout", "model": "model", "basis": "basis", "predicted_time_s": "time", "time_low_s": "low",
                 "time_high_s": "high", "compute_share": "compute", "exchange_share": "exchange"}
 _LAYOUT_FMT: dict[str, Any] = {"time": lambda s: human_duration(s), "low": lambda s: human_duration(s),
                                "high": lambda s: human_duration(s), "compute": ".0%", "exchange": ".0%"}
+_LAYOUT_THR_VIEW = {"layout": "layout", "model": "model", "basis": "basis", "predicted_throughput": "predicted /s",
+                    "throughput_low": "low /s", "throughput_high": "high /s", "compute_share": "compute",
+                    "exchange_share": "exchange"}
+_LAYOUT_THR_FMT: dict[str, Any] = {"predicted /s": ",.4g", "low /s": ",.4g", "high /s": ",.4g", "compute": ".0%",
+                                   "exchange": ".0%"}
 _BATCH_VIEW = {"label": "series", "global_batch": "batch", "predicted_steps_to_threshold": "steps",
                "steps_low": "steps low", "steps_high": "steps high", "predicted_samples_to_threshold": "samples",
                "basis": "basis", "b_noise": "B_noise", "noise_scale": "noise scale"}
@@ -693,11 +702,12 @@ _PICK_LEGEND = ("pick: cheapest / fastest / both = the recommendations above; fr
 def _plan_tables(result) -> list[tuple[str, pd.DataFrame, dict[str, Any]]]:
     """(title, rows, number formats) of every table the plan has, in the order shown."""
     tables = []
-    if len(result.predictions) and "layout" in result.predictions.columns and \
-            "predicted_time_s" in result.predictions.columns:
-        rows, said = _view(result.predictions, _LAYOUT_VIEW, ("layout",))
-        tables.append((f"Predicted time of each layout ({result.confidence:.0%} band; the step-time model, its "
-                       "share of compute and exchange)" + (f": {said}" if said else ""), rows, _LAYOUT_FMT))
+    if len(result.predictions) and "layout" in result.predictions.columns:
+        timed = "predicted_time_s" in result.predictions.columns
+        rows, said = _view(result.predictions, _LAYOUT_VIEW if timed else _LAYOUT_THR_VIEW, ("layout",))
+        tables.append((f"Predicted {'time' if timed else 'throughput per second'} of each layout "
+                       f"({result.confidence:.0%} band; the step-time model, its share of compute and exchange)"
+                       + (f": {said}" if said else ""), rows, _LAYOUT_FMT if timed else _LAYOUT_THR_FMT))
     elif len(result.predictions):
         small = result.predictions["predicted_throughput"].max() < 100  # e.g. runs per second of a time_s table
         rows, said = _view(result.predictions, _PRED_VIEW, ("workers",))

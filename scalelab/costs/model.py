@@ -52,8 +52,10 @@ def gpus_per_node_of(measured: pd.DataFrame, instance_gpus: int | None = None) -
         return int(instance_gpus)
     nodes = pd.to_numeric(measured.get("nodes", pd.Series(1, index=measured.index)), errors="coerce").fillna(1)
     multi = nodes > 1
-    if multi.any():
-        return max(1, int(round(float((measured.loc[multi, "workers"] / nodes[multi]).max()))))
+    single = measured.loc[~multi, "workers"]
+    if multi.any():  # never fewer than the most GPUs measured on one node
+        per_node = int(round(float((measured.loc[multi, "workers"] / nodes[multi]).max())))
+        return max(1, per_node, int(single.max()) if len(single) else 0)
     most = int(measured["workers"].max())
     # a full node of the sizes machines are built with (4, 8, 16 GPUs): more GPUs need another node
     return most if most in FULL_NODES else None
@@ -121,7 +123,8 @@ class FittedSeries(FitResult):
         z = _z(confidence)
         low = min(low, float(values.min()), point / (1.0 + z * rel))
         high = max(high, float(values.max()), point * (1.0 + z * rel))
-        return point, low, high
+        best = float((self.measured["throughput"] / self.measured["workers"]).max())
+        return point, low, min(high, max(workers * best, point))  # never past linear scaling
 
     def notes(self, confidence: float = DEFAULT_CONFIDENCE) -> list[str]:
         """What the measurements say against the model: a measured drop, and every measured count

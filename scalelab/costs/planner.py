@@ -236,7 +236,7 @@ def _layout_markets(request: PlanRequest, layout: Layout, r: pd.Series, notes: l
         out.append({"label": r["label"], "layout": layout.text, "workers": layout.workers, "nodes": layout.nodes,
                     "instances": mix.count(), "instance_type": str(mix), "balance": layout.balance, "market": market,
                     "predicted_time_s": float(r["predicted_time_s"]), "time_low_s": float(r["time_low_s"]),
-                    "time_high_s": float(r["time_high_s"]), "model": r["model"], "basis": "model",
+                    "time_high_s": float(r["time_high_s"]), "model": r["model"], "basis": r.get("basis", "model"),
                     "held_out_error": r.get("held_out_error"), "speed_basis": r.get("speed_basis"), **shares,
                     "hours": cost["point"].hours, "hours_low": cost["low"].hours, "hours_high": cost["high"].hours,
                     "usd_per_hour": cost["point"].usd_per_hour, "dollars": cost["point"].dollars,
@@ -305,14 +305,17 @@ def _two_count_note(fit: FittedSeries, wanted: set[int]) -> list[str]:
 
 def _prediction_rows(fit: FittedSeries, wanted: set[int], confidence: float, axis: dict[str, Any],
                      link: LinkModel | None = None) -> list[dict[str, Any]]:
-    """One row per worker count (measured or wanted) of one series, with its interval."""
-    grid = sorted(wanted | {int(w) for w in fit.measured["workers"]})
-    nodes = [fit.nodes_for(w) for w in grid]
+    """One row per measured layout (workers, nodes) and per wanted worker count of one series, with its
+    interval: two layouts of one count (1x4 and 2x2) are two rows, each answered by its own measurement."""
+    measured = {(int(w), int(n)) for w, n in zip(fit.measured["workers"], fit.measured["nodes"])}
+    pairs = sorted(measured | {(w, fit.nodes_for(w)) for w in wanted if w not in {m for m, _ in measured}})
+    grid, nodes = [w for w, _ in pairs], [n for _, n in pairs]
     band = fit.estimate(grid, nodes, confidence, link)
     gap = fit.disagreement(grid, nodes)
     rows = []
     for i, w in enumerate(grid):
-        meas = fit.measured[fit.measured["workers"] == w]["throughput"]
+        same = (fit.measured["workers"] == w) & (fit.measured["nodes"] == nodes[i])
+        meas = fit.measured[same]["throughput"]
         b = band.iloc[i]
         rows.append({
             "label": fit.label, "workers": w, "nodes": nodes[i], "batch_scaling": axis["batch_scaling"],

@@ -609,6 +609,14 @@ def _layout_row(model: LayoutModel, chosen: str, layout: Layout, rows: pd.DataFr
             low, high = (min(low, alt), max(high, alt)) if math.isfinite(alt) else (low, high)
     _, ceiling = layout_bounds(layout, rows)  # physics: never past linear scaling (a measured drop is possible)
     thr, low, high = (min(v, ceiling) for v in (thr, low, high))
+    seen = _measured_as(layout, rows)
+    basis = "model"
+    if len(seen):  # a measured layout is its measurement, with the calibrated band at a measured count
+        fitted, lo, hi, _ = corpus_band(rows, confidence, [])
+        spread = float(band_spread(fitted, [layout.workers])[0])
+        values = seen["throughput"].to_numpy(float)
+        thr, basis = float(values.mean()), "measured"
+        low, high = min(values.min(), thr * math.exp(lo * spread)), max(values.max(), thr * math.exp(hi * spread))
     row: dict[str, Any] = {"layout": layout.text, "instances": layout.instances, "workers": layout.workers,
                            "nodes": layout.nodes, "balance": layout.balance}
     row |= {"predicted_throughput": thr, "throughput_low": low, "throughput_high": high}
@@ -618,5 +626,12 @@ def _layout_row(model: LayoutModel, chosen: str, layout: Layout, rows: pd.DataFr
                 "time_high_s": per / low if low > 0 else math.inf}
     total = sum(parts.values())
     row |= {f"{k}_share": v / total for k, v in parts.items()} if total > 0 else {}
-    return row | {"model": chosen, "held_out_error": float(np.mean(errs)) if errs else None,
+    return row | {"model": chosen, "basis": basis, "held_out_error": float(np.mean(errs)) if errs else None,
                   "held_out_predictions": len(errs), "speed_basis": "measured"}
+
+
+def _measured_as(layout: Layout, rows: pd.DataFrame) -> pd.DataFrame:
+    """The rows that measured exactly `layout` (nodes, GPUs per node, the same instances, the same balance)."""
+    same = rows["layout"].map(lambda lay: (lay.nodes, lay.gpus_per_node, sorted(lay.node_types), lay.balance)
+                              == (layout.nodes, layout.gpus_per_node, sorted(layout.node_types), layout.balance))
+    return rows[same]
