@@ -45,7 +45,7 @@ FILES: dict[str, str | bytes] = {
     "seed-neg.yaml": "seed: -1\n",
     "unknown-key.yaml": "modle: nmt-tiny\n",
     "engine-unknown.yaml": "engine: {name: mpi}\n",
-    "engine-string.yaml": "engine: horovod\n",
+    "engine-string.yaml": "engine: [horovod, ddp]\n",  # a list: neither a mapping nor the flag's one word
     "data-text.yaml": "data: {kind: text}\n",
     "both-batches.yaml": "global_batch: 8\nbatch_per_worker: 4\n",
     "model-args-neg.yaml": "model_args: {hidden_size: -1}\n",
