@@ -380,3 +380,22 @@ def test_plan_instance_types_naming_no_type_is_refused(value, tmp_path, monkeypa
     (tmp_path / "good.csv").write_text("label,workers,throughput\nA,1,100\nA,2,180\nA,4,300\n")
     _refused(["plan", "--from-csv", "good.csv", "--instance-types", value], ["--instance-types", "names no type"],
              monkeypatch, capsys)
+
+
+def test_submitits_own_link_beside_its_script_is_not_refused(tmp_path):
+    """The real Slurm cluster's resume failed on submitit's `.submission_file_*.sh -> JOB_submission.sh`
+    (a link to a file beside it, in the run's slurm/ folder); a link out of the folder is still refused."""
+    import os
+
+    from scalelab.core.writes import refuse_run_dir_links
+
+    slurm = tmp_path / "slurm"
+    slurm.mkdir()
+    (slurm / "119_submission.sh").write_text("#!/bin/sh\n")
+    os.symlink(slurm / "119_submission.sh", slurm / ".submission_file_abc.sh")
+    refuse_run_dir_links(tmp_path)  # no error
+    outside = tmp_path.parent / f"{tmp_path.name}-target"
+    outside.write_text("x")
+    os.symlink(outside, slurm / "planted.sh")
+    with pytest.raises(Exception, match="symbolic link"):
+        refuse_run_dir_links(tmp_path)

@@ -171,7 +171,19 @@ def refuse_run_dir_links(run_dir: Path | str) -> None:
         if part.is_dir():
             check_inside(root, part / "x")  # a directory resolving out of the run directory
             for entry in sorted(part.iterdir()):
+                if name == "slurm" and _beside(part, entry):
+                    continue  # submitit's own .submission_file_*.sh -> JOB_submission.sh, in the same folder
                 check_inside(root, entry)
+
+
+def _beside(folder: Path, entry: Path) -> bool:
+    """Whether `entry` is a link to a file (not a link) in the same folder: what submitit makes beside each
+    job's submission script. It leads nowhere outside the run directory, so it is not refused."""
+    if not entry.is_symlink():
+        return False
+    target = Path(os.readlink(entry))
+    target = target if target.is_absolute() else folder / target
+    return target.parent.resolve() == folder.resolve() and not target.is_symlink() and not target.is_dir()
 
 
 def write_inside(root: Path | str, path: Path | str, data: str | bytes, append: bool = False) -> None:
