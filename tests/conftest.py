@@ -187,3 +187,19 @@ def slurm_cluster():
     yield
     if not was_up:
         subprocess.run(["bash", str(SLURM_SCRIPT), "stop"], capture_output=True, text=True, timeout=300)
+
+
+def run_entry(argv: list[str], monkeypatch, capsys) -> tuple[int, str, str]:
+    """`launch ARGV` in-process through the console entry point: (exit code, stderr, stdout)."""
+    import sys as _sys
+
+    from scalelab.launcher.cli import entry
+
+    monkeypatch.setattr(_sys, "argv", ["launch", *argv])
+    code = 0
+    try:
+        entry()
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    out = capsys.readouterr()
+    return code, out.err, out.out

@@ -17,11 +17,12 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Iterator
 
 import pytest
 
-from tests.conftest import fill, mount_tmpfs
+from tests.conftest import fill, mount_tmpfs, run_entry
 
 GOOD_CSV = "label,workers,throughput\nA,1,100\nA,2,180\nA,4,300\n"
 BINARY = bytes(range(256)) * 4
@@ -512,8 +513,6 @@ def test_the_table_is_large_and_covers_every_command() -> None:
 
 @pytest.mark.parametrize("case, args, words", CASES, ids=[c[0] for c in CASES])
 def test_bad_input_gets_one_clear_message(case, args, words, paths, monkeypatch, capsys, tmp_path) -> None:
-    from scalelab.launcher.cli import entry
-
     if any(f"{{{fs}}}" in a for a in args for fs in ("ro", "full")) and paths["no_filesystems"]:
         pytest.skip(paths["no_filesystems"])
     monkeypatch.chdir(tmp_path)
@@ -522,13 +521,8 @@ def test_bad_input_gets_one_clear_message(case, args, words, paths, monkeypatch,
     if "--runs-dir" not in argv and argv[0] not in ("report", "cost", "plan", "status", "logs", "cancel", "resume",
                                                     "bench", "aws"):
         argv += ["--runs-dir", str(tmp_path / "runs")]
-    monkeypatch.setattr(sys, "argv", ["launch", *argv])
-    code = 0
-    try:
-        entry()
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    out = capsys.readouterr()
+    code, err, stdout = run_entry(argv, monkeypatch, capsys)
+    out = SimpleNamespace(err=err, out=stdout)
     text = " ".join((out.err + out.out).split()).lower()
     assert code != 0, f"{case}: accepted (exit 0); output:\n{out.out[-1500:]}{out.err[-1500:]}"
     assert "traceback" not in text, f"{case}: traceback:\n{out.err[-3000:]}"

@@ -215,16 +215,9 @@ def test_a_completed_run_whose_steps_were_raised_resumes_to_them(completed, tmp_
 
 def _entry(argv: list[str], monkeypatch, capsys) -> tuple[int, str, str]:
     """`launch ARGV` in-process through the console entry point: (exit code, stderr, stdout)."""
-    from scalelab.launcher.cli import entry
+    from conftest import run_entry
 
-    monkeypatch.setattr(sys, "argv", ["launch", *argv])
-    code = 0
-    try:
-        entry()
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
-    out = capsys.readouterr()
-    return code, out.err, out.out
+    return run_entry(argv, monkeypatch, capsys)
 
 
 def _refused(argv, words, monkeypatch, capsys, lines: int = 1) -> str:
