@@ -229,8 +229,26 @@ def band_ceiling(fitted: pd.DataFrame, workers: Sequence[float], hi: float | np.
     calibrated band at a measured count, δ doublings), never linear scaling from the best per-GPU rate."""
     w = np.asarray(workers, dtype=float)
     _, ceiling = physical_bounds(fitted, w)
-    noise = np.exp(np.maximum(hi, 0.0) * DELTA * (loss_per_doubling(fitted) + LOSS_FLOOR))
-    return np.minimum(ceiling * noise, w * float(_per_gpu(fitted).max()))
+    return _cap(ceiling, hi, _noise(fitted), w * float(_per_gpu(fitted).max()))
+
+
+def _noise(fitted: pd.DataFrame) -> float:
+    """The spread of the band at a measured count (d = 0): δ · (loss per doubling + floor)."""
+    return DELTA * (loss_per_doubling(fitted) + LOSS_FLOOR)
+
+
+def _cap(ceiling: np.ndarray, hi: float | np.ndarray, noise: float | np.ndarray, linear: np.ndarray) -> np.ndarray:
+    """`band_ceiling`'s rule on known parts: the point's ceiling raised by the noise, at most linear scaling."""
+    return np.minimum(ceiling * np.exp(np.maximum(hi, 0.0) * noise), linear)
+
+
+def _band_ends(pred: np.ndarray, lo_s: np.ndarray, hi_s: np.ndarray, ceiling: np.ndarray,
+               cap: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(low, high) of a band of log half-widths lo_s <= 0 <= hi_s around `pred`, bounded by physics and
+    never excluding the point: `predict_band` and `coverage` both make their bands here."""
+    low = np.minimum(np.minimum(pred * np.exp(lo_s), ceiling), pred)
+    high = np.maximum(np.minimum(pred * np.exp(hi_s), cap), pred)
+    return low, high
 
 
 def physical_bounds(fitted: pd.DataFrame, workers: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
@@ -265,14 +283,14 @@ def _series_tasks(table: str, label: str, rows: pd.DataFrame) -> list[dict]:
         spread = band_spread(fitted, test["workers"])
         trend = trend_rule(fitted, test["workers"])
         crosses = test["nodes"].to_numpy(float) > float(fitted["nodes"].max())
-        distances = np.log2(test["workers"].to_numpy(float) / counts[k - 1])
         linear = test["workers"].to_numpy(float) * float(_per_gpu(fitted).max())
+        noise = _noise(fitted)
         for i, (_, r) in enumerate(test.iterrows()):
             task = {"table": table, "origin": origin_of(table), "series": label, "fit_counts": k,
                     "workers": int(r["workers"]), "distance": math.log2(r["workers"] / counts[k - 1]),
                     "crosses_nodes": bool(crosses[i]), "true": float(r["throughput"]), "spread": float(spread[i]),
                     "floor": float(floor[i]), "ceiling": float(ceiling[i]), "pred_trend": float(trend[i]),
-                    "noise": float(spread[0] / (distances[0] + DELTA) * DELTA), "linear": float(linear[i])}
+                    "noise": noise, "linear": float(linear[i])}
             out.append(task | {f"pred_{m}": float(max(np.clip(p[i], floor[i], ceiling[i]), 1e-300))
                                for m, p in preds.items()})
     return out
@@ -462,11 +480,9 @@ def predict_band(fitted: pd.DataFrame, workers: Sequence[float], nodes: Sequence
     floor, ceiling = physical_bounds(fitted, w)
     pred = np.clip(pred, floor, ceiling)
     spread = band_spread(fitted, w)
-    low = np.minimum(pred * np.exp(lo * spread), ceiling)
-    high = np.minimum(pred * np.exp(hi * spread), band_ceiling(fitted, w, hi))
-    return pd.DataFrame({"workers": w, "predicted": pred, "low": np.minimum(low, pred),
-                         "high": np.maximum(high, pred), "model": [c.model for c in used], "floor": floor,
-                         "ceiling": ceiling})
+    low, high = _band_ends(pred, lo * spread, hi * spread, ceiling, band_ceiling(fitted, w, hi))
+    return pd.DataFrame({"workers": w, "predicted": pred, "low": low, "high": high, "model": [c.model for c in used],
+                         "floor": floor, "ceiling": ceiling})
 
 
 def next_count(fitted: pd.DataFrame, wanted: Sequence[float]) -> int | None:
@@ -498,10 +514,9 @@ def coverage(confidence: float = DEFAULT_CONFIDENCE) -> pd.DataFrame:
         lo = c.map(lambda x: x.lo).to_numpy(float) * part["spread"].to_numpy(float)
         hi = c.map(lambda x: x.hi).to_numpy(float) * part["spread"].to_numpy(float)
         ceiling = part["ceiling"].to_numpy(float)
-        cap = np.minimum(ceiling * np.exp(np.maximum(hi / part["spread"].to_numpy(float), 0) * part["noise"]),
-                         part["linear"].to_numpy(float))  # band_ceiling's rule on the stored task
-        low = np.minimum(np.minimum(pred * np.exp(lo), ceiling), pred)
-        high = np.maximum(np.minimum(pred * np.exp(hi), cap), pred)
+        cap = _cap(ceiling, c.map(lambda x: x.hi).to_numpy(float), part["noise"].to_numpy(float),
+                   part["linear"].to_numpy(float))
+        low, high = _band_ends(pred, lo, hi, ceiling, cap)
         true = part["true"].to_numpy(float)
         parts.append(pd.DataFrame({
             "table": part["table"], "origin": origin, "series": part["series"], "fit_counts": part["fit_counts"],

@@ -15,8 +15,10 @@ then answers with a point and a band, in this order of trust:
    leaving whole sources out, bounded by physics (`calibration.predict_band`).
 
 **Nodes.** A predicted count is placed on nodes as the data places them (`gpus_per_node`): the
-measured instance type's GPUs when it is known, else the GPUs per node of the multi-node rows, else
-the most GPUs measured on one node (a node that large is known to exist). Crossing a node boundary
+measured instance type's GPUs when it is known, else the GPUs per node of the multi-node rows (never
+fewer than the most measured on one node), else the most GPUs measured on one node when that is a full
+node of the sizes machines are built with (4, 8 or 16), else one node (the plan's notes say how to
+place them otherwise). Crossing a node boundary
 is what the inter-node term of the comm and ps models prices; `nodes=` asks for a layout explicitly.
 """
 

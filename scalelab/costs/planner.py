@@ -214,6 +214,17 @@ def _plan_layouts(request: PlanRequest) -> Plan:
     return Plan({}, rows, candidates, recommendations, None, notes + more, {}, pd.DataFrame(), request.confidence)
 
 
+def _price_note(name: str, market: str, found: Any) -> str:
+    """The note naming a price's source and date: one wording for priced types and named layouts."""
+    return (f"price of {name} ({market}): ${found.usd_per_hour:g}/h, {found.source}"
+            + (f", observed {found.observed}" if found.observed else ""))
+
+
+def _note_once(notes: list[str], line: str) -> None:
+    if line not in notes:
+        notes.append(line)
+
+
 def _layout_markets(request: PlanRequest, layout: Layout, r: pd.Series, notes: list[str]) -> list[dict[str, Any]]:
     """One candidate row per market of one named layout, dollars by the one rule (costs.billing.run_cost)."""
     mix = Mix.parse(layout.instances, request.catalog, nodes=layout.nodes)
@@ -224,14 +235,10 @@ def _layout_markets(request: PlanRequest, layout: Layout, r: pd.Series, notes: l
                                 **request.spot_terms())
                     for k, col in (("point", "predicted_time_s"), ("low", "time_low_s"), ("high", "time_high_s"))}
         except CatalogError as exc:
-            line = f"{layout.text}: not priced {market}: {exc}"
-            notes.extend([line] if line not in notes else [])
+            _note_once(notes, f"{layout.text}: not priced {market}: {exc}")
             continue
         for t in dict.fromkeys(layout.node_types):
-            found = request.catalog.price(t, market, request.region)
-            line = (f"price of {t} ({market}): ${found.usd_per_hour:g}/h, {found.source}"
-                    + (f", observed {found.observed}" if found.observed else ""))
-            notes.extend([line] if line not in notes else [])
+            _note_once(notes, _price_note(t, market, request.catalog.price(t, market, request.region)))
         shares = {k: r[k] for k in ("compute_share", "exchange_share", "data_share") if k in r and pd.notna(r[k])}
         out.append({"label": r["label"], "layout": layout.text, "workers": layout.workers, "nodes": layout.nodes,
                     "instances": mix.count(), "instance_type": str(mix), "balance": layout.balance, "market": market,
@@ -457,8 +464,7 @@ def resolve_candidate(request: PlanRequest, name: str, notes: list[str]) -> Cand
             notes.extend([str(exc)] if str(exc) not in notes else [])
             continue
         prices[market] = found.usd_per_hour
-        notes.append(f"price of {name} ({market}): ${found.usd_per_hour:g}/h, {found.source}"
-                     + (f", observed {found.observed}" if found.observed else ""))
+        notes.append(_price_note(name, market, found))
     measured = request.measured_link()
     return Candidate(inst, speed, replace(measured, inter_gbps=inst.network_gbps or measured.inter_gbps), prices,
                      catalog.interruption_rate(name, request.interruptions_per_hour), request.region or catalog.region)

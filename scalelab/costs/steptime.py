@@ -266,16 +266,11 @@ class ScaledStepModel(StepModel):
 
     ref: str = ""
 
-    def exchange_s(self, layout: Layout) -> float:
-        return super().exchange_s(layout) * self._scale
-
     def step_s(self, layout: Layout, b: float) -> float:
         base = self.compute_s(layout, b)
         c0, c1 = self.compute.get(self.ref, (0.0, 0.0))
         scale = base / (c0 + c1 * b) if self.ref in self.compute and c0 + c1 * b > 0 else 1.0
-        return base + super().exchange_s(layout) * scale + self.known.data_s_per_sample * b
-
-    _scale = 1.0
+        return base + self.exchange_s(layout) * scale + self.known.data_s_per_sample * b
 
 
 def fit_scaled_model(rows: pd.DataFrame, catalog: Catalog, known: Known | None = None) -> ScaledStepModel:
@@ -519,9 +514,7 @@ def predict_layouts(measured: pd.DataFrame, layouts: Sequence[Layout], catalog: 
     notes = [f"model {chosen}: held-out error {np.mean(errs):.1%} over {len(errs)} row(s); "
              + "; ".join(f"{k} {np.mean(v):.1%}" for k, v in errors.items() if v and k != chosen) if errs else
              f"model {chosen}: no row could be predicted from the others"]
-    corpus = None
     if math.isinf(q) or q >= 1:
-        corpus = corpus_band(rows, confidence, errs)
         notes.append(f"{len(errs)} held-out prediction(s) are too few for a {confidence:.0%} band (it needs "
                      f"{math.ceil(confidence / (1 - confidence) - 1e-9)}): the band is the one calibrated on the "
                      "published scaling tables for as many measured GPU counts (scalelab/costs/calibration.py; the class "
@@ -531,7 +524,7 @@ def predict_layouts(measured: pd.DataFrame, layouts: Sequence[Layout], catalog: 
     others: dict[str, LayoutModel] = {name: fit_layout_model(rows, catalog, name, known)
                                       for name in STEP_MODELS if name != chosen}
     others["steptime-scaled"] = fit_scaled_model(rows, catalog, known)
-    out = [_layout_row(model, chosen, layout, rows, measured, q, time_based, errs, corpus, confidence, others)
+    out = [_layout_row(model, chosen, layout, rows, measured, q, time_based, errs, confidence, others)
            for layout in layouts]
     return pd.DataFrame(out), notes
 
@@ -588,8 +581,7 @@ def layout_bounds(layout: Layout, rows: pd.DataFrame) -> tuple[float, float]:
 
 
 def _layout_row(model: LayoutModel, chosen: str, layout: Layout, rows: pd.DataFrame, measured: pd.DataFrame, q: float,
-                time_based: bool, errs: list[float],
-                corpus: tuple[pd.DataFrame, float, float, float] | None = None, confidence: float = 0.9,
+                time_based: bool, errs: list[float], confidence: float = 0.9,
                 others: Mapping[str, LayoutModel] | None = None) -> dict[str, Any]:
     """One output row: point, band, parts and where the speed came from. The band holds every other
     step-time model's answer too (they fit the measurements alike: which one is right is not known)."""
@@ -597,7 +589,7 @@ def _layout_row(model: LayoutModel, chosen: str, layout: Layout, rows: pd.DataFr
         raise DataError(f"--predict {layout.text}: {model.why_not(layout)}; add such a measurement to the table")
     b, glob = _batch_of(rows, measured, layout.workers)
     thr, parts = _point(model, layout, b, glob)
-    if corpus is not None:
+    if math.isinf(q) or q >= 1:  # too few held-out rows for the table's own band: the corpus's (module doc)
         fitted, lo, hi, worst = corpus_band(rows, confidence, errs, layout)
         spread = float(band_spread(fitted, [layout.workers])[0])
         low, high = thr * math.exp(min(lo * spread, -worst)), thr * math.exp(max(hi * spread, worst))
