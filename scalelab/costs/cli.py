@@ -537,10 +537,12 @@ def _predict_layouts(run_dirs: tuple[str, ...], path: str | None, text: str, con
                         "nodes, instance_type and time_s or throughput")
     catalog = _load_catalog(params)
     layouts = parse_fleet_layouts(text, catalog)
-    m = measured_from_csv(path, None) if path else measured_from_runs([Path(p) for p in run_dirs], None)
+    m = measured_from_csv(path, None) if path else measured_from_runs([Path(p) for p in run_dirs], None, every_type=True)
     measured = m.measured
-    if not path and "instance_type" not in measured.columns:
-        measured = _with_run_types(measured, m)
+    if not path and measured["instance_type"].isna().any():
+        raise DataError("--predict with run directories needs runs made on a named instance type (a cloud "
+                        "backend, or --rate TYPE=... with --instance-type); "
+                        f"{', '.join(map(str, measured.loc[measured['instance_type'].isna(), 'label'].unique()))} name none")
     result = plan(PlanRequest(measured, [], catalog, markets=markets, work=work, deadline_h=deadline_h,
                               budget_usd=budget_usd, region=params["region"], confidence=confidence,
                               layouts=layouts, source=Path(path).name if path else "the runs", **_spot_kwargs(params)))
@@ -549,14 +551,6 @@ def _predict_layouts(run_dirs: tuple[str, ...], path: str | None, text: str, con
         raise SpecError(f"{' and '.join(given)} cannot be answered: no layout is priced ("
                         + "; ".join(result.notes[-1:] or ["nothing was priced"]) + ")")
     _show_plan(result, fmt, out, m)
-
-
-def _with_run_types(measured: pd.DataFrame, m: Measurements) -> pd.DataFrame:
-    """Runs' measurements with the instance type they ran on (the step-time model reads it per row)."""
-    if m.measured_on is None:
-        raise DataError("--predict with run directories needs runs made on a named instance type (a cloud "
-                        "backend, or --rate TYPE=... with --instance-type); these runs name none")
-    return measured.assign(instance_type=m.measured_on)
 
 
 def _worker_grid(measured: pd.DataFrame, text: str | None) -> list[int]:
