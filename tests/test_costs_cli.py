@@ -321,3 +321,30 @@ def test_predict_layouts_from_runs_on_two_types_uses_every_type(tmp_path, monkey
     assert p2_one == pytest.approx(6400 / 0.18 / 1.0, rel=0.05)  # the p2 run itself
     assert g3_two == pytest.approx(2 * 6400 / (0.1 * 1.1), rel=0.05)  # the 2-node g3 run itself
     assert p2_one < p2_two < g3_two
+
+
+def test_cost_over_a_glob_skips_non_runs_and_prices_failed_runs_saying_so(tmp_path, monkeypatch, capsys):
+    """`launch cost runs/*` (issue 35): a report folder and a stray file among the runs are skipped with a
+    note; a failed run cost money and is priced, its state shown; nothing but non-runs is one error line."""
+    from scalelab.core.rundir import record_state, start_state
+
+    monkeypatch.setenv("SCALELAB_PRICES", str(tmp_path / "no-user-prices.json"))
+    runs = tmp_path / "runs"
+    ok = _fake_run(runs, "ok", 2, 0.1, 6400, "g3.4xlarge", backend="aws")
+    failed = _fake_run(runs, "failed", 2, 0.1, 6400, "g3.4xlarge", backend="aws")
+    for run, state in ((ok, "COMPLETED"), (failed, "FAILED")):
+        start_state(run)
+        record_state(run, state)
+    (runs / "report-20261127").mkdir()
+    (runs / "notes.txt").write_text("x")
+    code, err, out = run_entry(["cost", *map(str, sorted(runs.iterdir())), "--format", "json"], monkeypatch, capsys)
+    assert code == 0, err
+    rows = {Path(r["run_dir"]).name: r for r in json.loads(out)}
+    assert set(rows) == {"ok", "failed"} and rows["failed"]["state"] == "FAILED" and rows["failed"]["dollars"] > 0
+    assert "skipped 2 path(s) that are not runs" in err and "notes.txt" in err
+    code, err, out = run_entry(["cost", str(ok), str(failed)], monkeypatch, capsys)
+    assert code == 0 and "FAILED" in out and "state" in out
+    code, err, out = run_entry(["cost", str(ok)], monkeypatch, capsys)
+    assert code == 0 and "state" not in out  # every run completed: no state column
+    code, err, _ = run_entry(["cost", str(runs / "notes.txt"), str(runs / "report-20261127")], monkeypatch, capsys)
+    assert code == 2 and "none of the 2 paths is a run" in err and "Traceback" not in err
