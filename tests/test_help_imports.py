@@ -69,4 +69,4 @@ def test_shell_completion_documented_in_the_readme_works():
     assert "_launch_completion()" in out.stdout, out.stderr
     env.update(_LAUNCH_COMPLETE="bash_complete", COMP_WORDS="launch pl", COMP_CWORD="1")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
-    assert "plan" in out.stdout.split(), out.stdout + out.stderr
+    assert "plain,plan" in out.stdout.splitlines(), out.stdout + out.stderr  # bash_complete: type,value per line
