@@ -4,6 +4,8 @@ True/False/inf, `--help` grouped with the common options first."""
 import io
 import re
 
+import pytest
+
 from click.testing import CliRunner
 from rich.console import Console
 from test_trust import summary
@@ -57,13 +59,13 @@ def test_study_results_print_as_tables_not_markdown(tmp_path, capsys):
 
 def test_scaling_headers_never_split_inside_a_word_at_100_columns():
     """The label wraps between its words instead ("speedu/p", "threshol/d" were split at 100 columns)."""
-    from scalelab.analysis.report import fitting_columns
+    from scalelab.analysis.report import fitting_columns, terminal_frame
 
     df = scale_layouts([summary(1, 1437.6), summary(2, 2600.0), summary(4, 4800.5)])
-    df["label"] = "nmt-tiny fused fp32 ddp strong with a long series name"
+    df["label"] = ["nmt-tiny fused fp32 ddp strong with a long series name", "other series name", "third"]
     out = printed(df, 100)
     words = set(re.findall(r"[^\s┃│┏┓┗┛━┳┻╇╈┡┩┃]+", out))
-    for header, _, _ in fitting_columns(df, 100):
+    for header, _, _ in fitting_columns(terminal_frame(df, "Scaling")[0], 100):
         for word in header.split():
             assert word in words, (word, out)
     assert max(len(line) for line in out.splitlines()) <= 100
@@ -80,3 +82,67 @@ def test_ddp_exchange_reads_in_backward_not_a_dash():
     out = console.file.getvalue()
     assert "5 % / in backward" in out  # the 2-worker row
     assert "5 % / —" in out  # one worker exchanges nothing
+
+
+# ---- issue 35 ask 6: every table readable at 80 and 100 columns ---------------------------------------
+
+_RULES = "┃│┏┓┗┛━┳┻╇╈┡┩┃┠┨╋┼─└┘┌┐├┤┬┴"
+
+
+def _header_words_whole(out: str, headers: list[str]) -> None:
+    words = set(re.findall(rf"[^\s{_RULES}]+", out))
+    for header in headers:
+        for word in header.split():
+            assert word in words, (word, out)
+
+
+def _no_zero_width_column(out: str) -> None:
+    """A column rich squeezed to nothing shows as two rules side by side (┃┃ in the header, ││ in a row)."""
+    for pair in ("┃┃", "││", "┏┳", "┳┳", "┗┻", "└┴", "┴┴", "╇╇", "┡╇"):
+        assert pair not in out, (pair, out)
+
+
+def _two_series_cpu_sweep():
+    rows = []
+    for engine in ("horovod", "ddp"):
+        for w, wps in ((1, 37404.0), (2, 14117.0), (4, 26001.0)):
+            rows.append(summary(w, wps, label=f"nmt-tiny fused fp32 {engine} strong", engine=engine,
+                                precision="fp32", peak_mem_bytes=340_000_000, mem_kind="max_rss",
+                                share_data=0.06, share_exchange=0.33, loss_threshold=None))
+    return scale_layouts(rows)
+
+
+@pytest.mark.parametrize("width", [80, 100])
+def test_report_table_readable_at_80_and_100_columns(width):
+    """The report at 80 columns gave the label zero width and split "words/ s" and "efficienc y"; at 100 the
+    label wrapped to 3 lines repeating the precision column. Now: the words every label shares are in the
+    title, each row's label keeps what tells its series apart, the precision is said once."""
+    from scalelab.analysis.report import fitting_columns, terminal_frame
+
+    df = _two_series_cpu_sweep()
+    out = printed(df, width)
+    lines = out.splitlines()
+    assert max(len(line) for line in lines) <= width, out
+    _no_zero_width_column(out)
+    shown, _ = terminal_frame(df, "Scaling")
+    _header_words_whole(out, [h for h, _, _ in fitting_columns(shown, width)])
+    assert "Scaling: nmt-tiny fused fp32 strong" in out
+    assert out.count("fp32") == 1, out  # in the title, not in every label nor a precision column
+    assert "precision" not in out
+    rows = [line for line in lines if line.startswith("│")]
+    assert len(rows) == 6, out  # one line per layout: no label wrapped over 3-4 lines
+    assert any("horovod" in r and "37,404" in r for r in rows) and any("ddp" in r and "26,001" in r for r in rows)
+    assert "RSS/rank" in out and "MiB RSS" not in out  # said once in the header, not in every cell
+    assert "threshold" not in out  # no threshold: a column of dashes says nothing
+
+
+def test_a_label_keeps_what_the_precision_column_does_not_say():
+    """Series named with --name (no precision word in the label) keep their precision column."""
+    from scalelab.analysis.report import terminal_frame
+
+    df = scale_layouts([summary(1, 1000.0, label="mine a", precision="bf16"),
+                        summary(1, 900.0, label="mine b", precision="fp32")])
+    shown, title = terminal_frame(df, "Scaling")
+    assert title == "Scaling: mine" and list(shown["label"]) == ["a", "b"] and "precision" in shown.columns
+    out = printed(df, 80)
+    assert "bf16" in out and "fp32" in out
