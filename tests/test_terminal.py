@@ -146,3 +146,42 @@ def test_a_label_keeps_what_the_precision_column_does_not_say():
     assert title == "Scaling: mine" and list(shown["label"]) == ["a", "b"] and "precision" in shown.columns
     out = printed(df, 80)
     assert "bf16" in out and "fp32" in out
+
+
+def _ls_rows():
+    base = {"kind": "run", "backend": "local", "layout": "1x2", "total_steps": 5000, "loss": 3.705,
+            "words_per_s": 9179.0, "eta_s": None, "cost_usd": None, "age_s": 200.0}
+    return [{**base, "name": "nmt-tiny-horovod-1x2-20261127-045954", "state": "CANCELLED", "steps": 343},
+            {**base, "name": "sweep-nmt-tiny-strong-20261127-045753", "kind": "sweep", "layout": "1x1,1x2",
+             "state": "COMPLETED", "steps": 24, "total_steps": None, "loss": None, "words_per_s": 37404.0},
+            {**base, "name": "nmt-small-ddp-2x2-20261127-050101", "backend": "slurm", "layout": "2x2",
+             "state": "RUNNING", "steps": 40, "eta_s": 75.0, "cost_usd": 0.1234}]
+
+
+def _ls(width: int) -> str:
+    from scalelab.launcher.cli import rows_table
+
+    console = Console(file=io.StringIO(), width=width, color_system=None)
+    console.print(rows_table(_ls_rows(), None, width))
+    return console.file.getvalue()
+
+
+def test_ls_shows_backend_and_cost_at_100_columns():
+    """`launch ls` at 100 columns hid the backend and the cost beside 37-character run names."""
+    out = _ls(100)
+    header = out.splitlines()[0].split()
+    assert header[:2] == ["name", "backend"] and "cost" in header, out
+    assert "slurm" in out and "0.12" in out and "sweep-nmt-tiny-strong-20261127-045753" in out
+    assert max(len(line) for line in out.splitlines()) <= 100
+
+
+def test_ls_at_80_columns_keeps_numbers_whole_and_breaks_names_at_hyphens():
+    out = _ls(80)
+    assert max(len(line) for line in out.splitlines()) <= 80, out
+    for cell in ("343/5,000", "37,404", "RUNNING", "COMPLETED", "1x1,1x2"):
+        assert cell in out, (cell, out)
+    names = [line.split()[0] for line in out.splitlines()[2:] if line.strip()]
+    # a name that does not fit goes on in the next line after a hyphen, never inside a number
+    assert all(part.endswith("-") or part[-1].isdigit() and len(part) >= 6 for part in names), names
+    joined = "".join(names)
+    assert "sweep-nmt-tiny-strong-20261127-045753" in joined and "nmt-tiny-horovod-1x2-20261127-045954" in joined

@@ -628,15 +628,19 @@ def rows_table(rows: list[dict[str, Any]], title: str | None = None, width: int 
                ("words/s", "right", lambda r: cell(r["words_per_s"])),
                ("ETA", "right", lambda r: "—" if r.get("eta_s") is None else duration(r["eta_s"])),
                ("cost $", "right", lambda r: cell(r["cost_usd"], 2)), ("age", "right", lambda r: age(r["age_s"]))]
-    keep = ("name", "layout", "state", "steps")  # the others only where some row has a value (JSON has all)
+    # the others only where some row has a value (JSON has all); the cost always, a dash saying no price is known
+    keep = ("name", "backend", "layout", "state", "steps", "cost $")
     columns = [c for c in columns if c[0] in keep or any(c[2](r) != "—" for r in rows)]
     width = width or console.width or 100
 
-    def natural(cols: list) -> int:  # every cell on one line, 3 columns between cells (padding, rule, padding)
-        return sum(max([len(h)] + [len(get(r)) for r in rows]) for h, _, get in cols) + 3 * (len(cols) - 1)
+    def natural(cols: list, name_at_most: int = 1 << 30) -> int:  # 3 columns between cells (padding, rule, padding)
+        return sum(min(name_at_most if h == "name" else 1 << 30, max([len(h)] + [len(get(r)) for r in rows]))
+                   for h, _, get in cols) + 3 * (len(cols) - 1)
 
-    for drop in ("backend", "cost $", "age", "loss", "ETA"):  # least needed first, until names fit on one line
-        if natural(columns) <= width:
+    # least needed first, until every cell fits on one line; then names may fold (at 30 characters at least)
+    # before the backend and the cost go: at 100 columns they stay beside run names of 37 characters
+    for drop in ("loss", "age", "ETA", "cost $", "backend"):
+        if natural(columns, 1 << 30 if drop in ("loss", "age", "ETA") else 30) <= width:
             break
         columns = [c for c in columns if c[0] != drop]
     from rich import box
@@ -645,9 +649,22 @@ def rows_table(rows: list[dict[str, Any]], title: str | None = None, width: int 
     table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
     for header, justify, _ in columns:
         table.add_column(header, justify=justify, no_wrap=header != "name", overflow="fold" if header == "name" else "ellipsis")
+    room = width - natural([c for c in columns if c[0] != "name"]) - 3  # what is left for the names
     for row in rows:
-        table.add_row(*(escape(get(row)) for _, _, get in columns))
+        table.add_row(*(escape(_break_name(get(row), room) if header == "name" else get(row))
+                        for header, _, get in columns))
     return table
+
+
+def _break_name(name: str, room: int) -> str:
+    """A run's name on lines of at most `room` characters, broken after a hyphen where one fits (a name
+    cut inside a number, "...-04575/3", read as another run)."""
+    lines = []
+    while len(name) > room > 0:
+        cut = name.rfind("-", 0, room) + 1 or room
+        lines.append(name[:cut])
+        name = name[cut:]
+    return "\n".join([*lines, name])
 
 
 def _steps_cell(row: dict[str, Any]) -> str:
