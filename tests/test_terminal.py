@@ -185,3 +185,41 @@ def test_ls_at_80_columns_keeps_numbers_whole_and_breaks_names_at_hyphens():
     assert all(part.endswith("-") or part[-1].isdigit() and len(part) >= 6 for part in names), names
     joined = "".join(names)
     assert "sweep-nmt-tiny-strong-20261127-045753" in joined and "nmt-tiny-horovod-1x2-20261127-045954" in joined
+
+
+@pytest.mark.parametrize("width", [80, 100])
+def test_the_progress_bar_fits_with_its_bar_and_step_count(tmp_path, width):
+    """At 80 columns rich squeezed the bar and the step count to nothing ("nmt-tiny-horovod-1x2-202611… 2 rank(s)
+    loss 4.150 val 4.100 14,117 words/s …"); at 100 the line was cut. Now every piece it shows is whole."""
+    from scalelab.core.records import RecordWriter
+    from scalelab.launcher.progress import RunProgress
+
+    for rank in (0, 1):
+        out = RecordWriter(tmp_path, rank, 2)
+        for step in range(1, 2401):
+            out.write("step", step=step, warmup=step <= 5, step_s=0.1, samples=8, words=600, loss=4.15)
+        out.write("val", step=2400, epoch=0, val_loss=4.1, elapsed_s=4.0)
+        out.close()
+    buf = io.StringIO()
+    console = Console(file=buf, force_terminal=True, width=width, color_system=None)
+    with RunProgress(tmp_path, 5000, "nmt-tiny-horovod-1x2-20261127-045954", console=console) as prog:
+        prog.poll()
+    last = [line for line in re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", buf.getvalue()).replace("\r", "\n").splitlines()
+            if line.strip()][-1]
+    assert len(last) < width, last
+    assert "━" in last and " 2400/5000 " in last, last  # the bar and the step count
+    assert "loss 4.150" in last and "12,000 words/s" in last and "ETA 4m20s" in last, last
+    name = "nmt-tiny-horovod-1x2 " if width >= 100 else "…t-tiny-horovod-1x2 "  # the end tells layouts apart
+    assert last.startswith(name), last  # the name without its date stamp
+    assert ("val 4.100" in last) == (width >= 100)
+
+
+def test_the_bar_says_starting_ranks_before_the_first_step(tmp_path):
+    from scalelab.core.records import RecordWriter
+    from scalelab.launcher.progress import RunProgress
+
+    RecordWriter(tmp_path, 0, 2).write("start", world=2)
+    buf = io.StringIO()
+    with RunProgress(tmp_path, 60, "run", console=Console(file=buf, force_terminal=True, width=80)) as prog:
+        prog.poll()
+    assert "starting ranks: 1 up" in buf.getvalue()
