@@ -42,7 +42,7 @@ def html_report(tmp_path_factory) -> Path:
 @pytest.mark.slow
 def test_page_is_self_contained(html_report):
     text = html_report.read_text()
-    assert text.count("data:image/png;base64,") >= 5  # speedup, throughput, phases, loss, timeline, cost
+    assert text.count("data:image/png;base64,") >= 3  # phases, loss, timeline (one run: no one-dot speedup or cost plot)
     assert "src=\"http" not in text and "src='http" not in text and "<link" not in text
 
 
@@ -50,8 +50,8 @@ def test_page_is_self_contained(html_report):
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (scripts/install.sh installs it with apt-get)")
 def test_chromium_shows_the_report(html_report, tmp_path):
     dom = _dom(html_report, tmp_path)
-    for heading in ("Provenance", "Warnings", "Profiler traces", "Speedup and efficiency", "Throughput", "Phase breakdown",
-                    "Training and validation loss", "Per-rank timeline", "Cost against time", "Definitions"):
+    for heading in ("Provenance", "Warnings", "Profiler traces", "Speedup and efficiency", "Phase breakdown",
+                    "Training and validation loss", "Per-rank timeline", "Cost", "Definitions"):
         assert f"<h2>{heading}</h2>" in dom, heading
     for what in ("PyTorch", "Horovod", "git commit", "CPU model", "GPU model", "backend", "local", "1x2"):
         assert what in dom, what

@@ -142,9 +142,7 @@ def build_report(paths: list[Path], out: Path | None = None, price: Pricer | Non
     warnings += [f"{run_dir} has no summary.json (it did not finish normally); summarised from its records"
                  for run_dir in runs if not RunPaths(run_dir).summary.exists()]
     if out is None:
-        grouped = len(paths) == 1 and ((paths[0] / SWEEP_FILE).exists() or (paths[0] / STUDY_FILE).exists())
-        out = paths[0] if grouped else _common_parent(runs) / (
-            "report-" + datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))
+        out = default_report_dir(paths, runs)
     summaries, extra = [], []
     for run_dir in runs:  # one run's records in memory at a time
         run = load_run(run_dir)
@@ -156,6 +154,20 @@ def build_report(paths: list[Path], out: Path | None = None, price: Pricer | Non
     report = write_report(summaries, runs, out, extra if price is not None else None)
     report.warnings = warnings + report.warnings
     return report
+
+
+#: Where reports of several runs go under their runs' directory: hidden, so `launch report runs/*` and
+#: `launch cost runs/*` never take a report for a run (a one-run report in runs/report-DATE/ broke both).
+REPORTS_DIR = ".reports"
+
+
+def default_report_dir(paths: list[Path], runs: list[Path]) -> Path:
+    """Where a report goes without --out: one run, sweep or study directory given, into it; several,
+    into .reports/report-DATE under the runs' common directory (out of the runs' globs)."""
+    if len(paths) == 1 and ((paths[0] / SWEEP_FILE).exists() or (paths[0] / STUDY_FILE).exists()
+                            or (paths[0] / "spec.json").exists()):
+        return paths[0]
+    return _common_parent(runs) / REPORTS_DIR / ("report-" + datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))
 
 
 def price_notes(extra: list[dict[str, Any]]) -> list[str]:
