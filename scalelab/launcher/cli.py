@@ -454,7 +454,8 @@ def sweep_cmd(workers: str | None, layouts: str | None, batch_scaling: str | Non
 @click.option("--from-csv", "from_csv", type=InputFile("--from-csv file"),
               help="A published scaling table instead of runs: label (opt.), workers, nodes (opt.), throughput or time_s, mode (opt.).")
 @click.option("--compare", is_flag=True, help="A B: two report directories (or report.json files); what changed from A to B, in percent.")
-@click.option("--out", type=OutputDir("--out"), help="Where report.md, report.json and plots go [default: beside the runs].")
+@click.option("--out", type=OutputDir("--out"), help="Where report.md, report.json and plots go [default: the one run, sweep or study directory given; "
+                   "for several, RUNS/.reports/report-DATE, which `runs/*` globs do not match].")
 @click.option("--format", "fmt", type=click.Choice(["table", "json", "markdown", "html"]), default="table", show_default=True,
               help="What to print; the Markdown report and plots are written in every case; html writes "
                    "report.html (one self-contained page) and prints its path.")
