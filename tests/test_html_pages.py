@@ -146,6 +146,19 @@ def test_legends_sit_beside_the_bars(pages):
     assert _overlap(plot_rank_timeline(load_run(runs[-1]))) == []
 
 
+def test_cost_plots_keep_their_legends_off_the_points():
+    from scalelab.analysis.html import plot_cost_frontier
+    from scalelab.analysis.runhtml import plot_cost_time
+
+    points = pd.DataFrame({"layout": ["1x1", "1x2", "1x4"], "hours": [0.02, 0.012, 0.008],
+                           "dollars": [0.01, 0.012, 0.02], "usd_per_hour": [0.5, 1.0, 2.0]})
+    assert _overlap(plot_cost_time(points)) == []
+    candidates = pd.DataFrame({"instance_type": ["g5.xlarge"] * 3, "market": ["on-demand"] * 3, "workers": [1, 2, 4],
+                               "hours": [0.3, 0.2, 0.12], "dollars": [0.3, 0.4, 0.6], "pareto": [True] * 3,
+                               "recommendation": ["cheapest", None, "fastest"]})
+    assert _overlap(plot_cost_frontier(candidates)) == []
+
+
 def test_predicted_throughput_has_whole_worker_ticks():
     from scalelab.analysis.html import plot_predictions
 

@@ -30,13 +30,13 @@ __all__ = ["plot_cost_frontier", "plot_phases", "plot_loss", "plot_predictions",
 
 _CSS = """body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;color:#222}
 table{border-collapse:collapse;margin:0;font-size:90%}th,td{border:1px solid #ccc;padding:4px 8px}
-.tw{max-width:100%;overflow-x:auto;margin:1em 0}td{white-space:nowrap}td:first-child{white-space:normal;min-width:8em}
+.tw{max-width:100%;overflow-x:auto;margin:1em 0}td.s{white-space:nowrap}
 td.n{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}th{background:#f3f3f3}img{max-width:100%}
 .note{color:#555}.rec{background:#eef7ee;padding:.5em 1em;border-left:4px solid #4a4}
 .warn{background:#fff6e0;padding:.5em 1em;border-left:4px solid #d90}"""
 
 
-def _fig(panels: int = 1, height: float = 4.2) -> Figure:
+def _fig(panels: float = 1, height: float = 4.2) -> Figure:
     fig = Figure(figsize=(5.8 * panels, height), layout="constrained")
     FigureCanvasAgg(fig)
     return fig
@@ -56,7 +56,7 @@ def plot_cost_frontier(candidates: pd.DataFrame) -> Figure:
     """Dollars against hours per candidate (colour = instance type), the Pareto frontier as a line."""
     from matplotlib.ticker import FuncFormatter
 
-    fig = _fig(1, 4.6)
+    fig = _fig(1.7, 4.6)
     ax = fig.subplots()
     scale = 60.0 if float(candidates["hours"].max()) < 1.5 else 1.0  # minutes for short jobs (ticks were 0.0054 h)
     for (itype, market), part in candidates.groupby(["instance_type", "market"], sort=False):
@@ -75,7 +75,7 @@ def plot_cost_frontier(candidates: pd.DataFrame) -> Figure:
     ax.set_ylabel("US dollars per run")
     ax.set_title("Cost against time (labels: workers; circled: recommended)")
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=7, loc="best")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)  # beside the points
     return fig
 
 
@@ -177,8 +177,8 @@ def plot_loss(curves: dict[str, pd.DataFrame]) -> Figure:
 
 def plot_predictions(predictions: pd.DataFrame, unit: str = "words/s") -> Figure:
     """Measured throughput (dots) and the fitted model with its interval, per series, in `unit` (words/s for
-    runs; a --from-csv table's own unit)."""
-    fig = _fig(1)
+    runs; a --from-csv table's own unit); the legend beside the plot."""
+    fig = _fig(1.7)
     ax = fig.subplots()
     for label, part in predictions.groupby("label", sort=False):
         part = part.sort_values("workers")
@@ -205,7 +205,10 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     def cell(v: Any) -> str:
         s = html.escape(str(v))
         numeric = s.replace(",", "").replace(".", "").replace("%", "").replace("$", "").replace("-", "").strip().isdigit()
-        return f'<td class="n">{s}</td>' if numeric else f"<td>{s}</td>"
+        if numeric:
+            return f'<td class="n">{s}</td>'
+        # a short cell (4.3 ± 2.1, 328 MiB RSS, 22 % / 0 %) on one line; longer text wraps between words
+        return f"<td class='s'>{s}</td>" if len(str(v)) <= 16 else f"<td>{s}</td>"
     head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
     body = "".join("<tr>" + "".join(cell(v) for v in r) + "</tr>" for r in rows)
     return f"<div class='tw'><table><tr>{head}</tr>{body}</table></div>"  # wider than the page: scrolls inside

@@ -124,7 +124,7 @@ def plot_cost_time(points: pd.DataFrame) -> Any:
     only where the points span more than 30x."""
     from matplotlib.ticker import FuncFormatter
 
-    fig = _fig(1, 4.6)
+    fig = _fig(1.5, 4.6)
     ax = fig.subplots()
     minutes = float(points["hours"].max()) < 1.5
     x = points["hours"] * (60.0 if minutes else 1.0)
@@ -145,7 +145,7 @@ def plot_cost_time(points: pd.DataFrame) -> Any:
     ax.set_ylabel("US dollars")
     ax.set_title("Cost against time")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)  # beside the points
     return fig
 
 
