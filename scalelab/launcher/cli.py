@@ -752,7 +752,8 @@ def _run_status(run_dir: str) -> None:
 
 @main.command("logs")
 @click.argument("run_dir", type=RunDir())
-@click.option("--rank", type=int, help="Only this rank's lines.")
+@click.option("--rank", type=int, help="Only this rank: its log lines and its records (step, loss, phase times, "
+              "validation, events), streamed with -f.")
 @click.option("--follow", "-f", is_flag=True,
               help="Keep printing new lines and the run's progress until it ends (Ctrl-C stops following only).")
 def logs_cmd(run_dir: str, rank: int | None, follow: bool) -> None:
@@ -760,8 +761,8 @@ def logs_cmd(run_dir: str, rank: int | None, follow: bool) -> None:
     from its records, so a run started with --detach, or on another backend, can be followed from any
     terminal (`launch logs RUN -f` until it ends). RUN_DIR may be a short id: a unique prefix or suffix
     of the run directory's name under runs/ ($SCALELAB_RUNS_DIR)."""
+    from scalelab.launcher.inventory import RankLines
     from scalelab.launcher.inventory import follow as follow_logs
-    from scalelab.launcher.inventory import rank_log
     from scalelab.launcher.progress import watch_run
     from scalelab.launcher.runner import settle
 
@@ -769,20 +770,33 @@ def logs_cmd(run_dir: str, rank: int | None, follow: bool) -> None:
     if rank is not None and not 0 <= rank < read_spec(path).world:
         raise ScalelabError(f"--rank {rank}: the run has ranks 0..{read_spec(path).world - 1}")
     watch = watch_run(path)
+    records = RankLines(path, rank) if rank is not None else None
+    running = {"now": None}  # the run's state as last asked: "starting ranks" is said of an active run only
 
-    def read() -> str:
-        text = backend.logs(path)
-        return text if rank is None else rank_log(path, text, rank)
+    def read() -> str | tuple[str, str]:
+        if records is None:
+            return backend.logs(path)
+        return backend.rank_logs(path, rank), records.read()
+
+    def active() -> bool:
+        running["now"] = backend.status(path).state in ACTIVE
+        return running["now"]
 
     def progress() -> str | None:
         snap = watch.poll()
-        return snap.line() if snap.step or snap.ended else None
+        if snap.step or snap.ended:
+            return snap.line()
+        if running["now"] is None:
+            active()
+        return watch.starting() if running["now"] else None  # before the first step (a bare header for ~45 s)
 
     if not follow:
-        text, line = read(), progress()
-        click.echo(text + (f"{'' if text.endswith(chr(10)) else chr(10)}[progress] {line}" if line else ""))
+        texts = read()
+        text = "".join(t if not t or t.endswith("\n") else t + "\n" for t in ([texts] if isinstance(texts, str) else texts))
+        line = progress()
+        click.echo(text + (f"{'' if not text or text.endswith(chr(10)) else chr(10)}[progress] {line}" if line else ""))
         return
-    follow_logs(read, lambda: backend.status(path).state in ACTIVE, lambda s: click.echo(s, nl=False), progress=progress)
+    follow_logs(read, active, lambda s: click.echo(s, nl=False), progress=progress)
     st = settle(backend, path)  # a detached run's end is recorded here, as `launch status` would
     if st.state not in ACTIVE:  # not after Ctrl-C, which stops following only
         click.echo(f"[end] {path}: {st.state} {st.detail}".rstrip())

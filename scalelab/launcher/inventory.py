@@ -293,25 +293,89 @@ def rank_log(run_dir: Path, text: str, rank: int) -> str:
     return "".join(line for line in text.splitlines(keepends=True) if pattern.match(line))
 
 
+def record_line(rec: dict[str, Any]) -> str | None:
+    """One record of a rank as a line a person reads (`launch logs --rank N`): its step with loss, time and
+    phases, a validation, an event, an error; None for what says nothing there (links, placements)."""
+    kind = rec.get("kind")
+    if kind == "start":
+        where = ", ".join(f"{k} {rec[k]}" for k in ("world", "device", "host", "role") if rec.get(k) is not None)
+        return f"started ({where})" if where else "started"
+    if kind == "step":
+        def ms(key: str) -> str:
+            value = rec.get(key)
+            return "—" if value is None else f"{1000 * float(value):.1f}"
+
+        loss = rec.get("loss")
+        head = f"step {rec.get('step')}" + ("  loss —" if loss is None else f"  loss {float(loss):.4f}")
+        exchange = f" (exch {ms('exchange_s')})" if rec.get("exchange_s") is not None else ""  # inside the backward
+        phases = f"data {ms('data_s')}  fwd {ms('forward_s')}  bwd {ms('backward_s')}{exchange}  opt {ms('optimizer_s')}"
+        marks = " (warm-up)" if rec.get("warmup") else " (profiled)" if rec.get("profiled") else ""
+        return f"{head}  {ms('step_s')} ms: {phases}  {int(rec.get('words') or 0):,} words{marks}"
+    if kind == "val":
+        return f"validation at step {rec.get('step')}: loss {float(rec.get('val_loss') or 0):.4f}"
+    if kind == "event":
+        rest = ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in rec.items()
+                         if k not in ("kind", "event", "rank", "world", "time"))
+        return f"{rec.get('event')}" + (f": {rest}" if rest else "")
+    if kind == "error":
+        return f"error: {rec.get('message')}"
+    return None
+
+
+class RankLines:
+    """One rank's records as lines (`record_line`), read as they are appended: `launch logs --rank N` streams
+    them, as ranks print little of their own (the launcher's log held only the progress line)."""
+
+    def __init__(self, run_dir: Path, rank: int) -> None:
+        from scalelab.core.records import RecordTail
+
+        self.rank = rank
+        self.tail = RecordTail(RunPaths(Path(run_dir)).records / f"rank-{rank}.jsonl")
+        self.text = ""
+
+    def read(self) -> str:
+        """Every line so far (the header first): what follow() shows the new part of."""
+        if not self.text:
+            self.text = f"==> {self.tail.path} (rank {self.rank}'s records) <==\n"
+        for rec in self.tail.read():
+            line = record_line(rec)
+            if line:
+                self.text += f"[rank {self.rank}] {line}\n"
+        return self.text
+
+
 def follow(read: Any, active: Any, write: Any, poll_s: float = 1.0, progress: Any = None,
            progress_every_s: float = 5.0) -> None:
     """Write what `read()` returns, then only what it adds, until `active()` is false (a last read
-    after it). `progress()`, when given, is a line saying where the run is (from its records): written
+    after it); `read()` may return several texts (a rank's log and its records), each followed apart.
+    `progress()`, when given, is a line saying where the run is (from its records): written
     when it changed, at most every `progress_every_s`, and always after the run ended, so the follower
     sees the last step. Ctrl-C stops following and nothing else: the run goes on."""
-    shown, said, said_at = "", None, float("-inf")
+    shown: list[str] = []
+    said, said_at = None, float("-inf")
     try:
         while True:
             running = active()
-            text = read()
-            write(text[len(shown):] if text.startswith(shown) else text)
-            shown = text
+            texts = read()
+            texts = [texts] if isinstance(texts, str) else list(texts)
+            shown += [""] * (len(texts) - len(shown))
+            for i, text in enumerate(texts):
+                added = text[len(shown[i]):] if text.startswith(shown[i]) else text
+                if added:
+                    write(added if not i or added.startswith("\n") or not _ends_open(shown[:i]) else "\n" + added)
+                shown[i] = text
             line = progress() if progress else None
             if line and line != said and (not running or time.monotonic() - said_at >= progress_every_s):
-                write(("" if not shown or shown.endswith("\n") else "\n") + f"[progress] {line}\n")
+                write(("\n" if _ends_open(shown) else "") + f"[progress] {line}\n")
                 said, said_at = line, time.monotonic()
             if not running:
                 return
             time.sleep(poll_s)
     except KeyboardInterrupt:
         write("\n(stopped following; the run goes on)\n")
+
+
+def _ends_open(texts: list[str]) -> bool:
+    """Whether the last text written so far ends inside a line."""
+    last = next((t for t in reversed(texts) if t), "")
+    return bool(last) and not last.endswith("\n")

@@ -237,13 +237,21 @@ class SlurmBackend(Backend):
         return status
 
     def logs(self, run_dir: Path) -> str:
-        """Every job's per-task logs (submitit's JOB_TASK_log.out and .err), rank by rank."""
+        """Every job's per-task logs (submitit's JOB_TASK_log.out and .err), rank by rank, summarised: submitit's
+        own INFO lines left out (16 files of them came before any progress) and the files with nothing else
+        named in one line; the files stay whole on disk, and `launch logs RUN --rank N` shows one rank's."""
         ranks, files = read_spec(Path(run_dir)).world, []
         for job in jobs_of(run_dir):
             for rank in range(ranks):
                 paths = JobPaths(job["folder"], job_id=job["job_id"], task_id=rank)
                 files += [p for p in (paths.stdout, paths.stderr) if p.exists() or rank == 0]
-        return log_text(files)
+        return summarised_task_logs(files)
+
+    def rank_logs(self, run_dir: Path, rank: int) -> str:
+        """One rank's task files of every job (its task id is its rank), whole."""
+        return log_text([p for job in jobs_of(run_dir)
+                         for p in (JobPaths(job["folder"], job_id=job["job_id"], task_id=rank).stdout,
+                                   JobPaths(job["folder"], job_id=job["job_id"], task_id=rank).stderr) if p.exists()])
 
     def cancel(self, run_dir: Path, grace_s: float = 120.0) -> None:
         """submitit's cancel (scancel: the ranks get SIGTERM, checkpoint and exit), then wait until the
@@ -271,6 +279,37 @@ class SlurmBackend(Backend):
                     f"and `sacct -j {job_id}`, and stop the run's own job with scancel")
         self._verified.add(job_id)
         return ""
+
+
+# submitit's logger writes "submitit INFO (2026-11-27 05:00:00,123) - Starting with JobEnvironment(...)" in every
+# task's files: a person following the run wants the ranks' own lines
+_SUBMITIT_LINE = re.compile(r"^submitit (?:INFO|DEBUG) \(\d{4}-\d\d-\d\d [\d:,]+\) - ")
+
+
+def summarised_task_logs(paths: list[Path]) -> str:
+    """submitit's task files as one text: each file with a line of its own (a rank's output, a warning, an
+    error, a traceback) under its header, submitit's INFO lines left out and counted; the files that held
+    nothing else named together in one line."""
+    from scalelab.launcher.backend import quiet_stop_tracebacks
+
+    shown, quiet, dropped = [], [], 0
+    for path in paths:
+        if not path.exists():
+            quiet.append(path)
+            continue
+        lines = path.read_text(errors="replace").splitlines(keepends=True)
+        kept = [line for line in lines if not _SUBMITIT_LINE.match(line)]
+        dropped += len(lines) - len(kept)
+        if any(line.strip() for line in kept):
+            shown.append(f"==> {path} <==\n" + quiet_stop_tracebacks("".join(kept)))
+        else:
+            quiet.append(path)
+    if quiet or dropped:
+        folders = ", ".join(sorted({str(p.parent) for p in paths}))
+        only = f"{len(quiet)} task log file(s) hold only submitit's own lines or nothing yet; " if quiet else ""
+        shown.append(f"({only}{dropped} submitit INFO line(s) left out; the files are whole on disk in {folders}: "
+                     f"`launch logs RUN --rank N` shows one rank's)\n")
+    return "\n".join(shown)
 
 
 class SlurmWatcher(SlurmInfoWatcher):

@@ -1,0 +1,167 @@
+"""Issue 35 ask 5: `launch logs` as a person following a run reads it: one line for a stop that was asked
+for whatever the engine, Slurm's per-task files summarised, `--rank N` streaming that rank, and where the
+ranks are before the first step."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from conftest import run_entry
+
+from scalelab.core.records import RecordWriter
+from scalelab.launcher.backend import quiet_stop_tracebacks
+from scalelab.launcher.inventory import RankLines, follow
+
+# horovodrun's own output after `launch cancel` of a 1x2 Horovod run (Gloo), as logs/launcher.log held it
+HOROVOD_CANCELLED = """Process 1 exit with status code -15.
+Process 0 exit with status code -15.
+Traceback (most recent call last):
+  File "/work/main/.venv/bin/horovodrun", line 8, in <module>
+    sys.exit(run_commandline())
+             ^^^^^^^^^^^^^^^^^
+  File "/work/main/.venv/lib/python3.11/site-packages/horovod/runner/launch.py", line 837, in run_commandline
+    _run(args)
+  File "/work/main/.venv/lib/python3.11/site-packages/horovod/runner/launch.py", line 827, in _run
+    return _run_static(args)
+           ^^^^^^^^^^^^^^^^^
+  File "/work/main/.venv/lib/python3.11/site-packages/horovod/runner/launch.py", line 685, in _run_static
+    _launch_job(args, settings, nics, command)
+  File "/work/main/.venv/lib/python3.11/site-packages/horovod/runner/launch.py", line 800, in _launch_job
+    run_controller(args.use_gloo, gloo_run_fn,
+  File "/work/main/.venv/lib/python3.11/site-packages/horovod/runner/launch.py", line 754, in run_controller
+    gloo_run()
+  File "/work/main/.venv/lib/python3.11/site-packages/horovod/runner/launch.py", line 792, in gloo_run_fn
+    gloo_run(settings, nics, env, driver_ip, command)
+  File "/work/main/.venv/lib/python3.11/site-packages/horovod/runner/gloo_run.py", line 300, in gloo_run
+    launch_gloo(command, exec_command, settings, nics, env, server_ip)
+  File "/work/main/.venv/lib/python3.11/site-packages/horovod/runner/gloo_run.py", line 284, in launch_gloo
+    raise RuntimeError('Horovod detected that one or more processes exited with non-zero '
+RuntimeError: Horovod detected that one or more processes exited with non-zero status, thus causing the job to be terminated. The first process to do so was:
+Process name: 1
+Exit code: -15
+
+"""
+
+
+def test_a_cancelled_horovod_run_reads_as_one_line():
+    quiet = quiet_stop_tracebacks("[1,0]<stdout>:hello\n" + HOROVOD_CANCELLED)
+    assert quiet.startswith("[1,0]<stdout>:hello\n")
+    assert "Traceback" not in quiet and "RuntimeError" not in quiet and "exit with status code" not in quiet
+    assert "horovodrun: 2 ranks stopped by SIGTERM, as asked; its traceback is left out" in quiet
+    assert len([line for line in quiet.splitlines() if line.strip()]) == 2
+
+
+def test_a_horovod_rank_that_failed_keeps_its_traceback():
+    failed = HOROVOD_CANCELLED.replace("Process 1 exit with status code -15.", "Process 1 exit with status code 1.") \
+        .replace("Exit code: -15", "Exit code: 1")
+    assert quiet_stop_tracebacks(failed) == failed
+    ctrl_c = HOROVOD_CANCELLED.replace("-15", "-2")
+    assert "stopped by SIGINT" in quiet_stop_tracebacks(ctrl_c)
+
+
+def test_slurm_task_files_are_summarised_and_stay_whole_on_disk(tmp_path):
+    from scalelab.slurm.backend import summarised_task_logs
+
+    info = "submitit INFO (2026-11-27 05:00:00,123) - Starting with JobEnvironment(job_id=12, hostname=c1)\n" \
+           "submitit INFO (2026-11-27 05:00:00,124) - Loading pickle: /x/12_submitted.pkl\n"
+    files = []
+    for rank in range(8):
+        for ext, extra in (("out", ""), ("err", "scalelab: Horovod rendezvous on port 1234\n" if rank == 0 else "")):
+            path = tmp_path / f"12_{rank}_log.{ext}"
+            path.write_text(info + extra)
+            files.append(path)
+    text = summarised_task_logs(files)
+    assert "submitit INFO (" not in text and "Starting with JobEnvironment" not in text
+    assert "==> " + str(tmp_path / "12_0_log.err") + " <==\nscalelab: Horovod rendezvous on port 1234" in text
+    assert text.count("==> ") == 1  # the 15 files with only submitit's lines: one line, not 15 headers
+    assert "15 task log file(s) hold only submitit's own lines" in text and "32 submitit INFO line(s) left out" in text
+    assert all(f.read_text().startswith("submitit INFO") for f in files)  # the files are untouched
+
+
+def _records(run_dir: Path, world: int = 2, steps: int = 3) -> None:
+    (run_dir / "records").mkdir(parents=True, exist_ok=True)
+    for rank in range(world):
+        out = RecordWriter(run_dir, rank, world)
+        out.write("start", world=world, device="cpu", host="vm")
+        for step in range(1, steps + 1):
+            out.write("step", step=step, warmup=step == 1, step_s=0.0123, data_s=0.001, forward_s=0.003,
+                      backward_s=0.007, exchange_s=0.002, optimizer_s=0.001, samples=8, words=80, loss=4.1 + rank)
+        out.close()
+
+
+def test_rank_lines_stream_one_ranks_records(tmp_path):
+    _records(tmp_path)
+    lines = RankLines(tmp_path, 1)
+    first = lines.read()
+    assert "[rank 1] started (world 2, device cpu, host vm)" in first
+    assert "[rank 1] step 3  loss 5.1000  12.3 ms: data 1.0  fwd 3.0  bwd 7.0 (exch 2.0)  opt 1.0  80 words" in first
+    assert "(warm-up)" in first.splitlines()[2] and "loss 4.1000" not in first  # rank 0's are not in it
+    out = RecordWriter(tmp_path, 1, 2)
+    out.write("val", step=3, epoch=0, val_loss=4.05, elapsed_s=1.0)
+    out.close()
+    again = lines.read()
+    assert again.startswith(first) and again[len(first):] == "[rank 1] validation at step 3: loss 4.0500\n"
+
+
+def test_follow_streams_each_text_apart():
+    """follow() writes only what each text adds (a rank's log and its records grow apart)."""
+    reads = iter([("log a\n", "rec 1\n"), ("log a\nlog b\n", "rec 1\nrec 2\n"), ("log a\nlog b\n", "rec 1\nrec 2\n")])
+    states = iter([True, True, False])
+    written: list[str] = []
+    follow(lambda: next(reads), lambda: next(states), written.append, poll_s=0)
+    assert "".join(written) == "log a\nrec 1\nlog b\nrec 2\n"
+
+
+def _run_dir(tmp_path: Path, world: int = 2) -> Path:
+    from scalelab.core.spec import Spec, save_spec
+
+    run = tmp_path / "run-1x2"
+    run.mkdir()
+    spec = Spec()
+    spec.gpus_per_node, spec.steps = world, 3
+    spec.engine.name = "ddp"
+    save_spec(spec, run)
+    return run
+
+
+class Running:
+    """A backend whose run is active, with a launcher log of headers only (ranks print little)."""
+
+    def status(self, run_dir):
+        from scalelab.launcher.backend import RunStatus
+
+        return RunStatus("RUNNING", "")
+
+    def logs(self, run_dir):
+        return "==> launcher.log <==\n"
+
+    def rank_logs(self, run_dir, rank):
+        from scalelab.launcher.inventory import rank_log
+
+        return rank_log(run_dir, self.logs(run_dir), rank)
+
+
+def test_logs_rank_prints_that_ranks_records(tmp_path, monkeypatch, capsys):
+    from scalelab.launcher import cli
+
+    run = _run_dir(tmp_path)
+    _records(run)
+    monkeypatch.setattr(cli, "_backend_of", lambda run_dir: (Running(), Path(run_dir)))
+    code, err, out = run_entry(["logs", str(run), "--rank", "1"], monkeypatch, capsys)
+    assert code == 0, err
+    assert "[rank 1] step 2  loss 5.1000" in out and "[rank 0]" not in out
+    code, err, _ = run_entry(["logs", str(run), "--rank", "2"], monkeypatch, capsys)
+    assert code == 2 and err.count("\n") == 1 and "the run has ranks 0..1" in err
+
+
+def test_a_followers_progress_says_starting_ranks_before_the_first_step(tmp_path, monkeypatch, capsys):
+    """A detached run's follower saw a bare header for ~45 s: now where the ranks are, while the run is active."""
+    from scalelab.launcher import cli
+
+    run = _run_dir(tmp_path)
+    (run / "records").mkdir()
+    RecordWriter(run, 0, 2).write("start", world=2, device="cpu", host="vm")
+    monkeypatch.setattr(cli, "_backend_of", lambda run_dir: (Running(), Path(run_dir)))
+    code, err, out = run_entry(["logs", str(run)], monkeypatch, capsys)
+    assert code == 0, err
+    assert "[progress] starting ranks: 1 of 2 up" in out
