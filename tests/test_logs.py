@@ -74,7 +74,7 @@ def test_slurm_task_files_are_summarised_and_stay_whole_on_disk(tmp_path):
     assert "submitit INFO (" not in text and "Starting with JobEnvironment" not in text
     assert "==> " + str(tmp_path / "12_0_log.err") + " <==\nscalelab: Horovod rendezvous on port 1234" in text
     assert text.count("==> ") == 1  # the 15 files with only submitit's lines: one line, not 15 headers
-    assert "15 task log file(s) hold only submitit's own lines" in text and "32 submitit INFO line(s) left out" in text
+    assert "submitit's own lines are left out, and the task log files holding nothing else" in text
     assert all(f.read_text().startswith("submitit INFO") for f in files)  # the files are untouched
 
 
@@ -103,13 +103,41 @@ def test_rank_lines_stream_one_ranks_records(tmp_path):
     assert again.startswith(first) and again[len(first):] == "[rank 1] validation at step 3: loss 4.0500\n"
 
 
-def test_follow_streams_each_text_apart():
-    """follow() writes only what each text adds (a rank's log and its records grow apart)."""
-    reads = iter([("log a\n", "rec 1\n"), ("log a\nlog b\n", "rec 1\nrec 2\n"), ("log a\nlog b\n", "rec 1\nrec 2\n")])
+def test_follow_writes_what_each_file_adds_as_tail_does():
+    """Several files (Slurm's task files; a rank's log and its records) are followed apart: a file that grows
+    adds its new lines under its header again, instead of the whole text being printed again."""
+    reads = iter([("==> a.log <==\nlog a\n\n==> b.log <==\nb 1\n", "==> rank-1 <==\nrec 1\n"),
+                  ("==> a.log <==\nlog a\nlog b\n\n==> b.log <==\nb 1\n", "==> rank-1 <==\nrec 1\nrec 2\n"),
+                  ("==> a.log <==\nlog a\nlog b\n\n==> b.log <==\nb 1\n", "==> rank-1 <==\nrec 1\nrec 2\nrec 3\n")])
     states = iter([True, True, False])
     written: list[str] = []
     follow(lambda: next(reads), lambda: next(states), written.append, poll_s=0)
-    assert "".join(written) == "log a\nrec 1\nlog b\nrec 2\n"
+    assert "".join(written) == ("==> a.log <==\nlog a\n\n==> b.log <==\nb 1\n\n==> rank-1 <==\nrec 1\n"
+                                "\n==> a.log <==\nlog b\n\n==> rank-1 <==\nrec 2\nrec 3\n")
+
+
+# what srun and slurmstepd wrote into task 0's file when `launch cancel` stopped a 2x2 Horovod job (real cluster)
+SLURM_CANCELLED = """scalelab: Horovod rendezvous on port 48375 for 2 node(s) x 2 rank(s): node1,node2
+srun: Job step aborted: Waiting up to 32 seconds for job step to finish.
+srun: got SIGCONT
+slurmstepd-node1: error: *** STEP 270.0 ON node1 CANCELLED AT 2026-11-27T05:17:43 ***
+slurmstepd-node1: error: *** JOB 270 ON node1 CANCELLED AT 2026-11-27T05:17:43 ***
+srun: forcing job termination
+srun: error: node1: tasks 0-1: Exited with exit code 143
+srun: launch/slurm: _step_signal: Terminating StepId=270.0
+srun: error: node2: tasks 2-3: Exited with exit code 143
+"""
+
+
+def test_a_cancelled_slurm_job_reads_as_one_line():
+    from scalelab.slurm.backend import quiet_slurm_stop
+
+    quiet = quiet_slurm_stop(SLURM_CANCELLED)
+    assert quiet.splitlines() == [
+        "scalelab: Horovod rendezvous on port 48375 for 2 node(s) x 2 rank(s): node1,node2",
+        "slurm: job 270 cancelled at 2026-11-27T05:17:43; tasks exited 143, as asked; srun's messages left out"]
+    failed = SLURM_CANCELLED.replace("tasks 2-3: Exited with exit code 143", "tasks 2-3: Exited with exit code 1")
+    assert quiet_slurm_stop(failed) == failed  # a task that failed on its own: every line stays
 
 
 def _run_dir(tmp_path: Path, world: int = 2) -> Path:

@@ -347,27 +347,36 @@ class RankLines:
 def follow(read: Any, active: Any, write: Any, poll_s: float = 1.0, progress: Any = None,
            progress_every_s: float = 5.0) -> None:
     """Write what `read()` returns, then only what it adds, until `active()` is false (a last read
-    after it); `read()` may return several texts (a rank's log and its records), each followed apart.
+    after it). `read()` returns a text, or several (a rank's log and its records), of files under
+    `==> PATH <==` headers: each file is followed apart, as `tail -f` does, its header written again when
+    another file's lines came between (several Slurm task files no longer reprint everything when one grows).
     `progress()`, when given, is a line saying where the run is (from its records): written
     when it changed, at most every `progress_every_s`, and always after the run ended, so the follower
     sees the last step. Ctrl-C stops following and nothing else: the run goes on."""
-    shown: list[str] = []
+    shown: dict[str, str] = {}
+    last: str | None = None  # the file whose lines were written last
     said, said_at = None, float("-inf")
     try:
         while True:
             running = active()
             texts = read()
-            texts = [texts] if isinstance(texts, str) else list(texts)
-            shown += [""] * (len(texts) - len(shown))
-            for i, text in enumerate(texts):
-                added = text[len(shown[i]):] if text.startswith(shown[i]) else text
-                if added:
-                    write(added if not i or added.startswith("\n") or not _ends_open(shown[:i]) else "\n" + added)
-                shown[i] = text
+            for key, body in _sections([texts] if isinstance(texts, str) else list(texts)):
+                before = shown.get(key)
+                shown[key] = body
+                if before == body:
+                    continue
+                header = f"{key}\n" if key else ""
+                if before is not None and body.startswith(before) and last == key:
+                    write(body[len(before):])
+                elif before is not None and body.startswith(before):
+                    write("\n" + header + body[len(before):])
+                else:  # a new file, or one rewritten shorter: whole
+                    write(("\n" if last is not None and header else "") + header + body)
+                last = key
             line = progress() if progress else None
             if line and line != said and (not running or time.monotonic() - said_at >= progress_every_s):
-                write(("\n" if _ends_open(shown) else "") + f"[progress] {line}\n")
-                said, said_at = line, time.monotonic()
+                write(f"[progress] {line}\n")
+                said, said_at, last = line, time.monotonic(), "[progress]"
             if not running:
                 return
             time.sleep(poll_s)
@@ -375,7 +384,22 @@ def follow(read: Any, active: Any, write: Any, poll_s: float = 1.0, progress: An
         write("\n(stopped following; the run goes on)\n")
 
 
-def _ends_open(texts: list[str]) -> bool:
-    """Whether the last text written so far ends inside a line."""
-    last = next((t for t in reversed(texts) if t), "")
-    return bool(last) and not last.endswith("\n")
+def _sections(texts: list[str]) -> list[tuple[str, str]]:
+    """(header line or "", its lines) of each file in the texts, blank lines at a file's end left out; a
+    last line without its newline is held back until it is whole."""
+    out: list[tuple[str, str]] = []
+    for text in texts:
+        key, lines = "", []
+        for line in text.splitlines(keepends=True):
+            if line.startswith("==> ") and line.rstrip("\n").endswith(" <=="):
+                if key or any(x.strip() for x in lines):
+                    out.append((key, "".join(lines).rstrip("\n") + "\n" if "".join(lines).strip() else ""))
+                key, lines = line.rstrip("\n"), []
+            else:
+                lines.append(line)
+        if lines and not lines[-1].endswith("\n"):
+            lines.pop()
+        if key or any(x.strip() for x in lines):
+            out.append((key, "".join(lines).rstrip("\n") + "\n" if "".join(lines).strip() else ""))
+    return out
+
