@@ -223,3 +223,21 @@ def test_the_bar_says_starting_ranks_before_the_first_step(tmp_path):
     with RunProgress(tmp_path, 60, "run", console=Console(file=buf, force_terminal=True, width=80)) as prog:
         prog.poll()
     assert "starting ranks: 1 up" in buf.getvalue()
+
+
+def test_a_priced_threshold_sweep_at_80_columns_keeps_its_layouts():
+    """2x4 and 1x8 are both 8 workers: the layout column stays before the dollars to the threshold."""
+    from test_report import _summary
+
+    from scalelab.analysis.report import fitting_columns, terminal_frame
+
+    df = scale_layouts([_summary(1, 1, 50000.0, 0.250, True, 300.0), _summary(1, 2, 92000.0, 0.270, True, 170.0),
+                        _summary(1, 4, 156000.0, 0.320, False, None, exchange=None),
+                        _summary(2, 4, 274000.0, 0.365, None, None)])
+    df["dollars"], df["dollars_to_threshold"] = [0.0123, 0.02, 0.05, 1.5], [0.01, 0.015, None, None]
+    out = printed(df, 80)
+    assert max(len(line) for line in out.splitlines()) <= 80, out
+    _no_zero_width_column(out)
+    _header_words_whole(out, [h for h, _, _ in fitting_columns(terminal_frame(df, "Scaling")[0], 80)])
+    for cell in ("2x4", "300.0 s (150 steps)", "not reached", "$1.50", "274,000", "5.48"):
+        assert cell in out, (cell, out)

@@ -210,8 +210,8 @@ def table_rows(df: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
 TABLE_WIDTH = 100
 #: Columns left out first when the table would be wider than the terminal, least needed first.
 _DROPPABLE = ("noise scale (samples)", "samples/s", "time (s)", "data / exchange share", "serial fraction",
-              "step (ms, mean ± std)", "layout (nodes x GPUs)", "nodes x GPUs", "peak mem/rank", "peak RSS/rank", "precision",
-              "$ to threshold", "time to threshold")
+              "step (ms, mean ± std)", "peak mem/rank", "peak RSS/rank", "$ to threshold", "efficiency", "layout (nodes x GPUs)",
+              "nodes x GPUs", "time to threshold", "precision")
 
 
 def _min_width(header: str, cells: list[str], text: bool = False) -> int:
