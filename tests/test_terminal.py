@@ -241,3 +241,19 @@ def test_a_priced_threshold_sweep_at_80_columns_keeps_its_layouts():
     _header_words_whole(out, [h for h, _, _ in fitting_columns(terminal_frame(df, "Scaling")[0], 80)])
     for cell in ("2x4", "300.0 s (150 steps)", "not reached", "$1.50", "274,000", "5.48"):
         assert cell in out, (cell, out)
+
+
+def test_plain_progress_says_once_when_the_ranks_are_up(tmp_path, capsys):
+    """Off a terminal (CI, a pipe) the log said nothing until the first tenth of the run."""
+    from scalelab.core.records import RecordWriter
+    from scalelab.launcher.progress import RunProgress
+
+    prog = RunProgress(tmp_path, 60, "run", console=Console(file=io.StringIO(), force_terminal=False))
+    prog.watch.expected = 2
+    RecordWriter(tmp_path, 0, 2).write("start", world=2)
+    prog.poll()
+    assert capsys.readouterr().err == ""  # one of two ranks up: nothing yet
+    RecordWriter(tmp_path, 1, 2).write("start", world=2)
+    prog.poll()
+    prog.poll()
+    assert re.fullmatch(r"\[run\] starting ranks: 2 of 2 up \(\d+s\)\n", capsys.readouterr().err)

@@ -289,6 +289,7 @@ class RunProgress:
     def __init__(self, run_dir: Path, total_steps: int | None, label: str, console: Console | None = None,
                  epochs: int | None = None) -> None:
         self.watch = RunWatch(run_dir, total_steps, epochs)
+        self.watch.since = time.time()  # the launcher follows from the start: "starting ranks: 1 of 2 up (12s)"
         try:
             self.watch.expected = read_spec(Path(run_dir)).world
         except (ScalelabError, OSError):
@@ -349,6 +350,10 @@ class RunProgress:
             self._progress.update(self._task, total=snap.total, completed=snap.step, info=layout.info,
                                   description=layout.description)
             return
+        if not snap.step and self.watch.started and self._last_plain == -1:  # once: the ranks are up
+            if self.watch.expected is None or len(self.watch.started) >= self.watch.expected:
+                self._last_plain = "started"
+                print(f"[{self.label}] {self.watch.starting()}", file=sys.stderr, flush=True)
         if not snap.total:
             return
         decile = snap.step * 10 // snap.total
