@@ -257,3 +257,10 @@ def test_plain_progress_says_once_when_the_ranks_are_up(tmp_path, capsys):
     prog.poll()
     prog.poll()
     assert re.fullmatch(r"\[run\] starting ranks: 2 of 2 up \(\d+s\)\n", capsys.readouterr().err)
+
+
+def test_one_run_shows_no_speedup_of_one():
+    """A single run's table said speedup 1.00 and efficiency 100.0 %: nothing to compare, so not shown."""
+    out = printed(scale_layouts([summary(2, 12602.0, label="nmt-tiny fused fp32 ddp strong")]), 80)
+    assert "12,602" in out and "speedup" not in out and "efficiency" not in out and "100.0 %" not in out
+    assert "speedup" in printed(scale_layouts([summary(1, 1000.0), summary(2, 1900.0)]), 80)

@@ -247,6 +247,9 @@ def terminal_frame(df: pd.DataFrame, title: str) -> tuple[pd.DataFrame, str]:
     label or the title says its row's precision already (labels are "MODEL RNN PRECISION ENGINE MODE")."""
     if "label" not in df.columns or not len(df):
         return df, title
+    if "workers" in df.columns and df.groupby("label", dropna=False)["workers"].nunique().max() <= 1:
+        # one layout per series (a single run): its speedup 1.00 and efficiency 100 % compare nothing
+        df = df.drop(columns=[c for c in ("speedup", "efficiency", "karp_flatt") if c in df.columns])
     labels = ["" if _missing(v) else str(v) for v in df["label"]]
     split = [lab.split() for lab in labels]
     common = [w for w in split[0] if all(w in words for words in split[1:])]
