@@ -30,7 +30,7 @@ __all__ = ["plot_cost_frontier", "plot_phases", "plot_loss", "plot_predictions",
 
 _CSS = """body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;color:#222}
 table{border-collapse:collapse;margin:0;font-size:90%}th,td{border:1px solid #ccc;padding:4px 8px}
-.tw{max-width:100%;overflow-x:auto;margin:1em 0}td.s{white-space:nowrap}
+.tw{max-width:100%;overflow-x:auto;margin:1em 0}
 td.n{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}th{background:#f3f3f3}img{max-width:100%}
 .note{color:#555}.rec{background:#eef7ee;padding:.5em 1em;border-left:4px solid #4a4}
 .warn{background:#fff6e0;padding:.5em 1em;border-left:4px solid #d90}"""
@@ -207,8 +207,9 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
         numeric = s.replace(",", "").replace(".", "").replace("%", "").replace("$", "").replace("-", "").strip().isdigit()
         if numeric:
             return f'<td class="n">{s}</td>'
-        # a short cell (4.3 ± 2.1, 328 MiB RSS, 22 % / 0 %) on one line; longer text wraps between words
-        return f"<td class='s'>{s}</td>" if len(str(v)) <= 16 else f"<td>{s}</td>"
+        # a short figure with its unit (4.3 ± 2.1, 328 MiB RSS, 22 % / 0 %) on one line; text wraps between words
+        short_figure = len(str(v)) <= 16 and any(ch.isdigit() for ch in str(v))
+        return f"<td>{s.replace(' ', '&nbsp;') if short_figure else s}</td>"
     head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
     body = "".join("<tr>" + "".join(cell(v) for v in r) + "</tr>" for r in rows)
     return f"<div class='tw'><table><tr>{head}</tr>{body}</table></div>"  # wider than the page: scrolls inside
