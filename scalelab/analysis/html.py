@@ -151,7 +151,7 @@ def phase_parts(table: pd.DataFrame) -> dict[str, np.ndarray]:
     exchange wait (`exchange_s`, docs/records.md), so the backward drawn is the backward without it (the
     Horovod bar summed to 143 %: backward and exchange stacked both counted the wait)."""
     cols = [c for c in ("share_data", "share_forward", "share_backward", "share_exchange", "share_optimizer")
-            if c in table.columns]
+            if c in table.columns and pd.to_numeric(table[c], errors="coerce").notna().any()]  # DDP: no exchange
     parts = {c.removeprefix("share_"): pd.to_numeric(table[c], errors="coerce").fillna(0.0).to_numpy(dtype=float)
              for c in cols}
     if "backward" in parts and "exchange" in parts:
