@@ -76,6 +76,9 @@ def test_reports_land_where_the_runs_globs_do_not_take_them(pages, monkeypatch, 
     assert pages["one"] == runs / "r1" / "report.html" and pages["one"].is_file()
     assert pages["all"].parent.parent == runs / ".reports" and pages["all"].is_file()
     assert sorted(p.name for p in runs.iterdir() if not p.name.startswith(".")) == ["r1", "r2", "r3", "r4"]
+    old = runs / "report-20261126-120000"  # where a report went before: a glob takes it, and it is left out
+    old.mkdir(exist_ok=True)
+    (old / "report.json").write_text("[]")
     glob = sorted(str(p) for p in runs.iterdir() if not p.name.startswith("."))  # the shell's `runs/*`
     for argv in (["report", *glob, "--out", str(runs.parent / "again")], ["cost", *glob]):
         code, err, _ = run_entry(argv, monkeypatch, capsys)

@@ -58,6 +58,8 @@ def expand_run_dirs(paths: list[Path]) -> list[Path]:
     directories by their sweeps' runs (in study order)."""
     out: list[Path] = []
     for p in paths:
+        if len(paths) > 1 and is_report_dir(p):
+            continue  # a glob such as runs/* took an earlier report's directory: not a run, nothing to expand
         if (p / STUDY_FILE).exists():
             out.extend(expand_run_dirs([sweep for _, sweep in study_sweeps(p) if (sweep / SWEEP_FILE).exists()]))
         elif (p / SWEEP_FILE).exists():
@@ -136,6 +138,9 @@ def build_report(paths: list[Path], out: Path | None = None, price: Pricer | Non
     """
     runs, warnings = [], []
     for p in paths:
+        if len(paths) > 1 and is_report_dir(p):
+            warnings.append(f"{p} holds a report, not runs: left out")
+            continue
         found, said = _finished_runs(p)
         runs += found
         warnings += said
@@ -154,6 +159,13 @@ def build_report(paths: list[Path], out: Path | None = None, price: Pricer | Non
     report = write_report(summaries, runs, out, extra if price is not None else None)
     report.warnings = warnings + report.warnings
     return report
+
+
+def is_report_dir(path: Path) -> bool:
+    """Whether `path` is a directory `launch report` wrote (report.json, and no spec, sweep or study of its own):
+    reports made before they went to .reports/ sit beside the runs, where runs/* globs take them."""
+    return path.is_dir() and (path / "report.json").is_file() and not any(
+        (path / name).exists() for name in ("spec.json", SWEEP_FILE, STUDY_FILE))
 
 
 #: Where reports of several runs go under their runs' directory: hidden, so `launch report runs/*` and
