@@ -59,13 +59,18 @@ def pages(tmp_path_factory):
     made = [_fake_run(runs, f"r{g}", g, 0.1 * (1 + 0.1 * g) / g, 6400, "g3.16xlarge") for g in (1, 2, 3, 4)]
     env = {"SCALELAB_PRICES": str(tmp / "no-user-prices.json")}
     out: dict[str, Path] = {"runs": runs}
-    for name, argv in (("one", ["report", str(made[0]), "--format", "html"]),
+    published = tmp / "published.csv"  # a published table (no runs): its page too
+    published.write_text("label,workers,throughput\nfused,1,1000\nfused,2,1900\nfused,4,3500\nfused,8,6000\n"
+                         "stepwise,1,500\nstepwise,2,980\nstepwise,4,1900\n")
+    for name, argv in (("csv", ["report", "--from-csv", str(published), "--out", str(tmp / "csv"), "--format", "html"]),
+                       ("one", ["report", str(made[0]), "--format", "html"]),
                        ("all", ["report", *map(str, made), "--format", "html"]),
                        ("plan", ["plan", *map(str, made), "--predict-workers", "6,8", "--work", "1e8",
                                  "--out", str(tmp / "plan"), "--format", "html"])):
         proc = launch(*argv, cwd=tmp, env=env)
         assert proc.returncode == 0, proc.stderr
-        out[name] = Path(proc.stdout.strip().splitlines()[-1]) if name != "plan" else tmp / "plan" / "plan.html"
+        out[name] = {"plan": tmp / "plan" / "plan.html", "csv": tmp / "csv" / "report.html"}.get(
+            name, Path(proc.stdout.strip().splitlines()[-1]))
     return out
 
 
@@ -181,7 +186,7 @@ def test_predicted_throughput_has_whole_worker_ticks():
 def test_pages_fit_1280_pixels_in_chromium(pages, tmp_path):
     """Chromium lays each page out in a 1280 px window: nothing wider than it (a wide table scrolls inside
     its box), and a screenshot of each (looked at by hand for issue 35) is made."""
-    for name in ("one", "all", "plan"):
+    for name in ("one", "all", "plan", "csv"):
         widths = _widths(pages[name], tmp_path)
         assert widths["page"] <= 1280, (name, widths)
         assert all(right <= 1280 for right in widths["boxes"]), (name, widths)

@@ -124,6 +124,11 @@ def test_a_study_gets_one_page_with_its_tables(tmp_path):
     assert "<title>Study: Tiny study: two layouts</title>" in text
     assert "<h2>Study table: throughput</h2>" in text and "Processing speed (words/s)" in text
     assert text.count("<tr><td>fused</td>") >= 2  # the variant's series: both layouts in the scaling table
+    if CHROMIUM:  # issue 35: the study's page fits 1280 px too (its tables scroll inside their boxes)
+        from test_html_pages import _screenshot, _widths
+
+        assert _widths(page, tmp_path)["page"] <= 1280
+        assert _screenshot(page, tmp_path).stat().st_size > 10_000
     proc = launch("report", str(study), "--format", "json", cwd=tmp_path)
     assert proc.returncode == 0 and sorted(r["workers"] for r in __import__("json").loads(proc.stdout)) == [1, 2]
 
