@@ -102,7 +102,7 @@ def plot_phases(table: pd.DataFrame) -> Figure:
     as one bar across the page with each share written on it (a lone column read as a one-dot plot)."""
     if len(table) == 1:
         return _one_run_phases(table)
-    fig = _fig(1)
+    fig = _fig(1.5)  # room for the legend beside the bars
     ax = fig.subplots()
     one_series = "label" not in table.columns or table["label"].nunique(dropna=False) <= 1  # then in the title
     names = [f"{'' if one_series else r.get('label', '')} {int(r['nodes'])}x{int(r['gpus_per_node'])}".strip()
