@@ -116,6 +116,14 @@ def test_follow_writes_what_each_file_adds_as_tail_does():
                                 "\n==> a.log <==\nlog b\n\n==> rank-1 <==\nrec 2\nrec 3\n")
 
 
+def test_follow_holds_a_half_written_line_until_it_is_whole():
+    reads = iter(["==> a.log <==\nstep 1\nste", "==> a.log <==\nstep 1\nstep 2\nlast wo", "==> a.log <==\nstep 1\nstep 2\nlast words"])
+    states = iter([True, True, False])
+    written: list[str] = []
+    follow(lambda: next(reads), lambda: next(states), written.append, poll_s=0)
+    assert written == ["==> a.log <==\nstep 1\n", "step 2\n", "last words\n"]
+
+
 # what srun and slurmstepd wrote into task 0's file when `launch cancel` stopped a 2x2 Horovod job (real cluster)
 SLURM_CANCELLED = """scalelab: Horovod rendezvous on port 48375 for 2 node(s) x 2 rank(s): node1,node2
 srun: Job step aborted: Waiting up to 32 seconds for job step to finish.

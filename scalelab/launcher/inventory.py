@@ -360,7 +360,7 @@ def follow(read: Any, active: Any, write: Any, poll_s: float = 1.0, progress: An
         while True:
             running = active()
             texts = read()
-            for key, body in _sections([texts] if isinstance(texts, str) else list(texts)):
+            for key, body in _sections([texts] if isinstance(texts, str) else list(texts), whole=not running):
                 before = shown.get(key)
                 shown[key] = body
                 if before == body:
@@ -384,9 +384,9 @@ def follow(read: Any, active: Any, write: Any, poll_s: float = 1.0, progress: An
         write("\n(stopped following; the run goes on)\n")
 
 
-def _sections(texts: list[str]) -> list[tuple[str, str]]:
+def _sections(texts: list[str], whole: bool = False) -> list[tuple[str, str]]:
     """(header line or "", its lines) of each file in the texts, blank lines at a file's end left out; a
-    last line without its newline is held back until it is whole."""
+    last line without its newline is held back until it is whole (or, `whole`, the run has ended)."""
     out: list[tuple[str, str]] = []
     for text in texts:
         key, lines = "", []
@@ -398,7 +398,10 @@ def _sections(texts: list[str]) -> list[tuple[str, str]]:
             else:
                 lines.append(line)
         if lines and not lines[-1].endswith("\n"):
-            lines.pop()
+            if whole:
+                lines[-1] += "\n"
+            else:
+                lines.pop()
         if key or any(x.strip() for x in lines):
             out.append((key, "".join(lines).rstrip("\n") + "\n" if "".join(lines).strip() else ""))
     return out
