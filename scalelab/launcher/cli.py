@@ -351,7 +351,7 @@ def print_summary(run_dir: Path, summary) -> None:
     from scalelab.analysis.scaling import scale_layouts
 
     print_scaling(scale_layouts([summary]), console=console)
-    console.print(f"run directory: [bold]{run_dir}[/]  (launch report {run_dir})")
+    console.print(f"run directory: [bold]{run_dir}[/]  (launch report {run_dir})", soft_wrap=True)  # paths whole
 
 
 # ---- resume --------------------------------------------------------------------------------------
@@ -551,7 +551,7 @@ def report_dirs(paths: list[Path], out: Path | None, fmt: str, rates: tuple[str,
         print_scaling(report.table, console=console)
         for note in report.notes:
             console.print(f"note: {escape(note)}", highlight=False, soft_wrap=True)
-        console.print(f"report: [bold]{report.markdown_path}[/]  plot: {report.plot_path}")
+        console.print(f"report: [bold]{report.markdown_path}[/]  plot: {report.plot_path}", soft_wrap=True)
 
 
 def report_pricer(rates: tuple[str, ...] = (), prices_file: str | None = None):
