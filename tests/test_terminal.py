@@ -264,3 +264,23 @@ def test_one_run_shows_no_speedup_of_one():
     out = printed(scale_layouts([summary(2, 12602.0, label="nmt-tiny fused fp32 ddp strong")]), 80)
     assert "12,602" in out and "speedup" not in out and "efficiency" not in out and "100.0 %" not in out
     assert "speedup" in printed(scale_layouts([summary(1, 1000.0), summary(2, 1900.0)]), 80)
+
+
+@pytest.mark.parametrize("width", [80, 100])
+def test_cost_table_tells_runs_of_one_label_apart(tmp_path, monkeypatch, capsys, width):
+    """Three runs of one series and layout all read "nmt-tiny fused fp32 horovod strong 1x2" in `launch cost`:
+    the shared words go into the title, each row names its run directory."""
+    from conftest import run_entry
+    from test_costs_cli import _fake_run
+
+    import scalelab.costs.cli as costs_cli
+
+    monkeypatch.setattr(costs_cli, "console", Console(file=io.StringIO(), width=width, color_system=None))
+    monkeypatch.setenv("SCALELAB_PRICES", str(tmp_path / "none.json"))
+    runs = [_fake_run(tmp_path / "runs", name, 2, 0.05, 6400, "g3.16xlarge") for name in ("run-a-0945", "run-b-1012")]
+    code, err, _ = run_entry(["cost", *map(str, runs)], monkeypatch, capsys)
+    assert code == 0, err
+    out = costs_cli.console.file.getvalue()
+    assert max(len(line) for line in out.splitlines()) <= width, out
+    assert "Cost per run: " in out and "run-a-0945" in out and "run-b-1012" in out, out
+    _no_zero_width_column(out)
