@@ -51,6 +51,22 @@ def test_a_cancelled_horovod_run_reads_as_one_line():
     assert len([line for line in quiet.splitlines() if line.strip()]) == 2
 
 
+def test_a_cancelled_torchrun_run_reads_as_one_line_with_its_agents_warnings():
+    """DDP and the parameter server (torchrun): the agent's warnings as it passed SIGTERM on went with it."""
+    text = ("W1127 05:45:47.911000 5912 torch/distributed/elastic/agent/server/api.py:753] Received 15 death signal, "
+            "shutting down workers\n"
+            "W1127 05:45:47.911000 5912 torch/distributed/elastic/multiprocessing/api.py:1028] Sending process 5929 "
+            "closing signal SIGTERM\n"
+            "W1127 05:45:47.911000 5912 torch/distributed/elastic/multiprocessing/api.py:1028] Sending process 5930 "
+            "closing signal SIGTERM\n"
+            "Traceback (most recent call last):\n  File \"/venv/bin/torchrun\", line 8, in <module>\n"
+            "    sys.exit(main())\n"
+            "torch.distributed.elastic.multiprocessing.api.SignalException: Process 5912 got signal: 15\n")
+    assert quiet_stop_tracebacks(text) == "torchrun agent (pid 5912) stopped by SIGTERM, as asked; its traceback is left out\n"
+    warnings_only = text.split("Traceback")[0]  # without the traceback (a failure's own report): kept
+    assert quiet_stop_tracebacks(warnings_only) == warnings_only
+
+
 def test_a_horovod_rank_that_failed_keeps_its_traceback():
     failed = HOROVOD_CANCELLED.replace("Process 1 exit with status code -15.", "Process 1 exit with status code 1.") \
         .replace("Exit code: -15", "Exit code: 1")

@@ -281,6 +281,10 @@ def log_text(paths: list[Path]) -> str:
 # torchrun's agent answers SIGTERM/SIGINT by raising SignalException, which Python prints as a ~25-line
 # traceback: after a clean `launch cancel` (ranks checkpointed, nothing left) it read as a crash.
 _STOP_TRACEBACK = re.compile(
+    # the agent's warnings as it passes the signal on ("Received 15 death signal", "Sending process N closing
+    # signal SIGTERM"), then its traceback
+    r"(?:^[WI]\d{4} [\d:.]+ +\d+ torch/distributed/elastic/\S+\] (?:Received \d+ death signal, shutting down "
+    r"workers|Sending process \d+ closing signal SIG\w+)\n)*"
     r"^Traceback \(most recent call last\):\n(?:[ \t].*\n)*?"
     r"torch\.distributed\.elastic\.multiprocessing\.api\.SignalException: Process (\d+) got signal: (\d+)\n?",
     re.MULTILINE)
