@@ -297,7 +297,7 @@ _HOROVOD_STOP = re.compile(
     r"^Traceback \(most recent call last\):\n(?:[ \t].*\n)*?"
     r"RuntimeError: Horovod detected that one or more processes exited with non-zero status, thus causing the "
     r"job to be terminated\. The first process to do so was:\n(?:\s*\n)?Process name: (\S+)\n(?:\s*\n)?"
-    r"Exit code: (-?\d+)\n?",
+    r"Exit code: (-?\d+)\n*",
     re.MULTILINE)
 
 #: The signals a stop that was asked for sends: cancel and a scheduler's time limit (SIGTERM), Ctrl-C
