@@ -259,8 +259,6 @@ class Backend(ABC):
     def rank_logs(self, run_dir: Path, rank: int) -> str:
         """The log lines of one rank: its own file where the backend writes one (Slurm: its task's), else the
         lines the launcher prefixed with the rank in the combined log."""
-        from scalelab.launcher.inventory import rank_log
-
         return rank_log(run_dir, self.logs(run_dir), rank)
 
     @abstractmethod
@@ -269,6 +267,20 @@ class Backend(ABC):
 
         Returns what it checked, in one line ("stopped 3 processes; none left"), where it can tell.
         """
+
+
+# How launchers mark a rank's lines: horovodrun "[1,R]<stdout>:", torchrun "[rankR]:" / "[default R]:".
+_RANK_PREFIX = r"^\[(?:\d+,{r}\]|rank{r}\]|default{r}\])"
+
+
+def rank_log(run_dir: Path, text: str, rank: int) -> str:
+    """The lines of one rank: its own file when the backend writes one (logs/rank-R.log, Slurm), else
+    the lines the launcher prefixed with the rank in the combined log."""
+    own = RunPaths(Path(run_dir)).logs / f"rank-{rank}.log"
+    if own.exists():
+        return own.read_text(errors="replace")
+    pattern = re.compile(_RANK_PREFIX.format(r=rank))
+    return "".join(line for line in text.splitlines(keepends=True) if pattern.match(line))
 
 
 def log_text(paths: list[Path]) -> str:

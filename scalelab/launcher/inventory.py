@@ -30,6 +30,7 @@ from scalelab.core.rundir import (
     sweep_runs,
 )
 from scalelab.core.spec import Spec, read_spec
+from scalelab.launcher.backend import rank_log as rank_log  # one rank's lines of a log (`Backend.rank_logs`)
 
 # The columns of `launch ls`, in order; JSON rows carry every one of them (None when not known).
 COLUMNS = ("name", "kind", "backend", "layout", "state", "steps", "total_steps", "loss", "words_per_s", "eta_s",
@@ -276,22 +277,6 @@ def age(seconds: float | None) -> str:
 
 
 # ---- logs of one rank, and following them -------------------------------------------------------
-
-# How launchers mark a rank's lines: horovodrun "[1,R]<stdout>:", torchrun "[rankR]:" / "[default R]:".
-_RANK_PREFIX = r"^\[(?:\d+,{r}\]|rank{r}\]|default{r}\])"
-
-
-def rank_log(run_dir: Path, text: str, rank: int) -> str:
-    """The lines of one rank: its own file when the backend writes one (logs/rank-R.log, Slurm), else
-    the lines the launcher prefixed with the rank in the combined log."""
-    import re
-
-    own = RunPaths(Path(run_dir)).logs / f"rank-{rank}.log"
-    if own.exists():
-        return own.read_text(errors="replace")
-    pattern = re.compile(_RANK_PREFIX.format(r=rank))
-    return "".join(line for line in text.splitlines(keepends=True) if pattern.match(line))
-
 
 def record_line(rec: dict[str, Any]) -> str | None:
     """One record of a rank as a line a person reads (`launch logs --rank N`): its step with loss, time and
