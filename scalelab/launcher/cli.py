@@ -792,7 +792,7 @@ def logs_cmd(run_dir: str, rank: int | None, follow: bool) -> None:
 
     if not follow:
         texts = read()
-        text = "".join(t if not t or t.endswith("\n") else t + "\n" for t in ([texts] if isinstance(texts, str) else texts))
+        text = "\n".join(t.rstrip("\n") + "\n" for t in ([texts] if isinstance(texts, str) else texts) if t.strip())
         line = progress()
         click.echo(text + (f"{'' if not text or text.endswith(chr(10)) else chr(10)}[progress] {line}" if line else ""))
         return
