@@ -261,7 +261,8 @@ def short_label(label: str, room: int) -> str:
     return label if len(label) <= room else "…" + label[len(label) - max(1, room - 1):]
 
 
-def fit_bar(width: int, label: str, steps_width: int, parts: list[tuple[int, str]], lead: str = "") -> BarLayout:
+def fit_bar(width: int, label: str, steps_width: int, parts: list[tuple[int, str]], lead: str = "",
+            timed: bool = True) -> BarLayout:
     """Lay the bar out to fit `width` (issue 35: at 80 columns rich squeezed the bar and the step count to
     nothing, at 100 the line was cut): the label at most a quarter of it, the bar 10-40 wide, the step count
     whole, then the info's parts by need (loss, ETA or how it ended, words/s, validation, ranks) as long as
@@ -277,7 +278,7 @@ def fit_bar(width: int, label: str, steps_width: int, parts: list[tuple[int, str
             keep = trial
     info = "  ".join(ordered[j][1] for j in sorted(keep))
     used = fixed + len(info)
-    elapsed = used + 1 + ELAPSED_WIDTH <= width and len(keep) == len(ordered)
+    elapsed = timed and used + 1 + ELAPSED_WIDTH <= width and len(keep) == len(ordered)
     used += (1 + ELAPSED_WIDTH) if elapsed else 0
     return BarLayout(description, min(BAR_MAX, BAR_MIN + width - used), info, elapsed)
 
@@ -334,7 +335,8 @@ class RunProgress:
         total = self.snap.total or self.watch.total
         steps_width = 2 * len(str(total or self.snap.step or 0)) + 1
         if not self.snap.step:
-            return fit_bar(self.console.width, self.label, steps_width, [(0, self.watch.starting())])
+            return fit_bar(self.console.width, self.label, steps_width, [(0, self.watch.starting())],
+                           timed=False)  # "starting ranks: 0 of 2 up (8s)" says the time already
         ranks = f"{self.watch.world} rank{'s' if self.watch.world != 1 else ''}"
         return fit_bar(self.console.width, self.label, steps_width, self.snap.parts(), lead=ranks)
 
