@@ -550,7 +550,7 @@ def report_dirs(paths: list[Path], out: Path | None, fmt: str, rates: tuple[str,
 
         print_scaling(report.table, console=console)
         for note in report.notes:
-            console.print(f"note: {escape(note)}", highlight=False, soft_wrap=True)
+            console.print(f"note: {escape(note)}", highlight=False)  # prose: wrapped between words
         console.print(f"report: [bold]{report.markdown_path}[/]  plot: {report.plot_path}", soft_wrap=True)
 
 
