@@ -217,3 +217,16 @@ def test_a_followers_progress_says_starting_ranks_before_the_first_step(tmp_path
     code, err, out = run_entry(["logs", str(run)], monkeypatch, capsys)
     assert code == 0, err
     assert "[progress] starting ranks: 1 of 2 up" in out
+
+
+def test_status_of_a_run_before_its_first_step_says_how_many_ranks_are_up(tmp_path, monkeypatch, capsys):
+    from scalelab.launcher import cli
+
+    run = _run_dir(tmp_path)
+    (run / "records").mkdir()
+    RecordWriter(run, 1, 2).write("start", world=2, device="cpu", host="vm")
+    monkeypatch.setattr(cli, "_backend_of", lambda run_dir: (Running(), Path(run_dir)))
+    monkeypatch.setattr("scalelab.launcher.runner.settle", lambda backend, path: backend.status(path))
+    code, err, out = run_entry(["status", str(run)], monkeypatch, capsys)
+    assert code == 0, err
+    assert "RUNNING" in out and "starting ranks: 1 of 2 up" in out

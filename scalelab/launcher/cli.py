@@ -740,6 +740,12 @@ def _run_status(run_dir: str) -> None:
         if st.state not in ACTIVE:
             snap.eta_s = None
         console.print(f"  {snap.line()}", highlight=False, soft_wrap=True)
+    elif st.state in ACTIVE:  # before its first step: how many ranks are up
+        from scalelab.launcher.progress import watch_run
+
+        watch = watch_run(path)
+        watch.poll()
+        console.print(f"  {watch.starting()}", highlight=False, soft_wrap=True)
     owner = owner_of(path)
     if owner is not None:
         console.print(f"  followed by launcher pid {owner.pid} on {owner.host}, started "
