@@ -42,7 +42,7 @@ def html_report(tmp_path_factory) -> Path:
 @pytest.mark.slow
 def test_page_is_self_contained(html_report):
     text = html_report.read_text()
-    assert text.count("data:image/png;base64,") >= 5  # speedup, throughput, phases, loss, timeline, cost
+    assert text.count("data:image/png;base64,") >= 3  # phases, loss, timeline (one run: no one-dot speedup or cost plot)
     assert "src=\"http" not in text and "src='http" not in text and "<link" not in text
 
 
@@ -50,8 +50,8 @@ def test_page_is_self_contained(html_report):
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (scripts/install.sh installs it with apt-get)")
 def test_chromium_shows_the_report(html_report, tmp_path):
     dom = _dom(html_report, tmp_path)
-    for heading in ("Provenance", "Warnings", "Profiler traces", "Speedup and efficiency", "Throughput", "Phase breakdown",
-                    "Training and validation loss", "Per-rank timeline", "Cost against time", "Definitions"):
+    for heading in ("Provenance", "Warnings", "Profiler traces", "Speedup and efficiency", "Phase breakdown",
+                    "Training and validation loss", "Per-rank timeline", "Cost", "Definitions"):
         assert f"<h2>{heading}</h2>" in dom, heading
     for what in ("PyTorch", "Horovod", "git commit", "CPU model", "GPU model", "backend", "local", "1x2"):
         assert what in dom, what
@@ -124,6 +124,11 @@ def test_a_study_gets_one_page_with_its_tables(tmp_path):
     assert "<title>Study: Tiny study: two layouts</title>" in text
     assert "<h2>Study table: throughput</h2>" in text and "Processing speed (words/s)" in text
     assert text.count("<tr><td>fused</td>") >= 2  # the variant's series: both layouts in the scaling table
+    if CHROMIUM:  # issue 35: the study's page fits 1280 px too (its tables scroll inside their boxes)
+        from test_html_pages import _screenshot, _widths
+
+        assert _widths(page, tmp_path)["page"] <= 1280
+        assert _screenshot(page, tmp_path).stat().st_size > 10_000
     proc = launch("report", str(study), "--format", "json", cwd=tmp_path)
     assert proc.returncode == 0 and sorted(r["workers"] for r in __import__("json").loads(proc.stdout)) == [1, 2]
 

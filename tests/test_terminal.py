@@ -4,6 +4,8 @@ True/False/inf, `--help` grouped with the common options first."""
 import io
 import re
 
+import pytest
+
 from click.testing import CliRunner
 from rich.console import Console
 from test_trust import summary
@@ -57,13 +59,13 @@ def test_study_results_print_as_tables_not_markdown(tmp_path, capsys):
 
 def test_scaling_headers_never_split_inside_a_word_at_100_columns():
     """The label wraps between its words instead ("speedu/p", "threshol/d" were split at 100 columns)."""
-    from scalelab.analysis.report import fitting_columns
+    from scalelab.analysis.report import fitting_columns, terminal_frame
 
     df = scale_layouts([summary(1, 1437.6), summary(2, 2600.0), summary(4, 4800.5)])
-    df["label"] = "nmt-tiny fused fp32 ddp strong with a long series name"
+    df["label"] = ["nmt-tiny fused fp32 ddp strong with a long series name", "other series name", "third"]
     out = printed(df, 100)
     words = set(re.findall(r"[^\s┃│┏┓┗┛━┳┻╇╈┡┩┃]+", out))
-    for header, _, _ in fitting_columns(df, 100):
+    for header, _, _ in fitting_columns(terminal_frame(df, "Scaling")[0], 100):
         for word in header.split():
             assert word in words, (word, out)
     assert max(len(line) for line in out.splitlines()) <= 100
@@ -80,3 +82,205 @@ def test_ddp_exchange_reads_in_backward_not_a_dash():
     out = console.file.getvalue()
     assert "5 % / in backward" in out  # the 2-worker row
     assert "5 % / —" in out  # one worker exchanges nothing
+
+
+# ---- issue 35 ask 6: every table readable at 80 and 100 columns ---------------------------------------
+
+_RULES = "┃│┏┓┗┛━┳┻╇╈┡┩┃┠┨╋┼─└┘┌┐├┤┬┴"
+
+
+def _header_words_whole(out: str, headers: list[str]) -> None:
+    words = set(re.findall(rf"[^\s{_RULES}]+", out))
+    for header in headers:
+        for word in header.split():
+            assert word in words, (word, out)
+
+
+def _no_zero_width_column(out: str) -> None:
+    """A column rich squeezed to nothing shows as two rules side by side (┃┃ in the header, ││ in a row)."""
+    for pair in ("┃┃", "││", "┏┳", "┳┳", "┗┻", "└┴", "┴┴", "╇╇", "┡╇"):
+        assert pair not in out, (pair, out)
+
+
+def _two_series_cpu_sweep():
+    rows = []
+    for engine in ("horovod", "ddp"):
+        for w, wps in ((1, 37404.0), (2, 14117.0), (4, 26001.0)):
+            rows.append(summary(w, wps, label=f"nmt-tiny fused fp32 {engine} strong", engine=engine,
+                                precision="fp32", peak_mem_bytes=340_000_000, mem_kind="max_rss",
+                                share_data=0.06, share_exchange=0.33, loss_threshold=None))
+    return scale_layouts(rows)
+
+
+@pytest.mark.parametrize("width", [80, 100])
+def test_report_table_readable_at_80_and_100_columns(width):
+    """The report at 80 columns gave the label zero width and split "words/ s" and "efficienc y"; at 100 the
+    label wrapped to 3 lines repeating the precision column. Now: the words every label shares are in the
+    title, each row's label keeps what tells its series apart, the precision is said once."""
+    from scalelab.analysis.report import fitting_columns, terminal_frame
+
+    df = _two_series_cpu_sweep()
+    out = printed(df, width)
+    lines = out.splitlines()
+    assert max(len(line) for line in lines) <= width, out
+    _no_zero_width_column(out)
+    shown, _ = terminal_frame(df, "Scaling")
+    _header_words_whole(out, [h for h, _, _ in fitting_columns(shown, width)])
+    assert "Scaling: nmt-tiny fused fp32 strong" in out
+    assert out.count("fp32") == 1, out  # in the title, not in every label nor a precision column
+    assert "precision" not in out
+    rows = [line for line in lines if line.startswith("│")]
+    assert len(rows) == 6, out  # one line per layout: no label wrapped over 3-4 lines
+    assert any("horovod" in r and "37,404" in r for r in rows) and any("ddp" in r and "26,001" in r for r in rows)
+    assert "RSS/rank" in out and "MiB RSS" not in out  # said once in the header, not in every cell
+    assert "threshold" not in out  # no threshold: a column of dashes says nothing
+
+
+def test_a_label_keeps_what_the_precision_column_does_not_say():
+    """Series named with --name (no precision word in the label) keep their precision column."""
+    from scalelab.analysis.report import terminal_frame
+
+    df = scale_layouts([summary(1, 1000.0, label="mine a", precision="bf16"),
+                        summary(1, 900.0, label="mine b", precision="fp32")])
+    shown, title = terminal_frame(df, "Scaling")
+    assert title == "Scaling: mine" and list(shown["label"]) == ["a", "b"] and "precision" in shown.columns
+    out = printed(df, 80)
+    assert "bf16" in out and "fp32" in out
+
+
+def _ls_rows():
+    base = {"kind": "run", "backend": "local", "layout": "1x2", "total_steps": 5000, "loss": 3.705,
+            "words_per_s": 9179.0, "eta_s": None, "cost_usd": None, "age_s": 200.0}
+    return [{**base, "name": "nmt-tiny-horovod-1x2-20261127-045954", "state": "CANCELLED", "steps": 343},
+            {**base, "name": "sweep-nmt-tiny-strong-20261127-045753", "kind": "sweep", "layout": "1x1,1x2",
+             "state": "COMPLETED", "steps": 24, "total_steps": None, "loss": None, "words_per_s": 37404.0},
+            {**base, "name": "nmt-small-ddp-2x2-20261127-050101", "backend": "slurm", "layout": "2x2",
+             "state": "RUNNING", "steps": 40, "eta_s": 75.0, "cost_usd": 0.1234}]
+
+
+def _ls(width: int) -> str:
+    from scalelab.launcher.cli import rows_table
+
+    console = Console(file=io.StringIO(), width=width, color_system=None)
+    console.print(rows_table(_ls_rows(), None, width))
+    return console.file.getvalue()
+
+
+def test_ls_shows_backend_and_cost_at_100_columns():
+    """`launch ls` at 100 columns hid the backend and the cost beside 37-character run names."""
+    out = _ls(100)
+    header = out.splitlines()[0].split()
+    assert header[:2] == ["name", "backend"] and "cost" in header, out
+    assert "slurm" in out and "0.12" in out and "sweep-nmt-tiny-strong-20261127-045753" in out
+    assert max(len(line) for line in out.splitlines()) <= 100
+
+
+def test_ls_at_80_columns_keeps_numbers_whole_and_breaks_names_at_hyphens():
+    out = _ls(80)
+    assert max(len(line) for line in out.splitlines()) <= 80, out
+    for cell in ("343/5,000", "37,404", "RUNNING", "COMPLETED", "1x1,1x2"):
+        assert cell in out, (cell, out)
+    names = [line.split()[0] for line in out.splitlines()[2:] if line.strip()]
+    # a name that does not fit goes on in the next line after a hyphen, never inside a number
+    assert all(part.endswith("-") or part[-1].isdigit() and len(part) >= 6 for part in names), names
+    joined = "".join(names)
+    assert "sweep-nmt-tiny-strong-20261127-045753" in joined and "nmt-tiny-horovod-1x2-20261127-045954" in joined
+
+
+@pytest.mark.parametrize("width", [80, 100])
+def test_the_progress_bar_fits_with_its_bar_and_step_count(tmp_path, width):
+    """At 80 columns rich squeezed the bar and the step count to nothing ("nmt-tiny-horovod-1x2-202611… 2 rank(s)
+    loss 4.150 val 4.100 14,117 words/s …"); at 100 the line was cut. Now every piece it shows is whole."""
+    from scalelab.core.records import RecordWriter
+    from scalelab.launcher.progress import RunProgress
+
+    for rank in (0, 1):
+        out = RecordWriter(tmp_path, rank, 2)
+        for step in range(1, 2401):
+            out.write("step", step=step, warmup=step <= 5, step_s=0.1, samples=8, words=600, loss=4.15)
+        out.write("val", step=2400, epoch=0, val_loss=4.1, elapsed_s=4.0)
+        out.close()
+    buf = io.StringIO()
+    console = Console(file=buf, force_terminal=True, width=width, color_system=None)
+    with RunProgress(tmp_path, 5000, "nmt-tiny-horovod-1x2-20261127-045954", console=console) as prog:
+        prog.poll()
+    last = [line for line in re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", buf.getvalue()).replace("\r", "\n").splitlines()
+            if line.strip()][-1]
+    assert len(last) < width, last
+    assert "━" in last and " 2400/5000 " in last, last  # the bar and the step count
+    assert "loss 4.150" in last and "12,000 words/s" in last and "ETA 4m20s" in last, last
+    name = "nmt-tiny-horovod-1x2 " if width >= 100 else "…t-tiny-horovod-1x2 "  # the end tells layouts apart
+    assert last.startswith(name), last  # the name without its date stamp
+    assert ("val 4.100" in last) == (width >= 100)
+
+
+def test_the_bar_says_starting_ranks_before_the_first_step(tmp_path):
+    from scalelab.core.records import RecordWriter
+    from scalelab.launcher.progress import RunProgress
+
+    RecordWriter(tmp_path, 0, 2).write("start", world=2)
+    buf = io.StringIO()
+    with RunProgress(tmp_path, 60, "run", console=Console(file=buf, force_terminal=True, width=80)) as prog:
+        prog.poll()
+    assert "starting ranks: 1 up" in buf.getvalue()
+
+
+def test_a_priced_threshold_sweep_at_80_columns_keeps_its_layouts():
+    """2x4 and 1x8 are both 8 workers: the layout column stays before the dollars to the threshold."""
+    from test_report import _summary
+
+    from scalelab.analysis.report import fitting_columns, terminal_frame
+
+    df = scale_layouts([_summary(1, 1, 50000.0, 0.250, True, 300.0), _summary(1, 2, 92000.0, 0.270, True, 170.0),
+                        _summary(1, 4, 156000.0, 0.320, False, None, exchange=None),
+                        _summary(2, 4, 274000.0, 0.365, None, None)])
+    df["dollars"], df["dollars_to_threshold"] = [0.0123, 0.02, 0.05, 1.5], [0.01, 0.015, None, None]
+    out = printed(df, 80)
+    assert max(len(line) for line in out.splitlines()) <= 80, out
+    _no_zero_width_column(out)
+    _header_words_whole(out, [h for h, _, _ in fitting_columns(terminal_frame(df, "Scaling")[0], 80)])
+    for cell in ("2x4", "300.0 s (150 steps)", "not reached", "$1.50", "274,000", "5.48"):
+        assert cell in out, (cell, out)
+
+
+def test_plain_progress_says_once_when_the_ranks_are_up(tmp_path, capsys):
+    """Off a terminal (CI, a pipe) the log said nothing until the first tenth of the run."""
+    from scalelab.core.records import RecordWriter
+    from scalelab.launcher.progress import RunProgress
+
+    prog = RunProgress(tmp_path, 60, "run", console=Console(file=io.StringIO(), force_terminal=False))
+    prog.watch.expected = 2
+    RecordWriter(tmp_path, 0, 2).write("start", world=2)
+    prog.poll()
+    assert capsys.readouterr().err == ""  # one of two ranks up: nothing yet
+    RecordWriter(tmp_path, 1, 2).write("start", world=2)
+    prog.poll()
+    prog.poll()
+    assert re.fullmatch(r"\[run\] starting ranks: 2 of 2 up \(\d+s\)\n", capsys.readouterr().err)
+
+
+def test_one_run_shows_no_speedup_of_one():
+    """A single run's table said speedup 1.00 and efficiency 100.0 %: nothing to compare, so not shown."""
+    out = printed(scale_layouts([summary(2, 12602.0, label="nmt-tiny fused fp32 ddp strong")]), 80)
+    assert "12,602" in out and "speedup" not in out and "efficiency" not in out and "100.0 %" not in out
+    assert "speedup" in printed(scale_layouts([summary(1, 1000.0), summary(2, 1900.0)]), 80)
+
+
+@pytest.mark.parametrize("width", [80, 100])
+def test_cost_table_tells_runs_of_one_label_apart(tmp_path, monkeypatch, capsys, width):
+    """Three runs of one series and layout all read "nmt-tiny fused fp32 horovod strong 1x2" in `launch cost`:
+    the shared words go into the title, each row names its run directory."""
+    from conftest import run_entry
+    from test_costs_cli import _fake_run
+
+    import scalelab.costs.cli as costs_cli
+
+    monkeypatch.setattr(costs_cli, "console", Console(file=io.StringIO(), width=width, color_system=None))
+    monkeypatch.setenv("SCALELAB_PRICES", str(tmp_path / "none.json"))
+    runs = [_fake_run(tmp_path / "runs", name, 2, 0.05, 6400, "g3.16xlarge") for name in ("run-a-0945", "run-b-1012")]
+    code, err, _ = run_entry(["cost", *map(str, runs)], monkeypatch, capsys)
+    assert code == 0, err
+    out = costs_cli.console.file.getvalue()
+    assert max(len(line) for line in out.splitlines()) <= width, out
+    assert "Cost per run: " in out and "run-a-0945" in out and "run-b-1012" in out, out
+    _no_zero_width_column(out)

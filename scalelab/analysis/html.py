@@ -20,21 +20,23 @@ import numpy as np
 import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator, PercentFormatter
 
-from scalelab.analysis.report import DEFINITIONS, plot_speedup, plot_throughput, table_rows
+from scalelab.analysis.report import DEFINITIONS, plot_speedup, plot_throughput, table_rows, terminal_frame
 from scalelab.core.writes import check_inside
 
 __all__ = ["plot_cost_frontier", "plot_phases", "plot_loss", "plot_predictions", "figure_png",
            "png_file", "write_html", "scaling_sections", "plan_sections"]
 
-_CSS = """body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
-table{border-collapse:collapse;margin:1em 0;font-size:90%}th,td{border:1px solid #ccc;padding:4px 8px}
-td.n{text-align:right;font-variant-numeric:tabular-nums}th{background:#f3f3f3}img{max-width:100%}
+_CSS = """body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;color:#222}
+table{border-collapse:collapse;margin:0;font-size:90%}th,td{border:1px solid #ccc;padding:4px 8px}
+.tw{max-width:100%;overflow-x:auto;margin:1em 0}
+td.n{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}th{background:#f3f3f3}img{max-width:100%}
 .note{color:#555}.rec{background:#eef7ee;padding:.5em 1em;border-left:4px solid #4a4}
 .warn{background:#fff6e0;padding:.5em 1em;border-left:4px solid #d90}"""
 
 
-def _fig(panels: int = 1, height: float = 4.2) -> Figure:
+def _fig(panels: float = 1, height: float = 4.2) -> Figure:
     fig = Figure(figsize=(5.8 * panels, height), layout="constrained")
     FigureCanvasAgg(fig)
     return fig
@@ -54,7 +56,7 @@ def plot_cost_frontier(candidates: pd.DataFrame) -> Figure:
     """Dollars against hours per candidate (colour = instance type), the Pareto frontier as a line."""
     from matplotlib.ticker import FuncFormatter
 
-    fig = _fig(1, 4.6)
+    fig = _fig(1.7, 4.6)
     ax = fig.subplots()
     scale = 60.0 if float(candidates["hours"].max()) < 1.5 else 1.0  # minutes for short jobs (ticks were 0.0054 h)
     for (itype, market), part in candidates.groupby(["instance_type", "market"], sort=False):
@@ -73,7 +75,7 @@ def plot_cost_frontier(candidates: pd.DataFrame) -> Figure:
     ax.set_ylabel("US dollars per run")
     ax.set_title("Cost against time (labels: workers; circled: recommended)")
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=7, loc="best")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)  # beside the points
     return fig
 
 
@@ -96,27 +98,65 @@ def exchange_overlapped(table: pd.DataFrame) -> bool:
 
 
 def plot_phases(table: pd.DataFrame) -> Figure:
-    """Stacked bars of the step-time shares (data, forward, backward, exchange, optimizer) per run."""
-    fig = _fig(1)
+    """Stacked bars of the step-time shares (data, forward, backward, exchange, optimizer) per run; one run's
+    as one bar across the page with each share written on it (a lone column read as a one-dot plot)."""
+    if len(table) == 1:
+        return _one_run_phases(table)
+    fig = _fig(1.5)  # room for the legend beside the bars
     ax = fig.subplots()
-    cols = [c for c in ("share_data", "share_forward", "share_backward", "share_exchange", "share_optimizer")
-            if c in table.columns]
-    names = [f"{r.get('label', '')} {int(r['nodes'])}x{int(r['gpus_per_node'])}".strip()
+    one_series = "label" not in table.columns or table["label"].nunique(dropna=False) <= 1  # then in the title
+    names = [f"{'' if one_series else r.get('label', '')} {int(r['nodes'])}x{int(r['gpus_per_node'])}".strip()
              if {"nodes", "gpus_per_node"} <= set(table.columns) else str(i) for i, r in table.iterrows()]
     x = np.arange(len(table))
     bottom = np.zeros(len(table))
-    for c in cols:
-        phase = c.removeprefix("share_")
+    for phase, v in phase_parts(table).items():
         label = "backward (incl. overlapped exchange)" if phase == "backward" and exchange_overlapped(table) else phase
-        v = pd.to_numeric(table[c], errors="coerce").fillna(0.0).to_numpy()
-        ax.bar(x, v, bottom=bottom, label=label, color=PHASE_COLORS[phase])
+        ax.bar(x, v, bottom=bottom, label=label, color=PHASE_COLORS[phase], width=0.6 if len(x) > 1 else 0.35)
         bottom += v
-    ax.set_xticks(x, names, rotation=30, ha="right", fontsize=7)
+    ax.set_xticks(x, names, rotation=30 if len(x) > 1 else 0, ha="right" if len(x) > 1 else "center", fontsize=7)
     ax.set_ylabel("share of step time (slowest rank)")
-    ax.set_ylim(0, 1.05)
-    ax.set_title("Where the step time goes")
-    ax.legend(fontsize=7)
+    ax.set_ylim(0, max(1.0, float(bottom.max()) if len(bottom) else 1.0) * 1.02)
+    ax.yaxis.set_major_formatter(PercentFormatter(1.0))
+    ax.set_title("Where the step time goes" + (f": {table['label'].iloc[0]}" if one_series and "label" in table.columns
+                                                and len(table) else ""), fontsize=9)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)  # beside the bars
     return fig
+
+
+def _one_run_phases(table: pd.DataFrame) -> Figure:
+    fig = _fig(2, 1.9)
+    ax = fig.subplots()
+    left = 0.0
+    overlapped = exchange_overlapped(table)
+    for phase, v in phase_parts(table).items():
+        share = float(v[0])
+        label = "backward (incl. overlapped exchange)" if phase == "backward" and overlapped else phase
+        ax.barh([0], [share], left=left, color=PHASE_COLORS[phase], label=label, height=0.6)
+        if share >= 0.07:
+            ax.text(left + share / 2, 0, f"{phase}\n{share:.0%}", ha="center", va="center", fontsize=8, color="white")
+        left += share
+    ax.set_xlim(0, max(1.0, left))
+    ax.set_yticks([])
+    ax.xaxis.set_major_formatter(PercentFormatter(1.0))
+    ax.set_xlabel("share of step time (slowest rank)")
+    r = table.iloc[0]
+    layout = f" {int(r['nodes'])}x{int(r['gpus_per_node'])}" if {"nodes", "gpus_per_node"} <= set(table.columns) else ""
+    ax.set_title(f"Where the step time goes: {r.get('label', '') or ''}{layout}".rstrip(": "), fontsize=9)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+    return fig
+
+
+def phase_parts(table: pd.DataFrame) -> dict[str, np.ndarray]:
+    """Each phase's share of the step per row, adding up to the step: the records' `backward_s` includes the
+    exchange wait (`exchange_s`, docs/records.md), so the backward drawn is the backward without it (the
+    Horovod bar summed to 143 %: backward and exchange stacked both counted the wait)."""
+    cols = [c for c in ("share_data", "share_forward", "share_backward", "share_exchange", "share_optimizer")
+            if c in table.columns and pd.to_numeric(table[c], errors="coerce").notna().any()]  # DDP: no exchange
+    parts = {c.removeprefix("share_"): pd.to_numeric(table[c], errors="coerce").fillna(0.0).to_numpy(dtype=float)
+             for c in cols}
+    if "backward" in parts and "exchange" in parts:
+        parts["backward"] = np.clip(parts["backward"] - parts["exchange"], 0.0, None)
+    return parts
 
 
 def plot_loss(curves: dict[str, pd.DataFrame]) -> Figure:
@@ -135,9 +175,10 @@ def plot_loss(curves: dict[str, pd.DataFrame]) -> Figure:
     return fig
 
 
-def plot_predictions(predictions: pd.DataFrame) -> Figure:
-    """Measured throughput (dots) and the fitted model with its interval, per series."""
-    fig = _fig(1)
+def plot_predictions(predictions: pd.DataFrame, unit: str = "words/s") -> Figure:
+    """Measured throughput (dots) and the fitted model with its interval, per series, in `unit` (words/s for
+    runs; a --from-csv table's own unit); the legend beside the plot."""
+    fig = _fig(1.7)
     ax = fig.subplots()
     for label, part in predictions.groupby("label", sort=False):
         part = part.sort_values("workers")
@@ -148,10 +189,11 @@ def plot_predictions(predictions: pd.DataFrame) -> Figure:
         m = part[part["measured_throughput"].notna()]
         ax.scatter(m["workers"], m["measured_throughput"], color=line.get_color(), zorder=3, s=20)
     ax.set_xlabel("workers (GPUs)")
-    ax.set_ylabel("throughput (work/s)")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # a worker count is whole (ticks read 1.5, 2.5)
+    ax.set_ylabel(f"throughput ({unit})")
     ax.set_title("Measured (dots) and predicted throughput with interval")
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     return fig
 
 
@@ -163,26 +205,32 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     def cell(v: Any) -> str:
         s = html.escape(str(v))
         numeric = s.replace(",", "").replace(".", "").replace("%", "").replace("$", "").replace("-", "").strip().isdigit()
-        return f'<td class="n">{s}</td>' if numeric else f"<td>{s}</td>"
+        if numeric:
+            return f'<td class="n">{s}</td>'
+        # a short figure with its unit (4.3 ± 2.1, 328 MiB RSS, 22 % / 0 %) on one line; text wraps between words
+        short_figure = len(str(v)) <= 16 and any(ch.isdigit() for ch in str(v))
+        return f"<td>{s.replace(' ', '&nbsp;') if short_figure else s}</td>"
     head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
     body = "".join("<tr>" + "".join(cell(v) for v in r) + "</tr>" for r in rows)
-    return f"<table><tr>{head}</tr>{body}</table>"
+    return f"<div class='tw'><table><tr>{head}</tr>{body}</table></div>"  # wider than the page: scrolls inside
 
 
 def scaling_sections(table: pd.DataFrame, curves: dict[str, pd.DataFrame] | None = None) -> list[tuple[str, str]]:
     """Sections for a scaling table: table, speedup/efficiency, throughput, phases, loss."""
     secs = []
-    headers, rows = table_rows(table)
-    secs.append(("Scaling", "<p>One row per layout; speedup and efficiency are relative to the "
-                 "smallest layout of each series.</p>" + _table(headers, rows)))
-    with tempfile.TemporaryDirectory() as tmp:
-        if {"speedup", "efficiency", "workers"} <= set(table.columns) and len(table):
-            png = png_file(plot_speedup(table, Path(tmp) / "s.png"))
-            secs.append(("Speedup and efficiency", "<p>Dashed: ideal (linear) scaling.</p>" + _img(png, "speedup")))
-        if any(c in table.columns for c in ("words_per_s", "throughput")) and len(table):
-            png = png_file(plot_throughput(table, Path(tmp) / "t.png"))
-            secs.append(("Throughput", "<p>Total work per second, and per worker (flat = perfect scaling).</p>"
-                         + _img(png, "throughput")))
+    shown, title = terminal_frame(table, "Series")  # the words all labels share said once, above the table
+    headers, rows = table_rows(shown)
+    series = f" {html.escape(title)}." if title != "Series" else ""
+    secs.append(("Scaling", f"<p>One row per layout; speedup and efficiency are relative to the "
+                 f"smallest layout of each series.{series}</p>" + _table(headers, rows)))
+    if not scales(table):  # one layout per series: a speedup plot would be one dot at 1.0
+        if len(table):
+            secs.append(("Speedup and efficiency", "<p class='note'>Each series was measured on one layout only, so "
+                         "there is no speedup or efficiency to show: they compare layouts (`launch sweep --workers "
+                         "1,2,4` measures several). The table above has this run's throughput; its phases, loss and "
+                         "per-rank timeline follow.</p>"))
+    else:
+        secs += _scaling_plots(table)
     if any(c in table.columns for c in ("share_data", "share_exchange")) and len(table):
         overlap = ("<p class='note'>Exchange: DDP all-reduces the gradients during the backward pass (it overlaps "
                    "the backward), so its time is inside <b>backward</b>, not 0%.</p>" if exchange_overlapped(table) else "")
@@ -193,6 +241,28 @@ def scaling_sections(table: pd.DataFrame, curves: dict[str, pd.DataFrame] | None
     defs = "".join(f"<li><b>{html.escape(n)}</b>: {html.escape(t)}</li>" for n, t in DEFINITIONS)
     secs.append(("Definitions", f"<ul>{defs}</ul>"))
     return secs
+
+
+def _scaling_plots(table: pd.DataFrame) -> list[tuple[str, str]]:
+    """Speedup and efficiency, throughput: for series measured at two worker counts or more."""
+    secs = []
+    with tempfile.TemporaryDirectory() as tmp:
+        if {"speedup", "efficiency", "workers"} <= set(table.columns):
+            png = png_file(plot_speedup(table, Path(tmp) / "s.png"))
+            secs.append(("Speedup and efficiency", "<p>Dashed: ideal (linear) scaling.</p>" + _img(png, "speedup")))
+        if any(c in table.columns for c in ("words_per_s", "throughput")):
+            png = png_file(plot_throughput(table, Path(tmp) / "t.png"))
+            secs.append(("Throughput", "<p>Total work per second, and per worker (flat = perfect scaling).</p>"
+                         + _img(png, "throughput")))
+    return secs
+
+
+def scales(table: pd.DataFrame) -> bool:
+    """Whether some series of the table was measured at two worker counts or more (what a speedup needs)."""
+    if "workers" not in table.columns or not len(table):
+        return False
+    series = table.groupby("label")["workers"] if "label" in table.columns else [(None, table["workers"])]
+    return any(pd.Series(w).nunique() > 1 for _, w in series)
 
 
 def plan_sections(p: Any) -> list[tuple[str, str]]:
@@ -215,7 +285,7 @@ def plan_sections(p: Any) -> list[tuple[str, str]]:
                  + _table(["series", "chosen", "measurements", *[f"{m} held-out error" for m in model_names]], model_rows)))
     if len(p.predictions) and "interval_low" in p.predictions.columns:
         secs.append(("Predicted throughput", f"<p>Bands at {p.confidence:.0%}.</p>"
-                     + _img(figure_png(plot_predictions(p.predictions)), "predictions")))
+                     + _img(figure_png(plot_predictions(p.predictions, "words/s; a CSV's own unit")), "predictions")))
     secs += _convergence_sections(p)
     if p.next_measurement:
         n = p.next_measurement

@@ -210,7 +210,8 @@ def table_rows(df: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
 TABLE_WIDTH = 100
 #: Columns left out first when the table would be wider than the terminal, least needed first.
 _DROPPABLE = ("noise scale (samples)", "samples/s", "time (s)", "data / exchange share", "serial fraction",
-              "step (ms, mean ± std)", "layout (nodes x GPUs)")
+              "step (ms, mean ± std)", "peak mem/rank", "peak RSS/rank", "$ to threshold", "efficiency", "layout (nodes x GPUs)",
+              "nodes x GPUs", "time to threshold", "precision")
 
 
 def _min_width(header: str, cells: list[str], text: bool = False) -> int:
@@ -222,9 +223,52 @@ def _min_width(header: str, cells: list[str], text: bool = False) -> int:
     return max([len(w) for w in header.split()] + [len(c) for c in cells])
 
 
+def _terminal_columns(df: pd.DataFrame) -> list[tuple[str, Callable[[pd.Series], str], bool]]:
+    """The columns a terminal shows: those with something to say (a column of dashes only, such as "time to
+    threshold" of runs without a threshold, goes), peak memory as "peak RSS/rank" when every row is a CPU
+    process's resident set (the cells then drop their " RSS", which kept the column 11 wide)."""
+    cols = []
+    for header, fmt, right in _columns(df):
+        cells = [fmt(r) for _, r in df.iterrows()]
+        if header != "label" and len(cells) and all(c == _DASH for c in cells):
+            continue
+        if header == "layout (nodes x GPUs)":  # its cells (1x2) say the rest; 4 header lines at 6 wide
+            header = "nodes x GPUs"
+        if header == "peak mem/rank" and len(cells) and all(c.endswith(" RSS") for c in cells):
+            header, fmt = "peak RSS/rank", (lambda r, _f=fmt: _f(r).removesuffix(" RSS"))
+        cols.append((header, fmt, right))
+    return cols
+
+
+def terminal_frame(df: pd.DataFrame, title: str) -> tuple[pd.DataFrame, str]:
+    """The table as a terminal shows it, without repeating itself: the words every row's label shares go
+    into the title ("Scaling: nmt-tiny fused fp32 horovod strong"), each label cell keeps the words that
+    tell its series apart (no label column for one series), and the precision column goes when each
+    label or the title says its row's precision already (labels are "MODEL RNN PRECISION ENGINE MODE")."""
+    if "label" not in df.columns or not len(df):
+        return df, title
+    if "workers" in df.columns and df.groupby("label", dropna=False)["workers"].nunique().max() <= 1:
+        # one layout per series (a single run): its speedup 1.00 and efficiency 100 % compare nothing
+        df = df.drop(columns=[c for c in ("speedup", "efficiency", "karp_flatt") if c in df.columns])
+    labels = ["" if _missing(v) else str(v) for v in df["label"]]
+    split = [lab.split() for lab in labels]
+    common = [w for w in split[0] if all(w in words for words in split[1:])]
+    if not common:
+        return df, title
+    df = df.copy()
+    df["label"] = [" ".join(w for w in words if w not in common) or _DASH for words in split]
+    if "precision" in df.columns:
+        said = all(_missing(p) or str(p) in words for p, words in zip(df["precision"], split))
+        if said:
+            df = df.drop(columns=["precision"])
+    if all(cell == _DASH for cell in df["label"]):
+        df = df.drop(columns=["label"])
+    return df, f"{title}: {' '.join(common)}"
+
+
 def fitting_columns(df: pd.DataFrame, width: int = TABLE_WIDTH) -> list[tuple[str, Callable[[pd.Series], str], bool]]:
     """The table's columns, the droppable ones left out (least needed first) until it fits `width`."""
-    cols = _columns(df)
+    cols = _terminal_columns(df)
 
     def needed(cols: list) -> int:
         return sum(_min_width(h, [fmt(r) for _, r in df.iterrows()], not right and i == 0) + 3
@@ -245,7 +289,7 @@ def render_table(df: pd.DataFrame, title: str = "Scaling", width: int | None = N
     rows = [[fmt(r) for _, fmt, _ in cols] for _, r in df.iterrows()]
     for i, (header, _, right) in enumerate(cols):
         cells = [row[i] for row in rows]
-        if right or i:  # numbers (and short text after the label): as wide as they need, never folded
+        if right or i or header != "label":  # numbers and short text: as wide as they need, never folded
             table.add_column(header, justify="right" if right else "left", overflow="fold",
                              width=_min_width(header, cells))
         else:  # the label: what is left, wrapping between words
@@ -255,7 +299,7 @@ def render_table(df: pd.DataFrame, title: str = "Scaling", width: int | None = N
         table.add_row(*row)
     if not rows:
         table.caption = "no runs"
-    if len(cols) < len(_columns(df)):
+    if len(cols) < len(_terminal_columns(df) if width else _columns(df)):
         table.caption = "more columns in report.md and report.json"
     return table
 
@@ -264,6 +308,7 @@ def print_scaling(df: pd.DataFrame, console: Console | None = None, title: str =
     """Print the scaling table to `console` (a new stdout Console when None), at most TABLE_WIDTH wide."""
     console = console or Console()
     width = min(console.width, TABLE_WIDTH)
+    df, title = terminal_frame(df, title)
     console.print(render_table(df, title, width), width=width)
 
 

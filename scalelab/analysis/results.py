@@ -58,6 +58,8 @@ def expand_run_dirs(paths: list[Path]) -> list[Path]:
     directories by their sweeps' runs (in study order)."""
     out: list[Path] = []
     for p in paths:
+        if len(paths) > 1 and is_report_dir(p):
+            continue  # a glob such as runs/* took an earlier report's directory: not a run, nothing to expand
         if (p / STUDY_FILE).exists():
             out.extend(expand_run_dirs([sweep for _, sweep in study_sweeps(p) if (sweep / SWEEP_FILE).exists()]))
         elif (p / SWEEP_FILE).exists():
@@ -136,15 +138,16 @@ def build_report(paths: list[Path], out: Path | None = None, price: Pricer | Non
     """
     runs, warnings = [], []
     for p in paths:
+        if len(paths) > 1 and is_report_dir(p):
+            warnings.append(f"{p} holds a report, not runs: left out")
+            continue
         found, said = _finished_runs(p)
         runs += found
         warnings += said
     warnings += [f"{run_dir} has no summary.json (it did not finish normally); summarised from its records"
                  for run_dir in runs if not RunPaths(run_dir).summary.exists()]
     if out is None:
-        grouped = len(paths) == 1 and ((paths[0] / SWEEP_FILE).exists() or (paths[0] / STUDY_FILE).exists())
-        out = paths[0] if grouped else _common_parent(runs) / (
-            "report-" + datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))
+        out = default_report_dir(paths, runs)
     summaries, extra = [], []
     for run_dir in runs:  # one run's records in memory at a time
         run = load_run(run_dir)
@@ -156,6 +159,27 @@ def build_report(paths: list[Path], out: Path | None = None, price: Pricer | Non
     report = write_report(summaries, runs, out, extra if price is not None else None)
     report.warnings = warnings + report.warnings
     return report
+
+
+def is_report_dir(path: Path) -> bool:
+    """Whether `path` is a directory `launch report` wrote (report.json, and no spec, sweep or study of its own):
+    reports made before they went to .reports/ sit beside the runs, where runs/* globs take them."""
+    return path.is_dir() and (path / "report.json").is_file() and not any(
+        (path / name).exists() for name in ("spec.json", SWEEP_FILE, STUDY_FILE))
+
+
+#: Where reports of several runs go under their runs' directory: hidden, so `launch report runs/*` and
+#: `launch cost runs/*` never take a report for a run (a one-run report in runs/report-DATE/ broke both).
+REPORTS_DIR = ".reports"
+
+
+def default_report_dir(paths: list[Path], runs: list[Path]) -> Path:
+    """Where a report goes without --out: one run, sweep or study directory given, into it; several,
+    into .reports/report-DATE under the runs' common directory (out of the runs' globs)."""
+    if len(paths) == 1 and ((paths[0] / SWEEP_FILE).exists() or (paths[0] / STUDY_FILE).exists()
+                            or (paths[0] / "spec.json").exists()):
+        return paths[0]
+    return _common_parent(runs) / REPORTS_DIR / ("report-" + datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))
 
 
 def price_notes(extra: list[dict[str, Any]]) -> list[str]:

@@ -97,10 +97,16 @@ def plot_rank_timeline(run: RunRecords, last: int = 8) -> Any:
     steps = steps[steps["step"].isin(keep)]
     t0 = float((pd.to_numeric(steps["time"]) - pd.to_numeric(steps["step_s"])).min())
     colors = {phase: PHASE_COLORS[phase.removesuffix("_s")] for phase in _PHASES}  # as the phase breakdown
+    def seconds(s: pd.Series, phase: str) -> float:
+        value = s.get(phase)
+        return 0.0 if value is None or pd.isna(value) else float(value)
+
     for _, s in steps.iterrows():
         left = float(s["time"]) - float(s["step_s"]) - t0
         for phase in _PHASES:
-            width = float(s.get(phase) or 0.0) if not pd.isna(s.get(phase)) else 0.0
+            width = seconds(s, phase)
+            if phase == "backward_s":  # the records' backward includes the exchange wait drawn after it
+                width = max(0.0, width - seconds(s, "exchange_s"))
             ax.barh(int(s["rank"]), width, left=left, color=colors[phase], edgecolor="none", height=0.6)
             left += width
     for phase, c in colors.items():
@@ -108,7 +114,7 @@ def plot_rank_timeline(run: RunRecords, last: int = 8) -> Any:
     ax.set_yticks(np.arange(run.ranks), [f"rank {r}" for r in range(run.ranks)])
     ax.set_xlabel("seconds")
     ax.set_title(f"Per-rank step phases, last {len(keep)} measured steps of {run.run_dir.name}")
-    ax.legend(fontsize=6, ncols=5, loc="upper right")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)  # beside the bars
     return fig
 
 
@@ -118,7 +124,7 @@ def plot_cost_time(points: pd.DataFrame) -> Any:
     only where the points span more than 30x."""
     from matplotlib.ticker import FuncFormatter
 
-    fig = _fig(1, 4.6)
+    fig = _fig(1.5, 4.6)
     ax = fig.subplots()
     minutes = float(points["hours"].max()) < 1.5
     x = points["hours"] * (60.0 if minutes else 1.0)
@@ -139,7 +145,7 @@ def plot_cost_time(points: pd.DataFrame) -> Any:
     ax.set_ylabel("US dollars")
     ax.set_title("Cost against time")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)  # beside the points
     return fig
 
 
@@ -162,8 +168,11 @@ def _cost_section(points: pd.DataFrame | None, basis: str) -> list[tuple[str, st
 
     rows = [[r["layout"], duration_text(r["hours"] * 3600), f"{r['dollars']:,.4f}", f"{r['usd_per_hour']:,.2f}"]
             for _, r in points.iterrows()]
+    table = _table(["layout", "billed time", "dollars", "$/hour"], rows)
+    if len(points) < 2:  # one point is no trade-off to plot: the table says it
+        return [("Cost", f"<p>{html.escape(basis)}</p>" + table)]
     return [("Cost against time", f"<p>{html.escape(basis)}</p>" + _img(figure_png(plot_cost_time(points)), "cost time")
-             + _table(["layout", "billed time", "dollars", "$/hour"], rows))]
+             + table)]
 
 
 def _href(path: Path, out: Path) -> str:

@@ -84,7 +84,7 @@ def _rich_table(title: str, df: pd.DataFrame, fmt: dict[str, Any]) -> Table:
     longest word: long cells wrap instead); `fmt` maps a column to a format spec or a function."""
     t = Table(title=title or None, header_style="bold")
     for col in df.columns:
-        t.add_column(str(col), justify="right" if col in fmt else "left",
+        t.add_column(str(col), justify="right" if col in fmt else "left", overflow="fold",  # a long name folds, whole
                      min_width=max(len(w) for w in str(col).split() or [""]))
     for _, r in df.iterrows():
         cells = []
@@ -188,10 +188,31 @@ def cost_cmd(run_dirs: tuple[str, ...], from_csv: str | None, instances: str | N
                 show[col] = show[col].map(lambda v: None if v is None or v != v else human_duration(v))
         click.echo(markdown_table(show, {k: v for k, v in nfmt.items() if not callable(v)}))
     else:
-        console.print(_rich_table("Cost per run (per-second billing, 60 s minimum)", show, nfmt))
+        show, title = _distinct_runs(show, out.get("run_dir"))
+        console.print(_rich_table(f"Cost per run{title} (per-second billing, 60 s minimum)", show, nfmt))
         bases = sorted({str(b) for b in out.get("price_basis", pd.Series(dtype=str)).dropna()})
         if bases:
             console.print("price: " + "; ".join(bases), highlight=False, soft_wrap=True)
+
+
+def _distinct_runs(show: pd.DataFrame, run_dirs: pd.Series | None) -> tuple[pd.DataFrame, str]:
+    """The cost table's run column without what every row says (it goes into the title: ": nmt-tiny fused fp32
+    horovod strong"), and each run told apart by its directory where two rows would read the same (three
+    runs all read "nmt-tiny fused fp32 horovod strong 1x2")."""
+    if "run" not in show.columns or len(show) < 2:
+        return show, ""
+    words = [str(v).split() for v in show["run"]]
+    common = [w for w in words[0] if all(w in ws for ws in words[1:])]
+    cells = [" ".join(w for w in ws if w not in common) for ws in words]
+    if run_dirs is not None and len(set(cells)) < len(cells):  # the runs' own names (what `launch status` takes)
+        import re
+
+        paths = [Path(str(d)) for d in run_dirs]
+        cells = [f"{p.parent.name}/{p.name}" if re.fullmatch(r"\d+x\d+(-r\d+)?", p.name)
+                 or sum(q.name == p.name for q in paths) > 1 else p.name for p in paths]  # a sweep's 1x2: its sweep too
+    show = show.copy()
+    show["run"] = cells
+    return show, f": {' '.join(common)}" if common else ""
 
 
 def _backends(run_dirs: tuple[str, ...]) -> tuple[str, ...]:

@@ -44,7 +44,7 @@ from scalelab.k8s import manifests
 from scalelab.k8s.api import KubeApi, KubernetesError, NotFound
 from scalelab.k8s.manifests import LABEL_ROLE, to_yaml
 from scalelab.k8s.options import KubernetesOptions
-from scalelab.launcher.backend import Backend, Request, RunStatus, log_text
+from scalelab.launcher.backend import Backend, Request, RunStatus, log_text, quiet_stop_tracebacks
 
 IMAGE_ERRORS = {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"}
 
@@ -211,7 +211,8 @@ class KubernetesBackend(Backend):
             api = self.api()
             for pod in api.pods(info["name"]):
                 pod_name = pod["metadata"]["name"]
-                parts.append(f"==> pod {pod_name} ({pod.get('status', {}).get('phase', '?')}) <==\n" + api.log(pod_name))
+                parts.append(f"==> pod {pod_name} ({pod.get('status', {}).get('phase', '?')}) <==\n"
+                             + quiet_stop_tracebacks(api.log(pod_name)))  # a stop asked for: one line
         except KubernetesError as exc:
             parts.append(f"(live logs unavailable: {exc})")
         if not [p for p in parts if p.startswith("==>")]:

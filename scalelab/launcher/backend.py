@@ -256,12 +256,31 @@ class Backend(ABC):
         status = self.status(run_dir)
         return status.detail or status.state if status.state in ACTIVE else None
 
+    def rank_logs(self, run_dir: Path, rank: int) -> str:
+        """The log lines of one rank: its own file where the backend writes one (Slurm: its task's), else the
+        lines the launcher prefixed with the rank in the combined log."""
+        return rank_log(run_dir, self.logs(run_dir), rank)
+
     @abstractmethod
     def cancel(self, run_dir: Path) -> str | None:
         """Stop the run (its ranks checkpoint) and free everything it holds; nothing may be left running.
 
         Returns what it checked, in one line ("stopped 3 processes; none left"), where it can tell.
         """
+
+
+# How launchers mark a rank's lines: horovodrun "[1,R]<stdout>:", torchrun "[rankR]:" / "[default R]:".
+_RANK_PREFIX = r"^\[(?:\d+,{r}\]|rank{r}\]|default{r}\])"
+
+
+def rank_log(run_dir: Path, text: str, rank: int) -> str:
+    """The lines of one rank: its own file when the backend writes one (logs/rank-R.log, Slurm), else
+    the lines the launcher prefixed with the rank in the combined log."""
+    own = RunPaths(Path(run_dir)).logs / f"rank-{rank}.log"
+    if own.exists():
+        return own.read_text(errors="replace")
+    pattern = re.compile(_RANK_PREFIX.format(r=rank))
+    return "".join(line for line in text.splitlines(keepends=True) if pattern.match(line))
 
 
 def log_text(paths: list[Path]) -> str:
@@ -274,14 +293,40 @@ def log_text(paths: list[Path]) -> str:
 # torchrun's agent answers SIGTERM/SIGINT by raising SignalException, which Python prints as a ~25-line
 # traceback: after a clean `launch cancel` (ranks checkpointed, nothing left) it read as a crash.
 _STOP_TRACEBACK = re.compile(
+    # the agent's warnings as it passes the signal on ("Received 15 death signal", "Sending process N closing
+    # signal SIGTERM"), then its traceback
+    r"(?:^[WI]\d{4} [\d:.]+ +\d+ torch/distributed/elastic/\S+\] (?:Received \d+ death signal, shutting down "
+    r"workers|Sending process \d+ closing signal SIG\w+)\n)*"
     r"^Traceback \(most recent call last\):\n(?:[ \t].*\n)*?"
     r"torch\.distributed\.elastic\.multiprocessing\.api\.SignalException: Process (\d+) got signal: (\d+)\n?",
     re.MULTILINE)
 
 
+# horovodrun (Gloo) reports ranks ended by a signal as "Process R exit with status code -15." lines and a
+# RuntimeError traceback (25 lines): after a clean `launch cancel` of a Horovod run it read as a crash too.
+_HOROVOD_STOP = re.compile(
+    r"((?:^Process \S+ exit with status code -?\d+\.\n)*)"
+    r"^Traceback \(most recent call last\):\n(?:[ \t].*\n)*?"
+    r"RuntimeError: Horovod detected that one or more processes exited with non-zero status, thus causing the "
+    r"job to be terminated\. The first process to do so was:\n(?:\s*\n)?Process name: (\S+)\n(?:\s*\n)?"
+    r"Exit code: (-?\d+)\n*",
+    re.MULTILINE)
+
+#: The signals a stop that was asked for sends: cancel and a scheduler's time limit (SIGTERM), Ctrl-C
+#: (SIGINT), a closed terminal (SIGHUP), Slurm's warning before the limit (SIGUSR1).
+_STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1}
+
+
+def _stop_signal(code: int) -> str | None:
+    """The name of the stop signal an exit code says the process ended by (-15 or 143: SIGTERM), else None."""
+    number = -code if code < 0 else code - 128 if code > 128 else None
+    return signal.Signals(number).name if number in {int(s) for s in _STOP_SIGNALS} else None
+
+
 def quiet_stop_tracebacks(text: str) -> str:
-    """`text` with each torchrun SignalException traceback replaced by one line saying which signal
-    stopped the agent: a stop that was asked for (cancel, Ctrl-C, a scheduler's time limit) is not a crash."""
+    """`text` with each torchrun SignalException traceback, and each horovodrun report of ranks ended by a stop
+    signal, replaced by one line saying which signal stopped them: a stop that was asked for (cancel, Ctrl-C,
+    a scheduler's time limit) is not a crash. A rank that failed (any other exit code) keeps its traceback."""
     def line(m: re.Match) -> str:
         try:
             name = signal.Signals(int(m[2])).name
@@ -289,7 +334,16 @@ def quiet_stop_tracebacks(text: str) -> str:
             name = f"signal {m[2]}"
         return f"torchrun agent (pid {m[1]}) stopped by {name}, as asked; its traceback is left out\n"
 
-    return _STOP_TRACEBACK.sub(line, text)
+    def horovod(m: re.Match) -> str:
+        codes = [int(c) for c in re.findall(r"status code (-?\d+)", m[1])] + [int(m[3])]
+        names = {_stop_signal(c) for c in codes}
+        if None in names:  # some rank failed on its own: its report stays whole
+            return m[0]
+        ranks = len(codes) - 1 or 1
+        return (f"horovodrun: {ranks} rank{'s' if ranks != 1 else ''} stopped by {', '.join(sorted(names))}, "
+                f"as asked; its traceback is left out\n")
+
+    return _HOROVOD_STOP.sub(horovod, _STOP_TRACEBACK.sub(line, text))
 
 
 @dataclass

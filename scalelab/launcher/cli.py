@@ -484,7 +484,7 @@ def print_summary(run_dir: Path, summary) -> None:
     from scalelab.analysis.scaling import scale_layouts
 
     print_scaling(scale_layouts([summary]), console=console)
-    console.print(f"run directory: [bold]{run_dir}[/]  (launch report {run_dir})")
+    console.print(f"run directory: [bold]{run_dir}[/]  (launch report {run_dir})", soft_wrap=True)  # paths whole
 
 
 # ---- resume --------------------------------------------------------------------------------------
@@ -587,7 +587,8 @@ def sweep_cmd(workers: str | None, layouts: str | None, batch_scaling: str | Non
 @click.option("--from-csv", "from_csv", type=InputFile("--from-csv file"),
               help="A published scaling table instead of runs: label (opt.), workers, nodes (opt.), throughput or time_s, mode (opt.).")
 @click.option("--compare", is_flag=True, help="A B: two report directories (or report.json files); what changed from A to B, in percent.")
-@click.option("--out", type=OutputDir("--out"), help="Where report.md, report.json and plots go [default: beside the runs].")
+@click.option("--out", type=OutputDir("--out"), help="Where report.md, report.json and plots go [default: the one run, sweep or study directory given; "
+                   "for several, RUNS/.reports/report-DATE, which `runs/*` globs do not match].")
 @click.option("--format", "fmt", type=click.Choice(["table", "json", "markdown", "html"]), default="table", show_default=True,
               help="What to print; the Markdown report and plots are written in every case; html writes "
                    "report.html (one self-contained page) and prints its path.")
@@ -682,8 +683,8 @@ def report_dirs(paths: list[Path], out: Path | None, fmt: str, rates: tuple[str,
 
         print_scaling(report.table, console=console)
         for note in report.notes:
-            console.print(f"note: {escape(note)}", highlight=False, soft_wrap=True)
-        console.print(f"report: [bold]{report.markdown_path}[/]  plot: {report.plot_path}")
+            console.print(f"note: {escape(note)}", highlight=False)  # prose: wrapped between words
+        console.print(f"report: [bold]{report.markdown_path}[/]  plot: {report.plot_path}", soft_wrap=True)
 
 
 def report_pricer(rates: tuple[str, ...] = (), prices_file: str | None = None):
@@ -761,15 +762,19 @@ def rows_table(rows: list[dict[str, Any]], title: str | None = None, width: int 
                ("words/s", "right", lambda r: cell(r["words_per_s"])),
                ("ETA", "right", lambda r: "—" if r.get("eta_s") is None else duration(r["eta_s"])),
                ("cost $", "right", lambda r: cell(r["cost_usd"], 2)), ("age", "right", lambda r: age(r["age_s"]))]
-    keep = ("name", "layout", "state", "steps")  # the others only where some row has a value (JSON has all)
+    # the others only where some row has a value (JSON has all); the cost always, a dash saying no price is known
+    keep = ("name", "backend", "layout", "state", "steps", "cost $")
     columns = [c for c in columns if c[0] in keep or any(c[2](r) != "—" for r in rows)]
     width = width or console.width or 100
 
-    def natural(cols: list) -> int:  # every cell on one line, 3 columns between cells (padding, rule, padding)
-        return sum(max([len(h)] + [len(get(r)) for r in rows]) for h, _, get in cols) + 3 * (len(cols) - 1)
+    def natural(cols: list, name_at_most: int = 1 << 30) -> int:  # 3 columns between cells (padding, rule, padding)
+        return sum(min(name_at_most if h == "name" else 1 << 30, max([len(h)] + [len(get(r)) for r in rows]))
+                   for h, _, get in cols) + 3 * (len(cols) - 1)
 
-    for drop in ("backend", "cost $", "age", "loss", "ETA"):  # least needed first, until names fit on one line
-        if natural(columns) <= width:
+    # least needed first, until every cell fits on one line; then names may fold (at 30 characters at least)
+    # before the backend and the cost go: at 100 columns they stay beside run names of 37 characters
+    for drop in ("loss", "age", "ETA", "cost $", "backend"):
+        if natural(columns, 1 << 30 if drop in ("loss", "age", "ETA") else 30) <= width:
             break
         columns = [c for c in columns if c[0] != drop]
     from rich import box
@@ -778,9 +783,22 @@ def rows_table(rows: list[dict[str, Any]], title: str | None = None, width: int 
     table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False)
     for header, justify, _ in columns:
         table.add_column(header, justify=justify, no_wrap=header != "name", overflow="fold" if header == "name" else "ellipsis")
+    room = width - natural([c for c in columns if c[0] != "name"]) - 3  # what is left for the names
     for row in rows:
-        table.add_row(*(escape(get(row)) for _, _, get in columns))
+        table.add_row(*(escape(_break_name(get(row), room) if header == "name" else get(row))
+                        for header, _, get in columns))
     return table
+
+
+def _break_name(name: str, room: int) -> str:
+    """A run's name on lines of at most `room` characters, broken after a hyphen where one fits (a name
+    cut inside a number, "...-04575/3", read as another run)."""
+    lines = []
+    while len(name) > room > 0:
+        cut = name.rfind("-", 0, room) + 1 or room
+        lines.append(name[:cut])
+        name = name[cut:]
+    return "\n".join([*lines, name])
 
 
 def _steps_cell(row: dict[str, Any]) -> str:
@@ -855,6 +873,12 @@ def _run_status(run_dir: str) -> None:
         if st.state not in ACTIVE:
             snap.eta_s = None
         console.print(f"  {snap.line()}", highlight=False, soft_wrap=True)
+    elif st.state in ACTIVE:  # before its first step: how many ranks are up
+        from scalelab.launcher.progress import watch_run
+
+        watch = watch_run(path)
+        watch.poll()
+        console.print(f"  {watch.starting()}", highlight=False, soft_wrap=True)
     owner = owner_of(path)
     if owner is not None:
         console.print(f"  followed by launcher pid {owner.pid} on {owner.host}, started "
@@ -867,7 +891,8 @@ def _run_status(run_dir: str) -> None:
 
 @main.command("logs")
 @click.argument("run_dir", type=RunDir())
-@click.option("--rank", type=int, help="Only this rank's lines.")
+@click.option("--rank", type=int, help="Only this rank: its log lines and its records (step, loss, phase times, "
+              "validation, events), streamed with -f.")
 @click.option("--follow", "-f", is_flag=True,
               help="Keep printing new lines and the run's progress until it ends (Ctrl-C stops following only).")
 def logs_cmd(run_dir: str, rank: int | None, follow: bool) -> None:
@@ -875,8 +900,8 @@ def logs_cmd(run_dir: str, rank: int | None, follow: bool) -> None:
     from its records, so a run started with --detach, or on another backend, can be followed from any
     terminal (`launch logs RUN -f` until it ends). RUN_DIR may be a short id: a unique prefix or suffix
     of the run directory's name under runs/ ($SCALELAB_RUNS_DIR)."""
+    from scalelab.launcher.inventory import RankLines
     from scalelab.launcher.inventory import follow as follow_logs
-    from scalelab.launcher.inventory import rank_log
     from scalelab.launcher.progress import watch_run
     from scalelab.launcher.runner import settle
 
@@ -884,20 +909,33 @@ def logs_cmd(run_dir: str, rank: int | None, follow: bool) -> None:
     if rank is not None and not 0 <= rank < read_spec(path).world:
         raise ScalelabError(f"--rank {rank}: the run has ranks 0..{read_spec(path).world - 1}")
     watch = watch_run(path)
+    records = RankLines(path, rank) if rank is not None else None
+    running = {"now": None}  # the run's state as last asked: "starting ranks" is said of an active run only
 
-    def read() -> str:
-        text = backend.logs(path)
-        return text if rank is None else rank_log(path, text, rank)
+    def read() -> str | tuple[str, str]:
+        if records is None:
+            return backend.logs(path)
+        return backend.rank_logs(path, rank), records.read()
+
+    def active() -> bool:
+        running["now"] = backend.status(path).state in ACTIVE
+        return running["now"]
 
     def progress() -> str | None:
         snap = watch.poll()
-        return snap.line() if snap.step or snap.ended else None
+        if snap.step or snap.ended:
+            return snap.line()
+        if running["now"] is None:
+            active()
+        return watch.starting() if running["now"] else None  # before the first step (a bare header for ~45 s)
 
     if not follow:
-        text, line = read(), progress()
-        click.echo(text + (f"{'' if text.endswith(chr(10)) else chr(10)}[progress] {line}" if line else ""))
+        texts = read()
+        text = "\n".join(t.rstrip("\n") + "\n" for t in ([texts] if isinstance(texts, str) else texts) if t.strip())
+        line = progress()
+        click.echo(text + (f"{'' if not text or text.endswith(chr(10)) else chr(10)}[progress] {line}" if line else ""))
         return
-    follow_logs(read, lambda: backend.status(path).state in ACTIVE, lambda s: click.echo(s, nl=False), progress=progress)
+    follow_logs(read, active, lambda s: click.echo(s, nl=False), progress=progress)
     st = settle(backend, path)  # a detached run's end is recorded here, as `launch status` would
     if st.state not in ACTIVE:  # not after Ctrl-C, which stops following only
         click.echo(f"[end] {path}: {st.state} {st.detail}".rstrip())

@@ -30,6 +30,7 @@ from scalelab.core.rundir import (
     sweep_runs,
 )
 from scalelab.core.spec import Spec, read_spec
+from scalelab.launcher.backend import rank_log as rank_log  # one rank's lines of a log (`Backend.rank_logs`)
 
 # The columns of `launch ls`, in order; JSON rows carry every one of them (None when not known).
 COLUMNS = ("name", "kind", "backend", "layout", "state", "steps", "total_steps", "loss", "words_per_s", "eta_s",
@@ -277,41 +278,116 @@ def age(seconds: float | None) -> str:
 
 # ---- logs of one rank, and following them -------------------------------------------------------
 
-# How launchers mark a rank's lines: horovodrun "[1,R]<stdout>:", torchrun "[rankR]:" / "[default R]:".
-_RANK_PREFIX = r"^\[(?:\d+,{r}\]|rank{r}\]|default{r}\])"
+def record_line(rec: dict[str, Any]) -> str | None:
+    """One record of a rank as a line a person reads (`launch logs --rank N`): its step with loss, time and
+    phases, a validation, an event, an error; None for what says nothing there (links, placements)."""
+    kind = rec.get("kind")
+    if kind == "start":
+        where = ", ".join(f"{k} {rec[k]}" for k in ("world", "device", "host", "role") if rec.get(k) is not None)
+        return f"started ({where})" if where else "started"
+    if kind == "step":
+        def ms(key: str) -> str:
+            value = rec.get(key)
+            return "—" if value is None else f"{1000 * float(value):.1f}"
+
+        loss = rec.get("loss")
+        head = f"step {rec.get('step')}" + ("  loss —" if loss is None else f"  loss {float(loss):.4f}")
+        exchange = f" (exch {ms('exchange_s')})" if rec.get("exchange_s") is not None else ""  # inside the backward
+        phases = f"data {ms('data_s')}  fwd {ms('forward_s')}  bwd {ms('backward_s')}{exchange}  opt {ms('optimizer_s')}"
+        marks = " (warm-up)" if rec.get("warmup") else " (profiled)" if rec.get("profiled") else ""
+        return f"{head}  {ms('step_s')} ms: {phases}  {int(rec.get('words') or 0):,} words{marks}"
+    if kind == "val":
+        return f"validation at step {rec.get('step')}: loss {float(rec.get('val_loss') or 0):.4f}"
+    if kind == "event":
+        rest = ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in rec.items()
+                         if k not in ("kind", "event", "rank", "world", "time"))
+        return f"{rec.get('event')}" + (f": {rest}" if rest else "")
+    if kind == "error":
+        return f"error: {rec.get('message')}"
+    return None
 
 
-def rank_log(run_dir: Path, text: str, rank: int) -> str:
-    """The lines of one rank: its own file when the backend writes one (logs/rank-R.log, Slurm), else
-    the lines the launcher prefixed with the rank in the combined log."""
-    import re
+class RankLines:
+    """One rank's records as lines (`record_line`), read as they are appended: `launch logs --rank N` streams
+    them, as ranks print little of their own (the launcher's log held only the progress line)."""
 
-    own = RunPaths(Path(run_dir)).logs / f"rank-{rank}.log"
-    if own.exists():
-        return own.read_text(errors="replace")
-    pattern = re.compile(_RANK_PREFIX.format(r=rank))
-    return "".join(line for line in text.splitlines(keepends=True) if pattern.match(line))
+    def __init__(self, run_dir: Path, rank: int) -> None:
+        from scalelab.core.records import RecordTail
+
+        self.rank = rank
+        self.tail = RecordTail(RunPaths(Path(run_dir)).records / f"rank-{rank}.jsonl")
+        self.text = ""
+
+    def read(self) -> str:
+        """Every line so far (the header first): what follow() shows the new part of."""
+        if not self.text:
+            self.text = f"==> {self.tail.path} (rank {self.rank}'s records) <==\n"
+        for rec in self.tail.read():
+            line = record_line(rec)
+            if line:
+                self.text += f"[rank {self.rank}] {line}\n"
+        return self.text
 
 
 def follow(read: Any, active: Any, write: Any, poll_s: float = 1.0, progress: Any = None,
            progress_every_s: float = 5.0) -> None:
     """Write what `read()` returns, then only what it adds, until `active()` is false (a last read
-    after it). `progress()`, when given, is a line saying where the run is (from its records): written
+    after it). `read()` returns a text, or several (a rank's log and its records), of files under
+    `==> PATH <==` headers: each file is followed apart, as `tail -f` does, its header written again when
+    another file's lines came between (several Slurm task files no longer reprint everything when one grows).
+    `progress()`, when given, is a line saying where the run is (from its records): written
     when it changed, at most every `progress_every_s`, and always after the run ended, so the follower
     sees the last step. Ctrl-C stops following and nothing else: the run goes on."""
-    shown, said, said_at = "", None, float("-inf")
+    shown: dict[str, str] = {}
+    last: str | None = None  # the file whose lines were written last
+    said, said_at = None, float("-inf")
     try:
         while True:
             running = active()
-            text = read()
-            write(text[len(shown):] if text.startswith(shown) else text)
-            shown = text
+            texts = read()
+            for key, body in _sections([texts] if isinstance(texts, str) else list(texts), whole=not running):
+                before = shown.get(key)
+                shown[key] = body
+                if before == body:
+                    continue
+                header = f"{key}\n" if key else ""
+                if before is not None and body.startswith(before) and last == key:
+                    write(body[len(before):])
+                elif before is not None and body.startswith(before):
+                    write("\n" + header + body[len(before):])
+                else:  # a new file, or one rewritten shorter: whole
+                    write(("\n" if last is not None and header else "") + header + body)
+                last = key
             line = progress() if progress else None
             if line and line != said and (not running or time.monotonic() - said_at >= progress_every_s):
-                write(("" if not shown or shown.endswith("\n") else "\n") + f"[progress] {line}\n")
-                said, said_at = line, time.monotonic()
+                write(f"[progress] {line}\n")
+                said, said_at, last = line, time.monotonic(), "[progress]"
             if not running:
                 return
             time.sleep(poll_s)
     except KeyboardInterrupt:
         write("\n(stopped following; the run goes on)\n")
+
+
+def _sections(texts: list[str], whole: bool = False) -> list[tuple[str, str]]:
+    """(header line or "", its lines) of each file in the texts, blank lines at a file's end left out; a
+    last line without its newline is held back until it is whole (or, `whole`, the run has ended)."""
+    out: list[tuple[str, str]] = []
+    for text in texts:
+        key, lines = "", []
+        for line in text.splitlines(keepends=True):
+            if line.startswith("==> ") and line.rstrip("\n").endswith(" <=="):
+                if key or any(x.strip() for x in lines):
+                    out.append((key, "".join(lines).rstrip("\n") + "\n" if "".join(lines).strip() else ""))
+                key, lines = line.rstrip("\n"), []
+            else:
+                lines.append(line)
+        if lines and not lines[-1].endswith("\n"):
+            if whole:
+                lines[-1] += "\n"
+            else:
+                lines.pop()
+        if key or any(x.strip() for x in lines):
+            out.append((key, "".join(lines).rstrip("\n") + "\n" if "".join(lines).strip() else ""))
+    return out
+

@@ -80,6 +80,23 @@ class Snapshot:
             parts.append(f"ETA {duration(self.eta_s)}")
         return "  ".join(parts)
 
+    def parts(self) -> list[tuple[int, str]]:
+        """The line's parts after the step, each with its rank of need (0 first): what a narrow bar keeps."""
+        out = []
+        if self.loss is not None:
+            out.append((0, f"loss {self.loss:.3f}"))
+        if self.val_loss is not None:
+            out.append((3, f"val {self.val_loss:.3f}"))
+        if self.words_per_s is not None:
+            out.append((2, f"{self.words_per_s:,.0f} words/s"))
+        if self.threshold_step is not None:
+            out.append((1, f"threshold reached at step {self.threshold_step}"))
+        elif self.ended:
+            out.append((1, f"ended ({self.ended})"))
+        elif self.eta_s is not None:
+            out.append((1, f"ETA {duration(self.eta_s)}"))
+        return out
+
     def to_dict(self) -> dict[str, Any]:
         return {"step": self.step, "total_steps": self.total, "loss": self.loss, "val_loss": self.val_loss,
                 "words_per_s": self.words_per_s, "eta_s": self.eta_s, "threshold_step": self.threshold_step,
@@ -101,6 +118,16 @@ class RunWatch:
         self.words = 0.0
         self.seconds = 0.0
         self.snap = Snapshot(total=steps)
+        self.started: set[int] = set()  # ranks whose start record is in (they are up and training soon)
+        self.expected: int | None = None  # the ranks the run starts (spec.json), once known
+        self.since: float | None = None  # when the run was launched (launch.json), for "starting ranks" lines
+
+    def starting(self) -> str:
+        """Where a run is before its first step: "starting ranks: 1 of 2 up (20s)", from the start records
+        the ranks write once their engine is up; a detached run's follower saw a bare header for ~45 s."""
+        of = f" of {self.expected}" if self.expected else ""
+        waited = f" ({duration(time.time() - self.since)})" if self.since else ""
+        return f"starting ranks: {len(self.started)}{of} up{waited}"
 
     def _files(self) -> list[Path]:
         try:
@@ -133,6 +160,7 @@ class RunWatch:
             self.snap.ended = str(rec.get("reason") or "ended")
 
     def _start(self, rank: int, rec: dict[str, Any]) -> None:
+        self.started.add(rank)
         if rec.get("role") == "server":
             self.servers.add(rank)
         per_epoch = rec.get("steps_per_epoch")
@@ -182,7 +210,23 @@ class RunWatch:
 def watch_run(run_dir: Path) -> RunWatch:
     """A RunWatch of a run directory, its total from spec.json."""
     spec = read_spec(Path(run_dir))
-    return RunWatch(run_dir, spec.steps, spec.epochs)
+    watch = RunWatch(run_dir, spec.steps, spec.epochs)
+    watch.expected = spec.world
+    launched = _launched(Path(run_dir))
+    watch.since = launched
+    return watch
+
+
+def _launched(run_dir: Path) -> float | None:
+    """When the run was launched, as launch.json says (None before it is written, or unreadable)."""
+    from scalelab.core.rundir import read_state
+
+    try:
+        info = read_state(run_dir) if RunPaths(run_dir).launch.exists() else {}
+    except ScalelabError:
+        return None
+    value = info.get("launched") or info.get("started")
+    return float(value) if isinstance(value, (int, float)) else None
 
 
 def snapshot_of(run_dir: Path) -> Snapshot | None:
@@ -192,6 +236,53 @@ def snapshot_of(run_dir: Path) -> Snapshot | None:
     return snap if watch.tails and (snap.step or snap.ended) else None
 
 
+#: The bar's width: at least this (else it shows nothing), at most rich's default.
+BAR_MIN, BAR_MAX = 10, 40
+#: The elapsed-time column (0:01:23), shown where the terminal has room for it after everything else.
+ELAPSED_WIDTH = 7
+
+
+@dataclass
+class BarLayout:
+    """What the progress bar shows in a terminal `width` columns wide: every piece on one line."""
+
+    description: str
+    bar_width: int
+    info: str
+    elapsed: bool
+
+
+def short_label(label: str, room: int) -> str:
+    """A run's name for the bar: without its -YYYYMMDD-HHMMSS stamp, cut to `room` with an ellipsis in front
+    (the end says the engine and layout, what tells a sweep's runs apart)."""
+    import re
+
+    label = re.sub(r"-\d{8}-\d{6}$", "", label)
+    return label if len(label) <= room else "…" + label[len(label) - max(1, room - 1):]
+
+
+def fit_bar(width: int, label: str, steps_width: int, parts: list[tuple[int, str]], lead: str = "",
+            timed: bool = True) -> BarLayout:
+    """Lay the bar out to fit `width` (issue 35: at 80 columns rich squeezed the bar and the step count to
+    nothing, at 100 the line was cut): the label at most a quarter of it, the bar 10-40 wide, the step count
+    whole, then the info's parts by need (loss, ETA or how it ended, words/s, validation, ranks) as long as
+    they fit, in their own order; the elapsed time last."""
+    width = max(width - 1, 40)  # a line of exactly the terminal's width wraps in some terminals
+    description = short_label(label, max(8, width // 4))
+    fixed = len(description) + 1 + BAR_MIN + 1 + steps_width + 1  # one space between columns
+    ordered = ([(4, lead)] if lead else []) + parts
+    keep: set[int] = set()
+    for i in sorted(range(len(ordered)), key=lambda i: ordered[i][0]):
+        trial = keep | {i}
+        if fixed + len("  ".join(ordered[j][1] for j in sorted(trial))) <= width:
+            keep = trial
+    info = "  ".join(ordered[j][1] for j in sorted(keep))
+    used = fixed + len(info)
+    elapsed = timed and used + 1 + ELAPSED_WIDTH <= width and len(keep) == len(ordered)
+    used += (1 + ELAPSED_WIDTH) if elapsed else 0
+    return BarLayout(description, min(BAR_MAX, BAR_MIN + width - used), info, elapsed)
+
+
 class RunProgress:
     """The launcher's own view while it follows a run: a rich bar on a terminal; elsewhere (CI, a pipe) a
     plain line about every 10% of the run, so logs stay short."""
@@ -199,6 +290,11 @@ class RunProgress:
     def __init__(self, run_dir: Path, total_steps: int | None, label: str, console: Console | None = None,
                  epochs: int | None = None) -> None:
         self.watch = RunWatch(run_dir, total_steps, epochs)
+        self.watch.since = time.time()  # the launcher follows from the start: "starting ranks: 1 of 2 up (12s)"
+        try:
+            self.watch.expected = read_spec(Path(run_dir)).world
+        except (ScalelabError, OSError):
+            pass  # no spec.json (a test's bare records): "starting ranks: 1 up"
         self.label = label
         self.console = console or Console(stderr=True)
         self.snap = Snapshot(total=self.watch.total)
@@ -206,11 +302,14 @@ class RunProgress:
         self.live = self.console.is_terminal
         self._progress = None
         if self.live:
+            layout = self.layout()
+            self._bar = BarColumn(bar_width=layout.bar_width)
+            self._elapsed = TimeElapsedColumn()
             self._progress = Progress(
-                TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                TextColumn("{task.fields[info]}"), TimeElapsedColumn(), console=self.console, transient=False,
+                TextColumn("[bold]{task.description}"), self._bar, MofNCompleteColumn(),
+                TextColumn("{task.fields[info]}"), console=self.console, transient=False,
             )
-            self._task = self._progress.add_task(label, total=self.watch.total, info="starting ranks...")
+            self._task = self._progress.add_task(layout.description, total=self.watch.total, info=layout.info)
 
     def __enter__(self) -> "RunProgress":
         if self._progress:
@@ -229,13 +328,34 @@ class RunProgress:
 
     def info(self) -> str:
         """The bar's text: the snapshot's line without the step (the bar shows it)."""
-        return f"{self.watch.world} rank(s)  " + self.snap.line().split("  ", 1)[-1] if self.snap.step else "starting ranks..."
+        return self.layout().info
+
+    def layout(self) -> BarLayout:
+        """The bar laid out for the console's width now (a resized terminal gets its own)."""
+        total = self.snap.total or self.watch.total
+        steps_width = 2 * len(str(total or self.snap.step or 0)) + 1
+        if not self.snap.step:
+            return fit_bar(self.console.width, self.label, steps_width, [(0, self.watch.starting())],
+                           timed=False)  # "starting ranks: 0 of 2 up (8s)" says the time already
+        ranks = f"{self.watch.world} rank{'s' if self.watch.world != 1 else ''}"
+        return fit_bar(self.console.width, self.label, steps_width, self.snap.parts(), lead=ranks)
 
     def _show(self) -> None:
         snap = self.snap
         if self._progress:
-            self._progress.update(self._task, total=snap.total, completed=snap.step, info=self.info())
+            layout = self.layout()
+            self._bar.bar_width = layout.bar_width
+            columns = list(self._progress.columns)
+            if layout.elapsed != (self._elapsed in columns):
+                self._progress.columns = tuple(columns + [self._elapsed] if layout.elapsed
+                                               else [c for c in columns if c is not self._elapsed])
+            self._progress.update(self._task, total=snap.total, completed=snap.step, info=layout.info,
+                                  description=layout.description)
             return
+        if not snap.step and self.watch.started and self._last_plain == -1:  # once: the ranks are up
+            if self.watch.expected is None or len(self.watch.started) >= self.watch.expected:
+                self._last_plain = "started"
+                print(f"[{self.label}] {self.watch.starting()}", file=sys.stderr, flush=True)
         if not snap.total:
             return
         decile = snap.step * 10 // snap.total

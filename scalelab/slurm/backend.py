@@ -237,13 +237,21 @@ class SlurmBackend(Backend):
         return status
 
     def logs(self, run_dir: Path) -> str:
-        """Every job's per-task logs (submitit's JOB_TASK_log.out and .err), rank by rank."""
+        """Every job's per-task logs (submitit's JOB_TASK_log.out and .err), rank by rank, summarised: submitit's
+        own INFO lines left out (16 files of them came before any progress) and the files with nothing else
+        named in one line; the files stay whole on disk, and `launch logs RUN --rank N` shows one rank's."""
         ranks, files = read_spec(Path(run_dir)).world, []
         for job in jobs_of(run_dir):
             for rank in range(ranks):
                 paths = JobPaths(job["folder"], job_id=job["job_id"], task_id=rank)
                 files += [p for p in (paths.stdout, paths.stderr) if p.exists() or rank == 0]
-        return log_text(files)
+        return summarised_task_logs(files)
+
+    def rank_logs(self, run_dir: Path, rank: int) -> str:
+        """One rank's task files of every job (its task id is its rank), whole but for a cancel's srun lines."""
+        return quiet_slurm_stop(log_text([p for job in jobs_of(run_dir) for p in (
+            JobPaths(job["folder"], job_id=job["job_id"], task_id=rank).stdout,
+            JobPaths(job["folder"], job_id=job["job_id"], task_id=rank).stderr) if p.exists()]))
 
     def cancel(self, run_dir: Path, grace_s: float = 120.0) -> None:
         """submitit's cancel (scancel: the ranks get SIGTERM, checkpoint and exit), then wait until the
@@ -271,6 +279,69 @@ class SlurmBackend(Backend):
                     f"and `sacct -j {job_id}`, and stop the run's own job with scancel")
         self._verified.add(job_id)
         return ""
+
+
+# submitit's logger writes "submitit INFO (2026-11-27 05:00:00,123) - Starting with JobEnvironment(...)" in every
+# task's files (and, on a cancel, "submitit WARNING (...) - Bypassing signal SIGCONT" in each): a person
+# following the run wants the ranks' own lines
+_SUBMITIT_LINE = re.compile(r"^submitit (?:(?:INFO|DEBUG) \(\d{4}-\d\d-\d\d [\d:,]+\) - |"
+                            r"WARNING \(\d{4}-\d\d-\d\d [\d:,]+\) - Bypassing signal SIG\w+$)")
+
+# What srun and slurmstepd print when the job is cancelled (scancel, `launch cancel`, the time limit): 5-8
+# lines in task 0's file that read as errors ("error: *** JOB 270 ON node1 CANCELLED AT ... ***")
+_SLURM_STOP = re.compile(
+    r"^(?:srun: (?:Job step aborted.*|got SIG\w+|forcing job termination|launch/slurm: _step_signal: .*|"
+    r"Job step \S+ aborted.*|error: \S+: tasks? [\d,-]+: (?:Exited with exit code (\d+)|Terminated|Killed))|"
+    r"slurmstepd(?:-\S+)?: error: \*\*\* (?:STEP|JOB) (\S+) ON \S+ CANCELLED AT (\S+)(.*?) \*\*\*)$")
+
+
+def quiet_slurm_stop(text: str) -> str:
+    """`text` with srun's and slurmstepd's messages about a cancelled job made one line, where every task
+    exited as a stop asks (143: SIGTERM, the ranks checkpointed); a task that failed keeps them all."""
+    from scalelab.launcher.backend import _stop_signal
+
+    lines = text.splitlines(keepends=True)
+    matches = [_SLURM_STOP.match(line.rstrip("\n")) for line in lines]
+    cancelled = [m for m in matches if m and m[2]]
+    codes = [int(m[1]) for m in matches if m and m[1]]
+    if not cancelled or any(_stop_signal(c) is None for c in codes):
+        return text
+    job, when, why = cancelled[-1][2].split(".")[0], cancelled[-1][3], cancelled[-1][4].strip().lower()
+    said = (f"slurm: job {job} cancelled at {when}{' ' + why if why else ''}; tasks exited "
+            f"{', '.join(sorted({str(c) for c in codes})) or 'on the stop signal'}, as asked; srun's messages left out\n")
+    out, first = [], True
+    for line, m in zip(lines, matches):
+        if m is None:
+            out.append(line)
+        elif first:
+            out.append(said)
+            first = False
+    return "".join(out)
+
+
+def summarised_task_logs(paths: list[Path]) -> str:
+    """submitit's task files as one text: each file with a line of its own (a rank's output, a warning, an
+    error, a traceback) under its header, submitit's INFO lines left out and counted; the files that held
+    nothing else named together in one line."""
+    from scalelab.launcher.backend import quiet_stop_tracebacks
+
+    shown, quiet, dropped = [], [], 0
+    for path in paths:
+        if not path.exists():
+            quiet.append(path)
+            continue
+        lines = path.read_text(errors="replace").splitlines(keepends=True)
+        kept = [line for line in lines if not _SUBMITIT_LINE.match(line)]
+        dropped += len(lines) - len(kept)
+        if any(line.strip() for line in kept):
+            shown.append(f"==> {path} <==\n" + quiet_slurm_stop(quiet_stop_tracebacks("".join(kept))))
+        else:
+            quiet.append(path)
+    if quiet or dropped:  # first, and said the same way whatever the counts, so that `logs -f` says it once
+        folders = ", ".join(sorted({str(p.parent) for p in paths}))
+        shown.insert(0, f"(submitit's own lines are left out, and the task log files holding nothing else; the files "
+                        f"are whole on disk in {folders}: `launch logs RUN --rank N` shows one rank's)\n")
+    return "\n".join(shown)
 
 
 class SlurmWatcher(SlurmInfoWatcher):
