@@ -7,4 +7,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/python-env.sh
 scripts/install.sh
-exec "$PY" -m pytest -q "$@"
+# On SCALELAB_TEST_WORKERS pytest-xdist workers (default 2: CI's two cores; 0 runs in this process, as plain
+# pytest does). Most of a test's time is waiting on processes it started (ranks' start-up, rendezvous, Slurm,
+# moto), so two workers overlap it; the Slurm cluster's tests stay together on one worker (tests/conftest.py).
+workers=${SCALELAB_TEST_WORKERS:-2}
+exec "$PY" -m pytest -q -n "$workers" --dist loadgroup "$@"

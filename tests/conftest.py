@@ -206,3 +206,12 @@ def run_entry(argv: list[str], monkeypatch, capsys) -> tuple[int, str, str]:
         code = exc.code if isinstance(exc.code, int) else 1
     out = capsys.readouterr()
     return code, out.err, out.out
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (scripts/test.sh runs the suite on 2 workers), every test that uses the Slurm
+    cluster goes to one worker, in order (`--dist loadgroup`): the session fixture starts the cluster once
+    per worker and stops it at that worker's end, and the cluster's two nodes hold one test's jobs."""
+    for item in items:
+        if "slurm_cluster" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("slurm"))

@@ -165,18 +165,29 @@ def test_launchers_racing_for_a_stale_lock_leave_one_owner(tmp_path: Path, round
 
 
 def test_owner_file_is_never_seen_empty_or_half_written(tmp_path: Path) -> None:
-    """A launcher taking and releasing the lock over and over; every read of owner.json is a whole owner."""
-    code = ("import sys; from pathlib import Path; from scalelab.core.lock import RunLock\n"
-            "for _ in range(300):\n    RunLock(Path(sys.argv[1])).acquire().release()\n")
+    """A launcher taking and releasing the lock over and over; every read of owner.json is a whole owner.
+    The launcher goes on until the reader has seen the lock held 50 times (or 60 s pass), so a loaded
+    machine that schedules the reader rarely still gives it reads to check."""
+    stop = tmp_path / "stop"
+    run = tmp_path / "run"
+    run.mkdir()
+    code = ("import sys, time; from pathlib import Path; from scalelab.core.lock import RunLock\n"
+            "end = time.monotonic() + 60\n"
+            "while not Path(sys.argv[2]).exists() and time.monotonic() < end:\n"
+            "    RunLock(Path(sys.argv[1])).acquire().release()\n")
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], env=env)
+    proc = subprocess.Popen([sys.executable, "-c", code, str(run), str(stop)], env=env)
     seen = 0
-    while proc.poll() is None:
-        try:
-            text = (tmp_path / OWNER_FILE).read_text()
-        except FileNotFoundError:
-            continue
-        assert json.loads(text)["pid"] == proc.pid, f"owner.json read as {text!r}"
-        seen += 1
+    try:
+        while proc.poll() is None and seen < 50:
+            try:
+                text = (run / OWNER_FILE).read_text()
+            except FileNotFoundError:
+                continue
+            assert json.loads(text)["pid"] == proc.pid, f"owner.json read as {text!r}"
+            seen += 1
+    finally:
+        stop.touch()
+        proc.wait(timeout=60)
     assert proc.returncode == 0
     assert seen > 0, "the reader never saw the lock held; the test proved nothing"
