@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import PurePath
 
 from scalelab.core.engines import HOROVODRUN, PLAIN, TORCHRUN, starter
-from scalelab.core.procs import TRAINER
+from scalelab.core.procs import SCRIPT_RUNNER, TRAINER
 from scalelab.core.spec import Spec
 
 DEFAULT_MASTER_PORT = 29500  # torchrun's own default
@@ -81,7 +81,7 @@ def launch_plan(spec: Spec, run_dir: str | PurePath, site: Site = Site()) -> lis
     (horovodrun over ssh, mpirun). Pure: the same arguments give the same plan.
     """
     how, env = starter(spec.engine.name), engine_env(spec)
-    program = [*TRAINER, str(run_dir)]
+    program = payload(spec, run_dir)
     if how == PLAIN:
         return [NodeLaunch(0, [site.python, *program], env)]
     if how == TORCHRUN:
@@ -92,6 +92,29 @@ def launch_plan(spec: Spec, run_dir: str | PurePath, site: Site = Site()) -> lis
         return [NodeLaunch(0, mpirun_argv(spec.world, site.mpirun_args, site.exports, site.python, program), env)]
     return [NodeLaunch(0, horovodrun_argv(site.horovodrun, site.python, spec.world, site.hosts, program,
                                           site.ssh_identity), env)]
+
+
+def payload(spec: Spec, run_dir: str | PurePath) -> list[str]:
+    """What every rank runs, after `python`: the built-in trainer, or the runner of the user's --script /
+    --module (scalelab/train/script.py), which reads what to run from the run's spec.json."""
+    return [*(SCRIPT_RUNNER if spec.own_code else TRAINER), str(run_dir)]
+
+
+def payload_comment(spec: Spec, folder: str | None = None) -> str | None:
+    """One comment line for a dry run: what every rank runs of the user's code (`folder`: where its folder is
+    on the nodes, when not where it is here); None for the built-in trainer."""
+    if not spec.own_code:
+        return None
+    import shlex
+
+    if spec.script:
+        where = str(PurePath(folder) / PurePath(spec.script).name) if folder else spec.script
+        what = ["python", where]
+    else:
+        what = ["python", "-m", str(spec.module)]
+    place = f" (from {folder or spec.script_dir})" if spec.module else ""
+    return (f"# every rank runs your code: {shlex.join([*what, *spec.script_args])}{place}, inside "
+            f"`python -m scalelab.train.script RUN_DIR`, which records its scalelab.track calls")
 
 
 def engine_env(spec: Spec) -> dict[str, str]:
