@@ -233,7 +233,8 @@ def summarize_loaded(run) -> LayoutSummary:
     per_epoch = run.start["steps_per_epoch"].dropna() if "steps_per_epoch" in run.start else []
     meta = RunMeta(
         label=run_label(spec), nodes=spec.nodes, gpus_per_node=spec.gpus_per_node, workers=spec.workers,
-        engine=spec.engine.name, rnn=spec.rnn, precision=spec.precision, model=spec.model, batch_mode=spec.batch_mode,
+        engine=spec.engine.name, rnn=None if spec.own_code else spec.rnn,  # a --script's are its own business
+        precision=None if spec.own_code else spec.precision, model=spec.model, batch_mode=spec.batch_mode,
         work_scaling=spec.work_scaling, global_batch=global_batch, loss_threshold=spec.loss_threshold,
         launched_at=launched_at(run), lr_warmup_steps=spec.lr_warmup_steps,
         steps_per_epoch=int(per_epoch.iloc[0]) if len(per_epoch) else None,

@@ -166,7 +166,7 @@ def run(run_dir: Path) -> int:
         out.event("interrupted", signal=state.stop, step=state.step, **({"cause": state.stop_cause} if state.stop_cause else {}))
     if code not in (0, INTERRUPTED):
         said = getattr(state, "error", None) or f"{spec.script_label} exited with status {code}"
-        out.error(f"{said} (rank {rank}; its output: launch logs {run_dir})")
+        out.error(f"{said} (its output: launch logs {run_dir})")  # the same words on every rank: said once
     elif spec.loss_threshold is not None and state.reached is None and not stopped:
         out.event("threshold_not_reached", step=state.step, elapsed_s=state.elapsed, threshold=spec.loss_threshold)
     out.event("end", step=state.step, reason=reason, elapsed_s=state.elapsed, exit_code=code,

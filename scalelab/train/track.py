@@ -79,12 +79,14 @@ def unit(name: str) -> None:
         _state.writer.event("unit", unit=_unit)
 
 
-def _number(call: str, field: str, value: Any, whole: bool = False) -> float | int:
+def _number(call: str, field: str, value: Any, whole: bool = False, negative: bool = False) -> float | int:
+    """`value` as a plain number, or a TrackError naming the call: NaN and infinity never, below 0 only where
+    `negative` (a loss may be, a count may not)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) and not hasattr(value, "item"):
         raise TrackError(f"{call}({field}={value!r}): {field} must be a number")
     value = value.item() if hasattr(value, "item") else value  # a 0-d tensor or numpy scalar
-    if not math.isfinite(value) or value < 0:
-        raise TrackError(f"{call}({field}={value!r}): {field} must be a finite number >= 0")
+    if not isinstance(value, (int, float)) or not math.isfinite(value) or (value < 0 and not negative):
+        raise TrackError(f"{call}({field}={value!r}): {field} must be a finite number" + ("" if negative else " >= 0"))
     if whole:
         if float(value) != int(value):
             raise TrackError(f"{call}({field}={value!r}): {field} counts items, a whole number")
@@ -100,7 +102,7 @@ def step(items: int, loss: float | None = None, step: int | None = None) -> None
         return
     now = time.perf_counter()
     items = _number("track.step", "items", items, whole=True)
-    value = None if loss is None else _number("track.step", "loss", loss)
+    value = None if loss is None else _number("track.step", "loss", loss, negative=True)
     s = _state
     s.step = int(_number("track.step", "step", step, whole=True)) if step is not None else s.step + 1
     step_s = max(now - s.last, 1e-9)
@@ -115,7 +117,7 @@ def validation(loss: float) -> bool:
     first one at or below --loss-threshold on (the summary records the time and steps to it)."""
     if not active():
         return False
-    value = _number("track.validation", "loss", loss)
+    value = _number("track.validation", "loss", loss, negative=True)
     s = _state
     s.writer.write("val", step=s.step, epoch=0, val_loss=value, elapsed_s=s.elapsed)
     if s.reached is None and s.loss_threshold is not None and value <= s.loss_threshold:
@@ -159,7 +161,7 @@ def _activate(writer: Any, run_dir: Path, warmup_steps: int, loss_threshold: flo
     s.elapsed, s.last = elapsed, started
 
 
-def _stopped(signum: int, cause: str | None = None) -> bool:
+def _stopped(signum: int) -> bool:
     """A stop signal reached the rank: True when the script asks `should_stop()` (it then stops itself)."""
-    _state.stop, _state.stop_cause = signum, cause
+    _state.stop = signum  # (the launcher watch sets stop_cause first)
     return _state.stop_asked

@@ -1,0 +1,225 @@
+"""Issue 34: your own training script as the ranks (`launch --script FILE -- ARGS`), measured through `scalelab.track`.
+
+The examples (examples/own-script/: a plain DDP script and a Horovod script) run on 2 local ranks and
+their records are the built-in trainer's own (the report reads them unchanged); a script that records
+nothing still gets a run; bad input is one line and exit 2 with nothing left running; a cancel
+reaches `track.should_stop()`, `launch resume` continues from the script's checkpoint and a launcher
+killed with SIGKILL leaves no process behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, launch, needs_horovod, only_run_dir, read_jsonl, run_entry, steps_of
+
+EXAMPLES = ROOT / "examples" / "own-script"
+DDP, HOROVOD = EXAMPLES / "train_ddp.py", EXAMPLES / "train_horovod.py"
+
+
+def records(run_dir: Path, rank: int, kind: str) -> list[dict]:
+    return [r for r in read_jsonl(run_dir / "records" / f"rank-{rank}.jsonl") if r["kind"] == kind]
+
+
+def events(run_dir: Path, rank: int, name: str) -> list[dict]:
+    return [r for r in records(run_dir, rank, "event") if r["event"] == name]
+
+
+def no_process_of(run_dir: Path) -> list[int]:
+    from scalelab.core.procs import rank_processes
+
+    return [p.pid for p in rank_processes(run_dir)]
+
+
+def check_script_run(run_dir: Path, engine: str, steps: int) -> None:
+    """Every rank wrote the trainer's step records: numbered 1..steps, the first --warmup-steps (5) marked."""
+    from scalelab.core.records import load_run, record_problem
+
+    for rank in (0, 1):
+        start = records(run_dir, rank, "start")[0]
+        assert (start["engine"], start["world"], start["model"]) == (engine, 2, Path(start["script"]).name)
+        got = steps_of(run_dir, rank)
+        assert [r["step"] for r in got] == list(range(1, steps + 1))
+        assert [r["warmup"] for r in got] == [True] * 5 + [False] * (steps - 5)
+        assert all(r["samples"] == r["words"] == 16 * 16 for r in got)  # 16 sequences of 16 tokens per rank
+        assert all(record_problem(r) is None and r["step_s"] > 0 for r in got)
+        assert events(run_dir, rank, "end")[0]["exit_code"] == 0
+    assert len(load_run(run_dir).steps) == 2 * steps  # the one reader takes them as any run's
+
+
+def test_ddp_script_on_two_local_ranks_is_measured_like_a_built_in_model(tmp_path: Path) -> None:
+    proc = launch("--script", str(DDP), "--engine", "ddp", "--gpus-per-node", "2", "--loss-threshold", "1.5",
+                  "--", "--steps", "30", "--val-every", "10", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    run_dir = only_run_dir(tmp_path / "runs")
+    assert "train_ddp.py" in proc.stdout and "Traceback" not in proc.stderr
+    # the threshold: reached at a validation, and the script stopped there (its own `break`)
+    thr = events(run_dir, 0, "threshold")
+    assert thr and thr[0]["val_loss"] <= 1.5
+    assert steps_of(run_dir, 0)[-1]["step"] == thr[0]["step"] < 30
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["reached_threshold"] is True and summary["steps_to_threshold"] == thr[0]["step"]
+    assert summary["words_per_s"] > 0 and summary["workers"] == 2
+    report = launch("report", str(run_dir), "--format", "json", cwd=tmp_path)
+    assert report.returncode == 0, report.stderr
+    assert json.loads(report.stdout)[0]["time_to_threshold_s"] > 0
+
+
+@needs_horovod
+def test_horovod_script_runs_under_horovodrun_on_two_ranks(tmp_path: Path) -> None:
+    dry = launch("--script", str(HOROVOD), "--engine", "horovod", "--gpus-per-node", "2", "--dry-run", "--",
+                 "--steps", "12", cwd=tmp_path)
+    assert dry.returncode == 0, dry.stderr
+    assert "horovodrun" in dry.stdout and "-m scalelab.train.script" in dry.stdout
+    assert f"python {HOROVOD} --steps 12" in dry.stdout  # the dry run says what every rank runs
+    proc = launch("--script", str(HOROVOD), "--engine", "horovod", "--gpus-per-node", "2", "--",
+                  "--steps", "12", "--val-every", "100", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    check_script_run(only_run_dir(tmp_path / "runs"), "horovod", 12)
+
+
+def test_ddp_script_records_every_rank_and_runs_alone_unchanged(tmp_path: Path) -> None:
+    proc = launch("--script", str(DDP), "--engine", "ddp", "--gpus-per-node", "2", "--",
+                  "--steps", "12", "--val-every", "100", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    check_script_run(only_run_dir(tmp_path / "runs"), "ddp", 12)
+    # the same script outside a launch: every track call a no-op, no run directory, nothing recorded
+    alone = subprocess.run([sys.executable, str(DDP), "--steps", "3", "--val-every", "100"], cwd=tmp_path,
+                           env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=120)
+    assert alone.returncode == 0, alone.stderr
+    assert len(list((tmp_path / "runs").iterdir())) == 1
+
+
+def test_a_script_that_calls_nothing_still_gets_a_run_and_the_report_says_how_to_measure(tmp_path: Path) -> None:
+    (tmp_path / "plain.py").write_text("import sys\nprint('args', sys.argv[1:])\n")
+    proc = launch("--script", "plain.py", "--engine", "single", "--", "--lr", "0.1", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    run_dir = only_run_dir(tmp_path / "runs")
+    assert "no step records" in proc.stdout and "track.step(items=N" in proc.stdout
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["exit_codes"] == [0] and summary["wall_s"] >= 0 and summary["steps_measured"] == 0
+    logs = launch("logs", str(run_dir), cwd=tmp_path)
+    assert "args ['--lr', '0.1']" in logs.stdout  # its arguments after `--`, its output in the logs
+    report = launch("report", str(run_dir), cwd=tmp_path)
+    assert report.returncode == 2 and "has no step records" in report.stderr and "track.step" in report.stderr
+    assert "Traceback" not in report.stderr
+
+
+def test_track_outside_a_launch_does_nothing() -> None:
+    from scalelab import track
+
+    assert not track.active()
+    track.step(items=-5, loss=float("nan"))  # not even checked: the script runs alone, unchanged
+    assert track.validation(loss=0.0) is False and track.should_stop() is False
+    assert track.checkpoint_dir is None and track.resumed is False
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["--script", "missing.py"], "--script missing.py: no such file"),
+    (["--script", "."], "is a directory or a special file, not a script"),
+    (["--script", "ok.py", "--model", "nmt-tiny"], "--model nmt-tiny picks a built-in preset"),
+    (["--script", "ok.py", "--module", "ok"], "give --script FILE or --module MODULE, not both"),
+    (["run", "--engine", "single", "--", "--lr", "1"], "arguments after `--` go to your --script"),
+    (["--module", "no_such_module_here"], "--module no_such_module_here: no module"),
+    (["--script", "ok.py", "--engine", "single", "--gpus-per-node", "2"], "engine 'single' runs one worker"),
+    (["--script", "binary.py"], "is not a text file"),
+])
+def test_bad_input_is_one_line_before_anything_starts(argv, said, tmp_path, monkeypatch, capsys) -> None:
+    (tmp_path / "ok.py").write_text("print('hi')\n")
+    (tmp_path / "binary.py").write_bytes(b"\0\1\2")
+    monkeypatch.chdir(tmp_path)
+    code, err, _ = run_entry([*argv, "--runs-dir", str(tmp_path / "runs")], monkeypatch, capsys)
+    assert code == 2 and said in err, err
+    assert len([line for line in err.splitlines() if "error" in line]) == 1 and "Traceback" not in err
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
+@pytest.mark.parametrize("body, said", [
+    ("import sys\nsys.exit(3)\n", "bad.py exited with status 3"),
+    ("raise ValueError('boom')\n", "bad.py raised ValueError: boom"),
+    ("from scalelab import track\ntrack.step(items=-1)\n", "track.step(items=-1): items must be a finite number >= 0"),
+    ("from scalelab import track\ntrack.step(items=4, loss=float('nan'))\n", "track.step(loss=nan): loss must be a finite"),
+])
+def test_a_script_that_fails_at_once_is_one_line_and_leaves_nothing_running(body, said, tmp_path: Path) -> None:
+    (tmp_path / "bad.py").write_text(body)
+    proc = launch("--script", "bad.py", "--engine", "ddp", "--gpus-per-node", "2", cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and said in lines[0] and "Traceback" not in proc.stderr, proc.stderr
+    run_dir = only_run_dir(tmp_path / "runs")
+    assert json.loads((run_dir / "launch.json").read_text())["state"] == "FAILED"
+    assert no_process_of(run_dir) == []
+
+
+def wait_for_steps(run_dir: Path, n: int, timeout: float = 90) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        path = run_dir / "records" / "rank-1.jsonl"
+        if path.exists() and sum('"kind": "step"' in line for line in path.read_text().splitlines()) >= n:
+            return
+        time.sleep(0.3)
+    raise AssertionError(f"{run_dir} did not reach step {n}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("engine, script", [("ddp", DDP), pytest.param("horovod", HOROVOD, marks=needs_horovod)])
+def test_cancel_reaches_should_stop_and_resume_continues_from_the_scripts_checkpoint(engine, script, tmp_path) -> None:
+    steps = "200000"
+    proc = launch("--script", str(script), "--engine", engine, "--gpus-per-node", "2", "--detach", "--",
+                  "--steps", steps, "--val-every", "1000000", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    run_dir = only_run_dir(tmp_path / "runs")
+    wait_for_steps(run_dir, 20)
+    cancel = launch("cancel", str(run_dir), cwd=tmp_path)
+    assert cancel.returncode == 0 and "none left" in cancel.stdout, cancel.stdout + cancel.stderr
+    stopped = events(run_dir, 0, "interrupted") or events(run_dir, 1, "interrupted")
+    assert stopped and stopped[0]["signal"] == signal.SIGTERM  # should_stop() saw it: the script saved and left
+    assert (run_dir / "checkpoint" / "model.pt").is_file()
+    saved = stopped[0]["step"]
+    resumed = launch("resume", str(run_dir), "--detach", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    wait_for_steps(run_dir, saved + 10)
+    launch("cancel", str(run_dir), cwd=tmp_path)
+    assert events(run_dir, 0, "resume")[0]["step"] == saved
+    after = [r["step"] for r in steps_of(run_dir, 0)]
+    assert after[saved:saved + 3] == [saved + 1, saved + 2, saved + 3]  # numbering goes on from the checkpoint
+    starts = records(run_dir, 0, "start")
+    assert starts[-1]["resumed_from_step"] == saved
+    # the script itself read its checkpoint: the loss goes on from where it was, not from an untrained model
+    first_loss = steps_of(run_dir, 0)[0]["loss"]
+    assert steps_of(run_dir, 0)[saved]["loss"] < first_loss / 2
+    assert no_process_of(run_dir) == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("engine, script", [("ddp", DDP), pytest.param("horovod", HOROVOD, marks=needs_horovod)])
+def test_sigkill_of_the_launcher_leaves_nothing_running(engine, script, tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    launcher = subprocess.Popen([sys.executable, "-m", "scalelab.launcher.cli", "--script", str(script), "--engine",
+                                 engine, "--gpus-per-node", "2", "--", "--steps", "200000", "--val-every", "1000000"],
+                                cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir()):
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        run_dir = only_run_dir(tmp_path / "runs")
+        wait_for_steps(run_dir, 10)
+        assert no_process_of(run_dir)
+    finally:
+        launcher.kill()
+        launcher.wait()
+    deadline = time.monotonic() + 40
+    while no_process_of(run_dir) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert no_process_of(run_dir) == []
+    # the ranks were asked to stop (should_stop: the one that noticed first; the other follows its agreement)
+    assert events(run_dir, 0, "interrupted") or events(run_dir, 1, "interrupted")
