@@ -223,3 +223,26 @@ def test_sigkill_of_the_launcher_leaves_nothing_running(engine, script, tmp_path
     assert no_process_of(run_dir) == []
     # the ranks were asked to stop (should_stop: the one that noticed first; the other follows its agreement)
     assert events(run_dir, 0, "interrupted") or events(run_dir, 1, "interrupted")
+
+
+@pytest.mark.slow
+def test_sweep_report_and_plan_of_a_script(tmp_path: Path) -> None:
+    """The README's walk: two sweeps of the DDP script (global batch 32 and 64) over 1 and 2 workers to a loss
+    threshold, `launch report` with dollars at a rate, `launch plan` on those runs."""
+    for batch in ("32", "64"):
+        proc = launch("sweep", "--script", str(DDP), "--engine", "ddp", "--workers", "1,2", "--loss-threshold", "1.0",
+                      "--", "--steps", "60", "--val-every", "5", "--global-batch", batch, cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr
+    sweeps = sorted(str(p) for p in (tmp_path / "runs").glob("sweep-train_ddp.py-*"))
+    assert len(sweeps) == 2
+    report = launch("report", sweeps[0], "--rate", "0.5/gpu-hour", "--format", "json", cwd=tmp_path)
+    assert report.returncode == 0, report.stderr
+    rows = json.loads(report.stdout)
+    assert [r["workers"] for r in rows] == [1, 2] and all(r["reached_threshold"] for r in rows)
+    assert rows[1]["speedup"] > 0 and rows[1]["efficiency"] > 0 and all(r["global_batch"] == 32 * 16 for r in rows)
+    assert all(r["dollars"] > 0 and r["dollars_to_threshold"] > 0 for r in rows), rows
+    plan = launch("plan", *sweeps, "--measured-on", "g5.xlarge", "--instance-types", "g5.xlarge", "--deadline-h", "1",
+                  "--format", "json", cwd=tmp_path)
+    assert plan.returncode == 0, plan.stderr
+    picked = [r for r in json.loads(plan.stdout) if r.get("table") == "candidates" and r.get("recommendation")]
+    assert picked and picked[0]["steps_to_threshold"] > 0 and picked[0]["dollars"] > 0

@@ -35,7 +35,7 @@ FLAGS_BEFORE = """--backend --model --rnn --precision --engine --nodes --gpus-pe
 --checkpoint-every --threads --interop-threads --independent-replicas/--exchange --balance --balance-every
 --emulate-slowdown --device --seed --fusion-threshold-mb --cycle-time-ms --grad-compression
 --fp16-allreduce/--no-fp16-allreduce --bucket-cap-mb --ps-shards --ps-state --profile-steps --ps-placement --name
---output-loss""".split()
+--output-loss --script --module""".split()  # --script, --module: issue 34
 
 
 def _leaf_keys(cls: type, prefix: str = "") -> list[str]:

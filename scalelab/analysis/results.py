@@ -230,6 +230,8 @@ def summarize_loaded(run) -> LayoutSummary:
     if run.steps.empty:
         raise RecordError(f"{run.run_dir} has no step records: the run stopped before its first step; see {run.run_dir}/logs")
     global_batch = int(run.start["global_batch"].iloc[0]) if "global_batch" in run.start else None
+    if global_batch is None and spec.own_code:  # a --script's batch: the items all ranks recorded in a step
+        global_batch = int(run.steps.groupby("step")["samples"].sum().median())
     per_epoch = run.start["steps_per_epoch"].dropna() if "steps_per_epoch" in run.start else []
     meta = RunMeta(
         label=run_label(spec), nodes=spec.nodes, gpus_per_node=spec.gpus_per_node, workers=spec.workers,
