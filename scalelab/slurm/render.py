@@ -30,7 +30,7 @@ from typing import Any
 import submitit
 
 from scalelab.core.engines import HOROVODRUN, TORCHRUN, starter
-from scalelab.core.launch import engine_env
+from scalelab.core.launch import engine_env, payload_comment
 from scalelab.core.spec import Spec
 
 SUBMITIT_DIR = "slurm"  # submitit's folder in the run directory: script, pickles, per-task logs, placements
@@ -133,6 +133,8 @@ def setup_lines(spec: Spec, options: Mapping[str, Any], python: str) -> list[str
         iface = q(options["gloo_iface"])
         out.append(f"export HOROVOD_GLOO_IFACE={iface} GLOO_SOCKET_IFNAME={iface}")
     out += list(options["setup"])
+    if comment := payload_comment(spec):  # a --script: what every rank runs (the shared filesystem's path)
+        out.append(comment)
     out += ["# Rendezvous on the first node of the allocation: this script runs there, so does rank 0.",
             "export SCALELAB_RDZV_ADDR=$(hostname)"]
     if how == HOROVODRUN:
