@@ -35,6 +35,10 @@ DEFAULT_AMI = "resolve:ssm:/aws/service/deeplearning/ami/x86_64/oss-nvidia-drive
 from scalelab.launcher import __version__
 
 PACKAGE_NAME = f"scalelab-{__version__}-py3-none-any.whl"
+# A --script run's code folder, packed when the run starts (scalelab/launcher/owncode.py: .gitignore respected, the
+# size limit checked) and unpacked by every node's bootstrap (scalelab/aws/bootstrap.py, `fetch_code`).
+CODE_ARCHIVE = "code.tar.gz"
+CODE_BODY = "<tar.gz of your code's folder, packed when the run starts: the files listed under `files`>"
 WHEEL_BODY = "<wheel of this checkout, built with `pip wheel --no-deps` when the run starts>"
 
 
@@ -53,6 +57,9 @@ class Plan:
     options: dict[str, Any]
     gpus_per_instance: dict[str, int] = field(default_factory=dict)  # of node_types, from the catalog
     ranks_per_node: int | None = None  # Spec.ranks_per_node where it is not gpus_per_node (ps separate)
+    code_dir: str | None = None  # a --script run: the folder shipped, and its files (inside it) with their bytes
+    code_files: list[str] = field(default_factory=list)
+    code_bytes: int = 0
 
     @property
     def nodes(self) -> int:
@@ -100,9 +107,16 @@ def make_plan(spec: Spec, run_dir: Path, options: Mapping[str, Any], region: str
         raise SpecError("engine 'single' runs on one instance; use --engine horovod or ddp for several")
     run_id = cloud_run_id(Path(run_dir))
     prefix = "/".join(p for p in (str(options.get("prefix") or "").strip("/"), run_id) if p)
-    return Plan(run_id, region, options["bucket"], prefix, types, spec.gpus_per_node, spec.engine.name,
+    plan = Plan(run_id, region, options["bucket"], prefix, types, spec.gpus_per_node, spec.engine.name,
                 spec.to_json(), dict(options), {t: gpus[t] for t in types},
                 spec.ranks_per_node if spec.ranks_per_node != spec.gpus_per_node else None)
+    if spec.own_code:  # the script's folder goes through the run's bucket: size-checked now, before anything is sent
+        from scalelab.launcher.owncode import code_files
+
+        files = code_files(spec)
+        plan.code_dir, plan.code_files = spec.script_dir, [rel for _, rel in files]
+        plan.code_bytes = sum(path.stat().st_size for path, _ in files)
+    return plan
 
 
 def tags(plan: Plan, **extra: str) -> list[dict[str, str]]:
@@ -227,6 +241,10 @@ def all_calls(plan: Plan) -> list[dict[str, Any]]:
         {"service": "s3", "operation": "PutObject",
          "params": {"Bucket": plan.bucket, "Key": plan.key("spec.json"), "Body": plan.spec_json}},
     ]
+    if plan.code_dir:
+        calls.append({"service": "s3", "operation": "PutObject",
+                      "params": {"Bucket": plan.bucket, "Key": plan.key("code", CODE_ARCHIVE), "Body": CODE_BODY},
+                      "folder": plan.code_dir, "files": plan.code_files, "bytes": plan.code_bytes})
     if not o.get("security_group_id"):
         create: dict[str, Any] = {
             "GroupName": f"scalelab-{plan.run_id}",
@@ -268,4 +286,9 @@ class AwsRequest(Request):
                        "time_limit_min": p.options["timeout_min"]},
             "requests": self.calls,
         }
+        if p.code_dir:  # a --script run: what every rank runs, from the folder each node unpacks
+            spec = json.loads(p.spec_json)
+            what = f"python code/{Path(spec['script']).name}" if spec.get("script") else f"python -m {spec['module']}"
+            doc["your_code"] = {"runs": " ".join([what, *spec.get("script_args", [])]), "folder": p.code_dir,
+                                "files": len(p.code_files), "bytes": p.code_bytes}
         return json.dumps(doc, indent=2)

@@ -84,10 +84,15 @@ def check_module(name: str, folder: Path) -> None:
                         "that holds it")
 
 
-def code_files(spec: Spec, limit: int = MAX_CODE_BYTES) -> list[tuple[Path, str]]:
+def _size(n: float) -> str:
+    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 1024:.1f} KiB"
+
+
+def code_files(spec: Spec, limit: int | None = None) -> list[tuple[Path, str]]:
     """(file, path inside the folder) of every file of the code's folder a remote node needs: as git would
     commit them (`.gitignore` respected; `.git`, virtualenvs, caches and `runs/` left out); over `limit`
     bytes in all is refused, naming the biggest files."""
+    limit = MAX_CODE_BYTES if limit is None else limit
     folder = Path(str(spec.script_dir))
     files = _git_files(folder)
     if files is None:
@@ -96,9 +101,9 @@ def code_files(spec: Spec, limit: int = MAX_CODE_BYTES) -> list[tuple[Path, str]
     sizes = [(p.stat().st_size, rel) for p, rel in files]
     total = sum(s for s, _ in sizes)
     if total > limit:
-        big = ", ".join(f"{rel} ({s / 2**20:.1f} MiB)" for s, rel in sorted(sizes, reverse=True)[:3])
-        raise SpecError(f"the folder of your code, {folder}, holds {total / 2**20:.1f} MiB to ship, more than the "
-                        f"{limit / 2**20:.0f} MiB limit (biggest: {big}); list data and outputs in its .gitignore or "
+        big = ", ".join(f"{rel} ({_size(s)})" for s, rel in sorted(sizes, reverse=True)[:3])
+        raise SpecError(f"the folder of your code, {folder}, holds {_size(total)} to ship, more than the "
+                        f"{_size(limit)} limit (biggest: {big}); list data and outputs in its .gitignore or "
                         "move the script into a folder of its own")
     return files
 
