@@ -71,6 +71,13 @@ def test_ddp_script_on_two_local_ranks_is_measured_like_a_built_in_model(tmp_pat
     report = launch("report", str(run_dir), "--format", "json", cwd=tmp_path)
     assert report.returncode == 0, report.stderr
     assert json.loads(report.stdout)[0]["time_to_threshold_s"] > 0
+    status = launch("status", str(run_dir), cwd=tmp_path)
+    assert status.returncode == 0 and "COMPLETED" in status.stdout, status.stdout + status.stderr
+    listed = launch("ls", "--runs-dir", str(tmp_path / "runs"), "--format", "json", cwd=tmp_path)
+    (row,) = json.loads(listed.stdout)
+    assert row["state"] == "COMPLETED" and row["steps"] == thr[0]["step"] and row["words_per_s"] > 0, row
+    logs = launch("logs", str(run_dir), cwd=tmp_path)
+    assert "validation loss" in logs.stdout  # the script's own output
 
 
 @needs_horovod

@@ -136,3 +136,17 @@ def test_script_on_instances_ships_starts_and_terminates(cloud, wheel, venv, tmp
                             env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
     assert report.returncode == 0, report.stderr
     assert json.loads(report.stdout)[0]["workers"] == 2
+
+
+def test_the_price_preview_of_a_script_run(tmp_path: Path) -> None:
+    """Before anything is sent: dollars for the --steps the script runs, or why they are not known."""
+    from conftest import launch
+
+    base = ["--backend", "aws", "--bucket", "bkt-test", "--region", REGION, "--script", str(EXAMPLES / "train_ddp.py"),
+            "--engine", "ddp", "--nodes", "2", "--dry-run"]
+    priced = launch(*base, "--steps", "500", "--", "--steps", "500", cwd=tmp_path)
+    assert priced.returncode == 0, priced.stderr
+    assert "2*g3.4xlarge" in priced.stderr and "for 500 steps" in priced.stderr
+    assert "expected cost of the launch: $" in priced.stderr
+    unknown = launch(*base, "--max-usd", "1", "--", "--steps", "500", cwd=tmp_path)
+    assert unknown.returncode == 0 and "a --script: give --steps N" in unknown.stderr  # a dry run is not refused
