@@ -253,3 +253,22 @@ def test_sweep_report_and_plan_of_a_script(tmp_path: Path) -> None:
     assert plan.returncode == 0, plan.stderr
     picked = [r for r in json.loads(plan.stdout) if r.get("table") == "candidates" and r.get("recommendation")]
     assert picked and picked[0]["steps_to_threshold"] > 0 and picked[0]["dollars"] > 0
+
+
+def test_a_module_runs_as_python_dash_m_from_the_working_directory(tmp_path: Path) -> None:
+    (tmp_path / "mypkg").mkdir()
+    (tmp_path / "mypkg" / "__init__.py").write_text("")
+    (tmp_path / "mypkg" / "helper.py").write_text("ITEMS = 7\n")
+    (tmp_path / "mypkg" / "train.py").write_text(
+        "import sys\nfrom scalelab import track\nfrom mypkg.helper import ITEMS\n"
+        "assert __name__ == '__main__'\n"
+        "for i in range(int(sys.argv[sys.argv.index('--n') + 1])):\n"
+        "    track.step(items=ITEMS, loss=1.0 / (i + 1))\n")
+    proc = launch("--module", "mypkg.train", "--engine", "single", "--warmup-steps", "2", "--", "--n", "8", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    run_dir = only_run_dir(tmp_path / "runs")
+    start = records(run_dir, 0, "start")[0]
+    assert (start["module"], start["model"], start["script_args"]) == ("mypkg.train", "mypkg.train", ["--n", "8"])
+    got = steps_of(run_dir)
+    assert [r["samples"] for r in got] == [7] * 8 and [r["warmup"] for r in got] == [True] * 2 + [False] * 6
+    assert json.loads((run_dir / "summary.json").read_text())["steps_measured"] == 6
