@@ -36,8 +36,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from scalelab.core.engines import HOROVODRUN, starter
-from scalelab.core.launch import NodeLaunch, Site, launch_plan
+from scalelab.core.launch import NodeLaunch, Site, launch_plan, starter_of
 from scalelab.core.rundir import CHECKPOINT_FILE, LOGS_DIR, RECORDS_DIR, SPEC_FILE, RunPaths
 from scalelab.core.spec import Spec, read_spec
 from scalelab.core.writes import open_inside
@@ -376,7 +375,7 @@ def run(cfg: Config, s3=None, ec2=None) -> int:
     if code is not None:
         resumed = fetch_script_checkpoint(s3, cfg) or resumed
     spec = read_spec(cfg.run_dir)
-    ssh_key = ssh_setup(sync, cfg, index, peers) if starter(spec.engine.name) == HOROVODRUN and cfg.nodes > 1 else None
+    ssh_key = ssh_setup(sync, cfg, index, peers) if starter_of(spec.engine.name).needs_horovod and cfg.nodes > 1 else None
     launch = trainer_command(spec, cfg.python, cfg.run_dir, hosts, index, ssh_key=ssh_key)
     log_path = RunPaths(cfg.run_dir).logs / "trainer.log"
     log = os.fdopen(open_inside(cfg.run_dir, log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644), "ab")  # no link

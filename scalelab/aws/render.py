@@ -18,7 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from scalelab.aws.bootstrap import LAUNCHER_HEARTBEAT
+from scalelab.core.engines import engine
 from scalelab.core.errors import SpecError
+from scalelab.core.launch import starter_of
 from scalelab.core.rundir import is_sweep
 from scalelab.core.spec import Spec
 from scalelab.costs.billing import Mix
@@ -103,7 +105,7 @@ def make_plan(spec: Spec, run_dir: Path, options: Mapping[str, Any], region: str
         raise SpecError(f"heartbeat_timeout_min {options['heartbeat_timeout_min']:g} is shorter than three of the "
                         f"launcher's polls (poll_s {options['poll_s']:g}): the instances would stop themselves while "
                         "it still follows them; raise it or lower poll_s")
-    if len(types) > 1 and spec.engine.name == "single":
+    if len(types) > 1 and engine(spec.engine.name).one_worker:
         raise SpecError("engine 'single' runs on one instance; use --engine horovod or ddp for several")
     run_id = cloud_run_id(Path(run_dir))
     prefix = "/".join(p for p in (str(options.get("prefix") or "").strip("/"), run_id) if p)
@@ -142,6 +144,7 @@ def user_data(plan: Plan, generation: int) -> str:
         "SCALELAB_RUN_ID": plan.run_id, "SCALELAB_BUCKET": plan.bucket, "SCALELAB_PREFIX": plan.prefix,
         "SCALELAB_GENERATION": str(generation), "SCALELAB_NODES": str(plan.nodes),
         "SCALELAB_GPUS_PER_NODE": str(plan.gpus_per_node), "SCALELAB_ENGINE": plan.engine,
+        "SCALELAB_HOROVOD": "1" if starter_of(plan.engine).needs_horovod else "0",
         "SCALELAB_HEARTBEAT_TIMEOUT_S": f"{float(plan.options['heartbeat_timeout_min']) * 60:g}",
         "AWS_DEFAULT_REGION": plan.region,
         **({"SCALELAB_RANKS_PER_NODE": str(plan.ranks_per_node)} if plan.ranks_per_node else {}),
@@ -159,7 +162,7 @@ export SCALELAB_WORK SCALELAB_PYTHON
 mkdir -p "$SCALELAB_WORK" && cd "$SCALELAB_WORK" || exit 1
 exec >>"$SCALELAB_WORK/bootstrap.log" 2>&1
 "$SCALELAB_PYTHON" -c 'import boto3' 2>/dev/null || "$SCALELAB_PYTHON" -m pip install -q boto3
-if [ "$SCALELAB_ENGINE" = horovod ] && ! "$SCALELAB_PYTHON" -c 'import horovod.torch' 2>/dev/null; then
+if [ "$SCALELAB_HOROVOD" = 1 ] && ! "$SCALELAB_PYTHON" -c 'import horovod.torch' 2>/dev/null; then
   HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 HOROVOD_GPU_OPERATIONS=NCCL \
     "$SCALELAB_PYTHON" -m pip install -q --no-cache-dir horovod==0.28.1
 fi

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from scalelab.core.engines import ENGINE_HELP, ENGINES  # the engine table (scalelab/core/engines.py)
+from scalelab.core.engines import engine as engine_facts
 from scalelab.core.errors import SpecError
 from scalelab.core.writes import what_it_is
 from scalelab.core.options import (
@@ -141,7 +142,7 @@ class EngineSpec:
 
     def servers_per_node(self, nodes: int) -> int:
         """Server ranks on each node: none unless the ps shards run separately (then one per shard)."""
-        if self.name != "ps" or self.ps_placement != "separate":
+        if not engine_facts(self.name).parameter_server or self.ps_placement != "separate":
             return 0
         return (self.ps_shards or nodes) // nodes
 
@@ -412,12 +413,12 @@ class Spec:
         if self.name is not None and name_problem(str(self.name)):
             raise SpecError(f"--name {str(self.name)[:40]}... {name_problem(str(self.name))}")
         # (--loss-threshold needs no --val-every: the script validates when it likes, track.validation judges)
-        if self.engine.name == "single" and self.workers != 1:
+        if engine_facts(self.engine.name).one_worker and self.workers != 1:
             raise SpecError(
-                f"engine 'single' runs one worker, but the layout has {self.workers} "
+                f"engine {self.engine.name!r} runs one worker, but the layout has {self.workers} "
                 f"({self.nodes} x {self.gpus_per_node}); use --engine ddp or --engine horovod"
             )
-        if self.engine.name == "ps":
+        if engine_facts(self.engine.name).parameter_server:
             raise SpecError("--engine ps is the built-in trainer's parameter server; a --script runs under "
                             "--engine ddp, horovod or single")
         return self
@@ -439,12 +440,12 @@ class Spec:
             raise SpecError("give --steps or --epochs (how long to train)")
         if self.loss_threshold is not None and self.val_every == 0:
             raise SpecError("--loss-threshold needs validation: set --val-every N (steps between validations)")
-        if self.engine.name == "single" and self.workers != 1:
+        if engine_facts(self.engine.name).one_worker and self.workers != 1:
             raise SpecError(
-                f"engine 'single' runs one worker, but the layout has {self.workers} "
+                f"engine {self.engine.name!r} runs one worker, but the layout has {self.workers} "
                 f"({self.nodes} x {self.gpus_per_node}); use --engine ddp or --engine horovod"
             )
-        if self.engine.name == "ps":
+        if engine_facts(self.engine.name).parameter_server:
             self._validate_ps()
         elif self.engine.ps_placement != "colocated":
             raise SpecError(f"--ps-placement {self.engine.ps_placement} is for --engine ps (the parameter server), "
@@ -462,13 +463,14 @@ class Spec:
         if self.precision == "fp16" and self.device == "cpu":
             raise SpecError("--precision fp16 needs a GPU (its gradient scaler is CUDA-only here); "
                             "use --precision bf16 on a CPU")
-        engine = self.engine
+        engine, facts = self.engine, engine_facts(self.engine.name)
         if engine.fp16_allreduce and engine.compression not in ("none", "fp16"):
             raise SpecError(f"--fp16-allreduce and --grad-compression {engine.compression} contradict each other; "
                             "give only --grad-compression")
-        if engine.name == "horovod" and engine.grad_compression == "bf16":
-            raise SpecError("Horovod 0.28 cannot all-reduce bf16 tensors; use --grad-compression fp16, "
-                            "or --engine ddp for bf16")
+        if engine.grad_compression != "none" and engine.grad_compression not in facts.compressions:
+            raise SpecError(f"--engine {engine.name} cannot exchange {engine.grad_compression} gradients (Horovod 0.28 "
+                            f"cannot all-reduce bf16 tensors); use --grad-compression "
+                            f"{' or '.join(facts.compressions) or 'none'}, or --engine ddp for bf16")
 
     # ---- (de)serialisation ---------------------------------------------------------------
 

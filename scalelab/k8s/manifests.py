@@ -26,9 +26,8 @@ from typing import Any
 
 import yaml
 
-from scalelab.core.engines import HOROVODRUN, starter
 from scalelab.core.errors import SpecError
-from scalelab.core.launch import NodeVar, Site, engine_env, launch_plan
+from scalelab.core.launch import NodeVar, Site, engine_env, launch_plan, starter_of
 from scalelab.core.spec import Spec
 from scalelab.k8s.options import secret_env_ref
 
@@ -70,10 +69,11 @@ def render(spec: Spec, run_name: str, options: Mapping[str, Any]) -> list[dict[s
     """The objects to create, in creation order (ConfigMap first, the workload last)."""
     if not options["image"]:
         raise SpecError("--image is required with --backend k8s: the trainer image built from scalelab/k8s/Dockerfile")
-    if starter(spec.engine.name) == HOROVODRUN:
-        docs = [config_map(spec, run_name, options), mpijob(spec, run_name, options)]
-    else:
-        docs = [config_map(spec, run_name, options), headless_service(run_name, options), indexed_job(spec, run_name, options)]
+    how = starter_of(spec.engine.name)
+    if how.k8s_workload not in WORKLOADS:
+        raise SpecError(f"starter {how.name!r} names Kubernetes workload {how.k8s_workload!r}, which "
+                        f"scalelab/k8s/manifests.py does not render (workloads: {', '.join(WORKLOADS)})")
+    docs = [config_map(spec, run_name, options), *WORKLOADS[how.k8s_workload](spec, run_name, options)]
     if spec.own_code:  # a --script run: its folder as a ConfigMap, mounted read-only in every pod of the workload
         code = code_config_map(spec, run_name, options)
         docs.insert(1, code)
@@ -220,6 +220,14 @@ def mpijob(spec: Spec, run_name: str, options: Mapping[str, Any]) -> dict[str, A
             },
         },
     }
+
+
+#: The workloads a starter can name (`Starter.k8s_workload`, scalelab/core/launch.py): the objects after the spec's
+#: ConfigMap, in creation order.
+WORKLOADS = {
+    "indexed-job": lambda spec, run_name, options: [headless_service(run_name, options), indexed_job(spec, run_name, options)],
+    "mpijob": lambda spec, run_name, options: [mpijob(spec, run_name, options)],
+}
 
 
 def fetch_pod(run_name: str, options: Mapping[str, Any]) -> dict[str, Any]:

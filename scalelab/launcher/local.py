@@ -26,9 +26,8 @@ from typing import Any
 import psutil
 
 from scalelab.core.devices import check_gpus
-from scalelab.core.engines import HOROVODRUN, starter
 from scalelab.core.errors import EngineError, ScalelabError, SpecError
-from scalelab.core.launch import Site, launch_plan, payload_comment
+from scalelab.core.launch import Site, launch_plan, payload_comment, starter_of
 from scalelab.core.net import free_port
 from scalelab.core.procs import (
     LAUNCHER_ENV,
@@ -119,7 +118,7 @@ class LocalBackend(Backend):
     # ---- render (pure) ---------------------------------------------------------------------------
 
     def check(self, spec: Spec) -> None:
-        if starter(spec.engine.name) == HOROVODRUN and tool_path("horovodrun") is None:
+        if starter_of(spec.engine.name).needs_horovod and tool_path("horovodrun") is None:
             raise EngineError("horovodrun is not installed beside this Python nor on PATH; install Horovod with scripts/build-horovod.sh")
         where = "this machine" + (f" ({spec.nodes} emulated nodes x {spec.ranks_per_node})" if spec.nodes > 1 else "")
         check_gpus(spec.nodes * spec.ranks_per_node, spec.device, where)  # never two ranks on one GPU
