@@ -149,15 +149,18 @@ def test_bad_input_is_one_line_before_anything_starts(argv, said, tmp_path, monk
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
 
 
-@pytest.mark.parametrize("body, said", [
-    ("import sys\nsys.exit(3)\n", "bad.py exited with status 3"),
-    ("raise ValueError('boom')\n", "bad.py raised ValueError: boom"),
-    ("from scalelab import track\ntrack.step(items=-1)\n", "track.step(items=-1): items must be a finite number >= 0"),
-    ("from scalelab import track\ntrack.step(items=4, loss=float('nan'))\n", "track.step(loss=nan): loss must be a finite"),
+@pytest.mark.parametrize("body, said, engine", [
+    ("import sys\nsys.exit(3)\n", "bad.py exited with status 3", "ddp"),
+    ("raise ValueError('boom')\n", "bad.py raised ValueError: boom", "ddp"),
+    ("from scalelab import track\ntrack.step(items=-1)\n", "track.step(items=-1): items must be a finite number >= 0",
+     "single"),
+    ("from scalelab import track\ntrack.step(items=4, loss=float('nan'))\n", "track.step(loss=nan): loss must be a finite",
+     "single"),
 ])
-def test_a_script_that_fails_at_once_is_one_line_and_leaves_nothing_running(body, said, tmp_path: Path) -> None:
+def test_a_script_that_fails_at_once_is_one_line_and_leaves_nothing_running(body, said, engine, tmp_path: Path) -> None:
     (tmp_path / "bad.py").write_text(body)
-    proc = launch("--script", "bad.py", "--engine", "ddp", "--gpus-per-node", "2", cwd=tmp_path)
+    ranks = "2" if engine == "ddp" else "1"
+    proc = launch("--script", "bad.py", "--engine", engine, "--gpus-per-node", ranks, cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and said in lines[0] and "Traceback" not in proc.stderr, proc.stderr
@@ -279,3 +282,28 @@ def test_a_module_runs_as_python_dash_m_from_the_working_directory(tmp_path: Pat
     got = steps_of(run_dir)
     assert [r["samples"] for r in got] == [7] * 8 and [r["warmup"] for r in got] == [True] * 2 + [False] * 6
     assert json.loads((run_dir / "summary.json").read_text())["steps_measured"] == 6
+
+
+@pytest.mark.slow
+def test_a_script_that_never_asks_is_stopped_by_the_signal_and_resumed_knows_it(tmp_path: Path) -> None:
+    (tmp_path / "forever.py").write_text(
+        "import time\nfrom scalelab import track\n"
+        "print('resumed', track.resumed, flush=True)\n"
+        "(track.checkpoint_dir / 'state.txt').write_text('saved')\n"
+        "while True:\n    track.step(items=1)\n    time.sleep(0.02)\n")
+    proc = launch("--script", "forever.py", "--engine", "single", "--detach", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    run_dir = only_run_dir(tmp_path / "runs")
+    wait_for_steps(run_dir, 5)
+    cancel = launch("cancel", str(run_dir), cwd=tmp_path)
+    assert cancel.returncode == 0 and "none left" in cancel.stdout and "SIGKILL" not in cancel.stdout, cancel.stdout
+    (end,) = events(run_dir, 0, "end")
+    assert (end["reason"], end["exit_code"]) == ("interrupted", 143)  # ended by the signal, at once
+    first = len(steps_of(run_dir))
+    assert launch("resume", str(run_dir), "--detach", cwd=tmp_path).returncode == 0
+    wait_for_steps(run_dir, first + 5)
+    launch("cancel", str(run_dir), cwd=tmp_path)
+    said = launch("logs", str(run_dir), cwd=tmp_path).stdout
+    assert "resumed False" in said and "resumed True" in said
+    assert [r["step"] for r in steps_of(run_dir)][first:first + 2] == [first + 1, first + 2]
+    assert no_process_of(run_dir) == []
