@@ -71,3 +71,42 @@ def test_cancel_of_a_slurm_script_run_reaches_should_stop(slurm_cluster, tmp_pat
     assert (run_dir / "checkpoint" / "model.pt").is_file()
     job = json.loads((run_dir / "launch.json").read_text())["job_id"]
     assert not subprocess.run(["squeue", "-h", "-j", job], capture_output=True, text=True).stdout.strip()
+
+
+def test_a_preemption_warning_reaches_should_stop_and_the_requeued_job_resumes_the_script(slurm_cluster,
+                                                                                         tmp_path: Path) -> None:
+    """USR1 to every task (Slurm's warning before a time limit or a preemption): the script saves and stops
+    (should_stop), rank 0 requeues the job, and the script starts again with track.resumed from its checkpoint."""
+    from tests.test_slurm_cluster import release_requeued
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    steps = 400
+    proc = subprocess.Popen([sys.executable, "-m", "scalelab.launcher.cli", *SLURM, "--script", str(SCRIPTS["ddp"]),
+                             "--engine", "ddp", "--steps", str(steps), "--", "--steps", str(steps),
+                             "--val-every", "1000000"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            assert time.monotonic() < deadline and proc.poll() is None, "the run did not train 10 steps"
+            runs = list((tmp_path / "runs").glob("*")) if (tmp_path / "runs").exists() else []
+            path = runs[0] / "records" / "rank-1.jsonl" if runs else None
+            if path and path.exists() and path.read_text().count('"kind": "step"') >= 10:
+                break
+            time.sleep(0.3)
+        run_dir = runs[0]
+        job = json.loads((run_dir / "launch.json").read_text())["job_id"]
+        subprocess.run(["scancel", "--signal=USR1", job], check=True, capture_output=True)
+        release_requeued(job)
+        _, err = proc.communicate(timeout=400)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err[-3000:]
+    recs = rank_records(run_dir, 0)
+    (stop,) = [r for r in recs if r.get("event") == "interrupted"]
+    assert stop["signal"] == 10  # SIGUSR1
+    (resume,) = [r for r in recs if r.get("event") == "resume"]
+    assert resume["step"] == stop["step"]
+    steps_done = [r["step"] for r in recs if r["kind"] == "step"]
+    assert steps_done == list(range(1, steps + 1))  # the script went on from its checkpoint, to the end
+    assert json.loads((run_dir / "launch.json").read_text())["state"] == "COMPLETED"
