@@ -82,3 +82,13 @@ def test_the_k8s_dry_run_of_a_script_prints_its_code(tmp_path: Path) -> None:
                   cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "kind: ConfigMap" in proc.stdout and "track.step(items=" in proc.stdout  # the script itself, in the ConfigMap
+
+
+def test_a_folder_over_the_limit_is_one_line_from_the_command(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text("print(1)\n")
+    (tmp_path / "data.bin").write_bytes(b"\1" * (2 * 1024 * 1024))
+    proc = launch("--backend", "k8s", "--image", "registry.example.com/scalelab:0.1.0", "--script", "train.py",
+                  "--engine", "single", "--dry-run", cwd=tmp_path)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and "biggest: data.bin (2.0 MiB)" in lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr and not proc.stdout.strip()

@@ -318,7 +318,8 @@ def run_cmd(detach: bool, **params: Any) -> None:
     """Run one training job on the chosen layout and print its summary.
 
     The run directory (spec, per-rank records, logs, summary) is printed at the end;
-    `launch report RUN_DIR` turns it into tables and plots.
+    `launch report RUN_DIR` turns it into tables and plots. With --script FILE (or --module MOD)
+    the ranks run your own code instead of a built-in model; its arguments follow `--`.
     """
     spec = build_spec(params)
     backend = get_backend(spec.backend, spec.backend_options)
