@@ -307,3 +307,43 @@ def test_a_script_that_never_asks_is_stopped_by_the_signal_and_resumed_knows_it(
     assert "resumed False" in said and "resumed True" in said
     assert [r["step"] for r in steps_of(run_dir)][first:first + 2] == [first + 1, first + 2]
     assert no_process_of(run_dir) == []
+
+
+def test_track_records_the_trainers_step_records_in_process(tmp_path: Path, monkeypatch) -> None:
+    """The API against the one writer, in this process (what the runner activates): step numbering, warm-up (the
+    first step of a launch, timed from the script's start, always), training time, the threshold, the stop."""
+    import signal as sig
+
+    from scalelab.core.records import RecordWriter, read_records, record_problem
+    from scalelab.core.spec import Spec, save_spec
+    from scalelab.train import track
+
+    monkeypatch.setattr(track, "_state", track._State())
+    monkeypatch.setattr(track, "checkpoint_dir", None)
+    monkeypatch.setattr(track, "resumed", False)
+    save_spec(Spec(), tmp_path)
+    writer = RecordWriter(tmp_path, 0, 1)
+    track._activate(writer, tmp_path, warmup_steps=0, loss_threshold=0.5, last_step=0, elapsed=0.0,
+                    started=time.perf_counter() - 3.0)  # the script started 3 s ago (its imports)
+    assert track.active() and track.checkpoint_dir == tmp_path / "checkpoint" and track.resumed is False
+    for i in range(3):
+        track.step(items=8, loss=1.0 - 0.1 * i)
+    assert track.validation(loss=0.7) is False and track.validation(loss=0.4) is True
+    assert track.validation(loss=0.9) is True  # reached stays reached
+    with pytest.raises(track.TrackError, match=r"items must be a finite number >= 0"):
+        track.step(items=-1)
+    with pytest.raises(track.TrackError, match=r"items counts items, a whole number"):
+        track.step(items=2.5)
+    with pytest.raises(track.TrackError, match=r"loss must be a finite number"):
+        track.validation(loss=float("inf"))
+    track.step(items=8, loss=-0.25)  # a negative loss is a loss (log-likelihoods)
+    assert track.should_stop() is False
+    assert track._stopped(sig.SIGTERM) is True and track.should_stop() is True  # asked before: left to the script
+    writer.close()
+    recs = read_records(tmp_path / "records" / "rank-0.jsonl", [])
+    steps = [r for r in recs if r["kind"] == "step"]
+    assert [r["step"] for r in steps] == [1, 2, 3, 4] and [r["warmup"] for r in steps] == [True, False, False, False]
+    assert steps[0]["step_s"] >= 3.0 and all(r["step_s"] < 3.0 for r in steps[1:])
+    assert all(record_problem(r) is None and r["samples"] == r["words"] == 8 for r in steps)
+    (thr,) = [r for r in recs if r.get("event") == "threshold"]
+    assert thr["step"] == 3 and thr["val_loss"] == 0.4 and thr["elapsed_s"] < 3.0  # the setup is not training time

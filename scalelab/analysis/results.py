@@ -257,7 +257,7 @@ def unmeasured_note(run) -> str:
     from scalelab.train.track import HOW_TO_RECORD
 
     wall, codes = script_ends(run)
-    ran = f"ran {wall:.1f} s" if wall is not None else "ran"
+    ran = f"ran {wall:.3g} s" if wall is not None else "ran"
     ended = f", exit status {max(codes, key=abs)}" if codes else ""
     return f"{run.run_dir}: {run.spec.script_label} {ran}{ended} and has no step records; {HOW_TO_RECORD}"
 

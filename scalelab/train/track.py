@@ -12,9 +12,11 @@ it; None outside a launch) and `track.resumed` (True when this launch continues 
 
 What is written are the built-in trainer's own records (scalelab/core/records.py's `step`, `val` and
 `event` kinds, through its one writer), so reports, `plan`, `cost`, `ls` and progress read a script's run
-as any other: a step's time is the interval since the previous call (the first from the script's start),
-the first `--warmup-steps` steps after every (re)start are marked warm-up, `items` go into both
-`samples` and `words` (the unit is in the start record). No PyTorch is imported here.
+as any other: a step's time is the interval since the previous call; the first of every (re)start runs from
+the script's start, so it holds the script's setup (imports, the rendezvous, building the model): it is
+always warm-up and not counted in the training time (time to the threshold), and the first `--warmup-steps`
+steps after every (re)start are warm-up as for the trainer. `items` go into both `samples` and `words`
+(the unit is said in a `unit` event). No PyTorch is imported here.
 
 The runner (scalelab/train/script.py) activates this module before the script starts; a script started
 any other way finds it inactive.
@@ -53,6 +55,7 @@ class _State:
     last: float = 0.0  # perf_counter of the previous call (or of the script's start)
     elapsed: float = 0.0  # training time: the sum of the step times since the first launch
     reached: dict[str, Any] | None = None
+    stepped: bool = False  # a step was recorded in this launch
     stop_asked: bool = False  # the script has called should_stop(): a stop signal is left to it
     stop: int | None = None  # the stop signal received, if any
     stop_cause: str | None = None
@@ -104,11 +107,12 @@ def step(items: int, loss: float | None = None, step: int | None = None) -> None
     items = _number("track.step", "items", items, whole=True)
     value = None if loss is None else _number("track.step", "loss", loss, negative=True)
     s = _state
+    first = not s.stepped  # the first of this launch: its interval holds the script's setup (imports, rendezvous)
     s.step = int(_number("track.step", "step", step, whole=True)) if step is not None else s.step + 1
     step_s = max(now - s.last, 1e-9)
-    s.last = now
-    s.elapsed += step_s
-    s.writer.write("step", step=s.step, warmup=s.step - s.started_at <= s.warmup_steps, step_s=step_s,
+    s.last, s.stepped = now, True
+    s.elapsed += 0.0 if first else step_s  # training time: the setup is the run's start-up, not a step's
+    s.writer.write("step", step=s.step, warmup=first or s.step - s.started_at <= s.warmup_steps, step_s=step_s,
                    samples=items, words=items, loss=value, **_memory())
 
 
