@@ -150,3 +150,74 @@ def test_the_price_preview_of_a_script_run(tmp_path: Path) -> None:
     assert "expected cost of the launch: $" in priced.stderr
     unknown = launch(*base, "--max-usd", "1", "--", "--steps", "500", cwd=tmp_path)
     assert unknown.returncode == 0 and "a --script: give --steps N" in unknown.stderr  # a dry run is not refused
+
+
+SLOW_STEPS = """import json, time
+from scalelab import track
+
+saved = track.checkpoint_dir / "state.json" if track.checkpoint_dir else None
+first = json.loads(saved.read_text())["step"] if saved and saved.exists() else 0
+print("resumed", track.resumed, "from", first, flush=True)
+for step in range(first, 40):
+    time.sleep(0.1)
+    track.step(items=4, loss=1.0 / (step + 1))
+    if track.should_stop():  # the spot notice: save and leave
+        saved.write_text(json.dumps({"step": step + 1}))
+        break
+"""
+
+
+@pytest.mark.slow
+def test_a_spot_interruption_of_a_script_is_replaced_and_the_script_resumes(cloud, wheel, venv, tmp_path) -> None:
+    """The notice reaches the script's should_stop, it saves into track.checkpoint_dir (synced through the
+    bucket), the launcher starts a replacement whose script finds the save and goes on: steps 1..40 once."""
+    ec2, s3, bucket = cloud["ec2"], cloud["s3"], cloud["bucket"]
+    folder = tmp_path / "code"
+    folder.mkdir()
+    (folder / "slow.py").write_text(SLOW_STEPS)
+    spec = script_spec(nodes=1, gpus_per_node=1, engine={"name": "single"}, script=str(folder / "slow.py"),
+                       script_dir=str(folder), model="slow.py", script_args=[])
+    be = AwsBackend({"bucket": bucket, "region": REGION, "spot": True, "wheel": str(wheel), "poll_s": 0.3,
+                     "interruption_grace_s": 120.0, "report_timeout_min": 6.0, "timeout_min": 15.0,
+                     "instance_type": "g3.4xlarge"}, clients={"ec2": ec2, "s3": s3})
+    run_dir = new_run_dir(tmp_path / "runs", "spot")
+    save_spec(spec, run_dir)
+    be.schedule(be.submit_dryrun(spec, run_dir))
+    outcome: dict = {}
+
+    def follow() -> None:
+        try:
+            outcome["status"] = wait(be, run_dir)
+        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+            outcome["error"] = exc
+
+    launcher = threading.Thread(target=follow, daemon=True)
+    launcher.start()
+    meta = Metadata()
+    try:
+        (first,) = td.instances(ec2, run_dir.name, ["running"], 0)
+        meta.instance_id, work0 = first["InstanceId"], tmp_path / "node-gen0"
+        meta.records = work0 / run_dir.name / "records" / "rank-0.jsonl"  # the notice once 6 steps are written
+        said0 = finished(start_user_data(cloud, first["InstanceId"], work0, venv, meta), work0)
+        deadline = time.time() + 120
+        while not td.instances(ec2, run_dir.name, ["running"], 1):
+            assert time.time() < deadline and launcher.is_alive(), (f"no replacement was started: {outcome}", said0)
+            time.sleep(0.3)
+        (second,) = td.instances(ec2, run_dir.name, ["running"], 1)
+        meta.instance_id, meta.records, work1 = second["InstanceId"], None, tmp_path / "node-gen1"
+        said1 = finished(start_user_data(cloud, second["InstanceId"], work1, venv, meta), work1)
+        launcher.join(timeout=120)
+    finally:
+        meta.server.shutdown()
+        if launcher.is_alive():
+            be.cancel(run_dir, grace_s=0)
+    assert "error" not in outcome, outcome
+    assert outcome["status"].state == "COMPLETED", (outcome["status"].detail, said0, said1)
+    recs = [json.loads(x) for x in (run_dir / "records" / "rank-0.jsonl").read_text().splitlines()]
+    (stop,) = [r for r in recs if r.get("event") == "interrupted"]
+    assert stop["step"] >= 6
+    assert [r["step"] for r in recs if r["kind"] == "step"] == list(range(1, 41))  # once each, the count going on
+    assert [r["resumed_from_step"] for r in recs if r["kind"] == "start"] == [None, stop["step"]]
+    logs = "".join(p.read_text() for p in (run_dir / "logs").glob("*.log"))
+    assert "resumed False from 0" in logs and f"resumed True from {stop['step']}" in logs
+    assert td.instances(ec2, run_dir.name, td.LIVE_STATES) == []

@@ -299,6 +299,27 @@ def fetch_script_checkpoint(s3, cfg: Config) -> bool:
     return bool(listed)
 
 
+def script_resume(s3, cfg: Config) -> str | None:
+    """`STEP:SECONDS` for a --script run's ranks on a replacement generation (scalelab/train/script.py reads it
+    from SCALELAB_TRACK_RESUME): where rank 0 of the generations before stopped, and its training time."""
+    last, elapsed = 0, 0.0
+    for gen in range(cfg.generation):
+        try:
+            body = s3.get_object(Bucket=cfg.bucket, Key=cfg.key(RECORDS_DIR, f"gen-{gen}", "rank-0.jsonl"))["Body"].read()
+        except Exception:  # noqa: BLE001 - a generation that wrote nothing
+            continue
+        for line in body.decode(errors="replace").splitlines():
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue  # a line cut by the stop
+            if rec.get("kind") == "step":
+                last = max(last, int(rec["step"]))
+            elif rec.get("event") == "end" and isinstance(rec.get("elapsed_s"), (int, float)):
+                elapsed = float(rec["elapsed_s"])
+    return f"{last}:{elapsed}" if last else None
+
+
 def signal_local_ranks(run_dir: Path, sig: int = signal.SIGTERM, exclude: int | None = None) -> int:
     """SIGTERM every process of this host training `run_dir` (horovod starts them over ssh)."""
     import psutil
@@ -372,15 +393,18 @@ def run(cfg: Config, s3=None, ec2=None) -> int:
     if resumed:
         sync.mark_present(RunPaths(cfg.run_dir).checkpoint)
     code = fetch_code(s3, cfg)  # a --script run: its folder, unpacked here; the ranks start in it
+    extra: dict[str, str] = {}
     if code is not None:
         resumed = fetch_script_checkpoint(s3, cfg) or resumed
+        if (before := script_resume(s3, cfg)) is not None:
+            extra["SCALELAB_TRACK_RESUME"] = before  # the step count and training time go on
     spec = read_spec(cfg.run_dir)
     ssh_key = ssh_setup(sync, cfg, index, peers) if starter_of(spec.engine.name).needs_horovod and cfg.nodes > 1 else None
     launch = trainer_command(spec, cfg.python, cfg.run_dir, hosts, index, ssh_key=ssh_key)
     log_path = RunPaths(cfg.run_dir).logs / "trainer.log"
     log = os.fdopen(open_inside(cfg.run_dir, log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644), "ab")  # no link
     proc = (subprocess.Popen(launch.argv, stdout=log, stderr=subprocess.STDOUT, cwd=code or cfg.work,
-                             env={**os.environ, "PYTHONUNBUFFERED": "1", **launch.env}) if launch else None)
+                             env={**os.environ, "PYTHONUNBUFFERED": "1", **launch.env, **extra}) if launch else None)
     notice, reason, watch = None, None, LauncherWatch(sync, cfg.heartbeat_timeout_s)
     sync.put_json(f"status/{g}/{instance_id}.heartbeat.json",
                   {"time": time.time(), "index": index, "resumed": resumed, "host": hosts[index]})

@@ -37,6 +37,7 @@ from scalelab.core.spec import Spec, read_spec
 from scalelab.train import track
 
 SCRIPT_DIR_ENV = "SCALELAB_SCRIPT_DIR"  # where the script's folder is on this node, when not where it was launched
+RESUME_ENV = "SCALELAB_TRACK_RESUME"  # STEP:SECONDS of the launches before, where their records are elsewhere (AWS)
 INTERRUPTED = 143
 WATCH_EVERY_S = 2.0  # as the built-in trainer's launcher watch (scalelab/train/loop.py)
 WATCH_GRACE_S = 25.0
@@ -53,12 +54,19 @@ def target(spec: Spec) -> tuple[Path, str]:
 
 
 def previous_steps(run_dir: Path, rank: int) -> tuple[int, float, bool]:
-    """(last step, training seconds, whether there were records) of this rank's earlier launches."""
+    """(last step, training seconds, whether there were records) of this rank's earlier launches: from its records
+    here, or, where they are not (a fresh AWS instance continuing a run), as RESUME_ENV says (`STEP:SECONDS`)."""
     path = records_path(run_dir, rank)
     if not path.exists():
+        said = os.environ.get(RESUME_ENV, "").split(":")
+        if len(said) == 2 and said[0].isdigit():
+            return int(said[0]), float(said[1] or 0), True
         return 0, 0.0, False
-    steps = [r for r in read_records(path, [], tolerant=True) if r["kind"] == "step"]
-    return (steps[-1]["step"] if steps else 0), sum(float(r["step_s"]) for r in steps), True
+    recs = read_records(path, [], tolerant=True)
+    steps = [r for r in recs if r["kind"] == "step"]
+    ends = [r for r in recs if r.get("event") == "end" and isinstance(r.get("elapsed_s"), (int, float))]
+    elapsed = float(ends[-1]["elapsed_s"]) if ends else sum(float(r["step_s"]) for r in steps[1:])
+    return (steps[-1]["step"] if steps else 0), elapsed, True
 
 
 def start_records(run_dir: Path, spec: Spec, rank: int, world: int) -> tuple[RecordWriter, int, float]:
