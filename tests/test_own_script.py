@@ -118,6 +118,10 @@ def test_a_script_that_calls_nothing_still_gets_a_run_and_the_report_says_how_to
     report = launch("report", str(run_dir), cwd=tmp_path)
     assert report.returncode == 2 and "has no step records" in report.stderr and "track.step" in report.stderr
     assert "Traceback" not in report.stderr
+    cost = launch("cost", str(run_dir), "--rate", "1/gpu-hour", "--format", "json", cwd=tmp_path)
+    assert cost.returncode == 0, cost.stderr
+    (row,) = json.loads(cost.stdout)
+    assert row["billed_seconds"] == 60 and row["dollars"] > 0  # its wall time is billed, the 60 s minimum
 
 
 def test_track_outside_a_launch_does_nothing() -> None:
