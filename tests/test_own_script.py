@@ -131,6 +131,10 @@ def test_track_outside_a_launch_does_nothing() -> None:
     track.step(items=-5, loss=float("nan"))  # not even checked: the script runs alone, unchanged
     assert track.validation(loss=0.0) is False and track.should_stop() is False
     assert track.checkpoint_dir is None and track.resumed is False
+    light = subprocess.run([sys.executable, "-c", "import sys; from scalelab import track; import scalelab.train.script; "
+                            "print(sorted({'torch', 'pandas', 'numpy'} & set(sys.modules)))"],
+                           env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=60)
+    assert light.stdout.strip() == "[]", light.stdout + light.stderr  # the script imports what it uses, we nothing
 
 
 @pytest.mark.parametrize("argv, said", [
