@@ -11,6 +11,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+# A developer's own ~/.config/scalelab/config.yaml must not change what the tests see (scalelab/core/config.py);
+# tests/test_config_file.py sets it where it tests the files.
+os.environ.setdefault("SCALELAB_CONFIG", "off")
 
 
 def launch(*args: str, cwd: Path, env: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:

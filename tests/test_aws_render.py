@@ -159,8 +159,10 @@ def test_layout_must_fit_the_instance():
         make_plan(spec(gpus_per_node=4), Path("runs/r"), OPTIONS, "us-east-1")
     with pytest.raises(SpecError, match="--bucket"):
         make_plan(spec(), Path("runs/r"), {**OPTIONS, "bucket": ""}, "us-east-1")
-    with pytest.raises(SpecError, match="no AWS region"):
+    with pytest.raises(SpecError, match="a region: --region"):
         make_plan(spec(), Path("runs/r"), OPTIONS, "")
+    with pytest.raises(SpecError, match="--bucket NAME.*; and a region: --region.*instance profile 'scalelab-instance'"):
+        make_plan(spec(), Path("runs/r"), {**OPTIONS, "bucket": ""}, "")  # every prerequisite at once (issue 35)
     plan = make_plan(spec(gpus_per_node=4), Path("runs/r"), {**OPTIONS, "instance_type": "g3.16xlarge"}, "us-east-1")
     assert json.loads(__import__("scalelab.aws.render").aws.render.AwsRequest(Path("r"), plan, []).render())["layout"]["workers"] == 8
 
@@ -202,7 +204,7 @@ def test_cli_errors_are_one_line(tmp_path):
     env = {"AWS_CONFIG_FILE": str(tmp_path / "none"), "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"),
            "AWS_DEFAULT_REGION": "", "AWS_REGION": ""}
     out = launch("--backend", "aws", "--bucket", "bkt", "--dry-run", cwd=tmp_path, env=env)
-    assert out.returncode == 2 and "no AWS region" in out.stderr and "Traceback" not in out.stderr
+    assert out.returncode == 2 and "a region: --region" in out.stderr and "Traceback" not in out.stderr
     out = launch("--backend", "aws", "--bucket", "bkt", "--region", "us-east-1", "--instance-type", "g3.4xlarge",
                  "--gpus-per-node", "2", "--dry-run", cwd=tmp_path, env=env)
     assert out.returncode == 2 and "--gpus-per-node is 2" in out.stderr

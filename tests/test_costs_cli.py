@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import launch
+from conftest import launch, run_entry
 from test_catalog import SEED_004, seed_mix
 from test_scaling import SEED_001
 
@@ -300,3 +300,51 @@ def test_a_bad_rate_or_a_missing_prices_file_is_one_error_line(tmp_path, args):
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     errors = [line for line in r.stderr.splitlines() if line.startswith("launch: error:")]
     assert len(errors) == 1 and ("--rate" in errors[0] or "prices file not found" in errors[0]), r.stderr
+
+
+def test_predict_layouts_from_runs_on_two_types_uses_every_type(tmp_path, monkeypatch, capsys):
+    """Runs on g3.4xlarge (1, 2 nodes) and on p2.xlarge (1 node, 1.8x slower): `--predict` answers a p2
+    layout from the p2 run and a g3 layout from the g3 runs, each at its own type's speed (issue 33: the
+    layout path kept only the most-run type's rows and asked for a probe)."""
+    g3 = [_fake_run(tmp_path, f"g{n}", n, 0.1 * (1 + 0.05 * n), 6400 * n, "g3.4xlarge", nodes=n, backend="aws")
+          for n in (1, 2)]
+    p2 = _fake_run(tmp_path, "p1", 1, 0.18, 6400, "p2.xlarge", backend="aws")
+    monkeypatch.setenv("SCALELAB_PRICES", str(tmp_path / "no-user-prices.json"))
+    code, err, out = run_entry(["plan", *map(str, [*g3, p2]), "--predict", "1x1@p2.xlarge,2x1@2*g3.4xlarge,2x1@2*p2.xlarge",
+                                "--format", "json"], monkeypatch, capsys)
+    assert code == 0, err
+    rows = {row["layout"] if "layout" in row else row["label"]: row for row in json.loads(out)}
+    thr = {k: v.get("predicted_throughput") or v.get("throughput") for k, v in rows.items()}
+    p2_one = next(v for k, v in thr.items() if "1x1" in k and "p2" in k)
+    g3_two = next(v for k, v in thr.items() if "2x1" in k and "g3" in k)
+    p2_two = next(v for k, v in thr.items() if "2x1" in k and "p2" in k)
+    assert p2_one == pytest.approx(6400 / 0.18 / 1.0, rel=0.05)  # the p2 run itself
+    assert g3_two == pytest.approx(2 * 6400 / (0.1 * 1.1), rel=0.05)  # the 2-node g3 run itself
+    assert p2_one < p2_two < g3_two
+
+
+def test_cost_over_a_glob_skips_non_runs_and_prices_failed_runs_saying_so(tmp_path, monkeypatch, capsys):
+    """`launch cost runs/*` (issue 35): a report folder and a stray file among the runs are skipped with a
+    note; a failed run cost money and is priced, its state shown; nothing but non-runs is one error line."""
+    from scalelab.core.rundir import record_state, start_state
+
+    monkeypatch.setenv("SCALELAB_PRICES", str(tmp_path / "no-user-prices.json"))
+    runs = tmp_path / "runs"
+    ok = _fake_run(runs, "ok", 2, 0.1, 6400, "g3.4xlarge", backend="aws")
+    failed = _fake_run(runs, "failed", 2, 0.1, 6400, "g3.4xlarge", backend="aws")
+    for run, state in ((ok, "COMPLETED"), (failed, "FAILED")):
+        start_state(run)
+        record_state(run, state)
+    (runs / "report-20261127").mkdir()
+    (runs / "notes.txt").write_text("x")
+    code, err, out = run_entry(["cost", *map(str, sorted(runs.iterdir())), "--format", "json"], monkeypatch, capsys)
+    assert code == 0, err
+    rows = {Path(r["run_dir"]).name: r for r in json.loads(out)}
+    assert set(rows) == {"ok", "failed"} and rows["failed"]["state"] == "FAILED" and rows["failed"]["dollars"] > 0
+    assert "skipped 2 path(s) that are not runs" in err and "notes.txt" in err
+    code, err, out = run_entry(["cost", str(ok), str(failed)], monkeypatch, capsys)
+    assert code == 0 and "FAILED" in out and "state" in out
+    code, err, out = run_entry(["cost", str(ok)], monkeypatch, capsys)
+    assert code == 0 and "state" not in out  # every run completed: no state column
+    code, err, _ = run_entry(["cost", str(runs / "notes.txt"), str(runs / "report-20261127")], monkeypatch, capsys)
+    assert code == 2 and "none of the 2 paths is a run" in err and "Traceback" not in err

@@ -57,3 +57,16 @@ def test_help_imports_no_heavy_library(args):
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["exit"] == 0 and "Usage: launch" in result["output"], result["output"]
     assert result["heavy"] == [], f"`launch {' '.join(args)} --help` imported {', '.join(result['heavy'])}"
+
+
+def test_shell_completion_documented_in_the_readme_works():
+    """The README's completion line (issue 35): click's bash script for `launch`, and it completes a command."""
+    root = ROOT
+    assert "_LAUNCH_COMPLETE=bash_source launch" in (root / "README.md").read_text()
+    env = {**os.environ, "PYTHONPATH": str(root), "_LAUNCH_COMPLETE": "bash_source"}
+    code = "import sys; sys.argv[0] = 'launch'; from scalelab.launcher.cli import entry; entry()"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert "_launch_completion()" in out.stdout, out.stderr
+    env.update(_LAUNCH_COMPLETE="bash_complete", COMP_WORDS="launch pl", COMP_CWORD="1")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert "plain,plan" in out.stdout.splitlines(), out.stdout + out.stderr  # bash_complete: type,value per line

@@ -254,3 +254,97 @@ def test_dropout_is_the_only_randomness() -> None:
         assert torch.equal(model(**batch.inputs), model(**batch.inputs))
         model.train()
         assert not torch.equal(model(**batch.inputs), model(**batch.inputs))
+
+
+def _share_one_buffer(lstm: nn.LSTM, gap: int = 3) -> None:
+    """Make `lstm`'s weights views of one float32 buffer with `gap` unused elements after each, as
+    cuDNN's flatten does on CUDA (with its alignment), so the one-buffer cast runs on a CPU."""
+    params = [getattr(lstm, n) for n in lstm._flat_weights_names]
+    total = sum(p.numel() + gap for p in params)
+    buffer = torch.zeros(total)
+    at = 0
+    with torch.no_grad():
+        for p in params:
+            view = buffer[at:at + p.numel()].view(p.shape)
+            view.copy_(p)
+            p.set_(buffer.untyped_storage(), at, p.shape)
+            at += p.numel() + gap
+
+
+def test_cast_flat_keeps_one_buffer_and_the_gradients() -> None:
+    """The bf16 weights handed to cuDNN are views of one buffer at the float32 offsets (so cuDNN does not
+    copy them into a new one every step), with the same values and gradients as casting each alone."""
+    from scalelab.train.models import FusedLSTM, cast_flat
+
+    torch.manual_seed(0)
+    lstm = FusedLSTM(8, 16, num_layers=2, bidirectional=True)
+    _share_one_buffer(lstm)
+    params = [getattr(lstm, n) for n in lstm._flat_weights_names]
+    flat = cast_flat(params, torch.bfloat16)
+    storage = flat[0].untyped_storage().data_ptr()
+    assert all(w.untyped_storage().data_ptr() == storage for w in flat)
+    assert [w.storage_offset() for w in flat] == [p.storage_offset() for p in params]
+    assert all(w.dtype == torch.bfloat16 and w.shape == p.shape for w, p in zip(flat, params))
+    alone = [p.to(torch.bfloat16) for p in params]
+    assert all(torch.equal(a, b) for a, b in zip(flat, alone))
+    weights = torch.randn(len(params))
+    sum(wt * w.float().sum() for wt, w in zip(weights, flat)).backward()
+    got = [p.grad.clone() for p in params]
+    lstm.zero_grad(set_to_none=True)
+    sum(wt * w.float().sum() for wt, w in zip(weights, alone)).backward()
+    assert all(torch.equal(a, p.grad) for a, p in zip(got, params))
+
+
+def test_cast_flat_falls_back_to_one_cast_each_without_a_shared_buffer() -> None:
+    from scalelab.train.models import FusedLSTM, cast_flat
+
+    lstm = FusedLSTM(8, 16)
+    flat = cast_flat(lstm._flat_weights, torch.bfloat16)
+    assert len({w.untyped_storage().data_ptr() for w in flat}) == len(flat)
+    assert all(torch.equal(w, p.to(torch.bfloat16)) for w, p in zip(flat, lstm._flat_weights))
+
+
+def test_fused_lstm_under_autocast_runs_in_bf16_from_one_buffer() -> None:
+    """The autocast forward through the one-buffer cast gives the per-weight cast's output, in bf16."""
+    from scalelab.train.models import FusedLSTM
+
+    torch.manual_seed(0)
+    lstm = FusedLSTM(8, 16, num_layers=2, bidirectional=True)
+    x = torch.randn(3, 5, 8)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        before, _ = lstm(x)
+    _share_one_buffer(lstm)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        after, _ = lstm(x)
+    after.float().sum().backward()
+    assert after.dtype == torch.bfloat16 and torch.equal(before, after)
+    assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in lstm.parameters())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (scripts/gpu-check.sh runs it there)")
+def test_bf16_lstm_on_cuda_takes_cudnn_s_buffer_as_it_is() -> None:
+    """On a GPU the bf16 forward neither re-flattens the float32 weights (their addresses stay) nor makes
+    cuDNN copy the cast ones ("not part of single contiguous chunk of memory"), and it stays within bf16's
+    rounding of the float32 forward."""
+    import warnings
+
+    from scalelab.train.models import FusedLSTM
+
+    torch.manual_seed(0)
+    lstm = FusedLSTM(64, 128, num_layers=2, bidirectional=True).cuda()
+    where = [p.data_ptr() for p in lstm.parameters()]
+    x = torch.randn(4, 7, 64, device="cuda")
+    with torch.no_grad():
+        reference, _ = lstm(x)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                out, _ = lstm(x)
+            out.float().sum().backward()
+    assert out.dtype == torch.bfloat16
+    assert [p.data_ptr() for p in lstm.parameters()] == where
+    assert not [w for w in seen if "contiguous chunk" in str(w.message)], [str(w.message) for w in seen]
+    assert torch.allclose(out.float(), reference, atol=3e-2, rtol=3e-2)
+    assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in lstm.parameters())

@@ -81,6 +81,19 @@ def cloud_run_id(run_dir: Path) -> str:
     return f"{parent.name}-{run_dir.name}" if parent.name and is_sweep(parent) else run_dir.name
 
 
+def prerequisites_missing(options: Mapping[str, Any], region: str) -> list[str]:
+    """What a run on AWS needs before anything can be checked further, all of it at once (issue 35: one
+    per attempt made users try three times)."""
+    missing = []
+    if not options.get("bucket"):
+        missing.append("--bucket NAME: an S3 bucket in the run's region for its package, records, logs and "
+                       "checkpoints")
+    if not region:
+        missing.append("a region: --region (e.g. us-east-1), `aws configure set region us-east-1` or the "
+                       "AWS_REGION environment variable")
+    return missing
+
+
 def make_plan(spec: Spec, run_dir: Path, options: Mapping[str, Any], region: str) -> Plan:
     """Check the layout against the instance types; raise SpecError on anything impossible.
 
@@ -88,12 +101,11 @@ def make_plan(spec: Spec, run_dir: Path, options: Mapping[str, Any], region: str
     user's prices file), the same one `launch cost` prices runs with; `--instance-type` is read with
     `Mix.for_nodes` (a bare type is every node, a mix names one instance per node).
     """
-    if not options.get("bucket"):
-        raise SpecError("the aws backend needs --bucket NAME: an S3 bucket in the run's region for its package, "
-                        "records, logs and checkpoints")
-    if not region:
-        raise SpecError("no AWS region: pass --region (e.g. us-east-1) or configure one with "
-                        "`aws configure set region us-east-1` or the AWS_REGION environment variable")
+    missing = prerequisites_missing(options, region)
+    if missing:
+        raise SpecError("the aws backend needs " + "; and ".join(missing) + " (the instances also need the IAM "
+                        f"instance profile {options.get('instance_profile') or 'scalelab-instance'!r}, "
+                        "--instance-profile NAME: docs/aws.md)")
     catalog = load_catalog()
     types = Mix.for_nodes(options["instance_type"], spec.nodes, catalog, provider="aws").node_types()
     gpus = {t: catalog.instance(t, "aws").gpus for t in [*types, *(options.get("fallback_instance_types") or [])]}

@@ -137,6 +137,7 @@ def cost_cmd(run_dirs: tuple[str, ...], from_csv: str | None, instances: str | N
     from scalelab.analysis.report import markdown_table
     from scalelab.costs.tables import read_cost_csv
 
+    run_dirs = tuple(str(p) for p in _runs_among([Path(p) for p in run_dirs]))
     catalog = _load_catalog(params, _backends(run_dirs))
     if refresh_what:
         rows = refresh(catalog, refresh_what, params["region"],
@@ -176,6 +177,8 @@ def cost_cmd(run_dirs: tuple[str, ...], from_csv: str | None, instances: str | N
         _print_json(out.to_dict(orient="records"))
         return
     keep = [c for c in _COST_HEADERS if c in out.columns and (c in ("label", "seconds") or out[c].notna().any())]
+    if "state" in keep and (out["state"] == "COMPLETED").all():  # said only where a run did not complete
+        keep.remove("state")
     show = out[keep].rename(columns=_COST_HEADERS)  # threshold columns only where a run has a threshold
     nfmt: dict[str, Any] = {"wall": human_duration, "$/hour": ".4f", "dollars": ",.2f",
                             "wall to threshold": human_duration, "$ to threshold": ",.2f"}
@@ -200,7 +203,7 @@ def _backends(run_dirs: tuple[str, ...]) -> tuple[str, ...]:
 
 
 # `launch cost`'s columns in a table (JSON keeps the long names, every column and seconds).
-_COST_HEADERS = {"label": "run", "instances": "instances", "market": "market", "seconds": "wall",
+_COST_HEADERS = {"label": "run", "state": "state", "instances": "instances", "market": "market", "seconds": "wall",
                  "usd_per_hour": "$/hour", "dollars": "dollars", "wall_to_threshold_s": "wall to threshold",
                  "dollars_to_threshold": "$ to threshold"}
 
@@ -297,11 +300,32 @@ def _fleet_price(run, market: str | None, catalog, fleet_of) -> FleetPrice | Non
     return price
 
 
+def _runs_among(paths: list[Path]) -> list[Path]:
+    """The run, sweep and study directories among `paths`; with several paths (`launch cost runs/*`) the
+    others (a report folder, a stray file) are skipped with a note, one path must be a run."""
+    from scalelab.core.rundir import STUDY_FILE, SWEEP_FILE
+
+    if len(paths) < 2:
+        return paths
+    def is_run(p: Path) -> bool:
+        return any((p / name).exists() for name in ("spec.json", SWEEP_FILE, STUDY_FILE))
+    runs = [p for p in paths if is_run(p)]
+    skipped = [p for p in paths if not is_run(p)]
+    if not runs:
+        raise DataError(f"none of the {len(paths)} paths is a run, sweep or study directory (no spec.json, "
+                        f"{SWEEP_FILE} or {STUDY_FILE}); `launch ls` lists the runs")
+    if skipped:
+        err_console.print(f"[yellow]note:[/] skipped {len(skipped)} path(s) that are not runs: "
+                          + ", ".join(map(str, skipped[:5])) + (" ..." if len(skipped) > 5 else ""), highlight=False)
+    return runs
+
+
 def _cost_of_runs(paths: list[Path], instances: str | None, market: str | None, catalog, params,
                   fleet_of=None) -> list[dict[str, Any]]:
     """One row per run: billed wall time (`run_seconds`) and wall time to the threshold at its fleet's
     price, or at --instances', through `billing.run_cost` (the measured time holds its interruptions)."""
     from scalelab.analysis.results import expand_run_dirs, run_label, summarize_loaded
+    from scalelab.core.rundir import run_state
     from scalelab.costs.expected import recorded_cost
 
     rows = []
@@ -320,6 +344,7 @@ def _cost_of_runs(paths: list[Path], instances: str | None, market: str | None, 
         row["time_to_threshold_s"] = summary.time_to_threshold_s if summary is not None else None
         row["wall_to_threshold_s"] = wall
         row["run_dir"] = str(run_dir)
+        row["state"] = run_state(run_dir) or "NEW"  # a failed or cancelled run cost money too: priced, and said
         rows.append(row)
     return rows
 
@@ -538,10 +563,12 @@ def _predict_layouts(run_dirs: tuple[str, ...], path: str | None, text: str, con
                         "nodes, instance_type and time_s or throughput")
     catalog = _load_catalog(params)
     layouts = parse_fleet_layouts(text, catalog)
-    m = measured_from_csv(path, None) if path else measured_from_runs([Path(p) for p in run_dirs], None)
+    m = measured_from_csv(path, None) if path else measured_from_runs([Path(p) for p in run_dirs], None, every_type=True)
     measured = m.measured
-    if not path and "instance_type" not in measured.columns:
-        measured = _with_run_types(measured, m)
+    if not path and measured["instance_type"].isna().any():
+        raise DataError("--predict with run directories needs runs made on a named instance type (a cloud "
+                        "backend, or --rate TYPE=... with --instance-type); "
+                        f"{', '.join(map(str, measured.loc[measured['instance_type'].isna(), 'label'].unique()))} name none")
     result = plan(PlanRequest(measured, [], catalog, markets=markets, work=work, deadline_h=deadline_h,
                               budget_usd=budget_usd, region=params["region"], confidence=confidence,
                               layouts=layouts, source=Path(path).name if path else "the runs", **_spot_kwargs(params)))
@@ -550,14 +577,6 @@ def _predict_layouts(run_dirs: tuple[str, ...], path: str | None, text: str, con
         raise SpecError(f"{' and '.join(given)} cannot be answered: no layout is priced ("
                         + "; ".join(result.notes[-1:] or ["nothing was priced"]) + ")")
     _show_plan(result, fmt, out, m)
-
-
-def _with_run_types(measured: pd.DataFrame, m: Measurements) -> pd.DataFrame:
-    """Runs' measurements with the instance type they ran on (the step-time model reads it per row)."""
-    if m.measured_on is None:
-        raise DataError("--predict with run directories needs runs made on a named instance type (a cloud "
-                        "backend, or --rate TYPE=... with --instance-type); these runs name none")
-    return measured.assign(instance_type=m.measured_on)
 
 
 def _worker_grid(measured: pd.DataFrame, text: str | None) -> list[int]:

@@ -52,11 +52,14 @@ def memory_model(spec: Spec) -> MemoryModel:
     return MemoryModel(cfg, spec.precision, spec.engine.name, spec.output_loss, spec.optimizer)
 
 
-def measured_from_runs(paths: list[Path], measured_on: str | None = None) -> Measurements:
+def measured_from_runs(paths: list[Path], measured_on: str | None = None, every_type: bool = False) -> Measurements:
     """The measurements of run and sweep directories (their records, through analysis.scaling).
     Runs on several instance types, each on one type: the fit is made on `measured_on` (default:
-    the type with the most runs) and the others are probes (their per-GPU speed, scalelab/costs/speed.py)."""
+    the type with the most runs) and the others are probes (their per-GPU speed, scalelab/costs/speed.py).
+    `every_type`: every run is measured, each row with the instance type (or mix) it ran on, in an
+    `instance_type` column (what the step-time model of `plan --predict` reads per row)."""
     by_type: dict[str | None, list] = {}
+    run_types: dict[int, str | None] = {}  # id(summary) -> its run's instance_type option
     curves, precisions, memory = {}, [], {}
     for run_dir in expand_run_dirs(paths):
         run = load_run(run_dir)
@@ -64,6 +67,7 @@ def measured_from_runs(paths: list[Path], measured_on: str | None = None) -> Mea
         if not run.spec.own_code:  # a --script's model is unknown to the memory model: its plans are not checked
             memory[s.label] = memory_model(run.spec)
         itype = (run.spec.backend_options or {}).get("instance_type")
+        run_types[id(s)] = itype
         types = {t for _, t in Mix.parse(itype).items} if itype else set()  # a mix: measured on several
         by_type.setdefault(types.pop() if len(types) == 1 else ("mix" if types else None), []).append(s)
         precisions.append(s.precision or "fp32")
@@ -74,8 +78,9 @@ def measured_from_runs(paths: list[Path], measured_on: str | None = None) -> Mea
             curves[f"{s.label} {s.nodes}x{s.gpus_per_node}"] = pd.DataFrame(
                 {"seconds": st["time"] - st["time"].min(), "loss": st["loss"]}).iloc[::every]
     base, probes = _base_and_probes(by_type, measured_on)
-    summaries = by_type[base] if probes else [s for group in by_type.values() for s in group]
-    table = scale_layouts(summaries)
+    summaries = by_type[base] if probes and not every_type else [s for group in by_type.values() for s in group]
+    types = [{"instance_type": run_types[id(s)]} for s in summaries] if every_type else None
+    table = scale_layouts(summaries, extra=types)
     threshold = table["loss_threshold"].map(lambda x: None if pd.isna(x) else f"{float(x):g}")
     measured = pd.DataFrame({
         "label": table["label"], "workers": table["workers"], "nodes": table["nodes"],
@@ -84,6 +89,8 @@ def measured_from_runs(paths: list[Path], measured_on: str | None = None) -> Mea
         "convergence": [None if t is None else f"{m} to loss {t}" for m, t in zip(table["model"], threshold)],
         # how much its steps spread: the band of a measured layout (scalelab/costs/model.py)
         "throughput_spread": _spread(table)})
+    if every_type:
+        measured["instance_type"] = table["instance_type"]
     measured = measured[measured["throughput"].notna()]  # a run at its threshold in warm-up: steps, no speed
     return Measurements(measured, convergence_rows(table), _overheads(table), base, table, curves, probes,
                         max(set(precisions), key=precisions.count) if precisions else "fp32", memory)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import re
 import shlex
 import shutil
 import signal
@@ -88,6 +89,80 @@ LAZY_REPORTS: dict[str, str] = {"prep.json": "scalelab.prep.report:report_dirs"}
 LAZY_RESUMED: dict[str, str] = {"probe.json": "scalelab.launcher.probe:show_probe"}
 
 
+# The flags of the lazy commands that no eager command has, so that a config file key meant for them is known
+# without importing them (tests/test_config_file.py checks it against the commands themselves).
+LAZY_FLAGS = frozenset({
+    "block_mb", "budget", "checkpoint_interval_s", "checkpoint_write_s", "confidence", "deadline_h", "force",
+    "gradient_mb", "instance_types", "instances", "interruptions_per_hour", "intra_gbps", "lines_per_worker",
+    "link_sizes_mb", "list", "market", "measured_on", "only", "predict", "predict_batch", "predict_workers",
+    "probe_steps", "quick", "refresh", "restart_s", "run_id", "scale", "scheduler", "shard_size", "skip", "speed",
+    "total_s", "train", "valid", "valid_fraction", "work"})
+
+
+def option_keys(command: click.Command) -> dict[str, list[str]]:
+    """Flag (as a config key: `time_limit_min`) -> the names of the parameters it sets, in `command` and,
+    for a group, in its loaded subcommands."""
+    out: dict[str, list[str]] = {}
+    for param in command.params:
+        if isinstance(param, click.Option) and param.name:
+            for opt in (*param.opts, *param.secondary_opts):
+                if opt.startswith("--"):
+                    out.setdefault(opt[2:].replace("-", "_"), []).append(param.name)
+    for sub in getattr(command, "commands", {}).values():
+        for key, names in option_keys(sub).items():
+            out.setdefault(key, []).extend(names)
+    return out
+
+
+class ConfigDefaults(dict):
+    """Defaults from the config files (scalelab/core/config.py) as click's `default_map`, one for every
+    command: click asks it for a parameter's default by the parameter's name (`key in map`, `map[key]`) and
+    for a subcommand's map by the command's name (`map.get(name)`), which is this same map. The names of the
+    parameters of lazily loaded commands are learned when they load (`learn`)."""
+
+    def __init__(self, config: dict[str, tuple[Any, Path]]) -> None:
+        super().__init__()
+        self.config = config  # config key -> (value, file)
+        self.param_names: set[str] = set()
+        self.source: dict[str, Path] = {}
+
+    def learn(self, command: click.Command) -> None:
+        for key, names in option_keys(command).items():
+            self.param_names.update(names)
+            if key in self.config:
+                value, path = self.config[key]
+                for name in names:
+                    self[name] = value
+                    self.source[name] = path
+
+    def get(self, key: Any, default: Any = None) -> Any:  # type: ignore[override]
+        if key in self:
+            return self[key]
+        return default if key in self.param_names else self  # a subcommand's name: the same defaults
+
+
+def config_defaults() -> ConfigDefaults | None:
+    """The config files' defaults for every command, or None without a file; a key that is no option of any
+    command is one error naming the file and the options there are."""
+    from scalelab.core.config import config_paths, read_config
+
+    config = read_config(config_paths())
+    if not config:
+        return None
+    defaults = ConfigDefaults(config)
+    defaults.learn(main)
+    known = set(option_keys(main)) | LAZY_FLAGS
+    unknown = sorted(k for k in config if k not in known)
+    if unknown:
+        path = config[unknown[0]][1]
+        close = difflib.get_close_matches(unknown[0], sorted(known), n=1)
+        raise SpecError(f"config file {path}: {', '.join(unknown)} is no option of any command"
+                        + (f" (did you mean {close[0]!r}?)" if close else "")
+                        + "; keys are options without their dashes, e.g. backend, partition, time-limit-min, "
+                          "bucket (`launch run --help` lists them)")
+    return defaults
+
+
 class DefaultGroup(click.Group):
     """A group whose first argument, when it is not a command name, goes to `run`; some commands load lazily."""
 
@@ -117,7 +192,10 @@ class DefaultGroup(click.Group):
             return self.commands.get(name)
         module_name, attr = LAZY_COMMANDS[name].split(":")
         module = import_optional(module_name)
-        return getattr(module, attr) if module is not None else None
+        command = getattr(module, attr) if module is not None else None
+        if command is not None and isinstance(ctx.default_map, ConfigDefaults):
+            ctx.default_map.learn(command)  # its options' defaults from the config files
+        return command
 
 
 def _installed(ref: str) -> bool:
@@ -161,10 +239,19 @@ class GroupedCommand(click.Command):
                 continue
             name = param.name or ""
             title = f"{name.split('__')[1]} backend options" if name.startswith("bopt__") else "Options"
-            sections.setdefault(title, []).append(record)
+            sections.setdefault(title, []).append(_with_config_default(record, name, ctx))
         for title, rows in sections.items():
             with formatter.section(title):
                 formatter.write_dl(rows)
+
+
+def _with_config_default(record: tuple[str, str], name: str, ctx: click.Context) -> tuple[str, str]:
+    """A help line whose default comes from a config file says so: `[default: gpu, from ./scalelab.yaml]`."""
+    defaults = ctx.default_map
+    if not isinstance(defaults, ConfigDefaults) or name not in defaults.source:
+        return record
+    text = re.sub(r"\s*\[default: [^\]]*\]", "", record[1])
+    return record[0], f"{text} [default: {defaults[name]}, from {defaults.source[name]}]"
 
 
 # ---- options shared by run and sweep -------------------------------------------------------------
@@ -250,6 +337,10 @@ def _backend_flag(backend: str, flag: Flag):
 def build_spec(params: dict[str, Any]) -> Spec:
     """YAML (if any) < flags; every value typed and checked with where it came from; then validate."""
     spec = load_spec(params["spec_file"]) if params.get("spec_file") else Spec()
+    configured = _from_config(params)
+    if configured:  # a config file's default yields to the spec file's own value (built-in < config < spec < flag)
+        in_file = _file_keys(params["spec_file"]) if params.get("spec_file") else set()
+        params = {k: (None if k in configured and _spec_key(k) in in_file else v) for k, v in params.items()}
     overrides = _spec_flag_values(params)
     if "global_batch" in overrides and "batch_per_worker" in overrides:
         raise SpecError("--global-batch (strong scaling) and --batch-per-worker (weak scaling) were both given; "
@@ -268,6 +359,41 @@ def build_spec(params: dict[str, Any]) -> Spec:
     return apply(spec, params).validate()  # --script / --module: checked, resolved, the arguments after `--`
 
 
+def _from_config(params: dict[str, Any]) -> set[str]:
+    """The parameters whose value is a config file's default (scalelab/core/config.py), not a flag given."""
+    ctx = click.get_current_context(silent=True)
+    if ctx is None or not isinstance(ctx.default_map, ConfigDefaults):
+        return set()
+    from click.core import ParameterSource
+
+    return {name for name in params if ctx.get_parameter_source(name) == ParameterSource.DEFAULT_MAP}
+
+
+def _spec_key(param_name: str) -> str:
+    return param_name.replace("__", ".")
+
+
+def _file_keys(path: str) -> set[str]:
+    """The dotted keys a spec file sets, with every prefix (`engine: horovod` sets `engine`, so engine.name)."""
+    from scalelab.core.spec import read_yaml_mapping
+
+    keys: set[str] = set()
+
+    def walk(mapping: dict[str, Any], prefix: str) -> None:
+        for key, value in mapping.items():
+            dotted = f"{prefix}{key}"
+            keys.add(dotted)
+            if isinstance(value, dict):
+                walk(value, dotted + ".")
+    walk(read_yaml_mapping(path, "spec file"), "")
+    return keys | {k for key in keys for k in _prefixes(key)}
+
+
+def _prefixes(key: str) -> list[str]:
+    parts = key.split(".")
+    return [".".join(parts[:i]) for i in range(1, len(parts))]
+
+
 def _spec_flag_values(params: dict[str, Any]) -> dict[str, Any]:
     """{spec key: value} of the spec flags given, typed and checked as the Spec declares them."""
     out, params = {}, _data_flag(params)
@@ -282,12 +408,19 @@ def _backend_options(spec: Spec, params: dict[str, Any]) -> dict[str, Any]:
     """Spec file < --backend-opt < backend flags, each typed and checked against the backend's options
     with where it came from; a backend's flag with another --backend is an error."""
     where = f"in spec file {params['spec_file']}" if params.get("spec_file") else ""
+    configured = _from_config(params)
     sources = [(spec.backend_options, where, False),
                (parse_pairs(params.get("backend_opts") or (), "--backend-opt"), "from --backend-opt", True)]
     for backend, flags in backend_flags().items():
         for flag in flags:
-            value = params.get(f"bopt__{backend}__{flag.key}")
+            name = f"bopt__{backend}__{flag.key}"
+            value = params.get(name)
             if value is None or value == ():
+                continue
+            if name in configured:  # a config file's default: for its backend only, below the spec file
+                if spec.backend == backend and flag.key not in (spec.backend_options or {}):
+                    sources.insert(0, ({flag.key: list(value) if isinstance(value, tuple) else value},
+                                       "from the config file", True))
                 continue
             if spec.backend != backend:
                 raise SpecError(f"{flag.name} is an option of --backend {backend}, not of --backend {spec.backend}")
@@ -807,7 +940,7 @@ def cancel_cmd(run_dir: str) -> None:
 def entry() -> None:
     """Console-script entry: user errors as one line, exit 2; a stop signal exit 128 + it; bugs keep tracebacks."""
     try:
-        main.main(prog_name="launch", standalone_mode=False)
+        main.main(prog_name="launch", standalone_mode=False, default_map=config_defaults())
     except click.exceptions.Abort as exc:  # click turns KeyboardInterrupt (and so runner.Interrupted) into Abort
         interrupted(exc.__cause__)
     except click.ClickException as exc:

@@ -26,7 +26,7 @@ import math
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor, _VF, nn
 
 from scalelab.core.errors import SpecError
 from scalelab.train.outloss import loss_function
@@ -123,10 +123,54 @@ class FusedLSTM(nn.LSTM):
         low = autocast_dtype(input.device.type)
         if low is None:
             return super().forward(input, hx)
-        with torch.autocast(input.device.type, enabled=False):  # the call below re-enters with it off
-            weights = {name: p.to(low) for name, p in self.named_parameters()}
-            state = None if hx is None else (hx[0].to(low), hx[1].to(low))
-            return torch.func.functional_call(self, weights, (input.to(low), state))
+        with torch.autocast(input.device.type, enabled=False):  # the call below runs in `low` itself
+            weights = cast_flat([getattr(self, n) for n in self._flat_weights_names], low)
+            if hx is None:
+                zeros = input.new_zeros(self.num_layers * (2 if self.bidirectional else 1), input.size(0),
+                                        self.hidden_size, dtype=low)
+                hx = (zeros, zeros)
+            output, h, c = _VF.lstm(input.to(low), (hx[0].to(low), hx[1].to(low)), weights, self.bias,
+                                    self.num_layers, self.dropout, self.training, self.bidirectional,
+                                    self.batch_first)
+            return output, (h, c)
+
+
+def cast_flat(params: list[Tensor], low: torch.dtype) -> list[Tensor]:
+    """`params` in `low`: views of one new buffer laid out as their own float32 buffer is, where they
+    share one; else each cast alone. Gradients come back to `params` in float32.
+
+    On CUDA, `nn.LSTM` keeps its weights as views of one buffer in cuDNN's layout (flattened when the
+    module moves to the GPU), and cuDNN takes weights laid out so as they are. Weights cast one by one
+    it copies into a new buffer on every call; and handed to `nn.LSTM.forward` (as
+    `functional_call` did) they make the module flatten them again, and its own float32 weights again
+    at the next call (issue 36: cuDNN re-flattened the cast weights every step). One cast of the whole
+    buffer, views at the same offsets, and `_VF.lstm` called directly: nothing is copied or flattened.
+    """
+    first = params[0]
+    storage = first.untyped_storage()
+    if all(p.untyped_storage().data_ptr() == storage.data_ptr() and p.is_contiguous() and p.dtype == first.dtype
+           for p in params):
+        return list(_CastFlat.apply(low, *params))
+    return [p.to(low) for p in params]
+
+
+class _CastFlat(torch.autograd.Function):
+    """Forward: the whole float32 buffer behind `params` cast once, one view per parameter at its own
+    offset. Backward: each view's gradient cast back to its parameter's format (slicing views in
+    autograd instead would build a full-size zero buffer per parameter in the backward)."""
+
+    @staticmethod
+    def forward(ctx, low: torch.dtype, *params: Tensor) -> tuple[Tensor, ...]:
+        first = params[0]
+        size = first.untyped_storage().nbytes() // first.element_size()
+        whole = first.new_empty(0).set_(first.untyped_storage(), 0, (size,))
+        buffer = whole.to(low)
+        ctx.formats = [p.dtype for p in params]
+        return tuple(buffer[p.storage_offset():p.storage_offset() + p.numel()].view(p.shape) for p in params)
+
+    @staticmethod
+    def backward(ctx, *grads: Tensor) -> tuple[Tensor | None, ...]:
+        return (None, *(None if g is None else g.to(f) for g, f in zip(grads, ctx.formats)))
 
 
 def reverse_padded(x: Tensor, lengths: Tensor | None) -> Tensor:
