@@ -355,3 +355,14 @@ def test_track_records_the_trainers_step_records_in_process(tmp_path: Path, monk
     assert all(record_problem(r) is None and r["samples"] == r["words"] == 8 for r in steps)
     (thr,) = [r for r in recs if r.get("event") == "threshold"]
     assert thr["step"] == 3 and thr["val_loss"] == 0.4 and thr["elapsed_s"] < 3.0  # the setup is not training time
+
+
+def test_a_config_files_default_model_is_no_conflict_but_the_flag_is(tmp_path, monkeypatch, capsys) -> None:
+    (tmp_path / "ok.py").write_text("print('hi')\n")
+    (tmp_path / "config.yaml").write_text("model: nmt-small\n")
+    monkeypatch.setenv("SCALELAB_CONFIG", str(tmp_path / "config.yaml"))
+    monkeypatch.chdir(tmp_path)
+    code, err, out = run_entry(["--script", "ok.py", "--engine", "single", "--dry-run"], monkeypatch, capsys)
+    assert code == 0 and "-m scalelab.train.script" in out, err
+    code, err, _ = run_entry(["--script", "ok.py", "--model", "nmt-tiny", "--dry-run"], monkeypatch, capsys)
+    assert code == 2 and "--model nmt-tiny picks a built-in preset" in err

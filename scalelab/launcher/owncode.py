@@ -35,7 +35,7 @@ def apply(spec: Spec, params: dict[str, Any]) -> Spec:
             raise SpecError(f"unexpected arguments {' '.join(args)!r}: arguments after `--` go to your --script "
                             "or --module; without one, `launch run` takes only options")
         return spec
-    if params.get("model"):
+    if params.get("model") and given("model"):  # a config file's default model is not a conflict
         raise SpecError(f"--model {params['model']} picks a built-in preset and --script/--module runs your own code; "
                         "give one of them")
     if args:
@@ -52,9 +52,19 @@ def apply(spec: Spec, params: dict[str, Any]) -> Spec:
     return spec
 
 
-def check_script(given: str) -> Path:
+def given(name: str) -> bool:
+    """True when the option `name` came from the command line (or no click command runs), not from a default or a
+    config file's default (issue 35's ~/.config/scalelab/config.yaml)."""
+    import click
+
+    ctx = click.get_current_context(silent=True)
+    source = ctx.get_parameter_source(name) if ctx is not None else None
+    return source is None or source.name not in ("DEFAULT", "DEFAULT_MAP")
+
+
+def check_script(text: str) -> Path:
     """The script as an absolute path: an existing, readable file, else one line saying what it is."""
-    path = Path(given).expanduser()
+    given, path = text, Path(text).expanduser()
     if not path.exists():
         raise SpecError(f"--script {given}: no such file")
     if not path.is_file():
