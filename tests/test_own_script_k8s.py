@@ -1,6 +1,7 @@
 """Issue 34 on Kubernetes (no API server: the dry run's manifests, validated against the published schemas as
 tests/test_k8s_manifests.py does): a --script run ships its folder as a ConfigMap that every pod of the workload
-mounts, and the ranks start the script runner there, under torchrun (indexed Job) or mpirun (MPIJob)."""
+mounts, and the ranks start the script runner there, under torchrun (indexed Job) or mpirun (MPIJob); the indexed
+Job's container command, run here with the ConfigMaps written out as volumes, runs the mounted copy on two ranks."""
 
 from __future__ import annotations
 
@@ -92,3 +93,41 @@ def test_a_folder_over_the_limit_is_one_line_from_the_command(tmp_path: Path) ->
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1 and "biggest: data.bin (2.0 MiB)" in lines[0], proc.stderr
     assert "Traceback" not in proc.stderr and not proc.stdout.strip()
+
+
+def test_the_pod_command_runs_the_script_from_the_mounted_configmap(tmp_path: Path) -> None:
+    """No cluster: the indexed Job's container command run here, as the kubelet would run it, with the two
+    ConfigMaps written out as their volumes would hold them (the code's files at their `items` paths) and the
+    pod's paths mapped into tmp_path. Both ranks run the script from the mounted copy and record."""
+    import json
+    import os
+    import subprocess
+
+    request = script_request("ddp", nodes=1)
+    spec_map, code_map, job = request.objects[0], request.objects[1], request.objects[-1]
+    pod = job["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    mounts = {"/etc/scalelab": tmp_path / "spec", CODE_MOUNT: tmp_path / "code", "/scalelab/runs": tmp_path / "runs"}
+    (tmp_path / "spec").mkdir()
+    (tmp_path / "spec" / "spec.json").write_text(spec_map["data"]["spec.json"])
+    (code_volume,) = [v for v in pod["volumes"] if v["name"] == "code"]
+    for item in code_volume["configMap"]["items"]:
+        path = tmp_path / "code" / item["path"]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(code_map["data"][item["key"]])
+    command = container["command"][-1]
+    for pod_path, here in mounts.items():
+        command = command.replace(pod_path, str(here))
+    env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+    env["SCALELAB_SCRIPT_DIR"] = str(tmp_path / "code")  # the mount, mapped
+    env.update(MASTER_ADDR="127.0.0.1", JOB_COMPLETION_INDEX="0", HOSTNAME="pod-0", OMP_NUM_THREADS="1",
+               PYTHONPATH=str(ROOT), PATH=os.environ["PATH"])
+    command = command.replace("exec python ", f"exec {__import__('sys').executable} ")
+    done = subprocess.run(["sh", "-c", command], env=env, cwd=tmp_path / "code", capture_output=True, text=True,
+                          timeout=240)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    run_dir = next((tmp_path / "runs").iterdir())
+    for rank in (0, 1):
+        recs = [json.loads(x) for x in (run_dir / "records" / f"rank-{rank}.jsonl").read_text().splitlines()]
+        assert recs[0]["script"] == str(tmp_path / "code" / "train_ddp.py") and recs[0]["world"] == 2  # the mount's
+        assert [r["step"] for r in recs if r["kind"] == "step"] == list(range(1, 13))

@@ -75,7 +75,8 @@ def start_records(run_dir: Path, spec: Spec, rank: int, world: int) -> tuple[Rec
     out = RecordWriter(run_dir, rank, world)
     env = os.environ
     local = env.get("LOCAL_RANK") or env.get("HOROVOD_LOCAL_RANK") or "0"
-    out.write("start", run_id=Path(run_dir).name, model=spec.script_label, script=spec.script, module=spec.module,
+    ran = target(spec)[1] if spec.script else None  # the path on this node (a pod's mount, an instance's copy)
+    out.write("start", run_id=Path(run_dir).name, model=spec.script_label, script=ran, module=spec.module,
               script_args=list(spec.script_args), engine=spec.engine.name, nodes=spec.nodes,
               gpus_per_node=spec.gpus_per_node, local_rank=int(local) if local.isdigit() else 0,
               resumed_from_step=last if before else None, unit=track._unit,
