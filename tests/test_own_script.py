@@ -366,3 +366,14 @@ def test_a_config_files_default_model_is_no_conflict_but_the_flag_is(tmp_path, m
     assert code == 0 and "-m scalelab.train.script" in out, err
     code, err, _ = run_entry(["--script", "ok.py", "--model", "nmt-tiny", "--dry-run"], monkeypatch, capsys)
     assert code == 2 and "--model nmt-tiny picks a built-in preset" in err
+
+
+def test_a_spec_file_naming_a_model_and_a_script_is_one_line(tmp_path, monkeypatch, capsys) -> None:
+    (tmp_path / "ok.py").write_text("print('hi')\n")
+    (tmp_path / "both.yaml").write_text("model: nmt-small\nscript: ok.py\nengine: single\n")
+    (tmp_path / "script.yaml").write_text("script: ok.py\nengine: single\n")
+    monkeypatch.chdir(tmp_path)
+    code, err, _ = run_entry(["--spec", "both.yaml", "--dry-run"], monkeypatch, capsys)
+    assert code == 2 and "names model nmt-small, a built-in preset, and your own code" in err, err
+    code, err, out = run_entry(["--spec", "script.yaml", "--dry-run"], monkeypatch, capsys)
+    assert code == 0 and f"python {tmp_path / 'ok.py'}" in out, err  # a script from a spec file, resolved

@@ -38,6 +38,13 @@ def apply(spec: Spec, params: dict[str, Any]) -> Spec:
     if params.get("model") and given("model"):  # a config file's default model is not a conflict
         raise SpecError(f"--model {params['model']} picks a built-in preset and --script/--module runs your own code; "
                         "give one of them")
+    if params.get("spec_file") and not params.get("model"):
+        from scalelab.core.spec import flag_words, read_yaml_mapping
+
+        raw = flag_words(read_yaml_mapping(params["spec_file"], "spec file"))
+        if "model" in raw:
+            raise SpecError(f"spec file {params['spec_file']} names model {raw['model']}, a built-in preset, and your "
+                            "own code (--script/--module) runs instead; remove one of them")
     if args:
         spec.script_args = args
     if spec.script:
