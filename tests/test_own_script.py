@@ -344,7 +344,7 @@ def test_track_records_the_trainers_step_records_in_process(tmp_path: Path, monk
         track.step(items=2.5)
     with pytest.raises(track.TrackError, match=r"loss must be a finite number"):
         track.validation(loss=float("inf"))
-    track.step(items=8, loss=-0.25)  # a negative loss is a loss (log-likelihoods)
+    track.step(items=8, loss=-0.25, lr=0.01)  # a negative loss is a loss (log-likelihoods); the lr is optional
     assert track.should_stop() is False
     assert track._stopped(sig.SIGTERM) is True and track.should_stop() is True  # asked before: left to the script
     writer.close()
@@ -353,6 +353,7 @@ def test_track_records_the_trainers_step_records_in_process(tmp_path: Path, monk
     assert [r["step"] for r in steps] == [1, 2, 3, 4] and [r["warmup"] for r in steps] == [True, False, False, False]
     assert steps[0]["step_s"] >= 3.0 and all(r["step_s"] < 3.0 for r in steps[1:])
     assert all(record_problem(r) is None and r["samples"] == r["words"] == 8 for r in steps)
+    assert [r.get("lr") for r in steps] == [None, None, None, 0.01]
     (thr,) = [r for r in recs if r.get("event") == "threshold"]
     assert thr["step"] == 3 and thr["val_loss"] == 0.4 and thr["elapsed_s"] < 3.0  # the setup is not training time
 

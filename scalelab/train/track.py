@@ -97,15 +97,17 @@ def _number(call: str, field: str, value: Any, whole: bool = False, negative: bo
     return float(value)
 
 
-def step(items: int, loss: float | None = None, step: int | None = None) -> None:
+def step(items: int, loss: float | None = None, step: int | None = None, lr: float | None = None) -> None:
     """Record one optimizer step of this rank: `items` processed (samples, tokens: see `unit`) and its
     training loss. `step`: its number when the script knows it (after a resume from a checkpoint older
-    than the last recorded step); otherwise steps are counted from the last one recorded."""
+    than the last recorded step); otherwise steps are counted from the last one recorded. `lr`: the learning
+    rate of the step, optional (`launch plan` then knows how the runs scaled it)."""
     if not active():
         return
     now = time.perf_counter()
     items = _number("track.step", "items", items, whole=True)
     value = None if loss is None else _number("track.step", "loss", loss, negative=True)
+    rate = {} if lr is None else {"lr": _number("track.step", "lr", lr)}
     s = _state
     first = not s.stepped  # the first of this launch: its interval holds the script's setup (imports, rendezvous)
     s.step = int(_number("track.step", "step", step, whole=True)) if step is not None else s.step + 1
@@ -113,7 +115,7 @@ def step(items: int, loss: float | None = None, step: int | None = None) -> None
     s.last, s.stepped = now, True
     s.elapsed += 0.0 if first else step_s  # training time: the setup is the run's start-up, not a step's
     s.writer.write("step", step=s.step, warmup=first or s.step - s.started_at <= s.warmup_steps, step_s=step_s,
-                   samples=items, words=items, loss=value, **_memory())
+                   samples=items, words=items, loss=value, **rate, **_memory())
 
 
 def validation(loss: float) -> bool:
