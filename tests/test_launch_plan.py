@@ -79,7 +79,7 @@ def test_an_unknown_engine_fails_in_the_one_place() -> None:
 
 def test_a_new_engine_in_the_table_is_launched_like_its_starter(monkeypatch) -> None:
     """What adding a torchrun engine needs from the launchers: its line in the table, nothing else."""
-    monkeypatch.setitem(engine_table.ENGINE_STARTERS, "ddp2", TORCHRUN)
+    monkeypatch.setitem(engine_table.ENGINE_TABLE, "ddp2", engine_table.Engine("ddp2", TORCHRUN, "a copy of DDP"))
     spec = _spec("ddp")
     spec.engine.name = "ddp2"
     assert [launch.argv[2] for launch in launch_plan(spec, "/r")] == ["torch.distributed.run"] * 2

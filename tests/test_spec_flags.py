@@ -26,7 +26,8 @@ from scalelab.launcher.cli import SPEC_FLAGS, build_spec, main, spec_options
 
 # Fields set only by a spec file or by the code (a sweep sets work_scaling), on purpose without a flag.
 NO_FLAG = {"backend_options", "model_args", "lr_ref_batch", "clip_grad_norm", "link_probe_mb", "work_scaling",
-           "data.valid_samples", "data.bucket"}
+           "data.valid_samples", "data.bucket",
+           "script_args", "script_dir"}  # what follows `--`; the folder of --script / --module, set by the CLI
 # Every flag the command line had before the flags were generated: none may disappear or be renamed.
 FLAGS_BEFORE = """--backend --model --rnn --precision --engine --nodes --gpus-per-node --global-batch --batch-per-worker
 --steps --epochs --warmup-steps --lr --lr-warmup-steps --optimizer --data --shards --train-src --train-tgt --valid-src
@@ -34,7 +35,7 @@ FLAGS_BEFORE = """--backend --model --rnn --precision --engine --nodes --gpus-pe
 --checkpoint-every --threads --interop-threads --independent-replicas/--exchange --balance --balance-every
 --emulate-slowdown --device --seed --fusion-threshold-mb --cycle-time-ms --grad-compression
 --fp16-allreduce/--no-fp16-allreduce --bucket-cap-mb --ps-shards --ps-state --profile-steps --ps-placement --name
---output-loss""".split()
+--output-loss --script --module""".split()  # --script, --module: issue 34
 
 
 def _leaf_keys(cls: type, prefix: str = "") -> list[str]:

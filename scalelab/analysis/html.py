@@ -23,6 +23,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator, PercentFormatter
 
 from scalelab.analysis.report import DEFINITIONS, plot_speedup, plot_throughput, table_rows, terminal_frame
+from scalelab.core.engines import known_fact
 from scalelab.core.writes import check_inside
 
 __all__ = ["plot_cost_frontier", "plot_phases", "plot_loss", "plot_predictions", "figure_png",
@@ -93,7 +94,7 @@ def exchange_overlapped(table: pd.DataFrame) -> bool:
     if "workers" in table.columns:
         unknown &= pd.to_numeric(table["workers"], errors="coerce") > 1  # one worker exchanges nothing
     if "engine" in table.columns:
-        unknown &= table["engine"].astype(str).str.startswith("ddp")
+        unknown &= table["engine"].map(lambda name: known_fact(name, "exchange_in_backward"))
     return bool(unknown.any())
 
 

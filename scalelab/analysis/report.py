@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 from rich.console import Console
 from rich.table import Table
+from scalelab.core.engines import known_fact
 from scalelab.core.writes import refuse_links
 
 if TYPE_CHECKING:
@@ -117,7 +118,7 @@ def _shares(r: pd.Series) -> str:
     """Data / exchange share; DDP's exchange, overlapped with the backward and so not timed apart, reads
     "in backward" (a dash read as "no exchange")."""
     exchange = _pct(r.get("share_exchange"), 0)
-    if _missing(r.get("share_exchange")) and str(r.get("engine") or "").startswith("ddp") \
+    if _missing(r.get("share_exchange")) and known_fact(r.get("engine"), "exchange_in_backward") \
             and not _missing(r.get("workers")) and int(r["workers"]) > 1:
         exchange = "in backward"
     return f"{_pct(r.get('share_data'), 0)} / {exchange}"

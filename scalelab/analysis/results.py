@@ -42,6 +42,8 @@ from scalelab.core.writes import refuse_links
 def run_label(spec: Spec) -> str:
     """The series a run belongs to: runs that differ only in layout share a label (its --name if given).
     The precision is part of it: a bf16 layout's speedup is over the bf16 base, not the fp32 one."""
+    if spec.own_code:  # the preset's RNN and precision are not the script's
+        return spec.name or f"{spec.script_label} {spec.engine.name} {spec.batch_mode}"
     return spec.name or f"{spec.model} {spec.rnn} {spec.precision} {spec.engine.name} {spec.batch_mode}"
 
 
@@ -247,18 +249,54 @@ def emulation_warnings(runs: list[Path]) -> list[str]:
 def summarize_loaded(run) -> LayoutSummary:
     """The summary of a run already read with `runstore.load_run`."""
     spec = run.spec
+    if run.steps.empty and spec.own_code:
+        raise RecordError(unmeasured_note(run))
     if run.steps.empty:
         raise RecordError(f"{run.run_dir} has no step records: the run stopped before its first step; see {run.run_dir}/logs")
     global_batch = int(run.start["global_batch"].iloc[0]) if "global_batch" in run.start else None
+    if global_batch is None and spec.own_code:  # a --script's batch: the items all ranks recorded in a step
+        global_batch = int(run.steps.groupby("step")["samples"].sum().median())
     per_epoch = run.start["steps_per_epoch"].dropna() if "steps_per_epoch" in run.start else []
     meta = RunMeta(
         label=run_label(spec), nodes=spec.nodes, gpus_per_node=spec.gpus_per_node, workers=spec.workers,
-        engine=spec.engine.name, rnn=spec.rnn, precision=spec.precision, model=spec.model, batch_mode=spec.batch_mode,
+        engine=spec.engine.name, rnn=None if spec.own_code else spec.rnn,  # a --script's are its own business
+        precision=None if spec.own_code else spec.precision, model=spec.model, batch_mode=spec.batch_mode,
         work_scaling=spec.work_scaling, global_batch=global_batch, loss_threshold=spec.loss_threshold,
         launched_at=launched_at(run), lr_warmup_steps=spec.lr_warmup_steps,
         steps_per_epoch=int(per_epoch.iloc[0]) if len(per_epoch) else None,
     )
     return summarize_run(run.steps, run.val, run.events, meta)
+
+
+def script_ends(run) -> tuple[float | None, list[int]]:
+    """A --script run's wall time (the longest rank's, from its `end` events) and the ranks' exit statuses."""
+    ends = run.events[run.events["event"] == "end"] if len(run.events) and "event" in run.events.columns else run.events
+    walls = [float(w) for w in ends.get("wall_s", []) if w == w]
+    codes = [int(c) for c in ends.get("exit_code", []) if c == c]
+    return (max(walls) if walls else None), codes
+
+
+def unmeasured_note(run) -> str:
+    """What a report says of a --script run without step records: how long it ran, how it ended, how to measure."""
+    from scalelab.train.track import HOW_TO_RECORD
+
+    wall, codes = script_ends(run)
+    ran = f"ran {wall:.3g} s" if wall is not None else "ran"
+    ended = f", exit status {max(codes, key=abs)}" if codes else ""
+    return f"{run.run_dir}: {run.spec.script_label} {ran}{ended} and has no step records; {HOW_TO_RECORD}"
+
+
+def script_facts(run_dir: Path) -> dict[str, Any] | None:
+    """summary.json of a --script run that recorded no steps (wall time, exit statuses, the note), else None."""
+    spec = read_spec(run_dir)
+    if not spec.own_code:
+        return None
+    run = load_run(run_dir)
+    if not run.steps.empty:
+        return None
+    wall, codes = script_ends(run)
+    return {"label": run_label(spec), "model": spec.model, "steps_measured": 0, "wall_s": wall, "exit_codes": codes,
+            "note": unmeasured_note(run)}
 
 
 def launched_at(run) -> float | None:

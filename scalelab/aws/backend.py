@@ -167,6 +167,8 @@ class AwsBackend(Backend):
                 with self._wheel() as wheel:
                     s3.upload_file(str(wheel), params["Bucket"], params["Key"])
                 return {}
+            if params["Body"] == render.CODE_BODY:  # a --script's folder: the files the dry run listed
+                return s3.put_object(**{**params, "Body": pack_code(Path(call["folder"]), call["files"])})
             return s3.put_object(**{**params, "Body": params["Body"].encode()})
         from botocore import xform_name
 
@@ -535,3 +537,15 @@ def _user_error(exc: BaseException, doing: str) -> BaseException:
     op = getattr(exc, "operation_name", "")
     msg = f"{err.get('Code')}: {err.get('Message')}" if err else str(exc)
     return ScalelabError(f"AWS refused {op or 'a request'} while {doing}: {msg}; every instance of the run was terminated")
+
+
+def pack_code(folder: Path, files: list[str]) -> bytes:
+    """A tar.gz of `files` (paths inside `folder`), as `--script`'s folder is shipped through the bucket."""
+    import io
+    import tarfile
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for rel in files:
+            tar.add(str(folder / rel), arcname=rel, recursive=False)
+    return buf.getvalue()

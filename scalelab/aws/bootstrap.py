@@ -36,13 +36,13 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from scalelab.core.engines import HOROVODRUN, starter
-from scalelab.core.launch import NodeLaunch, Site, launch_plan
+from scalelab.core.launch import NodeLaunch, Site, launch_plan, starter_of
 from scalelab.core.rundir import CHECKPOINT_FILE, LOGS_DIR, RECORDS_DIR, SPEC_FILE, RunPaths
 from scalelab.core.spec import Spec, read_spec
 from scalelab.core.writes import open_inside
 
 METADATA_URL = "http://169.254.169.254"
+SCRIPT_CHECKPOINTS = "checkpoint"  # RUN_DIR/checkpoint/: a --script's own files (scalelab/train/track.py)
 LAUNCHER_HEARTBEAT = "control/launcher.json"  # the launcher rewrites it on every poll (scalelab/aws/backend.py)
 STOP_REQUEST = "control/stop"  # written by `launch cancel` and by a launcher stopped by a signal
 # Why a node stopped its ranks early (`reason` in its status): the launcher reads LAUNCHER_LOST.
@@ -194,6 +194,10 @@ class Sync:
             self._put(boot, f"{LOGS_DIR}/{g}/node-{self.index}-bootstrap.log")
         if self.index == 0 and paths.checkpoint.exists():
             self._put(paths.checkpoint, CHECKPOINT_FILE)
+        own = Path(self.cfg.run_dir) / SCRIPT_CHECKPOINTS  # a --script's checkpoint files (track.checkpoint_dir)
+        for path in sorted(own.rglob("*")) if self.index == 0 and own.is_dir() else []:
+            if path.is_file() and not path.is_symlink():
+                self._put(path, f"{SCRIPT_CHECKPOINTS}/{path.relative_to(own)}")
 
     def put_json(self, key: str, doc: dict) -> None:
         self.s3.put_object(Bucket=self.cfg.bucket, Key=self.cfg.key(key), Body=json.dumps(doc).encode())
@@ -258,14 +262,74 @@ def prepare_run_dir(s3, cfg: Config) -> bool:
         raise
 
 
+CODE_DIR = "code"  # a --script run's folder, unpacked under SCALELAB_WORK
+CODE_KEY = "code/code.tar.gz"  # scalelab/aws/render.py's CODE_ARCHIVE in the run's prefix
+
+
+def fetch_code(s3, cfg: Config) -> Path | None:
+    """A --script run: its code folder from the bucket, unpacked into WORK/code, and this node's spec.json
+    pointed at it (the script runner reads it there); None for the built-in trainer."""
+    import tarfile
+
+    spec = read_spec(cfg.run_dir)
+    if not spec.own_code:
+        return None
+    folder = Path(cfg.work) / CODE_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    archive = Path(cfg.work) / "code.tar.gz"
+    s3.download_file(cfg.bucket, cfg.key(CODE_KEY), str(archive))
+    with tarfile.open(archive) as tar:
+        tar.extractall(folder, filter="data")  # no absolute paths, no links out of the folder
+    if spec.script and spec.script_dir:
+        spec.script = str(folder / Path(spec.script).relative_to(spec.script_dir))
+    spec.script_dir = str(folder)
+    RunPaths(cfg.run_dir).spec.write_text(spec.to_json() + "\n")
+    return folder
+
+
+def fetch_script_checkpoint(s3, cfg: Config) -> bool:
+    """A --script run's own checkpoint files (RUN_DIR/checkpoint/*) from the bucket; whether there were any."""
+    listed = s3.list_objects_v2(Bucket=cfg.bucket, Prefix=cfg.key(SCRIPT_CHECKPOINTS) + "/").get("Contents", [])
+    for obj in listed:
+        rel = obj["Key"][len(cfg.key(SCRIPT_CHECKPOINTS)) + 1:]
+        dest = Path(cfg.run_dir) / SCRIPT_CHECKPOINTS / rel
+        if rel and ".." not in Path(rel).parts:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            s3.download_file(cfg.bucket, obj["Key"], str(dest))
+    return bool(listed)
+
+
+def script_resume(s3, cfg: Config) -> str | None:
+    """`STEP:SECONDS` for a --script run's ranks on a replacement generation (scalelab/train/script.py reads it
+    from SCALELAB_TRACK_RESUME): where rank 0 of the generations before stopped, and its training time."""
+    last, elapsed = 0, 0.0
+    for gen in range(cfg.generation):
+        try:
+            body = s3.get_object(Bucket=cfg.bucket, Key=cfg.key(RECORDS_DIR, f"gen-{gen}", "rank-0.jsonl"))["Body"].read()
+        except Exception:  # noqa: BLE001 - a generation that wrote nothing
+            continue
+        for line in body.decode(errors="replace").splitlines():
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue  # a line cut by the stop
+            if rec.get("kind") == "step":
+                last = max(last, int(rec["step"]))
+            elif rec.get("event") == "end" and isinstance(rec.get("elapsed_s"), (int, float)):
+                elapsed = float(rec["elapsed_s"])
+    return f"{last}:{elapsed}" if last else None
+
+
 def signal_local_ranks(run_dir: Path, sig: int = signal.SIGTERM, exclude: int | None = None) -> int:
     """SIGTERM every process of this host training `run_dir` (horovod starts them over ssh)."""
     import psutil
 
+    from scalelab.core.procs import names_run
+
     hit = 0
     for p in psutil.process_iter(["pid", "cmdline"]):
         cmd = p.info.get("cmdline") or []
-        if p.pid != os.getpid() and p.pid != exclude and "train" in cmd and str(run_dir) in cmd and "-m" in cmd:
+        if p.pid != os.getpid() and p.pid != exclude and names_run(cmd, run_dir):
             try:
                 p.send_signal(sig)
                 hit += 1
@@ -328,13 +392,19 @@ def run(cfg: Config, s3=None, ec2=None) -> int:
     resumed = prepare_run_dir(s3, cfg)
     if resumed:
         sync.mark_present(RunPaths(cfg.run_dir).checkpoint)
+    code = fetch_code(s3, cfg)  # a --script run: its folder, unpacked here; the ranks start in it
+    extra: dict[str, str] = {}
+    if code is not None:
+        resumed = fetch_script_checkpoint(s3, cfg) or resumed
+        if (before := script_resume(s3, cfg)) is not None:
+            extra["SCALELAB_TRACK_RESUME"] = before  # the step count and training time go on
     spec = read_spec(cfg.run_dir)
-    ssh_key = ssh_setup(sync, cfg, index, peers) if starter(spec.engine.name) == HOROVODRUN and cfg.nodes > 1 else None
+    ssh_key = ssh_setup(sync, cfg, index, peers) if starter_of(spec.engine.name).needs_horovod and cfg.nodes > 1 else None
     launch = trainer_command(spec, cfg.python, cfg.run_dir, hosts, index, ssh_key=ssh_key)
     log_path = RunPaths(cfg.run_dir).logs / "trainer.log"
     log = os.fdopen(open_inside(cfg.run_dir, log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644), "ab")  # no link
-    proc = (subprocess.Popen(launch.argv, stdout=log, stderr=subprocess.STDOUT, cwd=cfg.work,
-                             env={**os.environ, "PYTHONUNBUFFERED": "1", **launch.env}) if launch else None)
+    proc = (subprocess.Popen(launch.argv, stdout=log, stderr=subprocess.STDOUT, cwd=code or cfg.work,
+                             env={**os.environ, "PYTHONUNBUFFERED": "1", **launch.env, **extra}) if launch else None)
     notice, reason, watch = None, None, LauncherWatch(sync, cfg.heartbeat_timeout_s)
     sync.put_json(f"status/{g}/{instance_id}.heartbeat.json",
                   {"time": time.time(), "index": index, "resumed": resumed, "host": hosts[index]})

@@ -18,7 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from scalelab.aws.bootstrap import LAUNCHER_HEARTBEAT
+from scalelab.core.engines import engine
 from scalelab.core.errors import SpecError
+from scalelab.core.launch import starter_of
 from scalelab.core.rundir import is_sweep
 from scalelab.core.spec import Spec
 from scalelab.costs.billing import Mix
@@ -35,6 +37,10 @@ DEFAULT_AMI = "resolve:ssm:/aws/service/deeplearning/ami/x86_64/oss-nvidia-drive
 from scalelab.launcher import __version__
 
 PACKAGE_NAME = f"scalelab-{__version__}-py3-none-any.whl"
+# A --script run's code folder, packed when the run starts (scalelab/launcher/owncode.py: .gitignore respected, the
+# size limit checked) and unpacked by every node's bootstrap (scalelab/aws/bootstrap.py, `fetch_code`).
+CODE_ARCHIVE = "code.tar.gz"
+CODE_BODY = "<tar.gz of your code's folder, packed when the run starts: the files listed under `files`>"
 WHEEL_BODY = "<wheel of this checkout, built with `pip wheel --no-deps` when the run starts>"
 
 
@@ -53,6 +59,9 @@ class Plan:
     options: dict[str, Any]
     gpus_per_instance: dict[str, int] = field(default_factory=dict)  # of node_types, from the catalog
     ranks_per_node: int | None = None  # Spec.ranks_per_node where it is not gpus_per_node (ps separate)
+    code_dir: str | None = None  # a --script run: the folder shipped, and its files (inside it) with their bytes
+    code_files: list[str] = field(default_factory=list)
+    code_bytes: int = 0
 
     @property
     def nodes(self) -> int:
@@ -108,13 +117,20 @@ def make_plan(spec: Spec, run_dir: Path, options: Mapping[str, Any], region: str
         raise SpecError(f"heartbeat_timeout_min {options['heartbeat_timeout_min']:g} is shorter than three of the "
                         f"launcher's polls (poll_s {options['poll_s']:g}): the instances would stop themselves while "
                         "it still follows them; raise it or lower poll_s")
-    if len(types) > 1 and spec.engine.name == "single":
+    if len(types) > 1 and engine(spec.engine.name).one_worker:
         raise SpecError("engine 'single' runs on one instance; use --engine horovod or ddp for several")
     run_id = cloud_run_id(Path(run_dir))
     prefix = "/".join(p for p in (str(options.get("prefix") or "").strip("/"), run_id) if p)
-    return Plan(run_id, region, options["bucket"], prefix, types, spec.gpus_per_node, spec.engine.name,
+    plan = Plan(run_id, region, options["bucket"], prefix, types, spec.gpus_per_node, spec.engine.name,
                 spec.to_json(), dict(options), {t: gpus[t] for t in types},
                 spec.ranks_per_node if spec.ranks_per_node != spec.gpus_per_node else None)
+    if spec.own_code:  # the script's folder goes through the run's bucket: size-checked now, before anything is sent
+        from scalelab.launcher.owncode import code_files
+
+        files = code_files(spec)
+        plan.code_dir, plan.code_files = spec.script_dir, [rel for _, rel in files]
+        plan.code_bytes = sum(path.stat().st_size for path, _ in files)
+    return plan
 
 
 def tags(plan: Plan, **extra: str) -> list[dict[str, str]]:
@@ -140,6 +156,7 @@ def user_data(plan: Plan, generation: int) -> str:
         "SCALELAB_RUN_ID": plan.run_id, "SCALELAB_BUCKET": plan.bucket, "SCALELAB_PREFIX": plan.prefix,
         "SCALELAB_GENERATION": str(generation), "SCALELAB_NODES": str(plan.nodes),
         "SCALELAB_GPUS_PER_NODE": str(plan.gpus_per_node), "SCALELAB_ENGINE": plan.engine,
+        "SCALELAB_HOROVOD": "1" if starter_of(plan.engine).needs_horovod else "0",
         "SCALELAB_HEARTBEAT_TIMEOUT_S": f"{float(plan.options['heartbeat_timeout_min']) * 60:g}",
         "AWS_DEFAULT_REGION": plan.region,
         **({"SCALELAB_RANKS_PER_NODE": str(plan.ranks_per_node)} if plan.ranks_per_node else {}),
@@ -157,7 +174,7 @@ export SCALELAB_WORK SCALELAB_PYTHON
 mkdir -p "$SCALELAB_WORK" && cd "$SCALELAB_WORK" || exit 1
 exec >>"$SCALELAB_WORK/bootstrap.log" 2>&1
 "$SCALELAB_PYTHON" -c 'import boto3' 2>/dev/null || "$SCALELAB_PYTHON" -m pip install -q boto3
-if [ "$SCALELAB_ENGINE" = horovod ] && ! "$SCALELAB_PYTHON" -c 'import horovod.torch' 2>/dev/null; then
+if [ "$SCALELAB_HOROVOD" = 1 ] && ! "$SCALELAB_PYTHON" -c 'import horovod.torch' 2>/dev/null; then
   HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 HOROVOD_GPU_OPERATIONS=NCCL \
     "$SCALELAB_PYTHON" -m pip install -q --no-cache-dir horovod==0.28.1
 fi
@@ -239,6 +256,10 @@ def all_calls(plan: Plan) -> list[dict[str, Any]]:
         {"service": "s3", "operation": "PutObject",
          "params": {"Bucket": plan.bucket, "Key": plan.key("spec.json"), "Body": plan.spec_json}},
     ]
+    if plan.code_dir:
+        calls.append({"service": "s3", "operation": "PutObject",
+                      "params": {"Bucket": plan.bucket, "Key": plan.key("code", CODE_ARCHIVE), "Body": CODE_BODY},
+                      "folder": plan.code_dir, "files": plan.code_files, "bytes": plan.code_bytes})
     if not o.get("security_group_id"):
         create: dict[str, Any] = {
             "GroupName": f"scalelab-{plan.run_id}",
@@ -280,4 +301,9 @@ class AwsRequest(Request):
                        "time_limit_min": p.options["timeout_min"]},
             "requests": self.calls,
         }
+        if p.code_dir:  # a --script run: what every rank runs, from the folder each node unpacks
+            spec = json.loads(p.spec_json)
+            what = f"python code/{Path(spec['script']).name}" if spec.get("script") else f"python -m {spec['module']}"
+            doc["your_code"] = {"runs": " ".join([what, *spec.get("script_args", [])]), "folder": p.code_dir,
+                                "files": len(p.code_files), "bytes": p.code_bytes}
         return json.dumps(doc, indent=2)

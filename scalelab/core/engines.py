@@ -1,49 +1,73 @@
-"""The engines by name, and what starts each one's ranks: the table every layer reads.
+"""The engines by name and the facts every layer needs about them: the table every layer reads.
 
 An engine is two things: a class in scalelab/train/engines.py (the distributed calls a rank makes,
-which needs PyTorch) and a line here (how its ranks are started, which needs none). Launchers, the
-spec's checks and the CLI's choices read this table, so none of them names an engine and a new one
-started like an existing one needs no change outside these two files. How each starter becomes a
-command line, a rank's environment or Horovod's settings is written once, in scalelab/core/launch.py.
+which needs PyTorch) and an `Engine` line here: the name of its starter (how its ranks start: a
+`Starter` of scalelab/core/launch.py, which writes the command lines, the rank environment, what Slurm
+runs before srun and which Kubernetes workload) and the facts other layers ask about it - that it runs
+one worker, that its buckets hold a second copy of the gradients (memory), that its exchange runs
+inside the backward (reports), which gradient compressions it takes, that it is the parameter server
+(its ps_* settings). No module compares an engine's name: it asks `engine(name)` for a fact, so a new
+engine started like an existing one needs no change outside these two files.
 
-This module imports nothing of ours: the spec (scalelab/core/spec.py) takes its list of engines
-from it.
+This module imports nothing of ours but the errors: the spec (scalelab/core/spec.py) takes its list of
+engines from it.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from scalelab.core.errors import SpecError
 
-# What starts an engine's ranks.
+# The starters' names (their objects: scalelab/core/launch.py, STARTERS).
 PLAIN = "plain"  # one process, `python -m scalelab.train RUN_DIR`: no rendezvous
 TORCHRUN = "torchrun"  # one torchrun agent per node; env:// rendezvous (RANK, MASTER_ADDR, ...) on node 0
 HOROVODRUN = "horovodrun"  # one horovodrun (or mpirun) for the whole run; Gloo (or MPI) rendezvous, HOROVOD_* settings
-STARTERS = (PLAIN, TORCHRUN, HOROVODRUN)
-
-#: Each engine and its starter, in the order the CLI lists them. A new engine: its line here and its
-#: class in scalelab/train/engines.py (`make_engine`).
-ENGINE_STARTERS: dict[str, str] = {
-    "single": PLAIN,
-    "ddp": TORCHRUN,
-    "horovod": HOROVODRUN,
-    "ps": TORCHRUN,
-}
-ENGINES = tuple(ENGINE_STARTERS)
-assert set(ENGINE_STARTERS.values()) <= set(STARTERS)
-#: Each engine in a few words: `--engine`'s help is made of this.
-ENGINE_HELP: dict[str, str] = {
-    "single": "one worker, no exchange",
-    "ddp": "torch.distributed DistributedDataParallel",
-    "horovod": "Horovod all-reduce",
-    "ps": "parameter server (sharded push and pull over torch.distributed)",
-}
-assert tuple(ENGINE_HELP) == ENGINES
 
 
-def starter(engine: str) -> str:
-    """How `engine`'s ranks start (PLAIN, TORCHRUN or HOROVODRUN): the one place an unknown engine fails,
-    so that no backend falls through to some other engine's launcher."""
+@dataclass(frozen=True)
+class Engine:
+    """One engine's facts. `starter`: the name of its `Starter` (scalelab/core/launch.py)."""
+
+    name: str
+    starter: str
+    help: str  # a few words: `--engine`'s help is made of these
+    one_worker: bool = False  # exactly one worker, no exchange (a layout of more is refused)
+    gradient_copy: bool = False  # its buckets hold a second copy of the gradients (costs/memory.py)
+    exchange_in_backward: bool = False  # the exchange overlaps the backward: no separate time (reports say so)
+    compressions: tuple[str, ...] = ("fp16", "bf16")  # the --grad-compression formats it can exchange in
+    parameter_server: bool = False  # the --ps-* settings are its (shards, placement, state)
+
+
+#: Every engine, in the order the CLI lists them. A new engine: its line here and its class in
+#: scalelab/train/engines.py (`make_engine`).
+ENGINE_TABLE: dict[str, Engine] = {e.name: e for e in (
+    Engine("single", PLAIN, "one worker, no exchange", one_worker=True),
+    Engine("ddp", TORCHRUN, "torch.distributed DistributedDataParallel", gradient_copy=True,
+           exchange_in_backward=True),
+    Engine("horovod", HOROVODRUN, "Horovod all-reduce", compressions=("fp16",)),  # Horovod 0.28: no bf16 all-reduce
+    Engine("ps", TORCHRUN, "parameter server (sharded push and pull over torch.distributed)", parameter_server=True),
+)}
+ENGINES = tuple(ENGINE_TABLE)
+ENGINE_STARTERS: dict[str, str] = {name: e.starter for name, e in ENGINE_TABLE.items()}
+ENGINE_HELP: dict[str, str] = {name: e.help for name, e in ENGINE_TABLE.items()}
+
+
+def engine(name: str) -> Engine:
+    """The facts of engine `name`: the one place an unknown engine fails, so that no layer guesses."""
     try:
-        return ENGINE_STARTERS[engine]
+        return ENGINE_TABLE[name]
     except KeyError:
-        raise SpecError(f"unknown engine {engine!r}; valid engines: {', '.join(ENGINES)}") from None
+        raise SpecError(f"unknown engine {name!r}; valid engines: {', '.join(ENGINES)}") from None
+
+
+def starter(name: str) -> str:
+    """The name of the starter of engine `name` (its object: `scalelab.core.launch.starter_of`)."""
+    return engine(name).starter
+
+
+def known_fact(name: object, fact: str) -> bool:
+    """A fact of an engine named in a table that may come from elsewhere (a CSV's engine column): False for a
+    name that is no engine of ours."""
+    known = ENGINE_TABLE.get(str(name))
+    return bool(getattr(known, fact)) if known is not None else False

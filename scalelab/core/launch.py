@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import PurePath
 
 from scalelab.core.engines import HOROVODRUN, PLAIN, TORCHRUN, starter
-from scalelab.core.procs import TRAINER
+from scalelab.core.errors import SpecError
+from scalelab.core.procs import SCRIPT_RUNNER, TRAINER
 from scalelab.core.spec import Spec
 
 DEFAULT_MASTER_PORT = 29500  # torchrun's own default
@@ -75,30 +76,41 @@ class NodeLaunch:
 
 
 def launch_plan(spec: Spec, run_dir: str | PurePath, site: Site = Site()) -> list[NodeLaunch]:
-    """The processes that start `spec`'s ranks, in node order; an unknown engine raises SpecError here.
+    """The processes that start `spec`'s ranks, in node order; an unknown engine or starter raises SpecError here.
 
     A node with no launch in the plan runs nothing of its own: its ranks are started from node 0
     (horovodrun over ssh, mpirun). Pure: the same arguments give the same plan.
     """
-    how, env = starter(spec.engine.name), engine_env(spec)
-    program = [*TRAINER, str(run_dir)]
-    if how == PLAIN:
-        return [NodeLaunch(0, [site.python, *program], env)]
-    if how == TORCHRUN:
-        nodes = [site.node_rank] if site.node_rank is not None else range(spec.nodes)
-        return [NodeLaunch(node, torchrun_argv(site.python, spec.nodes, spec.ranks_per_node, node, site.master_addr,
-                                               site.master_port, program), env) for node in nodes]
-    if site.mpirun_args is not None:
-        return [NodeLaunch(0, mpirun_argv(spec.world, site.mpirun_args, site.exports, site.python, program), env)]
-    return [NodeLaunch(0, horovodrun_argv(site.horovodrun, site.python, spec.world, site.hosts, program,
-                                          site.ssh_identity), env)]
+    how = starter_of(spec.engine.name)
+    return how.launches(spec, payload(spec, run_dir), site, how.engine_env(spec))
+
+
+def payload(spec: Spec, run_dir: str | PurePath) -> list[str]:
+    """What every rank runs, after `python`: the built-in trainer, or the runner of the user's --script /
+    --module (scalelab/train/script.py), which reads what to run from the run's spec.json."""
+    return [*(SCRIPT_RUNNER if spec.own_code else TRAINER), str(run_dir)]
+
+
+def payload_comment(spec: Spec, folder: str | None = None) -> str | None:
+    """One comment line for a dry run: what every rank runs of the user's code (`folder`: where its folder is
+    on the nodes, when not where it is here); None for the built-in trainer."""
+    if not spec.own_code:
+        return None
+    import shlex
+
+    if spec.script:
+        where = str(PurePath(folder) / PurePath(spec.script).name) if folder else spec.script
+        what = ["python", where]
+    else:
+        what = ["python", "-m", str(spec.module)]
+    place = f" (from {folder or spec.script_dir})" if spec.module else ""
+    return (f"# every rank runs your code: {shlex.join([*what, *spec.script_args])}{place}, inside "
+            f"`python -m scalelab.train.script RUN_DIR`, which records its scalelab.track calls")
 
 
 def engine_env(spec: Spec) -> dict[str, str]:
-    """The environment the engine's ranks need besides their placement: Horovod's fusion buffer and cycle."""
-    if starter(spec.engine.name) != HOROVODRUN:
-        return {}
-    return horovod_env(spec.engine.fusion_threshold_mb, spec.engine.cycle_time_ms)
+    """The environment the engine's ranks need besides their placement (Horovod's fusion buffer and cycle)."""
+    return starter_of(spec.engine.name).engine_env(spec)
 
 
 def horovod_env(fusion_threshold_mb: float, cycle_time_ms: float) -> dict[str, str]:
@@ -154,17 +166,131 @@ class Slot:
 
 
 def rank_env(engine: str, slot: Slot, addr: str, port: str) -> dict[str, str]:
-    """The variables torchrun or horovodrun would have given this rank (`addr`:`port`: the rendezvous on
-    node 0, torchrun's store or Horovod's Gloo server); none for a plain engine."""
-    how = starter(engine)
-    if how == TORCHRUN:
+    """The variables the engine's starter would have given this rank (`addr`:`port`: the rendezvous on
+    node 0, torchrun's store or Horovod's Gloo server); none for a plain one."""
+    return starter_of(engine).rank_env(slot, addr, port)
+
+
+# ---- the starters: how a payload's ranks start ---------------------------------------------------------------
+
+
+class Starter:
+    """How ranks start, for every backend: the launches of a payload (the built-in trainer or the user's
+    script: `payload`), the engine's environment, each rank's variables where a scheduler starts every rank
+    itself (srun), what a Slurm batch script runs before srun (the rendezvous) and after, which Kubernetes
+    workload runs it (`k8s_workload`: a name in scalelab/k8s/manifests.py's WORKLOADS) and whether the nodes
+    need Horovod. A new way to start ranks is a subclass here, registered in STARTERS (`register`)."""
+
+    name: str = ""
+    needs_horovod: bool = False
+    k8s_workload: str = ""
+
+    def launches(self, spec: Spec, program: list[str], site: Site, env: dict[str, str]) -> list[NodeLaunch]:
+        raise NotImplementedError
+
+    def engine_env(self, spec: Spec) -> dict[str, str]:
+        return {}
+
+    def rank_env(self, slot: Slot, addr: str, port: str) -> dict[str, str]:
+        return {}
+
+    def slurm_setup(self, spec: Spec, python: str) -> list[str]:
+        """Lines of the batch script before srun; they end with SCALELAB_RDZV_PORT set (0: no rendezvous)."""
+        return ["SCALELAB_RDZV_PORT=0"]
+
+    def slurm_teardown(self) -> list[str]:
+        """Lines of the batch script after srun (whose status is the job's)."""
+        return []
+
+
+class PlainStarter(Starter):
+    """One process, `python PAYLOAD` on node 0: no rendezvous."""
+
+    name, k8s_workload = PLAIN, "indexed-job"
+
+    def launches(self, spec: Spec, program: list[str], site: Site, env: dict[str, str]) -> list[NodeLaunch]:
+        return [NodeLaunch(0, [site.python, *program], env)]
+
+
+class TorchrunStarter(Starter):
+    """One torchrun agent per node, static rendezvous on node 0 (`--nproc-per-node` = `Spec.ranks_per_node`)."""
+
+    name, k8s_workload = TORCHRUN, "indexed-job"
+
+    def launches(self, spec: Spec, program: list[str], site: Site, env: dict[str, str]) -> list[NodeLaunch]:
+        nodes = [site.node_rank] if site.node_rank is not None else range(spec.nodes)
+        return [NodeLaunch(node, torchrun_argv(site.python, spec.nodes, spec.ranks_per_node, node, site.master_addr,
+                                               site.master_port, program), env) for node in nodes]
+
+    def rank_env(self, slot: Slot, addr: str, port: str) -> dict[str, str]:
         return dict(RANK=str(slot.rank), WORLD_SIZE=str(slot.world), LOCAL_RANK=str(slot.local),
                     LOCAL_WORLD_SIZE=str(slot.local_world), GROUP_RANK=str(slot.node), NODE_RANK=str(slot.node),
                     MASTER_ADDR=addr, MASTER_PORT=port)
-    if how == HOROVODRUN:
+
+    def slurm_setup(self, spec: Spec, python: str) -> list[str]:
+        import shlex
+
+        return [f"SCALELAB_RDZV_PORT=$({shlex.quote(python)} -m scalelab.slurm.rank --free-port)"]
+
+
+class HorovodrunStarter(Starter):
+    """One horovodrun (Gloo) on node 0 reaching every rank, or mpirun where the site starts Horovod through MPI
+    (the MPI Operator); Horovod's fusion settings in the environment."""
+
+    name, needs_horovod, k8s_workload = HOROVODRUN, True, "mpijob"
+
+    def launches(self, spec: Spec, program: list[str], site: Site, env: dict[str, str]) -> list[NodeLaunch]:
+        if site.mpirun_args is not None:
+            return [NodeLaunch(0, mpirun_argv(spec.world, site.mpirun_args, site.exports, site.python, program), env)]
+        return [NodeLaunch(0, horovodrun_argv(site.horovodrun, site.python, spec.world, site.hosts, program,
+                                              site.ssh_identity), env)]
+
+    def engine_env(self, spec: Spec) -> dict[str, str]:
+        return horovod_env(spec.engine.fusion_threshold_mb, spec.engine.cycle_time_ms)
+
+    def rank_env(self, slot: Slot, addr: str, port: str) -> dict[str, str]:
         return dict(HOROVOD_RANK=str(slot.rank), HOROVOD_SIZE=str(slot.world), HOROVOD_LOCAL_RANK=str(slot.local),
                     HOROVOD_LOCAL_SIZE=str(slot.local_world), HOROVOD_CROSS_RANK=str(slot.node),
                     HOROVOD_CROSS_SIZE=str(slot.nodes), HOROVOD_HOSTNAME=slot.hostname,
                     HOROVOD_CONTROLLER="gloo", HOROVOD_CPU_OPERATIONS="gloo",
                     HOROVOD_GLOO_RENDEZVOUS_ADDR=addr, HOROVOD_GLOO_RENDEZVOUS_PORT=port)
-    return {}
+
+    def slurm_setup(self, spec: Spec, python: str) -> list[str]:
+        import shlex
+
+        return ["# Horovod's Gloo rendezvous server (what horovodrun starts): prints its port, serves until killed.",
+                f"coproc RDZV {{ exec {shlex.quote(python)} -m scalelab.slurm.rendezvous --tasks-per-node "
+                f"{spec.gpus_per_node}; }}",
+                'read -r SCALELAB_RDZV_PORT <&"${RDZV[0]}" '
+                '|| { echo "scalelab: error: the Horovod rendezvous server did not start" >&2; exit 1; }',
+                'RDZV_SERVER=$RDZV_PID; disown "$RDZV_SERVER"']
+
+    def slurm_teardown(self) -> list[str]:
+        return ["RC=$?  # srun's status is the job's", 'kill -9 "$RDZV_SERVER" 2>/dev/null', 'exit "$RC"']
+
+
+#: The starters by name: what an engine's `starter` (scalelab/core/engines.py) names.
+STARTERS: dict[str, Starter] = {}
+
+
+def register(how: Starter) -> Starter:
+    """Add a starter (a subclass of `Starter` with its own name); every backend then starts engines that name it."""
+    if not how.name or not isinstance(how, Starter):
+        raise TypeError(f"a starter needs a name and to be a Starter, got {how!r}")
+    STARTERS[how.name] = how
+    return how
+
+
+for _how in (PlainStarter(), TorchrunStarter(), HorovodrunStarter()):
+    register(_how)
+
+
+def starter_of(engine: str) -> Starter:
+    """The starter of `engine`: an unknown engine, or an engine naming no registered starter, fails here, loudly,
+    rather than falling into some other starter's launcher, an empty environment or another workload."""
+    name = starter(engine)
+    try:
+        return STARTERS[name]
+    except KeyError:
+        raise SpecError(f"engine {engine!r} is started by {name!r}, which is no starter of scalelab/core/launch.py "
+                        f"(starters: {', '.join(STARTERS)})") from None

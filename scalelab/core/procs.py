@@ -101,6 +101,25 @@ def names_dir(cmdline: Sequence[str], run_dir: Path, after: Sequence[str] = ()) 
 #: How every backend starts the trainer: `python -m scalelab.train RUN_DIR` (the one package name, so nothing in
 #: the caller's working directory can shadow it), and how the ranks of a run are told from other processes.
 TRAINER: tuple[str, str] = ("-m", "scalelab.train")
+#: How the ranks of a `--script` / `--module` run start: `python -m scalelab.train.script RUN_DIR`, which runs the
+#: user's code in the same process (scalelab/train/script.py) so that `scalelab.track` records for it.
+SCRIPT_RUNNER: tuple[str, str] = ("-m", "scalelab.train.script")
+#: What a rank's command line names before its run directory, either kind of run.
+RANK_PROGRAMS: tuple[tuple[str, str], ...] = (TRAINER, SCRIPT_RUNNER)
+
+
+def names_run(cmdline: Sequence[str], run_dir: Path) -> bool:
+    """True when `cmdline` is a rank of `run_dir` (or an agent starting one): the trainer or the script runner."""
+    return any(names_dir(cmdline, run_dir, program) for program in RANK_PROGRAMS)
+
+
+def rank_processes(run_dir: Path) -> list[psutil.Process]:
+    """Every live process of this host that is a rank of `run_dir` (or torchrun/horovodrun starting one)."""
+    found: dict[int, psutil.Process] = {}
+    for program in RANK_PROGRAMS:
+        for p in run_processes(run_dir, program):
+            found.setdefault(p.pid, p)
+    return list(found.values())
 
 
 def tool_path(name: str) -> str | None:

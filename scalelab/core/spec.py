@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from scalelab.core.engines import ENGINE_HELP, ENGINES  # the engine table (scalelab/core/engines.py)
+from scalelab.core.engines import engine as engine_facts
 from scalelab.core.errors import SpecError
 from scalelab.core.writes import what_it_is
 from scalelab.core.options import (
@@ -141,7 +142,7 @@ class EngineSpec:
 
     def servers_per_node(self, nodes: int) -> int:
         """Server ranks on each node: none unless the ps shards run separately (then one per shard)."""
-        if self.name != "ps" or self.ps_placement != "separate":
+        if not engine_facts(self.name).parameter_server or self.ps_placement != "separate":
             return 0
         return (self.ps_shards or nodes) // nodes
 
@@ -237,11 +238,35 @@ class Spec:
                                        "them); those steps are left out of the timings.", flag="--profile-steps",
                                        metavar="A:B")
     name: str | None = option(None, "Run name (prefix of the run directory).", flag="--name")
+    # Your own training code as the ranks instead of the built-in trainer (issue 34; `launch run --script
+    # train.py -- ARGS`): scalelab/train/script.py runs it under the engine's starter, `scalelab.track` records.
+    script: str | None = option(None, "Your own training script to run as every rank, under --engine's starter "
+                                "(ddp: torch.distributed's environment; horovod: horovodrun; single: one "
+                                "process); its arguments follow `--`. Not with --model.", flag="--script",
+                                metavar="FILE")
+    module: str | None = option(None, "Like --script, a module run as `python -m MODULE` (from the current "
+                                "directory).", flag="--module", metavar="MODULE")
+    script_args: list[str] = field(default_factory=list)  # what follows `--` on the command line
+    # the folder the script's code lives in (the script's own, or the working directory for --module): what a
+    # remote backend ships, size-checked; set by the CLI from --script / --module
+    script_dir: str | None = None
     # how this run's total work relates to its sweep's smallest layout (set by `launch sweep`:
     # fixed = the same job, growing = the same work per worker); None for a run outside a sweep
     work_scaling: str | None = checked(None, one_of(*SCALING_AXES))
 
     # ---- derived values -------------------------------------------------------------------
+
+    @property
+    def own_code(self) -> bool:
+        """True when the ranks run the user's --script or --module, not the built-in trainer."""
+        return bool(self.script or self.module)
+
+    @property
+    def script_label(self) -> str | None:
+        """The user's code in a few characters (`train.py`, `pkg.mod`): model names and labels of its runs."""
+        if self.script:
+            return Path(self.script).name
+        return self.module
 
     @property
     def workers(self) -> int:
@@ -360,6 +385,8 @@ class Spec:
         """
 
         coerce_fields(self)
+        if self.own_code:
+            return self._validate_own_code()
         if self.model not in PRESETS:
             raise SpecError(f"unknown model preset {self.model!r}; valid presets: {', '.join(sorted(PRESETS))}")
         self._check_combinations()
@@ -375,6 +402,25 @@ class Spec:
                 f"{self.warmup_steps} steps after every (re)start are not timed, so nothing would be measured; "
                 "raise --steps or lower --warmup-steps"
             )
+        return self
+
+    def _validate_own_code(self) -> "Spec":
+        """A --script / --module run: the trainer's own settings do not apply, the layout and engine do."""
+        if self.script and self.module:
+            raise SpecError("give --script FILE or --module MODULE, not both")
+        if self.module and not re.fullmatch(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*", self.module):
+            raise SpecError(f"--module {self.module!r} is not a module name (pkg.mod, as for python -m)")
+        if self.name is not None and name_problem(str(self.name)):
+            raise SpecError(f"--name {str(self.name)[:40]}... {name_problem(str(self.name))}")
+        # (--loss-threshold needs no --val-every: the script validates when it likes, track.validation judges)
+        if engine_facts(self.engine.name).one_worker and self.workers != 1:
+            raise SpecError(
+                f"engine {self.engine.name!r} runs one worker, but the layout has {self.workers} "
+                f"({self.nodes} x {self.gpus_per_node}); use --engine ddp or --engine horovod"
+            )
+        if engine_facts(self.engine.name).parameter_server:
+            raise SpecError("--engine ps is the built-in trainer's parameter server; a --script runs under "
+                            "--engine ddp, horovod or single")
         return self
 
     def _check_combinations(self) -> None:
@@ -394,12 +440,12 @@ class Spec:
             raise SpecError("give --steps or --epochs (how long to train)")
         if self.loss_threshold is not None and self.val_every == 0:
             raise SpecError("--loss-threshold needs validation: set --val-every N (steps between validations)")
-        if self.engine.name == "single" and self.workers != 1:
+        if engine_facts(self.engine.name).one_worker and self.workers != 1:
             raise SpecError(
-                f"engine 'single' runs one worker, but the layout has {self.workers} "
+                f"engine {self.engine.name!r} runs one worker, but the layout has {self.workers} "
                 f"({self.nodes} x {self.gpus_per_node}); use --engine ddp or --engine horovod"
             )
-        if self.engine.name == "ps":
+        if engine_facts(self.engine.name).parameter_server:
             self._validate_ps()
         elif self.engine.ps_placement != "colocated":
             raise SpecError(f"--ps-placement {self.engine.ps_placement} is for --engine ps (the parameter server), "
@@ -417,13 +463,14 @@ class Spec:
         if self.precision == "fp16" and self.device == "cpu":
             raise SpecError("--precision fp16 needs a GPU (its gradient scaler is CUDA-only here); "
                             "use --precision bf16 on a CPU")
-        engine = self.engine
+        engine, facts = self.engine, engine_facts(self.engine.name)
         if engine.fp16_allreduce and engine.compression not in ("none", "fp16"):
             raise SpecError(f"--fp16-allreduce and --grad-compression {engine.compression} contradict each other; "
                             "give only --grad-compression")
-        if engine.name == "horovod" and engine.grad_compression == "bf16":
-            raise SpecError("Horovod 0.28 cannot all-reduce bf16 tensors; use --grad-compression fp16, "
-                            "or --engine ddp for bf16")
+        if engine.grad_compression != "none" and engine.grad_compression not in facts.compressions:
+            raise SpecError(f"--engine {engine.name} cannot exchange {engine.grad_compression} gradients (Horovod 0.28 "
+                            f"cannot all-reduce bf16 tensors); use --grad-compression "
+                            f"{' or '.join(facts.compressions) or 'none'}, or --engine ddp for bf16")
 
     # ---- (de)serialisation ---------------------------------------------------------------
 

@@ -355,7 +355,8 @@ def _cost_of_runs(paths: list[Path], instances: str | None, market: str | None, 
         price = _fleet_price(run, market, catalog, fleet_of) if instances is None else None
         price = price or _given_price(run, instances, market, catalog)
         try:  # billed: the wall time from the launch to the threshold event, not the training seconds
-            summary = summarize_loaded(run)
+            # a --script run that recorded no steps is still billed: its wall time, from its start and end records
+            summary = None if run.steps.empty and run.spec.own_code else summarize_loaded(run)
         except DataError:
             summary = None
         wall = summary.wall_to_threshold_s if summary is not None else None

@@ -47,7 +47,7 @@ class Estimate:
 
     def line(self) -> str:
         """One line for the terminal: price per hour, expected dollars and both assumptions."""
-        steps = "unknown steps (--epochs)" if self.steps is None else f"{self.steps} steps"
+        steps = "unknown steps (--epochs, or a --script's own)" if self.steps is None else f"{self.steps} steps"
         dollars = "unknown" if math.isnan(self.dollars) else f"${self.dollars:,.2f}"
         startup = f" + {self.startup_s:.3g} s start-up" if self.startup_s else ""
         from scalelab.analysis.html import duration_text

@@ -64,7 +64,8 @@ def measured_from_runs(paths: list[Path], measured_on: str | None = None, every_
     for run_dir in expand_run_dirs(paths):
         run = load_run(run_dir)
         s = summarize_loaded(run)
-        memory[s.label] = memory_model(run.spec)
+        if not run.spec.own_code:  # a --script's model is unknown to the memory model: its plans are not checked
+            memory[s.label] = memory_model(run.spec)
         itype = (run.spec.backend_options or {}).get("instance_type")
         run_types[id(s)] = itype
         types = {t for _, t in Mix.parse(itype).items} if itype else set()  # a mix: measured on several

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from scalelab.core.engines import known_fact
 from scalelab.core.presets import LOSS_CHUNK_ELEMENTS, OUTPUT_LOSSES, ModelConfig
 
 GIB = 1024**3
@@ -151,7 +152,7 @@ def predict_peak(cfg: ModelConfig, batch_per_rank: int, precision: str = "fp32",
     fmt = FORMAT_BYTES[precision]
     P = parameter_count(cfg)
     state = P * (4 + 4 + (8 if optimizer == "adam" else 4))  # weights, gradients, optimizer moments
-    state += P * 4 if engine == "ddp" else 0  # DDP's buckets hold a second copy of the gradients
+    state += P * 4 if known_fact(engine, "gradient_copy") else 0  # DDP's buckets: a second copy of the gradients
     state += P * 2 if precision != "fp32" else 0  # autocast's low-precision copy of the weights
     return MemoryPrediction(state, _activations(cfg, batch_per_rank, fmt, device),
                             _output_layer(cfg, batch_per_rank, fmt, output_loss),

@@ -26,9 +26,8 @@ from typing import Any
 
 import yaml
 
-from scalelab.core.engines import HOROVODRUN, starter
 from scalelab.core.errors import SpecError
-from scalelab.core.launch import NodeVar, Site, engine_env, launch_plan
+from scalelab.core.launch import NodeVar, Site, engine_env, launch_plan, starter_of
 from scalelab.core.spec import Spec
 from scalelab.k8s.options import secret_env_ref
 
@@ -70,9 +69,65 @@ def render(spec: Spec, run_name: str, options: Mapping[str, Any]) -> list[dict[s
     """The objects to create, in creation order (ConfigMap first, the workload last)."""
     if not options["image"]:
         raise SpecError("--image is required with --backend k8s: the trainer image built from scalelab/k8s/Dockerfile")
-    if starter(spec.engine.name) == HOROVODRUN:
-        return [config_map(spec, run_name, options), mpijob(spec, run_name, options)]
-    return [config_map(spec, run_name, options), headless_service(run_name, options), indexed_job(spec, run_name, options)]
+    how = starter_of(spec.engine.name)
+    if how.k8s_workload not in WORKLOADS:
+        raise SpecError(f"starter {how.name!r} names Kubernetes workload {how.k8s_workload!r}, which "
+                        f"scalelab/k8s/manifests.py does not render (workloads: {', '.join(WORKLOADS)})")
+    docs = [config_map(spec, run_name, options), *WORKLOADS[how.k8s_workload](spec, run_name, options)]
+    if spec.own_code:  # a --script run: its folder as a ConfigMap, mounted read-only in every pod of the workload
+        code = code_config_map(spec, run_name, options)
+        docs.insert(1, code)
+        _mount_code(docs[-1], run_name, code["metadata"]["annotations"]["scalelab.io/files"].split())
+    return docs
+
+
+# ---- a --script run's code (issue 34) -----------------------------------------------------------------
+
+CODE_MOUNT = "/opt/scalelab/code"  # where the pods see the script's folder (SCALELAB_SCRIPT_DIR)
+CODE_LIMIT = 900 * 1024  # a ConfigMap holds at most 1 MiB in all (etcd's limit), the rest of the object included
+
+
+def _code_key(rel: str) -> str:
+    """A ConfigMap key for a file inside the folder (keys cannot hold `/`; the volume's items restore the path)."""
+    return re.sub(r"[^-._a-zA-Z0-9]", "_", rel.replace("/", "__"))
+
+
+def code_config_map(spec: Spec, run_name: str, options: Mapping[str, Any]) -> dict[str, Any]:
+    """The script's folder (its files as git would commit them, .gitignore respected) as a ConfigMap: text files
+    under `data`, others base64 under `binaryData`; over CODE_LIMIT is refused before anything is sent."""
+    import base64
+
+    from scalelab.launcher.owncode import code_files
+
+    data: dict[str, str] = {}
+    binary: dict[str, str] = {}
+    files = code_files(spec, limit=CODE_LIMIT)
+    for path, rel in files:
+        raw = path.read_bytes()
+        try:
+            data[_code_key(rel)] = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            binary[_code_key(rel)] = base64.b64encode(raw).decode()
+    doc: dict[str, Any] = {"apiVersion": "v1", "kind": "ConfigMap",
+                           "metadata": metadata(f"{run_name}-code", options, "code", run_name), "data": data}
+    if binary:
+        doc["binaryData"] = binary
+    doc["metadata"]["annotations"] = {"scalelab.io/files": " ".join(sorted(rel for _, rel in files))}
+    return doc
+
+
+def _mount_code(workload: dict[str, Any], run_name: str, files: list[str]) -> None:
+    """Every pod template of the workload: the code volume (its files at their paths), mounted at CODE_MOUNT, and
+    the containers started in it (the script runner is told where by SCALELAB_SCRIPT_DIR, `_common_env`)."""
+    templates = ([r["template"] for r in workload["spec"]["mpiReplicaSpecs"].values()] if workload["kind"] == "MPIJob"
+                 else [workload["spec"]["template"]])
+    for template in templates:
+        pod = template["spec"]
+        pod["volumes"].append({"name": "code", "configMap": {
+            "name": f"{run_name}-code", "items": [{"key": _code_key(rel), "path": rel} for rel in files]}})
+        for container in pod["containers"]:
+            container["volumeMounts"].append({"name": "code", "mountPath": CODE_MOUNT, "readOnly": True})
+            container["workingDir"] = CODE_MOUNT
 
 
 class _Dumper(yaml.SafeDumper):
@@ -167,6 +222,14 @@ def mpijob(spec: Spec, run_name: str, options: Mapping[str, Any]) -> dict[str, A
     }
 
 
+#: The workloads a starter can name (`Starter.k8s_workload`, scalelab/core/launch.py): the objects after the spec's
+#: ConfigMap, in creation order.
+WORKLOADS = {
+    "indexed-job": lambda spec, run_name, options: [headless_service(run_name, options), indexed_job(spec, run_name, options)],
+    "mpijob": lambda spec, run_name, options: [mpijob(spec, run_name, options)],
+}
+
+
 def fetch_pod(run_name: str, options: Mapping[str, Any]) -> dict[str, Any]:
     """A short-lived pod that prints RUN_DIR/records (plus spec.json) as one base64 line of gzip'd tar.
 
@@ -199,6 +262,8 @@ def _common_env(spec: Spec, options: Mapping[str, Any]) -> list[dict[str, Any]]:
     threads = spec.threads or max(1, int(options["cpus_per_node"]) // spec.ranks_per_node)
     env = [{"name": "OMP_NUM_THREADS", "value": str(threads)}, {"name": "PYTHONUNBUFFERED", "value": "1"}]
     env += [{"name": name, "value": value} for name, value in engine_env(spec).items()]  # Horovod's fusion settings
+    if spec.own_code:  # where the script's folder is mounted (scalelab/train/script.py reads it; mpirun passes it on)
+        env.append({"name": "SCALELAB_SCRIPT_DIR", "value": CODE_MOUNT})
     for name, secret, key in map(secret_env_ref, options["secret_env"]):
         env.append({"name": name, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}})
     return env

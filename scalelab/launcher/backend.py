@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from scalelab.core.engines import HOROVODRUN, starter
+from scalelab.core.launch import starter_of
 from scalelab.core.errors import EngineError, SpecError
 from scalelab.core.options import BackendOptions, Flag
 from scalelab.core.records import read_records
@@ -180,7 +180,7 @@ class Backend(ABC):
 
     def validate(self, spec: Spec) -> None:
         """Every check that needs no remote call, before a run directory exists (Horovod built, layout possible)."""
-        if self.horovod_here and starter(spec.engine.name) == HOROVODRUN:
+        if self.horovod_here and starter_of(spec.engine.name).needs_horovod:
             check_horovod()
         self.check(spec)
 

@@ -354,7 +354,9 @@ def build_spec(params: dict[str, Any]) -> Spec:
         pairs = parse_pairs(params["model_args"], "--model-arg")
         spec.model_args = {**spec.model_args, **model_overrides(pairs, "from --model-arg")}
     spec.backend_options = _backend_options(spec, params)
-    return spec.validate()
+    from scalelab.launcher.owncode import apply
+
+    return apply(spec, params).validate()  # --script / --module: checked, resolved, the arguments after `--`
 
 
 def _from_config(params: dict[str, Any]) -> set[str]:
@@ -438,14 +440,19 @@ DETACH_HELP = ("Start the run and return at once, with no launcher following it 
                "Local backend only; not for sweeps.")
 
 
+SCRIPT_ARGS = click.argument("script_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- SCRIPT_ARGS...]")
+
+
 @main.command("run", cls=GroupedCommand)
 @spec_options
 @click.option("--detach", is_flag=True, help=DETACH_HELP)
+@SCRIPT_ARGS
 def run_cmd(detach: bool, **params: Any) -> None:
     """Run one training job on the chosen layout and print its summary.
 
     The run directory (spec, per-rank records, logs, summary) is printed at the end;
-    `launch report RUN_DIR` turns it into tables and plots.
+    `launch report RUN_DIR` turns it into tables and plots. With --script FILE (or --module MOD)
+    the ranks run your own code instead of a built-in model; its arguments follow `--`.
     """
     spec = build_spec(params)
     backend = get_backend(spec.backend, spec.backend_options)
@@ -480,6 +487,10 @@ def run_and_show(backend, spec: Spec, run_dir: Path, detach: bool) -> None:
 
 
 def print_summary(run_dir: Path, summary) -> None:
+    if isinstance(summary, dict):  # a --script run without step records (runner.write_summary)
+        console.print(f"note: {summary['note']}", highlight=False, soft_wrap=True)
+        console.print(f"run directory: [bold]{run_dir}[/]  (launch logs {run_dir})")
+        return
     from scalelab.analysis.report import print_scaling
     from scalelab.analysis.scaling import scale_layouts
 
@@ -544,6 +555,7 @@ def resume_cmd(run_dir: str, detach: bool) -> None:
                    "contradicts it is refused.")
 @click.option("--repeats", type=click.IntRange(1, 1000), default=1, show_default=True,
               help="Runs of each layout (repeated measurements: LAYOUT-r0, -r1, ...); one job array on Slurm.")
+@SCRIPT_ARGS
 def sweep_cmd(workers: str | None, layouts: str | None, batch_scaling: str | None, work_scaling: str | None,
               mode: str | None, repeats: int, **params: Any) -> None:
     """Run the same spec over several layouts and print the scaling table.

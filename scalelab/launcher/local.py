@@ -26,17 +26,15 @@ from typing import Any
 import psutil
 
 from scalelab.core.devices import check_gpus
-from scalelab.core.engines import HOROVODRUN, starter
 from scalelab.core.errors import EngineError, ScalelabError, SpecError
-from scalelab.core.launch import Site, launch_plan
+from scalelab.core.launch import Site, launch_plan, payload_comment, starter_of
 from scalelab.core.net import free_port
 from scalelab.core.procs import (
     LAUNCHER_ENV,
-    TRAINER,
     ProcessRef,
     family,
-    names_dir,
-    run_processes,
+    names_run,
+    rank_processes,
     stop_processes,
     tool_path,
 )
@@ -65,12 +63,15 @@ class LocalRequest(Request):
     commands: list[list[str]] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
     log_files: list[str] = field(default_factory=list)
+    comment: str | None = None  # what the ranks run of the user's --script (core.launch.payload_comment)
 
     def render(self) -> str:
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
         lines = [f"# run directory: {self.run_dir}"]
         if str(self.run_dir).endswith("-DRYRUN"):  # say so: the folder it names is never made
             lines[0] += " (a placeholder: --dry-run creates nothing; a real run gets NAME-DATE-TIME)"
+        if self.comment:
+            lines.append(self.comment)
         for cmd, log in zip(self.commands, self.log_files):
             lines.append(f"{env} {shlex.join(cmd)} > {shlex.quote(log)} 2>&1 &")
         lines.append("wait")
@@ -117,7 +118,7 @@ class LocalBackend(Backend):
     # ---- render (pure) ---------------------------------------------------------------------------
 
     def check(self, spec: Spec) -> None:
-        if starter(spec.engine.name) == HOROVODRUN and tool_path("horovodrun") is None:
+        if starter_of(spec.engine.name).needs_horovod and tool_path("horovodrun") is None:
             raise EngineError("horovodrun is not installed beside this Python nor on PATH; install Horovod with scripts/build-horovod.sh")
         where = "this machine" + (f" ({spec.nodes} emulated nodes x {spec.ranks_per_node})" if spec.nodes > 1 else "")
         check_gpus(spec.nodes * spec.ranks_per_node, spec.device, where)  # never two ranks on one GPU
@@ -147,7 +148,7 @@ class LocalBackend(Backend):
         commands = [launch.argv for launch in plan]
         logs = RunPaths(run_dir).logs
         log_files = [str(logs / (f"node-{i}.log" if len(commands) > 1 else "launcher.log")) for i in range(len(commands))]
-        return LocalRequest(run_dir, commands, env, log_files)
+        return LocalRequest(run_dir, commands, env, log_files, payload_comment(spec))
 
     # ---- schedule --------------------------------------------------------------------------------
 
@@ -246,14 +247,14 @@ class LocalBackend(Backend):
         out = []
         for raw in read_state(run_dir).get("processes", []):
             ref = ProcessRef.from_dict(raw)
-            if ref is not None and names_dir(ref.cmdline, run_dir, TRAINER) and (proc := ref.process()) is not None:
+            if ref is not None and names_run(ref.cmdline, run_dir) and (proc := ref.process()) is not None:
                 out.append(proc)
         return out
 
     def _processes(self, run_dir: Path) -> list[psutil.Process]:
         """Every live process of the run: the verified ones it started, what they started, and any rank of
         it found by its command line (torchrun's workers outlive their agent under pid 1)."""
-        return family([*self._leaders(run_dir), *run_processes(run_dir, TRAINER)])
+        return family([*self._leaders(run_dir), *rank_processes(run_dir)])
 
     def _stop(self, run_dir: Path, grace_s: float) -> "Stopped":
         """Stop every process of the run; a process that appeared meanwhile (an agent starting a worker)

@@ -69,7 +69,8 @@ class Quote:
     usd_per_hour: float
 
     def text(self) -> str:
-        total = "unknown (--epochs: the steps are not known before the data is read)" if math.isnan(self.total_usd) \
+        total = ("unknown (--epochs: the steps are not known before the data is read; a --script: give --steps N, the "
+                 "steps it runs, for a price)") if math.isnan(self.total_usd) \
             else f"${self.total_usd:,.2f}"
         return "\n".join([*self.lines, f"expected cost of the launch: {total}"])
 
@@ -188,7 +189,7 @@ def guard(specs: list[tuple[Spec, int]], params: dict[str, Any]) -> Quote | None
     click.echo(q.text(), err=True)
     total, known = q.total_usd, not math.isnan(q.total_usd)
     if max_usd is not None and not (known and total <= max_usd):
-        what = f"${total:,.2f}" if known else "not known (give --steps instead of --epochs)"
+        what = f"${total:,.2f}" if known else "not known (give --steps instead of --epochs; with --script, --steps N)"
         raise ScalelabError(f"not launched: the expected cost {what} is over --max-usd {max_usd:g}; "
                             "raise --max-usd, or lower --steps or the layout")
     threshold = params.get("confirm_above_usd", DEFAULT_CONFIRM_USD)
@@ -269,5 +270,12 @@ def _predicted_step_time(spec: Spec, runs: list[tuple[Spec, dict[str, Any]]]) ->
     pred = table[table["workers"] == spec.workers]["predicted_throughput"]
     if not len(pred) or not float(pred.iloc[0]) > 0:
         return None, 0.0, ""
-    batch = spec.resolved_global_batch(PRESETS[spec.model].default_batch)
+    if spec.own_code:  # a --script's batch is its own: the one its measured runs recorded (strong scaling)
+        batches = [m.get("global_batch") or m["samples_per_s"] * m["step_s_median"] for _, m in runs
+                   if m.get("global_batch") or (m.get("samples_per_s") and m.get("step_s_median"))]
+        if not batches:
+            return None, 0.0, ""
+        batch = int(batches[0])
+    else:
+        batch = spec.resolved_global_batch(PRESETS[spec.model].default_batch)
     return batch / float(pred.iloc[0]), 0.0, f"predicted by the planner from {len(rows)} measured runs"

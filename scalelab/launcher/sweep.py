@@ -104,6 +104,8 @@ def sweep_specs(base: Spec, layouts: list[tuple[int, int]], mode: str | None = N
     from scalelab.core.presets import PRESETS
 
     batch_axis, work_axis = sweep_axes(mode, batch_scaling, work_scaling, base)
+    if base.own_code:  # the script decides its batch and length: only the layout changes
+        return _own_code_specs(base, layouts, work_axis)
     default_batch = PRESETS[base.model].default_batch
     if batch_axis == "fixed" and base.batch_per_worker is not None:
         raise SpecError("--batch-scaling fixed (--mode strong) keeps the global batch fixed; use --global-batch, "
@@ -129,6 +131,16 @@ def sweep_specs(base: Spec, layouts: list[tuple[int, int]], mode: str | None = N
         spec.per_worker_batch(default_batch)  # raises if the global batch does not split
         specs.append(spec)
     return specs
+
+
+def _own_code_specs(base: Spec, layouts: list[tuple[int, int]], work_axis: str) -> list[Spec]:
+    """A --script sweep: the same spec on every layout (the script reads its world size and decides its
+    batch), each emulated "GPU" with the same threads as in `sweep_specs`."""
+    threads = base.threads
+    if threads is None and base.backend == "local":
+        threads = max(1, (os.cpu_count() or 1) // max(n * g for n, g in layouts))
+    return [base.with_overrides({"nodes": n, "gpus_per_node": g, "threads": threads, "work_scaling": work_axis}).validate()
+            for n, g in layouts]
 
 
 def _length(base: Spec, workers: int, fewest: int, batch_axis: str, work_axis: str) -> dict[str, int]:

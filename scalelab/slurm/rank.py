@@ -52,7 +52,7 @@ from scalelab.core.errors import SpecError
 from scalelab.core.launch import Slot
 from scalelab.core.launch import rank_env as engine_rank_env
 from scalelab.core.net import free_port
-from scalelab.core.procs import TRAINER
+from scalelab.core.procs import SCRIPT_RUNNER, TRAINER
 from scalelab.core.rundir import RunPaths
 from scalelab.core.writes import write_inside
 
@@ -126,13 +126,14 @@ def record_placement(run_dir: Path, task: Task, env: dict[str, str], added: dict
     write_inside(run_dir, path, json.dumps(line) + "\n", append=True)
 
 
-def run_trainer(run_dir: Path, added: dict[str, str]) -> tuple[int, set[int]]:
-    """`python -m scalelab.train RUN_DIR` with this rank's variables until it exits; TERM and USR1 are passed on.
-
-    Returns its exit status (128 + N when signal N ended it) and the stop signals this task got.
+def run_trainer(run_dir: Path, added: dict[str, str], own_code: bool = False) -> tuple[int, set[int]]:
+    """`python -m scalelab.train RUN_DIR` (or, `own_code`, the runner of the user's --script:
+    `python -m scalelab.train.script RUN_DIR`) with this rank's variables until it exits; TERM and USR1 are
+    passed on. Returns its exit status (128 + N when signal N ended it) and the stop signals this task got.
     """
     got: set[int] = set()
-    trainer = subprocess.Popen([sys.executable, *TRAINER, str(run_dir)], env={**os.environ, **added})
+    program = SCRIPT_RUNNER if own_code else TRAINER
+    trainer = subprocess.Popen([sys.executable, *program, str(run_dir)], env={**os.environ, **added})
 
     def pass_on(signum: int, frame: object) -> None:
         got.add(signum)
@@ -157,13 +158,14 @@ class RankJob(Checkpointable):
     def __call__(self) -> dict[str, Any]:
         job = submitit.JobEnvironment()
         task, env = Task.of(job), dict(os.environ)
-        engine = json.loads(RunPaths(self.run_dir).spec.read_text())["engine"]["name"]
+        raw = json.loads(RunPaths(self.run_dir).spec.read_text())
+        engine, own_code = raw["engine"]["name"], bool(raw.get("script") or raw.get("module"))
         try:
             added = rank_env(task, engine, env)
         except (ValueError, SpecError) as exc:  # not block-distributed; an engine this installation lacks
             self._fail(str(exc), 2)
         record_placement(self.run_dir, task, env, added)
-        code, got = run_trainer(self.run_dir, added)
+        code, got = run_trainer(self.run_dir, added, own_code)
         if code == 0:
             return {"rank": task.rank, "exit_code": 0}
         if code == INTERRUPTED and got == {signal.SIGUSR1}:  # the time limit is near; not a cancel

@@ -29,8 +29,7 @@ from typing import Any
 
 import submitit
 
-from scalelab.core.engines import HOROVODRUN, TORCHRUN, starter
-from scalelab.core.launch import engine_env
+from scalelab.core.launch import engine_env, payload_comment, starter_of
 from scalelab.core.spec import Spec
 
 SUBMITIT_DIR = "slurm"  # submitit's folder in the run directory: script, pickles, per-task logs, placements
@@ -106,8 +105,8 @@ def executor_parameters(spec: Spec, run_dirs: Sequence[Path], options: Mapping[s
         cpus_per_task=o["cpus_per_task"], time=o["time"] or None,  # None: no --time, the partition's limit
         setup=setup_lines(spec, o, python), srun_args=SRUN_ARGS, additional_parameters=forced,
     )
-    if starter(spec.engine.name) == HOROVODRUN:
-        params["teardown"] = ["RC=$?  # srun's status is the job's", 'kill -9 "$RDZV_SERVER" 2>/dev/null', 'exit "$RC"']
+    if teardown := starter_of(spec.engine.name).slurm_teardown():  # e.g. Horovod's rendezvous server stopped
+        params["teardown"] = teardown
     if o["gres_gpus"] and o["gpu_type"]:  # a typed GRES: only nodes with GPUs of that type
         params["gres"] = f"gpu:{o['gpu_type']}:{spec.gpus_per_node}"
     elif o["gres_gpus"]:
@@ -125,7 +124,7 @@ def executor_parameters(spec: Spec, run_dirs: Sequence[Path], options: Mapping[s
 def setup_lines(spec: Spec, options: Mapping[str, Any], python: str) -> list[str]:
     """What the batch script runs before srun: the ranks' variables, the user's lines, the rendezvous
     the engine's starter needs (srun then starts every rank itself: scalelab/slurm/rank.py)."""
-    q, how = shlex.quote, starter(spec.engine.name)
+    q, how = shlex.quote, starter_of(spec.engine.name)
     out = [f"export OMP_NUM_THREADS={spec.threads or options['cpus_per_task']} PYTHONUNBUFFERED=1"]
     if env := engine_env(spec):
         out.append("export " + " ".join(f"{k}={q(v)}" for k, v in env.items()))
@@ -133,18 +132,11 @@ def setup_lines(spec: Spec, options: Mapping[str, Any], python: str) -> list[str
         iface = q(options["gloo_iface"])
         out.append(f"export HOROVOD_GLOO_IFACE={iface} GLOO_SOCKET_IFNAME={iface}")
     out += list(options["setup"])
+    if comment := payload_comment(spec):  # a --script: what every rank runs (the shared filesystem's path)
+        out.append(comment)
     out += ["# Rendezvous on the first node of the allocation: this script runs there, so does rank 0.",
             "export SCALELAB_RDZV_ADDR=$(hostname)"]
-    if how == HOROVODRUN:
-        out += ["# Horovod's Gloo rendezvous server (what horovodrun starts): prints its port, serves until killed.",
-                f"coproc RDZV {{ exec {q(python)} -m scalelab.slurm.rendezvous --tasks-per-node {spec.gpus_per_node}; }}",
-                'read -r SCALELAB_RDZV_PORT <&"${RDZV[0]}" '
-                '|| { echo "scalelab: error: the Horovod rendezvous server did not start" >&2; exit 1; }',
-                'RDZV_SERVER=$RDZV_PID; disown "$RDZV_SERVER"']
-    elif how == TORCHRUN:
-        out.append(f"SCALELAB_RDZV_PORT=$({q(python)} -m scalelab.slurm.rank --free-port)")
-    else:  # plain: one rank, no rendezvous
-        out.append("SCALELAB_RDZV_PORT=0")
+    out += how.slurm_setup(spec, python)  # the starter's rendezvous (Horovod's Gloo server, a free port, none)
     out.append("export SCALELAB_RDZV_PORT")
     return out
 

@@ -1,0 +1,168 @@
+"""Your own training code as the ranks (`launch run|sweep --script FILE|--module MOD -- ARGS`, issue 34).
+
+What the launcher decides before anything starts: the script is there and readable, it is not mixed
+with a built-in preset (`--model`), and which folder holds its code (the script's own, or the working
+directory for `--module`): the folder a remote backend ships (`code_files`: its files as git would
+commit them, `.gitignore` respected, at most `MAX_CODE_BYTES`). The ranks run it through
+scalelab/train/script.py; `scalelab.track` records.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from scalelab.core.errors import SpecError
+from scalelab.core.spec import Spec
+
+MAX_CODE_BYTES = 50 * 1024 * 1024  # a script's folder shipped to cloud nodes: code, not data sets
+ALWAYS_LEFT_OUT = {".git", "__pycache__", ".venv", "venv", "runs", ".mypy_cache", ".pytest_cache"}
+TRACK_HINT = ("add `from scalelab import track` and call `track.step(items=N, loss=x)` after each optimizer step "
+              "(examples/own-script/)")
+
+
+def apply(spec: Spec, params: dict[str, Any]) -> Spec:
+    """`spec` with the user's --script / --module resolved (absolute paths, the code's folder, the arguments
+    after `--`), or refused with one line; a spec without either is returned as it is."""
+    args = list(params.get("script_args") or ())
+    if not spec.own_code:
+        if args:
+            raise SpecError(f"unexpected arguments {' '.join(args)!r}: arguments after `--` go to your --script "
+                            "or --module; without one, `launch run` takes only options")
+        return spec
+    if params.get("model") and given("model"):  # a config file's default model is not a conflict
+        raise SpecError(f"--model {params['model']} picks a built-in preset and --script/--module runs your own code; "
+                        "give one of them")
+    if params.get("spec_file") and not params.get("model"):
+        from scalelab.core.spec import flag_words, read_yaml_mapping
+
+        raw = flag_words(read_yaml_mapping(params["spec_file"], "spec file"))
+        if "model" in raw:
+            raise SpecError(f"spec file {params['spec_file']} names model {raw['model']}, a built-in preset, and your "
+                            "own code (--script/--module) runs instead; remove one of them")
+    if args:
+        spec.script_args = args
+    if spec.script:
+        path = check_script(spec.script)
+        spec.script, spec.script_dir = str(path), str(path.parent)
+    else:
+        spec.script_dir = spec.script_dir or os.getcwd()
+        check_module(str(spec.module), Path(spec.script_dir))
+    spec.model = str(spec.script_label)  # the run's name, label and model column
+    if params.get("steps") is None and spec.steps == Spec().steps:
+        spec.steps = None  # the script decides its length; --steps only sets the progress bar's total
+    return spec
+
+
+def given(name: str) -> bool:
+    """True when the option `name` came from the command line (or no click command runs), not from a default or a
+    config file's default (issue 35's ~/.config/scalelab/config.yaml)."""
+    import click
+
+    ctx = click.get_current_context(silent=True)
+    source = ctx.get_parameter_source(name) if ctx is not None else None
+    return source is None or source.name not in ("DEFAULT", "DEFAULT_MAP")
+
+
+def check_script(text: str) -> Path:
+    """The script as an absolute path: an existing, readable file, else one line saying what it is."""
+    given, path = text, Path(text).expanduser()
+    if not path.exists():
+        raise SpecError(f"--script {given}: no such file")
+    if not path.is_file():
+        raise SpecError(f"--script {given} is a directory or a special file, not a script")
+    try:
+        with path.open("rb") as f:
+            head = f.read(4096)
+    except OSError as exc:
+        raise SpecError(f"--script {given} cannot be read ({exc.strerror})") from None
+    if b"\0" in head:
+        raise SpecError(f"--script {given} is not a text file (binary); give the Python script itself")
+    return path.resolve()
+
+
+def check_module(name: str, folder: Path) -> None:
+    """The top package of --module is importable from `folder` (or installed); nothing is imported."""
+    top = name.split(".")[0]
+    sys.path.insert(0, str(folder))
+    try:
+        found = importlib.util.find_spec(top)
+    except (ImportError, ValueError):
+        found = None
+    finally:
+        sys.path.remove(str(folder))
+    if found is None:
+        raise SpecError(f"--module {name}: no module {top!r} in {folder} or installed; run launch from the folder "
+                        "that holds it")
+
+
+def _size(n: float) -> str:
+    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 1024:.1f} KiB"
+
+
+def code_files(spec: Spec, limit: int | None = None) -> list[tuple[Path, str]]:
+    """(file, path inside the folder) of every file of the code's folder a remote node needs: as git would
+    commit them (`.gitignore` respected; `.git`, virtualenvs, caches and `runs/` left out); over `limit`
+    bytes in all is refused, naming the biggest files."""
+    limit = MAX_CODE_BYTES if limit is None else limit
+    folder = Path(str(spec.script_dir))
+    files = _git_files(folder)
+    if files is None:
+        files = _walk(folder, _ignore_patterns(folder))
+    files = [(folder / rel, rel) for rel in sorted(files) if (folder / rel).is_file() and not (folder / rel).is_symlink()]
+    sizes = [(p.stat().st_size, rel) for p, rel in files]
+    total = sum(s for s, _ in sizes)
+    if total > limit:
+        big = ", ".join(f"{rel} ({_size(s)})" for s, rel in sorted(sizes, reverse=True)[:3])
+        raise SpecError(f"the folder of your code, {folder}, holds {_size(total)} to ship, more than the "
+                        f"{_size(limit)} limit (biggest: {big}); list data and outputs in its .gitignore or "
+                        "move the script into a folder of its own")
+    return files
+
+
+def _git_files(folder: Path) -> list[str] | None:
+    """The files git would commit under `folder` (tracked and untracked, not ignored), None outside a work tree."""
+    try:
+        proc = subprocess.run(["git", "-C", str(folder), "ls-files", "-z", "--cached", "--others", "--exclude-standard",
+                               "."], capture_output=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if proc.returncode != 0:
+        return None
+    names = [n for n in proc.stdout.decode(errors="replace").split("\0") if n]
+    return [n for n in names if not set(Path(n).parts) & ALWAYS_LEFT_OUT]
+
+
+def _ignore_patterns(folder: Path) -> list[str]:
+    path = folder / ".gitignore"
+    if not path.is_file():
+        return []
+    lines = path.read_text(errors="replace").splitlines()
+    return [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+
+
+def _ignored(rel: str, patterns: list[str]) -> bool:
+    """A path matched by a .gitignore line (the common forms: `name`, `*.ext`, `dir/`, `/rooted`)."""
+    parts = Path(rel).parts
+    for pat in patterns:
+        p = pat.rstrip("/")
+        if pat.startswith("/"):
+            if fnmatch.fnmatch(rel, p.lstrip("/")) or fnmatch.fnmatch(parts[0], p.lstrip("/")):
+                return True
+        elif any(fnmatch.fnmatch(part, p) for part in parts) or fnmatch.fnmatch(rel, p):
+            return True
+    return False
+
+
+def _walk(folder: Path, patterns: list[str]) -> list[str]:
+    out = []
+    for root, dirs, names in os.walk(folder):
+        here = Path(root).relative_to(folder)
+        dirs[:] = [d for d in dirs if d not in ALWAYS_LEFT_OUT and not _ignored(str(here / d), patterns)]
+        out += [str(here / n) for n in names if not _ignored(str(here / n), patterns)]
+    return [o.removeprefix("./") for o in out]

@@ -1,0 +1,204 @@
+"""`python -m scalelab.train.script RUN_DIR`: a rank that runs the user's own code (`launch --script/--module`).
+
+Every backend starts this where it would start the built-in trainer (`python -m scalelab.train RUN_DIR`),
+under the same starter (scalelab/core/launch.py: one process, torchrun's environment, horovodrun), so
+the script finds what it expects: `init_process_group()` reads RANK, WORLD_SIZE, MASTER_ADDR...;
+`hvd.init()` reads Horovod's. This runner, in the same process as the script:
+
+1. writes the rank's `start` record (the script's name as the model, the engine, the layout, the
+   machine), or a `resume` event when the run directory already holds this rank's records;
+2. activates `scalelab.track` (scalelab/train/track.py) so the script's calls record into RUN_DIR;
+3. handles SIGTERM/SIGUSR1 and the launcher watch (the launcher killed, even by SIGKILL): a script that
+   asks `track.should_stop()` gets True and stops itself; one that never asks is ended at once (143);
+4. runs the script as `__main__` (runpy: `python train.py ARGS`, or `python -m MODULE ARGS`), its folder
+   first on sys.path, its arguments in sys.argv;
+5. records how it ended (`end` event: reason, exit status, wall time) and, for a failure, one `error`
+   record the launcher shows as the run's one line (the traceback stays in the rank's log).
+
+No PyTorch is imported here: the script imports what it uses.
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import signal
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+
+from scalelab.core.errors import ScalelabError
+from scalelab.core.procs import LAUNCHER_ENV, started_at
+from scalelab.core.provenance import machine, software, version
+from scalelab.core.records import RecordWriter, rank_from_env, read_records, record_error, records_path
+from scalelab.core.spec import Spec, read_spec
+from scalelab.train import track
+
+SCRIPT_DIR_ENV = "SCALELAB_SCRIPT_DIR"  # where the script's folder is on this node, when not where it was launched
+RESUME_ENV = "SCALELAB_TRACK_RESUME"  # STEP:SECONDS of the launches before, where their records are elsewhere (AWS)
+INTERRUPTED = 143
+WATCH_EVERY_S = 2.0  # as the built-in trainer's launcher watch (scalelab/train/loop.py)
+WATCH_GRACE_S = 25.0
+
+
+def target(spec: Spec) -> tuple[Path, str]:
+    """(the folder put first on sys.path, the script's path or the module's name) on this node."""
+    folder = Path(os.environ.get(SCRIPT_DIR_ENV) or spec.script_dir or os.getcwd())
+    if spec.script:
+        script = Path(spec.script)
+        inside = script.relative_to(spec.script_dir) if spec.script_dir and script.is_absolute() else Path(script.name)
+        return folder, str(folder / inside)
+    return folder, str(spec.module)
+
+
+def previous_steps(run_dir: Path, rank: int) -> tuple[int, float, bool]:
+    """(last step, training seconds, whether there were records) of this rank's earlier launches: from its records
+    here, or, where they are not (a fresh AWS instance continuing a run), as RESUME_ENV says (`STEP:SECONDS`)."""
+    path = records_path(run_dir, rank)
+    if not path.exists():
+        said = os.environ.get(RESUME_ENV, "").split(":")
+        if len(said) == 2 and said[0].isdigit():
+            return int(said[0]), float(said[1] or 0), True
+        return 0, 0.0, False
+    recs = read_records(path, [], tolerant=True)
+    steps = [r for r in recs if r["kind"] == "step"]
+    ends = [r for r in recs if r.get("event") == "end" and isinstance(r.get("elapsed_s"), (int, float))]
+    elapsed = float(ends[-1]["elapsed_s"]) if ends else sum(float(r["step_s"]) for r in steps[1:])
+    return (steps[-1]["step"] if steps else 0), elapsed, True
+
+
+def start_records(run_dir: Path, spec: Spec, rank: int, world: int) -> tuple[RecordWriter, int, float]:
+    """This rank's writer with its `start` record (and `resume` event); the step and time it continues from."""
+    last, elapsed, before = previous_steps(run_dir, rank)
+    out = RecordWriter(run_dir, rank, world)
+    env = os.environ
+    local = env.get("LOCAL_RANK") or env.get("HOROVOD_LOCAL_RANK") or "0"
+    ran = target(spec)[1] if spec.script else None  # the path on this node (a pod's mount, an instance's copy)
+    out.write("start", run_id=Path(run_dir).name, model=spec.script_label, script=ran, module=spec.module,
+              script_args=list(spec.script_args), engine=spec.engine.name, nodes=spec.nodes,
+              gpus_per_node=spec.gpus_per_node, local_rank=int(local) if local.isdigit() else 0,
+              resumed_from_step=last if before else None, unit=track._unit,
+              **machine(None), **(software(version("torch") or "") if rank == 0 else {}))
+    if before:
+        out.event("resume", step=last)
+    return out, last, elapsed
+
+
+def install_stop(launcher: str | None) -> None:
+    """SIGTERM/SIGUSR1: `track.should_stop()` turns True, or, for a script that never asks, it ends (143).
+    The launcher watch sends this process SIGTERM when the launcher is gone."""
+
+    def on_signal(signum: int, frame: object) -> None:
+        if not track._stopped(signum):
+            raise SystemExit(INTERRUPTED)
+
+    for sig in (signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(sig, on_signal)
+    if not launcher:
+        return
+    try:
+        pid, start = int(launcher.split(":")[0]), float(launcher.split(":")[1])
+    except (IndexError, ValueError):
+        print(f"scalelab: warning: {LAUNCHER_ENV}={launcher!r} is not PID:START_TIME; the launcher is not watched",
+              file=sys.stderr, flush=True)
+        return
+    threading.Thread(target=_watch, args=(pid, start), name="launcher-watch", daemon=True).start()
+
+
+def _watch(pid: int, start: float) -> None:
+    while started_at(pid, start):
+        time.sleep(WATCH_EVERY_S)
+    print(f"scalelab: its launcher (pid {pid}) is gone: asking the script to stop", file=sys.stderr, flush=True)
+    track._state.stop_cause = f"its launcher (pid {pid}) is gone"
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(WATCH_GRACE_S)
+    print(f"scalelab: the script did not stop {WATCH_GRACE_S:.0f} s after the launcher was gone: exiting",
+          file=sys.stderr, flush=True)
+    os._exit(INTERRUPTED)
+
+
+def run_code(spec: Spec) -> int:
+    """Run the script or module as `__main__`; its exit status (an uncaught exception: 1, traceback logged)."""
+    folder, what = target(spec)
+    name = Path(what).name if spec.script else what
+    if spec.script and not Path(what).is_file():
+        raise ScalelabError(f"script {what} is not there on this node ({os.uname().nodename})")
+    sys.path.insert(0, str(folder))
+    sys.argv = [what, *spec.script_args]
+    try:
+        if spec.script:
+            runpy.run_path(what, run_name="__main__")
+        else:
+            runpy.run_module(what, run_name="__main__", alter_sys=True)
+    except SystemExit as exc:
+        if exc.code is None or isinstance(exc.code, int):
+            return int(exc.code or 0)
+        print(exc.code, file=sys.stderr, flush=True)  # sys.exit("message"), as Python does
+        return 1
+    except track.TrackError:
+        raise
+    except ImportError as exc:
+        if spec.module and getattr(exc, "name", None) == spec.module.split(".")[0]:
+            raise ScalelabError(f"--module {spec.module}: no such module under {folder} ({exc})") from None
+        return _raised(name)
+    except BaseException:  # noqa: BLE001 - the script's own error: its traceback goes to the log
+        return _raised(name)
+    return 0
+
+
+def _raised(name: str) -> int:
+    exc = sys.exc_info()[1]
+    traceback.print_exc()
+    sys.stderr.flush()
+    track._state.error = f"{name} raised {type(exc).__name__}: {exc}"  # type: ignore[attr-defined]
+    return 1
+
+
+def run(run_dir: Path) -> int:
+    """One rank: records, the script, its end; the exit status of the rank."""
+    started = time.perf_counter()
+    spec = read_spec(run_dir)
+    rank, world = rank_from_env()
+    out, last, elapsed = start_records(run_dir, spec, rank, world)
+    track._activate(out, run_dir, spec.warmup_steps, spec.loss_threshold, last, elapsed, started)
+    install_stop(os.environ.get(LAUNCHER_ENV))
+    code = run_code(spec)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    state = track._state
+    stopped = state.stop is not None
+    if stopped and code == 0:
+        code = INTERRUPTED  # stopped on request: the launcher counts the run cancelled, not completed
+    reason = ("interrupted" if stopped else "threshold" if state.reached else "completed" if code == 0 else "failed")
+    if stopped:
+        out.event("interrupted", signal=state.stop, step=state.step, **({"cause": state.stop_cause} if state.stop_cause else {}))
+    if code not in (0, INTERRUPTED):
+        said = getattr(state, "error", None) or f"{spec.script_label} exited with status {code}"
+        out.error(f"{said} (its output: launch logs {run_dir})")  # the same words on every rank: said once
+    elif spec.loss_threshold is not None and state.reached is None and not stopped:
+        out.event("threshold_not_reached", step=state.step, elapsed_s=state.elapsed, threshold=spec.loss_threshold)
+    out.event("end", step=state.step, reason=reason, elapsed_s=state.elapsed, exit_code=code,
+              wall_s=time.perf_counter() - started)
+    out.close()
+    return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print("usage: python -m scalelab.train.script RUN_DIR  (started by `launch --script`)", file=sys.stderr)
+        return 2
+    run_dir = Path(argv[0]).absolute()
+    try:
+        return run(run_dir)
+    except ScalelabError as exc:  # TrackError included: one line, in the log and in an error record
+        record_error(run_dir, str(exc))
+        return exc.exit_code
+
+
+if __name__ == "__main__":
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # as the trainer: no interpreter teardown under Gloo's or Horovod's threads

@@ -1,0 +1,223 @@
+"""Issue 34 on AWS, against moto's server on loopback: a --script run's folder goes through the run's bucket
+(size-checked, .gitignore respected), and the instances' side for real (tests/test_aws_bootstrap.py's
+stand-ins: the user data run with bash, a scratch virtualenv, a metadata server): the DDP example on two
+instances, each unpacking the script and starting its rank, the run completing with every rank's records
+and every instance terminated."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from contextlib import nullcontext
+
+from conftest import ROOT, needs_horovod
+
+boto3 = pytest.importorskip("boto3", reason="boto3 is not installed: pip install boto3")
+pytest.importorskip("moto.server", reason='moto server is not installed: pip install "moto[server]"')
+
+from scalelab.aws import teardown as td  # noqa: E402
+from scalelab.aws.backend import AwsBackend  # noqa: E402
+from scalelab.core.errors import SpecError  # noqa: E402
+from scalelab.core.rundir import new_run_dir  # noqa: E402
+from scalelab.core.spec import Spec, save_spec  # noqa: E402
+from scalelab.launcher.runner import wait  # noqa: E402
+from tests.test_aws_bootstrap import (  # noqa: E402,F401 - the fixtures and stand-ins of the instance side
+    REGION,
+    Metadata,
+    cloud,
+    finished,
+    reachable,
+    start_user_data,
+    venv,
+    wheel,
+)
+
+EXAMPLES = ROOT / "examples" / "own-script"
+
+
+def script_spec(**extra) -> Spec:
+    return Spec.from_dict({"backend": "aws", "engine": {"name": "ddp"}, "nodes": 2, "gpus_per_node": 1, "threads": 1,
+                           "model": "train_ddp.py", "steps": None, "script": str(EXAMPLES / "train_ddp.py"),
+                           "script_dir": str(EXAMPLES), "script_args": ["--steps", "12", "--val-every", "100"],
+                           **extra}).validate()
+
+
+def test_the_dry_run_lists_the_code_it_ships_and_refuses_a_folder_over_the_limit(tmp_path, monkeypatch) -> None:
+    be = AwsBackend({"bucket": "bkt-test", "region": REGION})
+    doc = json.loads(be.submit_dryrun(script_spec(), tmp_path / "run").render())
+    (code,) = [c for c in doc["requests"] if c["params"].get("Key", "").endswith("code/code.tar.gz")]
+    assert {"train_ddp.py", "train_horovod.py", "README.md"} == set(code["files"]) and code["bytes"] > 0
+    assert doc["your_code"]["runs"] == "python code/train_ddp.py --steps 12 --val-every 100"
+    # a folder of its own, with data the .gitignore leaves out and a file over the limit
+    folder = tmp_path / "proj"
+    (folder / "data").mkdir(parents=True)
+    (folder / "train.py").write_text("print(1)\n")
+    (folder / "data" / "big.bin").write_bytes(b"x" * 4096)
+    (folder / ".gitignore").write_text("data/\n")
+    spec = script_spec(script=str(folder / "train.py"), script_dir=str(folder), model="train.py")
+    doc = json.loads(be.submit_dryrun(spec, tmp_path / "run").render())
+    (code,) = [c for c in doc["requests"] if c["params"].get("Key", "").endswith("code/code.tar.gz")]
+    assert code["files"] == [".gitignore", "train.py"]
+    (folder / ".gitignore").unlink()
+    monkeypatch.setattr("scalelab.launcher.owncode.MAX_CODE_BYTES", 1024)
+    with pytest.raises(SpecError, match=r"more than the 1.0 KiB limit \(biggest: data/big.bin \(4.0 KiB\)"):
+        be.submit_dryrun(spec, tmp_path / "run")
+
+
+# DDP over two instances (torchrun on each, node 0's address on this machine's lo); Horovod on one instance of two
+# ranks (horovodrun reaches other instances over ssh, which this machine cannot stand in for).
+LAYOUTS = {"ddp": ({"nodes": 2, "gpus_per_node": 1}, "g3.4xlarge"),
+           "horovod": ({"nodes": 1, "gpus_per_node": 2, "engine": {"name": "horovod"}}, "g3.8xlarge")}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("engine", ["ddp", pytest.param("horovod", marks=needs_horovod)])
+def test_script_on_instances_ships_starts_and_terminates(cloud, wheel, venv, tmp_path, engine) -> None:
+    ec2, s3, bucket = cloud["ec2"], cloud["s3"], cloud["bucket"]
+    layout, itype = LAYOUTS[engine]
+    script = EXAMPLES / f"train_{engine}.py"
+    spec = script_spec(**layout, script=str(script), model=script.name)
+    be = AwsBackend({"bucket": bucket, "region": REGION, "wheel": str(wheel), "poll_s": 0.3, "report_timeout_min": 6.0,
+                     "timeout_min": 15.0, "instance_type": itype, "placement_group": "none"}, clients={"ec2": ec2, "s3": s3})
+    run_dir = new_run_dir(tmp_path / "runs", "script")
+    save_spec(spec, run_dir)
+    be.schedule(be.submit_dryrun(spec, run_dir))
+    outcome: dict = {}
+
+    def follow() -> None:
+        try:
+            outcome["status"] = wait(be, run_dir)
+        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+            outcome["error"] = exc
+
+    launcher = threading.Thread(target=follow, daemon=True)
+    launcher.start()
+    nodes = sorted(td.instances(ec2, run_dir.name, ["running"], 0), key=lambda i: i["AmiLaunchIndex"])
+    assert len(nodes) == spec.nodes
+    metas = [Metadata() for _ in nodes]
+    try:
+        with reachable(nodes[0], engine), reachable(nodes[-1], engine) if len(nodes) > 1 else nullcontext():
+            procs = []
+            for i, (node, meta) in enumerate(zip(nodes, metas)):
+                meta.instance_id = node["InstanceId"]
+                procs.append((start_user_data(cloud, node["InstanceId"], tmp_path / f"node-{i}", venv, meta),
+                              tmp_path / f"node-{i}"))
+                # the nodes share one scratch virtualenv here: the next installs the wheel once this one has
+                deadline = time.monotonic() + 300
+                while not (tmp_path / f"node-{i}" / "code").exists() and procs[-1][0].poll() is None:
+                    assert time.monotonic() < deadline, "the node did not unpack the script's folder"
+                    time.sleep(0.3)
+            said = [finished(proc, work) for proc, work in procs]
+        assert all(proc.returncode == 0 for proc, _ in procs), said
+        launcher.join(timeout=120)
+    finally:
+        for meta in metas:
+            meta.server.shutdown()
+        if launcher.is_alive():
+            be.cancel(run_dir, grace_s=0)
+    assert "error" not in outcome, outcome
+    assert outcome["status"].state == "COMPLETED", (outcome["status"].detail, said)
+    for i in (0, 1):  # each instance unpacked the script and ran its ranks of it
+        node = tmp_path / f"node-{i if spec.nodes > 1 else 0}"
+        assert (node / "code" / script.name).is_file()
+        recs = [json.loads(x) for x in (run_dir / "records" / f"rank-{i}.jsonl").read_text().splitlines()]
+        assert recs[0]["kind"] == "start" and recs[0]["world"] == 2 and recs[0]["engine"] == engine
+        assert recs[0]["script"] == str(node / "code" / script.name)
+        assert [r["step"] for r in recs if r["kind"] == "step"] == list(range(1, 13))
+    assert td.instances(ec2, run_dir.name, td.LIVE_STATES) == []
+    report = subprocess.run([__import__("sys").executable, "-m", "scalelab.launcher.cli", "report", str(run_dir),
+                             "--format", "json"], cwd=tmp_path, capture_output=True, text=True,
+                            env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
+    assert report.returncode == 0, report.stderr
+    assert json.loads(report.stdout)[0]["workers"] == 2
+
+
+def test_the_price_preview_of_a_script_run(tmp_path: Path) -> None:
+    """Before anything is sent: dollars for the --steps the script runs, or why they are not known."""
+    from conftest import launch
+
+    base = ["--backend", "aws", "--bucket", "bkt-test", "--region", REGION, "--script", str(EXAMPLES / "train_ddp.py"),
+            "--engine", "ddp", "--nodes", "2", "--dry-run"]
+    priced = launch(*base, "--steps", "500", "--", "--steps", "500", cwd=tmp_path)
+    assert priced.returncode == 0, priced.stderr
+    assert "2*g3.4xlarge" in priced.stderr and "for 500 steps" in priced.stderr
+    assert "expected cost of the launch: $" in priced.stderr
+    unknown = launch(*base, "--max-usd", "1", "--", "--steps", "500", cwd=tmp_path)
+    assert unknown.returncode == 0 and "a --script: give --steps N" in unknown.stderr  # a dry run is not refused
+
+
+SLOW_STEPS = """import json, time
+from scalelab import track
+
+saved = track.checkpoint_dir / "state.json" if track.checkpoint_dir else None
+first = json.loads(saved.read_text())["step"] if saved and saved.exists() else 0
+print("resumed", track.resumed, "from", first, flush=True)
+for step in range(first, 40):
+    time.sleep(0.1)
+    track.step(items=4, loss=1.0 / (step + 1))
+    if track.should_stop():  # the spot notice: save and leave
+        saved.write_text(json.dumps({"step": step + 1}))
+        break
+"""
+
+
+@pytest.mark.slow
+def test_a_spot_interruption_of_a_script_is_replaced_and_the_script_resumes(cloud, wheel, venv, tmp_path) -> None:
+    """The notice reaches the script's should_stop, it saves into track.checkpoint_dir (synced through the
+    bucket), the launcher starts a replacement whose script finds the save and goes on: steps 1..40 once."""
+    ec2, s3, bucket = cloud["ec2"], cloud["s3"], cloud["bucket"]
+    folder = tmp_path / "code"
+    folder.mkdir()
+    (folder / "slow.py").write_text(SLOW_STEPS)
+    spec = script_spec(nodes=1, gpus_per_node=1, engine={"name": "single"}, script=str(folder / "slow.py"),
+                       script_dir=str(folder), model="slow.py", script_args=[])
+    be = AwsBackend({"bucket": bucket, "region": REGION, "spot": True, "wheel": str(wheel), "poll_s": 0.3,
+                     "interruption_grace_s": 120.0, "report_timeout_min": 6.0, "timeout_min": 15.0,
+                     "instance_type": "g3.4xlarge"}, clients={"ec2": ec2, "s3": s3})
+    run_dir = new_run_dir(tmp_path / "runs", "spot")
+    save_spec(spec, run_dir)
+    be.schedule(be.submit_dryrun(spec, run_dir))
+    outcome: dict = {}
+
+    def follow() -> None:
+        try:
+            outcome["status"] = wait(be, run_dir)
+        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+            outcome["error"] = exc
+
+    launcher = threading.Thread(target=follow, daemon=True)
+    launcher.start()
+    meta = Metadata()
+    try:
+        (first,) = td.instances(ec2, run_dir.name, ["running"], 0)
+        meta.instance_id, work0 = first["InstanceId"], tmp_path / "node-gen0"
+        meta.records = work0 / run_dir.name / "records" / "rank-0.jsonl"  # the notice once 6 steps are written
+        said0 = finished(start_user_data(cloud, first["InstanceId"], work0, venv, meta), work0)
+        deadline = time.time() + 120
+        while not td.instances(ec2, run_dir.name, ["running"], 1):
+            assert time.time() < deadline and launcher.is_alive(), (f"no replacement was started: {outcome}", said0)
+            time.sleep(0.3)
+        (second,) = td.instances(ec2, run_dir.name, ["running"], 1)
+        meta.instance_id, meta.records, work1 = second["InstanceId"], None, tmp_path / "node-gen1"
+        said1 = finished(start_user_data(cloud, second["InstanceId"], work1, venv, meta), work1)
+        launcher.join(timeout=120)
+    finally:
+        meta.server.shutdown()
+        if launcher.is_alive():
+            be.cancel(run_dir, grace_s=0)
+    assert "error" not in outcome, outcome
+    assert outcome["status"].state == "COMPLETED", (outcome["status"].detail, said0, said1)
+    recs = [json.loads(x) for x in (run_dir / "records" / "rank-0.jsonl").read_text().splitlines()]
+    (stop,) = [r for r in recs if r.get("event") == "interrupted"]
+    assert stop["step"] >= 6
+    assert [r["step"] for r in recs if r["kind"] == "step"] == list(range(1, 41))  # once each, the count going on
+    assert [r["resumed_from_step"] for r in recs if r["kind"] == "start"] == [None, stop["step"]]
+    logs = "".join(p.read_text() for p in (run_dir / "logs").glob("*.log"))
+    assert "resumed False from 0" in logs and f"resumed True from {stop['step']}" in logs
+    assert td.instances(ec2, run_dir.name, td.LIVE_STATES) == []
