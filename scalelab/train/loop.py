@@ -279,7 +279,7 @@ def resume(run_dir: Path, run: Run) -> Progress:
     run.engine.restored()  # ps --ps-state cpu: the CPU shards take the loaded weights
     run.precision.load_state_dict(ckpt.get("amp"))
     return Progress(
-        ShareSchedule(ckpt["shares"]), step=ckpt["step"], elapsed=ckpt["elapsed_s"], reached=ckpt["reached"],
+        ShareSchedule(ckpt.get("shares") or [(0, initial_shares(run))]), step=ckpt["step"], elapsed=ckpt["elapsed_s"], reached=ckpt["reached"],
         resumed_from=ckpt["step"],
     )
 
