@@ -21,6 +21,7 @@ from scalelab.analysis.report import (
     to_json_records,
     write_markdown,
 )
+from scalelab.analysis.consistency import contradictions
 from scalelab.analysis.scaling import LayoutSummary, RunMeta, scale_layouts, summarize_run, trust_warnings
 from scalelab.core.errors import RecordError
 from scalelab.core.records import load_run
@@ -151,6 +152,7 @@ def build_report(paths: list[Path], out: Path | None = None, price: Pricer | Non
         run = load_run(run_dir)
         warnings += run.warnings  # record lines dropped (a cut last line): said here, not lost
         warnings += spec_changes(run_dir)  # `launch resume --allow-changed`: from which step what changed
+        warnings += contradictions(run)  # records against their spec: which rank, which step
         summaries.append(summarize_loaded(run))
         if price is not None:
             extra.append(price(run, summaries[-1]))

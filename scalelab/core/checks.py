@@ -48,9 +48,10 @@ class Number(click.ParamType):
     """A click type for a bounded finite number: `--deadline-h nan` is refused like `--deadline-h x`."""
 
     def __init__(self, minimum: float | None = None, above: float | None = None, maximum: float | None = None,
-                 integer: bool = False) -> None:
+                 integer: bool = False, why: str = "") -> None:
         self.bounds = dict(minimum=minimum, above=above, maximum=maximum, integer=integer)
         self.name = "integer" if integer else "float"
+        self.why = f" ({why})" if why else ""  # why the limit: said with every refusal
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -61,7 +62,7 @@ class Number(click.ParamType):
             except ValueError:
                 self.fail(f"expected {describe(**self.bounds)}, got {value!r}", param, ctx)
         if not in_range(number, **self.bounds):
-            self.fail(f"expected {describe(**self.bounds)}, got {value!r}", param, ctx)
+            self.fail(f"expected {describe(**self.bounds)}{self.why}, got {value!r}", param, ctx)
         return int(number) if self.bounds["integer"] else float(number)
 
 

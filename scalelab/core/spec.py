@@ -35,7 +35,7 @@ from scalelab.core.options import (
     one_of,
     option,
 )
-from scalelab.core.presets import OUTPUT_LOSSES, PRESETS, RNN_KINDS, config_with_overrides
+from scalelab.core.presets import OUTPUT_LOSSES, PRESETS, RNN_KINDS, config_with_overrides, model_overrides
 from scalelab.core.rundir import SPEC_FILE, name_problem, write_text
 
 # torch.manual_seed takes at most 64 bits; a bigger seed was accepted here and failed in every rank
@@ -45,6 +45,12 @@ MAX_SEED = 2**63 - 1
 # than MAX_THREADS exceeds any machine's cores (the local backend holds them to its own cores x 4).
 MAX_LR = 10.0
 MAX_THREADS = 1024
+# `--nodes 99999999999999999999` was answered with a batch-splitting message; `--prefetch 1000000000` was
+# taken (every batch ahead is held in memory). The largest clusters have some tens of thousands of nodes
+# and no machine 1,024 GPUs (on a CPU, each "GPU" is a worker process); a few batches ahead hide the data time.
+MAX_NODES = 100_000
+MAX_GPUS_PER_NODE = 1024
+MAX_PREFETCH = 1024
 DATA_KINDS = ("synthetic", "task", "text", "shards")
 BATCH_MODES = ("strong", "weak")
 #: The two axes of a sweep, each `fixed` or `growing`: the global batch (split over the workers, or
@@ -106,7 +112,8 @@ class DataSpec:
     train_samples: int = option(4096, "Task data: training samples generated.", POSITIVE, flag="--train-samples")
     valid_samples: int = checked(256, POSITIVE)
     prefetch: int = option(2, "Batches prepared ahead by a background thread; 0 = none.", at_least(0),
-                           flag="--prefetch")
+                           at_most(MAX_PREFETCH, f"must be at most {MAX_PREFETCH} batches ahead (each is held in "
+                                   "memory; a few hide the time to prepare one)"), flag="--prefetch")
     bucket: bool = True
     fixed_length: bool = option(False, "Task data: all samples full length (equal words per rank) [default: variable].",
                                 flag="--fixed-length/--variable-length")
@@ -173,9 +180,12 @@ class Spec:
                             one_of(*PRECISIONS), flag="--precision")
     model_args: dict[str, Any] = field(default_factory=dict)
     engine: EngineSpec = field(default_factory=EngineSpec)
-    nodes: int = option(1, "Nodes in the layout.", POSITIVE, flag="--nodes")
+    nodes: int = option(1, "Nodes in the layout.", POSITIVE,
+                        at_most(MAX_NODES, f"must be at most {MAX_NODES:,} (more nodes than any cluster has)"),
+                        flag="--nodes")
     gpus_per_node: int = option(1, "Ranks per node (one per GPU; a process each on CPU).", POSITIVE,
-                                flag="--gpus-per-node")
+                                at_most(MAX_GPUS_PER_NODE, f"must be at most {MAX_GPUS_PER_NODE} (more ranks per node "
+                                        "than any machine has GPUs or cores)"), flag="--gpus-per-node")
     global_batch: int | None = option(None, "Strong scaling: this global batch is split across workers "
                                       "[default: the preset's].", POSITIVE, flag="--global-batch")
     batch_per_worker: int | None = option(None, "Weak scaling: every worker takes this batch; the global batch "
@@ -363,7 +373,10 @@ class Spec:
         if self.model not in PRESETS:
             raise SpecError(f"unknown model preset {self.model!r}; valid presets: {', '.join(sorted(PRESETS))}")
         self._check_combinations()
-        cfg = config_with_overrides(PRESETS[self.model], self.model_args, "in model_args")  # SpecError on bad keys
+        # typed once, kept typed: `hidden_size: "256"` (or --model-arg hidden_size=256) is saved as 256, not text
+        self.model_args = model_overrides(self.model_args, "in model_args")  # SpecError on bad keys or values
+        cfg = config_with_overrides(PRESETS[self.model], self.model_args, "in model_args")
+        self._check_text_files(cfg.family)
         self.per_worker_batch(cfg.default_batch)  # raises if a strong-scaling batch does not split
         for key in ("train_src", "train_tgt", "valid_src", "valid_tgt"):
             path = getattr(self.data, key)
@@ -376,6 +389,20 @@ class Spec:
                 "raise --steps or lower --warmup-steps"
             )
         return self
+
+    def _check_text_files(self, family: str) -> None:
+        """`--data text` reads one file per family: a pair for translation (`--train-tgt` was not asked for,
+        and the run failed in its ranks), one text for the others (a `--train-tgt` beside it was ignored)."""
+        if self.data.kind != "text":
+            return
+        if family == "nmt" and (not self.data.train_tgt or bool(self.data.valid_src) != bool(self.data.valid_tgt)):
+            missing = "--train-tgt" if not self.data.train_tgt else ("--valid-tgt" if self.data.valid_src else "--valid-src")
+            raise SpecError(f"{self.model} translates: --data text needs parallel files, --train-src and --train-tgt "
+                            f"(and --valid-src with --valid-tgt); {missing} is missing")
+        if family != "nmt" and (self.data.train_tgt or self.data.valid_tgt):
+            flag = "--train-tgt" if self.data.train_tgt else "--valid-tgt"
+            raise SpecError(f"{flag} is for translation; {self.model} ({family}) reads one text file, --train-src "
+                            f"(and --valid-src): leave {flag} out")
 
     def _check_combinations(self) -> None:
         if self.name is not None and name_problem(str(self.name)):

@@ -51,8 +51,11 @@ def parse_layouts(workers: str | None, layouts: str | None) -> list[tuple[int, i
             if not m or int(m[1]) < 1 or int(m[2]) < 1:
                 raise SpecError(f"--layouts takes NODESxGPUS items separated by commas, e.g. 1x1,1x2,2x2; got {item!r}")
             out.append((int(m[1]), int(m[2])))
-    if len(set(out)) != len(out):
-        raise SpecError(f"the sweep lists a layout twice: {out}")
+    twice = sorted({f"{n}x{g}" for n, g in out if out.count((n, g)) > 1})
+    if twice:
+        given = f"--workers {workers}" if workers else f"--layouts {layouts}"
+        raise SpecError(f"the sweep lists layout{'s' if len(twice) > 1 else ''} {', '.join(twice)} twice ({given}); "
+                        "give each layout once (--repeats N runs a layout several times)")
     return out
 
 
