@@ -231,7 +231,7 @@ def read_state(run_dir: Path) -> dict[str, Any]:
 _NUMBER = (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v))
 _STATE_FIELDS: dict[str, tuple[str, Any]] = {
     "state": ("one of the run states " + ", ".join(sorted(ACTIVE | TERMINAL | {UNKNOWN})),
-              lambda v: v in ACTIVE | TERMINAL | {UNKNOWN}),
+              lambda v: isinstance(v, str) and v in ACTIVE | TERMINAL | {UNKNOWN}),
     "detail": ("text", lambda v: isinstance(v, str)),
     "backend": ("a backend's name", lambda v: isinstance(v, str)),
     "pids": ("a list of process ids", lambda v: isinstance(v, list) and all(
@@ -245,7 +245,7 @@ _STATE_FIELDS: dict[str, tuple[str, Any]] = {
 
 def _state_problem(state: dict[str, Any]) -> str | None:
     for name, (what, ok) in _STATE_FIELDS.items():
-        if name in state and state[name] is not None and not ok(state[name]):
+        if name in state and (state[name] is not None or name in ("pids", "processes")) and not ok(state[name]):
             return f"field {name!r} holds {json.dumps(state[name])[:40]}, not {what}"
     return None
 

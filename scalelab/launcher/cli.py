@@ -806,6 +806,7 @@ def cancel_cmd(run_dir: str) -> None:
 
 def entry() -> None:
     """Console-script entry: user errors as one line, exit 2; a stop signal exit 128 + it; bugs keep tracebacks."""
+    escape_unencodable()
     try:
         main.main(prog_name="launch", standalone_mode=False)
     except click.exceptions.Abort as exc:  # click turns KeyboardInterrupt (and so runner.Interrupted) into Abort
@@ -826,6 +827,17 @@ def entry() -> None:
         sys.exit(2)
     except KeyboardInterrupt as exc:
         interrupted(exc)
+
+
+def escape_unencodable() -> None:
+    """Text that cannot be encoded (a lone surrogate: an argument's undecodable bytes, a JSON spec's
+    "\\ud800") is written escaped on stdout too, as Python does on stderr, instead of a UnicodeEncodeError
+    traceback from the middle of an answer (issue #37, found by tests/test_properties.py)."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.reconfigure(errors="backslashreplace")  # type: ignore[union-attr]
+        except (AttributeError, ValueError, OSError):  # not a text stream of its own (a test's, a pipe's wrapper)
+            pass
 
 
 def show_click_error(exc: click.ClickException) -> None:
