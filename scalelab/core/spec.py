@@ -51,6 +51,12 @@ MAX_THREADS = 1024
 MAX_NODES = 100_000
 MAX_GPUS_PER_NODE = 1024
 MAX_PREFETCH = 1024
+# `--global-batch 100000000000` reached the ranks, which failed allocating it: ten million samples is past any
+# published large-batch training (tens of thousands) and any memory; exchange buffers of more than 64 GiB
+# (`--fusion-threshold-mb 1e12` became an exabyte) are larger than any GPU's memory
+MAX_BATCH = 10_000_000
+MAX_BUFFER_MB = 65_536.0
+BATCH_LIMIT = f"must be at most {MAX_BATCH:,} samples (past any published large-batch training and any memory)"
 DATA_KINDS = ("synthetic", "task", "text", "shards")
 BATCH_MODES = ("strong", "weak")
 #: The two axes of a sweep, each `fixed` or `growing`: the global batch (split over the workers, or
@@ -128,7 +134,8 @@ class EngineSpec:
     name: str = option("ddp", "Gradient exchange: " + "; ".join(f"{n} = {what}" for n, what in ENGINE_HELP.items()) + ".",
                        one_of(*ENGINES), flag="--engine")
     fusion_threshold_mb: float = option(64.0, "Horovod tensor fusion buffer; 0 = no fusion.", at_least(0),
-                                        flag="--fusion-threshold-mb")
+                                        at_most(MAX_BUFFER_MB, f"must be at most {MAX_BUFFER_MB:,.0f} MB (64 GiB, "
+                                                "more than any GPU's memory)"), flag="--fusion-threshold-mb")
     cycle_time_ms: float = option(1.0, "Horovod fusion cycle time.", above(0), flag="--cycle-time-ms")
     compression: str = option("none", "Gradient exchange in fp16 or bf16 (DDP comm hook, Horovod compression; "
                               "Horovod: fp16 only). Slower on CPU: docs/benchmarks.md.", one_of(*COMPRESSIONS),
@@ -136,7 +143,9 @@ class EngineSpec:
     # the older spelling of `compression: fp16`, still read
     fp16_allreduce: bool = option(False, "Same as --grad-compression fp16 (the older flag).",
                                   flag="--fp16-allreduce/--no-fp16-allreduce")
-    bucket_cap_mb: float = option(25.0, "DDP gradient bucket size.", above(0), flag="--bucket-cap-mb")
+    bucket_cap_mb: float = option(25.0, "DDP gradient bucket size.", above(0),
+                                  at_most(MAX_BUFFER_MB, f"must be at most {MAX_BUFFER_MB:,.0f} MB (64 GiB, more "
+                                          "than any GPU's memory)"), flag="--bucket-cap-mb")
     ps_shards: int | None = option(None, "Parameter-server shards [default: one per node].", POSITIVE,
                                    flag="--ps-shards")
     ps_state: str = option("device", "Where the parameter-server shards keep parameters and optimizer state: the "
@@ -187,9 +196,10 @@ class Spec:
                                 at_most(MAX_GPUS_PER_NODE, f"must be at most {MAX_GPUS_PER_NODE} (more ranks per node "
                                         "than any machine has GPUs or cores)"), flag="--gpus-per-node")
     global_batch: int | None = option(None, "Strong scaling: this global batch is split across workers "
-                                      "[default: the preset's].", POSITIVE, flag="--global-batch")
+                                      "[default: the preset's].", POSITIVE, at_most(MAX_BATCH, BATCH_LIMIT),
+                                      flag="--global-batch")
     batch_per_worker: int | None = option(None, "Weak scaling: every worker takes this batch; the global batch "
-                                          "grows.", POSITIVE, flag="--batch-per-worker")
+                                          "grows.", POSITIVE, at_most(MAX_BATCH, BATCH_LIMIT), flag="--batch-per-worker")
     steps: int | None = option(40, "Optimizer steps to run.", POSITIVE, flag="--steps")
     epochs: int | None = option(None, "Epochs to run (with --steps: whichever ends first).", POSITIVE,
                                 flag="--epochs")
