@@ -179,3 +179,46 @@ def test_identity_fields_accepted_are_those_of_the_last_change(tmp_path) -> None
     assert accepted_identity_changes(run) == {}  # the lr is no part of the identity
     record_changes(run, {"batch_per_worker": [None, 4], "optimizer": ["adam", "sgd"]})
     assert accepted_identity_changes(run) == {"global_batch": True, "optimizer": True}
+
+
+# ---- a property: whatever is edited, exactly the trajectory fields changed are named -----------------
+
+hypothesis = pytest.importorskip("hypothesis", reason="hypothesis is a test dependency (pyproject's dev extra)")
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+EDITS = st.fixed_dictionaries({}, optional={
+    "lr": st.sampled_from([0.001, 0.002, 1e-4, 10.0]), "optimizer": st.sampled_from(["adam", "sgd"]),
+    "seed": st.sampled_from([1234, 7]), "precision": st.sampled_from(["fp32", "bf16"]),
+    "global_batch": st.sampled_from([None, 16, 32]), "lr_warmup_steps": st.sampled_from([0, 3]),
+    "steps": st.sampled_from([40, 80]), "threads": st.sampled_from([None, 1]), "checkpoint_every": st.sampled_from([0, 2]),
+    "model_args": st.sampled_from([{}, {"dropout": 0.1}, {"hidden_size": 64}]), "rnn": st.sampled_from(["fused", "stepwise"]),
+})
+ALLOW = st.lists(st.sampled_from(["lr", "optimizer", "seed", "precision", "batch", "global_batch", "lr_warmup_steps",
+                                  "model_args", "rnn", "data"]), max_size=4)
+
+
+@settings(max_examples=60, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(edit=EDITS, allow=ALLOW)
+def test_exactly_the_changed_trajectory_fields_are_named_or_allowed(edit, allow, tmp_path_factory) -> None:
+    from scalelab.core.errors import SpecError
+    from scalelab.core.spec import read_spec
+    from scalelab.core.trajectory import allowed_fields, check_resume, trajectory
+
+    run = _run_dir(tmp_path_factory.mktemp("prop"))
+    before = trajectory(read_spec(run).validate())
+    spec = json.loads((run / "spec.json").read_text())
+    (run / "spec.json").write_text(json.dumps({**spec, **edit}))
+    now = read_spec(run).validate()
+    changed = {k for k, v in trajectory(now).items() if before[k] != v}
+    refused = changed - allowed_fields(allow)
+    if refused:
+        with pytest.raises(SpecError) as caught:
+            check_resume(run, now, tuple(allow))
+        for field in refused:
+            assert f"--allow-changed {field} " in str(caught.value)
+        for field in changed - refused:
+            assert f"--allow-changed {field} " not in str(caught.value)
+    else:
+        assert set(check_resume(run, now, tuple(allow))) == changed
