@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from scalelab.aws.bootstrap import LAUNCHER_HEARTBEAT
+from scalelab.core.checks import aws_region_problem
 from scalelab.core.errors import SpecError
 from scalelab.core.rundir import is_sweep
 from scalelab.core.spec import Spec
@@ -72,19 +73,6 @@ def cloud_run_id(run_dir: Path) -> str:
     return f"{parent.name}-{run_dir.name}" if parent.name and is_sweep(parent) else run_dir.name
 
 
-def region_problem(region: str) -> str | None:
-    """An AWS region botocore does not know (every partition's, from its own data: no network), named with
-    the known ones; None when it knows it. Why: `--region mars-1` was taken by a dry run, priced, and
-    failed only at the first API call."""
-    import botocore.session
-
-    session = botocore.session.get_session()
-    known = [r for p in session.get_available_partitions() for r in session.get_available_regions("ec2", partition_name=p)]
-    if not known or region in known:
-        return None
-    return f"--region {region!r} is not an AWS region; the regions with EC2: {', '.join(sorted(known))}"
-
-
 def make_plan(spec: Spec, run_dir: Path, options: Mapping[str, Any], region: str) -> Plan:
     """Check the layout against the instance types; raise SpecError on anything impossible.
 
@@ -98,7 +86,7 @@ def make_plan(spec: Spec, run_dir: Path, options: Mapping[str, Any], region: str
     if not region:
         raise SpecError("no AWS region: pass --region (e.g. us-east-1) or configure one with "
                         "`aws configure set region us-east-1` or the AWS_REGION environment variable")
-    unknown = region_problem(region)
+    unknown = aws_region_problem(region)
     if unknown:
         raise SpecError(unknown)
     catalog = load_catalog()

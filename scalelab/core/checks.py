@@ -8,7 +8,7 @@ message names the input and what it expects. Python's comparisons are False for 
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Iterable
 
 import click
 
@@ -106,3 +106,16 @@ class InputFile(click.ParamType):
 
         check_input_file(str(value), self.what)
         return str(value)
+
+
+def aws_region_problem(region: str, also: Iterable[str] = ()) -> str | None:
+    """An AWS region botocore does not know (every partition's, from its own data: no network), named with
+    the known ones; None when it knows it, or it is one of `also` (the regions a prices file prices).
+    Why: `--region mars-1` was taken by a dry run and priced, and failed only at the first API call."""
+    import botocore.session
+
+    session = botocore.session.get_session()
+    known = [r for p in session.get_available_partitions() for r in session.get_available_regions("ec2", partition_name=p)]
+    if not known or region in known or region in also:
+        return None
+    return f"--region {region!r} is not an AWS region; the regions with EC2: {', '.join(sorted(known))}"

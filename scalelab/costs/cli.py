@@ -22,7 +22,7 @@ import click
 from rich.markup import escape
 from rich.table import Table
 
-from scalelab.core.checks import NON_NEGATIVE, POSITIVE, InputFile, Number, OutputDir
+from scalelab.core.checks import NON_NEGATIVE, POSITIVE, InputFile, Number, OutputDir, aws_region_problem
 from scalelab.core.errors import DataError, SpecError
 from scalelab.core.records import load_run
 from scalelab.core.runids import RunDir
@@ -72,8 +72,13 @@ def _spot_kwargs(params: dict[str, Any]) -> dict[str, float]:
 def _load_catalog(params: dict[str, Any], backends: tuple[str, ...] = ()) -> Catalog:
     """The catalog of the common options: prices file, --rate (a bare one names each of `backends`, the
     runs' own), region, per-type interruptions."""
-    return load_catalog(params["prices_file"], named_rates(params["rates"], backends), params["region"],
-                        parse_interruptions(params["interruptions"])[1])
+    catalog = load_catalog(params["prices_file"], named_rates(params["rates"], backends), params["region"],
+                           parse_interruptions(params["interruptions"])[1])
+    priced = {r for _, r in [*catalog.on_demand, *catalog.spot]}
+    unknown = aws_region_problem(params["region"], priced)  # `--region mars-1` was priced "no price in mars-1"
+    if unknown:
+        raise CatalogError(unknown + f" (or one a prices file prices: {', '.join(sorted(priced))})")
+    return catalog
 
 
 def _print_json(rows: Any) -> None:
