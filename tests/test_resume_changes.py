@@ -222,3 +222,18 @@ def test_exactly_the_changed_trajectory_fields_are_named_or_allowed(edit, allow,
             assert f"--allow-changed {field} " not in str(caught.value)
     else:
         assert set(check_resume(run, now, tuple(allow))) == changed
+
+
+def test_a_sweeps_resume_checks_each_unfinished_layout(tmp_path, monkeypatch, capsys) -> None:
+    """`launch resume SWEEP_DIR` compares every layout it would continue before any is submitted."""
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    layout = _run_dir(sweep)  # sweep/run, CANCELLED
+    (sweep / "sweep.json").write_text(json.dumps({"runs": ["run"], "layouts": [[1, 1]]}))
+    spec = json.loads((layout / "spec.json").read_text())
+    (layout / "spec.json").write_text(json.dumps({**spec, "lr": 0.005}))
+    before = _tree(sweep)
+    code, err, _ = run_entry(["resume", str(sweep)], monkeypatch, capsys)
+    assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert "lr 0.001 -> 0.005" in err and str(layout) in err, err
+    assert _tree(sweep) == before
