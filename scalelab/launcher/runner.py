@@ -49,8 +49,8 @@ from scalelab.core.rundir import (
     write_json,
 )
 from scalelab.core.spec import Spec, save_spec
-from scalelab.core.trajectory import record_trajectory
 from scalelab.core.terminal import make_console
+from scalelab.core.trajectory import record_trajectory
 from scalelab.core.writes import WriteError, full_note, refuse_run_dir_links
 from scalelab.launcher.backend import STOP_NOW, Backend, RunStatus, rank_ends, silent_ranks
 from scalelab.launcher.pricing import fleet_rate
