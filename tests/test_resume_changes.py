@@ -237,3 +237,16 @@ def test_a_sweeps_resume_checks_each_unfinished_layout(tmp_path, monkeypatch, ca
     assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
     assert "lr 0.001 -> 0.005" in err and str(layout) in err, err
     assert _tree(sweep) == before
+
+
+def test_a_change_whose_resume_never_submitted_is_not_reported(tmp_path) -> None:
+    """`spec_changed` is recorded before the submit (the ranks read it); a resume refused after it (a live
+    run, a planted link) submitted nothing, so reports say only the changes a launch followed."""
+    from scalelab.core.spec import read_spec
+    from scalelab.core.trajectory import record_changes, record_trajectory, spec_changes
+
+    run = _run_dir(tmp_path)
+    record_changes(run, {"lr": [0.001, 0.01]})
+    assert spec_changes(run) == []
+    record_trajectory(read_spec(run).validate(), run)
+    assert len(spec_changes(run)) == 1 and "from step 1: lr 0.001 -> 0.01" in spec_changes(run)[0]

@@ -157,8 +157,10 @@ def record_changes(run_dir: Path, changed: dict[str, list[Any]]) -> int:
 def spec_changes(run_dir: Path) -> list[str]:
     """Each recorded change as a sentence, for reports: 'from step 5: lr 0.001 -> 0.002 (...)'."""
     out = []
-    for e in launcher_events(run_dir):
-        if e.get("event") == "spec_changed" and isinstance(e.get("changes"), dict):
+    events = launcher_events(run_dir)
+    for i, e in enumerate(events):
+        submitted = any(later.get("event") == "trajectory" for later in events[i + 1:])  # else that resume never ran
+        if e.get("event") == "spec_changed" and isinstance(e.get("changes"), dict) and submitted:
             what = "; ".join(f"{k} {_show(v.get('was'))} -> {_show(v.get('now'))}" for k, v in e["changes"].items()
                              if isinstance(v, dict))
             out.append(f"{run_dir}: its spec was changed at a resume (launch resume --allow-changed): from step "
