@@ -38,7 +38,8 @@ WORDS = st.sampled_from(["", " ", ",", "a,b", "1,1", "1x1,1x1", "2x2", "0x1", "n
                          "ddp", "horovod", "single", "ps", "bf16", "fp16", "task", "text", "synthetic",
                          "shards", "nmt-tiny", "rnnlm-tiny", "g5.xlarge", "nosuch.type", "us-east-1", "mars-1",
                          "1*g5.xlarge+1*g3.4xlarge", "V100=2", "=", "a=b", "hidden_size=0", "num_layers=x",
-                         "1:2", "5:3", "../x", "/dev/null", "/proc/x", "é", "\x00", "$(id)", "a\nb", "-", "--"])
+                         "1:2", "5:3", "../x", "/dev/null", "/proc/x", "é", "\x00", "$(id)", "a\nb", "-", "--",
+                         "local", "slurm", "k8s", "aws", "partition=gpu", "bucket=my-bucket", "image=x:1"])
 TEXT = st.text(alphabet=string.printable + "é€\u200b", max_size=12)
 VALUES = st.one_of(NUMBERS, WORDS, TEXT, st.integers(-(10**25), 10**25).map(str),
                    st.floats(allow_nan=True, allow_infinity=True).map(repr))
