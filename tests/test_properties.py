@@ -247,3 +247,18 @@ def test_any_state_file_gives_exit_0_or_one_error_line(launch_json, owner, comma
     argv = [command, *(["--runs-dir", str(workdir)] if command == "ls" else [str(run)])]
     code, err, out = run_entry(argv, monkeypatch, capsys)
     _assert_clean([*argv, launch_json, owner], code, err, out)
+
+
+@SETTINGS
+@given(lines=RECORDS, where=st.integers(0, 12), state=st.sampled_from(["COMPLETED", "CANCELLED", "FAILED", "RUNNING"]),
+       command=st.sampled_from(["status", "ls", "logs"]))
+def test_any_record_lines_give_status_or_one_error_line(lines, where, state, command, workdir, monkeypatch,
+                                                        capsys) -> None:
+    """What follows a run (`status`, `ls`, `logs`: progress, loss, ETA from every rank's records) over
+    the same arbitrary lines, the run in any recorded state (no process of it lives)."""
+    run, text = _records_with(workdir, lines, where)
+    (run / "launch.json").write_text(json.dumps({"state": state, "backend": "local", "pids": [], "processes": [],
+                                                 "launched": 90.0}))
+    argv = [command, *(["--runs-dir", str(workdir)] if command == "ls" else [str(run)])]
+    code, err, out = run_entry(argv, monkeypatch, capsys)
+    _assert_clean([*argv, text], code, err, out)
