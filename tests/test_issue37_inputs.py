@@ -24,6 +24,9 @@ FILES = {
         {"instance_type": "g5.xlarge", "region": "us-east-1", "usd_per_hour": 0.1}]}),
     "rate-twice.json": json.dumps({"rates": [{"name": "lab", "usd_per_gpu_hour": 1.0},
                                              {"name": "lab", "usd_per_gpu_hour": 2.0}]}),
+    "comma.json": '{"on_demand": [\n  {"instance_type": "g5.xlarge", "region": "us-east-1", "usd_per_hour": 0.9},\n]}\n',
+    "flow.yaml": "on_demand:\n  - instance_type: g5.xlarge\n    region: [us-east-1\n",
+    "deep.json": '{"on_demand": ' + "[" * 100_000 + "]" * 100_000 + "}",
     "cost-0.csv": "label,seconds,instances\nA,0,g5.xlarge\n",
     "cost-1e30.csv": "label,seconds,instances\nA,100,g5.xlarge\nB,1e30,g5.xlarge\n",
 }
@@ -61,6 +64,11 @@ CASES = [
     ("prices type twice", ["cost", "--list", "--prices", "twice.json"],
      ["twice.json", "on_demand[1] lists g5.xlarge in us-east-1 again", "first at on_demand[0]", "keep one"], [], 1),
     ("prices rate twice", ["cost", "--list", "--prices", "rate-twice.json"], ["rates[1] lists lab again"], [], 1),
+    ("prices trailing comma", ["cost", "--list", "--prices", "comma.json"],
+     ["comma.json", "a trailing comma before the closing ] at line 3"], [], 1),
+    ("prices yaml error", ["cost", "--list", "--prices", "flow.yaml"], ["flow.yaml", "line 4, column 1"],
+     ["<unicode string>"], 1),  # was eight lines: PyYAML's excerpt of the text
+    ("prices nested deep", ["cost", "--list", "--prices", "deep.json"], ["deep.json", "nested deeper"], [], 1),
     ("cost 0 seconds", ["cost", "--from-csv", "cost-0.csv"], ["cost-0.csv:2", "'seconds'", "> 0 and at most a year"],
      [], 1),
     ("cost 1e30 seconds", ["cost", "--from-csv", "cost-1e30.csv"], ["cost-1e30.csv:3", "at most a year"], [], 1),

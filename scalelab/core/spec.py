@@ -539,7 +539,7 @@ def read_yaml_mapping(path: str | os.PathLike, what: str) -> dict[str, Any]:
     clear SpecError naming the file; `what` says which kind of file ("spec file", "study file")."""
     import yaml
 
-    from scalelab.core.yamltext import BeyondLimitsError, load_yaml  # YAML 1.2 numbers (`6:8` is text), unique keys
+    from scalelab.core.yamltext import BeyondLimitsError, load_yaml, yaml_problem  # YAML 1.2 numbers, unique keys
 
     p = check_text_file(path, what)
     try:
@@ -548,7 +548,7 @@ def read_yaml_mapping(path: str | os.PathLike, what: str) -> dict[str, Any]:
     except BeyondLimitsError as exc:
         raise SpecError(f"{what} {p}: {exc}") from None
     except yaml.YAMLError as exc:
-        raise SpecError(f"{what} {p} is not valid YAML: {' '.join(str(exc).split())}") from None
+        raise SpecError(f"{what} {p} is not valid YAML: {yaml_problem(exc)}") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise SpecError(f"cannot read {what} {p} as UTF-8 text ({exc})") from None
     if p.suffix.lower() == ".json":
