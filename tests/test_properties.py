@@ -262,3 +262,28 @@ def test_any_record_lines_give_status_or_one_error_line(lines, where, state, com
     argv = [command, *(["--runs-dir", str(workdir)] if command == "ls" else [str(run)])]
     code, err, out = run_entry(argv, monkeypatch, capsys)
     _assert_clean([*argv, text], code, err, out)
+
+
+PRICES = st.one_of(
+    st.dictionaries(st.sampled_from(["on_demand", "spot", "rates", "instances", "gpu_models", "interruptions", "x"]),
+                    st.lists(st.dictionaries(st.sampled_from(["instance_type", "region", "usd_per_hour", "name", "gpus",
+                                                              "usd_per_gpu_hour", "per_hour", "mem_bandwidth_gbs",
+                                                              "fp32_tflops"]), RECORD_VALUES, max_size=4),
+                             max_size=3) | RECORD_VALUES, max_size=3).map(lambda d: json.dumps(d, allow_nan=True)),
+    st.text(max_size=60),
+)
+
+
+@SETTINGS
+@given(text=PRICES, suffix=st.sampled_from([".json", ".yaml"]))
+def test_any_prices_file_is_read_or_refused_as_a_user_error(text, suffix, workdir) -> None:
+    """The prices file reader (the catalog, through its one schema): a catalog, or a ScalelabError."""
+    from scalelab.core.errors import ScalelabError
+    from scalelab.costs.catalog import load_catalog
+
+    path = workdir / f"prices{suffix}"
+    path.write_text(text)
+    try:
+        load_catalog(str(path))
+    except ScalelabError:
+        pass
