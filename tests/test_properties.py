@@ -287,3 +287,22 @@ def test_any_prices_file_is_read_or_refused_as_a_user_error(text, suffix, workdi
         load_catalog(str(path))
     except ScalelabError:
         pass
+
+
+CSV_COLUMNS = ["label", "workers", "nodes", "throughput", "time_s", "instance_type", "seconds", "instances", "market",
+               "batch_scaling", "work_scaling", "x"]
+CSVS = st.tuples(st.lists(st.sampled_from(CSV_COLUMNS), min_size=1, max_size=4),
+                 st.lists(st.lists(VALUES, min_size=1, max_size=4), max_size=4)).map(
+    lambda t: "\n".join([",".join(t[0]), *(",".join(v.replace("\n", " ") for v in row) for row in t[1])]) + "\n")
+
+
+@SETTINGS
+@given(text=CSVS | st.text(max_size=80), command=st.sampled_from([["report", "--from-csv", "t.csv", "--format", "json"],
+                                                                   ["cost", "--from-csv", "t.csv"],
+                                                                   ["plan", "--from-csv", "t.csv"]]))
+def test_any_csv_table_gives_exit_0_or_one_error_line(text, command, workdir, monkeypatch, capsys) -> None:
+    """The CSV tables (`--from-csv` of report, cost and plan) as anything."""
+    (workdir / "t.csv").write_text(text)
+    argv = [*command, *(["--out", str(workdir / "rep")] if command[0] == "report" else [])]
+    code, err, out = run_entry(argv, monkeypatch, capsys)
+    _assert_clean([*argv, text], code, err, out)
