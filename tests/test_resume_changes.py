@@ -94,9 +94,10 @@ def test_a_changed_learning_rate_is_refused_then_recorded_when_allowed(engine, f
 
 
 @pytest.mark.slow
-def test_an_allowed_batch_change_reaches_the_ranks(finished, tmp_path) -> None:
+@pytest.mark.parametrize("engine", ["ddp", pytest.param("horovod", marks=needs_horovod)])
+def test_an_allowed_batch_change_reaches_the_ranks(engine, finished, tmp_path) -> None:
     """The checkpoint's identity holds the global batch: the ranks refused it before; allowed, they take it."""
-    run = _copy(finished("ddp"), tmp_path / "run")
+    run = _copy(finished(engine), tmp_path / "run")
     _edit(run, global_batch=16)
     before = _tree(run)
     err = _one_error_line(launch("resume", str(run), cwd=tmp_path))
