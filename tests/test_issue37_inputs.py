@@ -46,6 +46,7 @@ CASES = [
     ("fusion buffer 1e12", ["--engine", "horovod", "--fusion-threshold-mb", "1e12", *DRY],
      ["--fusion-threshold-mb", "at most 65,536 MB", "GPU's memory"], [], 1),
     ("bucket 1e12", ["--bucket-cap-mb", "1e12", *DRY], ["--bucket-cap-mb", "at most 65,536 MB"], [], 1),
+    ("slurm time abc", ["--backend", "slurm", "--time", "abc", *DRY], ["--time", "Slurm's format", "1:30:00"], [], 1),
     ("nmt text without tgt", ["--data", "text", "--train-src", "src.txt", *DRY], ["translates", "--train-tgt is missing"],
      [], 1),
     ("nmt valid src alone", ["--data", "text", "--train-src", "src.txt", "--train-tgt", "src.txt", "--valid-src",
@@ -103,7 +104,8 @@ def test_an_input_accepted_before_is_refused_saying_why(case, argv, words, absen
 @pytest.mark.parametrize("argv", [["--prefetch", "1024", *DRY], ["--nodes", "2", "--gpus-per-node", "2", *DRY],
                                   ["--model", "rnnlm-tiny", "--data", "text", "--train-src", "src.txt", *DRY],
                                   [*AWS, "--region", "eu-west-1", *DRY],
-                                  ["sweep", "--layouts", "1x1,2x1", *DRY]])
+                                  ["sweep", "--layouts", "1x1,2x1", *DRY],
+                                  *(["--backend", "slurm", "--time", t, *DRY] for t in ("90", "1:30:00", "2-00", "2-12:30"))])
 def test_the_values_beside_them_are_still_accepted(argv, tmp_path, monkeypatch, capsys) -> None:
     monkeypatch.chdir(tmp_path)
     (tmp_path / "src.txt").write_text(FILES["src.txt"])
