@@ -21,6 +21,7 @@ from scalelab.analysis.report import (
     to_json_records,
     write_markdown,
 )
+from scalelab.analysis.consistency import contradictions
 from scalelab.analysis.scaling import LayoutSummary, RunMeta, scale_layouts, summarize_run, trust_warnings
 from scalelab.core.errors import RecordError
 from scalelab.core.records import load_run
@@ -36,6 +37,7 @@ from scalelab.core.rundir import (
     sweep_runs,
 )
 from scalelab.core.spec import Spec, read_spec
+from scalelab.core.trajectory import spec_changes
 from scalelab.core.writes import refuse_links
 
 
@@ -154,6 +156,8 @@ def build_report(paths: list[Path], out: Path | None = None, price: Pricer | Non
     for run_dir in runs:  # one run's records in memory at a time
         run = load_run(run_dir)
         warnings += run.warnings  # record lines dropped (a cut last line): said here, not lost
+        warnings += spec_changes(run_dir)  # `launch resume --allow-changed`: from which step what changed
+        warnings += contradictions(run)  # records against their spec: which rank, which step
         summaries.append(summarize_loaded(run))
         if price is not None:
             extra.append(price(run, summaries[-1]))

@@ -19,6 +19,7 @@ from typing import Any
 
 from scalelab.aws.bootstrap import LAUNCHER_HEARTBEAT
 from scalelab.core.engines import engine
+from scalelab.core.checks import aws_region_problem
 from scalelab.core.errors import SpecError
 from scalelab.core.launch import starter_of
 from scalelab.core.rundir import is_sweep
@@ -106,6 +107,9 @@ def make_plan(spec: Spec, run_dir: Path, options: Mapping[str, Any], region: str
         raise SpecError("the aws backend needs " + "; and ".join(missing) + " (the instances also need the IAM "
                         f"instance profile {options.get('instance_profile') or 'scalelab-instance'!r}, "
                         "--instance-profile NAME: docs/aws.md)")
+    unknown = aws_region_problem(region)
+    if unknown:
+        raise SpecError(unknown)
     catalog = load_catalog()
     types = Mix.for_nodes(options["instance_type"], spec.nodes, catalog, provider="aws").node_types()
     gpus = {t: catalog.instance(t, "aws").gpus for t in [*types, *(options.get("fallback_instance_types") or [])]}

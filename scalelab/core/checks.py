@@ -8,7 +8,7 @@ message names the input and what it expects. Python's comparisons are False for 
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Iterable
 
 import click
 
@@ -48,9 +48,10 @@ class Number(click.ParamType):
     """A click type for a bounded finite number: `--deadline-h nan` is refused like `--deadline-h x`."""
 
     def __init__(self, minimum: float | None = None, above: float | None = None, maximum: float | None = None,
-                 integer: bool = False) -> None:
+                 integer: bool = False, why: str = "") -> None:
         self.bounds = dict(minimum=minimum, above=above, maximum=maximum, integer=integer)
         self.name = "integer" if integer else "float"
+        self.why = f" ({why})" if why else ""  # why the limit: said with every refusal
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -61,7 +62,7 @@ class Number(click.ParamType):
             except ValueError:
                 self.fail(f"expected {describe(**self.bounds)}, got {value!r}", param, ctx)
         if not in_range(number, **self.bounds):
-            self.fail(f"expected {describe(**self.bounds)}, got {value!r}", param, ctx)
+            self.fail(f"expected {describe(**self.bounds)}{self.why}, got {value!r}", param, ctx)
         return int(number) if self.bounds["integer"] else float(number)
 
 
@@ -105,3 +106,16 @@ class InputFile(click.ParamType):
 
         check_input_file(str(value), self.what)
         return str(value)
+
+
+def aws_region_problem(region: str, also: Iterable[str] = ()) -> str | None:
+    """An AWS region botocore does not know (every partition's, from its own data: no network), named with
+    the known ones; None when it knows it, or it is one of `also` (the regions a prices file prices).
+    Why: `--region mars-1` was taken by a dry run and priced, and failed only at the first API call."""
+    import botocore.session
+
+    session = botocore.session.get_session()
+    known = [r for p in session.get_available_partitions() for r in session.get_available_regions("ec2", partition_name=p)]
+    if not known or region in known or region in also:
+        return None
+    return f"--region {region!r} is not an AWS region; the regions with EC2: {', '.join(sorted(known))}"

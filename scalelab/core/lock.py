@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import sys
 from pathlib import Path
 from types import TracebackType
 
@@ -84,6 +85,10 @@ class RunLock:
                 raw = None
             owner = ProcessRef.from_dict(raw) if isinstance(raw, dict) else None
             run = self.path.parent
+            if owner is None:  # garbage names no process that could be live: said, then taken over (issue #37)
+                print(f"launch: warning: {self.path} names no launcher (not the owner record scalelab writes: "
+                      "edited by hand or damaged); no process can own the run through it, so it is replaced",
+                      file=sys.stderr, flush=True)
             if owner is not None and owner.host != socket.gethostname():
                 raise RunBusy(f"{run} is owned by pid {owner.pid} on host {owner.host}; stop that launcher "
                               f"(`launch cancel {run}`), or delete {self.path} if that host is down")

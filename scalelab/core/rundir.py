@@ -16,6 +16,7 @@ from __future__ import annotations
 import datetime
 import fcntl
 import json
+import math
 import os
 import re
 import shutil
@@ -218,7 +219,35 @@ def read_state(run_dir: Path) -> dict[str, Any]:
     path = RunPaths(Path(run_dir)).launch
     if not path.exists():
         raise RecordError(f"{run_dir} has no {LAUNCH_FILE}: it was never launched (or is not a run directory)")
-    return read_json(path, LAUNCH_FILE, dict)
+    state = read_json(path, LAUNCH_FILE, dict)
+    problem = _state_problem(state)
+    if problem:
+        raise RecordError(f"{path}: {problem} (edited by hand?); restore it, or delete that field")
+    return state
+
+
+# launch.json fields -> (what each must be, its check); every writer here writes them so. A hand-edited
+# `"state": 5` was reported as UNKNOWN and `"pids": "abc"` taken as no process, without a word (issue #37)
+_NUMBER = (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v))
+_STATE_FIELDS: dict[str, tuple[str, Any]] = {
+    "state": ("one of the run states " + ", ".join(sorted(ACTIVE | TERMINAL | {UNKNOWN})),
+              lambda v: isinstance(v, str) and v in ACTIVE | TERMINAL | {UNKNOWN}),
+    "detail": ("text", lambda v: isinstance(v, str)),
+    "backend": ("a backend's name", lambda v: isinstance(v, str)),
+    "pids": ("a list of process ids", lambda v: isinstance(v, list) and all(
+        isinstance(p, int) and not isinstance(p, bool) and 0 < p < 2**31 for p in v)),
+    "processes": ("a list of processes (pid, start_time, cmdline, host)",
+                  lambda v: isinstance(v, list) and all(isinstance(p, dict) for p in v)),
+    "launched": ("a time in seconds", _NUMBER),
+    "ended": ("a time in seconds", _NUMBER),
+}
+
+
+def _state_problem(state: dict[str, Any]) -> str | None:
+    for name, (what, ok) in _STATE_FIELDS.items():
+        if name in state and (state[name] is not None or name in ("pids", "processes")) and not ok(state[name]):
+            return f"field {name!r} holds {json.dumps(state[name])[:40]}, not {what}"
+    return None
 
 
 @contextmanager

@@ -36,7 +36,7 @@ from scalelab.core.options import (
     one_of,
     option,
 )
-from scalelab.core.presets import OUTPUT_LOSSES, PRESETS, RNN_KINDS, config_with_overrides
+from scalelab.core.presets import OUTPUT_LOSSES, PRESETS, RNN_KINDS, config_with_overrides, model_overrides
 from scalelab.core.rundir import SPEC_FILE, name_problem, write_text
 
 # torch.manual_seed takes at most 64 bits; a bigger seed was accepted here and failed in every rank
@@ -46,6 +46,18 @@ MAX_SEED = 2**63 - 1
 # than MAX_THREADS exceeds any machine's cores (the local backend holds them to its own cores x 4).
 MAX_LR = 10.0
 MAX_THREADS = 1024
+# `--nodes 99999999999999999999` was answered with a batch-splitting message; `--prefetch 1000000000` was
+# taken (every batch ahead is held in memory). The largest clusters have some tens of thousands of nodes
+# and no machine 1,024 GPUs (on a CPU, each "GPU" is a worker process); a few batches ahead hide the data time.
+MAX_NODES = 100_000
+MAX_GPUS_PER_NODE = 1024
+MAX_PREFETCH = 1024
+# `--global-batch 100000000000` reached the ranks, which failed allocating it: ten million samples is past any
+# published large-batch training (tens of thousands) and any memory; exchange buffers of more than 64 GiB
+# (`--fusion-threshold-mb 1e12` became an exabyte) are larger than any GPU's memory
+MAX_BATCH = 10_000_000
+MAX_BUFFER_MB = 65_536.0
+BATCH_LIMIT = f"must be at most {MAX_BATCH:,} samples (past any published large-batch training and any memory)"
 DATA_KINDS = ("synthetic", "task", "text", "shards")
 BATCH_MODES = ("strong", "weak")
 #: The two axes of a sweep, each `fixed` or `growing`: the global batch (split over the workers, or
@@ -107,7 +119,8 @@ class DataSpec:
     train_samples: int = option(4096, "Task data: training samples generated.", POSITIVE, flag="--train-samples")
     valid_samples: int = checked(256, POSITIVE)
     prefetch: int = option(2, "Batches prepared ahead by a background thread; 0 = none.", at_least(0),
-                           flag="--prefetch")
+                           at_most(MAX_PREFETCH, f"must be at most {MAX_PREFETCH} batches ahead (each is held in "
+                                   "memory; a few hide the time to prepare one)"), flag="--prefetch")
     bucket: bool = True
     fixed_length: bool = option(False, "Task data: all samples full length (equal words per rank) [default: variable].",
                                 flag="--fixed-length/--variable-length")
@@ -122,7 +135,8 @@ class EngineSpec:
     name: str = option("ddp", "Gradient exchange: " + "; ".join(f"{n} = {what}" for n, what in ENGINE_HELP.items()) + ".",
                        one_of(*ENGINES), flag="--engine")
     fusion_threshold_mb: float = option(64.0, "Horovod tensor fusion buffer; 0 = no fusion.", at_least(0),
-                                        flag="--fusion-threshold-mb")
+                                        at_most(MAX_BUFFER_MB, f"must be at most {MAX_BUFFER_MB:,.0f} MB (64 GiB, "
+                                                "more than any GPU's memory)"), flag="--fusion-threshold-mb")
     cycle_time_ms: float = option(1.0, "Horovod fusion cycle time.", above(0), flag="--cycle-time-ms")
     compression: str = option("none", "Gradient exchange in fp16 or bf16 (DDP comm hook, Horovod compression; "
                               "Horovod: fp16 only). Slower on CPU: docs/benchmarks.md.", one_of(*COMPRESSIONS),
@@ -130,7 +144,9 @@ class EngineSpec:
     # the older spelling of `compression: fp16`, still read
     fp16_allreduce: bool = option(False, "Same as --grad-compression fp16 (the older flag).",
                                   flag="--fp16-allreduce/--no-fp16-allreduce")
-    bucket_cap_mb: float = option(25.0, "DDP gradient bucket size.", above(0), flag="--bucket-cap-mb")
+    bucket_cap_mb: float = option(25.0, "DDP gradient bucket size.", above(0),
+                                  at_most(MAX_BUFFER_MB, f"must be at most {MAX_BUFFER_MB:,.0f} MB (64 GiB, more "
+                                          "than any GPU's memory)"), flag="--bucket-cap-mb")
     ps_shards: int | None = option(None, "Parameter-server shards [default: one per node].", POSITIVE,
                                    flag="--ps-shards")
     ps_state: str = option("device", "Where the parameter-server shards keep parameters and optimizer state: the "
@@ -174,13 +190,17 @@ class Spec:
                             one_of(*PRECISIONS), flag="--precision")
     model_args: dict[str, Any] = field(default_factory=dict)
     engine: EngineSpec = field(default_factory=EngineSpec)
-    nodes: int = option(1, "Nodes in the layout.", POSITIVE, flag="--nodes")
+    nodes: int = option(1, "Nodes in the layout.", POSITIVE,
+                        at_most(MAX_NODES, f"must be at most {MAX_NODES:,} (more nodes than any cluster has)"),
+                        flag="--nodes")
     gpus_per_node: int = option(1, "Ranks per node (one per GPU; a process each on CPU).", POSITIVE,
-                                flag="--gpus-per-node")
+                                at_most(MAX_GPUS_PER_NODE, f"must be at most {MAX_GPUS_PER_NODE} (more ranks per node "
+                                        "than any machine has GPUs or cores)"), flag="--gpus-per-node")
     global_batch: int | None = option(None, "Strong scaling: this global batch is split across workers "
-                                      "[default: the preset's].", POSITIVE, flag="--global-batch")
+                                      "[default: the preset's].", POSITIVE, at_most(MAX_BATCH, BATCH_LIMIT),
+                                      flag="--global-batch")
     batch_per_worker: int | None = option(None, "Weak scaling: every worker takes this batch; the global batch "
-                                          "grows.", POSITIVE, flag="--batch-per-worker")
+                                          "grows.", POSITIVE, at_most(MAX_BATCH, BATCH_LIMIT), flag="--batch-per-worker")
     steps: int | None = option(40, "Optimizer steps to run.", POSITIVE, flag="--steps")
     epochs: int | None = option(None, "Epochs to run (with --steps: whichever ends first).", POSITIVE,
                                 flag="--epochs")
@@ -390,7 +410,10 @@ class Spec:
         if self.model not in PRESETS:
             raise SpecError(f"unknown model preset {self.model!r}; valid presets: {', '.join(sorted(PRESETS))}")
         self._check_combinations()
-        cfg = config_with_overrides(PRESETS[self.model], self.model_args, "in model_args")  # SpecError on bad keys
+        # typed once, kept typed: `hidden_size: "256"` (or --model-arg hidden_size=256) is saved as 256, not text
+        self.model_args = model_overrides(self.model_args, "in model_args")  # SpecError on bad keys or values
+        cfg = config_with_overrides(PRESETS[self.model], self.model_args, "in model_args")
+        self._check_text_files(cfg.family)
         self.per_worker_batch(cfg.default_batch)  # raises if a strong-scaling batch does not split
         for key in ("train_src", "train_tgt", "valid_src", "valid_tgt"):
             path = getattr(self.data, key)
@@ -422,6 +445,20 @@ class Spec:
             raise SpecError("--engine ps is the built-in trainer's parameter server; a --script runs under "
                             "--engine ddp, horovod or single")
         return self
+
+    def _check_text_files(self, family: str) -> None:
+        """`--data text` reads one file per family: a pair for translation (`--train-tgt` was not asked for,
+        and the run failed in its ranks), one text for the others (a `--train-tgt` beside it was ignored)."""
+        if self.data.kind != "text":
+            return
+        if family == "nmt" and (not self.data.train_tgt or bool(self.data.valid_src) != bool(self.data.valid_tgt)):
+            missing = "--train-tgt" if not self.data.train_tgt else ("--valid-tgt" if self.data.valid_src else "--valid-src")
+            raise SpecError(f"{self.model} translates: --data text needs parallel files, --train-src and --train-tgt "
+                            f"(and --valid-src with --valid-tgt); {missing} is missing")
+        if family != "nmt" and (self.data.train_tgt or self.data.valid_tgt):
+            flag = "--train-tgt" if self.data.train_tgt else "--valid-tgt"
+            raise SpecError(f"{flag} is for translation; {self.model} ({family}) reads one text file, --train-src "
+                            f"(and --valid-src): leave {flag} out")
 
     def _check_combinations(self) -> None:
         if self.name is not None and name_problem(str(self.name)):
@@ -549,7 +586,7 @@ def read_yaml_mapping(path: str | os.PathLike, what: str) -> dict[str, Any]:
     clear SpecError naming the file; `what` says which kind of file ("spec file", "study file")."""
     import yaml
 
-    from scalelab.core.yamltext import BeyondLimitsError, load_yaml  # YAML 1.2 numbers (`6:8` is text), unique keys
+    from scalelab.core.yamltext import BeyondLimitsError, load_yaml, yaml_problem  # YAML 1.2 numbers, unique keys
 
     p = check_text_file(path, what)
     try:
@@ -558,7 +595,7 @@ def read_yaml_mapping(path: str | os.PathLike, what: str) -> dict[str, Any]:
     except BeyondLimitsError as exc:
         raise SpecError(f"{what} {p}: {exc}") from None
     except yaml.YAMLError as exc:
-        raise SpecError(f"{what} {p} is not valid YAML: {' '.join(str(exc).split())}") from None
+        raise SpecError(f"{what} {p} is not valid YAML: {yaml_problem(exc)}") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise SpecError(f"cannot read {what} {p} as UTF-8 text ({exc})") from None
     if p.suffix.lower() == ".json":

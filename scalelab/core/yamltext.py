@@ -97,3 +97,14 @@ def load_yaml(text: str) -> Any:
 def is_sexagesimal(text: str) -> bool:
     """Whether YAML 1.1 would have read `text` as a base-60 number (for tests and messages)."""
     return any(re.fullmatch(p, text) for p in _SEXAGESIMAL)
+
+
+def yaml_problem(exc: yaml.YAMLError) -> str:
+    """A YAML error as one line: where (line, column) and what, without PyYAML's multi-line excerpt of the
+    text and its "<unicode string>" (a prices file's error came out as eight lines, issue #37)."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None)
+    if mark is None or not problem:
+        return " ".join(str(exc).split())
+    context = getattr(exc, "context", None)
+    return f"line {mark.line + 1}, column {mark.column + 1}: {problem}" + (f" ({context})" if context else "")

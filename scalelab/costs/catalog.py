@@ -384,12 +384,24 @@ def _read_structured(path: Path) -> dict[str, Any]:
 
         from scalelab.core.yamltext import load_yaml
 
+        from scalelab.core.yamltext import BeyondLimitsError, yaml_problem
+
         try:
             data = load_yaml(text) or {}
-        except yaml.YAMLError as exc:
+        except BeyondLimitsError as exc:
             raise ValueError(str(exc)) from None
+        except yaml.YAMLError as exc:
+            raise ValueError(yaml_problem(exc)) from None
     else:
-        data = json.loads(text) if text.strip() else {}
+        try:
+            data = json.loads(text) if text.strip() else {}
+        except json.JSONDecodeError as exc:  # one line: where and what (a trailing comma said as such)
+            before = text[:exc.pos].rstrip()
+            comma = before.endswith(",") and text[exc.pos:exc.pos + 1] in ("}", "]")
+            raise ValueError(f"a trailing comma before the closing {text[exc.pos]} at line {exc.lineno}; remove it"
+                             if comma else f"{exc.msg} at line {exc.lineno}, column {exc.colno}") from None
+        except RecursionError:  # a RecursionError traceback (issue #37)
+            raise ValueError("lists or mappings nested deeper than can be read; flatten it") from None
     if not isinstance(data, dict):
         raise ValueError("expected a mapping at the top level")
     return data

@@ -22,7 +22,7 @@ import click
 from rich.markup import escape
 from rich.table import Table
 
-from scalelab.core.checks import NON_NEGATIVE, POSITIVE, InputFile, Number, OutputDir
+from scalelab.core.checks import NON_NEGATIVE, POSITIVE, InputFile, Number, OutputDir, aws_region_problem
 from scalelab.core.errors import DataError, SpecError
 from scalelab.core.records import load_run
 from scalelab.core.runids import RunDir
@@ -42,6 +42,9 @@ console = make_console()
 err_console = make_console(stderr=True)
 
 _FORMATS = ["table", "json", "markdown"]
+# `plan --work 1e300` priced 300-digit dollars: 1e15 samples or words is a thousand times the largest
+# training runs published (about 1.5e13 tokens)
+MAX_WORK = 1e15
 
 
 def _catalog_options(func):
@@ -69,8 +72,13 @@ def _spot_kwargs(params: dict[str, Any]) -> dict[str, float]:
 def _load_catalog(params: dict[str, Any], backends: tuple[str, ...] = ()) -> Catalog:
     """The catalog of the common options: prices file, --rate (a bare one names each of `backends`, the
     runs' own), region, per-type interruptions."""
-    return load_catalog(params["prices_file"], named_rates(params["rates"], backends), params["region"],
-                        parse_interruptions(params["interruptions"])[1])
+    catalog = load_catalog(params["prices_file"], named_rates(params["rates"], backends), params["region"],
+                           parse_interruptions(params["interruptions"])[1])
+    priced = {r for _, r in [*catalog.on_demand, *catalog.spot]}
+    unknown = aws_region_problem(params["region"], priced)  # `--region mars-1` was priced "no price in mars-1"
+    if unknown:
+        raise CatalogError(unknown + f" (or one a prices file prices: {', '.join(sorted(priced))})")
+    return catalog
 
 
 def _print_json(rows: Any) -> None:
@@ -451,7 +459,8 @@ def _parse_batches(text: str | None) -> list[int]:
               help="Level of every interval, and the chance a recommendation must have of meeting its limit.")
 @click.option("--instance-types", help="Price the layouts on these types, e.g. g3.4xlarge,g3.16xlarge (or --rate names).")
 @click.option("--market", type=click.Choice([*MARKETS, "both"]), default="on-demand", show_default=True)
-@click.option("--work", type=POSITIVE, help="A fixed amount of work for every layout, in the throughput's unit (e.g. "
+@click.option("--work", type=Number(above=0, maximum=MAX_WORK, why="a thousand times the largest training runs "
+                                     "published; above it the dollars run to hundreds of digits"), help="A fixed amount of work for every layout, in the throughput's unit (e.g. "
                                          "words) [default for runs: the steps to their loss threshold at each "
                                          "layout's global batch].")
 @click.option("--measured-on", help="Instance type the measurements were made on [default for runs: from their spec; "
@@ -504,7 +513,7 @@ def plan_cmd(run_dirs: tuple[str, ...], from_csv: str | None, predict_workers: s
         return
     m = measured_from_csv(from_csv, measured_on) if from_csv else measured_from_runs([Path(p) for p in run_dirs],
                                                                                        measured_on)
-    measured_on = measured_on or m.measured_on
+    given_on, measured_on = measured_on, measured_on or m.measured_on
     catalog = _load_catalog(params, _backends(run_dirs))
     asked = [t.strip() for t in (instance_types or "").split(",") if t.strip()]
     if instance_types is not None and not asked:  # '' or ',' priced the default types without a word
@@ -512,6 +521,11 @@ def plan_cmd(run_dirs: tuple[str, ...], from_csv: str | None, predict_workers: s
                         "or leave the flag out for the default ones")
     for t in asked:
         catalog.instance(t)  # a type asked for that the catalog lacks: an error naming the fix
+    if given_on is not None and given_on not in catalog.names():  # was planned unpriced without a word
+        try:
+            catalog.instance(given_on)
+        except CatalogError as exc:
+            raise CatalogError(f"--measured-on {given_on}: {exc}") from None
     unpriced = measured_on is not None and measured_on not in catalog.names()
     types = asked or _default_types(measured_on, m, catalog)
     link = LinkModel(gradient_bytes=(gradient_mb or 1.0) * 1e6, intra_gbps=intra_gbps)

@@ -89,6 +89,27 @@ def prices_problem(data: Any) -> str | None:
             problem = _row_problem(key, row)
             if problem:
                 return f"{key}[{i}]{problem}"
+        twice = _listed_twice(key, rows)
+        if twice:
+            return twice
+    return None
+
+
+# list key -> the fields that name one entry: a second entry of the same name silently replaced the first
+# (issue #37: a type listed at $0.90/h, then at $0.10/h, was priced $0.10/h without a word)
+KEYS = {"on_demand": ("instance_type", "region"), "spot": ("instance_type", "region"), "rates": ("name",),
+        "instances": ("name",), "gpu_models": ("name",), "interruptions": ("instance_type",)}
+
+
+def _listed_twice(key: str, rows: list[dict[str, Any]]) -> str | None:
+    seen: dict[tuple, int] = {}
+    for i, row in enumerate(rows):
+        name = tuple(row.get(f) for f in KEYS[key])
+        if name in seen:
+            what = " in ".join(str(n) for n in name)
+            return (f"{key}[{i}] lists {what} again (first at {key}[{seen[name]}]); the second entry would "
+                    "replace the first without a word: keep one of them")
+        seen[name] = i
     return None
 
 

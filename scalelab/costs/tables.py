@@ -64,6 +64,18 @@ def _non_negative_float(x: str) -> float:
     return v
 
 
+# A cost log's run length: 0 s is no run (billed the 60 s minimum without a word) and 1e30 s priced a
+# 30-digit bill; no run is billed for longer than a year
+MAX_RUN_SECONDS = 365 * 24 * 3600.0
+
+
+def _run_seconds(x: str) -> float:
+    v = _positive_float(x)
+    if v > MAX_RUN_SECONDS:
+        raise ValueError
+    return v
+
+
 def _choice(*allowed: str) -> Callable[[str], str]:
     def parse(x: str) -> str:
         x = x.strip().lower()
@@ -78,6 +90,7 @@ _EXPECT = {
     _positive_int: "a positive whole number",
     _positive_float: "a positive number",
     _non_negative_float: "a number >= 0",
+    _run_seconds: f"a run's length in seconds, > 0 and at most a year ({MAX_RUN_SECONDS:,.0f})",
 }
 
 
@@ -219,7 +232,7 @@ def _refuse_two_values_for_one_layout(path: str | Path, df: pd.DataFrame) -> Non
 def read_cost_csv(path: str | Path) -> pd.DataFrame:
     """A cost log: label, seconds, instances, market (optional)."""
     df = _read(path, [["seconds"], ["instances"]],
-               {"seconds": _non_negative_float, "market": _choice("on-demand", "spot")},
+               {"seconds": _run_seconds, "market": _choice("on-demand", "spot")},
                "label, seconds, instances (e.g. 3*g3.4xlarge+1*p2.xlarge), market (optional)")
     _default(df, "label", "")
     _default(df, "market", "on-demand")

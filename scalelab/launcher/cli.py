@@ -504,11 +504,17 @@ def print_summary(run_dir: Path, summary) -> None:
 @main.command("resume")
 @click.argument("run_dir", type=RunDir())
 @click.option("--detach", is_flag=True, help=DETACH_HELP)
-def resume_cmd(run_dir: str, detach: bool) -> None:
+@click.option("--allow-changed", "allow_changed", multiple=True, metavar="FIELD",
+              help="Go on although spec.json changes FIELD (lr, optimizer, model_args, global_batch, precision, "
+                   "data, ...) since the run last ran; the change is recorded and `launch report` says from which "
+                   "step. Repeatable. Without it such a change is refused, naming each field.")
+def resume_cmd(run_dir: str, detach: bool, allow_changed: tuple[str, ...]) -> None:
     """Continue RUN_DIR from its last checkpoint with the spec it was started with.
 
     A sweep directory: its layouts that did not complete are continued (from their checkpoints) or
     started, then the sweep is reported. A run that still runs is refused: `launch cancel` it first.
+    A spec.json edited since the run last ran in a field that changes how it trains is refused unless
+    --allow-changed names the field.
     """
     path = Path(run_dir)
     if is_sweep(path):
@@ -517,23 +523,29 @@ def resume_cmd(run_dir: str, detach: bool) -> None:
         if detach:
             raise SpecError("--detach is not for sweeps: their layouts run one after another, which takes a "
                             "launcher following them; resume it without --detach")
-        report_dirs([resume_sweep(path)], out=path, fmt="table")
+        report_dirs([resume_sweep(path, allow_changed)], out=path, fmt="table")
         for marker, target in LAZY_RESUMED.items():  # e.g. a probe: its figures and cost with the runs resumed
             if (path / marker).is_file():
                 module, attr = target.split(":")
                 getattr(import_optional(module), attr)(path)
         return
     spec = read_spec(path).validate()
+    from scalelab.core.trajectory import check_resume, record_changes
     from scalelab.launcher.runner import nothing_to_resume
 
     done = nothing_to_resume(path, spec)  # a COMPLETED run: left byte-for-byte as it is
     if done:
         console.print(done, highlight=False, soft_wrap=True)
         return
+    changed = check_resume(path, spec, allow_changed)  # an edited lr, batch, ...: refused unless allowed
     backend = get_backend(spec.backend, spec.backend_options)
     if detach:
         detaching(backend)
     backend.validate(spec)
+    if changed:
+        step = record_changes(path, changed)
+        console.print(f"spec changed from step {step}: " + "; ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in changed.items()),
+                      highlight=False, soft_wrap=True)
     run_and_show(backend, spec, path, detach)
 
 
@@ -977,6 +989,7 @@ def cancel_cmd(run_dir: str) -> None:
 
 def entry() -> None:
     """Console-script entry: user errors as one line, exit 2; a stop signal exit 128 + it; bugs keep tracebacks."""
+    escape_unencodable()
     try:
         main.main(prog_name="launch", standalone_mode=False, default_map=config_defaults())
     except click.exceptions.Abort as exc:  # click turns KeyboardInterrupt (and so runner.Interrupted) into Abort
@@ -997,6 +1010,17 @@ def entry() -> None:
         sys.exit(2)
     except KeyboardInterrupt as exc:
         interrupted(exc)
+
+
+def escape_unencodable() -> None:
+    """Text that cannot be encoded (a lone surrogate: an argument's undecodable bytes, a JSON spec's
+    "\\ud800") is written escaped on stdout too, as Python does on stderr, instead of a UnicodeEncodeError
+    traceback from the middle of an answer (issue #37, found by tests/test_properties.py)."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.reconfigure(errors="backslashreplace")  # type: ignore[union-attr]
+        except (AttributeError, ValueError, OSError):  # not a text stream of its own (a test's, a pipe's wrapper)
+            pass
 
 
 def show_click_error(exc: click.ClickException) -> None:

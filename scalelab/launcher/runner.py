@@ -50,6 +50,7 @@ from scalelab.core.rundir import (
 )
 from scalelab.core.spec import Spec, save_spec
 from scalelab.core.terminal import make_console
+from scalelab.core.trajectory import record_trajectory
 from scalelab.core.writes import WriteError, full_note, refuse_run_dir_links
 from scalelab.launcher.backend import STOP_NOW, Backend, RunStatus, rank_ends, silent_ranks
 from scalelab.launcher.pricing import fleet_rate
@@ -120,6 +121,7 @@ def submit(backend: Backend, spec: Spec, *run_dirs: Path) -> None:
     """
     for run_dir in run_dirs:
         save_spec(spec, run_dir)
+        record_trajectory(spec, run_dir)  # what the next `launch resume` compares its spec with
     launched = time.time()
     try:
         for request in backend.submit_dryrun_batch(spec, list(run_dirs)):

@@ -51,8 +51,11 @@ def parse_layouts(workers: str | None, layouts: str | None) -> list[tuple[int, i
             if not m or int(m[1]) < 1 or int(m[2]) < 1:
                 raise SpecError(f"--layouts takes NODESxGPUS items separated by commas, e.g. 1x1,1x2,2x2; got {item!r}")
             out.append((int(m[1]), int(m[2])))
-    if len(set(out)) != len(out):
-        raise SpecError(f"the sweep lists a layout twice: {out}")
+    twice = sorted({f"{n}x{g}" for n, g in out if out.count((n, g)) > 1})
+    if twice:
+        given = f"--workers {workers}" if workers else f"--layouts {layouts}"
+        raise SpecError(f"the sweep lists layout{'s' if len(twice) > 1 else ''} {', '.join(twice)} twice ({given}); "
+                        "give each layout once (--repeats N runs a layout several times)")
     return out
 
 
@@ -186,14 +189,21 @@ def run_sweep(backend, specs: list[Spec], runs_root: Path, name: str, repeats: i
     return continue_sweep(backend, sweep_dir)
 
 
-def resume_sweep(sweep_dir: Path) -> Path:
-    """`launch resume SWEEP_DIR`: the layouts that did not complete, continued or started; the sweep."""
+def resume_sweep(sweep_dir: Path, allow_changed: tuple[str, ...] = ()) -> Path:
+    """`launch resume SWEEP_DIR`: the layouts that did not complete, continued or started; the sweep.
+    A layout whose spec.json changes how it trains since it ran is refused unless allowed (issue #37)."""
+    from scalelab.core.trajectory import check_resume, record_changes
     from scalelab.launcher.backend import get_backend
 
     layouts = sweep_runs(sweep_dir)
+    changes = [(run_dir, check_resume(run_dir, read_spec(run_dir).validate(), allow_changed))
+               for run_dir in layouts if run_state(run_dir) != COMPLETED]
     first = read_spec(layouts[0]).validate()
     backend = get_backend(first.backend, first.backend_options)
     backend.validate(first)
+    for run_dir, changed in changes:
+        if changed:
+            record_changes(run_dir, changed)
     return continue_sweep(backend, sweep_dir)
 
 

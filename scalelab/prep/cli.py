@@ -17,7 +17,7 @@ from typing import Any
 
 import click
 
-from scalelab.core.checks import OutputDir
+from scalelab.core.checks import Number, OutputDir
 from scalelab.core.errors import SpecError
 from scalelab.core.rundir import dryrun_dir, new_run_dir, write_json
 from scalelab.core.spec import BACKEND_NAMES, BATCH_MODES
@@ -49,7 +49,8 @@ def _inputs(func):
 @click.option("--workers", default="2", show_default=True, help="Dask workers; a list (1,2,4) runs a sweep.")
 @click.option("--mode", type=click.Choice(BATCH_MODES), default="strong", show_default=True,
               help="Sweep: strong = the same corpus on more workers; weak = --lines-per-worker x workers lines.")
-@click.option("--lines-per-worker", type=int, help="Weak scaling: prep only the first N x workers training lines.")
+@click.option("--lines-per-worker", type=Number(minimum=1, integer=True, why="each worker preps at least one line"),
+              help="Weak scaling: prep only the first N x workers training lines.")
 @click.option("--backend", type=click.Choice(BACKEND_NAMES), default="local", show_default=True, help="Where the Dask workers run.")
 @click.option("--backend-opt", "backend_opts", multiple=True, metavar="KEY=VALUE",
               help="Cluster option (repeatable), e.g. partition=debug, image=..., endpoint_url=...; unknown ones are listed.")

@@ -8,6 +8,7 @@ scalelab/slurm/render.py maps them to the parameters of submitit's SlurmExecutor
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +19,17 @@ from scalelab.costs.fleet import OnPremiseFleet
 def _minutes_as_text(value: Any) -> Any:
     """`time: 30` in YAML is 30 minutes, as Slurm reads `--time=30`."""
     return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+
+
+# Slurm's time formats (sbatch --time): MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS, or no limit.
+# `--time abc` was accepted and reached sbatch (issue #37); a real run's `sbatch --test-only` said it late.
+_SLURM_TIME = re.compile(r"\d+(:\d{1,2}){0,2}|\d+-\d{1,2}(:\d{1,2}){0,2}|UNLIMITED|INFINITE|unlimited|infinite")
+
+
+def _slurm_time(value: str) -> str | None:
+    if value == "" or _SLURM_TIME.fullmatch(value):
+        return None
+    return "must be a time in Slurm's format: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS (e.g. 90, 1:30:00, 2-00)"
 
 
 def _sbatch_option(arg: str) -> str | None:
@@ -47,7 +59,7 @@ class SlurmOptions(BackendOptions, OnPremiseFleet):
     mem_gb: float = option(0.0, "Memory per node in GB (sbatch --mem); 0 = the partition's default.", at_least(0),
                            flag="--mem-gb")
     time: str = option("1:00:00", "Time limit in Slurm's format: MM, HH:MM:SS, D-HH:MM; '' = the partition's.",
-                       one_word, flag="--time", parse=_minutes_as_text)
+                       one_word, _slurm_time, flag="--time", parse=_minutes_as_text)
     requeue: bool = option(True, "Checkpoint and requeue before the time limit or on preemption.", flag="--requeue")
     max_requeues: int = option(3, "Requeues after a time-limit warning; then the run stops with a checkpoint "
                                "(submitit's max_num_timeout).", at_least(0))

@@ -37,6 +37,7 @@ import torch
 
 from scalelab.core.errors import RecordError
 from scalelab.core.spec import SAVED_SPEC_PRECISION, Spec
+from scalelab.core.trajectory import accepted_identity_changes
 from scalelab.core.writes import check_inside, free_bytes, mount_point, open_inside
 
 CHECKPOINT_NAME = "checkpoint.pt"
@@ -129,7 +130,13 @@ def load_checkpoint(run_dir: Path, expect: dict[str, Any], map_location: torch.d
     """The checkpoint of RUN_DIR (None when there is none), refused unless it is plain data of this spec."""
     ckpt = read_checkpoint(run_dir, map_location)
     if ckpt is not None:
-        check_identity(checkpoint_path(run_dir), ckpt, expect)
+        accepted = accepted_identity_changes(run_dir)  # `launch resume --allow-changed` (issue #37)
+        check_identity(checkpoint_path(run_dir), ckpt, {k: v for k, v in expect.items() if k not in accepted})
+        found = ckpt.get("identity", {})
+        if accepted.get("optimizer") and found.get("optimizer") != expect.get("optimizer"):
+            ckpt.pop("optimizer", None)  # another optimizer's state does not carry over: it starts afresh
+        if accepted.get("global_batch") and found.get("global_batch") != expect.get("global_batch"):
+            ckpt.pop("shares", None)  # each rank's share of the old batch: the new batch is split afresh
     return ckpt
 
 
@@ -177,7 +184,8 @@ def restore(ckpt: dict[str, Any], model: torch.nn.Module, optimizer: torch.optim
     """Model, optimizer (after any engine wrapping: Horovod's wrapper builds a fresh optimizer) and RNG."""
     try:
         unwrap(model).load_state_dict(ckpt["model"])
-        optimizer.load_state_dict(ckpt["optimizer"])
+        if "optimizer" in ckpt:  # absent: the optimizer was changed at this resume (--allow-changed optimizer)
+            optimizer.load_state_dict(ckpt["optimizer"])
     except (RuntimeError, ValueError, KeyError) as exc:
         raise CheckpointError(f"the checkpoint does not fit this model or optimizer ({exc}); delete it to start from scratch") from None
     set_rng_state(ckpt["rng"][rank])

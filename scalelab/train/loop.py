@@ -278,8 +278,9 @@ def resume(run_dir: Path, run: Run) -> Progress:
     restore(ckpt, run.model, run.optimizer, run.rank)
     run.engine.restored()  # ps --ps-state cpu: the CPU shards take the loaded weights
     run.precision.load_state_dict(ckpt.get("amp"))
+    shares = ckpt.get("shares") or [(0, initial_shares(run))]  # none: the batch changed (--allow-changed)
     return Progress(
-        ShareSchedule(ckpt["shares"]), step=ckpt["step"], elapsed=ckpt["elapsed_s"], reached=ckpt["reached"],
+        ShareSchedule(shares), step=ckpt["step"], elapsed=ckpt["elapsed_s"], reached=ckpt["reached"],
         resumed_from=ckpt["step"],
     )
 
