@@ -84,7 +84,7 @@ def test_cost_from_csv_reproduces_seed_004(tmp_path):
 def test_cost_errors_are_one_line(tmp_path):
     cases = {
         "label,seconds,instances\na,10,g9.huge\n": "unknown instance type 'g9.huge'; known: ",
-        "label,seconds,instances\na,ten,g3.4xlarge\n": ":2: column 'seconds': expected a number >= 0, got 'ten'",
+        "label,seconds,instances\na,ten,g3.4xlarge\n": ":2: column 'seconds': expected a run's length in seconds, > 0",
         "label,secs,instances\na,10,g3.4xlarge\n": "missing column 'seconds'",
         "label,seconds,instances,market\na,10,g3.4xlarge,reserved\n": ":2: column 'market': expected on-demand or spot",
     }

@@ -170,7 +170,8 @@ def test_a_script_that_fails_at_once_is_one_line_and_leaves_nothing_running(body
     ranks = "2" if engine == "ddp" else "1"
     proc = launch("--script", "bad.py", "--engine", engine, "--gpus-per-node", ranks, cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr
-    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    # the progress line ("[RUN] starting ranks: 2 of 2 up") may come first; the error is one line
+    lines = [line for line in proc.stderr.splitlines() if line.strip() and not line.startswith("[")]
     assert len(lines) == 1 and said in lines[0] and "Traceback" not in proc.stderr, proc.stderr
     run_dir = only_run_dir(tmp_path / "runs")
     assert json.loads((run_dir / "launch.json").read_text())["state"] == "FAILED"

@@ -345,7 +345,8 @@ def _runs_among(paths: list[Path]) -> list[Path]:
                         f"{SWEEP_FILE} or {STUDY_FILE}); `launch ls` lists the runs")
     if skipped:
         err_console.print(f"[yellow]note:[/] skipped {len(skipped)} path(s) that are not runs: "
-                          + ", ".join(map(str, skipped[:5])) + (" ..." if len(skipped) > 5 else ""), highlight=False)
+                          + ", ".join(map(str, skipped[:5])) + (" ..." if len(skipped) > 5 else ""), highlight=False,
+                          soft_wrap=True)
     return runs
 
 
