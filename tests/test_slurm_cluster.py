@@ -53,11 +53,19 @@ def slurm(*cmd: str) -> str:
     return subprocess.run(list(cmd), capture_output=True, text=True, check=True).stdout
 
 
-def rendezvous_servers() -> list[int]:
-    """Horovod rendezvous servers still alive (each job's must end with it)."""
+def rendezvous_servers(patience_s: float = 20.0) -> list[int]:
+    """Horovod rendezvous servers still alive (each job's must end with it) after up to `patience_s`: on a
+    loaded machine (the suite's other worker busy) the last one may take a few seconds to exit after Slurm
+    has ended the job; one still there after that was left running."""
     import psutil
 
-    return [p.pid for p in psutil.process_iter(["cmdline"]) if "slurm.rendezvous" in " ".join(p.info["cmdline"] or [])]
+    deadline = time.time() + patience_s
+    while True:
+        alive = [p.pid for p in psutil.process_iter(["cmdline", "status"])
+                 if "slurm.rendezvous" in " ".join(p.info["cmdline"] or []) and p.info["status"] != psutil.STATUS_ZOMBIE]
+        if not alive or time.time() > deadline:
+            return alive
+        time.sleep(0.5)
 
 
 def job_of(run_dir: Path) -> str:
