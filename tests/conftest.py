@@ -51,6 +51,22 @@ def on_cpu_where_gpus_are_short(args: tuple[str, ...]) -> tuple[str, ...]:
     return (*args, "--device", "cpu") if 0 < gpus < ranks else args
 
 
+def runs_made_once(tmp_path_factory, spec: list[str], engines: dict[str, list[str]], prefix: str):
+    """`get(engine)`: a run of `spec` on that engine, launched the first time it is asked for and reused by
+    every later test of the module (a module fixture returns it); tests that change a run work on copies."""
+    made: dict[str, Path] = {}
+
+    def get(engine: str) -> Path:
+        if engine not in made:
+            where = tmp_path_factory.mktemp(f"{prefix}-{engine}")
+            proc = launch(*spec, *engines[engine], "--runs-dir", "runs", cwd=where)
+            assert proc.returncode == 0, proc.stderr[-3000:]
+            made[engine] = only_run_dir(where / "runs")
+        return made[engine]
+
+    return get
+
+
 def only_run_dir(runs: Path) -> Path:
     dirs = [p for p in runs.iterdir() if p.is_dir()]
     assert len(dirs) == 1, f"expected one run directory in {runs}, found {dirs}"

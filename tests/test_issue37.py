@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import launch, only_run_dir
+from tests.conftest import launch, runs_made_once
 
 SPEC = ["--model", "nmt-tiny", "--data", "task", "--warmup-steps", "1", "--prefetch", "1", "--global-batch", "8",
         "--steps", "4", "--checkpoint-every", "2"]
@@ -23,17 +23,7 @@ ENGINES = {"single": ["--engine", "single"], "ddp": ["--engine", "ddp", "--gpus-
 @pytest.fixture(scope="module")
 def completed(tmp_path_factory):
     """A COMPLETED run of each engine (4 steps, checkpoints at 2 and 4), made once; tests work on copies."""
-    made: dict[str, Path] = {}
-
-    def get(engine: str) -> Path:
-        if engine not in made:
-            where = tmp_path_factory.mktemp(f"done-{engine}")
-            proc = launch(*SPEC, *ENGINES[engine], "--runs-dir", "runs", cwd=where)
-            assert proc.returncode == 0, proc.stderr[-3000:]
-            made[engine] = only_run_dir(where / "runs")
-        return made[engine]
-
-    return get
+    return runs_made_once(tmp_path_factory, SPEC, ENGINES, "done")
 
 
 def _copy(run: Path, dest: Path, state: str | None = None) -> Path:

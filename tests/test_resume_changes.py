@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import launch, needs_horovod, only_run_dir, read_jsonl, run_entry
+from tests.conftest import launch, needs_horovod, read_jsonl, run_entry, runs_made_once
 from tests.test_issue37 import _copy, _one_error_line, _tree
 
 SPEC = ["--model", "nmt-tiny", "--data", "task", "--warmup-steps", "1", "--prefetch", "1", "--global-batch", "8",
@@ -27,17 +27,7 @@ ENGINES = {"ddp": ["--engine", "ddp", "--gpus-per-node", "2"],
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory):
     """A COMPLETED 4-step run of each engine (checkpoint at step 4), made once; tests work on copies."""
-    made: dict[str, Path] = {}
-
-    def get(engine: str) -> Path:
-        if engine not in made:
-            where = tmp_path_factory.mktemp(f"changes-{engine}")
-            proc = launch(*SPEC, *ENGINES[engine], "--runs-dir", "runs", cwd=where)
-            assert proc.returncode == 0, proc.stderr[-3000:]
-            made[engine] = only_run_dir(where / "runs")
-        return made[engine]
-
-    return get
+    return runs_made_once(tmp_path_factory, SPEC, ENGINES, "changes")
 
 
 def _edit(run: Path, **fields) -> None:
