@@ -8,8 +8,13 @@ drifting clock hits them alike:
 - one-buffer: the trainer now (`scalelab.train.models.cast_flat`: one cast of cuDNN's buffer, `_VF.lstm`)
 - each with the trainer's phase clocks (a synchronize between data, forward, backward and optimizer) and
   with one synchronize per step (the loss read)
-- one-buffer, the whole step captured once as a CUDA graph and replayed
-Then a torch.profiler table of one-buffer's kernels. Writes gpu-step.json and gpu-step.md into --out.
+- one-buffer with the encoder and decoder LSTMs on two CUDA streams (`Seq2Seq._overlaps`: with attention
+  the decoder starts from zeros, so the two chains of small per-time-step kernels can run side by side)
+- one-buffer, the whole step captured once as a CUDA graph and replayed, after a ladder of smaller
+  captures (the decoder LSTM's forward, its backward, the model's forward and backward) that finds what
+  breaks capture
+Then torch.profiler tables of one-buffer's kernels on one and two streams, each with how busy the GPU was
+over the steps' wall time. Writes gpu-step.json and gpu-step.md into --out.
 
     python3 scripts/gpu-step-variants.py --out DIR [--batch 360] [--steps 10] [--rounds 2]
 On a CPU it runs the same variants on a tiny preset (`--model nmt-tiny --device cpu`) to check the script.
@@ -110,19 +115,96 @@ class Graphed:
 
 
 def profile_table(step, device: torch.device, top: int = 14) -> list[dict]:  # noqa: ANN001
+    """[how busy the GPU was] + the top kernels. Busy is the union of the kernels' intervals over the
+    steps' wall time: near 100 % the step is bound by the GPU's work, well under it by launching."""
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    step()
+    sync(device)
     with profile(activities=acts) as prof:
+        t0 = time.perf_counter()
         for _ in range(2):
             step()
         sync(device)
+        wall = time.perf_counter() - t0
+    spans = sorted((e.time_range.start, e.time_range.end) for e in prof.events()
+                   if e.device_type == DeviceType.CUDA)
+    busy, reach = 0.0, float("-inf")
+    for a, b in spans:
+        if b > reach:
+            busy += b - max(a, reach)
+            reach = b
     events = prof.key_averages()
     attr = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
-    total = sum(getattr(e, attr, 0) for e in events) or 1
-    rows = sorted(events, key=lambda e: getattr(e, attr, 0), reverse=True)[:top]
-    return [{"kernel": e.key[:90], "calls_per_step": e.count // 2, "ms_per_step": getattr(e, attr, 0) / 2e3,
-             "share": getattr(e, attr, 0) / total} for e in rows]
+    kernels = [e for e in events if e.device_type == DeviceType.CUDA] or list(events)
+    total = sum(getattr(e, attr, 0) for e in kernels) or 1
+    rows = sorted(kernels, key=lambda e: getattr(e, attr, 0), reverse=True)[:top]
+    return [{"busy_ms_per_step": busy / 2e3, "wall_ms_per_step": wall / 2 * 1e3}] + [
+        {"kernel": e.key[:90], "calls_per_step": e.count // 2, "ms_per_step": getattr(e, attr, 0) / 2e3,
+         "share": getattr(e, attr, 0) / total} for e in rows]
+
+
+def _timed(fn, n: int = 10) -> float:  # noqa: ANN001
+    """Median ms of `fn` over n calls, synchronized around each."""
+    ts = []
+    for _ in range(n):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        ts.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(ts)
+
+
+def capture_ladder(model, inputs, dtype) -> dict:  # noqa: ANN001
+    """Capture ever larger parts of the step as CUDA graphs, to find what breaks capture of the whole:
+    the decoder LSTM's forward, its forward and backward, the model's forward and backward. Stops at the
+    first failure (a failed capture can leave the context unusable). Each success: replay ms against
+    the same work run eagerly."""
+    x = model.tgt_embed(inputs["tgt_in"]).detach().requires_grad_(True)
+
+    def dec_fwd():  # noqa: ANN202
+        with torch.autocast("cuda", dtype=dtype, cache_enabled=False):
+            return model.decoder(x)[0]
+
+    def dec_fwd_bwd():  # noqa: ANN202
+        out = dec_fwd()
+        out.float().sum().backward()
+        return out
+
+    def model_fwd_bwd():  # noqa: ANN202
+        with torch.autocast("cuda", dtype=dtype, cache_enabled=False):
+            loss = model(**inputs)
+        loss.backward()
+        return loss
+
+    rungs = {"decoder LSTM forward": (dec_fwd, True), "decoder LSTM forward+backward": (dec_fwd_bwd, False),
+             "model forward+backward": (model_fwd_bwd, False)}
+    found: dict[str, str] = {}
+    for name, (fn, no_grad) in rungs.items():
+        try:
+            ctx = torch.no_grad if no_grad else torch.enable_grad
+            with ctx():
+                eager = _timed(fn)
+                side = torch.cuda.Stream()
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side):
+                    for _ in range(3):
+                        fn()
+                torch.cuda.current_stream().wait_stream(side)
+                graph = torch.cuda.CUDAGraph()
+                model.zero_grad(set_to_none=True)
+                x.grad = None
+                with torch.cuda.graph(graph):
+                    fn()
+            replay = _timed(graph.replay)
+            found[name] = f"captured: replay {replay:.2f} ms, eager {eager:.2f} ms"
+        except Exception as exc:  # noqa: BLE001 - the first failure is the finding
+            found[name] = f"failed: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+            break
+    return found
 
 
 def main() -> int:
@@ -148,25 +230,28 @@ def main() -> int:
     result: dict = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
                     "torch": torch.__version__, "model": args.model, "batch": args.batch, "output_loss": output_loss,
                     "output_loss_note": note, "variants": {}, "errors": {}, "warnings": {}}
-    variants = {
-        "per-weight, phase clocks": (per_weight_forward, True),
-        "one-buffer, phase clocks": (ONE_BUFFER, True),
-        "per-weight, one sync": (per_weight_forward, False),
-        "one-buffer, one sync": (ONE_BUFFER, False),
+    variants = {  # name: (the LSTM forward, phase clocks, encoder and decoder on two streams)
+        "per-weight, phase clocks": (per_weight_forward, True, False),
+        "one-buffer, phase clocks": (ONE_BUFFER, True, False),
+        "one-buffer, phase clocks, two streams": (ONE_BUFFER, True, True),
+        "per-weight, one sync": (per_weight_forward, False, False),
+        "one-buffer, one sync": (ONE_BUFFER, False, False),
+        "one-buffer, one sync, two streams": (ONE_BUFFER, False, True),
     }
     skip = set(filter(None, args.skip.split(";")))
     steppers: dict = {}
-    for name, (forward, phases) in variants.items():
+    for name, (forward, phases, streams) in variants.items():
         if name not in skip:
-            steppers[name] = (forward, Eager(model, inputs, device, dtype, phases))
+            steppers[name] = (forward, streams, Eager(model, inputs, device, dtype, phases))
     times: dict[str, list[float]] = {name: [] for name in steppers}
     peaks: dict[str, float] = {}
     losses: dict[str, float] = {}
     for rnd in range(args.rounds):
-        for name, (forward, step) in steppers.items():
+        for name, (forward, streams, step) in steppers.items():
             if name in result["errors"]:
                 continue
             M.FusedLSTM.forward = forward
+            model.overlap_rnns = streams
             try:
                 with warnings.catch_warnings(record=True) as seen:
                     warnings.simplefilter("always")
@@ -188,6 +273,19 @@ def main() -> int:
             print(f"[round {rnd + 1}] {name}: {statistics.median(times[name]) * 1e3:.1f} ms" if times[name]
                   else f"[round {rnd + 1}] {name}: {result['errors'].get(name)}", flush=True)
     M.FusedLSTM.forward = ONE_BUFFER
+    model.overlap_rnns = False
+    if "profile" not in skip:
+        for streams in (False, True):
+            model.overlap_rnns = streams
+            try:
+                result["profile" + (" two streams" if streams else "")] = profile_table(
+                    Eager(model, inputs, device, dtype, False), device)
+            except Exception as exc:  # noqa: BLE001
+                result["errors"]["profile"] = f"{type(exc).__name__}: {exc}"[:500]
+        model.overlap_rnns = False
+    if device.type == "cuda" and "capture" not in skip:
+        result["capture"] = capture_ladder(model, inputs, dtype)
+        print("capture ladder:", json.dumps(result["capture"]), flush=True)
     if device.type == "cuda" and "graph" not in skip:
         name = "one-buffer, CUDA graph"
         try:
@@ -212,11 +310,6 @@ def main() -> int:
             result["variants"][name] = {"median_ms": med * 1e3, "min_ms": min(ts) * 1e3, "steps": len(ts),
                                         "words_per_s": words / med, "peak_gib": peaks.get(name),
                                         "last_loss": losses.get(name)}
-    if "profile" not in skip:
-        try:
-            result["profile"] = profile_table(Eager(model, inputs, device, dtype, False), device)
-        except Exception as exc:  # noqa: BLE001
-            result["errors"]["profile"] = f"{type(exc).__name__}: {exc}"[:500]
     (args.out / "gpu-step.json").write_text(json.dumps(result, indent=1))
     lines = [f"# nmt step variants on {result['device']} (torch {result['torch']}), {args.model}, batch {args.batch}, "
              f"bf16, output loss {output_loss}", "", "| variant | median ms | min ms | words/s | peak GiB | loss |",
@@ -230,10 +323,17 @@ def main() -> int:
     for name, ws in result["warnings"].items():
         for w in ws:
             lines.append(f"\nwarning in {name}: {w}")
-    if result.get("profile"):
-        lines += ["", "| kernel | calls/step | ms/step | share |", "|---|---|---|---|"]
-        lines += [f"| {r['kernel']} | {r['calls_per_step']} | {r['ms_per_step']:.2f} | {r['share']:.1%} |"
-                  for r in result["profile"]]
+    for key in ("capture",):
+        for rung, what in result.get(key, {}).items():
+            lines.append(f"\ncapture {rung}: {what}")
+    for key in ("profile", "profile two streams"):
+        if result.get(key):
+            busy = result[key][0]
+            lines += ["", f"{key}: GPU busy {busy['busy_ms_per_step']:.1f} ms of {busy['wall_ms_per_step']:.1f} ms "
+                      "per step (kernels' union over the step's wall time)", "",
+                      "| kernel | calls/step | ms/step | share |", "|---|---|---|---|"]
+            lines += [f"| {r['kernel']} | {r['calls_per_step']} | {r['ms_per_step']:.2f} | {r['share']:.1%} |"
+                      for r in result[key][1:]]
     (args.out / "gpu-step.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

@@ -348,3 +348,46 @@ def test_bf16_lstm_on_cuda_takes_cudnn_s_buffer_as_it_is() -> None:
     assert not [w for w in seen if "contiguous chunk" in str(w.message)], [str(w.message) for w in seen]
     assert torch.allclose(out.float(), reference, atol=3e-2, rtol=3e-2)
     assert all(p.grad is not None and p.grad.dtype == torch.float32 for p in lstm.parameters())
+
+
+def test_seq2seq_runs_its_rnns_one_after_the_other_off_a_gpu() -> None:
+    """The two-stream path is for CUDA only: on the CPU (and without attention, where the decoder
+    starts from the encoder) `forward` takes the sequential path."""
+    from scalelab.core.presets import PRESETS
+    from scalelab.train.models import build_model
+
+    model = build_model(PRESETS["nmt-tiny"], "fused")
+    assert model.overlap_rnns
+    assert not model._overlaps(torch.zeros(2, 3, dtype=torch.long))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (scripts/gpu-check.sh runs it there)")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_seq2seq_encoder_and_decoder_side_by_side_compute_what_one_stream_does(dtype) -> None:
+    """Issue 36: on a GPU the encoder and decoder LSTMs run on two streams. The loss and every gradient
+    equal the one-stream step's (same kernels, same order per stream), in float32 and under bf16 autocast."""
+    from scalelab.core.presets import PRESETS
+    from scalelab.train.models import build_model
+
+    torch.manual_seed(0)
+    model = build_model(PRESETS["nmt-small"], "fused").cuda()
+    g = torch.Generator().manual_seed(1)
+    B, cfg = 8, PRESETS["nmt-small"]
+    batch = {"src": torch.randint(4, cfg.vocab_size, (B, cfg.src_len), generator=g).cuda(),
+             "src_lengths": torch.full((B,), cfg.src_len).cuda(),
+             "tgt_in": torch.randint(4, cfg.vocab_size, (B, cfg.tgt_len), generator=g).cuda(),
+             "tgt_out": torch.randint(4, cfg.vocab_size, (B, cfg.tgt_len), generator=g).cuda()}
+    results = []
+    for overlap in (False, True):
+        model.overlap_rnns = overlap
+        model.zero_grad(set_to_none=True)
+        assert model._overlaps(batch["src"]) is overlap
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16):
+            loss = model(**batch)
+        loss.backward()
+        torch.cuda.synchronize()
+        results.append((loss.detach().clone(), [p.grad.clone() for p in model.parameters()]))
+    (l0, g0), (l1, g1) = results
+    assert torch.equal(l0, l1)
+    assert all(torch.allclose(a, b, rtol=1e-5, atol=1e-6) for a, b in zip(g0, g1))
