@@ -8,13 +8,11 @@ drifting clock hits them alike:
 - one-buffer: the trainer now (`scalelab.train.models.cast_flat`: one cast of cuDNN's buffer, `_VF.lstm`)
 - each with the trainer's phase clocks (a synchronize between data, forward, backward and optimizer) and
   with one synchronize per step (the loss read)
-- one-buffer with the encoder and decoder LSTMs on two CUDA streams (`Seq2Seq._overlaps`: with attention
-  the decoder starts from zeros, so the two chains of small per-time-step kernels can run side by side)
+- the trainer's `--cuda-graph auto` (scalelab/train/graphs.py): forward and backward replayed as one graph
 - one-buffer, the whole step captured once as a CUDA graph and replayed, after a ladder of smaller
   captures (the decoder LSTM's forward, its backward, the model's forward and backward) that finds what
   breaks capture
-Then torch.profiler tables of one-buffer's kernels on one and two streams, each with how busy the GPU was
-over the steps' wall time. Writes gpu-step.json and gpu-step.md into --out.
+Then a torch.profiler table of one-buffer's kernels, with how busy the GPU was over the steps' wall time. Writes gpu-step.json and gpu-step.md into --out.
 
     python3 scripts/gpu-step-variants.py --out DIR [--batch 360] [--steps 10] [--rounds 2]
 On a CPU it runs the same variants on a tiny preset (`--model nmt-tiny --device cpu`) to check the script.
@@ -83,6 +81,33 @@ class Eager:
         clock()
         self.opt.step()
         clock()
+        return float(loss.detach())
+
+
+class TrainerGraph:
+    """The trainer's `--cuda-graph auto` (scalelab/train/graphs.py): forward and backward replayed as one
+    graph after two eager steps, fused Adam eager after it; on a model of its own (a graph owns the
+    gradients it writes)."""
+
+    def __init__(self, cfg, output_loss, inputs, device, dtype) -> None:  # noqa: ANN001
+        from scalelab.train.graphs import StepGraph
+
+        torch.manual_seed(0)
+        self.model = M.build_model(cfg, "fused", output_loss).to(device)
+        self.inputs, self.dtype, self.device = inputs, dtype, device
+        self.graph = StepGraph(self.model, lambda: torch.autocast("cuda", dtype=dtype, cache_enabled=False))
+        self.opt = torch.optim.Adam(self.model.parameters(), lr=1e-4, fused=True)
+        self.step_no = 0
+
+    def __call__(self) -> float:
+        self.step_no += 1
+        loss = self.graph.forward_backward(self.inputs, self.step_no)
+        if loss is None:
+            self.model.zero_grad(set_to_none=self.graph.graph is None)
+            with torch.autocast("cuda", dtype=self.dtype):
+                loss = self.model(**self.inputs)
+            loss.backward()
+        self.opt.step()
         return float(loss.detach())
 
 
@@ -230,28 +255,29 @@ def main() -> int:
     result: dict = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
                     "torch": torch.__version__, "model": args.model, "batch": args.batch, "output_loss": output_loss,
                     "output_loss_note": note, "variants": {}, "errors": {}, "warnings": {}}
-    variants = {  # name: (the LSTM forward, phase clocks, encoder and decoder on two streams)
-        "per-weight, phase clocks": (per_weight_forward, True, False),
-        "one-buffer, phase clocks": (ONE_BUFFER, True, False),
-        "one-buffer, phase clocks, two streams": (ONE_BUFFER, True, True),
-        "per-weight, one sync": (per_weight_forward, False, False),
-        "one-buffer, one sync": (ONE_BUFFER, False, False),
-        "one-buffer, one sync, two streams": (ONE_BUFFER, False, True),
+    variants = {  # name: (the LSTM forward, phase clocks)
+        "per-weight, phase clocks": (per_weight_forward, True),
+        "one-buffer, phase clocks": (ONE_BUFFER, True),
+        "per-weight, one sync": (per_weight_forward, False),
+        "one-buffer, one sync": (ONE_BUFFER, False),
     }
     skip = set(filter(None, args.skip.split(";")))
     steppers: dict = {}
-    for name, (forward, phases, streams) in variants.items():
+    for name, (forward, phases) in variants.items():
         if name not in skip:
-            steppers[name] = (forward, streams, Eager(model, inputs, device, dtype, phases))
+            steppers[name] = (forward, Eager(model, inputs, device, dtype, phases))
+    if device.type == "cuda" and "trainer graph" not in skip:
+        steppers["trainer graph"] = (ONE_BUFFER, TrainerGraph(cfg, output_loss, inputs, device, dtype))
     times: dict[str, list[float]] = {name: [] for name in steppers}
     peaks: dict[str, float] = {}
     losses: dict[str, float] = {}
     for rnd in range(args.rounds):
-        for name, (forward, streams, step) in steppers.items():
+        for name, (forward, step) in steppers.items():
             if name in result["errors"]:
                 continue
             M.FusedLSTM.forward = forward
-            model.overlap_rnns = streams
+            if isinstance(step, TrainerGraph) and step.graph.note:
+                result["errors"][name] = step.graph.note
             try:
                 with warnings.catch_warnings(record=True) as seen:
                     warnings.simplefilter("always")
@@ -273,16 +299,11 @@ def main() -> int:
             print(f"[round {rnd + 1}] {name}: {statistics.median(times[name]) * 1e3:.1f} ms" if times[name]
                   else f"[round {rnd + 1}] {name}: {result['errors'].get(name)}", flush=True)
     M.FusedLSTM.forward = ONE_BUFFER
-    model.overlap_rnns = False
     if "profile" not in skip:
-        for streams in (False, True):
-            model.overlap_rnns = streams
-            try:
-                result["profile" + (" two streams" if streams else "")] = profile_table(
-                    Eager(model, inputs, device, dtype, False), device)
-            except Exception as exc:  # noqa: BLE001
-                result["errors"]["profile"] = f"{type(exc).__name__}: {exc}"[:500]
-        model.overlap_rnns = False
+        try:  # (profile_table takes one eager step first)
+            result["profile"] = profile_table(Eager(model, inputs, device, dtype, False), device)
+        except Exception as exc:  # noqa: BLE001
+            result["errors"]["profile"] = f"{type(exc).__name__}: {exc}"[:500]
     if device.type == "cuda" and "capture" not in skip:
         result["capture"] = capture_ladder(model, inputs, dtype)
         print("capture ladder:", json.dumps(result["capture"]), flush=True)
@@ -326,7 +347,7 @@ def main() -> int:
     for key in ("capture",):
         for rung, what in result.get(key, {}).items():
             lines.append(f"\ncapture {rung}: {what}")
-    for key in ("profile", "profile two streams"):
+    for key in ("profile",):
         if result.get(key):
             busy = result[key][0]
             lines += ["", f"{key}: GPU busy {busy['busy_ms_per_step']:.1f} ms of {busy['wall_ms_per_step']:.1f} ms "

@@ -33,7 +33,7 @@ FLAGS_BEFORE = """--backend --model --rnn --precision --engine --nodes --gpus-pe
 --steps --epochs --warmup-steps --lr --lr-warmup-steps --optimizer --data --shards --train-src --train-tgt --valid-src
 --valid-tgt --fixed-length/--variable-length --train-samples --prefetch --val-every --val-batches --loss-threshold
 --checkpoint-every --threads --interop-threads --independent-replicas/--exchange --balance --balance-every
---emulate-slowdown --device --seed --fusion-threshold-mb --cycle-time-ms --grad-compression
+--emulate-slowdown --device --cuda-graph --seed --fusion-threshold-mb --cycle-time-ms --grad-compression
 --fp16-allreduce/--no-fp16-allreduce --bucket-cap-mb --ps-shards --ps-state --profile-steps --ps-placement --name
 --output-loss --script --module""".split()  # --script, --module: issue 34
 

@@ -252,6 +252,11 @@ class Spec:
                               "(torch.compile fuses them); auto = compiled on a GPU, full on a CPU. The "
                               "same loss and gradients; see scalelab/train/outloss.py.",
                               one_of(*OUTPUT_LOSSES), flag="--output-loss")
+    cuda_graph: str = option("auto", "auto: on a GPU, capture each step's forward and backward once as a CUDA "
+                             "graph and replay it (one launch instead of thousands of small LSTM kernels), where "
+                             "the engine, precision and shapes allow (single engine or independent replicas, not "
+                             "fp16); off: always eager. The same losses; see scalelab/train/graphs.py.",
+                             one_of("auto", "off"), flag="--cuda-graph")
     # "A:B": a torch.profiler trace of steps A..B per rank (profile_range)
     profile_steps: str | None = option(None, "Record a torch.profiler trace of steps A..B on every rank "
                                        "(RUN_DIR/profile/rank-R.json, Chrome trace format; the HTML report links "

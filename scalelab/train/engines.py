@@ -87,6 +87,11 @@ class Engine:
     def wrap(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer):
         return model, optimizer
 
+    def graphable(self) -> bool:
+        """Whether the backward can be captured as a CUDA graph (scalelab/train/graphs.py): not when the
+        engine's exchange runs inside it (DDP's and Horovod's gradient hooks, the parameter server's push)."""
+        return True
+
     def replicas(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer):
         """Independent replicas: every rank trains its own copy, no gradient exchange (the seeds'
         `--independent_replica`, the ideal curve that isolates communication cost)."""
@@ -159,6 +164,9 @@ class DDPEngine(Engine):
             node_rank=int(os.environ.get("GROUP_RANK", os.environ.get("NODE_RANK", 0))),
         )
         self._dist = dist
+
+    def graphable(self) -> bool:
+        return not self.exchanging  # independent replicas have no hooks in the backward
 
     def wrap(self, model, optimizer):
         from torch.nn.parallel import DistributedDataParallel
@@ -351,6 +359,9 @@ class HorovodEngine(Engine):
             node_rank=hvd.cross_rank(),
         )
         self.hvd = hvd
+
+    def graphable(self) -> bool:
+        return not self.exchanging  # independent replicas have no hooks in the backward
 
     def wrap(self, model, optimizer):
         hvd = self.hvd

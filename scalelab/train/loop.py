@@ -52,6 +52,8 @@ from scalelab.train.datasets import build_dataset
 from scalelab.train.engines import Engine, make_engine
 from scalelab.train.models import PRESETS, build_model, config_with_overrides
 from scalelab.train.noise import NoiseMeter
+from scalelab.train import graphs
+from scalelab.train.graphs import StepGraph
 from scalelab.train.outloss import resolve as resolve_output_loss
 from scalelab.train.memory import current_rss_bytes, is_out_of_memory, memory_fields, oom_message
 from scalelab.train.precision import Precision, make_precision
@@ -164,6 +166,8 @@ class Run:
     workers: int = 1  # ranks that train on data (the world less the server ranks)
     output_loss: str = "full"  # how the output layer and loss run (scalelab/train/outloss.py)
     output_loss_note: str | None = None  # why it is not what --output-loss asked for (compiling failed)
+    graph: StepGraph | None = None  # forward and backward as a CUDA graph (scalelab/train/graphs.py)
+    graph_note: str | None = None  # why steps run eagerly
 
 
 @dataclass
@@ -246,10 +250,13 @@ def setup(spec: Spec) -> Run:
     else:
         model, optimizer = engine.wrap(model, optimizer)  # distributed: rank 0's parameters everywhere
     steps_per_epoch = dataset.steps_per_epoch(global_batch)
+    slowdown = spec.emulate_slowdown[index] if spec.emulate_slowdown else 1.0
+    graph_note = graphs.why_not(spec.cuda_graph, device, engine, spec.precision, spec.rnn, slowdown)
+    graph = StepGraph(model, lambda: precision.autocast(cache=False)) if graph_note is None else None
     return Run(
         spec, engine, device, dataset, model, optimizer, global_batch, per_rank, lr_scale, steps_per_epoch,
         total_steps=total_steps(spec, steps_per_epoch),
-        slowdown=spec.emulate_slowdown[index] if spec.emulate_slowdown else 1.0,
+        slowdown=slowdown, graph=graph, graph_note=graph_note,
         identity=identity(spec, global_batch), rank=engine.rank, world=engine.world,
         precision=precision, noise=NoiseMeter(model, engine.world, global_batch, engine.exchanging, workers=spec.workers),
         role=role, worker=index, workers=spec.workers, mem_base=mem_base,
@@ -306,6 +313,7 @@ def open_records(run_dir: Path, run: Run, progress: Progress) -> RecordWriter:
         precision=spec.precision, grad_compression=spec.engine.grad_compression,
         params=sum(p.numel() for p in model.parameters()), grad_bytes=grad_bytes(model, spec.engine.grad_compression),
         mem_base_bytes=run.mem_base, output_loss=run.output_loss,
+        cuda_graph="auto" if run.graph is not None else f"off: {run.graph_note}",
         **({"output_loss_note": run.output_loss_note} if run.output_loss_note else {}),
         **machine(torch.cuda.get_device_name(run.device) if run.device.type == "cuda" else None),
         **(software(torch.__version__) if run.rank == 0 else {}),
@@ -348,13 +356,18 @@ def train_step(run: Run, progress: Progress, stream: Prefetcher) -> dict[str, An
     batch = next(stream)
     t1 = _clock(device)
     lr = set_lr(optimizer, spec, run.lr_scale, progress.step)
-    model.zero_grad(set_to_none=True)
-    loss, emulated_s = None, 0.0  # a ps server rank (no data) computes nothing: the push gives it gradients
-    if batch.samples:
+    captured = run.graph is not None and run.graph.graph is not None
+    loss = run.graph.forward_backward(batch.inputs, progress.step + 1) if run.graph and batch.samples else None
+    graphed = loss is not None  # forward and backward replayed as one CUDA graph: timed together
+    graph_made = graphed and not captured  # captured in this step: a warm-up step
+    if not graphed:
+        model.zero_grad(set_to_none=not captured)  # a captured graph owns the gradients: zero them in place
+    emulated_s = 0.0  # a ps server rank (no data) computes nothing: the push gives it gradients
+    if batch.samples and not graphed:
         with run.precision.autocast():
             loss = model(**batch.inputs)  # fp32: the models take the cross-entropy of float32 logits
     t2 = _clock(device)
-    if loss is not None:
+    if loss is not None and not graphed:
         emulated_s = _emulate_slower_device(run.slowdown, t2 - t1)
         # Each engine averages gradients over ranks; with unequal shares, weight each rank's mean
         # loss by its share so the average is still the mean over the whole global batch.
@@ -379,12 +392,15 @@ def train_step(run: Run, progress: Progress, stream: Prefetcher) -> dict[str, An
     if loss_value is not None and not math.isfinite(loss_value):
         raise ScalelabError(f"training diverged at step {progress.step} (loss {loss_value}); lower --lr")
     return dict(
-        step=progress.step, epoch=batch.meta["epoch"], warmup=progress.step - progress.started_at <= spec.warmup_steps,
-        step_s=t4 - t0, data_s=t1 - t0, forward_s=t2 - t1, backward_s=t3 - t2, exchange_s=exchange_s,
+        step=progress.step, epoch=batch.meta["epoch"],
+        warmup=progress.step - progress.started_at <= spec.warmup_steps or graph_made,
+        step_s=t4 - t0, data_s=t1 - t0, forward_s=t2 - t1, backward_s=None if graphed else t3 - t2, exchange_s=exchange_s,
         optimizer_s=t4 - t3, samples=batch.samples, words=batch.words, loss=loss_value, lr=lr,
         **({"emulated_s": emulated_s} if run.slowdown != 1.0 else {}), **run.noise.fields(),
         **({"role": run.role} if run.role != "worker" else {}),
         **run.precision.record(applied), **memory_fields(device),
+        **({"graphed": True} if graphed else {}),
+        **({"graph_note": note} if run.graph and (note := run.graph.take_note()) else {}),
     )
 
 

@@ -324,16 +324,6 @@ def make_lstm(
     raise SpecError(f"unknown rnn implementation {rnn!r}: use one of {', '.join(RNN_KINDS)}")
 
 
-_SIDE_STREAMS: dict[torch.device, "torch.cuda.Stream"] = {}
-
-
-def _side_stream(device: torch.device) -> "torch.cuda.Stream":
-    """One second CUDA stream per device, made once (streams are not freed, so not one per step)."""
-    if device not in _SIDE_STREAMS:
-        _SIDE_STREAMS[device] = torch.cuda.Stream(device)
-    return _SIDE_STREAMS[device]
-
-
 def _length_mask(lengths: Tensor, max_len: int) -> Tensor:
     """[B, max_len] bool, true at valid positions."""
     return torch.arange(max_len, device=lengths.device).unsqueeze(0) < lengths.unsqueeze(1)
@@ -371,7 +361,6 @@ class Seq2Seq(nn.Module):
             self.attn_combine = nn.Linear(2 * H, H, bias=False)
         self.drop = nn.Dropout(cfg.dropout)
         self.out = nn.Linear(H, cfg.vocab_size)
-        self.overlap_rnns = True  # see `_overlaps`
 
     def encode(self, src: Tensor, src_lengths: Tensor) -> Tensor:
         """Encoder outputs [B, S, H] (after the 2H -> H projection when bidirectional)."""
@@ -383,19 +372,15 @@ class Seq2Seq(nn.Module):
     def forward(self, src: Tensor, src_lengths: Tensor, tgt_in: Tensor, tgt_out: Tensor) -> Tensor:
         """Mean cross-entropy over the non-pad tokens of `tgt_out`."""
         cfg = self.config
-        if self._overlaps(src):
-            memory, dec_out = self._encode_and_decode_side_by_side(src, src_lengths, tgt_in)
-            mask = _length_mask(src_lengths.to(src.device), src.size(1))
-        else:
-            memory = self.encode(src, src_lengths)
-            mask = _length_mask(src_lengths.to(src.device), src.size(1))  # [B, S]
-            hx = None
-            if not cfg.attention:
-                weights = mask.to(memory.dtype).unsqueeze(-1)
-                mean = (memory * weights).sum(1) / weights.sum(1).clamp(min=1.0)
-                h0 = mean.unsqueeze(0).expand(cfg.dec_layers, -1, -1).contiguous()
-                hx = (h0, torch.zeros_like(h0))
-            dec_out, _ = self.decoder(self.drop(self.tgt_embed(tgt_in)), hx)
+        memory = self.encode(src, src_lengths)
+        mask = _length_mask(src_lengths.to(src.device), src.size(1))  # [B, S]
+        hx = None
+        if not cfg.attention:
+            weights = mask.to(memory.dtype).unsqueeze(-1)
+            mean = (memory * weights).sum(1) / weights.sum(1).clamp(min=1.0)
+            h0 = mean.unsqueeze(0).expand(cfg.dec_layers, -1, -1).contiguous()
+            hx = (h0, torch.zeros_like(h0))
+        dec_out, _ = self.decoder(self.drop(self.tgt_embed(tgt_in)), hx)
         if cfg.attention:
             scores = torch.bmm(dec_out, self.attn_score(memory).transpose(1, 2))  # [B, T, S]
             scores = scores.masked_fill(~mask.unsqueeze(1), torch.finfo(scores.dtype).min)
@@ -403,31 +388,6 @@ class Seq2Seq(nn.Module):
             dec_out = torch.tanh(self.attn_combine(torch.cat([context, dec_out], dim=-1)))
         hidden = self.drop(dec_out)
         return self.output_loss(hidden.reshape(-1, hidden.size(-1)), self.out.weight, self.out.bias, tgt_out.reshape(-1))
-
-    def _overlaps(self, src: Tensor) -> bool:
-        """Whether the encoder and decoder LSTMs run side by side on two CUDA streams.
-
-        With attention the decoder starts from a zero state, so it does not wait for the encoder. On a
-        GPU each cuDNN LSTM is a chain of small per-time-step kernels that fills a fraction of the
-        device (issue 36: 800 sequential steps of 360 x 512 at nmt-seed's batch), so the two chains
-        overlap; autograd runs each backward op on its forward op's stream, so the backward chains
-        overlap too. Off (`overlap_rnns = False`) everywhere else, and for comparisons.
-        """
-        return (self.overlap_rnns and self.config.attention and src.is_cuda and self.rnn == "fused"
-                and not torch.cuda.is_current_stream_capturing())
-
-    def _encode_and_decode_side_by_side(self, src: Tensor, src_lengths: Tensor,
-                                        tgt_in: Tensor) -> tuple[Tensor, Tensor]:
-        """The encoder on this stream and the decoder on a second one; joined before attention."""
-        main = torch.cuda.current_stream(src.device)
-        side = _side_stream(src.device)
-        side.wait_stream(main)
-        with torch.cuda.stream(side):
-            dec_out, _ = self.decoder(self.drop(self.tgt_embed(tgt_in)), None)
-        memory = self.encode(src, src_lengths)
-        main.wait_stream(side)
-        dec_out.record_stream(main)  # made on `side`, read on `main`: keep its memory until `main` is done
-        return memory, dec_out
 
     def flops_per_step(self, batch_size: int) -> float:
         """Training FLOPs for `batch_size` full-length pairs (src_len x tgt_len), 3x forward."""

@@ -49,11 +49,12 @@ class Precision:
         self.device_type = device_type
         self.scaler = scaler
 
-    def autocast(self) -> contextlib.AbstractContextManager:
-        """The context of a training forward pass: autocast to `dtype`, or nothing for fp32."""
+    def autocast(self, cache: bool = True) -> contextlib.AbstractContextManager:
+        """The context of a training forward pass: autocast to `dtype`, or nothing for fp32. `cache=False`
+        while a CUDA graph is captured (torch.cuda.graphs: autocast's weight-cast cache must be off)."""
         if self.name == "fp32":
             return contextlib.nullcontext()
-        return torch.autocast(self.device_type, dtype=self.dtype)
+        return torch.autocast(self.device_type, dtype=self.dtype, cache_enabled=cache)
 
     def backward(self, loss: torch.Tensor) -> None:
         (self.scaler.scale(loss) if self.scaler else loss).backward()
