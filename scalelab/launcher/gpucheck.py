@@ -45,7 +45,8 @@ WORDS_TARGET_BATCH = 360
 MEMORY_TOLERANCE = 0.15  # issue 36: the measured peak within 15 % of `launch memory`'s prediction
 # The files whose tests carry the `gpu` marker (pyproject.toml): a test with a half that runs only where
 # PyTorch sees a CUDA device. tests/test_gpu_check.py checks no marked file is missing here.
-GPU_TEST_FILES = ("tests/test_device_fit.py", "tests/test_precision.py", "tests/test_gpu_check.py", "tests/test_models.py")
+GPU_TEST_FILES = ("tests/test_device_fit.py", "tests/test_precision.py", "tests/test_gpu_check.py", "tests/test_models.py",
+                  "tests/test_graphs.py")
 # The project's only GPU measurements, one H100 (shared/reference/gpu-h100-2026-11.md), to read beside ours.
 REFERENCE_H100 = {"matmul_tflops": {"fp32": 51, "tf32": 409, "bf16": 791, "fp16": 761},
                   "seed_bf16_words_per_s": {"360 full": 468_146, "720 full": 602_000, "360 compiled": 724_000,
