@@ -32,6 +32,10 @@ counts the measurement is the answer (scalelab/costs/model.py).
 
 **Which model** a plan uses is chosen by held-out error: the lowest mean |log(pred/true)| over the
 training tasks, each origin weighted equally, separately for fits on two counts and on three or more.
+With three or more counts one model leads whichever origin is left out (node-decay, by 8-21 %). With
+two counts the leaders are within 0.1-6 % of each other and which one leads flips with the origin left
+out, so the point is the geometric mean of the two best (`POINT_MODELS`; named `a&b`): on held-out
+sources its error is below the naive trend rule's, where the single best one's was above it.
 
 **The band** is in log space: log(true/pred) lies in [lo, hi] · s, s = (d + δ) · (r + 0.05), d the
 doublings past the fitted counts, δ = 0.5 (a measured point is off by its noise) and r the |log| of
@@ -39,8 +43,17 @@ the per-GPU rate lost per doubling across the fitted counts (a series far from l
 way). lo and hi are quantiles of the scores log(true/pred)/s over the training origins (each origin
 weighted equally), taken at a level ℓ that is itself chosen by leaving one origin out *inside* the
 training origins: the smallest ℓ whose bands, made without an origin, hold on at least `confidence` (plus
-a third of 1 − `confidence`) of the held-out origins' tasks pooled (split-conformal across sources). So the band is as wide as it had to be on
-sources it had not seen, not on the ones it learnt from.
+`MARGIN`, a third, of 1 − `confidence`) of the held-out origins' tasks pooled (split-conformal across
+sources). So the band is as wide as it had to be on sources it had not seen, not on the ones it learnt
+from. Fits on three or more counts are calibrated apart for predictions that cross onto more nodes than
+any fitted count used.
+
+**Fits on two counts** (`CAPPED`) reach up to physics' cap: their high end is the last per-GPU rate
+carried forward, raised by the measurement's noise (`band_ceiling`), never linear scaling from the best
+rate; their whole miss rate is on the low side (lo at 1 − ℓ), one band for every prediction. Two counts
+say how much was lost once, not whether it is lost again: the decay models are too pessimistic as often
+(a first doubling's loss that is not repeated) as a series collapses later (an input pipeline or a
+slow network at the first node crossing), and physics bounds only the first.
 
 `coverage` judges the whole procedure: every origin predicted with the model and band chosen without
 it (`launch bench --only planner`; docs/benchmarks.md has the figures per source).
