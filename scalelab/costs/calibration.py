@@ -561,7 +561,8 @@ def predict_band(fitted: pd.DataFrame, workers: Sequence[float], nodes: Sequence
     preds = candidate_predictions(fitted, w, nodes, link, models)
     floor, ceiling = physical_bounds(fitted, w)
     bounded = {m: np.clip(p, floor, ceiling) for m, p in preds.items()}  # each bounded, as in the tasks
-    pred = np.array([_combined(bounded, c.members)[i] for i, c in enumerate(used)]) if len(used) else np.zeros(0)
+    points = {c.members: _combined(bounded, c.members) for c in used}
+    pred = np.array([points[c.members][i] for i, c in enumerate(used)]) if len(used) else np.zeros(0)
     pred = np.clip(pred, floor, ceiling)
     spread = band_spread(fitted, w)
     hi_s = np.where([c.capped for c in used], np.inf, hi * spread) if len(used) else np.zeros(0)
@@ -595,7 +596,11 @@ def coverage(confidence: float = DEFAULT_CONFIDENCE) -> pd.DataFrame:
         c = pd.Series([cal[band_class(k, bool(x))] for k, x in zip(part["k_class"], part["crosses_nodes"])],
                       index=part.index)
         model = c.map(lambda x: x.model)
-        pred = np.array([_combined(part.loc[[i]], x.members, "pred_")[0] for i, x in zip(part.index, c)])
+        members = c.map(lambda x: x.members).to_numpy(object)
+        pred = np.zeros(len(part))
+        for models in set(members):
+            pick = np.array([m == models for m in members])
+            pred[pick] = _combined(part[pick], models, "pred_")
         lo = c.map(lambda x: x.lo).to_numpy(float) * part["spread"].to_numpy(float)
         hi = c.map(lambda x: x.hi).to_numpy(float) * part["spread"].to_numpy(float)
         hi = np.where(c.map(lambda x: x.capped).to_numpy(bool), np.inf, hi)
