@@ -13,8 +13,11 @@ import pytest
 from scalelab.core.errors import DataError
 from scalelab.costs.calibration import (
     CANDIDATES,
+    CAPPED,
     all_tasks,
+    band_ceiling,
     calibrate,
+    candidate_predictions,
     coverage,
     coverage_summary,
     next_count,
@@ -51,13 +54,13 @@ def test_leaving_one_whole_source_out_meets_the_issue_bar(loso):
     """Issue 33: fits on 3+ counts hold >= 88 % at 90 % with a mean error at most 0.9x the naive trend
     rule's; fits on 2 counts hold >= 88 %; every bound finite; each origin judged with a calibration
     made without it. The issue's median half-width of 20 % for 2-count fits is NOT met on this corpus
-    (36 %: the users' own cloud tables collapse by up to 8x past two counts, docs/benchmarks.md); the
-    bound below keeps it from growing."""
+    (29 %: the users' own cloud tables collapse by up to 8x past two counts, docs/benchmarks.md); the
+    bound below keeps it from growing, and the 2-count point is no worse than the naive trend rule."""
     by_k = coverage_summary(loso, ["k_class"]).set_index("k_class")
     three, two = by_k.loc["3+"], by_k.loc["2"]
     assert three["coverage"] >= 0.88 and three["mape"] <= 0.9 * three["naive_mape"]
     assert three["median_half_width"] <= 0.2
-    assert two["coverage"] >= 0.88 and two["median_half_width"] <= 0.4
+    assert two["coverage"] >= 0.88 and two["median_half_width"] <= 0.3 and two["mape"] <= two["naive_mape"]
     assert two["infinite"] == 0 and three["infinite"] == 0
     assert loso["table"].nunique() == len(reference_tables())
     assert set(loso["origin"]) == {origin_of(t) for t in reference_tables()}
@@ -66,20 +69,45 @@ def test_leaving_one_whole_source_out_meets_the_issue_bar(loso):
 def test_each_origin_is_judged_with_a_calibration_made_without_it():
     whole = calibrate(0.9)
     tasks = all_tasks()
-    assert all(whole[k].tables == tasks.query("k_class == @k and not crosses_nodes")["table"].nunique()
-               for k in ("2", "3+"))
+
+    def own(frame: pd.DataFrame, k: str) -> pd.DataFrame:
+        """The tasks of class k's band within one node: a capped class is calibrated as a whole."""
+        part = frame[frame["k_class"] == k]
+        return part if k in CAPPED else part[~part["crosses_nodes"]]
+
+    assert all(whole[k].tables == own(tasks, k)["table"].nunique() for k in ("2", "3+"))
     some = origin_of(next(iter(reference_tables())))
     held = tasks[tasks["origin"] == some]
     without = calibrate(0.9, some)
     for k in ("2", "3+"):
         c = without[k]
-        assert c.tables == whole[k].tables - held.query("k_class == @k and not crosses_nodes")["table"].nunique()
-        assert c.origins == whole[k].origins - int(k in set(held.query("not crosses_nodes")["k_class"]))
+        assert c.tables == whole[k].tables - own(held, k)["table"].nunique()
+        assert c.origins == whole[k].origins - int(len(own(held, k)) > 0)
     assert all(0.9 <= c.level <= 1.0 and c.lo <= 0 <= c.hi for c in without.values())
     assert set(whole) == {"2", "3+", "2 across nodes", "3+ across nodes"}
-    assert all(c.model in CANDIDATES for c in whole.values())
+    assert all(set(c.members) <= set(CANDIDATES) and c.model == "&".join(c.members) for c in whole.values())
     # the naive rule competes: its held-out error is measured like every other model's
-    assert all(math.isfinite(c.errors["naive"]) for c in whole.values())
+    assert all(math.isfinite(c.errors["naive"]) and math.isfinite(c.errors[c.model]) for c in whole.values())
+
+
+def test_two_count_fits_combine_two_models_and_reach_up_to_the_physical_cap():
+    """Issue 33, fits on two counts: the point is the geometric mean of the two models of least held-out
+    error (which one leads flips with the source left out), and the band's high end beyond the counts
+    is physics' cap (the last per-GPU rate carried forward, raised by the measurement's noise), its low
+    end as far down as the sources left out needed; fits on three or more keep one model."""
+    fitted = pd.DataFrame({"workers": [1, 2], "throughput": [100.0, 180.0]})
+    wanted = [8, 16]
+    cal = calibrate(0.9)
+    two, three = cal["2"], cal["3+"]
+    assert two.capped and len(two.members) == 2 and not three.capped and len(three.members) == 1
+    preds = candidate_predictions(fitted, wanted)
+    a, b = (np.asarray(preds[m], dtype=float) for m in two.members)
+    band = predict_band(fitted, wanted)
+    assert np.allclose(band["predicted"], np.sqrt(a * b))
+    assert np.allclose(band["high"], band_ceiling(fitted, wanted, two.hi))
+    # the cap by hand: 90 per GPU (the last rate), noise δ·(r + 0.05) with r = log(100/90) per doubling
+    assert np.allclose(band["high"], np.array(wanted) * 90.0 * math.exp(two.hi * 0.5 * (math.log(100 / 90) + 0.05)))
+    assert (band["low"] < band["predicted"]).all() and (band["model"] == two.model).all()
 
 
 def test_sibling_tables_of_one_source_share_an_origin():

@@ -6,7 +6,7 @@ their bands); a layout model predicts the step time of a named layout `NODESxGPU
 mixed fleets included (scalelab/costs/steptime.py chooses among the `choosable` ones by the table's
 own held-out rows; the others sit on the committee that widens the band). Both are asked the same
 question through one planner (scalelab/costs/planner.py: `plan`), and `launch plan` names the model
-behind every row from this registry.
+behind every row from this registry (a fit on two counts: the two models its point combines, `a&b`).
 """
 
 from __future__ import annotations
