@@ -24,6 +24,7 @@ from matplotlib.ticker import MaxNLocator, PercentFormatter
 
 from scalelab.analysis.report import DEFINITIONS, plot_speedup, plot_throughput, table_rows, terminal_frame
 from scalelab.core.engines import known_fact
+from scalelab.core.terminal import duration_text
 from scalelab.core.writes import check_inside
 
 __all__ = ["plot_cost_frontier", "plot_phases", "plot_loss", "plot_predictions", "figure_png",
@@ -308,17 +309,6 @@ def plan_sections(p: Any) -> list[tuple[str, str]]:
     if p.notes:
         secs.append(("Notes", "<ul class='note'>" + "".join(f"<li>{html.escape(n)}</li>" for n in p.notes) + "</ul>"))
     return secs
-
-
-def duration_text(seconds: float) -> str:
-    """A duration at a glance: 45 s, 12.5 min, 2.11 h (a short job was "0.00 h")."""
-    if seconds != seconds or seconds in (float("inf"), float("-inf")):
-        return "—"
-    if seconds < 90:
-        return f"{seconds:.0f} s"
-    if seconds < 5400:
-        return f"{seconds / 60:.1f} min"
-    return f"{seconds / 3600:.2f} h"
 
 
 def _recommendation(v: dict[str, Any]) -> str:

@@ -275,8 +275,10 @@ def summarize_run(
     val_records: pd.DataFrame | None,
     events: pd.DataFrame | None,
     meta: RunMeta,
+    steps: pd.DataFrame | None = None,
 ) -> LayoutSummary:
-    """Summarise one run from its records and `meta` (what the records do not say: `RunMeta`).
+    """Summarise one run from its records and `meta` (what the records do not say: `RunMeta`); `steps` is
+    `step_table(step_records)` where the caller has it already (`launch plan` also draws its loss curves).
 
     Measured steps are those not marked warm-up and reported by every rank: a step that only some
     ranks finished (the run was interrupted inside it) has no meaningful slowest-rank time.
@@ -293,7 +295,7 @@ def summarize_run(
     Raises RecordError when no measured step exists otherwise, because every figure would be undefined.
     """
     mode = meta.batch_mode
-    steps = step_table(step_records)
+    steps = step_table(step_records) if steps is None else steps
     threshold = _float_or_none(meta.loss_threshold)
     reached, t_thr, s_thr = _threshold(val_records, events, threshold)
     measured, counts = _measured_steps(steps, meta.label or "?", early_threshold=bool(reached) and s_thr is not None)

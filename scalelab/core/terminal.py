@@ -29,3 +29,15 @@ def columns_env() -> int | None:
 
     value = os.environ.get("COLUMNS", "")
     return int(value) if value.isdigit() and 20 <= int(value) <= 1000 else None
+
+
+def duration_text(seconds: float) -> str:
+    """A duration at a glance: 45 s, 12.5 min, 2.11 h (a short job was "0.00 h"). Here, with no pandas or
+    matplotlib, so `launch cost` renders its wall column without loading the HTML report's libraries."""
+    if seconds != seconds or seconds in (float("inf"), float("-inf")):
+        return "—"
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.2f} h"

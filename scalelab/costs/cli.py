@@ -26,7 +26,7 @@ from scalelab.core.checks import NON_NEGATIVE, POSITIVE, InputFile, Number, Outp
 from scalelab.core.errors import DataError, SpecError
 from scalelab.core.records import load_run
 from scalelab.core.runids import RunDir
-from scalelab.core.terminal import make_console
+from scalelab.core.terminal import duration_text, make_console
 from scalelab.costs.billing import Mix, instances_for, run_cost
 from scalelab.costs.catalog import DEFAULT_REGION, MARKETS, Catalog, CatalogError, load_catalog, parse_interruptions, refresh
 from scalelab.costs.memory import overflows
@@ -111,9 +111,7 @@ def _rich_table(title: str, df: pd.DataFrame, fmt: dict[str, Any]) -> Table:
 
 
 def human_duration(seconds: float) -> str:
-    """One rendering of a duration: analysis.html's (imported when used: it loads pandas and matplotlib)."""
-    from scalelab.analysis.html import duration_text
-
+    """One rendering of a duration, the HTML report's too (core.terminal: no pandas or matplotlib)."""
     return duration_text(seconds)
 
 
