@@ -26,7 +26,7 @@ from scalelab.core.checks import NON_NEGATIVE, POSITIVE, InputFile, Number, Outp
 from scalelab.core.errors import DataError, SpecError
 from scalelab.core.records import load_run
 from scalelab.core.runids import RunDir
-from scalelab.core.terminal import duration_text, make_console
+from scalelab.core.terminal import break_name, duration_text, make_console
 from scalelab.costs.billing import Mix, instances_for, run_cost
 from scalelab.costs.catalog import DEFAULT_REGION, MARKETS, Catalog, CatalogError, load_catalog, parse_interruptions, refresh
 from scalelab.costs.memory import overflows
@@ -87,27 +87,47 @@ def _print_json(rows: Any) -> None:
     click.echo(json.dumps(_jsonable(rows), indent=2, allow_nan=False))
 
 
-def _rich_table(title: str, df: pd.DataFrame, fmt: dict[str, Any]) -> Table:
+def _rich_table(title: str, df: pd.DataFrame, fmt: dict[str, Any], width: int | None = None) -> Table:
     """A table whose headers never split inside a word (each column at least as wide as its header's
-    longest word: long cells wrap instead); `fmt` maps a column to a format spec or a function."""
+    longest word: long cells wrap instead); `fmt` maps a column to a format spec or a function. Where the
+    table would be wider than `width` (the console's), the first column's long names (a run's) go on in the
+    next line after a hyphen, as `launch ls` breaks them, instead of being cut anywhere by rich."""
     t = Table(title=title or None, header_style="bold")
     for col in df.columns:
         t.add_column(str(col), justify="right" if col in fmt else "left", overflow="fold",  # a long name folds, whole
                      min_width=max(len(w) for w in str(col).split() or [""]))
-    for _, r in df.iterrows():
-        cells = []
-        for col in df.columns:
-            v = r[col]
-            if v is None or (isinstance(v, float) and math.isnan(v)):
-                cells.append("—")
-            elif callable(fmt.get(col)):
-                cells.append(fmt[col](v))
-            elif col in fmt:
-                cells.append(format(float(v), fmt[col]))
-            else:
-                cells.append(str(v))
-        t.add_row(*cells)
+    rows = [[_cell(r[col], fmt.get(col), col in fmt) for col in df.columns] for _, r in df.iterrows()]
+    room = _first_column_room(df.columns, rows, width or console.width)
+    for cells in rows:
+        t.add_row(*([break_name(cells[0], room), *cells[1:]] if room else cells))
     return t
+
+
+def _cell(v: Any, spec: Any, numeric: bool) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "—"
+    if callable(spec):
+        return spec(v)
+    return format(float(v), spec) if numeric else str(v)
+
+
+def _first_column_room(columns: Any, rows: list[list[str]], width: int) -> int:
+    """The first column's width where the table needs it narrower than its names to fit `width`, else 0
+    (nothing to break). A boxed table has 3 columns per cell of padding and rule, and one more."""
+    if not rows:
+        return 0
+    natural = [max([max((len(w) for w in str(h).split()), default=0)] + [len(r[i]) for r in rows])
+               for i, h in enumerate(columns)]
+    if sum(natural) + 3 * len(natural) + 1 <= width:
+        return 0
+    room = width - (sum(natural[1:]) + 3 * len(natural) + 1)
+    return room if room >= 12 else 0  # narrower than that: rich's own folding reads no worse
+
+
+def _title_above(title: str, width: int) -> str:
+    """A table's title as its own lines above it, words longer than the terminal broken after a hyphen:
+    inside the table it wrapped at the table's width and cut a long run name inside a word."""
+    return " ".join(break_name(word, width) for word in title.split(" "))
 
 
 def human_duration(seconds: float) -> str:
@@ -195,10 +215,12 @@ def cost_cmd(run_dirs: tuple[str, ...], from_csv: str | None, instances: str | N
         click.echo(markdown_table(show, {k: v for k, v in nfmt.items() if not callable(v)}))
     else:
         show, title = _distinct_runs(show, out.get("run_dir"))
-        console.print(_rich_table(f"Cost per run{title} (per-second billing, 60 s minimum)", show, nfmt))
+        title = f"Cost per run{title} (per-second billing, 60 s minimum)"
+        console.print(escape(_title_above(title, console.width)), style="italic", highlight=False)
+        console.print(_rich_table("", show, nfmt))
         bases = sorted({str(b) for b in out.get("price_basis", pd.Series(dtype=str)).dropna()})
         if bases:
-            console.print("price: " + "; ".join(bases), highlight=False, soft_wrap=True)
+            console.print("price: " + "; ".join(bases), highlight=False)  # wrapped at words, not by the terminal
 
 
 def _distinct_runs(show: pd.DataFrame, run_dirs: pd.Series | None) -> tuple[pd.DataFrame, str]:

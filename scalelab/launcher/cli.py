@@ -39,7 +39,7 @@ from scalelab.core.spec import (
     load_spec,
     read_spec,
 )
-from scalelab.core.terminal import make_console
+from scalelab.core.terminal import break_name, make_console
 from scalelab.core.writes import WriteError, is_write_failure, write_failure, writing
 from scalelab.launcher import __version__
 from scalelab.launcher.backend import backend_flags, get_backend, import_optional, options_type
@@ -764,20 +764,9 @@ def rows_table(rows: list[dict[str, Any]], title: str | None = None, width: int 
         table.add_column(header, justify=justify, no_wrap=header != "name", overflow="fold" if header == "name" else "ellipsis")
     room = width - natural([c for c in columns if c[0] != "name"]) - 3  # what is left for the names
     for row in rows:
-        table.add_row(*(escape(_break_name(get(row), room) if header == "name" else get(row))
+        table.add_row(*(escape(break_name(get(row), room) if header == "name" else get(row))
                         for header, _, get in columns))
     return table
-
-
-def _break_name(name: str, room: int) -> str:
-    """A run's name on lines of at most `room` characters, broken after a hyphen where one fits (a name
-    cut inside a number, "...-04575/3", read as another run)."""
-    lines = []
-    while len(name) > room > 0:
-        cut = name.rfind("-", 0, room) + 1 or room
-        lines.append(name[:cut])
-        name = name[cut:]
-    return "\n".join([*lines, name])
 
 
 def _steps_cell(row: dict[str, Any]) -> str:

@@ -253,12 +253,14 @@ class BarLayout:
 
 
 def short_label(label: str, room: int) -> str:
-    """A run's name for the bar: without its -YYYYMMDD-HHMMSS stamp, cut to `room` with an ellipsis in front
-    (the end says the engine and layout, what tells a sweep's runs apart)."""
+    """A run's name for the bar: without its -YYYYMMDD-HHMMSS stamp, cut to `room` with an ellipsis in the
+    middle: the start is the name the user gave, the end says the engine and layout (what tells a sweep's
+    runs apart). Cut from the front, "…scaling-study-ddp-1x2" no longer said which experiment it was."""
     import re
 
-    label = re.sub(r"-\d{8}-\d{6}$", "", label)
-    return label if len(label) <= room else "…" + label[len(label) - max(1, room - 1):]
+    from scalelab.core.terminal import middle_ellipsis
+
+    return middle_ellipsis(re.sub(r"-\d{8}-\d{6}$", "", label), room)
 
 
 def fit_bar(width: int, label: str, steps_width: int, parts: list[tuple[int, str]], lead: str = "",
@@ -266,7 +268,8 @@ def fit_bar(width: int, label: str, steps_width: int, parts: list[tuple[int, str
     """Lay the bar out to fit `width` (issue 35: at 80 columns rich squeezed the bar and the step count to
     nothing, at 100 the line was cut): the label at most a quarter of it, the bar 10-40 wide, the step count
     whole, then the info's parts by need (loss, ETA or how it ended, words/s, validation, ranks) as long as
-    they fit, in their own order; the elapsed time last."""
+    they fit, in their own order; the elapsed time last. What is left lengthens a name cut in its middle,
+    then the bar."""
     width = max(width - 1, 40)  # a line of exactly the terminal's width wraps in some terminals
     description = short_label(label, max(8, width // 4))
     fixed = len(description) + 1 + BAR_MIN + 1 + steps_width + 1  # one space between columns
@@ -280,7 +283,10 @@ def fit_bar(width: int, label: str, steps_width: int, parts: list[tuple[int, str
     used = fixed + len(info)
     elapsed = timed and used + 1 + ELAPSED_WIDTH <= width and len(keep) == len(ordered)
     used += (1 + ELAPSED_WIDTH) if elapsed else 0
-    return BarLayout(description, min(BAR_MAX, BAR_MIN + width - used), info, elapsed)
+    # room left over goes to a cut name first (its middle back), then to the bar
+    longer = short_label(label, len(description) + max(0, width - used))
+    used += len(longer) - len(description)
+    return BarLayout(longer, min(BAR_MAX, BAR_MIN + width - used), info, elapsed)
 
 
 class RunProgress:
