@@ -266,9 +266,24 @@ def summarize_loaded(run, steps: pd.DataFrame | None = None) -> LayoutSummary:
         precision=None if spec.own_code else spec.precision, model=spec.model, batch_mode=spec.batch_mode,
         work_scaling=spec.work_scaling, global_batch=global_batch, loss_threshold=spec.loss_threshold,
         launched_at=launched_at(run), lr_warmup_steps=spec.lr_warmup_steps,
-        steps_per_epoch=int(per_epoch.iloc[0]) if len(per_epoch) else None,
+        steps_per_epoch=int(per_epoch.iloc[0]) if len(per_epoch) else None, unit=run_unit(run),
     )
     return summarize_run(run.steps, run.val, run.events, meta, steps)
+
+
+def run_unit(run) -> str | None:
+    """What a --script run's items count: its last `unit` event (`track.unit("images")`), else its start
+    record's (`samples`, track's default); None for the built-in trainer, whose throughput is words."""
+    if not run.spec.own_code:
+        return None
+    events = run.events
+    if len(events) and "event" in events.columns and "unit" in events.columns:
+        named = events[events["event"] == "unit"]["unit"].dropna()
+        if len(named):
+            return str(named.iloc[-1])
+    if "unit" in run.start.columns and run.start["unit"].notna().any():
+        return str(run.start["unit"].dropna().iloc[0])
+    return "samples"
 
 
 def script_ends(run) -> tuple[float | None, list[int]]:

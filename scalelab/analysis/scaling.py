@@ -235,6 +235,9 @@ class LayoutSummary:
     # the largest peak memory of any rank (docs/records.md `mem_peak_bytes`) and which measure it is
     peak_mem_bytes: int | None = None
     mem_kind: str | None = None
+    # what a --script run's items count ("images", `track.unit`; "samples" unless it said): its words_per_s
+    # and samples_per_s are that unit per second. None for the built-in trainer: words.
+    unit: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict (for summary.json and DataFrames)."""
@@ -264,6 +267,7 @@ class RunMeta:
     launched_at: float | None = None  # time.time() of the launch
     lr_warmup_steps: int | None = None
     steps_per_epoch: int | None = None
+    unit: str | None = None  # a --script run's unit (LayoutSummary.unit)
 
     def __post_init__(self) -> None:
         if self.batch_mode not in BATCH_MODES:
@@ -327,6 +331,7 @@ def summarize_run(
         first_val_step=_first_val_step(val_records),
         precision=meta.precision,
         **_peak_memory(step_records),
+        unit=meta.unit,
     )
 
 

@@ -644,11 +644,23 @@ def _worker_grid(measured: pd.DataFrame, text: str | None) -> list[int]:
     return sorted({int(w) for w in measured["workers"]} | {2 ** k for k in range(0, 12) if 2 ** k <= 2 * top})
 
 
+def plan_unit(m: Measurements) -> str:
+    """What the plan's throughput counts per second: the runs' own ("words/s", a --script's "images/s"), or a
+    --from-csv table's, which only the table knows."""
+    from scalelab.analysis.report import throughput_header
+
+    if m.table is None or not len(m.table):
+        return "a table's own unit"
+    header = throughput_header(m.table)
+    return "items/s, each series its own unit" if header == "items/s" else header
+
+
 def _show_plan(result, fmt: str, out: str | None, m: Measurements) -> None:
     """Write the plan's files (--out, or a temporary folder for html), the notes, and the plan."""
     out_dir = Path(out) if out else (Path(tempfile.mkdtemp(prefix="scalelab-plan-")) if fmt == "html" else None)
+    unit = plan_unit(m)
     if out_dir is not None:
-        _write_plan(result, out_dir, m.table, m.curves)
+        _write_plan(result, out_dir, m.table, m.curves, unit)
     for note in result.notes:
         err_console.print(f"[yellow]note:[/] {note}", highlight=False)
     if fmt == "json":
@@ -656,9 +668,9 @@ def _show_plan(result, fmt: str, out: str | None, m: Measurements) -> None:
     elif fmt == "html":
         click.echo(str(out_dir / "plan.html"))
     elif fmt == "markdown":
-        click.echo(plan_markdown(result))
+        click.echo(plan_markdown(result, unit))
     else:
-        _print_plan(result)
+        _print_plan(result, unit)
         if out_dir is not None:
             console.print(f"plan: [bold]{out_dir / 'plan.html'}[/]  ({out_dir / 'plan.md'})")
 
@@ -775,8 +787,9 @@ _PICK_LEGEND = ("pick: cheapest / fastest / both = the recommendations above; fr
                 "cheaper; no fit = a rank would not fit its GPU's memory (never recommended). speed: measured (the runs' type), probe (its own runs), estimate (GPU specs), user (--speed)")
 
 
-def _plan_tables(result) -> list[tuple[str, pd.DataFrame, dict[str, Any]]]:
-    """(title, rows, number formats) of every table the plan has, in the order shown."""
+def _plan_tables(result, unit: str = "words/s") -> list[tuple[str, pd.DataFrame, dict[str, Any]]]:
+    """(title, rows, number formats) of every table the plan has, in the order shown; `unit`: what the
+    throughput counts (`plan_unit`)."""
     tables = []
     if len(result.predictions) and "layout" in result.predictions.columns:
         timed = "predicted_time_s" in result.predictions.columns
@@ -787,7 +800,7 @@ def _plan_tables(result) -> list[tuple[str, pd.DataFrame, dict[str, Any]]]:
     elif len(result.predictions):
         small = result.predictions["predicted_throughput"].max() < 100  # e.g. runs per second of a time_s table
         rows, said = _view(result.predictions, _PRED_VIEW, ("workers",))
-        title = "Predicted throughput per second (words/s from runs; a table's own unit)"
+        title = f"Predicted throughput per second ({unit})"
         fmt = _PRED_FMT | ({c: ".4g" for c in ("predicted /s", "low /s", "high /s", "measured /s")} if small else {})
         tables.append((title + (f": {said}" if said else ""), rows, fmt))
     if len(result.batch_predictions):
@@ -801,23 +814,23 @@ def _plan_tables(result) -> list[tuple[str, pd.DataFrame, dict[str, Any]]]:
     return tables
 
 
-def _print_plan(result) -> None:
+def _print_plan(result, unit: str = "words/s") -> None:
     """Assumptions once on top, the answer, then the tables (at 100 columns), notes last."""
     lines = _model_lines(result)
     for line in lines:
         console.print(line, highlight=False)
-    for title, rows, fmt in _plan_tables(result):
+    for title, rows, fmt in _plan_tables(result, unit):
         console.print(f"[bold]{escape(title)}[/]", highlight=False)  # above the table: a title inside wraps at its width
         console.print(_rich_table("", rows, fmt))
     if len(result.candidates):
         console.print(_PICK_LEGEND, highlight=False)
 
 
-def plan_markdown(result) -> str:
+def plan_markdown(result, unit: str = "words/s") -> str:
     from scalelab.analysis.report import markdown_table
 
     parts = ["# Scaling plan", "", *[f"- {line}" for line in _model_lines(result)]]
-    for title, rows, fmt in _plan_tables(result):
+    for title, rows, fmt in _plan_tables(result, unit):
         rows = rows.copy()
         for col, how in fmt.items():
             if callable(how) and col in rows.columns:
@@ -830,16 +843,17 @@ def plan_markdown(result) -> str:
     return "\n".join(parts) + "\n"
 
 
-def _write_plan(result, out_dir: Path, table: pd.DataFrame | None, curves: dict[str, pd.DataFrame]) -> None:
+def _write_plan(result, out_dir: Path, table: pd.DataFrame | None, curves: dict[str, pd.DataFrame],
+                unit: str = "words/s") -> None:
     from scalelab.analysis.html import plan_sections, scaling_sections, write_html
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    sections = plan_sections(result)
+    sections = plan_sections(result, unit)
     if table is not None and len(table):
         sections += scaling_sections(table, curves)
     write_html(out_dir / "plan.html", "Scaling and cost plan", sections,
                intro="Predictions come from models fitted to the measured layouts; intervals say how sure they are.")
-    (out_dir / "plan.md").write_text(plan_markdown(result))
+    (out_dir / "plan.md").write_text(plan_markdown(result, unit))
     _write_json_file(out_dir / "plan.json", result.rows())
 
 

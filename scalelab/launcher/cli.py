@@ -738,7 +738,7 @@ def rows_table(rows: list[dict[str, Any]], title: str | None = None, width: int 
                ("layout", "left", lambda r: cell(r["layout"])), ("state", "left", lambda r: r["state"]),
                ("steps", "right", _steps_cell),
                ("loss", "right", lambda r: "—" if r.get("loss") is None else f"{r['loss']:.3f}"),
-               ("words/s", "right", lambda r: cell(r["words_per_s"])),
+               (_rate_header(rows), "right", lambda r: _rate_cell(r, rows)),
                ("ETA", "right", lambda r: "—" if r.get("eta_s") is None else duration(r["eta_s"])),
                ("cost $", "right", lambda r: cell(r["cost_usd"], 2)), ("age", "right", lambda r: age(r["age_s"]))]
     # the others only where some row has a value (JSON has all); the cost always, a dash saying no price is known
@@ -767,6 +767,24 @@ def rows_table(rows: list[dict[str, Any]], title: str | None = None, width: int 
         table.add_row(*(escape(break_name(get(row), room) if header == "name" else get(row))
                         for header, _, get in columns))
     return table
+
+
+def _units(rows: list[dict[str, Any]]) -> set[str]:
+    return {r.get("unit") or "words" for r in rows if r.get("words_per_s") is not None}
+
+
+def _rate_header(rows: list[dict[str, Any]]) -> str:
+    """"words/s", a --script run's own unit ("images/s": issue 34), or "per s" where the rows count different
+    things (each cell then names its unit)."""
+    units = _units(rows)
+    return f"{units.pop()}/s" if len(units) == 1 else "words/s" if not units else "per s"
+
+
+def _rate_cell(row: dict[str, Any], rows: list[dict[str, Any]]) -> str:
+    from scalelab.launcher.inventory import cell
+
+    text = cell(row["words_per_s"])
+    return text if len(_units(rows)) <= 1 or text == "—" else f"{text} {row.get('unit') or 'words'}"
 
 
 def _steps_cell(row: dict[str, Any]) -> str:

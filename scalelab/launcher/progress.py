@@ -58,6 +58,7 @@ class Snapshot:
     eta_s: float | None = None
     threshold_step: int | None = None
     ended: str | None = None  # rank 0's `end` reason (steps, epochs, threshold, ...) once it wrote one
+    unit: str = "words"  # what words_per_s counts: a --script run's own unit (`track.unit`: images, samples)
 
     def steps(self) -> str:
         """"40/200", or "40" when the total is not known."""
@@ -71,7 +72,7 @@ class Snapshot:
         if self.val_loss is not None:
             parts.append(f"val {self.val_loss:.3f}")
         if self.words_per_s is not None:
-            parts.append(f"{self.words_per_s:,.0f} words/s")
+            parts.append(f"{self.words_per_s:,.0f} {self.unit}/s")
         if self.threshold_step is not None:
             parts.append(f"threshold reached at step {self.threshold_step}")
         elif self.ended:
@@ -88,7 +89,7 @@ class Snapshot:
         if self.val_loss is not None:
             out.append((3, f"val {self.val_loss:.3f}"))
         if self.words_per_s is not None:
-            out.append((2, f"{self.words_per_s:,.0f} words/s"))
+            out.append((2, f"{self.words_per_s:,.0f} {self.unit}/s"))
         if self.threshold_step is not None:
             out.append((1, f"threshold reached at step {self.threshold_step}"))
         elif self.ended:
@@ -100,7 +101,7 @@ class Snapshot:
     def to_dict(self) -> dict[str, Any]:
         return {"step": self.step, "total_steps": self.total, "loss": self.loss, "val_loss": self.val_loss,
                 "words_per_s": self.words_per_s, "eta_s": self.eta_s, "threshold_step": self.threshold_step,
-                "ended": self.ended}
+                "ended": self.ended, "unit": self.unit}
 
 
 class RunWatch:
@@ -156,6 +157,8 @@ class RunWatch:
             self.snap.val_loss = rec.get("val_loss")
         elif rank == 0 and kind == "event" and rec.get("event") == "threshold":
             self.snap.threshold_step = rec.get("step")
+        elif rank == 0 and kind == "event" and rec.get("event") == "unit" and rec.get("unit"):
+            self.snap.unit = str(rec["unit"])  # `track.unit("images")` in a --script run
         elif rank == 0 and kind == "event" and rec.get("event") == "end":
             self.snap.ended = str(rec.get("reason") or "ended")
 
@@ -169,6 +172,8 @@ class RunWatch:
             self.epochs = None
         if rank == 0:
             self.snap.ended = None  # a resumed run trains again
+            if rec.get("unit"):  # a --script run's start says its unit (samples until the script names one)
+                self.snap.unit = str(rec["unit"])
 
     def _step(self, rank: int, rec: dict[str, Any]) -> None:
         step = int(rec["step"])
