@@ -105,3 +105,24 @@ def test_rows_of_several_units_name_each_rows_unit():
     unit = headers.index("unit")
     assert headers[unit - 1] == "items/s" and sorted(r[unit] for r in rows) == ["images", "words"], (headers, rows)
     assert throughput_header(df[df["label"] == "builtin"]) == "words/s"
+
+
+def test_ls_rows_of_several_units_say_each_cells_unit():
+    """`launch ls` over a built-in run and a script run: the column is "per s" and each cell names its unit."""
+    import io
+
+    from rich.console import Console
+
+    from scalelab.launcher.cli import rows_table
+
+    base = {"kind": "run", "backend": "local", "layout": "1x1", "state": "COMPLETED", "steps": 12, "total_steps": 12,
+            "loss": None, "eta_s": None, "cost_usd": None, "age_s": 5.0}
+    rows = [{**base, "name": "nmt-tiny-ddp-1x1", "words_per_s": 9179.0, "unit": "words"},
+            {**base, "name": "imgs.py-ddp-1x1", "words_per_s": 1582.0, "unit": "images"}]
+    console = Console(file=io.StringIO(), width=100, color_system=None)
+    console.print(rows_table(rows, None, 100))
+    out = console.file.getvalue()
+    assert "per s" in out.splitlines()[0] and "9,179 words" in out and "1,582 images" in out, out
+    one = Console(file=io.StringIO(), width=100, color_system=None)
+    one.print(rows_table(rows[1:], None, 100))
+    assert "images/s" in one.file.getvalue().splitlines()[0], one.file.getvalue()
