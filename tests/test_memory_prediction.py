@@ -40,7 +40,7 @@ def test_batch_1440_with_the_full_loss_does_not_fit_an_80_gb_gpu_and_compiled_do
 
 
 def test_a_16_gb_gpu_is_refused_where_the_seed_batch_needs_more(tmp_path):
-    proc = launch("memory", "--batch-per-worker", "360", "--precision", "bf16", "--output-loss", "full",
+    proc = launch("memory", "--model", "nmt-seed", "--batch-per-worker", "360", "--precision", "bf16", "--output-loss", "full",
                   "--instance-types", "g4dn.xlarge,p4de.24xlarge", "--format", "json", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)

@@ -209,8 +209,7 @@ def test_the_progress_bar_fits_with_its_bar_and_step_count(tmp_path, width):
     assert len(last) < width, last
     assert "━" in last and " 2400/5000 " in last, last  # the bar and the step count
     assert "loss 4.150" in last and "12,000 words/s" in last and "ETA 4m20s" in last, last
-    name = "nmt-tiny-horovod-1x2 " if width >= 100 else "…t-tiny-horovod-1x2 "  # the end tells layouts apart
-    assert last.startswith(name), last  # the name without its date stamp
+    assert last.startswith("nmt-tiny-horovod-1x2 "), last  # the name whole, without its date stamp
     assert ("val 4.100" in last) == (width >= 100)
 
 
@@ -284,3 +283,103 @@ def test_cost_table_tells_runs_of_one_label_apart(tmp_path, monkeypatch, capsys,
     assert max(len(line) for line in out.splitlines()) <= width, out
     assert "Cost per run: " in out and "run-a-0945" in out and "run-b-1012" in out, out
     _no_zero_width_column(out)
+
+
+def _progress_line(tmp_path, width: int, name: str) -> str:
+    from scalelab.core.records import RecordWriter
+    from scalelab.launcher.progress import RunProgress
+
+    out = RecordWriter(tmp_path, 0, 1)
+    for step in range(1, 41):
+        out.write("step", step=step, warmup=step <= 5, step_s=0.1, samples=8, words=600, loss=4.15)
+    out.close()
+    buf = io.StringIO()
+    with RunProgress(tmp_path, 200, name, console=Console(file=buf, force_terminal=True, width=width,
+                                                           color_system=None)) as prog:
+        prog.poll()
+    return [line for line in re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", buf.getvalue()).replace("\r", "\n").splitlines()
+            if line.strip()][-1]
+
+
+@pytest.mark.parametrize("width", [80, 100])
+def test_the_progress_line_keeps_a_long_names_start_and_end(tmp_path, width):
+    """Issue 35: the bar cut a long run name from the front ("…scaling-study-2026-ddp-1x2"), which no longer
+    said which experiment it was. Now the ellipsis is in the middle: the start and the layout both stay."""
+    last = _progress_line(tmp_path, width, "translation-baseline-lstm-nmt-tiny-strong-scaling-study-ddp-1x2-20261127-081724")
+    assert len(last) < width, last
+    name = last.split()[0]
+    assert name.startswith("translation-") and name.endswith("ddp-1x2") and "…" in name, last
+    assert " 40/200 " in last and "━" in last and "loss 4.150" in last, last  # the name took only spare room
+
+
+LONG_NAMES = ("translation-baseline-lstm-nmt-tiny-ddp-strong-scaling-study-2026",
+              "sentiment-small-bf16-dynamic-balance-ablation-number-07")
+
+
+def _named_fake_runs(root, names):
+    from test_costs_cli import _fake_run
+
+    from scalelab.core.spec import read_spec, save_spec
+
+    runs = []
+    for name in names:
+        run = _fake_run(root, name, 2, 0.05, 6400, "g3.16xlarge")
+        spec = read_spec(run)
+        spec.name = name  # the series label `launch cost` shows
+        save_spec(spec, run)
+        runs.append(run)
+    return runs
+
+
+def _cost_output(tmp_path, monkeypatch, capsys, width, names) -> str:
+    from conftest import run_entry
+
+    import scalelab.costs.cli as costs_cli
+
+    monkeypatch.setattr(costs_cli, "console", Console(file=io.StringIO(), width=width, color_system=None))
+    monkeypatch.setenv("SCALELAB_PRICES", str(tmp_path / "none.json"))
+    code, err, _ = run_entry(["cost", *map(str, _named_fake_runs(tmp_path / "runs", names))], monkeypatch, capsys)
+    assert code == 0, err
+    return costs_cli.console.file.getvalue()
+
+
+@pytest.mark.parametrize("width", [80, 100])
+def test_cost_table_breaks_long_run_names_after_hyphens_at_80_and_100_columns(tmp_path, monkeypatch, capsys, width):
+    """Issue 35: `launch cost` with long run names was rough at 80 columns (rich cut "scalin" / "g-study").
+    Now a name that does not fit goes on in the next line after a hyphen, as `launch ls` breaks names."""
+    out = _cost_output(tmp_path, monkeypatch, capsys, width, LONG_NAMES)
+    lines = out.splitlines()
+    assert max(len(line) for line in lines) <= width, out
+    _no_zero_width_column(out)
+    cells = [line.split("│")[1].strip() for line in lines if line.startswith("│")]
+    assert "".join(cells) == "".join(LONG_NAMES), out  # each whole when its lines are put together (1x2: in the title)
+    assert all(cell.endswith("-") or cell.endswith(LONG_NAMES) or any(n.endswith(cell) for n in LONG_NAMES)
+               for cell in cells), cells  # broken after a hyphen, never inside a word
+    for cell in ("g3.16xlarge", "on-demand", "$/hour", "dollars"):
+        assert cell in out, (cell, out)
+
+
+def test_cost_title_keeps_one_long_shared_name_whole_at_80_columns(tmp_path, monkeypatch, capsys):
+    """Two layouts of one long series: the name goes into the title, which wrapped at the table's 56 columns
+    and cut the name inside a word ("...-stu" / "dy-2026"); above the table it keeps it whole."""
+    from test_costs_cli import _fake_run
+
+    from scalelab.core.spec import read_spec, save_spec
+
+    runs = [_fake_run(tmp_path / "runs", f"r{g}", g, 0.05, 6400, "g3.16xlarge") for g in (1, 2)]
+    for run in runs:
+        spec = read_spec(run)
+        spec.name = LONG_NAMES[0]
+        save_spec(spec, run)
+    from conftest import run_entry
+
+    import scalelab.costs.cli as costs_cli
+
+    monkeypatch.setattr(costs_cli, "console", Console(file=io.StringIO(), width=80, color_system=None))
+    monkeypatch.setenv("SCALELAB_PRICES", str(tmp_path / "none.json"))
+    code, err, _ = run_entry(["cost", *map(str, runs)], monkeypatch, capsys)
+    assert code == 0, err
+    out = costs_cli.console.file.getvalue()
+    assert max(len(line) for line in out.splitlines()) <= 80, out
+    assert f"Cost per run: {LONG_NAMES[0]}" in out, out
+    assert "1x1" in out and "1x2" in out

@@ -78,6 +78,7 @@ def main() -> None:
         opt.load_state_dict(state["opt"])
         first = state["step"]
 
+    track.unit("tokens")  # track: what `items` counts, so the reports say tokens/s (optional: samples/s)
     for step in range(first, a.steps):
         x, y = batch(step, rank, per_rank, a.vocab, a.length)
         opt.zero_grad()

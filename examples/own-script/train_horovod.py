@@ -61,6 +61,7 @@ def main() -> None:
     loss_fn = nn.CrossEntropyLoss()
     per_rank = a.global_batch // hvd.size()
 
+    track.unit("tokens")  # track: what `items` counts, so the reports say tokens/s (optional: samples/s)
     for step in range(first, a.steps):
         x, y = batch(step, hvd.rank(), per_rank, a.vocab, a.length)
         opt.zero_grad()

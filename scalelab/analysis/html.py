@@ -24,6 +24,7 @@ from matplotlib.ticker import MaxNLocator, PercentFormatter
 
 from scalelab.analysis.report import DEFINITIONS, plot_speedup, plot_throughput, table_rows, terminal_frame
 from scalelab.core.engines import known_fact
+from scalelab.core.terminal import duration_text
 from scalelab.core.writes import check_inside
 
 __all__ = ["plot_cost_frontier", "plot_phases", "plot_loss", "plot_predictions", "figure_png",
@@ -120,7 +121,8 @@ def plot_phases(table: pd.DataFrame) -> Figure:
     ax.yaxis.set_major_formatter(PercentFormatter(1.0))
     ax.set_title("Where the step time goes" + (f": {table['label'].iloc[0]}" if one_series and "label" in table.columns
                                                 and len(table) else ""), fontsize=9)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)  # beside the bars
+    if ax.get_legend_handles_labels()[0]:  # a --script run records no phases: no legend (matplotlib warned)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)  # beside the bars
     return fig
 
 
@@ -266,8 +268,9 @@ def scales(table: pd.DataFrame) -> bool:
     return any(pd.Series(w).nunique() > 1 for _, w in series)
 
 
-def plan_sections(p: Any) -> list[tuple[str, str]]:
-    """Sections for a costs.planner.Plan: the recommendation first, then models, predictions, frontier."""
+def plan_sections(p: Any, unit: str = "words/s") -> list[tuple[str, str]]:
+    """Sections for a costs.planner.Plan: the recommendation first, then models, predictions, frontier;
+    `unit`: what the throughput counts ("words/s", a --script run's "images/s", a table's own unit)."""
     secs = []
     recs = "".join(f"<li><b>{html.escape(k.replace('_', ' '))}</b>: {_recommendation(v)}</li>"
                    for k, v in p.recommendations.items() if v)
@@ -286,7 +289,7 @@ def plan_sections(p: Any) -> list[tuple[str, str]]:
                  + _table(["series", "chosen", "measurements", *[f"{m} held-out error" for m in model_names]], model_rows)))
     if len(p.predictions) and "interval_low" in p.predictions.columns:
         secs.append(("Predicted throughput", f"<p>Bands at {p.confidence:.0%}.</p>"
-                     + _img(figure_png(plot_predictions(p.predictions, "words/s; a CSV's own unit")), "predictions")))
+                     + _img(figure_png(plot_predictions(p.predictions, unit)), "predictions")))
     secs += _convergence_sections(p)
     if p.next_measurement:
         n = p.next_measurement
@@ -308,17 +311,6 @@ def plan_sections(p: Any) -> list[tuple[str, str]]:
     if p.notes:
         secs.append(("Notes", "<ul class='note'>" + "".join(f"<li>{html.escape(n)}</li>" for n in p.notes) + "</ul>"))
     return secs
-
-
-def duration_text(seconds: float) -> str:
-    """A duration at a glance: 45 s, 12.5 min, 2.11 h (a short job was "0.00 h")."""
-    if seconds != seconds or seconds in (float("inf"), float("-inf")):
-        return "—"
-    if seconds < 90:
-        return f"{seconds:.0f} s"
-    if seconds < 5400:
-        return f"{seconds / 60:.1f} min"
-    return f"{seconds / 3600:.2f} h"
 
 
 def _recommendation(v: dict[str, Any]) -> str:

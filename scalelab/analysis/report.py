@@ -44,9 +44,10 @@ __all__ = [
 
 #: One line each, shown under every Markdown report (and usable as a terminal caption).
 DEFINITIONS: tuple[tuple[str, str], ...] = (
-    ("Throughput", "words/s = sum over measured steps and ranks of words / sum over steps of "
-                   "t_step, where t_step = max over ranks of step_s (the slowest rank sets the "
-                   "step time); samples/s likewise. Warm-up steps are excluded."),
+    ("Throughput", "words (or a --script run's items, in its own unit: images/s) per second = sum over "
+                   "measured steps and ranks of words / sum over steps of t_step, where t_step = max over "
+                   "ranks of step_s (the slowest rank sets the step time); samples/s likewise. Warm-up "
+                   "steps are excluded."),
     ("Speedup", "throughput of a layout / throughput of the smallest layout of the same series "
                 "(the same ratio as t_base/t for a fixed problem and n·t_base/t for fixed work "
                 "per worker)."),
@@ -97,6 +98,28 @@ def _throughput_col(df: pd.DataFrame) -> str | None:
         if c in df.columns:
             return c
     return None
+
+
+def row_units(df: pd.DataFrame) -> list[str]:
+    """Each row's unit of throughput: a --script run's own (`unit`: images, tokens, samples), else words."""
+    if "unit" not in df.columns:
+        return ["words"] * len(df)
+    return ["words" if _missing(u) else str(u) for u in df["unit"]]
+
+
+def throughput_header(df: pd.DataFrame) -> str:
+    """The throughput column's header: "words/s" for the built-in trainer, a --script run's own unit
+    ("images/s": issue 34, the reports said words/s of a script's items), "items/s" where the rows count
+    different things (each row's unit is then a column of its own), "throughput" for a published table."""
+    if _throughput_col(df) != "words_per_s":
+        return "throughput"
+    units = set(row_units(df))
+    return f"{units.pop()}/s" if len(units) == 1 else "items/s"
+
+
+def _script_rows_only(df: pd.DataFrame) -> bool:
+    """Every row is a --script run: its samples are its items, so samples/s says the throughput again."""
+    return "unit" in df.columns and len(df) > 0 and bool(df["unit"].notna().all())
 
 
 def _layout(r: pd.Series) -> str:
@@ -150,9 +173,11 @@ def _columns(df: pd.DataFrame) -> list[tuple[str, Callable[[pd.Series], str], bo
     if "workers" in has:
         cols.append(("workers", lambda r: _num(r.get("workers"), ".0f"), True))
     if thr is not None:
-        cols.append(("words/s" if thr == "words_per_s" else "throughput",
-                     lambda r: _num(r.get(thr), ",.0f"), True))
-    if "samples_per_s" in has:
+        header = throughput_header(df)
+        cols.append((header, lambda r: _num(r.get(thr), ",.0f"), True))
+        if header == "items/s":  # rows of several units: each says its own
+            cols.append(("unit", lambda r: "words" if _missing(r.get("unit")) else str(r["unit"]), False))
+    if "samples_per_s" in has and not _script_rows_only(df):
         cols.append(("samples/s", lambda r: _num(r.get("samples_per_s"), ",.1f"), True))
     if "time_s" in has:
         cols.append(("time (s)", lambda r: _num(r.get("time_s"), ".3f"), True))
@@ -527,7 +552,7 @@ def plot_throughput(df: pd.DataFrame, path: Path) -> Path:
     col = _throughput_col(df)
     if col is None:
         raise ValueError("plot_throughput needs a 'words_per_s' or 'throughput' column")
-    unit = "words/s" if col == "words_per_s" else "throughput"
+    unit = throughput_header(df)
     fig = _new_figure(2)
     ax_t, ax_w = fig.subplots(1, 2)
     for i, (lab, part) in enumerate(_series(df)):

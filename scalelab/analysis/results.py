@@ -16,8 +16,6 @@ import pandas as pd
 
 from scalelab.analysis.report import (
     REPORT_FILES,
-    plot_speedup,
-    plot_throughput,
     to_json_records,
     write_markdown,
 )
@@ -224,11 +222,12 @@ def write_report(summaries: list[LayoutSummary], runs: list[Path], out: Path,
     notes = price_notes(extra or [])
     out.mkdir(parents=True, exist_ok=True)
     refuse_links(out, REPORT_FILES)
-    plot = plot_speedup(table, out / "speedup.png")
-    plot_throughput(table, out / "throughput.png")
     warnings = trust_warnings(table) + emulation_warnings(runs)
+    # write_markdown draws speedup.png and throughput.png beside report.md (once: they were drawn twice, a
+    # third of `launch report`'s time on ten runs)
     md = write_markdown(table, out, "Scaling report", notes=[f"runs: {', '.join(str(r) for r in runs)}", *notes]
                         + [f"WARNING: {w}" for w in warnings])
+    plot = out / "speedup.png"
     text = json.dumps(to_json_records(table), indent=2)
     (out / "report.json").write_text(text + "\n")
     (out / "warnings.json").write_text(json.dumps(warnings, indent=2) + "\n")
@@ -250,8 +249,8 @@ def emulation_warnings(runs: list[Path]) -> list[str]:
     return out
 
 
-def summarize_loaded(run) -> LayoutSummary:
-    """The summary of a run already read with `runstore.load_run`."""
+def summarize_loaded(run, steps: pd.DataFrame | None = None) -> LayoutSummary:
+    """The summary of a run already read with `runstore.load_run` (`steps`: its step table, if made already)."""
     spec = run.spec
     if run.steps.empty and spec.own_code:
         raise RecordError(unmeasured_note(run))
@@ -267,9 +266,24 @@ def summarize_loaded(run) -> LayoutSummary:
         precision=None if spec.own_code else spec.precision, model=spec.model, batch_mode=spec.batch_mode,
         work_scaling=spec.work_scaling, global_batch=global_batch, loss_threshold=spec.loss_threshold,
         launched_at=launched_at(run), lr_warmup_steps=spec.lr_warmup_steps,
-        steps_per_epoch=int(per_epoch.iloc[0]) if len(per_epoch) else None,
+        steps_per_epoch=int(per_epoch.iloc[0]) if len(per_epoch) else None, unit=run_unit(run),
     )
-    return summarize_run(run.steps, run.val, run.events, meta)
+    return summarize_run(run.steps, run.val, run.events, meta, steps)
+
+
+def run_unit(run) -> str | None:
+    """What a --script run's items count: its last `unit` event (`track.unit("images")`), else its start
+    record's (`samples`, track's default); None for the built-in trainer, whose throughput is words."""
+    if not run.spec.own_code:
+        return None
+    events = run.events
+    if len(events) and "event" in events.columns and "unit" in events.columns:
+        named = events[events["event"] == "unit"]["unit"].dropna()
+        if len(named):
+            return str(named.iloc[-1])
+    if "unit" in run.start.columns and run.start["unit"].notna().any():
+        return str(run.start["unit"].dropna().iloc[0])
+    return "samples"
 
 
 def script_ends(run) -> tuple[float | None, list[int]]:

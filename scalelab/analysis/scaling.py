@@ -235,6 +235,9 @@ class LayoutSummary:
     # the largest peak memory of any rank (docs/records.md `mem_peak_bytes`) and which measure it is
     peak_mem_bytes: int | None = None
     mem_kind: str | None = None
+    # what a --script run's items count ("images", `track.unit`; "samples" unless it said): its words_per_s
+    # and samples_per_s are that unit per second. None for the built-in trainer: words.
+    unit: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict (for summary.json and DataFrames)."""
@@ -264,6 +267,7 @@ class RunMeta:
     launched_at: float | None = None  # time.time() of the launch
     lr_warmup_steps: int | None = None
     steps_per_epoch: int | None = None
+    unit: str | None = None  # a --script run's unit (LayoutSummary.unit)
 
     def __post_init__(self) -> None:
         if self.batch_mode not in BATCH_MODES:
@@ -275,8 +279,10 @@ def summarize_run(
     val_records: pd.DataFrame | None,
     events: pd.DataFrame | None,
     meta: RunMeta,
+    steps: pd.DataFrame | None = None,
 ) -> LayoutSummary:
-    """Summarise one run from its records and `meta` (what the records do not say: `RunMeta`).
+    """Summarise one run from its records and `meta` (what the records do not say: `RunMeta`); `steps` is
+    `step_table(step_records)` where the caller has it already (`launch plan` also draws its loss curves).
 
     Measured steps are those not marked warm-up and reported by every rank: a step that only some
     ranks finished (the run was interrupted inside it) has no meaningful slowest-rank time.
@@ -293,7 +299,7 @@ def summarize_run(
     Raises RecordError when no measured step exists otherwise, because every figure would be undefined.
     """
     mode = meta.batch_mode
-    steps = step_table(step_records)
+    steps = step_table(step_records) if steps is None else steps
     threshold = _float_or_none(meta.loss_threshold)
     reached, t_thr, s_thr = _threshold(val_records, events, threshold)
     measured, counts = _measured_steps(steps, meta.label or "?", early_threshold=bool(reached) and s_thr is not None)
@@ -325,6 +331,7 @@ def summarize_run(
         first_val_step=_first_val_step(val_records),
         precision=meta.precision,
         **_peak_memory(step_records),
+        unit=meta.unit,
     )
 
 

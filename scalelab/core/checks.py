@@ -111,7 +111,12 @@ class InputFile(click.ParamType):
 def aws_region_problem(region: str, also: Iterable[str] = ()) -> str | None:
     """An AWS region botocore does not know (every partition's, from its own data: no network), named with
     the known ones; None when it knows it, or it is one of `also` (the regions a prices file prices).
-    Why: `--region mars-1` was taken by a dry run and priced, and failed only at the first API call."""
+    Why: `--region mars-1` was taken by a dry run and priced, and failed only at the first API call.
+    A region of `also` is answered before botocore is imported (a quarter of a second: `launch cost` and
+    `launch plan` in the default region, which the catalog prices, need none of it)."""
+    also = set(also)
+    if region in also:
+        return None
     import botocore.session
 
     session = botocore.session.get_session()

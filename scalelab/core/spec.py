@@ -179,7 +179,8 @@ class Spec:
     `validate` adds what involves several fields.
     """
 
-    backend: str = option("local", "Where ranks run.", one_of(*BACKEND_NAMES), flag="--backend")
+    backend: str = option("local", "Where it runs: this machine, Slurm, Kubernetes or AWS.", one_of(*BACKEND_NAMES),
+                          flag="--backend")
     backend_options: dict[str, Any] = field(default_factory=dict)
     model: str = option("nmt-tiny", "Model preset: nmt-tiny, nmt-small, nmt-seed, rnnlm-*, sentiment-*.",
                         flag="--model")
@@ -199,8 +200,8 @@ class Spec:
     global_batch: int | None = option(None, "Strong scaling: this global batch is split across workers "
                                       "[default: the preset's].", POSITIVE, at_most(MAX_BATCH, BATCH_LIMIT),
                                       flag="--global-batch")
-    batch_per_worker: int | None = option(None, "Weak scaling: every worker takes this batch; the global batch "
-                                          "grows.", POSITIVE, at_most(MAX_BATCH, BATCH_LIMIT), flag="--batch-per-worker")
+    batch_per_worker: int | None = option(None, "Samples per worker and step: every worker takes this batch, so "
+                                          "the global batch grows with the workers (weak scaling).", POSITIVE, at_most(MAX_BATCH, BATCH_LIMIT), flag="--batch-per-worker")
     steps: int | None = option(40, "Optimizer steps to run.", POSITIVE, flag="--steps")
     epochs: int | None = option(None, "Epochs to run (with --steps: whichever ends first).", POSITIVE,
                                 flag="--epochs")
@@ -412,8 +413,7 @@ class Spec:
         coerce_fields(self)
         if self.own_code:
             return self._validate_own_code()
-        if self.model not in PRESETS:
-            raise SpecError(f"unknown model preset {self.model!r}; valid presets: {', '.join(sorted(PRESETS))}")
+        check_preset(self.model)
         self._check_combinations()
         # typed once, kept typed: `hidden_size: "256"` (or --model-arg hidden_size=256) is saved as 256, not text
         self.model_args = model_overrides(self.model_args, "in model_args")  # SpecError on bad keys or values
@@ -539,6 +539,13 @@ class Spec:
                 target = target[part]
             target[parts[-1]] = value
         return Spec.from_dict(raw)
+
+
+def check_preset(name: str) -> None:
+    """SpecError unless `name` is a model preset: `launch run` (validate) and `launch memory` / `launch prep`
+    (core.flags.spec_from_flags) say it the same way."""
+    if name not in PRESETS:
+        raise SpecError(f"unknown model preset {name!r}; valid presets: {', '.join(sorted(PRESETS))}")
 
 
 def rank_role(rank: int, ranks_per_node: int, servers_per_node: int) -> tuple[str, int]:

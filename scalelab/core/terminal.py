@@ -29,3 +29,38 @@ def columns_env() -> int | None:
 
     value = os.environ.get("COLUMNS", "")
     return int(value) if value.isdigit() and 20 <= int(value) <= 1000 else None
+
+
+def duration_text(seconds: float) -> str:
+    """A duration at a glance: 45 s, 12.5 min, 2.11 h (a short job was "0.00 h"). Here, with no pandas or
+    matplotlib, so `launch cost` renders its wall column without loading the HTML report's libraries."""
+    if seconds != seconds or seconds in (float("inf"), float("-inf")):
+        return "—"
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.2f} h"
+
+
+def break_name(name: str, room: int) -> str:
+    """A run's name on lines of at most `room` characters, broken after a hyphen where one fits (a name
+    cut inside a number, "...-04575/3", read as another run), as `ls` does: `launch ls`, `launch cost`."""
+    lines = []
+    while len(name) > room > 0:
+        cut = name.rfind("-", 0, room) + 1 or room
+        lines.append(name[:cut])
+        name = name[cut:]
+    return "\n".join([*lines, name])
+
+
+def middle_ellipsis(text: str, room: int) -> str:
+    """`text` in at most `room` characters with an ellipsis in the middle: its start (a run's name) and its
+    end (what tells a sweep's runs apart: engine, layout) both stay, as a file manager shortens a path.
+    The end gets the odd character."""
+    if len(text) <= room:
+        return text
+    if room < 3:
+        return text[:room]
+    tail = room // 2
+    return text[:room - 1 - tail] + "…" + text[len(text) - tail:]

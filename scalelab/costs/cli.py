@@ -26,7 +26,7 @@ from scalelab.core.checks import NON_NEGATIVE, POSITIVE, InputFile, Number, Outp
 from scalelab.core.errors import DataError, SpecError
 from scalelab.core.records import load_run
 from scalelab.core.runids import RunDir
-from scalelab.core.terminal import make_console
+from scalelab.core.terminal import break_name, duration_text, make_console
 from scalelab.costs.billing import Mix, instances_for, run_cost
 from scalelab.costs.catalog import DEFAULT_REGION, MARKETS, Catalog, CatalogError, load_catalog, parse_interruptions, refresh
 from scalelab.costs.memory import overflows
@@ -87,33 +87,51 @@ def _print_json(rows: Any) -> None:
     click.echo(json.dumps(_jsonable(rows), indent=2, allow_nan=False))
 
 
-def _rich_table(title: str, df: pd.DataFrame, fmt: dict[str, Any]) -> Table:
+def _rich_table(title: str, df: pd.DataFrame, fmt: dict[str, Any], width: int | None = None) -> Table:
     """A table whose headers never split inside a word (each column at least as wide as its header's
-    longest word: long cells wrap instead); `fmt` maps a column to a format spec or a function."""
+    longest word: long cells wrap instead); `fmt` maps a column to a format spec or a function. Where the
+    table would be wider than `width` (the console's), the first column's long names (a run's) go on in the
+    next line after a hyphen, as `launch ls` breaks them, instead of being cut anywhere by rich."""
     t = Table(title=title or None, header_style="bold")
     for col in df.columns:
         t.add_column(str(col), justify="right" if col in fmt else "left", overflow="fold",  # a long name folds, whole
                      min_width=max(len(w) for w in str(col).split() or [""]))
-    for _, r in df.iterrows():
-        cells = []
-        for col in df.columns:
-            v = r[col]
-            if v is None or (isinstance(v, float) and math.isnan(v)):
-                cells.append("—")
-            elif callable(fmt.get(col)):
-                cells.append(fmt[col](v))
-            elif col in fmt:
-                cells.append(format(float(v), fmt[col]))
-            else:
-                cells.append(str(v))
-        t.add_row(*cells)
+    rows = [[_cell(r[col], fmt.get(col), col in fmt) for col in df.columns] for _, r in df.iterrows()]
+    room = _first_column_room(df.columns, rows, width or console.width)
+    for cells in rows:
+        t.add_row(*([break_name(cells[0], room), *cells[1:]] if room else cells))
     return t
 
 
-def human_duration(seconds: float) -> str:
-    """One rendering of a duration: analysis.html's (imported when used: it loads pandas and matplotlib)."""
-    from scalelab.analysis.html import duration_text
+def _cell(v: Any, spec: Any, numeric: bool) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "—"
+    if callable(spec):
+        return spec(v)
+    return format(float(v), spec) if numeric else str(v)
 
+
+def _first_column_room(columns: Any, rows: list[list[str]], width: int) -> int:
+    """The first column's width where the table needs it narrower than its names to fit `width`, else 0
+    (nothing to break). A boxed table has 3 columns per cell of padding and rule, and one more."""
+    if not rows:
+        return 0
+    natural = [max([max((len(w) for w in str(h).split()), default=0)] + [len(r[i]) for r in rows])
+               for i, h in enumerate(columns)]
+    if sum(natural) + 3 * len(natural) + 1 <= width:
+        return 0
+    room = width - (sum(natural[1:]) + 3 * len(natural) + 1)
+    return room if room >= 12 else 0  # narrower than that: rich's own folding reads no worse
+
+
+def _title_above(title: str, width: int) -> str:
+    """A table's title as its own lines above it, words longer than the terminal broken after a hyphen:
+    inside the table it wrapped at the table's width and cut a long run name inside a word."""
+    return " ".join(break_name(word, width) for word in title.split(" "))
+
+
+def human_duration(seconds: float) -> str:
+    """One rendering of a duration, the HTML report's too (core.terminal: no pandas or matplotlib)."""
     return duration_text(seconds)
 
 
@@ -197,10 +215,12 @@ def cost_cmd(run_dirs: tuple[str, ...], from_csv: str | None, instances: str | N
         click.echo(markdown_table(show, {k: v for k, v in nfmt.items() if not callable(v)}))
     else:
         show, title = _distinct_runs(show, out.get("run_dir"))
-        console.print(_rich_table(f"Cost per run{title} (per-second billing, 60 s minimum)", show, nfmt))
+        title = f"Cost per run{title} (per-second billing, 60 s minimum)"
+        console.print(escape(_title_above(title, console.width)), style="italic", highlight=False)
+        console.print(_rich_table("", show, nfmt))
         bases = sorted({str(b) for b in out.get("price_basis", pd.Series(dtype=str)).dropna()})
         if bases:
-            console.print("price: " + "; ".join(bases), highlight=False, soft_wrap=True)
+            console.print("price: " + "; ".join(bases), highlight=False)  # wrapped at words, not by the terminal
 
 
 def _distinct_runs(show: pd.DataFrame, run_dirs: pd.Series | None) -> tuple[pd.DataFrame, str]:
@@ -624,11 +644,23 @@ def _worker_grid(measured: pd.DataFrame, text: str | None) -> list[int]:
     return sorted({int(w) for w in measured["workers"]} | {2 ** k for k in range(0, 12) if 2 ** k <= 2 * top})
 
 
+def plan_unit(m: Measurements) -> str:
+    """What the plan's throughput counts per second: the runs' own ("words/s", a --script's "images/s"), or a
+    --from-csv table's, which only the table knows."""
+    from scalelab.analysis.report import throughput_header
+
+    if m.table is None or not len(m.table):
+        return "a table's own unit"
+    header = throughput_header(m.table)
+    return "items/s, each series its own unit" if header == "items/s" else header
+
+
 def _show_plan(result, fmt: str, out: str | None, m: Measurements) -> None:
     """Write the plan's files (--out, or a temporary folder for html), the notes, and the plan."""
     out_dir = Path(out) if out else (Path(tempfile.mkdtemp(prefix="scalelab-plan-")) if fmt == "html" else None)
+    unit = plan_unit(m)
     if out_dir is not None:
-        _write_plan(result, out_dir, m.table, m.curves)
+        _write_plan(result, out_dir, m.table, m.curves, unit)
     for note in result.notes:
         err_console.print(f"[yellow]note:[/] {note}", highlight=False)
     if fmt == "json":
@@ -636,9 +668,9 @@ def _show_plan(result, fmt: str, out: str | None, m: Measurements) -> None:
     elif fmt == "html":
         click.echo(str(out_dir / "plan.html"))
     elif fmt == "markdown":
-        click.echo(plan_markdown(result))
+        click.echo(plan_markdown(result, unit))
     else:
-        _print_plan(result)
+        _print_plan(result, unit)
         if out_dir is not None:
             console.print(f"plan: [bold]{out_dir / 'plan.html'}[/]  ({out_dir / 'plan.md'})")
 
@@ -755,8 +787,9 @@ _PICK_LEGEND = ("pick: cheapest / fastest / both = the recommendations above; fr
                 "cheaper; no fit = a rank would not fit its GPU's memory (never recommended). speed: measured (the runs' type), probe (its own runs), estimate (GPU specs), user (--speed)")
 
 
-def _plan_tables(result) -> list[tuple[str, pd.DataFrame, dict[str, Any]]]:
-    """(title, rows, number formats) of every table the plan has, in the order shown."""
+def _plan_tables(result, unit: str = "words/s") -> list[tuple[str, pd.DataFrame, dict[str, Any]]]:
+    """(title, rows, number formats) of every table the plan has, in the order shown; `unit`: what the
+    throughput counts (`plan_unit`)."""
     tables = []
     if len(result.predictions) and "layout" in result.predictions.columns:
         timed = "predicted_time_s" in result.predictions.columns
@@ -767,7 +800,7 @@ def _plan_tables(result) -> list[tuple[str, pd.DataFrame, dict[str, Any]]]:
     elif len(result.predictions):
         small = result.predictions["predicted_throughput"].max() < 100  # e.g. runs per second of a time_s table
         rows, said = _view(result.predictions, _PRED_VIEW, ("workers",))
-        title = "Predicted throughput per second (words/s from runs; a table's own unit)"
+        title = f"Predicted throughput per second ({unit})"
         fmt = _PRED_FMT | ({c: ".4g" for c in ("predicted /s", "low /s", "high /s", "measured /s")} if small else {})
         tables.append((title + (f": {said}" if said else ""), rows, fmt))
     if len(result.batch_predictions):
@@ -781,23 +814,23 @@ def _plan_tables(result) -> list[tuple[str, pd.DataFrame, dict[str, Any]]]:
     return tables
 
 
-def _print_plan(result) -> None:
+def _print_plan(result, unit: str = "words/s") -> None:
     """Assumptions once on top, the answer, then the tables (at 100 columns), notes last."""
     lines = _model_lines(result)
     for line in lines:
         console.print(line, highlight=False)
-    for title, rows, fmt in _plan_tables(result):
+    for title, rows, fmt in _plan_tables(result, unit):
         console.print(f"[bold]{escape(title)}[/]", highlight=False)  # above the table: a title inside wraps at its width
         console.print(_rich_table("", rows, fmt))
     if len(result.candidates):
         console.print(_PICK_LEGEND, highlight=False)
 
 
-def plan_markdown(result) -> str:
+def plan_markdown(result, unit: str = "words/s") -> str:
     from scalelab.analysis.report import markdown_table
 
     parts = ["# Scaling plan", "", *[f"- {line}" for line in _model_lines(result)]]
-    for title, rows, fmt in _plan_tables(result):
+    for title, rows, fmt in _plan_tables(result, unit):
         rows = rows.copy()
         for col, how in fmt.items():
             if callable(how) and col in rows.columns:
@@ -810,16 +843,17 @@ def plan_markdown(result) -> str:
     return "\n".join(parts) + "\n"
 
 
-def _write_plan(result, out_dir: Path, table: pd.DataFrame | None, curves: dict[str, pd.DataFrame]) -> None:
+def _write_plan(result, out_dir: Path, table: pd.DataFrame | None, curves: dict[str, pd.DataFrame],
+                unit: str = "words/s") -> None:
     from scalelab.analysis.html import plan_sections, scaling_sections, write_html
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    sections = plan_sections(result)
+    sections = plan_sections(result, unit)
     if table is not None and len(table):
         sections += scaling_sections(table, curves)
     write_html(out_dir / "plan.html", "Scaling and cost plan", sections,
                intro="Predictions come from models fitted to the measured layouts; intervals say how sure they are.")
-    (out_dir / "plan.md").write_text(plan_markdown(result))
+    (out_dir / "plan.md").write_text(plan_markdown(result, unit))
     _write_json_file(out_dir / "plan.json", result.rows())
 
 

@@ -21,6 +21,7 @@ from typing import Any
 import pandas as pd
 
 from scalelab.core.spec import Spec
+from scalelab.core.terminal import duration_text
 from scalelab.costs.billing import Mix, RunCost, instances_for, run_cost
 from scalelab.costs.catalog import DEFAULT_REGION, Catalog, CatalogError, load_catalog
 from scalelab.costs.fleet import MARKET_ON_DEMAND, MARKET_SPOT, Fleet
@@ -50,8 +51,6 @@ class Estimate:
         steps = "unknown steps (--epochs, or a --script's own)" if self.steps is None else f"{self.steps} steps"
         dollars = "unknown" if math.isnan(self.dollars) else f"${self.dollars:,.2f}"
         startup = f" + {self.startup_s:.3g} s start-up" if self.startup_s else ""
-        from scalelab.analysis.html import duration_text
-
         took = "an unknown time" if math.isnan(self.hours) else duration_text(self.hours * 3600)
         return (f"fleet ${self.usd_per_hour:,.2f}/hour ({self.rate_basis}); expected {dollars} "
                 f"for {steps} x {self.step_s:.3g} s/step ({self.step_basis}){startup} = {took}")

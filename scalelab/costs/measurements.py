@@ -63,7 +63,8 @@ def measured_from_runs(paths: list[Path], measured_on: str | None = None, every_
     curves, precisions, memory = {}, [], {}
     for run_dir in expand_run_dirs(paths):
         run = load_run(run_dir)
-        s = summarize_loaded(run)
+        st = None if run.steps.empty else step_table(run.steps)  # once: the summary and the loss curve read it
+        s = summarize_loaded(run, st)
         if not run.spec.own_code:  # a --script's model is unknown to the memory model: its plans are not checked
             memory[s.label] = memory_model(run.spec)
         itype = (run.spec.backend_options or {}).get("instance_type")
@@ -71,8 +72,7 @@ def measured_from_runs(paths: list[Path], measured_on: str | None = None, every_
         types = {t for _, t in Mix.parse(itype).items} if itype else set()  # a mix: measured on several
         by_type.setdefault(types.pop() if len(types) == 1 else ("mix" if types else None), []).append(s)
         precisions.append(s.precision or "fp32")
-        st = step_table(run.steps)
-        if len(st) and st["time"].notna().any():
+        if st is not None and len(st) and st["time"].notna().any():
             # a million step records: plot at most ~2000 points per layout
             every = max(1, len(st) // 2000)
             curves[f"{s.label} {s.nodes}x{s.gpus_per_node}"] = pd.DataFrame(

@@ -8,14 +8,14 @@ mark the layouts that do not fit (scalelab/costs/memory.py).
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import click
 
 from scalelab.core.errors import SpecError
-from scalelab.core.presets import OUTPUT_LOSSES, PRESETS, config_with_overrides, model_overrides
-from scalelab.core.engines import ENGINES
+from scalelab.core.flags import shared_flags, spec_from_flags
 from scalelab.core.options import parse_pairs
-from scalelab.core.spec import PRECISIONS
+from scalelab.core.presets import PRESETS, config_with_overrides, model_overrides
 from scalelab.core.terminal import make_console
 from scalelab.costs.catalog import InstanceType, builtin_catalog
 from scalelab.costs.memory import GIB, HEADROOM, MemoryPrediction, predict_peak
@@ -56,29 +56,27 @@ def fit_rows(prediction: MemoryPrediction, types: list[InstanceType], precision:
 
 
 @click.command("memory")
-@click.option("--model", "model_name", type=click.Choice(sorted(PRESETS)), default="nmt-seed", show_default=True)
-@click.option("--model-arg", "model_args", multiple=True, metavar="KEY=VALUE", help="Override a preset field, e.g. hidden_size=1024.")
-@click.option("--batch-per-worker", type=click.IntRange(min=1), required=True, help="Samples per rank and step.")
-@click.option("--precision", type=click.Choice(PRECISIONS), default="fp32", show_default=True)
-@click.option("--engine", type=click.Choice(ENGINES), default="horovod", show_default=True)
-@click.option("--output-loss", type=click.Choice(OUTPUT_LOSSES), default="auto", show_default=True,
-              help="As `launch --output-loss` (auto: compiled on a GPU).")
-@click.option("--optimizer", type=click.Choice(["adam", "sgd"]), default="adam", show_default=True,
-              help="Adam keeps two moments per parameter, SGD with momentum one.")
+@shared_flags("--model", "--model-arg", "--batch-per-worker", "--precision", "--engine", "--output-loss", "--optimizer",
+              required=("--batch-per-worker",))
 @click.option("--instance-types", help="Check these types [default: one per GPU model in the catalog].")
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
-def memory_cmd(model_name: str, model_args: tuple[str, ...], batch_per_worker: int, precision: str, engine: str,
-               output_loss: str, optimizer: str, instance_types: str | None, fmt: str) -> None:
+def memory_cmd(instance_types: str | None, fmt: str, **params: Any) -> None:
     """Predict a rank's peak GPU memory for a model, batch, precision and engine, and which GPUs it fits.
 
     The peak counts tensors, as torch.cuda.max_memory_allocated does; a GPU fits when the peak is at
-    most 90% of its memory (the rest: the CUDA context and the allocator's cache)."""
-    cfg = config_with_overrides(PRESETS[model_name], model_overrides(parse_pairs(model_args, "--model-arg"), "--model-arg"))
-    prediction = predict_peak(cfg, batch_per_worker, precision, engine, output_loss, optimizer, device="cuda")
+    most 90% of its memory (the rest: the CUDA context and the allocator's cache). The model, engine,
+    precision, output loss and optimizer flags and their defaults are `launch run`'s."""
+    spec = spec_from_flags(params)
+    model_name, batch_per_worker, precision, engine = spec.model, spec.batch_per_worker, spec.precision, spec.engine.name
+    cfg = config_with_overrides(PRESETS[model_name], model_overrides(parse_pairs(params["model_args"], "--model-arg"),
+                                                                     "--model-arg"))
+    prediction = predict_peak(cfg, batch_per_worker, precision, engine, spec.output_loss, spec.optimizer, device="cuda")
     names = [n.strip() for n in instance_types.split(",") if n.strip()] if instance_types else None
     rows = fit_rows(prediction, gpu_types(names), precision)
     if fmt == "json":
-        click.echo(json.dumps({"peak_gib": prediction.peak_gib, "model_state_gib": prediction.model_state / GIB,
+        click.echo(json.dumps({"model": model_name, "batch_per_worker": batch_per_worker, "precision": precision,
+                               "engine": engine, "output_loss": spec.output_loss, "optimizer": spec.optimizer,
+                               "peak_gib": prediction.peak_gib, "model_state_gib": prediction.model_state / GIB,
                                "activations_gib": prediction.activations / GIB,
                                "output_layer_gib": prediction.output_layer / GIB, "types": rows}, indent=2))
         return

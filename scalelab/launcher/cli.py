@@ -27,19 +27,19 @@ from rich.markup import escape
 
 from scalelab.core.checks import InputFile, OutputDir
 from scalelab.core.errors import ScalelabError, SpecError
-from scalelab.core.options import Flag, coerce_path, option_flags, parse_pairs  # noqa: F401  (prep imports it here)
+from scalelab.core.flags import SPEC_FLAGS, DataFlag, shared_flags, spec_flag_option, spec_flag_values  # noqa: F401
+from scalelab.core.options import Flag, parse_pairs  # noqa: F401  (prep imports it here)
 from scalelab.core.presets import model_overrides
 from scalelab.core.runids import RunDir
 from scalelab.core.rundir import ACTIVE, DEFAULT_RUNS_ROOT, discard_unlaunched, dryrun_dir, is_sweep, new_run_dir
 from scalelab.core.spec import (
     BATCH_MODES,
-    DATA_KINDS,
     SCALING_AXES,
     Spec,
     load_spec,
     read_spec,
 )
-from scalelab.core.terminal import make_console
+from scalelab.core.terminal import break_name, make_console
 from scalelab.core.writes import WriteError, is_write_failure, write_failure, writing
 from scalelab.launcher import __version__
 from scalelab.launcher.backend import backend_flags, get_backend, import_optional, options_type
@@ -257,26 +257,6 @@ def _with_config_default(record: tuple[str, str], name: str, ctx: click.Context)
 # ---- options shared by run and sweep -------------------------------------------------------------
 
 
-class DataFlag(click.ParamType):
-    """`--data KIND`, or `--data shards:DIR`: the spelling of `launch prep`'s issue, the same as
-    `--data shards --shards DIR` (split by `_data_flag`). Refused here, with the kinds listed:
-    another kind with a colon, or `shards:` with no directory."""
-
-    name = "kind"
-
-    def get_metavar(self, param: click.Parameter, ctx: click.Context | None = None) -> str:
-        return "[" + "|".join(DATA_KINDS) + "|shards:DIR]"
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
-        kind, colon, directory = str(value).partition(":")
-        if kind in DATA_KINDS and (not colon or (kind == "shards" and directory.strip())):
-            return str(value)
-        if kind == "shards":
-            self.fail("--data shards:DIR needs the directory launch prep wrote after the colon "
-                      "(or give --data shards --shards DIR)", param, ctx)
-        self.fail(f"{value!r} is not one of {', '.join(DATA_KINDS)}, or shards:DIR", param, ctx)
-
-
 def _data_flag(params: dict[str, Any]) -> dict[str, Any]:
     """`--data shards:DIR` as `--data shards --shards DIR`; naming two different directories is an error."""
     kind, colon, directory = (params.get("data__kind") or "").partition(":")
@@ -287,41 +267,21 @@ def _data_flag(params: dict[str, Any]) -> dict[str, Any]:
                         "directories: give one of them")
     return {**params, "data__kind": kind, "data__shards": directory}
 
-# The spec's flags: generated from the fields of `Spec` that declare one with `option()` (scalelab/core/spec.py: flag,
-# help, choices, checks and default in one place). Only the click type of `--data` is the CLI's own (DataFlag:
-# it also takes `shards:DIR`).
-SPEC_FLAGS: list[Flag] = option_flags(Spec)
-_CLICK_TYPES: dict[str, click.ParamType] = {"data.kind": DataFlag()}
+# The spec's flags (generated from the fields of `Spec` that declare one with `option()`: scalelab/core/spec.py) and
+# the options that are no spec field are declared once in scalelab/core/flags.py, shared with `launch memory` and
+# `launch prep`; only the backends' flags are made here.
+RUN_COMMON = ("--spec", "--model-arg", "--backend-opt", "--runs-dir", "--dry-run")
 
 
 def spec_options(func):
     """The spec flags, every backend's flags (generated from its options type) and the common ones."""
     for flag in reversed(SPEC_FLAGS):
-        func = _spec_flag(flag)(func)
+        func = spec_flag_option(flag)(func)
     for backend, flags in reversed(list(backend_flags().items())):
         for flag in reversed(flags):
             func = _backend_flag(backend, flag)(func)
-    func = click.option("--spec", "spec_file", type=InputFile("spec file"), help="YAML spec; flags override it.")(func)
-    func = click.option("--model-arg", "model_args", multiple=True, metavar="KEY=VALUE",
-                        help="Override a preset field, e.g. --model-arg hidden_size=256 (repeatable).")(func)
-    func = click.option("--backend-opt", "backend_opts", multiple=True, metavar="KEY=VALUE",
-                        help="Backend option (repeatable); unknown ones are listed with the valid ones.")(func)
-    func = click.option("--runs-dir", type=OutputDir("--runs-dir"), default=str(DEFAULT_RUNS_ROOT),
-                        show_default=True, help="Where run directories are created.")(func)
-    func = click.option("--dry-run", is_flag=True, help="Print exactly what would be run and run nothing "
-                                                         "(and, on stderr, what it would cost).")(func)
+    func = shared_flags(*RUN_COMMON)(func)
     return price_options(func)
-
-
-def _spec_flag(flag: Flag):
-    """The click option of one spec field's flag; its value reaches the spec through `_spec_flag_values`
-    (None when not given, so the spec file or the field's default stands)."""
-    kwargs: dict[str, Any] = {"help": flag.help, "metavar": flag.metavar}
-    if flag.kind is bool:
-        kwargs["default"] = None  # an on/off pair: None when neither is given
-    else:
-        kwargs["type"] = _CLICK_TYPES.get(flag.key) or (click.Choice(flag.choices) if flag.choices else flag.kind)
-    return click.option(flag.decl, flag.key.replace(".", "__"), **kwargs)
 
 
 def _backend_flag(backend: str, flag: Flag):
@@ -396,12 +356,7 @@ def _prefixes(key: str) -> list[str]:
 
 def _spec_flag_values(params: dict[str, Any]) -> dict[str, Any]:
     """{spec key: value} of the spec flags given, typed and checked as the Spec declares them."""
-    out, params = {}, _data_flag(params)
-    for flag in SPEC_FLAGS:
-        value = params.get(flag.key.replace(".", "__"))
-        if value is not None:
-            out[flag.key] = coerce_path(Spec, flag.key, value, f"from {flag.name}", text=True)
-    return out
+    return spec_flag_values(_data_flag(params))
 
 
 def _backend_options(spec: Spec, params: dict[str, Any]) -> dict[str, Any]:
@@ -783,7 +738,7 @@ def rows_table(rows: list[dict[str, Any]], title: str | None = None, width: int 
                ("layout", "left", lambda r: cell(r["layout"])), ("state", "left", lambda r: r["state"]),
                ("steps", "right", _steps_cell),
                ("loss", "right", lambda r: "—" if r.get("loss") is None else f"{r['loss']:.3f}"),
-               ("words/s", "right", lambda r: cell(r["words_per_s"])),
+               (_rate_header(rows), "right", lambda r: _rate_cell(r, rows)),
                ("ETA", "right", lambda r: "—" if r.get("eta_s") is None else duration(r["eta_s"])),
                ("cost $", "right", lambda r: cell(r["cost_usd"], 2)), ("age", "right", lambda r: age(r["age_s"]))]
     # the others only where some row has a value (JSON has all); the cost always, a dash saying no price is known
@@ -809,20 +764,27 @@ def rows_table(rows: list[dict[str, Any]], title: str | None = None, width: int 
         table.add_column(header, justify=justify, no_wrap=header != "name", overflow="fold" if header == "name" else "ellipsis")
     room = width - natural([c for c in columns if c[0] != "name"]) - 3  # what is left for the names
     for row in rows:
-        table.add_row(*(escape(_break_name(get(row), room) if header == "name" else get(row))
+        table.add_row(*(escape(break_name(get(row), room) if header == "name" else get(row))
                         for header, _, get in columns))
     return table
 
 
-def _break_name(name: str, room: int) -> str:
-    """A run's name on lines of at most `room` characters, broken after a hyphen where one fits (a name
-    cut inside a number, "...-04575/3", read as another run)."""
-    lines = []
-    while len(name) > room > 0:
-        cut = name.rfind("-", 0, room) + 1 or room
-        lines.append(name[:cut])
-        name = name[cut:]
-    return "\n".join([*lines, name])
+def _units(rows: list[dict[str, Any]]) -> set[str]:
+    return {r.get("unit") or "words" for r in rows if r.get("words_per_s") is not None}
+
+
+def _rate_header(rows: list[dict[str, Any]]) -> str:
+    """"words/s", a --script run's own unit ("images/s": issue 34), or "per s" where the rows count different
+    things (each cell then names its unit)."""
+    units = _units(rows)
+    return f"{units.pop()}/s" if len(units) == 1 else "words/s" if not units else "per s"
+
+
+def _rate_cell(row: dict[str, Any], rows: list[dict[str, Any]]) -> str:
+    from scalelab.launcher.inventory import cell
+
+    text = cell(row["words_per_s"])
+    return text if len(_units(rows)) <= 1 or text == "—" else f"{text} {row.get('unit') or 'words'}"
 
 
 def _steps_cell(row: dict[str, Any]) -> str:

@@ -125,7 +125,7 @@ def _cost_so_far(usd_per_hour: float, seconds: float) -> float:
 
 
 def _progress(run_dir: Path, state: str) -> dict[str, Any]:
-    """steps, total_steps, loss, words_per_s, eta_s: a completed run's from its summary, any other's from
+    """steps, total_steps, loss, words_per_s (in `unit`: words, or a --script run's own), eta_s: a completed run's from its summary, any other's from
     its records (a run that is training, or one that stopped: where it stopped)."""
     from scalelab.launcher.progress import snapshot_of
 
@@ -135,12 +135,13 @@ def _progress(run_dir: Path, state: str) -> dict[str, Any]:
         steps = summary.get("steps_measured")
         steps = steps + summary.get("steps_warmup", 0) if steps is not None else None
         return {"steps": steps, "total_steps": read_spec(run_dir).steps, "loss": summary.get("final_loss"),
-                "words_per_s": summary.get("words_per_s"), "eta_s": None}
+                "words_per_s": summary.get("words_per_s"), "unit": summary.get("unit") or "words", "eta_s": None}
     snap = snapshot_of(run_dir) if paths.records.exists() else None
     if snap is None:
-        return {"steps": None, "total_steps": read_spec(run_dir).steps, "loss": None, "words_per_s": None, "eta_s": None}
+        return {"steps": None, "total_steps": read_spec(run_dir).steps, "loss": None, "words_per_s": None,
+                "unit": "words", "eta_s": None}
     return {"steps": snap.step, "total_steps": snap.total, "loss": snap.loss, "words_per_s": snap.words_per_s,
-            "eta_s": snap.eta_s if state.rstrip("?") in ACTIVE else None}
+            "unit": snap.unit, "eta_s": snap.eta_s if state.rstrip("?") in ACTIVE else None}
 
 
 def combined_state(states: list[str]) -> str:
@@ -164,6 +165,7 @@ def group_row(path: Path, kind: str, layouts: list[dict[str, Any]]) -> dict[str,
         "total_steps": None, "loss": None,
         "eta_s": max((r["eta_s"] for r in layouts if r.get("eta_s") is not None), default=None),
         "words_per_s": max((r["words_per_s"] for r in layouts if r["words_per_s"] is not None), default=None),
+        "unit": next((r["unit"] for r in layouts if r.get("words_per_s") is not None), "words"),  # one sweep, one unit
         "cost_usd": sum(costs) if costs else None,
         "age_s": min(r["age_s"] for r in known) if known else None,
         "layouts": layouts,

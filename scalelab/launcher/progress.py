@@ -58,6 +58,7 @@ class Snapshot:
     eta_s: float | None = None
     threshold_step: int | None = None
     ended: str | None = None  # rank 0's `end` reason (steps, epochs, threshold, ...) once it wrote one
+    unit: str = "words"  # what words_per_s counts: a --script run's own unit (`track.unit`: images, samples)
 
     def steps(self) -> str:
         """"40/200", or "40" when the total is not known."""
@@ -71,7 +72,7 @@ class Snapshot:
         if self.val_loss is not None:
             parts.append(f"val {self.val_loss:.3f}")
         if self.words_per_s is not None:
-            parts.append(f"{self.words_per_s:,.0f} words/s")
+            parts.append(f"{self.words_per_s:,.0f} {self.unit}/s")
         if self.threshold_step is not None:
             parts.append(f"threshold reached at step {self.threshold_step}")
         elif self.ended:
@@ -88,7 +89,7 @@ class Snapshot:
         if self.val_loss is not None:
             out.append((3, f"val {self.val_loss:.3f}"))
         if self.words_per_s is not None:
-            out.append((2, f"{self.words_per_s:,.0f} words/s"))
+            out.append((2, f"{self.words_per_s:,.0f} {self.unit}/s"))
         if self.threshold_step is not None:
             out.append((1, f"threshold reached at step {self.threshold_step}"))
         elif self.ended:
@@ -100,7 +101,7 @@ class Snapshot:
     def to_dict(self) -> dict[str, Any]:
         return {"step": self.step, "total_steps": self.total, "loss": self.loss, "val_loss": self.val_loss,
                 "words_per_s": self.words_per_s, "eta_s": self.eta_s, "threshold_step": self.threshold_step,
-                "ended": self.ended}
+                "ended": self.ended, "unit": self.unit}
 
 
 class RunWatch:
@@ -156,6 +157,8 @@ class RunWatch:
             self.snap.val_loss = rec.get("val_loss")
         elif rank == 0 and kind == "event" and rec.get("event") == "threshold":
             self.snap.threshold_step = rec.get("step")
+        elif rank == 0 and kind == "event" and rec.get("event") == "unit" and rec.get("unit"):
+            self.snap.unit = str(rec["unit"])  # `track.unit("images")` in a --script run
         elif rank == 0 and kind == "event" and rec.get("event") == "end":
             self.snap.ended = str(rec.get("reason") or "ended")
 
@@ -169,6 +172,8 @@ class RunWatch:
             self.epochs = None
         if rank == 0:
             self.snap.ended = None  # a resumed run trains again
+            if rec.get("unit"):  # a --script run's start says its unit (samples until the script names one)
+                self.snap.unit = str(rec["unit"])
 
     def _step(self, rank: int, rec: dict[str, Any]) -> None:
         step = int(rec["step"])
@@ -253,12 +258,14 @@ class BarLayout:
 
 
 def short_label(label: str, room: int) -> str:
-    """A run's name for the bar: without its -YYYYMMDD-HHMMSS stamp, cut to `room` with an ellipsis in front
-    (the end says the engine and layout, what tells a sweep's runs apart)."""
+    """A run's name for the bar: without its -YYYYMMDD-HHMMSS stamp, cut to `room` with an ellipsis in the
+    middle: the start is the name the user gave, the end says the engine and layout (what tells a sweep's
+    runs apart). Cut from the front, "…scaling-study-ddp-1x2" no longer said which experiment it was."""
     import re
 
-    label = re.sub(r"-\d{8}-\d{6}$", "", label)
-    return label if len(label) <= room else "…" + label[len(label) - max(1, room - 1):]
+    from scalelab.core.terminal import middle_ellipsis
+
+    return middle_ellipsis(re.sub(r"-\d{8}-\d{6}$", "", label), room)
 
 
 def fit_bar(width: int, label: str, steps_width: int, parts: list[tuple[int, str]], lead: str = "",
@@ -266,7 +273,8 @@ def fit_bar(width: int, label: str, steps_width: int, parts: list[tuple[int, str
     """Lay the bar out to fit `width` (issue 35: at 80 columns rich squeezed the bar and the step count to
     nothing, at 100 the line was cut): the label at most a quarter of it, the bar 10-40 wide, the step count
     whole, then the info's parts by need (loss, ETA or how it ended, words/s, validation, ranks) as long as
-    they fit, in their own order; the elapsed time last."""
+    they fit, in their own order; the elapsed time last. What is left lengthens a name cut in its middle,
+    then the bar."""
     width = max(width - 1, 40)  # a line of exactly the terminal's width wraps in some terminals
     description = short_label(label, max(8, width // 4))
     fixed = len(description) + 1 + BAR_MIN + 1 + steps_width + 1  # one space between columns
@@ -280,7 +288,10 @@ def fit_bar(width: int, label: str, steps_width: int, parts: list[tuple[int, str
     used = fixed + len(info)
     elapsed = timed and used + 1 + ELAPSED_WIDTH <= width and len(keep) == len(ordered)
     used += (1 + ELAPSED_WIDTH) if elapsed else 0
-    return BarLayout(description, min(BAR_MAX, BAR_MIN + width - used), info, elapsed)
+    # room left over goes to a cut name first (its middle back), then to the bar
+    longer = short_label(label, len(description) + max(0, width - used))
+    used += len(longer) - len(description)
+    return BarLayout(longer, min(BAR_MAX, BAR_MIN + width - used), info, elapsed)
 
 
 class RunProgress:

@@ -20,7 +20,8 @@ import click
 from scalelab.core.checks import Number, OutputDir
 from scalelab.core.errors import SpecError
 from scalelab.core.rundir import dryrun_dir, new_run_dir, write_json
-from scalelab.core.spec import BACKEND_NAMES, BATCH_MODES
+from scalelab.core.flags import shared_flags, spec_from_flags
+from scalelab.core.spec import BATCH_MODES
 from scalelab.core.writes import check_writable
 from scalelab.launcher.cli import console, parse_pairs
 from scalelab.launcher.runner import err_console
@@ -42,8 +43,7 @@ def _inputs(func):
 
 
 @click.command("prep")
-@click.option("--model", required=True, help="Model preset the shards are cut for (lengths, vocabulary limit).")
-@click.option("--model-arg", "model_args", multiple=True, metavar="KEY=VALUE", help="Override a preset field (repeatable).")
+@shared_flags("--model", "--model-arg")  # declared, and defaulted, as `launch run`'s (scalelab/core/flags.py)
 @_inputs
 @click.option("--out", required=True, type=OutputDir("--out", remote_ok=True), help="Shards directory (local path or s3://BUCKET/PREFIX); must not hold shards yet.")
 @click.option("--workers", default="2", show_default=True, help="Dask workers; a list (1,2,4) runs a sweep.")
@@ -51,17 +51,12 @@ def _inputs(func):
               help="Sweep: strong = the same corpus on more workers; weak = --lines-per-worker x workers lines.")
 @click.option("--lines-per-worker", type=Number(minimum=1, integer=True, why="each worker preps at least one line"),
               help="Weak scaling: prep only the first N x workers training lines.")
-@click.option("--backend", type=click.Choice(BACKEND_NAMES), default="local", show_default=True, help="Where the Dask workers run.")
-@click.option("--backend-opt", "backend_opts", multiple=True, metavar="KEY=VALUE",
-              help="Cluster option (repeatable), e.g. partition=debug, image=..., endpoint_url=...; unknown ones are listed.")
+@shared_flags("--backend", "--backend-opt")
 @click.option("--scheduler", help="Use this running Dask scheduler (tcp://HOST:8786) instead of starting a cluster.")
 @click.option("--shard-size", type=int, default=50_000, show_default=True, help="Samples per shard.")
 @click.option("--block-mb", type=float, default=16.0, show_default=True, help="Bytes of text per read task, in MiB.")
 @click.option("--valid-fraction", type=float, default=0.05, show_default=True, help="Held out without validation files.")
-@click.option("--name", help="Run name (and the label of its scaling series).")
-@click.option("--runs-dir", type=OutputDir("--runs-dir"), default="runs", show_default=True,
-              help="Where the prep's run directory (records, report) is created.")
-@click.option("--dry-run", is_flag=True, help="Print the cluster request (job script, manifest or settings); start nothing.")
+@shared_flags("--name", "--runs-dir", "--dry-run")
 def prep_cmd(**params: Any) -> None:
     """Normalise, tokenise and shard a corpus on Dask; records and a scaling table like training's.
 
@@ -95,6 +90,7 @@ def prep_cmd(**params: Any) -> None:
 
 def build_requests(params: dict[str, Any]) -> list[PrepRequest]:
     """One validated request per worker count; a sweep writes each run's shards to OUT/<N>w."""
+    spec = spec_from_flags(params)  # --model, --backend, --name typed and checked as `launch run` does, its defaults
     counts = _counts(params["workers"])
     if params["mode"] == "weak" and not params["lines_per_worker"]:
         raise SpecError("--mode weak grows the corpus with the workers: give --lines-per-worker N")
@@ -103,13 +99,13 @@ def build_requests(params: dict[str, Any]) -> list[PrepRequest]:
     out = []
     for n in counts:
         request = PrepRequest(
-            model=params["model"], model_args=parse_pairs(params["model_args"], "--model-arg"),
+            model=spec.model, model_args=parse_pairs(params["model_args"], "--model-arg"),
             inputs={k: list(params[k]) for k in INPUTS if params[k]},
             out=params["out"] if len(counts) == 1 else params["out"].rstrip("/") + f"/{n}w",
-            workers=n, backend=params["backend"], backend_options=parse_pairs(params["backend_opts"], "--backend-opt"),
+            workers=n, backend=spec.backend, backend_options=parse_pairs(params["backend_opts"], "--backend-opt"),
             shard_size=params["shard_size"], block_mb=params["block_mb"], valid_fraction=params["valid_fraction"],
             lines_limit=params["lines_per_worker"] * n if params["lines_per_worker"] else None, mode=params["mode"],
-            scheduler=params["scheduler"], name=params["name"],
+            scheduler=params["scheduler"], name=spec.name,
         )
         out.append(request.validate())
     from scalelab.prep.clusters import resolve_options

@@ -1,0 +1,128 @@
+"""Issue 34: a --script run counts its own items (`track.unit("images")`), and every place that shows its
+throughput says that unit: the report in the terminal, Markdown, JSON and HTML, the sweep's report, `launch ls`,
+`launch status`'s progress line and `launch plan`. They said "words/s" of a script's images. And `--repeats`
+with `--script`, until then only checked in a dry run, runs for real here: two repeats of two layouts, local
+ranks (a plain Python script: it records with `scalelab.track` and needs no PyTorch)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import launch, read_jsonl
+
+SCRIPT = """\
+import time
+from scalelab import track
+
+track.unit("images")
+for i in range(12):
+    time.sleep(0.02)
+    track.step(items=32, loss=2.0 - 0.05 * i)
+"""
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory) -> tuple[Path, Path, str]:
+    """(working directory, sweep directory, the sweep's own output): 1 and 2 ranks, 2 repeats each."""
+    cwd = tmp_path_factory.mktemp("unit")
+    (cwd / "imgs.py").write_text(SCRIPT)
+    proc = launch("sweep", "--script", "imgs.py", "--engine", "ddp", "--workers", "1,2", "--repeats", "2",
+                  "--warmup-steps", "2", "--device", "cpu", cwd=cwd, env={"COLUMNS": "100"})
+    assert proc.returncode == 0, proc.stderr
+    (sweep_dir,) = (cwd / "runs").glob("sweep-imgs.py-*")
+    return cwd, sweep_dir, proc.stdout
+
+
+def test_repeats_of_a_script_run_for_real_each_recording_its_steps(sweep):
+    _, sweep_dir, _ = sweep
+    runs = sorted(p.name for p in sweep_dir.iterdir() if p.is_dir())
+    assert runs == ["1x1-r0", "1x1-r1", "1x2-r0", "1x2-r1"]
+    for name in runs:
+        run = sweep_dir / name
+        ranks = 2 if name.startswith("1x2") else 1
+        for rank in range(ranks):
+            steps = [r for r in read_jsonl(run / "records" / f"rank-{rank}.jsonl") if r["kind"] == "step"]
+            assert [r["step"] for r in steps] == list(range(1, 13)) and all(r["samples"] == 32 for r in steps)
+        summary = json.loads((run / "summary.json").read_text())
+        assert summary["unit"] == "images" and summary["workers"] == ranks and summary["words_per_s"] > 0, summary
+
+
+def test_the_sweeps_report_says_images_per_second(sweep):
+    _, sweep_dir, out = sweep
+    header = next(line for line in out.splitlines() if "workers" in line)
+    assert "images/s" in out and "words/s" not in out, out
+    assert "samples/s" not in header  # a script's samples are its items: the same figure again
+    markdown = (sweep_dir / "report.md").read_text()
+    table_header = next(line for line in markdown.splitlines() if line.startswith("| label"))
+    assert "images/s" in table_header and "words/s" not in table_header, table_header
+
+
+def test_report_json_markdown_and_html_carry_the_unit(sweep):
+    cwd, sweep_dir, _ = sweep
+    rows = json.loads(launch("report", str(sweep_dir), "--format", "json", cwd=cwd).stdout)
+    assert len(rows) == 4 and all(r["unit"] == "images" for r in rows), rows
+    md = launch("report", str(sweep_dir), "--format", "markdown", cwd=cwd).stdout
+    assert "| images/s |" in md and "words/s" not in md.split("## Definitions")[0], md
+    html = launch("report", str(sweep_dir), "--format", "html", cwd=cwd)
+    assert html.returncode == 0, html.stderr
+    page = Path(html.stdout.strip().splitlines()[-1]).read_text()
+    assert "images/s" in page and "UserWarning" not in html.stderr, html.stderr
+
+
+def test_ls_and_status_show_the_runs_unit(sweep):
+    cwd, sweep_dir, _ = sweep
+    listed = launch("ls", "--runs-dir", str(cwd / "runs"), cwd=cwd, env={"COLUMNS": "100"})
+    assert listed.returncode == 0, listed.stderr
+    assert "images/s" in listed.stdout.splitlines()[0] and "words/s" not in listed.stdout, listed.stdout
+    (row,) = json.loads(launch("ls", "--runs-dir", str(cwd / "runs"), "--format", "json", cwd=cwd).stdout)
+    assert row["unit"] == "images" and all(r["unit"] == "images" for r in row["layouts"]), row
+    status = launch("status", str(sweep_dir / "1x2-r0"), cwd=cwd, env={"COLUMNS": "100"})
+    assert status.returncode == 0 and "images/s" in status.stdout and "words/s" not in status.stdout, status.stdout
+
+
+def test_plan_says_the_runs_unit(sweep):
+    cwd, sweep_dir, _ = sweep
+    plan = launch("plan", str(sweep_dir), "--rate", "2.5", cwd=cwd, env={"COLUMNS": "100"})
+    assert plan.returncode == 0, plan.stderr
+    assert "Predicted throughput per second (images/s)" in plan.stdout and "words/s" not in plan.stdout, plan.stdout
+
+
+def test_rows_of_several_units_name_each_rows_unit():
+    """A report of a built-in run (words) and a script run (images) together: one "items/s" column and each
+    row's unit beside it, not one unit claimed for both."""
+    from test_trust import summary
+
+    from scalelab.analysis.report import table_rows, throughput_header
+    from scalelab.analysis.scaling import scale_layouts
+
+    df = scale_layouts([summary(1, 1000.0, label="builtin"), summary(1, 500.0, label="mine")])
+    df.loc[df["label"] == "mine", "unit"] = "images"
+    assert throughput_header(df) == "items/s"
+    headers, rows = table_rows(df)
+    unit = headers.index("unit")
+    assert headers[unit - 1] == "items/s" and sorted(r[unit] for r in rows) == ["images", "words"], (headers, rows)
+    assert throughput_header(df[df["label"] == "builtin"]) == "words/s"
+
+
+def test_ls_rows_of_several_units_say_each_cells_unit():
+    """`launch ls` over a built-in run and a script run: the column is "per s" and each cell names its unit."""
+    import io
+
+    from rich.console import Console
+
+    from scalelab.launcher.cli import rows_table
+
+    base = {"kind": "run", "backend": "local", "layout": "1x1", "state": "COMPLETED", "steps": 12, "total_steps": 12,
+            "loss": None, "eta_s": None, "cost_usd": None, "age_s": 5.0}
+    rows = [{**base, "name": "nmt-tiny-ddp-1x1", "words_per_s": 9179.0, "unit": "words"},
+            {**base, "name": "imgs.py-ddp-1x1", "words_per_s": 1582.0, "unit": "images"}]
+    console = Console(file=io.StringIO(), width=100, color_system=None)
+    console.print(rows_table(rows, None, 100))
+    out = console.file.getvalue()
+    assert "per s" in out.splitlines()[0] and "9,179 words" in out and "1,582 images" in out, out
+    one = Console(file=io.StringIO(), width=100, color_system=None)
+    one.print(rows_table(rows[1:], None, 100))
+    assert "images/s" in one.file.getvalue().splitlines()[0], one.file.getvalue()
