@@ -42,6 +42,22 @@ def test_nnls_matches_brute_force_and_stays_non_negative():
         assert np.sum((a @ x - b) ** 2) <= best + 1e-9
 
 
+def test_nnls_gives_scipy_s_answer_for_few_columns_and_hands_wide_problems_to_it():
+    """The exact small-support search and Lawson-Hanson agree, on random and on rank-deficient problems."""
+    from scipy import optimize
+
+    rng = np.random.default_rng(1)
+    for n in (1, 2, 3, 5, 6, 7):
+        for _ in range(10):
+            a = rng.normal(size=(9, n))
+            if n > 2:
+                a[:, -1] = a[:, 0]  # a repeated column: many supports tie
+            b = rng.normal(size=9)
+            ours, theirs = nnls(a, b), optimize.nnls(a, b)[0]
+            assert (ours >= 0).all()
+            assert np.sum((a @ ours - b) ** 2) == pytest.approx(np.sum((a @ theirs - b) ** 2), rel=1e-9, abs=1e-12)
+
+
 def test_ernest_recovers_known_parameters():
     w = np.array([1, 2, 4, 8, 16], dtype=float)
     theta = np.array([1e-6, 2e-5, 3e-7, 1e-7])

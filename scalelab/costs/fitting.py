@@ -56,12 +56,34 @@ __all__ = [
 
 
 def nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Non-negative least squares min ||a x − b||, x >= 0 (scipy.optimize.nnls: Lawson-Hanson
-    active set, exact for these few columns)."""
-    from scipy import optimize  # here, not at import: `launch plan` on cached tasks and measurements needs no SciPy
+    """Non-negative least squares min ||a x − b||, x >= 0.
 
-    x, _ = optimize.nnls(np.asarray(a, dtype=float), np.asarray(b, dtype=float))
-    return x
+    The planner's fits have at most a few columns, so the exact answer is found by trying every support:
+    the optimum is the unconstrained least squares on the columns it leaves positive, so of the
+    supports whose solution is non-negative the one with the least residual wins. That costs
+    microseconds and spares `launch plan` SciPy's import (0.4-1 s of a 2 s budget, docs/benchmarks.md);
+    wider problems go to scipy.optimize.nnls (Lawson-Hanson's active set).
+    """
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    n = a.shape[1]
+    if n > _EXACT_NNLS_COLUMNS:
+        from scipy import optimize  # here, not at import: see above
+
+        return optimize.nnls(a, b)[0]
+    best, best_res = np.zeros(n), float(b @ b)
+    for mask in range(1, 2 ** n):
+        cols = [j for j in range(n) if mask >> j & 1]
+        sol = np.linalg.lstsq(a[:, cols], b, rcond=None)[0]
+        if np.any(sol < 0):
+            continue
+        res = float(np.sum((a[:, cols] @ sol - b) ** 2))
+        if res < best_res - 1e-12 * max(1.0, best_res):
+            best, best_res = np.zeros(n), res
+            best[cols] = sol
+    return best
+
+
+_EXACT_NNLS_COLUMNS = 6  # 63 small least-squares solves at the most
 
 
 @dataclass(frozen=True)
