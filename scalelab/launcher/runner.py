@@ -52,7 +52,14 @@ from scalelab.core.spec import Spec, save_spec
 from scalelab.core.terminal import make_console
 from scalelab.core.trajectory import record_trajectory
 from scalelab.core.writes import WriteError, full_note, refuse_run_dir_links
-from scalelab.launcher.backend import STOP_NOW, Backend, RunStatus, rank_ends, silent_ranks
+from scalelab.launcher.backend import (
+    STOP_NOW,
+    Backend,
+    RunStatus,
+    rank_ends,
+    silent_ranks,
+    stopped_on_a_signal,
+)
 from scalelab.launcher.pricing import fleet_rate
 
 err_console = make_console(stderr=True)
@@ -246,10 +253,19 @@ def wait(backend: Backend, run_dir: Path, on_tick: Callable[[], None] | None = N
     A signal or an error on the way cancels the run (`stopping_runs`) and propagates.
     """
     with stopping_runs(backend, [run_dir]):
-        status = backend.finish(run_dir, _until_end(backend, run_dir, on_tick))
+        status = ended_as_recorded(run_dir, backend.finish(run_dir, _until_end(backend, run_dir, on_tick)))
         record_state(run_dir, status.state, status.detail)
     info = read_state(run_dir)
     return RunStatus(info["state"], info.get("detail", ""))
+
+
+def ended_as_recorded(run_dir: Path, status: RunStatus) -> RunStatus:
+    """`status`, or CANCELLED where the backend saw a failure but every rank recorded that it stopped cleanly
+    on a stop signal (one rank signalled: torchrun and horovodrun call their ranks' exit 143 a crash).
+    The records decide, never the exit code or the log text."""
+    if status.state != FAILED:
+        return status
+    return stopped_on_a_signal(run_dir, read_state(run_dir).get("launched")) or status
 
 
 def _until_end(backend: Backend, run_dir: Path, on_tick: Callable[[], None] | None) -> RunStatus:
@@ -283,7 +299,9 @@ def follow(backend: Backend, spec: Spec, run_dir: Path, label: str | None = None
     with RunProgress(run_dir, spec.steps, label or run_dir.name, err_console, epochs=spec.epochs) as progress:
         status = wait(backend, run_dir, on_tick=progress.poll)
     if status.state == CANCELLED:
-        raise ScalelabError(f"run {run_dir} was cancelled; `launch resume {run_dir}` continues it from its last checkpoint")
+        stopped = stopped_on_a_signal(run_dir, read_state(run_dir).get("launched"))
+        raise ScalelabError(f"run {run_dir} was cancelled: {stopped.detail}" if stopped else
+                            f"run {run_dir} was cancelled; `launch resume {run_dir}` continues it from its last checkpoint")
     if status.state != COMPLETED:
         raise failure(backend, run_dir, status)
     return write_summary(run_dir)

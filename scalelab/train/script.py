@@ -87,14 +87,14 @@ def start_records(run_dir: Path, spec: Spec, rank: int, world: int) -> tuple[Rec
 
 
 def install_stop(launcher: str | None) -> None:
-    """SIGTERM/SIGUSR1: `track.should_stop()` turns True, or, for a script that never asks, it ends (143).
+    """SIGTERM/SIGUSR1/SIGINT: `track.should_stop()` turns True, or, for a script that never asks, it ends (143).
     The launcher watch sends this process SIGTERM when the launcher is gone."""
 
     def on_signal(signum: int, frame: object) -> None:
         if not track._stopped(signum):
             raise SystemExit(INTERRUPTED)
 
-    for sig in (signal.SIGTERM, signal.SIGUSR1):
+    for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
         signal.signal(sig, on_signal)
     if not launcher:
         return
