@@ -448,7 +448,7 @@ def silent_ranks(run_dir: Path, ranks: list[RankEnd]) -> str | None:
     started = {r.rank: r for r in ranks}
     said = [f"rank {n} " + (f"after step {started[n].last_step}" if n in started and started[n].last_step
                             else "before its first step")
-            for n in range(world) if n not in started or started[n].end is None]
+            for n in range(world) if n not in started or (started[n].end is None and not started[n].errors)]
     return None if not said else (f"{', '.join(said)} stopped with no error and no end record (killed by a signal, or out of memory?); "
             f"its log: `launch logs {run_dir}`; `launch resume {run_dir}` continues from the last checkpoint")
 

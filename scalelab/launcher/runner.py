@@ -336,8 +336,10 @@ def failure(backend: Backend, run_dir: Path, status: RunStatus) -> ScalelabError
     """The error for a run that did not complete: its ranks' own words; else which rank stopped without
     a word (killed); else the end of its logs."""
     since = read_state(run_dir).get("launched")
-    errors = read_errors(run_dir, since=since)
-    said = list(dict.fromkeys(str(rec.get("message", "")).strip() for rec in errors))
+    errors = sorted(read_errors(run_dir, since=since), key=lambda rec: float(rec.get("time", 0)))
+    # a rank's own error first: the errors of ranks whose collective failed because a peer was gone come
+    # after the silence of a killed rank (issue #37: not torchrun's or horovodrun's dump, not the echo)
+    said = _messages(rec for rec in errors if not rec.get("peer_lost"))
     if said:
         return ScalelabError("; ".join(said) + f" (run directory {run_dir})" + resume_hint(run_dir))
     full = full_note(run_dir)
@@ -348,8 +350,15 @@ def failure(backend: Backend, run_dir: Path, status: RunStatus) -> ScalelabError
     silent = silent_ranks(run_dir, ranks) if any(r.last_step for r in ranks) else None
     if silent:  # they trained, and one of them stopped without a word
         return ScalelabError(f"run {run_dir} {status.state.lower()} ({status.detail}): {silent}")
+    if errors:  # only ranks that lost a peer said something
+        return ScalelabError("; ".join(_messages(errors)) + f" (run directory {run_dir})" + resume_hint(run_dir))
     return ScalelabError(f"run {run_dir} {status.state.lower()} ({status.detail}); last lines of its logs:\n"
                          + tail(backend.logs(run_dir), 25))
+
+
+def _messages(records) -> list[str]:
+    """The error records' messages, each once, in order."""
+    return list(dict.fromkeys(str(rec.get("message", "")).strip() for rec in records))
 
 
 def nothing_to_resume(run_dir: Path, spec: Spec) -> str:

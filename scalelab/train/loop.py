@@ -615,4 +615,4 @@ def fatal_line(exc: BaseException, run_dir: Path) -> str:
     its traceback), which rank, and where the traceback is."""
     rank, _ = rank_from_env()
     said = "".join(traceback.format_exception_only(type(exc), exc)).strip().splitlines()
-    return f"rank {rank}: {said[-1] if said else type(exc).__name__} (its traceback: `launch logs {run_dir} --rank {rank}`)"
+    return f"rank {rank}: {said[-1] if said else type(exc).__name__} (its traceback: `launch logs {Path(run_dir).name}`)"
