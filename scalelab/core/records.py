@@ -390,6 +390,20 @@ def rank_from_env(env: Mapping[str, str] | None = None) -> tuple[int, int]:
     return 0, 1
 
 
+# What a collective raises on the ranks left when a peer died: torch.distributed's DistError family, Gloo's
+# RuntimeErrors ("Connection closed by peer", "Connection reset by peer"), Horovod's HorovodInternalError.
+_PEER_GONE = ("connection closed by peer", "connection reset by peer", "broken pipe", "timed out", "gloo")
+
+
+def lost_a_peer(exc: BaseException) -> bool:
+    """Whether `exc` is a collective failing because another rank is gone, not this rank's own fault: the
+    launcher then names the rank that failed (or went silent) first."""
+    names = {cls.__name__ for cls in type(exc).__mro__}
+    if names & {"DistError", "DistBackendError", "DistNetworkError", "HorovodInternalError"}:
+        return True
+    return isinstance(exc, RuntimeError) and any(word in str(exc).lower() for word in _PEER_GONE)
+
+
 def record_error(run_dir: Path, message: str, env: Mapping[str, str] | None = None, peer_lost: bool = False) -> None:
     """A rank stops on an error: an `error` record for the launcher, and the line on stderr for humans.
     `peer_lost`: the error is a collective failing because another rank is gone (the launcher names that

@@ -37,7 +37,7 @@ import torch
 from scalelab.core.errors import ScalelabError
 from scalelab.core.procs import LAUNCHER_ENV, started_at
 from scalelab.core.provenance import machine, software
-from scalelab.core.records import RecordWriter, rank_from_env, record_error
+from scalelab.core.records import RecordWriter, lost_a_peer, rank_from_env, record_error
 from scalelab.core.spec import Spec, read_spec
 from scalelab.train import balance
 from scalelab.train.batch import Batch
@@ -594,20 +594,6 @@ def main(argv: list[str] | None = None) -> int:
         record_error(run_dir, fatal_line(exc, run_dir), peer_lost=lost_a_peer(exc))
         return 1
     return 0 if reason != "interrupted" else 143
-
-
-# What a collective raises on the ranks left when a peer died: torch.distributed's DistError family, Gloo's
-# RuntimeErrors ("Connection closed by peer", "Connection reset by peer"), Horovod's HorovodInternalError.
-_PEER_GONE = ("connection closed by peer", "connection reset by peer", "broken pipe", "timed out", "gloo")
-
-
-def lost_a_peer(exc: BaseException) -> bool:
-    """Whether `exc` is a collective failing because another rank is gone, not this rank's own fault: the
-    launcher then names the rank that failed (or went silent) first."""
-    names = {cls.__name__ for cls in type(exc).__mro__}
-    if names & {"DistError", "DistBackendError", "DistNetworkError", "HorovodInternalError"}:
-        return True
-    return isinstance(exc, RuntimeError) and any(word in str(exc).lower() for word in _PEER_GONE)
 
 
 def fatal_line(exc: BaseException, run_dir: Path) -> str:
