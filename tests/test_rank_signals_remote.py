@@ -1,13 +1,14 @@
 """Issue 37 on the remote backends: a signal to one rank on Slurm and on an AWS node; `--allow-changed` on
 Kubernetes and AWS.
 
-- Slurm (the real test cluster, DDP on 2 ranks): SIGTERM to rank 1's trainer process alone. Both ranks stop
+- Slurm (the real test cluster, DDP and Horovod on 2 ranks): SIGTERM to rank 1's trainer process alone. Both ranks stop
   at the step they agree on, rank 0 checkpoints, srun sees exit 143 and the job ends FAILED in Slurm's
   accounting; the launcher reads the ranks' records and records CANCELLED, with one line. No job and no
   process of the run is left, and `launch resume` (a new job) records exactly the losses of an
   uninterrupted run on the cluster.
 - AWS (moto; the instance played on this machine by running the user data moto holds, as
-  tests/test_aws_bootstrap.py does; engine single): SIGTERM to the rank on the node. The node reports
+  tests/test_aws_bootstrap.py does; single, and DDP on one node of 2 ranks): SIGTERM to one rank on the node
+  (rank 1 of two: rank 0 waits in the stop agreement). The node reports
   `cancelled` (not `interrupted`, which the launcher answers with replacement capacity), the launcher ends
   the run CANCELLED and terminates the instance, no replacement starts; the resume (a new generation)
   continues from the checkpoint to the uninterrupted run's losses.
@@ -36,7 +37,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import ROOT, launch, only_run_dir, read_jsonl
+from tests.conftest import ROOT, launch, needs_horovod, only_run_dir, read_jsonl
 from tests.test_rank_signals import (
     ENGINES,
     SPEC,
@@ -61,7 +62,7 @@ PYTHON_ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
 
 # ---- Slurm -----------------------------------------------------------------------------------------
 
-SLURM = [*SPEC, "--backend", "slurm", "--threads", "1", *ENGINES["ddp"]]
+SLURM = [*SPEC, "--backend", "slurm", "--threads", "1"]
 
 
 def _slurm_processes(run_dir: Path, job: str) -> list[str]:
@@ -79,16 +80,18 @@ def _slurm_processes(run_dir: Path, job: str) -> list[str]:
     return found
 
 
-def test_slurm_a_signal_to_one_rank_cancels_the_run_and_it_resumes_exactly(slurm_cluster, tmp_path):
+@pytest.mark.parametrize("engine", ["ddp", pytest.param("horovod", marks=needs_horovod)])
+def test_slurm_a_signal_to_one_rank_cancels_the_run_and_it_resumes_exactly(slurm_cluster, tmp_path, engine):
     reference = tmp_path / "reference"
     reference.mkdir()
-    done = launch(*SLURM, "--runs-dir", "runs", cwd=reference, timeout=600)
+    done = launch(*SLURM, *ENGINES[engine], "--runs-dir", "runs", cwd=reference, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     whole = only_run_dir(reference / "runs")
 
     where = tmp_path / "signalled"
     where.mkdir()
-    proc = subprocess.Popen([sys.executable, "-m", "scalelab.launcher.cli", *SLURM, "--runs-dir", "runs"], cwd=where,
+    proc = subprocess.Popen([sys.executable, "-m", "scalelab.launcher.cli", *SLURM, *ENGINES[engine], "--runs-dir", "runs"],
+                            cwd=where,
                             env={**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200", HOLD_AT_STEP_ENV: f"{STOP}:1"},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -110,13 +113,15 @@ def test_slurm_a_signal_to_one_rank_cancels_the_run_and_it_resumes_exactly(slurm
     assert wait_for("the job's end", lambda: job not in subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True,
                                                                        text=True).stdout.split() or None, patience_s=60)
     assert wait_for("no process of the job", lambda: not _slurm_processes(run, job) or None, patience_s=60)
-    assert_resumes_exactly(run, whole, "ddp", from_step=STOP)
+    assert_resumes_exactly(run, whole, engine, from_step=STOP)
 
 
 # ---- AWS: a signal to the rank on a node -------------------------------------------------------------
 
 boto3 = pytest.importorskip("boto3", reason="boto3 is not installed: pip install boto3")
 from tests.test_aws_bootstrap import (  # noqa: E402  (the instance played here: its fixtures and stand-ins)
+    ENGINE_RUNS,
+    KEYS,
     REGION,
     RUN,
     STOP_AT,
@@ -124,8 +129,10 @@ from tests.test_aws_bootstrap import (  # noqa: E402  (the instance played here:
     clean_env,
     cloud,  # noqa: F401  (a fixture)
     finished,
+    node_bin,
+    reachable,
+    reference_run,
     s3_json,
-    start_user_data,
     user_data_of,
     venv,  # noqa: F401  (a fixture)
     wheel,  # noqa: F401  (a fixture)
@@ -137,10 +144,22 @@ from scalelab.core.rundir import new_run_dir  # noqa: E402
 from scalelab.launcher.runner import submit, wait  # noqa: E402
 
 
-def _aws(cloud, wheel_path: Path) -> AwsBackend:
+def _aws(cloud, wheel_path: Path, instance_type: str = "g3.4xlarge") -> AwsBackend:
     return AwsBackend({"bucket": cloud["bucket"], "region": REGION, "spot": True, "wheel": str(wheel_path),
                        "poll_s": 0.3, "interruption_grace_s": 120.0, "report_timeout_min": 6.0, "timeout_min": 15.0,
-                       "instance_type": "g3.4xlarge"}, clients={"ec2": cloud["ec2"], "s3": cloud["s3"]})
+                       "instance_type": instance_type}, clients={"ec2": cloud["ec2"], "s3": cloud["s3"]})
+
+
+def _start_node(cloud, instance_id: str, work: Path, python: Path, meta: Metadata, hold: str) -> subprocess.Popen:
+    """The instance's user data from moto, run as the instance would at boot (tests/test_aws_bootstrap.py's
+    `start_user_data`), its ranks holding as `hold` says (SCALELAB_HOLD_AT_STEP)."""
+    env = clean_env()
+    env.update(KEYS, AWS_ENDPOINT_URL=cloud["url"], SCALELAB_WORK=str(work), SCALELAB_PYTHON=str(python),
+               SCALELAB_METADATA_URL=meta.url, SCALELAB_POLL_S="0.3", SCALELAB_PEER_TIMEOUT_S="60",
+               PIP_NO_INDEX="1", PIP_DISABLE_PIP_VERSION_CHECK="1", OMP_NUM_THREADS="1",
+               PATH=f"{node_bin(cloud, instance_id)}:{env['PATH']}", **{HOLD_AT_STEP_ENV: hold})
+    return subprocess.Popen(["bash", "-c", user_data_of(cloud["ec2"], instance_id)], env=env, cwd=work.parent,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def _following(be: AwsBackend, run_dir: Path) -> tuple[threading.Thread, dict]:
@@ -158,11 +177,14 @@ def _following(be: AwsBackend, run_dir: Path) -> tuple[threading.Thread, dict]:
     return thread, outcome
 
 
-def test_aws_a_signal_to_the_rank_on_a_node_cancels_the_run_without_replacement(cloud, wheel, venv, tmp_path):
+@pytest.mark.parametrize("engine", ["single", "ddp"])
+def test_aws_a_signal_to_one_rank_on_a_node_cancels_the_run_without_replacement(cloud, wheel, venv, tmp_path, engine):
     ec2 = cloud["ec2"]
-    spec = Spec.from_dict(RUN)  # single, 10 steps, a checkpoint every 4; the trainer holds at STOP_AT
+    engine_spec, extra, instance_type = ENGINE_RUNS[engine]
+    spec = Spec.from_dict({**RUN, "engine": engine_spec, **extra})  # 10 steps, a checkpoint every 4
+    rank = 0 if engine == "single" else 1  # the one signalled; it holds at STOP_AT until then, the others agree
     run_dir = new_run_dir(tmp_path / "runs", "signal")
-    be = _aws(cloud, wheel)
+    be = _aws(cloud, wheel, instance_type)
     submit(be, spec, run_dir)
     launcher, outcome = _following(be, run_dir)
     meta = Metadata()  # never a spot notice: meta.records stays None
@@ -171,11 +193,12 @@ def test_aws_a_signal_to_the_rank_on_a_node_cancels_the_run_without_replacement(
         meta.instance_id = first["InstanceId"]
         work0 = tmp_path / "node-gen0"
         node_run = work0 / run_dir.name
-        proc = start_user_data(cloud, first["InstanceId"], work0, venv, meta)
-        wait_for(f"the node's rank at step {STOP_AT}",
-                 lambda: any(r["kind"] == "step" and r["step"] == STOP_AT for r in records(node_run, 0)), patience_s=400)
-        wait_for("the node's rank", lambda: rank_process(node_run, 0)).send_signal(signal.SIGTERM)
-        said = finished(proc, work0)
+        with reachable(first, engine):
+            proc = _start_node(cloud, first["InstanceId"], work0, venv, meta, f"{STOP_AT}:{rank}")
+            wait_for(f"the node's rank {rank} at step {STOP_AT}", lambda: any(
+                r["kind"] == "step" and r["step"] == STOP_AT for r in records(node_run, rank)), patience_s=400)
+            wait_for("the node's rank", lambda: rank_process(node_run, rank)).send_signal(signal.SIGTERM)
+            said = finished(proc, work0)
         assert proc.returncode == 0, said
         launcher.join(timeout=120)
     finally:
@@ -187,20 +210,21 @@ def test_aws_a_signal_to_the_rank_on_a_node_cancels_the_run_without_replacement(
     assert status["state"] == "cancelled" and status["reason"] is None, said
     assert td.instances(ec2, run_dir.name, ["pending", "running"], 1) == [], "capacity was replaced"
     assert td.instances(ec2, run_dir.name, td.LIVE_STATES) == []
-    stops = [r for r in read_jsonl(run_dir / "records" / "rank-0.jsonl") if r.get("event") == "interrupted"]
+    stops = [r for r in read_jsonl(run_dir / "records" / f"rank-{rank}.jsonl") if r.get("event") == "interrupted"]
     assert [(s["step"], s["signal"]) for s in stops] == [(STOP_AT, signal.SIGTERM)]
     assert not left(node_run), "a process of the node's run is left"
 
     # the resume: a new generation continues from the checkpoint to the end
-    be = _aws(cloud, wheel)
+    be = _aws(cloud, wheel, instance_type)
     submit(be, read_spec(run_dir), run_dir)
     launcher, outcome = _following(be, run_dir)
     try:
         (second,) = wait_for("the resumed generation's instance", lambda: td.instances(ec2, run_dir.name, ["running"], 1))
         meta.instance_id = second["InstanceId"]
         work1 = tmp_path / "node-gen1"
-        proc = start_user_data(cloud, second["InstanceId"], work1, venv, meta)
-        said = finished(proc, work1)
+        with reachable(second, engine):
+            proc = _start_node(cloud, second["InstanceId"], work1, venv, meta, "")
+            said = finished(proc, work1)
         assert proc.returncode == 0, said
         launcher.join(timeout=120)
     finally:
@@ -209,13 +233,16 @@ def test_aws_a_signal_to_the_rank_on_a_node_cancels_the_run_without_replacement(
             be.cancel(run_dir, grace_s=0)
     assert "error" not in outcome, outcome
     assert outcome["status"].state == "COMPLETED", outcome["status"].detail
-    reference = tmp_path / "uninterrupted"
-    reference.mkdir()
-    save_spec(spec, reference)
-    done = subprocess.run([sys.executable, "-m", "scalelab.train", str(reference)], cwd=tmp_path, capture_output=True,
-                          text=True, env={**clean_env(), "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
-    assert done.returncode == 0, done.stderr[-3000:]
-    _assert_resumed_exactly(run_dir, reference, "single", from_step=STOP_AT)
+    if engine == "single":
+        reference = tmp_path / "uninterrupted"
+        reference.mkdir()
+        save_spec(spec, reference)
+        done = subprocess.run([sys.executable, "-m", "scalelab.train", str(reference)], cwd=tmp_path, capture_output=True,
+                              text=True, env={**clean_env(), "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
+        assert done.returncode == 0, done.stderr[-3000:]
+    else:
+        reference = reference_run(spec, tmp_path / "uninterrupted")
+    _assert_resumed_exactly(run_dir, reference, engine, from_step=STOP_AT)
     assert td.instances(ec2, run_dir.name, td.LIVE_STATES) == []
 
 
