@@ -424,7 +424,8 @@ def validate_and_judge(run: Run, progress: Progress, out: RecordWriter) -> bool:
 
 
 def agree_to_stop(engine: Engine, step: int) -> bool:
-    """True on every rank when any rank got SIGTERM/SIGUSR1 (a cancel, Slurm's warning): all stop here."""
+    """True on every rank when any rank got a stop signal (a cancel, Slurm's warning, a signal to that one
+    rank): all stop here."""
     _hold_for_a_stop_signal(step, engine.rank)
     return engine.any(Stop.signal is not None)  # distributed
 
