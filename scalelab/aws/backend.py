@@ -274,6 +274,9 @@ class AwsBackend(Backend):
         lead = statuses.get(leader, {}).get("state")
         if lead == "completed":
             return RunStatus(COMPLETED, f"generation {gen} finished on {len(nodes)} instance(s)")
+        if lead == "cancelled":  # a rank got a stop signal; every rank checkpointed and stopped: no replacement
+            return RunStatus(CANCELLED, f"a rank of generation {gen} got a stop signal; every rank stopped with a "
+                                        f"checkpoint; `launch resume {run_dir}` continues it")
         if any(s.get("reason") == LAUNCHER_LOST for s in statuses.values()):
             return RunStatus(FAILED, f"the instances stopped themselves: no heartbeat from the launcher for "
                                      f"{self.options['heartbeat_timeout_min']:g} min (was it suspended?); "
@@ -283,7 +286,7 @@ class AwsBackend(Backend):
             return RunStatus(FAILED, "; ".join(f"{i}: {s.get('error') or 'exit code ' + str(s.get('exit_code'))}"
                                                  for i, s in failed.items()))
         gone = [n for n in nodes if n["State"]["Name"] in ("shutting-down", "terminated", "stopping", "stopped")
-                and statuses.get(n["InstanceId"], {}).get("state") != "completed"]
+                and statuses.get(n["InstanceId"], {}).get("state") not in ("completed", "cancelled")]
         if notices or gone or lead == "interrupted":
             first = info.setdefault("interrupted_at", now)
             update_state(run_dir, interrupted_at=first)

@@ -16,7 +16,7 @@
    (the launcher was killed, the laptop closed: nobody would ever terminate this instance) sends
    SIGTERM to the local ranks: they agree, rank 0 checkpoints, they exit 143, and the checkpoint
    is uploaded before the instance goes.
-6. The final state (completed / interrupted / failed, and why it was interrupted) in
+6. The final state (completed / interrupted / cancelled / failed, and why it was interrupted) in
    status/gen-G/INSTANCE.json. The user data then powers the instance off, which terminates it.
 
 Configuration comes from the environment the user data sets (SCALELAB_*; no credentials: boto3
@@ -424,7 +424,7 @@ def run(cfg: Config, s3=None, ec2=None) -> int:
     code = proc.returncode if proc else 0
     log.close()
     sync.push()
-    state = final_state(proc, code, reason, ranks_stopped_early(cfg.run_dir))
+    state = final_state(proc, code, reason, ranks_stopped_early(cfg.run_dir), ranks_stopped_on_a_signal(cfg.run_dir))
     sync.put_json(status_key, {"state": state, "reason": reason if state == "interrupted" else None, "exit_code": code,
                                "index": index, "time": time.time(), "notice": notice, "resumed": resumed})
     return 0 if state != "failed" else 1
@@ -466,11 +466,39 @@ def ranks_stopped_early(run_dir: Path) -> bool:
     return False
 
 
-def final_state(proc: subprocess.Popen | None, code: int, reason: str | None, stopped: bool = False) -> str:
-    """completed, interrupted (stopped on purpose, with a checkpoint) or failed. `stopped`: the ranks'
-    records say they stopped early (horovodrun exits 0 when its ranks stopped on its SIGTERM)."""
+def ranks_stopped_on_a_signal(run_dir: Path) -> bool:
+    """Whether every rank of this node recorded that it stopped cleanly on a stop signal (its last `end`
+    says interrupted, no `error`): a signal to one rank (a node agent, the OOM killer, a hook), which
+    every rank answered with a checkpoint and a stop (issue #37)."""
+    files = list((Path(run_dir) / "records").glob("rank-*.jsonl"))
+    if not files:
+        return False
+    for path in files:
+        end, error = None, False
+        for line in path.read_text(errors="replace").splitlines():
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue  # a line cut by the stop
+            if isinstance(rec, dict):
+                error = error or rec.get("kind") == "error"
+                end = rec if rec.get("event") == "end" else end
+        if error or end is None or end.get("reason") != "interrupted":
+            return False
+    return True
+
+
+def final_state(proc: subprocess.Popen | None, code: int, reason: str | None, stopped: bool = False,
+                signalled: bool = False) -> str:
+    """completed, interrupted (stopped on purpose by this node, with a checkpoint: the launcher replaces
+    the capacity), cancelled (a rank was sent a stop signal and every rank stopped with a checkpoint: the
+    run ends CANCELLED, whatever exit code torchrun or horovodrun gave) or failed. `stopped`: the ranks'
+    records say they stopped early (horovodrun exits 0 when its ranks stopped on its SIGTERM);
+    `signalled`: every rank's records say it stopped on a signal."""
     if proc is None:  # a horovod node: its ranks belonged to the leader's horovodrun
         return "interrupted" if reason else "completed"
+    if reason is None and signalled:
+        return "cancelled"
     if code == 0:
         return "interrupted" if reason and stopped else "completed"  # a stop too late to matter: completed
     if reason or code in (143, -signal.SIGTERM):

@@ -24,6 +24,7 @@ from scalelab.core.errors import SpecError
 from scalelab.core.launch import starter_of
 from scalelab.core.rundir import is_sweep
 from scalelab.core.spec import Spec
+from scalelab.core.trajectory import accepted_env
 from scalelab.costs.billing import Mix
 from scalelab.costs.catalog import load_catalog
 from scalelab.launcher.backend import Request
@@ -63,6 +64,7 @@ class Plan:
     code_dir: str | None = None  # a --script run: the folder shipped, and its files (inside it) with their bytes
     code_files: list[str] = field(default_factory=list)
     code_bytes: int = 0
+    accepted: dict[str, str] = field(default_factory=dict)  # `launch resume --allow-changed`: the ranks' ACCEPTED_ENV
 
     @property
     def nodes(self) -> int:
@@ -128,6 +130,7 @@ def make_plan(spec: Spec, run_dir: Path, options: Mapping[str, Any], region: str
     plan = Plan(run_id, region, options["bucket"], prefix, types, spec.gpus_per_node, spec.engine.name,
                 spec.to_json(), dict(options), {t: gpus[t] for t in types},
                 spec.ranks_per_node if spec.ranks_per_node != spec.gpus_per_node else None)
+    plan.accepted = accepted_env(Path(run_dir))  # the instances cannot read the launcher's events file
     if spec.own_code:  # the script's folder goes through the run's bucket: size-checked now, before anything is sent
         from scalelab.launcher.owncode import code_files
 
@@ -164,6 +167,7 @@ def user_data(plan: Plan, generation: int) -> str:
         "SCALELAB_HEARTBEAT_TIMEOUT_S": f"{float(plan.options['heartbeat_timeout_min']) * 60:g}",
         "AWS_DEFAULT_REGION": plan.region,
         **({"SCALELAB_RANKS_PER_NODE": str(plan.ranks_per_node)} if plan.ranks_per_node else {}),
+        **plan.accepted,  # the bootstrap passes its environment on to the ranks (and horovodrun to its own)
     }
     exports = "\n".join(f"export {k}={_sh(v)}" for k, v in env.items())
     wheel_key = plan.key("package", PACKAGE_NAME)

@@ -346,8 +346,8 @@ class RecordWriter:
     def event(self, event: str, **fields: Any) -> None:
         self.write("event", event=event, **fields)
 
-    def error(self, message: str) -> None:
-        self.write("error", message=message)
+    def error(self, message: str, **fields: Any) -> None:
+        self.write("error", message=message, **fields)
 
     def close(self) -> None:
         try:
@@ -390,13 +390,29 @@ def rank_from_env(env: Mapping[str, str] | None = None) -> tuple[int, int]:
     return 0, 1
 
 
-def record_error(run_dir: Path, message: str, env: Mapping[str, str] | None = None) -> None:
-    """A rank stops on a user error: an `error` record for the launcher, and the line on stderr for humans."""
+# What a collective raises on the ranks left when a peer died: torch.distributed's DistError family, Gloo's
+# RuntimeErrors ("Connection closed by peer", "Connection reset by peer"), Horovod's HorovodInternalError.
+_PEER_GONE = ("connection closed by peer", "connection reset by peer", "broken pipe", "timed out", "gloo")
+
+
+def lost_a_peer(exc: BaseException) -> bool:
+    """Whether `exc` is a collective failing because another rank is gone, not this rank's own fault: the
+    launcher then names the rank that failed (or went silent) first."""
+    names = {cls.__name__ for cls in type(exc).__mro__}
+    if names & {"DistError", "DistBackendError", "DistNetworkError", "HorovodInternalError"}:
+        return True
+    return isinstance(exc, RuntimeError) and any(word in str(exc).lower() for word in _PEER_GONE)
+
+
+def record_error(run_dir: Path, message: str, env: Mapping[str, str] | None = None, peer_lost: bool = False) -> None:
+    """A rank stops on an error: an `error` record for the launcher, and the line on stderr for humans.
+    `peer_lost`: the error is a collective failing because another rank is gone (the launcher names that
+    rank's own error, or its silence, first)."""
     print(f"scalelab: error: {message}", file=sys.stderr, flush=True)
     rank, world = rank_from_env(env)
     try:
         writer = RecordWriter(run_dir, rank, world)
-        writer.error(message)
+        writer.error(message, **({"peer_lost": True} if peer_lost else {}))
         writer.close()
     except (OSError, WriteError) as exc:  # the line above is then all there is
         print(f"scalelab: could not write the error record under {run_dir}: {exc}", file=sys.stderr, flush=True)

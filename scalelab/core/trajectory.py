@@ -168,9 +168,26 @@ def spec_changes(run_dir: Path) -> list[str]:
     return out
 
 
-def accepted_identity_changes(run_dir: Path) -> dict[str, bool]:
+#: The checkpoint identity keys a resume accepted changing, comma-separated, for ranks that cannot read the
+#: launcher's events file (Kubernetes pods, AWS instances: their RUN_DIR is not the launcher's). Set by the
+#: renderers from `accepted_env`; where it is set it is what the ranks go by.
+ACCEPTED_ENV = "SCALELAB_ACCEPTED_CHANGES"
+
+
+def accepted_env(run_dir: Path) -> dict[str, str]:
+    """{ACCEPTED_ENV: "key,key"} for the ranks of a remote backend when a resume accepted identity changes
+    (`launch resume --allow-changed`), else {}: what the Kubernetes and AWS renderers add to the ranks'
+    environment, since the file the local and Slurm ranks read stays on the launcher's machine."""
+    keys = sorted(accepted_identity_changes(run_dir, from_env=False))
+    return {ACCEPTED_ENV: ",".join(keys)} if keys else {}
+
+
+def accepted_identity_changes(run_dir: Path, from_env: bool = True) -> dict[str, bool]:
     """The checkpoint identity keys a resume accepted changing (the last `spec_changed` event's fields).
-    Read by the ranks before they compare a checkpoint's identity with their spec."""
+    Read by the ranks before they compare a checkpoint's identity with their spec: from ACCEPTED_ENV where
+    the launcher set it (a remote backend), else from the run's launcher events."""
+    if from_env and os.environ.get(ACCEPTED_ENV) is not None:
+        return {key: True for key in os.environ[ACCEPTED_ENV].split(",") if key in IDENTITY_FIELDS}
     try:
         events = [e for e in launcher_events(run_dir) if e.get("event") == "spec_changed"]
     except RecordError:

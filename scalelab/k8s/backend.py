@@ -38,6 +38,7 @@ from scalelab.core.rundir import (
     update_state,
 )
 from scalelab.core.spec import Spec
+from scalelab.core.trajectory import accepted_env
 from scalelab.core.waiting import wait_until
 from scalelab.core.writes import write_inside
 from scalelab.k8s import manifests
@@ -89,8 +90,10 @@ class KubernetesBackend(Backend):
 
     def submit_dryrun(self, spec: Spec, run_dir: Path) -> KubernetesRequest:
         name = manifests.k8s_name(Path(run_dir).name)
+        accepted = accepted_env(Path(run_dir))  # `launch resume --allow-changed`: the pods cannot read the launcher's file
         return KubernetesRequest(Path(run_dir), name, self.options["namespace"],
-                                 manifests.render(spec, name, self.options), manifests.fetch_pod(name, self.options))
+                                 manifests.render(spec, name, self.options, accepted),
+                                 manifests.fetch_pod(name, self.options))
 
     # ---- schedule --------------------------------------------------------------------------------
 

@@ -65,15 +65,17 @@ def pod_run_dir(name: str, options: Mapping[str, Any]) -> str:
 # ---- render (pure) ---------------------------------------------------------------------------------
 
 
-def render(spec: Spec, run_name: str, options: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The objects to create, in creation order (ConfigMap first, the workload last)."""
+def render(spec: Spec, run_name: str, options: Mapping[str, Any], extra_env: Mapping[str, str] | None = None
+           ) -> list[dict[str, Any]]:
+    """The objects to create, in creation order (ConfigMap first, the workload last). `extra_env`: more
+    variables for the ranks (a resume's accepted changes, `trajectory.accepted_env`)."""
     if not options["image"]:
         raise SpecError("--image is required with --backend k8s: the trainer image built from scalelab/k8s/Dockerfile")
     how = starter_of(spec.engine.name)
     if how.k8s_workload not in WORKLOADS:
         raise SpecError(f"starter {how.name!r} names Kubernetes workload {how.k8s_workload!r}, which "
                         f"scalelab/k8s/manifests.py does not render (workloads: {', '.join(WORKLOADS)})")
-    docs = [config_map(spec, run_name, options), *WORKLOADS[how.k8s_workload](spec, run_name, options)]
+    docs = [config_map(spec, run_name, options), *WORKLOADS[how.k8s_workload](spec, run_name, options, dict(extra_env or {}))]
     if spec.own_code:  # a --script run: its folder as a ConfigMap, mounted read-only in every pod of the workload
         code = code_config_map(spec, run_name, options)
         docs.insert(1, code)
@@ -162,14 +164,15 @@ def headless_service(run_name: str, options: Mapping[str, Any]) -> dict[str, Any
     }
 
 
-def indexed_job(spec: Spec, run_name: str, options: Mapping[str, Any]) -> dict[str, Any]:
+def indexed_job(spec: Spec, run_name: str, options: Mapping[str, Any], extra_env: Mapping[str, str] | None = None
+                ) -> dict[str, Any]:
     """DDP, ps (and single): `nodes` pods running the plan's one launch (a torchrun agent with `ranks_per_node`
     ranks), each its own node rank, $JOB_COMPLETION_INDEX; pod 0 is the master."""
     run_dir = pod_run_dir(run_name, options)
     site = Site(python="python", master_addr=NodeVar("$MASTER_ADDR"), master_port=options["master_port"],
                 node_rank=NodeVar("$JOB_COMPLETION_INDEX"))
     [launch] = launch_plan(spec, run_dir, site)
-    env = [{"name": "MASTER_ADDR", "value": f"{run_name}-0.{run_name}"}, *_common_env(spec, options)]
+    env = [{"name": "MASTER_ADDR", "value": f"{run_name}-0.{run_name}"}, *_common_env(spec, options, extra_env)]
     container = _container("trainer", options, _with_spec_copy(run_dir, launch.argv), env,
                            _node_resources(spec, options), gpus=spec.gpus_per_node)
     pod = _pod_spec(run_name, options, [container], restart="Never")
@@ -184,10 +187,12 @@ def indexed_job(spec: Spec, run_name: str, options: Mapping[str, Any]) -> dict[s
     return {"apiVersion": "batch/v1", "kind": "Job", "metadata": metadata(run_name, options, "job", run_name), "spec": job_spec}
 
 
-def mpijob(spec: Spec, run_name: str, options: Mapping[str, Any]) -> dict[str, Any]:
-    """Horovod: the operator writes the hostfile and ssh keys; the launcher runs mpirun over the workers."""
+def mpijob(spec: Spec, run_name: str, options: Mapping[str, Any], extra_env: Mapping[str, str] | None = None
+           ) -> dict[str, Any]:
+    """Horovod: the operator writes the hostfile and ssh keys; the launcher runs mpirun over the workers
+    (which passes every variable of `env` on to the ranks)."""
     run_dir = pod_run_dir(run_name, options)
-    env = _common_env(spec, options)
+    env = _common_env(spec, options, extra_env)
     site = Site(python="python", mpirun_args=("-bind-to", "none", "-map-by", "slot", "-mca", "plm_rsh_args", f"-p {SSH_PORT}"),
                 exports=("PATH", "LD_LIBRARY_PATH", *(e["name"] for e in env)))
     [launch] = launch_plan(spec, run_dir, site)
@@ -225,8 +230,9 @@ def mpijob(spec: Spec, run_name: str, options: Mapping[str, Any]) -> dict[str, A
 #: The workloads a starter can name (`Starter.k8s_workload`, scalelab/core/launch.py): the objects after the spec's
 #: ConfigMap, in creation order.
 WORKLOADS = {
-    "indexed-job": lambda spec, run_name, options: [headless_service(run_name, options), indexed_job(spec, run_name, options)],
-    "mpijob": lambda spec, run_name, options: [mpijob(spec, run_name, options)],
+    "indexed-job": lambda spec, run_name, options, env: [headless_service(run_name, options),
+                                                         indexed_job(spec, run_name, options, env)],
+    "mpijob": lambda spec, run_name, options, env: [mpijob(spec, run_name, options, env)],
 }
 
 
@@ -258,9 +264,11 @@ def _with_spec_copy(run_dir: str, command: list[str]) -> list[str]:
     return ["sh", "-c", f"{prep} && exec {line}"]
 
 
-def _common_env(spec: Spec, options: Mapping[str, Any]) -> list[dict[str, Any]]:
+def _common_env(spec: Spec, options: Mapping[str, Any], extra_env: Mapping[str, str] | None = None
+                ) -> list[dict[str, Any]]:
     threads = spec.threads or max(1, int(options["cpus_per_node"]) // spec.ranks_per_node)
     env = [{"name": "OMP_NUM_THREADS", "value": str(threads)}, {"name": "PYTHONUNBUFFERED", "value": "1"}]
+    env += [{"name": name, "value": value} for name, value in sorted((extra_env or {}).items())]
     env += [{"name": name, "value": value} for name, value in engine_env(spec).items()]  # Horovod's fusion settings
     if spec.own_code:  # where the script's folder is mounted (scalelab/train/script.py reads it; mpirun passes it on)
         env.append({"name": "SCALELAB_SCRIPT_DIR", "value": CODE_MOUNT})

@@ -391,12 +391,54 @@ def ended_by_records(run_dir: Path, since: float | None) -> RunStatus | None:
         return RunStatus(FAILED, silent)
     step = ranks[0].end.get("step")
     if any(r.end.get("reason") == "interrupted" for r in ranks):
-        stops = [s for r in ranks for s in r.stops]
-        why = next((s["cause"] for s in stops if s.get("cause")), None) or next(
-            (f"signal {s['signal']}" for s in stops if s.get("signal")), "a signal")
-        return RunStatus(CANCELLED, f"the ranks stopped at step {step} with a checkpoint ({why}); "
-                                    f"`launch resume {run_dir}` continues it")
+        return RunStatus(CANCELLED, stop_line(run_dir, ranks))
     return RunStatus(COMPLETED, f"every rank recorded its end at step {step}")
+
+
+def stopped_on_a_signal(run_dir: Path, since: float | None) -> RunStatus | None:
+    """CANCELLED when every rank of the launch since `since` recorded that it stopped cleanly on a stop
+    signal (its `end` says interrupted, no `error`), whatever exit code its agent reported; else None.
+
+    Why: a signal to one rank (a node agent, an OOM killer, a pre-emption hook) stops every rank at the
+    step they agree on, with a checkpoint, exactly as a cancel does; but torchrun and horovodrun report
+    their ranks' exit 143 as a crash. The records are what the ranks did; the exit code is the agent's
+    reading of it (issue #37)."""
+    ranks = rank_ends(run_dir, since)
+    world = max((r.world for r in ranks), default=0)
+    if not ranks or len({r.rank for r in ranks}) < world or any(r.errors for r in ranks):
+        return None
+    if any(r.end is None or r.end.get("reason") != "interrupted" for r in ranks):
+        return None
+    return RunStatus(CANCELLED, stop_line(run_dir, ranks))
+
+
+def stop_line(run_dir: Path, ranks: list[RankEnd]) -> str:
+    """One line on a run whose ranks stopped on a signal: who got which signal (or why they stopped), the
+    step they stopped at, and what continues it."""
+    step = max((r.end or {}).get("step") or 0 for r in ranks)
+    stops = [(r.rank, s) for r in ranks for s in r.stops]
+    cause = next((s["cause"] for _, s in stops if s.get("cause")), None)
+    got: dict[str, list[int]] = {}
+    for rank, s in stops:
+        if s.get("signal"):
+            got.setdefault(_signal_name(int(s["signal"])), []).append(rank)
+    if cause:
+        why = cause
+    elif got:
+        why = "; ".join((f"rank {ranks_[0]}" if len(ranks_) == 1 else
+                         "every rank" if len(ranks_) == len(ranks) else f"ranks {', '.join(map(str, ranks_))}")
+                        + f" got {name}" for name, ranks_ in got.items())
+    else:
+        why = "a stop signal"
+    return (f"{why}, and every rank stopped at step {step} with a checkpoint; `launch resume {run_dir}` "
+            "continues it from there")
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 def silent_ranks(run_dir: Path, ranks: list[RankEnd]) -> str | None:
@@ -406,7 +448,7 @@ def silent_ranks(run_dir: Path, ranks: list[RankEnd]) -> str | None:
     started = {r.rank: r for r in ranks}
     said = [f"rank {n} " + (f"after step {started[n].last_step}" if n in started and started[n].last_step
                             else "before its first step")
-            for n in range(world) if n not in started or started[n].end is None]
+            for n in range(world) if n not in started or (started[n].end is None and not started[n].errors)]
     return None if not said else (f"{', '.join(said)} stopped with no error and no end record (killed by a signal, or out of memory?); "
             f"its log: `launch logs {run_dir}`; `launch resume {run_dir}` continues from the last checkpoint")
 

@@ -52,7 +52,14 @@ from scalelab.core.spec import Spec, save_spec
 from scalelab.core.terminal import make_console
 from scalelab.core.trajectory import record_trajectory
 from scalelab.core.writes import WriteError, full_note, refuse_run_dir_links
-from scalelab.launcher.backend import STOP_NOW, Backend, RunStatus, rank_ends, silent_ranks
+from scalelab.launcher.backend import (
+    STOP_NOW,
+    Backend,
+    RunStatus,
+    rank_ends,
+    silent_ranks,
+    stopped_on_a_signal,
+)
 from scalelab.launcher.pricing import fleet_rate
 
 err_console = make_console(stderr=True)
@@ -246,10 +253,19 @@ def wait(backend: Backend, run_dir: Path, on_tick: Callable[[], None] | None = N
     A signal or an error on the way cancels the run (`stopping_runs`) and propagates.
     """
     with stopping_runs(backend, [run_dir]):
-        status = backend.finish(run_dir, _until_end(backend, run_dir, on_tick))
+        status = ended_as_recorded(run_dir, backend.finish(run_dir, _until_end(backend, run_dir, on_tick)))
         record_state(run_dir, status.state, status.detail)
     info = read_state(run_dir)
     return RunStatus(info["state"], info.get("detail", ""))
+
+
+def ended_as_recorded(run_dir: Path, status: RunStatus) -> RunStatus:
+    """`status`, or CANCELLED where the backend saw a failure but every rank recorded that it stopped cleanly
+    on a stop signal (one rank signalled: torchrun and horovodrun call their ranks' exit 143 a crash).
+    The records decide, never the exit code or the log text."""
+    if status.state != FAILED:
+        return status
+    return stopped_on_a_signal(run_dir, read_state(run_dir).get("launched")) or status
 
 
 def _until_end(backend: Backend, run_dir: Path, on_tick: Callable[[], None] | None) -> RunStatus:
@@ -283,7 +299,9 @@ def follow(backend: Backend, spec: Spec, run_dir: Path, label: str | None = None
     with RunProgress(run_dir, spec.steps, label or run_dir.name, err_console, epochs=spec.epochs) as progress:
         status = wait(backend, run_dir, on_tick=progress.poll)
     if status.state == CANCELLED:
-        raise ScalelabError(f"run {run_dir} was cancelled; `launch resume {run_dir}` continues it from its last checkpoint")
+        stopped = stopped_on_a_signal(run_dir, read_state(run_dir).get("launched"))
+        raise ScalelabError(f"run {run_dir} was cancelled: {stopped.detail}" if stopped else
+                            f"run {run_dir} was cancelled; `launch resume {run_dir}` continues it from its last checkpoint")
     if status.state != COMPLETED:
         raise failure(backend, run_dir, status)
     return write_summary(run_dir)
@@ -318,8 +336,10 @@ def failure(backend: Backend, run_dir: Path, status: RunStatus) -> ScalelabError
     """The error for a run that did not complete: its ranks' own words; else which rank stopped without
     a word (killed); else the end of its logs."""
     since = read_state(run_dir).get("launched")
-    errors = read_errors(run_dir, since=since)
-    said = list(dict.fromkeys(str(rec.get("message", "")).strip() for rec in errors))
+    errors = sorted(read_errors(run_dir, since=since), key=lambda rec: float(rec.get("time", 0)))
+    # a rank's own error first: the errors of ranks whose collective failed because a peer was gone come
+    # after the silence of a killed rank (issue #37: not torchrun's or horovodrun's dump, not the echo)
+    said = _messages(rec for rec in errors if not rec.get("peer_lost"))
     if said:
         return ScalelabError("; ".join(said) + f" (run directory {run_dir})" + resume_hint(run_dir))
     full = full_note(run_dir)
@@ -330,8 +350,15 @@ def failure(backend: Backend, run_dir: Path, status: RunStatus) -> ScalelabError
     silent = silent_ranks(run_dir, ranks) if any(r.last_step for r in ranks) else None
     if silent:  # they trained, and one of them stopped without a word
         return ScalelabError(f"run {run_dir} {status.state.lower()} ({status.detail}): {silent}")
+    if errors:  # only ranks that lost a peer said something
+        return ScalelabError("; ".join(_messages(errors)) + f" (run directory {run_dir})" + resume_hint(run_dir))
     return ScalelabError(f"run {run_dir} {status.state.lower()} ({status.detail}); last lines of its logs:\n"
                          + tail(backend.logs(run_dir), 25))
+
+
+def _messages(records) -> list[str]:
+    """The error records' messages, each once, in order."""
+    return list(dict.fromkeys(str(rec.get("message", "")).strip() for rec in records))
 
 
 def nothing_to_resume(run_dir: Path, spec: Spec) -> str:

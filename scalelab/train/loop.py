@@ -26,6 +26,7 @@ import signal
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,7 +37,7 @@ import torch
 from scalelab.core.errors import ScalelabError
 from scalelab.core.procs import LAUNCHER_ENV, started_at
 from scalelab.core.provenance import machine, software
-from scalelab.core.records import RecordWriter, record_error
+from scalelab.core.records import RecordWriter, lost_a_peer, rank_from_env, record_error
 from scalelab.core.spec import Spec, read_spec
 from scalelab.train import balance
 from scalelab.train.batch import Batch
@@ -63,7 +64,9 @@ BUCKET_BATCHES = 50  # length bucketing sorts within windows of this many global
 # Test aids (tests/test_resume.py, tests/test_local_runs.py), read after each step:
 FAIL_AT_STEP_ENV = "SCALELAB_FAIL_AT_STEP"  # STEP: every rank dies (os._exit) after this step
 KILL_AT_STEP_ENV = "SCALELAB_KILL_AT_STEP"  # STEP:RANK: that rank sends itself SIGKILL after STEP
-HOLD_AT_STEP_ENV = "SCALELAB_HOLD_AT_STEP"  # STEP: wait there for a stop signal, so a cancel lands at STEP
+RAISE_AT_STEP_ENV = "SCALELAB_RAISE_AT_STEP"  # STEP:RANK: that rank raises a RuntimeError after STEP
+HOLD_AT_STEP_ENV = "SCALELAB_HOLD_AT_STEP"  # STEP[:RANK]: wait there for a stop signal (only RANK waits, the
+# others block in the stop agreement), so that a cancel, or a signal to one rank, lands at STEP
 
 
 # The launcher watch: a rank started by a supervising launcher (the local backend sets LAUNCHER_ENV to
@@ -76,16 +79,21 @@ WATCH_EVERY_S = 2.0
 WATCH_GRACE_S = 25.0
 
 
+#: The signals that stop a rank with a checkpoint: `launch cancel` and a node agent or OOM killer
+#: (SIGTERM), Slurm's warning before a time limit or preemption (SIGUSR1), Ctrl-C (SIGINT). Sent to one
+#: rank or to all, they mean the same: every rank stops at the step they agree on (issue #37).
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
+
+
 class Stop:
-    """Set by SIGTERM/SIGUSR1 (Slurm's warning before a time limit or preemption), or by the launcher
-    watch: checkpoint, exit."""
+    """Set by a stop signal (STOP_SIGNALS), or by the launcher watch: checkpoint, exit."""
 
     signal: int | None = None
     cause: str | None = None  # why, when not a signal to this rank
 
     @classmethod
     def install(cls) -> None:
-        for sig in (signal.SIGTERM, signal.SIGUSR1):
+        for sig in STOP_SIGNALS:
             signal.signal(sig, cls._handler)
 
     @classmethod
@@ -432,8 +440,9 @@ def validate_and_judge(run: Run, progress: Progress, out: RecordWriter) -> bool:
 
 
 def agree_to_stop(engine: Engine, step: int) -> bool:
-    """True on every rank when any rank got SIGTERM/SIGUSR1 (a cancel, Slurm's warning): all stop here."""
-    _hold_for_a_stop_signal(step)
+    """True on every rank when any rank got a stop signal (a cancel, Slurm's warning, a signal to that one
+    rank): all stop here."""
+    _hold_for_a_stop_signal(step, engine.rank)
     return engine.any(Stop.signal is not None)  # distributed
 
 
@@ -479,9 +488,10 @@ def finish(run: Run, progress: Progress, out: RecordWriter, reason: str) -> None
 # ---- helpers -------------------------------------------------------------------------------------
 
 
-def _hold_for_a_stop_signal(step: int) -> None:
-    """Test aid: at HOLD_AT_STEP, wait (up to 2 minutes) for SIGTERM/SIGUSR1, so a cancel lands there."""
-    if os.environ.get(HOLD_AT_STEP_ENV) != str(step):
+def _hold_for_a_stop_signal(step: int, rank: int) -> None:
+    """Test aid: at HOLD_AT_STEP, wait (up to 2 minutes) for SIGTERM/SIGUSR1/SIGINT, so a cancel lands there.
+    `STEP:RANK`: only that rank waits (a signal to that one rank); the others wait in the stop agreement."""
+    if os.environ.get(HOLD_AT_STEP_ENV) not in (str(step), f"{step}:{rank}"):
         return
     deadline = time.monotonic() + 120
     while Stop.signal is None and time.monotonic() < deadline:
@@ -489,11 +499,14 @@ def _hold_for_a_stop_signal(step: int) -> None:
 
 
 def _die_if_asked(step: int, rank: int) -> None:
-    """Test aids: every rank exits at FAIL_AT_STEP; one rank is SIGKILLed at KILL_AT_STEP (STEP:RANK)."""
+    """Test aids: every rank exits at FAIL_AT_STEP; one rank is SIGKILLed at KILL_AT_STEP (STEP:RANK); one
+    rank raises an exception that is not ours at RAISE_AT_STEP (STEP:RANK), as a library's bug would."""
     if os.environ.get(FAIL_AT_STEP_ENV) == str(step):
         os._exit(17)
     if os.environ.get(KILL_AT_STEP_ENV) == f"{step}:{rank}":
         os.kill(os.getpid(), signal.SIGKILL)
+    if os.environ.get(RAISE_AT_STEP_ENV) == f"{step}:{rank}":
+        raise RuntimeError(f"injected fault after step {step} ({RAISE_AT_STEP_ENV})")
 
 
 def _emulate_slower_device(factor: float, forward_s: float) -> float:
@@ -592,4 +605,17 @@ def main(argv: list[str] | None = None) -> int:
     except ScalelabError as exc:  # the launcher reads this record, not the line in the log
         record_error(run_dir, str(exc))
         return exc.exit_code
+    except Exception as exc:  # noqa: BLE001 - not ours (a library, a bug): its traceback to the log, its
+        # last line to an error record, so that the user reads it first, not torchrun's or horovodrun's dump
+        traceback.print_exc()
+        record_error(run_dir, fatal_line(exc, run_dir), peer_lost=lost_a_peer(exc))
+        return 1
     return 0 if reason != "interrupted" else 143
+
+
+def fatal_line(exc: BaseException, run_dir: Path) -> str:
+    """The one line for an exception that is not a ScalelabError: its type and message (the last line of
+    its traceback), which rank, and where the traceback is."""
+    rank, _ = rank_from_env()
+    said = "".join(traceback.format_exception_only(type(exc), exc)).strip().splitlines()
+    return f"rank {rank}: {said[-1] if said else type(exc).__name__} (its traceback: `launch logs {Path(run_dir).name}`)"

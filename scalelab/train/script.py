@@ -32,7 +32,7 @@ from pathlib import Path
 from scalelab.core.errors import ScalelabError
 from scalelab.core.procs import LAUNCHER_ENV, started_at
 from scalelab.core.provenance import machine, software, version
-from scalelab.core.records import RecordWriter, rank_from_env, read_records, record_error, records_path
+from scalelab.core.records import RecordWriter, lost_a_peer, rank_from_env, read_records, record_error, records_path
 from scalelab.core.spec import Spec, read_spec
 from scalelab.train import track
 
@@ -87,14 +87,14 @@ def start_records(run_dir: Path, spec: Spec, rank: int, world: int) -> tuple[Rec
 
 
 def install_stop(launcher: str | None) -> None:
-    """SIGTERM/SIGUSR1: `track.should_stop()` turns True, or, for a script that never asks, it ends (143).
+    """SIGTERM/SIGUSR1/SIGINT: `track.should_stop()` turns True, or, for a script that never asks, it ends (143).
     The launcher watch sends this process SIGTERM when the launcher is gone."""
 
     def on_signal(signum: int, frame: object) -> None:
         if not track._stopped(signum):
             raise SystemExit(INTERRUPTED)
 
-    for sig in (signal.SIGTERM, signal.SIGUSR1):
+    for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
         signal.signal(sig, on_signal)
     if not launcher:
         return
@@ -152,7 +152,8 @@ def _raised(name: str) -> int:
     exc = sys.exc_info()[1]
     traceback.print_exc()
     sys.stderr.flush()
-    track._state.error = f"{name} raised {type(exc).__name__}: {exc}"  # type: ignore[attr-defined]
+    track._state.error = f"{name} raised {type(exc).__name__}: {exc}"
+    track._state.peer_lost = lost_a_peer(exc)  # a collective failing after a peer died
     return 1
 
 
@@ -174,8 +175,9 @@ def run(run_dir: Path) -> int:
     if stopped:
         out.event("interrupted", signal=state.stop, step=state.step, **({"cause": state.stop_cause} if state.stop_cause else {}))
     if code not in (0, INTERRUPTED):
-        said = getattr(state, "error", None) or f"{spec.script_label} exited with status {code}"
-        out.error(f"{said} (its output: launch logs {run_dir})")  # the same words on every rank: said once
+        said = state.error or f"{spec.script_label} exited with status {code}"
+        out.error(f"{said} (its output: launch logs {run_dir})",  # the same words on every rank: said once
+                  **({"peer_lost": True} if state.peer_lost else {}))
     elif spec.loss_threshold is not None and state.reached is None and not stopped:
         out.event("threshold_not_reached", step=state.step, elapsed_s=state.elapsed, threshold=spec.loss_threshold)
     out.event("end", step=state.step, reason=reason, elapsed_s=state.elapsed, exit_code=code,

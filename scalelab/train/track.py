@@ -59,6 +59,8 @@ class _State:
     stop_asked: bool = False  # the script has called should_stop(): a stop signal is left to it
     stop: int | None = None  # the stop signal received, if any
     stop_cause: str | None = None
+    error: str | None = None  # the script's uncaught exception, in one line (scalelab/train/script.py)
+    peer_lost: bool = False  # that exception is a collective failing after another rank died
 
 
 _state = _State()
