@@ -75,6 +75,35 @@ def test_every_rank_checks_its_node_where_the_launcher_cannot_see_it(monkeypatch
         assert engine.device("auto").type == "cuda"
 
 
+def test_the_launchers_checks_import_no_pytorch_where_no_gpu_driver_is():
+    """`launch` checks the GPUs and Horovod before any rank starts; where no GPU driver is (a CPU machine)
+    neither check imports PyTorch (1-2 s of every launch), and the Horovod check, which asks Horovod's
+    PyTorch extension, agrees with importing horovod.torch as the ranks do."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+    from scalelab.core.devices import gpu_driver_present
+    from scalelab.train.engines import horovod_status
+
+    if gpu_driver_present():
+        pytest.skip("a GPU driver is here: the launcher asks PyTorch how many GPUs it sees")
+    code = ("import sys\n"
+            "from scalelab.core.spec import EngineSpec, Spec\n"
+            "from scalelab.launcher.backend import horovod_build_problem\n"
+            "from scalelab.launcher.local import LocalBackend\n"
+            "LocalBackend().validate(Spec(model='nmt-tiny', gpus_per_node=2, engine=EngineSpec(name='ddp'), steps=2))\n"
+            "print(horovod_build_problem() is None)\n"
+            "print(sorted(m for m in ('torch', 'horovod.torch', 'pandas') if m in sys.modules))\n")
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(ROOT)},
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    usable, imported = out.stdout.splitlines()
+    assert imported == "[]"
+    assert usable == str(horovod_status() is None)
+
+
 @pytest.mark.gpu
 def test_the_cli_refuses_before_any_rank_starts(tmp_path):
     """Without a GPU here the refusal is not reachable from the CLI; this checks the CPU path still runs
