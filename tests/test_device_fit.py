@@ -104,6 +104,31 @@ def test_the_launchers_checks_import_no_pytorch_where_no_gpu_driver_is():
     assert usable == str(horovod_status() is None)
 
 
+def test_the_launchers_horovod_check_says_how_to_build_it_where_it_is_missing_or_broken(monkeypatch, tmp_path):
+    """Without Horovod, or with a PyTorch extension that does not load (built against another PyTorch), the
+    launcher refuses before any rank starts, with the ranks' own advice."""
+    import importlib.util
+
+    from scalelab.core.errors import EngineError
+    from scalelab.launcher import backend
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "horovod" else real(name, *a))
+    with pytest.raises(EngineError, match=r"Horovod with PyTorch support is not installed \(No module named 'horovod'\); "
+                                          r"run scripts/build-horovod.sh"):
+        backend.check_horovod()
+    fake = tmp_path / "horovod"
+    (fake / "torch").mkdir(parents=True)
+    (fake / "__init__.py").write_text("")
+    import sysconfig
+
+    (fake / "torch" / f"mpi_lib_v2{sysconfig.get_config_var('EXT_SUFFIX')}").write_bytes(b"not a library")
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: types.SimpleNamespace(origin=str(fake / "__init__.py")) if name == "horovod" else real(name, *a))
+    problem = backend.horovod_build_problem()
+    assert problem.startswith("Horovod with PyTorch support is not installed (") and "--engine ddp" in problem
+
+
 @pytest.mark.gpu
 def test_the_cli_refuses_before_any_rank_starts(tmp_path):
     """Without a GPU here the refusal is not reachable from the CLI; this checks the CPU path still runs
