@@ -7,6 +7,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/python-env.sh
 scripts/install.sh
+# The bytecode of what the suite's Python processes import, written once (scripts/bytecode.py says why).
+"$PY" scripts/bytecode.py || echo "test: some bytecode could not be written; the suite runs, more slowly" >&2
 # On SCALELAB_TEST_WORKERS pytest-xdist workers (default 2: CI's two cores; 0 runs in this process, as plain
 # pytest does). Most of a test's time is waiting on processes it started (ranks' start-up, rendezvous, Slurm,
 # moto), so two workers overlap it; the Slurm cluster's tests stay together on one worker (tests/conftest.py).

@@ -224,10 +224,23 @@ def run_entry(argv: list[str], monkeypatch, capsys) -> tuple[int, str, str]:
     return code, out.err, out.out
 
 
+# Modules whose tests read what is made once per module (runs of each engine, a study, a wheel and a
+# virtualenv, a Dask cluster, a calibration): a module fixture or cache is made once per xdist worker, so
+# split over two workers it is made twice. Each of these runs whole on one worker instead.
+MADE_ONCE_PER_MODULE = ("test_aws_bootstrap", "test_calibration", "test_checkpoint", "test_faults", "test_html_pages",
+                        "test_html_report", "test_issue37", "test_output_loss", "test_prep", "test_resume",
+                        "test_resume_changes")
+
+
 def pytest_collection_modifyitems(config, items):
     """Under pytest-xdist (scripts/test.sh runs the suite on 2 workers), every test that uses the Slurm
     cluster goes to one worker, in order (`--dist loadgroup`): the session fixture starts the cluster once
-    per worker and stops it at that worker's end, and the cluster's two nodes hold one test's jobs."""
+    per worker and stops it at that worker's end, and the cluster's two nodes hold one test's jobs.
+    The modules of MADE_ONCE_PER_MODULE are a group each. `--dist loadgroup` hands out the groups with
+    the most tests first, so the long ones start early and the single tests fill in around them."""
     for item in items:
+        module = item.nodeid.split("::")[0].rsplit("/", 1)[-1].removesuffix(".py")
         if "slurm_cluster" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.xdist_group("slurm"))
+        elif module in MADE_ONCE_PER_MODULE:
+            item.add_marker(pytest.mark.xdist_group(module))

@@ -75,6 +75,60 @@ def test_every_rank_checks_its_node_where_the_launcher_cannot_see_it(monkeypatch
         assert engine.device("auto").type == "cuda"
 
 
+def test_the_launchers_checks_import_no_pytorch_where_no_gpu_driver_is():
+    """`launch` checks the GPUs and Horovod before any rank starts; where no GPU driver is (a CPU machine)
+    neither check imports PyTorch (1-2 s of every launch), and the Horovod check, which asks Horovod's
+    PyTorch extension, agrees with importing horovod.torch as the ranks do."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+    from scalelab.core.devices import gpu_driver_present
+    from scalelab.train.engines import horovod_status
+
+    if gpu_driver_present():
+        pytest.skip("a GPU driver is here: the launcher asks PyTorch how many GPUs it sees")
+    code = ("import sys\n"
+            "from scalelab.core.spec import EngineSpec, Spec\n"
+            "from scalelab.launcher.backend import horovod_build_problem\n"
+            "from scalelab.launcher.local import LocalBackend\n"
+            "LocalBackend().validate(Spec(model='nmt-tiny', gpus_per_node=2, engine=EngineSpec(name='ddp'), steps=2))\n"
+            "print(horovod_build_problem() is None)\n"
+            "print(sorted(m for m in ('torch', 'horovod.torch', 'pandas') if m in sys.modules))\n")
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(ROOT)},
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    usable, imported = out.stdout.splitlines()
+    assert imported == "[]"
+    assert usable == str(horovod_status() is None)
+
+
+def test_the_launchers_horovod_check_says_how_to_build_it_where_it_is_missing_or_broken(monkeypatch, tmp_path):
+    """Without Horovod, or with a PyTorch extension that does not load (built against another PyTorch), the
+    launcher refuses before any rank starts, with the ranks' own advice."""
+    import importlib.util
+
+    from scalelab.core.errors import EngineError
+    from scalelab.launcher import backend
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "horovod" else real(name, *a))
+    with pytest.raises(EngineError, match=r"Horovod with PyTorch support is not installed \(No module named 'horovod'\); "
+                                          r"run scripts/build-horovod.sh"):
+        backend.check_horovod()
+    fake = tmp_path / "horovod"
+    (fake / "torch").mkdir(parents=True)
+    (fake / "__init__.py").write_text("")
+    import sysconfig
+
+    (fake / "torch" / f"mpi_lib_v2{sysconfig.get_config_var('EXT_SUFFIX')}").write_bytes(b"not a library")
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: types.SimpleNamespace(origin=str(fake / "__init__.py")) if name == "horovod" else real(name, *a))
+    problem = backend.horovod_build_problem()
+    assert problem.startswith("Horovod with PyTorch support is not installed (") and "--engine ddp" in problem
+
+
 @pytest.mark.gpu
 def test_the_cli_refuses_before_any_rank_starts(tmp_path):
     """Without a GPU here the refusal is not reachable from the CLI; this checks the CPU path still runs

@@ -7,6 +7,7 @@ message names the input and what it expects. Python's comparisons are False for 
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Iterable
 
@@ -108,19 +109,26 @@ class InputFile(click.ParamType):
         return str(value)
 
 
+@functools.lru_cache(maxsize=1)
+def aws_ec2_regions() -> tuple[str, ...]:
+    """Every region with EC2 in botocore's own data (no network). Read once a process: it loads the EC2
+    service model, about 0.2 s, and a sweep or a probe checks the region of every run it plans."""
+    import botocore.session
+
+    session = botocore.session.get_session()
+    return tuple(r for p in session.get_available_partitions() for r in session.get_available_regions("ec2", partition_name=p))
+
+
 def aws_region_problem(region: str, also: Iterable[str] = ()) -> str | None:
     """An AWS region botocore does not know (every partition's, from its own data: no network), named with
     the known ones; None when it knows it, or it is one of `also` (the regions a prices file prices).
     Why: `--region mars-1` was taken by a dry run and priced, and failed only at the first API call.
-    A region of `also` is answered before botocore is imported (a quarter of a second: `launch cost` and
-    `launch plan` in the default region, which the catalog prices, need none of it)."""
+    A region of `also` is answered before botocore is read (`launch cost` and `launch plan` in the default
+    region, which the catalog prices, need none of it); botocore's regions are read once a process."""
     also = set(also)
     if region in also:
         return None
-    import botocore.session
-
-    session = botocore.session.get_session()
-    known = [r for p in session.get_available_partitions() for r in session.get_available_regions("ec2", partition_name=p)]
-    if not known or region in known or region in also:
+    known = aws_ec2_regions()
+    if not known or region in known:
         return None
     return f"--region {region!r} is not an AWS region; the regions with EC2: {', '.join(sorted(known))}"

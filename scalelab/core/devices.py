@@ -10,12 +10,19 @@ any rank starts; on Slurm, Kubernetes and AWS only the rank sees its node, so ev
 from __future__ import annotations
 
 import os
+import sys
 
 from scalelab.core.errors import SpecError
 
 # Set by a launcher that gives every rank its own GPU through CUDA_VISIBLE_DEVICES (the Slurm rank wrapper,
 # which checked the node's GPUs against its ranks first): such a rank sees one GPU, cuda:0, and is right to.
 GPU_PINNED_ENV = "SCALELAB_GPU_PINNED"
+
+# A GPU PyTorch can see needs its driver's device node: NVIDIA's (/dev/nvidiactl, /dev/nvidiaN, also inside
+# containers), AMD ROCm's (/dev/kfd) or WSL's (/dev/dxg). Where none exists, the count is 0 without
+# importing PyTorch, which costs the launcher 1-2 s of every `launch` on a CPU machine. A process that
+# has imported PyTorch already (a rank) asks it.
+GPU_DEVICE_NODES = ("/dev/nvidiactl", "/dev/nvidia0", "/dev/kfd", "/dev/dxg")
 
 
 def gpu_shortage(ranks: int, gpus: int, where: str = "this machine", flag: str = "--gpus-per-node") -> str | None:
@@ -36,11 +43,22 @@ def gpu_shortage(ranks: int, gpus: int, where: str = "this machine", flag: str =
 
 def check_gpus(ranks: int, device: str, where: str = "this machine", flag: str = "--gpus-per-node") -> None:
     """Raise the one SpecError when `device` (auto, cuda) puts `ranks` ranks on fewer visible GPUs."""
-    if device == "cpu":
+    if device == "cpu" or ranks <= 1:  # one rank always fits: on its GPU, or on the CPU where there is none
         return
-    import torch  # only the launcher's check and the ranks pay for the import
-
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    problem = gpu_shortage(ranks, gpus, where, flag)
+    problem = gpu_shortage(ranks, visible_gpus(), where, flag)
     if problem:
         raise SpecError(problem)
+
+
+def gpu_driver_present() -> bool:
+    """Whether a GPU driver's device node exists here; without one no GPU is visible to PyTorch."""
+    return any(os.path.exists(node) for node in GPU_DEVICE_NODES)
+
+
+def visible_gpus() -> int:
+    """The GPUs PyTorch sees here (CUDA_VISIBLE_DEVICES applies); PyTorch is imported only where a driver is."""
+    if "torch" not in sys.modules and not gpu_driver_present():
+        return 0
+    import torch  # only a launcher on a GPU machine and the ranks pay for the import
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0

@@ -18,8 +18,6 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
-import pandas as pd
-
 from scalelab.core.spec import Spec
 from scalelab.core.terminal import duration_text
 from scalelab.costs.billing import Mix, RunCost, instances_for, run_cost
@@ -166,6 +164,8 @@ def run_seconds(run: Any) -> float:
     """Wall time of a recorded run: from its launch (launch.json, else the first start record: the
     start-up is paid too) to the last record of any rank. The one run time every price of a finished run
     uses (`launch cost`, the report's cost chart): billing counts the wall clock, not training seconds."""
+    import pandas as pd  # here, not at the top: `launch`'s price quote before every run needs no pandas (1 s)
+
     from scalelab.analysis.results import launched_at
     from scalelab.core.errors import DataError
 

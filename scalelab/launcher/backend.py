@@ -454,12 +454,39 @@ def silent_ranks(run_dir: Path, ranks: list[RankEnd]) -> str | None:
 
 
 def check_horovod() -> None:
-    """Horovod with PyTorch and Gloo importable here, else one EngineError that says how to build it."""
-    from scalelab.train.engines import horovod_status
+    """Horovod with PyTorch and Gloo usable here, else one EngineError that says how to build it.
 
-    problem = horovod_status()
+    Asked of Horovod's PyTorch extension itself (the library `import horovod.torch` loads, and its build
+    flags), so the launcher does not import PyTorch and Horovod for it (2 s of every Horovod `launch`);
+    each rank imports them anyway and reports the same message should that fail there
+    (`scalelab.train.engines.import_horovod`).
+    """
+    problem = horovod_build_problem()
     if problem:
         raise EngineError(problem)
+
+
+def horovod_build_problem() -> str | None:
+    """Why Horovod cannot run PyTorch ranks here, or None: its PyTorch extension is found, loads (its
+    symbols resolve against the PyTorch installed here) and was built with Gloo or MPI."""
+    import ctypes
+    import importlib.util
+    import sysconfig
+
+    how = "run scripts/build-horovod.sh (builds horovod 0.28.1 with PyTorch + Gloo), or use --engine ddp"
+    spec = importlib.util.find_spec("horovod")
+    folder = Path(spec.origin).parent / "torch" if spec and spec.origin else None
+    library = folder / f"mpi_lib_v2{sysconfig.get_config_var('EXT_SUFFIX')}" if folder else None
+    if library is None or not library.exists():
+        why = "No module named 'horovod'" if folder is None else f"no {library.name} in {folder}"
+        return f"Horovod with PyTorch support is not installed ({why}); {how}"
+    try:
+        lib = ctypes.CDLL(str(library))
+    except OSError as exc:
+        return f"Horovod with PyTorch support is not installed ({exc}); {how}"
+    if not lib.horovod_gloo_built() and not lib.horovod_mpi_built():
+        return "Horovod was built without Gloo or MPI; rebuild it with scripts/build-horovod.sh"
+    return None
 
 
 def get_backend(name: str, options: dict[str, Any] | None = None) -> Backend:
