@@ -1,13 +1,15 @@
 """Issue 37 on the remote backends: a signal to one rank on Slurm and on an AWS node; `--allow-changed` on
 Kubernetes and AWS.
 
-- Slurm (the real test cluster, DDP and Horovod on 2 ranks): SIGTERM to rank 1's trainer process alone. Both ranks stop
-  at the step they agree on, rank 0 checkpoints, srun sees exit 143 and the job ends FAILED in Slurm's
+- Slurm (the real test cluster; single on 1 rank, DDP, Horovod and the parameter server on 2): SIGTERM to one
+  rank's trainer process alone (rank 1; the single engine's rank 0). The ranks stop at the step they agree on,
+  rank 0 checkpoints, srun sees exit 143 and the job ends FAILED in Slurm's
   accounting; the launcher reads the ranks' records and records CANCELLED, with one line. No job and no
   process of the run is left, and `launch resume` (a new job) records exactly the losses of an
   uninterrupted run on the cluster.
 - AWS (moto; the instance played on this machine by running the user data moto holds, as
-  tests/test_aws_bootstrap.py does; single, and DDP on one node of 2 ranks): SIGTERM to one rank on the node
+  tests/test_aws_bootstrap.py does; single, and DDP, Horovod and the parameter server on one node of 2 ranks):
+  SIGTERM to one rank on the node
   (rank 1 of two: rank 0 waits in the stop agreement). The node reports
   `cancelled` (not `interrupted`, which the launcher answers with replacement capacity), the launcher ends
   the run CANCELLED and terminates the instance, no replacement starts; the resume (a new generation)
@@ -80,8 +82,9 @@ def _slurm_processes(run_dir: Path, job: str) -> list[str]:
     return found
 
 
-@pytest.mark.parametrize("engine", ["ddp", pytest.param("horovod", marks=needs_horovod)])
+@pytest.mark.parametrize("engine", ["single", "ddp", pytest.param("horovod", marks=needs_horovod), "ps"])
 def test_slurm_a_signal_to_one_rank_cancels_the_run_and_it_resumes_exactly(slurm_cluster, tmp_path, engine):
+    rank = 0 if engine == "single" else 1  # the one signalled; it holds at STOP until then, the others agree
     reference = tmp_path / "reference"
     reference.mkdir()
     done = launch(*SLURM, *ENGINES[engine], "--runs-dir", "runs", cwd=reference, timeout=600)
@@ -92,21 +95,21 @@ def test_slurm_a_signal_to_one_rank_cancels_the_run_and_it_resumes_exactly(slurm
     where.mkdir()
     proc = subprocess.Popen([sys.executable, "-m", "scalelab.launcher.cli", *SLURM, *ENGINES[engine], "--runs-dir", "runs"],
                             cwd=where,
-                            env={**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200", HOLD_AT_STEP_ENV: f"{STOP}:1"},
+                            env={**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200", HOLD_AT_STEP_ENV: f"{STOP}:{rank}"},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         runs = where / "runs"
         run = wait_for("the run directory", lambda: next((p for p in runs.glob("*") if p.is_dir()), None), proc)
-        wait_for(f"rank 1 at step {STOP}", lambda: any(r["kind"] == "step" and r["step"] == STOP for r in records(run, 1)),
-                 proc, patience_s=400)
-        wait_for("rank 1's trainer", lambda: rank_process(run, 1), proc).send_signal(signal.SIGTERM)
+        wait_for(f"rank {rank} at step {STOP}", lambda: any(r["kind"] == "step" and r["step"] == STOP
+                                                             for r in records(run, rank)), proc, patience_s=400)
+        wait_for(f"rank {rank}'s trainer", lambda: rank_process(run, rank), proc).send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=400)
     finally:
         if proc.poll() is None:
             proc.kill()
     said = launch_lines(err)
     assert proc.returncode == 2 and len(said) == 1 and "Traceback" not in err, err[-3000:]
-    assert "was cancelled" in said[0] and f"rank 1 got SIGTERM, and every rank stopped at step {STOP}" in said[0], said
+    assert "was cancelled" in said[0] and f"rank {rank} got SIGTERM, and every rank stopped at step {STOP}" in said[0], said
     assert state(run)["state"] == "CANCELLED"
     assert torch.load(run / CHECKPOINT_NAME, weights_only=True)["step"] == STOP
     job = state(run)["job_id"]
@@ -177,7 +180,7 @@ def _following(be: AwsBackend, run_dir: Path) -> tuple[threading.Thread, dict]:
     return thread, outcome
 
 
-@pytest.mark.parametrize("engine", ["single", "ddp"])
+@pytest.mark.parametrize("engine", ["single", "ddp", pytest.param("horovod", marks=needs_horovod), "ps"])
 def test_aws_a_signal_to_one_rank_on_a_node_cancels_the_run_without_replacement(cloud, wheel, venv, tmp_path, engine):
     ec2 = cloud["ec2"]
     engine_spec, extra, instance_type = ENGINE_RUNS[engine]
