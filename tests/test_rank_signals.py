@@ -35,6 +35,7 @@ import pytest
 import torch
 
 from tests.conftest import ROOT, launch, needs_horovod, on_cpu_where_gpus_are_short, read_jsonl, runs_made_once
+from tests.test_faults import _wait_for
 from scalelab.train.checkpoint import CHECKPOINT_NAME
 from scalelab.train.loop import HOLD_AT_STEP_ENV, KILL_AT_STEP_ENV, RAISE_AT_STEP_ENV
 
@@ -72,15 +73,8 @@ def start(where: Path, engine: str, env: dict) -> subprocess.Popen:
 
 
 def wait_for(what: str, check, proc: subprocess.Popen | None = None, patience_s: float = PATIENCE_S):
-    deadline = time.time() + patience_s
-    while time.time() < deadline:
-        found = check()
-        if found:
-            return found
-        if proc is not None and proc.poll() is not None:
-            pytest.fail(f"launch ended before {what}: {proc.communicate()}")
-        time.sleep(0.2)
-    pytest.fail(f"no {what} after {patience_s} s")
+    """tests/test_faults.py's wait, with this file's patience."""
+    return _wait_for(what, check, proc, patience_s)
 
 
 def records(run: Path, rank: int) -> list[dict]:

@@ -40,6 +40,7 @@ import pytest
 import torch
 
 from tests.conftest import ROOT, launch, needs_horovod, only_run_dir, read_jsonl
+from tests.test_slurm_cluster import processes_of
 from tests.test_rank_signals import (
     ENGINES,
     SPEC,
@@ -65,21 +66,6 @@ PYTHON_ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
 # ---- Slurm -----------------------------------------------------------------------------------------
 
 SLURM = [*SPEC, "--backend", "slurm", "--threads", "1"]
-
-
-def _slurm_processes(run_dir: Path, job: str) -> list[str]:
-    """Every live process of the run on this machine (both nodes are here): by command line or SLURM_JOB_ID."""
-    import psutil
-
-    found = []
-    for p in psutil.process_iter(["pid", "cmdline", "status"]):
-        try:
-            cmd = " ".join(p.info["cmdline"] or [])
-            if p.info["status"] != psutil.STATUS_ZOMBIE and (str(run_dir) in cmd or p.environ().get("SLURM_JOB_ID") == job):
-                found.append(f"{p.pid} {cmd[:160]}")
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-            continue
-    return found
 
 
 @pytest.mark.parametrize("engine", ["single", "ddp", pytest.param("horovod", marks=needs_horovod), "ps"])
@@ -115,7 +101,7 @@ def test_slurm_a_signal_to_one_rank_cancels_the_run_and_it_resumes_exactly(slurm
     job = state(run)["job_id"]
     assert wait_for("the job's end", lambda: job not in subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True,
                                                                        text=True).stdout.split() or None, patience_s=60)
-    assert wait_for("no process of the job", lambda: not _slurm_processes(run, job) or None, patience_s=60)
+    assert wait_for("no process of the job", lambda: not processes_of(run, job) or None, patience_s=60)
     assert_resumes_exactly(run, whole, engine, from_step=STOP)
 
 
