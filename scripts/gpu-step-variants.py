@@ -103,7 +103,7 @@ class TrainerGraph:
         self.step_no += 1
         loss = self.graph.forward_backward(self.inputs, self.step_no)
         if loss is None:
-            self.model.zero_grad(set_to_none=self.graph.graph is None)
+            self.model.zero_grad(set_to_none=not self.graph.owns_grads)
             with torch.autocast("cuda", dtype=self.dtype):
                 loss = self.model(**self.inputs)
             loss.backward()

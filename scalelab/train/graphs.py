@@ -67,11 +67,11 @@ class StepGraph:
         self.loss: torch.Tensor | None = None
         self.shape: tuple | None = None
         self.captured_at: int | None = None
-        self.failed: str | None = None  # set when capturing failed: steps run eagerly
+        self.failed = False  # capturing failed: every step runs eagerly
         self.note: str | None = None  # what the step record says about it, once
 
     def forward_backward(self, inputs: dict[str, torch.Tensor], step: int) -> torch.Tensor | None:
-        if self.failed is not None and self.graph is None:
+        if self.failed:
             return None
         if self.graph is None:
             if self.eager_steps < EAGER_STEPS_FIRST:
@@ -100,8 +100,8 @@ class StepGraph:
         try:
             self.graph, self.captured_at = self._record(), step
         except Exception as exc:  # noqa: BLE001 - any capture failure: train on, eagerly
-            self.failed = f"capture failed ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})"
-            self.note = f"{self.failed}; steps run eagerly"
+            self.failed = True
+            self.note = f"capture failed ({type(exc).__name__}: {str(exc).splitlines()[0][:200]}); steps run eagerly"
             self.graph, self.static, self.loss = None, {}, None
             self.model.zero_grad(set_to_none=True)
 
@@ -119,6 +119,11 @@ class StepGraph:
         with torch.cuda.graph(graph, capture_error_mode="thread_local"):  # the prefetch thread pins memory
             self.loss = self._step()
         return graph
+
+    @property
+    def owns_grads(self) -> bool:
+        """Once captured, the gradients are the graph's tensors: an eager step zeroes them in place."""
+        return self.graph is not None
 
     def take_note(self) -> str | None:
         """What went wrong capturing, once (for the step record), then None."""

@@ -364,12 +364,10 @@ def train_step(run: Run, progress: Progress, stream: Prefetcher) -> dict[str, An
     batch = next(stream)
     t1 = _clock(device)
     lr = set_lr(optimizer, spec, run.lr_scale, progress.step)
-    captured = run.graph is not None and run.graph.graph is not None
     loss = run.graph.forward_backward(batch.inputs, progress.step + 1) if run.graph and batch.samples else None
     graphed = loss is not None  # forward and backward replayed as one CUDA graph: timed together
-    graph_made = graphed and not captured  # captured in this step: a warm-up step
     if not graphed:
-        model.zero_grad(set_to_none=not captured)  # a captured graph owns the gradients: zero them in place
+        model.zero_grad(set_to_none=not (run.graph and run.graph.owns_grads))
     emulated_s = 0.0  # a ps server rank (no data) computes nothing: the push gives it gradients
     if batch.samples and not graphed:
         with run.precision.autocast():
@@ -401,7 +399,8 @@ def train_step(run: Run, progress: Progress, stream: Prefetcher) -> dict[str, An
         raise ScalelabError(f"training diverged at step {progress.step} (loss {loss_value}); lower --lr")
     return dict(
         step=progress.step, epoch=batch.meta["epoch"],
-        warmup=progress.step - progress.started_at <= spec.warmup_steps or graph_made,
+        warmup=progress.step - progress.started_at <= spec.warmup_steps  # the capture's step is one too
+        or graphed and run.graph.captured_at == progress.step,
         step_s=t4 - t0, data_s=t1 - t0, forward_s=t2 - t1, backward_s=None if graphed else t3 - t2, exchange_s=exchange_s,
         optimizer_s=t4 - t3, samples=batch.samples, words=batch.words, loss=loss_value, lr=lr,
         **({"emulated_s": emulated_s} if run.slowdown != 1.0 else {}), **run.noise.fields(),
