@@ -35,7 +35,7 @@ import pytest
 import torch
 
 from tests.conftest import ROOT, launch, needs_horovod, on_cpu_where_gpus_are_short, read_jsonl, runs_made_once
-from tests.test_faults import _wait_for
+from tests.test_faults import _left, _wait_for
 from scalelab.train.checkpoint import CHECKPOINT_NAME
 from scalelab.train.loop import HOLD_AT_STEP_ENV, KILL_AT_STEP_ENV, RAISE_AT_STEP_ENV
 
@@ -101,14 +101,8 @@ def rank_process(run: Path, rank: int) -> psutil.Process | None:
 
 
 def left(run: Path) -> list[str]:
-    """Every live process of this machine whose command line names the run directory (ranks, agents,
-    horovodrun), zombies excepted."""
-    out = []
-    for p in psutil.process_iter(["cmdline", "status"]):
-        cmd = " ".join(p.info["cmdline"] or [])
-        if str(run) in cmd and p.pid != os.getpid() and p.info["status"] != psutil.STATUS_ZOMBIE:
-            out.append(f"{p.pid} {cmd}")
-    return out
+    """Every live process naming the run directory: tests/test_faults.py's count."""
+    return _left(run)
 
 
 def assert_nothing_left(run: Path) -> None:
