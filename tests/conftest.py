@@ -30,6 +30,18 @@ def launch(*args: str, cwd: Path, env: dict | None = None, timeout: int = 300) -
     )
 
 
+def build_wheel(out: Path, timeout: int = 300) -> subprocess.CompletedProcess:
+    """`pip wheel` of this project into `out`. pip builds in the source tree (ROOT/build), so xdist workers
+    building at once would collide: one build at a time, under a lock file."""
+    import fcntl
+    import tempfile
+
+    with open(Path(tempfile.gettempdir()) / "scalelab-test-wheel.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+                               "-w", str(out), str(ROOT)], capture_output=True, text=True, timeout=timeout)
+
+
 def visible_gpus() -> int:
     import torch
 

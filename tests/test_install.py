@@ -22,7 +22,7 @@ import pytest
 
 from scalelab.core.procs import tool_path
 from scalelab.launcher.cli import LAZY_COMMANDS, LAZY_HELP, main
-from tests.conftest import ROOT, horovod_available, only_run_dir, steps_of
+from tests.conftest import ROOT, build_wheel, horovod_available, only_run_dir, steps_of
 
 ENGINES = ["single", "ddp", "ps", pytest.param("horovod", marks=pytest.mark.skipif(
     not horovod_available(), reason="Horovod with PyTorch + Gloo is not installed: run scripts/build-horovod.sh"))]
@@ -56,8 +56,7 @@ def assert_trained_normally(done: subprocess.CompletedProcess, cwd: Path, steps:
 
 
 def test_the_wheel_holds_one_top_level_package(tmp_path: Path) -> None:
-    done = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
-                           str(tmp_path), str(ROOT)], capture_output=True, text=True, timeout=300)
+    done = build_wheel(tmp_path)
     assert done.returncode == 0, done.stderr
     (wheel,) = tmp_path.glob("scalelab-*.whl")
     tops = {name.split("/")[0] for name in zipfile.ZipFile(wheel).namelist()}
