@@ -42,7 +42,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, launch, needs_horovod, only_run_dir
+from conftest import ROOT, build_wheel, launch, needs_horovod, only_run_dir
 
 boto3 = pytest.importorskip("boto3", reason="boto3 is not installed: pip install boto3")
 pytest.importorskip("moto.server", reason='moto server is not installed: pip install "moto[server]"')
@@ -113,8 +113,7 @@ def steps_written(records: Path) -> int:
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
-    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-                           "-w", str(out), str(ROOT)], capture_output=True, text=True)
+    proc = build_wheel(out)
     assert proc.returncode == 0, proc.stderr
     return out / PACKAGE_NAME
 
@@ -203,6 +202,20 @@ ENGINE_RUNS = {"single": ({"name": "single"}, {}, "g3.4xlarge"),
                "ddp": ({"name": "ddp"}, MULTI, "g3.8xlarge"),
                "ps": ({"name": "ps", "ps_shards": 2}, MULTI, "g3.8xlarge"),
                "horovod": ({"name": "horovod"}, MULTI, "g3.8xlarge")}
+
+
+def uninterrupted(spec, engine: str, tmp_path: Path) -> Path:
+    """The run of `spec` without any interruption, on this machine, to compare a resumed run with: the single
+    engine's trainer run directly, the others as `reference_run` starts them."""
+    if engine != "single":
+        return reference_run(spec, tmp_path / "uninterrupted")
+    reference = tmp_path / "uninterrupted"
+    reference.mkdir()
+    save_spec(spec, reference)
+    done = subprocess.run([sys.executable, "-m", "scalelab.train", str(reference)], cwd=tmp_path, capture_output=True,
+                          text=True, env={**clean_env(), "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    return reference
 
 
 @contextmanager
@@ -304,15 +317,7 @@ def test_spot_replacement_resumes_to_the_same_losses(cloud, wheel, venv, tmp_pat
     assert outcome["status"].state == "COMPLETED", outcome["status"].detail
 
     # ---- the launcher's copy: the same losses as without the interruption, report unchanged, nothing left
-    if engine == "single":
-        reference = tmp_path / "uninterrupted"
-        reference.mkdir()
-        save_spec(spec, reference)
-        done = subprocess.run([sys.executable, "-m", "scalelab.train", str(reference)], cwd=tmp_path, capture_output=True,
-                              text=True, env={**clean_env(), "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
-        assert done.returncode == 0, done.stderr[-3000:]
-    else:
-        reference = reference_run(spec, tmp_path / "uninterrupted")
+    reference = uninterrupted(spec, engine, tmp_path)
     _assert_resumed_exactly(run_dir, reference, engine, from_step=STOP_AT)
     steps = [json.loads(x)["step"] for x in (run_dir / "records" / "rank-0.jsonl").read_text().splitlines()
              if json.loads(x)["kind"] == "step"]

@@ -33,7 +33,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -53,7 +52,7 @@ from tests.test_rank_signals import (
     state,
     wait_for,
 )
-from scalelab.core.spec import Spec, read_spec, save_spec
+from scalelab.core.spec import Spec, read_spec
 from scalelab.core.trajectory import ACCEPTED_ENV, check_resume, record_changes
 from scalelab.train.checkpoint import CHECKPOINT_NAME
 from scalelab.train.loop import HOLD_AT_STEP_ENV
@@ -120,7 +119,7 @@ from tests.test_aws_bootstrap import (  # noqa: E402  (the instance played here:
     finished,
     node_bin,
     reachable,
-    reference_run,
+    uninterrupted,
     s3_json,
     user_data_of,
     venv,  # noqa: F401  (a fixture)
@@ -222,15 +221,7 @@ def test_aws_a_signal_to_one_rank_on_a_node_cancels_the_run_without_replacement(
             be.cancel(run_dir, grace_s=0)
     assert "error" not in outcome, outcome
     assert outcome["status"].state == "COMPLETED", outcome["status"].detail
-    if engine == "single":
-        reference = tmp_path / "uninterrupted"
-        reference.mkdir()
-        save_spec(spec, reference)
-        done = subprocess.run([sys.executable, "-m", "scalelab.train", str(reference)], cwd=tmp_path, capture_output=True,
-                              text=True, env={**clean_env(), "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
-        assert done.returncode == 0, done.stderr[-3000:]
-    else:
-        reference = reference_run(spec, tmp_path / "uninterrupted")
+    reference = uninterrupted(spec, engine, tmp_path)
     _assert_resumed_exactly(run_dir, reference, engine, from_step=STOP_AT)
     assert td.instances(ec2, run_dir.name, td.LIVE_STATES) == []
 
