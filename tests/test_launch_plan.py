@@ -49,7 +49,8 @@ def test_horovod_starts_once_from_node_0_with_its_fusion_settings() -> None:
     assert launch.node == 0
     assert launch.argv == ["py", "-m", "horovod.runner.launch", "--gloo", "-np", "4", "-H", "a:2,b:2",
                            "--ssh-identity-file", "/k", "py", "-m", "scalelab.train", "/r"]
-    assert launch.env == {"HOROVOD_FUSION_THRESHOLD": str(512 * 1024), "HOROVOD_CYCLE_TIME": "5.0"} == engine_env(spec)
+    assert launch.env == {"HOROVOD_FUSION_THRESHOLD": str(512 * 1024), "HOROVOD_CYCLE_TIME": "5.0",
+                          "HOROVOD_GLOO_TIMEOUT_SECONDS": "180"} == engine_env(spec)
     [mpi] = launch_plan(spec, "/r", Site(mpirun_args=("-bind-to", "none"), exports=("PATH",)))
     assert mpi.argv == ["mpirun", "-np", "4", "-bind-to", "none", "-x", "PATH", "python", "-m", "scalelab.train", "/r"]
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -231,6 +232,36 @@ def test_a_users_script_that_raises_is_named_with_its_own_error_line_first(tmp_p
     assert said[0].startswith("launch: error: train.py raised ValueError: row 7 of shard 3 has no label"), said
     run = next(p for p in (tmp_path / "runs").glob("*") if p.is_dir())
     assert "Traceback (most recent call last)" in "".join(p.read_text() for p in (run / "logs").glob("*.log"))
+    assert_nothing_left(run)
+
+
+LATE_RANK_SCRIPT = """\
+import os, time
+os.environ["HOROVOD_GLOO_TIMEOUT_SECONDS"] = "2"  # this script's own, shorter than the launcher's default
+if os.environ["HOROVOD_RANK"] == "1":
+    time.sleep(8)  # late to the rendezvous, as a rank on a loaded node can be
+import horovod.torch as hvd
+hvd.init()
+"""
+
+
+@needs_horovod
+def test_a_rank_that_aborts_in_horovods_rendezvous_is_named_with_gloos_words(tmp_path):
+    """A rank whose C++ library throws past its thread aborts (exit 134) without a record or a Python
+    traceback: Gloo's rendezvous timing out while a peer is late. The line is that rank's own
+    `what()`, not horovodrun's 25-line RuntimeError."""
+    script = tmp_path / "code" / "train.py"
+    script.parent.mkdir()
+    script.write_text(LATE_RANK_SCRIPT)
+    args = on_cpu_where_gpus_are_short(("--script", str(script), *ENGINES["horovod"]))
+    done = launch(*args, "--runs-dir", str(tmp_path / "runs"), cwd=tmp_path)
+    said = launch_lines(done.stderr)
+    assert done.returncode == 2 and len(said) == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert re.match(r"launch: error: run \S+ failed \(.*\): rank 0 aborted: gloo::IoException: .*Wait timeout "
+                    r"after 2 seconds", said[0]), said
+    assert "launch logs" in said[0]
+    run = next(p for p in (tmp_path / "runs").glob("*") if p.is_dir())
+    assert state(run)["state"] == "FAILED"
     assert_nothing_left(run)
 
 

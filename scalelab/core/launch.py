@@ -113,10 +113,18 @@ def engine_env(spec: Spec) -> dict[str, str]:
     return starter_of(spec.engine.name).engine_env(spec)
 
 
+# How long a Horovod rank waits for its peers in Gloo's rendezvous (and a Gloo operation) before it aborts.
+# Horovod's default, 30 s, is shorter than the start-up skew of ranks on a loaded node: each imports
+# PyTorch before hvd.init, and one that gets there 30 s after another makes both abort with SIGABRT
+# ("Wait timeout after 30 seconds for key(s)"), a run failed before its first step (seen in CI).
+GLOO_TIMEOUT_S = 180
+
+
 def horovod_env(fusion_threshold_mb: float, cycle_time_ms: float) -> dict[str, str]:
-    """HOROVOD_FUSION_THRESHOLD (bytes; 0: no fusion) and HOROVOD_CYCLE_TIME (ms), as Horovod reads them."""
+    """HOROVOD_FUSION_THRESHOLD (bytes; 0: no fusion) and HOROVOD_CYCLE_TIME (ms), as Horovod reads them,
+    and HOROVOD_GLOO_TIMEOUT_SECONDS (GLOO_TIMEOUT_S)."""
     return {"HOROVOD_FUSION_THRESHOLD": str(int(fusion_threshold_mb * 1024 * 1024)),
-            "HOROVOD_CYCLE_TIME": str(cycle_time_ms)}
+            "HOROVOD_CYCLE_TIME": str(cycle_time_ms), "HOROVOD_GLOO_TIMEOUT_SECONDS": str(GLOO_TIMEOUT_S)}
 
 
 def _arg(flag: str, value: object) -> str:

@@ -22,6 +22,7 @@ without such records, the rank that stopped without a word is named, else the en
 
 from __future__ import annotations
 
+import re
 import signal
 import sys
 import threading
@@ -352,8 +353,13 @@ def failure(backend: Backend, run_dir: Path, status: RunStatus) -> ScalelabError
         return ScalelabError(f"run {run_dir} {status.state.lower()} ({status.detail}): {silent}")
     if errors:  # only ranks that lost a peer said something
         return ScalelabError("; ".join(_messages(errors)) + f" (run directory {run_dir})" + resume_hint(run_dir))
+    logs = backend.logs(run_dir)
+    aborted = native_abort(logs)
+    if aborted:  # a rank's C++ library gave up (Gloo's rendezvous, a CUDA error): its words, not the agent's dump
+        return ScalelabError(f"run {run_dir} {status.state.lower()} ({status.detail}): {aborted} (its full logs: "
+                             f"`launch logs {run_dir}`)" + resume_hint(run_dir))
     return ScalelabError(f"run {run_dir} {status.state.lower()} ({status.detail}); last lines of its logs:\n"
-                         + tail(backend.logs(run_dir), 25))
+                         + tail(logs, 25))
 
 
 def _messages(records) -> list[str]:
@@ -412,6 +418,28 @@ def submitted(backend: Backend, spec: Spec, run_dir: Path) -> Iterator[None]:
         with stopping_runs(backend, [run_dir]):
             submit(backend, spec, run_dir)
             yield
+
+
+_PREFIX = r"^(?:\[(?P<rank>\d+)\]<std(?:err|out)>:|\[rank(?P<trank>\d+)\]:|\[default(?P<drank>\d+)\]:)?\s*"
+_TERMINATE = re.compile(_PREFIX + r"terminate called after throwing an instance of '(?P<type>[^']+)'")
+_WHAT = re.compile(_PREFIX + r"what\(\):\s*(?P<what>.*)$")
+
+
+def native_abort(logs: str) -> str:
+    """'rank 1 aborted: gloo::IoException: ...' for the first rank whose C++ code threw past its thread and
+    aborted (exit 134) in these logs; '' when none did. horovodrun tags its ranks' lines `[N]<stderr>:`,
+    torchrun `[rankN]:` / `[defaultN]:` when asked to; untagged lines name no rank."""
+    lines = logs.splitlines()
+    for i, line in enumerate(lines):
+        thrown = _TERMINATE.match(line)
+        if not thrown:
+            continue
+        rank = thrown["rank"] or thrown["trank"] or thrown["drank"]
+        what = next((m["what"] for m in map(_WHAT.match, lines[i + 1:i + 4]) if m), "")
+        what = re.sub(r"\[[^\]\s]*\.(?:cc|cpp|h):\d+\]\s*", "", what)  # its source file, once or twice
+        who = f"rank {rank}" if rank is not None else "a rank"
+        return f"{who} aborted: {thrown['type']}" + (f": {what.strip()}" if what.strip() else "")
+    return ""
 
 
 def tail(text: str, n: int) -> str:
