@@ -114,9 +114,9 @@ def engine_env(spec: Spec) -> dict[str, str]:
 
 
 # How long a Horovod rank waits for its peers in Gloo's rendezvous (and a Gloo operation) before it aborts.
-# Horovod's default, 30 s, is shorter than the start-up skew of ranks on a loaded node: each imports
-# PyTorch before hvd.init, and one that gets there 30 s after another makes both abort with SIGABRT
-# ("Wait timeout after 30 seconds for key(s)"), a run failed before its first step (seen in CI).
+# Horovod's default, 30 s, is shorter than the start-up skew of ranks that import PyTorch from a cold
+# shared filesystem or on a loaded node: one that reaches hvd.init 30 s after another makes both abort
+# with SIGABRT ("Wait timeout after 30 seconds for key(s)"), a run failed before its first step.
 GLOO_TIMEOUT_S = 180
 
 
