@@ -50,8 +50,9 @@ leave-one-origin-out): each training origin is predicted with the model, ℓ and
 without the origin held out outside), and the margin is the smallest whose bands held on `confidence` of
 those tasks pooled, the largest if none did. So the band is as wide as it had to be on sources it had
 not seen, not on the ones it learnt from, and no held-out figure chose its margin. The shipped
-calibration chooses its margin so over every origin, kept in a file like the tasks (`_margins_cache`). Fits on three or more counts are calibrated apart for predictions that cross onto more nodes than
-any fitted count used.
+calibration chooses its margin so over every origin, kept in a file like the tasks (`_margins_cache`).
+Fits on three or more counts are calibrated apart for predictions that cross onto more nodes than any
+fitted count used.
 
 **Fits on two counts** (`CAPPED`) reach up to physics' cap: their high end is the last per-GPU rate
 carried forward, raised by the measurement's noise (`band_ceiling`), never linear scaling from the best
@@ -101,7 +102,7 @@ LOSS_FLOOR = 0.05  # the band's width factor of a series that loses nothing per 
 _LEVELS = np.concatenate([np.linspace(0.9, 0.99, 19), [0.995, 0.998, 1.0]])  # the band's inner levels tried
 #: the margins tried, per class of fits: the share of the miss rate the inner level must hold beyond
 #: `confidence` (`_levels`), a guard for sources unlike all of ours. Which one a calibration uses is
-#: itself chosen leaving one origin out among its training origins (`_margins`): the smallest whose
+#: itself chosen leaving one origin out among its training origins (`_choose_margins`): the smallest whose
 #: bands held on `confidence` of the origins left out, the largest when none did
 MARGINS = (0.0, 0.1, 1 / 6, 1 / 4, 1 / 3)
 #: models whose geometric mean is the point, per class of fits: with two counts the leading models are
