@@ -42,11 +42,17 @@ doublings past the fitted counts, δ = 0.5 (a measured point is off by its noise
 the per-GPU rate lost per doubling across the fitted counts (a series far from linear can bend either
 way). lo and hi are quantiles of the scores log(true/pred)/s over the training origins (each origin
 weighted equally), taken at a level ℓ that is itself chosen by leaving one origin out *inside* the
-training origins: the smallest ℓ whose bands, made without an origin, hold on at least `confidence` (plus
-`MARGIN`, a third, of 1 − `confidence`) of the held-out origins' tasks pooled (split-conformal across
-sources). So the band is as wide as it had to be on sources it had not seen, not on the ones it learnt
-from. Fits on three or more counts are calibrated apart for predictions that cross onto more nodes than
-any fitted count used.
+training origins: the smallest ℓ whose bands, made without an origin, hold on at least `confidence` plus
+a margin m of 1 − `confidence` of the held-out origins' tasks pooled (split-conformal across sources).
+The margin, a guard for sources unlike ours, is chosen per class of fits (2, 3+) from `MARGINS` (0 to a
+third) by the same rule one level up, again from the training origins only (`_choose_margins`, nested
+leave-one-origin-out): each training origin is predicted with the model, ℓ and band made without it (and
+without the origin held out outside), and the margin is the smallest whose bands held on `confidence` of
+those tasks pooled, the largest if none did. So the band is as wide as it had to be on sources it had
+not seen, not on the ones it learnt from, and no held-out figure chose its margin. The shipped
+calibration chooses its margin so over every origin, kept in a file like the tasks (`_margins_cache`).
+Fits on three or more counts are calibrated apart for predictions that cross onto more nodes than any
+fitted count used.
 
 **Fits on two counts** (`CAPPED`) reach up to physics' cap: their high end is the last per-GPU rate
 carried forward, raised by the measurement's noise (`band_ceiling`), never linear scaling from the best
@@ -55,13 +61,14 @@ say how much was lost once, not whether it is lost again: the decay models are t
 (a first doubling's loss that is not repeated) as a series collapses later (an input pipeline or a
 slow network at the first node crossing), and physics bounds only the first.
 
-`coverage` judges the whole procedure: every origin predicted with the model and band chosen without
-it (`launch bench --only planner`; docs/benchmarks.md has the figures per source).
+`coverage` judges the whole procedure: every origin predicted with the model, margin and band chosen
+without it (`launch bench --only planner`; docs/benchmarks.md has the figures per source).
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import os
 from dataclasses import dataclass
@@ -93,10 +100,11 @@ CANDIDATES = names("worker-count", choosable=True)  # scalelab/costs/registry.py
 DELTA = 0.5  # the band's width at a measured count, in doublings
 LOSS_FLOOR = 0.05  # the band's width factor of a series that loses nothing per doubling
 _LEVELS = np.concatenate([np.linspace(0.9, 0.99, 19), [0.995, 0.998, 1.0]])  # the band's inner levels tried
-#: the share of the miss rate the inner level must hold beyond `confidence` (`_level`): a guard for
-#: sources unlike all of ours, at a price: on fits on two counts 0 would give ±18 % at 90 % held out,
-#: a third gives ±29 % (docs/benchmarks.md)
-MARGIN = 1 / 3
+#: the margins tried, per class of fits: the share of the miss rate the inner level must hold beyond
+#: `confidence` (`_levels`), a guard for sources unlike all of ours. Which one a calibration uses is
+#: itself chosen leaving one origin out among its training origins (`_choose_margins`): the smallest whose
+#: bands held on `confidence` of the origins left out, the largest when none did
+MARGINS = (0.0, 0.1, 1 / 6, 1 / 4, 1 / 3)
 #: models whose geometric mean is the point, per class of fits: with two counts the leading models are
 #: within 0.1-6 % of each other's held-out error and which one leads flips with the source left out
 #: (docs/benchmarks.md), so the two best are combined; with three or more one model leads every time
@@ -440,26 +448,31 @@ def _held_out_coverage(scores: np.ndarray, origins: np.ndarray, level: float, up
     return covered / len(scores)
 
 
-def _level(scores: np.ndarray, origins: np.ndarray, confidence: float, up: Upper | None = None) -> float:
-    """The smallest inner level whose leave-one-origin-out bands hold on `confidence` of the tasks, plus
-    a margin of a third of the miss rate: the sources a user brings resemble none of ours more often
-    than ours resemble each other (the issue's 23 unseen tables held 20 points less than ours)."""
+def _levels(scores: np.ndarray, origins: np.ndarray, confidence: float, up: Upper | None = None,
+            margins: Sequence[float] = MARGINS) -> dict[float, float]:
+    """Per margin m: the smallest inner level whose leave-one-origin-out bands hold on `confidence`
+    plus m of the miss rate of the tasks pooled (1.0 when none does): the sources a user brings may
+    resemble none of ours more than ours resemble each other."""
     if len(np.unique(origins)) < 2:
-        return 1.0
-    target = confidence + (1.0 - confidence) * MARGIN
+        return {m: 1.0 for m in margins}
+    targets = {m: confidence + (1.0 - confidence) * m for m in margins}
     levels = sorted({*np.linspace(confidence, 0.99, 19), *_LEVELS[_LEVELS >= confidence]})
+    out: dict[float, float] = {}
     for level in levels:
-        if _held_out_coverage(scores, origins, level, up) >= target:
-            return float(level)
-    return 1.0
+        held = _held_out_coverage(scores, origins, level, up)
+        out |= {m: float(level) for m, t in targets.items() if m not in out and held >= t}
+        if len(out) == len(targets):
+            break
+    return {m: out.get(m, 1.0) for m in margins}
 
 
 @dataclass(frozen=True)
 class Calibration:
     """For one class of fits ("2" or "3+"): the point's models (`models`, combined by their geometric
     mean; `model` names them), the mean held-out |log error| per model (the combination's too), the
-    band's quantiles of log(true/pred)/s, the inner level they were taken at, how many tables and
-    origins they were learnt from, and whether the band's high end is the physical cap (`capped`)."""
+    band's quantiles of log(true/pred)/s, the inner level they were taken at and the margin that level
+    was chosen with (`MARGINS`), how many tables and origins they were learnt from, and whether the
+    band's high end is the physical cap (`capped`)."""
 
     k_class: str
     model: str
@@ -471,6 +484,7 @@ class Calibration:
     level: float = 0.0
     models: tuple[str, ...] = ()
     capped: bool = False
+    margin: float = 0.0
 
     @property
     def members(self) -> tuple[str, ...]:
@@ -504,8 +518,9 @@ def _point_models(part: pd.DataFrame, cls: str) -> tuple[tuple[str, ...], dict[s
 
 
 def _calibrated(sub: pd.DataFrame, cls: str, models: tuple[str, ...], errs: dict[str, float], key: str,
-                confidence: float) -> Calibration:
-    """The band of class `cls` from the tasks `sub`, at the level chosen leaving one origin out inside."""
+                confidence: float) -> dict[float, Calibration]:
+    """Per margin of `MARGINS`: the band of class `cls` from the tasks `sub`, at the level chosen
+    leaving one origin out inside."""
     pred = _combined(sub, models, "pred_")
     le = np.log(sub["true"].to_numpy(float) / pred)
     scores = le / sub["spread"].to_numpy(float)
@@ -513,23 +528,21 @@ def _calibrated(sub: pd.DataFrame, cls: str, models: tuple[str, ...], errs: dict
     capped = cls in CAPPED
     up = (le, np.log(sub["ceiling"].to_numpy(float) / pred), sub["noise"].to_numpy(float),
           np.log(sub["linear"].to_numpy(float) / pred)) if capped else None
-    level = _level(scores, origins, confidence, up)
-    lo, hi = _band_at(scores, _origin_weights(origins), level, capped)
-    return Calibration(key, "&".join(models), errs, lo, hi, sub["table"].nunique(), len(np.unique(origins)), level,
-                       models, capped)
-
-
-@lru_cache(maxsize=64)
-def calibrate(confidence: float = DEFAULT_CONFIDENCE, exclude: str | None = None) -> dict[str, Calibration]:
-    """Per class of fits: the point's models by held-out error and their band, from every task but
-    those of origin `exclude` (module doc: the band's level is chosen leaving one origin out inside).
-    A capped class is calibrated as a whole, its key across nodes the same band: with the high end at
-    the cap, splitting it by node crossings made the bands wider, not truer (docs/benchmarks.md)."""
-    if not 0 < confidence < 1:
-        raise DataError(f"a confidence level is between 0 and 1 (e.g. 0.9), got {confidence}")
-    tasks = all_tasks()
-    tasks = tasks[tasks["origin"] != exclude]
     out = {}
+    for margin, level in _levels(scores, origins, confidence, up).items():
+        lo, hi = _band_at(scores, _origin_weights(origins), level, capped)
+        out[margin] = Calibration(key, "&".join(models), errs, lo, hi, sub["table"].nunique(),
+                                  len(np.unique(origins)), level, models, capped, margin)
+    return out
+
+
+@lru_cache(maxsize=512)
+def _by_margin(confidence: float, exclude: frozenset[str]) -> dict[float, dict[str, Calibration]]:
+    """Per margin of `MARGINS`, per band class: the calibration from every task but those of the
+    origins `exclude` (`calibrate`'s, its margin not yet chosen)."""
+    tasks = all_tasks()
+    tasks = tasks[~tasks["origin"].isin(exclude)]
+    out: dict[float, dict[str, Calibration]] = {m: {} for m in MARGINS}
     for cls, part in tasks.groupby("k_class"):
         cls = str(cls)
         models, errs = _point_models(part, cls)
@@ -537,8 +550,82 @@ def calibrate(confidence: float = DEFAULT_CONFIDENCE, exclude: str | None = None
             sub = part[part["crosses_nodes"] == across]
             if cls in CAPPED or sub["origin"].nunique() < 2:  # the class's band as a whole
                 sub = part
-            out[band_class(cls, across)] = _calibrated(sub, cls, models, errs, band_class(cls, across), confidence)
+            for margin, cal in _calibrated(sub, cls, models, errs, band_class(cls, across), confidence).items():
+                out[margin][band_class(cls, across)] = cal
     return out
+
+
+def _choose_margins(confidence: float, exclude: frozenset[str]) -> dict[str, float]:
+    """Per class of fits: the smallest margin of `MARGINS` whose calibrations, each made without one
+    more origin, held on at least `confidence` of that origin's tasks, pooled over the origins not in
+    `exclude` (the largest margin when none did). Nothing of the origins in `exclude` is read."""
+    tasks = all_tasks()
+    tasks = tasks[~tasks["origin"].isin(exclude)]
+    covered: dict[str, dict[float, int]] = {}
+    count: dict[str, int] = {}
+    for origin, part in tasks.groupby("origin", sort=True):
+        inner = _by_margin(confidence, exclude | {str(origin)})
+        known = [band_class(k, bool(x)) in inner[MARGINS[0]] for k, x in zip(part["k_class"], part["crosses_nodes"])]
+        part = part[np.array(known, dtype=bool)]  # a class no other origin has is not judged
+        for margin, cal in inner.items():
+            judged = _judge(part, cal)
+            for cls, hits in judged.groupby(part["k_class"].to_numpy(str))["covered"]:
+                covered.setdefault(str(cls), {}).setdefault(margin, 0)
+                covered[str(cls)][margin] += int(hits.sum())
+        for cls, n in part["k_class"].astype(str).value_counts().items():
+            count[str(cls)] = count.get(str(cls), 0) + int(n)
+    out = {}
+    for cls, hits in covered.items():
+        held = [m for m in MARGINS if hits.get(m, 0) >= confidence * count[cls] - 1e-9]
+        out[cls] = held[0] if held else MARGINS[-1]
+    return out
+
+
+def _margins_cache() -> Path | None:
+    """The file of the shipped calibration's margins (`_choose_margins` over every origin), by
+    confidence: keyed like `_tasks_cache`, so `launch plan` does not judge every origin again."""
+    tasks = _tasks_cache()
+    return None if tasks is None else tasks.with_name(tasks.name.replace("calibration-tasks-", "calibration-margins-")
+                                                      .replace(".csv", ".json"))
+
+
+def _shipped_margins(confidence: float) -> dict[str, float]:
+    """`_choose_margins` over every origin, read from `_margins_cache` when it was made before."""
+    path, key = _margins_cache(), repr(float(confidence))
+    kept: dict = {}
+    if path is not None and path.is_file():
+        try:
+            kept = json.loads(path.read_text())
+            got = kept.get(key)
+            if isinstance(got, dict) and all(isinstance(v, (int, float)) and v in MARGINS for v in got.values()):
+                return {str(k): float(v) for k, v in got.items()}
+        except (OSError, ValueError, UnicodeDecodeError, AttributeError):
+            kept = {}  # a damaged cache is made again
+    chosen = _choose_margins(confidence, frozenset())
+    if path is not None:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps((kept if isinstance(kept, dict) else {}) | {key: chosen}))
+            os.replace(tmp, path)
+        except OSError:
+            pass
+    return chosen
+
+
+@lru_cache(maxsize=64)
+def calibrate(confidence: float = DEFAULT_CONFIDENCE, exclude: str | None = None) -> dict[str, Calibration]:
+    """Per class of fits: the point's models by held-out error and their band, from every task but
+    those of origin `exclude` (module doc: the band's level is chosen leaving one origin out inside,
+    with the margin chosen leaving one origin out among the same training origins, `_choose_margins`).
+    A capped class is calibrated as a whole, its key across nodes the same band: with the high end at
+    the cap, splitting it by node crossings made the bands wider, not truer (docs/benchmarks.md)."""
+    if not 0 < confidence < 1:
+        raise DataError(f"a confidence level is between 0 and 1 (e.g. 0.9), got {confidence}")
+    out = frozenset() if exclude is None else frozenset({exclude})
+    margins = _shipped_margins(confidence) if exclude is None else _choose_margins(confidence, out)
+    cals = _by_margin(confidence, out)
+    return {key: cals[margins.get(key.removesuffix(ACROSS), MARGINS[-1])][key] for key in cals[MARGINS[0]]}
 
 
 def predict_band(fitted: pd.DataFrame, workers: Sequence[float], nodes: Sequence[float] | None = None,
@@ -585,36 +672,42 @@ def next_count(fitted: pd.DataFrame, wanted: Sequence[float]) -> int | None:
 # ---- judging the procedure ----------------------------------------------------------------------------
 
 
+def _judge(part: pd.DataFrame, cal: dict[str, Calibration]) -> pd.DataFrame:
+    """Tasks `part` predicted with the calibrations `cal` (by band class): model, error, naive_error,
+    half_width, finite and covered, on `part`'s index (`coverage`'s columns)."""
+    c = pd.Series([cal[band_class(k, bool(x))] for k, x in zip(part["k_class"], part["crosses_nodes"])],
+                  index=part.index)
+    members = c.map(lambda x: x.members).to_numpy(object)
+    pred = np.zeros(len(part))
+    for models in set(members):
+        pick = np.array([m == models for m in members])
+        pred[pick] = _combined(part[pick], models, "pred_")
+    lo = c.map(lambda x: x.lo).to_numpy(float) * part["spread"].to_numpy(float)
+    hi = c.map(lambda x: x.hi).to_numpy(float) * part["spread"].to_numpy(float)
+    hi = np.where(c.map(lambda x: x.capped).to_numpy(bool), np.inf, hi)
+    ceiling = part["ceiling"].to_numpy(float)
+    cap = _cap(ceiling, c.map(lambda x: x.hi).to_numpy(float), part["noise"].to_numpy(float),
+               part["linear"].to_numpy(float))
+    low, high = _band_ends(pred, lo, hi, ceiling, cap)
+    true = part["true"].to_numpy(float)
+    return pd.DataFrame({
+        "model": c.map(lambda x: x.model), "margin": c.map(lambda x: x.margin), "error": pred / true - 1,
+        "naive_error": part["pred_trend"].to_numpy(float) / true - 1, "half_width": (high - low) / 2 / pred,
+        "finite": np.isfinite(high), "covered": (low <= true * (1 + 1e-9)) & (true <= high * (1 + 1e-9))},
+        index=part.index)
+
+
 def coverage(confidence: float = DEFAULT_CONFIDENCE) -> pd.DataFrame:
     """Every task of every table, predicted with the model and band calibrated without its whole
-    origin: table, origin, series, fit_counts, workers, model, error ((pred − true)/true), naive_error
-    (the trend rule's), half_width ((high − low)/2/pred), finite and covered."""
+    origin (the margin too, `_choose_margins`): table, origin, series, fit_counts, workers, model,
+    margin, error ((pred − true)/true), naive_error (the trend rule's), half_width ((high − low)/2/pred),
+    finite and covered."""
     tasks = all_tasks()
     parts = []
     for origin, part in tasks.groupby("origin", sort=False):
-        cal = calibrate(confidence, origin)
-        c = pd.Series([cal[band_class(k, bool(x))] for k, x in zip(part["k_class"], part["crosses_nodes"])],
-                      index=part.index)
-        model = c.map(lambda x: x.model)
-        members = c.map(lambda x: x.members).to_numpy(object)
-        pred = np.zeros(len(part))
-        for models in set(members):
-            pick = np.array([m == models for m in members])
-            pred[pick] = _combined(part[pick], models, "pred_")
-        lo = c.map(lambda x: x.lo).to_numpy(float) * part["spread"].to_numpy(float)
-        hi = c.map(lambda x: x.hi).to_numpy(float) * part["spread"].to_numpy(float)
-        hi = np.where(c.map(lambda x: x.capped).to_numpy(bool), np.inf, hi)
-        ceiling = part["ceiling"].to_numpy(float)
-        cap = _cap(ceiling, c.map(lambda x: x.hi).to_numpy(float), part["noise"].to_numpy(float),
-                   part["linear"].to_numpy(float))
-        low, high = _band_ends(pred, lo, hi, ceiling, cap)
-        true = part["true"].to_numpy(float)
-        parts.append(pd.DataFrame({
-            "table": part["table"], "origin": origin, "series": part["series"], "fit_counts": part["fit_counts"],
-            "k_class": part["k_class"], "workers": part["workers"], "distance": part["distance"],
-            "crosses_nodes": part["crosses_nodes"], "model": model, "error": pred / true - 1,
-            "naive_error": part["pred_trend"].to_numpy(float) / true - 1, "half_width": (high - low) / 2 / pred,
-            "finite": np.isfinite(high), "covered": (low <= true * (1 + 1e-9)) & (true <= high * (1 + 1e-9))}))
+        judged = _judge(part, calibrate(confidence, origin))
+        parts.append(pd.concat([part[["table", "origin", "series", "fit_counts", "k_class", "workers", "distance",
+                                      "crosses_nodes"]], judged], axis=1))
     return pd.concat(parts, ignore_index=True)
 
 

@@ -158,7 +158,8 @@ def planner_bench(levels: tuple[float, ...] = BENCH_LEVELS) -> dict[str, Any]:
             "throughput_by_origin": coverage_summary(preds, ["origin", "k_class"]).to_dict(orient="records"),
             "throughput_by_k_class": coverage_summary(preds, ["k_class"]).to_dict(orient="records"),
             "throughput_by_fit_counts": coverage_summary(preds, ["fit_counts"]).to_dict(orient="records"),
-            "throughput_models": {k: {"model": c.model, "held_out_error": c.errors}
+            "throughput_models": {k: {"model": c.model, "held_out_error": c.errors, "margin": c.margin,
+                                      "level": c.level}
                                   for k, c in calibrate(level).items()},
             "steps": summary(steps).to_dict(orient="records")})
     out["steptime"] = steptime_bench(max(levels))
