@@ -1,6 +1,9 @@
 """Issue 35: `--help` of every command renders without pandas, SciPy, matplotlib or PyTorch (`launch plan --help`
 and `launch cost --help` took 3.7 s against 0.3 s for `launch --help` because they imported all four; the
-commands import them where they are used). Checked in a fresh interpreter per command, through sys.modules."""
+commands import them where they are used). And `launch report`, `cost` and `plan` on runs print their text
+(table, JSON, Markdown) without matplotlib, SciPy or PyTorch: the report's PNG plots (matplotlib, most of the
+time of `launch report` on ten runs) are drawn on --plots only. Checked in a fresh interpreter per command,
+through sys.modules."""
 
 from __future__ import annotations
 
@@ -11,6 +14,8 @@ import sys
 
 import click
 import pytest
+from click.testing import CliRunner
+from test_costs_cli import _fake_run
 
 from scalelab.launcher.cli import main
 from tests.conftest import ROOT
@@ -70,3 +75,74 @@ def test_shell_completion_documented_in_the_readme_works():
     env.update(_LAUNCH_COMPLETE="bash_complete", COMP_WORDS="launch pl", COMP_CWORD="1")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert "plain,plan" in out.stdout.splitlines(), out.stdout + out.stderr  # bash_complete: type,value per line
+
+
+# ---- the text path of report, cost and plan (issue 35 ask 4) ----------------------------------------------
+
+#: Not needed to print a report, a cost or a plan as text (pandas is: their tables are DataFrames).
+TEXT_HEAVY = ("matplotlib", "scipy", "torch", "botocore")
+
+RUN = """
+import json, sys
+from click.testing import CliRunner
+from scalelab.launcher.cli import main
+result = CliRunner().invoke(main, sys.argv[1:], prog_name="launch")
+print(json.dumps({"exit": result.exit_code, "output": result.output,
+                  "heavy": [m for m in %r if m in sys.modules]}))
+""" % (TEXT_HEAVY,)
+
+
+@pytest.fixture(scope="module")
+def two_runs(tmp_path_factory) -> list[str]:
+    """A 1-GPU and a 2-GPU local run (records only: no training), so the report has a speedup to plot."""
+    root = tmp_path_factory.mktemp("text-path")
+    return [str(_fake_run(root, f"r{g}", g, 0.1 * (1 + 0.1 * g) / g, 6400, None)) for g in (1, 2)]
+
+
+def _in_fresh_interpreter(args: list[str], tmp: str) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "SCALELAB_PRICES": os.path.join(tmp, "no-prices.json"),
+           "COLUMNS": "100"}
+    done = subprocess.run([sys.executable, "-c", RUN, *args], capture_output=True, text=True, env=env,
+                          timeout=120, cwd=tmp)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["exit"] == 0, result["output"]
+    return result
+
+
+@pytest.mark.parametrize("command", [("report",), ("report", "--format", "json"), ("report", "--format", "markdown"),
+                                     ("cost", "--rate", "2.5/gpu-hour"), ("plan", "--rate", "2.5/gpu-hour")],
+                         ids=" ".join)
+def test_report_cost_and_plan_print_text_without_matplotlib_or_scipy(command, two_runs, tmp_path):
+    args = [command[0], *two_runs, *command[1:]]
+    if command[0] == "report":
+        args += ["--out", str(tmp_path / "rep")]
+    result = _in_fresh_interpreter(args, str(tmp_path))
+    assert result["heavy"] == [], f"`launch {' '.join(command)}` imported {', '.join(result['heavy'])}"
+    if command[0] == "report":
+        assert not list((tmp_path / "rep").glob("*.png"))  # no plot drawn unasked
+
+
+def test_report_draws_its_plots_on_plots_only(two_runs, tmp_path, monkeypatch):
+    """Without --plots: report.md and report.json, no PNG, no link to one, no "plot:" said; with --plots:
+    speedup.png and throughput.png beside report.md, linked from it, and the terminal names speedup.png."""
+    monkeypatch.setenv("SCALELAB_PRICES", str(tmp_path / "no-prices.json"))
+    monkeypatch.setenv("COLUMNS", "200")
+    plain, drawn = tmp_path / "plain", tmp_path / "drawn"
+    out = CliRunner().invoke(main, ["report", *two_runs, "--out", str(plain)])
+    assert out.exit_code == 0, out.output
+    assert sorted(p.name for p in plain.iterdir()) == ["report.json", "report.md", "warnings.json"]
+    assert ".png" not in (plain / "report.md").read_text() and "plot:" not in out.output
+    out = CliRunner().invoke(main, ["report", *two_runs, "--out", str(drawn), "--plots"])
+    assert out.exit_code == 0, out.output
+    for name in ("speedup.png", "throughput.png"):
+        assert (drawn / name).read_bytes()[:4] == b"\x89PNG"
+        assert f"]({name})" in (drawn / "report.md").read_text()
+    assert f"plot: {drawn / 'speedup.png'}" in " ".join(out.output.split())
+
+
+def test_report_html_still_draws_its_plots_inside_the_page(two_runs, tmp_path, monkeypatch):
+    monkeypatch.setenv("SCALELAB_PRICES", str(tmp_path / "no-prices.json"))
+    out = CliRunner().invoke(main, ["report", *two_runs, "--out", str(tmp_path / "h"), "--format", "html"])
+    assert out.exit_code == 0, out.output
+    assert (tmp_path / "h" / "report.html").read_text().count("data:image/png;base64,") >= 2

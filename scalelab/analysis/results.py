@@ -102,7 +102,7 @@ def _finished_runs(path: Path) -> tuple[list[Path], list[str]]:
 class Report:
     table: pd.DataFrame
     markdown_path: Path
-    plot_path: Path
+    plot_path: Path | None  # speedup.png, when the report drew its plots (`launch report --plots`, sweeps, studies)
     json_text: str
     warnings: list[str] = field(default_factory=list)
     runs: list[Path] = field(default_factory=list)
@@ -131,8 +131,10 @@ def finished_layouts(sweep_dir: Path) -> tuple[list[Path], list[str]]:
 Pricer = Callable[[Any, LayoutSummary], dict[str, Any]]
 
 
-def build_report(paths: list[Path], out: Path | None = None, price: Pricer | None = None) -> Report:
-    """Summaries of every run, the scaling table, and report.md / report.json / speedup.png in `out`.
+def build_report(paths: list[Path], out: Path | None = None, price: Pricer | None = None,
+                 plots: bool = True) -> Report:
+    """Summaries of every run, the scaling table, and report.md / report.json (with `plots`, speedup.png and
+    throughput.png: matplotlib, most of a short report's time) in `out`.
 
     A sweep's layouts that did not complete (interrupted, failed, never started) are left out of the
     table, each named in a warning; a run given by its own directory is summarised from its records.
@@ -160,7 +162,7 @@ def build_report(paths: list[Path], out: Path | None = None, price: Pricer | Non
         if price is not None:
             extra.append(price(run, summaries[-1]))
     warnings += merged_sweeps(paths, summaries)
-    report = write_report(summaries, runs, out, extra if price is not None else None)
+    report = write_report(summaries, runs, out, extra if price is not None else None, plots=plots)
     report.warnings = warnings + report.warnings
     return report
 
@@ -214,20 +216,20 @@ def merged_sweeps(paths: list[Path], summaries: list[LayoutSummary]) -> list[str
 
 
 def write_report(summaries: list[LayoutSummary], runs: list[Path], out: Path,
-                 extra: list[dict[str, Any]] | None = None) -> Report:
+                 extra: list[dict[str, Any]] | None = None, plots: bool = True) -> Report:
     """The scaling table of already computed summaries (and `extra` columns per run: its dollars), written
-    as report.md, report.json and plots."""
+    as report.md, report.json and, with `plots`, speedup.png and throughput.png."""
 
     table = scale_layouts(summaries, extra=extra)
     notes = price_notes(extra or [])
     out.mkdir(parents=True, exist_ok=True)
     refuse_links(out, REPORT_FILES)
     warnings = trust_warnings(table) + emulation_warnings(runs)
-    # write_markdown draws speedup.png and throughput.png beside report.md (once: they were drawn twice, a
-    # third of `launch report`'s time on ten runs)
+    # with `plots`, write_markdown draws speedup.png and throughput.png beside report.md and links them (once:
+    # they were drawn twice, a third of `launch report`'s time on ten runs); without, matplotlib is not imported
     md = write_markdown(table, out, "Scaling report", notes=[f"runs: {', '.join(str(r) for r in runs)}", *notes]
-                        + [f"WARNING: {w}" for w in warnings])
-    plot = out / "speedup.png"
+                        + [f"WARNING: {w}" for w in warnings], plots=plots)
+    plot = out / "speedup.png" if plots and (out / "speedup.png").is_file() else None
     text = json.dumps(to_json_records(table), indent=2)
     (out / "report.json").write_text(text + "\n")
     (out / "warnings.json").write_text(json.dumps(warnings, indent=2) + "\n")

@@ -402,8 +402,9 @@ def _cost_of_runs(paths: list[Path], instances: str | None, market: str | None, 
 # ---- report --from-csv ---------------------------------------------------------------------------
 
 
-def report_from_csv(path: str, out: Path | None, fmt: str) -> None:
-    """`launch report --from-csv FILE`: speedup and efficiency of a published scaling table."""
+def report_from_csv(path: str, out: Path | None, fmt: str, plots: bool = False) -> None:
+    """`launch report --from-csv FILE`: speedup and efficiency of a published scaling table; with --out, report.md,
+    report.html and report.json there (`plots`: speedup.png and throughput.png too)."""
     from scalelab.analysis.html import scaling_sections, write_html
     from scalelab.analysis.report import print_scaling, to_json_records, write_markdown
     from scalelab.costs.tables import read_scaling_csv, scaling_from_table
@@ -413,7 +414,7 @@ def report_from_csv(path: str, out: Path | None, fmt: str) -> None:
                         "karp_flatt", "base_workers", "n") if c in table.columns]
     table = table[keep + [c for c in table.columns if c not in keep]]
     if out is not None:
-        write_markdown(table, out, f"Scaling of {Path(path).name}", notes=[f"source: {path}"])
+        write_markdown(table, out, f"Scaling of {Path(path).name}", notes=[f"source: {path}"], plots=plots)
         write_html(out / "report.html", f"Scaling of {Path(path).name}", scaling_sections(table),
                    intro=f"Measurements imported from {path}.")
         (out / "report.json").write_text(json.dumps(to_json_records(table), indent=2) + "\n")

@@ -406,8 +406,8 @@ def run_cmd(detach: bool, **params: Any) -> None:
     """Run one training job on the chosen layout and print its summary.
 
     The run directory (spec, per-rank records, logs, summary) is printed at the end;
-    `launch report RUN_DIR` turns it into tables and plots. With --script FILE (or --module MOD)
-    the ranks run your own code instead of a built-in model; its arguments follow `--`.
+    `launch report RUN_DIR` turns it into tables (and plots: --plots, --format html). With --script
+    FILE (or --module MOD) the ranks run your own code instead of a built-in model; its arguments follow `--`.
     """
     spec = build_spec(params)
     backend = get_backend(spec.backend, spec.backend_options)
@@ -569,11 +569,13 @@ def sweep_cmd(workers: str | None, layouts: str | None, batch_scaling: str | Non
 @click.option("--out", type=OutputDir("--out"), help="Where report.md, report.json and plots go [default: the one run, sweep or study directory given; "
                    "for several, RUNS/.reports/report-DATE, which `runs/*` globs do not match].")
 @click.option("--format", "fmt", type=click.Choice(["table", "json", "markdown", "html"]), default="table", show_default=True,
-              help="What to print; the Markdown report and plots are written in every case; html writes "
-                   "report.html (one self-contained page) and prints its path.")
+              help="What to print; report.md and report.json are written in every case; html writes "
+                   "report.html (one self-contained page, its plots inside) and prints its path.")
+@click.option("--plots", is_flag=True, help="Also draw speedup.png and throughput.png beside report.md, linked from it "
+                                            "(`launch sweep` and `launch study` always do).")
 @rate_options
 def report_cmd(run_dirs: tuple[str, ...], from_csv: str | None, compare: bool, out: str | None, fmt: str,
-               rates: tuple[str, ...], prices_file: str | None) -> None:
+               plots: bool, rates: tuple[str, ...], prices_file: str | None) -> None:
     """Throughput, speedup, efficiency and dollars per layout from the runs' records.
 
     RUN_DIRS are run, sweep or study directories (their runs are all taken). Speedup is relative to
@@ -587,7 +589,7 @@ def report_cmd(run_dirs: tuple[str, ...], from_csv: str | None, compare: bool, o
     prices = {"rates": rates, "prices_file": prices_file}
     try:
         with writing(where, "the report", "or give --out a writable directory with room"):
-            write_report(run_dirs, from_csv, compare, out, fmt, prices)
+            write_report(run_dirs, from_csv, compare, out, fmt, prices, plots)
     except WriteError:
         if made:  # what this report put there is incomplete
             shutil.rmtree(out, ignore_errors=True)
@@ -595,7 +597,7 @@ def report_cmd(run_dirs: tuple[str, ...], from_csv: str | None, compare: bool, o
 
 
 def write_report(run_dirs: tuple[str, ...], from_csv: str | None, compare: bool, out: str | None, fmt: str,
-                 prices: dict[str, Any] | None = None) -> None:
+                 prices: dict[str, Any] | None = None, plots: bool = False) -> None:
     if compare:
         return compare_reports(run_dirs, fmt)
     if bool(from_csv) == bool(run_dirs):
@@ -603,13 +605,13 @@ def write_report(run_dirs: tuple[str, ...], from_csv: str | None, compare: bool,
     if from_csv:
         from scalelab.costs.cli import report_from_csv
 
-        report_from_csv(from_csv, Path(out) if out else None, fmt)
+        report_from_csv(from_csv, Path(out) if out else None, fmt, plots)
         return
     for marker, target in LAZY_REPORTS.items():
         if all((Path(p) / marker).is_file() for p in run_dirs):
             module, attr = target.split(":")
             return getattr(import_optional(module), attr)([Path(p) for p in run_dirs], Path(out) if out else None, fmt)
-    report_dirs([Path(p) for p in run_dirs], Path(out) if out else None, fmt, **(prices or {}))
+    report_dirs([Path(p) for p in run_dirs], Path(out) if out else None, fmt, **(prices or {}), plots=plots)
 
 
 def compare_reports(paths: tuple[str, ...], fmt: str) -> None:
@@ -645,10 +647,12 @@ def compare_reports(paths: tuple[str, ...], fmt: str) -> None:
 
 
 def report_dirs(paths: list[Path], out: Path | None, fmt: str, rates: tuple[str, ...] = (),
-                prices_file: str | None = None) -> None:
+                prices_file: str | None = None, plots: bool = True) -> None:
+    """The report of runs (`launch report`, and after a sweep); `plots`: speedup.png and throughput.png too
+    (matplotlib: most of the time of a report that prints text, so `launch report` draws them on --plots only)."""
     from scalelab.analysis.results import build_report
 
-    report = build_report(paths, out, report_pricer(rates, prices_file))
+    report = build_report(paths, out, report_pricer(rates, prices_file), plots=plots)
     for warning in report.warnings:
         err_console.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False, soft_wrap=True)
     if fmt == "json":
@@ -663,7 +667,8 @@ def report_dirs(paths: list[Path], out: Path | None, fmt: str, rates: tuple[str,
         print_scaling(report.table, console=console)
         for note in report.notes:
             console.print(f"note: {escape(note)}", highlight=False)  # prose: wrapped between words
-        console.print(f"report: [bold]{report.markdown_path}[/]  plot: {report.plot_path}", soft_wrap=True)
+        plot = f"  plot: {report.plot_path}" if report.plot_path else ""
+        console.print(f"report: [bold]{report.markdown_path}[/]{plot}", soft_wrap=True)
 
 
 def report_pricer(rates: tuple[str, ...] = (), prices_file: str | None = None):
