@@ -141,6 +141,21 @@ def test_report_draws_its_plots_on_plots_only(two_runs, tmp_path, monkeypatch):
     assert f"plot: {drawn / 'speedup.png'}" in " ".join(out.output.split())
 
 
+def test_a_report_where_plots_were_drawn_before_draws_them_again(two_runs, tmp_path, monkeypatch):
+    """A sweep's directory holds its PNGs: `launch report` of it without --plots redraws them (their
+    modification time moves) and its report.md still links them, instead of leaving stale plots unlinked."""
+    monkeypatch.setenv("SCALELAB_PRICES", str(tmp_path / "no-prices.json"))
+    out_dir = tmp_path / "sweep-like"
+    assert CliRunner().invoke(main, ["report", *two_runs, "--out", str(out_dir), "--plots"]).exit_code == 0
+    for name in ("speedup.png", "throughput.png"):
+        os.utime(out_dir / name, (1, 1))  # as if drawn long ago
+    out = CliRunner().invoke(main, ["report", *two_runs, "--out", str(out_dir)])
+    assert out.exit_code == 0, out.output
+    for name in ("speedup.png", "throughput.png"):
+        assert (out_dir / name).stat().st_mtime > 1
+        assert f"]({name})" in (out_dir / "report.md").read_text()
+
+
 def test_report_html_still_draws_its_plots_inside_the_page(two_runs, tmp_path, monkeypatch):
     monkeypatch.setenv("SCALELAB_PRICES", str(tmp_path / "no-prices.json"))
     out = CliRunner().invoke(main, ["report", *two_runs, "--out", str(tmp_path / "h"), "--format", "html"])
