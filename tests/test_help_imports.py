@@ -141,9 +141,10 @@ def test_report_draws_its_plots_on_plots_only(two_runs, tmp_path, monkeypatch):
     assert f"plot: {drawn / 'speedup.png'}" in " ".join(out.output.split())
 
 
-def test_a_report_where_plots_were_drawn_before_draws_them_again(two_runs, tmp_path, monkeypatch):
-    """A sweep's directory holds its PNGs: `launch report` of it without --plots redraws them (their
-    modification time moves) and its report.md still links them, instead of leaving stale plots unlinked."""
+def test_plots_drawn_before_are_kept_for_the_same_table_and_redrawn_for_another(two_runs, tmp_path, monkeypatch):
+    """A sweep's directory holds its PNGs: `launch report` of the same runs without --plots keeps them
+    (not drawn again: their modification time stays) and report.md still links them; a report of other
+    runs there draws them again, so no report links plots of another table."""
     monkeypatch.setenv("SCALELAB_PRICES", str(tmp_path / "no-prices.json"))
     out_dir = tmp_path / "sweep-like"
     assert CliRunner().invoke(main, ["report", *two_runs, "--out", str(out_dir), "--plots"]).exit_code == 0
@@ -152,8 +153,12 @@ def test_a_report_where_plots_were_drawn_before_draws_them_again(two_runs, tmp_p
     out = CliRunner().invoke(main, ["report", *two_runs, "--out", str(out_dir)])
     assert out.exit_code == 0, out.output
     for name in ("speedup.png", "throughput.png"):
-        assert (out_dir / name).stat().st_mtime > 1
+        assert (out_dir / name).stat().st_mtime == 1  # the same table: kept
         assert f"]({name})" in (out_dir / "report.md").read_text()
+    out = CliRunner().invoke(main, ["report", two_runs[0], "--out", str(out_dir)])
+    assert out.exit_code == 0, out.output
+    redrawn = [name for name in ("speedup.png", "throughput.png") if (out_dir / name).stat().st_mtime > 1]
+    assert redrawn and all(f"]({name})" in (out_dir / "report.md").read_text() for name in redrawn)
 
 
 def test_report_html_still_draws_its_plots_inside_the_page(two_runs, tmp_path, monkeypatch):

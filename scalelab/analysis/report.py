@@ -13,6 +13,7 @@ only: the tables (`markdown_table`, used by `launch cost` and `launch plan`) do 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from datetime import datetime, timezone
@@ -424,7 +425,11 @@ def _what_was_run(df: pd.DataFrame) -> list[str]:
 
 
 # Every file a report (re)writes in its directory: none may be a link (it would overwrite the target).
-REPORT_FILES = ("report.md", "report.json", "warnings.json", "speedup.png", "throughput.png", "report.html")
+PLOT_FILES = ("speedup.png", "throughput.png")
+#: beside the plots: a digest of the table they were drawn from, so a report of the same table links them
+#: without drawing them again (matplotlib is most of a short report's time), and another table redraws them
+PLOT_KEY = ".plots-of"
+REPORT_FILES = ("report.md", "report.json", "warnings.json", *PLOT_FILES, "report.html", PLOT_KEY)
 
 
 def write_markdown(
@@ -434,7 +439,9 @@ def write_markdown(
     notes: Sequence[str] = (),
     plots: bool = True,
 ) -> Path:
-    """Write `out_dir/report.md` (and, with `plots`, speedup.png and throughput.png beside it).
+    """Write `out_dir/report.md` (and, with `plots`, speedup.png and throughput.png beside it; where
+    they are already, drawn before, they are kept and linked if drawn from this very table, else drawn
+    again: a sweep's directory keeps its plots, never stale ones).
 
     The report stands on its own for a reader who never ran the tool: what was run, the table,
     one-line definitions of every figure, and the plots as relative links (so the folder can be
@@ -444,11 +451,21 @@ def write_markdown(
     out_dir.mkdir(parents=True, exist_ok=True)
     refuse_links(out_dir, REPORT_FILES)
     images: list[tuple[str, str]] = []
+    plots = plots or any((out_dir / name).is_file() for name in PLOT_FILES)
     if plots and len(df) and "workers" in df.columns:
+        wanted = {}
         if {"speedup", "efficiency"} <= set(df.columns):
-            images.append(("Speedup and efficiency vs workers", plot_speedup(df, out_dir / "speedup.png").name))
+            wanted["speedup.png"] = ("Speedup and efficiency vs workers", plot_speedup)
         if _throughput_col(df) is not None:
-            images.append(("Throughput vs workers", plot_throughput(df, out_dir / "throughput.png").name))
+            wanted["throughput.png"] = ("Throughput vs workers", plot_throughput)
+        key = hashlib.sha256(df.to_csv(index=False).encode()).hexdigest()
+        kept = out_dir / PLOT_KEY
+        fresh = (kept.is_file() and kept.read_text(errors="replace").strip() == key
+                 and all((out_dir / name).is_file() for name in wanted))
+        for name, (alt, draw) in wanted.items():
+            images.append((alt, name if fresh else draw(df, out_dir / name).name))
+        if not fresh:
+            kept.write_text(key + "\n")
 
     lines = [f"# {title}", ""]
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")

@@ -224,9 +224,6 @@ def write_report(summaries: list[LayoutSummary], runs: list[Path], out: Path,
     notes = price_notes(extra or [])
     out.mkdir(parents=True, exist_ok=True)
     refuse_links(out, REPORT_FILES)
-    # where plots were drawn before (a sweep's or a study's directory, an earlier --plots), they are drawn
-    # again: the new report.md keeps linking them, and they show these runs, not the last report's
-    plots = plots or any((out / name).is_file() for name in ("speedup.png", "throughput.png"))
     warnings = trust_warnings(table) + emulation_warnings(runs)
     # with `plots`, write_markdown draws speedup.png and throughput.png beside report.md and links them (once:
     # they were drawn twice, a third of `launch report`'s time on ten runs); without, matplotlib is not imported
