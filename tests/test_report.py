@@ -139,3 +139,26 @@ def test_json_has_null_not_nan(tmp_path, sweep):
     loaded = json.loads(text)
     assert loaded == recs
     assert not any(isinstance(v, float) and math.isnan(v) for r in loaded for v in r.values())
+
+
+def test_a_series_line_goes_through_each_layouts_median_and_keeps_layouts_of_one_worker_count_apart():
+    """Separate runs of one layout: one point, their median, each run a faint dot (a line through every run
+    zig-zagged); 1x4 and 2x2 (both 4 workers) stay two points, each labelled with its layout."""
+    from matplotlib.figure import Figure
+
+    from scalelab.analysis.report import _annotate_layouts, _plot_series
+
+    part = pd.DataFrame({"workers": [1, 1, 1, 2, 2, 4, 4], "nodes": [1, 1, 1, 1, 1, 1, 2],
+                         "gpus_per_node": [1, 1, 1, 2, 2, 4, 2], "y": [1.0, 0.1, 1.02, 0.8, 0.4, 3.0, 2.0]})
+    ax = Figure().subplots()
+    line, points = _plot_series(ax, part, part["y"], "bench")
+    assert list(line.get_xdata()) == [1, 2, 4, 4]
+    assert list(line.get_ydata()) == pytest.approx([1.0, 0.6, 3.0, 2.0])
+    assert line.get_label() == "bench (median of runs)"
+    dots = [x for x in ax.get_lines() if x is not line]
+    assert len(dots) == 1 and len(dots[0].get_xdata()) == 7  # every run shown
+    _annotate_layouts(ax, points)
+    assert sorted(t.get_text() for t in ax.texts) == ["1x1", "1x2", "1x4", "2x2"]
+    single = Figure().subplots()
+    line, _ = _plot_series(single, part.iloc[[0, 3, 5]], part["y"].iloc[[0, 3, 5]], "one each")
+    assert line.get_label() == "one each" and len(single.get_lines()) == 1  # nothing repeated: no dots

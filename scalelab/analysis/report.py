@@ -513,12 +513,12 @@ def _worker_axis(ax: Any, df: pd.DataFrame) -> None:
     ax.grid(True, alpha=0.3)
 
 
-def _annotate_layouts(ax: Any, part: pd.DataFrame, y: str) -> None:
-    """Label points with their layout where one series has several layouts at one worker count."""
-    if not {"nodes", "gpus_per_node"} <= set(part.columns) or not part["workers"].duplicated().any():
+def _annotate_layouts(ax: Any, points: pd.DataFrame) -> None:
+    """Label the points with their layout where several layouts share a worker count (1x4 and 2x2)."""
+    if not points["workers"].duplicated().any():
         return
-    for _, r in part.iterrows():
-        ax.annotate(_layout(r), (r["workers"], r[y]), textcoords="offset points", xytext=(4, 4), fontsize=7)
+    for _, r in points.iterrows():
+        ax.annotate(_layout(r), (r["workers"], r["y"]), textcoords="offset points", xytext=(4, 4), fontsize=7)
 
 
 def _new_figure(panels: int) -> Figure:
@@ -528,6 +528,23 @@ def _new_figure(panels: int) -> Figure:
     fig = Figure(figsize=(5.5 * panels, 4.2), layout="constrained")
     FigureCanvasAgg(fig)
     return fig
+
+
+def _plot_series(ax: Any, part: pd.DataFrame, ys: pd.Series, label: str | None, color: str | None = None):
+    """One series' line through one point per layout: the median of its runs where several ran it
+    (separate runs or repeats: a line through every run zig-zags), each run then a faint dot beside it;
+    layouts sharing a worker count (1x4, 2x2) stay apart. Returns the line (its colour ties the series'
+    other lines to it) and the points (workers, layout, y)."""
+    keys = [k for k in ("nodes", "gpus_per_node") if k in part.columns]
+    runs = part[["workers", *keys]].copy()
+    runs["y"] = pd.to_numeric(pd.Series(np.asarray(ys), index=part.index), errors="coerce")
+    points = runs.groupby(["workers", *keys], sort=True, dropna=False)["y"].median().reset_index()
+    repeated = len(points) < len(runs)
+    (line,) = ax.plot(points["workers"], points["y"], marker="o", color=color,
+                      label=f"{label} (median of runs)" if label and repeated else label)
+    if repeated:
+        ax.plot(runs["workers"], runs["y"], ls="none", marker=".", alpha=0.35, color=line.get_color())
+    return line, points
 
 
 def plot_speedup(df: pd.DataFrame, path: Path) -> Path:
@@ -545,9 +562,9 @@ def plot_speedup(df: pd.DataFrame, path: Path) -> Path:
         ax_s.plot([b, wmax], [1.0, wmax / b], ls="--", color="grey", lw=1, label="ideal" if i == 0 else None)
     ax_e.axhline(1.0, ls="--", color="grey", lw=1, label="ideal")
     for lab, part in _series(df):
-        (line,) = ax_s.plot(part["workers"], part["speedup"], marker="o", label=lab)
-        ax_e.plot(part["workers"], part["efficiency"], marker="o", color=line.get_color(), label=lab)
-        _annotate_layouts(ax_s, part, "speedup")
+        line, points = _plot_series(ax_s, part, part["speedup"], lab)
+        _plot_series(ax_e, part, part["efficiency"], lab, line.get_color())
+        _annotate_layouts(ax_s, points)
     ax_s.set_ylabel("speedup (× smallest layout)")
     ax_s.set_title("Speedup")
     ax_e.set_ylabel("efficiency")
@@ -573,7 +590,7 @@ def plot_throughput(df: pd.DataFrame, path: Path) -> Path:
     fig = _new_figure(2)
     ax_t, ax_w = fig.subplots(1, 2)
     for i, (lab, part) in enumerate(_series(df)):
-        (line,) = ax_t.plot(part["workers"], part[col], marker="o", label=lab)
+        line, points = _plot_series(ax_t, part, part[col], lab)
         timed = part[pd.to_numeric(part[col], errors="coerce").notna()]  # a run stopped in warm-up has none
         if len(timed):
             base = timed.loc[timed["workers"].idxmin()]
@@ -581,8 +598,8 @@ def plot_throughput(df: pd.DataFrame, path: Path) -> Path:
             # one legend entry for all ideal lines: the colour already ties each to its series
             ax_t.plot(xs, base[col] * xs / float(base["workers"]), ls="--", lw=1, color=line.get_color(),
                       alpha=0.6, label="ideal (linear from smallest layout)" if i == 0 else None)
-        ax_w.plot(part["workers"], part[col] / part["workers"], marker="o", color=line.get_color(), label=lab)
-        _annotate_layouts(ax_t, part, col)
+        _plot_series(ax_w, part, part[col] / part["workers"], lab, line.get_color())
+        _annotate_layouts(ax_t, points)
     ax_t.set_ylabel(unit)
     ax_t.set_title("Throughput" if unit == "throughput" else f"Throughput ({unit})")
     ax_w.set_ylabel(f"{unit} per worker")
