@@ -17,6 +17,7 @@ import pytest
 from click.testing import CliRunner
 from test_costs_cli import _fake_run
 
+from scalelab.core.errors import ScalelabError
 from scalelab.launcher.cli import main
 from tests.conftest import ROOT
 
@@ -40,6 +41,7 @@ COMMANDS = _command_paths()
 RENDER = """
 import json, sys
 from click.testing import CliRunner
+from scalelab.core.errors import ScalelabError
 from scalelab.launcher.cli import main
 result = CliRunner().invoke(main, [*sys.argv[1:], "--help"], prog_name="launch")
 print(json.dumps({"exit": result.exit_code, "output": result.output,
@@ -85,6 +87,7 @@ TEXT_HEAVY = ("matplotlib", "scipy", "torch", "botocore")
 RUN = """
 import json, sys
 from click.testing import CliRunner
+from scalelab.core.errors import ScalelabError
 from scalelab.launcher.cli import main
 result = CliRunner().invoke(main, sys.argv[1:], prog_name="launch")
 print(json.dumps({"exit": result.exit_code, "output": result.output,
@@ -159,6 +162,32 @@ def test_plots_drawn_before_are_kept_for_the_same_table_and_redrawn_for_another(
     assert out.exit_code == 0, out.output
     redrawn = [name for name in ("speedup.png", "throughput.png") if (out_dir / name).stat().st_mtime > 1]
     assert redrawn and all(f"]({name})" in (out_dir / "report.md").read_text() for name in redrawn)
+
+
+def test_an_interrupted_redraw_leaves_no_digest_and_a_digest_that_is_a_folder_is_one_line(two_runs, tmp_path,
+                                                                                          monkeypatch):
+    """The digest of the plots' table is removed before a redraw and written after it: a redraw cut
+    half-way never leaves plots of another table linked as fresh. A `.plots-of` that is a folder is
+    refused in one line, not a traceback."""
+    from scalelab.analysis import report as rep
+
+    monkeypatch.setenv("SCALELAB_PRICES", str(tmp_path / "no-prices.json"))
+    out_dir = tmp_path / "r"
+    assert CliRunner().invoke(main, ["report", *two_runs, "--out", str(out_dir), "--plots"]).exit_code == 0
+    assert (out_dir / rep.PLOT_KEY).is_file()
+
+    def cut(*_):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(rep, "plot_throughput", cut)
+    CliRunner().invoke(main, ["report", two_runs[0], "--out", str(out_dir), "--plots"])  # another table, cut
+    assert not (out_dir / rep.PLOT_KEY).exists()  # so the next report of either table draws again
+    monkeypatch.undo()
+    folder = tmp_path / "f"
+    (folder / rep.PLOT_KEY).mkdir(parents=True)
+    out = CliRunner().invoke(main, ["report", *two_runs, "--out", str(folder), "--plots"])
+    # a ScalelabError: `launch` prints it as one `launch: error:` line (the CLI's handler, tested for all)
+    assert isinstance(out.exception, ScalelabError) and "is not a file" in str(out.exception), out.exception
 
 
 def test_report_html_still_draws_its_plots_inside_the_page(two_runs, tmp_path, monkeypatch):

@@ -238,9 +238,9 @@ def test_a_users_script_that_raises_is_named_with_its_own_error_line_first(tmp_p
 LATE_RANK_SCRIPT = """\
 import os, time
 os.environ["HOROVOD_GLOO_TIMEOUT_SECONDS"] = "2"  # this script's own, shorter than the launcher's default
-if os.environ["HOROVOD_RANK"] == "1":
-    time.sleep(8)  # late to the rendezvous, as a rank on a loaded node can be
 import horovod.torch as hvd
+if os.environ["HOROVOD_RANK"] == "1":
+    time.sleep(8)  # late to the rendezvous by 8 s whatever the imports took, as a rank on a loaded node can be
 hvd.init()
 """
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
@@ -25,6 +26,7 @@ import pandas as pd
 from rich.console import Console
 from rich.table import Table
 from scalelab.core.engines import known_fact
+from scalelab.core.errors import DataError
 from scalelab.core.writes import refuse_links
 
 if TYPE_CHECKING:
@@ -429,7 +431,20 @@ PLOT_FILES = ("speedup.png", "throughput.png")
 #: beside the plots: a digest of the table they were drawn from, so a report of the same table links them
 #: without drawing them again (matplotlib is most of a short report's time), and another table redraws them
 PLOT_KEY = ".plots-of"
+PLOT_VERSION = "2"  # part of the digest: a change to how plots are drawn draws kept ones again
 REPORT_FILES = ("report.md", "report.json", "warnings.json", *PLOT_FILES, "report.html", PLOT_KEY)
+
+
+def _plots_of(out_dir: Path) -> str:
+    """The digest of the table the plots in `out_dir` were drawn from ('' when none is known)."""
+    kept = out_dir / PLOT_KEY
+    if kept.exists() and not kept.is_file():
+        raise DataError(f"{kept} is not a file (scalelab keeps the digest of its plots' table there): "
+                        f"remove it, or give --out another directory")
+    try:
+        return kept.read_text(errors="replace").strip() if kept.is_file() else ""
+    except OSError:
+        return ""  # unreadable: the plots are drawn again
 
 
 def write_markdown(
@@ -458,14 +473,16 @@ def write_markdown(
             wanted["speedup.png"] = ("Speedup and efficiency vs workers", plot_speedup)
         if _throughput_col(df) is not None:
             wanted["throughput.png"] = ("Throughput vs workers", plot_throughput)
-        key = hashlib.sha256(df.to_csv(index=False).encode()).hexdigest()
-        kept = out_dir / PLOT_KEY
-        fresh = (kept.is_file() and kept.read_text(errors="replace").strip() == key
-                 and all((out_dir / name).is_file() for name in wanted))
+        key = hashlib.sha256((PLOT_VERSION + df.to_csv(index=False)).encode()).hexdigest()
+        fresh = _plots_of(out_dir) == key and all((out_dir / name).is_file() for name in wanted)
+        if not fresh:  # no digest while they are drawn: an interrupted redraw leaves none, never a wrong one
+            (out_dir / PLOT_KEY).unlink(missing_ok=True)
         for name, (alt, draw) in wanted.items():
             images.append((alt, name if fresh else draw(df, out_dir / name).name))
         if not fresh:
-            kept.write_text(key + "\n")
+            tmp = out_dir / f"{PLOT_KEY}.{os.getpid()}.tmp"
+            tmp.write_text(key + "\n")
+            os.replace(tmp, out_dir / PLOT_KEY)
 
     lines = [f"# {title}", ""]
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")

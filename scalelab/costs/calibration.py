@@ -71,6 +71,7 @@ import hashlib
 import json
 import math
 import os
+import tempfile
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib.resources import as_file, files
@@ -597,19 +598,24 @@ def _shipped_margins(confidence: float) -> dict[str, float]:
         try:
             kept = json.loads(path.read_text())
             got = kept.get(key)
-            if isinstance(got, dict) and all(isinstance(v, (int, float)) and v in MARGINS for v in got.values()):
+            classes = {str(c) for c in all_tasks()["k_class"].unique()}
+            if (isinstance(got, dict) and set(got) == classes
+                    and all(isinstance(v, (int, float)) and v in MARGINS for v in got.values())):
                 return {str(k): float(v) for k, v in got.items()}
         except (OSError, ValueError, UnicodeDecodeError, AttributeError):
             kept = {}  # a damaged cache is made again
     chosen = _choose_margins(confidence, frozenset())
     if path is not None:
+        tmp = None
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-            tmp.write_text(json.dumps((kept if isinstance(kept, dict) else {}) | {key: chosen}))
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+            with os.fdopen(fd, "w") as f:  # a name of its own: two processes (or nodes) never share it
+                f.write(json.dumps((kept if isinstance(kept, dict) else {}) | {key: chosen}))
             os.replace(tmp, path)
         except OSError:
-            pass
+            if tmp is not None:
+                Path(tmp).unlink(missing_ok=True)
     return chosen
 
 

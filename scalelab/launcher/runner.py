@@ -420,25 +420,33 @@ def submitted(backend: Backend, spec: Spec, run_dir: Path) -> Iterator[None]:
             yield
 
 
-_PREFIX = r"^(?:\[(?P<rank>\d+)\]<std(?:err|out)>:|\[rank(?P<trank>\d+)\]:|\[default(?P<drank>\d+)\]:)?\s*"
+# a rank's tag on its lines, after an optional timestamp: horovodrun's `[N]<stderr>:`, mpirun's
+# `[JOB,N]<stderr>:`, torchrun's `[rankN]:`; `[defaultN]:` (torchrun's local rank) names no global rank
+_PREFIX = (r"^(?:.*?(?:\[(?:\d+,)?(?P<rank>\d+)\]<std(?:err|out)>:|\[rank(?P<trank>\d+)\]:"
+           r"|\[default(?P<local>\d+)\]:)|(?:\d\S*\s+)?)\s*")
 _TERMINATE = re.compile(_PREFIX + r"terminate called after throwing an instance of '(?P<type>[^']+)'")
 _WHAT = re.compile(_PREFIX + r"what\(\):\s*(?P<what>.*)$")
 
 
+def _tag(match: re.Match) -> tuple[str | None, str | None]:
+    return match["rank"] or match["trank"], match["local"]
+
+
 def native_abort(logs: str) -> str:
     """'rank 1 aborted: gloo::IoException: ...' for the first rank whose C++ code threw past its thread and
-    aborted (exit 134) in these logs; '' when none did. horovodrun tags its ranks' lines `[N]<stderr>:`,
-    torchrun `[rankN]:` / `[defaultN]:` when asked to; untagged lines name no rank."""
+    aborted (exit 134) in these logs; '' when none did. Its `what():` line is the next one with the same
+    tag (ranks aborting together interleave their lines); untagged lines name no rank."""
     lines = logs.splitlines()
     for i, line in enumerate(lines):
         thrown = _TERMINATE.match(line)
         if not thrown:
             continue
-        rank = thrown["rank"] or thrown["trank"] or thrown["drank"]
-        what = next((m["what"] for m in map(_WHAT.match, lines[i + 1:i + 4]) if m), "")
-        what = re.sub(r"\[[^\]\s]*\.(?:cc|cpp|h):\d+\]\s*", "", what)  # its source file, once or twice
-        who = f"rank {rank}" if rank is not None else "a rank"
-        return f"{who} aborted: {thrown['type']}" + (f": {what.strip()}" if what.strip() else "")
+        tag = _tag(thrown)
+        what = next((m["what"] for m in map(_WHAT.match, lines[i + 1:i + 12]) if m and _tag(m) == tag), "")
+        what = re.sub(r"\[[^\]\s]*\.(?:cc|cpp|h):\d+\]\s*", "", what).strip()  # its source file, once or twice
+        rank, local = tag
+        who = f"rank {rank}" if rank is not None else f"local rank {local}" if local is not None else "a rank"
+        return f"{who} aborted: {thrown['type']}" + (f": {what}" if what else "")
     return ""
 
 
