@@ -269,18 +269,28 @@ class Backend(ABC):
         """
 
 
-# How launchers mark a rank's lines: horovodrun "[1,R]<stdout>:", torchrun "[rankR]:" / "[default R]:".
-_RANK_PREFIX = r"^\[(?:\d+,{r}\]|rank{r}\]|default{r}\])"
+# How starters tag a rank's lines: horovodrun (Gloo) "[R]<stderr>:", mpirun's --tag-output "[JOB,R]<stdout>:",
+# torchrun "[rankR]:", and "[defaultR]:" with a *local* rank (the same on every node).
+RANK_TAG = re.compile(r"\[(?:\d+,(?P<job>\d+)\]|(?P<hvd>\d+)\](?=<std)|rank(?P<rank>\d+)\]|default(?P<local>\d+)\])")
+
+
+def rank_tag(text: str, at_start: bool = False) -> tuple[int | None, int | None]:
+    """(global rank, local rank) of the first rank tag in `text` (at its start only, with `at_start`);
+    (None, None) when it has none."""
+    m = RANK_TAG.match(text) if at_start else RANK_TAG.search(text)
+    if m is None:
+        return None, None
+    rank = m["job"] or m["hvd"] or m["rank"]
+    return (int(rank) if rank else None), (int(m["local"]) if m["local"] else None)
 
 
 def rank_log(run_dir: Path, text: str, rank: int) -> str:
     """The lines of one rank: its own file when the backend writes one (logs/rank-R.log, Slurm), else
-    the lines the launcher prefixed with the rank in the combined log."""
+    the lines the launcher tagged with the rank in the combined log."""
     own = RunPaths(Path(run_dir)).logs / f"rank-{rank}.log"
     if own.exists():
         return own.read_text(errors="replace")
-    pattern = re.compile(_RANK_PREFIX.format(r=rank))
-    return "".join(line for line in text.splitlines(keepends=True) if pattern.match(line))
+    return "".join(line for line in text.splitlines(keepends=True) if rank in rank_tag(line, at_start=True))
 
 
 def log_text(paths: list[Path]) -> str:

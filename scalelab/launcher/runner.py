@@ -58,6 +58,7 @@ from scalelab.launcher.backend import (
     Backend,
     RunStatus,
     rank_ends,
+    rank_tag,
     silent_ranks,
     stopped_on_a_signal,
 )
@@ -420,29 +421,23 @@ def submitted(backend: Backend, spec: Spec, run_dir: Path) -> Iterator[None]:
             yield
 
 
-# a rank's tag on its lines, after an optional timestamp: horovodrun's `[N]<stderr>:`, mpirun's
-# `[JOB,N]<stderr>:`, torchrun's `[rankN]:`; `[defaultN]:` (torchrun's local rank) names no global rank
-_PREFIX = (r"^(?:.*?(?:\[(?:\d+,)?(?P<rank>\d+)\]<std(?:err|out)>:|\[rank(?P<trank>\d+)\]:"
-           r"|\[default(?P<local>\d+)\]:)|(?:\d\S*\s+)?)\s*")
-_TERMINATE = re.compile(_PREFIX + r"terminate called after throwing an instance of '(?P<type>[^']+)'")
-_WHAT = re.compile(_PREFIX + r"what\(\):\s*(?P<what>.*)$")
-
-
-def _tag(match: re.Match) -> tuple[str | None, str | None]:
-    return match["rank"] or match["trank"], match["local"]
+_THROWN = re.compile(r"terminate called after throwing an instance of '(?P<type>[^']+)'")
+_WHAT = re.compile(r"what\(\):\s*(?P<what>.*)$")
 
 
 def native_abort(logs: str) -> str:
     """'rank 1 aborted: gloo::IoException: ...' for the first rank whose C++ code threw past its thread and
-    aborted (exit 134) in these logs; '' when none did. Its `what():` line is the next one with the same
-    tag (ranks aborting together interleave their lines); untagged lines name no rank."""
+    aborted (exit 134) in these logs; '' when none did. The rank is the starter's tag on the line
+    (`backend.rank_tag`); its `what():` line is the next one with the same tag (ranks aborting together
+    interleave their lines); untagged lines name no rank."""
     lines = logs.splitlines()
     for i, line in enumerate(lines):
-        thrown = _TERMINATE.match(line)
+        thrown = _THROWN.search(line)
         if not thrown:
             continue
-        tag = _tag(thrown)
-        what = next((m["what"] for m in map(_WHAT.match, lines[i + 1:i + 12]) if m and _tag(m) == tag), "")
+        tag = rank_tag(line[:thrown.start()])
+        what = next((m["what"] for later in lines[i + 1:i + 12]
+                     if (m := _WHAT.search(later)) and rank_tag(later[:m.start()]) == tag), "")
         what = re.sub(r"\[[^\]\s]*\.(?:cc|cpp|h):\d+\]\s*", "", what).strip()  # its source file, once or twice
         rank, local = tag
         who = f"rank {rank}" if rank is not None else f"local rank {local}" if local is not None else "a rank"
