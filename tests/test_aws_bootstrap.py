@@ -71,7 +71,7 @@ class Metadata:
     """Stands in for 169.254.169.254: IMDSv2 token, instance-id, and the spot notice once the
     node's trainer has written STOP_AT steps (404 before, as on EC2)."""
 
-    def __init__(self) -> None:
+    def __init__(self, host: str = "127.0.0.1") -> None:
         self.instance_id = ""
         self.records: Path | None = None  # notice once this file has STOP_AT steps; None: never
         meta = self
@@ -98,8 +98,8 @@ class Metadata:
                     return self._send(200, json.dumps({"action": "terminate", "time": "2026-01-01T00:02:00Z"}))
                 return self._send(404)
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.server = ThreadingHTTPServer((host, 0), Handler)
+        self.url = f"http://{host}:{self.server.server_address[1]}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def notice_due(self) -> bool:
@@ -169,14 +169,17 @@ def node_bin(cloud, instance_id: str) -> Path:
     return path
 
 
-def start_user_data(cloud, instance_id: str, work: Path, python: Path, meta: Metadata) -> subprocess.Popen:
-    """Run the instance's user data from moto, as the instance would at boot."""
+def start_user_data(cloud, instance_id: str, work: Path, python: Path, meta: Metadata, inside=None,
+                    endpoint: str | None = None) -> subprocess.Popen:
+    """Run the instance's user data from moto, as the instance would at boot: with bash here, or with the argv
+    that `inside(script)` gives (a played instance's namespaces, tests/ec2_sandbox.py), AWS at `endpoint`."""
     env = clean_env()
-    env.update(KEYS, AWS_ENDPOINT_URL=cloud["url"], SCALELAB_WORK=str(work), SCALELAB_PYTHON=str(python),
+    env.update(KEYS, AWS_ENDPOINT_URL=endpoint or cloud["url"], SCALELAB_WORK=str(work), SCALELAB_PYTHON=str(python),
                SCALELAB_METADATA_URL=meta.url, SCALELAB_POLL_S="0.3", SCALELAB_PEER_TIMEOUT_S="60",
                PIP_NO_INDEX="1", PIP_DISABLE_PIP_VERSION_CHECK="1", OMP_NUM_THREADS="1",
                PATH=f"{node_bin(cloud, instance_id)}:{env['PATH']}", **{HOLD_AT_STEP_ENV: str(STOP_AT)})
-    return subprocess.Popen(["bash", "-c", user_data_of(cloud["ec2"], instance_id)], env=env, cwd=work.parent,
+    script = user_data_of(cloud["ec2"], instance_id)
+    return subprocess.Popen(inside(script) if inside else ["bash", "-c", script], env=env, cwd=work.parent,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 

@@ -1,8 +1,10 @@
 """Issue 34 on AWS, against moto's server on loopback: a --script run's folder goes through the run's bucket
 (size-checked, .gitignore respected), and the instances' side for real (tests/test_aws_bootstrap.py's
-stand-ins: the user data run with bash, a scratch virtualenv, a metadata server): the DDP example on two
-instances, each unpacking the script and starting its rank, the run completing with every rank's records
-and every instance terminated."""
+stand-ins: the user data run with bash, a scratch virtualenv, a metadata server): the DDP and the Horovod
+examples on two instances played in namespaces of their own (tests/ec2_sandbox.py: its own address, sshd,
+hostname, folders and processes each), each unpacking the script and running its rank (Horovod's started by
+the leader's horovodrun over ssh), the run completing with every rank's records and every instance
+terminated; and a spot interruption that the script answers through track.should_stop, then resumes."""
 
 from __future__ import annotations
 
@@ -14,8 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from contextlib import nullcontext
-
+import ec2_sandbox
 from conftest import ROOT, needs_horovod
 
 boto3 = pytest.importorskip("boto3", reason="boto3 is not installed: pip install boto3")
@@ -32,7 +33,6 @@ from tests.test_aws_bootstrap import (  # noqa: E402,F401 - the fixtures and sta
     Metadata,
     cloud,
     finished,
-    reachable,
     start_user_data,
     venv,
     wheel,
@@ -70,21 +70,26 @@ def test_the_dry_run_lists_the_code_it_ships_and_refuses_a_folder_over_the_limit
         be.submit_dryrun(spec, tmp_path / "run")
 
 
-# DDP over two instances (torchrun on each, node 0's address on this machine's lo); Horovod on one instance of two
-# ranks (horovodrun reaches other instances over ssh, which this machine cannot stand in for).
-LAYOUTS = {"ddp": ({"nodes": 2, "gpus_per_node": 1}, "g3.4xlarge"),
-           "horovod": ({"nodes": 1, "gpus_per_node": 2, "engine": {"name": "horovod"}}, "g3.8xlarge")}
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("engine", ["ddp", pytest.param("horovod", marks=needs_horovod)])
-def test_script_on_instances_ships_starts_and_terminates(cloud, wheel, venv, tmp_path, engine) -> None:
+def test_script_on_two_instances_ships_starts_and_terminates(cloud, wheel, venv, tmp_path, engine) -> None:
+    """Two instances played in namespaces of their own (tests/ec2_sandbox.py): DDP runs torchrun on each,
+    meeting at the leader's address over the link; Horovod runs horovodrun on the leader only, which starts
+    the second instance's rank over ssh with the key the leader published through the bucket (the second
+    instance's sshd logs the login). Each instance unpacks the script, its rank writes its records in that
+    instance's own folder, the run completes, both instances terminate and nothing is left running."""
+    if why := ec2_sandbox.unavailable():
+        pytest.skip(why)
+    from moto.server import ThreadedMotoServer
+
+    from scalelab.core.net import free_port
+
     ec2, s3, bucket = cloud["ec2"], cloud["s3"], cloud["bucket"]
-    layout, itype = LAYOUTS[engine]
     script = EXAMPLES / f"train_{engine}.py"
-    spec = script_spec(**layout, script=str(script), model=script.name)
+    spec = script_spec(nodes=2, gpus_per_node=1, engine={"name": engine}, script=str(script), model=script.name)
     be = AwsBackend({"bucket": bucket, "region": REGION, "wheel": str(wheel), "poll_s": 0.3, "report_timeout_min": 6.0,
-                     "timeout_min": 15.0, "instance_type": itype, "placement_group": "none"}, clients={"ec2": ec2, "s3": s3})
+                     "timeout_min": 15.0, "instance_type": "g3.4xlarge", "placement_group": "none"},
+                    clients={"ec2": ec2, "s3": s3})
     run_dir = new_run_dir(tmp_path / "runs", "script")
     save_spec(spec, run_dir)
     be.schedule(be.submit_dryrun(spec, run_dir))
@@ -99,38 +104,54 @@ def test_script_on_instances_ships_starts_and_terminates(cloud, wheel, venv, tmp
     launcher = threading.Thread(target=follow, daemon=True)
     launcher.start()
     nodes = sorted(td.instances(ec2, run_dir.name, ["running"], 0), key=lambda i: i["AmiLaunchIndex"])
-    assert len(nodes) == spec.nodes
-    metas = [Metadata() for _ in nodes]
-    try:
-        with reachable(nodes[0], engine), reachable(nodes[-1], engine) if len(nodes) > 1 else nullcontext():
+    ips = tuple(node["PrivateIpAddress"] for node in nodes)
+    work = tmp_path / "work"  # SCALELAB_WORK, the same path on every instance
+    said: list[str] = []
+    with ec2_sandbox.two_instances(tmp_path, ips) as played:
+        port = free_port(ips[0])  # moto on the leader's address, for the second instance (the same state)
+        moto_there = ThreadedMotoServer(ip_address=ips[0], port=port, verbose=False)
+        moto_there.start()
+        metas = [Metadata(), Metadata(host=ips[0])]
+        try:
             procs = []
-            for i, (node, meta) in enumerate(zip(nodes, metas)):
+            for node, meta, instance in zip(nodes, metas, played):
                 meta.instance_id = node["InstanceId"]
-                procs.append((start_user_data(cloud, node["InstanceId"], tmp_path / f"node-{i}", venv, meta),
-                              tmp_path / f"node-{i}"))
-                # the nodes share one scratch virtualenv here: the next installs the wheel once this one has
+                before = ec2_sandbox.sshd_start(instance) if instance.index else ""
+                procs.append(start_user_data(
+                    cloud, node["InstanceId"], work, venv, meta,
+                    inside=lambda text, instance=instance, before=before: instance.wrap(work, text, before),
+                    endpoint=f"http://{ips[0]}:{port}" if instance.index else None))
+                # the instances share one scratch virtualenv here: the next installs the wheel once this one has
                 deadline = time.monotonic() + 300
-                while not (tmp_path / f"node-{i}" / "code").exists() and procs[-1][0].poll() is None:
-                    assert time.monotonic() < deadline, "the node did not unpack the script's folder"
+                while not (instance.folder / "code").exists() and procs[-1].poll() is None:
+                    assert time.monotonic() < deadline, "the instance did not unpack the script's folder"
                     time.sleep(0.3)
-            said = [finished(proc, work) for proc, work in procs]
-        assert all(proc.returncode == 0 for proc, _ in procs), said
-        launcher.join(timeout=120)
-    finally:
-        for meta in metas:
-            meta.server.shutdown()
-        if launcher.is_alive():
-            be.cancel(run_dir, grace_s=0)
+            said = [finished(proc, instance.folder) for proc, instance in zip(procs, played)]
+            assert all(proc.returncode == 0 for proc in procs), said
+            launcher.join(timeout=120)
+        finally:
+            for meta in metas:
+                meta.server.shutdown()
+            moto_there.stop()
+            if launcher.is_alive():
+                be.cancel(run_dir, grace_s=0)
+        sshd_log = (tmp_path / "sshd-1" / "sshd.log").read_text()
     assert "error" not in outcome, outcome
     assert outcome["status"].state == "COMPLETED", (outcome["status"].detail, said)
-    for i in (0, 1):  # each instance unpacked the script and ran its ranks of it
-        node = tmp_path / f"node-{i if spec.nodes > 1 else 0}"
-        assert (node / "code" / script.name).is_file()
-        recs = [json.loads(x) for x in (run_dir / "records" / f"rank-{i}.jsonl").read_text().splitlines()]
+    # horovodrun logged in to the second instance with the leader's key; torchrun needs no ssh
+    assert ("Accepted publickey for root" in sshd_log) == (engine == "horovod"), sshd_log
+    for rank, instance in enumerate(played):  # each instance unpacked the script and ran its rank of it
+        assert (instance.folder / "code" / script.name).is_file()
+        mine = instance.folder / run_dir.name / "records"
+        assert (mine / f"rank-{rank}.jsonl").is_file() and not (mine / f"rank-{1 - rank}.jsonl").exists()
+        recs = [json.loads(x) for x in (run_dir / "records" / f"rank-{rank}.jsonl").read_text().splitlines()]
         assert recs[0]["kind"] == "start" and recs[0]["world"] == 2 and recs[0]["engine"] == engine
-        assert recs[0]["script"] == str(node / "code" / script.name)
+        assert recs[0]["script"] == str(work / "code" / script.name)
         assert [r["step"] for r in recs if r["kind"] == "step"] == list(range(1, 13))
     assert td.instances(ec2, run_dir.name, td.LIVE_STATES) == []
+    left = subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True, text=True).stdout.split()
+    assert left == [], subprocess.run(["ps", "-o", "pid,args", "-p", ",".join(left)], capture_output=True,
+                                      text=True).stdout
     report = subprocess.run([__import__("sys").executable, "-m", "scalelab.launcher.cli", "report", str(run_dir),
                              "--format", "json"], cwd=tmp_path, capture_output=True, text=True,
                             env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})

@@ -1,0 +1,131 @@
+"""Two EC2 instances played on this machine, each in namespaces of its own, for the tests whose ranks must
+cross from one instance to the other the way they do on EC2 (Horovod's horovodrun over ssh, torchrun's
+rendezvous over the VPC).
+
+Why namespaces: horovodrun starts the ranks of a host over ssh only when that host's address is not one of
+this machine's own (horovod/runner/util/network.py), so the second instance needs a network stack of its
+own with an sshd in it. Each instance gets:
+
+- its private address (moto's) on a veth link between the two (the same interface name on both ends, as
+  on instances of one AMI: horovodrun only uses an interface that every host has);
+- a mount namespace in which its own scratch folder is mounted at the common SCALELAB_WORK path (every
+  instance has the same paths, so the leader's command lines name the right files on the other one), its
+  own /root/.ssh, and an /etc/hosts in which its hostname names its private address, as EC2's DNS does
+  (Horovod 0.28's Gloo process sets bind to whatever the hostname resolves to: this machine's name
+  resolves to 127.0.0.1, which the other instance cannot reach);
+- a UTS namespace (its own hostname) and a PID namespace (its processes only; when its user data ends,
+  whatever it left is killed with it, as when an instance powers off).
+
+The second instance reaches moto and its metadata stand-in over the link (a second moto server in this
+process, sharing the first one's state, listens on the first instance's address). Needs root, `ip`,
+`unshare` and sshd (installed by scripts/sshd-install.sh); a test skips with the reason where they are not.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import uuid
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SSHD = "/usr/sbin/sshd"
+
+
+def unavailable() -> str:
+    """Why two instances cannot be played here ('' when they can)."""
+    if os.geteuid() != 0:
+        return "playing two instances needs root (network and mount namespaces)"
+    for tool in ("ip", "unshare", "ssh", "ssh-keygen"):
+        if shutil.which(tool) is None:
+            return f"playing two instances needs `{tool}`"
+    installed = subprocess.run(["bash", str(ROOT / "scripts" / "sshd-install.sh")], capture_output=True, text=True)
+    if installed.returncode != 0:
+        return installed.stderr.strip() or "scripts/sshd-install.sh failed"
+    return ""
+
+
+def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    done = subprocess.run(["ip", *args], capture_output=True, text=True)
+    if check and done.returncode != 0:
+        raise RuntimeError(f"ip {' '.join(args)}: {done.stderr.strip()}")
+    return done
+
+
+@dataclass
+class Instance:
+    """One played instance: its index, private address, hostname and scratch folders (this machine's view)."""
+
+    index: int
+    ip: str
+    hostname: str
+    folder: Path  # mounted at the common work path inside the instance
+    ssh_dir: Path  # mounted at /root/.ssh inside the instance
+    netns: str | None  # None: this machine's network stack (the leader)
+
+    def wrap(self, work: Path, command: str, before: str = "") -> list[str]:
+        """argv running `command` (bash) inside this instance's namespaces, after `before` (bash) there."""
+        hosts = self.folder.parent / f"hosts-{self.index}"
+        hosts.write_text(f"127.0.0.1 localhost\n{self.ip} {self.hostname}\n")
+        Path("/root/.ssh").mkdir(mode=0o700, exist_ok=True)  # the mount point (empty on a fresh machine)
+        setup = (f"set -e; hostname {self.hostname}; mount --bind {hosts} /etc/hosts; "
+                 f"mkdir -p {work}; mount --bind {self.folder} {work}; mount --bind {self.ssh_dir} /root/.ssh; "
+                 f"{before} set +e; exec bash -c {_quote(command)}")
+        inner = ["unshare", "--mount", "--uts", "--pid", "--fork", "--mount-proc", "--propagation", "private",
+                 "bash", "-c", setup]
+        return (["ip", "netns", "exec", self.netns] if self.netns else []) + inner
+
+
+def _quote(text: str) -> str:
+    return "'" + text.replace("'", "'\"'\"'") + "'"
+
+
+@contextmanager
+def two_instances(tmp_path: Path, ips: tuple[str, str]):
+    """The link and folders of two instances with these private addresses; removed afterwards."""
+    tag = uuid.uuid4().hex[:6]
+    ns, link = f"slns{tag}", f"sl{tag}"
+    made: list[Instance] = []
+    for i, ip in enumerate(ips):
+        folder, ssh_dir = tmp_path / f"instance-{i}", tmp_path / f"instance-{i}-ssh"
+        folder.mkdir()
+        ssh_dir.mkdir(mode=0o700)
+        made.append(Instance(i, ip, f"ip-{ip.replace('.', '-')}", folder, ssh_dir, ns if i else None))
+    try:
+        _ip("netns", "add", ns)
+        _ip("link", "add", link, "type", "veth", "peer", "name", f"{link}p", "netns", ns)
+        _ip("-n", ns, "link", "set", f"{link}p", "name", link)
+        _ip("addr", "add", f"{ips[0]}/32", "dev", link)
+        _ip("link", "set", link, "up")
+        _ip("route", "add", f"{ips[1]}/32", "dev", link)
+        _ip("-n", ns, "addr", "add", f"{ips[1]}/32", "dev", link)
+        _ip("-n", ns, "link", "set", link, "up")
+        _ip("-n", ns, "link", "set", "lo", "up")
+        _ip("-n", ns, "route", "add", f"{ips[0]}/32", "dev", link)
+    except RuntimeError as exc:
+        _ip("netns", "del", ns, check=False)
+        _ip("link", "del", link, check=False)
+        pytest.skip(f"cannot link two played instances here: {exc}")
+    try:
+        yield made
+    finally:
+        _ip("netns", "del", ns, check=False)  # takes the veth pair with it
+        _ip("link", "del", link, check=False)
+
+
+def sshd_start(instance: Instance) -> str:
+    """bash (for Instance.wrap's `before`) starting an sshd on the instance's address, its host key and
+    config in the instance's folder; root may log in with a key, as on EC2's AMIs."""
+    home = instance.folder.parent / f"sshd-{instance.index}"
+    home.mkdir()
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(home / "host_key")], check=True)
+    (home / "sshd_config").write_text(
+        f"ListenAddress {instance.ip}\nPort 22\nHostKey {home / 'host_key'}\nPidFile {home / 'sshd.pid'}\n"
+        "UsePAM no\nPasswordAuthentication no\nKbdInteractiveAuthentication no\nPermitRootLogin prohibit-password\n"
+        "StrictModes no\nAuthorizedKeysFile .ssh/authorized_keys\n")
+    return f"mkdir -p /run/sshd; {SSHD} -f {home / 'sshd_config'} -E {home / 'sshd.log'};"
