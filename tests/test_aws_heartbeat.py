@@ -146,3 +146,28 @@ def test_the_limit_reaches_the_user_data_and_a_limit_below_three_polls_is_refuse
         make_plan(spec, Path("runs/r1"), too_short, "us-east-1")
     with pytest.raises(SpecError, match="heartbeat_timeout_min"):
         get_backend("aws", {"bucket": "bkt", "heartbeat_timeout_min": 0})
+
+
+@pytest.mark.parametrize("resolves, says", [
+    ("127.0.1.1", "resolves to 127.0.1.1, a loopback address"),  # Debian's default /etc/hosts
+    ("127.0.0.1", "resolves to 127.0.0.1, a loopback address"),
+    (OSError("Name or service not known"), "does not resolve (Name or service not known)"),
+    ("10.0.1.5", None),  # the VPC's DNS: the private address
+])
+def test_a_hostname_horovod_cannot_use_across_instances_is_named_before_any_rank_starts(monkeypatch, resolves, says):
+    """Horovod 0.28's Gloo process sets connect on the hostname's address whatever HOROVOD_GLOO_IFACE says
+    (found playing two instances in namespaces: every rank aborted with 'connect [127.0.0.1]'). The bootstrap
+    says so, with the fix, instead of starting ranks that abort."""
+    def lookup(name: str) -> str:
+        assert name == "ip-10-0-1-5"
+        if isinstance(resolves, Exception):
+            raise resolves
+        return resolves
+
+    monkeypatch.setattr(bootstrap.socket, "gethostname", lambda: "ip-10-0-1-5")
+    monkeypatch.setattr(bootstrap.socket, "gethostbyname", lookup)
+    problem = bootstrap.hostname_problem("10.0.1.5")
+    if says is None:
+        assert problem is None
+    else:
+        assert says in problem and "'ip-10-0-1-5'" in problem and "10.0.1.5" in problem and "/etc/hosts" in problem

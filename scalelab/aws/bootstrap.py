@@ -28,7 +28,9 @@ from __future__ import annotations
 
 import json
 import os
+import ipaddress
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -341,6 +343,29 @@ def signal_local_ranks(run_dir: Path, sig: int = signal.SIGTERM, exclude: int | 
 # ---- horovod over ssh: the leader's key through S3 ---------------------------------------------
 
 
+def hostname_problem(private_ip: str) -> str | None:
+    """Why Horovod's ranks on this instance could not be reached from the others, or None.
+
+    Horovod 0.28's Gloo builds its process sets' connections on the address this instance's hostname
+    resolves to, whatever HOROVOD_GLOO_IFACE says (gloo_context.cc, InitializeForProcessSet). On EC2 the
+    VPC's DNS gives the private address; an AMI whose /etc/hosts maps the hostname to 127.0.x.x makes
+    every rank abort in hvd.init with "connect [127.0.0.1]: Connection refused", after the instances
+    were paid for. Said here, before any rank starts, with the fix."""
+    name = socket.gethostname()
+    try:
+        address = socket.gethostbyname(name)
+    except OSError as exc:
+        return (f"this instance's hostname {name!r} does not resolve ({exc}); Horovod's Gloo needs it to name "
+                f"the private address {private_ip}: add '{private_ip} {name}' to /etc/hosts in the AMI or user data")
+    if ipaddress.ip_address(address).is_loopback:
+        return (f"this instance's hostname {name!r} resolves to {address}, a loopback address: Horovod's Gloo would "
+                f"listen there and the other instances' ranks could not connect (every rank aborts in hvd.init). "
+                f"Use an AMI whose hostname resolves through the VPC's DNS, or map it to the private address "
+                f"{private_ip} in /etc/hosts (cloud-init's manage_etc_hosts)")
+    return None
+
+
+
 def ssh_setup(sync: Sync, cfg: Config, index: int, peers: list[dict]) -> str | None:
     """Leader: make a key, publish it, wait for every node to trust it. Others: trust it, say so."""
     g = f"cluster/gen-{cfg.generation}"
@@ -399,7 +424,10 @@ def run(cfg: Config, s3=None, ec2=None) -> int:
         if (before := script_resume(s3, cfg)) is not None:
             extra["SCALELAB_TRACK_RESUME"] = before  # the step count and training time go on
     spec = read_spec(cfg.run_dir)
-    ssh_key = ssh_setup(sync, cfg, index, peers) if starter_of(spec.engine.name).needs_horovod and cfg.nodes > 1 else None
+    across = starter_of(spec.engine.name).needs_horovod and cfg.nodes > 1
+    if across and (problem := hostname_problem(hosts[index])):
+        raise RuntimeError(problem)
+    ssh_key = ssh_setup(sync, cfg, index, peers) if across else None
     launch = trainer_command(spec, cfg.python, cfg.run_dir, hosts, index, ssh_key=ssh_key)
     log_path = RunPaths(cfg.run_dir).logs / "trainer.log"
     log = os.fdopen(open_inside(cfg.run_dir, log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644), "ab")  # no link
@@ -511,13 +539,14 @@ def main() -> int:
     try:
         return run(cfg)
     except Exception as exc:  # report it: the launcher must not wait for a node that is gone
-        print(f"scalelab bootstrap failed: {exc!r}", file=sys.stderr)
+        said = str(exc) if isinstance(exc, RuntimeError) else repr(exc)  # ours say what to do; others: their type
+        print(f"scalelab bootstrap failed: {said}", file=sys.stderr)
         try:
             import boto3
 
             boto3.client("s3").put_object(
                 Bucket=cfg.bucket, Key=cfg.key(f"status/gen-{cfg.generation}/{os.environ.get('SCALELAB_INSTANCE_ID') or metadata(cfg, 'instance-id')}.json"),
-                Body=json.dumps({"state": "failed", "error": repr(exc), "time": time.time()}).encode())
+                Body=json.dumps({"state": "failed", "error": said, "time": time.time()}).encode())
         except Exception as exc2:  # noqa: BLE001 - nothing more can be done from here
             print(f"scalelab bootstrap could not report: {exc2!r}", file=sys.stderr)
         return 1
