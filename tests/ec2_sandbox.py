@@ -6,8 +6,10 @@ Why namespaces: horovodrun starts the ranks of a host over ssh only when that ho
 this machine's own (horovod/runner/util/network.py), so the second instance needs a network stack of its
 own with an sshd in it. Each instance gets:
 
-- its private address (moto's) on a veth link between the two (the same interface name on both ends, as
-  on instances of one AMI: horovodrun only uses an interface that every host has);
+- a network namespace with its private address (moto's) on `ens5`, a veth whose other end is on a bridge
+  joining the two instances and this machine (the same interface name on both instances, as on one AMI:
+  horovodrun only uses an interface that every host has; and no port shared with this machine's own
+  processes or another test's instances);
 - a mount namespace in which its own scratch folder is mounted at the common SCALELAB_WORK path (every
   instance has the same paths, so the leader's command lines name the right files on the other one), its
   own /root/.ssh, and an /etc/hosts in which its hostname names its private address, as EC2's DNS does
@@ -16,8 +18,8 @@ own with an sshd in it. Each instance gets:
 - a UTS namespace (its own hostname) and a PID namespace (its processes only; when its user data ends,
   whatever it left is killed with it, as when an instance powers off).
 
-The second instance reaches moto and its metadata stand-in over the link (a second moto server in this
-process, sharing the first one's state, listens on the first instance's address). Needs root, `ip`,
+The instances reach moto and their metadata stand-ins over the bridge, at this machine's address on it
+(a second moto server in the test's process, sharing the first one's state). Needs root, `ip`,
 `unshare` and sshd (installed by scripts/sshd-install.sh); a test skips with the reason where they are not.
 """
 
@@ -66,7 +68,7 @@ class Instance:
     hostname: str
     folder: Path  # mounted at the common work path inside the instance
     ssh_dir: Path  # mounted at /root/.ssh inside the instance
-    netns: str | None  # None: this machine's network stack (the leader)
+    netns: str
 
     def wrap(self, work: Path, command: str, before: str = "") -> list[str]:
         """argv running `command` (bash) inside this instance's namespaces, after `before` (bash) there."""
@@ -78,44 +80,65 @@ class Instance:
                  f"{before} set +e; exec bash -c {_quote(command)}")
         inner = ["unshare", "--mount", "--uts", "--pid", "--fork", "--mount-proc", "--propagation", "private",
                  "bash", "-c", setup]
-        return (["ip", "netns", "exec", self.netns] if self.netns else []) + inner
+        return ["ip", "netns", "exec", self.netns, *inner]
 
 
 def _quote(text: str) -> str:
     return "'" + text.replace("'", "'\"'\"'") + "'"
 
 
+@dataclass
+class Network:
+    """The played VPC: the instances, and this machine's address on their link (`gateway`), where the
+    tests serve moto and the metadata stand-ins to them."""
+
+    instances: list[Instance]
+    gateway: str
+
+
 @contextmanager
 def two_instances(tmp_path: Path, ips: tuple[str, str]):
-    """The link and folders of two instances with these private addresses; removed afterwards."""
+    """Two instances with these private addresses, each in a network namespace of its own, their `ens5`
+    (the same name on both, as on one AMI) on a bridge with this machine's `gateway` address; removed
+    afterwards. Nothing of theirs shares this machine's ports (two runs' torchrun both listen on 29500)."""
     tag = uuid.uuid4().hex[:6]
-    ns, link = f"slns{tag}", f"sl{tag}"
+    bridge = f"sl{tag}"
+    gateway = f"198.18.{uuid.uuid4().int % 250 + 1}.{uuid.uuid4().int % 250 + 1}"  # RFC 2544's test range
     made: list[Instance] = []
     for i, ip in enumerate(ips):
         folder, ssh_dir = tmp_path / f"instance-{i}", tmp_path / f"instance-{i}-ssh"
         folder.mkdir()
         ssh_dir.mkdir(mode=0o700)
-        made.append(Instance(i, ip, f"ip-{ip.replace('.', '-')}", folder, ssh_dir, ns if i else None))
+        made.append(Instance(i, ip, f"ip-{ip.replace('.', '-')}", folder, ssh_dir, f"slns{tag}{i}"))
     try:
-        _ip("netns", "add", ns)
-        _ip("link", "add", link, "type", "veth", "peer", "name", f"{link}p", "netns", ns)
-        _ip("-n", ns, "link", "set", f"{link}p", "name", link)
-        _ip("addr", "add", f"{ips[0]}/32", "dev", link)
-        _ip("link", "set", link, "up")
-        _ip("route", "add", f"{ips[1]}/32", "dev", link)
-        _ip("-n", ns, "addr", "add", f"{ips[1]}/32", "dev", link)
-        _ip("-n", ns, "link", "set", link, "up")
-        _ip("-n", ns, "link", "set", "lo", "up")
-        _ip("-n", ns, "route", "add", f"{ips[0]}/32", "dev", link)
+        _ip("link", "add", bridge, "type", "bridge")
+        _ip("addr", "add", f"{gateway}/32", "dev", bridge)
+        _ip("link", "set", bridge, "up")
+        for instance in made:
+            ns, end = instance.netns, f"{bridge}{instance.index}"
+            _ip("netns", "add", ns)
+            _ip("link", "add", end, "type", "veth", "peer", "name", "ens5", "netns", ns)
+            _ip("link", "set", end, "master", bridge)
+            _ip("link", "set", end, "up")
+            _ip("-n", ns, "addr", "add", f"{instance.ip}/32", "dev", "ens5")
+            _ip("-n", ns, "link", "set", "ens5", "up")
+            _ip("-n", ns, "link", "set", "lo", "up")
+            for other in [gateway] + [o.ip for o in made if o is not instance]:
+                _ip("-n", ns, "route", "add", f"{other}/32", "dev", "ens5")
+            _ip("route", "add", f"{instance.ip}/32", "dev", bridge)
     except RuntimeError as exc:
-        _ip("netns", "del", ns, check=False)
-        _ip("link", "del", link, check=False)
+        _remove(bridge, made)
         pytest.skip(f"cannot link two played instances here: {exc}")
     try:
-        yield made
+        yield Network(made, gateway)
     finally:
-        _ip("netns", "del", ns, check=False)  # takes the veth pair with it
-        _ip("link", "del", link, check=False)
+        _remove(bridge, made)
+
+
+def _remove(bridge: str, made: list[Instance]) -> None:
+    for instance in made:
+        _ip("netns", "del", instance.netns, check=False)  # takes its veth pair with it
+    _ip("link", "del", bridge, check=False)
 
 
 def sshd_start(instance: Instance) -> str:

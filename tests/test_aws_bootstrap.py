@@ -50,6 +50,7 @@ pytest.importorskip("moto.server", reason='moto server is not installed: pip ins
 from scalelab.aws import teardown as td  # noqa: E402
 from scalelab.aws.backend import AwsBackend  # noqa: E402
 from scalelab.aws.render import PACKAGE_NAME  # noqa: E402
+from scalelab.core.net import free_port  # noqa: E402
 from scalelab.core.rundir import new_run_dir  # noqa: E402
 from scalelab.core.spec import Spec, save_spec  # noqa: E402
 from scalelab.launcher.runner import wait  # noqa: E402
@@ -170,14 +171,17 @@ def node_bin(cloud, instance_id: str) -> Path:
 
 
 def start_user_data(cloud, instance_id: str, work: Path, python: Path, meta: Metadata, inside=None,
-                    endpoint: str | None = None) -> subprocess.Popen:
+                    endpoint: str | None = None, hold_at: str = str(STOP_AT)) -> subprocess.Popen:
     """Run the instance's user data from moto, as the instance would at boot: with bash here, or with the argv
     that `inside(script)` gives (a played instance's namespaces, tests/ec2_sandbox.py), AWS at `endpoint`."""
     env = clean_env()
     env.update(KEYS, AWS_ENDPOINT_URL=endpoint or cloud["url"], SCALELAB_WORK=str(work), SCALELAB_PYTHON=str(python),
                SCALELAB_METADATA_URL=meta.url, SCALELAB_POLL_S="0.3", SCALELAB_PEER_TIMEOUT_S="60",
                PIP_NO_INDEX="1", PIP_DISABLE_PIP_VERSION_CHECK="1", OMP_NUM_THREADS="1",
-               PATH=f"{node_bin(cloud, instance_id)}:{env['PATH']}", **{HOLD_AT_STEP_ENV: str(STOP_AT)})
+               # torchrun's port: this machine's, unless the instance has a network of its own (two xdist
+               # workers' runs both listened on 29500 here: EADDRINUSE)
+               SCALELAB_MASTER_PORT="29500" if inside else str(free_port()),
+               PATH=f"{node_bin(cloud, instance_id)}:{env['PATH']}", **{HOLD_AT_STEP_ENV: hold_at})
     script = user_data_of(cloud["ec2"], instance_id)
     return subprocess.Popen(inside(script) if inside else ["bash", "-c", script], env=env, cwd=work.parent,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -107,11 +107,12 @@ def test_script_on_two_instances_ships_starts_and_terminates(cloud, wheel, venv,
     ips = tuple(node["PrivateIpAddress"] for node in nodes)
     work = tmp_path / "work"  # SCALELAB_WORK, the same path on every instance
     said: list[str] = []
-    with ec2_sandbox.two_instances(tmp_path, ips) as played:
-        port = free_port(ips[0])  # moto on the leader's address, for the second instance (the same state)
-        moto_there = ThreadedMotoServer(ip_address=ips[0], port=port, verbose=False)
+    with ec2_sandbox.two_instances(tmp_path, ips) as net:
+        played = net.instances  # moto for them at this machine's address on their link (the same state)
+        port = free_port(net.gateway)
+        moto_there = ThreadedMotoServer(ip_address=net.gateway, port=port, verbose=False)
         moto_there.start()
-        metas = [Metadata(), Metadata(host=ips[0])]
+        metas = [Metadata(host=net.gateway), Metadata(host=net.gateway)]
         try:
             procs = []
             for node, meta, instance in zip(nodes, metas, played):
@@ -120,7 +121,7 @@ def test_script_on_two_instances_ships_starts_and_terminates(cloud, wheel, venv,
                 procs.append(start_user_data(
                     cloud, node["InstanceId"], work, venv, meta,
                     inside=lambda text, instance=instance, before=before: instance.wrap(work, text, before),
-                    endpoint=f"http://{ips[0]}:{port}" if instance.index else None))
+                    endpoint=f"http://{net.gateway}:{port}"))
                 # the instances share one scratch virtualenv here: the next installs the wheel once this one has
                 deadline = time.monotonic() + 300
                 while not (instance.folder / "code").exists() and procs[-1].poll() is None:

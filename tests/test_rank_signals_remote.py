@@ -109,18 +109,16 @@ def test_slurm_a_signal_to_one_rank_cancels_the_run_and_it_resumes_exactly(slurm
 boto3 = pytest.importorskip("boto3", reason="boto3 is not installed: pip install boto3")
 from tests.test_aws_bootstrap import (  # noqa: E402  (the instance played here: its fixtures and stand-ins)
     ENGINE_RUNS,
-    KEYS,
     REGION,
     RUN,
     STOP_AT,
     Metadata,
-    clean_env,
     cloud,  # noqa: F401  (a fixture)
     finished,
-    node_bin,
     reachable,
     uninterrupted,
     s3_json,
+    start_user_data,
     user_data_of,
     venv,  # noqa: F401  (a fixture)
     wheel,  # noqa: F401  (a fixture)
@@ -141,13 +139,7 @@ def _aws(cloud, wheel_path: Path, instance_type: str = "g3.4xlarge") -> AwsBacke
 def _start_node(cloud, instance_id: str, work: Path, python: Path, meta: Metadata, hold: str) -> subprocess.Popen:
     """The instance's user data from moto, run as the instance would at boot (tests/test_aws_bootstrap.py's
     `start_user_data`), its ranks holding as `hold` says (SCALELAB_HOLD_AT_STEP)."""
-    env = clean_env()
-    env.update(KEYS, AWS_ENDPOINT_URL=cloud["url"], SCALELAB_WORK=str(work), SCALELAB_PYTHON=str(python),
-               SCALELAB_METADATA_URL=meta.url, SCALELAB_POLL_S="0.3", SCALELAB_PEER_TIMEOUT_S="60",
-               PIP_NO_INDEX="1", PIP_DISABLE_PIP_VERSION_CHECK="1", OMP_NUM_THREADS="1",
-               PATH=f"{node_bin(cloud, instance_id)}:{env['PATH']}", **{HOLD_AT_STEP_ENV: hold})
-    return subprocess.Popen(["bash", "-c", user_data_of(cloud["ec2"], instance_id)], env=env, cwd=work.parent,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return start_user_data(cloud, instance_id, work, python, meta, hold_at=hold)
 
 
 def _following(be: AwsBackend, run_dir: Path) -> tuple[threading.Thread, dict]:

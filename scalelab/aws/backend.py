@@ -286,7 +286,8 @@ class AwsBackend(Backend):
             return RunStatus(FAILED, "; ".join(f"{i}: {s.get('error') or 'exit code ' + str(s.get('exit_code'))}"
                                                  for i, s in failed.items()))
         gone = [n for n in nodes if n["State"]["Name"] in ("shutting-down", "terminated", "stopping", "stopped")
-                and statuses.get(n["InstanceId"], {}).get("state") not in ("completed", "cancelled")]
+                and statuses.get(n["InstanceId"], {}).get("state") not in ("completed", "cancelled")
+                and statuses.get(n["InstanceId"], {}).get("notice_on") in (None, n["InstanceId"])]  # not a peer's
         if notices or gone or lead == "interrupted":
             first = info.setdefault("interrupted_at", now)
             update_state(run_dir, interrupted_at=first)

@@ -20,8 +20,9 @@
    status/gen-G/INSTANCE.json. The user data then powers the instance off, which terminates it.
 
 Configuration comes from the environment the user data sets (SCALELAB_*; no credentials: boto3
-finds the instance profile's). SCALELAB_METADATA_URL, SCALELAB_WORK and SCALELAB_POLL_S exist so the
-bootstrap can run in a test against moto and a stand-in metadata server.
+finds the instance profile's). SCALELAB_METADATA_URL, SCALELAB_WORK, SCALELAB_POLL_S and
+SCALELAB_MASTER_PORT exist so the bootstrap can run in a test against moto and a stand-in metadata server
+(several played instances on one machine, whose torchruns must not all listen on 29500).
 """
 
 from __future__ import annotations
@@ -67,6 +68,7 @@ class Config:
         self.work = Path(env.get("SCALELAB_WORK", "/opt/scalelab"))
         self.poll_s = float(env.get("SCALELAB_POLL_S", "5"))
         self.peer_timeout_s = float(env.get("SCALELAB_PEER_TIMEOUT_S", "600"))
+        self.master_port = int(env.get("SCALELAB_MASTER_PORT", "29500"))  # torchrun's; tests run instances side by side
         self.heartbeat_timeout_s = float(env.get("SCALELAB_HEARTBEAT_TIMEOUT_S", "600"))
         self.python = env.get("SCALELAB_PYTHON") or sys.executable
 
@@ -200,6 +202,14 @@ class Sync:
         for path in sorted(own.rglob("*")) if self.index == 0 and own.is_dir() else []:
             if path.is_file() and not path.is_symlink():
                 self._put(path, f"{SCRIPT_CHECKPOINTS}/{path.relative_to(own)}")
+
+    def peer_notice(self) -> str | None:
+        """The id of another instance of this generation that got a spot notice (its event, written before
+        it stopped its ranks), or None."""
+        prefix = self.cfg.key(f"events/gen-{self.cfg.generation}/")
+        listing = self.s3.list_objects_v2(Bucket=self.cfg.bucket, Prefix=prefix)
+        ids = [o["Key"][len(prefix):].removesuffix(".json") for o in listing.get("Contents", [])]
+        return next((i for i in sorted(ids) if i != self.instance_id), None)
 
     def put_json(self, key: str, doc: dict) -> None:
         self.s3.put_object(Bucket=self.cfg.bucket, Key=self.cfg.key(key), Body=json.dumps(doc).encode())
@@ -428,7 +438,7 @@ def run(cfg: Config, s3=None, ec2=None) -> int:
     if across and (problem := hostname_problem(hosts[index])):
         raise RuntimeError(problem)
     ssh_key = ssh_setup(sync, cfg, index, peers) if across else None
-    launch = trainer_command(spec, cfg.python, cfg.run_dir, hosts, index, ssh_key=ssh_key)
+    launch = trainer_command(spec, cfg.python, cfg.run_dir, hosts, index, port=cfg.master_port, ssh_key=ssh_key)
     log_path = RunPaths(cfg.run_dir).logs / "trainer.log"
     log = os.fdopen(open_inside(cfg.run_dir, log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644), "ab")  # no link
     proc = (subprocess.Popen(launch.argv, stdout=log, stderr=subprocess.STDOUT, cwd=code or cfg.work,
@@ -452,9 +462,19 @@ def run(cfg: Config, s3=None, ec2=None) -> int:
     code = proc.returncode if proc else 0
     log.close()
     sync.push()
-    state = final_state(proc, code, reason, ranks_stopped_early(cfg.run_dir), ranks_stopped_on_a_signal(cfg.run_dir))
+    # EC2 warns one instance, not the run: the warned one stopped its ranks, and ours stopped with them (they
+    # agree on a step), or a --script's ranks simply returned. Either way the run was interrupted, not
+    # completed nor cancelled, and the launcher must replace the capacity. (A notice that comes just after
+    # the last step costs a replacement that resumes from the final checkpoint and ends at once.)
+    peer = sync.peer_notice() if reason is None else None
+    if peer:
+        reason = SPOT_NOTICE
+        print(f"scalelab: the ranks stopped because instance {peer} got a spot notice", file=sys.stderr, flush=True)
+    state = "interrupted" if peer else final_state(proc, code, reason, ranks_stopped_early(cfg.run_dir),
+                                                   ranks_stopped_on_a_signal(cfg.run_dir))
     sync.put_json(status_key, {"state": state, "reason": reason if state == "interrupted" else None, "exit_code": code,
-                               "index": index, "time": time.time(), "notice": notice, "resumed": resumed})
+                               "index": index, "time": time.time(), "notice": notice, "resumed": resumed,
+                               "notice_on": peer or (instance_id if notice else None)})
     return 0 if state != "failed" else 1
 
 

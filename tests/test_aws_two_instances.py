@@ -1,0 +1,141 @@
+"""A spot interruption of one instance of a two-instance run, on instances played in namespaces of their own
+(tests/ec2_sandbox.py), against moto's server: the built-in trainer with DDP (torchrun on each instance) and
+Horovod (horovodrun on the leader, the second instance's rank started over ssh).
+
+EC2 warns one instance, not the run. Here only the *second* instance's metadata announces the interruption
+once its rank holds at step 6: that instance's bootstrap stops its own ranks, the ranks agree on the step,
+rank 0 (on the leader, which had no notice) checkpoints, and every rank exits. The launcher must read that
+as an interruption (not as the run completing, nor as a cancel), start two fresh instances, and they must
+resume from the checkpoint to the end with the same per-step losses, learning rates, weights and Adam
+state as an uninterrupted run. Nothing is left running and every instance is terminated.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+
+import ec2_sandbox
+from conftest import needs_horovod
+
+boto3 = pytest.importorskip("boto3", reason="boto3 is not installed: pip install boto3")
+pytest.importorskip("moto.server", reason='moto server is not installed: pip install "moto[server]"')
+
+from scalelab.aws import teardown as td  # noqa: E402
+from scalelab.aws.backend import AwsBackend  # noqa: E402
+from scalelab.core.rundir import new_run_dir  # noqa: E402
+from scalelab.core.spec import Spec, save_spec  # noqa: E402
+from scalelab.launcher.runner import wait  # noqa: E402
+from tests.test_aws_bootstrap import (  # noqa: E402,F401 - the fixtures and stand-ins of the instance side
+    REGION,
+    RUN,
+    STOP_AT,
+    Metadata,
+    cloud,
+    finished,
+    reference_run,
+    s3_json,
+    start_user_data,
+    venv,
+    wheel,
+)
+from tests.test_resume import _assert_resumed_exactly  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+
+def play_generation(cloud, venv, tmp_path, run_dir, generation: int, notice_on_second: bool) -> list[str]:
+    """Run the user data of this generation's two instances in played instances; their outputs."""
+    from moto.server import ThreadedMotoServer
+
+    from scalelab.core.net import free_port
+
+    nodes = sorted(td.instances(cloud["ec2"], run_dir.name, ["running"], generation),
+                   key=lambda i: i["AmiLaunchIndex"])
+    assert len(nodes) == 2, nodes
+    ips = tuple(node["PrivateIpAddress"] for node in nodes)
+    work = tmp_path / f"work-gen{generation}"  # SCALELAB_WORK, the same path on both instances
+    where = tmp_path / f"gen{generation}"
+    where.mkdir()
+    with ec2_sandbox.two_instances(where, ips) as net:
+        played = net.instances  # moto for them at this machine's address on their link (the same state)
+        port = free_port(net.gateway)
+        moto_there = ThreadedMotoServer(ip_address=net.gateway, port=port, verbose=False)
+        moto_there.start()
+        metas = [Metadata(host=net.gateway), Metadata(host=net.gateway)]
+        if notice_on_second:  # once the second instance's rank has written STOP_AT steps
+            metas[1].records = played[1].folder / run_dir.name / "records" / "rank-1.jsonl"
+        try:
+            procs = []
+            for node, meta, instance in zip(nodes, metas, played):
+                meta.instance_id = node["InstanceId"]
+                before = ec2_sandbox.sshd_start(instance) if instance.index else ""
+                procs.append(start_user_data(
+                    cloud, node["InstanceId"], work, venv, meta,
+                    inside=lambda text, instance=instance, before=before: instance.wrap(work, text, before),
+                    endpoint=f"http://{net.gateway}:{port}",
+                    hold_at=f"{STOP_AT}:1"))  # the second instance's rank waits there for its stop; rank 0 agrees
+                deadline = time.monotonic() + 300  # one shared scratch virtualenv: one install at a time
+                while not (instance.folder / run_dir.name / "spec.json").exists() and procs[-1].poll() is None:
+                    assert time.monotonic() < deadline, "the instance did not install the wheel"
+                    time.sleep(0.3)
+            said = [finished(proc, instance.folder) for proc, instance in zip(procs, played)]
+            assert all(proc.returncode == 0 for proc in procs), said
+        finally:
+            for meta in metas:
+                meta.server.shutdown()
+            moto_there.stop()
+    return said
+
+
+@pytest.mark.parametrize("engine", ["ddp", pytest.param("horovod", marks=needs_horovod)])
+def test_a_spot_notice_to_one_instance_replaces_both_and_the_run_resumes_exactly(cloud, wheel, venv, tmp_path, engine):
+    if why := ec2_sandbox.unavailable():
+        pytest.skip(why)
+    ec2, s3, bucket = cloud["ec2"], cloud["s3"], cloud["bucket"]
+    spec = Spec.from_dict({**RUN, "engine": {"name": engine}, "nodes": 2, "gpus_per_node": 1})
+    be = AwsBackend({"bucket": bucket, "region": REGION, "spot": True, "wheel": str(wheel), "poll_s": 0.3,
+                     "interruption_grace_s": 120.0, "report_timeout_min": 6.0, "timeout_min": 15.0,
+                     "instance_type": "g3.4xlarge", "placement_group": "none"}, clients={"ec2": ec2, "s3": s3})
+    run_dir = new_run_dir(tmp_path / "runs", "two")
+    save_spec(spec, run_dir)
+    be.schedule(be.submit_dryrun(spec, run_dir))
+    outcome: dict = {}
+
+    def follow() -> None:
+        try:
+            outcome["status"] = wait(be, run_dir)
+        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+            outcome["error"] = exc
+
+    launcher = threading.Thread(target=follow, daemon=True)
+    launcher.start()
+    try:
+        said0 = play_generation(cloud, venv, tmp_path, run_dir, 0, notice_on_second=True)
+        statuses = {s["index"]: s for s in (s3_json(cloud, o["Key"]) for o in s3.list_objects_v2(
+            Bucket=bucket, Prefix=f"scalelab/{run_dir.name}/status/gen-0/")["Contents"]
+            if not o["Key"].endswith(".heartbeat.json"))}
+        assert [statuses[i]["state"] for i in (0, 1)] == ["interrupted", "interrupted"], (statuses, said0)
+        second = sorted(td.instances(ec2, run_dir.name, None, 0), key=lambda i: i["AmiLaunchIndex"])[1]["InstanceId"]
+        assert [statuses[i]["notice_on"] for i in (0, 1)] == [second, second]  # the leader names whose notice
+        deadline = time.time() + 120
+        while len(td.instances(ec2, run_dir.name, ["running"], 1)) < 2:
+            assert time.time() < deadline and launcher.is_alive(), (f"no replacement was started: {outcome}", said0)
+            time.sleep(0.3)
+        said1 = play_generation(cloud, venv, tmp_path, run_dir, 1, notice_on_second=False)
+        launcher.join(timeout=120)
+    finally:
+        if launcher.is_alive():
+            be.cancel(run_dir, grace_s=0)
+    assert "error" not in outcome, outcome
+    assert outcome["status"].state == "COMPLETED", (outcome["status"].detail, said1)
+    reference = reference_run(spec, tmp_path / "uninterrupted")
+    _assert_resumed_exactly(run_dir, reference, engine, from_step=STOP_AT)
+    assert td.instances(ec2, run_dir.name, td.LIVE_STATES) == []
+    events = [json.loads(x) for x in (run_dir / "records" / "aws-events.jsonl").read_text().splitlines()]
+    assert [(e["event"], e.get("instance_id")) for e in events if e["event"] in ("spot_interruption",
+                                                                              "capacity_replaced")] == \
+        [("spot_interruption", second), ("capacity_replaced", None)]
