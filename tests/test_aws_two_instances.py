@@ -1,6 +1,7 @@
-"""A spot interruption of one instance of a two-instance run, on instances played in namespaces of their own
-(tests/ec2_sandbox.py), against moto's server: the built-in trainer with DDP (torchrun on each instance) and
-Horovod (horovodrun on the leader, the second instance's rank started over ssh).
+"""Faults of a two-instance run, on instances played in namespaces of their own (tests/ec2_sandbox.py),
+against moto's server: the built-in trainer with DDP (torchrun on each instance) and Horovod (horovodrun on
+the leader, the second instance's rank started over ssh): `launch cancel` from another process, and a spot
+interruption of one instance.
 
 EC2 warns one instance, not the run. Here only the *second* instance's metadata announces the interruption
 once its rank holds at step 6: that instance's bootstrap stops its own ranks, the ranks agree on the step,
@@ -13,13 +14,16 @@ state as an uninterrupted run. Nothing is left running and every instance is ter
 from __future__ import annotations
 
 import json
+import subprocess
 import threading
 import time
+from pathlib import Path
 
 import pytest
+import torch
 
 import ec2_sandbox
-from conftest import needs_horovod
+from conftest import needs_horovod, read_jsonl
 
 boto3 = pytest.importorskip("boto3", reason="boto3 is not installed: pip install boto3")
 pytest.importorskip("moto.server", reason='moto server is not installed: pip install "moto[server]"')
@@ -29,6 +33,7 @@ from scalelab.aws.backend import AwsBackend  # noqa: E402
 from scalelab.core.rundir import new_run_dir  # noqa: E402
 from scalelab.core.spec import Spec, save_spec  # noqa: E402
 from scalelab.launcher.runner import wait  # noqa: E402
+from scalelab.train.checkpoint import CHECKPOINT_NAME  # noqa: E402
 from tests.test_aws_bootstrap import (  # noqa: E402,F401 - the fixtures and stand-ins of the instance side
     REGION,
     RUN,
@@ -47,8 +52,11 @@ from tests.test_resume import _assert_resumed_exactly  # noqa: E402
 pytestmark = pytest.mark.slow
 
 
-def play_generation(cloud, venv, tmp_path, run_dir, generation: int, notice_on_second: bool) -> list[str]:
-    """Run the user data of this generation's two instances in played instances; their outputs."""
+def play_generation(cloud, venv, tmp_path, run_dir, generation: int, notice_on_second: bool = False,
+                    at_the_hold=None) -> list[str]:
+    """Run the user data of this generation's two instances in played instances; their outputs. The second
+    instance's rank holds at STOP_AT until it gets a stop; `at_the_hold()` is called (in a thread) once it
+    holds there."""
     from moto.server import ThreadedMotoServer
 
     from scalelab.core.net import free_port
@@ -82,6 +90,9 @@ def play_generation(cloud, venv, tmp_path, run_dir, generation: int, notice_on_s
                 while not (instance.folder / run_dir.name / "spec.json").exists() and procs[-1].poll() is None:
                     assert time.monotonic() < deadline, "the instance did not install the wheel"
                     time.sleep(0.3)
+            if at_the_hold:
+                threading.Thread(target=lambda: wait_for_step(played[1].folder / run_dir.name, 1) and at_the_hold(),
+                                 daemon=True).start()
             said = [finished(proc, instance.folder) for proc, instance in zip(procs, played)]
             assert all(proc.returncode == 0 for proc in procs), said
         finally:
@@ -89,6 +100,83 @@ def play_generation(cloud, venv, tmp_path, run_dir, generation: int, notice_on_s
                 meta.server.shutdown()
             moto_there.stop()
     return said
+
+
+def wait_for_step(run: Path, rank: int, step: int = STOP_AT, patience_s: float = 300) -> bool:
+    """Until `rank`'s records (in this instance's folder) hold `step`."""
+    deadline = time.monotonic() + patience_s
+    path = run / "records" / f"rank-{rank}.jsonl"
+    while time.monotonic() < deadline:
+        if path.exists() and f'"step": {step},' in path.read_text():
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def follow(be, run_dir: Path) -> tuple[threading.Thread, dict]:
+    """The launcher's follow loop (`launcher.runner.wait`) in a thread; its outcome."""
+    outcome: dict = {}
+
+    def run() -> None:
+        try:
+            outcome["status"] = wait(be, run_dir)
+        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, outcome
+
+
+@pytest.mark.parametrize("engine", ["ddp", pytest.param("horovod", marks=needs_horovod)])
+def test_a_cancel_stops_both_instances_ranks_at_one_step_with_a_checkpoint(cloud, wheel, venv, tmp_path, engine):
+    """`launch cancel` (the backend's cancel: the stop request, the wait for the leader's checkpoint, the
+    teardown) while the second instance's rank holds at step 6: each instance stops its own ranks (Horovod's
+    second rank was started over ssh by the leader's horovodrun: the second instance's bootstrap finds it in
+    its own processes), they agree on step 6, rank 0 checkpoints it and the checkpoint reaches the launcher;
+    the run is CANCELLED, nothing is replaced, both instances are terminated and nothing is left running."""
+    if why := ec2_sandbox.unavailable():
+        pytest.skip(why)
+    ec2, s3, bucket = cloud["ec2"], cloud["s3"], cloud["bucket"]
+    spec = Spec.from_dict({**RUN, "engine": {"name": engine}, "nodes": 2, "gpus_per_node": 1})
+    be = AwsBackend({"bucket": bucket, "region": REGION, "wheel": str(wheel), "poll_s": 0.3,
+                     "interruption_grace_s": 120.0, "report_timeout_min": 6.0, "timeout_min": 15.0,
+                     "instance_type": "g3.4xlarge", "placement_group": "none"}, clients={"ec2": ec2, "s3": s3})
+    run_dir = new_run_dir(tmp_path / "runs", "cancel")
+    save_spec(spec, run_dir)
+    be.schedule(be.submit_dryrun(spec, run_dir))
+    launcher, outcome = follow(be, run_dir)
+    cancelled: dict = {}
+
+    def cancel() -> None:
+        try:
+            AwsBackend({"poll_s": 0.3}, clients={"ec2": ec2, "s3": s3}).cancel(run_dir)  # as `launch cancel` does
+            cancelled["done"] = True
+        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+            cancelled["error"] = exc
+
+    try:
+        said = play_generation(cloud, venv, tmp_path, run_dir, 0, at_the_hold=cancel)
+        launcher.join(timeout=120)
+    finally:
+        if launcher.is_alive():
+            be.cancel(run_dir, grace_s=0)
+    assert cancelled == {"done": True}, cancelled
+    assert "error" not in outcome, outcome
+    assert outcome["status"].state == "CANCELLED", (outcome["status"].detail, said)
+    for rank in (0, 1):
+        stops = [r for r in read_jsonl(run_dir / "records" / f"rank-{rank}.jsonl") if r.get("event") == "interrupted"]
+        assert [s["step"] for s in stops] == [STOP_AT], (rank, said)
+    assert torch.load(run_dir / CHECKPOINT_NAME, weights_only=True)["step"] == STOP_AT
+    statuses = [s3_json(cloud, o["Key"]) for o in s3.list_objects_v2(
+        Bucket=bucket, Prefix=f"scalelab/{run_dir.name}/status/gen-0/")["Contents"]
+        if not o["Key"].endswith(".heartbeat.json")]
+    assert sorted(s["reason"] for s in statuses) == ["stop_requested", "stop_requested"], statuses
+    assert td.instances(ec2, run_dir.name, td.LIVE_STATES) == []
+    assert td.instances(ec2, run_dir.name, None, 1) == [], "capacity was replaced"
+    left = subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True, text=True).stdout.split()
+    assert left == [], subprocess.run(["ps", "-o", "pid,args", "-p", ",".join(left)], capture_output=True,
+                                      text=True).stdout
 
 
 @pytest.mark.parametrize("engine", ["ddp", pytest.param("horovod", marks=needs_horovod)])

@@ -37,7 +37,7 @@ from typing import Any, Iterator
 
 from scalelab.aws import mirror, render
 from scalelab.aws import teardown as td
-from scalelab.aws.bootstrap import LAUNCHER_HEARTBEAT, LAUNCHER_LOST, STOP_REQUEST, node_order
+from scalelab.aws.bootstrap import LAUNCHER_HEARTBEAT, LAUNCHER_LOST, STOP_REQUEST, STOP_REQUESTED, node_order
 from scalelab.aws.options import AwsOptions
 from scalelab.aws.render import AwsRequest, Plan
 from scalelab.core.errors import ScalelabError, SpecError
@@ -277,6 +277,11 @@ class AwsBackend(Backend):
         if lead == "cancelled":  # a rank got a stop signal; every rank checkpointed and stopped: no replacement
             return RunStatus(CANCELLED, f"a rank of generation {gen} got a stop signal; every rank stopped with a "
                                         f"checkpoint; `launch resume {run_dir}` continues it")
+        if any(s.get("reason") == STOP_REQUESTED for s in statuses.values()):  # `launch cancel` from elsewhere:
+            # its ranks stopped on the stop request; an interruption to replace it is not (that started a new
+            # generation while the cancel tore the run down, found on two played instances)
+            return RunStatus(CANCELLED, f"cancelled (`launch cancel`); every rank stopped with a checkpoint; "
+                                        f"`launch resume {run_dir}` continues it")
         if any(s.get("reason") == LAUNCHER_LOST for s in statuses.values()):
             return RunStatus(FAILED, f"the instances stopped themselves: no heartbeat from the launcher for "
                                      f"{self.options['heartbeat_timeout_min']:g} min (was it suspended?); "
