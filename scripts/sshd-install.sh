@@ -9,6 +9,8 @@ cannot() { echo "sshd-install: $*" >&2; exit 3; }
 [ -x /usr/sbin/sshd ] && exit 0
 [ "$(id -u)" -eq 0 ] || cannot "sshd is not installed and installing it needs root"
 command -v apt-get >/dev/null || cannot "sshd is not installed and there is no apt-get (install OpenSSH's server)"
+exec 9>/tmp/scalelab-sshd-install.lock && flock 9  # two test workers may ask at once: one apt at a time
+[ -x /usr/sbin/sshd ] && exit 0
 log=$(mktemp)
 export DEBIAN_FRONTEND=noninteractive
 if ! apt-get install -y -q --no-install-recommends openssh-server >"$log" 2>&1; then

@@ -18,6 +18,9 @@ own with an sshd in it. Each instance gets:
 - a UTS namespace (its own hostname) and a PID namespace (its processes only; when its user data ends,
   whatever it left is killed with it, as when an instance powers off).
 
+Of this machine's state, only two empty directories may stay: /root/.ssh where it was missing is removed
+again, and /run/sshd (sshd's privilege-separation directory, which Debian makes at boot) is kept.
+
 The instances reach moto and their metadata stand-ins over the bridge, at this machine's address on it
 (a second moto server in the test's process, sharing the first one's state). Needs root, `ip`,
 `unshare` and sshd (installed by scripts/sshd-install.sh); a test skips with the reason where they are not.
@@ -25,7 +28,9 @@ The instances reach moto and their metadata stand-ins over the bridge, at this m
 
 from __future__ import annotations
 
+import functools
 import os
+import shlex
 import shutil
 import subprocess
 import uuid
@@ -39,16 +44,17 @@ ROOT = Path(__file__).resolve().parent.parent
 SSHD = "/usr/sbin/sshd"
 
 
+@functools.lru_cache(maxsize=1)
 def unavailable() -> str:
-    """Why two instances cannot be played here ('' when they can)."""
+    """Why two instances cannot be played here ('' when they can). Installs sshd (with ssh) once."""
     if os.geteuid() != 0:
         return "playing two instances needs root (network and mount namespaces)"
-    for tool in ("ip", "unshare", "ssh", "ssh-keygen"):
-        if shutil.which(tool) is None:
-            return f"playing two instances needs `{tool}`"
     installed = subprocess.run(["bash", str(ROOT / "scripts" / "sshd-install.sh")], capture_output=True, text=True)
     if installed.returncode != 0:
         return installed.stderr.strip() or "scripts/sshd-install.sh failed"
+    for tool in ("ip", "unshare", "ssh", "ssh-keygen"):
+        if shutil.which(tool) is None:
+            return f"playing two instances needs `{tool}`"
     return ""
 
 
@@ -74,17 +80,15 @@ class Instance:
         """argv running `command` (bash) inside this instance's namespaces, after `before` (bash) there."""
         hosts = self.folder.parent / f"hosts-{self.index}"
         hosts.write_text(f"127.0.0.1 localhost\n{self.ip} {self.hostname}\n")
-        Path("/root/.ssh").mkdir(mode=0o700, exist_ok=True)  # the mount point (empty on a fresh machine)
-        setup = (f"set -e; hostname {self.hostname}; mount --bind {hosts} /etc/hosts; "
-                 f"mkdir -p {work}; mount --bind {self.folder} {work}; mount --bind {self.ssh_dir} /root/.ssh; "
-                 f"{before} set +e; exec bash -c {_quote(command)}")
-        inner = ["unshare", "--mount", "--uts", "--pid", "--fork", "--mount-proc", "--propagation", "private",
-                 "bash", "-c", setup]
+        q = shlex.quote
+        setup = (f"set -e; hostname {q(self.hostname)}; mount --bind {q(str(hosts))} /etc/hosts; "
+                 f"mkdir -p {q(str(work))}; mount --bind {q(str(self.folder))} {q(str(work))}; "
+                 f"mount --bind {q(str(self.ssh_dir))} /root/.ssh; export HOME=/root; "
+                 f"{before} set +e; exec bash -c {q(command)}")
+        # --kill-child: when the test kills this process, everything in the instance goes with it
+        inner = ["unshare", "--mount", "--uts", "--pid", "--fork", "--kill-child", "--mount-proc", "--propagation",
+                 "private", "bash", "-c", setup]
         return ["ip", "netns", "exec", self.netns, *inner]
-
-
-def _quote(text: str) -> str:
-    return "'" + text.replace("'", "'\"'\"'") + "'"
 
 
 @dataclass
@@ -101,6 +105,8 @@ def two_instances(tmp_path: Path, ips: tuple[str, str]):
     """Two instances with these private addresses, each in a network namespace of its own, their `ens5`
     (the same name on both, as on one AMI) on a bridge with this machine's `gateway` address; removed
     afterwards. Nothing of theirs shares this machine's ports (two runs' torchrun both listen on 29500)."""
+    made_ssh = not Path("/root/.ssh").exists()  # the mount point of each instance's own /root/.ssh
+    Path("/root/.ssh").mkdir(mode=0o700, exist_ok=True)
     tag = uuid.uuid4().hex[:6]
     bridge = f"sl{tag}"
     gateway = f"198.18.{uuid.uuid4().int % 250 + 1}.{uuid.uuid4().int % 250 + 1}"  # RFC 2544's test range
@@ -127,18 +133,25 @@ def two_instances(tmp_path: Path, ips: tuple[str, str]):
                 _ip("-n", ns, "route", "add", f"{other}/32", "dev", "ens5")
             _ip("route", "add", f"{instance.ip}/32", "dev", bridge)
     except RuntimeError as exc:
-        _remove(bridge, made)
-        pytest.skip(f"cannot link two played instances here: {exc}")
+        _remove(bridge, made, made_ssh)
+        if "not permitted" in str(exc) or "not supported" in str(exc).lower():  # a sandbox without these powers
+            pytest.skip(f"cannot link two played instances here: {exc}")
+        raise
     try:
         yield Network(made, gateway)
     finally:
-        _remove(bridge, made)
+        _remove(bridge, made, made_ssh)
 
 
-def _remove(bridge: str, made: list[Instance]) -> None:
+def _remove(bridge: str, made: list[Instance], made_ssh: bool) -> None:
     for instance in made:
         _ip("netns", "del", instance.netns, check=False)  # takes its veth pair with it
     _ip("link", "del", bridge, check=False)
+    if made_ssh:
+        try:
+            Path("/root/.ssh").rmdir()  # still empty: every write went to an instance's own
+        except OSError:
+            pass
 
 
 def sshd_start(instance: Instance) -> str:

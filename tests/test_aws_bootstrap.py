@@ -121,7 +121,12 @@ def wheel(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def venv(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("venv") / "env"
+    return scratch_venv(tmp_path_factory.mktemp("venv") / "env")
+
+
+def scratch_venv(path: Path) -> Path:
+    """An instance's Python: a virtualenv over this machine's packages, into which its user data installs
+    the run's wheel (nothing is downloaded: PIP_NO_INDEX). Its python."""
     # --without-pip: the venv's own old setuptools would hide this machine's (torch pins setuptools>=77);
     # pip itself comes from the system site-packages and installs into the venv.
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(path)], check=True)

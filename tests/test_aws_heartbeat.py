@@ -116,12 +116,24 @@ def test_why_a_node_stops(node):
     sync.put_json("control/stop", {})
     assert stop_reason(sync, None, watch) == STOP_REQUESTED  # a cancel is said as a cancel
     assert stop_reason(sync, {"action": "terminate"}, watch) == SPOT_NOTICE
+    assert stop_reason(sync, None, watch, peer="i-0second") == SPOT_NOTICE  # EC2 warned another instance of the run
+
+
+def test_a_peers_notice_is_found_and_this_instances_own_is_not(node):
+    sync, _ = node
+    assert sync.peer_notice() is None
+    sync.put_json(f"events/gen-0/{sync.instance_id}.json", {"event": "spot_interruption"})
+    assert sync.peer_notice() is None  # its own notice: said by `notice`, not as a peer's
+    sync.put_json("events/gen-0/i-0second.json", {"event": "spot_interruption"})
+    sync.put_json("events/gen-1/i-0third.json", {"event": "spot_interruption"})  # another generation's
+    assert sync.peer_notice() == "i-0second"
 
 
 @pytest.mark.parametrize("has_proc, code, reason, stopped, state", [
     (True, 0, None, False, "completed"),
     (True, 0, LAUNCHER_LOST, False, "completed"),  # finished before the stop mattered
     (True, 0, SPOT_NOTICE, True, "interrupted"),  # horovodrun exits 0 once its ranks stopped on its SIGTERM
+    (True, 0, SPOT_NOTICE, False, "completed"),  # a notice (here or on a peer) after the last step: too late
     (True, 0, None, True, "completed"),  # no stop asked here: an earlier generation's record
     (True, 143, LAUNCHER_LOST, False, "interrupted"),
     (True, 143, None, False, "interrupted"),  # SIGTERM from elsewhere (shutdown): checkpointed

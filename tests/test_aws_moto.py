@@ -401,6 +401,52 @@ def test_cancel_from_another_process(cloud, tmp_path):
     assert wait(be, run_dir).state == "CANCELLED"
 
 
+def test_a_cancel_from_elsewhere_ends_the_followed_run_once_the_leader_saved_and_replaces_nothing(cloud, tmp_path):
+    """`launch cancel` in another terminal while this launcher follows: the instances stop on the stop request.
+    The second instance says so first; the follower must neither replace anything (it read `interrupted` as
+    a spot interruption and started a new generation, found on two played instances) nor end the run before
+    the leader has said it saved its checkpoint (the teardown would cut that upload)."""
+    be = backend(cloud, instance_type="g3.4xlarge", spot=True)
+    run_dir = run_dir_for(tmp_path)
+    be.schedule(be.submit_dryrun(make_spec(nodes=2), run_dir))
+    fake = FakeNodes(cloud, run_dir)
+    ticks = {"n": 0, "leader_said_at": None}
+
+    def instance_side() -> None:
+        ticks["n"] += 1
+        first, second = fake.heartbeat(0)
+        fake.put(f"status/gen-0/{second['InstanceId']}.json", {"state": "interrupted", "reason": "stop_requested",
+                                                               "exit_code": 143, "index": 1})
+        if ticks["n"] == 20:  # the leader, still uploading its checkpoint until now
+            fake.put(f"status/gen-0/{first['InstanceId']}.json", {"state": "interrupted", "reason": "stop_requested",
+                                                                  "exit_code": 143, "index": 0})
+            ticks["leader_said_at"] = ticks["n"]
+
+    status = wait(be, run_dir, on_tick=instance_side)
+    assert status.state == "CANCELLED" and "launch cancel" in status.detail, status.detail
+    assert ticks["leader_said_at"] == 20 and ticks["n"] >= 20  # it waited for the leader
+    assert td.instances(cloud["ec2"], run_dir.name, None, 1) == []  # no replacement generation
+    assert left(cloud, run_dir.name) == NOTHING
+
+
+def test_a_failure_beside_a_stop_request_is_said_as_the_failure(cloud, tmp_path):
+    """One instance failed (its error said), the other stopped on a stop request: the run FAILED with the
+    error, not CANCELLED with "every rank stopped with a checkpoint"."""
+    be = backend(cloud, instance_type="g3.4xlarge")
+    run_dir = run_dir_for(tmp_path)
+    be.schedule(be.submit_dryrun(make_spec(nodes=2), run_dir))
+    fake = FakeNodes(cloud, run_dir)
+
+    def instance_side() -> None:
+        first, second = fake.heartbeat(0)
+        fake.put(f"status/gen-0/{first['InstanceId']}.json", {"state": "failed", "error": "checkpoint write failed"})
+        fake.put(f"status/gen-0/{second['InstanceId']}.json", {"state": "interrupted", "reason": "stop_requested"})
+
+    status = wait(be, run_dir, on_tick=instance_side)
+    assert status.state == "FAILED" and "checkpoint write failed" in status.detail, status.detail
+    assert left(cloud, run_dir.name) == NOTHING
+
+
 # ---- spot interruption: checkpoint, replace (fallback type), resume, record the lost time -----------
 
 

@@ -1,4 +1,4 @@
-"""Issue 34 on AWS, against moto's server on loopback: a --script run's folder goes through the run's bucket
+"""Issue 34 on AWS, against moto's server: a --script run's folder goes through the run's bucket
 (size-checked, .gitignore respected), and the instances' side for real (tests/test_aws_bootstrap.py's
 stand-ins: the user data run with bash, a scratch virtualenv, a metadata server): the DDP and the Horovod
 examples on two instances played in namespaces of their own (tests/ec2_sandbox.py: its own address, sshd,
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import threading
 import time
 from pathlib import Path
 
@@ -27,7 +26,6 @@ from scalelab.aws.backend import AwsBackend  # noqa: E402
 from scalelab.core.errors import SpecError  # noqa: E402
 from scalelab.core.rundir import new_run_dir  # noqa: E402
 from scalelab.core.spec import Spec, save_spec  # noqa: E402
-from scalelab.launcher.runner import wait  # noqa: E402
 from tests.test_aws_bootstrap import (  # noqa: E402,F401 - the fixtures and stand-ins of the instance side
     REGION,
     Metadata,
@@ -37,6 +35,7 @@ from tests.test_aws_bootstrap import (  # noqa: E402,F401 - the fixtures and sta
     venv,
     wheel,
 )
+from tests.test_aws_two_instances import follow, play_generation  # noqa: E402
 
 EXAMPLES = ROOT / "examples" / "own-script"
 
@@ -72,7 +71,7 @@ def test_the_dry_run_lists_the_code_it_ships_and_refuses_a_folder_over_the_limit
 
 @pytest.mark.slow
 @pytest.mark.parametrize("engine", ["ddp", pytest.param("horovod", marks=needs_horovod)])
-def test_script_on_two_instances_ships_starts_and_terminates(cloud, wheel, venv, tmp_path, engine) -> None:
+def test_script_on_two_instances_ships_starts_and_terminates(cloud, wheel, tmp_path, engine) -> None:
     """Two instances played in namespaces of their own (tests/ec2_sandbox.py): DDP runs torchrun on each,
     meeting at the leader's address over the link; Horovod runs horovodrun on the leader only, which starts
     the second instance's rank over ssh with the key the leader published through the bucket (the second
@@ -80,10 +79,6 @@ def test_script_on_two_instances_ships_starts_and_terminates(cloud, wheel, venv,
     instance's own folder, the run completes, both instances terminate and nothing is left running."""
     if why := ec2_sandbox.unavailable():
         pytest.skip(why)
-    from moto.server import ThreadedMotoServer
-
-    from scalelab.core.net import free_port
-
     ec2, s3, bucket = cloud["ec2"], cloud["s3"], cloud["bucket"]
     script = EXAMPLES / f"train_{engine}.py"
     spec = script_spec(nodes=2, gpus_per_node=1, engine={"name": engine}, script=str(script), model=script.name)
@@ -93,51 +88,15 @@ def test_script_on_two_instances_ships_starts_and_terminates(cloud, wheel, venv,
     run_dir = new_run_dir(tmp_path / "runs", "script")
     save_spec(spec, run_dir)
     be.schedule(be.submit_dryrun(spec, run_dir))
-    outcome: dict = {}
-
-    def follow() -> None:
-        try:
-            outcome["status"] = wait(be, run_dir)
-        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
-            outcome["error"] = exc
-
-    launcher = threading.Thread(target=follow, daemon=True)
-    launcher.start()
-    nodes = sorted(td.instances(ec2, run_dir.name, ["running"], 0), key=lambda i: i["AmiLaunchIndex"])
-    ips = tuple(node["PrivateIpAddress"] for node in nodes)
-    work = tmp_path / "work"  # SCALELAB_WORK, the same path on every instance
-    said: list[str] = []
-    with ec2_sandbox.two_instances(tmp_path, ips) as net:
-        played = net.instances  # moto for them at this machine's address on their link (the same state)
-        port = free_port(net.gateway)
-        moto_there = ThreadedMotoServer(ip_address=net.gateway, port=port, verbose=False)
-        moto_there.start()
-        metas = [Metadata(host=net.gateway), Metadata(host=net.gateway)]
-        try:
-            procs = []
-            for node, meta, instance in zip(nodes, metas, played):
-                meta.instance_id = node["InstanceId"]
-                before = ec2_sandbox.sshd_start(instance) if instance.index else ""
-                procs.append(start_user_data(
-                    cloud, node["InstanceId"], work, venv, meta,
-                    inside=lambda text, instance=instance, before=before: instance.wrap(work, text, before),
-                    endpoint=f"http://{net.gateway}:{port}"))
-                # the instances share one scratch virtualenv here: the next installs the wheel once this one has
-                deadline = time.monotonic() + 300
-                while not (instance.folder / "code").exists() and procs[-1].poll() is None:
-                    assert time.monotonic() < deadline, "the instance did not unpack the script's folder"
-                    time.sleep(0.3)
-            said = [finished(proc, instance.folder) for proc, instance in zip(procs, played)]
-            assert all(proc.returncode == 0 for proc in procs), said
-            launcher.join(timeout=120)
-        finally:
-            for meta in metas:
-                meta.server.shutdown()
-            moto_there.stop()
-            if launcher.is_alive():
-                be.cancel(run_dir, grace_s=0)
-        sshd_log = (tmp_path / "sshd-1" / "sshd.log").read_text()
-    assert "error" not in outcome, outcome
+    launcher, outcome = follow(be, run_dir)
+    try:
+        gen = play_generation(cloud, tmp_path, run_dir, 0)
+        launcher.join(timeout=120)
+    finally:
+        if launcher.is_alive():
+            be.cancel(run_dir, grace_s=0)
+    said, played, work, sshd_log = gen.said, gen.instances, gen.work, gen.sshd_log
+    assert "error" not in outcome and "status" in outcome, outcome  # the launcher ended
     assert outcome["status"].state == "COMPLETED", (outcome["status"].detail, said)
     # horovodrun logged in to the second instance with the leader's key; torchrun needs no ssh
     assert ("Accepted publickey for root" in sshd_log) == (engine == "horovod"), sshd_log
@@ -205,16 +164,7 @@ def test_a_spot_interruption_of_a_script_is_replaced_and_the_script_resumes(clou
     run_dir = new_run_dir(tmp_path / "runs", "spot")
     save_spec(spec, run_dir)
     be.schedule(be.submit_dryrun(spec, run_dir))
-    outcome: dict = {}
-
-    def follow() -> None:
-        try:
-            outcome["status"] = wait(be, run_dir)
-        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
-            outcome["error"] = exc
-
-    launcher = threading.Thread(target=follow, daemon=True)
-    launcher.start()
+    launcher, outcome = follow(be, run_dir)
     meta = Metadata()
     try:
         (first,) = td.instances(ec2, run_dir.name, ["running"], 0)

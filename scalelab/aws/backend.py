@@ -61,6 +61,7 @@ from scalelab.launcher.backend import STOP_NOW, Backend, RunStatus, log_text
 
 CAPACITY_ERRORS = {"InsufficientInstanceCapacity", "InsufficientCapacity", "SpotMaxPriceTooLow",
                    "MaxSpotInstanceCountExceeded", "InstanceLimitExceeded", "Unsupported"}
+GONE_STATES = ("shutting-down", "terminated", "stopping", "stopped")  # an instance that no longer runs the run
 ROOT = Path(__file__).resolve().parents[2]  # the project root (pyproject.toml) of a source checkout
 
 
@@ -277,11 +278,6 @@ class AwsBackend(Backend):
         if lead == "cancelled":  # a rank got a stop signal; every rank checkpointed and stopped: no replacement
             return RunStatus(CANCELLED, f"a rank of generation {gen} got a stop signal; every rank stopped with a "
                                         f"checkpoint; `launch resume {run_dir}` continues it")
-        if any(s.get("reason") == STOP_REQUESTED for s in statuses.values()):  # `launch cancel` from elsewhere:
-            # its ranks stopped on the stop request; an interruption to replace it is not (that started a new
-            # generation while the cancel tore the run down, found on two played instances)
-            return RunStatus(CANCELLED, f"cancelled (`launch cancel`); every rank stopped with a checkpoint; "
-                                        f"`launch resume {run_dir}` continues it")
         if any(s.get("reason") == LAUNCHER_LOST for s in statuses.values()):
             return RunStatus(FAILED, f"the instances stopped themselves: no heartbeat from the launcher for "
                                      f"{self.options['heartbeat_timeout_min']:g} min (was it suspended?); "
@@ -290,7 +286,15 @@ class AwsBackend(Backend):
         if failed:
             return RunStatus(FAILED, "; ".join(f"{i}: {s.get('error') or 'exit code ' + str(s.get('exit_code'))}"
                                                  for i, s in failed.items()))
-        gone = [n for n in nodes if n["State"]["Name"] in ("shutting-down", "terminated", "stopping", "stopped")
+        if any(s.get("reason") == STOP_REQUESTED for s in statuses.values()):  # `launch cancel` from elsewhere:
+            # its ranks stopped on the stop request; not an interruption to replace (that started a new
+            # generation while the cancel tore the run down, found on two played instances). Ended once the
+            # leader has said it saved (or is gone): the teardown must not cut its checkpoint's upload.
+            if lead is None and leader not in {n["InstanceId"] for n in nodes if n["State"]["Name"] in GONE_STATES}:
+                return None
+            return RunStatus(CANCELLED, f"cancelled (`launch cancel`); every rank stopped with a checkpoint; "
+                                        f"`launch resume {run_dir}` continues it")
+        gone = [n for n in nodes if n["State"]["Name"] in GONE_STATES
                 and statuses.get(n["InstanceId"], {}).get("state") not in ("completed", "cancelled")
                 and statuses.get(n["InstanceId"], {}).get("notice_on") in (None, n["InstanceId"])]  # not a peer's
         if notices or gone or lead == "interrupted":
@@ -457,10 +461,11 @@ class AwsBackend(Backend):
         _say(f"stopping run {info['run_id']}: asked its {ranks} rank(s) to checkpoint; waiting up to {grace_s:g} s "
              f"(interruption_grace_s) for the leader to save it to S3, then terminating its {len(up)} instance(s); "
              "Ctrl-C again terminates them at once, without the checkpoint")
-        status = f"{info['prefix']}/status/gen-{gen}/"
+        leader = min(td.instances(ec2, info["run_id"], None, gen), key=node_order, default=None)
+        status = f"{info['prefix']}/status/gen-{gen}/" + (f"{leader['InstanceId']}.json" if leader else "")
         every, last = min(5.0, float(self.options["poll_s"])), [0.0]
 
-        def stopped() -> bool:  # a node's final status, not only heartbeats: the leader checkpointed
+        def stopped() -> bool:  # the leader's final status, not a heartbeat nor another node's: it checkpointed
             if STOP_NOW.is_set():
                 return True
             if time.monotonic() - last[0] < every:

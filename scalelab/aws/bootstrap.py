@@ -443,7 +443,7 @@ def run(cfg: Config, s3=None, ec2=None) -> int:
     log = os.fdopen(open_inside(cfg.run_dir, log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644), "ab")  # no link
     proc = (subprocess.Popen(launch.argv, stdout=log, stderr=subprocess.STDOUT, cwd=code or cfg.work,
                              env={**os.environ, "PYTHONUNBUFFERED": "1", **launch.env, **extra}) if launch else None)
-    notice, reason, watch = None, None, LauncherWatch(sync, cfg.heartbeat_timeout_s)
+    notice, peer, reason, watch = None, None, None, LauncherWatch(sync, cfg.heartbeat_timeout_s)
     sync.put_json(f"status/{g}/{instance_id}.heartbeat.json",
                   {"time": time.time(), "index": index, "resumed": resumed, "host": hosts[index]})
     while True:
@@ -451,7 +451,10 @@ def run(cfg: Config, s3=None, ec2=None) -> int:
         ended = proc.poll() is not None if proc else sync.exists(f"status/{g}/{ids[0]}.json")
         if not ended and reason is None:
             notice = notice or interruption_notice(cfg)
-            reason = stop_reason(sync, notice, watch)
+            # EC2 warns one instance, not the run: the warned one's event stops every instance's ranks, so a
+            # --script that only asks track.should_stop() (no agreement of its own) stops on every rank
+            peer = None if notice or cfg.nodes == 1 else sync.peer_notice()
+            reason = stop_reason(sync, notice, watch, peer)
             if reason:
                 stop_ranks(sync, cfg, proc, reason, notice, instance_id, index)
         sync.push()
@@ -462,25 +465,23 @@ def run(cfg: Config, s3=None, ec2=None) -> int:
     code = proc.returncode if proc else 0
     log.close()
     sync.push()
-    # EC2 warns one instance, not the run: the warned one stopped its ranks, and ours stopped with them (they
-    # agree on a step), or a --script's ranks simply returned. Either way the run was interrupted, not
-    # completed nor cancelled, and the launcher must replace the capacity. (A notice that comes just after
-    # the last step costs a replacement that resumes from the final checkpoint and ends at once.)
-    peer = sync.peer_notice() if reason is None else None
+    if reason is None and cfg.nodes > 1 and (peer := sync.peer_notice()):
+        reason = SPOT_NOTICE  # the warned instance's ranks stopped ours (they agree on a step) before we saw it
     if peer:
-        reason = SPOT_NOTICE
         print(f"scalelab: the ranks stopped because instance {peer} got a spot notice", file=sys.stderr, flush=True)
-    state = "interrupted" if peer else final_state(proc, code, reason, ranks_stopped_early(cfg.run_dir),
-                                                   ranks_stopped_on_a_signal(cfg.run_dir))
+    state = final_state(proc, code, reason, ranks_stopped_early(cfg.run_dir), ranks_stopped_on_a_signal(cfg.run_dir))
+    if peer and state != "interrupted" and spec.script:
+        state = "interrupted"  # a script's ranks that returned on their peers' stop look like its end: resume it
     sync.put_json(status_key, {"state": state, "reason": reason if state == "interrupted" else None, "exit_code": code,
                                "index": index, "time": time.time(), "notice": notice, "resumed": resumed,
                                "notice_on": peer or (instance_id if notice else None)})
     return 0 if state != "failed" else 1
 
 
-def stop_reason(sync: Sync, notice: dict | None, watch: LauncherWatch) -> str | None:
-    """Why this node's ranks must stop now, or None: a spot notice, a stop request, the launcher gone."""
-    if notice:
+def stop_reason(sync: Sync, notice: dict | None, watch: LauncherWatch, peer: str | None = None) -> str | None:
+    """Why this node's ranks must stop now, or None: a spot notice (this instance's, or `peer`'s: another
+    instance of the run), a stop request, the launcher gone."""
+    if notice or peer:
         return SPOT_NOTICE
     if sync.exists(STOP_REQUEST):
         return STOP_REQUESTED
@@ -559,7 +560,7 @@ def main() -> int:
     try:
         return run(cfg)
     except Exception as exc:  # report it: the launcher must not wait for a node that is gone
-        said = str(exc) if isinstance(exc, RuntimeError) else repr(exc)  # ours say what to do; others: their type
+        said = (str(exc) or repr(exc)) if type(exc) is RuntimeError else repr(exc)  # ours say what to do
         print(f"scalelab bootstrap failed: {said}", file=sys.stderr)
         try:
             import boto3
