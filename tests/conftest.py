@@ -239,9 +239,9 @@ def run_entry(argv: list[str], monkeypatch, capsys) -> tuple[int, str, str]:
 # Modules whose tests read what is made once per module (runs of each engine, a study, a wheel and a
 # virtualenv, a Dask cluster, a calibration): a module fixture or cache is made once per xdist worker, so
 # split over two workers it is made twice. Each of these runs whole on one worker instead.
-MADE_ONCE_PER_MODULE = ("test_aws_bootstrap", "test_aws_two_instances", "test_calibration", "test_checkpoint", "test_faults", "test_html_pages",
-                        "test_html_report", "test_issue37", "test_output_loss", "test_prep", "test_resume",
-                        "test_resume_changes")
+MADE_ONCE_PER_MODULE = ("test_aws_bootstrap", "test_aws_two_instances", "test_calibration", "test_checkpoint",
+                        "test_faults", "test_html_pages", "test_html_report", "test_issue37", "test_output_loss",
+                        "test_prep", "test_resume", "test_resume_changes")
 
 
 def pytest_collection_modifyitems(config, items):
