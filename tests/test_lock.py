@@ -18,7 +18,15 @@ from scalelab.core.procs import ProcessRef, run_processes, stop_processes
 
 
 def _sleeper(*args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", *args])
+    """A process that sleeps, returned once it runs its own program: just after the fork its command line is
+    its parent's, or empty (CI, 2026-11-27: a ProcessRef taken then named no command line)."""
+    import psutil
+
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", *args])
+    deadline = time.monotonic() + 30
+    while "time.sleep(60)" not in " ".join(psutil.Process(proc.pid).cmdline()) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return proc
 
 
 def test_a_live_owner_is_refused_with_how_to_stop_it(tmp_path: Path) -> None:

@@ -49,9 +49,23 @@ def main(argv: list[str] | None = None) -> int:
     print(f"scalelab: Horovod rendezvous on port {port} for {len(hosts)} node(s) x {args.tasks_per_node} rank(s): "
           f"{','.join(hosts)}", file=sys.stderr, flush=True)
     parent = os.getppid()
+    _die_with_parent()
     while os.getppid() == parent:  # serve until killed, or until the batch script is gone
-        time.sleep(1)
+        time.sleep(0.2)
     return 0
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to SIGKILL this server the moment the batch script dies (scancel, the time limit), so that
+    nothing of the job outlives it by even a poll: the launcher says "every process of the run was stopped"
+    once the job has left the queue (CI saw this server still there then, 2026-11-27). The poll in main
+    stays for systems without prctl."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
 
 
 if __name__ == "__main__":
