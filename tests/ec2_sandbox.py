@@ -18,8 +18,9 @@ own with an sshd in it. Each instance gets:
 - a UTS namespace (its own hostname) and a PID namespace (its processes only; when its user data ends,
   whatever it left is killed with it, as when an instance powers off).
 
-Of this machine's state, only two empty directories may stay: /root/.ssh where it was missing is removed
-again, and /run/sshd (sshd's privilege-separation directory, which Debian makes at boot) is kept.
+Of this machine's state, only two empty directories may stay: /root/.ssh (the instances' mount point; an
+empty one is how a root account starts) and /run/sshd (sshd's privilege-separation directory, which Debian
+makes at boot).
 
 The instances reach moto and their metadata stand-ins over the bridge, at this machine's address on it
 (a second moto server in the test's process, sharing the first one's state). Needs root, `ip`,
@@ -105,7 +106,9 @@ def two_instances(tmp_path: Path, ips: tuple[str, str]):
     """Two instances with these private addresses, each in a network namespace of its own, their `ens5`
     (the same name on both, as on one AMI) on a bridge with this machine's `gateway` address; removed
     afterwards. Nothing of theirs shares this machine's ports (two runs' torchrun both listen on 29500)."""
-    made_ssh = not Path("/root/.ssh").exists()  # the mount point of each instance's own /root/.ssh
+    # The mount point of each instance's own /root/.ssh. It stays (empty, as on any root account): removing it
+    # would detach the bind mount of another test's instances that use it now (the other xdist worker's:
+    # their horovodrun lost its key, CI 2026-11-27).
     Path("/root/.ssh").mkdir(mode=0o700, exist_ok=True)
     tag = uuid.uuid4().hex[:6]
     bridge = f"sl{tag}"
@@ -133,25 +136,20 @@ def two_instances(tmp_path: Path, ips: tuple[str, str]):
                 _ip("-n", ns, "route", "add", f"{other}/32", "dev", "ens5")
             _ip("route", "add", f"{instance.ip}/32", "dev", bridge)
     except RuntimeError as exc:
-        _remove(bridge, made, made_ssh)
+        _remove(bridge, made)
         if "not permitted" in str(exc) or "not supported" in str(exc).lower():  # a sandbox without these powers
             pytest.skip(f"cannot link two played instances here: {exc}")
         raise
     try:
         yield Network(made, gateway)
     finally:
-        _remove(bridge, made, made_ssh)
+        _remove(bridge, made)
 
 
-def _remove(bridge: str, made: list[Instance], made_ssh: bool) -> None:
+def _remove(bridge: str, made: list[Instance]) -> None:
     for instance in made:
         _ip("netns", "del", instance.netns, check=False)  # takes its veth pair with it
     _ip("link", "del", bridge, check=False)
-    if made_ssh:
-        try:
-            Path("/root/.ssh").rmdir()  # still empty: every write went to an instance's own
-        except OSError:
-            pass
 
 
 def sshd_start(instance: Instance) -> str:
