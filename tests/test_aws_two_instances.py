@@ -32,7 +32,7 @@ pytest.importorskip("moto.server", reason='moto server is not installed: pip ins
 from scalelab.aws import teardown as td  # noqa: E402
 from scalelab.aws.backend import AwsBackend  # noqa: E402
 from scalelab.core.rundir import new_run_dir  # noqa: E402
-from scalelab.core.spec import Spec, save_spec  # noqa: E402
+from scalelab.core.spec import Spec, read_spec, save_spec  # noqa: E402
 from scalelab.launcher.runner import wait  # noqa: E402
 from scalelab.train.checkpoint import CHECKPOINT_NAME  # noqa: E402
 from tests.test_aws_bootstrap import (  # noqa: E402,F401 - the fixtures and stand-ins of the instance side
@@ -141,6 +141,27 @@ def follow(be, run_dir: Path) -> tuple[threading.Thread, dict]:
     return thread, outcome
 
 
+def launch_two(cloud, wheel, tmp_path, engine: str, name: str, **options):
+    """A two-instance run of the built-in trainer (RUN on 2 nodes of 1 rank) scheduled into moto, and the
+    launcher following it: the backend, the run directory, the follow thread and its outcome."""
+    spec = Spec.from_dict({**RUN, "engine": {"name": engine}, "nodes": 2, "gpus_per_node": 1})
+    be = AwsBackend({"bucket": cloud["bucket"], "region": REGION, "wheel": str(wheel), "poll_s": 0.3,
+                     "interruption_grace_s": 120.0, "report_timeout_min": 6.0, "timeout_min": 15.0,
+                     "instance_type": "g3.4xlarge", "placement_group": "none", **options},
+                    clients={"ec2": cloud["ec2"], "s3": cloud["s3"]})
+    run_dir = new_run_dir(tmp_path / "runs", name)
+    save_spec(spec, run_dir)
+    be.schedule(be.submit_dryrun(spec, run_dir))
+    return (be, run_dir, *follow(be, run_dir))
+
+
+def final_statuses(cloud, run_dir: Path, generation: int) -> list[dict]:
+    """The instances' final status files of a generation in S3 (not their heartbeats)."""
+    prefix = f"scalelab/{run_dir.name}/status/gen-{generation}/"
+    listing = cloud["s3"].list_objects_v2(Bucket=cloud["bucket"], Prefix=prefix)
+    return [s3_json(cloud, o["Key"]) for o in listing["Contents"] if not o["Key"].endswith(".heartbeat.json")]
+
+
 # Horovod only: its second rank is the one no agent of its own instance started (horovodrun over ssh). DDP's
 # cancel on an instance (torchrun's SIGTERM) is tests/test_rank_signals_remote.py's and test_aws_moto.py's.
 @pytest.mark.parametrize("engine", [pytest.param("horovod", marks=needs_horovod)])
@@ -152,15 +173,8 @@ def test_a_cancel_stops_both_instances_ranks_at_one_step_with_a_checkpoint(cloud
     the run is CANCELLED, nothing is replaced, both instances are terminated and nothing is left running."""
     if why := ec2_sandbox.unavailable():
         pytest.skip(why)
-    ec2, s3, bucket = cloud["ec2"], cloud["s3"], cloud["bucket"]
-    spec = Spec.from_dict({**RUN, "engine": {"name": engine}, "nodes": 2, "gpus_per_node": 1})
-    be = AwsBackend({"bucket": bucket, "region": REGION, "wheel": str(wheel), "poll_s": 0.3,
-                     "interruption_grace_s": 120.0, "report_timeout_min": 6.0, "timeout_min": 15.0,
-                     "instance_type": "g3.4xlarge", "placement_group": "none"}, clients={"ec2": ec2, "s3": s3})
-    run_dir = new_run_dir(tmp_path / "runs", "cancel")
-    save_spec(spec, run_dir)
-    be.schedule(be.submit_dryrun(spec, run_dir))
-    launcher, outcome = follow(be, run_dir)
+    ec2, s3 = cloud["ec2"], cloud["s3"]
+    be, run_dir, launcher, outcome = launch_two(cloud, wheel, tmp_path, engine, "cancel")
     cancelled: dict = {}
 
     def cancel() -> None:
@@ -183,9 +197,7 @@ def test_a_cancel_stops_both_instances_ranks_at_one_step_with_a_checkpoint(cloud
         stops = [r for r in read_jsonl(run_dir / "records" / f"rank-{rank}.jsonl") if r.get("event") == "interrupted"]
         assert [s["step"] for s in stops] == [STOP_AT], (rank, said)
     assert torch.load(run_dir / CHECKPOINT_NAME, weights_only=True)["step"] == STOP_AT
-    statuses = [s3_json(cloud, o["Key"]) for o in s3.list_objects_v2(
-        Bucket=bucket, Prefix=f"scalelab/{run_dir.name}/status/gen-0/")["Contents"]
-        if not o["Key"].endswith(".heartbeat.json")]
+    statuses = final_statuses(cloud, run_dir, 0)
     assert sorted(s["reason"] for s in statuses) == ["stop_requested", "stop_requested"], statuses
     assert td.instances(ec2, run_dir.name, td.LIVE_STATES) == []
     assert td.instances(ec2, run_dir.name, None, 1) == [], "capacity was replaced"
@@ -198,20 +210,11 @@ def test_a_cancel_stops_both_instances_ranks_at_one_step_with_a_checkpoint(cloud
 def test_a_spot_notice_to_one_instance_replaces_both_and_the_run_resumes_exactly(cloud, wheel, tmp_path, engine):
     if why := ec2_sandbox.unavailable():
         pytest.skip(why)
-    ec2, s3, bucket = cloud["ec2"], cloud["s3"], cloud["bucket"]
-    spec = Spec.from_dict({**RUN, "engine": {"name": engine}, "nodes": 2, "gpus_per_node": 1})
-    be = AwsBackend({"bucket": bucket, "region": REGION, "spot": True, "wheel": str(wheel), "poll_s": 0.3,
-                     "interruption_grace_s": 120.0, "report_timeout_min": 6.0, "timeout_min": 15.0,
-                     "instance_type": "g3.4xlarge", "placement_group": "none"}, clients={"ec2": ec2, "s3": s3})
-    run_dir = new_run_dir(tmp_path / "runs", "two")
-    save_spec(spec, run_dir)
-    be.schedule(be.submit_dryrun(spec, run_dir))
-    launcher, outcome = follow(be, run_dir)
+    ec2 = cloud["ec2"]
+    be, run_dir, launcher, outcome = launch_two(cloud, wheel, tmp_path, engine, "two", spot=True)
     try:
         said0 = play_generation(cloud, tmp_path, run_dir, 0, notice_on_second=True).said
-        statuses = {s["index"]: s for s in (s3_json(cloud, o["Key"]) for o in s3.list_objects_v2(
-            Bucket=bucket, Prefix=f"scalelab/{run_dir.name}/status/gen-0/")["Contents"]
-            if not o["Key"].endswith(".heartbeat.json"))}
+        statuses = {s["index"]: s for s in final_statuses(cloud, run_dir, 0)}
         assert [statuses[i]["state"] for i in (0, 1)] == ["interrupted", "interrupted"], (statuses, said0)
         second = sorted(td.instances(ec2, run_dir.name, None, 0), key=lambda i: i["AmiLaunchIndex"])[1]["InstanceId"]
         assert [statuses[i]["notice_on"] for i in (0, 1)] == [second, second]  # the leader names whose notice
@@ -226,7 +229,7 @@ def test_a_spot_notice_to_one_instance_replaces_both_and_the_run_resumes_exactly
             be.cancel(run_dir, grace_s=0)
     assert "error" not in outcome and "status" in outcome, outcome  # the launcher ended
     assert outcome["status"].state == "COMPLETED", (outcome["status"].detail, said1)
-    reference = reference_run(spec, tmp_path / "uninterrupted")
+    reference = reference_run(read_spec(run_dir), tmp_path / "uninterrupted")
     _assert_resumed_exactly(run_dir, reference, engine, from_step=STOP_AT)
     assert td.instances(ec2, run_dir.name, td.LIVE_STATES) == []
     events = [json.loads(x) for x in (run_dir / "records" / "aws-events.jsonl").read_text().splitlines()]
