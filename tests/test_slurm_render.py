@@ -23,7 +23,7 @@ from scalelab.core.errors import ScalelabError, SpecError
 from scalelab.core.spec import Spec
 from scalelab.launcher.runner import submit
 from scalelab.slurm.backend import SlurmBackend
-from scalelab.slurm.rank import RankJob, Task, own_gpu, rank_env
+from scalelab.slurm.rank import RankJob, Task, horovod_hostname_problem, own_gpu, rank_env
 from tests.conftest import assert_golden, launch
 
 GOLDEN = Path(__file__).parent / "golden" / "slurm"
@@ -254,6 +254,52 @@ def test_a_non_block_distribution_is_refused() -> None:
     cyclic = Task(1, 8, 0, 1, 2, ("node1", "node2"), "77")  # rank 1 on the second node
     with pytest.raises(ValueError, match="block"):
         rank_env(cyclic, "horovod", RDZV)
+
+
+@pytest.mark.parametrize("engine, names, says", [
+    ("horovod", {"vm": "127.0.1.1", "node1": "10.0.0.1", "node2": "10.0.0.2"}, "resolves to 127.0.1.1, a loopback"),
+    ("horovod", {"node1": "10.0.0.1", "node2": "10.0.0.2"}, "does not resolve"),
+    ("horovod", {"vm": "10.0.0.2", "node1": "10.0.0.1", "node2": "10.0.0.2"}, None),  # the cluster's DNS
+    ("horovod", {"vm": "127.0.0.1", "node1": "127.0.0.1", "node2": "127.0.0.1"}, None),  # two slurmd, one machine
+    ("horovod", {"vm": "127.0.0.1"}, None),  # the node names do not resolve here: it cannot tell
+    ("ddp", {"vm": "127.0.1.1", "node1": "10.0.0.1", "node2": "10.0.0.2"}, None),  # torch.distributed: MASTER_ADDR
+])
+def test_multi_node_horovod_on_hosts_named_as_loopback_is_refused_before_the_trainer(engine, names, says) -> None:
+    """Horovod 0.28's Gloo listens on the address the host's name resolves to (scalelab/core/net.py):
+    with a loopback name and a peer on another machine every rank would abort in hvd.init."""
+    got = horovod_hostname_problem(task(5), engine, lookup=names.get, hostname="vm")
+    if says is None:
+        assert got is None
+    else:
+        assert got.startswith("node node2: this host's name 'vm' ") and says in got and "node1" in got
+        assert "10.0.0.1" in got and "/etc/hosts" in got and got.endswith("or run this layout with --engine ddp")
+
+
+def _raise(exc: Exception):
+    raise exc
+
+
+def test_the_rank_function_records_the_hostname_problem_and_starts_no_trainer(tmp_path: Path, monkeypatch) -> None:
+    """Through RankJob itself, as srun runs it: an error record for the launcher, exit 2, no trainer."""
+    import scalelab.slurm.rank as rank
+    from scalelab.core.records import read_errors
+
+    run = tmp_path / "run"
+    (run / "records").mkdir(parents=True)
+    (run / "spec.json").write_text(json.dumps({"engine": {"name": "horovod"}}))
+    for key, value in {"SLURM_JOB_ID": "77", "SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_LOCALID": "0",
+                       "SLURM_NODEID": "1", "SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_NODELIST": "node[1-2]"}.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr(rank.submitit, "JobEnvironment", SlurmJobEnvironment)
+    monkeypatch.setattr(rank.socket, "gethostname", lambda: "vm")
+    hosts = {"vm": "127.0.1.1", "node1": "10.0.0.1"}
+    monkeypatch.setattr(rank.socket, "gethostbyname", lambda name: hosts.get(name) or _raise(OSError(name)))
+    monkeypatch.setattr(rank, "run_trainer", lambda *a, **k: pytest.fail("the trainer was started"))
+    with pytest.raises(SystemExit) as stop:
+        RankJob(run, requeues_left=0)()
+    assert stop.value.code == 2
+    errors = read_errors(run)
+    assert len(errors) == 1 and "'vm' resolves to 127.0.1.1, a loopback address" in errors[0]["message"]
 
 
 def test_the_rank_function_passes_stop_signals_on(tmp_path: Path, monkeypatch) -> None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ipaddress
 import socket
+from collections.abc import Callable, Sequence
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -10,3 +12,42 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+def resolve(name: str) -> str | None:
+    """The IPv4 address `name` resolves to here, or None when it does not resolve."""
+    try:
+        return socket.gethostbyname(name)
+    except OSError:
+        return None
+
+
+def is_loopback(address: str) -> bool:
+    return ipaddress.ip_address(address).is_loopback
+
+
+def gloo_hostname_problem(others: Sequence[str], lookup: Callable[[str], str | None] = resolve,
+                          hostname: str | None = None) -> str | None:
+    """Why other hosts' Horovod ranks could not reach this host's, or None (also when it cannot tell).
+
+    Horovod 0.28's Gloo builds its process sets' connections on the address this host's *name*
+    resolves to, whatever HOROVOD_GLOO_IFACE says (gloo_context.cc, InitializeForProcessSet). A host
+    whose /etc/hosts maps its name to 127.0.x.x (Debian's default) makes every rank abort in hvd.init
+    with "connect [127.0.0.1]: Connection refused". That only matters when a peer is another machine:
+    one of `others` (the peers' host names or addresses) resolves to an address that is not loopback.
+    """
+    name = hostname or socket.gethostname()
+    remote = [(o, a) for o in others if (a := lookup(o)) and not is_loopback(a)]
+    if not remote:
+        return None  # every peer is on this machine (or unknown here): loopback works
+    address = lookup(name)
+    peer, at = remote[0]
+    if address is None:
+        return (f"this host's name {name!r} does not resolve, and Horovod's Gloo needs it to name the address "
+                f"that {peer} ({at}) reaches this host at: add '<this host's address> {name}' to /etc/hosts")
+    if is_loopback(address):
+        return (f"this host's name {name!r} resolves to {address}, a loopback address, while its peer {peer} is at "
+                f"{at}: Horovod's Gloo would listen on {address} and the other hosts' ranks could not connect "
+                f"(every rank aborts in hvd.init). Map {name!r} to this host's address on the cluster's network in "
+                f"/etc/hosts (or DNS), as the other hosts see it")
+    return None

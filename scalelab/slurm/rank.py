@@ -41,7 +41,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, Callable, NoReturn
 
 import submitit
 from submitit.core.utils import temporary_save_path
@@ -49,9 +49,9 @@ from submitit.helpers import Checkpointable, DelayedSubmission
 
 from scalelab.core.devices import GPU_PINNED_ENV, gpu_shortage
 from scalelab.core.errors import SpecError
-from scalelab.core.launch import Slot
+from scalelab.core.launch import Slot, starter_of
 from scalelab.core.launch import rank_env as engine_rank_env
-from scalelab.core.net import free_port
+from scalelab.core.net import free_port, gloo_hostname_problem, resolve
 from scalelab.core.procs import SCRIPT_RUNNER, TRAINER
 from scalelab.core.rundir import RunPaths
 from scalelab.core.writes import write_inside
@@ -115,6 +115,19 @@ def rank_env(task: Task, engine: str, env: dict[str, str]) -> dict[str, str]:
     return out
 
 
+def horovod_hostname_problem(task: Task, engine: str, lookup: Callable[[str], str | None] = resolve,
+                             hostname: str | None = None) -> str | None:
+    """A multi-node Horovod run on hosts whose name maps to loopback fails in every rank's hvd.init (the
+    Gloo bug of scalelab/core/net.py); said here, with the fix, before the trainer starts. Nodes whose
+    names resolve to loopback or not at all (two slurmd on one machine, as in scripts/slurm-cluster.sh)
+    are on this machine, or unknown: no problem is claimed."""
+    if task.nodes < 2 or not starter_of(engine).needs_horovod:
+        return None
+    others = [h for i, h in enumerate(task.hostnames) if i != task.node]
+    problem = gloo_hostname_problem(others, lookup, hostname)
+    return f"node {task.hostname}: {problem}; or run this layout with --engine ddp" if problem else None
+
+
 def record_placement(run_dir: Path, task: Task, env: dict[str, str], added: dict[str, str]) -> None:
     path = Path(run_dir) / PLACEMENT_DIR / f"placement-{task.rank}.jsonl"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -162,7 +175,9 @@ class RankJob(Checkpointable):
         engine, own_code = raw["engine"]["name"], bool(raw.get("script") or raw.get("module"))
         try:
             added = rank_env(task, engine, env)
-        except (ValueError, SpecError) as exc:  # not block-distributed; an engine this installation lacks
+            if problem := horovod_hostname_problem(task, engine):
+                raise SpecError(problem)
+        except (ValueError, SpecError) as exc:  # not block-distributed; too few GPUs; Horovod's hostname
             self._fail(str(exc), 2)
         record_placement(self.run_dir, task, env, added)
         code, got = run_trainer(self.run_dir, added, own_code)
