@@ -244,6 +244,7 @@ MADE_ONCE_PER_MODULE = ("test_aws_bootstrap", "test_aws_two_instances", "test_ca
                         "test_prep", "test_resume", "test_resume_changes")
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups (and runs first otherwise)
 def pytest_collection_modifyitems(config, items):
     """Under pytest-xdist (scripts/test.sh runs the suite on 2 workers), every test that uses the Slurm
     cluster goes to one worker, in order (`--dist loadgroup`): the session fixture starts the cluster once
