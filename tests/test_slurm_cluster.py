@@ -53,16 +53,24 @@ def slurm(*cmd: str) -> str:
     return subprocess.run(list(cmd), capture_output=True, text=True, check=True).stdout
 
 
-def rendezvous_servers(patience_s: float = 20.0) -> list[int]:
-    """Horovod rendezvous servers still alive (each job's must end with it) after up to `patience_s`: on a
-    loaded machine (the suite's other worker busy) the last one may take a few seconds to exit after Slurm
-    has ended the job; one still there after that was left running."""
+def rendezvous_servers(job: str, patience_s: float = 20.0) -> list[int]:
+    """The Horovod rendezvous servers of Slurm job `job` still alive (each job's must end with it) after up
+    to `patience_s`: on a loaded machine the last one may take a few seconds to exit after Slurm has ended
+    the job; one still there after that was left running. Only this job's (SLURM_JOB_ID in the server's
+    environment, from the batch script): the other xdist worker's Slurm tests run their own meanwhile."""
     import psutil
+
+    def of_job(p: psutil.Process) -> bool:
+        try:
+            return p.environ().get("SLURM_JOB_ID") == job
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            return False
 
     deadline = time.time() + patience_s
     while True:
         alive = [p.pid for p in psutil.process_iter(["cmdline", "status"])
-                 if "slurm.rendezvous" in " ".join(p.info["cmdline"] or []) and p.info["status"] != psutil.STATUS_ZOMBIE]
+                 if "slurm.rendezvous" in " ".join(p.info["cmdline"] or []) and p.info["status"] != psutil.STATUS_ZOMBIE
+                 and of_job(p)]
         if not alive or time.time() > deadline:
             return alive
         time.sleep(0.5)
@@ -173,7 +181,7 @@ def test_two_nodes_four_gpus_each(slurm_cluster, tmp_path: Path, engine: str) ->
     last = launch("logs", str(run_dir), "--rank", "7", cwd=tmp_path).stdout  # one rank's task files, whole
     assert f"slurm/{job_of(run_dir)}_7_log.out" in last and "submitit INFO (" in last, last
     assert "[rank 7] step 4  loss" in last  # and its records
-    assert not rendezvous_servers(), "the job left its Horovod rendezvous server running"
+    assert not rendezvous_servers(job_of(run_dir)), "the job left its Horovod rendezvous server running"
 
 
 # ---- sweep: every layout queued at once --------------------------------------------------------
@@ -243,7 +251,7 @@ def test_a_stop_signal_to_launch_leaves_no_job_and_no_process(slurm_cluster, tmp
     _, err = proc.communicate(timeout=240)
     assert proc.returncode == 128 + sig and "every process of the run was stopped" in err, err[-3000:]
     assert "Traceback" not in err
-    assert in_queue(job) == [] and processes_of(run_dir, job) == [] and not rendezvous_servers()
+    assert in_queue(job) == [] and processes_of(run_dir, job) == [] and not rendezvous_servers(job)
     info = json.loads((run_dir / "launch.json").read_text())
     assert info["state"] == "CANCELLED" and signal.Signals(sig).name in info["detail"]
     assert slurm("sacct", "-n", "-X", "-P", "-j", job, "-o", "State").split()[0] == "CANCELLED"
@@ -315,7 +323,7 @@ def test_killed_rank_fails_the_job_and_resume_gives_the_same_losses(tmp_path: Pa
     run_dir = only_run_dir(tmp_path / "runs")
     job = job_of(run_dir)
     assert slurm("sacct", "-n", "-X", "-P", "-j", job, "-o", "State").split()[0] == "FAILED"
-    assert in_queue(job) == [] and processes_of(run_dir, job) == [] and not rendezvous_servers()
+    assert in_queue(job) == [] and processes_of(run_dir, job) == [] and not rendezvous_servers(job)
     assert torch.load(run_dir / CHECKPOINT_NAME, weights_only=True)["step"] == 4
 
     resumed = launch("resume", str(run_dir), cwd=tmp_path, timeout=600)
@@ -364,7 +372,7 @@ def test_scontrol_requeue_checkpoints_and_resumes_to_the_same_losses(tmp_path: P
     _assert_resumed_exactly(run_dir, cluster_reference(engine), engine, from_step=6)
     history = slurm("sacct", "-n", "-X", "-P", "-D", "-j", job, "-o", "State").split()
     assert history == ["REQUEUED", "COMPLETED"]
-    assert processes_of(run_dir, job) == [] and not rendezvous_servers(), "the job left a process running"
+    assert processes_of(run_dir, job) == [] and not rendezvous_servers(job), "the job left a process running"
 
 
 def test_time_limit_warning_checkpoints_and_requeues(slurm_cluster, tmp_path: Path) -> None:
