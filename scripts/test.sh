@@ -11,6 +11,7 @@ scripts/install.sh
 "$PY" scripts/bytecode.py || echo "test: some bytecode could not be written; the suite runs, more slowly" >&2
 # On SCALELAB_TEST_WORKERS pytest-xdist workers (default 2: CI's two cores; 0 runs in this process, as plain
 # pytest does). Most of a test's time is waiting on processes it started (ranks' start-up, rendezvous, Slurm,
-# moto), so two workers overlap it; the Slurm cluster's tests stay together on one worker (tests/conftest.py).
+# moto), so two workers overlap it. They share one Slurm cluster (tests/conftest.py, slurm_cluster); no test
+# groups are set, so `--dist loadgroup` hands the tests out one by one.
 workers=${SCALELAB_TEST_WORKERS:-2}
 exec "$PY" -m pytest -q -n "$workers" --dist loadgroup "$@"

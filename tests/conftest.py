@@ -260,21 +260,7 @@ def run_entry(argv: list[str], monkeypatch, capsys) -> tuple[int, str, str]:
     return code, out.err, out.out
 
 
-# Modules whose tests read what is made once per module (runs of each engine, a study, a wheel and a
-# virtualenv, a Dask cluster, a calibration): a module fixture or cache is made once per xdist worker, so
-# split over two workers it is made twice. Each of these runs whole on one worker instead.
-MADE_ONCE_PER_MODULE = ("test_aws_bootstrap", "test_aws_two_instances", "test_calibration", "test_checkpoint",
-                        "test_faults", "test_html_pages", "test_html_report", "test_issue37", "test_output_loss",
-                        "test_prep", "test_resume", "test_resume_changes")
-
-
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups (and runs first otherwise)
-def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist (scripts/test.sh runs the suite on 2 workers, `--dist loadgroup`), the modules of
-    MADE_ONCE_PER_MODULE are a group each. `--dist loadgroup` hands out the groups with the most tests
-    first, so the long ones start early and the single tests fill in around them. The Slurm cluster's
-    tests are spread like any others (the slurm_cluster fixture says why)."""
-    for item in items:
-        module = item.nodeid.split("::")[0].rsplit("/", 1)[-1].removesuffix(".py")
-        if module in MADE_ONCE_PER_MODULE:
-            item.add_marker(pytest.mark.xdist_group(module))
+# No xdist groups: scripts/test.sh's two workers take the tests one by one (`--dist loadgroup` with no
+# group is that). Modules that make runs once (a module fixture) make them once per worker. Grouping such
+# modules, or the Slurm cluster's tests, on one worker each was measured slower on 2 cores (25-27 min
+# against 23-24: docs/benchmarks.md, "The xdist groups").

@@ -357,7 +357,7 @@ def test_a_killed_launcher_leaves_nothing_running(cloud, wheel, venv, tmp_path):
     env = {**os.environ, **KEYS, "PYTHONPATH": str(ROOT), "AWS_ENDPOINT_URL": cloud["url"], "AWS_DEFAULT_REGION": REGION}
     log = (tmp_path / "launcher.err").open("w")
     launcher = subprocess.Popen(
-        [sys.executable, "-m", "scalelab.launcher.cli", *SPEC, "--engine", "single", "--threads", "1", "--backend", "aws",
+        [sys.executable, "-m", "scalelab.launcher.cli", *SPEC, "--engine", "single", "--backend", "aws",
          "--bucket", bucket, "--region", REGION, "--spot", "--heartbeat-timeout-min", "0.25",
          f"--backend-opt=wheel={wheel}", "--backend-opt=poll_s=0.3", "--runs-dir", "runs"],
         cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=log)

@@ -38,7 +38,7 @@ from scalelab.train.loop import HOLD_AT_STEP_ENV, KILL_AT_STEP_ENV
 STEPS = 8
 SPEC = ["--model", "nmt-tiny", "--data", "task", "--warmup-steps", "1", "--prefetch", "1", "--global-batch", "16",
         "--steps", str(STEPS), "--checkpoint-every", "3", "--lr", "0.01", "--model-arg", "dropout=0.2",
-        "--backend-opt", "stop_grace_s=30"]
+        "--backend-opt", "stop_grace_s=30", "--threads", "1"]  # bit-equal runs need one thread per rank
 ENGINES = {"ddp": ["--engine", "ddp", "--gpus-per-node", "2"], "horovod": ["--engine", "horovod", "--gpus-per-node", "2"]}
 HOROVOD = pytest.param("horovod", marks=needs_horovod)
 PATIENCE_S = 180  # how long a test waits for ranks to reach a step on a busy machine (not a timing check)

@@ -43,7 +43,8 @@ pytestmark = pytest.mark.slow  # every test here starts real ranks (over 5 s on 
 
 STEPS, STOP = 8, 4
 SPEC = ["--model", "nmt-tiny", "--data", "task", "--warmup-steps", "1", "--prefetch", "1", "--global-batch", "16",
-        "--steps", str(STEPS), "--checkpoint-every", "3", "--lr", "0.01", "--model-arg", "dropout=0.2"]
+        "--steps", str(STEPS), "--checkpoint-every", "3", "--lr", "0.01", "--model-arg", "dropout=0.2",
+        "--threads", "1"]  # one thread per rank: bit-equal runs need it (docs/reliability.md, "Exact resume")
 ENGINES = {
     "single": ["--engine", "single"],
     "ddp": ["--engine", "ddp", "--gpus-per-node", "2"],

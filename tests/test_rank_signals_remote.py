@@ -64,7 +64,7 @@ PYTHON_ENV = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
 
 # ---- Slurm -----------------------------------------------------------------------------------------
 
-SLURM = [*SPEC, "--backend", "slurm", "--threads", "1"]
+SLURM = [*SPEC, "--backend", "slurm"]
 
 
 @pytest.mark.parametrize("engine", ["single", "ddp", pytest.param("horovod", marks=needs_horovod), "ps"])

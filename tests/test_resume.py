@@ -29,7 +29,8 @@ from scalelab.train.loop import HOLD_AT_STEP_ENV, KILL_AT_STEP_ENV
 pytestmark = pytest.mark.slow  # every test here takes over 5 s on 2 cores (the fast subset: -m 'not slow')
 
 SPEC = ["--model", "nmt-tiny", "--data", "task", "--warmup-steps", "1", "--prefetch", "1", "--global-batch", "16",
-        "--steps", "10", "--checkpoint-every", "4", "--lr", "0.01", "--model-arg", "dropout=0.2"]
+        "--steps", "10", "--checkpoint-every", "4", "--lr", "0.01", "--model-arg", "dropout=0.2",
+        "--threads", "1"]  # one thread per rank: bit-equal runs need it (docs/reliability.md, "Exact resume")
 ENGINES = {
     "single": ["--engine", "single"],
     "ddp": ["--engine", "ddp", "--gpus-per-node", "2"],
@@ -226,12 +227,3 @@ def test_resume_keeps_the_batch_shares_of_dynamic_balancing(tmp_path):
             want = next(shares for first, shares in reversed(planned) if s["step"] >= first)
             assert s["samples"] == want[rank], (rank, s["step"], planned)
 
-
-def test_this_module_runs_whole_on_one_xdist_worker(request):
-    """The reference runs above are made once per worker: scripts/test.sh's `--dist loadgroup` keeps this
-    module on one worker through the group tests/conftest.py gives it. pytest 9.2 with xdist 3.8 dropped the
-    groups silently (xdist#1386), and a conftest hook running after xdist's reads none; both spread
-    every module (and the Slurm cluster's tests) over both workers."""
-    if not getattr(request.config.option, "loadgroup", False):
-        pytest.skip("not run under pytest-xdist's --dist loadgroup (scripts/test.sh's way)")
-    assert request.node.nodeid.endswith("@test_resume")

@@ -46,7 +46,7 @@ from scalelab.train.loop import HOLD_AT_STEP_ENV, KILL_AT_STEP_ENV
 pytestmark = pytest.mark.slow  # every test here takes over 5 s on 2 cores (the fast subset: -m 'not slow')
 
 TINY = ["--backend", "slurm", "--model", "nmt-tiny", "--threads", "1", "--warmup-steps", "1"]
-EXACT = [*SPEC, "--backend", "slurm", "--threads", "1"]  # tests/test_resume.py's runs, on the cluster
+EXACT = [*SPEC, "--backend", "slurm"]  # tests/test_resume.py's runs, on the cluster
 
 
 def slurm(*cmd: str) -> str:
