@@ -201,6 +201,7 @@ def small_fs(tmp_path):
 
 
 SLURM_SCRIPT = ROOT / "scripts" / "slurm-cluster.sh"
+SLURM_LOCK = Path("/tmp/scalelab-test-slurm-cluster.lock")  # held while a worker checks or starts the cluster
 SLURM_STARTED_BY = Path("/tmp/scalelab-test-slurm-cluster.started-by")  # the test run that started the cluster
 TEST_RUN_ENV = "SCALELAB_TEST_RUN"  # one id per pytest run, set in the controller, inherited by xdist's workers
 
@@ -223,7 +224,7 @@ def slurm_cluster():
 
     if not sys.platform.startswith("linux"):
         pytest.skip("the test Slurm cluster needs Linux")
-    with open("/tmp/scalelab-test-slurm-cluster.lock", "w") as lock:
+    with SLURM_LOCK.open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if subprocess.run(["bash", str(SLURM_SCRIPT), "status"], capture_output=True, text=True).returncode != 0:
             done = subprocess.run(["bash", str(SLURM_SCRIPT), "start"], capture_output=True, text=True, timeout=900)

@@ -226,4 +226,3 @@ def test_resume_keeps_the_batch_shares_of_dynamic_balancing(tmp_path):
         for s in steps[:4]:  # steps 5-8; changes decided after the resume act from step 10 on
             want = next(shares for first, shares in reversed(planned) if s["step"] >= first)
             assert s["samples"] == want[rank], (rank, s["step"], planned)
-

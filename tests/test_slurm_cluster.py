@@ -60,17 +60,11 @@ def rendezvous_servers(job: str, patience_s: float = 20.0) -> list[int]:
     environment, from the batch script): the other xdist worker's Slurm tests run their own meanwhile."""
     import psutil
 
-    def of_job(p: psutil.Process) -> bool:
-        try:
-            return p.environ().get("SLURM_JOB_ID") == job
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-            return False
-
     deadline = time.time() + patience_s
     while True:
         alive = [p.pid for p in psutil.process_iter(["cmdline", "status"])
                  if "slurm.rendezvous" in " ".join(p.info["cmdline"] or []) and p.info["status"] != psutil.STATUS_ZOMBIE
-                 and of_job(p)]
+                 and _job_id_of(p) == job]
         if not alive or time.time() > deadline:
             return alive
         time.sleep(0.5)
@@ -118,13 +112,20 @@ def processes_of(run_dir: Path, job: str) -> list[str]:
 
     found = []
     for p in psutil.process_iter(["pid", "cmdline", "status"]):
-        try:
-            cmd = " ".join(p.info["cmdline"] or [])
-            if p.info["status"] != psutil.STATUS_ZOMBIE and (str(run_dir) in cmd or p.environ().get("SLURM_JOB_ID") == job):
-                found.append(f"{p.pid} {cmd[:160]}")
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-            continue
+        cmd = " ".join(p.info["cmdline"] or [])
+        if p.info["status"] != psutil.STATUS_ZOMBIE and (str(run_dir) in cmd or _job_id_of(p) == job):
+            found.append(f"{p.pid} {cmd[:160]}")
     return found
+
+
+def _job_id_of(p) -> str | None:
+    """The Slurm job a process belongs to (SLURM_JOB_ID in its environment), None if none or gone."""
+    import psutil
+
+    try:
+        return p.environ().get("SLURM_JOB_ID")
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return None
 
 
 def in_queue(job: str) -> list[str]:

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import json
 import os
-import ipaddress
 import signal
 import socket
 import subprocess
@@ -40,6 +39,7 @@ import urllib.request
 from pathlib import Path
 
 from scalelab.core.launch import NodeLaunch, Site, launch_plan, starter_of
+from scalelab.core.net import is_loopback
 from scalelab.core.rundir import CHECKPOINT_FILE, LOGS_DIR, RECORDS_DIR, SPEC_FILE, RunPaths
 from scalelab.core.spec import Spec, read_spec
 from scalelab.core.writes import open_inside
@@ -367,7 +367,7 @@ def hostname_problem(private_ip: str) -> str | None:
     except OSError as exc:
         return (f"this instance's hostname {name!r} does not resolve ({exc}); Horovod's Gloo needs it to name "
                 f"the private address {private_ip}: add '{private_ip} {name}' to /etc/hosts in the AMI or user data")
-    if ipaddress.ip_address(address).is_loopback:
+    if is_loopback(address):
         return (f"this instance's hostname {name!r} resolves to {address}, a loopback address: Horovod's Gloo would "
                 f"listen there and the other instances' ranks could not connect (every rank aborts in hvd.init). "
                 f"Use an AMI whose hostname resolves through the VPC's DNS, or map it to the private address "
