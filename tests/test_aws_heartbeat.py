@@ -27,6 +27,7 @@ from scalelab.aws.bootstrap import (  # noqa: E402
     LauncherWatch,
     Sync,
     final_state,
+    late_stop_reason,
     stop_reason,
 )
 from scalelab.aws.render import make_plan, user_data  # noqa: E402
@@ -127,6 +128,25 @@ def test_a_peers_notice_is_found_and_this_instances_own_is_not(node):
     sync.put_json("events/gen-0/i-0second.json", {"event": "spot_interruption"})
     sync.put_json("events/gen-1/i-0third.json", {"event": "spot_interruption"})  # another generation's
     assert sync.peer_notice() == "i-0second"
+
+
+def test_ranks_stopped_by_another_nodes_cancel_before_this_node_saw_it_say_the_cancel(node):
+    """The ranks agree on a stop step, so the node that sees `launch cancel` first stops every node's ranks;
+    one that had not polled yet must still say why they stopped (a CI run's Horovod node said None)."""
+    sync, _ = node
+    leader_status = "status/gen-0/i-leader.json"
+    assert late_stop_reason(sync, sync.cfg, object(), "i-leader") is None  # nothing asked: no reason
+    assert late_stop_reason(sync, sync.cfg, None, "i-leader") is None  # a Horovod node, no leader status yet
+    sync.put_json("control/stop", {})
+    assert late_stop_reason(sync, sync.cfg, object(), "i-leader") == STOP_REQUESTED
+    assert final_state(object(), 0, STOP_REQUESTED, True) == "interrupted"  # ranks that stopped early on it
+    assert final_state(object(), 0, STOP_REQUESTED, False) == "completed"  # a cancel after the last step
+    sync.put_json(leader_status, {"state": "completed", "reason": None})
+    assert late_stop_reason(sync, sync.cfg, None, "i-leader") is None  # a Horovod node says what its leader says
+    sync.put_json(leader_status, {"state": "interrupted", "reason": SPOT_NOTICE})
+    assert late_stop_reason(sync, sync.cfg, None, "i-leader") == SPOT_NOTICE
+    sync.s3.put_object(Bucket=sync.cfg.bucket, Key=sync.cfg.key(leader_status), Body=b"{cut")
+    assert late_stop_reason(sync, sync.cfg, None, "i-leader") is None  # a torn status is no answer, not a crash
 
 
 @pytest.mark.parametrize("has_proc, code, reason, stopped, state", [

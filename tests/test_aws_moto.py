@@ -429,6 +429,25 @@ def test_a_cancel_from_elsewhere_ends_the_followed_run_once_the_leader_saved_and
     assert left(cloud, run_dir.name) == NOTHING
 
 
+def test_instances_ended_by_a_cancel_before_their_statuses_arrived_are_not_replaced(cloud, tmp_path):
+    """`launch cancel` elsewhere put its stop request and terminated the instances before either's final
+    status reached S3 (the follower then read them as lost capacity and asked for a new generation: AWS
+    refused it, the cancel had deleted the security group; a CI run of tests/test_aws_two_instances.py).
+    A stop request in S3 means a cancel: CANCELLED, nothing replaced; without one the same sight is an
+    interruption (the spot tests below)."""
+    be = backend(cloud, instance_type="g3.4xlarge", spot=True)
+    run_dir = run_dir_for(tmp_path)
+    be.schedule(be.submit_dryrun(make_spec(nodes=2), run_dir))
+    fake = FakeNodes(cloud, run_dir)
+    nodes = fake.heartbeat(0)
+    fake.put("control/stop", b"cancel")
+    cloud["ec2"].terminate_instances(InstanceIds=[n["InstanceId"] for n in nodes])
+    status = wait(be, run_dir)
+    assert status.state == "CANCELLED" and "launch cancel" in status.detail, status.detail
+    assert td.instances(cloud["ec2"], run_dir.name, None, 1) == []  # no replacement generation
+    assert left(cloud, run_dir.name) == NOTHING
+
+
 def test_a_failure_beside_a_stop_request_is_said_as_the_failure(cloud, tmp_path):
     """One instance failed (its error said), the other stopped on a stop request: the run FAILED with the
     error, not CANCELLED with "every rank stopped with a checkpoint"."""

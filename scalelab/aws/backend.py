@@ -286,18 +286,21 @@ class AwsBackend(Backend):
         if failed:
             return RunStatus(FAILED, "; ".join(f"{i}: {s.get('error') or 'exit code ' + str(s.get('exit_code'))}"
                                                  for i, s in failed.items()))
-        if any(s.get("reason") == STOP_REQUESTED for s in statuses.values()):  # `launch cancel` from elsewhere:
-            # its ranks stopped on the stop request; not an interruption to replace (that started a new
-            # generation while the cancel tore the run down, found on two played instances). Ended once the
-            # leader has said it saved (or is gone): the teardown must not cut its checkpoint's upload.
+        gone = [n for n in nodes if n["State"]["Name"] in GONE_STATES
+                and statuses.get(n["InstanceId"], {}).get("state") not in ("completed", "cancelled")
+                and statuses.get(n["InstanceId"], {}).get("notice_on") in (None, n["InstanceId"])]  # not a peer's
+        stopping = notices or gone or lead == "interrupted"
+        if any(s.get("reason") == STOP_REQUESTED for s in statuses.values()) or (stopping and self._stop_asked(info)):
+            # `launch cancel` from elsewhere: its ranks stopped on the stop request; not an interruption to
+            # replace (that started a new generation while the cancel tore the run down, found on two played
+            # instances; and again when the cancel's teardown ended the instances before their statuses
+            # reached this mirror). Ended once the leader has said it saved (or is gone): the teardown must
+            # not cut its checkpoint's upload.
             if lead is None and leader not in {n["InstanceId"] for n in nodes if n["State"]["Name"] in GONE_STATES}:
                 return None
             return RunStatus(CANCELLED, f"cancelled (`launch cancel`); every rank stopped with a checkpoint; "
                                         f"`launch resume {run_dir}` continues it")
-        gone = [n for n in nodes if n["State"]["Name"] in GONE_STATES
-                and statuses.get(n["InstanceId"], {}).get("state") not in ("completed", "cancelled")
-                and statuses.get(n["InstanceId"], {}).get("notice_on") in (None, n["InstanceId"])]  # not a peer's
-        if notices or gone or lead == "interrupted":
+        if stopping:
             first = info.setdefault("interrupted_at", now)
             update_state(run_dir, interrupted_at=first)
             if lead is None and now - first < float(self.options["interruption_grace_s"]) and leader not in {n["InstanceId"] for n in gone}:
@@ -312,6 +315,19 @@ class AwsBackend(Backend):
         if now - float(info["started"]) > float(self.options["timeout_min"]) * 60:
             return RunStatus(FAILED, f"time limit of {self.options['timeout_min']} min reached (--time-limit-min)")
         return None
+
+    def _stop_asked(self, info: dict) -> bool:
+        """Whether `launch cancel` put its stop request in S3 (asked before replacing anything: S3 itself,
+        not this run directory's mirror, which keeps an earlier cancel's request after a resume)."""
+        from botocore.exceptions import ClientError
+
+        try:
+            self.client("s3", info["region"]).head_object(Bucket=info["bucket"], Key=f"{info['prefix']}/{STOP_REQUEST}")
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                return False
+            raise
+        return True
 
     def _replace(self, run_dir: Path, gen: int, nodes: list[dict], notices: dict, gone: list[dict]) -> RunStatus | None:
         """Record the interruption, end the generation, start the next one from the checkpoint."""

@@ -214,6 +214,14 @@ class Sync:
     def put_json(self, key: str, doc: dict) -> None:
         self.s3.put_object(Bucket=self.cfg.bucket, Key=self.cfg.key(key), Body=json.dumps(doc).encode())
 
+    def get_json(self, key: str) -> dict | None:
+        """The object's JSON, None when it is missing or not a JSON object."""
+        try:
+            doc = json.loads(self.s3.get_object(Bucket=self.cfg.bucket, Key=self.cfg.key(key))["Body"].read())
+        except Exception:  # noqa: BLE001 - botocore NoSuchKey, a cut upload: no answer
+            return None
+        return doc if isinstance(doc, dict) else None
+
     def exists(self, key: str) -> bool:
         try:
             self.s3.head_object(Bucket=self.cfg.bucket, Key=self.cfg.key(key))
@@ -467,6 +475,7 @@ def run(cfg: Config, s3=None, ec2=None) -> int:
     sync.push()
     if reason is None and cfg.nodes > 1 and (peer := sync.peer_notice()):
         reason = SPOT_NOTICE  # the warned instance's ranks stopped ours (they agree on a step) before we saw it
+    reason = reason or late_stop_reason(sync, cfg, proc, ids[0])
     if peer:
         print(f"scalelab: the ranks stopped because instance {peer} got a spot notice", file=sys.stderr, flush=True)
     state = final_state(proc, code, reason, ranks_stopped_early(cfg.run_dir), ranks_stopped_on_a_signal(cfg.run_dir))
@@ -486,6 +495,16 @@ def stop_reason(sync: Sync, notice: dict | None, watch: LauncherWatch, peer: str
     if sync.exists(STOP_REQUEST):
         return STOP_REQUESTED
     return LAUNCHER_LOST if watch.gone() else None
+
+
+def late_stop_reason(sync: Sync, cfg: Config, proc: subprocess.Popen | None, leader_id: str) -> str | None:
+    """Why this node's ranks stopped when they ended before this node's own poll saw why: the ranks agree on
+    a stop step, so the node that saw a `launch cancel` first stops every node's ranks. A Horovod node without
+    ranks of its own says what the leader's final status says; any other says a stop request if there is one
+    (final_state still calls a run whose ranks had finished 'completed')."""
+    if proc is None:
+        return (sync.get_json(f"status/gen-{cfg.generation}/{leader_id}.json") or {}).get("reason")
+    return STOP_REQUESTED if sync.exists(STOP_REQUEST) else None
 
 
 def stop_ranks(sync: Sync, cfg: Config, proc: subprocess.Popen | None, reason: str, notice: dict | None,
