@@ -14,4 +14,7 @@ scripts/install.sh
 # moto), so two workers overlap it. They share one Slurm cluster (tests/conftest.py, slurm_cluster); no test
 # groups are set, so `--dist loadgroup` hands the tests out one by one.
 workers=${SCALELAB_TEST_WORKERS:-2}
+# Waiting OpenMP threads sleep rather than spin on the busy cores (tests/conftest.py says why; set here too so
+# that the workers' own PyTorch reads it before anything imports it).
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
 exec "$PY" -m pytest -q -n "$workers" --dist loadgroup "$@"

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,10 @@ ROOT = Path(__file__).resolve().parents[1]
 # A developer's own ~/.config/scalelab/config.yaml must not change what the tests see (scalelab/core/config.py);
 # tests/test_config_file.py sets it where it tests the files.
 os.environ.setdefault("SCALELAB_CONFIG", "off")
+# OpenMP threads that wait for work sleep instead of spinning. The suite keeps both cores busy, and a rank with
+# 2 intra-op threads then burned 3x the CPU and took 2.5x as long spinning (docs/benchmarks.md, "OpenMP's
+# wait"); the result of every operation is the same (the threads and their share of the work do not change).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 def launch(*args: str, cwd: Path, env: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
@@ -63,20 +68,49 @@ def on_cpu_where_gpus_are_short(args: tuple[str, ...]) -> tuple[str, ...]:
     return (*args, "--device", "cpu") if 0 < gpus < ranks else args
 
 
+def made_once(tmp_path_factory, key: list[str], make: Callable[[Path], Path]) -> Path:
+    """What `make(where)` returns, made once in the whole pytest run and then only read (or copied) by tests.
+
+    Under pytest-xdist the first worker that asks makes it, under a file lock in the folder the workers'
+    temporary folders share; a worker that asks meanwhile waits for it instead of making its own. A module
+    fixture alone made it once per worker: an uninterrupted reference run (5-10 s of CPU) or a wheel, twice
+    in most runs of the suite, on 2 cores that the suite keeps busy (docs/benchmarks.md). `key` names what
+    is made (the module and the run's arguments); a `make` that failed is tried again by the next test."""
+    import fcntl
+    import hashlib
+    import shutil
+
+    base = tmp_path_factory.getbasetemp()
+    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "made-once"
+    root.mkdir(exist_ok=True)
+    name = hashlib.sha256("\0".join(key).encode()).hexdigest()[:16]
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        done = root / f"{name}.done"
+        if done.exists():
+            return Path(done.read_text())
+        where = root / name
+        shutil.rmtree(where, ignore_errors=True)  # what a failed `make` left
+        where.mkdir()
+        made = make(where)
+        done.write_text(str(made))
+        return made
+
+
+def launched_once(tmp_path_factory, prefix: str, *args: str) -> Path:
+    """The run directory of `launch ARGS... --runs-dir runs`, launched once in the pytest run (made_once)."""
+    def make(where: Path) -> Path:
+        proc = launch(*args, "--runs-dir", "runs", cwd=where)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return only_run_dir(where / "runs")
+
+    return made_once(tmp_path_factory, [prefix, *args], make)
+
+
 def runs_made_once(tmp_path_factory, spec: list[str], engines: dict[str, list[str]], prefix: str):
-    """`get(engine)`: a run of `spec` on that engine, launched the first time it is asked for and reused by
-    every later test of the module (a module fixture returns it); tests that change a run work on copies."""
-    made: dict[str, Path] = {}
-
-    def get(engine: str) -> Path:
-        if engine not in made:
-            where = tmp_path_factory.mktemp(f"{prefix}-{engine}")
-            proc = launch(*spec, *engines[engine], "--runs-dir", "runs", cwd=where)
-            assert proc.returncode == 0, proc.stderr[-3000:]
-            made[engine] = only_run_dir(where / "runs")
-        return made[engine]
-
-    return get
+    """`get(engine)`: a run of `spec` on that engine, launched the first time any test of the pytest run asks
+    for it and reused by every later one (made_once); tests that change a run work on copies."""
+    return lambda engine: launched_once(tmp_path_factory, prefix, *spec, *engines[engine])
 
 
 def only_run_dir(runs: Path) -> Path:

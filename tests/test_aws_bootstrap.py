@@ -42,7 +42,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, build_wheel, launch, only_run_dir
+from conftest import ROOT, build_wheel, launch, made_once, only_run_dir
 
 boto3 = pytest.importorskip("boto3", reason="boto3 is not installed: pip install boto3")
 pytest.importorskip("moto.server", reason='moto server is not installed: pip install "moto[server]"')
@@ -113,10 +113,13 @@ def steps_written(records: Path) -> int:
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("wheel")
-    proc = build_wheel(out)
-    assert proc.returncode == 0, proc.stderr
-    return out / PACKAGE_NAME
+    """This tree's wheel, built once in the pytest run (conftest's made_once) for every module that ships it."""
+    def make(out: Path) -> Path:
+        proc = build_wheel(out)
+        assert proc.returncode == 0, proc.stderr
+        return out / PACKAGE_NAME
+
+    return made_once(tmp_path_factory, ["wheel", str(ROOT)], make)
 
 
 @pytest.fixture(scope="module")

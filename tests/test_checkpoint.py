@@ -18,7 +18,7 @@ import shutil
 import pytest
 import torch
 
-from tests.conftest import launch, only_run_dir
+from tests.conftest import launch, launched_once, only_run_dir
 from scalelab.train.checkpoint import (
     CHECKPOINT_NAME,
     CheckpointError,
@@ -32,11 +32,9 @@ TWO_STEPS = [*TINY, "--steps", "2"]
 
 @pytest.fixture(scope="module")
 def nmt_run(tmp_path_factory):
-    """A finished 2-step nmt-tiny run with its checkpoint; tests copy it before changing anything."""
-    where = tmp_path_factory.mktemp("nmt")
-    proc = launch("--model", "nmt-tiny", *TWO_STEPS, "--runs-dir", "runs", cwd=where)
-    assert proc.returncode == 0, proc.stderr
-    return only_run_dir(where / "runs")
+    """A finished 2-step nmt-tiny run with its checkpoint, made once in the pytest run (conftest's made_once);
+    tests copy it before changing anything."""
+    return launched_once(tmp_path_factory, "checkpoint", "--model", "nmt-tiny", *TWO_STEPS)
 
 
 def _copy(run, tmp_path):

@@ -31,7 +31,7 @@ import torch
 
 from scalelab.core.lock import OWNER_FILE
 from scalelab.core.procs import ProcessRef, run_processes
-from tests.conftest import ROOT, launch, needs_horovod, on_cpu_where_gpus_are_short, read_jsonl
+from tests.conftest import ROOT, launch, needs_horovod, on_cpu_where_gpus_are_short, read_jsonl, runs_made_once
 from scalelab.train.checkpoint import CHECKPOINT_NAME
 from scalelab.train.loop import HOLD_AT_STEP_ENV, KILL_AT_STEP_ENV
 
@@ -139,18 +139,8 @@ def _checkpoint_step(run: Path) -> int:
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-    """The uninterrupted run of each engine, made once for the module."""
-    made = {}
-
-    def get(engine: str) -> Path:
-        if engine not in made:
-            where = tmp_path_factory.mktemp(f"reference-{engine}")
-            proc = launch(*SPEC, *ENGINES[engine], "--runs-dir", "runs", cwd=where)
-            assert proc.returncode == 0, proc.stderr
-            made[engine] = _run_dir(where / "runs")
-        return made[engine]
-
-    return get
+    """The uninterrupted run of each engine, made once in the pytest run (conftest's made_once)."""
+    return runs_made_once(tmp_path_factory, SPEC, ENGINES, "faults-reference")
 
 
 def _resume_matches(run: Path, whole: Path, from_step: int) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import launch, only_run_dir
+from tests.conftest import launch, made_once, only_run_dir
 
 TINY = ["--model", "nmt-tiny", "--data", "task", "--warmup-steps", "1", "--prefetch", "1"]
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -26,7 +26,11 @@ def _dom(page: Path, tmp: Path) -> str:
 
 @pytest.fixture(scope="module")
 def html_report(tmp_path_factory) -> Path:
-    tmp = tmp_path_factory.mktemp("html")
+    """A DDP run's report page, made once in the pytest run (conftest's made_once); the tests only read it."""
+    return made_once(tmp_path_factory, ["html-report", *TINY], _make_report)
+
+
+def _make_report(tmp: Path) -> Path:
     runs = tmp / "runs"
     proc = launch(*TINY, "--engine", "ddp", "--gpus-per-node", "2", "--steps", "12", "--val-every", "4",
                   "--loss-threshold", "100", "--profile-steps", "2:3", "--runs-dir", str(runs), cwd=tmp)

@@ -22,7 +22,15 @@ import time
 import pytest
 import torch
 
-from tests.conftest import ROOT, launch, needs_horovod, on_cpu_where_gpus_are_short, only_run_dir, read_jsonl
+from tests.conftest import (
+    ROOT,
+    launch,
+    launched_once,
+    needs_horovod,
+    on_cpu_where_gpus_are_short,
+    only_run_dir,
+    read_jsonl,
+)
 from scalelab.train.checkpoint import CHECKPOINT_NAME
 from scalelab.train.loop import HOLD_AT_STEP_ENV, KILL_AT_STEP_ENV
 
@@ -51,17 +59,8 @@ def _start(where, engine, *extra, env=None):
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-    """The uninterrupted run of each engine, made once for the module."""
-    made = {}
-
-    def get(engine, *extra):
-        if (engine, *extra) not in made:
-            proc, runs = _start(tmp_path_factory.mktemp("reference") / engine, engine, *extra)
-            assert proc.returncode == 0, proc.stderr
-            made[(engine, *extra)] = only_run_dir(runs)
-        return made[(engine, *extra)]
-
-    return get
+    """The uninterrupted run of each engine, made once in the pytest run (conftest's made_once)."""
+    return lambda engine, *extra: launched_once(tmp_path_factory, "resume-reference", *SPEC, *ENGINES[engine], *extra)
 
 
 def _world(engine):
