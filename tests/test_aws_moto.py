@@ -448,6 +448,42 @@ def test_instances_ended_by_a_cancel_before_their_statuses_arrived_are_not_repla
     assert left(cloud, run_dir.name) == NOTHING
 
 
+def test_a_cancel_after_the_nodes_started_their_ranks_waits_for_the_checkpoint_before_any_record(cloud, tmp_path,
+                                                                                                  capsys):
+    """The nodes' heartbeats are in S3 (their agents started the ranks) but no record yet (records reach S3 a
+    poll or more later): `launch cancel` must still wait for the leader's checkpoint. It took "no records" for
+    "nothing to save" and terminated the instances at once, cutting the checkpoint of ranks already at step 6
+    (a CI run of tests/test_aws_two_instances.py). With neither, it stops at once (the test below the SIGINT)."""
+    be = backend(cloud, instance_type="g3.4xlarge")
+    run_dir = run_dir_for(tmp_path)
+    be.schedule(be.submit_dryrun(make_spec(nodes=2), run_dir))
+    fake = FakeNodes(cloud, run_dir)
+    first, _ = fake.heartbeat(0)
+    polls = {"n": 0}
+
+    class LeaderSavesLater:
+        """moto's S3, where the leader's final status appears at the cancel's third look for it."""
+
+        def list_objects_v2(self, **kw):
+            if kw["Prefix"].endswith(f"status/gen-0/{first['InstanceId']}.json"):
+                polls["n"] += 1
+                if polls["n"] == 3:
+                    fake.put(f"status/gen-0/{first['InstanceId']}.json", {"state": "interrupted",
+                                                                          "reason": "stop_requested"})
+            return cloud["s3"].list_objects_v2(**kw)
+
+        def __getattr__(self, name):
+            return getattr(cloud["s3"], name)
+
+    other = AwsBackend({**backend(cloud).options, "poll_s": 0.2, "interruption_grace_s": 60.0},
+                       clients={"ec2": cloud["ec2"], "s3": LeaderSavesLater()})
+    cancel(other, run_dir)
+    said = capsys.readouterr().err
+    assert "asked the ranks of its 2 started instance(s) to checkpoint" in said and "no rank has started" not in said, said
+    assert polls["n"] >= 3, "it did not wait for the leader's status"
+    assert left(cloud, run_dir.name) == NOTHING
+
+
 def test_a_failure_beside_a_stop_request_is_said_as_the_failure(cloud, tmp_path):
     """One instance failed (its error said), the other stopped on a stop request: the run FAILED with the
     error, not CANCELLED with "every rank stopped with a checkpoint"."""

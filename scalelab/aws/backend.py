@@ -469,12 +469,17 @@ class AwsBackend(Backend):
         if not up:
             return  # nothing runs that could save anything (an ended run, `launch cancel` again)
         ranks = _ranks_started(s3, info["bucket"], f"{info['prefix']}/records/gen-{gen}/")
-        if not ranks or grace_s <= 0 or STOP_NOW.is_set():
-            why = ("no rank has started yet (no records in S3), so there is no checkpoint to wait for" if not ranks
-                   else "not waiting for a checkpoint")
+        # A node's heartbeat says its agent has started the ranks; their records reach S3 a poll or more
+        # later, so a cancel just after the ranks' first steps found no records and cut the checkpoint
+        # (a CI run of tests/test_aws_two_instances.py). A running agent answers the request in a poll.
+        agents = ranks or _agents_started(s3, info["bucket"], f"{info['prefix']}/status/gen-{gen}/")
+        if not agents or grace_s <= 0 or STOP_NOW.is_set():
+            why = ("no rank has started yet (no records nor node heartbeats in S3), so there is no checkpoint to "
+                   "wait for" if not agents else "not waiting for a checkpoint")
             _say(f"stopping run {info['run_id']}: {why}; terminating its {len(up)} instance(s) now")
             return
-        _say(f"stopping run {info['run_id']}: asked its {ranks} rank(s) to checkpoint; waiting up to {grace_s:g} s "
+        whose = f"its {ranks} rank(s)" if ranks else f"the ranks of its {agents} started instance(s)"
+        _say(f"stopping run {info['run_id']}: asked {whose} to checkpoint; waiting up to {grace_s:g} s "
              f"(interruption_grace_s) for the leader to save it to S3, then terminating its {len(up)} instance(s); "
              "Ctrl-C again terminates them at once, without the checkpoint")
         leader = min(td.instances(ec2, info["run_id"], None, gen), key=node_order, default=None)
@@ -518,6 +523,12 @@ def _ranks_started(s3, bucket: str, prefix: str) -> int:
     """How many ranks of the generation have records in S3: only those can have something to save."""
     listing = s3.list_objects_v2(Bucket=bucket, Prefix=prefix)
     return sum(1 for o in listing.get("Contents", []) if o["Key"].endswith(".jsonl") and o.get("Size", 1) > 0)
+
+
+def _agents_started(s3, bucket: str, prefix: str) -> int:
+    """How many nodes of the generation have a heartbeat in S3: their agents have started the ranks."""
+    listing = s3.list_objects_v2(Bucket=bucket, Prefix=prefix)
+    return sum(1 for o in listing.get("Contents", []) if o["Key"].endswith(".heartbeat.json"))
 
 
 def _next_generation(s3, plan: Plan) -> int:
