@@ -37,7 +37,7 @@ from typing import Any, Iterator
 
 from scalelab.aws import mirror, render
 from scalelab.aws import teardown as td
-from scalelab.aws.bootstrap import LAUNCHER_HEARTBEAT, LAUNCHER_LOST, STOP_REQUEST, STOP_REQUESTED, node_order
+from scalelab.aws.bootstrap import LAUNCHER_HEARTBEAT, LAUNCHER_LOST, STOP_REQUEST, STOP_REQUESTED, is_missing, node_order
 from scalelab.aws.options import AwsOptions
 from scalelab.aws.render import AwsRequest, Plan
 from scalelab.core.errors import ScalelabError, SpecError
@@ -324,7 +324,7 @@ class AwsBackend(Backend):
         try:
             self.client("s3", info["region"]).head_object(Bucket=info["bucket"], Key=f"{info['prefix']}/{STOP_REQUEST}")
         except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+            if is_missing(exc):
                 return False
             raise
         return True
@@ -468,11 +468,11 @@ class AwsBackend(Backend):
         up = td.instances(ec2, info["run_id"], ["pending", "running"])
         if not up:
             return  # nothing runs that could save anything (an ended run, `launch cancel` again)
-        ranks = _ranks_started(s3, info["bucket"], f"{info['prefix']}/records/gen-{gen}/")
+        ranks = _ranks_started(s3, info["bucket"], f"{info['prefix']}/", gen)
         # A node's heartbeat says its agent has started the ranks; their records reach S3 a poll or more
         # later, so a cancel just after the ranks' first steps found no records and cut the checkpoint
         # (a CI run of tests/test_aws_two_instances.py). A running agent answers the request in a poll.
-        agents = ranks or _agents_started(s3, info["bucket"], f"{info['prefix']}/status/gen-{gen}/")
+        agents = ranks or _agents_started(s3, info["bucket"], f"{info['prefix']}/", gen)
         if not agents or grace_s <= 0 or STOP_NOW.is_set():
             why = ("no rank has started yet (no records nor node heartbeats in S3), so there is no checkpoint to "
                    "wait for" if not agents else "not waiting for a checkpoint")
@@ -519,16 +519,20 @@ def _say(message: str) -> None:
     print(f"launch: {message}", file=sys.stderr, flush=True)
 
 
-def _ranks_started(s3, bucket: str, prefix: str) -> int:
+def _ranks_started(s3, bucket: str, prefix: str, gen: int) -> int:
     """How many ranks of the generation have records in S3: only those can have something to save."""
-    listing = s3.list_objects_v2(Bucket=bucket, Prefix=prefix)
-    return sum(1 for o in listing.get("Contents", []) if o["Key"].endswith(".jsonl") and o.get("Size", 1) > 0)
+    return _count(s3, bucket, f"{prefix}records/gen-{gen}/", ".jsonl")
 
 
-def _agents_started(s3, bucket: str, prefix: str) -> int:
+def _agents_started(s3, bucket: str, prefix: str, gen: int) -> int:
     """How many nodes of the generation have a heartbeat in S3: their agents have started the ranks."""
+    return _count(s3, bucket, f"{prefix}status/gen-{gen}/", ".heartbeat.json")
+
+
+def _count(s3, bucket: str, prefix: str, suffix: str) -> int:
+    """How many non-empty objects under `prefix` end with `suffix` (one listing page: a run's few files)."""
     listing = s3.list_objects_v2(Bucket=bucket, Prefix=prefix)
-    return sum(1 for o in listing.get("Contents", []) if o["Key"].endswith(".heartbeat.json"))
+    return sum(1 for o in listing.get("Contents", []) if o["Key"].endswith(suffix) and o.get("Size", 1) > 0)
 
 
 def _next_generation(s3, plan: Plan) -> int:

@@ -167,6 +167,11 @@ def trainer_command(spec: Spec, python: str, run_dir: Path, hosts: list[str], in
 # ---- S3 sync ------------------------------------------------------------------------------------
 
 
+def is_missing(exc: Exception) -> bool:
+    """Whether a botocore ClientError says the object is not there (S3 answers 404 three ways)."""
+    return getattr(exc, "response", {}).get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound")
+
+
 class Sync:
     """Uploads what changed: records of this generation, this node's log, the leader's checkpoint."""
 
@@ -236,7 +241,7 @@ class Sync:
         try:
             return self.s3.head_object(Bucket=self.cfg.bucket, Key=self.cfg.key(key))["ETag"]
         except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+            if is_missing(exc):
                 return None
             raise
 
@@ -277,7 +282,7 @@ def prepare_run_dir(s3, cfg: Config) -> bool:
         s3.download_file(cfg.bucket, cfg.key(CHECKPOINT_FILE), str(paths.checkpoint))
         return True
     except ClientError as exc:
-        if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+        if is_missing(exc):
             return False
         raise
 
