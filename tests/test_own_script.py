@@ -359,6 +359,41 @@ def test_track_records_the_trainers_step_records_in_process(tmp_path: Path, monk
     assert thr["step"] == 3 and thr["val_loss"] == 0.4 and thr["elapsed_s"] < 3.0  # the setup is not training time
 
 
+def test_the_hold_aid_keeps_a_fast_script_at_its_step_until_a_stop_signal(tmp_path: Path, monkeypatch) -> None:
+    """SCALELAB_HOLD_AT_STEP (the trainer's test aid) in track.step: a script whose steps take milliseconds waits
+    after step 2 until a signal lands (here from a timer), so a test's signal falls on a known step; the wait is
+    not counted in the next step's time; another rank's hold (2:1) does not hold rank 0."""
+    import signal as sig
+    import threading
+
+    from scalelab.core.records import RecordWriter, read_records
+    from scalelab.core.spec import Spec, save_spec
+    from scalelab.train import track
+
+    save_spec(Spec(), tmp_path)
+    for hold, held in (("2", True), ("2:1", False)):
+        monkeypatch.setattr(track, "_state", track._State())
+        monkeypatch.setenv(track.HOLD_AT_STEP_ENV, hold)
+        monkeypatch.setenv("RANK", "0")
+        writer = RecordWriter(tmp_path, 0, 1)
+        track._activate(writer, tmp_path, warmup_steps=0, loss_threshold=None, last_step=0, elapsed=0.0,
+                        started=time.perf_counter())
+        track.should_stop()
+        timer = threading.Timer(0.5, track._stopped, args=(sig.SIGUSR1,))
+        timer.start()
+        began = time.perf_counter()
+        track.step(items=4)
+        track.step(items=4)
+        waited = time.perf_counter() - began
+        timer.join()
+        track.step(items=4)
+        writer.close()
+        assert (waited >= 0.5) is held, (hold, waited)
+        steps = [r for r in read_records(tmp_path / "records" / "rank-0.jsonl", []) if r["kind"] == "step"][-3:]
+        assert (steps[2]["step_s"] < 0.4) is held  # the hold is not step 3's time (unheld: the timer's join is)
+        assert track.should_stop() is True
+
+
 def test_a_config_files_default_model_is_no_conflict_but_the_flag_is(tmp_path, monkeypatch, capsys) -> None:
     (tmp_path / "ok.py").write_text("print('hi')\n")
     (tmp_path / "config.yaml").write_text("model: nmt-small\n")

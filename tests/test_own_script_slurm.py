@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from scalelab.train.track import HOLD_AT_STEP_ENV
 from tests.conftest import ROOT, launch, needs_horovod, only_run_dir, read_jsonl
 
 pytestmark = pytest.mark.slow  # a real cluster: each run takes 10-20 s
@@ -79,7 +80,7 @@ def test_a_preemption_warning_reaches_should_stop_and_the_requeued_job_resumes_t
     (should_stop), rank 0 requeues the job, and the script starts again with track.resumed from its checkpoint."""
     from tests.test_slurm_cluster import release_requeued
 
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), HOLD_AT_STEP_ENV: "10"}  # its 400 steps take ~2 s: hold at 10
     steps = 400
     proc = subprocess.Popen([sys.executable, "-m", "scalelab.launcher.cli", *SLURM, "--script", str(SCRIPTS["ddp"]),
                              "--engine", "ddp", "--steps", str(steps), "--", "--steps", str(steps),
@@ -104,7 +105,7 @@ def test_a_preemption_warning_reaches_should_stop_and_the_requeued_job_resumes_t
     assert proc.returncode == 0, err[-3000:]
     recs = rank_records(run_dir, 0)
     (stop,) = [r for r in recs if r.get("event") == "interrupted"]
-    assert stop["signal"] == 10  # SIGUSR1
+    assert (stop["signal"], stop["step"]) == (10, 10)  # SIGUSR1, at the step the ranks held on
     (resume,) = [r for r in recs if r.get("event") == "resume"]
     assert resume["step"] == stop["step"]
     steps_done = [r["step"] for r in recs if r["kind"] == "step"]

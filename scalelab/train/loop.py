@@ -56,6 +56,7 @@ from scalelab.train.noise import NoiseMeter
 from scalelab.train import graphs
 from scalelab.train.graphs import StepGraph
 from scalelab.train.outloss import resolve as resolve_output_loss
+from scalelab.train.track import HOLD_AT_STEP_ENV
 from scalelab.train.memory import current_rss_bytes, is_out_of_memory, memory_fields, oom_message
 from scalelab.train.precision import Precision, make_precision
 from scalelab.train.profiling import StepProfiler
@@ -65,8 +66,9 @@ BUCKET_BATCHES = 50  # length bucketing sorts within windows of this many global
 FAIL_AT_STEP_ENV = "SCALELAB_FAIL_AT_STEP"  # STEP: every rank dies (os._exit) after this step
 KILL_AT_STEP_ENV = "SCALELAB_KILL_AT_STEP"  # STEP:RANK: that rank sends itself SIGKILL after STEP
 RAISE_AT_STEP_ENV = "SCALELAB_RAISE_AT_STEP"  # STEP:RANK: that rank raises a RuntimeError after STEP
-HOLD_AT_STEP_ENV = "SCALELAB_HOLD_AT_STEP"  # STEP[:RANK]: wait there for a stop signal (only RANK waits, the
-# others block in the stop agreement), so that a cancel, or a signal to one rank, lands at STEP
+# HOLD_AT_STEP_ENV (scalelab/train/track.py, shared with a script's track.step): STEP[:RANK]: wait there for a
+# stop signal (only RANK waits, the others block in the stop agreement), so that a cancel, or a signal to one
+# rank, lands at STEP
 
 
 # The launcher watch: a rank started by a supervising launcher (the local backend sets LAUNCHER_ENV to

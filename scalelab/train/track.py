@@ -25,6 +25,7 @@ any other way finds it inactive.
 from __future__ import annotations
 
 import math
+import os
 import resource
 import sys
 import time
@@ -34,6 +35,9 @@ from typing import Any
 from scalelab.core.errors import ScalelabError
 
 CHECKPOINT_DIR = "checkpoint"  # RUN_DIR/checkpoint/: the script's own checkpoint files
+# Test aid, read by the built-in trainer (scalelab/train/loop.py) as well: STEP[:RANK]: wait after that step for
+# a stop signal, so that a signal sent once the records show the step lands on it, however fast the steps are
+HOLD_AT_STEP_ENV = "SCALELAB_HOLD_AT_STEP"
 #: What a report says of a script run that recorded no steps.
 HOW_TO_RECORD = ("to measure it, add `from scalelab import track` to the script and call `track.step(items=N, "
                  "loss=x)` after each optimizer step (and `track.validation(loss=v)` for time to a loss threshold); "
@@ -61,6 +65,7 @@ class _State:
     stop_cause: str | None = None
     error: str | None = None  # the script's uncaught exception, in one line (scalelab/train/script.py)
     peer_lost: bool = False  # that exception is a collective failing after another rank died
+    hold_at: str | None = None  # HOLD_AT_STEP_ENV's value (a test aid)
 
 
 _state = _State()
@@ -118,6 +123,21 @@ def step(items: int, loss: float | None = None, step: int | None = None, lr: flo
     s.elapsed += 0.0 if first else step_s  # training time: the setup is the run's start-up, not a step's
     s.writer.write("step", step=s.step, warmup=first or s.step - s.started_at <= s.warmup_steps, step_s=step_s,
                    samples=items, words=items, loss=value, **rate, **_memory())
+    if s.hold_at is not None:
+        _hold_for_a_stop_signal(s)
+
+
+def _hold_for_a_stop_signal(s: _State) -> None:
+    """Test aid: at HOLD_AT_STEP (STEP, or STEP:RANK for that rank only) wait up to 2 minutes for a stop
+    signal; the wait is not part of the next step's time."""
+    from scalelab.core.records import rank_from_env  # only where the aid is set
+
+    if s.hold_at not in (str(s.step), f"{s.step}:{rank_from_env()[0]}"):
+        return
+    deadline = time.monotonic() + 120
+    while s.stop is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    s.last = time.perf_counter()
 
 
 def validation(loss: float) -> bool:
@@ -167,6 +187,7 @@ def _activate(writer: Any, run_dir: Path, warmup_steps: int, loss_threshold: flo
     s.writer, s.warmup_steps, s.loss_threshold = writer, warmup_steps, loss_threshold
     s.step = s.started_at = last_step
     s.elapsed, s.last = elapsed, started
+    s.hold_at = os.environ.get(HOLD_AT_STEP_ENV)
 
 
 def _stopped(signum: int) -> bool:
