@@ -65,10 +65,11 @@ class Generation:
 
 
 def play_generation(cloud, tmp_path, run_dir, generation: int, notice_on_second: bool = False,
-                    at_the_hold=None) -> Generation:
+                    at_the_hold=None, hold_at: str = f"{STOP_AT}:1") -> Generation:
     """Run the user data of this generation's two instances in played instances, to their end. The second
-    instance's rank holds at STOP_AT until it gets a stop; `at_the_hold()` is called (in a thread) once it
-    holds there. Whatever happens, nothing of the instances is left running."""
+    instance's rank holds at STOP_AT until it gets a stop (`hold_at`: SCALELAB_HOLD_AT_STEP; "" for a run that
+    is meant to complete); `at_the_hold()` is called (in a thread) once it holds there. Whatever happens,
+    nothing of the instances is left running."""
     from moto.server import ThreadedMotoServer
 
     from scalelab.core.net import free_port
@@ -97,7 +98,7 @@ def play_generation(cloud, tmp_path, run_dir, generation: int, notice_on_second:
                     cloud, node["InstanceId"], work, scratch_venv(where / f"python-{instance.index}"), meta,
                     inside=lambda text, instance=instance, before=before: instance.wrap(work, text, before),
                     endpoint=f"http://{net.gateway}:{port}",
-                    hold_at=f"{STOP_AT}:1"))  # the second instance's rank waits there for its stop; rank 0 agrees
+                    hold_at=hold_at))  # the second instance's rank waits there for its stop; rank 0 agrees
             if at_the_hold:
                 threading.Thread(target=lambda: wait_for_step(played[1].folder / run_dir.name, 1) and at_the_hold(),
                                  daemon=True).start()

@@ -46,14 +46,19 @@ LAUNCHER_GONE_S = 30  # the bound issue #12 sets for the ranks to stop after a S
 
 # Imported by the ranks before anything else (sitecustomize on PYTHONPATH): from the SLOW_FSYNC_FROM-th
 # call on, os.fsync - called by the checkpoint write after the data is in the temporary file and before
-# the rename publishes it - touches SLOW_FSYNC_MARKER and sleeps SLOW_FSYNC_S first.
+# the rename publishes it - touches SLOW_FSYNC_MARKER, waits (up to 2 minutes) for the rank's stop signal
+# (the test's cancel: so that it lands inside the write however slow the cancel is) and then sleeps
+# SLOW_FSYNC_S more.
 SLOW_FSYNC = """
-import os, time
+import os, sys, time
 _real, _calls = os.fsync, [0]
 def _slow(fd):
     _calls[0] += 1
     if _calls[0] >= int(os.environ["SLOW_FSYNC_FROM"]):
         open(os.environ["SLOW_FSYNC_MARKER"], "a").close()
+        deadline = time.monotonic() + 120
+        while sys.modules["scalelab.train.loop"].Stop.signal is None and time.monotonic() < deadline:
+            time.sleep(0.05)
         time.sleep(float(os.environ["SLOW_FSYNC_S"]))
     return _real(fd)
 if os.environ.get("SLOW_FSYNC_S"):
@@ -197,8 +202,9 @@ def test_a_hung_rank_is_stopped_by_cancel_and_checked(tmp_path, reference):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("grace_s,stopped_at", [(30, 7), (1, 3)], ids=["write-completes", "write-cut-by-sigkill"])
-def test_cancel_during_a_checkpoint_write(tmp_path, reference, grace_s, stopped_at):
+@pytest.mark.parametrize("grace_s,slow_s,stopped_at", [(30, 2, 7), (1, 10, 3)],
+                         ids=["write-completes", "write-cut-by-sigkill"])
+def test_cancel_during_a_checkpoint_write(tmp_path, reference, grace_s, slow_s, stopped_at):
     """Rank 0 is held inside the write of the step-6 checkpoint (data written, not yet renamed) when
     the cancel comes. With time enough it finishes, the ranks stop at the next step with a checkpoint;
     cut by SIGKILL, the step-3 checkpoint is kept whole and the half-written file is removed."""
@@ -206,7 +212,8 @@ def test_cancel_during_a_checkpoint_write(tmp_path, reference, grace_s, stopped_
     aid.mkdir()
     (aid / "sitecustomize.py").write_text(SLOW_FSYNC)
     marker = tmp_path / "writing"
-    env = {"PYTHONPATH": f"{aid}:{ROOT}", "SLOW_FSYNC_FROM": "2", "SLOW_FSYNC_S": "6", "SLOW_FSYNC_MARKER": str(marker)}
+    env = {"PYTHONPATH": f"{aid}:{ROOT}", "SLOW_FSYNC_FROM": "2", "SLOW_FSYNC_S": str(slow_s),
+           "SLOW_FSYNC_MARKER": str(marker)}
     fg = _start(tmp_path, "ddp", "--backend-opt", f"stop_grace_s={grace_s}", env=env)
     run = _run_dir(tmp_path / "runs", fg)
     try:

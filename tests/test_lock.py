@@ -132,6 +132,7 @@ import sys, time
 from pathlib import Path
 from scalelab.core.lock import RunBusy, RunLock
 run, go, out = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
+Path(str(out) + ".ready").touch()  # imported: the test starts the race once all four are here
 while not go.exists():
     time.sleep(0.001)
 try:
@@ -140,7 +141,9 @@ except RunBusy:
     out.write_text("busy")
 else:
     out.write_text("got")
-    time.sleep(2.0)  # held while the others try: they must see a live owner
+    end = time.monotonic() + 60  # held while the others try (they must see a live owner), until all have
+    while sum(p.name.startswith("out-") and "." not in p.name for p in out.parent.iterdir()) < 4 and time.monotonic() < end:
+        time.sleep(0.01)
     lock.release()
 """
 
@@ -162,7 +165,10 @@ def test_launchers_racing_for_a_stale_lock_leave_one_owner(tmp_path: Path, round
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     outs = [tmp_path / f"out-{i}" for i in range(4)]
     procs = [subprocess.Popen([sys.executable, "-c", _CONTENDER, str(run), str(go), str(out)], env=env) for out in outs]
-    time.sleep(1.5)  # let them all import and wait for the start
+    deadline = time.monotonic() + 60
+    while not all(Path(f"{out}.ready").exists() for out in outs):  # all imported and waiting for the start
+        assert time.monotonic() < deadline, "the contenders did not start"
+        time.sleep(0.01)
     go.touch()
     for proc in procs:
         assert proc.wait(timeout=60) == 0

@@ -240,8 +240,14 @@ LATE_RANK_SCRIPT = """\
 import os, time
 os.environ["HOROVOD_GLOO_TIMEOUT_SECONDS"] = "2"  # this script's own, shorter than the launcher's default
 import horovod.torch as hvd
-if os.environ["HOROVOD_RANK"] == "1":
-    time.sleep(8)  # late to the rendezvous by 8 s whatever the imports took, as a rank on a loaded node can be
+at_init = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rank0-at-init")
+if os.environ["HOROVOD_RANK"] == "1":  # late to the rendezvous by 6 s after rank 0 reached it, as a rank on a
+    end = time.monotonic() + 120       # loaded node can be (rank 0 times out after 2 s, whatever its imports took)
+    while not os.path.exists(at_init) and time.monotonic() < end:
+        time.sleep(0.05)
+    time.sleep(6)
+else:
+    open(at_init, "w").close()
 hvd.init()
 """
 

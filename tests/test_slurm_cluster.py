@@ -377,8 +377,9 @@ def test_scontrol_requeue_checkpoints_and_resumes_to_the_same_losses(tmp_path: P
 
 
 def test_time_limit_warning_checkpoints_and_requeues(slurm_cluster, tmp_path: Path) -> None:
-    steps = 1500
-    proc, run_dir = start_run(tmp_path, "--engine", "ddp", "--gpus-per-node", "2", "--steps", str(steps))
+    steps = 20  # the ranks hold after step 3 until the signal: it lands there however fast the steps are
+    proc, run_dir = start_run(tmp_path, "--engine", "ddp", "--gpus-per-node", "2", "--steps", str(steps),
+                              env={HOLD_AT_STEP_ENV: "3"})
     job = job_of(run_dir)
     # What Slurm sends signal_s seconds before the time limit (--signal=USR1@N): USR1 to every task.
     subprocess.run(["scancel", "--signal=USR1", job], check=True, capture_output=True)
