@@ -28,6 +28,7 @@ from scalelab.aws.bootstrap import (  # noqa: E402
     Sync,
     final_state,
     late_stop_reason,
+    stop_ranks,
     stop_reason,
 )
 from scalelab.aws.render import make_plan, user_data  # noqa: E402
@@ -149,6 +150,27 @@ def test_ranks_stopped_by_another_nodes_cancel_before_this_node_saw_it_say_the_c
     assert late_stop_reason(sync, sync.cfg, None, "i-leader") is None  # a torn status is no answer, not a crash
 
 
+def test_ranks_stopped_by_another_nodes_lost_launcher_say_the_launcher_was_lost(node, monkeypatch):
+    """The node that first sees the launcher's heartbeat stand still stops its ranks, and every node's ranks
+    stop with them (one stop step); a node whose ranks ended before its own watch fired said `cancelled`
+    (their clean stop looked like a signal to a rank; found by tests/test_aws_two_instances.py's killed
+    launcher). The stopping node names its reason in `stops/` before it signals: the others read it."""
+    sync, _ = node
+    monkeypatch.setattr(sync.cfg, "nodes", 2)
+    monkeypatch.setattr(bootstrap, "signal_local_ranks", lambda *a, **k: None)  # no ranks in this test
+    assert late_stop_reason(sync, sync.cfg, object(), "i-leader") is None
+    other = Sync(sync.s3, sync.cfg, "i-2", 1)
+    stop_ranks(other, sync.cfg, None, LAUNCHER_LOST, None, "i-2", 1)  # the second node's watch fired first
+    assert late_stop_reason(sync, sync.cfg, object(), "i-leader") == LAUNCHER_LOST
+    assert late_stop_reason(other, sync.cfg, object(), "i-leader") is None  # its own entry is not a peer's
+    assert final_state(object(), 1, LAUNCHER_LOST, True, True) == "interrupted"  # not cancelled: resumable
+    sync.put_json("control/stop", {})
+    assert late_stop_reason(sync, sync.cfg, object(), "i-leader") == STOP_REQUESTED  # a cancel says so first
+    monkeypatch.setattr(sync.cfg, "nodes", 1)
+    sync.s3.delete_object(Bucket=sync.cfg.bucket, Key=sync.cfg.key("control/stop"))
+    assert late_stop_reason(sync, sync.cfg, object(), "i-leader") is None  # one node: no peers to ask
+
+
 @pytest.mark.parametrize("has_proc, code, reason, stopped, state", [
     (True, 0, None, False, "completed"),
     (True, 0, LAUNCHER_LOST, False, "completed"),  # finished before the stop mattered
@@ -164,6 +186,17 @@ def test_ranks_stopped_by_another_nodes_cancel_before_this_node_saw_it_say_the_c
 ])
 def test_final_state(has_proc, code, reason, stopped, state):
     assert final_state(object() if has_proc else None, code, reason, stopped) == state
+
+
+@pytest.mark.parametrize("leader_state, state", [("cancelled", "cancelled"), ("interrupted", "interrupted"),
+                                                 ("completed", "completed"), ("failed", "completed"), (None, "completed")])
+def test_a_horovod_node_without_ranks_ends_as_its_leader_says_its_ranks_did(leader_state, state):
+    """A signal to the second instance's rank (started there by the leader's horovodrun over ssh) cancels the
+    run: the leader sees it in the ranks' records, this node has none and said `completed` (found by
+    tests/test_aws_two_instances.py's signal test). A leader's failure is not this node's: it did not run.
+    A reason of its own (it stopped the ranks) comes first."""
+    assert final_state(None, 0, None, leader_state=leader_state) == state
+    assert final_state(None, 0, LAUNCHER_LOST, leader_state=leader_state) == "interrupted"
 
 
 def test_the_limit_reaches_the_user_data_and_a_limit_below_three_polls_is_refused():

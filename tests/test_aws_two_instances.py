@@ -1,7 +1,7 @@
 """Faults of a two-instance run, on instances played in namespaces of their own (tests/ec2_sandbox.py),
 against moto's server: the built-in trainer with DDP (torchrun on each instance) and Horovod (horovodrun on
-the leader, the second instance's rank started over ssh): `launch cancel` from another process, and a spot
-interruption of one instance.
+the leader, the second instance's rank started over ssh): `launch cancel` from another process, a spot
+interruption of one instance, a SIGTERM to the second instance's rank alone, and a SIGKILLed launcher.
 
 EC2 warns one instance, not the run. Here only the *second* instance's metadata announces the interruption
 once its rank holds at step 6: that instance's bootstrap stops its own ranks, the ranks agree on the step,
@@ -14,7 +14,10 @@ state as an uninterrupted run. Nothing is left running and every instance is ter
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -24,7 +27,7 @@ import pytest
 import torch
 
 import ec2_sandbox
-from conftest import needs_horovod, read_jsonl
+from conftest import ROOT, needs_horovod, read_jsonl
 
 boto3 = pytest.importorskip("boto3", reason="boto3 is not installed: pip install boto3")
 pytest.importorskip("moto.server", reason='moto server is not installed: pip install "moto[server]"')
@@ -237,3 +240,93 @@ def test_a_spot_notice_to_one_instance_replaces_both_and_the_run_resumes_exactly
     assert [(e["event"], e.get("instance_id")) for e in events if e["event"] in ("spot_interruption",
                                                                               "capacity_replaced")] == \
         [("spot_interruption", second), ("capacity_replaced", None)]
+
+
+@pytest.mark.parametrize("engine", ["ddp", pytest.param("horovod", marks=needs_horovod)])
+def test_a_signal_to_the_second_instances_rank_cancels_the_run_without_replacement(cloud, wheel, tmp_path, engine):
+    """SIGTERM to the second instance's rank alone (a node agent, the OOM killer, a hook: not a spot notice,
+    not a cancel) while it holds at step 6. DDP's rank there is its own torchrun's; Horovod's was started over
+    ssh by the leader's horovodrun. The ranks agree on step 6, rank 0 (on the leader, which got no signal)
+    checkpoints, every rank exits; the launcher ends the run CANCELLED (as for one instance:
+    tests/test_rank_signals_remote.py), starts no replacement, terminates both instances, nothing is left."""
+    from tests.test_rank_signals import rank_process, wait_for
+
+    if why := ec2_sandbox.unavailable():
+        pytest.skip(why)
+    ec2 = cloud["ec2"]
+    be, run_dir, launcher, outcome = launch_two(cloud, wheel, tmp_path, engine, "signal")
+    signalled: dict = {}
+
+    def signal_the_rank() -> None:
+        try:  # the second instance's folder is its SCALELAB_WORK: its rank's command line names that path
+            rank = wait_for("the second instance's rank", lambda: rank_process(tmp_path / "work-gen0" / run_dir.name, 1))
+            rank.send_signal(signal.SIGTERM)
+            signalled["pid"] = rank.pid
+        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+            signalled["error"] = exc
+
+    try:
+        said = play_generation(cloud, tmp_path, run_dir, 0, at_the_hold=signal_the_rank).said
+        launcher.join(timeout=120)
+    finally:
+        if launcher.is_alive():
+            be.cancel(run_dir, grace_s=0)
+    assert "pid" in signalled, signalled
+    assert "error" not in outcome and "status" in outcome, outcome  # the launcher ended
+    assert outcome["status"].state == "CANCELLED", (outcome["status"].detail, said)
+    stops = {rank: [r for r in read_jsonl(run_dir / "records" / f"rank-{rank}.jsonl") if r.get("event") == "interrupted"]
+             for rank in (0, 1)}
+    assert [s["step"] for s in stops[0] + stops[1]] == [STOP_AT, STOP_AT], (stops, said)
+    assert stops[1][0]["signal"] == signal.SIGTERM
+    statuses = sorted(final_statuses(cloud, run_dir, 0), key=lambda status: status["index"])
+    assert [(st["state"], st["reason"]) for st in statuses] == [("cancelled", None)] * 2, statuses  # each node says it
+    assert torch.load(run_dir / CHECKPOINT_NAME, weights_only=True)["step"] == STOP_AT
+    assert td.instances(ec2, run_dir.name, td.LIVE_STATES) == []
+    assert td.instances(ec2, run_dir.name, None, 1) == [], "capacity was replaced"
+    left = subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True, text=True).stdout.split()
+    assert left == [], subprocess.run(["ps", "-o", "pid,args", "-p", ",".join(left)], capture_output=True,
+                                      text=True).stdout
+
+
+@pytest.mark.parametrize("engine", ["ddp", pytest.param("horovod", marks=needs_horovod)])
+def test_a_killed_launcher_stops_both_instances_with_a_checkpoint(cloud, wheel, tmp_path, engine):
+    """SIGKILL of the launcher (`launch` on the user's laptop) while the second instance's rank holds at step 6:
+    nothing runs in it to terminate the instances. Each node sees the launcher's heartbeat stop changing (15 s
+    here), stops its ranks, they agree on step 6, rank 0 checkpoints and the checkpoint reaches the bucket;
+    both instances power off (which terminates them) and nothing is left running; `launch aws gc` removes
+    what only a launcher would have removed (tests/test_aws_bootstrap.py: the same on one instance)."""
+    from tests.test_aws_bootstrap import KEYS, _following, until
+    from tests.test_resume import SPEC
+
+    if why := ec2_sandbox.unavailable():
+        pytest.skip(why)
+    ec2, s3, bucket = cloud["ec2"], cloud["s3"], cloud["bucket"]
+    env = {**os.environ, **KEYS, "PYTHONPATH": str(ROOT), "AWS_ENDPOINT_URL": cloud["url"], "AWS_DEFAULT_REGION": REGION}
+    log = (tmp_path / "launcher.err").open("w")
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "scalelab.launcher.cli", *SPEC, "--engine", engine, "--nodes", "2", "--gpus-per-node",
+         "1", "--backend", "aws", "--bucket", bucket, "--region", REGION, "--heartbeat-timeout-min", "0.25",
+         f"--backend-opt=wheel={wheel}", "--backend-opt=poll_s=0.3", "--backend-opt=placement_group=none",
+         "--backend-opt=instance_type=g3.4xlarge", "--runs-dir", "runs"],
+        cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=log)
+    try:
+        run_dir = until(lambda: next(iter(_following(tmp_path / "runs")), None), launcher, "the launcher to follow its run")
+        said = play_generation(cloud, tmp_path, run_dir, 0, at_the_hold=launcher.kill).said  # SIGKILL: no clean-up
+    finally:
+        launcher.kill()
+        launcher.wait(timeout=60)
+        log.close()
+    statuses = sorted(final_statuses(cloud, run_dir, 0), key=lambda status: status["index"])
+    assert [(st["state"], st["reason"]) for st in statuses] == [("interrupted", "launcher_lost")] * 2, (statuses, said)
+    checkpoint = tmp_path / "checkpoint.pt"
+    s3.download_file(bucket, f"scalelab/{run_dir.name}/checkpoint.pt", str(checkpoint))
+    assert torch.load(checkpoint, weights_only=True)["step"] == STOP_AT  # stopped with a checkpoint, uploaded
+    assert td.instances(ec2, run_dir.name, td.LIVE_STATES) == [], "an instance did not terminate itself"
+    assert td.instances(ec2, run_dir.name, None, 1) == [], "capacity was replaced"
+    left = subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True, text=True).stdout.split()
+    assert left == [], subprocess.run(["ps", "-o", "pid,args", "-p", ",".join(left)], capture_output=True,
+                                      text=True).stdout
+    gc = subprocess.run([sys.executable, "-m", "scalelab.launcher.cli", "aws", "gc", "--run-id", run_dir.name],
+                        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert gc.returncode == 0, gc.stderr
+    assert td.groups_sg_only(ec2, run_dir.name) == []

@@ -216,6 +216,17 @@ class Sync:
         ids = [o["Key"][len(prefix):].removesuffix(".json") for o in listing.get("Contents", [])]
         return next((i for i in sorted(ids) if i != self.instance_id), None)
 
+    def peer_stop_reason(self) -> str | None:
+        """Why another instance of this generation stopped its ranks (its `stops/` entry, written before it
+        signalled them: the ranks agree on a step, so its stop ended ours too), or None."""
+        prefix = f"stops/gen-{self.cfg.generation}/"
+        listing = self.s3.list_objects_v2(Bucket=self.cfg.bucket, Prefix=self.cfg.key(prefix))
+        ids = sorted(o["Key"].rsplit("/", 1)[-1].removesuffix(".json") for o in listing.get("Contents", []))
+        for other in (i for i in ids if i != self.instance_id):
+            if reason := (self.get_json(f"{prefix}{other}.json") or {}).get("reason"):
+                return reason
+        return None
+
     def put_json(self, key: str, doc: dict) -> None:
         self.s3.put_object(Bucket=self.cfg.bucket, Key=self.cfg.key(key), Body=json.dumps(doc).encode())
 
@@ -483,7 +494,9 @@ def run(cfg: Config, s3=None, ec2=None) -> int:
     reason = reason or late_stop_reason(sync, cfg, proc, ids[0])
     if peer:
         print(f"scalelab: the ranks stopped because instance {peer} got a spot notice", file=sys.stderr, flush=True)
-    state = final_state(proc, code, reason, ranks_stopped_early(cfg.run_dir), ranks_stopped_on_a_signal(cfg.run_dir))
+    leader_state = leader_status(sync, cfg, ids[0]).get("state") if proc is None else None
+    state = final_state(proc, code, reason, ranks_stopped_early(cfg.run_dir), ranks_stopped_on_a_signal(cfg.run_dir),
+                        leader_state)
     if peer and state != "interrupted" and spec.script:
         state = "interrupted"  # a script's ranks that returned on their peers' stop look like its end: resume it
     sync.put_json(status_key, {"state": state, "reason": reason if state == "interrupted" else None, "exit_code": code,
@@ -504,12 +517,22 @@ def stop_reason(sync: Sync, notice: dict | None, watch: LauncherWatch, peer: str
 
 def late_stop_reason(sync: Sync, cfg: Config, proc: subprocess.Popen | None, leader_id: str) -> str | None:
     """Why this node's ranks stopped when they ended before this node's own poll saw why: the ranks agree on
-    a stop step, so the node that saw a `launch cancel` first stops every node's ranks. A Horovod node without
-    ranks of its own says what the leader's final status says; any other says a stop request if there is one
-    (final_state still calls a run whose ranks had finished 'completed')."""
+    a stop step, so the node that saw a `launch cancel` or the launcher gone first stops every node's ranks.
+    A Horovod node without ranks of its own says what the leader's final status says; any other says a stop
+    request if there is one, else the reason another node stopped its ranks for (final_state still calls a
+    run whose ranks had finished 'completed'). Without it, a node whose ranks stopped on another node's
+    stop would take their clean stop for a signal to a rank, and say the run was cancelled."""
     if proc is None:
-        return (sync.get_json(f"status/gen-{cfg.generation}/{leader_id}.json") or {}).get("reason")
-    return STOP_REQUESTED if sync.exists(STOP_REQUEST) else None
+        return leader_status(sync, cfg, leader_id).get("reason")
+    if sync.exists(STOP_REQUEST):
+        return STOP_REQUESTED
+    return sync.peer_stop_reason() if cfg.nodes > 1 else None
+
+
+def leader_status(sync: Sync, cfg: Config, leader_id: str) -> dict:
+    """The leader's final status in this generation; {} before it is there, or torn."""
+    status = sync.get_json(f"status/gen-{cfg.generation}/{leader_id}.json")
+    return status if isinstance(status, dict) else {}
 
 
 def stop_ranks(sync: Sync, cfg: Config, proc: subprocess.Popen | None, reason: str, notice: dict | None,
@@ -522,6 +545,8 @@ def stop_ranks(sync: Sync, cfg: Config, proc: subprocess.Popen | None, reason: s
     if notice:
         sync.put_json(f"events/gen-{cfg.generation}/{instance_id}.json", {"event": "spot_interruption", "notice": notice,
                                                                        "time": time.time(), "index": index})
+    if cfg.nodes > 1:  # before the signal: the other nodes' ranks stop with ours (late_stop_reason reads it)
+        sync.put_json(f"stops/gen-{cfg.generation}/{instance_id}.json", {"reason": reason, "time": time.time()})
     if proc:
         proc.send_signal(signal.SIGTERM)  # horovodrun / torchrun pass it on to their ranks
     signal_local_ranks(cfg.run_dir, exclude=proc.pid if proc else None)
@@ -562,14 +587,18 @@ def ranks_stopped_on_a_signal(run_dir: Path) -> bool:
 
 
 def final_state(proc: subprocess.Popen | None, code: int, reason: str | None, stopped: bool = False,
-                signalled: bool = False) -> str:
+                signalled: bool = False, leader_state: str | None = None) -> str:
     """completed, interrupted (stopped on purpose by this node, with a checkpoint: the launcher replaces
     the capacity), cancelled (a rank was sent a stop signal and every rank stopped with a checkpoint: the
     run ends CANCELLED, whatever exit code torchrun or horovodrun gave) or failed. `stopped`: the ranks'
     records say they stopped early (horovodrun exits 0 when its ranks stopped on its SIGTERM);
-    `signalled`: every rank's records say it stopped on a signal."""
-    if proc is None:  # a horovod node: its ranks belonged to the leader's horovodrun
-        return "interrupted" if reason else "completed"
+    `signalled`: every rank's records say it stopped on a signal. `leader_state`: the leader's final state,
+    for a Horovod node without ranks of its own (they belonged to the leader's horovodrun): it ends as they
+    did, cancelled by a signal to one of them as well (which this node, having no records, cannot see)."""
+    if proc is None:
+        if reason:
+            return "interrupted"
+        return leader_state if leader_state in ("interrupted", "cancelled") else "completed"
     if reason is None and signalled:
         return "cancelled"
     if code == 0:
