@@ -163,12 +163,34 @@ def test_ranks_stopped_by_another_nodes_lost_launcher_say_the_launcher_was_lost(
     stop_ranks(other, sync.cfg, None, LAUNCHER_LOST, None, "i-2", 1)  # the second node's watch fired first
     assert late_stop_reason(sync, sync.cfg, object(), "i-leader") == LAUNCHER_LOST
     assert late_stop_reason(other, sync.cfg, object(), "i-leader") is None  # its own entry is not a peer's
+    assert late_stop_reason(sync, sync.cfg, object(), "i-leader", early=False) is None  # ranks that crashed or ended
+    monkeypatch.setattr(sync.cfg, "generation", 1)
+    assert late_stop_reason(sync, sync.cfg, object(), "i-leader") is None  # the last generation's stop is not ours
+    monkeypatch.setattr(sync.cfg, "generation", 0)
     assert final_state(object(), 1, LAUNCHER_LOST, True, True) == "interrupted"  # not cancelled: resumable
     sync.put_json("control/stop", {})
     assert late_stop_reason(sync, sync.cfg, object(), "i-leader") == STOP_REQUESTED  # a cancel says so first
     monkeypatch.setattr(sync.cfg, "nodes", 1)
     sync.s3.delete_object(Bucket=sync.cfg.bucket, Key=sync.cfg.key("control/stop"))
     assert late_stop_reason(sync, sync.cfg, object(), "i-leader") is None  # one node: no peers to ask
+
+
+def test_a_stop_that_s3_cannot_record_still_stops_the_ranks(node, monkeypatch, capsys):
+    """The stop's `stops/` (and a notice's `events/`) entry goes to S3 before the signal; S3 failing (the very
+    case the launcher watch is for) must not leave the ranks running without their checkpoint."""
+    sync, _ = node
+    monkeypatch.setattr(sync.cfg, "nodes", 2)
+    monkeypatch.setattr(bootstrap, "signal_local_ranks", lambda *a, **k: None)
+
+    def unreachable(*args, **kwargs):
+        raise ConnectionError("S3 is unreachable")
+
+    monkeypatch.setattr(sync, "put_json", unreachable)
+    sent = []
+    proc = type("Agent", (), {"pid": 1, "send_signal": lambda self, sig: sent.append(sig)})()
+    stop_ranks(sync, sync.cfg, proc, LAUNCHER_LOST, {"action": "terminate"}, "i-1", 0)
+    assert sent == [bootstrap.signal.SIGTERM]
+    assert "could not record the stop in S3" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("has_proc, code, reason, stopped, state", [
@@ -188,13 +210,14 @@ def test_final_state(has_proc, code, reason, stopped, state):
     assert final_state(object() if has_proc else None, code, reason, stopped) == state
 
 
-@pytest.mark.parametrize("leader_state, state", [("cancelled", "cancelled"), ("interrupted", "interrupted"),
+@pytest.mark.parametrize("leader_state, state", [("cancelled", "cancelled"), ("interrupted", "completed"),
                                                  ("completed", "completed"), ("failed", "completed"), (None, "completed")])
 def test_a_horovod_node_without_ranks_ends_as_its_leader_says_its_ranks_did(leader_state, state):
     """A signal to the second instance's rank (started there by the leader's horovodrun over ssh) cancels the
     run: the leader sees it in the ranks' records, this node has none and said `completed` (found by
     tests/test_aws_two_instances.py's signal test). A leader's failure is not this node's: it did not run.
-    A reason of its own (it stopped the ranks) comes first."""
+    A reason of its own (it stopped the ranks, or the leader's via late_stop_reason) comes first; the leader
+    interrupted without one (an outside SIGTERM to horovodrun) is not this node's notice."""
     assert final_state(None, 0, None, leader_state=leader_state) == state
     assert final_state(None, 0, LAUNCHER_LOST, leader_state=leader_state) == "interrupted"
 

@@ -220,7 +220,10 @@ class Sync:
         """Why another instance of this generation stopped its ranks (its `stops/` entry, written before it
         signalled them: the ranks agree on a step, so its stop ended ours too), or None."""
         prefix = f"stops/gen-{self.cfg.generation}/"
-        listing = self.s3.list_objects_v2(Bucket=self.cfg.bucket, Prefix=self.cfg.key(prefix))
+        try:
+            listing = self.s3.list_objects_v2(Bucket=self.cfg.bucket, Prefix=self.cfg.key(prefix))
+        except Exception:  # noqa: BLE001 - S3 unreachable at the end: no answer, not a failed node
+            return None
         ids = sorted(o["Key"].rsplit("/", 1)[-1].removesuffix(".json") for o in listing.get("Contents", []))
         for other in (i for i in ids if i != self.instance_id):
             if reason := (self.get_json(f"{prefix}{other}.json") or {}).get("reason"):
@@ -491,12 +494,12 @@ def run(cfg: Config, s3=None, ec2=None) -> int:
     sync.push()
     if reason is None and cfg.nodes > 1 and (peer := sync.peer_notice()):
         reason = SPOT_NOTICE  # the warned instance's ranks stopped ours (they agree on a step) before we saw it
-    reason = reason or late_stop_reason(sync, cfg, proc, ids[0])
+    stopped, signalled = ranks_stopped_early(cfg.run_dir), ranks_stopped_on_a_signal(cfg.run_dir)
+    reason = reason or late_stop_reason(sync, cfg, proc, ids[0], early=stopped or signalled)
     if peer:
         print(f"scalelab: the ranks stopped because instance {peer} got a spot notice", file=sys.stderr, flush=True)
     leader_state = leader_status(sync, cfg, ids[0]).get("state") if proc is None else None
-    state = final_state(proc, code, reason, ranks_stopped_early(cfg.run_dir), ranks_stopped_on_a_signal(cfg.run_dir),
-                        leader_state)
+    state = final_state(proc, code, reason, stopped, signalled, leader_state)
     if peer and state != "interrupted" and spec.script:
         state = "interrupted"  # a script's ranks that returned on their peers' stop look like its end: resume it
     sync.put_json(status_key, {"state": state, "reason": reason if state == "interrupted" else None, "exit_code": code,
@@ -515,18 +518,20 @@ def stop_reason(sync: Sync, notice: dict | None, watch: LauncherWatch, peer: str
     return LAUNCHER_LOST if watch.gone() else None
 
 
-def late_stop_reason(sync: Sync, cfg: Config, proc: subprocess.Popen | None, leader_id: str) -> str | None:
+def late_stop_reason(sync: Sync, cfg: Config, proc: subprocess.Popen | None, leader_id: str,
+                     early: bool = True) -> str | None:
     """Why this node's ranks stopped when they ended before this node's own poll saw why: the ranks agree on
     a stop step, so the node that saw a `launch cancel` or the launcher gone first stops every node's ranks.
     A Horovod node without ranks of its own says what the leader's final status says; any other says a stop
-    request if there is one, else the reason another node stopped its ranks for (final_state still calls a
-    run whose ranks had finished 'completed'). Without it, a node whose ranks stopped on another node's
-    stop would take their clean stop for a signal to a rank, and say the run was cancelled."""
+    request if there is one (final_state still calls a run whose ranks had finished 'completed'), else, where
+    its ranks stopped `early` (not a crash, not the end), the reason another node stopped its ranks for.
+    Without it, a node whose ranks stopped on another node's stop took their clean stop for a signal to a
+    rank, and said the run was cancelled."""
     if proc is None:
         return leader_status(sync, cfg, leader_id).get("reason")
     if sync.exists(STOP_REQUEST):
         return STOP_REQUESTED
-    return sync.peer_stop_reason() if cfg.nodes > 1 else None
+    return sync.peer_stop_reason() if cfg.nodes > 1 and early else None
 
 
 def leader_status(sync: Sync, cfg: Config, leader_id: str) -> dict:
@@ -542,11 +547,16 @@ def stop_ranks(sync: Sync, cfg: Config, proc: subprocess.Popen | None, reason: s
     if reason == LAUNCHER_LOST:
         print(f"scalelab: the launcher's heartbeat has not changed for {cfg.heartbeat_timeout_s:.0f} s: checkpointing "
               "and shutting down, so that nothing runs without a launcher", file=sys.stderr, flush=True)
-    if notice:
-        sync.put_json(f"events/gen-{cfg.generation}/{instance_id}.json", {"event": "spot_interruption", "notice": notice,
-                                                                       "time": time.time(), "index": index})
-    if cfg.nodes > 1:  # before the signal: the other nodes' ranks stop with ours (late_stop_reason reads it)
-        sync.put_json(f"stops/gen-{cfg.generation}/{instance_id}.json", {"reason": reason, "time": time.time()})
+    try:  # before the signal: the other nodes' ranks stop with ours (peer_notice, late_stop_reason read them)
+        if notice:
+            sync.put_json(f"events/gen-{cfg.generation}/{instance_id}.json", {"event": "spot_interruption",
+                                                                           "notice": notice, "time": time.time(),
+                                                                           "index": index})
+        if cfg.nodes > 1:
+            sync.put_json(f"stops/gen-{cfg.generation}/{instance_id}.json", {"reason": reason, "time": time.time()})
+    except Exception as exc:  # noqa: BLE001 - S3 failing is no reason to leave the ranks running unsaved
+        print(f"scalelab: could not record the stop in S3 ({exc!r}); stopping the ranks anyway", file=sys.stderr,
+              flush=True)
     if proc:
         proc.send_signal(signal.SIGTERM)  # horovodrun / torchrun pass it on to their ranks
     signal_local_ranks(cfg.run_dir, exclude=proc.pid if proc else None)
@@ -593,12 +603,13 @@ def final_state(proc: subprocess.Popen | None, code: int, reason: str | None, st
     run ends CANCELLED, whatever exit code torchrun or horovodrun gave) or failed. `stopped`: the ranks'
     records say they stopped early (horovodrun exits 0 when its ranks stopped on its SIGTERM);
     `signalled`: every rank's records say it stopped on a signal. `leader_state`: the leader's final state,
-    for a Horovod node without ranks of its own (they belonged to the leader's horovodrun): it ends as they
-    did, cancelled by a signal to one of them as well (which this node, having no records, cannot see)."""
+    for a Horovod node without ranks of its own (they belonged to the leader's horovodrun): cancelled as they
+    were by a signal to one of them (which this node, having no records, cannot see); an interruption it
+    reports only with a reason (late_stop_reason: the leader's), so that no replacement is booked as a notice."""
     if proc is None:
         if reason:
             return "interrupted"
-        return leader_state if leader_state in ("interrupted", "cancelled") else "completed"
+        return "cancelled" if leader_state == "cancelled" else "completed"
     if reason is None and signalled:
         return "cancelled"
     if code == 0:

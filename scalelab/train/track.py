@@ -123,7 +123,7 @@ def step(items: int, loss: float | None = None, step: int | None = None, lr: flo
     s.elapsed += 0.0 if first else step_s  # training time: the setup is the run's start-up, not a step's
     s.writer.write("step", step=s.step, warmup=first or s.step - s.started_at <= s.warmup_steps, step_s=step_s,
                    samples=items, words=items, loss=value, **rate, **_memory())
-    if s.hold_at is not None:
+    if s.hold_at:
         _hold_for_a_stop_signal(s)
 
 
