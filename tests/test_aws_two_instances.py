@@ -39,6 +39,7 @@ from scalelab.core.spec import Spec, read_spec, save_spec  # noqa: E402
 from scalelab.launcher.runner import wait  # noqa: E402
 from scalelab.train.checkpoint import CHECKPOINT_NAME  # noqa: E402
 from tests.test_aws_bootstrap import (  # noqa: E402,F401 - the fixtures and stand-ins of the instance side
+    KEYS,
     REGION,
     RUN,
     STOP_AT,
@@ -49,9 +50,12 @@ from tests.test_aws_bootstrap import (  # noqa: E402,F401 - the fixtures and sta
     s3_json,
     scratch_venv,
     start_user_data,
+    until,
     wheel,
+    _following,
 )
-from tests.test_resume import _assert_resumed_exactly  # noqa: E402
+from tests.test_rank_signals import rank_process, wait_for  # noqa: E402
+from tests.test_resume import SPEC, _assert_resumed_exactly  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -160,10 +164,30 @@ def launch_two(cloud, wheel, tmp_path, engine: str, name: str, **options):
 
 
 def final_statuses(cloud, run_dir: Path, generation: int) -> list[dict]:
-    """The instances' final status files of a generation in S3 (not their heartbeats)."""
+    """The instances' final status files of a generation in S3 (not their heartbeats), the leader's first."""
     prefix = f"scalelab/{run_dir.name}/status/gen-{generation}/"
     listing = cloud["s3"].list_objects_v2(Bucket=cloud["bucket"], Prefix=prefix)
-    return [s3_json(cloud, o["Key"]) for o in listing["Contents"] if not o["Key"].endswith(".heartbeat.json")]
+    statuses = [s3_json(cloud, o["Key"]) for o in listing["Contents"] if not o["Key"].endswith(".heartbeat.json")]
+    return sorted(statuses, key=lambda status: status.get("index", 0))
+
+
+def played_to_the_end(cloud, tmp_path, be, run_dir: Path, launcher: threading.Thread, at_the_hold) -> list[str]:
+    """Generation 0 played to its end (`at_the_hold` once the second rank holds at STOP_AT), then the
+    launcher's follow thread joined; a launcher still following is cancelled at once. The instances' output."""
+    try:
+        said = play_generation(cloud, tmp_path, run_dir, 0, at_the_hold=at_the_hold).said
+        launcher.join(timeout=120)
+    finally:
+        if launcher.is_alive():
+            be.cancel(run_dir, grace_s=0)
+    return said
+
+
+def assert_nothing_left_under(tmp_path: Path) -> None:
+    """No process whose command line names the test's folder (the instances' agents, ranks, sshd) runs."""
+    left = subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True, text=True).stdout.split()
+    assert left == [], subprocess.run(["ps", "-o", "pid,args", "-p", ",".join(left)], capture_output=True,
+                                      text=True).stdout
 
 
 # Horovod only: its second rank is the one no agent of its own instance started (horovodrun over ssh). DDP's
@@ -188,12 +212,7 @@ def test_a_cancel_stops_both_instances_ranks_at_one_step_with_a_checkpoint(cloud
         except BaseException as exc:  # noqa: BLE001 - reported by the main thread
             cancelled["error"] = exc
 
-    try:
-        said = play_generation(cloud, tmp_path, run_dir, 0, at_the_hold=cancel).said
-        launcher.join(timeout=120)
-    finally:
-        if launcher.is_alive():
-            be.cancel(run_dir, grace_s=0)
+    said = played_to_the_end(cloud, tmp_path, be, run_dir, launcher, at_the_hold=cancel)
     assert cancelled == {"done": True}, cancelled
     assert "error" not in outcome and "status" in outcome, outcome  # the launcher ended
     assert outcome["status"].state == "CANCELLED", (outcome["status"].detail, said)
@@ -205,9 +224,7 @@ def test_a_cancel_stops_both_instances_ranks_at_one_step_with_a_checkpoint(cloud
     assert [s["reason"] for s in statuses] == ["stop_requested", "stop_requested"], statuses  # each node says why
     assert td.instances(ec2, run_dir.name, td.LIVE_STATES) == []
     assert td.instances(ec2, run_dir.name, None, 1) == [], "capacity was replaced"
-    left = subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True, text=True).stdout.split()
-    assert left == [], subprocess.run(["ps", "-o", "pid,args", "-p", ",".join(left)], capture_output=True,
-                                      text=True).stdout
+    assert_nothing_left_under(tmp_path)
 
 
 @pytest.mark.parametrize("engine", ["ddp", pytest.param("horovod", marks=needs_horovod)])
@@ -249,8 +266,6 @@ def test_a_signal_to_the_second_instances_rank_cancels_the_run_without_replaceme
     ssh by the leader's horovodrun. The ranks agree on step 6, rank 0 (on the leader, which got no signal)
     checkpoints, every rank exits; the launcher ends the run CANCELLED (as for one instance:
     tests/test_rank_signals_remote.py), starts no replacement, terminates both instances, nothing is left."""
-    from tests.test_rank_signals import rank_process, wait_for
-
     if why := ec2_sandbox.unavailable():
         pytest.skip(why)
     ec2 = cloud["ec2"]
@@ -265,12 +280,7 @@ def test_a_signal_to_the_second_instances_rank_cancels_the_run_without_replaceme
         except BaseException as exc:  # noqa: BLE001 - reported by the main thread
             signalled["error"] = exc
 
-    try:
-        said = play_generation(cloud, tmp_path, run_dir, 0, at_the_hold=signal_the_rank).said
-        launcher.join(timeout=120)
-    finally:
-        if launcher.is_alive():
-            be.cancel(run_dir, grace_s=0)
+    said = played_to_the_end(cloud, tmp_path, be, run_dir, launcher, at_the_hold=signal_the_rank)
     assert "pid" in signalled, signalled
     assert "error" not in outcome and "status" in outcome, outcome  # the launcher ended
     assert outcome["status"].state == "CANCELLED", (outcome["status"].detail, said)
@@ -278,14 +288,12 @@ def test_a_signal_to_the_second_instances_rank_cancels_the_run_without_replaceme
              for rank in (0, 1)}
     assert [s["step"] for s in stops[0] + stops[1]] == [STOP_AT, STOP_AT], (stops, said)
     assert stops[1][0]["signal"] == signal.SIGTERM
-    statuses = sorted(final_statuses(cloud, run_dir, 0), key=lambda status: status["index"])
+    statuses = final_statuses(cloud, run_dir, 0)
     assert [(st["state"], st["reason"]) for st in statuses] == [("cancelled", None)] * 2, statuses  # each node says it
     assert torch.load(run_dir / CHECKPOINT_NAME, weights_only=True)["step"] == STOP_AT
     assert td.instances(ec2, run_dir.name, td.LIVE_STATES) == []
     assert td.instances(ec2, run_dir.name, None, 1) == [], "capacity was replaced"
-    left = subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True, text=True).stdout.split()
-    assert left == [], subprocess.run(["ps", "-o", "pid,args", "-p", ",".join(left)], capture_output=True,
-                                      text=True).stdout
+    assert_nothing_left_under(tmp_path)
 
 
 @pytest.mark.parametrize("engine", ["ddp", pytest.param("horovod", marks=needs_horovod)])
@@ -295,9 +303,6 @@ def test_a_killed_launcher_stops_both_instances_with_a_checkpoint(cloud, wheel, 
     here), stops its ranks, they agree on step 6, rank 0 checkpoints and the checkpoint reaches the bucket;
     both instances power off (which terminates them) and nothing is left running; `launch aws gc` removes
     what only a launcher would have removed (tests/test_aws_bootstrap.py: the same on one instance)."""
-    from tests.test_aws_bootstrap import KEYS, _following, until
-    from tests.test_resume import SPEC
-
     if why := ec2_sandbox.unavailable():
         pytest.skip(why)
     ec2, s3, bucket = cloud["ec2"], cloud["s3"], cloud["bucket"]
@@ -316,16 +321,14 @@ def test_a_killed_launcher_stops_both_instances_with_a_checkpoint(cloud, wheel, 
         launcher.kill()
         launcher.wait(timeout=60)
         log.close()
-    statuses = sorted(final_statuses(cloud, run_dir, 0), key=lambda status: status["index"])
+    statuses = final_statuses(cloud, run_dir, 0)
     assert [(st["state"], st["reason"]) for st in statuses] == [("interrupted", "launcher_lost")] * 2, (statuses, said)
     checkpoint = tmp_path / "checkpoint.pt"
     s3.download_file(bucket, f"scalelab/{run_dir.name}/checkpoint.pt", str(checkpoint))
     assert torch.load(checkpoint, weights_only=True)["step"] == STOP_AT  # stopped with a checkpoint, uploaded
     assert td.instances(ec2, run_dir.name, td.LIVE_STATES) == [], "an instance did not terminate itself"
     assert td.instances(ec2, run_dir.name, None, 1) == [], "capacity was replaced"
-    left = subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True, text=True).stdout.split()
-    assert left == [], subprocess.run(["ps", "-o", "pid,args", "-p", ",".join(left)], capture_output=True,
-                                      text=True).stdout
+    assert_nothing_left_under(tmp_path)
     gc = subprocess.run([sys.executable, "-m", "scalelab.launcher.cli", "aws", "gc", "--run-id", run_dir.name],
                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert gc.returncode == 0, gc.stderr

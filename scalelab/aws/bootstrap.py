@@ -208,27 +208,27 @@ class Sync:
             if path.is_file() and not path.is_symlink():
                 self._put(path, f"{SCRIPT_CHECKPOINTS}/{path.relative_to(own)}")
 
+    def _peers(self, folder: str) -> list[str]:
+        """The other instances of this generation with an entry in FOLDER/gen-G/ (their ids, sorted)."""
+        prefix = self.cfg.key(f"{folder}/gen-{self.cfg.generation}/")
+        listing = self.s3.list_objects_v2(Bucket=self.cfg.bucket, Prefix=prefix)
+        ids = (o["Key"][len(prefix):].removesuffix(".json") for o in listing.get("Contents", []))
+        return sorted(i for i in ids if i != self.instance_id)
+
     def peer_notice(self) -> str | None:
         """The id of another instance of this generation that got a spot notice (its event, written before
         it stopped its ranks), or None."""
-        prefix = self.cfg.key(f"events/gen-{self.cfg.generation}/")
-        listing = self.s3.list_objects_v2(Bucket=self.cfg.bucket, Prefix=prefix)
-        ids = [o["Key"][len(prefix):].removesuffix(".json") for o in listing.get("Contents", [])]
-        return next((i for i in sorted(ids) if i != self.instance_id), None)
+        return next(iter(self._peers("events")), None)
 
     def peer_stop_reason(self) -> str | None:
         """Why another instance of this generation stopped its ranks (its `stops/` entry, written before it
         signalled them: the ranks agree on a step, so its stop ended ours too), or None."""
-        prefix = f"stops/gen-{self.cfg.generation}/"
         try:
-            listing = self.s3.list_objects_v2(Bucket=self.cfg.bucket, Prefix=self.cfg.key(prefix))
+            peers = self._peers("stops")
         except Exception:  # noqa: BLE001 - S3 unreachable at the end: no answer, not a failed node
             return None
-        ids = sorted(o["Key"].rsplit("/", 1)[-1].removesuffix(".json") for o in listing.get("Contents", []))
-        for other in (i for i in ids if i != self.instance_id):
-            if reason := (self.get_json(f"{prefix}{other}.json") or {}).get("reason"):
-                return reason
-        return None
+        reasons = ((self.get_json(f"stops/gen-{self.cfg.generation}/{i}.json") or {}).get("reason") for i in peers)
+        return next((r for r in reasons if r), None)
 
     def put_json(self, key: str, doc: dict) -> None:
         self.s3.put_object(Bucket=self.cfg.bucket, Key=self.cfg.key(key), Body=json.dumps(doc).encode())

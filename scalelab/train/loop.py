@@ -56,7 +56,7 @@ from scalelab.train.noise import NoiseMeter
 from scalelab.train import graphs
 from scalelab.train.graphs import StepGraph
 from scalelab.train.outloss import resolve as resolve_output_loss
-from scalelab.train.track import HOLD_AT_STEP_ENV
+from scalelab.train.track import HOLD_AT_STEP_ENV, hold_for_a_stop_signal  # noqa: F401 - tests import the name from here
 from scalelab.train.memory import current_rss_bytes, is_out_of_memory, memory_fields, oom_message
 from scalelab.train.precision import Precision, make_precision
 from scalelab.train.profiling import StepProfiler
@@ -66,9 +66,8 @@ BUCKET_BATCHES = 50  # length bucketing sorts within windows of this many global
 FAIL_AT_STEP_ENV = "SCALELAB_FAIL_AT_STEP"  # STEP: every rank dies (os._exit) after this step
 KILL_AT_STEP_ENV = "SCALELAB_KILL_AT_STEP"  # STEP:RANK: that rank sends itself SIGKILL after STEP
 RAISE_AT_STEP_ENV = "SCALELAB_RAISE_AT_STEP"  # STEP:RANK: that rank raises a RuntimeError after STEP
-# HOLD_AT_STEP_ENV (scalelab/train/track.py, shared with a script's track.step): STEP[:RANK]: wait there for a
-# stop signal (only RANK waits, the others block in the stop agreement), so that a cancel, or a signal to one
-# rank, lands at STEP
+# HOLD_AT_STEP_ENV, STEP[:RANK]: wait there for a stop signal, so that a cancel, or a signal to one rank, lands
+# at STEP (scalelab/train/track.py's hold_for_a_stop_signal, shared with a script's track.step)
 
 
 # The launcher watch: a rank started by a supervising launcher (the local backend sets LAUNCHER_ENV to
@@ -443,7 +442,7 @@ def validate_and_judge(run: Run, progress: Progress, out: RecordWriter) -> bool:
 def agree_to_stop(engine: Engine, step: int) -> bool:
     """True on every rank when any rank got a stop signal (a cancel, Slurm's warning, a signal to that one
     rank): all stop here."""
-    _hold_for_a_stop_signal(step, engine.rank)
+    hold_for_a_stop_signal(step, engine.rank, lambda: Stop.signal is not None)  # a test aid
     return engine.any(Stop.signal is not None)  # distributed
 
 
@@ -487,16 +486,6 @@ def finish(run: Run, progress: Progress, out: RecordWriter, reason: str) -> None
 
 
 # ---- helpers -------------------------------------------------------------------------------------
-
-
-def _hold_for_a_stop_signal(step: int, rank: int) -> None:
-    """Test aid: at HOLD_AT_STEP, wait (up to 2 minutes) for SIGTERM/SIGUSR1/SIGINT, so a cancel lands there.
-    `STEP:RANK`: only that rank waits (a signal to that one rank); the others wait in the stop agreement."""
-    if os.environ.get(HOLD_AT_STEP_ENV) not in (str(step), f"{step}:{rank}"):
-        return
-    deadline = time.monotonic() + 120
-    while Stop.signal is None and time.monotonic() < deadline:
-        time.sleep(0.05)
 
 
 def _die_if_asked(step: int, rank: int) -> None:

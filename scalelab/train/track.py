@@ -29,6 +29,7 @@ import os
 import resource
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -124,20 +125,22 @@ def step(items: int, loss: float | None = None, step: int | None = None, lr: flo
     s.writer.write("step", step=s.step, warmup=first or s.step - s.started_at <= s.warmup_steps, step_s=step_s,
                    samples=items, words=items, loss=value, **rate, **_memory())
     if s.hold_at:
-        _hold_for_a_stop_signal(s)
+        from scalelab.core.records import rank_from_env  # only where the aid is set
+
+        if hold_for_a_stop_signal(s.step, rank_from_env()[0], lambda: s.stop is not None):
+            s.last = time.perf_counter()  # the wait is not part of the next step's time
 
 
-def _hold_for_a_stop_signal(s: _State) -> None:
-    """Test aid: at HOLD_AT_STEP (STEP, or STEP:RANK for that rank only) wait up to 2 minutes for a stop
-    signal; the wait is not part of the next step's time."""
-    from scalelab.core.records import rank_from_env  # only where the aid is set
-
-    if s.hold_at not in (str(s.step), f"{s.step}:{rank_from_env()[0]}"):
-        return
+def hold_for_a_stop_signal(step: int, rank: int, stopped: Callable[[], bool]) -> bool:
+    """Test aid (the built-in trainer's and a script's): at HOLD_AT_STEP wait, up to 2 minutes, until `stopped()`
+    (a stop signal arrived), so that a cancel lands there. `STEP:RANK`: only that rank waits (a signal to that
+    one rank); the others wait in the stop agreement. True when it held."""
+    if os.environ.get(HOLD_AT_STEP_ENV) not in (str(step), f"{step}:{rank}"):
+        return False
     deadline = time.monotonic() + 120
-    while s.stop is None and time.monotonic() < deadline:
+    while not stopped() and time.monotonic() < deadline:
         time.sleep(0.05)
-    s.last = time.perf_counter()
+    return True
 
 
 def validation(loss: float) -> bool:
