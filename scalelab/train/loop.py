@@ -56,7 +56,7 @@ from scalelab.train.noise import NoiseMeter
 from scalelab.train import graphs
 from scalelab.train.graphs import StepGraph
 from scalelab.train.outloss import resolve as resolve_output_loss
-from scalelab.train.track import HOLD_AT_STEP_ENV, hold_for_a_stop_signal  # noqa: F401 - tests import the name from here
+from scalelab.train.track import HOLD_AT_STEP_ENV, hold_for_a_stop_signal  # noqa: F401 - tests import HOLD_AT_STEP_ENV from here
 from scalelab.train.memory import current_rss_bytes, is_out_of_memory, memory_fields, oom_message
 from scalelab.train.precision import Precision, make_precision
 from scalelab.train.profiling import StepProfiler
