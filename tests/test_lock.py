@@ -205,3 +205,20 @@ def test_owner_file_is_never_seen_empty_or_half_written(tmp_path: Path) -> None:
         proc.wait(timeout=60)
     assert proc.returncode == 0
     assert seen > 0, "the reader never saw the lock held; the test proved nothing"
+
+
+def test_a_child_that_already_exited_is_still_recorded_by_the_command_it_was_started_with() -> None:
+    """A node that only starts ranks and exits can be a zombie before the launcher records it (CI,
+    2026-11-28, on the slower machine: `processes` came out empty). Its command line is gone from /proc;
+    the reference takes it from the argv it was started with, and its start time from the zombie."""
+    argv = [sys.executable, "-c", "pass", "-m", "scalelab.train", "/tmp/some-run"]
+    proc = subprocess.Popen(argv)
+    os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)  # exited, not reaped: a zombie
+    try:
+        assert ProcessRef.of(proc.pid) is None  # what the launcher used to record: nothing
+        ref = ProcessRef.of_child(proc.pid, argv)
+        assert ref is not None and ref.pid == proc.pid and ref.cmdline == tuple(argv)
+        assert abs(ref.start_time - time.time()) < 60 and not ref.alive()
+    finally:
+        proc.wait()
+    assert ProcessRef.of_child(proc.pid, argv) is None  # reaped: nothing to refer to

@@ -45,6 +45,20 @@ class ProcessRef:
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             return None
 
+    @classmethod
+    def of_child(cls, pid: int, argv: list[str]) -> "ProcessRef | None":
+        """The reference of a child this process started with `argv` and has not reaped yet.
+
+        Its command line is taken from `argv`, which is what /proc shows once it runs its program, not
+        read back: a child that already exited (a node that only starts ranks of its own, on a slow
+        machine) is a zombie whose command line can no longer be read (CI, 2026-11-28), and one read just
+        after the fork can still show its parent's. Its start time can be read either way, and its pid
+        stays ours until it is reaped."""
+        try:
+            return cls(pid, psutil.Process(pid).create_time(), tuple(argv), socket.gethostname())
+        except psutil.Error:
+            return None
+
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "cmdline": list(self.cmdline)}
 

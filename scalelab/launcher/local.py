@@ -174,7 +174,8 @@ class LocalBackend(Backend):
             stop_processes(family(_processes_of(started)), 0, self._reap)  # no node of a half-started run stays
             raise
         # pid + start time + command line: `status` and `cancel` signal only these very processes
-        refs = [ref.to_dict() for p in started if (ref := ProcessRef.of(p.pid)) is not None]
+        refs = [ref.to_dict() for p, cmd in zip(started, request.commands)
+                if (ref := ProcessRef.of_child(p.pid, [str(a) for a in cmd])) is not None]
         start_state(run_dir, backend=self.name, pids=[p.pid for p in started], processes=refs,
                     commands=request.commands, env=request.env, log_files=request.log_files, started=time.time(),
                     host=socket.gethostname())
