@@ -6,6 +6,11 @@ this project's machines, stops Python writing it), every one of them compiles pa
 scalelab from source again: about 1 s of CPU per `launch` on 2 cores. Python reads bytecode whatever
 PYTHONDONTWRITEBYTECODE says, and checks it against the source, so a stale file is never used.
 
+Not only what they import at start: a rank's first optimizer step imports `torch._dynamo` (torch.optim's
+step wrappers do, lazily), and with it sympy and mpmath, about 800 modules. Left out of this list until
+2026-11-28, every rank compiled them from source: a 10-step two-rank DDP launch took 29 s of CPU on the
+AVX2 machine kind, 15 s with their bytecode (docs/benchmarks.md, "Bytecode for what ranks import late").
+
 Run by scripts/test.sh after the install; a second run only compares timestamps (a few seconds).
 Usage: python scripts/bytecode.py [TREE]   (TREE: the scalelab source tree, default: this one)
 """
@@ -23,7 +28,13 @@ ENTRY_MODULES = (
     "scalelab.analysis.results", "scalelab.analysis.report", "scalelab.costs.expected",
     "scalelab.train.loop", "scalelab.train.engines", "scalelab.train.script",
     "torch.distributed.run", "horovod.torch", "horovod.runner.launch",
+    # imported late: at a rank's first optimizer step (torch.optim -> torch._dynamo -> sympy, mpmath; the
+    # profiler), by DDP, by torchrun's static rendezvous, by pandas' Arrow conversion, by rich's emoji markup
+    "torch._dynamo", "torch.nn.parallel", "torch.distributed.elastic.rendezvous.static_tcp_rendezvous",
+    "torch.profiler._cupti_monitor", "pyarrow.pandas_compat", "rich._emoji_codes",
 )
+# Packages compiled whole: their modules are picked at run time by name (rich's Unicode table per version).
+WHOLE_PACKAGES = ("rich._unicode_data",)
 
 
 def imported_sources(names: tuple[str, ...]) -> set[str]:
@@ -37,11 +48,22 @@ def imported_sources(names: tuple[str, ...]) -> set[str]:
             if isinstance(getattr(m, "__file__", None), str) and m.__file__.endswith(".py")}
 
 
+def _imported(name: str) -> object | None:
+    try:
+        return importlib.import_module(name)
+    except Exception:  # noqa: BLE001 - absent in this version: nothing to compile
+        return None
+
+
 def main() -> int:
     tree = Path(sys.argv[1] if len(sys.argv) > 1 else Path(__file__).resolve().parents[1])
     ok = compileall.compile_dir(tree / "scalelab", quiet=1)
     for source in sorted(imported_sources(ENTRY_MODULES)):
         ok = compileall.compile_file(source, quiet=1) and ok  # skips a file whose bytecode is up to date
+    for name in WHOLE_PACKAGES:
+        package = sys.modules.get(name) or _imported(name)
+        for folder in getattr(package, "__path__", []):
+            ok = compileall.compile_dir(folder, quiet=1, maxlevels=0) and ok
     return 0 if ok else 1
 
 

@@ -9,6 +9,10 @@ cd "$(dirname "$0")/.."
 scripts/install.sh
 # The bytecode of what the suite's Python processes import, written once (scripts/bytecode.py says why).
 "$PY" scripts/bytecode.py || echo "test: some bytecode could not be written; the suite runs, more slowly" >&2
+# And whatever a test's processes import that the script did not foresee (boto3's clients, Dask's workers,
+# Inductor), written by the first process that imports it rather than compiled again by every one: on this
+# project's machines PYTHONDONTWRITEBYTECODE=1 would stop that. Only the suite's processes see this.
+unset PYTHONDONTWRITEBYTECODE
 # On SCALELAB_TEST_WORKERS pytest-xdist workers (default 2: CI's two cores; 0 runs in this process, as plain
 # pytest does). Most of a test's time is waiting on processes it started (ranks' start-up, rendezvous, Slurm,
 # moto), so two workers overlap it. They share one Slurm cluster (tests/conftest.py, slurm_cluster); no test

@@ -1,0 +1,33 @@
+"""scripts/bytecode.py covers what a rank imports late, not only at start (the suite's speed rests on it:
+without the bytecode of torch._dynamo and sympy, every rank compiled about 800 modules from source)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+_PROBE = """
+import sys
+sys.path.insert(0, sys.argv[1])
+import bytecode
+have = bytecode.imported_sources(bytecode.ENTRY_MODULES)
+assert any("/torch/_dynamo/" in f for f in have) and any("/sympy/" in f for f in have), "no dynamo, no sympy"
+import torch
+model = torch.nn.Linear(4, 4)
+for opt in (torch.optim.SGD(model.parameters(), lr=0.1), torch.optim.Adam(model.parameters())):
+    model(torch.randn(2, 4)).sum().backward()
+    opt.step()  # torch.optim imports torch._dynamo here, lazily
+late = {m.__file__ for m in list(sys.modules.values())
+        if isinstance(getattr(m, "__file__", None), str) and m.__file__.endswith(".py")} - have
+print("\\n".join(sorted(late)))
+"""
+
+
+def test_an_optimizer_step_imports_nothing_the_bytecode_script_left_out() -> None:
+    done = subprocess.run([sys.executable, "-c", _PROBE, str(ROOT / "scripts")], capture_output=True, text=True,
+                          timeout=300, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "", f"imported after the entry modules, so compiled from source by every rank:\n{done.stdout}"
