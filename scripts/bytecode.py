@@ -7,9 +7,10 @@ scalelab from source again: about 1 s of CPU per `launch` on 2 cores. Python rea
 PYTHONDONTWRITEBYTECODE says, and checks it against the source, so a stale file is never used.
 
 Not only what they import at start: a rank's first optimizer step imports `torch._dynamo` (torch.optim's
-step wrappers do, lazily), and with it sympy and mpmath, about 800 modules. Left out of this list until
-2026-11-28, every rank compiled them from source: a 10-step two-rank DDP launch took 29 s of CPU on the
-AVX2 machine kind, 15 s with their bytecode (docs/benchmarks.md, "Bytecode for what ranks import late").
+step wrappers do, lazily), and with it sympy and mpmath, about 800 modules. Where nothing else compiles
+them, every rank compiles them from source: in a virtualenv without their bytecode, a 10-step two-rank DDP
+launch took 29 s of CPU on the AVX2 machine kind, 15 s with it. (CI's virtualenv had them anyway, written
+early in the suite by a process started without PYTHONDONTWRITEBYTECODE; scripts/test.sh now unsets it.)
 
 Run by scripts/test.sh after the install; a second run only compares timestamps (a few seconds).
 Usage: python scripts/bytecode.py [TREE]   (TREE: the scalelab source tree, default: this one)
