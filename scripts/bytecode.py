@@ -49,21 +49,13 @@ def imported_sources(names: tuple[str, ...]) -> set[str]:
             if isinstance(getattr(m, "__file__", None), str) and m.__file__.endswith(".py")}
 
 
-def _imported(name: str) -> object | None:
-    try:
-        return importlib.import_module(name)
-    except Exception:  # noqa: BLE001 - absent in this version: nothing to compile
-        return None
-
-
 def main() -> int:
     tree = Path(sys.argv[1] if len(sys.argv) > 1 else Path(__file__).resolve().parents[1])
     ok = compileall.compile_dir(tree / "scalelab", quiet=1)
-    for source in sorted(imported_sources(ENTRY_MODULES)):
+    for source in sorted(imported_sources(ENTRY_MODULES + WHOLE_PACKAGES)):
         ok = compileall.compile_file(source, quiet=1) and ok  # skips a file whose bytecode is up to date
-    for name in WHOLE_PACKAGES:
-        package = sys.modules.get(name) or _imported(name)
-        for folder in getattr(package, "__path__", []):
+    for name in WHOLE_PACKAGES:  # imported just above, where it is installed
+        for folder in getattr(sys.modules.get(name), "__path__", []):
             ok = compileall.compile_dir(folder, quiet=1, maxlevels=0) and ok
     return 0 if ok else 1
 

@@ -14,8 +14,9 @@ scripts/install.sh
 # project's machines PYTHONDONTWRITEBYTECODE=1 would stop that. Only the suite's processes see this.
 unset PYTHONDONTWRITEBYTECODE
 # On SCALELAB_TEST_WORKERS pytest-xdist workers (default 2: CI's two cores; 0 runs in this process, as plain
-# pytest does). Most of a test's time is waiting on processes it started (ranks' start-up, rendezvous, Slurm,
-# moto), so two workers overlap it. They share one Slurm cluster (tests/conftest.py, slurm_cluster); no test
+# pytest does). A test's time is mostly processes it started (ranks' start-up, rendezvous, Slurm, moto), and
+# with two workers the cores were 86-89% busy (docs/benchmarks.md), so more workers gain little. They share one
+# Slurm cluster (tests/conftest.py, slurm_cluster); no test
 # groups are set, so `--dist loadgroup` hands the tests out one by one.
 workers=${SCALELAB_TEST_WORKERS:-2}
 # Waiting OpenMP threads sleep rather than spin on the busy cores (tests/conftest.py says why; set here too so

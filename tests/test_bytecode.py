@@ -1,5 +1,6 @@
-"""scripts/bytecode.py covers what a rank imports late, not only at start (the suite's speed rests on it:
-without the bytecode of torch._dynamo and sympy, every rank compiled about 800 modules from source)."""
+"""scripts/bytecode.py covers what a rank imports late, not only at start: without the bytecode of
+torch._dynamo and sympy (about 800 modules, imported as the optimizer is built), every rank of a virtualenv
+that has none compiles them from source (a 10-step 2-rank DDP launch: 29 s of CPU against 15 s)."""
 
 from __future__ import annotations
 

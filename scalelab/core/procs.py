@@ -46,7 +46,7 @@ class ProcessRef:
             return None
 
     @classmethod
-    def of_child(cls, pid: int, argv: list[str]) -> "ProcessRef | None":
+    def of_child(cls, pid: int, argv: Sequence[str]) -> "ProcessRef | None":
         """The reference of a child this process started with `argv` and has not reaped yet.
 
         Its command line is taken from `argv`, which is what /proc shows once it runs its program, not

@@ -175,7 +175,7 @@ class LocalBackend(Backend):
             raise
         # pid + start time + command line: `status` and `cancel` signal only these very processes
         refs = [ref.to_dict() for p, cmd in zip(started, request.commands)
-                if (ref := ProcessRef.of_child(p.pid, [str(a) for a in cmd])) is not None]
+                if (ref := ProcessRef.of_child(p.pid, cmd)) is not None]
         start_state(run_dir, backend=self.name, pids=[p.pid for p in started], processes=refs,
                     commands=request.commands, env=request.env, log_files=request.log_files, started=time.time(),
                     host=socket.gethostname())
