@@ -159,12 +159,10 @@ def test_full_disk_injected(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-def test_full_disk_during_a_run_is_one_clear_error(tmp_path, small_fs):
+def test_full_disk_during_a_run_is_one_clear_error(tmp_path, small_fs, nmt_run):
     """The whole path: rank 0's write fails at step 4, the run stops with one line naming the
     filesystem, and the step-2 checkpoint is still there for `launch resume`."""
-    proc = launch("--model", "nmt-tiny", *TWO_STEPS, "--runs-dir", "runs", cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr
-    size = (only_run_dir(tmp_path / "runs") / CHECKPOINT_NAME).stat().st_size
+    size = (nmt_run / CHECKPOINT_NAME).stat().st_size  # the size of one nmt-tiny checkpoint
     fs = small_fs(int(size * 1.3) + 48 * 1024)  # one checkpoint and the records fit, two checkpoints do not
 
     proc = launch("--model", "nmt-tiny", *TINY, "--steps", "6", "--runs-dir", str(fs / "runs"), cwd=tmp_path)

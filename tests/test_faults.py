@@ -35,10 +35,14 @@ from tests.conftest import ROOT, launch, needs_horovod, on_cpu_where_gpus_are_sh
 from scalelab.train.checkpoint import CHECKPOINT_NAME
 from scalelab.train.loop import HOLD_AT_STEP_ENV, KILL_AT_STEP_ENV
 
+# Also the spec of tests/test_rank_signals.py, so that both files compare against one uninterrupted run per
+# engine (REFERENCE, made once in the pytest run). The ranks get the default 30 s to checkpoint and exit after
+# a stop signal (stop_grace_s); the tests that need another grace pass it.
 STEPS = 8
 SPEC = ["--model", "nmt-tiny", "--data", "task", "--warmup-steps", "1", "--prefetch", "1", "--global-batch", "16",
         "--steps", str(STEPS), "--checkpoint-every", "3", "--lr", "0.01", "--model-arg", "dropout=0.2",
-        "--backend-opt", "stop_grace_s=30", "--threads", "1"]  # bit-equal runs need one thread per rank
+        "--threads", "1"]  # one thread per rank: bit-equal runs need it (docs/reliability.md, "Exact resume")
+REFERENCE = "faults-and-signals-reference"  # the made_once prefix of the uninterrupted runs of SPEC
 ENGINES = {"ddp": ["--engine", "ddp", "--gpus-per-node", "2"], "horovod": ["--engine", "horovod", "--gpus-per-node", "2"]}
 HOROVOD = pytest.param("horovod", marks=needs_horovod)
 PATIENCE_S = 180  # how long a test waits for ranks to reach a step on a busy machine (not a timing check)
@@ -144,8 +148,9 @@ def _checkpoint_step(run: Path) -> int:
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-    """The uninterrupted run of each engine, made once in the pytest run (conftest's made_once)."""
-    return runs_made_once(tmp_path_factory, SPEC, ENGINES, "faults-reference")
+    """The uninterrupted run of each engine, made once in the pytest run (conftest's made_once) and shared
+    with tests/test_rank_signals.py."""
+    return runs_made_once(tmp_path_factory, SPEC, ENGINES, REFERENCE)
 
 
 def _resume_matches(run: Path, whole: Path, from_step: int) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import horovod_available, launch, only_run_dir, steps_of
+from conftest import horovod_available, launch, made_once, only_run_dir, steps_of
 from scalelab.train import outloss
 from scalelab.train.outloss import chunked_loss, full_loss, resolve
 
@@ -72,14 +72,15 @@ def _losses(tmp_path, name: str, engine: str, ranks: int, loss: str, extra_env: 
     return [s["loss"] for s in steps]
 
 
-_FULL: dict[str, list[float]] = {}
-
-
 def _full_losses(tmp_path_factory, engine: str, ranks: int) -> list[float]:
-    """The full loss's curve of one engine, run once for the chunked and the compiled comparisons."""
-    if engine not in _FULL:
-        _FULL[engine] = _losses(tmp_path_factory.mktemp(f"full-{engine}"), "full", engine, ranks, "full")
-    return _FULL[engine]
+    """The full loss's curve of one engine, run once in the pytest run (conftest's made_once: once for both
+    xdist workers, not once per worker) for the chunked and the compiled comparisons."""
+    def make(where):
+        _losses(where, "full", engine, ranks, "full")
+        return only_run_dir(where / "full")
+
+    run = made_once(tmp_path_factory, ["output-loss-full", engine, str(ranks), str(STEPS)], make)
+    return [s["loss"] for s in steps_of(run)]
 
 
 ENGINES = [("single", 1), ("ddp", 2), ("ps", 2), ("horovod", 2)]

@@ -35,16 +35,15 @@ import pytest
 import torch
 
 from tests.conftest import ROOT, launch, needs_horovod, on_cpu_where_gpus_are_short, read_jsonl, runs_made_once
-from tests.test_faults import _left, _wait_for
+from tests.test_faults import REFERENCE, SPEC, STEPS, _left, _wait_for
 from scalelab.train.checkpoint import CHECKPOINT_NAME
 from scalelab.train.loop import HOLD_AT_STEP_ENV, KILL_AT_STEP_ENV, RAISE_AT_STEP_ENV
 
 pytestmark = pytest.mark.slow  # every test here starts real ranks (over 5 s on 2 cores)
 
-STEPS, STOP = 8, 4
-SPEC = ["--model", "nmt-tiny", "--data", "task", "--warmup-steps", "1", "--prefetch", "1", "--global-batch", "16",
-        "--steps", str(STEPS), "--checkpoint-every", "3", "--lr", "0.01", "--model-arg", "dropout=0.2",
-        "--threads", "1"]  # one thread per rank: bit-equal runs need it (docs/reliability.md, "Exact resume")
+STOP = 4
+# SPEC (8 steps, a checkpoint every 3, one thread per rank) is test_faults.py's: both compare against the
+# same uninterrupted runs.
 ENGINES = {
     "single": ["--engine", "single"],
     "ddp": ["--engine", "ddp", "--gpus-per-node", "2"],
@@ -56,8 +55,9 @@ PATIENCE_S = 240
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-    """The uninterrupted run of each engine, made once for the module."""
-    return runs_made_once(tmp_path_factory, SPEC, ENGINES, "signals-reference")
+    """The uninterrupted run of each engine, made once in the pytest run (the ddp and Horovod runs are
+    test_faults.py's too)."""
+    return runs_made_once(tmp_path_factory, SPEC, ENGINES, REFERENCE)
 
 
 def world(engine: str) -> int:

@@ -16,18 +16,17 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import launch, needs_horovod, read_jsonl, run_entry, runs_made_once
-from tests.test_issue37 import _copy, _one_error_line, _tree
+from tests.test_issue37 import ENGINES as ISSUE37_ENGINES, SPEC, _copy, _one_error_line, _tree
 
-SPEC = ["--model", "nmt-tiny", "--data", "task", "--warmup-steps", "1", "--prefetch", "1", "--global-batch", "8",
-        "--steps", "4", "--checkpoint-every", "2", "--lr", "0.001"]
-ENGINES = {"ddp": ["--engine", "ddp", "--gpus-per-node", "2"],
-           "horovod": ["--engine", "horovod", "--gpus-per-node", "2"]}
+# test_issue37.py's spec (4 steps, a checkpoint every 2, Adam at the default lr 0.001) and its made-once
+# prefix: its DDP run is this file's too.
+ENGINES = {"ddp": ISSUE37_ENGINES["ddp"], "horovod": ["--engine", "horovod", "--gpus-per-node", "2"]}
 
 
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory):
     """A COMPLETED 4-step run of each engine (checkpoint at step 4), made once; tests work on copies."""
-    return runs_made_once(tmp_path_factory, SPEC, ENGINES, "changes")
+    return runs_made_once(tmp_path_factory, SPEC, ENGINES, "done")
 
 
 def _edit(run: Path, **fields) -> None:
