@@ -14,8 +14,8 @@ signal (`SCALELAB_HOLD_AT_STEP=STEP:RANK`: the others wait in the stop agreement
 A rank that fails with an exception that is not ours (SCALELAB_RAISE_AT_STEP: a RuntimeError, as a library's
 bug would raise) writes its last line into an `error` record; the launcher shows that line first - not the
 agent's traceback, nor the peers' "Connection reset by peer" (recorded as `peer_lost`) - and the log file keeps
-the tracebacks. The same for a user's --script that raises, and for a killed rank (its silence is named
-before its peers' collective errors).
+the tracebacks. The same for a user's --script that raises; a killed rank's silence named before its peers'
+collective errors is checked by tests/test_faults.py's killed-rank test.
 
 Slurm (the real test cluster) and AWS (moto, the instance played on this machine): tests/test_rank_signals_remote.py.
 """
@@ -37,7 +37,7 @@ import torch
 from tests.conftest import ROOT, launch, needs_horovod, on_cpu_where_gpus_are_short, read_jsonl, runs_made_once
 from tests.test_faults import REFERENCE, SPEC, STEPS, _left, _wait_for
 from scalelab.train.checkpoint import CHECKPOINT_NAME
-from scalelab.train.loop import HOLD_AT_STEP_ENV, KILL_AT_STEP_ENV, RAISE_AT_STEP_ENV
+from scalelab.train.loop import HOLD_AT_STEP_ENV, RAISE_AT_STEP_ENV
 
 pytestmark = pytest.mark.slow  # every test here starts real ranks (over 5 s on 2 cores)
 
@@ -272,14 +272,5 @@ def test_a_rank_that_aborts_in_horovods_rendezvous_is_named_with_gloos_words(tmp
     assert_nothing_left(run)
 
 
-def test_a_killed_rank_is_named_before_its_peers_collective_errors(tmp_path):
-    """SIGKILL of rank 1: rank 0's all-reduce fails ("Connection reset by peer"), recorded as `peer_lost`;
-    the line names rank 1's silence, not rank 0's echo of it."""
-    proc = start(tmp_path, "ddp", {KILL_AT_STEP_ENV: "3:1"})
-    _, err = proc.communicate(timeout=PATIENCE_S)
-    said = launch_lines(err)
-    assert proc.returncode == 2 and len(said) == 1 and "Traceback" not in err, err[-3000:]
-    assert "rank 1 after step 3 stopped with no error and no end record" in said[0], said
-    assert "rank 0" not in said[0], said
-    run = next(p for p in (tmp_path / "runs").glob("*") if p.is_dir())
-    assert_nothing_left(run)
+# A killed rank named before its peers' collective errors: tests/test_faults.py's killed-rank test (the same
+# launch, killed after step 5), which checks the launcher's one line as well as the resume.
