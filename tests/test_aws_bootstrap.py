@@ -66,6 +66,10 @@ RUN = {"backend": "aws", "model": "nmt-tiny", "engine": {"name": "single"}, "ste
        "warmup_steps": 1, "data": {"kind": "task", "prefetch": 1}, "global_batch": 16, "checkpoint_every": 4,
        "lr": 0.01, "model_args": {"dropout": 0.2}}
 STOP_AT = 6  # the trainer holds there until a stop signal (HOLD_AT_STEP_ENV), so every stop lands on it
+# How often the launcher and the played instances' bootstraps poll (`poll_s`, SCALELAB_POLL_S). Every poll is
+# several requests to moto's server, which runs in the pytest process, and the suite keeps both cores busy:
+# a two-instance spot test took 8% less CPU at 1 s than at 0.3 s (docs/benchmarks.md).
+POLL_S = 1.0
 
 
 class Metadata:
@@ -184,7 +188,7 @@ def start_user_data(cloud, instance_id: str, work: Path, python: Path, meta: Met
     that `inside(script)` gives (a played instance's namespaces, tests/ec2_sandbox.py), AWS at `endpoint`."""
     env = clean_env()
     env.update(KEYS, AWS_ENDPOINT_URL=endpoint or cloud["url"], SCALELAB_WORK=str(work), SCALELAB_PYTHON=str(python),
-               SCALELAB_METADATA_URL=meta.url, SCALELAB_POLL_S="0.3", SCALELAB_PEER_TIMEOUT_S="60",
+               SCALELAB_METADATA_URL=meta.url, SCALELAB_POLL_S=str(POLL_S), SCALELAB_PEER_TIMEOUT_S="60",
                PIP_NO_INDEX="1", PIP_DISABLE_PIP_VERSION_CHECK="1", OMP_NUM_THREADS="1",
                # torchrun's port: this machine's, unless the instance has a network of its own (two xdist
                # workers' runs both listened on 29500 here: EADDRINUSE)
@@ -219,18 +223,22 @@ ENGINE_RUNS = {"single": ({"name": "single"}, {}, "g3.4xlarge"),
                "horovod": ({"name": "horovod"}, MULTI, "g3.8xlarge")}
 
 
-def uninterrupted(spec, engine: str, tmp_path: Path) -> Path:
+def uninterrupted(spec, engine: str, tmp_path_factory) -> Path:
     """The run of `spec` without any interruption, on this machine, to compare a resumed run with: the single
-    engine's trainer run directly, the others as `reference_run` starts them."""
-    if engine != "single":
-        return reference_run(spec, tmp_path / "uninterrupted")
-    reference = tmp_path / "uninterrupted"
-    reference.mkdir()
-    save_spec(spec, reference)
-    done = subprocess.run([sys.executable, "-m", "scalelab.train", str(reference)], cwd=tmp_path, capture_output=True,
-                          text=True, env={**clean_env(), "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
-    assert done.returncode == 0, done.stderr[-3000:]
-    return reference
+    engine's trainer run directly, the others as `reference_run` starts them. Made once in the pytest run
+    (conftest's made_once): this file and tests/test_rank_signals_remote.py compare with the same runs."""
+    def make(where: Path) -> Path:
+        if engine != "single":
+            return reference_run(spec, where / "uninterrupted")
+        reference = where / "uninterrupted"
+        reference.mkdir()
+        save_spec(spec, reference)
+        done = subprocess.run([sys.executable, "-m", "scalelab.train", str(reference)], cwd=where, capture_output=True,
+                              text=True, env={**clean_env(), "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
+        assert done.returncode == 0, done.stderr[-3000:]
+        return reference
+
+    return made_once(tmp_path_factory, ["aws-uninterrupted", engine, spec.to_json()], make)
 
 
 @contextmanager
@@ -267,11 +275,11 @@ def reference_run(spec: Spec, where: Path) -> Path:
 
 
 @pytest.mark.parametrize("engine", ["single", "ps"])  # ddp, horovod: on two instances, tests/test_aws_two_instances.py
-def test_spot_replacement_resumes_to_the_same_losses(cloud, wheel, venv, tmp_path, engine):
+def test_spot_replacement_resumes_to_the_same_losses(cloud, wheel, venv, tmp_path, tmp_path_factory, engine):
     ec2, s3, bucket = cloud["ec2"], cloud["s3"], cloud["bucket"]
     engine_spec, extra, instance_type = ENGINE_RUNS[engine]
     spec = Spec.from_dict({**RUN, "engine": engine_spec, **extra})
-    be = AwsBackend({"bucket": bucket, "region": REGION, "spot": True, "wheel": str(wheel), "poll_s": 0.3,
+    be = AwsBackend({"bucket": bucket, "region": REGION, "spot": True, "wheel": str(wheel), "poll_s": POLL_S,
                      "interruption_grace_s": 120.0, "report_timeout_min": 6.0, "timeout_min": 15.0,
                      "instance_type": instance_type}, clients={"ec2": ec2, "s3": s3})
     run_dir = new_run_dir(tmp_path / "runs", "boot")
@@ -338,7 +346,7 @@ def test_spot_replacement_resumes_to_the_same_losses(cloud, wheel, venv, tmp_pat
     assert outcome["status"].state == "COMPLETED", outcome["status"].detail
 
     # ---- the launcher's copy: the same losses as without the interruption, report unchanged, nothing left
-    reference = uninterrupted(spec, engine, tmp_path)
+    reference = uninterrupted(spec, engine, tmp_path_factory)
     _assert_resumed_exactly(run_dir, reference, engine, from_step=STOP_AT)
     steps = [json.loads(x)["step"] for x in (run_dir / "records" / "rank-0.jsonl").read_text().splitlines()
              if json.loads(x)["kind"] == "step"]
@@ -362,7 +370,7 @@ def test_a_killed_launcher_leaves_nothing_running(cloud, wheel, venv, tmp_path):
     launcher = subprocess.Popen(
         [sys.executable, "-m", "scalelab.launcher.cli", *SPEC, "--engine", "single", "--backend", "aws",
          "--bucket", bucket, "--region", REGION, "--spot", "--heartbeat-timeout-min", "0.25",
-         f"--backend-opt=wheel={wheel}", "--backend-opt=poll_s=0.3", "--runs-dir", "runs"],
+         f"--backend-opt=wheel={wheel}", f"--backend-opt=poll_s={POLL_S}", "--runs-dir", "runs"],
         cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=log)
     meta = Metadata()
     try:

@@ -27,7 +27,7 @@ import pytest
 import torch
 
 import ec2_sandbox
-from conftest import ROOT, needs_horovod, read_jsonl
+from conftest import ROOT, launched_once, needs_horovod, read_jsonl
 
 boto3 = pytest.importorskip("boto3", reason="boto3 is not installed: pip install boto3")
 pytest.importorskip("moto.server", reason='moto server is not installed: pip install "moto[server]"')
@@ -35,18 +35,18 @@ pytest.importorskip("moto.server", reason='moto server is not installed: pip ins
 from scalelab.aws import teardown as td  # noqa: E402
 from scalelab.aws.backend import AwsBackend  # noqa: E402
 from scalelab.core.rundir import new_run_dir  # noqa: E402
-from scalelab.core.spec import Spec, read_spec, save_spec  # noqa: E402
+from scalelab.core.spec import Spec, save_spec  # noqa: E402
 from scalelab.launcher.runner import wait  # noqa: E402
 from scalelab.train.checkpoint import CHECKPOINT_NAME  # noqa: E402
 from tests.test_aws_bootstrap import (  # noqa: E402,F401 - the fixtures and stand-ins of the instance side
     KEYS,
+    POLL_S,
     REGION,
     RUN,
     STOP_AT,
     Metadata,
     cloud,
     finished,
-    reference_run,
     s3_json,
     scratch_venv,
     start_user_data,
@@ -55,7 +55,7 @@ from tests.test_aws_bootstrap import (  # noqa: E402,F401 - the fixtures and sta
     _following,
 )
 from tests.test_rank_signals import rank_process, wait_for  # noqa: E402
-from tests.test_resume import SPEC, _assert_resumed_exactly  # noqa: E402
+from tests.test_resume import ENGINES as RESUME_ENGINES, SPEC, _assert_resumed_exactly  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -153,7 +153,7 @@ def launch_two(cloud, wheel, tmp_path, engine: str, name: str, **options):
     """A two-instance run of the built-in trainer (RUN on 2 nodes of 1 rank) scheduled into moto, and the
     launcher following it: the backend, the run directory, the follow thread and its outcome."""
     spec = Spec.from_dict({**RUN, "engine": {"name": engine}, "nodes": 2, "gpus_per_node": 1})
-    be = AwsBackend({"bucket": cloud["bucket"], "region": REGION, "wheel": str(wheel), "poll_s": 0.3,
+    be = AwsBackend({"bucket": cloud["bucket"], "region": REGION, "wheel": str(wheel), "poll_s": POLL_S,
                      "interruption_grace_s": 120.0, "report_timeout_min": 6.0, "timeout_min": 15.0,
                      "instance_type": "g3.4xlarge", "placement_group": "none", **options},
                     clients={"ec2": cloud["ec2"], "s3": cloud["s3"]})
@@ -207,7 +207,7 @@ def test_a_cancel_stops_both_instances_ranks_at_one_step_with_a_checkpoint(cloud
 
     def cancel() -> None:
         try:
-            AwsBackend({"poll_s": 0.3}, clients={"ec2": ec2, "s3": s3}).cancel(run_dir)  # as `launch cancel` does
+            AwsBackend({"poll_s": POLL_S}, clients={"ec2": ec2, "s3": s3}).cancel(run_dir)  # as `launch cancel` does
             cancelled["done"] = True
         except BaseException as exc:  # noqa: BLE001 - reported by the main thread
             cancelled["error"] = exc
@@ -228,7 +228,8 @@ def test_a_cancel_stops_both_instances_ranks_at_one_step_with_a_checkpoint(cloud
 
 
 @pytest.mark.parametrize("engine", ["ddp", pytest.param("horovod", marks=needs_horovod)])
-def test_a_spot_notice_to_one_instance_replaces_both_and_the_run_resumes_exactly(cloud, wheel, tmp_path, engine):
+def test_a_spot_notice_to_one_instance_replaces_both_and_the_run_resumes_exactly(cloud, wheel, tmp_path, tmp_path_factory,
+                                                                                 engine):
     if why := ec2_sandbox.unavailable():
         pytest.skip(why)
     ec2 = cloud["ec2"]
@@ -250,7 +251,9 @@ def test_a_spot_notice_to_one_instance_replaces_both_and_the_run_resumes_exactly
             be.cancel(run_dir, grace_s=0)
     assert "error" not in outcome and "status" in outcome, outcome  # the launcher ended
     assert outcome["status"].state == "COMPLETED", (outcome["status"].detail, said1)
-    reference = reference_run(read_spec(run_dir), tmp_path / "uninterrupted")
+    # The uninterrupted run: tests/test_resume.py's local run of the same spec on one node of two ranks (made
+    # once in the pytest run): two instances of one rank each give the same floats.
+    reference = launched_once(tmp_path_factory, "resume-reference", *SPEC, *RESUME_ENGINES[engine])
     _assert_resumed_exactly(run_dir, reference, engine, from_step=STOP_AT)
     assert td.instances(ec2, run_dir.name, td.LIVE_STATES) == []
     events = [json.loads(x) for x in (run_dir / "records" / "aws-events.jsonl").read_text().splitlines()]
@@ -311,7 +314,7 @@ def test_a_killed_launcher_stops_both_instances_with_a_checkpoint(cloud, wheel, 
     launcher = subprocess.Popen(
         [sys.executable, "-m", "scalelab.launcher.cli", *SPEC, "--engine", engine, "--nodes", "2", "--gpus-per-node",
          "1", "--backend", "aws", "--bucket", bucket, "--region", REGION, "--heartbeat-timeout-min", "0.25",
-         f"--backend-opt=wheel={wheel}", "--backend-opt=poll_s=0.3", "--backend-opt=placement_group=none",
+         f"--backend-opt=wheel={wheel}", f"--backend-opt=poll_s={POLL_S}", "--backend-opt=placement_group=none",
          "--backend-opt=instance_type=g3.4xlarge", "--runs-dir", "runs"],
         cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=log)
     try:

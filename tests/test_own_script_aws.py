@@ -27,6 +27,7 @@ from scalelab.core.errors import SpecError  # noqa: E402
 from scalelab.core.rundir import new_run_dir  # noqa: E402
 from scalelab.core.spec import Spec, save_spec  # noqa: E402
 from tests.test_aws_bootstrap import (  # noqa: E402,F401 - the fixtures and stand-ins of the instance side
+    POLL_S,
     REGION,
     Metadata,
     cloud,
@@ -82,7 +83,7 @@ def test_script_on_two_instances_ships_starts_and_terminates(cloud, wheel, tmp_p
     ec2, s3, bucket = cloud["ec2"], cloud["s3"], cloud["bucket"]
     script = EXAMPLES / f"train_{engine}.py"
     spec = script_spec(nodes=2, gpus_per_node=1, engine={"name": engine}, script=str(script), model=script.name)
-    be = AwsBackend({"bucket": bucket, "region": REGION, "wheel": str(wheel), "poll_s": 0.3, "report_timeout_min": 6.0,
+    be = AwsBackend({"bucket": bucket, "region": REGION, "wheel": str(wheel), "poll_s": POLL_S, "report_timeout_min": 6.0,
                      "timeout_min": 15.0, "instance_type": "g3.4xlarge", "placement_group": "none"},
                     clients={"ec2": ec2, "s3": s3})
     run_dir = new_run_dir(tmp_path / "runs", "script")
@@ -158,7 +159,7 @@ def test_a_spot_interruption_of_a_script_is_replaced_and_the_script_resumes(clou
     (folder / "slow.py").write_text(SLOW_STEPS)
     spec = script_spec(nodes=1, gpus_per_node=1, engine={"name": "single"}, script=str(folder / "slow.py"),
                        script_dir=str(folder), model="slow.py", script_args=[])
-    be = AwsBackend({"bucket": bucket, "region": REGION, "spot": True, "wheel": str(wheel), "poll_s": 0.3,
+    be = AwsBackend({"bucket": bucket, "region": REGION, "spot": True, "wheel": str(wheel), "poll_s": POLL_S,
                      "interruption_grace_s": 120.0, "report_timeout_min": 6.0, "timeout_min": 15.0,
                      "instance_type": "g3.4xlarge"}, clients={"ec2": ec2, "s3": s3})
     run_dir = new_run_dir(tmp_path / "runs", "spot")

@@ -49,6 +49,7 @@ from tests.test_rank_signals import (
     left,
     rank_process,
     records,
+    reference,  # noqa: F401  (a fixture: the uninterrupted local run of each engine, made once)
     state,
     wait_for,
 )
@@ -68,13 +69,12 @@ SLURM = [*SPEC, "--backend", "slurm"]
 
 
 @pytest.mark.parametrize("engine", ["single", "ddp", pytest.param("horovod", marks=needs_horovod), "ps"])
-def test_slurm_a_signal_to_one_rank_cancels_the_run_and_it_resumes_exactly(slurm_cluster, tmp_path, engine):
+def test_slurm_a_signal_to_one_rank_cancels_the_run_and_it_resumes_exactly(slurm_cluster, tmp_path, reference, engine):
+    """The resumed Slurm run must record exactly what the same spec's uninterrupted *local* run records (made
+    once in the pytest run for tests/test_rank_signals.py): the cluster's nodes start the same ranks on this
+    machine, one thread each, so the backends give the same floats."""
     rank = 0 if engine == "single" else 1  # the one signalled; it holds at STOP until then, the others agree
-    reference = tmp_path / "reference"
-    reference.mkdir()
-    done = launch(*SLURM, *ENGINES[engine], "--runs-dir", "runs", cwd=reference, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    whole = only_run_dir(reference / "runs")
+    whole = reference(engine)
 
     where = tmp_path / "signalled"
     where.mkdir()
@@ -109,6 +109,7 @@ def test_slurm_a_signal_to_one_rank_cancels_the_run_and_it_resumes_exactly(slurm
 boto3 = pytest.importorskip("boto3", reason="boto3 is not installed: pip install boto3")
 from tests.test_aws_bootstrap import (  # noqa: E402  (the instance played here: its fixtures and stand-ins)
     ENGINE_RUNS,
+    POLL_S,
     REGION,
     RUN,
     STOP_AT,
@@ -132,7 +133,7 @@ from scalelab.launcher.runner import submit, wait  # noqa: E402
 
 def _aws(cloud, wheel_path: Path, instance_type: str = "g3.4xlarge") -> AwsBackend:
     return AwsBackend({"bucket": cloud["bucket"], "region": REGION, "spot": True, "wheel": str(wheel_path),
-                       "poll_s": 0.3, "interruption_grace_s": 120.0, "report_timeout_min": 6.0, "timeout_min": 15.0,
+                       "poll_s": POLL_S, "interruption_grace_s": 120.0, "report_timeout_min": 6.0, "timeout_min": 15.0,
                        "instance_type": instance_type}, clients={"ec2": cloud["ec2"], "s3": cloud["s3"]})
 
 
@@ -158,7 +159,7 @@ def _following(be: AwsBackend, run_dir: Path) -> tuple[threading.Thread, dict]:
 
 
 @pytest.mark.parametrize("engine", ["single", "ddp", pytest.param("horovod", marks=needs_horovod), "ps"])
-def test_aws_a_signal_to_one_rank_on_a_node_cancels_the_run_without_replacement(cloud, wheel, venv, tmp_path, engine):
+def test_aws_a_signal_to_one_rank_on_a_node_cancels_the_run_without_replacement(cloud, wheel, venv, tmp_path, tmp_path_factory, engine):
     ec2 = cloud["ec2"]
     engine_spec, extra, instance_type = ENGINE_RUNS[engine]
     spec = Spec.from_dict({**RUN, "engine": engine_spec, **extra})  # 10 steps, a checkpoint every 4
@@ -213,7 +214,7 @@ def test_aws_a_signal_to_one_rank_on_a_node_cancels_the_run_without_replacement(
             be.cancel(run_dir, grace_s=0)
     assert "error" not in outcome, outcome
     assert outcome["status"].state == "COMPLETED", outcome["status"].detail
-    reference = uninterrupted(spec, engine, tmp_path)
+    reference = uninterrupted(spec, engine, tmp_path_factory)
     _assert_resumed_exactly(run_dir, reference, engine, from_step=STOP_AT)
     assert td.instances(ec2, run_dir.name, td.LIVE_STATES) == []
 

@@ -31,7 +31,7 @@ import pytest
 import torch
 from submitit.core.utils import DelayedSubmission
 
-from tests.conftest import ROOT, launch, needs_horovod, only_run_dir, read_jsonl
+from tests.conftest import ROOT, launch, launched_once, needs_horovod, only_run_dir, read_jsonl
 from tests.test_resume import (
     ENGINE_PARAMS,
     ENGINES,
@@ -298,19 +298,12 @@ def test_a_killed_launcher_leaves_the_job_to_slurm_and_a_new_launcher_still_comm
 
 
 @pytest.fixture(scope="module")
-def cluster_reference(slurm_cluster, tmp_path_factory):
-    """The uninterrupted run of each engine on the cluster, made once for the module."""
-    made = {}
-
-    def get(engine: str) -> Path:
-        if engine not in made:
-            where = tmp_path_factory.mktemp(f"reference-{engine}")
-            done = launch(*EXACT, *ENGINES[engine], "--runs-dir", "runs", cwd=where, timeout=600)
-            assert done.returncode == 0, done.stderr[-3000:]
-            made[engine] = only_run_dir(where / "runs")
-        return made[engine]
-
-    return get
+def cluster_reference(tmp_path_factory):
+    """The uninterrupted run of each engine that the resumed cluster runs must match exactly: tests/test_resume.py's
+    *local* run of the same spec, made once in the pytest run (conftest's made_once). The cluster's nodes start
+    the same ranks on this machine, one thread each, so the backends give the same floats; a Slurm run of its
+    own per engine cost 1-2 more ranks and a job each."""
+    return lambda engine: launched_once(tmp_path_factory, "resume-reference", *SPEC, *ENGINES[engine])
 
 
 @pytest.mark.parametrize("engine", ENGINE_PARAMS)
