@@ -42,7 +42,7 @@ from scalelab.core.launch import NodeLaunch, Site, launch_plan, starter_of
 from scalelab.core.net import is_loopback
 from scalelab.core.rundir import CHECKPOINT_FILE, LOGS_DIR, RECORDS_DIR, SPEC_FILE, RunPaths
 from scalelab.core.spec import Spec, read_spec
-from scalelab.core.writes import open_inside
+from scalelab.core.writes import extract_inside, open_inside
 
 METADATA_URL = "http://169.254.169.254"
 SCRIPT_CHECKPOINTS = "checkpoint"  # RUN_DIR/checkpoint/: a --script's own files (scalelab/train/track.py)
@@ -318,7 +318,7 @@ def fetch_code(s3, cfg: Config) -> Path | None:
     archive = Path(cfg.work) / "code.tar.gz"
     s3.download_file(cfg.bucket, cfg.key(CODE_KEY), str(archive))
     with tarfile.open(archive) as tar:
-        tar.extractall(folder, filter="data")  # no absolute paths, no links out of the folder
+        extract_inside(tar, folder)  # no absolute paths, no links out of the folder
     if spec.script and spec.script_dir:
         spec.script = str(folder / Path(spec.script).relative_to(spec.script_dir))
     spec.script_dir = str(folder)

@@ -153,6 +153,32 @@ def refuse_links(out_dir: Path | str, names: tuple[str, ...]) -> None:
         check_inside(out_dir, Path(out_dir) / name)
 
 
+def extract_inside(tar, folder: Path | str) -> None:
+    """Unpack the open tarfile `tar` into `folder`, refusing (tarfile.TarError) what could reach outside it.
+
+    Python 3.11.4 and newer do that with `extractall(filter="data")` (PEP 706). Older 3.11 releases - Debian 12's
+    3.11.2, so a machine image's system Python - have no `filter` argument (TypeError: a --script run's
+    bootstrap failed on every instance), so there the same rules are applied here: regular files and folders
+    only, no absolute names or `..` out of the folder, no set-id bits, owned by whoever unpacks."""
+    import tarfile
+
+    if hasattr(tarfile, "data_filter"):
+        tar.extractall(folder, filter="data")
+        return
+    root = Path(folder).resolve()
+    members = []
+    for member in tar.getmembers():
+        target = (root / member.name).resolve()
+        if os.path.isabs(member.name) or (target != root and root not in target.parents):
+            raise tarfile.TarError(f"{member.name!r} would be unpacked outside {root}")
+        if not (member.isfile() or member.isdir()):
+            raise tarfile.TarError(f"{member.name!r} is a link or a special file; only files and folders are unpacked")
+        member.mode &= 0o755
+        member.uid, member.gid, member.uname, member.gname = os.getuid(), os.getgid(), "", ""
+        members.append(member)
+    tar.extractall(root, members=members)
+
+
 RUN_DIR_PARTS = ("records", "logs", "slurm", "checkpoint.pt", "checkpoint.tmp")  # what a launch writes into
 
 

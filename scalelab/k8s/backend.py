@@ -40,7 +40,7 @@ from scalelab.core.rundir import (
 from scalelab.core.spec import Spec
 from scalelab.core.trajectory import accepted_env
 from scalelab.core.waiting import wait_until
-from scalelab.core.writes import write_inside
+from scalelab.core.writes import extract_inside, write_inside
 from scalelab.k8s import manifests
 from scalelab.k8s.api import KubeApi, KubernetesError, NotFound
 from scalelab.k8s.manifests import LABEL_ROLE, to_yaml
@@ -250,7 +250,7 @@ class KubernetesBackend(Backend):
         try:
             blob = base64.b64decode("".join(text.split()), validate=True)
             with tarfile.open(fileobj=io.BytesIO(blob), mode="r:gz") as tar:
-                tar.extractall(run_dir, filter="data")
+                extract_inside(tar, run_dir)
         except (ValueError, tarfile.TarError) as exc:
             raise KubernetesError(f"the records from fetch pod {name} are corrupt ({exc}); they stay on volume "
                                   f"{self.options['volume_claim']}") from None
