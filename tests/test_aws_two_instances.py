@@ -27,7 +27,7 @@ import pytest
 import torch
 
 import ec2_sandbox
-from conftest import ROOT, launched_once, needs_horovod, read_jsonl
+from conftest import ROOT, needs_horovod, read_jsonl
 
 boto3 = pytest.importorskip("boto3", reason="boto3 is not installed: pip install boto3")
 pytest.importorskip("moto.server", reason='moto server is not installed: pip install "moto[server]"')
@@ -55,7 +55,7 @@ from tests.test_aws_bootstrap import (  # noqa: E402,F401 - the fixtures and sta
     _following,
 )
 from tests.test_rank_signals import rank_process, wait_for  # noqa: E402
-from tests.test_resume import ENGINES as RESUME_ENGINES, SPEC, _assert_resumed_exactly  # noqa: E402
+from tests.test_resume import SPEC, _assert_resumed_exactly, resume_reference  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -253,7 +253,7 @@ def test_a_spot_notice_to_one_instance_replaces_both_and_the_run_resumes_exactly
     assert outcome["status"].state == "COMPLETED", (outcome["status"].detail, said1)
     # The uninterrupted run: tests/test_resume.py's local run of the same spec on one node of two ranks (made
     # once in the pytest run): two instances of one rank each give the same floats.
-    reference = launched_once(tmp_path_factory, "resume-reference", *SPEC, *RESUME_ENGINES[engine])
+    reference = resume_reference(tmp_path_factory, engine)
     _assert_resumed_exactly(run_dir, reference, engine, from_step=STOP_AT)
     assert td.instances(ec2, run_dir.name, td.LIVE_STATES) == []
     events = [json.loads(x) for x in (run_dir / "records" / "aws-events.jsonl").read_text().splitlines()]

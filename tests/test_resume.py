@@ -18,6 +18,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -57,10 +58,16 @@ def _start(where, engine, *extra, env=None):
     return proc, where / "runs"
 
 
+def resume_reference(tmp_path_factory, engine: str, *extra: str) -> Path:
+    """The uninterrupted local run of SPEC on `engine`, made once in the pytest run (conftest's made_once);
+    the Slurm and two-instance AWS resume tests compare with it too."""
+    return launched_once(tmp_path_factory, "resume-reference", *SPEC, *ENGINES[engine], *extra)
+
+
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     """The uninterrupted run of each engine, made once in the pytest run (conftest's made_once)."""
-    return lambda engine, *extra: launched_once(tmp_path_factory, "resume-reference", *SPEC, *ENGINES[engine], *extra)
+    return lambda engine, *extra: resume_reference(tmp_path_factory, engine, *extra)
 
 
 def _world(engine):

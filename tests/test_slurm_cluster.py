@@ -31,7 +31,7 @@ import pytest
 import torch
 from submitit.core.utils import DelayedSubmission
 
-from tests.conftest import ROOT, launch, launched_once, needs_horovod, only_run_dir, read_jsonl
+from tests.conftest import ROOT, launch, needs_horovod, only_run_dir, read_jsonl
 from tests.test_resume import (
     ENGINE_PARAMS,
     ENGINES,
@@ -39,6 +39,7 @@ from tests.test_resume import (
     _all_ranks_at,
     _assert_resumed_exactly,
     _world,
+    resume_reference,
 )
 from scalelab.train.checkpoint import CHECKPOINT_NAME
 from scalelab.train.loop import HOLD_AT_STEP_ENV, KILL_AT_STEP_ENV
@@ -298,12 +299,13 @@ def test_a_killed_launcher_leaves_the_job_to_slurm_and_a_new_launcher_still_comm
 
 
 @pytest.fixture(scope="module")
-def cluster_reference(tmp_path_factory):
+def cluster_reference(slurm_cluster, tmp_path_factory):
     """The uninterrupted run of each engine that the resumed cluster runs must match exactly: tests/test_resume.py's
     *local* run of the same spec, made once in the pytest run (conftest's made_once). The cluster's nodes start
     the same ranks on this machine, one thread each, so the backends give the same floats; a Slurm run of its
-    own per engine cost 1-2 more ranks and a job each."""
-    return lambda engine: launched_once(tmp_path_factory, "resume-reference", *SPEC, *ENGINES[engine])
+    own per engine cost 1-2 more ranks and a job each. It asks for the cluster: the tests that use it submit
+    jobs, and without it they ran only where another test had started the cluster first."""
+    return lambda engine: resume_reference(tmp_path_factory, engine)
 
 
 @pytest.mark.parametrize("engine", ENGINE_PARAMS)
