@@ -403,9 +403,23 @@ def conformal_quantile(values: Sequence[float], confidence: float) -> float:
 
 def _weighted_quantile(values: np.ndarray, weights: np.ndarray, q: float) -> float:
     """The smallest value whose weighted share of values at or below it is at least q."""
+    return _quantile_at(_quantile_table(values, weights), q)
+
+
+#: values sorted, and the weighted share of values at or below each (`_weighted_quantile`'s steps)
+QuantileTable = tuple[np.ndarray, np.ndarray]
+
+
+def _quantile_table(values: np.ndarray, weights: np.ndarray) -> QuantileTable:
+    """Sorted once, for many quantiles of the same values (`_levels` asks each origin's at every level)."""
     order = np.argsort(values)
     v, cw = values[order], np.cumsum(weights[order])
-    return float(v[min(int(np.searchsorted(cw / cw[-1], q - 1e-12)), len(v) - 1)])
+    return v, cw / cw[-1]
+
+
+def _quantile_at(table: QuantileTable, q: float) -> float:
+    v, share = table
+    return float(v[min(int(np.searchsorted(share, q - 1e-12)), len(v) - 1)])
 
 
 def _origin_weights(origins: np.ndarray) -> np.ndarray:
@@ -419,12 +433,16 @@ def _band_at(scores: np.ndarray, weights: np.ndarray, level: float, capped: bool
     """(lo, hi) of the scores at a two-sided `level` (each tail (1 − level)/2), lo <= 0 <= hi. A capped
     class's band reaches up to the physical cap, so its whole miss rate 1 − level is on the low side
     (hi then only sets the cap's noise allowance, as for every class)."""
+    return _band_from(_quantile_table(scores, weights), level, capped)
+
+
+def _band_from(table: QuantileTable, level: float, capped: bool = False) -> tuple[float, float]:
+    """`_band_at` of the scores sorted in `table`."""
     tail = (1.0 - level) / 2
     if level >= 1.0:
-        return min(0.0, float(scores.min())), max(0.0, float(scores.max()))
+        return min(0.0, float(table[0][0])), max(0.0, float(table[0][-1]))
     low_tail = 1.0 - level if capped else tail
-    return (min(0.0, _weighted_quantile(scores, weights, low_tail)),
-            max(0.0, _weighted_quantile(scores, weights, 1.0 - tail)))
+    return min(0.0, _quantile_at(table, low_tail)), max(0.0, _quantile_at(table, 1.0 - tail))
 
 
 #: per task of a capped class: log(true/pred), log(ceiling/pred), the noise, log(linear/pred)
@@ -437,16 +455,30 @@ def _upper_ok(up: Upper, hi: float) -> np.ndarray:
     return le <= np.maximum(np.minimum(to_ceiling + max(hi, 0.0) * noise, to_linear), 0.0) + 1e-9
 
 
-def _held_out_coverage(scores: np.ndarray, origins: np.ndarray, level: float, up: Upper | None = None) -> float:
-    """Share of tasks covered when each origin's band is made from the other origins at `level`
-    (`up`: a capped class's tasks, whose high end is the cap)."""
-    covered = 0
+#: per origin: the other origins' scores as a quantile table, its own tasks' scores and (capped) `Upper`
+HeldOut = list[tuple[QuantileTable, np.ndarray, Upper | None]]
+
+
+def _held_out(scores: np.ndarray, origins: np.ndarray, up: Upper | None = None) -> HeldOut:
+    """Each origin left out once: made once for every level `_levels` tries."""
+    parts = []
     for o in np.unique(origins):
         out = origins == o
-        lo, hi = _band_at(scores[~out], _origin_weights(origins[~out]), level, up is not None)
-        above = scores[out] <= hi + 1e-12 if up is None else _upper_ok(tuple(a[out] for a in up), hi)
-        covered += int(((scores[out] >= lo - 1e-12) & above).sum())
-    return covered / len(scores)
+        table = _quantile_table(scores[~out], _origin_weights(origins[~out]))
+        parts.append((table, scores[out], None if up is None else tuple(a[out] for a in up)))
+    return parts
+
+
+def _held_out_coverage(parts: HeldOut, level: float) -> float:
+    """Share of tasks covered when each origin's band is made from the other origins at `level`
+    (a part with `Upper`: a capped class's tasks, whose high end is the cap)."""
+    covered = total = 0
+    for table, own, up in parts:
+        lo, hi = _band_from(table, level, up is not None)
+        above = own <= hi + 1e-12 if up is None else _upper_ok(up, hi)
+        covered += int(((own >= lo - 1e-12) & above).sum())
+        total += len(own)
+    return covered / total
 
 
 def _levels(scores: np.ndarray, origins: np.ndarray, confidence: float, up: Upper | None = None,
@@ -458,9 +490,10 @@ def _levels(scores: np.ndarray, origins: np.ndarray, confidence: float, up: Uppe
         return {m: 1.0 for m in margins}
     targets = {m: confidence + (1.0 - confidence) * m for m in margins}
     levels = sorted({*np.linspace(confidence, 0.99, 19), *_LEVELS[_LEVELS >= confidence]})
+    parts = _held_out(scores, origins, up)
     out: dict[float, float] = {}
     for level in levels:
-        held = _held_out_coverage(scores, origins, level, up)
+        held = _held_out_coverage(parts, level)
         out |= {m: float(level) for m, t in targets.items() if m not in out and held >= t}
         if len(out) == len(targets):
             break
@@ -499,22 +532,26 @@ def _combined(preds: dict[str, np.ndarray] | pd.DataFrame, models: Sequence[str]
     return np.exp(np.mean(logs, axis=0))
 
 
-def _mean_error(part: pd.DataFrame, model: str | Sequence[str]) -> float:
+def _mean_error(preds: dict[str, np.ndarray], true: np.ndarray, codes: np.ndarray, model: str | Sequence[str]) -> float:
     """Mean |log(pred/true)| of `model` (or the geometric mean of several) over the tasks of each
-    origin, averaged over the origins."""
-    pred = _combined(part, [model] if isinstance(model, str) else model, "pred_")
-    err = pd.Series(np.abs(np.log(pred / part["true"].to_numpy(float))), index=part.index)
-    return float(err.groupby(part["origin"]).mean().mean())
+    origin (`codes`: each task's origin as 0, 1, ...), averaged over the origins."""
+    pred = _combined(preds, [model] if isinstance(model, str) else model)
+    err = np.abs(np.log(pred / true))
+    return float((np.bincount(codes, weights=err) / np.bincount(codes)).mean())
 
 
 def _point_models(part: pd.DataFrame, cls: str) -> tuple[tuple[str, ...], dict[str, float]]:
     """The models of the point of class `cls` (`POINT_MODELS` of least held-out error) and every
-    model's held-out error, the combination's included."""
-    errs = {m: _mean_error(part, m) for m in CANDIDATES}
+    model's held-out error, the combination's included. On arrays taken from `part` once: this runs
+    for every pair of origins left out."""
+    preds = {m: part["pred_" + m].to_numpy(float) for m in CANDIDATES}
+    true = part["true"].to_numpy(float)
+    codes = np.unique(part["origin"].to_numpy(str), return_inverse=True)[1]
+    errs = {m: _mean_error(preds, true, codes, m) for m in CANDIDATES}
     ranked = sorted(CANDIDATES, key=lambda m: (errs[m], CANDIDATES.index(m)))
     models = tuple(ranked[:POINT_MODELS.get(cls, 1)])
     if len(models) > 1:
-        errs["&".join(models)] = _mean_error(part, models)
+        errs["&".join(models)] = _mean_error(preds, true, codes, models)
     return models, errs
 
 
@@ -680,24 +717,24 @@ def next_count(fitted: pd.DataFrame, wanted: Sequence[float]) -> int | None:
 
 def _judge(part: pd.DataFrame, cal: dict[str, Calibration]) -> pd.DataFrame:
     """Tasks `part` predicted with the calibrations `cal` (by band class): model, error, naive_error,
-    half_width, finite and covered, on `part`'s index (`coverage`'s columns)."""
-    c = pd.Series([cal[band_class(k, bool(x))] for k, x in zip(part["k_class"], part["crosses_nodes"])],
-                  index=part.index)
-    members = c.map(lambda x: x.members).to_numpy(object)
+    half_width, finite and covered, on `part`'s index (`coverage`'s columns). On the columns' arrays:
+    it runs for every origin left out at every margin, so pandas' per-call cost was most of its time."""
+    used = [cal[band_class(k, bool(x))] for k, x in zip(part["k_class"].to_numpy(str), part["crosses_nodes"].to_numpy())]
+    members = [c.members for c in used]
     pred = np.zeros(len(part))
     for models in set(members):
-        pick = np.array([m == models for m in members])
-        pred[pick] = _combined(part[pick], models, "pred_")
-    lo = c.map(lambda x: x.lo).to_numpy(float) * part["spread"].to_numpy(float)
-    hi = c.map(lambda x: x.hi).to_numpy(float) * part["spread"].to_numpy(float)
-    hi = np.where(c.map(lambda x: x.capped).to_numpy(bool), np.inf, hi)
+        pick = np.array([m == models for m in members], dtype=bool)
+        pred[pick] = _combined({m: part["pred_" + m].to_numpy(float)[pick] for m in models}, models)
+    spread = part["spread"].to_numpy(float)
+    his = np.array([c.hi for c in used], dtype=float)
+    lo = np.array([c.lo for c in used], dtype=float) * spread
+    hi = np.where(np.array([c.capped for c in used], dtype=bool), np.inf, his * spread)
     ceiling = part["ceiling"].to_numpy(float)
-    cap = _cap(ceiling, c.map(lambda x: x.hi).to_numpy(float), part["noise"].to_numpy(float),
-               part["linear"].to_numpy(float))
+    cap = _cap(ceiling, his, part["noise"].to_numpy(float), part["linear"].to_numpy(float))
     low, high = _band_ends(pred, lo, hi, ceiling, cap)
     true = part["true"].to_numpy(float)
     return pd.DataFrame({
-        "model": c.map(lambda x: x.model), "margin": c.map(lambda x: x.margin), "error": pred / true - 1,
+        "model": [c.model for c in used], "margin": [c.margin for c in used], "error": pred / true - 1,
         "naive_error": part["pred_trend"].to_numpy(float) / true - 1, "half_width": (high - low) / 2 / pred,
         "finite": np.isfinite(high), "covered": (low <= true * (1 + 1e-9)) & (true <= high * (1 + 1e-9))},
         index=part.index)

@@ -122,7 +122,8 @@ def fit_convergence(runs: pd.DataFrame, confidence: float = 0.9, label: str = ""
     noise = _pooled(df.get("noise_scale"))
     if len(batches) >= 2:
         s_min, e_min = _fit(df["global_batch"].to_numpy(), df["steps_to_threshold"].to_numpy())
-        draws = np.array([_fit(*_resample(df, spread, rng)) for _ in range(DRAWS)])
+        groups = _batch_groups(df)
+        draws = np.array([_fit(*_resample(groups, spread, rng)) for _ in range(DRAWS)])
         return ConvergenceFit(label, "batch-fit", s_min, e_min, draws, confidence, rule, len(df), batches, noise,
                               max(_lack_of_fit(df, s_min, e_min), SEED_SPREAD), rng.standard_normal(DRAWS))
     if noise is None:
@@ -154,13 +155,20 @@ def _lack_of_fit(df: pd.DataFrame, s_min: float, e_min: float) -> float:
     return float(np.sqrt(np.mean(np.log(means.to_numpy() / fitted) ** 2)))
 
 
-def _resample(df: pd.DataFrame, spread: float, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """One bootstrap sample: each batch's runs drawn with replacement, each times a seed factor."""
+def _batch_groups(df: pd.DataFrame) -> list[tuple[float, np.ndarray]]:
+    """Each global batch (ascending) with its runs' steps to the threshold: split once, not once a draw
+    (the split was most of `launch bench --only planner`'s convergence time)."""
+    return [(float(batch), part["steps_to_threshold"].to_numpy()) for batch, part in df.groupby("global_batch")]
+
+
+def _resample(groups: list[tuple[float, np.ndarray]], spread: float,
+              rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """One bootstrap sample: each batch's runs (`_batch_groups`) drawn with replacement, each times a seed factor."""
     b, s = [], []
-    for batch, part in df.groupby("global_batch"):
-        pick = rng.choice(part["steps_to_threshold"].to_numpy(), size=len(part), replace=True)
-        b.extend([batch] * len(part))
-        s.extend(pick * np.exp(rng.normal(0.0, spread, len(part))))
+    for batch, steps in groups:
+        pick = rng.choice(steps, size=len(steps), replace=True)
+        b.extend([batch] * len(steps))
+        s.extend(pick * np.exp(rng.normal(0.0, spread, len(steps))))
     return np.asarray(b, dtype=float), np.asarray(s, dtype=float)
 
 
