@@ -5,12 +5,13 @@ teardown would otherwise run C++ static destructors while Gloo's threads may sti
 which aborts the process now and then ("terminate called without an active exception") after a
 run that finished correctly, and the launcher would report a failure.
 
-The imports run with the cyclic garbage collector paused; one collection then frees what they left
-behind, and the rest is frozen out of the collector's reach (`gc.freeze`). PyTorch and `torch._dynamo`
-(which every `torch.optim` optimizer imports when it is built) make about 450,000 objects that live as
-long as the rank, and the collector would otherwise walk them again and again while they load and at
-every full collection of the run: a sixth of a rank's start-up CPU, paid by every rank of every launch
-(docs/benchmarks.md, tenth stop).
+The imports run with the cyclic garbage collector paused, and one collection after them: PyTorch and
+`torch._dynamo` (which every `torch.optim` optimizer imports when it is built) make about 450,000 objects,
+and the collector walked them again and again while they loaded, about a seventh of a rank's start-up CPU,
+paid by every rank of every launch (docs/benchmarks.md, tenth stop). They are not frozen (`gc.freeze`,
+which makes full collections frequent): with it, two DDP ranks of one CI run hung after their last record,
+freeing DDP's reducer, whose Gloo group's destructor joins Gloo's threads with the GIL held while one of
+them waited for the GIL. The group is now kept to the end besides (`_KEPT_UNTIL_EXIT`, scalelab/train/engines.py).
 """
 
 import gc
@@ -21,7 +22,6 @@ gc.disable()
 from scalelab.train.loop import main  # noqa: E402
 import torch._dynamo  # noqa: E402,F401  - imported by the optimizer anyway; here, inside the pause
 gc.collect()
-gc.freeze()
 gc.enable()
 
 code = main()

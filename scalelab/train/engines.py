@@ -143,6 +143,14 @@ class Engine:
         pass
 
 
+#: The process groups of this rank, never freed: the rank ends with os._exit (scalelab/train/__main__.py).
+#: A Gloo group's destructor joins its worker threads, and runs wherever its last reference goes, with
+#: the GIL held: at the end of a run, DDP's reducer (freed by the return of `train`, or by a collection).
+#: A worker still finishing the last collective frees that collective's tensors, which takes the GIL:
+#: both wait forever. Two DDP ranks of one CI run hung so after their `end` record (2026-11-28, gdb).
+_KEPT_UNTIL_EXIT: list[Any] = []
+
+
 class DDPEngine(Engine):
     """torch.distributed: Gloo on CPU, NCCL on GPU; started by torchrun (env:// rendezvous)."""
 
@@ -156,6 +164,7 @@ class DDPEngine(Engine):
             raise EngineError("the ddp engine must be started by torchrun (RANK is not set); use `launch --engine ddp`")
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         dist.init_process_group(backend, timeout=datetime.timedelta(minutes=10))  # distributed
+        _KEPT_UNTIL_EXIT.append(dist.group.WORLD)
         self.placement = Placement(
             rank=dist.get_rank(),
             world=dist.get_world_size(),
