@@ -5,13 +5,15 @@ teardown would otherwise run C++ static destructors while Gloo's threads may sti
 which aborts the process now and then ("terminate called without an active exception") after a
 run that finished correctly, and the launcher would report a failure.
 
-The imports run with the cyclic garbage collector paused, and one collection after them: PyTorch and
-`torch._dynamo` (which every `torch.optim` optimizer imports when it is built) make about 450,000 objects,
-and the collector walked them again and again while they loaded, about a seventh of a rank's start-up CPU,
-paid by every rank of every launch (docs/benchmarks.md, tenth stop). They are not frozen (`gc.freeze`,
-which makes full collections frequent): with it, two DDP ranks of one CI run hung after their last record,
-freeing DDP's reducer, whose Gloo group's destructor joins Gloo's threads with the GIL held while one of
-them waited for the GIL. The group is now kept to the end besides (`_KEPT_UNTIL_EXIT`, scalelab/train/engines.py).
+The imports run with the cyclic garbage collector paused, and one collection after them: PyTorch makes
+about 300,000 objects that live as long as the rank, and the collector walked them again and again while
+they loaded (docs/benchmarks.md, tenth stop). `torch._dynamo`, which every `torch.optim` optimizer imports
+when it is built, is left where it was: imported here, its memory would move from the training's growth,
+which the CPU memory prediction counts (`CPU_RUNTIME_BYTES`), into the rank's base. Nothing is frozen
+(`gc.freeze`, which makes full collections frequent): with it, two DDP ranks of one CI run hung after their
+last record, freeing DDP's reducer, whose Gloo group's destructor joins Gloo's threads with the GIL held
+while one of them waited for the GIL. The group is now kept to the end besides (`_KEPT_UNTIL_EXIT`,
+scalelab/train/engines.py).
 """
 
 import gc
@@ -20,7 +22,6 @@ import sys
 
 gc.disable()
 from scalelab.train.loop import main  # noqa: E402
-import torch._dynamo  # noqa: E402,F401  - imported by the optimizer anyway; here, inside the pause
 gc.collect()
 gc.enable()
 
