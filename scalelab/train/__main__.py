@@ -6,7 +6,7 @@ which aborts the process now and then ("terminate called without an active excep
 run that finished correctly, and the launcher would report a failure.
 
 The imports run with the cyclic garbage collector paused, and one collection after them: PyTorch makes
-about 300,000 objects that live as long as the rank, and the collector walked them again and again while
+about 250,000 objects that live as long as the rank, and the collector walked them again and again while
 they loaded (docs/benchmarks.md, tenth stop). `torch._dynamo`, which every `torch.optim` optimizer imports
 when it is built, is left where it was: imported here, its memory would move from the training's growth,
 which the CPU memory prediction counts (`CPU_RUNTIME_BYTES`), into the rank's base. Nothing is frozen
