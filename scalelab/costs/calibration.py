@@ -401,12 +401,7 @@ def conformal_quantile(values: Sequence[float], confidence: float) -> float:
     return float(s[rank - 1]) if rank <= len(s) else math.inf
 
 
-def _weighted_quantile(values: np.ndarray, weights: np.ndarray, q: float) -> float:
-    """The smallest value whose weighted share of values at or below it is at least q."""
-    return _quantile_at(_quantile_table(values, weights), q)
-
-
-#: values sorted, and the weighted share of values at or below each (`_weighted_quantile`'s steps)
+#: values sorted, and the weighted share of values at or below each (`_quantile_at`'s steps)
 QuantileTable = tuple[np.ndarray, np.ndarray]
 
 
@@ -418,6 +413,7 @@ def _quantile_table(values: np.ndarray, weights: np.ndarray) -> QuantileTable:
 
 
 def _quantile_at(table: QuantileTable, q: float) -> float:
+    """The smallest value whose weighted share of values at or below it is at least q."""
     v, share = table
     return float(v[min(int(np.searchsorted(share, q - 1e-12)), len(v) - 1)])
 

@@ -16,14 +16,13 @@ while one of them waited for the GIL. The group is now kept to the end besides (
 scalelab/train/engines.py).
 """
 
-import gc
 import os
 import sys
 
-gc.disable()
-from scalelab.train.loop import main  # noqa: E402
-gc.collect()
-gc.enable()
+from scalelab.train import collector_paused
+
+with collector_paused(collect=True):
+    from scalelab.train.loop import main
 
 code = main()
 sys.stdout.flush()

@@ -20,7 +20,6 @@ took, not the time it took to queue. The first `warmup_steps` steps after every 
 
 from __future__ import annotations
 
-import gc
 import math
 import os
 import signal
@@ -40,7 +39,7 @@ from scalelab.core.procs import LAUNCHER_ENV, started_at
 from scalelab.core.provenance import machine, software
 from scalelab.core.records import RecordWriter, lost_a_peer, rank_from_env, record_error
 from scalelab.core.spec import Spec, read_spec
-from scalelab.train import balance
+from scalelab.train import balance, collector_paused
 from scalelab.train.batch import Batch
 from scalelab.train.checkpoint import (
     identity,
@@ -537,13 +536,8 @@ def make_optimizer(spec: Spec, model: torch.nn.Module, lr: float) -> torch.optim
     long-lived objects the collector would walk again and again while they load, as the rank's own imports
     (scalelab/train/__main__.py). Imported here, after `mem_base`, as before: its memory stays in the
     training's growth that the CPU memory prediction counts."""
-    was_on = gc.isenabled()
-    gc.disable()
-    try:
+    with collector_paused():
         return _optimizer(spec, model, lr)
-    finally:
-        if was_on:
-            gc.enable()
 
 
 def _optimizer(spec: Spec, model: torch.nn.Module, lr: float) -> torch.optim.Optimizer:
