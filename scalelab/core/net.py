@@ -3,15 +3,46 @@
 from __future__ import annotations
 
 import ipaddress
+import random
 import socket
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that is free on `host` now (the OS picks it; another process may take it later)."""
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+LISTEN_PORTS = range(20000, 32768)  # below Linux's default ephemeral range (32768-60999)
+AVOIDED_PORTS = range(29400, 29601)  # torchrun's defaults (c10d rendezvous 29400, master 29500): others' listeners
+
+
+def free_port(host: str = "127.0.0.1", ephemeral: Path = EPHEMERAL_RANGE) -> int:
+    """A TCP port free on `host` now, for a rendezvous server that binds it a few seconds later.
+
+    It is drawn at random from ports outside the kernel's ephemeral range, because a port the kernel
+    picks for `bind(0)` is one it will hand out again, to any process's next `bind(0)` or outgoing
+    connection, as soon as this probe closes: the Slurm cluster test lost its rank-0 TCPStore to
+    EADDRINUSE that way (CI of 2026-11-28). A port below the range is taken only by a process that names
+    it. Where the range leaves no room below it (or cannot be read), the kernel's pick is the fallback.
+    """
+    for port in _listen_candidates(ephemeral):
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue  # in use (or in TIME_WAIT): the next one
+            return port
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+def _listen_candidates(ephemeral: Path, tries: int = 64) -> list[int]:
+    """Up to `tries` random ports of LISTEN_PORTS that lie outside the ephemeral range read from `ephemeral`."""
+    try:
+        low, high = (int(v) for v in ephemeral.read_text().split())
+    except (OSError, ValueError):
+        return []
+    ports = [p for p in LISTEN_PORTS if not low <= p <= high and p not in AVOIDED_PORTS]
+    return random.SystemRandom().sample(ports, min(tries, len(ports)))
 
 
 def resolve(name: str) -> str | None:
