@@ -29,8 +29,9 @@ ENTRY_MODULES = (
     "scalelab.analysis.results", "scalelab.analysis.report", "scalelab.costs.expected",
     "scalelab.train.loop", "scalelab.train.engines", "scalelab.train.script",
     "torch.distributed.run", "horovod.torch", "horovod.runner.launch",
-    # imported late: at a rank's first optimizer step (torch.optim -> torch._dynamo -> sympy, mpmath; the
-    # profiler), by DDP, by torchrun's static rendezvous, by pandas' Arrow conversion, by rich's emoji markup
+    # imported late: by DDP's constructor and PyTorch's own optimizers, as a user's script builds them (torch._dynamo
+    # -> sympy, mpmath; the trainer's optimizers do not: scalelab/train/optim.py), by the profiler, by DDP, by
+    # torchrun's static rendezvous, by pandas' Arrow conversion, by rich's emoji markup
     "torch._dynamo", "torch.nn.parallel", "torch.distributed.elastic.rendezvous.static_tcp_rendezvous",
     "torch.profiler._cupti_monitor", "pyarrow.pandas_compat", "rich._emoji_codes",
 )

@@ -36,6 +36,7 @@ from scalelab.core.devices import GPU_PINNED_ENV, check_gpus
 from scalelab.core.errors import EngineError
 from scalelab.core.launch import horovod_env
 from scalelab.core.spec import EngineSpec, server_rank
+from scalelab.train import collector_paused
 
 
 @dataclass
@@ -181,8 +182,10 @@ class DDPEngine(Engine):
         from torch.nn.parallel import DistributedDataParallel
 
         device_ids = [model_device(model).index] if model_device(model).type == "cuda" else None
-        # DDP broadcasts rank 0's parameters at construction; all-reduce overlaps backward by bucket.
-        model = DistributedDataParallel(model, device_ids=device_ids, bucket_cap_mb=self.spec.bucket_cap_mb)
+        # DDP broadcasts rank 0's parameters at construction; all-reduce overlaps backward by bucket. Its
+        # constructor imports `torch._dynamo` (its many long-lived objects: the collector paused while they load).
+        with collector_paused():
+            model = DistributedDataParallel(model, device_ids=device_ids, bucket_cap_mb=self.spec.bucket_cap_mb)
         hook = ddp_compression_hook(self.spec.grad_compression)
         if hook is not None:
             model.register_comm_hook(None, hook)  # each bucket: cast, divide, all-reduce, back to fp32

@@ -39,7 +39,7 @@ from scalelab.core.procs import LAUNCHER_ENV, started_at
 from scalelab.core.provenance import machine, software
 from scalelab.core.records import RecordWriter, lost_a_peer, rank_from_env, record_error
 from scalelab.core.spec import Spec, read_spec
-from scalelab.train import balance, collector_paused
+from scalelab.train import balance
 from scalelab.train.batch import Batch
 from scalelab.train.checkpoint import (
     identity,
@@ -53,6 +53,7 @@ from scalelab.train.datasets import build_dataset
 from scalelab.train.engines import Engine, make_engine
 from scalelab.train.models import PRESETS, build_model, config_with_overrides
 from scalelab.train.noise import NoiseMeter
+from scalelab.train.optim import eager
 from scalelab.train import graphs
 from scalelab.train.graphs import StepGraph
 from scalelab.train.outloss import resolve as resolve_output_loss
@@ -531,24 +532,15 @@ def data_options(spec: Spec, rank: int = 0, world: int = 1) -> dict:
 
 
 def make_optimizer(spec: Spec, model: torch.nn.Module, lr: float) -> torch.optim.Optimizer:
-    """The run's optimizer, built with the garbage collector paused: the first one a process builds imports
-    `torch._dynamo` (`Optimizer.add_param_group` is wrapped in `torch._disable_dynamo`), about 200,000
-    long-lived objects the collector would walk again and again while they load, as the rank's own imports
-    (scalelab/train/__main__.py). Imported here, after `mem_base`, as before: its memory stays in the
-    training's growth that the CPU memory prediction counts."""
-    with collector_paused():
-        return _optimizer(spec, model, lr)
-
-
-def _optimizer(spec: Spec, model: torch.nn.Module, lr: float) -> torch.optim.Optimizer:
     """Adam with the fused kernel (one pass over all parameters: 5.7 ms instead of 22 ms per step for
-    nmt-small on the benchmark machine, docs/benchmarks.md), falling back where it is unsupported."""
+    nmt-small on the benchmark machine, docs/benchmarks.md), falling back where it is unsupported; or SGD
+    with momentum. Both in classes that do not import `torch._dynamo` (scalelab/train/optim.py says why)."""
     if spec.optimizer == "sgd":
-        return torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, foreach=True)
+        return eager(torch.optim.SGD)(model.parameters(), lr=lr, momentum=0.9, foreach=True)
     try:
-        return torch.optim.Adam(model.parameters(), lr=lr, fused=True)
+        return eager(torch.optim.Adam)(model.parameters(), lr=lr, fused=True)
     except (RuntimeError, TypeError):
-        return torch.optim.Adam(model.parameters(), lr=lr, foreach=True)
+        return eager(torch.optim.Adam)(model.parameters(), lr=lr, foreach=True)
 
 
 def set_lr(optimizer: torch.optim.Optimizer, spec: Spec, scale: float, step: int) -> float:
