@@ -10,6 +10,7 @@ directory in their command line (`run_processes`).
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import signal
@@ -22,26 +23,62 @@ from typing import Any, Iterable, Sequence
 
 import psutil
 
-# `PID:START_TIME` of the launcher that supervises a run's ranks: they stop when it is gone (scalelab/train/loop.py).
+# `PID:START` of the launcher that supervises a run's ranks (START: `steady_start`): they stop when it is gone
+# (scalelab/train/loop.py).
 LAUNCHER_ENV = "SCALELAB_LAUNCHER"
-SAME_START_S = 1.0  # start times compared with this tolerance (they are kept in clock ticks, as floats)
+SAME_START_S = 1.0  # wall-clock start times (older records, other systems) compared with this tolerance
+SAME_TICK_S = 0.005  # steady start times are whole clock ticks (1/100 s): equal, up to float rounding
+BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
+
+
+@functools.cache
+def boot_id() -> str | None:
+    """This boot's random id (Linux): a process recorded under another boot is gone, whatever its pid."""
+    try:
+        return BOOT_ID.read_text().strip() or None
+    except OSError:
+        return None
+
+
+def steady_start(pid: int) -> float | None:
+    """When process `pid` started, in seconds since boot (/proc/PID/stat's `starttime`, in clock ticks), or None
+    off Linux or when it is gone.
+
+    Why not psutil's `create_time()`: that adds the boot time, which Linux states in whole seconds of the wall
+    clock (/proc/stat's `btime`), so it moves whenever the wall clock is slewed or stepped. On one CI machine
+    the wall clock gained 5 ms a second on the boot clock, `btime` went up by one every 200 s, and a rank that
+    compared its launcher's start time read before the step with one read after it took its launcher for gone
+    and stopped the run (2026-12-01). Seconds since boot never move.
+    """
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return int(stat[stat.rindex(")") + 2:].split()[19]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 @dataclass(frozen=True)
 class ProcessRef:
-    """A process as it was when recorded: enough to tell it from a later process with its pid."""
+    """A process as it was when recorded: enough to tell it from a later process with its pid.
+
+    `start_time` is the wall-clock time it started (for people); `steady_start_s` and `boot` are what identify
+    it (`steady_start`, `boot_id`), None in records written before they were kept, which are compared by
+    `start_time` as before.
+    """
 
     pid: int
     start_time: float
     cmdline: tuple[str, ...]
     host: str
+    steady_start_s: float | None = None
+    boot: str | None = None
 
     @classmethod
     def of(cls, pid: int) -> "ProcessRef | None":
         """The reference of a live process, or None if it is gone."""
         try:
             p = psutil.Process(pid)
-            return cls(pid, p.create_time(), tuple(p.cmdline()), socket.gethostname())
+            return cls(pid, p.create_time(), tuple(p.cmdline()), socket.gethostname(), steady_start(pid), boot_id())
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             return None
 
@@ -55,7 +92,8 @@ class ProcessRef:
         after the fork can still show its parent's. Its start time can be read either way, and its pid
         stays ours until it is reaped."""
         try:
-            return cls(pid, psutil.Process(pid).create_time(), tuple(argv), socket.gethostname())
+            return cls(pid, psutil.Process(pid).create_time(), tuple(argv), socket.gethostname(), steady_start(pid),
+                       boot_id())
         except psutil.Error:
             return None
 
@@ -66,17 +104,25 @@ class ProcessRef:
     def from_dict(cls, raw: Any) -> "ProcessRef | None":
         """From run state; anything malformed is None (never a process to signal)."""
         try:
+            steady = raw.get("steady_start_s")
             return cls(int(raw["pid"]), float(raw["start_time"]), tuple(str(a) for a in raw["cmdline"]),
-                       str(raw["host"]))
-        except (KeyError, TypeError, ValueError):
+                       str(raw["host"]), None if steady is None else float(steady),
+                       None if raw.get("boot") is None else str(raw["boot"]))
+        except (AttributeError, KeyError, TypeError, ValueError):
             return None
 
     def alive(self) -> bool:
-        """True only if this very process runs: same host, same pid, same start time, same command."""
+        """True only if this very process runs: same host, same pid, same start, same command."""
         if self.host != socket.gethostname():
             return False
         now = ProcessRef.of(self.pid)
-        return now is not None and now.cmdline == self.cmdline and started_at(self.pid, self.start_time)
+        return now is not None and now.cmdline == self.cmdline and self.started_as(now) and not_a_zombie(self.pid)
+
+    def started_as(self, now: "ProcessRef") -> bool:
+        """True when `now` (the live process with this pid) started when this one did."""
+        if self.boot is not None and self.steady_start_s is not None and now.steady_start_s is not None:
+            return self.boot == now.boot and abs(now.steady_start_s - self.steady_start_s) < SAME_TICK_S
+        return abs(now.start_time - self.start_time) < SAME_START_S
 
     def process(self) -> psutil.Process | None:
         """The live process this refers to, or None when it is gone (or another process has its pid)."""
@@ -86,14 +132,42 @@ class ProcessRef:
             return None
 
 
-def started_at(pid: int, start_time: float) -> bool:
-    """True while process `pid` runs and is the one that started at `start_time` (not a reused pid).
+def watch_value(pid: int) -> str:
+    """LAUNCHER_ENV's value for process `pid` (`PID:START`): its steady start, where this system has one, else its
+    wall-clock start; "" when it is gone."""
+    ref = ProcessRef.of(pid)
+    if ref is None:
+        return ""
+    return f"{pid}:{ref.steady_start_s:.6f}" if ref.steady_start_s is not None else f"{pid}:w{ref.start_time:.2f}"
 
-    Cheap enough to call every few seconds: ranks use it to watch their launcher.
-    """
+
+def watched(value: str) -> tuple[int, str] | None:
+    """LAUNCHER_ENV's `value` read back as (pid, start) for `started_at`; None when it is not `watch_value`'s form."""
+    pid, _, start = value.partition(":")
     try:
-        p = psutil.Process(pid)
-        return abs(p.create_time() - start_time) < SAME_START_S and p.status() != psutil.STATUS_ZOMBIE
+        int(pid), float(start.removeprefix("w"))
+    except ValueError:
+        return None
+    return int(pid), start
+
+
+def started_at(pid: int, start: str) -> bool:
+    """True while process `pid` runs and is the one that started at `start` (`watch_value`'s, after the colon):
+    not a reused pid. Cheap enough to call every few seconds: ranks use it to watch their launcher."""
+    try:
+        if start.startswith("w"):
+            same = abs(psutil.Process(pid).create_time() - float(start[1:])) < SAME_START_S
+        else:
+            now = steady_start(pid)
+            same = now is not None and abs(now - float(start)) < SAME_TICK_S
+        return same and not_a_zombie(pid)
+    except (psutil.Error, ValueError):
+        return False
+
+
+def not_a_zombie(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False
 

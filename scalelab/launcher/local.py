@@ -37,6 +37,7 @@ from scalelab.core.procs import (
     rank_processes,
     stop_processes,
     tool_path,
+    watch_value,
 )
 from scalelab.core.rundir import (
     CANCELLED,
@@ -292,9 +293,8 @@ class Stopped:
 
 
 def launcher_watch() -> str:
-    """`PID:START_TIME` of this launcher, for the ranks to watch (scalelab/train/loop.py stops them when it is gone)."""
-    me = ProcessRef.of(os.getpid())
-    return f"{os.getpid()}:{me.start_time:.2f}" if me else ""
+    """`PID:START` of this launcher, for the ranks to watch (scalelab/train/loop.py stops them when it is gone)."""
+    return watch_value(os.getpid())
 
 
 def _processes_of(started: list[subprocess.Popen]) -> list[psutil.Process]:

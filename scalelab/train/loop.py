@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from scalelab.core.errors import ScalelabError
-from scalelab.core.procs import LAUNCHER_ENV, started_at
+from scalelab.core.procs import LAUNCHER_ENV, started_at, watched
 from scalelab.core.provenance import machine, software
 from scalelab.core.records import RecordWriter, lost_a_peer, rank_from_env, record_error
 from scalelab.core.spec import Spec, read_spec
@@ -72,7 +72,7 @@ RAISE_AT_STEP_ENV = "SCALELAB_RAISE_AT_STEP"  # STEP:RANK: that rank raises a Ru
 
 
 # The launcher watch: a rank started by a supervising launcher (the local backend sets LAUNCHER_ENV to
-# its PID:START_TIME) looks every WATCH_EVERY_S whether that very process still runs. When it is gone -
+# its PID:START, scalelab/core/procs.py's watch_value) looks every WATCH_EVERY_S whether that very process still runs. When it is gone -
 # killed with SIGKILL, where nothing can run in it to stop the ranks - the rank takes the SIGTERM path
 # (agreed stop, rank 0 checkpoints, all exit); a rank that has not exited WATCH_GRACE_S later (hung in a
 # collective whose peer is gone) exits anyway, so nothing is left running. Started with `--detach`,
@@ -104,19 +104,17 @@ class Stop:
 
     @classmethod
     def watch_launcher(cls, value: str | None) -> None:
-        """Watch the launcher named by LAUNCHER_ENV's `value` (PID:START_TIME) in a daemon thread."""
+        """Watch the launcher named by LAUNCHER_ENV's `value` (PID:START) in a daemon thread."""
         if not value:
             return
-        try:
-            pid, start = (int(value.split(":")[0]), float(value.split(":")[1]))
-        except (IndexError, ValueError):
-            print(f"scalelab: warning: {LAUNCHER_ENV}={value!r} is not PID:START_TIME; the launcher is not "
+        if (who := watched(value)) is None:
+            print(f"scalelab: warning: {LAUNCHER_ENV}={value!r} is not PID:START; the launcher is not "
                   "watched", file=sys.stderr, flush=True)
             return
-        threading.Thread(target=cls._watch, args=(pid, start), name="launcher-watch", daemon=True).start()
+        threading.Thread(target=cls._watch, args=who, name="launcher-watch", daemon=True).start()
 
     @classmethod
-    def _watch(cls, pid: int, start: float) -> None:
+    def _watch(cls, pid: int, start: str) -> None:
         while started_at(pid, start):
             time.sleep(WATCH_EVERY_S)
         cls.cause = f"its launcher (pid {pid}) is gone"

@@ -30,7 +30,7 @@ import traceback
 from pathlib import Path
 
 from scalelab.core.errors import ScalelabError
-from scalelab.core.procs import LAUNCHER_ENV, started_at
+from scalelab.core.procs import LAUNCHER_ENV, started_at, watched
 from scalelab.core.provenance import machine, software, version
 from scalelab.core.records import RecordWriter, lost_a_peer, rank_from_env, read_records, record_error, records_path
 from scalelab.core.spec import Spec, read_spec
@@ -98,16 +98,14 @@ def install_stop(launcher: str | None) -> None:
         signal.signal(sig, on_signal)
     if not launcher:
         return
-    try:
-        pid, start = int(launcher.split(":")[0]), float(launcher.split(":")[1])
-    except (IndexError, ValueError):
-        print(f"scalelab: warning: {LAUNCHER_ENV}={launcher!r} is not PID:START_TIME; the launcher is not watched",
+    if (who := watched(launcher)) is None:
+        print(f"scalelab: warning: {LAUNCHER_ENV}={launcher!r} is not PID:START; the launcher is not watched",
               file=sys.stderr, flush=True)
         return
-    threading.Thread(target=_watch, args=(pid, start), name="launcher-watch", daemon=True).start()
+    threading.Thread(target=_watch, args=who, name="launcher-watch", daemon=True).start()
 
 
-def _watch(pid: int, start: float) -> None:
+def _watch(pid: int, start: str) -> None:
     while started_at(pid, start):
         time.sleep(WATCH_EVERY_S)
     print(f"scalelab: its launcher (pid {pid}) is gone: asking the script to stop", file=sys.stderr, flush=True)
