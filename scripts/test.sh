@@ -13,12 +13,12 @@ scripts/install.sh
 # Inductor), written by the first process that imports it rather than compiled again by every one: on this
 # project's machines PYTHONDONTWRITEBYTECODE=1 would stop that. Only the suite's processes see this.
 unset PYTHONDONTWRITEBYTECODE
-# On SCALELAB_TEST_WORKERS pytest-xdist workers (default 2: CI's two cores; 0 runs in this process, as plain
-# pytest does). A test's time is mostly processes it started (ranks' start-up, rendezvous, Slurm, moto), and
-# with two workers the cores were 86-89% busy (docs/benchmarks.md), so more workers gain little. They share one
-# Slurm cluster (tests/conftest.py, slurm_cluster); no test
-# groups are set, so `--dist loadgroup` hands the tests out one by one.
-workers=${SCALELAB_TEST_WORKERS:-2}
+# On SCALELAB_TEST_WORKERS pytest-xdist workers (default 3 on CI's two cores; 0 runs in this process, as plain
+# pytest does). A test's time is mostly processes it started and waits for (ranks' start-up, rendezvous, Slurm,
+# moto, heartbeats): with two workers the cores were 73 % busy, and a third worker filled part of that
+# (pytest 23 min 32 s against 24 min 54 s, docs/benchmarks.md, 2026-12-01). They share one Slurm cluster
+# (tests/conftest.py, slurm_cluster); no test groups are set, so `--dist loadgroup` hands the tests out one by one.
+workers=${SCALELAB_TEST_WORKERS:-3}
 # Waiting OpenMP threads sleep rather than spin on the busy cores (tests/conftest.py says why; set here too so
 # that the workers' own PyTorch reads it before anything imports it).
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}

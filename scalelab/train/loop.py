@@ -72,7 +72,8 @@ RAISE_AT_STEP_ENV = "SCALELAB_RAISE_AT_STEP"  # STEP:RANK: that rank raises a Ru
 
 
 # The launcher watch: a rank started by a supervising launcher (the local backend sets LAUNCHER_ENV to
-# its PID:START, scalelab/core/procs.py's watch_value) looks every WATCH_EVERY_S whether that very process still runs. When it is gone -
+# its PID:START, scalelab/core/procs.py's watch_value) looks every WATCH_EVERY_S whether that very process
+# still runs. When it is gone -
 # killed with SIGKILL, where nothing can run in it to stop the ranks - the rank takes the SIGTERM path
 # (agreed stop, rank 0 checkpoints, all exit); a rank that has not exited WATCH_GRACE_S later (hung in a
 # collective whose peer is gone) exits anyway, so nothing is left running. Started with `--detach`,
