@@ -32,7 +32,8 @@ UNWRAPPED = ("add_param_group", "zero_grad", "state_dict", "load_state_dict")
 @functools.cache
 def eager(cls: type[torch.optim.Optimizer]) -> type[torch.optim.Optimizer]:
     """`cls` with its step and the UNWRAPPED methods as plain functions (one subclass per class: PyTorch hooks
-    a class's `step` for its profiler the first time one is built); `cls` itself if none are wrapped."""
+    a class's `step` for its profiler the first time one is built); `cls` itself where any of them is not
+    wrapped as expected (another PyTorch release): then nothing is changed."""
     step = inspect.unwrap(cls.step)  # through PyTorch's profiler hook and `_use_grad_for_differentiable`
     methods: dict[str, Any] = {name: inspect.unwrap(getattr(torch.optim.Optimizer, name)) for name in UNWRAPPED}
     if step is cls.step or any(fn is getattr(torch.optim.Optimizer, name) for name, fn in methods.items()):
