@@ -98,14 +98,24 @@ def test_knee_is_the_smallest_batch_near_the_best():
 
 @pytest.mark.slow
 def test_per_rank_bench_entry_points_under_torchrun(tmp_path):
-    """`python -m scalelab.train.bench allreduce|ddp-buckets` as `launch bench` starts them: 2 ranks, real Gloo."""
+    """`python -m scalelab.train.bench allreduce|ddp-buckets` as `launch bench` starts them: 2 ranks, real Gloo.
+    Each rank leaves with os._exit, without the interpreter's teardown (where Gloo's threads once aborted a
+    rank that had written its results): an atexit handler planted in every rank never runs."""
     import subprocess
     import sys
 
     from scalelab.core.net import free_port
     from tests.conftest import ROOT
 
-    env = {**__import__("os").environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    site = tmp_path / "site"  # sitecustomize: a rank of the bench that runs atexit handlers leaves a mark
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import atexit, os, sys\n"
+        "def _mark():\n"
+        "    if sys.argv and sys.argv[0].endswith(os.path.join('train', 'bench.py')):\n"
+        f"        open(os.path.join({str(tmp_path)!r}, f'teardown-{{os.getpid()}}'), 'w').close()\n"
+        "atexit.register(_mark)\n")
+    env = {**__import__("os").environ, "PYTHONPATH": f"{site}:{ROOT}", "OMP_NUM_THREADS": "1"}
     for args, out in ((["allreduce", "--engine", "ddp", "--sizes-mb", "1", "--repeats", "2"], "ar.json"),
                       (["allreduce", "--engine", "ddp", "--sizes-mb", "1", "--repeats", "2", "--compression", "bf16"],
                        "ar-bf16.json"),
@@ -115,6 +125,7 @@ def test_per_rank_bench_entry_points_under_torchrun(tmp_path):
                                "--out", str(tmp_path / out)], cwd=tmp_path, env=env, capture_output=True, text=True,
                               timeout=300)
         assert proc.returncode == 0, proc.stderr[-2000:]
+    assert not list(tmp_path.glob("teardown-*")), "a rank ran the interpreter's teardown instead of os._exit"
     ar = json.loads((tmp_path / "ar.json").read_text())
     assert ar[0]["ranks"] == 2 and ar[0]["busbw"] == ar[0]["algbw"] * 2 * (2 - 1) / 2
     assert [r["compression"] for r in json.loads((tmp_path / "ar-bf16.json").read_text())] == ["bf16"]
