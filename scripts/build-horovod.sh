@@ -27,9 +27,12 @@ HOROVOD_VERSION=${HOROVOD_VERSION:-0.28.1}
 CACHE=${SCALELAB_WHEEL_CACHE:-$HOME/.cache/scalelab/wheels}
 say() { echo "build-horovod: $*"; }
 
-torch_v=$("$PY" -c 'import torch; print(torch.__version__.replace("+", "_"))') || {
+# One import of PyTorch for both (each costs about 2 s of CPU; this runs before every test run).
+torch_info=$("$PY" -c 'import torch; print(torch.__version__.replace("+", "_"), torch.version.cuda or "-")') || {
   echo "build-horovod: PyTorch is not installed for $PY; run scripts/install.sh" >&2; exit 1; }
-torch_cuda=$("$PY" -c 'import torch; print(torch.version.cuda or "")')
+torch_v=${torch_info% *}
+torch_cuda=${torch_info#* }
+[ "$torch_cuda" = - ] && torch_cuda=""
 py_v=$("$PY" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
 NVCC=""
 for c in "${CUDA_HOME:-/nonexistent}/bin/nvcc" /usr/local/cuda/bin/nvcc "$(command -v nvcc || true)"; do
