@@ -3,6 +3,9 @@
 from collections.abc import Iterator
 from contextlib import contextmanager
 import gc
+import os
+import sys
+from typing import NoReturn
 
 
 @contextmanager
@@ -19,3 +22,15 @@ def collector_paused(collect: bool = False) -> Iterator[None]:
             gc.collect()
         if was_on:
             gc.enable()
+
+
+def exit_without_teardown(code: int) -> NoReturn:
+    """Leave a rank's process with `code` once its output is flushed, skipping the interpreter's teardown.
+
+    Every rank entry point (the trainer, the script runner, the bench's per-rank commands) ends here: the
+    teardown runs C++ static destructors while Gloo's (or Horovod's) threads may still be joinable, which
+    aborts the process now and then ("terminate called without an active exception", exit -6) after it had
+    done its work, and the launcher or torchrun would report a failure."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

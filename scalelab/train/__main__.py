@@ -16,15 +16,9 @@ while one of them waited for the GIL. The group is now kept to the end besides (
 scalelab/train/engines.py).
 """
 
-import os
-import sys
-
-from scalelab.train import collector_paused
+from scalelab.train import collector_paused, exit_without_teardown
 
 with collector_paused(collect=True):
     from scalelab.train.loop import main
 
-code = main()
-sys.stdout.flush()
-sys.stderr.flush()
-os._exit(code)
+exit_without_teardown(main())

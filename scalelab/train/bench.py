@@ -34,7 +34,8 @@ from scalelab.core.presets import PRESETS, config_with_overrides
 from scalelab.core.spec import COMPRESSIONS, Spec
 from scalelab.train.data import SyntheticDataset
 from scalelab.train.datasets import build_dataset
-from scalelab.train.engines import _KEPT_UNTIL_EXIT, COMPRESSED_DTYPES, ddp_compression_hook, horovod_compression
+from scalelab.train.engines import (COMPRESSED_DTYPES, ddp_compression_hook, horovod_compression, keep_until_exit,
+                                    start_process_group)
 from scalelab.train.links import allreduce_figures, timed
 from scalelab.train.loop import make_optimizer
 from scalelab.train.models import build_model
@@ -341,8 +342,7 @@ def allreduce_rank(engine: str, sizes_mb: list[float], repeats: int, out: str | 
     if engine == "ddp":
         import torch.distributed as dist
 
-        dist.init_process_group("gloo")
-        _KEPT_UNTIL_EXIT.append(dist.group.WORLD)  # freed by no one before os._exit (this module's __main__)
+        start_process_group("gloo")
         rank, world = dist.get_rank(), dist.get_world_size()
         dtype = COMPRESSED_DTYPES.get(compression)
 
@@ -583,16 +583,14 @@ def ddp_exposed_exchange(preset: str, bucket_caps_mb: list[float], steps: int = 
     from torch.nn.parallel import DistributedDataParallel
 
 
-    dist.init_process_group("gloo")
-    _KEPT_UNTIL_EXIT.append(dist.group.WORLD)  # freed by no one before os._exit (this module's __main__)
+    start_process_group("gloo")
     rank = dist.get_rank()
     cfg = PRESETS[preset]
     torch.manual_seed(0)
     batch = build_dataset("synthetic", cfg, 0).get_batch(0, 0, cfg.default_batch, 0, cfg.default_batch // dist.get_world_size())
     results = []
     for cap in bucket_caps_mb:
-        model = DistributedDataParallel(build_model(cfg), bucket_cap_mb=cap)
-        _KEPT_UNTIL_EXIT.append(model)  # its reducer holds the Gloo group: not freed while Gloo's threads run
+        model = keep_until_exit(DistributedDataParallel(build_model(cfg), bucket_cap_mb=cap))
         hook = ddp_compression_hook(compression)
         if hook is not None:
             model.register_comm_hook(None, hook)
@@ -620,13 +618,8 @@ def ddp_exposed_exchange(preset: str, bucket_caps_mb: list[float], steps: int = 
 
 
 if __name__ == "__main__":
-    # As a rank (`allreduce`, `ps-exchange`, `ddp-buckets` under torchrun or horovodrun) the process leaves with
-    # os._exit, as the trainer's ranks do (scalelab/train/__main__.py): interpreter teardown ran C++ static
-    # destructors while Gloo's threads were still joinable, and a rank that had written its results aborted
-    # ("terminate called without an active exception", exit -6; one CI run of 2026-12-02), which failed the bench.
-    import os
+    # As a rank (`allreduce`, `ps-exchange`, `ddp-buckets` under torchrun or horovodrun) it leaves as the trainer's
+    # ranks do: a rank that had written its results once aborted in the interpreter's teardown (exit -6, 2026-12-02).
+    from scalelab.train import exit_without_teardown
 
-    code = main()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    exit_without_teardown(main())

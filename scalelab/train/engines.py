@@ -152,6 +152,20 @@ class Engine:
 _KEPT_UNTIL_EXIT: list[Any] = []
 
 
+def keep_until_exit(obj: Any) -> Any:
+    """`obj` (a process group, a DDP model whose reducer holds one), referenced until the rank's os._exit."""
+    _KEPT_UNTIL_EXIT.append(obj)
+    return obj
+
+
+def start_process_group(backend: str, **options: Any) -> None:
+    """torch.distributed's env:// rendezvous (torchrun's variables), its world group kept until exit."""
+    import torch.distributed as dist
+
+    dist.init_process_group(backend, **options)  # distributed
+    keep_until_exit(dist.group.WORLD)
+
+
 class DDPEngine(Engine):
     """torch.distributed: Gloo on CPU, NCCL on GPU; started by torchrun (env:// rendezvous)."""
 
@@ -164,8 +178,7 @@ class DDPEngine(Engine):
         if "RANK" not in os.environ:
             raise EngineError("the ddp engine must be started by torchrun (RANK is not set); use `launch --engine ddp`")
         backend = "nccl" if torch.cuda.is_available() else "gloo"
-        dist.init_process_group(backend, timeout=datetime.timedelta(minutes=10))  # distributed
-        _KEPT_UNTIL_EXIT.append(dist.group.WORLD)
+        start_process_group(backend, timeout=datetime.timedelta(minutes=10))
         self.placement = Placement(
             rank=dist.get_rank(),
             world=dist.get_world_size(),

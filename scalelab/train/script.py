@@ -198,7 +198,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    code = main()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)  # as the trainer: no interpreter teardown under Gloo's or Horovod's threads
+    from scalelab.train import exit_without_teardown
+
+    exit_without_teardown(main())  # as the trainer: no interpreter teardown under Gloo's or Horovod's threads
