@@ -6,11 +6,14 @@
 # Exit 0: sshd is there; 3: it cannot be installed here (the reason on stderr).
 set -euo pipefail
 cannot() { echo "sshd-install: $*" >&2; exit 3; }
+# The lock comes before the first look: dpkg unpacks /usr/sbin/sshd before its postinst creates the `sshd`
+# privilege-separation user, so a worker that saw the binary while another worker's apt-get was still running
+# started an sshd that refused to run ("Privilege separation user sshd does not exist"), and its played
+# instance never booted (docs/reliability.md, "One sshd install for all the workers").
+exec 9>/tmp/scalelab-sshd-install.lock && flock 9  # two test workers may ask at once: one apt at a time
 [ -x /usr/sbin/sshd ] && exit 0
 [ "$(id -u)" -eq 0 ] || cannot "sshd is not installed and installing it needs root"
 command -v apt-get >/dev/null || cannot "sshd is not installed and there is no apt-get (install OpenSSH's server)"
-exec 9>/tmp/scalelab-sshd-install.lock && flock 9  # two test workers may ask at once: one apt at a time
-[ -x /usr/sbin/sshd ] && exit 0
 log=$(mktemp)
 export DEBIAN_FRONTEND=noninteractive
 if ! apt-get install -y -q --no-install-recommends openssh-server >"$log" 2>&1; then

@@ -162,4 +162,6 @@ def sshd_start(instance: Instance) -> str:
         f"ListenAddress {instance.ip}\nPort 22\nHostKey {home / 'host_key'}\nPidFile {home / 'sshd.pid'}\n"
         "UsePAM no\nPasswordAuthentication no\nKbdInteractiveAuthentication no\nPermitRootLogin prohibit-password\n"
         "StrictModes no\nAuthorizedKeysFile .ssh/authorized_keys\n")
-    return f"mkdir -p /run/sshd; {SSHD} -f {home / 'sshd_config'} -E {home / 'sshd.log'};"
+    log = shlex.quote(str(home / "sshd.log"))  # a refusal is the test's failure message, not an instance that never boots
+    return (f"mkdir -p /run/sshd; {SSHD} -f {home / 'sshd_config'} -E {log} "
+            f"|| {{ echo \"the played instance's sshd did not start: $(cat {log})\"; exit 1; }};")
