@@ -187,8 +187,8 @@ if [ "$SCALELAB_HOROVOD" = 1 ] && ! "$SCALELAB_PYTHON" -c 'import horovod.torch'
     "$SCALELAB_PYTHON" -m pip install -q --no-cache-dir horovod==0.28.1
 fi
 "$SCALELAB_PYTHON" -c 'import sys, boto3; boto3.client("s3").download_file(*sys.argv[1:])' {_sh(plan.bucket)} {_sh(wheel_key)} {PACKAGE_NAME} \\
-  && "$SCALELAB_PYTHON" -m pip install -q {PACKAGE_NAME} \\
   && "$SCALELAB_PYTHON" -m pip install -q --force-reinstall --no-deps {PACKAGE_NAME} \\
+  && {{ "$SCALELAB_PYTHON" -m scalelab.aws.deps || "$SCALELAB_PYTHON" -m pip install -q {PACKAGE_NAME}; }} \\
   && "$SCALELAB_PYTHON" -m scalelab.aws.bootstrap
 echo "scalelab: bootstrap exited with $?"
 shutdown -h now "scalelab run ended"

@@ -22,8 +22,8 @@ if [ "$SCALELAB_HOROVOD" = 1 ] && ! "$SCALELAB_PYTHON" -c 'import horovod.torch'
   HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 HOROVOD_GPU_OPERATIONS=NCCL     "$SCALELAB_PYTHON" -m pip install -q --no-cache-dir horovod==0.28.1
 fi
 "$SCALELAB_PYTHON" -c 'import sys, boto3; boto3.client("s3").download_file(*sys.argv[1:])' scalelab-test-bucket scalelab/nmt-tiny-DRYRUN/package/scalelab-0.1.0-py3-none-any.whl scalelab-0.1.0-py3-none-any.whl \
-  && "$SCALELAB_PYTHON" -m pip install -q scalelab-0.1.0-py3-none-any.whl \
   && "$SCALELAB_PYTHON" -m pip install -q --force-reinstall --no-deps scalelab-0.1.0-py3-none-any.whl \
+  && { "$SCALELAB_PYTHON" -m scalelab.aws.deps || "$SCALELAB_PYTHON" -m pip install -q scalelab-0.1.0-py3-none-any.whl; } \
   && "$SCALELAB_PYTHON" -m scalelab.aws.bootstrap
 echo "scalelab: bootstrap exited with $?"
 shutdown -h now "scalelab run ended"
