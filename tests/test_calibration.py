@@ -28,6 +28,7 @@ from scalelab.costs.calibration import (
 )
 from scalelab.costs.catalog import builtin_catalog
 from scalelab.costs.planner import PlanRequest, plan
+from conftest import made_once
 
 
 def test_the_corpus_names_a_source_for_every_table_and_spans_kepler_to_hopper_and_64_gpus():
@@ -46,9 +47,21 @@ def test_the_corpus_names_a_source_for_every_table_and_spans_kepler_to_hopper_an
     assert most >= 64 and len(multi) >= 3
 
 
+def coverage_once(tmp_path_factory, confidence: float) -> pd.DataFrame:
+    """`coverage(confidence)`, computed once in the pytest run (conftest's made_once) and read back by every
+    worker that asks: the nested leave-one-origin-out takes 6-9 s of CPU at each confidence, and a module
+    fixture made the 90 % one again on every worker that ran one of its tests."""
+    def make(where):
+        path = where / "coverage.pkl"
+        coverage(confidence).to_pickle(path)
+        return path
+
+    return pd.read_pickle(made_once(tmp_path_factory, ["calibration-coverage", repr(confidence)], make))
+
+
 @pytest.fixture(scope="module")
-def loso() -> pd.DataFrame:
-    return coverage(0.9)
+def loso(tmp_path_factory) -> pd.DataFrame:
+    return coverage_once(tmp_path_factory, 0.9)
 
 
 def test_leaving_one_whole_source_out_meets_the_issue_bar(loso):
@@ -330,10 +343,10 @@ def test_two_layouts_of_one_count_are_two_rows_each_its_own_measurement():
 
 
 @pytest.mark.parametrize("confidence", [0.5, 0.8])
-def test_a_lower_confidence_gives_narrower_bands_that_hold_about_as_asked(confidence):
+def test_a_lower_confidence_gives_narrower_bands_that_hold_about_as_asked(confidence, loso):
     """Review of issue 33: the band's inner levels started at 0.9, so 50 % and 80 % bands were 90 % ones."""
     lower = coverage_summary(coverage(confidence), ["k_class"]).set_index("k_class")
-    ninety = coverage_summary(coverage(0.9), ["k_class"]).set_index("k_class")
+    ninety = coverage_summary(loso, ["k_class"]).set_index("k_class")
     for k in ("2", "3+"):
         assert lower.loc[k, "median_half_width"] < ninety.loc[k, "median_half_width"]
         assert lower.loc[k, "coverage"] >= confidence - 0.05
