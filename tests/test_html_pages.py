@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import launch, run_entry
+from conftest import launch, made_once, run_entry
 from test_costs_cli import _fake_run
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -53,8 +53,23 @@ def _screenshot(page: Path, tmp: Path, height: int = 6000) -> Path:
 
 @pytest.fixture(scope="module")
 def pages(tmp_path_factory):
-    """A runs directory of four fake runs (1-4 workers), the report of one run and of all of them, and a plan."""
-    tmp = tmp_path_factory.mktemp("pages")
+    """A runs directory of four fake runs (1-4 workers), the report of one run and of all of them, and a plan:
+    made once in the pytest run (conftest's made_once: four `launch` processes), each worker's module working
+    on its own copy (a test adds a directory to the runs)."""
+    import json
+
+    def make(tmp: Path) -> Path:
+        made = _make_pages(tmp)
+        (tmp / "pages.json").write_text(json.dumps({k: str(v.relative_to(tmp)) for k, v in made.items()}))
+        return tmp
+
+    made = made_once(tmp_path_factory, ["html-pages"], make)
+    tmp = tmp_path_factory.mktemp("pages") / "copy"
+    shutil.copytree(made, tmp, symlinks=True)
+    return {k: tmp / v for k, v in json.loads((tmp / "pages.json").read_text()).items()}
+
+
+def _make_pages(tmp: Path) -> dict[str, Path]:
     runs = tmp / "runs"
     made = [_fake_run(runs, f"r{g}", g, 0.1 * (1 + 0.1 * g) / g, 6400, "g3.16xlarge") for g in (1, 2, 3, 4)]
     env = {"SCALELAB_PRICES": str(tmp / "no-user-prices.json")}

@@ -7,11 +7,12 @@ ranks (a plain Python script: it records with `scalelab.track` and needs no PyTo
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 
-from conftest import launch, read_jsonl
+from conftest import launch, made_once, read_jsonl
 
 SCRIPT = """\
 import time
@@ -26,14 +27,21 @@ for i in range(12):
 
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory) -> tuple[Path, Path, str]:
-    """(working directory, sweep directory, the sweep's own output): 1 and 2 ranks, 2 repeats each."""
-    cwd = tmp_path_factory.mktemp("unit")
-    (cwd / "imgs.py").write_text(SCRIPT)
-    proc = launch("sweep", "--script", "imgs.py", "--engine", "ddp", "--workers", "1,2", "--repeats", "2",
-                  "--warmup-steps", "2", "--device", "cpu", cwd=cwd, env={"COLUMNS": "100"})
-    assert proc.returncode == 0, proc.stderr
+    """(working directory, sweep directory, the sweep's own output): 1 and 2 ranks, 2 repeats each. The sweep
+    (4 runs, 6 ranks) is made once in the pytest run (conftest's made_once); each worker's module reads its own
+    copy, as its reports write into the sweep's directory."""
+    def make(cwd: Path) -> Path:
+        (cwd / "imgs.py").write_text(SCRIPT)
+        proc = launch("sweep", "--script", "imgs.py", "--engine", "ddp", "--workers", "1,2", "--repeats", "2",
+                      "--warmup-steps", "2", "--device", "cpu", cwd=cwd, env={"COLUMNS": "100"})
+        assert proc.returncode == 0, proc.stderr
+        (cwd / "sweep-output.txt").write_text(proc.stdout)
+        return cwd
+
+    cwd = tmp_path_factory.mktemp("unit") / "work"
+    shutil.copytree(made_once(tmp_path_factory, ["script-unit-sweep", SCRIPT], make), cwd, symlinks=True)
     (sweep_dir,) = (cwd / "runs").glob("sweep-imgs.py-*")
-    return cwd, sweep_dir, proc.stdout
+    return cwd, sweep_dir, (cwd / "sweep-output.txt").read_text()
 
 
 def test_repeats_of_a_script_run_for_real_each_recording_its_steps(sweep):
