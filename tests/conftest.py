@@ -97,6 +97,16 @@ def made_once(tmp_path_factory, key: list[str], make: Callable[[Path], Path]) ->
         return made
 
 
+def copy_made_once(tmp_path_factory, key: list[str], make: Callable[[Path], Path], name: str) -> Path:
+    """A copy, in a folder of this module's own (`name`), of the folder `make(where)` fills and returns, made once
+    in the pytest run (made_once): for tests that write where the made thing lies (a report into its sweep)."""
+    import shutil
+
+    copy = tmp_path_factory.mktemp(name) / "copy"
+    shutil.copytree(made_once(tmp_path_factory, key, make), copy, symlinks=True)
+    return copy
+
+
 def launched_once(tmp_path_factory, prefix: str, *args: str) -> Path:
     """The run directory of `launch ARGS... --runs-dir runs`, launched once in the pytest run (made_once)."""
     def make(where: Path) -> Path:

@@ -30,15 +30,18 @@ def test_missing_and_mismatched_requirements_are_named_and_extras_and_markers_le
     assert got[1] == "no-such-package-here>=1 (not installed)"
 
 
-def test_this_environment_meets_scalelab_and_the_module_exits_0_or_1() -> None:
+def test_this_environment_meets_scalelab_and_the_module_exits_0_or_1(monkeypatch, capsys) -> None:
     """Here every dependency is installed (scripts/install.sh): exit 0, nothing said. In a Python without them
     (a bare virtualenv, as on a plain AMI) it exits 1, naming the first of pyproject's dependencies, torch."""
+    from scalelab.aws import deps
+
     here = subprocess.run([sys.executable, "-m", "scalelab.aws.deps"], capture_output=True, text=True, cwd=ROOT)
     assert (here.returncode, here.stderr) == (0, "")
-    bare = subprocess.run([sys.executable, "-I", "-c",
-                           "import sys; sys.path[:0] = [sys.argv[1]]; "
-                           "from importlib import metadata; import scalelab.aws.deps as d; "
-                           "metadata.version = lambda name: (_ for _ in ()).throw(metadata.PackageNotFoundError(name)); "
-                           "sys.exit(d.main())", str(ROOT)], capture_output=True, text=True)
-    assert bare.returncode == 1, bare.stderr
-    assert bare.stderr.splitlines()[0].startswith("scalelab: needs torch>=2.1 (not installed)"), bare.stderr
+
+    def nothing_installed(name: str) -> str:
+        raise deps.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(deps.metadata, "version", nothing_installed)
+    code, err = deps.main(), capsys.readouterr().err
+    assert code == 1, err
+    assert err.splitlines()[0].startswith("scalelab: needs torch>=2.1 (not installed)"), err

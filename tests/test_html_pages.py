@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import launch, made_once, run_entry
+from conftest import copy_made_once, launch, run_entry
 from test_costs_cli import _fake_run
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -63,9 +63,7 @@ def pages(tmp_path_factory):
         (tmp / "pages.json").write_text(json.dumps({k: str(v.relative_to(tmp)) for k, v in made.items()}))
         return tmp
 
-    made = made_once(tmp_path_factory, ["html-pages"], make)
-    tmp = tmp_path_factory.mktemp("pages") / "copy"
-    shutil.copytree(made, tmp, symlinks=True)
+    tmp = copy_made_once(tmp_path_factory, ["html-pages"], make, "pages")
     return {k: tmp / v for k, v in json.loads((tmp / "pages.json").read_text()).items()}
 
 

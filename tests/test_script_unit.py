@@ -7,12 +7,11 @@ ranks (a plain Python script: it records with `scalelab.track` and needs no PyTo
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 
-from conftest import launch, made_once, read_jsonl
+from conftest import copy_made_once, launch, read_jsonl
 
 SCRIPT = """\
 import time
@@ -38,8 +37,7 @@ def sweep(tmp_path_factory) -> tuple[Path, Path, str]:
         (cwd / "sweep-output.txt").write_text(proc.stdout)
         return cwd
 
-    cwd = tmp_path_factory.mktemp("unit") / "work"
-    shutil.copytree(made_once(tmp_path_factory, ["script-unit-sweep", SCRIPT], make), cwd, symlinks=True)
+    cwd = copy_made_once(tmp_path_factory, ["script-unit-sweep", SCRIPT], make, "unit")
     (sweep_dir,) = (cwd / "runs").glob("sweep-imgs.py-*")
     return cwd, sweep_dir, (cwd / "sweep-output.txt").read_text()
 

@@ -3,8 +3,8 @@
 The instance's user data installs the shipped wheel with `pip install --force-reinstall --no-deps` (the wheel
 keeps its version from build to build, so a plain install beside an earlier one would keep the earlier code),
 then runs this; only when something is missing or of a version the wheel does not accept does it run pip again
-for the dependencies. One pip call instead of two on an AMI that has them: about a second of CPU per boot
-(docs/benchmarks.md, "One pip call at an instance's boot"). Imports nothing of scalelab's but this package
+for the dependencies. One pip call instead of two on an AMI that has them: 1.5 s of CPU per boot against
+3.3 s (docs/benchmarks.md, "A process count per test, one pip call per boot, and an sshd race"). Imports nothing of scalelab's but this package
 (whose `__init__` imports nothing), so it runs before the dependencies are there.
 """
 

@@ -18,12 +18,11 @@ export SCALELAB_RANKS_PER_NODE=2
 export SCALELAB_WORK SCALELAB_PYTHON
 mkdir -p "$SCALELAB_WORK" && cd "$SCALELAB_WORK" || exit 1
 exec >>"$SCALELAB_WORK/bootstrap.log" 2>&1
-# Horovod 0.28.1 installed: the pip call below would do nothing, so it is not asked whether it imports (which
-# imports PyTorch: 2 s of CPU); any other case is as before, an import, then pip where it fails
-HOROVOD_0281='import sys; from importlib.metadata import version; sys.exit(version("horovod") != "0.28.1")'
 "$SCALELAB_PYTHON" -c 'import boto3' 2>/dev/null || "$SCALELAB_PYTHON" -m pip install -q boto3
-if [ "$SCALELAB_HOROVOD" = 1 ] && ! "$SCALELAB_PYTHON" -c "$HOROVOD_0281" 2>/dev/null \
-    && ! "$SCALELAB_PYTHON" -c 'import horovod.torch' 2>/dev/null; then
+# Horovod 0.28.1 installed: the pip call below would do nothing, so it is not imported to decide (that imports
+# PyTorch: 2 s of CPU); any other Horovod must import, or pip installs 0.28.1, as before
+if [ "$SCALELAB_HOROVOD" = 1 ] && ! "$SCALELAB_PYTHON" -c \
+    'from importlib.metadata import version; version("horovod") == "0.28.1" or __import__("horovod.torch")' 2>/dev/null; then
   HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 HOROVOD_GPU_OPERATIONS=NCCL     "$SCALELAB_PYTHON" -m pip install -q --no-cache-dir horovod==0.28.1
 fi
 "$SCALELAB_PYTHON" -c 'import sys, boto3; boto3.client("s3").download_file(*sys.argv[1:])' scalelab-test-bucket scalelab/ps-DRYRUN/package/scalelab-0.1.0-py3-none-any.whl scalelab-0.1.0-py3-none-any.whl \
