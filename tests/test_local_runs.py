@@ -183,21 +183,28 @@ def _start_long_run(tmp_path):
                           cwd=tmp_path, env=env,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 120
-    while time.time() < deadline and not (runs.exists() and any(runs.glob("*/records/rank-1.jsonl"))):
-        assert fg.poll() is None, fg.communicate()
-        time.sleep(0.5)
-    run = only_run_dir(runs)
-    while time.time() < deadline and (len(steps_of(run, 0)) < 3 or len(steps_of(run, 1)) < 3):
-        time.sleep(0.5)
+    try:  # both ranks' files: rank 1's can be there before rank 0's (a suite run of 2026-12-02 read it too soon)
+        while time.time() < deadline and not (runs.exists() and any(runs.glob("*/records/rank-1.jsonl"))
+                                              and any(runs.glob("*/records/rank-0.jsonl"))):
+            assert fg.poll() is None, fg.communicate()
+            time.sleep(0.5)
+        run = only_run_dir(runs)
+        while time.time() < deadline and (len(steps_of(run, 0)) < 3 or len(steps_of(run, 1)) < 3):
+            time.sleep(0.5)
+    except BaseException:  # the run must not train on for minutes: SIGTERM cancels it as the tests below do
+        fg.terminate()
+        fg.communicate(timeout=120)
+        raise
     return fg, run
 
 
 def _processes_of(run) -> list[str]:
-    """Every process on this machine with the run directory in its command line (the ranks, torchrun)."""
+    """Every process on this machine with the run directory in its command line (the ranks, torchrun). By its
+    whole path: two workers' runs started in the same second have the same name (one test then saw the other's)."""
     import psutil
 
     return [" ".join(p.info["cmdline"]) for p in psutil.process_iter(["cmdline"])
-            if p.info["cmdline"] and any(run.name in arg for arg in p.info["cmdline"])]
+            if p.info["cmdline"] and any(str(run) in arg for arg in p.info["cmdline"])]
 
 
 def _assert_stopped_with_a_checkpoint(run) -> None:
