@@ -1,0 +1,107 @@
+"""Sample every process's CPU twice a second and charge it to the pytest test that started it.
+
+Why: the suite is CPU-bound on CI's two cores, and most of its CPU is spent in processes the tests start
+(ranks, torchrun and horovodrun agents, `launch`), which `--durations` does not see. pytest puts
+PYTEST_CURRENT_TEST in its workers' environment and every process a test starts inherits it, so reading
+/proc/PID/environ with /proc/PID/stat gives the CPU of each test's processes. A process is undercounted by
+at most one interval, and one shorter than that may be missed.
+
+Usage: python scripts/cpu-per-test.py OUT.json   (runs until SIGTERM/SIGINT; then writes OUT.json:
+one row per process: pid, test, kind, cpu_s)
+       python scripts/cpu-per-test.py --summary OUT.json   (CPU per kind of process, per test file, per test)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def kind_of(argv: list[str]) -> str:
+    """A short name for what the process is (the groups docs/benchmarks.md reports), from its command line:
+    its program and module, not its arguments (run directories under /tmp/pytest-of-*/ name every process)."""
+    program = Path(argv[0]).name if argv else "?"
+    if program.startswith("python") and len(argv) > 1 and not argv[1].startswith("-"):
+        program = Path(argv[1]).name  # a console script run by its shebang: `python .../bin/torchrun ...`
+    module = argv[argv.index("-m") + 1] if "-m" in argv[:-1] else ""
+    if program == "torchrun" or module == "torch.distributed.run":
+        return "torchrun agent"
+    if program == "horovodrun" or module.startswith("horovod.runner"):
+        return "horovodrun"
+    if program == "launch" or module == "scalelab.launcher.cli":
+        return "launch"
+    if module.startswith("scalelab.train"):
+        return "rank"
+    if argv[1:2] == ["-u"] and "exec(eval(sys.stdin.readline()))" in " ".join(argv):
+        return "xdist worker"  # execnet's bootstrap
+    if program.startswith("python"):
+        return f"python -m {module}" if module else "python (other)"
+    return program
+
+
+def sample(seen: dict[tuple[int, str], dict]) -> None:
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        pid = int(entry.name)
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            fields = stat[stat.rindex(")") + 2:].split()
+            cpu = (int(fields[11]) + int(fields[12])) / TICK
+            key = (pid, fields[19])  # a pid and its start time: pids are reused within a suite
+            row = seen.get(key)
+            if row is None:
+                env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+                test = next((e[len(b"PYTEST_CURRENT_TEST="):].decode(errors="replace").rsplit(" (", 1)[0]
+                             for e in env if e.startswith(b"PYTEST_CURRENT_TEST=")), None)
+                argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+                argv = [a for a in argv if a]
+                row = seen[key] = {"pid": pid, "test": test, "kind": kind_of(argv), "argv": argv[:6], "cpu_s": 0.0}
+            row["cpu_s"] = max(row["cpu_s"], cpu)
+        except (OSError, ValueError, IndexError):
+            continue
+
+
+def summary(rows: list[dict], top: int = 25) -> str:
+    """CPU seconds per kind of process, per test file and per test (the most expensive first)."""
+    lines = []
+    for title, key in (("kind", lambda r: r["kind"]),
+                       ("file", lambda r: (r["test"] or "(no test)").split("::")[0]),
+                       ("test", lambda r: r["test"] or "(no test)")):
+        cpu: dict[str, float] = {}
+        count: dict[str, int] = {}
+        for row in rows:
+            cpu[key(row)] = cpu.get(key(row), 0.0) + row["cpu_s"]
+            count[key(row)] = count.get(key(row), 0) + 1
+        lines.append(f"| {title} | processes | CPU s |")
+        lines.append("|---|---:|---:|")
+        lines += [f"| {k} | {count[k]} | {v:.0f} |" for k, v in sorted(cpu.items(), key=lambda kv: -kv[1])[:top]]
+        lines.append("")
+    lines.append(f"total: {len(rows)} processes, {sum(r['cpu_s'] for r in rows):.0f} s of CPU")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    if sys.argv[1] == "--summary":
+        print(summary(json.loads(Path(sys.argv[2]).read_text())))
+        return 0
+    out = Path(sys.argv[1])
+    seen: dict[tuple[int, str], dict] = {}
+    stop = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.append(1))
+    while not stop:
+        sample(seen)
+        time.sleep(0.5)
+    out.write_text(json.dumps(list(seen.values())))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
