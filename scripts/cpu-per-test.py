@@ -87,11 +87,25 @@ def summary(rows: list[dict], top: int = 25) -> str:
     return "\n".join(lines)
 
 
+USAGE = "usage: python scripts/cpu-per-test.py OUT.json | --summary OUT.json"
+
+
 def main() -> int:
-    if sys.argv[1] == "--summary":
-        print(summary(json.loads(Path(sys.argv[2]).read_text())))
+    args = sys.argv[1:]
+    if args[:1] == ["--summary"] and len(args) == 2:
+        try:
+            print(summary(json.loads(Path(args[1]).read_text())))
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            print(f"cpu-per-test: error: {args[1]} is not a sampler's output ({exc}); {USAGE}", file=sys.stderr)
+            return 2
         return 0
-    out = Path(sys.argv[1])
+    if len(args) != 1 or args[0].startswith("-"):
+        print(USAGE, file=sys.stderr)
+        return 2
+    out = Path(args[0])
+    if not out.parent.is_dir():
+        print(f"cpu-per-test: error: no folder {out.parent} to write {out.name} into", file=sys.stderr)
+        return 2
     seen: dict[tuple[int, str], dict] = {}
     stop = []
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -57,3 +57,13 @@ def test_a_process_started_by_a_test_is_charged_to_that_test(tmp_path: Path) -> 
     rows = [r for r in json.loads(out.read_text()) if r["pid"] == busy.pid]
     assert len(rows) == 1 and rows[0]["test"] == "tests/test_z.py::test_busy" and rows[0]["kind"] == "python (other)"
     assert 0.9 <= rows[0]["cpu_s"] <= 2.5, rows
+
+
+def test_bad_arguments_are_one_line_and_exit_2(tmp_path: Path) -> None:
+    (tmp_path / "bad.json").write_bytes(b"\x00\xff not json")
+    for args in ([], ["--summary"], ["--summary", str(tmp_path / "bad.json")], ["--summary", str(tmp_path / "none.json")],
+                 [str(tmp_path / "no" / "such" / "out.json")]):
+        done = subprocess.run([sys.executable, str(ROOT / "scripts" / "cpu-per-test.py"), *args],
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, (args, done.stderr)
+        assert "Traceback" not in done.stderr and ("usage" in done.stderr or "no folder" in done.stderr), (args, done.stderr)
