@@ -4,7 +4,8 @@ Why: the suite is CPU-bound on CI's two cores, and most of its CPU is spent in p
 (ranks, torchrun and horovodrun agents, `launch`), which `--durations` does not see. pytest puts
 PYTEST_CURRENT_TEST in its workers' environment and every process a test starts inherits it, so reading
 /proc/PID/environ with /proc/PID/stat gives the CPU of each test's processes. A process is undercounted by
-at most one interval, and one shorter than that may be missed.
+at most one interval, and one shorter than that may be missed. An xdist worker's own environment never
+names a test (pytest sets the variable after the worker started), so in-process tests' CPU is "(no test)".
 
 Usage: python scripts/cpu-per-test.py OUT.json   (runs until SIGTERM/SIGINT; then writes OUT.json:
 one row per process: pid, test, kind, cpu_s)
@@ -45,6 +46,16 @@ def kind_of(argv: list[str]) -> str:
     return program
 
 
+def test_of(pid: int) -> str | None:
+    """The pytest test in the process's environment at its exec; None where there is none or it cannot be read."""
+    try:
+        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:  # another user's process, or gone
+        return None
+    return next((e[len(b"PYTEST_CURRENT_TEST="):].decode(errors="replace").rsplit(" (", 1)[0]
+                 for e in env if e.startswith(b"PYTEST_CURRENT_TEST=")), None)
+
+
 def sample(seen: dict[tuple[int, str], dict]) -> None:
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
@@ -56,13 +67,10 @@ def sample(seen: dict[tuple[int, str], dict]) -> None:
             cpu = (int(fields[11]) + int(fields[12])) / TICK
             key = (pid, fields[19])  # a pid and its start time: pids are reused within a suite
             row = seen.get(key)
-            if row is None:
-                env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-                test = next((e[len(b"PYTEST_CURRENT_TEST="):].decode(errors="replace").rsplit(" (", 1)[0]
-                             for e in env if e.startswith(b"PYTEST_CURRENT_TEST=")), None)
-                argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
-                argv = [a for a in argv if a]
-                row = seen[key] = {"pid": pid, "test": test, "kind": kind_of(argv), "argv": argv[:6], "cpu_s": 0.0}
+            argv = [a for a in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0") if a]
+            if row is None or (argv and argv[:6] != row["argv"]):  # new, or exec'd since (fork then exec, a wrapper)
+                row = seen[key] = {"pid": pid, "test": test_of(pid), "kind": kind_of(argv), "argv": argv[:6],
+                                   "cpu_s": row["cpu_s"] if row else 0.0}
             row["cpu_s"] = max(row["cpu_s"], cpu)
         except (OSError, ValueError, IndexError):
             continue
@@ -110,6 +118,7 @@ def main() -> int:
     stop = []
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.append(1))
+    print(f"cpu-per-test: sampling every 0.5 s into {out} until SIGTERM or SIGINT", file=sys.stderr, flush=True)
     while not stop:
         sample(seen)
         time.sleep(0.5)

@@ -46,10 +46,12 @@ def test_the_summary_sums_cpu_per_kind_file_and_test() -> None:
 
 def test_a_process_started_by_a_test_is_charged_to_that_test(tmp_path: Path) -> None:
     out = tmp_path / "cpu.json"
-    sampler = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "cpu-per-test.py"), str(out)])
+    sampler = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "cpu-per-test.py"), str(out)],
+                               stderr=subprocess.PIPE, text=True)
+    assert "sampling" in sampler.stderr.readline()  # its signal handlers are in place
     env = {**os.environ, "PYTEST_CURRENT_TEST": "tests/test_z.py::test_busy (call)"}
     busy = subprocess.Popen([sys.executable, "-c", "import time\nend = time.process_time() + 1.5\n"
-                             "while time.process_time() < end: pass\ntime.sleep(1.5)"], env=env)
+                             "while time.process_time() < end: pass\ntime.sleep(3)"], env=env)
     busy.wait(timeout=60)
     time.sleep(0.2)
     sampler.send_signal(signal.SIGTERM)
