@@ -38,6 +38,7 @@ from scalelab.core.errors import ScalelabError
 from scalelab.core.procs import LAUNCHER_ENV, started_at, watched
 from scalelab.core.provenance import machine, software
 from scalelab.core.records import RecordWriter, lost_a_peer, rank_from_env, record_error
+from scalelab.core.rundir import RunPaths
 from scalelab.core.spec import Spec, read_spec
 from scalelab.train import balance
 from scalelab.train.batch import Batch
@@ -587,10 +588,18 @@ def _clock(device: torch.device) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    usage = "usage: python -m scalelab.train RUN_DIR  (normally started by `launch`)"
+    if argv in (["-h"], ["--help"]):
+        print(usage)
+        return 0
     if len(argv) != 1:
-        print("usage: python -m scalelab.train RUN_DIR  (normally started by `launch`)", file=sys.stderr)
+        print(usage, file=sys.stderr)
         return 2
     run_dir = Path(argv[0])
+    if not RunPaths(run_dir).spec.is_file():  # no run directory to record an error in: say it, make none
+        print(f"scalelab: error: {run_dir} is not a run directory ({RunPaths(run_dir).spec} is missing); "
+              f"`launch` makes one and starts the ranks in it", file=sys.stderr)
+        return 2
     try:
         reason = train(run_dir)
     except ScalelabError as exc:  # the launcher reads this record, not the line in the log
