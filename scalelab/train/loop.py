@@ -596,14 +596,13 @@ def main(argv: list[str] | None = None) -> int:
         print(usage, file=sys.stderr)
         return 2
     run_dir = Path(argv[0])
-    if not RunPaths(run_dir).spec.is_file():  # no run directory to record an error in: say it, make none
-        print(f"scalelab: error: {run_dir} is not a run directory ({RunPaths(run_dir).spec} is missing); "
-              f"`launch` makes one and starts the ranks in it", file=sys.stderr)
-        return 2
     try:
         reason = train(run_dir)
     except ScalelabError as exc:  # the launcher reads this record, not the line in the log
-        record_error(run_dir, str(exc))
+        if RunPaths(run_dir).spec.is_file():
+            record_error(run_dir, str(exc))
+        else:  # not a run directory (read_spec's error): no record to make one for, so the line goes to stderr
+            print(f"scalelab: error: {exc}", file=sys.stderr)
         return exc.exit_code
     except Exception as exc:  # noqa: BLE001 - not ours (a library, a bug): its traceback to the log, its
         # last line to an error record, so that the user reads it first, not torchrun's or horovodrun's dump
