@@ -33,7 +33,7 @@ def kind_of(argv: list[str]) -> str:
     module = argv[argv.index("-m") + 1] if "-m" in argv[:-1] else ""
     if program == "torchrun" or module == "torch.distributed.run":
         return "torchrun agent"
-    if program == "horovodrun" or module.startswith("horovod.runner"):
+    if program == "horovodrun" or module.startswith("horovod.runner") or module == "scalelab.core.horovodrun":
         return "horovodrun"
     if program == "launch" or module == "scalelab.launcher.cli":
         return "launch"

@@ -173,7 +173,7 @@ def test_trainer_commands():
     hosts = ["10.0.0.1", "10.0.0.2"]
     horovod = Spec(engine=EngineSpec(name="horovod", fusion_threshold_mb=32), nodes=2, gpus_per_node=4, batch_per_worker=8)
     hvd = trainer_command(horovod, "py", Path("/w/r"), hosts, 0, ssh_key="/k")
-    assert hvd.argv[:3] == ["py", "-m", "horovod.runner.launch"]
+    assert hvd.argv[:3] == ["py", "-m", "scalelab.core.horovodrun"]
     assert hvd.argv[hvd.argv.index("-np") + 1] == "8" and hvd.argv[hvd.argv.index("-H") + 1] == "10.0.0.1:4,10.0.0.2:4"
     assert hvd.argv[hvd.argv.index("--ssh-identity-file") + 1] == "/k"
     assert hvd.env["HOROVOD_FUSION_THRESHOLD"] == str(32 * 1024 * 1024)

@@ -47,7 +47,7 @@ def test_horovod_starts_once_from_node_0_with_its_fusion_settings() -> None:
     spec = _spec("horovod", fusion_threshold_mb=0.5, cycle_time_ms=5.0)
     [launch] = launch_plan(spec, "/r", Site(python="py", hosts=("a", "b"), horovodrun=None, ssh_identity="/k"))
     assert launch.node == 0
-    assert launch.argv == ["py", "-m", "horovod.runner.launch", "--gloo", "-np", "4", "-H", "a:2,b:2",
+    assert launch.argv == ["py", "-m", "scalelab.core.horovodrun", "--gloo", "-np", "4", "-H", "a:2,b:2",
                            "--ssh-identity-file", "/k", "py", "-m", "scalelab.train", "/r"]
     assert launch.env == {"HOROVOD_FUSION_THRESHOLD": str(512 * 1024), "HOROVOD_CYCLE_TIME": "5.0",
                           "HOROVOD_GLOO_TIMEOUT_SECONDS": "180"} == engine_env(spec)
@@ -96,7 +96,7 @@ def test_every_engine_has_a_class_and_a_starter() -> None:
 
 def test_only_the_launch_module_writes_launcher_command_lines() -> None:
     """`grep` finds the torchrun/horovodrun/mpirun command lines and Horovod's variables built in one module."""
-    words = {"torch.distributed.run", "horovod.runner.launch", "mpirun", "HOROVOD_FUSION_THRESHOLD", "HOROVOD_CROSS_RANK"}
+    words = {"torch.distributed.run", "scalelab.core.horovodrun", "mpirun", "HOROVOD_FUSION_THRESHOLD", "HOROVOD_CROSS_RANK"}
     found = set()
     for path in (ROOT / "scalelab").rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):

@@ -480,21 +480,19 @@ def horovod_build_problem() -> str | None:
     """Why Horovod cannot run PyTorch ranks here, or None: its PyTorch extension is found, loads (its
     symbols resolve against the PyTorch installed here) and was built with Gloo or MPI."""
     import ctypes
-    import importlib.util
-    import sysconfig
+
+    from scalelab.core.horovodrun import built_with, extension_library
 
     how = "run scripts/build-horovod.sh (builds horovod 0.28.1 with PyTorch + Gloo), or use --engine ddp"
-    spec = importlib.util.find_spec("horovod")
-    folder = Path(spec.origin).parent / "torch" if spec and spec.origin else None
-    library = folder / f"mpi_lib_v2{sysconfig.get_config_var('EXT_SUFFIX')}" if folder else None
+    library = extension_library()
     if library is None or not library.exists():
-        why = "No module named 'horovod'" if folder is None else f"no {library.name} in {folder}"
+        why = "No module named 'horovod'" if library is None else f"no {library.name} in {library.parent}"
         return f"Horovod with PyTorch support is not installed ({why}); {how}"
     try:
-        lib = ctypes.CDLL(str(library))
+        ctypes.CDLL(str(library))
     except OSError as exc:
         return f"Horovod with PyTorch support is not installed ({exc}); {how}"
-    if not lib.horovod_gloo_built() and not lib.horovod_mpi_built():
+    if not built_with("gloo") and not built_with("mpi"):
         return "Horovod was built without Gloo or MPI; rebuild it with scripts/build-horovod.sh"
     return None
 

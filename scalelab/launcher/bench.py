@@ -26,7 +26,6 @@ from scalelab.core.checks import OutputDir
 from scalelab.core.errors import SpecError
 from scalelab.core.launch import horovod_env, horovodrun_argv, torchrun_argv
 from scalelab.core.net import free_port
-from scalelab.core.procs import tool_path
 from scalelab.core.records import load_run
 from scalelab.core.rundir import RunPaths, read_json
 from scalelab.core.spec import Spec, save_spec
@@ -106,7 +105,7 @@ def bench_exchange(sizes_mb: list[float], repeats: int, work: Path) -> list[dict
         if engine == "ddp":
             cmd = _two_ranks(args)
         else:
-            cmd = horovodrun_argv(tool_path("horovodrun") or "horovodrun", sys.executable, 2, ["localhost"], args)
+            cmd = horovodrun_argv(None, sys.executable, 2, ["localhost"], args)
         proc = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1", **env}, capture_output=True, text=True, timeout=900)
         if proc.returncode != 0 or not out.exists():
             results.append({"label": label, "error": proc.stderr[-500:]})

@@ -143,7 +143,7 @@ class LocalBackend(Backend):
         if not self.detached:  # the ranks stop (with a checkpoint) when this launcher is gone, even by SIGKILL
             env[LAUNCHER_ENV] = launcher_watch()
         site = Site(python=python, master_addr="127.0.0.1", master_port=port, hosts=("localhost",),
-                    horovodrun=tool_path("horovodrun") or "horovodrun")  # every emulated node on this host
+                    horovodrun=None)  # every emulated node on this host; Horovod's runner without its torch import
         plan = launch_plan(spec, run_dir, site)
         env.update(plan[0].env)  # the engine's (Horovod's fusion settings): the same for every node
         commands = [launch.argv for launch in plan]
