@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -31,12 +30,10 @@ def test_the_library_answers_what_horovods_own_check_answers() -> None:
 def test_it_starts_the_ranks_and_passes_their_exit_status_without_importing_torch() -> None:
     """Two ranks of a program that prints its Horovod rank; then one that fails: horovodrun's exit status.
     Python's -X importtime on the runner alone (not its ranks) shows no `torch` module."""
-    started = time.monotonic()
     ok = _run("--gloo", "-np", "2", "-H", "localhost:2", sys.executable, "-c",
               "import os; print('rank', os.environ['HOROVOD_RANK'])")
     assert ok.returncode == 0, ok.stderr
     assert "rank 0" in ok.stdout and "rank 1" in ok.stdout
-    assert time.monotonic() - started < 100
     bad = _run("--gloo", "-np", "1", "-H", "localhost:1", sys.executable, "-c", "raise SystemExit(3)")
     assert bad.returncode != 0
     traced = subprocess.run([sys.executable, "-X", "importtime", "-c",

@@ -19,6 +19,7 @@ import sys
 import sysconfig
 from pathlib import Path
 
+
 def extension_library() -> Path | None:
     """Horovod's PyTorch extension library (what `import horovod.torch` loads), found without importing it;
     None when Horovod is not installed. The file may be missing (Horovod built without PyTorch)."""

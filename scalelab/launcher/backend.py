@@ -481,7 +481,7 @@ def horovod_build_problem() -> str | None:
     symbols resolve against the PyTorch installed here) and was built with Gloo or MPI."""
     import ctypes
 
-    from scalelab.core.horovodrun import built_with, extension_library
+    from scalelab.core.horovodrun import extension_library
 
     how = "run scripts/build-horovod.sh (builds horovod 0.28.1 with PyTorch + Gloo), or use --engine ddp"
     library = extension_library()
@@ -489,10 +489,10 @@ def horovod_build_problem() -> str | None:
         why = "No module named 'horovod'" if library is None else f"no {library.name} in {library.parent}"
         return f"Horovod with PyTorch support is not installed ({why}); {how}"
     try:
-        ctypes.CDLL(str(library))
+        lib = ctypes.CDLL(str(library))
     except OSError as exc:
         return f"Horovod with PyTorch support is not installed ({exc}); {how}"
-    if not built_with("gloo") and not built_with("mpi"):
+    if not lib.horovod_gloo_built() and not lib.horovod_mpi_built():
         return "Horovod was built without Gloo or MPI; rebuild it with scripts/build-horovod.sh"
     return None
 
