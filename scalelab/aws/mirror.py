@@ -13,16 +13,20 @@ a line cut short by a copy in flight is skipped.
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any, Callable
 
 from scalelab.core.records import append_record, read_records
 from scalelab.core.rundir import CHECKPOINT_FILE, SPEC_FILE, RunPaths
-from scalelab.core.writes import check_inside, write_inside
+from scalelab.core.writes import check_inside, open_inside, write_inside
 
 EVENTS_FILE = "aws-events.jsonl"  # in RUN_DIR/records/, beside (not among) the rank-R.jsonl files
 MIRROR_DIR = "s3"  # RUN_DIR/s3/: the run's S3 prefix as the nodes wrote it
+# Not mirrored: what the launcher itself uploaded (the package, its heartbeat and stop request under
+# control/, rewritten on every poll) and the nodes' rendezvous files
+NOT_MIRRORED = ("package/", "cluster/", "control/")
 
 
 def pull(s3, run_dir: Path, info: dict[str, Any]) -> dict[str, str] | None:
@@ -33,18 +37,35 @@ def pull(s3, run_dir: Path, info: dict[str, Any]) -> dict[str, str] | None:
     for page in s3.get_paginator("list_objects_v2").paginate(Bucket=info["bucket"], Prefix=info["prefix"] + "/"):
         for obj in page.get("Contents", []):
             rel = obj["Key"][len(info["prefix"]) + 1:]
-            if rel.startswith(("package/", "cluster/")) or rel == SPEC_FILE or etags.get(rel) == obj["ETag"]:
+            if rel.startswith(NOT_MIRRORED) or rel == SPEC_FILE or etags.get(rel) == obj["ETag"]:
                 continue
             dest = RunPaths(Path(run_dir)).checkpoint if rel == CHECKPOINT_FILE else mirror / rel
             dest.parent.mkdir(parents=True, exist_ok=True)
             check_inside(run_dir, dest)  # a planted link is refused, not followed
-            s3.download_file(info["bucket"], obj["Key"], str(dest))
+            _download(s3, info["bucket"], obj["Key"], run_dir, dest)
             etags[rel] = obj["ETag"]
             changed = True
     if not changed:
         return None
     merge(Path(run_dir))
     return etags
+
+
+def _download(s3, bucket: str, key: str, run_dir: Path, dest: Path) -> None:
+    """One object into `dest`, in this thread, whole or not at all (a temporary file renamed over it).
+
+    Not `download_file`: its transfer manager runs thread pools, and the follow loop that pulls on every
+    poll is where a stop signal raises `Interrupted`; a transfer cut there must end with the call, not in
+    worker threads that the cancel, or the interpreter's exit, then waits for.
+    """
+    part = dest.with_name(f".{dest.name}.part")
+    try:
+        with os.fdopen(open_inside(run_dir, part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), "wb") as out:
+            for chunk in s3.get_object(Bucket=bucket, Key=key)["Body"].iter_chunks(1 << 20):
+                out.write(chunk)
+        os.replace(part, dest)
+    finally:
+        part.unlink(missing_ok=True)
 
 
 def event(run_dir: Path, name: str, **fields: Any) -> None:
