@@ -13,14 +13,13 @@ a line cut short by a copy in flight is skipped.
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 from typing import Any, Callable
 
 from scalelab.core.records import append_record, read_records
-from scalelab.core.rundir import CHECKPOINT_FILE, SPEC_FILE, RunPaths
-from scalelab.core.writes import check_inside, open_inside, write_inside
+from scalelab.core.rundir import CHECKPOINT_FILE, SPEC_FILE, RunPaths, write_chunks
+from scalelab.core.writes import check_inside, write_inside
 
 EVENTS_FILE = "aws-events.jsonl"  # in RUN_DIR/records/, beside (not among) the rank-R.jsonl files
 MIRROR_DIR = "s3"  # RUN_DIR/s3/: the run's S3 prefix as the nodes wrote it
@@ -42,7 +41,7 @@ def pull(s3, run_dir: Path, info: dict[str, Any]) -> dict[str, str] | None:
             dest = RunPaths(Path(run_dir)).checkpoint if rel == CHECKPOINT_FILE else mirror / rel
             dest.parent.mkdir(parents=True, exist_ok=True)
             check_inside(run_dir, dest)  # a planted link is refused, not followed
-            _download(s3, info["bucket"], obj["Key"], run_dir, dest)
+            _download(s3, info["bucket"], obj["Key"], dest)
             etags[rel] = obj["ETag"]
             changed = True
     if not changed:
@@ -51,21 +50,14 @@ def pull(s3, run_dir: Path, info: dict[str, Any]) -> dict[str, str] | None:
     return etags
 
 
-def _download(s3, bucket: str, key: str, run_dir: Path, dest: Path) -> None:
-    """One object into `dest`, in this thread, whole or not at all (a temporary file renamed over it).
+def _download(s3, bucket: str, key: str, dest: Path) -> None:
+    """One object into `dest`, in this thread, whole or not at all (`write_chunks`).
 
     Not `download_file`: its transfer manager runs thread pools, and the follow loop that pulls on every
     poll is where a stop signal raises `Interrupted`; a transfer cut there must end with the call, not in
     worker threads that the cancel, or the interpreter's exit, then waits for.
     """
-    part = dest.with_name(f".{dest.name}.part")
-    try:
-        with os.fdopen(open_inside(run_dir, part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), "wb") as out:
-            for chunk in s3.get_object(Bucket=bucket, Key=key)["Body"].iter_chunks(1 << 20):
-                out.write(chunk)
-        os.replace(part, dest)
-    finally:
-        part.unlink(missing_ok=True)
+    write_chunks(dest, s3.get_object(Bucket=bucket, Key=key)["Body"].iter_chunks(1 << 20))
 
 
 def event(run_dir: Path, name: str, **fields: Any) -> None:

@@ -25,7 +25,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 from scalelab.core.errors import RecordError
 from scalelab.core.writes import WriteError, write_failure, writing
@@ -143,17 +143,24 @@ def write_json(path: Path, data: Any) -> Path:
 
 
 def write_text(path: Path, text: str, shown: Path | None = None) -> Path:
-    """Replace `path` by `text` atomically (a temporary file beside it, then a rename), keeping the mode
-    the file had (else the umask's, not mkstemp's 0600). A failed write - a full or read-only
-    filesystem - removes the temporary file, leaves the previous version and is a WriteError naming
-    `path` (or `shown`, the file it stands for) and its filesystem."""
+    """Replace `path` by `text` atomically, as `write_chunks` does."""
+    return write_chunks(path, [text.encode()], shown)
+
+
+def write_chunks(path: Path, chunks: Iterable[bytes], shown: Path | None = None) -> Path:
+    """Replace `path` by the bytes of `chunks` atomically (a temporary file beside it, then a rename),
+    keeping the mode the file had (else the umask's, not mkstemp's 0600). A failed write - a full or
+    read-only filesystem - removes the temporary file, leaves the previous version and is a WriteError
+    naming `path` (or `shown`, the file it stands for) and its filesystem; anything else raised on the
+    way (a download cut by a stop signal) also leaves the previous version and no temporary file."""
     path = Path(path)
     tmp = None
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         os.fchmod(fd, _mode_for(path))
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            for chunk in chunks:
+                f.write(chunk)
         os.replace(tmp, path)
     except OSError as exc:
         if tmp:
