@@ -79,6 +79,18 @@ def active_jobs() -> list[str]:
     return slurm("squeue", "-h", "-o", "%i %j %T").splitlines()
 
 
+def jobs_launched_from(where: Path) -> list[str]:
+    """The active jobs whose working directory is `where` (each test launches from its own tmp_path), as
+    "id name state": a job's name alone is not the test's, since run names are stamped to the second and
+    the other xdist worker may start the same preset and layout in that second (CI on 852d506 did)."""
+    rows = [line.split("|") for line in slurm("squeue", "-h", "-o", "%i|%j|%T|%Z").splitlines()]
+    return [" ".join(row[:3]) for row in rows if len(row) == 4 and same_dir(row[3], where)]
+
+
+def same_dir(a: str | Path, b: str | Path) -> bool:
+    return os.path.realpath(a) == os.path.realpath(b)
+
+
 def records(run_dir: Path, kind: str) -> list[dict]:
     return [r for p in sorted((run_dir / "records").glob("rank-*.jsonl")) for r in read_jsonl(p) if r["kind"] == kind]
 
@@ -284,7 +296,7 @@ def test_a_killed_launcher_leaves_the_job_to_slurm_and_a_new_launcher_still_comm
         assert refused.returncode == 2 and "is still running" in refused.stderr and job in refused.stderr, refused.stderr
         assert f"launch cancel {run_dir}" in refused.stderr and "Traceback" not in refused.stderr
         assert [line.split()[2] for line in in_queue(job)] == ["RUNNING"], "the refused resume must leave the job alone"
-        assert len([line for line in active_jobs() if run_dir.name in line]) == 1, "no second job was queued"
+        assert len(jobs_launched_from(tmp_path)) == 1, f"no second job was queued: {jobs_launched_from(tmp_path)}"
     except AssertionError:
         subprocess.run(["scancel", job], capture_output=True)  # leave no job behind for the next tests
         raise
@@ -404,9 +416,10 @@ def test_refused_jobs_say_why_in_slurms_words_and_leave_nothing(slurm_cluster, t
     assert len(lines) == 1 and lines[0].startswith("launch: error:") and words in lines[0], done.stderr
     assert "nothing was queued" in lines[0]
     run_name = only_run_dir(tmp_path / "runs").name
-    assert not [line for line in active_jobs() if run_name in line]
-    never = slurm("sacct", "-n", "-X", "-P", "--starttime=now-1hour", f"--name=scalelab-{run_name}", "-o", "JobID")
-    assert never.strip() == "", "a refused job must never have been submitted"
+    assert not jobs_launched_from(tmp_path)
+    named = slurm("sacct", "-n", "-X", "-P", "--starttime=now-1hour", f"--name=scalelab-{run_name}", "-o", "JobID,WorkDir")
+    never = [row for row in named.splitlines() if same_dir(row.split("|")[-1], tmp_path)]
+    assert never == [], "a refused job must never have been submitted"
 
 
 # ---- launch probe: the cluster's two GPU types, each on one node and on two -------------------------
