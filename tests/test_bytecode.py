@@ -32,3 +32,16 @@ def test_an_optimizer_step_imports_nothing_the_bytecode_script_left_out() -> Non
                           timeout=300, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "", f"imported after the entry modules, so compiled from source by every rank:\n{done.stdout}"
+
+
+def test_both_readme_commands_write_the_bytecode_after_installing_and_before_any_launch() -> None:
+    """The README's first command ran its main job, and left the user's virtualenv, without bytecode: where
+    PYTHONDONTWRITEBYTECODE=1 every later `launch` compiled pandas and PyTorch's compiler from source again
+    (2.9x the CPU of a two-rank launch, docs/benchmarks.md 2026-12-03). Both commands call the script
+    between the install and the first process that trains."""
+    for script, first_run in (("setup.sh", "launch\" sweep"), ("test.sh", "-m pytest")):
+        lines = (ROOT / "scripts" / script).read_text().splitlines()
+        at = {what: next((i for i, line in enumerate(lines) if what in line and not line.lstrip().startswith("#")), None)
+              for what in ("scripts/install.sh", "scripts/bytecode.py", first_run)}
+        assert None not in at.values(), (script, at)
+        assert at["scripts/install.sh"] < at["scripts/bytecode.py"] < at[first_run], (script, at)
