@@ -11,7 +11,8 @@ scripts/install.sh
 # The bytecode of what `launch`, its agents and its ranks import (scripts/bytecode.py says why): uv installs
 # none, and where PYTHONDONTWRITEBYTECODE=1 (this project's machines) Python never writes it, so every later
 # process would compile pandas, PyTorch's compiler and scalelab from source again: a two-rank `launch` took
-# 2.9x the CPU without it (docs/benchmarks.md, 2026-12-03). A second run only compares timestamps.
+# 2.9x the CPU without it (docs/benchmarks.md, 2026-12-03). A second run, with
+# everything up to date, takes about 4 s (it imports the entry modules and compares timestamps).
 "$PY" scripts/bytecode.py || echo "setup: some bytecode could not be written; launch works, more slowly" >&2
 exec "$PY_BIN/launch" sweep --model nmt-small --engine horovod --workers 1,2 --mode strong \
   --global-batch 64 --steps 30 --warmup-steps 5 "$@"
