@@ -220,6 +220,45 @@ def test_spot_run_completes_and_leaves_nothing(cloud, tmp_path, monkeypatch):
     assert be.status(run_dir).state == "COMPLETED"
 
 
+def test_a_completed_run_waits_for_the_followers_last_records(cloud, tmp_path):
+    """The leader says completed first; the second instance (a Horovod follower, whose rank 1 records only
+    there) uploads its rank's last records with its final status a few polls later. The launcher must end
+    the run only then: ending at the leader's word pulled rank 1's start record alone and tore its instance
+    down (CI, 2026-12-04). A follower that never says anything ends the run after `end_grace_s`, said."""
+    for follower_says in (True, False):
+        be = backend(cloud, end_grace_s=0.0 if not follower_says else 60.0)
+        run_dir = run_dir_for(tmp_path)
+        be.schedule(be.submit_dryrun(make_spec(), run_dir))
+        fake, polls_after_leader = FakeNodes(cloud, run_dir), []
+
+        def instance_side() -> None:
+            n = fake.tick(0)
+            ns = fake.nodes(0)
+            if n == 1:
+                fake.heartbeat(0)
+                for rank in range(2):
+                    fake.records(0, rank, range(0), world=2)  # the start records, uploaded early
+            elif n == 2:
+                fake.records(0, 0, range(1, 7), world=2)
+                fake.status(0, ns[:1], "completed")
+            elif n > 2:
+                polls_after_leader.append(n)
+                if follower_says and n == 5:  # three polls after the leader
+                    fake.records(0, 1, range(1, 7), world=2)
+                    fake.put(f"status/gen-0/{ns[1]['InstanceId']}.json", {"state": "completed", "index": 1})
+
+        status = wait(be, run_dir, on_tick=instance_side)
+        assert status.state == "COMPLETED", status.detail
+        assert left(cloud, run_dir.name) == NOTHING
+        steps = [json.loads(x) for x in (run_dir / "records" / "rank-1.jsonl").read_text().splitlines()]
+        if follower_says:
+            assert [r["step"] for r in steps if r["kind"] == "step"] == [1, 2, 3, 4, 5, 6]
+            assert len(polls_after_leader) >= 3 and "no final status" not in status.detail
+        else:
+            assert [r["step"] for r in steps if r["kind"] == "step"] == []
+            assert "sent no final status within 0 s (end_grace_s)" in status.detail, status.detail
+
+
 # ---- failure injection: nothing is left running ----------------------------------------------------
 
 

@@ -274,7 +274,7 @@ class AwsBackend(Backend):
         leader = nodes[0]["InstanceId"]
         lead = statuses.get(leader, {}).get("state")
         if lead == "completed":
-            return RunStatus(COMPLETED, f"generation {gen} finished on {len(nodes)} instance(s)")
+            return self._completed(run_dir, gen, nodes, statuses, now)
         if lead == "cancelled":  # a rank got a stop signal; every rank checkpointed and stopped: no replacement
             return RunStatus(CANCELLED, f"a rank of generation {gen} got a stop signal; every rank stopped with a "
                                         f"checkpoint; `launch resume {run_dir}` continues it")
@@ -315,6 +315,26 @@ class AwsBackend(Backend):
         if now - float(info["started"]) > float(self.options["timeout_min"]) * 60:
             return RunStatus(FAILED, f"time limit of {self.options['timeout_min']} min reached (--time-limit-min)")
         return None
+
+    def _completed(self, run_dir: Path, gen: int, nodes: list[dict], statuses: dict, now: float) -> RunStatus | None:
+        """COMPLETED once every instance still up has said its last word, else None (up to `end_grace_s`).
+
+        The leader finishing is not the run's end: another instance uploads its ranks' last records when
+        it sees that (a Horovod follower's rank 1 records only there), a poll or more later. Ending at the
+        leader's word pulled the follower's records before its final upload and tore it down: a completed
+        Horovod run whose rank 1 had its start record and no step (CI, 2026-12-04)."""
+        waiting = [n["InstanceId"] for n in nodes[1:]
+                   if n["InstanceId"] not in statuses and n["State"]["Name"] not in GONE_STATES]
+        done = f"generation {gen} finished on {len(nodes)} instance(s)"
+        if not waiting:
+            return RunStatus(COMPLETED, done)
+        seen = read_state(run_dir).get("leader_done")  # [generation, when this launcher first saw it]
+        if not seen or seen[0] != gen:
+            seen = update_state(run_dir, leader_done=[gen, now])["leader_done"]
+        if now - float(seen[1]) < float(self.options["end_grace_s"]):
+            return None
+        return RunStatus(COMPLETED, f"{done}; instance(s) {', '.join(waiting)} sent no final status within "
+                                    f"{self.options['end_grace_s']:g} s (end_grace_s): their last records may be missing")
 
     def _stop_asked(self, info: dict) -> bool:
         """Whether `launch cancel` put its stop request in S3 (asked before replacing anything: S3 itself,

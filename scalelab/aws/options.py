@@ -74,5 +74,7 @@ class AwsOptions(BackendOptions, CloudFleet):
     max_replacements: int = option(3, "Spot capacity replaced at most this often.", at_least(0))
     report_timeout_min: float = option(20.0, "A node that never reports by then fails the run.", above(0))
     interruption_grace_s: float = option(150.0, "Wait this long for the checkpoint after a spot notice.", at_least(0))
+    end_grace_s: float = option(60.0, "Once the leader has finished, wait this long for the other instances' last "
+                                "records before ending the run.", at_least(0))
     poll_s: float = option(10.0, "Seconds between polls of S3 and EC2 while following a run.", above(0))
     wheel: str = option("", "A prebuilt wheel to ship [default: built from this checkout with pip wheel --no-deps].")
