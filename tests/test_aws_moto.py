@@ -224,8 +224,9 @@ def test_a_completed_run_waits_for_the_followers_last_records(cloud, tmp_path):
     """The leader says completed first; the second instance (a Horovod follower, whose rank 1 records only
     there) uploads its rank's last records with its final status a few polls later. The launcher must end
     the run only then: ending at the leader's word pulled rank 1's start record alone and tore its instance
-    down (CI, 2026-12-04). A follower that never says anything ends the run after `end_grace_s`, said."""
-    for follower_says in (True, False):
+    down (CI, 2026-12-04). So too for a leader that says cancelled (a rank got a stop signal). A follower
+    that never says anything ends the run after `end_grace_s`, said."""
+    for end, follower_says in (("completed", True), ("cancelled", True), ("completed", False)):
         be = backend(cloud, end_grace_s=0.0 if not follower_says else 60.0)
         run_dir = run_dir_for(tmp_path)
         be.schedule(be.submit_dryrun(make_spec(), run_dir))
@@ -240,15 +241,15 @@ def test_a_completed_run_waits_for_the_followers_last_records(cloud, tmp_path):
                     fake.records(0, rank, range(0), world=2)  # the start records, uploaded early
             elif n == 2:
                 fake.records(0, 0, range(1, 7), world=2)
-                fake.status(0, ns[:1], "completed")
+                fake.status(0, ns[:1], end)
             elif n > 2:
                 polls_after_leader.append(n)
                 if follower_says and n == 5:  # three polls after the leader
                     fake.records(0, 1, range(1, 7), world=2)
-                    fake.put(f"status/gen-0/{ns[1]['InstanceId']}.json", {"state": "completed", "index": 1})
+                    fake.put(f"status/gen-0/{ns[1]['InstanceId']}.json", {"state": end, "index": 1})
 
         status = wait(be, run_dir, on_tick=instance_side)
-        assert status.state == "COMPLETED", status.detail
+        assert status.state == end.upper(), status.detail
         assert left(cloud, run_dir.name) == NOTHING
         steps = [json.loads(x) for x in (run_dir / "records" / "rank-1.jsonl").read_text().splitlines()]
         if follower_says:
@@ -552,18 +553,20 @@ def test_a_cancel_after_the_nodes_started_their_ranks_waits_for_the_checkpoint_b
     run_dir = run_dir_for(tmp_path)
     be.schedule(be.submit_dryrun(make_spec(nodes=2), run_dir))
     fake = FakeNodes(cloud, run_dir)
-    first, _ = fake.heartbeat(0)
+    first, second = fake.heartbeat(0)
     polls = {"n": 0}
 
     class LeaderSavesLater:
-        """moto's S3, where the leader's final status appears at the cancel's third look for it."""
+        """moto's S3, where the leader's final status appears at the cancel's third look for it, and the
+        second instance's (written after its last records) at the fifth."""
 
         def list_objects_v2(self, **kw):
-            if kw["Prefix"].endswith(f"status/gen-0/{first['InstanceId']}.json"):
+            if kw["Prefix"].endswith("status/gen-0/"):
                 polls["n"] += 1
-                if polls["n"] == 3:
-                    fake.put(f"status/gen-0/{first['InstanceId']}.json", {"state": "interrupted",
-                                                                          "reason": "stop_requested"})
+                for look, node in ((3, first), (5, second)):
+                    if polls["n"] == look:
+                        fake.put(f"status/gen-0/{node['InstanceId']}.json", {"state": "interrupted",
+                                                                             "reason": "stop_requested"})
             return cloud["s3"].list_objects_v2(**kw)
 
         def __getattr__(self, name):
@@ -574,7 +577,7 @@ def test_a_cancel_after_the_nodes_started_their_ranks_waits_for_the_checkpoint_b
     cancel(other, run_dir)
     said = capsys.readouterr().err
     assert "asked the ranks of its 2 started instance(s) to checkpoint" in said and "no rank has started" not in said, said
-    assert polls["n"] >= 3, "it did not wait for the leader's status"
+    assert polls["n"] >= 5, "it did not wait for the leader's status, then the other instance's"
     assert left(cloud, run_dir.name) == NOTHING
 
 

@@ -273,11 +273,12 @@ class AwsBackend(Backend):
             return RunStatus(FAILED, f"no instance of generation {gen} exists")
         leader = nodes[0]["InstanceId"]
         lead = statuses.get(leader, {}).get("state")
+        silent = self._silent_after_the_leader(run_dir, gen, nodes, statuses, now) if lead else []
         if lead == "completed":
-            return self._completed(run_dir, gen, nodes, statuses, now)
+            return self._ended(COMPLETED, f"generation {gen} finished on {len(nodes)} instance(s)", silent)
         if lead == "cancelled":  # a rank got a stop signal; every rank checkpointed and stopped: no replacement
-            return RunStatus(CANCELLED, f"a rank of generation {gen} got a stop signal; every rank stopped with a "
-                                        f"checkpoint; `launch resume {run_dir}` continues it")
+            return self._ended(CANCELLED, f"a rank of generation {gen} got a stop signal; every rank stopped with a "
+                                          f"checkpoint; `launch resume {run_dir}` continues it", silent)
         if any(s.get("reason") == LAUNCHER_LOST for s in statuses.values()):
             return RunStatus(FAILED, f"the instances stopped themselves: no heartbeat from the launcher for "
                                      f"{self.options['heartbeat_timeout_min']:g} min (was it suspended?); "
@@ -298,8 +299,8 @@ class AwsBackend(Backend):
             # not cut its checkpoint's upload.
             if lead is None and leader not in {n["InstanceId"] for n in nodes if n["State"]["Name"] in GONE_STATES}:
                 return None
-            return RunStatus(CANCELLED, f"cancelled (`launch cancel`); every rank stopped with a checkpoint; "
-                                        f"`launch resume {run_dir}` continues it")
+            return self._ended(CANCELLED, f"cancelled (`launch cancel`); every rank stopped with a checkpoint; "
+                                          f"`launch resume {run_dir}` continues it", silent)
         if stopping:
             first = info.setdefault("interrupted_at", now)
             update_state(run_dir, interrupted_at=first)
@@ -316,25 +317,33 @@ class AwsBackend(Backend):
             return RunStatus(FAILED, f"time limit of {self.options['timeout_min']} min reached (--time-limit-min)")
         return None
 
-    def _completed(self, run_dir: Path, gen: int, nodes: list[dict], statuses: dict, now: float) -> RunStatus | None:
-        """COMPLETED once every instance still up has said its last word, else None (up to `end_grace_s`).
+    def _silent_after_the_leader(self, run_dir: Path, gen: int, nodes: list[dict], statuses: dict,
+                                 now: float) -> list[str] | None:
+        """Once the leader has said its last word: None while another instance still up has not said its
+        own (for up to `end_grace_s`), else the ids of those that never did (usually none).
 
-        The leader finishing is not the run's end: another instance uploads its ranks' last records when
-        it sees that (a Horovod follower's rank 1 records only there), a poll or more later. Ending at the
-        leader's word pulled the follower's records before its final upload and tore it down: a completed
-        Horovod run whose rank 1 had its start record and no step (CI, 2026-12-04)."""
+        The leader's end is not the run's: another instance uploads its ranks' last records when it sees
+        that, a poll or more later, and writes its final status after them (a Horovod follower's rank 1
+        records only there). Ending at the leader's word pulled the follower's records before that upload
+        and tore it down: a completed Horovod run whose rank 1 had its start record and no step (CI,
+        2026-12-04)."""
         waiting = [n["InstanceId"] for n in nodes[1:]
                    if n["InstanceId"] not in statuses and n["State"]["Name"] not in GONE_STATES]
-        done = f"generation {gen} finished on {len(nodes)} instance(s)"
         if not waiting:
-            return RunStatus(COMPLETED, done)
+            return []
         seen = read_state(run_dir).get("leader_done")  # [generation, when this launcher first saw it]
         if not seen or seen[0] != gen:
             seen = update_state(run_dir, leader_done=[gen, now])["leader_done"]
-        if now - float(seen[1]) < float(self.options["end_grace_s"]):
+        return None if now - float(seen[1]) < float(self.options["end_grace_s"]) else waiting
+
+    def _ended(self, state: str, detail: str, silent: list[str] | None) -> RunStatus | None:
+        """The run's end once no instance is waited for (see _silent_after_the_leader), said with the silent ones."""
+        if silent is None:
             return None
-        return RunStatus(COMPLETED, f"{done}; instance(s) {', '.join(waiting)} sent no final status within "
-                                    f"{self.options['end_grace_s']:g} s (end_grace_s): their last records may be missing")
+        if silent:
+            detail += (f"; instance(s) {', '.join(silent)} sent no final status within {self.options['end_grace_s']:g} s "
+                       f"(end_grace_s): their last records may be missing")
+        return RunStatus(state, detail)
 
     def _stop_asked(self, info: dict) -> bool:
         """Whether `launch cancel` put its stop request in S3 (asked before replacing anything: S3 itself,
@@ -503,17 +512,26 @@ class AwsBackend(Backend):
              f"(interruption_grace_s) for the leader to save it to S3, then terminating its {len(up)} instance(s); "
              "Ctrl-C again terminates them at once, without the checkpoint")
         leader = min(td.instances(ec2, info["run_id"], None, gen), key=node_order, default=None)
-        status = f"{info['prefix']}/status/gen-{gen}/" + (f"{leader['InstanceId']}.json" if leader else "")
-        every, last = min(5.0, float(self.options["poll_s"])), [0.0]
+        statuses = f"{info['prefix']}/status/gen-{gen}/"
+        others = {i["InstanceId"] for i in up} - ({leader["InstanceId"]} if leader else set())
+        every, last, leader_done = min(5.0, float(self.options["poll_s"])), [0.0], []
 
-        def stopped() -> bool:  # the leader's final status, not a heartbeat nor another node's: it checkpointed
+        def stopped() -> bool:
+            """The leader's final status (not a heartbeat nor another node's: it checkpointed), then every
+            other instance's, which comes after its last records (up to end_grace_s more)."""
             if STOP_NOW.is_set():
                 return True
             if time.monotonic() - last[0] < every:
                 return False
             last[0] = time.monotonic()
-            listing = s3.list_objects_v2(Bucket=info["bucket"], Prefix=status)
-            return any(not o["Key"].endswith(".heartbeat.json") for o in listing.get("Contents", []))
+            listing = s3.list_objects_v2(Bucket=info["bucket"], Prefix=statuses).get("Contents", [])
+            said = {o["Key"][len(statuses):].removesuffix(".json") for o in listing if not o["Key"].endswith(".heartbeat.json")}
+            if leader is None:
+                return bool(said)
+            if leader["InstanceId"] not in said:
+                return False
+            leader_done[:] = leader_done or [time.monotonic()]
+            return others <= said or time.monotonic() - leader_done[0] >= float(self.options["end_grace_s"])
 
         if not wait_until(stopped, grace_s, interval_s=0.5):
             _say(f"no checkpoint reported within {grace_s:g} s: terminating the instances anyway; "
