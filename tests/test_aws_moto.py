@@ -225,9 +225,9 @@ def test_a_completed_run_waits_for_the_followers_last_records(cloud, tmp_path):
     there) uploads its rank's last records with its final status a few polls later. The launcher must end
     the run only then: ending at the leader's word pulled rank 1's start record alone and tore its instance
     down (CI, 2026-12-04). So too for a leader that says cancelled (a rank got a stop signal). A follower
-    that never says anything ends the run after `end_grace_s`, said."""
-    for end, follower_says in (("completed", True), ("cancelled", True), ("completed", False)):
-        be = backend(cloud, end_grace_s=0.0 if not follower_says else 60.0)
+    that never says anything ends the run after `end_grace_s`, said; one that is gone is not waited for."""
+    for end, follower_says in (("completed", True), ("cancelled", True), ("completed", False), ("completed", "gone")):
+        be = backend(cloud, end_grace_s=0.0 if follower_says is False else 60.0)
         run_dir = run_dir_for(tmp_path)
         be.schedule(be.submit_dryrun(make_spec(), run_dir))
         fake, polls_after_leader = FakeNodes(cloud, run_dir), []
@@ -242,9 +242,11 @@ def test_a_completed_run_waits_for_the_followers_last_records(cloud, tmp_path):
             elif n == 2:
                 fake.records(0, 0, range(1, 7), world=2)
                 fake.status(0, ns[:1], end)
+                if follower_says == "gone":  # terminated without a word: nothing more can come from it
+                    cloud["ec2"].terminate_instances(InstanceIds=[ns[1]["InstanceId"]])
             elif n > 2:
                 polls_after_leader.append(n)
-                if follower_says and n == 5:  # three polls after the leader
+                if follower_says is True and n == 5:  # three polls after the leader
                     fake.records(0, 1, range(1, 7), world=2)
                     fake.put(f"status/gen-0/{ns[1]['InstanceId']}.json", {"state": end, "index": 1})
 
@@ -252,7 +254,9 @@ def test_a_completed_run_waits_for_the_followers_last_records(cloud, tmp_path):
         assert status.state == end.upper(), status.detail
         assert left(cloud, run_dir.name) == NOTHING
         steps = [json.loads(x) for x in (run_dir / "records" / "rank-1.jsonl").read_text().splitlines()]
-        if follower_says:
+        if follower_says == "gone":
+            assert len(polls_after_leader) <= 1 and "no final status" not in status.detail, (polls_after_leader, status)
+        elif follower_says:
             assert [r["step"] for r in steps if r["kind"] == "step"] == [1, 2, 3, 4, 5, 6]
             assert len(polls_after_leader) >= 3 and "no final status" not in status.detail
         else:

@@ -33,7 +33,7 @@ import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from scalelab.aws import mirror, render
 from scalelab.aws import teardown as td
@@ -273,12 +273,12 @@ class AwsBackend(Backend):
             return RunStatus(FAILED, f"no instance of generation {gen} exists")
         leader = nodes[0]["InstanceId"]
         lead = statuses.get(leader, {}).get("state")
-        silent = self._silent_after_the_leader(run_dir, gen, nodes, statuses, now) if lead else []
+        unsaid = self._silent_after_the_leader(run_dir, gen, nodes, statuses, now) if lead else []
         if lead == "completed":
-            return self._ended(COMPLETED, f"generation {gen} finished on {len(nodes)} instance(s)", silent)
+            return self._ended(COMPLETED, f"generation {gen} finished on {len(nodes)} instance(s)", unsaid)
         if lead == "cancelled":  # a rank got a stop signal; every rank checkpointed and stopped: no replacement
             return self._ended(CANCELLED, f"a rank of generation {gen} got a stop signal; every rank stopped with a "
-                                          f"checkpoint; `launch resume {run_dir}` continues it", silent)
+                                          f"checkpoint; `launch resume {run_dir}` continues it", unsaid)
         if any(s.get("reason") == LAUNCHER_LOST for s in statuses.values()):
             return RunStatus(FAILED, f"the instances stopped themselves: no heartbeat from the launcher for "
                                      f"{self.options['heartbeat_timeout_min']:g} min (was it suspended?); "
@@ -300,7 +300,7 @@ class AwsBackend(Backend):
             if lead is None and leader not in {n["InstanceId"] for n in nodes if n["State"]["Name"] in GONE_STATES}:
                 return None
             return self._ended(CANCELLED, f"cancelled (`launch cancel`); every rank stopped with a checkpoint; "
-                                          f"`launch resume {run_dir}` continues it", silent)
+                                          f"`launch resume {run_dir}` continues it", unsaid)
         if stopping:
             first = info.setdefault("interrupted_at", now)
             update_state(run_dir, interrupted_at=first)
@@ -509,36 +509,45 @@ class AwsBackend(Backend):
             return
         whose = f"its {ranks} rank(s)" if ranks else f"the ranks of its {agents} started instance(s)"
         _say(f"stopping run {info['run_id']}: asked {whose} to checkpoint; waiting up to {grace_s:g} s "
-             f"(interruption_grace_s) for the leader to save it to S3, then terminating its {len(up)} instance(s); "
+             f"(interruption_grace_s) for the leader to save it to S3 and up to {float(self.options['end_grace_s']):g} s more "
+             f"(end_grace_s) for the others' last records, then terminating its {len(up)} instance(s); "
              "Ctrl-C again terminates them at once, without the checkpoint")
         leader = min(td.instances(ec2, info["run_id"], None, gen), key=node_order, default=None)
-        statuses = f"{info['prefix']}/status/gen-{gen}/"
-        others = {i["InstanceId"] for i in up} - ({leader["InstanceId"]} if leader else set())
-        every, last, leader_done = min(5.0, float(self.options["poll_s"])), [0.0], []
-
-        def stopped() -> bool:
-            """The leader's final status (not a heartbeat nor another node's: it checkpointed), then every
-            other instance's, which comes after its last records (up to end_grace_s more)."""
-            if STOP_NOW.is_set():
-                return True
-            if time.monotonic() - last[0] < every:
-                return False
-            last[0] = time.monotonic()
-            listing = s3.list_objects_v2(Bucket=info["bucket"], Prefix=statuses).get("Contents", [])
-            said = {o["Key"][len(statuses):].removesuffix(".json") for o in listing if not o["Key"].endswith(".heartbeat.json")}
-            if leader is None:
-                return bool(said)
-            if leader["InstanceId"] not in said:
-                return False
-            leader_done[:] = leader_done or [time.monotonic()]
-            return others <= said or time.monotonic() - leader_done[0] >= float(self.options["end_grace_s"])
-
-        if not wait_until(stopped, grace_s, interval_s=0.5):
+        said = _final_statuses_of(s3, info, gen, every_s=min(5.0, float(self.options["poll_s"])))
+        # the leader's final status (not a heartbeat nor another node's): it checkpointed
+        if not wait_until(lambda: STOP_NOW.is_set() or (said() & {leader["InstanceId"]} if leader else said()),
+                          grace_s, interval_s=0.5):
             _say(f"no checkpoint reported within {grace_s:g} s: terminating the instances anyway; "
                  f"`launch resume {run_dir}` continues from the last checkpoint in S3")
+            return
+        # then every other instance still up: it writes its final status after its ranks' last records
+        def silent() -> set[str]:
+            return {i["InstanceId"] for i in td.instances(ec2, info["run_id"], ["pending", "running"], gen)} - said()
+
+        end_grace_s = float(self.options["end_grace_s"])
+        if not STOP_NOW.is_set() and not wait_until(lambda: STOP_NOW.is_set() or not silent(), end_grace_s,
+                                                    interval_s=min(5.0, float(self.options["poll_s"]))):
+            _say(f"the leader saved its checkpoint, but instance(s) {', '.join(sorted(silent()))} sent no final status "
+                 f"within {end_grace_s:g} s (end_grace_s): terminating them; their ranks' last records may be missing")
 
 
 # ---- helpers -------------------------------------------------------------------------------------
+
+
+def _final_statuses_of(s3, info: dict, gen: int, every_s: float) -> Callable[[], set[str]]:
+    """A function giving the ids of the instances of generation `gen` with a final status in S3 (not a
+    heartbeat), asking S3 at most every `every_s` (between asks: the last answer)."""
+    prefix, last, ids = f"{info['prefix']}/status/gen-{gen}/", [float("-inf")], [set()]
+
+    def said() -> set[str]:
+        if time.monotonic() - last[0] >= every_s:
+            last[0] = time.monotonic()
+            listing = s3.list_objects_v2(Bucket=info["bucket"], Prefix=prefix).get("Contents", [])
+            ids[0] = {o["Key"][len(prefix):].removesuffix(".json") for o in listing
+                      if not o["Key"].endswith(".heartbeat.json")}
+        return ids[0]
+
+    return said
 
 
 def _beat(s3, bucket: str, prefix: str, timeout_s: float, ended: bool = False) -> None:
