@@ -671,6 +671,48 @@ def test_spot_interruption_is_replaced_and_resumed(cloud, tmp_path):
     assert td.instances(cloud["ec2"], run_dir.name, td.LIVE_STATES) == []
 
 
+def test_a_replacement_waits_for_the_other_instances_last_records(cloud, tmp_path):
+    """A spot notice to the leader: it checkpoints at step 3 and says `interrupted`; the second instance
+    uploads its rank's steps 1-3 with its own status three polls later. The generation is torn down and
+    replaced only then, so rank 1's merged records hold every step (the replacement does 4-6)."""
+    be = backend(cloud, spot=True)
+    run_dir = run_dir_for(tmp_path)
+    be.schedule(be.submit_dryrun(make_spec(), run_dir))
+    fake, replaced_at = FakeNodes(cloud, run_dir), []
+
+    def instance_side() -> None:
+        if fake.nodes(1):
+            replaced_at.append(fake.polls[0])
+            if fake.tick(1) == 1:
+                ns = fake.heartbeat(1)
+                for rank in range(2):
+                    fake.records(1, rank, range(4, 7), world=2, resumed=3)
+                fake.status(1, ns, "completed")
+            return
+        n, ns = fake.tick(0), fake.nodes(0)
+        if n == 1:
+            fake.heartbeat(0)
+            for rank in range(2):
+                fake.records(0, rank, range(0), world=2)  # the start records, uploaded early
+        elif n == 2:
+            fake.put(f"events/gen-0/{ns[0]['InstanceId']}.json", {"event": "spot_interruption",
+                                                                  "notice": {"action": "terminate"}})
+            fake.records(0, 0, range(1, 4), world=2, checkpoint=3)
+            fake.put(f"status/gen-0/{ns[0]['InstanceId']}.json", {"state": "interrupted", "reason": "spot_notice",
+                                                                  "index": 0, "notice_on": ns[0]["InstanceId"]})
+        elif n == 5:
+            fake.records(0, 1, range(1, 4), world=2, checkpoint=3)
+            fake.put(f"status/gen-0/{ns[1]['InstanceId']}.json", {"state": "interrupted", "reason": "spot_notice",
+                                                                  "index": 1, "notice_on": ns[0]["InstanceId"]})
+
+    status = wait(be, run_dir, on_tick=instance_side)
+    assert status.state == "COMPLETED", status.detail
+    assert replaced_at and replaced_at[0] >= 5, replaced_at
+    steps = [json.loads(x) for x in (run_dir / "records" / "rank-1.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in steps if r["kind"] == "step"] == [1, 2, 3, 4, 5, 6]
+    assert left(cloud, run_dir.name) == NOTHING
+
+
 def test_interruptions_beyond_the_limit_fail_cleanly(cloud, tmp_path):
     be = backend(cloud, spot=True, max_replacements=0)
     run_dir = run_dir_for(tmp_path)

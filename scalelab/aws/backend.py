@@ -306,6 +306,8 @@ class AwsBackend(Backend):
             update_state(run_dir, interrupted_at=first)
             if lead is None and now - first < float(self.options["interruption_grace_s"]) and leader not in {n["InstanceId"] for n in gone}:
                 return None  # the leader is still checkpointing
+            if lead and unsaid is None:
+                return None  # it has: the others' last records of this generation come with their statuses
             return self._replace(run_dir, gen, nodes, notices, gone)
         silent = [n["InstanceId"] for n in nodes if n["InstanceId"] not in beats and n["InstanceId"] not in statuses]
         started = float(info.get("generation_started", info["started"]))
