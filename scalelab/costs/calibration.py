@@ -25,7 +25,8 @@ working on the per-GPU rate p(N) = T(N)/N:
 
 **Physics and the data, not hope** (`physical_bounds`): no prediction above linear scaling from the
 best measured per-GPU rate; beyond the most measured count the per-GPU rate does not rise above the
-last measured one unless the series itself rose at its end; while the measured throughput never fell,
+last measured one, a rise at its end included (seed 001's noisy 7 -> 8 GPU uptick once let the band
+climb back to linear scaling from 1 GPU at 128); while the measured throughput never fell,
 more GPUs are not predicted to deliver less than the most measured count did (`floor`), but a measured
 drop is followed (negative scaling is real: oversubscribed hosts, slow links). Inside the measured
 counts the measurement is the answer (scalelab/costs/model.py).
@@ -52,7 +53,8 @@ those tasks pooled, the largest if none did. So the band is as wide as it had to
 not seen, not on the ones it learnt from, and no held-out figure chose its margin. The shipped
 calibration chooses its margin so over every origin, kept in a file like the tasks (`_margins_cache`).
 Fits on three or more counts are calibrated apart for predictions that cross onto more nodes than any
-fitted count used.
+fitted count used, and the two bands are then ordered as physics orders them (`_ordered_by_nodes`): the
+same GPUs on more nodes are never given a higher band.
 
 **Fits on two counts** (`CAPPED`) reach up to physics' cap: their high end is the last per-GPU rate
 carried forward, raised by the measurement's noise (`band_ceiling`), never linear scaling from the best
@@ -72,7 +74,7 @@ import json
 import math
 import os
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from importlib.resources import as_file, files
 from pathlib import Path
@@ -291,14 +293,14 @@ def _band_ends(pred: np.ndarray, lo_s: np.ndarray, hi_s: np.ndarray, ceiling: np
 def physical_bounds(fitted: pd.DataFrame, workers: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
     """(floor, ceiling) of the throughput at `workers` GPUs of the measured kind. Ceiling: linear
     scaling from the best measured per-GPU rate, and beyond the most measured count from the last
-    measured rate unless the series rose at its end. Floor (beyond the most measured count only):
+    measured rate (a rise at the end is not carried on: efficiency does not recover with more GPUs,
+    and a last step's uptick is as often noise). Floor (beyond the most measured count only):
     what that count delivered, while the measured throughput never fell; nothing once it fell."""
     w = np.asarray(workers, dtype=float)
     rate = _per_gpu(fitted)
     ck = float(rate.index[-1])
     total = rate * rate.index.to_numpy(float)
-    rising_end = rate.iloc[-1] > rate.iloc[-2]
-    beyond = np.where(w > ck, w * float(rate.max() if rising_end else rate.iloc[-1]), np.inf)
+    beyond = np.where(w > ck, w * float(rate.iloc[-1]), np.inf)
     ceiling = np.minimum(w * float(rate.max()), beyond)
     never_fell = bool((np.diff(total.to_numpy(float)) >= 0).all())
     floor = np.where((w > ck) & never_fell, float(total.iloc[-1]), 0.0)
@@ -586,7 +588,20 @@ def _by_margin(confidence: float, exclude: frozenset[str]) -> dict[float, dict[s
                 sub = part
             for margin, cal in _calibrated(sub, cls, models, errs, band_class(cls, across), confidence).items():
                 out[margin][band_class(cls, across)] = cal
+        for cals in out.values():
+            same, across = (cals[band_class(cls, x)] for x in (False, True))
+            cals[band_class(cls, False)], cals[band_class(cls, True)] = _ordered_by_nodes(same, across)
     return out
+
+
+def _ordered_by_nodes(same: Calibration, across: Calibration) -> tuple[Calibration, Calibration]:
+    """The bands of a fit's class on its fitted nodes and across more, made to agree with physics: the
+    same GPUs spread over more nodes pay the network too, so are never faster. Calibrated apart, the
+    fewer crossing tasks' quantiles put the high end of 16 GPUs on two nodes above the same 16 on one
+    (docs/benchmarks.md, 2026-12-06): the high end on the fitted nodes is raised to the crossing one's
+    (lowering the crossing one instead cost more width: the nested margin grew), and the crossing
+    band's low end is at most the other's."""
+    return replace(same, hi=max(same.hi, across.hi)), replace(across, lo=min(same.lo, across.lo))
 
 
 def _choose_margins(confidence: float, exclude: frozenset[str]) -> dict[str, float]:
