@@ -124,6 +124,43 @@ def test_a_script_that_calls_nothing_still_gets_a_run_and_the_report_says_how_to
     assert row["billed_seconds"] == 60 and row["dollars"] > 0  # its wall time is billed, the 60 s minimum
 
 
+WARMUP_ONLY = """import argparse
+from scalelab import track
+parser = argparse.ArgumentParser()
+parser.add_argument("--steps", type=int, default=10)
+for step in range(parser.parse_args().steps):
+    track.step(items=8, loss=1.0 / (step + 1))
+"""
+
+
+def test_a_script_whose_steps_were_all_warm_up_completes_with_a_note(tmp_path: Path) -> None:
+    """The script decides its length (no spec check can refuse it up front, as the trainer's --steps is):
+    4 steps, all warm-up, is a completed run saying how to measure it, not an error after the fact."""
+    (tmp_path / "s.py").write_text(WARMUP_ONLY)
+    proc = launch("--script", "s.py", "--engine", "single", "--", "--steps", "4", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    said = "recorded only 4 step(s), all warm-up"
+    assert said in proc.stdout and "run the script longer" in proc.stdout and "--warmup-steps" in proc.stdout
+    assert "raise --steps" not in proc.stdout + proc.stderr  # the trainer's fix: a script's --steps is no length
+    run_dir = only_run_dir(tmp_path / "runs")
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["exit_codes"] == [0] and summary["steps_measured"] == 0 and said in summary["note"]
+    report = launch("report", str(run_dir), cwd=tmp_path)  # as for a script that records nothing: the note
+    assert report.returncode == 2 and said in report.stderr and "Traceback" not in report.stderr
+    longer = launch("--script", "s.py", "--engine", "single", "--warmup-steps", "2", "--", "--steps", "4",
+                    cwd=tmp_path)
+    assert longer.returncode == 0 and "note:" not in longer.stdout, longer.stdout + longer.stderr
+
+
+def test_the_trainer_is_still_refused_steps_within_its_warm_up_before_it_starts(tmp_path, monkeypatch,
+                                                                                capsys) -> None:
+    monkeypatch.chdir(tmp_path)
+    code, err, _ = run_entry(["--engine", "single", "--steps", "4", "--runs-dir", str(tmp_path / "runs")],
+                             monkeypatch, capsys)
+    assert code == 2 and "--steps 4 is not more than --warmup-steps 5" in err, err
+    assert not (tmp_path / "runs").exists()
+
+
 def test_track_outside_a_launch_does_nothing() -> None:
     from scalelab import track
 

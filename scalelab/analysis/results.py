@@ -20,7 +20,14 @@ from scalelab.analysis.report import (
     write_markdown,
 )
 from scalelab.analysis.consistency import contradictions
-from scalelab.analysis.scaling import LayoutSummary, RunMeta, scale_layouts, summarize_run, trust_warnings
+from scalelab.analysis.scaling import (
+    LayoutSummary,
+    RunMeta,
+    UnmeasuredError,
+    scale_layouts,
+    summarize_run,
+    trust_warnings,
+)
 from scalelab.core.errors import RecordError
 from scalelab.core.records import load_run
 from scalelab.core.rundir import (
@@ -255,7 +262,7 @@ def summarize_loaded(run, steps: pd.DataFrame | None = None) -> LayoutSummary:
     """The summary of a run already read with `runstore.load_run` (`steps`: its step table, if made already)."""
     spec = run.spec
     if run.steps.empty and spec.own_code:
-        raise RecordError(unmeasured_note(run))
+        raise UnmeasuredError(unmeasured_note(run), recorded=0, warmup=0)
     if run.steps.empty:
         raise RecordError(f"{run.run_dir} has no step records: the run stopped before its first step; see {run.run_dir}/logs")
     global_batch = int(run.start["global_batch"].iloc[0]) if "global_batch" in run.start else None
@@ -270,7 +277,12 @@ def summarize_loaded(run, steps: pd.DataFrame | None = None) -> LayoutSummary:
         launched_at=launched_at(run), lr_warmup_steps=spec.lr_warmup_steps,
         steps_per_epoch=int(per_epoch.iloc[0]) if len(per_epoch) else None, unit=run_unit(run),
     )
-    return summarize_run(run.steps, run.val, run.events, meta, steps)
+    try:
+        return summarize_run(run.steps, run.val, run.events, meta, steps)
+    except UnmeasuredError as exc:
+        if not spec.own_code:
+            raise
+        raise UnmeasuredError(warmup_note(run, exc), exc.recorded, exc.warmup) from None
 
 
 def run_unit(run) -> str | None:
@@ -296,27 +308,43 @@ def script_ends(run) -> tuple[float | None, list[int]]:
     return (max(walls) if walls else None), codes
 
 
+def _ran(run) -> str:
+    """How long a --script run ran and how it ended, for its notes ("ran 2.1 s, exit status 0")."""
+    wall, codes = script_ends(run)
+    ran = f"ran {wall:.3g} s" if wall is not None else "ran"
+    return ran + (f", exit status {max(codes, key=abs)}" if codes else "")
+
+
 def unmeasured_note(run) -> str:
     """What a report says of a --script run without step records: how long it ran, how it ended, how to measure."""
     from scalelab.train.track import HOW_TO_RECORD
 
-    wall, codes = script_ends(run)
-    ran = f"ran {wall:.3g} s" if wall is not None else "ran"
-    ended = f", exit status {max(codes, key=abs)}" if codes else ""
-    return f"{run.run_dir}: {run.spec.script_label} {ran}{ended} and has no step records; {HOW_TO_RECORD}"
+    return f"{run.run_dir}: {run.spec.script_label} {_ran(run)} and has no step records; {HOW_TO_RECORD}"
 
 
-def script_facts(run_dir: Path) -> dict[str, Any] | None:
-    """summary.json of a --script run that recorded no steps (wall time, exit statuses, the note), else None."""
-    spec = read_spec(run_dir)
-    if not spec.own_code:
-        return None
+def warmup_note(run, exc: UnmeasuredError) -> str:
+    """What a report says of a --script run whose steps were all warm-up (or incomplete): the script decides its
+    own length, so the fix is its own arguments or a lower --warmup-steps, not the trainer's --steps."""
+    what = "all warm-up" if exc.warmup == exc.recorded else (f"{exc.warmup} warm-up and the others not recorded by "
+                                                             "every rank")
+    return (f"{run.run_dir}: {run.spec.script_label} {_ran(run)} and recorded only {exc.recorded} step(s), {what} "
+            f"(the first {max(1, run.spec.warmup_steps)} after every (re)start are not timed), so it has no throughput "
+            "figures; run the script longer (its own arguments, after `--`) or lower --warmup-steps")
+
+
+def summary_or_facts(run_dir: Path) -> LayoutSummary | dict[str, Any]:
+    """A completed run's summary; for a --script run with nothing measured (no step records, or only warm-up
+    steps) its facts instead: wall time, exit statuses and a note saying how to measure it. Such a run did
+    what its script asked, so it is no error (the built-in trainer's is refused before it starts)."""
     run = load_run(run_dir)
-    if not run.steps.empty:
-        return None
-    wall, codes = script_ends(run)
-    return {"label": run_label(spec), "model": spec.model, "steps_measured": 0, "wall_s": wall, "exit_codes": codes,
-            "note": unmeasured_note(run)}
+    try:
+        return summarize_loaded(run)
+    except UnmeasuredError as exc:
+        if not run.spec.own_code:
+            raise
+        wall, codes = script_ends(run)
+        return {"label": run_label(run.spec), "model": run.spec.model, "steps_measured": 0, "wall_s": wall,
+                "exit_codes": codes, "note": str(exc)}
 
 
 def launched_at(run) -> float | None:

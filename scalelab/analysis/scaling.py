@@ -441,6 +441,18 @@ def pooled_noise_scale(step_records: pd.DataFrame, until_step: int | None = None
     return float(trace[ok].sum()) / float(grad_sq[ok].sum())
 
 
+class UnmeasuredError(RecordError):
+    """A run with step records of which none was measured (all warm-up, or left incomplete by a rank).
+
+    Its own type, with the counts, so that a --script run, whose length its script decides and no spec
+    check could refuse up front, gets a note saying how to measure it instead of this error
+    (`analysis.results.summary_or_facts`); the built-in trainer's `--steps` is refused before it starts."""
+
+    def __init__(self, message: str, recorded: int, warmup: int) -> None:
+        super().__init__(message)
+        self.recorded, self.warmup = recorded, warmup
+
+
 def _measured_steps(steps: pd.DataFrame, label: str, early_threshold: bool = False) -> tuple[pd.DataFrame, dict[str, int]]:
     """(measured steps, their counts): steps not marked warm-up and reported by every rank. None
     measured is an error, unless the run stopped at its loss threshold (`early_threshold`) first."""
@@ -453,10 +465,11 @@ def _measured_steps(steps: pd.DataFrame, label: str, early_threshold: bool = Fal
     warm = steps["warmup"]
     measured = steps[~warm & complete]
     if measured.empty and not early_threshold:
-        raise RecordError(
+        raise UnmeasuredError(
             f"no measured steps in run {label!r}: {len(steps)} step(s) recorded, "
             f"{int(warm.sum())} of them warm-up. Timings exclude warm-up steps; "
-            "run more steps than warmup_steps (raise --steps or lower warmup_steps)."
+            "run more steps than warmup_steps (raise --steps or lower warmup_steps).",
+            recorded=len(steps), warmup=int(warm.sum()),
         )
     counts = {"steps_measured": int(len(measured)), "steps_warmup": int(warm.sum()),
               "steps_incomplete": int((~complete).sum())}

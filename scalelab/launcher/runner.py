@@ -311,14 +311,10 @@ def follow(backend: Backend, spec: Spec, run_dir: Path, label: str | None = None
 
 def write_summary(run_dir: Path):
     """summary.json of a completed run, from its records; the summary."""
-    from scalelab.analysis.results import script_facts, summarize_dir
+    from scalelab.analysis.results import summary_or_facts
 
-    facts = script_facts(run_dir)  # a --script run that recorded no steps: its wall time, exit status, a note
-    if facts is not None:
-        write_json(RunPaths(run_dir).summary, facts)
-        return facts
-    summary = summarize_dir(run_dir)
-    write_json(RunPaths(run_dir).summary, summary.to_dict())
+    summary = summary_or_facts(run_dir)  # a --script run with nothing measured: its wall time, exit status, a note
+    write_json(RunPaths(run_dir).summary, summary if isinstance(summary, dict) else summary.to_dict())
     return summary
 
 
