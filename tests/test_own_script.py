@@ -183,6 +183,9 @@ def test_track_outside_a_launch_does_nothing() -> None:
     (["--module", "no_such_module_here"], "--module no_such_module_here: no module"),
     (["--script", "ok.py", "--engine", "single", "--gpus-per-node", "2"], "engine 'single' runs one worker"),
     (["--script", "binary.py"], "is not a text file"),
+    (["--script", "", "--engine", "single"], "--script is empty"),  # an unset $SCRIPT: not the built-in model
+    (["--module", " ", "--engine", "single"], "--module is empty"),
+    (["sweep", "--script", "", "--workers", "1,2"], "--script is empty"),
 ])
 def test_bad_input_is_one_line_before_anything_starts(argv, said, tmp_path, monkeypatch, capsys) -> None:
     (tmp_path / "ok.py").write_text("print('hi')\n")

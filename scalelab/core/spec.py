@@ -284,8 +284,18 @@ class Spec:
 
     @property
     def own_code(self) -> bool:
-        """True when the ranks run the user's --script or --module, not the built-in trainer."""
-        return bool(self.script or self.module)
+        """True when the ranks run the user's --script or --module, not the built-in trainer. A name given
+        empty counts (`--script "$SCRIPT"` with $SCRIPT unset): `check_code_names` refuses it, where a falsy
+        test let the built-in model train in its place."""
+        return self.script is not None or self.module is not None
+
+    def check_code_names(self) -> None:
+        """Refuse an empty --script or --module in one line, before anything is looked up or started."""
+        for flag, value in (("--script", self.script), ("--module", self.module)):
+            if value is not None and not str(value).strip():
+                what = "the path of your training script" if flag == "--script" else "a module name (pkg.mod)"
+                raise SpecError(f"{flag} is empty (an unset shell variable?): give {what}, or leave {flag} out "
+                                "to run a built-in model")
 
     @property
     def script_label(self) -> str | None:
@@ -434,7 +444,8 @@ class Spec:
 
     def _validate_own_code(self) -> "Spec":
         """A --script / --module run: the trainer's own settings do not apply, the layout and engine do."""
-        if self.script and self.module:
+        self.check_code_names()
+        if self.script is not None and self.module is not None:
             raise SpecError("give --script FILE or --module MODULE, not both")
         if self.module and not re.fullmatch(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*", self.module):
             raise SpecError(f"--module {self.module!r} is not a module name (pkg.mod, as for python -m)")

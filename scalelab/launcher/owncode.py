@@ -35,6 +35,7 @@ def apply(spec: Spec, params: dict[str, Any]) -> Spec:
             raise SpecError(f"unexpected arguments {' '.join(args)!r}: arguments after `--` go to your --script "
                             "or --module; without one, `launch run` takes only options")
         return spec
+    spec.check_code_names()  # an empty name, before it is resolved as a path (the working directory) or a module
     if params.get("model") and given("model"):  # a config file's default model is not a conflict
         raise SpecError(f"--model {params['model']} picks a built-in preset and --script/--module runs your own code; "
                         "give one of them")
