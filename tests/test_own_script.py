@@ -186,6 +186,8 @@ def test_track_outside_a_launch_does_nothing() -> None:
     (["--script", "", "--engine", "single"], "--script is empty"),  # an unset $SCRIPT: not the built-in model
     (["--module", " ", "--engine", "single"], "--module is empty"),
     (["sweep", "--script", "", "--workers", "1,2"], "--script is empty"),
+    (["--script", "ok.py", "--engine", "single", "--lr", "0.5"], "--lr 0.5 is an option of the built-in trainer"),
+    (["sweep", "--script", "ok.py", "--workers", "1,2", "--val-every", "5"], "--val-every 5 is an option of the"),
 ])
 def test_bad_input_is_one_line_before_anything_starts(argv, said, tmp_path, monkeypatch, capsys) -> None:
     (tmp_path / "ok.py").write_text("print('hi')\n")
@@ -446,6 +448,45 @@ def test_a_config_files_default_model_is_no_conflict_but_the_flag_is(tmp_path, m
     assert code == 0 and "-m scalelab.train.script" in out, err
     code, err, _ = run_entry(["--script", "ok.py", "--model", "nmt-tiny", "--dry-run"], monkeypatch, capsys)
     assert code == 2 and "--model nmt-tiny picks a built-in preset" in err
+
+
+TRAINER_FLAGS = ["--lr", "0.5", "--optimizer", "sgd", "--global-batch", "64", "--model-arg", "hidden_size=256",
+                 "--precision", "bf16", "--data", "task", "--val-every", "5", "--checkpoint-every", "2"]
+
+
+def test_the_trainers_options_with_a_script_are_refused_naming_each(tmp_path, monkeypatch, capsys) -> None:
+    """They reached no script (its model, data and optimizer are its own): refused, not silently ignored; what
+    does apply to a script (layout, engine, progress total, warm-up, threads, device, name) is taken."""
+    (tmp_path / "ok.py").write_text("print('hi')\n")
+    monkeypatch.chdir(tmp_path)
+    code, err, _ = run_entry(["--script", "ok.py", "--engine", "single", *TRAINER_FLAGS, "--dry-run"], monkeypatch,
+                             capsys)
+    assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    for shown in ("--lr 0.5", "--optimizer sgd", "--global-batch 64", "--model-arg hidden_size=256",
+                  "--precision bf16", "--data task", "--val-every 5", "--checkpoint-every 2"):
+        assert shown in err, (shown, err)
+    assert "are options of the built-in trainer" in err and "after `--`" in err
+    code, err, out = run_entry(["--script", "ok.py", "--engine", "ddp", "--gpus-per-node", "2", "--steps", "50",
+                                "--warmup-steps", "2", "--threads", "1", "--device", "cpu", "--name", "mine",
+                                "--loss-threshold", "1", "--lr", "0.001", "--dry-run", "--", "--lr", "0.5"],
+                               monkeypatch, capsys)  # --lr at its default: nothing given that could be lost
+    assert code == 0 and "ok.py --lr 0.5" in out, err
+
+
+def test_a_config_files_trainer_default_is_no_conflict_but_a_spec_files_value_is(tmp_path, monkeypatch,
+                                                                                  capsys) -> None:
+    (tmp_path / "ok.py").write_text("print('hi')\n")
+    (tmp_path / "config.yaml").write_text("precision: bf16\nlr: 0.01\nval-every: 3\n")  # for the built-in models
+    (tmp_path / "script.yaml").write_text("script: ok.py\nengine: single\noptimizer: sgd\n")
+    monkeypatch.setenv("SCALELAB_CONFIG", str(tmp_path / "config.yaml"))
+    monkeypatch.chdir(tmp_path)
+    code, err, out = run_entry(["--script", "ok.py", "--engine", "single", "--dry-run"], monkeypatch, capsys)
+    assert code == 0 and "-m scalelab.train.script" in out, err
+    code, err, _ = run_entry(["--script", "ok.py", "--engine", "single", "--lr", "0.2", "--dry-run"], monkeypatch,
+                             capsys)
+    assert code == 2 and "--lr 0.2 is an option of the built-in trainer" in err, err
+    code, err, _ = run_entry(["--spec", "script.yaml", "--dry-run"], monkeypatch, capsys)
+    assert code == 2 and "--optimizer sgd is an option of the built-in trainer" in err, err
 
 
 def test_a_spec_file_naming_a_model_and_a_script_is_one_line(tmp_path, monkeypatch, capsys) -> None:

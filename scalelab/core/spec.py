@@ -168,6 +168,20 @@ class EngineSpec:
         return "fp16" if self.fp16_allreduce else self.compression
 
 
+#: The fields only the built-in trainer reads (its model, data, optimizer, loop, exchange): a --script or
+#: --module brings its own, so a value other than the default is refused there rather than silently ignored
+#: (`Spec.trainer_settings`; `data` stands for every DataSpec field). What does apply to a script: the
+#: backend and its options, the engine and Horovod's fusion settings (horovodrun's environment), the layout,
+#: --steps (the progress bar's total), --warmup-steps, --loss-threshold (track.validation), --threads
+#: (OMP_NUM_THREADS), --device, --name. `link_probe_mb` is not here: `launch probe` sets it, not the user.
+TRAINER_ONLY = ("rnn", "precision", "model_args", "global_batch", "batch_per_worker", "epochs", "optimizer", "lr",
+                "lr_warmup_steps", "lr_ref_batch", "clip_grad_norm", "data", "seed", "val_every", "val_batches",
+                "checkpoint_every", "interop_threads", "independent_replicas", "balance", "balance_every",
+                "emulate_slowdown", "output_loss", "cuda_graph", "profile_steps", "engine.compression",
+                "engine.fp16_allreduce", "engine.bucket_cap_mb", "engine.ps_shards", "engine.ps_state",
+                "engine.ps_placement")
+
+
 @dataclass
 class Spec:
     """A complete, backend-neutral description of one training run.
@@ -460,7 +474,28 @@ class Spec:
         if engine_facts(self.engine.name).parameter_server:
             raise SpecError("--engine ps is the built-in trainer's parameter server; a --script runs under "
                             "--engine ddp, horovod or single")
+        given = self.trainer_settings()
+        if given:
+            one = len(given) == 1
+            raise SpecError(f"{', '.join(given)} {'is an option' if one else 'are options'} of the built-in trainer, "
+                            "which your own code does not read: give your script its own arguments after `--` "
+                            f"(launch run --script FILE -- ARGS), or leave {'it' if one else 'them'} out")
         return self
+
+    def trainer_settings(self) -> list[str]:
+        """The built-in trainer's settings (`TRAINER_ONLY`) this spec gives other than their defaults, as flags
+        with their values (`--lr 0.5`). A default given explicitly cannot be told from one left out, and is
+        harmless: it changes nothing either way."""
+        from scalelab.core.options import option_flags
+
+        flags = {f.key: f.name for f in option_flags(Spec)} | {"model_args": "--model-arg"}
+        mine, default = self.to_dict(), Spec().to_dict()
+        out = []
+        for key in trainer_only_keys():
+            value = _dotted(mine, key)
+            if value != _dotted(default, key):
+                out.append(_flag_text(flags.get(key, key), value))
+        return out
 
     def _check_text_files(self, family: str) -> None:
         """`--data text` reads one file per family: a pair for translation (`--train-tgt` was not asked for,
@@ -653,6 +688,30 @@ def load_spec(path: str | os.PathLike) -> Spec:
     """Load a spec from YAML (or JSON); the file may hold only the keys it wants to change, but not none.
     It may say what the flags say (`engine: horovod`, `data: task`, `loss-threshold: 4.3`): `flag_words`."""
     return Spec.from_dict(flag_words(read_yaml_mapping(path, "spec file")), where=f"in spec file {path}")
+
+
+def trainer_only_keys() -> list[str]:
+    """`TRAINER_ONLY` as dotted keys, `data` spelled out as each DataSpec field's (`data.kind`, ...)."""
+    data = [f"data.{f.name}" for f in dataclasses.fields(DataSpec)]
+    return [k for key in TRAINER_ONLY for k in (data if key == "data" else [key])]
+
+
+def _dotted(raw: dict[str, Any], key: str) -> Any:
+    """The value at a dotted key (`engine.compression`) of a spec's mapping."""
+    for part in key.split("."):
+        raw = raw.get(part) if isinstance(raw, dict) else None
+    return raw
+
+
+def _flag_text(name: str, value: Any) -> str:
+    """A setting as the user would have given it: `--lr 0.5`, `--independent-replicas`, `--model-arg k=v`."""
+    if isinstance(value, bool):
+        return name if value else f"{name}=false"
+    if isinstance(value, dict):
+        return " ".join(f"{name} {k}={v}" for k, v in value.items())
+    if isinstance(value, list):
+        return f"{name} {','.join(str(v) for v in value)}"
+    return f"{name} {value}"
 
 
 def flag_words(raw: dict[str, Any]) -> dict[str, Any]:

@@ -39,6 +39,7 @@ def apply(spec: Spec, params: dict[str, Any]) -> Spec:
     if params.get("model") and given("model"):  # a config file's default model is not a conflict
         raise SpecError(f"--model {params['model']} picks a built-in preset and --script/--module runs your own code; "
                         "give one of them")
+    _drop_configured(spec, params)
     if params.get("spec_file") and not params.get("model"):
         from scalelab.core.spec import flag_words, read_yaml_mapping
 
@@ -58,6 +59,24 @@ def apply(spec: Spec, params: dict[str, Any]) -> Spec:
     if params.get("steps") is None and spec.steps == Spec().steps:
         spec.steps = None  # the script decides its length; --steps only sets the progress bar's total
     return spec
+
+
+def _drop_configured(spec: Spec, params: dict[str, Any]) -> None:
+    """Reset the built-in trainer's settings that came from a config file's default (`precision: bf16` in a
+    project's scalelab.yaml): meant for its models, they reach no script, and are no conflict either (as a
+    configured `model` is not); what the command line or the spec file gives is refused by `Spec.validate`."""
+    from scalelab.core.spec import trainer_only_keys
+
+    default = Spec()
+    for key in trainer_only_keys():
+        name = key.replace(".", "__")  # the click parameter of a dotted key (core.flags.param_name)
+        if params.get(name) in (None, ()) or given(name):
+            continue
+        *path, last = key.split(".")
+        owner, fresh = spec, default
+        for part in path:
+            owner, fresh = getattr(owner, part), getattr(fresh, part)
+        setattr(owner, last, getattr(fresh, last))
 
 
 def given(name: str) -> bool:
