@@ -77,6 +77,39 @@ def test_nested_and_binary_files_keep_their_paths_and_an_oversized_folder_is_ref
         script_request("ddp", tmp_path, "train.py", nodes=1)
 
 
+def test_file_names_with_spaces_are_mounted_at_their_paths(tmp_path: Path) -> None:
+    """The files listed on the ConfigMap (a JSON array) come back whole: a list joined by spaces gave the pods
+    items `my` and `model.py`, keys the ConfigMap does not hold, and never `my model.py`."""
+    import json
+
+    (tmp_path / "my train.py").write_text("import my_model\n")
+    (tmp_path / "sub dir").mkdir()
+    (tmp_path / "sub dir" / "my model.py").write_text("X = 1\n")
+    request = script_request("ddp", tmp_path, "my train.py", nodes=1)
+    validate_all(request.objects)
+    code = request.objects[1]
+    assert json.loads(code["metadata"]["annotations"]["scalelab.io/files"]) == ["my train.py", "sub dir/my model.py"]
+    (volume,) = [v for v in pod_templates(request.objects[-1])[0]["volumes"] if v["name"] == "code"]
+    items = volume["configMap"]["items"]
+    assert items == [{"key": "my_train.py", "path": "my train.py"}, {"key": "sub_dir__my_model.py", "path": "sub dir/my model.py"}]
+    assert all(item["key"] in code["data"] for item in items)
+
+
+def test_two_files_that_would_share_a_configmap_key_are_refused(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text("print(1)\n")
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "b.py").write_text("X = 1\n")
+    (tmp_path / "a__b.py").write_text("X = 2\n")  # the same key as a/b.py: one would replace the other
+    with pytest.raises(SpecError, match=r"files 'a/b.py' and 'a__b.py' of your code's folder would be the same "
+                                        r"ConfigMap key 'a__b.py'.*rename one of them"):
+        script_request("ddp", tmp_path, "train.py", nodes=1)
+    proc = launch("--backend", "k8s", "--image", "registry.example.com/scalelab:0.1.0", "--script", "train.py",
+                  "--engine", "single", "--dry-run", cwd=tmp_path)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and "rename one of them" in lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr and not proc.stdout.strip()
+
+
 def test_the_k8s_dry_run_of_a_script_prints_its_code(tmp_path: Path) -> None:
     proc = launch("--backend", "k8s", "--image", "registry.example.com/scalelab:0.1.0", "--script",
                   str(EXAMPLES / "train_ddp.py"), "--engine", "ddp", "--nodes", "2", "--dry-run", "--", "--steps", "12",

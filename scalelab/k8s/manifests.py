@@ -18,6 +18,7 @@ tests and the schema validation need no cluster. Secrets are referenced (secretK
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import shlex
 from collections.abc import Mapping
@@ -79,7 +80,7 @@ def render(spec: Spec, run_name: str, options: Mapping[str, Any], extra_env: Map
     if spec.own_code:  # a --script run: its folder as a ConfigMap, mounted read-only in every pod of the workload
         code = code_config_map(spec, run_name, options)
         docs.insert(1, code)
-        _mount_code(docs[-1], run_name, code["metadata"]["annotations"]["scalelab.io/files"].split())
+        _mount_code(docs[-1], run_name, json.loads(code["metadata"]["annotations"][CODE_FILES]))
     return docs
 
 
@@ -87,11 +88,33 @@ def render(spec: Spec, run_name: str, options: Mapping[str, Any], extra_env: Map
 
 CODE_MOUNT = "/opt/scalelab/code"  # where the pods see the script's folder (SCALELAB_SCRIPT_DIR)
 CODE_LIMIT = 900 * 1024  # a ConfigMap holds at most 1 MiB in all (etcd's limit), the rest of the object included
+# The code ConfigMap's annotation listing the folder's files (paths inside it) as a JSON array: a file name may
+# hold spaces, so a list joined by spaces would not come back as the same files.
+CODE_FILES = "scalelab.io/files"
+MAX_KEY = 253  # a ConfigMap key's length limit
 
 
 def _code_key(rel: str) -> str:
     """A ConfigMap key for a file inside the folder (keys cannot hold `/`; the volume's items restore the path)."""
     return re.sub(r"[^-._a-zA-Z0-9]", "_", rel.replace("/", "__"))
+
+
+def _code_keys(rels: list[str]) -> dict[str, str]:
+    """{path inside the folder: its ConfigMap key}; two files whose keys would be the same (`a/b.py`, `a__b.py`),
+    one of which would silently replace the other in every pod, are refused, as is a key too long for one."""
+    keys: dict[str, str] = {}
+    for rel in sorted(rels):
+        key = _code_key(rel)
+        if key in keys.values():
+            other = next(r for r, k in keys.items() if k == key)
+            raise SpecError(f"files {other!r} and {rel!r} of your code's folder would be the same ConfigMap key "
+                            f"{key!r} (a key holds no '/', spaces or other signs, so they become '_'), and one "
+                            "would replace the other in the pods; rename one of them")
+        if len(key) > MAX_KEY:
+            raise SpecError(f"the path {rel[:60]!r}... of your code's folder is longer than a ConfigMap key may be "
+                            f"({MAX_KEY} characters); shorten it or list it in the folder's .gitignore")
+        keys[rel] = key
+    return keys
 
 
 def code_config_map(spec: Spec, run_name: str, options: Mapping[str, Any]) -> dict[str, Any]:
@@ -104,17 +127,18 @@ def code_config_map(spec: Spec, run_name: str, options: Mapping[str, Any]) -> di
     data: dict[str, str] = {}
     binary: dict[str, str] = {}
     files = code_files(spec, limit=CODE_LIMIT)
+    keys = _code_keys([rel for _, rel in files])
     for path, rel in files:
         raw = path.read_bytes()
         try:
-            data[_code_key(rel)] = raw.decode("utf-8")
+            data[keys[rel]] = raw.decode("utf-8")
         except UnicodeDecodeError:
-            binary[_code_key(rel)] = base64.b64encode(raw).decode()
+            binary[keys[rel]] = base64.b64encode(raw).decode()
     doc: dict[str, Any] = {"apiVersion": "v1", "kind": "ConfigMap",
                            "metadata": metadata(f"{run_name}-code", options, "code", run_name), "data": data}
     if binary:
         doc["binaryData"] = binary
-    doc["metadata"]["annotations"] = {"scalelab.io/files": " ".join(sorted(rel for _, rel in files))}
+    doc["metadata"]["annotations"] = {CODE_FILES: json.dumps(sorted(keys))}
     return doc
 
 
