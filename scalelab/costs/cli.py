@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
+from rich import box
 from rich.markup import escape
 from rich.table import Table
 
@@ -92,12 +93,18 @@ def _rich_table(title: str, df: pd.DataFrame, fmt: dict[str, Any], width: int | 
     longest word: long cells wrap instead); `fmt` maps a column to a format spec or a function. Where the
     table would be wider than `width` (the console's), the first column's long names (a run's) go on in the
     next line after a hyphen, as `launch ls` breaks them, instead of being cut anywhere by rich."""
-    t = Table(title=title or None, header_style="bold")
+    rows = [[_cell(r[col], fmt.get(col), col in fmt) for col in df.columns] for _, r in df.iterrows()]
+    width = width or console.width
+    room = _first_column_room(df.columns, rows, width)  # a long run name broken after a hyphen makes it fit
+    boxed = room > 0 or _natural_width(df.columns, rows) <= width
+    # too wide for a box (the plan's candidates at 80 columns were cut at the right edge): columns apart
+    # by two spaces under a rule, as `kubectl get` and `squeue` print them
+    t = (Table(title=title or None, header_style="bold") if boxed else
+         Table(title=title or None, header_style="bold", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False,
+               collapse_padding=True))
     for col in df.columns:
         t.add_column(str(col), justify="right" if col in fmt else "left", overflow="fold",  # a long name folds, whole
                      min_width=max(len(w) for w in str(col).split() or [""]))
-    rows = [[_cell(r[col], fmt.get(col), col in fmt) for col in df.columns] for _, r in df.iterrows()]
-    room = _first_column_room(df.columns, rows, width or console.width)
     for cells in rows:
         t.add_row(*([break_name(cells[0], room), *cells[1:]] if room else cells))
     return t
@@ -109,6 +116,14 @@ def _cell(v: Any, spec: Any, numeric: bool) -> str:
     if callable(spec):
         return spec(v)
     return format(float(v), spec) if numeric else str(v)
+
+
+def _natural_width(columns: Any, rows: list[list[str]]) -> int:
+    """The width of a boxed table whose cells are never wrapped: 3 columns per cell of padding and rule,
+    and one more."""
+    natural = [max([max((len(w) for w in str(h).split()), default=0)] + [len(r[i]) for r in rows])
+               for i, h in enumerate(columns)]
+    return sum(natural) + 3 * len(natural) + 1
 
 
 def _first_column_room(columns: Any, rows: list[list[str]], width: int) -> int:
@@ -472,7 +487,8 @@ def _parse_batches(text: str | None) -> list[int]:
 @click.option("--predict-workers", help="Worker counts to predict, e.g. 5,6,7,8 [default: measured ones and doublings].")
 @click.option("--predict", "predict_layouts", metavar="LAYOUTS",
               help="Plan named layouts NODESxGPUS@INSTANCES[:dynamic], comma-separated, e.g. "
-                   "4x1@4*g3.4xlarge,2x2@2*g3.16xlarge,4x1@1*p2.xlarge+3*g3.4xlarge: predicted by the step-time "
+                   "2x4@2*g3.16xlarge (two nodes of 4 GPUs) or the mixed fleet 4x1@1*p2.xlarge+3*g3.4xlarge "
+                   "(one layout; a comma starts the next): predicted by the step-time "
                    "model (scalelab/costs/steptime.py; the CSV needs nodes and instance_type, runs an instance "
                    "type), priced, ranked and recommended like every plan (--out, --format html, --work, "
                    "--deadline-h, --budget and --market work with it).")
@@ -480,7 +496,8 @@ def _parse_batches(text: str | None) -> list[int]:
 @click.option("--confidence", type=Number(minimum=0.5, maximum=0.99), default=0.9, show_default=True,
               help="Level of every interval, and the chance a recommendation must have of meeting its limit.")
 @click.option("--instance-types", help="Price the layouts on these types, e.g. g3.4xlarge,g3.16xlarge (or --rate names).")
-@click.option("--market", type=click.Choice([*MARKETS, "both"]), default="on-demand", show_default=True)
+@click.option("--market", type=click.Choice([*MARKETS, "both"]), default="on-demand", show_default=True,
+              help="Price on-demand, spot (with --interruptions-per-hour its expected restarts), or both side by side.")
 @click.option("--work", type=Number(above=0, maximum=MAX_WORK, why="a thousand times the largest training runs "
                                      "published; above it the dollars run to hundreds of digits"), help="A fixed amount of work for every layout, in the throughput's unit (e.g. "
                                          "words) [default for runs: the steps to their loss threshold at each "
@@ -500,7 +517,8 @@ def _parse_batches(text: str | None) -> list[int]:
                                                          "dollars (with --confidence).")
 @_catalog_options
 @click.option("--out", type=OutputDir("--out"), help="Write plan.md, plan.html and plan.json here.")
-@click.option("--format", "fmt", type=click.Choice([*_FORMATS, "html"]), default="table", show_default=True)
+@click.option("--format", "fmt", type=click.Choice([*_FORMATS, "html"]), default="table", show_default=True,
+              help="table for the terminal; json (every column) or markdown for scripts and notes; html one page.")
 def plan_cmd(run_dirs: tuple[str, ...], from_csv: str | None, predict_workers: str | None,
              predict_layouts: str | None, predict_batch: str | None, confidence: float, instance_types: str | None, market: str, work: float | None, measured_on: str | None,
              speed: tuple[str, ...], gradient_mb: float | None, intra_gbps: float, deadline_h: float | None,
@@ -556,15 +574,22 @@ def plan_cmd(run_dirs: tuple[str, ...], from_csv: str | None, predict_workers: s
         list(MARKETS) if market == "both" else [market], work, measured_on, _parse_speed(speed), link,
         deadline_h=deadline_h, budget_usd=budget_usd, region=params["region"], confidence=confidence,
         convergence=m.convergence, predict_batch=_parse_batches(predict_batch), overheads=m.overheads,
-        probe_speed=m.probe_speed, precision=m.precision, memory=m.memory, **_spot_kwargs(params)))
+        probe_speed=m.probe_speed, precision=m.precision, memory=m.memory, source=_source(from_csv),
+        **_spot_kwargs(params)))
     if unpriced:
         result.notes.append(f"the runs were measured on {measured_on!r}, which the catalog does not price: the "
                             f"predictions are not priced; give --rate {measured_on}=USD/gpu-hour (and a rate for each "
                             "probed type) with --instance-types to price them")
     if len(result.candidates) == 0 and types and work is not None:
         raise CatalogError("; ".join(result.notes) or "nothing could be priced")
-    _refuse_unanswered_limits(result, deadline_h, budget_usd, asked, m)
+    _refuse_unanswered_limits(result, deadline_h, budget_usd, asked, _source(from_csv))
     _show_plan(result, fmt, out, m)
+
+
+def _source(from_csv: str | None) -> str:
+    """Where the plan's measurements came from, as its messages name it (`PlanRequest.source`)."""
+    from scalelab.costs.planner import RUNS
+    return Path(from_csv).name if from_csv else RUNS
 
 
 def _default_types(measured_on: str | None, m: Measurements, catalog: Catalog) -> list[str]:
@@ -580,16 +605,17 @@ def _default_types(measured_on: str | None, m: Measurements, catalog: Catalog) -
 
 
 def _refuse_unanswered_limits(result, deadline_h: float | None, budget_usd: float | None, asked: list[str],
-                              m: Measurements) -> None:
+                              source: str) -> None:
     """--deadline-h and --budget are answered only by priced candidates with a time to the loss threshold (or
     --work): without them the flags were silently ignored (the README's own example). Refused, saying why."""
+    from scalelab.costs.planner import threshold_fix
     given = [flag for flag, v in (("--deadline-h", deadline_h), ("--budget", budget_usd)) if v is not None]
     if not given or len(result.candidates):
         return
     why = []
     if not result.convergence:
-        why.append("the runs have no loss threshold to reach (run them with --val-every N --loss-threshold X, "
-                   "or give --work)")
+        why.append(f"no steps to a loss threshold in {source} ({threshold_fix(source)}) and no --work "
+                   "(the job's work in the throughput's unit, e.g. words) was given")
     if not asked:
         why.append("no instance type is priced (give --instance-types, e.g. g5.xlarge,g5.12xlarge; runs on a CPU "
                    "also need --measured-on TYPE or --speed GPU=FACTOR, or `launch probe` the types)")
@@ -628,7 +654,7 @@ def _predict_layouts(run_dirs: tuple[str, ...], path: str | None, text: str, con
                         f"{', '.join(map(str, measured.loc[measured['instance_type'].isna(), 'label'].unique()))} name none")
     result = plan(PlanRequest(measured, [], catalog, markets=markets, work=work, deadline_h=deadline_h,
                               budget_usd=budget_usd, region=params["region"], confidence=confidence,
-                              layouts=layouts, source=Path(path).name if path else "the runs", **_spot_kwargs(params)))
+                              layouts=layouts, source=_source(path), **_spot_kwargs(params)))
     given = [flag for flag, v in (("--deadline-h", deadline_h), ("--budget", budget_usd)) if v is not None]
     if given and not len(result.candidates):
         raise SpecError(f"{' and '.join(given)} cannot be answered: no layout is priced ("
@@ -701,7 +727,7 @@ def _assumption_lines(result) -> list[str]:
                      f"{used['held_out_error']:.1%} on the published scaling tables, docs/benchmarks.md)")
     for label, conv in result.convergence.items():
         b_noise = "unbounded" if math.isinf(conv.b_noise) else f"{conv.b_noise:,.0f}"
-        lines.append(f"steps to threshold, {label}: {conv.basis} of {_plural(conv.runs, 'run')} at global batch "
+        lines.append(f"steps to threshold{', ' + label if label else ''}: {conv.basis} of {_plural(conv.runs, 'run')} at global batch "
                      f"{', '.join(map(str, conv.batches))}; S_min {conv.s_min:,.0f} steps, B_noise {b_noise} "
                      f"(measured noise scale {'—' if conv.noise_scale is None else f'{conv.noise_scale:,.0f}'}); "
                      f"learning-rate rule: {conv.lr_rule}")
@@ -715,7 +741,8 @@ def _model_lines(result) -> list[str]:
     lines += [_recommendation_line(k, v) for k, v in result.recommendations.items() if v]
     if result.next_measurement:
         n = result.next_measurement
-        lines.append(f"measure next: {_plural(int(n['workers']), 'worker')} ({n['label'] or 'series'}): {n['why']}")
+        series = f" ({n['label']})" if n["label"] else ""
+        lines.append(f"measure next: {_plural(int(n['workers']), 'worker')}{series}: {n['why']}")
     return lines
 
 
@@ -756,7 +783,8 @@ def _view(rows: pd.DataFrame, names: dict[str, str], always: tuple[str, ...]) ->
     if len(rows) == 1:
         same = [c for c in ("label", "market", "global_batch") if c in rows.columns]
     said = ", ".join(f"{names[c] if c != 'label' else ''} {rows[c].iloc[0]}".strip() for c in same
-                     if c in ("label", "market", "global_batch", "model", "speed_basis", "basis"))
+                     if c in ("label", "market", "global_batch", "model", "speed_basis", "basis")
+                     and str(rows[c].iloc[0]).strip() not in ("", "nan", "None"))  # an unlabelled series: no ", "
     keep = [c for c in rows.columns if c not in same or c not in ("label", "market", "global_batch", "model",
                                                                   "speed_basis", "basis")]
     return rows[keep].rename(columns=names), said

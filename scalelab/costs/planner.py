@@ -74,6 +74,10 @@ class Overheads:
         return self.startup_s + train_s * (1.0 + self.share)
 
 
+RUNS = "the runs"  # PlanRequest.source of measurements read from run directories
+NOT_PREDICTED = ": its throughput is not predicted"  # the end of a series' note where it cannot be fitted
+
+
 @dataclass
 class PlanRequest:
     """What to plan: the measurements, the worker counts and batches to predict, what to price.
@@ -114,7 +118,7 @@ class PlanRequest:
     precision: str = "fp32"
     memory: dict[str, MemoryModel] = field(default_factory=dict)  # label -> what it trains: GPU memory fit
     layouts: Sequence[Layout] = ()  # named layouts on named instances (NODESxGPUS@INSTANCES, mixed fleets)
-    source: str = "the table"  # where `measured` came from, for the layout path's messages
+    source: str = "the table"  # where `measured` came from (a CSV's name, or RUNS), for the messages
 
     def base_instance(self) -> InstanceType | None:
         """The instance type the measurements were made on, when it is named and a catalog given."""
@@ -175,7 +179,9 @@ def plan(request: PlanRequest) -> Plan:
     convergence, batches, notes = predict_convergence(request)
     fits, predictions = predict(request, notes)
     if not fits and len(request.measured) and not len(batches):
-        raise DataError(notes[-1])  # nothing at all can be predicted: that is the error
+        # nothing at all can be predicted: that is the error, with what to do about it
+        raise DataError(notes[-1].removesuffix(NOT_PREDICTED) + "; measure it at a second GPU count "
+                        "(`launch sweep --workers 1,2`, or another row in the CSV)")
     if not len(request.measured) and not len(batches):
         raise DataError("nothing to plan from: no measured throughput (a run that reached its loss threshold inside "
                         "its warm-up measured no speed: run it with fewer --warmup-steps or a lower threshold) and no "
@@ -276,7 +282,7 @@ def predict(request: PlanRequest, notes: list[str] | None = None) -> tuple[dict[
         except DataError as exc:
             if notes is None:
                 raise
-            notes.append(f"{exc}: its throughput is not predicted")
+            notes.append(f"{exc}{NOT_PREDICTED}")
             continue
         fits[str(label)] = fit
         rows += _prediction_rows(fit, wanted, request.confidence, _batch_axis(part), link)
@@ -359,6 +365,15 @@ def _global_batch(axis: dict[str, Any], workers: int) -> int | None:
     return int(round(axis["batch"] * workers)) if axis["batch_scaling"] == "growing" else int(round(axis["batch"]))
 
 
+def threshold_fix(source: str) -> str:
+    """How to give the plan steps to a loss threshold, said for where its measurements came from: a user
+    planning from a CSV has no runs to rerun with other flags."""
+    if source == RUNS:
+        return "run them with --val-every N --loss-threshold X until it is reached"
+    return ("a scaling table has none; plan from a convergence table (columns global_batch, steps_to_threshold) "
+            "or from runs that reached a --loss-threshold")
+
+
 def predict_convergence(request: PlanRequest) -> tuple[dict[str, ConvergenceFit], pd.DataFrame, list[str]]:
     """(S(B) fit per convergence series, rows at the requested global batches, notes)."""
     fits: dict[str, ConvergenceFit] = {}
@@ -366,8 +381,8 @@ def predict_convergence(request: PlanRequest) -> tuple[dict[str, ConvergenceFit]
     conv = request.convergence
     if conv is None or not len(conv):
         if request.predict_batch:
-            notes.append("no run reached its loss threshold, so steps to it cannot be predicted: run with "
-                         "--loss-threshold and --val-every until it is reached")
+            notes.append(f"no steps to a loss threshold in {request.source}, so they cannot be predicted at a "
+                         f"global batch: {threshold_fix(request.source)}")
         return fits, pd.DataFrame(), notes
     for label, part in conv.groupby("label", sort=False):
         fits[str(label)] = fit_convergence(part, request.confidence, str(label))
@@ -378,11 +393,16 @@ def predict_convergence(request: PlanRequest) -> tuple[dict[str, ConvergenceFit]
 # ---- 2. the next measurement --------------------------------------------------------------------
 
 
+#: the least disagreement between the models worth a measurement: models within 1 % of each other
+#: leave nothing for one to settle (it once said "the models disagree most there (0% apart)")
+MIN_DISAGREEMENT = 0.01
+
+
 def next_measurement(predictions: pd.DataFrame) -> dict[str, Any] | None:
     """The untried (series, workers) where the models disagree most, or None (query by committee:
-    measuring it settles which model to trust)."""
+    measuring it settles which model to trust; nothing to settle where they agree)."""
     untried = predictions[predictions["measured_throughput"].isna()] if len(predictions) else predictions
-    if not len(untried) or not untried["disagreement"].notna().any():
+    if not len(untried) or not (untried["disagreement"] >= MIN_DISAGREEMENT).any():
         return None
     r = untried.loc[untried["disagreement"].idxmax()]
     return {"label": r["label"], "workers": int(r["workers"]), "disagreement": float(r["disagreement"]),
