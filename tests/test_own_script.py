@@ -107,14 +107,14 @@ def test_ddp_script_records_every_rank_and_runs_alone_unchanged(tmp_path: Path) 
 
 def test_a_script_that_calls_nothing_still_gets_a_run_and_the_report_says_how_to_measure(tmp_path: Path) -> None:
     (tmp_path / "plain.py").write_text("import sys\nprint('args', sys.argv[1:])\n")
-    proc = launch("--script", "plain.py", "--engine", "single", "--", "--lr", "0.1", cwd=tmp_path)
+    proc = launch("--script", "plain.py", "--engine", "single", "--", "--lr", "0.1", "two words", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     run_dir = only_run_dir(tmp_path / "runs")
     assert "no step records" in proc.stdout and "track.step(items=N" in proc.stdout
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["exit_codes"] == [0] and summary["wall_s"] >= 0 and summary["steps_measured"] == 0
     logs = launch("logs", str(run_dir), cwd=tmp_path)
-    assert "args ['--lr', '0.1']" in logs.stdout  # its arguments after `--`, its output in the logs
+    assert "args ['--lr', '0.1', 'two words']" in logs.stdout  # its arguments after `--`, whole; its output in the logs
     report = launch("report", str(run_dir), cwd=tmp_path)
     assert report.returncode == 2 and "has no step records" in report.stderr and "track.step" in report.stderr
     assert "Traceback" not in report.stderr

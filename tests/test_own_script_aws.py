@@ -70,6 +70,24 @@ def test_the_dry_run_lists_the_code_it_ships_and_refuses_a_folder_over_the_limit
         be.submit_dryrun(spec, tmp_path / "run")
 
 
+def test_the_dry_run_quotes_the_scripts_arguments_as_the_instances_pass_them(tmp_path) -> None:
+    """The dry run shows the command as a shell takes it (`two words` one argument); what runs is that: the
+    arguments travel in spec.json as a list, and the instance's rank command (no shell) carries none of them."""
+    import shlex
+
+    from scalelab.aws.bootstrap import trainer_command
+
+    args = ["--lr", "0.1", "two words", "it's"]
+    spec = script_spec(script_args=args)
+    doc = json.loads(AwsBackend({"bucket": "bkt-test", "region": REGION}).submit_dryrun(spec, tmp_path / "run").render())
+    assert doc["your_code"]["runs"] == "python code/train_ddp.py --lr 0.1 'two words' 'it'\"'\"'s'"
+    assert shlex.split(doc["your_code"]["runs"])[2:] == args
+    (put,) = [c for c in doc["requests"] if c["params"].get("Key", "").endswith("/spec.json")]
+    assert json.loads(put["params"]["Body"])["script_args"] == args
+    launch = trainer_command(spec, "python", tmp_path / "run", ["10.0.0.1", "10.0.0.2"], 0)
+    assert launch is not None and not set(args) & set(launch.argv), launch.argv
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("engine", ["ddp", pytest.param("horovod", marks=needs_horovod)])
 def test_script_on_two_instances_ships_starts_and_terminates(cloud, wheel, tmp_path, engine) -> None:

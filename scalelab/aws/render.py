@@ -198,6 +198,15 @@ shutdown -h now "scalelab run ended"
 """
 
 
+def _code_command(spec: dict[str, Any]) -> str:
+    """What every rank of a --script run runs, as a shell would take it (`two words` stays one argument). Only
+    shown: the instances pass the arguments from spec.json as a list (scalelab/train/script.py), no shell."""
+    import shlex
+
+    what = ["python", f"code/{Path(spec['script']).name}"] if spec.get("script") else ["python", "-m", spec["module"]]
+    return shlex.join([*what, *spec.get("script_args", [])])
+
+
 def _sh(value: str) -> str:
     import shlex
 
@@ -313,8 +322,6 @@ class AwsRequest(Request):
             "requests": self.calls,
         }
         if p.code_dir:  # a --script run: what every rank runs, from the folder each node unpacks
-            spec = json.loads(p.spec_json)
-            what = f"python code/{Path(spec['script']).name}" if spec.get("script") else f"python -m {spec['module']}"
-            doc["your_code"] = {"runs": " ".join([what, *spec.get("script_args", [])]), "folder": p.code_dir,
+            doc["your_code"] = {"runs": _code_command(json.loads(p.spec_json)), "folder": p.code_dir,
                                 "files": len(p.code_files), "bytes": p.code_bytes}
         return json.dumps(doc, indent=2)
