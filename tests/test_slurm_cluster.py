@@ -307,6 +307,28 @@ def test_a_killed_launcher_leaves_the_job_to_slurm_and_a_new_launcher_still_comm
     assert [e for e in records(run_dir, "event") if e["event"] == "interrupted"] and (run_dir / CHECKPOINT_NAME).exists()
 
 
+def test_detach_submits_and_returns_as_sbatch_does_and_status_records_the_end(slurm_cluster, tmp_path: Path) -> None:
+    """`--detach` on Slurm: the job is queued and `launch` returns at once, naming it (it was refused: "runs
+    of the slurm backend are followed to their end"); Slurm runs it with no launcher; `launch status`
+    from a new launcher records its end and writes its summary; nothing is left queued or running."""
+    runs = tmp_path / "runs"
+    started = launch(*TINY, "--engine", "ddp", "--gpus-per-node", "2", "--steps", "8", "--detach",
+                     "--runs-dir", str(runs), "-y", cwd=tmp_path)
+    assert started.returncode == 0 and "Traceback" not in started.stderr, started.stderr
+    run_dir = only_run_dir(runs)
+    job = job_of(run_dir)
+    assert f"Slurm job {job}" in started.stdout and "detached" in started.stdout
+    assert not (run_dir / "summary.json").exists(), "launch returned before the job ended"
+    deadline = time.time() + 240
+    while "COMPLETED" not in (status := launch("status", str(run_dir), cwd=tmp_path)).stdout:
+        assert status.returncode == 0 and "FAILED" not in status.stdout, status
+        assert time.time() < deadline, f"job {job} did not complete: {status.stdout}"
+        time.sleep(2)
+    assert json.loads((run_dir / "launch.json").read_text())["state"] == "COMPLETED"
+    assert (run_dir / "summary.json").exists() and len(records(run_dir, "step")) >= 2 * 7
+    assert in_queue(job) == [] and processes_of(run_dir, job) == []
+
+
 # ---- exact resume on the cluster: a killed rank, a requeue ----------------------------------------
 
 

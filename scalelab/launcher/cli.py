@@ -391,8 +391,8 @@ def _backend_options(spec: Spec, params: dict[str, Any]) -> dict[str, Any]:
 
 
 DETACH_HELP = ("Start the run and return at once, with no launcher following it (its ranks do not stop when "
-               "this process ends). `launch status` follows it and records how it ended, `launch cancel` stops it. "
-               "Local backend only; not for sweeps.")
+               "this process ends; on Slurm: submit the job and return, as sbatch does). `launch status` follows "
+               "it and records how it ended, `launch cancel` stops it. Local and Slurm backends; not for sweeps.")
 
 
 SCRIPT_ARGS = click.argument("script_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- SCRIPT_ARGS...]")
@@ -434,7 +434,8 @@ def run_and_show(backend, spec: Spec, run_dir: Path, detach: bool) -> None:
         print_summary(run_dir, execute(backend, spec, run_dir))
         return
     start_detached(backend, spec, run_dir)
-    console.print(f"started [bold]{run_dir}[/] detached: no launcher follows it.\n"
+    now = backend.status(run_dir)
+    console.print(f"started [bold]{run_dir}[/] detached: no launcher follows it ({now.detail or now.state}).\n"
                   f"  follow it:  launch status {run_dir}   launch logs {run_dir}\n"
                   f"  stop it:    launch cancel {run_dir}   (its ranks checkpoint; launch resume {run_dir} continues)\n"
                   f"  once ended: launch status {run_dir} records how it ended (and its summary), "

@@ -111,6 +111,9 @@ class SlurmRequest(Request):
 class SlurmBackend(Backend):
     queues = True  # a sweep queues every layout before following the first
     horovod_here = True  # the nodes run this Python from the shared filesystem
+    # `--detach` submits and returns, as sbatch does: Slurm, not the launcher, supervises the job, and
+    # `finish` only waits for it to leave the queue; `launch status` records how it ended
+    detachable = True
 
     name = "slurm"
     Options = SlurmOptions  # the valid options, their defaults and checks (scalelab/slurm/options.py)
