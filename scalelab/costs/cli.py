@@ -390,6 +390,7 @@ def _cost_of_runs(paths: list[Path], instances: str | None, market: str | None, 
     """One row per run: billed wall time (`run_seconds`) and wall time to the threshold at its fleet's
     price, or at --instances', through `billing.run_cost` (the measured time holds its interruptions)."""
     from scalelab.analysis.results import expand_run_dirs, run_label, summarize_loaded
+    from scalelab.analysis.scaling import UnmeasuredError
     from scalelab.core.rundir import run_state
     from scalelab.costs.expected import recorded_cost
 
@@ -401,7 +402,7 @@ def _cost_of_runs(paths: list[Path], instances: str | None, market: str | None, 
         try:  # billed: the wall time from the launch to the threshold event, not the training seconds
             # a --script run that recorded no steps is still billed: its wall time, from its start and end records
             summary = None if run.steps.empty and run.spec.own_code else summarize_loaded(run)
-        except DataError:
+        except (DataError, UnmeasuredError):  # no step measured (a script's all warm-up): billed all the same
             summary = None
         wall = summary.wall_to_threshold_s if summary is not None else None
         row = recorded_cost(run, price, wall, f"{run_label(run.spec)} {run.spec.nodes}x{run.spec.gpus_per_node}")
