@@ -70,3 +70,16 @@ def test_the_candidates_fit_80_columns_with_whole_words(tmp_path):
     wide = launch("plan", "--from-csv", str(_csv(tmp_path, SCALING)), "--predict-workers", "16", "--work", "1e8",
                   "--instance-types", "g3.16xlarge,p2.8xlarge", cwd=tmp_path, env={"COLUMNS": "200"})
     assert "┃ workers ┃" in wide.stdout  # room enough: boxed as before
+
+
+def test_a_layout_in_a_market_without_a_price_is_refused_as_a_worker_count_is(tmp_path):
+    """`--predict 4x4@4*g3.16xlarge --market spot` with no spot price printed the table and exited 0 with a
+    note, where `--predict-workers 16` refused: both paths now refuse, naming the missing price."""
+    table = str(_csv(tmp_path, SCALING))
+    env = {"SCALELAB_PRICES": str(tmp_path / "none.json")}
+    for ask in (["--predict", "4x4@4*g3.16xlarge"], ["--predict-workers", "16", "--instance-types", "g3.16xlarge"]):
+        r = launch("plan", "--from-csv", table, *ask, "--work", "1e8", "--market", "spot", cwd=tmp_path, env=env)
+        assert r.returncode == 2 and "no spot price for g3.16xlarge" in r.stderr and "Traceback" not in r.stderr
+    both = launch("plan", "--from-csv", table, "--predict", "4x4@4*g3.16xlarge", "--work", "1e8", "--market", "both",
+                  cwd=tmp_path, env=env)
+    assert both.returncode == 0 and "on-demand" in both.stdout  # one market priced: a plan, the other a note

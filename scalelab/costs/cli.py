@@ -656,6 +656,9 @@ def _predict_layouts(run_dirs: tuple[str, ...], path: str | None, text: str, con
     result = plan(PlanRequest(measured, [], catalog, markets=markets, work=work, deadline_h=deadline_h,
                               budget_usd=budget_usd, region=params["region"], confidence=confidence,
                               layouts=layouts, source=_source(path), **_spot_kwargs(params)))
+    unpriced = [n for n in result.notes if ": not priced " in n]
+    if unpriced and not len(result.candidates):  # as the worker-count path: an error, not a table and a note
+        raise CatalogError("; ".join(unpriced))
     given = [flag for flag, v in (("--deadline-h", deadline_h), ("--budget", budget_usd)) if v is not None]
     if given and not len(result.candidates):
         raise SpecError(f"{' and '.join(given)} cannot be answered: no layout is priced ("
