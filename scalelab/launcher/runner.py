@@ -144,8 +144,11 @@ def submit(backend: Backend, spec: Spec, *run_dirs: Path) -> None:
                 _try_write(lambda d=run_dir, e=exc: record_state(d, state, str(e) or repr(e)))  # keep the first error
         raise
     rate = fleet_rate(spec)  # `launch ls` shows the cost so far from it
+    extra = {"usd_per_hour": rate} if rate is not None else {}
+    if spec.steps is not None:  # what a later `launch resume` compares spec.json's steps with
+        extra["launched_steps"] = spec.steps
     for run_dir in run_dirs:  # error records older than `launched` belong to an earlier launch
-        update_state(run_dir, launched=launched, **({"usd_per_hour": rate} if rate is not None else {}))
+        update_state(run_dir, launched=launched, **extra)
 
 
 # ---- the one interruption path ---------------------------------------------------------------------
@@ -220,20 +223,30 @@ def cancel(backend: Backend, run_dir: Path, detail: str = "cancelled", state: st
 
     The status returned carries what the backend checked ("stopped 3 processes; none left") when it says.
     The ranks are stopped even when launch.json cannot be written (a full or read-only disk): the
-    write's error is raised after, saying that the run was stopped all the same.
+    write's error is raised after, saying that the run was stopped all the same. A run that had ended
+    already is left as recorded (`_ended_already`): nothing was running, so nothing needs writing.
     """
-    ended_before = read_state(run_dir).get("state") in TERMINAL
+    if read_state(run_dir).get("state") in TERMINAL:
+        return _ended_already(backend, run_dir)
     unrecorded = _try_write(lambda: record_state(run_dir, state, detail))
     checked = backend.cancel(run_dir)  # also for a run that ended: it frees whatever may be left
     fields = {"stopped": checked} if checked else {}
-    if not ended_before:
-        fields["ended"] = time.time()  # when it had stopped, not when it was asked to
+    fields["ended"] = time.time()  # when it had stopped, not when it was asked to
     unrecorded = unrecorded or _try_write(lambda: update_state(run_dir, **fields))
     if unrecorded:
         raise WriteError(f"run {run_dir} was stopped ({checked or state}), but its state could not be recorded: "
                          f"{unrecorded}")
     info = read_state(run_dir)
     return RunStatus(info.get("state", state), checked or info.get("detail", ""))
+
+
+def _ended_already(backend: Backend, run_dir: Path) -> RunStatus:
+    """`launch cancel` of a run recorded as ended: its backend still frees whatever may be left (a stray
+    process, a cloud resource), but launch.json keeps how the run ended and is not written, so that a
+    completed run in a read-only runs directory is no error."""
+    checked = backend.cancel(run_dir)
+    info = read_state(run_dir)
+    return RunStatus(info.get("state", UNKNOWN), "it had ended already; nothing to stop" + (f" ({checked})" if checked else ""))
 
 
 def _try_write(write: Callable[[], object]) -> WriteError | None:
@@ -366,21 +379,74 @@ def _messages(records) -> list[str]:
 
 def nothing_to_resume(run_dir: Path, spec: Spec) -> str:
     """Why `launch resume` of RUN_DIR has nothing to do ('' when it has): the run is recorded COMPLETED
-    and its spec asks for no step beyond those it ran. Why before anything: resuming it started the ranks
-    only to stop them, and anything failing on the way (a damaged checkpoint) recorded the finished run
-    FAILED. A spec whose `steps` were raised since (spec.json edited) resumes, its checkpoint read here
-    first, so that an unreadable one is refused before the run's state or files change."""
+    and its spec asks for no step beyond those it was launched for. Why before anything: resuming it
+    started the ranks only to stop them, and anything failing on the way (a damaged checkpoint) recorded
+    the finished run FAILED; a run that stopped at its loss threshold, or whose records cannot be read,
+    was run again from its first step. A spec whose `steps` were raised since (spec.json edited) resumes,
+    its checkpoint read here first, so that an unreadable or missing one is refused before the run's
+    state or files change."""
     if run_state(run_dir) != COMPLETED:
         return ""
-    done = max((r.last_step or 0 for r in rank_ends(run_dir, None)), default=0)
-    if spec.steps is not None and spec.epochs is None and spec.steps > done:
-        from scalelab.train.checkpoint import read_checkpoint
-
-        read_checkpoint(run_dir)  # CheckpointError, one line, before anything is written
+    step, reason = completed_end(run_dir)
+    if spec.own_code:  # the script decides its own length: a resume would only run it again, from its start
+        ended = _how_it_ended(step, reason) if reason == "threshold" else f"{spec.script_label} ran to its end"
+        return (f"run {run_dir} is COMPLETED already ({ended}); nothing to resume, nothing "
+                f"changed: `launch report {run_dir}` reports it. Its script decides its own length: to train "
+                f"longer, run it again with its own arguments (`launch run {'--script' if spec.script else '--module'} "
+                f"{spec.script_label} ... -- ARGS`), a new run")
+    if _steps_raised(run_dir, spec, step, reason):
+        _checkpoint_to_continue(run_dir, step)
         return ""
-    return (f"run {run_dir} is COMPLETED already ({done} steps ran); nothing to resume, nothing changed: "
-            f"`launch report {run_dir}` reports it; to train it longer, raise `steps` in its spec.json, then "
-            f"`launch resume {run_dir}`")
+    return (f"run {run_dir} is COMPLETED already ({_how_it_ended(step, reason)}); nothing to resume, nothing "
+            f"changed: `launch report {run_dir}` reports it" + ("" if reason == "threshold" else
+            f"; to train it longer, raise `steps` in its spec.json, then `launch resume {run_dir}`"))
+
+
+def completed_end(run_dir: Path) -> tuple[int, str]:
+    """(last step, why it ended: steps, epochs, threshold, completed) of a COMPLETED run, from rank 0's
+    records of its last launch. Read strictly: a damaged or missing rank-0.jsonl is one error naming it,
+    never 0 steps done (which resumed the finished run from its first step)."""
+    from scalelab.core.records import read_records
+
+    path = RunPaths(run_dir).records / "rank-0.jsonl"
+    try:
+        ends = [r for r in read_records(path, []) if r.get("kind") == "event" and r.get("event") == "end"]
+    except (ScalelabError, OSError) as exc:
+        ends, problem = [], str(exc)
+    else:
+        problem = "it holds no `end` record of the run"
+    if not ends or not isinstance(ends[-1].get("step"), int):
+        raise ScalelabError(f"run {run_dir} is COMPLETED, but its records {path} are damaged ({problem}): how "
+                            "far it ran cannot be told, so nothing was resumed (it would run every step again); "
+                            "restore that file, or start a new run")
+    return ends[-1]["step"], str(ends[-1].get("reason") or "")
+
+
+def _how_it_ended(step: int, reason: str) -> str:
+    return f"threshold reached at step {step}" if reason == "threshold" else f"{step} steps ran"
+
+
+def _steps_raised(run_dir: Path, spec: Spec, step: int, reason: str) -> bool:
+    """Whether spec.json asks for more steps than the run was launched for (`launched_steps` in launch.json,
+    recorded by `submit`). A run launched before that record: more than it ran, unless it stopped at its
+    loss threshold (it ran fewer than asked, and that was its end)."""
+    if spec.steps is None or spec.epochs is not None:
+        return False
+    asked = read_state(run_dir).get("launched_steps")
+    if isinstance(asked, int) and not isinstance(asked, bool):
+        return spec.steps > asked
+    return reason != "threshold" and spec.steps > step
+
+
+def _checkpoint_to_continue(run_dir: Path, step: int) -> None:
+    """Refuse (one line, before anything is written) a resume of a completed run that has no readable
+    checkpoint: its ranks would start again from step 1 and append a second run to its records."""
+    from scalelab.train.checkpoint import read_checkpoint
+
+    if read_checkpoint(run_dir) is None:  # CheckpointError, one line, when it is damaged
+        raise ScalelabError(f"run {run_dir} is COMPLETED ({step} steps ran) and has no checkpoint to continue "
+                            "from (it ran without --checkpoint-every), so raising its `steps` cannot train it "
+                            "longer; start a new run with the steps you want")
 
 
 def resume_hint(run_dir: Path) -> str:
