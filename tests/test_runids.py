@@ -73,3 +73,63 @@ def test_status_alone_shows_the_newest_and_ls_shows_every_one(tmp_path):
     assert sorted(row["name"] for row in json.loads(listed.stdout)) == sorted(SWEEPS)
     empty = launch("status", cwd=tmp_path, env={"SCALELAB_RUNS_DIR": str(tmp_path / "none")})
     assert empty.returncode == 2 and empty.stderr.count("launch: error:") == 1 and "no runs under" in empty.stderr
+
+
+# ---- one rule for where runs live: --runs-dir, else $SCALELAB_RUNS_DIR, else a config file's, else ./runs ----
+
+
+def _one_sweep(root, name):
+    sweep = root / name / "1x1"
+    sweep.mkdir(parents=True)
+    save_spec(Spec(model="nmt-tiny").validate(), sweep)
+    (root / name / "sweep.json").write_text(json.dumps({"runs": ["1x1"], "layouts": [[1, 1]]}))
+    return root
+
+
+def test_run_ls_and_the_short_ids_of_status_logs_cancel_resume_use_one_runs_directory(tmp_path):
+    """Before: `launch run` and `ls` ignored $SCALELAB_RUNS_DIR (runs went to ./runs) while short ids were
+    looked up under it, and status/logs/cancel/resume had no --runs-dir."""
+    env_dir = tmp_path / "by-env"
+    env = {"SCALELAB_RUNS_DIR": str(env_dir)}
+    made = launch("run", "--model", "nmt-tiny", "--engine", "single", "--data", "task", "--steps", "30",
+                  "--val-every", "2", "--val-batches", "1", "--loss-threshold", "100", "--name", "envrun", "-y",
+                  cwd=tmp_path, env=env)
+    assert made.returncode == 0, made.stderr[-3000:]
+    assert not (tmp_path / "runs").exists()
+    (run,) = env_dir.iterdir()
+    listed = launch("ls", "--format", "json", cwd=tmp_path, env=env)
+    assert listed.returncode == 0 and [r["name"] for r in json.loads(listed.stdout)] == [run.name], listed.stderr
+    for command in (["status"], ["logs"], ["cancel"], ["resume"]):
+        done = launch(*command, "envrun", "--runs-dir", str(env_dir), cwd=tmp_path)  # the flag, no variable
+        assert done.returncode == 0 and str(run) in done.stdout, (command, done.stdout, done.stderr)
+    newest = launch("status", "--runs-dir", str(env_dir), "--format", "json", cwd=tmp_path)
+    assert newest.returncode == 0 and json.loads(newest.stdout)["name"] == run.name, newest.stderr
+
+
+@pytest.mark.parametrize("command", ["status", "logs", "cancel", "resume"])
+def test_an_id_that_matches_no_run_names_the_directory_searched(tmp_path, command):
+    """Before: "nosuchrun is not a run directory: nosuchrun/spec.json is missing"."""
+    root = _one_sweep(tmp_path / "somewhere", "sweep-x-20261127-0900")
+    done = launch(command, "nosuchrun", "--runs-dir", str(root), cwd=tmp_path)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    said = " ".join(done.stderr.split())
+    assert done.stderr.count("launch: error:") == 1
+    assert f"no run matches 'nosuchrun' under {root} (`launch ls --runs-dir {root}` lists them)" in said, said
+
+
+def test_the_flag_wins_over_the_variable_which_wins_over_a_config_file(tmp_path):
+    roots = {where: _one_sweep(tmp_path / where, f"sweep-{where}-20261127-0900")
+             for where in ("flag", "env", "config", "runs")}
+    config = tmp_path / "config.yaml"
+    config.write_text(f"runs-dir: {roots['config']}\n")
+
+    def newest(*args, **env):
+        done = launch("status", *args, "--format", "json", cwd=tmp_path, env=env)
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)["name"].split("-")[1]
+
+    assert newest() == "runs"  # ./runs of the working directory
+    assert newest(SCALELAB_CONFIG=str(config)) == "config"
+    assert newest(SCALELAB_CONFIG=str(config), SCALELAB_RUNS_DIR=str(roots["env"])) == "env"
+    assert newest("--runs-dir", str(roots["flag"]), SCALELAB_CONFIG=str(config),
+                  SCALELAB_RUNS_DIR=str(roots["env"])) == "flag"

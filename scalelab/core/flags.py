@@ -13,6 +13,8 @@ Two kinds of flag, one table each:
   None, so a flag not given leaves the spec file's value or the field's default: a command without a
   spec file reads its values through `spec_from_flags`, which fills in the field's default;
 - the options that are no spec field (`COMMON`: --model-arg, --backend-opt, --runs-dir, --dry-run, --spec).
+  --runs-dir follows one rule everywhere (`runids.runs_root`: the flag, else $SCALELAB_RUNS_DIR, else a config
+  file's runs-dir, else ./runs); the commands that look runs up there take it from `runs_dir_lookup_option`.
 
 A command takes its flags by name with `shared_flags("--model", "--engine", ...)`; it may make one that has
 no default required (`required=("--batch-per-worker",)`), never give it another default or help.
@@ -28,6 +30,7 @@ import click
 from scalelab.core.checks import InputFile, OutputDir
 from scalelab.core.options import Flag, coerce_path, option_flags
 from scalelab.core.rundir import DEFAULT_RUNS_ROOT
+from scalelab.core.runids import RUNS_DIR_ENV, runs_dir_callback
 from scalelab.core.spec import DATA_KINDS, Spec, check_preset
 
 SPEC_FLAGS: list[Flag] = option_flags(Spec)
@@ -68,12 +71,23 @@ COMMON: dict[str, tuple[str, Callable[[], dict[str, Any]]]] = {
         "multiple": True, "metavar": "KEY=VALUE",
         "help": "Backend option (repeatable); unknown ones are listed with the valid ones."}),
     "--runs-dir": ("runs_dir", lambda: {
-        "type": OutputDir("--runs-dir"), "default": str(DEFAULT_RUNS_ROOT), "show_default": True,
-        "help": "Where run directories are created."}),
+        "type": OutputDir("--runs-dir"), "default": None, "callback": runs_dir_callback,
+        "help": f"Where run directories are created [default: ${RUNS_DIR_ENV}, else {DEFAULT_RUNS_ROOT}]."}),
     "--dry-run": ("dry_run", lambda: {
         "is_flag": True, "help": "Print exactly what would be started (job script, manifest or command) and "
                                  "start nothing; run and sweep also say on stderr what it would cost."}),
 }
+
+
+def runs_dir_lookup_option() -> Callable:
+    """--runs-dir of the commands that find runs there (ls, status, logs, cancel, resume): the directory short
+    ids and the newest run are looked up in, by the rule `--runs-dir` of `launch run` creates them by
+    (`runids.runs_root`). Eager, so that it is read before RUN_DIR, whose short id it resolves; not
+    created or checked for writing, as nothing is made there."""
+    return click.option("--runs-dir", "runs_dir", type=click.Path(file_okay=False), default=None, is_eager=True,
+                        callback=runs_dir_callback,
+                        help=f"Where runs are looked up (short ids, the newest run) [default: ${RUNS_DIR_ENV}, "
+                             f"else {DEFAULT_RUNS_ROOT}].")
 
 
 def spec_flag_option(flag: Flag, required: bool = False) -> Callable:

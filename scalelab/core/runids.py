@@ -4,9 +4,11 @@ Why: run directories are named `MODEL-ENGINE-LAYOUT-DATE-TIME` under `runs/`, an
 `launch logs runs/nmt-small-ddp-1x2-20261126-151022 -f` from a second terminal is the friction that
 made users not follow detached runs at all. `launch logs 151022 -f` (a suffix) or `launch status
 nmt-small-ddp` (a prefix, when only one run starts so) name the same directory, as `docker` and
-`sky` accept short ids. A path that exists always wins; an id matching several directories (the layout
-`1x2` of several sweeps) is one error that lists them newest first, never a guess; `launch status` with no
-id shows the newest run, `launch ls` every one.
+`sky` accept short ids. Ids are looked up in the one runs directory every command agrees on
+(`runs_root`: --runs-dir, else $SCALELAB_RUNS_DIR, else a config file's runs-dir, else ./runs). A path
+that exists always wins; an id matching several directories (the layout `1x2` of several sweeps) is one
+error that lists them newest first, never a guess; an id matching none names the directory searched;
+`launch status` with no id shows the newest run, `launch ls` every one.
 """
 
 from __future__ import annotations
@@ -19,14 +21,33 @@ import click
 from scalelab.core.errors import ScalelabError
 from scalelab.core.rundir import DEFAULT_RUNS_ROOT, STUDY_FILE, SWEEP_FILE
 
-# Where short ids are looked up: $SCALELAB_RUNS_DIR, else `runs/` (the default --runs-dir).
+# Where runs live, one rule for every command (`runs_root`): --runs-dir, else $SCALELAB_RUNS_DIR, else a config
+# file's `runs-dir`, else ./runs.
 RUNS_DIR_ENV = "SCALELAB_RUNS_DIR"
+RUNS_DIR_RULE = f"--runs-dir, else ${RUNS_DIR_ENV}, else a config file's runs-dir, else ./runs"
 SHOWN = 6  # matches named in the error for an ambiguous id
 
 
-def runs_root() -> Path:
-    """The directory short ids are looked up in."""
-    return Path(os.environ.get(RUNS_DIR_ENV) or DEFAULT_RUNS_ROOT)
+def runs_root(given: str | Path | None = None, configured: str | Path | None = None) -> Path:
+    """The runs directory: `given` (--runs-dir on the command line), else $SCALELAB_RUNS_DIR, else
+    `configured` (a config file's runs-dir), else ./runs. Why one function: `launch run` created runs
+    under ./runs while `launch status` looked up short ids under $SCALELAB_RUNS_DIR, so a run just
+    started could not be named by its id."""
+    for choice in (given, os.environ.get(RUNS_DIR_ENV), configured):
+        if choice is not None and str(choice).strip():
+            return Path(choice)
+    return DEFAULT_RUNS_ROOT
+
+
+def runs_dir_callback(ctx: click.Context, param: click.Parameter, value: str | None) -> str:
+    """The --runs-dir option's value as `runs_root` decides it: a flag given wins, the environment comes
+    before a config file's default (click hands both in as the option's default)."""
+    from click.core import ParameterSource
+
+    source = ctx.get_parameter_source(param.name) if param.name else None
+    if source in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT, ParameterSource.PROMPT):
+        return str(runs_root(value))
+    return str(runs_root(configured=value if source == ParameterSource.DEFAULT_MAP else None))
 
 
 def _candidates(root: Path) -> list[Path]:
@@ -78,8 +99,8 @@ def newest_run_dir(root: Path | None = None) -> Path:
     top = [p for p in _candidates(root) if p.parent == root
            and any((p / marker).exists() for marker in ("spec.json", SWEEP_FILE, STUDY_FILE))]
     if not top:
-        raise ScalelabError(f"no runs under {root} (${RUNS_DIR_ENV} or runs/ of this directory): give RUN_DIR, "
-                            "or start one with `launch run`")
+        raise ScalelabError(f"no runs under {root} ({RUNS_DIR_RULE}): give RUN_DIR, or start one with "
+                            "`launch run`")
     return _newest_first(top)[0]
 
 
@@ -90,5 +111,11 @@ class RunDir(click.ParamType):
 
     def convert(self, value, param, ctx):  # type: ignore[no-untyped-def]
         command = ctx.command_path if ctx is not None else "launch status"
+        given = ctx.params.get("runs_dir") if ctx is not None else None  # --runs-dir: eager, read before
+        root = runs_root(given)
         # an ambiguous id: ScalelabError, one line like every user error
-        return resolve_run_dir(str(value), command=command)
+        found = resolve_run_dir(str(value), root, command=command)
+        if found == str(value) and found and not Path(found).exists() and os.sep not in found:
+            raise ScalelabError(f"no run matches {found!r} under {root} (`launch ls --runs-dir {root}` lists "
+                                "them)")
+        return found

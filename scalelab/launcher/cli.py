@@ -27,11 +27,18 @@ from rich.markup import escape
 
 from scalelab.core.checks import InputFile, OutputDir
 from scalelab.core.errors import ScalelabError, SpecError
-from scalelab.core.flags import SPEC_FLAGS, DataFlag, shared_flags, spec_flag_option, spec_flag_values  # noqa: F401
+from scalelab.core.flags import (  # noqa: F401
+    SPEC_FLAGS,
+    DataFlag,
+    runs_dir_lookup_option,
+    shared_flags,
+    spec_flag_option,
+    spec_flag_values,
+)
 from scalelab.core.options import Flag, parse_pairs  # noqa: F401  (prep imports it here)
 from scalelab.core.presets import model_overrides
 from scalelab.core.runids import RunDir
-from scalelab.core.rundir import ACTIVE, DEFAULT_RUNS_ROOT, discard_unlaunched, dryrun_dir, is_sweep, new_run_dir
+from scalelab.core.rundir import ACTIVE, discard_unlaunched, dryrun_dir, is_sweep, new_run_dir
 from scalelab.core.spec import (
     BATCH_MODES,
     SCALING_AXES,
@@ -459,12 +466,13 @@ def print_summary(run_dir: Path, summary) -> None:
 
 @main.command("resume")
 @click.argument("run_dir", type=RunDir())
+@runs_dir_lookup_option()
 @click.option("--detach", is_flag=True, help=DETACH_HELP)
 @click.option("--allow-changed", "allow_changed", multiple=True, metavar="FIELD",
               help="Go on although spec.json changes FIELD (lr, optimizer, model_args, global_batch, precision, "
                    "data, ...) since the run last ran; the change is recorded and `launch report` says from which "
                    "step. Repeatable. Without it such a change is refused, naming each field.")
-def resume_cmd(run_dir: str, detach: bool, allow_changed: tuple[str, ...]) -> None:
+def resume_cmd(run_dir: str, runs_dir: str, detach: bool, allow_changed: tuple[str, ...]) -> None:
     """Continue RUN_DIR from its last checkpoint with the spec it was started with.
 
     A sweep directory: its layouts that did not complete are continued (from their checkpoints) or
@@ -810,8 +818,7 @@ def print_rows(rows: list[dict[str, Any]], fmt: str, title: str | None = None) -
 
 
 @main.command("ls")
-@click.option("--runs-dir", type=click.Path(file_okay=False), default=str(DEFAULT_RUNS_ROOT), show_default=True,
-              help="Where run directories are.")
+@runs_dir_lookup_option()
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
 def ls_cmd(runs_dir: str, fmt: str) -> None:
     """Runs, sweeps and studies under the runs directory, newest first: backend, layout, state (asked of
@@ -827,12 +834,14 @@ def ls_cmd(runs_dir: str, fmt: str) -> None:
 
 @main.command("status")
 @click.argument("run_dir", type=RunDir(), required=False)
+@runs_dir_lookup_option()
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
-def status_cmd(run_dir: str | None, fmt: str) -> None:
+def status_cmd(run_dir: str | None, runs_dir: str, fmt: str) -> None:
     """State of a run (RUNNING, COMPLETED, FAILED, CANCELLED) as its backend reports it, where it is (step
     of total, last loss, words/s, ETA) and its owner; of a sweep or study, every layout. RUN_DIR may be a
-    short id (a unique prefix or suffix of its name under runs/; one that matches several runs is refused,
-    listing them); without it, the newest run, sweep or study under runs/ (`launch ls` lists them all).
+    short id (a unique prefix or suffix of its name under the runs directory; one that matches several
+    runs is refused, listing them); without it, the newest run, sweep or study there (`launch ls` lists
+    them all).
 
     A run that ended with no launcher following it (--detach, or its launcher was killed) gets its end
     recorded now, and its summary when it completed.
@@ -840,7 +849,7 @@ def status_cmd(run_dir: str | None, fmt: str) -> None:
     from scalelab.core.runids import newest_run_dir
     from scalelab.launcher.inventory import describe, kind_of
 
-    run_dir = run_dir if run_dir is not None else str(newest_run_dir())
+    run_dir = run_dir if run_dir is not None else str(newest_run_dir(Path(runs_dir)))
     if fmt == "json" or kind_of(Path(run_dir)) in ("sweep", "study"):
         row = describe(Path(run_dir))
         if fmt == "json":
@@ -883,15 +892,16 @@ def _run_status(run_dir: str) -> None:
 
 @main.command("logs")
 @click.argument("run_dir", type=RunDir())
+@runs_dir_lookup_option()
 @click.option("--rank", type=int, help="Only this rank: its log lines and its records (step, loss, phase times, "
               "validation, events), streamed with -f.")
 @click.option("--follow", "-f", is_flag=True,
               help="Keep printing new lines and the run's progress until it ends (Ctrl-C stops following only).")
-def logs_cmd(run_dir: str, rank: int | None, follow: bool) -> None:
+def logs_cmd(run_dir: str, runs_dir: str, rank: int | None, follow: bool) -> None:
     """Print the logs of a run (launcher and ranks) and where it is: step of total, loss, words/s and ETA
     from its records, so a run started with --detach, or on another backend, can be followed from any
     terminal (`launch logs RUN -f` until it ends). RUN_DIR may be a short id: a unique prefix or suffix
-    of the run directory's name under runs/ ($SCALELAB_RUNS_DIR)."""
+    of the run directory's name under the runs directory."""
     from scalelab.launcher.inventory import RankLines
     from scalelab.launcher.inventory import follow as follow_logs
     from scalelab.launcher.progress import watch_run
@@ -935,7 +945,8 @@ def logs_cmd(run_dir: str, rank: int | None, follow: bool) -> None:
 
 @main.command("cancel")
 @click.argument("run_dir", type=RunDir())
-def cancel_cmd(run_dir: str) -> None:
+@runs_dir_lookup_option()
+def cancel_cmd(run_dir: str, runs_dir: str) -> None:
     """Stop a run: ranks get SIGTERM (they checkpoint and exit), then SIGKILL after a grace period; then
     check that none of its processes is left. A sweep directory: every layout not ended."""
     from scalelab.core.rundir import TERMINAL, run_state, sweep_runs
