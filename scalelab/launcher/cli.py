@@ -223,9 +223,12 @@ def main(ctx: click.Context) -> None:
 
     \b
     Start here:
-      launch --model nmt-tiny --engine horovod --gpus-per-node 2     one run, local processes
-      launch sweep --model nmt-tiny --workers 1,2                    a strong-scaling sweep
-      launch report runs/sweep-*                                     speedup / efficiency table
+      one run, local processes:
+        launch --model nmt-tiny --engine horovod --gpus-per-node 2
+      a strong-scaling sweep:
+        launch sweep --model nmt-tiny --workers 1,2
+      its speedup / efficiency table:
+        launch report runs/sweep-*
 
     `launch` with options and no command is `launch run`. See `launch run --help` for every option.
     """
