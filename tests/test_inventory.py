@@ -139,3 +139,26 @@ def test_ctrl_c_stops_following_only():
     out = []
     follow(read, lambda: True, out.append, poll_s=0)
     assert "stopped following" in "".join(out)
+
+
+def test_ls_shows_a_run_whose_summary_is_damaged_from_its_records(tmp_path):
+    """Before: UNREADABLE with every column '—', while status, logs and report read the same run. Now its
+    state and figures come from launch.json and its records, with a note that its summary is damaged."""
+    from tests.conftest import launch
+
+    runs = tmp_path / "runs"
+    made = launch("run", "--model", "nmt-tiny", "--engine", "single", "--data", "task", "--steps", "30",
+                  "--val-every", "2", "--val-batches", "1", "--loss-threshold", "100", "--name", "thr", "-y",
+                  "--runs-dir", str(runs), cwd=tmp_path)
+    assert made.returncode == 0, made.stderr[-3000:]
+    (run,) = runs.iterdir()
+    (run / "summary.json").write_bytes(b"\x8f\xff\x00" + bytes(range(256)))
+    listed = launch("ls", "--runs-dir", str(runs), "--format", "json", cwd=tmp_path)
+    assert listed.returncode == 0, listed.stderr
+    (row,) = json.loads(listed.stdout)
+    assert row["state"] == "COMPLETED" and row["steps"] == 2 and row["total_steps"] == 30, row
+    assert row["loss"] is not None and row["age_s"] is not None and "error" not in row, row
+    assert "its summary is damaged" in row["note"] and "summary.json" in row["note"], row
+    table = launch("ls", "--runs-dir", str(runs), cwd=tmp_path)
+    assert table.returncode == 0 and "COMPLETED" in table.stdout and "UNREADABLE" not in table.stdout, table.stdout
+    assert "its summary is damaged" in " ".join(table.stdout.split())

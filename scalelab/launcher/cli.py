@@ -833,6 +833,9 @@ def ls_cmd(runs_dir: str, fmt: str) -> None:
         console.print(f"no runs under {runs_dir}", highlight=False)
         return
     print_rows(rows, fmt)
+    for row in rows if fmt == "table" else []:  # a damaged summary.json: the row's figures are its records'
+        if row.get("note"):
+            console.print(f"note: {escape(row['name'])}: {escape(row['note'])}", highlight=False)
 
 
 @main.command("status")

@@ -126,16 +126,29 @@ def _cost_so_far(usd_per_hour: float, seconds: float) -> float:
 
 def _progress(run_dir: Path, state: str) -> dict[str, Any]:
     """steps, total_steps, loss, words_per_s (in `unit`: words, or a --script run's own), eta_s: a completed run's from its summary, any other's from
-    its records (a run that is training, or one that stopped: where it stopped)."""
+    its records (a run that is training, or one that stopped: where it stopped; a completed one whose summary.json
+    is damaged, with a note saying so: status, logs and report read such a run, so ls shows it too)."""
+    paths = RunPaths(run_dir)
+    note: dict[str, Any] = {}
+    if state not in ACTIVE and paths.summary.exists():
+        try:
+            summary = read_json(paths.summary, "summary", dict)
+        except ScalelabError as exc:  # its records still say where it ended, as status, logs and report read them
+            note = {"note": f"its summary is damaged ({exc}); figures from its records"}
+        else:
+            steps = summary.get("steps_measured")
+            steps = steps + summary.get("steps_warmup", 0) if steps is not None else None
+            return {"steps": steps, "total_steps": read_spec(run_dir).steps, "loss": summary.get("final_loss"),
+                    "words_per_s": summary.get("words_per_s"), "unit": summary.get("unit") or "words", "eta_s": None}
+    return {**_from_records(run_dir, state), **note}
+
+
+def _from_records(run_dir: Path, state: str) -> dict[str, Any]:
+    """The progress columns from the run's records as they are: a run that is training, one that stopped
+    (where it stopped), or a completed one whose summary.json cannot be read."""
     from scalelab.launcher.progress import snapshot_of
 
     paths = RunPaths(run_dir)
-    if state not in ACTIVE and paths.summary.exists():
-        summary = read_json(paths.summary, "summary", dict)
-        steps = summary.get("steps_measured")
-        steps = steps + summary.get("steps_warmup", 0) if steps is not None else None
-        return {"steps": steps, "total_steps": read_spec(run_dir).steps, "loss": summary.get("final_loss"),
-                "words_per_s": summary.get("words_per_s"), "unit": summary.get("unit") or "words", "eta_s": None}
     snap = snapshot_of(run_dir) if paths.records.exists() else None
     if snap is None:
         return {"steps": None, "total_steps": read_spec(run_dir).steps, "loss": None, "words_per_s": None,
