@@ -11,7 +11,7 @@ import pytest
 from scalelab.core.errors import ScalelabError
 from scalelab.core.runids import newest_run_dir, resolve_run_dir
 from scalelab.core.spec import Spec, save_spec
-from tests.conftest import launch
+from tests.conftest import ROOT, launch
 
 # three sweeps, oldest first (their spec files' times say so, not their names)
 SWEEPS = ("sweep-b-20261127-0900", "sweep-a-20261127-1000", "sweep-c-20261127-1100")
@@ -133,3 +133,15 @@ def test_the_flag_wins_over_the_variable_which_wins_over_a_config_file(tmp_path)
     assert newest(SCALELAB_CONFIG=str(config), SCALELAB_RUNS_DIR=str(roots["env"])) == "env"
     assert newest("--runs-dir", str(roots["flag"]), SCALELAB_CONFIG=str(config),
                   SCALELAB_RUNS_DIR=str(roots["env"])) == "flag"
+
+
+def test_a_study_follows_the_same_runs_directory_rule(tmp_path):
+    """`launch study` declared its own --runs-dir (default runs) and ignored $SCALELAB_RUNS_DIR."""
+    study = str(ROOT / "examples" / "seed004-sentiment.yaml")
+    env_dir = tmp_path / "by-env"
+    shown = launch("study", study, "--scale", "test", "--dry-run", cwd=tmp_path,
+                   env={"SCALELAB_RUNS_DIR": str(env_dir)})
+    assert shown.returncode == 0 and f"{env_dir}/study-" in shown.stdout, shown.stderr[-2000:]
+    flag = launch("study", study, "--scale", "test", "--dry-run", "--runs-dir", str(tmp_path / "flag"), cwd=tmp_path,
+                  env={"SCALELAB_RUNS_DIR": str(env_dir)})
+    assert f"{tmp_path / 'flag'}/study-" in flag.stdout and str(env_dir) not in flag.stdout
