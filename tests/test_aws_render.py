@@ -18,6 +18,7 @@ from scalelab.aws.bootstrap import trainer_command
 from scalelab.aws.options import AwsOptions
 from scalelab.aws.render import DEFAULT_AMI, TAG_RUN, all_calls, make_plan, user_data
 from scalelab.core.errors import SpecError
+from scalelab.core.launch import TORCHRUN_PREFIX, TORCHRUN_PREFIX_ENV
 from scalelab.core.spec import EngineSpec, Spec
 from scalelab.costs.catalog import builtin_catalog
 from tests.conftest import assert_golden
@@ -180,7 +181,7 @@ def test_trainer_commands():
     assert trainer_command(horovod, "py", Path("/w/r"), hosts, 1) is None  # the leader starts its ranks
     ddp = trainer_command(Spec(nodes=2, gpus_per_node=2, batch_per_worker=8), "py", Path("/w/r"), hosts, 1)
     assert "--node-rank=1" in ddp.argv and "--master-addr=10.0.0.1" in ddp.argv and "--nproc-per-node=2" in ddp.argv
-    assert ddp.argv[-3:] == ["-m", "scalelab.train", "/w/r"] and ddp.env == {}
+    assert ddp.argv[-3:] == ["-m", "scalelab.train", "/w/r"] and ddp.env == {TORCHRUN_PREFIX_ENV: TORCHRUN_PREFIX}
 
 
 def test_unknown_backend_option_lists_valid_ones():

@@ -132,12 +132,21 @@ def _arg(flag: str, value: object) -> str:
     return NodeVar(f"{flag}={value}") if isinstance(value, NodeVar) else f"{flag}={value}"
 
 
+# torchrun's prefix of each line of a rank's output (`--tee=3` tags them; this template makes the tag the
+# *global* rank, `[rank1]:`, where torchrun's own default, `[default1]:`, is the local rank, the same on every
+# node). torchrun reads it from its environment only (torch 2.13 has no flag for it): `TorchrunStarter.engine_env`.
+# Why: untagged, a DDP rank's output (a script's traceback) was in no rank's `launch logs RUN --rank N`.
+TORCHRUN_PREFIX_ENV = "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"
+TORCHRUN_PREFIX = "[rank${rank}]:"
+
+
 def torchrun_argv(python: str, nodes: int, ranks_per_node: int, node_rank: int | str, master_addr: str,
                   master_port: int | str, program: Sequence[str]) -> list[str]:
-    """One node's torchrun agent: `ranks_per_node` ranks of `python PROGRAM`, static rendezvous on node 0."""
+    """One node's torchrun agent: `ranks_per_node` ranks of `python PROGRAM`, static rendezvous on node 0, each
+    line of their stdout and stderr tagged with the rank (`--tee=3`; the tag: TORCHRUN_PREFIX)."""
     return [python, "-m", "torch.distributed.run", f"--nnodes={nodes}", f"--nproc-per-node={ranks_per_node}",
             _arg("--node-rank", node_rank), _arg("--master-addr", master_addr), f"--master-port={master_port}",
-            *program]
+            "--tee=3", *program]
 
 
 def horovodrun_argv(horovodrun: str | None, python: str, world: int, hosts: Sequence[str], program: Sequence[str],
@@ -231,6 +240,9 @@ class TorchrunStarter(Starter):
         nodes = [site.node_rank] if site.node_rank is not None else range(spec.nodes)
         return [NodeLaunch(node, torchrun_argv(site.python, spec.nodes, spec.ranks_per_node, node, site.master_addr,
                                                site.master_port, program), env) for node in nodes]
+
+    def engine_env(self, spec: Spec) -> dict[str, str]:
+        return {TORCHRUN_PREFIX_ENV: TORCHRUN_PREFIX}  # the agent tags its ranks' lines with their global rank
 
     def rank_env(self, slot: Slot, addr: str, port: str) -> dict[str, str]:
         return dict(RANK=str(slot.rank), WORLD_SIZE=str(slot.world), LOCAL_RANK=str(slot.local),
