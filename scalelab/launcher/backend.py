@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from scalelab.core.launch import starter_of
-from scalelab.core.errors import EngineError, SpecError
+from scalelab.core.errors import EngineError, ScalelabError, SpecError
 from scalelab.core.options import BackendOptions, Flag
 from scalelab.core.records import read_records
 from scalelab.core.rundir import (
@@ -53,6 +53,7 @@ from scalelab.core.rundir import (
 )
 from scalelab.core.spec import BACKEND_NAMES, Spec
 from scalelab.costs.fleet import Fleet
+from scalelab.train.track import CHECKPOINT_DIR
 
 # Set by a second stop signal while the launcher stops its runs (scalelab/launcher/runner.py): a
 # backend that waits for a checkpoint before it stops (aws: the leader saving to S3) stops waiting
@@ -367,6 +368,7 @@ class RankEnd:
     end: dict[str, Any] | None
     errors: list[str]
     stops: list[dict[str, Any]]
+    peer_lost: bool = False  # every error it recorded is a collective failing because a peer was gone
 
 
 def rank_ends(run_dir: Path, since: float | None) -> list[RankEnd]:
@@ -377,10 +379,12 @@ def rank_ends(run_dir: Path, since: float | None) -> list[RankEnd]:
         recs = [r for r in read_records(path, [], tolerant=True) if since is None or float(r.get("time", 0)) >= since]
         if recs:
             steps = [r["step"] for r in recs if r["kind"] == "step"]
+            errors = [r for r in recs if r["kind"] == "error"]
             out.append(RankEnd(int(recs[0].get("rank", 0)), int(recs[0].get("world", 1)), steps[-1] if steps else None,
                                next((r for r in reversed(recs) if r.get("event") == "end"), None),
-                               [str(r.get("message", "")) for r in recs if r["kind"] == "error"],
-                               [r for r in recs if r.get("event") == "interrupted"]))
+                               [str(r.get("message", "")) for r in errors],
+                               [r for r in recs if r.get("event") == "interrupted"],
+                               bool(errors) and all(r.get("peer_lost") for r in errors)))
     return out
 
 
@@ -393,12 +397,13 @@ def ended_by_records(run_dir: Path, since: float | None) -> RunStatus | None:
     ranks = rank_ends(run_dir, since)
     if not ranks:
         return None
-    errors = [e for r in ranks for e in r.errors]
-    if errors:
-        return RunStatus(FAILED, "; ".join(dict.fromkeys(errors)))
-    silent = silent_ranks(run_dir, ranks)
-    if silent:
-        return RunStatus(FAILED, silent)
+    # as the runner's `failure`: a rank's own error, then a rank that went silent or left early, then the
+    # errors of ranks that lost that peer (which blamed Gloo's "Connection reset by peer", not the rank gone)
+    own = [e for r in ranks if not r.peer_lost for e in r.errors]
+    silent = None if own else silent_ranks(run_dir, ranks)
+    errors = own or [e for r in ranks for e in r.errors]
+    if silent or errors:
+        return RunStatus(FAILED, silent or "; ".join(dict.fromkeys(errors)))
     step = ranks[0].end.get("step")
     if any(r.end.get("reason") == "interrupted" for r in ranks):
         return RunStatus(CANCELLED, stop_line(run_dir, ranks))
@@ -424,7 +429,8 @@ def stopped_on_a_signal(run_dir: Path, since: float | None) -> RunStatus | None:
 
 def stop_line(run_dir: Path, ranks: list[RankEnd]) -> str:
     """One line on a run whose ranks stopped on a signal: who got which signal (or why they stopped), the
-    step they stopped at, and what continues it."""
+    step they stopped at, and what continues it: a checkpoint only where one was saved (a script saves its
+    own, or none)."""
     step = max((r.end or {}).get("step") or 0 for r in ranks)
     stops = [(r.rank, s) for r in ranks for s in r.stops]
     cause = next((s["cause"] for _, s in stops if s.get("cause")), None)
@@ -440,8 +446,20 @@ def stop_line(run_dir: Path, ranks: list[RankEnd]) -> str:
                         + f" got {name}" for name, ranks_ in got.items())
     else:
         why = "a stop signal"
-    return (f"{why}, and every rank stopped at step {step} with a checkpoint; `launch resume {run_dir}` "
-            "continues it from there")
+    if has_checkpoint(run_dir):
+        return (f"{why}, and every rank stopped at step {step} with a checkpoint; `launch resume {run_dir}` "
+                "continues it from there")
+    return (f"{why}, and every rank stopped at step {step}; no checkpoint was saved ({run_dir}/{CHECKPOINT_DIR}/ is "
+            f"empty): `launch resume {run_dir}` starts it again with nothing to continue from")
+
+
+def has_checkpoint(run_dir: Path) -> bool:
+    """Whether the run saved something to continue from: the trainer's checkpoint file, or a file in the
+    folder a script saves its own to (`track.checkpoint_dir`, made empty for every script run). Why: a
+    line that promised "continues it from there" over an empty folder sent users to a resume from nothing."""
+    paths = RunPaths(Path(run_dir))
+    folder = paths.root / CHECKPOINT_DIR
+    return paths.checkpoint.is_file() or (folder.is_dir() and any(folder.iterdir()))
 
 
 def _signal_name(number: int) -> str:
@@ -452,15 +470,75 @@ def _signal_name(number: int) -> str:
 
 
 def silent_ranks(run_dir: Path, ranks: list[RankEnd]) -> str | None:
-    """One line on the ranks that ended without an error or an end record (killed, or gone before they
-    started); None when every rank recorded its end."""
+    """One line on the ranks that ended without an error or an end record (killed, exited past the script's
+    runner, or gone before they started), or that left early while the others went on and then lost that
+    peer; None when every rank recorded its end and none left early.
+
+    Why the early leaver counts as silent: a rank that returns (or `sys.exit(0)`s) at step 3 of 10 records
+    a clean end, and the rank still in its next all_reduce records Gloo's "Connection reset by peer": that
+    error is the echo, the rank that left is the cause."""
     world = max((r.world for r in ranks), default=0)
     started = {r.rank: r for r in ranks}
-    said = [f"rank {n} " + (f"after step {started[n].last_step}" if n in started and started[n].last_step
-                            else "before its first step")
-            for n in range(world) if n not in started or (started[n].end is None and not started[n].errors)]
-    return None if not said else (f"{', '.join(said)} stopped with no error and no end record (killed by a signal, or out of memory?); "
-            f"its log: `launch logs {run_dir}`; `launch resume {run_dir}` continues from the last checkpoint")
+    exits = rank_exits(run_dir)
+    said = [_silent(n, started.get(n), exits.get(n)) for n in range(world)
+            if n not in started or (started[n].end is None and not started[n].errors)]
+    left = early_leavers(ranks)
+    if not said and not left:
+        return None
+    where = f"; its log: `launch logs {run_dir}`" + (
+        f"; `launch resume {run_dir}` continues from the last checkpoint" if has_checkpoint(run_dir) else "")
+    return "; ".join(part for part in (", ".join(said), left) if part) + where
+
+
+def _silent(rank: int, seen: RankEnd | None, code: int | None) -> str:
+    """How one rank that recorded no end ended, as far as its exit status tells: a signal only where the
+    status says one (negative, or 128 + N), an exit status where one is known, else a guess said as one."""
+    when = f"after step {seen.last_step}" if seen is not None and seen.last_step else "before its first step"
+    number = -code if code is not None and code < 0 else code - 128 if code is not None and code > 128 else None
+    if number is not None:
+        return f"rank {rank} {when} stopped with no error and no end record (killed by {_signal_name(number)})"
+    if code is not None:
+        return f"rank {rank} exited with status {code} {when} without an end record"
+    return f"rank {rank} {when} stopped with no error and no end record (killed by a signal, or out of memory?)"
+
+
+def early_leavers(ranks: list[RankEnd]) -> str:
+    """'rank 1 left at step 3 with exit status 0 while the other ranks went on; rank 0 then lost its peer' for
+    ranks that ended cleanly (an end record, no error) while others failed because a peer was gone; ''
+    when none did."""
+    lost = [r.rank for r in ranks if r.peer_lost]
+    left = [r for r in ranks if r.end is not None and not r.errors
+            and r.end.get("reason") not in ("failed", "interrupted")] if lost else []
+    if not left:
+        return ""
+    gone = ", ".join(f"rank {r.rank} left at step {r.end.get('step')} with exit status {r.end.get('exit_code', 0)}"
+                     for r in left)
+    who = f"rank {lost[0]} then lost its peer" if len(lost) == 1 else \
+        f"ranks {', '.join(map(str, lost))} then lost their peer"
+    return f"{gone} while the other ranks went on; {who}"
+
+
+def rank_exits(run_dir: Path) -> dict[int, int]:
+    """{rank: exit status} as the backend recorded them in launch.json (`rank_exits`, the local backend: its
+    one process's status, or what torchrun or horovodrun reported of each rank); {} where none is known."""
+    try:
+        said = read_state(Path(run_dir)).get("rank_exits") or {}
+    except ScalelabError:  # no launch.json (records alone, a test), or an unreadable one: none known
+        return {}
+    return {int(rank): int(code) for rank, code in said.items()
+            if str(rank).isdigit() and isinstance(code, int) and not isinstance(code, bool)}
+
+
+# What the agents report of ranks that failed: torchrun's ChildFailedError summary ("rank : 1 (local_rank:
+# 1)" then "exitcode : 5 (pid: N)") and horovodrun's "Process 1 exit with status code 5." lines.
+_TORCHRUN_EXIT = re.compile(r"^\s*rank\s*: (\d+) \(local_rank: \d+\)\n\s*exitcode\s*: (-?\d+)", re.MULTILINE)
+_HOROVOD_EXIT = re.compile(r"^Process (\d+) exit with status code (-?\d+)\.", re.MULTILINE)
+
+
+def reported_exits(text: str) -> dict[int, int]:
+    """{global rank: exit status} of the ranks that torchrun's or horovodrun's output says failed; the
+    agents' own exit status (torchrun's 1) says nothing of which rank exited how."""
+    return {int(rank): int(code) for pattern in (_TORCHRUN_EXIT, _HOROVOD_EXIT) for rank, code in pattern.findall(text)}
 
 
 def check_horovod() -> None:

@@ -27,6 +27,7 @@ import psutil
 
 from scalelab.core.devices import check_gpus
 from scalelab.core.errors import EngineError, ScalelabError, SpecError
+from scalelab.core.engines import PLAIN
 from scalelab.core.launch import Site, launch_plan, payload_comment, starter_of
 from scalelab.core.net import free_port
 from scalelab.core.procs import (
@@ -50,10 +51,11 @@ from scalelab.core.rundir import (
     RunPaths,
     read_state,
     start_state,
+    update_state,
 )
-from scalelab.core.spec import Spec
+from scalelab.core.spec import Spec, read_spec
 from scalelab.core.writes import LinkError, check_inside, open_inside
-from scalelab.launcher.backend import Backend, Request, RunStatus, ended_by_records, log_text
+from scalelab.launcher.backend import Backend, Request, RunStatus, ended_by_records, log_text, reported_exits
 from scalelab.launcher.options import LocalOptions
 
 
@@ -193,11 +195,25 @@ class LocalBackend(Backend):
             codes = [self._returncode(run_dir, pid) for pid in pids]
         if None in codes:
             return RunStatus(RUNNING, f"pids {pids}")
+        self._record_exits(run_dir, codes)
         if all(c == 0 for c in codes):
             return RunStatus(COMPLETED, f"exit codes {codes}")
         # only SIGTERM from outside the launcher (and the nodes stopped after it): cancelled, not failed
         stopped = all(c in (0, 128 + signal.SIGTERM) for c in codes)
         return RunStatus(CANCELLED if stopped else FAILED, f"exit codes {codes}")
+
+    def _record_exits(self, run_dir: Path, codes: list[int] | None = None) -> None:
+        """Each rank's exit status into launch.json (`rank_exits`, read by `backend.silent_ranks`): the one
+        process's own where it is the rank (`codes`: single), else what torchrun or horovodrun printed of each
+        rank. Why: a rank that ends past the script's runner (`os._exit(5)`) writes no end record, and the
+        agent's own status (torchrun's 1) is not the rank's."""
+        try:
+            plain = starter_of(read_spec(run_dir).engine.name).name == PLAIN
+            exits = {0: codes[0]} if plain and codes else reported_exits(self.logs(run_dir))
+            if exits:
+                update_state(run_dir, rank_exits={str(rank): code for rank, code in sorted(exits.items())})
+        except (ScalelabError, OSError, ValueError):  # unreadable spec, planted log, full disk: none recorded
+            return
 
     def _returncode(self, run_dir: Path, pid: int) -> int | None:
         proc = self._procs.get(pid)
@@ -218,6 +234,7 @@ class LocalBackend(Backend):
         live = self._processes(run_dir)
         if live:
             return RunStatus(RUNNING, f"{len(live)} processes: pids {sorted(p.pid for p in live)}")
+        self._record_exits(run_dir)  # no launcher reaped them (detached, or killed): what the agents printed
         return (ended_by_records(run_dir, info.get("launched"))
                 or RunStatus(UNKNOWN, "no process of the run is left and its ranks recorded nothing"))
 
