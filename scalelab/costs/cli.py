@@ -95,8 +95,9 @@ def _rich_table(title: str, df: pd.DataFrame, fmt: dict[str, Any], width: int | 
     next line after a hyphen, as `launch ls` breaks them, instead of being cut anywhere by rich."""
     rows = [[_cell(r[col], fmt.get(col), col in fmt) for col in df.columns] for _, r in df.iterrows()]
     width = width or console.width
-    room = _first_column_room(df.columns, rows, width)  # a long run name broken after a hyphen makes it fit
-    boxed = room > 0 or _natural_width(df.columns, rows) <= width
+    natural = _natural_widths(df.columns, rows) if rows else []
+    room = _first_column_room(natural, width)  # a long run name broken after a hyphen makes it fit
+    boxed = room > 0 or _boxed_width(natural) <= width
     # too wide for a box (the plan's candidates at 80 columns were cut at the right edge): columns apart
     # by two spaces under a rule, as `kubectl get` and `squeue` print them
     t = (Table(title=title or None, header_style="bold") if boxed else
@@ -118,24 +119,23 @@ def _cell(v: Any, spec: Any, numeric: bool) -> str:
     return format(float(v), spec) if numeric else str(v)
 
 
-def _natural_width(columns: Any, rows: list[list[str]]) -> int:
-    """The width of a boxed table whose cells are never wrapped: 3 columns per cell of padding and rule,
-    and one more."""
-    natural = [max([max((len(w) for w in str(h).split()), default=0)] + [len(r[i]) for r in rows])
-               for i, h in enumerate(columns)]
+def _natural_widths(columns: Any, rows: list[list[str]]) -> list[int]:
+    """Each column's width with no cell wrapped (a header at least as wide as its longest word)."""
+    return [max([max((len(w) for w in str(h).split()), default=0)] + [len(r[i]) for r in rows])
+            for i, h in enumerate(columns)]
+
+
+def _boxed_width(natural: list[int]) -> int:
+    """A boxed table's width: 3 columns per cell of padding and rule, and one more."""
     return sum(natural) + 3 * len(natural) + 1
 
 
-def _first_column_room(columns: Any, rows: list[list[str]], width: int) -> int:
+def _first_column_room(natural: list[int], width: int) -> int:
     """The first column's width where the table needs it narrower than its names to fit `width`, else 0
-    (nothing to break). A boxed table has 3 columns per cell of padding and rule, and one more."""
-    if not rows:
+    (nothing to break)."""
+    if not natural or _boxed_width(natural) <= width:
         return 0
-    natural = [max([max((len(w) for w in str(h).split()), default=0)] + [len(r[i]) for r in rows])
-               for i, h in enumerate(columns)]
-    if sum(natural) + 3 * len(natural) + 1 <= width:
-        return 0
-    room = width - (sum(natural[1:]) + 3 * len(natural) + 1)
+    room = width - _boxed_width([0, *natural[1:]])
     return room if room >= 12 else 0  # narrower than that: rich's own folding reads no worse
 
 
