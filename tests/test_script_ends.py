@@ -89,11 +89,19 @@ dist.barrier()
 
 
 def test_logs_of_one_rank_show_its_own_output_under_torchrun(tmp_path: Path) -> None:
-    """Two emulated nodes of one rank each: rank 1 is local rank 0 of node 1, so the tag must be the global rank."""
+    """Two emulated nodes of one rank each: rank 1 is local rank 0 of node 1, so the tag must be the global rank.
+    torchrun keeps the ranks' output it tees in the run directory (RUN/logs/torchrun), not in a new
+    $TMPDIR/torchelastic_* per agent that nothing deletes."""
     (tmp_path / "bad.py").write_text(RAISES_ON_RANK_1)
-    proc = launch("--script", "bad.py", "--engine", "ddp", "--nodes", "2", "--gpus-per-node", "1", cwd=tmp_path)
+    tmp = tmp_path / "tmp"  # the run's own temporary directory: another test's torchrun cannot write here
+    tmp.mkdir()
+    proc = launch("--script", "bad.py", "--engine", "ddp", "--nodes", "2", "--gpus-per-node", "1", cwd=tmp_path,
+                  env={"TMPDIR": str(tmp)})
     assert "rank one breaks" in error_line(proc)
     run_dir = only_run_dir(tmp_path / "runs")
+    assert not list(tmp.glob("torchelastic_*")), sorted(p.name for p in tmp.iterdir())
+    kept = list((run_dir / "logs" / "torchrun").glob("*/attempt_0/0/stderr.log"))
+    assert len(kept) == 2 and any("rank one breaks" in log.read_text() for log in kept), kept  # one per agent
     one = launch("logs", str(run_dir), "--rank", "1", cwd=tmp_path)
     zero = launch("logs", str(run_dir), "--rank", "0", cwd=tmp_path)
     assert one.returncode == 0 and "[rank1]:ValueError: rank one breaks" in one.stdout, one.stdout + one.stderr
@@ -106,3 +114,4 @@ def test_every_torchrun_launch_tags_its_ranks_lines_with_the_global_rank(engine:
     spec = Spec(engine=EngineSpec(name=engine), nodes=2, gpus_per_node=2, batch_per_worker=8)
     for node in launch_plan(spec, "/runs/r", Site(python="py")):
         assert "--tee=3" in node.argv and node.env["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] == "[rank${rank}]:"
+        assert "--log-dir=/runs/r/logs/torchrun" in node.argv  # what it tees is kept in the run, not in /tmp

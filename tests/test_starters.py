@@ -24,7 +24,7 @@ class EnvStarter(Starter):
 
     name, k8s_workload = "envrun", "indexed-job"
 
-    def launches(self, spec, program, site, env):
+    def launches(self, spec, program, site, env, run_dir):
         nodes = [site.node_rank] if site.node_rank is not None else range(spec.nodes)
         var = lambda node: (NodeVar if isinstance(node, NodeVar) else str)(f"ENVRUN_NODE={node}")  # noqa: E731
         return [NodeLaunch(node, ["env", var(node), site.python, *program], env) for node in nodes]

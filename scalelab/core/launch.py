@@ -7,7 +7,8 @@ decides is the engine's starter (scalelab/core/engines.py):
 
 - plain: `python -m scalelab.train RUN_DIR` on node 0;
 - torchrun: one `python -m torch.distributed.run` agent per node, static rendezvous on node 0
-  (`--master-addr`/`--master-port`), `--nproc-per-node` = `Spec.ranks_per_node`;
+  (`--master-addr`/`--master-port`), `--nproc-per-node` = `Spec.ranks_per_node`, its ranks' output kept in
+  RUN_DIR/logs/torchrun and printed tagged with the global rank;
 - horovodrun: one `horovodrun --gloo` on node 0 that starts every rank (over ssh on other hosts), or,
   where the site starts Horovod's ranks through MPI (the Kubeflow MPI Operator), one `mpirun`;
   Horovod's fusion settings go into the environment (`engine_env`).
@@ -32,6 +33,7 @@ from pathlib import PurePath
 from scalelab.core.engines import HOROVODRUN, PLAIN, TORCHRUN, starter
 from scalelab.core.errors import SpecError
 from scalelab.core.procs import SCRIPT_RUNNER, TRAINER
+from scalelab.core.rundir import LOGS_DIR
 from scalelab.core.spec import Spec
 
 DEFAULT_MASTER_PORT = 29500  # torchrun's own default
@@ -82,7 +84,7 @@ def launch_plan(spec: Spec, run_dir: str | PurePath, site: Site = Site()) -> lis
     (horovodrun over ssh, mpirun). Pure: the same arguments give the same plan.
     """
     how = starter_of(spec.engine.name)
-    return how.launches(spec, payload(spec, run_dir), site, how.engine_env(spec))
+    return how.launches(spec, payload(spec, run_dir), site, how.engine_env(spec), run_dir)
 
 
 def payload(spec: Spec, run_dir: str | PurePath) -> list[str]:
@@ -138,15 +140,27 @@ def _arg(flag: str, value: object) -> str:
 # Why: untagged, a DDP rank's output (a script's traceback) was in no rank's `launch logs RUN --rank N`.
 TORCHRUN_PREFIX_ENV = "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"
 TORCHRUN_PREFIX = "[rank${rank}]:"
+# Where torchrun's agent keeps its ranks' stdout.log/stderr.log (`--tee` writes them, then prints them tagged) and
+# their error.json: RUN_DIR/logs/torchrun. Why: without `--log-dir` it makes a new /tmp/torchelastic_* on every
+# launch, every node, that nothing deletes; in the run directory they go with the run.
+TORCHRUN_LOG_DIR = "torchrun"
+
+
+def torchrun_log_dir(run_dir: str | PurePath) -> str:
+    """RUN_DIR/logs/torchrun: torchrun's `--log-dir` for a run's ranks."""
+    return str(PurePath(run_dir) / LOGS_DIR / TORCHRUN_LOG_DIR)
 
 
 def torchrun_argv(python: str, nodes: int, ranks_per_node: int, node_rank: int | str, master_addr: str,
-                  master_port: int | str, program: Sequence[str]) -> list[str]:
-    """One node's torchrun agent: `ranks_per_node` ranks of `python PROGRAM`, static rendezvous on node 0, each
-    line of their stdout and stderr tagged with the rank (`--tee=3`; the tag: TORCHRUN_PREFIX)."""
+                  master_port: int | str, program: Sequence[str], log_dir: str | None = None) -> list[str]:
+    """One node's torchrun agent: `ranks_per_node` ranks of `python PROGRAM`, static rendezvous on node 0. With
+    `log_dir`, the agent keeps its ranks' output there (`--log-dir`) and prints each line of their stdout and
+    stderr tagged with the rank (`--tee=3`; the tag: TORCHRUN_PREFIX, in the launch's env); without, neither
+    (`--tee` without `--log-dir` writes the ranks' output to a new /tmp/torchelastic_* that nothing deletes)."""
+    logs = [f"--log-dir={log_dir}", "--tee=3"] if log_dir is not None else []
     return [python, "-m", "torch.distributed.run", f"--nnodes={nodes}", f"--nproc-per-node={ranks_per_node}",
             _arg("--node-rank", node_rank), _arg("--master-addr", master_addr), f"--master-port={master_port}",
-            "--tee=3", *program]
+            *logs, *program]
 
 
 def horovodrun_argv(horovodrun: str | None, python: str, world: int, hosts: Sequence[str], program: Sequence[str],
@@ -204,7 +218,10 @@ class Starter:
     needs_horovod: bool = False
     k8s_workload: str = ""
 
-    def launches(self, spec: Spec, program: list[str], site: Site, env: dict[str, str]) -> list[NodeLaunch]:
+    def launches(self, spec: Spec, program: list[str], site: Site, env: dict[str, str],
+                 run_dir: str | PurePath) -> list[NodeLaunch]:
+        """The processes that start `program` (which names `run_dir`, the run directory as the nodes see it:
+        where a launcher may keep its own files) with the engine's `env`."""
         raise NotImplementedError
 
     def engine_env(self, spec: Spec) -> dict[str, str]:
@@ -227,7 +244,8 @@ class PlainStarter(Starter):
 
     name, k8s_workload = PLAIN, "indexed-job"
 
-    def launches(self, spec: Spec, program: list[str], site: Site, env: dict[str, str]) -> list[NodeLaunch]:
+    def launches(self, spec: Spec, program: list[str], site: Site, env: dict[str, str],
+                 run_dir: str | PurePath) -> list[NodeLaunch]:
         return [NodeLaunch(0, [site.python, *program], env)]
 
 
@@ -236,10 +254,12 @@ class TorchrunStarter(Starter):
 
     name, k8s_workload = TORCHRUN, "indexed-job"
 
-    def launches(self, spec: Spec, program: list[str], site: Site, env: dict[str, str]) -> list[NodeLaunch]:
+    def launches(self, spec: Spec, program: list[str], site: Site, env: dict[str, str],
+                 run_dir: str | PurePath) -> list[NodeLaunch]:
         nodes = [site.node_rank] if site.node_rank is not None else range(spec.nodes)
         return [NodeLaunch(node, torchrun_argv(site.python, spec.nodes, spec.ranks_per_node, node, site.master_addr,
-                                               site.master_port, program), env) for node in nodes]
+                                               site.master_port, program, torchrun_log_dir(run_dir)), env)
+                for node in nodes]
 
     def engine_env(self, spec: Spec) -> dict[str, str]:
         return {TORCHRUN_PREFIX_ENV: TORCHRUN_PREFIX}  # the agent tags its ranks' lines with their global rank
@@ -261,7 +281,8 @@ class HorovodrunStarter(Starter):
 
     name, needs_horovod, k8s_workload = HOROVODRUN, True, "mpijob"
 
-    def launches(self, spec: Spec, program: list[str], site: Site, env: dict[str, str]) -> list[NodeLaunch]:
+    def launches(self, spec: Spec, program: list[str], site: Site, env: dict[str, str],
+                 run_dir: str | PurePath) -> list[NodeLaunch]:
         if site.mpirun_args is not None:
             return [NodeLaunch(0, mpirun_argv(spec.world, site.mpirun_args, site.exports, site.python, program), env)]
         return [NodeLaunch(0, horovodrun_argv(site.horovodrun, site.python, spec.world, site.hosts, program,
