@@ -33,6 +33,9 @@ def test_torchrun_engines_get_one_agent_per_node_with_the_rendezvous_on_node_0()
                             "--master-addr=10.0.0.1", "--master-port=29400", "--log-dir=/runs/r/logs/torchrun", "--tee=3",
                             "-m", "scalelab.train", "/runs/r"]
     assert plan[0].env == {"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "[rank${rank}]:"}  # lines tagged by global rank
+    # ...by torchrun, so the template goes with its command line, not into the engine's environment (what Slurm
+    # exports where srun starts the ranks without torchrun)
+    assert engine_env(_spec("ddp")) == {} and engine_env(_spec("ps")) == {}
 
 
 def test_a_node_variable_makes_one_launch_every_node_runs_and_stays_a_variable() -> None:

@@ -136,7 +136,9 @@ def _arg(flag: str, value: object) -> str:
 
 # torchrun's prefix of each line of a rank's output (`--tee=3` tags them; this template makes the tag the
 # *global* rank, `[rank1]:`, where torchrun's own default, `[default1]:`, is the local rank, the same on every
-# node). torchrun reads it from its environment only (torch 2.13 has no flag for it): `TorchrunStarter.engine_env`.
+# node). torchrun reads it from its environment only (torch 2.13 has no flag for it), so it goes with torchrun's
+# command line: the env of the `NodeLaunch` that `TorchrunStarter.launches` returns, not `engine_env` (Slurm's
+# srun starts the ranks without torchrun and exported it for nothing).
 # Why: untagged, a DDP rank's output (a script's traceback) was in no rank's `launch logs RUN --rank N`.
 TORCHRUN_PREFIX_ENV = "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"
 TORCHRUN_PREFIX = "[rank${rank}]:"
@@ -257,12 +259,10 @@ class TorchrunStarter(Starter):
     def launches(self, spec: Spec, program: list[str], site: Site, env: dict[str, str],
                  run_dir: str | PurePath) -> list[NodeLaunch]:
         nodes = [site.node_rank] if site.node_rank is not None else range(spec.nodes)
+        agent_env = {**env, TORCHRUN_PREFIX_ENV: TORCHRUN_PREFIX}  # the agent tags its ranks' lines: global rank
         return [NodeLaunch(node, torchrun_argv(site.python, spec.nodes, spec.ranks_per_node, node, site.master_addr,
-                                               site.master_port, program, torchrun_log_dir(run_dir)), env)
+                                               site.master_port, program, torchrun_log_dir(run_dir)), agent_env)
                 for node in nodes]
-
-    def engine_env(self, spec: Spec) -> dict[str, str]:
-        return {TORCHRUN_PREFIX_ENV: TORCHRUN_PREFIX}  # the agent tags its ranks' lines with their global rank
 
     def rank_env(self, slot: Slot, addr: str, port: str) -> dict[str, str]:
         return dict(RANK=str(slot.rank), WORLD_SIZE=str(slot.world), LOCAL_RANK=str(slot.local),
