@@ -11,8 +11,11 @@ import pytest
 
 from conftest import launch, needs_horovod, only_run_dir
 from scalelab.core.launch import Site, launch_plan
-from scalelab.core.spec import EngineSpec, Spec
+from scalelab.core.rundir import read_state
+from scalelab.core.spec import EngineSpec, Spec, save_spec
+from scalelab.core.waiting import wait_until
 from scalelab.launcher.backend import RankEnd, _silent, stop_line
+from scalelab.launcher.local import LocalBackend, LocalRequest
 
 EARLY_DDP = """import sys, torch, torch.distributed as dist
 from scalelab import track
@@ -115,3 +118,24 @@ def test_every_torchrun_launch_tags_its_ranks_lines_with_the_global_rank(engine:
     for node in launch_plan(spec, "/runs/r", Site(python="py")):
         assert "--tee=3" in node.argv and node.env["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] == "[rank${rank}]:"
         assert "--log-dir=/runs/r/logs/torchrun" in node.argv  # what it tees is kept in the run, not in /tmp
+
+
+TORCHRUN_SUMMARY = "print('[0]:\\n  time      : 2026-01-01_00:00:00\\n  host      : h\\n  rank      : 1 (local_rank: 1)\\n" \
+                   "  exitcode  : 5 (pid: 42)')"
+
+
+def test_rank_exits_are_read_from_this_launch_of_the_log_only(tmp_path: Path) -> None:
+    """launcher.log is appended across resumes: torchrun's failure summary of the first launch (rank 1 exited 5)
+    is not what the second launch, whose agent printed none, says of rank 1."""
+    import sys
+
+    run = tmp_path / "run"
+    run.mkdir()
+    save_spec(Spec(engine=EngineSpec(name="ddp"), nodes=1, gpus_per_node=2, batch_per_worker=8), run)
+    log = str(run / "logs" / "launcher.log")
+    backend = LocalBackend()
+    for body, exits in ((TORCHRUN_SUMMARY, {"1": 5}), ("print('resumed, nothing to report')", None)):
+        backend.schedule(LocalRequest(run_dir=run, commands=[[sys.executable, "-c", body]], env={}, log_files=[log]))
+        wait_until(lambda: backend.poll(run).state != "RUNNING", timeout_s=60)
+        assert read_state(run).get("rank_exits") == exits, Path(log).read_text()
+    assert "exitcode  : 5" in backend.logs(run)  # the whole log is still what `launch logs` shows

@@ -164,10 +164,12 @@ class LocalBackend(Backend):
         if LAUNCHER_ENV not in request.env:
             env.pop(LAUNCHER_ENV, None)  # detached: not even a watch inherited from a launcher above this one
         started: list[subprocess.Popen] = []
+        offsets: list[int] = []  # each log's size before this launch: what it writes comes after (launch_text)
         try:
             for cmd, log in zip(request.commands, request.log_files):
                 # O_NOFOLLOW: a link planted since the check is refused too, its target never appended to
                 with os.fdopen(open_inside(run_dir, log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644), "ab") as out:
+                    offsets.append(os.fstat(out.fileno()).st_size)
                     # A new session per command: a Ctrl-C in the terminal reaches the launcher only, which
                     # then stops the run its own way (the ranks checkpoint).
                     started.append(subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
@@ -180,8 +182,8 @@ class LocalBackend(Backend):
         refs = [ref.to_dict() for p, cmd in zip(started, request.commands)
                 if (ref := ProcessRef.of_child(p.pid, cmd)) is not None]
         start_state(run_dir, backend=self.name, pids=[p.pid for p in started], processes=refs,
-                    commands=request.commands, env=request.env, log_files=request.log_files, started=time.time(),
-                    host=socket.gethostname())
+                    commands=request.commands, env=request.env, log_files=request.log_files, log_offsets=offsets,
+                    started=time.time(), host=socket.gethostname())
         return ",".join(str(p.pid) for p in started)
 
     # ---- poll, status, logs, cancel --------------------------------------------------------------
@@ -205,11 +207,11 @@ class LocalBackend(Backend):
     def _record_exits(self, run_dir: Path, codes: list[int] | None = None) -> None:
         """Each rank's exit status into launch.json (`rank_exits`, read by `backend.silent_ranks`): the one
         process's own where it is the rank (`codes`: single), else what torchrun or horovodrun printed of each
-        rank. Why: a rank that ends past the script's runner (`os._exit(5)`) writes no end record, and the
-        agent's own status (torchrun's 1) is not the rank's."""
+        rank (in what this launch wrote: `launch_text`). Why: a rank that ends past the script's runner
+        (`os._exit(5)`) writes no end record, and the agent's own status (torchrun's 1) is not the rank's."""
         try:
             plain = starter_of(read_spec(run_dir).engine.name).name == PLAIN
-            exits = {0: codes[0]} if plain and codes else reported_exits(self.logs(run_dir))
+            exits = {0: codes[0]} if plain and codes else reported_exits(self.launch_text(run_dir))
             if exits:
                 update_state(run_dir, rank_exits={str(rank): code for rank, code in sorted(exits.items())})
         except (ScalelabError, OSError, ValueError):  # unreadable spec, planted log, full disk: none recorded
@@ -245,6 +247,26 @@ class LocalBackend(Backend):
 
     def logs(self, run_dir: Path) -> str:
         return log_text(own_logs(run_dir, read_state(run_dir).get("log_files") or []))
+
+    def launch_text(self, run_dir: Path) -> str:
+        """What the run's latest launch wrote to its logs: each from the size it had when that launch started
+        (`log_offsets` in launch.json; a launch that recorded none: the whole log). Why: the logs are appended
+        across resumes, and torchrun's failure summary of an earlier launch named, as this launch's, the exit
+        of a rank that went silent in this one."""
+        state = read_state(run_dir)
+        offsets = state.get("log_offsets") or []
+        parts = []
+        for i, path in enumerate(own_logs(run_dir, state.get("log_files") or [])):
+            start = offsets[i] if i < len(offsets) and isinstance(offsets[i], int) and offsets[i] > 0 else 0
+            try:
+                with open(path, "rb") as log:
+                    if start > os.fstat(log.fileno()).st_size:  # shorter than when the launch started: rewritten
+                        start = 0
+                    log.seek(start)
+                    parts.append(log.read().decode(errors="replace"))
+            except FileNotFoundError:
+                continue
+        return "\n".join(parts)
 
     def cancel(self, run_dir: Path) -> str:
         """SIGTERM every process of the run (ranks checkpoint and stop), SIGKILL after the grace period,
