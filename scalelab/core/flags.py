@@ -72,7 +72,8 @@ COMMON: dict[str, tuple[str, Callable[[], dict[str, Any]]]] = {
         "help": "Backend option (repeatable); unknown ones are listed with the valid ones."}),
     "--runs-dir": ("runs_dir", lambda: {
         "type": OutputDir("--runs-dir"), "default": None, "callback": runs_dir_callback,
-        "help": f"Where run directories are created [default: ${RUNS_DIR_ENV}, else {DEFAULT_RUNS_ROOT}]."}),
+        "help": f"Where run directories are created [default: ${RUNS_DIR_ENV}, else a config file's runs-dir, "
+                f"else ./{DEFAULT_RUNS_ROOT}]."}),
     "--dry-run": ("dry_run", lambda: {
         "is_flag": True, "help": "Print exactly what would be started (job script, manifest or command) and "
                                  "start nothing; run and sweep also say on stderr what it would cost."}),
@@ -87,7 +88,7 @@ def runs_dir_lookup_option() -> Callable:
     return click.option("--runs-dir", "runs_dir", type=click.Path(file_okay=False), default=None, is_eager=True,
                         callback=runs_dir_callback,
                         help=f"Where runs are looked up (short ids, the newest run) [default: ${RUNS_DIR_ENV}, "
-                             f"else {DEFAULT_RUNS_ROOT}].")
+                             f"else a config file's runs-dir, else ./{DEFAULT_RUNS_ROOT}].")
 
 
 def spec_flag_option(flag: Flag, required: bool = False) -> Callable:

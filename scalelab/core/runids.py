@@ -46,8 +46,31 @@ def runs_dir_callback(ctx: click.Context, param: click.Parameter, value: str | N
 
     source = ctx.get_parameter_source(param.name) if param.name else None
     if source in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT, ParameterSource.PROMPT):
-        return str(runs_root(value))
-    return str(runs_root(configured=value if source == ParameterSource.DEFAULT_MAP else None))
+        return str(runs_root(value))  # converted (checked) by click already
+    configured = value if source == ParameterSource.DEFAULT_MAP else None
+    root = runs_root(configured=configured)
+    if configured is None or str(root) != str(configured):  # the environment's or ./runs: click checked neither
+        check_root(param, root, ctx)
+    return str(root)
+
+
+def check_root(param: click.Parameter, root: Path, ctx: click.Context) -> None:
+    """A runs directory from $SCALELAB_RUNS_DIR or the ./runs default through the option's own type, as a flag
+    given is (an OutputDir: a file or /dev/null there is one line before anything is made, not a mkdir
+    traceback), the error naming where the directory came from and what to do."""
+    from scalelab.core.checks import OutputDir
+
+    if not isinstance(param.type, OutputDir):
+        return  # the commands that only look runs up there make nothing
+    from_env = os.environ.get(RUNS_DIR_ENV, "").strip()
+    env = bool(from_env) and str(root) == from_env
+    said = f"${RUNS_DIR_ENV}" if env else "the default runs directory (no --runs-dir, $SCALELAB_RUNS_DIR or config runs-dir):"
+    fix = (f"point ${RUNS_DIR_ENV} at a directory (or unset it), or give --runs-dir DIR" if env else
+           f"move {root} away, or give --runs-dir DIR (or set ${RUNS_DIR_ENV})")
+    try:
+        OutputDir(said).convert(str(root), param, ctx)
+    except ScalelabError as exc:
+        raise type(exc)(f"{exc}; {fix}") from None
 
 
 def _candidates(root: Path) -> list[Path]:
@@ -104,6 +127,14 @@ def newest_run_dir(root: Path | None = None) -> Path:
     return _newest_first(top)[0]
 
 
+def configured_runs_dir(ctx: click.Context | None) -> str | None:
+    """A config file's `runs-dir` as the commands see it: click's `default_map` (scalelab/launcher/cli.py
+    `ConfigDefaults`, one map for every command, so a command without --runs-dir of its own reads it too)."""
+    defaults = ctx.default_map if ctx is not None else None
+    value = defaults.get("runs_dir") if isinstance(defaults, dict) and "runs_dir" in defaults else None
+    return str(value) if value is not None and str(value).strip() else None
+
+
 class RunDir(click.ParamType):
     """A run, sweep or study directory, or a short id of one (see the module docstring)."""
 
@@ -112,7 +143,7 @@ class RunDir(click.ParamType):
     def convert(self, value, param, ctx):  # type: ignore[no-untyped-def]
         command = ctx.command_path if ctx is not None else "launch status"
         given = ctx.params.get("runs_dir") if ctx is not None else None  # --runs-dir: eager, read before
-        root = runs_root(given)
+        root = runs_root(given, configured=configured_runs_dir(ctx))  # report, cost, plan: no --runs-dir
         # an ambiguous id: ScalelabError, one line like every user error
         found = resolve_run_dir(str(value), root, command=command)
         if found == str(value) and found and not Path(found).exists() and os.sep not in found:

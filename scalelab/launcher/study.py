@@ -21,11 +21,11 @@ from typing import Any
 
 import click
 
-from scalelab.core.checks import InputFile, OutputDir
+from scalelab.core.checks import InputFile
 from scalelab.core.errors import SpecError
+from scalelab.core.flags import shared_flags
 from scalelab.core.records import load_run
 from scalelab.core.rundir import STUDY_FILE, new_run_dir, study_sweeps, write_json
-from scalelab.core.runids import RUNS_DIR_ENV, runs_dir_callback
 from scalelab.core.spec import BACKEND_NAMES, MODE_AXES, Spec, read_yaml_mapping
 from scalelab.core.writes import refuse_links
 from scalelab.launcher.backend import get_backend
@@ -229,8 +229,7 @@ def study_report(study_dir: Path, study: Study) -> Path:
 @click.argument("study_file", type=InputFile("study file"))
 @click.option("--scale", help="A named scale of the study (e.g. test, cpu, seed); default: the file's base.")
 @click.option("--backend", type=str, help=f"Run on this backend instead of the study's ({', '.join(BACKEND_NAMES)}).")
-@click.option("--runs-dir", type=OutputDir("--runs-dir"), default=None, callback=runs_dir_callback,
-              help=f"Where the study's runs go [default: ${RUNS_DIR_ENV}, else runs], as for `launch run`.")
+@shared_flags("--runs-dir")  # the one declaration `launch run` uses: the same rule, check and help
 @click.option("--dry-run", is_flag=True, help="Print every variant x layout request (and, on stderr, what it "
                                              "would cost) and run nothing.")
 @price_options
