@@ -57,6 +57,38 @@ def test_runs_dir_dev_null_from_the_environment_is_one_line(tmp_path) -> None:
     assert "$SCALELAB_RUNS_DIR /dev/null is a character device" in err, err
 
 
+# ---- 2. a --script run made before the trainer's options were refused still resumes -------------------------
+
+
+def test_a_script_run_with_the_trainers_options_in_its_spec_resumes(tmp_path) -> None:
+    """Before 96f127a --script ignored --lr/--seed, so they are in such runs' spec.json (and in the trajectory
+    their launch recorded); `launch resume` validated the stored spec as if they were asked for now and
+    refused with advice for `launch run`."""
+    (tmp_path / "plain.py").write_text("print('done')\n")
+    proc = launch("--script", "plain.py", "--engine", "single", "--runs-dir", "runs", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (run,) = (tmp_path / "runs").iterdir()
+    spec = json.loads((run / "spec.json").read_text())
+    (run / "spec.json").write_text(json.dumps({**spec, "lr": 0.5, "seed": 7}))
+    events = run / "records" / "launcher-events.jsonl"
+    lines = [json.loads(line) for line in events.read_text().splitlines() if line.strip()]
+    for e in lines:  # the launch recorded what it ran with, as an old run's did
+        if e.get("event") == "trajectory":
+            e["fields"] = {**e["fields"], **{k: v for k, v in (("lr", 0.5), ("seed", 7)) if k in e["fields"]}}
+    events.write_text("".join(json.dumps(e) + "\n" for e in lines))
+    state = json.loads((run / "launch.json").read_text())
+    (run / "launch.json").write_text(json.dumps({**state, "state": "CANCELLED"}))  # interrupted, say
+
+    proc = launch("resume", str(run), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "built-in trainer" not in proc.stderr
+    assert json.loads((run / "launch.json").read_text())["state"] == "COMPLETED"
+    # asking for them now is still refused
+    err = _one_error_line(launch("--script", "plain.py", "--engine", "single", "--lr", "0.5", "--runs-dir", "runs",
+                                 cwd=tmp_path))
+    assert "--lr 0.5 is an option of the built-in trainer" in err, err
+
+
 # ---- 3 and 4. a completed run's checkpoint must be of its end; report/cost find runs in a config's runs-dir ---
 
 
@@ -82,6 +114,43 @@ def test_report_and_cost_find_a_short_id_in_the_config_files_runs_dir(configured
     assert "no run matches" not in proc.stderr
 
 
+def test_raised_steps_with_a_checkpoint_older_than_the_runs_end_are_refused(configured_run, tmp_path) -> None:
+    """Interrupted at step k (checkpoint on the signal), resumed to its end N without --checkpoint-every,
+    then steps raised: before, the resume went on from k and wrote steps k+1..N a second time."""
+    import torch
+
+    _, completed, _ = configured_run
+    run = tmp_path / completed.name
+    shutil.copytree(completed, run, symlinks=True)
+    ckpt = torch.load(run / "checkpoint.pt", weights_only=True)
+    assert ckpt["step"] == 4
+    torch.save({**ckpt, "step": 2}, run / "checkpoint.pt")  # the checkpoint of an interruption at step 2
+    spec = json.loads((run / "spec.json").read_text())
+    (run / "spec.json").write_text(json.dumps({**spec, "steps": 6}))
+    before = _tree(run)
+    err = _one_error_line(launch("resume", str(run), cwd=tmp_path, env={"SCALELAB_CONFIG": "off"}))
+    assert "its checkpoint is of step 2, not of its end" in err and "start a new run" in err, err
+    assert _tree(run) == before
+
+
+# ---- 5. a script that ended past the runner is ended, not damaged -------------------------------------------
+
+
+def test_a_script_that_exits_past_the_runner_is_completed_for_resume(tmp_path) -> None:
+    """os._exit(0) skips the runner's `end` record; before, resume said the records were damaged (exit 2)."""
+    (tmp_path / "exits.py").write_text("import os\nprint('bye', flush=True)\nos._exit(0)\n")
+    proc = launch("--script", "exits.py", "--engine", "single", "--runs-dir", "runs", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (run,) = (tmp_path / "runs").iterdir()
+    assert json.loads((run / "launch.json").read_text())["state"] == "COMPLETED"
+    before = _tree(run)
+    proc = launch("resume", str(run), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    said = " ".join(proc.stdout.split())
+    assert "is COMPLETED already (exits.py ran to its end); nothing to resume" in said, said
+    assert _tree(run) == before
+
+
 # ---- 6. launch study takes the one --runs-dir declaration ---------------------------------------------------
 
 
@@ -95,3 +164,22 @@ def test_study_declares_runs_dir_as_launch_run_does() -> None:
     mine, run = option(study_cmd), option(main.commands["run"])
     assert mine.help == run.help and type(mine.type) is type(run.type) and mine.callback is run.callback
     assert "config file's runs-dir" in mine.help
+
+
+# ---- 8. a detached start whose state cannot be asked is still started ---------------------------------------
+
+
+def test_a_detached_start_whose_status_fails_says_submitted(monkeypatch, tmp_path, capsys) -> None:
+    """Before: an sacct/squeue hiccup in the status after the submit exited 2, though the job was queued."""
+    from scalelab.core.errors import ScalelabError
+    from scalelab.core.spec import Spec
+    from scalelab.launcher import cli
+
+    class Hiccup:
+        def status(self, run_dir):
+            raise ScalelabError("sacct: error: slurmdbd: connection refused")
+
+    monkeypatch.setattr(cli, "start_detached", lambda backend, spec, run_dir: None)
+    cli.run_and_show(Hiccup(), Spec(), tmp_path / "run", detach=True)
+    said = " ".join(capsys.readouterr().out.split())
+    assert "detached: no launcher follows it (submitted)" in said, said

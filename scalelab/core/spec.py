@@ -427,16 +427,18 @@ class Spec:
             raise SpecError("--ps-placement separate does not mix with --balance dynamic or --emulate-slowdown "
                             "(server ranks train on no data); leave those out, or use --ps-placement colocated")
 
-    def validate(self) -> "Spec":
+    def validate(self, stored: bool = False) -> "Spec":
         """Check everything that can be checked without touching a backend; raise SpecError.
 
         Field types and limits first (a spec built in code has not been through them), then what
-        involves several fields, the preset and the data files.
+        involves several fields, the preset and the data files. `stored`: the spec is read back from a run
+        directory being resumed, not asked for now: a --script run's built-in trainer settings are not refused
+        there (runs made before the refusal have them in spec.json, and their script never read them).
         """
 
         coerce_fields(self)
         if self.own_code:
-            return self._validate_own_code()
+            return self._validate_own_code(stored)
         check_preset(self.model)
         self._check_combinations()
         # typed once, kept typed: `hidden_size: "256"` (or --model-arg hidden_size=256) is saved as 256, not text
@@ -456,8 +458,10 @@ class Spec:
             )
         return self
 
-    def _validate_own_code(self) -> "Spec":
-        """A --script / --module run: the trainer's own settings do not apply, the layout and engine do."""
+    def _validate_own_code(self, stored: bool = False) -> "Spec":
+        """A --script / --module run: the trainer's own settings do not apply, the layout and engine do. They
+        are refused when asked for now; in a stored spec (a resume) they are harmless, as the script ignores
+        them."""
         self.check_code_names()
         if self.script is not None and self.module is not None:
             raise SpecError("give --script FILE or --module MODULE, not both")
@@ -474,7 +478,7 @@ class Spec:
         if engine_facts(self.engine.name).parameter_server:
             raise SpecError("--engine ps is the built-in trainer's parameter server; a --script runs under "
                             "--engine ddp, horovod or single")
-        given = self.trainer_settings()
+        given = [] if stored else self.trainer_settings()
         if given:
             one = len(given) == 1
             raise SpecError(f"{', '.join(given)} {'is an option' if one else 'are options'} of the built-in trainer, "

@@ -444,8 +444,12 @@ def run_and_show(backend, spec: Spec, run_dir: Path, detach: bool) -> None:
         print_summary(run_dir, execute(backend, spec, run_dir))
         return
     start_detached(backend, spec, run_dir)
-    now = backend.status(run_dir)
-    console.print(f"started [bold]{run_dir}[/] detached: no launcher follows it ({now.detail or now.state}).\n"
+    try:
+        now = backend.status(run_dir)
+        state = now.detail or now.state
+    except ScalelabError:  # the job is queued; only asking its state failed (an sacct/squeue hiccup)
+        state = "submitted"
+    console.print(f"started [bold]{run_dir}[/] detached: no launcher follows it ({state}).\n"
                   f"  follow it:  launch status {run_dir}   launch logs {run_dir}\n"
                   f"  stop it:    launch cancel {run_dir}   (its ranks checkpoint; launch resume {run_dir} continues)\n"
                   f"  once ended: launch status {run_dir} records how it ended (and its summary), "
@@ -496,7 +500,7 @@ def resume_cmd(run_dir: str, runs_dir: str, detach: bool, allow_changed: tuple[s
                 module, attr = target.split(":")
                 getattr(import_optional(module), attr)(path)
         return
-    spec = read_spec(path).validate()
+    spec = read_spec(path).validate(stored=True)  # a --script run from before the trainer-only refusal resumes
     from scalelab.core.trajectory import check_resume, record_changes
     from scalelab.launcher.runner import nothing_to_resume
 

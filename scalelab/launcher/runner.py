@@ -387,7 +387,7 @@ def nothing_to_resume(run_dir: Path, spec: Spec) -> str:
     state or files change."""
     if run_state(run_dir) != COMPLETED:
         return ""
-    step, reason = completed_end(run_dir)
+    step, reason = _script_end(run_dir) if spec.own_code else completed_end(run_dir)
     if spec.own_code:  # the script decides its own length: a resume would only run it again, from its start
         ended = _how_it_ended(step, reason) if reason == "threshold" else f"{spec.script_label} ran to its end"
         return (f"run {run_dir} is COMPLETED already ({ended}); nothing to resume, nothing "
@@ -422,6 +422,16 @@ def completed_end(run_dir: Path) -> tuple[int, str]:
     return ends[-1]["step"], str(ends[-1].get("reason") or "")
 
 
+def _script_end(run_dir: Path) -> tuple[int, str]:
+    """`completed_end` of a --script / --module run, where a missing end record is no damage: a script that
+    ended past the runner (os._exit(0), a launcher that exits the process itself) leaves none, and the script
+    decides its own length, so COMPLETED is its end (0, ''); a resume runs nothing either way."""
+    try:
+        return completed_end(run_dir)
+    except ScalelabError:
+        return 0, ""
+
+
 def _how_it_ended(step: int, reason: str) -> str:
     return f"threshold reached at step {step}" if reason == "threshold" else f"{step} steps ran"
 
@@ -440,13 +450,22 @@ def _steps_raised(run_dir: Path, spec: Spec, step: int, reason: str) -> bool:
 
 def _checkpoint_to_continue(run_dir: Path, step: int) -> None:
     """Refuse (one line, before anything is written) a resume of a completed run that has no readable
-    checkpoint: its ranks would start again from step 1 and append a second run to its records."""
+    checkpoint of its end: without one its ranks would start again from step 1, with an older one (saved
+    on an interruption, the run then resumed to its end without --checkpoint-every) they would train the
+    steps after it again; either appends steps it already has to its records."""
     from scalelab.train.checkpoint import read_checkpoint
 
-    if read_checkpoint(run_dir) is None:  # CheckpointError, one line, when it is damaged
+    ckpt = read_checkpoint(run_dir)  # CheckpointError, one line, when it is damaged
+    if ckpt is None:
         raise ScalelabError(f"run {run_dir} is COMPLETED ({step} steps ran) and has no checkpoint to continue "
                             "from (it ran without --checkpoint-every), so raising its `steps` cannot train it "
                             "longer; start a new run with the steps you want")
+    saved = ckpt.get("step") if isinstance(ckpt, dict) else None
+    if saved != step:  # e.g. saved on an interruption at step k, then resumed to its end without --checkpoint-every
+        raise ScalelabError(f"run {run_dir} is COMPLETED ({step} steps ran), but its checkpoint is of step {saved}, "
+                            f"not of its end: going on from it would train steps after {saved} a second time and "
+                            "append them to its records, so nothing was resumed; start a new run with the steps "
+                            "you want (with --checkpoint-every, a run keeps a checkpoint of its end)")
 
 
 def resume_hint(run_dir: Path) -> str:

@@ -196,9 +196,9 @@ def resume_sweep(sweep_dir: Path, allow_changed: tuple[str, ...] = ()) -> Path:
     from scalelab.launcher.backend import get_backend
 
     layouts = sweep_runs(sweep_dir)
-    changes = [(run_dir, check_resume(run_dir, read_spec(run_dir).validate(), allow_changed))
+    changes = [(run_dir, check_resume(run_dir, read_spec(run_dir).validate(stored=True), allow_changed))
                for run_dir in layouts if run_state(run_dir) != COMPLETED]
-    first = read_spec(layouts[0]).validate()
+    first = read_spec(layouts[0]).validate(stored=True)
     backend = get_backend(first.backend, first.backend_options)
     backend.validate(first)
     for run_dir, changed in changes:
@@ -217,7 +217,7 @@ def continue_sweep(backend, sweep_dir: Path) -> Path:
     holds every run it submitted (`stopping_runs`): a stop signal or an error cancels whatever has
     not ended, and names the sweep as what to resume.
     """
-    todo = [(read_spec(run_dir).validate(), run_dir) for run_dir in sweep_runs(sweep_dir) if run_state(run_dir) != COMPLETED]
+    todo = [(read_spec(run_dir).validate(stored=True), run_dir) for run_dir in sweep_runs(sweep_dir) if run_state(run_dir) != COMPLETED]
     for _, run_dir in todo:  # a planted link in any layout: refused before anything is written (issue #37)
         refuse_run_dir_links(run_dir)
     with owning(sweep_dir), ExitStack() as locks, stopping_runs(backend, []) as held:
