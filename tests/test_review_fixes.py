@@ -166,6 +166,21 @@ def test_study_declares_runs_dir_as_launch_run_does() -> None:
     assert "config file's runs-dir" in mine.help
 
 
+# ---- 7. a precision variant probed with a script is refused as what it is -----------------------------------
+
+
+def test_probe_of_a_script_with_a_precision_variant_names_the_candidate(tmp_path) -> None:
+    """Before: '--precision bf16 is an option of the built-in trainer ...', a flag the user never gave."""
+    (tmp_path / "plain.py").write_text("print('done')\n")
+    err = _one_error_line(launch("probe", "--script", "plain.py", "--warmup-steps", "1", "--probe-steps", "2",
+                                 "--instance-types", "local-1t,local-2t-bf16", "--dry-run", cwd=tmp_path))
+    assert "probe candidate local-2t-bf16 sets the built-in trainer's precision (bf16)" in err, err
+    assert "probe local-2t instead" in err and "--precision bf16 is" not in err, err
+    ok = launch("probe", "--script", "plain.py", "--warmup-steps", "1", "--probe-steps", "2",
+                "--instance-types", "local-1t,local-2t", "--dry-run", cwd=tmp_path)
+    assert ok.returncode == 0, ok.stderr[-3000:]
+
+
 # ---- 8. a detached start whose state cannot be asked is still started ---------------------------------------
 
 

@@ -160,6 +160,7 @@ def probe_specs(base: Spec, candidates: list[Candidate], mode: str, probe_steps:
 
     out = []
     for cand in candidates:
+        refuse_trainer_variant(base, cand)
         spec = base.with_overrides({**cand.fields, "steps": base.warmup_steps + probe_steps})
         spec.epochs, spec.loss_threshold = None, None  # minutes, not hours: a probe never waits for a loss
         spec.backend_options = {**base.backend_options, **cand.options}
@@ -168,6 +169,18 @@ def probe_specs(base: Spec, candidates: list[Candidate], mode: str, probe_steps:
             s.link_probe_mb = list(link_sizes_mb) if s.workers > 1 else []
             out.append((cand, s.validate()))
     return out
+
+
+def refuse_trainer_variant(base: Spec, cand: Candidate) -> None:
+    """A precision variant (`local-2t-bf16`) probed with --script / --module: the candidate sets the built-in
+    trainer's precision, which the user's code never reads, so its runs would measure nothing the name says.
+    Refused naming the candidate (the spec's own refusal blamed a --precision the user never gave)."""
+    if base.own_code and "precision" in cand.fields:
+        plain = _LOCAL.sub(r"local-\1t", cand.name)
+        raise SpecError(f"probe candidate {cand.name} sets the built-in trainer's precision ({cand.fields['precision']}), "
+                        f"which {base.script_label} does not read: a precision variant measures nothing for your own "
+                        f"code; probe {plain} instead (your script chooses its own precision, e.g. from its "
+                        "arguments after `--`)")
 
 
 def parse_sizes(text: str) -> list[float]:
