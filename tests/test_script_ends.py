@@ -14,7 +14,7 @@ from scalelab.core.launch import Site, launch_plan
 from scalelab.core.rundir import read_state
 from scalelab.core.spec import EngineSpec, Spec, save_spec
 from scalelab.core.waiting import wait_until
-from scalelab.launcher.backend import RankEnd, _silent, stop_line
+from scalelab.launcher.backend import RankEnd, _silent, early_leavers, silent_ranks, stop_line
 from scalelab.launcher.local import LocalBackend, LocalRequest
 
 EARLY_DDP = """import sys, torch, torch.distributed as dist
@@ -120,8 +120,8 @@ def test_every_torchrun_launch_tags_its_ranks_lines_with_the_global_rank(engine:
         assert "--log-dir=/runs/r/logs/torchrun" in node.argv  # what it tees is kept in the run, not in /tmp
 
 
-TORCHRUN_SUMMARY = "print('[0]:\\n  time      : 2026-01-01_00:00:00\\n  host      : h\\n  rank      : 1 (local_rank: 1)\\n" \
-                   "  exitcode  : 5 (pid: 42)')"
+TORCHRUN_SUMMARY = ("print('[0]:\\n  time      : 2026-01-01_00:00:00\\n  host      : h\\n"
+                    "  rank      : 1 (local_rank: 1)\\n  exitcode  : 5 (pid: 42)')")
 
 
 def test_rank_exits_are_read_from_this_launch_of_the_log_only(tmp_path: Path) -> None:
@@ -139,3 +139,22 @@ def test_rank_exits_are_read_from_this_launch_of_the_log_only(tmp_path: Path) ->
         wait_until(lambda: backend.poll(run).state != "RUNNING", timeout_s=60)
         assert read_state(run).get("rank_exits") == exits, Path(log).read_text()
     assert "exitcode  : 5" in backend.logs(run)  # the whole log is still what `launch logs` shows
+
+
+def _ends(leaver_step: int, lost_step: int) -> list[RankEnd]:
+    """Rank 0 lost its peer after step `lost_step`; rank 1 ended cleanly at `leaver_step`."""
+    lost = RankEnd(0, 2, lost_step, {"event": "end", "step": lost_step, "reason": "failed", "exit_code": 1},
+                   ["train.py raised DistBackendError: Connection reset by peer"], [], True)
+    clean = RankEnd(1, 2, leaver_step, {"event": "end", "step": leaver_step, "reason": "completed", "exit_code": 0},
+                    [], [])
+    return [lost, clean]
+
+
+def test_a_rank_that_reached_its_last_step_is_not_said_to_have_left(tmp_path: Path) -> None:
+    """Rank 1 ran all 10 steps and ended; rank 0 then failed in a last collective of its own: rank 1 left nothing
+    early. A rank that ended before the steps its peer reached, or before the planned steps, did."""
+    save_spec(Spec(engine=EngineSpec(name="ddp"), nodes=1, gpus_per_node=2, batch_per_worker=8, steps=10), tmp_path)
+    assert silent_ranks(tmp_path, _ends(10, 10)) is None  # the run's planned steps, read from its spec
+    assert "rank 1 left at step 3" in silent_ranks(tmp_path, _ends(3, 3))  # rank 0 failed in step 4
+    assert early_leavers(_ends(10, 10), planned=10) == early_leavers(_ends(10, 10)) == ""
+    assert early_leavers(_ends(3, 7)).startswith("rank 1 left at step 3 with exit status 0")  # the peer went on

@@ -51,7 +51,7 @@ from scalelab.core.rundir import (
     RunPaths,
     read_state,
 )
-from scalelab.core.spec import BACKEND_NAMES, Spec
+from scalelab.core.spec import BACKEND_NAMES, Spec, read_spec
 from scalelab.costs.fleet import Fleet
 from scalelab.train.track import CHECKPOINT_DIR
 
@@ -482,12 +482,22 @@ def silent_ranks(run_dir: Path, ranks: list[RankEnd]) -> str | None:
     exits = rank_exits(run_dir)
     said = [_silent(n, started.get(n), exits.get(n)) for n in range(world)
             if n not in started or (started[n].end is None and not started[n].errors)]
-    left = early_leavers(ranks)
+    left = early_leavers(ranks, planned_steps(run_dir))
     if not said and not left:
         return None
     where = f"; its log: `launch logs {run_dir}`" + (
         f"; `launch resume {run_dir}` continues from the last checkpoint" if has_checkpoint(run_dir) else "")
     return "; ".join(part for part in (", ".join(said), left) if part) + where
+
+
+def planned_steps(run_dir: Path) -> int | None:
+    """The steps the run's spec asks for (a script's: the progress bar's total); None where its length is not
+    a step count (--epochs decides whichever ends first) or its spec cannot be read."""
+    try:
+        spec = read_spec(run_dir)
+    except (ScalelabError, OSError, ValueError):
+        return None
+    return spec.steps if spec.epochs is None else None
 
 
 def _silent(rank: int, seen: RankEnd | None, code: int | None) -> str:
@@ -502,13 +512,17 @@ def _silent(rank: int, seen: RankEnd | None, code: int | None) -> str:
     return f"rank {rank} {when} stopped with no error and no end record (killed by a signal, or out of memory?)"
 
 
-def early_leavers(ranks: list[RankEnd]) -> str:
+def early_leavers(ranks: list[RankEnd], planned: int | None = None) -> str:
     """'rank 1 left at step 3 with exit status 0 while the other ranks went on; rank 0 then lost its peer' for
-    ranks that ended cleanly (an end record, no error) while others failed because a peer was gone; ''
-    when none did."""
+    ranks that ended cleanly (an end record, no error) before their last step while others failed because a
+    peer was gone; '' when none did. Before its last step: below the last step a rank that lost its peer
+    reached, or below the run's `planned` steps. Why: a rank that finished its last step and ended normally
+    was named as having left whenever a peer then failed (in a last collective of its own)."""
     lost = [r.rank for r in ranks if r.peer_lost]
-    left = [r for r in ranks if r.end is not None and not r.errors
-            and r.end.get("reason") not in ("failed", "interrupted")] if lost else []
+    reached = max((r.last_step or 0 for r in ranks if r.peer_lost), default=0)
+    last = max(reached, planned or 0)
+    left = [r for r in ranks if r.end is not None and not r.errors and r.end.get("reason") not in ("failed", "interrupted")
+            and (r.end.get("step") or 0) < last] if lost else []
     if not left:
         return ""
     gone = ", ".join(f"rank {r.rank} left at step {r.end.get('step')} with exit status {r.end.get('exit_code', 0)}"
