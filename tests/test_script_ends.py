@@ -79,7 +79,19 @@ def test_a_stop_claims_a_checkpoint_only_where_one_was_saved(tmp_path: Path) -> 
     said = stop_line(tmp_path, ranks)
     assert said.startswith("its launcher (pid 7) is gone, and every rank stopped at step 1; no checkpoint"), said
     assert "with a checkpoint" not in said and "continues it from there" not in said
+    assert f"no checkpoint was saved ({tmp_path}/checkpoint/ is empty)" in said  # where a script saves its own
     (tmp_path / "checkpoint" / "model.pt").write_bytes(b"saved")
+    assert "stopped at step 1 with a checkpoint; `launch resume" in stop_line(tmp_path, ranks)
+
+
+def test_a_trainer_run_stopped_without_a_checkpoint_names_its_checkpoint_file(tmp_path: Path) -> None:
+    """The built-in trainer saves RUN/checkpoint.pt; it has no checkpoint/ folder to call empty."""
+    save_spec(Spec(engine=EngineSpec(name="ddp"), nodes=1, gpus_per_node=2, batch_per_worker=8), tmp_path)
+    ranks = [RankEnd(r, 2, 1, {"event": "end", "step": 1, "reason": "interrupted"}, [],
+                     [{"event": "interrupted", "signal": 15}]) for r in (0, 1)]
+    said = stop_line(tmp_path, ranks)
+    assert f"no checkpoint was saved (no {tmp_path}/checkpoint.pt)" in said and "checkpoint/" not in said, said
+    (tmp_path / "checkpoint.pt").write_bytes(b"saved")
     assert "stopped at step 1 with a checkpoint; `launch resume" in stop_line(tmp_path, ranks)
 
 

@@ -449,8 +449,19 @@ def stop_line(run_dir: Path, ranks: list[RankEnd]) -> str:
     if has_checkpoint(run_dir):
         return (f"{why}, and every rank stopped at step {step} with a checkpoint; `launch resume {run_dir}` "
                 "continues it from there")
-    return (f"{why}, and every rank stopped at step {step}; no checkpoint was saved ({run_dir}/{CHECKPOINT_DIR}/ is "
-            f"empty): `launch resume {run_dir}` starts it again with nothing to continue from")
+    return (f"{why}, and every rank stopped at step {step}; no checkpoint was saved ({checkpoint_absent(run_dir)}): "
+            f"`launch resume {run_dir}` starts it again with nothing to continue from")
+
+
+def checkpoint_absent(run_dir: Path) -> str:
+    """Where the run's checkpoint would be, said as absent: a script's folder (`RUN/checkpoint/ is empty`), the
+    built-in trainer's file (`no RUN/checkpoint.pt`). Which: the run's spec, else whether the folder every script
+    run gets is there. Why: a trainer run was told its `checkpoint/` folder was empty; it has none."""
+    try:
+        script = read_spec(run_dir).own_code
+    except (ScalelabError, OSError, ValueError):
+        script = (Path(run_dir) / CHECKPOINT_DIR).is_dir()
+    return f"{run_dir}/{CHECKPOINT_DIR}/ is empty" if script else f"no {RunPaths(Path(run_dir)).checkpoint}"
 
 
 def has_checkpoint(run_dir: Path) -> bool:
