@@ -30,8 +30,8 @@ def test_torchrun_engines_get_one_agent_per_node_with_the_rendezvous_on_node_0()
     plan = launch_plan(_spec("ddp"), "/runs/r", Site(python="py", master_addr="10.0.0.1", master_port=29400))
     assert [launch.node for launch in plan] == [0, 1]
     assert plan[1].argv == ["py", "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=2", "--node-rank=1",
-                            "--master-addr=10.0.0.1", "--master-port=29400", "--log-dir=/runs/r/logs/torchrun", "--tee=3",
-                            "-m", "scalelab.train", "/runs/r"]
+                            "--master-addr=10.0.0.1", "--master-port=29400", "--log-dir=/runs/r/logs/torchrun",
+                            "--tee=3", "-m", "scalelab.train", "/runs/r"]
     assert plan[0].env == {"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "[rank${rank}]:"}  # lines tagged by global rank
     # ...by torchrun, so the template goes with its command line, not into the engine's environment (what Slurm
     # exports where srun starts the ranks without torchrun)
