@@ -528,10 +528,14 @@ def early_leavers(ranks: list[RankEnd], planned: int | None = None) -> str:
     ranks that ended cleanly (an end record, no error) before their last step while others failed because a
     peer was gone; '' when none did. Before its last step: below the last step a rank that lost its peer
     reached, or below the run's `planned` steps. Why: a rank that finished its last step and ended normally
-    was named as having left whenever a peer then failed (in a last collective of its own)."""
+    was named as having left whenever a peer then failed (in a last collective of its own).
+
+    Without `planned` (a script run without --steps) a rank that ended at the step its peer last recorded is
+    still named: the peer failed inside its next step (`sys.exit(0)` at step 3 of 10: both recorded step 3), and
+    nothing recorded tells that from a last step."""
     lost = [r.rank for r in ranks if r.peer_lost]
     reached = max((r.last_step or 0 for r in ranks if r.peer_lost), default=0)
-    last = max(reached, planned or 0)
+    last = max(reached, planned) if planned else reached + 1  # a rank that ended below `last` left early
     left = [r for r in ranks if r.end is not None and not r.errors and r.end.get("reason") not in ("failed", "interrupted")
             and (r.end.get("step") or 0) < last] if lost else []
     if not left:
