@@ -196,7 +196,10 @@ def indexed_job(spec: Spec, run_name: str, options: Mapping[str, Any], extra_env
     site = Site(python="python", master_addr=NodeVar("$MASTER_ADDR"), master_port=options["master_port"],
                 node_rank=NodeVar("$JOB_COMPLETION_INDEX"))
     [launch] = launch_plan(spec, run_dir, site)
-    env = [{"name": "MASTER_ADDR", "value": f"{run_name}-0.{run_name}"}, *_common_env(spec, options, extra_env)]
+    # the launch's own variables (torchrun's tag on its ranks' lines), beside the engine's that _common_env adds
+    own = {name: value for name, value in launch.env.items() if name not in engine_env(spec)}
+    env = [{"name": "MASTER_ADDR", "value": f"{run_name}-0.{run_name}"},
+           *_common_env(spec, options, {**(extra_env or {}), **own})]
     container = _container("trainer", options, _with_spec_copy(run_dir, launch.argv), env,
                            _node_resources(spec, options), gpus=spec.gpus_per_node)
     pod = _pod_spec(run_name, options, [container], restart="Never")
