@@ -103,7 +103,7 @@ def bench_exchange(sizes_mb: list[float], repeats: int, work: Path) -> list[dict
         args = ["-m", "scalelab.train.bench", "allreduce", "--engine", engine, "--sizes-mb", sizes, "--repeats", str(repeats),
                 "--label", label, "--out", str(out), *extra]
         if engine == "ddp":
-            cmd = _two_ranks(args)
+            cmd = _two_ranks(args, work)
         else:
             cmd = horovodrun_argv(None, sys.executable, 2, ["localhost"], args)
         proc = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1", **env}, capture_output=True, text=True, timeout=900)
@@ -118,16 +118,17 @@ def bench_exchange(sizes_mb: list[float], repeats: int, work: Path) -> list[dict
     return results
 
 
-def _two_ranks(program: list[str]) -> list[str]:
-    """torchrun starting 2 ranks of `python PROGRAM` here (one node, a free port on 127.0.0.1)."""
-    return torchrun_argv(sys.executable, 1, 2, 0, "127.0.0.1", free_port(), program)
+def _two_ranks(program: list[str], work: Path) -> list[str]:
+    """torchrun starting 2 ranks of `python PROGRAM` here (one node, a free port on 127.0.0.1), its ranks' logs in
+    the bench's folder (without --log-dir torchrun leaves a new /tmp/torchelastic_* behind every time)."""
+    return torchrun_argv(sys.executable, 1, 2, 0, "127.0.0.1", free_port(), program, log_dir=str(work / "torchrun"))
 
 
 def _ddp_exposed_exchange(compression: str, caps: str, work: Path) -> list[dict]:
     """nmt-small's exchange left exposed by DDP (2 ranks) per bucket size, gradients sent in `compression`."""
     out = work / f"ddp-buckets-{compression}.json"
     proc = subprocess.run(_two_ranks(["-m", "scalelab.train.bench", "ddp-buckets", "nmt-small",
-                                      "--bucket-caps-mb", caps, "--compression", compression, "--out", str(out)]),
+                                      "--bucket-caps-mb", caps, "--compression", compression, "--out", str(out)], work),
                           env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=900)
     if proc.returncode != 0 or not out.exists():
         return [{"label": f"DDP bucket sizes, {compression} compression", "error": proc.stderr[-500:]}]
@@ -141,7 +142,7 @@ def bench_ps_exchange(sizes_mb: list[float], repeats: int, work: Path) -> list[d
     out = work / "ps-exchange.json"
     proc = subprocess.run(_two_ranks(["-m", "scalelab.train.bench", "ps-exchange",
                                       "--presets", "nmt-tiny,nmt-small,rnnlm-small,sentiment-small",
-                                      "--sizes-mb", f"{max(sizes_mb):g}", "--repeats", str(repeats), "--out", str(out)]),
+                                      "--sizes-mb", f"{max(sizes_mb):g}", "--repeats", str(repeats), "--out", str(out)], work),
                           env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=900)
     if proc.returncode != 0 or not out.exists():
         return [{"label": "parameter server", "error": proc.stderr[-500:]}]
