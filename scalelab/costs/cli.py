@@ -400,10 +400,9 @@ def _cost_of_runs(paths: list[Path], instances: str | None, market: str | None, 
         price = _fleet_price(run, market, catalog, fleet_of) if instances is None else None
         price = price or _given_price(run, instances, market, catalog)
         try:  # billed: the wall time from the launch to the threshold event, not the training seconds
-            # a --script run that recorded no steps is still billed: its wall time, from its start and end records
-            summary = None if run.steps.empty and run.spec.own_code else summarize_loaded(run)
-        except (DataError, UnmeasuredError):  # no step measured (a script's all warm-up): billed all the same
-            summary = None
+            summary = summarize_loaded(run)
+        except (DataError, UnmeasuredError):  # a --script run with no step measured (none, or all warm-up) is
+            summary = None  # still billed: its wall time, from its start and end records
         wall = summary.wall_to_threshold_s if summary is not None else None
         row = recorded_cost(run, price, wall, f"{run_label(run.spec)} {run.spec.nodes}x{run.spec.gpus_per_node}")
         row.pop("price_note")

@@ -103,10 +103,11 @@ def _code_keys(rels: list[str]) -> dict[str, str]:
     """{path inside the folder: its ConfigMap key}; two files whose keys would be the same (`a/b.py`, `a__b.py`),
     one of which would silently replace the other in every pod, are refused, as is a key too long for one."""
     keys: dict[str, str] = {}
+    owner: dict[str, str] = {}  # key -> the path that has it
     for rel in sorted(rels):
         key = _code_key(rel)
-        if key in keys.values():
-            other = next(r for r, k in keys.items() if k == key)
+        other = owner.setdefault(key, rel)
+        if other != rel:
             raise SpecError(f"files {other!r} and {rel!r} of your code's folder would be the same ConfigMap key "
                             f"{key!r} (a key holds no '/', spaces or other signs, so they become '_'), and one "
                             "would replace the other in the pods; rename one of them")
