@@ -240,3 +240,65 @@ def test_a_change_whose_resume_never_submitted_is_not_reported(tmp_path) -> None
     assert spec_changes(run) == []
     record_trajectory(read_spec(run).validate(), run)
     assert len(spec_changes(run)) == 1 and "from step 1: lr 0.001 -> 0.01" in spec_changes(run)[0]
+
+
+# ---- a --script run: its code and arguments are its trajectory, the trainer's fields are not ------------
+
+
+def _script_run(tmp_path: Path) -> Path:
+    """A script run's directory as a submit leaves it (`_run_dir`'s, with --script train.py -- --lr 0.1)."""
+    from scalelab.core.spec import Spec, save_spec
+    from scalelab.core.trajectory import record_trajectory
+
+    run = tmp_path / "run"
+    run.mkdir()
+    spec = Spec.from_dict({"engine": {"name": "single"}, "script": "train.py", "script_args": ["--lr", "0.1"]}).validate()
+    save_spec(spec, run)
+    record_trajectory(spec, run)
+    (run / "launch.json").write_text(json.dumps({"state": "CANCELLED", "run_dir": str(run)}))
+    return run
+
+
+def test_a_script_runs_trainer_fields_are_not_its_trajectory(tmp_path) -> None:
+    """An lr or seed left in a script run's spec.json (runs from before the trainer-only refusal have them)
+    is never read by the script: editing it is no change of trajectory, and its resume is not refused."""
+    from scalelab.core.spec import read_spec
+    from scalelab.core.trajectory import check_resume
+
+    run = _script_run(tmp_path)
+    spec = json.loads((run / "spec.json").read_text())
+    (run / "spec.json").write_text(json.dumps({**spec, "lr": 0.5, "seed": 7, "optimizer": "sgd"}))
+    assert check_resume(run, read_spec(run).validate(stored=True)) == {}
+
+
+@pytest.mark.parametrize("edit, words", [
+    ({"script_args": ["--lr", "0.2"]}, ["script_args ['--lr', '0.1'] -> ['--lr', '0.2']", "--allow-changed script_args"]),
+    ({"script": "other.py"}, ["script train.py -> other.py", "--allow-changed script"]),
+])
+def test_a_script_runs_code_or_arguments_changed_are_refused(edit, words, tmp_path, monkeypatch, capsys) -> None:
+    run = _script_run(tmp_path)
+    (run / "train.py").write_text("")
+    (run / "other.py").write_text("")
+    spec = json.loads((run / "spec.json").read_text())
+    (run / "spec.json").write_text(json.dumps({**spec, **edit}))
+    before = _tree(run)
+    monkeypatch.chdir(run)
+    code, err, _ = run_entry(["resume", str(run)], monkeypatch, capsys)
+    assert code == 2 and "Traceback" not in err, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("launch: error:"), err
+    for word in words:
+        assert word in lines[0], (word, lines[0])
+    assert _tree(run) == before
+
+
+def test_a_built_in_run_turned_into_a_script_run_is_refused(tmp_path) -> None:
+    from scalelab.core.errors import SpecError
+    from scalelab.core.spec import read_spec
+    from scalelab.core.trajectory import check_resume
+
+    run = _run_dir(tmp_path)
+    spec = json.loads((run / "spec.json").read_text())
+    (run / "spec.json").write_text(json.dumps({**spec, "script": "train.py"}))
+    with pytest.raises(SpecError, match=r"script \(none\) -> train.py"):
+        check_resume(run, read_spec(run).validate(stored=True))

@@ -49,6 +49,14 @@ FIELDS: dict[str, Callable[[Spec], Any]] = {
        for name in ("kind", "train_src", "train_tgt", "valid_src", "valid_tgt", "train_samples", "fixed_length",
                     "bucket", "shards")},
 }
+# A --script / --module run's trajectory is its code and the arguments it is given: the trainer's fields above
+# are not read by it (TRAINER_ONLY), and `model` is only the preset it does not train.
+CODE_FIELDS: dict[str, Callable[[Spec], Any]] = {
+    "script": lambda s: s.script,
+    "module": lambda s: s.module,
+    "script_args": lambda s: list(s.script_args),
+}
+FIELDS.update(CODE_FIELDS)
 GROUPS = {"data": [f for f in FIELDS if f.startswith("data.")], "batch": ["global_batch", "batch_per_worker"]}
 # the checkpoint identity's keys (train/checkpoint.py `identity`) -> the fields that decide them
 IDENTITY_FIELDS = {"model": ["model"], "rnn": ["rnn"], "model_args": ["model_args"], "optimizer": ["optimizer"],
@@ -57,7 +65,11 @@ IDENTITY_FIELDS = {"model": ["model"], "rnn": ["rnn"], "model_args": ["model_arg
 
 
 def trajectory(spec: Spec) -> dict[str, Any]:
-    return {name: get(spec) for name, get in FIELDS.items()}
+    """The fields that decide the losses `spec` trains to: the built-in trainer's settings, or, for a
+    --script / --module run, its code and arguments only (a trainer setting left in its spec.json, as runs
+    from before the refusal have, is not read by the script: editing it changes nothing)."""
+    fields = CODE_FIELDS if spec.own_code else FIELDS
+    return {name: get(spec) for name, get in fields.items()}
 
 
 def allowed_fields(names: tuple[str, ...] | list[str]) -> set[str]:

@@ -477,7 +477,7 @@ def print_summary(run_dir: Path, summary) -> None:
 @click.option("--detach", is_flag=True, help=DETACH_HELP)
 @click.option("--allow-changed", "allow_changed", multiple=True, metavar="FIELD",
               help="Go on although spec.json changes FIELD (lr, optimizer, model_args, global_batch, precision, "
-                   "data, ...) since the run last ran; the change is recorded and `launch report` says from which "
+                   "data, ...; a --script run's: script, script_args) since the run last ran; the change is recorded and `launch report` says from which "
                    "step. Repeatable. Without it such a change is refused, naming each field.")
 def resume_cmd(run_dir: str, runs_dir: str, detach: bool, allow_changed: tuple[str, ...]) -> None:
     """Continue RUN_DIR from its last checkpoint with the spec it was started with.
