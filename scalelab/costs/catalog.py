@@ -97,6 +97,7 @@ class InstanceType:
     efa: bool | None = None
     interconnect: str | None = None
     source_date: str | None = None
+    per_gpu: bool = False  # a rate per GPU-hour: no shape, any layout of its GPUs (`Catalog.add_rate`)
 
     def __post_init__(self) -> None:
         if self.network_gbps is None:
@@ -217,7 +218,7 @@ class Catalog:
         if not (0 <= usd_per_hour < math.inf) or gpus < 1:
             raise CatalogError(f"rate for {name!r}: price must be >= 0 and gpus >= 1")
         inst = InstanceType(name=name, gpus=1 if per == "gpu-hour" else int(gpus), gpu_model=gpu_model,
-                            source=source, provider="rate")
+                            source=source, provider="rate", per_gpu=per == "gpu-hour")
         self.instances[name] = inst
         self.on_demand[(name, "*")] = Price(float(usd_per_hour), f"{source} ({per})")
         return inst

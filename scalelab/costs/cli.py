@@ -555,6 +555,11 @@ def plan_cmd(run_dirs: tuple[str, ...], from_csv: str | None, predict_workers: s
                                                                                        measured_on)
     given_on, measured_on = measured_on, measured_on or m.measured_on
     catalog = _load_catalog(params, _backends(run_dirs))
+    said: list[str] = []  # what the table decided for the user, said with the plan's notes
+    if from_csv and measured_on is None:
+        measured_on = _table_type(m.measured, catalog, said)
+    if from_csv and work is None:
+        work = _one_job(m.measured, said)
     asked = [t.strip() for t in (instance_types or "").split(",") if t.strip()]
     if instance_types is not None and not asked:  # '' or ',' priced the default types without a word
         raise SpecError(f"--instance-types {instance_types!r} names no type: give types, e.g. g3.4xlarge,g3.16xlarge, "
@@ -576,6 +581,7 @@ def plan_cmd(run_dirs: tuple[str, ...], from_csv: str | None, predict_workers: s
         convergence=m.convergence, predict_batch=_parse_batches(predict_batch), overheads=m.overheads,
         probe_speed=m.probe_speed, precision=m.precision, memory=m.memory, source=_source(from_csv),
         **_spot_kwargs(params)))
+    result.notes[:0] = said
     if unpriced:
         result.notes.append(f"the runs were measured on {measured_on!r}, which the catalog does not price: the "
                             f"predictions are not priced; give --rate {measured_on}=USD/gpu-hour (and a rate for each "
@@ -584,6 +590,35 @@ def plan_cmd(run_dirs: tuple[str, ...], from_csv: str | None, predict_workers: s
         raise CatalogError("; ".join(result.notes) or "nothing could be priced")
     _refuse_unanswered_limits(result, deadline_h, budget_usd, asked, _source(from_csv))
     _show_plan(result, fmt, out, m)
+
+
+def _table_type(measured: pd.DataFrame, catalog: Catalog, said: list[str]) -> str | None:
+    """The measured type of a table whose `instance` column names several types of one GPU model (seed 004:
+    g3.4xlarge and g3.16xlarge, both M60): the type of its fewest workers, which per-GPU speeds are relative
+    to; None where the column is absent, names a mix or a type the catalog lacks, or types of other GPUs
+    (--measured-on then decides, as before)."""
+    if "instance_type" not in measured.columns or measured["instance_type"].isna().any():
+        return None
+    names = list(dict.fromkeys(str(t) for t in measured.sort_values("workers")["instance_type"]))
+    if any(c in n for n in names for c in "*+") or not all(n in catalog.names() for n in names):
+        return None
+    gpus = {catalog.instance(n).gpu_model for n in names}
+    if len(gpus) != 1 or None in gpus:
+        return None
+    said.append(f"measured on {names[0]} (the table's fewest workers; its other types, {', '.join(names[1:])}, have "
+                f"the same GPU, {gpus.pop()}): give --measured-on TYPE to relate speeds to another")
+    return names[0]
+
+
+def _one_job(measured: pd.DataFrame, said: list[str]) -> float | None:
+    """--work of a table of whole jobs' times (time_s, the same job on every layout): one job, which is what its
+    throughput (1 / time_s) counts; None for any other table."""
+    if "time_s" not in measured.columns or "work_scaling" not in measured.columns:
+        return None
+    if not (measured["work_scaling"] == "fixed").all():
+        return None
+    said.append("work: one job, the one each row's time_s measures (give --work to price another amount)")
+    return 1.0
 
 
 def _source(from_csv: str | None) -> str:
@@ -680,7 +715,8 @@ def plan_unit(m: Measurements) -> str:
     from scalelab.analysis.report import throughput_header
 
     if m.table is None or not len(m.table):
-        return "a table's own unit"
+        timed = "time_s" in m.measured.columns and "work_scaling" in m.measured.columns
+        return "jobs/s: 1 / time_s" if timed and (m.measured["work_scaling"] == "fixed").all() else "a table's own unit"
     header = throughput_header(m.table)
     return "items/s, each series its own unit" if header == "items/s" else header
 
@@ -751,10 +787,10 @@ def _model_lines(result) -> list[str]:
 
 # Terminal and Markdown tables of the plan: short headers with units, each column a word or two, so
 # they fit 100 columns; every column (and the long names) is in --format json and plan.json.
-_PRED_VIEW = {"label": "series", "workers": "workers", "global_batch": "batch", "model": "model",
+_PRED_VIEW = {"label": "series", "workers": "workers", "nodes": "nodes", "global_batch": "batch", "model": "model",
               "predicted_throughput": "predicted /s", "interval_low": "low /s", "interval_high": "high /s",
               "measured_throughput": "measured /s"}
-_PRED_FMT = {"workers": ".0f", "batch": ".0f", "predicted /s": ",.0f", "low /s": ",.0f", "high /s": ",.0f",
+_PRED_FMT = {"workers": ".0f", "nodes": ".0f", "batch": ".0f", "predicted /s": ",.0f", "low /s": ",.0f", "high /s": ",.0f",
              "measured /s": ",.0f"}
 _LAYOUT_VIEW = {"layout": "layout", "model": "model", "basis": "basis", "predicted_time_s": "time", "time_low_s": "low",
                 "time_high_s": "high", "compute_share": "compute", "exchange_share": "exchange"}
@@ -789,7 +825,7 @@ def _view(rows: pd.DataFrame, names: dict[str, str], always: tuple[str, ...]) ->
                      if c in ("label", "market", "global_batch", "model", "speed_basis", "basis")
                      and str(rows[c].iloc[0]).strip() not in ("", "nan", "None"))  # an unlabelled series: no ", "
     keep = [c for c in rows.columns if c not in same or c not in ("label", "market", "global_batch", "model",
-                                                                  "speed_basis", "basis")]
+                                                                  "speed_basis", "basis", "nodes")]
     return rows[keep].rename(columns=names), said
 
 

@@ -539,32 +539,84 @@ def _steps_of(request: PlanRequest, predictions: pd.DataFrame, convergence: dict
 
 
 def _price_type(request: PlanRequest, cand: Candidate, fit: FittedSeries, steps: pd.DataFrame) -> list[dict[str, Any]]:
-    """Candidate rows of one series on one instance type: the throughput predicted over its
-    network, scaled by its GPU's speed, with ceil(workers / GPUs) instances."""
-    speed = cand.speed
+    """Candidate rows of one series on one instance type: the throughput predicted over its network, scaled
+    by its GPU's speed, one row per layout the type can run (`_placements`): each worker count packed onto
+    ceil(workers / GPUs) instances, and a measured layout of this very type as it was measured (2x2 on
+    g3.16xlarge: two instances, half their GPUs idle), answered by its measurement."""
     level = request.confidence if request.work is not None else request.each_level
     rows: list[dict[str, Any]] = []
-    for _, st in steps.iterrows():
+    for st, nodes, count, here in _placements(request, cand, fit, steps):
         w = int(st["workers"])
-        count = cand.instances_for(w)
-        nodes = _priced_nodes(st, count, speed)
+        speed = Speed(1.0, "measured", 1.0) if here else cand.speed  # measured on this type: no conversion
         band = fit.estimate([w], [nodes], level, cand.link).iloc[0]
         thr = float(band["predicted"]) * speed.factor
         lo = float(band["low"]) * speed.factor / speed.widening
         hi = float(band["high"]) * speed.factor * speed.widening
-        layout = {"label": fit.label, "workers": w, "instance_type": cand.name, "instances": count,
-                  "idle_gpus": count * cand.gpus - w, "global_batch": st["global_batch"]}
+        layout = {"label": fit.label, "workers": w, "nodes": nodes, "instance_type": cand.name, "instances": count,
+                  "idle_gpus": 0 if cand.instance.per_gpu else count * cand.gpus - w,
+                  "global_batch": st["global_batch"]}
         estimate = {"predicted_throughput": thr, "interval_low": lo, "interval_high": hi,
                     "model": band["model"], "basis": band["basis"], "held_out_error": float(band["held_out_error"]),
                     "steps_to_threshold": st["steps_to_threshold"], "steps_high": st["steps_high"],
                     "time_basis": st["time_basis"], "speed_basis": speed.basis, "speed_factor": speed.factor,
-                    "speed_widening": speed.widening,
-                    "measured": bool(pd.notna(st["measured_throughput"])) and speed.basis == "measured"
-                    and nodes == int(st["nodes"]), **_memory_fit(request, cand, fit.label, w, st["global_batch"])}
+                    "speed_widening": speed.widening, "measured": here,
+                    **_memory_fit(request, cand, fit.label, w, st["global_batch"])}
         seconds = {"point": st["work"] / thr, "low": st["work_low"] / max(hi, 1e-300),
                    "high": st["work_high"] / max(lo, 1e-300)}
         rows += _market_rows(request, cand, layout, estimate, seconds)
     return rows
+
+
+def _placements(request: PlanRequest, cand: Candidate, fit: FittedSeries,
+                steps: pd.DataFrame) -> list[tuple[pd.Series, int, int, bool]]:
+    """(step row, nodes, instances, measured here) of every distinct layout of `cand` for the series' worker
+    counts. A step row of a layout measured on this type that the type can hold as measured keeps its nodes;
+    any other is packed (its row of the packed layout, where one exists, answers it). Before, every measured
+    layout of a count was priced on every type: three rows "4 workers on 4*g3.4xlarge", one of them with the
+    1x4 of a g3.16xlarge, recommended as measured."""
+    on = _measured_types(request, fit)
+    chosen: dict[tuple[int, int], tuple[pd.Series, int, int, bool]] = {}
+    for _, st in steps.iterrows():
+        w, n = int(st["workers"]), int(st["nodes"])
+        measured = pd.notna(st["measured_throughput"]) and _measured_on(on, w, n, cand, request)
+        if measured and (cand.instance.per_gpu or math.ceil(w / n) <= cand.gpus):
+            key = (w, n)
+            count = cand.instances_for(w) if cand.instance.per_gpu else n
+            chosen[key] = (st, n, count, True)
+            continue
+        count = cand.instances_for(w)
+        nodes = fit.nodes_for(w) if cand.instance.per_gpu else count  # a GPU-hour rate has no nodes to fill
+        key = (w, nodes)
+        if key not in chosen:
+            same = steps[(steps["workers"] == w) & (steps["nodes"] == nodes)]
+            chosen[key] = (same.iloc[0] if len(same) else st, nodes, count, False)
+    return [chosen[k] for k in sorted(chosen)]
+
+
+def _measured_types(request: PlanRequest, fit: FittedSeries) -> dict[tuple[int, int], set[str]] | None:
+    """(workers, nodes) -> the instance types the series measured it on, from the table's `instance_type`
+    column; None when the table names none (every row is then on the measured type, `measured_on`)."""
+    m = request.measured
+    if "instance_type" not in m.columns:
+        return None
+    part = m[m["label"] == fit.label] if "label" in m.columns else m
+    if part["instance_type"].isna().all():
+        return None
+    out: dict[tuple[int, int], set[str]] = {}
+    nodes = part["nodes"] if "nodes" in part.columns else pd.Series(1, index=part.index)
+    for w, n, t in zip(part["workers"], nodes, part["instance_type"]):
+        if pd.notna(t):
+            out.setdefault((int(w), int(n)), set()).add(str(t))
+    return out
+
+
+def _measured_on(on: dict[tuple[int, int], set[str]] | None, workers: int, nodes: int, cand: Candidate,
+                 request: PlanRequest) -> bool:
+    """Whether layout workers x nodes was measured on `cand`'s type: as the table's row says, or (a table that
+    names no type) when `cand` is the measured type."""
+    if on is None:
+        return cand.speed.basis == "measured"
+    return cand.name in on.get((workers, nodes), set())
 
 
 def _memory_fit(request: PlanRequest, cand: Candidate, label: str, workers: int, global_batch: Any) -> dict[str, Any]:
@@ -575,15 +627,6 @@ def _memory_fit(request: PlanRequest, cand: Candidate, label: str, workers: int,
         return {}
     peak = model.peak(max(1, math.ceil(float(global_batch) / workers)))
     return {"peak_mem_gib": peak.peak_gib, "fits_memory": peak.fits(float(cand.gpu_mem_gib))}
-
-
-def _priced_nodes(step: pd.Series, instances: int, speed: Speed) -> int:
-    """The nodes a priced layout runs on: as measured, for a measured layout of the measured type whose
-    instances can hold it that way (a 1x2 run billed per GPU-hour is still 1x2, not 2x1), else one per
-    instance."""
-    if speed.basis == "measured" and pd.notna(step["measured_throughput"]) and int(step["nodes"]) <= instances:
-        return int(step["nodes"])
-    return instances
 
 
 def _market_rows(request: PlanRequest, cand: Candidate, layout: dict[str, Any], estimate: dict[str, Any],

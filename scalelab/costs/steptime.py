@@ -107,7 +107,9 @@ class Layout:
 
     @property
     def text(self) -> str:
-        return f"{self.nodes}x{self.gpus_per_node}@{self.instances}"
+        """As `--predict` reads it: NODESxGPUS@INSTANCES, with `:dynamic` where the balancer is (two layouts on
+        the same instances, static and dynamic, were printed alike)."""
+        return f"{self.nodes}x{self.gpus_per_node}@{self.instances}" + (":dynamic" if self.balance == "dynamic" else "")
 
 
 def _layout(nodes: int, gpus: int, mix: Mix, balance: str, catalog: Catalog, what: str) -> Layout:

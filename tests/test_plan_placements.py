@@ -1,0 +1,96 @@
+"""Which layout a worker-count plan prices on each instance type, and with which measurement.
+
+Seed 004's table measured 4 GPUs three ways: 1x4 on a g3.16xlarge (13,156 s), 2x2 on two g3.16xlarge
+(15,820 s) and 4x1 on four g3.4xlarge (13,973 s). The plan used to price every one of those rows on every
+type: three rows "4 workers on 4*g3.4xlarge" (3.65, 3.88 and 4.39 h), and it recommended the first, the
+g3.16xlarge's 1x4, as a *measured* 4*g3.4xlarge. Each type now gets one row per layout it can run, a
+measured layout answered by its own measurement on its own type.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from tests.conftest import run_entry
+
+SEED004 = Path(__file__).resolve().parents[1] / "scalelab" / "costs" / "data" / "seed004_sentiment_scaling.csv"
+TYPES = "g3.4xlarge,g3.16xlarge,p2.xlarge"
+
+
+def _plan_json(tmp_path: Path, monkeypatch, capsys, *flags: str) -> tuple[pd.DataFrame, str]:
+    out = tmp_path / "plan"
+    code, err, _ = run_entry(["plan", "--from-csv", str(SEED004), "--instance-types", TYPES, "--deadline-h", "5",
+                              "--out", str(out), *flags], monkeypatch, capsys)
+    assert code == 0, err
+    rows = [r for r in json.loads((out / "plan.json").read_text()) if r["table"] == "candidates"]
+    return pd.DataFrame(rows), err
+
+
+def test_each_type_prices_each_layout_once_with_its_own_measurement(tmp_path, monkeypatch, capsys) -> None:
+    c, _ = _plan_json(tmp_path, monkeypatch, capsys, "--measured-on", "g3.4xlarge", "--work", "1")
+    assert not c.duplicated(["instance_type", "workers", "nodes", "market"]).any(), c
+    at4 = c[c["workers"] == 4].set_index(["instance_type", "nodes"])
+    small = at4.loc[("g3.4xlarge", 4)]
+    assert small["instances"] == 4 and small["measured"]
+    assert small["hours"] * 3600 == pytest.approx(13973, rel=0.01)  # its own 4x1, not the g3.16xlarge's 1x4
+    one = at4.loc[("g3.16xlarge", 1)]
+    assert one["instances"] == 1 and one["measured"] and one["speed_widening"] == 1.0
+    assert one["hours"] * 3600 == pytest.approx(13156, rel=0.01)
+    two = at4.loc[("g3.16xlarge", 2)]  # measured 2x2 on two g3.16xlarge: kept as measured, both billed
+    assert two["instances"] == 2 and two["idle_gpus"] == 4 and two["measured"]
+    assert two["hours"] * 3600 == pytest.approx(15820, rel=0.01)
+    assert set(at4.loc["p2.xlarge"].index) == {4}  # a type measured never: its packed layout only
+    assert not at4.loc[("p2.xlarge", 4)]["measured"]
+
+
+def test_the_cheapest_within_the_deadline_is_the_measured_1x4(tmp_path, monkeypatch, capsys) -> None:
+    out = tmp_path / "plan"
+    code, err, _ = run_entry(["plan", "--from-csv", str(SEED004), "--instance-types", TYPES, "--deadline-h", "5",
+                              "--out", str(out)], monkeypatch, capsys)
+    assert code == 0, err
+    picked = [r for r in json.loads((out / "plan.json").read_text()) if "cheapest within" in (r["recommendation"] or "")]
+    assert len(picked) == 1, picked
+    cheapest = picked[0]
+    assert (cheapest["workers"], cheapest["instance_type"], cheapest["instances"]) == (4, "g3.16xlarge", 1)
+    assert cheapest["measured"] and cheapest["dollars"] == pytest.approx(13156 / 3600 * 4.56, rel=0.01)
+
+
+def test_a_tables_types_of_one_gpu_and_its_whole_job_need_no_flags(tmp_path, monkeypatch, capsys) -> None:
+    """The table names g3.4xlarge and g3.16xlarge (both M60) and times one whole job (time_s): without
+    --measured-on and --work the plan was refused for every type and for --deadline-h."""
+    c, err = _plan_json(tmp_path, monkeypatch, capsys)
+    assert {"g3.4xlarge", "g3.16xlarge", "p2.xlarge"} <= set(c["instance_type"])
+    said = " ".join(err.split())
+    assert "measured on g3.4xlarge (the table's fewest workers" in said, err
+    assert "work: one job" in said, err
+
+
+def test_types_of_two_gpu_models_are_not_guessed(tmp_path, monkeypatch, capsys) -> None:
+    table = pd.read_csv(SEED004)
+    table.loc[table["instance"] == "g3.16xlarge", "instance"] = "p3.8xlarge"  # V100s beside the M60s
+    path = tmp_path / "mixed.csv"
+    table.to_csv(path, index=False)
+    code, err, _ = run_entry(["plan", "--from-csv", str(path), "--instance-types", TYPES, "--deadline-h", "5"],
+                             monkeypatch, capsys)
+    assert code != 0 and "Traceback" not in err
+    assert "measured on g3.4xlarge (the table's" not in err
+
+
+def test_a_gpu_hour_rate_keeps_a_measured_1x4_on_one_node() -> None:
+    """A rate per GPU-hour has no shape: 4 of its GPUs can be the measured 1x4 (billed 4 GPU-hours an hour)."""
+    from scalelab.costs.catalog import builtin_catalog
+    from scalelab.costs.planner import PlanRequest, plan
+
+    cat = builtin_catalog()
+    cat.add_rate("lab", 0.5, "gpu-hour")
+    df = pd.DataFrame({"label": "s", "workers": [1, 4, 4], "nodes": [1, 1, 4], "throughput": [100.0, 380.0, 300.0]})
+    c = plan(PlanRequest(df, [1, 4, 8], cat, ["lab"], work=1e6, measured_on="lab")).candidates
+    at4 = c[c["workers"] == 4].set_index("nodes")
+    assert set(at4.index) == {1, 4} and at4["measured"].all() and (at4["instances"] == 4).all()
+    assert at4.loc[1, "predicted_throughput"] == pytest.approx(380.0, rel=1e-6)
+    assert at4.loc[4, "predicted_throughput"] == pytest.approx(300.0, rel=1e-6)
+    assert (c["idle_gpus"] == 0).all()
