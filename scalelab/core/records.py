@@ -171,6 +171,15 @@ def rank_files(run_dir: Path) -> list[Path]:
     return [path for _, path in sorted(found)]
 
 
+def refuse_non_file(path: Path, what: str = "a records file", writer: str = "the ranks") -> None:
+    """A RecordError naming `path` when it exists as something other than a file (a directory, a FIFO): one
+    line for status, logs, report and resume instead of an IsADirectoryError (or a read that never ends). A
+    link is left to `open_inside`, which refuses it with its own message."""
+    if (path.exists() or path.is_symlink()) and not path.is_file() and not path.is_symlink():
+        raise RecordError(f"{path} is {what_it_is(path)}, not {what}; remove it (it is written by {writer}), then "
+                          "run the command again")
+
+
 def record_files(run_dir: Path) -> list[Path]:
     files = rank_files(run_dir)
     if not files:
@@ -220,6 +229,7 @@ def _decode(lines: list[bytes], path: Path, warnings: list[str], tolerant: bool,
 def read_records(path: Path, warnings: list[str], tolerant: bool = False) -> list[dict[str, Any]]:
     """Every record of one file; `tolerant` skips bad lines (with a warning) instead of failing."""
     path = Path(path)
+    refuse_non_file(path)
     fd = open_inside(path.parent, path, os.O_RDONLY)  # a planted link is refused, not read
     with os.fdopen(fd, "rb") as f:
         raw = f.read()
@@ -241,6 +251,7 @@ class RecordTail:
     def read(self) -> list[dict[str, Any]]:
         if not self.path.exists():
             return []
+        refuse_non_file(self.path)
         with self.path.open("rb") as f:
             if os.fstat(f.fileno()).st_size < self.offset:
                 self.offset = 0

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from scalelab.core.errors import RecordError, SpecError
+from scalelab.core.records import refuse_non_file
 from scalelab.core.rundir import RunPaths
 from scalelab.core.spec import Spec
 from scalelab.core.writes import open_inside
@@ -96,6 +97,7 @@ def launcher_events(run_dir: Path) -> list[dict[str, Any]]:
     path = events_path(run_dir)
     if not path.exists() and not path.is_symlink():
         return []
+    refuse_non_file(path, "the launcher's events file", "`launch` as it starts and resumes the run")
     fd = open_inside(path.parent, path, os.O_RDONLY)
     with os.fdopen(fd, "rb") as f:
         lines = f.read().split(b"\n")
