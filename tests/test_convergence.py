@@ -84,6 +84,16 @@ def test_convergence_rows_group_runs_by_model_and_threshold():
     assert rows["label"].tolist() == ["rnnlm-tiny to loss 0.5"] and rows["steps_to_threshold"].tolist() == [800]
 
 
+@pytest.mark.parametrize("dtype", [object, "string", "str"])
+def test_convergence_rows_of_runs_none_of_which_reached_their_threshold(dtype):
+    """A sweep with --loss-threshold that no run reached: no rows. It was a TypeError in `launch plan` (a text
+    column of pandas' own string dtype + the float column an empty map makes)."""
+    table = pd.DataFrame({"model": pd.Series(["nmt-tiny", "nmt-tiny"], dtype=dtype), "loss_threshold": [4.0, 4.0],
+                          "steps_to_threshold": [None, None], "global_batch": [16, 16]})
+    rows = convergence_rows(table)
+    assert len(rows) == 0 and set(rows.columns) >= {"label", "steps_to_threshold"}
+
+
 def test_conformal_quantile():
     assert conformal_quantile(range(1, 10), 0.9) == 9  # ceil(10 * 0.9) = 9th of 9
     assert math.isinf(conformal_quantile(range(1, 9), 0.9))  # too few scores for 90 %

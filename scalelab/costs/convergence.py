@@ -220,6 +220,8 @@ def convergence_rows(table: pd.DataFrame) -> pd.DataFrame:
     if "steps_to_threshold" not in table.columns:
         return pd.DataFrame(columns=list(CONVERGENCE_COLUMNS))
     reached = table[pd.to_numeric(table["steps_to_threshold"], errors="coerce") > 0]
+    if not len(reached):  # no run reached its threshold: no rows (an empty text + float column is a TypeError)
+        return pd.DataFrame(columns=list(CONVERGENCE_COLUMNS))
     out = pd.DataFrame({c: reached[c] if c in reached.columns else None for c in CONVERGENCE_COLUMNS})
     model = reached["model"].astype(str) if "model" in reached.columns else pd.Series("", index=reached.index)
     out["label"] = model + " to loss " + reached["loss_threshold"].map(lambda x: f"{float(x):g}")
