@@ -94,3 +94,11 @@ def test_a_gpu_hour_rate_keeps_a_measured_1x4_on_one_node() -> None:
     assert at4.loc[1, "predicted_throughput"] == pytest.approx(380.0, rel=1e-6)
     assert at4.loc[4, "predicted_throughput"] == pytest.approx(300.0, rel=1e-6)
     assert (c["idle_gpus"] == 0).all()
+
+
+def test_a_table_of_named_layouts_is_pointed_at_predict(monkeypatch, capsys) -> None:
+    """Seed 004's money-speed table has a series per row: no worker-count fit, and the error says what plans it."""
+    table = SEED004.with_name("seed004_money_speed.csv")
+    code, err, _ = run_entry(["plan", "--from-csv", str(table)], monkeypatch, capsys)
+    assert code == 2 and "Traceback" not in err and err.count("launch: error:") == 1, err
+    assert "plan them with --predict LAYOUTS" in err and "--predict 1x1@1*g3.4xlarge" in err, err

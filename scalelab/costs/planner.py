@@ -181,7 +181,7 @@ def plan(request: PlanRequest) -> Plan:
     if not fits and len(request.measured) and not len(batches):
         # nothing at all can be predicted: that is the error, with what to do about it
         raise DataError(notes[-1].removesuffix(NOT_PREDICTED) + "; measure it at a second GPU count "
-                        "(`launch sweep --workers 1,2`, or another row in the CSV)")
+                        "(`launch sweep --workers 1,2`, or another row in the CSV)" + _layout_table_hint(request.measured))
     if not len(request.measured) and not len(batches):
         raise DataError("nothing to plan from: no measured throughput (a run that reached its loss threshold inside "
                         "its warm-up measured no speed: run it with fewer --warmup-steps or a lower threshold) and no "
@@ -194,6 +194,21 @@ def plan(request: PlanRequest) -> Plan:
         _mark_next(candidates, nxt)
     return Plan(fits, predictions, candidates, recommendations, nxt, notes + more + last, convergence, batches,
                 request.confidence)
+
+
+def _layout_table_hint(measured: pd.DataFrame) -> str:
+    """For a table of named layouts (a row per series, each with its instance type: seed 004's money-speed
+    table), where worker-count series cannot be fitted: how to plan it instead."""
+    if "instance_type" not in measured.columns or "label" not in measured.columns:
+        return ""
+    if measured["label"].value_counts().max() > 1:
+        return ""
+    r = measured.iloc[0]
+    nodes = int(r["nodes"]) if "nodes" in measured.columns and pd.notna(r["nodes"]) else 1
+    inst = str(r["instance_type"])
+    example = f"{nodes}x{int(r['workers']) // nodes}@" + (inst if any(c in inst for c in "*+") else f"{nodes}*{inst}")
+    return (f"; each series of this table is one layout on named instances: plan them with --predict LAYOUTS "
+            f"(the step-time model, e.g. --predict {example})")
 
 
 def _plan_layouts(request: PlanRequest) -> Plan:
