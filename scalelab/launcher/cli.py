@@ -295,13 +295,37 @@ def spec_options(func):
 
 
 def _backend_flag(backend: str, flag: Flag):
-    """The click option of one backend option's flag; it sets `backend_options[flag.key]`."""
+    """The click option of one backend option's flag; it sets `backend_options[flag.key]`.
+
+    A flag whose option holds a list or a mapping is repeatable, one item each time, in the grammar of
+    --backend-opt: the option's `parse` reads each text (`--toleration nvidia.com/gpu:NoSchedule`), so click
+    takes text for an item that is no number (a toleration's mapping: click's `dict` type was the error
+    "dictionary update sequence element #0 has length 1")."""
     kwargs: dict[str, Any] = {"help": f"[{backend}] {flag.help}"}
     if flag.kind is bool:
         kwargs["default"] = None  # an on/off pair: None when neither is given
     else:
-        kwargs.update(type=flag.kind, multiple=flag.multiple, metavar=flag.metavar)
+        kind = flag.kind if flag.kind in (str, int, float) else str
+        kwargs.update(type=kind, multiple=_repeatable(backend, flag), metavar=flag.metavar)
     return click.option(flag.decl, f"bopt__{backend}__{flag.key}", **kwargs)
+
+
+def _repeatable(backend: str, flag: Flag) -> bool:
+    """Whether the option's field holds several items given one per flag: a list or a mapping without a
+    `separator`. Asked of the field's type because `Flag.multiple` reads `list[str]` as one str (its
+    unwrapping of `X | None` unwraps `list[X]` too), which made every repeatable backend flag keep its last."""
+    import dataclasses
+    import types
+    import typing
+
+    from scalelab.core.options import type_hints
+
+    options = options_type(backend)
+    field = next(f for f in dataclasses.fields(options) if f.name == flag.key)
+    hint = type_hints(options)[flag.key]
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):  # `list[str] | None`: the list
+        hint = next(a for a in typing.get_args(hint) if a is not type(None))
+    return typing.get_origin(hint) in (list, dict) and not field.metadata.get("separator")
 
 
 def build_spec(params: dict[str, Any]) -> Spec:

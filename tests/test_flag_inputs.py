@@ -1,0 +1,98 @@
+"""Input handling of the backends' flags, the config file, the AWS region and --sbatch-arg.
+
+The product's rule for bad input: one `launch: error:` line naming what is wrong and where (the flag typed, or
+the config file and its key) and how to fix it, exit 2, no traceback. Each test here failed before its fix:
+- every backend's generated flag takes its own help's example, and a flag whose help says "repeatable" is
+  (`--toleration nvidia.com/gpu:NoSchedule` was "dictionary update sequence element #0 has length 1");
+- a config file's repeatable option takes one value or a list, and its bad values are blamed on the file and
+  key, not on a flag nobody typed;
+- AWS_REGION names the region, as the message asking for one says (boto3 reads AWS_DEFAULT_REGION only);
+- --sbatch-arg cannot silently replace the layout or what scalelab sets (nodes, tasks, signal, logs, ...).
+Run in-process (tests/conftest.py::run_entry), dry runs only.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+from conftest import run_entry
+
+from scalelab.launcher import cli
+from scalelab.launcher.backend import backend_flags
+
+# What each backend's dry run needs besides the flag under test.
+NEEDS = {"slurm": [], "k8s": ["--image", "trainer:1"], "aws": ["--bucket", "my-bucket", "--region", "us-east-1"]}
+# Two values of each repeatable flag that has no example of its own (by its metavar, or its name).
+SAMPLES = {"LABEL=VALUE": ("disk=ssd", "zone=a"), "KEY[=VALUE][:EFFECT]": ("nvidia.com/gpu:NoSchedule", "team=ml"),
+           "SECRET": ("regcred", "mirror"), "ENV=SECRET:KEY": ("TOKEN=hub:token", "KEY=hub:key"),
+           "ARG": ("--mail-type=END", "--comment=x"), "--fallback-instance-type": ("g3.8xlarge", "g3.16xlarge")}
+
+
+def _flags() -> list[tuple[str, Any]]:
+    return [(backend, flag) for backend, flags in backend_flags().items() for flag in flags]
+
+
+def _example(flag) -> str | None:
+    """The value the help shows after `e.g.` (`--sbatch-arg=--mail-type=END` gives `--mail-type=END`)."""
+    found = re.search(r"e\.g\. (\S+)", flag.help)
+    if not found:
+        return None
+    text = found.group(1).rstrip(".,;)")
+    return text.removeprefix(f"{flag.name}=")
+
+
+@pytest.fixture
+def spec_of(monkeypatch):
+    """The Spec each `launch run` in the test builds (build_spec spied on), newest last."""
+    built: list[Any] = []
+    real = cli.build_spec
+
+    def spy(params):
+        built.append(real(params))
+        return built[-1]
+
+    monkeypatch.setattr(cli, "build_spec", spy)
+    return built
+
+
+def _dry(backend: str, *args: str) -> list[str]:
+    return ["--backend", backend, *NEEDS[backend], "--dry-run", "--steps", "20", *args]
+
+
+@pytest.mark.parametrize("backend, flag", _flags(), ids=lambda v: getattr(v, "name", v))
+def test_a_flag_is_repeatable_exactly_where_its_help_says_so(backend, flag):
+    params = {p.name: p for p in cli.run_cmd.params}
+    assert params[f"bopt__{backend}__{flag.key}"].multiple == ("repeatable" in flag.help), flag.help
+
+
+@pytest.mark.parametrize("backend, flag", [(b, f) for b, f in _flags() if _example(f)],
+                         ids=lambda v: getattr(v, "name", v))
+def test_every_backend_flag_takes_its_own_help_example(backend, flag, monkeypatch, capsys, spec_of, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    code, err, _ = run_entry(_dry(backend, f"{flag.name}={_example(flag)}"), monkeypatch, capsys)
+    assert code == 0 and "error" not in err, err
+    assert spec_of[-1].backend_options[flag.key], spec_of[-1].backend_options
+
+
+@pytest.mark.parametrize("backend, flag", [(b, f) for b, f in _flags() if "repeatable" in f.help],
+                         ids=lambda v: getattr(v, "name", v))
+def test_a_repeatable_flag_given_twice_keeps_both(backend, flag, monkeypatch, capsys, spec_of, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    first, second = SAMPLES.get(flag.metavar) or SAMPLES[flag.name]
+    code, err, _ = run_entry(_dry(backend, flag.name, _example(flag) or first, flag.name, second),
+                             monkeypatch, capsys)
+    assert code == 0, err
+    assert len(spec_of[-1].backend_options[flag.key]) == 2, spec_of[-1].backend_options
+
+
+def test_tolerations_as_the_help_shows_them_reach_the_pods(monkeypatch, capsys, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    code, err, out = run_entry(_dry("k8s", "--toleration", "nvidia.com/gpu:NoSchedule", "--toleration",
+                                    "team=ml:NoExecute"), monkeypatch, capsys)
+    assert code == 0, err
+    assert "key: nvidia.com/gpu" in out and "operator: Exists" in out and "effect: NoSchedule" in out
+    assert "value: ml" in out and "effect: NoExecute" in out
+    code, err, _ = run_entry(_dry("k8s", "--toleration", "gpu:Sometimes"), monkeypatch, capsys)
+    assert code == 2 and "--toleration" in err and "NoSchedule" in err and "Traceback" not in err, err
