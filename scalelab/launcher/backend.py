@@ -164,6 +164,10 @@ class Backend(ABC):
     # run without watching the launcher, and `launch status` records how the run ended. A backend
     # whose `finish` must run (records copied back, resources freed) is not detachable.
     detachable: bool = False
+    # Whether the built-in trainer's checkpoint is RUN_DIR/checkpoint.pt as this machine sees it (local;
+    # Slurm's shared filesystem), so `launch resume` can tell a run that has none; Kubernetes keeps it on its
+    # volume, AWS in S3.
+    checkpoint_here: bool = False
 
     name: str = ""
     Options: type[BackendOptions] = BackendOptions  # each backend names its own (see BACKEND_OPTIONS)

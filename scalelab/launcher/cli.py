@@ -526,7 +526,7 @@ def resume_cmd(run_dir: str, runs_dir: str, detach: bool, allow_changed: tuple[s
         return
     spec = read_spec(path).validate(stored=True)  # a --script run from before the trainer-only refusal resumes
     from scalelab.core.trajectory import check_resume, record_changes
-    from scalelab.launcher.runner import nothing_to_resume
+    from scalelab.launcher.runner import nothing_to_resume, refuse_restart
 
     done = nothing_to_resume(path, spec)  # a COMPLETED run: left byte-for-byte as it is
     if done:
@@ -534,6 +534,7 @@ def resume_cmd(run_dir: str, runs_dir: str, detach: bool, allow_changed: tuple[s
         return
     changed = check_resume(path, spec, allow_changed)  # an edited lr, batch, ...: refused unless allowed
     backend = get_backend(spec.backend, spec.backend_options)
+    refuse_restart(backend, path, spec)  # steps recorded, no checkpoint: it would train them again
     if detach:
         detaching(backend)
     backend.validate(spec)

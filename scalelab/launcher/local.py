@@ -110,6 +110,7 @@ class LocalBackend(Backend):
     default_poll_s = 0.5
     horovod_here = True  # horovodrun and the ranks run on this machine's Python
     detachable = True  # the processes run on without the launcher; `launch status` finds them and their end
+    checkpoint_here = True  # RUN_DIR/checkpoint.pt is here: a resume can tell when there is none
 
     name = "local"
     Options = LocalOptions

@@ -468,6 +468,34 @@ def _checkpoint_to_continue(run_dir: Path, step: int) -> None:
                             "you want (with --checkpoint-every, a run keeps a checkpoint of its end)")
 
 
+def refuse_restart(backend: Backend, run_dir: Path, spec: Spec) -> None:
+    """Refuse (one line, before anything is written) a resume of a built-in trainer run that recorded steps but
+    has no checkpoint (deleted, as the message of a damaged one suggests, or never saved): its ranks would train
+    from step 1 again and append those steps to its records a second time, which its reports then count twice.
+    A --script keeps its own checkpoints, and a remote backend keeps the run's elsewhere: not checked."""
+    if spec.own_code or not backend.checkpoint_here or run_state(run_dir) == COMPLETED:
+        return
+    ckpt = RunPaths(run_dir).checkpoint
+    if ckpt.exists() or ckpt.is_symlink():
+        return
+    steps = recorded_steps(run_dir)
+    if steps:
+        raise ScalelabError(f"run {run_dir} recorded {steps} step(s) but has no checkpoint ({ckpt} is missing): a "
+                            "resume would train from step 1 again and add those steps to its records a second time, "
+                            f"so nothing was resumed; start a new run of the same spec instead: launch run --spec "
+                            f"{RunPaths(run_dir).spec}")
+
+
+def recorded_steps(run_dir: Path) -> int:
+    """How many step records rank 0 wrote (damaged lines skipped: this counts, it does not judge)."""
+    from scalelab.core.records import read_records
+
+    path = RunPaths(run_dir).records / "rank-0.jsonl"
+    if not path.is_file():
+        return 0
+    return sum(1 for r in read_records(path, [], tolerant=True) if r.get("kind") == "step")
+
+
 def resume_hint(run_dir: Path) -> str:
     """'; `launch resume RUN` continues it from its checkpoint' when the run has one to continue from."""
     if RunPaths(run_dir).checkpoint.exists():

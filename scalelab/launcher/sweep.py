@@ -30,7 +30,7 @@ from scalelab.core.rundir import (
 )
 from scalelab.core.spec import MODE_AXES, Spec, read_spec, save_spec
 from scalelab.core.writes import refuse_run_dir_links
-from scalelab.launcher.runner import follow, owning, refuse_if_live, stopping_runs, submit
+from scalelab.launcher.runner import follow, owning, refuse_if_live, refuse_restart, stopping_runs, submit
 
 _LAYOUT = re.compile(r"^\s*(\d+)\s*x\s*(\d+)\s*$")
 
@@ -201,6 +201,8 @@ def resume_sweep(sweep_dir: Path, allow_changed: tuple[str, ...] = ()) -> Path:
     first = read_spec(layouts[0]).validate(stored=True)
     backend = get_backend(first.backend, first.backend_options)
     backend.validate(first)
+    for run_dir, _ in changes:  # a layout with steps but no checkpoint would train them again: refused first
+        refuse_restart(backend, run_dir, read_spec(run_dir).validate(stored=True))
     for run_dir, changed in changes:
         if changed:
             record_changes(run_dir, changed)

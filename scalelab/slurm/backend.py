@@ -114,6 +114,7 @@ class SlurmBackend(Backend):
     # `--detach` submits and returns, as sbatch does: Slurm, not the launcher, supervises the job, and
     # `finish` only waits for it to leave the queue; `launch status` records how it ended
     detachable = True
+    checkpoint_here = True  # RUN_DIR/checkpoint.pt is here: a resume can tell when there is none
 
     name = "slurm"
     Options = SlurmOptions  # the valid options, their defaults and checks (scalelab/slurm/options.py)
