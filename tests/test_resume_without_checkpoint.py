@@ -58,3 +58,16 @@ def test_a_run_that_recorded_no_step_still_starts_over(completed, tmp_path) -> N
     records.write_text("".join(line + "\n" for line in records.read_text().splitlines() if '"kind": "step"' not in line))
     spec = read_spec(run).validate(stored=True)
     refuse_restart(get_backend(spec.backend, spec.backend_options), Path(run), spec)  # no error
+
+
+def test_a_cancel_that_left_no_checkpoint_does_not_promise_one(completed, tmp_path) -> None:
+    """A cancel that cut the first checkpoint write (no stop records): the line said "continues it from its
+    last checkpoint" with none saved; it names the new run that starts it over."""
+    from scalelab.launcher.runner import cancelled_line
+
+    run = _copy(completed("single"), tmp_path / "run", state="CANCELLED")
+    assert "continues it from its last checkpoint" in cancelled_line(run)
+    (run / "checkpoint.pt").unlink()
+    said = cancelled_line(run)
+    assert "no checkpoint was saved" in said and f"launch run --spec {run}/spec.json" in said, said
+    assert "continues it" not in said

@@ -91,6 +91,8 @@ def test_a_trainer_run_stopped_without_a_checkpoint_names_its_checkpoint_file(tm
                      [{"event": "interrupted", "signal": 15}]) for r in (0, 1)]
     said = stop_line(tmp_path, ranks)
     assert f"no checkpoint was saved (no {tmp_path}/checkpoint.pt)" in said and "checkpoint/" not in said, said
+    # its resume refuses to train recorded steps again (runner.refuse_restart): a new run is what starts it over
+    assert f"a new run of its spec: `launch run --spec {tmp_path}/spec.json`" in said and "launch resume" not in said
     (tmp_path / "checkpoint.pt").write_bytes(b"saved")
     assert "stopped at step 1 with a checkpoint; `launch resume" in stop_line(tmp_path, ranks)
 

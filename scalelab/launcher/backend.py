@@ -453,8 +453,21 @@ def stop_line(run_dir: Path, ranks: list[RankEnd]) -> str:
     if has_checkpoint(run_dir):
         return (f"{why}, and every rank stopped at step {step} with a checkpoint; `launch resume {run_dir}` "
                 "continues it from there")
-    return (f"{why}, and every rank stopped at step {step}; no checkpoint was saved ({checkpoint_absent(run_dir)}): "
-            f"`launch resume {run_dir}` starts it again with nothing to continue from")
+    return f"{why}, and every rank stopped at step {step}; " + no_checkpoint_advice(run_dir)
+
+
+def no_checkpoint_advice(run_dir: Path) -> str:
+    """'no checkpoint was saved (...): ' and what starts the run again: a script's own `launch resume` (it keeps
+    its own checkpoints, and its resume starts it over), a built-in trainer's new run of its spec (its resume
+    refuses to train recorded steps a second time: `runner.refuse_restart`)."""
+    said = f"no checkpoint was saved ({checkpoint_absent(run_dir)}): "
+    try:
+        script = read_spec(run_dir).own_code
+    except (ScalelabError, OSError, ValueError):
+        script = True  # no readable spec: the resume decides
+    if script:
+        return said + f"`launch resume {run_dir}` starts it again with nothing to continue from"
+    return said + f"start it again as a new run of its spec: `launch run --spec {RunPaths(Path(run_dir)).spec}`"
 
 
 def checkpoint_absent(run_dir: Path) -> str:

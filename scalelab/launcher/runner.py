@@ -57,6 +57,8 @@ from scalelab.launcher.backend import (
     STOP_NOW,
     Backend,
     RunStatus,
+    has_checkpoint,
+    no_checkpoint_advice,
     rank_ends,
     rank_tag,
     silent_ranks,
@@ -314,12 +316,22 @@ def follow(backend: Backend, spec: Spec, run_dir: Path, label: str | None = None
     with RunProgress(run_dir, spec.steps, label or run_dir.name, err_console, epochs=spec.epochs) as progress:
         status = wait(backend, run_dir, on_tick=progress.poll)
     if status.state == CANCELLED:
-        stopped = stopped_on_a_signal(run_dir, read_state(run_dir).get("launched"))
-        raise ScalelabError(f"run {run_dir} was cancelled: {stopped.detail}" if stopped else
-                            f"run {run_dir} was cancelled; `launch resume {run_dir}` continues it from its last checkpoint")
+        raise ScalelabError(cancelled_line(run_dir))
     if status.state != COMPLETED:
         raise failure(backend, run_dir, status)
     return write_summary(run_dir)
+
+
+def cancelled_line(run_dir: Path) -> str:
+    """What a followed run that was cancelled says: who stopped it and where (`stop_line`), or else whether a
+    checkpoint continues it. Why: a cancel that cut the run's first checkpoint write was told "`launch resume`
+    continues it from its last checkpoint", with none saved."""
+    stopped = stopped_on_a_signal(run_dir, read_state(run_dir).get("launched"))
+    if stopped:
+        return f"run {run_dir} was cancelled: {stopped.detail}"
+    if has_checkpoint(run_dir):
+        return f"run {run_dir} was cancelled; `launch resume {run_dir}` continues it from its last checkpoint"
+    return f"run {run_dir} was cancelled; " + no_checkpoint_advice(run_dir)
 
 
 def write_summary(run_dir: Path):
