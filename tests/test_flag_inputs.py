@@ -96,3 +96,49 @@ def test_tolerations_as_the_help_shows_them_reach_the_pods(monkeypatch, capsys, 
     assert "value: ml" in out and "effect: NoExecute" in out
     code, err, _ = run_entry(_dry("k8s", "--toleration", "gpu:Sometimes"), monkeypatch, capsys)
     assert code == 2 and "--toleration" in err and "NoSchedule" in err and "Traceback" not in err, err
+
+
+# ---- AWS region ----------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def no_aws_config(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for name in ("AWS_REGION", "AWS_DEFAULT_REGION", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+
+
+@pytest.mark.parametrize("env, region", [
+    ({"AWS_REGION": "us-east-1"}, "us-east-1"),
+    ({"AWS_DEFAULT_REGION": "eu-west-1"}, "eu-west-1"),
+    ({"AWS_REGION": "us-west-2", "AWS_DEFAULT_REGION": "eu-west-1"}, "us-west-2"),  # AWS's SDKs: AWS_REGION first
+])
+def test_the_region_comes_from_aws_region_then_aws_default_region(no_aws_config, env, region, monkeypatch, capsys):
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    code, err, out = run_entry(["--backend", "aws", "--bucket", "my-bucket", "--dry-run", "--steps", "20"],
+                               monkeypatch, capsys)
+    assert code == 0, err
+    assert f'"region": "{region}"' in out
+
+
+def test_no_region_names_both_variables(no_aws_config, monkeypatch, capsys):
+    code, err, _ = run_entry(["--backend", "aws", "--bucket", "my-bucket", "--dry-run"], monkeypatch, capsys)
+    assert code == 2 and "AWS_REGION" in err and "AWS_DEFAULT_REGION" in err, err
+
+
+def test_aws_gc_reads_aws_region(no_aws_config, monkeypatch):
+    from scalelab.aws import cli as aws_cli
+
+    monkeypatch.setenv("AWS_REGION", "ap-south-1")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    ec2, _ = aws_cli._clients(None)
+    assert ec2.meta.region_name == "ap-south-1"
+
+
+def test_the_region_help_names_both_variables():
+    help_text = next(f.help for f in backend_flags()["aws"] if f.name == "--region")
+    assert "AWS_REGION" in help_text and "AWS_DEFAULT_REGION" in help_text

@@ -38,7 +38,7 @@ from typing import Any, Callable, Iterator
 from scalelab.aws import mirror, render
 from scalelab.aws import teardown as td
 from scalelab.aws.bootstrap import LAUNCHER_HEARTBEAT, LAUNCHER_LOST, STOP_REQUEST, STOP_REQUESTED, is_missing, node_order
-from scalelab.aws.options import AwsOptions
+from scalelab.aws.options import AwsOptions, default_region
 from scalelab.aws.render import AwsRequest, Plan
 from scalelab.core.errors import ScalelabError, SpecError
 from scalelab.core.lock import RunBusy
@@ -86,10 +86,10 @@ class AwsBackend(Backend):
         if self._session is not None:
             return self._session.region_name or ""
         try:
-            import boto3
+            import boto3  # noqa: F401
         except ImportError:
             raise SpecError("the aws backend needs boto3: pip install boto3") from None
-        return boto3.Session().region_name or ""  # environment and config files only: no call
+        return default_region()  # AWS_REGION, AWS_DEFAULT_REGION, ~/.aws/config: no call
 
     def check(self, spec: Spec) -> None:
         render.make_plan(spec, Path("runs/validate"), self.options, self.region())

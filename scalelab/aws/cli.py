@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import click
 
+from scalelab.aws.options import REGION_HINT, default_region
 from scalelab.core.errors import ScalelabError
 
 
@@ -20,9 +21,9 @@ def _clients(region: str | None):
         import boto3
     except ImportError:
         raise ScalelabError("the aws backend needs boto3: pip install boto3") from None
-    session = boto3.Session(region_name=region) if region else boto3.Session()
+    session = boto3.Session(region_name=region or default_region() or None)
     if not session.region_name:
-        raise ScalelabError("no AWS region: pass --region (e.g. us-east-1) or set AWS_REGION / `aws configure set region`")
+        raise ScalelabError(f"no AWS region: give {REGION_HINT}")
     if session.get_credentials() is None:
         raise ScalelabError("no AWS credentials found: run `aws configure`, or set AWS_PROFILE or "
                             "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY")
@@ -35,7 +36,8 @@ def aws_group() -> None:
 
 
 @aws_group.command("gc")
-@click.option("--region", type=str, help="Region to clean [default: the boto3 chain].")
+@click.option("--region", type=str, help="Region to clean [default: $AWS_REGION, else $AWS_DEFAULT_REGION, else "
+              "the profile's region in ~/.aws/config].")
 @click.option("--run-id", type=str, help="Only this run's resources [default: every scalelab run's].")
 @click.option("--dry-run", is_flag=True, help="List what would be removed; remove nothing.")
 @click.option("--force", is_flag=True, help="With --run-id: remove the run even if its launcher's heartbeat is fresh.")

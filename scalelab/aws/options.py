@@ -7,12 +7,31 @@ there a bucket and a region) is checked when the requests are planned (scalelab/
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 
 from scalelab.core.options import BackendOptions, above, at_least, option
 from scalelab.costs.fleet import CloudFleet
 from scalelab.core.spec import DEFAULT_AWS_INSTANCE_TYPE
+
+
+# Where a region comes from when --region is not given, in the order AWS's own SDKs and CLI read them.
+REGION_VARIABLES = ("AWS_REGION", "AWS_DEFAULT_REGION")
+REGION_HINT = ("--region (e.g. us-east-1), the AWS_REGION or AWS_DEFAULT_REGION environment variable, or "
+               "`aws configure set region us-east-1`")
+
+
+def default_region() -> str:
+    """The region without --region: AWS_REGION, then AWS_DEFAULT_REGION, then the profile's `region` in
+    ~/.aws/config ('' if none). Why not boto3's chain alone: botocore reads AWS_DEFAULT_REGION only, so
+    `AWS_REGION=us-east-1 launch --backend aws ...` was refused by a message that asked for AWS_REGION."""
+    for name in REGION_VARIABLES:
+        if os.environ.get(name, "").strip():
+            return os.environ[name].strip()
+    import boto3  # the callers have said how to install it
+
+    return boto3.Session().region_name or ""  # environment and config files only: no call
 
 
 def s3_bucket_name(name: str) -> str | None:
@@ -44,7 +63,8 @@ class AwsOptions(BackendOptions, CloudFleet):
     provider = "aws"  # the catalog's EC2 prices: one instance per node
     assumed_startup_s = 300.0  # an instance boots and installs the package
 
-    region: str = option("", "AWS region [default: the boto3 chain: AWS_REGION, ~/.aws/config].", flag="--region")
+    region: str = option("", "AWS region [default: $AWS_REGION, else $AWS_DEFAULT_REGION, else the profile's "
+                         "region in ~/.aws/config].", flag="--region")
     instance_type: str = option(DEFAULT_AWS_INSTANCE_TYPE, "EC2 type for every node, or a mix such as 1*p2.xlarge+3*g3.4xlarge.",
                                 flag="--instance-type")
     fallback_instance_types: list[str] = option([], "Type used when the first has no (spot) capacity (repeatable).",

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from scalelab.aws.bootstrap import LAUNCHER_HEARTBEAT
+from scalelab.aws.options import REGION_HINT
 from scalelab.core.engines import engine
 from scalelab.core.checks import aws_region_problem
 from scalelab.core.errors import SpecError
@@ -92,8 +93,7 @@ def prerequisites_missing(options: Mapping[str, Any], region: str) -> list[str]:
         missing.append("--bucket NAME: an S3 bucket in the run's region for its package, records, logs and "
                        "checkpoints")
     if not region:
-        missing.append("a region: --region (e.g. us-east-1), `aws configure set region us-east-1` or the "
-                       "AWS_REGION environment variable")
+        missing.append(f"a region: {REGION_HINT}")
     return missing
 
 
