@@ -182,6 +182,9 @@ TRAINER_ONLY = ("rnn", "precision", "model_args", "global_batch", "batch_per_wor
                 "engine.ps_placement")
 
 
+MAX_STEPS = 1_000_000_000  # 1e20 steps was accepted (and priced at $6e15 by --dry-run)
+
+
 @dataclass
 class Spec:
     """A complete, backend-neutral description of one training run.
@@ -216,7 +219,9 @@ class Spec:
                                       flag="--global-batch")
     batch_per_worker: int | None = option(None, "Samples per worker and step: every worker takes this batch, so "
                                           "the global batch grows with the workers (weak scaling).", POSITIVE, at_most(MAX_BATCH, BATCH_LIMIT), flag="--batch-per-worker")
-    steps: int | None = option(40, "Optimizer steps to run.", POSITIVE, flag="--steps")
+    steps: int | None = option(40, "Optimizer steps to run.", POSITIVE,
+                               at_most(MAX_STEPS, f"must be at most {MAX_STEPS:,} (years of training at any speed)"),
+                               flag="--steps")
     epochs: int | None = option(None, "Epochs to run (with --steps: whichever ends first).", POSITIVE,
                                 flag="--epochs")
     warmup_steps: int = option(5, "Steps excluded from timings after each (re)start.", at_least(0),

@@ -217,6 +217,11 @@ class Catalog:
             raise CatalogError(f"rate for {name!r}: per must be gpu-hour or node-hour, got {per!r}")
         if not (0 <= usd_per_hour < math.inf) or gpus < 1:
             raise CatalogError(f"rate for {name!r}: price must be >= 0 and gpus >= 1")
+        known = self.instances.get(name)
+        if known is not None and known.provider != "rate":  # it replaced the type's shape and price, unsaid
+            raise CatalogError(f"rate for {name!r}: that is an instance type the catalog knows ({known.gpus} GPU{'' if known.gpus == 1 else 's'}, "
+                               f"{known.provider}); name your on-premise rate otherwise (e.g. {name}-onprem), or "
+                               "change the type's own price in a prices file's on_demand rows")
         inst = InstanceType(name=name, gpus=1 if per == "gpu-hour" else int(gpus), gpu_model=gpu_model,
                             source=source, provider="rate", per_gpu=per == "gpu-hour")
         self.instances[name] = inst

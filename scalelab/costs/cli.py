@@ -456,6 +456,11 @@ def _parse_workers(text: str | None) -> list[int]:
         raise SpecError(f"--predict-workers takes whole numbers separated by commas, e.g. 5,6,7,8; got {text!r}") from None
     if any(w < 1 for w in out):
         raise SpecError(f"--predict-workers must be positive, got {text!r}")
+    from scalelab.costs.tables import MAX_GPUS  # pandas: loaded by the command, not by --help
+
+    if any(w > MAX_GPUS for w in out):
+        raise SpecError(f"--predict-workers {max(out):,} is more GPUs than any cluster has; give counts up to "
+                        f"{MAX_GPUS:,}")
     return out
 
 

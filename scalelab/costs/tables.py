@@ -50,6 +50,18 @@ def _positive_int(x: str) -> int:
     return int(v)
 
 
+MAX_GPUS = 1_000_000  # more GPUs (or nodes) than any cluster has: a larger count is a typo, not a layout
+
+
+def _gpu_count(x: str) -> int:
+    """A count of workers or nodes: a positive whole number up to MAX_GPUS (1e20 was planned, 1e23 shown as
+    99999999999999991611392 workers)."""
+    v = _positive_int(x)
+    if v > MAX_GPUS:
+        raise ValueError
+    return v
+
+
 def _positive_float(x: str) -> float:
     v = float(x.replace(",", "").replace("_", ""))
     if not (v > 0 and math.isfinite(v)):
@@ -88,6 +100,7 @@ def _choice(*allowed: str) -> Callable[[str], str]:
 
 _EXPECT = {
     _positive_int: "a positive whole number",
+    _gpu_count: f"a positive whole number up to {MAX_GPUS:,}",
     _positive_float: "a positive number",
     _non_negative_float: "a number >= 0",
     _run_seconds: f"a run's length in seconds, > 0 and at most a year ({MAX_RUN_SECONDS:,.0f})",
@@ -167,7 +180,7 @@ def read_scaling_csv(path: str | Path) -> pd.DataFrame:
     """A published scaling table: one row per measurement (see the module doc for the columns)."""
     axis = _choice(*SCALING_AXES)
     df = _read(path, [["workers"], ["throughput", "time_s"]],
-               {"workers": _positive_int, "nodes": _positive_int, "throughput": _positive_float,
+               {"workers": _gpu_count, "nodes": _gpu_count, "throughput": _positive_float,
                 "time_s": _positive_float, "mode": _choice(*BATCH_MODES), "batch_scaling": axis,
                 "work_scaling": axis, "global_batch": _positive_int, "balance": _choice(*BALANCE_MODES)},
                "label (optional), workers, nodes (optional), instance_type (optional), throughput or time_s, "
@@ -179,6 +192,9 @@ def read_scaling_csv(path: str | Path) -> pd.DataFrame:
         legacy = df["mode"].map(BATCH_SCALING) if "mode" in df.columns else None
         df[column] = (df[column] if column in df.columns else pd.Series(None, index=df.index, dtype=object))
         df[column] = df[column].fillna(legacy if legacy is not None else "fixed").fillna("fixed").astype(str)
+    if "throughput" in df.columns and "time_s" in df.columns:  # one of them was used, silently
+        raise CsvError(f"{path}: has both 'throughput' and 'time_s' columns; keep the one the table measured "
+                       "(throughput: work per second; time_s: seconds of the whole job) and drop the other")
     metric = "throughput" if "throughput" in df.columns else "time_s"
     missing = df[df[metric].isna()]
     if len(missing):

@@ -1,0 +1,57 @@
+"""Numbers past any real cluster or run, and inputs that say one thing twice: one error line each.
+
+Found by a review: `--predict-workers 1e20` was planned, a CSV's 1e23 workers shown as 99999999999999991611392,
+`--steps 1e20` priced at $6e15 by --dry-run; a CSV with both throughput and time_s used one of them without a
+word; a rate named like an AWS type replaced that type's shape and price silently ($2.28 became $0.90).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_entry
+
+
+def _one_error(argv: list[str], monkeypatch, capsys) -> str:
+    code, err, _ = run_entry(argv, monkeypatch, capsys)
+    assert code == 2 and "Traceback" not in err, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("launch: error:"), err
+    return lines[0]
+
+
+def _csv(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "t.csv"
+    path.write_text(text)
+    return str(path)
+
+
+def test_a_csv_worker_count_past_any_cluster_is_refused(tmp_path, monkeypatch, capsys) -> None:
+    path = _csv(tmp_path, "workers,throughput\n1,100\n99999999999999999999999,200\n")
+    err = _one_error(["plan", "--from-csv", path], monkeypatch, capsys)
+    assert "t.csv:3" in err and "up to 1,000,000" in err, err
+
+
+def test_predict_workers_past_any_cluster_is_refused(tmp_path, monkeypatch, capsys) -> None:
+    path = _csv(tmp_path, "workers,throughput\n1,100\n2,190\n")
+    err = _one_error(["plan", "--from-csv", path, "--predict-workers", "99999999999999999999"], monkeypatch, capsys)
+    assert "more GPUs than any cluster has" in err, err
+
+
+def test_a_csv_with_both_throughput_and_time_is_refused(tmp_path, monkeypatch, capsys) -> None:
+    path = _csv(tmp_path, "workers,throughput,time_s\n1,100,10\n2,190,6\n")
+    err = _one_error(["plan", "--from-csv", path], monkeypatch, capsys)
+    assert "both 'throughput' and 'time_s'" in err, err
+
+
+def test_steps_past_years_of_training_are_refused(tmp_path, monkeypatch, capsys) -> None:
+    monkeypatch.chdir(tmp_path)
+    err = _one_error(["run", "--steps", "99999999999999999999", "--dry-run"], monkeypatch, capsys)
+    assert "steps must be at most 1,000,000,000" in err, err
+
+
+def test_a_rate_named_like_a_known_instance_type_is_refused(monkeypatch, capsys) -> None:
+    err = _one_error(["cost", "--list", "--rate", "g3.4xlarge=0.9/gpu-hour"], monkeypatch, capsys)
+    assert "'g3.4xlarge'" in err and "instance type the catalog knows" in err and "g3.4xlarge-onprem" in err, err
