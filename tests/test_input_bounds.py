@@ -55,3 +55,18 @@ def test_steps_past_years_of_training_are_refused(tmp_path, monkeypatch, capsys)
 def test_a_rate_named_like_a_known_instance_type_is_refused(monkeypatch, capsys) -> None:
     err = _one_error(["cost", "--list", "--rate", "g3.4xlarge=0.9/gpu-hour"], monkeypatch, capsys)
     assert "'g3.4xlarge'" in err and "instance type the catalog knows" in err and "g3.4xlarge-onprem" in err, err
+
+
+@pytest.mark.parametrize("extra", [["--from-csv", "x.csv"], ["--instances", "2*g3.4xlarge"]])
+def test_cost_list_with_what_it_would_ignore_is_refused(extra, tmp_path, monkeypatch, capsys) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "x.csv").write_text("instances,seconds\n1*g3.4xlarge,60\n")
+    err = _one_error(["cost", "--list", *extra], monkeypatch, capsys)
+    assert "--list prints the catalog; it does not go with" in err, err
+
+
+@pytest.mark.parametrize("given", ["", ","])
+def test_memory_instance_types_naming_none_is_refused(given, monkeypatch, capsys) -> None:
+    err = _one_error(["memory", "--model", "nmt-tiny", "--batch-per-worker", "8", "--instance-types", given],
+                     monkeypatch, capsys)
+    assert "names no type" in err, err

@@ -192,6 +192,11 @@ def cost_cmd(run_dirs: tuple[str, ...], from_csv: str | None, instances: str | N
         if not (from_csv or run_dirs or list_catalog):
             return
     if list_catalog:
+        given = [what for what, v in (("RUN_DIRS", run_dirs), ("--from-csv", from_csv), ("--instances", instances))
+                 if v]
+        if given:  # the catalog was listed and they were ignored
+            raise SpecError(f"--list prints the catalog; it does not go with {' or '.join(given)}: drop --list to "
+                            "cost runs, or drop them to list")
         _list_catalog(catalog, params["region"], fmt)
         return
     if from_csv and run_dirs:

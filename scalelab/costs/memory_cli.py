@@ -71,7 +71,10 @@ def memory_cmd(instance_types: str | None, fmt: str, **params: Any) -> None:
     cfg = config_with_overrides(PRESETS[model_name], model_overrides(parse_pairs(params["model_args"], "--model-arg"),
                                                                      "--model-arg"))
     prediction = predict_peak(cfg, batch_per_worker, precision, engine, spec.output_loss, spec.optimizer, device="cuda")
-    names = [n.strip() for n in instance_types.split(",") if n.strip()] if instance_types else None
+    names = [n.strip() for n in instance_types.split(",") if n.strip()] if instance_types is not None else None
+    if names == []:  # '' or ',' listed the default types without a word (`launch plan` refuses it)
+        raise SpecError(f"--instance-types {instance_types!r} names no type: give types, e.g. g5.xlarge,p4d.24xlarge, "
+                        "or leave the flag out for the default ones")
     rows = fit_rows(prediction, gpu_types(names), precision)
     if fmt == "json":
         click.echo(json.dumps({"model": model_name, "batch_per_worker": batch_per_worker, "precision": precision,
