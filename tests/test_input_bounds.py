@@ -70,3 +70,8 @@ def test_memory_instance_types_naming_none_is_refused(given, monkeypatch, capsys
     err = _one_error(["memory", "--model", "nmt-tiny", "--batch-per-worker", "8", "--instance-types", given],
                      monkeypatch, capsys)
     assert "names no type" in err, err
+
+
+def test_ls_of_a_runs_dir_that_is_a_device_says_what_it_is(monkeypatch, capsys) -> None:
+    err = _one_error(["ls", "--runs-dir", "/dev/null"], monkeypatch, capsys)
+    assert "/dev/null is a character device, not a directory" in err, err
