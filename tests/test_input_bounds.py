@@ -75,3 +75,16 @@ def test_memory_instance_types_naming_none_is_refused(given, monkeypatch, capsys
 def test_ls_of_a_runs_dir_that_is_a_device_says_what_it_is(monkeypatch, capsys) -> None:
     err = _one_error(["ls", "--runs-dir", "/dev/null"], monkeypatch, capsys)
     assert "/dev/null is a character device, not a directory" in err, err
+
+
+def test_a_misspelt_allow_changed_is_refused_even_for_a_completed_run(tmp_path, monkeypatch, capsys) -> None:
+    import json as _json
+
+    from scalelab.core.spec import Spec, save_spec
+
+    run = tmp_path / "run"
+    run.mkdir()
+    save_spec(Spec.from_dict({"engine": {"name": "single"}}).validate(), run)
+    (run / "launch.json").write_text(_json.dumps({"state": "COMPLETED", "run_dir": str(run)}))
+    err = _one_error(["resume", str(run), "--allow-changed", "learning_rate"], monkeypatch, capsys)
+    assert "'learning_rate' is not a field" in err, err

@@ -512,6 +512,9 @@ def resume_cmd(run_dir: str, runs_dir: str, detach: bool, allow_changed: tuple[s
     --allow-changed names the field.
     """
     path = Path(run_dir)
+    from scalelab.core.trajectory import allowed_fields
+
+    allowed_fields(allow_changed)  # a misspelt field is refused whatever the run's state (a completed one returned first)
     if is_sweep(path):
         from scalelab.launcher.sweep import resume_sweep
 
