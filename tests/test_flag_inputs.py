@@ -142,3 +142,53 @@ def test_aws_gc_reads_aws_region(no_aws_config, monkeypatch):
 def test_the_region_help_names_both_variables():
     help_text = next(f.help for f in backend_flags()["aws"] if f.name == "--region")
     assert "AWS_REGION" in help_text and "AWS_DEFAULT_REGION" in help_text
+
+
+# ---- --sbatch-arg --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("arg, use", [
+    ("--nodes=5", "--nodes 5"), ("--nodes 5", "--nodes 5"), ("-N5", "--nodes 5"), ("-N 5", "--nodes 5"),
+    ("--ntasks=4", "--gpus-per-node"), ("-n4", "--gpus-per-node"), ("--ntasks-per-node=4", "--gpus-per-node"),
+    ("--gpus-per-node=2", "--gpus-per-node"), ("--gres=gpu:v100:2", "--gpu-type"), ("-G2", "--gpus-per-node"),
+    ("--signal=USR2@5", "signal_s"), ("--no-requeue", "--no-requeue"), ("--requeue", "--requeue"),
+    ("--output=/etc/x", "launch logs"), ("-o/etc/x", "launch logs"), ("--error=/tmp/e", "launch logs"),
+    ("-e /tmp/e", "launch logs"), ("--open-mode=truncate", "launch logs"), ("--array=0-3", "--repeats"),
+    ("-a 0-3", "--repeats"), ("--job-name=x", "--job-name x"), ("-J x", "--job-name x"),
+    ("--partition=gpu", "--partition gpu"), ("-p gpu", "--partition gpu"), ("--time=10", "--time 10"),
+    ("-t 10", "--time 10"), ("--cpus-per-task=4", "--cpus-per-task 4"), ("-c4", "--cpus-per-task 4"),
+    ("--mem=16G", "--mem-gb"), ("--account=a", "--account a"), ("-A a", "--account a"), ("--qos=q", "--qos q"),
+    ("--constraint=v100", "--constraint v100"), ("-C v100", "--constraint v100"), ("--exclusive", "--exclusive"),
+])
+def test_sbatch_arg_cannot_replace_what_scalelab_sets(arg, use, monkeypatch, capsys, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    code, err, out = run_entry(_dry("slurm", f"--sbatch-arg={arg}"), monkeypatch, capsys)
+    lines = [line for line in err.splitlines() if line.startswith("launch: error:")]
+    assert code == 2 and len(lines) == 1 and "Traceback" not in err, err
+    assert f"--sbatch-arg {arg}" in lines[0] and use in lines[0], lines[0]
+    assert "#SBATCH" not in out
+
+
+@pytest.mark.parametrize("arg, line", [
+    ("--mail-type=END", "#SBATCH --mail-type=END"), ("--comment x", "#SBATCH --comment=x"),
+    ("-d afterok:1", "#SBATCH --dependency=afterok:1"), ("--gres=nvme:1", "#SBATCH --gres=nvme:1"),
+    ("--wckey=mine", "#SBATCH --wckey=mine"),
+])
+def test_sbatch_arg_adds_what_scalelab_does_not_set(arg, line, monkeypatch, capsys, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    code, err, out = run_entry(_dry("slurm", f"--sbatch-arg={arg}"), monkeypatch, capsys)
+    assert code == 0, err
+    assert line in out.splitlines(), out
+    assert "#SBATCH --nodes=1" in out and "#SBATCH --signal=USR1@120" in out
+
+
+def test_a_gres_of_another_kind_does_not_drop_the_gpu_type(monkeypatch, capsys, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    code, err, _ = run_entry(_dry("slurm", "--gpu-type", "v100", "--sbatch-arg=--gres=nvme:1"), monkeypatch, capsys)
+    assert code == 2 and "--gpu-type" in err and "--gres" in err, err
+
+
+def test_an_unknown_short_sbatch_option_is_refused(monkeypatch, capsys, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    code, err, _ = run_entry(_dry("slurm", "--sbatch-arg=-Z1"), monkeypatch, capsys)
+    assert code == 2 and "-Z1" in err and "long form" in err, err

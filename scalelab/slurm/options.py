@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from scalelab.core.errors import SpecError
 from scalelab.core.options import BackendOptions, at_least, each, one_line, one_word, option
 from scalelab.costs.fleet import OnPremiseFleet
 
@@ -34,6 +35,74 @@ def _slurm_time(value: str) -> str | None:
 
 def _sbatch_option(arg: str) -> str | None:
     return None if arg.startswith("-") else "takes sbatch options such as --mail-type=END"
+
+
+# sbatch's one-letter options by their long names (`man sbatch`): a --sbatch-arg line is written in the long form.
+SBATCH_SHORT = {"A": "account", "a": "array", "B": "extra-node-info", "b": "begin", "C": "constraint",
+                "c": "cpus-per-task", "D": "chdir", "d": "dependency", "e": "error", "F": "nodefile", "G": "gpus",
+                "H": "hold", "i": "input", "J": "job-name", "k": "no-kill", "L": "licenses", "M": "clusters",
+                "m": "distribution", "N": "nodes", "n": "ntasks", "O": "overcommit", "o": "output", "p": "partition",
+                "Q": "quiet", "q": "qos", "S": "core-spec", "s": "oversubscribe", "t": "time", "W": "wait",
+                "w": "nodelist", "x": "exclude"}
+_LAYOUT = "the layout (one task per GPU)"
+_LOGS = "the batch step's log, which `launch logs` reads", "leave it to scalelab (RUN_DIR/slurm/)"
+# The sbatch options scalelab (or submitit for it) sets: long name -> (what an --sbatch-arg would replace, what
+# to give instead; {v} is the value given). An --sbatch-arg line comes last in the script and would win.
+SBATCH_MANAGED: dict[str, tuple[str, str]] = {
+    "nodes": ("the layout", "use --nodes {v}"), "ntasks": (_LAYOUT, "use --nodes and --gpus-per-node"),
+    "ntasks-per-node": (_LAYOUT, "use --gpus-per-node"), "gpus-per-node": ("the layout", "use --gpus-per-node {v}"),
+    "gpus": ("the layout", "use --nodes and --gpus-per-node"), "gpus-per-task": (_LAYOUT, "use --gpus-per-node"),
+    "ntasks-per-gpu": (_LAYOUT, "use --gpus-per-node"),
+    "gres=gpu": ("the GPUs scalelab asks for", "use --gpus-per-node N and --gpu-type TYPE"),
+    "cpus-per-task": ("a scalelab option", "use --cpus-per-task {v}"),
+    "cpus-per-gpu": ("a scalelab option", "use --cpus-per-task (CPUs per rank: one rank per GPU)"),
+    "mem": ("a scalelab option", "use --mem-gb (GB per node)"),
+    **{key: ("a scalelab option", f"use --{key} {{v}}")
+       for key in ("time", "partition", "account", "qos", "constraint", "job-name")},
+    "exclusive": ("a scalelab option", "use --exclusive"),
+    "requeue": ("a scalelab option", "use --requeue"), "no-requeue": ("a scalelab option", "use --no-requeue"),
+    "signal": ("the time-limit warning scalelab sends (USR1: every rank checkpoints on it)",
+               "use --backend-opt signal_s=SECONDS"),
+    "output": _LOGS, "error": _LOGS, "open-mode": _LOGS,
+    "array": ("the job array scalelab makes of a layout's repeats", "use launch sweep --repeats N"),
+}
+
+
+def sbatch_option(arg: str) -> tuple[str, str | None]:
+    """(long name, value or None) of one sbatch option as written: `--nodes=5`, `--nodes 5`, `-N5`, `-N 5`.
+    Why: `-N5` was written `#SBATCH --N5`, and a layout given again in --sbatch-arg was not seen."""
+    text = arg.strip()
+    if text.startswith("--"):
+        name, sep, value = text[2:].partition("=")
+        if not sep and len(name.split(None, 1)) == 2:
+            name, value = name.split(None, 1)
+            sep = " "
+        return name.strip(), value.strip() if sep else None
+    letter, value = text[1:2], text[2:].strip().removeprefix("=").strip()
+    if letter not in SBATCH_SHORT:
+        raise ValueError(f"--sbatch-arg {arg}: scalelab knows no sbatch option -{letter}; give it in its long "
+                         "form, e.g. --sbatch-arg=--mail-type=END")
+    return SBATCH_SHORT[letter], value or None
+
+
+def _sbatch_args(value: Any) -> Any:
+    """--sbatch-arg lines, refused where they would replace what scalelab sets (each names the flag to use
+    instead) or repeat an option: a line after submitit's wins, so `--nodes=5` ran 5 nodes of a 1-node layout
+    and `--output` moved the log `launch logs` reads, silently. Lines that are no option are left to the check."""
+    seen: dict[str, str] = {}
+    for arg in value if isinstance(value, (list, tuple)) else [value]:
+        if not isinstance(arg, str) or not arg.strip().startswith("-"):
+            continue
+        name, given = sbatch_option(arg)
+        key = "gres=gpu" if name == "gres" and "gpu" in (given or "") else name
+        if key in SBATCH_MANAGED:
+            what, use = SBATCH_MANAGED[key]
+            raise ValueError(f"--sbatch-arg {arg} conflicts with {what}: {use.format(v=given or '').rstrip()}")
+        if name in seen:
+            raise ValueError(f"--sbatch-arg {arg} repeats --sbatch-arg {seen[name]}: give --{name} once "
+                             "(sbatch keeps the last)")
+        seen[name] = arg
+    return value
 
 
 @dataclass(frozen=True)
@@ -67,10 +136,32 @@ class SlurmOptions(BackendOptions, OnPremiseFleet):
     gres_gpus: bool = option(True, "Ask for --gpus-per-node (false on a cluster without GPU GRES).")
     job_name: str = option("", "Slurm job name [default: scalelab-RUN].", flag="--job-name")
     extra_sbatch: list[str] = option([], "Extra #SBATCH line, e.g. --sbatch-arg=--mail-type=END (repeatable).",
-                                     each(one_line), each(_sbatch_option), flag="--sbatch-arg", metavar="ARG")
+                                     each(one_line), each(_sbatch_option), flag="--sbatch-arg", metavar="ARG",
+                                     parse=_sbatch_args)
     setup: list[str] = option([], "Shell lines run before srun, e.g. 'module load cuda'.", each(one_line))
     python: str = option("", "The interpreter on the nodes [default: this one: a shared filesystem].", one_word)
     gloo_iface: str = option("", "Network interface for Gloo [default: the address of the node's hostname].",
                              one_word)
     poll_s: float = option(10.0, "Longest wait between two sacct queries while following (submitit's watcher: one "
                            "query for every job of a sweep, 2 s at first, backing off to this).", at_least(0))
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        problem = _clash(self)
+        if problem:
+            raise SpecError(problem)
+
+
+def _clash(options: SlurmOptions) -> str | None:
+    """An --sbatch-arg that clashes with another option's value (not with a fixed setting: `_sbatch_args`):
+    a GRES of another kind would replace --gpu-type's --gres, --mem-per-cpu/-gpu cannot join --mem-gb's --mem."""
+    for arg in options.extra_sbatch:
+        name, given = sbatch_option(arg) if arg.strip().startswith("-") else ("", None)
+        if name == "gres" and options.gpu_type and options.gres_gpus:
+            return (f"--sbatch-arg {arg} would replace the --gres=gpu:{options.gpu_type}:N that --gpu-type "
+                    f"{options.gpu_type} asks for: leave out --gpu-type (--gpus-per-node then asks for the GPUs, "
+                    "--constraint can name their type) or this --sbatch-arg")
+        if name in ("mem-per-cpu", "mem-per-gpu") and options.mem_gb:
+            return (f"--sbatch-arg {arg} and --mem-gb {options.mem_gb:g} both set the memory (sbatch takes one of "
+                    "--mem, --mem-per-cpu, --mem-per-gpu): give one of them")
+    return None

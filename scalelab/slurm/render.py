@@ -31,6 +31,7 @@ import submitit
 
 from scalelab.core.launch import engine_env, payload_comment, starter_of
 from scalelab.core.spec import Spec
+from scalelab.slurm.options import sbatch_option
 
 SUBMITIT_DIR = "slurm"  # submitit's folder in the run directory: script, pickles, per-task logs, placements
 WARNING_SIGNAL = "USR1"  # sent N s before the time limit; the ranks checkpoint on it (scalelab/train/loop.py)
@@ -142,11 +143,13 @@ def setup_lines(spec: Spec, options: Mapping[str, Any], python: str) -> list[str
 
 
 def _sbatch_pairs(args: Sequence[str]) -> dict[str, Any]:
-    """`--mail-type=END` -> {"mail-type": "END"}, `--exclusive` -> {"exclusive": True} (submitit's form)."""
+    """`--mail-type=END` (or `--mail-type END`) -> {"mail-type": "END"}, `--exclusive` -> {"exclusive": True},
+    `-d afterok:1` -> {"dependency": "afterok:1"}: submitit's form, which it writes `#SBATCH --KEY=VALUE` (a
+    short option was written `--d afterok:1`, which sbatch refuses)."""
     out: dict[str, Any] = {}
     for arg in args:
-        key, sep, value = arg.lstrip("-").partition("=")
-        out[key] = value if sep else True
+        key, value = sbatch_option(arg)
+        out[key] = True if value is None else value
     return out
 
 
