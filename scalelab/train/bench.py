@@ -509,39 +509,67 @@ def main(argv: list[str] | None = None) -> int:
 # ---- seed 003: GEMM and training-step throughput against batch size ------------------------------
 
 
-def gemm_sweep(hiddens: list[int], batches: list[int], repeats: int = 5, threads: int | None = None) -> list[dict]:
-    """GFLOP/s of the LSTM's recurrent multiplies for each hidden size H and batch B.
+#: The recurrent multiplies of seed 003, named as the seed and cuBLAS name them (column-major BLAS: the op letters
+#: say which operand is transposed): forward U h is NN, backward U^T delta is TN, update delta h^T is NT. PyTorch
+#: is row-major, so the same products are written h @ U, delta @ U.T and h.T @ delta below.
+GEMM_OPS = ("NN forward", "TN backward", "NT update")
 
-    The three shapes of seed 003: forward `h (B x H) @ U (H x 4H)` (NN), the backward data
-    gradient `delta (B x 4H) @ U^T` (NT here, TN in column-major terms) and the weight update
-    `h^T (H x B) @ delta (B x 4H)` (TN). Best of `repeats`.
+#: `progress(done, total, rows)` after each measured point of a sweep (its rows), so a long study says where it is.
+Progress = Callable[[int, int, list[dict]], None]
+
+
+def timing_spread(times: list[float]) -> float:
+    """The spread of repeated timings: their interquartile range over their median (0.1 = 10 %). One outlier
+    on each side does not move it; a point whose repeats disagree this much is noise, not a knee."""
+    if len(times) < 2:
+        return 0.0
+    q1, _, q3 = statistics.quantiles(times, n=4, method="inclusive")
+    return (q3 - q1) / statistics.median(times)
+
+
+def gemm_sweep(hiddens: list[int], batches: list[int], repeats: int = 5, threads: int | None = None,
+               progress: Progress | None = None) -> list[dict]:
+    """GFLOP/s of the LSTM's recurrent multiplies for each hidden size H and batch B, on the CPU.
+
+    The three shapes of seed 003 (`GEMM_OPS`, the seed's names): forward `h (B x H) @ U (H x 4H)` (NN),
+    the backward data gradient `delta (B x 4H) @ U^T` (TN in the seed's column-major terms) and the weight
+    update `h^T (H x B) @ delta (B x 4H)` (NT). Best of `repeats`, with the spread of the repeats
+    (`timing_spread`) so that a reader can tell a dip from noise.
     """
     if threads:
         torch.set_num_threads(threads)
-    out = []
+    out, total = [], len(hiddens) * len(batches)
     for H in hiddens:
         U = torch.randn(H, 4 * H)
         for B in batches:
             h, d = torch.randn(B, H), torch.randn(B, 4 * H)
             flops = 2.0 * B * H * 4 * H
-            for op, fn in (("NN forward", lambda: h @ U), ("NT backward", lambda: d @ U.t()),
-                           ("TN update", lambda: h.t() @ d)):
+            point = []
+            for op, fn in zip(GEMM_OPS, (lambda: h @ U, lambda: d @ U.t(), lambda: h.t() @ d)):
                 reps = max(repeats, int(2e8 // flops))  # enough work to time small shapes
-                t = min(_time(lambda: [fn() for _ in range(reps)], repeats)) / reps
-                out.append({"hidden": H, "batch": B, "op": op, "gflops": flops / t / 1e9})
+                times = [t / reps for t in _time(lambda: [fn() for _ in range(reps)], repeats)]
+                point.append({"hidden": H, "batch": B, "op": op, "gflops": flops / min(times) / 1e9,
+                              "spread": timing_spread(times)})
+            out += point
+            if progress:
+                progress(len(out) // len(GEMM_OPS), total, point)
     return out
 
 
 def step_sweep(preset: str, hiddens: list[int], batches: list[int], steps: int = 5,
-               threads: int | None = None) -> list[dict]:
-    """words/s of one full training step of `preset` for each hidden size and batch size."""
+               threads: int | None = None, progress: Progress | None = None) -> list[dict]:
+    """words/s of one full training step of `preset` for each hidden size and batch size (median of
+    `steps`), with the spread of the steps' times (`timing_spread`)."""
 
-    out = []
+    out, total = [], len(hiddens) * len(batches)
     for H in hiddens:
         for B in batches:
             cfg = config_with_overrides(PRESETS[preset], {"hidden_size": H, "embed_size": H})
             r = _step_with_config(cfg, B, steps, threads)
-            out.append({"hidden": H, "batch": B, "words_per_s": r["words_per_s"], "step_s": r["step_s"]})
+            out.append({"hidden": H, "batch": B, "words_per_s": r["words_per_s"], "step_s": r["step_s"],
+                        "spread": r["spread"]})
+            if progress:
+                progress(len(out), total, out[-1:])
     return out
 
 
@@ -560,8 +588,9 @@ def _step_with_config(cfg, batch: int, steps: int, threads: int | None) -> dict:
         model(**b.inputs).backward()
         opt.step()
 
-    med = statistics.median(_time(step, steps, warmup=2))
-    return {"step_s": med, "words_per_s": b.words / med}
+    times = _time(step, steps, warmup=2)
+    med = statistics.median(times)
+    return {"step_s": med, "words_per_s": b.words / med, "spread": timing_spread(times)}
 
 
 def knee(rows: list[dict], key: str, value: str, share: float = 0.9) -> dict:
