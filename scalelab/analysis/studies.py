@@ -8,7 +8,8 @@ dollars come from scalelab/costs/studies.py, which passes the catalog's billing 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import pandas as pd
 
@@ -22,16 +23,28 @@ __all__ = [
     "TABLES",
     "StudyRuns",
     "study_runs",
+    "study_baseline",
     "study_speedups",
+    "speedup_bases",
+    "speedup_note",
     "seed_table",
     "throughput_table",
     "epochs_table",
     "convergence_table",
     "arrangement_table",
     "money_table",
+    "money_note",
     "steps_per_epoch",
     "study_markdown",
+    "NOISY_SPREAD",
+    "Knee",
+    "batch_knees",
+    "knee_advice",
+    "GEMM_NAMING",
+    "gemm_table",
     "gemm_markdown",
+    "gemm_advice",
+    "gemm_html",
     "plot_gemm",
 ]
 
@@ -43,18 +56,22 @@ TABLES = ("throughput", "epochs", "convergence", "arrangement", "money")
 class StudyRuns:
     """A study's runs, ready for the seed tables.
 
-    `rows` is the scaling table of the runs (`scale_layouts`) with three more columns: run (its
-    key in the dicts below), train_s (seconds of all its steps) and speedup (`study_speedups`).
+    `rows` is the scaling table of the runs (`scale_layouts`) with more columns: run (its key in
+    the dicts below), train_s (seconds of all its steps), wall_s (launch to its last record: what is
+    billed; None when not given), the columns of `study_runs`'s `extra`, and speedup (`study_speedups`).
     `epoch_times` holds the seconds of each epoch's steps per run (a partial last epoch: its
     steps so far), `epochs_to` the fractional epochs until the loss threshold (steps to it over
     steps per epoch), None when it was not reached, and `epochs_run` the fractional epochs of all
     the run's steps; both None when the steps per epoch are not known (`steps_per_epoch`).
+    `baseline` names the run every variant without a run of its own at the fewest workers is measured
+    against ("strong scaling 1x1").
     """
 
     rows: pd.DataFrame
     epoch_times: dict[str, list[float]]
     epochs_to: dict[str, float | None]
     epochs_run: dict[str, float | None] = field(default_factory=dict)
+    baseline: str = ""
 
 
 def steps_per_epoch(summary: LayoutSummary, steps: pd.DataFrame) -> int | None:
@@ -68,8 +85,11 @@ def steps_per_epoch(summary: LayoutSummary, steps: pd.DataFrame) -> int | None:
     return int((epochs == epochs.min()).sum())
 
 
-def study_runs(runs: Sequence[tuple[str, LayoutSummary, pd.DataFrame]]) -> StudyRuns:
-    """`StudyRuns` of (run key, summary, per-step table from `analysis.scaling.step_table`) per run."""
+def study_runs(runs: Sequence[tuple[str, LayoutSummary, pd.DataFrame]],
+               extra: Mapping[str, Mapping[str, Any]] | None = None) -> StudyRuns:
+    """`StudyRuns` of (run key, summary, per-step table from `analysis.scaling.step_table`) per run.
+    `extra` maps a run key to more columns of its row, computed above this layer from its records:
+    `wall_s` (costs.expected.run_seconds, the billed time) and `backend` (where it ran)."""
     epoch_times, epochs_to, epochs_run, train_s = {}, {}, {}, {}
     for key, summary, steps in runs:
         epoch_times[key] = steps.groupby("epoch")["t_step"].sum().tolist()
@@ -82,21 +102,63 @@ def study_runs(runs: Sequence[tuple[str, LayoutSummary, pd.DataFrame]]) -> Study
     key_of = {(s.label, s.nodes, s.gpus_per_node): key for key, s, _ in runs}
     rows["run"] = [key_of[(lab, n, g)] for lab, n, g in zip(rows["label"], rows["nodes"], rows["gpus_per_node"])]
     rows["train_s"] = [train_s[r] for r in rows["run"]]
+    extra = extra or {}
+    for col in dict.fromkeys(["wall_s", *(c for e in extra.values() for c in e)]):
+        rows[col] = [extra.get(r, {}).get(col) for r in rows["run"]]
     rows["speedup"] = study_speedups(rows)
-    return StudyRuns(rows, epoch_times, epochs_to, epochs_run)
+    rows["speedup_base"] = speedup_bases(rows)
+    return StudyRuns(rows, epoch_times, epochs_to, epochs_run, _layout_name(rows.iloc[study_baseline(rows)]))
+
+
+def _layout_name(row: pd.Series) -> str:
+    return f"{row['label']} {row['nodes']}x{row['gpus_per_node']}"
+
+
+def study_baseline(rows: pd.DataFrame) -> int:
+    """Position of the study's baseline: the first run (in study order) at the fewest workers, the
+    seed's one-GPU run that every other configuration is compared with."""
+    return int((rows["workers"] == rows["workers"].min()).to_numpy().argmax())
 
 
 def study_speedups(rows: pd.DataFrame) -> list[float]:
     """Speedup of every run against its variant's smallest layout, or - for a variant with no run at
-    the study's smallest worker count (the same 4 GPUs arranged, a mixed pair) - against the first
-    variant's smallest layout, as seed 004 compares everything with one g3.4xlarge."""
+    the study's fewest workers (the same 4 GPUs arranged, a mixed pair) - against the study's baseline
+    (`study_baseline`), as seed 004 compares everything with one g3.4xlarge: a variant of one layout
+    measured against itself would read 1.00 whatever it did."""
+    base = _speedup_bases(rows)
+    return [r["words_per_s"] / rows.iloc[base[r["label"]]]["words_per_s"] for _, r in rows.iterrows()]
+
+
+def _speedup_bases(rows: pd.DataFrame) -> dict[str, int]:
+    """Each variant's speedup base (`study_speedups`), as the position of that run in `rows`."""
     fewest = rows["workers"].min()
-    first = rows.iloc[0]
     base = {}
     for label, grp in rows.groupby("label", sort=False):
-        small = grp.loc[grp["workers"].idxmin()]
-        base[label] = small["words_per_s"] if small["workers"] == fewest else first["words_per_s"]
-    return [r["words_per_s"] / base[r["label"]] for _, r in rows.iterrows()]
+        small = grp["workers"].idxmin()
+        base[label] = rows.index.get_loc(small) if grp.loc[small, "workers"] == fewest else study_baseline(rows)
+    return base
+
+
+def speedup_bases(rows: pd.DataFrame) -> list[str]:
+    """The run each row's speedup is measured against ("strong scaling 1x1"), shown beside it in the tables."""
+    base = _speedup_bases(rows)
+    return [_layout_name(rows.iloc[base[label]]) for label in rows["label"]]
+
+
+def speedup_note(data: StudyRuns) -> str:
+    """What the study's speedups are measured against, said under its tables (and per row, "Speed-up base"):
+    a variant with no run at the fewest workers is measured against the baseline, which the scaling
+    report does not do."""
+    rows = data.rows
+    fewest = rows["workers"].min()
+    alone = [str(label) for label, grp in rows.groupby("label", sort=False) if grp["workers"].min() != fewest]
+    text = (f"Speed-up base: the run each speed-up (words/s over words/s) is measured against: the variant's own "
+            f"run at {fewest} worker(s), else the study's baseline, {data.baseline}, as the seed compares every "
+            "configuration with its one-GPU run.")
+    if not alone:
+        return text
+    return (text + f" report.md's speedup column measures each variant against its own smallest layout instead, "
+            f"so {', '.join(alone)} read(s) 1.00 there.")
 
 
 def seed_table(name: str, data: StudyRuns, epochs_shown: int = 3) -> pd.DataFrame:
@@ -120,7 +182,7 @@ def throughput_table(rows: pd.DataFrame) -> pd.DataFrame:
         "Measured batches": rows["steps_measured"],
         "Total time of measured batches (s)": (rows["step_s_mean"] * rows["steps_measured"]).round(3),
         "Processing speed (words/s)": rows["words_per_s"].round(1),
-        "Speedup ratio": rows["speedup"].round(2),
+        "Speedup ratio": rows["speedup"].round(2), "Speedup base": rows["speedup_base"],
     })
 
 
@@ -162,86 +224,228 @@ def arrangement_table(rows: pd.DataFrame, epochs_run: dict[str, float | None]) -
     return pd.DataFrame({
         "variant": rows["label"], "# of Node": rows["nodes"], "# of GPUs per Node": rows["gpus_per_node"],
         "Time (min/epoch)": [round(x, 4) if x else None for x in per_epoch], "Speed-up": pd.to_numeric(rows["speedup"], errors="coerce").round(2),
+        "Speed-up base": rows["speedup_base"],
     })
 
 
 def money_table(rows: pd.DataFrame, instances: Mapping[tuple[str, str], str | None], market: str,
                 price: Callable[[str, float, str], float]) -> pd.DataFrame:
-    """Seed 004's money-speed table: the instance mix of each layout, and its seconds, hours and
-    dollars twice, each column with one meaning: the training time of all the run's steps, and
-    the wall time from the launch to the threshold event (start-up, validation and checkpoints
-    are paid too; empty when the threshold was not reached or the launch time is not known).
+    """Seed 004's money-speed table: the instance mix of each layout, and its wall time and dollars
+    twice, as every dollar of the product is billed (docs/costs.md): from the launch to the run's last
+    record (`wall_s`; start-up, validation and checkpoints are paid too), and from the launch to the
+    threshold event (empty when it was not reached or the launch time is not known). Both are wall
+    time, so the total is never less than the price to the threshold; a run whose wall time is not
+    known has no total (its training seconds alone would under-bill it).
 
     `instances` maps (variant label, layout "NxG") to its instance mix; `price(mix, seconds,
-    market)` gives the dollars (the catalog's billing: costs.studies).
+    market)` gives the dollars (the catalog's billing: costs.studies). "Ran on" is the run's own
+    backend: a local run is priced as if on the instances the study names.
     """
     out = []
     for _, r in rows.iterrows():
         layout = f"{r['nodes']}x{r['gpus_per_node']}"
         mix = instances.get((r["label"], layout))
-        to_thr = r.get("wall_to_threshold_s") if r.get("reached_threshold") else None
-        to_thr = None if to_thr is None or pd.isna(to_thr) else float(to_thr)
-        out.append({"Experiment": f"{r['label']} {layout}", "Instances": mix or "—",
-                    "Seconds (all steps)": round(r["train_s"], 1), "Hours (all steps)": round(r["train_s"] / 3600, 4),
-                    "Total Price ($)": price(mix, r["train_s"], market) if mix else None,
-                    "Wall seconds to threshold": None if to_thr is None else round(to_thr, 1),
+        wall = _seconds(r.get("wall_s"))
+        to_thr = _seconds(r.get("wall_to_threshold_s")) if r.get("reached_threshold") else None
+        out.append({"Experiment": f"{r['label']} {layout}", "Ran on": r.get("backend") or "—",
+                    "Instances": mix or "—", "Wall seconds": _rounded(wall, 1), "Wall hours": _hours(wall),
+                    "Total Price ($)": price(mix, wall, market) if mix and wall is not None else None,
+                    "Wall seconds to threshold": _rounded(to_thr, 1),
                     "Price to threshold ($)": price(mix, to_thr, market) if mix and to_thr is not None else None})
     return pd.DataFrame(out)
+
+
+def _seconds(value: Any) -> float | None:
+    """A number of seconds, None where it is missing (None, NaN)."""
+    return None if value is None or pd.isna(value) else float(value)
+
+
+def _rounded(value: float | None, digits: int) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def _hours(seconds: float | None) -> float | None:
+    """Hours to 3 significant digits: 7.7 s is 0.00214 h, not a 0.0 beside 7.7 seconds; 35,920 s is 9.98 h."""
+    return None if seconds is None else float(f"{seconds / 3600:.3g}")
+
+
+def money_note(market: str, backends: Sequence[str]) -> str:
+    """What the money table's dollars are, under it: the study's named instances at the catalog price
+    for each run's wall time, while the runs themselves ran where "Ran on" says (a local run has no price
+    of its own, so the scaling report's cost section has no dollars for it)."""
+    ran = ", ".join(sorted({str(b) for b in backends if b})) or "their own"
+    return (f"Dollars: each run's wall time (launch to its last record, and launch to the threshold event) "
+            f"billed per second, 60 s minimum per instance, at the catalog's {market} price of the instances the "
+            f"study file names for its layout: what it would cost there. The runs ran on the {ran} backend; "
+            "report.md prices runs at their own backend's price only, and has none for a backend without one.")
 
 
 # ---- Markdown and figures ------------------------------------------------------------------------
 
 
-def _header(title: str, seed_scale: str) -> list[str]:
-    return [f"# {title}", "", f"Scale of the seed: {seed_scale.strip()}", ""]
+def _header(title: str, seed_scale: str, here: str = "") -> list[str]:
+    """The title, the seed's scale (the study file's words) and what ran here (made from what ran, so a
+    `--scale test` study never reads as the seed's or the cpu scale's models)."""
+    return [f"# {title}", "", f"Scale of the seed: {seed_scale.strip()}", "", *([here, ""] if here else [])]
 
 
 def study_markdown(title: str, seed_scale: str, mode: str, variants: Sequence[str],
-                   tables: Mapping[str, pd.DataFrame], report_name: str) -> str:
-    """study.md: the seed-shaped tables in order, then a link to the full scaling report and its plot."""
-    parts = [*_header(title, seed_scale), f"Scaling mode: {mode}; variants: {', '.join(variants)}.", ""]
+                   tables: Mapping[str, pd.DataFrame], report_name: str, here: str = "",
+                   notes: Mapping[str, str] | None = None) -> str:
+    """study.md: the seed-shaped tables in order, each with its note (`notes`: table -> what its figures
+    are measured against), then a link to the full scaling report and its plot."""
+    parts = [*_header(title, seed_scale, here), f"Scaling mode: {mode}; variants: {', '.join(variants)}.", ""]
     for name, df in tables.items():
         parts += [f"## {name.capitalize()}", "", markdown_table(df), ""]
+        parts += [notes[name], ""] if notes and notes.get(name) else []
     parts += ["## Scaling", "", f"Full scaling report: [report.md]({report_name})", "", "![speedup](speedup.png)", ""]
     return "\n".join(parts)
 
 
-def gemm_markdown(title: str, seed_scale: str, gemm: pd.DataFrame, steps: pd.DataFrame,
-                  knees: Mapping[int, int], step_knees: Mapping[int, int], preset: str) -> str:
-    """Seed 003's study.md: GEMM GFLOP/s and training-step words/s against batch size in one table
-    (a row per batch), and where each hidden size reaches 90% of its best (`knees`, `step_knees`:
-    hidden size -> batch, from train.bench.knee)."""
-    table = gemm.pivot_table(index="batch", columns=["hidden", "op"], values="gflops").round(1)
+#: A GEMM or step timing whose repeats spread more than this (interquartile range over median,
+#: train.bench.timing_spread) is noise: flagged in the tables and left out of the batch advice.
+NOISY_SPREAD = 0.2
+
+
+@dataclass
+class Knee:
+    """Where one hidden size's throughput reaches `share` of its best, from its steady points only."""
+
+    batch: int | None  # None: no steady point
+    best: float | None  # the best steady figure, at best_batch
+    best_batch: int | None
+    noisy: list[tuple[int, float, float]]  # (batch, figure, spread) of the points left out
+
+    def beaten(self) -> list[tuple[int, float, float]]:
+        """The noisy points that measured more than the steady best: the knee may lie past the steady points."""
+        return [n for n in self.noisy if self.best is not None and n[1] > self.best]
+
+
+def batch_knees(rows: pd.DataFrame, value: str, share: float = 0.9, max_spread: float = NOISY_SPREAD) -> dict[int, Knee]:
+    """Per hidden size, the smallest batch whose `value` reaches `share` of the best, both taken over the
+    points whose timings spread no more than `max_spread`: a noisy point (a busy machine's dip or spike)
+    neither sets the best nor is advised. Rows without a `spread` column (older CSVs) count as steady."""
+    out = {}
+    for hidden, grp in rows.sort_values("batch").groupby("hidden", sort=True):
+        spread = grp["spread"] if "spread" in grp.columns else pd.Series(0.0, index=grp.index)
+        steady = grp[spread <= max_spread]
+        noisy = [(int(b), float(v), float(x)) for b, v, x in zip(grp["batch"], grp[value], spread) if x > max_spread]
+        if steady.empty:
+            out[int(hidden)] = Knee(None, None, None, noisy)
+            continue
+        top = steady.loc[steady[value].idxmax()]
+        knee = steady[steady[value] >= share * top[value]]["batch"].iloc[0]
+        out[int(hidden)] = Knee(int(knee), float(top[value]), int(top["batch"]), noisy)
+    return out
+
+
+def knee_advice(hidden: int, what: str, unit: str, k: Knee) -> str:
+    """One line of advice: where `what` reaches 90% of its best, which batches were left out as noise, and
+    no advice at all where the noise leaves none (no steady point, or a noisy one measured above the best)."""
+    over = f"{NOISY_SPREAD:.0%}"
+    if k.batch is None:
+        return (f"- hidden {hidden}: {what}: no batch was measured steadily (every timing spread over {over}): "
+                "no advice; measure again on a quieter machine")
+    head = (f"- hidden {hidden}: {what} reaches 90% of its best {unit} at batch {k.batch} "
+            f"(best {k.best:,.1f} at batch {k.best_batch})")
+    if k.beaten():
+        shown = ", ".join(f"{b} ({v:,.1f}, spread {x:.0%})" for b, v, x in k.beaten())
+        return (f"{head} among its steady points only: batch {shown} measured more with timings spread over {over}, "
+                "so this is no advice; measure again on a quieter machine")
+    if k.noisy:
+        shown = ", ".join(f"{b} ({x:.0%})" for b, _, x in k.noisy)
+        head += f"; not counted, their timings spread over {over}: batch {shown}"
+    return head
+
+
+def _noisy_cells(df: pd.DataFrame, value: str, columns: list[str], digits: int) -> pd.DataFrame:
+    """A wide table (a row per batch, a column per `columns` key) of `value`, a noisy cell marked."""
+    spread = df["spread"] if "spread" in df.columns else pd.Series(0.0, index=df.index)
+    text = [f"{v:,.{digits}f}" + (" (noisy)" if x > NOISY_SPREAD else "") for v, x in zip(df[value], spread)]
+    return df.assign(cell=text).pivot(index="batch", columns=columns, values="cell")
+
+
+#: How seed 003's ops are named, said under every table and plot of them (train.bench.GEMM_OPS).
+GEMM_NAMING = ("GEMM ops are named as in the seed and cuBLAS (column-major): NN forward U·h, TN backward U^T·δ, "
+               "NT update δ·h^T (PyTorch, row-major, computes them as h @ U, δ @ U.T and h.T @ δ).")
+
+
+def gemm_table(gemm: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
+    """Seed 003's table: a row per batch, GEMM GFLOP/s per (hidden, op) and step words/s per hidden."""
+    order = {op: i for i, op in enumerate(dict.fromkeys(gemm["op"]))}
+    table = _noisy_cells(gemm, "gflops", ["hidden", "op"], 1)
+    table = table[sorted(table.columns, key=lambda c: (c[0], order[c[1]]))]
     table.columns = [f"H={h} {op} (GFLOP/s)" for h, op in table.columns]
-    wide = steps.pivot_table(index="batch", columns="hidden", values="words_per_s").round(0)
+    wide = _noisy_cells(steps, "words_per_s", ["hidden"], 0)
     wide.columns = [f"step H={h} (words/s)" for h in wide.columns]
-    parts = [*_header(title, seed_scale),
+    return table.join(wide).reset_index().astype({"batch": int})
+
+
+def gemm_markdown(title: str, seed_scale: str, here: str, gemm: pd.DataFrame, steps: pd.DataFrame,
+                  preset: str) -> str:
+    """Seed 003's study.md: GEMM GFLOP/s and training-step words/s against batch size in one table
+    (a row per batch), each point's noise flagged, and where each hidden size reaches 90% of its best
+    (`batch_knees`: from the steady points only)."""
+    parts = [*_header(title, seed_scale, here),
              "## Recurrent multiply and training step throughput against batch size", "",
-             markdown_table(table.join(wide).reset_index().astype({"batch": int})), "",
-             "## Where to pick the batch", "",
-             *[f"- hidden {h}: the forward recurrent GEMM reaches 90% of its best rate at batch {b}" for h, b in knees.items()],
-             *[f"- hidden {h}: the {preset} training step reaches 90% of its best words/s at batch {b}"
-               for h, b in step_knees.items()], "", "![GEMM and step throughput against batch size](gemm.png)", ""]
+             markdown_table(gemm_table(gemm, steps)), "",
+             f"{GEMM_NAMING} GEMM: the best of its repeats; step: the median of its steps. (noisy): the "
+             f"repeats' spread (interquartile range over median, in gemm.csv and step.csv) is over "
+             f"{NOISY_SPREAD:.0%}; such points are left out of the advice below.", "",
+             "## Where to pick the batch", "", *gemm_advice(gemm, steps, preset),
+             "", "![GEMM and step throughput against batch size](gemm.png)", ""]
     return "\n".join(parts)
 
 
 def plot_gemm(gemm: pd.DataFrame, steps: pd.DataFrame) -> Figure:
-    """Two panels: GEMM GFLOP/s per (hidden, op) and training-step words/s per hidden, against batch."""
+    """Two panels: GEMM GFLOP/s per (hidden, op) and training-step words/s per hidden, against batch;
+    a noisy point (`NOISY_SPREAD`) is ringed in red."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(11, 4.2))
+    fig = Figure(figsize=(11, 4.6))
     FigureCanvasAgg(fig)
     ax1, ax2 = fig.subplots(1, 2)
-    for (h, op), g in gemm.groupby(["hidden", "op"]):
+    for (h, op), g in gemm.groupby(["hidden", "op"], sort=False):
         ax1.plot(g["batch"], g["gflops"], marker="o", ms=3, label=f"H={h} {op}")
-    ax1.set(xlabel="batch size", ylabel="GFLOP/s", title="Recurrent GEMM (h @ U and its gradients)")
-    ax1.legend(fontsize=7)
-    ax1.grid(alpha=0.3)
+    ax1.set(xlabel="batch size", ylabel="GFLOP/s", title="Recurrent GEMM (ops as the seed names them)")
     for h, g in steps.groupby("hidden"):
         ax2.plot(g["batch"], g["words_per_s"], marker="o", ms=3, label=f"hidden {h}")
     ax2.set(xlabel="batch size", ylabel="words/s", title="One training step")
-    ax2.legend(fontsize=8)
-    ax2.grid(alpha=0.3)
-    fig.tight_layout()
+    for ax, df, value in ((ax1, gemm, "gflops"), (ax2, steps, "words_per_s")):
+        noisy = df[df["spread"] > NOISY_SPREAD] if "spread" in df.columns else df.iloc[0:0]
+        if len(noisy):
+            ax.scatter(noisy["batch"], noisy[value], s=60, facecolors="none", edgecolors="red",
+                       label=f"noisy (spread > {NOISY_SPREAD:.0%})")
+        ax.legend(fontsize=7)
+        ax.grid(alpha=0.3)
+    fig.text(0.5, 0.01, "NN forward U·h, TN backward U^T·δ, NT update δ·h^T (cuBLAS, column-major)",
+             ha="center", fontsize=8)
+    fig.tight_layout(rect=(0, 0.04, 1, 1))
     return fig
+
+
+def gemm_advice(gemm: pd.DataFrame, steps: pd.DataFrame, preset: str) -> list[str]:
+    """The advice lines of seed 003's study.md (`knee_advice`), one per hidden size of the GEMM and the step."""
+    return [*[knee_advice(h, "the forward recurrent GEMM (NN)", "rate", k)
+              for h, k in batch_knees(gemm[gemm["op"] == "NN forward"], "gflops").items()],
+            *[knee_advice(h, f"the {preset} training step", "words/s", k)
+              for h, k in batch_knees(steps, "words_per_s").items()]]
+
+
+def gemm_html(path: Path, title: str, here: str, gemm: pd.DataFrame, steps: pd.DataFrame, preset: str,
+              plot: bytes) -> Path:
+    """report.html of a GEMM study: what ran, the table, its caption, the advice and the plot (`plot`: gemm.png's
+    bytes), one self-contained page like a scaling study's."""
+    import html
+
+    from scalelab.analysis.html import _img, _table, write_html
+
+    table = gemm_table(gemm, steps)
+    items = "".join(f"<li>{html.escape(line[2:])}</li>" for line in gemm_advice(gemm, steps, preset))
+    sections = [("What ran", f"<p>{html.escape(here)}</p>"),
+                ("Throughput against batch size", _table([str(c) for c in table.columns], table.values.tolist())
+                 + f"<p class='note'>{html.escape(GEMM_NAMING)} (noisy): timings spread over {NOISY_SPREAD:.0%}.</p>"),
+                ("Where to pick the batch", f"<ul>{items}</ul>"),
+                ("Plot", _img(plot, "GEMM and step throughput against batch size"))]
+    return write_html(path, f"Study: {title}", sections, intro="A GEMM study: single-process timings, no training runs.")

@@ -28,9 +28,10 @@ def study_pricer(catalog: Catalog | None = None) -> Callable[[str, float, str], 
 
 def price_money_table(rows: pd.DataFrame, instances: Mapping[tuple[str, str], str | None], market: str,
                       catalog: Catalog | None = None) -> pd.DataFrame:
-    """Seed 004's money-speed table of the study rows (analysis.studies.StudyRuns.rows); `instances`
-    maps (variant label, layout "NxG") to the instance mix the layout runs on (a bare type: the instances
-    that hold the layout, `instances_for`; an explicit mix as written)."""
+    """Seed 004's money-speed table of the study rows (analysis.studies.StudyRuns.rows: their `wall_s`, launch to
+    the last record, and `wall_to_threshold_s` are what is billed, as `launch cost` bills a run; training seconds
+    alone would under-bill the start-up); `instances` maps (variant label, layout "NxG") to the instance mix the
+    layout runs on (a bare type: the instances that hold the layout, `instances_for`; an explicit mix as written)."""
     catalog = catalog if catalog is not None else load_catalog()
     counted = {(label, layout): str(instances_for(*map(int, layout.split("x")), text, catalog)) if text else text
                for (label, layout), text in instances.items()}

@@ -15,9 +15,10 @@ analysis.studies (from the runs' records, like every other report), the dollars 
 from __future__ import annotations
 
 import copy
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import click
 
@@ -30,6 +31,7 @@ from scalelab.core.spec import BACKEND_NAMES, MODE_AXES, Spec, read_yaml_mapping
 from scalelab.core.writes import refuse_links
 from scalelab.launcher.backend import get_backend
 from scalelab.launcher.cli import console
+from scalelab.launcher.runner import err_console
 from scalelab.launcher.pricing import guard, price_options, show_quote
 from scalelab.launcher.sweep import parse_layouts, run_sweep, sweep_specs
 
@@ -59,6 +61,7 @@ class Study:
     epochs_shown: int = 3
     kind: str = "scaling"  # scaling: sweeps of training runs; gemm: seed 003's single-process measurements
     gemm: dict[str, Any] = field(default_factory=dict)
+    scale: str | None = None  # the named scale it was loaded at (`--scale`); None: the file's base
 
     def instance_mixes(self) -> dict[tuple[str, str], str | None]:
         """(variant label, layout "NxG") -> the instance mix it runs on (the variant's, else the
@@ -98,7 +101,7 @@ def load_study(path: Path, scale: str | None = None, overrides: dict[str, Any] |
         instances=raw.get("instances", {}), market=raw.get("market", "on-demand"),
         epochs_shown=int(raw.get("epochs_shown", 3)),
     )
-    study.kind, study.gemm = raw.get("kind", "scaling"), raw.get("gemm", {})
+    study.kind, study.gemm, study.scale = raw.get("kind", "scaling"), raw.get("gemm", {}), scale
     if study.kind == "gemm":
         _check_gemm(study.gemm, path)
         return study
@@ -145,24 +148,64 @@ def _check_gemm(cfg: dict[str, Any], path: Path) -> None:
             raise SpecError(f"gemm.{key} in {path} must be a list of positive whole numbers, got {values!r}")
 
 
+#: The file a GEMM study directory holds (seed 003 runs no training: no spec, sweep or study.json): what
+#: ran, at which scale, whether it finished, and its advice. `report_gemm` is `launch report`'s for it.
+GEMM_FILE = "gemm.json"
+
+
+def scale_name(study: Study) -> str:
+    return f"--scale {study.scale}" if study.scale else "the file's base scale"
+
+
+def gemm_here(study: Study) -> str:
+    """What a GEMM study measures at the scale it was loaded at, for study.md (the file's words are the seed's)."""
+    cfg = {**GEMM_KEYS, **study.gemm}
+    threads = f"{cfg['threads']} threads" if cfg["threads"] else "PyTorch's default threads"
+    return (f"Here ({scale_name(study)}): PyTorch's GEMM on this machine's CPU ({threads}), hidden "
+            f"{', '.join(map(str, cfg['hiddens']))}; batches {', '.join(map(str, cfg['batches']))}; the "
+            f"{cfg['preset']} training step at hidden {', '.join(map(str, cfg['step_hiddens']))}.")
+
+
+def gemm_progress(total: int, what: str) -> Callable[[int, int, list[dict]], None]:
+    """Prints each measured point as it comes (`train.bench.Progress`): which GEMM or step, n of N, the time
+    so far; a cpu-scale study runs for minutes, and was silent until its end."""
+    import time
+
+    start = time.perf_counter()
+
+    def show(done: int, _of: int, rows: list[dict]) -> None:
+        figures = ", ".join(f"{r['op'].split()[0]} {r['gflops']:,.1f} GFLOP/s" if "op" in r
+                            else f"{r['words_per_s']:,.0f} words/s" for r in rows)
+        err_console.print(f"[{what} {done}/{total}] hidden {rows[0]['hidden']}, batch {rows[0]['batch']}: {figures} "
+                          f"({time.perf_counter() - start:,.0f} s)", highlight=False, markup=False)
+
+    return show
+
+
 def gemm_study(study: Study, runs_root: Path) -> Path:
-    """Seed 003: recurrent GEMM and training-step throughput against batch size: CSV, plot, study.md."""
+    """Seed 003: recurrent GEMM and training-step throughput against batch size: CSV, plot, study.md, gemm.json.
+    Each file is written as soon as its part is measured, gemm.json first, so the directory says what it is."""
     import pandas as pd
     from scalelab.analysis.studies import gemm_markdown, plot_gemm
-    from scalelab.train.bench import gemm_sweep, knee, step_sweep
+    from scalelab.train.bench import gemm_sweep, step_sweep
 
     cfg = {**GEMM_KEYS, **study.gemm}
     out = new_run_dir(runs_root, "study-seed-003-gemm")
-    gemm = pd.DataFrame(gemm_sweep(cfg["hiddens"], cfg["batches"], threads=cfg["threads"]))
-    steps = pd.DataFrame(step_sweep(cfg["preset"], cfg["step_hiddens"], cfg["batches"], threads=cfg["threads"]))
-    refuse_links(out, ("gemm.csv", "step.csv", "gemm.png", "study.md"))  # never written through a link
+    refuse_links(out, ("gemm.csv", "step.csv", "gemm.png", "study.md", GEMM_FILE))  # never written through a link
+    meta = {"title": study.title, "kind": "gemm", "scale": study.scale, "gemm": cfg, "complete": False}
+    write_json(out / GEMM_FILE, meta)
+    err_console.print(f"{study.title}: {len(cfg['hiddens']) * len(cfg['batches'])} GEMM points, then "
+                      f"{len(cfg['step_hiddens']) * len(cfg['batches'])} training steps, into {out}", highlight=False)
+    gemm = pd.DataFrame(gemm_sweep(cfg["hiddens"], cfg["batches"], threads=cfg["threads"],
+                                   progress=gemm_progress(len(cfg["hiddens"]) * len(cfg["batches"]), "gemm")))
     gemm.to_csv(out / "gemm.csv", index=False)
+    steps = pd.DataFrame(step_sweep(cfg["preset"], cfg["step_hiddens"], cfg["batches"], threads=cfg["threads"],
+                                    progress=gemm_progress(len(cfg["step_hiddens"]) * len(cfg["batches"]), "step")))
     steps.to_csv(out / "step.csv", index=False)
     plot_gemm(gemm, steps).savefig(out / "gemm.png", dpi=110)
-    knees = knee(gemm[gemm["op"] == "NN forward"].to_dict("records"), "hidden", "gflops")
-    step_knees = knee(steps.to_dict("records"), "hidden", "words_per_s")
     path = out / "study.md"
-    path.write_text(gemm_markdown(study.title, study.seed_scale, gemm, steps, knees, step_knees, cfg["preset"]))
+    path.write_text(gemm_markdown(study.title, study.seed_scale, gemm_here(study), gemm, steps, cfg["preset"]))
+    write_json(out / GEMM_FILE, {**meta, "complete": True, "here": gemm_here(study)})
     return path
 
 
@@ -195,23 +238,91 @@ def run_study(study: Study, runs_root: Path) -> Path:
         backend.validate(specs[0])
         sweep = run_sweep(backend, specs, study_dir, f"v{i}")
         sweeps.append({"label": variant.label, "dir": sweep.name})
-        write_json(study_dir / STUDY_FILE, {"title": study.title, "sweeps": sweeps})
+        write_json(study_dir / STUDY_FILE, {"title": study.title, "scale": study.scale, "sweeps": sweeps})
     return study_dir
+
+
+def report_gemm(paths: list[Path], out: Path | None, fmt: str) -> None:
+    """`launch report` of a GEMM study directory (it holds gemm.json, the marker `launcher.cli.LAZY_REPORTS`
+    maps to this; (paths, out, fmt) as `report_dirs`): it ran no training, so there is no scaling report, only
+    its own table, advice and plot: printed (table, markdown), as JSON, or as report.html (its path printed)."""
+    import json
+
+    import pandas as pd
+    from scalelab.analysis.studies import gemm_advice, gemm_html
+    from scalelab.core.errors import RecordError
+    from scalelab.core.rundir import read_json
+
+    if len(paths) != 1:
+        raise SpecError("a GEMM study is reported alone: give one GEMM study directory (it has no runs to merge)")
+    where = paths[0]
+    meta = read_json(where / GEMM_FILE, GEMM_FILE, dict)
+    if not meta.get("complete") or not (where / "study.md").is_file():
+        raise RecordError(f"the GEMM study {where} has not finished (or was stopped): its measurements so far are "
+                          "gemm.csv and step.csv; run `launch study` again for its report")
+    gemm, steps = pd.read_csv(where / "gemm.csv"), pd.read_csv(where / "step.csv")
+    preset = meta.get("gemm", {}).get("preset", "")
+    if fmt == "json":
+        click.echo(json.dumps({**meta, "advice": [a[2:] for a in gemm_advice(gemm, steps, preset)],
+                               "gemm_rows": gemm.to_dict("records"), "step_rows": steps.to_dict("records")}, indent=2))
+    elif fmt == "markdown":
+        click.echo((where / "study.md").read_text())
+    elif fmt == "html":
+        page = (out or where) / "report.html"
+        refuse_links(page.parent, ("report.html",))
+        click.echo(str(gemm_html(page, meta.get("title", where.name), meta.get("here", ""), gemm, steps, preset,
+                                 (where / "gemm.png").read_bytes())))
+    else:
+        show_study(where / "study.md")
+
+
+#: How study.md names each data kind (core.spec.DATA_KINDS) in what ran.
+DATA_WORDS = {"synthetic": "synthetic batches", "task": "a learnable synthetic task", "text": "text files",
+              "shards": "prepared shards"}
+
+
+def scaling_here(study: Study) -> str:
+    """What a scaling study ran at the scale it was loaded at (models, data, length, layouts, where), for
+    study.md: the file's `seed_scale` is the seed's, and said sentiment-small under `--scale test`."""
+    specs = [spec for v in study.variants for spec in variant_specs(study, v)]
+
+    def listed(values: Any) -> str:
+        return ", ".join(dict.fromkeys(str(v) for v in values))
+
+    length = listed(f"{s.steps} steps" if s.steps and not s.epochs else f"{s.epochs} epochs"
+                    + (f" (at most {s.steps} steps)" if s.steps else "") for s in specs)
+    devices = {_device(s) for s in specs}
+    stand_in = "; CPU worker processes standing in for GPUs" if devices == {"cpu"} else ""
+    data = listed(DATA_WORDS.get(s.data.kind, s.data.kind) for s in specs)
+    layouts = listed(f"{s.nodes}x{s.gpus_per_node}" for s in specs)
+    return (f"Here ({scale_name(study)}): {listed(s.model for s in specs)} on {data}, {length}, layouts {layouts}, "
+            f"on the {listed(s.backend for s in specs)} backend (device {listed(sorted(devices))}){stand_in}.")
+
+
+def _device(spec: Spec) -> str:
+    """The device a run computes on as far as this machine can tell: `auto` on the local backend is this
+    machine's (a GPU when PyTorch sees one); elsewhere it is the remote machine's, said as auto."""
+    if spec.device != "auto" or spec.backend != "local":
+        return spec.device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def study_report(study_dir: Path, study: Study) -> Path:
     """The seed-shaped tables of the study's runs (a CSV each) and study.md, plus the scaling report."""
     from scalelab.analysis.results import expand_run_dirs, summarize_loaded, write_report
     from scalelab.analysis.scaling import step_table
-    from scalelab.analysis.studies import seed_table, study_markdown, study_runs
+    from scalelab.analysis.studies import money_note, seed_table, speedup_note, study_markdown, study_runs
     from scalelab.costs.studies import price_money_table
 
     runs = expand_run_dirs([sweep for _, sweep in study_sweeps(study_dir)])
-    loaded = []
+    loaded, extra = [], {}
     for run in runs:
-        records = load_run(run)  # each run is read once, for its summary and its per-step table
+        records = load_run(run)  # each run is read once, for its summary, its per-step table and its wall time
         loaded.append((str(run), summarize_loaded(records), step_table(records.steps)))
-    data = study_runs(loaded)
+        extra[str(run)] = {"wall_s": _wall_seconds(records), "backend": records.spec.backend}
+    data = study_runs(loaded, extra)
     tables = {}
     refuse_links(study_dir, (*(f"{name}.csv" for name in study.tables), "study.md"))  # never through a link
     for name in study.tables:
@@ -219,10 +330,24 @@ def study_report(study_dir: Path, study: Study) -> Path:
                         else seed_table(name, data, study.epochs_shown))
         tables[name].to_csv(study_dir / f"{name}.csv", index=False)
     report = write_report([summary for _, summary, _ in loaded], runs, study_dir)
+    notes = {"arrangement": speedup_note(data), "throughput": speedup_note(data),
+             "money": money_note(study.market, [e["backend"] for e in extra.values()])}
     path = study_dir / "study.md"
     path.write_text(study_markdown(study.title, study.seed_scale, study.mode, [v.label for v in study.variants],
-                                   tables, report.markdown_path.name))
+                                   tables, report.markdown_path.name, scaling_here(study), notes))
     return path
+
+
+def _wall_seconds(records: Any) -> float | None:
+    """The run's billed time, launch to its last record (costs.expected.run_seconds, as `launch cost`
+    bills it); None for a run with no timed record."""
+    from scalelab.core.errors import ScalelabError
+    from scalelab.costs.expected import run_seconds
+
+    try:
+        return run_seconds(records)
+    except ScalelabError:
+        return None
 
 
 @click.command("study")
@@ -257,9 +382,76 @@ def study_cmd(study_file: str, scale: str | None, backend: str | None, runs_dir:
     show_study(path)
 
 
-def show_study(path: Path) -> None:
-    """study.md on the terminal with its tables drawn as tables (raw Markdown pipes are hard to read)."""
-    from rich.markdown import Markdown
+def show_study(path: Path, out: Any = None) -> None:
+    """study.md on the terminal (`out`: a rich console, default the shared one): headings bold, prose as
+    written, tables drawn as tables with every cell's text as it is. rich's Markdown took the stars of
+    `1*p2.xlarge+1*g3.4xlarge` for italics and the output was cut at 100 columns (`cudnn_ls…`)."""
+    from rich.markup import escape
+    from rich.text import Text
 
-    console.print(Markdown(path.read_text()), width=min(console.width, 100))
-    console.print(f"study report: [bold]{path}[/]")
+    out = out or console
+    for kind, block in markdown_blocks(path.read_text()):
+        if kind == "table":
+            print_cells(out, *block)
+        else:
+            out.print(Text(block, style="bold" if kind == "heading" else ""))
+        out.print()
+    out.print(f"study report: [bold]{escape(str(path))}[/]", soft_wrap=True)
+
+
+def markdown_blocks(text: str) -> list[tuple[str, Any]]:
+    """study.md as ("heading", text), ("text", paragraph) and ("table", (headers, right-aligned, rows))
+    blocks; links read as their text (and target), images as their caption and file."""
+    blocks: list[tuple[str, Any]] = []
+    for chunk in re.split(r"\n\s*\n", text.strip()):
+        lines = chunk.splitlines()
+        if lines and all(line.lstrip().startswith("|") for line in lines) and len(lines) >= 2:
+            rows = [_md_cells(line) for line in lines]
+            blocks.append(("table", (rows[0], [c.endswith(":") and c.startswith("-") for c in rows[1]], rows[2:])))
+        elif chunk.startswith("#"):
+            blocks.append(("heading", chunk.lstrip("#").strip()))
+        else:
+            chunk = re.sub(r"!\[([^\]]*)\]\(([^)]*)\)", r"\1: \2", chunk)
+            chunk = re.sub(r"\[([^\]]*)\]\(([^)]*)\)", lambda m: m[1] if m[1] == m[2] else f"{m[1]} ({m[2]})", chunk)
+            blocks.append(("text", chunk))
+    return blocks
+
+
+def _md_cells(line: str) -> list[str]:
+    """The cells of one Markdown table line (analysis.report.markdown_table's: `|` inside a cell is `\\|`)."""
+    inner = line.strip()[1:-1] if line.strip().endswith("|") else line.strip()[1:]
+    return [c.strip().replace("\\|", "|") for c in re.split(r"(?<!\\)\|", inner)]
+
+
+def print_cells(out: Any, headers: list[str], right: list[bool], rows: list[list[str]]) -> None:
+    """A table whose cells are printed exactly as they are: boxed where it fits the terminal, else with
+    its columns two spaces apart under a rule (as `launch cost` prints a wide table), else one record per
+    row ("header: cell" lines) - never a cell cut or wrapped inside. Every column is as wide as its widest
+    cell and its header's longest word (`costs.cli._natural_widths`): a header wraps between its words."""
+    from rich.text import Text
+
+    from scalelab.costs.cli import _boxed_width, _natural_widths
+
+    widths = _natural_widths(headers, rows)
+    for boxed, needed in ((True, _boxed_width(widths)), (False, sum(widths) + 2 * (len(widths) - 1))):
+        if needed <= out.width:
+            out.print(_cells_table(headers, right, rows, widths, boxed))
+            return
+    for row in rows:
+        for i, (h, c) in enumerate(zip(headers, row)):
+            out.print(Text(f"{'  ' if i else ''}{h}: {c}"), soft_wrap=True)
+
+
+def _cells_table(headers: list[str], right: list[bool], rows: list[list[str]], widths: list[int], boxed: bool) -> Any:
+    """The rich table of `print_cells`, each column `widths` wide (no cell wraps; a header between words)."""
+    from rich import box
+    from rich.table import Table
+    from rich.text import Text
+
+    table = (Table(header_style="bold") if boxed else
+             Table(header_style="bold", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True))
+    for h, r, w in zip(headers, right, widths):
+        table.add_column(Text(h), justify="right" if r else "left", width=w, overflow="fold")
+    for row in rows:
+        table.add_row(*(Text(c) for c in row))
+    return table
