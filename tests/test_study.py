@@ -98,14 +98,15 @@ def test_money_table_prices_from_the_catalog():
     from scalelab.costs.studies import price_money_table
 
     data = study_runs([("a/1x1", _layout("a", 1, 1, 100.0, 2), _steps(2.0)),
-                       ("a/2x1", _layout("a", 2, 1, 150.0, None), _steps(400.0))])
+                       ("a/2x1", _layout("a", 2, 1, 150.0, None), _steps(400.0))],
+                      {"a/1x1": {"wall_s": 50.0}, "a/2x1": {"wall_s": 1700.0}})
     money = price_money_table(data.rows, {("a", "1x1"): "1*p2.xlarge", ("a", "2x1"): "2*p2.xlarge"}, "on-demand",
                               builtin_catalog())
-    # one meaning per column: all the steps' training time, and the wall time launch -> threshold event
-    assert money["Seconds (all steps)"].tolist() == [8.0, 1600.0]
+    # both wall time, as every dollar is billed: launch -> last record, and launch -> threshold event
+    assert money["Wall seconds"].tolist() == [50.0, 1700.0]
     assert money["Wall seconds to threshold"].tolist()[0] == 45.0 and pd.isna(money["Wall seconds to threshold"][1])
     # p2.xlarge on demand: $0.90/h, per second with a 60-second minimum per instance
-    assert money["Total Price ($)"].tolist() == pytest.approx([0.9 * 60 / 3600, round(2 * 0.9 * 1600 / 3600, 4)])
+    assert money["Total Price ($)"].tolist() == pytest.approx([0.9 * 60 / 3600, round(2 * 0.9 * 1700 / 3600, 4)])
     assert money["Price to threshold ($)"].tolist()[0] == pytest.approx(0.9 * 60 / 3600)
     study = load_study(EXAMPLES / "seed004-sentiment.yaml", "test")
     mixes = study.instance_mixes()
@@ -157,7 +158,7 @@ def test_seed004_convergence_arrangement_money(tmp_path):
     money = pd.read_csv(study / "money.csv")
     mixed = money[money["Instances"] == "1*p2.xlarge+1*g3.4xlarge"].iloc[0]
     # dollars from the catalog: (0.90 + 1.14) $/h, per second with a 60-second minimum per instance
-    assert mixed["Total Price ($)"] == pytest.approx((0.90 + 1.14) * max(mixed["Seconds (all steps)"], 60) / 3600,
+    assert mixed["Total Price ($)"] == pytest.approx((0.90 + 1.14) * max(mixed["Wall seconds"], 60) / 3600,
                                                      abs=1e-3)
 
 
@@ -165,10 +166,11 @@ def test_seed004_convergence_arrangement_money(tmp_path):
 def test_seed003_gemm_against_batch(tmp_path):
     study = _run(tmp_path, "seed003-gemm-batch.yaml")
     gemm = pd.read_csv(study / "gemm.csv")
-    assert len(gemm) == 2 * 3 * 3  # hiddens x batches x (NN, NT, TN)
+    assert len(gemm) == 2 * 3 * 3  # hiddens x batches x (NN, TN, NT)
     assert set(gemm["batch"]) == {1, 16, 33} and (gemm["gflops"] > 0).all()
     steps = pd.read_csv(study / "step.csv")
     assert list(steps["batch"]) == [1, 16, 33] and (steps["words_per_s"] > 0).all()
     text = (study / "study.md").read_text()
-    assert "reaches 90% of its best rate at batch" in text and "| 33 |" in text
+    # advice where the points were steady; on a busy machine, a line saying there is none
+    assert ("reaches 90% of its best rate at batch" in text or "no batch was measured steadily" in text) and "| 33 |" in text
     assert (study / "gemm.png").read_bytes()[:4] == b"\x89PNG"

@@ -208,6 +208,12 @@ def test_gemm_study_writes_as_it_goes_says_where_it_is_and_reports(tmp_path, cap
     assert page == path.parent / "report.html" and "Where to pick the batch" in page.read_text()
     report_gemm([path.parent], None, "json")
     assert json.loads(capsys.readouterr().out)["advice"]
+    # `launch report DIR` and `launch ls` find it by its gemm.json (they refused it / did not list it)
+    proc = launch("report", str(path.parent), "--format", "html", cwd=tmp_path)
+    assert proc.returncode == 0 and "report.html" in proc.stdout, proc.stderr[-2000:]
+    listed = launch("ls", "--runs-dir", str(path.parent.parent), "--format", "json", cwd=tmp_path)
+    rows = json.loads(listed.stdout)
+    assert [(r["name"], r["kind"], r["state"]) for r in rows] == [(path.parent.name, "gemm", "COMPLETED")], listed.stdout
 
 
 # ---- 6. what ran, at which scale ------------------------------------------------------------------

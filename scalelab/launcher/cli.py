@@ -90,7 +90,8 @@ LAZY_HELP: dict[str, str] = {
 }
 # Run directories of other kinds than training runs, told by a file they hold: file -> "module:function",
 # the function taking (paths, out, fmt) as `report_dirs` does.
-LAZY_REPORTS: dict[str, str] = {"prep.json": "scalelab.prep.report:report_dirs"}
+LAZY_REPORTS: dict[str, str] = {"prep.json": "scalelab.prep.report:report_dirs",
+                                 "gemm.json": "scalelab.launcher.study:report_gemm"}  # seed 003's GEMM study
 # Sweep directories of a kind told by a file they hold: file -> "module:function" taking the directory,
 # called after `launch resume` has continued its runs.
 LAZY_RESUMED: dict[str, str] = {"probe.json": "scalelab.launcher.probe:show_probe"}

@@ -46,7 +46,27 @@ def kind_of(path: Path) -> str | None:
         return "sweep"
     if RunPaths(path).spec.exists():
         return "run"
+    if (path / GEMM_FILE).exists():
+        return "gemm"
     return None
+
+
+GEMM_FILE = "gemm.json"  # seed 003's GEMM study (launcher/study.py): no runs, its timings are its tables
+
+
+def gemm_row(path: Path, now: float | None = None, backends: Backends | None = None) -> dict[str, Any]:
+    """A GEMM study: COMPLETED once its gemm.json says so, else INCOMPLETE (still measuring, or stopped: its
+    process is not recorded); on this machine's CPU; its age from that file. `launch report` reports it."""
+    import json
+
+    try:
+        info = json.loads((path / GEMM_FILE).read_text())
+    except (OSError, ValueError):
+        info = {}
+    complete = isinstance(info, dict) and info.get("complete") is True
+    return {**dict.fromkeys(COLUMNS), "name": path.name, "path": str(path.absolute()), "kind": "gemm",
+            "backend": "local", "state": "COMPLETED" if complete else "INCOMPLETE",
+            "age_s": (now or time.time()) - (path / GEMM_FILE).stat().st_mtime}
 
 
 class Backends:
@@ -209,6 +229,8 @@ def _runs_in(path: Path, kind: str) -> list[Path]:
     """The started runs of a run, sweep or study directory."""
     if kind == "run":
         return [path]
+    if kind == "gemm":
+        return []
     sweeps = [path] if kind == "sweep" else [d for _, d in _study_sweeps(path)]
     return [p for d in sweeps for p in sweep_runs(d) if RunPaths(p).spec.exists()]
 
@@ -239,7 +261,7 @@ def _kind_or_error(path: Path) -> str:
 
 
 def _row(path: Path, kind: str, now: float | None, backends: Backends) -> dict[str, Any]:
-    return {"study": study_row, "sweep": sweep_row, "run": run_row}[kind](path, now, backends)
+    return {"study": study_row, "sweep": sweep_row, "run": run_row, "gemm": gemm_row}[kind](path, now, backends)
 
 
 def inventory(root: Path) -> list[dict[str, Any]]:
