@@ -6,11 +6,14 @@ finds the runs, hands their records and metadata over, and writes the outputs.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
+import functools
 import json
 from dataclasses import dataclass, field
+from fractions import Fraction
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import pandas as pd
 
@@ -28,7 +31,9 @@ from scalelab.analysis.scaling import (
     summarize_run,
     trust_warnings,
 )
-from scalelab.core.errors import RecordError
+from scalelab.core.errors import RecordError, SpecError
+from scalelab.core.options import Flag, option_flags
+from scalelab.core.presets import PRESETS, config_with_overrides
 from scalelab.core.records import load_run
 from scalelab.core.rundir import (
     COMPLETED,
@@ -41,7 +46,7 @@ from scalelab.core.rundir import (
     study_sweeps,
     sweep_runs,
 )
-from scalelab.core.spec import Spec, read_spec
+from scalelab.core.spec import BATCH_SCALING, Spec, read_spec
 from scalelab.core.trajectory import spec_changes
 from scalelab.core.writes import refuse_links
 
@@ -52,6 +57,147 @@ def run_label(spec: Spec) -> str:
     if spec.own_code:  # the preset's RNN and precision are not the script's
         return spec.name or f"{spec.script_label} {spec.engine.name} {spec.batch_mode}"
     return spec.name or f"{spec.model} {spec.rnn} {spec.precision} {spec.engine.name} {spec.batch_mode}"
+
+
+#: Spec fields that never set a series apart (every other field of spec.json does: `run_settings`), and why:
+#: nodes and gpus_per_node are the layout, what a series runs over; name is the label itself where given;
+#: backend_options say how the jobs were submitted (partition, job name, image; `launch probe` names each
+#: candidate's series after it itself); seed draws the same experiment again, which is what a repeated
+#: measurement is; link_probe_mb is set by `launch probe` on layouts of two ranks or more only, and times the
+#: links after the last step; script_dir is where a script's code was shipped from (--script or the cwd).
+NOT_SETTINGS = frozenset({"nodes", "gpus_per_node", "name", "backend_options", "seed", "link_probe_mb", "script_dir"})
+
+
+def run_settings(spec: Spec) -> dict[str, Any]:
+    """What in a run's spec can set its series apart, by spec.json's dotted key (`data.prefetch`), in the
+    spec's order: every field but `NOT_SETTINGS`, each as a layout-free value (`_layout_free`). Read off the
+    spec's fields rather than listed, so that a setting added to the spec splits reports without a word here."""
+    raw, out = spec.to_dict(), {}
+    for f in dataclasses.fields(spec):
+        if f.name in NOT_SETTINGS:
+            continue
+        if dataclasses.is_dataclass(getattr(spec, f.name)):  # engine, data: their own fields, dotted
+            out.update({f"{f.name}.{k}": v for k, v in raw[f.name].items()})
+        else:
+            out[f.name] = raw[f.name]
+    return dict(_layout_free(spec, key, value) for key, value in out.items())
+
+
+def _layout_free(spec: Spec, key: str, value: Any) -> tuple[str, Any]:
+    """(key, value) of a setting with what the layout decides taken out, so that the layouts of one sweep agree.
+
+    `launch sweep` derives the length from the layout where the batch and work axes differ (`launcher.sweep.
+    _length`): those steps are given as the steps the same sweep would give one worker (`steps_at_1_worker`),
+    epochs of growing work likewise. A run outside a sweep has no work axis: its length is the same on every
+    layout, so its work follows its batch axis, as `sweep_axes` defaults (only epochs: fixed). A strong run with
+    no --global-batch runs the preset's, which a sweep writes down. Slowdown factors all 1 emulate nothing."""
+    batch_axis = BATCH_SCALING[spec.batch_mode]
+    work_axis = spec.work_scaling or ("fixed" if spec.epochs is not None and spec.steps is None else batch_axis)
+    if key == "work_scaling":
+        return key, work_axis
+    if key == "global_batch" and value is None and spec.batch_mode == "strong" and not spec.own_code:
+        return key, _preset_batch(spec)
+    if key == "emulate_slowdown" and all(f == 1 for f in value):
+        return key, []
+    derived = not spec.own_code and value is not None  # a script's length is its own, the same on every layout
+    if key == "steps" and derived and batch_axis != work_axis:
+        at_one = Fraction(value, spec.workers) if work_axis == "growing" else Fraction(value * spec.workers)
+        return "steps_at_1_worker", _plain_number(at_one)
+    if key == "epochs" and derived and work_axis == "growing":
+        return "epochs_at_1_worker", _plain_number(Fraction(value, spec.workers))
+    return key, value
+
+
+def _preset_batch(spec: Spec) -> int | None:
+    """The global batch a strong run without --global-batch ran: its preset's (None for an unknown preset)."""
+    try:
+        return config_with_overrides(PRESETS[spec.model], spec.model_args).default_batch
+    except (KeyError, SpecError):
+        return None
+
+
+def _plain_number(x: Fraction) -> int | float:
+    return int(x) if x.denominator == 1 else float(x)
+
+
+def series_labels(specs: Sequence[Spec]) -> list[tuple[str, dict[str, Any] | None]]:
+    """(label, settings) of each run of a report: runs whose settings (`run_settings`) agree are one series,
+    whatever their layouts (repeats of one spec included); runs that differ in any are not, even where their
+    `run_label` agrees (two sweeps, one with --prefetch 0: their 1x1 rows were one series, one at 114 %).
+
+    A label is `run_label` followed by the settings that differ among the runs of that `run_label` reported
+    together, in the words of their flags (`prefetch=0`, `independent-replicas`); settings holds the same
+    fields by spec.json's key. Naming only those keeps the common case's labels as they were (one sweep: no
+    setting differs), and as words apart, the terminal's table keeps the shared ones in its title."""
+    bases = [run_label(spec) for spec in specs]
+    settings = [run_settings(spec) for spec in specs]
+    differing = {base: _differing([st for b, st in zip(bases, settings) if b == base]) for base in set(bases)}
+    out = []
+    for base, st in zip(bases, settings):
+        keys = [k for k in differing[base] if k in st]
+        out.append((" ".join([base, *(_setting_text(k, st[k]) for k in keys)]), {k: st[k] for k in keys} or None))
+    return _distinct_labels(out)
+
+
+def _differing(group: list[dict[str, Any]]) -> list[str]:
+    """The keys whose values are not the same in every settings of `group` (or absent from some: the steps of a
+    sweep whose length follows its layout, `_layout_free`), in their first order."""
+    keys = dict.fromkeys(k for st in group for k in st)
+    return [k for k in keys if len({json.dumps([k in st, st.get(k)], sort_keys=True, default=str) for st in group}) > 1]
+
+
+def _distinct_labels(labelled: list[tuple[str, dict[str, Any] | None]]) -> list[tuple[str, dict[str, Any] | None]]:
+    """The same labels, with " #2", " #3" added where two series' settings would read the same (values whose
+    text collides): series are grouped by label, so two must never share one."""
+    seen: dict[str, list[str]] = {}
+    out = []
+    for label, st in labelled:
+        kinds = seen.setdefault(label, [])
+        key = json.dumps(st, sort_keys=True, default=str)
+        if key not in kinds:
+            kinds.append(key)
+        i = kinds.index(key)
+        out.append((label if i == 0 else f"{label} #{i + 1}", st))
+    return out
+
+
+@functools.cache
+def _flags() -> dict[str, Flag]:
+    return {f.key: f for f in option_flags(Spec)}
+
+
+def _setting_text(key: str, value: Any) -> str:
+    """A setting as a label says it: its flag's word and value (`prefetch=0`, `engine=horovod`), an on/off
+    flag's word (`independent-replicas` / `exchange`); a field without a flag by its name (`clip_grad_norm=1`).
+    One word each, so the terminal can put the words that all labels share in its title."""
+    flag = _flags().get(key)
+    if flag is not None and "/" in flag.decl and isinstance(value, bool):
+        on, off = flag.decl.split("/")
+        return (on if value else off).lstrip("-")
+    name = flag.name.lstrip("-") if flag is not None else key.rsplit(".", 1)[-1]
+    return f"{name}={_value_text(value)}"
+
+
+def _value_text(value: Any) -> str:
+    """A setting's value in one word: none, true, 0.001 (a float as %g where that loses nothing), a list's
+    items joined by commas (`1.78,1`), a mapping's as key:value."""
+    if value is None or value == [] or value == {}:
+        return "none"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, float):
+        return f"{value:g}" if float(f"{value:g}") == value else repr(value)
+    if isinstance(value, (list, tuple)):
+        return ",".join(_value_text(v) for v in value)
+    if isinstance(value, dict):
+        return ",".join(f"{k}:{_value_text(v)}" for k, v in value.items())
+    return str(value).replace(" ", "_")
+
+
+def label_series(summaries: list[LayoutSummary], specs: Sequence[Spec]) -> list[LayoutSummary]:
+    """The summaries (one per spec, in order) with their series' labels and settings (`series_labels`)."""
+    return [dataclasses.replace(s, label=label, settings=st)
+            for s, (label, st) in zip(summaries, series_labels(specs), strict=True)]
 
 
 def total_steps(spec: Spec) -> int | None:
@@ -168,9 +314,8 @@ def build_report(paths: list[Path], out: Path | None = None, price: Pricer | Non
         summaries.append(summarize_loaded(run))
         if price is not None:
             extra.append(price(run, summaries[-1]))
-    warnings += merged_sweeps(paths, summaries)
     report = write_report(summaries, runs, out, extra if price is not None else None, plots=plots)
-    report.warnings = warnings + report.warnings
+    report.warnings = warnings + merged_sweeps(paths, report.table) + report.warnings
     return report
 
 
@@ -203,16 +348,16 @@ def price_notes(extra: list[dict[str, Any]]) -> list[str]:
     return notes + [f"no dollars: {n}" for n in unpriced]
 
 
-def merged_sweeps(paths: list[Path], summaries: list[LayoutSummary]) -> list[str]:
+def merged_sweeps(paths: list[Path], table: pd.DataFrame) -> list[str]:
     """A warning when several sweeps given together (a glob such as `runs/sweep-nmt-small-strong-*`)
-    measured the same layout of the same series: their rows are merged into one series, which the
-    reader should know (the README's own glob silently merged two sweeps)."""
+    measured the same layout of the same series (the report's `table`, labelled by `series_labels`: the same
+    settings): their rows are merged into one series, which the reader should know (the README's own glob
+    silently merged two sweeps)."""
     sweeps = [p for p in paths if (p / SWEEP_FILE).exists()]
     if len(sweeps) < 2:
         return []
     seen: dict[tuple, int] = {}
-    for s in summaries:
-        key = (s.label, s.nodes, s.gpus_per_node)
+    for key in zip(table["label"], table["nodes"], table["gpus_per_node"]):
         seen[key] = seen.get(key, 0) + 1
     twice = sorted(f"{label} {n}x{g}" for (label, n, g), count in seen.items() if count > 1)
     if not twice:
@@ -224,10 +369,12 @@ def merged_sweeps(paths: list[Path], summaries: list[LayoutSummary]) -> list[str
 
 def write_report(summaries: list[LayoutSummary], runs: list[Path], out: Path,
                  extra: list[dict[str, Any]] | None = None, plots: bool = True) -> Report:
-    """The scaling table of already computed summaries (and `extra` columns per run: its dollars), written
-    as report.md, report.json and, with `plots`, speedup.png and throughput.png."""
+    """The scaling table of already computed summaries of `runs` (one each, in order; and `extra` columns per
+    run: its dollars), written as report.md, report.json and, with `plots`, speedup.png and throughput.png.
+    The series come from the runs' specs (`series_labels`), not from the summaries' labels alone."""
 
-    table = scale_layouts(summaries, extra=extra)
+    # runs that differ in a setting, not only in layout, are series of their own (`series_labels`)
+    table = scale_layouts(label_series(summaries, [read_spec(run_dir) for run_dir in runs]), extra=extra)
     notes = price_notes(extra or [])
     out.mkdir(parents=True, exist_ok=True)
     refuse_links(out, REPORT_FILES)

@@ -238,6 +238,11 @@ class LayoutSummary:
     # what a --script run's items count ("images", `track.unit`; "samples" unless it said): its words_per_s
     # and samples_per_s are that unit per second. None for the built-in trainer: words.
     unit: str | None = None
+    # what sets this run's series apart from the other series of the same report that share its model, RNN,
+    # precision, engine and batch mode (spec.json's dotted keys: {"data.prefetch": 0}); the label names the
+    # same fields. None where nothing does: a run alone, or runs that differ only in layout
+    # (analysis.results.series_labels)
+    settings: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Plain dict (for summary.json and DataFrames)."""
@@ -697,7 +702,8 @@ def scale_layouts(
 
     Speedup is the ratio of `words_per_s` (see `scaling_table` for why this is right in both
     modes). Runs are grouped into series by `series` (default `label`: give every run of one sweep
-    the same label and let nodes/gpus_per_node tell the layouts apart). Rows come sorted by series
+    the same label and let nodes/gpus_per_node tell the layouts apart; reports label runs that differ in
+    any setting but the layout apart, `analysis.results.series_labels`). Rows come sorted by series
     (in order of first appearance), then workers, then nodes, so the base of a series is its
     smallest layout and, among equal worker counts, the one with the fewest nodes (e.g. 1x2 rather
     than 2x1: no inter-node traffic). `extra`: more columns of each run, in the order of `summaries`
