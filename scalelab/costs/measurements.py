@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from scalelab.analysis.results import expand_run_dirs, summarize_loaded
+from scalelab.analysis.results import expand_run_dirs, label_series, summarize_loaded
 from scalelab.analysis.scaling import scale_layouts, step_table
 from scalelab.core.errors import SpecError
 from scalelab.core.presets import PRESETS, config_with_overrides
@@ -61,10 +61,14 @@ def measured_from_runs(paths: list[Path], measured_on: str | None = None, every_
     by_type: dict[str | None, list] = {}
     run_types: dict[int, str | None] = {}  # id(summary) -> its run's instance_type option
     curves, precisions, memory = {}, [], {}
+    loaded = []
     for run_dir in expand_run_dirs(paths):
         run = load_run(run_dir)
         st = None if run.steps.empty else step_table(run.steps)  # once: the summary and the loss curve read it
-        s = summarize_loaded(run, st)
+        loaded.append((run, st, summarize_loaded(run, st)))
+    # runs that differ in a setting but the layout (--prefetch 0 beside 2) are series apart, as in reports
+    labelled = label_series([s for _, _, s in loaded], [run.spec for run, _, _ in loaded])
+    for (run, st, _), s in zip(loaded, labelled):
         if not run.spec.own_code:  # a --script's model is unknown to the memory model: its plans are not checked
             memory[s.label] = memory_model(run.spec)
         itype = (run.spec.backend_options or {}).get("instance_type")
