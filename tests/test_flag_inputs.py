@@ -98,6 +98,86 @@ def test_tolerations_as_the_help_shows_them_reach_the_pods(monkeypatch, capsys, 
     assert code == 2 and "--toleration" in err and "NoSchedule" in err and "Traceback" not in err, err
 
 
+# ---- the config file -----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def config(tmp_path, monkeypatch):
+    """Write c.yaml in a fresh cwd and point SCALELAB_CONFIG at it."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SCALELAB_CONFIG", "c.yaml")
+    monkeypatch.setenv("COLUMNS", "200")
+
+    def write(text: str):
+        (tmp_path / "c.yaml").write_text(text)
+    return write
+
+
+@pytest.mark.parametrize("text", ["rate: 0.45/gpu-hour\n", "rate: [0.45/gpu-hour]\n", "rate:\n  - 0.45/gpu-hour\n"])
+def test_a_repeatable_option_in_the_config_takes_one_value_or_a_list(config, text, monkeypatch, capsys):
+    config(text)
+    code, err, _ = run_entry(["--backend", "slurm", "--dry-run", "--steps", "20"], monkeypatch, capsys)
+    assert code == 0, err
+    assert "0.45" in err or "$" in err, err  # the dry run's quote priced with the configured rate
+
+
+@pytest.mark.parametrize("text, args", [
+    ("model-arg: hidden_size=8\n", {"hidden_size": 8}),
+    ("model-arg: [hidden_size=8, embed_size=16]\n", {"hidden_size": 8, "embed_size": 16}),
+])
+def test_model_args_in_the_config(config, text, args, monkeypatch, capsys, spec_of):
+    config(text)
+    code, err, _ = run_entry(["--dry-run", "--steps", "20"], monkeypatch, capsys)
+    assert code == 0, err
+    assert spec_of[-1].model_args == args
+
+
+def test_a_list_for_a_repeatable_backend_flag_in_the_config(config, monkeypatch, capsys, spec_of):
+    config("backend: k8s\nimage: trainer:1\ntoleration: [nvidia.com/gpu:NoSchedule, team=ml]\n")
+    code, err, _ = run_entry(["--dry-run", "--steps", "20"], monkeypatch, capsys)
+    assert code == 0, err
+    assert [t["key"] for t in spec_of[-1].backend_options["tolerations"]] == ["nvidia.com/gpu", "team"]
+
+
+@pytest.mark.parametrize("text, says", [
+    ("lr: -1\n", "config file c.yaml: lr must be > 0"),
+    ("steps: nan\n", "config file c.yaml: steps"),
+    ("backend: mars\n", "config file c.yaml: backend"),
+    ("partition: [gpu, cpu]\n", "config file c.yaml: 'partition' must be one value"),
+    ("cpus-per-task: 0\n", "config file c.yaml: "),
+    ("model-arg: hidden_size\n", "config file c.yaml: model-arg"),
+    ("model-arg: hidden_size=abc\n", "config file c.yaml: model-arg: model field hidden_size"),
+    ("model-arg: [hidden_size=8, hiden_size=8]\n", "config file c.yaml: model-arg: unknown model field"),
+    ("rate: cheap\n", "config file c.yaml: rate"),
+    ("toleration: gpu:Sometimes\n", "config file c.yaml"),
+    ("sbatch-arg: --nodes=5\n", "config file c.yaml"),
+    ("backend-opt: nosuch=1\n", "nosuch (from config file c.yaml, key backend-opt)"),
+    ("backend-opt: nosuch\n", "config file c.yaml: backend-opt takes KEY=VALUE"),
+])
+def test_a_bad_config_value_is_blamed_on_the_file_and_key(config, text, says, monkeypatch, capsys):
+    config(text)
+    code, err, _ = run_entry(["--backend", "slurm", "--dry-run"], monkeypatch, capsys)
+    lines = [line for line in err.splitlines() if line.startswith("launch: error:")]
+    assert code == 2 and len(lines) == 1 and says in lines[0], err
+    assert "Traceback" not in err and "Invalid value for '--" not in err and "(from --" not in err, err
+
+
+def test_a_value_one_command_refuses_is_blamed_on_the_file_there(config, monkeypatch, capsys):
+    """`format: html` suits `launch report`, not `launch ls`: ls says so, naming the file and key."""
+    config("format: html\n")
+    code, err, _ = run_entry(["ls", "--runs-dir", "."], monkeypatch, capsys)
+    assert code == 2 and "config file c.yaml: format: " in err and "'html' is not one of" in err, err
+
+
+def test_a_list_troubles_only_a_command_whose_option_takes_one_value(config, monkeypatch, capsys):
+    """train-src repeats in `launch prep`, not in `launch run`: the list is refused where it cannot be used."""
+    config("train-src: [a.txt, b.txt]\n")
+    code, err, _ = run_entry(["ls", "--runs-dir", "."], monkeypatch, capsys)
+    assert code == 0, err
+    code, err, _ = run_entry(["--dry-run", "--data", "text"], monkeypatch, capsys)
+    assert code == 2 and "config file c.yaml: 'train-src' must be one value" in err and "Traceback" not in err, err
+
+
 # ---- AWS region ----------------------------------------------------------------------------------------
 
 

@@ -13,8 +13,10 @@ A file is a flat mapping from a command-line option, without its dashes, to a va
     bucket: my-runs
 
 Dashes and underscores are the same. A value becomes the option's default in every command that has that
-option, shown in `--help` as `[default: VALUE, from FILE]`; a flag given on the command line wins. Which
-keys exist is the command line's business (scalelab/launcher/cli.py checks them); this module only reads.
+option, shown in `--help` as `[default: VALUE, from FILE]`; a flag given on the command line wins. A
+repeatable option (`rate`, `model-arg`, `toleration`, `sbatch-arg`) takes one value or a list. Which keys
+exist, and whether a value suits its option, is the command line's business (scalelab/launcher/cli.py checks
+them, naming the file and key); this module only reads.
 """
 
 from __future__ import annotations
@@ -56,10 +58,22 @@ def read_config(paths: list[Path]) -> dict[str, tuple[Any, Path]]:
     out: dict[str, tuple[Any, Path]] = {}
     for path in paths:
         for key, value in read_yaml_mapping(path, "config file").items():
-            if isinstance(value, (dict, list)):
-                raise SpecError(f"config file {path}: {key!r} must be one value (a word or a number), not a "
-                                f"{type(value).__name__}: the file is a flat mapping of options to defaults")
             if value is None:
                 continue  # `key:` alone leaves the built-in default
+            _check_shape(path, key, value)
             out[key_name(key)] = (value, path)
     return out
+
+
+def _check_shape(path: Path, key: Any, value: Any) -> None:
+    """A value is a word or a number, or a list of them for a repeatable option (whether the option repeats
+    is checked by the command line, which knows the options); a mapping or a nested list never is."""
+    items = value if isinstance(value, list) else [value]
+    bad = next((item for item in items if isinstance(item, (dict, list)) or item is None), ...)
+    if bad is ...:
+        return
+    what = {dict: "a mapping", list: "a list"}.get(type(bad), "an empty value")
+    raise SpecError(f"config file {path}: {key!r} must be one value (a word or a number), or a list of them for a "
+                    f"repeatable option such as rate or model-arg, not {what}"
+                    f"{' in a list' if isinstance(value, list) else ''}: the file is a flat mapping of options "
+                    "to defaults")

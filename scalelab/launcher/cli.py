@@ -107,41 +107,64 @@ LAZY_FLAGS = frozenset({
     "total_s", "train", "valid", "valid_fraction", "work"})
 
 
-def option_keys(command: click.Command) -> dict[str, list[str]]:
-    """Flag (as a config key: `time_limit_min`) -> the names of the parameters it sets, in `command` and,
-    for a group, in its loaded subcommands."""
-    out: dict[str, list[str]] = {}
+def option_params(command: click.Command) -> dict[str, list[click.Option]]:
+    """Flag (as a config key: `time_limit_min`) -> the options it names, in `command` and, for a group, in
+    its loaded subcommands."""
+    out: dict[str, list[click.Option]] = {}
     for param in command.params:
         if isinstance(param, click.Option) and param.name:
             for opt in (*param.opts, *param.secondary_opts):
                 if opt.startswith("--"):
-                    out.setdefault(opt[2:].replace("-", "_"), []).append(param.name)
+                    out.setdefault(opt[2:].replace("-", "_"), []).append(param)
     for sub in getattr(command, "commands", {}).values():
-        for key, names in option_keys(sub).items():
-            out.setdefault(key, []).extend(names)
+        for key, params in option_params(sub).items():
+            out.setdefault(key, []).extend(params)
     return out
+
+
+def option_keys(command: click.Command) -> dict[str, list[str]]:
+    """Flag (as a config key: `time_limit_min`) -> the names of the parameters it sets, in `command` and,
+    for a group, in its loaded subcommands."""
+    return {key: [p.name for p in params if p.name] for key, params in option_params(command).items()}
 
 
 class ConfigDefaults(dict):
     """Defaults from the config files (scalelab/core/config.py) as click's `default_map`, one for every
     command: click asks it for a parameter's default by the parameter's name (`key in map`, `map[key]`) and
     for a subcommand's map by the command's name (`map.get(name)`), which is this same map. The names of the
-    parameters of lazily loaded commands are learned when they load (`learn`)."""
+    parameters of lazily loaded commands are learned when they load (`learn`).
+
+    A repeatable option's default is a list (one value in the file is a list of one: click wanted an
+    iterable); a list for an option that takes one value is an error naming the file and key when a command
+    reads that option (a key such as train-src repeats in `launch prep` and not in `launch run`)."""
 
     def __init__(self, config: dict[str, tuple[Any, Path]]) -> None:
         super().__init__()
         self.config = config  # config key -> (value, file)
         self.param_names: set[str] = set()
         self.source: dict[str, Path] = {}
+        self.key_of: dict[str, str] = {}  # parameter name -> its config key
+        self.problem: dict[str, str] = {}  # parameter name -> why its configured value cannot be its default
 
     def learn(self, command: click.Command) -> None:
-        for key, names in option_keys(command).items():
-            self.param_names.update(names)
+        for key, params in option_params(command).items():
+            self.param_names.update(p.name for p in params if p.name)
             if key in self.config:
                 value, path = self.config[key]
-                for name in names:
-                    self[name] = value
-                    self.source[name] = path
+                for param in params:
+                    self._set(param, key, value, path)
+
+    def _set(self, param: click.Option, key: str, value: Any, path: Path) -> None:
+        name = str(param.name)
+        self[name] = (value if isinstance(value, list) else [value]) if param.multiple else value
+        self.source[name], self.key_of[name] = path, key
+        if isinstance(value, list) and not param.multiple:
+            self.problem[name] = one_value_problem(path, key)
+
+    def __getitem__(self, key: Any) -> Any:
+        if key in self.problem:
+            raise SpecError(self.problem[key])
+        return super().__getitem__(key)
 
     def get(self, key: Any, default: Any = None) -> Any:  # type: ignore[override]
         if key in self:
@@ -149,9 +172,15 @@ class ConfigDefaults(dict):
         return default if key in self.param_names else self  # a subcommand's name: the same defaults
 
 
+def one_value_problem(path: Path, key: str) -> str:
+    shown = key.replace("_", "-")
+    return (f"config file {path}: {shown!r} must be one value (a word or a number), not a list: --{shown} is "
+            "not repeatable here (a list is for options such as rate, model-arg, sbatch-arg)")
+
+
 def config_defaults() -> ConfigDefaults | None:
     """The config files' defaults for every command, or None without a file; a key that is no option of any
-    command is one error naming the file and the options there are."""
+    command is one error naming the file and the options there are; so is a bad value (`check_config`)."""
     from scalelab.core.config import config_paths, read_config
 
     config = read_config(config_paths())
@@ -168,7 +197,69 @@ def config_defaults() -> ConfigDefaults | None:
                         + (f" (did you mean {close[0]!r}?)" if close else "")
                         + "; keys are options without their dashes, e.g. backend, partition, time-limit-min, "
                           "bucket (`launch run --help` lists them)")
+    check_config(config)
     return defaults
+
+
+def check_config(config: dict[str, tuple[Any, Path]]) -> None:
+    """Check the values of the spec's, the backends' and --model-arg/--backend-opt's keys before any command
+    runs, as their flags are checked, each error naming the file and key. Why: a bad value was blamed on a flag
+    nobody typed (`lr: -1` said "(from --lr)", `steps: nan` "Invalid value for '--steps'"). The other keys'
+    values are checked by the command that reads them (`config_blame` names the file there): one key can
+    differ between commands (`format: html` suits report, not ls), as can a list (`ConfigDefaults`)."""
+    for key, params in option_params(main).items():
+        if key not in config:
+            continue
+        value, path = config[key]
+        for param in {str(p.name): p for p in params if p.multiple or not isinstance(value, list)}.values():
+            try:
+                _check_value(param, key, value)
+            except click.BadParameter as exc:
+                raise SpecError(blame(path, key, exc.message)) from None
+            except SpecError as exc:
+                raise SpecError(blame(path, key, str(exc))) from None
+
+
+def _check_value(param: click.Option, key: str, value: Any) -> None:
+    """One configured value read as its flag's would be: click's type, then the field's type and checks."""
+    from scalelab.core.flags import param_name
+    from scalelab.core.options import coerce_path
+
+    name = str(param.name)
+    spec_keys = {param_name(flag): flag.key for flag in SPEC_FLAGS}
+    if name not in spec_keys and not name.startswith("bopt__") and name not in ("model_args", "backend_opts"):
+        return
+    typed = param.type_cast_value(None, (value if isinstance(value, list) else [value]) if param.multiple else value)
+    if name.startswith("bopt__"):
+        _, backend, field = name.split("__", 2)
+        options_type(backend).coerce({field: list(typed) if param.multiple else typed}, text=True)
+    elif name in spec_keys and type(param.type).__module__.startswith("click"):  # not --data's own type
+        coerce_path(Spec, spec_keys[name], typed, text=True)
+    elif name in ("model_args", "backend_opts"):
+        pairs = parse_pairs(tuple(typed), key.replace("_", "-"))
+        if name == "model_args":
+            model_overrides(pairs)
+
+
+def blame(path: Path, key: str, message: str) -> str:
+    """A configured value's problem, saying the file and the key (unless the message already names it)."""
+    shown = key.replace("_", "-")
+    named = message.startswith((key, shown, f"'{shown}'")) or f"(--{shown})" in message
+    return f"config file {path}: {message if named else f'{shown}: {message}'}"
+
+
+def config_blame(exc: click.ClickException) -> str | None:
+    """A value click refused that came from a config file, as "config file F: KEY: problem", or None:
+    click said "Invalid value for '--steps'", a flag the user never typed."""
+    from click.core import ParameterSource
+
+    param, ctx = getattr(exc, "param", None), getattr(exc, "ctx", None)
+    defaults = getattr(ctx, "default_map", None)
+    if not isinstance(exc, click.BadParameter) or param is None or not isinstance(defaults, ConfigDefaults):
+        return None
+    if param.name not in defaults.source or ctx.get_parameter_source(param.name) != ParameterSource.DEFAULT_MAP:
+        return None
+    return blame(defaults.source[param.name], defaults.key_of[param.name], exc.message)
 
 
 class DefaultGroup(click.Group):
@@ -364,6 +455,13 @@ def _from_config(params: dict[str, Any]) -> set[str]:
     return {name for name in params if ctx.get_parameter_source(name) == ParameterSource.DEFAULT_MAP}
 
 
+def _config_source(name: str) -> str:
+    """Where parameter `name`'s value came from when a config file gave it: `from config file F, key KEY`."""
+    defaults = click.get_current_context().default_map
+    assert isinstance(defaults, ConfigDefaults)
+    return f"from config file {defaults.source[name]}, key {defaults.key_of[name].replace('_', '-')}"
+
+
 def _spec_key(param_name: str) -> str:
     return param_name.replace("__", ".")
 
@@ -399,8 +497,9 @@ def _backend_options(spec: Spec, params: dict[str, Any]) -> dict[str, Any]:
     with where it came from; a backend's flag with another --backend is an error."""
     where = f"in spec file {params['spec_file']}" if params.get("spec_file") else ""
     configured = _from_config(params)
+    opts_from = _config_source("backend_opts") if "backend_opts" in configured else "from --backend-opt"
     sources = [(spec.backend_options, where, False),
-               (parse_pairs(params.get("backend_opts") or (), "--backend-opt"), "from --backend-opt", True)]
+               (parse_pairs(params.get("backend_opts") or (), "--backend-opt"), opts_from, True)]
     for backend, flags in backend_flags().items():
         for flag in flags:
             name = f"bopt__{backend}__{flag.key}"
@@ -1048,6 +1147,10 @@ def show_click_error(exc: click.ClickException) -> None:
     # `launch` (or `launch aws`) alone: its help, once (it starts with Usage); click < 8.2 prints it itself
     if isinstance(exc, getattr(click.exceptions, "NoArgsIsHelpError", ())):
         exc.show()
+        return
+    blamed = config_blame(exc)
+    if blamed is not None:  # a config file's value: no usage line, as the flag was not typed
+        err_console.print(f"[bold red]launch: error:[/] {escape(blamed)}", highlight=False, soft_wrap=True)
         return
     if isinstance(exc, click.UsageError) and ctx is not None:
         click.echo(ctx.get_usage(), err=True)
