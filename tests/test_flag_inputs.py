@@ -169,6 +169,12 @@ def test_a_value_one_command_refuses_is_blamed_on_the_file_there(config, monkeyp
     assert code == 2 and "config file c.yaml: format: " in err and "'html' is not one of" in err, err
 
 
+def test_help_shows_a_configured_list_as_its_values(config, monkeypatch, capsys):
+    config("model-arg: [hidden_size=8, embed_size=16]\n")
+    code, _, out = run_entry(["run", "--help"], monkeypatch, capsys)
+    assert code == 0 and "[default:hidden_size=8,embed_size=16,fromc.yaml]" in "".join(out.split()), out
+
+
 def test_a_list_troubles_only_a_command_whose_option_takes_one_value(config, monkeypatch, capsys):
     """train-src repeats in `launch prep`, not in `launch run`: the list is refused where it cannot be used."""
     config("train-src: [a.txt, b.txt]\n")

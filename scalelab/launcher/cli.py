@@ -353,7 +353,9 @@ def _with_config_default(record: tuple[str, str], name: str, ctx: click.Context)
     if not isinstance(defaults, ConfigDefaults) or name not in defaults.source:
         return record
     text = re.sub(r"\s*\[default: [^\]]*\]", "", record[1])
-    return record[0], f"{text} [default: {defaults[name]}, from {defaults.source[name]}]"
+    value = defaults[name]
+    shown = ", ".join(map(str, value)) if isinstance(value, list) else value  # a repeatable option's values
+    return record[0], f"{text} [default: {shown}, from {defaults.source[name]}]"
 
 
 # ---- options shared by run and sweep -------------------------------------------------------------
