@@ -330,3 +330,16 @@ def test_run_meta_is_typed_a_misspelt_key_or_an_unknown_mode_fails_where_it_is_w
         RunMeta(batch_mode="fixed")
     s = summarize_run(_records(), None, None, replace(META, batch_mode="weak", work_scaling="growing"))
     assert (s.mode, s.batch_scaling, s.work_scaling) == ("weak", "growing", "growing")
+
+
+def test_a_series_of_one_layout_on_several_workers_has_no_speedup():
+    """Its speedup over itself (1.00, 100 %) said nothing and contradicted a study's own tables, which measure
+    such a variant against the study's baseline; a series of one layout on one worker is its own base still."""
+    from scalelab.analysis.scaling import scaling_table
+
+    rows = [{"label": "a", "workers": 1, "throughput": 100.0}, {"label": "a", "workers": 2, "throughput": 150.0},
+            {"label": "arranged", "workers": 2, "throughput": 24.0}, {"label": "single", "workers": 1, "throughput": 90.0}]
+    out = scaling_table(rows).set_index("label")
+    assert out.loc["a"]["speedup"].tolist() == [1.0, 1.5]
+    assert math.isnan(out.loc["arranged", "speedup"]) and math.isnan(out.loc["arranged", "efficiency"])
+    assert out.loc["single", "speedup"] == 1.0

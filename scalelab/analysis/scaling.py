@@ -644,12 +644,24 @@ def scaling_table(
     else:  # time_s, weak
         efficiency = base_value / value
         speedup = n * efficiency
+    alone = _alone_on_many(base, workers)
+    speedup, efficiency = np.where(alone, np.nan, speedup), np.where(alone, np.nan, efficiency)
     df["base_workers"] = base_workers
     df["n"] = n
     df["speedup"] = speedup
     df["efficiency"] = efficiency
     df["karp_flatt"] = karp_flatt(speedup, n)
     return df
+
+
+def _alone_on_many(base: np.ndarray, workers: np.ndarray) -> np.ndarray:
+    """Rows that are their series' only layout, on more than one worker: their speedup over themselves (1.00,
+    100 %) says nothing, and beside a study's own tables, which measure such a variant ("2x1 arranged", "the
+    dynamic balancer") against the study's baseline, it contradicted them (1.00 against 0.24). Shown as none."""
+    index = np.arange(len(base))
+    own_base = base == index
+    counts = np.bincount(base[base >= 0], minlength=len(base)) if len(base) else np.zeros(0, dtype=int)
+    return own_base & (counts[np.clip(base, 0, None)] == 1) & (workers > 1)
 
 
 def _metric_column(df: pd.DataFrame) -> str:
