@@ -115,6 +115,18 @@ def _run_dir(tmp_path: Path, **spec_fields) -> Path:
     return run
 
 
+def _refused_naming(run: Path, words: list[str], monkeypatch, capsys) -> None:
+    """`launch resume RUN` refused in one error line holding each of `words`, the run left as it was."""
+    before = _tree(run)
+    code, err, _ = run_entry(["resume", str(run)], monkeypatch, capsys)
+    assert code == 2 and "Traceback" not in err, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("launch: error:"), err
+    for word in words:
+        assert word in lines[0], (word, lines[0])
+    assert _tree(run) == before
+
+
 @pytest.mark.parametrize("edit, words", [
     ({"lr": 0.01}, ["lr 0.001 -> 0.01", "--allow-changed lr"]),
     ({"lr_warmup_steps": 5}, ["lr_warmup_steps 0 -> 5"]),
@@ -130,14 +142,7 @@ def test_each_trajectory_field_is_named(edit, words, tmp_path, monkeypatch, caps
     for key, value in edit.items():
         spec[key] = {**spec[key], **value} if isinstance(value, dict) and key != "model_args" else value
     (run / "spec.json").write_text(json.dumps(spec))
-    before = _tree(run)
-    code, err, _ = run_entry(["resume", str(run)], monkeypatch, capsys)
-    assert code == 2 and "Traceback" not in err, err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("launch: error:"), err
-    for word in words:
-        assert word in lines[0], (word, lines[0])
-    assert _tree(run) == before
+    _refused_naming(run, words, monkeypatch, capsys)
 
 
 @pytest.mark.parametrize("edit", [{"nodes": 2, "engine": {"name": "ddp"}}, {"engine": {"name": "horovod"}}, {"threads": 1}, {"checkpoint_every": 3}])
@@ -281,15 +286,8 @@ def test_a_script_runs_code_or_arguments_changed_are_refused(edit, words, tmp_pa
     (run / "other.py").write_text("")
     spec = json.loads((run / "spec.json").read_text())
     (run / "spec.json").write_text(json.dumps({**spec, **edit}))
-    before = _tree(run)
     monkeypatch.chdir(run)
-    code, err, _ = run_entry(["resume", str(run)], monkeypatch, capsys)
-    assert code == 2 and "Traceback" not in err, err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("launch: error:"), err
-    for word in words:
-        assert word in lines[0], (word, lines[0])
-    assert _tree(run) == before
+    _refused_naming(run, words, monkeypatch, capsys)
 
 
 def test_a_built_in_run_turned_into_a_script_run_is_refused(tmp_path) -> None:
