@@ -421,14 +421,33 @@ def stopped_on_a_signal(run_dir: Path, since: float | None) -> RunStatus | None:
     Why: a signal to one rank (a node agent, an OOM killer, a pre-emption hook) stops every rank at the
     step they agree on, with a checkpoint, exactly as a cancel does; but torchrun and horovodrun report
     their ranks' exit 143 as a crash. The records are what the ranks did; the exit code is the agent's
-    reading of it (issue #37)."""
+    reading of it (issue #37). A user's script agrees on its own (an all-reduce of `track.should_stop()`):
+    its ranks that got no signal record the interruption too (scalelab/train/script.py), and where one could
+    not see its peer's stop note it still ended cleanly at the step the signalled rank stopped at
+    (`left_with_a_stopped_peer`), which is that same stop."""
     ranks = rank_ends(run_dir, since)
     world = max((r.world for r in ranks), default=0)
     if not ranks or len({r.rank for r in ranks}) < world or any(r.errors for r in ranks):
         return None
-    if any(r.end is None or r.end.get("reason") != "interrupted" for r in ranks):
+    if any(r.end is None for r in ranks):
+        return None
+    if any(r.end.get("reason") != "interrupted" for r in ranks) and not left_with_a_stopped_peer(ranks):
         return None
     return RunStatus(CANCELLED, stop_line(run_dir, ranks))
+
+
+def left_with_a_stopped_peer(ranks: list[RankEnd]) -> bool:
+    """Whether a rank stopped on a stop signal (or its launcher gone) and every other one ended cleanly (exit 0)
+    at that very step: they left through the script's stop agreement, not at their own end."""
+
+    def signalled(r: RankEnd) -> bool:
+        return r.end.get("reason") == "interrupted" and any(s.get("signal") or s.get("cause") for s in r.stops)
+
+    def clean(r: RankEnd) -> bool:
+        return r.end.get("reason") in ("completed", "threshold") and r.end.get("exit_code", 0) == 0
+
+    return (any(signalled(r) for r in ranks) and len({r.end.get("step") for r in ranks}) == 1
+            and all(signalled(r) or clean(r) for r in ranks))
 
 
 def stop_line(run_dir: Path, ranks: list[RankEnd]) -> str:

@@ -8,18 +8,25 @@ the script finds what it expects: `init_process_group()` reads RANK, WORLD_SIZE,
 1. writes the rank's `start` record (the script's name as the model, the engine, the layout, the
    machine), or a `resume` event when the run directory already holds this rank's records;
 2. activates `scalelab.track` (scalelab/train/track.py) so the script's calls record into RUN_DIR;
-3. handles SIGTERM/SIGUSR1 and the launcher watch (the launcher killed, even by SIGKILL): a script that
-   asks `track.should_stop()` gets True and stops itself; one that never asks is ended at once (143);
+3. handles SIGTERM/SIGUSR1/SIGINT and the launcher watch (the launcher killed, even by SIGKILL): a script that
+   asks `track.should_stop()` gets True and stops itself; one that never asks is ended at once (143). The
+   signalled rank leaves a note (RUN_DIR/records/stop-rank-R.json) for its peers: a rank that got no signal
+   and left through the script's stop agreement records, as the built-in trainer's peers do, that it was
+   interrupted (no signal of its own) and exits 143, so every rank's `end` says the same and the launcher
+   reads a signal to one rank as a stop of the run (CANCELLED), not a crash;
 4. runs the script as `__main__` (runpy: `python train.py ARGS`, or `python -m MODULE ARGS`), its folder
    first on sys.path, its arguments in sys.argv;
 5. records how it ended (`end` event: reason, exit status, wall time) and, for a failure, one `error`
-   record the launcher shows as the run's one line (the traceback stays in the rank's log).
+   record the launcher shows as the run's one line (the traceback stays in the rank's log); a stop signal
+   that arrives once the script has returned (torchrun stopping the ranks left after a peer exited 143) no
+   longer cuts that short.
 
 No PyTorch is imported here: the script imports what it uses.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import runpy
 import signal
@@ -39,6 +46,7 @@ from scalelab.train import track
 SCRIPT_DIR_ENV = "SCALELAB_SCRIPT_DIR"  # where the script's folder is on this node, when not where it was launched
 RESUME_ENV = "SCALELAB_TRACK_RESUME"  # STEP:SECONDS of the launches before, where their records are elsewhere (AWS)
 INTERRUPTED = 143
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)  # as the built-in trainer's (scalelab/train/loop.py)
 WATCH_EVERY_S = 2.0  # as the built-in trainer's launcher watch (scalelab/train/loop.py)
 WATCH_GRACE_S = 25.0
 
@@ -86,15 +94,19 @@ def start_records(run_dir: Path, spec: Spec, rank: int, world: int) -> tuple[Rec
     return out, last, elapsed
 
 
-def install_stop(launcher: str | None) -> None:
+def install_stop(launcher: str | None, run_dir: Path | None = None, rank: int = 0) -> None:
     """SIGTERM/SIGUSR1/SIGINT: `track.should_stop()` turns True, or, for a script that never asks, it ends (143).
+    Either way the rank leaves its stop note in `run_dir` first (`note_stop`: its peers read it at their end).
     The launcher watch sends this process SIGTERM when the launcher is gone."""
 
     def on_signal(signum: int, frame: object) -> None:
-        if not track._stopped(signum):
+        asked = track._stopped(signum)
+        if run_dir is not None:
+            note_stop(run_dir, rank, signum)
+        if not asked:
             raise SystemExit(INTERRUPTED)
 
-    for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
+    for sig in STOP_SIGNALS:
         signal.signal(sig, on_signal)
     if not launcher:
         return
@@ -103,6 +115,48 @@ def install_stop(launcher: str | None) -> None:
               file=sys.stderr, flush=True)
         return
     threading.Thread(target=_watch, args=who, name="launcher-watch", daemon=True).start()
+
+
+def stop_note(run_dir: Path, rank: int) -> Path:
+    """RUN_DIR/records/stop-rank-R.json: rank R got a stop signal in this launch (its runner removes an older one
+    at its start). Beside the records, as shared as they are: the run directory on local and Slurm nodes, the
+    runs volume on Kubernetes, one instance's directory on AWS (where its bootstrap tells instances apart)."""
+    return records_path(run_dir, rank).with_name(f"stop-rank-{rank}.json")
+
+
+def note_stop(run_dir: Path, rank: int, signum: int) -> None:
+    """Leave this rank's stop note, before `track.should_stop()` can turn True on it, so before its peers can
+    leave through the script's stop agreement and look for it (`stopped_peer`). Called in the signal handler:
+    its own file (no record writer that the interrupted code may be inside), and never an exception into the
+    script; a note that cannot be written leaves its peers' end records as they were."""
+    path = stop_note(run_dir, rank)
+    state = track._state
+    try:
+        tmp = path.with_name(f".{path.name}.{os.getpid()}")
+        tmp.write_text(json.dumps({"rank": rank, "signal": int(signum), "step": state.step,
+                                   "cause": state.stop_cause, "time": time.time()}))
+        os.replace(tmp, path)
+    except Exception:  # noqa: BLE001 - a signal handler: nothing may escape into the script
+        pass
+
+
+def clear_stop_note(run_dir: Path, rank: int) -> None:
+    """Remove this rank's note of an earlier launch (a resumed run), before its script can take part in a stop."""
+    try:
+        stop_note(run_dir, rank).unlink(missing_ok=True)
+    except OSError:
+        pass
+
+
+def stopped_peer(run_dir: Path, rank: int, world: int) -> int | None:
+    """The first other rank of this launch that got a stop signal (its note is there), or None. Asked by a rank
+    that got none and whose script returned: it left through the script's stop agreement (`track.should_stop()`
+    True on that peer), or the peer's signal came after its last step (the peer then records an interruption
+    all the same, and so this rank does)."""
+    for peer in range(world):
+        if peer != rank and stop_note(run_dir, peer).is_file():
+            return peer
+    return None
 
 
 def _watch(pid: int, start: str) -> None:
@@ -161,12 +215,17 @@ def run(run_dir: Path) -> int:
     spec = read_spec(run_dir)
     rank, world = rank_from_env()
     out, last, elapsed = start_records(run_dir, spec, rank, world)
+    clear_stop_note(run_dir, rank)
     track._activate(out, run_dir, spec.warmup_steps, spec.loss_threshold, last, elapsed, started)
-    install_stop(os.environ.get(LAUNCHER_ENV))
+    install_stop(os.environ.get(LAUNCHER_ENV), run_dir, rank)
     code = run_code(spec)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    for sig in STOP_SIGNALS:  # the script is done: a signal now (torchrun stopping the ranks left once a peer
+        signal.signal(sig, signal.SIG_IGN)  # exited 143, the launcher watch) must not cut its end record short
     state = track._state
-    stopped = state.stop is not None
+    # a rank that got no signal itself but whose script returned while a peer had got one: it left through the
+    # script's stop agreement, as the built-in trainer's peers do (their `interrupted` has no signal of their own)
+    peer = stopped_peer(run_dir, rank, world) if state.stop is None and code == 0 and world > 1 else None
+    stopped = state.stop is not None or peer is not None
     if stopped and code == 0:
         code = INTERRUPTED  # stopped on request: the launcher counts the run cancelled, not completed
     reason = ("interrupted" if stopped else "threshold" if state.reached else "completed" if code == 0 else "failed")
