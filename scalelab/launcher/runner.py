@@ -347,7 +347,12 @@ def settle(backend: Backend, run_dir: Path) -> RunStatus:
     """The run's state now, as `launch status` shows it. A run that ended with no launcher following it
     (detached, or its launcher was killed) gets its end recorded here, and its summary if it completed."""
     status = backend.status(run_dir)
-    if status.state not in TERMINAL or read_state(run_dir).get("state") in TERMINAL or owner_of(run_dir):
+    recorded = read_state(run_dir)
+    if status.state in TERMINAL and recorded.get("state") in TERMINAL:
+        # the launcher's judgement from the ranks' records (cancelled: rank 1 got SIGTERM), not the scheduler's
+        # word for the same end (Slurm's FAILED for a job whose rank exited 143), which `launch status` showed
+        return RunStatus(recorded["state"], recorded.get("detail") or status.detail)
+    if status.state not in TERMINAL or recorded.get("state") in TERMINAL or owner_of(run_dir):
         return status
     recorded = record_state(run_dir, status.state, status.detail)
     if recorded == COMPLETED and not RunPaths(run_dir).summary.exists():
