@@ -25,6 +25,7 @@ import psutil
 import pytest
 
 from conftest import ROOT, launch, needs_horovod, on_cpu_where_gpus_are_short, read_jsonl
+from tests.test_faults import _left
 from scalelab.train.track import HOLD_AT_STEP_ENV
 
 STEPS, STOP = 12, 4
@@ -82,13 +83,8 @@ def rank_process(run: Path, rank: int) -> psutil.Process | None:
 
 
 def left(run: Path) -> list[str]:
-    """Every live process naming the run directory (ranks, agents, horovodrun's shells), zombies aside."""
-    out = []
-    for p in psutil.process_iter(["cmdline", "status"]):
-        cmd = " ".join(p.info["cmdline"] or [])
-        if str(run) in cmd and p.pid != os.getpid() and p.info["status"] != psutil.STATUS_ZOMBIE:
-            out.append(f"{p.pid} {cmd}")
-    return out
+    """Every live process naming the run directory: tests/test_faults.py's count."""
+    return _left(run)
 
 
 def wait_for(what: str, check, proc: subprocess.Popen | None = None, patience_s: float = 120):
