@@ -278,3 +278,14 @@ def test_an_unknown_short_sbatch_option_is_refused(monkeypatch, capsys, tmp_path
     monkeypatch.chdir(tmp_path)
     code, err, _ = run_entry(_dry("slurm", "--sbatch-arg=-Z1"), monkeypatch, capsys)
     assert code == 2 and "-Z1" in err and "long form" in err, err
+
+
+def test_a_list_fields_flag_is_multiple_at_its_root() -> None:
+    """core.options._flag unwrapped `list[str] | None` to str, and a bare `list[str]` to str too: every list
+    option's Flag said `multiple=False` (the CLI now reads the field itself, but the Flag must not lie)."""
+    from scalelab.core.options import option_flags
+    from scalelab.launcher.backend import options_type
+
+    flags = {f.decl: f for b in ("slurm", "k8s", "aws") for f in option_flags(options_type(b))}
+    assert flags["--sbatch-arg"].multiple and flags["--sbatch-arg"].kind is str
+    assert flags["--fallback-instance-type"].multiple and flags["--image-pull-secret"].multiple
