@@ -381,3 +381,28 @@ def test_a_lower_confidence_gives_narrower_bands_that_hold_about_as_asked(confid
     for k in ("2", "3+"):
         assert lower.loc[k, "median_half_width"] < ninety.loc[k, "median_half_width"]
         assert lower.loc[k, "coverage"] >= confidence - 0.05
+
+
+def test_a_count_between_measured_ones_gets_the_interpolations_band_not_a_measured_counts():
+    """CSC's DDP benchmark on Puhti (mvsjober/ml-benchmarks results.md, a source the planner never saw): 1, 2
+    and 8 GPUs measured, 4 predicted. Its band was [1,108, 1,154] (a measured count's ±2 %), 8 % below the
+    published 1,249.31; now it is the band learnt on counts left out between measured ones, [1,083, 1,224]:
+    2 % short still (a hard case: the per-GPU rate at 2 GPUs is below both neighbours'), where the 280 such
+    predictions of the corpus hold theirs 90 % of the time (the next test)."""
+    from scalelab.costs.calibration import predict_band
+
+    fitted = pd.DataFrame({"workers": [1, 2, 8], "nodes": [1, 1, 2], "throughput": [329.27, 520.80, 2465.86]})
+    b = predict_band(fitted, [4, 8], [1, 2]).set_index("workers")
+    measured_width = (b.loc[8, "high"] - b.loc[8, "low"]) / b.loc[8, "predicted"]
+    assert (b.loc[4, "high"] - b.loc[4, "low"]) / b.loc[4, "predicted"] > 3 * measured_width
+    assert b.loc[4, "high"] > 1200 and b.loc[4, "low"] < 1100, b  # was [1,108, 1,154]
+
+
+def test_counts_between_measured_ones_hold_their_band_on_sources_left_out():
+    """Every shipped series' inner counts, each left out and predicted with the band learnt without its
+    source: about 90 % held (69 % with a measured count's band); docs/benchmarks.md has the figures."""
+    from scalelab.costs.calibration import interior_coverage
+
+    c = interior_coverage(0.9)
+    assert len(c) > 200 and c["origin"].nunique() >= 10
+    assert c["covered"].mean() >= 0.85, c.groupby("origin")["covered"].mean()

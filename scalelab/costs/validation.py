@@ -38,7 +38,8 @@ from scalelab.analysis.report import _jsonable
 from scalelab.analysis.results import summarize_loaded
 from scalelab.core.errors import DataError, RecordError
 from scalelab.core.records import load_run
-from scalelab.costs.calibration import band_spread, calibrate, conformal_quantile, coverage, coverage_summary
+from scalelab.costs.calibration import (band_spread, calibrate, conformal_quantile, coverage, coverage_summary,
+                                        interior_coverage)
 from scalelab.costs.catalog import Catalog, builtin_catalog
 from scalelab.costs.convergence import fit_convergence
 from scalelab.costs.steptime import choose, corpus_band, fit_layout_model, prepare
@@ -161,9 +162,19 @@ def planner_bench(levels: tuple[float, ...] = BENCH_LEVELS) -> dict[str, Any]:
             "throughput_models": {k: {"model": c.model, "held_out_error": c.errors, "margin": c.margin,
                                       "level": c.level}
                                   for k, c in calibrate(level).items()},
+            "interior": _interior_summary(level),
             "steps": summary(steps).to_dict(orient="records")})
     out["steptime"] = steptime_bench(max(levels))
     return out
+
+
+def _interior_summary(level: float) -> dict[str, Any]:
+    """Counts between measured ones (`calibration.interior_coverage`: each left out of its series and
+    predicted from the rest, every source's band learnt without it): predictions, coverage, median
+    half-width, mean absolute error."""
+    c = interior_coverage(level)
+    return {"predictions": len(c), "origins": int(c["origin"].nunique()), "coverage": float(c["covered"].mean()),
+            "median_half_width": float(c["half_width"].median()), "mape": float(c["error"].abs().mean())}
 
 
 # ---- the step-time model on seed 004 ----------------------------------------------------------------

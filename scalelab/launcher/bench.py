@@ -323,6 +323,12 @@ def _render_planner(p: dict) -> None:
                              [("counts fitted", "k_class", ""), ("model", "model", ""), *cols]))
         console.print(_table(f"5a. Planner throughput per k ({level})", lv["throughput_by_fit_counts"],
                              [("k fitted", "fit_counts", ".0f"), *cols]))
+        if "interior" in lv:
+            console.print(_table(f"5a. Planner throughput between measured counts, each whole source left out ({level})",
+                                 [lv["interior"]], [("predictions", "predictions", ".0f"), ("sources", "origins", ".0f"),
+                                                    ("coverage", "coverage", ".0%"),
+                                                    ("median half-width", "median_half_width", ".1%"),
+                                                    ("MAPE", "mape", ".1%")]))
         console.print(_table(f"5b. Planner steps to threshold, held out ({level})",
                              lv["steps"], [("basis", "basis", ""), ("predictions", "predictions", ".0f"),
                                            ("coverage", "coverage", ".0%"),
