@@ -102,3 +102,23 @@ def test_a_table_of_named_layouts_is_pointed_at_predict(monkeypatch, capsys) -> 
     code, err, _ = run_entry(["plan", "--from-csv", str(table)], monkeypatch, capsys)
     assert code == 2 and "Traceback" not in err and err.count("launch: error:") == 1, err
     assert "plan them with --predict LAYOUTS" in err and "--predict 1x1@1*g3.4xlarge" in err, err
+
+
+def test_a_tables_precision_column_sets_the_speed_conversion(tmp_path, monkeypatch, capsys) -> None:
+    """NVIDIA's TF BERT on DGX A100 in mixed precision (DeepLearningExamples): converted to a V100 with the
+    fp32 ratio (0.26x) its hours were 2x too many; the published mixed-precision ratio is 0.54x."""
+    table = tmp_path / "bert.csv"
+    table.write_text("label,workers,nodes,throughput,precision\nbert,1,1,356.845,fp16\nbert,4,1,1422.25,fp16\n"
+                     "bert,8,1,2871.89,fp16\n")
+    code, err, _ = run_entry(["plan", "--from-csv", str(table), "--predict-workers", "8", "--instance-types",
+                              "p3.16xlarge", "--measured-on", "p4d.24xlarge", "--work", "3e9"], monkeypatch, capsys)
+    assert code == 0, err
+    said = " ".join(err.split())
+    assert "V100 against A100 (1 job(s), mixed;" in said and "0.54×" in said, said
+
+
+def test_a_table_of_two_precisions_is_refused(tmp_path, monkeypatch, capsys) -> None:
+    table = tmp_path / "two.csv"
+    table.write_text("label,workers,throughput,precision\na,1,100,fp32\na,2,190,fp32\nb,1,300,fp16\nb,2,580,fp16\n")
+    code, err, _ = run_entry(["plan", "--from-csv", str(table)], monkeypatch, capsys)
+    assert code == 2 and "Traceback" not in err and "split the table into one file per precision" in err, err

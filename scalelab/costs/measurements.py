@@ -16,7 +16,7 @@ import pandas as pd
 
 from scalelab.analysis.results import expand_run_dirs, label_series, summarize_loaded
 from scalelab.analysis.scaling import scale_layouts, step_table
-from scalelab.core.errors import SpecError
+from scalelab.core.errors import DataError, SpecError
 from scalelab.core.presets import PRESETS, config_with_overrides
 from scalelab.core.spec import Spec
 from scalelab.core.records import load_run
@@ -151,4 +151,18 @@ def measured_from_csv(path: str, measured_on: str | None) -> Measurements:
     if measured_on is None and "instance_type" in measured.columns:  # `instance` is read as this column too
         vals = {str(v) for v in measured["instance_type"].dropna()}
         measured_on = vals.pop() if len(vals) == 1 and not any(c in next(iter(vals)) for c in "*+") else None
-    return Measurements(measured, measured_on=measured_on)
+    return Measurements(measured, measured_on=measured_on, precision=table_precision(measured, path))
+
+
+def table_precision(measured: pd.DataFrame, path: str) -> str:
+    """The arithmetic of a table's runs, from its `precision` column (fp32 without one: what every published
+    GPU ratio of that class converts by): a mixed-precision table converted to another GPU with the fp32 ratio
+    was off by 2x (A100 -> V100: 0.26x where mixed precision measures 0.54x). One per table: the conversion
+    is the plan's, not a series'."""
+    if "precision" not in measured.columns or measured["precision"].isna().all():
+        return "fp32"
+    kinds = {"fp16" if p == "mixed" else "fp32" if p == "tf32" else str(p) for p in measured["precision"].dropna()}
+    if len(kinds) > 1:
+        raise DataError(f"{path}: its 'precision' column names {', '.join(sorted(kinds))}; a plan converts speeds "
+                        "between GPUs at one precision: split the table into one file per precision")
+    return kinds.pop()

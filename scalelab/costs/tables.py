@@ -50,6 +50,9 @@ def _positive_int(x: str) -> int:
     return int(v)
 
 
+#: a table's arithmetic (its `precision` column), what converting its speed to other GPUs goes by (costs.speed):
+#: fp16, bf16 and mixed are mixed precision on tensor cores; tf32 is fp32's class, as in the published ratios
+PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "mixed")
 MAX_GPUS = 1_000_000  # more GPUs (or nodes) than any cluster has: a larger count is a typo, not a layout
 
 
@@ -182,9 +185,11 @@ def read_scaling_csv(path: str | Path) -> pd.DataFrame:
     df = _read(path, [["workers"], ["throughput", "time_s"]],
                {"workers": _gpu_count, "nodes": _gpu_count, "throughput": _positive_float,
                 "time_s": _positive_float, "mode": _choice(*BATCH_MODES), "batch_scaling": axis,
-                "work_scaling": axis, "global_batch": _positive_int, "balance": _choice(*BALANCE_MODES)},
+                "work_scaling": axis, "global_batch": _positive_int, "balance": _choice(*BALANCE_MODES),
+                "precision": _choice(*PRECISIONS)},
                "label (optional), workers, nodes (optional), instance_type (optional), throughput or time_s, "
-               "batch_scaling and work_scaling (optional: fixed or growing)")
+               "batch_scaling and work_scaling (optional: fixed or growing), precision (optional: "
+               f"{', '.join(PRECISIONS)})")
     _default(df, "label", "")
     if "instance" in df.columns and "instance_type" not in df.columns:  # the older name of the column
         df["instance_type"] = df["instance"]
