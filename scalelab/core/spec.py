@@ -295,6 +295,10 @@ class Spec:
     # the folder the script's code lives in (the script's own, or the working directory for --module): what a
     # remote backend ships, size-checked; set by the CLI from --script / --module
     script_dir: str | None = None
+    # the working directory `launch run|sweep` started in, for --script / --module (as torchrun: relative paths in
+    # the script and its arguments resolve there): every launch of the run, a `launch resume` from elsewhere too,
+    # starts the ranks there; set by the CLI
+    workdir: str | None = None
     # how this run's total work relates to its sweep's smallest layout (set by `launch sweep`:
     # fixed = the same job, growing = the same work per worker); None for a run outside a sweep
     work_scaling: str | None = checked(None, one_of(*SCALING_AXES))

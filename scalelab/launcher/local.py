@@ -57,6 +57,7 @@ from scalelab.core.spec import Spec, read_spec
 from scalelab.core.writes import LinkError, check_inside, open_inside
 from scalelab.launcher.backend import Backend, Request, RunStatus, ended_by_records, log_text, reported_exits
 from scalelab.launcher.options import LocalOptions
+from scalelab.launcher.owncode import workdir
 
 
 @dataclass
@@ -67,6 +68,7 @@ class LocalRequest(Request):
     env: dict[str, str] = field(default_factory=dict)
     log_files: list[str] = field(default_factory=list)
     comment: str | None = None  # what the ranks run of the user's --script (core.launch.payload_comment)
+    cwd: str | None = None  # where a --script's ranks start (owncode.workdir); None: the launcher's own directory
 
     def render(self) -> str:
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.env.items()))
@@ -75,6 +77,8 @@ class LocalRequest(Request):
             lines[0] += " (a placeholder: --dry-run creates nothing; a real run gets NAME-DATE-TIME)"
         if self.comment:
             lines.append(self.comment)
+        if self.cwd:
+            lines.append(f"cd {shlex.quote(self.cwd)}")
         for cmd, log in zip(self.commands, self.log_files):
             lines.append(f"{env} {shlex.join(cmd)} > {shlex.quote(log)} 2>&1 &")
         lines.append("wait")
@@ -136,6 +140,7 @@ class LocalBackend(Backend):
             from scalelab.train.precision import check_cpu_precision
 
             check_cpu_precision(spec.precision, spec.rnn, spec.device)
+        workdir(spec)  # a --script run's recorded working directory is gone: refused before anything is written
 
     def submit_dryrun(self, spec: Spec, run_dir: Path) -> LocalRequest:
         run_dir = Path(run_dir).absolute()  # the ranks, the logs and launch.json all name the same directory
@@ -152,7 +157,8 @@ class LocalBackend(Backend):
         commands = [launch.argv for launch in plan]
         logs = RunPaths(run_dir).logs
         log_files = [str(logs / (f"node-{i}.log" if len(commands) > 1 else "launcher.log")) for i in range(len(commands))]
-        return LocalRequest(run_dir, commands, env, log_files, payload_comment(spec))
+        cwd = workdir(spec)  # a --script's ranks: where its run started, also on a resume from elsewhere
+        return LocalRequest(run_dir, commands, env, log_files, payload_comment(spec), str(cwd) if cwd else None)
 
     # ---- schedule --------------------------------------------------------------------------------
 
@@ -174,7 +180,7 @@ class LocalBackend(Backend):
                     # A new session per command: a Ctrl-C in the terminal reaches the launcher only, which
                     # then stops the run its own way (the ranks checkpoint).
                     started.append(subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env,
-                                                    start_new_session=True))
+                                                    cwd=request.cwd, start_new_session=True))
                 self._procs[started[-1].pid] = started[-1]
         except BaseException:
             stop_processes(family(_processes_of(started)), 0, self._reap)  # no node of a half-started run stays

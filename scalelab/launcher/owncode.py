@@ -3,7 +3,8 @@
 What the launcher decides before anything starts: the script is there and readable, it is not mixed
 with a built-in preset (`--model`), and which folder holds its code (the script's own, or the working
 directory for `--module`): the folder a remote backend ships (`code_files`: its files as git would
-commit them, `.gitignore` respected, at most `MAX_CODE_BYTES`). The ranks run it through
+commit them, `.gitignore` respected, at most `MAX_CODE_BYTES`); and the working directory the ranks start in
+(`workdir`: the launch's own, kept for every resume). The ranks run it through
 scalelab/train/script.py; `scalelab.track` records.
 """
 
@@ -55,6 +56,7 @@ def apply(spec: Spec, params: dict[str, Any]) -> Spec:
     else:
         spec.script_dir = spec.script_dir or os.getcwd()
         check_module(str(spec.module), Path(spec.script_dir))
+    spec.workdir = os.getcwd()  # where the ranks run, now and on every resume (relative paths resolve there)
     spec.model = str(spec.script_label)  # the run's name, label and model column
     if params.get("steps") is None and spec.steps == Spec().steps:
         spec.steps = None  # the script decides its length; --steps only sets the progress bar's total
@@ -87,6 +89,23 @@ def given(name: str) -> bool:
     ctx = click.get_current_context(silent=True)
     source = ctx.get_parameter_source(name) if ctx is not None else None
     return source is None or source.name not in ("DEFAULT", "DEFAULT_MAP")
+
+
+def workdir(spec: Spec) -> Path | None:
+    """The directory the ranks of a --script / --module run start in: the one its first `launch run` started in
+    (recorded in spec.json as `workdir`), whatever directory `launch resume` is run from; None for the built-in
+    trainer and a run recorded before `workdir` was (they run where the launcher does). A recorded directory that
+    is gone is refused in one line: the script's relative paths (its outputs, its data) would resolve elsewhere."""
+    if not spec.own_code or not spec.workdir:
+        return None
+    path = Path(spec.workdir)
+    if not path.is_dir():
+        what = "is not a directory" if path.exists() else "no longer exists"
+        raise SpecError(f"the working directory of this run, {path}, {what}: your {spec.script_label} ran there "
+                        "(its relative paths, outputs and data resolve there), so it was not started elsewhere; "
+                        f"recreate {path} (with the files the script reads), or set `workdir` in the run's spec.json "
+                        "to the directory to run in")
+    return path
 
 
 def check_script(text: str) -> Path:
