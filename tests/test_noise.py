@@ -131,6 +131,8 @@ def test_pooled_noise_scale_uses_the_later_half_up_to_the_threshold():
     assert pooled_noise_scale(recs, until_step=4) == pytest.approx(40.0 / 1.5)  # steps 3 and 4
     assert pooled_noise_scale(recs) == pytest.approx(179.0 / 1.0)  # steps 4-6
     assert pooled_noise_scale(recs.assign(noise_grad_sq=-1.0)) is None
+    # a short run's pooled tr(Σ) can come out negative too (nmt-tiny, 10 steps: -2.56 was shown): no noise scale
+    assert pooled_noise_scale(recs.assign(noise_trace=[-1.99, -4.02, -1.0, -2.0, -3.0, -1.0])) is None
     assert pooled_noise_scale(recs.drop(columns=["noise_trace"])) is None
 
 

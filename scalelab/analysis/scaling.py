@@ -429,7 +429,9 @@ def pooled_noise_scale(step_records: pd.DataFrame, until_step: int | None = None
     each step's |G|² is a noisy difference that can be near zero or negative, so ratios explode;
     the sums are unbiased and their ratio consistent. Why the later half: B_simple grows as the
     loss falls, and the steps to a threshold are spent mostly near it; the first steps' large
-    gradients would drag it down. None without estimates or with a non-positive pooled |G|²."""
+    gradients would drag it down. None without estimates, or with a non-positive pooled |G|² or tr(Σ):
+    both are estimated as differences, and a short run's can come out negative (a noise scale of -2.56
+    samples was shown, which no batch has)."""
     if not {"noise_trace", "noise_grad_sq"} <= set(step_records.columns):
         return None
     df = step_records
@@ -441,7 +443,7 @@ def pooled_noise_scale(step_records: pd.DataFrame, until_step: int | None = None
     trace = pd.to_numeric(window["noise_trace"], errors="coerce")
     grad_sq = pd.to_numeric(window["noise_grad_sq"], errors="coerce")
     ok = trace.notna() & grad_sq.notna()
-    if not ok.any() or float(grad_sq[ok].sum()) <= 0:
+    if not ok.any() or float(grad_sq[ok].sum()) <= 0 or float(trace[ok].sum()) <= 0:
         return None
     return float(trace[ok].sum()) / float(grad_sq[ok].sum())
 
