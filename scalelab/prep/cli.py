@@ -76,6 +76,7 @@ def prep_cmd(**params: Any) -> None:
     if "://" not in params["out"]:  # a read-only or forbidden --out fails now, not after the cluster started
         check_writable(params["out"], "the shards directory", "or give --out a writable directory")
     check_local_inputs(requests[0])
+    check_local_out(requests)
     if len(requests) == 1:
         report_dirs([run_one(requests[0], new_run_dir(runs, _name(requests[0])))], None, "table")
         return
@@ -126,6 +127,17 @@ def check_local_inputs(request: PrepRequest) -> None:
             expand(local, key, request.storage)
 
 
+def check_local_out(requests: list[PrepRequest]) -> None:
+    """A local --out that holds shards or someone else's files is refused before the cluster starts
+    (the prepare task checks again, on the workers' side, for every --out)."""
+    from scalelab.prep.corpus import is_remote
+    from scalelab.prep.tasks import check_out
+
+    for request in requests:
+        if not is_remote(request.out):
+            check_out(request.storage, request.out)
+
+
 def _counts(text: str) -> list[int]:
     items = [s.strip() for s in str(text).split(",")]
     if not all(s.isdigit() and int(s) > 0 for s in items) or len(set(items)) != len(items):
@@ -156,7 +168,7 @@ def run_one(request: PrepRequest, run_dir: Path) -> Path:
                       "workers": len(client.scheduler_info()["workers"])})
             for info in client.run(where).values():
                 recorder({"kind": "worker", **info})
-            Prep(client, request, recorder).run()
+            Prep(client, request, recorder, run_dir.name).run()
     finally:
         recorder.close()
     write_json(run_dir / "summary.json", summarize(run_dir))

@@ -66,8 +66,8 @@ class Corpus:
 class Prep:
     """One run of the pipeline on `client`; `record` receives every task and phase record."""
 
-    def __init__(self, client, request: PrepRequest, record: Callable[[dict], None]) -> None:
-        self.client, self.request, self.record = client, request, record
+    def __init__(self, client, request: PrepRequest, record: Callable[[dict], None], run: str = "") -> None:
+        self.client, self.request, self.record, self.run_name = client, request, record, run
         self.storage = request.storage
         self.cfg = request.config
         self.family = self.cfg.family
@@ -143,7 +143,8 @@ class Prep:
     def run(self) -> dict[str, Any]:
         """Prep the corpus; return the manifest written."""
         req = self.request
-        self.phase("prepare", [(tasks.prepare_out, (self.storage, req.out))], key=None)
+        inputs = tuple(p for patterns in req.inputs.values() for p in patterns)
+        self.phase("prepare", [(tasks.prepare_out, (self.storage, req.out, self.run_name, inputs))], key=None)
         train = self.index(req.keys("train"))
         valid = self.index(req.keys("valid")) if req.keys("valid") else None
         pieces = self.pieces(train, req.lines_limit)

@@ -9,6 +9,7 @@ No PyTorch here.
 
 from __future__ import annotations
 
+import json
 import os
 import resource
 import socket
@@ -227,17 +228,57 @@ def regroup(storage: Storage, family: str, parts: list[tuple[str, int, int]], ur
 # ---- the output directory ----------------------------------------------------------------------
 
 
-def prepare_out(storage: Storage, out: str) -> tuple[None, dict]:
-    """Create the output directory (on the workers' side: it may be a volume only they see);
-    refuse one that already holds shards, and clear the files of an unfinished prep (no manifest)."""
+MARKER = ".scalelab-prep"  # written into --out when a prep starts: what is in there is that prep's to clean
+OUTPUTS = ("train-*.arrow", "valid-*.arrow", "vocab*.txt", "_held")  # what a prep writes (less the manifest)
+
+
+def check_out(storage: Storage, out: str) -> bool:
+    """Whether `out` is an earlier, unfinished prep's (it holds the marker); DataError when it holds
+    finished shards, or files of someone else's (not empty, no marker): those are never touched."""
     fs, path = storage.fs(out)
     if fs.exists(storage.join(path, MANIFEST)):
         raise DataError(f"--out {out} already holds shards ({MANIFEST}): choose another directory or delete it")
+    if fs.exists(storage.join(path, MARKER)):
+        return True
+    if not fs.exists(path):
+        return False
+    if not fs.isdir(path):
+        raise DataError(f"--out {out} is a file, not a directory: choose another --out")
+    found = sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(path, detail=False))
+    if found:
+        shown = ", ".join(found[:5]) + (f" and {len(found) - 5} more" if len(found) > 5 else "")
+        raise DataError(f"--out {out} is not empty and no earlier prep made it ({shown}): launch prep writes "
+                        "shards only into a new or empty directory; give another --out, or empty this one")
+    return False
+
+
+def _inputs(storage: Storage, patterns: list[str]) -> set[str]:
+    """The paths the input patterns name (as fsspec strips them): never cleaned, wherever they live."""
+    import glob
+
+    out = set()
+    for pattern in patterns:
+        fs, path = storage.fs(pattern)
+        for p in (fs.glob(path) if glob.has_magic(pattern) else [path]):
+            out.add(os.path.realpath(p) if "://" not in pattern else fs._strip_protocol(p))
+    return out
+
+
+def prepare_out(storage: Storage, out: str, run: str = "", inputs: tuple[str, ...] = ()) -> tuple[None, dict]:
+    """Create the output directory (on the workers' side: it may be a volume only they see) and
+    mark it as this prep's; refuse one that holds shards or someone else's files (`check_out`),
+    and clear what an earlier, unfinished prep left (its marker says so), inputs excepted."""
+    fs, path = storage.fs(out)
+    stale: list[str] = []
+    if check_out(storage, out):
+        keep = _inputs(storage, list(inputs))
+        stale = [p for pattern in OUTPUTS for p in fs.glob(storage.join(path, pattern))
+                 if (os.path.realpath(p) if "://" not in out else fs._strip_protocol(p)) not in keep]
+        if stale:
+            fs.rm(stale, recursive=True)
     fs.makedirs(path, exist_ok=True)
-    stale = [p for pattern in ("train-*.arrow", "valid-*.arrow", "vocab*.txt", "_held")
-             for p in fs.glob(storage.join(path, pattern))]
-    if stale:
-        fs.rm(stale, recursive=True)
+    with storage.open(storage.join(out, MARKER), "w") as f:
+        f.write(json.dumps({"run": run, "written_by": "launch prep", "time": time.time()}) + "\n")
     fs.makedirs(storage.join(path, "_held"), exist_ok=True)
     return None, {"stale_files_removed": len(stale)}
 
