@@ -9,6 +9,8 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
+
 from conftest import launch, only_run_dir
 
 # First launch: writes OUT/first.txt (relative to its working directory) and fails (a run to resume, without waiting for a cancel). A resume:
@@ -77,3 +79,23 @@ def test_a_built_in_trainer_run_records_no_working_directory(tmp_path: Path) -> 
     proc = launch("--model", "nmt-tiny", "--engine", "single", "--dry-run", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert " cd " not in proc.stdout and "\ncd " not in proc.stdout
+
+
+def test_a_slurm_script_run_is_submitted_to_run_where_it_was_first_launched(tmp_path) -> None:
+    """Slurm: `launch resume` submits a new sbatch from wherever it is run; the job runs in the recorded
+    directory (`--chdir`), as the local backend's processes do; a gone one is refused by the backend's check."""
+    from scalelab.core.errors import SpecError
+    from scalelab.core.spec import Spec
+    from scalelab.slurm.backend import SlurmBackend
+
+    first = tmp_path / "project"
+    first.mkdir()
+    spec = Spec.from_dict({"engine": {"name": "ddp"}, "gpus_per_node": 2, "script": "train.py",
+                           "workdir": str(first), "backend": "slurm"}).validate()
+    backend = SlurmBackend({"python": "/usr/bin/python3"})
+    assert f"#SBATCH --chdir={first}" in backend.submit_dryrun(spec, tmp_path / "run").render()
+    trainer = Spec.from_dict({"engine": {"name": "ddp"}, "gpus_per_node": 2, "backend": "slurm"}).validate()
+    assert "--chdir" not in backend.submit_dryrun(trainer, tmp_path / "run2").render()
+    first.rmdir()
+    with pytest.raises(SpecError, match="no longer exists"):
+        backend.check(spec)

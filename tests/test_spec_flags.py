@@ -25,7 +25,7 @@ from scalelab.core.spec import (
 from scalelab.launcher.cli import SPEC_FLAGS, build_spec, main, spec_options
 
 # Fields set only by a spec file or by the code (a sweep sets work_scaling), on purpose without a flag.
-NO_FLAG = {"backend_options", "model_args", "lr_ref_batch", "clip_grad_norm", "link_probe_mb", "work_scaling",
+NO_FLAG = {"workdir", "backend_options", "model_args", "lr_ref_batch", "clip_grad_norm", "link_probe_mb", "work_scaling",
            "data.valid_samples", "data.bucket",
            "script_args", "script_dir"}  # what follows `--`; the folder of --script / --module, set by the CLI
 # Every flag the command line had before the flags were generated: none may disappear or be renamed.

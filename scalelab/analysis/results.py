@@ -64,8 +64,10 @@ def run_label(spec: Spec) -> str:
 #: backend_options say how the jobs were submitted (partition, job name, image; `launch probe` names each
 #: candidate's series after it itself); seed draws the same experiment again, which is what a repeated
 #: measurement is; link_probe_mb is set by `launch probe` on layouts of two ranks or more only, and times the
-#: links after the last step; script_dir is where a script's code was shipped from (--script or the cwd).
-NOT_SETTINGS = frozenset({"nodes", "gpus_per_node", "name", "backend_options", "seed", "link_probe_mb", "script_dir"})
+#: links after the last step; script_dir is where a script's code was shipped from (--script or the cwd), workdir
+#: where its ranks ran (the launch's cwd).
+NOT_SETTINGS = frozenset({"nodes", "gpus_per_node", "name", "backend_options", "seed", "link_probe_mb", "script_dir",
+                          "workdir"})
 
 
 def run_settings(spec: Spec) -> dict[str, Any]:

@@ -126,6 +126,9 @@ class SlurmBackend(Backend):
         self._verified: set[str] = set()  # job ids found to be their run's (`_not_this_run`)
 
     def check(self, spec: Spec) -> None:
+        from scalelab.launcher.owncode import workdir
+
+        workdir(spec)  # a --script run's first working directory, gone: refused here as on the local backend
         if self.options["gpu_type"] and not self.options["gres_gpus"]:
             raise ScalelabError(f"--gpu-type {self.options['gpu_type']} asks for typed GPUs, but gres_gpus is false "
                                 "(no GPUs are requested); drop one of the two")

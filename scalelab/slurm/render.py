@@ -101,6 +101,8 @@ def executor_parameters(spec: Spec, run_dirs: Sequence[Path], options: Mapping[s
     forced: dict[str, Any] = {"requeue": True} if o["requeue"] else {"no-requeue": True}
     forced["signal"] = f"{WARNING_SIGNAL}@{o['signal_s']}"  # every rank: no B:, the batch shell forwards nothing
     forced.update(_sbatch_pairs(o["extra_sbatch"]))
+    if spec.own_code and spec.workdir and "chdir" not in forced:  # a resume from elsewhere runs where the first
+        forced["chdir"] = spec.workdir  # launch did: the script's relative paths resolve there (launcher.owncode)
     params: dict[str, Any] = dict(
         job_name=job_name(run_dirs, o), nodes=spec.nodes, ntasks_per_node=spec.ranks_per_node,  # one rank per GPU (+ ps server ranks)
         cpus_per_task=o["cpus_per_task"], time=o["time"] or None,  # None: no --time, the partition's limit
