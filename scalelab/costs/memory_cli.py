@@ -65,7 +65,9 @@ def memory_cmd(instance_types: str | None, fmt: str, **params: Any) -> None:
 
     The peak counts tensors, as torch.cuda.max_memory_allocated does; a GPU fits when the peak is at
     most 90% of its memory (the rest: the CUDA context and the allocator's cache). The model, engine,
-    precision, output loss and optimizer flags and their defaults are `launch run`'s."""
+    precision, output loss and optimizer flags and their defaults are `launch run`'s; it takes no others
+    (`--rnn stepwise` and `--ps-state cpu` change a rank's memory too, but the prediction models only the
+    fused cuDNN/oneDNN LSTM and the optimizer state on the rank)."""
     spec = spec_from_flags(params)
     model_name, batch_per_worker, precision, engine = spec.model, spec.batch_per_worker, spec.precision, spec.engine.name
     cfg = config_with_overrides(PRESETS[model_name], model_overrides(parse_pairs(params["model_args"], "--model-arg"),
@@ -83,14 +85,51 @@ def memory_cmd(instance_types: str | None, fmt: str, **params: Any) -> None:
                                "activations_gib": prediction.activations / GIB,
                                "output_layer_gib": prediction.output_layer / GIB, "types": rows}, indent=2))
         return
+    width = min(console.width, PROSE_WIDTH)
     console.print(f"{model_name}, {batch_per_worker} per rank, {precision}, {engine}: predicted peak "
-                  f"[bold]{prediction.peak_gib:.2f} GiB[/] per rank (model state {prediction.model_state / GIB:.2f}, "
-                  f"activations {prediction.activations / GIB:.2f}, output layer and loss {prediction.output_layer / GIB:.2f})")
+                  f"[bold]{size_text(prediction.peak_bytes)}[/] per rank (model state "
+                  f"{size_text(prediction.model_state)}, activations {size_text(prediction.activations)}, "
+                  f"output layer and loss {size_text(prediction.output_layer)})", width=width)
     for r in rows:
-        mark = ("fits" if r["fits"] else f"[red]no {precision}[/] (the GPU lacks its arithmetic)"
+        mark = ("fits" if r["fits"] else f"[red]no {precision} arithmetic[/]"
                 if not r["runs_precision"] else "[red]does not fit[/]")
-        share = f"{r['used_share']:.0%} of it" if r["used_share"] is not None else "memory unknown"
-        console.print(f"  {r['instance_type']:<16} {r['gpu'] or '?':<10} {r['gpu_mem_gib'] or 0:>5.0f} GiB  {share:<12} {mark}")
-    if not all(r["fits"] for r in rows):
-        console.print(f"A rank fits where its peak is at most {HEADROOM:.0%} of the GPU's memory; "
-                      "for the others use a smaller --batch-per-worker, bf16, or --output-loss compiled.")
+        share = f"{share_text(r['used_share'])} used" if r["used_share"] is not None else "memory unknown"
+        console.print(f"  {r['instance_type']:<15} {r['gpu'] or '?':<10} {r['gpu_mem_gib'] or 0:>3.0f} GiB  "
+                      f"{share:<10} {mark}", no_wrap=True, overflow="ignore", crop=False)
+    notes = []
+    if any(not r["runs_precision"] for r in rows):
+        notes.append(f"\"no {precision} arithmetic\": the GPU has no {precision} units, whatever its memory")
+    if any(r["runs_precision"] and not r["fits"] for r in rows):
+        notes.append(f"a rank fits where its peak is at most {HEADROOM:.0%} of the GPU's memory; where it does "
+                     f"not, use {remedies_left(precision, spec.output_loss)}")
+    if notes:
+        text = "; ".join(notes)
+        console.print(f"{text[0].upper()}{text[1:]}.", width=width)
+
+#: Prose lines (the prediction, the footer) wrap at the console's width, and at most this many columns.
+PROSE_WIDTH = 80
+
+
+def size_text(nbytes: float) -> str:
+    """Bytes as GiB, or MiB below 0.1 GiB (a tiny model's peak read "0.00 GiB")."""
+    if nbytes <= 0:
+        return "0 MiB"
+    if nbytes >= 0.1 * GIB:
+        return f"{nbytes / GIB:.2f} GiB"
+    mib = nbytes / 2**20
+    return "<0.1 MiB" if mib < 0.1 else f"{mib:.1f} MiB" if mib < 10 else f"{mib:.0f} MiB"
+
+
+def share_text(share: float) -> str:
+    """A share of a GPU's memory: "<1%" below one percent (a tiny model's read "0%")."""
+    return "<1%" if 0 < share < 0.01 else f"{share:.0%}"
+
+
+def remedies_left(precision: str, output_loss: str) -> str:
+    """The ways to a smaller peak that the command's flags have not already taken."""
+    fixes = ["a smaller --batch-per-worker"]
+    if precision == "fp32":
+        fixes.append("--precision bf16")
+    if output_loss == "full":
+        fixes.append("--output-loss compiled")
+    return fixes[0] if len(fixes) == 1 else ", ".join(fixes[:-1]) + " or " + fixes[-1]
