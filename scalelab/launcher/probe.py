@@ -335,7 +335,8 @@ def probe_cmd(instance_types: str | None, probe_steps: int, mode: str, link_size
     named = [(c.run_name(s.nodes, s.gpus_per_node), s) for c, s in runs]
     expected = expected_rows(named, catalog)
     if params["dry_run"]:
-        return _print_dry_run(runs, named, expected)
+        return _print_dry_run(runs, named, expected,
+                              Path(params["runs_dir"]) / f"{base.name or f'probe-{base.model}'}-DRYRUN")
     _show_expected(expected)
     total = sum(r["dollars"] for r in expected)
     if params.get("max_usd") is not None and total > params["max_usd"]:
@@ -372,13 +373,17 @@ def run_probe(base: Spec, runs: list[tuple[Candidate, Spec]], expected: list[dic
 
 
 def _print_dry_run(runs: list[tuple[Candidate, Spec]], named: list[tuple[str, Spec]],
-                   expected: list[dict[str, Any]]) -> None:
+                   expected: list[dict[str, Any]], probe_dir: Path) -> None:
+    """Every probe run's commands, in `probe_dir` (under --runs-dir, as the real probe's): a placeholder, as
+    `launch run --dry-run`'s RUNS_DIR/NAME-DRYRUN."""
     from scalelab.launcher.backend import get_backend
 
     backend = get_backend(runs[0][1].backend, runs[0][1].backend_options)
+    click.echo(f"# probe directory: {probe_dir.absolute()} (a placeholder: --dry-run creates nothing; "
+               "a real probe gets NAME-DATE-TIME)")
     for (_, spec), (name, _) in zip(runs, named):
         click.echo(f"# ---- probe run {name}: {spec.nodes}x{spec.gpus_per_node} ----")
-        for request in backend.for_spec(spec).submit_dryrun_batch(spec, [Path("probe-DRYRUN") / name]):
+        for request in backend.for_spec(spec).submit_dryrun_batch(spec, [probe_dir.absolute() / name]):
             click.echo(request.render())
     _show_expected(expected)
 
