@@ -311,7 +311,7 @@ class Prep:
         calls.append((tasks.cleanup, (self.storage, req.out)))
         self.phase("vocab", calls, key=None)
         text = json.dumps(manifest, indent=2, sort_keys=True) + "\n"
-        self.phase("manifest", [(tasks.write_text, (self.storage, self.storage.join(req.out, MANIFEST), text))], key=None)
+        self.phase("manifest", [(tasks.write_manifest, (self.storage, req.out, text))], key=None)
         return manifest
 
 

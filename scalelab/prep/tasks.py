@@ -289,6 +289,15 @@ def write_text(storage: Storage, url: str, text: str) -> tuple[None, dict]:
     return None, {"bytes": len(text.encode())}
 
 
+def write_manifest(storage: Storage, out: str, text: str) -> tuple[None, dict]:
+    """The manifest, last; from then on it marks the directory as finished shards, not the marker."""
+    done = write_text(storage, storage.join(out, MANIFEST), text)
+    fs, path = storage.fs(out)
+    if fs.exists(storage.join(path, MARKER)):
+        fs.rm(storage.join(path, MARKER))
+    return done
+
+
 def cleanup(storage: Storage, out: str) -> tuple[None, dict]:
     """Remove the held-out pieces once the validation shards are written."""
     fs, path = storage.fs(out)
