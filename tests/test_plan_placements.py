@@ -122,3 +122,24 @@ def test_a_table_of_two_precisions_is_refused(tmp_path, monkeypatch, capsys) -> 
     table.write_text("label,workers,throughput,precision\na,1,100,fp32\na,2,190,fp32\nb,1,300,fp16\nb,2,580,fp16\n")
     code, err, _ = run_entry(["plan", "--from-csv", str(table)], monkeypatch, capsys)
     assert code == 2 and "Traceback" not in err and "split the table into one file per precision" in err, err
+
+
+def test_measured_on_a_type_too_small_for_the_tables_nodes_is_refused(tmp_path, monkeypatch, capsys) -> None:
+    """NVIDIA's Tacotron2 on a DGX-1: 8 GPUs on one node, named as measured on p3.8xlarge (4 GPUs): its 8 were
+    priced on two p3.8xlarge without a word, the table showing them measured on one node."""
+    table = tmp_path / "taco.csv"
+    table.write_text("label,workers,nodes,throughput\nt,1,1,9174\nt,4,1,32035\nt,8,1,58703\n")
+    code, err, _ = run_entry(["plan", "--from-csv", str(table), "--instance-types", "p3.8xlarge", "--measured-on",
+                              "p3.8xlarge", "--work", "2e9"], monkeypatch, capsys)
+    assert code == 2 and "Traceback" not in err, err
+    assert "p3.8xlarge has 4 GPU(s) per instance, but taco.csv ran 8 workers on 1 node(s)" in " ".join(err.split())
+
+
+def test_small_throughputs_keep_their_digits(tmp_path, monkeypatch, capsys) -> None:
+    """Jasper on a DGX-2 (13-188 samples/s): printed as 13 │ 13 │ 13, its band unreadable."""
+    from scalelab.costs.cli import _throughput_format
+
+    assert format(13.46, _throughput_format([13.46, 188.1])) == "13.5"
+    assert format(35920.0, _throughput_format([35920.0])) == "35,920"
+    assert format(2.784e-05, _throughput_format([2.784e-05])) == "2.784e-05"
+    assert format(0.5, _throughput_format([0.5, 2.0])) == "0.500"

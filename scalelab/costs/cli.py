@@ -581,6 +581,8 @@ def plan_cmd(run_dirs: tuple[str, ...], from_csv: str | None, predict_workers: s
             catalog.instance(given_on)
         except CatalogError as exc:
             raise CatalogError(f"--measured-on {given_on}: {exc}") from None
+    if from_csv and given_on is not None and given_on in catalog.names():
+        _refuse_unholdable(m.measured, catalog.instance(given_on), from_csv)
     unpriced = measured_on is not None and measured_on not in catalog.names()
     types = asked or _default_types(measured_on, m, catalog)
     link = LinkModel(gradient_bytes=(gradient_mb or 1.0) * 1e6, intra_gbps=intra_gbps)
@@ -600,6 +602,23 @@ def plan_cmd(run_dirs: tuple[str, ...], from_csv: str | None, predict_workers: s
         raise CatalogError("; ".join(result.notes) or "nothing could be priced")
     _refuse_unanswered_limits(result, deadline_h, budget_usd, asked, _source(from_csv))
     _show_plan(result, fmt, out, m)
+
+
+def _refuse_unholdable(measured: pd.DataFrame, inst, path: str) -> None:
+    """--measured-on TYPE for a published table that ran more GPUs on one node than TYPE has (8 on one node,
+    named p3.8xlarge: 4 GPUs): the table was not measured on it, and its layouts would be priced on a type that
+    cannot hold them. Refused, naming the row."""
+    if "instance_type" in measured.columns:  # rows that name their own type were measured on it, not on TYPE
+        measured = measured[measured["instance_type"].isna() | (measured["instance_type"] == inst.name)]
+    nodes = measured["nodes"] if "nodes" in measured.columns else 1
+    per_node = (measured["workers"] / nodes).apply(math.ceil)
+    over = measured[per_node > inst.gpus]
+    if len(over) and not inst.per_gpu:
+        r = over.iloc[0]
+        raise SpecError(f"--measured-on {inst.name} has {inst.gpus} GPU(s) per instance, but {Path(path).name} ran "
+                        f"{int(r['workers'])} workers on {int(r['nodes']) if 'nodes' in over.columns else 1} node(s): it "
+                        "was not measured on that type; name the type it ran on (one with that many GPUs), or "
+                        "give --speed GPU=FACTOR instead")
 
 
 def _table_type(measured: pd.DataFrame, catalog: Catalog, said: list[str]) -> str | None:
@@ -862,7 +881,23 @@ def _pick_word(recommendation: Any, pareto: Any, fits: Any = None) -> str:
 
 
 _PICK_LEGEND = ("pick: cheapest / fastest / both = the recommendations above; frontier = no other row is both faster and "
-                "cheaper; no fit = a rank would not fit its GPU's memory (never recommended). speed: measured (the runs' type), probe (its own runs), estimate (GPU specs), user (--speed)")
+                "cheaper at the upper ends of their bands (up to, up to $); no fit = a rank would not fit its GPU's memory (never recommended). speed: measured (the runs' type), probe (its own runs), estimate (GPU specs), user (--speed)")
+
+
+def _throughput_format(values: Any) -> str:
+    """A number format that shows the smallest of `values` with three significant digits: whole numbers for
+    words/s, decimals for a table of 13-567 samples/s (printed 13 │ 13 │ 13, band unreadable), significant
+    digits for runs per second of a time_s table (2.8e-05)."""
+    import numpy as np
+
+    finite = np.asarray(values, dtype=float)
+    finite = finite[np.isfinite(finite) & (finite > 0)]
+    if not len(finite):
+        return ",.0f"
+    smallest = float(finite.min())
+    if smallest < 1e-3:
+        return ".4g"
+    return f",.{max(0, min(4, 2 - math.floor(math.log10(smallest))))}f"
 
 
 def _plan_tables(result, unit: str = "words/s") -> list[tuple[str, pd.DataFrame, dict[str, Any]]]:
@@ -876,10 +911,10 @@ def _plan_tables(result, unit: str = "words/s") -> list[tuple[str, pd.DataFrame,
                        f"({result.confidence:.0%} band; the step-time model, its share of compute and exchange)"
                        + (f": {said}" if said else ""), rows, _LAYOUT_FMT if timed else _LAYOUT_THR_FMT))
     elif len(result.predictions):
-        small = result.predictions["predicted_throughput"].max() < 100  # e.g. runs per second of a time_s table
         rows, said = _view(result.predictions, _PRED_VIEW, ("workers",))
         title = f"Predicted throughput per second ({unit})"
-        fmt = _PRED_FMT | ({c: ".4g" for c in ("predicted /s", "low /s", "high /s", "measured /s")} if small else {})
+        shown = _throughput_format(result.predictions[["predicted_throughput", "interval_low"]].to_numpy(float))
+        fmt = _PRED_FMT | {c: shown for c in ("predicted /s", "low /s", "high /s", "measured /s")}
         tables.append((title + (f": {said}" if said else ""), rows, fmt))
     if len(result.batch_predictions):
         rows, said = _view(result.batch_predictions, _BATCH_VIEW, ("batch",))
