@@ -55,3 +55,55 @@ def test_the_readme_names_exactly_the_flags_launch_memory_takes():
         assert f"`{flag}`" in passage, flag
     assert "`--rnn`" in passage and "`--ps-state`" in passage
     assert "--rnn" not in taken and "--ps-state" not in taken
+
+
+# ---- `launch bench`'s quick tables (kept here: the brief allows no other new test file) -----------------
+
+
+def _rendered(results: dict, monkeypatch) -> str:
+    import io
+
+    from rich.console import Console
+
+    from scalelab.launcher import bench
+
+    out = io.StringIO()
+    monkeypatch.setattr(bench, "console", Console(file=out, width=250, color_system=None))
+    bench._decorate(results)
+    bench.render(results)
+    return out.getvalue()
+
+
+def _cells(text: str, first: str) -> list[str]:
+    line = next(line for line in text.splitlines() if line.strip("│ ").startswith(first))
+    return [c.strip() for c in line.strip().strip("│").split("│")]
+
+
+def test_bench_exchange_shows_a_negative_exposed_time_as_noise_and_memcpys_own_figure(monkeypatch):
+    results = {"exchange": [
+        {"label": "memcpy (one process)", "bytes": 2**28, "bytes_per_s": 45.09e9},
+        {"label": "gloo 1 MB", "mb": 1, "time_s": 0.001, "busbw": 2e9},
+        {"bucket_cap_mb": 25, "compression": "bf16", "step_with_exchange_s": 0.345, "step_without_exchange_s": 0.532,
+         "exposed_exchange_s": -0.187},
+        {"bucket_cap_mb": 100, "compression": "none", "step_with_exchange_s": 0.6, "step_without_exchange_s": 0.5,
+         "exposed_exchange_s": 0.1}]}
+    text = _rendered(results, monkeypatch)
+    assert "-0.18" not in text and _cells(text, "25")[-1] == "0 (noise)" and _cells(text, "100")[-1] == "0.100"
+    assert "timing noise" in " ".join(text.split())
+    assert _cells(text, "memcpy (one process)")[-1] == "45.09" and _cells(text, "gloo 1 MB")[-1] == "45.09"
+    assert results["exchange"][2]["exposed_exchange_s"] == -0.187  # bench.json keeps the measurement
+
+
+def test_bench_compute_flags_a_vs_fp32_median_that_contradicts_its_words_per_s(monkeypatch):
+    def row(rnn, precision, words, speedup):
+        return {"preset": "nmt-small", "rnn": rnn, "precision": precision, "batch": 64, "threads": 4, "step_s": 1.0,
+                "words_per_s": words, "speedup_vs_fp32": speedup, "flops_per_s": 1e9, "matmul_flops_per_s": 2e9,
+                "matmul_fp32_flops_per_s": 1e9, "matmul_bf16_flops_per_s": 2e9, "efficiency": 0.5}
+
+    results = {"compute": [row("fused", "fp32", 1000, 1.0), row("fused", "bf16", 1500, 1.45),
+                           row("stepwise", "fp32", 100, 1.0), row("stepwise", "bf16", 288, 1.98)]}
+    text = _rendered(results, monkeypatch)
+    stepwise = next(line for line in text.splitlines() if "stepwise" in line and "bf16" in line)
+    fused = next(line for line in text.splitlines() if "fused" in line and "bf16" in line)
+    assert "noisy" in stepwise and "2.88" in stepwise and "noisy" not in fused, text
+    assert "median of per-round ratios" in " ".join(text.split())

@@ -240,8 +240,8 @@ def _progress(msg: str) -> None:
     print(f"[bench] {msg}", file=sys.stderr, flush=True)
 
 
-def _table(title: str, rows: list[dict], cols: list[tuple[str, str, str]]) -> Table:
-    t = Table(title=title, header_style="bold")
+def _table(title: str, rows: list[dict], cols: list[tuple[str, str, str]], caption: str | None = None) -> Table:
+    t = Table(title=title, header_style="bold", caption=caption, caption_justify="left")
     for header, _, _ in cols:
         t.add_column(header, justify="right")
     for r in rows:
@@ -256,7 +256,9 @@ def render(results: dict) -> None:
             ("preset", "preset", ""), ("rnn", "rnn", ""), ("precision", "precision", ""), ("batch", "batch", ""),
             ("threads", "threads", ""), ("step s", "step_s", ".4f"), ("words/s", "words_per_s", ",.0f"),
             ("vs fp32", "speedup_vs_fp32", ".2f"), ("GFLOP/s", "gflops", ".1f"), ("matmul fp32", "matmul_fp32_gflops", ".1f"),
-            ("matmul bf16", "matmul_bf16_gflops", ".1f"), ("of best matmul", "efficiency", ".0%")]))
+            ("matmul bf16", "matmul_bf16_gflops", ".1f"), ("of best matmul", "efficiency", ".0%"), ("note", "note", "")],
+            caption=f"vs fp32: the median of per-round ratios (each round times both formats); \"noisy\": it differs "
+                    f"from the ratio of the row's words/s to its fp32 row's by more than {NOISY_RATIO_GAP:.0%}"))
     if "exchange" in results:
         ps = [r for r in results["exchange"] if "ps1_s" in r]
         if ps:
@@ -268,7 +270,9 @@ def render(results: dict) -> None:
         if buckets:
             console.print(_table("2b. DDP bucket size: exchange not hidden behind backward (nmt-small, 2 ranks)", buckets, [
                 ("bucket MB", "bucket_cap_mb", "g"), ("compression", "compression", ""), ("fwd+bwd with exchange s", "step_with_exchange_s", ".3f"),
-                ("without s", "step_without_exchange_s", ".3f"), ("exposed s", "exposed_exchange_s", ".3f")]))
+                ("without s", "step_without_exchange_s", ".3f"), ("exposed s", "exposed_text", "")],
+                caption="exposed s: with minus without; \"0 (noise)\": the step with the exchange measured faster "
+                        "than without it, a negative difference that is timing noise (nothing exposed)"))
         console.print(_table("2. All-reduce, 2 ranks (busbw = algbw x 2(n-1)/n)", [r for r in results["exchange"] if "bucket_cap_mb" not in r and "ps1_s" not in r], [
             ("setting", "label", ""), ("MB", "mb", ""), ("time s", "time_s", ".4f"), ("busbw GB/s", "busbw_gb", ".2f"),
             ("memcpy GB/s", "memcpy_gb", ".2f")]))
@@ -336,14 +340,34 @@ def _render_planner(p: dict) -> None:
                                            ("mean abs error", "mean_abs_error", ".1%")]))
 
 
+#: Table 1's "vs fp32" (a median of per-round ratios) is marked noisy where it and the ratio of the medians'
+#: words/s differ by more than this.
+NOISY_RATIO_GAP = 0.25
+
+
 def _decorate(results: dict) -> None:
-    for r in results.get("compute", []):
+    compute = results.get("compute", [])
+    for r in compute:
         r["gflops"], r["matmul_gflops"] = r["flops_per_s"] / 1e9, r["matmul_flops_per_s"] / 1e9
         r["matmul_fp32_gflops"], r["matmul_bf16_gflops"] = r["matmul_fp32_flops_per_s"] / 1e9, r["matmul_bf16_flops_per_s"] / 1e9
+    for r in compute:
+        r.setdefault("note", "")
+        base = next((b for b in compute if b.get("precision") == "fp32" and r.get("precision") != "fp32"
+                     and all(b.get(k) == r.get(k) for k in ("preset", "rnn", "batch", "threads"))), None)
+        if base is None or not r.get("speedup_vs_fp32") or not base.get("words_per_s"):
+            continue
+        words_ratio = r["words_per_s"] / base["words_per_s"]
+        if abs(r["speedup_vs_fp32"] / words_ratio - 1) > NOISY_RATIO_GAP:
+            r["note"] = f"noisy: words/s ratio {words_ratio:.2f}"
     memcpy = next((r["bytes_per_s"] for r in results.get("exchange", []) if "bytes_per_s" in r), None)
     for r in results.get("exchange", []):
         if "busbw" in r:
             r["busbw_gb"], r["memcpy_gb"] = r["busbw"] / 1e9, memcpy / 1e9 if memcpy else None
+        elif "bytes_per_s" in r:  # the memcpy row itself: its own figure in its own column
+            r["memcpy_gb"] = r["bytes_per_s"] / 1e9
+        if "exposed_exchange_s" in r:
+            exposed = r["exposed_exchange_s"]
+            r["exposed_text"] = "—" if exposed is None else "0 (noise)" if exposed < 0 else f"{exposed:.3f}"
 
 
 @click.command("bench")
