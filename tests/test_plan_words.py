@@ -36,7 +36,9 @@ def test_an_unlabelled_table_leaves_no_orphan_commas(tmp_path):
                "--instance-types", "g3.16xlarge", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert ": ," not in r.stdout and "(, " not in r.stdout and "(series)" not in r.stdout
-    assert "measure next" not in r.stdout  # the models agree on this table
+    # the candidate models split at 16 (node-decay keeps 8's rate past its first crossing, decay does not):
+    # named without a series' name, no orphan comma either
+    assert "measure next: 16 workers: the models disagree most there" in r.stdout, r.stdout
 
 
 def test_a_single_count_is_refused_saying_how_to_measure_a_second(tmp_path):

@@ -317,3 +317,15 @@ def test_each_type_is_resolved_from_the_catalog_once_and_carried_through_its_row
     assert cand.instances_for(9) == 2 and cand.gpu_mem_gib == cat.instance("p2.8xlarge").gpu_mem_gib
     rows = p.candidates[(p.candidates["instance_type"] == "p2.8xlarge") & (p.candidates["market"] == "on-demand")]
     assert set(rows["usd_per_hour"]) == {n * cand.usd_per_hour["on-demand"] for n in rows["instances"]}
+
+
+def test_measure_next_weighs_the_models_the_plan_chooses_among_bounded_by_physics():
+    """Jasper mixed b64 on a DGX-2 (DeepLearningExamples): the raw comm fit put 32 GPUs at 213 samples/s after 16
+    had measured 567, and 'measure 32: the models disagree most there (76 % apart)' rested on it; the plan's own
+    candidates, bounded as its point is, disagree far less there."""
+    from scalelab.costs.model import FittedSeries
+
+    rows = pd.DataFrame({"workers": [1, 4, 8, 16], "nodes": 1, "throughput": [37.6, 146.7, 289.0, 567.0]})
+    fit = FittedSeries.fit("jasper", rows, instance_gpus=16)
+    gap = fit.disagreement([32], [2])
+    assert 0 < gap[0] < 0.5, gap

@@ -32,11 +32,14 @@ import numpy as np
 import pandas as pd
 
 from scalelab.costs.calibration import (
+    CANDIDATES,
     DEFAULT_CONFIDENCE,
     Calibration,
     band_spread,
     calibrate,
+    candidate_predictions,
     k_class,
+    physical_bounds,
     predict_band,
 )
 from scalelab.costs.fitting import FitResult, LinkModel, fit_series
@@ -90,6 +93,20 @@ class FittedSeries(FitResult):
 
     def calibration(self, confidence: float = DEFAULT_CONFIDENCE) -> Calibration:
         return calibrate(confidence)[k_class(len(self.counts))]
+
+    def disagreement(self, workers: Sequence[float], nodes: Sequence[float],
+                     link: LinkModel | None = None) -> np.ndarray:
+        """Largest relative gap between the plan's point and any candidate model it chooses among, each bounded
+        by physics as the point is (calibration.CANDIDATES, `physical_bounds`). Why not FitResult's: it compared
+        the raw NNLS fits, one of which predicted 32 GPUs at 213 samples/s after 16 had measured 567, and "measure
+        next: the models disagree most there (76 % apart)" rested on that."""
+        w = np.asarray(workers, dtype=float)
+        fitted = self.measured[["workers", "nodes", "throughput"]].astype(float)
+        preds = candidate_predictions(fitted, w, nodes, link, self.models)
+        floor, ceiling = physical_bounds(fitted, w)
+        point = predict_band(fitted, w, nodes, link=link, models=self.models)["predicted"].to_numpy(float)
+        gaps = [np.abs(np.clip(p, floor, ceiling) - point) / point for name, p in preds.items() if name in CANDIDATES]
+        return np.nanmax(np.vstack(gaps), axis=0) if gaps else np.zeros(len(w))
 
     def nodes_for(self, workers: int) -> int:
         """Nodes of `workers` GPUs: as measured when it was, else packed onto nodes of gpus_per_node."""
