@@ -323,9 +323,11 @@ def test_measure_next_weighs_the_models_the_plan_chooses_among_bounded_by_physic
     """Jasper mixed b64 on a DGX-2 (DeepLearningExamples): the raw comm fit put 32 GPUs at 213 samples/s after 16
     had measured 567, and 'measure 32: the models disagree most there (76 % apart)' rested on it; the plan's own
     candidates, bounded as its point is, disagree far less there."""
+    from scalelab.costs.fitting import FitResult
     from scalelab.costs.model import FittedSeries
 
     rows = pd.DataFrame({"workers": [1, 4, 8, 16], "nodes": 1, "throughput": [37.6, 146.7, 289.0, 567.0]})
     fit = FittedSeries.fit("jasper", rows, instance_gpus=16)
     gap = fit.disagreement([32], [2])
-    assert 0 < gap[0] < 0.5, gap
+    raw = FitResult.disagreement(fit, [32], [2])  # the raw NNLS fits' gap, as it was measured: 0.44 here
+    assert 0 < gap[0] < 0.4 < raw[0], (gap, raw)
