@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import re
+import signal
 import sys
 import tempfile
 from contextlib import contextmanager
@@ -190,21 +191,57 @@ def daskcluster(request: PrepRequest, opts: dict[str, Any], name: str) -> dict[s
 
 @contextmanager
 def connect(request: PrepRequest, run_dir: Path) -> Iterator[Any]:
-    """A `distributed.Client` on the request's cluster, started here and closed on every path."""
+    """A `distributed.Client` on the request's cluster, started here and closed on every path.
+
+    On a stop (Ctrl-C, or the runner's SIGTERM turned into KeyboardInterrupt) the tasks are cancelled
+    and Dask's loggers silenced before the cluster is torn down, so the launcher's one line is all
+    that is said: no "Task exception was never retrieved", no worker tracebacks.
+    """
     try:
         from distributed import Client
     except ImportError:
         raise SpecError('launch prep needs Dask: pip install "scalelab[prep]"') from None
     opts = resolve_options(request)
     if request.scheduler:
-        with Client(request.scheduler) as client:
+        with Client(request.scheduler) as client, _quiet_stop(client):
             yield client
         return
-    with _cluster(request, opts, run_dir) as cluster, Client(cluster) as client:
+    with _cluster(request, opts, run_dir) as cluster, Client(cluster) as client, _quiet_stop(client):
         if request.backend in ("slurm", "k8s"):
             cluster.scale(request.workers)
         client.wait_for_workers(request.workers, timeout=opts["wait_s"])
         yield client
+
+
+QUIET_LOGGERS = ("distributed", "asyncio", "tornado", "bokeh")
+
+
+@contextmanager
+def _quiet_stop(client: Any) -> Iterator[None]:
+    """On KeyboardInterrupt: silence Dask's and asyncio's loggers for the teardown (and the exit)
+    and cancel every task the client holds, then let the interruption go on."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        silence_dask()
+        try:
+            futures = list(getattr(client, "futures", {}).values())
+            if futures:
+                client.cancel(futures, force=True)
+        except Exception:  # noqa: BLE001 - best effort: the cluster is being closed anyway
+            pass
+        raise
+
+
+def silence_dask() -> None:
+    """Dask's, asyncio's and tornado's loggers say nothing from now on (a stopped prep's teardown)."""
+    for name in QUIET_LOGGERS:
+        logger = logging.getLogger(name)
+        logger.disabled = True
+        logger.setLevel(logging.CRITICAL + 1)
+    for name in list(logging.root.manager.loggerDict):
+        if name.split(".")[0] in QUIET_LOGGERS:
+            logging.getLogger(name).disabled = True
 
 
 def _cluster(request: PrepRequest, opts: dict[str, Any], run_dir: Path):
@@ -220,5 +257,6 @@ def _cluster(request: PrepRequest, opts: dict[str, Any], run_dir: Path):
         return KubeCluster(custom_cluster_spec=spec, namespace=opts["namespace"], shutdown_on_close=True)
     from distributed import LocalCluster
 
-    return LocalCluster(**local_kwargs(request, opts), silence_logs=logging.CRITICAL,
+    # preload: each worker process ignores SIGINT (tasks.dask_setup); the driver stops them on Ctrl-C
+    return LocalCluster(**local_kwargs(request, opts), silence_logs=logging.CRITICAL, preload=["scalelab.prep.tasks"],
                         local_directory=str(Path(run_dir) / "dask"))

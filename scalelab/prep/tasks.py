@@ -54,6 +54,17 @@ def measured(phase: str, task: int, fn: Callable[..., tuple[Any, dict]], *args: 
                                          "end": time.time(), "seconds": seconds, **stats, **where()}}
 
 
+def dask_setup(worker: Any = None) -> None:
+    """Dask's preload hook (`launch prep`'s local workers): the worker process ignores SIGINT, so a
+    Ctrl-C to the terminal's process group is the driver's alone, which stops the workers quietly
+    instead of each printing a KeyboardInterrupt traceback."""
+    import signal
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def where(dask_worker: Any = None) -> dict[str, Any]:
     """The worker running this task, its host (and Slurm node) and its memory in MB. With
     `Client.run(where)` Dask passes the worker itself: a worker's memory before any task."""
