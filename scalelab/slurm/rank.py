@@ -13,8 +13,19 @@ RUN_DIR`) as its child, passing the stop signals on:
 The trainer is a child, not this process, so that it keeps its own exit (`os._exit` after Gloo's
 threads, scalelab/train/__main__.py) and submitit's process stays free of torch.
 
-GPUs: each rank sees only its own GPU - the one at position local_rank in the GPUs Slurm gave the
-node (CUDA_VISIBLE_DEVICES, or their count when the node sets none).
+GPUs: the node's GPUs are the ones Slurm gave it (CUDA_VISIBLE_DEVICES, SLURM_STEP_GPUS/SLURM_JOB_GPUS,
+or their count when the node lists none); every rank checks there is one per rank, and its own GPU is
+the one at position local_rank. What a rank is shown depends on what it runs (`rank_env`):
+
+- the built-in trainer sees only its own GPU (CUDA_VISIBLE_DEVICES=that one, SCALELAB_GPU_PINNED=1), as
+  cuda:0: `Engine.device` (scalelab/train/engines.py) reads the pin and uses cuda:0. Its unpinned path
+  (`set_device(LOCAL_RANK)`) would work as well; the pin is kept because it is what the trainer's runs
+  have always had (and placement-R.jsonl's "gpu" is the one GPU the rank used);
+- a user's --script/--module sees what torchrun or horovodrun would give it on the local, k8s and AWS
+  backends: all the node's GPUs visible, and LOCAL_RANK / HOROVOD_LOCAL_RANK indexing them. A script
+  written for torchrun does `torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))` or
+  `DDP(model, device_ids=[local_rank])`; with only its own GPU visible, every rank but local rank 0
+  would fail with "invalid device ordinal".
 
 Signals: TERM (scancel, `scontrol requeue`, preemption) and USR1 (`--signal=USR1@N`, the time limit
 near) reach the trainer, which checkpoints at a step every rank agrees on and exits 143. After a USR1,
@@ -87,30 +98,46 @@ class Task:
         return self.hostnames[self.node] if self.node < len(self.hostnames) else socket.gethostname()
 
 
-def own_gpu(env: dict[str, str], local_rank: int, local_world: int = 1, node: int = 0) -> str | None:
-    """The one GPU this rank should see, or None when the node has none allocated; a SpecError (the one
-    message of scalelab/core/devices.py) when the node has fewer GPUs than ranks: never two on one GPU."""
+def node_gpus(env: dict[str, str], local_world: int = 1, node: int = 0) -> list[str]:
+    """The GPUs Slurm gave this node (as CUDA_VISIBLE_DEVICES names them), [] when it has none allocated; a
+    SpecError (the one message of scalelab/core/devices.py) when it has fewer GPUs than ranks: never two on one GPU."""
     visible = env.get("CUDA_VISIBLE_DEVICES") or env.get("SLURM_STEP_GPUS") or env.get("SLURM_JOB_GPUS")
-    devices = [d for d in (visible or "").split(",") if d.strip()]
+    devices = [d.strip() for d in (visible or "").split(",") if d.strip()]
     if not devices and int(env.get("SLURM_GPUS_ON_NODE", "0") or 0) > 0:
         devices = [str(i) for i in range(int(env["SLURM_GPUS_ON_NODE"]))]
     problem = gpu_shortage(local_world, len(devices), f"node {node}")
     if problem:
         raise SpecError(problem)
+    return devices
+
+
+def own_gpu(env: dict[str, str], local_rank: int, local_world: int = 1, node: int = 0) -> str | None:
+    """The one GPU of this rank (position local_rank among the node's GPUs, `node_gpus`), or None when the
+    node has none allocated; a SpecError when the node has fewer GPUs than ranks."""
+    devices = node_gpus(env, local_world, node)
     return devices[local_rank] if devices else None
 
 
-def rank_env(task: Task, engine: str, env: dict[str, str]) -> dict[str, str]:
-    """The variables to add for this task (pure: a function of the task, the engine and the environment)."""
+def rank_env(task: Task, engine: str, env: dict[str, str], own_code: bool = False) -> dict[str, str]:
+    """The variables to add for this task (pure: a function of the task, the engine, the environment and
+    whether it runs the user's own code).
+
+    GPUs (the module's docstring): the built-in trainer (`own_code` False) is pinned to its own GPU,
+    CUDA_VISIBLE_DEVICES=<that GPU> and SCALELAB_GPU_PINNED=1, which `Engine.device` reads to use cuda:0.
+    A --script/--module rank (`own_code` True) is not pinned: CUDA_VISIBLE_DEVICES lists all the node's
+    GPUs, so LOCAL_RANK (HOROVOD_LOCAL_RANK) is its device index, as under torchrun or horovodrun.
+    """
     rank, world, local, node, local_world = task.rank, task.world, task.local, task.node, task.local_world
     if rank != node * local_world + local:
         raise ValueError(f"rank {rank} is not node {node} x {local_world} + local {local}: "
                          "the job must use block distribution (srun --distribution=block)")
     out: dict[str, str] = {}
-    gpu = own_gpu(env, local, local_world, node)
-    if gpu is not None:
-        out["CUDA_VISIBLE_DEVICES"] = gpu
-        out[GPU_PINNED_ENV] = "1"  # the rank sees its one GPU as cuda:0 (Engine.device)
+    gpus = node_gpus(env, local_world, node)
+    if gpus and own_code:
+        out["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)  # all of them: the script picks cuda:LOCAL_RANK
+    elif gpus:
+        out["CUDA_VISIBLE_DEVICES"] = gpus[local]
+        out[GPU_PINNED_ENV] = "1"  # the trainer sees its one GPU as cuda:0 (Engine.device)
     addr, port = env.get("SCALELAB_RDZV_ADDR", "127.0.0.1"), env.get("SCALELAB_RDZV_PORT", "0")
     out.update(engine_rank_env(engine, Slot(rank, world, local, local_world, node, task.nodes, task.hostname), addr, port))
     return out
@@ -135,7 +162,8 @@ def record_placement(run_dir: Path, task: Task, env: dict[str, str], added: dict
     line = {
         "rank": task.rank, "node": task.hostname, "node_id": task.node, "local_rank": task.local,
         "host": socket.gethostname(), "job_id": task.job_id, "restart": int(env.get("SLURM_RESTART_COUNT", "0") or 0),
-        "gpu": added.get("CUDA_VISIBLE_DEVICES"), "time": time.time(),
+        "gpu": own_gpu(env, task.local, task.local_world, task.node) if added.get("CUDA_VISIBLE_DEVICES") else None,
+        "time": time.time(),
     }
     write_inside(run_dir, path, json.dumps(line) + "\n", append=True)
 
@@ -175,7 +203,7 @@ class RankJob(Checkpointable):
         raw = json.loads(RunPaths(self.run_dir).spec.read_text())
         engine, own_code = raw["engine"]["name"], bool(raw.get("script") or raw.get("module"))
         try:
-            added = rank_env(task, engine, env)
+            added = rank_env(task, engine, env, own_code)
             if problem := horovod_hostname_problem(task, engine):
                 raise SpecError(problem)
         except (ValueError, SpecError) as exc:  # not block-distributed; too few GPUs; Horovod's hostname
