@@ -230,3 +230,15 @@ def test_status_of_a_run_before_its_first_step_says_how_many_ranks_are_up(tmp_pa
     code, err, out = run_entry(["status", str(run)], monkeypatch, capsys)
     assert code == 0, err
     assert "RUNNING" in out and "starting ranks: 1 of 2 up" in out
+
+
+def test_a_scripts_step_lines_say_its_unit_and_no_phases_it_did_not_time():
+    """`launch logs RUN --rank N` of a script that never called track.unit printed
+    'step 46 loss 0.2399 208.1 ms: data — fwd — bwd — opt — 32 words'."""
+    from scalelab.launcher.inventory import record_line
+
+    rec = {"kind": "step", "step": 46, "loss": 0.2399, "step_s": 0.2081, "samples": 32, "words": 32}
+    assert record_line(rec, "samples") == "step 46  loss 0.2399  208.1 ms  32 samples"
+    assert record_line(rec, "tokens").endswith("32 tokens")
+    timed = {**rec, "data_s": 0.001, "forward_s": 0.05, "backward_s": 0.1, "optimizer_s": 0.01, "words": 900}
+    assert "fwd 50.0" in record_line(timed) and record_line(timed).endswith("900 words")

@@ -317,9 +317,10 @@ def age(seconds: float | None) -> str:
 
 # ---- logs of one rank, and following them -------------------------------------------------------
 
-def record_line(rec: dict[str, Any]) -> str | None:
+def record_line(rec: dict[str, Any], unit: str = "words") -> str | None:
     """One record of a rank as a line a person reads (`launch logs --rank N`): its step with loss, time and
-    phases, a validation, an event, an error; None for what says nothing there (links, placements)."""
+    phases (those it timed: a --script times none), what it processed in `unit` (a script's own, `track.unit`,
+    or samples), a validation, an event, an error; None for what says nothing there (links, placements)."""
     kind = rec.get("kind")
     if kind == "start":
         where = ", ".join(f"{k} {rec[k]}" for k in ("world", "device", "host", "role") if rec.get(k) is not None)
@@ -332,9 +333,12 @@ def record_line(rec: dict[str, Any]) -> str | None:
         loss = rec.get("loss")
         head = f"step {rec.get('step')}" + ("  loss —" if loss is None else f"  loss {float(loss):.4f}")
         exchange = f" (exch {ms('exchange_s')})" if rec.get("exchange_s") is not None else ""  # inside the backward
-        phases = f"data {ms('data_s')}  fwd {ms('forward_s')}  bwd {ms('backward_s')}{exchange}  opt {ms('optimizer_s')}"
+        timed = any(rec.get(k) is not None for k in ("data_s", "forward_s", "backward_s", "optimizer_s"))
+        phases = (f": data {ms('data_s')}  fwd {ms('forward_s')}  bwd {ms('backward_s')}{exchange}  "
+                  f"opt {ms('optimizer_s')}") if timed else ""
         marks = " (warm-up)" if rec.get("warmup") else " (profiled)" if rec.get("profiled") else ""
-        return f"{head}  {ms('step_s')} ms: {phases}  {int(rec.get('words') or 0):,} words{marks}"
+        count = rec.get("words") if unit == "words" else rec.get("samples", rec.get("words"))
+        return f"{head}  {ms('step_s')} ms{phases}  {int(count or 0):,} {unit}{marks}"
     if kind == "val":
         return f"validation at step {rec.get('step')}: loss {float(rec.get('val_loss') or 0):.4f}"
     if kind == "event":
@@ -356,13 +360,19 @@ class RankLines:
         self.rank = rank
         self.tail = RecordTail(RunPaths(Path(run_dir)).records / f"rank-{rank}.jsonl")
         self.text = ""
+        try:  # a script's items are samples until its `unit` event says otherwise; the trainer's are words
+            self.unit = "samples" if read_spec(Path(run_dir)).own_code else "words"
+        except (ScalelabError, OSError, ValueError):
+            self.unit = "words"
 
     def read(self) -> str:
         """Every line so far (the header first): what follow() shows the new part of."""
         if not self.text:
             self.text = f"==> {self.tail.path} (rank {self.rank}'s records) <==\n"
         for rec in self.tail.read():
-            line = record_line(rec)
+            if rec.get("kind") == "event" and rec.get("event") == "unit" and rec.get("unit"):
+                self.unit = str(rec["unit"])
+            line = record_line(rec, self.unit)
             if line:
                 self.text += f"[rank {self.rank}] {line}\n"
         return self.text
