@@ -79,3 +79,56 @@ def test_an_empty_out_folder_is_used(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     tasks.prepare_out(Storage(), str(tmp_path / "empty"), "run", ())
     assert (tmp_path / "empty" / tasks.MARKER).is_file() and (tmp_path / "empty" / "_held").is_dir()
+
+
+# ---- 2. Ctrl-C ------------------------------------------------------------------------------------
+
+
+def test_ctrl_c_during_a_prep_says_one_line(tmp_path: Path) -> None:
+    """SIGINT to the process group once the tasks run. Was: ~100 lines of `Task exception was never
+    retrieved ... AllExit` and the workers' KeyboardInterrupt tracebacks before the launcher's line."""
+    train = generate(tmp_path / "gen", "rnnlm", 60_000)["train"][0]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "scalelab.launcher.cli", "prep", "--model", "rnnlm-tiny", "--train", train,
+         "--out", str(tmp_path / "out"), "--workers", "1", "--block-mb", "0.01", "--shard-size", "200",
+         "--runs-dir", str(tmp_path / "runs")],
+        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, start_new_session=True)
+    lines = []
+    for line in proc.stderr:  # the cluster is up and its workers past their start once a phase is done
+        lines.append(line)
+        if line.startswith("prep index"):
+            break
+    assert lines and lines[-1].startswith("prep index"), "".join(lines)
+    time.sleep(0.3)
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    said = [line for line in err.splitlines() if line.strip() and not line.startswith("prep ")]
+    assert proc.returncode == 130, err
+    assert said == ["launch: interrupted; every process of the run was stopped"], err
+    run = only_run_dir(tmp_path / "runs")
+    assert not (tmp_path / "out" / "_held").exists()
+    records = [json.loads(line) for line in (run / "records" / "prep.jsonl").read_text().splitlines()]
+    assert records[-1]["kind"] == "error" and records[-1]["error"] == "interrupted"
+
+
+# ---- 3. a failed prep's record -------------------------------------------------------------------
+
+
+def test_a_failed_prep_records_why_and_report_says_it(tmp_path: Path) -> None:
+    """Was: `launch report RUN` said "no manifest phase in its records; see RUN/logs", a folder that
+    does not exist, and `_held/` stayed in --out."""
+    bad = tmp_path / "bad.tsv"
+    bad.write_text("pos\tgood film\nno tab here\n")
+    done = launch("prep", "--model", "sentiment-tiny", "--train", str(bad), "--out", "out", "--workers", "1",
+                  "--runs-dir", "runs", cwd=tmp_path)
+    assert done.returncode == 2, done.stderr[-3000:]
+    run = only_run_dir(tmp_path / "runs")
+    assert not (tmp_path / "out" / "_held").exists()
+    report = launch("report", str(run), cwd=tmp_path)
+    assert report.returncode == 2
+    assert f"the prep did not finish (it failed: {bad}:2: expected LABEL<TAB>text" in report.stderr, report.stderr
+    assert "/logs" not in report.stderr
+    again = launch("prep", "--model", "sentiment-tiny", "--train", str(bad), "--out", "out", "--workers", "1",
+                   "--runs-dir", "runs", cwd=tmp_path)  # the folder is the failed prep's: used again, not refused
+    assert "not empty" not in again.stderr and "expected LABEL<TAB>text" in again.stderr

@@ -169,11 +169,32 @@ def run_one(request: PrepRequest, run_dir: Path) -> Path:
             for info in client.run(where).values():
                 recorder({"kind": "worker", **info})
             Prep(client, request, recorder, run_dir.name).run()
+    except (Exception, KeyboardInterrupt) as exc:
+        record_failure(recorder, request, run_dir, exc)
+        raise
     finally:
         recorder.close()
     write_json(run_dir / "summary.json", summarize(run_dir))
     console.print(f"shards: [bold]{request.describe_out()}[/]  run directory: {run_dir}  (launch report {run_dir})")
     return run_dir
+
+
+def record_failure(recorder: Any, request: PrepRequest, run_dir: Path, exc: BaseException) -> None:
+    """Why the prep stopped, as an `error` record (`launch report` says it), and the scratch folder
+    `_held/` of --out removed when this run's marker says the folder is this prep's (best effort)."""
+    from scalelab.prep.tasks import remove_scratch
+
+    stopped = isinstance(exc, KeyboardInterrupt)
+    message = "interrupted (a stop signal)" if stopped else (str(exc).strip() or type(exc).__name__)
+    try:
+        recorder({"kind": "error", "error": "interrupted" if stopped else type(exc).__name__,
+                  "message": message, "time": time.time()})
+    except Exception:  # noqa: BLE001 - the error being raised matters more than its record
+        pass
+    try:
+        remove_scratch(request.storage, request.out, run_dir.name)
+    except Exception:  # noqa: BLE001 - an unreachable --out: the next prep into it cleans it
+        pass
 
 
 def _progress(record: dict[str, Any]) -> None:

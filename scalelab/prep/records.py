@@ -2,7 +2,8 @@
 
 Record kinds (docs/prep.md): `cluster` (start-up time, workers), `worker` (each worker's memory
 before any task), `task` (one per task: phase, bytes, lines, samples, tokens, seconds, worker,
-host, node, pid, rss_mb, peak_rss_mb), `phase` (each phase's wall time on the driver). Reports
+host, node, pid, rss_mb, peak_rss_mb), `phase` (each phase's wall time on the driver), `error` (why a prep stopped: its message, the
+error's type or "interrupted"). Reports
 are computed from these records only, as training reports are from the rank records.
 """
 
@@ -31,6 +32,7 @@ register_kinds({
     "worker": {},
     "phase": {"phase": STR, "tasks": INT, "start": NUM, "end": NUM},
     "task": {"phase": STR, "start": NUM, "end": NUM, "seconds": NUM},
+    "error": {"message": STR, "error": STR, "time": NUM},
 }, common={"kind": STR})
 
 RECORDS = Path(RECORDS_DIR) / "prep.jsonl"
@@ -59,5 +61,11 @@ class Recorder:
 def load_records(run_dir: Path) -> list[dict[str, Any]]:
     path = Path(run_dir) / RECORDS
     if not path.is_file():
-        raise RecordError(f"{run_dir} has no {RECORDS}: the prep did not start; see {run_dir}/logs")
+        raise RecordError(f"{run_dir} has no {RECORDS}: the prep did not start" + logs_hint(run_dir))
     return read_records(path, [])
+
+
+def logs_hint(run_dir: Path) -> str:
+    """"; see RUN_DIR/logs" where a logs folder exists (Slurm workers' logs), else nothing."""
+    logs = Path(run_dir) / "logs"
+    return f"; see {logs}" if logs.is_dir() else ""

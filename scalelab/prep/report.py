@@ -26,7 +26,7 @@ from scalelab.core.errors import RecordError
 from scalelab.core.rundir import write_json
 from scalelab.core.terminal import make_console
 from scalelab.core.writes import refuse_links
-from scalelab.prep.records import load_records
+from scalelab.prep.records import load_records, logs_hint
 from scalelab.prep.request import read_request
 
 COLUMNS = [  # (header, key, format)
@@ -47,7 +47,10 @@ def summarize(run_dir: Path) -> dict[str, Any]:
     phases = [r for r in records if r["kind"] == "phase"]
     scans = [t for t in tasks if t["phase"] == "scan"]
     if not scans or not any(p["phase"] == "manifest" for p in phases):
-        raise RecordError(f"{run_dir}: the prep did not finish (no manifest phase in its records); see {run_dir}/logs")
+        errors = [r for r in records if r["kind"] == "error"]
+        why = (f"it stopped: {errors[-1]['message']}" if errors[-1]["error"] == "interrupted"
+               else f"it failed: {errors[-1]['message']}") if errors else "no manifest phase in its records"
+        raise RecordError(f"{run_dir}: the prep did not finish ({why})" + logs_hint(run_dir))
     wall = max(p["end"] for p in phases) - min(p["start"] for p in phases)
     lines = sum(t["lines"] for t in scans)
     peaks: dict[str, float] = {}

@@ -309,6 +309,18 @@ def write_manifest(storage: Storage, out: str, text: str) -> tuple[None, dict]:
     return done
 
 
+def remove_scratch(storage: Storage, out: str, run: str) -> None:
+    """A failed prep's `_held/` scratch folder, when `out` carries this run's marker (so it is ours)."""
+    fs, path = storage.fs(out)
+    marker = storage.join(path, MARKER)
+    if not fs.exists(marker):
+        return
+    with fs.open(marker, "r") as f:
+        if json.loads(f.read() or "{}").get("run") != run:
+            return
+    cleanup(storage, out)
+
+
 def cleanup(storage: Storage, out: str) -> tuple[None, dict]:
     """Remove the held-out pieces once the validation shards are written."""
     fs, path = storage.fs(out)
