@@ -132,3 +132,27 @@ def test_a_failed_prep_records_why_and_report_says_it(tmp_path: Path) -> None:
     again = launch("prep", "--model", "sentiment-tiny", "--train", str(bad), "--out", "out", "--workers", "1",
                    "--runs-dir", "runs", cwd=tmp_path)  # the folder is the failed prep's: used again, not refused
     assert "not empty" not in again.stderr and "expected LABEL<TAB>text" in again.stderr
+
+
+# ---- 4. the scaling table in 80 columns ----------------------------------------------------------
+
+
+def test_the_prep_scaling_table_fits_80_columns_without_cutting_numbers(tmp_path: Path) -> None:
+    """Was: every cell cut to 1-2 characters and an ellipsis at 80 columns."""
+    src, tgt = nmt_corpus(tmp_path)
+    done = launch("prep", "--model", "nmt-tiny", "--train-src", str(src), "--train-tgt", str(tgt), "--out", "out",
+                  "--workers", "1", "--shard-size", "1000", "--runs-dir", "runs", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert not (tmp_path / "out" / tasks.MARKER).exists()  # finished: the manifest marks it now
+    run = only_run_dir(tmp_path / "runs")
+    shown = launch("report", str(run), cwd=tmp_path, env={"COLUMNS": "80"})
+    assert shown.returncode == 0, shown.stderr
+    table = shown.stdout.splitlines()
+    assert max(len(line) for line in table) <= 80 and "…" not in shown.stdout, shown.stdout
+    assert "more columns in report.md and report.json" in shown.stdout
+    row = json.loads((run / "report.json").read_text())[0]
+    assert f"{row['lines_per_s']:,.0f}" in shown.stdout and f"{row['wall_s']:.2f}" in shown.stdout
+    for header in ("workers", "lines/s", "speedup"):
+        assert header in shown.stdout
+    wide = launch("report", str(run), cwd=tmp_path, env={"COLUMNS": "200"})
+    assert "lines/s/worker" in wide.stdout and "more columns" not in wide.stdout

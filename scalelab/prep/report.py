@@ -111,13 +111,54 @@ def markdown(df: pd.DataFrame, runs: list[Path]) -> str:
     return "\n".join(lines) + "\n"
 
 
+#: Columns left out first when the table is wider than the terminal (least needed first); the
+#: Markdown and JSON reports keep every column. The training report does the same (analysis.report).
+DROPPABLE = ("growth MB", "start-up s", "MB", "lines/s/worker", "mode", "lines", "peak MB/worker", "efficiency")
+MORE = "more columns in report.md and report.json"
+
+
+def _min_width(header: str, cells: list[str], text: bool = False) -> int:
+    """A column never narrower than its longest cell (numbers do not break) or its longest header
+    word; the `text` column (the label) only than its longest word: it wraps between words."""
+    if text:
+        return max(len(w) for w in [*header.split(), *(w for c in cells for w in c.split()), ""])
+    return max([len(w) for w in header.split()] + [len(c) for c in cells])
+
+
+def fitting_columns(rows: list[list[str]], width: int) -> list[int]:
+    """Indices of COLUMNS to show: the droppable ones left out, least needed first, until `width` fits."""
+    keep = list(range(len(COLUMNS)))
+
+    def needed(cols: list[int]) -> int:
+        return sum(_min_width(COLUMNS[i][0], [r[i] for r in rows], COLUMNS[i][1] == "label") + 3 for i in cols) + 1
+
+    for name in DROPPABLE:
+        if needed(keep) <= width:
+            break
+        keep = [i for i in keep if COLUMNS[i][0] != name]
+    return keep
+
+
 def print_table(df: pd.DataFrame, console: Console) -> None:
+    """The scaling table at most the terminal's width: numbers never cut, the label wrapping between
+    words, columns that do not fit left to report.md and report.json (said under it)."""
+    width = console.width
+    rows = cells(df)
+    keep = fitting_columns(rows, width)
     table = Table(title="Prep scaling", header_style="bold")
-    for header, _, _ in COLUMNS:
-        table.add_column(header, justify="left" if header in ("label", "mode") else "right")
-    for row in cells(df):
-        table.add_row(*row)
-    console.print(table)
+    for i in keep:
+        header, key, _ = COLUMNS[i]
+        column = [r[i] for r in rows]
+        if key == "label":
+            table.add_column(header, justify="left", overflow="fold", min_width=_min_width(header, column, True), ratio=1)
+        else:
+            table.add_column(header, justify="left" if key == "mode" else "right", overflow="fold",
+                             width=_min_width(header, column))
+    for row in rows:
+        table.add_row(*[row[i] for i in keep])
+    if len(keep) < len(COLUMNS):
+        table.caption = MORE
+    console.print(table, width=width)
 
 
 def report_dirs(paths: list[Path], out: Path | None, fmt: str) -> None:
