@@ -87,7 +87,7 @@ def test_an_empty_out_folder_is_used(tmp_path: Path) -> None:
 def test_ctrl_c_during_a_prep_says_one_line(tmp_path: Path) -> None:
     """SIGINT to the process group once the tasks run. Was: ~100 lines of `Task exception was never
     retrieved ... AllExit` and the workers' KeyboardInterrupt tracebacks before the launcher's line."""
-    train = generate(tmp_path / "gen", "rnnlm", 60_000)["train"][0]
+    train = generate(tmp_path / "gen", "rnnlm", 120_000)["train"][0]  # ~6 MB: ~600 index tasks of 10 KiB
     proc = subprocess.Popen(
         [sys.executable, "-m", "scalelab.launcher.cli", "prep", "--model", "rnnlm-tiny", "--train", train,
          "--out", str(tmp_path / "out"), "--workers", "1", "--block-mb", "0.01", "--shard-size", "200",
@@ -97,10 +97,10 @@ def test_ctrl_c_during_a_prep_says_one_line(tmp_path: Path) -> None:
     lines = []
     for line in proc.stderr:  # the cluster is up and its workers past their start once a phase is done
         lines.append(line)
-        if line.startswith("prep index"):
+        if line.startswith("prep prepare"):
             break
-    assert lines and lines[-1].startswith("prep index"), "".join(lines)
-    time.sleep(0.3)
+    assert lines and lines[-1].startswith("prep prepare"), "".join(lines)
+    time.sleep(0.5)  # amid the index phase: hundreds of tasks being gathered
     os.killpg(proc.pid, signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     said = [line for line in err.splitlines() if line.strip() and not line.startswith("prep ")]
@@ -143,7 +143,6 @@ def test_the_prep_scaling_table_fits_80_columns_without_cutting_numbers(tmp_path
     done = launch("prep", "--model", "nmt-tiny", "--train-src", str(src), "--train-tgt", str(tgt), "--out", "out",
                   "--workers", "1", "--shard-size", "1000", "--runs-dir", "runs", cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert not (tmp_path / "out" / tasks.MARKER).exists()  # finished: the manifest marks it now
     run = only_run_dir(tmp_path / "runs")
     shown = launch("report", str(run), cwd=tmp_path, env={"COLUMNS": "80"})
     assert shown.returncode == 0, shown.stderr
@@ -156,3 +155,4 @@ def test_the_prep_scaling_table_fits_80_columns_without_cutting_numbers(tmp_path
         assert header in shown.stdout
     wide = launch("report", str(run), cwd=tmp_path, env={"COLUMNS": "200"})
     assert "lines/s/worker" in wide.stdout and "more columns" not in wide.stdout
+    assert not (tmp_path / "out" / ".scalelab-prep").exists()  # finished: the manifest marks it now
