@@ -178,6 +178,7 @@ def test_data_errors_name_the_file_as_data_text_does(client, tmp_path: Path) -> 
         prep(client, "rnnlm-tiny", {"train": [str(tmp_path / "nothing*.txt")]}, tmp_path / "o3")
     done = generate(tmp_path / "c", "rnnlm", 300)
     (tmp_path / "o4").mkdir()
+    (tmp_path / "o4" / ".scalelab-prep").write_text("{}")  # an unfinished prep's marker: its leftovers are its own
     (tmp_path / "o4" / "train-00007.arrow").write_text("left by an unfinished prep")
     prep(client, "rnnlm-tiny", done, tmp_path / "o4")
     assert not (tmp_path / "o4" / "train-00007.arrow").exists() and not (tmp_path / "o4" / "_held").exists()
