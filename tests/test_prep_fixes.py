@@ -109,7 +109,7 @@ def test_ctrl_c_during_a_prep_says_one_line(tmp_path: Path) -> None:
     run = only_run_dir(tmp_path / "runs")
     assert not (tmp_path / "out" / "_held").exists()
     records = [json.loads(line) for line in (run / "records" / "prep.jsonl").read_text().splitlines()]
-    assert records[-1]["kind"] == "error" and records[-1]["error"] == "interrupted"
+    assert records[-1]["kind"] == "failure" and records[-1]["error"] == "interrupted"
 
 
 # ---- 3. a failed prep's record -------------------------------------------------------------------

@@ -104,8 +104,12 @@ _CHECKS: dict[str, list[tuple[str, tuple[type, ...], str]]] = {}
 
 def register_kinds(kinds: Mapping[str, Mapping[str, str]], common: Mapping[str, str] = COMMON) -> None:
     """Add record kinds to the schema (the rank records' own, and a layer above's, e.g. `launch prep`'s,
-    which carry no rank); the one writer and the one reader then check them like the built-in ones."""
+    which carry no rank); the one writer and the one reader then check them like the built-in ones. A kind is
+    one schema for every writer: one registered again with other fields is a ValueError (prep's `error` with an
+    `error` field once replaced the ranks', and every rank's error record in that process failed its check)."""
     for kind, fields in kinds.items():
+        if _CHECKS.get(kind) is not None and KINDS.get(kind) != dict(fields):
+            raise ValueError(f"record kind {kind!r} is registered already with other fields: name it otherwise")
         KINDS[kind] = dict(fields)
         _CHECKS[kind] = [(name, _TYPES[exp.removesuffix(OPTIONAL)] + ((type(None),) if exp.endswith(OPTIONAL) else ()), exp)
                          for name, exp in {**common, **fields}.items()]

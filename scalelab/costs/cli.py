@@ -582,7 +582,7 @@ def plan_cmd(run_dirs: tuple[str, ...], from_csv: str | None, predict_workers: s
         except CatalogError as exc:
             raise CatalogError(f"--measured-on {given_on}: {exc}") from None
     if from_csv and given_on is not None and given_on in catalog.names():
-        _refuse_unholdable(m.measured, catalog.instance(given_on), from_csv)
+        said += _unholdable(m.measured, catalog.instance(given_on), from_csv)
     unpriced = measured_on is not None and measured_on not in catalog.names()
     types = asked or _default_types(measured_on, m, catalog)
     link = LinkModel(gradient_bytes=(gradient_mb or 1.0) * 1e6, intra_gbps=intra_gbps)
@@ -604,21 +604,22 @@ def plan_cmd(run_dirs: tuple[str, ...], from_csv: str | None, predict_workers: s
     _show_plan(result, fmt, out, m)
 
 
-def _refuse_unholdable(measured: pd.DataFrame, inst, path: str) -> None:
-    """--measured-on TYPE for a published table that ran more GPUs on one node than TYPE has (8 on one node,
-    named p3.8xlarge: 4 GPUs): the table was not measured on it, and its layouts would be priced on a type that
-    cannot hold them. Refused, naming the row."""
+def _unholdable(measured: pd.DataFrame, inst, path: str) -> list[str]:
+    """A note where --measured-on TYPE has fewer GPUs than a published table ran on one node (8 on a DGX-1, named
+    p3.8xlarge: 4 GPUs): TYPE then stands for the table's GPU (its per-GPU speed), not for where it ran, and its
+    layouts are priced on instances of TYPE that hold them (8 on two). It went unsaid; a CPU stand-in's runs
+    named after a one-GPU type are the same case, so it is said, not refused."""
     if "instance_type" in measured.columns:  # rows that name their own type were measured on it, not on TYPE
         measured = measured[measured["instance_type"].isna() | (measured["instance_type"] == inst.name)]
     nodes = measured["nodes"] if "nodes" in measured.columns else 1
-    per_node = (measured["workers"] / nodes).apply(math.ceil)
-    over = measured[per_node > inst.gpus]
-    if len(over) and not inst.per_gpu:
-        r = over.iloc[0]
-        raise SpecError(f"--measured-on {inst.name} has {inst.gpus} GPU(s) per instance, but {Path(path).name} ran "
-                        f"{int(r['workers'])} workers on {int(r['nodes']) if 'nodes' in over.columns else 1} node(s): it "
-                        "was not measured on that type; name the type it ran on (one with that many GPUs), or "
-                        "give --speed GPU=FACTOR instead")
+    over = measured[(measured["workers"] / nodes).apply(math.ceil) > inst.gpus]
+    if not len(over) or inst.per_gpu:
+        return []
+    r = over.iloc[0]
+    return [f"--measured-on {inst.name} has {inst.gpus} GPU(s) per instance, but {Path(path).name} ran "
+            f"{int(r['workers'])} workers on {int(r['nodes']) if 'nodes' in over.columns else 1} node(s): {inst.name} "
+            "is taken for its GPU's speed, and those layouts are priced on instances that hold them; name the type "
+            "the table ran on to price its own layouts"]
 
 
 def _table_type(measured: pd.DataFrame, catalog: Catalog, said: list[str]) -> str | None:

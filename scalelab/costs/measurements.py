@@ -66,8 +66,9 @@ def measured_from_runs(paths: list[Path], measured_on: str | None = None, every_
         run = load_run(run_dir)
         st = None if run.steps.empty else step_table(run.steps)  # once: the summary and the loss curve read it
         loaded.append((run, st, summarize_loaded(run, st)))
-    # runs that differ in a setting but the layout (--prefetch 0 beside 2) are series apart, as in reports
-    labelled = label_series([s for _, _, s in loaded], [run.spec for run, _, _ in loaded])
+    # runs that differ in a setting but the layout (--prefetch 0 beside 2) are series apart, as in reports; not
+    # in the backend: where runs ran is their instance type's to say here (the measured type and the probes)
+    labelled = label_series([s for _, _, s in loaded], [_any_backend(run.spec) for run, _, _ in loaded])
     for (run, st, _), s in zip(loaded, labelled):
         if not run.spec.own_code:  # a --script's model is unknown to the memory model: its plans are not checked
             memory[s.label] = memory_model(run.spec)
@@ -98,6 +99,15 @@ def measured_from_runs(paths: list[Path], measured_on: str | None = None, every_
     measured = measured[measured["throughput"].notna()]  # a run at its threshold in warm-up: steps, no speed
     return Measurements(measured, convergence_rows(table), _overheads(table), base, table, curves, probes,
                         max(set(precisions), key=precisions.count) if precisions else "fp32", memory)
+
+
+def _any_backend(spec):
+    """`spec` with its backend left out of its series' settings (a copy: the run's own is kept)."""
+    import copy
+
+    out = copy.copy(spec)
+    out.backend = "local"
+    return out
 
 
 def _spread(table: pd.DataFrame) -> pd.Series:

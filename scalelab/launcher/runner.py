@@ -489,8 +489,9 @@ def refuse_restart(backend: Backend, run_dir: Path, spec: Spec) -> None:
     """Refuse (one line, before anything is written) a resume of a built-in trainer run that recorded steps but
     has no checkpoint (deleted, as the message of a damaged one suggests, or never saved): its ranks would train
     from step 1 again and append those steps to its records a second time, which its reports then count twice.
-    A --script keeps its own checkpoints, and a remote backend keeps the run's elsewhere: not checked."""
-    if spec.own_code or not backend.checkpoint_here or run_state(run_dir) == COMPLETED:
+    A --script keeps its own checkpoints, and a remote backend keeps the run's elsewhere: not checked; nor a run
+    that may still be going (its checkpoint may come): the refusal of a live run names what to stop first."""
+    if spec.own_code or not backend.checkpoint_here or run_state(run_dir) not in (FAILED, CANCELLED):
         return
     ckpt = RunPaths(run_dir).checkpoint
     if ckpt.exists() or ckpt.is_symlink():

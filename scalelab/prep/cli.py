@@ -187,7 +187,7 @@ def record_failure(recorder: Any, request: PrepRequest, run_dir: Path, exc: Base
     stopped = isinstance(exc, KeyboardInterrupt)
     message = "interrupted (a stop signal)" if stopped else (str(exc).strip() or type(exc).__name__)
     try:
-        recorder({"kind": "error", "error": "interrupted" if stopped else type(exc).__name__,
+        recorder({"kind": "failure", "error": "interrupted" if stopped else type(exc).__name__,
                   "message": message, "time": time.time()})
     except Exception:  # noqa: BLE001 - the error being raised matters more than its record
         pass

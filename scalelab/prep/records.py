@@ -32,7 +32,8 @@ register_kinds({
     "worker": {},
     "phase": {"phase": STR, "tasks": INT, "start": NUM, "end": NUM},
     "task": {"phase": STR, "start": NUM, "end": NUM, "seconds": NUM},
-    "error": {"message": STR, "error": STR, "time": NUM},
+    # not "error": the kinds are one registry with the ranks' records (core.records.KINDS), whose error has no `error`
+    "failure": {"message": STR, "error": STR, "time": NUM},
 }, common={"kind": STR})
 
 RECORDS = Path(RECORDS_DIR) / "prep.jsonl"

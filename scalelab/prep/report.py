@@ -47,7 +47,7 @@ def summarize(run_dir: Path) -> dict[str, Any]:
     phases = [r for r in records if r["kind"] == "phase"]
     scans = [t for t in tasks if t["phase"] == "scan"]
     if not scans or not any(p["phase"] == "manifest" for p in phases):
-        errors = [r for r in records if r["kind"] == "error"]
+        errors = [r for r in records if r["kind"] == "failure"]
         why = (f"it stopped: {errors[-1]['message']}" if errors[-1]["error"] == "interrupted"
                else f"it failed: {errors[-1]['message']}") if errors else "no manifest phase in its records"
         raise RecordError(f"{run_dir}: the prep did not finish ({why})" + logs_hint(run_dir))
