@@ -14,7 +14,7 @@ from conftest import ROOT, launch
 from scalelab.core.errors import SpecError
 from scalelab.core.spec import EngineSpec, Spec
 from scalelab.k8s.backend import KubernetesBackend
-from scalelab.k8s.manifests import CODE_MOUNT
+from scalelab.k8s.manifests import CODE_MOUNT, CODE_SOURCE
 
 pytest.importorskip("kubernetes_validate", reason="kubernetes-validate is not installed: pip install kubernetes-validate")
 from scalelab.k8s.validate import validate_all  # noqa: E402
@@ -49,8 +49,17 @@ def test_the_script_folder_is_a_configmap_every_pod_mounts(engine: str, kinds: l
     for pod in pod_templates(workload):
         (volume,) = [v for v in pod["volumes"] if v["name"] == "code"]
         assert volume["configMap"]["name"] == code["metadata"]["name"]
+        # the ConfigMap (read-only) is copied into a writable emptyDir, where the ranks start: a script writing
+        # beside itself (--out outputs/x, ./runs) failed with a read-only filesystem
+        (copy,) = pod["initContainers"]
+        assert {"name": "code", "mountPath": CODE_SOURCE, "readOnly": True} in copy["volumeMounts"]
+        assert {"name": "workdir", "mountPath": CODE_MOUNT} in copy["volumeMounts"]
+        assert copy["command"][-1] == f"cp -RL {CODE_SOURCE}/. {CODE_MOUNT}/"
+        assert {"name": "workdir", "emptyDir": {}} in pod["volumes"]
         for container in pod["containers"]:
-            assert {"name": "code", "mountPath": CODE_MOUNT, "readOnly": True} in container["volumeMounts"]
+            assert {"name": "workdir", "mountPath": CODE_MOUNT} in container["volumeMounts"]
+            assert not any(m["name"] == "code" for m in container["volumeMounts"])
+            assert container["workingDir"] == CODE_MOUNT
             assert {"name": "SCALELAB_SCRIPT_DIR", "value": CODE_MOUNT} in container["env"]
     command = " ".join(pod_templates(workload)[0]["containers"][0]["command"])
     assert "-m scalelab.train.script" in command and "scalelab.train " not in command
@@ -70,7 +79,7 @@ def test_nested_and_binary_files_keep_their_paths_and_an_oversized_folder_is_ref
     code = request.objects[1]
     assert set(code["data"]) == {"train.py", "pkg__model.py"}
     assert base64.b64decode(code["binaryData"]["pkg__table.bin"]) == b"\xff\x00\x01"
-    items = pod_templates(request.objects[-1])[0]["volumes"][-1]["configMap"]["items"]
+    (items,) = [v["configMap"]["items"] for v in pod_templates(request.objects[-1])[0]["volumes"] if v["name"] == "code"]
     assert {"key": "pkg__model.py", "path": "pkg/model.py"} in items and len(items) == 3
     (tmp_path / "weights.bin").write_bytes(b"\0" * (1024 * 1024))
     with pytest.raises(SpecError, match=r"more than the 900.0 KiB limit \(biggest: weights.bin \(1.0 MiB\)"):

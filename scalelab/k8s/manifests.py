@@ -86,7 +86,8 @@ def render(spec: Spec, run_name: str, options: Mapping[str, Any], extra_env: Map
 
 # ---- a --script run's code (issue 34) -----------------------------------------------------------------
 
-CODE_MOUNT = "/opt/scalelab/code"  # where the pods see the script's folder (SCALELAB_SCRIPT_DIR)
+CODE_MOUNT = "/opt/scalelab/code"  # where the pods see the script's folder (SCALELAB_SCRIPT_DIR): a writable copy
+CODE_SOURCE = "/opt/scalelab/code-src"  # the ConfigMap's files, read-only, copied to CODE_MOUNT before the rank starts
 CODE_LIMIT = 900 * 1024  # a ConfigMap holds at most 1 MiB in all (etcd's limit), the rest of the object included
 # The code ConfigMap's annotation listing the folder's files (paths inside it) as a JSON array: a file name may
 # hold spaces, so a list joined by spaces would not come back as the same files.
@@ -144,16 +145,26 @@ def code_config_map(spec: Spec, run_name: str, options: Mapping[str, Any]) -> di
 
 
 def _mount_code(workload: dict[str, Any], run_name: str, files: list[str]) -> None:
-    """Every pod template of the workload: the code volume (its files at their paths), mounted at CODE_MOUNT, and
-    the containers started in it (the script runner is told where by SCALELAB_SCRIPT_DIR, `_common_env`)."""
+    """Every pod template of the workload: the code volume (its files at their paths) copied by an init container
+    into a writable emptyDir at CODE_MOUNT, and the containers started there (the script runner is told where by
+    SCALELAB_SCRIPT_DIR, `_common_env`). Why a copy: a ConfigMap volume is read-only, and a script that writes
+    beside itself, as it does under torchrun (`--out outputs/x`, TensorBoard's ./runs, lightning_logs/), failed
+    with a read-only filesystem there. What it writes there ends with the pod: the run's volume keeps what lasts."""
     templates = ([r["template"] for r in workload["spec"]["mpiReplicaSpecs"].values()] if workload["kind"] == "MPIJob"
                  else [workload["spec"]["template"]])
     for template in templates:
         pod = template["spec"]
-        pod["volumes"].append({"name": "code", "configMap": {
-            "name": f"{run_name}-code", "items": [{"key": _code_key(rel), "path": rel} for rel in files]}})
+        pod["volumes"] += [{"name": "code", "configMap": {
+            "name": f"{run_name}-code", "items": [{"key": _code_key(rel), "path": rel} for rel in files]}},
+            {"name": "workdir", "emptyDir": {}}]
+        first = pod["containers"][0]
+        pod.setdefault("initContainers", []).append({
+            "name": "copy-code", "image": first["image"], "imagePullPolicy": first.get("imagePullPolicy", "IfNotPresent"),
+            "command": ["sh", "-c", f"cp -RL {CODE_SOURCE}/. {CODE_MOUNT}/"],  # -L: the volume's files are links
+            "volumeMounts": [{"name": "code", "mountPath": CODE_SOURCE, "readOnly": True},
+                             {"name": "workdir", "mountPath": CODE_MOUNT}]})
         for container in pod["containers"]:
-            container["volumeMounts"].append({"name": "code", "mountPath": CODE_MOUNT, "readOnly": True})
+            container["volumeMounts"].append({"name": "workdir", "mountPath": CODE_MOUNT})
             container["workingDir"] = CODE_MOUNT
 
 
