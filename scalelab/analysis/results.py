@@ -70,13 +70,14 @@ NOT_SETTINGS = frozenset({"nodes", "gpus_per_node", "name", "backend_options", "
                           "workdir"})
 
 
-def run_settings(spec: Spec) -> dict[str, Any]:
+def run_settings(spec: Spec, ignore: frozenset[str] = frozenset()) -> dict[str, Any]:
     """What in a run's spec can set its series apart, by spec.json's dotted key (`data.prefetch`), in the
     spec's order: every field but `NOT_SETTINGS`, each as a layout-free value (`_layout_free`). Read off the
-    spec's fields rather than listed, so that a setting added to the spec splits reports without a word here."""
+    spec's fields rather than listed, so that a setting added to the spec splits reports without a word here.
+    `ignore`: more fields a caller tells apart its own way (`launch plan`: the backend, by instance type)."""
     raw, out = spec.to_dict(), {}
     for f in dataclasses.fields(spec):
-        if f.name in NOT_SETTINGS:
+        if f.name in NOT_SETTINGS or f.name in ignore:
             continue
         if dataclasses.is_dataclass(getattr(spec, f.name)):  # engine, data: their own fields, dotted
             out.update({f"{f.name}.{k}": v for k, v in raw[f.name].items()})
@@ -122,7 +123,7 @@ def _plain_number(x: Fraction) -> int | float:
     return int(x) if x.denominator == 1 else float(x)
 
 
-def series_labels(specs: Sequence[Spec]) -> list[tuple[str, dict[str, Any] | None]]:
+def series_labels(specs: Sequence[Spec], ignore: frozenset[str] = frozenset()) -> list[tuple[str, dict[str, Any] | None]]:
     """(label, settings) of each run of a report: runs whose settings (`run_settings`) agree are one series,
     whatever their layouts (repeats of one spec included); runs that differ in any are not, even where their
     `run_label` agrees (two sweeps, one with --prefetch 0: their 1x1 rows were one series, one at 114 %).
@@ -132,7 +133,7 @@ def series_labels(specs: Sequence[Spec]) -> list[tuple[str, dict[str, Any] | Non
     fields by spec.json's key. Naming only those keeps the common case's labels as they were (one sweep: no
     setting differs), and as words apart, the terminal's table keeps the shared ones in its title."""
     bases = [run_label(spec) for spec in specs]
-    settings = [run_settings(spec) for spec in specs]
+    settings = [run_settings(spec, ignore) for spec in specs]
     differing = {base: _differing([st for b, st in zip(bases, settings) if b == base]) for base in set(bases)}
     out = []
     for base, st in zip(bases, settings):
@@ -196,10 +197,11 @@ def _value_text(value: Any) -> str:
     return str(value).replace(" ", "_")
 
 
-def label_series(summaries: list[LayoutSummary], specs: Sequence[Spec]) -> list[LayoutSummary]:
+def label_series(summaries: list[LayoutSummary], specs: Sequence[Spec],
+                 ignore: frozenset[str] = frozenset()) -> list[LayoutSummary]:
     """The summaries (one per spec, in order) with their series' labels and settings (`series_labels`)."""
     return [dataclasses.replace(s, label=label, settings=st)
-            for s, (label, st) in zip(summaries, series_labels(specs), strict=True)]
+            for s, (label, st) in zip(summaries, series_labels(specs, ignore), strict=True)]
 
 
 def total_steps(spec: Spec) -> int | None:

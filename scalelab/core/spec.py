@@ -51,6 +51,7 @@ MAX_THREADS = 1024
 # and no machine 1,024 GPUs (on a CPU, each "GPU" is a worker process); a few batches ahead hide the data time.
 MAX_NODES = 100_000
 MAX_GPUS_PER_NODE = 1024
+MAX_GPUS = 1_000_000  # more GPUs (or nodes) than any cluster has: a larger count is a typo, not a layout
 MAX_PREFETCH = 1024
 # `--global-batch 100000000000` reached the ranks, which failed allocating it: ten million samples is past any
 # published large-batch training (tens of thousands) and any memory; exchange buffers of more than 64 GiB

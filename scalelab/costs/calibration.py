@@ -91,7 +91,7 @@ import numpy as np
 import pandas as pd
 
 from scalelab.core.errors import DataError
-from scalelab.costs.fitting import MODELS, LinkModel, ScalingModel
+from scalelab.costs.fitting import MODELS, LinkModel, ScalingModel, extrapolation
 from scalelab.costs.registry import names
 from scalelab.costs.tables import read_scaling_csv, with_throughput
 
@@ -261,12 +261,13 @@ def loss_per_doubling(fitted: pd.DataFrame) -> float:
     return abs(math.log(rate.iloc[-1] / rate.iloc[0])) / math.log2(rate.index[-1] / rate.index[0])
 
 
-def band_spread(fitted: pd.DataFrame, workers: Sequence[float]) -> np.ndarray:
-    """The band's shape at `workers`: (d + δ) · (loss per doubling + floor), d the doublings to the nearest
-    fitted count (past the fitted counts: to the last or first; between them: to the closer one, where d
-    was 0 and an unmeasured count between two measured ones got a measured count's band); a band is its
-    quantiles times this."""
-    d = nearest_distance(np.asarray(workers, dtype=float), fitted["workers"])
+def band_spread(fitted: pd.DataFrame, workers: Sequence[float], between: bool = False) -> np.ndarray:
+    """The band's shape at `workers`: (d + δ) · (loss per doubling + floor), d the doublings past the
+    fitted counts (0 inside them); a band is its quantiles times this. `between`: d the doublings to the
+    nearest fitted count instead, the shape of `interior_band` (an unmeasured count between two measured
+    ones is that far from a measurement, not 0)."""
+    w = np.asarray(workers, dtype=float)
+    d = nearest_distance(w, fitted["workers"]) if between else extrapolation(w, fitted["workers"])
     return (d + DELTA) * (loss_per_doubling(fitted) + LOSS_FLOOR)
 
 
@@ -358,6 +359,16 @@ def _series_tasks(table: str, label: str, rows: pd.DataFrame) -> list[dict]:
     return out
 
 
+def _interior_splits():
+    """(table, origin, series, count, fitted, true) of every shipped series' inner counts, each left out."""
+    for table, series in reference_tables().items():
+        for label, part in series.items():
+            counts = sorted({int(w) for w in part["workers"]})
+            for c in counts[1:-1]:
+                test = part[part["workers"] == c]
+                yield table, origin_of(table), label, c, part[part["workers"] != c], test
+
+
 @lru_cache(maxsize=1)
 def interior_tasks() -> pd.DataFrame:
     """Every interpolation task of every shipped series of three or more counts: one count between its
@@ -365,16 +376,12 @@ def interior_tasks() -> pd.DataFrame:
     rate, every non-NNLS candidate's answer inside the fitted counts), scored log(true/pred)/s with s the
     band's spread there. A few hundred predictions: made when first asked, not kept in a file."""
     rows = []
-    for table, series in reference_tables().items():
-        for label, part in series.items():
-            counts = sorted({int(w) for w in part["workers"]})
-            for c in counts[1:-1]:
-                fitted, test = part[part["workers"] != c], part[part["workers"] == c]
-                pred = c * float(_interpolated(_per_gpu(fitted), np.array([float(c)]))[0])
-                spread = float(band_spread(fitted, [c])[0])
-                true = float(test["throughput"].mean())
-                rows.append({"table": table, "origin": origin_of(table), "series": label, "workers": c,
-                             "true": true, "pred": pred, "score": math.log(true / pred) / spread})
+    for table, origin, label, c, fitted, test in _interior_splits():
+        pred = c * float(_interpolated(_per_gpu(fitted), np.array([float(c)]))[0])
+        spread = float(band_spread(fitted, [c], between=True)[0])
+        true = float(test["throughput"].mean())
+        rows.append({"table": table, "origin": origin, "series": label, "workers": c,
+                     "true": true, "pred": pred, "score": math.log(true / pred) / spread})
     return pd.DataFrame(rows)
 
 
@@ -387,9 +394,7 @@ def interior_band(confidence: float = DEFAULT_CONFIDENCE, exclude: str | None = 
     tasks = interior_tasks()
     scores = tasks.loc[tasks["origin"] != exclude, "score"].to_numpy(float)
     tail = (1.0 - confidence) / 2
-    lo = -conformal_quantile(-scores, 1.0 - tail) if len(scores) else -math.inf
-    hi = conformal_quantile(scores, 1.0 - tail) if len(scores) else math.inf
-    return min(lo, 0.0), max(hi, 0.0)
+    return min(-conformal_quantile(-scores, 1.0 - tail), 0.0), max(conformal_quantile(scores, 1.0 - tail), 0.0)
 
 
 def interior_coverage(confidence: float = DEFAULT_CONFIDENCE) -> pd.DataFrame:
@@ -397,17 +402,12 @@ def interior_coverage(confidence: float = DEFAULT_CONFIDENCE) -> pd.DataFrame:
     without its origin: origin, table, series, workers, error ((pred − true)/true), half_width
     ((high − low)/2/pred) and covered (`launch bench --only planner`, docs/benchmarks.md)."""
     rows = []
-    for table, series in reference_tables().items():
-        origin = origin_of(table)
-        for label, part in series.items():
-            counts = sorted({int(w) for w in part["workers"]})
-            for c in counts[1:-1]:
-                fitted, test = part[part["workers"] != c], part[part["workers"] == c]
-                b = predict_band(fitted, [c], [float(test["nodes"].max())], confidence, exclude=origin).iloc[0]
-                true = float(test["throughput"].mean())
-                rows.append({"origin": origin, "table": table, "series": label, "workers": c,
-                             "error": (b["predicted"] - true) / true, "covered": b["low"] <= true <= b["high"],
-                             "half_width": (b["high"] - b["low"]) / 2 / b["predicted"]})
+    for table, origin, label, c, fitted, test in _interior_splits():
+        b = predict_band(fitted, [c], [float(test["nodes"].max())], confidence, exclude=origin).iloc[0]
+        true = float(test["throughput"].mean())
+        rows.append({"origin": origin, "table": table, "series": label, "workers": c,
+                     "error": (b["predicted"] - true) / true, "covered": b["low"] <= true <= b["high"],
+                     "half_width": (b["high"] - b["low"]) / 2 / b["predicted"]})
     return pd.DataFrame(rows)
 
 
@@ -787,8 +787,9 @@ def predict_band(fitted: pd.DataFrame, workers: Sequence[float], nodes: Sequence
     between = inside(fitted, w)
     if between.any():  # between measured counts: the interpolation's own band (`interior_band`), whose high
         ilo, ihi = interior_band(confidence, exclude)  # end may pass linear scaling by its spread, as a hidden
-        lo_s, hi_s = np.where(between, ilo * spread, lo_s), np.where(between, ihi * spread, hi_s)  # count did
-        cap = np.where(between, ceiling * np.exp(ihi * spread), cap)  # (its measured neighbours are noisy too)
+        inner = band_spread(fitted, w, between=True)  # count did (its measured neighbours are noisy too)
+        lo_s, hi_s = np.where(between, ilo * inner, lo_s), np.where(between, ihi * inner, hi_s)
+        cap = np.where(between, _cap(ceiling, ihi, inner, np.inf), cap)
     low, high = _band_ends(pred, lo_s, hi_s, ceiling, cap)
     return pd.DataFrame({"workers": w, "predicted": pred, "low": low, "high": high, "model": [c.model for c in used],
                          "floor": floor, "ceiling": ceiling})

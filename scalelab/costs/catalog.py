@@ -99,6 +99,11 @@ class InstanceType:
     source_date: str | None = None
     per_gpu: bool = False  # a rate per GPU-hour: no shape, any layout of its GPUs (`Catalog.add_rate`)
 
+    def holds(self, workers: int, nodes: int) -> bool:
+        """Whether `nodes` of this type can run `workers` workers, one per GPU, as a layout spread evenly; a
+        rate per GPU-hour has no shape and holds any layout."""
+        return self.per_gpu or math.ceil(workers / nodes) <= self.gpus
+
     def __post_init__(self) -> None:
         if self.network_gbps is None:
             m = re.search(r"([\d.]+)\s*(?:gbps|gigabit)", (self.network or "").lower())

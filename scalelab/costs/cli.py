@@ -27,6 +27,7 @@ from scalelab.core.checks import NON_NEGATIVE, POSITIVE, InputFile, Number, Outp
 from scalelab.core.errors import DataError, SpecError
 from scalelab.core.records import load_run
 from scalelab.core.runids import RunDir
+from scalelab.core.spec import MAX_GPUS
 from scalelab.core.terminal import break_name, duration_text, make_console
 from scalelab.costs.billing import Mix, instances_for, run_cost
 from scalelab.costs.catalog import DEFAULT_REGION, MARKETS, Catalog, CatalogError, load_catalog, parse_interruptions, refresh
@@ -461,8 +462,6 @@ def _parse_workers(text: str | None) -> list[int]:
         raise SpecError(f"--predict-workers takes whole numbers separated by commas, e.g. 5,6,7,8; got {text!r}") from None
     if any(w < 1 for w in out):
         raise SpecError(f"--predict-workers must be positive, got {text!r}")
-    from scalelab.costs.tables import MAX_GPUS  # pandas: loaded by the command, not by --help
-
     if any(w > MAX_GPUS for w in out):
         raise SpecError(f"--predict-workers {max(out):,} is more GPUs than any cluster has; give counts up to "
                         f"{MAX_GPUS:,}")
@@ -611,9 +610,9 @@ def _unholdable(measured: pd.DataFrame, inst, path: str) -> list[str]:
     named after a one-GPU type are the same case, so it is said, not refused."""
     if "instance_type" in measured.columns:  # rows that name their own type were measured on it, not on TYPE
         measured = measured[measured["instance_type"].isna() | (measured["instance_type"] == inst.name)]
-    nodes = measured["nodes"] if "nodes" in measured.columns else 1
-    over = measured[(measured["workers"] / nodes).apply(math.ceil) > inst.gpus]
-    if not len(over) or inst.per_gpu:
+    nodes = measured["nodes"] if "nodes" in measured.columns else pd.Series(1, index=measured.index)
+    over = measured[[not inst.holds(int(w), int(n)) for w, n in zip(measured["workers"], nodes)]]
+    if not len(over):
         return []
     r = over.iloc[0]
     return [f"--measured-on {inst.name} has {inst.gpus} GPU(s) per instance, but {Path(path).name} ran "
@@ -643,9 +642,9 @@ def _table_type(measured: pd.DataFrame, catalog: Catalog, said: list[str]) -> st
 def _one_job(measured: pd.DataFrame, said: list[str]) -> float | None:
     """--work of a table of whole jobs' times (time_s, the same job on every layout): one job, which is what its
     throughput (1 / time_s) counts; None for any other table."""
-    if "time_s" not in measured.columns or "work_scaling" not in measured.columns:
-        return None
-    if not (measured["work_scaling"] == "fixed").all():
+    from scalelab.costs.tables import whole_jobs
+
+    if not whole_jobs(measured):
         return None
     said.append("work: one job, the one each row's time_s measures (give --work to price another amount)")
     return 1.0
@@ -745,8 +744,9 @@ def plan_unit(m: Measurements) -> str:
     from scalelab.analysis.report import throughput_header
 
     if m.table is None or not len(m.table):
-        timed = "time_s" in m.measured.columns and "work_scaling" in m.measured.columns
-        return "jobs/s: 1 / time_s" if timed and (m.measured["work_scaling"] == "fixed").all() else "a table's own unit"
+        from scalelab.costs.tables import whole_jobs
+
+        return "jobs/s: 1 / time_s" if len(m.measured) and whole_jobs(m.measured) else "a table's own unit"
     header = throughput_header(m.table)
     return "items/s, each series its own unit" if header == "items/s" else header
 

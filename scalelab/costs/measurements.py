@@ -60,28 +60,26 @@ def measured_from_runs(paths: list[Path], measured_on: str | None = None, every_
     `instance_type` column (what the step-time model of `plan --predict` reads per row)."""
     by_type: dict[str | None, list] = {}
     run_types: dict[int, str | None] = {}  # id(summary) -> its run's instance_type option
-    curves, precisions, memory = {}, [], {}
-    loaded = []
+    curves, memory = {}, {}
+    specs, summaries, loss_curves = [], [], []  # the runs' parts kept, not their records: a sweep's can be millions
     for run_dir in expand_run_dirs(paths):
         run = load_run(run_dir)
         st = None if run.steps.empty else step_table(run.steps)  # once: the summary and the loss curve read it
-        loaded.append((run, st, summarize_loaded(run, st)))
+        specs.append(run.spec)
+        summaries.append(summarize_loaded(run, st))
+        loss_curves.append(_loss_curve(st))
     # runs that differ in a setting but the layout (--prefetch 0 beside 2) are series apart, as in reports; not
     # in the backend: where runs ran is their instance type's to say here (the measured type and the probes)
-    labelled = label_series([s for _, _, s in loaded], [_any_backend(run.spec) for run, _, _ in loaded])
-    for (run, st, _), s in zip(loaded, labelled):
-        if not run.spec.own_code:  # a --script's model is unknown to the memory model: its plans are not checked
-            memory[s.label] = memory_model(run.spec)
-        itype = (run.spec.backend_options or {}).get("instance_type")
+    for spec, s, curve in zip(specs, label_series(summaries, specs, frozenset({"backend"})), loss_curves):
+        if not spec.own_code:  # a --script's model is unknown to the memory model: its plans are not checked
+            memory[s.label] = memory_model(spec)
+        itype = (spec.backend_options or {}).get("instance_type")
         run_types[id(s)] = itype
         types = {t for _, t in Mix.parse(itype).items} if itype else set()  # a mix: measured on several
         by_type.setdefault(types.pop() if len(types) == 1 else ("mix" if types else None), []).append(s)
-        precisions.append(s.precision or "fp32")
-        if st is not None and len(st) and st["time"].notna().any():
-            # a million step records: plot at most ~2000 points per layout
-            every = max(1, len(st) // 2000)
-            curves[f"{s.label} {s.nodes}x{s.gpus_per_node}"] = pd.DataFrame(
-                {"seconds": st["time"] - st["time"].min(), "loss": st["loss"]}).iloc[::every]
+        if curve is not None:
+            curves[f"{s.label} {s.nodes}x{s.gpus_per_node}"] = curve
+    precisions = [s.precision or "fp32" for group in by_type.values() for s in group]
     base, probes = _base_and_probes(by_type, measured_on)
     summaries = by_type[base] if probes and not every_type else [s for group in by_type.values() for s in group]
     types = [{"instance_type": run_types[id(s)]} for s in summaries] if every_type else None
@@ -101,13 +99,12 @@ def measured_from_runs(paths: list[Path], measured_on: str | None = None, every_
                         max(set(precisions), key=precisions.count) if precisions else "fp32", memory)
 
 
-def _any_backend(spec):
-    """`spec` with its backend left out of its series' settings (a copy: the run's own is kept)."""
-    import copy
-
-    out = copy.copy(spec)
-    out.backend = "local"
-    return out
+def _loss_curve(st: pd.DataFrame | None) -> pd.DataFrame | None:
+    """A run's loss against seconds for the HTML report, at most ~2000 points (a million step records)."""
+    if st is None or not len(st) or not st["time"].notna().any():
+        return None
+    every = max(1, len(st) // 2000)
+    return pd.DataFrame({"seconds": st["time"] - st["time"].min(), "loss": st["loss"]}).iloc[::every]
 
 
 def _spread(table: pd.DataFrame) -> pd.Series:

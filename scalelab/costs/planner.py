@@ -593,8 +593,8 @@ def _placements(request: PlanRequest, cand: Candidate, fit: FittedSeries,
     chosen: dict[tuple[int, int], tuple[pd.Series, int, int, bool]] = {}
     for _, st in steps.iterrows():
         w, n = int(st["workers"]), int(st["nodes"])
-        measured = pd.notna(st["measured_throughput"]) and _measured_on(on, w, n, cand, request)
-        if measured and (cand.instance.per_gpu or math.ceil(w / n) <= cand.gpus):
+        measured = pd.notna(st["measured_throughput"]) and _measured_on(on, w, n, cand)
+        if measured and cand.instance.holds(w, n):
             key = (w, n)
             count = cand.instances_for(w) if cand.instance.per_gpu else n
             chosen[key] = (st, n, count, True)
@@ -625,8 +625,7 @@ def _measured_types(request: PlanRequest, fit: FittedSeries) -> dict[tuple[int, 
     return out
 
 
-def _measured_on(on: dict[tuple[int, int], set[str]] | None, workers: int, nodes: int, cand: Candidate,
-                 request: PlanRequest) -> bool:
+def _measured_on(on: dict[tuple[int, int], set[str]] | None, workers: int, nodes: int, cand: Candidate) -> bool:
     """Whether layout workers x nodes was measured on `cand`'s type: as the table's row says, or (a table that
     names no type) when `cand` is the measured type."""
     if on is None:

@@ -33,7 +33,7 @@ import pandas as pd
 from scalelab.analysis.scaling import scaling_table
 from scalelab.core.errors import DataError
 from scalelab.core.writes import check_input_file
-from scalelab.core.spec import BALANCE_MODES, BATCH_MODES, BATCH_SCALING, SCALING_AXES, batch_mode_of
+from scalelab.core.spec import BALANCE_MODES, BATCH_MODES, BATCH_SCALING, MAX_GPUS, SCALING_AXES, batch_mode_of
 
 __all__ = ["CsvError", "AXES", "read_scaling_csv", "with_throughput", "read_convergence_csv", "csv_kind",
            "read_cost_csv", "scaling_from_table"]
@@ -53,7 +53,6 @@ def _positive_int(x: str) -> int:
 #: a table's arithmetic (its `precision` column), what converting its speed to other GPUs goes by (costs.speed):
 #: fp16, bf16 and mixed are mixed precision on tensor cores; tf32 is fp32's class, as in the published ratios
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "mixed")
-MAX_GPUS = 1_000_000  # more GPUs (or nodes) than any cluster has: a larger count is a typo, not a layout
 
 
 def _gpu_count(x: str) -> int:
@@ -206,6 +205,12 @@ def read_scaling_csv(path: str | Path) -> pd.DataFrame:
         raise CsvError(f"{path}:{int(missing['_line'].iloc[0])}: column {metric!r} is empty")
     _refuse_two_values_for_one_layout(path, df)
     return df
+
+
+def whole_jobs(table: pd.DataFrame) -> bool:
+    """Whether a table's throughput counts whole jobs: timed (`time_s`), the same job on every layout
+    (`with_throughput`'s 1 / time_s), so one job is its work."""
+    return "time_s" in table.columns and bool((table["work_scaling"] == "fixed").all())
 
 
 def with_throughput(table: pd.DataFrame) -> pd.DataFrame:
