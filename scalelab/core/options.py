@@ -398,7 +398,7 @@ def _flag(f: dataclasses.Field, hint: Any, decl: str, prefix: str) -> Flag:
     """The Flag of one field: its kind from the type hint, choices from a `one_of` check."""
     if typing.get_origin(hint) in (typing.Union, types.UnionType):  # `X | None`: X (not list[X]'s X: a list
         hint = next(a for a in typing.get_args(hint) if a is not type(None))  # is repeatable, one item a flag)
-    multiple = typing.get_origin(hint) is list
+    multiple = typing.get_origin(hint) in (list, dict)  # an item a flag: `--toleration K:E` as `--sbatch-arg X`
     kind = typing.get_args(hint)[0] if multiple else hint
     if f.metadata.get("separator"):  # one flag, its items in one text: `--emulate-slowdown 1,2`
         multiple, kind = False, str

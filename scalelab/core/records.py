@@ -168,9 +168,7 @@ def rank_files(run_dir: Path) -> list[Path]:
         if not match:
             raise RecordError(f"{path} is not a rank's records file (rank-N.jsonl, N a number); move it out of "
                               f"{records}, then run the command again")
-        if not path.is_file() and not path.is_symlink():  # a link is refused, with its own message, where opened
-            raise RecordError(f"{path} is {what_it_is(path)}, not a records file; remove it (rank files are "
-                              "written by the ranks), then run the command again")
+        refuse_non_file(path)  # a link is refused, with its own message, where opened
         found.append((int(match[1]), path))
     return [path for _, path in sorted(found)]
 
@@ -179,7 +177,7 @@ def refuse_non_file(path: Path, what: str = "a records file", writer: str = "the
     """A RecordError naming `path` when it exists as something other than a file (a directory, a FIFO): one
     line for status, logs, report and resume instead of an IsADirectoryError (or a read that never ends). A
     link is left to `open_inside`, which refuses it with its own message."""
-    if (path.exists() or path.is_symlink()) and not path.is_file() and not path.is_symlink():
+    if path.exists() and not path.is_file() and not path.is_symlink():
         raise RecordError(f"{path} is {what_it_is(path)}, not {what}; remove it (it is written by {writer}), then "
                           "run the command again")
 

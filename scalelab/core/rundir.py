@@ -37,8 +37,10 @@ SUMMARY_FILE = "summary.json"
 RECORDS_DIR = "records"
 LOGS_DIR = "logs"
 CHECKPOINT_FILE = "checkpoint.pt"
+CHECKPOINT_DIR = "checkpoint"  # RUN_DIR/checkpoint/: a --script's own checkpoint files (scalelab.track)
 SWEEP_FILE = "sweep.json"  # a sweep directory: {"runs": [layout directory names, in sweep order], ...}
 STUDY_FILE = "study.json"  # a study directory: {"title": ..., "sweeps": [{"label": variant, "dir": sweep}, ...]}
+GEMM_FILE = "gemm.json"  # seed 003's GEMM study (launcher/study.py): no runs, its timings are its tables
 
 # ---- run states: every backend maps its own (Slurm's, Kubernetes', EC2's) onto these -------------
 PENDING = "PENDING"      # queued, instances booting, pods being scheduled
@@ -80,6 +82,10 @@ class RunPaths:
     @property
     def checkpoint(self) -> Path:
         return self.root / CHECKPOINT_FILE
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self.root / CHECKPOINT_DIR
 
     def rank_records(self, rank: int) -> Path:
         return self.records / f"rank-{rank}.jsonl"

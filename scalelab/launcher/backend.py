@@ -53,7 +53,6 @@ from scalelab.core.rundir import (
 )
 from scalelab.core.spec import BACKEND_NAMES, Spec, read_spec
 from scalelab.costs.fleet import Fleet
-from scalelab.train.track import CHECKPOINT_DIR
 
 # Set by a second stop signal while the launcher stops its runs (scalelab/launcher/runner.py): a
 # backend that waits for a checkpoint before it stops (aws: the leader saving to S3) stops waiting
@@ -479,25 +478,31 @@ def no_checkpoint_advice(run_dir: Path) -> str:
     """'no checkpoint was saved (...): ' and what starts the run again: a script's own `launch resume` (it keeps
     its own checkpoints, and its resume starts it over), a built-in trainer's new run of its spec (its resume
     refuses to train recorded steps a second time: `runner.refuse_restart`)."""
-    said = f"no checkpoint was saved ({checkpoint_absent(run_dir)}): "
-    try:
-        script = read_spec(run_dir).own_code
-    except (ScalelabError, OSError, ValueError):
-        script = True  # no readable spec: the resume decides
-    if script:
+    script = _own_code(run_dir)
+    said = f"no checkpoint was saved ({checkpoint_absent(run_dir, script)}): "
+    if script is not False:  # a script's, or no readable spec: the resume decides
         return said + f"`launch resume {run_dir}` starts it again with nothing to continue from"
     return said + f"start it again as a new run of its spec: `launch run --spec {RunPaths(Path(run_dir)).spec}`"
 
 
-def checkpoint_absent(run_dir: Path) -> str:
-    """Where the run's checkpoint would be, said as absent: a script's folder (`RUN/checkpoint/ is empty`), the
-    built-in trainer's file (`no RUN/checkpoint.pt`). Which: the run's spec, else whether the folder every script
-    run gets is there. Why: a trainer run was told its `checkpoint/` folder was empty; it has none."""
+def _own_code(run_dir: Path) -> bool | None:
+    """Whether the run ran a --script / --module, by its spec; None when its spec cannot be read."""
     try:
-        script = read_spec(run_dir).own_code
+        return read_spec(run_dir).own_code
     except (ScalelabError, OSError, ValueError):
-        script = (Path(run_dir) / CHECKPOINT_DIR).is_dir()
-    return f"{run_dir}/{CHECKPOINT_DIR}/ is empty" if script else f"no {RunPaths(Path(run_dir)).checkpoint}"
+        return None
+
+
+def checkpoint_absent(run_dir: Path, script: bool | None = None) -> str:
+    """Where the run's checkpoint would be, said as absent: a script's folder (`RUN/checkpoint/ is empty`), the
+    built-in trainer's file (`no RUN/checkpoint.pt`). Which: `script` (the run's spec's word, read here when not
+    given), else whether the folder every script run gets is there. Why: a trainer run was told its
+    `checkpoint/` folder was empty; it has none."""
+    paths = RunPaths(Path(run_dir))
+    script = _own_code(run_dir) if script is None else script
+    if script is None:
+        script = paths.checkpoint_dir.is_dir()
+    return f"{paths.checkpoint_dir}/ is empty" if script else f"no {paths.checkpoint}"
 
 
 def has_checkpoint(run_dir: Path) -> bool:
@@ -505,7 +510,7 @@ def has_checkpoint(run_dir: Path) -> bool:
     folder a script saves its own to (`track.checkpoint_dir`, made empty for every script run). Why: a
     line that promised "continues it from there" over an empty folder sent users to a resume from nothing."""
     paths = RunPaths(Path(run_dir))
-    folder = paths.root / CHECKPOINT_DIR
+    folder = paths.checkpoint_dir
     return paths.checkpoint.is_file() or (folder.is_dir() and any(folder.iterdir()))
 
 

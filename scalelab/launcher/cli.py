@@ -38,7 +38,7 @@ from scalelab.core.flags import (  # noqa: F401
 from scalelab.core.options import Flag, parse_pairs  # noqa: F401  (prep imports it here)
 from scalelab.core.presets import model_overrides
 from scalelab.core.runids import RunDir
-from scalelab.core.rundir import ACTIVE, discard_unlaunched, dryrun_dir, is_sweep, new_run_dir
+from scalelab.core.rundir import ACTIVE, GEMM_FILE, discard_unlaunched, dryrun_dir, is_sweep, new_run_dir
 from scalelab.core.spec import (
     BATCH_MODES,
     SCALING_AXES,
@@ -91,7 +91,7 @@ LAZY_HELP: dict[str, str] = {
 # Run directories of other kinds than training runs, told by a file they hold: file -> "module:function",
 # the function taking (paths, out, fmt) as `report_dirs` does.
 LAZY_REPORTS: dict[str, str] = {"prep.json": "scalelab.prep.report:report_dirs",
-                                 "gemm.json": "scalelab.launcher.study:report_gemm"}  # seed 003's GEMM study
+                                 GEMM_FILE: "scalelab.launcher.study:report_gemm"}  # seed 003's GEMM study
 # Sweep directories of a kind told by a file they hold: file -> "module:function" taking the directory,
 # called after `launch resume` has continued its runs.
 LAZY_RESUMED: dict[str, str] = {"probe.json": "scalelab.launcher.probe:show_probe"}
@@ -400,26 +400,8 @@ def _backend_flag(backend: str, flag: Flag):
         kwargs["default"] = None  # an on/off pair: None when neither is given
     else:
         kind = flag.kind if flag.kind in (str, int, float) else str
-        kwargs.update(type=kind, multiple=_repeatable(backend, flag), metavar=flag.metavar)
+        kwargs.update(type=kind, multiple=flag.multiple, metavar=flag.metavar)
     return click.option(flag.decl, f"bopt__{backend}__{flag.key}", **kwargs)
-
-
-def _repeatable(backend: str, flag: Flag) -> bool:
-    """Whether the option's field holds several items given one per flag: a list or a mapping without a
-    `separator`. Asked of the field's type because `Flag.multiple` reads `list[str]` as one str (its
-    unwrapping of `X | None` unwraps `list[X]` too), which made every repeatable backend flag keep its last."""
-    import dataclasses
-    import types
-    import typing
-
-    from scalelab.core.options import type_hints
-
-    options = options_type(backend)
-    field = next(f for f in dataclasses.fields(options) if f.name == flag.key)
-    hint = type_hints(options)[flag.key]
-    if typing.get_origin(hint) in (typing.Union, types.UnionType):  # `list[str] | None`: the list
-        hint = next(a for a in typing.get_args(hint) if a is not type(None))
-    return typing.get_origin(hint) in (list, dict) and not field.metadata.get("separator")
 
 
 def build_spec(params: dict[str, Any]) -> Spec:

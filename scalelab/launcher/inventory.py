@@ -20,6 +20,7 @@ from typing import Any
 from scalelab.core.errors import ScalelabError
 from scalelab.core.rundir import (
     ACTIVE,
+    GEMM_FILE,
     STUDY_FILE,
     SWEEP_FILE,
     RunPaths,
@@ -51,19 +52,14 @@ def kind_of(path: Path) -> str | None:
     return None
 
 
-GEMM_FILE = "gemm.json"  # seed 003's GEMM study (launcher/study.py): no runs, its timings are its tables
-
-
 def gemm_row(path: Path, now: float | None = None, backends: Backends | None = None) -> dict[str, Any]:
     """A GEMM study: COMPLETED once its gemm.json says so, else INCOMPLETE (still measuring, or stopped: its
     process is not recorded); on this machine's CPU; its age from that file. `launch report` reports it."""
-    import json
-
     try:
-        info = json.loads((path / GEMM_FILE).read_text())
-    except (OSError, ValueError):
+        info = read_json(path / GEMM_FILE, GEMM_FILE, dict)
+    except (ScalelabError, OSError):
         info = {}
-    complete = isinstance(info, dict) and info.get("complete") is True
+    complete = info.get("complete") is True
     return {**dict.fromkeys(COLUMNS), "name": path.name, "path": str(path.absolute()), "kind": "gemm",
             "backend": "local", "state": "COMPLETED" if complete else "INCOMPLETE",
             "age_s": (now or time.time()) - (path / GEMM_FILE).stat().st_mtime}

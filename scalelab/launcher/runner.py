@@ -347,17 +347,19 @@ def settle(backend: Backend, run_dir: Path) -> RunStatus:
     """The run's state now, as `launch status` shows it. A run that ended with no launcher following it
     (detached, or its launcher was killed) gets its end recorded here, and its summary if it completed."""
     status = backend.status(run_dir)
-    recorded = read_state(run_dir)
-    if status.state in TERMINAL and recorded.get("state") in TERMINAL:
+    if status.state not in TERMINAL:
+        return status
+    info = read_state(run_dir)
+    if info.get("state") in TERMINAL:
         # the launcher's judgement from the ranks' records (cancelled: rank 1 got SIGTERM), not the scheduler's
         # word for the same end (Slurm's FAILED for a job whose rank exited 143), which `launch status` showed
-        return RunStatus(recorded["state"], recorded.get("detail") or status.detail)
-    if status.state not in TERMINAL or recorded.get("state") in TERMINAL or owner_of(run_dir):
+        return RunStatus(info["state"], info.get("detail") or status.detail)
+    if owner_of(run_dir):
         return status
-    recorded = record_state(run_dir, status.state, status.detail)
-    if recorded == COMPLETED and not RunPaths(run_dir).summary.exists():
+    ended = record_state(run_dir, status.state, status.detail)
+    if ended == COMPLETED and not RunPaths(run_dir).summary.exists():
         write_summary(run_dir)
-    return RunStatus(recorded, read_state(run_dir).get("detail", ""))
+    return RunStatus(ended, read_state(run_dir).get("detail", ""))
 
 
 def failure(backend: Backend, run_dir: Path, status: RunStatus) -> ScalelabError:

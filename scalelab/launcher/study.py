@@ -26,7 +26,7 @@ from scalelab.core.checks import InputFile
 from scalelab.core.errors import SpecError
 from scalelab.core.flags import shared_flags
 from scalelab.core.records import load_run
-from scalelab.core.rundir import STUDY_FILE, new_run_dir, study_sweeps, write_json
+from scalelab.core.rundir import GEMM_FILE, STUDY_FILE, new_run_dir, study_sweeps, write_json
 from scalelab.core.spec import BACKEND_NAMES, MODE_AXES, Spec, read_yaml_mapping
 from scalelab.core.writes import refuse_links
 from scalelab.launcher.backend import get_backend
@@ -150,7 +150,6 @@ def _check_gemm(cfg: dict[str, Any], path: Path) -> None:
 
 #: The file a GEMM study directory holds (seed 003 runs no training: no spec, sweep or study.json): what
 #: ran, at which scale, whether it finished, and its advice. `report_gemm` is `launch report`'s for it.
-GEMM_FILE = "gemm.json"
 
 
 def scale_name(study: Study) -> str:

@@ -196,13 +196,14 @@ def resume_sweep(sweep_dir: Path, allow_changed: tuple[str, ...] = ()) -> Path:
     from scalelab.launcher.backend import get_backend
 
     layouts = sweep_runs(sweep_dir)
-    changes = [(run_dir, check_resume(run_dir, read_spec(run_dir).validate(stored=True), allow_changed))
-               for run_dir in layouts if run_state(run_dir) != COMPLETED]
+    unfinished = [(run_dir, read_spec(run_dir).validate(stored=True)) for run_dir in layouts
+                  if run_state(run_dir) != COMPLETED]
+    changes = [(run_dir, check_resume(run_dir, spec, allow_changed)) for run_dir, spec in unfinished]
     first = read_spec(layouts[0]).validate(stored=True)
     backend = get_backend(first.backend, first.backend_options)
     backend.validate(first)
-    for run_dir, _ in changes:  # a layout with steps but no checkpoint would train them again: refused first
-        refuse_restart(backend, run_dir, read_spec(run_dir).validate(stored=True))
+    for run_dir, spec in unfinished:  # a layout with steps but no checkpoint would train them again: refused first
+        refuse_restart(backend, run_dir, spec)
     for run_dir, changed in changes:
         if changed:
             record_changes(run_dir, changed)

@@ -34,8 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from scalelab.core.errors import ScalelabError
+from scalelab.core.rundir import CHECKPOINT_DIR  # RUN_DIR/checkpoint/: the script's own checkpoint files
 
-CHECKPOINT_DIR = "checkpoint"  # RUN_DIR/checkpoint/: the script's own checkpoint files
 # Test aid, read by the built-in trainer (scalelab/train/loop.py) as well: STEP[:RANK]: wait after that step for
 # a stop signal, so that a signal sent once the records show the step lands on it, however fast the steps are
 HOLD_AT_STEP_ENV = "SCALELAB_HOLD_AT_STEP"
