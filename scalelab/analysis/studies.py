@@ -151,14 +151,18 @@ def speedup_note(data: StudyRuns) -> str:
     report does not do."""
     rows = data.rows
     fewest = rows["workers"].min()
-    alone = [str(label) for label, grp in rows.groupby("label", sort=False) if grp["workers"].min() != fewest]
+    groups = [(str(label), grp) for label, grp in rows.groupby("label", sort=False) if grp["workers"].min() != fewest]
     text = (f"Speed-up base: the run each speed-up (words/s over words/s) is measured against: the variant's own "
             f"run at {fewest} worker(s), else the study's baseline, {data.baseline}, as the seed compares every "
             "configuration with its one-GPU run.")
-    if not alone:
+    single = [label for label, grp in groups if grp[["nodes", "gpus_per_node"]].drop_duplicates().shape[0] == 1]
+    several = [label for label, _ in groups if label not in single]
+    said = ([f"{', '.join(several)} read(s) 1.00 at its smallest layout there"] if several else []) + \
+           ([f"{', '.join(single)}, of one layout, show(s) none there"] if single else [])
+    if not said:
         return text
-    return (text + f" report.md's speedup column measures each variant against its own smallest layout instead, "
-            f"so {', '.join(alone)} read(s) 1.00 there.")
+    return (text + " report.md's speedup column measures each variant against its own smallest layout instead, "
+            f"so {'; '.join(said)}.")
 
 
 def seed_table(name: str, data: StudyRuns, epochs_shown: int = 3) -> pd.DataFrame:
