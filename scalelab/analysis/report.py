@@ -295,19 +295,29 @@ def terminal_frame(df: pd.DataFrame, title: str) -> tuple[pd.DataFrame, str]:
     return df, f"{title}: {' '.join(common)}"
 
 
+def fitting(headers: Sequence[str], cells: Sequence[Sequence[str]], text: Sequence[bool], droppable: Sequence[str],
+            width: int) -> list[int]:
+    """Indices of the columns (`headers`, each column's `cells`, whether it is `text` that wraps) a boxed table
+    keeps to fit `width`: those named in `droppable` left out, least needed first, until it fits (the scaling
+    report's and the prep report's rule)."""
+    keep = list(range(len(headers)))
+
+    def needed(cols: list[int]) -> int:
+        return sum(_min_width(headers[i], list(cells[i]), text[i]) + 3 for i in cols) + 1
+
+    for name in droppable:
+        if needed(keep) <= width:
+            break
+        keep = [i for i in keep if headers[i] != name]
+    return keep
+
+
 def fitting_columns(df: pd.DataFrame, width: int = TABLE_WIDTH) -> list[tuple[str, Callable[[pd.Series], str], bool]]:
     """The table's columns, the droppable ones left out (least needed first) until it fits `width`."""
     cols = _terminal_columns(df)
-
-    def needed(cols: list) -> int:
-        return sum(_min_width(h, [fmt(r) for _, r in df.iterrows()], not right and i == 0) + 3
-                   for i, (h, fmt, right) in enumerate(cols)) + 1
-
-    for name in _DROPPABLE:
-        if needed(cols) <= width:
-            break
-        cols = [c for c in cols if c[0] != name]
-    return cols
+    cells = [[fmt(r) for _, r in df.iterrows()] for _, fmt, _ in cols]
+    text = [not right and i == 0 for i, (_, _, right) in enumerate(cols)]
+    return [cols[i] for i in fitting([h for h, _, _ in cols], cells, text, _DROPPABLE, width)]
 
 
 def render_table(df: pd.DataFrame, title: str = "Scaling", width: int | None = None) -> Table:

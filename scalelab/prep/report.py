@@ -20,7 +20,7 @@ import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
-from scalelab.analysis.report import markdown_table
+from scalelab.analysis.report import _min_width, fitting, markdown_table
 from scalelab.analysis.scaling import scaling_table
 from scalelab.core.errors import RecordError
 from scalelab.core.rundir import write_json
@@ -117,26 +117,11 @@ DROPPABLE = ("growth MB", "start-up s", "MB", "lines/s/worker", "mode", "lines",
 MORE = "more columns in report.md and report.json"
 
 
-def _min_width(header: str, cells: list[str], text: bool = False) -> int:
-    """A column never narrower than its longest cell (numbers do not break) or its longest header
-    word; the `text` column (the label) only than its longest word: it wraps between words."""
-    if text:
-        return max(len(w) for w in [*header.split(), *(w for c in cells for w in c.split()), ""])
-    return max([len(w) for w in header.split()] + [len(c) for c in cells])
-
-
 def fitting_columns(rows: list[list[str]], width: int) -> list[int]:
-    """Indices of COLUMNS to show: the droppable ones left out, least needed first, until `width` fits."""
-    keep = list(range(len(COLUMNS)))
-
-    def needed(cols: list[int]) -> int:
-        return sum(_min_width(COLUMNS[i][0], [r[i] for r in rows], COLUMNS[i][1] == "label") + 3 for i in cols) + 1
-
-    for name in DROPPABLE:
-        if needed(keep) <= width:
-            break
-        keep = [i for i in keep if COLUMNS[i][0] != name]
-    return keep
+    """Indices of COLUMNS to show: the droppable ones left out, least needed first, until `width` fits
+    (the training report's rule, `analysis.report.fitting`)."""
+    return fitting([h for h, _, _ in COLUMNS], [[r[i] for r in rows] for i in range(len(COLUMNS))],
+                   [key == "label" for _, key, _ in COLUMNS], DROPPABLE, width)
 
 
 def print_table(df: pd.DataFrame, console: Console) -> None:
