@@ -94,15 +94,14 @@ def start_records(run_dir: Path, spec: Spec, rank: int, world: int) -> tuple[Rec
     return out, last, elapsed
 
 
-def install_stop(launcher: str | None, run_dir: Path | None = None, rank: int = 0) -> None:
+def install_stop(launcher: str | None, run_dir: Path, rank: int) -> None:
     """SIGTERM/SIGUSR1/SIGINT: `track.should_stop()` turns True, or, for a script that never asks, it ends (143).
     Either way the rank leaves its stop note in `run_dir` first (`note_stop`: its peers read it at their end).
     The launcher watch sends this process SIGTERM when the launcher is gone."""
 
     def on_signal(signum: int, frame: object) -> None:
         asked = track._stopped(signum)
-        if run_dir is not None:
-            note_stop(run_dir, rank, signum)
+        note_stop(run_dir, rank, signum)
         if not asked:
             raise SystemExit(INTERRUPTED)
 
