@@ -68,7 +68,9 @@ def test_cancel_of_a_slurm_script_run_reaches_should_stop(slurm_cluster, tmp_pat
     finally:
         proc.kill()
     stopped = [r for rank in (0, 1) for r in rank_records(run_dir, rank) if r.get("event") == "interrupted"]
-    assert stopped and stopped[0]["signal"] == 15
+    # every rank interrupted; at least one by the cancel's SIGTERM itself: a rank whose script left through the
+    # stop agreement before its own signal arrived records signal null (docs/records.md), rank 0 at times
+    assert len(stopped) == 2 and 15 in {e["signal"] for e in stopped}, stopped
     assert (run_dir / "checkpoint" / "model.pt").is_file()
     job = json.loads((run_dir / "launch.json").read_text())["job_id"]
     assert not subprocess.run(["squeue", "-h", "-j", job], capture_output=True, text=True).stdout.strip()

@@ -610,7 +610,7 @@ def _unholdable(measured: pd.DataFrame, inst, path: str) -> list[str]:
     named after a one-GPU type are the same case, so it is said, not refused."""
     if "instance_type" in measured.columns:  # rows that name their own type were measured on it, not on TYPE
         measured = measured[measured["instance_type"].isna() | (measured["instance_type"] == inst.name)]
-    nodes = measured["nodes"] if "nodes" in measured.columns else pd.Series(1, index=measured.index)
+    nodes = measured["nodes"] if "nodes" in measured.columns else [1] * len(measured)  # no pandas here: --help
     over = measured[[not inst.holds(int(w), int(n)) for w, n in zip(measured["workers"], nodes)]]
     if not len(over):
         return []
