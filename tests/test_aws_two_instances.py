@@ -204,6 +204,7 @@ def test_a_cancel_stops_both_instances_ranks_at_one_step_with_a_checkpoint(cloud
     ec2, s3 = cloud["ec2"], cloud["s3"]
     be, run_dir, launcher, outcome = launch_two(cloud, wheel, tmp_path, engine, "cancel")
     cancelled: dict = {}
+    returned = threading.Event()
 
     def cancel() -> None:
         try:
@@ -211,8 +212,14 @@ def test_a_cancel_stops_both_instances_ranks_at_one_step_with_a_checkpoint(cloud
             cancelled["done"] = True
         except BaseException as exc:  # noqa: BLE001 - reported by the main thread
             cancelled["error"] = exc
+        finally:
+            returned.set()
 
     said = played_to_the_end(cloud, tmp_path, be, run_dir, launcher, at_the_hold=cancel)
+    # The instances end once the leader has put its final status; the cancel (in its own thread) sees that a
+    # poll later, then pulls and tears down: the launcher's follow loop may end first (a CI run read
+    # `cancelled` while the cancel was still pulling). The cancel returns within its graces, or it hung.
+    assert returned.wait(timeout=240), "the cancel did not return within interruption_grace_s + end_grace_s"
     assert cancelled == {"done": True}, cancelled
     assert "error" not in outcome and "status" in outcome, outcome  # the launcher ended
     assert outcome["status"].state == "CANCELLED", (outcome["status"].detail, said)
