@@ -14,9 +14,11 @@ working on the per-GPU rate p(N) = T(N)/N:
 
 - **naive**: the last measured per-GPU rate carried forward, p(N) = p(ck);
 - **decay** and **half-decay**: the per-GPU rate keeps losing, per doubling of the GPUs, what it
-  lost per doubling between the last two fitted counts (half of that for half-decay): p(N) =
-  p(ck) · exp(λ · g · log2(N/ck)), g = log(p(ck)/p(ck−1)) / log2(ck/ck−1) clipped at 0, λ = 1 or 1/2.
-  Unclipped, this is the naive *trend* rule that every figure is compared with (`trend_rule`);
+  lost per doubling over the last fitted doubling (half of that for half-decay): p(N) =
+  p(ck) · exp(λ · g · log2(N/ck)), g = log(p(ck)/p(cj)) / log2(ck/cj) clipped at 0, λ = 1 or 1/2, cj the
+  fitted count nearest ck/2, 1 GPU only when no other (`_base`: in a dense table the last step alone is
+  mostly noise). With cj = ck−1 and unclipped, this is the naive *trend* rule that every figure is compared
+  with (`trend_rule`);
 - **ernest**, **comm**, **ps**: the NNLS models of scalelab/costs/fitting.py (comm and ps see nodes:
   crossing a node boundary is what their inter-node term prices);
 - **blends**: the geometric mean of two of the above (`decay+comm`, `decay+ps`, `decay+half-decay`):
@@ -202,14 +204,36 @@ def _last_loss(rate: pd.Series) -> float:
     return math.log(rate.iloc[-1] / rate.iloc[-2]) / math.log2(rate.index[-1] / rate.index[-2])
 
 
+def _base(rate: pd.Series) -> int:
+    """Where the decay's recent loss is measured from: the fitted count nearest (in doublings) to half
+    the last, not the 1-GPU count while another one is fitted (1 -> 2 GPUs adds the whole exchange, a
+    loss that later doublings do not repeat). Why not the last step: in a dense table (1, 2, ..., 8 GPUs)
+    the last step is a fifth of a doubling, where a measurement's noise is the whole of it; seed 001's
+    7 -> 8 GPU uptick (+2.5 % per GPU) made every decay model carry no loss at all, and 16-64 GPUs came
+    out linear from 8 after 1 -> 8 had lost 31 % per GPU. With counts a doubling apart it is the last step."""
+    counts = rate.index.to_numpy(float)
+    allowed = [i for i in range(len(counts) - 1) if counts[i] > 1] or [0]
+    return min(allowed, key=lambda i: abs(math.log2(counts[-1] / counts[i]) - 1.0))
+
+
+def _recent_loss(rate: pd.Series, since: int | None = None) -> float:
+    """log of the per-GPU rate's change per doubling over the last fitted doubling (`_base`), or from
+    fitted count number `since` (< 0: a loss)."""
+    i = _base(rate) if since is None else since
+    return math.log(rate.iloc[-1] / rate.iloc[i]) / math.log2(rate.index[-1] / rate.index[i])
+
+
 def _node_loss(fitted: pd.DataFrame, rate: pd.Series) -> float:
     """The decay's loss per doubling, unless the last fitted step is the first to cross onto several
     nodes: that step pays the network once (a ring's bytes per GPU barely grow with more nodes), so
-    it is not carried forward."""
+    it is not carried forward; a crossing inside the last doubling (8 GPUs on one node, then 12 and 16
+    on two) is not either: the loss is measured from the first count on several nodes."""
     nodes = fitted.groupby("workers")["nodes"].max().sort_index() if "nodes" in fitted.columns else None
-    if nodes is not None and nodes.iloc[-1] > 1 and nodes.iloc[-2] <= 1:
+    if nodes is None or nodes.iloc[-1] <= 1 or nodes.iloc[_base(rate)] > 1:
+        return min(0.0, _recent_loss(rate))
+    if nodes.iloc[-2] <= 1:
         return 0.0
-    return min(0.0, _last_loss(rate))
+    return min(0.0, _recent_loss(rate, since=int(np.flatnonzero(nodes.to_numpy(float) > 1)[0])))
 
 
 def fit_models(fitted: pd.DataFrame, link: LinkModel | None = None) -> dict[str, ScalingModel]:
@@ -239,7 +263,7 @@ def candidate_predictions(fitted: pd.DataFrame, workers: Sequence[float], nodes:
     rate = _per_gpu(fitted)
     ck, last = float(rate.index[-1]), float(rate.iloc[-1])
     d = np.log2(np.maximum(w / ck, 1.0))
-    g = min(0.0, _last_loss(rate))
+    g = min(0.0, _recent_loss(rate))
     inside = _interpolated(rate, w)
     out = {"naive": np.where(w > ck, w * last, w * inside)}
     for name, lam in (("decay", 1.0), ("half-decay", 0.5)):
