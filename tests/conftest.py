@@ -6,7 +6,9 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Callable
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -35,14 +37,26 @@ def launch(*args: str, cwd: Path, env: dict | None = None, timeout: int = 300) -
     )
 
 
-def build_wheel(out: Path, timeout: int = 300) -> subprocess.CompletedProcess:
-    """`pip wheel` of this project into `out`. pip builds in the source tree (ROOT/build), so xdist workers
-    building at once would collide: one build at a time, under a lock file."""
-    import fcntl
-    import tempfile
+# Fixed when conftest is imported (at collection), so a test that points TMPDIR elsewhere still takes the
+# same lock as every other worker.
+WHEEL_LOCK = Path(tempfile.gettempdir()) / "scalelab-test-wheel.lock"
 
-    with open(Path(tempfile.gettempdir()) / "scalelab-test-wheel.lock", "w") as lock:
+
+@contextmanager
+def wheel_build_lock() -> Iterator[None]:
+    """Held while anything runs `pip wheel` of this checkout: pip builds in the source tree (ROOT/build),
+    so xdist workers building at once would collide. build_wheel takes it, and so must a test whose
+    launch builds the wheel itself (the AWS backend with wheel="")."""
+    import fcntl
+
+    with open(WHEEL_LOCK, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def build_wheel(out: Path, timeout: int = 300) -> subprocess.CompletedProcess:
+    """`pip wheel` of this project into `out`, one build at a time (wheel_build_lock)."""
+    with wheel_build_lock():
         return subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
                                "-w", str(out), str(ROOT)], capture_output=True, text=True, timeout=timeout)
 

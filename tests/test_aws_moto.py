@@ -20,7 +20,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import launch
+from conftest import launch, wheel_build_lock
 
 boto3 = pytest.importorskip("boto3", reason="boto3 is not installed: pip install boto3")
 pytest.importorskip("moto.server", reason='moto server is not installed: pip install "moto[server]"')
@@ -814,7 +814,8 @@ def test_a_launch_leaves_no_wheel_directory(cloud, tmp_path, monkeypatch):
     be = backend(cloud, wheel="")
     run_dir = run_dir_for(tmp_path)
     try:
-        submit(be, make_spec(), run_dir)
+        with wheel_build_lock():  # its `pip wheel` builds in the source tree, as build_wheel's does
+            submit(be, make_spec(), run_dir)
         key = f"scalelab/{run_dir.name}/package/scalelab-0.1.0-py3-none-any.whl"
         body = cloud["s3"].get_object(Bucket=cloud["bucket"], Key=key)["Body"].read()
         assert body[:2] == b"PK" and len(body) > 10_000  # the real wheel (a zip file) went up
