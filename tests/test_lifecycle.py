@@ -156,7 +156,9 @@ def test_cancel_finds_orphaned_ranks_kills_what_ignores_sigterm_and_says_what_it
     period and looks again; the run's processes are verified, never taken from `pids` alone."""
     from scalelab.launcher.runner import cancel
 
-    rank = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"
+    ready = tmp_path / "rank-ignores-sigterm"  # touched once SIG_IGN is installed, not merely once it has exec'd
+    rank = ("import pathlib, signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+            f"pathlib.Path({str(ready)!r}).touch(); time.sleep(60)")
     node = (f"import subprocess, sys; subprocess.Popen([sys.executable, '-c', {rank!r}, *sys.argv[1:]], "
             "start_new_session=True)")
     backend, run_dir = _local_run(tmp_path, node)
@@ -165,6 +167,9 @@ def test_cancel_finds_orphaned_ranks_kills_what_ignores_sigterm_and_says_what_it
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and (backend.poll(run_dir).state == "RUNNING" or not backend.busy(run_dir)):
         time.sleep(0.1)  # until the node has exited, leaving its rank behind
+    while time.monotonic() < deadline and not ready.exists():
+        time.sleep(0.1)  # a rank that has exec'd but not yet ignored SIGTERM would die of it, with another detail
+    assert ready.exists(), "the rank did not install its SIGTERM handler within 30 s"
     orphan = run_processes(run_dir, ("-m", "scalelab.train"))
     assert len(orphan) == 1 and orphan[0].ppid() != os.getpid()
     assert backend.status(run_dir).state == "RUNNING"  # found by its command line, not by `pids`

@@ -116,7 +116,10 @@ def test_launches_drawing_at_once_from_a_small_pool_never_share_a_port(tmp_path:
         "net.LISTEN_PORTS = range(int(sys.argv[1]), int(sys.argv[1]) + 40)\nnet.AVOIDED_PORTS = range(0)\n"
         "print(*[net.free_port(ephemeral=Path(sys.argv[2]), handed=Path(sys.argv[3])) for _ in range(5)])\n")
     (tmp_path / "range").write_text("60000 60999\n")
-    base = _forty_free(20000, 32700)
+    # Below net.LISTEN_PORTS (20000-32767), which every other worker's launches draw from (a port they took
+    # between this probe and the draw would make it skip one), and below the kernel's ephemeral range:
+    # nothing else takes a port here unless it names it.
+    base = _forty_free(10000, 19960)
     procs = [subprocess.Popen([sys.executable, str(script), str(base), str(tmp_path / "range"), str(tmp_path / "ledger")],
                               stdout=subprocess.PIPE, text=True) for _ in range(8)]
     drawn = [int(p) for proc in procs for p in proc.communicate(timeout=60)[0].split()]

@@ -181,9 +181,10 @@ def test_cancelled_run_resumes_exactly(tmp_path, engine, reference):
     fg = subprocess.Popen([sys.executable, "-m", "scalelab.launcher.cli", *args, "--runs-dir", str(runs)],
                           cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.time() + 120
+        deadline = time.time() + 240
         while time.time() < deadline and not _all_ranks_at(runs, _world(engine), 6):
             time.sleep(0.2)
+        assert _all_ranks_at(runs, _world(engine), 6), f"the ranks were not all at step 6 after 240 s (launch: {fg.poll()})"
         run = only_run_dir(runs)
         proc = launch("cancel", str(run), cwd=tmp_path)
         assert proc.returncode == 0 and "CANCELLED" in proc.stdout, proc.stderr
