@@ -338,6 +338,7 @@ def test_spot_replacement_resumes_to_the_same_losses(cloud, wheel, venv, tmp_pat
             said = finished(proc, work1)
         assert proc.returncode == 0, said
         launcher.join(timeout=120)
+        assert not launcher.is_alive(), f"the launcher's follow loop still runs 120 s after the instance's end: {outcome}"
     finally:
         meta.server.shutdown()
         if launcher.is_alive():

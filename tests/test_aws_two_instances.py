@@ -177,6 +177,7 @@ def played_to_the_end(cloud, tmp_path, be, run_dir: Path, launcher: threading.Th
     try:
         said = play_generation(cloud, tmp_path, run_dir, 0, at_the_hold=at_the_hold).said
         launcher.join(timeout=120)
+        assert not launcher.is_alive(), ("the launcher's follow loop still runs 120 s after the instances' end", said)
     finally:
         if launcher.is_alive():
             be.cancel(run_dir, grace_s=0)
@@ -253,6 +254,8 @@ def test_a_spot_notice_to_one_instance_replaces_both_and_the_run_resumes_exactly
             time.sleep(0.3)
         said1 = play_generation(cloud, tmp_path, run_dir, 1).said
         launcher.join(timeout=120)
+        assert not launcher.is_alive(), (f"the launcher's follow loop still runs 120 s after the instances' end: {outcome}",
+                                         said1)
     finally:
         if launcher.is_alive():
             be.cancel(run_dir, grace_s=0)
@@ -281,6 +284,7 @@ def test_a_signal_to_the_second_instances_rank_cancels_the_run_without_replaceme
     ec2 = cloud["ec2"]
     be, run_dir, launcher, outcome = launch_two(cloud, wheel, tmp_path, engine, "signal")
     signalled: dict = {}
+    returned = threading.Event()
 
     def signal_the_rank() -> None:
         try:  # the second instance's folder is its SCALELAB_WORK: its rank's command line names that path
@@ -289,8 +293,13 @@ def test_a_signal_to_the_second_instances_rank_cancels_the_run_without_replaceme
             signalled["pid"] = rank.pid
         except BaseException as exc:  # noqa: BLE001 - reported by the main thread
             signalled["error"] = exc
+        finally:
+            returned.set()
 
     said = played_to_the_end(cloud, tmp_path, be, run_dir, launcher, at_the_hold=signal_the_rank)
+    # The generation ends only after the signal, but the thread records the pid after sending it: wait for
+    # it to return, as the cancel test above waits for its cancel, rather than read `signalled` while it runs.
+    assert returned.wait(timeout=60), ("the thread that signals the rank did not return", said)
     assert "pid" in signalled, signalled
     assert "error" not in outcome and "status" in outcome, outcome  # the launcher ended
     assert outcome["status"].state == "CANCELLED", (outcome["status"].detail, said)

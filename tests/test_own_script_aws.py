@@ -111,6 +111,7 @@ def test_script_on_two_instances_ships_starts_and_terminates(cloud, wheel, tmp_p
     try:
         gen = play_generation(cloud, tmp_path, run_dir, 0, hold_at="")  # no stop comes: no hold (track.step has it)
         launcher.join(timeout=120)
+        assert not launcher.is_alive(), f"the launcher's follow loop still runs 120 s after the instances' end: {outcome}"
     finally:
         if launcher.is_alive():
             be.cancel(run_dir, grace_s=0)
@@ -198,6 +199,8 @@ def test_a_spot_interruption_of_a_script_is_replaced_and_the_script_resumes(clou
         meta.instance_id, meta.records, work1 = second["InstanceId"], None, tmp_path / "node-gen1"
         said1 = finished(start_user_data(cloud, second["InstanceId"], work1, venv, meta), work1)
         launcher.join(timeout=120)
+        assert not launcher.is_alive(), (f"the launcher's follow loop still runs 120 s after the instance's end: {outcome}",
+                                         said1)
     finally:
         meta.server.shutdown()
         if launcher.is_alive():

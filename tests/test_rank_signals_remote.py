@@ -182,6 +182,7 @@ def test_aws_a_signal_to_one_rank_on_a_node_cancels_the_run_without_replacement(
             said = finished(proc, work0)
         assert proc.returncode == 0, said
         launcher.join(timeout=120)
+        assert not launcher.is_alive(), f"the launcher's follow loop still runs 120 s after the instance's end: {outcome}"
     finally:
         if launcher.is_alive():
             be.cancel(run_dir, grace_s=0)
@@ -208,6 +209,7 @@ def test_aws_a_signal_to_one_rank_on_a_node_cancels_the_run_without_replacement(
             said = finished(proc, work1)
         assert proc.returncode == 0, said
         launcher.join(timeout=120)
+        assert not launcher.is_alive(), f"the launcher's follow loop still runs 120 s after the instance's end: {outcome}"
     finally:
         meta.server.shutdown()
         if launcher.is_alive():
