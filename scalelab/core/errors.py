@@ -14,6 +14,14 @@ class ScalelabError(Exception):
     exit_code: int = 2
 
 
+class RunFailed(ScalelabError):
+    """A run that started and did not complete (failed, cancelled, lost). It exits 1, as torchrun and
+    `sbatch --wait` do for a failed job, where a wrong flag or file exits 2 before anything starts: a
+    script or a retry loop can tell "fix the command" from "the job failed"."""
+
+    exit_code: int = 1
+
+
 class SpecError(ScalelabError):
     """The experiment spec (YAML or flags) is invalid."""
 

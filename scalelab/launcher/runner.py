@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 
-from scalelab.core.errors import ScalelabError
+from scalelab.core.errors import RunFailed, ScalelabError
 from scalelab.core.lock import RunBusy, RunLock, owner_of
 from scalelab.core.records import rank_files, read_errors
 from scalelab.core.rundir import (
@@ -316,7 +316,7 @@ def follow(backend: Backend, spec: Spec, run_dir: Path, label: str | None = None
     with RunProgress(run_dir, spec.steps, label or run_dir.name, err_console, epochs=spec.epochs) as progress:
         status = wait(backend, run_dir, on_tick=progress.poll)
     if status.state == CANCELLED:
-        raise ScalelabError(cancelled_line(run_dir))
+        raise RunFailed(cancelled_line(run_dir))
     if status.state != COMPLETED:
         raise failure(backend, run_dir, status)
     return write_summary(run_dir)
@@ -363,15 +363,15 @@ def settle(backend: Backend, run_dir: Path) -> RunStatus:
 
 
 def failure(backend: Backend, run_dir: Path, status: RunStatus) -> ScalelabError:
-    """The error for a run that did not complete: its ranks' own words; else which rank stopped without
-    a word (killed); else the end of its logs."""
+    """The error for a run that did not complete (`RunFailed`, exit 1): its ranks' own words; else which
+    rank stopped without a word (killed); else the end of its logs."""
     since = read_state(run_dir).get("launched")
     errors = sorted(read_errors(run_dir, since=since), key=lambda rec: float(rec.get("time", 0)))
     # a rank's own error first: the errors of ranks whose collective failed because a peer was gone come
     # after the silence of a killed rank (issue #37: not torchrun's or horovodrun's dump, not the echo)
     said = _messages(rec for rec in errors if not rec.get("peer_lost"))
     if said:
-        return ScalelabError("; ".join(said) + f" (run directory {run_dir})" + resume_hint(run_dir))
+        return RunFailed("; ".join(said) + f" (run directory {run_dir})" + resume_hint(run_dir))
     full = full_note(run_dir)
     if full:  # its ranks could not write their error records either
         return WriteError(f"run {run_dir} {status.state.lower()} ({status.detail}): {full}; free space there, "
@@ -379,15 +379,15 @@ def failure(backend: Backend, run_dir: Path, status: RunStatus) -> ScalelabError
     ranks = rank_ends(run_dir, since)
     silent = silent_ranks(run_dir, ranks) if any(r.last_step for r in ranks) else None
     if silent:  # they trained, and one of them stopped without a word
-        return ScalelabError(f"run {run_dir} {status.state.lower()} ({status.detail}): {silent}")
+        return RunFailed(f"run {run_dir} {status.state.lower()} ({status.detail}): {silent}")
     if errors:  # only ranks that lost a peer said something
-        return ScalelabError("; ".join(_messages(errors)) + f" (run directory {run_dir})" + resume_hint(run_dir))
+        return RunFailed("; ".join(_messages(errors)) + f" (run directory {run_dir})" + resume_hint(run_dir))
     logs = backend.logs(run_dir)
     aborted = native_abort(logs)
     if aborted:  # a rank's C++ library gave up (Gloo's rendezvous, a CUDA error): its words, not the agent's dump
-        return ScalelabError(f"run {run_dir} {status.state.lower()} ({status.detail}): {aborted} (its full logs: "
+        return RunFailed(f"run {run_dir} {status.state.lower()} ({status.detail}): {aborted} (its full logs: "
                              f"`launch logs {run_dir}`)" + resume_hint(run_dir))
-    return ScalelabError(f"run {run_dir} {status.state.lower()} ({status.detail}); last lines of its logs:\n"
+    return RunFailed(f"run {run_dir} {status.state.lower()} ({status.detail}); last lines of its logs:\n"
                          + tail(logs, 25))
 
 

@@ -19,7 +19,9 @@ the script finds what it expects: `init_process_group()` reads RANK, WORLD_SIZE,
 5. records how it ended (`end` event: reason, exit status, wall time) and, for a failure, one `error`
    record the launcher shows as the run's one line (the traceback stays in the rank's log); a stop signal
    that arrives once the script has returned (torchrun stopping the ranks left after a peer exited 143) no
-   longer cuts that short.
+   longer cuts that short;
+6. runs the script's atexit handlers and flushes the files it left open (`end_as_python_would`), then
+   leaves without the interpreter's teardown, as the trainer does.
 
 No PyTorch is imported here: the script imports what it uses.
 """
@@ -99,7 +101,13 @@ def install_stop(launcher: str | None, run_dir: Path, rank: int) -> None:
     Either way the rank leaves its stop note in `run_dir` first (`note_stop`: its peers read it at their end).
     The launcher watch sends this process SIGTERM when the launcher is gone."""
 
+    me = os.getpid()
+
     def on_signal(signum: int, frame: object) -> None:
+        if os.getpid() != me:  # a process the script forked (a multiprocessing or DataLoader worker) inherited
+            signal.signal(signum, signal.SIG_DFL)  # this handler: the signal is its own, not a stop of the rank
+            os.kill(os.getpid(), signum)  # (it wrote the rank's stop note, and its peers left as interrupted)
+            return
         asked = track._stopped(signum)
         note_stop(run_dir, rank, signum)
         if not asked:
@@ -255,7 +263,43 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code
 
 
+AT_EXIT_S = 30.0  # the most the script's atexit handlers get (within the launcher's cancel grace)
+
+
+def end_as_python_would(limit_s: float = AT_EXIT_S) -> None:
+    """What the interpreter's exit does for a script, short of its teardown: the atexit handlers
+    (logging.shutdown, multiprocessing ending the daemonic children and joining the others, wandb's,
+    TensorBoard's, the script's own), then a flush of every file it left open. Why: exit_without_teardown
+    (os._exit) skipped both, so a script's unclosed metrics file came out empty, its atexit file never came,
+    and its daemon process outlived a COMPLETED run; torchrun's ranks run both. In a thread, at most
+    `limit_s`: a handler that waits on a peer already gone (a collective library's shutdown) must not hold
+    the rank; it is then left, as before."""
+    import atexit
+    import gc
+    import io
+
+    def run_them() -> None:
+        try:
+            atexit._run_exitfuncs()  # CPython's own: each handler's error is printed, the others still run
+        finally:
+            for obj in gc.get_objects():
+                try:
+                    if isinstance(obj, io.IOBase) and not obj.closed and obj.writable():
+                        obj.flush()
+                except Exception:  # noqa: BLE001 - a broken pipe, a closed fd under it: nothing to save there
+                    pass
+
+    worker = threading.Thread(target=run_them, name="scalelab-atexit", daemon=True)
+    worker.start()
+    worker.join(limit_s)
+    if worker.is_alive():
+        print(f"scalelab: the script's exit handlers did not finish within {limit_s:g} s; leaving without them",
+              file=sys.stderr)
+
+
 if __name__ == "__main__":
     from scalelab.train import exit_without_teardown
 
-    exit_without_teardown(main())  # as the trainer: no interpreter teardown under Gloo's or Horovod's threads
+    status = main()
+    end_as_python_would()
+    exit_without_teardown(status)  # as the trainer: no interpreter teardown under Gloo's or Horovod's threads
