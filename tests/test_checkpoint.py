@@ -52,7 +52,7 @@ def _as_cancelled(run):
 
 
 def _assert_one_line_error(proc, *phrases):
-    assert proc.returncode == 2, proc.stderr
+    assert proc.returncode == 1, proc.stderr
     assert "Traceback" not in proc.stderr and "Traceback" not in proc.stdout
     for phrase in phrases:
         assert phrase in proc.stderr, proc.stderr

@@ -1,4 +1,4 @@
-"""Bad input through the real `launch` command: one clear message, exit 2, no traceback, nothing left.
+"""Bad input through the real `launch` command: one clear message, exit 2 (1 where the ranks found it: the run started and failed), no traceback, nothing left.
 
 Each case is something a user actually types wrong; the assertions check the message names the
 problem and the fix, the exit code is non-zero, no Python traceback leaks, and no run directory full
@@ -16,8 +16,8 @@ import pytest
 from tests.conftest import launch, only_run_dir, read_jsonl
 
 
-def _assert_clean_error(proc: subprocess.CompletedProcess, *needles: str) -> None:
-    assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
+def _assert_clean_error(proc: subprocess.CompletedProcess, *needles: str, code: int = 2) -> None:
+    assert proc.returncode == code, (proc.returncode, proc.stdout, proc.stderr)
     assert "Traceback" not in proc.stderr and "Traceback" not in proc.stdout, proc.stderr
     for needle in needles:
         assert needle in proc.stderr, f"{needle!r} not in:\n{proc.stderr}"
@@ -123,7 +123,7 @@ def test_error_inside_the_ranks_reaches_the_user_as_one_line(tmp_path):
     proc = launch("--runs-dir", str(tmp_path / "runs"), "--model", "sentiment-tiny", "--data", "text",
                   "--train-src", str(bad), "--engine", "ddp", "--gpus-per-node", "2", "--steps", "2",
                   "--warmup-steps", "1", cwd=tmp_path)
-    _assert_clean_error(proc, "labelled.txt:2")
+    _assert_clean_error(proc, "labelled.txt:2", code=1)  # found by the ranks: the run failed
     assert "ChildFailedError" not in proc.stderr
     run = only_run_dir(tmp_path / "runs")
     info = json.loads((run / "launch.json").read_text())
@@ -152,7 +152,7 @@ def test_the_error_line_comes_from_the_error_records_not_the_logs(tmp_path):
     bad.write_text("1\tgood film\nno tab on this line\n" * 5)
     proc = launch("--runs-dir", str(tmp_path / "runs"), "--model", "sentiment-tiny", "--data", "text",
                   "--train-src", str(bad), "--engine", "single", "--steps", "2", "--warmup-steps", "1", cwd=tmp_path)
-    _assert_clean_error(proc, "labelled.txt:2")
+    _assert_clean_error(proc, "labelled.txt:2", code=1)  # found by the ranks: the run failed
     run = only_run_dir(tmp_path / "runs")
     logs = [Path(f) for f in json.loads((run / "launch.json").read_text())["log_files"]]
     for log in logs:

@@ -156,8 +156,10 @@ def test_a_task_needs_memory_for_its_piece_not_for_the_corpus(tmp_path: Path, mo
                     by_phase[r["phase"]] = max(by_phase.get(r["phase"], 0.0), r["alloc_peak_mb"])
             peaks.append(by_phase)
     print(f"peak allocations of a task (MB) per phase, corpus and corpus x 2: {peaks}")
-    for phase in ("scan", "merge", "encode"):  # the work per task; other threads of the worker add ~0.25 MB noise
-        assert peaks[1][phase] < 1.25 * peaks[0][phase] + 0.1, (phase, peaks)
+    # the work per task; other threads of the worker (Dask's heartbeats, its event loop) add up to ~0.25 MB noise
+    # under load (a full-suite run measured scan 0.58 -> 0.82 MB), where a task holding the corpus would double
+    for phase in ("scan", "merge", "encode"):
+        assert peaks[1][phase] < 1.25 * peaks[0][phase] + 0.3, (phase, peaks)
     assert max(peaks[1].values()) < 1.0
 
 
