@@ -1,0 +1,124 @@
+"""`launch plan` as a reviewer found it (2026-12 review of /tmp/review-plan): tables at 80 columns cut
+inside words and numbers, an error that led with an unrelated note, rows and values that cannot be
+measurements, a layout listed twice, JSON without the work it priced, and a two-count series told to
+measure a count between its two."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from rich.console import Console
+
+from conftest import launch
+from scalelab.core.terminal import cell_pieces, fold_cell, unbreakable_width
+from scalelab.costs.cli import _rich_table
+from scalelab.costs.tables import CsvError, read_scaling_csv
+
+SEED004 = str(Path(__file__).resolve().parents[1] / "scalelab/costs/data/seed004_money_speed.csv")
+
+K80 = ("label,workers,nodes,instance_type,throughput,precision\n"
+       "inception3_k80,1,1,p2.8xlarge,30.5,fp32\ninception3_k80,2,1,p2.8xlarge,57.8,fp32\n"
+       "inception3_k80,4,1,p2.8xlarge,116,fp32\ninception3_k80,8,1,p2.8xlarge,227,fp32\n")
+MULTINODE = ("label,workers,nodes,instance_type,throughput\nresnet101_horovod,1,1,p3.16xlarge,380\n"
+             "resnet101_horovod,8,1,p3.16xlarge,2900\nresnet101_horovod,16,2,p3.16xlarge,5500\n"
+             "resnet101_horovod,32,4,p3.16xlarge,10600\n")
+NEGATIVE = "label,workers,throughput\nps_bottleneck,1,100\nps_bottleneck,2,180\nps_bottleneck,4,260\nps_bottleneck,8,240\n"
+TWO_COUNTS = "label,workers,nodes,throughput\ntwo_pts,1,1,1000\ntwo_pts,4,1,3600\n"
+
+
+def _csv(tmp_path: Path, text: str, name: str = "t.csv") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def _no_prices(tmp_path: Path) -> dict[str, str]:
+    """The built-in catalog only: a prices file on the machine would price what the test needs unpriced."""
+    return {"SCALELAB_PRICES": str(tmp_path / "none.json"), "COLUMNS": "80"}
+
+
+def _tables(stdout: str) -> str:
+    """The plan's tables: from the first table title on (the prose above wraps at spaces, as prose does)."""
+    return stdout[stdout.index("Predicted"):]
+
+
+# ---- 1. 80 columns ------------------------------------------------------------------------------------
+
+
+def test_the_k80_spot_plan_fits_80_columns_with_every_cell_whole(tmp_path):
+    """Before: `on-dema / nd`, `measure / d`, `fastes / t`, `2*p2.8xla / rge`, `104.74 / h`. Now the box goes,
+    then the speed column (named under the table), and every cell stays on one line."""
+    r = launch("plan", "--from-csv", str(_csv(tmp_path, K80)), "--instance-types", "p2.xlarge,p2.8xlarge",
+               "--market", "both", "--interruptions-per-hour", "0.05", "--work", "1.15e7", "--budget", "150",
+               "--deadline-h", "24", "--predict-workers", "1,8,16", cwd=tmp_path, env=_no_prices(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert max(len(line) for line in r.stdout.splitlines()) <= 80
+    table = r.stdout[r.stdout.index("Candidates"):r.stdout.index("pick: cheapest")]
+    rows = [line for line in table.splitlines() if re.match(r"\s+\d+\s", line)]
+    assert len(rows) == 15  # one line per candidate: no cell went on in a second line
+    for line in rows:
+        assert re.match(r"\s+\d+\s+\d+\*p2\.(8x|x)large\s+(on-demand|spot)\s+[\d.]+ h\s+[\d.]+ h\s+[\d,.]+\s+[\d,.]+"
+                        r"(\s+(fastest|cheapest|both|frontier))?\s*$", line), line
+    assert "left out to fit 80 columns: speed" in table
+
+
+def test_a_multinode_plan_keeps_instance_types_whole_at_80_columns(tmp_path):
+    r = launch("plan", "--from-csv", str(_csv(tmp_path, MULTINODE)), "--instance-types", "p4d.24xlarge,p3.16xlarge",
+               "--market", "both", "--work", "1e9", cwd=tmp_path, env=_no_prices(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert max(len(line) for line in r.stdout.splitlines()) <= 80
+    tables = _tables(r.stdout)
+    for whole in ("8*p4d.24xlarge", "4*p4d.24xlarge", "8*p3.16xlarge", "17,894.74", "730.99 h"):
+        assert whole in tables, whole
+    assert "arge\n" not in tables.replace("xlarge\n", "")  # `4*p4d.24xl / arge` was split
+
+
+def test_predicted_layouts_fold_between_their_parts_at_80_columns(tmp_path):
+    """`8x1@1*p2.xlarge+7*g3.4xlarge:dynamic` went on as `...:d / ynamic` (layouts) and `...:dy / namic`
+    (candidates): now a layout folds after `@` or `+` and before `:dynamic`, never inside a type."""
+    r = launch("plan", "--from-csv", SEED004, "--predict",
+               "8x1@1*p2.xlarge+7*g3.4xlarge:dynamic,4x1@1*p2.xlarge+3*g3.4xlarge:dynamic,2x2@2*g3.16xlarge",
+               cwd=tmp_path, env=_no_prices(tmp_path))
+    assert r.returncode == 0, r.stderr
+    tables = _tables(r.stdout)
+    assert max(len(line) for line in tables.splitlines()) <= 80
+    assert tables.count(":dynamic") == 4 and "2*g3.16xlarge" in tables
+    for part, times in (("1*p2.xlarge+", 4), ("7*g3.4xlarge", 2), ("3*g3.4xlarge", 2)):
+        assert tables.count(part) == times, part
+
+
+def _rendered(table, width: int) -> str:
+    console = Console(width=width, record=True, file=open("/dev/null", "w"))
+    console.print(table)
+    return console.export_text()
+
+
+@pytest.mark.parametrize("width", [80, 100, 200])
+def test_no_cell_is_cut_inside_a_word_or_a_number(width):
+    """Any table `_rich_table` draws: each number whole on one line, each text cell whole or folded only
+    between its parts (`cell_pieces`)."""
+    df = pd.DataFrame({"series": ["resnet101-horovod-ethernet-p3dn", "a"], "workers": [64, 1],
+                       "instances": ["8x1@1*p2.xlarge+7*g3.4xlarge:dynamic", "16*p2.xlarge"],
+                       "market": ["on-demand", "spot"], "speed": ["published", "measured"],
+                       "time": [104.74, 7.19], "dollars": [17894.74, 103.56], "up to $": [18383.03, 116.44]})
+    fmt = {"workers": ".0f", "time": lambda h: f"{h:.2f} h", "dollars": ",.2f", "up to $": ",.2f"}
+    text = _rendered(_rich_table("", df, fmt, width=width, droppable=("speed",)), width)
+    assert max(len(line) for line in text.splitlines()) <= width
+    for number in ("104.74 h", "17,894.74", "18,383.03", "116.44"):
+        assert number in text
+    for i, col in enumerate(["series", "instances", "market"]):
+        for cell in df[col]:
+            assert all(p.strip() in text for p in cell_pieces(cell, hyphens=i == 0)), cell
+    assert "on-demand" in text  # a hyphen inside a value is no place to break
+
+
+def test_fold_cell_breaks_only_between_parts():
+    layout = "8x1@1*p2.xlarge+7*g3.4xlarge:dynamic"
+    assert unbreakable_width(layout) == len("1*p2.xlarge+")
+    assert fold_cell(layout, 16).split("\n") == ["8x1@1*p2.xlarge+", "7*g3.4xlarge", ":dynamic"]
+    assert fold_cell("on-demand", 3) == "on-demand"
+    assert fold_cell("run-2026-x", 4, hyphens=True).split("\n") == ["run-", "2026-", "x"]
