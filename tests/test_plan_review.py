@@ -122,3 +122,18 @@ def test_fold_cell_breaks_only_between_parts():
     assert fold_cell(layout, 16).split("\n") == ["8x1@1*p2.xlarge+", "7*g3.4xlarge", ":dynamic"]
     assert fold_cell("on-demand", 3) == "on-demand"
     assert fold_cell("run-2026-x", 4, hyphens=True).split("\n") == ["run-", "2026-", "x"]
+
+
+# ---- 2. the error when nothing is priced ----------------------------------------------------------
+
+
+def test_nothing_priced_is_an_error_with_its_cause_only(tmp_path):
+    """It led with the fit's notes ("series ps_bottleneck: throughput drops from 4 to 8 workers ...; at 8
+    workers the measurement ... lies outside ...; no spot price for p3.16xlarge ...")."""
+    r = launch("plan", "--from-csv", str(_csv(tmp_path, NEGATIVE)), "--measured-on", "p3.16xlarge",
+               "--instance-types", "p3.16xlarge", "--market", "spot", "--work", "1e10", "--deadline-h", "12",
+               cwd=tmp_path, env=_no_prices(tmp_path))
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    error = [line for line in r.stderr.splitlines() if line.startswith("launch: error:")]
+    assert len(error) == 1 and error[0].startswith("launch: error: no spot price for p3.16xlarge in us-east-1")
+    assert "series" not in r.stderr and "lies outside" not in r.stderr and "drops" not in r.stderr

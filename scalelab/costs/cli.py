@@ -652,11 +652,13 @@ def plan_cmd(run_dirs: tuple[str, ...], from_csv: str | None, predict_workers: s
         **_spot_kwargs(params)))
     result.notes[:0] = said
     if unpriced:
-        result.notes.append(f"the runs were measured on {measured_on!r}, which the catalog does not price: the "
-                            f"predictions are not priced; give --rate {measured_on}=USD/gpu-hour (and a rate for each "
-                            "probed type) with --instance-types to price them")
-    if len(result.candidates) == 0 and types and work is not None:
-        raise CatalogError("; ".join(result.notes) or "nothing could be priced")
+        why = (f"the runs were measured on {measured_on!r}, which the catalog does not price: the predictions are "
+               f"not priced; give --rate {measured_on}=USD/gpu-hour (and a rate for each probed type) with "
+               "--instance-types to price them")
+        result.notes.append(why)
+        result.unpriced.append(why)
+    if len(result.candidates) == 0 and types and work is not None:  # the cause alone, not the fit's notes
+        raise CatalogError("; ".join(result.unpriced) or "nothing could be priced")
     _refuse_unanswered_limits(result, deadline_h, budget_usd, asked, _source(from_csv))
     _show_plan(result, fmt, out, m)
 
@@ -741,7 +743,7 @@ def _refuse_unanswered_limits(result, deadline_h: float | None, budget_usd: floa
     if not asked:
         why.append("no instance type is priced (give --instance-types, e.g. g5.xlarge,g5.12xlarge; runs on a CPU "
                    "also need --measured-on TYPE or --speed GPU=FACTOR, or `launch probe` the types)")
-    why += [n for n in result.notes if "not priced" in n or "price" in n][:2]
+    why += result.unpriced[:2]
     raise SpecError(f"{' and '.join(given)} cannot be answered: " + "; ".join(why or result.notes or ["nothing was priced"]))
 
 
@@ -777,9 +779,8 @@ def _predict_layouts(run_dirs: tuple[str, ...], path: str | None, text: str, con
     result = plan(PlanRequest(measured, [], catalog, markets=markets, work=work, deadline_h=deadline_h,
                               budget_usd=budget_usd, region=params["region"], confidence=confidence,
                               layouts=layouts, source=_source(path), **_spot_kwargs(params)))
-    unpriced = [n for n in result.notes if ": not priced " in n]
-    if unpriced and not len(result.candidates):  # as the worker-count path: an error, not a table and a note
-        raise CatalogError("; ".join(unpriced))
+    if result.unpriced and not len(result.candidates):  # as the worker-count path: an error, not a table and a note
+        raise CatalogError("; ".join(result.unpriced))
     given = [flag for flag, v in (("--deadline-h", deadline_h), ("--budget", budget_usd)) if v is not None]
     if given and not len(result.candidates):
         raise SpecError(f"{' and '.join(given)} cannot be answered: no layout is priced ("

@@ -161,6 +161,9 @@ class Plan:
     convergence: dict[str, ConvergenceFit] = field(default_factory=dict)
     batch_predictions: pd.DataFrame = field(default_factory=pd.DataFrame)
     confidence: float = DEFAULT_CONFIDENCE
+    #: why a type, a market or a series got no price (each also a note): when nothing is priced, these and
+    #: only these are the error; the fit's notes (a measured drop, a third count to measure) answer nothing
+    unpriced: list[str] = field(default_factory=list)
 
     def rows(self) -> list[dict[str, Any]]:
         """One flat record per row for --format json and plan.json, each naming its `table`: the
@@ -188,12 +191,13 @@ def plan(request: PlanRequest) -> Plan:
                         "--predict-batch for the steps to the threshold")
     nxt = _two_count_next(fits, request.predict_workers) or next_measurement(predictions)
     _mark_next(predictions, nxt)
-    candidates, more = price(request, fits, predictions, convergence)
+    unpriced: list[str] = []
+    candidates, more = price(request, fits, predictions, convergence, unpriced)
     recommendations, last = recommend(candidates, request.deadline_h, request.budget_usd, request.confidence)
     if len(candidates):
         _mark_next(candidates, nxt)
     return Plan(fits, predictions, candidates, recommendations, nxt, notes + more + last, convergence, batches,
-                request.confidence)
+                request.confidence, unpriced)
 
 
 def _layout_table_hint(measured: pd.DataFrame) -> str:
@@ -228,11 +232,13 @@ def _plan_layouts(request: PlanRequest) -> Plan:
         notes.append("the table gives throughput, not the time of a fixed job: give --work (the job's work in the "
                      "table's unit) to price the layouts")
         return Plan({}, rows, pd.DataFrame(), {}, None, notes, {}, pd.DataFrame(), request.confidence)
+    unpriced: list[str] = []
     candidates = pd.DataFrame([row for layout, (_, r) in zip(request.layouts, rows.iterrows())
-                               for row in _layout_markets(request, layout, r, notes)])
+                               for row in _layout_markets(request, layout, r, notes, unpriced)])
     recommendations, more = recommend(candidates, request.deadline_h, request.budget_usd, request.confidence) \
         if len(candidates) else ({}, [])
-    return Plan({}, rows, candidates, recommendations, None, notes + more, {}, pd.DataFrame(), request.confidence)
+    return Plan({}, rows, candidates, recommendations, None, notes + more, {}, pd.DataFrame(), request.confidence,
+                unpriced)
 
 
 def _price_note(name: str, market: str, found: Any) -> str:
@@ -246,8 +252,10 @@ def _note_once(notes: list[str], line: str) -> None:
         notes.append(line)
 
 
-def _layout_markets(request: PlanRequest, layout: Layout, r: pd.Series, notes: list[str]) -> list[dict[str, Any]]:
-    """One candidate row per market of one named layout, dollars by the one rule (costs.billing.run_cost)."""
+def _layout_markets(request: PlanRequest, layout: Layout, r: pd.Series, notes: list[str],
+                    unpriced: list[str]) -> list[dict[str, Any]]:
+    """One candidate row per market of one named layout, dollars by the one rule (costs.billing.run_cost);
+    a market without a price is a note, and one of the plan's `unpriced` causes."""
     mix = Mix.parse(layout.instances, request.catalog, nodes=layout.nodes)
     out = []
     for market in request.markets:
@@ -257,6 +265,7 @@ def _layout_markets(request: PlanRequest, layout: Layout, r: pd.Series, notes: l
                     for k, col in (("point", "predicted_time_s"), ("low", "time_low_s"), ("high", "time_high_s"))}
         except CatalogError as exc:
             _note_once(notes, f"{layout.text}: not priced {market}: {exc}")
+            _note_once(unpriced, f"{layout.text}: not priced {market}: {exc}")
             continue
         for t in dict.fromkeys(layout.node_types):
             _note_once(notes, _price_note(t, market, request.catalog.price(t, market, request.region)))
@@ -479,15 +488,19 @@ class Candidate:
         return math.ceil(workers / self.gpus)
 
 
-def resolve_candidate(request: PlanRequest, name: str, notes: list[str]) -> Candidate | None:
+def resolve_candidate(request: PlanRequest, name: str, notes: list[str],
+                      unpriced: list[str] | None = None) -> Candidate | None:
     """`name` resolved once for pricing: shape, speed, link, prices, interruptions; None (with a note
     saying what to give) when its speed has no basis. A market without a price is left out of
-    `usd_per_hour` with the catalog's note (how to get that price)."""
+    `usd_per_hour` with the catalog's note (how to get that price). Each reason for no price also goes
+    to `unpriced` (`Plan.unpriced`)."""
     catalog = request.catalog
     inst = catalog.instance(name)
     speed = _speed_factor(request, inst)
+    why = unpriced if unpriced is not None else []
     if isinstance(speed, str):
-        notes.extend([speed] if speed not in notes else [])
+        _note_once(notes, speed)
+        _note_once(why, speed)
         return None
     if speed.note and speed.note not in notes:
         notes.append(speed.note)
@@ -496,7 +509,8 @@ def resolve_candidate(request: PlanRequest, name: str, notes: list[str]) -> Cand
         try:
             found = catalog.price(name, market, request.region)
         except CatalogError as exc:
-            notes.extend([str(exc)] if str(exc) not in notes else [])
+            _note_once(notes, str(exc))
+            _note_once(why, str(exc))
             continue
         prices[market] = found.usd_per_hour
         notes.append(_price_note(name, market, found))
@@ -506,30 +520,32 @@ def resolve_candidate(request: PlanRequest, name: str, notes: list[str]) -> Cand
 
 
 def price(request: PlanRequest, fits: dict[str, FittedSeries], predictions: pd.DataFrame,
-          convergence: dict[str, ConvergenceFit] | None = None) -> tuple[pd.DataFrame, list[str]]:
+          convergence: dict[str, ConvergenceFit] | None = None,
+          unpriced: list[str] | None = None) -> tuple[pd.DataFrame, list[str]]:
     """(candidates, notes): every predicted (series, workers) on every instance type x market, with
     hours and dollars to the threshold (or for `work`). A series with neither is not priced; a
     type whose per-GPU speed is unknown, or a market without a price, is left out with a note
-    saying what to give."""
+    saying what to give (also added to `unpriced`)."""
     notes: list[str] = []
+    unpriced = unpriced if unpriced is not None else []
     if request.instance_types and request.catalog is None:
         raise CatalogError("pricing candidates needs a price catalog")
     rows: list[dict[str, Any]] = []
     resolved: dict[str, Candidate | None] = {}  # each type resolved once, when first priced
     for label, fit in fits.items():
-        steps = _steps_of(request, predictions[predictions["label"] == label], convergence or {}, notes)
+        steps = _steps_of(request, predictions[predictions["label"] == label], convergence or {}, notes, unpriced)
         if steps is None:
             continue
         for name in request.instance_types:
             if name not in resolved:
-                resolved[name] = resolve_candidate(request, name, notes)
+                resolved[name] = resolve_candidate(request, name, notes, unpriced)
             if resolved[name] is not None:
                 rows += _price_type(request, resolved[name], fit, steps)
     return pd.DataFrame(rows), notes
 
 
 def _steps_of(request: PlanRequest, predictions: pd.DataFrame, convergence: dict[str, ConvergenceFit],
-              notes: list[str]) -> pd.DataFrame | None:
+              notes: list[str], unpriced: list[str]) -> pd.DataFrame | None:
     """Per predicted worker count of one series: the work to do (in throughput units) and its band,
     from `work` or from S(B) at the layout's global batch; None (with a note) when neither is known."""
     out = predictions[["label", "workers", "nodes", "global_batch", "measured_throughput"]].copy()
@@ -542,8 +558,10 @@ def _steps_of(request: PlanRequest, predictions: pd.DataFrame, convergence: dict
     fit = convergence.get(str(axis["convergence"]))
     if fit is None or axis["words_per_sample"] is None or out["global_batch"].isna().any():
         if request.instance_types:
-            notes.append(f"series {label or '(unlabelled)'}: no steps to a loss threshold measured for it; give "
-                         "--work (its work in the throughput unit, e.g. words) to price it")
+            why = (f"series {label or '(unlabelled)'}: no steps to a loss threshold measured for it; give "
+                   "--work (its work in the throughput unit, e.g. words) to price it")
+            notes.append(why)
+            unpriced.append(why)
         return None
     fit = replace(fit, confidence=request.each_level)
     batch = out["global_batch"].to_numpy(dtype=float)
