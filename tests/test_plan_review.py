@@ -137,3 +137,34 @@ def test_nothing_priced_is_an_error_with_its_cause_only(tmp_path):
     error = [line for line in r.stderr.splitlines() if line.startswith("launch: error:")]
     assert len(error) == 1 and error[0].startswith("launch: error: no spot price for p3.16xlarge in us-east-1")
     assert "series" not in r.stderr and "lies outside" not in r.stderr and "drops" not in r.stderr
+
+
+# ---- 3. and 4. rows that cannot be measurements ----------------------------------------------------
+
+
+def test_more_nodes_than_workers_is_refused_naming_the_line(tmp_path):
+    r = launch("plan", "--from-csv", str(_csv(tmp_path, "label,workers,nodes,throughput\na,1,1,100\na,2,4,180\n"
+                                                        "a,4,1,350\n")), cwd=tmp_path)
+    assert r.returncode == 2 and "Traceback" not in r.stderr and r.stdout == ""
+    assert r.stderr.count("\n") == 1
+    assert "t.csv:3: 2 workers on 4 nodes; every node runs at least one worker" in r.stderr
+
+
+@pytest.mark.parametrize("text, said", [
+    ("label,workers,throughput\na,1,1e308\na,2,1.7e308\n", "t.csv:2: throughput 1e+308 per second, above 1e+15"),
+    ("label,workers,throughput\na,1,1e-300\na,2,1.7e-300\n", "t.csv:2: throughput 1e-300 per second, below 1e-09"),
+    ("workers,time_s\n1,100\n2,1e-16\n", "t.csv:3: time_s 1e-16 gives a throughput of 1e+16 per second"),
+])
+def test_absurd_throughput_is_refused_in_one_line(tmp_path, text, said):
+    """1e308 reached the fit and ended in numpy's LinAlgError (exit 1); 1e-300 priced infinite hours."""
+    r = launch("plan", "--from-csv", str(_csv(tmp_path, text)), "--work", "1e15", "--measured-on", "p3.2xlarge",
+               "--instance-types", "p3.2xlarge", cwd=tmp_path)
+    assert r.returncode == 2 and "Traceback" not in r.stderr and r.stderr.count("\n") == 1
+    assert said in r.stderr
+
+
+def test_the_throughput_bounds_themselves_are_read(tmp_path):
+    table = read_scaling_csv(_csv(tmp_path, "workers,throughput\n1,1e-9\n2,1e15\n"))
+    assert list(table["throughput"]) == [1e-9, 1e15]
+    with pytest.raises(CsvError, match="above 1e"):
+        read_scaling_csv(_csv(tmp_path, "workers,throughput\n1,1\n2,1.0000001e15\n"))
