@@ -168,3 +168,25 @@ def test_the_throughput_bounds_themselves_are_read(tmp_path):
     assert list(table["throughput"]) == [1e-9, 1e15]
     with pytest.raises(CsvError, match="above 1e"):
         read_scaling_csv(_csv(tmp_path, "workers,throughput\n1,1\n2,1.0000001e15\n"))
+
+
+# ---- 5. --predict: a layout named twice, the work in JSON ----------------------------------------------
+
+
+def test_a_layout_named_twice_is_planned_once_with_a_note(tmp_path):
+    r = launch("plan", "--from-csv", SEED004, "--predict",
+               "4x1@4*g3.4xlarge:dynamic,4x1@4*g3.4xlarge,4x1@g3.4xlarge", "--format", "json", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    layouts = [row["layout"] for row in json.loads(r.stdout)]
+    assert sorted(layouts) == ["4x1@4*g3.4xlarge", "4x1@4*g3.4xlarge:dynamic"]
+    assert "--predict names 4x1@4*g3.4xlarge 2 times: planned once" in r.stderr
+
+
+def test_predicted_layouts_carry_the_work_they_were_priced_for(tmp_path):
+    given = launch("plan", "--from-csv", SEED004, "--predict", "4x1@4*g3.4xlarge:dynamic,4x1@4*g3.4xlarge",
+                   "--work", "5", "--format", "json", cwd=tmp_path)
+    assert given.returncode == 0, given.stderr
+    rows = json.loads(given.stdout)
+    assert [(r["work"], r["time_basis"]) for r in rows] == [(5.0, "given work")] * 2
+    own = launch("plan", "--from-csv", SEED004, "--predict", "4x1@4*g3.4xlarge", "--format", "json", cwd=tmp_path)
+    assert [(r["work"], r["time_basis"]) for r in json.loads(own.stdout)] == [(1.0, "the table's job")]

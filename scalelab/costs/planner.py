@@ -221,13 +221,16 @@ def _plan_layouts(request: PlanRequest) -> Plan:
     priced by the one dollar rule on the instances it names, and recommended as every candidate is."""
     if request.catalog is None:
         raise CatalogError("predicting layouts on instance types needs a price catalog")
+    said: list[str] = []
+    request = replace(request, layouts=_distinct_layouts(request.layouts, said))
     rows, notes = predict_layouts(request.measured, request.layouts, request.catalog, request.confidence,
                                   request.source, time_based="time_s" in request.measured.columns)
+    notes[:0] = said
     rows = rows.assign(label=request.source)
     if request.work is not None:  # the work given, over the predicted throughput and its band
         rows = rows.assign(predicted_time_s=request.work / rows["predicted_throughput"],
                            time_low_s=request.work / rows["throughput_high"],
-                           time_high_s=request.work / rows["throughput_low"])
+                           time_high_s=request.work / rows["throughput_low"], work=request.work)
     if "predicted_time_s" not in rows.columns:
         notes.append("the table gives throughput, not the time of a fixed job: give --work (the job's work in the "
                      "table's unit) to price the layouts")
@@ -239,6 +242,21 @@ def _plan_layouts(request: PlanRequest) -> Plan:
         if len(candidates) else ({}, [])
     return Plan({}, rows, candidates, recommendations, None, notes + more, {}, pd.DataFrame(), request.confidence,
                 unpriced)
+
+
+def _distinct_layouts(layouts: Sequence[Layout], notes: list[str]) -> list[Layout]:
+    """Each layout once, in the order given: the same nodes, GPUs per node, instances (in any order) and
+    balance twice were two identical rows of the table and of the frontier. A note says which were merged."""
+    seen: dict[tuple, list[Layout]] = {}
+    for layout in layouts:
+        key = (layout.nodes, layout.gpus_per_node, tuple(sorted(layout.node_types)), layout.balance)
+        seen.setdefault(key, []).append(layout)
+    for same in seen.values():
+        texts = list(dict.fromkeys(s.text for s in same))
+        if len(same) > 1:
+            notes.append(f"--predict names {texts[0]} {len(same)} times"
+                         + (f" (as {', '.join(texts)})" if len(texts) > 1 else "") + ": planned once")
+    return [same[0] for same in seen.values()]
 
 
 def _price_note(name: str, market: str, found: Any) -> str:
@@ -273,7 +291,9 @@ def _layout_markets(request: PlanRequest, layout: Layout, r: pd.Series, notes: l
         out.append({"label": r["label"], "layout": layout.text, "workers": layout.workers, "nodes": layout.nodes,
                     "instances": mix.count(), "instance_type": str(mix), "balance": layout.balance, "market": market,
                     "predicted_time_s": float(r["predicted_time_s"]), "time_low_s": float(r["time_low_s"]),
-                    "time_high_s": float(r["time_high_s"]), "model": r["model"], "basis": r.get("basis", "model"),
+                    "time_high_s": float(r["time_high_s"]), "work": r.get("work"),
+                    "time_basis": "the table's job" if request.work is None else "given work",
+                    "model": r["model"], "basis": r.get("basis", "model"),
                     "held_out_error": r.get("held_out_error"), "speed_basis": r.get("speed_basis"), **shares,
                     "hours": cost["point"].hours, "hours_low": cost["low"].hours, "hours_high": cost["high"].hours,
                     "usd_per_hour": cost["point"].usd_per_hour, "dollars": cost["point"].dollars,
@@ -591,8 +611,8 @@ def _price_type(request: PlanRequest, cand: Candidate, fit: FittedSeries, steps:
         estimate = {"predicted_throughput": thr, "interval_low": lo, "interval_high": hi,
                     "model": band["model"], "basis": band["basis"], "held_out_error": float(band["held_out_error"]),
                     "steps_to_threshold": st["steps_to_threshold"], "steps_high": st["steps_high"],
-                    "time_basis": st["time_basis"], "speed_basis": speed.basis, "speed_factor": speed.factor,
-                    "speed_widening": speed.widening, "measured": here,
+                    "work": float(st["work"]), "time_basis": st["time_basis"], "speed_basis": speed.basis,
+                    "speed_factor": speed.factor, "speed_widening": speed.widening, "measured": here,
                     **_memory_fit(request, cand, fit.label, w, st["global_batch"])}
         seconds = {"point": st["work"] / thr, "low": st["work_low"] / max(hi, 1e-300),
                    "high": st["work_high"] / max(lo, 1e-300)}
