@@ -190,3 +190,15 @@ def test_predicted_layouts_carry_the_work_they_were_priced_for(tmp_path):
     assert [(r["work"], r["time_basis"]) for r in rows] == [(5.0, "given work")] * 2
     own = launch("plan", "--from-csv", SEED004, "--predict", "4x1@4*g3.4xlarge", "--format", "json", cwd=tmp_path)
     assert [(r["work"], r["time_basis"]) for r in json.loads(own.stdout)] == [(1.0, "the table's job")]
+
+
+# ---- 7. two counts: which third to measure ------------------------------------------------------------
+
+
+def test_a_two_count_series_is_told_to_measure_the_doubling(tmp_path):
+    """Asked for 2 and 3 of a series measured at 1 and 4, it said "measure next: 2 workers ... (1% apart)":
+    docs/costs.md promises the third count that narrows the band, the doubling of the most measured."""
+    r = launch("plan", "--from-csv", str(_csv(tmp_path, TWO_COUNTS)), "--predict-workers", "2,3", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "measure next: 8 workers (two_pts): the series is measured at two GPU counts only" in r.stdout
+    assert "measuring 8 GPUs would narrow it" in " ".join(r.stderr.split())
