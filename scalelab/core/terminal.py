@@ -64,3 +64,49 @@ def middle_ellipsis(text: str, room: int) -> str:
         return text[:room]
     tail = room // 2
     return text[:room - 1 - tail] + "…" + text[len(text) - tail:]
+
+
+#: Where a cell of text may go on in the next line: after a space, a comma, the `+` of an instance mix or
+#: the `@` of a layout, and before the `:` of `:dynamic`; after a hyphen only in a name (a run's, a
+#: series'), as `break_name` breaks it. Never inside a word or a number: at 80 columns rich cut
+#: `2*p2.8xla / rge`, `on-dema / nd` and `104.74 / h`, which read as other values.
+_BREAK_AFTER = " ,+@"
+_BREAK_BEFORE = ":"
+
+
+def cell_pieces(line: str, hyphens: bool = False) -> list[str]:
+    """One line of a cell cut at every place `fold_cell` may break it (a piece keeps its trailing separator)."""
+    after = _BREAK_AFTER + ("-" if hyphens else "")
+    pieces: list[str] = []
+    start = 0
+    for i, ch in enumerate(line):
+        if ch in _BREAK_BEFORE and i > start:
+            pieces.append(line[start:i])
+            start = i
+        elif ch in after:
+            pieces.append(line[start:i + 1])
+            start = i + 1
+    return [*pieces, line[start:]] if start < len(line) else pieces
+
+
+def unbreakable_width(text: str, hyphens: bool = False) -> int:
+    """The narrowest a cell can be folded to without cutting a word or a number: its longest piece."""
+    return max((len(p.rstrip()) for line in text.split("\n") for p in cell_pieces(line, hyphens)), default=0)
+
+
+def fold_cell(text: str, room: int, hyphens: bool = False) -> str:
+    """`text` on lines of at most `room` characters, broken only between `cell_pieces` (a piece longer
+    than `room` stays whole on its own line: the caller sizes `room` from `unbreakable_width`)."""
+    return "\n".join(_fold_line(line, room, hyphens) for line in text.split("\n"))
+
+
+def _fold_line(line: str, room: int, hyphens: bool) -> str:
+    lines: list[str] = []
+    now = ""
+    for piece in cell_pieces(line, hyphens):
+        if now and len((now + piece).rstrip()) > room:
+            lines.append(now.rstrip())
+            now = piece
+        else:
+            now += piece
+    return "\n".join([*lines, now.rstrip()])

@@ -28,7 +28,7 @@ from scalelab.core.errors import DataError, SpecError
 from scalelab.core.records import load_run
 from scalelab.core.runids import RunDir
 from scalelab.core.spec import MAX_GPUS
-from scalelab.core.terminal import break_name, duration_text, make_console
+from scalelab.core.terminal import break_name, duration_text, fold_cell, make_console, unbreakable_width
 from scalelab.costs.billing import Mix, instances_for, run_cost
 from scalelab.costs.catalog import DEFAULT_REGION, MARKETS, Catalog, CatalogError, load_catalog, parse_interruptions, refresh
 from scalelab.costs.memory import overflows
@@ -89,26 +89,51 @@ def _print_json(rows: Any) -> None:
     click.echo(json.dumps(_jsonable(rows), indent=2, allow_nan=False))
 
 
-def _rich_table(title: str, df: pd.DataFrame, fmt: dict[str, Any], width: int | None = None) -> Table:
-    """A table whose headers never split inside a word (each column at least as wide as its header's
-    longest word: long cells wrap instead); `fmt` maps a column to a format spec or a function. Where the
-    table would be wider than `width` (the console's), the first column's long names (a run's) go on in the
-    next line after a hyphen, as `launch ls` breaks them, instead of being cut anywhere by rich."""
+def _rich_table(title: str, df: pd.DataFrame, fmt: dict[str, Any], width: int | None = None,
+                droppable: tuple[str, ...] = ()) -> Table:
+    """A table that fits `width` (the console's) without a cell cut inside a word or a number; `fmt` maps a
+    column to a format spec or a function (those columns are numbers: never folded). Boxed where it fits,
+    else its columns two spaces apart under a rule, as `kubectl get` and `squeue` print them; where neither
+    fits, text cells fold between their parts (`core.terminal.fold_cell`: a run's name after a hyphen, a
+    mix after `+`), and then the columns named in `droppable` leave, least needed first, said in the
+    caption. Headers wrap between their words."""
     rows = [[_cell(r[col], fmt.get(col), col in fmt) for col in df.columns] for _, r in df.iterrows()]
+    headers = [str(c) for c in df.columns]
     width = width or console.width
-    natural = _natural_widths(df.columns, rows) if rows else []
-    room = _first_column_room(natural, width)  # a long run name broken after a hyphen makes it fit
-    boxed = room > 0 or _boxed_width(natural) <= width
-    # too wide for a box (the plan's candidates at 80 columns were cut at the right edge): columns apart
-    # by two spaces under a rule, as `kubectl get` and `squeue` print them
+    text = [col not in fmt for col in df.columns]
+    keep, widths, boxed = _fit_columns(headers, rows, text, droppable, width) if rows else \
+        (list(range(len(headers))), [None] * len(headers), True)
+    if rows and _table_width(widths, boxed) > width:  # narrower than any table: one record per row
+        return _records(title, headers, rows, width)
     t = (Table(title=title or None, header_style="bold") if boxed else
          Table(title=title or None, header_style="bold", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False,
                collapse_padding=True))
-    for col in df.columns:
-        t.add_column(str(col), justify="right" if col in fmt else "left", overflow="fold",  # a long name folds, whole
-                     min_width=max(len(w) for w in str(col).split() or [""]))
+    for i, w in zip(keep, widths):
+        t.add_column(headers[i], justify="left" if text[i] else "right", overflow="fold", width=w,
+                     min_width=None if w else _header_word(headers[i]))
     for cells in rows:
-        t.add_row(*([break_name(cells[0], room), *cells[1:]] if room else cells))
+        t.add_row(*(fold_cell(cells[i], w, hyphens=i == 0) if text[i] and w else cells[i]
+                    for i, w in zip(keep, widths)))
+    dropped = [h for i, h in enumerate(headers) if i not in keep]
+    if dropped:
+        t.caption = f"left out to fit {width} columns: {', '.join(dropped)} (every column is in --format json)"
+        t.caption_justify = "left"
+    return t
+
+
+def _records(title: str, headers: list[str], rows: list[list[str]], width: int) -> Table:
+    """Each row as `header: cell` fields, two spaces apart and wrapped between fields (the next lines
+    indented), for a terminal too narrow for any table: no field is cut."""
+    t = Table.grid(padding=(0, 0))
+    t.title = title or None
+    t.add_column(no_wrap=True)
+    for cells in rows:
+        lines = [""]
+        for field in (f"{h}: {c}" for h, c in zip(headers, cells)):
+            if lines[-1].strip() and len(lines[-1]) + 2 + len(field) > width:
+                lines.append("  ")
+            lines[-1] += ("  " if lines[-1].strip() else "") + field
+        t.add_row("\n".join(lines))
     return t
 
 
@@ -120,10 +145,14 @@ def _cell(v: Any, spec: Any, numeric: bool) -> str:
     return format(float(v), spec) if numeric else str(v)
 
 
+def _header_word(header: str) -> int:
+    """A header's longest word: its column is never narrower (a header wraps between words, not in one)."""
+    return max((len(w) for w in header.split()), default=0)
+
+
 def _natural_widths(columns: Any, rows: list[list[str]]) -> list[int]:
     """Each column's width with no cell wrapped (a header at least as wide as its longest word)."""
-    return [max([max((len(w) for w in str(h).split()), default=0)] + [len(r[i]) for r in rows])
-            for i, h in enumerate(columns)]
+    return [max([_header_word(str(h))] + [len(r[i]) for r in rows]) for i, h in enumerate(columns)]
 
 
 def _boxed_width(natural: list[int]) -> int:
@@ -131,13 +160,42 @@ def _boxed_width(natural: list[int]) -> int:
     return sum(natural) + 3 * len(natural) + 1
 
 
-def _first_column_room(natural: list[int], width: int) -> int:
-    """The first column's width where the table needs it narrower than its names to fit `width`, else 0
-    (nothing to break)."""
-    if not natural or _boxed_width(natural) <= width:
-        return 0
-    room = width - _boxed_width([0, *natural[1:]])
-    return room if room >= 12 else 0  # narrower than that: rich's own folding reads no worse
+def _table_width(widths: list[int], boxed: bool) -> int:
+    """A table's width: boxed (`_boxed_width`), or its columns two spaces apart with no edges."""
+    return _boxed_width(widths) if boxed else sum(widths) + 2 * (len(widths) - 1)
+
+
+def _fit_columns(headers: list[str], rows: list[list[str]], text: list[bool], droppable: tuple[str, ...],
+                 width: int) -> tuple[list[int], list[int], bool]:
+    """(the columns kept, their widths, boxed) of the widest table that fits `width`: boxed, else unboxed;
+    each with every cell and header on one line, else with text cells folded between their parts and headers
+    between their words; else the next column of
+    `droppable` left out. Where nothing fits, the narrowest of all (rich folds what is still too wide)."""
+    natural = [max(w, len(h)) for w, h in zip(_natural_widths(headers, rows), headers)]  # a header on one line
+    least = [max(_header_word(h), *(unbreakable_width(r[i], hyphens=i == 0) for r in rows)) if text[i]
+             else natural[i] for i, h in enumerate(headers)]
+    keep = list(range(len(headers)))
+    for name in (None, *droppable):
+        if name is not None and name not in [headers[i] for i in keep]:
+            continue
+        keep = [i for i in keep if headers[i] != name]
+        for boxed in (True, False):
+            widths = _shrunk([natural[i] for i in keep], [least[i] for i in keep], width, boxed)
+            if widths is not None:
+                return keep, widths, boxed
+    return keep, [least[i] for i in keep], False
+
+
+def _shrunk(natural: list[int], least: list[int], width: int, boxed: bool) -> list[int] | None:
+    """`natural` widths narrowed, the column with most room to give first, toward `least` until the table
+    fits `width` (folded cells only where needed); None when even `least` does not fit."""
+    if _table_width(least, boxed) > width:
+        return None
+    widths = list(natural)
+    while _table_width(widths, boxed) > width:
+        i = max(range(len(widths)), key=lambda j: widths[j] - least[j])
+        widths[i] -= 1
+    return widths
 
 
 def _title_above(title: str, width: int) -> str:
@@ -594,11 +652,13 @@ def plan_cmd(run_dirs: tuple[str, ...], from_csv: str | None, predict_workers: s
         **_spot_kwargs(params)))
     result.notes[:0] = said
     if unpriced:
-        result.notes.append(f"the runs were measured on {measured_on!r}, which the catalog does not price: the "
-                            f"predictions are not priced; give --rate {measured_on}=USD/gpu-hour (and a rate for each "
-                            "probed type) with --instance-types to price them")
-    if len(result.candidates) == 0 and types and work is not None:
-        raise CatalogError("; ".join(result.notes) or "nothing could be priced")
+        why = (f"the runs were measured on {measured_on!r}, which the catalog does not price: the predictions are "
+               f"not priced; give --rate {measured_on}=USD/gpu-hour (and a rate for each probed type) with "
+               "--instance-types to price them")
+        result.notes.append(why)
+        result.unpriced.append(why)
+    if len(result.candidates) == 0 and types and work is not None:  # the cause alone, not the fit's notes
+        raise CatalogError("; ".join(result.unpriced) or "nothing could be priced")
     _refuse_unanswered_limits(result, deadline_h, budget_usd, asked, _source(from_csv))
     _show_plan(result, fmt, out, m)
 
@@ -683,7 +743,7 @@ def _refuse_unanswered_limits(result, deadline_h: float | None, budget_usd: floa
     if not asked:
         why.append("no instance type is priced (give --instance-types, e.g. g5.xlarge,g5.12xlarge; runs on a CPU "
                    "also need --measured-on TYPE or --speed GPU=FACTOR, or `launch probe` the types)")
-    why += [n for n in result.notes if "not priced" in n or "price" in n][:2]
+    why += result.unpriced[:2]
     raise SpecError(f"{' and '.join(given)} cannot be answered: " + "; ".join(why or result.notes or ["nothing was priced"]))
 
 
@@ -719,9 +779,8 @@ def _predict_layouts(run_dirs: tuple[str, ...], path: str | None, text: str, con
     result = plan(PlanRequest(measured, [], catalog, markets=markets, work=work, deadline_h=deadline_h,
                               budget_usd=budget_usd, region=params["region"], confidence=confidence,
                               layouts=layouts, source=_source(path), **_spot_kwargs(params)))
-    unpriced = [n for n in result.notes if ": not priced " in n]
-    if unpriced and not len(result.candidates):  # as the worker-count path: an error, not a table and a note
-        raise CatalogError("; ".join(unpriced))
+    if result.unpriced and not len(result.candidates):  # as the worker-count path: an error, not a table and a note
+        raise CatalogError("; ".join(result.unpriced))
     given = [flag for flag, v in (("--deadline-h", deadline_h), ("--budget", budget_usd)) if v is not None]
     if given and not len(result.candidates):
         raise SpecError(f"{' and '.join(given)} cannot be answered: no layout is priced ("
@@ -816,7 +875,7 @@ def _model_lines(result) -> list[str]:
 
 
 # Terminal and Markdown tables of the plan: short headers with units, each column a word or two, so
-# they fit 100 columns; every column (and the long names) is in --format json and plan.json.
+# they fit the terminal (`_rich_table`); every column (and the long names) is in --format json and plan.json.
 _PRED_VIEW = {"label": "series", "workers": "workers", "nodes": "nodes", "global_batch": "batch", "model": "model",
               "predicted_throughput": "predicted /s", "interval_low": "low /s", "interval_high": "high /s",
               "measured_throughput": "measured /s"}
@@ -841,6 +900,13 @@ _CAND_VIEW = {"label": "series", "workers": "workers", "instances": "instances",
               "hours_high": "up to", "dollars": "dollars", "dollars_high": "up to $", "pick": "pick"}
 _CAND_FMT: dict[str, Any] = {"workers": ".0f", "batch": ".0f", "steps": ",.0f", "dollars": ",.2f", "up to $": ",.2f",
                              "time": lambda h: human_duration(h * 3600), "up to": lambda h: human_duration(h * 3600)}
+
+
+#: The plan's columns a narrow terminal leaves out, least needed first, where folding text cells between
+#: their parts is not enough (80 columns, both markets): each is said elsewhere too (the speed in the
+#: recommendations and notes, the shares and model in --format json) and named under the table.
+_NARROW_DROPS = ("speed", "exchange", "compute", "noise scale", "B_noise", "measured /s", "steps", "batch", "model",
+                 "nodes", "basis")
 
 
 def _view(rows: pd.DataFrame, names: dict[str, str], always: tuple[str, ...]) -> tuple[pd.DataFrame, str]:
@@ -929,13 +995,13 @@ def _plan_tables(result, unit: str = "words/s") -> list[tuple[str, pd.DataFrame,
 
 
 def _print_plan(result, unit: str = "words/s") -> None:
-    """Assumptions once on top, the answer, then the tables (at 100 columns), notes last."""
+    """Assumptions once on top, the answer, then the tables (fitting the terminal: `_rich_table`), notes last."""
     lines = _model_lines(result)
     for line in lines:
         console.print(line, highlight=False)
     for title, rows, fmt in _plan_tables(result, unit):
         console.print(f"[bold]{escape(title)}[/]", highlight=False)  # above the table: a title inside wraps at its width
-        console.print(_rich_table("", rows, fmt))
+        console.print(_rich_table("", rows, fmt, droppable=_NARROW_DROPS))
     if len(result.candidates):
         console.print(_PICK_LEGEND, highlight=False)
 

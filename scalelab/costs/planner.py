@@ -161,6 +161,9 @@ class Plan:
     convergence: dict[str, ConvergenceFit] = field(default_factory=dict)
     batch_predictions: pd.DataFrame = field(default_factory=pd.DataFrame)
     confidence: float = DEFAULT_CONFIDENCE
+    #: why a type, a market or a series got no price (each also a note): when nothing is priced, these and
+    #: only these are the error; the fit's notes (a measured drop, a third count to measure) answer nothing
+    unpriced: list[str] = field(default_factory=list)
 
     def rows(self) -> list[dict[str, Any]]:
         """One flat record per row for --format json and plan.json, each naming its `table`: the
@@ -188,12 +191,13 @@ def plan(request: PlanRequest) -> Plan:
                         "--predict-batch for the steps to the threshold")
     nxt = _two_count_next(fits, request.predict_workers) or next_measurement(predictions)
     _mark_next(predictions, nxt)
-    candidates, more = price(request, fits, predictions, convergence)
+    unpriced: list[str] = []
+    candidates, more = price(request, fits, predictions, convergence, unpriced)
     recommendations, last = recommend(candidates, request.deadline_h, request.budget_usd, request.confidence)
     if len(candidates):
         _mark_next(candidates, nxt)
     return Plan(fits, predictions, candidates, recommendations, nxt, notes + more + last, convergence, batches,
-                request.confidence)
+                request.confidence, unpriced)
 
 
 def _layout_table_hint(measured: pd.DataFrame) -> str:
@@ -217,22 +221,42 @@ def _plan_layouts(request: PlanRequest) -> Plan:
     priced by the one dollar rule on the instances it names, and recommended as every candidate is."""
     if request.catalog is None:
         raise CatalogError("predicting layouts on instance types needs a price catalog")
+    said: list[str] = []
+    request = replace(request, layouts=_distinct_layouts(request.layouts, said))
     rows, notes = predict_layouts(request.measured, request.layouts, request.catalog, request.confidence,
                                   request.source, time_based="time_s" in request.measured.columns)
+    notes[:0] = said
     rows = rows.assign(label=request.source)
     if request.work is not None:  # the work given, over the predicted throughput and its band
         rows = rows.assign(predicted_time_s=request.work / rows["predicted_throughput"],
                            time_low_s=request.work / rows["throughput_high"],
-                           time_high_s=request.work / rows["throughput_low"])
+                           time_high_s=request.work / rows["throughput_low"], work=request.work)
     if "predicted_time_s" not in rows.columns:
         notes.append("the table gives throughput, not the time of a fixed job: give --work (the job's work in the "
                      "table's unit) to price the layouts")
         return Plan({}, rows, pd.DataFrame(), {}, None, notes, {}, pd.DataFrame(), request.confidence)
+    unpriced: list[str] = []
     candidates = pd.DataFrame([row for layout, (_, r) in zip(request.layouts, rows.iterrows())
-                               for row in _layout_markets(request, layout, r, notes)])
+                               for row in _layout_markets(request, layout, r, notes, unpriced)])
     recommendations, more = recommend(candidates, request.deadline_h, request.budget_usd, request.confidence) \
         if len(candidates) else ({}, [])
-    return Plan({}, rows, candidates, recommendations, None, notes + more, {}, pd.DataFrame(), request.confidence)
+    return Plan({}, rows, candidates, recommendations, None, notes + more, {}, pd.DataFrame(), request.confidence,
+                unpriced)
+
+
+def _distinct_layouts(layouts: Sequence[Layout], notes: list[str]) -> list[Layout]:
+    """Each layout once, in the order given: the same nodes, GPUs per node, instances (in any order) and
+    balance twice were two identical rows of the table and of the frontier. A note says which were merged."""
+    seen: dict[tuple, list[Layout]] = {}
+    for layout in layouts:
+        key = (layout.nodes, layout.gpus_per_node, tuple(sorted(layout.node_types)), layout.balance)
+        seen.setdefault(key, []).append(layout)
+    for same in seen.values():
+        texts = list(dict.fromkeys(s.text for s in same))
+        if len(same) > 1:
+            notes.append(f"--predict names {texts[0]} {len(same)} times"
+                         + (f" (as {', '.join(texts)})" if len(texts) > 1 else "") + ": planned once")
+    return [same[0] for same in seen.values()]
 
 
 def _price_note(name: str, market: str, found: Any) -> str:
@@ -246,8 +270,10 @@ def _note_once(notes: list[str], line: str) -> None:
         notes.append(line)
 
 
-def _layout_markets(request: PlanRequest, layout: Layout, r: pd.Series, notes: list[str]) -> list[dict[str, Any]]:
-    """One candidate row per market of one named layout, dollars by the one rule (costs.billing.run_cost)."""
+def _layout_markets(request: PlanRequest, layout: Layout, r: pd.Series, notes: list[str],
+                    unpriced: list[str]) -> list[dict[str, Any]]:
+    """One candidate row per market of one named layout, dollars by the one rule (costs.billing.run_cost);
+    a market without a price is a note, and one of the plan's `unpriced` causes."""
     mix = Mix.parse(layout.instances, request.catalog, nodes=layout.nodes)
     out = []
     for market in request.markets:
@@ -257,6 +283,7 @@ def _layout_markets(request: PlanRequest, layout: Layout, r: pd.Series, notes: l
                     for k, col in (("point", "predicted_time_s"), ("low", "time_low_s"), ("high", "time_high_s"))}
         except CatalogError as exc:
             _note_once(notes, f"{layout.text}: not priced {market}: {exc}")
+            _note_once(unpriced, f"{layout.text}: not priced {market}: {exc}")
             continue
         for t in dict.fromkeys(layout.node_types):
             _note_once(notes, _price_note(t, market, request.catalog.price(t, market, request.region)))
@@ -264,7 +291,9 @@ def _layout_markets(request: PlanRequest, layout: Layout, r: pd.Series, notes: l
         out.append({"label": r["label"], "layout": layout.text, "workers": layout.workers, "nodes": layout.nodes,
                     "instances": mix.count(), "instance_type": str(mix), "balance": layout.balance, "market": market,
                     "predicted_time_s": float(r["predicted_time_s"]), "time_low_s": float(r["time_low_s"]),
-                    "time_high_s": float(r["time_high_s"]), "model": r["model"], "basis": r.get("basis", "model"),
+                    "time_high_s": float(r["time_high_s"]), "work": r.get("work"),
+                    "time_basis": "the table's job" if request.work is None else "given work",
+                    "model": r["model"], "basis": r.get("basis", "model"),
                     "held_out_error": r.get("held_out_error"), "speed_basis": r.get("speed_basis"), **shares,
                     "hours": cost["point"].hours, "hours_low": cost["low"].hours, "hours_high": cost["high"].hours,
                     "usd_per_hour": cost["point"].usd_per_hour, "dollars": cost["point"].dollars,
@@ -323,7 +352,7 @@ def _placement_note(fit: FittedSeries, wanted: set[int], typed: bool) -> list[st
 
 def _two_count_note(fit: FittedSeries, wanted: set[int]) -> list[str]:
     """With two measured GPU counts: where the band comes from and which third count narrows it."""
-    third = next_count(fit.measured, sorted(wanted))
+    third = _third_count(fit, sorted(wanted))
     if third is None:
         return []
     return [f"series {fit.label or '(unlabelled)'}: measured at two GPU counts only, so its band comes from how "
@@ -429,12 +458,20 @@ def _two_count_next(fits: dict[str, FittedSeries], wanted: Sequence[int]) -> dic
     """With a series measured at two GPU counts only, the third count its note names (the band comes from
     the corpus's efficiency decay, not from models that could disagree): one answer, said alike twice."""
     for label, fit in fits.items():
-        third = next_count(fit.measured, sorted(int(w) for w in wanted))
+        third = _third_count(fit, sorted(int(w) for w in wanted))
         if third is not None:
             return {"label": label, "workers": third, "disagreement": None,
                     "why": "the series is measured at two GPU counts only: a third shows whether per-GPU "
                            "efficiency keeps decaying, and narrows every band"}
     return None
+
+
+def _third_count(fit: FittedSeries, wanted: Sequence[int]) -> int | None:
+    """With two measured counts, the third to measure (`calibration.next_count`): of the wanted counts above
+    them, the one nearest twice the most measured, else that doubling itself. Asked only for counts between
+    the two (2 and 3 of 1 and 4), it was none, and "measure next" named the count where two models agreed
+    within 1 %; None with three or more counts."""
+    return next_count(fit.measured, wanted) or next_count(fit.measured, [2 * max(fit.counts)])
 
 
 def _mark_next(rows: pd.DataFrame, nxt: dict[str, Any] | None) -> None:
@@ -479,15 +516,19 @@ class Candidate:
         return math.ceil(workers / self.gpus)
 
 
-def resolve_candidate(request: PlanRequest, name: str, notes: list[str]) -> Candidate | None:
+def resolve_candidate(request: PlanRequest, name: str, notes: list[str],
+                      unpriced: list[str] | None = None) -> Candidate | None:
     """`name` resolved once for pricing: shape, speed, link, prices, interruptions; None (with a note
     saying what to give) when its speed has no basis. A market without a price is left out of
-    `usd_per_hour` with the catalog's note (how to get that price)."""
+    `usd_per_hour` with the catalog's note (how to get that price). Each reason for no price also goes
+    to `unpriced` (`Plan.unpriced`)."""
     catalog = request.catalog
     inst = catalog.instance(name)
     speed = _speed_factor(request, inst)
+    why = unpriced if unpriced is not None else []
     if isinstance(speed, str):
-        notes.extend([speed] if speed not in notes else [])
+        _note_once(notes, speed)
+        _note_once(why, speed)
         return None
     if speed.note and speed.note not in notes:
         notes.append(speed.note)
@@ -496,7 +537,8 @@ def resolve_candidate(request: PlanRequest, name: str, notes: list[str]) -> Cand
         try:
             found = catalog.price(name, market, request.region)
         except CatalogError as exc:
-            notes.extend([str(exc)] if str(exc) not in notes else [])
+            _note_once(notes, str(exc))
+            _note_once(why, str(exc))
             continue
         prices[market] = found.usd_per_hour
         notes.append(_price_note(name, market, found))
@@ -506,30 +548,32 @@ def resolve_candidate(request: PlanRequest, name: str, notes: list[str]) -> Cand
 
 
 def price(request: PlanRequest, fits: dict[str, FittedSeries], predictions: pd.DataFrame,
-          convergence: dict[str, ConvergenceFit] | None = None) -> tuple[pd.DataFrame, list[str]]:
+          convergence: dict[str, ConvergenceFit] | None = None,
+          unpriced: list[str] | None = None) -> tuple[pd.DataFrame, list[str]]:
     """(candidates, notes): every predicted (series, workers) on every instance type x market, with
     hours and dollars to the threshold (or for `work`). A series with neither is not priced; a
     type whose per-GPU speed is unknown, or a market without a price, is left out with a note
-    saying what to give."""
+    saying what to give (also added to `unpriced`)."""
     notes: list[str] = []
+    unpriced = unpriced if unpriced is not None else []
     if request.instance_types and request.catalog is None:
         raise CatalogError("pricing candidates needs a price catalog")
     rows: list[dict[str, Any]] = []
     resolved: dict[str, Candidate | None] = {}  # each type resolved once, when first priced
     for label, fit in fits.items():
-        steps = _steps_of(request, predictions[predictions["label"] == label], convergence or {}, notes)
+        steps = _steps_of(request, predictions[predictions["label"] == label], convergence or {}, notes, unpriced)
         if steps is None:
             continue
         for name in request.instance_types:
             if name not in resolved:
-                resolved[name] = resolve_candidate(request, name, notes)
+                resolved[name] = resolve_candidate(request, name, notes, unpriced)
             if resolved[name] is not None:
                 rows += _price_type(request, resolved[name], fit, steps)
     return pd.DataFrame(rows), notes
 
 
 def _steps_of(request: PlanRequest, predictions: pd.DataFrame, convergence: dict[str, ConvergenceFit],
-              notes: list[str]) -> pd.DataFrame | None:
+              notes: list[str], unpriced: list[str]) -> pd.DataFrame | None:
     """Per predicted worker count of one series: the work to do (in throughput units) and its band,
     from `work` or from S(B) at the layout's global batch; None (with a note) when neither is known."""
     out = predictions[["label", "workers", "nodes", "global_batch", "measured_throughput"]].copy()
@@ -542,8 +586,10 @@ def _steps_of(request: PlanRequest, predictions: pd.DataFrame, convergence: dict
     fit = convergence.get(str(axis["convergence"]))
     if fit is None or axis["words_per_sample"] is None or out["global_batch"].isna().any():
         if request.instance_types:
-            notes.append(f"series {label or '(unlabelled)'}: no steps to a loss threshold measured for it; give "
-                         "--work (its work in the throughput unit, e.g. words) to price it")
+            why = (f"series {label or '(unlabelled)'}: no steps to a loss threshold measured for it; give "
+                   "--work (its work in the throughput unit, e.g. words) to price it")
+            notes.append(why)
+            unpriced.append(why)
         return None
     fit = replace(fit, confidence=request.each_level)
     batch = out["global_batch"].to_numpy(dtype=float)
@@ -573,8 +619,8 @@ def _price_type(request: PlanRequest, cand: Candidate, fit: FittedSeries, steps:
         estimate = {"predicted_throughput": thr, "interval_low": lo, "interval_high": hi,
                     "model": band["model"], "basis": band["basis"], "held_out_error": float(band["held_out_error"]),
                     "steps_to_threshold": st["steps_to_threshold"], "steps_high": st["steps_high"],
-                    "time_basis": st["time_basis"], "speed_basis": speed.basis, "speed_factor": speed.factor,
-                    "speed_widening": speed.widening, "measured": here,
+                    "work": float(st["work"]), "time_basis": st["time_basis"], "speed_basis": speed.basis,
+                    "speed_factor": speed.factor, "speed_widening": speed.widening, "measured": here,
                     **_memory_fit(request, cand, fit.label, w, st["global_batch"])}
         seconds = {"point": st["work"] / thr, "low": st["work_low"] / max(hi, 1e-300),
                    "high": st["work_high"] / max(lo, 1e-300)}

@@ -617,7 +617,7 @@ def _layout_row(model: LayoutModel, chosen: str, layout: Layout, rows: pd.DataFr
     if time_based:
         per = _per_of(measured, layout.workers)
         row |= {"predicted_time_s": per / thr, "time_low_s": per / high,
-                "time_high_s": per / low if low > 0 else math.inf}
+                "time_high_s": per / low if low > 0 else math.inf, "work": per}  # the table's job, in its units
     total = sum(parts.values())
     row |= {f"{k}_share": v / total for k, v in parts.items()} if total > 0 else {}
     return row | {"model": chosen, "basis": basis, "held_out_error": float(np.mean(errs)) if errs else None,

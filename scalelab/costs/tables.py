@@ -14,6 +14,8 @@ files are typed by hand. Formats (header row required, extra columns kept, order
   older name `instance` is read as the same column); `balance` (optional, static or dynamic: how
   a mixed fleet split the batch, scalelab/costs/steptime.py). The older `mode` column is still read as
   both axes at once (strong = fixed, fixed; weak = growing, growing) where the axes are not given.
+  A row with more nodes than workers, or whose throughput (given, or read from `time_s`) lies outside
+  `MIN_THROUGHPUT`..`MAX_THROUGHPUT`, is refused naming its line.
 - convergence: `label` (optional), `global_batch`, `steps_to_threshold` (of one run that reached
   the threshold), and optionally `noise_scale` (its measured B_simple), `lr` (its learning rate
   after warm-up), `lr_warmup_steps`, `seed`; repeats (several seeds at one batch) are welcome.
@@ -35,8 +37,8 @@ from scalelab.core.errors import DataError
 from scalelab.core.writes import check_input_file
 from scalelab.core.spec import BALANCE_MODES, BATCH_MODES, BATCH_SCALING, MAX_GPUS, SCALING_AXES, batch_mode_of
 
-__all__ = ["CsvError", "AXES", "read_scaling_csv", "with_throughput", "read_convergence_csv", "csv_kind",
-           "read_cost_csv", "scaling_from_table"]
+__all__ = ["CsvError", "AXES", "MAX_THROUGHPUT", "MIN_THROUGHPUT", "read_scaling_csv", "with_throughput",
+           "read_convergence_csv", "csv_kind", "read_cost_csv", "scaling_from_table"]
 
 
 class CsvError(DataError):
@@ -76,6 +78,16 @@ def _non_negative_float(x: str) -> float:
     if not (v >= 0 and math.isfinite(v)):
         raise ValueError
     return v
+
+
+#: Work per second above which a scaling table's throughput is a typo or the wrong unit: 1e15 items a second
+#: is a hundred million times the largest training runs' rate (about 1e7 tokens/s), and finishes the largest
+#: --work the planner takes (`costs.cli.MAX_WORK`, 1e15) in one second. `1e308` reached the fit, overflowed to
+#: infinity and ended in numpy's LinAlgError.
+MAX_THROUGHPUT = 1e15
+#: ... and below which it is: one item in 30 years (a time_s of 1e9 s). `1e-300` priced a 1e315-second job:
+#: infinite hours, and a traceback where the recommendation printed them.
+MIN_THROUGHPUT = 1e-9
 
 
 # A cost log's run length: 0 s is no run (billed the 60 s minimum without a word) and 1e30 s priced a
@@ -204,7 +216,35 @@ def read_scaling_csv(path: str | Path) -> pd.DataFrame:
     if len(missing):
         raise CsvError(f"{path}:{int(missing['_line'].iloc[0])}: column {metric!r} is empty")
     _refuse_two_values_for_one_layout(path, df)
+    _refuse_more_nodes_than_workers(path, df)
+    _refuse_absurd_throughput(path, df)
     return df
+
+
+def _refuse_more_nodes_than_workers(path: str | Path, df: pd.DataFrame) -> None:
+    """Every node runs at least one worker: `2 workers, 4 nodes` was planned and printed as it stood."""
+    if "nodes" not in df.columns:
+        return
+    over = df[df["nodes"].notna() & (df["nodes"] > df["workers"])]
+    if len(over):
+        r = over.iloc[0]
+        raise CsvError(f"{path}:{int(r['_line'])}: {int(r['workers'])} workers on {int(r['nodes'])} nodes; every node "
+                       "runs at least one worker: give the machines the workers ran on (nodes <= workers), or "
+                       "swap the two columns if they were typed the other way round")
+
+
+def _refuse_absurd_throughput(path: str | Path, df: pd.DataFrame) -> None:
+    """A throughput (given, or workers or one job over `time_s`) outside MIN_THROUGHPUT..MAX_THROUGHPUT is
+    refused naming its line: past the bounds the plan's arithmetic overflows (LinAlgError, infinite hours)."""
+    speed = with_throughput(df)["throughput"]
+    out = df[~((speed >= MIN_THROUGHPUT) & (speed <= MAX_THROUGHPUT))]
+    if len(out):
+        r = out.iloc[0]
+        v = float(speed[out.index[0]])
+        what = "throughput" if "throughput" in df.columns else f"time_s {r['time_s']:g} gives a throughput of"
+        why = ("above 1e+15, more than any training job does (the largest about 1e7 tokens/s)" if v > MAX_THROUGHPUT
+               else "below 1e-09, one item in 30 years")
+        raise CsvError(f"{path}:{int(r['_line'])}: {what} {v:.3g} per second, {why}; check the value and its unit")
 
 
 def whole_jobs(table: pd.DataFrame) -> bool:
