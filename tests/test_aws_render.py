@@ -16,7 +16,7 @@ from conftest import launch
 from scalelab.aws.backend import AwsBackend
 from scalelab.aws.bootstrap import trainer_command
 from scalelab.aws.options import AwsOptions
-from scalelab.aws.render import DEFAULT_AMI, TAG_RUN, all_calls, make_plan, user_data
+from scalelab.aws.render import DEFAULT_AMI, DEFAULT_AMI_FAMILIES, TAG_RUN, all_calls, make_plan, user_data
 from scalelab.core.errors import SpecError
 from scalelab.core.launch import TORCHRUN_PREFIX, TORCHRUN_PREFIX_ENV
 from scalelab.core.spec import EngineSpec, Spec
@@ -156,7 +156,7 @@ def test_prices_file_instances_are_launchable_rates_are_not(tmp_path, monkeypatc
 
 
 def test_layout_must_fit_the_instance():
-    with pytest.raises(SpecError, match="g3.4xlarge has 1 GPU.*--gpus-per-node is 4"):
+    with pytest.raises(SpecError, match="g4dn.xlarge has 1 GPU.*--gpus-per-node is 4"):  # the default type
         make_plan(spec(gpus_per_node=4), Path("runs/r"), OPTIONS, "us-east-1")
     with pytest.raises(SpecError, match="--bucket"):
         make_plan(spec(), Path("runs/r"), {**OPTIONS, "bucket": ""}, "us-east-1")
@@ -244,3 +244,24 @@ def test_layouts_of_two_sweeps_are_tagged_apart(tmp_path):
     assert plans[0].prefix != plans[1].prefix
     single = make_plan(spec(), tmp_path / "nmt-tiny-single-1x1-20261125-030303", OPTIONS, "us-east-1")
     assert single.run_id == "nmt-tiny-single-1x1-20261125-030303"  # a lone run keeps its directory's name
+
+
+def test_a_type_the_default_ami_does_not_support_is_noted_once_with_the_fix(capsys):
+    """The default AMI (AWS Deep Learning AMI OSS Nvidia Driver PyTorch 2.9) supports G4dn, G5, G6, Gr6, G6e, P4,
+    P4de, P5, P5e, P5en and P6-B200 (its release notes): its PyTorch has no kernels for g3's M60 or p2's K80, so
+    such a run failed at its first CUDA call after the boot was paid for, and g3.4xlarge was the default. The
+    default is now g4dn.xlarge, and another type without --ami gets one note naming the supported ones."""
+    from scalelab.aws import backend as aws_backend
+    from scalelab.aws.backend import AwsBackend
+    from scalelab.core.spec import DEFAULT_AWS_INSTANCE_TYPE
+
+    assert DEFAULT_AWS_INSTANCE_TYPE.split(".")[0] in DEFAULT_AMI_FAMILIES
+    aws_backend._NOTED.clear()
+    AwsBackend({**OPTIONS, "instance_type": "g3.4xlarge"}).check(spec())
+    AwsBackend({**OPTIONS, "instance_type": "g3.4xlarge"}).check(spec())  # a sweep's next layout: no second note
+    said = capsys.readouterr().err
+    assert said.count("note: g3.4xlarge: not among the types the default AMI supports") == 1, said
+    assert "--ami" in said and "g4dn" in said
+    AwsBackend({**OPTIONS, "instance_type": "p2.xlarge", "ami": "ami-0123456789abcdef0"}).check(spec())
+    AwsBackend({**OPTIONS, "instance_type": "g5.xlarge"}).check(spec())
+    assert capsys.readouterr().err == ""  # an image of the user's own, or a supported type: nothing to say

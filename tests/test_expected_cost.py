@@ -50,7 +50,7 @@ def test_an_aws_spec_without_a_type_is_priced_on_the_backends_default():
 def test_each_backend_states_how_its_nodes_are_paid_for_and_how_long_they_take_to_start():
     """The facts live on the backends' options types (read through the registry), not in costs/."""
     spot = Spec(backend="aws", nodes=1, steps=10, backend_options={"spot": True, "region": "eu-west-1"})
-    assert fleet_of(spot) == Fleet(provider="aws", instance_type="g3.4xlarge", market="spot", region="eu-west-1",
+    assert fleet_of(spot) == Fleet(provider="aws", instance_type="g4dn.xlarge", market="spot", region="eu-west-1",
                                    rate_name="aws")
     variant = Spec(backend="local", steps=10, backend_options={"instance_type": "local-2t"})
     assert fleet_of(variant) == Fleet(instance_type="local-2t", rate_name="local") and not fleet_of(variant).cloud

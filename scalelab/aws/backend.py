@@ -92,7 +92,15 @@ class AwsBackend(Backend):
         return default_region()  # AWS_REGION, AWS_DEFAULT_REGION, ~/.aws/config: no call
 
     def check(self, spec: Spec) -> None:
-        render.make_plan(spec, Path("runs/validate"), self.options, self.region())
+        plan = render.make_plan(spec, Path("runs/validate"), self.options, self.region())
+        types = [*plan.node_types, *(self.options.get("fallback_instance_types") or [])]
+        misses = [t for t in render.default_ami_misses(types, str(self.options.get("ami") or "")) if t not in _NOTED]
+        if misses:
+            _NOTED.update(misses)
+            print(f"note: {', '.join(misses)}: not among the types the default AMI supports (AWS Deep Learning AMI "
+                  f"PyTorch 2.9: {', '.join(render.DEFAULT_AMI_FAMILIES)}); its PyTorch cannot use that GPU, so "
+                  "the run would fail after the boot; pick one of those with --instance-type, or pass --ami with "
+                  "an image whose driver and PyTorch support it", file=sys.stderr, flush=True)
 
     def submit_dryrun(self, spec: Spec, run_dir: Path) -> AwsRequest:
         plan = render.make_plan(spec, run_dir, self.options, self.region())
@@ -561,6 +569,9 @@ def _beat(s3, bucket: str, prefix: str, timeout_s: float, ended: bool = False) -
     body = {"time": time.time(), "host": socket.gethostname(), "pid": os.getpid(), "timeout_s": timeout_s,
             **({"ended": True} if ended else {})}
     s3.put_object(Bucket=bucket, Key=f"{prefix}/{LAUNCHER_HEARTBEAT}", Body=json.dumps(body).encode())
+
+
+_NOTED: set[str] = set()  # instance types already noted as unsupported by the default AMI (once per process)
 
 
 def _say(message: str) -> None:

@@ -65,7 +65,7 @@ class AwsOptions(BackendOptions, CloudFleet):
 
     region: str = option("", "AWS region [default: $AWS_REGION, else $AWS_DEFAULT_REGION, else the profile's "
                          "region in ~/.aws/config].", flag="--region")
-    instance_type: str = option(DEFAULT_AWS_INSTANCE_TYPE, "EC2 type for every node, or a mix such as 1*p2.xlarge+3*g3.4xlarge.",
+    instance_type: str = option(DEFAULT_AWS_INSTANCE_TYPE, "EC2 type for every node, or a mix such as 1*g4dn.xlarge+3*g5.xlarge.",
                                 flag="--instance-type")
     fallback_instance_types: list[str] = option([], "Type used when the first has no (spot) capacity (repeatable).",
                                                 flag="--fallback-instance-type")

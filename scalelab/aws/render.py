@@ -37,6 +37,18 @@ TAG_HEARTBEAT = "scalelab:heartbeat"  # s3://BUCKET/KEY of the launcher's heartb
 # The region's current AWS Deep Learning AMI (PyTorch, NVIDIA driver), resolved by EC2 itself from
 # the public SSM parameter: one name, the right AMI in every region. p2 (K80) needs an older AMI.
 DEFAULT_AMI = "resolve:ssm:/aws/service/deeplearning/ami/x86_64/oss-nvidia-driver-gpu-pytorch-2.9-ubuntu-24.04/latest/ami-id"
+# The instance families that AMI supports, from its release notes (docs.aws.amazon.com/dlami, "Deep Learning OSS
+# Nvidia Driver AMI GPU PyTorch 2.9 (Ubuntu 24.04)", supported_ec2_instances): its PyTorch has no kernels for
+# older GPUs (K80 of p2, M60 of g3, V100 of p3), so a run there fails at its first CUDA call after the boot
+# was paid for.
+DEFAULT_AMI_FAMILIES = ("g4dn", "g5", "g6", "gr6", "g6e", "p4d", "p4de", "p5", "p5e", "p5en", "p6-b200")
+
+
+def default_ami_misses(types: list[str], ami: str) -> list[str]:
+    """The instance types (in order, each once) the default AMI does not support, when no --ami is given."""
+    if ami:
+        return []
+    return list(dict.fromkeys(t for t in types if t.split(".")[0].lower() not in DEFAULT_AMI_FAMILIES))
 from scalelab.launcher import __version__
 
 PACKAGE_NAME = f"scalelab-{__version__}-py3-none-any.whl"

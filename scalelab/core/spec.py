@@ -99,7 +99,7 @@ PS_PLACEMENTS = ("colocated", "separate")
 BACKEND_NAMES = ("local", "slurm", "k8s", "aws")
 # The EC2 type of every node when an aws spec names none: the aws backend's default (scalelab/aws/options.py) and
 # what a cost estimate of such a spec prices (scalelab/costs/expected.py).
-DEFAULT_AWS_INSTANCE_TYPE = "g3.4xlarge"
+DEFAULT_AWS_INSTANCE_TYPE = "g4dn.xlarge"  # 1 T4: the cheapest type the default AMI supports (scalelab/aws/render.py)
 
 
 @dataclass
