@@ -41,7 +41,7 @@ from typing import Any
 from scalelab.core.launch import starter_of
 from scalelab.core.errors import EngineError, ScalelabError, SpecError
 from scalelab.core.options import BackendOptions, Flag
-from scalelab.core.records import read_records
+from scalelab.core.records import error_messages, read_records
 from scalelab.core.rundir import (
     ACTIVE,
     CANCELLED,
@@ -402,11 +402,11 @@ def ended_by_records(run_dir: Path, since: float | None) -> RunStatus | None:
         return None
     # as the runner's `failure`: a rank's own error, then a rank that went silent or left early, then the
     # errors of ranks that lost that peer (which blamed Gloo's "Connection reset by peer", not the rank gone)
-    own = [e for r in ranks if not r.peer_lost for e in r.errors]
+    own = [{"rank": r.rank, "world": r.world, "message": e} for r in ranks if not r.peer_lost for e in r.errors]
     silent = None if own else silent_ranks(run_dir, ranks)
-    errors = own or [e for r in ranks for e in r.errors]
+    errors = own or [{"rank": r.rank, "world": r.world, "message": e} for r in ranks for e in r.errors]
     if silent or errors:
-        return RunStatus(FAILED, silent or "; ".join(dict.fromkeys(errors)))
+        return RunStatus(FAILED, silent or "; ".join(error_messages(errors)))
     step = ranks[0].end.get("step")
     if any(r.end.get("reason") == "interrupted" for r in ranks):
         return RunStatus(CANCELLED, stop_line(run_dir, ranks))

@@ -34,7 +34,7 @@ from typing import Callable, Iterator
 
 from scalelab.core.errors import RunFailed, ScalelabError
 from scalelab.core.lock import RunBusy, RunLock, owner_of
-from scalelab.core.records import rank_files, read_errors
+from scalelab.core.records import error_messages, rank_files, read_errors
 from scalelab.core.rundir import (
     CANCELLED,
     COMPLETED,
@@ -369,7 +369,7 @@ def failure(backend: Backend, run_dir: Path, status: RunStatus) -> ScalelabError
     errors = sorted(read_errors(run_dir, since=since), key=lambda rec: float(rec.get("time", 0)))
     # a rank's own error first: the errors of ranks whose collective failed because a peer was gone come
     # after the silence of a killed rank (issue #37: not torchrun's or horovodrun's dump, not the echo)
-    said = _messages(rec for rec in errors if not rec.get("peer_lost"))
+    said = error_messages(rec for rec in errors if not rec.get("peer_lost"))
     if said:
         return RunFailed("; ".join(said) + f" (run directory {run_dir})" + resume_hint(run_dir))
     full = full_note(run_dir)
@@ -381,7 +381,7 @@ def failure(backend: Backend, run_dir: Path, status: RunStatus) -> ScalelabError
     if silent:  # they trained, and one of them stopped without a word
         return RunFailed(f"run {run_dir} {status.state.lower()} ({status.detail}): {silent}")
     if errors:  # only ranks that lost a peer said something
-        return RunFailed("; ".join(_messages(errors)) + f" (run directory {run_dir})" + resume_hint(run_dir))
+        return RunFailed("; ".join(error_messages(errors)) + f" (run directory {run_dir})" + resume_hint(run_dir))
     logs = backend.logs(run_dir)
     aborted = native_abort(logs)
     if aborted:  # a rank's C++ library gave up (Gloo's rendezvous, a CUDA error): its words, not the agent's dump
@@ -389,11 +389,6 @@ def failure(backend: Backend, run_dir: Path, status: RunStatus) -> ScalelabError
                              f"`launch logs {run_dir}`)" + resume_hint(run_dir))
     return RunFailed(f"run {run_dir} {status.state.lower()} ({status.detail}); last lines of its logs:\n"
                          + tail(logs, 25))
-
-
-def _messages(records) -> list[str]:
-    """The error records' messages, each once, in order."""
-    return list(dict.fromkeys(str(rec.get("message", "")).strip() for rec in records))
 
 
 def nothing_to_resume(run_dir: Path, spec: Spec) -> str:

@@ -1,0 +1,68 @@
+"""What `launch` says of a user's own script run (`launch --script`) that hangs or fails, from the reviewer's
+scripts of a user review (each copied here as text):
+
+- `launch status` agrees with the run's state: a RUNNING run whose rank 0 has returned does not say "ended"
+  (hang.py), and a FAILED run says "failed", not the "interrupted" of the rank its agent stopped (exit3.py);
+- the one-line error names the rank when one rank failed ("rank 1: exit3.py exited with status 3").
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from conftest import launch, needs_horovod, only_run_dir, read_jsonl
+from scalelab.core.waiting import wait_until
+
+ENGINES = ["ddp", pytest.param("horovod", marks=needs_horovod)]
+RANK = 'r = os.environ.get("RANK", os.environ.get("HOROVOD_RANK"))\n'
+
+HANG = """import os, time
+r = int(os.environ["RANK"])
+print(f"rank {r} started", flush=True)
+if r == 1:
+    while True:
+        time.sleep(1)
+print(f"rank {r} finished", flush=True)
+"""
+EXIT3 = "import os, sys, time\n" + RANK + """if r == "1":
+    time.sleep(1)
+    sys.exit(3)
+time.sleep(30)
+"""
+
+
+def run_script(tmp_path: Path, name: str, body: str, engine: str = "ddp", *extra: str):
+    (tmp_path / name).write_text(body)
+    return launch("--script", name, "--engine", engine, "--gpus-per-node", "2", *extra, cwd=tmp_path)
+
+
+def error_line(proc) -> str:
+    """The one error line of a failed launch (the progress lines start with '[')."""
+    lines = [line for line in proc.stderr.splitlines() if line.strip() and not line.startswith("[")]
+    assert proc.returncode == 1 and len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    return lines[0]
+
+
+def test_a_running_run_whose_rank_0_returned_does_not_say_it_ended(tmp_path: Path) -> None:
+    started = run_script(tmp_path, "hang.py", HANG, "ddp", "--detach")
+    assert started.returncode == 0, started.stderr
+    run = only_run_dir(tmp_path / "runs")
+    try:
+        ends = run / "records" / "rank-0.jsonl"
+        wait_until(lambda: ends.exists() and any(r.get("event") == "end" for r in read_jsonl(ends)), 120, 0.5)
+        status = launch("status", str(run), cwd=tmp_path)
+        assert "RUNNING" in status.stdout and "ended" not in status.stdout, status.stdout
+    finally:
+        assert launch("cancel", str(run), cwd=tmp_path).returncode == 0
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_failed_rank_is_named_and_the_status_says_failed(engine: str, tmp_path: Path) -> None:
+    said = error_line(run_script(tmp_path, "exit3.py", EXIT3, engine))
+    assert "rank 1: exit3.py exited with status 3" in said, said
+    run = only_run_dir(tmp_path / "runs")
+    status = launch("status", str(run), cwd=tmp_path)
+    assert "FAILED" in status.stdout and "ended (failed)" in status.stdout, status.stdout
+    assert "interrupted" not in status.stdout, status.stdout
