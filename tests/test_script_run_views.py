@@ -1,13 +1,17 @@
-"""What `launch` says of a user's own script run (`launch --script`) that hangs or fails, from the reviewer's
-scripts of a user review (each copied here as text):
+"""What `launch` says of a user's own script run (`launch --script`) that hangs, fails or is killed, from the
+reviewer's scripts of a user review (each copied here as text):
 
 - `launch status` agrees with the run's state: a RUNNING run whose rank 0 has returned does not say "ended"
   (hang.py), and a FAILED run says "failed", not the "interrupted" of the rank its agent stopped (exit3.py);
-- the one-line error names the rank when one rank failed ("rank 1: exit3.py exited with status 3").
+- the one-line error names the rank when one rank failed ("rank 1: exit3.py exited with status 3");
+- a rank killed by a signal (kill9.py: SIGKILL, as the OOM killer sends) is one line naming the rank and the
+  signal, not torchrun's ChildFailedError dump.
 """
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 
 import pytest
@@ -29,6 +33,11 @@ print(f"rank {r} finished", flush=True)
 EXIT3 = "import os, sys, time\n" + RANK + """if r == "1":
     time.sleep(1)
     sys.exit(3)
+time.sleep(30)
+"""
+KILL9 = "import os, signal, time\n" + RANK + """if r == "1":
+    time.sleep(1)
+    os.kill(os.getpid(), signal.SIGKILL)
 time.sleep(30)
 """
 
@@ -66,3 +75,14 @@ def test_a_failed_rank_is_named_and_the_status_says_failed(engine: str, tmp_path
     status = launch("status", str(run), cwd=tmp_path)
     assert "FAILED" in status.stdout and "ended (failed)" in status.stdout, status.stdout
     assert "interrupted" not in status.stdout, status.stdout
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_rank_killed_by_a_signal_is_one_line_naming_it(engine: str, tmp_path: Path) -> None:
+    proc = run_script(tmp_path, "kill9.py", KILL9, engine)
+    said = error_line(proc)
+    run = only_run_dir(tmp_path / "runs")
+    assert "rank 1 was killed by SIGKILL (signal 9)" in said and "out of memory?" in said, said
+    assert re.search(rf"`launch logs \S*{run.name} --rank 1`", said), said
+    assert "ChildFailedError" not in proc.stderr and "last lines of its logs" not in said, said
+    assert json.loads((run / "launch.json").read_text())["state"] == "FAILED"

@@ -532,12 +532,14 @@ def silent_ranks(run_dir: Path, ranks: list[RankEnd]) -> str | None:
     world = max((r.world for r in ranks), default=0)
     started = {r.rank: r for r in ranks}
     exits = rank_exits(run_dir)
-    said = [_silent(n, started.get(n), exits.get(n)) for n in range(world)
-            if n not in started or (started[n].end is None and not started[n].errors)]
+    stepped = any(r.last_step for r in ranks)
+    quiet = [n for n in range(world) if n not in started or (started[n].end is None and not started[n].errors)]
+    said = [_silent(n, started.get(n), exits.get(n), stepped) for n in quiet]
     left = early_leavers(ranks, planned_steps(run_dir))
     if not said and not left:
         return None
-    where = f"; its log: `launch logs {run_dir}`" + (
+    one = f" --rank {quiet[0]}" if len(quiet) == 1 and not left else ""  # its own lines, where it is the one
+    where = f"; its log: `launch logs {run_dir}{one}`" + (
         f"; `launch resume {run_dir}` continues from the last checkpoint" if has_checkpoint(run_dir) else "")
     return "; ".join(part for part in (", ".join(said), left) if part) + where
 
@@ -552,16 +554,20 @@ def planned_steps(run_dir: Path) -> int | None:
     return spec.steps if spec.epochs is None else None
 
 
-def _silent(rank: int, seen: RankEnd | None, code: int | None) -> str:
+def _silent(rank: int, seen: RankEnd | None, code: int | None, stepped: bool = True) -> str:
     """How one rank that recorded no end ended, as far as its exit status tells: a signal only where the
-    status says one (negative, or 128 + N), an exit status where one is known, else a guess said as one."""
-    when = f"after step {seen.last_step}" if seen is not None and seen.last_step else "before its first step"
+    status says one (negative, or 128 + N; SIGKILL: out of memory?, as the kernel's OOM killer sends it), an exit
+    status where one is known, else a guess said as one. Where no rank of the run recorded a step (`stepped`
+    False: a script that records none) no step is named: "before its first step" said nothing of such a run."""
+    at = f" after step {seen.last_step}" if seen is not None and seen.last_step else \
+        " before its first step" if stepped else ""
     number = -code if code is not None and code < 0 else code - 128 if code is not None and code > 128 else None
     if number is not None:
-        return f"rank {rank} {when} stopped with no error and no end record (killed by {_signal_name(number)})"
+        oom = ": out of memory?" if number == signal.SIGKILL else ""
+        return f"rank {rank} was killed by {_signal_name(number)} (signal {number}){at}, with no error and no end record{oom}"
     if code is not None:
-        return f"rank {rank} exited with status {code} {when} without an end record"
-    return f"rank {rank} {when} stopped with no error and no end record (killed by a signal, or out of memory?)"
+        return f"rank {rank} exited with status {code}{at} without an end record"
+    return f"rank {rank}{at} stopped with no error and no end record (killed by a signal, or out of memory?)"
 
 
 def early_leavers(ranks: list[RankEnd], planned: int | None = None) -> str:
