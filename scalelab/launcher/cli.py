@@ -991,9 +991,8 @@ def _run_status(run_dir: str) -> None:
     backend, path = _backend_of(run_dir)
     st = settle(backend, path)
     console.print(f"{path}: [bold]{st.state}[/] {escape(st.detail)}", highlight=False, soft_wrap=True)
-    snap = snapshot_of(path)
+    snap = snapshot_of(path, st.state)
     if snap is not None:  # where it is (or where it stopped), from its records, as its state has it
-        snap = snap.as_of(st.state)
         if st.state not in ACTIVE:
             snap.eta_s = None
         console.print(f"  {snap.line()}", highlight=False, soft_wrap=True)
