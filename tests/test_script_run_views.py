@@ -4,6 +4,8 @@ reviewer's scripts of a user review (each copied here as text):
 - `launch status` agrees with the run's state: a RUNNING run whose rank 0 has returned does not say "ended"
   (hang.py), and a FAILED run says "failed", not the "interrupted" of the rank its agent stopped (exit3.py);
 - the one-line error names the rank when one rank failed ("rank 1: exit3.py exited with status 3");
+- `launch report` of a FAILED run with no step records says it failed, with its error and `launch logs RUN`,
+  not how to add tracking (fail_rank1.py); so does the report of a killed rank's run (kill9.py);
 - a rank killed by a signal (kill9.py: SIGKILL, as the OOM killer sends) is one line naming the rank and the
   signal, not torchrun's ChildFailedError dump.
 """
@@ -34,6 +36,13 @@ EXIT3 = "import os, sys, time\n" + RANK + """if r == "1":
     time.sleep(1)
     sys.exit(3)
 time.sleep(30)
+"""
+FAIL_RANK1 = """import time, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+if dist.get_rank() == 1:
+    time.sleep(0.5)
+    raise RuntimeError("boom on rank 1: bad batch")
+dist.all_reduce(torch.zeros(1))  # rank 0 waits in the collective
 """
 KILL9 = "import os, signal, time\n" + RANK + """if r == "1":
     time.sleep(1)
@@ -77,6 +86,24 @@ def test_a_failed_rank_is_named_and_the_status_says_failed(engine: str, tmp_path
     assert "interrupted" not in status.stdout, status.stdout
 
 
+def test_the_report_of_a_failed_run_without_step_records_says_it_failed(tmp_path: Path) -> None:
+    said = error_line(run_script(tmp_path, "fail_rank1.py", FAIL_RANK1))
+    assert "rank 1: fail_rank1.py raised RuntimeError: boom on rank 1: bad batch" in said, said
+    run = only_run_dir(tmp_path / "runs")
+    lines = [report_line(run, tmp_path)]
+    assert "failed" in lines[0] and "boom on rank 1: bad batch" in lines[0], lines[0]
+    assert re.search(rf"launch logs \S*{run.name}\b", lines[0]), lines[0]
+    assert "track" not in lines[0] and "to measure it" not in lines[0], lines[0]
+
+
+def report_line(run: Path, where: Path) -> str:
+    """The one line `launch report RUN` says of a run it cannot report (exit 2, nothing to read)."""
+    report = launch("report", str(run), cwd=where)
+    lines = [line for line in report.stderr.splitlines() if line.strip()]
+    assert report.returncode == 2 and len(lines) == 1 and "Traceback" not in report.stderr, report.stderr
+    return lines[0]
+
+
 @pytest.mark.parametrize("engine", ENGINES)
 def test_a_rank_killed_by_a_signal_is_one_line_naming_it(engine: str, tmp_path: Path) -> None:
     proc = run_script(tmp_path, "kill9.py", KILL9, engine)
@@ -86,3 +113,5 @@ def test_a_rank_killed_by_a_signal_is_one_line_naming_it(engine: str, tmp_path: 
     assert re.search(rf"`launch logs \S*{run.name} --rank 1`", said), said
     assert "ChildFailedError" not in proc.stderr and "last lines of its logs" not in said, said
     assert json.loads((run / "launch.json").read_text())["state"] == "FAILED"
+    reported = report_line(run, tmp_path)  # the launcher's line, kept in launch.json: no rank recorded an error
+    assert "failed" in reported and "rank 1 was killed by SIGKILL" in reported and "track" not in reported, reported

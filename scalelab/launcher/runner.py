@@ -319,8 +319,19 @@ def follow(backend: Backend, spec: Spec, run_dir: Path, label: str | None = None
     if status.state == CANCELLED:
         raise RunFailed(cancelled_line(run_dir))
     if status.state != COMPLETED:
-        raise failure(backend, run_dir, status)
+        raise kept(run_dir, failure(backend, run_dir, status))
     return write_summary(run_dir)
+
+
+def kept(run_dir: Path, error: ScalelabError) -> ScalelabError:
+    """`error`, why the run failed kept in launch.json (`error`: RunFailed's reason, without the run it names)
+    where it is one line (not the tail of the logs): what `launch report` quotes of a run that failed before it
+    recorded a step, where its ranks recorded no error of their own (a rank killed by a signal). A launch.json
+    that cannot be written leaves the error raised as it is."""
+    reason = error.reason if isinstance(error, RunFailed) else str(error)
+    if "\n" not in reason:
+        _try_write(lambda: update_state(run_dir, error=reason))
+    return error
 
 
 def cancelled_line(run_dir: Path) -> str:
@@ -375,9 +386,9 @@ def failure(backend: Backend, run_dir: Path, status: RunStatus) -> ScalelabError
     errors = sorted(read_errors(run_dir, since=since), key=lambda rec: float(rec.get("time", 0)))
     # a rank's own error first: the errors of ranks whose collective failed because a peer was gone come
     # after the silence of a killed rank (issue #37: not torchrun's or horovodrun's dump, not the echo)
-    said = error_messages(rec for rec in errors if not rec.get("peer_lost"))
+    said = "; ".join(error_messages(rec for rec in errors if not rec.get("peer_lost")))
     if said:
-        return RunFailed("; ".join(said) + f" (run directory {run_dir})" + resume_hint(run_dir))
+        return RunFailed(said + f" (run directory {run_dir})" + resume_hint(run_dir), said)
     full = full_note(run_dir)
     if full:  # its ranks could not write their error records either
         return WriteError(f"run {run_dir} {status.state.lower()} ({status.detail}): {full}; free space there, "
@@ -385,13 +396,15 @@ def failure(backend: Backend, run_dir: Path, status: RunStatus) -> ScalelabError
     failed = f"run {run_dir} {status.state.lower()} ({status.detail})"
     silent, logs = _silence(backend, run_dir, rank_ends(run_dir, since))
     if silent:
-        return RunFailed(f"{failed}: {silent}")
+        return RunFailed(f"{failed}: {silent}", silent)
     if errors:  # only ranks that lost a peer said something
-        return RunFailed("; ".join(error_messages(errors)) + f" (run directory {run_dir})" + resume_hint(run_dir))
+        said = "; ".join(error_messages(errors))
+        return RunFailed(said + f" (run directory {run_dir})" + resume_hint(run_dir), said)
     logs = backend.logs(run_dir) if logs is None else logs
     aborted = native_abort(logs)
     if aborted:  # a rank's C++ library gave up (Gloo's rendezvous, a CUDA error): its words, not the agent's dump
-        return RunFailed(f"{failed}: {aborted} (its full logs: `launch logs {run_dir}`)" + resume_hint(run_dir))
+        aborted += f" (its full logs: `launch logs {run_dir}`)"
+        return RunFailed(f"{failed}: {aborted}" + resume_hint(run_dir), aborted)
     return RunFailed(f"{failed}; last lines of its logs:\n" + tail(logs, 25))
 
 
