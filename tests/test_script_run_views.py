@@ -7,7 +7,9 @@ reviewer's scripts of a user review (each copied here as text):
 - `launch report` of a FAILED run with no step records says it failed, with its error and `launch logs RUN`,
   not how to add tracking (fail_rank1.py); so does the report of a killed rank's run (kill9.py);
 - a rank killed by a signal (kill9.py: SIGKILL, as the OOM killer sends) is one line naming the rank and the
-  signal, not torchrun's ChildFailedError dump.
+  signal, not torchrun's ChildFailedError dump;
+- `launch logs RUN` shows whole lines under torchrun, whose tee of the ranks' files into the launcher's log
+  cut a line written in two parts and merged it with the next (noisy.py); `-f` still follows.
 """
 
 from __future__ import annotations
@@ -49,11 +51,21 @@ KILL9 = "import os, signal, time\n" + RANK + """if r == "1":
     os.kill(os.getpid(), signal.SIGKILL)
 time.sleep(30)
 """
+# noisy.py's effect made certain: each stdout line is written in two parts with a stderr line between them
+PARTS = "import os, sys, time\n" + RANK + """for i in range(3):
+    print(f"rank {r} line {i} begins", end="", flush=True)
+    time.sleep(0.3)
+    print(f"rank {r} stderr {i}", file=sys.stderr, flush=True)
+    time.sleep(0.3)
+    print(" and ends", flush=True)
+print(f"rank {r} LAST LINE", flush=True)
+"""
 
 
-def run_script(tmp_path: Path, name: str, body: str, engine: str = "ddp", *extra: str):
+def run_script(tmp_path: Path, name: str, body: str, engine: str = "ddp", *extra: str,
+               layout: tuple[str, ...] = ("--gpus-per-node", "2")):
     (tmp_path / name).write_text(body)
-    return launch("--script", name, "--engine", engine, "--gpus-per-node", "2", *extra, cwd=tmp_path)
+    return launch("--script", name, "--engine", engine, *layout, *extra, cwd=tmp_path)
 
 
 def error_line(proc) -> str:
@@ -115,3 +127,37 @@ def test_a_rank_killed_by_a_signal_is_one_line_naming_it(engine: str, tmp_path: 
     assert json.loads((run / "launch.json").read_text())["state"] == "FAILED"
     reported = report_line(run, tmp_path)  # the launcher's line, kept in launch.json: no rank recorded an error
     assert "failed" in reported and "rank 1 was killed by SIGKILL" in reported and "track" not in reported, reported
+
+
+def whole_lines(text: str, tag: str, rank: int) -> None:
+    """Every line of rank `rank` in `text` (tagged `tag`) whole: each stdout line once, its two parts joined;
+    each stderr line on its own."""
+    mine = [line[len(tag):] for line in text.splitlines() if line.startswith(tag)]
+    stdout = [f"rank {rank} line {i} begins and ends" for i in range(3)] + [f"rank {rank} LAST LINE"]
+    assert [line for line in mine if "stderr" not in line] == stdout, text
+    assert [line for line in mine if "stderr" in line] == [f"rank {rank} stderr {i}" for i in range(3)], text
+
+
+TWO_NODES = ("--nodes", "2", "--gpus-per-node", "1")  # two torchrun agents: each rank is local rank 0 of its own
+
+
+@pytest.mark.parametrize("engine, layout, tags", [
+    ("ddp", ("--gpus-per-node", "2"), ("[rank0]:", "[rank1]:")),
+    ("ddp", TWO_NODES, ("[rank0]:", "[rank1]:")),  # the global rank, from the rank's start record
+    pytest.param("horovod", ("--gpus-per-node", "2"), ("[0]<stdout>:", "[1]<stdout>:"), marks=needs_horovod),
+])
+def test_the_combined_log_shows_whole_lines_and_follows(engine: str, layout: tuple[str, ...], tags: tuple[str, str],
+                                                        tmp_path: Path) -> None:
+    started = run_script(tmp_path, "parts.py", PARTS, engine, "--detach", layout=layout)
+    assert started.returncode == 0, started.stderr
+    run = only_run_dir(tmp_path / "runs")
+    followed = launch("logs", str(run), "-f", cwd=tmp_path)  # until the run ends
+    assert followed.returncode == 0 and re.search(r"\[end\] .*: COMPLETED", followed.stdout), followed.stdout
+    logs = launch("logs", str(run), cwd=tmp_path)
+    assert logs.returncode == 0, logs.stderr
+    for rank, tag in enumerate(tags):
+        err = tag.replace("stdout", "stderr")
+        for text in (followed.stdout, logs.stdout):
+            whole_lines("\n".join(line.replace(err, tag) for line in text.splitlines()), tag, rank)
+    one = launch("logs", str(run), "--rank", "1", cwd=tmp_path)
+    assert "rank 1 line 0 begins and ends" in one.stdout and "rank 0 line" not in one.stdout, one.stdout

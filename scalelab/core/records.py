@@ -56,6 +56,7 @@ KINDS: dict[str, dict[str, str]] = {
               "grad_compression": STR + OPTIONAL,
               # provenance (scalelab/core/provenance.py): every rank's machine, rank 0's software
               "host": STR + OPTIONAL, "cpu_model": STR + OPTIONAL, "gpu_model": STR + OPTIONAL,
+              "stdout": STR + OPTIONAL, "stderr": STR + OPTIONAL,  # the rank's own output files, where files
               "scalelab_version": STR + OPTIONAL, "torch_version": STR + OPTIONAL,
               "horovod_version": STR + OPTIONAL, "python_version": STR + OPTIONAL,
               "git_commit": STR + OPTIONAL, "role": STR + OPTIONAL, "mem_base_bytes": INT + OPTIONAL,

@@ -33,7 +33,7 @@ import re
 import signal
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -297,11 +297,17 @@ def rank_log(run_dir: Path, text: str, rank: int) -> str:
     return "".join(line for line in text.splitlines(keepends=True) if rank in rank_tag(line, at_start=True))
 
 
-def log_text(paths: list[Path]) -> str:
+def log_text(paths: list[Path], drop: Callable[[str], object] | None = None) -> str:
     """Log files as one text, each under a `==> PATH <==` header as `tail` prints several files; a
-    torchrun agent's traceback for the stop signal it was sent is one line (`quiet_stop_tracebacks`)."""
-    return "\n".join(f"==> {p} <==\n" + (quiet_stop_tracebacks(p.read_text(errors="replace")) if p.exists()
-                                          else "(no output yet)\n") for p in paths)
+    torchrun agent's traceback for the stop signal it was sent is one line (`quiet_stop_tracebacks`). `drop`:
+    the lines left out (an agent's copies of its ranks' lines, shown from the ranks' own files)."""
+    def text(p: Path) -> str:
+        body = p.read_text(errors="replace")
+        if drop is not None:
+            body = "".join(line for line in body.splitlines(keepends=True) if not drop(line))
+        return quiet_stop_tracebacks(body)
+
+    return "\n".join(f"==> {p} <==\n" + (text(p) if p.exists() else "(no output yet)\n") for p in paths)
 
 
 # torchrun's agent answers SIGTERM/SIGINT by raising SignalException, which Python prints as a ~25-line
@@ -564,7 +570,8 @@ def _silent(rank: int, seen: RankEnd | None, code: int | None, stepped: bool = T
     number = -code if code is not None and code < 0 else code - 128 if code is not None and code > 128 else None
     if number is not None:
         oom = ": out of memory?" if number == signal.SIGKILL else ""
-        return f"rank {rank} was killed by {_signal_name(number)} (signal {number}){at}, with no error and no end record{oom}"
+        return (f"rank {rank} was killed by {_signal_name(number)} (signal {number}){at}, with no error and no end "
+                f"record{oom}")
     if code is not None:
         return f"rank {rank} exited with status {code}{at} without an end record"
     return f"rank {rank}{at} stopped with no error and no end record (killed by a signal, or out of memory?)"
