@@ -196,7 +196,7 @@ def test_a_killed_rank_fails_the_run_and_it_resumes_from_the_last_checkpoint(tmp
     proc = launch(*SPEC, *ENGINES[engine], "--runs-dir", "runs", cwd=tmp_path, env={KILL_AT_STEP_ENV: "5:1"})
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
     said = [line for line in proc.stderr.splitlines() if line.startswith("launch")]  # not its `[RUN] step` lines
-    assert len(said) == 1 and "rank 1 after step 5 stopped with no error and no end record" in said[0], said
+    assert len(said) == 1 and "rank 1 was killed by SIGKILL (signal 9) after step 5" in said[0], said
     assert "rank 0" not in said[0], said
     run = _run_dir(tmp_path / "runs")
     assert _state(run)["state"] == "FAILED"

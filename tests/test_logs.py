@@ -140,6 +140,18 @@ def test_follow_holds_a_half_written_line_until_it_is_whole():
     assert written == ["==> a.log <==\nstep 1\n", "step 2\n", "last words\n"]
 
 
+def test_follow_holds_a_half_written_line_of_every_file_not_only_the_last():
+    """The local backend shows each torchrun rank's own files one after the other (files joined by a blank line):
+    a rank's line still being written, in a file before the last, was shown cut, then its file again whole."""
+    reads = iter(["==> a.log <==\nline 1\nhalf\n==> b.log <==\nb 1\n",
+                  "==> a.log <==\nline 1\nhalf done\n\n==> b.log <==\nb 1\n",
+                  "==> a.log <==\nline 1\nhalf done\n\n==> b.log <==\nb 1\n"])
+    states = iter([True, True, False])
+    written: list[str] = []
+    follow(lambda: next(reads), lambda: next(states), written.append, poll_s=0)
+    assert written == ["==> a.log <==\nline 1\n", "\n==> b.log <==\nb 1\n", "\n==> a.log <==\nhalf done\n"]
+
+
 # what srun and slurmstepd wrote into task 0's file when `launch cancel` stopped a 2x2 Horovod job (real cluster)
 SLURM_CANCELLED = """scalelab: Horovod rendezvous on port 48375 for 2 node(s) x 2 rank(s): node1,node2
 srun: Job step aborted: Waiting up to 32 seconds for job step to finish.

@@ -234,7 +234,8 @@ def test_a_users_script_that_raises_is_named_with_its_own_error_line_first(tmp_p
     done = launch(*args, "--runs-dir", str(tmp_path / "runs"), cwd=tmp_path, env={"FAIL_RANK": str(rank)})
     said = launch_lines(done.stderr)
     assert done.returncode == 1 and len(said) == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
-    assert said[0].startswith("launch: error: train.py raised ValueError: row 7 of shard 3 has no label"), said
+    who = f"rank {rank}: " if world(engine) > 1 else ""  # one rank of several failed: it is named
+    assert said[0].startswith(f"launch: error: {who}train.py raised ValueError: row 7 of shard 3 has no label"), said
     run = next(p for p in (tmp_path / "runs").glob("*") if p.is_dir())
     assert "Traceback (most recent call last)" in "".join(p.read_text() for p in (run / "logs").glob("*.log"))
     assert_nothing_left(run)

@@ -66,8 +66,12 @@ def test_an_exit_past_the_runner_says_its_status_and_no_checkpoint(engine, ranks
 
 def test_a_status_names_a_signal_only_where_it_says_one() -> None:
     seen = RankEnd(1, 2, 4, None, [], [])
-    killed = "rank 1 after step 4 stopped with no error and no end record (killed by SIGKILL)"
+    killed = "rank 1 was killed by SIGKILL (signal 9) after step 4, with no error and no end record: out of memory?"
     assert _silent(1, seen, 137) == killed and _silent(1, seen, -9) == killed
+    assert _silent(1, seen, -11).startswith("rank 1 was killed by SIGSEGV (signal 11) after step 4")
+    assert "memory" not in _silent(1, seen, -11)  # the OOM killer's signal is SIGKILL
+    assert _silent(1, RankEnd(1, 2, None, None, [], []), -9, stepped=False).startswith(
+        "rank 1 was killed by SIGKILL (signal 9), with no error")  # no step named where the run records none
     assert _silent(1, seen, 2) == "rank 1 exited with status 2 after step 4 without an end record"
     assert "killed by a signal, or out of memory?" in _silent(1, None, None)  # nothing known: said as a guess
 

@@ -31,12 +31,14 @@ from scalelab.analysis.scaling import (
     summarize_run,
     trust_warnings,
 )
-from scalelab.core.errors import RecordError, SpecError
+from scalelab.core.errors import RecordError, ScalelabError, SpecError
 from scalelab.core.options import Flag, option_flags
 from scalelab.core.presets import PRESETS, config_with_overrides
-from scalelab.core.records import load_run
+from scalelab.core.records import error_messages, load_run, read_errors
 from scalelab.core.rundir import (
+    CANCELLED,
     COMPLETED,
+    FAILED,
     STUDY_FILE,
     SWEEP_FILE,
     RunPaths,
@@ -467,15 +469,50 @@ def _ran(run) -> str:
 
 
 def unmeasured_note(run) -> str:
-    """What a report says of a --script run without step records: how long it ran, how it ended, how to measure."""
+    """What a report says of a --script run without step records: how long it ran, how it ended, how to measure;
+    of one that failed or was cancelled, that (`not_completed_note`)."""
     from scalelab.train.track import HOW_TO_RECORD
 
-    return f"{run.run_dir}: {run.spec.script_label} {_ran(run)} and has no step records; {HOW_TO_RECORD}"
+    return not_completed_note(run) or \
+        f"{run.run_dir}: {run.spec.script_label} {_ran(run)} and has no step records; {HOW_TO_RECORD}"
+
+
+def not_completed_note(run) -> str | None:
+    """What a report says of a --script run with nothing to measure that FAILED or was CANCELLED: that, its one
+    line and where its output is; None for any other run. Why: a run whose rank 1 raised before any step was
+    told to add `track.step` calls to be measured, as if it had run to its end with nothing recorded."""
+    paths = RunPaths(run.run_dir)
+    try:
+        info = read_state(run.run_dir) if paths.launch.exists() else {}
+    except ScalelabError:  # a damaged launch.json: the run is said as its records have it
+        return None
+    state = info.get("state")
+    if state not in (FAILED, CANCELLED):
+        return None
+    said = failure_words(run.run_dir, info) if state == FAILED else str(info.get("detail") or "")
+    how = "failed" if state == FAILED else "was cancelled"
+    note = f"{run.run_dir}: {run.spec.script_label} {how} before it recorded a step to measure, so there is " \
+        "nothing to report" + (f": {said}" if said else "")
+    return note if "launch logs" in said else note + f" (its output: `launch logs {run.run_dir}`)"
+
+
+def failure_words(run_dir: Path, info: dict[str, Any]) -> str:
+    """The one line of a failed run (`info`: its launch.json), from its records as the launcher builds it: its
+    ranks' own errors, else the launcher's line kept in launch.json (`error`: a rank killed by a signal), else the
+    errors of ranks that only lost a peer, else the state's detail."""
+    errors = sorted(read_errors(run_dir, since=info.get("launched")), key=lambda rec: float(rec.get("time", 0)))
+    own = error_messages(rec for rec in errors if not rec.get("peer_lost"))
+    return "; ".join(own) or str(info.get("error") or "") or "; ".join(error_messages(errors)) or \
+        str(info.get("detail") or "")
 
 
 def warmup_note(run, exc: UnmeasuredError) -> str:
     """What a report says of a --script run whose steps were all warm-up (or incomplete): the script decides its
-    own length, so the fix is its own arguments or a lower --warmup-steps, not the trainer's --steps."""
+    own length, so the fix is its own arguments or a lower --warmup-steps, not the trainer's --steps; of one that
+    failed or was cancelled, that (`not_completed_note`)."""
+    failed = not_completed_note(run)
+    if failed:
+        return failed
     what = "all warm-up" if exc.warmup == exc.recorded else (f"{exc.warmup} warm-up and the others not recorded by "
                                                              "every rank")
     return (f"{run.run_dir}: {run.spec.script_label} {_ran(run)} and recorded only {exc.recorded} step(s), {what} "

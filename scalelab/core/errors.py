@@ -21,6 +21,10 @@ class RunFailed(ScalelabError):
 
     exit_code: int = 1
 
+    def __init__(self, message: str, reason: str | None = None) -> None:
+        super().__init__(message)
+        self.reason = reason or message  # why, without the run it names: what `launch report` quotes of it
+
 
 class SpecError(ScalelabError):
     """The experiment spec (YAML or flags) is invalid."""

@@ -10,7 +10,9 @@ model and PyTorch version.
 
 from __future__ import annotations
 
+import os
 import platform
+import stat
 import subprocess
 from importlib import metadata
 from pathlib import Path
@@ -52,8 +54,23 @@ def cpu_model() -> str | None:
 
 
 def machine(gpu_model: str | None) -> dict[str, Any]:
-    """The fields every rank's start record carries about where it ran."""
-    return {"host": platform.node() or None, "cpu_model": cpu_model(), "gpu_model": gpu_model}
+    """The fields every rank's start record carries about where it ran (and where its output went)."""
+    return {"host": platform.node() or None, "cpu_model": cpu_model(), "gpu_model": gpu_model, **output_files()}
+
+
+def output_files() -> dict[str, str]:
+    """{"stdout": PATH, "stderr": PATH} of this process where each is a regular file (torchrun's per-rank
+    stdout.log / stderr.log under its --log-dir, srun's task files); nothing for a pipe or a terminal
+    (horovodrun, a plain start). Why: `launch logs` reads a rank's whole lines from its own files, and only the
+    rank knows which files are its own where several torchrun agents (emulated nodes) share one log folder."""
+    out = {}
+    for name, fd in (("stdout", 1), ("stderr", 2)):
+        try:
+            if stat.S_ISREG(os.fstat(fd).st_mode):
+                out[name] = os.path.realpath(f"/proc/self/fd/{fd}")
+        except OSError:  # closed, or no /proc (not Linux): not said
+            continue
+    return {name: path for name, path in out.items() if os.path.isabs(path)}
 
 
 def software(torch_version: str) -> dict[str, Any]:

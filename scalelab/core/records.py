@@ -20,7 +20,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 from scalelab.core.errors import RecordError
 from scalelab.core.rundir import RECORDS_DIR, RunPaths
@@ -56,6 +56,7 @@ KINDS: dict[str, dict[str, str]] = {
               "grad_compression": STR + OPTIONAL,
               # provenance (scalelab/core/provenance.py): every rank's machine, rank 0's software
               "host": STR + OPTIONAL, "cpu_model": STR + OPTIONAL, "gpu_model": STR + OPTIONAL,
+              "stdout": STR + OPTIONAL, "stderr": STR + OPTIONAL,  # the rank's own output files, where files
               "scalelab_version": STR + OPTIONAL, "torch_version": STR + OPTIONAL,
               "horovod_version": STR + OPTIONAL, "python_version": STR + OPTIONAL,
               "git_commit": STR + OPTIONAL, "role": STR + OPTIONAL, "mem_base_bytes": INT + OPTIONAL,
@@ -268,6 +269,23 @@ def read_errors(run_dir: Path, since: float | None = None) -> list[dict[str, Any
     """The `error` records of every rank, in rank order; only those written at `since` or later."""
     return [rec for path in rank_files(run_dir) for rec in read_records(path, [], tolerant=True)
             if rec["kind"] == "error" and (since is None or float(rec.get("time", 0)) >= since)]
+
+
+def error_messages(records: Iterable[Mapping[str, Any]]) -> list[str]:
+    """The error records' messages, each once, in order; one that a single rank of several said names that rank
+    ("rank 1: exit3.py exited with status 3"), unless it starts with a rank already (the trainer's own "rank 1:
+    RuntimeError: ..."). Why: a script's ranks say which script failed, never which rank, and the launcher said
+    "exit3.py exited with status 3" of a run whose rank 1 alone had failed. The same words from several ranks
+    stay one message without a rank (every rank raised the same error)."""
+    said: dict[str, set[Any]] = {}
+    world: dict[str, int] = {}
+    for rec in records:
+        message = str(rec.get("message", "")).strip()
+        said.setdefault(message, set()).add(rec.get("rank"))
+        world[message] = max(world.get(message, 1), int(rec.get("world") or 1))
+    return [f"rank {next(iter(ranks))}: {message}"
+            if len(ranks) == 1 and None not in ranks and world[message] > 1 and not message.startswith("rank ")
+            else message for message, ranks in said.items()]
 
 
 def load_run(run_dir: str | Path) -> RunRecords:

@@ -246,6 +246,7 @@ _STATE_FIELDS: dict[str, tuple[str, Any]] = {
     "state": ("one of the run states " + ", ".join(sorted(ACTIVE | TERMINAL | {UNKNOWN})),
               lambda v: isinstance(v, str) and v in ACTIVE | TERMINAL | {UNKNOWN}),
     "detail": ("text", lambda v: isinstance(v, str)),
+    "error": ("text", lambda v: isinstance(v, str)),  # why a failed run failed, as `launch run` said it
     "backend": ("a backend's name", lambda v: isinstance(v, str)),
     "pids": ("a list of process ids", lambda v: isinstance(v, list) and all(
         isinstance(p, int) and not isinstance(p, bool) and 0 < p < 2**31 for p in v)),

@@ -33,7 +33,7 @@ import re
 import signal
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,7 +41,7 @@ from typing import Any
 from scalelab.core.launch import starter_of
 from scalelab.core.errors import EngineError, ScalelabError, SpecError
 from scalelab.core.options import BackendOptions, Flag
-from scalelab.core.records import read_records
+from scalelab.core.records import error_messages, read_records
 from scalelab.core.rundir import (
     ACTIVE,
     CANCELLED,
@@ -297,11 +297,17 @@ def rank_log(run_dir: Path, text: str, rank: int) -> str:
     return "".join(line for line in text.splitlines(keepends=True) if rank in rank_tag(line, at_start=True))
 
 
-def log_text(paths: list[Path]) -> str:
+def log_text(paths: list[Path], drop: Callable[[str], object] | None = None) -> str:
     """Log files as one text, each under a `==> PATH <==` header as `tail` prints several files; a
-    torchrun agent's traceback for the stop signal it was sent is one line (`quiet_stop_tracebacks`)."""
-    return "\n".join(f"==> {p} <==\n" + (quiet_stop_tracebacks(p.read_text(errors="replace")) if p.exists()
-                                          else "(no output yet)\n") for p in paths)
+    torchrun agent's traceback for the stop signal it was sent is one line (`quiet_stop_tracebacks`). `drop`:
+    the lines left out (an agent's copies of its ranks' lines, shown from the ranks' own files)."""
+    def text(p: Path) -> str:
+        body = p.read_text(errors="replace")
+        if drop is not None:
+            body = "".join(line for line in body.splitlines(keepends=True) if not drop(line))
+        return quiet_stop_tracebacks(body)
+
+    return "\n".join(f"==> {p} <==\n" + (text(p) if p.exists() else "(no output yet)\n") for p in paths)
 
 
 # torchrun's agent answers SIGTERM/SIGINT by raising SignalException, which Python prints as a ~25-line
@@ -402,11 +408,11 @@ def ended_by_records(run_dir: Path, since: float | None) -> RunStatus | None:
         return None
     # as the runner's `failure`: a rank's own error, then a rank that went silent or left early, then the
     # errors of ranks that lost that peer (which blamed Gloo's "Connection reset by peer", not the rank gone)
-    own = [e for r in ranks if not r.peer_lost for e in r.errors]
+    own = [{"rank": r.rank, "world": r.world, "message": e} for r in ranks if not r.peer_lost for e in r.errors]
     silent = None if own else silent_ranks(run_dir, ranks)
-    errors = own or [e for r in ranks for e in r.errors]
+    errors = own or [{"rank": r.rank, "world": r.world, "message": e} for r in ranks for e in r.errors]
     if silent or errors:
-        return RunStatus(FAILED, silent or "; ".join(dict.fromkeys(errors)))
+        return RunStatus(FAILED, silent or "; ".join(error_messages(errors)))
     step = ranks[0].end.get("step")
     if any(r.end.get("reason") == "interrupted" for r in ranks):
         return RunStatus(CANCELLED, stop_line(run_dir, ranks))
@@ -532,12 +538,14 @@ def silent_ranks(run_dir: Path, ranks: list[RankEnd]) -> str | None:
     world = max((r.world for r in ranks), default=0)
     started = {r.rank: r for r in ranks}
     exits = rank_exits(run_dir)
-    said = [_silent(n, started.get(n), exits.get(n)) for n in range(world)
-            if n not in started or (started[n].end is None and not started[n].errors)]
+    stepped = any(r.last_step for r in ranks)
+    quiet = [n for n in range(world) if n not in started or (started[n].end is None and not started[n].errors)]
+    said = [_silent(n, started.get(n), exits.get(n), stepped) for n in quiet]
     left = early_leavers(ranks, planned_steps(run_dir))
     if not said and not left:
         return None
-    where = f"; its log: `launch logs {run_dir}`" + (
+    one = f" --rank {quiet[0]}" if len(quiet) == 1 and not left else ""  # its own lines, where it is the one
+    where = f"; its log: `launch logs {run_dir}{one}`" + (
         f"; `launch resume {run_dir}` continues from the last checkpoint" if has_checkpoint(run_dir) else "")
     return "; ".join(part for part in (", ".join(said), left) if part) + where
 
@@ -552,16 +560,21 @@ def planned_steps(run_dir: Path) -> int | None:
     return spec.steps if spec.epochs is None else None
 
 
-def _silent(rank: int, seen: RankEnd | None, code: int | None) -> str:
+def _silent(rank: int, seen: RankEnd | None, code: int | None, stepped: bool = True) -> str:
     """How one rank that recorded no end ended, as far as its exit status tells: a signal only where the
-    status says one (negative, or 128 + N), an exit status where one is known, else a guess said as one."""
-    when = f"after step {seen.last_step}" if seen is not None and seen.last_step else "before its first step"
+    status says one (negative, or 128 + N; SIGKILL: out of memory?, as the kernel's OOM killer sends it), an exit
+    status where one is known, else a guess said as one. Where no rank of the run recorded a step (`stepped`
+    False: a script that records none) no step is named: "before its first step" said nothing of such a run."""
+    at = f" after step {seen.last_step}" if seen is not None and seen.last_step else \
+        " before its first step" if stepped else ""
     number = -code if code is not None and code < 0 else code - 128 if code is not None and code > 128 else None
     if number is not None:
-        return f"rank {rank} {when} stopped with no error and no end record (killed by {_signal_name(number)})"
+        oom = ": out of memory?" if number == signal.SIGKILL else ""
+        return (f"rank {rank} was killed by {_signal_name(number)} (signal {number}){at}, with no error and no end "
+                f"record{oom}")
     if code is not None:
-        return f"rank {rank} exited with status {code} {when} without an end record"
-    return f"rank {rank} {when} stopped with no error and no end record (killed by a signal, or out of memory?)"
+        return f"rank {rank} exited with status {code}{at} without an end record"
+    return f"rank {rank}{at} stopped with no error and no end record (killed by a signal, or out of memory?)"
 
 
 def early_leavers(ranks: list[RankEnd], planned: int | None = None) -> str:

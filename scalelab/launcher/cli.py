@@ -991,8 +991,8 @@ def _run_status(run_dir: str) -> None:
     backend, path = _backend_of(run_dir)
     st = settle(backend, path)
     console.print(f"{path}: [bold]{st.state}[/] {escape(st.detail)}", highlight=False, soft_wrap=True)
-    snap = snapshot_of(path)
-    if snap is not None:  # where it is (or where it stopped), from its records
+    snap = snapshot_of(path, st.state)
+    if snap is not None:  # where it is (or where it stopped), from its records, as its state has it
         if st.state not in ACTIVE:
             snap.eta_s = None
         console.print(f"  {snap.line()}", highlight=False, soft_wrap=True)
@@ -1034,7 +1034,7 @@ def logs_cmd(run_dir: str, runs_dir: str, rank: int | None, follow: bool) -> Non
         raise ScalelabError(f"--rank {rank}: the run has ranks 0..{read_spec(path).world - 1}")
     watch = watch_run(path)
     records = RankLines(path, rank) if rank is not None else None
-    running = {"now": None}  # the run's state as last asked: "starting ranks" is said of an active run only
+    state: dict[str, str | None] = {"now": None}  # as last asked: "starting ranks" and "ended" agree with it
 
     def read() -> str | tuple[str, str]:
         if records is None:
@@ -1042,16 +1042,16 @@ def logs_cmd(run_dir: str, runs_dir: str, rank: int | None, follow: bool) -> Non
         return backend.rank_logs(path, rank), records.read()
 
     def active() -> bool:
-        running["now"] = backend.status(path).state in ACTIVE
-        return running["now"]
+        state["now"] = backend.status(path).state
+        return state["now"] in ACTIVE
 
     def progress() -> str | None:
-        snap = watch.poll()
+        if state["now"] is None:
+            active()
+        snap = watch.poll().as_of(state["now"])
         if snap.step or snap.ended:
             return snap.line()
-        if running["now"] is None:
-            active()
-        return watch.starting() if running["now"] else None  # before the first step (a bare header for ~45 s)
+        return watch.starting() if state["now"] in ACTIVE else None  # before the first step (a bare header for ~45 s)
 
     if not follow:
         texts = read()

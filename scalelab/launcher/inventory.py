@@ -416,23 +416,30 @@ def follow(read: Any, active: Any, write: Any, poll_s: float = 1.0, progress: An
 
 def _sections(texts: list[str], whole: bool = False) -> list[tuple[str, str]]:
     """(header line or "", its lines) of each file in the texts, blank lines at a file's end left out; a
-    last line without its newline is held back until it is whole (or, `whole`, the run has ended)."""
+    file's last line without its newline is held back until it is whole (or, `whole`, the run has ended)."""
     out: list[tuple[str, str]] = []
     for text in texts:
         key, lines = "", []
         for line in text.splitlines(keepends=True):
             if line.startswith("==> ") and line.rstrip("\n").endswith(" <=="):
-                if key or any(x.strip() for x in lines):
-                    out.append((key, "".join(lines).rstrip("\n") + "\n" if "".join(lines).strip() else ""))
+                _section(out, key, lines, whole, last=False)
                 key, lines = line.rstrip("\n"), []
             else:
                 lines.append(line)
-        if lines and not lines[-1].endswith("\n"):
-            if whole:
-                lines[-1] += "\n"
-            else:
-                lines.pop()
-        if key or any(x.strip() for x in lines):
-            out.append((key, "".join(lines).rstrip("\n") + "\n" if "".join(lines).strip() else ""))
+        _section(out, key, lines, whole, last=True)
     return out
+
+
+def _section(out: list[tuple[str, str]], key: str, lines: list[str], whole: bool, last: bool) -> None:
+    """Add one file's (header, lines) to `out`. Its last line is half-written where it has no newline of its
+    own: at the text's end, no newline; before another file's header, no blank line after it (files are
+    joined with one, `backend.log_text`). Why the second: the local backend shows each torchrun rank's own
+    files one after the other, and a rank's line still being written came out cut, then again whole."""
+    half = bool(lines) and (not lines[-1].endswith("\n") if last else bool(lines[-1].strip()))
+    if half and whole:
+        lines[-1] = lines[-1].rstrip("\n") + "\n"
+    elif half:
+        lines.pop()
+    if key or any(x.strip() for x in lines):
+        out.append((key, "".join(lines).rstrip("\n") + "\n" if "".join(lines).strip() else ""))
 

@@ -28,7 +28,7 @@ import psutil
 from scalelab.core.devices import check_gpus
 from scalelab.core.errors import EngineError, ScalelabError, SpecError
 from scalelab.core.engines import PLAIN
-from scalelab.core.launch import Site, launch_plan, payload_comment, starter_of
+from scalelab.core.launch import TORCHRUN_LOG_DIR, Site, launch_plan, payload_comment, starter_of
 from scalelab.core.net import free_port
 from scalelab.core.procs import (
     LAUNCHER_ENV,
@@ -55,7 +55,15 @@ from scalelab.core.rundir import (
 )
 from scalelab.core.spec import Spec, read_spec
 from scalelab.core.writes import LinkError, check_inside, open_inside
-from scalelab.launcher.backend import Backend, Request, RunStatus, ended_by_records, log_text, reported_exits
+from scalelab.launcher.backend import (
+    Backend,
+    Request,
+    RunStatus,
+    ended_by_records,
+    log_text,
+    rank_tag,
+    reported_exits,
+)
 from scalelab.launcher.options import LocalOptions
 from scalelab.launcher.owncode import workdir
 
@@ -98,6 +106,71 @@ def own_logs(run_dir: Path, recorded: list[Any]) -> list[Path]:
                             "or read the file yourself")
         out.append(check_inside(logs, logs / name))
     return out
+
+
+# torchrun's tag on the lines it copies from its ranks' files into its own output (`--tee`): `[rankR]:` with the
+# global rank (TORCHRUN_PREFIX), `[defaultL]:` with a local one (torchrun's own default)
+TORCHRUN_TEE = re.compile(r"\[(?:rank|default)\d+\]:")
+
+
+def rank_outputs(run_dir: Path) -> list[tuple[str, Path]]:
+    """(tag, file) of each stdout.log and stderr.log that torchrun's agents kept of their ranks under
+    RUN/logs/torchrun/ID/attempt_N/LOCAL_RANK/, the launches in the order their agents made their folders, then
+    by attempt, local rank, stdout before stderr. The tag is `[rankR]:` with the global rank whose `start` record
+    names the file (`stdout`/`stderr`), else, in a run of one node, the local rank (the same), else torchrun's
+    own `[defaultL]:` (a local rank). A link anywhere below logs/torchrun is passed over, never followed."""
+    logs = RunPaths(Path(run_dir)).logs
+    root = logs / TORCHRUN_LOG_DIR
+    if not root.is_dir() or root.is_symlink() or logs.is_symlink():
+        return []
+    owners, one_node = _output_owners(run_dir)
+    out = []
+    for launch in sorted(_folders(root), key=lambda d: d.stat().st_mtime):
+        for attempt in sorted(_folders(launch), key=lambda d: _number(d.name.rpartition("_")[2])):
+            for local in sorted((d for d in _folders(attempt) if d.name.isdigit()), key=lambda d: int(d.name)):
+                for name in ("stdout.log", "stderr.log"):
+                    path = local / name
+                    if path.is_file() and not path.is_symlink() and path.stat().st_size:  # an empty one: no header
+                        rank = owners.get(os.path.realpath(path), int(local.name) if one_node else None)
+                        out.append((f"[rank{rank}]:" if rank is not None else f"[default{local.name}]:", path))
+    return out
+
+
+def _folders(parent: Path) -> list[Path]:
+    """The real folders in `parent` (no link)."""
+    return [d for d in parent.iterdir() if d.is_dir() and not d.is_symlink()]
+
+
+def _number(text: str) -> int:
+    return int(text) if text.isdigit() else 0
+
+
+def _output_owners(run_dir: Path) -> tuple[dict[str, int], bool]:
+    """({real path of an output file: the global rank whose start record names it}, whether the run has one node)."""
+    from scalelab.core.records import read_records
+
+    owners: dict[str, int] = {}
+    for path in sorted(RunPaths(Path(run_dir)).records.glob("rank-*.jsonl")):
+        for rec in read_records(path, [], tolerant=True):
+            if rec.get("kind") == "start" and isinstance(rec.get("rank"), int):
+                owners.update({os.path.realpath(str(rec[name])): rec["rank"] for name in ("stdout", "stderr")
+                               if isinstance(rec.get(name), str)})
+    try:
+        nodes = read_spec(Path(run_dir)).nodes
+    except (ScalelabError, OSError, ValueError):
+        nodes = 0  # unknown: a file no start record names keeps torchrun's local tag
+    return owners, nodes == 1
+
+
+def rank_output(path: Path, tag: str) -> str:
+    """One rank's output file under a `==> PATH (rank R) <==` header, each line tagged as torchrun tags it (what
+    `launch logs --rank R` and the failure's abort line look for); a last line still being written stays
+    without its newline, as in the file (`launch logs -f` holds it back until it is whole)."""
+    text = path.read_text(errors="replace")
+    lines = re.findall(r"[^\n]*\n|[^\n]+$", text)
+    rank, local = rank_tag(tag, at_start=True)
+    who = f"rank {rank}" if rank is not None else f"local rank {local}"
+    return f"==> {path} ({who}) <==\n" + "".join(tag + line for line in lines)
 
 
 def shell_status(code: int | None) -> int | None:
@@ -253,7 +326,18 @@ class LocalBackend(Backend):
         return f"{len(live)} of its processes still run: pids {sorted(p.pid for p in live)}" if live else None
 
     def logs(self, run_dir: Path) -> str:
-        return log_text(own_logs(run_dir, read_state(run_dir).get("log_files") or []))
+        """The launcher's (or each node's) log, then, for torchrun's ranks, each rank's own stdout and stderr
+        files (`rank_outputs`), every line tagged with its rank; the agent's copies of those lines are left out
+        of its log. Why: torchrun's `--tee` copies a rank's file into the agent's output line by line as it
+        reads it, so a line the rank wrote in two parts (print(..., end=""), then the rest) came out cut in two,
+        the first part run into the next line of another file (`[rank1]:line 16340 xxx[rank1]:rank 1 stderr 0`,
+        then a bare `[rank1]:`); the rank's own files hold every line whole."""
+        logs = own_logs(run_dir, read_state(run_dir).get("log_files") or [])
+        outputs = rank_outputs(run_dir)
+        if not outputs:
+            return log_text(logs)
+        ranks = [rank_output(path, tag) for tag, path in outputs]
+        return "\n".join([log_text(logs, drop=TORCHRUN_TEE.match), *ranks])
 
     def launch_text(self, run_dir: Path) -> str:
         """What the run's latest launch wrote to its logs: each from the size it had when that launch started

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,7 @@ from rich.progress import (
 
 from scalelab.core.errors import ScalelabError
 from scalelab.core.records import RecordTail, rank_files
-from scalelab.core.rundir import RunPaths
+from scalelab.core.rundir import ACTIVE, CANCELLED, FAILED, RunPaths
 from scalelab.core.spec import read_spec
 
 
@@ -57,7 +57,7 @@ class Snapshot:
     words_per_s: float | None = None
     eta_s: float | None = None
     threshold_step: int | None = None
-    ended: str | None = None  # rank 0's `end` reason (steps, epochs, threshold, ...) once it wrote one
+    ended: str | None = None  # how the run ended once every rank recorded its end (`RunWatch.ended`)
     unit: str = "words"  # what words_per_s counts: a --script run's own unit (`track.unit`: images, samples)
 
     def steps(self) -> str:
@@ -98,6 +98,16 @@ class Snapshot:
             out.append((1, f"ETA {duration(self.eta_s)}"))
         return out
 
+    def as_of(self, state: str | None) -> "Snapshot":
+        """The snapshot agreeing with the run's `state` (launch.json or the backend): a run still going has not
+        ended, whatever a rank that returned recorded; a failed run failed, whatever its other ranks recorded
+        (stopped by their agent: interrupted); a cancelled one whose ranks did not all record an end was cancelled.
+        Why: `launch status` said "RUNNING ... ended (completed)" while rank 1 hung after rank 0 returned, and
+        "FAILED ... ended (interrupted)" for rank 1's sys.exit(3)."""
+        ended = (None if state in ACTIVE else "failed" if state == FAILED
+                 else "cancelled" if state == CANCELLED and self.ended is None else self.ended)
+        return replace(self, ended=ended)  # a copy: the watch's own goes on from its records
+
     def to_dict(self) -> dict[str, Any]:
         return {"step": self.step, "total_steps": self.total, "loss": self.loss, "val_loss": self.val_loss,
                 "words_per_s": self.words_per_s, "eta_s": self.eta_s, "threshold_step": self.threshold_step,
@@ -120,6 +130,7 @@ class RunWatch:
         self.seconds = 0.0
         self.snap = Snapshot(total=steps)
         self.started: set[int] = set()  # ranks whose start record is in (they are up and training soon)
+        self.ends: dict[int, str] = {}  # rank -> the reason of its `end` record since its latest start
         self.expected: int | None = None  # the ranks the run starts (spec.json), once known
         self.since: float | None = None  # when the run was launched (launch.json), for "starting ranks" lines
 
@@ -159,8 +170,18 @@ class RunWatch:
             self.snap.threshold_step = rec.get("step")
         elif rank == 0 and kind == "event" and rec.get("event") == "unit" and rec.get("unit"):
             self.snap.unit = str(rec["unit"])  # `track.unit("images")` in a --script run
-        elif rank == 0 and kind == "event" and rec.get("event") == "end":
-            self.snap.ended = str(rec.get("reason") or "ended")
+        elif kind == "event" and rec.get("event") == "end":
+            self.ends[rank] = str(rec.get("reason") or "ended")
+            self.snap.ended = self.ended()
+
+    def ended(self) -> str | None:
+        """How the run ended by its records, once every rank recorded its end: "failed" where a rank failed, else
+        "interrupted" where one was, else rank 0's reason (steps, epochs, threshold, completed); None before.
+        Why every rank: a script's rank 0 that returned while rank 1 still ran made the run "ended (completed)"."""
+        if any(rank not in self.ends for rank in range(self.world)):
+            return None
+        reasons = set(self.ends.values())
+        return next((worst for worst in ("failed", "interrupted") if worst in reasons), self.ends.get(0))
 
     def _start(self, rank: int, rec: dict[str, Any]) -> None:
         self.started.add(rank)
@@ -170,10 +191,10 @@ class RunWatch:
         if rank == 0 and per_epoch and self.epochs:
             self.total = min(self.total or 1 << 62, int(per_epoch) * int(self.epochs))
             self.epochs = None
-        if rank == 0:
-            self.snap.ended = None  # a resumed run trains again
-            if rec.get("unit"):  # a --script run's start says its unit (samples until the script names one)
-                self.snap.unit = str(rec["unit"])
+        self.ends.pop(rank, None)  # a resumed rank trains again
+        self.snap.ended = self.ended()
+        if rank == 0 and rec.get("unit"):  # a --script run's start says its unit (samples until the script names one)
+            self.snap.unit = str(rec["unit"])
 
     def _step(self, rank: int, rec: dict[str, Any]) -> None:
         step = int(rec["step"])
@@ -234,10 +255,12 @@ def _launched(run_dir: Path) -> float | None:
     return float(value) if isinstance(value, (int, float)) else None
 
 
-def snapshot_of(run_dir: Path) -> Snapshot | None:
-    """Where a run is now, from all its records; None when it wrote none yet."""
+def snapshot_of(run_dir: Path, state: str | None = None) -> Snapshot | None:
+    """Where a run is now, from all its records, as a run in `state` shows it (`Snapshot.as_of`; None: as the
+    records have it); None when it wrote none yet, or nothing to say (no step, not ended)."""
     watch = watch_run(run_dir)
     snap = watch.poll()
+    snap = snap.as_of(state) if state is not None else snap
     return snap if watch.tails and (snap.step or snap.ended) else None
 
 

@@ -34,7 +34,7 @@ from typing import Callable, Iterator
 
 from scalelab.core.errors import RunFailed, ScalelabError
 from scalelab.core.lock import RunBusy, RunLock, owner_of
-from scalelab.core.records import rank_files, read_errors
+from scalelab.core.records import error_messages, rank_files, read_errors
 from scalelab.core.rundir import (
     CANCELLED,
     COMPLETED,
@@ -56,6 +56,7 @@ from scalelab.core.writes import WriteError, full_note, refuse_run_dir_links
 from scalelab.launcher.backend import (
     STOP_NOW,
     Backend,
+    RankEnd,
     RunStatus,
     has_checkpoint,
     no_checkpoint_advice,
@@ -318,8 +319,19 @@ def follow(backend: Backend, spec: Spec, run_dir: Path, label: str | None = None
     if status.state == CANCELLED:
         raise RunFailed(cancelled_line(run_dir))
     if status.state != COMPLETED:
-        raise failure(backend, run_dir, status)
+        raise kept(run_dir, failure(backend, run_dir, status))
     return write_summary(run_dir)
+
+
+def kept(run_dir: Path, error: ScalelabError) -> ScalelabError:
+    """`error`, why the run failed kept in launch.json (`error`: RunFailed's reason, without the run it names)
+    where it is one line (not the tail of the logs): what `launch report` quotes of a run that failed before it
+    recorded a step, where its ranks recorded no error of their own (a rank killed by a signal). A launch.json
+    that cannot be written leaves the error raised as it is."""
+    reason = error.reason if isinstance(error, RunFailed) else str(error)
+    if "\n" not in reason:
+        _try_write(lambda: update_state(run_dir, error=reason))
+    return error
 
 
 def cancelled_line(run_dir: Path) -> str:
@@ -364,36 +376,50 @@ def settle(backend: Backend, run_dir: Path) -> RunStatus:
 
 def failure(backend: Backend, run_dir: Path, status: RunStatus) -> ScalelabError:
     """The error for a run that did not complete (`RunFailed`, exit 1): its ranks' own words; else which
-    rank stopped without a word (killed); else the end of its logs."""
+    rank stopped without a word (killed, by the signal its exit status names); else the end of its logs.
+
+    Which rank went silent is read from facts, not from the agents' dumps: the rank's `start` record (the
+    script's runner and the trainer write one before any user code runs) without an `end` or `error` after it,
+    and its exit status as the local backend recorded it (`rank_exits` in launch.json: the one place log text is
+    read, torchrun's documented failure summary or horovodrun's `Process R exit with status code N.` line)."""
     since = read_state(run_dir).get("launched")
     errors = sorted(read_errors(run_dir, since=since), key=lambda rec: float(rec.get("time", 0)))
     # a rank's own error first: the errors of ranks whose collective failed because a peer was gone come
     # after the silence of a killed rank (issue #37: not torchrun's or horovodrun's dump, not the echo)
-    said = _messages(rec for rec in errors if not rec.get("peer_lost"))
+    said = "; ".join(error_messages(rec for rec in errors if not rec.get("peer_lost")))
     if said:
-        return RunFailed("; ".join(said) + f" (run directory {run_dir})" + resume_hint(run_dir))
+        return RunFailed(said + f" (run directory {run_dir})" + resume_hint(run_dir), said)
     full = full_note(run_dir)
     if full:  # its ranks could not write their error records either
         return WriteError(f"run {run_dir} {status.state.lower()} ({status.detail}): {full}; free space there, "
                           f"then `launch resume {run_dir}` (or run with --runs-dir on a filesystem with room)")
-    ranks = rank_ends(run_dir, since)
-    silent = silent_ranks(run_dir, ranks) if any(r.last_step for r in ranks) else None
-    if silent:  # they trained, and one of them stopped without a word
-        return RunFailed(f"run {run_dir} {status.state.lower()} ({status.detail}): {silent}")
+    failed = f"run {run_dir} {status.state.lower()} ({status.detail})"
+    silent, logs = _silence(backend, run_dir, rank_ends(run_dir, since))
+    if silent:
+        return RunFailed(f"{failed}: {silent}", silent)
     if errors:  # only ranks that lost a peer said something
-        return RunFailed("; ".join(_messages(errors)) + f" (run directory {run_dir})" + resume_hint(run_dir))
-    logs = backend.logs(run_dir)
+        said = "; ".join(error_messages(errors))
+        return RunFailed(said + f" (run directory {run_dir})" + resume_hint(run_dir), said)
+    logs = backend.logs(run_dir) if logs is None else logs
     aborted = native_abort(logs)
     if aborted:  # a rank's C++ library gave up (Gloo's rendezvous, a CUDA error): its words, not the agent's dump
-        return RunFailed(f"run {run_dir} {status.state.lower()} ({status.detail}): {aborted} (its full logs: "
-                             f"`launch logs {run_dir}`)" + resume_hint(run_dir))
-    return RunFailed(f"run {run_dir} {status.state.lower()} ({status.detail}); last lines of its logs:\n"
-                         + tail(logs, 25))
+        aborted += f" (its full logs: `launch logs {run_dir}`)"
+        return RunFailed(f"{failed}: {aborted}" + resume_hint(run_dir), aborted)
+    return RunFailed(f"{failed}; last lines of its logs:\n" + tail(logs, 25))
 
 
-def _messages(records) -> list[str]:
-    """The error records' messages, each once, in order."""
-    return list(dict.fromkeys(str(rec.get("message", "")).strip() for rec in records))
+def _silence(backend: Backend, run_dir: Path, ranks: list[RankEnd]) -> tuple[str | None, str | None]:
+    """(the line on the ranks that stopped without a word, the logs where they were read): of a run whose ranks
+    trained; of one with no step, where a rank that wrote its `start` record then went silent (a --script that
+    records no steps, killed by SIGKILL), unless a rank's C++ library said why it aborted (its words say more than
+    SIGABRT). Why: such a rank's run ended in the last 25 lines of torchrun's ChildFailedError dump. A rank that
+    never started (a rendezvous that failed, an import error) is left to the logs, which hold its traceback."""
+    if any(r.last_step for r in ranks):
+        return silent_ranks(run_dir, ranks), None
+    if not any(r.end is None and not r.errors for r in ranks):
+        return None, None
+    logs = backend.logs(run_dir)
+    return (None if native_abort(logs) else silent_ranks(run_dir, ranks)), logs
 
 
 def nothing_to_resume(run_dir: Path, spec: Spec) -> str:
