@@ -164,7 +164,7 @@ class PlacementGroups:
 def test_spot_run_completes_and_leaves_nothing(cloud, tmp_path, monkeypatch):
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", CREDS["aws_access_key_id"])
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", CREDS["aws_secret_access_key"])
-    be = backend(cloud, spot=True, spot_max_price=0.6, placement_group="auto")
+    be = backend(cloud, instance_type="g3.4xlarge", spot=True, spot_max_price=0.6, placement_group="auto")
     pgs = be._clients["ec2"] = PlacementGroups(cloud["ec2"])
     run_dir = run_dir_for(tmp_path)
     request = be.submit_dryrun(make_spec(), run_dir)
@@ -625,7 +625,7 @@ class NoCapacity:
 
 
 def test_spot_interruption_is_replaced_and_resumed(cloud, tmp_path):
-    be = backend(cloud, spot=True, fallback_instance_types=["p3.2xlarge"])
+    be = backend(cloud, instance_type="g3.4xlarge", spot=True, fallback_instance_types=["p3.2xlarge"])
     be._clients["ec2"] = NoCapacity(cloud["ec2"], "g3.4xlarge")
     run_dir = run_dir_for(tmp_path)
     be.schedule(be.submit_dryrun(make_spec(), run_dir))

@@ -107,7 +107,7 @@ def test_the_preview_warns_past_the_time_limit_and_names_where_its_step_time_was
     write_summary(runs[0])  # a 1x1 run of the local backend, on a CPU
     out = CliRunner().invoke(main, [*AWS, "--expect-from", str(runs[0])])
     assert out.exit_code == 0, out.output
-    assert "step time from runs on local (CPU), not on aws g3.4xlarge: its speed is not applied" in out.stderr
+    assert "step time from runs on local (CPU), not on aws g4dn.xlarge: its speed is not applied" in out.stderr
 
 
 def test_a_report_of_two_sweeps_with_the_same_layouts_says_it_merged_them(tmp_path):

@@ -147,7 +147,7 @@ def test_the_price_preview_of_a_script_run(tmp_path: Path) -> None:
             "--engine", "ddp", "--nodes", "2", "--dry-run"]
     priced = launch(*base, "--steps", "500", "--", "--steps", "500", cwd=tmp_path)
     assert priced.returncode == 0, priced.stderr
-    assert "2*g3.4xlarge" in priced.stderr and "for 500 steps" in priced.stderr
+    assert "2*g4dn.xlarge" in priced.stderr and "for 500 steps" in priced.stderr  # the default type
     assert "expected cost of the launch: $" in priced.stderr
     unknown = launch(*base, "--max-usd", "1", "--", "--steps", "500", cwd=tmp_path)
     assert unknown.returncode == 0 and "a --script: give --steps N" in unknown.stderr  # a dry run is not refused

@@ -189,7 +189,7 @@ def test_a_rank_error_names_the_resume_when_a_checkpoint_exists(tmp_path: Path, 
     if checkpointed:
         (run / "checkpoint.pt").write_bytes(b"PK")
     message = str(failure(_Following(), run, RunStatus("FAILED", "rank 1 exited 2")))
-    assert message.startswith("cannot write records") and "is full" in message
+    assert message.startswith("rank 1: cannot write records") and "is full" in message  # one rank of two said it
     assert (f"`launch resume {run}`" in message) == checkpointed
 
 

@@ -269,32 +269,55 @@ AT_EXIT_S = 30.0  # the most the script's atexit handlers get (within the launch
 def end_as_python_would(limit_s: float = AT_EXIT_S) -> None:
     """What the interpreter's exit does for a script, short of its teardown: the atexit handlers
     (logging.shutdown, multiprocessing ending the daemonic children and joining the others, wandb's,
-    TensorBoard's, the script's own), then a flush of every file it left open. Why: exit_without_teardown
+    TensorBoard's, the script's own) and a flush of every file it left open. Why: exit_without_teardown
     (os._exit) skipped both, so a script's unclosed metrics file came out empty, its atexit file never came,
-    and its daemon process outlived a COMPLETED run; torchrun's ranks run both. In a thread, at most
-    `limit_s`: a handler that waits on a peer already gone (a collective library's shutdown) must not hold
-    the rank; it is then left, as before."""
+    and its daemon process outlived a COMPLETED run; torchrun's ranks run both. The files are flushed first
+    and the daemonic children ended first (`end_daemon_children`), so that a handler that hangs loses
+    nothing; the handlers run in a thread, at most `limit_s`: one that waits on a peer already gone (a
+    collective library's shutdown) must not hold the rank."""
     import atexit
-    import gc
-    import io
 
-    def run_them() -> None:
-        try:
-            atexit._run_exitfuncs()  # CPython's own: each handler's error is printed, the others still run
-        finally:
-            for obj in gc.get_objects():
-                try:
-                    if isinstance(obj, io.IOBase) and not obj.closed and obj.writable():
-                        obj.flush()
-                except Exception:  # noqa: BLE001 - a broken pipe, a closed fd under it: nothing to save there
-                    pass
-
-    worker = threading.Thread(target=run_them, name="scalelab-atexit", daemon=True)
-    worker.start()
+    flush_open_files()
+    end_daemon_children()
+    worker = threading.Thread(target=atexit._run_exitfuncs, name="scalelab-atexit", daemon=True)  # CPython's own:
+    worker.start()  # each handler's error is printed and the others still run
     worker.join(limit_s)
     if worker.is_alive():
         print(f"scalelab: the script's exit handlers did not finish within {limit_s:g} s; leaving without them",
               file=sys.stderr)
+    flush_open_files()
+
+
+def flush_open_files() -> None:
+    """Flush every file object the script left open (what their finalizers would do at exit)."""
+    import gc
+    import io
+
+    for obj in gc.get_objects():
+        try:
+            if isinstance(obj, io.IOBase) and not obj.closed and obj.writable():
+                obj.flush()
+        except Exception:  # noqa: BLE001 - a broken pipe, a closed fd under it: nothing to save there
+            pass
+
+
+def end_daemon_children(grace_s: float = 5.0) -> None:
+    """SIGTERM to the script's daemonic multiprocessing children, as multiprocessing's exit handler does, then
+    SIGKILL to any left after `grace_s`. Why not the handler alone: it waits for them without a limit, and a
+    SIGTERM that reaches a child just forked, before its Python has set up its signals, is lost (CPython
+    clears pending signals after a fork), so a CI run's rank waited past its exit limit for a child that
+    never got the signal, and left with its files unflushed."""
+    mp = sys.modules.get("multiprocessing")
+    if mp is None:
+        return
+    children = [c for c in mp.active_children() if c.daemon]
+    for child in children:
+        child.terminate()
+    for child in children:
+        child.join(grace_s)
+        if child.is_alive():
+            child.kill()
+            child.join(grace_s)
 
 
 if __name__ == "__main__":
