@@ -305,8 +305,8 @@ def end_daemon_children(grace_s: float = 5.0) -> None:
     """SIGTERM to the script's daemonic multiprocessing children, as multiprocessing's exit handler does, then
     SIGKILL to any left after `grace_s`. Why not the handler alone: it waits for them without a limit, and a
     SIGTERM that reaches a child just forked, before its Python has set up its signals, is lost (CPython
-    clears pending signals after a fork), so a CI run's rank waited past its exit limit for a child that
-    never got the signal, and left with its files unflushed."""
+    clears pending signals after a fork): most likely why a CI run's rank waited past its exit limit and left
+    with its files unflushed."""
     mp = sys.modules.get("multiprocessing")
     if mp is None:
         return
