@@ -70,7 +70,7 @@ def output_files() -> dict[str, str]:
                 out[name] = os.path.realpath(f"/proc/self/fd/{fd}")
         except OSError:  # closed, or no /proc (not Linux): not said
             continue
-    return {name: path for name, path in out.items() if os.path.isabs(path)}
+    return out
 
 
 def software(torch_version: str) -> dict[str, Any]:

@@ -820,13 +820,14 @@ def predict_band(fitted: pd.DataFrame, workers: Sequence[float], nodes: Sequence
 
 
 def next_count(fitted: pd.DataFrame, wanted: Sequence[float]) -> int | None:
-    """With two measured counts, the third to measure: the doubling of the most measured count (or
-    the largest wanted count below it), which shows whether efficiency keeps decaying; None with
-    three or more counts or nothing wanted above them."""
+    """With two measured counts, the third to measure: of the wanted counts above them, the one nearest the
+    doubling of the most measured count, else that doubling itself (asked only for counts between the two,
+    2 and 3 of 1 and 4, there was none); it shows whether efficiency keeps decaying. None with three or
+    more counts."""
     counts = sorted({int(w) for w in fitted["workers"]})
-    above = sorted(int(w) for w in wanted if w > counts[-1])
-    if len(counts) >= 3 or not above:
+    if len(counts) >= 3:
         return None
+    above = [int(w) for w in wanted if w > counts[-1]] or [2 * counts[-1]]
     return min(above, key=lambda w: abs(math.log2(w / (2 * counts[-1]))))
 
 

@@ -352,7 +352,7 @@ def _placement_note(fit: FittedSeries, wanted: set[int], typed: bool) -> list[st
 
 def _two_count_note(fit: FittedSeries, wanted: set[int]) -> list[str]:
     """With two measured GPU counts: where the band comes from and which third count narrows it."""
-    third = _third_count(fit, sorted(wanted))
+    third = next_count(fit.measured, wanted)
     if third is None:
         return []
     return [f"series {fit.label or '(unlabelled)'}: measured at two GPU counts only, so its band comes from how "
@@ -458,20 +458,12 @@ def _two_count_next(fits: dict[str, FittedSeries], wanted: Sequence[int]) -> dic
     """With a series measured at two GPU counts only, the third count its note names (the band comes from
     the corpus's efficiency decay, not from models that could disagree): one answer, said alike twice."""
     for label, fit in fits.items():
-        third = _third_count(fit, sorted(int(w) for w in wanted))
+        third = next_count(fit.measured, wanted)
         if third is not None:
             return {"label": label, "workers": third, "disagreement": None,
                     "why": "the series is measured at two GPU counts only: a third shows whether per-GPU "
                            "efficiency keeps decaying, and narrows every band"}
     return None
-
-
-def _third_count(fit: FittedSeries, wanted: Sequence[int]) -> int | None:
-    """With two measured counts, the third to measure (`calibration.next_count`): of the wanted counts above
-    them, the one nearest twice the most measured, else that doubling itself. Asked only for counts between
-    the two (2 and 3 of 1 and 4), it was none, and "measure next" named the count where two models agreed
-    within 1 %; None with three or more counts."""
-    return next_count(fit.measured, wanted) or next_count(fit.measured, [2 * max(fit.counts)])
 
 
 def _mark_next(rows: pd.DataFrame, nxt: dict[str, Any] | None) -> None:

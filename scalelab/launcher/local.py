@@ -146,20 +146,23 @@ def _number(text: str) -> int:
 
 
 def _output_owners(run_dir: Path) -> tuple[dict[str, int], bool]:
-    """({real path of an output file: the global rank whose start record names it}, whether the run has one node)."""
+    """({real path of an output file: the global rank whose start record names it}, whether the run has one node).
+    A run of one node reads no records: its local ranks are its global ones (`launch logs -f` asks every second)."""
     from scalelab.core.records import read_records
 
+    try:
+        nodes = read_spec(Path(run_dir)).nodes
+    except (ScalelabError, OSError, ValueError):
+        nodes = 0  # unknown: a file no start record names keeps torchrun's local tag
+    if nodes == 1:
+        return {}, True
     owners: dict[str, int] = {}
     for path in sorted(RunPaths(Path(run_dir)).records.glob("rank-*.jsonl")):
         for rec in read_records(path, [], tolerant=True):
             if rec.get("kind") == "start" and isinstance(rec.get("rank"), int):
                 owners.update({os.path.realpath(str(rec[name])): rec["rank"] for name in ("stdout", "stderr")
                                if isinstance(rec.get(name), str)})
-    try:
-        nodes = read_spec(Path(run_dir)).nodes
-    except (ScalelabError, OSError, ValueError):
-        nodes = 0  # unknown: a file no start record names keeps torchrun's local tag
-    return owners, nodes == 1
+    return owners, False
 
 
 def rank_output(path: Path, tag: str) -> str:

@@ -259,8 +259,7 @@ def snapshot_of(run_dir: Path, state: str | None = None) -> Snapshot | None:
     """Where a run is now, from all its records, as a run in `state` shows it (`Snapshot.as_of`; None: as the
     records have it); None when it wrote none yet, or nothing to say (no step, not ended)."""
     watch = watch_run(run_dir)
-    snap = watch.poll()
-    snap = snap.as_of(state) if state is not None else snap
+    snap = watch.poll().as_of(state)
     return snap if watch.tails and (snap.step or snap.ended) else None
 
 
