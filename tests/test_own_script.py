@@ -214,7 +214,8 @@ def test_a_script_that_fails_at_once_is_one_line_and_leaves_nothing_running(body
     assert proc.returncode == 1, proc.stderr  # the run failed (2 is input refused before anything starts)
     # the progress line ("[RUN] starting ranks: 2 of 2 up") may come first; the error is one line
     lines = [line for line in proc.stderr.splitlines() if line.strip() and not line.startswith("[")]
-    assert len(lines) == 1 and said in lines[0] and "Traceback" not in proc.stderr, proc.stderr
+    # the script's own traceback is its ranks' output, shown tagged (launcher/echo.py); launch's own: none
+    assert len(lines) == 1 and said in lines[0] and "Traceback" not in lines[0], proc.stderr
     run_dir = only_run_dir(tmp_path / "runs")
     assert json.loads((run_dir / "launch.json").read_text())["state"] == "FAILED"
     assert no_process_of(run_dir) == []

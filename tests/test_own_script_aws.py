@@ -26,6 +26,7 @@ from scalelab.aws.backend import AwsBackend  # noqa: E402
 from scalelab.core.errors import SpecError  # noqa: E402
 from scalelab.core.rundir import new_run_dir  # noqa: E402
 from scalelab.core.spec import Spec, save_spec  # noqa: E402
+from scalelab.launcher.echo import RankEcho  # noqa: E402
 from tests.test_aws_bootstrap import (  # noqa: E402,F401 - the fixtures and stand-ins of the instance side
     POLL_S,
     REGION,
@@ -100,7 +101,8 @@ def test_script_on_two_instances_ships_starts_and_terminates(cloud, wheel, tmp_p
         pytest.skip(why)
     ec2, s3, bucket = cloud["ec2"], cloud["s3"], cloud["bucket"]
     script = EXAMPLES / f"train_{engine}.py"
-    spec = script_spec(nodes=2, gpus_per_node=1, engine={"name": engine}, script=str(script), model=script.name)
+    spec = script_spec(nodes=2, gpus_per_node=1, engine={"name": engine}, script=str(script), model=script.name,
+                       script_args=["--steps", "12", "--val-every", "6"])  # rank 0 prints at steps 6 and 12
     be = AwsBackend({"bucket": bucket, "region": REGION, "wheel": str(wheel), "poll_s": POLL_S, "report_timeout_min": 6.0,
                      "timeout_min": 15.0, "instance_type": "g3.4xlarge", "placement_group": "none"},
                     clients={"ec2": ec2, "s3": s3})
@@ -128,6 +130,13 @@ def test_script_on_two_instances_ships_starts_and_terminates(cloud, wheel, tmp_p
         assert recs[0]["kind"] == "start" and recs[0]["world"] == 2 and recs[0]["engine"] == engine
         assert recs[0]["script"] == str(work / "code" / script.name)
         assert [r["step"] for r in recs if r["kind"] == "step"] == list(range(1, 13))
+    # what `launch` shows as it follows (launcher/echo.py): the ranks' lines of the nodes' mirrored logs, retagged
+    said: list[str] = []
+    RankEcho(be, run_dir, {0, 1}, {}, lambda text, err: said.append(text)).close()
+    shown = "".join(said).splitlines()
+    assert [line.split(" validation")[0] for line in shown if "validation loss" in line] == [
+        "[rank0]:step 6", "[rank0]:step 12"], shown
+    assert all(line.startswith(("[rank0]:", "[rank1]:")) for line in shown), shown
     assert td.instances(ec2, run_dir.name, td.LIVE_STATES) == []
     left = subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True, text=True).stdout.split()
     assert left == [], subprocess.run(["ps", "-o", "pid,args", "-p", ",".join(left)], capture_output=True,

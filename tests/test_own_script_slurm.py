@@ -34,8 +34,12 @@ def test_script_runs_on_two_slurm_nodes(slurm_cluster, tmp_path: Path, engine: s
                  cwd=tmp_path)
     assert dry.returncode == 0 and f"python {SCRIPTS[engine]} --steps 12" in dry.stdout, dry.stderr
     done = launch(*SLURM, "--script", str(SCRIPTS[engine]), "--engine", engine, "--",
-                  "--steps", "12", "--val-every", "100", cwd=tmp_path, timeout=300)
+                  "--steps", "12", "--val-every", "6", cwd=tmp_path, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
+    # the ranks' lines as `launch` followed the job (launcher/echo.py): rank 0's task file, submitit's lines left out
+    shown = [line.split(" validation")[0] for line in done.stdout.splitlines() if "validation loss" in line]
+    assert shown == ["[rank0]:step 6", "[rank0]:step 12"], done.stdout
+    assert "submitit INFO" not in done.stdout + done.stderr
     run_dir = only_run_dir(tmp_path / "runs")
     nodes = {json.loads(line)["node"] for p in (run_dir / "slurm").glob("placement-*.jsonl")
              for line in p.read_text().splitlines()}

@@ -38,9 +38,9 @@ for step in range(1, 11):
 
 
 def error_line(proc) -> str:
-    """The one error line of a failed launch (the progress lines start with '[')."""
+    """The one error line of a failed launch (the progress lines and the ranks' own, tagged, start with '[')."""
     lines = [line for line in proc.stderr.splitlines() if line.strip() and not line.startswith("[")]
-    assert proc.returncode != 0 and len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.returncode != 0 and len(lines) == 1 and "Traceback" not in lines[0], proc.stderr
     return lines[0]
 
 

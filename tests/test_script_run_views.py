@@ -69,9 +69,9 @@ def run_script(tmp_path: Path, name: str, body: str, engine: str = "ddp", *extra
 
 
 def error_line(proc) -> str:
-    """The one error line of a failed launch (the progress lines start with '[')."""
+    """The one error line of a failed launch (the progress lines and the ranks' own, tagged, start with '[')."""
     lines = [line for line in proc.stderr.splitlines() if line.strip() and not line.startswith("[")]
-    assert proc.returncode == 1 and len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.returncode == 1 and len(lines) == 1 and "Traceback" not in lines[0], proc.stderr
     return lines[0]
 
 

@@ -57,7 +57,7 @@ from scalelab.core.rundir import (
 )
 from scalelab.core.spec import Spec, read_spec
 from scalelab.core.waiting import wait_until
-from scalelab.launcher.backend import STOP_NOW, Backend, RunStatus, log_text
+from scalelab.launcher.backend import STOP_NOW, Backend, RankOutput, RunStatus, log_text
 
 CAPACITY_ERRORS = {"InsufficientInstanceCapacity", "InsufficientCapacity", "SpotMaxPriceTooLow",
                    "MaxSpotInstanceCountExceeded", "InstanceLimitExceeded", "Unsupported"}
@@ -476,11 +476,15 @@ class AwsBackend(Backend):
                 self.pull(run_dir)
             except ScalelabError:
                 pass
-        logs = mirror.mirrored(run_dir).logs
-        files = sorted(logs.rglob("*.log")) if logs.exists() else []
+        files = _node_logs(run_dir)
         if not files:
-            return f"(no logs from the instances yet; {logs} is empty)\n"
+            return f"(no logs from the instances yet; {mirror.mirrored(run_dir).logs} is empty)\n"
         return log_text(files)
+
+    def rank_output_files(self, run_dir: Path) -> list[RankOutput]:
+        """The nodes' logs as the follow loop mirrors them from S3 (`poll`): torchrun's and horovodrun's lines of
+        their ranks, each tagged with its rank; the nodes' own lines are not a rank's."""
+        return [RankOutput(path) for path in _node_logs(Path(run_dir))]
 
     def cancel(self, run_dir: Path, grace_s: float | None = None) -> None:
         """Ask the nodes to checkpoint (STOP_REQUEST), wait for the leader where a rank has something to
@@ -654,3 +658,9 @@ def pack_code(folder: Path, files: list[str]) -> bytes:
         for rel in files:
             tar.add(str(folder / rel), arcname=rel, recursive=False)
     return buf.getvalue()
+
+
+def _node_logs(run_dir: Path) -> list[Path]:
+    """The nodes' log files mirrored into the run directory, in name order."""
+    logs = mirror.mirrored(run_dir).logs
+    return sorted(p for p in logs.rglob("*.log") if p.is_file()) if logs.is_dir() else []

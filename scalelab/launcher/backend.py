@@ -265,12 +265,31 @@ class Backend(ABC):
         lines the launcher prefixed with the rank in the combined log."""
         return rank_log(run_dir, self.logs(run_dir), rank)
 
+    def rank_output_files(self, run_dir: Path) -> list[RankOutput] | None:
+        """The files on this machine that the run's ranks' output lands in as they write it, for the launcher
+        to show while it follows the run (`launcher.echo`); files that do not exist yet are left out. None: the
+        output is not on this machine while the run goes (Kubernetes: the pods' logs, read through the API)."""
+        return None
+
     @abstractmethod
     def cancel(self, run_dir: Path) -> str | None:
         """Stop the run (its ranks checkpoint) and free everything it holds; nothing may be left running.
 
         Returns what it checked, in one line ("stopped 3 processes; none left"), where it can tell.
         """
+
+
+@dataclass(frozen=True)
+class RankOutput:
+    """A file holding ranks' output. `tag`: the rank every line is of, as `[rankR]:` (a torchrun rank's own
+    file, a Slurm task's), or None where each line carries its rank's tag (RANK_TAG: horovodrun's
+    `[R]<stdout>:`, a torchrun agent's `--tee` copies) and a line without one is the launcher's own. `err`: the
+    rank's stderr. `skip`: lines written into the file that are not the rank's (submitit's INFO lines)."""
+
+    path: Path
+    tag: str | None = None
+    err: bool = False
+    skip: Callable[[str], object] | None = None
 
 
 # How starters tag a rank's lines: horovodrun (Gloo) "[R]<stderr>:", mpirun's --tag-output "[JOB,R]<stdout>:",

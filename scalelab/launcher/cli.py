@@ -516,11 +516,31 @@ DETACH_HELP = ("Start the run and return at once, with no launcher following it 
 SCRIPT_ARGS = click.argument("script_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- SCRIPT_ARGS...]")
 
 
+def rank_output_option(f):
+    from scalelab.launcher.echo import RANK_OUTPUT_HELP
+
+    return click.option("--rank-output", metavar="all|none|RANKS", help=RANK_OUTPUT_HELP)(f)
+
+
+def echoed_ranks(value: str | None, spec: Spec, detach: bool) -> frozenset[int]:
+    """The ranks whose output `launch` shows as it follows the run (`--rank-output`; default: all of a script's,
+    none of the built-in trainer's, which prints only a failure's traceback: its one-line error says it); a value
+    with --detach is refused: nothing follows a detached run."""
+    from scalelab.launcher.echo import ALL, NONE, parse_rank_output
+
+    if value is not None and detach:
+        raise SpecError(f"--rank-output {value} shows the ranks' output while the launcher follows the run, and "
+                        "with --detach nothing follows it: drop one (`launch logs RUN -f` shows a detached run's)")
+    default = ALL if spec.script or spec.module else NONE
+    return frozenset() if detach else parse_rank_output(default if value is None else value, spec.world)
+
+
 @main.command("run", cls=GroupedCommand)
 @spec_options
 @click.option("--detach", is_flag=True, help=DETACH_HELP)
+@rank_output_option
 @SCRIPT_ARGS
-def run_cmd(detach: bool, **params: Any) -> None:
+def run_cmd(detach: bool, rank_output: str | None, **params: Any) -> None:
     """Run one training job on the chosen layout and print its summary.
 
     The run directory (spec, per-rank records, logs, summary) is printed at the end;
@@ -529,6 +549,7 @@ def run_cmd(detach: bool, **params: Any) -> None:
     """
     spec = build_spec(params)
     backend = get_backend(spec.backend, spec.backend_options)
+    echo = echoed_ranks(rank_output, spec, detach)
     if detach:
         detaching(backend)
     if params["dry_run"]:
@@ -540,16 +561,17 @@ def run_cmd(detach: bool, **params: Any) -> None:
     guard([(spec, 1)], params)
     run_dir = new_run_dir(Path(params["runs_dir"]), spec.name or f"{spec.model}-{spec.engine.name}-{spec.nodes}x{spec.gpus_per_node}")
     try:
-        run_and_show(backend, spec, run_dir, detach)
+        run_and_show(backend, spec, run_dir, detach, echo)
     except WriteError:
         discard_unlaunched(run_dir)  # a full or read-only disk before the launch: leave no empty run directory
         raise
 
 
-def run_and_show(backend, spec: Spec, run_dir: Path, detach: bool) -> None:
-    """Follow the run to its summary, or start it detached and say how to follow and stop it."""
+def run_and_show(backend, spec: Spec, run_dir: Path, detach: bool, echo: frozenset[int] = frozenset()) -> None:
+    """Follow the run to its summary, showing the output of the ranks in `echo`, or start it detached and say
+    how to follow and stop it."""
     if not detach:
-        print_summary(run_dir, execute(backend, spec, run_dir))
+        print_summary(run_dir, execute(backend, spec, run_dir, echo=echo))
         return
     start_detached(backend, spec, run_dir)
     try:
@@ -583,11 +605,13 @@ def print_summary(run_dir: Path, summary) -> None:
 @click.argument("run_dir", type=RunDir())
 @runs_dir_lookup_option()
 @click.option("--detach", is_flag=True, help=DETACH_HELP)
+@rank_output_option
 @click.option("--allow-changed", "allow_changed", multiple=True, metavar="FIELD",
               help="Go on although spec.json changes FIELD (lr, optimizer, model_args, global_batch, precision, "
                    "data, ...; a --script run's: script, script_args) since the run last ran; the change is recorded and `launch report` says from which "
                    "step. Repeatable. Without it such a change is refused, naming each field.")
-def resume_cmd(run_dir: str, runs_dir: str, detach: bool, allow_changed: tuple[str, ...]) -> None:
+def resume_cmd(run_dir: str, runs_dir: str, detach: bool, rank_output: str | None,
+               allow_changed: tuple[str, ...]) -> None:
     """Continue RUN_DIR from its last checkpoint with the spec it was started with.
 
     A sweep directory: its layouts that did not complete are continued (from their checkpoints) or
@@ -602,6 +626,9 @@ def resume_cmd(run_dir: str, runs_dir: str, detach: bool, allow_changed: tuple[s
     if is_sweep(path):
         from scalelab.launcher.sweep import resume_sweep
 
+        if rank_output is not None:
+            raise SpecError(f"--rank-output {rank_output} is for one run: a sweep's layouts are followed by their "
+                            "progress (`launch logs LAYOUT_DIR -f` shows a layout's output)")
         if detach:
             raise SpecError("--detach is not for sweeps: their layouts run one after another, which takes a "
                             "launcher following them; resume it without --detach")
@@ -612,6 +639,7 @@ def resume_cmd(run_dir: str, runs_dir: str, detach: bool, allow_changed: tuple[s
                 getattr(import_optional(module), attr)(path)
         return
     spec = read_spec(path).validate(stored=True)  # a --script run from before the trainer-only refusal resumes
+    echo = echoed_ranks(rank_output, spec, detach)
     from scalelab.core.trajectory import check_resume, record_changes
     from scalelab.launcher.runner import nothing_to_resume, refuse_restart
 
@@ -629,7 +657,7 @@ def resume_cmd(run_dir: str, runs_dir: str, detach: bool, allow_changed: tuple[s
         step = record_changes(path, changed)
         console.print(f"spec changed from step {step}: " + "; ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in changed.items()),
                       highlight=False, soft_wrap=True)
-    run_and_show(backend, spec, path, detach)
+    run_and_show(backend, spec, path, detach, echo)
 
 
 # ---- sweep ---------------------------------------------------------------------------------------

@@ -27,7 +27,7 @@ import psutil
 
 from scalelab.core.devices import check_gpus
 from scalelab.core.errors import EngineError, ScalelabError, SpecError
-from scalelab.core.engines import PLAIN
+from scalelab.core.engines import PLAIN, TORCHRUN
 from scalelab.core.launch import TORCHRUN_LOG_DIR, Site, launch_plan, payload_comment, starter_of
 from scalelab.core.net import free_port
 from scalelab.core.procs import (
@@ -57,6 +57,7 @@ from scalelab.core.spec import Spec, read_spec
 from scalelab.core.writes import LinkError, check_inside, open_inside
 from scalelab.launcher.backend import (
     Backend,
+    RankOutput,
     Request,
     RunStatus,
     ended_by_records,
@@ -341,6 +342,16 @@ class LocalBackend(Backend):
             return log_text(logs)
         ranks = [rank_output(path, tag) for tag, path in outputs]
         return "\n".join([log_text(logs, drop=TORCHRUN_TEE.match), *ranks])
+
+    def rank_output_files(self, run_dir: Path) -> list[RankOutput]:
+        """torchrun's ranks: each one's own stdout.log and stderr.log (`rank_outputs`: whole lines, where the
+        agent's copies could be cut); horovodrun's: its log, whose rank lines carry their tags; the one process
+        of `single`: its log, every line rank 0's."""
+        how = starter_of(read_spec(run_dir).engine.name).name
+        if how == TORCHRUN:
+            return [RankOutput(path, tag, path.name == "stderr.log") for tag, path in rank_outputs(run_dir)]
+        logs = own_logs(run_dir, read_state(run_dir).get("log_files") or [])
+        return [RankOutput(log, "[rank0]:" if how == PLAIN else None) for log in logs if log.is_file()]
 
     def launch_text(self, run_dir: Path) -> str:
         """What the run's latest launch wrote to its logs: each from the size it had when that launch started

@@ -333,6 +333,7 @@ class RunProgress:
         self.snap = Snapshot(total=self.watch.total)
         self._last_plain: int | str = -1
         self.live = self.console.is_terminal
+        self._streams = (sys.stdout, sys.stderr)  # the real ones: a live bar replaces them with its own
         self._progress = None
         if self.live:
             layout = self.layout()
@@ -358,6 +359,16 @@ class RunProgress:
         """Read the records written since the last poll and refresh the display."""
         self.snap = self.watch.poll()
         self._show()
+
+    def write_above(self, text: str, err: bool = False) -> None:
+        """Lines of the run's own (its ranks' output) on stdout, or stderr with `err`: above a live bar, where
+        the stream is the terminal, through rich's stand-in for it; else as they are (`launch ... > out.txt`
+        keeps them, not the bar)."""
+        real = self._streams[err]
+        if self._progress is not None and real.isatty():
+            real = sys.stderr if err else sys.stdout  # rich's proxy while the bar is live: printed above it
+        real.write(text)
+        real.flush()
 
     def info(self) -> str:
         """The bar's text: the snapshot's line without the step (the bar shows it)."""

@@ -310,12 +310,25 @@ def _until_end(backend: Backend, run_dir: Path, on_tick: Callable[[], None] | No
         delay = min(delay * 2, backend.poll_interval_s)
 
 
-def follow(backend: Backend, spec: Spec, run_dir: Path, label: str | None = None):
-    """Show progress until the run ends; one clear error if it did not complete; else its summary."""
+def follow(backend: Backend, spec: Spec, run_dir: Path, label: str | None = None,
+           echo: tuple[frozenset[int], dict[str, int]] | None = None):
+    """Show progress until the run ends; one clear error if it did not complete; else its summary. `echo`: the
+    ranks whose output to show as it comes (`launcher.echo`) and the run directory's file sizes before the launch."""
+    from scalelab.launcher.echo import RankEcho
     from scalelab.launcher.progress import RunProgress
 
     with RunProgress(run_dir, spec.steps, label or run_dir.name, err_console, epochs=spec.epochs) as progress:
-        status = wait(backend, run_dir, on_tick=progress.poll)
+        ranks, before = echo or (frozenset(), {})
+        lines = RankEcho(backend, run_dir, ranks, before, progress.write_above)
+
+        def tick() -> None:
+            progress.poll()
+            lines.tick()
+
+        try:
+            status = wait(backend, run_dir, on_tick=tick)
+        finally:
+            lines.close()  # what the ranks wrote last (a traceback) before the error that quotes it
     if status.state == CANCELLED:
         raise RunFailed(cancelled_line(run_dir))
     if status.state != COMPLETED:
@@ -549,10 +562,15 @@ def resume_hint(run_dir: Path) -> str:
     return ""
 
 
-def execute(backend: Backend, spec: Spec, run_dir: Path, label: str | None = None):
-    """Own the run directory, submit one run and follow it; a stop signal at any point cancels it."""
+def execute(backend: Backend, spec: Spec, run_dir: Path, label: str | None = None,
+            echo: frozenset[int] = frozenset()):
+    """Own the run directory, submit one run and follow it, showing the output of the ranks in `echo`; a stop
+    signal at any point cancels it."""
+    from scalelab.launcher.echo import sizes_before
+
+    before = sizes_before(run_dir) if echo else {}  # a resume shows only what its own launch writes
     with submitted(backend, spec, run_dir):
-        return follow(backend, spec, run_dir, label)
+        return follow(backend, spec, run_dir, label, (echo, before))
 
 
 def start_detached(backend: Backend, spec: Spec, run_dir: Path) -> None:

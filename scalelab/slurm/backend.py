@@ -53,7 +53,7 @@ from scalelab.core.rundir import (
 )
 from scalelab.core.spec import Spec, read_spec
 from scalelab.core.waiting import wait_until
-from scalelab.launcher.backend import Backend, Request, RunStatus, log_text
+from scalelab.launcher.backend import Backend, RankOutput, Request, RunStatus, log_text
 from scalelab.slurm.options import SlurmOptions
 from scalelab.slurm.rank import RankJob
 from scalelab.slurm.render import (
@@ -259,6 +259,16 @@ class SlurmBackend(Backend):
         return quiet_slurm_stop(log_text([p for job in jobs_of(run_dir) for p in (
             JobPaths(job["folder"], job_id=job["job_id"], task_id=rank).stdout,
             JobPaths(job["folder"], job_id=job["job_id"], task_id=rank).stderr) if p.exists()]))
+
+    def rank_output_files(self, run_dir: Path) -> list[RankOutput]:
+        """Each rank's task files (.out, .err) of every job on the shared filesystem, submitit's own lines left out."""
+        ranks, out = read_spec(Path(run_dir)).world, []
+        for job in jobs_of(run_dir):
+            for rank in range(ranks):
+                paths = JobPaths(job["folder"], job_id=job["job_id"], task_id=rank)
+                out += [RankOutput(path, f"[rank{rank}]:", path == paths.stderr, _SUBMITIT_LINE.match)
+                        for path in (paths.stdout, paths.stderr) if path.is_file()]
+        return out
 
     def cancel(self, run_dir: Path, grace_s: float = 120.0) -> None:
         """submitit's cancel (scancel: the ranks get SIGTERM, checkpoint and exit), then wait until the

@@ -37,6 +37,7 @@ import threading
 import time
 import traceback
 from pathlib import Path
+from types import TracebackType
 
 from scalelab.core.errors import ScalelabError
 from scalelab.core.procs import LAUNCHER_ENV, started_at, watched
@@ -209,11 +210,20 @@ def run_code(spec: Spec) -> int:
 
 def _raised(name: str) -> int:
     exc = sys.exc_info()[1]
-    traceback.print_exc()
+    traceback.print_exception(type(exc), exc, _scripts_frames(exc.__traceback__))
     sys.stderr.flush()
     track._state.error = f"{name} raised {type(exc).__name__}: {exc}"
     track._state.peer_lost = lost_a_peer(exc)  # a collective failing after a peer died
     return 1
+
+
+def _scripts_frames(tb: TracebackType | None) -> TracebackType | None:
+    """The traceback from the script's own first frame on: the runner's and runpy's frames before it are not the
+    user's, and `python train.py` shows none of them (a SyntaxError, raised in runpy, keeps its file and line)."""
+    while tb is not None and (tb.tb_frame.f_code.co_filename in (__file__, "<frozen runpy>")
+                              or Path(tb.tb_frame.f_code.co_filename).name == "runpy.py"):
+        tb = tb.tb_next
+    return tb
 
 
 def run(run_dir: Path) -> int:
