@@ -11,6 +11,7 @@ import pytest
 from click.testing import CliRunner
 from test_costs_cli import _fake_run
 
+from scalelab.core.errors import SpecError
 from scalelab.core.records import load_run
 from scalelab.costs.billing import billed_seconds
 from scalelab.costs.expected import run_seconds
@@ -200,3 +201,35 @@ def test_a_run_with_no_price_shows_no_dollars_and_says_how_to_give_one(tmp_path,
     assert "| dollars |" not in md  # no column of dashes
     priced = _invoke("report", str(run), "--rate", "0.5", "--out", str(tmp_path / "r2"), "--format", "markdown").stdout
     assert "| dollars |" in priced and "$0.0083" in priced  # 3 s billed as 60 s at $0.50 a GPU-hour
+
+
+def test_expect_from_takes_only_runs_of_the_launchs_model(runs, tmp_path, monkeypatch):
+    """--expect-from /tmp priced nmt-tiny from a hello.py run it found three folders down: other hardware is
+    what the flag is for, another model is refused in one line naming both."""
+    from scalelab.core.spec import read_spec, save_spec
+    from scalelab.launcher.runner import write_summary
+
+    monkeypatch.chdir(tmp_path)
+    write_summary(runs[0])
+    other = read_spec(runs[0])
+    other.model = "rnnlm-tiny"
+    save_spec(other, runs[0])
+    out = CliRunner().invoke(main, [*AWS, "--expect-from", str(tmp_path)])
+    assert isinstance(out.exception, SpecError), out.output  # the console entry's one line and exit 2
+    assert ("none of its 1 completed run(s) is of nmt-tiny (they are of rnnlm-tiny); point it at runs of nmt-tiny"
+            in str(out.exception)), out.exception
+
+
+def test_the_start_up_of_a_resumed_run_is_its_latest_launchs_not_negative():
+    """The steps of a resumed run's earlier launch began before its latest launch: start-up came out -14 s."""
+    import pandas as pd
+
+    from scalelab.analysis.scaling import RunMeta, summarize_run
+
+    steps = pd.DataFrame([dict(kind="step", rank=0, world=1, step=i, epoch=0, warmup=False, step_s=1.0, samples=8,
+                               words=80, loss=1.0, lr=0.01, time=t) for i, t in ((1, 1001.0), (2, 1002.0),
+                                                                                 (3, 1031.0), (4, 1032.0))])
+    meta = RunMeta(label="x", workers=1, batch_mode="weak", global_batch=8, launched_at=1020.0)
+    assert summarize_run(steps, None, None, meta).startup_s == 1030.0 - 1020.0
+    meta = RunMeta(label="x", workers=1, batch_mode="weak", global_batch=8, launched_at=1040.0)  # no step after it
+    assert summarize_run(steps, None, None, meta).startup_s is None

@@ -415,7 +415,8 @@ def _wall_times(step_records: pd.DataFrame, events: pd.DataFrame | None, step: i
         return out
     if "time" in step_records.columns and len(step_records):
         begun = pd.to_numeric(step_records["time"], errors="coerce") - pd.to_numeric(step_records["step_s"])
-        out["startup_s"] = float(begun.min()) - launched_at
+        begun = begun[begun >= launched_at]  # a resumed run's earlier launches began before its latest (-14 s)
+        out["startup_s"] = float(begun.min()) - launched_at if len(begun) else None
     if step is not None and events is not None and len(events) and "event" in events.columns:
         ev = events[(events["event"] == "threshold") & (pd.to_numeric(events.get("step"), errors="coerce") == step)]
         if len(ev) and "time" in ev.columns:

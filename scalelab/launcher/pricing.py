@@ -231,7 +231,21 @@ def _measured_runs(params: dict[str, Any], spec: Spec) -> list[tuple[Spec, dict[
             found.append((summary_path.stat().st_mtime, run_spec, {**summary, "run_dir": str(summary_path.parent)}))
     if explicit and not found:
         raise SpecError(f"--expect-from {explicit}: no completed run (summary.json) under it to take step times from")
+    if explicit:
+        found = _of_this_model(explicit, spec, found)
     return [(s, summary) for _, s, summary in sorted(found, key=lambda f: -f[0])]
+
+
+def _of_this_model(where: str, spec: Spec, found: list[tuple[float, Spec, dict[str, Any]]]):
+    """The runs under --expect-from of the launch's own model or script. Why: other hardware is what the flag is
+    for (a CPU sweep pricing a GPU launch, with a note), another model is not: nmt-tiny was priced from the step
+    time of a hello.py found three folders down the directory given."""
+    mine = [f for f in found if f[1].model == spec.model]
+    if not mine:
+        theirs = ", ".join(sorted({f[1].model for f in found}))
+        raise SpecError(f"--expect-from {where}: none of its {len(found)} completed run(s) is of {spec.model} "
+                        f"(they are of {theirs}); point it at runs of {spec.model}")
+    return mine
 
 
 def _summaries(root: Path) -> list[Path]:
