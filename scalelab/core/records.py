@@ -158,9 +158,10 @@ class RunRecords:
 
     @functools.cached_property
     def launch(self) -> dict[str, Any]:
-        """launch.json as written ({} before it is; a corrupt one: RecordError), its fields unchecked
-        (`rundir.checked_state` checks them where they matter). Read once for all that the run's summary, its
-        notes and its price take from it: `launch report` read it twice for a run whose steps were all warm-up."""
+        """launch.json as it was when first asked for ({} before it is written; a corrupt one: RecordError), its
+        fields unchecked (`rundir.checked_state` checks them where they matter). Read once for all that the run's
+        summary, its notes and its price take from it: `launch report` read it twice for a run whose steps were
+        all warm-up."""
         path = RunPaths(self.run_dir).launch
         return read_json(path, "launch file", dict) if path.exists() else {}
 
