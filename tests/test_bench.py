@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tests.conftest import launch
-from scalelab.train.bench import knee, step_benchmark, step_profile
+from scalelab.train.bench import step_benchmark, step_profile
 
 
 @pytest.mark.slow
@@ -89,11 +89,6 @@ def test_step_profile_names_the_ops_of_each_precision():
     if torch.backends.mkldnn.is_available():  # oneDNN's fused LSTM, in both precisions
         assert ops["aten::mkldnn_rnn_layer"]["fp32_calls"] >= 1 and ops["aten::mkldnn_rnn_layer"]["bf16_calls"] >= 1
     assert ops["aten::copy_"]["bf16_calls"] > ops["aten::copy_"]["fp32_calls"]  # autocast's casts
-
-
-def test_knee_is_the_smallest_batch_near_the_best():
-    rows = [{"hidden": 64, "batch": b, "gflops": g} for b, g in [(1, 5), (16, 50), (32, 95), (64, 100)]]
-    assert knee(rows, "hidden", "gflops") == {64: 32}
 
 
 @pytest.mark.slow

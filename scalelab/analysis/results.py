@@ -42,7 +42,7 @@ from scalelab.core.rundir import (
     STUDY_FILE,
     SWEEP_FILE,
     RunPaths,
-    read_json,
+    checked_state,
     read_state,
     run_state,
     study_sweeps,
@@ -481,9 +481,8 @@ def not_completed_note(run) -> str | None:
     """What a report says of a --script run with nothing to measure that FAILED or was CANCELLED: that, its one
     line and where its output is; None for any other run. Why: a run whose rank 1 raised before any step was
     told to add `track.step` calls to be measured, as if it had run to its end with nothing recorded."""
-    paths = RunPaths(run.run_dir)
     try:
-        info = read_state(run.run_dir) if paths.launch.exists() else {}
+        info = checked_state(run.launch, RunPaths(run.run_dir).launch)
     except ScalelabError:  # a damaged launch.json: the run is said as its records have it
         return None
     state = info.get("state")
@@ -538,11 +537,9 @@ def summary_or_facts(run_dir: Path) -> LayoutSummary | dict[str, Any]:
 def launched_at(run) -> float | None:
     """When the run's launch began (launch.json `started`), else its earliest `start` record (the
     start-up before it then goes uncounted), else None."""
-    path = RunPaths(run.run_dir).launch
-    if path.exists():
-        started = read_json(path, "launch file", dict).get("started")
-        if started is not None:
-            return float(started)
+    started = run.launch.get("started")
+    if started is not None:
+        return float(started)
     if len(run.start) and "time" in run.start.columns:
         return float(pd.to_numeric(run.start["time"]).min())
     return None

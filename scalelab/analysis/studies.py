@@ -24,7 +24,6 @@ __all__ = [
     "StudyRuns",
     "study_runs",
     "study_baseline",
-    "study_speedups",
     "speedup_bases",
     "speedup_note",
     "seed_table",
@@ -58,7 +57,8 @@ class StudyRuns:
 
     `rows` is the scaling table of the runs (`scale_layouts`) with more columns: run (its key in
     the dicts below), train_s (seconds of all its steps), wall_s (launch to its last record: what is
-    billed; None when not given), the columns of `study_runs`'s `extra`, and speedup (`study_speedups`).
+    billed; None when not given), the columns of `study_runs`'s `extra`, speedup and speedup_base
+    (`speedup_bases`).
     `epoch_times` holds the seconds of each epoch's steps per run (a partial last epoch: its
     steps so far), `epochs_to` the fractional epochs until the loss threshold (steps to it over
     steps per epoch), None when it was not reached, and `epochs_run` the fractional epochs of all
@@ -105,8 +105,9 @@ def study_runs(runs: Sequence[tuple[str, LayoutSummary, pd.DataFrame]],
     extra = extra or {}
     for col in dict.fromkeys(["wall_s", *(c for e in extra.values() for c in e)]):
         rows[col] = [extra.get(r, {}).get(col) for r in rows["run"]]
-    rows["speedup"] = study_speedups(rows)
-    rows["speedup_base"] = speedup_bases(rows)
+    bases = [rows.iloc[i] for i in speedup_bases(rows)]
+    rows["speedup"] = [r / base["words_per_s"] for r, base in zip(rows["words_per_s"], bases)]
+    rows["speedup_base"] = [_layout_name(base) for base in bases]
     return StudyRuns(rows, epoch_times, epochs_to, epochs_run, _layout_name(rows.iloc[study_baseline(rows)]))
 
 
@@ -120,29 +121,18 @@ def study_baseline(rows: pd.DataFrame) -> int:
     return int((rows["workers"] == rows["workers"].min()).to_numpy().argmax())
 
 
-def study_speedups(rows: pd.DataFrame) -> list[float]:
-    """Speedup of every run against its variant's smallest layout, or - for a variant with no run at
-    the study's fewest workers (the same 4 GPUs arranged, a mixed pair) - against the study's baseline
-    (`study_baseline`), as seed 004 compares everything with one g3.4xlarge: a variant of one layout
-    measured against itself would read 1.00 whatever it did."""
-    base = _speedup_bases(rows)
-    return [r["words_per_s"] / rows.iloc[base[r["label"]]]["words_per_s"] for _, r in rows.iterrows()]
-
-
-def _speedup_bases(rows: pd.DataFrame) -> dict[str, int]:
-    """Each variant's speedup base (`study_speedups`), as the position of that run in `rows`."""
-    fewest = rows["workers"].min()
+def speedup_bases(rows: pd.DataFrame) -> list[int]:
+    """The position in `rows` of the run each row's speedup is measured against (named beside it in the tables,
+    "Speed-up base"): its variant's smallest layout, or - for a variant with no run at the study's fewest
+    workers (the same 4 GPUs arranged, a mixed pair) - the study's baseline (`study_baseline`), as seed 004
+    compares everything with one g3.4xlarge: a variant of one layout measured against itself would read 1.00
+    whatever it did. Positions, so that `study_runs` takes both the speedups and the bases' names from one pass."""
+    fewest, baseline = rows["workers"].min(), study_baseline(rows)
     base = {}
     for label, grp in rows.groupby("label", sort=False):
         small = grp["workers"].idxmin()
-        base[label] = rows.index.get_loc(small) if grp.loc[small, "workers"] == fewest else study_baseline(rows)
-    return base
-
-
-def speedup_bases(rows: pd.DataFrame) -> list[str]:
-    """The run each row's speedup is measured against ("strong scaling 1x1"), shown beside it in the tables."""
-    base = _speedup_bases(rows)
-    return [_layout_name(rows.iloc[base[label]]) for label in rows["label"]]
+        base[label] = rows.index.get_loc(small) if grp.loc[small, "workers"] == fewest else baseline
+    return [base[label] for label in rows["label"]]
 
 
 def speedup_note(data: StudyRuns) -> str:

@@ -17,12 +17,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from scalelab.aws.bootstrap import LAUNCHER_HEARTBEAT
+from scalelab.aws.bootstrap import CODE_DIR, LAUNCHER_HEARTBEAT
 from scalelab.aws.options import REGION_HINT
 from scalelab.core.engines import engine
 from scalelab.core.checks import aws_region_problem
 from scalelab.core.errors import SpecError
-from scalelab.core.launch import starter_of
+from scalelab.core.launch import code_command, starter_of
 from scalelab.core.rundir import is_sweep
 from scalelab.core.spec import Spec
 from scalelab.core.trajectory import accepted_env
@@ -77,6 +77,7 @@ class Plan:
     code_dir: str | None = None  # a --script run: the folder shipped, and its files (inside it) with their bytes
     code_files: list[str] = field(default_factory=list)
     code_bytes: int = 0
+    code_runs: str | None = None  # what every rank runs of it, from the folder each node unpacks (the dry run says)
     accepted: dict[str, str] = field(default_factory=dict)  # `launch resume --allow-changed`: the ranks' ACCEPTED_ENV
 
     @property
@@ -149,6 +150,7 @@ def make_plan(spec: Spec, run_dir: Path, options: Mapping[str, Any], region: str
         files = code_files(spec)
         plan.code_dir, plan.code_files = spec.script_dir, [rel for _, rel in files]
         plan.code_bytes = sum(path.stat().st_size for path, _ in files)
+        plan.code_runs = code_command(spec, CODE_DIR)
     return plan
 
 
@@ -208,15 +210,6 @@ fi
 echo "scalelab: bootstrap exited with $?"
 shutdown -h now "scalelab run ended"
 """
-
-
-def _code_command(spec: dict[str, Any]) -> str:
-    """What every rank of a --script run runs, as a shell would take it (`two words` stays one argument). Only
-    shown: the instances pass the arguments from spec.json as a list (scalelab/train/script.py), no shell."""
-    import shlex
-
-    what = ["python", f"code/{Path(spec['script']).name}"] if spec.get("script") else ["python", "-m", spec["module"]]
-    return shlex.join([*what, *spec.get("script_args", [])])
 
 
 def _sh(value: str) -> str:
@@ -334,6 +327,6 @@ class AwsRequest(Request):
             "requests": self.calls,
         }
         if p.code_dir:  # a --script run: what every rank runs, from the folder each node unpacks
-            doc["your_code"] = {"runs": _code_command(json.loads(p.spec_json)), "folder": p.code_dir,
+            doc["your_code"] = {"runs": p.code_runs, "folder": p.code_dir,
                                 "files": len(p.code_files), "bytes": p.code_bytes}
         return json.dumps(doc, indent=2)

@@ -93,20 +93,26 @@ def payload(spec: Spec, run_dir: str | PurePath) -> list[str]:
     return [*(SCRIPT_RUNNER if spec.own_code else TRAINER), str(run_dir)]
 
 
-def payload_comment(spec: Spec, folder: str | None = None) -> str | None:
-    """One comment line for a dry run: what every rank runs of the user's code (`folder`: where its folder is
-    on the nodes, when not where it is here); None for the built-in trainer."""
-    if not spec.own_code:
-        return None
+def code_command(spec: Spec, folder: str | None = None) -> str:
+    """What every rank of a --script / --module run runs of the user's code, as a shell would take it (`two words`
+    stays one argument); `folder`: where its folder is on the nodes, when not where it is here. Only shown (the
+    dry runs, `payload_comment`): the ranks take the arguments from spec.json as a list (train/script.py)."""
     import shlex
 
     if spec.script:
-        where = str(PurePath(folder) / PurePath(spec.script).name) if folder else spec.script
-        what = ["python", where]
+        what = ["python", str(PurePath(folder) / PurePath(spec.script).name) if folder else spec.script]
     else:
         what = ["python", "-m", str(spec.module)]
+    return shlex.join([*what, *spec.script_args])
+
+
+def payload_comment(spec: Spec, folder: str | None = None) -> str | None:
+    """One comment line for a dry run: what every rank runs of the user's code (`code_command`); None for the
+    built-in trainer."""
+    if not spec.own_code:
+        return None
     place = f" (from {folder or spec.script_dir})" if spec.module else ""
-    return (f"# every rank runs your code: {shlex.join([*what, *spec.script_args])}{place}, inside "
+    return (f"# every rank runs your code: {code_command(spec, folder)}{place}, inside "
             f"`python -m scalelab.train.script RUN_DIR`, which records its scalelab.track calls")
 
 

@@ -12,6 +12,7 @@ the launcher builds its one-line message from those records, never from log text
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -23,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 from scalelab.core.errors import RecordError
-from scalelab.core.rundir import RECORDS_DIR, RunPaths
+from scalelab.core.rundir import RECORDS_DIR, RunPaths, read_json
 from scalelab.core.spec import Spec, read_spec
 from scalelab.core.writes import WriteError, check_inside, open_inside, what_it_is, writing
 
@@ -154,6 +155,15 @@ class RunRecords:
     @property
     def ranks(self) -> int:
         return int(self.start["world"].max()) if len(self.start) else 0
+
+    @functools.cached_property
+    def launch(self) -> dict[str, Any]:
+        """launch.json as it was when first asked for ({} before it is written; a corrupt one: RecordError), its
+        fields unchecked (`rundir.checked_state` checks them where they matter). Read once for all that the run's
+        summary, its notes and its price take from it: `launch report` read it twice for a run whose steps were
+        all warm-up."""
+        path = RunPaths(self.run_dir).launch
+        return read_json(path, "launch file", dict) if path.exists() else {}
 
 
 RANK_FILE = re.compile(r"rank-(\d+)\.jsonl")

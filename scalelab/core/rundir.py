@@ -232,7 +232,12 @@ def read_state(run_dir: Path) -> dict[str, Any]:
     path = RunPaths(Path(run_dir)).launch
     if not path.exists():
         raise RecordError(f"{run_dir} has no {LAUNCH_FILE}: it was never launched (or is not a run directory)")
-    state = read_json(path, LAUNCH_FILE, dict)
+    return checked_state(read_json(path, LAUNCH_FILE, dict), path)
+
+
+def checked_state(state: dict[str, Any], path: Path) -> dict[str, Any]:
+    """`state`, launch.json at `path` as read, if each of its fields holds what its writers write; else a
+    RecordError. Apart from `read_state` for a launch.json read already (`RunRecords.launch`)."""
     problem = _state_problem(state)
     if problem:
         raise RecordError(f"{path}: {problem} (edited by hand?); restore it, or delete that field")

@@ -155,14 +155,11 @@ def _natural_widths(columns: Any, rows: list[list[str]]) -> list[int]:
     return [max([_header_word(str(h))] + [len(r[i]) for r in rows]) for i, h in enumerate(columns)]
 
 
-def _boxed_width(natural: list[int]) -> int:
-    """A boxed table's width: 3 columns per cell of padding and rule, and one more."""
-    return sum(natural) + 3 * len(natural) + 1
-
-
 def _table_width(widths: list[int], boxed: bool) -> int:
-    """A table's width: boxed (`_boxed_width`), or its columns two spaces apart with no edges."""
-    return _boxed_width(widths) if boxed else sum(widths) + 2 * (len(widths) - 1)
+    """A table's width with columns `widths` wide: boxed, 3 columns per cell of padding and rule and one more;
+    else its columns two spaces apart with no edges. The one formula of `launch cost`'s and `launch study`'s
+    tables (`launcher.study.print_cells`)."""
+    return sum(widths) + (3 * len(widths) + 1 if boxed else 2 * (len(widths) - 1))
 
 
 def _fit_columns(headers: list[str], rows: list[list[str]], text: list[bool], droppable: tuple[str, ...],

@@ -78,9 +78,9 @@ def render(spec: Spec, run_name: str, options: Mapping[str, Any], extra_env: Map
                         f"scalelab/k8s/manifests.py does not render (workloads: {', '.join(WORKLOADS)})")
     docs = [config_map(spec, run_name, options), *WORKLOADS[how.k8s_workload](spec, run_name, options, dict(extra_env or {}))]
     if spec.own_code:  # a --script run: its folder as a ConfigMap, mounted read-only in every pod of the workload
-        code = code_config_map(spec, run_name, options)
+        code, keys = code_config_map(spec, run_name, options)
         docs.insert(1, code)
-        _mount_code(docs[-1], run_name, json.loads(code["metadata"]["annotations"][CODE_FILES]))
+        _mount_code(docs[-1], run_name, keys)
     return docs
 
 
@@ -119,9 +119,11 @@ def _code_keys(rels: list[str]) -> dict[str, str]:
     return keys
 
 
-def code_config_map(spec: Spec, run_name: str, options: Mapping[str, Any]) -> dict[str, Any]:
+def code_config_map(spec: Spec, run_name: str, options: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
     """The script's folder (its files as git would commit them, .gitignore respected) as a ConfigMap: text files
-    under `data`, others base64 under `binaryData`; over CODE_LIMIT is refused before anything is sent."""
+    under `data`, others base64 under `binaryData`; over CODE_LIMIT is refused before anything is sent; and
+    {path inside the folder: its key} (`_code_keys`), for `_mount_code`: the CODE_FILES annotation lists the same
+    paths for whoever reads the ConfigMap, not to be parsed back here."""
     import base64
 
     from scalelab.launcher.owncode import code_files
@@ -141,10 +143,10 @@ def code_config_map(spec: Spec, run_name: str, options: Mapping[str, Any]) -> di
     if binary:
         doc["binaryData"] = binary
     doc["metadata"]["annotations"] = {CODE_FILES: json.dumps(sorted(keys))}
-    return doc
+    return doc, keys
 
 
-def _mount_code(workload: dict[str, Any], run_name: str, files: list[str]) -> None:
+def _mount_code(workload: dict[str, Any], run_name: str, keys: dict[str, str]) -> None:
     """Every pod template of the workload: the code volume (its files at their paths) copied by an init container
     into a writable emptyDir at CODE_MOUNT, and the containers started there (the script runner is told where by
     SCALELAB_SCRIPT_DIR, `_common_env`). Why a copy: a ConfigMap volume is read-only, and a script that writes
@@ -155,7 +157,7 @@ def _mount_code(workload: dict[str, Any], run_name: str, files: list[str]) -> No
     for template in templates:
         pod = template["spec"]
         pod["volumes"] += [{"name": "code", "configMap": {
-            "name": f"{run_name}-code", "items": [{"key": _code_key(rel), "path": rel} for rel in files]}},
+            "name": f"{run_name}-code", "items": [{"key": key, "path": rel} for rel, key in keys.items()]}},
             {"name": "workdir", "emptyDir": {}}]
         first = pod["containers"][0]
         pod.setdefault("initContainers", []).append({

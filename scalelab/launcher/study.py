@@ -429,11 +429,11 @@ def print_cells(out: Any, headers: list[str], right: list[bool], rows: list[list
     cell and its header's longest word (`costs.cli._natural_widths`): a header wraps between its words."""
     from rich.text import Text
 
-    from scalelab.costs.cli import _boxed_width, _natural_widths
+    from scalelab.costs.cli import _natural_widths, _table_width
 
     widths = _natural_widths(headers, rows)
-    for boxed, needed in ((True, _boxed_width(widths)), (False, sum(widths) + 2 * (len(widths) - 1))):
-        if needed <= out.width:
+    for boxed in (True, False):
+        if _table_width(widths, boxed) <= out.width:
             out.print(_cells_table(headers, right, rows, widths, boxed))
             return
     for row in rows:

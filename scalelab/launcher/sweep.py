@@ -254,11 +254,12 @@ def _batches(todo: list[tuple[Spec, Path]], together: bool) -> list[tuple[Spec, 
 
 
 def _follow_layout(backend, spec: Spec, run_dir: Path, sweep_dir: Path) -> None:
-    """Follow one layout; a layout that did not complete stops the sweep, saying how to continue it."""
+    """Follow one layout; a layout that did not complete stops the sweep, saying how to continue it. Its error goes
+    on with those words added, so its type and exit status stay the layout's: 1 for a layout that failed, as for a
+    run (`RunFailed`), 2 for a wrong input."""
     try:
         follow(backend, spec, run_dir, label=run_dir.name)
     except ScalelabError as exc:
-        stopped = ScalelabError(f"{exc}; the sweep stopped at layout {run_dir.name}; `launch resume {sweep_dir}` "
-                                "continues its unfinished layouts, `launch report` reports the finished ones")
-        stopped.exit_code = exc.exit_code  # a layout that failed exits 1, as a run does; a wrong input 2
-        raise stopped from None
+        exc.args = (f"{exc}; the sweep stopped at layout {run_dir.name}; `launch resume {sweep_dir}` continues its "
+                    "unfinished layouts, `launch report` reports the finished ones",)
+        raise

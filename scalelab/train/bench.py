@@ -593,16 +593,6 @@ def _step_with_config(cfg, batch: int, steps: int, threads: int | None) -> dict:
     return {"step_s": med, "words_per_s": b.words / med, "spread": timing_spread(times)}
 
 
-def knee(rows: list[dict], key: str, value: str, share: float = 0.9) -> dict:
-    """Per `key` (hidden size), the smallest batch reaching `share` of the best `value` seen."""
-    out = {}
-    for k in sorted({r[key] for r in rows}):
-        rs = sorted((r for r in rows if r[key] == k), key=lambda r: r["batch"])
-        best = max(r[value] for r in rs)
-        out[k] = next(r["batch"] for r in rs if r[value] >= share * best)
-    return out
-
-
 def ddp_exposed_exchange(preset: str, bucket_caps_mb: list[float], steps: int = 5, out: str | None = None,
                          compression: str = "none") -> None:
     """Per rank under torchrun: the backward time DDP adds over a backward without gradient sync
