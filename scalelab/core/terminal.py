@@ -110,3 +110,24 @@ def _fold_line(line: str, room: int, hyphens: bool) -> str:
         else:
             now += piece
     return "\n".join([*lines, now.rstrip()])
+
+
+def wrap_help_at_spaces() -> None:
+    """Make click's help wrap at spaces only. Why: click wraps with textwrap's default, which also breaks after
+    a hyphen, so at 80 columns a flag named in a help text came out as `--cpus-per-` / `task` and a default as
+    `[default: us-` / `east-1]`: half a flag to copy. click builds its wrapper from `click._textwrap` at each
+    call, so the subclass set there is the one every command's help uses (a word longer than the line is still
+    cut, as before)."""
+    from click import _textwrap
+
+    if getattr(_textwrap.TextWrapper, "spaces_only", False):
+        return
+
+    class SpacesOnly(_textwrap.TextWrapper):
+        spaces_only = True
+
+        def __init__(self, *args, **kwargs) -> None:
+            kwargs.setdefault("break_on_hyphens", False)
+            super().__init__(*args, **kwargs)
+
+    _textwrap.TextWrapper = SpacesOnly

@@ -46,7 +46,7 @@ from scalelab.core.spec import (
     load_spec,
     read_spec,
 )
-from scalelab.core.terminal import break_name, make_console
+from scalelab.core.terminal import break_name, make_console, wrap_help_at_spaces
 from scalelab.core.writes import WriteError, is_write_failure, write_failure, writing
 from scalelab.launcher import __version__
 from scalelab.launcher.backend import backend_flags, get_backend, import_optional, options_type
@@ -305,6 +305,9 @@ def _installed(ref: str) -> bool:
         return importlib.util.find_spec(ref.split(":")[0]) is not None
     except ModuleNotFoundError:
         return False
+
+
+wrap_help_at_spaces()
 
 
 @click.group(cls=DefaultGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
