@@ -156,3 +156,21 @@ def test_the_prep_scaling_table_fits_80_columns_without_cutting_numbers(tmp_path
     wide = launch("report", str(run), cwd=tmp_path, env={"COLUMNS": "200"})
     assert "lines/s/worker" in wide.stdout and "more columns" not in wide.stdout
     assert not (tmp_path / "out" / ".scalelab-prep").exists()  # finished: the manifest marks it now
+
+
+@pytest.mark.parametrize("content, said", [(b"", "data file is empty: {path} (--train); give a file with text in it"),
+                                           (bytes(range(256)) * 4, "{path} is not a text file (binary or not UTF-8)"),
+                                           (None, "data file not found: {path} (check --train)")])
+@pytest.mark.parametrize("dry_run", [False, True])
+def test_an_empty_binary_or_missing_train_file_is_refused_before_the_cluster_starts(content, said, dry_run,
+                                                                                      tmp_path: Path) -> None:
+    """Before: an empty or binary --train was found by a Dask task, after the cluster started (exit 2 with a
+    runs/prep-* directory and an empty --out left behind), and a dry run did not look at the inputs at all."""
+    path = tmp_path / "corpus.txt"
+    if content is not None:
+        path.write_bytes(content)
+    proc = launch("prep", "--model", "rnnlm-tiny", "--train", str(path), "--out", str(tmp_path / "out"),
+                  *(["--dry-run"] if dry_run else []), cwd=tmp_path)
+    assert proc.returncode == 2 and said.format(path=path) in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == (["corpus.txt"] if content is not None else [])

@@ -21,7 +21,7 @@ from scalelab.core.checks import Number, OutputDir
 from scalelab.core.errors import SpecError
 from scalelab.core.rundir import dryrun_dir, new_run_dir, write_json
 from scalelab.core.flags import shared_flags, spec_from_flags
-from scalelab.core.spec import BATCH_MODES
+from scalelab.core.spec import BATCH_MODES, check_text_file
 from scalelab.core.writes import check_writable
 from scalelab.launcher.cli import console, parse_pairs
 from scalelab.launcher.runner import err_console
@@ -65,6 +65,8 @@ def prep_cmd(**params: Any) -> None:
     """
     requests = build_requests(params)
     runs = Path(params["runs_dir"])
+    if requests[0].backend == "local" or not params["dry_run"]:  # a local dry run too: it said nothing of a
+        check_local_inputs(requests[0])  # missing --train (a cluster's dry run names paths as its nodes see them)
     if params["dry_run"]:
         from scalelab.prep.clusters import render
 
@@ -75,7 +77,6 @@ def prep_cmd(**params: Any) -> None:
 
     if "://" not in params["out"]:  # a read-only or forbidden --out fails now, not after the cluster started
         check_writable(params["out"], "the shards directory", "or give --out a writable directory")
-    check_local_inputs(requests[0])
     check_local_out(requests)
     if len(requests) == 1:
         report_dirs([run_one(requests[0], new_run_dir(runs, _name(requests[0])))], None, "table")
@@ -116,15 +117,18 @@ def build_requests(params: dict[str, Any]) -> list[PrepRequest]:
 
 
 def check_local_inputs(request: PrepRequest) -> None:
-    """Every local input file or glob names a file, checked before the run directory is made: a missing
-    --train was found by the first task, after the cluster started, and left a run directory behind.
-    Remote URLs are checked by the cluster (listing a bucket here would cost a round trip per pattern)."""
-    from scalelab.prep.corpus import expand, is_remote
+    """Every local input file or glob names a non-empty text file, checked before the run directory is made: a
+    missing, empty or binary --train was found by a task, after the cluster started, and left a run directory
+    (and an empty --out) behind. Remote URLs are checked by the cluster (listing a bucket here would cost a
+    round trip per pattern)."""
+    from scalelab.prep.corpus import expand, flag, is_remote
 
     for key, patterns in request.inputs.items():
         local = [p for p in patterns if not is_remote(p)]
-        if local:
-            expand(local, key, request.storage)
+        for path, size in expand(local, key, request.storage) if local else []:
+            if size == 0:
+                raise SpecError(f"data file is empty: {path} ({flag(key)}); give a file with text in it")
+            check_text_file(path, flag(key))
 
 
 def check_local_out(requests: list[PrepRequest]) -> None:
