@@ -234,3 +234,19 @@ def test_a_sweep_report_names_the_layouts_that_did_not_finish(tmp_path: Path) ->
     (sweep / "1x1" / "launch.json").write_text(json.dumps({"state": "FAILED"}))
     with pytest.raises(RecordError, match="no layout of the sweep .* has finished yet .*1x1 failed"):
         finished_layouts(sweep)
+
+
+def test_a_failed_layout_is_named_by_its_error_not_the_agents_exit_code(tmp_path: Path) -> None:
+    """A script's rank exited 3; torchrun's agent exited 1: the sweep's report said "failed: exit codes [1]"."""
+    from scalelab.analysis.results import finished_layouts
+    from scalelab.core.rundir import update_state, write_json
+
+    sweep = tmp_path / "sweep"
+    (sweep / "1x2").mkdir(parents=True)
+    (sweep / "1x2" / "spec.json").write_text("{}")
+    start_state(sweep / "1x2", backend="local")
+    record_state(sweep / "1x2", "FAILED", "exit codes [1]")
+    update_state(sweep / "1x2", error="rank 1: train.py exited with status 3")
+    write_json(sweep / "sweep.json", {"runs": ["1x2"]})
+    with pytest.raises(RecordError, match=r"1x2 failed: rank 1: train.py exited with status 3\)"):
+        finished_layouts(sweep)

@@ -276,7 +276,9 @@ def finished_layouts(sweep_dir: Path) -> tuple[list[Path], list[str]]:
         if state == COMPLETED:
             done.append(run_dir)
         else:
-            detail = read_state(run_dir).get("detail", "") if state else ""
+            info = read_state(run_dir) if state else {}
+            # why it failed, as launch said it (runner.kept), over the agents' "exit codes [1]" (the script's was 3)
+            detail = info.get("error") or info.get("detail", "")
             unfinished.append((run_dir.name, f"{state.lower()}: {detail}" if state else "never started"))
     if not done:
         raise RecordError(f"no layout of the sweep {sweep_dir} has finished yet "
