@@ -107,3 +107,22 @@ def test_bench_compute_flags_a_vs_fp32_median_that_contradicts_its_words_per_s(m
     fused = next(line for line in text.splitlines() if "fused" in line and "bf16" in line)
     assert "noisy" in stepwise and "2.88" in stepwise and "noisy" not in fused, text
     assert "median of per-round ratios" in " ".join(text.split())
+
+
+def test_a_combination_launch_run_refuses_is_not_predicted():
+    """`launch memory --engine ps --precision fp16` printed a prediction for what `launch run` refuses."""
+    from scalelab.core.errors import SpecError
+
+    result = CliRunner().invoke(memory_cmd, ["--engine", "ps", "--precision", "fp16", "--batch-per-worker", "32"])
+    assert isinstance(result.exception, SpecError) and "--engine ps does not train in --precision fp16" in str(
+        result.exception), result.output
+
+
+def test_study_names_a_wrong_backend_by_its_flag_listing_the_valid_ones():
+    """It said "backend must be one of ... (variant 'cudnn_lstm all-reduce')": a variant nobody named."""
+    from scalelab.launcher.study import study_cmd
+
+    study = str(README.parent / "examples" / "seed001-nmt-data-parallel.yaml")
+    result = CliRunner().invoke(study_cmd, [study, "--backend", "nope", "--dry-run"])
+    assert result.exit_code == 2 and "Invalid value for '--backend': 'nope' is not one of 'local', 'slurm'" in (
+        result.output), result.output

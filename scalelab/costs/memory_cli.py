@@ -68,7 +68,7 @@ def memory_cmd(instance_types: str | None, fmt: str, **params: Any) -> None:
     precision, output loss and optimizer flags and their defaults are `launch run`'s; it takes no others
     (`--rnn stepwise` and `--ps-state cpu` change a rank's memory too, but the prediction models only the
     fused cuDNN/oneDNN LSTM and the optimizer state on the rank)."""
-    spec = spec_from_flags(params)
+    spec = spec_from_flags(params).validate()  # what `launch run` refuses (ps in fp16) is not predicted either
     model_name, batch_per_worker, precision, engine = spec.model, spec.batch_per_worker, spec.precision, spec.engine.name
     cfg = config_with_overrides(PRESETS[model_name], model_overrides(parse_pairs(params["model_args"], "--model-arg"),
                                                                      "--model-arg"))

@@ -352,7 +352,7 @@ def _wall_seconds(records: Any) -> float | None:
 @click.command("study")
 @click.argument("study_file", type=InputFile("study file"))
 @click.option("--scale", help="A named scale of the study (e.g. test, cpu, seed); default: the file's base.")
-@click.option("--backend", type=str, help=f"Run on this backend instead of the study's ({', '.join(BACKEND_NAMES)}).")
+@click.option("--backend", type=click.Choice(BACKEND_NAMES), help=f"Run on this backend instead of the study's ({', '.join(BACKEND_NAMES)}).")
 @shared_flags("--runs-dir")  # the one declaration `launch run` uses: the same rule, check and help
 @click.option("--dry-run", is_flag=True, help="Print every variant x layout request (and, on stderr, what it "
                                              "would cost) and run nothing.")
