@@ -257,9 +257,10 @@ def _terminal_columns(df: pd.DataFrame) -> list[tuple[str, Callable[[pd.Series],
     threshold" of runs without a threshold, goes), peak memory as "peak RSS/rank" when every row is a CPU
     process's resident set (the cells then drop their " RSS", which kept the column 11 wide)."""
     cols = []
+    keep = {"label", throughput_header(df)} if no_items(df) else {"label"}  # its dash: no items (render_table)
     for header, fmt, right in _columns(df):
         cells = [fmt(r) for _, r in df.iterrows()]
-        if header != "label" and len(cells) and all(c == _DASH for c in cells):
+        if header not in keep and len(cells) and all(c == _DASH for c in cells):
             continue
         if header == "layout (nodes x GPUs)":  # its cells (1x2) say the rest; 4 header lines at 6 wide
             header = "nodes x GPUs"
@@ -336,11 +337,25 @@ def render_table(df: pd.DataFrame, title: str = "Scaling", width: int | None = N
                              ratio=1)
     for row in rows:
         table.add_row(*row)
-    if not rows:
-        table.caption = "no runs"
+    captions = ["no runs"] if not rows else []
+    if no_items(df):  # the summary a `launch --script` run ends with says why its throughput is a dash
+        from scalelab.analysis.scaling import NO_ITEMS
+
+        captions.append(f"{_DASH}: the run's {NO_ITEMS}")
+        table.caption_justify = "left"  # a sentence, read from its start
     if len(cols) < len(_terminal_columns(df) if width else _columns(df)):
-        table.caption = "more columns in report.md and report.json"
+        captions.append("more columns in report.md and report.json")
+    table.caption = "; ".join(captions) or None
     return table
+
+
+def no_items(df: pd.DataFrame) -> bool:
+    """Whether a row measured steps that counted no items (a script's `track.step(items=0)`), so it has no
+    throughput (`analysis.scaling._rates_and_step_times`)."""
+    if _throughput_col(df) != "words_per_s" or "steps_measured" not in df.columns:
+        return False
+    measured = pd.to_numeric(df["steps_measured"], errors="coerce").fillna(0) > 0
+    return bool((measured & pd.to_numeric(df["words_per_s"], errors="coerce").isna()).any())
 
 
 def print_scaling(df: pd.DataFrame, console: Console | None = None, title: str = "Scaling") -> None:

@@ -1,0 +1,107 @@
+"""A reviewer's findings on reports of --script runs and of several directories:
+
+- a script whose `track.step(items=0)` counted nothing: its run completes (exit 0) with its throughput a dash and
+  a line saying how to record the items; `launch report` and `launch plan` of it say so, never a traceback;
+  a negative count in hand-edited records is refused with its line;
+- `launch report runs/*` and `launch cost runs/*` leave out, each with one warning line, a run that failed before
+  its first step and a directory that is no run (a prep run), and still fail on such a directory given alone;
+- a script that passes no loss shows no "loss 0.000" in `launch status`;
+- `launch status` says that its records have unreadable lines;
+- the HTML report of a script's run draws no empty legend (matplotlib's UserWarning on stderr);
+- a report of several sweeps goes to runs/.reports/ as its help says, not ./.reports/;
+- two sweeps of a script that differ in one argument are labelled by it, and the table fits 80 columns.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from rich.console import Console
+
+from conftest import ROOT, launch
+
+ZERO = "from scalelab import track\nfor _ in range(6):\n    track.step(items=0, loss=1.0)\n"
+NO_LOSS = "from scalelab import track\nfor _ in range(6):\n    track.step(items=8)\n"
+BOOM = "raise SystemExit('boom')\n"
+SMALL = ("--engine", "single", "--steps", "6", "--warmup-steps", "1")
+
+
+def one_error_line(proc) -> str:
+    lines = [line for line in proc.stderr.splitlines() if line.strip() and not line.startswith("[")]
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    return lines[0]
+
+
+def run_script(where: Path, name: str, body: str) -> tuple[Path, object]:
+    """`launch --script NAME` of `body` in `where` (its runs in where/runs): its run directory and the launch."""
+    (where / name).write_text(body)
+    before = set((where / "runs").glob("*")) if (where / "runs").exists() else set()
+    proc = launch("--script", name, *SMALL, cwd=where)
+    made = set((where / "runs").glob("*")) - before
+    assert len(made) == 1, (made, proc.stderr)
+    return made.pop(), proc
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, Path]:
+    """A runs/ folder as a user's: a script's run that counted no items, one that passed no loss, a script that
+    failed before its first step, a built-in model's run that failed before its first step, and a prep run."""
+    where = tmp_path_factory.mktemp("review")
+    zero, proc = run_script(where, "zero.py", ZERO)  # its launch is the first test's to judge
+    made = {"where": where, "zero": zero, "zero_proc": proc}
+    made["noloss"], proc = run_script(where, "noloss.py", NO_LOSS)
+    assert proc.returncode == 0, proc.stderr
+    made["boom"], proc = run_script(where, "boom.py", BOOM)
+    assert proc.returncode == 1, proc.stderr
+    # the built-in trainer's run that stopped before its first step: a failed run's records without their steps
+    proc = launch("--model", "nmt-tiny", *SMALL, "-y", cwd=where, env={"SCALELAB_FAIL_AT_STEP": "1"})
+    assert proc.returncode == 1, proc.stderr
+    failed = next(p for p in (where / "runs").glob("nmt-tiny-*"))
+    records = failed / "records" / "rank-0.jsonl"
+    records.write_text("".join(line for line in records.read_text().splitlines(True) if '"kind": "step"' not in line))
+    made["nosteps"] = failed
+    prep = where / "runs" / "prep-nmt-tiny"  # what `launch prep` leaves in runs/ (scalelab/prep/request.py)
+    prep.mkdir()
+    (prep / "prep.json").write_text("{}")
+    made["prep"] = prep
+    return made
+
+
+# ---- a script that counts no items -----------------------------------------------------------------------
+
+
+def test_a_script_that_counts_no_items_completes_and_says_how_to_count_them(runs) -> None:
+    proc = runs["zero_proc"]
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    said = " ".join(proc.stdout.split())
+    assert "counted no items" in said and "track.step(items=len(batch)" in said, proc.stdout
+    assert "—" in proc.stdout  # its samples/s: no figure, not 0
+    summary = json.loads((runs["zero"] / "summary.json").read_text())
+    assert summary["words_per_s"] is None and summary["steps_measured"] > 0
+
+
+def test_report_and_plan_of_a_run_without_items_say_so_without_a_traceback(runs) -> None:
+    where, run = runs["where"], str(runs["zero"])
+    report = launch("report", run, cwd=where)
+    assert report.returncode == 0 and "Traceback" not in report.stderr, report.stderr
+    assert "counted no items" in report.stderr and "track.step(items=" in report.stderr
+    assert json.loads((runs["zero"] / "report.json").read_text())[0]["words_per_s"] is None
+    plan = launch("plan", run, cwd=where)
+    assert plan.returncode == 2, plan.stderr
+    assert "no measured throughput" in one_error_line(plan) and "track.step(items=" in one_error_line(plan)
+
+
+def test_a_negative_count_in_records_is_refused_with_its_line(runs, tmp_path: Path) -> None:
+    run = tmp_path / "negative"
+    shutil.copytree(runs["zero"], run)
+    records = run / "records" / "rank-0.jsonl"
+    records.write_text(records.read_text().replace('"samples": 0, "words": 0', '"samples": -5, "words": -5'))
+    for argv in (["report", str(run)], ["plan", str(run)]):
+        proc = launch(*argv, cwd=tmp_path)
+        assert proc.returncode == 2, (argv, proc.stderr)
+        line = one_error_line(proc)
+        assert "rank-0.jsonl:" in line and "samples -5" in line and "fix or delete that line" in line, line
