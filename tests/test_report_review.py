@@ -105,3 +105,49 @@ def test_a_negative_count_in_records_is_refused_with_its_line(runs, tmp_path: Pa
         assert proc.returncode == 2, (argv, proc.stderr)
         line = one_error_line(proc)
         assert "rank-0.jsonl:" in line and "samples -5" in line and "fix or delete that line" in line, line
+
+
+# ---- several directories -----------------------------------------------------------------------------------
+
+
+def runs_glob(runs: dict[str, Path]) -> list[str]:
+    """The shell's `runs/*` of the runs fixture (the run without items left to its own tests)."""
+    return sorted(str(p) for p in (runs["where"] / "runs").iterdir() if not p.name.startswith(".") and p != runs["zero"])
+
+
+def test_report_of_several_leaves_out_failed_runs_and_prep_directories_with_a_warning_each(runs, tmp_path) -> None:
+    where = runs["where"]
+    glob = runs_glob(runs)
+    proc = launch("report", *glob, "--out", str(tmp_path / "report"), cwd=where)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    left = [line for line in proc.stderr.splitlines() if "left out of the report" in line]
+    assert len(left) == 3, proc.stderr
+    assert any(str(runs["boom"]) in line and "failed before it recorded a step" in line for line in left)
+    assert any(str(runs["nosteps"]) in line and "no step records" in line for line in left)
+    assert any(str(runs["prep"]) in line and "not a run directory" in line for line in left)
+    rows = json.loads((tmp_path / "report" / "report.json").read_text())
+    assert [r["model"] for r in rows] == ["noloss.py"]
+
+
+def test_report_of_nothing_reportable_and_of_one_bad_directory_still_fail(runs) -> None:
+    where = runs["where"]
+    both = launch("report", str(runs["boom"]), str(runs["prep"]), cwd=where)
+    assert both.returncode == 2 and "none of the 2 directories has a run to report" in one_error_line(both)
+    for alone, why in ((runs["boom"], "failed before it recorded a step"), (runs["nosteps"], "no step records")):
+        proc = launch("report", str(alone), cwd=where)
+        assert proc.returncode == 2 and why in one_error_line(proc) and "left out" not in proc.stderr
+
+
+def test_cost_of_several_bills_the_failed_runs(runs, tmp_path: Path) -> None:
+    where = runs["where"]
+    norecords = tmp_path / "norecords"  # a run whose records cannot be read: left out, with a warning
+    norecords.mkdir()
+    shutil.copy(runs["nosteps"] / "spec.json", norecords)
+    proc = launch("cost", *runs_glob(runs), str(norecords), "--rate", "1/gpu-hour", "--format", "json", cwd=where)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    rows = {Path(r["run_dir"]).name: r for r in json.loads(proc.stdout)}
+    assert rows[runs["nosteps"].name]["state"] == "FAILED" and rows[runs["nosteps"].name]["dollars"] > 0
+    assert rows[runs["boom"].name]["state"] == "FAILED" and len(rows) == 3
+    assert "norecords has no records" in proc.stderr and "left out" in proc.stderr
+    alone = launch("cost", str(norecords), "--rate", "1/gpu-hour", cwd=where)
+    assert alone.returncode == 2 and "has no records" in one_error_line(alone)

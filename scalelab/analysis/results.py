@@ -299,30 +299,52 @@ def build_report(paths: list[Path], out: Path | None = None, price: Pricer | Non
     table, each named in a warning; a run given by its own directory is summarised from its records.
     `price` adds each run's dollars (`launcher.cli.report_dirs` passes costs.expected.recorded_cost).
     """
-    runs, warnings = [], []
+    runs, warnings, left_out = [], [], []
     for p in paths:
         if len(paths) > 1 and is_report_dir(p):
             warnings.append(f"{p} holds a report, not runs: left out")
             continue
-        found, said = _finished_runs(p)
+        try:
+            found, said = _finished_runs(p)
+        except RecordError as exc:  # of several (`runs/*`): a prep directory, a sweep with nothing finished
+            left_out.append(_left_out(paths, exc))
+            continue
         runs += found
         warnings += said
-    warnings += [f"{run_dir} has no summary.json (it did not finish normally); summarised from its records"
-                 for run_dir in runs if not RunPaths(run_dir).summary.exists()]
-    if out is None:
-        out = default_report_dir(paths, runs)
-    summaries, extra = [], []
+    summaries, extra, loaded = [], [], []
     for run_dir in runs:  # one run's records in memory at a time
-        run = load_run(run_dir)
+        try:
+            run = load_run(run_dir)
+            summary = summarize_loaded(run)
+        except RecordError as exc:  # of several: a run that failed before its first measured step
+            left_out.append(_left_out(paths, exc))
+            continue
+        if not RunPaths(run_dir).summary.exists():
+            warnings.append(f"{run_dir} has no summary.json (it did not finish normally); summarised from its records")
         warnings += run.warnings  # record lines dropped (a cut last line): said here, not lost
         warnings += spec_changes(run_dir)  # `launch resume --allow-changed`: from which step what changed
         warnings += contradictions(run)  # records against their spec: which rank, which step
-        summaries.append(summarize_loaded(run))
+        summaries.append(summary)
+        loaded.append(run_dir)
         if price is not None:
-            extra.append(price(run, summaries[-1]))
+            extra.append(price(run, summary))
+    if left_out and not loaded:
+        raise RecordError(f"none of the {len(paths)} directories has a run to report: {'; '.join(left_out)}")
+    runs, warnings = loaded, [f"{why}; left out of the report" for why in left_out] + warnings
+    if out is None:
+        out = default_report_dir(paths, runs)
     report = write_report(summaries, runs, out, extra if price is not None else None, plots=plots)
     report.warnings = warnings + merged_sweeps(paths, report.table) + report.warnings
     return report
+
+
+def _left_out(paths: list[Path], exc: RecordError) -> str:
+    """Why a report of several directories (`launch report runs/*`) leaves one out that it cannot report (a run
+    that failed before its first measured step, a prep directory, a sweep with nothing finished): its error,
+    raised as it is when that directory was given alone."""
+    if len(paths) < 2:
+        raise exc
+    return str(exc)
 
 
 def is_report_dir(path: Path) -> bool:
