@@ -151,3 +151,13 @@ def test_cost_of_several_bills_the_failed_runs(runs, tmp_path: Path) -> None:
     assert "norecords has no records" in proc.stderr and "left out" in proc.stderr
     alone = launch("cost", str(norecords), "--rate", "1/gpu-hour", cwd=where)
     assert alone.returncode == 2 and "has no records" in one_error_line(alone)
+
+
+# ---- status -------------------------------------------------------------------------------------------------
+
+
+def test_status_of_a_script_that_passes_no_loss_shows_none(runs) -> None:
+    proc = launch("status", str(runs["noloss"]), cwd=runs["where"])
+    assert proc.returncode == 0, proc.stderr
+    line = next(line for line in proc.stdout.splitlines() if "step 6/6" in line)
+    assert "loss" not in line and "samples/s" in line, proc.stdout
