@@ -161,3 +161,16 @@ def test_status_of_a_script_that_passes_no_loss_shows_none(runs) -> None:
     assert proc.returncode == 0, proc.stderr
     line = next(line for line in proc.stdout.splitlines() if "step 6/6" in line)
     assert "loss" not in line and "samples/s" in line, proc.stdout
+
+
+def test_status_says_that_records_have_unreadable_lines(runs, tmp_path: Path) -> None:
+    run = tmp_path / "corrupt"
+    shutil.copytree(runs["noloss"], run)
+    records = run / "records" / "rank-0.jsonl"
+    lines = records.read_text().splitlines(True)
+    lines[1] = "{garbage\n"
+    records.write_text("".join(lines))
+    proc = launch("status", str(run), cwd=tmp_path)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    warned = [line for line in proc.stderr.splitlines() if "unreadable record lines" in line]
+    assert len(warned) == 1 and "rank-0.jsonl:2" in warned[0], proc.stderr

@@ -260,11 +260,14 @@ def _launched(run_dir: Path) -> float | None:
     return float(value) if isinstance(value, (int, float)) else None
 
 
-def snapshot_of(run_dir: Path, state: str | None = None) -> Snapshot | None:
+def snapshot_of(run_dir: Path, state: str | None = None, dropped: list[str] | None = None) -> Snapshot | None:
     """Where a run is now, from all its records, as a run in `state` shows it (`Snapshot.as_of`; None: as the
-    records have it); None when it wrote none yet, or nothing to say (no step, not ended)."""
+    records have it); None when it wrote none yet, or nothing to say (no step, not ended). `dropped` gets a
+    line for each record line that could not be read (PATH:LINE: what is wrong), which the snapshot leaves out."""
     watch = watch_run(run_dir)
     snap = watch.poll().as_of(state)
+    if dropped is not None:
+        dropped += [line for tail in watch.tails.values() for line in tail.warnings]
     return snap if watch.tails and (snap.step or snap.ended) else None
 
 
