@@ -174,3 +174,15 @@ def test_status_says_that_records_have_unreadable_lines(runs, tmp_path: Path) ->
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
     warned = [line for line in proc.stderr.splitlines() if "unreadable record lines" in line]
     assert len(warned) == 1 and "rank-0.jsonl:2" in warned[0], proc.stderr
+
+
+# ---- HTML ---------------------------------------------------------------------------------------------------
+
+
+def test_html_report_of_a_script_run_warns_of_no_empty_legend(runs, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    shutil.copytree(runs["noloss"], run)
+    proc = launch("report", str(run), "--format", "html", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "UserWarning" not in proc.stderr and "legend" not in proc.stderr, proc.stderr
+    assert (run / "report.html").is_file()
