@@ -186,3 +186,55 @@ def test_html_report_of_a_script_run_warns_of_no_empty_legend(runs, tmp_path: Pa
     assert proc.returncode == 0, proc.stderr
     assert "UserWarning" not in proc.stderr and "legend" not in proc.stderr, proc.stderr
     assert (run / "report.html").is_file()
+
+
+# ---- sweeps of a script that differ in one argument -------------------------------------------------------------
+
+
+def whole_table(text: str, width: int) -> bool:
+    """Whether the boxed table in `text` fits `width` columns whole: every line of it ends with its border
+    (a table wider than the terminal was cut at its last column, mid-border)."""
+    ends = {"┏": "┓", "┃": "┃", "┡": "┩", "│": "│", "└": "┘"}
+    rows = [line.rstrip() for line in text.splitlines() if line[:1] in ends]
+    return bool(rows) and all(len(line) <= width and line.endswith(ends[line[0]]) for line in rows)
+
+
+def fake_script_sweep(root: Path, name: str, script_args: list[str], tokens_per_s: dict[int, float]) -> Path:
+    """A completed sweep of examples/own-script/train_ddp.py (with `script_args`) over 1 and 2 workers, as its
+    records would have it (docs/records.md): the reports only read them."""
+    from scalelab.core.rundir import write_json
+    from scalelab.core.spec import EngineSpec, Spec, save_spec
+
+    sweep = root / name
+    for gpus, speed in tokens_per_s.items():
+        run = sweep / f"1x{gpus}"
+        (run / "records").mkdir(parents=True)
+        save_spec(Spec(model="train_ddp.py", script=str(ROOT / "examples/own-script/train_ddp.py"),
+                       script_args=script_args, engine=EngineSpec(name="ddp"), gpus_per_node=gpus, warmup_steps=2), run)
+        write_json(run / "launch.json", {"backend": "local", "state": "COMPLETED", "launched": 1000.0,
+                                         "ended": 1013.0, "run_dir": str(run)})
+        for rank in range(gpus):
+            recs = [{"kind": "start", "rank": rank, "world": gpus, "time": 1000.5, "unit": "tokens"}]
+            recs += [{"kind": "step", "rank": rank, "world": gpus, "step": step, "warmup": step <= 2,
+                      "step_s": 512 / speed, "samples": 32 // gpus, "words": 512 // gpus, "loss": 3.0,
+                      "time": 1001.0 + step} for step in range(1, 13)]
+            (run / "records" / f"rank-{rank}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    write_json(sweep / "sweep.json", {"runs": [f"1x{g}" for g in tokens_per_s], "layouts": [[1, g] for g in tokens_per_s]})
+    return sweep
+
+
+@pytest.fixture
+def sweeps(tmp_path: Path) -> Path:
+    """Two sweeps of a script that differ only in --global-batch (as `launch sweep --script train_ddp.py --workers
+    1,2 -- --steps 12 --val-every 6 [--global-batch 64]` leaves them), in tmp_path/runs."""
+    fake_script_sweep(tmp_path / "runs", "sweep-a", ["--steps", "12", "--val-every", "6"], {1: 2000.0, 2: 3600.0})
+    fake_script_sweep(tmp_path / "runs", "sweep-b", ["--steps", "12", "--val-every", "6", "--global-batch", "64"],
+                      {1: 2500.0, 2: 4000.0})
+    return tmp_path
+
+
+def test_a_report_of_several_sweeps_goes_to_runs_reports(sweeps) -> None:
+    proc = launch("report", *sorted(str(p) for p in (sweeps / "runs").glob("sweep-*")), cwd=sweeps)
+    assert proc.returncode == 0, proc.stderr
+    assert f"report: {sweeps / 'runs' / '.reports' / 'report-'}" in proc.stdout, proc.stdout
+    assert (sweeps / "runs" / ".reports").is_dir() and not (sweeps / ".reports").exists()

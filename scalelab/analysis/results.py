@@ -332,7 +332,7 @@ def build_report(paths: list[Path], out: Path | None = None, price: Pricer | Non
         raise RecordError(f"none of the {len(paths)} directories has a run to report: {'; '.join(left_out)}")
     runs, warnings = loaded, [f"{why}; left out of the report" for why in left_out] + warnings
     if out is None:
-        out = default_report_dir(paths, runs)
+        out = default_report_dir(paths)
     report = write_report(summaries, runs, out, extra if price is not None else None, plots=plots)
     report.warnings = warnings + merged_sweeps(paths, report.table) + report.warnings
     return report
@@ -359,13 +359,14 @@ def is_report_dir(path: Path) -> bool:
 REPORTS_DIR = ".reports"
 
 
-def default_report_dir(paths: list[Path], runs: list[Path]) -> Path:
+def default_report_dir(paths: list[Path]) -> Path:
     """Where a report goes without --out: one run, sweep or study directory given, into it; several,
-    into .reports/report-DATE under the runs' common directory (out of the runs' globs)."""
+    into .reports/report-DATE under the directory that holds them (out of the runs' globs): runs/ for
+    `launch report runs/sweep-*` too, whose runs lie one level deeper, in their sweeps (their parents differ)."""
     if len(paths) == 1 and ((paths[0] / SWEEP_FILE).exists() or (paths[0] / STUDY_FILE).exists()
                             or (paths[0] / "spec.json").exists()):
         return paths[0]
-    return _common_parent(runs) / REPORTS_DIR / ("report-" + datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))
+    return _common_parent(paths) / REPORTS_DIR / ("report-" + datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))
 
 
 def price_notes(extra: list[dict[str, Any]]) -> list[str]:
