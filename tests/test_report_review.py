@@ -238,3 +238,53 @@ def test_a_report_of_several_sweeps_goes_to_runs_reports(sweeps) -> None:
     assert proc.returncode == 0, proc.stderr
     assert f"report: {sweeps / 'runs' / '.reports' / 'report-'}" in proc.stdout, proc.stdout
     assert (sweeps / "runs" / ".reports").is_dir() and not (sweeps / ".reports").exists()
+
+
+def test_sweeps_of_a_script_that_differ_in_one_argument_are_labelled_by_it_in_80_columns(sweeps) -> None:
+    dirs = sorted(str(p) for p in (sweeps / "runs").glob("sweep-*"))
+    proc = launch("report", *dirs, "--out", str(sweeps / "report"), cwd=sweeps, env={"COLUMNS": "80"})
+    assert proc.returncode == 0, proc.stderr
+    table = proc.stdout.split("\nnote:")[0].split("\nreport:")[0]
+    assert whole_table(table, 80), proc.stdout
+    assert "--global-batch=64" in table and "--global-batch=default" in table, proc.stdout
+    assert "speedup" in table, proc.stdout
+
+
+def test_plan_tells_the_sweeps_apart_by_their_argument(sweeps) -> None:
+    dirs = sorted(str(p) for p in (sweeps / "runs").glob("sweep-*"))
+    proc = launch("plan", *dirs, "--format", "json", cwd=sweeps)
+    assert proc.returncode == 0, proc.stderr
+    series = {r.get("label") or r.get("series") for r in json.loads(proc.stdout)}
+    assert any(s and s.endswith("--global-batch=64") for s in series), series
+    assert any(s and s.endswith("--global-batch=default") for s in series), series
+
+
+# ---- the pieces --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("args, others, words", [
+    (["--steps", "12", "--global-batch", "64"], [["--steps", "12"]], ["--global-batch=64"]),
+    (["--steps", "12"], [["--steps", "12", "--global-batch", "64"]], ["--global-batch=default"]),
+    (["--lr=0.1", "--amp"], [["--lr=0.2"]], ["--lr=0.1", "--amp"]),
+    (["--lr=0.2"], [["--lr=0.1", "--amp"]], ["--lr=0.2", "--amp=default"]),
+    (["--shift", "-1", "a.txt"], [["--shift", "2", "b.txt"]], ["--shift=-1", "arg1=a.txt"]),
+    (["--a", "1", "--b", "2"], [["--b", "2", "--a", "1"]], None),  # only the order differs: said whole
+])
+def test_script_args_words_name_only_what_differs(args, others, words) -> None:
+    from scalelab.analysis.results import script_args_words
+
+    assert script_args_words(args, [args, *others]) == words
+
+
+def test_a_label_wider_than_the_terminal_folds_inside_the_table() -> None:
+    from scalelab.analysis.report import print_scaling
+
+    label = "script_args=--steps,12,--val-every,6,--global-batch,64,--hidden,128,--vocab,64"
+    df = pd.DataFrame({"label": [label, label, "other", "other"], "workers": [1, 2, 1, 2], "nodes": [1] * 4,
+                       "gpus_per_node": [1, 2, 1, 2], "words_per_s": [1000.0, 1800, 900, 1700],
+                       "speedup": [1, 1.8, 1, 1.9], "efficiency": [1, 0.9, 1, 0.95]})
+    console = Console(width=80, record=True)
+    print_scaling(df, console=console)
+    text = console.export_text()
+    assert whole_table(text, 80), text
+    assert "speedup" in text and "1.80" in text and "┃ label" in text, text

@@ -140,7 +140,12 @@ def series_labels(specs: Sequence[Spec], ignore: frozenset[str] = frozenset()) -
     out = []
     for base, st in zip(bases, settings):
         keys = [k for k in differing[base] if k in st]
-        out.append((" ".join([base, *(_setting_text(k, st[k]) for k in keys)]), {k: st[k] for k in keys} or None))
+        words: list[str] = []
+        for k in keys:  # a script's arguments: only those that differ (`script_args_words`)
+            told = script_args_words(st[k], [o.get(k) for b, o in zip(bases, settings) if b == base]) \
+                if k == "script_args" else None
+            words += told or [_setting_text(k, st[k])]
+        out.append((" ".join([base, *words]), {k: st[k] for k in keys} or None))
     return _distinct_labels(out)
 
 
@@ -181,6 +186,48 @@ def _setting_text(key: str, value: Any) -> str:
         return (on if value else off).lstrip("-")
     name = flag.name.lstrip("-") if flag is not None else key.rsplit(".", 1)[-1]
     return f"{name}={_value_text(value)}"
+
+
+def script_args_words(args: Any, group: list[Any]) -> list[str] | None:
+    """The words that tell a --script run's arguments (`args`, its spec's script_args) apart from the others of
+    `group` (their script_args): each argument whose value differs, as given (`--global-batch=64`; a flag alone,
+    `--amp`; `--global-batch=default` where this run did not give one, so its script's default; a positional one
+    by its place, `arg1=data.txt`). Why not all of them: two sweeps that differed in --global-batch were labelled
+    `script_args=--steps,60,--val-every,5,--global-batch,64`, one word that broke the 80-column table and was
+    shortened where the two could no longer be told apart. None where no argument's value differs (the same
+    arguments in another order): the label then says them all."""
+    mine = _script_options(args)
+    others = [_script_options(g) for g in group]
+    keys = dict.fromkeys(k for opts in [mine, *others] for k in opts)
+    words = [(f"{k}={_value_text(mine[k])}" if mine[k] is not None else k) if k in mine
+             else f"{k}={'default' if k.startswith('-') else 'none'}"
+             for k in keys if len({json.dumps([k in o, o.get(k)]) for o in [mine, *others]}) > 1]
+    return words or None
+
+
+def _script_options(args: Any) -> dict[str, str | None]:
+    """A script's arguments by name: `--name value` and `--name=value` as {"--name": "value"}, a flag followed by
+    another option (or by nothing) as {"--flag": None}, the others by their place ({"arg1": "data.txt"}); an
+    option given twice, its values joined by commas."""
+    items = [str(a) for a in args] if isinstance(args, (list, tuple)) else []
+
+    def option(a: str) -> bool:
+        return a.startswith("-") and len(a) > 1 and not a.lstrip("-").replace(".", "", 1).isdigit()  # -1: a value
+
+    out: dict[str, str | None] = {}
+    i, place = 0, 0
+    while i < len(items):
+        a, value = items[i], None
+        if option(a) and "=" in a:
+            a, value = a.split("=", 1)
+        elif option(a) and i + 1 < len(items) and not option(items[i + 1]):
+            value, i = items[i + 1], i + 1
+        elif not option(a):
+            place += 1
+            a, value = f"arg{place}", a
+        out[a] = value if a not in out else ",".join(str(v) for v in (out[a], value) if v is not None)
+        i += 1
+    return out
 
 
 def _value_text(value: Any) -> str:
