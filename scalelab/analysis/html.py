@@ -145,7 +145,8 @@ def _one_run_phases(table: pd.DataFrame) -> Figure:
     r = table.iloc[0]
     layout = f" {int(r['nodes'])}x{int(r['gpus_per_node'])}" if {"nodes", "gpus_per_node"} <= set(table.columns) else ""
     ax.set_title(f"Where the step time goes: {r.get('label', '') or ''}{layout}".rstrip(": "), fontsize=9)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+    if ax.get_legend_handles_labels()[0]:  # a --script run records no phases: no legend (matplotlib warned)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     return fig
 
 

@@ -27,6 +27,7 @@ from rich.console import Console
 from rich.table import Table
 from scalelab.core.engines import known_fact
 from scalelab.core.errors import DataError
+from scalelab.core.terminal import cell_pieces, fold_cell, unbreakable_width
 from scalelab.core.writes import refuse_links
 
 if TYPE_CHECKING:
@@ -257,9 +258,10 @@ def _terminal_columns(df: pd.DataFrame) -> list[tuple[str, Callable[[pd.Series],
     threshold" of runs without a threshold, goes), peak memory as "peak RSS/rank" when every row is a CPU
     process's resident set (the cells then drop their " RSS", which kept the column 11 wide)."""
     cols = []
+    keep = {"label", throughput_header(df)} if no_items(df) else {"label"}  # its dash: no items (render_table)
     for header, fmt, right in _columns(df):
         cells = [fmt(r) for _, r in df.iterrows()]
-        if header != "label" and len(cells) and all(c == _DASH for c in cells):
+        if header not in keep and len(cells) and all(c == _DASH for c in cells):
             continue
         if header == "layout (nodes x GPUs)":  # its cells (1x2) say the rest; 4 header lines at 6 wide
             header = "nodes x GPUs"
@@ -317,7 +319,14 @@ def fitting_columns(df: pd.DataFrame, width: int = TABLE_WIDTH) -> list[tuple[st
     cols = _terminal_columns(df)
     cells = [[fmt(r) for _, r in df.iterrows()] for _, fmt, _ in cols]
     text = [not right and i == 0 for i, (_, _, right) in enumerate(cols)]
-    return [cols[i] for i in fitting([h for h, _, _ in cols], cells, text, _DROPPABLE, width)]
+    headers = [h for h, _, _ in cols]
+    keep = fitting(headers, cells, text, _DROPPABLE, width)
+    if text and text[0] and sum(_min_width(headers[i], cells[i], text[i]) + 3 for i in keep) + 1 > width:
+        # a label's word wider than the room left (a long --name, a script's arguments): it folds between its
+        # parts (`render_table`), so the columns are fitted to those
+        cells[0] = [" ".join(cell_pieces(c, hyphens=True)) for c in cells[0]]
+        keep = fitting(headers, cells, text, _DROPPABLE, width)
+    return [cols[i] for i in keep]
 
 
 def render_table(df: pd.DataFrame, title: str = "Scaling", width: int | None = None) -> Table:
@@ -332,15 +341,35 @@ def render_table(df: pd.DataFrame, title: str = "Scaling", width: int | None = N
             table.add_column(header, justify="right" if right else "left", overflow="fold",
                              width=_min_width(header, cells))
         else:  # the label: what is left, wrapping between words
+            room = width - sum(_min_width(h, [row[j] for row in rows]) + 3 for j, (h, _, _) in enumerate(cols)
+                               if j != i) - 4 if width else 0
+            if room > 0 and _min_width(header, cells, True) > room:  # a word wider than that (`--name`, a
+                for row in rows:  # script's argument): folded between its parts, not cut with the table's border
+                    row[i] = fold_cell(row[i], max(room, unbreakable_width(row[i], hyphens=True)), hyphens=True)
+                cells = [row[i] for row in rows]
             table.add_column(header, justify="left", overflow="fold", min_width=_min_width(header, cells, True),
                              ratio=1)
     for row in rows:
         table.add_row(*row)
-    if not rows:
-        table.caption = "no runs"
+    captions = ["no runs"] if not rows else []
+    if no_items(df):  # the summary a `launch --script` run ends with says why its throughput is a dash
+        from scalelab.analysis.scaling import NO_ITEMS
+
+        captions.append(f"{_DASH}: the run's {NO_ITEMS}")
+        table.caption_justify = "left"  # a sentence, read from its start
     if len(cols) < len(_terminal_columns(df) if width else _columns(df)):
-        table.caption = "more columns in report.md and report.json"
+        captions.append("more columns in report.md and report.json")
+    table.caption = "; ".join(captions) or None
     return table
+
+
+def no_items(df: pd.DataFrame) -> bool:
+    """Whether a row measured steps that counted no items (a script's `track.step(items=0)`), so it has no
+    throughput (`analysis.scaling._rates_and_step_times`)."""
+    if _throughput_col(df) != "words_per_s" or "steps_measured" not in df.columns:
+        return False
+    measured = pd.to_numeric(df["steps_measured"], errors="coerce").fillna(0) > 0
+    return bool((measured & pd.to_numeric(df["words_per_s"], errors="coerce").isna()).any())
 
 
 def print_scaling(df: pd.DataFrame, console: Console | None = None, title: str = "Scaling") -> None:

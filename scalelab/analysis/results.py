@@ -140,7 +140,12 @@ def series_labels(specs: Sequence[Spec], ignore: frozenset[str] = frozenset()) -
     out = []
     for base, st in zip(bases, settings):
         keys = [k for k in differing[base] if k in st]
-        out.append((" ".join([base, *(_setting_text(k, st[k]) for k in keys)]), {k: st[k] for k in keys} or None))
+        words: list[str] = []
+        for k in keys:  # a script's arguments: only those that differ (`script_args_words`)
+            told = script_args_words(st[k], [o.get(k) for b, o in zip(bases, settings) if b == base]) \
+                if k == "script_args" else None
+            words += told or [_setting_text(k, st[k])]
+        out.append((" ".join([base, *words]), {k: st[k] for k in keys} or None))
     return _distinct_labels(out)
 
 
@@ -181,6 +186,48 @@ def _setting_text(key: str, value: Any) -> str:
         return (on if value else off).lstrip("-")
     name = flag.name.lstrip("-") if flag is not None else key.rsplit(".", 1)[-1]
     return f"{name}={_value_text(value)}"
+
+
+def script_args_words(args: Any, group: list[Any]) -> list[str] | None:
+    """The words that tell a --script run's arguments (`args`, its spec's script_args) apart from the others of
+    `group` (their script_args): each argument whose value differs, as given (`--global-batch=64`; a flag alone,
+    `--amp`; `--global-batch=default` where this run did not give one, so its script's default; a positional one
+    by its place, `arg1=data.txt`). Why not all of them: two sweeps that differed in --global-batch were labelled
+    `script_args=--steps,60,--val-every,5,--global-batch,64`, one word that broke the 80-column table and was
+    shortened where the two could no longer be told apart. None where no argument's value differs (the same
+    arguments in another order): the label then says them all."""
+    mine = _script_options(args)
+    others = [_script_options(g) for g in group]
+    keys = dict.fromkeys(k for opts in [mine, *others] for k in opts)
+    words = [(f"{k}={_value_text(mine[k])}" if mine[k] is not None else k) if k in mine
+             else f"{k}={'default' if k.startswith('-') else 'none'}"
+             for k in keys if len({json.dumps([k in o, o.get(k)]) for o in [mine, *others]}) > 1]
+    return words or None
+
+
+def _script_options(args: Any) -> dict[str, str | None]:
+    """A script's arguments by name: `--name value` and `--name=value` as {"--name": "value"}, a flag followed by
+    another option (or by nothing) as {"--flag": None}, the others by their place ({"arg1": "data.txt"}); an
+    option given twice, its values joined by commas."""
+    items = [str(a) for a in args] if isinstance(args, (list, tuple)) else []
+
+    def option(a: str) -> bool:
+        return a.startswith("-") and len(a) > 1 and not a.lstrip("-").replace(".", "", 1).isdigit()  # -1: a value
+
+    out: dict[str, str | None] = {}
+    i, place = 0, 0
+    while i < len(items):
+        a, value = items[i], None
+        if option(a) and "=" in a:
+            a, value = a.split("=", 1)
+        elif option(a) and i + 1 < len(items) and not option(items[i + 1]):
+            value, i = items[i + 1], i + 1
+        elif not option(a):
+            place += 1
+            a, value = f"arg{place}", a
+        out[a] = value if a not in out else ",".join(str(v) for v in (out[a], value) if v is not None)
+        i += 1
+    return out
 
 
 def _value_text(value: Any) -> str:
@@ -301,30 +348,52 @@ def build_report(paths: list[Path], out: Path | None = None, price: Pricer | Non
     table, each named in a warning; a run given by its own directory is summarised from its records.
     `price` adds each run's dollars (`launcher.cli.report_dirs` passes costs.expected.recorded_cost).
     """
-    runs, warnings = [], []
+    runs, warnings, left_out = [], [], []
     for p in paths:
         if len(paths) > 1 and is_report_dir(p):
             warnings.append(f"{p} holds a report, not runs: left out")
             continue
-        found, said = _finished_runs(p)
+        try:
+            found, said = _finished_runs(p)
+        except RecordError as exc:  # of several (`runs/*`): a prep directory, a sweep with nothing finished
+            left_out.append(_left_out(paths, exc))
+            continue
         runs += found
         warnings += said
-    warnings += [f"{run_dir} has no summary.json (it did not finish normally); summarised from its records"
-                 for run_dir in runs if not RunPaths(run_dir).summary.exists()]
-    if out is None:
-        out = default_report_dir(paths, runs)
-    summaries, extra = [], []
+    summaries, extra, loaded = [], [], []
     for run_dir in runs:  # one run's records in memory at a time
-        run = load_run(run_dir)
+        try:
+            run = load_run(run_dir)
+            summary = summarize_loaded(run)
+        except RecordError as exc:  # of several: a run that failed before its first measured step
+            left_out.append(_left_out(paths, exc))
+            continue
+        if not RunPaths(run_dir).summary.exists():
+            warnings.append(f"{run_dir} has no summary.json (it did not finish normally); summarised from its records")
         warnings += run.warnings  # record lines dropped (a cut last line): said here, not lost
         warnings += spec_changes(run_dir)  # `launch resume --allow-changed`: from which step what changed
         warnings += contradictions(run)  # records against their spec: which rank, which step
-        summaries.append(summarize_loaded(run))
+        summaries.append(summary)
+        loaded.append(run_dir)
         if price is not None:
-            extra.append(price(run, summaries[-1]))
+            extra.append(price(run, summary))
+    if left_out and not loaded:
+        raise RecordError(f"none of the {len(paths)} directories has a run to report: {'; '.join(left_out)}")
+    runs, warnings = loaded, [f"{why}; left out of the report" for why in left_out] + warnings
+    if out is None:
+        out = default_report_dir(paths)
     report = write_report(summaries, runs, out, extra if price is not None else None, plots=plots)
     report.warnings = warnings + merged_sweeps(paths, report.table) + report.warnings
     return report
+
+
+def _left_out(paths: list[Path], exc: RecordError) -> str:
+    """Why a report of several directories (`launch report runs/*`) leaves one out that it cannot report (a run
+    that failed before its first measured step, a prep directory, a sweep with nothing finished): its error,
+    raised as it is when that directory was given alone."""
+    if len(paths) < 2:
+        raise exc
+    return str(exc)
 
 
 def is_report_dir(path: Path) -> bool:
@@ -339,13 +408,14 @@ def is_report_dir(path: Path) -> bool:
 REPORTS_DIR = ".reports"
 
 
-def default_report_dir(paths: list[Path], runs: list[Path]) -> Path:
+def default_report_dir(paths: list[Path]) -> Path:
     """Where a report goes without --out: one run, sweep or study directory given, into it; several,
-    into .reports/report-DATE under the runs' common directory (out of the runs' globs)."""
+    into .reports/report-DATE under the directory that holds them (out of the runs' globs): runs/ for
+    `launch report runs/sweep-*` too, whose runs lie one level deeper, in their sweeps (their parents differ)."""
     if len(paths) == 1 and ((paths[0] / SWEEP_FILE).exists() or (paths[0] / STUDY_FILE).exists()
                             or (paths[0] / "spec.json").exists()):
         return paths[0]
-    return _common_parent(runs) / REPORTS_DIR / ("report-" + datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))
+    return _common_parent(paths) / REPORTS_DIR / ("report-" + datetime.datetime.now().strftime("%Y%m%d-%H%M%S"))
 
 
 def price_notes(extra: list[dict[str, Any]]) -> list[str]:

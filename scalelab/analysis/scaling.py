@@ -367,6 +367,12 @@ MIN_MEASURED_STEPS = 10
 MAX_STEP_SPREAD = 0.20
 
 
+#: What a run whose measured steps counted no items lacks, and how a script records them (`trust_warnings`, and
+#: the caption of a table that shows such a run: the summary a `launch --script` run ends with).
+NO_ITEMS = ("measured steps counted no items (0 samples), so it has no throughput, speedup or efficiency; "
+            "pass the items each step processed: track.step(items=len(batch), ...)")
+
+
 def trust_warnings(table: pd.DataFrame) -> list[str]:
     """What in a scaling table (`scale_layouts`) cannot be trusted, one sentence per finding, as data
     so every report (terminal, Markdown, JSON) shows the same words."""
@@ -382,6 +388,8 @@ def trust_warnings(table: pd.DataFrame) -> list[str]:
         elif measured is not None and measured < MIN_MEASURED_STEPS:
             out.append(f"{who}: only {measured} measured step(s) (fewer than {MIN_MEASURED_STEPS}); "
                        "its timings are not reliable: run more --steps")
+        if measured and _float_or_none(row.get("words_per_s")) is None:  # _rates_and_step_times: 0 items
+            out.append(f"{who}: its {NO_ITEMS}")
         mean, std = _float_or_none(row.get("step_s_mean")), _float_or_none(row.get("step_s_std"))
         if mean and std is not None and std / mean > MAX_STEP_SPREAD:
             out.append(f"{who}: step times spread {std / mean:.0%} around their mean (over "
@@ -503,14 +511,17 @@ _UNMEASURED = ("words_per_s", "samples_per_s", "step_s_mean", "step_s_median", "
 
 def _rates_and_step_times(measured: pd.DataFrame) -> dict[str, float | None]:
     """words/s and samples/s over the measured steps (docs/records.md), and step-time statistics;
-    None without a measured step."""
+    None without a measured step. A rate is None too where the measured steps counted no items (a script's
+    `track.step(items=0)`): 0 items/s is no throughput to scale (its speedup divided by zero), and
+    `trust_warnings` says how to record one."""
     t = measured["t_step"].to_numpy(dtype=float)
     if not len(t):
         return dict.fromkeys(_UNMEASURED[:6])
     total_t = float(t.sum())
+    words, samples = float(measured["words"].sum()), float(measured["samples"].sum())
     return {
-        "words_per_s": float(measured["words"].sum()) / total_t,
-        "samples_per_s": float(measured["samples"].sum()) / total_t,
+        "words_per_s": words / total_t if words > 0 else None,
+        "samples_per_s": samples / total_t if samples > 0 else None,
         "step_s_mean": float(t.mean()),
         "step_s_median": float(np.median(t)),
         "step_s_p90": float(np.percentile(t, 90)),

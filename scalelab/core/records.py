@@ -207,12 +207,15 @@ MAX_STEP_S = 7 * 24 * 3600.0  # a week: no step takes longer; 1e308 was accepted
 
 def _value_problem(rec: Mapping[str, Any]) -> str | None:
     """What no rank writes although the schema's types allow it: a step time <= 0, infinite or past a
-    week (hand-edited records; a report then divided by zero or refused a negative throughput with a
-    traceback)."""
+    week, a negative count of samples or words (hand-edited records; a report then divided by zero or refused
+    a negative throughput with a traceback)."""
     if rec.get("kind") == "step":
         step_s = rec.get("step_s")
         if not (isinstance(step_s, (int, float)) and 0 < step_s <= MAX_STEP_S):
             return f"step_s {step_s!r}, where a step time in seconds > 0 and <= {MAX_STEP_S:,.0f} is expected"
+        for count in ("samples", "words"):  # a count below 0 summed to a negative throughput
+            if isinstance(rec.get(count), int) and rec[count] < 0:
+                return f"{count} {rec[count]!r}, where a count of items >= 0 is expected"
     return None
 
 

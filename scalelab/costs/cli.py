@@ -24,7 +24,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from scalelab.core.checks import NON_NEGATIVE, POSITIVE, InputFile, Number, OutputDir, aws_region_problem
-from scalelab.core.errors import DataError, SpecError
+from scalelab.core.errors import DataError, RecordError, SpecError
 from scalelab.core.records import load_run
 from scalelab.core.runids import RunDir
 from scalelab.core.spec import MAX_GPUS
@@ -451,19 +451,24 @@ def _cost_of_runs(paths: list[Path], instances: str | None, market: str | None, 
     """One row per run: billed wall time (`run_seconds`) and wall time to the threshold at its fleet's
     price, or at --instances', through `billing.run_cost` (the measured time holds its interruptions)."""
     from scalelab.analysis.results import expand_run_dirs, run_label, summarize_loaded
-    from scalelab.analysis.scaling import UnmeasuredError
     from scalelab.core.rundir import run_state
     from scalelab.costs.expected import recorded_cost
 
     rows = []
     for run_dir in expand_run_dirs(paths):
-        run = load_run(run_dir)
+        try:
+            run = load_run(run_dir)
+        except RecordError as exc:  # of several (`launch cost runs/*`): one whose records cannot be read
+            if len(paths) < 2:
+                raise
+            err_console.print(f"[yellow]warning:[/] {escape(str(exc))}; left out", highlight=False, soft_wrap=True)
+            continue
         price = _fleet_price(run, market, catalog, fleet_of) if instances is None else None
         price = price or _given_price(run, instances, market, catalog)
         try:  # billed: the wall time from the launch to the threshold event, not the training seconds
             summary = summarize_loaded(run)
-        except (DataError, UnmeasuredError):  # a --script run with no step measured (none, or all warm-up) is
-            summary = None  # still billed: its wall time, from its start and end records
+        except (DataError, RecordError):  # a run with no step measured (none: it failed before its first, or all
+            summary = None  # warm-up) is still billed: its wall time, from its launch and its records
         wall = summary.wall_to_threshold_s if summary is not None else None
         row = recorded_cost(run, price, wall, f"{run_label(run.spec)} {run.spec.nodes}x{run.spec.gpus_per_node}")
         row.pop("price_note")

@@ -187,7 +187,8 @@ def plan(request: PlanRequest) -> Plan:
                         "(`launch sweep --workers 1,2`, or another row in the CSV)" + _layout_table_hint(request.measured))
     if not len(request.measured) and not len(batches):
         raise DataError("nothing to plan from: no measured throughput (a run that reached its loss threshold inside "
-                        "its warm-up measured no speed: run it with fewer --warmup-steps or a lower threshold) and no "
+                        "its warm-up measured no speed: run it with fewer --warmup-steps or a lower threshold; a script "
+                        "whose steps counted no items has none: pass them, track.step(items=len(batch), ...)) and no "
                         "--predict-batch for the steps to the threshold")
     nxt = _two_count_next(fits, request.predict_workers) or next_measurement(predictions)
     _mark_next(predictions, nxt)

@@ -1022,7 +1022,8 @@ def _run_status(run_dir: str) -> None:
     backend, path = _backend_of(run_dir)
     st = settle(backend, path)
     console.print(f"{path}: [bold]{st.state}[/] {escape(st.detail)}", highlight=False, soft_wrap=True)
-    snap = snapshot_of(path, st.state)
+    dropped: list[str] = []
+    snap = snapshot_of(path, st.state, dropped)
     if snap is not None:  # where it is (or where it stopped), from its records, as its state has it
         if st.state not in ACTIVE:
             snap.eta_s = None
@@ -1033,6 +1034,11 @@ def _run_status(run_dir: str) -> None:
         watch = watch_run(path)
         watch.poll()
         console.print(f"  {watch.starting()}", highlight=False, soft_wrap=True)
+    if dropped:  # said, not silently left out of the step and loss above (`launch report` refuses such records)
+        more = f" (and {len(dropped) - 1} more)" if len(dropped) > 1 else ""
+        err_console.print(f"[yellow]warning:[/] unreadable record lines, left out of the status: "
+                          f"{escape(dropped[0])}{more}; fix or delete them (`launch report {escape(str(path))}` "
+                          "refuses them)", highlight=False, soft_wrap=True)
     owner = owner_of(path)
     if owner is not None:
         console.print(f"  followed by launcher pid {owner.pid} on {owner.host}, started "

@@ -202,23 +202,28 @@ class RunWatch:
             self.snap.step = step  # rank 0 leads; after a resume it counts on from the checkpoint
         if rank in self.servers or rec.get("role") == "server" or step in self.counted:
             return  # a server has no words or loss; a step run again after a resume is counted once
-        seen = self.pending.setdefault(step, [0, 0.0, 0.0, 0.0, 1.0])  # ranks, words, slowest s, loss sum, measured
+        # ranks, words, slowest s, loss sum, measured, ranks with a loss (a script's track.step may pass none)
+        seen = self.pending.setdefault(step, [0, 0.0, 0.0, 0.0, 1.0, 0])
         seen[0] += 1
         seen[1] += float(rec.get("words") or 0)
         seen[2] = max(seen[2], float(rec.get("step_s") or 0))
-        seen[3] += float(rec.get("loss") or 0)
+        if rec.get("loss") is not None:
+            seen[3] += float(rec["loss"])
+            seen[5] += 1
         if rec.get("warmup") or rec.get("profiled"):
             seen[4] = 0.0
 
     def _count_complete(self) -> None:
         """Count the steps every worker has recorded (checked after a whole poll: a server rank's start
         record may be read after the workers' steps). The loss shown is the last complete step's mean
-        over the workers, as the summary's `final_loss`."""
+        over the workers that recorded one, as the summary's `final_loss`: none while no step had a loss (a
+        script that passes none showed "loss 0.000")."""
         need = max(1, self.world - len(self.servers))
         for step in sorted(s for s, seen in self.pending.items() if seen[0] >= need):
-            ranks, words, slowest, loss, measured = self.pending.pop(step)
+            ranks, words, slowest, loss, measured, losses = self.pending.pop(step)
             self.counted.add(step)
-            self.snap.loss = loss / ranks
+            if losses:
+                self.snap.loss = loss / losses
             if measured:
                 self.measured += 1
                 self.words += words
@@ -255,11 +260,14 @@ def _launched(run_dir: Path) -> float | None:
     return float(value) if isinstance(value, (int, float)) else None
 
 
-def snapshot_of(run_dir: Path, state: str | None = None) -> Snapshot | None:
+def snapshot_of(run_dir: Path, state: str | None = None, dropped: list[str] | None = None) -> Snapshot | None:
     """Where a run is now, from all its records, as a run in `state` shows it (`Snapshot.as_of`; None: as the
-    records have it); None when it wrote none yet, or nothing to say (no step, not ended)."""
+    records have it); None when it wrote none yet, or nothing to say (no step, not ended). `dropped` gets a
+    line for each record line that could not be read (PATH:LINE: what is wrong), which the snapshot leaves out."""
     watch = watch_run(run_dir)
     snap = watch.poll().as_of(state)
+    if dropped is not None:
+        dropped += [line for tail in watch.tails.values() for line in tail.warnings]
     return snap if watch.tails and (snap.step or snap.ended) else None
 
 
