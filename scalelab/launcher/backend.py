@@ -52,6 +52,7 @@ from scalelab.core.rundir import (
     read_state,
 )
 from scalelab.core.spec import BACKEND_NAMES, Spec, read_spec
+from scalelab.core.writes import full_note
 from scalelab.costs.fleet import Fleet
 
 # Set by a second stop signal while the launcher stops its runs (scalelab/launcher/runner.py): a
@@ -559,7 +560,8 @@ def silent_ranks(run_dir: Path, ranks: list[RankEnd]) -> str | None:
     exits = rank_exits(run_dir)
     stepped = any(r.last_step for r in ranks)
     quiet = [n for n in range(world) if n not in started or (started[n].end is None and not started[n].errors)]
-    said = [_silent(n, started.get(n), exits.get(n), stepped) for n in quiet]
+    full = full_note(run_dir) if quiet else ""  # where its records go is full: why it wrote no end (nor error)
+    said = [_silent(n, started.get(n), exits.get(n), stepped, full) for n in quiet]
     left = early_leavers(ranks, planned_steps(run_dir))
     if not said and not left:
         return None
@@ -579,11 +581,14 @@ def planned_steps(run_dir: Path) -> int | None:
     return spec.steps if spec.epochs is None else None
 
 
-def _silent(rank: int, seen: RankEnd | None, code: int | None, stepped: bool = True) -> str:
+def _silent(rank: int, seen: RankEnd | None, code: int | None, stepped: bool = True, full: str = "") -> str:
     """How one rank that recorded no end ended, as far as its exit status tells: a signal only where the
     status says one (negative, or 128 + N; SIGKILL: out of memory?, as the kernel's OOM killer sends it), an exit
     status where one is known, else a guess said as one. Where no rank of the run recorded a step (`stepped`
-    False: a script that records none) no step is named: "before its first step" said nothing of such a run."""
+    False: a script that records none) no step is named: "before its first step" said nothing of such a run.
+    `full` (`writes.full_note` of the run directory): its filesystem is full, said instead of the guess (and
+    after an exit status): a rank that cannot append to its records stops without an end or an error record,
+    and `launch status` called that "killed by a signal, or out of memory?"."""
     at = f" after step {seen.last_step}" if seen is not None and seen.last_step else \
         " before its first step" if stepped else ""
     number = -code if code is not None and code < 0 else code - 128 if code is not None and code > 128 else None
@@ -591,6 +596,10 @@ def _silent(rank: int, seen: RankEnd | None, code: int | None, stepped: bool = T
         oom = ": out of memory?" if number == signal.SIGKILL else ""
         return (f"rank {rank} was killed by {_signal_name(number)} (signal {number}){at}, with no error and no end "
                 f"record{oom}")
+    if full:
+        how = f" exited with status {code}{at} without an end record" if code is not None else \
+            f"{at} stopped with no error and no end record"
+        return f"rank {rank}{how}: {full}, where it writes them; free space there"
     if code is not None:
         return f"rank {rank} exited with status {code}{at} without an end record"
     return f"rank {rank}{at} stopped with no error and no end record (killed by a signal, or out of memory?)"

@@ -52,7 +52,7 @@ from scalelab.core.rundir import (
 from scalelab.core.spec import Spec, save_spec
 from scalelab.core.terminal import make_console
 from scalelab.core.trajectory import record_trajectory
-from scalelab.core.writes import WriteError, full_note, refuse_run_dir_links
+from scalelab.core.writes import RunWriteError, WriteError, full_note, refuse_run_dir_links
 from scalelab.launcher.backend import (
     STOP_NOW,
     Backend,
@@ -200,9 +200,33 @@ def stopping_runs(backend: Backend, run_dirs: list[Path]) -> Iterator[list[Path]
             yield run_dirs
         except BaseException as exc:
             STOP_NOW.clear()  # only a signal during this stop cuts its waits short
+            done = _stopped_for(exc)  # stopped by an inner block already (`wait` inside `submitted`)
             with _signals(_keep_stopping):  # a second Ctrl-C must not leave half-cancelled cloud resources
-                _stop_live(backend, run_dirs, exc)
+                _stop_live(backend, [d for d in run_dirs if d not in done], exc)
+            done.update(run_dirs)
             raise
+
+
+def _stopped_for(exc: BaseException) -> set[Path]:
+    """The run directories stopped already on the way of `exc` (kept on it, and on the exceptions it was
+    raised from): an outer `stopping_runs` leaves them alone. Why: a run whose launch.json could not be
+    written (a full disk) is not recorded as ended, so the outer block cancelled it a second time and said
+    the same warning twice."""
+    done: set[Path] = set()
+    seen: set[int] = set()
+    stack: list[BaseException | None] = [exc]
+    while stack:
+        one = stack.pop()
+        if one is None or id(one) in seen:
+            continue
+        seen.add(id(one))
+        done |= getattr(one, "_scalelab_stopped", set())
+        stack += [one.__cause__, one.__context__]
+    try:
+        exc._scalelab_stopped = done  # type: ignore[attr-defined]
+    except AttributeError:  # an exception type that takes no attributes: stopped again at worst
+        pass
+    return done
 
 
 def _stop_live(backend: Backend, run_dirs: list[Path], exc: BaseException) -> None:
@@ -211,6 +235,8 @@ def _stop_live(backend: Backend, run_dirs: list[Path], exc: BaseException) -> No
     else:
         state, detail = FAILED, f"the launcher stopped following it: {str(exc) or repr(exc)}"
     for run_dir in run_dirs:
+        if run_dir in _ENDED_UNRECORDED:  # ended by itself (`wait`): nothing to stop, its end said once already
+            continue
         try:
             if RunPaths(run_dir).launch.exists() and read_state(run_dir).get("state") not in TERMINAL:
                 cancel(backend, run_dir, detail, state)
@@ -264,15 +290,31 @@ def _try_write(write: Callable[[], object]) -> WriteError | None:
 
 # ---- the one follow loop --------------------------------------------------------------------------
 
+# Runs this launcher saw end (every process gone) whose end launch.json could not take (a full disk): the
+# error raised after (`failure`) must not cancel them again and say "was stopped, but its state could not be
+# recorded" a second time, of a run that had stopped by itself.
+_ENDED_UNRECORDED: set[Path] = set()
+
 
 def wait(backend: Backend, run_dir: Path, on_tick: Callable[[], None] | None = None) -> RunStatus:
     """Follow one run until it ends, let the backend finish it, record the end; return how it ended.
 
     A signal or an error on the way cancels the run (`stopping_runs`) and propagates.
     """
-    with stopping_runs(backend, [run_dir]):
-        status = ended_as_recorded(run_dir, backend.finish(run_dir, _until_end(backend, run_dir, on_tick)))
-        record_state(run_dir, status.state, status.detail)
+    _ENDED_UNRECORDED.discard(run_dir)
+    try:
+        with stopping_runs(backend, [run_dir]):
+            status = ended_as_recorded(run_dir, backend.finish(run_dir, _until_end(backend, run_dir, on_tick)))
+            unrecorded = _try_write(lambda: record_state(run_dir, status.state, status.detail))
+    except RunFailed:
+        raise
+    except WriteError as exc:  # stopped (`stopping_runs`) after it had started: a failed run, exit 1
+        raise RunWriteError(str(exc)) from exc
+    if unrecorded:  # it ended by itself: nothing to stop; only its end is not written (a full disk)
+        _ENDED_UNRECORDED.add(run_dir)
+        print(f"launch: warning: run {run_dir} ended ({status.state}), but its end could not be recorded: {unrecorded}; "
+              f"`launch status {run_dir}` records it once there is room", file=sys.stderr, flush=True)
+        return status
     info = read_state(run_dir)
     return RunStatus(info["state"], info.get("detail", ""))
 
@@ -403,9 +445,10 @@ def failure(backend: Backend, run_dir: Path, status: RunStatus) -> ScalelabError
     if said:
         return RunFailed(said + f" (run directory {run_dir})" + resume_hint(run_dir), said)
     full = full_note(run_dir)
-    if full:  # its ranks could not write their error records either
-        return WriteError(f"run {run_dir} {status.state.lower()} ({status.detail}): {full}; free space there, "
-                          f"then `launch resume {run_dir}` (or run with --runs-dir on a filesystem with room)")
+    if full:  # its ranks could not write their error records either; it had started: exit 1
+        why = f"{full}; free space there"
+        return RunWriteError(f"run {run_dir} {status.state.lower()} ({status.detail}): {why}, then `launch resume "
+                             f"{run_dir}` (or run with --runs-dir on a filesystem with room)", why)
     failed = f"run {run_dir} {status.state.lower()} ({status.detail})"
     silent, logs = _silence(backend, run_dir, rank_ends(run_dir, since))
     if silent:
