@@ -22,6 +22,7 @@ without such records, the rank that stopped without a word is named, else the en
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import sys
@@ -578,7 +579,10 @@ def refuse_restart(backend: Backend, run_dir: Path, spec: Spec) -> None:
     if spec.own_code or not backend.checkpoint_here or run_state(run_dir) not in (FAILED, CANCELLED):
         return
     ckpt = RunPaths(run_dir).checkpoint
-    if ckpt.exists() or ckpt.is_symlink():
+    if ckpt.is_symlink():
+        return  # refused with its own message before anything is written (`refuse_run_dir_links`)
+    if os.path.lexists(ckpt):
+        _refuse_damaged(run_dir, ckpt)
         return
     steps = recorded_steps(run_dir)
     if steps:
@@ -586,6 +590,19 @@ def refuse_restart(backend: Backend, run_dir: Path, spec: Spec) -> None:
                             "resume would train from step 1 again and add those steps to its records a second time, "
                             f"so nothing was resumed; start a new run of the same spec instead: launch run --spec "
                             f"{RunPaths(run_dir).spec}")
+
+
+def _refuse_damaged(run_dir: Path, ckpt: Path) -> None:
+    """Refuse (one line, nothing started or written) a resume from a checkpoint that is no checkpoint: damaged,
+    cut, or a directory. Why here: the ranks found it only after they had started, the run's state went from
+    CANCELLED to FAILED, and their advice ("delete it to start from scratch") led to the refusal above."""
+    from scalelab.train.checkpoint import checkpoint_problem, new_run_advice
+
+    problem = checkpoint_problem(ckpt)
+    if problem:
+        raise ScalelabError(f"checkpoint {ckpt} {problem}, so run {run_dir} was not resumed (nothing was started or "
+                            f"changed): restore it from a copy, then `launch resume {run_dir}`; or "
+                            f"{new_run_advice(run_dir)}")
 
 
 def recorded_steps(run_dir: Path) -> int:
