@@ -262,12 +262,35 @@ def cancel(backend: Backend, run_dir: Path, detail: str = "cancelled", state: st
     checked = backend.cancel(run_dir)  # also for a run that ended: it frees whatever may be left
     fields = {"stopped": checked} if checked else {}
     fields["ended"] = time.time()  # when it had stopped, not when it was asked to
+    done = _completed_first(run_dir)
+    if done:  # every rank had recorded its end: the records decide, not the cancel that came too late
+        fields.update(state=COMPLETED, detail=done)
     unrecorded = unrecorded or _try_write(lambda: update_state(run_dir, **fields))
+    if done and not unrecorded and not RunPaths(run_dir).summary.exists():
+        unrecorded = _try_write(lambda: write_summary(run_dir))
     if unrecorded:
         raise WriteError(f"run {run_dir} was stopped ({checked or state}), but its state could not be recorded: "
                          f"{unrecorded}")
     info = read_state(run_dir)
-    return RunStatus(info.get("state", state), checked or info.get("detail", ""))
+    said = "; ".join(part for part in (done, checked) if part)
+    return RunStatus(info.get("state", state), said or info.get("detail", ""))
+
+
+def _completed_first(run_dir: Path) -> str:
+    """How the run completed ('every rank recorded its end at step 400, before the cancel reached it') when,
+    with its processes stopped, every rank of its launch had recorded a completed end (`ended_by_records`:
+    no error, no silent rank, not stopped on a signal); else ''. Why: a cancel of a detached run that had just
+    run its last step recorded it CANCELLED, with no summary, over records that say it completed."""
+    from scalelab.launcher.backend import ended_by_records
+
+    try:
+        since = read_state(run_dir).get("launched")
+        ended = ended_by_records(run_dir, since)
+        clean = all(r.end and r.end.get("reason") != "failed" and r.end.get("exit_code") in (None, 0)
+                    for r in rank_ends(run_dir, since))  # a script's `end` of a failure says so
+    except (ScalelabError, OSError):  # records that cannot be read: the cancel stands
+        return ""
+    return f"{ended.detail}, before the cancel reached it" if ended and ended.state == COMPLETED and clean else ""
 
 
 def _ended_already(backend: Backend, run_dir: Path) -> RunStatus:
