@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from scalelab.core.launch import starter_of
-from scalelab.core.errors import EngineError, ScalelabError, SpecError
+from scalelab.core.errors import EngineError, ScalelabError, SpecError, shell_word
 from scalelab.core.options import BackendOptions, Flag
 from scalelab.core.records import error_messages, read_records
 from scalelab.core.rundir import (
@@ -495,7 +495,7 @@ def stop_line(run_dir: Path, ranks: list[RankEnd]) -> str:
     else:
         why = "a stop signal"
     if has_checkpoint(run_dir):
-        return (f"{why}, and every rank stopped at step {step} with a checkpoint; `launch resume {run_dir}` "
+        return (f"{why}, and every rank stopped at step {step} with a checkpoint; `launch resume {shell_word(run_dir)}` "
                 "continues it from there")
     return f"{why}, and every rank stopped at step {step}; " + no_checkpoint_advice(run_dir)
 
@@ -507,8 +507,8 @@ def no_checkpoint_advice(run_dir: Path) -> str:
     script = _own_code(run_dir)
     said = f"no checkpoint was saved ({checkpoint_absent(run_dir, script)}): "
     if script is not False:  # a script's, or no readable spec: the resume decides
-        return said + f"`launch resume {run_dir}` starts it again with nothing to continue from"
-    return said + f"start it again as a new run of its spec: `launch run --spec {RunPaths(Path(run_dir)).spec}`"
+        return said + f"`launch resume {shell_word(run_dir)}` starts it again with nothing to continue from"
+    return said + f"start it again as a new run of its spec: `launch run --spec {shell_word(RunPaths(Path(run_dir)).spec)}`"
 
 
 def _own_code(run_dir: Path) -> bool | None:
@@ -566,8 +566,8 @@ def silent_ranks(run_dir: Path, ranks: list[RankEnd]) -> str | None:
     if not said and not left:
         return None
     one = f" --rank {quiet[0]}" if len(quiet) == 1 and not left else ""  # its own lines, where it is the one
-    where = f"; its log: `launch logs {run_dir}{one}`" + (
-        f"; `launch resume {run_dir}` continues from the last checkpoint" if has_checkpoint(run_dir) else "")
+    where = f"; its log: `launch logs {shell_word(run_dir)}{one}`" + (
+        f"; `launch resume {shell_word(run_dir)}` continues from the last checkpoint" if has_checkpoint(run_dir) else "")
     return "; ".join(part for part in (", ".join(said), left) if part) + where
 
 

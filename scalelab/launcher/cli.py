@@ -26,7 +26,7 @@ import click
 from rich.markup import escape
 
 from scalelab.core.checks import InputFile, OutputDir
-from scalelab.core.errors import ScalelabError, SpecError
+from scalelab.core.errors import ScalelabError, SpecError, shell_word
 from scalelab.core.flags import (  # noqa: F401
     SPEC_FLAGS,
     DataFlag,
@@ -580,22 +580,22 @@ def run_and_show(backend, spec: Spec, run_dir: Path, detach: bool, echo: frozens
     except ScalelabError:  # the job is queued; only asking its state failed (an sacct/squeue hiccup)
         state = "submitted"
     console.print(f"started [bold]{run_dir}[/] detached: no launcher follows it ({state}).\n"
-                  f"  follow it:  launch status {run_dir}   launch logs {run_dir}\n"
-                  f"  stop it:    launch cancel {run_dir}   (its ranks checkpoint; launch resume {run_dir} continues)\n"
-                  f"  once ended: launch status {run_dir} records how it ended (and its summary), "
-                  f"launch report {run_dir} reports it", highlight=False, soft_wrap=True)
+                  f"  follow it:  launch status {shell_word(run_dir)}   launch logs {shell_word(run_dir)}\n"
+                  f"  stop it:    launch cancel {shell_word(run_dir)}   (its ranks checkpoint; launch resume {shell_word(run_dir)} continues)\n"
+                  f"  once ended: launch status {shell_word(run_dir)} records how it ended (and its summary), "
+                  f"launch report {shell_word(run_dir)} reports it", highlight=False, soft_wrap=True)
 
 
 def print_summary(run_dir: Path, summary) -> None:
     if isinstance(summary, dict):  # a --script run without step records (runner.write_summary)
         console.print(f"note: {summary['note']}", highlight=False, soft_wrap=True)
-        console.print(f"run directory: [bold]{run_dir}[/]  (launch logs {run_dir})")
+        console.print(f"run directory: [bold]{run_dir}[/]  (launch logs {shell_word(run_dir)})")
         return
     from scalelab.analysis.report import print_scaling
     from scalelab.analysis.scaling import scale_layouts
 
     print_scaling(scale_layouts([summary]), console=console)
-    console.print(f"run directory: [bold]{run_dir}[/]  (launch report {run_dir})", soft_wrap=True)  # paths whole
+    console.print(f"run directory: [bold]{run_dir}[/]  (launch report {shell_word(run_dir)})", soft_wrap=True)  # paths whole
 
 
 # ---- resume --------------------------------------------------------------------------------------
@@ -1037,7 +1037,7 @@ def _run_status(run_dir: str) -> None:
                       f"{escape(shlex.join(owner.cmdline))}", highlight=False, soft_wrap=True)
     elif st.state in ACTIVE:
         console.print(f"  no launcher follows it (started with --detach, or its launcher was killed): "
-                      f"`launch cancel {path}` stops it", highlight=False, soft_wrap=True)
+                      f"`launch cancel {shell_word(path)}` stops it", highlight=False, soft_wrap=True)
 
 
 @main.command("logs")
@@ -1175,7 +1175,7 @@ def interrupted(exc: BaseException | None) -> None:
     """Exit after a stop signal: SIGINT 130, SIGTERM 143, SIGHUP 129 (the runner has cancelled the run)."""
     resume = getattr(exc, "resume", None)
     try:
-        err_console.print(f"launch: {INTERRUPTED}" + (f"; `launch resume {resume}` continues it" if resume else ""),
+        err_console.print(f"launch: {INTERRUPTED}" + (f"; `launch resume {shell_word(resume)}` continues it" if resume else ""),
                           highlight=False, soft_wrap=True)
     except OSError:  # SIGHUP: the terminal may be gone
         pass

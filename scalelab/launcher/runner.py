@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 
-from scalelab.core.errors import RunFailed, ScalelabError
+from scalelab.core.errors import RunFailed, ScalelabError, shell_word
 from scalelab.core.lock import RunBusy, RunLock, owner_of
 from scalelab.core.records import error_messages, rank_files, read_errors
 from scalelab.core.rundir import (
@@ -112,7 +112,7 @@ def refuse_if_live(backend: Backend, run_dir: Path) -> None:
     live = backend.busy(run_dir)
     if live:
         raise RunBusy(f"{run_dir} is still running ({live}) with no launcher following it; stop it with "
-                      f"`launch cancel {run_dir}` (its ranks checkpoint), then `launch resume {run_dir}`")
+                      f"`launch cancel {shell_word(run_dir)}` (its ranks checkpoint), then `launch resume {shell_word(run_dir)}`")
 
 
 def detaching(backend: Backend) -> Backend:
@@ -244,7 +244,7 @@ def _stop_live(backend: Backend, run_dirs: list[Path], exc: BaseException) -> No
         except WriteError as problem:  # stopped, but its state could not be written: the message says so
             print(f"launch: warning: {problem}", file=sys.stderr, flush=True)
         except Exception as problem:  # noqa: BLE001 - cancel the others whatever this one says
-            print(f"launch: warning: could not stop {run_dir} ({problem}); `launch cancel {run_dir}` retries",
+            print(f"launch: warning: could not stop {run_dir} ({problem}); `launch cancel {shell_word(run_dir)}` retries",
                   file=sys.stderr, flush=True)
 
 
@@ -337,7 +337,7 @@ def wait(backend: Backend, run_dir: Path, on_tick: Callable[[], None] | None = N
     if unrecorded:  # it ended by itself: nothing to stop; only its end is not written (a full disk)
         _ENDED_UNRECORDED.add(run_dir)
         print(f"launch: warning: run {run_dir} ended ({status.state}), but its end could not be recorded: {unrecorded}; "
-              f"`launch status {run_dir}` records it once there is room", file=sys.stderr, flush=True)
+              f"`launch status {shell_word(run_dir)}` records it once there is room", file=sys.stderr, flush=True)
         return status
     info = read_state(run_dir)
     return RunStatus(info["state"], info.get("detail", ""))
@@ -421,7 +421,7 @@ def cancelled_line(run_dir: Path) -> str:
     if stopped:
         return f"run {run_dir} was cancelled: {stopped.detail}"
     if has_checkpoint(run_dir):
-        return f"run {run_dir} was cancelled; `launch resume {run_dir}` continues it from its last checkpoint"
+        return f"run {run_dir} was cancelled; `launch resume {shell_word(run_dir)}` continues it from its last checkpoint"
     return f"run {run_dir} was cancelled; " + no_checkpoint_advice(run_dir)
 
 
@@ -483,7 +483,7 @@ def failure(backend: Backend, run_dir: Path, status: RunStatus) -> ScalelabError
     logs = backend.logs(run_dir) if logs is None else logs
     aborted = native_abort(logs)
     if aborted:  # a rank's C++ library gave up (Gloo's rendezvous, a CUDA error): its words, not the agent's dump
-        aborted += f" (its full logs: `launch logs {run_dir}`)"
+        aborted += f" (its full logs: `launch logs {shell_word(run_dir)}`)"
         return RunFailed(f"{failed}: {aborted}" + resume_hint(run_dir), aborted)
     return RunFailed(f"{failed}; last lines of its logs:\n" + tail(logs, 25))
 
@@ -516,15 +516,15 @@ def nothing_to_resume(run_dir: Path, spec: Spec) -> str:
     if spec.own_code:  # the script decides its own length: a resume would only run it again, from its start
         ended = _how_it_ended(step, reason) if reason == "threshold" else f"{spec.script_label} ran to its end"
         return (f"run {run_dir} is COMPLETED already ({ended}); nothing to resume, nothing "
-                f"changed: `launch report {run_dir}` reports it. Its script decides its own length: to train "
+                f"changed: `launch report {shell_word(run_dir)}` reports it. Its script decides its own length: to train "
                 f"longer, run it again with its own arguments (`launch run {'--script' if spec.script else '--module'} "
-                f"{spec.script_label} ... -- ARGS`), a new run")
+                f"{shell_word(spec.script_label)} ... -- ARGS`), a new run")
     if _steps_raised(run_dir, spec, step, reason):
         _checkpoint_to_continue(run_dir, step)
         return ""
     return (f"run {run_dir} is COMPLETED already ({_how_it_ended(step, reason)}); nothing to resume, nothing "
-            f"changed: `launch report {run_dir}` reports it" + ("" if reason == "threshold" else
-            f"; to train it longer, raise `steps` in its spec.json, then `launch resume {run_dir}`"))
+            f"changed: `launch report {shell_word(run_dir)}` reports it" + ("" if reason == "threshold" else
+            f"; to train it longer, raise `steps` in its spec.json, then `launch resume {shell_word(run_dir)}`"))
 
 
 def completed_end(run_dir: Path) -> tuple[int, str]:
@@ -612,7 +612,7 @@ def refuse_restart(backend: Backend, run_dir: Path, spec: Spec) -> None:
         raise ScalelabError(f"run {run_dir} recorded {steps} step(s) but has no checkpoint ({ckpt} is missing): a "
                             "resume would train from step 1 again and add those steps to its records a second time, "
                             f"so nothing was resumed; start a new run of the same spec instead: launch run --spec "
-                            f"{RunPaths(run_dir).spec}")
+                            f"{shell_word(RunPaths(run_dir).spec)}")
 
 
 def _refuse_damaged(run_dir: Path, ckpt: Path) -> None:
@@ -624,7 +624,7 @@ def _refuse_damaged(run_dir: Path, ckpt: Path) -> None:
     problem = checkpoint_problem(ckpt)
     if problem:
         raise ScalelabError(f"checkpoint {ckpt} {problem}, so run {run_dir} was not resumed (nothing was started or "
-                            f"changed): restore it from a copy, then `launch resume {run_dir}`; or "
+                            f"changed): restore it from a copy, then `launch resume {shell_word(run_dir)}`; or "
                             f"{new_run_advice(run_dir)}")
 
 
@@ -641,7 +641,7 @@ def recorded_steps(run_dir: Path) -> int:
 def resume_hint(run_dir: Path) -> str:
     """'; `launch resume RUN` continues it from its checkpoint' when the run has one to continue from."""
     if RunPaths(run_dir).checkpoint.exists():
-        return f"; `launch resume {run_dir}` continues it from its last checkpoint once that is fixed"
+        return f"; `launch resume {shell_word(run_dir)}` continues it from its last checkpoint once that is fixed"
     return ""
 
 

@@ -19,7 +19,7 @@ import re
 from contextlib import ExitStack
 from pathlib import Path
 
-from scalelab.core.errors import ScalelabError, SpecError
+from scalelab.core.errors import ScalelabError, SpecError, shell_word
 from scalelab.core.rundir import (
     COMPLETED,
     SWEEP_FILE,
@@ -258,7 +258,7 @@ def _follow_layout(backend, spec: Spec, run_dir: Path, sweep_dir: Path) -> None:
     try:
         follow(backend, spec, run_dir, label=run_dir.name)
     except ScalelabError as exc:
-        stopped = ScalelabError(f"{exc}; the sweep stopped at layout {run_dir.name}; `launch resume {sweep_dir}` "
+        stopped = ScalelabError(f"{exc}; the sweep stopped at layout {run_dir.name}; `launch resume {shell_word(sweep_dir)}` "
                                 "continues its unfinished layouts, `launch report` reports the finished ones")
         stopped.exit_code = exc.exit_code  # a layout that failed exits 1, as a run does; a wrong input 2
         raise stopped from None

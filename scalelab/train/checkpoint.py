@@ -29,12 +29,11 @@ import io
 import os
 import pickle
 import re
-import shlex
 import zipfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from scalelab.core.errors import RecordError
+from scalelab.core.errors import RecordError, shell_word
 from scalelab.core.spec import SAVED_SPEC_PRECISION, Spec
 from scalelab.core.trajectory import accepted_identity_changes
 from scalelab.core.writes import check_inside, free_bytes, mount_point, open_inside, what_it_is
@@ -206,7 +205,7 @@ def damaged_advice(run_dir: Path) -> str:
 
 
 def new_run_advice(run_dir: Path) -> str:
-    return f"start a new run of the same spec: launch run --spec {shlex.quote(str(Path(run_dir) / 'spec.json'))}"
+    return f"start a new run of the same spec: launch run --spec {shell_word(Path(run_dir) / 'spec.json')}"
 
 
 def check_identity(path: Path, ckpt: Any, expect: dict[str, Any]) -> None:
