@@ -323,8 +323,9 @@ def log_text(paths: list[Path], drop: Callable[[str], object] | None = None) -> 
     the lines left out (an agent's copies of its ranks' lines, shown from the ranks' own files)."""
     def text(p: Path) -> str:
         body = p.read_text(errors="replace")
-        if drop is not None:
-            body = "".join(line for line in body.splitlines(keepends=True) if not drop(line))
+        if drop is not None:  # lines end at a newline only: splitlines() also cut at a form feed (\x0c), and the
+            # rest of a dropped line stayed, untagged
+            body = "".join(line for line in re.findall(r"[^\n]*\n|[^\n]+$", body) if not drop(line))
         return quiet_stop_tracebacks(body)
 
     return "\n".join(f"==> {p} <==\n" + (text(p) if p.exists() else "(no output yet)\n") for p in paths)

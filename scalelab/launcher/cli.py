@@ -46,7 +46,7 @@ from scalelab.core.spec import (
     load_spec,
     read_spec,
 )
-from scalelab.core.terminal import break_name, make_console
+from scalelab.core.terminal import break_name, make_console, visible_text
 from scalelab.core.writes import WriteError, is_write_failure, write_failure, writing
 from scalelab.launcher import __version__
 from scalelab.launcher.backend import backend_flags, get_backend, import_optional, options_type
@@ -1085,9 +1085,10 @@ def logs_cmd(run_dir: str, runs_dir: str, rank: int | None, follow: bool) -> Non
         texts = read()
         text = "\n".join(t.rstrip("\n") + "\n" for t in ([texts] if isinstance(texts, str) else texts) if t.strip())
         line = progress()
-        click.echo(text + (f"{'' if not text or text.endswith(chr(10)) else chr(10)}[progress] {line}" if line else ""))
+        click.echo(visible_text(text) + (f"{'' if not text or text.endswith(chr(10)) else chr(10)}[progress] {line}"
+                                         if line else ""))
         return
-    follow_logs(read, active, lambda s: click.echo(s, nl=False), progress=progress)
+    follow_logs(read, active, lambda s: click.echo(visible_text(s), nl=False), progress=progress)
     st = settle(backend, path)  # a detached run's end is recorded here, as `launch status` would
     if st.state not in ACTIVE:  # not after Ctrl-C, which stops following only
         click.echo(f"[end] {path}: {st.state} {st.detail}".rstrip())
