@@ -1041,22 +1041,29 @@ def _run_status(run_dir: str) -> None:
 
 
 @main.command("logs")
-@click.argument("run_dir", type=RunDir())
+@click.argument("run_dir", type=RunDir(), required=False)
 @runs_dir_lookup_option()
 @click.option("--rank", type=int, help="Only this rank: its log lines and its records (step, loss, phase times, "
               "validation, events), streamed with -f.")
 @click.option("--follow", "-f", is_flag=True,
               help="Keep printing new lines and the run's progress until it ends (Ctrl-C stops following only).")
-def logs_cmd(run_dir: str, runs_dir: str, rank: int | None, follow: bool) -> None:
+def logs_cmd(run_dir: str | None, runs_dir: str, rank: int | None, follow: bool) -> None:
     """Print the logs of a run (launcher and ranks) and where it is: step of total, loss, words/s and ETA
     from its records, so a run started with --detach, or on another backend, can be followed from any
     terminal (`launch logs RUN -f` until it ends). RUN_DIR may be a short id: a unique prefix or suffix
-    of the run directory's name under the runs directory."""
+    of the run directory's name under the runs directory; without it, the newest run there (as `launch
+    status`; `launch cancel` and `launch resume` always need RUN_DIR)."""
+    from scalelab.core.runids import newest_run_dir
     from scalelab.launcher.inventory import RankLines
     from scalelab.launcher.inventory import follow as follow_logs
     from scalelab.launcher.progress import watch_run
     from scalelab.launcher.runner import settle
 
+    if run_dir is None:
+        run_dir = str(newest_run_dir(Path(runs_dir)))
+        if is_sweep(Path(run_dir)) or not (Path(run_dir) / "spec.json").exists():
+            raise ScalelabError(f"the newest under {runs_dir} is {run_dir}, a sweep or study, not a run: give one of "
+                                f"its runs (`launch status {shell_word(run_dir)}` lists them)")
     backend, path = _backend_of(run_dir)
     if rank is not None and not 0 <= rank < read_spec(path).world:
         raise ScalelabError(f"--rank {rank}: the run has ranks 0..{read_spec(path).world - 1}")
