@@ -472,7 +472,7 @@ def failure(backend: Backend, run_dir: Path, status: RunStatus) -> ScalelabError
     if full:  # its ranks could not write their error records either; it had started: exit 1
         why = f"{full}; free space there"
         return RunWriteError(f"run {run_dir} {status.state.lower()} ({status.detail}): {why}, then `launch resume "
-                             f"{run_dir}` (or run with --runs-dir on a filesystem with room)", why)
+                             f"{shell_word(run_dir)}` (or run with --runs-dir on a filesystem with room)", why)
     failed = f"run {run_dir} {status.state.lower()} ({status.detail})"
     silent, logs = _silence(backend, run_dir, rank_ends(run_dir, since))
     if silent:
