@@ -203,3 +203,14 @@ def test_a_linked_checkpoint_is_not_loaded(tmp_path):
     (run / CHECKPOINT_NAME).symlink_to(tmp_path / "other" / CHECKPOINT_NAME)
     with pytest.raises(LinkError, match="symbolic link"):
         load_checkpoint(run, {})
+
+
+def test_a_damaged_checkpoint_names_what_it_is_and_advice_that_works(tmp_path):
+    """A directory is called a directory (was "truncated"); the advice is to restore it or start a new run of the
+    same spec, not "delete it to start from scratch" (then `launch resume` refused: steps recorded, no checkpoint)."""
+    (tmp_path / "checkpoint.pt").mkdir()
+    with pytest.raises(CheckpointError) as found:
+        load_checkpoint(tmp_path, {"model": "x"})
+    said = str(found.value)
+    assert "is a directory, not a checkpoint file" in said and "truncated" not in said, said
+    assert f"launch run --spec {tmp_path}/spec.json" in said and "delete it" not in said, said

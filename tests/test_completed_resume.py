@@ -123,3 +123,45 @@ def test_cancel_of_a_completed_run_in_a_read_only_runs_directory_is_a_no_op(thre
     said = " ".join(proc.stdout.split())
     assert f"{run}: COMPLETED" in said and "nothing to stop" in said, said
     assert _tree(run) == before
+
+
+def _unsettled(run: Path) -> Path:
+    """The run as a detached one whose ranks have ended but that nobody has settled yet: launch.json still
+    RUNNING, no summary.json."""
+    info = json.loads((run / "launch.json").read_text())
+    info["state"], info["detail"] = "RUNNING", "1 processes"
+    info.pop("ended", None)
+    (run / "launch.json").write_text(json.dumps(info))
+    (run / "summary.json").unlink()
+    return run
+
+
+def test_a_cancel_that_comes_after_every_rank_recorded_its_end_leaves_the_run_completed(threshold_run,
+                                                                                     tmp_path) -> None:
+    """A detached run that had just run its last step (its ranks' `end` records written, its processes gone or
+    going) when `launch cancel` ran: it was recorded CANCELLED, with no summary, over records that say it
+    completed. The records decide: COMPLETED, with its summary; nothing is left running."""
+    from scalelab.core.procs import rank_processes
+
+    run = _unsettled(_copy(threshold_run, tmp_path / "run"))
+    proc = launch("cancel", str(run), cwd=tmp_path)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    said = " ".join(proc.stdout.split())
+    assert f"{run}: COMPLETED" in said and "before the cancel reached it" in said, said
+    info = json.loads((run / "launch.json").read_text())
+    assert info["state"] == "COMPLETED" and (run / "summary.json").is_file()
+    assert rank_processes(run) == []
+    shown = " ".join(launch("status", str(run), cwd=tmp_path).stdout.split())
+    assert "COMPLETED" in shown and "CANCELLED" not in shown, shown
+
+
+def test_a_cancel_of_a_run_whose_rank_recorded_no_end_stays_cancelled(threshold_run, tmp_path) -> None:
+    """Only a completed end of every rank turns a cancel into COMPLETED: a rank with no end record is not."""
+    run = _unsettled(_copy(threshold_run, tmp_path / "run"))
+    records = run / "records" / "rank-0.jsonl"
+    records.write_text("".join(line + "\n" for line in records.read_text().splitlines() if '"end"' not in line))
+    proc = launch("cancel", str(run), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"{run}: CANCELLED" in " ".join(proc.stdout.split()), proc.stdout
+    assert json.loads((run / "launch.json").read_text())["state"] == "CANCELLED"
+    assert not (run / "summary.json").exists()

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from conftest import run_entry
 
 from scalelab.core.records import RecordWriter
@@ -254,3 +256,52 @@ def test_a_scripts_step_lines_say_its_unit_and_no_phases_it_did_not_time():
     assert record_line(rec, "tokens").endswith("32 tokens")
     timed = {**rec, "data_s": 0.001, "forward_s": 0.05, "backward_s": 0.1, "optimizer_s": 0.01, "words": 900}
     assert "fwd 50.0" in record_line(timed) and record_line(timed).endswith("900 words")
+
+
+BINARY = "[rank0]:nul:\x00 bell:\x07 bs:\x08 title:\x1b]0;pwned\x07 clear:\x1b[2J \x1b[31mred\x1b[0m ff:\x0c del:\x7f c1:\x9b tab:\tend\n"
+
+
+class Binary(Running):
+    """A run whose log holds a rank's binary write; `state`: what it is now (RUNNING, or ended)."""
+
+    def __init__(self, state="RUNNING"):
+        self.state = state
+
+    def status(self, run_dir):
+        from scalelab.launcher.backend import RunStatus
+
+        return RunStatus(self.state, "")
+
+    def logs(self, run_dir):
+        return "==> launcher.log <==\n" + BINARY
+
+
+@pytest.mark.parametrize("follow", [False, True])
+def test_logs_show_control_bytes_escaped_and_keep_colours(tmp_path, monkeypatch, capsys, follow):
+    """A rank's binary output reached the terminal raw (a NUL, a bell, a backspace, a title or clear-screen
+    sequence): each is shown as \\xNN; colours (SGR) and tabs stay; the line stays one line."""
+    import json
+
+    from scalelab.launcher import cli
+
+    run = _run_dir(tmp_path)
+    (run / "launch.json").write_text(json.dumps({"backend": "local", "state": "COMPLETED"}))
+    monkeypatch.setattr(cli, "_backend_of", lambda run_dir: (Binary("COMPLETED" if follow else "RUNNING"),
+                                                              Path(run_dir)))
+    code, err, out = run_entry(["logs", str(run), *(["-f"] if follow else [])], monkeypatch, capsys)
+    assert code == 0, err
+    assert "nul:\\x00 bell:\\x07 bs:\\x08 title:\\x1b]0;pwned\\x07 clear:\\x1b[2J" in out, out
+    assert "ff:\\x0c del:\\x7f c1:\\x9b tab:\tend" in out, out
+    assert not set(out) & ({chr(c) for c in range(32) if chr(c) not in "\t\n\x1b"} | {chr(c) for c in range(0x7f, 0xa0)})
+    assert [line for line in out.splitlines() if "nul:" in line][0].endswith("tab:\tend"), out
+
+
+def test_a_form_feed_does_not_cut_a_dropped_line(tmp_path):
+    """The agent's copy of a rank's line is left out whole: splitting at the form feed in it left its rest behind."""
+    from scalelab.launcher.backend import log_text
+    from scalelab.launcher.local import TORCHRUN_TEE
+
+    log = tmp_path / "launcher.log"
+    log.write_text("agent line\n[rank0]:before\x0cafter\nlast\n")
+    text = log_text([log], drop=TORCHRUN_TEE.match)
+    assert "after" not in text and "agent line\nlast\n" in text, text

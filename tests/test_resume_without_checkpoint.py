@@ -71,3 +71,39 @@ def test_a_cancel_that_left_no_checkpoint_does_not_promise_one(completed, tmp_pa
     said = cancelled_line(run)
     assert "no checkpoint was saved" in said and f"launch run --spec {run}/spec.json" in said, said
     assert "continues it" not in said
+
+
+def _damage(ckpt: Path, how: str) -> None:
+    data = ckpt.read_bytes()
+    ckpt.unlink()
+    if how == "cut":
+        ckpt.write_bytes(data[: len(data) // 2])
+    elif how == "garbage":
+        ckpt.write_bytes(b"not a checkpoint\n")
+    elif how == "flipped":  # a whole archive whose data no longer matches its checksums
+        at = data.index(b"data/0") + 200
+        ckpt.write_bytes(data[:at] + bytes([data[at] ^ 0xFF]) + data[at + 1:])
+    else:
+        ckpt.mkdir()
+
+
+@pytest.mark.parametrize("how", ["cut", "garbage", "flipped", "directory"])
+def test_a_damaged_checkpoint_is_refused_before_any_rank_starts(how, completed, tmp_path) -> None:
+    """A resume from a damaged checkpoint: one line, exit 2, nothing started or changed (the run stays
+    CANCELLED), and advice that works - restore it, or `launch run --spec` - not "delete it to start from
+    scratch", which `launch resume` then refused (the run has recorded steps). A directory is called one."""
+    run = _copy(completed("single"), tmp_path / "run", state="CANCELLED")
+    _damage(run / "checkpoint.pt", how)
+    before = _tree(run)
+    err = _one_error_line(launch("resume", str(run), cwd=tmp_path))
+    assert f"so run {run} was not resumed" in err and f"launch resume {run}" in err, err
+    assert f"launch run --spec {run}/spec.json" in err and "delete" not in err, err
+    assert ("is a directory, not a checkpoint file" in err) == (how == "directory"), err
+    assert "truncated" not in err or how in ("cut", "garbage"), err
+    assert _tree(run) == before, "a refused resume changed the run directory"
+
+
+def test_a_whole_checkpoint_passes_the_check(completed) -> None:
+    from scalelab.train.checkpoint import checkpoint_problem
+
+    assert checkpoint_problem(completed("single") / "checkpoint.pt") == ""

@@ -145,3 +145,39 @@ def test_a_study_follows_the_same_runs_directory_rule(tmp_path):
     flag = launch("study", study, "--scale", "test", "--dry-run", "--runs-dir", str(tmp_path / "flag"), cwd=tmp_path,
                   env={"SCALELAB_RUNS_DIR": str(env_dir)})
     assert f"{tmp_path / 'flag'}/study-" in flag.stdout and str(env_dir) not in flag.stdout
+
+
+def _two_runs(root):
+    """Two ended runs with a log each, the second the newest."""
+    for age, name in enumerate(("old-20261127-0900", "new-20261127-1000")):
+        run = root / name
+        (run / "logs").mkdir(parents=True)
+        save_spec(Spec(model="nmt-tiny").validate(), run)
+        (run / "logs" / "launcher.log").write_text(f"the log of {name}\n")
+        (run / "launch.json").write_text(json.dumps({"backend": "local", "state": "COMPLETED",
+                                                     "log_files": [str(run / "logs" / "launcher.log")]}))
+        os.utime(run / "spec.json", (1_800_000_000 + age * 60,) * 2)
+    return root
+
+
+def test_logs_alone_shows_the_newest_run_and_cancel_and_resume_need_one(tmp_path):
+    """The README said the newest run is the default of status, logs, cancel and resume; only status had it.
+    `launch logs` now has it too (it only reads); `cancel` and `resume` keep asking for RUN_DIR (a default would
+    stop or restart a run by accident), and the README says so."""
+    root = _two_runs(tmp_path / "runs")
+    shown = launch("logs", "--runs-dir", str(root), cwd=tmp_path)
+    assert shown.returncode == 0, shown.stderr
+    assert "the log of new-20261127-1000" in shown.stdout and "old-" not in shown.stdout, shown.stdout
+    for command in ("cancel", "resume"):
+        refused = launch(command, "--runs-dir", str(root), cwd=tmp_path)
+        assert refused.returncode == 2 and "Missing argument 'RUN_DIR'" in refused.stderr, refused.stderr
+        assert "Traceback" not in refused.stderr
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert "`cancel` and `resume` always need one" in readme
+
+
+def test_logs_alone_with_a_sweep_newest_says_to_name_one_of_its_runs(tmp_path):
+    root = _sweeps(tmp_path)
+    done = launch("logs", "--runs-dir", str(root), cwd=tmp_path)
+    assert done.returncode == 2 and done.stderr.count("launch: error:") == 1, done.stderr
+    assert f"the newest under {root} is {root / SWEEPS[2]}, a sweep or study" in " ".join(done.stderr.split())

@@ -206,3 +206,79 @@ def test_a_run_that_failed_without_a_word_on_a_full_disk_names_it(small_fs) -> N
     fill(full)
     message = str(failure(_Following(), run, RunStatus("FAILED", "rank 0 exited 2")))
     assert f"the filesystem at {full} is full" in message and f"launch resume {run}" in message
+
+
+# ---- a disk that fills while the run goes on: one warning, exit 1, the full disk named ---------------
+
+
+class _Ended(_Following):
+    """A backend whose run has ended (failed) by itself: every process gone, nothing left to stop."""
+
+    name = "ended"
+
+    def status(self, run_dir: Path) -> RunStatus:
+        return RunStatus("FAILED", "exit codes [1]")
+
+
+def test_an_end_that_cannot_be_recorded_is_said_once_and_stops_nothing(small_fs, capsys) -> None:
+    """The run ended by itself; launch.json cannot take its end: one warning, the end returned (the error
+    that follows names the full disk), and the run is not "stopped" again."""
+    full = small_fs(64 * 1024)
+    run = full / "run"
+    run.mkdir()
+    start_state(run, backend="ended", state=RUNNING)
+    fill(full)
+    backend = _Ended()
+    status = wait(backend, run)
+    assert status.state == "FAILED" and backend.cancelled == []
+    err = capsys.readouterr().err
+    assert err.count("launch: warning:") == 1 and "could not be recorded" in err and "is full" in err, err
+    assert read_state(run)["state"] == RUNNING  # what could not be written; `launch status` settles it later
+
+
+def test_a_disk_full_while_following_inside_a_launch_is_said_once_and_exits_1(small_fs, capsys) -> None:
+    """As `execute` holds it (`stopping_runs` around `wait`): the run is stopped once, its unwritten state is
+    one warning (was two: the outer block stopped it again), and the error is a failed run's (exit 1), not a
+    refusal before the start (exit 2)."""
+    from scalelab.launcher.runner import stopping_runs
+
+    full = small_fs(64 * 1024)
+    run = full / "run"
+    run.mkdir()
+    start_state(run, backend="following", state=PENDING)
+    fill(full)
+    backend = _Following()
+    with pytest.raises(WriteError) as info:
+        with stopping_runs(backend, [run]):
+            wait(backend, run)
+    assert info.value.exit_code == 1 and "is full" in str(info.value)
+    assert backend.cancelled == [run], "stopped twice (or never)"
+    err = capsys.readouterr().err
+    assert err.count("launch: warning:") == 1, err
+
+
+MANY_STEPS = "from scalelab import track\nfor i in range(100_000):\n    track.step(items=8, loss=1.0 / (i + 1))\n"
+
+
+@pytest.mark.parametrize("what", [["--script", "many.py"], ["--model", "nmt-tiny", "--steps", "5000"]])
+def test_a_disk_that_fills_mid_run_is_one_warning_exit_1_and_named_by_status(small_fs, tmp_path: Path,
+                                                                            what: list[str]) -> None:
+    """The reviewer's run: a 64 KiB runs directory fills with the ranks' records. One warning (its end could not
+    be recorded), one error naming the full filesystem, exit 1 (it had started); `launch status` then names the
+    full disk, not "killed by a signal, or out of memory?"; no process of the run is left."""
+    from scalelab.core.procs import rank_processes
+
+    full = small_fs(64 * 1024)
+    (tmp_path / "many.py").write_text(MANY_STEPS)
+    proc = launch("run", *what, "--runs-dir", str(full / "runs"), cwd=tmp_path)
+    said = " ".join(proc.stderr.split())
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert said.count("launch: warning:") <= 1 and said.count("launch: error:") == 1, proc.stderr
+    assert f"the filesystem at {full} is full" in said.split("launch: error:")[1], proc.stderr
+    run = [p for p in (full / "runs").iterdir() if p.is_dir()][0]
+    assert rank_processes(run) == []
+    status = launch("status", str(run), cwd=tmp_path)
+    shown = " ".join(status.stdout.split())
+    assert "FAILED" in shown and f"the filesystem at {full} is full" in shown, status.stdout + status.stderr
+    assert "out of memory" not in shown

@@ -40,7 +40,7 @@ from scalelab.aws import teardown as td
 from scalelab.aws.bootstrap import LAUNCHER_HEARTBEAT, LAUNCHER_LOST, STOP_REQUEST, STOP_REQUESTED, is_missing, node_order
 from scalelab.aws.options import AwsOptions, default_region
 from scalelab.aws.render import AwsRequest, Plan
-from scalelab.core.errors import ScalelabError, SpecError
+from scalelab.core.errors import ScalelabError, SpecError, shell_word
 from scalelab.core.lock import RunBusy
 from scalelab.core.rundir import (
     CANCELLED,
@@ -167,7 +167,7 @@ class AwsBackend(Backend):
             raise RunBusy(
                 f"run {run_dir} still has {len(up)} instance(s) running ({up[0]['InstanceId']}...): its launcher is "
                 f"gone and they stop by themselves {self.options['heartbeat_timeout_min']:g} min after its last "
-                f"heartbeat; `launch cancel {run_dir}` stops them now (with a checkpoint), then `launch resume {run_dir}`")
+                f"heartbeat; `launch cancel {shell_word(run_dir)}` stops them now (with a checkpoint), then `launch resume {shell_word(run_dir)}`")
 
     def _send(self, call: dict[str, Any], refs: dict[str, Any], ec2, s3, run_dir: Path) -> dict:
         params = _resolve(call["params"], refs, ec2, self.options)
@@ -286,11 +286,11 @@ class AwsBackend(Backend):
             return self._ended(COMPLETED, f"generation {gen} finished on {len(nodes)} instance(s)", unsaid)
         if lead == "cancelled":  # a rank got a stop signal; every rank checkpointed and stopped: no replacement
             return self._ended(CANCELLED, f"a rank of generation {gen} got a stop signal; every rank stopped with a "
-                                          f"checkpoint; `launch resume {run_dir}` continues it", unsaid)
+                                          f"checkpoint; `launch resume {shell_word(run_dir)}` continues it", unsaid)
         if any(s.get("reason") == LAUNCHER_LOST for s in statuses.values()):
             return RunStatus(FAILED, f"the instances stopped themselves: no heartbeat from the launcher for "
                                      f"{self.options['heartbeat_timeout_min']:g} min (was it suspended?); "
-                                     f"`launch resume {run_dir}` continues from the last checkpoint")
+                                     f"`launch resume {shell_word(run_dir)}` continues from the last checkpoint")
         failed = {i: s for i, s in statuses.items() if s.get("state") == "failed"}
         if failed:
             return RunStatus(FAILED, "; ".join(f"{i}: {s.get('error') or 'exit code ' + str(s.get('exit_code'))}"
@@ -308,7 +308,7 @@ class AwsBackend(Backend):
             if lead is None and leader not in {n["InstanceId"] for n in nodes if n["State"]["Name"] in GONE_STATES}:
                 return None
             return self._ended(CANCELLED, f"cancelled (`launch cancel`); every rank stopped with a checkpoint; "
-                                          f"`launch resume {run_dir}` continues it", unsaid)
+                                          f"`launch resume {shell_word(run_dir)}` continues it", unsaid)
         if stopping:
             first = info.setdefault("interrupted_at", now)
             update_state(run_dir, interrupted_at=first)
@@ -384,7 +384,7 @@ class AwsBackend(Backend):
         if int(info.get("replacements", 0)) >= int(self.options["max_replacements"]):
             return RunStatus(FAILED, f"capacity was interrupted {info.get('replacements', 0) + 1} times "
                                        f"(max_replacements {self.options['max_replacements']}); "
-                                       f"`launch resume {run_dir}` continues from the last checkpoint")
+                                       f"`launch resume {shell_word(run_dir)}` continues from the last checkpoint")
         with edit_state(run_dir) as info:
             info.pop("interrupted_at", None)
             info["replacements"] = int(info.get("replacements", 0)) + 1
@@ -532,7 +532,7 @@ class AwsBackend(Backend):
         if not wait_until(lambda: STOP_NOW.is_set() or (said() & {leader["InstanceId"]} if leader else said()),
                           grace_s, interval_s=0.5):
             _say(f"no checkpoint reported within {grace_s:g} s: terminating the instances anyway; "
-                 f"`launch resume {run_dir}` continues from the last checkpoint in S3")
+                 f"`launch resume {shell_word(run_dir)}` continues from the last checkpoint in S3")
             return
         # then every other instance still up: it writes its final status after its ranks' last records
         def silent() -> set[str]:

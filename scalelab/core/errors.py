@@ -40,3 +40,12 @@ class RecordError(ScalelabError):
 
 class EngineError(ScalelabError):
     """A distributed engine is unavailable or misconfigured (e.g. Horovod built without PyTorch)."""
+
+
+def shell_word(value: object) -> str:
+    """`value` (a run directory, a file) as one word of a command a message suggests (`launch resume RUN`): as
+    it is where the shell takes it whole, else quoted ('sp ace/rüns x/run'), so that the command can be pasted
+    as shown. Why one helper: the hints named paths bare, and one with a space ran another command."""
+    import shlex
+
+    return shlex.quote(str(value))

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from types import TracebackType
 
-from scalelab.core.errors import ScalelabError
+from scalelab.core.errors import ScalelabError, shell_word
 from scalelab.core.procs import ProcessRef
 from scalelab.core.rundir import dir_locked, write_text
 from scalelab.core.writes import WriteError, write_failure
@@ -91,10 +91,10 @@ class RunLock:
                       file=sys.stderr, flush=True)
             if owner is not None and owner.host != socket.gethostname():
                 raise RunBusy(f"{run} is owned by pid {owner.pid} on host {owner.host}; stop that launcher "
-                              f"(`launch cancel {run}`), or delete {self.path} if that host is down")
+                              f"(`launch cancel {shell_word(run)}`), or delete {self.path} if that host is down")
             if owner is not None and owner.alive():
                 raise RunBusy(f"{run} is still running (launcher pid {owner.pid}); stop it first with "
-                              f"`launch cancel {run}` (or wait for it), then `launch resume {run}`")
+                              f"`launch cancel {shell_word(run)}` (or wait for it), then `launch resume {shell_word(run)}`")
             self.path.unlink(missing_ok=True)
 
     def release(self) -> None:

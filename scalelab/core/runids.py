@@ -18,7 +18,7 @@ from pathlib import Path
 
 import click
 
-from scalelab.core.errors import ScalelabError
+from scalelab.core.errors import ScalelabError, shell_word
 from scalelab.core.rundir import DEFAULT_RUNS_ROOT, STUDY_FILE, SWEEP_FILE
 
 # Where runs live, one rule for every command (`runs_root`): --runs-dir, else $SCALELAB_RUNS_DIR, else a config
@@ -147,6 +147,6 @@ class RunDir(click.ParamType):
         # an ambiguous id: ScalelabError, one line like every user error
         found = resolve_run_dir(str(value), root, command=command)
         if found == str(value) and found and not Path(found).exists() and os.sep not in found:
-            raise ScalelabError(f"no run matches {found!r} under {root} (`launch ls --runs-dir {root}` lists "
+            raise ScalelabError(f"no run matches {found!r} under {root} (`launch ls --runs-dir {shell_word(root)}` lists "
                                 "them)")
         return found

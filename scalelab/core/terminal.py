@@ -8,6 +8,7 @@ messages) makes its consoles here, so they agree.
 
 from __future__ import annotations
 
+import re
 import sys
 
 from rich.console import Console
@@ -131,3 +132,18 @@ def wrap_help_at_spaces() -> None:
             super().__init__(*args, **kwargs)
 
     _textwrap.TextWrapper = SpacesOnly
+
+
+# A colour or style (SGR: ESC [ numbers m), kept; any other control character - C0 but tab and newline, DEL, C1 -
+# matched alone, to be shown escaped.
+_SHOWN_CONTROLS = re.compile(r"\x1b\[[0-9;:]*m|[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def visible_text(text: str) -> str:
+    """`text` (a log, as a run's processes wrote it) safe to print on a terminal: control characters shown as
+    `\\xNN` (a NUL, a bell, a backspace, an escape sequence that moves the cursor, sets the title or clears the
+    screen), colours (SGR sequences) kept, tabs and newlines as they are, a carriage return taken as a line
+    break (as Python reads the local logs). Why: `launch logs` printed a log's raw bytes, which a terminal
+    executes; a binary write in a rank's output garbled or hid the lines around it."""
+    text = text.replace("\r\n", "\n").replace("\r", "\n")
+    return _SHOWN_CONTROLS.sub(lambda m: m[0] if len(m[0]) > 1 else f"\\x{ord(m[0]):02x}", text)

@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from scalelab.core.errors import ScalelabError
+from scalelab.core.errors import RunFailed, ScalelabError
 
 FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
 READ_ONLY = frozenset({errno.EROFS})
@@ -26,6 +26,11 @@ WRITE_FAILURES = FULL | READ_ONLY | DENIED
 
 class WriteError(ScalelabError):
     """A file could not be written: a full, read-only or forbidden filesystem (the message says which)."""
+
+
+class RunWriteError(WriteError, RunFailed):
+    """A WriteError while a started run was followed (its launch.json on a disk that filled): the run was
+    stopped and did not complete, so it exits 1 as a failed run does, not 2 as a refusal before the start."""
 
 
 def mount_point(path: Path) -> Path:

@@ -31,7 +31,7 @@ import pandas as pd
 
 from scalelab.analysis.results import summarize_loaded
 from scalelab.analysis.scaling import step_table
-from scalelab.core.errors import DataError, RecordError
+from scalelab.core.errors import DataError, RecordError, shell_word
 from scalelab.core.rundir import read_json
 from scalelab.core.spec import BATCH_SCALING
 from scalelab.core.records import load_run
@@ -65,7 +65,7 @@ def probe_runs(probe_dir: Path) -> pd.DataFrame:
                          "global_batch": s.global_batch,
                          "batch_scaling": BATCH_SCALING[run.spec.batch_mode], **_spread(run)})
     if not rows:
-        raise DataError(f"{probe_dir}: no probe run has step records; `launch resume {probe_dir}` runs them")
+        raise DataError(f"{probe_dir}: no probe run has step records; `launch resume {shell_word(probe_dir)}` runs them")
     return pd.DataFrame(rows)
 
 

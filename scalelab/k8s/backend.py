@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from scalelab.core.errors import ScalelabError
+from scalelab.core.errors import ScalelabError, shell_word
 from scalelab.core.rundir import (
     ACTIVE,
     COMPLETED,
@@ -134,7 +134,7 @@ class KubernetesBackend(Backend):
         info = read_state(run_dir)
         if info.get("state") not in TERMINAL and self._live_status(run_dir)[0].state in ACTIVE:
             raise KubernetesError(f"{run_dir} is still running on the cluster ({info['workload'][0]} {info['name']}); "
-                                  f"`launch cancel {run_dir}` first")
+                                  f"`launch cancel {shell_word(run_dir)}` first")
         self._delete_all(run_dir)
         kind, name = info["workload"]
         if not wait_until(lambda: self._gone(kind, name), timeout_s, interval_s=1.0):  # foreground deletion: pods gone

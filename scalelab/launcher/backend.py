@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from scalelab.core.launch import starter_of
-from scalelab.core.errors import EngineError, ScalelabError, SpecError
+from scalelab.core.errors import EngineError, ScalelabError, SpecError, shell_word
 from scalelab.core.options import BackendOptions, Flag
 from scalelab.core.records import error_messages, read_records
 from scalelab.core.rundir import (
@@ -52,6 +52,7 @@ from scalelab.core.rundir import (
     read_state,
 )
 from scalelab.core.spec import BACKEND_NAMES, Spec, read_spec
+from scalelab.core.writes import full_note
 from scalelab.costs.fleet import Fleet
 
 # Set by a second stop signal while the launcher stops its runs (scalelab/launcher/runner.py): a
@@ -322,8 +323,9 @@ def log_text(paths: list[Path], drop: Callable[[str], object] | None = None) -> 
     the lines left out (an agent's copies of its ranks' lines, shown from the ranks' own files)."""
     def text(p: Path) -> str:
         body = p.read_text(errors="replace")
-        if drop is not None:
-            body = "".join(line for line in body.splitlines(keepends=True) if not drop(line))
+        if drop is not None:  # lines end at a newline only: splitlines() also cut at a form feed (\x0c), and the
+            # rest of a dropped line stayed, untagged
+            body = "".join(line for line in re.findall(r"[^\n]*\n|[^\n]+$", body) if not drop(line))
         return quiet_stop_tracebacks(body)
 
     return "\n".join(f"==> {p} <==\n" + (text(p) if p.exists() else "(no output yet)\n") for p in paths)
@@ -494,7 +496,7 @@ def stop_line(run_dir: Path, ranks: list[RankEnd]) -> str:
     else:
         why = "a stop signal"
     if has_checkpoint(run_dir):
-        return (f"{why}, and every rank stopped at step {step} with a checkpoint; `launch resume {run_dir}` "
+        return (f"{why}, and every rank stopped at step {step} with a checkpoint; `launch resume {shell_word(run_dir)}` "
                 "continues it from there")
     return f"{why}, and every rank stopped at step {step}; " + no_checkpoint_advice(run_dir)
 
@@ -506,8 +508,8 @@ def no_checkpoint_advice(run_dir: Path) -> str:
     script = _own_code(run_dir)
     said = f"no checkpoint was saved ({checkpoint_absent(run_dir, script)}): "
     if script is not False:  # a script's, or no readable spec: the resume decides
-        return said + f"`launch resume {run_dir}` starts it again with nothing to continue from"
-    return said + f"start it again as a new run of its spec: `launch run --spec {RunPaths(Path(run_dir)).spec}`"
+        return said + f"`launch resume {shell_word(run_dir)}` starts it again with nothing to continue from"
+    return said + f"start it again as a new run of its spec: `launch run --spec {shell_word(RunPaths(Path(run_dir)).spec)}`"
 
 
 def _own_code(run_dir: Path) -> bool | None:
@@ -559,13 +561,14 @@ def silent_ranks(run_dir: Path, ranks: list[RankEnd]) -> str | None:
     exits = rank_exits(run_dir)
     stepped = any(r.last_step for r in ranks)
     quiet = [n for n in range(world) if n not in started or (started[n].end is None and not started[n].errors)]
-    said = [_silent(n, started.get(n), exits.get(n), stepped) for n in quiet]
+    full = full_note(run_dir) if quiet else ""  # where its records go is full: why it wrote no end (nor error)
+    said = [_silent(n, started.get(n), exits.get(n), stepped, full) for n in quiet]
     left = early_leavers(ranks, planned_steps(run_dir))
     if not said and not left:
         return None
     one = f" --rank {quiet[0]}" if len(quiet) == 1 and not left else ""  # its own lines, where it is the one
-    where = f"; its log: `launch logs {run_dir}{one}`" + (
-        f"; `launch resume {run_dir}` continues from the last checkpoint" if has_checkpoint(run_dir) else "")
+    where = f"; its log: `launch logs {shell_word(run_dir)}{one}`" + (
+        f"; `launch resume {shell_word(run_dir)}` continues from the last checkpoint" if has_checkpoint(run_dir) else "")
     return "; ".join(part for part in (", ".join(said), left) if part) + where
 
 
@@ -579,11 +582,14 @@ def planned_steps(run_dir: Path) -> int | None:
     return spec.steps if spec.epochs is None else None
 
 
-def _silent(rank: int, seen: RankEnd | None, code: int | None, stepped: bool = True) -> str:
+def _silent(rank: int, seen: RankEnd | None, code: int | None, stepped: bool = True, full: str = "") -> str:
     """How one rank that recorded no end ended, as far as its exit status tells: a signal only where the
     status says one (negative, or 128 + N; SIGKILL: out of memory?, as the kernel's OOM killer sends it), an exit
     status where one is known, else a guess said as one. Where no rank of the run recorded a step (`stepped`
-    False: a script that records none) no step is named: "before its first step" said nothing of such a run."""
+    False: a script that records none) no step is named: "before its first step" said nothing of such a run.
+    `full` (`writes.full_note` of the run directory): its filesystem is full, said instead of the guess (and
+    after an exit status): a rank that cannot append to its records stops without an end or an error record,
+    and `launch status` called that "killed by a signal, or out of memory?"."""
     at = f" after step {seen.last_step}" if seen is not None and seen.last_step else \
         " before its first step" if stepped else ""
     number = -code if code is not None and code < 0 else code - 128 if code is not None and code > 128 else None
@@ -591,6 +597,10 @@ def _silent(rank: int, seen: RankEnd | None, code: int | None, stepped: bool = T
         oom = ": out of memory?" if number == signal.SIGKILL else ""
         return (f"rank {rank} was killed by {_signal_name(number)} (signal {number}){at}, with no error and no end "
                 f"record{oom}")
+    if full:
+        how = f" exited with status {code}{at} without an end record" if code is not None else \
+            f"{at} stopped with no error and no end record"
+        return f"rank {rank}{how}: {full}, where it writes them; free space there"
     if code is not None:
         return f"rank {rank} exited with status {code}{at} without an end record"
     return f"rank {rank}{at} stopped with no error and no end record (killed by a signal, or out of memory?)"

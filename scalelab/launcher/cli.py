@@ -26,7 +26,7 @@ import click
 from rich.markup import escape
 
 from scalelab.core.checks import InputFile, OutputDir
-from scalelab.core.errors import ScalelabError, SpecError
+from scalelab.core.errors import ScalelabError, SpecError, shell_word
 from scalelab.core.flags import (  # noqa: F401
     SPEC_FLAGS,
     DataFlag,
@@ -46,7 +46,7 @@ from scalelab.core.spec import (
     load_spec,
     read_spec,
 )
-from scalelab.core.terminal import break_name, make_console, wrap_help_at_spaces
+from scalelab.core.terminal import break_name, make_console, visible_text, wrap_help_at_spaces
 from scalelab.core.writes import WriteError, is_write_failure, write_failure, writing
 from scalelab.launcher import __version__
 from scalelab.launcher.backend import backend_flags, get_backend, import_optional, options_type
@@ -583,22 +583,22 @@ def run_and_show(backend, spec: Spec, run_dir: Path, detach: bool, echo: frozens
     except ScalelabError:  # the job is queued; only asking its state failed (an sacct/squeue hiccup)
         state = "submitted"
     console.print(f"started [bold]{run_dir}[/] detached: no launcher follows it ({state}).\n"
-                  f"  follow it:  launch status {run_dir}   launch logs {run_dir}\n"
-                  f"  stop it:    launch cancel {run_dir}   (its ranks checkpoint; launch resume {run_dir} continues)\n"
-                  f"  once ended: launch status {run_dir} records how it ended (and its summary), "
-                  f"launch report {run_dir} reports it", highlight=False, soft_wrap=True)
+                  f"  follow it:  launch status {shell_word(run_dir)}   launch logs {shell_word(run_dir)}\n"
+                  f"  stop it:    launch cancel {shell_word(run_dir)}   (its ranks checkpoint; launch resume {shell_word(run_dir)} continues)\n"
+                  f"  once ended: launch status {shell_word(run_dir)} records how it ended (and its summary), "
+                  f"launch report {shell_word(run_dir)} reports it", highlight=False, soft_wrap=True)
 
 
 def print_summary(run_dir: Path, summary) -> None:
     if isinstance(summary, dict):  # a --script run without step records (runner.write_summary)
         console.print(f"note: {summary['note']}", highlight=False, soft_wrap=True)
-        console.print(f"run directory: [bold]{run_dir}[/]  (launch logs {run_dir})")
+        console.print(f"run directory: [bold]{run_dir}[/]  (launch logs {shell_word(run_dir)})")
         return
     from scalelab.analysis.report import print_scaling
     from scalelab.analysis.scaling import scale_layouts
 
     print_scaling(scale_layouts([summary]), console=console)
-    console.print(f"run directory: [bold]{run_dir}[/]  (launch report {run_dir})", soft_wrap=True)  # paths whole
+    console.print(f"run directory: [bold]{run_dir}[/]  (launch report {shell_word(run_dir)})", soft_wrap=True)  # paths whole
 
 
 # ---- resume --------------------------------------------------------------------------------------
@@ -1046,26 +1046,33 @@ def _run_status(run_dir: str) -> None:
                       f"{escape(shlex.join(owner.cmdline))}", highlight=False, soft_wrap=True)
     elif st.state in ACTIVE:
         console.print(f"  no launcher follows it (started with --detach, or its launcher was killed): "
-                      f"`launch cancel {path}` stops it", highlight=False, soft_wrap=True)
+                      f"`launch cancel {shell_word(path)}` stops it", highlight=False, soft_wrap=True)
 
 
 @main.command("logs")
-@click.argument("run_dir", type=RunDir())
+@click.argument("run_dir", type=RunDir(), required=False)
 @runs_dir_lookup_option()
 @click.option("--rank", type=int, help="Only this rank: its log lines and its records (step, loss, phase times, "
               "validation, events), streamed with -f.")
 @click.option("--follow", "-f", is_flag=True,
               help="Keep printing new lines and the run's progress until it ends (Ctrl-C stops following only).")
-def logs_cmd(run_dir: str, runs_dir: str, rank: int | None, follow: bool) -> None:
+def logs_cmd(run_dir: str | None, runs_dir: str, rank: int | None, follow: bool) -> None:
     """Print the logs of a run (launcher and ranks) and where it is: step of total, loss, words/s and ETA
     from its records, so a run started with --detach, or on another backend, can be followed from any
     terminal (`launch logs RUN -f` until it ends). RUN_DIR may be a short id: a unique prefix or suffix
-    of the run directory's name under the runs directory."""
+    of the run directory's name under the runs directory; without it, the newest run there (as `launch
+    status`; `launch cancel` and `launch resume` always need RUN_DIR)."""
+    from scalelab.core.runids import newest_run_dir
     from scalelab.launcher.inventory import RankLines
     from scalelab.launcher.inventory import follow as follow_logs
     from scalelab.launcher.progress import watch_run
     from scalelab.launcher.runner import settle
 
+    if run_dir is None:
+        run_dir = str(newest_run_dir(Path(runs_dir)))
+        if is_sweep(Path(run_dir)) or not (Path(run_dir) / "spec.json").exists():
+            raise ScalelabError(f"the newest under {runs_dir} is {run_dir}, a sweep or study, not a run: give one of "
+                                f"its runs (`launch status {shell_word(run_dir)}` lists them)")
     backend, path = _backend_of(run_dir)
     if rank is not None and not 0 <= rank < read_spec(path).world:
         raise ScalelabError(f"--rank {rank}: the run has ranks 0..{read_spec(path).world - 1}")
@@ -1094,9 +1101,10 @@ def logs_cmd(run_dir: str, runs_dir: str, rank: int | None, follow: bool) -> Non
         texts = read()
         text = "\n".join(t.rstrip("\n") + "\n" for t in ([texts] if isinstance(texts, str) else texts) if t.strip())
         line = progress()
-        click.echo(text + (f"{'' if not text or text.endswith(chr(10)) else chr(10)}[progress] {line}" if line else ""))
+        click.echo(visible_text(text) + (f"{'' if not text or text.endswith(chr(10)) else chr(10)}[progress] {line}"
+                                         if line else ""))
         return
-    follow_logs(read, active, lambda s: click.echo(s, nl=False), progress=progress)
+    follow_logs(read, active, lambda s: click.echo(visible_text(s), nl=False), progress=progress)
     st = settle(backend, path)  # a detached run's end is recorded here, as `launch status` would
     if st.state not in ACTIVE:  # not after Ctrl-C, which stops following only
         click.echo(f"[end] {path}: {st.state} {st.detail}".rstrip())
@@ -1184,7 +1192,7 @@ def interrupted(exc: BaseException | None) -> None:
     """Exit after a stop signal: SIGINT 130, SIGTERM 143, SIGHUP 129 (the runner has cancelled the run)."""
     resume = getattr(exc, "resume", None)
     try:
-        err_console.print(f"launch: {INTERRUPTED}" + (f"; `launch resume {resume}` continues it" if resume else ""),
+        err_console.print(f"launch: {INTERRUPTED}" + (f"; `launch resume {shell_word(resume)}` continues it" if resume else ""),
                           highlight=False, soft_wrap=True)
     except OSError:  # SIGHUP: the terminal may be gone
         pass

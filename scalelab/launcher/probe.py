@@ -38,7 +38,7 @@ from typing import Any
 
 import click
 
-from scalelab.core.errors import SpecError
+from scalelab.core.errors import SpecError, shell_word
 from scalelab.core.rundir import SWEEP_FILE, RunPaths, new_run_dir, read_json, write_json
 from scalelab.core.spec import Spec, save_spec
 from scalelab.launcher.cli import GroupedCommand, build_spec, console, spec_options
@@ -433,7 +433,7 @@ def _show_results(probe_dir: Path, manifest: dict[str, Any]) -> None:
     console.print(table)
     console.print(f"probe: actual cost ${manifest['actual']['dollars']:,.4f} (expected "
                   f"${manifest['expected']['dollars']:,.4f}); {probe_dir / PROBE_FILE}; "
-                  f"`launch plan {probe_dir}` plans from it", highlight=False, soft_wrap=True)
+                  f"`launch plan {shell_word(probe_dir)}` plans from it", highlight=False, soft_wrap=True)
 
 
 def _fmt(value: Any, spec: str, scale: float = 1.0) -> str:

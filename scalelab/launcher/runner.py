@@ -22,6 +22,7 @@ without such records, the rank that stopped without a word is named, else the en
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import sys
@@ -32,7 +33,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 
-from scalelab.core.errors import RunFailed, ScalelabError
+from scalelab.core.errors import RunFailed, ScalelabError, shell_word
 from scalelab.core.lock import RunBusy, RunLock, owner_of
 from scalelab.core.records import error_messages, rank_files, read_errors
 from scalelab.core.rundir import (
@@ -52,7 +53,7 @@ from scalelab.core.rundir import (
 from scalelab.core.spec import Spec, save_spec
 from scalelab.core.terminal import make_console
 from scalelab.core.trajectory import record_trajectory
-from scalelab.core.writes import WriteError, full_note, refuse_run_dir_links
+from scalelab.core.writes import RunWriteError, WriteError, full_note, refuse_run_dir_links
 from scalelab.launcher.backend import (
     STOP_NOW,
     Backend,
@@ -111,7 +112,7 @@ def refuse_if_live(backend: Backend, run_dir: Path) -> None:
     live = backend.busy(run_dir)
     if live:
         raise RunBusy(f"{run_dir} is still running ({live}) with no launcher following it; stop it with "
-                      f"`launch cancel {run_dir}` (its ranks checkpoint), then `launch resume {run_dir}`")
+                      f"`launch cancel {shell_word(run_dir)}` (its ranks checkpoint), then `launch resume {shell_word(run_dir)}`")
 
 
 def detaching(backend: Backend) -> Backend:
@@ -200,9 +201,33 @@ def stopping_runs(backend: Backend, run_dirs: list[Path]) -> Iterator[list[Path]
             yield run_dirs
         except BaseException as exc:
             STOP_NOW.clear()  # only a signal during this stop cuts its waits short
+            done = _stopped_for(exc)  # stopped by an inner block already (`wait` inside `submitted`)
             with _signals(_keep_stopping):  # a second Ctrl-C must not leave half-cancelled cloud resources
-                _stop_live(backend, run_dirs, exc)
+                _stop_live(backend, [d for d in run_dirs if d not in done], exc)
+            done.update(run_dirs)
             raise
+
+
+def _stopped_for(exc: BaseException) -> set[Path]:
+    """The run directories stopped already on the way of `exc` (kept on it, and on the exceptions it was
+    raised from): an outer `stopping_runs` leaves them alone. Why: a run whose launch.json could not be
+    written (a full disk) is not recorded as ended, so the outer block cancelled it a second time and said
+    the same warning twice."""
+    done: set[Path] = set()
+    seen: set[int] = set()
+    stack: list[BaseException | None] = [exc]
+    while stack:
+        one = stack.pop()
+        if one is None or id(one) in seen:
+            continue
+        seen.add(id(one))
+        done |= getattr(one, "_scalelab_stopped", set())
+        stack += [one.__cause__, one.__context__]
+    try:
+        exc._scalelab_stopped = done  # type: ignore[attr-defined]
+    except AttributeError:  # an exception type that takes no attributes: stopped again at worst
+        pass
+    return done
 
 
 def _stop_live(backend: Backend, run_dirs: list[Path], exc: BaseException) -> None:
@@ -211,13 +236,15 @@ def _stop_live(backend: Backend, run_dirs: list[Path], exc: BaseException) -> No
     else:
         state, detail = FAILED, f"the launcher stopped following it: {str(exc) or repr(exc)}"
     for run_dir in run_dirs:
+        if run_dir in _ENDED_UNRECORDED:  # ended by itself (`wait`): nothing to stop, its end said once already
+            continue
         try:
             if RunPaths(run_dir).launch.exists() and read_state(run_dir).get("state") not in TERMINAL:
                 cancel(backend, run_dir, detail, state)
         except WriteError as problem:  # stopped, but its state could not be written: the message says so
             print(f"launch: warning: {problem}", file=sys.stderr, flush=True)
         except Exception as problem:  # noqa: BLE001 - cancel the others whatever this one says
-            print(f"launch: warning: could not stop {run_dir} ({problem}); `launch cancel {run_dir}` retries",
+            print(f"launch: warning: could not stop {run_dir} ({problem}); `launch cancel {shell_word(run_dir)}` retries",
                   file=sys.stderr, flush=True)
 
 
@@ -235,12 +262,35 @@ def cancel(backend: Backend, run_dir: Path, detail: str = "cancelled", state: st
     checked = backend.cancel(run_dir)  # also for a run that ended: it frees whatever may be left
     fields = {"stopped": checked} if checked else {}
     fields["ended"] = time.time()  # when it had stopped, not when it was asked to
+    done = _completed_first(run_dir)
+    if done:  # every rank had recorded its end: the records decide, not the cancel that came too late
+        fields.update(state=COMPLETED, detail=done)
     unrecorded = unrecorded or _try_write(lambda: update_state(run_dir, **fields))
+    if done and not unrecorded and not RunPaths(run_dir).summary.exists():
+        unrecorded = _try_write(lambda: write_summary(run_dir))
     if unrecorded:
         raise WriteError(f"run {run_dir} was stopped ({checked or state}), but its state could not be recorded: "
                          f"{unrecorded}")
     info = read_state(run_dir)
-    return RunStatus(info.get("state", state), checked or info.get("detail", ""))
+    said = "; ".join(part for part in (done, checked) if part)
+    return RunStatus(info.get("state", state), said or info.get("detail", ""))
+
+
+def _completed_first(run_dir: Path) -> str:
+    """How the run completed ('every rank recorded its end at step 400, before the cancel reached it') when,
+    with its processes stopped, every rank of its launch had recorded a completed end (`ended_by_records`:
+    no error, no silent rank, not stopped on a signal); else ''. Why: a cancel of a detached run that had just
+    run its last step recorded it CANCELLED, with no summary, over records that say it completed."""
+    from scalelab.launcher.backend import ended_by_records
+
+    try:
+        since = read_state(run_dir).get("launched")
+        ended = ended_by_records(run_dir, since)
+        clean = all(r.end and r.end.get("reason") != "failed" and r.end.get("exit_code") in (None, 0)
+                    for r in rank_ends(run_dir, since))  # a script's `end` of a failure says so
+    except (ScalelabError, OSError):  # records that cannot be read: the cancel stands
+        return ""
+    return f"{ended.detail}, before the cancel reached it" if ended and ended.state == COMPLETED and clean else ""
 
 
 def _ended_already(backend: Backend, run_dir: Path) -> RunStatus:
@@ -264,15 +314,31 @@ def _try_write(write: Callable[[], object]) -> WriteError | None:
 
 # ---- the one follow loop --------------------------------------------------------------------------
 
+# Runs this launcher saw end (every process gone) whose end launch.json could not take (a full disk): the
+# error raised after (`failure`) must not cancel them again and say "was stopped, but its state could not be
+# recorded" a second time, of a run that had stopped by itself.
+_ENDED_UNRECORDED: set[Path] = set()
+
 
 def wait(backend: Backend, run_dir: Path, on_tick: Callable[[], None] | None = None) -> RunStatus:
     """Follow one run until it ends, let the backend finish it, record the end; return how it ended.
 
     A signal or an error on the way cancels the run (`stopping_runs`) and propagates.
     """
-    with stopping_runs(backend, [run_dir]):
-        status = ended_as_recorded(run_dir, backend.finish(run_dir, _until_end(backend, run_dir, on_tick)))
-        record_state(run_dir, status.state, status.detail)
+    _ENDED_UNRECORDED.discard(run_dir)
+    try:
+        with stopping_runs(backend, [run_dir]):
+            status = ended_as_recorded(run_dir, backend.finish(run_dir, _until_end(backend, run_dir, on_tick)))
+            unrecorded = _try_write(lambda: record_state(run_dir, status.state, status.detail))
+    except RunFailed:
+        raise
+    except WriteError as exc:  # stopped (`stopping_runs`) after it had started: a failed run, exit 1
+        raise RunWriteError(str(exc)) from exc
+    if unrecorded:  # it ended by itself: nothing to stop; only its end is not written (a full disk)
+        _ENDED_UNRECORDED.add(run_dir)
+        print(f"launch: warning: run {run_dir} ended ({status.state}), but its end could not be recorded: {unrecorded}; "
+              f"`launch status {shell_word(run_dir)}` records it once there is room", file=sys.stderr, flush=True)
+        return status
     info = read_state(run_dir)
     return RunStatus(info["state"], info.get("detail", ""))
 
@@ -355,7 +421,7 @@ def cancelled_line(run_dir: Path) -> str:
     if stopped:
         return f"run {run_dir} was cancelled: {stopped.detail}"
     if has_checkpoint(run_dir):
-        return f"run {run_dir} was cancelled; `launch resume {run_dir}` continues it from its last checkpoint"
+        return f"run {run_dir} was cancelled; `launch resume {shell_word(run_dir)}` continues it from its last checkpoint"
     return f"run {run_dir} was cancelled; " + no_checkpoint_advice(run_dir)
 
 
@@ -403,9 +469,10 @@ def failure(backend: Backend, run_dir: Path, status: RunStatus) -> ScalelabError
     if said:
         return RunFailed(said + f" (run directory {run_dir})" + resume_hint(run_dir), said)
     full = full_note(run_dir)
-    if full:  # its ranks could not write their error records either
-        return WriteError(f"run {run_dir} {status.state.lower()} ({status.detail}): {full}; free space there, "
-                          f"then `launch resume {run_dir}` (or run with --runs-dir on a filesystem with room)")
+    if full:  # its ranks could not write their error records either; it had started: exit 1
+        why = f"{full}; free space there"
+        return RunWriteError(f"run {run_dir} {status.state.lower()} ({status.detail}): {why}, then `launch resume "
+                             f"{shell_word(run_dir)}` (or run with --runs-dir on a filesystem with room)", why)
     failed = f"run {run_dir} {status.state.lower()} ({status.detail})"
     silent, logs = _silence(backend, run_dir, rank_ends(run_dir, since))
     if silent:
@@ -416,7 +483,7 @@ def failure(backend: Backend, run_dir: Path, status: RunStatus) -> ScalelabError
     logs = backend.logs(run_dir) if logs is None else logs
     aborted = native_abort(logs)
     if aborted:  # a rank's C++ library gave up (Gloo's rendezvous, a CUDA error): its words, not the agent's dump
-        aborted += f" (its full logs: `launch logs {run_dir}`)"
+        aborted += f" (its full logs: `launch logs {shell_word(run_dir)}`)"
         return RunFailed(f"{failed}: {aborted}" + resume_hint(run_dir), aborted)
     return RunFailed(f"{failed}; last lines of its logs:\n" + tail(logs, 25))
 
@@ -449,15 +516,15 @@ def nothing_to_resume(run_dir: Path, spec: Spec) -> str:
     if spec.own_code:  # the script decides its own length: a resume would only run it again, from its start
         ended = _how_it_ended(step, reason) if reason == "threshold" else f"{spec.script_label} ran to its end"
         return (f"run {run_dir} is COMPLETED already ({ended}); nothing to resume, nothing "
-                f"changed: `launch report {run_dir}` reports it. Its script decides its own length: to train "
+                f"changed: `launch report {shell_word(run_dir)}` reports it. Its script decides its own length: to train "
                 f"longer, run it again with its own arguments (`launch run {'--script' if spec.script else '--module'} "
-                f"{spec.script_label} ... -- ARGS`), a new run")
+                f"{shell_word(spec.script_label)} ... -- ARGS`), a new run")
     if _steps_raised(run_dir, spec, step, reason):
         _checkpoint_to_continue(run_dir, step)
         return ""
     return (f"run {run_dir} is COMPLETED already ({_how_it_ended(step, reason)}); nothing to resume, nothing "
-            f"changed: `launch report {run_dir}` reports it" + ("" if reason == "threshold" else
-            f"; to train it longer, raise `steps` in its spec.json, then `launch resume {run_dir}`"))
+            f"changed: `launch report {shell_word(run_dir)}` reports it" + ("" if reason == "threshold" else
+            f"; to train it longer, raise `steps` in its spec.json, then `launch resume {shell_word(run_dir)}`"))
 
 
 def completed_end(run_dir: Path) -> tuple[int, str]:
@@ -535,14 +602,30 @@ def refuse_restart(backend: Backend, run_dir: Path, spec: Spec) -> None:
     if spec.own_code or not backend.checkpoint_here or run_state(run_dir) not in (FAILED, CANCELLED):
         return
     ckpt = RunPaths(run_dir).checkpoint
-    if ckpt.exists() or ckpt.is_symlink():
+    if ckpt.is_symlink():
+        return  # refused with its own message before anything is written (`refuse_run_dir_links`)
+    if os.path.lexists(ckpt):
+        _refuse_damaged(run_dir, ckpt)
         return
     steps = recorded_steps(run_dir)
     if steps:
         raise ScalelabError(f"run {run_dir} recorded {steps} step(s) but has no checkpoint ({ckpt} is missing): a "
                             "resume would train from step 1 again and add those steps to its records a second time, "
                             f"so nothing was resumed; start a new run of the same spec instead: launch run --spec "
-                            f"{RunPaths(run_dir).spec}")
+                            f"{shell_word(RunPaths(run_dir).spec)}")
+
+
+def _refuse_damaged(run_dir: Path, ckpt: Path) -> None:
+    """Refuse (one line, nothing started or written) a resume from a checkpoint that is no checkpoint: damaged,
+    cut, or a directory. Why here: the ranks found it only after they had started, the run's state went from
+    CANCELLED to FAILED, and their advice ("delete it to start from scratch") led to the refusal above."""
+    from scalelab.train.checkpoint import checkpoint_problem, new_run_advice
+
+    problem = checkpoint_problem(ckpt)
+    if problem:
+        raise ScalelabError(f"checkpoint {ckpt} {problem}, so run {run_dir} was not resumed (nothing was started or "
+                            f"changed): restore it from a copy, then `launch resume {shell_word(run_dir)}`; or "
+                            f"{new_run_advice(run_dir)}")
 
 
 def recorded_steps(run_dir: Path) -> int:
@@ -558,7 +641,7 @@ def recorded_steps(run_dir: Path) -> int:
 def resume_hint(run_dir: Path) -> str:
     """'; `launch resume RUN` continues it from its checkpoint' when the run has one to continue from."""
     if RunPaths(run_dir).checkpoint.exists():
-        return f"; `launch resume {run_dir}` continues it from its last checkpoint once that is fixed"
+        return f"; `launch resume {shell_word(run_dir)}` continues it from its last checkpoint once that is fixed"
     return ""
 
 

@@ -19,7 +19,7 @@ import re
 from contextlib import ExitStack
 from pathlib import Path
 
-from scalelab.core.errors import ScalelabError, SpecError
+from scalelab.core.errors import ScalelabError, SpecError, shell_word
 from scalelab.core.rundir import (
     COMPLETED,
     SWEEP_FILE,
@@ -260,6 +260,6 @@ def _follow_layout(backend, spec: Spec, run_dir: Path, sweep_dir: Path) -> None:
     try:
         follow(backend, spec, run_dir, label=run_dir.name)
     except ScalelabError as exc:
-        exc.args = (f"{exc}; the sweep stopped at layout {run_dir.name}; `launch resume {sweep_dir}` continues its "
-                    "unfinished layouts, `launch report` reports the finished ones",)
+        exc.args = (f"{exc}; the sweep stopped at layout {run_dir.name}; `launch resume {shell_word(sweep_dir)}` "
+                    "continues its unfinished layouts, `launch report` reports the finished ones",)
         raise

@@ -18,7 +18,7 @@ from typing import Any
 import click
 
 from scalelab.core.checks import Number, OutputDir
-from scalelab.core.errors import SpecError
+from scalelab.core.errors import SpecError, shell_word
 from scalelab.core.rundir import dryrun_dir, new_run_dir, write_json
 from scalelab.core.flags import shared_flags, spec_from_flags
 from scalelab.core.spec import BATCH_MODES, check_text_file
@@ -179,7 +179,7 @@ def run_one(request: PrepRequest, run_dir: Path) -> Path:
     finally:
         recorder.close()
     write_json(run_dir / "summary.json", summarize(run_dir))
-    console.print(f"shards: [bold]{request.describe_out()}[/]  run directory: {run_dir}  (launch report {run_dir})")
+    console.print(f"shards: [bold]{request.describe_out()}[/]  run directory: {run_dir}  (launch report {shell_word(run_dir)})")
     return run_dir
 
 

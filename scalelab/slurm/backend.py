@@ -38,7 +38,7 @@ import submitit
 from submitit.core.utils import FailedJobError, FailedSubmissionError, JobPaths
 from submitit.slurm.slurm import SlurmInfoWatcher
 
-from scalelab.core.errors import ScalelabError
+from scalelab.core.errors import ScalelabError, shell_word
 from scalelab.core.rundir import (
     ACTIVE,
     CANCELLED,
@@ -195,8 +195,8 @@ class SlurmBackend(Backend):
         state = self.job_state(job_id)[0] if job_id else ""
         if STATE_MAP.get(state) in ACTIVE:
             raise ScalelabError(f"run {run_dir} is still {state} as Slurm job {job_id} (Slurm keeps a job going "
-                                f"when its launcher is gone): `launch status {run_dir}` and `launch logs {run_dir}` "
-                                f"follow it; `launch cancel {run_dir}` stops it, then `launch resume {run_dir}` "
+                                f"when its launcher is gone): `launch status {shell_word(run_dir)}` and `launch logs {shell_word(run_dir)}` "
+                                f"follow it; `launch cancel {shell_word(run_dir)}` stops it, then `launch resume {shell_word(run_dir)}` "
                                 "continues it")
 
     # ---- status, logs, cancel ---------------------------------------------------------------------

@@ -60,7 +60,7 @@ from submitit.core.utils import temporary_save_path
 from submitit.helpers import Checkpointable, DelayedSubmission
 
 from scalelab.core.devices import GPU_PINNED_ENV, gpu_shortage
-from scalelab.core.errors import SpecError
+from scalelab.core.errors import SpecError, shell_word
 from scalelab.core.launch import Slot, starter_of
 from scalelab.core.launch import rank_env as engine_rank_env
 from scalelab.core.net import free_port, gloo_hostname_problem, resolve
@@ -219,7 +219,7 @@ class RankJob(Checkpointable):
                 return {"rank": task.rank, "exit_code": code, "requeued": True}  # exit 0: srun keeps rank 0
             if task.rank == 0:
                 self._fail("the time limit was near: every rank checkpointed and stopped, and no requeue is left "
-                           f"(--requeue, max_requeues); `launch resume {self.run_dir}` continues it", code)
+                           f"(--requeue, max_requeues); `launch resume {shell_word(self.run_dir)}` continues it", code)
         sys.exit(code)  # SystemExit: submitit saves no result, as for its own preemption exit
 
     def checkpoint(self) -> DelayedSubmission:

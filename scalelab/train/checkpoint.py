@@ -31,14 +31,15 @@ import pickle
 import re
 import zipfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-
-from scalelab.core.errors import RecordError
+from scalelab.core.errors import RecordError, shell_word
 from scalelab.core.spec import SAVED_SPEC_PRECISION, Spec
 from scalelab.core.trajectory import accepted_identity_changes
-from scalelab.core.writes import check_inside, free_bytes, mount_point, open_inside
+from scalelab.core.writes import check_inside, free_bytes, mount_point, open_inside, what_it_is
+
+if TYPE_CHECKING:  # imported where used: the launcher checks a checkpoint (`checkpoint_problem`) without PyTorch
+    import torch
 
 CHECKPOINT_NAME = "checkpoint.pt"
 FORMAT = 2  # 1: before identity and per-rank RNG states (loaded with weights_only=False)
@@ -69,6 +70,8 @@ def identity(spec: Spec, global_batch: int) -> dict[str, Any]:
 
 def rng_state() -> list[torch.Tensor]:
     """This process's RNG states as uint8 tensors: the CPU generator, then this rank's GPU, if any."""
+    import torch
+
     states = [torch.get_rng_state()]
     if torch.cuda.is_available():
         states.append(torch.cuda.get_rng_state())
@@ -78,6 +81,8 @@ def rng_state() -> list[torch.Tensor]:
 def set_rng_state(states: list[torch.Tensor]) -> None:
     """Set this process's generators. The states are copied first: `torch.set_rng_state` reads a view
     into a larger storage (as loaded from a gathered, saved tensor) from the storage's start, and crashes."""
+    import torch
+
     torch.set_rng_state(states[0].cpu().clone())
     if len(states) > 1 and torch.cuda.is_available():
         torch.cuda.set_rng_state(states[1].cpu().clone())
@@ -88,6 +93,8 @@ def set_rng_state(states: list[torch.Tensor]) -> None:
 
 def save_checkpoint(run_dir: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, **state: Any) -> Path:
     """Write model, optimizer and `state` (plain values: step, rng, ...) atomically; see the module doc."""
+    import torch
+
     path = checkpoint_path(run_dir)
     payload = {"format": FORMAT, "model": unwrap(model).state_dict(), "optimizer": optimizer.state_dict(), **state}
     buffer = io.BytesIO()
@@ -144,12 +151,15 @@ def read_checkpoint(run_dir: Path, map_location: torch.device | str = "cpu") -> 
     """The checkpoint of RUN_DIR as stored (None when there is none), refused (CheckpointError, one line)
     when it is a link, truncated, damaged or more than plain data. The launcher reads it too, before a
     resume of a completed run changes anything."""
+    import torch
+
     path = checkpoint_path(run_dir)
     if not os.path.lexists(path):
         return None
     check_inside(run_dir, path)  # a link to a checkpoint elsewhere is refused, not loaded
-    if not zipfile.is_zipfile(path):
-        raise CheckpointError(f"checkpoint {path} is truncated or not a checkpoint; delete it to start from scratch")
+    problem = checkpoint_problem(path, full=False)
+    if problem:
+        raise CheckpointError(f"checkpoint {path} {problem}; {damaged_advice(run_dir)}")
     try:
         ckpt = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as exc:
@@ -160,8 +170,42 @@ def read_checkpoint(run_dir: Path, map_location: torch.device | str = "cpu") -> 
             "so it was not loaded. Delete it unless you know where it came from"
         ) from None
     except Exception as exc:  # noqa: BLE001 - a damaged archive fails in many ways: say which file and what to do
-        raise CheckpointError(f"checkpoint {path} cannot be read ({exc}); delete it to start from scratch") from None
+        raise CheckpointError(f"checkpoint {path} cannot be read ({exc}); {damaged_advice(run_dir)}") from None
     return ckpt
+
+
+def checkpoint_problem(path: Path, full: bool = True) -> str:
+    """What makes the file `path` no checkpoint ('is a directory, not a checkpoint file', 'is truncated or not
+    a checkpoint'); '' when it looks whole. Without PyTorch: its zip archive is read through and each
+    member's checksum compared (`full`), which finds a cut or damaged file without loading it. Why: `launch
+    resume` checks the checkpoint before any rank starts, so that a damaged one is one refusal that changes
+    nothing, not a run started, failed (a CANCELLED run recorded FAILED) and an advice that led to another
+    refusal; a directory named checkpoint.pt was called "truncated"."""
+    kind = what_it_is(path)
+    if kind != "a regular file":
+        return f"is {kind}, not a checkpoint file"
+    try:
+        if not zipfile.is_zipfile(path):
+            return "is truncated or not a checkpoint"
+        if full:
+            with zipfile.ZipFile(path) as archive:
+                bad = archive.testzip()
+            if bad is not None:
+                return f"is damaged (its part {bad} does not match its checksum)"
+    except (OSError, zipfile.BadZipFile, EOFError, ValueError, RuntimeError) as exc:
+        return f"cannot be read ({exc})"
+    return ""
+
+
+def damaged_advice(run_dir: Path) -> str:
+    """What to do about a damaged checkpoint of `run_dir`: advice that works whether or not the run recorded
+    steps. Why not "delete it to start from scratch": a run with steps and no checkpoint is refused by
+    `launch resume` (its steps would be trained and recorded twice), so that advice led to another refusal."""
+    return f"restore it from a copy to continue the run, or {new_run_advice(run_dir)}"
+
+
+def new_run_advice(run_dir: Path) -> str:
+    return f"start a new run of the same spec: launch run --spec {shell_word(Path(run_dir) / 'spec.json')}"
 
 
 def check_identity(path: Path, ckpt: Any, expect: dict[str, Any]) -> None:
@@ -169,14 +213,14 @@ def check_identity(path: Path, ckpt: Any, expect: dict[str, Any]) -> None:
         raise CheckpointError(
             f"checkpoint {path} was written by another version of scalelab (format "
             f"{ckpt.get('format', 1) if isinstance(ckpt, dict) else '?'}, this one reads {FORMAT}); "
-            "delete it to start from scratch"
+            f"{damaged_advice(path.parent)}"
         )
     found = {**IDENTITY_BEFORE, **ckpt.get("identity", {})}
     differ = [f"{k} {expect[k]!r} here, {found.get(k)!r} in the checkpoint" for k in expect if found.get(k) != expect[k]]
     if differ:
         raise CheckpointError(
             f"checkpoint {path} belongs to a different run ({'; '.join(differ)}); resume the run it was written "
-            "by, or delete it to start from scratch"
+            f"by, or {new_run_advice(path.parent)}"
         )
 
 
