@@ -31,7 +31,7 @@ from scalelab.analysis.scaling import (
     summarize_run,
     trust_warnings,
 )
-from scalelab.core.errors import RecordError, ScalelabError, SpecError
+from scalelab.core.errors import RecordError, ScalelabError, SpecError, shell_word
 from scalelab.core.options import Flag, option_flags
 from scalelab.core.presets import PRESETS, config_with_overrides
 from scalelab.core.records import error_messages, load_run, read_errors
@@ -330,9 +330,9 @@ def finished_layouts(sweep_dir: Path) -> tuple[list[Path], list[str]]:
     if not done:
         raise RecordError(f"no layout of the sweep {sweep_dir} has finished yet "
                           f"({'; '.join(f'{name} {how}' for name, how in unfinished)}); "
-                          f"`launch resume {sweep_dir}` continues it")
+                          f"`launch resume {shell_word(sweep_dir)}` continues it")
     return done, [f"layout {name} of {sweep_dir} did not finish ({how}); it is not in the report; "
-                  f"`launch resume {sweep_dir}` continues it" for name, how in unfinished]
+                  f"`launch resume {shell_word(sweep_dir)}` continues it" for name, how in unfinished]
 
 
 #: (run, its summary) -> more columns of its row: the dollars, priced by the caller (costs/ sits above this layer)
@@ -564,7 +564,7 @@ def not_completed_note(run) -> str | None:
     how = "failed" if state == FAILED else "was cancelled"
     note = f"{run.run_dir}: {run.spec.script_label} {how} before it recorded a step to measure, so there is " \
         "nothing to report" + (f": {said}" if said else "")
-    return note if "launch logs" in said else note + f" (its output: `launch logs {run.run_dir}`)"
+    return note if "launch logs" in said else note + f" (its output: `launch logs {shell_word(run.run_dir)}`)"
 
 
 def failure_words(run_dir: Path, info: dict[str, Any]) -> str:

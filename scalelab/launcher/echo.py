@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from scalelab.core.errors import SpecError
+from scalelab.core.errors import SpecError, shell_word
 from scalelab.launcher.backend import Backend, RankOutput, rank_tag
 
 ALL = "all"
@@ -109,7 +109,7 @@ class RankEcho:
         if files is None:
             self.unavailable = True
             self.write(f"(the ranks' output is not shown while a {self.backend.name} run is followed: "
-                       f"`launch logs {self.run_dir} -f` shows it)\n", True)
+                       f"`launch logs {shell_word(self.run_dir)} -f` shows it)\n", True)
             return
         self.files = files
 
