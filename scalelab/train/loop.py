@@ -65,7 +65,7 @@ from scalelab.train.profiling import StepProfiler
 from scalelab.train.stop_guard import guard as stop_guard
 
 BUCKET_BATCHES = 50  # length bucketing sorts within windows of this many global batches
-# Test aids (tests/test_resume.py, tests/test_local_runs.py), read after each step:
+# Test aids (tests/test_resume.py, tests/test_local_runs.py, tests/test_blocked_stop.py), read after each step:
 FAIL_AT_STEP_ENV = "SCALELAB_FAIL_AT_STEP"  # STEP: every rank dies (os._exit) after this step
 KILL_AT_STEP_ENV = "SCALELAB_KILL_AT_STEP"  # STEP:RANK: that rank sends itself SIGKILL after STEP
 RAISE_AT_STEP_ENV = "SCALELAB_RAISE_AT_STEP"  # STEP:RANK: that rank raises a RuntimeError after STEP
