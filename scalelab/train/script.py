@@ -42,7 +42,7 @@ import traceback
 from pathlib import Path
 from types import TracebackType
 
-from scalelab.core.errors import ScalelabError
+from scalelab.core.errors import ScalelabError, shell_word
 from scalelab.core.procs import LAUNCHER_ENV, started_at, watched
 from scalelab.core.provenance import machine, software, version
 from scalelab.core.records import RecordWriter, lost_a_peer, rank_from_env, read_records, record_error, records_path
@@ -284,7 +284,7 @@ def record_end(out: RecordWriter, spec: Spec, run_dir: Path, code: int, peer_sto
                   **({"blocked_s": round(blocked_s, 1)} if blocked_s is not None else {}))
     if code not in (0, INTERRUPTED):
         said = state.error or f"{spec.script_label} exited with status {code}"
-        out.error(f"{said} (its output: launch logs {run_dir})",  # the same words on every rank: said once
+        out.error(f"{said} (its output: launch logs {shell_word(run_dir)})",  # the same words on every rank: said once
                   **({"peer_lost": True} if state.peer_lost else {}))
     elif spec.loss_threshold is not None and state.reached is None and not stopped:
         out.event("threshold_not_reached", step=state.step, elapsed_s=state.elapsed, threshold=spec.loss_threshold)
