@@ -160,6 +160,11 @@ class ConfigDefaults(dict):
         self.source[name], self.key_of[name] = path, key
         if isinstance(value, list) and not param.multiple:
             self.problem[name] = one_value_problem(path, key)
+        elif isinstance(param.type, click.types.IntParamType) and any(
+                isinstance(v, float) for v in (value if isinstance(value, list) else [value])):
+            # click's int type truncates 40.5 to 40: refused, as the same value in a spec file is
+            shown = next(v for v in (value if isinstance(value, list) else [value]) if isinstance(v, float))
+            self.problem[name] = blame(path, key, f"expected a whole number, got {shown!r}")
 
     def __getitem__(self, key: Any) -> Any:
         if key in self.problem:
