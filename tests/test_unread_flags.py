@@ -111,3 +111,133 @@ def test_a_fraction_for_a_whole_number_is_refused_in_a_config_file_as_in_a_spec_
     config("steps: 40.5\n")
     _refused(["--dry-run"], monkeypatch, capsys, "config file c.yaml", "steps", "40.5")
     assert not (tmp_path / "runs").exists()
+
+
+# ---- 2. settings the trainer never reads ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--train-src", "foo.txt"], ["--train-src foo.txt", "--data text", "--data synthetic"]),
+    (["--valid-src", "foo.txt", "--data", "task"], ["--valid-src foo.txt", "--data text", "--data task"]),
+    (["--train-tgt", "foo.txt"], ["--train-tgt foo.txt", "--data text"]),
+    (["--fusion-threshold-mb", "32"], ["--fusion-threshold-mb 32", "--engine horovod", "not --engine ddp"]),
+    (["--cycle-time-ms", "5"], ["--cycle-time-ms 5", "--engine horovod", "not --engine ddp"]),
+    (["--engine", "horovod", "--bucket-cap-mb", "50"], ["--bucket-cap-mb 50", "--engine ddp", "not --engine horovod"]),
+    (["--engine", "single", "--bucket-cap-mb", "50"], ["--bucket-cap-mb 50", "--engine ddp", "not --engine single"]),
+    (["--ps-shards", "5"], ["--ps-shards 5", "--engine ps", "not --engine ddp"]),
+    (["--ps-state", "cpu"], ["--ps-state cpu", "--engine ps", "not --engine ddp"]),
+    (["--ps-placement", "separate"], ["--ps-placement separate", "--engine ps", "not --engine ddp"]),
+    (["--balance-every", "3"], ["--balance-every 3", "--balance dynamic", "not --balance static"]),
+    (["--backend", "aws", "--bucket", "my-bucket", "--region", "us-east-1", "--max-price", "0.5"],
+     ["--max-price 0.5", "--spot", "--on-demand"]),
+    (["--backend", "aws", "--bucket", "my-bucket", "--region", "us-east-1", "--backend-opt", "spot_max_price=0.5"],
+     ["--max-price 0.5", "--spot"]),
+])
+def test_a_setting_nothing_reads_is_refused_naming_it_and_what_it_needs(args, words, monkeypatch, capsys, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    line = _refused([*args, "--dry-run", "--runs-dir", "runs"], monkeypatch, capsys, *words)
+    assert "add " in line and "leave " in line, line
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("args", [
+    ["--engine", "horovod", "--fusion-threshold-mb", "32", "--cycle-time-ms", "5"],
+    ["--engine", "ddp", "--bucket-cap-mb", "50"],
+    ["--engine", "ps", "--ps-shards", "1", "--ps-state", "cpu"],
+    ["--balance", "dynamic", "--balance-every", "3", "--gpus-per-node", "2", "--device", "cpu"],
+    ["--fusion-threshold-mb", "64", "--bucket-cap-mb", "25", "--balance-every", "10"],  # their defaults: harmless
+    ["--backend", "aws", "--bucket", "my-bucket", "--region", "us-east-1", "--spot", "--max-price", "0.5"],
+])
+def test_the_same_settings_where_they_are_read_still_run(args, monkeypatch, capsys, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    code, err, _ = run_entry([*args, "--dry-run", "--runs-dir", "runs"], monkeypatch, capsys)
+    assert code == 0, err
+
+
+def test_a_script_under_ddp_is_refused_horovods_fusion_settings(monkeypatch, capsys, tmp_path):
+    """horovodrun passes --fusion-threshold-mb to a --script's ranks; no other engine's starter does."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    _refused(["--script", "train.py", "--engine", "ddp", "--fusion-threshold-mb", "8", "--dry-run"], monkeypatch,
+             capsys, "--fusion-threshold-mb 8", "--engine horovod")
+
+
+def test_a_config_files_defaults_for_other_runs_are_no_conflict(config, monkeypatch, capsys, spec_of):
+    """A project's scalelab.yaml tuned for its Horovod, parameter-server, dynamic-balance, text and spot runs: a
+    plain run neither refuses its values nor keeps them; the runs they are for get them."""
+    config("fusion-threshold-mb: 32\nps-shards: 1\nps-state: cpu\nbalance-every: 4\ntrain-src: corpus.txt\n"
+           "max-price: 0.5\nbucket: my-bucket\nregion: us-east-1\n")
+    code, err, _ = run_entry(["--dry-run", "--runs-dir", "runs"], monkeypatch, capsys)
+    assert code == 0, err
+    spec = spec_of[-1]
+    assert (spec.engine.fusion_threshold_mb, spec.engine.ps_shards, spec.engine.ps_state) == (64.0, None, "device")
+    assert (spec.balance_every, spec.data.train_src) == (10, None)
+    code, err, out = run_entry(["--engine", "horovod", "--dry-run", "--runs-dir", "runs"], monkeypatch, capsys)
+    assert code == 0 and spec_of[-1].engine.fusion_threshold_mb == 32.0, err
+    code, err, _ = run_entry(["--engine", "ps", "--dry-run", "--runs-dir", "runs"], monkeypatch, capsys)
+    assert code == 0 and (spec_of[-1].engine.ps_shards, spec_of[-1].engine.ps_state) == (1, "cpu"), err
+    code, err, _ = run_entry(["--backend", "aws", "--dry-run", "--runs-dir", "runs"], monkeypatch, capsys)
+    assert code == 0 and "spot_max_price" not in spec_of[-1].backend_options, err
+    code, err, _ = run_entry(["--backend", "aws", "--spot", "--dry-run", "--runs-dir", "runs"], monkeypatch, capsys)
+    assert code == 0 and spec_of[-1].backend_options["spot_max_price"] == 0.5, err
+
+
+def test_a_flag_typed_over_a_config_files_engine_is_still_refused(config, monkeypatch, capsys):
+    config("engine: ddp\n")
+    _refused(["--fusion-threshold-mb", "32", "--dry-run", "--runs-dir", "runs"], monkeypatch, capsys,
+             "--fusion-threshold-mb 32", "--engine horovod")
+
+
+def test_a_spec_files_setting_nothing_reads_is_refused(monkeypatch, capsys, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "exp.yaml").write_text("engine: {name: ddp, fusion_threshold_mb: 32}\n")
+    _refused(["--spec", "exp.yaml", "--dry-run", "--runs-dir", "runs"], monkeypatch, capsys,
+             "--fusion-threshold-mb 32", "--engine horovod")
+
+
+def test_a_run_made_before_the_refusal_still_resumes():
+    """spec.json of a DDP run given --fusion-threshold-mb before it was refused: validate(stored=True) takes it."""
+    spec = Spec(engine=EngineSpec(name="ddp", fusion_threshold_mb=32.0), steps=10)
+    with pytest.raises(SpecError, match="--fusion-threshold-mb 32 is for --engine horovod"):
+        Spec.from_dict(spec.to_dict()).validate()
+    assert Spec.from_dict(spec.to_dict()).validate(stored=True).engine.fusion_threshold_mb == 32.0
+
+
+STUDY = """title: engines
+layouts: [1x1]
+base: {{model: nmt-tiny, steps: 6, warmup_steps: 1, engine: {{name: horovod, {base}}}}}
+variants:
+  - {{label: hvd}}
+  - {{label: ddp, set: {{engine: {{name: ddp{ddp}}}}}}}
+  - {{label: ps, set: {{engine: {{name: ps}}}}}}
+"""
+
+
+def test_a_studys_base_setting_is_for_the_variants_that_read_it(tmp_path):
+    """Fusion in the base of a study whose variants change the engine: the Horovod variant keeps it, the others
+    run with their defaults; refused only where no variant reads it, or a variant sets it for itself."""
+    from scalelab.launcher.study import load_study, variant_specs
+
+    path = tmp_path / "s.yaml"
+    path.write_text(STUDY.format(base="fusion_threshold_mb: 32", ddp=""))
+    study = load_study(path)
+    fusion = {v.label: [s.engine.fusion_threshold_mb for s in variant_specs(study, v)] for v in study.variants}
+    assert fusion == {"hvd": [32.0], "ddp": [64.0], "ps": [64.0]}
+    path.write_text(STUDY.format(base="fusion_threshold_mb: 32", ddp="").replace("{label: hvd}",
+                                                                                  "{label: hvd, set: {rnn: fused, engine: {name: single}}}"))
+    with pytest.raises(SpecError, match=r"the base of .*s.yaml sets --fusion-threshold-mb 32, which none of its "
+                                        r"variants reads.*--engine horovod"):
+        load_study(path)
+    path.write_text(STUDY.format(base="cycle_time_ms: 1", ddp=", bucket_cap_mb: 50, ps_state: cpu"))
+    with pytest.raises(SpecError, match=r"variant 'ddp': --ps-state cpu is for --engine ps"):
+        load_study(path)
+
+
+@pytest.mark.parametrize("name", ["seed001-nmt-data-parallel", "seed002-rnnlm-strong-weak", "seed004-sentiment"])
+@pytest.mark.parametrize("scale", ["test", "cpu", "seed"])
+def test_the_example_studies_still_load_at_every_scale(name, scale):
+    from pathlib import Path
+
+    from scalelab.launcher.study import load_study
+
+    load_study(Path(__file__).resolve().parents[1] / "examples" / f"{name}.yaml", scale)

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from scalelab.core.options import BackendOptions, above, at_least, option
 from scalelab.costs.fleet import CloudFleet
@@ -98,3 +100,10 @@ class AwsOptions(BackendOptions, CloudFleet):
                                 "records before ending the run.", at_least(0))
     poll_s: float = option(10.0, "Seconds between polls of S3 and EC2 while following a run.", above(0))
     wheel: str = option("", "A prebuilt wheel to ship [default: built from this checkout with pip wheel --no-deps].")
+
+    @classmethod
+    def unread(cls, values: Mapping[str, Any]) -> dict[str, tuple[str, str, str]]:
+        """--max-price bids for spot capacity: with on-demand instances nothing read it (it was ignored)."""
+        if values.get("spot_max_price") is not None and not values.get("spot", False):
+            return {"spot_max_price": ("--spot", "the highest bid for spot instances", "--on-demand")}
+        return {}

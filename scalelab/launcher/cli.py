@@ -429,9 +429,20 @@ def build_spec(params: dict[str, Any]) -> Spec:
         pairs = parse_pairs(params["model_args"], "--model-arg")
         spec.model_args = {**spec.model_args, **model_overrides(pairs, "from --model-arg")}
     spec.backend_options = _backend_options(spec, params)
+    _drop_configured_unread(spec, params)
     from scalelab.launcher.owncode import apply
 
     return apply(spec, params).validate()  # --script / --module: checked, resolved, the arguments after `--`
+
+
+def _drop_configured_unread(spec: Spec, params: dict[str, Any]) -> None:
+    """A config file's default that this run's other choices leave unread (`fusion-threshold-mb: 32` for a
+    project's Horovod runs, in a --engine ddp run) is meant for other runs: set back to the built-in default,
+    not refused as the same flag typed is (`Spec.unread_settings`), as another backend's options are ignored."""
+    configured = {name for name in _from_config(params) if params.get(name) not in (None, ())}
+    for unread in spec.unread_settings():
+        if unread.key.replace(".", "__") in configured:  # the click parameter of a dotted key (flags.param_name)
+            spec.drop_setting(unread.key)
 
 
 def _from_config(params: dict[str, Any]) -> set[str]:
@@ -505,8 +516,19 @@ def _backend_options(spec: Spec, params: dict[str, Any]) -> dict[str, Any]:
             sources.append(({flag.key: list(value) if isinstance(value, tuple) else value}, f"from {flag.name}", False))
     options = options_type(spec.backend)  # None: an unknown backend, which validate() names
     merged: dict[str, Any] = {}
+    came_from: dict[str, str] = {}
     for raw, source, text in sources:
-        merged.update(options.coerce(raw, source, text=text) if options is not None else raw)
+        typed = options.coerce(raw, source, text=text) if options is not None else raw
+        merged.update(typed)
+        came_from.update(dict.fromkeys(typed, source))
+    for key, (needs, words, instead) in (options.unread(merged) if options is not None else {}).items():
+        if came_from[key] == "from the config file" or came_from[key].startswith("from config file"):
+            del merged[key]  # a config file's default meant for other runs (`max-price` for spot ones)
+            continue
+        flag = next((f.name for f in options.flags() if f.key == key), "")
+        value = f"{merged[key]:g}" if isinstance(merged[key], float) else merged[key]
+        given = f"{flag} {value}" if flag else f"{key}={value}"
+        raise SpecError(f"{given} is for {needs} ({words}), not {instead}; add {needs} or leave {flag or key} out")
     return merged
 
 
