@@ -241,3 +241,44 @@ def test_the_example_studies_still_load_at_every_scale(name, scale):
     from scalelab.launcher.study import load_study
 
     load_study(Path(__file__).resolve().parents[1] / "examples" / f"{name}.yaml", scale)
+
+
+# ---- 3. said before anything starts -------------------------------------------------------------------------
+
+
+def test_device_cuda_without_a_gpu_is_refused_before_any_rank_starts(monkeypatch, capsys, tmp_path):
+    """Before: the ranks said it, exit 1, a run directory left. (A GPU machine is made to see none.)"""
+    import scalelab.core.devices as devices
+
+    monkeypatch.setattr(devices, "visible_gpus", lambda: 0)
+    monkeypatch.chdir(tmp_path)
+    _refused(["--device", "cuda", "--engine", "single", "--steps", "4", "--warmup-steps", "1", "--runs-dir", "runs",
+              "-y"], monkeypatch, capsys, "--device cuda", "no GPU", "--device cpu")
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("text", ["", "\n  \n\t\n"])
+@pytest.mark.parametrize("flag", ["--train-src", "--valid-src"])
+def test_an_empty_data_file_is_refused_before_any_rank_starts_naming_its_flag(text, flag, monkeypatch, capsys,
+                                                                             tmp_path):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "empty.txt").write_text(text)
+    (tmp_path / "corpus.txt").write_text("a b c\nd e f\n")
+    files = {"--train-src": "corpus.txt", "--valid-src": "corpus.txt", flag: "empty.txt"}
+    line = _refused(["--model", "rnnlm-tiny", "--data", "text", *[w for f, p in files.items() for w in (f, p)],
+                     "--engine", "single", "--steps", "4", "--warmup-steps", "1", "--runs-dir", "runs", "-y"],
+                    monkeypatch, capsys, "empty.txt", "empty", flag)
+    assert "--train " not in line and "(--train)" not in line, line
+    assert not (tmp_path / "runs").exists()
+
+
+def test_the_ranks_name_launch_runs_flag_for_a_one_file_familys_data(tmp_path):
+    """A rank reads --train-src as `train`; its messages named `--train`, a flag of launch prep, not of run."""
+    from scalelab.core.errors import DataError
+    from scalelab.train.text import read_lines
+
+    (tmp_path / "empty.txt").write_text("")
+    with pytest.raises(DataError, match=r"\(--train-src\)"):
+        read_lines(tmp_path / "empty.txt", "train")
+    with pytest.raises(DataError, match=r"check --valid-src"):
+        read_lines(tmp_path / "missing.txt", "valid")

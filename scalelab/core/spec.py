@@ -710,6 +710,8 @@ def check_text_file(path: str | os.PathLike, flag: str) -> Path:
         raise SpecError(f"cannot read {p} ({exc.strerror}); check {flag}") from None
     if b"\0" in head or not _utf8_prefix(head, complete=len(head) < 8192):
         raise SpecError(f"{p} is not a text file (binary or not UTF-8); check {flag}")
+    if flag.startswith("--") and len(head) < 8192 and not head.strip():  # the whole file, and no text in it
+        raise SpecError(f"data file {p} is empty (no line of text): check {flag}, or fill the file")
     return p
 
 
