@@ -282,3 +282,37 @@ def test_the_ranks_name_launch_runs_flag_for_a_one_file_familys_data(tmp_path):
         read_lines(tmp_path / "empty.txt", "train")
     with pytest.raises(DataError, match=r"check --valid-src"):
         read_lines(tmp_path / "missing.txt", "valid")
+
+
+# ---- 4. a config file's bad value and --help -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["run", "--help"], ["sweep", "--help"], ["ls", "--runs-dir", "."]])
+def test_a_bad_config_value_leaves_help_and_other_commands_working(argv, config, monkeypatch, capsys):
+    config("steps: nan\nbackend: slurm\n")
+    code, err, out = run_entry(argv, monkeypatch, capsys)
+    assert code == 0 and "launch: error" not in err and "Traceback" not in err, err
+    if "--help" in argv:
+        assert "Usage: launch" in out
+        assert err.count("launch: warning:") == 1 and "config file c.yaml: steps" in err, err
+    if argv[0] == "run":
+        flat = " ".join(out.split())
+        assert "Optimizer steps to run. [default: 40]" in flat and "[default: slurm, from c.yaml]" in flat, flat
+
+
+def test_a_command_that_reads_the_bad_value_still_refuses_it(config, monkeypatch, capsys, tmp_path):
+    config("steps: nan\n")
+    _refused(["--dry-run", "--runs-dir", "runs"], monkeypatch, capsys, "config file c.yaml: steps", "nan")
+    _refused(["sweep", "--workers", "1", "--dry-run", "--runs-dir", "runs"], monkeypatch, capsys,
+             "config file c.yaml: steps")
+    _refused(["run", "--name", "--help", "--runs-dir", "runs", "--dry-run"], monkeypatch, capsys,
+             "config file c.yaml: steps")  # --help as a value asks for no help: the value is still refused
+    assert not (tmp_path / "runs").exists()
+
+
+def test_help_with_a_config_file_that_has_an_unknown_key_warns_and_prints(config, monkeypatch, capsys):
+    config("partiton: gpu\n")
+    code, err, out = run_entry(["run", "--help"], monkeypatch, capsys)
+    assert code == 0 and "Usage: launch run" in out, err
+    assert "launch: warning:" in err and "partiton is no option" in err, err
+    _refused(["--dry-run"], monkeypatch, capsys, "partiton is no option")
