@@ -316,3 +316,38 @@ def test_help_with_a_config_file_that_has_an_unknown_key_warns_and_prints(config
     assert code == 0 and "Usage: launch run" in out, err
     assert "launch: warning:" in err and "partiton is no option" in err, err
     _refused(["--dry-run"], monkeypatch, capsys, "partiton is no option")
+
+
+# ---- 5. wording and bounds ------------------------------------------------------------------------------------
+
+
+def test_arguments_after_the_dashes_without_a_script_name_the_command_given(monkeypatch, capsys, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    line = _refused(["sweep", "--workers", "1", "--dry-run", "--", "--foo"], monkeypatch, capsys, "'--foo'")
+    assert "`launch sweep` takes only options" in line, line
+    line = _refused(["--dry-run", "--", "--foo"], monkeypatch, capsys, "'--foo'")
+    assert "`launch run` takes only options" in line, line
+
+
+def test_track_step_says_what_is_wrong_with_a_count(tmp_path):
+    from scalelab.train import track
+
+    with pytest.raises(track.TrackError, match=r"items must be at most 2\*\*53"):
+        track._number("track.step", "items", 10**30, whole=True)
+    with pytest.raises(track.TrackError, match=r"items must be a whole number$"):
+        track._number("track.step", "items", 2.5, whole=True)
+    with pytest.raises(track.TrackError, match=r"step must be a whole number$"):
+        track._number("track.step", "step", 7.5, whole=True)
+    with pytest.raises(track.TrackError, match=r"loss must be a finite number"):
+        track._number("track.step", "loss", 10**400, negative=True)  # an OverflowError traceback before
+    assert track._number("track.step", "items", 8.0, whole=True) == 8
+
+
+def test_one_is_said_in_the_singular(monkeypatch, capsys, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SCALELAB_PRICES", str(tmp_path / "no-prices.json"))
+    line = _refused(["--backend", "aws", "--region", "us-east-1", "--bucket", "b", "--dry-run"], monkeypatch, capsys)
+    assert "is 1 character long" in line, line
+    code, err, _ = run_entry(["--backend", "slurm", "--rate", "slurm=4/node-hour@4", "--dry-run", "--runs-dir", "runs"],
+                             monkeypatch, capsys)
+    assert code == 0 and "1 unit)" in err and "1 units" not in err, err

@@ -43,7 +43,8 @@ def s3_bucket_name(name: str) -> str | None:
     if not name:
         return None
     rules = [
-        (3 <= len(name) <= 63, f"is {len(name)} characters long; S3 bucket names have 3 to 63"),
+        (3 <= len(name) <= 63, f"is {len(name)} character{'s' if len(name) != 1 else ''} long; S3 bucket names have "
+                               "3 to 63"),
         (re.fullmatch(r"[a-z0-9.-]+", name) is not None,
          "may hold only lowercase letters, digits, dots and hyphens (no spaces, capitals or underscores)"),
         (name[0].isalnum() and name[-1].isalnum(), "must begin and end with a letter or a digit"),
