@@ -351,3 +351,15 @@ def test_one_is_said_in_the_singular(monkeypatch, capsys, tmp_path):
     code, err, _ = run_entry(["--backend", "slurm", "--rate", "slurm=4/node-hour@4", "--dry-run", "--runs-dir", "runs"],
                              monkeypatch, capsys)
     assert code == 0 and "1 unit)" in err and "1 units" not in err, err
+
+
+@pytest.mark.parametrize("name, text", [("p.json", ""), ("p.json", "  \n"), ("p.yaml", "# nothing yet\n")])
+def test_an_empty_prices_file_is_refused_as_an_empty_spec_file_is(name, text, monkeypatch, capsys, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / name).write_text(text)
+    monkeypatch.setenv("SCALELAB_PRICES", str(tmp_path / name))
+    _refused(["--dry-run", "--runs-dir", "runs"], monkeypatch, capsys, f"prices file {tmp_path / name} is empty",
+             "docs/costs.md")
+    (tmp_path / name).write_text("{}\n")  # a mapping with no prices says so: as `{}` is a spec file's
+    code, err, _ = run_entry(["--dry-run", "--runs-dir", "runs"], monkeypatch, capsys)
+    assert code == 0, err
