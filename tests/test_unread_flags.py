@@ -363,3 +363,12 @@ def test_an_empty_prices_file_is_refused_as_an_empty_spec_file_is(name, text, mo
     (tmp_path / name).write_text("{}\n")  # a mapping with no prices says so: as `{}` is a spec file's
     code, err, _ = run_entry(["--dry-run", "--runs-dir", "runs"], monkeypatch, capsys)
     assert code == 0, err
+
+
+@pytest.mark.parametrize("flag", ["--time-limit-min", "--heartbeat-timeout-min"])
+def test_an_aws_time_limit_past_a_year_is_refused(flag, monkeypatch, capsys, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    aws = ["--backend", "aws", "--region", "us-east-1", "--bucket", "my-bucket", "--dry-run"]
+    _refused([*aws, flag, "1e9"], monkeypatch, capsys, flag, "at most 525,600 minutes")
+    code, err, _ = run_entry([*aws, flag, "600"], monkeypatch, capsys)
+    assert code == 0, err

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from scalelab.core.options import BackendOptions, above, at_least, option
+from scalelab.core.options import BackendOptions, above, at_least, at_most, option
 from scalelab.costs.fleet import CloudFleet
 from scalelab.core.spec import DEFAULT_AWS_INSTANCE_TYPE
 
@@ -22,6 +22,13 @@ from scalelab.core.spec import DEFAULT_AWS_INSTANCE_TYPE
 REGION_VARIABLES = ("AWS_REGION", "AWS_DEFAULT_REGION")
 REGION_HINT = ("--region (e.g. us-east-1), the AWS_REGION or AWS_DEFAULT_REGION environment variable, or "
                "`aws configure set region us-east-1`")
+
+
+# `--time-limit-min 1e9` (1,900 years of instances) was accepted: a limit is what stops a run that hangs, so one past
+# a year (Slurm's longest limits are days to weeks) is a typo, not a plan
+MAX_MINUTES = 525_600.0
+MINUTES_LIMIT = (f"must be at most {MAX_MINUTES:,.0f} minutes (a year; the instances run, and are billed, until "
+                 "then): give the minutes the run may need")
 
 
 def default_region() -> str:
@@ -89,10 +96,11 @@ class AwsOptions(BackendOptions, CloudFleet):
     spot_max_price: float | None = option(None, "Spot: highest USD per instance-hour [default: the on-demand price].",
                                           at_least(0), flag="--max-price")
     timeout_min: float = option(120.0, "Everything is terminated after this many minutes.", above(0),
-                                flag="--time-limit-min")
+                                at_most(MAX_MINUTES, MINUTES_LIMIT), flag="--time-limit-min")
     heartbeat_timeout_min: float = option(10.0, "The instances checkpoint and terminate themselves when the "
                                           "launcher's heartbeat in S3 is this many minutes old (a killed "
-                                          "launcher, a closed laptop).", above(0), flag="--heartbeat-timeout-min")
+                                          "launcher, a closed laptop).", above(0), at_most(MAX_MINUTES, MINUTES_LIMIT),
+                                          flag="--heartbeat-timeout-min")
     volume_gb: int = option(100, "Root volume of each instance in GB.", at_least(1))
     max_replacements: int = option(3, "Spot capacity replaced at most this often.", at_least(0))
     report_timeout_min: float = option(20.0, "A node that never reports by then fails the run.", above(0))
