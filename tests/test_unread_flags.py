@@ -372,3 +372,29 @@ def test_an_aws_time_limit_past_a_year_is_refused(flag, monkeypatch, capsys, tmp
     _refused([*aws, flag, "1e9"], monkeypatch, capsys, flag, "at most 525,600 minutes")
     code, err, _ = run_entry([*aws, flag, "600"], monkeypatch, capsys)
     assert code == 0, err
+
+
+@pytest.mark.parametrize("value, words", [
+    (":::", ["effect must be one of", "(after the last ':')"]),
+    ("gpu:", ["effect must be one of", "(after the last ':')"]),
+    ("a b:NoSchedule", ["the key 'a b'"]),
+    ("a:b:NoSchedule", ["the key 'a:b'"]),
+    ("Nvidia.Com/gpu", ["prefix 'Nvidia.Com'"]),
+    ("team=m l", ["the value 'm l'"]),
+    ("k" * 64, ["at most 63"]),
+])
+def test_a_toleration_is_checked_as_kubernetes_checks_it(value, words, monkeypatch, capsys, tmp_path):
+    """Before: `--toleration :::` wrote `key: '::'` into the manifest, for the API server to refuse."""
+    monkeypatch.chdir(tmp_path)
+    k8s = ["--backend", "k8s", "--image", "trainer:1", "--dry-run"]
+    _refused([*k8s, "--toleration", value], monkeypatch, capsys, "--toleration", "KEY[=VALUE][:EFFECT]", *words)
+
+
+def test_valid_tolerations_reach_the_manifest(monkeypatch, capsys, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    code, err, out = run_entry(["--backend", "k8s", "--image", "trainer:1", "--dry-run", "--toleration",
+                                "example.com/gpu-type=a100_80g.v2:NoExecute", "--toleration", "dedicated=",
+                                "--toleration", "gpu"], monkeypatch, capsys)
+    assert code == 0, err
+    assert re.search(r"key: example\.com/gpu-type\s", out) and "value: a100_80g.v2" in out, out
+    assert json.dumps("") in out or "value: ''" in out, out
