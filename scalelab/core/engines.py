@@ -40,7 +40,7 @@ class Engine:
     # the EngineSpec fields only it reads (`--fusion-threshold-mb` with --engine ddp was ignored without a word):
     # one given to another engine is refused (`core.spec.Spec.unread_settings`), naming this engine
     settings: tuple[str, ...] = ()
-    words: str = ""  # what it is in a few words, for those messages: "Horovod"
+    words: str = ""  # what those settings are in a few words, for those messages: "Horovod's tensor fusion"
 
 
 #: Every engine, in the order the CLI lists them. A new engine: its line here and its class in

@@ -542,7 +542,7 @@ class Spec:
             value = _dotted(mine, key)
             if value == _dotted(default, key):
                 continue
-            given = _flag_text(flags[key], f"{value:g}" if isinstance(value, float) else value)
+            given = _flag_text(flags.get(key, key), f"{value:g}" if isinstance(value, float) else value)
             if key.startswith("engine."):
                 owners = setting_owners(key.split(".", 1)[1])
                 if owners and self.engine.name not in [e.name for e in owners]:

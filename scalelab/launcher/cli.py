@@ -223,8 +223,8 @@ def check_config(config: dict[str, tuple[Any, Path]], defaults: ConfigDefaults) 
     """Check the values of the spec's, the backends' and --model-arg/--backend-opt's keys before any command
     runs, as their flags are checked, each error naming the file and key. Why: a bad value was blamed on a flag
     nobody typed (`lr: -1` said "(from --lr)", `steps: nan` "Invalid value for '--steps'"). A bad value is
-    refused by a command that reads it (`ConfigDefaults.problem`), not by every command: `steps: nan` broke
-    `launch ls` and `launch --help`. The other keys' values are checked by the command that reads them
+    refused by the commands that have its option (`ConfigDefaults.problem`, `refuse_problems`), not by every
+    command: `steps: nan` broke `launch ls` and `launch --help`. The other keys' values are checked by the command that reads them
     (`config_blame` names the file there): one key can differ between commands (`format: html` suits report,
     not ls), as can a list (`ConfigDefaults`)."""
     for key, params in option_params(main).items():
@@ -545,7 +545,7 @@ def _backend_options(spec: Spec, params: dict[str, Any]) -> dict[str, Any]:
         merged.update(typed)
         came_from.update(dict.fromkeys(typed, source))
     for key, (needs, words, instead) in (options.unread(merged) if options is not None else {}).items():
-        if came_from[key] == "from the config file" or came_from[key].startswith("from config file"):
+        if came_from.get(key, "").startswith(("from the config file", "from config file")):
             del merged[key]  # a config file's default meant for other runs (`max-price` for spot ones)
             continue
         flag = next((f.name for f in options.flags() if f.key == key), "")
@@ -1204,7 +1204,7 @@ def defaults_for(args: list[str]) -> ConfigDefaults | None:
     if defaults is not None:
         defaults.helping = True
         for problem in dict.fromkeys(defaults.problem.values()):
-            _warn(f"{problem} (a command that reads it refuses it; the help shows its built-in default)")
+            _warn(f"{problem} (a command with that option refuses it; the help shows its built-in default)")
     return defaults
 
 

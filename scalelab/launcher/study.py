@@ -233,7 +233,7 @@ def variant_specs(study: Study, variant: Variant) -> list[Spec]:
 def _variant_spec(study: Study, variant: Variant) -> tuple[Spec, list]:
     """The variant's spec before its layouts, and the base's settings it leaves unread (`Spec.unread_settings`):
     a study whose base sets Horovod's fusion for its Horovod variants also has DDP and parameter-server variants,
-    so those are set back to the default there; what the variant's own `set:` gives is refused by `validate`."""
+    so those are set back to the default there; one the variant's own `set:` gives is refused, naming it."""
     spec = Spec.from_dict(_deep_merge(study.base, variant.overrides), where=f"variant {variant.label!r}")
     spec.name = variant.label
     own = _dotted_keys(variant.overrides)
@@ -242,8 +242,8 @@ def _variant_spec(study: Study, variant: Variant) -> tuple[Spec, list]:
         if setting.key in own:
             raise SpecError(f"variant {variant.label!r}: {setting.message()}")
     base_only = [u for u in unread if u.key not in own]
-    for unread in base_only:
-        spec.drop_setting(unread.key)
+    for setting in base_only:
+        spec.drop_setting(setting.key)
     return spec, base_only
 
 
