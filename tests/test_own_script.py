@@ -428,7 +428,7 @@ def test_track_records_the_trainers_step_records_in_process(tmp_path: Path, monk
     assert track.validation(loss=0.9) is True  # reached stays reached
     with pytest.raises(track.TrackError, match=r"items must be a finite number >= 0"):
         track.step(items=-1)
-    with pytest.raises(track.TrackError, match=r"items counts items, a whole number"):
+    with pytest.raises(track.TrackError, match=r"items must be a whole number"):
         track.step(items=2.5)
     with pytest.raises(track.TrackError, match=r"loss must be a finite number"):
         track.validation(loss=float("inf"))

@@ -142,7 +142,7 @@ def test_numbers_other_than_base_60_are_read_as_before():
     from scalelab.core.yamltext import load_yaml
 
     assert load_yaml("a: 12\nb: 1.5\nc: 0x10\nd: 1e3\ne: -4\nf: 1_000\n") == {
-        "a": 12, "b": 1.5, "c": 16, "d": "1e3", "e": -4, "f": 1000}  # 1e3 without a dot is text in PyYAML too
+        "a": 12, "b": 1.5, "c": 16, "d": 1000.0, "e": -4, "f": 1000}  # 1e3: a float in YAML 1.2, text in PyYAML's 1.1
     assert load_yaml("t: 1:30:00.5") == {"t": "1:30:00.5"}
 
 

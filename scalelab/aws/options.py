@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
-from scalelab.core.options import BackendOptions, above, at_least, option
+from scalelab.core.options import BackendOptions, above, at_least, at_most, option
 from scalelab.costs.fleet import CloudFleet
 from scalelab.core.spec import DEFAULT_AWS_INSTANCE_TYPE
 
@@ -20,6 +22,13 @@ from scalelab.core.spec import DEFAULT_AWS_INSTANCE_TYPE
 REGION_VARIABLES = ("AWS_REGION", "AWS_DEFAULT_REGION")
 REGION_HINT = ("--region (e.g. us-east-1), the AWS_REGION or AWS_DEFAULT_REGION environment variable, or "
                "`aws configure set region us-east-1`")
+
+
+# `--time-limit-min 1e9` (1,900 years of instances) was accepted: a limit is what stops a run that hangs, so one past
+# a year (Slurm's longest limits are days to weeks) is a typo, not a plan
+MAX_MINUTES = 525_600.0
+MINUTES_LIMIT = (f"must be at most {MAX_MINUTES:,.0f} minutes (a year; the instances run, and are billed, until "
+                 "then): give the minutes the run may need")
 
 
 def default_region() -> str:
@@ -41,7 +50,8 @@ def s3_bucket_name(name: str) -> str | None:
     if not name:
         return None
     rules = [
-        (3 <= len(name) <= 63, f"is {len(name)} characters long; S3 bucket names have 3 to 63"),
+        (3 <= len(name) <= 63, f"is {len(name)} character{'s' if len(name) != 1 else ''} long; S3 bucket names have "
+                               "3 to 63"),
         (re.fullmatch(r"[a-z0-9.-]+", name) is not None,
          "may hold only lowercase letters, digits, dots and hyphens (no spaces, capitals or underscores)"),
         (name[0].isalnum() and name[-1].isalnum(), "must begin and end with a letter or a digit"),
@@ -86,10 +96,11 @@ class AwsOptions(BackendOptions, CloudFleet):
     spot_max_price: float | None = option(None, "Spot: highest USD per instance-hour [default: the on-demand price].",
                                           at_least(0), flag="--max-price")
     timeout_min: float = option(120.0, "Everything is terminated after this many minutes.", above(0),
-                                flag="--time-limit-min")
+                                at_most(MAX_MINUTES, MINUTES_LIMIT), flag="--time-limit-min")
     heartbeat_timeout_min: float = option(10.0, "The instances checkpoint and terminate themselves when the "
                                           "launcher's heartbeat in S3 is this many minutes old (a killed "
-                                          "launcher, a closed laptop).", above(0), flag="--heartbeat-timeout-min")
+                                          "launcher, a closed laptop).", above(0), at_most(MAX_MINUTES, MINUTES_LIMIT),
+                                          flag="--heartbeat-timeout-min")
     volume_gb: int = option(100, "Root volume of each instance in GB.", at_least(1))
     max_replacements: int = option(3, "Spot capacity replaced at most this often.", at_least(0))
     report_timeout_min: float = option(20.0, "A node that never reports by then fails the run.", above(0))
@@ -98,3 +109,10 @@ class AwsOptions(BackendOptions, CloudFleet):
                                 "records before ending the run.", at_least(0))
     poll_s: float = option(10.0, "Seconds between polls of S3 and EC2 while following a run.", above(0))
     wheel: str = option("", "A prebuilt wheel to ship [default: built from this checkout with pip wheel --no-deps].")
+
+    @classmethod
+    def unread(cls, values: Mapping[str, Any]) -> dict[str, tuple[str, str, str]]:
+        """--max-price bids for spot capacity: with on-demand instances nothing read it (it was ignored)."""
+        if values.get("spot_max_price") is not None and not values.get("spot", False):
+            return {"spot_max_price": ("--spot", "the highest bid for spot instances", "--on-demand")}
+        return {}

@@ -41,8 +41,19 @@ def gpu_shortage(ranks: int, gpus: int, where: str = "this machine", flag: str =
     )
 
 
+def no_gpu(where: str = "this machine") -> str:
+    """The one message for `--device cuda` where PyTorch sees no GPU: the local launcher says it before any rank
+    starts (`check_gpus`), a rank on a node the launcher cannot see says it from there."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    seen = f" (CUDA_VISIBLE_DEVICES={visible})" if visible is not None else ""
+    return f"--device cuda was asked for, but PyTorch sees no GPU on {where}{seen}; use --device cpu"
+
+
 def check_gpus(ranks: int, device: str, where: str = "this machine", flag: str = "--gpus-per-node") -> None:
-    """Raise the one SpecError when `device` (auto, cuda) puts `ranks` ranks on fewer visible GPUs."""
+    """Raise the one SpecError when `device` (auto, cuda) puts `ranks` ranks on fewer visible GPUs, or `cuda`
+    asks for a GPU where there is none (it was said by the ranks once started: exit 1, a run directory left)."""
+    if device == "cuda" and visible_gpus() == 0:
+        raise SpecError(no_gpu(where))
     if device == "cpu" or ranks <= 1:  # one rank always fits: on its GPU, or on the CPU where there is none
         return
     problem = gpu_shortage(ranks, visible_gpus(), where, flag)

@@ -37,6 +37,10 @@ class Engine:
     exchange_in_backward: bool = False  # the exchange overlaps the backward: no separate time (reports say so)
     compressions: tuple[str, ...] = ("fp16", "bf16")  # the --grad-compression formats it can exchange in
     parameter_server: bool = False  # the --ps-* settings are its (shards, placement, state)
+    # the EngineSpec fields only it reads (`--fusion-threshold-mb` with --engine ddp was ignored without a word):
+    # one given to another engine is refused (`core.spec.Spec.unread_settings`), naming this engine
+    settings: tuple[str, ...] = ()
+    words: str = ""  # what those settings are in a few words, for those messages: "Horovod's tensor fusion"
 
 
 #: Every engine, in the order the CLI lists them. A new engine: its line here and its class in
@@ -44,13 +48,20 @@ class Engine:
 ENGINE_TABLE: dict[str, Engine] = {e.name: e for e in (
     Engine("single", PLAIN, "one worker, no exchange", one_worker=True),
     Engine("ddp", TORCHRUN, "torch.distributed DistributedDataParallel", gradient_copy=True,
-           exchange_in_backward=True),
-    Engine("horovod", HOROVODRUN, "Horovod all-reduce", compressions=("fp16",)),  # Horovod 0.28: no bf16 all-reduce
-    Engine("ps", TORCHRUN, "parameter server (sharded push and pull over torch.distributed)", parameter_server=True),
+           exchange_in_backward=True, settings=("bucket_cap_mb",), words="DistributedDataParallel's buckets"),
+    Engine("horovod", HOROVODRUN, "Horovod all-reduce", compressions=("fp16",),  # Horovod 0.28: no bf16 all-reduce
+           settings=("fusion_threshold_mb", "cycle_time_ms"), words="Horovod's tensor fusion"),
+    Engine("ps", TORCHRUN, "parameter server (sharded push and pull over torch.distributed)", parameter_server=True,
+           settings=("ps_shards", "ps_state", "ps_placement"), words="the parameter server"),
 )}
 ENGINES = tuple(ENGINE_TABLE)
 ENGINE_STARTERS: dict[str, str] = {name: e.starter for name, e in ENGINE_TABLE.items()}
 ENGINE_HELP: dict[str, str] = {name: e.help for name, e in ENGINE_TABLE.items()}
+
+
+def setting_owners(setting: str) -> list[Engine]:
+    """The engines that read EngineSpec field `setting`; none for a setting every engine reads."""
+    return [e for e in ENGINE_TABLE.values() if setting in e.settings]
 
 
 def engine(name: str) -> Engine:

@@ -445,6 +445,14 @@ class BackendOptions(Mapping[str, Any]):
         """The command-line flags of the fields that declare one, in declaration order."""
         return option_flags(cls)
 
+    @classmethod
+    def unread(cls, values: Mapping[str, Any]) -> dict[str, tuple[str, str, str]]:
+        """The options of `values` (typed, the given ones only) that the others leave unread, each as (what it
+        needs, what that is, what there is instead): `spot_max_price` without `spot` is ("--spot", "spot
+        instances", "--on-demand"). Refused when given for this run, dropped when a config file's default
+        (scalelab/launcher/cli.py), as a spec's `Unread` settings are. None by default; a backend says its own."""
+        return {}
+
     def __getitem__(self, key: str) -> Any:
         if key not in self._names():
             raise KeyError(key)

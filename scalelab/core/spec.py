@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from scalelab.core.engines import ENGINE_HELP, ENGINES  # the engine table (scalelab/core/engines.py)
+from scalelab.core.engines import ENGINE_HELP, ENGINES, setting_owners  # the engine table (scalelab/core/engines.py)
 from scalelab.core.engines import engine as engine_facts
 from scalelab.core.errors import SpecError
 from scalelab.core.writes import what_it_is
@@ -181,6 +181,33 @@ TRAINER_ONLY = ("rnn", "precision", "model_args", "global_batch", "batch_per_wor
                 "emulate_slowdown", "output_loss", "cuda_graph", "profile_steps", "engine.compression",
                 "engine.fp16_allreduce", "engine.bucket_cap_mb", "engine.ps_shards", "engine.ps_state",
                 "engine.ps_placement")
+
+
+#: The data settings only `--data text` reads: with another kind of data the files were not even looked at
+#: (`--train-src foo.txt` with the default synthetic data trained on random batches, exit 0).
+TEXT_FILES = ("train_src", "train_tgt", "valid_src", "valid_tgt")
+
+
+@dataclass(frozen=True)
+class Unread:
+    """A setting given other than its default that the spec's other choices leave unread (`Spec.unread_settings`):
+    `--fusion-threshold-mb 32` with --engine ddp, `--balance-every 5` with --balance static. Refused as
+    `--ps-placement separate` with --engine ddp was, unless it is a default meant for other runs (a config
+    file's, a study's base for its other variants), which is set back to the built-in default instead."""
+
+    key: str  # the dotted field: engine.fusion_threshold_mb
+    given: str  # as the user gave it: --fusion-threshold-mb 32
+    needs: str  # what it is read with: --engine horovod
+    words: str  # what that is: Horovod's tensor fusion
+    instead: str  # what the spec has instead: --engine ddp
+
+    @property
+    def flag(self) -> str:
+        return self.given.split()[0]
+
+    def message(self) -> str:
+        return (f"{self.given} is for {self.needs} ({self.words}), not {self.instead}; add {self.needs} or leave "
+                f"{self.flag} out")
 
 
 MAX_STEPS = 1_000_000_000  # 1e20 steps was accepted (and priced at $6e15 by --dry-run)
@@ -450,6 +477,8 @@ class Spec:
         if self.own_code:
             return self._validate_own_code(stored)
         check_preset(self.model)
+        if not stored:  # a run made before the refusal resumes: its ranks never read the setting
+            self._refuse_unread()
         self._check_combinations()
         # typed once, kept typed: `hidden_size: "256"` (or --model-arg hidden_size=256) is saved as 256, not text
         self.model_args = model_overrides(self.model_args, "in model_args")  # SpecError on bad keys or values
@@ -494,7 +523,50 @@ class Spec:
             raise SpecError(f"{', '.join(given)} {'is an option' if one else 'are options'} of the built-in trainer, "
                             "which your own code does not read: give your script its own arguments after `--` "
                             f"(launch run --script FILE -- ARGS), or leave {'it' if one else 'them'} out")
+        if not stored:  # Horovod's fusion settings reach a script's horovodrun, and no other engine's ranks
+            self._refuse_unread()
         return self
+
+    def unread_settings(self) -> list[Unread]:
+        """The settings this spec gives other than their defaults that its other choices leave unread: an
+        engine's own (`Engine.settings`: --bucket-cap-mb is DDP's, --fusion-threshold-mb Horovod's, --ps-* the
+        parameter server's) with another engine, the text files without --data text, --balance-every without
+        --balance dynamic. Each was ignored without a word (exit 0)."""
+        from scalelab.core.options import option_flags
+
+        flags = {f.key: f.name for f in option_flags(Spec)}
+        mine, default = self.to_dict(), Spec().to_dict()
+        out = []
+        for key in [f"engine.{f.name}" for f in dataclasses.fields(EngineSpec)] + \
+                   [f"data.{k}" for k in TEXT_FILES] + ["balance_every"]:
+            value = _dotted(mine, key)
+            if value == _dotted(default, key):
+                continue
+            given = _flag_text(flags.get(key, key), f"{value:g}" if isinstance(value, float) else value)
+            if key.startswith("engine."):
+                owners = setting_owners(key.split(".", 1)[1])
+                if owners and self.engine.name not in [e.name for e in owners]:
+                    out.append(Unread(key, given, " or ".join(f"--engine {e.name}" for e in owners),
+                                      " or ".join(e.words for e in owners), f"--engine {self.engine.name}"))
+            elif key.startswith("data.") and self.data.kind != "text":
+                out.append(Unread(key, given, "--data text", "text read from files", f"--data {self.data.kind}"))
+            elif key == "balance_every" and self.balance != "dynamic":
+                out.append(Unread(key, given, "--balance dynamic", "shares rebalanced every N steps",
+                                  f"--balance {self.balance}"))
+        return out
+
+    def drop_setting(self, key: str) -> None:
+        """Set dotted field `key` back to its built-in default (a default meant for other runs: `Unread`)."""
+        *path, last = key.split(".")
+        owner, fresh = self, Spec()
+        for part in path:
+            owner, fresh = getattr(owner, part), getattr(fresh, part)
+        setattr(owner, last, getattr(fresh, last))
+
+    def _refuse_unread(self) -> None:
+        unread = self.unread_settings()
+        if unread:
+            raise SpecError(unread[0].message())
 
     def trainer_settings(self) -> list[str]:
         """The built-in trainer's settings (`TRAINER_ONLY`) this spec gives other than their defaults, as flags
@@ -549,9 +621,6 @@ class Spec:
             )
         if engine_facts(self.engine.name).parameter_server:
             self._validate_ps()
-        elif self.engine.ps_placement != "colocated":
-            raise SpecError(f"--ps-placement {self.engine.ps_placement} is for --engine ps (the parameter server), "
-                            f"not --engine {self.engine.name}; add --engine ps or leave --ps-placement out")
         if self.data.kind == "text" and not self.data.train_src:
             raise SpecError("data kind 'text' needs --train-src (and --train-tgt for translation)")
         if (self.data.kind == "shards") != bool(self.data.shards):
@@ -641,6 +710,8 @@ def check_text_file(path: str | os.PathLike, flag: str) -> Path:
         raise SpecError(f"cannot read {p} ({exc.strerror}); check {flag}") from None
     if b"\0" in head or not _utf8_prefix(head, complete=len(head) < 8192):
         raise SpecError(f"{p} is not a text file (binary or not UTF-8); check {flag}")
+    if flag.startswith("--") and len(head) < 8192 and not head.strip():  # the whole file, and no text in it
+        raise SpecError(f"data file {p} is empty (no line of text): check {flag}, or fill the file")
     return p
 
 

@@ -1,11 +1,16 @@
 """The one YAML reader for files users write (specs, studies, prices) and flag values.
 
-Why not `yaml.safe_load`: PyYAML implements YAML 1.1, which reads `6:8` as the base-60 integer 368 and
-`1:30:00` as 5400, so a valid `profile_steps: 6:8` was refused as "got 368". YAML 1.2 (what every
-other tool and the docs assume) has no sexagesimal numbers, so `SpecLoader` drops those resolvers and
-such a value stays text for the spec's own parser. And `safe_load` lets a duplicate key silently win
-over the first (`nodes: 2` ... `nodes: 4` is 4): a mapping with a key given twice is refused, naming
-the key and both lines.
+Why not `yaml.safe_load`: PyYAML implements YAML 1.1's numbers, and YAML 1.2 (what every other tool and
+the docs assume, and what a config file read through the flags' own parsing accepted) reads them otherwise:
+- 1.1 reads `6:8` as the base-60 integer 368 and `1:30:00` as 5400, so a valid `profile_steps: 6:8` was
+  refused as "got 368"; 1.2 has no sexagesimal numbers: such a value stays text for the spec's own parser;
+- 1.1's floats need a dot and a signed exponent, so `lr: 1e-3`, `1E5` and `-.5` were text and refused in a
+  spec file ("expected float, got '1e-3'") while a config file took them; 1.2 reads them as numbers;
+- 1.1 reads `017` as octal 15; 1.2 as 17 (its octal is `0o17`, which 1.1 left as text).
+`SpecLoader` resolves and builds numbers by 1.2's core schema. It still takes PyYAML's `_` digit separators
+(`1_000`) and `0b` binary, which 1.2 would leave as text that no number field accepts. And `safe_load` lets a
+duplicate key silently win over the first (`nodes: 2` ... `nodes: 4` is 4): a mapping with a key given twice
+is refused, naming the key and both lines.
 """
 
 from __future__ import annotations
@@ -18,6 +23,14 @@ import yaml
 
 # YAML 1.1's base-60 forms, as PyYAML spells them in its implicit resolvers (int and float).
 _SEXAGESIMAL = ("[-+]?[1-9][0-9_]*(?::[0-5]?[0-9])+", "[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+\\.[0-9_]*")
+# YAML 1.2's core schema (yaml.org/spec/1.2.2, 10.3.2), with PyYAML's `_` separators and `0b` binary kept:
+# an int is decimal (a leading 0 too), 0o octal or 0x hex; a float has a dot or an exponent (its sign optional),
+# or is .inf / .nan.
+_INT_12 = re.compile(r"^(?:[-+]?0b[0-1_]+|[-+]?0o[0-7_]+|[-+]?0x[0-9a-fA-F_]+|[-+]?[0-9][0-9_]*)$")
+_FLOAT_12 = re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*\.[0-9_]*|\.[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)?
+                          |[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+
+                          |[-+]?\.(?:inf|Inf|INF)
+                          |\.(?:nan|NaN|NAN))$""", re.X)
 
 
 class DuplicateKeyError(yaml.YAMLError):
@@ -49,39 +62,47 @@ class SpecLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
     def construct_yaml_int(self, node: yaml.ScalarNode) -> int:
-        """An integer; one of more digits than Python converts is refused with its line and the limit."""
+        """An integer as YAML 1.2 reads it (`017` is 17, `0o17` 15; PyYAML's 1.1 read 017 as octal); one of more
+        digits than Python converts is refused with its line and the limit."""
+        text = str(self.construct_scalar(node)).replace("_", "")
+        sign, digits = (-1, text[1:]) if text[:1] == "-" else (1, text.lstrip("+"))
+        base = {"0b": 2, "0o": 8, "0x": 16}.get(digits[:2].lower(), 10)
         try:
-            return super().construct_yaml_int(node)
+            return sign * int(digits[2:] if base != 10 else digits, base)
         except ValueError as exc:
-            if "digits" not in str(exc):
-                raise
+            if "digits" not in str(exc):  # an explicit `!!int` tag on text that is no whole number
+                raise yaml.constructor.ConstructorError(None, None, f"{text!r} is not a whole number",
+                                                        node.start_mark) from None
             digits = sum(c.isdigit() for c in str(node.value))
             raise BeyondLimitsError(f"line {node.start_mark.line + 1}: a whole number of {digits:,} digits, more than "
                                     f"the {sys.get_int_max_str_digits():,} digits a number may have; give a smaller "
                                     "number") from None
 
+    def construct_yaml_float(self, node: yaml.ScalarNode) -> float:
+        """A float; an explicit `!!float` tag on text that is no number is a YAML error, not a ValueError."""
+        try:
+            return super().construct_yaml_float(node)
+        except ValueError:
+            raise yaml.constructor.ConstructorError(None, None, f"{node.value!r} is not a number",
+                                                    node.start_mark) from None
+
 
 SpecLoader.add_constructor("tag:yaml.org,2002:int", SpecLoader.construct_yaml_int)
+SpecLoader.add_constructor("tag:yaml.org,2002:float", SpecLoader.construct_yaml_float)
 
 
-def _drop_sexagesimal() -> None:
-    """Give SpecLoader its own resolvers (SafeLoader's stay as they are) whose int and float patterns
-    lack the base-60 alternatives; a value such as `6:8` then resolves to a string."""
+def _yaml_12_numbers() -> None:
+    """Give SpecLoader its own resolvers (SafeLoader's stay as they are) whose int and float patterns are YAML
+    1.2's: a value such as `6:8` then resolves to a string, `1e-3` to a float. The first characters they are
+    tried for are PyYAML's (digits, signs and, for floats, the dot), which 1.2's forms start with too."""
     resolvers: dict[Any, list[tuple[str, re.Pattern[str]]]] = {}
     for first, entries in yaml.SafeLoader.yaml_implicit_resolvers.items():
-        resolvers[first] = [(tag, _without_base60(regexp) if tag.endswith((":int", ":float")) else regexp)
+        resolvers[first] = [(tag, {"tag:yaml.org,2002:int": _INT_12, "tag:yaml.org,2002:float": _FLOAT_12}.get(tag, regexp))
                             for tag, regexp in entries]
     SpecLoader.yaml_implicit_resolvers = resolvers
 
 
-def _without_base60(regexp: re.Pattern[str]) -> re.Pattern[str]:
-    """`regexp` (an `^(?:a|b|...)$` of PyYAML's) less its alternatives that are base-60 forms."""
-    body = regexp.pattern.strip()[len("^(?:"):-len(")$")]
-    kept = [alt.strip() for alt in body.split("|") if alt.strip() not in _SEXAGESIMAL]
-    return re.compile("^(?:" + "|".join(kept) + ")$")
-
-
-_drop_sexagesimal()
+_yaml_12_numbers()
 
 
 def load_yaml(text: str) -> Any:

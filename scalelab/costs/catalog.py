@@ -38,7 +38,7 @@ from typing import Any, Iterable
 
 from scalelab.core.errors import ScalelabError, SpecError
 from scalelab.core.writes import check_input_file
-from scalelab.costs.prices_file import FIX, MAX_USD_PER_HOUR, prices_problem
+from scalelab.costs.prices_file import FIX, MAX_USD_PER_HOUR, ROWS, prices_problem
 
 __all__ = [
     "MARKETS",
@@ -376,9 +376,12 @@ def load_catalog(prices_file: str | Path | None = None, rates: Iterable[str] = (
             raise CatalogError(str(exc)) from None
     if path.exists():
         try:
-            data = _read_structured(path)
+            data = _read_structured(path, empty=None)
         except ValueError as exc:
             raise CatalogError(f"prices file {path} is not valid JSON/YAML: {exc}; {FIX}") from None
+        if data is None:  # as an empty spec or config file is refused: a file meant to say something says nothing
+            raise CatalogError(f"prices file {path} is empty: give it prices ({', '.join(ROWS)}; format: "
+                               "docs/costs.md), or remove it")
         cat.apply_user_file(data, str(path))
     for text in rates:
         name, usd, per, gpus = parse_rate(text)
@@ -388,7 +391,8 @@ def load_catalog(prices_file: str | Path | None = None, rates: Iterable[str] = (
     return cat
 
 
-def _read_structured(path: Path) -> dict[str, Any]:
+def _read_structured(path: Path, empty: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """The mapping a JSON (or .yaml/.yml) file holds; `empty` for a file with nothing in it ({} to start anew)."""
     text = path.read_text()
     if path.suffix in (".yaml", ".yml"):
         import yaml
@@ -398,14 +402,18 @@ def _read_structured(path: Path) -> dict[str, Any]:
         from scalelab.core.yamltext import BeyondLimitsError, yaml_problem
 
         try:
-            data = load_yaml(text) or {}
+            data = load_yaml(text)
+            if data is None:  # nothing, or only comments
+                return empty
         except BeyondLimitsError as exc:
             raise ValueError(str(exc)) from None
         except yaml.YAMLError as exc:
             raise ValueError(yaml_problem(exc)) from None
     else:
+        if not text.strip():
+            return empty
         try:
-            data = json.loads(text) if text.strip() else {}
+            data = json.loads(text)
         except json.JSONDecodeError as exc:  # one line: where and what (a trailing comma said as such)
             before = text[:exc.pos].rstrip()
             comma = before.endswith(",") and text[exc.pos:exc.pos + 1] in ("}", "]")
@@ -562,7 +570,7 @@ def refresh(catalog: Catalog, what: str, region: str, ec2: Any = None, pricing: 
 
 
 def _save_user_prices(path: Path, rows: dict[str, list[dict[str, Any]]], instances: list[dict[str, Any]]) -> None:
-    data = _read_structured(path) if path.exists() else {}
+    data = _read_structured(path, empty={}) if path.exists() else {}
     for key in ("spot", "on_demand"):
         fresh = {(r["instance_type"], r["region"]) for r in rows[key]}
         kept = [r for r in data.get(key, []) if (r.get("instance_type"), r.get("region")) not in fresh]

@@ -94,7 +94,8 @@ def fleet_pricing(spec: Spec, fleet: Fleet, catalog: Catalog | None = None) -> F
         inst = catalog.instances.get(name)
         if inst is not None and inst.provider == "rate":
             mix = instances_for(spec.nodes, spec.gpus_per_node, name, catalog)
-            basis = f"rate '{name}' from {catalog.price(name).source}, {mix.count()} units"
+            units = mix.count()
+            basis = f"rate '{name}' from {catalog.price(name).source}, {units} unit{'s' if units != 1 else ''}"
             return FleetPrice(mix, MARKET_ON_DEMAND, catalog.region, basis, catalog)
     if fleet.instance_type in catalog.instances:
         mix = instances_for(spec.nodes, spec.gpus_per_node, fleet.instance_type, catalog)

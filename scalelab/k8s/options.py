@@ -48,6 +48,31 @@ def _label_pairs(value: Any) -> Any:
     return out
 
 
+# Kubernetes' rules for a taint's key (a label key: an optional DNS-subdomain prefix and `/`, then a name of at most
+# 63 characters) and value (a label value: at most 63 characters, maybe none), as the API server checks them.
+_LABEL_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+
+def _qualified_name(key: str) -> str | None:
+    """What is wrong with `key` as a taint's key, or None (Kubernetes' qualified name)."""
+    prefix, slash, name = key.rpartition("/")
+    if slash and not (len(prefix) <= 253 and _DNS_SUBDOMAIN.fullmatch(prefix)):
+        return f"the key's prefix {prefix!r} must be a DNS subdomain (lower-case letters, digits, '-', '.')"
+    if not (len(name) <= 63 and _LABEL_NAME.fullmatch(name)):
+        return (f"the key {key!r} must be a name of at most 63 letters, digits, '-', '_' or '.' beginning and "
+                "ending with a letter or digit, after an optional PREFIX/")
+    return None
+
+
+def _label_value(value: str) -> str | None:
+    """What is wrong with `value` as a taint's value, or None ('' is a value)."""
+    if value and not (len(value) <= 63 and _LABEL_NAME.fullmatch(value)):
+        return (f"the value {value!r} must be at most 63 letters, digits, '-', '_' or '.' beginning and ending with "
+                "a letter or digit")
+    return None
+
+
 def _tolerations(value: Any) -> list[Any]:
     return [_toleration(item) for item in _items(value)]
 
@@ -57,12 +82,16 @@ def _toleration(item: Any) -> Any:
     if isinstance(item, dict):
         return {str(k): v for k, v in item.items()}
     text = str(item)
-    rest, _, effect = text.rpartition(":") if ":" in text else (text, "", "")
-    if effect and effect not in _EFFECTS:
-        raise ValueError(f"toleration {text!r}: effect must be one of {', '.join(_EFFECTS)}")
+    rest, colon, effect = text.rpartition(":") if ":" in text else (text, "", "")
+    if colon and effect not in _EFFECTS:
+        raise ValueError(f"toleration {text!r}: effect must be one of {', '.join(_EFFECTS)} (after the last ':'); "
+                         "give KEY[=VALUE][:EFFECT], e.g. nvidia.com/gpu:NoSchedule")
     key, sep, val = rest.partition("=")
     if not key:
         raise ValueError(f"toleration {text!r} needs a key: KEY[=VALUE][:EFFECT], e.g. nvidia.com/gpu:NoSchedule")
+    problem = _qualified_name(key) or (_label_value(val) if sep else None)
+    if problem:  # `--toleration :::` wrote `key: '::'` into the manifest, for the API server to refuse
+        raise ValueError(f"toleration {text!r}: {problem}; give KEY[=VALUE][:EFFECT], e.g. nvidia.com/gpu:NoSchedule")
     out = {"key": key, "operator": "Equal" if sep else "Exists"}
     if sep:
         out["value"] = val

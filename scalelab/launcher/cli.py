@@ -145,6 +145,7 @@ class ConfigDefaults(dict):
         self.source: dict[str, Path] = {}
         self.key_of: dict[str, str] = {}  # parameter name -> its config key
         self.problem: dict[str, str] = {}  # parameter name -> why its configured value cannot be its default
+        self.helping = False  # only help is shown: a problem is warned about (`defaults_for`), not raised
 
     def learn(self, command: click.Command) -> None:
         for key, params in option_params(command).items():
@@ -160,6 +161,14 @@ class ConfigDefaults(dict):
         self.source[name], self.key_of[name] = path, key
         if isinstance(value, list) and not param.multiple:
             self.problem[name] = one_value_problem(path, key)
+        elif isinstance(param.type, click.types.IntParamType) and any(
+                isinstance(v, float) for v in (value if isinstance(value, list) else [value])):
+            # click's int type truncates 40.5 to 40: refused, as the same value in a spec file is
+            shown = next(v for v in (value if isinstance(value, list) else [value]) if isinstance(v, float))
+            self.problem[name] = blame(path, key, f"expected a whole number, got {shown!r}")
+
+    def __contains__(self, key: object) -> bool:
+        return super().__contains__(key) and not (self.helping and key in self.problem)
 
     def __getitem__(self, key: Any) -> Any:
         if key in self.problem:
@@ -170,6 +179,15 @@ class ConfigDefaults(dict):
         if key in self:
             return self[key]
         return default if key in self.param_names else self  # a subcommand's name: the same defaults
+
+    def refuse_problems(self, command: click.Command) -> None:
+        """Refuse a bad configured value of one of `command`'s options, even where a flag replaces it (the file
+        is wrong all the same); a command without such an option runs, and help only warns (`defaults_for`)."""
+        if self.helping:
+            return
+        for param in command.params:
+            if param.name in self.problem:
+                raise SpecError(self.problem[param.name])
 
 
 def one_value_problem(path: Path, key: str) -> str:
@@ -197,27 +215,31 @@ def config_defaults() -> ConfigDefaults | None:
                         + (f" (did you mean {close[0]!r}?)" if close else "")
                         + "; keys are options without their dashes, e.g. backend, partition, time-limit-min, "
                           "bucket (`launch run --help` lists them)")
-    check_config(config)
+    check_config(config, defaults)
     return defaults
 
 
-def check_config(config: dict[str, tuple[Any, Path]]) -> None:
+def check_config(config: dict[str, tuple[Any, Path]], defaults: ConfigDefaults) -> None:
     """Check the values of the spec's, the backends' and --model-arg/--backend-opt's keys before any command
     runs, as their flags are checked, each error naming the file and key. Why: a bad value was blamed on a flag
-    nobody typed (`lr: -1` said "(from --lr)", `steps: nan` "Invalid value for '--steps'"). The other keys'
-    values are checked by the command that reads them (`config_blame` names the file there): one key can
-    differ between commands (`format: html` suits report, not ls), as can a list (`ConfigDefaults`)."""
+    nobody typed (`lr: -1` said "(from --lr)", `steps: nan` "Invalid value for '--steps'"). A bad value is
+    refused by the commands that have its option (`ConfigDefaults.problem`, `refuse_problems`), not by every
+    command: `steps: nan` broke `launch ls` and `launch --help`. The other keys' values are checked by the command that reads them
+    (`config_blame` names the file there): one key can differ between commands (`format: html` suits report,
+    not ls), as can a list (`ConfigDefaults`)."""
     for key, params in option_params(main).items():
         if key not in config:
             continue
         value, path = config[key]
-        for param in {str(p.name): p for p in params if p.multiple or not isinstance(value, list)}.values():
+        for name, param in {str(p.name): p for p in params if p.multiple or not isinstance(value, list)}.items():
+            if name in defaults.problem:
+                continue
             try:
                 _check_value(param, key, value)
             except click.BadParameter as exc:
-                raise SpecError(blame(path, key, exc.message)) from None
+                defaults.problem[name] = blame(path, key, exc.message)
             except SpecError as exc:
-                raise SpecError(blame(path, key, str(exc))) from None
+                defaults.problem[name] = blame(path, key, str(exc))
 
 
 def _check_value(param: click.Option, key: str, value: Any) -> None:
@@ -286,6 +308,12 @@ class DefaultGroup(click.Group):
         with formatter.section("Commands"):
             formatter.write_dl(rows)
 
+    def resolve_command(self, ctx: click.Context, args: list[str]):
+        name, command, rest = super().resolve_command(ctx, args)
+        if command is not None and isinstance(ctx.default_map, ConfigDefaults):
+            ctx.default_map.refuse_problems(command)
+        return name, command, rest
+
     def get_command(self, ctx: click.Context, name: str):
         if name in self.commands or name not in LAZY_COMMANDS:
             return self.commands.get(name)
@@ -353,8 +381,8 @@ class GroupedCommand(click.Command):
 def _with_config_default(record: tuple[str, str], name: str, ctx: click.Context) -> tuple[str, str]:
     """A help line whose default comes from a config file says so: `[default: gpu, from ./scalelab.yaml]`."""
     defaults = ctx.default_map
-    if not isinstance(defaults, ConfigDefaults) or name not in defaults.source:
-        return record
+    if not isinstance(defaults, ConfigDefaults) or name not in defaults.source or name in defaults.problem:
+        return record  # a configured value the command would refuse: the warning above the help says so
     text = re.sub(r"\s*\[default: [^\]]*\]", "", record[1])
     value = defaults[name]
     shown = ", ".join(map(str, value)) if isinstance(value, list) else value  # a repeatable option's values
@@ -427,9 +455,20 @@ def build_spec(params: dict[str, Any]) -> Spec:
         pairs = parse_pairs(params["model_args"], "--model-arg")
         spec.model_args = {**spec.model_args, **model_overrides(pairs, "from --model-arg")}
     spec.backend_options = _backend_options(spec, params)
+    _drop_configured_unread(spec, params)
     from scalelab.launcher.owncode import apply
 
     return apply(spec, params).validate()  # --script / --module: checked, resolved, the arguments after `--`
+
+
+def _drop_configured_unread(spec: Spec, params: dict[str, Any]) -> None:
+    """A config file's default that this run's other choices leave unread (`fusion-threshold-mb: 32` for a
+    project's Horovod runs, in a --engine ddp run) is meant for other runs: set back to the built-in default,
+    not refused as the same flag typed is (`Spec.unread_settings`), as another backend's options are ignored."""
+    configured = {name for name in _from_config(params) if params.get(name) not in (None, ())}
+    for unread in spec.unread_settings():
+        if unread.key.replace(".", "__") in configured:  # the click parameter of a dotted key (flags.param_name)
+            spec.drop_setting(unread.key)
 
 
 def _from_config(params: dict[str, Any]) -> set[str]:
@@ -503,8 +542,19 @@ def _backend_options(spec: Spec, params: dict[str, Any]) -> dict[str, Any]:
             sources.append(({flag.key: list(value) if isinstance(value, tuple) else value}, f"from {flag.name}", False))
     options = options_type(spec.backend)  # None: an unknown backend, which validate() names
     merged: dict[str, Any] = {}
+    came_from: dict[str, str] = {}
     for raw, source, text in sources:
-        merged.update(options.coerce(raw, source, text=text) if options is not None else raw)
+        typed = options.coerce(raw, source, text=text) if options is not None else raw
+        merged.update(typed)
+        came_from.update(dict.fromkeys(typed, source))
+    for key, (needs, words, instead) in (options.unread(merged) if options is not None else {}).items():
+        if came_from.get(key, "").startswith(("from the config file", "from config file")):
+            del merged[key]  # a config file's default meant for other runs (`max-price` for spot ones)
+            continue
+        flag = next((f.name for f in options.flags() if f.key == key), "")
+        value = f"{merged[key]:g}" if isinstance(merged[key], float) else merged[key]
+        given = f"{flag} {value}" if flag else f"{key}={value}"
+        raise SpecError(f"{given} is for {needs} ({words}), not {instead}; add {needs} or leave {flag or key} out")
     return merged
 
 
@@ -1137,7 +1187,7 @@ def entry() -> None:
     """Console-script entry: user errors as one line, exit 2; a stop signal exit 128 + it; bugs keep tracebacks."""
     escape_unencodable()
     try:
-        main.main(prog_name="launch", standalone_mode=False, default_map=config_defaults())
+        main.main(prog_name="launch", standalone_mode=False, default_map=defaults_for(sys.argv[1:]))
     except click.exceptions.Abort as exc:  # click turns KeyboardInterrupt (and so runner.Interrupted) into Abort
         interrupted(exc.__cause__)
     except click.ClickException as exc:
@@ -1156,6 +1206,40 @@ def entry() -> None:
         sys.exit(2)
     except KeyboardInterrupt as exc:
         interrupted(exc)
+
+
+def defaults_for(args: list[str]) -> ConfigDefaults | None:
+    """The config files' defaults (`config_defaults`). Where help is asked for, a problem with a file is a
+    warning line above it rather than the error that replaced the help: the help is how to find the right key."""
+    if not asks_help(args):
+        return config_defaults()
+    try:
+        defaults = config_defaults()
+    except SpecError as exc:
+        _warn(f"{exc}; the help below shows no configured defaults")
+        return None
+    if defaults is not None:
+        defaults.helping = True
+        for problem in dict.fromkeys(defaults.problem.values()):
+            _warn(f"{problem} (a command with that option refuses it; the help shows its built-in default)")
+    return defaults
+
+
+def asks_help(args: list[str]) -> bool:
+    """Whether `launch ARGS` shows help: a -h or --help before any `--` that is not the value of the option before
+    it (`launch run --name --help` names a run)."""
+    words = args[:args.index("--")] if "--" in args else args
+    command = main.commands.get(words[0]) if words else None
+    options = {opt: p for p in (command or run_cmd).params if isinstance(p, click.Option) for opt in p.opts}
+    for i, word in enumerate(words):
+        before = options.get(words[i - 1]) if i else None
+        if word in ("-h", "--help") and (before is None or before.is_flag or before.count):
+            return True
+    return False
+
+
+def _warn(text: str) -> None:
+    err_console.print(f"[bold yellow]launch: warning:[/] {escape(text)}", highlight=False, soft_wrap=True)
 
 
 def escape_unencodable() -> None:

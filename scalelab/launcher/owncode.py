@@ -34,7 +34,7 @@ def apply(spec: Spec, params: dict[str, Any]) -> Spec:
     if not spec.own_code:
         if args:
             raise SpecError(f"unexpected arguments {' '.join(args)!r}: arguments after `--` go to your --script "
-                            "or --module; without one, `launch run` takes only options")
+                            f"or --module; without one, `launch {_command_name()}` takes only options")
         return spec
     spec.check_code_names()  # an empty name, before it is resolved as a path (the working directory) or a module
     if params.get("model") and given("model"):  # a config file's default model is not a conflict
@@ -79,6 +79,14 @@ def _drop_configured(spec: Spec, params: dict[str, Any]) -> None:
         for part in path:
             owner, fresh = getattr(owner, part), getattr(fresh, part)
         setattr(owner, last, getattr(fresh, last))
+
+
+def _command_name() -> str:
+    """The command being run (`run`, `sweep`, `probe`), for its messages; `run` outside a click command."""
+    import click
+
+    ctx = click.get_current_context(silent=True)
+    return ctx.info_name if ctx is not None and ctx.info_name else "run"
 
 
 def given(name: str) -> bool:

@@ -109,7 +109,20 @@ def load_study(path: Path, scale: str | None = None, overrides: dict[str, Any] |
         raise SpecError(f"unknown study kind {study.kind!r} in {path}; valid: scaling, gemm")
     for v in study.variants:  # every variant x layout is checked before anything runs
         variant_specs(study, v)
+    _refuse_unread_base(study, path)
     return study
+
+
+def _refuse_unread_base(study: Study, path: Path) -> None:
+    """A base setting that no variant reads (`fusion_threshold_mb` in a study whose variants are all DDP) is
+    refused as the same flag is in one run; one that some variants read is theirs (`_variant_spec` drops it
+    from the others)."""
+    unread = [{u.key: u for u in _variant_spec(study, v)[1]} for v in study.variants]
+    for key, first in unread[0].items():
+        if all(key in each for each in unread[1:]):
+            raise SpecError(f"the base of {path} sets {first.given}, which none of its variants reads: it is for "
+                            f"{first.needs} ({first.words}); set it in the variants with {first.needs}, or leave "
+                            "it out")
 
 
 def _variants(raw: dict[str, Any], path: Path) -> list[Variant]:
@@ -209,14 +222,40 @@ def gemm_study(study: Study, runs_root: Path) -> Path:
 
 
 def variant_specs(study: Study, variant: Variant) -> list[Spec]:
-
-    spec = Spec.from_dict(_deep_merge(study.base, variant.overrides), where=f"variant {variant.label!r}")
-    spec.name = variant.label
+    spec, _ = _variant_spec(study, variant)
     layouts = variant.layouts or study.layouts
     spec.nodes, spec.gpus_per_node = layouts[0]  # validated as its first layout, then per layout
     # a study's mode is its batch axis; its length (steps or epochs) is kept on every layout, as the
     # seed it reproduces did: the work axis is what that length does (launcher.sweep.sweep_axes)
     return sweep_specs(spec.validate(), layouts, batch_scaling=MODE_AXES[study.mode][0])
+
+
+def _variant_spec(study: Study, variant: Variant) -> tuple[Spec, list]:
+    """The variant's spec before its layouts, and the base's settings it leaves unread (`Spec.unread_settings`):
+    a study whose base sets Horovod's fusion for its Horovod variants also has DDP and parameter-server variants,
+    so those are set back to the default there; one the variant's own `set:` gives is refused, naming it."""
+    spec = Spec.from_dict(_deep_merge(study.base, variant.overrides), where=f"variant {variant.label!r}")
+    spec.name = variant.label
+    own = _dotted_keys(variant.overrides)
+    unread = spec.unread_settings()
+    for setting in unread:
+        if setting.key in own:
+            raise SpecError(f"variant {variant.label!r}: {setting.message()}")
+    base_only = [u for u in unread if u.key not in own]
+    for setting in base_only:
+        spec.drop_setting(setting.key)
+    return spec, base_only
+
+
+def _dotted_keys(mapping: dict[str, Any], prefix: str = "") -> set[str]:
+    """The dotted keys a variant's `set:` gives (`engine: {bucket_cap_mb: 50}` gives engine.bucket_cap_mb)."""
+    out: set[str] = set()
+    for key, value in mapping.items():
+        if isinstance(value, dict):
+            out |= _dotted_keys(value, f"{prefix}{key}.")
+        else:
+            out.add(f"{prefix}{key}")
+    return out
 
 
 def _deep_merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:

@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from scalelab.core.devices import GPU_PINNED_ENV, check_gpus
+from scalelab.core.devices import GPU_PINNED_ENV, check_gpus, no_gpu
 from scalelab.core.errors import EngineError
 from scalelab.core.launch import horovod_env
 from scalelab.core.spec import EngineSpec, server_rank
@@ -75,7 +75,7 @@ class Engine:
         cannot see the node before it starts rely on this): two ranks on one GPU is refused, never run.
         """
         if want == "cuda" and not torch.cuda.is_available():
-            raise EngineError("--device cuda was asked for, but PyTorch sees no GPU on this machine; use --device cpu")
+            raise EngineError(no_gpu())
         if want in ("auto", "cuda") and torch.cuda.is_available():
             if os.environ.get(GPU_PINNED_ENV) == "1":  # its launcher gave it one GPU of its own (Slurm)
                 torch.cuda.set_device(0)

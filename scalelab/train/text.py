@@ -22,9 +22,15 @@ import torch
 
 from scalelab.core.errors import DataError, SpecError
 from scalelab.core.presets import PATH_KEYS
-from scalelab.core.presets import path_flag as flag
+from scalelab.core.presets import path_flag
 from scalelab.train.data import Dataset, Examples, Ragged, generator_for
 from scalelab.train.models import EOS_ID, NUM_SPECIALS, UNK_ID, ModelConfig
+
+
+def flag(key: str) -> str:
+    """The `launch run` flag that gave path `key`: a one-file family reads --train-src as `train` and --valid-src
+    as `valid` (train.loop.data_paths), so a message naming `--train` named `launch prep`'s flag instead."""
+    return path_flag({"train": "train_src", "valid": "valid_src"}.get(key, key))
 
 
 class Vocab:

@@ -91,19 +91,31 @@ def unit(name: str) -> None:
         _state.writer.event("unit", unit=_unit)
 
 
+MAX_COUNT = 2**53  # the largest whole number a float64 (a record read back by pandas) holds exactly
+
+
 def _number(call: str, field: str, value: Any, whole: bool = False, negative: bool = False) -> float | int:
     """`value` as a plain number, or a TrackError naming the call: NaN and infinity never, below 0 only where
     `negative` (a loss may be, a count may not)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) and not hasattr(value, "item"):
         raise TrackError(f"{call}({field}={value!r}): {field} must be a number")
     value = value.item() if hasattr(value, "item") else value  # a 0-d tensor or numpy scalar
-    if not isinstance(value, (int, float)) or not math.isfinite(value) or (value < 0 and not negative):
+    finite = isinstance(value, int) or isinstance(value, float) and math.isfinite(value)  # isfinite(10**400) raised
+    if not finite or (value < 0 and not negative):
         raise TrackError(f"{call}({field}={value!r}): {field} must be a finite number" + ("" if negative else " >= 0"))
     if whole:
-        if float(value) != int(value):
-            raise TrackError(f"{call}({field}={value!r}): {field} counts items, a whole number")
+        # `items=10**30` was refused as "items counts items, a whole number" (its float is not exactly it): a
+        # count above 2**53 is refused as too big, as records are read back as float64, exact up to 2**53 only
+        if isinstance(value, float) and not value.is_integer():
+            raise TrackError(f"{call}({field}={value!r}): {field} must be a whole number")
+        if abs(value) > MAX_COUNT:
+            raise TrackError(f"{call}({field}={value!r}): {field} must be at most 2**53 ({MAX_COUNT:,}), the "
+                             "largest whole number the records hold exactly")
         return int(value)
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:  # an int past any float
+        raise TrackError(f"{call}({field}=...): {field} must be a finite number") from None
 
 
 def step(items: int, loss: float | None = None, step: int | None = None, lr: float | None = None) -> None:
