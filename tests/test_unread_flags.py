@@ -19,28 +19,13 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
 
 import pytest
 from conftest import run_entry
 
 from scalelab.core.errors import SpecError
 from scalelab.core.spec import EngineSpec, Spec
-from scalelab.launcher import cli
-
-
-@pytest.fixture
-def spec_of(monkeypatch):
-    """The Spec each `launch run` in the test builds (build_spec spied on), newest last."""
-    built: list[Any] = []
-    real = cli.build_spec
-
-    def spy(params):
-        built.append(real(params))
-        return built[-1]
-
-    monkeypatch.setattr(cli, "build_spec", spy)
-    return built
+from tests.test_flag_inputs import spec_of  # noqa: F401 - the fixture: the Spec each `launch run` builds
 
 
 @pytest.fixture
