@@ -25,19 +25,7 @@ from conftest import run_entry
 
 from scalelab.core.errors import SpecError
 from scalelab.core.spec import EngineSpec, Spec
-from tests.test_flag_inputs import spec_of  # noqa: F401 - the fixture: the Spec each `launch run` builds
-
-
-@pytest.fixture
-def config(tmp_path, monkeypatch):
-    """Write c.yaml in a fresh cwd and point SCALELAB_CONFIG at it."""
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("SCALELAB_CONFIG", "c.yaml")
-    monkeypatch.setenv("COLUMNS", "200")
-
-    def write(text: str):
-        (tmp_path / "c.yaml").write_text(text)
-    return write
+from tests.test_flag_inputs import config, spec_of  # noqa: F401 - fixtures: a config file; the Spec each `launch run` builds
 
 
 def _refused(argv: list[str], monkeypatch, capsys, *words: str) -> str:
