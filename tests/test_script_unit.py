@@ -132,3 +132,17 @@ def test_ls_rows_of_several_units_say_each_cells_unit():
     one = Console(file=io.StringIO(), width=100, color_system=None)
     one.print(rows_table(rows[1:], None, 100))
     assert "images/s" in one.file.getvalue().splitlines()[0], one.file.getvalue()
+
+
+def test_a_peers_stop_note_of_an_earlier_launch_is_not_a_stop_of_this_one(tmp_path) -> None:
+    """A resumed rank 0 that ended before rank 1 had started (and removed its note of the launch before) took
+    that note as a stop of this launch: exit 143, and horovodrun ended rank 1 (a CI run of
+    test_rank_echo.py::test_a_resume_shows_only_its_own_launchs_lines[horovod])."""
+    from scalelab.train.script import stop_note, stopped_peer
+
+    (tmp_path / "records").mkdir()
+    stop_note(tmp_path, 1).write_text(json.dumps({"rank": 1, "signal": 15, "step": 1, "time": 1000.0}))
+    assert stopped_peer(tmp_path, 0, 2, since=1001.0) is None  # written before this rank started: the last launch's
+    assert stopped_peer(tmp_path, 0, 2, since=999.0) == 1  # this launch's
+    stop_note(tmp_path, 1).write_text("cut")  # unreadable: its mtime (now) decides
+    assert stopped_peer(tmp_path, 0, 2, since=1001.0) == 1

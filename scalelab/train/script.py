@@ -163,15 +163,29 @@ def clear_stop_note(run_dir: Path, rank: int) -> None:
         pass
 
 
-def stopped_peer(run_dir: Path, rank: int, world: int) -> int | None:
-    """The first other rank of this launch that got a stop signal (its note is there), or None. Asked by a rank
-    that got none and whose script returned: it left through the script's stop agreement (`track.should_stop()`
-    True on that peer), or the peer's signal came after its last step (the peer then records an interruption
-    all the same, and so this rank does)."""
+def stopped_peer(run_dir: Path, rank: int, world: int, since: float) -> int | None:
+    """The first other rank of this launch that got a stop signal (its note is there, written at or after `since`,
+    this rank's start), or None. Asked by a rank that got none and whose script returned: it left through the
+    script's stop agreement (`track.should_stop()` True on that peer), or the peer's signal came after its last
+    step (the peer then records an interruption all the same, and so this rank does). Why `since`: a peer removes
+    its note of an earlier launch only when it starts, and a resumed rank 0 that ended before rank 1 had started
+    took rank 1's note of the launch before as a stop of this one (exit 143, and horovodrun ended rank 1)."""
     for peer in range(world):
-        if peer != rank and stop_note(run_dir, peer).is_file():
+        note = stop_note(run_dir, peer)
+        if peer != rank and note.is_file() and _written_at(note) >= since:
             return peer
     return None
+
+
+def _written_at(note: Path) -> float:
+    """When a stop note was written: its `time` (the peer's clock, as this rank's `since`), else its mtime."""
+    try:
+        return float(json.loads(note.read_text())["time"])
+    except (OSError, ValueError, KeyError, TypeError):
+        try:
+            return note.stat().st_mtime
+        except OSError:
+            return float("-inf")
 
 
 def _watch(pid: int, start: str) -> None:
@@ -235,7 +249,7 @@ def _scripts_frames(tb: TracebackType | None) -> TracebackType | None:
 
 def run(run_dir: Path) -> int:
     """One rank: records, the script, its end; the exit status of the rank."""
-    started = time.perf_counter()
+    started, began = time.perf_counter(), time.time()
     spec = read_spec(run_dir)
     rank, world = rank_from_env()
     out, last, elapsed = start_records(run_dir, spec, rank, world)
@@ -249,7 +263,7 @@ def run(run_dir: Path) -> int:
     state = track._state
     # a rank that got no signal itself but whose script returned while a peer had got one: it left through the
     # script's stop agreement, as the built-in trainer's peers do (their `interrupted` has no signal of their own)
-    peer = stopped_peer(run_dir, rank, world) if state.stop is None and code == 0 and world > 1 else None
+    peer = stopped_peer(run_dir, rank, world, began) if state.stop is None and code == 0 and world > 1 else None
     return record_end(out, spec, run_dir, code, peer is not None, started)
 
 
