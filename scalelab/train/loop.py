@@ -62,14 +62,12 @@ from scalelab.train.track import HOLD_AT_STEP_ENV, hold_for_a_stop_signal  # noq
 from scalelab.train.memory import current_rss_bytes, is_out_of_memory, memory_fields, oom_message
 from scalelab.train.precision import Precision, make_precision
 from scalelab.train.profiling import StepProfiler
-from scalelab.train.stop_guard import guard as stop_guard
 
 BUCKET_BATCHES = 50  # length bucketing sorts within windows of this many global batches
-# Test aids (tests/test_resume.py, tests/test_local_runs.py, tests/test_blocked_stop.py), read after each step:
+# Test aids (tests/test_resume.py, tests/test_local_runs.py), read after each step:
 FAIL_AT_STEP_ENV = "SCALELAB_FAIL_AT_STEP"  # STEP: every rank dies (os._exit) after this step
 KILL_AT_STEP_ENV = "SCALELAB_KILL_AT_STEP"  # STEP:RANK: that rank sends itself SIGKILL after STEP
 RAISE_AT_STEP_ENV = "SCALELAB_RAISE_AT_STEP"  # STEP:RANK: that rank raises a RuntimeError after STEP
-BLOCK_AT_STEP_ENV = "SCALELAB_BLOCK_AT_STEP"  # STEP:RANK: that rank waits in a gather its peers never join (a hang)
 # HOLD_AT_STEP_ENV, STEP[:RANK]: wait there for a stop signal, so that a cancel, or a signal to one rank, lands
 # at STEP (scalelab/train/track.py's hold_for_a_stop_signal, shared with a script's track.step)
 
@@ -87,9 +85,7 @@ WATCH_GRACE_S = 25.0
 
 #: The signals that stop a rank with a checkpoint: `launch cancel` and a node agent or OOM killer
 #: (SIGTERM), Slurm's warning before a time limit or preemption (SIGUSR1), Ctrl-C (SIGINT). Sent to one
-#: rank or to all, they mean the same: every rank stops at the step they agree on (issue #37). A rank whose
-#: main thread is blocked in native code (a collective whose peer is stuck) cannot run its handler: after
-#: SIGTERM or SIGINT it leaves all the same, without a checkpoint (scalelab/train/stop_guard.py).
+#: rank or to all, they mean the same: every rank stops at the step they agree on (issue #37).
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 
 
@@ -103,11 +99,9 @@ class Stop:
     def install(cls) -> None:
         for sig in STOP_SIGNALS:
             signal.signal(sig, cls._handler)
-        stop_guard.install({sig: cls._handler for sig in STOP_SIGNALS})
 
     @classmethod
     def _handler(cls, signum, frame) -> None:
-        stop_guard.acknowledged(signum)  # the main thread runs Python: the stop is the loop's
         cls.signal = signum
 
     @classmethod
@@ -207,7 +201,6 @@ def train(run_dir: Path) -> str:
     spec, engine = run.spec, run.engine
     progress = resume(run_dir, run)
     out = open_records(run_dir, run, progress)
-    stop_guard.set_leave(lambda signum, waited: left_blocked(out, progress, signum, waited))
     reason = "steps" if spec.steps is not None else "epochs"
     profiler = StepProfiler(run_dir, spec, run.rank, run.device)  # --profile-steps A:B
     with Prefetcher(batches(run, progress.shares, progress.step), spec.data.prefetch, run.device) as stream:
@@ -215,7 +208,6 @@ def train(run_dir: Path) -> str:
             profiler.before(progress.step + 1)
             record = guard_memory(run, progress, stream)
             out.write("step", **record, **({"profiled": True} if profiler.active else {}))
-            stop_guard.stepped()  # a stop signal's bound follows the longest step
             profiler.after(progress.step, out)
             rebalance(run, progress, record, out)
             if spec.val_every and progress.step % spec.val_every == 0 and validate_and_judge(run, progress, out):
@@ -452,8 +444,6 @@ def agree_to_stop(engine: Engine, step: int) -> bool:
     """True on every rank when any rank got a stop signal (a cancel, Slurm's warning, a signal to that one
     rank): all stop here."""
     hold_for_a_stop_signal(step, engine.rank, lambda: Stop.signal is not None)  # a test aid
-    if os.environ.get(BLOCK_AT_STEP_ENV) == f"{step}:{engine.rank}":  # a test aid: this rank waits in a gather, its
-        engine.gather(torch.zeros(1))  # peers in the agreement below: neither ever returns (a rank stuck elsewhere)
     return engine.any(Stop.signal is not None)  # distributed
 
 
@@ -470,12 +460,11 @@ def checkpoint(run_dir: Path, run: Run, progress: Progress, out: RecordWriter) -
     run.engine.consolidate(run.optimizer)  # distributed for ps: every shard's optimizer state to rank 0
     if run.rank != 0:
         return
-    with stop_guard.busy():  # the write a stop is for: never cut by the guard, however long it blocks
-        path = save_checkpoint(
-            run_dir, run.model, run.optimizer, identity=run.identity, step=progress.step, elapsed_s=progress.elapsed,
-            reached=progress.reached, shares=progress.shares.changes, rng=[list(states) for states in zip(*gathered)],
-            amp=run.precision.state_dict(),
-        )
+    path = save_checkpoint(
+        run_dir, run.model, run.optimizer, identity=run.identity, step=progress.step, elapsed_s=progress.elapsed,
+        reached=progress.reached, shares=progress.shares.changes, rng=[list(states) for states in zip(*gathered)],
+        amp=run.precision.state_dict(),
+    )
     out.event("checkpoint", step=progress.step, path=str(path))
 
 
@@ -494,19 +483,7 @@ def finish(run: Run, progress: Progress, out: RecordWriter, reason: str) -> None
                   threshold=run.spec.loss_threshold)
     out.event("end", step=progress.step, reason=reason, elapsed_s=progress.elapsed)
     out.close()
-    stop_guard.set_leave(None)  # its end is recorded: a rank blocked in the shutdown's barrier leaves without more
     run.engine.shutdown()
-
-
-def left_blocked(out: RecordWriter, progress: Progress, signum: int, waited: float) -> None:
-    """The stop of a rank whose main thread stayed blocked in native code `waited` seconds after stop signal
-    `signum` (scalelab/train/stop_guard.py), in the guard's thread: its `interrupted` event at the last step it
-    made, with `blocked_s`. No `end`: that says the rank stopped at a step agreed with its peers, with a checkpoint,
-    and this one did neither; the launcher and `launch resume` go by the last checkpoint, as after a rank killed.
-    The rank then exits 143."""
-    out.event("interrupted", signal=int(signum), step=progress.step, blocked_s=round(waited, 1),
-              **({"cause": Stop.cause} if Stop.cause else {}))
-    out.close()
 
 
 # ---- helpers -------------------------------------------------------------------------------------

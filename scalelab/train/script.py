@@ -13,9 +13,7 @@ the script finds what it expects: `init_process_group()` reads RANK, WORLD_SIZE,
    signalled rank leaves a note (RUN_DIR/records/stop-rank-R.json) for its peers: a rank that got no signal
    and left through the script's stop agreement records, as the built-in trainer's peers do, that it was
    interrupted (no signal of its own) and exits 143, so every rank's `end` says the same and the launcher
-   reads a signal to one rank as a stop of the run (CANCELLED), not a crash. A rank whose script is blocked in
-   native code (a collective whose peer is stuck) cannot run that handler: after SIGTERM or SIGINT it leaves all
-   the same (scalelab/train/stop_guard.py), its note, its records and the script's exit handlers done first;
+   reads a signal to one rank as a stop of the run (CANCELLED), not a crash;
 4. runs the script as `__main__` (runpy: `python train.py ARGS`, or `python -m MODULE ARGS`), its folder
    first on sys.path, its arguments in sys.argv;
 5. records how it ended (`end` event: reason, exit status, wall time) and, for a failure, one `error`
@@ -30,7 +28,6 @@ No PyTorch is imported here: the script imports what it uses.
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import runpy
@@ -48,7 +45,6 @@ from scalelab.core.provenance import machine, software, version
 from scalelab.core.records import RecordWriter, lost_a_peer, rank_from_env, read_records, record_error, records_path
 from scalelab.core.spec import Spec, read_spec
 from scalelab.train import track
-from scalelab.train.stop_guard import LEAVE_S, Leave, guard as stop_guard
 
 SCRIPT_DIR_ENV = "SCALELAB_SCRIPT_DIR"  # where the script's folder is on this node, when not where it was launched
 RESUME_ENV = "SCALELAB_TRACK_RESUME"  # STEP:SECONDS of the launches before, where their records are elsewhere (AWS)
@@ -101,11 +97,10 @@ def start_records(run_dir: Path, spec: Spec, rank: int, world: int) -> tuple[Rec
     return out, last, elapsed
 
 
-def install_stop(launcher: str | None, run_dir: Path, rank: int, leave: Leave | None = None) -> None:
+def install_stop(launcher: str | None, run_dir: Path, rank: int) -> None:
     """SIGTERM/SIGUSR1/SIGINT: `track.should_stop()` turns True, or, for a script that never asks, it ends (143).
     Either way the rank leaves its stop note in `run_dir` first (`note_stop`: its peers read it at their end).
-    The launcher watch sends this process SIGTERM when the launcher is gone. A script blocked in native code
-    past the stop guard's bound is ended by the guard, `leave(signal, seconds)` recording it (`left_blocked`)."""
+    The launcher watch sends this process SIGTERM when the launcher is gone."""
 
     me = os.getpid()
 
@@ -114,7 +109,6 @@ def install_stop(launcher: str | None, run_dir: Path, rank: int, leave: Leave | 
             signal.signal(signum, signal.SIG_DFL)  # this handler: the signal is its own, not a stop of the rank
             os.kill(os.getpid(), signum)  # (it wrote the rank's stop note, and its peers left as interrupted)
             return
-        stop_guard.acknowledged(signum)  # the script runs Python: the stop is its own
         asked = track._stopped(signum)
         note_stop(run_dir, rank, signum)
         if not asked:
@@ -122,7 +116,6 @@ def install_stop(launcher: str | None, run_dir: Path, rank: int, leave: Leave | 
 
     for sig in STOP_SIGNALS:
         signal.signal(sig, on_signal)
-    stop_guard.install({sig: on_signal for sig in STOP_SIGNALS}, leave)
     if not launcher:
         return
     if (who := watched(launcher)) is None:
@@ -255,8 +248,7 @@ def run(run_dir: Path) -> int:
     out, last, elapsed = start_records(run_dir, spec, rank, world)
     clear_stop_note(run_dir, rank)
     track._activate(out, run_dir, spec.warmup_steps, spec.loss_threshold, last, elapsed, started)
-    leave = functools.partial(left_blocked, out, spec, run_dir, rank, started)  # the stop guard's, should it end the rank
-    install_stop(os.environ.get(LAUNCHER_ENV), run_dir, rank, leave)
+    install_stop(os.environ.get(LAUNCHER_ENV), run_dir, rank)
     code = run_code(spec)
     for sig in STOP_SIGNALS:  # the script is done: a signal now (torchrun stopping the ranks left once a peer
         signal.signal(sig, signal.SIG_IGN)  # exited 143, the launcher watch) must not cut its end record short
@@ -264,38 +256,12 @@ def run(run_dir: Path) -> int:
     # a rank that got no signal itself but whose script returned while a peer had got one: it left through the
     # script's stop agreement, as the built-in trainer's peers do (their `interrupted` has no signal of their own)
     peer = stopped_peer(run_dir, rank, world, began) if state.stop is None and code == 0 and world > 1 else None
-    return record_end(out, spec, run_dir, code, peer is not None, started)
-
-
-LEAVE_AT_EXIT_S = LEAVE_S / 3  # the script's exit handlers, when the stop guard ends it (within its LEAVE_S)
-
-
-def left_blocked(out: RecordWriter, spec: Spec, run_dir: Path, rank: int, started: float, signum: int,
-                 waited: float) -> None:
-    """The stop guard's end of a rank whose script stayed blocked in native code `waited` seconds after stop
-    signal `signum` (scalelab/train/stop_guard.py), in the guard's thread: what the handler and the end of `run`
-    would have done - the stop note for its peers, the `interrupted` event (with `blocked_s`) and the `end` (143)
-    - then the script's exit handlers and open files, within LEAVE_AT_EXIT_S (one that waits on a peer gone, as
-    Horovod's shutdown does, must not hold the rank). The guard then exits 143."""
-    track._stopped(signum)
-    note_stop(run_dir, rank, signum)
-    record_end(out, spec, run_dir, INTERRUPTED, False, started, blocked_s=waited)
-    end_as_python_would(LEAVE_AT_EXIT_S)
-
-
-def record_end(out: RecordWriter, spec: Spec, run_dir: Path, code: int, peer_stopped: bool, started: float,
-               blocked_s: float | None = None) -> int:
-    """Record how the script ended (`interrupted`, `error`, `threshold_not_reached` where they apply, then `end`)
-    and close the records; the rank's exit status. `peer_stopped`: its script returned while a peer had got a stop
-    signal. `blocked_s`: the stop guard ended it, blocked that long after its stop signal."""
-    state = track._state
-    stopped = state.stop is not None or peer_stopped
+    stopped = state.stop is not None or peer is not None
     if stopped and code == 0:
         code = INTERRUPTED  # stopped on request: the launcher counts the run cancelled, not completed
     reason = ("interrupted" if stopped else "threshold" if state.reached else "completed" if code == 0 else "failed")
     if stopped:
-        out.event("interrupted", signal=state.stop, step=state.step, **({"cause": state.stop_cause} if state.stop_cause else {}),
-                  **({"blocked_s": round(blocked_s, 1)} if blocked_s is not None else {}))
+        out.event("interrupted", signal=state.stop, step=state.step, **({"cause": state.stop_cause} if state.stop_cause else {}))
     if code not in (0, INTERRUPTED):
         said = state.error or f"{spec.script_label} exited with status {code}"
         out.error(f"{said} (its output: launch logs {shell_word(run_dir)})",  # the same words on every rank: said once

@@ -35,7 +35,6 @@ from typing import Any
 
 from scalelab.core.errors import ScalelabError
 from scalelab.core.rundir import CHECKPOINT_DIR  # RUN_DIR/checkpoint/: the script's own checkpoint files
-from scalelab.train.stop_guard import guard as _stop_guard  # a stop signal's bound follows the longest step
 
 # Test aid, read by the built-in trainer (scalelab/train/loop.py) as well: STEP[:RANK]: wait after that step for
 # a stop signal, so that a signal sent once the records show the step lands on it, however fast the steps are
@@ -137,7 +136,6 @@ def step(items: int, loss: float | None = None, step: int | None = None, lr: flo
     s.elapsed += 0.0 if first else step_s  # training time: the setup is the run's start-up, not a step's
     s.writer.write("step", step=s.step, warmup=first or s.step - s.started_at <= s.warmup_steps, step_s=step_s,
                    samples=items, words=items, loss=value, **rate, **_memory())
-    _stop_guard.stepped()
     if s.hold_at:
         from scalelab.core.records import rank_from_env  # only where the aid is set
 
