@@ -149,12 +149,19 @@ class _Following(Backend):
         return "stopped 2 processes; none left"
 
 
-def test_a_disk_full_while_following_stops_the_run_and_names_the_filesystem(small_fs) -> None:
+def _full_run(small_fs, **state) -> tuple[Path, Path]:
+    """A run directory with launch.json (`state`) on a 64 KiB filesystem, then the filesystem filled."""
     full = small_fs(64 * 1024)
     run = full / "run"
     run.mkdir()
-    start_state(run, backend="following", state=PENDING)
+    start_state(run, **state)
     fill(full)
+    return full, run
+
+
+
+def test_a_disk_full_while_following_stops_the_run_and_names_the_filesystem(small_fs) -> None:
+    full, run = _full_run(small_fs, backend="following", state=PENDING)
     backend = _Following()
     with pytest.raises(WriteError, match=f"launch.json: the filesystem at {full} is full"):
         wait(backend, run)  # PENDING -> RUNNING cannot be recorded
@@ -223,11 +230,7 @@ class _Ended(_Following):
 def test_an_end_that_cannot_be_recorded_is_said_once_and_stops_nothing(small_fs, capsys) -> None:
     """The run ended by itself; launch.json cannot take its end: one warning, the end returned (the error
     that follows names the full disk), and the run is not "stopped" again."""
-    full = small_fs(64 * 1024)
-    run = full / "run"
-    run.mkdir()
-    start_state(run, backend="ended", state=RUNNING)
-    fill(full)
+    full, run = _full_run(small_fs, backend="ended", state=RUNNING)
     backend = _Ended()
     status = wait(backend, run)
     assert status.state == "FAILED" and backend.cancelled == []
@@ -242,11 +245,7 @@ def test_a_disk_full_while_following_inside_a_launch_is_said_once_and_exits_1(sm
     refusal before the start (exit 2)."""
     from scalelab.launcher.runner import stopping_runs
 
-    full = small_fs(64 * 1024)
-    run = full / "run"
-    run.mkdir()
-    start_state(run, backend="following", state=PENDING)
-    fill(full)
+    full, run = _full_run(small_fs, backend="following", state=PENDING)
     backend = _Following()
     with pytest.raises(WriteError) as info:
         with stopping_runs(backend, [run]):
