@@ -281,3 +281,42 @@ def test_a_disk_that_fills_mid_run_is_one_warning_exit_1_and_named_by_status(sma
     shown = " ".join(status.stdout.split())
     assert "FAILED" in shown and f"the filesystem at {full} is full" in shown, status.stdout + status.stderr
     assert "out of memory" not in shown
+
+
+class _Completed(_Following):
+    """A backend whose run has completed by itself: every process gone, nothing left to stop."""
+
+    name = "completed"
+
+    def status(self, run_dir: Path) -> RunStatus:
+        return RunStatus("COMPLETED", "every rank exited 0")
+
+
+def test_a_run_that_completes_on_a_full_disk_says_so_and_status_writes_its_summary_later(small_fs, capsys) -> None:
+    """The disk filled as the run ended: its end and summary cannot be written. One warning, one error of a
+    launch that ran (exit 1, was a refusal's exit 2) saying the run completed and how to get its figures; once
+    there is room, `launch status`'s settling writes summary.json. Nothing is stopped: nothing runs."""
+    from scalelab.core.rundir import COMPLETED, RunPaths
+    from scalelab.core.writes import RunWriteError
+    from scalelab.launcher.runner import follow, settle
+
+    full, run = _full_run(small_fs, backend="completed", state=RUNNING, launched=time.time() - 5)
+    (full / "filler").unlink()
+    spec = Spec(script="train.py").validate()
+    save_spec(spec, run)
+    writer = RecordWriter(run, rank=0, world=1)
+    writer.event("end", wall_s=2.5, exit_code=0)
+    writer.close()
+    fill(full)
+    backend = _Completed()
+    with pytest.raises(RunWriteError) as info:
+        follow(backend, spec, run)
+    message = " ".join(str(info.value).split())
+    assert info.value.exit_code == 1 and backend.cancelled == []
+    assert f"run {run} completed, but its summary could not be written" in message, message
+    assert f"the filesystem at {full} is full" in message and f"launch report {run}" in message, message
+    assert capsys.readouterr().err.count("launch: warning:") == 1  # its end could not be recorded either
+    assert not RunPaths(run).summary.exists()
+    (full / "filler").unlink()
+    assert settle(backend, run).state == COMPLETED
+    assert json.loads(RunPaths(run).summary.read_text())["exit_codes"] == [0]

@@ -399,7 +399,21 @@ def follow(backend: Backend, spec: Spec, run_dir: Path, label: str | None = None
         raise RunFailed(cancelled_line(run_dir))
     if status.state != COMPLETED:
         raise kept(run_dir, failure(backend, run_dir, status))
-    return write_summary(run_dir)
+    return summary_of_completed(run_dir)
+
+
+def summary_of_completed(run_dir: Path):
+    """`write_summary`, where a full or read-only disk is a failed launch (exit 1) that says the run itself
+    completed and how to get its summary: its records are whole, `launch report` reads them and `launch status`
+    writes summary.json once there is room. Why: it was a refusal's exit 2 and a bare "cannot write" line, as if
+    the run had not started."""
+    try:
+        return write_summary(run_dir)
+    except WriteError as exc:
+        run = shell_word(run_dir)
+        raise RunWriteError(f"run {run_dir} completed, but its summary could not be written: {exc}. Its records "
+                            f"are whole: `launch report {run}` shows its figures now, and `launch status {run}` "
+                            "writes the summary once there is room") from exc
 
 
 def kept(run_dir: Path, error: ScalelabError) -> ScalelabError:
@@ -442,6 +456,8 @@ def settle(backend: Backend, run_dir: Path) -> RunStatus:
         return status
     info = read_state(run_dir)
     if info.get("state") in TERMINAL:
+        if info["state"] == COMPLETED and not RunPaths(run_dir).summary.exists() and not owner_of(run_dir):
+            _try_write(lambda: write_summary(run_dir))  # its launcher could not write it (`summary_of_completed`)
         # the launcher's judgement from the ranks' records (cancelled: rank 1 got SIGTERM), not the scheduler's
         # word for the same end (Slurm's FAILED for a job whose rank exited 143), which `launch status` showed
         return RunStatus(info["state"], info.get("detail") or status.detail)
