@@ -80,6 +80,22 @@ def test_lines_that_carry_their_rank_are_retagged_and_the_launchers_own_are_not_
     assert said == [("[rank0]:hvd out\n[rank3]:mpirun out\n[rank2]:torchrun tee\n", False), ("[rank1]:hvd err\n", True)]
 
 
+def test_horovodruns_exit_word_after_a_ranks_unended_line_is_neither_shown_nor_missed(tmp_path: Path) -> None:
+    """A rank's last output without its newline, then horovodrun's "Process R exit with status code N." on the
+    same line of its log: the rank's part is shown alone, and the exit status is still read (it went unread, and
+    `[rank0]:partial lineProcess 0 exit with status code 143.` was shown)."""
+    from scalelab.launcher.backend import reported_exits
+
+    log = tmp_path / "launcher.log"
+    text = ("[1]<stdout>:partial lineProcess 1 exit with status code 5.\n"
+            "[0]<stdout>:50%Process 0 exit with status code 143.\nProcess 2 exit with status code 1.\n")
+    log.write_text(text)
+    echo, said = echo_of([RankOutput(log)], ranks=(0, 1, 2))
+    echo.close()
+    assert said == [("[rank1]:partial line\n[rank0]:50%\n", False)]
+    assert reported_exits(text) == {1: 5, 0: 143, 2: 1}
+
+
 def test_only_the_chosen_ranks_and_only_what_came_after_the_launch(tmp_path: Path) -> None:
     zero, one = tmp_path / "0.log", tmp_path / "1.log"
     zero.write_text("old line of an earlier launch\n")

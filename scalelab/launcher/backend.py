@@ -644,7 +644,8 @@ def rank_exits(run_dir: Path) -> dict[int, int]:
 # What the agents report of ranks that failed: torchrun's ChildFailedError summary ("rank : 1 (local_rank:
 # 1)" then "exitcode : 5 (pid: N)") and horovodrun's "Process 1 exit with status code 5." lines.
 _TORCHRUN_EXIT = re.compile(r"^\s*rank\s*: (\d+) \(local_rank: \d+\)\n\s*exitcode\s*: (-?\d+)", re.MULTILINE)
-_HOROVOD_EXIT = re.compile(r"^Process (\d+) exit with status code (-?\d+)\.", re.MULTILINE)
+# Not only at a line's start: after a rank's last line without its newline, horovodrun writes its word on the same line.
+_HOROVOD_EXIT = re.compile(r"Process (\d+) exit with status code (-?\d+)\.$", re.MULTILINE)
 
 
 def reported_exits(text: str) -> dict[int, int]:

@@ -34,6 +34,9 @@ CHUNK_BYTES = 4 << 20  # read at most this much of one file per tick: a flood of
 # A line's own tag where the file mixes ranks: horovodrun's `[R]<stdout>:`, mpirun's `[JOB,R]<stderr>:`, torchrun's
 # `[rankR]:`; the stream named is where the line goes
 _LINE_TAG = re.compile(r"\[(?:\d+,)?\d+\]<(?P<stream>stdout|stderr)>:|\[rank\d+\]:")
+# horovodrun's own word on a rank's exit, written on the same line as the rank's last output where that had no
+# newline ("[0]<stdout>:50%Process 0 exit with status code 143."): not the rank's, so not shown as its line
+_AGENT_TAIL = re.compile(r"(?<=.)Process \d+ exit with status code -?\d+\.(?=\n?$)")
 
 
 def parse_rank_output(text: str, world: int) -> frozenset[int]:
@@ -157,4 +160,5 @@ class RankEcho:
         rank = rank_tag(line, at_start=True)[0] if m else None
         if rank is None:
             return None, line, False
+        line = _AGENT_TAIL.sub("", line)
         return f"[rank{rank}]:", line[m.end():], m["stream"] == "stderr" if m["stream"] else output.err
