@@ -457,7 +457,7 @@ def settle(backend: Backend, run_dir: Path) -> RunStatus:
     info = read_state(run_dir)
     if info.get("state") in TERMINAL:
         if info["state"] == COMPLETED and not RunPaths(run_dir).summary.exists() and not owner_of(run_dir):
-            _try_write(lambda: write_summary(run_dir))  # its launcher could not write it (`summary_of_completed`)
+            _summary_if_possible(run_dir)
         # the launcher's judgement from the ranks' records (cancelled: rank 1 got SIGTERM), not the scheduler's
         # word for the same end (Slurm's FAILED for a job whose rank exited 143), which `launch status` showed
         return RunStatus(info["state"], info.get("detail") or status.detail)
@@ -467,6 +467,16 @@ def settle(backend: Backend, run_dir: Path) -> RunStatus:
     if ended == COMPLETED and not RunPaths(run_dir).summary.exists():
         write_summary(run_dir)
     return RunStatus(ended, read_state(run_dir).get("detail", ""))
+
+
+def _summary_if_possible(run_dir: Path) -> None:
+    """summary.json of a run recorded COMPLETED whose launcher could not write it (`summary_of_completed`: the
+    disk was full). Where it still cannot be written, or its records cannot be summarised, the run's state is
+    shown all the same: `launch report` says what is wrong with its records."""
+    try:
+        write_summary(run_dir)
+    except ScalelabError:
+        pass
 
 
 def failure(backend: Backend, run_dir: Path, status: RunStatus) -> ScalelabError:
