@@ -162,3 +162,48 @@ def test_ls_shows_a_run_whose_summary_is_damaged_from_its_records(tmp_path):
     table = launch("ls", "--runs-dir", str(runs), cwd=tmp_path)
     assert table.returncode == 0 and "COMPLETED" in table.stdout and "UNREADABLE" not in table.stdout, table.stdout
     assert "its summary is damaged" in " ".join(table.stdout.split())
+
+
+def make_prep(path: Path, workers: int = 2, records: list[dict] | None = None, summary: dict | None = None) -> Path:
+    """A prep run directory as `launch prep` writes it: prep.json, its records, summary.json once it finished."""
+    path.mkdir(parents=True)
+    write_json(path / "prep.json", {"backend": "local", "model": "rnnlm-tiny", "mode": "strong", "workers": workers})
+    if records is not None:
+        (path / "records").mkdir()
+        (path / "records" / "prep.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    if summary is not None:
+        write_json(path / "summary.json", summary)
+    return path
+
+
+def test_ls_and_status_list_prep_runs_and_sweeps_beside_training_runs(tmp_path):
+    """`launch prep` writes under the runs directory too; `launch ls` left its runs out and `launch status` refused
+    them ("spec.json is missing"). Each is listed with its workers, its state from what it wrote and its lines/s."""
+    phase = {"kind": "phase", "phase": "scan", "tasks": 1, "start": 1.0, "end": 2.0, "seconds": 1.0}
+    make_prep(tmp_path / "prep-done", records=[phase], summary={"lines_per_s": 5000.0})
+    make_prep(tmp_path / "prep-bad", workers=1,
+              records=[{"kind": "failure", "error": "DataError", "message": "bad line", "time": 3.0}])
+    make_prep(tmp_path / "prep-stopped",
+              records=[{"kind": "failure", "error": "interrupted", "message": "SIGTERM", "time": 3.0}])
+    make_prep(tmp_path / "prep-going", records=[phase])
+    sweep = tmp_path / "prep-sweep"
+    sweep.mkdir()
+    write_json(sweep / "prep.json", {"backend": "local", "sweep": ["1w", "2w"]})
+    make_prep(sweep / "1w", workers=1, records=[phase], summary={"lines_per_s": 100.0})
+    (tmp_path / "prep-corrupt").mkdir()
+    (tmp_path / "prep-corrupt" / "prep.json").write_text("{not json")
+    make_run(tmp_path / "run-a")
+    rows = {r["name"]: r for r in inventory(tmp_path)}
+    assert {n: (r["kind"], r["state"]) for n, r in rows.items()} == {
+        "prep-done": ("prep", "COMPLETED"), "prep-bad": ("prep", "FAILED"), "prep-stopped": ("prep", "CANCELLED"),
+        "prep-going": ("prep", "INCOMPLETE"), "prep-sweep": ("prep", "NEW"), "prep-corrupt": ("prep", "UNREADABLE"),
+        "run-a": ("run", "COMPLETED")}
+    assert (rows["prep-done"]["layout"], rows["prep-done"]["words_per_s"], rows["prep-done"]["unit"]) == \
+        ("2 workers", 5000.0, "lines")
+    assert rows["prep-bad"]["layout"] == "1 worker" and "corrupt" in rows["prep-corrupt"]["error"]
+    assert [(r["name"], r["state"]) for r in rows["prep-sweep"]["layouts"]] == [("1w", "COMPLETED"), ("2w", "NEW")]
+    out = CliRunner().invoke(main, ["ls", "--runs-dir", str(tmp_path)])
+    assert out.exit_code == 0 and "prep-done" in out.output and "5,000 lines" in out.output, out.output
+    status = CliRunner().invoke(main, ["status", str(sweep)])
+    assert status.exit_code == 0, status.output
+    assert f"prep {sweep.absolute()}: NEW" in status.output and "100" in status.output and "1 worker" in status.output

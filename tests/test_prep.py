@@ -196,6 +196,8 @@ def test_a_worker_side_error_is_one_line_and_exit_2(tmp_path: Path) -> None:
                   "--workers", "1", "--runs-dir", str(tmp_path / "runs"), cwd=tmp_path)
     assert done.returncode == 2, done.stderr
     assert "Traceback" not in done.stderr and f"{bad}:2: expected LABEL<TAB>text" in done.stderr
+    listed = json.loads(invoke(["ls", "--runs-dir", str(tmp_path / "runs"), "--format", "json"]).output)
+    assert [(r["kind"], r["state"], r["layout"]) for r in listed] == [("prep", "FAILED", "1 worker")]
 
 
 def test_the_trainer_refuses_shards_cut_for_another_model(client, tmp_path: Path) -> None:
@@ -249,6 +251,9 @@ def test_launch_prep_sweep_records_report_and_training_on_the_shards(tmp_path: P
     assert {r["phase"] for r in records if r["kind"] == "phase"} >= {"index", "scan", "encode", "regroup", "manifest"}
     assert (tmp_path / "shards" / "1w" / "manifest.json").read_bytes() == (tmp_path / "shards" / "2w" / "manifest.json").read_bytes()
 
+    listed = json.loads(invoke(["ls", "--runs-dir", str(runs), "--format", "json"]).output)  # beside training runs
+    assert [(r["kind"], r["state"], r["layout"]) for r in listed] == [("prep", "COMPLETED", "1,2 workers")]
+    assert [r["words_per_s"] for r in listed[0]["layouts"]] == pytest.approx([r["lines_per_s"] for r in rows])
     again = invoke(["report", str(sweep / "1w"), "--format", "json"])
     assert again.exit_code == 0, again.output
     assert json.loads(again.output)[0]["workers"] == 1

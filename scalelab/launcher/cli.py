@@ -1013,8 +1013,10 @@ def print_rows(rows: list[dict[str, Any]], fmt: str, title: str | None = None) -
     """Rows as JSON, or as a table as wide as the terminal ($COLUMNS), so names wrap no more than they must."""
     if fmt == "json":
         click.echo(json.dumps(rows, indent=2))
-    else:
-        console.print(rows_table(rows, title, console.width))
+        return
+    if title:  # a line of its own, whole: as the table's title it was folded to the table's width
+        console.print(escape(title), highlight=False, soft_wrap=True)
+    console.print(rows_table(rows, None, console.width))
 
 
 @main.command("ls")
@@ -1053,12 +1055,13 @@ def status_cmd(run_dir: str | None, runs_dir: str, fmt: str) -> None:
     from scalelab.launcher.inventory import describe, kind_of
 
     run_dir = run_dir if run_dir is not None else str(newest_run_dir(Path(runs_dir)))
-    if fmt == "json" or kind_of(Path(run_dir)) in ("sweep", "study"):
+    kind = kind_of(Path(run_dir))
+    if fmt == "json" or kind not in ("run", None):  # a sweep, a study, a GEMM study, a prep run or sweep
         row = describe(Path(run_dir))
         if fmt == "json":
             click.echo(json.dumps(row, indent=2))
         else:
-            print_rows(row["layouts"], fmt, title=f"{row['kind']} {row['path']}: {row['state']}")
+            print_rows(row.get("layouts") or [row], fmt, title=f"{row['kind']} {row['path']}: {row['state']}")
         return
     _run_status(run_dir)
 

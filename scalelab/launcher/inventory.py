@@ -39,8 +39,14 @@ COLUMNS = ("name", "kind", "backend", "layout", "state", "steps", "total_steps",
            "cost_usd", "age_s")
 
 
+# Directories another part writes under the runs directory, told by a file they hold: file -> (kind, "module:
+# function" making the row from (path, now)), imported by name only when such a directory is listed (the part may
+# be absent: `import_optional`), as `launcher.cli.LAZY_REPORTS` reports them.
+LISTED_PARTS: dict[str, tuple[str, str]] = {"prep.json": ("prep", "scalelab.prep.listing:inventory_row")}
+
+
 def kind_of(path: Path) -> str | None:
-    """"study", "sweep", "run" or None (not a directory scalelab wrote)."""
+    """"study", "sweep", "run", "gemm", a part's kind ("prep") or None (not a directory scalelab wrote)."""
     if (path / STUDY_FILE).exists():
         return "study"
     if is_sweep(path):
@@ -49,7 +55,7 @@ def kind_of(path: Path) -> str | None:
         return "run"
     if (path / GEMM_FILE).exists():
         return "gemm"
-    return None
+    return next((kind for marker, (kind, _) in LISTED_PARTS.items() if (path / marker).exists()), None)
 
 
 def gemm_row(path: Path, now: float | None = None, backends: Backends | None = None) -> dict[str, Any]:
@@ -225,7 +231,7 @@ def _runs_in(path: Path, kind: str) -> list[Path]:
     """The started runs of a run, sweep or study directory."""
     if kind == "run":
         return [path]
-    if kind == "gemm":
+    if kind == "gemm" or kind not in ("sweep", "study"):
         return []
     sweeps = [path] if kind == "sweep" else [d for _, d in _study_sweeps(path)]
     return [p for d in sweeps for p in sweep_runs(d) if RunPaths(p).spec.exists()]
@@ -257,7 +263,23 @@ def _kind_or_error(path: Path) -> str:
 
 
 def _row(path: Path, kind: str, now: float | None, backends: Backends) -> dict[str, Any]:
-    return {"study": study_row, "sweep": sweep_row, "run": run_row, "gemm": gemm_row}[kind](path, now, backends)
+    own = {"study": study_row, "sweep": sweep_row, "run": run_row, "gemm": gemm_row}
+    if kind in own:
+        return own[kind](path, now, backends)
+    return _part_row(path, kind, now)
+
+
+def _part_row(path: Path, kind: str, now: float | None) -> dict[str, Any]:
+    """The row another part makes of its directory (`LISTED_PARTS`); one saying so where that part is not
+    installed here."""
+    from scalelab.launcher.backend import import_optional
+
+    ref = next(ref for _, (k, ref) in LISTED_PARTS.items() if k == kind)
+    module, function = ref.split(":")
+    loaded = import_optional(module)
+    if loaded is None:
+        raise ScalelabError(f"{path} is a {kind} directory, and scalelab's {kind} part is not installed here")
+    return getattr(loaded, function)(path, now)
 
 
 def inventory(root: Path) -> list[dict[str, Any]]:
