@@ -233,3 +233,31 @@ def test_lines_go_above_a_live_bar_on_a_terminal_and_to_stdout_itself_elsewhere(
         prog.write_above("[rank0]:hello\n")
     assert ("[rank0]:hello" in screen.getvalue()) == stdout_is_the_terminal, screen.getvalue()
     assert stdout.getvalue() == ("" if stdout_is_the_terminal else "[rank0]:hello\n")
+
+
+def test_a_multi_node_runs_outputs_are_tagged_by_their_start_records_read_once(tmp_path: Path) -> None:
+    """Two emulated nodes, each torchrun agent's local rank 0: the global rank is the one whose `start` record
+    names the file, learnt as the records come (rank 1's start arrives later). What was read is not read again:
+    the echo asks every second, and a run's records grow with every step (read whole, O(steps) a second)."""
+    from scalelab.core.spec import Spec, save_spec
+    from scalelab.launcher.local import rank_outputs
+
+    run = tmp_path / "run"
+    run.mkdir()
+    save_spec(Spec(model="nmt-tiny", nodes=2, gpus_per_node=1).validate(), run)
+    files = []
+    for node in ("a", "b"):
+        folder = run / "logs" / "torchrun" / node / "attempt_0" / "0"
+        folder.mkdir(parents=True)
+        (folder / "stdout.log").write_text("hello\n")
+        files.append(folder / "stdout.log")
+    (run / "records").mkdir()
+    rank0, rank1 = run / "records" / "rank-0.jsonl", run / "records" / "rank-1.jsonl"
+    start = {"kind": "start", "world": 2, "time": 1.0}
+    rank0.write_text(json.dumps({**start, "rank": 0, "stdout": str(files[0])}) + "\n")
+    rank1.write_text("")
+    assert [tag for tag, _ in rank_outputs(run)] == ["[rank0]:", "[default0]:"]
+    with open(rank1, "a") as f:
+        f.write(json.dumps({**start, "rank": 1, "stdout": str(files[1])}) + "\n")
+    rank0.write_text("x" * len(rank0.read_text()))  # already read: a rewrite in place is not read again
+    assert [tag for tag, _ in rank_outputs(run)] == ["[rank0]:", "[rank1]:"]

@@ -40,6 +40,7 @@ from scalelab.core.procs import (
     tool_path,
     watch_value,
 )
+from scalelab.core.records import RecordTail
 from scalelab.core.rundir import (
     CANCELLED,
     COMPLETED,
@@ -149,8 +150,6 @@ def _number(text: str) -> int:
 def _output_owners(run_dir: Path) -> tuple[dict[str, int], bool]:
     """({real path of an output file: the global rank whose start record names it}, whether the run has one node).
     A run of one node reads no records: its local ranks are its global ones (`launch logs -f` asks every second)."""
-    from scalelab.core.records import read_records
-
     try:
         nodes = read_spec(Path(run_dir)).nodes
     except (ScalelabError, OSError, ValueError):
@@ -159,11 +158,24 @@ def _output_owners(run_dir: Path) -> tuple[dict[str, int], bool]:
         return {}, True
     owners: dict[str, int] = {}
     for path in sorted(RunPaths(Path(run_dir)).records.glob("rank-*.jsonl")):
-        for rec in read_records(path, [], tolerant=True):
-            if rec.get("kind") == "start" and isinstance(rec.get("rank"), int):
-                owners.update({os.path.realpath(str(rec[name])): rec["rank"] for name in ("stdout", "stderr")
-                               if isinstance(rec.get(name), str)})
+        owners.update(_owners_in(path))
     return owners, False
+
+
+# Per records file: its reader (where it stopped) and the owners its start records named so far. The echo and
+# `launch logs -f` ask every second, and a run's records grow with every step: read whole each time, following
+# a long multi-node run cost O(steps) a second. A file rewritten shorter is read again from its start.
+_OWNERS: dict[str, tuple[RecordTail, dict[str, int]]] = {}
+
+
+def _owners_in(path: Path) -> dict[str, int]:
+    """{real path of an output file: the rank} from the start records of one rank's records file."""
+    tail, owners = _OWNERS.setdefault(os.path.realpath(path), (RecordTail(path), {}))
+    for rec in tail.read():
+        if rec.get("kind") == "start" and isinstance(rec.get("rank"), int):
+            owners.update({os.path.realpath(str(rec[name])): rec["rank"] for name in ("stdout", "stderr")
+                           if isinstance(rec.get(name), str)})
+    return owners
 
 
 def rank_output(path: Path, tag: str) -> str:
