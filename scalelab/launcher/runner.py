@@ -176,6 +176,16 @@ def _raise_interrupted(signum: int, frame: object) -> None:
     raise Interrupted(signum)
 
 
+@contextmanager
+def stop_signals_interrupt() -> Iterator[None]:
+    """Inside, SIGTERM and SIGHUP raise `Interrupted` as Ctrl-C does, for a command that holds no run a backend
+    cancels (`launch prep`: the `with` blocks it is in close its Dask cluster and record why it stopped). Why:
+    SIGTERM ended such a command at once, with no word, no record (its prep left INCOMPLETE) and multiprocessing's
+    "leaked semaphore objects" warning; it now exits 143 as a stopped `launch run` does."""
+    with _signals(_raise_interrupted):
+        yield
+
+
 def _keep_stopping(signum: int, frame: object) -> None:
     """A stop signal while the runs are stopped: the first one ends any wait for a checkpoint
     (STOP_NOW); the stop itself goes on, so that nothing is left running."""

@@ -24,7 +24,7 @@ from scalelab.core.flags import shared_flags, spec_from_flags
 from scalelab.core.spec import BATCH_MODES, check_text_file
 from scalelab.core.writes import check_writable
 from scalelab.launcher.cli import console, parse_pairs
-from scalelab.launcher.runner import err_console
+from scalelab.launcher.runner import err_console, stop_signals_interrupt
 from scalelab.prep.request import PREP_FILE, PrepRequest
 
 INPUTS = ("train", "valid", "train_src", "train_tgt", "valid_src", "valid_tgt")
@@ -73,11 +73,17 @@ def prep_cmd(**params: Any) -> None:
         for request in requests:
             click.echo(render(request, dryrun_dir(runs, request.name or "prep")))
         return
-    from scalelab.prep.report import report_dirs
-
     if "://" not in params["out"]:  # a read-only or forbidden --out fails now, not after the cluster started
         check_writable(params["out"], "the shards directory", "or give --out a writable directory")
     check_local_out(requests)
+    with stop_signals_interrupt():
+        _prep(requests, runs)
+
+
+def _prep(requests: list[PrepRequest], runs: Path) -> None:
+    """One prep run, or a sweep of them, each then reported."""
+    from scalelab.prep.report import report_dirs
+
     if len(requests) == 1:
         report_dirs([run_one(requests[0], new_run_dir(runs, _name(requests[0])))], None, "table")
         return
