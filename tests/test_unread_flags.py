@@ -101,6 +101,12 @@ def test_a_fraction_for_a_whole_number_is_refused_in_a_config_file_as_in_a_spec_
     (["--ps-state", "cpu"], ["--ps-state cpu", "--engine ps", "not --engine ddp"]),
     (["--ps-placement", "separate"], ["--ps-placement separate", "--engine ps", "not --engine ddp"]),
     (["--balance-every", "3"], ["--balance-every 3", "--balance dynamic", "not --balance static"]),
+    (["--train-samples", "100"], ["--train-samples 100", "--data task", "not --data synthetic"]),
+    (["--fixed-length"], ["--fixed-length", "--data task", "not --data synthetic"]),
+    (["--model", "rnnlm-tiny", "--data", "text", "--train-src", "corpus.txt", "--fixed-length"],
+     ["--fixed-length", "--data task", "not --data text"]),
+    (["--shards", "shards"], ["--shards shards", "--data shards", "not --data synthetic"]),
+    (["--data", "task", "--shards", "shards"], ["--shards shards", "--data shards", "not --data task"]),
     (["--backend", "aws", "--bucket", "my-bucket", "--region", "us-east-1", "--max-price", "0.5"],
      ["--max-price 0.5", "--spot", "--on-demand"]),
     (["--backend", "aws", "--bucket", "my-bucket", "--region", "us-east-1", "--backend-opt", "spot_max_price=0.5"],
@@ -108,6 +114,7 @@ def test_a_fraction_for_a_whole_number_is_refused_in_a_config_file_as_in_a_spec_
 ])
 def test_a_setting_nothing_reads_is_refused_naming_it_and_what_it_needs(args, words, monkeypatch, capsys, tmp_path):
     monkeypatch.chdir(tmp_path)
+    (tmp_path / "corpus.txt").write_text("a b c\nd e f\n")
     line = _refused([*args, "--dry-run", "--runs-dir", "runs"], monkeypatch, capsys, *words)
     assert "add " in line and "leave " in line, line
     assert not (tmp_path / "runs").exists()
@@ -119,6 +126,8 @@ def test_a_setting_nothing_reads_is_refused_naming_it_and_what_it_needs(args, wo
     ["--engine", "ps", "--ps-shards", "1", "--ps-state", "cpu"],
     ["--balance", "dynamic", "--balance-every", "3", "--gpus-per-node", "2", "--device", "cpu"],
     ["--fusion-threshold-mb", "64", "--bucket-cap-mb", "25", "--balance-every", "10"],  # their defaults: harmless
+    ["--data", "task", "--train-samples", "100", "--fixed-length"],
+    ["--train-samples", "4096", "--variable-length", "--prefetch", "0"],  # defaults, and what every kind reads
     ["--backend", "aws", "--bucket", "my-bucket", "--region", "us-east-1", "--spot", "--max-price", "0.5"],
 ])
 def test_the_same_settings_where_they_are_read_still_run(args, monkeypatch, capsys, tmp_path):
@@ -153,6 +162,65 @@ def test_a_config_files_defaults_for_other_runs_are_no_conflict(config, monkeypa
     assert code == 0 and "spot_max_price" not in spec_of[-1].backend_options, err
     code, err, _ = run_entry(["--backend", "aws", "--spot", "--dry-run", "--runs-dir", "runs"], monkeypatch, capsys)
     assert code == 0 and spec_of[-1].backend_options["spot_max_price"] == 0.5, err
+
+
+def test_a_config_files_task_data_defaults_are_for_task_runs(config, monkeypatch, capsys, spec_of, tmp_path):
+    """`train-samples`, `fixed-length` and `shards` in a project's config file: a synthetic run drops them (it
+    refused `shards` before, "give both, or neither"), a task run keeps its own."""
+    (tmp_path / "sh").mkdir()
+    (tmp_path / "sh" / "manifest.json").write_text("{}")
+    config("train-samples: 100\nfixed-length: true\nshards: sh\n")
+    code, err, _ = run_entry(["--dry-run", "--runs-dir", "runs"], monkeypatch, capsys)
+    assert code == 0, err
+    data = spec_of[-1].data
+    assert (data.train_samples, data.fixed_length, data.shards) == (4096, False, None)
+    code, err, _ = run_entry(["--data", "task", "--dry-run", "--runs-dir", "runs"], monkeypatch, capsys)
+    assert code == 0, err
+    data = spec_of[-1].data
+    assert (data.train_samples, data.fixed_length, data.shards) == (100, True, None)
+    code, err, _ = run_entry(["--data", "shards", "--model", "rnnlm-tiny", "--dry-run", "--runs-dir", "runs"],
+                             monkeypatch, capsys)
+    assert code == 0 and spec_of[-1].data.shards == "sh", err
+
+
+@pytest.mark.parametrize("data, words", [
+    ("{valid_samples: 64}", ["data.valid_samples: 64", "--data task", "not --data synthetic"]),
+    ("{kind: synthetic, bucket: false}", ["data.bucket: false", "--data task, text or shards", "leave data.bucket out"]),
+    ("{kind: text, train_src: corpus.txt, train_samples: 64}", ["--train-samples 64", "not --data text"]),
+])
+def test_a_spec_files_data_setting_its_kind_of_data_does_not_read_is_refused(data, words, monkeypatch, capsys,
+                                                                             tmp_path):
+    """Before: `valid_samples` and `bucket` with synthetic data were ignored (exit 0); they have no flag, so
+    the message names the spec file's key."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "corpus.txt").write_text("a b c\nd e f\n")
+    (tmp_path / "exp.yaml").write_text(f"model: rnnlm-tiny\ndata: {data}\n")
+    _refused(["--spec", "exp.yaml", "--dry-run", "--runs-dir", "runs"], monkeypatch, capsys, *words)
+    (tmp_path / "exp.yaml").write_text("model: rnnlm-tiny\ndata: {kind: task, valid_samples: 64, bucket: false}\n")
+    code, err, _ = run_entry(["--spec", "exp.yaml", "--dry-run", "--runs-dir", "runs"], monkeypatch, capsys)
+    assert code == 0, err
+
+
+def test_a_studys_base_task_data_settings_are_for_its_task_variants(tmp_path):
+    from scalelab.launcher.study import load_study, variant_specs
+
+    path = tmp_path / "s.yaml"
+    path.write_text("title: data\nlayouts: [1x1]\n"
+                    "base: {model: nmt-tiny, steps: 6, warmup_steps: 1, engine: {name: single},\n"
+                    "       data: {kind: task, train_samples: 64, fixed_length: true}}\n"
+                    "variants:\n  - {label: task}\n  - {label: synthetic, set: {data: {kind: synthetic}}}\n")
+    study = load_study(path)
+    got = {v.label: [(s.data.train_samples, s.data.fixed_length) for s in variant_specs(study, v)]
+           for v in study.variants}
+    assert got == {"task": [(64, True)], "synthetic": [(4096, False)]}
+    path.write_text(path.read_text().replace("{label: task}", "{label: plain, set: {data: {kind: synthetic}}}"))
+    with pytest.raises(SpecError, match=r"the base of .*s.yaml sets --train-samples 64, which none of its variants "
+                                        r"reads.*--data task"):
+        load_study(path)
+    path.write_text(path.read_text().replace("{data: {kind: synthetic}}}\n", "{data: {kind: synthetic, "
+                                             "fixed_length: true}}}\n", 1))
+    with pytest.raises(SpecError, match=r"variant 'plain': --fixed-length is for --data task"):
+        load_study(path)
 
 
 def test_a_flag_typed_over_a_config_files_engine_is_still_refused(config, monkeypatch, capsys):
