@@ -1,7 +1,9 @@
 """A review of input handling: each problem as the user met it, each test failing before its fix.
 
 1. `lr: 1e-3` in a spec file was refused ("expected float, got '1e-3'") while a config file took it: the YAML
-   loader kept PyYAML's 1.1 floats (a dot and a signed exponent); it reads YAML 1.2's numbers now.
+   loader kept PyYAML's 1.1 floats (a dot and a signed exponent); it reads YAML 1.2's numbers now. It kept 1.1's
+   booleans too: `name: no` was refused in a spec file and named a run "False" from a config file; yes/no/on/off
+   are text now, which an option declared bool reads as 1.1 did.
 2. Flags the built-in trainer never read were accepted (exit 0): --train-src without --data text, Horovod's
    fusion settings with another engine, --bucket-cap-mb without DDP, --ps-* without the parameter server,
    --balance-every without --balance dynamic, --max-price without --spot. Refused in one line as
@@ -84,6 +86,109 @@ def test_a_fraction_for_a_whole_number_is_refused_in_a_config_file_as_in_a_spec_
     config("steps: 40.5\n")
     _refused(["--dry-run"], monkeypatch, capsys, "config file c.yaml", "steps", "40.5")
     assert not (tmp_path / "runs").exists()
+
+
+YAML_11_TRUE = ["y", "Y", "yes", "Yes", "YES", "on", "On", "ON"]
+YAML_11_FALSE = ["n", "N", "no", "No", "NO", "off", "Off", "OFF"]
+
+
+@pytest.mark.parametrize("text", YAML_11_TRUE + YAML_11_FALSE)
+def test_the_loader_reads_yaml_1_1s_boolean_words_as_text_as_yaml_1_2_does(text):
+    """1.1 (PyYAML) read yes/no/on/off as booleans: a run named `no` became False."""
+    from scalelab.core.yamltext import load_yaml
+
+    assert load_yaml(f"x: {text}\n")["x"] == text
+
+
+@pytest.mark.parametrize("text, value", [("true", True), ("True", True), ("TRUE", True), ("false", False),
+                                         ("False", False), ("FALSE", False)])
+def test_yaml_1_2s_booleans_are_still_booleans(text, value):
+    from scalelab.core.yamltext import load_yaml
+
+    assert load_yaml(f"x: {text}\n")["x"] is value
+
+
+@pytest.mark.parametrize("where", ["spec", "config", "study"])
+@pytest.mark.parametrize("word", ["yes", "On", "y", "NO", "off", "N"])
+def test_a_bool_option_takes_yaml_1_1s_boolean_words_in_every_file(word, where, config, monkeypatch, capsys,
+                                                                  spec_of, tmp_path):
+    """A spec file took yes/no/on/off (1.1 read them) and refused y/n; a config file took them all (click's
+    bool type). Read as 1.2 text, a bool option takes each as the boolean 1.1 meant (core/yamltext.py)."""
+    want = word in YAML_11_TRUE
+    if where == "study":
+        from scalelab.launcher.study import load_study, variant_specs
+
+        (tmp_path / "s.yaml").write_text("title: b\nlayouts: [1x1]\nbase: {model: nmt-tiny, steps: 6, warmup_steps: 1, "
+                                         f"engine: {{name: single}}, data: {{kind: task, fixed_length: {word}}}}}\n")
+        study = load_study(tmp_path / "s.yaml")
+        assert variant_specs(study, study.variants[0])[0].data.fixed_length is want
+        return
+    (tmp_path / "exp.yaml").write_text(f"data: {{kind: task, fixed_length: {word}}}\n")
+    config(f"data: task\nfixed-length: {word}\n" if where == "config" else "runs-dir: runs\n")
+    argv = ["--dry-run", "--runs-dir", "runs"] + (["--spec", "exp.yaml"] if where == "spec" else [])
+    code, err, _ = run_entry(argv, monkeypatch, capsys)
+    assert code == 0, err
+    assert spec_of[-1].data.fixed_length is want
+
+
+@pytest.mark.parametrize("where", ["spec", "config", "study"])
+@pytest.mark.parametrize("word", ["no", "on", "Off", "YES", "n"])
+def test_a_text_option_given_a_yaml_1_1_boolean_word_keeps_the_word(word, where, config, monkeypatch, capsys,
+                                                                   spec_of, tmp_path):
+    """Before: `name: no` was refused in a spec file ("expected str (text) or null, got false") and made a run
+    named False from a config file."""
+    if where == "study":
+        from scalelab.launcher.study import load_study, variant_specs
+
+        (tmp_path / "s.yaml").write_text("title: b\nlayouts: [1x1]\nbase: {model: nmt-tiny, steps: 6, "
+                                         f"warmup_steps: 1, profile_steps: null}}\nvariants: [{{label: {word}}}]\n")
+        study = load_study(tmp_path / "s.yaml")
+        assert study.variants[0].label == word and variant_specs(study, study.variants[0])[0].name == word
+        return
+    (tmp_path / "exp.yaml").write_text(f"name: {word}\n")
+    config(f"name: {word}\n" if where == "config" else "runs-dir: runs\n")
+    argv = ["--dry-run", "--runs-dir", "runs"] + (["--spec", "exp.yaml"] if where == "spec" else [])
+    code, err, out = run_entry(argv, monkeypatch, capsys)
+    assert code == 0, err
+    assert spec_of[-1].name == word
+
+
+def test_a_config_files_text_backend_option_keeps_a_yaml_1_1_boolean_word(config, monkeypatch, capsys, spec_of):
+    """Before: `partition: off` became the partition 'False'."""
+    config("backend: slurm\npartition: off\n")
+    code, err, _ = run_entry(["--dry-run", "--runs-dir", "runs"], monkeypatch, capsys)
+    assert code == 0, err
+    assert spec_of[-1].backend_options["partition"] == "off"
+
+
+@pytest.mark.parametrize("word, value", [("y", True), ("Yes", True), ("n", False), ("OFF", False)])
+def test_a_backend_bool_option_takes_the_same_words_from_backend_opt_and_a_spec_file(word, value, monkeypatch, capsys,
+                                                                                    spec_of, tmp_path):
+    """Before: `--backend-opt spot=y` was refused while a config file's `spot: y` was taken (click's bool type)."""
+    monkeypatch.chdir(tmp_path)
+    aws = ["--backend", "aws", "--bucket", "my-bucket", "--region", "us-east-1", "--dry-run"]
+    code, err, _ = run_entry([*aws, "--backend-opt", f"spot={word}"], monkeypatch, capsys)
+    assert code == 0 and spec_of[-1].backend_options["spot"] is value, err
+    (tmp_path / "exp.yaml").write_text(f"backend_options: {{spot: {word}}}\n")
+    code, err, _ = run_entry([*aws, "--spec", "exp.yaml"], monkeypatch, capsys)
+    assert code == 0 and spec_of[-1].backend_options["spot"] is value, err
+
+
+def test_a_prices_files_true_or_false_field_takes_yaml_1_1s_words(tmp_path):
+    from scalelab.costs.catalog import CatalogError, load_catalog
+
+    path = tmp_path / "prices.yaml"
+    path.write_text("instances: [{name: x1.big, gpus: 1, efa: yes, per_gpu: Off}]\n")
+    assert (load_catalog(path).instances["x1.big"].efa, load_catalog(path).instances["x1.big"].per_gpu) == (True, False)
+    path.write_text("instances: [{name: x1.big, gpus: 1, efa: maybe}]\n")
+    with pytest.raises(CatalogError, match=r"efa must be true or false, got 'maybe'"):
+        load_catalog(path)
+
+
+def test_a_bool_option_still_refuses_other_text(monkeypatch, capsys, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "exp.yaml").write_text("data: {kind: task, fixed_length: maybe}\n")
+    _refused(["--spec", "exp.yaml", "--dry-run"], monkeypatch, capsys, "data.fixed_length", "expected bool", "'maybe'")
 
 
 # ---- 2. settings the trainer never reads ----------------------------------------------------------------------
