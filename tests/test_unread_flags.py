@@ -153,6 +153,18 @@ def test_a_text_option_given_a_yaml_1_1_boolean_word_keeps_the_word(word, where,
     assert spec_of[-1].name == word
 
 
+@pytest.mark.parametrize("where", ["spec", "config"])
+def test_cuda_graph_off_is_the_choice_off(where, config, monkeypatch, capsys, spec_of, tmp_path):
+    """Before: YAML 1.1 read `cuda_graph: off` as false, which the choice auto|off refused in a spec file and a
+    config file alike."""
+    (tmp_path / "exp.yaml").write_text("cuda_graph: off\n")
+    config("cuda-graph: off\n" if where == "config" else "runs-dir: runs\n")
+    argv = ["--dry-run", "--runs-dir", "runs"] + (["--spec", "exp.yaml"] if where == "spec" else [])
+    code, err, _ = run_entry(argv, monkeypatch, capsys)
+    assert code == 0, err
+    assert spec_of[-1].cuda_graph == "off"
+
+
 def test_a_config_files_text_backend_option_keeps_a_yaml_1_1_boolean_word(config, monkeypatch, capsys, spec_of):
     """Before: `partition: off` became the partition 'False'."""
     config("backend: slurm\npartition: off\n")
