@@ -13,7 +13,8 @@
    (exit 1, a run directory left): now before anything starts, naming the right flag.
 4. A config file's bad value (`steps: nan`) broke `launch --help` and `launch ls`.
 5. Wording and bounds: `launch sweep -- X`, track.step(items=10**30), "1 characters", "1 units", an empty
-   prices file, --time-limit-min 1e9, --toleration ':::'.
+   prices file, --time-limit-min 1e9, Slurm's --time 400-00 and Kubernetes' timeout_min past a year,
+   --toleration ':::'.
 Run in-process (tests/conftest.py::run_entry), dry runs where a run would start.
 """
 
@@ -529,6 +530,51 @@ def test_an_aws_time_limit_past_a_year_is_refused(flag, monkeypatch, capsys, tmp
     aws = ["--backend", "aws", "--region", "us-east-1", "--bucket", "my-bucket", "--dry-run"]
     _refused([*aws, flag, "1e9"], monkeypatch, capsys, flag, "at most 525,600 minutes")
     code, err, _ = run_entry([*aws, flag, "600"], monkeypatch, capsys)
+    assert code == 0, err
+
+
+@pytest.mark.parametrize("value, minutes", [
+    ("366-00", "527,040"), ("99999999", "99,999,999"), ("365-00:00:01", "525,601"), ("8760:00:01", "525,601"),
+    ("525601", "525,601"), ("9" * 30, "more minutes than can be counted"),
+])
+def test_a_slurm_time_past_a_year_is_refused(value, minutes, monkeypatch, capsys, tmp_path):
+    """Before: any number of days or minutes in Slurm's format went to sbatch, which leaves a job whose limit is
+    past its partition's MaxTime pending (`man sbatch`); AWS's --time-limit-min was capped at a year already."""
+    monkeypatch.chdir(tmp_path)
+    _refused(["--backend", "slurm", "--time", value, "--dry-run", "--runs-dir", "runs"], monkeypatch, capsys,
+             "(--time)", f"got '{value}'", "at most a year, 365-00:00:00 (525,600 minutes)", minutes)
+
+
+@pytest.mark.parametrize("value", ["365-00", "364-23:59:59", "8760:00:00", "525600", "2-12:30", "0", "UNLIMITED", ""])
+def test_a_slurm_time_up_to_a_year_or_no_limit_is_taken(value, monkeypatch, capsys, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    code, err, _ = run_entry(["--backend", "slurm", "--time", value, "--dry-run", "--runs-dir", "runs"], monkeypatch,
+                             capsys)
+    assert code == 0, err
+
+
+def test_a_config_files_slurm_time_in_minutes_past_a_year_is_refused_naming_the_file(config, monkeypatch, capsys):
+    config("backend: slurm\ntime: 1000000\n")
+    _refused(["--dry-run", "--runs-dir", "runs"], monkeypatch, capsys, "config file c.yaml", "--time",
+             "at most a year", "1,000,000 minutes")
+
+
+@pytest.mark.parametrize("value, minutes", [("90", 90), ("30:30", 31), ("1:30:00", 90), ("2-12", 3600),
+                                            ("2-12:30", 3630), ("2-12:30:15", 3631), ("0:30", 1), ("0", None),
+                                            ("UNLIMITED", None), ("infinite", None)])
+def test_slurm_minutes_reads_every_format_as_sbatch_does(value, minutes):
+    """`man sbatch`: minutes, minutes:seconds, hours:minutes:seconds, days-hours[:minutes[:seconds]]; seconds
+    are rounded up to the next minute, and 0 is no limit."""
+    from scalelab.slurm.options import slurm_minutes
+
+    assert slurm_minutes(value) == minutes
+
+
+def test_a_kubernetes_deadline_past_a_year_is_refused_as_the_other_backends_limits(monkeypatch, capsys, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    k8s = ["--backend", "k8s", "--image", "trainer:1", "--dry-run"]
+    _refused([*k8s, "--backend-opt", "timeout_min=525601"], monkeypatch, capsys, "timeout_min", "at most 525,600")
+    code, err, _ = run_entry([*k8s, "--backend-opt", "timeout_min=600"], monkeypatch, capsys)
     assert code == 0, err
 
 

@@ -37,6 +37,9 @@ T = TypeVar("T")
 TRUE_WORDS = ("true", "yes", "y", "on", "1")
 FALSE_WORDS = ("false", "no", "n", "off", "0")
 NULL_WORDS = ("null", "none", "~")
+# The longest time limit a backend takes (AWS's --time-limit-min, Slurm's --time, Kubernetes' timeout_min): a limit is
+# what stops a run that hangs, so one past a year is a typo, not a plan (`--time-limit-min 1e9` was 1,900 years)
+MAX_LIMIT_MINUTES = 525_600
 
 
 # ---- declaring fields --------------------------------------------------------------------------------
