@@ -104,3 +104,17 @@ def test_lazy_flags_list_every_flag_only_a_lazy_command_has():
         module, attr = ref.split(":")
         lazy |= set(cli.option_keys(getattr(importlib.import_module(module), attr)))
     assert set(cli.LAZY_FLAGS) == lazy - set(cli.option_keys(cli.main))
+
+
+def test_config_defaults_walks_the_option_tree_once(files, monkeypatch):
+    """`launch` reads the config files before every command, `--help` included: the option tree of every command
+    was walked three times (the defaults, the unknown keys, the values); once now, with the same result."""
+    from scalelab.launcher import cli
+
+    files["project"].write_text("backend: slurm\npartition: gpu\nsteps: nan\nrate: 0.45/gpu-hour\n")
+    walks = []
+    real = cli.option_params
+    monkeypatch.setattr(cli, "option_params", lambda command: walks.append(command) or real(command))
+    defaults = cli.config_defaults()
+    assert walks.count(cli.main) == 1  # (option_params goes on into each subcommand itself)
+    assert (defaults["backend"], defaults["rates"], sorted(defaults.problem)) == ("slurm", ["0.45/gpu-hour"], ["steps"])

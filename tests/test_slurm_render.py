@@ -155,7 +155,7 @@ def test_unknown_option_fails_listing_the_valid_ones() -> None:
 @pytest.mark.parametrize("options, words", [
     ({"partition": "gpu big"}, "partition"),
     ({"cpus_per_task": 0}, "cpus_per_task"),
-    ({"exclusive": "yes"}, "exclusive"),
+    ({"exclusive": "maybe"}, "exclusive"),
     ({"mem_gb": -1}, "mem_gb"),
     ({"extra_sbatch": ["mail-type=END"]}, "--sbatch-arg"),
     ({"extra_sbatch": ["--comment=a\n#SBATCH --x"]}, "extra_sbatch"),

@@ -103,7 +103,8 @@ def test_flag_values_are_typed_and_checked_as_the_field_declares():
     cmd, seen = _command()
     assert _invoke(cmd, "--emulate-slowdown", "1,2.5", "--gpus-per-node", "2", "--engine", "ddp").exception is None
     assert seen["spec"].emulate_slowdown == [1.0, 2.5]
-    assert _invoke(cmd, "--fixed-length", "--exchange", "--engine", "ps", "--ps-shards", "1").exception is None
+    assert _invoke(cmd, "--data", "task", "--fixed-length", "--exchange", "--engine", "ps", "--ps-shards",
+                   "1").exception is None
     assert seen["spec"].data.fixed_length is True and seen["spec"].independent_replicas is False
     bad = _invoke(cmd, "--warmup-steps", "-1").exception
     assert str(bad) == "warmup_steps must be >= 0, got -1 (from --warmup-steps)"

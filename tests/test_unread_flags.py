@@ -1,7 +1,9 @@
 """A review of input handling: each problem as the user met it, each test failing before its fix.
 
 1. `lr: 1e-3` in a spec file was refused ("expected float, got '1e-3'") while a config file took it: the YAML
-   loader kept PyYAML's 1.1 floats (a dot and a signed exponent); it reads YAML 1.2's numbers now.
+   loader kept PyYAML's 1.1 floats (a dot and a signed exponent); it reads YAML 1.2's numbers now. It kept 1.1's
+   booleans too: `name: no` was refused in a spec file and named a run "False" from a config file; yes/no/on/off
+   are text now, which an option declared bool reads as 1.1 did.
 2. Flags the built-in trainer never read were accepted (exit 0): --train-src without --data text, Horovod's
    fusion settings with another engine, --bucket-cap-mb without DDP, --ps-* without the parameter server,
    --balance-every without --balance dynamic, --max-price without --spot. Refused in one line as
@@ -11,7 +13,8 @@
    (exit 1, a run directory left): now before anything starts, naming the right flag.
 4. A config file's bad value (`steps: nan`) broke `launch --help` and `launch ls`.
 5. Wording and bounds: `launch sweep -- X`, track.step(items=10**30), "1 characters", "1 units", an empty
-   prices file, --time-limit-min 1e9, --toleration ':::'.
+   prices file, --time-limit-min 1e9, Slurm's --time 400-00 and Kubernetes' timeout_min past a year,
+   --toleration ':::'.
 Run in-process (tests/conftest.py::run_entry), dry runs where a run would start.
 """
 
@@ -86,6 +89,121 @@ def test_a_fraction_for_a_whole_number_is_refused_in_a_config_file_as_in_a_spec_
     assert not (tmp_path / "runs").exists()
 
 
+YAML_11_TRUE = ["y", "Y", "yes", "Yes", "YES", "on", "On", "ON"]
+YAML_11_FALSE = ["n", "N", "no", "No", "NO", "off", "Off", "OFF"]
+
+
+@pytest.mark.parametrize("text", YAML_11_TRUE + YAML_11_FALSE)
+def test_the_loader_reads_yaml_1_1s_boolean_words_as_text_as_yaml_1_2_does(text):
+    """1.1 (PyYAML) read yes/no/on/off as booleans: a run named `no` became False."""
+    from scalelab.core.yamltext import load_yaml
+
+    assert load_yaml(f"x: {text}\n")["x"] == text
+
+
+@pytest.mark.parametrize("text, value", [("true", True), ("True", True), ("TRUE", True), ("false", False),
+                                         ("False", False), ("FALSE", False)])
+def test_yaml_1_2s_booleans_are_still_booleans(text, value):
+    from scalelab.core.yamltext import load_yaml
+
+    assert load_yaml(f"x: {text}\n")["x"] is value
+
+
+@pytest.mark.parametrize("where", ["spec", "config", "study"])
+@pytest.mark.parametrize("word", ["yes", "On", "y", "NO", "off", "N"])
+def test_a_bool_option_takes_yaml_1_1s_boolean_words_in_every_file(word, where, config, monkeypatch, capsys,
+                                                                  spec_of, tmp_path):
+    """A spec file took yes/no/on/off (1.1 read them) and refused y/n; a config file took them all (click's
+    bool type). Read as 1.2 text, a bool option takes each as the boolean 1.1 meant (core/yamltext.py)."""
+    want = word in YAML_11_TRUE
+    if where == "study":
+        from scalelab.launcher.study import load_study, variant_specs
+
+        (tmp_path / "s.yaml").write_text("title: b\nlayouts: [1x1]\nbase: {model: nmt-tiny, steps: 6, warmup_steps: 1, "
+                                         f"engine: {{name: single}}, data: {{kind: task, fixed_length: {word}}}}}\n")
+        study = load_study(tmp_path / "s.yaml")
+        assert variant_specs(study, study.variants[0])[0].data.fixed_length is want
+        return
+    (tmp_path / "exp.yaml").write_text(f"data: {{kind: task, fixed_length: {word}}}\n")
+    config(f"data: task\nfixed-length: {word}\n" if where == "config" else "runs-dir: runs\n")
+    argv = ["--dry-run", "--runs-dir", "runs"] + (["--spec", "exp.yaml"] if where == "spec" else [])
+    code, err, _ = run_entry(argv, monkeypatch, capsys)
+    assert code == 0, err
+    assert spec_of[-1].data.fixed_length is want
+
+
+@pytest.mark.parametrize("where", ["spec", "config", "study"])
+@pytest.mark.parametrize("word", ["no", "on", "Off", "YES", "n"])
+def test_a_text_option_given_a_yaml_1_1_boolean_word_keeps_the_word(word, where, config, monkeypatch, capsys,
+                                                                   spec_of, tmp_path):
+    """Before: `name: no` was refused in a spec file ("expected str (text) or null, got false") and made a run
+    named False from a config file."""
+    if where == "study":
+        from scalelab.launcher.study import load_study, variant_specs
+
+        (tmp_path / "s.yaml").write_text("title: b\nlayouts: [1x1]\nbase: {model: nmt-tiny, steps: 6, "
+                                         f"warmup_steps: 1, profile_steps: null}}\nvariants: [{{label: {word}}}]\n")
+        study = load_study(tmp_path / "s.yaml")
+        assert study.variants[0].label == word and variant_specs(study, study.variants[0])[0].name == word
+        return
+    (tmp_path / "exp.yaml").write_text(f"name: {word}\n")
+    config(f"name: {word}\n" if where == "config" else "runs-dir: runs\n")
+    argv = ["--dry-run", "--runs-dir", "runs"] + (["--spec", "exp.yaml"] if where == "spec" else [])
+    code, err, out = run_entry(argv, monkeypatch, capsys)
+    assert code == 0, err
+    assert spec_of[-1].name == word
+
+
+@pytest.mark.parametrize("where", ["spec", "config"])
+def test_cuda_graph_off_is_the_choice_off(where, config, monkeypatch, capsys, spec_of, tmp_path):
+    """Before: YAML 1.1 read `cuda_graph: off` as false, which the choice auto|off refused in a spec file and a
+    config file alike."""
+    (tmp_path / "exp.yaml").write_text("cuda_graph: off\n")
+    config("cuda-graph: off\n" if where == "config" else "runs-dir: runs\n")
+    argv = ["--dry-run", "--runs-dir", "runs"] + (["--spec", "exp.yaml"] if where == "spec" else [])
+    code, err, _ = run_entry(argv, monkeypatch, capsys)
+    assert code == 0, err
+    assert spec_of[-1].cuda_graph == "off"
+
+
+def test_a_config_files_text_backend_option_keeps_a_yaml_1_1_boolean_word(config, monkeypatch, capsys, spec_of):
+    """Before: `partition: off` became the partition 'False'."""
+    config("backend: slurm\npartition: off\n")
+    code, err, _ = run_entry(["--dry-run", "--runs-dir", "runs"], monkeypatch, capsys)
+    assert code == 0, err
+    assert spec_of[-1].backend_options["partition"] == "off"
+
+
+@pytest.mark.parametrize("word, value", [("y", True), ("Yes", True), ("n", False), ("OFF", False)])
+def test_a_backend_bool_option_takes_the_same_words_from_backend_opt_and_a_spec_file(word, value, monkeypatch, capsys,
+                                                                                    spec_of, tmp_path):
+    """Before: `--backend-opt spot=y` was refused while a config file's `spot: y` was taken (click's bool type)."""
+    monkeypatch.chdir(tmp_path)
+    aws = ["--backend", "aws", "--bucket", "my-bucket", "--region", "us-east-1", "--dry-run"]
+    code, err, _ = run_entry([*aws, "--backend-opt", f"spot={word}"], monkeypatch, capsys)
+    assert code == 0 and spec_of[-1].backend_options["spot"] is value, err
+    (tmp_path / "exp.yaml").write_text(f"backend_options: {{spot: {word}}}\n")
+    code, err, _ = run_entry([*aws, "--spec", "exp.yaml"], monkeypatch, capsys)
+    assert code == 0 and spec_of[-1].backend_options["spot"] is value, err
+
+
+def test_a_prices_files_true_or_false_field_takes_yaml_1_1s_words(tmp_path):
+    from scalelab.costs.catalog import CatalogError, load_catalog
+
+    path = tmp_path / "prices.yaml"
+    path.write_text("instances: [{name: x1.big, gpus: 1, efa: yes, per_gpu: Off}]\n")
+    assert (load_catalog(path).instances["x1.big"].efa, load_catalog(path).instances["x1.big"].per_gpu) == (True, False)
+    path.write_text("instances: [{name: x1.big, gpus: 1, efa: maybe}]\n")
+    with pytest.raises(CatalogError, match=r"efa must be true or false, got 'maybe'"):
+        load_catalog(path)
+
+
+def test_a_bool_option_still_refuses_other_text(monkeypatch, capsys, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "exp.yaml").write_text("data: {kind: task, fixed_length: maybe}\n")
+    _refused(["--spec", "exp.yaml", "--dry-run"], monkeypatch, capsys, "data.fixed_length", "expected bool", "'maybe'")
+
+
 # ---- 2. settings the trainer never reads ----------------------------------------------------------------------
 
 
@@ -101,6 +219,12 @@ def test_a_fraction_for_a_whole_number_is_refused_in_a_config_file_as_in_a_spec_
     (["--ps-state", "cpu"], ["--ps-state cpu", "--engine ps", "not --engine ddp"]),
     (["--ps-placement", "separate"], ["--ps-placement separate", "--engine ps", "not --engine ddp"]),
     (["--balance-every", "3"], ["--balance-every 3", "--balance dynamic", "not --balance static"]),
+    (["--train-samples", "100"], ["--train-samples 100", "--data task", "not --data synthetic"]),
+    (["--fixed-length"], ["--fixed-length", "--data task", "not --data synthetic"]),
+    (["--model", "rnnlm-tiny", "--data", "text", "--train-src", "corpus.txt", "--fixed-length"],
+     ["--fixed-length", "--data task", "not --data text"]),
+    (["--shards", "shards"], ["--shards shards", "--data shards", "not --data synthetic"]),
+    (["--data", "task", "--shards", "shards"], ["--shards shards", "--data shards", "not --data task"]),
     (["--backend", "aws", "--bucket", "my-bucket", "--region", "us-east-1", "--max-price", "0.5"],
      ["--max-price 0.5", "--spot", "--on-demand"]),
     (["--backend", "aws", "--bucket", "my-bucket", "--region", "us-east-1", "--backend-opt", "spot_max_price=0.5"],
@@ -108,6 +232,7 @@ def test_a_fraction_for_a_whole_number_is_refused_in_a_config_file_as_in_a_spec_
 ])
 def test_a_setting_nothing_reads_is_refused_naming_it_and_what_it_needs(args, words, monkeypatch, capsys, tmp_path):
     monkeypatch.chdir(tmp_path)
+    (tmp_path / "corpus.txt").write_text("a b c\nd e f\n")
     line = _refused([*args, "--dry-run", "--runs-dir", "runs"], monkeypatch, capsys, *words)
     assert "add " in line and "leave " in line, line
     assert not (tmp_path / "runs").exists()
@@ -119,6 +244,8 @@ def test_a_setting_nothing_reads_is_refused_naming_it_and_what_it_needs(args, wo
     ["--engine", "ps", "--ps-shards", "1", "--ps-state", "cpu"],
     ["--balance", "dynamic", "--balance-every", "3", "--gpus-per-node", "2", "--device", "cpu"],
     ["--fusion-threshold-mb", "64", "--bucket-cap-mb", "25", "--balance-every", "10"],  # their defaults: harmless
+    ["--data", "task", "--train-samples", "100", "--fixed-length"],
+    ["--train-samples", "4096", "--variable-length", "--prefetch", "0"],  # defaults, and what every kind reads
     ["--backend", "aws", "--bucket", "my-bucket", "--region", "us-east-1", "--spot", "--max-price", "0.5"],
 ])
 def test_the_same_settings_where_they_are_read_still_run(args, monkeypatch, capsys, tmp_path):
@@ -153,6 +280,65 @@ def test_a_config_files_defaults_for_other_runs_are_no_conflict(config, monkeypa
     assert code == 0 and "spot_max_price" not in spec_of[-1].backend_options, err
     code, err, _ = run_entry(["--backend", "aws", "--spot", "--dry-run", "--runs-dir", "runs"], monkeypatch, capsys)
     assert code == 0 and spec_of[-1].backend_options["spot_max_price"] == 0.5, err
+
+
+def test_a_config_files_task_data_defaults_are_for_task_runs(config, monkeypatch, capsys, spec_of, tmp_path):
+    """`train-samples`, `fixed-length` and `shards` in a project's config file: a synthetic run drops them (it
+    refused `shards` before, "give both, or neither"), a task run keeps its own."""
+    (tmp_path / "sh").mkdir()
+    (tmp_path / "sh" / "manifest.json").write_text("{}")
+    config("train-samples: 100\nfixed-length: true\nshards: sh\n")
+    code, err, _ = run_entry(["--dry-run", "--runs-dir", "runs"], monkeypatch, capsys)
+    assert code == 0, err
+    data = spec_of[-1].data
+    assert (data.train_samples, data.fixed_length, data.shards) == (4096, False, None)
+    code, err, _ = run_entry(["--data", "task", "--dry-run", "--runs-dir", "runs"], monkeypatch, capsys)
+    assert code == 0, err
+    data = spec_of[-1].data
+    assert (data.train_samples, data.fixed_length, data.shards) == (100, True, None)
+    code, err, _ = run_entry(["--data", "shards", "--model", "rnnlm-tiny", "--dry-run", "--runs-dir", "runs"],
+                             monkeypatch, capsys)
+    assert code == 0 and spec_of[-1].data.shards == "sh", err
+
+
+@pytest.mark.parametrize("data, words", [
+    ("{valid_samples: 64}", ["data.valid_samples: 64", "--data task", "not --data synthetic"]),
+    ("{kind: synthetic, bucket: false}", ["data.bucket: false", "--data task, text or shards", "leave data.bucket out"]),
+    ("{kind: text, train_src: corpus.txt, train_samples: 64}", ["--train-samples 64", "not --data text"]),
+])
+def test_a_spec_files_data_setting_its_kind_of_data_does_not_read_is_refused(data, words, monkeypatch, capsys,
+                                                                             tmp_path):
+    """Before: `valid_samples` and `bucket` with synthetic data were ignored (exit 0); they have no flag, so
+    the message names the spec file's key."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "corpus.txt").write_text("a b c\nd e f\n")
+    (tmp_path / "exp.yaml").write_text(f"model: rnnlm-tiny\ndata: {data}\n")
+    _refused(["--spec", "exp.yaml", "--dry-run", "--runs-dir", "runs"], monkeypatch, capsys, *words)
+    (tmp_path / "exp.yaml").write_text("model: rnnlm-tiny\ndata: {kind: task, valid_samples: 64, bucket: false}\n")
+    code, err, _ = run_entry(["--spec", "exp.yaml", "--dry-run", "--runs-dir", "runs"], monkeypatch, capsys)
+    assert code == 0, err
+
+
+def test_a_studys_base_task_data_settings_are_for_its_task_variants(tmp_path):
+    from scalelab.launcher.study import load_study, variant_specs
+
+    path = tmp_path / "s.yaml"
+    path.write_text("title: data\nlayouts: [1x1]\n"
+                    "base: {model: nmt-tiny, steps: 6, warmup_steps: 1, engine: {name: single},\n"
+                    "       data: {kind: task, train_samples: 64, fixed_length: true}}\n"
+                    "variants:\n  - {label: task}\n  - {label: synthetic, set: {data: {kind: synthetic}}}\n")
+    study = load_study(path)
+    got = {v.label: [(s.data.train_samples, s.data.fixed_length) for s in variant_specs(study, v)]
+           for v in study.variants}
+    assert got == {"task": [(64, True)], "synthetic": [(4096, False)]}
+    path.write_text(path.read_text().replace("{label: task}", "{label: plain, set: {data: {kind: synthetic}}}"))
+    with pytest.raises(SpecError, match=r"the base of .*s.yaml sets --train-samples 64, which none of its variants "
+                                        r"reads.*--data task"):
+        load_study(path)
+    path.write_text(path.read_text().replace("{data: {kind: synthetic}}}\n", "{data: {kind: synthetic, "
+                                             "fixed_length: true}}}\n", 1))
+    with pytest.raises(SpecError, match=r"variant 'plain': --fixed-length is for --data task"):
+        load_study(path)
 
 
 def test_a_flag_typed_over_a_config_files_engine_is_still_refused(config, monkeypatch, capsys):
@@ -344,6 +530,51 @@ def test_an_aws_time_limit_past_a_year_is_refused(flag, monkeypatch, capsys, tmp
     aws = ["--backend", "aws", "--region", "us-east-1", "--bucket", "my-bucket", "--dry-run"]
     _refused([*aws, flag, "1e9"], monkeypatch, capsys, flag, "at most 525,600 minutes")
     code, err, _ = run_entry([*aws, flag, "600"], monkeypatch, capsys)
+    assert code == 0, err
+
+
+@pytest.mark.parametrize("value, minutes", [
+    ("366-00", "527,040"), ("99999999", "99,999,999"), ("365-00:00:01", "525,601"), ("8760:00:01", "525,601"),
+    ("525601", "525,601"), ("9" * 30, "more minutes than can be counted"),
+])
+def test_a_slurm_time_past_a_year_is_refused(value, minutes, monkeypatch, capsys, tmp_path):
+    """Before: any number of days or minutes in Slurm's format went to sbatch, which leaves a job whose limit is
+    past its partition's MaxTime pending (`man sbatch`); AWS's --time-limit-min was capped at a year already."""
+    monkeypatch.chdir(tmp_path)
+    _refused(["--backend", "slurm", "--time", value, "--dry-run", "--runs-dir", "runs"], monkeypatch, capsys,
+             "(--time)", f"got '{value}'", "at most a year, 365-00:00:00 (525,600 minutes)", minutes)
+
+
+@pytest.mark.parametrize("value", ["365-00", "364-23:59:59", "8760:00:00", "525600", "2-12:30", "0", "UNLIMITED", ""])
+def test_a_slurm_time_up_to_a_year_or_no_limit_is_taken(value, monkeypatch, capsys, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    code, err, _ = run_entry(["--backend", "slurm", "--time", value, "--dry-run", "--runs-dir", "runs"], monkeypatch,
+                             capsys)
+    assert code == 0, err
+
+
+def test_a_config_files_slurm_time_in_minutes_past_a_year_is_refused_naming_the_file(config, monkeypatch, capsys):
+    config("backend: slurm\ntime: 1000000\n")
+    _refused(["--dry-run", "--runs-dir", "runs"], monkeypatch, capsys, "config file c.yaml", "--time",
+             "at most a year", "1,000,000 minutes")
+
+
+@pytest.mark.parametrize("value, minutes", [("90", 90), ("30:30", 31), ("1:30:00", 90), ("2-12", 3600),
+                                            ("2-12:30", 3630), ("2-12:30:15", 3631), ("0:30", 1), ("0", None),
+                                            ("UNLIMITED", None), ("infinite", None)])
+def test_slurm_minutes_reads_every_format_as_sbatch_does(value, minutes):
+    """`man sbatch`: minutes, minutes:seconds, hours:minutes:seconds, days-hours[:minutes[:seconds]]; seconds
+    are rounded up to the next minute, and 0 is no limit."""
+    from scalelab.slurm.options import slurm_minutes
+
+    assert slurm_minutes(value) == minutes
+
+
+def test_a_kubernetes_deadline_past_a_year_is_refused_as_the_other_backends_limits(monkeypatch, capsys, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    k8s = ["--backend", "k8s", "--image", "trainer:1", "--dry-run"]
+    _refused([*k8s, "--backend-opt", "timeout_min=525601"], monkeypatch, capsys, "timeout_min", "at most 525,600")
+    code, err, _ = run_entry([*k8s, "--backend-opt", "timeout_min=600"], monkeypatch, capsys)
     assert code == 0, err
 
 

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from scalelab.core.options import BackendOptions, above, at_least, at_most, option
+from scalelab.core.options import MAX_LIMIT_MINUTES, BackendOptions, above, at_least, at_most, option
 from scalelab.costs.fleet import CloudFleet
 from scalelab.core.spec import DEFAULT_AWS_INSTANCE_TYPE
 
@@ -25,8 +25,8 @@ REGION_HINT = ("--region (e.g. us-east-1), the AWS_REGION or AWS_DEFAULT_REGION 
 
 
 # `--time-limit-min 1e9` (1,900 years of instances) was accepted: a limit is what stops a run that hangs, so one past
-# a year (Slurm's longest limits are days to weeks) is a typo, not a plan
-MAX_MINUTES = 525_600.0
+# a year (Slurm's longest limits are days to weeks) is a typo, not a plan; Slurm's --time has the same cap
+MAX_MINUTES = float(MAX_LIMIT_MINUTES)
 MINUTES_LIMIT = (f"must be at most {MAX_MINUTES:,.0f} minutes (a year; the instances run, and are billed, until "
                  "then): give the minutes the run may need")
 

@@ -33,9 +33,13 @@ from scalelab.core.errors import SpecError
 Check = Callable[[Any], "str | None"]
 T = TypeVar("T")
 
-TRUE_WORDS = ("true", "yes", "on", "1")
-FALSE_WORDS = ("false", "no", "off", "0")
+# a bool option's words on the command line, in any case: YAML 1.1's booleans and 1 / 0 (yamltext.yaml_11_bool)
+TRUE_WORDS = ("true", "yes", "y", "on", "1")
+FALSE_WORDS = ("false", "no", "n", "off", "0")
 NULL_WORDS = ("null", "none", "~")
+# The longest time limit a backend takes (AWS's --time-limit-min, Slurm's --time, Kubernetes' timeout_min): a limit is
+# what stops a run that hangs, so one past a year is a typo, not a plan (`--time-limit-min 1e9` was 1,900 years)
+MAX_LIMIT_MINUTES = 525_600
 
 
 # ---- declaring fields --------------------------------------------------------------------------------
@@ -145,7 +149,8 @@ def coerce(value: Any, hint: Any, name: str, where: str = "", *, text: bool = Fa
     Accepted beyond the exact type: an int where a float is declared; one item where a list is
     (`setup: module load cuda`). With `text=True` (command-line values) text is read as any type:
     "8", "false", "null" for an optional value, "[a, b]" for a list, "{k: v}" for a mapping.
-    Refused: a bool where a number or text is declared (YAML's `yes`), NaN and infinity, null where
+    A bool takes YAML 1.1's boolean words (`yes`, `off`), which YAML 1.2 reads as text (core/yamltext.py).
+    Refused: a bool where a number or text is declared (YAML's `true`), NaN and infinity, null where
     the field is not optional.
     """
     try:
@@ -172,7 +177,18 @@ def _convert(value: Any, hint: Any, text: bool) -> Any:
         return {_convert(k, key, text): _convert(v, val, text) for k, v in value.items()}
     if text and isinstance(value, str) and hint in (bool, int, float):
         value = _parse_text(value.strip(), hint)
+    elif hint is bool and isinstance(value, str):
+        value = _yaml_11_word(value)
     return _scalar(value, hint)
+
+
+def _yaml_11_word(value: str) -> Any:
+    """YAML 1.1's `yes`, `off` as the boolean it meant, for a bool field: YAML 1.2 reads them as text (core/yamltext.py
+    says why they are taken); other text is left for the type check to refuse."""
+    from scalelab.core.yamltext import yaml_11_bool  # PyYAML only where a bool is given as text
+
+    word = yaml_11_bool(value)
+    return value if word is None else word
 
 
 def _convert_union(value: Any, args: tuple[Any, ...], text: bool) -> Any:
@@ -192,7 +208,7 @@ def _scalar(value: Any, hint: type) -> Any:
     if isinstance(value, bool):
         if hint is bool:
             return value
-        raise _Mismatch  # YAML's yes/no where a number or a name is meant
+        raise _Mismatch  # YAML's true/false where a number or a name is meant
     if hint is int and isinstance(value, int) or hint is str and isinstance(value, str):
         return value
     if hint is float and isinstance(value, (int, float)):

@@ -183,9 +183,19 @@ TRAINER_ONLY = ("rnn", "precision", "model_args", "global_batch", "batch_per_wor
                 "engine.ps_placement")
 
 
-#: The data settings only `--data text` reads: with another kind of data the files were not even looked at
-#: (`--train-src foo.txt` with the default synthetic data trained on random batches, exit 0).
-TEXT_FILES = ("train_src", "train_tgt", "valid_src", "valid_tgt")
+#: The data settings that only some kinds of data read (scalelab/train/loop.py's `data_options`), each with
+#: those kinds and what it is; with another kind the setting was not even looked at: `--train-src foo.txt` with
+#: the default synthetic data trained on random batches (exit 0), and so did `--train-samples 100` and
+#: `--fixed-length` (synthetic samples are all full length already). `prefetch` is read by every kind.
+_TEXT = (("text",), "text read from files")
+DATA_READERS: dict[str, tuple[tuple[str, ...], str]] = {
+    "train_src": _TEXT, "train_tgt": _TEXT, "valid_src": _TEXT, "valid_tgt": _TEXT,
+    "train_samples": (("task",), "a learnable task's generated samples"),
+    "valid_samples": (("task",), "a learnable task's generated samples"),
+    "fixed_length": (("task",), "a learnable task's generated samples"),
+    "bucket": (("task", "text", "shards"), "length bucketing of samples of varying length"),
+    "shards": (("shards",), "token ids written by launch prep"),
+}
 
 
 @dataclass(frozen=True)
@@ -196,14 +206,14 @@ class Unread:
     file's, a study's base for its other variants), which is set back to the built-in default instead."""
 
     key: str  # the dotted field: engine.fusion_threshold_mb
-    given: str  # as the user gave it: --fusion-threshold-mb 32
+    given: str  # as the user gave it: --fusion-threshold-mb 32, or a spec file's key without a flag: data.bucket: false
     needs: str  # what it is read with: --engine horovod
     words: str  # what that is: Horovod's tensor fusion
     instead: str  # what the spec has instead: --engine ddp
 
     @property
     def flag(self) -> str:
-        return self.given.split()[0]
+        return self.given.split()[0].rstrip(":")
 
     def message(self) -> str:
         return (f"{self.given} is for {self.needs} ({self.words}), not {self.instead}; add {self.needs} or leave "
@@ -530,26 +540,31 @@ class Spec:
     def unread_settings(self) -> list[Unread]:
         """The settings this spec gives other than their defaults that its other choices leave unread: an
         engine's own (`Engine.settings`: --bucket-cap-mb is DDP's, --fusion-threshold-mb Horovod's, --ps-* the
-        parameter server's) with another engine, the text files without --data text, --balance-every without
-        --balance dynamic. Each was ignored without a word (exit 0)."""
+        parameter server's) with another engine, a data setting without a kind of data that reads it
+        (`DATA_READERS`: the text files without --data text, --train-samples and --fixed-length without --data
+        task, --shards without --data shards), --balance-every without --balance dynamic. Each was ignored
+        without a word (exit 0)."""
         from scalelab.core.options import option_flags
 
         flags = {f.key: f.name for f in option_flags(Spec)}
         mine, default = self.to_dict(), Spec().to_dict()
         out = []
         for key in [f"engine.{f.name}" for f in dataclasses.fields(EngineSpec)] + \
-                   [f"data.{k}" for k in TEXT_FILES] + ["balance_every"]:
+                   [f"data.{k}" for k in DATA_READERS] + ["balance_every"]:
             value = _dotted(mine, key)
             if value == _dotted(default, key):
                 continue
-            given = _flag_text(flags.get(key, key), f"{value:g}" if isinstance(value, float) else value)
+            shown = f"{value:g}" if isinstance(value, float) else value
+            given = _flag_text(flags[key], shown) if key in flags else f"{key}: {json.dumps(shown)}"
             if key.startswith("engine."):
                 owners = setting_owners(key.split(".", 1)[1])
                 if owners and self.engine.name not in [e.name for e in owners]:
                     out.append(Unread(key, given, " or ".join(f"--engine {e.name}" for e in owners),
                                       " or ".join(e.words for e in owners), f"--engine {self.engine.name}"))
-            elif key.startswith("data.") and self.data.kind != "text":
-                out.append(Unread(key, given, "--data text", "text read from files", f"--data {self.data.kind}"))
+            elif key.startswith("data.") and self.data.kind not in DATA_READERS[key[5:]][0]:
+                kinds, words = DATA_READERS[key[5:]]
+                needs = f"--data {', '.join(kinds[:-1])} or {kinds[-1]}" if len(kinds) > 1 else f"--data {kinds[0]}"
+                out.append(Unread(key, given, needs, words, f"--data {self.data.kind}"))
             elif key == "balance_every" and self.balance != "dynamic":
                 out.append(Unread(key, given, "--balance dynamic", "shares rebalanced every N steps",
                                   f"--balance {self.balance}"))

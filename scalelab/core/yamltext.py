@@ -11,6 +11,16 @@ the docs assume, and what a config file read through the flags' own parsing acce
 (`1_000`) and `0b` binary, which 1.2 would leave as text that no number field accepts. And `safe_load` lets a
 duplicate key silently win over the first (`nodes: 2` ... `nodes: 4` is 4): a mapping with a key given twice
 is refused, naming the key and both lines.
+
+Booleans are 1.2's too: only true and false (True, TRUE, False, FALSE). 1.1 also read yes/no/on/off (and, by
+its spec though not PyYAML, y/n) as booleans, so a text option given one of those words got a boolean: a run
+named `no` was refused in a spec file ("expected str, got false") and became a run named "False" from a config
+file, `bucket: on` an S3 bucket "True", `rank-output: off` the ranks 'False'. Read by 1.2 they stay text, and
+an option declared bool takes 1.1's words as the boolean 1.1 meant (`yaml_11_bool`, applied by the typed
+fields in core/options.py and the prices file's checks): as with the numbers, the field's own parser judges
+the text, and a bool option took yes/no/on/off on the command line (`--backend-opt spot=yes`), from a config
+file (click's bool type) and, through 1.1, from a spec file already; refusing them now would break files that
+worked, with nothing left to disambiguate (the option is a bool either way).
 """
 
 from __future__ import annotations
@@ -23,6 +33,10 @@ import yaml
 
 # YAML 1.1's base-60 forms, as PyYAML spells them in its implicit resolvers (int and float).
 _SEXAGESIMAL = ("[-+]?[1-9][0-9_]*(?::[0-5]?[0-9])+", "[-+]?[0-9][0-9_]*(?::[0-5]?[0-9])+\\.[0-9_]*")
+# YAML 1.2's booleans (core schema); YAML 1.1's other boolean words, which 1.2 reads as text (yaml.org/type/bool.html).
+_BOOL_12 = re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$")
+YAML_11_BOOLS = {**dict.fromkeys(("y", "Y", "yes", "Yes", "YES", "on", "On", "ON"), True),
+                 **dict.fromkeys(("n", "N", "no", "No", "NO", "off", "Off", "OFF"), False)}
 # YAML 1.2's core schema (yaml.org/spec/1.2.2, 10.3.2), with PyYAML's `_` separators and `0b` binary kept:
 # an int is decimal (a leading 0 too), 0o octal or 0x hex; a float has a dot or an exponent (its sign optional),
 # or is .inf / .nan.
@@ -91,18 +105,20 @@ SpecLoader.add_constructor("tag:yaml.org,2002:int", SpecLoader.construct_yaml_in
 SpecLoader.add_constructor("tag:yaml.org,2002:float", SpecLoader.construct_yaml_float)
 
 
-def _yaml_12_numbers() -> None:
-    """Give SpecLoader its own resolvers (SafeLoader's stay as they are) whose int and float patterns are YAML
-    1.2's: a value such as `6:8` then resolves to a string, `1e-3` to a float. The first characters they are
-    tried for are PyYAML's (digits, signs and, for floats, the dot), which 1.2's forms start with too."""
+def _yaml_12_scalars() -> None:
+    """Give SpecLoader its own resolvers (SafeLoader's stay as they are) whose int, float and bool patterns are
+    YAML 1.2's: a value such as `6:8` then resolves to a string, `1e-3` to a float, `no` to a string. The first
+    characters they are tried for are PyYAML's (digits, signs and, for floats, the dot; for booleans the first
+    letters of 1.1's words), which 1.2's forms start with too."""
+    patterns = {"tag:yaml.org,2002:int": _INT_12, "tag:yaml.org,2002:float": _FLOAT_12,
+                "tag:yaml.org,2002:bool": _BOOL_12}
     resolvers: dict[Any, list[tuple[str, re.Pattern[str]]]] = {}
     for first, entries in yaml.SafeLoader.yaml_implicit_resolvers.items():
-        resolvers[first] = [(tag, {"tag:yaml.org,2002:int": _INT_12, "tag:yaml.org,2002:float": _FLOAT_12}.get(tag, regexp))
-                            for tag, regexp in entries]
+        resolvers[first] = [(tag, patterns.get(tag, regexp)) for tag, regexp in entries]
     SpecLoader.yaml_implicit_resolvers = resolvers
 
 
-_yaml_12_numbers()
+_yaml_12_scalars()
 
 
 def load_yaml(text: str) -> Any:
@@ -113,6 +129,12 @@ def load_yaml(text: str) -> Any:
     except RecursionError:  # the composer recurses once per level of nesting
         raise BeyondLimitsError("lists or mappings nested deeper than can be read (a few hundred levels, with "
                                 "Python's recursion limit; a spec needs a few); flatten it") from None
+
+
+def yaml_11_bool(value: Any) -> bool | None:
+    """The boolean YAML 1.1 read `value` as (`yes`, `Off`, `n`), for an option declared bool; None for anything
+    else (1.2's true and false are booleans already, and `maybe` is no boolean in either)."""
+    return YAML_11_BOOLS.get(value) if isinstance(value, str) else None
 
 
 def is_sexagesimal(text: str) -> bool:

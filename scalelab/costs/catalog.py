@@ -38,7 +38,7 @@ from typing import Any, Iterable
 
 from scalelab.core.errors import ScalelabError, SpecError
 from scalelab.core.writes import check_input_file
-from scalelab.costs.prices_file import FIX, MAX_USD_PER_HOUR, ROWS, prices_problem
+from scalelab.costs.prices_file import FIX, MAX_USD_PER_HOUR, ROWS, prices_problem, read_flags
 
 __all__ = [
     "MARKETS",
@@ -247,6 +247,7 @@ class Catalog:
         """Merge a prices file ({"instances", "gpu_models", "on_demand", "spot", "rates",
         "interruptions"}: lists of rows, docs/costs.md), checked whole against its schema first
         (costs/prices_file.py): a bad price must not reach a plan, nor a misspelt key void the file."""
+        data = read_flags(data)  # `efa: yes`: text in YAML 1.2, the boolean it meant here
         problem = prices_problem(data)
         if problem:
             raise CatalogError(f"prices file {where}: {problem}; {FIX}")

@@ -77,6 +77,23 @@ def _unknown(key: str, valid: list[str]) -> str:
     return f"unknown key {key!r} ({hint}valid keys: {', '.join(valid)})"
 
 
+def read_flags(data: Any) -> Any:
+    """`data` with YAML 1.1's boolean words (`efa: yes`) in a true-or-false field read as the boolean they meant:
+    YAML 1.2 reads them as text (scalelab/core/yamltext.py says why they are taken). Anything not shaped as a
+    prices file is left as it is, for `prices_problem` to name."""
+    from scalelab.core.yamltext import yaml_11_bool
+
+    if not isinstance(data, dict):
+        return data
+    out = dict(data)
+    for key, rows in data.items():
+        flags = [name for name, (check, _) in ROWS.get(key, {}).items() if check is _flag]
+        if flags and isinstance(rows, list):
+            out[key] = [{**row, **{f: yaml_11_bool(row[f]) for f in flags if yaml_11_bool(row.get(f)) is not None}}
+                        if isinstance(row, dict) else row for row in rows]
+    return out
+
+
 def prices_problem(data: Any) -> str | None:
     """What is wrong with a prices file's content (`where: ` and the fix are the caller's), or None."""
     if not isinstance(data, dict):

@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from scalelab.core.options import BackendOptions, above, at_least, at_most, one_of, option
+from scalelab.core.options import MAX_LIMIT_MINUTES, BackendOptions, above, at_least, at_most, one_of, option
 from scalelab.costs.fleet import OnPremiseFleet
 
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
@@ -148,7 +148,10 @@ class KubernetesOptions(BackendOptions, OnPremiseFleet):
     shm_gb: float = option(8.0, "/dev/shm (memory-backed) for NCCL and data loading, in GB.", above(0))
     launcher_cpus: float = option(1.0, "CPUs of the MPIJob launcher pod.", above(0))
     launcher_mem_gb: float = option(2.0, "Memory of the MPIJob launcher pod in GB.", above(0))
-    timeout_min: int = option(0, "activeDeadlineSeconds in minutes; 0 = no limit.", at_least(0))
+    timeout_min: int = option(0, "activeDeadlineSeconds in minutes; 0 = no limit.", at_least(0),
+                              at_most(MAX_LIMIT_MINUTES, f"must be at most {MAX_LIMIT_MINUTES:,} minutes (a year, as "
+                                      "AWS's --time-limit-min and Slurm's --time): give the minutes the run may need, "
+                                      "or 0 for no limit"))
     ttl_after_finished_min: int = option(1440, "Finished objects are garbage-collected after this.", at_least(0))
     backoff_limit: int = option(0, "Retries of failed pods; the trainer resumes from its checkpoint.", at_least(0))
     clean_pod_policy: str = option("Running", "MPIJob: which pods to delete when it finishes.",

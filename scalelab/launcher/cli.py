@@ -147,8 +147,10 @@ class ConfigDefaults(dict):
         self.problem: dict[str, str] = {}  # parameter name -> why its configured value cannot be its default
         self.helping = False  # only help is shown: a problem is warned about (`defaults_for`), not raised
 
-    def learn(self, command: click.Command) -> None:
-        for key, params in option_params(command).items():
+    def learn(self, command: click.Command, options: dict[str, list[click.Option]] | None = None) -> None:
+        """The configured defaults of `command`'s options; `options` is its `option_params` when the caller has
+        walked the option tree already (`config_defaults`)."""
+        for key, params in (option_params(command) if options is None else options).items():
             self.param_names.update(p.name for p in params if p.name)
             if key in self.config:
                 value, path = self.config[key]
@@ -204,9 +206,10 @@ def config_defaults() -> ConfigDefaults | None:
     config = read_config(config_paths())
     if not config:
         return None
+    options = option_params(main)  # the option tree walked once, for learning, the unknown keys and the values
     defaults = ConfigDefaults(config)
-    defaults.learn(main)
-    known = set(option_keys(main)) | LAZY_FLAGS
+    defaults.learn(main, options)
+    known = set(options) | LAZY_FLAGS
     unknown = sorted(k for k in config if k not in known)
     if unknown:
         path = config[unknown[0]][1]
@@ -215,19 +218,20 @@ def config_defaults() -> ConfigDefaults | None:
                         + (f" (did you mean {close[0]!r}?)" if close else "")
                         + "; keys are options without their dashes, e.g. backend, partition, time-limit-min, "
                           "bucket (`launch run --help` lists them)")
-    check_config(config, defaults)
+    check_config(config, defaults, options)
     return defaults
 
 
-def check_config(config: dict[str, tuple[Any, Path]], defaults: ConfigDefaults) -> None:
+def check_config(config: dict[str, tuple[Any, Path]], defaults: ConfigDefaults,
+                 options: dict[str, list[click.Option]] | None = None) -> None:
     """Check the values of the spec's, the backends' and --model-arg/--backend-opt's keys before any command
     runs, as their flags are checked, each error naming the file and key. Why: a bad value was blamed on a flag
     nobody typed (`lr: -1` said "(from --lr)", `steps: nan` "Invalid value for '--steps'"). A bad value is
     refused by the commands that have its option (`ConfigDefaults.problem`, `refuse_problems`), not by every
     command: `steps: nan` broke `launch ls` and `launch --help`. The other keys' values are checked by the command that reads them
     (`config_blame` names the file there): one key can differ between commands (`format: html` suits report,
-    not ls), as can a list (`ConfigDefaults`)."""
-    for key, params in option_params(main).items():
+    not ls), as can a list (`ConfigDefaults`). `options`: `option_params(main)`, if the caller has it."""
+    for key, params in (option_params(main) if options is None else options).items():
         if key not in config:
             continue
         value, path = config[key]

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from scalelab.core.errors import SpecError
-from scalelab.core.options import BackendOptions, at_least, each, one_line, one_word, option
+from scalelab.core.options import MAX_LIMIT_MINUTES, BackendOptions, at_least, each, one_line, one_word, option
 from scalelab.costs.fleet import OnPremiseFleet
 
 
@@ -28,9 +28,45 @@ _SLURM_TIME = re.compile(r"\d+(:\d{1,2}){0,2}|\d+-\d{1,2}(:\d{1,2}){0,2}|UNLIMIT
 
 
 def _slurm_time(value: str) -> str | None:
-    if value == "" or _SLURM_TIME.fullmatch(value):
+    """A time in Slurm's format of at most a year. Why the cap: `--time 99999999` (190 years) and `--time 9999-00`
+    were taken; Slurm leaves a job whose limit is past its partition's MaxTime PENDING, possibly forever (`man
+    sbatch`), and a limit is what stops a run that hangs: past a year it is a typo (AWS's --time-limit-min has
+    the same cap). The partition's own limit is the cluster's to say (`sbatch --test-only`)."""
+    if value == "":
         return None
-    return "must be a time in Slurm's format: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS (e.g. 90, 1:30:00, 2-00)"
+    if not _SLURM_TIME.fullmatch(value):
+        return ("must be a time in Slurm's format: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS (e.g. 90, 1:30:00, "
+                "2-00)")
+    minutes = slurm_minutes(value)
+    if minutes is not None and minutes > MAX_LIMIT_MINUTES:
+        return (f"must be at most a year, 365-00:00:00 ({MAX_LIMIT_MINUTES:,} minutes), not {_minutes_text(minutes)}: "
+                "give the time the run may need, or '' for the partition's limit")
+    return None
+
+
+def slurm_minutes(value: str) -> float | None:
+    """The minutes of a time in Slurm's format (`90`, `30:30`, `1:30:00`, `2-12`, `2-12:30:15`), seconds rounded up
+    to a minute as Slurm does; None for no limit (UNLIMITED, INFINITE, or 0). A number too long to be a time is
+    infinite minutes (int() refuses more than 4,300 digits)."""
+    if value.lower() in ("unlimited", "infinite"):
+        return None
+    days, _, clock = value.rpartition("-")
+    parts = clock.split(":")
+    if any(len(p) > 15 for p in (days, *parts)):
+        return float("inf")
+    numbers = [int(p) for p in parts]
+    if days:  # D-HH, D-HH:MM, D-HH:MM:SS
+        hours, minutes, secs = (numbers + [0, 0])[:3]
+        hours += int(days) * 24
+    elif len(numbers) == 3:  # HH:MM:SS
+        hours, minutes, secs = numbers
+    else:  # MM, MM:SS
+        hours, minutes, secs = 0, numbers[0], (numbers + [0])[1]
+    return -(-((hours * 60 + minutes) * 60 + secs) // 60) or None  # 0: no limit (`man sbatch`)
+
+
+def _minutes_text(minutes: float) -> str:
+    return "more minutes than can be counted" if minutes == float("inf") else f"{minutes:,.0f} minutes"
 
 
 def _sbatch_option(arg: str) -> str | None:
