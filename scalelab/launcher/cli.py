@@ -295,6 +295,10 @@ class DefaultGroup(click.Group):
         names = set(self.commands) | set(LAZY_COMMANDS)
         if args and args[0] not in names and args[0] not in ("--help", "-h", "--version"):
             if not args[0].startswith("-"):  # `run` takes no arguments: a first word is a mistyped command
+                from scalelab.launcher.owncode import script_hint
+
+                if script_hint(args):  # `launch train.py`, as torchrun takes it
+                    raise click.UsageError(str(script_hint(args, whole=True)))
                 close = difflib.get_close_matches(args[0], sorted(names), n=1, cutoff=0.6)
                 hint = f"did you mean `launch {close[0]}`?" if close else f"commands: {', '.join(sorted(names))}"
                 raise click.UsageError(f"no command {args[0]!r}; {hint}")

@@ -11,6 +11,7 @@ scalelab/train/script.py; `scalelab.track` records.
 from __future__ import annotations
 
 import fnmatch
+import importlib.machinery
 import importlib.util
 import os
 import subprocess
@@ -33,7 +34,8 @@ def apply(spec: Spec, params: dict[str, Any]) -> Spec:
     args = list(params.get("script_args") or ())
     if not spec.own_code:
         if args:
-            raise SpecError(f"unexpected arguments {' '.join(args)!r}: arguments after `--` go to your --script "
+            raise SpecError(script_hint(args, _command_name()) or
+                            f"unexpected arguments {' '.join(args)!r}: arguments after `--` go to your --script "
                             f"or --module; without one, `launch {_command_name()}` takes only options")
         return spec
     spec.check_code_names()  # an empty name, before it is resolved as a path (the working directory) or a module
@@ -61,6 +63,25 @@ def apply(spec: Spec, params: dict[str, Any]) -> Spec:
     if params.get("steps") is None and spec.steps == Spec().steps:
         spec.steps = None  # the script decides its length; --steps only sets the progress bar's total
     return spec
+
+
+def script_hint(words: list[str], command: str = "run", whole: bool = False) -> str | None:
+    """What to type where the first of `words` is a script given as torchrun and python take it (`launch train.py
+    ARGS`, `launch run train.py`): a .py name or an existing file; else None. `whole`: `words` is the whole command
+    line after `launch` (its other words are the script's, as torchrun reads them), not the arguments click left
+    over from among options. Why: it was "no command 'train.py'", or "arguments after `--`" of a command line with
+    no `--`."""
+    from scalelab.core.errors import shell_word
+
+    first = words[0] if words else ""
+    if first.startswith("-") or not (first.endswith(".py") or Path(first).expanduser().is_file()):
+        return None
+    if whole:
+        rest = " -- " + " ".join(shell_word(w) for w in words[1:]) if words[1:] else ""
+        example = f"launch {command} --script {shell_word(first)}{rest}"
+    else:
+        example = f"launch {command} [OPTIONS] --script {shell_word(first)} [-- SCRIPT_ARGS]"
+    return f"{first}: your own script is given as --script, its arguments after `--`: `{example}`"
 
 
 def _drop_configured(spec: Spec, params: dict[str, Any]) -> None:
@@ -134,18 +155,42 @@ def check_script(text: str) -> Path:
 
 
 def check_module(name: str, folder: Path) -> None:
-    """The top package of --module is importable from `folder` (or installed); nothing is imported."""
-    top = name.split(".")[0]
+    """--module is found from `folder` (or installed), each of its dotted parts in the package before it; nothing
+    is imported (a package's __init__ is the user's code, run by the ranks only). Why each part: `pkg.missing` of
+    an existing `pkg` started a run whose ranks failed with an ImportError."""
+    parts = name.split(".")
     sys.path.insert(0, str(folder))
     try:
-        found = importlib.util.find_spec(top)
+        found = importlib.util.find_spec(parts[0])
     except (ImportError, ValueError):
         found = None
     finally:
         sys.path.remove(str(folder))
     if found is None:
-        raise SpecError(f"--module {name}: no module {top!r} in {folder} or installed; run launch from the folder "
-                        "that holds it")
+        raise SpecError(f"--module {name}: no module {parts[0]!r} in {folder} or installed; run launch from the "
+                        "folder that holds it")
+    where = list(found.submodule_search_locations or [])
+    for i in range(1, len(parts)):
+        package = ".".join(parts[:i])
+        if not where:
+            raise SpecError(f"--module {name}: {package!r} is a module, not a package holding {parts[i]!r}; check the "
+                            f"name (python -m {name} would fail the same way)")
+        packages, modules = _found_in(where, parts[i])
+        if not packages and not modules:
+            raise SpecError(f"--module {name}: no module {parts[i]!r} in package {package!r} ({', '.join(where)}); "
+                            f"check the name (python -m {name} would fail the same way)")
+        where = packages
+
+
+def _found_in(locations: list[str], part: str) -> tuple[list[str], list[str]]:
+    """(folders named `part`: a package, regular or namespace; files of module `part`: .py, .pyc, extensions) in
+    a package's `locations`, looked at, not imported (PathFinder would need the package imported for a namespace
+    package)."""
+    suffixes = importlib.machinery.all_suffixes()
+    folders = [str(Path(loc) / part) for loc in locations if (Path(loc) / part).is_dir()]
+    files = [str(Path(loc) / (part + suffix)) for loc in locations for suffix in suffixes
+             if (Path(loc) / (part + suffix)).is_file()]
+    return folders, files
 
 
 def _size(n: float) -> str:

@@ -1,0 +1,51 @@
+"""How a user names their own code, as torchrun and `python -m` take it, and the one line when it is wrong, before
+anything starts (scalelab/launcher/owncode.py): a script given positionally (`launch train.py ARGS`, `launch run
+train.py`) is pointed to --script; every dotted part of --module is looked for, nothing imported."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from conftest import run_entry
+
+
+@pytest.fixture
+def code(tmp_path: Path, monkeypatch) -> Path:
+    """ok.py; pkg/ (a package) with sub/train.py; ns/inner/m.py (a namespace package); pkg's __init__ must not run."""
+    (tmp_path / "ok.py").write_text("print('hi')\n")
+    (tmp_path / "pkg" / "sub").mkdir(parents=True)
+    (tmp_path / "pkg" / "__init__.py").write_text("raise SystemExit('the launcher imported the package')\n")
+    (tmp_path / "pkg" / "sub" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "sub" / "train.py").write_text("print('hi')\n")
+    (tmp_path / "ns" / "inner").mkdir(parents=True)
+    (tmp_path / "ns" / "inner" / "m.py").write_text("print('hi')\n")
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["ok.py", "--lr", "3"], "ok.py: your own script is given as --script, its arguments after `--`: "
+                             "`launch run --script ok.py -- --lr 3`"),
+    (["train.py"], "`launch run --script train.py`"),  # not there yet: a .py name is still a script
+    (["run", "ok.py", "--gpus-per-node", "2"], "`launch run [OPTIONS] --script ok.py [-- SCRIPT_ARGS]`"),
+    (["sweep", "ok.py", "--workers", "1,2"], "`launch sweep [OPTIONS] --script ok.py [-- SCRIPT_ARGS]`"),
+    (["--module", "pkg.nothere"], "--module pkg.nothere: no module 'nothere' in package 'pkg'"),
+    (["--module", "pkg.sub.nothere"], "no module 'nothere' in package 'pkg.sub'"),
+    (["--module", "pkg.sub.train.x"], "'pkg.sub.train' is a module, not a package holding 'x'"),
+    (["--module", "ns.inner.zz"], "no module 'zz' in package 'ns.inner'"),
+])
+def test_a_misnamed_script_or_module_is_one_line_naming_what_to_type(argv, said, code, monkeypatch, capsys) -> None:
+    rc, err, _ = run_entry([*argv, "--runs-dir", str(code / "runs")] if argv[0] != "ok.py" and argv[0] != "train.py"
+                           else argv, monkeypatch, capsys)
+    assert rc == 2 and said in " ".join(err.split()), err
+    assert "Traceback" not in err and "imported the package" not in err
+    assert not (code / "runs").exists()
+
+
+@pytest.mark.parametrize("module", ["pkg.sub.train", "ns.inner.m", "json.tool"])
+def test_modules_python_m_finds_are_taken_without_being_imported(module, code, monkeypatch, capsys) -> None:
+    rc, err, out = run_entry(["--module", module, "--engine", "single", "--dry-run"], monkeypatch, capsys)
+    assert rc == 0, err
+    assert module in out and "imported the package" not in err + out
