@@ -868,8 +868,16 @@ def report_dirs(paths: list[Path], out: Path | None, fmt: str, rates: tuple[str,
     """The report of runs (`launch report`, and after a sweep); `plots`: speedup.png and throughput.png too
     (matplotlib: most of the time of a report that prints text, so `launch report` draws them on --plots only)."""
     from scalelab.analysis.results import build_report
+    from scalelab.core.errors import RecordError
 
-    report = build_report(paths, out, report_pricer(rates, prices_file), plots=plots)
+    try:
+        report = build_report(paths, out, report_pricer(rates, prices_file), plots=plots)
+    except RecordError:
+        facts = unmeasured_facts(paths)
+        if facts is None:
+            raise
+        show_unmeasured(facts, fmt)
+        return
     for warning in report.warnings:
         err_console.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False, soft_wrap=True)
     if fmt == "json":
@@ -886,6 +894,34 @@ def report_dirs(paths: list[Path], out: Path | None, fmt: str, rates: tuple[str,
             console.print(f"note: {escape(note)}", highlight=False)  # prose: wrapped between words
         plot = f"  plot: {report.plot_path}" if report.plot_path else ""
         console.print(f"report: [bold]{report.markdown_path}[/]{plot}", soft_wrap=True)
+
+
+def unmeasured_facts(paths: list[Path]) -> list[dict[str, Any]] | None:
+    """The summaries of completed --script runs that measured nothing (no `track.step`: their wall time, exit status
+    and a note saying how to measure, `runner.write_summary`) where every path is one; else None. Why: `launch
+    report` of such a run was an error (exit 2, nothing on stdout for --format json) for a run that did what its
+    script asked."""
+    from scalelab.core.rundir import RunPaths, read_json
+
+    facts = []
+    for path in paths:
+        try:
+            summary = read_json(RunPaths(Path(path)).summary, "summary", dict)
+        except (ScalelabError, OSError):
+            return None
+        if summary.get("steps_measured") != 0 or "note" not in summary:
+            return None
+        facts.append(summary)
+    return facts
+
+
+def show_unmeasured(facts: list[dict[str, Any]], fmt: str) -> None:
+    """What a report says of runs with nothing measured: their facts as JSON, else each one's note."""
+    if fmt == "json":
+        click.echo(json.dumps(facts, indent=2))
+        return
+    for summary in facts:
+        console.print(f"note: {escape(summary['note'])}", highlight=False)
 
 
 def report_pricer(rates: tuple[str, ...] = (), prices_file: str | None = None):
