@@ -159,7 +159,8 @@ def test_the_price_preview_of_a_script_run(tmp_path: Path) -> None:
     assert "2*g4dn.xlarge" in priced.stderr and "for 500 steps" in priced.stderr  # the default type
     assert "expected cost of the launch: $" in priced.stderr
     unknown = launch(*base, "--max-usd", "1", "--", "--steps", "500", cwd=tmp_path)
-    assert unknown.returncode == 0 and "a --script: give --steps N" in unknown.stderr  # a dry run is not refused
+    assert unknown.returncode == 0 and "a --script decides its own steps: give --steps N" in unknown.stderr
+    assert "--epochs" not in unknown.stderr  # not given, and refused for a script: not the reason either
 
 
 SLOW_STEPS = """import json, time

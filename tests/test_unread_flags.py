@@ -456,7 +456,7 @@ def test_a_bad_config_value_leaves_help_and_other_commands_working(argv, config,
         assert err.count("launch: warning:") == 1 and "config file c.yaml: steps" in err, err
     if argv[0] == "run":
         flat = " ".join(out.split())
-        assert "Optimizer steps to run. [default: 40]" in flat and "[default: slurm, from c.yaml]" in flat, flat
+        assert "your script's own arguments go after `--`). [default: 40]" in flat and "[default: slurm, from c.yaml]" in flat, flat
 
 
 def test_a_command_that_reads_the_bad_value_still_refuses_it(config, monkeypatch, capsys, tmp_path):

@@ -387,7 +387,8 @@ def trust_warnings(table: pd.DataFrame) -> list[str]:
                        "speedup); to measure it too, lower --warmup-steps")
         elif measured is not None and measured < MIN_MEASURED_STEPS:
             out.append(f"{who}: only {measured} measured step(s) (fewer than {MIN_MEASURED_STEPS}); "
-                       "its timings are not reliable: run more --steps")
+                       "its timings are not reliable: run more steps (--steps; a --script's own argument after "
+                       "`--`)")
         if measured and _float_or_none(row.get("words_per_s")) is None:  # _rates_and_step_times: 0 items
             out.append(f"{who}: its {NO_ITEMS}")
         mean, std = _float_or_none(row.get("step_s_mean")), _float_or_none(row.get("step_s_std"))

@@ -257,7 +257,8 @@ class Spec:
                                       flag="--global-batch")
     batch_per_worker: int | None = option(None, "Samples per worker and step: every worker takes this batch, so "
                                           "the global batch grows with the workers (weak scaling).", POSITIVE, at_most(MAX_BATCH, BATCH_LIMIT), flag="--batch-per-worker")
-    steps: int | None = option(40, "Optimizer steps to run.", POSITIVE,
+    steps: int | None = option(40, "Optimizer steps to run (with --script/--module: only the progress bar's and "
+                                   "the cost preview's total; your script's own arguments go after `--`).", POSITIVE,
                                at_most(MAX_STEPS, f"must be at most {MAX_STEPS:,} (years of training at any speed)"),
                                flag="--steps")
     epochs: int | None = option(None, "Epochs to run (with --steps: whichever ends first).", POSITIVE,

@@ -43,10 +43,12 @@ class Estimate:
     hours: float
     dollars: float
     startup_s: float = 0.0
+    own_code: bool = False  # a --script/--module spec: unknown steps are the script's own, not --epochs'
 
     def line(self) -> str:
         """One line for the terminal: price per hour, expected dollars and both assumptions."""
-        steps = "unknown steps (--epochs, or a --script's own)" if self.steps is None else f"{self.steps} steps"
+        unknown = "unknown steps (the script's own)" if self.own_code else "unknown steps (--epochs)"
+        steps = unknown if self.steps is None else f"{self.steps} steps"
         dollars = "unknown" if math.isnan(self.dollars) else f"${self.dollars:,.2f}"
         startup = f" + {self.startup_s:.3g} s start-up" if self.startup_s else ""
         took = "an unknown time" if math.isnan(self.hours) else duration_text(self.hours * 3600)
@@ -158,7 +160,8 @@ def expected_cost(spec: Spec, step_s: float | None = None, catalog: Catalog | No
     basis = "measured" if measured else "assumed: nothing measured; --expect-from RUN uses a run's"
     seconds = spec.steps * step_s + startup_s if spec.steps is not None else math.nan
     dollars = price.cost(seconds).dollars if spec.steps is not None else math.nan
-    return Estimate(price.usd_per_hour, price.basis, spec.steps, step_s, basis, seconds / 3600.0, dollars, startup_s)
+    return Estimate(price.usd_per_hour, price.basis, spec.steps, step_s, basis, seconds / 3600.0, dollars, startup_s,
+                    spec.own_code)
 
 
 def run_seconds(run: Any) -> float:

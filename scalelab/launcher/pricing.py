@@ -67,11 +67,12 @@ class Quote:
     lines: list[str]
     total_usd: float
     usd_per_hour: float
+    own_code: bool = False  # a --script/--module launch: its steps are the script's, not an option's
 
     def text(self) -> str:
-        total = ("unknown (--epochs: the steps are not known before the data is read; a --script: give --steps N, the "
-                 "steps it runs, for a price)") if math.isnan(self.total_usd) \
-            else f"${self.total_usd:,.2f}"
+        why = ("a --script decides its own steps: give --steps N, the steps it runs, for a price" if self.own_code
+               else "--epochs: the steps are not known before the data is read")
+        total = f"unknown ({why})" if math.isnan(self.total_usd) else f"${self.total_usd:,.2f}"
         return "\n".join([*self.lines, f"expected cost of the launch: {total}"])
 
 
@@ -99,7 +100,7 @@ def quote(specs: list[tuple[Spec, int]], params: dict[str, Any]) -> Quote | None
         lines += time_limit_warning(spec, est.hours)
         total += count * est.dollars
         peak = max(peak, est.usd_per_hour)
-    return Quote(lines, total, peak)
+    return Quote(lines, total, peak, own_code=specs[0][0].own_code)
 
 
 def _hardware(spec: Spec, run_dir: str | None = None) -> str:
