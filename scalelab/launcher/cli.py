@@ -642,9 +642,17 @@ def run_and_show(backend, spec: Spec, run_dir: Path, detach: bool, echo: frozens
         state = "submitted"
     console.print(f"started [bold]{run_dir}[/] detached: no launcher follows it ({state}).\n"
                   f"  follow it:  launch status {shell_word(run_dir)}   launch logs {shell_word(run_dir)}\n"
-                  f"  stop it:    launch cancel {shell_word(run_dir)}   (its ranks checkpoint; launch resume {shell_word(run_dir)} continues)\n"
+                  f"  stop it:    launch cancel {shell_word(run_dir)}   ({_stopped_how(spec, run_dir)})\n"
                   f"  once ended: launch status {shell_word(run_dir)} records how it ended (and its summary), "
                   f"launch report {shell_word(run_dir)} reports it", highlight=False, soft_wrap=True)
+
+
+def _stopped_how(spec: Spec, run_dir: Path) -> str:
+    """What a cancel does to the run's ranks and how `launch resume` goes on: the built-in trainer checkpoints; a
+    script gets SIGTERM and is started again, resuming from whatever it saved itself."""
+    if spec.own_code:
+        return f"its ranks get SIGTERM; launch resume {shell_word(run_dir)} starts {spec.script_label} again"
+    return f"its ranks checkpoint; launch resume {shell_word(run_dir)} continues"
 
 
 def print_summary(run_dir: Path, summary) -> None:
@@ -671,8 +679,9 @@ def print_summary(run_dir: Path, summary) -> None:
               help="Go on although spec.json changes FIELD (lr, optimizer, model_args, global_batch, precision, "
                    "data, ...; a --script run's: script, script_args) since the run last ran; the change is recorded and `launch report` says from which "
                    "step. Repeatable. Without it such a change is refused, naming each field.")
+@click.argument("script_args", nargs=-1, type=click.UNPROCESSED, metavar="")
 def resume_cmd(run_dir: str, runs_dir: str, detach: bool, rank_output: str | None,
-               allow_changed: tuple[str, ...]) -> None:
+               allow_changed: tuple[str, ...], script_args: tuple[str, ...]) -> None:
     """Continue RUN_DIR from its last checkpoint with the spec it was started with.
 
     A sweep directory: its layouts that did not complete are continued (from their checkpoints) or
@@ -683,6 +692,10 @@ def resume_cmd(run_dir: str, runs_dir: str, detach: bool, rank_output: str | Non
     path = Path(run_dir)
     from scalelab.core.trajectory import allowed_fields
 
+    if script_args:  # `launch resume RUN -- --steps 95`: click's "unexpected extra arguments" said nothing of how
+        raise SpecError(f"launch resume takes no arguments for the script ({' '.join(map(shell_word, script_args))}): "
+                        f"it runs as {shell_word(path / 'spec.json')} says; to change them, edit `script_args` there "
+                        "and resume with --allow-changed script_args")
     allowed_fields(allow_changed)  # a misspelt field is refused whatever the run's state (a completed one returned first)
     if is_sweep(path):
         from scalelab.launcher.sweep import resume_sweep

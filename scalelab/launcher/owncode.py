@@ -151,6 +151,10 @@ def check_script(text: str) -> Path:
         raise SpecError(f"--script {given} cannot be read ({exc.strerror})") from None
     if b"\0" in head:
         raise SpecError(f"--script {given} is not a text file (binary); give the Python script itself")
+    interpreter = head.split(b"\n", 1)[0][2:].strip().decode(errors="replace") if head.startswith(b"#!") else ""
+    if interpreter and "python" not in interpreter:  # the ranks run it with Python (torchrun's default too)
+        raise SpecError(f"--script {given} is a script for {interpreter!r}, not Python: its ranks run it with "
+                        "Python; give the Python script it starts (its arguments after `--`)")
     return path.resolve()
 
 
