@@ -30,8 +30,12 @@ best measured per-GPU rate; beyond the most measured count the per-GPU rate does
 last measured one, a rise at its end included (seed 001's noisy 7 -> 8 GPU uptick once let the band
 climb back to linear scaling from 1 GPU at 128); while the measured throughput never fell,
 more GPUs are not predicted to deliver less than the most measured count did (`floor`), but a measured
-drop is followed (negative scaling is real: oversubscribed hosts, slow links). Inside the measured
-counts the measurement is the answer (scalelab/costs/model.py).
+drop is followed (negative scaling is real: oversubscribed hosts, slow links), down to the exchange's
+floor, which the band's low end keeps too (`exchange_floor`: a step grows at most as N − 1 beyond the
+most measured count; across nodes never measured, over the link model's `network_ratio`). A point is
+predicted on no more nodes than any fitted count used (`point_nodes`): a first crossing is priced by the
+band alone. Inside the measured counts the measurement is the answer (scalelab/costs/model.py), with
+its own spread as its band (`measured_noise` at least).
 
 **Which model** a plan uses is chosen by held-out error: the lowest mean |log(pred/true)| over the
 training tasks, each origin weighted equally, separately for fits on two counts and on three or more.
