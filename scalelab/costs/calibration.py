@@ -103,7 +103,8 @@ from scalelab.costs.tables import read_scaling_csv, with_throughput
 
 __all__ = ["SEED_TABLES", "DEFAULT_CONFIDENCE", "CANDIDATES", "DELTA", "reference_tables", "reference_series",
            "origin_of", "candidate_predictions", "fit_models", "trend_rule", "physical_bounds", "band_spread",
-           "all_tasks", "Calibration", "exchange_floor", "network_ratio", "point_nodes", "measured_noise", "calibrate", "conformal_quantile", "predict_band", "band_ceiling", "next_count", "coverage",
+           "all_tasks", "Calibration", "calibrate", "conformal_quantile", "predict_band", "band_ceiling", "next_count", "coverage",
+           "exchange_floor", "network_ratio", "point_nodes", "measured_noise",
            "coverage_summary", "k_class", "band_class", "POINT_MODELS", "CAPPED", "interior_tasks", "interior_band",
            "interior_coverage"]
 
@@ -308,10 +309,10 @@ def exchange_floor(fitted: pd.DataFrame, workers: Sequence[float], crosses: Sequ
     grows at most as N − 1 (its latency terms; its bytes per worker less), so t(N) <= t(ck)·(N − 1)/(ck − 1)
     and T(N) >= T(ck)·(ck − 1)/(N − 1). On the same links: a prediction onto more nodes than any fitted count
     used (`crosses`) may pay a network `ratio` times slower, so its floor is divided by it (at a measured
-    count so placed: T(c)/ratio). No published task fell below the floor without
-    the ratio (520 predictions, 15 sources, crossing ones included: the closest at 1.0x, Keras-TensorFlow's
-    LSTM 4 -> 8 GPUs, the closest crossing at 1.9x). Before, a 2-count series with a measured drop was given a
-    low end of 0.03 words/s at 16 workers, 4 million times below its measurement."""
+    count so placed: T(c)/ratio). No published task fell below the floor without the ratio (520
+    predictions, 15 sources, crossing ones included: the closest at 1.0x, Keras-TensorFlow's LSTM 4 -> 8
+    GPUs, the closest crossing at 1.9x). Before, a 2-count series with a measured drop was given a low end
+    of 0.03 words/s at 16 workers, 4 million times below its measurement."""
     w = np.asarray(workers, dtype=float)
     rate = _per_gpu(fitted)
     ck = float(rate.index[-1])
@@ -361,7 +362,7 @@ def band_ceiling(fitted: pd.DataFrame, workers: Sequence[float], hi: float | np.
     return _cap(ceiling, hi, _noise(fitted), w * float(_per_gpu(fitted).max()))
 
 
-def measured_noise(cal: "Calibration") -> tuple[float, float]:
+def measured_noise(cal: Calibration) -> tuple[float, float]:
     """(lo, hi) log half-widths of a measured layout whose runs say nothing of their spread (one run, no step
     times): the calibrated band at a measured count (d = 0) of a series that loses nothing per doubling,
     δ · `LOSS_FLOOR`. Not δ · (r + floor) as before: r is how far the series bends beyond its counts, which
@@ -500,8 +501,8 @@ def all_tasks() -> pd.DataFrame:
     if cache is not None and cache.is_file():
         try:
             kept = pd.read_csv(cache, dtype={"k_class": str, "table": str, "origin": str, "series": str})
-            needed = {"table", "origin", "k_class", "true", "spread", "ceiling", "noise", "linear", "least", "crosses_nodes",
-                      "pred_trend", *(f"pred_{m}" for m in CANDIDATES)}
+            needed = {"table", "origin", "k_class", "true", "spread", "ceiling", "noise", "linear", "least",
+                      "crosses_nodes", "pred_trend", *(f"pred_{m}" for m in CANDIDATES)}
             if len(kept) and needed <= set(kept.columns) and kept[sorted(needed - {"table", "origin",
                                                                                     "k_class"})].notna().all().all():
                 return kept
