@@ -30,8 +30,12 @@ best measured per-GPU rate; beyond the most measured count the per-GPU rate does
 last measured one, a rise at its end included (seed 001's noisy 7 -> 8 GPU uptick once let the band
 climb back to linear scaling from 1 GPU at 128); while the measured throughput never fell,
 more GPUs are not predicted to deliver less than the most measured count did (`floor`), but a measured
-drop is followed (negative scaling is real: oversubscribed hosts, slow links). Inside the measured
-counts the measurement is the answer (scalelab/costs/model.py).
+drop is followed (negative scaling is real: oversubscribed hosts, slow links), down to the exchange's
+floor, which the band's low end keeps too (`exchange_floor`: a step grows at most as N − 1 beyond the
+most measured count; across nodes never measured, over the link model's `network_ratio`). A point is
+predicted on no more nodes than any fitted count used (`point_nodes`): a first crossing is priced by the
+band alone. Inside the measured counts the measurement is the answer (scalelab/costs/model.py), with
+its own spread as its band (`measured_noise` at least).
 
 **Which model** a plan uses is chosen by held-out error: the lowest mean |log(pred/true)| over the
 training tasks, each origin weighted equally, separately for fits on two counts and on three or more.
@@ -100,6 +104,7 @@ from scalelab.costs.tables import read_scaling_csv, with_throughput
 __all__ = ["SEED_TABLES", "DEFAULT_CONFIDENCE", "CANDIDATES", "DELTA", "reference_tables", "reference_series",
            "origin_of", "candidate_predictions", "fit_models", "trend_rule", "physical_bounds", "band_spread",
            "all_tasks", "Calibration", "calibrate", "conformal_quantile", "predict_band", "band_ceiling", "next_count", "coverage",
+           "exchange_floor", "network_ratio", "point_nodes", "measured_noise",
            "coverage_summary", "k_class", "band_class", "POINT_MODELS", "CAPPED", "interior_tasks", "interior_band",
            "interior_coverage"]
 
@@ -259,7 +264,7 @@ def candidate_predictions(fitted: pd.DataFrame, workers: Sequence[float], nodes:
     more GPU counts), before the physical bounds. At or below the most fitted count every model
     but the NNLS ones interpolates the measured per-GPU rates. `models`: the NNLS fits, when made."""
     w = np.asarray(workers, dtype=float)
-    nd = np.ones_like(w) if nodes is None else np.asarray(nodes, dtype=float)
+    nd = point_nodes(fitted, np.ones_like(w) if nodes is None else np.asarray(nodes, dtype=float))
     rate = _per_gpu(fitted)
     ck, last = float(rate.index[-1]), float(rate.iloc[-1])
     d = np.log2(np.maximum(w / ck, 1.0))
@@ -276,6 +281,47 @@ def candidate_predictions(fitted: pd.DataFrame, workers: Sequence[float], nodes:
         pa, pb = (np.clip(out[m], floor, ceiling) for m in (a, b))
         out[name] = np.sqrt(np.maximum(pa, 1e-300) * np.maximum(pb, 1e-300))
     return out
+
+
+def point_nodes(fitted: pd.DataFrame, nodes: np.ndarray) -> np.ndarray:
+    """The nodes a point is predicted on: as asked, but never more than any fitted count used. No model can
+    price a network it never saw: comm and ps fitted on one node priced the first crossing from assumed link
+    speeds (8 GPUs at 104,305 words/s on one node, 80,357 on eight; 2 workers measured at 132,295 on one node
+    "predicted" 112,622 on two), so the point stays as on the fitted nodes and the crossing is priced by the
+    band's low end only (its class, `band_class`, and `exchange_floor`)."""
+    most = float(fitted["nodes"].max()) if "nodes" in fitted.columns else 1.0
+    return np.minimum(np.asarray(nodes, dtype=float), max(most, 1.0))
+
+
+def network_ratio(link: LinkModel | None = None) -> float:
+    """How many times slower the network between nodes may be than the links inside one (bandwidth or
+    latency, whichever is worse; at least 1): what a first crossing can cost a step at most, by the link
+    model's figures (`--intra-gbps`, the instance's network; defaults 80 against 10 Gbit/s, 5 against 50 µs)."""
+    link = link or LinkModel()
+    return max(1.0, link.intra_gbps / link.inter_gbps, link.inter_latency_s / link.intra_latency_s)
+
+
+def exchange_floor(fitted: pd.DataFrame, workers: Sequence[float], crosses: Sequence[bool] | None = None,
+                   ratio: float = 1.0) -> np.ndarray:
+    """The least throughput physics allows beyond the most fitted count ck (0 inside the fitted counts but at
+    a measured count placed on more nodes): a step is compute plus exchange; with more workers each one's
+    compute shrinks (fixed global batch) or stays (growing), and a ring's or a parameter server's exchange
+    grows at most as N − 1 (its latency terms; its bytes per worker less), so t(N) <= t(ck)·(N − 1)/(ck − 1)
+    and T(N) >= T(ck)·(ck − 1)/(N − 1). On the same links: a prediction onto more nodes than any fitted count
+    used (`crosses`) may pay a network `ratio` times slower, so its floor is divided by it (at a measured
+    count so placed: T(c)/ratio). No published task fell below the floor without the ratio (520
+    predictions, 15 sources, crossing ones included: the closest at 1.0x, Keras-TensorFlow's LSTM 4 -> 8
+    GPUs, the closest crossing at 1.9x). Before, a 2-count series with a measured drop was given a low end
+    of 0.03 words/s at 16 workers, 4 million times below its measurement."""
+    w = np.asarray(workers, dtype=float)
+    rate = _per_gpu(fitted)
+    ck = float(rate.index[-1])
+    total = rate * rate.index.to_numpy(float)
+    beyond = np.where(w > ck, float(total.iloc[-1]) * (ck - 1) / np.maximum(w - 1, 1.0), 0.0)
+    cross = np.zeros(len(w), dtype=bool) if crosses is None else np.asarray(crosses, dtype=bool)
+    at = np.array([float(total.get(x, 0.0)) for x in w]) if len(w) else np.zeros(0)
+    least = np.where(cross & (w <= ck), at, beyond)
+    return np.where(cross, least / max(ratio, 1.0), least)
 
 
 def loss_per_doubling(fitted: pd.DataFrame) -> float:
@@ -316,6 +362,15 @@ def band_ceiling(fitted: pd.DataFrame, workers: Sequence[float], hi: float | np.
     return _cap(ceiling, hi, _noise(fitted), w * float(_per_gpu(fitted).max()))
 
 
+def measured_noise(cal: Calibration) -> tuple[float, float]:
+    """(lo, hi) log half-widths of a measured layout whose runs say nothing of their spread (one run, no step
+    times): the calibrated band at a measured count (d = 0) of a series that loses nothing per doubling,
+    δ · `LOSS_FLOOR`. Not δ · (r + floor) as before: r is how far the series bends beyond its counts, which
+    says nothing of how noisy a measurement is, and a series with a measured drop (r = 1.7) got a band from
+    its own 1-worker measurement down to 1/60 of it at 95 % and 1/1,900 at 99 %."""
+    return min(cal.lo, 0.0) * DELTA * LOSS_FLOOR, max(cal.hi, 0.0) * DELTA * LOSS_FLOOR
+
+
 def _noise(fitted: pd.DataFrame) -> float:
     """The spread of the band at a measured count (d = 0): δ · (loss per doubling + floor)."""
     return DELTA * (loss_per_doubling(fitted) + LOSS_FLOOR)
@@ -327,11 +382,11 @@ def _cap(ceiling: np.ndarray, hi: float | np.ndarray, noise: float | np.ndarray,
 
 
 def _band_ends(pred: np.ndarray, lo_s: np.ndarray, hi_s: np.ndarray, ceiling: np.ndarray,
-               cap: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(low, high) of a band of log half-widths lo_s <= 0 <= hi_s around `pred`, bounded by physics and
-    never excluding the point (hi_s = inf: up to the cap, a `CAPPED` class): `predict_band` and
-    `coverage` both make their bands here."""
-    low = np.minimum(np.minimum(pred * np.exp(lo_s), ceiling), pred)
+               cap: np.ndarray, least: np.ndarray | float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+    """(low, high) of a band of log half-widths lo_s <= 0 <= hi_s around `pred`, bounded by physics (the low
+    end never below `least`, `exchange_floor`) and never excluding the point (hi_s = inf: up to the cap, a
+    `CAPPED` class): `predict_band` and `coverage` both make their bands here."""
+    low = np.minimum(np.minimum(np.maximum(pred * np.exp(lo_s), least), ceiling), pred)
     hi_s = np.asarray(hi_s, dtype=float)
     up = np.where(np.isinf(hi_s), cap, pred * np.exp(np.where(np.isinf(hi_s), 0.0, hi_s)))
     high = np.maximum(np.minimum(up, cap), pred)
@@ -343,7 +398,8 @@ def physical_bounds(fitted: pd.DataFrame, workers: Sequence[float]) -> tuple[np.
     scaling from the best measured per-GPU rate, and beyond the most measured count from the last
     measured rate (a rise at the end is not carried on: efficiency does not recover with more GPUs,
     and a last step's uptick is as often noise). Floor (beyond the most measured count only):
-    what that count delivered, while the measured throughput never fell; nothing once it fell."""
+    what that count delivered, while the measured throughput never fell; once it fell, the exchange's
+    floor (`exchange_floor`: the step grows at most as N − 1)."""
     w = np.asarray(workers, dtype=float)
     rate = _per_gpu(fitted)
     ck = float(rate.index[-1])
@@ -351,7 +407,7 @@ def physical_bounds(fitted: pd.DataFrame, workers: Sequence[float]) -> tuple[np.
     beyond = np.where(w > ck, w * float(rate.iloc[-1]), np.inf)
     ceiling = np.minimum(w * float(rate.max()), beyond)
     never_fell = bool((np.diff(total.to_numpy(float)) >= 0).all())
-    floor = np.where((w > ck) & never_fell, float(total.iloc[-1]), 0.0)
+    floor = np.where((w > ck) & never_fell, float(total.iloc[-1]), exchange_floor(fitted, w))
     return np.minimum(floor, ceiling), ceiling
 
 
@@ -371,13 +427,14 @@ def _series_tasks(table: str, label: str, rows: pd.DataFrame) -> list[dict]:
         trend = trend_rule(fitted, test["workers"])
         crosses = test["nodes"].to_numpy(float) > float(fitted["nodes"].max())
         linear = test["workers"].to_numpy(float) * float(_per_gpu(fitted).max())
+        least = exchange_floor(fitted, test["workers"], crosses, network_ratio())
         noise = _noise(fitted)
         for i, (_, r) in enumerate(test.iterrows()):
             task = {"table": table, "origin": origin_of(table), "series": label, "fit_counts": k,
                     "workers": int(r["workers"]), "distance": math.log2(r["workers"] / counts[k - 1]),
                     "crosses_nodes": bool(crosses[i]), "true": float(r["throughput"]), "spread": float(spread[i]),
                     "floor": float(floor[i]), "ceiling": float(ceiling[i]), "pred_trend": float(trend[i]),
-                    "noise": noise, "linear": float(linear[i])}
+                    "noise": noise, "linear": float(linear[i]), "least": float(least[i])}
             out.append(task | {f"pred_{m}": float(max(np.clip(p[i], floor[i], ceiling[i]), 1e-300))
                                for m, p in preds.items()})
     return out
@@ -444,8 +501,8 @@ def all_tasks() -> pd.DataFrame:
     if cache is not None and cache.is_file():
         try:
             kept = pd.read_csv(cache, dtype={"k_class": str, "table": str, "origin": str, "series": str})
-            needed = {"table", "origin", "k_class", "true", "spread", "ceiling", "noise", "linear", "crosses_nodes",
-                      "pred_trend", *(f"pred_{m}" for m in CANDIDATES)}
+            needed = {"table", "origin", "k_class", "true", "spread", "ceiling", "noise", "linear", "least",
+                      "crosses_nodes", "pred_trend", *(f"pred_{m}" for m in CANDIDATES)}
             if len(kept) and needed <= set(kept.columns) and kept[sorted(needed - {"table", "origin",
                                                                                     "k_class"})].notna().all().all():
                 return kept
@@ -788,7 +845,9 @@ def predict_band(fitted: pd.DataFrame, workers: Sequence[float], nodes: Sequence
     """Throughput at `workers` from `fitted` (rows of two or more GPU counts): columns predicted,
     low, high (the band at `confidence`, finite and physically bounded), model, floor, ceiling.
     This is the model's answer everywhere, measured counts included (scalelab/costs/model.py puts the
-    measurements first)."""
+    measurements first). A count on more nodes than any fitted one used is predicted as on those nodes
+    (`point_nodes`) with the crossing class's band, its low end at least `exchange_floor` over the link's
+    `network_ratio`."""
     fitted = fitted.assign(nodes=fitted["nodes"] if "nodes" in fitted.columns else 1)[["workers", "nodes", "throughput"]]
     fitted = fitted.astype(float)
     k = fitted["workers"].nunique()
@@ -797,7 +856,8 @@ def predict_band(fitted: pd.DataFrame, workers: Sequence[float], nodes: Sequence
     cals = calibrate(confidence, exclude)
     w = np.asarray(workers, dtype=float)
     nd = np.ones_like(w) if nodes is None else np.asarray(nodes, dtype=float)
-    used = [cals[band_class(k, bool(c))] for c in nd > float(fitted["nodes"].max())]
+    crosses = nd > float(fitted["nodes"].max())
+    used = [cals[band_class(k, bool(c))] for c in crosses]
     lo, hi = np.array([c.lo for c in used]), np.array([c.hi for c in used])
     preds = candidate_predictions(fitted, w, nodes, link, models)
     floor, ceiling = physical_bounds(fitted, w)
@@ -814,7 +874,7 @@ def predict_band(fitted: pd.DataFrame, workers: Sequence[float], nodes: Sequence
         inner = band_spread(fitted, w, between=True)  # count did (its measured neighbours are noisy too)
         lo_s, hi_s = np.where(between, ilo * inner, lo_s), np.where(between, ihi * inner, hi_s)
         cap = np.where(between, _cap(ceiling, ihi, inner, np.inf), cap)
-    low, high = _band_ends(pred, lo_s, hi_s, ceiling, cap)
+    low, high = _band_ends(pred, lo_s, hi_s, ceiling, cap, exchange_floor(fitted, w, crosses, network_ratio(link)))
     return pd.DataFrame({"workers": w, "predicted": pred, "low": low, "high": high, "model": [c.model for c in used],
                          "floor": floor, "ceiling": ceiling})
 
@@ -850,7 +910,7 @@ def _judge(part: pd.DataFrame, cal: dict[str, Calibration]) -> pd.DataFrame:
     hi = np.where(np.array([c.capped for c in used], dtype=bool), np.inf, his * spread)
     ceiling = part["ceiling"].to_numpy(float)
     cap = _cap(ceiling, his, part["noise"].to_numpy(float), part["linear"].to_numpy(float))
-    low, high = _band_ends(pred, lo, hi, ceiling, cap)
+    low, high = _band_ends(pred, lo, hi, ceiling, cap, part["least"].to_numpy(float))
     true = part["true"].to_numpy(float)
     return pd.DataFrame({
         "model": [c.model for c in used], "margin": [c.margin for c in used], "error": pred / true - 1,
