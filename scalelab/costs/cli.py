@@ -28,7 +28,7 @@ from scalelab.core.errors import DataError, RecordError, SpecError
 from scalelab.core.records import load_run
 from scalelab.core.runids import RunDir
 from scalelab.core.spec import MAX_GPUS
-from scalelab.core.terminal import break_name, duration_text, fold_cell, make_console, unbreakable_width
+from scalelab.core.terminal import break_name, duration_text, fold_cell, make_console, number_text, unbreakable_width
 from scalelab.costs.billing import Mix, instances_for, run_cost
 from scalelab.costs.catalog import DEFAULT_REGION, MARKETS, Catalog, CatalogError, load_catalog, parse_interruptions, refresh
 from scalelab.costs.memory import overflows
@@ -881,8 +881,9 @@ def _model_lines(result) -> list[str]:
 _PRED_VIEW = {"label": "series", "workers": "workers", "nodes": "nodes", "global_batch": "batch", "model": "model",
               "predicted_throughput": "predicted /s", "interval_low": "low /s", "interval_high": "high /s",
               "measured_throughput": "measured /s"}
-_PRED_FMT = {"workers": ".0f", "nodes": ".0f", "batch": ".0f", "predicted /s": ",.0f", "low /s": ",.0f", "high /s": ",.0f",
-             "measured /s": ",.0f"}
+# rates cell by cell in one readable format (`number_text`): 181,005 words/s, 13.5 samples/s, 0.0000278 jobs/s
+_PRED_FMT: dict[str, Any] = {"workers": ".0f", "nodes": ".0f", "batch": ".0f", "predicted /s": number_text,
+                             "low /s": number_text, "high /s": number_text, "measured /s": number_text}
 _LAYOUT_VIEW = {"layout": "layout", "model": "model", "basis": "basis", "predicted_time_s": "time", "time_low_s": "low",
                 "time_high_s": "high", "compute_share": "compute", "exchange_share": "exchange"}
 _LAYOUT_FMT: dict[str, Any] = {"time": lambda s: human_duration(s), "low": lambda s: human_duration(s),
@@ -890,8 +891,8 @@ _LAYOUT_FMT: dict[str, Any] = {"time": lambda s: human_duration(s), "low": lambd
 _LAYOUT_THR_VIEW = {"layout": "layout", "model": "model", "basis": "basis", "predicted_throughput": "predicted /s",
                     "throughput_low": "low /s", "throughput_high": "high /s", "compute_share": "compute",
                     "exchange_share": "exchange"}
-_LAYOUT_THR_FMT: dict[str, Any] = {"predicted /s": ",.4g", "low /s": ",.4g", "high /s": ",.4g", "compute": ".0%",
-                                   "exchange": ".0%"}
+_LAYOUT_THR_FMT: dict[str, Any] = {"predicted /s": number_text, "low /s": number_text, "high /s": number_text,
+                                   "compute": ".0%", "exchange": ".0%"}
 _BATCH_VIEW = {"label": "series", "global_batch": "batch", "predicted_steps_to_threshold": "steps",
                "steps_low": "steps low", "steps_high": "steps high", "predicted_samples_to_threshold": "samples",
                "basis": "basis", "b_noise": "B_noise", "noise_scale": "noise scale"}
@@ -953,22 +954,6 @@ _PICK_LEGEND = ("pick: cheapest / fastest / both = the recommendations above; fr
                 "cheaper at the upper ends of their bands (up to, up to $); no fit = a rank would not fit its GPU's memory (never recommended). speed: measured (the runs' type), probe (its own runs), estimate (GPU specs), user (--speed)")
 
 
-def _throughput_format(values: Any) -> str:
-    """A number format that shows the smallest of `values` with three significant digits: whole numbers for
-    words/s, decimals for a table of 13-567 samples/s (printed 13 │ 13 │ 13, band unreadable), significant
-    digits for runs per second of a time_s table (2.8e-05)."""
-    import numpy as np
-
-    finite = np.asarray(values, dtype=float)
-    finite = finite[np.isfinite(finite) & (finite > 0)]
-    if not len(finite):
-        return ",.0f"
-    smallest = float(finite.min())
-    if smallest < 1e-3:
-        return ".4g"
-    return f",.{max(0, min(4, 2 - math.floor(math.log10(smallest))))}f"
-
-
 def _plan_tables(result, unit: str = "words/s") -> list[tuple[str, pd.DataFrame, dict[str, Any]]]:
     """(title, rows, number formats) of every table the plan has, in the order shown; `unit`: what the
     throughput counts (`plan_unit`)."""
@@ -982,9 +967,7 @@ def _plan_tables(result, unit: str = "words/s") -> list[tuple[str, pd.DataFrame,
     elif len(result.predictions):
         rows, said = _view(result.predictions, _PRED_VIEW, ("workers",))
         title = f"Predicted throughput per second ({unit})"
-        shown = _throughput_format(result.predictions[["predicted_throughput", "interval_low"]].to_numpy(float))
-        fmt = _PRED_FMT | {c: shown for c in ("predicted /s", "low /s", "high /s", "measured /s")}
-        tables.append((title + (f": {said}" if said else ""), rows, fmt))
+        tables.append((title + (f": {said}" if said else ""), rows, _PRED_FMT))
     if len(result.batch_predictions):
         rows, said = _view(result.batch_predictions, _BATCH_VIEW, ("batch",))
         tables.append(("Steps to the loss threshold against the global batch" + (f" ({said})" if said else ""), rows,
@@ -1017,7 +1000,8 @@ def plan_markdown(result, unit: str = "words/s") -> str:
         for col, how in fmt.items():
             if callable(how) and col in rows.columns:
                 rows[col] = rows[col].map(lambda v, how=how: None if v is None or v != v else how(v))
-        parts += ["", f"## {title}", "", markdown_table(rows, {k: v for k, v in fmt.items() if not callable(v)})]
+        parts += ["", f"## {title}", "", markdown_table(rows, {k: v for k, v in fmt.items() if not callable(v)},
+                                                        align_right=[k for k, v in fmt.items() if callable(v)])]
     if len(result.candidates):
         parts += ["", _PICK_LEGEND]
     if result.notes:
