@@ -846,6 +846,53 @@ def _recommendation_line(key: str, v: dict[str, Any]) -> str:
             f"${v['dollars']:,.2f} (up to ${v['dollars_high']:,.2f}){unmeasured}")
 
 
+def _where(row: Any) -> str:
+    """A candidate in words: its named layout, or its workers on their instances."""
+    if isinstance(row.get("layout"), str) and row.get("layout"):
+        return str(row["layout"])
+    return f"{_plural(int(row['workers']), 'worker')} on {row['instances']}*{row['instance_type']}"
+
+
+#: A limit no layout meets, per recommendation: (its flag, the column judged, what the surest is, its unit).
+_UNMET = {"cheapest_within_deadline": ("--deadline-h", "hours_high", "finishes within", "h"),
+          "fastest_within_budget": ("--budget", "dollars_high", "costs at most", "$")}
+
+
+def _unmet_line(key: str, result) -> str:
+    """The answer where no layout meets --deadline-h or --budget: none, the surest layout and its bad end, and
+    what to change. Why: it was a stderr note only, the answer block silent and no way out said. Rendered from
+    the plan's candidates (the planner keeps the recommendation as None)."""
+    flag, column, verb, unit = _UNMET[key]
+    fitting = result.candidates
+    if "fits_memory" in fitting.columns:  # as the planner judges: a layout that overflows is never recommended
+        fitting = fitting[~fitting["fits_memory"].map(overflows)]
+    surest = fitting.loc[fitting[column].idxmin()]
+    needed = math.ceil(float(surest[column]) * 100) / 100
+    bound = f"{needed:.2f} h" if unit == "h" else f"${needed:,.2f}"
+    ways = [f"raise {flag} to at least {needed:.2f}", *_other_ways(key, result, fitting)]
+    if result.confidence > 0.5:  # --confidence's least
+        ways.append(f"lower --confidence (now {result.confidence:.0%})")
+    return (f"{key.replace('_', ' ')}: none: no layout {verb} {flag} with {result.confidence:.0%} confidence; the "
+            f"surest, {_where(surest)} {surest['market']}, {'takes' if unit == 'h' else 'costs'} up to {bound}. "
+            f"To get one: {', '.join(ways[:-1])}, or {ways[-1]}")
+
+
+def _other_ways(key: str, result, fitting: pd.DataFrame) -> list[str]:
+    """Besides the limit and the confidence, what could bring a layout within it: faster or cheaper layouts."""
+    if "layout" in fitting.columns:  # --predict: the layouts are named, not a worker grid
+        return [f"name {'larger or faster' if key == 'cheapest_within_deadline' else 'smaller or cheaper'} "
+                "layouts in --predict"]
+    if key == "cheapest_within_deadline":
+        return [f"plan more workers than {int(fitting['workers'].max())} (--predict-workers)",
+                "price faster --instance-types"]
+    ways = [f"plan fewer workers than {int(fitting['workers'].min())} (--predict-workers)"] \
+        if int(fitting["workers"].min()) > 1 else []
+    ways.append("price cheaper --instance-types")
+    if "spot" not in set(fitting["market"]) and not any("spot" in why for why in result.unpriced):
+        ways.append("the spot market (--market spot)")  # not where spot was asked and has no price
+    return ways
+
+
 def _assumption_lines(result) -> list[str]:
     """What every figure below rests on, said once on top: the models, the steps to the threshold."""
     lines = [f"every interval and recommendation at {result.confidence:.0%} confidence; "
@@ -868,7 +915,8 @@ def _model_lines(result) -> list[str]:
     """The plan's words, in reading order: assumptions, the answer (recommendations with their bounds),
     what to measure next."""
     lines = _assumption_lines(result)
-    lines += [_recommendation_line(k, v) for k, v in result.recommendations.items() if v]
+    lines += [_recommendation_line(k, v) if v else _unmet_line(k, result) for k, v in result.recommendations.items()
+              if v or k in _UNMET]
     if result.next_measurement:
         n = result.next_measurement
         series = f" ({n['label']})" if n["label"] else ""
