@@ -90,21 +90,41 @@ def memory_cmd(instance_types: str | None, fmt: str, **params: Any) -> None:
                   f"[bold]{size_text(prediction.peak_bytes)}[/] per rank (model state "
                   f"{size_text(prediction.model_state)}, activations {size_text(prediction.activations)}, "
                   f"output layer and loss {size_text(prediction.output_layer)})", width=width)
-    for r in rows:
-        mark = ("fits" if r["fits"] else f"[red]no {precision} arithmetic[/]"
-                if not r["runs_precision"] else "[red]does not fit[/]")
-        share = f"{share_text(r['used_share'])} used" if r["used_share"] is not None else "memory unknown"
-        console.print(f"  {r['instance_type']:<15} {r['gpu'] or '?':<10} {r['gpu_mem_gib'] or 0:>3.0f} GiB  "
-                      f"{share:<10} {mark}", no_wrap=True, overflow="ignore", crop=False)
+    shares = [f"{share_text(r['used_share'])} used" if r["used_share"] is not None else "memory unknown" for r in rows]
+    # each column as wide as its widest cell: "19197% used" ran into the status, which needs the room to say
+    # both its reasons within 80 columns
+    room = max(map(len, shares), default=0)
+    name = max((len(r["instance_type"]) for r in rows), default=0)
+    gpu = max((len(r["gpu"] or "?") for r in rows), default=0)
+    for r, share in zip(rows, shares):
+        console.print(f"  {r['instance_type']:<{name}} {r['gpu'] or '?':<{gpu}} {r['gpu_mem_gib'] or 0:>3.0f} GiB  "
+                      f"{share:<{room}}  {fit_status(r, prediction, precision)}", no_wrap=True, overflow="ignore",
+                      crop=False)
     notes = []
     if any(not r["runs_precision"] for r in rows):
         notes.append(f"\"no {precision} arithmetic\": the GPU has no {precision} units, whatever its memory")
-    if any(r["runs_precision"] and not r["fits"] for r in rows):
+    if any(not memory_fits(r, prediction) for r in rows):
         notes.append(f"a rank fits where its peak is at most {HEADROOM:.0%} of the GPU's memory; where it does "
                      f"not, use {remedies_left(precision, spec.output_loss)}")
     if notes:
         text = "; ".join(notes)
         console.print(f"{text[0].upper()}{text[1:]}.", width=width)
+
+def memory_fits(row: dict, prediction: MemoryPrediction) -> bool:
+    """Whether the peak fits the row's GPU memory, whatever its arithmetic (a row's `fits` needs both)."""
+    return bool(row["gpu_mem_gib"]) and prediction.fits(float(row["gpu_mem_gib"]))
+
+
+def fit_status(row: dict, prediction: MemoryPrediction, precision: str) -> str:
+    """fits, or every reason it does not: the memory and the arithmetic. Why both: a 1,536 GiB rank on a V100 read
+    only "no bf16 arithmetic", as if a V100 with bf16 would hold it."""
+    if row["fits"]:
+        return "fits"
+    why = [] if memory_fits(row, prediction) else ["does not fit"]
+    if not row["runs_precision"]:
+        why.append(f"no {precision} arithmetic")
+    return f"[red]{'; '.join(why)}[/]"
+
 
 #: Prose lines (the prediction, the footer) wrap at the console's width, and at most this many columns.
 PROSE_WIDTH = 80
