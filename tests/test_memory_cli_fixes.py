@@ -139,3 +139,21 @@ def test_a_gpu_short_of_both_memory_and_arithmetic_says_both_within_80_columns()
     assert re.search(r"% used {2,}does not fit$", rows["g5.xlarge"]), rows["g5.xlarge"]
     assert len({line.index("does not") for line in rows.values()}) == 1, out  # the statuses in one column
     assert max(len(line) for line in rows.values()) <= 80, out
+
+
+def test_without_a_batch_a_rank_takes_the_models_and_says_so():
+    """`launch memory --model nmt-tiny` failed "Missing option '--batch-per-worker'", though the README says the
+    command's flags take `launch run`'s defaults; the model's batch is that default (one worker's batch)."""
+    from scalelab.core.presets import PRESETS
+
+    out = " ".join(run("--model", "nmt-tiny").split())
+    batch = PRESETS["nmt-tiny"].default_batch
+    assert out.startswith(f"nmt-tiny, {batch} per rank (the model's default batch; --batch-per-worker N for another)"), out
+    given = " ".join(run("--model", "nmt-tiny", "--batch-per-worker", "8").split())
+    assert given.startswith("nmt-tiny, 8 per rank, fp32"), given
+
+
+def test_an_unknown_model_is_named_before_anything_missing():
+    """`--model nmt-nope` without a batch reported the missing batch, not the model."""
+    result = CliRunner().invoke(memory_cmd, ["--model", "nmt-nope"])
+    assert result.exit_code != 0 and "unknown model preset 'nmt-nope'" in str(result.exception), result.output

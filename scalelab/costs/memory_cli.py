@@ -56,8 +56,7 @@ def fit_rows(prediction: MemoryPrediction, types: list[InstanceType], precision:
 
 
 @click.command("memory")
-@shared_flags("--model", "--model-arg", "--batch-per-worker", "--precision", "--engine", "--output-loss", "--optimizer",
-              required=("--batch-per-worker",))
+@shared_flags("--model", "--model-arg", "--batch-per-worker", "--precision", "--engine", "--output-loss", "--optimizer")
 @click.option("--instance-types", help="Check these types [default: one per GPU model in the catalog].")
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
 def memory_cmd(instance_types: str | None, fmt: str, **params: Any) -> None:
@@ -67,11 +66,13 @@ def memory_cmd(instance_types: str | None, fmt: str, **params: Any) -> None:
     most 90% of its memory (the rest: the CUDA context and the allocator's cache). The model, engine,
     precision, output loss and optimizer flags and their defaults are `launch run`'s; it takes no others
     (`--rnn stepwise` and `--ps-state cpu` change a rank's memory too, but the prediction models only the
-    fused cuDNN/oneDNN LSTM and the optimizer state on the rank)."""
+    fused cuDNN/oneDNN LSTM and the optimizer state on the rank). Without --batch-per-worker a rank takes the
+    model's batch (its preset's default_batch: what one worker of `launch run --model M` trains)."""
     spec = spec_from_flags(params).validate()  # what `launch run` refuses (ps in fp16) is not predicted either
-    model_name, batch_per_worker, precision, engine = spec.model, spec.batch_per_worker, spec.precision, spec.engine.name
+    model_name, precision, engine = spec.model, spec.precision, spec.engine.name
     cfg = config_with_overrides(PRESETS[model_name], model_overrides(parse_pairs(params["model_args"], "--model-arg"),
                                                                      "--model-arg"))
+    batch_per_worker = spec.batch_per_worker if spec.batch_per_worker is not None else cfg.default_batch
     prediction = predict_peak(cfg, batch_per_worker, precision, engine, spec.output_loss, spec.optimizer, device="cuda")
     names = [n.strip() for n in instance_types.split(",") if n.strip()] if instance_types is not None else None
     if names == []:  # '' or ',' listed the default types without a word (`launch plan` refuses it)
@@ -86,7 +87,8 @@ def memory_cmd(instance_types: str | None, fmt: str, **params: Any) -> None:
                                "output_layer_gib": prediction.output_layer / GIB, "types": rows}, indent=2))
         return
     width = min(console.width, PROSE_WIDTH)
-    console.print(f"{model_name}, {batch_per_worker} per rank, {precision}, {engine}: predicted peak "
+    console.print(f"{model_name}, {batch_text(batch_per_worker, spec.batch_per_worker is None)}, {precision}, {engine}: "
+                  "predicted peak "
                   f"[bold]{size_text(prediction.peak_bytes)}[/] per rank (model state "
                   f"{size_text(prediction.model_state)}, activations {size_text(prediction.activations)}, "
                   f"output layer and loss {size_text(prediction.output_layer)})", width=width)
@@ -128,6 +130,12 @@ def fit_status(row: dict, prediction: MemoryPrediction, precision: str) -> str:
 
 #: Prose lines (the prediction, the footer) wrap at the console's width, and at most this many columns.
 PROSE_WIDTH = 80
+
+
+def batch_text(batch: int, defaulted: bool) -> str:
+    """The batch per rank, and where it came from when no --batch-per-worker said it: `launch memory --model
+    nmt-tiny` was refused for a missing --batch-per-worker, though the model has a batch of its own."""
+    return f"{batch} per rank" + (" (the model's default batch; --batch-per-worker N for another)" if defaulted else "")
 
 
 def size_text(nbytes: float) -> str:
