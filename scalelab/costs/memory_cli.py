@@ -17,7 +17,7 @@ from scalelab.core.flags import shared_flags, spec_from_flags
 from scalelab.core.options import parse_pairs
 from scalelab.core.presets import PRESETS, config_with_overrides, model_overrides
 from scalelab.core.terminal import make_console
-from scalelab.costs.catalog import InstanceType, builtin_catalog
+from scalelab.costs.catalog import InstanceType, builtin_catalog, unknown_type_message
 from scalelab.costs.memory import GIB, HEADROOM, MemoryPrediction, predict_peak
 
 console = make_console()
@@ -29,7 +29,8 @@ def gpu_types(names: list[str] | None = None) -> list[InstanceType]:
     if names:
         unknown = [n for n in names if n not in catalog.instances]
         if unknown:
-            raise SpecError(f"unknown instance type(s) {', '.join(map(repr, unknown))}; known: {', '.join(catalog.names())}")
+            raise SpecError(unknown_type_message(unknown[0], catalog.names(),
+                                                 "launch memory checks the built-in catalog's types only"))
         return [catalog.instance(n) for n in names]
     seen: dict[tuple[str | None, float | None], InstanceType] = {}
     for inst in sorted(catalog.instances.values(), key=lambda i: (i.gpus, i.name)):
