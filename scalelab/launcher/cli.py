@@ -862,8 +862,8 @@ def report_dirs(paths: list[Path], out: Path | None, fmt: str, rates: tuple[str,
     from scalelab.analysis.results import build_report
 
     report = build_report(paths, out, report_pricer(rates, prices_file), plots=plots)
-    for warning in report.warnings:
-        err_console.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False, soft_wrap=True)
+    for warning in report.warnings:  # prose, wrapped between words as the notes are (it ran to 196 columns)
+        err_console.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False)
     if fmt == "json":
         click.echo(report.json_text)
     elif fmt == "markdown":
