@@ -32,3 +32,33 @@ def test_a_met_limit_keeps_its_recommendation_and_no_none(monkeypatch, capsys) -
     said = _answer(monkeypatch, capsys, "--deadline-h", "5", "--budget", "1", "--market", "both")
     assert "cheapest within deadline: 4 workers on" in said and "deadline: none" not in said, said
     assert "fastest within budget: none" in said and "--market spot" not in said, said  # spot is priced already
+
+
+TWO_SWEEPS = ("label,workers,throughput\n"
+              "nmt-tiny fused fp32 ddp strong global-batch=64 steps=300,1,1000\n"
+              "nmt-tiny fused fp32 ddp strong global-batch=64 steps=300,2,1800\n"
+              "nmt-tiny fused fp32 ddp strong global-batch=128 steps=400,1,1100\n"
+              "nmt-tiny fused fp32 ddp strong global-batch=128 steps=400,2,2000\n")
+
+
+def test_long_series_labels_fold_no_row_at_80_columns(tmp_path) -> None:
+    """Two sweeps of one model: each row's label folded into five or six lines at 80 columns. Their common words
+    go into the title, and where the rest is still too wide each series is a letter named above the table."""
+    from tests.conftest import launch
+
+    (tmp_path / "two.csv").write_text(TWO_SWEEPS)
+    proc = launch("plan", "--from-csv", "two.csv", "--measured-on", "g3.4xlarge", "--instance-types", "g3.4xlarge",
+                  "--work", "1e9", cwd=tmp_path, env={"COLUMNS": "80"})
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert max(len(line) for line in out.splitlines()) <= 80, out
+    assert "every series nmt-tiny fused fp32 ddp strong" in " ".join(out.split()), out
+    assert "series: A = global-batch=64 steps=300; B = global-batch=128 steps=400" in out, out
+    candidates = out[out.index("Candidates"):]
+    lines = candidates.splitlines()
+    body = lines[next(i for i, line in enumerate(lines) if line.startswith("───")) + 1:]
+    body = body[:next(i for i, line in enumerate(body) if line.startswith("pick:"))]
+    assert len(body) == 6 and all(line[:2] in ("A ", "B ") for line in body), candidates  # one line a row
+    wide = launch("plan", "--from-csv", "two.csv", "--measured-on", "g3.4xlarge", "--instance-types", "g3.4xlarge",
+                  "--work", "1e9", cwd=tmp_path, env={"COLUMNS": "160"})
+    assert "global-batch=64 steps=300 " in wide.stdout and "series: A =" not in wide.stdout, wide.stdout

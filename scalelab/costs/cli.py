@@ -973,7 +973,24 @@ def _view(rows: pd.DataFrame, names: dict[str, str], always: tuple[str, ...]) ->
                      and str(rows[c].iloc[0]).strip() not in ("", "nan", "None"))  # an unlabelled series: no ", "
     keep = [c for c in rows.columns if c not in same or c not in ("label", "market", "global_batch", "model",
                                                                   "speed_basis", "basis", "nodes")]
-    return rows[keep].rename(columns=names), said
+    rows, common = _series_apart(rows[keep])
+    said = ", ".join(x for x in (f"every series {common}" if common else "", said) if x)
+    return rows.rename(columns=names), said
+
+
+def _series_apart(rows: pd.DataFrame) -> tuple[pd.DataFrame, str]:
+    """`rows` with each series label cut to the words that tell it apart, and the words every label has (for
+    the title). Why: two sweeps of one model were labelled "nmt-tiny fused fp32 ddp strong global-batch=64
+    steps=300" and "... global-batch=128 steps=400", and at 80 columns each row's label folded into six lines;
+    `launch cost` takes the runs' common words into its title the same way."""
+    if "label" not in rows.columns or rows["label"].astype(str).nunique() < 2:
+        return rows, ""
+    words = [str(v).split() for v in rows["label"]]
+    common = [w for w in words[0] if all(w in ws for ws in words[1:])]
+    cells = [" ".join(w for w in ws if w not in common) for ws in words]
+    if not common or not all(cells) or len(set(cells)) < len(set(map(tuple, words))):  # a label all common: keep
+        return rows, ""
+    return rows.assign(label=cells), " ".join(common)
 
 
 def _candidate_rows(result) -> pd.DataFrame:
@@ -1034,9 +1051,35 @@ def _print_plan(result, unit: str = "words/s") -> None:
         console.print(line, highlight=False)
     for title, rows, fmt in _plan_tables(result, unit):
         console.print(f"[bold]{escape(title)}[/]", highlight=False)  # above the table: a title inside wraps at its width
+        rows, legend = _series_keys(rows, fmt, console.width)
+        if legend:
+            console.print(escape(legend), highlight=False)
         console.print(_rich_table("", rows, fmt, droppable=_NARROW_DROPS))
     if len(result.candidates):
         console.print(_PICK_LEGEND, highlight=False)
+
+
+def _series_keys(rows: pd.DataFrame, fmt: dict[str, Any], width: int) -> tuple[pd.DataFrame, str]:
+    """Where a table with several series is wider than the terminal, each series as a letter and a line naming
+    them above the table: at 80 columns a label such as "global-batch=64 steps=300" folded into three lines
+    (six before `_series_apart`) on every row. The letters follow the labels' natural order, so a series has
+    the same letter in every table of the plan."""
+    import re
+
+    if "series" not in rows.columns or rows["series"].nunique() < 2:
+        return rows, ""
+    cells = [[_cell(r[col], fmt.get(col), col in fmt) for col in rows.columns] for _, r in rows.iterrows()]
+    natural = [max(w, len(str(h))) for w, h in zip(_natural_widths(rows.columns, cells), rows.columns)]
+    if _table_width(natural, boxed=False) <= width:  # every cell and header on one line: as it is
+        return rows, ""
+    def natural(label: str) -> list[Any]:
+        return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", label)]
+    labels = sorted({str(v) for v in rows["series"]}, key=natural)
+    keys = {label: chr(ord("A") + i) if i < 26 else str(i + 1) for i, label in enumerate(labels)}
+    legend = "series: " + "; ".join(f"{keys[label]} = {label}" for label in labels)
+    if len(legend) > width:  # a line per series: wrapped, "C" ended one line and "= its label" began the next
+        legend = "\n".join(f"series {keys[label]} = {label}" for label in labels)
+    return rows.assign(series=[keys[str(v)] for v in rows["series"]]), legend
 
 
 def plan_markdown(result, unit: str = "words/s") -> str:
