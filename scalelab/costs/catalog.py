@@ -81,7 +81,8 @@ def unknown_type_message(name: str, known: list[str], hint: str) -> str:
     lower = {k.lower(): k for k in known}
     close = difflib.get_close_matches(name.lower(), list(lower), n=1)
     if close:
-        return f"unknown instance type {name!r}; did you mean {lower[close[0]]!r}? (`launch cost --list` lists them; {hint})"
+        return (f"unknown instance type {name!r}; did you mean {lower[close[0]]!r}? (`launch cost --list` lists "
+                f"them; {hint})")
     return f"unknown instance type {name!r}; known: {', '.join(known)} ({hint})"
 
 

@@ -1064,22 +1064,25 @@ def _series_keys(rows: pd.DataFrame, fmt: dict[str, Any], width: int) -> tuple[p
     them above the table: at 80 columns a label such as "global-batch=64 steps=300" folded into three lines
     (six before `_series_apart`) on every row. The letters follow the labels' natural order, so a series has
     the same letter in every table of the plan."""
-    import re
-
     if "series" not in rows.columns or rows["series"].nunique() < 2:
         return rows, ""
     cells = [[_cell(r[col], fmt.get(col), col in fmt) for col in rows.columns] for _, r in rows.iterrows()]
-    natural = [max(w, len(str(h))) for w, h in zip(_natural_widths(rows.columns, cells), rows.columns)]
-    if _table_width(natural, boxed=False) <= width:  # every cell and header on one line: as it is
+    whole = [max(w, len(str(h))) for w, h in zip(_natural_widths(rows.columns, cells), rows.columns)]
+    if _table_width(whole, boxed=False) <= width:  # every cell and header on one line: as it is
         return rows, ""
-    def natural(label: str) -> list[Any]:
-        return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", label)]
-    labels = sorted({str(v) for v in rows["series"]}, key=natural)
+    labels = sorted({str(v) for v in rows["series"]}, key=_natural_order)
     keys = {label: chr(ord("A") + i) if i < 26 else str(i + 1) for i, label in enumerate(labels)}
     legend = "series: " + "; ".join(f"{keys[label]} = {label}" for label in labels)
     if len(legend) > width:  # a line per series: wrapped, "C" ended one line and "= its label" began the next
         legend = "\n".join(f"series {keys[label]} = {label}" for label in labels)
     return rows.assign(series=[keys[str(v)] for v in rows["series"]]), legend
+
+
+def _natural_order(label: str) -> list[Any]:
+    """A sort key that orders numbers inside text by value: global-batch=64 before global-batch=128."""
+    import re
+
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", label)]
 
 
 def plan_markdown(result, unit: str = "words/s") -> str:
