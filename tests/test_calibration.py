@@ -311,8 +311,8 @@ def test_time_tables_show_their_throughput_not_zero(tmp_path):
     df = pd.DataFrame({"label": "s", "workers": [1, 2, 4], "throughput": [1 / 35920, 1 / 24316, 1 / 13156]})
     p = plan(PlanRequest(df, [8]))
     title, rows, fmt = _plan_tables(p)[0]
-    shown = format(rows["predicted /s"].iloc[-1], fmt["predicted /s"])
-    assert float(shown) > 0
+    shown = fmt["predicted /s"](rows["predicted /s"].iloc[-1])  # each cell formatted by itself (number_text)
+    assert float(shown) > 0 and "e" not in shown
 
 
 def test_one_registry_names_every_model_the_planner_can_use():

@@ -30,8 +30,10 @@ from scalelab.costs.catalog import (
     parse_rate,
     refresh,
 )
+from tests.conftest import run_entry
 
 DATA = Path(__file__).parent / "data"
+SEED004_SCALING = Path(__file__).resolve().parents[1] / "scalelab" / "costs" / "data" / "seed004_sentiment_scaling.csv"
 
 # Seed 004 (shared/seeds/004), "Table of Total Costs for 10 epochs":
 # (experiment, #p2.xlarge, #g3.4xlarge, #g3.16xlarge, seconds, hours, total price)
@@ -81,6 +83,29 @@ def test_unknown_instance_type_names_the_known_ones():
     msg = str(err.value)
     assert msg.startswith("unknown instance type 'g9.huge'; known: ")
     assert "g3.4xlarge" in msg and "p2.xlarge" in msg
+
+
+def test_a_near_miss_instance_type_suggests_the_nearest_first():
+    """`--instance-types g5.xlarg` listed all 26 types; the nearest now comes first, the list by pointer."""
+    for typo, meant in (("g5.xlarg", "g5.xlarge"), ("G5.XLARGE", "g5.xlarge"), ("p3.2xl", "p3.2xlarge")):
+        with pytest.raises(UnknownInstanceError) as err:
+            builtin_catalog().instance(typo)
+        assert str(err.value).startswith(f"unknown instance type {typo!r}; did you mean {meant!r}? "), err.value
+        assert "`launch cost --list`" in str(err.value) and "g3.4xlarge" not in str(err.value)
+
+
+@pytest.mark.parametrize("command", [["plan", "--from-csv", str(SEED004_SCALING), "--instance-types", "g5.xlarg"],
+                                     ["memory", "--instance-types", "g5.xlarg"]])
+def test_plan_and_memory_suggest_the_nearest_type(command, monkeypatch, capsys):
+    code, err, _ = run_entry(command, monkeypatch, capsys)
+    assert code == 2 and "did you mean 'g5.xlarge'?" in err and "Traceback" not in err, err
+
+
+def test_cost_from_csv_suggests_the_nearest_type(tmp_path, monkeypatch, capsys):
+    table = tmp_path / "c.csv"
+    table.write_text("label,seconds,instances\na,10,2*g5.xlarg\n")
+    code, err, _ = run_entry(["cost", "--from-csv", str(table)], monkeypatch, capsys)
+    assert code == 2 and "c.csv:2: unknown instance type 'g5.xlarg'; did you mean 'g5.xlarge'?" in err, err
 
 
 def test_missing_spot_price_says_how_to_get_one():

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from click.testing import CliRunner
@@ -126,3 +127,33 @@ def test_study_names_a_wrong_backend_by_its_flag_listing_the_valid_ones():
     result = CliRunner().invoke(study_cmd, [study, "--backend", "nope", "--dry-run"])
     assert result.exit_code == 2 and "Invalid value for '--backend': 'nope' is not one of 'local', 'slurm'" in (
         result.output), result.output
+
+
+def test_a_gpu_short_of_both_memory_and_arithmetic_says_both_within_80_columns():
+    """A 1,536 GiB bf16 rank: its rows printed "19197% used no bf16 arithmetic" (no gap before the status), and an
+    M60, K80, T4 or V100 never said "does not fit", as if the arithmetic were all it lacked."""
+    out = run("--model", "nmt-seed", "--batch-per-worker", "100000", "--precision", "bf16")
+    rows = {line.split()[0]: line for line in out.splitlines() if line.startswith("  ")}
+    for name in ("g3.4xlarge", "p2.xlarge", "g4dn.xlarge", "p3.2xlarge"):
+        assert re.search(r"% used {2,}does not fit; no bf16 arithmetic$", rows[name]), rows[name]
+    assert re.search(r"% used {2,}does not fit$", rows["g5.xlarge"]), rows["g5.xlarge"]
+    assert len({line.index("does not") for line in rows.values()}) == 1, out  # the statuses in one column
+    assert max(len(line) for line in rows.values()) <= 80, out
+
+
+def test_without_a_batch_a_rank_takes_the_models_and_says_so():
+    """`launch memory --model nmt-tiny` failed "Missing option '--batch-per-worker'", though the README says the
+    command's flags take `launch run`'s defaults; the model's batch is that default (one worker's batch)."""
+    from scalelab.core.presets import PRESETS
+
+    out = " ".join(run("--model", "nmt-tiny").split())
+    batch = PRESETS["nmt-tiny"].default_batch
+    assert out.startswith(f"nmt-tiny, {batch} per rank (the model's default batch; --batch-per-worker N for another)"), out
+    given = " ".join(run("--model", "nmt-tiny", "--batch-per-worker", "8").split())
+    assert given.startswith("nmt-tiny, 8 per rank, fp32"), given
+
+
+def test_an_unknown_model_is_named_before_anything_missing():
+    """`--model nmt-nope` without a batch reported the missing batch, not the model."""
+    result = CliRunner().invoke(memory_cmd, ["--model", "nmt-nope"])
+    assert result.exit_code != 0 and "unknown model preset 'nmt-nope'" in str(result.exception), result.output

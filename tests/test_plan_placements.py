@@ -138,9 +138,28 @@ def test_measured_on_a_type_too_small_for_the_tables_nodes_is_said(tmp_path, mon
 
 def test_small_throughputs_keep_their_digits(tmp_path, monkeypatch, capsys) -> None:
     """Jasper on a DGX-2 (13-188 samples/s): printed as 13 │ 13 │ 13, its band unreadable."""
-    from scalelab.costs.cli import _throughput_format
+    from scalelab.core.terminal import number_text
 
-    assert format(13.46, _throughput_format([13.46, 188.1])) == "13.5"
-    assert format(35920.0, _throughput_format([35920.0])) == "35,920"
-    assert format(2.784e-05, _throughput_format([2.784e-05])) == "2.784e-05"
-    assert format(0.5, _throughput_format([0.5, 2.0])) == "0.500"
+    assert [number_text(v) for v in (13.46, 188.1)] == ["13.5", "188"]
+    assert number_text(35920.0) == "35,920"
+    assert number_text(2.784e-05) == "0.0000278"
+    assert number_text(0.5) == "0.500"
+
+
+def test_a_plans_rates_read_one_way_whatever_the_confidence(monkeypatch, capsys) -> None:
+    """The format of every rate was chosen from the table's smallest: a near-zero low end at 95% printed
+    181,005.069 and at 99% 1.81e+05, and a time_s table's jobs per second always 2.784e-05. Each cell now
+    reads as itself: whole numbers with separators, small rates in plain decimals, never e-notation."""
+    tables = {}
+    for level in ("0.9", "0.99"):
+        code, err, out = run_entry(["plan", "--from-csv", str(SEED004), "--instance-types", "g3.4xlarge",
+                                    "--confidence", level], monkeypatch, capsys)
+        assert code == 0, err
+        tables[level] = out[out.index("Predicted throughput"):out.index("Candidates")]
+    for table in tables.values():
+        assert "e-0" not in table and "e+0" not in table, table
+        assert "0.0000278" in table, table  # one job in 10 h: 2.784e-05 jobs/s
+    from scalelab.core.terminal import number_text
+
+    assert [number_text(v) for v in (181005.069, 3013.474, 0.139, 4.219e-06)] == \
+        ["181,005", "3,013", "0.139", "0.00000422"]

@@ -120,11 +120,12 @@ def test_report_of_several_leaves_out_failed_runs_and_prep_directories_with_a_wa
     glob = runs_glob(runs)
     proc = launch("report", *glob, "--out", str(tmp_path / "report"), cwd=where)
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
-    left = [line for line in proc.stderr.splitlines() if "left out of the report" in line]
+    warnings = " ".join(proc.stderr.split()).split("warning: ")  # each wrapped between words, as notes are
+    left = [w for w in warnings if "left out of the report" in w]
     assert len(left) == 3, proc.stderr
-    assert any(str(runs["boom"]) in line and "failed before it recorded a step" in line for line in left)
-    assert any(str(runs["nosteps"]) in line and "no step records" in line for line in left)
-    assert any(str(runs["prep"]) in line and "not a run directory" in line for line in left)
+    assert any(str(runs["boom"]) in w and "failed before it recorded a step" in w for w in left)
+    assert any(str(runs["nosteps"]) in w and "no step records" in w for w in left)
+    assert any(str(runs["prep"]) in w and "not a run directory" in w for w in left)
     rows = json.loads((tmp_path / "report" / "report.json").read_text())
     assert [r["model"] for r in rows] == ["noloss.py"]
 
@@ -288,3 +289,23 @@ def test_a_label_wider_than_the_terminal_folds_inside_the_table() -> None:
     text = console.export_text()
     assert whole_table(text, 80), text
     assert "speedup" in text and "1.80" in text and "┃ label" in text, text
+
+
+def test_report_warnings_wrap_between_words_at_the_terminals_width(monkeypatch):
+    """At 80 columns `launch report`'s warnings ran to 148 and 196 columns (printed unwrapped) while its notes
+    wrapped: they now wrap as the notes do, between words."""
+    import io
+    from types import SimpleNamespace
+
+    from scalelab.analysis import results
+    from scalelab.launcher import cli
+
+    warning = ("nmt-tiny fused fp32 ddp strong at 2 worker(s): Karp-Flatt serial fraction 4.32 is outside [0, 1]: the "
+               "speedup is not explained by a serial part (noise, or a different workload per layout)")
+    monkeypatch.setattr(results, "build_report", lambda *a, **k: SimpleNamespace(warnings=[warning], json_text="{}"))
+    err = io.StringIO()
+    monkeypatch.setattr(cli, "err_console", Console(file=err, width=80, color_system=None))
+    cli.report_dirs([Path("runs/x")], None, "json", plots=False)
+    lines = err.getvalue().splitlines()
+    assert len(lines) > 1 and max(map(len, lines)) <= 80, lines
+    assert " ".join(" ".join(lines).split()) == f"warning: {warning}"  # whole words: none cut

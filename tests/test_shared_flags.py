@@ -64,7 +64,8 @@ def test_memory_and_prep_take_their_model_and_engine_flags_from_the_one_table():
         assert memory[flag].help == run[flag].help and memory[flag].help
     for flag in ("--model", "--model-arg", "--backend", "--backend-opt", "--name", "--runs-dir", "--dry-run"):
         assert prep[flag].help == run[flag].help and prep[flag].help
-    assert memory["--batch-per-worker"].required and not run["--batch-per-worker"].required
+    # neither requires it: memory takes the model's batch where it is not given, as a one-worker run does
+    assert not memory["--batch-per-worker"].required and not run["--batch-per-worker"].required
     assert set(COMMON) <= set(shared_flag_names())
 
 

@@ -17,7 +17,8 @@ Two kinds of flag, one table each:
   file's runs-dir, else ./runs); the commands that look runs up there take it from `runs_dir_lookup_option`.
 
 A command takes its flags by name with `shared_flags("--model", "--engine", ...)`; it may make one that has
-no default required (`required=("--batch-per-worker",)`), never give it another default or help.
+no default required (`required=("--batch-per-worker",)`), never give it another default or help (`launch
+memory` fills a missing --batch-per-worker with the model's batch after parsing, and says so).
 """
 
 from __future__ import annotations
@@ -116,7 +117,7 @@ def common_option(name: str, required: bool = False) -> Callable:
 
 def shared_flags(*names: str, required: Iterable[str] = ()) -> Callable:
     """A decorator adding the named shared flags (spec flags by their flag, `--engine`, or COMMON ones), in
-    the order given; `required` names those the command cannot do without (memory's --batch-per-worker)."""
+    the order given; `required` names those the command cannot do without."""
     unknown = [n for n in names if n not in _BY_NAME and n not in COMMON]
     if unknown:
         raise ValueError(f"no shared flag {', '.join(unknown)}")  # a programming error, found at import

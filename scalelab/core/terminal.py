@@ -8,6 +8,7 @@ messages) makes its consoles here, so they agree.
 
 from __future__ import annotations
 
+import math
 import re
 import sys
 
@@ -42,6 +43,19 @@ def duration_text(seconds: float) -> str:
     if seconds < 5400:
         return f"{seconds / 60:.1f} min"
     return f"{seconds / 3600:.2f} h"
+
+
+def number_text(value: float, digits: int = 3) -> str:
+    """A measured or predicted rate for people: `digits` significant digits in plain decimals, whole numbers
+    in full with thousands separators (181,005; 13.5; 0.0000278). Why: `launch plan`'s table chose one format
+    for all its cells from the smallest, so the same plan printed 181,005.069 at one --confidence and
+    1.81e+05 at another, and a time_s table's jobs per second always read 2.784e-05."""
+    if value != value or value in (float("inf"), float("-inf")):
+        return "—"
+    if value == 0:
+        return "0"
+    decimals = max(0, digits - 1 - math.floor(math.log10(abs(value))))
+    return f"{value:,.{decimals}f}"
 
 
 def break_name(name: str, room: int) -> str:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import csv
 import datetime as _dt
+import difflib
 import json
 import math
 import os
@@ -71,6 +72,18 @@ class CatalogError(SpecError):
 
 class UnknownInstanceError(CatalogError):
     """An instance type (or rate name) that is neither built in nor user-defined."""
+
+
+def unknown_type_message(name: str, known: list[str], hint: str) -> str:
+    """An unknown type's error: the nearest known name first where one is close (a typo, another case), with a
+    pointer to the list; else every known name. Why: `--instance-types g5.xlarg` listed all 26 types and left
+    the reader to spot g5.xlarge among them (the prices file's keys are checked the same way)."""
+    lower = {k.lower(): k for k in known}
+    close = difflib.get_close_matches(name.lower(), list(lower), n=1)
+    if close:
+        return (f"unknown instance type {name!r}; did you mean {lower[close[0]]!r}? (`launch cost --list` lists "
+                f"them; {hint})")
+    return f"unknown instance type {name!r}; known: {', '.join(known)} ({hint})"
 
 
 @dataclass(frozen=True)
@@ -182,7 +195,7 @@ class Catalog:
         else:
             known = [n for n in self.names() if self.instances[n].provider == provider]
             hint = f"add others to the 'instances' of {user_prices_path()}, see docs/costs.md"
-        raise UnknownInstanceError(f"unknown instance type {name!r}; known: {', '.join(known)} ({hint})")
+        raise UnknownInstanceError(unknown_type_message(name, known, hint))
 
     def price(self, name: str, market: str = "on-demand", region: str | None = None) -> Price:
         """Hourly price of one `name` instance in `market` and `region` (default: the catalog's)."""

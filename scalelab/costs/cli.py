@@ -28,7 +28,7 @@ from scalelab.core.errors import DataError, RecordError, SpecError
 from scalelab.core.records import load_run
 from scalelab.core.runids import RunDir
 from scalelab.core.spec import MAX_GPUS
-from scalelab.core.terminal import break_name, duration_text, fold_cell, make_console, unbreakable_width
+from scalelab.core.terminal import break_name, duration_text, fold_cell, make_console, number_text, unbreakable_width
 from scalelab.costs.billing import Mix, instances_for, run_cost
 from scalelab.costs.catalog import DEFAULT_REGION, MARKETS, Catalog, CatalogError, load_catalog, parse_interruptions, refresh
 from scalelab.costs.memory import overflows
@@ -846,6 +846,53 @@ def _recommendation_line(key: str, v: dict[str, Any]) -> str:
             f"${v['dollars']:,.2f} (up to ${v['dollars_high']:,.2f}){unmeasured}")
 
 
+def _where(row: Any) -> str:
+    """A candidate in words: its named layout, or its workers on their instances."""
+    if isinstance(row.get("layout"), str) and row.get("layout"):
+        return str(row["layout"])
+    return f"{_plural(int(row['workers']), 'worker')} on {row['instances']}*{row['instance_type']}"
+
+
+#: A limit no layout meets, per recommendation: (its flag, the column judged, what the surest is, its unit).
+_UNMET = {"cheapest_within_deadline": ("--deadline-h", "hours_high", "finishes within", "h"),
+          "fastest_within_budget": ("--budget", "dollars_high", "costs at most", "$")}
+
+
+def _unmet_line(key: str, result) -> str:
+    """The answer where no layout meets --deadline-h or --budget: none, the surest layout and its bad end, and
+    what to change. Why: it was a stderr note only, the answer block silent and no way out said. Rendered from
+    the plan's candidates (the planner keeps the recommendation as None)."""
+    flag, column, verb, unit = _UNMET[key]
+    fitting = result.candidates
+    if "fits_memory" in fitting.columns:  # as the planner judges: a layout that overflows is never recommended
+        fitting = fitting[~fitting["fits_memory"].map(overflows)]
+    surest = fitting.loc[fitting[column].idxmin()]
+    needed = math.ceil(float(surest[column]) * 100) / 100
+    bound = f"{needed:.2f} h" if unit == "h" else f"${needed:,.2f}"
+    ways = [f"raise {flag} to at least {needed:.2f}", *_other_ways(key, result, fitting)]
+    if result.confidence > 0.5:  # --confidence's least
+        ways.append(f"lower --confidence (now {result.confidence:.0%})")
+    return (f"{key.replace('_', ' ')}: none: no layout {verb} {flag} with {result.confidence:.0%} confidence; the "
+            f"surest, {_where(surest)} {surest['market']}, {'takes' if unit == 'h' else 'costs'} up to {bound}. "
+            f"To get one: {', '.join(ways[:-1])}, or {ways[-1]}")
+
+
+def _other_ways(key: str, result, fitting: pd.DataFrame) -> list[str]:
+    """Besides the limit and the confidence, what could bring a layout within it: faster or cheaper layouts."""
+    if "layout" in fitting.columns:  # --predict: the layouts are named, not a worker grid
+        return [f"name {'larger or faster' if key == 'cheapest_within_deadline' else 'smaller or cheaper'} "
+                "layouts in --predict"]
+    if key == "cheapest_within_deadline":
+        return [f"plan more workers than {int(fitting['workers'].max())} (--predict-workers)",
+                "price faster --instance-types"]
+    ways = [f"plan fewer workers than {int(fitting['workers'].min())} (--predict-workers)"] \
+        if int(fitting["workers"].min()) > 1 else []
+    ways.append("price cheaper --instance-types")
+    if "spot" not in set(fitting["market"]) and not any("spot" in why for why in result.unpriced):
+        ways.append("the spot market (--market spot)")  # not where spot was asked and has no price
+    return ways
+
+
 def _assumption_lines(result) -> list[str]:
     """What every figure below rests on, said once on top: the models, the steps to the threshold."""
     lines = [f"every interval and recommendation at {result.confidence:.0%} confidence; "
@@ -868,7 +915,8 @@ def _model_lines(result) -> list[str]:
     """The plan's words, in reading order: assumptions, the answer (recommendations with their bounds),
     what to measure next."""
     lines = _assumption_lines(result)
-    lines += [_recommendation_line(k, v) for k, v in result.recommendations.items() if v]
+    lines += [_recommendation_line(k, v) if v else _unmet_line(k, result) for k, v in result.recommendations.items()
+              if v or k in _UNMET]
     if result.next_measurement:
         n = result.next_measurement
         series = f" ({n['label']})" if n["label"] else ""
@@ -881,8 +929,9 @@ def _model_lines(result) -> list[str]:
 _PRED_VIEW = {"label": "series", "workers": "workers", "nodes": "nodes", "global_batch": "batch", "model": "model",
               "predicted_throughput": "predicted /s", "interval_low": "low /s", "interval_high": "high /s",
               "measured_throughput": "measured /s"}
-_PRED_FMT = {"workers": ".0f", "nodes": ".0f", "batch": ".0f", "predicted /s": ",.0f", "low /s": ",.0f", "high /s": ",.0f",
-             "measured /s": ",.0f"}
+# rates cell by cell in one readable format (`number_text`): 181,005 words/s, 13.5 samples/s, 0.0000278 jobs/s
+_PRED_FMT: dict[str, Any] = {"workers": ".0f", "nodes": ".0f", "batch": ".0f", "predicted /s": number_text,
+                             "low /s": number_text, "high /s": number_text, "measured /s": number_text}
 _LAYOUT_VIEW = {"layout": "layout", "model": "model", "basis": "basis", "predicted_time_s": "time", "time_low_s": "low",
                 "time_high_s": "high", "compute_share": "compute", "exchange_share": "exchange"}
 _LAYOUT_FMT: dict[str, Any] = {"time": lambda s: human_duration(s), "low": lambda s: human_duration(s),
@@ -890,8 +939,8 @@ _LAYOUT_FMT: dict[str, Any] = {"time": lambda s: human_duration(s), "low": lambd
 _LAYOUT_THR_VIEW = {"layout": "layout", "model": "model", "basis": "basis", "predicted_throughput": "predicted /s",
                     "throughput_low": "low /s", "throughput_high": "high /s", "compute_share": "compute",
                     "exchange_share": "exchange"}
-_LAYOUT_THR_FMT: dict[str, Any] = {"predicted /s": ",.4g", "low /s": ",.4g", "high /s": ",.4g", "compute": ".0%",
-                                   "exchange": ".0%"}
+_LAYOUT_THR_FMT: dict[str, Any] = {"predicted /s": number_text, "low /s": number_text, "high /s": number_text,
+                                   "compute": ".0%", "exchange": ".0%"}
 _BATCH_VIEW = {"label": "series", "global_batch": "batch", "predicted_steps_to_threshold": "steps",
                "steps_low": "steps low", "steps_high": "steps high", "predicted_samples_to_threshold": "samples",
                "basis": "basis", "b_noise": "B_noise", "noise_scale": "noise scale"}
@@ -924,7 +973,24 @@ def _view(rows: pd.DataFrame, names: dict[str, str], always: tuple[str, ...]) ->
                      and str(rows[c].iloc[0]).strip() not in ("", "nan", "None"))  # an unlabelled series: no ", "
     keep = [c for c in rows.columns if c not in same or c not in ("label", "market", "global_batch", "model",
                                                                   "speed_basis", "basis", "nodes")]
-    return rows[keep].rename(columns=names), said
+    rows, common = _series_apart(rows[keep])
+    said = ", ".join(x for x in (f"every series {common}" if common else "", said) if x)
+    return rows.rename(columns=names), said
+
+
+def _series_apart(rows: pd.DataFrame) -> tuple[pd.DataFrame, str]:
+    """`rows` with each series label cut to the words that tell it apart, and the words every label has (for
+    the title). Why: two sweeps of one model were labelled "nmt-tiny fused fp32 ddp strong global-batch=64
+    steps=300" and "... global-batch=128 steps=400", and at 80 columns each row's label folded into six lines;
+    `launch cost` takes the runs' common words into its title the same way."""
+    if "label" not in rows.columns or rows["label"].astype(str).nunique() < 2:
+        return rows, ""
+    words = [str(v).split() for v in rows["label"]]
+    common = [w for w in words[0] if all(w in ws for ws in words[1:])]
+    cells = [" ".join(w for w in ws if w not in common) for ws in words]
+    if not common or not all(cells) or len(set(cells)) < len(set(map(tuple, words))):  # a label all common: keep
+        return rows, ""
+    return rows.assign(label=cells), " ".join(common)
 
 
 def _candidate_rows(result) -> pd.DataFrame:
@@ -953,22 +1019,6 @@ _PICK_LEGEND = ("pick: cheapest / fastest / both = the recommendations above; fr
                 "cheaper at the upper ends of their bands (up to, up to $); no fit = a rank would not fit its GPU's memory (never recommended). speed: measured (the runs' type), probe (its own runs), estimate (GPU specs), user (--speed)")
 
 
-def _throughput_format(values: Any) -> str:
-    """A number format that shows the smallest of `values` with three significant digits: whole numbers for
-    words/s, decimals for a table of 13-567 samples/s (printed 13 │ 13 │ 13, band unreadable), significant
-    digits for runs per second of a time_s table (2.8e-05)."""
-    import numpy as np
-
-    finite = np.asarray(values, dtype=float)
-    finite = finite[np.isfinite(finite) & (finite > 0)]
-    if not len(finite):
-        return ",.0f"
-    smallest = float(finite.min())
-    if smallest < 1e-3:
-        return ".4g"
-    return f",.{max(0, min(4, 2 - math.floor(math.log10(smallest))))}f"
-
-
 def _plan_tables(result, unit: str = "words/s") -> list[tuple[str, pd.DataFrame, dict[str, Any]]]:
     """(title, rows, number formats) of every table the plan has, in the order shown; `unit`: what the
     throughput counts (`plan_unit`)."""
@@ -982,9 +1032,7 @@ def _plan_tables(result, unit: str = "words/s") -> list[tuple[str, pd.DataFrame,
     elif len(result.predictions):
         rows, said = _view(result.predictions, _PRED_VIEW, ("workers",))
         title = f"Predicted throughput per second ({unit})"
-        shown = _throughput_format(result.predictions[["predicted_throughput", "interval_low"]].to_numpy(float))
-        fmt = _PRED_FMT | {c: shown for c in ("predicted /s", "low /s", "high /s", "measured /s")}
-        tables.append((title + (f": {said}" if said else ""), rows, fmt))
+        tables.append((title + (f": {said}" if said else ""), rows, _PRED_FMT))
     if len(result.batch_predictions):
         rows, said = _view(result.batch_predictions, _BATCH_VIEW, ("batch",))
         tables.append(("Steps to the loss threshold against the global batch" + (f" ({said})" if said else ""), rows,
@@ -1003,9 +1051,38 @@ def _print_plan(result, unit: str = "words/s") -> None:
         console.print(line, highlight=False)
     for title, rows, fmt in _plan_tables(result, unit):
         console.print(f"[bold]{escape(title)}[/]", highlight=False)  # above the table: a title inside wraps at its width
+        rows, legend = _series_keys(rows, fmt, console.width)
+        if legend:
+            console.print(escape(legend), highlight=False)
         console.print(_rich_table("", rows, fmt, droppable=_NARROW_DROPS))
     if len(result.candidates):
         console.print(_PICK_LEGEND, highlight=False)
+
+
+def _series_keys(rows: pd.DataFrame, fmt: dict[str, Any], width: int) -> tuple[pd.DataFrame, str]:
+    """Where a table with several series is wider than the terminal, each series as a letter and a line naming
+    them above the table: at 80 columns a label such as "global-batch=64 steps=300" folded into three lines
+    (six before `_series_apart`) on every row. The letters follow the labels' natural order, so a series has
+    the same letter in every table of the plan."""
+    if "series" not in rows.columns or rows["series"].nunique() < 2:
+        return rows, ""
+    cells = [[_cell(r[col], fmt.get(col), col in fmt) for col in rows.columns] for _, r in rows.iterrows()]
+    whole = [max(w, len(str(h))) for w, h in zip(_natural_widths(rows.columns, cells), rows.columns)]
+    if _table_width(whole, boxed=False) <= width:  # every cell and header on one line: as it is
+        return rows, ""
+    labels = sorted({str(v) for v in rows["series"]}, key=_natural_order)
+    keys = {label: chr(ord("A") + i) if i < 26 else str(i + 1) for i, label in enumerate(labels)}
+    legend = "series: " + "; ".join(f"{keys[label]} = {label}" for label in labels)
+    if len(legend) > width:  # a line per series: wrapped, "C" ended one line and "= its label" began the next
+        legend = "\n".join(f"series {keys[label]} = {label}" for label in labels)
+    return rows.assign(series=[keys[str(v)] for v in rows["series"]]), legend
+
+
+def _natural_order(label: str) -> list[Any]:
+    """A sort key that orders numbers inside text by value: global-batch=64 before global-batch=128."""
+    import re
+
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", label)]
 
 
 def plan_markdown(result, unit: str = "words/s") -> str:
@@ -1017,7 +1094,8 @@ def plan_markdown(result, unit: str = "words/s") -> str:
         for col, how in fmt.items():
             if callable(how) and col in rows.columns:
                 rows[col] = rows[col].map(lambda v, how=how: None if v is None or v != v else how(v))
-        parts += ["", f"## {title}", "", markdown_table(rows, {k: v for k, v in fmt.items() if not callable(v)})]
+        parts += ["", f"## {title}", "", markdown_table(rows, {k: v for k, v in fmt.items() if not callable(v)},
+                                                        align_right=[k for k, v in fmt.items() if callable(v)])]
     if len(result.candidates):
         parts += ["", _PICK_LEGEND]
     if result.notes:

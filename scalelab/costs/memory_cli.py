@@ -17,7 +17,7 @@ from scalelab.core.flags import shared_flags, spec_from_flags
 from scalelab.core.options import parse_pairs
 from scalelab.core.presets import PRESETS, config_with_overrides, model_overrides
 from scalelab.core.terminal import make_console
-from scalelab.costs.catalog import InstanceType, builtin_catalog
+from scalelab.costs.catalog import InstanceType, builtin_catalog, unknown_type_message
 from scalelab.costs.memory import GIB, HEADROOM, MemoryPrediction, predict_peak
 
 console = make_console()
@@ -29,7 +29,8 @@ def gpu_types(names: list[str] | None = None) -> list[InstanceType]:
     if names:
         unknown = [n for n in names if n not in catalog.instances]
         if unknown:
-            raise SpecError(f"unknown instance type(s) {', '.join(map(repr, unknown))}; known: {', '.join(catalog.names())}")
+            raise SpecError(unknown_type_message(unknown[0], catalog.names(),
+                                                 "launch memory checks the built-in catalog's types only"))
         return [catalog.instance(n) for n in names]
     seen: dict[tuple[str | None, float | None], InstanceType] = {}
     for inst in sorted(catalog.instances.values(), key=lambda i: (i.gpus, i.name)):
@@ -56,8 +57,7 @@ def fit_rows(prediction: MemoryPrediction, types: list[InstanceType], precision:
 
 
 @click.command("memory")
-@shared_flags("--model", "--model-arg", "--batch-per-worker", "--precision", "--engine", "--output-loss", "--optimizer",
-              required=("--batch-per-worker",))
+@shared_flags("--model", "--model-arg", "--batch-per-worker", "--precision", "--engine", "--output-loss", "--optimizer")
 @click.option("--instance-types", help="Check these types [default: one per GPU model in the catalog].")
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
 def memory_cmd(instance_types: str | None, fmt: str, **params: Any) -> None:
@@ -67,11 +67,13 @@ def memory_cmd(instance_types: str | None, fmt: str, **params: Any) -> None:
     most 90% of its memory (the rest: the CUDA context and the allocator's cache). The model, engine,
     precision, output loss and optimizer flags and their defaults are `launch run`'s; it takes no others
     (`--rnn stepwise` and `--ps-state cpu` change a rank's memory too, but the prediction models only the
-    fused cuDNN/oneDNN LSTM and the optimizer state on the rank)."""
+    fused cuDNN/oneDNN LSTM and the optimizer state on the rank). Without --batch-per-worker a rank takes the
+    model's batch (its preset's default_batch: what one worker of `launch run --model M` trains)."""
     spec = spec_from_flags(params).validate()  # what `launch run` refuses (ps in fp16) is not predicted either
-    model_name, batch_per_worker, precision, engine = spec.model, spec.batch_per_worker, spec.precision, spec.engine.name
+    model_name, precision, engine = spec.model, spec.precision, spec.engine.name
     cfg = config_with_overrides(PRESETS[model_name], model_overrides(parse_pairs(params["model_args"], "--model-arg"),
                                                                      "--model-arg"))
+    batch_per_worker = spec.batch_per_worker if spec.batch_per_worker is not None else cfg.default_batch
     prediction = predict_peak(cfg, batch_per_worker, precision, engine, spec.output_loss, spec.optimizer, device="cuda")
     names = [n.strip() for n in instance_types.split(",") if n.strip()] if instance_types is not None else None
     if names == []:  # '' or ',' listed the default types without a word (`launch plan` refuses it)
@@ -86,28 +88,55 @@ def memory_cmd(instance_types: str | None, fmt: str, **params: Any) -> None:
                                "output_layer_gib": prediction.output_layer / GIB, "types": rows}, indent=2))
         return
     width = min(console.width, PROSE_WIDTH)
-    console.print(f"{model_name}, {batch_per_worker} per rank, {precision}, {engine}: predicted peak "
+    console.print(f"{model_name}, {batch_text(batch_per_worker, spec.batch_per_worker is None)}, {precision}, {engine}: "
+                  "predicted peak "
                   f"[bold]{size_text(prediction.peak_bytes)}[/] per rank (model state "
                   f"{size_text(prediction.model_state)}, activations {size_text(prediction.activations)}, "
                   f"output layer and loss {size_text(prediction.output_layer)})", width=width)
-    for r in rows:
-        mark = ("fits" if r["fits"] else f"[red]no {precision} arithmetic[/]"
-                if not r["runs_precision"] else "[red]does not fit[/]")
-        share = f"{share_text(r['used_share'])} used" if r["used_share"] is not None else "memory unknown"
-        console.print(f"  {r['instance_type']:<15} {r['gpu'] or '?':<10} {r['gpu_mem_gib'] or 0:>3.0f} GiB  "
-                      f"{share:<10} {mark}", no_wrap=True, overflow="ignore", crop=False)
+    shares = [f"{share_text(r['used_share'])} used" if r["used_share"] is not None else "memory unknown" for r in rows]
+    # each column as wide as its widest cell: "19197% used" ran into the status, which needs the room to say
+    # both its reasons within 80 columns
+    room = max(map(len, shares), default=0)
+    name = max((len(r["instance_type"]) for r in rows), default=0)
+    gpu = max((len(r["gpu"] or "?") for r in rows), default=0)
+    for r, share in zip(rows, shares):
+        console.print(f"  {r['instance_type']:<{name}} {r['gpu'] or '?':<{gpu}} {r['gpu_mem_gib'] or 0:>3.0f} GiB  "
+                      f"{share:<{room}}  {fit_status(r, prediction, precision)}", no_wrap=True, overflow="ignore",
+                      crop=False)
     notes = []
     if any(not r["runs_precision"] for r in rows):
         notes.append(f"\"no {precision} arithmetic\": the GPU has no {precision} units, whatever its memory")
-    if any(r["runs_precision"] and not r["fits"] for r in rows):
+    if any(not memory_fits(r, prediction) for r in rows):
         notes.append(f"a rank fits where its peak is at most {HEADROOM:.0%} of the GPU's memory; where it does "
                      f"not, use {remedies_left(precision, spec.output_loss)}")
     if notes:
         text = "; ".join(notes)
         console.print(f"{text[0].upper()}{text[1:]}.", width=width)
 
+def memory_fits(row: dict, prediction: MemoryPrediction) -> bool:
+    """Whether the peak fits the row's GPU memory, whatever its arithmetic (a row's `fits` needs both)."""
+    return bool(row["gpu_mem_gib"]) and prediction.fits(float(row["gpu_mem_gib"]))
+
+
+def fit_status(row: dict, prediction: MemoryPrediction, precision: str) -> str:
+    """fits, or every reason it does not: the memory and the arithmetic. Why both: a 1,536 GiB rank on a V100 read
+    only "no bf16 arithmetic", as if a V100 with bf16 would hold it."""
+    if row["fits"]:
+        return "fits"
+    why = [] if memory_fits(row, prediction) else ["does not fit"]
+    if not row["runs_precision"]:
+        why.append(f"no {precision} arithmetic")
+    return f"[red]{'; '.join(why)}[/]"
+
+
 #: Prose lines (the prediction, the footer) wrap at the console's width, and at most this many columns.
 PROSE_WIDTH = 80
+
+
+def batch_text(batch: int, defaulted: bool) -> str:
+    """The batch per rank, and where it came from when no --batch-per-worker said it: `launch memory --model
+    nmt-tiny` was refused for a missing --batch-per-worker, though the model has a batch of its own."""
+    return f"{batch} per rank" + (" (the model's default batch; --batch-per-worker N for another)" if defaulted else "")
 
 
 def size_text(nbytes: float) -> str:

@@ -891,8 +891,8 @@ def report_dirs(paths: list[Path], out: Path | None, fmt: str, rates: tuple[str,
             raise
         show_unmeasured(facts, fmt)
         return
-    for warning in report.warnings:
-        err_console.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False, soft_wrap=True)
+    for warning in report.warnings:  # prose, wrapped between words as the notes are (it ran to 196 columns)
+        err_console.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False)
     if fmt == "json":
         click.echo(report.json_text)
     elif fmt == "markdown":
