@@ -13,15 +13,18 @@ the script finds what it expects: `init_process_group()` reads RANK, WORLD_SIZE,
    signalled rank leaves a note (RUN_DIR/records/stop-rank-R.json) for its peers: a rank that got no signal
    and left through the script's stop agreement records, as the built-in trainer's peers do, that it was
    interrupted (no signal of its own) and exits 143, so every rank's `end` says the same and the launcher
-   reads a signal to one rank as a stop of the run (CANCELLED), not a crash;
+   reads a signal to one rank as a stop of the run (CANCELLED), not a crash. A script's own handler of a stop
+   signal is called by the runner's, which stays installed and records the stop first (`StopSignals`); the
+   same stop signal again within REPEAT_S is swallowed;
 4. runs the script as `__main__` (runpy: `python train.py ARGS`, or `python -m MODULE ARGS`), its folder
    first on sys.path, its arguments in sys.argv;
 5. records how it ended (`end` event: reason, exit status, wall time) and, for a failure, one `error`
    record the launcher shows as the run's one line (the traceback stays in the rank's log); a stop signal
    that arrives once the script has returned (torchrun stopping the ranks left after a peer exited 143) no
    longer cuts that short;
-6. runs the script's atexit handlers and flushes the files it left open (`end_as_python_would`), then
-   leaves without the interpreter's teardown, as the trainer does.
+6. joins the script's non-daemon threads, runs its atexit handlers and flushes the files it left open
+   (`end_as_python_would`; children still running past the limit are ended), then leaves without the
+   interpreter's teardown, as the trainer does.
 
 No PyTorch is imported here: the script imports what it uses.
 """
