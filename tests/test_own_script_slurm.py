@@ -117,3 +117,57 @@ def test_a_preemption_warning_reaches_should_stop_and_the_requeued_job_resumes_t
     steps_done = [r["step"] for r in recs if r["kind"] == "step"]
     assert steps_done == list(range(1, steps + 1))  # the script went on from its checkpoint, to the end
     assert json.loads((run_dir / "launch.json").read_text())["state"] == "COMPLETED"
+
+
+OWN_USR1 = """import os, signal, sys, time
+from scalelab import track
+warned = []
+signal.signal(signal.SIGUSR1, lambda signum, frame: warned.append(signum))  # the script's own handler
+saved = track.checkpoint_dir / f"step-{os.environ['RANK']}"
+first = int(saved.read_text()) if saved.exists() else 0
+for step in range(first + 1, int(sys.argv[1]) + 1):
+    time.sleep(0.01)
+    track.step(items=1, loss=1.0, step=step)
+    if warned:
+        saved.write_text(str(step))
+        sys.exit(0)
+"""
+
+
+def test_a_preemption_warning_the_script_handles_itself_still_requeues_the_job(slurm_cluster, tmp_path: Path) -> None:
+    """USR1 with the script's own handler (it saves and exits 0): the runner still records the stop (exit 143), so
+    rank 0 requeues the job as for the built-in trainer; the job was COMPLETED at the warning's step."""
+    from tests.test_slurm_cluster import release_requeued
+
+    (tmp_path / "own.py").write_text(OWN_USR1)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), HOLD_AT_STEP_ENV: "10"}
+    proc = subprocess.Popen([sys.executable, "-m", "scalelab.launcher.cli", *SLURM, "--script", "own.py",
+                             "--engine", "ddp", "--", "40"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            assert time.monotonic() < deadline and proc.poll() is None, "the run did not train 10 steps"
+            runs = list((tmp_path / "runs").glob("*")) if (tmp_path / "runs").exists() else []
+            paths = [runs[0] / "records" / f"rank-{r}.jsonl" for r in (0, 1)] if runs else []
+            if paths and all(p.exists() and '"step": 10' in p.read_text() for p in paths):
+                break
+            time.sleep(0.3)
+        run_dir = runs[0]
+        job = json.loads((run_dir / "launch.json").read_text())["job_id"]
+        subprocess.run(["scancel", "--signal=USR1", job], check=True, capture_output=True)
+        release_requeued(job)
+        _, err = proc.communicate(timeout=400)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err[-3000:]
+    for rank in (0, 1):
+        recs = rank_records(run_dir, rank)
+        (stop,) = [r for r in recs if r.get("event") == "interrupted"]
+        assert (stop["signal"], stop["step"]) == (10, 10), stop
+        assert [e["reason"] for e in recs if e.get("event") == "end"] == ["interrupted", "completed"]
+        assert [r["step"] for r in recs if r["kind"] == "step"] == list(range(1, 41))
+    assert json.loads((run_dir / "launch.json").read_text())["state"] == "COMPLETED"
+    history = subprocess.run(["sacct", "-n", "-X", "-P", "-D", "-j", job, "-o", "State"], capture_output=True,
+                             text=True).stdout.split()
+    assert history == ["REQUEUED", "COMPLETED"], history

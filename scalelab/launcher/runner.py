@@ -268,11 +268,12 @@ def cancel(backend: Backend, run_dir: Path, detail: str = "cancelled", state: st
     """
     if read_state(run_dir).get("state") in TERMINAL:
         return _ended_already(backend, run_dir)
+    asked = time.time()
     unrecorded = _try_write(lambda: record_state(run_dir, state, detail))
     checked = backend.cancel(run_dir)  # also for a run that ended: it frees whatever may be left
     fields = {"stopped": checked} if checked else {}
     fields["ended"] = time.time()  # when it had stopped, not when it was asked to
-    done = _completed_first(run_dir)
+    done = _completed_first(run_dir, asked)
     if done:  # every rank had recorded its end: the records decide, not the cancel that came too late
         fields.update(state=COMPLETED, detail=done)
     unrecorded = unrecorded or _try_write(lambda: update_state(run_dir, **fields))
@@ -286,19 +287,24 @@ def cancel(backend: Backend, run_dir: Path, detail: str = "cancelled", state: st
     return RunStatus(info.get("state", state), said or info.get("detail", ""))
 
 
-def _completed_first(run_dir: Path) -> str:
+def _completed_first(run_dir: Path, asked: float) -> str:
     """How the run completed ('every rank recorded its end at step 400, before the cancel reached it') when,
     with its processes stopped, every rank of its launch had recorded a completed end (`ended_by_records`:
-    no error, no silent rank, not stopped on a signal); else ''. Why: a cancel of a detached run that had just
-    run its last step recorded it CANCELLED, with no summary, over records that say it completed."""
+    no error, no silent rank, not stopped on a signal) before the cancel was asked for (`asked`); else ''.
+    Why: a cancel of a detached run that had just run its last step recorded it CANCELLED, with no summary,
+    over records that say it completed. Why only ends before `asked`: a script that handles the stop signal
+    itself (saves and exits 0) or ignores it records a completed end after the cancel, and that run was
+    recorded COMPLETED (`launch resume` then refused it); a stop the launcher asked for is a cancel."""
     from scalelab.launcher.backend import ended_by_records
 
     try:
         since = read_state(run_dir).get("launched")
         ended = ended_by_records(run_dir, since)
+        ends = rank_ends(run_dir, since)
         clean = all(r.end and r.end.get("reason") != "failed" and r.end.get("exit_code") in (None, 0)
-                    for r in rank_ends(run_dir, since))  # a script's `end` of a failure says so
-    except (ScalelabError, OSError):  # records that cannot be read: the cancel stands
+                    and float(r.end.get("time", asked)) < asked  # ranks' clocks: the same host, or NTP's
+                    for r in ends)  # a script's `end` of a failure says so
+    except (ScalelabError, OSError, TypeError, ValueError):  # records that cannot be read: the cancel stands
         return ""
     return f"{ended.detail}, before the cancel reached it" if ended and ended.state == COMPLETED and clean else ""
 

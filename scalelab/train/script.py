@@ -13,15 +13,18 @@ the script finds what it expects: `init_process_group()` reads RANK, WORLD_SIZE,
    signalled rank leaves a note (RUN_DIR/records/stop-rank-R.json) for its peers: a rank that got no signal
    and left through the script's stop agreement records, as the built-in trainer's peers do, that it was
    interrupted (no signal of its own) and exits 143, so every rank's `end` says the same and the launcher
-   reads a signal to one rank as a stop of the run (CANCELLED), not a crash;
+   reads a signal to one rank as a stop of the run (CANCELLED), not a crash. A script's own handler of a stop
+   signal is called by the runner's, which stays installed and records the stop first (`StopSignals`); the
+   same stop signal again within REPEAT_S is swallowed;
 4. runs the script as `__main__` (runpy: `python train.py ARGS`, or `python -m MODULE ARGS`), its folder
    first on sys.path, its arguments in sys.argv;
 5. records how it ended (`end` event: reason, exit status, wall time) and, for a failure, one `error`
    record the launcher shows as the run's one line (the traceback stays in the rank's log); a stop signal
    that arrives once the script has returned (torchrun stopping the ranks left after a peer exited 143) no
    longer cuts that short;
-6. runs the script's atexit handlers and flushes the files it left open (`end_as_python_would`), then
-   leaves without the interpreter's teardown, as the trainer does.
+6. joins the script's non-daemon threads, runs its atexit handlers and flushes the files it left open
+   (`end_as_python_would`; children still running past the limit are ended), then leaves without the
+   interpreter's teardown, as the trainer does.
 
 No PyTorch is imported here: the script imports what it uses.
 """
@@ -37,7 +40,8 @@ import threading
 import time
 import traceback
 from pathlib import Path
-from types import TracebackType
+from types import FrameType, TracebackType
+from typing import Any
 
 from scalelab.core.errors import ScalelabError, shell_word
 from scalelab.core.procs import LAUNCHER_ENV, started_at, watched
@@ -52,6 +56,8 @@ INTERRUPTED = 143
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)  # as the built-in trainer's (scalelab/train/loop.py)
 WATCH_EVERY_S = 2.0  # as the built-in trainer's launcher watch (scalelab/train/loop.py)
 WATCH_GRACE_S = 25.0
+_STOP_NUMBERS = frozenset(int(s) for s in STOP_SIGNALS)
+REPEAT_S = 5.0  # a stop signal again within this of its first is the same stop (`StopSignals`)
 
 
 def target(spec: Spec) -> tuple[Path, str]:
@@ -97,32 +103,123 @@ def start_records(run_dir: Path, spec: Spec, rank: int, world: int) -> tuple[Rec
     return out, last, elapsed
 
 
-def install_stop(launcher: str | None, run_dir: Path, rank: int) -> None:
-    """SIGTERM/SIGUSR1/SIGINT: `track.should_stop()` turns True, or, for a script that never asks, it ends (143).
-    Either way the rank leaves its stop note in `run_dir` first (`note_stop`: its peers read it at their end).
-    The launcher watch sends this process SIGTERM when the launcher is gone."""
+def install_stop(launcher: str | None, run_dir: Path, rank: int) -> StopSignals:
+    """SIGTERM/SIGUSR1/SIGINT: `track.should_stop()` turns True, or, for a script that never asks, it ends (143);
+    a script that installs its own handler gets its handler called instead (`StopSignals`). Either way the
+    rank records the stop and leaves its stop note in `run_dir` first (`note_stop`: its peers read it at their
+    end). The launcher watch sends this process SIGTERM when the launcher is gone."""
+    stops = StopSignals(run_dir, rank)
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, stops)
+    if launcher and (who := watched(launcher)) is None:
+        print(f"scalelab: warning: {LAUNCHER_ENV}={launcher!r} is not PID:START; the launcher is not watched",
+              file=sys.stderr, flush=True)
+    elif launcher:
+        threading.Thread(target=_watch, args=who, name="launcher-watch", daemon=True).start()
+    return stops
 
-    me = os.getpid()
 
-    def on_signal(signum: int, frame: object) -> None:
-        if os.getpid() != me:  # a process the script forked (a multiprocessing or DataLoader worker) inherited
-            signal.signal(signum, signal.SIG_DFL)  # this handler: the signal is its own, not a stop of the rank
-            os.kill(os.getpid(), signum)  # (it wrote the rank's stop note, and its peers left as interrupted)
-            return
+class StopSignals:
+    """The rank's handler of the stop signals, kept installed while the script runs whatever the script installs.
+
+    Why: a script that installed its own SIGTERM handler (set a flag, save, `sys.exit(0)`) replaced the runner's,
+    so a `launch cancel` or Ctrl-C was recorded as a completed run (its `end`: completed, exit 0), `launch resume`
+    refused it, and a Slurm pre-emption warning (USR1) handled by the script never requeued the job. So, during
+    the script, `signal.signal` and `signal.getsignal` of a stop signal are this object's (`wrap`): the script's
+    handler is kept here and `getsignal` returns it, and on a signal the runner records the stop (`track._stopped`,
+    the stop note) and then calls it, or ignores the signal where the script said SIG_IGN; without one, the
+    runner's own action (`should_stop()`, else exit 143). The rank's `end` then says interrupted (143), as torchrun's
+    agent would count a stop it was asked for; the script's own save stands and `launch resume` runs it again.
+
+    A repeat of the same signal within REPEAT_S of its first is swallowed: a cancel signals every process of the
+    run and torchrun's agent forwards its own SIGTERM to its ranks, so each rank got two, and the second raised
+    SystemExit(143) inside the script's `finally:` cleanup (or called its handler twice)."""
+
+    def __init__(self, run_dir: Path, rank: int) -> None:
+        self.run_dir, self.rank, self.me = run_dir, rank, os.getpid()
+        self.script: dict[int, Any] = {}  # the script's own handler of a stop signal (a callable or SIG_IGN)
+        self.first: dict[int, float] = {}  # monotonic time of each stop signal's first delivery
+        self.chained = False  # inside the script's handler: it may call the one it replaced (`getsignal`'s)
+        self.originals: tuple[Any, Any] | None = None  # signal.signal, signal.getsignal while wrapped
+
+    def __call__(self, signum: int, frame: FrameType | None) -> None:
+        if os.getpid() != self.me:  # a process the script forked (a multiprocessing or DataLoader worker)
+            return self._in_a_child(signum, frame)
+        if self.chained:  # the script's handler called the one it replaced: the runner's own action
+            return self._runner_action(signum, track._state.stop_asked)
+        now = time.monotonic()
+        if now - self.first.get(signum, -REPEAT_S) < REPEAT_S:
+            return  # the same stop again (the cancel's and torchrun's agent's): not into the script's cleanup
+        self.first[signum] = now
         asked = track._stopped(signum)
-        note_stop(run_dir, rank, signum)
+        note_stop(self.run_dir, self.rank, signum)
+        handler = self.script.get(signum)
+        if handler is signal.SIG_IGN:
+            return
+        if not callable(handler) or handler is signal.default_int_handler:
+            return self._runner_action(signum, asked)
+        self.chained = True
+        try:
+            handler(signum, frame)
+        finally:
+            self.chained = False
+
+    @staticmethod
+    def _runner_action(signum: int, asked: bool) -> None:
+        """Without a handler of the script's: `should_stop()` says it (the script asked), else the rank ends."""
         if not asked:
             raise SystemExit(INTERRUPTED)
 
-    for sig in STOP_SIGNALS:
-        signal.signal(sig, on_signal)
-    if not launcher:
-        return
-    if (who := watched(launcher)) is None:
-        print(f"scalelab: warning: {LAUNCHER_ENV}={launcher!r} is not PID:START; the launcher is not watched",
-              file=sys.stderr, flush=True)
-        return
-    threading.Thread(target=_watch, args=who, name="launcher-watch", daemon=True).start()
+    def _in_a_child(self, signum: int, frame: FrameType | None) -> None:
+        """A forked child inherited this handler: it runs what plain Python's child would (the script's handler,
+        or the signal's default); the signal is its own, not a stop of the rank (no note, no record)."""
+        handler = self.script.get(signum)
+        if handler is signal.SIG_IGN:
+            return
+        if callable(handler):
+            handler(signum, frame)
+            return
+        (self.originals[0] if self.originals else signal.signal)(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+    def wrap(self) -> None:
+        """From now on until `unwrap`, the script's `signal.signal`/`getsignal` of a stop signal go through here."""
+        self.originals = (signal.signal, signal.getsignal)
+        signal.signal, signal.getsignal = self.set_handler, self.get_handler
+
+    def unwrap(self) -> None:
+        if self.originals:
+            signal.signal, signal.getsignal = self.originals
+            self.originals = None
+
+    def _ours(self, signum: Any) -> int | None:
+        """`signum` as a stop signal of this rank's, while wrapped in the rank's process; else None."""
+        try:
+            sig = int(signum)
+        except (TypeError, ValueError):
+            return None
+        return sig if self.originals and sig in _STOP_NUMBERS and os.getpid() == self.me else None
+
+    def set_handler(self, signum: Any, handler: Any) -> Any:
+        """`signal.signal` as the script sees it: a stop signal's handler is kept (this one stays installed) and
+        the one it replaces is returned; any other signal is Python's own."""
+        sig = self._ours(signum)
+        if sig is None:
+            return (self.originals[0] if self.originals else signal.signal)(signum, handler)
+        if not callable(handler) and handler not in (signal.SIG_DFL, signal.SIG_IGN):
+            raise TypeError("signal handler must be signal.SIG_IGN, signal.SIG_DFL, or a callable object")
+        self.originals[0](sig, self)  # what Python checks (the main thread) is checked here too
+        before = self.script.pop(sig, self)
+        if handler is not self and handler is not signal.SIG_DFL:  # SIG_DFL, or this one back: the runner's action
+            self.script[sig] = handler
+        return before
+
+    def get_handler(self, signum: Any) -> Any:
+        """`signal.getsignal` as the script sees it: a stop signal's is the script's own (else this runner's)."""
+        sig = self._ours(signum)
+        if sig is None:
+            return (self.originals[1] if self.originals else signal.getsignal)(signum)
+        return self.script.get(sig, self)
 
 
 def stop_note(run_dir: Path, rank: int) -> Path:
@@ -216,19 +313,31 @@ def run_code(spec: Spec) -> int:
     except ImportError as exc:
         if spec.module and getattr(exc, "name", None) == spec.module.split(".")[0]:
             raise ScalelabError(f"--module {spec.module}: no such module under {folder} ({exc})") from None
-        return _raised(name)
+        return _raised(name, folder)
     except BaseException:  # noqa: BLE001 - the script's own error: its traceback goes to the log
-        return _raised(name)
+        return _raised(name, folder)
     return 0
 
 
-def _raised(name: str) -> int:
+def _raised(name: str, folder: Path) -> int:
     exc = sys.exc_info()[1]
     traceback.print_exception(type(exc), exc, _scripts_frames(exc.__traceback__))
     sys.stderr.flush()
-    track._state.error = f"{name} raised {type(exc).__name__}: {exc}"
+    said = str(exc)  # an `assert` without a message: no dangling ": "
+    track._state.error = f"{name} raised {type(exc).__name__}" + (f": {said}" if said else "")
+    track._state.error_at = _raised_at(exc, folder)
     track._state.peer_lost = lost_a_peer(exc)  # a collective failing after a peer died
     return 1
+
+
+def _raised_at(exc: BaseException, folder: Path) -> str | None:
+    """FILE:LINE of the raise in the user's code (its last frame under the script's folder; a SyntaxError's own
+    place), the file relative to that folder; None where no frame is the user's."""
+    places = [(f.filename, f.lineno) for f in traceback.extract_tb(exc.__traceback__)]
+    if isinstance(exc, SyntaxError) and exc.filename:
+        places.append((exc.filename, exc.lineno))
+    mine = [(Path(file), line) for file, line in places if Path(file).is_relative_to(folder)]
+    return f"{mine[-1][0].relative_to(folder)}:{mine[-1][1]}" if mine else None
 
 
 def _scripts_frames(tb: TracebackType | None) -> TracebackType | None:
@@ -248,8 +357,12 @@ def run(run_dir: Path) -> int:
     out, last, elapsed = start_records(run_dir, spec, rank, world)
     clear_stop_note(run_dir, rank)
     track._activate(out, run_dir, spec.warmup_steps, spec.loss_threshold, last, elapsed, started)
-    install_stop(os.environ.get(LAUNCHER_ENV), run_dir, rank)
-    code = run_code(spec)
+    stops = install_stop(os.environ.get(LAUNCHER_ENV), run_dir, rank)
+    stops.wrap()
+    try:
+        code = run_code(spec)
+    finally:
+        stops.unwrap()
     for sig in STOP_SIGNALS:  # the script is done: a signal now (torchrun stopping the ranks left once a peer
         signal.signal(sig, signal.SIG_IGN)  # exited 143, the launcher watch) must not cut its end record short
     state = track._state
@@ -262,12 +375,17 @@ def run(run_dir: Path) -> int:
     reason = ("interrupted" if stopped else "threshold" if state.reached else "completed" if code == 0 else "failed")
     if stopped:
         out.event("interrupted", signal=state.stop, step=state.step, **({"cause": state.stop_cause} if state.stop_cause else {}))
-    if code not in (0, INTERRUPTED):
+    if code != 0 and not (stopped and code == INTERRUPTED):  # 143 with no stop signal: the script's own status
         said = state.error or f"{spec.script_label} exited with status {code}"
-        out.error(f"{said} (its output: launch logs {shell_word(run_dir)})",  # the same words on every rank: said once
+        at = f"at {state.error_at}; " if state.error and state.error_at else ""
+        out.error(f"{said} ({at}its output: launch logs {shell_word(run_dir)})",  # the same words on every rank: said once
                   **({"peer_lost": True} if state.peer_lost else {}))
     elif spec.loss_threshold is not None and state.reached is None and not stopped:
         out.event("threshold_not_reached", step=state.step, elapsed_s=state.elapsed, threshold=spec.loss_threshold)
+        if not state.validations and rank == 0:
+            print(f"scalelab: warning: --loss-threshold {spec.loss_threshold:g} could not be judged: the script recorded "
+                  "no validation loss; call `track.validation(loss=v)` after each validation (README: \"Your own training "
+                  "script\")", file=sys.stderr, flush=True)
     out.event("end", step=state.step, reason=reason, elapsed_s=state.elapsed, exit_code=code,
               wall_s=time.perf_counter() - started)
     out.close()
@@ -291,35 +409,81 @@ AT_EXIT_S = 30.0  # the most the script's atexit handlers get (within the launch
 
 
 def end_as_python_would(limit_s: float = AT_EXIT_S) -> None:
-    """What the interpreter's exit does for a script, short of its teardown: the atexit handlers
-    (logging.shutdown, multiprocessing ending the daemonic children and joining the others, wandb's,
-    TensorBoard's, the script's own) and a flush of every file it left open. Why: exit_without_teardown
-    (os._exit) skipped both, so a script's unclosed metrics file came out empty, its atexit file never came,
-    and its daemon process outlived a COMPLETED run; torchrun's ranks run both. The files are flushed first
-    and the daemonic children ended first (`end_daemon_children`), so that a handler that hangs loses
-    nothing; the handlers run in a thread, at most `limit_s`: one that waits on a peer already gone (a
-    collective library's shutdown) must not hold the rank."""
+    """What the interpreter's exit does for a script, short of its teardown: it joins the script's non-daemon
+    threads (`join_threads`), runs the atexit handlers (logging.shutdown, multiprocessing ending the daemonic
+    children and joining the others, wandb's, TensorBoard's, the script's own) and flushes every file it left
+    open. Why: exit_without_teardown (os._exit) skipped all three, so a script's unclosed metrics file came out
+    empty, its atexit file never came, a thread still writing was killed, and its daemon process outlived a
+    COMPLETED run; torchrun's ranks do all three. The files are flushed first and the daemonic children ended
+    first (`end_daemon_children`), so that a hang loses nothing; the threads, then the handlers get at most
+    `limit_s` each: one that waits on a peer already gone (a collective library's shutdown) must not hold the
+    rank. A handler still running then is most likely multiprocessing's, waiting for a non-daemon child that
+    never ends: the rank's remaining child processes are ended (`end_children`), so nothing is left running."""
     import atexit
 
     flush_open_files()
     end_daemon_children()
+    join_threads(limit_s)
     worker = threading.Thread(target=atexit._run_exitfuncs, name="scalelab-atexit", daemon=True)  # CPython's own:
     worker.start()  # each handler's error is printed and the others still run
     worker.join(limit_s)
     if worker.is_alive():
-        print(f"scalelab: the script's exit handlers did not finish within {limit_s:g} s; leaving without them",
-              file=sys.stderr)
+        ended = end_children()
+        print(f"scalelab: the script's exit handlers did not finish within {limit_s:g} s; leaving without them"
+              + (f" (ended its {ended} remaining child process{'es' if ended != 1 else ''}: SIGTERM, then SIGKILL)"
+                 if ended else ""), file=sys.stderr)
     flush_open_files()
 
 
+def join_threads(limit_s: float) -> None:
+    """Wait, at most `limit_s`, for the script's non-daemon threads, as the interpreter's exit does
+    (`threading._shutdown`: the threading atexit calls, such as a ThreadPoolExecutor's shutdown, then a join of
+    every non-daemon thread), here in a daemon thread so that the wait has a limit."""
+    if not any(not t.daemon and t is not threading.main_thread() for t in threading.enumerate()):
+        return
+    waiter = threading.Thread(target=threading._shutdown, name="scalelab-threads", daemon=True)  # type: ignore[attr-defined]
+    waiter.start()
+    waiter.join(limit_s)
+    if waiter.is_alive():
+        left = [t.name for t in threading.enumerate() if not t.daemon and t is not threading.main_thread()]
+        print(f"scalelab: the script's threads {', '.join(left)} did not finish within {limit_s:g} s; leaving "
+              "without them", file=sys.stderr)
+
+
+def end_children(grace_s: float = 5.0) -> int:
+    """SIGTERM to every process this rank started and its descendants, SIGKILL to any left after `grace_s`;
+    how many there were."""
+    import psutil
+
+    try:
+        children = psutil.Process().children(recursive=True)
+    except psutil.Error:
+        return 0
+    for child in children:
+        try:
+            child.terminate()
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(children, timeout=grace_s)
+    for child in alive:
+        try:
+            child.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(alive, timeout=grace_s)
+    return len(children)
+
+
 def flush_open_files() -> None:
-    """Flush every file object the script left open (what their finalizers would do at exit)."""
+    """Flush every file object the script left open (what their finalizers would do at exit). Their type is
+    tested, not `isinstance` on each object: that asks an object its `__class__`, which warned on every rank
+    that imported torch (torch.distributed.reduce_op's FutureWarning)."""
     import gc
     import io
 
     for obj in gc.get_objects():
         try:
-            if isinstance(obj, io.IOBase) and not obj.closed and obj.writable():
+            if issubclass(type(obj), io.IOBase) and not obj.closed and obj.writable():
                 obj.flush()
         except Exception:  # noqa: BLE001 - a broken pipe, a closed fd under it: nothing to save there
             pass

@@ -60,11 +60,13 @@ class _State:
     last: float = 0.0  # perf_counter of the previous call (or of the script's start)
     elapsed: float = 0.0  # training time: the sum of the step times since the first launch
     reached: dict[str, Any] | None = None
+    validations: int = 0  # `validation` calls in this launch (none: a --loss-threshold could not be judged)
     stepped: bool = False  # a step was recorded in this launch
     stop_asked: bool = False  # the script has called should_stop(): a stop signal is left to it
     stop: int | None = None  # the stop signal received, if any
     stop_cause: str | None = None
     error: str | None = None  # the script's uncaught exception, in one line (scalelab/train/script.py)
+    error_at: str | None = None  # FILE:LINE where it was raised, in the user's code
     peer_lost: bool = False  # that exception is a collective failing after another rank died
     hold_at: str | None = None  # HOLD_AT_STEP_ENV's value (a test aid)
 
@@ -163,6 +165,7 @@ def validation(loss: float) -> bool:
     value = _number("track.validation", "loss", loss, negative=True)
     s = _state
     s.writer.write("val", step=s.step, epoch=0, val_loss=value, elapsed_s=s.elapsed)
+    s.validations += 1
     if s.reached is None and s.loss_threshold is not None and value <= s.loss_threshold:
         s.reached = {"step": s.step, "elapsed_s": s.elapsed, "val_loss": value}
         s.writer.event("threshold", **s.reached)
