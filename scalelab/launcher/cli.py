@@ -1225,19 +1225,41 @@ def logs_cmd(run_dir: str | None, runs_dir: str, rank: int | None, follow: bool)
 @runs_dir_lookup_option()
 def cancel_cmd(run_dir: str, runs_dir: str) -> None:
     """Stop a run: ranks get SIGTERM (they checkpoint and exit), then SIGKILL after a grace period; then
-    check that none of its processes is left. A sweep directory: every layout not ended."""
-    from scalelab.core.rundir import TERMINAL, run_state, sweep_runs
+    check that none of its processes is left. A sweep directory: every layout launched and not ended."""
     from scalelab.launcher.runner import cancel
 
     paths = [Path(run_dir)]
     if is_sweep(Path(run_dir)):
-        paths = [p for p in sweep_runs(Path(run_dir)) if run_state(p) not in TERMINAL | {None}]
+        paths = _live_layouts(Path(run_dir))
         if not paths:
             console.print(f"{run_dir}: no layout is running", highlight=False)
     for path in paths:
         backend, _ = _backend_of(str(path))
         st = cancel(backend, path, "cancelled by `launch cancel`")
         console.print(f"{path}: {st.state} ({escape(st.detail)})", highlight=False, soft_wrap=True)
+
+
+def _live_layouts(sweep_dir: Path) -> list[Path]:
+    """The sweep's layouts to cancel: every one launched (a launch.json) whose end is neither recorded nor, asked
+    now, seen by its backend; the last first. Why not by the state recorded: a sweep launcher records RUNNING only
+    for the layout it follows, so the others (queued or running on Slurm, no state yet) were left running after
+    its launcher was killed. Why the last first: the layout a live sweep launcher follows is the first unfinished
+    one, and its cancel stops the sweep, which must find the others cancelled by the user, not stop them itself."""
+    from scalelab.core.rundir import TERMINAL, RunPaths, run_state, sweep_runs
+    from scalelab.launcher.runner import settle
+
+    live = []
+    for path in sweep_runs(sweep_dir):
+        if not RunPaths(path).launch.exists() or run_state(path) in TERMINAL:
+            continue
+        backend, _ = _backend_of(str(path))
+        try:
+            ended = settle(backend, path).state in TERMINAL  # an end nobody recorded (a killed launcher) is recorded
+        except ScalelabError:  # its state could not be asked: cancelled all the same, which asks again
+            ended = False
+        if not ended:
+            live.append(path)
+    return live[::-1]
 
 
 # ---- entry point ---------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from scalelab.core.errors import ScalelabError, SpecError, shell_word
 from scalelab.core.rundir import (
+    CANCELLED,
     COMPLETED,
     SWEEP_FILE,
     new_run_dir,
@@ -260,6 +261,16 @@ def _follow_layout(backend, spec: Spec, run_dir: Path, sweep_dir: Path) -> None:
     try:
         follow(backend, spec, run_dir, label=run_dir.name)
     except ScalelabError as exc:
-        exc.args = (f"{exc}; the sweep stopped at layout {run_dir.name}; `launch resume {shell_word(sweep_dir)}` "
-                    "continues its unfinished layouts, `launch report` reports the finished ones",)
+        how = (f"the sweep was cancelled at layout {run_dir.name}, and its unfinished layouts with it"
+               if _cancelled(run_dir) else f"the sweep stopped at layout {run_dir.name}")
+        exc.args = (f"{exc}; {how}; `launch resume {shell_word(sweep_dir)}` continues its unfinished layouts, "
+                    "`launch report` reports the finished ones",)
         raise
+
+
+def _cancelled(run_dir: Path) -> bool:
+    """Whether the layout was recorded CANCELLED (`launch cancel` of it or of the sweep), not failed."""
+    try:
+        return run_state(run_dir) == CANCELLED
+    except ScalelabError:
+        return False
