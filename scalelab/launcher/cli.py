@@ -26,7 +26,7 @@ import click
 from rich.markup import escape
 
 from scalelab.core.checks import InputFile, OutputDir
-from scalelab.core.errors import ScalelabError, SpecError, shell_word
+from scalelab.core.errors import NotQueued, ScalelabError, SpecError, shell_word
 from scalelab.core.flags import (  # noqa: F401
     SPEC_FLAGS,
     DataFlag,
@@ -623,8 +623,10 @@ def run_cmd(detach: bool, rank_output: str | None, **params: Any) -> None:
     run_dir = new_run_dir(Path(params["runs_dir"]), spec.name or f"{spec.model}-{spec.engine.name}-{spec.nodes}x{spec.gpus_per_node}")
     try:
         run_and_show(backend, spec, run_dir, detach, echo)
-    except WriteError:
-        discard_unlaunched(run_dir)  # a full or read-only disk before the launch: leave no empty run directory
+    except (WriteError, NotQueued):
+        # a full or read-only disk before the launch, a submission Slurm refused: leave no empty run directory
+        # (`launch ls` listed a refused one as NEW for ever)
+        discard_unlaunched(run_dir)
         raise
 
 

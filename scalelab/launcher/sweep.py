@@ -16,14 +16,16 @@ from __future__ import annotations
 import math
 import os
 import re
+import shutil
 from contextlib import ExitStack
 from pathlib import Path
 
-from scalelab.core.errors import ScalelabError, SpecError, shell_word
+from scalelab.core.errors import NotQueued, ScalelabError, SpecError, shell_word
 from scalelab.core.rundir import (
     CANCELLED,
     COMPLETED,
     SWEEP_FILE,
+    RunPaths,
     new_run_dir,
     run_state,
     sweep_runs,
@@ -187,7 +189,18 @@ def run_sweep(backend, specs: list[Spec], runs_root: Path, name: str, repeats: i
             save_spec(spec, run_dir)
             names.append(run_dir.name)
     write_json(sweep_dir / SWEEP_FILE, {"runs": names, "layouts": [[s.nodes, s.gpus_per_node] for s in specs]})
-    return continue_sweep(backend, sweep_dir)
+    try:
+        return continue_sweep(backend, sweep_dir)
+    except NotQueued:
+        _discard_unlaunched_sweep(sweep_dir)
+        raise
+
+
+def _discard_unlaunched_sweep(sweep_dir: Path) -> None:
+    """Remove a sweep directory this launcher just made when none of its layouts was launched (a submission Slurm
+    refused, before anything was queued): as a refused run's, it holds nothing to resume or report."""
+    if not any(RunPaths(run_dir).launch.exists() for run_dir in sweep_runs(sweep_dir)):
+        shutil.rmtree(sweep_dir, ignore_errors=True)
 
 
 def resume_sweep(sweep_dir: Path, allow_changed: tuple[str, ...] = ()) -> Path:

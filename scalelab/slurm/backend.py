@@ -38,7 +38,7 @@ import submitit
 from submitit.core.utils import FailedJobError, FailedSubmissionError, JobPaths
 from submitit.slurm.slurm import SlurmInfoWatcher
 
-from scalelab.core.errors import ScalelabError, shell_word
+from scalelab.core.errors import NotQueued, ScalelabError, shell_word
 from scalelab.core.rundir import (
     ACTIVE,
     CANCELLED,
@@ -77,11 +77,13 @@ STATE_MAP = {
                      "REVOKED"], FAILED),
 }
 
+NODE_CONFIG_HINT = ("the cluster has no nodes with that many GPUs / CPUs / memory: check --nodes, --gpus-per-node, "
+                    "--cpus-per-task and --mem-gb against `sinfo -o '%P %D %c %m %G'`")
 # What to do about Slurm's most common refusals (matched in its message, which is always shown too).
 HINTS = [
     ("invalid partition", "check --partition: `sinfo -s` lists the partitions"),
-    ("node configuration is not available", "the cluster has no nodes with that many GPUs / CPUs / memory: "
-     "check --nodes, --gpus-per-node, --cpus-per-task and --mem-gb against `sinfo -o '%P %D %c %m %G'`"),
+    ("node configuration is not available", NODE_CONFIG_HINT),
+    ("invalid feature specification", "check --constraint: `sinfo -o '%N %f'` lists the nodes' features"),
     ("invalid --time", "--time takes MINUTES, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS"),
     ("time limit", "check --time against the partition's limit (`sinfo -o '%P %l'`)"),
     ("invalid account", "check --account (`sacctmgr show assoc user=$USER`)"),
@@ -183,7 +185,7 @@ class SlurmBackend(Backend):
             return jobs
         except (FailedJobError, FailedSubmissionError, OSError) as exc:
             words = " ".join(str(exc).split())
-            raise ScalelabError(f"sbatch failed for {request.run_dir.name} (nothing was queued): {words}") from None
+            raise NotQueued(f"sbatch failed for {request.run_dir.name} (nothing was queued): {words}") from None
 
     def _refuse_while_queued(self, run_dir: Path) -> None:
         """A run has one job at a time: a resume while its job is still queued or running is refused.
@@ -466,7 +468,7 @@ def _test_only(request: SlurmRequest) -> None:
         script.flush()
         check = _slurm(["sbatch", "--test-only", script.name])
     if check.returncode != 0:
-        raise ScalelabError(_refusal("Slurm refused the job", check, request.run_dir))
+        raise NotQueued(_refusal("Slurm refused the job", check, request))
 
 
 def squeue_state(job_id: str) -> str:
@@ -503,8 +505,37 @@ def _slurm(cmd: list[str], timeout: float = 60) -> subprocess.CompletedProcess:
         raise ScalelabError(f"`{' '.join(cmd)}` did not answer in {timeout:.0f} s: is slurmctld up? (`sinfo`)") from None
 
 
-def _refusal(what: str, proc: subprocess.CompletedProcess, run_dir: Path) -> str:
+def _refusal(what: str, proc: subprocess.CompletedProcess, request: SlurmRequest) -> str:
     words = "; ".join(line.strip() for line in (proc.stderr + proc.stdout).splitlines() if line.strip())
     words = words or f"exit code {proc.returncode}"
     hints = [hint for key, hint in HINTS if key in words.lower()][:1]
-    return f"{what} for {run_dir.name} (nothing was queued): {words}" + (f"; {hints[0]}" if hints else "")
+    if hints and hints[0] == NODE_CONFIG_HINT:
+        hints = [_too_few_nodes(request) or hints[0]]
+    return f"{what} for {request.run_dir.name} (nothing was queued): {words}" + (f"; {hints[0]}" if hints else "")
+
+
+def _too_few_nodes(request: SlurmRequest) -> str:
+    """The hint for a layout of more nodes than the partition has ('' when it has enough, or sinfo cannot say).
+    Why: Slurm says "Requested node configuration is not available" for --nodes 3 on 2 nodes as for 5 GPUs a
+    node, and the hint named GPUs, CPUs and memory only."""
+    asked = int(request.parameters.get("nodes") or 1)
+    partition = str(request.parameters.get("partition") or "")
+    have = partition_nodes(partition)
+    if have is None or asked <= have:
+        return ""
+    where = f"partition {partition}" if partition else "the default partition"
+    return (f"--nodes {asked} asks for more nodes than {where} has ({have}): give --nodes {have} or fewer, or "
+            "another --partition (`sinfo -s` lists the partitions and their nodes)")
+
+
+def partition_nodes(partition: str) -> int | None:
+    """How many nodes `partition` (the default one for '') has, as sinfo lists them; None when sinfo cannot say."""
+    try:
+        proc = _slurm(["sinfo", "-h", "-N", "-o", "%N|%P"] + (["-p", partition] if partition else []))
+    except ScalelabError:  # no sinfo here, or no answer: the general hint stands
+        return None
+    if proc.returncode != 0:
+        return None
+    rows = [line.split("|") for line in proc.stdout.splitlines() if line.count("|") == 1]
+    nodes = {node for node, part in rows if partition or part.endswith("*")}
+    return len(nodes) or None
