@@ -490,10 +490,28 @@ def settle(backend: Backend, run_dir: Path) -> RunStatus:
         return RunStatus(info["state"], info.get("detail") or status.detail)
     if owner_of(run_dir):
         return status
-    ended = record_state(run_dir, status.state, status.detail)
+    detail, why = _why_it_failed(backend, run_dir, status) if status.state == FAILED else (status.detail, {})
+    ended = record_state(run_dir, status.state, detail, **why)
     if ended == COMPLETED and not RunPaths(run_dir).summary.exists():
         write_summary(run_dir)
     return RunStatus(ended, read_state(run_dir).get("detail", ""))
+
+
+def _why_it_failed(backend: Backend, run_dir: Path, status: RunStatus) -> tuple[str, dict[str, str]]:
+    """(detail, launch.json fields) of a FAILED end nobody followed: the scheduler's word, then why, in the words a
+    followed run's error says (`failure`: the ranks' error records, else the rank that went silent), and how to
+    continue; `error` keeps why for `launch report`. Why: `launch status` of a detached (or killed-launcher) run
+    said only "Slurm job 2434 FAILED on node1" while its rank had recorded that no requeue was left and how to resume."""
+    try:
+        error = failure(backend, run_dir, status)
+    except (ScalelabError, OSError):  # records or logs unreadable: the scheduler's word alone
+        return status.detail, {}
+    reason = error.reason if isinstance(error, RunFailed) else str(error)
+    if "\n" in reason:  # only the tail of its logs says why: pointed to, not copied into launch.json
+        return f"{status.detail}; `launch logs {shell_word(run_dir)}` shows why", {}
+    detail = status.detail if reason in status.detail else f"{status.detail}: {reason}"  # the local backend's has it
+    hint = "" if "launch resume" in detail else resume_hint(run_dir)
+    return detail + hint, {"error": reason}
 
 
 def _summary_if_possible(run_dir: Path) -> None:
