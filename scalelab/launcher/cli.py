@@ -38,7 +38,7 @@ from scalelab.core.flags import (  # noqa: F401
 from scalelab.core.options import Flag, parse_pairs  # noqa: F401  (prep imports it here)
 from scalelab.core.presets import model_overrides
 from scalelab.core.runids import RunDir
-from scalelab.core.rundir import ACTIVE, GEMM_FILE, discard_unlaunched, dryrun_dir, is_sweep, new_run_dir
+from scalelab.core.rundir import ACTIVE, GEMM_FILE, PENDING, discard_unlaunched, dryrun_dir, is_sweep, new_run_dir
 from scalelab.core.spec import (
     BATCH_MODES,
     SCALING_AXES,
@@ -1136,14 +1136,17 @@ def _run_status(run_dir: str) -> None:
     console.print(f"{path}: [bold]{st.state}[/] {escape(st.detail)}", highlight=False, soft_wrap=True)
     dropped: list[str] = []
     snap = snapshot_of(path, st.state, dropped)
+    queued = st.detail if st.state == PENDING else None  # waiting in its backend's queue: said, no ETA
     if snap is not None:  # where it is (or where it stopped), from its records, as its state has it
-        if st.state not in ACTIVE:
+        if st.state not in ACTIVE or queued:
             snap.eta_s = None
+        snap.queued = queued
         console.print(f"  {snap.line()}", highlight=False, soft_wrap=True)
-    elif st.state in ACTIVE:  # before its first step: how many ranks are up
+    elif st.state in ACTIVE:  # before its first step: how many ranks are up, or that it waits in the queue
         from scalelab.launcher.progress import watch_run
 
         watch = watch_run(path)
+        watch.queued = queued
         watch.poll()
         console.print(f"  {watch.starting()}", highlight=False, soft_wrap=True)
     if dropped:  # said, not silently left out of the step and loss above (`launch report` refuses such records)
@@ -1198,7 +1201,9 @@ def logs_cmd(run_dir: str | None, runs_dir: str, rank: int | None, follow: bool)
         return backend.rank_logs(path, rank), records.read()
 
     def active() -> bool:
-        state["now"] = backend.status(path).state
+        now = backend.status(path)
+        state["now"] = now.state
+        watch.queued = now.detail if now.state == PENDING else None  # "queued: Slurm job 7 PENDING (BeginTime)"
         return state["now"] in ACTIVE
 
     def progress() -> str | None:
