@@ -430,16 +430,24 @@ def test_time_limit_warning_checkpoints_and_requeues(slurm_cluster, tmp_path: Pa
     (["--nodes", "2", "--gpus-per-node", "5", "--global-batch", "20"], "Requested node configuration is not available"),
     # (--time 1h is refused before sbatch now, in scalelab's words: tests/test_issue37_inputs.py)
     (["--sbatch-arg=--no-such-sbatch-option"], "unrecognized option '--no-such-sbatch-option'"),
+    # Slurm says the same for too many nodes as for too many GPUs: the hint names the partition's node count
+    (["--nodes", "3", "--global-batch", "15"], "more nodes than the default partition has (2): give --nodes 2"),
+    (["--constraint", "foo"], "Invalid feature specification; check --constraint"),
+    (["sweep", "--workers", "1,2", "--partition", "nosuchpartition"], "invalid partition specified: nosuchpartition"),
 ])
 def test_refused_jobs_say_why_in_slurms_words_and_leave_nothing(slurm_cluster, tmp_path: Path, args, words) -> None:
-    done = launch(*TINY, "--engine", "ddp", "--steps", "2", *args, "--runs-dir", str(tmp_path / "runs"), cwd=tmp_path)
+    """Nothing queued, and no run (or sweep) directory left: `launch ls` listed each refused one as NEW for ever."""
+    runs = tmp_path / "runs"
+    command = args[:1] if args[:1] == ["sweep"] else []
+    done = launch(*command, *TINY, "--engine", "ddp", "--steps", "2", *args[len(command):], "--runs-dir", str(runs),
+                  cwd=tmp_path)
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("launch: error:") and words in lines[0], done.stderr
     assert "nothing was queued" in lines[0]
-    run_name = only_run_dir(tmp_path / "runs").name
+    assert not runs.exists() or list(runs.iterdir()) == [], f"left behind: {list(runs.iterdir())}"
     assert not jobs_launched_from(tmp_path)
-    named = slurm("sacct", "-n", "-X", "-P", "--starttime=now-1hour", f"--name=scalelab-{run_name}", "-o", "JobID,WorkDir")
+    named = slurm("sacct", "-n", "-X", "-P", "--starttime=now-1hour", "-o", "JobID,WorkDir")
     never = [row for row in named.splitlines() if same_dir(row.split("|")[-1], tmp_path)]
     assert never == [], "a refused job must never have been submitted"
 

@@ -178,6 +178,31 @@ def test_dry_run_prints_the_script_and_submits_nothing(tmp_path: Path) -> None:
     assert not (tmp_path / "runs").exists(), "a dry run must not create a run directory"
 
 
+@pytest.mark.parametrize("time, signal_s, longest", [("1", None, 30), ("2", None, 60), ("3", None, 90),
+                                                     ("0:04:00", 150, 120), ("1-00", 50000, 43200)])
+def test_a_time_limit_the_warning_signal_would_fill_is_refused_with_the_signal_to_give(tmp_path, time, signal_s,
+                                                                                        longest) -> None:
+    """Before: `--time 1` with the default warning (USR1 120 s before the limit) was sent; the ranks got USR1 as
+    they started, checkpointed and requeued at once, 3 times, then FAILED. Now the warning may take at most half
+    the limit, so every start trains at least as long; a dry run is refused alike, naming signal_s to give."""
+    extra = ["--backend-opt", f"signal_s={signal_s}"] if signal_s is not None else []
+    done = launch("--backend", "slurm", "--time", time, *extra, "--runs-dir", str(tmp_path / "runs"), "--dry-run",
+                  cwd=tmp_path)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1 and lines[0].startswith("launch: error: --time"), done.stderr
+    assert "time-limit warning" in lines[0] and f"--backend-opt signal_s={longest}" in lines[0], lines[0]
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("time, signal_s", [("4", None), ("1", 30), ("0:03:30", 100), ("", None), ("UNLIMITED", None),
+                                            ("1:00:00", None), ("10", 0)])
+def test_a_time_limit_with_room_before_the_warning_is_taken(tmp_path, time, signal_s) -> None:
+    extra = ["--backend-opt", f"signal_s={signal_s}"] if signal_s is not None else []
+    done = launch("--backend", "slurm", "--time", time, *extra, "--runs-dir", str(tmp_path / "runs"), "--dry-run",
+                  cwd=tmp_path)
+    assert done.returncode == 0 and f"--signal=USR1@{120 if signal_s is None else signal_s}" in done.stdout, done.stderr
+
+
 def test_slurm_flags_are_rejected_with_another_backend(tmp_path: Path) -> None:
     done = launch("--backend", "local", "--partition", "gpu", "--dry-run", cwd=tmp_path)
     assert done.returncode == 2

@@ -26,6 +26,11 @@ class RunFailed(ScalelabError):
         self.reason = reason or message  # why, without the run it names: what `launch report` quotes of it
 
 
+class NotQueued(ScalelabError):
+    """A submission the scheduler refused (`sbatch --test-only`, sbatch itself) before anything was queued: a new
+    run directory it was for holds nothing to follow, resume or report, so the launcher removes it."""
+
+
 class SpecError(ScalelabError):
     """The experiment spec (YAML or flags) is invalid."""
 

@@ -26,7 +26,7 @@ import click
 from rich.markup import escape
 
 from scalelab.core.checks import InputFile, OutputDir
-from scalelab.core.errors import ScalelabError, SpecError, shell_word
+from scalelab.core.errors import NotQueued, ScalelabError, SpecError, shell_word
 from scalelab.core.flags import (  # noqa: F401
     SPEC_FLAGS,
     DataFlag,
@@ -38,7 +38,7 @@ from scalelab.core.flags import (  # noqa: F401
 from scalelab.core.options import Flag, parse_pairs  # noqa: F401  (prep imports it here)
 from scalelab.core.presets import model_overrides
 from scalelab.core.runids import RunDir
-from scalelab.core.rundir import ACTIVE, GEMM_FILE, discard_unlaunched, dryrun_dir, is_sweep, new_run_dir
+from scalelab.core.rundir import ACTIVE, GEMM_FILE, PENDING, discard_unlaunched, dryrun_dir, is_sweep, new_run_dir
 from scalelab.core.spec import (
     BATCH_MODES,
     SCALING_AXES,
@@ -623,8 +623,10 @@ def run_cmd(detach: bool, rank_output: str | None, **params: Any) -> None:
     run_dir = new_run_dir(Path(params["runs_dir"]), spec.name or f"{spec.model}-{spec.engine.name}-{spec.nodes}x{spec.gpus_per_node}")
     try:
         run_and_show(backend, spec, run_dir, detach, echo)
-    except WriteError:
-        discard_unlaunched(run_dir)  # a full or read-only disk before the launch: leave no empty run directory
+    except (WriteError, NotQueued):
+        # a full or read-only disk before the launch, a submission Slurm refused: leave no empty run directory
+        # (`launch ls` listed a refused one as NEW for ever)
+        discard_unlaunched(run_dir)
         raise
 
 
@@ -1134,14 +1136,17 @@ def _run_status(run_dir: str) -> None:
     console.print(f"{path}: [bold]{st.state}[/] {escape(st.detail)}", highlight=False, soft_wrap=True)
     dropped: list[str] = []
     snap = snapshot_of(path, st.state, dropped)
+    queued = st.detail if st.state == PENDING else None  # waiting in its backend's queue: said, no ETA
     if snap is not None:  # where it is (or where it stopped), from its records, as its state has it
-        if st.state not in ACTIVE:
+        if st.state not in ACTIVE or queued:
             snap.eta_s = None
+        snap.queued = queued
         console.print(f"  {snap.line()}", highlight=False, soft_wrap=True)
-    elif st.state in ACTIVE:  # before its first step: how many ranks are up
+    elif st.state in ACTIVE:  # before its first step: how many ranks are up, or that it waits in the queue
         from scalelab.launcher.progress import watch_run
 
         watch = watch_run(path)
+        watch.queued = queued
         watch.poll()
         console.print(f"  {watch.starting()}", highlight=False, soft_wrap=True)
     if dropped:  # said, not silently left out of the step and loss above (`launch report` refuses such records)
@@ -1196,7 +1201,9 @@ def logs_cmd(run_dir: str | None, runs_dir: str, rank: int | None, follow: bool)
         return backend.rank_logs(path, rank), records.read()
 
     def active() -> bool:
-        state["now"] = backend.status(path).state
+        now = backend.status(path)
+        state["now"] = now.state
+        watch.queued = now.detail if now.state == PENDING else None  # "queued: Slurm job 7 PENDING (BeginTime)"
         return state["now"] in ACTIVE
 
     def progress() -> str | None:
@@ -1225,19 +1232,41 @@ def logs_cmd(run_dir: str | None, runs_dir: str, rank: int | None, follow: bool)
 @runs_dir_lookup_option()
 def cancel_cmd(run_dir: str, runs_dir: str) -> None:
     """Stop a run: ranks get SIGTERM (they checkpoint and exit), then SIGKILL after a grace period; then
-    check that none of its processes is left. A sweep directory: every layout not ended."""
-    from scalelab.core.rundir import TERMINAL, run_state, sweep_runs
+    check that none of its processes is left. A sweep directory: every layout launched and not ended."""
     from scalelab.launcher.runner import cancel
 
     paths = [Path(run_dir)]
     if is_sweep(Path(run_dir)):
-        paths = [p for p in sweep_runs(Path(run_dir)) if run_state(p) not in TERMINAL | {None}]
+        paths = _live_layouts(Path(run_dir))
         if not paths:
             console.print(f"{run_dir}: no layout is running", highlight=False)
     for path in paths:
         backend, _ = _backend_of(str(path))
         st = cancel(backend, path, "cancelled by `launch cancel`")
         console.print(f"{path}: {st.state} ({escape(st.detail)})", highlight=False, soft_wrap=True)
+
+
+def _live_layouts(sweep_dir: Path) -> list[Path]:
+    """The sweep's layouts to cancel: every one launched (a launch.json) whose end is neither recorded nor, asked
+    now, seen by its backend; the last first. Why not by the state recorded: a sweep launcher records RUNNING only
+    for the layout it follows, so the others (queued or running on Slurm, no state yet) were left running after
+    its launcher was killed. Why the last first: the layout a live sweep launcher follows is the first unfinished
+    one, and its cancel stops the sweep, which must find the others cancelled by the user, not stop them itself."""
+    from scalelab.core.rundir import TERMINAL, RunPaths, run_state, sweep_runs
+    from scalelab.launcher.runner import settle
+
+    live = []
+    for path in sweep_runs(sweep_dir):
+        if not RunPaths(path).launch.exists() or run_state(path) in TERMINAL:
+            continue
+        backend, _ = _backend_of(str(path))
+        try:
+            ended = settle(backend, path).state in TERMINAL  # an end nobody recorded (a killed launcher) is recorded
+        except ScalelabError:  # its state could not be asked: cancelled all the same, which asks again
+            ended = False
+        if not ended:
+            live.append(path)
+    return live[::-1]
 
 
 # ---- entry point ---------------------------------------------------------------------------------

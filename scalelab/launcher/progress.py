@@ -59,6 +59,7 @@ class Snapshot:
     threshold_step: int | None = None
     ended: str | None = None  # how the run ended once every rank recorded its end (`RunWatch.ended`)
     unit: str = "words"  # what words_per_s counts: a --script run's own unit (`track.unit`: images, samples)
+    queued: str | None = None  # the backend's word while the run waits in its queue (a requeue): no ETA then
 
     def steps(self) -> str:
         """"40/200", or "40" when the total is not known."""
@@ -77,6 +78,8 @@ class Snapshot:
             parts.append(f"threshold reached at step {self.threshold_step}")
         elif self.ended:
             parts.append(f"ended ({self.ended})")
+        elif self.queued:
+            parts.append(f"queued: {self.queued}")
         elif self.eta_s is not None:
             parts.append(f"ETA {duration(self.eta_s)}")
         return "  ".join(parts)
@@ -94,6 +97,8 @@ class Snapshot:
             out.append((1, f"threshold reached at step {self.threshold_step}"))
         elif self.ended:
             out.append((1, f"ended ({self.ended})"))
+        elif self.queued:
+            out.append((1, f"queued: {self.queued}"))
         elif self.eta_s is not None:
             out.append((1, f"ETA {duration(self.eta_s)}"))
         return out
@@ -133,12 +138,18 @@ class RunWatch:
         self.ends: dict[int, str] = {}  # rank -> the reason of its `end` record since its latest start
         self.expected: int | None = None  # the ranks the run starts (spec.json), once known
         self.since: float | None = None  # when the run was launched (launch.json), for "starting ranks" lines
+        # while the run waits in its backend's queue, the backend's word ("Slurm job 7 PENDING (BeginTime)"): set
+        # by whoever asked the backend (`launch status`, `logs -f`; the launcher from launch.json's `queued`)
+        self.queued: str | None = None
 
     def starting(self) -> str:
         """Where a run is before its first step: "starting ranks: 1 of 2 up (20s)", from the start records
-        the ranks write once their engine is up; a detached run's follower saw a bare header for ~45 s."""
-        of = f" of {self.expected}" if self.expected else ""
+        the ranks write once their engine is up; a detached run's follower saw a bare header for ~45 s. While
+        it waits in its queue: "queued: Slurm job 7 PENDING (BeginTime) (20s)" (it said "0 of 1 up")."""
         waited = f" ({duration(time.time() - self.since)})" if self.since else ""
+        if self.queued:
+            return f"queued: {self.queued}{waited}"
+        of = f" of {self.expected}" if self.expected else ""
         return f"starting ranks: {len(self.started)}{of} up{waited}"
 
     def _files(self) -> list[Path]:
@@ -235,6 +246,9 @@ class RunWatch:
         snap.words_per_s = self.words / self.seconds if self.seconds > 0 else None
         left = (self.total - snap.step) if self.total else None
         snap.eta_s = left * self.seconds / self.measured if left is not None and self.measured else None
+        snap.queued = self.queued
+        if self.queued:  # waiting in the queue (a requeue): when it ends is the queue's to say
+            snap.eta_s = None
         return snap
 
 
@@ -250,14 +264,25 @@ def watch_run(run_dir: Path) -> RunWatch:
 
 def _launched(run_dir: Path) -> float | None:
     """When the run was launched, as launch.json says (None before it is written, or unreadable)."""
+    value = _launch_info(run_dir).get("launched") or _launch_info(run_dir).get("started")
+    return float(value) if isinstance(value, (int, float)) else None
+
+
+def _launch_info(run_dir: Path) -> dict[str, Any]:
+    """launch.json as it is now; {} before it is written, or unreadable."""
     from scalelab.core.rundir import read_state
 
     try:
-        info = read_state(run_dir) if RunPaths(run_dir).launch.exists() else {}
+        return read_state(run_dir) if RunPaths(run_dir).launch.exists() else {}
     except ScalelabError:
-        return None
-    value = info.get("launched") or info.get("started")
-    return float(value) if isinstance(value, (int, float)) else None
+        return {}
+
+
+def queued_of(run_dir: Path) -> str | None:
+    """launch.json's `queued`: the backend's word while the run waits in its queue, as the launcher following it
+    keeps it (`slurm.backend.note_queued`); None while it runs."""
+    value = _launch_info(run_dir).get("queued")
+    return str(value) if value else None
 
 
 def snapshot_of(run_dir: Path, state: str | None = None, dropped: list[str] | None = None) -> Snapshot | None:
@@ -340,6 +365,7 @@ class RunProgress:
         self.console = console or Console(stderr=True)
         self.snap = Snapshot(total=self.watch.total)
         self._last_plain: int | str = -1
+        self._last_queued: str | None = None  # the queue text a plain line said last (`_plain_queue`)
         self.live = self.console.is_terminal
         self._streams = (sys.stdout, sys.stderr)  # the real ones: a live bar replaces them with its own
         self._progress = None
@@ -365,6 +391,7 @@ class RunProgress:
 
     def poll(self) -> None:
         """Read the records written since the last poll and refresh the display."""
+        self.watch.queued = queued_of(self.watch.run_dir)
         self.snap = self.watch.poll()
         self._show()
 
@@ -377,6 +404,18 @@ class RunProgress:
             real = sys.stderr if err else sys.stdout  # rich's proxy while the bar is live: printed above it
         real.write(text)
         real.flush()
+
+    def _plain_queue(self) -> None:
+        """Without a terminal, a line when the run enters its queue or leaves it (queued -> running), once each:
+        a job held in Slurm's queue printed nothing for as long as it waited."""
+        queued = self.watch.queued
+        if queued == self._last_queued:
+            return
+        if queued:
+            print(f"[{self.label}] queued: {queued}", file=sys.stderr, flush=True)
+        else:
+            print(f"[{self.label}] out of the queue: running", file=sys.stderr, flush=True)
+        self._last_queued = queued
 
     def info(self) -> str:
         """The bar's text: the snapshot's line without the step (the bar shows it)."""
@@ -404,6 +443,7 @@ class RunProgress:
             self._progress.update(self._task, total=snap.total, completed=snap.step, info=layout.info,
                                   description=layout.description)
             return
+        self._plain_queue()
         if not snap.step and self.watch.started and self._last_plain == -1:  # once: the ranks are up
             if self.watch.expected is None or len(self.watch.started) >= self.watch.expected:
                 self._last_plain = "started"

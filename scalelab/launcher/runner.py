@@ -241,10 +241,7 @@ def _stopped_for(exc: BaseException) -> set[Path]:
 
 
 def _stop_live(backend: Backend, run_dirs: list[Path], exc: BaseException) -> None:
-    if isinstance(exc, KeyboardInterrupt):
-        state, detail = CANCELLED, f"interrupted ({exc.args[0] if exc.args else 'SIGINT'} to the launcher)"
-    else:
-        state, detail = FAILED, f"the launcher stopped following it: {str(exc) or repr(exc)}"
+    state, detail = _why_stopped(run_dirs, exc)
     for run_dir in run_dirs:
         if run_dir in _ENDED_UNRECORDED:  # ended by itself (`wait`): nothing to stop, its end said once already
             continue
@@ -256,6 +253,26 @@ def _stop_live(backend: Backend, run_dirs: list[Path], exc: BaseException) -> No
         except Exception as problem:  # noqa: BLE001 - cancel the others whatever this one says
             print(f"launch: warning: could not stop {run_dir} ({problem}); `launch cancel {shell_word(run_dir)}` retries",
                   file=sys.stderr, flush=True)
+
+
+def _why_stopped(run_dirs: list[Path], exc: BaseException) -> tuple[str, str]:
+    """(state, detail) for the runs `_stop_live` stops on the way of `exc`: CANCELLED after a stop signal, and
+    after a run among them was cancelled (`launch cancel SWEEP` from another shell: the sweep launcher stops on
+    the layout it follows, and the user asked for the others to stop too); FAILED, with the error, otherwise.
+    Why: the cancel of a followed sweep recorded its other layouts FAILED ("the launcher stopped following it")."""
+    if isinstance(exc, KeyboardInterrupt):
+        return CANCELLED, f"interrupted ({exc.args[0] if exc.args else 'SIGINT'} to the launcher)"
+    if isinstance(exc, RunFailed) and any(_recorded(d) == CANCELLED for d in run_dirs):
+        return CANCELLED, f"cancelled with the sweep: {exc.reason}"
+    return FAILED, f"the launcher stopped following it: {str(exc) or repr(exc)}"
+
+
+def _recorded(run_dir: Path) -> str | None:
+    """The state launch.json records, None where there is none or it cannot be read (it is stopped all the same)."""
+    try:
+        return run_state(run_dir)
+    except ScalelabError:
+        return None
 
 
 def cancel(backend: Backend, run_dir: Path, detail: str = "cancelled", state: str = CANCELLED) -> RunStatus:
@@ -479,10 +496,28 @@ def settle(backend: Backend, run_dir: Path) -> RunStatus:
         return RunStatus(info["state"], info.get("detail") or status.detail)
     if owner_of(run_dir):
         return status
-    ended = record_state(run_dir, status.state, status.detail)
+    detail, why = _why_it_failed(backend, run_dir, status) if status.state == FAILED else (status.detail, {})
+    ended = record_state(run_dir, status.state, detail, **why)
     if ended == COMPLETED and not RunPaths(run_dir).summary.exists():
         write_summary(run_dir)
     return RunStatus(ended, read_state(run_dir).get("detail", ""))
+
+
+def _why_it_failed(backend: Backend, run_dir: Path, status: RunStatus) -> tuple[str, dict[str, str]]:
+    """(detail, launch.json fields) of a FAILED end nobody followed: the scheduler's word, then why, in the words a
+    followed run's error says (`failure`: the ranks' error records, else the rank that went silent), and how to
+    continue; `error` keeps why for `launch report`. Why: `launch status` of a detached (or killed-launcher) run
+    said only "Slurm job 2434 FAILED on node1" while its rank had recorded that no requeue was left and how to resume."""
+    try:
+        error = failure(backend, run_dir, status)
+    except (ScalelabError, OSError):  # records or logs unreadable: the scheduler's word alone
+        return status.detail, {}
+    reason = error.reason if isinstance(error, RunFailed) else str(error)
+    if "\n" in reason:  # only the tail of its logs says why: pointed to, not copied into launch.json
+        return f"{status.detail}; `launch logs {shell_word(run_dir)}` shows why", {}
+    detail = status.detail if reason in status.detail else f"{status.detail}: {reason}"  # the local backend's has it
+    hint = "" if "launch resume" in detail else resume_hint(run_dir)
+    return detail + hint, {"error": reason}
 
 
 def _summary_if_possible(run_dir: Path) -> None:

@@ -16,13 +16,16 @@ from __future__ import annotations
 import math
 import os
 import re
+import shutil
 from contextlib import ExitStack
 from pathlib import Path
 
-from scalelab.core.errors import ScalelabError, SpecError, shell_word
+from scalelab.core.errors import NotQueued, ScalelabError, SpecError, shell_word
 from scalelab.core.rundir import (
+    CANCELLED,
     COMPLETED,
     SWEEP_FILE,
+    RunPaths,
     new_run_dir,
     run_state,
     sweep_runs,
@@ -186,7 +189,18 @@ def run_sweep(backend, specs: list[Spec], runs_root: Path, name: str, repeats: i
             save_spec(spec, run_dir)
             names.append(run_dir.name)
     write_json(sweep_dir / SWEEP_FILE, {"runs": names, "layouts": [[s.nodes, s.gpus_per_node] for s in specs]})
-    return continue_sweep(backend, sweep_dir)
+    try:
+        return continue_sweep(backend, sweep_dir)
+    except NotQueued:
+        _discard_unlaunched_sweep(sweep_dir)
+        raise
+
+
+def _discard_unlaunched_sweep(sweep_dir: Path) -> None:
+    """Remove a sweep directory this launcher just made when none of its layouts was launched (a submission Slurm
+    refused, before anything was queued): as a refused run's, it holds nothing to resume or report."""
+    if not any(RunPaths(run_dir).launch.exists() for run_dir in sweep_runs(sweep_dir)):
+        shutil.rmtree(sweep_dir, ignore_errors=True)
 
 
 def resume_sweep(sweep_dir: Path, allow_changed: tuple[str, ...] = ()) -> Path:
@@ -260,6 +274,16 @@ def _follow_layout(backend, spec: Spec, run_dir: Path, sweep_dir: Path) -> None:
     try:
         follow(backend, spec, run_dir, label=run_dir.name)
     except ScalelabError as exc:
-        exc.args = (f"{exc}; the sweep stopped at layout {run_dir.name}; `launch resume {shell_word(sweep_dir)}` "
-                    "continues its unfinished layouts, `launch report` reports the finished ones",)
+        how = (f"the sweep was cancelled at layout {run_dir.name}, and its unfinished layouts with it"
+               if _cancelled(run_dir) else f"the sweep stopped at layout {run_dir.name}")
+        exc.args = (f"{exc}; {how}; `launch resume {shell_word(sweep_dir)}` continues its unfinished layouts, "
+                    "`launch report` reports the finished ones",)
         raise
+
+
+def _cancelled(run_dir: Path) -> bool:
+    """Whether the layout was recorded CANCELLED (`launch cancel` of it or of the sweep), not failed."""
+    try:
+        return run_state(run_dir) == CANCELLED
+    except ScalelabError:
+        return False

@@ -38,7 +38,7 @@ import submitit
 from submitit.core.utils import FailedJobError, FailedSubmissionError, JobPaths
 from submitit.slurm.slurm import SlurmInfoWatcher
 
-from scalelab.core.errors import ScalelabError, shell_word
+from scalelab.core.errors import NotQueued, ScalelabError, shell_word
 from scalelab.core.rundir import (
     ACTIVE,
     CANCELLED,
@@ -77,11 +77,13 @@ STATE_MAP = {
                      "REVOKED"], FAILED),
 }
 
+NODE_CONFIG_HINT = ("the cluster has no nodes with that many GPUs / CPUs / memory: check --nodes, --gpus-per-node, "
+                    "--cpus-per-task and --mem-gb against `sinfo -o '%P %D %c %m %G'`")
 # What to do about Slurm's most common refusals (matched in its message, which is always shown too).
 HINTS = [
     ("invalid partition", "check --partition: `sinfo -s` lists the partitions"),
-    ("node configuration is not available", "the cluster has no nodes with that many GPUs / CPUs / memory: "
-     "check --nodes, --gpus-per-node, --cpus-per-task and --mem-gb against `sinfo -o '%P %D %c %m %G'`"),
+    ("node configuration is not available", NODE_CONFIG_HINT),
+    ("invalid feature specification", "check --constraint: `sinfo -o '%N %f'` lists the nodes' features"),
     ("invalid --time", "--time takes MINUTES, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS"),
     ("time limit", "check --time against the partition's limit (`sinfo -o '%P %l'`)"),
     ("invalid account", "check --account (`sacctmgr show assoc user=$USER`)"),
@@ -183,7 +185,7 @@ class SlurmBackend(Backend):
             return jobs
         except (FailedJobError, FailedSubmissionError, OSError) as exc:
             words = " ".join(str(exc).split())
-            raise ScalelabError(f"sbatch failed for {request.run_dir.name} (nothing was queued): {words}") from None
+            raise NotQueued(f"sbatch failed for {request.run_dir.name} (nothing was queued): {words}") from None
 
     def _refuse_while_queued(self, run_dir: Path) -> None:
         """A run has one job at a time: a resume while its job is still queued or running is refused.
@@ -209,16 +211,21 @@ class SlurmBackend(Backend):
         """The status; at once from sacct when rank 0 has finished (its result file, as submitit's `done`)."""
         job = jobs_of(run_dir)[-1]
         ended = JobPaths(job["folder"], job_id=job["job_id"], task_id=0).result_pickle.exists()
-        return self.status(run_dir, "force" if ended else "standard")
+        status = self.status(run_dir, "force" if ended else "standard")
+        note_queued(run_dir, status)
+        return status
 
     def status(self, run_dir: Path, mode: str = "standard") -> RunStatus:
+        """The job's state; while it waits in the queue, why (squeue's reason: "Slurm job 7 PENDING (BeginTime)")."""
         job_id = read_state(run_dir)["job_id"]
         wrong = self._not_this_run(run_dir, job_id)
         if wrong:
             return RunStatus(UNKNOWN, wrong)
         state, nodes = self.job_state(job_id, mode)
         where = f" on {nodes}" if nodes and nodes != "None assigned" else ""
-        return RunStatus(STATE_MAP.get(state, UNKNOWN), f"Slurm job {job_id} {state}{where}")
+        reason = self.watcher.reasons.get(job_id, "") if STATE_MAP.get(state) == PENDING else ""
+        why = f" ({reason})" if reason else ""
+        return RunStatus(STATE_MAP.get(state, UNKNOWN), f"Slurm job {job_id} {state}{why}{where}")
 
     def job_state(self, job_id: str, mode: str = "standard") -> tuple[str, str]:
         """(Slurm state, node list) from the watcher: accounting's (sacct), or the controller's (squeue)
@@ -298,6 +305,21 @@ class SlurmBackend(Backend):
         return ""
 
 
+def note_queued(run_dir: Path, status: RunStatus) -> None:
+    """Keep launch.json's `queued` (what the launcher's progress bar shows: `launcher.progress`) as the job's
+    place in the queue while it waits, and drop it once it runs; written only when it changes. Why: a job held
+    by --begin, or queued again by a requeue, showed "starting ranks: 0 of 1 up" and an ETA. A launch.json that
+    cannot be written leaves the bar as it was: following the run matters more."""
+    from scalelab.core.rundir import update_state
+
+    queued = status.detail if status.state == PENDING else None
+    try:
+        if read_state(run_dir).get("queued") != queued:
+            update_state(run_dir, queued=queued)
+    except ScalelabError:  # a WriteError (full disk) or an unreadable launch.json
+        pass
+
+
 # submitit's logger writes "submitit INFO (2026-11-27 05:00:00,123) - Starting with JobEnvironment(...)" in every
 # task's files (and, on a cancel, "submitit WARNING (...) - Bypassing signal SIGCONT" in each): a person
 # following the run wants the ranks' own lines
@@ -373,6 +395,7 @@ class SlurmWatcher(SlurmInfoWatcher):
         super().__init__(delay_s=delay_s)  # type: ignore[arg-type]  # submitit's hint says int; seconds as float work
         self.jobs: set[str] = set()
         self.queued: dict[str, str] = {}
+        self.reasons: dict[str, str] = {}  # job id -> why it waits in the queue (squeue's %r), same answer
 
     def register_job(self, job_id: str) -> None:
         super().register_job(job_id)
@@ -384,7 +407,9 @@ class SlurmWatcher(SlurmInfoWatcher):
         if self.num_calls == asked:  # sacct was not asked (no job left to follow): neither is squeue
             return
         lagging = sorted(j for j in self.jobs if STATE_MAP.get(sacct_state(self.get_info(j, "cache"))) in (None, PENDING))
-        self.queued = squeue_states(lagging) if lagging else {}
+        rows = squeue_rows(lagging) if lagging else {}
+        self.queued = {job: state for job, (state, _) in rows.items()}
+        self.reasons = {job: reason for job, (_, reason) in rows.items() if reason}
 
 
 def sacct_state(info: dict[str, str]) -> str:
@@ -466,7 +491,7 @@ def _test_only(request: SlurmRequest) -> None:
         script.flush()
         check = _slurm(["sbatch", "--test-only", script.name])
     if check.returncode != 0:
-        raise ScalelabError(_refusal("Slurm refused the job", check, request.run_dir))
+        raise NotQueued(_refusal("Slurm refused the job", check, request))
 
 
 def squeue_state(job_id: str) -> str:
@@ -477,9 +502,20 @@ def squeue_state(job_id: str) -> str:
 def squeue_states(job_ids: list[str]) -> dict[str, str]:
     """{job id: state} for the jobs the controller still lists, one squeue call for all (`-r`: an array's
     tasks one by one, as ID_INDEX); a job it no longer lists is absent."""
-    q = _slurm(["squeue", "-h", "-r", "--states=all", "-j", ",".join(job_ids), "-o", "%i|%T"])
-    rows = (line.split("|") for line in q.stdout.splitlines() if line.count("|") == 1)
-    return {job.strip(): state.strip() for job, state in rows if job.strip() and state.strip()}
+    return {job: state for job, (state, _) in squeue_rows(job_ids).items()}
+
+
+def squeue_rows(job_ids: list[str]) -> dict[str, tuple[str, str]]:
+    """{job id: (state, why it waits)} as `squeue_states`; the reason is squeue's %r (BeginTime, Priority,
+    Resources...), '' for a job that does not wait ("None")."""
+    q = _slurm(["squeue", "-h", "-r", "--states=all", "-j", ",".join(job_ids), "-o", "%i|%T|%r"])
+    out = {}
+    for line in q.stdout.splitlines():
+        parts = [part.strip() for part in line.split("|")]
+        if len(parts) in (2, 3) and parts[0] and parts[1]:
+            reason = parts[2] if len(parts) == 3 and parts[2] != "None" else ""
+            out[parts[0]] = (parts[1], reason)
+    return out
 
 
 def wait_gone(job_id: str, grace_s: float) -> None:
@@ -503,8 +539,37 @@ def _slurm(cmd: list[str], timeout: float = 60) -> subprocess.CompletedProcess:
         raise ScalelabError(f"`{' '.join(cmd)}` did not answer in {timeout:.0f} s: is slurmctld up? (`sinfo`)") from None
 
 
-def _refusal(what: str, proc: subprocess.CompletedProcess, run_dir: Path) -> str:
+def _refusal(what: str, proc: subprocess.CompletedProcess, request: SlurmRequest) -> str:
     words = "; ".join(line.strip() for line in (proc.stderr + proc.stdout).splitlines() if line.strip())
     words = words or f"exit code {proc.returncode}"
     hints = [hint for key, hint in HINTS if key in words.lower()][:1]
-    return f"{what} for {run_dir.name} (nothing was queued): {words}" + (f"; {hints[0]}" if hints else "")
+    if hints and hints[0] == NODE_CONFIG_HINT:
+        hints = [_too_few_nodes(request) or hints[0]]
+    return f"{what} for {request.run_dir.name} (nothing was queued): {words}" + (f"; {hints[0]}" if hints else "")
+
+
+def _too_few_nodes(request: SlurmRequest) -> str:
+    """The hint for a layout of more nodes than the partition has ('' when it has enough, or sinfo cannot say).
+    Why: Slurm says "Requested node configuration is not available" for --nodes 3 on 2 nodes as for 5 GPUs a
+    node, and the hint named GPUs, CPUs and memory only."""
+    asked = int(request.parameters.get("nodes") or 1)
+    partition = str(request.parameters.get("partition") or "")
+    have = partition_nodes(partition)
+    if have is None or asked <= have:
+        return ""
+    where = f"partition {partition}" if partition else "the default partition"
+    return (f"--nodes {asked} asks for more nodes than {where} has ({have}): give --nodes {have} or fewer, or "
+            "another --partition (`sinfo -s` lists the partitions and their nodes)")
+
+
+def partition_nodes(partition: str) -> int | None:
+    """How many nodes `partition` (the default one for '') has, as sinfo lists them; None when sinfo cannot say."""
+    try:
+        proc = _slurm(["sinfo", "-h", "-N", "-o", "%N|%P"] + (["-p", partition] if partition else []))
+    except ScalelabError:  # no sinfo here, or no answer: the general hint stands
+        return None
+    if proc.returncode != 0:
+        return None
+    rows = [line.split("|") for line in proc.stdout.splitlines() if line.count("|") == 1]
+    nodes = {node for node, part in rows if partition or part.endswith("*")}
+    return len(nodes) or None

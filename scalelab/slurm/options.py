@@ -183,7 +183,7 @@ class SlurmOptions(BackendOptions, OnPremiseFleet):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        problem = _clash(self)
+        problem = _clash(self) or _warning_too_late(self)
         if problem:
             raise SpecError(problem)
 
@@ -201,3 +201,19 @@ def _clash(options: SlurmOptions) -> str | None:
             return (f"--sbatch-arg {arg} and --mem-gb {options.mem_gb:g} both set the memory (sbatch takes one of "
                     "--mem, --mem-per-cpu, --mem-per-gpu): give one of them")
     return None
+
+
+def _warning_too_late(options: SlurmOptions) -> str | None:
+    """Why the time-limit warning (USR1 `signal_s` before `--time`) leaves the run no time to train, or None.
+    At most half the limit: the ranks then train at least as long as the warning gives them to checkpoint, and
+    each requeue moves the run on. Why: with `--time 1` (or 2) and the default 120 s, Slurm sent USR1 as the job
+    started, and the ranks checkpointed and requeued at once, 3 times, then FAILED, having trained nothing."""
+    minutes = slurm_minutes(options.time) if options.time else None
+    if minutes is None or minutes == float("inf") or options.signal_s * 2 <= minutes * 60:
+        return None
+    longest = int(minutes * 60) // 2
+    return (f"--time {options.time} ({minutes * 60:.0f} s) is too short for the time-limit warning, sent signal_s="
+            f"{options.signal_s} s before the limit: the ranks would checkpoint and requeue "
+            f"{'as soon as they start' if options.signal_s >= minutes * 60 else 'before training much'}; give a "
+            f"longer --time (at least {-(-options.signal_s * 2 // 60)} minutes) or an earlier warning, at most half "
+            f"the limit: --backend-opt signal_s={longest}")

@@ -1,0 +1,102 @@
+"""`launch cancel SWEEP` on the test Slurm cluster: every layout's job stops, and each is recorded CANCELLED.
+
+A Slurm sweep queues every layout at once and follows one at a time, recording RUNNING only for the layout it
+follows. Before:
+- after SIGKILL of the sweep launcher, `launch cancel SWEEP` picked the layouts by that recorded state and
+  cancelled 1x1 only: 1x2's job stayed in squeue, and a second cancel said "no layout is running";
+- a cancel from another shell while the launcher followed 1x1 left 1x2 recorded FAILED ("the launcher stopped
+  following it: run .../1x1 was cancelled"), though Slurm said CANCELLED, and the sweep failed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, launch, only_run_dir
+from tests.test_slurm_cluster import TINY, in_queue, processes_of
+
+pytestmark = pytest.mark.slow  # a two-layout sweep on the cluster each
+
+LAYOUTS = ("1x1", "1x2")
+
+
+def _sweep(tmp_path: Path) -> tuple[subprocess.Popen, Path]:
+    """A 2-layout sweep in the background; it and its directory once both layouts' ranks trained 2 steps."""
+    runs = tmp_path / "runs"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
+    proc = subprocess.Popen([sys.executable, "-m", "scalelab.launcher.cli", "sweep", *TINY, "--engine", "ddp",
+                             "--workers", "1,2", "--steps", "100000", "--checkpoint-every", "200", "-y",
+                             "--runs-dir", str(runs)],
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 240
+    while not (runs.is_dir() and any(runs.iterdir()) and all(_steps(only_run_dir(runs) / n) >= 2 for n in LAYOUTS)):
+        if proc.poll() is not None:
+            pytest.fail(f"the sweep ended early: {proc.communicate()}")
+        if time.time() > deadline:
+            proc.kill()
+            pytest.fail("the layouts did not both train within 240 s")
+        time.sleep(0.5)
+    return proc, only_run_dir(runs)
+
+
+def _steps(run: Path) -> int:
+    path = run / "records" / "rank-0.jsonl"
+    return path.read_text().count('"kind": "step"') if path.exists() else 0
+
+
+def _jobs(sweep: Path) -> dict[str, str]:
+    return {name: json.loads((sweep / name / "launch.json").read_text())["job_id"] for name in LAYOUTS}
+
+
+def _state(run: Path) -> dict:
+    return json.loads((run / "launch.json").read_text())
+
+
+def _scancel(jobs: dict[str, str]) -> None:
+    subprocess.run(["scancel", *jobs.values()], capture_output=True)  # leave nothing behind a failed assertion
+
+
+def test_cancel_of_a_sweep_whose_launcher_was_killed_stops_every_layouts_job(slurm_cluster, tmp_path: Path) -> None:
+    proc, sweep = _sweep(tmp_path)
+    jobs = _jobs(sweep)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=60)
+    try:
+        assert all(in_queue(job) for job in jobs.values()), "Slurm keeps both jobs with their launcher gone"
+        cancelled = launch("cancel", str(sweep), cwd=tmp_path)
+        assert cancelled.returncode == 0, cancelled.stderr
+        for name, job in jobs.items():
+            assert in_queue(job) == [], f"layout {name}'s job {job} is still in squeue: {cancelled.stdout}"
+            assert _state(sweep / name)["state"] == "CANCELLED", (name, _state(sweep / name))
+            assert processes_of(sweep / name, job) == []
+        again = launch("cancel", str(sweep), cwd=tmp_path)
+        assert again.returncode == 0 and "no layout is running" in again.stdout, again
+    finally:
+        _scancel(jobs)
+
+
+def test_cancel_of_a_followed_sweep_records_every_layout_cancelled(slurm_cluster, tmp_path: Path) -> None:
+    proc, sweep = _sweep(tmp_path)
+    jobs = _jobs(sweep)
+    try:
+        cancelled = launch("cancel", str(sweep), cwd=tmp_path)
+        assert cancelled.returncode == 0, cancelled.stderr
+        _, err = proc.communicate(timeout=240)
+        for name, job in jobs.items():
+            assert in_queue(job) == [], f"layout {name}'s job {job} is still in squeue"
+            info = _state(sweep / name)
+            assert info["state"] == "CANCELLED", (name, info)
+        said = [line for line in err.splitlines() if line.startswith("launch: error:")]
+        assert proc.returncode == 1 and len(said) == 1 and "the sweep was cancelled at layout 1x1" in said[0], err[-3000:]
+        assert f"launch resume {sweep}" in said[0] and "Traceback" not in err
+    finally:
+        proc.kill()
+        _scancel(jobs)
