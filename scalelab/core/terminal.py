@@ -127,6 +127,16 @@ def _fold_line(line: str, room: int, hyphens: bool) -> str:
     return "\n".join([*lines, now.rstrip()])
 
 
+def prose_lines(lead: str, text: str, width: int) -> str:
+    """`lead` + `text` wrapped at spaces to `width`, a word longer than a line (a run directory's path) kept whole
+    on a line of its own, never broken inside; the lines after the first indented under the text. Why: rich
+    folded a warning's path mid-word ("run/sum" / "mary.json"), so it could not be copied or searched."""
+    import textwrap
+
+    return textwrap.fill(text, width=max(width, 20), initial_indent=lead, subsequent_indent=" " * len(lead),
+                         break_long_words=False, break_on_hyphens=False)
+
+
 def wrap_help_at_spaces() -> None:
     """Make click's help wrap at spaces only. Why: click wraps with textwrap's default, which also breaks after
     a hyphen, so at 80 columns a flag named in a help text came out as `--cpus-per-` / `task` and a default as

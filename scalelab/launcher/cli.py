@@ -46,7 +46,7 @@ from scalelab.core.spec import (
     load_spec,
     read_spec,
 )
-from scalelab.core.terminal import break_name, make_console, visible_text, wrap_help_at_spaces
+from scalelab.core.terminal import break_name, make_console, prose_lines, visible_text, wrap_help_at_spaces
 from scalelab.core.writes import WriteError, is_write_failure, write_failure, writing
 from scalelab.launcher import __version__
 from scalelab.launcher.backend import backend_flags, get_backend, import_optional, options_type
@@ -894,7 +894,8 @@ def report_dirs(paths: list[Path], out: Path | None, fmt: str, rates: tuple[str,
         show_unmeasured(facts, fmt)
         return
     for warning in report.warnings:  # prose, wrapped between words as the notes are (it ran to 196 columns)
-        err_console.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False)
+        lines = prose_lines("warning: ", warning, err_console.width)
+        err_console.print("[yellow]warning:[/]" + escape(lines[len("warning:"):]), highlight=False, soft_wrap=True)
     if fmt == "json":
         click.echo(report.json_text)
     elif fmt == "markdown":
@@ -905,8 +906,8 @@ def report_dirs(paths: list[Path], out: Path | None, fmt: str, rates: tuple[str,
         from scalelab.analysis.report import print_scaling
 
         print_scaling(report.table, console=console)
-        for note in report.notes:
-            console.print(f"note: {escape(note)}", highlight=False)  # prose: wrapped between words
+        for note in report.notes:  # prose: wrapped between words, a path whole
+            console.print(escape(prose_lines("note: ", note, console.width)), highlight=False, soft_wrap=True)
         plot = f"  plot: {report.plot_path}" if report.plot_path else ""
         console.print(f"report: [bold]{report.markdown_path}[/]{plot}", soft_wrap=True)
 
@@ -936,7 +937,7 @@ def show_unmeasured(facts: list[dict[str, Any]], fmt: str) -> None:
         click.echo(json.dumps(facts, indent=2))
         return
     for summary in facts:
-        console.print(f"note: {escape(summary['note'])}", highlight=False)
+        console.print(escape(prose_lines("note: ", summary["note"], console.width)), highlight=False, soft_wrap=True)
 
 
 def report_pricer(rates: tuple[str, ...] = (), prices_file: str | None = None):
