@@ -80,25 +80,19 @@ def test_cancel_of_a_slurm_script_run_reaches_should_stop(slurm_cluster, tmp_pat
     assert not subprocess.run(["squeue", "-h", "-j", job], capture_output=True, text=True).stdout.strip()
 
 
-def test_a_preemption_warning_reaches_should_stop_and_the_requeued_job_resumes_the_script(slurm_cluster,
-                                                                                         tmp_path: Path) -> None:
-    """USR1 to every task (Slurm's warning before a time limit or a preemption): the script saves and stops
-    (should_stop), rank 0 requeues the job, and the script starts again with track.resumed from its checkpoint."""
+def usr1_at_step_10(proc: subprocess.Popen, tmp_path: Path, ranks: tuple[int, ...]) -> tuple[Path, str, str]:
+    """Once every rank in `ranks` recorded step 10 (where they hold), Slurm's warning (USR1) to every task of the
+    followed launch `proc`'s job, its requeue let go at once; then wait for the launch to end. (run directory,
+    job id, the launch's stderr)."""
     from tests.test_slurm_cluster import release_requeued
 
-    env = {**os.environ, "PYTHONPATH": str(ROOT), HOLD_AT_STEP_ENV: "10"}  # its 400 steps take ~2 s: hold at 10
-    steps = 400
-    proc = subprocess.Popen([sys.executable, "-m", "scalelab.launcher.cli", *SLURM, "--script", str(SCRIPTS["ddp"]),
-                             "--engine", "ddp", "--steps", str(steps), "--", "--steps", str(steps),
-                             "--val-every", "1000000"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 180
         while True:
             assert time.monotonic() < deadline and proc.poll() is None, "the run did not train 10 steps"
             runs = list((tmp_path / "runs").glob("*")) if (tmp_path / "runs").exists() else []
-            path = runs[0] / "records" / "rank-1.jsonl" if runs else None
-            if path and path.exists() and path.read_text().count('"kind": "step"') >= 10:
+            paths = [runs[0] / "records" / f"rank-{r}.jsonl" for r in ranks] if runs else []
+            if paths and all(p.exists() and '"step": 10' in p.read_text() for p in paths):
                 break
             time.sleep(0.3)
         run_dir = runs[0]
@@ -108,6 +102,20 @@ def test_a_preemption_warning_reaches_should_stop_and_the_requeued_job_resumes_t
         _, err = proc.communicate(timeout=400)
     finally:
         proc.kill()
+    return run_dir, job, err
+
+
+def test_a_preemption_warning_reaches_should_stop_and_the_requeued_job_resumes_the_script(slurm_cluster,
+                                                                                         tmp_path: Path) -> None:
+    """USR1 to every task (Slurm's warning before a time limit or a preemption): the script saves and stops
+    (should_stop), rank 0 requeues the job, and the script starts again with track.resumed from its checkpoint."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), HOLD_AT_STEP_ENV: "10"}  # its 400 steps take ~2 s: hold at 10
+    steps = 400
+    proc = subprocess.Popen([sys.executable, "-m", "scalelab.launcher.cli", *SLURM, "--script", str(SCRIPTS["ddp"]),
+                             "--engine", "ddp", "--steps", str(steps), "--", "--steps", str(steps),
+                             "--val-every", "1000000"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    run_dir, _, err = usr1_at_step_10(proc, tmp_path, ranks=(1,))
     assert proc.returncode == 0, err[-3000:]
     recs = rank_records(run_dir, 0)
     (stop,) = [r for r in recs if r.get("event") == "interrupted"]
@@ -137,29 +145,12 @@ for step in range(first + 1, int(sys.argv[1]) + 1):
 def test_a_preemption_warning_the_script_handles_itself_still_requeues_the_job(slurm_cluster, tmp_path: Path) -> None:
     """USR1 with the script's own handler (it saves and exits 0): the runner still records the stop (exit 143), so
     rank 0 requeues the job as for the built-in trainer; the job was COMPLETED at the warning's step."""
-    from tests.test_slurm_cluster import release_requeued
-
     (tmp_path / "own.py").write_text(OWN_USR1)
     env = {**os.environ, "PYTHONPATH": str(ROOT), HOLD_AT_STEP_ENV: "10"}
     proc = subprocess.Popen([sys.executable, "-m", "scalelab.launcher.cli", *SLURM, "--script", "own.py",
                              "--engine", "ddp", "--", "40"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 180
-        while True:
-            assert time.monotonic() < deadline and proc.poll() is None, "the run did not train 10 steps"
-            runs = list((tmp_path / "runs").glob("*")) if (tmp_path / "runs").exists() else []
-            paths = [runs[0] / "records" / f"rank-{r}.jsonl" for r in (0, 1)] if runs else []
-            if paths and all(p.exists() and '"step": 10' in p.read_text() for p in paths):
-                break
-            time.sleep(0.3)
-        run_dir = runs[0]
-        job = json.loads((run_dir / "launch.json").read_text())["job_id"]
-        subprocess.run(["scancel", "--signal=USR1", job], check=True, capture_output=True)
-        release_requeued(job)
-        _, err = proc.communicate(timeout=400)
-    finally:
-        proc.kill()
+    run_dir, job, err = usr1_at_step_10(proc, tmp_path, ranks=(0, 1))
     assert proc.returncode == 0, err[-3000:]
     for rank in (0, 1):
         recs = rank_records(run_dir, rank)

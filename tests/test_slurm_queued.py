@@ -43,11 +43,14 @@ def test_without_a_terminal_the_launcher_says_when_the_run_enters_and_leaves_the
     run.mkdir()
     launch_json = run / "launch.json"
     progress = RunProgress(run, 10, "r", Console(file=io.StringIO(), force_terminal=False))
-    for queued in (None, "Slurm job 7 PENDING (BeginTime)", "Slurm job 7 PENDING (BeginTime)", None, None):
+    for queued in (None, "Slurm job 7 PENDING (BeginTime)", "Slurm job 7 PENDING (BeginTime)", "Slurm job 7 PENDING",
+                   "Slurm job 7 PENDING (Priority)", None, None):
         launch_json.write_text(json.dumps({"run_dir": str(run), **({"queued": queued} if queued else {})}))
         progress.poll()
     lines = capsys.readouterr().err.splitlines()
-    assert lines == ["[r] queued: Slurm job 7 PENDING (BeginTime)", "[r] out of the queue: running"], lines
+    # a new reason to wait is news; a moment without one (squeue between two, CI 2026-12-07) is not
+    assert lines == ["[r] queued: Slurm job 7 PENDING (BeginTime)", "[r] queued: Slurm job 7 PENDING (Priority)",
+                     "[r] out of the queue: running"], lines
 
 
 def test_the_slurm_status_of_a_pending_job_names_squeues_reason(monkeypatch) -> None:
@@ -117,7 +120,10 @@ def test_a_followed_run_without_a_terminal_says_when_it_leaves_the_queue(slurm_c
     run = only_run_dir(runs)
     job = job_of(run)
     said = [line for line in done.stderr.splitlines() if line.startswith(f"[{run.name}]")]
-    assert said[:2] == [f"[{run.name}] queued: Slurm job {job} PENDING (BeginTime)",
-                        f"[{run.name}] out of the queue: running"], done.stderr[-3000:]
+    left = said.index(f"[{run.name}] out of the queue: running")  # once, after every line of its wait
+    assert said[0] == f"[{run.name}] queued: Slurm job {job} PENDING (BeginTime)", done.stderr[-3000:]
+    waited = said[1:left]  # a later reason to wait (Priority, Resources), each with its reason
+    assert all(line.startswith(f"[{run.name}] queued: Slurm job {job} PENDING (") for line in waited), said
+    assert len(set(waited)) == len(waited) and "queued" not in " ".join(said[left + 1:]), said
     assert json.loads((run / "launch.json").read_text()).get("queued") is None, "dropped once it ran"
     assert in_queue(job) == []

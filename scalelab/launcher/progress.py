@@ -406,10 +406,11 @@ class RunProgress:
         real.flush()
 
     def _plain_queue(self) -> None:
-        """Without a terminal, a line when the run enters its queue or leaves it (queued -> running), once each:
-        a job held in Slurm's queue printed nothing for as long as it waited."""
+        """Without a terminal, a line when the run enters its queue, when its reason to wait changes to another
+        one (BeginTime -> Priority), and when it leaves (queued -> running): a job held in Slurm's queue printed
+        nothing for as long as it waited. A moment without a reason (squeue between two) is no news."""
         queued = self.watch.queued
-        if queued == self._last_queued:
+        if queued == self._last_queued or (queued and self._last_queued and "(" not in queued):
             return
         if queued:
             print(f"[{self.label}] queued: {queued}", file=sys.stderr, flush=True)
