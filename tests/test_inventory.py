@@ -192,11 +192,15 @@ def test_ls_and_status_list_prep_runs_and_sweeps_beside_training_runs(tmp_path):
     make_prep(sweep / "1w", workers=1, records=[phase], summary={"lines_per_s": 100.0})
     (tmp_path / "prep-corrupt").mkdir()
     (tmp_path / "prep-corrupt" / "prep.json").write_text("{not json")
+    for name, text in (("prep-list", "[1, 2]"), ("prep-sweep5", '{"sweep": 5}'), ("prep-up", '{"sweep": [".."]}')):
+        (tmp_path / name).mkdir()  # hand-edited: a traceback for the whole listing, or the parent listed
+        (tmp_path / name / "prep.json").write_text(text)
     make_run(tmp_path / "run-a")
     rows = {r["name"]: r for r in inventory(tmp_path)}
     assert {n: (r["kind"], r["state"]) for n, r in rows.items()} == {
         "prep-done": ("prep", "COMPLETED"), "prep-bad": ("prep", "FAILED"), "prep-stopped": ("prep", "CANCELLED"),
         "prep-going": ("prep", "INCOMPLETE"), "prep-sweep": ("prep", "NEW"), "prep-corrupt": ("prep", "UNREADABLE"),
+        "prep-list": ("prep", "UNREADABLE"), "prep-sweep5": ("prep", "UNREADABLE"), "prep-up": ("prep", "UNREADABLE"),
         "run-a": ("run", "COMPLETED")}
     assert (rows["prep-done"]["layout"], rows["prep-done"]["words_per_s"], rows["prep-done"]["unit"]) == \
         ("2 workers", 5000.0, "lines")

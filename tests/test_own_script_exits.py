@@ -299,3 +299,17 @@ def test_a_loss_threshold_without_validation_losses_says_it_could_not_be_judged(
     assert len(warned) == 1 and "track.validation(loss=v)" in warned[0], done.stdout + done.stderr
     run = only_run_dir(tmp_path / "runs")
     assert any(r.get("event") == "threshold_not_reached" for r in records(run, 0))
+
+
+def test_the_raise_is_placed_in_the_users_code_not_in_a_virtualenv_under_it(tmp_path: Path) -> None:
+    """A project's own .venv lies under the script's folder: the error line named site-packages/torch/...:1501."""
+    from scalelab.train.script import _raised_at
+
+    lib = tmp_path / ".venv" / "lib" / "python3.11" / "site-packages" / "lib.py"
+    namespace: dict = {}
+    exec(compile("def fail():\n    raise ValueError('deep')\n", str(lib), "exec"), namespace)
+    exec(compile("def main(fail):\n    x = 1\n    fail()\n", str(tmp_path / "train.py"), "exec"), namespace)
+    try:
+        namespace["main"](namespace["fail"])
+    except ValueError as exc:
+        assert _raised_at(exc, tmp_path) == "train.py:3"

@@ -80,3 +80,17 @@ def test_the_detach_banner_says_what_a_cancel_does_to_a_script(code) -> None:
     script = _stopped_how(Spec(script=str(code / "ok.py")).validate(), Path("runs/r"))
     assert script == "its ranks get SIGTERM; launch resume runs/r starts ok.py again"
     assert _stopped_how(Spec(model="nmt-tiny").validate(), Path("runs/r")).startswith("its ranks checkpoint;")
+
+
+@pytest.mark.parametrize("first", ["~nosuchuser-scalelab", "a" * 300])
+def test_a_first_word_no_path_can_be_is_an_unknown_command_not_a_traceback(first, code, monkeypatch, capsys) -> None:
+    rc, err, _ = run_entry([first], monkeypatch, capsys)
+    assert rc == 2 and "no command" in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("line", ["#!/usr/bin/env -S uv run --script", "#!/usr/bin/env pypy3", "#!/usr/bin/python3 -u"])
+def test_a_python_script_whose_line_names_another_program_is_taken(line, code, monkeypatch, capsys) -> None:
+    """Only interpreters surely not Python are refused: a PEP 723 script run through uv, PyPy, python -u."""
+    (code / "other.py").write_text(f"{line}\nprint('hi')\n")
+    rc, err, _ = run_entry(["--script", "other.py", "--engine", "single", "--dry-run"], monkeypatch, capsys)
+    assert rc == 0, err

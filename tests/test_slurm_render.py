@@ -391,3 +391,24 @@ def test_job_state_prefers_the_controller_while_accounting_says_pending(monkeypa
     backend = SlurmBackend()
     backend.watcher = Watcher()
     assert backend.job_state("42")[0] == expected
+
+
+def test_a_run_submitted_before_the_warning_check_is_still_listed_and_read(tmp_path) -> None:
+    """The check is a submission's, not the stored options': a run sent with `--time 2` and the default warning
+    before it existed must still be listed and its backend built (`launch status`, `cancel`, `ls`), not refused."""
+    from scalelab.core.rundir import start_state
+    from scalelab.core.spec import Spec, save_spec
+    from scalelab.launcher.backend import get_backend
+    from scalelab.launcher.inventory import inventory
+
+    run = tmp_path / "runs" / "old"
+    run.mkdir(parents=True)
+    spec = Spec(model="nmt-tiny", backend="slurm", backend_options={"time": "2"})
+    save_spec(spec, run)
+    start_state(run, backend="slurm", state="FAILED")
+    backend = get_backend("slurm", spec.backend_options)  # what status, logs and cancel build
+    assert backend.options["time"] == "2"
+    (row,) = inventory(tmp_path / "runs")
+    assert row["state"] == "FAILED" and row["layout"] == "1x1", row
+    with pytest.raises(Exception, match="too short for the time-limit warning"):
+        backend.submit_dryrun(spec, run)  # sending it again is refused, as a new run's is

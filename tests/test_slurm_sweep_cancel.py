@@ -100,3 +100,15 @@ def test_cancel_of_a_followed_sweep_records_every_layout_cancelled(slurm_cluster
     finally:
         proc.kill()
         _scancel(jobs)
+
+
+def test_the_runs_stopped_with_a_followed_run_are_cancelled_only_when_it_was() -> None:
+    """A followed layout cancelled (`RunCancelled`) stops the others CANCELLED; one that failed leaves them FAILED,
+    even where another layout had been cancelled on its own (it was recorded CANCELLED, and the crash called the
+    rest "cancelled with the sweep")."""
+    from scalelab.core.errors import RunCancelled, RunFailed
+    from scalelab.launcher.runner import _why_stopped
+
+    assert _why_stopped(RunCancelled("run R was cancelled: by launch cancel"))[0] == "CANCELLED"
+    assert _why_stopped(RunFailed("rank 1: boom"))[0] == "FAILED"
+    assert _why_stopped(KeyboardInterrupt("SIGINT"))[0] == "CANCELLED"

@@ -26,6 +26,11 @@ class RunFailed(ScalelabError):
         self.reason = reason or message  # why, without the run it names: what `launch report` quotes of it
 
 
+class RunCancelled(RunFailed):
+    """A followed run that was cancelled (`launch cancel` from elsewhere, a scheduler's cancel): exit 1 as a failed
+    run's, told apart so that the runs stopped with it are recorded CANCELLED too, not FAILED."""
+
+
 class NotQueued(ScalelabError):
     """A submission the scheduler refused (`sbatch --test-only`, sbatch itself) before anything was queued: a new
     run directory it was for holds nothing to follow, resume or report, so the launcher removes it."""

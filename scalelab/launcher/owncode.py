@@ -65,6 +65,14 @@ def apply(spec: Spec, params: dict[str, Any]) -> Spec:
     return spec
 
 
+def _is_file(word: str) -> bool:
+    """Whether `word` names a file; False for what no path can be (`~nosuchuser`, a name too long, no access)."""
+    try:
+        return os.path.isfile(os.path.expanduser(word))
+    except (OSError, RuntimeError, ValueError):
+        return False
+
+
 def script_hint(words: list[str], command: str = "run", whole: bool = False) -> str | None:
     """What to type where the first of `words` is a script given as torchrun and python take it (`launch train.py
     ARGS`, `launch run train.py`): a .py name or an existing file; else None. `whole`: `words` is the whole command
@@ -74,7 +82,7 @@ def script_hint(words: list[str], command: str = "run", whole: bool = False) -> 
     from scalelab.core.errors import shell_word
 
     first = words[0] if words else ""
-    if first.startswith("-") or not (first.endswith(".py") or Path(first).expanduser().is_file()):
+    if first.startswith("-") or not (first.endswith(".py") or _is_file(first)):
         return None
     if whole:
         rest = " -- " + " ".join(shell_word(w) for w in words[1:]) if words[1:] else ""
@@ -152,10 +160,24 @@ def check_script(text: str) -> Path:
     if b"\0" in head:
         raise SpecError(f"--script {given} is not a text file (binary); give the Python script itself")
     interpreter = head.split(b"\n", 1)[0][2:].strip().decode(errors="replace") if head.startswith(b"#!") else ""
-    if interpreter and "python" not in interpreter:  # the ranks run it with Python (torchrun's default too)
+    if _program(interpreter) in NOT_PYTHON:  # the ranks run it with Python (torchrun's default too)
         raise SpecError(f"--script {given} is a script for {interpreter!r}, not Python: its ranks run it with "
                         "Python; give the Python script it starts (its arguments after `--`)")
     return path.resolve()
+
+
+# Interpreters whose scripts are surely no Python: only these are refused. A Python script's line may name
+# another program (`#!/usr/bin/env -S uv run --script`, pypy3, `pixi exec`), and is run with Python all the same.
+NOT_PYTHON = frozenset({"sh", "bash", "zsh", "dash", "ksh", "csh", "tcsh", "fish", "perl", "ruby", "node", "Rscript",
+                        "julia", "lua", "php", "awk"})
+
+
+def _program(interpreter: str) -> str:
+    """The program a `#!` line runs: its first word's name, or after `env` (and its options) the word env starts."""
+    words = interpreter.split()
+    while words and (Path(words[0]).name == "env" or words[0].startswith("-")):
+        words = words[1:]
+    return Path(words[0]).name if words else ""
 
 
 def check_module(name: str, folder: Path) -> None:

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 
-from scalelab.core.errors import RunFailed, ScalelabError, shell_word
+from scalelab.core.errors import RunCancelled, RunFailed, ScalelabError, shell_word
 from scalelab.core.lock import RunBusy, RunLock, owner_of
 from scalelab.core.records import error_messages, rank_files, read_errors
 from scalelab.core.rundir import (
@@ -241,7 +241,7 @@ def _stopped_for(exc: BaseException) -> set[Path]:
 
 
 def _stop_live(backend: Backend, run_dirs: list[Path], exc: BaseException) -> None:
-    state, detail = _why_stopped(run_dirs, exc)
+    state, detail = _why_stopped(exc)
     for run_dir in run_dirs:
         if run_dir in _ENDED_UNRECORDED:  # ended by itself (`wait`): nothing to stop, its end said once already
             continue
@@ -255,24 +255,17 @@ def _stop_live(backend: Backend, run_dirs: list[Path], exc: BaseException) -> No
                   file=sys.stderr, flush=True)
 
 
-def _why_stopped(run_dirs: list[Path], exc: BaseException) -> tuple[str, str]:
+def _why_stopped(exc: BaseException) -> tuple[str, str]:
     """(state, detail) for the runs `_stop_live` stops on the way of `exc`: CANCELLED after a stop signal, and
-    after a run among them was cancelled (`launch cancel SWEEP` from another shell: the sweep launcher stops on
-    the layout it follows, and the user asked for the others to stop too); FAILED, with the error, otherwise.
+    after the run followed was cancelled (`RunCancelled`: `launch cancel SWEEP` from another shell; the sweep
+    launcher stops on the layout it follows, and the user asked for the others to stop too); FAILED, with the
+    error, otherwise (a layout that failed while another was cancelled on its own leaves the rest FAILED).
     Why: the cancel of a followed sweep recorded its other layouts FAILED ("the launcher stopped following it")."""
     if isinstance(exc, KeyboardInterrupt):
         return CANCELLED, f"interrupted ({exc.args[0] if exc.args else 'SIGINT'} to the launcher)"
-    if isinstance(exc, RunFailed) and any(_recorded(d) == CANCELLED for d in run_dirs):
+    if isinstance(exc, RunCancelled):  # the followed run was cancelled; one that failed leaves the others FAILED
         return CANCELLED, f"cancelled with the sweep: {exc.reason}"
     return FAILED, f"the launcher stopped following it: {str(exc) or repr(exc)}"
-
-
-def _recorded(run_dir: Path) -> str | None:
-    """The state launch.json records, None where there is none or it cannot be read (it is stopped all the same)."""
-    try:
-        return run_state(run_dir)
-    except ScalelabError:
-        return None
 
 
 def cancel(backend: Backend, run_dir: Path, detail: str = "cancelled", state: str = CANCELLED) -> RunStatus:
@@ -304,6 +297,12 @@ def cancel(backend: Backend, run_dir: Path, detail: str = "cancelled", state: st
     return RunStatus(info.get("state", state), said or info.get("detail", ""))
 
 
+# How far a rank's clock may run ahead of the launcher's (another node: NTP keeps them within milliseconds): an end
+# recorded that little after the cancel was asked for still came first. A script's own save on the stop signal
+# records an interrupted end anyway (scalelab/train/script.py's StopSignals), so this guards clocks only.
+CLOCK_SLACK_S = 1.0
+
+
 def _completed_first(run_dir: Path, asked: float) -> str:
     """How the run completed ('every rank recorded its end at step 400, before the cancel reached it') when,
     with its processes stopped, every rank of its launch had recorded a completed end (`ended_by_records`:
@@ -319,7 +318,7 @@ def _completed_first(run_dir: Path, asked: float) -> str:
         ended = ended_by_records(run_dir, since)
         ends = rank_ends(run_dir, since)
         clean = all(r.end and r.end.get("reason") != "failed" and r.end.get("exit_code") in (None, 0)
-                    and float(r.end.get("time", asked)) < asked  # ranks' clocks: the same host, or NTP's
+                    and float(r.end.get("time", asked)) < asked + CLOCK_SLACK_S  # ranks' clocks: NTP's
                     for r in ends)  # a script's `end` of a failure says so
     except (ScalelabError, OSError, TypeError, ValueError):  # records that cannot be read: the cancel stands
         return ""
@@ -429,7 +428,7 @@ def follow(backend: Backend, spec: Spec, run_dir: Path, label: str | None = None
         finally:
             lines.close()  # what the ranks wrote last (a traceback) before the error that quotes it
     if status.state == CANCELLED:
-        raise RunFailed(cancelled_line(run_dir))
+        raise RunCancelled(cancelled_line(run_dir))
     if status.state != COMPLETED:
         raise kept(run_dir, failure(backend, run_dir, status))
     return summary_of_completed(run_dir)

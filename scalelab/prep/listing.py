@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from scalelab.core.errors import ScalelabError
-from scalelab.core.rundir import read_json
+from scalelab.core.errors import RecordError, ScalelabError
+from scalelab.core.rundir import member_name, read_json
 from scalelab.launcher.inventory import COLUMNS, group_row
 from scalelab.prep.records import RECORDS, load_records
 from scalelab.prep.request import PREP_FILE, read_request
@@ -24,10 +24,10 @@ SUMMARY = "summary.json"
 def inventory_row(path: Path, now: float | None = None) -> dict[str, Any]:
     """The row of a prep run, or of a prep sweep with its runs as `layouts`; a missing or corrupt prep.json is
     a ScalelabError (the listing shows the directory as UNREADABLE, saying why)."""
-    request = read_request(path)
+    request = _request(path)
     if "sweep" not in request:
         return _run_row(path, request, now)
-    runs = [_run_row(path / name, read_request(path / name), now) if (path / name / PREP_FILE).is_file()
+    runs = [_run_row(path / name, _request(path / name), now) if (path / name / PREP_FILE).is_file()
             else {**dict.fromkeys(COLUMNS), "name": name, "path": str((path / name).absolute()), "kind": "prep",
                   "backend": request.get("backend"), "layout": name, "state": "NEW"}
             for name in request["sweep"]]
@@ -36,14 +36,28 @@ def inventory_row(path: Path, now: float | None = None) -> dict[str, Any]:
     return row
 
 
+def _request(path: Path) -> dict[str, Any]:
+    """prep.json as `launch prep` writes it (an object; a sweep's run names plain names in it), else a RecordError
+    the listing shows as UNREADABLE: a list, a number or `"sweep": 5` broke `launch ls` with a traceback, and a
+    name such as ".." listed the runs directory's parent."""
+    request = read_request(path)
+    sweep = request.get("sweep", []) if isinstance(request, dict) else None
+    if not isinstance(sweep, list) or not all(member_name(name) for name in sweep):
+        raise RecordError(f"{path / PREP_FILE} is not what `launch prep` writes (an object, a sweep's runs by name); "
+                          "re-run launch prep, or remove the directory")
+    return request
+
+
 def _run_row(path: Path, request: dict[str, Any], now: float | None) -> dict[str, Any]:
     """COMPLETED with its lines/s once summary.json is written; FAILED or CANCELLED (interrupted) as its last
     failure record says; else INCOMPLETE: preparing still, or stopped without a word (killed)."""
     state, rate = _state(path)
+    workers = request.get("workers")
+    workers = workers if isinstance(workers, int) and not isinstance(workers, bool) else None  # a hand edit's
     marks = [p for p in (path / SUMMARY, path / RECORDS, path / PREP_FILE) if p.exists()]
     return {**dict.fromkeys(COLUMNS), "name": path.name, "path": str(path.absolute()), "kind": "prep",
-            "backend": request.get("backend"), "layout": _workers([request.get("workers")]), "state": state,
-            "workers": request.get("workers"), "words_per_s": rate, "unit": "lines",
+            "backend": request.get("backend"), "layout": _workers([workers]), "state": state,
+            "workers": workers, "words_per_s": rate, "unit": "lines",
             "age_s": (now or time.time()) - marks[0].stat().st_mtime if marks else None}
 
 

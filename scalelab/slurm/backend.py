@@ -38,7 +38,7 @@ import submitit
 from submitit.core.utils import FailedJobError, FailedSubmissionError, JobPaths
 from submitit.slurm.slurm import SlurmInfoWatcher
 
-from scalelab.core.errors import NotQueued, ScalelabError, shell_word
+from scalelab.core.errors import NotQueued, ScalelabError, SpecError, shell_word
 from scalelab.core.rundir import (
     ACTIVE,
     CANCELLED,
@@ -54,7 +54,7 @@ from scalelab.core.rundir import (
 from scalelab.core.spec import Spec, read_spec
 from scalelab.core.waiting import wait_until
 from scalelab.launcher.backend import Backend, RankOutput, Request, RunStatus, log_text
-from scalelab.slurm.options import SlurmOptions
+from scalelab.slurm.options import SlurmOptions, warning_too_late
 from scalelab.slurm.rank import RankJob
 from scalelab.slurm.render import (
     array_stem,
@@ -142,6 +142,9 @@ class SlurmBackend(Backend):
 
     def submit_dryrun_batch(self, spec: Spec, run_dirs: list[Path]) -> list[Request]:
         """One job for one run; one job array for repeats in PARENT/NAME0, NAME1, ... (else one job each)."""
+        late = warning_too_late(self.options)
+        if late:
+            raise SpecError(late)
         run_dirs = [Path(d).absolute() for d in run_dirs]  # the nodes see the same paths (shared filesystem)
         if len(run_dirs) > 1 and array_stem(run_dirs) is None:
             return [self.submit_dryrun(spec, d) for d in run_dirs]

@@ -183,7 +183,7 @@ class SlurmOptions(BackendOptions, OnPremiseFleet):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        problem = _clash(self) or _warning_too_late(self)
+        problem = _clash(self)
         if problem:
             raise SpecError(problem)
 
@@ -203,8 +203,10 @@ def _clash(options: SlurmOptions) -> str | None:
     return None
 
 
-def _warning_too_late(options: SlurmOptions) -> str | None:
+def warning_too_late(options: SlurmOptions) -> str | None:
     """Why the time-limit warning (USR1 `signal_s` before `--time`) leaves the run no time to train, or None.
+    Asked of a submission (`SlurmBackend.submit_dryrun_batch`), not of options read back: a run submitted before
+    this check must still be listed, followed and cancelled.
     At most half the limit: the ranks then train at least as long as the warning gives them to checkpoint, and
     each requeue moves the run on. Why: with `--time 1` (or 2) and the default 120 s, Slurm sent USR1 as the job
     started, and the ranks checkpointed and requeued at once, 3 times, then FAILED, having trained nothing."""

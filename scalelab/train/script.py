@@ -336,8 +336,15 @@ def _raised_at(exc: BaseException, folder: Path) -> str | None:
     places = [(f.filename, f.lineno) for f in traceback.extract_tb(exc.__traceback__)]
     if isinstance(exc, SyntaxError) and exc.filename:
         places.append((exc.filename, exc.lineno))
-    mine = [(Path(file), line) for file, line in places if Path(file).is_relative_to(folder)]
+    mine = [(Path(file), line) for file, line in places if Path(file).is_relative_to(folder) and not _installed(file)]
     return f"{mine[-1][0].relative_to(folder)}:{mine[-1][1]}" if mine else None
+
+
+def _installed(file: str) -> bool:
+    """A file of an installed package (a virtualenv inside the project: .venv/lib/.../site-packages/torch/...), not
+    the user's code, though under the script's folder."""
+    parts = Path(file).parts
+    return "site-packages" in parts or "dist-packages" in parts or Path(file).is_relative_to(sys.prefix)
 
 
 def _scripts_frames(tb: TracebackType | None) -> TracebackType | None:
@@ -405,7 +412,8 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code
 
 
-AT_EXIT_S = 30.0  # the most the script's atexit handlers get (within the launcher's cancel grace)
+AT_EXIT_S = 30.0  # the most the script's threads and atexit handlers get together (the launcher's cancel grace)
+HANDLERS_AT_LEAST_S = 5.0  # what the atexit handlers get even after threads that took the whole limit
 
 
 def end_as_python_would(limit_s: float = AT_EXIT_S) -> None:
@@ -414,19 +422,21 @@ def end_as_python_would(limit_s: float = AT_EXIT_S) -> None:
     children and joining the others, wandb's, TensorBoard's, the script's own) and flushes every file it left
     open. Why: exit_without_teardown (os._exit) skipped all three, so a script's unclosed metrics file came out
     empty, its atexit file never came, a thread still writing was killed, and its daemon process outlived a
-    COMPLETED run; torchrun's ranks do all three. The files are flushed first and the daemonic children ended
-    first (`end_daemon_children`), so that a hang loses nothing; the threads, then the handlers get at most
-    `limit_s` each: one that waits on a peer already gone (a collective library's shutdown) must not hold the
-    rank. A handler still running then is most likely multiprocessing's, waiting for a non-daemon child that
-    never ends: the rank's remaining child processes are ended (`end_children`), so nothing is left running."""
+    COMPLETED run; torchrun's ranks do all three. The files are flushed first and the daemonic children ended first
+    (`end_daemon_children`), so that a hang loses nothing; the threads, then the handlers get at most `limit_s`
+    together (the handlers at least HANDLERS_AT_LEAST_S): one that waits on a peer already gone (a collective
+    library's shutdown) must not hold the rank. A handler still running then is most likely multiprocessing's,
+    waiting for a non-daemon child that never ends: the rank's remaining child processes are ended
+    (`end_children`), so nothing is left running."""
     import atexit
 
     flush_open_files()
     end_daemon_children()
+    deadline = time.monotonic() + limit_s  # one limit for both: a cancel's grace must leave the handlers their turn
     join_threads(limit_s)
     worker = threading.Thread(target=atexit._run_exitfuncs, name="scalelab-atexit", daemon=True)  # CPython's own:
     worker.start()  # each handler's error is printed and the others still run
-    worker.join(limit_s)
+    worker.join(max(deadline - time.monotonic(), min(HANDLERS_AT_LEAST_S, limit_s)))
     if worker.is_alive():
         ended = end_children()
         print(f"scalelab: the script's exit handlers did not finish within {limit_s:g} s; leaving without them"
