@@ -313,3 +313,13 @@ def test_the_raise_is_placed_in_the_users_code_not_in_a_virtualenv_under_it(tmp_
         namespace["main"](namespace["fail"])
     except ValueError as exc:
         assert _raised_at(exc, tmp_path) == "train.py:3"
+
+
+def test_a_message_given_to_sys_exit_is_in_the_one_line_error(tmp_path: Path) -> None:
+    """`sys.exit("fatal: ...")` prints its message and exits 1, as Python does; the launcher's line said only
+    "exited with status 1", the reason left in the logs."""
+    (tmp_path / "quit.py").write_text("import sys\nsys.exit('fatal: config.yaml is missing')\n")
+    proc = launch("--script", "quit.py", "--engine", "single", cwd=tmp_path)
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("launch: error:")]
+    assert proc.returncode == 1 and len(errors) == 1, proc.stderr
+    assert "quit.py exited with status 1: fatal: config.yaml is missing" in errors[0], errors[0]

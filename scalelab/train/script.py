@@ -307,6 +307,8 @@ def run_code(spec: Spec) -> int:
         if exc.code is None or isinstance(exc.code, int):
             return int(exc.code or 0)
         print(exc.code, file=sys.stderr, flush=True)  # sys.exit("message"), as Python does
+        said = " ".join(str(exc.code).split())  # and in the one-line error: it said only "exited with status 1"
+        track._state.error = f"{name} exited with status 1: " + (said if len(said) <= 200 else said[:199] + "…")
         return 1
     except track.TrackError:
         raise
