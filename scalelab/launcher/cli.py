@@ -297,8 +297,9 @@ class DefaultGroup(click.Group):
             if not args[0].startswith("-"):  # `run` takes no arguments: a first word is a mistyped command
                 from scalelab.launcher.owncode import script_hint
 
-                if script_hint(args):  # `launch train.py`, as torchrun takes it
-                    raise click.UsageError(str(script_hint(args, whole=True)))
+                hint = script_hint(args, whole=True)  # `launch train.py`, as torchrun takes it
+                if hint:
+                    raise click.UsageError(hint)
                 close = difflib.get_close_matches(args[0], sorted(names), n=1, cutoff=0.6)
                 hint = f"did you mean `launch {close[0]}`?" if close else f"commands: {', '.join(sorted(names))}"
                 raise click.UsageError(f"no command {args[0]!r}; {hint}")
