@@ -211,6 +211,10 @@ def test_sweep_submits_every_layout_then_collects(slurm_cluster, tmp_path: Path)
     for name, workers in (("1x1", 1), ("1x2", 2)):
         assert json.loads((sweep / name / "summary.json").read_text())
         assert {r["world"] for r in records(sweep / name, "start")} == {workers}
+    # queued at once, run one after another (no --exclusive): 1x2 started after 1x1's last record
+    assert min(r["time"] for r in records(sweep / "1x2", "start")) > max(r["time"] for r in records(sweep / "1x1", "step")), \
+        "the layouts overlapped: each was timed while the other shared its node"
+    assert "run one after another" in done.stderr, done.stderr[-2000:]
     assert (sweep / "report.md").exists()
 
 

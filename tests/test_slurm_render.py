@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -360,9 +361,32 @@ def test_a_dry_run_sweep_with_repeats_prints_one_job_array_per_layout(tmp_path: 
     done = launch("sweep", "--backend", "slurm", "--layouts", "1x1,1x2", "--repeats", "2", "--runs-dir",
                   str(tmp_path / "runs"), "--dry-run", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.count("#!/bin/bash") == 2 and done.stdout.count("#SBATCH --array=0-1%2") == 2
+    assert done.stdout.count("#!/bin/bash") == 2 and done.stdout.count("#SBATCH --array=0-1%1") == 2
     assert "sweep-DRYRUN/1x2-rN-slurm/%A_%a_%t_log.out" in done.stdout
     assert not (tmp_path / "runs").exists(), "a dry run must not create a run directory"
+
+
+@pytest.mark.parametrize("extra, together", [
+    ([], False),                                             # layouts share nodes: one after another
+    (["--exclusive"], True),                                 # whole nodes each: at once
+    (["--sbatch-arg=--dependency=afterok:7"], True),         # the user's own order: theirs alone
+])
+def test_a_sweeps_layouts_run_one_at_a_time_unless_they_get_whole_nodes(tmp_path: Path, extra, together) -> None:
+    """Queued at once, a 1-worker and a 2-worker layout ran together on one node and the sweep reported a speedup
+    of 24 on 2 workers. Without --exclusive every layout (and repeat) of a sweep has one job name and
+    `--dependency=singleton`, so Slurm runs one at a time; a plain run is left alone."""
+    done = launch("sweep", "--backend", "slurm", "--layouts", "1x1,1x2", "--repeats", "2", "--runs-dir",
+                  str(tmp_path / "runs"), "--dry-run", *extra, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    names = set(re.findall(r"#SBATCH --job-name=(\S+)", done.stdout))
+    if together:
+        assert "--dependency=singleton" not in done.stdout and done.stdout.count("#SBATCH --array=0-1%2") == 2
+        assert names == {"scalelab-1x1-r", "scalelab-1x2-r"}
+    else:
+        assert done.stdout.count("#SBATCH --dependency=singleton") == 2 and done.stdout.count("--array=0-1%1") == 2
+        assert names == {"scalelab-sweep-DRYRUN"}
+    one = launch("run", "--backend", "slurm", "--runs-dir", str(tmp_path / "runs"), "--dry-run", cwd=tmp_path)
+    assert one.returncode == 0 and "--dependency" not in one.stdout, one.stderr
 
 
 @pytest.mark.parametrize("sacct, squeue, expected", [
@@ -412,3 +436,12 @@ def test_a_run_submitted_before_the_warning_check_is_still_listed_and_read(tmp_p
     assert row["state"] == "FAILED" and row["layout"] == "1x1", row
     with pytest.raises(Exception, match="too short for the time-limit warning"):
         backend.submit_dryrun(spec, run)  # sending it again is refused, as a new run's is
+
+
+def test_a_job_name_slurm_would_not_show_as_given_is_refused_with_one_it_would(tmp_path: Path) -> None:
+    """`--job-name "my job"` became `my-job` without a word; now refused, naming the characters and a name to use."""
+    done = launch("run", "--backend", "slurm", "--job-name", "my job/x", "--dry-run", cwd=tmp_path)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "not a space, '/': e.g. my-job-x" in done.stderr, done.stderr
+    ok = launch("run", "--backend", "slurm", "--job-name", "my-job.1", "--dry-run", cwd=tmp_path)
+    assert ok.returncode == 0 and "#SBATCH --job-name=my-job.1" in ok.stdout, ok.stderr

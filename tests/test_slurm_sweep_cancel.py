@@ -28,16 +28,24 @@ pytestmark = pytest.mark.slow  # a two-layout sweep on the cluster each
 LAYOUTS = ("1x1", "1x2")
 
 
-def _sweep(tmp_path: Path) -> tuple[subprocess.Popen, Path]:
-    """A 2-layout sweep in the background; it and its directory once both layouts' ranks trained 2 steps."""
+def _sweep(tmp_path: Path, exclusive: bool = True) -> tuple[subprocess.Popen, Path]:
+    """A 2-layout sweep in the background; it and its directory once both layouts' ranks trained 2 steps (each on
+    whole nodes: --exclusive), or, without --exclusive, once 1x1 trained 2 steps and 1x2 waits for it in the queue
+    (`--dependency=singleton`: the layouts of a sweep run one after another)."""
     runs = tmp_path / "runs"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
     proc = subprocess.Popen([sys.executable, "-m", "scalelab.launcher.cli", "sweep", *TINY, "--engine", "ddp",
                              "--workers", "1,2", "--steps", "100000", "--checkpoint-every", "200", "-y",
-                             "--runs-dir", str(runs)],
+                             "--runs-dir", str(runs), *(["--exclusive"] if exclusive else [])],
                             cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 240
-    while not (runs.is_dir() and any(runs.iterdir()) and all(_steps(only_run_dir(runs) / n) >= 2 for n in LAYOUTS)):
+
+    def ready(sweep: Path) -> bool:
+        if exclusive:
+            return all(_steps(sweep / n) >= 2 for n in LAYOUTS)
+        return _steps(sweep / "1x1") >= 2 and (sweep / "1x2" / "launch.json").exists()
+
+    while not (runs.is_dir() and any(runs.iterdir()) and ready(only_run_dir(runs))):
         if proc.poll() is not None:
             pytest.fail(f"the sweep ended early: {proc.communicate()}")
         if time.time() > deadline:
@@ -65,8 +73,10 @@ def _scancel(jobs: dict[str, str]) -> None:
 
 
 def test_cancel_of_a_sweep_whose_launcher_was_killed_stops_every_layouts_job(slurm_cluster, tmp_path: Path) -> None:
-    proc, sweep = _sweep(tmp_path)
+    """Without --exclusive: 1x1 runs, 1x2 waits in the queue for it; the cancel stops both."""
+    proc, sweep = _sweep(tmp_path, exclusive=False)
     jobs = _jobs(sweep)
+    assert _steps(sweep / "1x2") == 0, "1x2 trained while 1x1 ran: the layouts of a sweep must not overlap"
     proc.send_signal(signal.SIGKILL)
     proc.communicate(timeout=60)
     try:

@@ -207,6 +207,15 @@ class Backend(ABC):
     def _forget(self) -> None:
         """Drop per-request state a copy must not share (`for_spec`)."""
 
+    def for_sweep(self, name: str) -> Backend:
+        """This backend for the layouts of sweep `name`. The same object, where the backend runs one layout at a
+        time anyway; a backend that queues them (Slurm) keeps them from sharing nodes while they are timed."""
+        return self
+
+    def sweep_note(self) -> str:
+        """One line on how the sweep's layouts will share the machines (said before they start), or ''."""
+        return ""
+
     @property
     def poll_interval_s(self) -> float:
         return float(self.options.get("poll_s", self.default_poll_s))

@@ -778,6 +778,7 @@ def sweep_cmd(workers: str | None, layouts: str | None, batch_scaling: str | Non
     mode = sweep_name(*axes)
     backend = get_backend(base.backend, base.backend_options)
     if params["dry_run"]:
+        backend = backend.for_sweep("sweep-DRYRUN")
         for spec in specs:
             run_dir = Path(params["runs_dir"]) / f"sweep-DRYRUN/{spec.nodes}x{spec.gpus_per_node}"
             for request in backend.submit_dryrun_batch(spec, repeat_dirs(run_dir, repeats)):

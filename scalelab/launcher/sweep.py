@@ -17,6 +17,7 @@ import math
 import os
 import re
 import shutil
+import sys
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -237,6 +238,9 @@ def continue_sweep(backend, sweep_dir: Path) -> Path:
     todo = [(read_spec(run_dir).validate(stored=True), run_dir) for run_dir in sweep_runs(sweep_dir) if run_state(run_dir) != COMPLETED]
     for _, run_dir in todo:  # a planted link in any layout: refused before anything is written (issue #37)
         refuse_run_dir_links(run_dir)
+    backend = backend.for_sweep(sweep_dir.name)
+    if todo and (note := backend.sweep_note()):
+        print(f"launch: {note}", file=sys.stderr, flush=True)
     with owning(sweep_dir), ExitStack() as locks, stopping_runs(backend, []) as held:
         for spec, run_dirs in _batches(todo, backend.queues):
             for run_dir in run_dirs:

@@ -21,6 +21,7 @@ status/logs/cancel.
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import pwd
@@ -61,6 +62,7 @@ from scalelab.slurm.render import (
     executor_parameters,
     job_folder,
     make_executor,
+    one_at_a_time,
     render_sbatch,
 )
 
@@ -127,6 +129,22 @@ class SlurmBackend(Backend):
         self.watcher = SlurmWatcher(delay_s=max(2.0, float(self.options["poll_s"])))
         self._verified: set[str] = set()  # job ids found to be their run's (`_not_this_run`)
 
+    sweep = ""  # the sweep whose layouts this backend submits (`for_sweep`): they run one at a time
+
+    def for_sweep(self, name: str) -> SlurmBackend:
+        """This backend for sweep `name`'s layouts: without --exclusive they are sent one at a time (`one_at_a_time`).
+        Why: queued at once, a 1-worker and a 2-worker layout ran together on one node, each slowing the other,
+        and the sweep reported a speedup of 24 on 2 workers with only a timing-spread warning."""
+        other = copy.copy(self)
+        other.sweep = name
+        return other
+
+    def sweep_note(self) -> str:
+        if not one_at_a_time(self.sweep, self.options):
+            return ""
+        return ("the layouts are queued now and run one after another (sbatch --dependency=singleton), so that none "
+                "is timed while another shares its node; --exclusive gives each whole nodes and lets them run at once")
+
     def check(self, spec: Spec) -> None:
         from scalelab.launcher.owncode import workdir
 
@@ -149,7 +167,7 @@ class SlurmBackend(Backend):
         if len(run_dirs) > 1 and array_stem(run_dirs) is None:
             return [self.submit_dryrun(spec, d) for d in run_dirs]
         python = self.options["python"] or sys.executable
-        parameters = executor_parameters(spec, run_dirs, self.options, python)
+        parameters = executor_parameters(spec, run_dirs, self.options, python, sweep=self.sweep)
         script = render_sbatch(job_folder(run_dirs), parameters, python, len(run_dirs))
         return [SlurmRequest(run_dirs[0], script, run_dirs, parameters, python)]
 

@@ -27,6 +27,17 @@ def _minutes_as_text(value: Any) -> Any:
 _SLURM_TIME = re.compile(r"\d+(:\d{1,2}){0,2}|\d+-\d{1,2}(:\d{1,2}){0,2}|UNLIMITED|INFINITE|unlimited|infinite")
 
 
+def _job_name(value: str) -> str | None:
+    """Letters, digits, '.', '_' and '-': the name is written into `#SBATCH --job-name=` unquoted and shown by squeue.
+    Why: `--job-name "my job"` was turned into `my-job` without a word, and squeue then showed a name nobody gave."""
+    bad = sorted(set(re.sub(r"[A-Za-z0-9._-]", "", value)))
+    if not bad:
+        return None
+    shown = ", ".join("a space" if c == " " else repr(c) for c in bad)
+    return (f"may hold only letters, digits, '.', '_' and '-', not {shown}: e.g. "
+            f"{re.sub(r'[^A-Za-z0-9._-]+', '-', value).strip('-') or 'my-job'}")
+
+
 def _slurm_time(value: str) -> str | None:
     """A time in Slurm's format of at most a year. Why the cap: `--time 99999999` (190 years) and `--time 9999-00`
     were taken; Slurm leaves a job whose limit is past its partition's MaxTime PENDING, possibly forever (`man
@@ -170,7 +181,7 @@ class SlurmOptions(BackendOptions, OnPremiseFleet):
                                "(submitit's max_num_timeout).", at_least(0))
     signal_s: int = option(120, "The USR1 warning to every rank this many seconds before the time limit.", at_least(0))
     gres_gpus: bool = option(True, "Ask for --gpus-per-node (false on a cluster without GPU GRES).")
-    job_name: str = option("", "Slurm job name [default: scalelab-RUN].", flag="--job-name")
+    job_name: str = option("", "Slurm job name [default: scalelab-RUN].", _job_name, flag="--job-name")
     extra_sbatch: list[str] = option([], "Extra #SBATCH line, e.g. --sbatch-arg=--mail-type=END (repeatable).",
                                      each(one_line), each(_sbatch_option), flag="--sbatch-arg", metavar="ARG",
                                      parse=_sbatch_args)

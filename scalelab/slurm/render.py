@@ -95,16 +95,21 @@ def job_name(run_dirs: Sequence[Path], options: Mapping[str, Any]) -> str:
 
 
 def executor_parameters(spec: Spec, run_dirs: Sequence[Path], options: Mapping[str, Any],
-                        python: str) -> dict[str, Any]:
-    """submitit's SlurmExecutor parameters for the run(s): sbatch's own settings where there is one. Pure."""
+                        python: str, sweep: str = "") -> dict[str, Any]:
+    """submitit's SlurmExecutor parameters for the run(s): sbatch's own settings where there is one; `sweep`: the
+    sweep the run is a layout of (`one_at_a_time`). Pure."""
     o = options
     forced: dict[str, Any] = {"requeue": True} if o["requeue"] else {"no-requeue": True}
     forced["signal"] = f"{WARNING_SIGNAL}@{o['signal_s']}"  # every rank: no B:, the batch shell forwards nothing
     forced.update(_sbatch_pairs(o["extra_sbatch"]))
     if spec.own_code and spec.workdir and "chdir" not in forced:  # a resume from elsewhere runs where the first
         forced["chdir"] = spec.workdir  # launch did: the script's relative paths resolve there (launcher.owncode)
+    name = job_name(run_dirs, o)
+    if one_at_a_time(sweep, o):  # every layout of the sweep under one name, one job of that name at a time
+        name = job_name([Path(sweep)], o)
+        forced["dependency"] = "singleton"
     params: dict[str, Any] = dict(
-        job_name=job_name(run_dirs, o), nodes=spec.nodes, ntasks_per_node=spec.ranks_per_node,  # one rank per GPU (+ ps server ranks)
+        job_name=name, nodes=spec.nodes, ntasks_per_node=spec.ranks_per_node,  # one rank per GPU (+ ps server ranks)
         cpus_per_task=o["cpus_per_task"], time=o["time"] or None,  # None: no --time, the partition's limit
         setup=setup_lines(spec, o, python), srun_args=SRUN_ARGS, additional_parameters=forced,
     )
@@ -121,7 +126,16 @@ def executor_parameters(spec: Spec, run_dirs: Sequence[Path], options: Mapping[s
             params[key] = o[key]
     if o["exclusive"]:
         params["exclusive"] = True
+    if one_at_a_time(sweep, o):
+        params["array_parallelism"] = 1  # the repeats too: `--array=0-N%1`
     return params
+
+
+def one_at_a_time(sweep: str, options: Mapping[str, Any]) -> bool:
+    """Whether a sweep's layouts (and repeats) run one after another: yes unless they get whole nodes (--exclusive)
+    or the user set their own --sbatch-arg=--dependency. Why: a layout timed while another shares its node measures
+    the two together; a scaling sweep is only as good as its slowest-disturbed layout."""
+    return bool(sweep) and not options["exclusive"] and "dependency" not in _sbatch_pairs(options["extra_sbatch"])
 
 
 def setup_lines(spec: Spec, options: Mapping[str, Any], python: str) -> list[str]:
