@@ -343,3 +343,26 @@ def test_a_series_of_one_layout_on_several_workers_has_no_speedup():
     assert out.loc["a"]["speedup"].tolist() == [1.0, 1.5]
     assert math.isnan(out.loc["arranged", "speedup"]) and math.isnan(out.loc["arranged", "efficiency"])
     assert out.loc["single", "speedup"] == 1.0
+
+
+@pytest.mark.parametrize("axis, batches, said", [
+    ("fixed", (32, 64, 128), "its global batch grew with the workers: each worker kept its batch"),
+    ("growing", (64, 64, 64), "its global batch stayed the same: the workers split it"),
+    ("fixed", (64, 64, 64), None),       # as labelled
+    ("growing", (32, 64, 128), None),    # as labelled
+    ("fixed", (32, 48, 80), None),       # neither: not claimed
+])
+def test_a_series_whose_measured_batch_contradicts_its_axis_is_named(axis, batches, said) -> None:
+    """A --script keeping a per-rank batch was labelled strong (scalelab does not choose a script's batch), and its
+    2-worker "speedup" was the same steps on twice the data, without a word."""
+    from scalelab.analysis.scaling import trust_warnings
+
+    table = pd.DataFrame({"label": ["train.py ddp"] * 3, "workers": [1, 2, 4], "global_batch": list(batches),
+                          "batch_scaling": [axis] * 3})
+    found = [w for w in trust_warnings(table) if "global batch" in w]
+    if said is None:
+        assert found == []
+    else:
+        assert len(found) == 1 and said in found[0], found
+        assert f"{batches[0]:,} at 1 worker(s) and {batches[-1]:,} at 4" in found[0]
+        assert f"labelled batch {axis}" in found[0]

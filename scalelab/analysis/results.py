@@ -56,8 +56,8 @@ from scalelab.core.writes import refuse_links
 def run_label(spec: Spec) -> str:
     """The series a run belongs to: runs that differ only in layout share a label (its --name if given).
     The precision is part of it: a bf16 layout's speedup is over the bf16 base, not the fp32 one."""
-    if spec.own_code:  # the preset's RNN and precision are not the script's
-        return spec.name or f"{spec.script_label} {spec.engine.name} {spec.batch_mode}"
+    if spec.own_code:  # the preset's RNN and precision are not the script's, nor its batch (strong or weak)
+        return spec.name or f"{spec.script_label} {spec.engine.name}"
     return spec.name or f"{spec.model} {spec.rnn} {spec.precision} {spec.engine.name} {spec.batch_mode}"
 
 

@@ -403,6 +403,35 @@ def trust_warnings(table: pd.DataFrame) -> list[str]:
         if reached is not None and first is not None and reached <= first:
             out.append(f"{who}: the loss threshold was reached at the first validation (step {reached}); "
                        "the time to the threshold is only an upper bound: validate more often (--val-every)")
+    return out + _batch_against_axis(table)
+
+
+def _batch_against_axis(table: pd.DataFrame) -> list[str]:
+    """A series whose measured global batch contradicts its batch axis, one sentence each. Why: a --script that
+    keeps a per-rank batch was reported as strong scaling (a fixed global batch), since scalelab does not choose
+    a script's batch; its 2-worker "speedup" was the same steps on twice the data."""
+    need = {"label", "workers", "global_batch", "batch_scaling"}
+    if table.empty or not need <= set(table.columns):
+        return []
+    out = []
+    for label, rows in table.groupby("label", sort=False):
+        rows = rows.dropna(subset=["global_batch"]).sort_values("workers")
+        if len(rows) < 2 or rows["workers"].nunique() < 2:
+            continue
+        first, last = rows.iloc[0], rows.iloc[-1]
+        n = float(last["workers"]) / float(first["workers"])
+        grew = float(last["global_batch"]) / float(first["global_batch"])
+        axis = str(first["batch_scaling"])
+        if axis == "fixed" and abs(grew / n - 1) <= 0.1:
+            seen = "grew with the workers: each worker kept its batch (weak scaling in the batch)"
+        elif axis == "growing" and abs(grew - 1) <= 0.1:
+            seen = "stayed the same: the workers split it (strong scaling in the batch)"
+        else:
+            continue
+        tail = ": its speedup is throughput, not the same job done faster" if axis == "fixed" else ""
+        out.append(f"{label}: its global batch {seen}, {int(first['global_batch']):,} at {int(first['workers'])} "
+                   f"worker(s) and {int(last['global_batch']):,} at {int(last['workers'])}, but the series is "
+                   f"labelled batch {axis}{tail}")
     return out
 
 

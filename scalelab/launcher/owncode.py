@@ -10,6 +10,7 @@ scalelab/train/script.py; `scalelab.track` records.
 
 from __future__ import annotations
 
+import ast
 import fnmatch
 import importlib.machinery
 import importlib.util
@@ -19,6 +20,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from scalelab.core.engines import ENGINE_TABLE, HOROVODRUN
+from scalelab.core.engines import engine as engine_facts
 from scalelab.core.errors import SpecError
 from scalelab.core.spec import Spec
 
@@ -58,11 +61,83 @@ def apply(spec: Spec, params: dict[str, Any]) -> Spec:
     else:
         spec.script_dir = spec.script_dir or os.getcwd()
         check_module(str(spec.module), Path(spec.script_dir))
+    _engine_for_code(spec)
     spec.workdir = os.getcwd()  # where the ranks run, now and on every resume (relative paths resolve there)
     spec.model = str(spec.script_label)  # the run's name, label and model column
     if params.get("steps") is None and spec.steps == Spec().steps:
         spec.steps = None  # the script decides its length; --steps only sets the progress bar's total
     return spec
+
+
+def _engine_for_code(spec: Spec) -> None:
+    """Horovod's starter for code that imports horovod: under torchrun's variables `hvd.init()` finds no peers, and
+    every rank trained alone, as rank 0 of 1, with exit status 0. An engine left at its default becomes horovod,
+    said in one line; one chosen (--engine, a spec file) is refused, naming the import and the engine to give."""
+    facts = engine_facts(spec.engine.name)
+    path = Path(spec.script) if spec.script else module_file(str(spec.module), Path(spec.script_dir or "."))
+    tree = _parsed(path) if path else None
+    line = imports(tree, "horovod", top=True) if tree else None  # not one in an `if` or `try`: a script for both
+    if tree and imports(tree, "horovod") is None and facts.starter == HOROVODRUN and \
+            (call := calls(tree, "init_process_group")):
+        raise SpecError(f"{path.name}:{call} calls init_process_group and imports no horovod, but --engine "
+                        f"{spec.engine.name} starts the ranks as horovodrun does, without torchrun's RANK, WORLD_SIZE "
+                        "and MASTER_ADDR; give --engine ddp (the ranks start as torchrun starts them)")
+    if line is None or facts.starter == HOROVODRUN or facts.one_worker:
+        return
+    where = f"{path.name}:{line} imports horovod"
+    if given("engine__name") or spec.engine.name != Spec().engine.name:
+        raise SpecError(f"{where}, but --engine {spec.engine.name} starts the ranks as torchrun does: hvd.init() would "
+                        "find no peers and every rank would train alone, as rank 0 of 1; give --engine horovod (the "
+                        "ranks start as horovodrun starts them)")
+    spec.engine.name = next(name for name, e in ENGINE_TABLE.items() if e.starter == HOROVODRUN)
+    print(f"launch: {where}: its ranks start as horovodrun starts them (--engine {spec.engine.name})",
+          file=sys.stderr, flush=True)
+
+
+def _parsed(path: Path) -> ast.Module | None:
+    """The Python file's syntax tree; None for one that cannot be read or parsed (its ranks will say why)."""
+    try:
+        return ast.parse(path.read_bytes(), filename=str(path))
+    except (OSError, SyntaxError, ValueError):
+        return None
+
+
+def calls(tree: ast.AST, name: str) -> int | None:
+    """The first line calling a function or method `name` (`dist.init_process_group(...)`), or None."""
+    lines = [node.lineno for node in ast.walk(tree) if isinstance(node, ast.Call)
+             and (getattr(node.func, "attr", None) == name or getattr(node.func, "id", None) == name)]
+    return min(lines) if lines else None
+
+
+def imports(tree: ast.Module, package: str, top: bool = False) -> int | None:
+    """The first line importing `package` or one of its modules (`import horovod.torch as hvd`, `from horovod
+    import torch`), or None; `top`: only the module's own statements (not an import inside an `if`, a `try` or a
+    function, which a script that runs either way may have)."""
+    lines = []
+    for node in (tree.body if top else ast.walk(tree)):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            names = [node.module or ""]
+        else:
+            continue
+        if any(name == package or name.startswith(package + ".") for name in names):
+            lines.append(node.lineno)
+    return min(lines) if lines else None
+
+
+def module_file(name: str, folder: Path) -> Path | None:
+    """The .py file `python -m NAME` runs from `folder` (a module's file, a package's __main__.py), or None."""
+    where = [str(folder)]
+    parts = name.split(".")
+    for i, part in enumerate(parts):
+        packages, modules = _found_in(where, part)
+        if i == len(parts) - 1:
+            py = [Path(m) for m in modules if m.endswith(".py")]
+            main = [Path(p) / "__main__.py" for p in packages if (Path(p) / "__main__.py").is_file()]
+            return (py or main or [None])[0]
+        where = packages
+    return None
 
 
 def _is_file(word: str) -> bool:
