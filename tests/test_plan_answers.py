@@ -40,6 +40,19 @@ def test_an_unmet_deadline_and_budget_are_answered_with_what_to_change(monkeypat
     assert "--market spot" in said, said
 
 
+def test_the_plan_page_answers_an_unmet_deadline_as_the_terminal_does(monkeypatch, capsys, tmp_path) -> None:
+    """plan.html listed the met recommendations only: with no layout within --deadline-h its Recommendation
+    section was gone, without the surest layout or what to change."""
+    code, err, out = run_entry(["plan", "--from-csv", str(SEED004), "--instance-types", "g3.4xlarge", "--deadline-h",
+                                "0.5", "--budget", "1000", "--out", str(tmp_path / "plan")], monkeypatch, capsys)
+    assert code == 0, err
+    page = (tmp_path / "plan" / "plan.html").read_text()
+    section = page[page.index("Recommendation"):page.index("Scaling models")]
+    assert "<b>cheapest within deadline</b>: none: no layout finishes within --deadline-h" in section, section
+    assert "raise --deadline-h to at least" in section and "<b>fastest within budget</b>: " in section, section
+    assert "fastest within budget</b>: none" not in section  # met: its layout, as before
+
+
 def test_a_met_limit_keeps_its_recommendation_and_no_none(monkeypatch, capsys) -> None:
     said = _answer(monkeypatch, capsys, "--deadline-h", "5", "--budget", "1", "--market", "both")
     assert "cheapest within deadline: 4 workers on" in said and "deadline: none" not in said, said

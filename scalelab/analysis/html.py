@@ -14,7 +14,7 @@ import io
 import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -269,12 +269,15 @@ def scales(table: pd.DataFrame) -> bool:
     return any(pd.Series(w).nunique() > 1 for _, w in series)
 
 
-def plan_sections(p: Any, unit: str = "words/s") -> list[tuple[str, str]]:
+def plan_sections(p: Any, unit: str = "words/s", unmet: Mapping[str, str] | None = None) -> list[tuple[str, str]]:
     """Sections for a costs.planner.Plan: the recommendation first, then models, predictions, frontier;
-    `unit`: what the throughput counts ("words/s", a --script run's "images/s", a table's own unit)."""
-    secs = []
-    recs = "".join(f"<li><b>{html.escape(k.replace('_', ' '))}</b>: {_recommendation(v)}</li>"
-                   for k, v in p.recommendations.items() if v)
+    `unit`: what the throughput counts ("words/s", a --script run's "images/s", a table's own unit); `unmet`: the
+    words for each asked limit no layout meets (recommendation -> the terminal's line). Why: the page showed the
+    met recommendations only, so a --deadline-h nobody meets left it without an answer or a way out."""
+    secs, unmet = [], unmet or {}
+    recs = "".join(f"<li><b>{html.escape(k.replace('_', ' '))}</b>: "
+                   f"{_recommendation(v) if v else html.escape(unmet[k].split(': ', 1)[-1])}</li>"
+                   for k, v in p.recommendations.items() if v or k in unmet)
     if len(p.candidates) and recs:
         secs.append(("Recommendation", f"<ul class='rec'>{recs}</ul>"))
     used = p.predictions.groupby("label")["model"].first().to_dict() if len(p.predictions) else {}

@@ -1108,7 +1108,8 @@ def _write_plan(result, out_dir: Path, table: pd.DataFrame | None, curves: dict[
     from scalelab.analysis.html import plan_sections, scaling_sections, write_html
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    sections = plan_sections(result, unit)
+    unmet = {k: _unmet_line(k, result) for k, v in result.recommendations.items() if not v and k in _UNMET}
+    sections = plan_sections(result, unit, unmet)
     if table is not None and len(table):
         sections += scaling_sections(table, curves)
     write_html(out_dir / "plan.html", "Scaling and cost plan", sections,
