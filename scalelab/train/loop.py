@@ -201,7 +201,7 @@ def train(run_dir: Path) -> str:
     spec, engine = run.spec, run.engine
     progress = resume(run_dir, run)
     out = open_records(run_dir, run, progress)
-    reason = "steps" if spec.steps is not None else "epochs"
+    reason = "steps" if run.total_steps == spec.steps else "epochs"  # the bound that ends it (both: the fewer steps)
     profiler = StepProfiler(run_dir, spec, run.rank, run.device)  # --profile-steps A:B
     with Prefetcher(batches(run, progress.shares, progress.step), spec.data.prefetch, run.device) as stream:
         while progress.step < run.total_steps:
