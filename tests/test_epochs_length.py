@@ -95,3 +95,57 @@ def test_epochs_run_to_their_end_and_resume_to_more_epochs(tmp_path):
     proc = launch("resume", str(run), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert [s["step"] for s in steps_of(run)][-1] == 64
+
+
+# ---- the cost preview counts the steps the run will take ------------------------------------------
+
+
+PRICED = ["--rate", "1.14/gpu-hour", "--dry-run"]
+
+
+def test_the_preview_prices_the_epochs_not_a_larger_steps(monkeypatch, capsys, tmp_path):
+    """The review's repro: 100,000 steps priced at $15.83 and refused by --max-usd 1, though 3 epochs of 16
+    steps end the run after 48 steps."""
+    monkeypatch.chdir(tmp_path)  # no measured runs: 0.5 s a step, assumed
+    code, err, _ = run_entry(["run", *TASK, "--global-batch", "32", "--epochs", "3", "--steps", "100000",
+                              "--max-usd", "1", *PRICED], monkeypatch, capsys)
+    assert code == 0, err
+    assert "for 48 steps (--epochs 3 x 16 steps an epoch, fewer than --steps 100,000)" in err, err
+    assert "would be refused" not in err
+    code, err, _ = run_entry(["run", *TASK, "--global-batch", "32", "--epochs", "3", "--steps", "20", *PRICED],
+                             monkeypatch, capsys)
+    assert code == 0 and "for 20 steps (--steps 20, fewer than --epochs 3 x 16 steps an epoch)" in err, err
+
+
+def test_the_sweep_preview_prices_each_layouts_epochs(monkeypatch, capsys, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    code, err, _ = run_entry(["sweep", *TASK, "--batch-per-worker", "32", "--mode", "weak", "--epochs", "3",
+                              "--workers", "1,2", *PRICED], monkeypatch, capsys)
+    assert code == 0, err
+    assert "1x1: " in err and "for 48 steps (--epochs 3 x 16 steps an epoch)" in err, err
+    assert "1x2: " in err and "for 48 steps (--epochs 6 x 8 steps an epoch)" in err, err
+
+
+def test_data_read_at_start_prices_at_most_its_steps():
+    from scalelab.costs.expected import planned_steps
+
+    text = {"model": "sentiment-tiny", "data": {"kind": "text"}}
+    steps, basis = planned_steps(Spec.from_dict({**text, "epochs": 3, "steps": 500}))
+    assert steps == 500 and basis.startswith("at most: --steps 500; --epochs 3 may end it sooner"), basis
+    steps, basis = planned_steps(Spec.from_dict({**text, "epochs": 3}))
+    assert steps is None and "give --steps too" in basis
+    assert planned_steps(Spec.from_dict({**text, "steps": 30})) == (30, "")
+
+
+@pytest.mark.parametrize("kind, samples, batch", [("task", 512, 32), ("task", 1000, 48), ("synthetic", 4096, 64),
+                                                  ("synthetic", 4096, 512)])
+def test_the_preview_cuts_epochs_as_the_data_does(kind, samples, batch):
+    """The steps an epoch the preview counts (without torch) are those the trainer's dataset cuts."""
+    from scalelab.core.presets import PRESETS
+    from scalelab.train.datasets import build_dataset
+    from scalelab.train.loop import data_options
+
+    spec = Spec.from_dict({"model": "sentiment-tiny", "data": {"kind": kind, "train_samples": samples},
+                           "global_batch": batch, "epochs": 2})
+    dataset = build_dataset(kind, PRESETS["sentiment-tiny"], spec.seed, **data_options(spec))
+    assert spec.known_steps_per_epoch() == dataset.steps_per_epoch(batch)

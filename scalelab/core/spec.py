@@ -402,6 +402,15 @@ class Spec:
             return self.batch_per_worker * self.workers
         return self.global_batch if self.global_batch is not None else default_batch
 
+    def known_steps_per_epoch(self) -> int | None:
+        """The optimizer steps of one epoch where the spec alone says them (task data: --train-samples; synthetic:
+        its pool), as `train.data.Dataset.steps_per_epoch` cuts them; None where the data must be read first (text,
+        shards) or holds less than one global batch (the run refuses that). Why: the cost preview of an --epochs
+        run counts its steps without reading data or importing torch."""
+        batch = self.resolved_global_batch(PRESETS[self.model].default_batch) if self.model in PRESETS else None
+        samples = {"task": self.data.train_samples, "synthetic": synthetic_pool_size(batch or 1)}.get(self.data.kind)
+        return samples // batch if batch and samples and samples >= batch else None
+
     def per_worker_batch(self, default_batch: int) -> int:
         g = self.resolved_global_batch(default_batch)
         if g % self.workers:
@@ -695,6 +704,12 @@ class Spec:
                 target = target[part]
             target[parts[-1]] = value
         return Spec.from_dict(raw)
+
+
+def synthetic_pool_size(global_batch: int) -> int:
+    """Training samples of synthetic data (one epoch) for a global batch: 4 batches, at least 1,024. Here, for
+    `train.data.SyntheticDataset` and `Spec.known_steps_per_epoch` both, so the preview's epochs are the run's."""
+    return max(4 * global_batch, 1024)
 
 
 def check_preset(name: str) -> None:
