@@ -21,19 +21,19 @@ def test_proportional_shares():
 
 @pytest.mark.slow
 def test_dynamic_balance_keeps_the_global_gradient(tmp_path):
-    """A 10x slower worker gets a smaller share, every step still covers the whole global batch, and
+    """A 28x slower worker gets a smaller share, every step still covers the whole global batch, and
     because each rank's loss is weighted by its share the loss curve equals the 1-process run's."""
     common = ["--model", "rnnlm-tiny", "--data", "task", "--fixed-length", "--global-batch", "32", "--steps", "12",
               "--warmup-steps", "1", "--lr", "0.01", "--model-arg", "dropout=0"]
     (tmp_path / "one").mkdir(), (tmp_path / "two").mkdir()
     proc = launch(*common, "--engine", "single", "--runs-dir", "runs", cwd=tmp_path / "one")
     assert proc.returncode == 0, proc.stderr
-    # 10x, not 3x: a window's speeds come from 3 forwards of about 0.5 ms on the fast rank. The slow rank's
-    # timed forward (with the emulated backward's sleep) is 7x the fast one's at 3x, so a preemption of some
-    # 10 ms of the fast rank on a busy machine could invert the shares; at 10x it is 28x, about 45 ms to invert.
-    # (It costs the slow rank about 2 s of sleep, most of it after its first, slow forward.)
+    # 28x, not 3x: a window's speeds come from 3 forwards of about 0.5 ms on the fast rank. The slow rank's
+    # timed forward is F x the fast one's (its emulated backward is timed in backward_s, not there), so at 3x a
+    # preemption of some 3 ms of the fast rank on a busy machine could invert the shares; at 28x, about 45 ms.
+    # (It costs the slow rank about 6 s of sleep, most of it after its first, slow forward.)
     proc = launch(*common, "--engine", "ddp", "--gpus-per-node", "2", "--balance", "dynamic", "--balance-every", "3",
-                  "--emulate-slowdown", "1,10", "--runs-dir", "runs", cwd=tmp_path / "two")
+                  "--emulate-slowdown", "1,28", "--runs-dir", "runs", cwd=tmp_path / "two")
     assert proc.returncode == 0, proc.stderr
     single, balanced = only_run_dir(tmp_path / "one" / "runs"), only_run_dir(tmp_path / "two" / "runs")
     r0, r1 = steps_of(balanced, 0), steps_of(balanced, 1)

@@ -220,6 +220,9 @@ class Unread:
                 f"{self.flag} out")
 
 
+#: A run's length when it gives neither --steps nor --epochs. Only then: `--epochs 3` alone runs 3 epochs, however
+#: many steps they are (the default once capped them at 40, silently), see `Spec.from_dict` and the launcher's `build_spec`.
+DEFAULT_STEPS = 40
 MAX_STEPS = 1_000_000_000  # 1e20 steps was accepted (and priced at $6e15 by --dry-run)
 
 
@@ -257,11 +260,13 @@ class Spec:
                                       flag="--global-batch")
     batch_per_worker: int | None = option(None, "Samples per worker and step: every worker takes this batch, so "
                                           "the global batch grows with the workers (weak scaling).", POSITIVE, at_most(MAX_BATCH, BATCH_LIMIT), flag="--batch-per-worker")
-    steps: int | None = option(40, "Optimizer steps to run (with --script/--module: only the progress bar's and "
+    steps: int | None = option(DEFAULT_STEPS, "Optimizer steps to run; none with --epochs and no --steps (the "
+                                   "epochs decide) (with --script/--module: only the progress bar's and "
                                    "the cost preview's total; your script's own arguments go after `--`).", POSITIVE,
                                at_most(MAX_STEPS, f"must be at most {MAX_STEPS:,} (years of training at any speed)"),
                                flag="--steps")
-    epochs: int | None = option(None, "Epochs to run (with --steps: whichever ends first).", POSITIVE,
+    epochs: int | None = option(None, "Epochs to run (with --steps: whichever ends first; without --steps: all "
+                                "of them).", POSITIVE,
                                 flag="--epochs")
     warmup_steps: int = option(5, "Steps excluded from timings after each (re)start.", at_least(0),
                                flag="--warmup-steps")
@@ -396,6 +401,15 @@ class Spec:
         if self.batch_per_worker is not None:
             return self.batch_per_worker * self.workers
         return self.global_batch if self.global_batch is not None else default_batch
+
+    def known_steps_per_epoch(self) -> int | None:
+        """The optimizer steps of one epoch where the spec alone says them (task data: --train-samples; synthetic:
+        its pool), as `train.data.Dataset.steps_per_epoch` cuts them; None where the data must be read first (text,
+        shards) or holds less than one global batch (the run refuses that). Why: the cost preview of an --epochs
+        run counts its steps without reading data or importing torch."""
+        batch = self.resolved_global_batch(PRESETS[self.model].default_batch) if self.model in PRESETS else None
+        samples = {"task": self.data.train_samples, "synthetic": synthetic_pool_size(batch or 1)}.get(self.data.kind)
+        return samples // batch if batch and samples and samples >= batch else None
 
     def per_worker_batch(self, default_batch: int) -> int:
         g = self.resolved_global_batch(default_batch)
@@ -669,7 +683,13 @@ class Spec:
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any], where: str = "") -> "Spec":
-        """A spec from a mapping (YAML, JSON); `where` (e.g. "in spec file exp.yaml") goes into messages."""
+        """A spec from a mapping (YAML, JSON); `where` (e.g. "in spec file exp.yaml") goes into messages.
+
+        A mapping that gives epochs and no steps runs those epochs (`steps: None`): the built-in DEFAULT_STEPS is
+        the length of a run that gives none, not a cap on one that asks for epochs (a study base with
+        `epochs: 5` ran 40 steps unless it also said `steps: null`)."""
+        if isinstance(raw, dict) and raw.get("epochs") is not None and "steps" not in raw:
+            raw = {**raw, "steps": None}
         return build(cls, raw, where)
 
     def with_overrides(self, overrides: dict[str, Any]) -> "Spec":
@@ -684,6 +704,12 @@ class Spec:
                 target = target[part]
             target[parts[-1]] = value
         return Spec.from_dict(raw)
+
+
+def synthetic_pool_size(global_batch: int) -> int:
+    """Training samples of synthetic data (one epoch) for a global batch: 4 batches, at least 1,024. Here, for
+    `train.data.SyntheticDataset` and `Spec.known_steps_per_epoch` both, so the preview's epochs are the run's."""
+    return max(4 * global_batch, 1024)
 
 
 def check_preset(name: str) -> None:

@@ -25,7 +25,7 @@ from scalelab.costs.catalog import DEFAULT_REGION, Catalog, CatalogError, load_c
 from scalelab.costs.fleet import MARKET_ON_DEMAND, MARKET_SPOT, Fleet
 
 __all__ = ["ASSUMED_GPU_HOUR_USD", "ASSUMED_STEP_S", "Estimate", "FleetPrice", "fleet_price", "fleet_pricing",
-           "expected_cost", "is_priced", "recorded_cost", "run_seconds"]
+           "expected_cost", "is_priced", "planned_steps", "recorded_cost", "run_seconds"]
 
 #: On-premise price of one GPU-hour when the prices file names no rate for the backend.
 ASSUMED_GPU_HOUR_USD = 0.50
@@ -44,11 +44,13 @@ class Estimate:
     dollars: float
     startup_s: float = 0.0
     own_code: bool = False  # a --script/--module spec: unknown steps are the script's own, not --epochs'
+    length_basis: str = ""  # which bound gave `steps` (`planned_steps`); "" for --steps alone
 
     def line(self) -> str:
         """One line for the terminal: price per hour, expected dollars and both assumptions."""
-        unknown = "unknown steps (the script's own)" if self.own_code else "unknown steps (--epochs)"
-        steps = unknown if self.steps is None else f"{self.steps} steps"
+        unknown = "unknown steps (the script's own)" if self.own_code else f"unknown steps ({self.length_basis})"
+        steps = unknown if self.steps is None else f"{self.steps:,} steps" + (
+            f" ({self.length_basis})" if self.length_basis else "")
         dollars = "unknown" if math.isnan(self.dollars) else f"${self.dollars:,.2f}"
         startup = f" + {self.startup_s:.3g} s start-up" if self.startup_s else ""
         took = "an unknown time" if math.isnan(self.hours) else duration_text(self.hours * 3600)
@@ -149,19 +151,41 @@ def _cloud_price(spec: Spec, fleet: Fleet, catalog: Catalog) -> FleetPrice:
     raise error
 
 
+def planned_steps(spec: Spec) -> tuple[int | None, str]:
+    """(the steps the run will take, which bound gave them: "" for --steps alone). With --epochs, the fewer of
+    --steps and the epochs' steps where the spec says the steps of an epoch (task, synthetic data); where the data
+    must be read first (text, shards), --steps as an upper bound, else None. Why: an --epochs run was priced at
+    its --steps (100,000 steps: $15.83, refused by --max-usd 1) though its 3 epochs of 16 steps ended it first."""
+    if spec.epochs is None or spec.own_code:
+        return spec.steps, ""
+    per_epoch = spec.known_steps_per_epoch()
+    if per_epoch is None:
+        why = (f"{spec.data.kind} data's steps per epoch are known once it is read" if spec.data.kind in ("text", "shards")
+               else "its training samples are fewer than one global batch, which the run refuses")
+        if spec.steps is None:
+            return None, f"--epochs {spec.epochs}: {why}; give --steps too to bound the price"
+        return spec.steps, f"at most: --steps {spec.steps:,}; --epochs {spec.epochs} may end it sooner, {why}"
+    by_epochs = spec.epochs * per_epoch
+    epochs = f"--epochs {spec.epochs} x {per_epoch:,} steps an epoch"
+    if spec.steps is not None and spec.steps < by_epochs:
+        return spec.steps, f"--steps {spec.steps:,}, fewer than {epochs}"
+    return by_epochs, epochs + (f", fewer than --steps {spec.steps:,}" if spec.steps is not None else "")
+
+
 def expected_cost(spec: Spec, step_s: float | None = None, catalog: Catalog | None = None,
                   startup_s: float = 0.0, *, fleet: Fleet) -> Estimate:
-    """Price per hour and expected dollars of `spec`: its steps x `step_s` (measured) or ASSUMED_STEP_S,
+    """Price per hour and expected dollars of `spec`: its steps (`planned_steps`) x `step_s` (measured) or ASSUMED_STEP_S,
     plus a start-up (launch to the first step: it is paid too), billed as every run is (`billing.run_cost`:
     per second, 60 s minimum per instance); `fleet` as for `fleet_pricing`."""
     price = fleet_pricing(spec, fleet, catalog)
     measured = step_s is not None
     step_s = float(step_s) if measured else ASSUMED_STEP_S
     basis = "measured" if measured else "assumed: nothing measured; --expect-from RUN uses a run's"
-    seconds = spec.steps * step_s + startup_s if spec.steps is not None else math.nan
-    dollars = price.cost(seconds).dollars if spec.steps is not None else math.nan
-    return Estimate(price.usd_per_hour, price.basis, spec.steps, step_s, basis, seconds / 3600.0, dollars, startup_s,
-                    spec.own_code)
+    steps, length = planned_steps(spec)
+    seconds = steps * step_s + startup_s if steps is not None else math.nan
+    dollars = price.cost(seconds).dollars if steps is not None else math.nan
+    return Estimate(price.usd_per_hour, price.basis, steps, step_s, basis, seconds / 3600.0, dollars, startup_s,
+                    spec.own_code, length)
 
 
 def run_seconds(run: Any) -> float:

@@ -460,6 +460,8 @@ def build_spec(params: dict[str, Any]) -> Spec:
     if "batch_per_worker" in overrides:
         spec.global_batch = None
     spec = spec.with_overrides(overrides)
+    if spec.epochs is not None and not _steps_chosen(params, configured):
+        spec.steps = None  # --epochs alone runs its epochs: the default 40 steps (or a config file's) caps nothing
     if params.get("model_args"):
         pairs = parse_pairs(params["model_args"], "--model-arg")
         spec.model_args = {**spec.model_args, **model_overrides(pairs, "from --model-arg")}
@@ -468,6 +470,15 @@ def build_spec(params: dict[str, Any]) -> Spec:
     from scalelab.launcher.owncode import apply
 
     return apply(spec, params).validate()  # --script / --module: checked, resolved, the arguments after `--`
+
+
+def _steps_chosen(params: dict[str, Any], configured: set[str]) -> bool:
+    """Whether this run's steps were chosen for it: --steps typed, or `steps` in its spec file. Why: with --epochs,
+    only a chosen length is a second bound (whichever ends first); the built-in default (40) or a config file's
+    default steps meant for runs that give no length would end the epochs early, and did, silently."""
+    if params.get("steps") is not None and "steps" not in configured:
+        return True
+    return bool(params.get("spec_file")) and "steps" in _file_keys(params["spec_file"])
 
 
 def _drop_configured_unread(spec: Spec, params: dict[str, Any]) -> None:

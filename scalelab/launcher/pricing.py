@@ -71,7 +71,7 @@ class Quote:
 
     def text(self) -> str:
         why = ("a --script decides its own steps: give --steps N, the steps it runs, for a price" if self.own_code
-               else "--epochs: the steps are not known before the data is read")
+               else "--epochs of data whose steps per epoch are known once it is read: give --steps too, to bound it")
         total = f"unknown ({why})" if math.isnan(self.total_usd) else f"${self.total_usd:,.2f}"
         return "\n".join([*self.lines, f"expected cost of the launch: {total}"])
 
@@ -190,9 +190,9 @@ def guard(specs: list[tuple[Spec, int]], params: dict[str, Any]) -> Quote | None
     click.echo(q.text(), err=True)
     total, known = q.total_usd, not math.isnan(q.total_usd)
     if max_usd is not None and not (known and total <= max_usd):
-        what = f"${total:,.2f}" if known else "not known (give --steps instead of --epochs; with --script, --steps N)"
+        what = f"${total:,.2f}" if known else "not known (give --steps too, which bounds --epochs; with --script, --steps N)"
         raise ScalelabError(f"not launched: the expected cost {what} is over --max-usd {max_usd:g}; "
-                            "raise --max-usd, or lower --steps or the layout")
+                            "raise --max-usd, or lower --steps (or --epochs) or the layout")
     threshold = params.get("confirm_above_usd", DEFAULT_CONFIRM_USD)
     if params.get("yes") or (known and total <= threshold):
         return q

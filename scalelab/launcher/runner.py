@@ -151,6 +151,8 @@ def submit(backend: Backend, spec: Spec, *run_dirs: Path) -> None:
     extra = {"usd_per_hour": rate} if rate is not None else {}
     if spec.steps is not None:  # what a later `launch resume` compares spec.json's steps with
         extra["launched_steps"] = spec.steps
+    if spec.epochs is not None:  # and its epochs
+        extra["launched_epochs"] = spec.epochs
     for run_dir in run_dirs:  # error records older than `launched` belong to an earlier launch
         update_state(run_dir, launched=launched, **extra)
 
@@ -600,7 +602,8 @@ def nothing_to_resume(run_dir: Path, spec: Spec) -> str:
         return ""
     return (f"run {run_dir} is COMPLETED already ({_how_it_ended(step, reason)}); nothing to resume, nothing "
             f"changed: `launch report {shell_word(run_dir)}` reports it" + ("" if reason == "threshold" else
-            f"; to train it longer, raise `steps` in its spec.json, then `launch resume {shell_word(run_dir)}`"))
+            f"; to train it longer, raise `{'epochs' if reason == 'epochs' else 'steps'}` in its spec.json, then "
+            f"`launch resume {shell_word(run_dir)}`"))
 
 
 def completed_end(run_dir: Path) -> tuple[int, str]:
@@ -641,12 +644,27 @@ def _steps_raised(run_dir: Path, spec: Spec, step: int, reason: str) -> bool:
     """Whether spec.json asks for more steps than the run was launched for (`launched_steps` in launch.json,
     recorded by `submit`). A run launched before that record: more than it ran, unless it stopped at its
     loss threshold (it ran fewer than asked, and that was its end)."""
-    if spec.steps is None or spec.epochs is not None:
+    if spec.epochs is not None:
+        return _epochs_raised(read_state(run_dir), spec, step, reason)
+    if spec.steps is None:
         return False
     asked = read_state(run_dir).get("launched_steps")
     if isinstance(asked, int) and not isinstance(asked, bool):
         return spec.steps > asked
     return reason != "threshold" and spec.steps > step
+
+
+def _epochs_raised(state: dict, spec: Spec, step: int, reason: str) -> bool:
+    """`_steps_raised` of a run of --epochs: the bound that ended it raised since its launch (its epochs over
+    `launched_epochs`; its steps over `launched_steps`, or dropped; at a threshold either), and no --steps that
+    ends it where it stopped. A run launched before its epochs were recorded: never (how far they reach is not
+    known here), as before."""
+    epochs, steps = state.get("launched_epochs"), state.get("launched_steps")
+    if not isinstance(epochs, int) or isinstance(epochs, bool) or (spec.steps is not None and spec.steps <= step):
+        return False
+    more_epochs = spec.epochs > epochs
+    more_steps = isinstance(steps, int) and (spec.steps is None or spec.steps > steps)
+    return {"epochs": more_epochs, "steps": more_steps}.get(reason, more_epochs or more_steps)
 
 
 def _checkpoint_to_continue(run_dir: Path, step: int) -> None:

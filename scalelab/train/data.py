@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 
 from scalelab.core.errors import DataError, SpecError
+from scalelab.core.spec import synthetic_pool_size
 from scalelab.train.batch import Batch
 from scalelab.train.models import BOS_ID, EOS_ID, NUM_SPECIALS, PAD_ID, ModelConfig
 
@@ -357,12 +358,12 @@ class SyntheticDataset(Dataset):
         self._valid = _random_examples(cfg, num_valid, generator_for(seed, "synthetic", "valid"))
 
     def _pool(self, global_batch: int) -> Examples:
-        size = self._num_samples or max(4 * global_batch, 1024)
+        size = self._num_samples or synthetic_pool_size(global_batch)
         return _random_examples(self.cfg, size, generator_for(self.seed, "synthetic", "train"))
 
     def steps_per_epoch(self, global_batch: int) -> int:
         if self._num_samples is None and global_batch > 0:
-            if len(self._train) != max(4 * global_batch, 1024):
+            if len(self._train) != synthetic_pool_size(global_batch):
                 self._train = self._pool(global_batch)
                 self._layout_key = None
         elif 0 < len(self._train) < global_batch:

@@ -201,7 +201,7 @@ def train(run_dir: Path) -> str:
     spec, engine = run.spec, run.engine
     progress = resume(run_dir, run)
     out = open_records(run_dir, run, progress)
-    reason = "steps" if spec.steps is not None else "epochs"
+    reason = "steps" if run.total_steps == spec.steps else "epochs"  # the bound that ends it (both: the fewer steps)
     profiler = StepProfiler(run_dir, spec, run.rank, run.device)  # --profile-steps A:B
     with Prefetcher(batches(run, progress.shares, progress.step), spec.data.prefetch, run.device) as stream:
         while progress.step < run.total_steps:
@@ -370,18 +370,21 @@ def train_step(run: Run, progress: Progress, stream: Prefetcher) -> dict[str, An
     graphed = loss is not None  # forward and backward replayed as one CUDA graph: timed together
     if not graphed:
         model.zero_grad(set_to_none=not (run.graph and run.graph.owns_grads))
-    emulated_s = 0.0  # a ps server rank (no data) computes nothing: the push gives it gradients
+    forward_extra = backward_extra = 0.0  # a ps server rank (no data) computes nothing: the push gives it gradients
     if batch.samples and not graphed:
         with run.precision.autocast():
             loss = model(**batch.inputs)  # fp32: the models take the cross-entropy of float32 logits
     t2 = _clock(device)
     if loss is not None and not graphed:
-        emulated_s = _emulate_slower_device(run.slowdown, t2 - t1)
+        if run.slowdown != 1.0:  # the forward and backward of a device `slowdown` times slower
+            forward_extra, backward_extra = slower_device_extra(run.slowdown, t2 - t1)
+            time.sleep(forward_extra)
+            t2 += forward_extra  # in forward_s; the backward's sleep, before its gradients reach the exchange, in backward_s
+            time.sleep(backward_extra)
         # Each engine averages gradients over ranks; with unequal shares, weight each rank's mean
         # loss by its share so the average is still the mean over the whole global batch.
         weight = batch.samples * run.world / run.global_batch if not spec.independent_replicas else 1.0
         run.precision.backward(loss * weight if weight != 1.0 else loss)  # DDP all-reduces in here; Horovod starts
-        t2 += emulated_s
     exchange_s = engine.finish_exchange(optimizer)  # distributed: wait for the exchange
     run.precision.unscale(optimizer)  # from here on the gradients are fp32 and unscaled
     probe_s = run.noise.exchanged(model, batch.inputs, batch.samples, progress.step + 1,
@@ -405,7 +408,7 @@ def train_step(run: Run, progress: Progress, stream: Prefetcher) -> dict[str, An
         or graphed and run.graph.captured_at == progress.step,
         step_s=t4 - t0, data_s=t1 - t0, forward_s=t2 - t1, backward_s=None if graphed else t3 - t2, exchange_s=exchange_s,
         optimizer_s=t4 - t3, samples=batch.samples, words=batch.words, loss=loss_value, lr=lr,
-        **({"emulated_s": emulated_s} if run.slowdown != 1.0 else {}), **run.noise.fields(),
+        **({"emulated_s": forward_extra + backward_extra} if run.slowdown != 1.0 else {}), **run.noise.fields(),
         **({"role": run.role} if run.role != "worker" else {}),
         **run.precision.record(applied), **memory_fields(device),
         **({"graphed": True} if graphed else {}),
@@ -500,14 +503,17 @@ def _die_if_asked(step: int, rank: int) -> None:
         raise RuntimeError(f"injected fault after step {step} ({RAISE_AT_STEP_ENV})")
 
 
-def _emulate_slower_device(factor: float, forward_s: float) -> float:
-    """Testing aid for mixed hardware on one machine: make this rank `factor` times slower by
-    sleeping for the extra compute time of forward + backward (backward ~ 2x forward)."""
+def slower_device_extra(factor: float, forward_s: float) -> tuple[float, float]:
+    """Testing aid for mixed hardware on one machine (--emulate-slowdown): the seconds to sleep after this rank's
+    forward and before its backward so that each takes `factor` times as long, as on a device that much slower
+    (its backward estimated at 2x its forward: it cannot be timed apart from the exchange it overlaps).
+
+    Why apart: the whole extra (3x the forward's) was slept after the forward and timed as part of `forward_s`,
+    which the dynamic balancer measures speed from, so a 1.78x slower worker measured 1 + 3 x 0.78 = 3.3x slower
+    and got shares of ~[16, 48] where ~[23, 41] balance it."""
     if factor == 1.0:
-        return 0.0
-    extra = (factor - 1.0) * 3 * forward_s
-    time.sleep(extra)
-    return extra
+        return 0.0, 0.0
+    return (factor - 1.0) * forward_s, (factor - 1.0) * 2 * forward_s
 
 
 def data_paths(spec: Spec, family: str) -> dict[str, str]:
