@@ -1124,6 +1124,8 @@ def status_cmd(run_dir: str | None, runs_dir: str, fmt: str) -> None:
             click.echo(json.dumps(row, indent=2))
         else:
             print_rows(row.get("layouts") or [row], fmt, title=f"{row['kind']} {row['path']}: {row['state']}")
+            if row.get("note"):  # a sweep stopped part way: how far it got, what continues it
+                console.print(f"note: {escape(row['note'])}", highlight=False, soft_wrap=True)
         return
     _run_status(run_dir)
 
