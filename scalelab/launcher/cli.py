@@ -709,6 +709,11 @@ def resume_cmd(run_dir: str, runs_dir: str, detach: bool, rank_output: str | Non
         if detach:
             raise SpecError("--detach is not for sweeps: their layouts run one after another, which takes a "
                             "launcher following them; resume it without --detach")
+        from scalelab.launcher.layouts import restore_missing_layouts
+
+        for name in restore_missing_layouts(path):  # deleted by hand: made again from sweep.json and a sibling's spec
+            console.print(f"layout {name} of {path} was missing: made again from sweep.json and its sibling "
+                          "layouts' spec; it starts from the beginning", highlight=False, soft_wrap=True)
         report_dirs([resume_sweep(path, allow_changed)], out=path, fmt="table")
         for marker, target in LAZY_RESUMED.items():  # e.g. a probe: its figures and cost with the runs resumed
             if (path / marker).is_file():
