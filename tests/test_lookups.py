@@ -15,6 +15,11 @@ from scalelab.launcher.cli import main
 from scalelab.launcher.inventory import combined_state, describe
 
 
+def said(result) -> str:
+    """What a command printed and the one-line error `launch` prints for a ScalelabError (`entry` does that)."""
+    return result.output + (str(result.exception) if result.exception else "")
+
+
 def make_sweep(path: Path, done: tuple[str, ...] = ("1x1",), layouts=((1, 1), (1, 2), (1, 4)),
                batch: str = "fixed") -> Path:
     """A sweep as `launch sweep` writes it (every layout's spec first), the `done` layouts COMPLETED."""
@@ -99,3 +104,42 @@ def test_plan_uses_the_layouts_that_completed_and_names_the_others(tmp_path, cap
     assert finished_run_dirs((str(sweep),)) == (str(sweep / "1x1"), str(sweep / "1x2"))
     out = CliRunner().invoke(main, ["plan", str(sweep), "--format", "json"])
     assert "run directory not found" not in out.output and "layout 1x4" in out.output, out.output
+
+
+@pytest.mark.parametrize("command", ["status", "logs", "resume", "report"])
+def test_an_empty_run_id_is_refused_not_read_as_the_current_directory(tmp_path, monkeypatch, command):
+    """`launch status ""` answered ". is not a run directory": the empty id was the current directory."""
+    monkeypatch.chdir(tmp_path)
+    out = CliRunner().invoke(main, [command, ""])
+    assert out.exit_code != 0 and "run id is empty" in said(out) and "launch ls" in said(out), said(out)
+    assert ". is not a run directory" not in said(out)
+
+
+def make_prep(path: Path) -> Path:
+    path.mkdir(parents=True)
+    write_json(path / "prep.json", {"backend": "local", "workers": 2, "model": "nmt-tiny"})
+    return path
+
+
+def test_logs_of_a_sweep_names_its_layouts_and_a_prep_says_what_applies(tmp_path):
+    """`launch logs SWEEP` and `launch resume PREP` said "spec.json is missing"; they say what the directory is
+    and the commands that take it (the layouts of a sweep, by name)."""
+    sweep = make_sweep(tmp_path / "sw", layouts=((1, 1), (1, 2)))
+    out = CliRunner().invoke(main, ["logs", str(sweep)])
+    assert out.exit_code != 0 and "is a sweep" in said(out) and f"launch logs {sweep / '1x1'}" in said(out), said(out)
+    assert "1x1, 1x2" in said(out) and "spec.json is missing" not in said(out)
+    prep = make_prep(tmp_path / "prep-x")
+    for command in ("logs", "resume"):
+        out = CliRunner().invoke(main, [command, str(prep)])
+        assert out.exit_code != 0 and "is a prep" in said(out) and f"launch status {prep}" in said(out), said(out)
+    assert "not resumed" in said(out)
+
+
+def test_status_with_no_id_shows_the_newest_prep_as_ls_lists_it(tmp_path):
+    """Only preps under the runs directory: `launch ls` listed them and `launch status` said "no runs under"."""
+    make_prep(tmp_path / "prep-x")
+    assert "prep-x" in CliRunner().invoke(main, ["ls", "--runs-dir", str(tmp_path)]).output
+    out = CliRunner().invoke(main, ["status", "--runs-dir", str(tmp_path)])
+    assert out.exit_code == 0 and "prep-x" in said(out) and "no runs under" not in said(out), said(out)
+    out = CliRunner().invoke(main, ["logs", "--runs-dir", str(tmp_path)])
+    assert out.exit_code != 0 and "is a prep" in said(out), said(out)
