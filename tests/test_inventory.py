@@ -31,6 +31,8 @@ def make_sweep(path: Path) -> Path:
     path.mkdir(parents=True)
     make_run(path / "1x1")
     make_run(path / "1x2", gpus=2, state="FAILED", summary=False)
+    (path / "1x4").mkdir()  # written, never launched: as `launch sweep` writes every layout before the first runs
+    save_spec(Spec(nodes=1, gpus_per_node=4).validate(), path / "1x4")
     write_json(path / "sweep.json", {"runs": ["1x1", "1x2", "1x4"], "layouts": [[1, 1], [1, 2], [1, 4]]})
     return path
 
@@ -199,7 +201,7 @@ def test_ls_and_status_list_prep_runs_and_sweeps_beside_training_runs(tmp_path):
     rows = {r["name"]: r for r in inventory(tmp_path)}
     assert {n: (r["kind"], r["state"]) for n, r in rows.items()} == {
         "prep-done": ("prep", "COMPLETED"), "prep-bad": ("prep", "FAILED"), "prep-stopped": ("prep", "CANCELLED"),
-        "prep-going": ("prep", "INCOMPLETE"), "prep-sweep": ("prep", "NEW"), "prep-corrupt": ("prep", "UNREADABLE"),
+        "prep-going": ("prep", "INCOMPLETE"), "prep-sweep": ("prep", "INCOMPLETE"), "prep-corrupt": ("prep", "UNREADABLE"),
         "prep-list": ("prep", "UNREADABLE"), "prep-sweep5": ("prep", "UNREADABLE"), "prep-up": ("prep", "UNREADABLE"),
         "run-a": ("run", "COMPLETED")}
     assert (rows["prep-done"]["layout"], rows["prep-done"]["words_per_s"], rows["prep-done"]["unit"]) == \
@@ -210,4 +212,4 @@ def test_ls_and_status_list_prep_runs_and_sweeps_beside_training_runs(tmp_path):
     assert out.exit_code == 0 and "prep-done" in out.output and "5,000 lines" in out.output, out.output
     status = CliRunner().invoke(main, ["status", str(sweep)])
     assert status.exit_code == 0, status.output
-    assert f"prep {sweep.absolute()}: NEW" in status.output and "100" in status.output and "1 worker" in status.output
+    assert f"prep {sweep.absolute()}: INCOMPLETE" in status.output and "100" in status.output and "1 worker" in status.output

@@ -190,12 +190,18 @@ def test_data_errors_name_the_file_as_data_text_does(client, tmp_path: Path) -> 
 
 @pytest.mark.slow
 def test_a_worker_side_error_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    """The bad line lies past what `launch prep` checks before it starts (`core.datafiles.LABEL_LIMIT`): a worker
+    finds it."""
+    from scalelab.core.datafiles import LABEL_LIMIT
+
     bad = tmp_path / "bad.tsv"
-    bad.write_text("pos\tgood film\nno tab here\n")
+    good = "pos\tgood film\n"
+    bad.write_text(good * (LABEL_LIMIT // len(good) + 1) + "no tab here\n")
+    line = LABEL_LIMIT // len(good) + 2
     done = launch("prep", "--model", "sentiment-tiny", "--train", str(bad), "--out", str(tmp_path / "o"),
                   "--workers", "1", "--runs-dir", str(tmp_path / "runs"), cwd=tmp_path)
     assert done.returncode == 2, done.stderr
-    assert "Traceback" not in done.stderr and f"{bad}:2: expected LABEL<TAB>text" in done.stderr
+    assert "Traceback" not in done.stderr and f"{bad}:{line}: expected LABEL<TAB>text" in done.stderr
     listed = json.loads(invoke(["ls", "--runs-dir", str(tmp_path / "runs"), "--format", "json"]).output)
     assert [(r["kind"], r["state"], r["layout"]) for r in listed] == [("prep", "FAILED", "1 worker")]
 

@@ -153,9 +153,14 @@ def test_ctrl_c_during_a_prep_says_one_line(tmp_path: Path, how: str) -> None:
 
 def test_a_failed_prep_records_why_and_report_says_it(tmp_path: Path) -> None:
     """Was: `launch report RUN` said "no manifest phase in its records; see RUN/logs", a folder that
-    does not exist, and `_held/` stayed in --out."""
+    does not exist, and `_held/` stayed in --out. The bad line lies past what `launch prep` checks up front
+    (`core.datafiles.LABEL_LIMIT`), so a task finds it, as it finds any past there."""
+    from scalelab.core.datafiles import LABEL_LIMIT
+
     bad = tmp_path / "bad.tsv"
-    bad.write_text("pos\tgood film\nno tab here\n")
+    good = "pos\tgood film\n"
+    bad.write_text(good * (LABEL_LIMIT // len(good) + 1) + "no tab here\n")
+    line = LABEL_LIMIT // len(good) + 2
     done = launch("prep", "--model", "sentiment-tiny", "--train", str(bad), "--out", "out", "--workers", "1",
                   "--runs-dir", "runs", cwd=tmp_path)
     assert done.returncode == 2, done.stderr[-3000:]
@@ -163,7 +168,7 @@ def test_a_failed_prep_records_why_and_report_says_it(tmp_path: Path) -> None:
     assert not (tmp_path / "out" / "_held").exists()
     report = launch("report", str(run), cwd=tmp_path)
     assert report.returncode == 2
-    assert f"the prep did not finish (it failed: {bad}:2: expected LABEL<TAB>text" in report.stderr, report.stderr
+    assert f"the prep did not finish (it failed: {bad}:{line}: expected LABEL<TAB>text" in report.stderr, report.stderr
     assert "/logs" not in report.stderr
     again = launch("prep", "--model", "sentiment-tiny", "--train", str(bad), "--out", "out", "--workers", "1",
                    "--runs-dir", "runs", cwd=tmp_path)  # the folder is the failed prep's: used again, not refused

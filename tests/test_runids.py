@@ -180,4 +180,6 @@ def test_logs_alone_with_a_sweep_newest_says_to_name_one_of_its_runs(tmp_path):
     root = _sweeps(tmp_path)
     done = launch("logs", "--runs-dir", str(root), cwd=tmp_path)
     assert done.returncode == 2 and done.stderr.count("launch: error:") == 1, done.stderr
-    assert f"the newest under {root} is {root / SWEEPS[2]}, a sweep or study" in " ".join(done.stderr.split())
+    said = " ".join(done.stderr.split())
+    assert f"the newest under {root}: {root / SWEEPS[2]} is a sweep, not a run" in said, said
+    assert f"`launch logs {root / SWEEPS[2]}/" in said  # one of its layouts, named

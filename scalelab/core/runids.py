@@ -26,6 +26,9 @@ from scalelab.core.rundir import DEFAULT_RUNS_ROOT, STUDY_FILE, SWEEP_FILE
 RUNS_DIR_ENV = "SCALELAB_RUNS_DIR"
 RUNS_DIR_RULE = f"--runs-dir, else ${RUNS_DIR_ENV}, else a config file's runs-dir, else ./runs"
 SHOWN = 6  # matches named in the error for an ambiguous id
+# The files that make a directory one `launch ls` lists (`inventory.kind_of`): runs, sweeps, studies, GEMM studies
+# and preps. Why all of them: `launch status` with no id said "no runs under runs" where `launch ls` listed preps.
+LISTED = ("spec.json", SWEEP_FILE, STUDY_FILE, "gemm.json", "prep.json")
 
 
 def runs_root(given: str | Path | None = None, configured: str | Path | None = None) -> Path:
@@ -87,7 +90,7 @@ def _newest_first(paths: list[Path]) -> list[Path]:
     """`paths` newest first: by when their spec (a sweep's or study's file) was written, then by name
     (the names end in their date and time)."""
     def born(p: Path) -> float:
-        for marker in ("spec.json", SWEEP_FILE, STUDY_FILE):
+        for marker in LISTED:
             if (p / marker).exists():
                 return (p / marker).stat().st_mtime
         return p.stat().st_mtime
@@ -119,8 +122,7 @@ def newest_run_dir(root: Path | None = None) -> Path:
     """The newest run, sweep or study directory directly under the runs root (what `launch status` with
     no argument shows); an error when there is none."""
     root = root or runs_root()
-    top = [p for p in _candidates(root) if p.parent == root
-           and any((p / marker).exists() for marker in ("spec.json", SWEEP_FILE, STUDY_FILE))]
+    top = [p for p in _candidates(root) if p.parent == root and any((p / marker).exists() for marker in LISTED)]
     if not top:
         raise ScalelabError(f"no runs under {root} ({RUNS_DIR_RULE}): give RUN_DIR, or start one with "
                             "`launch run`")
@@ -142,6 +144,10 @@ class RunDir(click.ParamType):
 
     def convert(self, value, param, ctx):  # type: ignore[no-untyped-def]
         command = ctx.command_path if ctx is not None else "launch status"
+        if not str(value).strip():  # "" named the current directory (". is not a run directory"): refused as empty
+            optional = ctx is not None and param is not None and not param.required and param.nargs == 1
+            raise ScalelabError(f"{command}: the run id is empty; give a run, sweep or study directory or a unique "
+                                f"part of its name (`launch ls` lists them){', or leave it out for the newest' if optional else ''}")
         given = ctx.params.get("runs_dir") if ctx is not None else None  # --runs-dir: eager, read before
         root = runs_root(given, configured=configured_runs_dir(ctx))  # report, cost, plan: no --runs-dir
         # an ambiguous id: ScalelabError, one line like every user error

@@ -514,6 +514,11 @@ class Spec:
             path = getattr(self.data, key)
             if self.data.kind == "text" and path:
                 check_text_file(path, f"--{key.replace('_', '-')}")
+        self._check_text_contents(cfg.family)
+        if self.data.kind == "task" and self.data.train_samples < self.resolved_global_batch(cfg.default_batch):
+            batch = self.resolved_global_batch(cfg.default_batch)  # the ranks' "fewer than one global batch", now
+            raise SpecError(f"--train-samples {self.data.train_samples} is fewer than one global batch of {batch}: "
+                            f"give --train-samples {batch} or more, or a smaller batch")
         if self.steps is not None and self.epochs is None and self.steps <= self.warmup_steps:
             raise SpecError(
                 f"--steps {self.steps} is not more than --warmup-steps {self.warmup_steps}: the first "
@@ -612,6 +617,24 @@ class Spec:
             if value != _dotted(default, key):
                 out.append(_flag_text(flags.get(key, key), value))
         return out
+
+    def _check_text_contents(self, family: str) -> None:
+        """What the ranks would refuse in `--data text` files, seen before a run directory exists: parallel files
+        of different lengths, sentiment lines without LABEL<TAB> (`core.datafiles`: cheap checks; a huge file is
+        checked by its ranks, as before)."""
+        from scalelab.core.datafiles import check_labelled, check_parallel
+
+        if self.data.kind != "text":
+            return
+        if family == "nmt":
+            for src, tgt in (("train_src", "train_tgt"), ("valid_src", "valid_tgt")):
+                if getattr(self.data, src) and getattr(self.data, tgt):
+                    check_parallel(getattr(self.data, src), getattr(self.data, tgt), f"--{src.replace('_', '-')}",
+                                   f"--{tgt.replace('_', '-')}")
+        elif family == "sentiment":
+            for key in ("train_src", "valid_src"):
+                if getattr(self.data, key):
+                    check_labelled(getattr(self.data, key), f"--{key.replace('_', '-')}")
 
     def _check_text_files(self, family: str) -> None:
         """`--data text` reads one file per family: a pair for translation (`--train-tgt` was not asked for,

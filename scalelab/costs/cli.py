@@ -319,6 +319,28 @@ def _distinct_runs(show: pd.DataFrame, run_dirs: pd.Series | None) -> tuple[pd.D
     return show, f": {' '.join(common)}" if common else ""
 
 
+def finished_run_dirs(run_dirs: tuple[str, ...]) -> tuple[str, ...]:
+    """The runs a plan measures: a sweep's (or study's) layouts that completed, as `launch report` takes them, each
+    left out named in a warning. Why: a sweep stopped part way, or with a layout directory deleted, failed the
+    whole plan ("run directory not found", "has no records") though its finished layouts measure what they
+    measure and the report of the same sweep used them."""
+    from scalelab.analysis.results import _finished_runs
+    from scalelab.core.rundir import STUDY_FILE, is_sweep
+
+    out: list[str] = []
+    for given in run_dirs:
+        path = Path(given)
+        if not (is_sweep(path) or (path / STUDY_FILE).exists()):
+            out.append(given)
+            continue
+        runs, said = _finished_runs(path)  # none finished: one error saying so and what continues it
+        out += [str(r) for r in runs]
+        for line in said:
+            err_console.print(f"[yellow]warning:[/] {escape(line.replace('it is not in the report', 'the plan leaves it out'))}",
+                              highlight=False, soft_wrap=True)
+    return tuple(out)
+
+
 def _backends(run_dirs: tuple[str, ...]) -> tuple[str, ...]:
     """The backends of the runs given (what a bare --rate prices)."""
     from scalelab.analysis.results import expand_run_dirs
@@ -612,6 +634,7 @@ def plan_cmd(run_dirs: tuple[str, ...], from_csv: str | None, predict_workers: s
 
     if bool(from_csv) == bool(run_dirs):
         raise SpecError("give RUN_DIRS (run or sweep directories) or --from-csv FILE (one of the two)")
+    run_dirs = finished_run_dirs(run_dirs)
     if predict_layouts is not None:
         _refuse_with_predict({"--predict-workers": predict_workers, "--predict-batch": predict_batch,
                               "--instance-types": instance_types, "--measured-on": measured_on,

@@ -720,12 +720,18 @@ def resume_cmd(run_dir: str, runs_dir: str, detach: bool, rank_output: str | Non
         if detach:
             raise SpecError("--detach is not for sweeps: their layouts run one after another, which takes a "
                             "launcher following them; resume it without --detach")
+        from scalelab.launcher.layouts import restore_missing_layouts
+
+        for name in restore_missing_layouts(path):  # deleted by hand: made again from sweep.json and a sibling's spec
+            console.print(f"layout {name} of {path} was missing: made again from sweep.json and its sibling "
+                          "layouts' spec; it starts from the beginning", highlight=False, soft_wrap=True)
         report_dirs([resume_sweep(path, allow_changed)], out=path, fmt="table")
         for marker, target in LAZY_RESUMED.items():  # e.g. a probe: its figures and cost with the runs resumed
             if (path / marker).is_file():
                 module, attr = target.split(":")
                 getattr(import_optional(module), attr)(path)
         return
+    refuse_not_a_run(path, "launch resume")  # a study, a prep: what it is and what to do, not "spec.json is missing"
     spec = read_spec(path).validate(stored=True)  # a --script run from before the trainer-only refusal resumes
     echo = echoed_ranks(rank_output, spec, detach)
     from scalelab.core.trajectory import check_resume, record_changes
@@ -1007,6 +1013,32 @@ def write_html_report(report, paths: list[Path]) -> Path:
 # ---- status, logs, cancel ------------------------------------------------------------------------
 
 
+def refuse_not_a_run(path: Path, command: str) -> None:
+    """A sweep, study, prep or GEMM study given to a command that takes one run (`launch logs`, `launch resume` of a
+    prep) is one error saying what it is and what to give instead: it said "is not a run directory: spec.json is
+    missing", true and no help. Anything else is left to `read_spec`'s error."""
+    from scalelab.core.rundir import sweep_runs
+    from scalelab.launcher.inventory import kind_of
+
+    if (path / "spec.json").exists() or not path.is_dir():
+        return
+    kind, word = kind_of(path), shell_word(path)
+    if kind == "sweep":
+        names = [p.name for p in sweep_runs(path)]
+        first = f" (`{command} {shell_word(path / names[0])}`)" if names else ""
+        raise ScalelabError(f"{path} is a sweep, not a run: `{command}` takes one of its layouts{first}; its layouts: "
+                            f"{', '.join(names) or 'none'} (`launch status {word}` shows how each stands)")
+    if kind == "study":
+        raise ScalelabError(f"{path} is a study, not a run: `{command}` takes one layout of one of its sweeps "
+                            f"(`launch status {word}` lists them; name one as {word}/VARIANT_DIR/LAYOUT)")
+    if kind in ("prep", "gemm"):
+        what = "a prep (made by `launch prep`)" if kind == "prep" else "a GEMM study"
+        also = ("; a prep is not resumed: run the same `launch prep` again" if command.endswith("resume") and kind == "prep"
+                else f"; its records are under {shell_word(path / 'records')}" if kind == "prep" else "")
+        raise ScalelabError(f"{path} is {what}, not a training run: `launch status {word}` shows its state and "
+                            f"`launch report {word}` its figures{also}")
+
+
 def _backend_of(run_dir: str):
     spec = read_spec(Path(run_dir))
     return get_backend(spec.backend, spec.backend_options), Path(run_dir)
@@ -1135,6 +1167,8 @@ def status_cmd(run_dir: str | None, runs_dir: str, fmt: str) -> None:
             click.echo(json.dumps(row, indent=2))
         else:
             print_rows(row.get("layouts") or [row], fmt, title=f"{row['kind']} {row['path']}: {row['state']}")
+            if row.get("note"):  # a sweep stopped part way: how far it got, what continues it
+                console.print(f"note: {escape(row['note'])}", highlight=False, soft_wrap=True)
         return
     _run_status(run_dir)
 
@@ -1199,9 +1233,12 @@ def logs_cmd(run_dir: str | None, runs_dir: str, rank: int | None, follow: bool)
 
     if run_dir is None:
         run_dir = str(newest_run_dir(Path(runs_dir)))
-        if is_sweep(Path(run_dir)) or not (Path(run_dir) / "spec.json").exists():
-            raise ScalelabError(f"the newest under {runs_dir} is {run_dir}, a sweep or study, not a run: give one of "
-                                f"its runs (`launch status {shell_word(run_dir)}` lists them)")
+        if not (Path(run_dir) / "spec.json").exists():
+            try:
+                refuse_not_a_run(Path(run_dir), "launch logs")
+            except ScalelabError as exc:
+                raise ScalelabError(f"the newest under {runs_dir}: {exc}") from None
+    refuse_not_a_run(Path(run_dir), "launch logs")
     backend, path = _backend_of(run_dir)
     if rank is not None and not 0 <= rank < read_spec(path).world:
         raise ScalelabError(f"--rank {rank}: the run has ranks 0..{read_spec(path).world - 1}")

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from scalelab.core.errors import ScalelabError
+from scalelab.core.lock import owner_of
 from scalelab.core.rundir import (
     ACTIVE,
     GEMM_FILE,
@@ -33,6 +34,9 @@ from scalelab.core.rundir import (
 from scalelab.core.spec import Spec, read_spec
 from scalelab.core.writes import what_it_is
 from scalelab.launcher.backend import rank_log as rank_log  # one rank's lines of a log (`Backend.rank_logs`)
+
+# The state of a sweep's layout whose directory is gone (`_unstarted`).
+MISSING = "MISSING"
 
 # The columns of `launch ls`, in order; JSON rows carry every one of them (None when not known).
 COLUMNS = ("name", "kind", "backend", "layout", "state", "steps", "total_steps", "loss", "words_per_s", "eta_s",
@@ -181,10 +185,15 @@ def _from_records(run_dir: Path, state: str) -> dict[str, Any]:
 
 
 def combined_state(states: list[str]) -> str:
-    """A sweep's state from its layouts': active while any is, else the worst end."""
-    for state in ("RUNNING", "PENDING", "FAILED", "UNKNOWN", "CANCELLED", "NEW"):
+    """A sweep's state from its layouts': active while any is, else the worst end; INCOMPLETE where some
+    layouts ended well and others never started (or are missing). Why not NEW: a sweep stopped after its
+    first layout completed (Ctrl-C between layouts) read NEW, as if nothing had run, though its finished
+    layouts are reported and `launch resume` continues the rest. NEW only when no layout started."""
+    for state in ("RUNNING", "PENDING", "FAILED", "UNKNOWN", "CANCELLED", "INCOMPLETE"):
         if any(s.rstrip("?") == state for s in states):
             return state
+    if any(s in ("NEW", MISSING) for s in states):
+        return "NEW" if all(s == "NEW" for s in states) else "INCOMPLETE"
     return states[0] if states else "NEW"
 
 
@@ -209,9 +218,34 @@ def group_row(path: Path, kind: str, layouts: list[dict[str, Any]]) -> dict[str,
 
 
 def sweep_row(sweep_dir: Path, now: float | None = None, backends: Backends | None = None) -> dict[str, Any]:
-    """A sweep: one row per layout (in sweep order; layouts not started yet are "NEW")."""
+    """A sweep: one row per layout (in sweep order; layouts not started yet are "NEW", a layout whose directory
+    is gone "MISSING"), and, where it stopped part way, a note saying how far it got and what continues it:
+    the reader of `launch ls` needs "1 of 2 layouts completed", not a bare state."""
     rows = [run_row(p, now, backends) if RunPaths(p).spec.exists() else _unstarted(p) for p in sweep_runs(sweep_dir)]
-    return group_row(sweep_dir, "sweep", rows)
+    row = group_row(sweep_dir, "sweep", rows)
+    if row["state"] in ("INCOMPLETE", "NEW") and any(r["state"] == "NEW" for r in rows) and owner_of(sweep_dir):
+        row["state"] = "RUNNING"  # its launcher is alive, between two layouts
+    note = sweep_note(sweep_dir, rows, row["state"])
+    if note:
+        row["note"] = note
+    return row
+
+
+def sweep_note(sweep_dir: Path, rows: list[dict[str, Any]], state: str) -> str | None:
+    """How far a stopped sweep got and what to do: "1 of 2 layouts completed; `launch resume DIR` continues the
+    others", naming missing layout directories (resume makes them again from sweep.json and a sibling's spec).
+    None for a sweep that is active, wholly completed or never started."""
+    from scalelab.core.errors import shell_word
+
+    if state.rstrip("?") in ACTIVE or all(r["state"] == "COMPLETED" for r in rows) or not rows:
+        return None
+    done = sum(r["state"] == "COMPLETED" for r in rows)
+    missing = [r["name"] for r in rows if r["state"] == MISSING]
+    gone = (f"; layout director{'ies' if len(missing) > 1 else 'y'} {', '.join(missing)} "
+            f"{'are' if len(missing) > 1 else 'is'} missing (resume makes {'them' if len(missing) > 1 else 'it'} "
+            "again)") if missing else ""
+    return (f"{done} of {len(rows)} layouts completed{gone}; `launch resume {shell_word(sweep_dir)}` continues "
+            "the others")
 
 
 def study_row(study_dir: Path, now: float | None = None, backends: Backends | None = None) -> dict[str, Any]:
@@ -238,8 +272,10 @@ def _runs_in(path: Path, kind: str) -> list[Path]:
 
 
 def _unstarted(path: Path) -> dict[str, Any]:
+    """A layout with no spec.json: NEW when its directory is there (written, not launched), MISSING when the
+    directory itself is gone (deleted by hand): a sweep showed such a layout as NEW, and resume then failed."""
     return {**dict.fromkeys(COLUMNS), "name": path.name, "path": str(path.absolute()), "kind": "run",
-            "backend": None, "layout": path.name, "state": "NEW"}
+            "backend": None, "layout": path.name, "state": "NEW" if path.is_dir() else MISSING}
 
 
 def describe(path: Path, now: float | None = None) -> dict[str, Any]:

@@ -125,16 +125,32 @@ def build_requests(params: dict[str, Any]) -> list[PrepRequest]:
 def check_local_inputs(request: PrepRequest) -> None:
     """Every local input file or glob names a non-empty text file, checked before the run directory is made: a
     missing, empty or binary --train was found by a task, after the cluster started, and left a run directory
-    (and an empty --out) behind. Remote URLs are checked by the cluster (listing a bucket here would cost a
-    round trip per pattern)."""
+    (and an empty --out) behind. So is their content where it is cheap to see (`core.datafiles`): parallel files
+    of different lengths (file i of --train-src against file i of --train-tgt, as the index task pairs them) and
+    sentiment lines without LABEL<TAB>, which left a FAILED prep and --out's marker. Remote URLs are checked by
+    the cluster (listing a bucket here would cost a round trip per pattern)."""
+    from scalelab.core.datafiles import check_labelled, check_parallel
     from scalelab.prep.corpus import expand, flag, is_remote
 
+    local_files: dict[str, list[str]] = {}
     for key, patterns in request.inputs.items():
         local = [p for p in patterns if not is_remote(p)]
         for path, size in expand(local, key, request.storage) if local else []:
             if size == 0:
                 raise SpecError(f"data file is empty: {path} ({flag(key)}); give a file with text in it")
             check_text_file(path, flag(key))
+        if local and len(local) == len(patterns):  # all local: the files the prep reads, in its order
+            local_files[key] = [path for path, _ in expand(local, key, request.storage)]
+    family = request.config.family
+    if family == "nmt":
+        for src, tgt in (("train_src", "train_tgt"), ("valid_src", "valid_tgt")):
+            if src in local_files and tgt in local_files and len(local_files[src]) == len(local_files[tgt]):
+                for a, b in zip(local_files[src], local_files[tgt]):
+                    check_parallel(a, b, flag(src), flag(tgt))
+    elif family == "sentiment":
+        for key in ("train", "valid"):
+            for path in local_files.get(key, []):
+                check_labelled(path, flag(key))
 
 
 def check_local_out(requests: list[PrepRequest]) -> None:
