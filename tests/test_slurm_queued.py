@@ -104,6 +104,8 @@ def test_a_held_slurm_job_is_shown_queued_with_its_reason(slurm_cluster, tmp_pat
         assert "starting ranks" not in status.stdout
         logs = launch("logs", str(run), cwd=tmp_path)
         assert f"[progress] queued: Slurm job {job} PENDING (BeginTime)" in logs.stdout, logs.stdout
+        listed = launch("ls", "--runs-dir", str(runs), cwd=tmp_path, env={"COLUMNS": "200"})
+        assert f"note: {run.name}: queued: Slurm job {job} PENDING (BeginTime)" in listed.stdout, listed.stdout
     finally:
         launch("cancel", str(run), cwd=tmp_path)
     assert in_queue(job) == []

@@ -81,6 +81,8 @@ def test_cancel_of_a_sweep_whose_launcher_was_killed_stops_every_layouts_job(slu
     proc.communicate(timeout=60)
     try:
         assert all(in_queue(job) for job in jobs.values()), "Slurm keeps both jobs with their launcher gone"
+        status = launch("status", str(sweep), cwd=tmp_path)  # 1x2 waits for 1x1: the layout's note says why
+        assert f"note: 1x2: queued: Slurm job {jobs['1x2']} PENDING (Dependency)" in status.stdout, status.stdout
         cancelled = launch("cancel", str(sweep), cwd=tmp_path)
         assert cancelled.returncode == 0, cancelled.stderr
         for name, job in jobs.items():

@@ -1167,6 +1167,9 @@ def status_cmd(run_dir: str | None, runs_dir: str, fmt: str) -> None:
             click.echo(json.dumps(row, indent=2))
         else:
             print_rows(row.get("layouts") or [row], fmt, title=f"{row['kind']} {row['path']}: {row['state']}")
+            for layout in row.get("layouts") or []:  # a layout waiting in the queue: why
+                if layout.get("note"):
+                    console.print(f"note: {escape(layout['name'])}: {escape(layout['note'])}", highlight=False)
             if row.get("note"):  # a sweep stopped part way: how far it got, what continues it
                 console.print(f"note: {escape(row['note'])}", highlight=False, soft_wrap=True)
         return

@@ -22,6 +22,7 @@ from scalelab.core.lock import owner_of
 from scalelab.core.rundir import (
     ACTIVE,
     GEMM_FILE,
+    PENDING,
     STUDY_FILE,
     SWEEP_FILE,
     RunPaths,
@@ -110,18 +111,24 @@ def _recorded(run_dir: Path) -> str:
 def verified_state(run_dir: Path, backends: Backends | None = None) -> str:
     """The run's state, asked of its backend while launch.json says it is active ("?" appended when the
     backend could not be asked); None-launched runs are "NEW"."""
+    return verified_status(run_dir, backends)[0]
+
+
+def verified_status(run_dir: Path, backends: Backends | None = None) -> tuple[str, str]:
+    """(`verified_state`, the backend's words for it while it was asked: "Slurm job 7 PENDING (Dependency)")."""
     from scalelab.launcher.runner import settle
 
     if not RunPaths(run_dir).launch.exists():
-        return "NEW"
+        return "NEW", ""
     recorded = _recorded(run_dir)
     if recorded not in ACTIVE:
-        return recorded
+        return recorded, ""
     try:
         spec = read_spec(run_dir)
-        return settle((backends or Backends()).of(spec), run_dir).state
+        status = settle((backends or Backends()).of(spec), run_dir)
+        return status.state, status.detail
     except ScalelabError:
-        return recorded + "?"
+        return recorded + "?", ""
 
 
 def run_row(run_dir: Path, now: float | None = None, backends: Backends | None = None) -> dict[str, Any]:
@@ -129,18 +136,21 @@ def run_row(run_dir: Path, now: float | None = None, backends: Backends | None =
     summary.json once it completed, else from its records as they are (step of total, last loss, ETA:
     `launcher.progress`), the cost so far when launch.json knows a price per hour, the age from the launch."""
     spec = read_spec(run_dir)
-    state = verified_state(run_dir, backends)
+    state, detail = verified_status(run_dir, backends)
     paths = RunPaths(run_dir)
     info = read_state(run_dir) if paths.launch.exists() else {}
     started = info.get("launched") or info.get("started")
     ended = info.get("ended") or now or time.time()
     rate = info.get("usd_per_hour")
-    return {
+    row = {
         "name": run_dir.name, "path": str(run_dir.absolute()), "kind": "run", "backend": spec.backend,
         "layout": f"{spec.nodes}x{spec.gpus_per_node}", "state": state, **_progress(run_dir, state),
         "cost_usd": _cost_so_far(rate, ended - started) if rate is not None and started else None,
         "age_s": (now or time.time()) - started if started else None,
     }
+    if state == PENDING and detail and "note" not in row:  # why it waits, as squeue's REASON column says it
+        row["note"] = f"queued: {detail}"
+    return row
 
 
 def _cost_so_far(usd_per_hour: float, seconds: float) -> float:
