@@ -282,13 +282,17 @@ def cost_cmd(run_dirs: tuple[str, ...], from_csv: str | None, instances: str | N
     if "state" in keep and (out["state"] == "COMPLETED").all():  # said only where a run did not complete
         keep.remove("state")
     show = out[keep].rename(columns=_COST_HEADERS)  # threshold columns only where a run has a threshold
-    nfmt: dict[str, Any] = {"wall": human_duration, "$/hour": ".4f", "dollars": ",.2f",
+    nfmt: dict[str, Any] = {"wall": _wall_cell, "$/hour": ".4f", "dollars": _dollars_cell,
                             "wall to threshold": human_duration, "$ to threshold": ",.2f"}
+    never = _never_lines(out)
     if fmt == "markdown":
-        for col in ("wall", "wall to threshold"):
-            if col in show.columns:
-                show[col] = show[col].map(lambda v: None if v is None or v != v else human_duration(v))
-        click.echo(markdown_table(show, {k: v for k, v in nfmt.items() if not callable(v)}))
+        for col, how in nfmt.items():
+            if callable(how) and col in show.columns:
+                show[col] = show[col].map(lambda v, how=how: None if v is None or v != v else how(v))
+        click.echo(markdown_table(show, {k: v for k, v in nfmt.items() if not callable(v)},
+                                  align_right=[k for k, v in nfmt.items() if callable(v)]))
+        for line in never:
+            click.echo(f"\n{line}")
     else:
         show, title = _distinct_runs(show, out.get("run_dir"))
         title = f"Cost per run{title} (per-second billing, 60 s minimum)"
@@ -297,6 +301,30 @@ def cost_cmd(run_dirs: tuple[str, ...], from_csv: str | None, instances: str | N
         bases = sorted({str(b) for b in out.get("price_basis", pd.Series(dtype=str)).dropna()})
         if bases:
             console.print("price: " + "; ".join(bases), highlight=False)  # wrapped at words, not by the terminal
+        for line in never:
+            console.print(escape(line), highlight=False)
+
+
+def _wall_cell(seconds: float) -> str:
+    """A run's wall time; `never` where spot interruptions leave no time to work (`billing.spot_stall`)."""
+    return "never" if math.isinf(seconds) else human_duration(seconds)
+
+
+def _dollars_cell(dollars: float) -> str:
+    """A run's dollars; `never` (it never finishes) where the arithmetic says inf."""
+    return "never" if math.isinf(dollars) else f"{dollars:,.2f}"
+
+
+def _never_lines(out: pd.DataFrame) -> list[str]:
+    """Under the cost table, why its `never` rows never finish (`RunCost.never_finishes`, the JSON's field),
+    once per reason with the runs it holds for. Why: the table said dollars `inf` and nothing else."""
+    if "never_finishes" not in out.columns:
+        return []
+    reasons: dict[str, list[str]] = {}
+    for label, why in zip(out["label"], out["never_finishes"]):
+        if isinstance(why, str) and why:
+            reasons.setdefault(why, []).append(str(label))
+    return [f"{', '.join(labels)}: {why}" for why, labels in reasons.items()]
 
 
 def _distinct_runs(show: pd.DataFrame, run_dirs: pd.Series | None) -> tuple[pd.DataFrame, str]:
