@@ -56,7 +56,7 @@ from scalelab.costs.speed import Speed, resolve_speed
 from scalelab.costs.steptime import Layout, predict_layouts
 
 __all__ = ["Overheads", "PlanRequest", "Plan", "Candidate", "plan", "predict", "predict_convergence", "next_measurement",
-           "resolve_candidate", "price", "recommend"]
+           "resolve_candidate", "price", "recommend", "never_finishing", "candidate_text"]
 
 
 # ---- the plan -----------------------------------------------------------------------------------
@@ -299,7 +299,8 @@ def _layout_markets(request: PlanRequest, layout: Layout, r: pd.Series, notes: l
                     "hours": cost["point"].hours, "hours_low": cost["low"].hours, "hours_high": cost["high"].hours,
                     "usd_per_hour": cost["point"].usd_per_hour, "dollars": cost["point"].dollars,
                     "dollars_high": cost["high"].dollars,
-                    "expected_interruptions": cost["point"].expected_interruptions})
+                    "expected_interruptions": cost["point"].expected_interruptions,
+                    "never_finishes": cost["point"].never_finishes})
     return out
 
 
@@ -700,7 +701,8 @@ def _market_rows(request: PlanRequest, cand: Candidate, layout: dict[str, Any], 
                      "hours_low": cost["low"].hours, "hours_high": cost["high"].hours,
                      "usd_per_hour": cost["point"].usd_per_hour, "dollars": cost["point"].dollars,
                      "dollars_high": cost["high"].dollars,
-                     "expected_interruptions": cost["point"].expected_interruptions})
+                     "expected_interruptions": cost["point"].expected_interruptions,
+                     "never_finishes": cost["point"].never_finishes})
     return rows
 
 
@@ -735,6 +737,15 @@ def recommend(candidates: pd.DataFrame, deadline_h: float | None, budget_usd: fl
         notes.append("no layout fits its GPUs' memory: nothing to recommend; use a smaller batch per rank or GPUs "
                      "with more memory (`launch memory`)")
         return recs, notes
+    notes.extend(_never_notes(candidates))
+    candidates = _finishing(candidates)  # one that never finishes (spot at its rate) is never recommended either
+    if candidates.empty:  # each recommendation asked is None: the answer says why none finishes (costs/cli.py)
+        for key, limit in (("cheapest_within_deadline", deadline_h), ("fastest_within_budget", budget_usd)):
+            if limit is not None:
+                recs[key] = None
+        if deadline_h is None and budget_usd is None:
+            recs["cheapest"] = recs["fastest"] = None
+        return recs, notes
     # the frontier of what the recommendations judge: the bad ends of the bands, among the layouts that fit
     candidates["pareto"] = pareto_front(candidates["hours_high"], candidates["dollars_high"])
     everything.loc[candidates.index, "pareto"] = candidates["pareto"]
@@ -756,6 +767,41 @@ def recommend(candidates: pd.DataFrame, deadline_h: float | None, budget_usd: fl
     notes.extend(_unmeasured_notes(recs))
     everything.loc[candidates.index, "recommendation"] = candidates["recommendation"]
     return recs, notes
+
+
+def _finishing(candidates: pd.DataFrame) -> pd.DataFrame:
+    """The rows with a finite time and price at their band's bad end. Why: on spot at 10 interruptions an hour
+    every layout's time was infinite, and one was recommended as the cheapest (and crashed the answer's line)."""
+    finite = np.isfinite(pd.to_numeric(candidates["hours_high"], errors="coerce").astype(float)) \
+        & np.isfinite(pd.to_numeric(candidates["dollars_high"], errors="coerce").astype(float))
+    return candidates[finite].copy()
+
+
+def never_finishing(candidates: pd.DataFrame) -> pd.DataFrame:
+    """The candidates that never finish on spot at their interruption rate (`billing.spot_stall`), fewest
+    instances first: the first is the nearest to finishing, and its reason names the rate that would let it."""
+    if "never_finishes" not in candidates.columns:
+        return candidates.iloc[:0]
+    stalled = candidates[candidates["never_finishes"].map(lambda v: isinstance(v, str) and bool(v))]
+    return stalled.sort_values(["instances", "workers"], kind="stable")
+
+
+def candidate_text(row: Any) -> str:
+    """A candidate in words: its named layout, or its workers on their instances (the answer's wording)."""
+    if isinstance(row.get("layout"), str) and row.get("layout"):
+        return str(row["layout"])
+    workers = int(row["workers"])
+    return f"{workers} worker{'' if workers == 1 else 's'} on {row['instances']}*{row['instance_type']}"
+
+
+def _never_notes(candidates: pd.DataFrame) -> list[str]:
+    """One note where layouts never finish on spot: how many, and the nearest one's reason and way out."""
+    stalled = never_finishing(candidates)
+    if not len(stalled):
+        return []
+    first = stalled.iloc[0]
+    return [f"{len(stalled)} of {len(candidates)} priced layouts never finish and are never recommended; the one with "
+            f"the fewest instances, {candidate_text(first)} {first['market']}, {first['never_finishes']}"]
 
 
 def _fitting(candidates: pd.DataFrame) -> pd.DataFrame:
