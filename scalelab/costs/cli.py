@@ -47,6 +47,10 @@ _FORMATS = ["table", "json", "markdown"]
 # `plan --work 1e300` priced 300-digit dollars: 1e15 samples or words is a thousand times the largest
 # training runs published (about 1.5e13 tokens)
 MAX_WORK = 1e15
+# `plan --gradient-mb 1e305` overflowed the gradient's bytes to inf and the fit's SVD failed (a traceback). A gradient
+# is the model's parameters in their precision: the largest models published (1-2 trillion parameters) have 4-8 TB
+# of fp32 gradients, so 10 TB bounds every real one with room, far below where the arithmetic overflows.
+MAX_GRADIENT_MB = 1e7
 
 
 def _catalog_options(func):
@@ -606,7 +610,8 @@ def _parse_batches(text: str | None) -> list[int]:
                                                                    "speed_basis user). Without it a type is priced at "
                                                                    "its probed or spec-estimated speed, or not at all "
                                                                    "(docs/costs.md).")
-@click.option("--gradient-mb", type=POSITIVE, help="Gradient size for the all-reduce model [default: 1 MB; the fit calibrates it].")
+@click.option("--gradient-mb", type=Number(above=0, maximum=MAX_GRADIENT_MB, why="10 TB: more than the gradient of "
+                                            "any model trained; a trillion fp32 parameters is 4 TB"), help="Gradient size for the all-reduce model [default: 1 MB; the fit calibrates it].")
 @click.option("--intra-gbps", type=POSITIVE, default=80.0, show_default=True, help="Bandwidth between GPUs of one node.")
 @click.option("--deadline-h", type=POSITIVE, help="Recommend the cheapest layout that finishes within this many hours "
                                                "(with --confidence).")

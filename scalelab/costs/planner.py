@@ -49,7 +49,7 @@ from scalelab.costs.billing import Mix, cost_at_rate, run_cost
 from scalelab.costs.calibration import DEFAULT_CONFIDENCE, next_count
 from scalelab.costs.catalog import Catalog, CatalogError, InstanceType
 from scalelab.costs.convergence import ConvergenceFit, fit_convergence
-from scalelab.costs.fitting import LinkModel, pareto_front
+from scalelab.costs.fitting import FitError, LinkModel, pareto_front
 from scalelab.costs.memory import HEADROOM, MemoryModel, overflows
 from scalelab.costs.model import FittedSeries
 from scalelab.costs.speed import Speed, resolve_speed
@@ -180,7 +180,10 @@ def plan(request: PlanRequest) -> Plan:
     if request.layouts:
         return _plan_layouts(request)
     convergence, batches, notes = predict_convergence(request)
-    fits, predictions = predict(request, notes)
+    unfitted: list[str] = []
+    fits, predictions = predict(request, notes, unfitted)
+    if not fits and unfitted and not len(batches):  # the arithmetic failed: no second GPU count would help
+        raise FitError("; ".join(unfitted))
     if not fits and len(request.measured) and not len(batches):
         # nothing at all can be predicted: that is the error, with what to do about it
         raise DataError(notes[-1].removesuffix(NOT_PREDICTED) + "; measure it at a second GPU count "
@@ -307,11 +310,13 @@ def _layout_markets(request: PlanRequest, layout: Layout, r: pd.Series, notes: l
 # ---- 1. fit and predict -------------------------------------------------------------------------
 
 
-def predict(request: PlanRequest, notes: list[str] | None = None) -> tuple[dict[str, FittedSeries], pd.DataFrame]:
+def predict(request: PlanRequest, notes: list[str] | None = None,
+            unfitted: list[str] | None = None) -> tuple[dict[str, FittedSeries], pd.DataFrame]:
     """(fit per series, predictions): every series fitted on its own rows and predicted at its
     measured and at the requested worker counts, with its band at `confidence`. A series that
     cannot be fitted (one worker count) is an error, or a note when `notes` is given (other
-    series, or its steps to the threshold, can be predicted all the same)."""
+    series, or its steps to the threshold, can be predicted all the same); one whose fit the arithmetic
+    cannot do (FitError: a number overflowed) is also added to `unfitted`, with what to check."""
     measured = request.measured
     if not len(measured):
         return {}, pd.DataFrame()
@@ -325,6 +330,15 @@ def predict(request: PlanRequest, notes: list[str] | None = None) -> tuple[dict[
     for label, part in measured.groupby("label", sort=False):
         try:
             fit = FittedSeries.fit(str(label), part, link, base.gpus if base is not None else None)
+        except FitError as exc:
+            why = (f"{exc}; check its throughput and the link model (gradient {link.gradient_bytes / 1e6:g} MB, "
+                   f"--gradient-mb; {link.intra_gbps:g} Gbit/s inside a node, --intra-gbps)")
+            if notes is None:
+                raise FitError(why) from None
+            notes.append(f"{why}{NOT_PREDICTED}")
+            if unfitted is not None:
+                unfitted.append(why)
+            continue
         except DataError as exc:
             if notes is None:
                 raise
