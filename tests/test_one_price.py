@@ -214,7 +214,7 @@ def test_expect_from_takes_only_runs_of_the_launchs_model(runs, tmp_path, monkey
     other = read_spec(runs[0])
     other.model = "rnnlm-tiny"
     save_spec(other, runs[0])
-    out = CliRunner().invoke(main, [*AWS, "--expect-from", str(tmp_path)])
+    out = CliRunner().invoke(main, [*AWS, "--expect-from", str(runs[0])])  # a run dir (a folder of runs is refused)
     assert isinstance(out.exception, SpecError), out.output  # the console entry's one line and exit 2
     assert ("none of its 1 completed run(s) is of nmt-tiny (they are of rnnlm-tiny); point it at runs of nmt-tiny"
             in str(out.exception)), out.exception

@@ -156,3 +156,32 @@ class RunDir(click.ParamType):
             raise ScalelabError(f"no run matches {found!r} under {root} (`launch ls --runs-dir {shell_word(root)}` lists "
                                 "them)")
         return found
+
+
+def holds_runs(path: Path) -> bool:
+    """Whether `path` is a run, sweep or study directory (its spec.json, sweep.json or study.json at the top)."""
+    return any((path / name).is_file() for name in ("spec.json", SWEEP_FILE, STUDY_FILE))
+
+
+class MeasuredRuns(click.ParamType):
+    """A flag's run, sweep or study directory of measured runs (`--expect-from`), as its help says. Why:
+    `--expect-from /tmp` was taken without a word (a launch with no price never read it; one with a price took
+    a stranger's run from three folders down); without the flag the runs directory is searched already."""
+
+    name = "DIR"
+
+    def __init__(self, flag: str) -> None:
+        self.flag = flag
+
+    def convert(self, value, param, ctx):  # type: ignore[no-untyped-def]
+        path = Path(str(value))
+        if not path.exists():
+            self.fail(f"{self.flag} {value}: no such directory; give a run, sweep or study directory", param, ctx)
+        if not path.is_dir():
+            self.fail(f"{self.flag} {value}: a file, not a run, sweep or study directory", param, ctx)
+        if not holds_runs(path):
+            self.fail(f"{self.flag} {value}: not a run, sweep or study directory (no spec.json, {SWEEP_FILE} or "
+                      f"{STUDY_FILE} in it); give the directory of the runs whose step times price this launch, "
+                      "e.g. runs/sweep-... (`launch ls` lists them), or leave the flag out to search the runs "
+                      "directory", param, ctx)
+        return str(value)

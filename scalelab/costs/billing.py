@@ -34,7 +34,7 @@ from typing import Any
 from scalelab.costs.catalog import MARKETS, Catalog, CatalogError
 
 __all__ = ["MIN_BILLED_S", "Mix", "billed_seconds", "RunCost", "run_cost", "cost_at_rate", "instances_for",
-           "spot_expected_seconds", "threshold_cost"]
+           "spot_expected_seconds", "spot_stall", "threshold_cost"]
 
 MIN_BILLED_S = 60
 
@@ -147,10 +147,47 @@ def spot_expected_seconds(seconds: float, interruptions_per_hour: float, checkpo
     times an hour (the whole job's rate; formula in the module doc)."""
     if interruptions_per_hour < 0 or checkpoint_write_s < 0:
         raise CatalogError("interruptions per hour and checkpoint write seconds must be >= 0")
-    lost_per_hour = interruptions_per_hour * ((checkpoint_interval_s + checkpoint_write_s) / 2.0 + restart_s)
+    lost_per_hour = interruptions_per_hour * _lost_per_interruption(checkpoint_interval_s, restart_s, checkpoint_write_s)
     if lost_per_hour >= 3600.0:
         return math.inf
     return seconds * (1.0 + checkpoint_write_s / checkpoint_interval_s) / (1.0 - lost_per_hour / 3600.0)
+
+
+def _lost_per_interruption(checkpoint_interval_s: float, restart_s: float, checkpoint_write_s: float) -> float:
+    """Seconds one interruption costs on average: half a checkpoint interval and its write, and the restart."""
+    return (checkpoint_interval_s + checkpoint_write_s) / 2.0 + restart_s
+
+
+def spot_stall(interruptions_per_hour: float, checkpoint_interval_s: float = 600.0, restart_s: float = 180.0,
+               checkpoint_write_s: float = 0.0, instances: int = 1) -> str | None:
+    """Why a spot job interrupted `interruptions_per_hour` times an hour (its `instances` together) never
+    finishes, and what would let it, in the flags of `launch cost` and `launch plan`; None when it finishes.
+
+    Why: `spot_expected_seconds` is infinite when the interruptions lose the whole hour, and that was shown as
+    dollars `inf` (`launch cost`), null dollars with 0.0 expected interruptions (its JSON), or recommended as
+    the cheapest layout and crashed the plan's answer: nothing said that the rate is the cause or what to change.
+    """
+    lost = _lost_per_interruption(checkpoint_interval_s, restart_s, checkpoint_write_s)
+    if interruptions_per_hour * lost < 3600.0:
+        return None
+    n = max(1, int(instances))
+    job = f"{interruptions_per_hour:.3g} interruptions an hour" + (
+        f" ({n} instances, {interruptions_per_hour / n:.3g} each)" if n > 1 else "")
+    write = f" and its {checkpoint_write_s:g} s write" if checkpoint_write_s else ""
+    most = 3600.0 / lost  # the job's rate must stay under this
+    ways = [f"lower --interruptions-per-hour below {most / n:.3g} per instance (or the type's rate in the prices file)"]
+    room = 3600.0 / interruptions_per_hour  # seconds between interruptions
+    interval = 2.0 * (room - restart_s) - checkpoint_write_s  # the checkpoint interval that loses exactly that
+    if interval > 0:
+        ways.append(f"checkpoint more often (--checkpoint-interval-s below {interval:.3g}, now {checkpoint_interval_s:g})")
+    else:  # a restart (and half a write) alone takes the time between interruptions
+        ways.append(f"restart faster (--restart-s below {max(room - checkpoint_write_s / 2.0, 0.0):.3g}, now "
+                    f"{restart_s:g}) and checkpoint more often (--checkpoint-interval-s)")
+    ways.append("use on-demand (--market on-demand)")
+    return (f"never finishes on spot: at {job}, each losing {lost:.3g} s on average (half the "
+            f"{checkpoint_interval_s:g} s checkpoint interval{write}, and the {restart_s:g} s restart), "
+            f"{interruptions_per_hour * lost:,.0f} s of every hour are lost, more than the hour; to finish, "
+            f"{', '.join(ways[:-1])}, or {ways[-1]}")
 
 
 @dataclass
@@ -169,6 +206,9 @@ class RunCost:
     dollars: float
     work_seconds: float
     expected_interruptions: float
+    #: on spot, why the run never finishes at its interruption rate and what would let it (`spot_stall`);
+    #: None when it finishes (then `seconds`, `dollars` are finite)
+    never_finishes: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -214,6 +254,9 @@ def cost_at_rate(seconds: float, instances: str, gpus: int, usd_per_hour: float,
     price resolved once per type (`costs.planner.Candidate` prices every row of it without the catalog)."""
     wall = seconds if market == "on-demand" else spot_expected_seconds(
         seconds, interruptions_per_hour, checkpoint_interval_s, restart_s, checkpoint_write_s)
+    stall = spot_stall(interruptions_per_hour, checkpoint_interval_s, restart_s, checkpoint_write_s,
+                       Mix.parse(instances).count() if instances else 1) \
+        if market != "on-demand" and math.isinf(wall) else None
     if math.isinf(wall):
         billed, dollars = 0, math.inf
     else:
@@ -223,7 +266,10 @@ def cost_at_rate(seconds: float, instances: str, gpus: int, usd_per_hour: float,
         label=label, instances=instances, market=market, region=region,
         seconds=wall, hours=wall / 3600.0, billed_seconds=billed, gpus=gpus,
         usd_per_hour=usd_per_hour, dollars=dollars, work_seconds=float(seconds),
-        expected_interruptions=0.0 if market == "on-demand" or math.isinf(wall) else interruptions_per_hour * wall / 3600.0,
+        # never finishing: interrupted without end (inf, null in JSON), not 0.0 as if never interrupted
+        expected_interruptions=0.0 if market == "on-demand" or not interruptions_per_hour
+        else interruptions_per_hour * wall / 3600.0,
+        never_finishes=stall,
     )
 
 

@@ -47,6 +47,10 @@ _FORMATS = ["table", "json", "markdown"]
 # `plan --work 1e300` priced 300-digit dollars: 1e15 samples or words is a thousand times the largest
 # training runs published (about 1.5e13 tokens)
 MAX_WORK = 1e15
+# `plan --gradient-mb 1e305` overflowed the gradient's bytes to inf and the fit's SVD failed (a traceback). A gradient
+# is the model's parameters in their precision: the largest models published (1-2 trillion parameters) have 4-8 TB
+# of fp32 gradients, so 10 TB bounds every real one with room, far below where the arithmetic overflows.
+MAX_GRADIENT_MB = 1e7
 
 
 def _catalog_options(func):
@@ -282,13 +286,17 @@ def cost_cmd(run_dirs: tuple[str, ...], from_csv: str | None, instances: str | N
     if "state" in keep and (out["state"] == "COMPLETED").all():  # said only where a run did not complete
         keep.remove("state")
     show = out[keep].rename(columns=_COST_HEADERS)  # threshold columns only where a run has a threshold
-    nfmt: dict[str, Any] = {"wall": human_duration, "$/hour": ".4f", "dollars": ",.2f",
+    nfmt: dict[str, Any] = {"wall": _wall_cell, "$/hour": ".4f", "dollars": _dollars_cell,
                             "wall to threshold": human_duration, "$ to threshold": ",.2f"}
+    never = _never_lines(out)
     if fmt == "markdown":
-        for col in ("wall", "wall to threshold"):
-            if col in show.columns:
-                show[col] = show[col].map(lambda v: None if v is None or v != v else human_duration(v))
-        click.echo(markdown_table(show, {k: v for k, v in nfmt.items() if not callable(v)}))
+        for col, how in nfmt.items():
+            if callable(how) and col in show.columns:
+                show[col] = show[col].map(lambda v, how=how: None if v is None or v != v else how(v))
+        click.echo(markdown_table(show, {k: v for k, v in nfmt.items() if not callable(v)},
+                                  align_right=[k for k, v in nfmt.items() if callable(v)]))
+        for line in never:
+            click.echo(f"\n{line}")
     else:
         show, title = _distinct_runs(show, out.get("run_dir"))
         title = f"Cost per run{title} (per-second billing, 60 s minimum)"
@@ -297,6 +305,30 @@ def cost_cmd(run_dirs: tuple[str, ...], from_csv: str | None, instances: str | N
         bases = sorted({str(b) for b in out.get("price_basis", pd.Series(dtype=str)).dropna()})
         if bases:
             console.print("price: " + "; ".join(bases), highlight=False)  # wrapped at words, not by the terminal
+        for line in never:
+            console.print(escape(line), highlight=False)
+
+
+def _wall_cell(seconds: float) -> str:
+    """A run's wall time; `never` where spot interruptions leave no time to work (`billing.spot_stall`)."""
+    return "never" if math.isinf(seconds) else human_duration(seconds)
+
+
+def _dollars_cell(dollars: float) -> str:
+    """A run's dollars; `never` (it never finishes) where the arithmetic says inf."""
+    return "never" if math.isinf(dollars) else f"{dollars:,.2f}"
+
+
+def _never_lines(out: pd.DataFrame) -> list[str]:
+    """Under the cost table, why its `never` rows never finish (`RunCost.never_finishes`, the JSON's field),
+    once per reason with the runs it holds for. Why: the table said dollars `inf` and nothing else."""
+    if "never_finishes" not in out.columns:
+        return []
+    reasons: dict[str, list[str]] = {}
+    for label, why in zip(out["label"], out["never_finishes"]):
+        if isinstance(why, str) and why:
+            reasons.setdefault(why, []).append(str(label))
+    return [f"{', '.join(labels)}: {why}" for why, labels in reasons.items()]
 
 
 def _distinct_runs(show: pd.DataFrame, run_dirs: pd.Series | None) -> tuple[pd.DataFrame, str]:
@@ -600,7 +632,8 @@ def _parse_batches(text: str | None) -> list[int]:
                                                                    "speed_basis user). Without it a type is priced at "
                                                                    "its probed or spec-estimated speed, or not at all "
                                                                    "(docs/costs.md).")
-@click.option("--gradient-mb", type=POSITIVE, help="Gradient size for the all-reduce model [default: 1 MB; the fit calibrates it].")
+@click.option("--gradient-mb", type=Number(above=0, maximum=MAX_GRADIENT_MB, why="10 TB: more than the gradient of "
+                                            "any model trained; a trillion fp32 parameters is 4 TB"), help="Gradient size for the all-reduce model [default: 1 MB; the fit calibrates it].")
 @click.option("--intra-gbps", type=POSITIVE, default=80.0, show_default=True, help="Bandwidth between GPUs of one node.")
 @click.option("--deadline-h", type=POSITIVE, help="Recommend the cheapest layout that finishes within this many hours "
                                                "(with --confidence).")
@@ -881,14 +914,28 @@ _UNMET = {"cheapest_within_deadline": ("--deadline-h", "hours_high", "finishes w
           "fastest_within_budget": ("--budget", "dollars_high", "costs at most", "$")}
 
 
+def _answers_none(key: str) -> bool:
+    """Whether a recommendation the planner left None gets an answer line saying why: a limit no layout meets
+    (`_UNMET`), or the plain cheapest and fastest where no layout finishes at all (spot at its rate)."""
+    return key in _UNMET or key in ("cheapest", "fastest")
+
+
 def _unmet_line(key: str, result) -> str:
     """The answer where no layout meets --deadline-h or --budget: none, the surest layout and its bad end, and
     what to change. Why: it was a stderr note only, the answer block silent and no way out said. Rendered from
-    the plan's candidates (the planner keeps the recommendation as None)."""
-    flag, column, verb, unit = _UNMET[key]
+    the plan's candidates (the planner keeps the recommendation as None). Where no layout finishes at all (spot
+    at its interruption rate), that is the answer (`_never_line`)."""
+    from scalelab.costs.planner import never_finishing
+
     fitting = result.candidates
     if "fits_memory" in fitting.columns:  # as the planner judges: a layout that overflows is never recommended
         fitting = fitting[~fitting["fits_memory"].map(overflows)]
+    finite = fitting[[math.isfinite(h) and math.isfinite(d) for h, d in
+                      zip(fitting["hours_high"].astype(float), fitting["dollars_high"].astype(float))]]
+    if finite.empty or key not in _UNMET:
+        return _never_line(key, result, never_finishing(fitting))
+    fitting = finite
+    flag, column, verb, unit = _UNMET[key]
     surest = fitting.loc[fitting[column].idxmin()]
     needed = math.ceil(float(surest[column]) * 100) / 100
     bound = f"{needed:.2f} h" if unit == "h" else f"${needed:,.2f}"
@@ -898,6 +945,23 @@ def _unmet_line(key: str, result) -> str:
     return (f"{key.replace('_', ' ')}: none: no layout {verb} {flag} with {result.confidence:.0%} confidence; the "
             f"surest, {_where(surest)} {surest['market']}, {'takes' if unit == 'h' else 'costs'} up to {bound}. "
             f"To get one: {', '.join(ways[:-1])}, or {ways[-1]}")
+
+
+def _never_line(key: str, result, stalled: pd.DataFrame) -> str:
+    """The answer where no priced layout finishes: on spot every one loses each hour to its interruptions
+    (`billing.spot_stall`: the nearest one's reason and what would let it finish). Why: the plan recommended a
+    layout of infinite time and crashed printing it (`launch plan --market spot --interruptions-per-hour 10`)."""
+    from scalelab.costs.planner import candidate_text
+
+    name = key.replace("_", " ")
+    if key == "fastest" and "cheapest" in result.recommendations:
+        return f"{name}: none: no layout finishes (see cheapest)"
+    if not len(stalled):  # infinite for another cause: a band down to no throughput
+        return (f"{name}: none: no layout's time is bounded at {result.confidence:.0%} confidence (its band reaches "
+                "no throughput); measure more layouts or lower --confidence")
+    first = stalled.iloc[0]
+    return (f"{name}: none: no priced layout finishes; the one with the fewest instances, {candidate_text(first)} "
+            f"{first['market']}, {first['never_finishes']}")
 
 
 def _other_ways(key: str, result, fitting: pd.DataFrame) -> list[str]:
@@ -939,7 +1003,7 @@ def _model_lines(result) -> list[str]:
     what to measure next."""
     lines = _assumption_lines(result)
     lines += [_recommendation_line(k, v) if v else _unmet_line(k, result) for k, v in result.recommendations.items()
-              if v or k in _UNMET]
+              if v or _answers_none(k)]
     if result.next_measurement:
         n = result.next_measurement
         series = f" ({n['label']})" if n["label"] else ""
@@ -972,8 +1036,9 @@ _BATCH_FMT = {"batch": ".0f", "steps": ",.0f", "steps low": ",.0f", "steps high"
 _CAND_VIEW = {"label": "series", "workers": "workers", "instances": "instances", "market": "market",
               "speed_basis": "speed", "global_batch": "batch", "steps_to_threshold": "steps", "hours": "time",
               "hours_high": "up to", "dollars": "dollars", "dollars_high": "up to $", "pick": "pick"}
-_CAND_FMT: dict[str, Any] = {"workers": ".0f", "batch": ".0f", "steps": ",.0f", "dollars": ",.2f", "up to $": ",.2f",
-                             "time": lambda h: human_duration(h * 3600), "up to": lambda h: human_duration(h * 3600)}
+_CAND_FMT: dict[str, Any] = {"workers": ".0f", "batch": ".0f", "steps": ",.0f", "dollars": lambda d: _dollars_cell(d),
+                             "up to $": lambda d: _dollars_cell(d), "time": lambda h: _wall_cell(h * 3600),
+                             "up to": lambda h: _wall_cell(h * 3600)}
 
 
 #: The plan's columns a narrow terminal leaves out, least needed first, where folding text cells between
@@ -1023,15 +1088,18 @@ def _candidate_rows(result) -> pd.DataFrame:
     else:
         c["instances"] = [f"{int(n)}*{t}" for n, t in zip(c["instances"], c["instance_type"])]
     fits = c["fits_memory"] if "fits_memory" in c.columns else [None] * len(c)
-    c["pick"] = [_pick_word(r, p, f) for r, p, f in zip(c["recommendation"], c["pareto"], fits)]
+    never = c["never_finishes"] if "never_finishes" in c.columns else [None] * len(c)
+    c["pick"] = [_pick_word(r, p, f, n) for r, p, f, n in zip(c["recommendation"], c["pareto"], fits, never)]
     return c
 
 
-def _pick_word(recommendation: Any, pareto: Any, fits: Any = None) -> str:
-    """cheapest / fastest (a recommendation), no fit (a rank would overflow its GPU's memory), frontier
-    (nothing both faster and cheaper), or nothing."""
+def _pick_word(recommendation: Any, pareto: Any, fits: Any = None, never: Any = None) -> str:
+    """cheapest / fastest (a recommendation), no fit (a rank would overflow its GPU's memory), never (spot at its
+    interruption rate never finishes), frontier (nothing both faster and cheaper), or nothing."""
     if overflows(fits):
         return "no fit"
+    if isinstance(never, str) and never:
+        return "never"
     if isinstance(recommendation, str) and recommendation:
         words = [w for w in ("cheapest", "fastest") if w in recommendation]
         return "both" if len(words) == 2 else words[0] if words else ""
@@ -1040,6 +1108,16 @@ def _pick_word(recommendation: Any, pareto: Any, fits: Any = None) -> str:
 
 _PICK_LEGEND = ("pick: cheapest / fastest / both = the recommendations above; frontier = no other row is both faster and "
                 "cheaper at the upper ends of their bands (up to, up to $); no fit = a rank would not fit its GPU's memory (never recommended). speed: measured (the runs' type), probe (its own runs), estimate (GPU specs), user (--speed)")
+
+
+def _pick_legend(result) -> str:
+    """The pick column's legend, with `never` where a row has it (the spot layouts that never finish)."""
+    from scalelab.costs.planner import never_finishing
+
+    if not len(never_finishing(result.candidates)):
+        return _PICK_LEGEND
+    return _PICK_LEGEND.replace("; no fit", "; never = never finishes on spot at its interruption rate (time and "
+                                            "dollars never; the answer above says why and what to change); no fit")
 
 
 def _plan_tables(result, unit: str = "words/s") -> list[tuple[str, pd.DataFrame, dict[str, Any]]]:
@@ -1079,7 +1157,7 @@ def _print_plan(result, unit: str = "words/s") -> None:
             console.print(escape(legend), highlight=False)
         console.print(_rich_table("", rows, fmt, droppable=_NARROW_DROPS))
     if len(result.candidates):
-        console.print(_PICK_LEGEND, highlight=False)
+        console.print(_pick_legend(result), highlight=False)
 
 
 def _series_keys(rows: pd.DataFrame, fmt: dict[str, Any], width: int) -> tuple[pd.DataFrame, str]:
@@ -1120,7 +1198,7 @@ def plan_markdown(result, unit: str = "words/s") -> str:
         parts += ["", f"## {title}", "", markdown_table(rows, {k: v for k, v in fmt.items() if not callable(v)},
                                                         align_right=[k for k, v in fmt.items() if callable(v)])]
     if len(result.candidates):
-        parts += ["", _PICK_LEGEND]
+        parts += ["", _pick_legend(result)]
     if result.notes:
         parts += ["", "## Notes", "", *[f"- {n}" for n in result.notes]]
     return "\n".join(parts) + "\n"
@@ -1131,7 +1209,7 @@ def _write_plan(result, out_dir: Path, table: pd.DataFrame | None, curves: dict[
     from scalelab.analysis.html import plan_sections, scaling_sections, write_html
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    unmet = {k: _unmet_line(k, result) for k, v in result.recommendations.items() if not v and k in _UNMET}
+    unmet = {k: _unmet_line(k, result) for k, v in result.recommendations.items() if not v and _answers_none(k)}
     sections = plan_sections(result, unit, unmet)
     if table is not None and len(table):
         sections += scaling_sections(table, curves)

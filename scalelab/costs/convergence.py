@@ -47,7 +47,7 @@ import numpy as np
 import pandas as pd
 
 from scalelab.core.errors import DataError
-from scalelab.costs.fitting import nnls
+from scalelab.costs.fitting import FitError, nnls
 
 __all__ = ["SEED_SPREAD", "NOISE_FACTOR", "CONVERGENCE_COLUMNS", "ConvergenceFit", "fit_convergence",
            "lr_rule", "convergence_rows"]
@@ -121,9 +121,12 @@ def fit_convergence(runs: pd.DataFrame, confidence: float = 0.9, label: str = ""
     rule = lr_rule(df)
     noise = _pooled(df.get("noise_scale"))
     if len(batches) >= 2:
-        s_min, e_min = _fit(df["global_batch"].to_numpy(), df["steps_to_threshold"].to_numpy())
-        groups = _batch_groups(df)
-        draws = np.array([_fit(*_resample(groups, spread, rng)) for _ in range(DRAWS)])
+        try:
+            s_min, e_min = _fit(df["global_batch"].to_numpy(), df["steps_to_threshold"].to_numpy())
+            groups = _batch_groups(df)
+            draws = np.array([_fit(*_resample(groups, spread, rng)) for _ in range(DRAWS)])
+        except FitError as exc:  # numbers the arithmetic cannot hold: the series named, not numpy's traceback
+            raise FitError(f"series {name}: its steps to the threshold could not be fitted: {exc}") from None
         return ConvergenceFit(label, "batch-fit", s_min, e_min, draws, confidence, rule, len(df), batches, noise,
                               max(_lack_of_fit(df, s_min, e_min), SEED_SPREAD), rng.standard_normal(DRAWS))
     if noise is None:

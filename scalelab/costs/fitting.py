@@ -35,6 +35,7 @@ import pandas as pd
 from scalelab.core.errors import DataError
 
 __all__ = [
+    "FitError",
     "nnls",
     "LinkModel",
     "ScalingModel",
@@ -55,6 +56,12 @@ __all__ = [
 # ---- numerics -------------------------------------------------------------------------------
 
 
+class FitError(DataError):
+    """A least-squares fit the arithmetic cannot do: a number in it is not finite (an input overflowed), or
+    the SVD did not converge. Why a user error and not numpy's LinAlgError: it comes from the user's numbers
+    (`launch plan --gradient-mb 1e305` overflowed the bytes to inf), and the callers name the series."""
+
+
 def nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Non-negative least squares min ||a x − b||, x >= 0.
 
@@ -62,12 +69,23 @@ def nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     the optimum is the unconstrained least squares on the columns it leaves positive, so of the
     supports whose solution is non-negative the one with the least residual wins. That costs
     microseconds and spares `launch plan` SciPy's import (0.4-1 s of a 2 s budget, docs/benchmarks.md);
-    wider problems go to scipy.optimize.nnls (Lawson-Hanson's active set).
+    wider problems go to scipy.optimize.nnls (Lawson-Hanson's active set). A problem that cannot be
+    solved (not finite, or no convergence) raises FitError.
     """
     a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    if not (np.isfinite(a).all() and np.isfinite(b).all()):
+        raise FitError("a number of the least-squares fit is not finite (an input too large or too small "
+                       "for the arithmetic)")
+    try:
+        return _nnls(a, b)
+    except (np.linalg.LinAlgError, RuntimeError) as exc:  # RuntimeError: SciPy's iteration limit
+        raise FitError(f"the least-squares fit did not converge ({exc})") from None
+
+
+def _nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     n = a.shape[1]
     if n > _EXACT_NNLS_COLUMNS:
-        from scipy import optimize  # here, not at import: see above
+        from scipy import optimize  # here, not at import: see nnls
 
         return optimize.nnls(a, b)[0]
     best, best_res = np.zeros(n), float(b @ b)
@@ -218,14 +236,14 @@ def fit_series(label: str, rows: pd.DataFrame, link: LinkModel | None = None) ->
         )
     models, mean_err = {}, {}
     for name, cls in MODELS.items():
-        models[name] = cls(link).fit(df["workers"], df["nodes"], df["throughput"])
+        models[name] = _fitted(label, name, cls(link), df)
         errs = []
         if len(df) >= 3:
             for i in range(len(df)):
                 train = df.drop(index=i)
                 if train["workers"].nunique() < 2:
                     continue
-                m = cls(link).fit(train["workers"], train["nodes"], train["throughput"])
+                m = _fitted(label, name, cls(link), train)
                 p = m.predict([df["workers"][i]], [df["nodes"][i]])[0]
                 errs.append(abs(p - df["throughput"][i]) / df["throughput"][i] if np.isfinite(p) else 1.0)
         mean_err[name] = float(np.mean(errs)) if errs else None
@@ -234,6 +252,14 @@ def fit_series(label: str, rows: pd.DataFrame, link: LinkModel | None = None) ->
     best = min((mean_err[n] for n in scored), default=None)
     chosen = next((n for n in scored if mean_err[n] <= best + 1e-9), "comm")  # comm: fewest terms without data
     return FitResult(label, df, models, mean_err, chosen)
+
+
+def _fitted(label: str, name: str, model: ScalingModel, rows: pd.DataFrame) -> ScalingModel:
+    """`model` fitted to `rows`; a fit that cannot be done names its series and model (FitError)."""
+    try:
+        return model.fit(rows["workers"], rows["nodes"], rows["throughput"])
+    except FitError as exc:
+        raise FitError(f"series {label or '(unlabelled)'!r} could not be fitted: the {name} model: {exc}") from None
 
 
 def mixed_throughput(per_worker_throughput: Iterable[float], efficiency: float = 1.0) -> float:

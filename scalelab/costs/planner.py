@@ -49,14 +49,14 @@ from scalelab.costs.billing import Mix, cost_at_rate, run_cost
 from scalelab.costs.calibration import DEFAULT_CONFIDENCE, next_count
 from scalelab.costs.catalog import Catalog, CatalogError, InstanceType
 from scalelab.costs.convergence import ConvergenceFit, fit_convergence
-from scalelab.costs.fitting import LinkModel, pareto_front
+from scalelab.costs.fitting import FitError, LinkModel, pareto_front
 from scalelab.costs.memory import HEADROOM, MemoryModel, overflows
 from scalelab.costs.model import FittedSeries
 from scalelab.costs.speed import Speed, resolve_speed
 from scalelab.costs.steptime import Layout, predict_layouts
 
 __all__ = ["Overheads", "PlanRequest", "Plan", "Candidate", "plan", "predict", "predict_convergence", "next_measurement",
-           "resolve_candidate", "price", "recommend"]
+           "resolve_candidate", "price", "recommend", "never_finishing", "candidate_text"]
 
 
 # ---- the plan -----------------------------------------------------------------------------------
@@ -180,7 +180,10 @@ def plan(request: PlanRequest) -> Plan:
     if request.layouts:
         return _plan_layouts(request)
     convergence, batches, notes = predict_convergence(request)
-    fits, predictions = predict(request, notes)
+    unfitted: list[str] = []
+    fits, predictions = predict(request, notes, unfitted)
+    if not fits and unfitted and not len(batches):  # the arithmetic failed: no second GPU count would help
+        raise FitError("; ".join(unfitted))
     if not fits and len(request.measured) and not len(batches):
         # nothing at all can be predicted: that is the error, with what to do about it
         raise DataError(notes[-1].removesuffix(NOT_PREDICTED) + "; measure it at a second GPU count "
@@ -299,18 +302,21 @@ def _layout_markets(request: PlanRequest, layout: Layout, r: pd.Series, notes: l
                     "hours": cost["point"].hours, "hours_low": cost["low"].hours, "hours_high": cost["high"].hours,
                     "usd_per_hour": cost["point"].usd_per_hour, "dollars": cost["point"].dollars,
                     "dollars_high": cost["high"].dollars,
-                    "expected_interruptions": cost["point"].expected_interruptions})
+                    "expected_interruptions": cost["point"].expected_interruptions,
+                    "never_finishes": cost["point"].never_finishes})
     return out
 
 
 # ---- 1. fit and predict -------------------------------------------------------------------------
 
 
-def predict(request: PlanRequest, notes: list[str] | None = None) -> tuple[dict[str, FittedSeries], pd.DataFrame]:
+def predict(request: PlanRequest, notes: list[str] | None = None,
+            unfitted: list[str] | None = None) -> tuple[dict[str, FittedSeries], pd.DataFrame]:
     """(fit per series, predictions): every series fitted on its own rows and predicted at its
     measured and at the requested worker counts, with its band at `confidence`. A series that
     cannot be fitted (one worker count) is an error, or a note when `notes` is given (other
-    series, or its steps to the threshold, can be predicted all the same)."""
+    series, or its steps to the threshold, can be predicted all the same); one whose fit the arithmetic
+    cannot do (FitError: a number overflowed) is also added to `unfitted`, with what to check."""
     measured = request.measured
     if not len(measured):
         return {}, pd.DataFrame()
@@ -324,6 +330,15 @@ def predict(request: PlanRequest, notes: list[str] | None = None) -> tuple[dict[
     for label, part in measured.groupby("label", sort=False):
         try:
             fit = FittedSeries.fit(str(label), part, link, base.gpus if base is not None else None)
+        except FitError as exc:
+            why = (f"{exc}; check its throughput and the link model (gradient {link.gradient_bytes / 1e6:g} MB, "
+                   f"--gradient-mb; {link.intra_gbps:g} Gbit/s inside a node, --intra-gbps)")
+            if notes is None:
+                raise FitError(why) from None
+            notes.append(f"{why}{NOT_PREDICTED}")
+            if unfitted is not None:
+                unfitted.append(why)
+            continue
         except DataError as exc:
             if notes is None:
                 raise
@@ -700,7 +715,8 @@ def _market_rows(request: PlanRequest, cand: Candidate, layout: dict[str, Any], 
                      "hours_low": cost["low"].hours, "hours_high": cost["high"].hours,
                      "usd_per_hour": cost["point"].usd_per_hour, "dollars": cost["point"].dollars,
                      "dollars_high": cost["high"].dollars,
-                     "expected_interruptions": cost["point"].expected_interruptions})
+                     "expected_interruptions": cost["point"].expected_interruptions,
+                     "never_finishes": cost["point"].never_finishes})
     return rows
 
 
@@ -735,6 +751,15 @@ def recommend(candidates: pd.DataFrame, deadline_h: float | None, budget_usd: fl
         notes.append("no layout fits its GPUs' memory: nothing to recommend; use a smaller batch per rank or GPUs "
                      "with more memory (`launch memory`)")
         return recs, notes
+    notes.extend(_never_notes(candidates))
+    candidates = _finishing(candidates)  # one that never finishes (spot at its rate) is never recommended either
+    if candidates.empty:  # each recommendation asked is None: the answer says why none finishes (costs/cli.py)
+        for key, limit in (("cheapest_within_deadline", deadline_h), ("fastest_within_budget", budget_usd)):
+            if limit is not None:
+                recs[key] = None
+        if deadline_h is None and budget_usd is None:
+            recs["cheapest"] = recs["fastest"] = None
+        return recs, notes
     # the frontier of what the recommendations judge: the bad ends of the bands, among the layouts that fit
     candidates["pareto"] = pareto_front(candidates["hours_high"], candidates["dollars_high"])
     everything.loc[candidates.index, "pareto"] = candidates["pareto"]
@@ -756,6 +781,41 @@ def recommend(candidates: pd.DataFrame, deadline_h: float | None, budget_usd: fl
     notes.extend(_unmeasured_notes(recs))
     everything.loc[candidates.index, "recommendation"] = candidates["recommendation"]
     return recs, notes
+
+
+def _finishing(candidates: pd.DataFrame) -> pd.DataFrame:
+    """The rows with a finite time and price at their band's bad end. Why: on spot at 10 interruptions an hour
+    every layout's time was infinite, and one was recommended as the cheapest (and crashed the answer's line)."""
+    finite = np.isfinite(pd.to_numeric(candidates["hours_high"], errors="coerce").astype(float)) \
+        & np.isfinite(pd.to_numeric(candidates["dollars_high"], errors="coerce").astype(float))
+    return candidates[finite].copy()
+
+
+def never_finishing(candidates: pd.DataFrame) -> pd.DataFrame:
+    """The candidates that never finish on spot at their interruption rate (`billing.spot_stall`), fewest
+    instances first: the first is the nearest to finishing, and its reason names the rate that would let it."""
+    if "never_finishes" not in candidates.columns:
+        return candidates.iloc[:0]
+    stalled = candidates[candidates["never_finishes"].map(lambda v: isinstance(v, str) and bool(v))]
+    return stalled.sort_values(["instances", "workers"], kind="stable")
+
+
+def candidate_text(row: Any) -> str:
+    """A candidate in words: its named layout, or its workers on their instances (the answer's wording)."""
+    if isinstance(row.get("layout"), str) and row.get("layout"):
+        return str(row["layout"])
+    workers = int(row["workers"])
+    return f"{workers} worker{'' if workers == 1 else 's'} on {row['instances']}*{row['instance_type']}"
+
+
+def _never_notes(candidates: pd.DataFrame) -> list[str]:
+    """One note where layouts never finish on spot: how many, and the nearest one's reason and way out."""
+    stalled = never_finishing(candidates)
+    if not len(stalled):
+        return []
+    first = stalled.iloc[0]
+    return [f"{len(stalled)} of {len(candidates)} priced layouts never finish and are never recommended; the one with "
+            f"the fewest instances, {candidate_text(first)} {first['market']}, {first['never_finishes']}"]
 
 
 def _fitting(candidates: pd.DataFrame) -> pd.DataFrame:

@@ -65,7 +65,7 @@ from scalelab.core.spec import BALANCE_MODES
 from scalelab.costs.billing import Mix
 from scalelab.costs.calibration import band_class, band_spread, calibrate, conformal_quantile, k_class, measured_noise
 from scalelab.costs.catalog import Catalog, CatalogError
-from scalelab.costs.fitting import FitResult, LinkModel, fit_series, nnls
+from scalelab.costs.fitting import FitError, FitResult, LinkModel, fit_series, nnls
 from scalelab.costs.registry import names
 
 __all__ = ["Known", "Layout", "parse_fleet_layout", "parse_fleet_layouts", "exchange_terms", "StepModel", "fit_step_model",
@@ -289,7 +289,16 @@ def fit_step_model(rows: pd.DataFrame, catalog: Catalog, name: str = "steptime",
     """Fit compute per GPU type on the single-GPU rows, then the exchange on what the multi-GPU
     rows of one GPU type left after compute and data. Mixed fleets are predicted, never fitted:
     what they add beyond the slowest worker or the balanced shares (an imbalanced first epoch,
-    the balancer's own cost) is not a property of the links. `rows` as from `prepare`."""
+    the balancer's own cost) is not a property of the links. `rows` as from `prepare`. A fit the arithmetic
+    cannot do is a FitError naming the model, not numpy's LinAlgError traceback."""
+    try:
+        return _fit_step_model(rows, catalog, name, known)
+    except (FitError, np.linalg.LinAlgError) as exc:
+        raise FitError(f"the {name} model could not be fitted to the table's layouts: {exc}; check its times, "
+                       "throughputs and batches") from None
+
+
+def _fit_step_model(rows: pd.DataFrame, catalog: Catalog, name: str, known: Known | None) -> StepModel:
     model = StepModel(name, catalog, known=known or Known())
     data_s_per_sample = model.known.data_s_per_sample
     single = rows[rows["workers"] == 1]

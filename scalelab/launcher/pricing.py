@@ -32,6 +32,7 @@ import click
 from scalelab.core.checks import NON_NEGATIVE
 from scalelab.core.errors import ScalelabError, SpecError
 from scalelab.core.rundir import RunPaths, read_json
+from scalelab.core.runids import MeasuredRuns
 from scalelab.core.spec import Spec, read_spec
 from scalelab.costs.rates import named_rates, rate_options
 
@@ -51,7 +52,7 @@ def price_options(func: Callable) -> Callable:
         click.option("--max-usd", type=NON_NEGATIVE, help="Refuse to launch when the expected cost is over this many dollars."),
         click.option("--confirm-above-usd", type=NON_NEGATIVE, default=confirm_default, show_default=True,
                      help="Ask before launching above this expected cost [env: SCALELAB_CONFIRM_USD]."),
-        click.option("--expect-from", type=click.Path(exists=True, file_okay=False),
+        click.option("--expect-from", type=MeasuredRuns("--expect-from"),
                      help="A run, sweep or study directory whose measured step times price this launch "
                           "[default: earlier runs of the same spec under --runs-dir]."),
     ]
