@@ -722,13 +722,14 @@ def resume_cmd(run_dir: str, runs_dir: str, detach: bool, rank_output: str | Non
     spec = read_spec(path).validate(stored=True)  # a --script run from before the trainer-only refusal resumes
     echo = echoed_ranks(rank_output, spec, detach)
     from scalelab.core.trajectory import check_resume, record_changes
-    from scalelab.launcher.runner import nothing_to_resume, refuse_restart
+    from scalelab.launcher.runner import nothing_to_resume, refuse_model_change, refuse_restart
 
     done = nothing_to_resume(path, spec)  # a COMPLETED run: left byte-for-byte as it is
     if done:
         console.print(done, highlight=False, soft_wrap=True)
         return
     changed = check_resume(path, spec, allow_changed)  # an edited lr, batch, ...: refused unless allowed
+    refuse_model_change(path, spec, changed)  # allowed, but the checkpoint's tensors would not fit the new model
     backend = get_backend(spec.backend, spec.backend_options)
     refuse_restart(backend, path, spec)  # steps recorded, no checkpoint: it would train them again
     if detach:
