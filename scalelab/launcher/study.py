@@ -37,7 +37,6 @@ from scalelab.launcher.studyfile import check_study_file
 from scalelab.launcher.sweep import parse_layouts, run_sweep, sweep_specs
 
 
-
 @dataclass
 class Variant:
     label: str
