@@ -67,7 +67,7 @@ class RunLock:
         except WriteError as exc:
             raise WriteError(f"cannot take the run directory {self.path.parent}: {exc}") from None
         finally:
-            mine.unlink(missing_ok=True)
+            _remove(mine)
         raise RunBusy(f"could not take {self.path}: another launcher keeps taking it")
 
     def _refuse_or_clear(self) -> None:
@@ -118,3 +118,13 @@ def owner_of(run_dir: Path) -> ProcessRef | None:
         return None
     ref = ProcessRef.from_dict(raw) if isinstance(raw, dict) else None
     return ref if ref is not None and ref.alive() else None
+
+
+def _remove(path: Path) -> None:
+    """Remove this launcher's own temporary file, if there is one. Why an OSError is swallowed: on a read-only
+    filesystem unlink fails with EROFS even for a file that was never made, and that error replaced the one
+    line naming owner.json with the temporary file's name."""
+    try:
+        path.unlink(missing_ok=True)
+    except OSError:
+        pass

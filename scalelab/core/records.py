@@ -46,6 +46,7 @@ except ImportError:  # pragma: no cover
 INT, NUM, BOOL, STR = "a whole number", "a number", "true or false", "a string"
 OPTIONAL = " or null"
 RECORDS_FIX = "and `launch resume` the run, or run with --runs-dir on a filesystem with room"
+EVENTS_FIX = "and run the command again, or give --runs-dir a directory on a filesystem with room"  # also before a start
 
 # kind -> {field: expected}; every record also has COMMON. Fields a kind may carry beyond these are
 # kept (an `event` has its own); these are the ones reports depend on. Format: docs/records.md.
@@ -414,9 +415,10 @@ def append_record(path: Path, record: Mapping[str, Any], absent: tuple[str, ...]
     launcher's own events)."""
     path = Path(path)
     line = record_line(record, absent)
-    fd, _ = open_for_append(path.parent.parent if path.parent.name == RECORDS_DIR else path.parent, path)
-    with os.fdopen(fd, "a") as f:
-        f.write(line)
+    with writing(path, "records", EVENTS_FIX):  # a full disk: one line naming this file, not an OSError without one
+        fd, _ = open_for_append(path.parent.parent if path.parent.name == RECORDS_DIR else path.parent, path)
+        with os.fdopen(fd, "a") as f:
+            f.write(line)
 
 
 # Where each launcher tells a process its rank and world size: torchrun, horovodrun, mpirun (Open MPI,

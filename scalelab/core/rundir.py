@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-from scalelab.core.errors import RecordError
+from scalelab.core.errors import RecordError, shell_word
 from scalelab.core.writes import WriteError, write_failure, writing
 
 DEFAULT_RUNS_ROOT = Path("runs")
@@ -136,11 +136,17 @@ def new_run_dir(root: Path, name: str) -> Path:
     raise RecordError(f"cannot create a run directory under {root}")
 
 
-def discard_unlaunched(run_dir: Path) -> None:
+def discard_unlaunched(run_dir: Path) -> str:
     """Remove a run directory this launcher just made and never launched (no launch.json): what a
-    failed start (a full disk, a read-only one) left in it is of no use."""
-    if Path(run_dir).is_dir() and not RunPaths(Path(run_dir)).launch.exists():
-        shutil.rmtree(run_dir, ignore_errors=True)
+    failed start (a full disk, a read-only one) left in it is of no use. '' when it is gone (or was
+    launched, and so kept); else the words that tell the user to remove it, for the message: `launch ls`
+    listed it as NEW for ever and `launch status` said it was never launched."""
+    if not Path(run_dir).is_dir() or RunPaths(Path(run_dir)).launch.exists():
+        return ""
+    shutil.rmtree(run_dir, ignore_errors=True)
+    if not os.path.lexists(run_dir):
+        return ""
+    return f"; the run directory {run_dir} was never launched and could not be removed: remove it with `rm -r {shell_word(run_dir)}`"
 
 
 def write_json(path: Path, data: Any) -> Path:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import stat
 from contextlib import contextmanager
 from pathlib import Path
@@ -33,21 +34,59 @@ class RunWriteError(WriteError, RunFailed):
     stopped and did not complete, so it exits 1 as a failed run does, not 2 as a refusal before the start."""
 
 
-def mount_point(path: Path) -> Path:
-    """The mount point of the filesystem holding `path` (or its nearest existing parent)."""
+def existing(path: Path | str) -> Path:
+    """`path` resolved, or its deepest existing ancestor: what a failed write of a file not yet made is on."""
     path = Path(os.path.abspath(path))
     while not path.exists() and path != path.parent:
         path = path.parent
-    path = path.resolve()
-    while not os.path.ismount(path) and path != path.parent:
-        path = path.parent
-    return path
+    return path.resolve()
 
 
-def free_bytes(path: Path) -> str:
+MOUNT_TABLE = "/proc/self/mountinfo"  # proc(5): one line per mount; field 5 its mount point, after " - " its type
+
+
+def _mounts() -> list[tuple[Path, str]]:
+    """(mount point, filesystem type) of every mount this process sees, in mount order (later on top), read from
+    /proc/self/mountinfo; [] where there is none (not Linux)."""
+    try:
+        with open(MOUNT_TABLE, encoding="utf-8", errors="surrogateescape") as f:
+            rows = [line.split() for line in f]
+    except OSError:
+        return []
+    return [(Path(_unescape(row[4])), row[row.index("-", 6) + 1]) for row in rows if "-" in row[6:-1]]
+
+
+def _unescape(field: str) -> str:
+    """A mount table's path as it is: the kernel writes a space, tab, newline and backslash as \\040 etc."""
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), field)
+
+
+def _mount_of(path: Path | str) -> tuple[Path, str]:
+    """(mount point, type) of the filesystem holding `path` (or its deepest existing ancestor): the mount
+    table's deepest mount point above it. Why not os.path.ismount: a bind mount of a directory of the same
+    filesystem (a read-only view of a runs directory) is not a mount to it, so the messages named `/`;
+    where the mount table cannot be read, that walk is the fallback (type unknown, '')."""
+    there = existing(path)
+    found: tuple[Path, str] | None = None
+    for mount, kind in _mounts():
+        if (mount == there or mount in there.parents) and (found is None or len(mount.parts) >= len(found[0].parts)):
+            found = (mount, kind)
+    if found:
+        return found
+    while not os.path.ismount(there) and there != there.parent:
+        there = there.parent
+    return there, ""
+
+
+def mount_point(path: Path | str) -> Path:
+    """The mount point of the filesystem holding `path` (or its nearest existing parent)."""
+    return _mount_of(path)[0]
+
+
+def free_bytes(path: Path | str) -> str:
     """'1,234 bytes' free for unprivileged users on the filesystem of `path`; 'unknown' if it cannot tell."""
     try:
-        st = os.statvfs(mount_point(path))
+        st = os.statvfs(existing(path))  # the path's own filesystem, even where its mount point is hidden
     except OSError:
         return "unknown"
     return f"{st.f_bavail * st.f_frsize:,} bytes"
@@ -56,7 +95,7 @@ def free_bytes(path: Path) -> str:
 def write_failure(path: Path | str, exc: OSError, what: str = "",
                   fix: str = "or choose another directory (--runs-dir, --out)") -> str:
     """The one line for `exc` raised while writing `path` (`what` says which file it is)."""
-    path = Path(path)
+    path = user_file(Path(path))
     mount, name = mount_point(path), f"{what} {path}" if what else str(path)
     if exc.errno in FULL:
         return f"cannot write {name}: the filesystem at {mount} is full ({free_bytes(path)} free); free space there {fix}"
@@ -65,6 +104,27 @@ def write_failure(path: Path | str, exc: OSError, what: str = "",
     if exc.errno in DENIED:
         return f"cannot write {name}: permission denied (filesystem at {mount}); make it writable {fix}"
     return f"cannot write {name} on the filesystem at {mount}: {exc.strerror or exc}; check it {fix}"
+
+
+_TEMPORARY = re.compile(r"^\.(?P<name>.+)\.[^./]+\.tmp$")  # `.spec.json.k2j3h.tmp`, `.owner.json.17342.tmp`
+
+
+def user_file(path: Path) -> Path:
+    """The file the user knows for one of our temporary files (`.owner.json.17342.tmp` -> `owner.json`, beside
+    it: `rundir.write_chunks`' and `lock.RunLock`'s), else `path`. Why: a message naming the temporary file
+    sent the user looking for a file that no longer exists."""
+    m = _TEMPORARY.match(path.name)
+    return path.with_name(m["name"]) if m else path
+
+
+def unnamed_write_failure(exc: OSError) -> str:
+    """The CLI's last resort for a write failure no command wrapped: `write_failure` of the file the OS named;
+    where it named none, none is guessed (the current directory was: "cannot write .: the filesystem at / is
+    full" named a filesystem with room, not the full one)."""
+    if exc.filename:
+        return write_failure(Path(exc.filename), exc)
+    return (f"a write failed ({exc.strerror or exc}) and the system did not say which file: free space on, or make "
+            "writable, the filesystem the command writes to, or choose another directory (--runs-dir, --out)")
 
 
 @contextmanager
@@ -99,7 +159,7 @@ def full_note(path: Path | str) -> str:
     """'the filesystem at M is full (N bytes free)' when there is (almost) no room left where `path` is,
     else '': said with a run that failed without a word, since a full disk also stops its error record."""
     try:
-        st = os.statvfs(mount_point(Path(path)))
+        st = os.statvfs(existing(path))
     except OSError:
         return ""
     free = st.f_bavail * st.f_frsize
@@ -248,15 +308,8 @@ def what_it_is(path: Path | str) -> str:
 
 
 def filesystem_type(path: Path | str) -> str:
-    """The type of the filesystem mounted at `mount_point(path)` ('ext4', 'proc'), '' if it cannot tell."""
-    mount = str(mount_point(Path(path)))
-    try:
-        with open("/proc/self/mounts", encoding="utf-8") as f:
-            rows = [line.split() for line in f]
-    except OSError:
-        return ""
-    found = [row[2] for row in rows if len(row) > 2 and row[1].replace("\\040", " ") == mount]
-    return found[-1] if found else ""
+    """The type of the filesystem holding `path` ('ext4', 'proc'), '' if it cannot tell."""
+    return _mount_of(path)[1]
 
 
 def check_output_dir(path: Path | str, flag: str) -> Path:

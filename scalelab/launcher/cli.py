@@ -47,7 +47,7 @@ from scalelab.core.spec import (
     read_spec,
 )
 from scalelab.core.terminal import break_name, make_console, prose_lines, visible_text, wrap_help_at_spaces
-from scalelab.core.writes import WriteError, is_write_failure, write_failure, writing
+from scalelab.core.writes import WriteError, is_write_failure, unnamed_write_failure, writing
 from scalelab.launcher import __version__
 from scalelab.launcher.backend import backend_flags, get_backend, import_optional, options_type
 from scalelab.costs.rates import named_rates, rate_options
@@ -635,10 +635,14 @@ def run_cmd(detach: bool, rank_output: str | None, **params: Any) -> None:
     run_dir = new_run_dir(Path(params["runs_dir"]), spec.name or f"{spec.model}-{spec.engine.name}-{spec.nodes}x{spec.gpus_per_node}")
     try:
         run_and_show(backend, spec, run_dir, detach, echo)
-    except (WriteError, NotQueued):
+    except (WriteError, NotQueued, OSError) as exc:
         # a full or read-only disk before the launch, a submission Slurm refused: leave no empty run directory
-        # (`launch ls` listed a refused one as NEW for ever)
-        discard_unlaunched(run_dir)
+        # (`launch ls` listed a refused one as NEW for ever), or say how to remove it where it cannot be
+        if isinstance(exc, OSError) and not is_write_failure(exc):
+            raise
+        left = discard_unlaunched(run_dir)
+        if left and len(exc.args) == 1 and isinstance(exc, ScalelabError):
+            exc.args = (f"{exc}{left}",)
         raise
 
 
@@ -735,13 +739,14 @@ def resume_cmd(run_dir: str, runs_dir: str, detach: bool, rank_output: str | Non
     spec = read_spec(path).validate(stored=True)  # a --script run from before the trainer-only refusal resumes
     echo = echoed_ranks(rank_output, spec, detach)
     from scalelab.core.trajectory import check_resume, record_changes
-    from scalelab.launcher.runner import nothing_to_resume, refuse_restart
+    from scalelab.launcher.runner import nothing_to_resume, refuse_model_change, refuse_restart
 
     done = nothing_to_resume(path, spec)  # a COMPLETED run: left byte-for-byte as it is
     if done:
         console.print(done, highlight=False, soft_wrap=True)
         return
     changed = check_resume(path, spec, allow_changed)  # an edited lr, batch, ...: refused unless allowed
+    refuse_model_change(path, spec, changed)  # allowed, but the checkpoint's tensors would not fit the new model
     backend = get_backend(spec.backend, spec.backend_options)
     refuse_restart(backend, path, spec)  # steps recorded, no checkpoint: it would train them again
     if detach:
@@ -1344,8 +1349,8 @@ def entry() -> None:
     except OSError as exc:  # a write no command wrapped: still the user's to fix (full, read-only, not theirs)
         if not is_write_failure(exc):
             raise
-        err_console.print(f"[bold red]launch: error:[/] {escape(write_failure(Path(exc.filename or '.'), exc))}",
-                          highlight=False, soft_wrap=True)
+        err_console.print(f"[bold red]launch: error:[/] {escape(unnamed_write_failure(exc))}", highlight=False,
+                          soft_wrap=True)
         sys.exit(2)
     except KeyboardInterrupt as exc:
         interrupted(exc)

@@ -30,7 +30,7 @@ import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 
 from scalelab.core.errors import RunCancelled, RunFailed, ScalelabError, shell_word
@@ -707,6 +707,37 @@ def refuse_restart(backend: Backend, run_dir: Path, spec: Spec) -> None:
                             "resume would train from step 1 again and add those steps to its records a second time, "
                             f"so nothing was resumed; start a new run of the same spec instead: launch run --spec "
                             f"{shell_word(RunPaths(run_dir).spec)}")
+
+
+MODEL_FIELDS = ("model", "model_args", "rnn")  # the --allow-changed fields that can change the model's tensors
+
+
+def refuse_model_change(run_dir: Path, spec: Spec, changed: dict[str, list[Any]]) -> None:
+    """Refuse (one line, before anything is written or started) a resume whose allowed changes (`check_resume`:
+    field -> [before, now]) give the model other tensors than the checkpoint holds: `--allow-changed model_args`
+    with another hidden size. Why here: the ranks found it after they had started, the run went from CANCELLED
+    to FAILED, their message was a line per tensor, and its advice (delete the checkpoint) was refused next. The
+    models before and after are built on PyTorch's meta device and compared; a change that keeps every shape
+    (another dropout) goes ahead."""
+    fields = [k for k in MODEL_FIELDS if k in changed]
+    ckpt = RunPaths(run_dir).checkpoint
+    if not fields or spec.own_code or not ckpt.is_file():
+        return
+    from scalelab.train.checkpoint import model_shapes, shape_changes
+    from scalelab.train.models import PRESETS
+
+    now = {"model": spec.model, "model_args": spec.model_args, "rnn": spec.rnn}
+    before = {**now, **{k: changed[k][0] for k in fields}}
+    if before["model"] not in PRESETS or not isinstance(before["model_args"], dict):
+        return  # not a model this version builds: the ranks' own check says what does not fit
+    differ = shape_changes(model_shapes(**before), model_shapes(**now))
+    if differ:
+        what = "; ".join(f"{k} {changed[k][0]!r} -> {changed[k][1]!r}" for k in fields)
+        spec_file = shell_word(RunPaths(run_dir).spec)
+        raise ScalelabError(f"run {run_dir} cannot continue from its checkpoint with {what}: the checkpoint holds the "
+                            f"model as it was, and {differ}; nothing was started or changed. Put the value"
+                            f"{'s' if len(fields) > 1 else ''} back in {spec_file} to resume, or train the new model "
+                            f"as a new run: launch run --spec {spec_file}")
 
 
 def _refuse_damaged(run_dir: Path, ckpt: Path) -> None:

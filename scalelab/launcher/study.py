@@ -33,10 +33,8 @@ from scalelab.launcher.backend import get_backend
 from scalelab.launcher.cli import console
 from scalelab.launcher.runner import err_console
 from scalelab.launcher.pricing import guard, price_options, show_quote
+from scalelab.launcher.studyfile import check_study_file
 from scalelab.launcher.sweep import parse_layouts, run_sweep, sweep_specs
-
-STUDY_KEYS = {"title", "seed_scale", "base", "mode", "layouts", "variants", "tables", "scales", "instances",
-              "market", "epochs_shown", "kind", "gemm"}
 
 
 @dataclass
@@ -75,9 +73,7 @@ def load_study(path: Path, scale: str | None = None, overrides: dict[str, Any] |
     from scalelab.analysis.studies import TABLES
 
     raw = read_yaml_mapping(path, "study file")
-    unknown = sorted(set(raw) - STUDY_KEYS)
-    if unknown:
-        raise SpecError(f"unknown key(s) in {path}: {', '.join(unknown)}; valid: {', '.join(sorted(STUDY_KEYS))}")
+    check_study_file(raw, path)  # every part's kind, every scale's and variant's keys, before any is used
     scales = raw.get("scales", {})
     if scale is not None:
         if scale not in scales:
@@ -107,6 +103,8 @@ def load_study(path: Path, scale: str | None = None, overrides: dict[str, Any] |
         return study
     if study.kind != "scaling":
         raise SpecError(f"unknown study kind {study.kind!r} in {path}; valid: scaling, gemm")
+    if study.gemm:  # read by a GEMM study alone: in a scaling study it was ignored without a word
+        raise SpecError(f"{path} sets gemm options, which only a study of kind: gemm reads; remove them, or set kind: gemm")
     for v in study.variants:  # every variant x layout is checked before anything runs
         variant_specs(study, v)
     _refuse_unread_base(study, path)
@@ -157,7 +155,7 @@ def _check_gemm(cfg: dict[str, Any], path: Path) -> None:
         raise SpecError(f"unknown gemm option(s) in {path}: {', '.join(unknown)}; valid: {', '.join(GEMM_KEYS)}")
     for key in ("hiddens", "batches", "step_hiddens"):
         values = cfg.get(key, GEMM_KEYS[key])
-        if not values or any(not isinstance(v, int) or v < 1 for v in values):
+        if not isinstance(values, list) or not values or any(not isinstance(v, int) or v < 1 for v in values):
             raise SpecError(f"gemm.{key} in {path} must be a list of positive whole numbers, got {values!r}")
 
 

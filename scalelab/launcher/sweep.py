@@ -34,7 +34,7 @@ from scalelab.core.rundir import (
 )
 from scalelab.core.spec import MODE_AXES, Spec, read_spec, save_spec
 from scalelab.core.writes import refuse_run_dir_links
-from scalelab.launcher.runner import follow, owning, refuse_if_live, refuse_restart, stopping_runs, submit
+from scalelab.launcher.runner import follow, owning, refuse_if_live, refuse_model_change, refuse_restart, stopping_runs, submit
 
 _LAYOUT = re.compile(r"^\s*(\d+)\s*x\s*(\d+)\s*$")
 
@@ -217,8 +217,9 @@ def resume_sweep(sweep_dir: Path, allow_changed: tuple[str, ...] = ()) -> Path:
     first = read_spec(layouts[0]).validate(stored=True)
     backend = get_backend(first.backend, first.backend_options)
     backend.validate(first)
-    for run_dir, spec in unfinished:  # a layout with steps but no checkpoint would train them again: refused first
-        refuse_restart(backend, run_dir, spec)
+    for (run_dir, spec), (_, changed) in zip(unfinished, changes):  # refused before any layout is changed
+        refuse_restart(backend, run_dir, spec)  # steps but no checkpoint: it would train them again
+        refuse_model_change(run_dir, spec, changed)  # a checkpoint that does not fit the allowed new model
     for run_dir, changed in changes:
         if changed:
             record_changes(run_dir, changed)

@@ -204,8 +204,8 @@ def damaged_advice(run_dir: Path) -> str:
     return f"restore it from a copy to continue the run, or {new_run_advice(run_dir)}"
 
 
-def new_run_advice(run_dir: Path) -> str:
-    return f"start a new run of the same spec: launch run --spec {shell_word(Path(run_dir) / 'spec.json')}"
+def new_run_advice(run_dir: Path, what: str = "the same spec") -> str:
+    return f"start a new run of {what}: launch run --spec {shell_word(Path(run_dir) / 'spec.json')}"
 
 
 def check_identity(path: Path, ckpt: Any, expect: dict[str, Any]) -> None:
@@ -224,15 +224,66 @@ def check_identity(path: Path, ckpt: Any, expect: dict[str, Any]) -> None:
         )
 
 
-def restore(ckpt: dict[str, Any], model: torch.nn.Module, optimizer: torch.optim.Optimizer, rank: int) -> None:
-    """Model, optimizer (after any engine wrapping: Horovod's wrapper builds a fresh optimizer) and RNG."""
+def restore(ckpt: dict[str, Any], model: torch.nn.Module, optimizer: torch.optim.Optimizer, rank: int,
+            run_dir: Path | None = None) -> None:
+    """Model, optimizer (after any engine wrapping: Horovod's wrapper builds a fresh optimizer) and RNG. A model
+    that does not fit is one line summarising its tensors (`shape_changes`), not PyTorch's line per tensor, with
+    advice that works: "delete it to start from scratch" was refused next (steps recorded, no checkpoint)."""
+    saved = ckpt.get("model") if isinstance(ckpt.get("model"), dict) else {}
+    differ = shape_changes(_shapes(saved), _shapes(unwrap(model).state_dict()))
+    advice = (f"{new_run_advice(run_dir, 'the model its spec.json now describes')}, or put back the model settings "
+              "the checkpoint was written with and resume" if run_dir else
+              "resume with the spec the checkpoint was written with, or start a new run")
     try:
+        if differ:
+            raise ValueError(differ)
         unwrap(model).load_state_dict(ckpt["model"])
         if "optimizer" in ckpt:  # absent: the optimizer was changed at this resume (--allow-changed optimizer)
             optimizer.load_state_dict(ckpt["optimizer"])
     except (RuntimeError, ValueError, KeyError) as exc:
-        raise CheckpointError(f"the checkpoint does not fit this model or optimizer ({exc}); delete it to start from scratch") from None
+        said = " ".join(str(exc).split())
+        raise CheckpointError(f"the checkpoint does not fit this model or optimizer ({said[:300]}); {advice}") from None
     set_rng_state(ckpt["rng"][rank])
+
+
+def _shapes(state: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+    return {name: tuple(value.shape) for name, value in state.items() if hasattr(value, "shape")}
+
+
+def shape_changes(saved: dict[str, tuple[int, ...]], here: dict[str, tuple[int, ...]], shown: int = 2) -> str:
+    """'' when the tensors `saved` (a checkpoint's, name -> shape) fit those `here`; else one line: how many
+    differ in shape, are missing or are extra, the first `shown` of each named. Why a summary: PyTorch's
+    message is a line per tensor (16 for nmt-tiny with another hidden size), ending in the advice."""
+    def listed(names: list[str], what: Any) -> str:
+        more = f", and {len(names) - shown} more" if len(names) > shown else ""
+        return ", ".join(what(n) for n in names[:shown]) + more
+
+    def dims(shape: tuple[int, ...]) -> str:
+        return "[" + ", ".join(map(str, shape)) + "]"
+
+    resized = [n for n in saved if n in here and saved[n] != here[n]]
+    missing, extra = [n for n in here if n not in saved], [n for n in saved if n not in here]
+    parts = []
+    if resized:
+        parts.append(f"{len(resized)} of its {len(saved)} tensors have other shapes, saved -> now (" +
+                     listed(resized, lambda n: f"{n} {dims(saved[n])} -> {dims(here[n])}") + ")")
+    if missing:
+        parts.append(f"{len(missing)} tensors of the model are not in it ({listed(missing, str)})")
+    if extra:
+        parts.append(f"{len(extra)} of its tensors are not in the model ({listed(extra, str)})")
+    return "; ".join(parts)
+
+
+def model_shapes(model: str, model_args: dict[str, Any], rnn: str) -> dict[str, tuple[int, ...]]:
+    """The tensors (name -> shape) of the built-in model `model` with `model_args` and `rnn`, built on PyTorch's
+    meta device (no memory, no data): what the launcher compares before a resume that changes the model."""
+    import torch
+
+    from scalelab.train.models import PRESETS, build_model, config_with_overrides
+
+    with torch.device("meta"):
+        built = build_model(config_with_overrides(PRESETS[model], model_args), rnn)
+    return _shapes(built.state_dict())
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:

@@ -292,7 +292,7 @@ def resume(run_dir: Path, run: Run) -> Progress:
     ckpt = load_checkpoint(run_dir, run.identity, map_location=run.device)
     if ckpt is None:
         return Progress(ShareSchedule([(0, initial_shares(run))]))
-    restore(ckpt, run.model, run.optimizer, run.rank)
+    restore(ckpt, run.model, run.optimizer, run.rank, run_dir)
     run.engine.restored()  # ps --ps-state cpu: the CPU shards take the loaded weights
     run.precision.load_state_dict(ckpt.get("amp"))
     shares = ckpt.get("shares") or [(0, initial_shares(run))]  # none: the batch changed (--allow-changed)
