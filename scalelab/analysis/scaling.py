@@ -373,6 +373,16 @@ NO_ITEMS = ("measured steps counted no items (0 samples), so it has no throughpu
             "pass the items each step processed: track.step(items=len(batch), ...)")
 
 
+def outside_text(value: float, low: float, high: float, decimals: int = 2, most: int = 12) -> str:
+    """`value`, which lies outside [low, high], with as few decimals from `decimals` on as show it outside:
+    a serial fraction of 1.003 read "1.00 is outside [0, 1]", a warning whose own number contradicted it."""
+    for places in range(decimals, most + 1):
+        text = f"{value:.{places}f}"
+        if not low <= float(text) <= high:
+            return text
+    return repr(value)
+
+
 def trust_warnings(table: pd.DataFrame) -> list[str]:
     """What in a scaling table (`scale_layouts`) cannot be trusted, one sentence per finding, as data
     so every report (terminal, Markdown, JSON) shows the same words."""
@@ -397,7 +407,7 @@ def trust_warnings(table: pd.DataFrame) -> list[str]:
                        f"{MAX_STEP_SPREAD:.0%}): the machine was busy or the steps uneven")
         serial = _float_or_none(row.get("karp_flatt"))
         if serial is not None and not 0 <= serial <= 1:
-            out.append(f"{who}: Karp-Flatt serial fraction {serial:.2f} is outside [0, 1]: the speedup "
+            out.append(f"{who}: Karp-Flatt serial fraction {outside_text(serial, 0, 1)} is outside [0, 1]: the speedup "
                        "is not explained by a serial part (noise, or a different workload per layout)")
         reached, first = _int_or_none(row.get("steps_to_threshold")), _int_or_none(row.get("first_val_step"))
         if reached is not None and first is not None and reached <= first:
