@@ -22,3 +22,31 @@ def test_a_serial_fraction_just_over_one_reads_over_one():
     table = scale_layouts([summary(1, 1000.0), summary(2, 998.5)])  # e = 2/S - 1 = 1.003
     said = [w for w in trust_warnings(table) if "Karp-Flatt" in w]
     assert len(said) == 1 and "serial fraction 1.003 is outside [0, 1]" in said[0], said
+
+
+def test_cost_and_report_show_the_same_small_dollars(tmp_path, monkeypatch):
+    """Two short runs at $0.45 a GPU-hour, billed 60 s on 1 and 2 GPUs: $0.0075 and $0.0150. `launch report`
+    showed those; `launch cost` showed 0.01 for both."""
+    from click.testing import CliRunner
+    from test_costs_cli import _fake_run
+
+    from scalelab.launcher.cli import main
+
+    monkeypatch.setenv("SCALELAB_PRICES", str(tmp_path / "no-prices.json"))
+    monkeypatch.setenv("COLUMNS", "200")
+    runs = [str(_fake_run(tmp_path, f"r{g}", g, 0.1, 6400, None)) for g in (1, 2)]
+    cost = CliRunner().invoke(main, ["cost", *runs, "--rate", "0.45/gpu-hour"])
+    report = CliRunner().invoke(main, ["report", *runs, "--rate", "0.45/gpu-hour", "--out", str(tmp_path / "rep")])
+    assert cost.exit_code == 0 and report.exit_code == 0, (cost.output, report.output)
+    for dollars in ("0.0075", "0.0150"):
+        assert f"${dollars}" in report.output and f" {dollars} " in cost.output, (dollars, cost.output)
+    assert " 0.01 " not in cost.output
+    markdown = CliRunner().invoke(main, ["cost", *runs, "--rate", "0.45/gpu-hour", "--format", "markdown"])
+    assert "| 0.0075 |" in markdown.output and "| 0.0150 |" in markdown.output, markdown.output
+
+
+def test_usd_text_keeps_two_significant_digits_below_a_cent():
+    from scalelab.core.terminal import usd_text
+
+    assert [usd_text(x) for x in (1234.5, 0.0075, 0.015, 0.000042, 0.0)] == \
+        ["1,234.50", "0.0075", "0.0150", "0.000042", "0.0000"]

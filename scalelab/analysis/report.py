@@ -23,11 +23,12 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
+
 from rich.console import Console
 from rich.table import Table
 from scalelab.core.engines import known_fact
 from scalelab.core.errors import DataError
-from scalelab.core.terminal import cell_pieces, fold_cell, unbreakable_width
+from scalelab.core.terminal import cell_pieces, fold_cell, unbreakable_width, usd_text
 from scalelab.core.writes import refuse_links
 
 if TYPE_CHECKING:
@@ -209,10 +210,11 @@ def _columns(df: pd.DataFrame) -> list[tuple[str, Callable[[pd.Series], str], bo
 
 
 def _usd(x: Any) -> str:
-    """Dollars with cents, or four decimals below a dollar (a short run costs a fraction of a cent)."""
+    """Dollars as `launch cost` shows them (`core.terminal.usd_text`: cents, or four decimals below a dollar: a
+    short run costs a fraction of a cent), with the sign."""
     if _missing(x) or math.isinf(float(x)):
         return _DASH
-    return f"${float(x):,.2f}" if abs(float(x)) >= 1 else f"${float(x):.4f}"
+    return f"${usd_text(float(x))}"
 
 
 def _memory(r: pd.Series) -> str:

@@ -28,7 +28,8 @@ from scalelab.core.errors import DataError, RecordError, SpecError
 from scalelab.core.records import load_run
 from scalelab.core.runids import RunDir
 from scalelab.core.spec import MAX_GPUS
-from scalelab.core.terminal import break_name, duration_text, fold_cell, make_console, number_text, unbreakable_width
+from scalelab.core.terminal import (break_name, duration_text, fold_cell, make_console, number_text, unbreakable_width,
+                                    usd_text)
 from scalelab.costs.billing import Mix, instances_for, run_cost
 from scalelab.costs.catalog import DEFAULT_REGION, MARKETS, Catalog, CatalogError, load_catalog, parse_interruptions, refresh
 from scalelab.costs.memory import overflows
@@ -282,13 +283,15 @@ def cost_cmd(run_dirs: tuple[str, ...], from_csv: str | None, instances: str | N
     if "state" in keep and (out["state"] == "COMPLETED").all():  # said only where a run did not complete
         keep.remove("state")
     show = out[keep].rename(columns=_COST_HEADERS)  # threshold columns only where a run has a threshold
-    nfmt: dict[str, Any] = {"wall": human_duration, "$/hour": ".4f", "dollars": ",.2f",
-                            "wall to threshold": human_duration, "$ to threshold": ",.2f"}
+    # dollars as `launch report` rounds them (`usd_text`): 0.0075 and 0.0150, where ",.2f" read 0.01 for both
+    nfmt: dict[str, Any] = {"wall": human_duration, "$/hour": ".4f", "dollars": usd_text,
+                            "wall to threshold": human_duration, "$ to threshold": usd_text}
     if fmt == "markdown":
-        for col in ("wall", "wall to threshold"):
+        for col in ("wall", "wall to threshold", "dollars", "$ to threshold"):
             if col in show.columns:
-                show[col] = show[col].map(lambda v: None if v is None or v != v else human_duration(v))
-        click.echo(markdown_table(show, {k: v for k, v in nfmt.items() if not callable(v)}))
+                show[col] = show[col].map(lambda v, f=nfmt[col]: None if v is None or v != v else f(v))
+        click.echo(markdown_table(show, {k: v for k, v in nfmt.items() if not callable(v)},
+                                  align_right=[k for k, v in nfmt.items() if callable(v)]))
     else:
         show, title = _distinct_runs(show, out.get("run_dir"))
         title = f"Cost per run{title} (per-second billing, 60 s minimum)"
