@@ -50,3 +50,23 @@ def test_usd_text_keeps_two_significant_digits_below_a_cent():
 
     assert [usd_text(x) for x in (1234.5, 0.0075, 0.015, 0.000042, 0.0)] == \
         ["1,234.50", "0.0075", "0.0150", "0.000042", "0.0000"]
+
+
+def test_report_from_csv_shows_the_arrangement_its_nodes_give(tmp_path):
+    """Seed 004's 1x4, 2x2 and 4x1 rows of a published table (`nodes` given, no GPUs per node): three rows of
+    4 workers read alike in the terminal and report.md; the layout now says which is which."""
+    from click.testing import CliRunner
+
+    from scalelab.launcher.cli import main
+
+    table = tmp_path / "arranged.csv"
+    table.write_text("label,workers,nodes,time_s,mode\nbase,1,1,35920,strong\narranged,4,1,13156,strong\n"
+                     "arranged,4,2,15820,strong\narranged,4,4,13973,strong\narranged,3,2,20000,strong\n")
+    out = CliRunner().invoke(main, ["report", "--from-csv", str(table), "--out", str(tmp_path / "rep")],
+                             env={"COLUMNS": "200"})
+    assert out.exit_code == 0, out.output
+    lines = out.output.splitlines()
+    for layout, seconds in (("1x4", "13156"), ("2x2", "15820"), ("4x1", "13973"), ("3 on 2 nodes", "20000")):
+        assert any(layout in line and seconds in line for line in lines), (layout, out.output)
+    markdown = (tmp_path / "rep" / "report.md").read_text()
+    assert "| 2x2 |" in markdown and "| 4x1 |" in markdown, markdown

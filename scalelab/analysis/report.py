@@ -128,9 +128,20 @@ def _script_rows_only(df: pd.DataFrame) -> bool:
 
 
 def _layout(r: pd.Series) -> str:
-    if _missing(r.get("nodes")) or _missing(r.get("gpus_per_node")):
+    """nodes x GPUs per node; for a published table (`--from-csv`), which gives nodes and workers, the GPUs per
+    node are the workers over the nodes: its 1x4, 2x2 and 4x1 rows read as three rows of 4 workers, with nothing
+    saying which arrangement each was. Workers that do not split evenly over the nodes are said as such."""
+    nodes, gpus = r.get("nodes"), r.get("gpus_per_node")
+    if _missing(nodes):
         return _DASH
-    return f"{int(r['nodes'])}x{int(r['gpus_per_node'])}"
+    if _missing(gpus):
+        workers = r.get("workers")
+        if _missing(workers):
+            return _DASH
+        if int(workers) % int(nodes):
+            return f"{int(workers)} on {int(nodes)} nodes"
+        gpus = int(workers) // int(nodes)
+    return f"{int(nodes)}x{int(gpus)}"
 
 
 def _step_ms(r: pd.Series) -> str:
@@ -173,7 +184,7 @@ def _columns(df: pd.DataFrame) -> list[tuple[str, Callable[[pd.Series], str], bo
         cols.append(("label", lambda r: _DASH if _missing(r.get("label")) else str(r["label"]), False))
     if _distinct(df, "precision"):  # summaries from before mixed precision have none to show
         cols.append(("precision", lambda r: _DASH if _missing(r.get("precision")) else str(r["precision"]), False))
-    if {"nodes", "gpus_per_node"} <= has:
+    if {"nodes", "gpus_per_node"} <= has or ({"nodes", "workers"} <= has and df["nodes"].notna().any()):
         cols.append(("layout (nodes x GPUs)", _layout, False))
     if "workers" in has:
         cols.append(("workers", lambda r: _num(r.get("workers"), ".0f"), True))
