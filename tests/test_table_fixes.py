@@ -70,3 +70,71 @@ def test_report_from_csv_shows_the_arrangement_its_nodes_give(tmp_path):
         assert any(layout in line and seconds in line for line in lines), (layout, out.output)
     markdown = (tmp_path / "rep" / "report.md").read_text()
     assert "| 2x2 |" in markdown and "| 4x1 |" in markdown, markdown
+
+
+def _steps(step_s: list[float], warmup: int, ranks: int = 1, per_rank_samples: list[int] | None = None):
+    """The step table of one run: a step per entry of `step_s`, the first `warmup` of them warm-up."""
+    import pandas as pd
+
+    from scalelab.analysis.scaling import step_table
+
+    recs = [{"rank": r, "step": i + 1, "epoch": i // 4, "warmup": i < warmup, "step_s": t, "words": 100,
+             "samples": (per_rank_samples or [8] * ranks)[r]} for i, t in enumerate(step_s) for r in range(ranks)]
+    return step_table(pd.DataFrame(recs))
+
+
+def _study(*runs):
+    from scalelab.analysis.studies import study_runs
+
+    return study_runs([(key, summary(w, wps, steps_per_epoch=4, nodes=n, gpus_per_node=w // n, label=label,
+                                     **changes), steps)
+                       for key, label, n, w, wps, steps, changes in runs])
+
+
+def test_arrangement_minutes_and_speedup_come_from_the_same_measured_steps():
+    """Seed 004 at --scale test: a slow first (warm-up) step counted in the minutes per epoch but not in the
+    words/s speed-up beside them, so 1x1 0.001 and 1x2 0.0026 min/epoch read "0.29" (their ratio: 0.38). Now
+    both are the measured steps', and the speed-up is the seed's t1/tn of the time column."""
+    from scalelab.analysis.studies import seed_table, speedup_note
+
+    data = _study(("a/1x1", "a", 1, 1, 1000.0, _steps([3.0, 1.0, 1.0, 1.0, 1.0], warmup=1), {}),
+                  ("a/1x2", "a", 1, 2, 500.0, _steps([0.5, 2.0, 2.0, 2.0, 2.0], warmup=1), {}))
+    table = seed_table("arrangement", data)
+    minutes = table["Time (min/epoch)"].tolist()
+    assert minutes == [0.0667, 0.133]  # 4 steps an epoch of 1 s and of 2 s, to 3 significant digits
+    assert table["Speed-up"].tolist() == [1.0, 0.5]  # 4 s over 8 s an epoch: the warm-up steps left out
+    assert "Speed-up from" not in table.columns
+    note = speedup_note(data, "arrangement")
+    assert "minutes per epoch" in note and "measured steps" in note
+
+
+def test_convergence_speedup_and_efficiency_against_the_base_and_seconds_to_three_digits():
+    """Seed 004 computes speedup and efficiency from the time to its loss threshold too; the study's
+    convergence table, report.md and report.json had times only, and 0.06 s and 0.14 s both read "0.1 s"."""
+    import math
+
+    from scalelab.analysis.report import table_rows
+    from scalelab.analysis.scaling import scale_layouts
+    from scalelab.analysis.studies import seed_table
+
+    reached = {"loss_threshold": 0.5, "reached_threshold": True, "steps_to_threshold": 4}
+    steps = _steps([1.0] * 5, warmup=1)
+    data = _study(("a/1x1", "a", 1, 1, 1000.0, steps, {**reached, "time_to_threshold_s": 0.14}),
+                  ("a/1x2", "a", 1, 2, 1900.0, steps, {**reached, "time_to_threshold_s": 0.06}),
+                  ("a/1x4", "a", 1, 4, 3000.0, steps, {"loss_threshold": 0.5, "reached_threshold": False}),
+                  ("b/2x1", "b", 2, 2, 1500.0, steps, {**reached, "time_to_threshold_s": 0.1}))
+    conv = seed_table("convergence", data)
+    assert conv["time to threshold (s)"].tolist()[:2] == [0.14, 0.06]
+    assert conv["Speed-up to threshold"].tolist()[:2] == [1.0, 2.33] and math.isnan(conv["Speed-up to threshold"][2])
+    assert conv["Efficiency to threshold"].tolist()[:2] == [1.0, 1.17]
+    # b has no run at 1 worker: measured against the study's baseline, a 1x1, as its other speed-ups
+    assert conv["Speed-up to threshold"][3] == 1.4 and conv["Speed-up base"][3] == "a 1x1"
+
+    table = scale_layouts([summary(1, 1000.0, **reached, time_to_threshold_s=0.14),
+                           summary(2, 1900.0, **reached, time_to_threshold_s=0.06)])
+    assert table["speedup_to_threshold"].tolist() == [1.0, 0.14 / 0.06]
+    assert table["efficiency_to_threshold"].tolist() == [1.0, 0.14 / 0.06 / 2]
+    headers, rows = table_rows(table)
+    cells = dict(zip(headers, zip(*rows)))
+    assert cells["time to threshold"] == ("0.140 s (4 steps)", "0.0600 s (4 steps)")
+    assert cells["speedup to threshold"] == ("1.00", "2.33") and cells["efficiency to threshold"][1] == "116.7 %"

@@ -28,7 +28,7 @@ from rich.console import Console
 from rich.table import Table
 from scalelab.core.engines import known_fact
 from scalelab.core.errors import DataError
-from scalelab.core.terminal import cell_pieces, fold_cell, unbreakable_width, usd_text
+from scalelab.core.terminal import cell_pieces, fold_cell, number_text, unbreakable_width, usd_text
 from scalelab.core.writes import refuse_links
 
 if TYPE_CHECKING:
@@ -64,6 +64,10 @@ DEFINITIONS: tuple[tuple[str, str], ...] = (
                      "as a fraction of the total step time."),
     ("Time to threshold", "training seconds (validation excluded) until the validation loss first "
                           "reached the loss threshold."),
+    ("Speedup and efficiency to threshold", "time to threshold of the smallest layout of the same series / "
+                                            "this layout's, and that over n: where both reached the threshold "
+                                            "(more workers can need more samples to converge, so these can be "
+                                            "lower than the throughput's)."),
     ("Dollars", "the run's wall time from its launch to its last record (dollars), or to the threshold event "
                 "($ to threshold), billed per second with a 60 s minimum per instance at its fleet's price "
                 "(costs.billing.run_cost, as `launch cost`); runs with no price show none."),
@@ -164,15 +168,21 @@ def _shares(r: pd.Series) -> str:
 
 
 def _threshold(r: pd.Series) -> str:
+    """Time (and steps) to the threshold, the seconds to 3 significant digits: at 0.1 s, 0.06 s and 0.14 s
+    both read "0.1 s"."""
     reached = r.get("reached_threshold")
     t = r.get("time_to_threshold_s")
     if _missing(reached):
-        return _num(t, ".1f") + " s" if not _missing(t) else _DASH
+        return _seconds(t) if not _missing(t) else _DASH
     if not bool(reached):
         return "not reached"
-    out = _num(t, ".1f") + " s"
+    out = _seconds(t)
     steps = r.get("steps_to_threshold")
     return out + (f" ({int(steps)} steps)" if not _missing(steps) else "")
+
+
+def _seconds(t: Any) -> str:
+    return _DASH if _missing(t) else f"{number_text(float(t))} s"
 
 
 def _columns(df: pd.DataFrame) -> list[tuple[str, Callable[[pd.Series], str], bool]]:
@@ -209,6 +219,9 @@ def _columns(df: pd.DataFrame) -> list[tuple[str, Callable[[pd.Series], str], bo
         cols.append(("data / exchange share", _shares, True))
     if {"reached_threshold", "time_to_threshold_s"} & has:
         cols.append(("time to threshold", _threshold, True))
+    if "speedup_to_threshold" in has and df["speedup_to_threshold"].notna().any():
+        cols.append(("speedup to threshold", lambda r: _num(r.get("speedup_to_threshold"), ".2f"), True))
+        cols.append(("efficiency to threshold", lambda r: _pct(r.get("efficiency_to_threshold")), True))
     if "noise_scale" in has:
         cols.append(("noise scale (samples)", lambda r: _num(r.get("noise_scale"), ",.0f"), True))
     if "peak_mem_bytes" in has and df["peak_mem_bytes"].notna().any():
@@ -252,7 +265,7 @@ def table_rows(df: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
 #: Terminal width the tables are made to fit; what does not fit is in report.json and report.md.
 TABLE_WIDTH = 100
 #: Columns left out first when the table would be wider than the terminal, least needed first.
-_DROPPABLE = ("noise scale (samples)", "samples/s", "time (s)", "data / exchange share", "serial fraction",
+_DROPPABLE = ("efficiency to threshold", "speedup to threshold", "noise scale (samples)", "samples/s", "time (s)", "data / exchange share", "serial fraction",
               "step (ms, mean ± std)", "peak mem/rank", "peak RSS/rank", "$ to threshold", "efficiency", "layout (nodes x GPUs)",
               "nodes x GPUs", "time to threshold", "precision")
 
@@ -293,7 +306,8 @@ def terminal_frame(df: pd.DataFrame, title: str) -> tuple[pd.DataFrame, str]:
         return df, title
     if "workers" in df.columns and df.groupby("label", dropna=False)["workers"].nunique().max() <= 1:
         # one layout per series (a single run): its speedup 1.00 and efficiency 100 % compare nothing
-        df = df.drop(columns=[c for c in ("speedup", "efficiency", "karp_flatt") if c in df.columns])
+        df = df.drop(columns=[c for c in ("speedup", "efficiency", "karp_flatt", "speedup_to_threshold",
+                                          "efficiency_to_threshold") if c in df.columns])
     labels = ["" if _missing(v) else str(v) for v in df["label"]]
     split = [lab.split() for lab in labels]
     common = [w for w in split[0] if all(w in words for words in split[1:])]

@@ -368,7 +368,8 @@ def study_report(study_dir: Path, study: Study) -> Path:
                         else seed_table(name, data, study.epochs_shown))
         tables[name].to_csv(study_dir / f"{name}.csv", index=False)
     report = write_report([summary for _, summary, _ in loaded], runs, study_dir)
-    notes = {"arrangement": speedup_note(data), "throughput": speedup_note(data),
+    notes = {"arrangement": speedup_note(data, "arrangement"), "throughput": speedup_note(data),
+             "convergence": speedup_note(data, "convergence"),
              "money": money_note(study.market, [e["backend"] for e in extra.values()])}
     path = study_dir / "study.md"
     path.write_text(study_markdown(study.title, study.seed_scale, study.mode, [v.label for v in study.variants],
