@@ -138,3 +138,21 @@ def test_convergence_speedup_and_efficiency_against_the_base_and_seconds_to_thre
     cells = dict(zip(headers, zip(*rows)))
     assert cells["time to threshold"] == ("0.140 s (4 steps)", "0.0600 s (4 steps)")
     assert cells["speedup to threshold"] == ("1.00", "2.33") and cells["efficiency to threshold"][1] == "116.7 %"
+
+
+def test_a_balanced_runs_batch_per_gpu_is_what_its_workers_took():
+    """Seed 004's dynamic balancer at --scale test: "Batch size (per GPU)" read 8 (16 / 2 workers) while its
+    step records held shares of 2 to 14."""
+    import pandas as pd
+
+    from scalelab.analysis.studies import seed_table, study_runs, worker_batches
+
+    shares = [(8, 8), (4, 12), (4, 12), (2, 14), (2, 14)]  # the first step is warm-up: not measured
+    records = pd.DataFrame([{"kind": "step", "rank": r, "step": i + 1, "warmup": i == 0, "samples": pair[r],
+                             "step_s": 0.1, "words": 10} for i, pair in enumerate(shares) for r in (0, 1)])
+    assert worker_batches(records) == "2–14 (rank means 3.0, 13.0)"
+    assert worker_batches(records.assign(samples=8)) is None  # an even split: global batch / workers says it
+    data = study_runs([(key, summary(w, wps, global_batch=16, label=key[0], gpus_per_node=w), _steps([1.0] * 5, 1))
+                       for key, w, wps in (("a/1x1", 1, 1000.0), ("b/1x2", 2, 1500.0))],
+                      {"b/1x2": {"worker_batch": worker_batches(records)}})
+    assert seed_table("throughput", data)["Batch size (per GPU)"].tolist() == [16, "2–14 (rank means 3.0, 13.0)"]

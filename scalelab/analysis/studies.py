@@ -28,6 +28,7 @@ __all__ = [
     "speedup_note",
     "seed_table",
     "throughput_table",
+    "worker_batches",
     "epochs_table",
     "convergence_table",
     "arrangement_table",
@@ -104,7 +105,8 @@ def study_runs(runs: Sequence[tuple[str, LayoutSummary, pd.DataFrame]],
                extra: Mapping[str, Mapping[str, Any]] | None = None) -> StudyRuns:
     """`StudyRuns` of (run key, summary, per-step table from `analysis.scaling.step_table`) per run.
     `extra` maps a run key to more columns of its row, computed above this layer from its records:
-    `wall_s` (costs.expected.run_seconds, the billed time) and `backend` (where it ran)."""
+    `wall_s` (costs.expected.run_seconds, the billed time), `backend` (where it ran) and `worker_batch`
+    (`worker_batches`, of a balanced run)."""
     epoch_times, epochs_to, epochs_run, train_s, epoch_s = {}, {}, {}, {}, {}
     for key, summary, steps in runs:
         epoch_times[key] = steps.groupby("epoch")["t_step"].sum().tolist()
@@ -195,11 +197,37 @@ def seed_table(name: str, data: StudyRuns, epochs_shown: int = 3) -> pd.DataFram
     raise ValueError(f"seed_table makes {', '.join(t for t in TABLES if t != 'money')}, not {name!r}")
 
 
+def worker_batches(step_records: pd.DataFrame) -> str | None:
+    """The batch each worker measured in a run whose shares of the global batch changed (`--balance dynamic`):
+    the range of the samples a rank took in a measured step, and each rank's mean ("2–14 (rank means 4.9,
+    11.1)"); None where every worker took the same (the global batch over the workers says it). Why: the
+    throughput table showed the balancer's run at 8 a GPU (16 / 2) while its records held shares of 2 to 14.
+    Read from the step records (warm-up and ps server ranks left out, as the throughput's)."""
+    steps = step_records
+    if not len(steps) or "samples" not in steps.columns:
+        return None
+    if "kind" in steps.columns:
+        steps = steps[steps["kind"] == "step"]
+    if "role" in steps.columns:
+        steps = steps[steps["role"] != "server"]
+    if "warmup" in steps.columns:
+        steps = steps[~steps["warmup"].fillna(False).astype(bool)]
+    samples = pd.to_numeric(steps["samples"], errors="coerce").dropna()
+    if samples.nunique() < 2:
+        return None
+    means = samples.groupby(steps.loc[samples.index, "rank"]).mean()
+    return f"{int(samples.min())}–{int(samples.max())} (rank means {', '.join(f'{m:.1f}' for m in means)})"
+
+
 def throughput_table(rows: pd.DataFrame) -> pd.DataFrame:
-    """Seed 001's table: GPUs, batch per GPU, total time of the measured batches, words/s, speedup."""
+    """Seed 001's table: GPUs, batch per GPU, total time of the measured batches, words/s, speedup. The batch per
+    GPU is the global batch over the workers, or what a balanced run's workers measured (`worker_batches`: the
+    `worker_batch` column of `study_runs`'s extra)."""
+    split = (rows["global_batch"] // rows["workers"]).tolist()
+    measured = rows["worker_batch"].tolist() if "worker_batch" in rows.columns else [None] * len(rows)
     return pd.DataFrame({
         "variant": rows["label"], "GPU number": rows["workers"],
-        "Batch size (per GPU)": rows["global_batch"] // rows["workers"],
+        "Batch size (per GPU)": [m if isinstance(m, str) else b for m, b in zip(measured, split)],
         "Measured batches": rows["steps_measured"],
         "Total time of measured batches (s)": (rows["step_s_mean"] * rows["steps_measured"]).round(3),
         "Processing speed (words/s)": rows["words_per_s"].round(1),

@@ -351,7 +351,8 @@ def study_report(study_dir: Path, study: Study) -> Path:
     """The seed-shaped tables of the study's runs (a CSV each) and study.md, plus the scaling report."""
     from scalelab.analysis.results import expand_run_dirs, summarize_loaded, write_report
     from scalelab.analysis.scaling import step_table
-    from scalelab.analysis.studies import money_note, seed_table, speedup_note, study_markdown, study_runs
+    from scalelab.analysis.studies import (money_note, seed_table, speedup_note, study_markdown, study_runs,
+                                           worker_batches)
     from scalelab.costs.studies import price_money_table
 
     runs = expand_run_dirs([sweep for _, sweep in study_sweeps(study_dir)])
@@ -359,7 +360,8 @@ def study_report(study_dir: Path, study: Study) -> Path:
     for run in runs:
         records = load_run(run)  # each run is read once, for its summary, its per-step table and its wall time
         loaded.append((str(run), summarize_loaded(records), step_table(records.steps)))
-        extra[str(run)] = {"wall_s": _wall_seconds(records), "backend": records.spec.backend}
+        extra[str(run)] = {"wall_s": _wall_seconds(records), "backend": records.spec.backend,
+                           "worker_batch": worker_batches(records.steps) if records.spec.balance == "dynamic" else None}
     data = study_runs(loaded, extra)
     tables = {}
     refuse_links(study_dir, (*(f"{name}.csv" for name in study.tables), "study.md"))  # never through a link
