@@ -3,6 +3,8 @@ the same in every command, and a warning's number agrees with its words."""
 
 import dataclasses
 
+import pytest
+
 from scalelab.analysis.scaling import LayoutSummary, scale_layouts, trust_warnings
 
 
@@ -33,7 +35,7 @@ def test_cost_and_report_show_the_same_small_dollars(tmp_path, monkeypatch):
     from scalelab.launcher.cli import main
 
     monkeypatch.setenv("SCALELAB_PRICES", str(tmp_path / "no-prices.json"))
-    monkeypatch.setenv("COLUMNS", "200")
+    _wide_console(monkeypatch)
     runs = [str(_fake_run(tmp_path, f"r{g}", g, 0.1, 6400, None)) for g in (1, 2)]
     cost = CliRunner().invoke(main, ["cost", *runs, "--rate", "0.45/gpu-hour"])
     report = CliRunner().invoke(main, ["report", *runs, "--rate", "0.45/gpu-hour", "--out", str(tmp_path / "rep")])
@@ -52,13 +54,26 @@ def test_usd_text_keeps_two_significant_digits_below_a_cent():
         ["1,234.50", "0.0075", "0.0150", "0.000042", "0.0000"]
 
 
-def test_report_from_csv_shows_the_arrangement_its_nodes_give(tmp_path):
+def _wide_console(monkeypatch):
+    """`launch cost`, `report --from-csv` and `report` print on their modules' consoles, sized when first
+    imported: 200 columns here, so each table is boxed with a row a line whichever test imported it first."""
+    from rich.console import Console
+
+    from scalelab.costs import cli
+    from scalelab.launcher import cli as launcher
+
+    for module in (cli, launcher):
+        monkeypatch.setattr(module, "console", Console(width=200, color_system=None))
+
+
+def test_report_from_csv_shows_the_arrangement_its_nodes_give(tmp_path, monkeypatch):
     """Seed 004's 1x4, 2x2 and 4x1 rows of a published table (`nodes` given, no GPUs per node): three rows of
     4 workers read alike in the terminal and report.md; the layout now says which is which."""
     from click.testing import CliRunner
 
     from scalelab.launcher.cli import main
 
+    _wide_console(monkeypatch)
     table = tmp_path / "arranged.csv"
     table.write_text("label,workers,nodes,time_s,mode\nbase,1,1,35920,strong\narranged,4,1,13156,strong\n"
                      "arranged,4,2,15820,strong\narranged,4,4,13973,strong\narranged,3,2,20000,strong\n")
@@ -156,3 +171,65 @@ def test_a_balanced_runs_batch_per_gpu_is_what_its_workers_took():
                        for key, w, wps in (("a/1x1", 1, 1000.0), ("b/1x2", 2, 1500.0))],
                       {"b/1x2": {"worker_batch": worker_batches(records)}})
     assert seed_table("throughput", data)["Batch size (per GPU)"].tolist() == [16, "2–14 (rank means 3.0, 13.0)"]
+
+
+def test_a_variant_that_resolves_to_its_baselines_settings_is_named_and_threads_are_shown_where_they_differ():
+    """Seed 001 --scale cpu on 2 cores: "cudnn_lstm 2 host threads" sets interop_threads 2, PyTorch's default
+    there, and ran as the baseline did (start records: threads 1, interop_threads 2 in both); the study
+    reported it as a result of its own with no threads column."""
+    from scalelab.analysis.studies import (VariantRun, resolved_settings, same_settings_warnings, seed_table,
+                                           study_runs)
+
+    start = {"threads": 1, "interop_threads": 2}
+    base = {"rnn": "fused", "threads": 1, "interop_threads": None, "data.prefetch": 2}
+    runs = [VariantRun(label, layout, given, resolved_settings(given, start))
+            for label, given in (("all-reduce", base), ("no prefetch", {**base, "data.prefetch": 0}),
+                                 ("2 host threads", {**base, "interop_threads": 2}))
+            for layout in ("1x1", "1x2")]
+    said = same_settings_warnings(runs)
+    assert len(said) == 1, said
+    assert said[0].startswith("variant '2 host threads' ran with the same settings as 'all-reduce' on 1x1, 1x2")
+    assert "sets interop_threads 2" in said[0] and "threads 1, interop_threads 2" in said[0]
+    # where the machine gives the default more threads (a GPU host's cores), the variant differs: no warning
+    many = [VariantRun(r.variant, r.layout, r.given, resolved_settings(r.given, {"threads": 1, "interop_threads":
+                       2 if r.variant == "2 host threads" else 16})) for r in runs]
+    assert same_settings_warnings(many) == []
+
+    def study(threads):
+        return study_runs([(f"{v}/1x1", summary(1, 1000.0, label=v), _steps([1.0] * 3, 1)) for v in threads],
+                          {f"{v}/1x1": {"threads": 1, "interop_threads": t} for v, t in threads.items()})
+
+    shown = seed_table("throughput", study({"a": 16, "b": 2}))
+    assert shown["Host threads (intra-op / inter-op)"].tolist() == ["1 / 16", "1 / 2"]
+    assert "Host threads (intra-op / inter-op)" not in seed_table("throughput", study({"a": 2, "b": 2})).columns
+
+
+@pytest.mark.slow
+def test_a_study_names_the_variant_its_machine_ran_as_the_baseline(tmp_path):
+    """`launch study` end to end: a variant setting 1 inter-op thread against the default. Where PyTorch's
+    default here is 1 too (its start records say), study.md and warnings.json name it; where it is more, the
+    throughput table shows each row's threads instead."""
+    import json
+
+    import pandas as pd
+    from conftest import launch, only_run_dir
+
+    recipe = tmp_path / "threads.yaml"
+    recipe.write_text("title: threads\nseed_scale: a test\nmode: weak\nlayouts: [1x1]\n"
+                      "base: {model: nmt-tiny, engine: {name: ddp}, data: {kind: synthetic}, batch_per_worker: 4, "
+                      "steps: 3, warmup_steps: 1}\n"
+                      "variants:\n  - {label: default threads}\n  - {label: one interop thread, set: {interop_threads: 1}}\n"
+                      "tables: [throughput]\n")
+    proc = launch("study", str(recipe), "--runs-dir", "runs", "-y", cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    study = only_run_dir(tmp_path / "runs")
+    first = next((study / json.loads((study / "study.json").read_text())["sweeps"][0]["dir"] / "1x1" / "records")
+                 .glob("rank-0.jsonl"))
+    default = next(r for r in map(json.loads, first.read_text().splitlines()) if r["kind"] == "start")["interop_threads"]
+    table = pd.read_csv(study / "throughput.csv")
+    warned = [w for w in json.loads((study / "warnings.json").read_text()) if "ran with the same settings" in w]
+    if default == 1:
+        assert len(warned) == 1 and "'one interop thread'" in warned[0] and "WARNING: variant" in (study / "study.md").read_text()
+    else:
+        assert not warned and table["Host threads (intra-op / inter-op)"].str.endswith(f"/ {default}").iloc[0]
+        assert table["Host threads (intra-op / inter-op)"].iloc[1].endswith("/ 1")

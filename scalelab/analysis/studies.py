@@ -29,6 +29,11 @@ __all__ = [
     "seed_table",
     "throughput_table",
     "worker_batches",
+    "host_threads",
+    "RESOLVED_IN_START",
+    "resolved_settings",
+    "VariantRun",
+    "same_settings_warnings",
     "epochs_table",
     "convergence_table",
     "arrangement_table",
@@ -105,8 +110,8 @@ def study_runs(runs: Sequence[tuple[str, LayoutSummary, pd.DataFrame]],
                extra: Mapping[str, Mapping[str, Any]] | None = None) -> StudyRuns:
     """`StudyRuns` of (run key, summary, per-step table from `analysis.scaling.step_table`) per run.
     `extra` maps a run key to more columns of its row, computed above this layer from its records:
-    `wall_s` (costs.expected.run_seconds, the billed time), `backend` (where it ran) and `worker_batch`
-    (`worker_batches`, of a balanced run)."""
+    `wall_s` (costs.expected.run_seconds, the billed time), `backend` (where it ran), `worker_batch`
+    (`worker_batches`, of a balanced run), `threads` and `interop_threads` (its start record's)."""
     epoch_times, epochs_to, epochs_run, train_s, epoch_s = {}, {}, {}, {}, {}
     for key, summary, steps in runs:
         epoch_times[key] = steps.groupby("epoch")["t_step"].sum().tolist()
@@ -219,15 +224,96 @@ def worker_batches(step_records: pd.DataFrame) -> str | None:
     return f"{int(samples.min())}–{int(samples.max())} (rank means {', '.join(f'{m:.1f}' for m in means)})"
 
 
+#: Settings whose spec value can leave the choice to the machine (None: PyTorch's default, or the cores over the
+#: ranks) and which every start record states as the run got it (docs/records.md): a study compares variants by
+#: these, not by what their files asked.
+RESOLVED_IN_START = ("threads", "interop_threads")
+
+
+def resolved_settings(given: Mapping[str, Any], start: Mapping[str, Any]) -> dict[str, Any]:
+    """A run's settings (`analysis.results.run_settings` of its spec) with `RESOLVED_IN_START`'s as its start
+    record (rank 0's) says it ran them."""
+    out = dict(given)
+    for key in RESOLVED_IN_START:
+        value = start.get(key)
+        if value is not None and not pd.isna(value):
+            out[key] = int(value)
+    return out
+
+
+@dataclass
+class VariantRun:
+    """One run of a study for `same_settings_warnings`: its variant, layout ("1x2"), the settings its spec gives
+    (`run_settings`) and those it ran with (`resolved_settings`)."""
+
+    variant: str
+    layout: str
+    given: dict[str, Any]
+    resolved: dict[str, Any]
+
+
+def same_settings_warnings(runs: Sequence[VariantRun]) -> list[str]:
+    """A variant whose runs ran with the same settings as an earlier variant's on every layout both ran, one
+    sentence each, naming what its file set and what that resolved to.
+
+    Why: seed 001's "cudnn_lstm 2 host threads" sets interop_threads 2, which is PyTorch's default on a 2-core
+    machine, and the sweep gives every emulated GPU one intra-op thread: its start records read threads 1,
+    interop_threads 2 like the baseline's, and the study reported it as a result of its own. The recipe is
+    left as written (on a GPU machine's cores the default is larger and the variant differs; rewriting it per
+    machine would measure something the file does not say); the study says when it measured nothing new."""
+    by_variant: dict[str, dict[str, VariantRun]] = {}
+    for run in runs:
+        by_variant.setdefault(run.variant, {})[run.layout] = run
+    labels, out = list(by_variant), []
+    for i, label in enumerate(labels):
+        mine = by_variant[label]
+        for earlier in labels[:i]:
+            theirs = by_variant[earlier]
+            shared = [layout for layout in mine if layout in theirs]
+            if not shared or any(mine[lay].resolved != theirs[lay].resolved for lay in shared):
+                continue
+            first = mine[shared[0]]
+            asked = {k: v for k, v in first.given.items() if theirs[shared[0]].given.get(k) != v}
+            said = ", ".join(f"{k} {_setting(v)}" for k, v in asked.items()) or "nothing different"
+            ran = ", ".join(f"{k} {_setting(first.resolved.get(k))}" for k in RESOLVED_IN_START
+                            if k in first.resolved) if set(asked) & set(RESOLVED_IN_START) else ""
+            out.append(f"variant {label!r} ran with the same settings as {earlier!r} on {', '.join(shared)}: it sets "
+                       f"{said}, which resolved to what {earlier!r} ran with on this machine"
+                       + (f" (the start records of both read {ran})" if ran else "")
+                       + "; its rows measure the same configuration again, not a difference between the two")
+            break
+    return out
+
+
+def _setting(value: Any) -> str:
+    return "default" if value is None else str(value)
+
+
+def host_threads(rows: pd.DataFrame) -> list[str] | None:
+    """Each row's "intra-op / inter-op" threads as its start records say it ran (the `threads` and
+    `interop_threads` columns of `study_runs`'s extra), where the rows differ in them; else None (nothing to
+    tell apart, and no column): seed 001 compares host threads, and its table showed none."""
+    if not {"threads", "interop_threads"} <= set(rows.columns):
+        return None
+    cells = [f"{_setting(_whole(a))} / {_setting(_whole(b))}" for a, b in zip(rows["threads"], rows["interop_threads"])]
+    return cells if len(set(cells)) > 1 else None
+
+
+def _whole(value: Any) -> int | None:
+    return None if value is None or pd.isna(value) else int(value)
+
+
 def throughput_table(rows: pd.DataFrame) -> pd.DataFrame:
-    """Seed 001's table: GPUs, batch per GPU, total time of the measured batches, words/s, speedup. The batch per
-    GPU is the global batch over the workers, or what a balanced run's workers measured (`worker_batches`: the
-    `worker_batch` column of `study_runs`'s extra)."""
+    """Seed 001's table: GPUs, batch per GPU, (host threads where the rows differ in them: `host_threads`), total
+    time of the measured batches, words/s, speedup. The batch per GPU is the global batch over the workers, or
+    what a balanced run's workers measured (`worker_batches`: the `worker_batch` column of `study_runs`'s extra)."""
     split = (rows["global_batch"] // rows["workers"]).tolist()
     measured = rows["worker_batch"].tolist() if "worker_batch" in rows.columns else [None] * len(rows)
+    threads = host_threads(rows)
     return pd.DataFrame({
         "variant": rows["label"], "GPU number": rows["workers"],
         "Batch size (per GPU)": [m if isinstance(m, str) else b for m, b in zip(measured, split)],
+        **({"Host threads (intra-op / inter-op)": threads} if threads else {}),
         "Measured batches": rows["steps_measured"],
         "Total time of measured batches (s)": (rows["step_s_mean"] * rows["steps_measured"]).round(3),
         "Processing speed (words/s)": rows["words_per_s"].round(1),
@@ -371,10 +457,12 @@ def _header(title: str, seed_scale: str, here: str = "") -> list[str]:
 
 def study_markdown(title: str, seed_scale: str, mode: str, variants: Sequence[str],
                    tables: Mapping[str, pd.DataFrame], report_name: str, here: str = "",
-                   notes: Mapping[str, str] | None = None) -> str:
+                   notes: Mapping[str, str] | None = None, warnings: Sequence[str] = ()) -> str:
     """study.md: the seed-shaped tables in order, each with its note (`notes`: table -> what its figures
-    are measured against), then a link to the full scaling report and its plot."""
+    are measured against), then a link to the full scaling report and its plot. `warnings` (the study's own:
+    `same_settings_warnings`) come before the tables, which they are about."""
     parts = [*_header(title, seed_scale, here), f"Scaling mode: {mode}; variants: {', '.join(variants)}.", ""]
+    parts += [f"WARNING: {w}" for w in warnings] + ([""] if warnings else [])
     for name, df in tables.items():
         parts += [f"## {name.capitalize()}", "", markdown_table(df), ""]
         parts += [notes[name], ""] if notes and notes.get(name) else []
