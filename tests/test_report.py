@@ -56,7 +56,7 @@ def test_render_table_values(sweep):
     console.print(table)
     text = console.file.getvalue()
     for needle in ("Sweep", "lstm-sweep", "2x4", "274,000", "1.84", "92.0 %", "250.0 ± 25.0",
-                   "300.0 s (150 steps)", "not reached", "2 % / 12 %", "2 % / —"):
+                   "300 s (150 steps)", "not reached", "2 % / 12 %", "2 % / —"):
         assert needle in text, needle
     buf = io.StringIO()
     print_scaling(sweep, Console(file=buf, width=250, color_system=None))

@@ -238,7 +238,7 @@ def test_a_priced_threshold_sweep_at_80_columns_keeps_its_layouts():
     assert max(len(line) for line in out.splitlines()) <= 80, out
     _no_zero_width_column(out)
     _header_words_whole(out, [h for h, _, _ in fitting_columns(terminal_frame(df, "Scaling")[0], 80)])
-    for cell in ("2x4", "300.0 s (150 steps)", "not reached", "$1.50", "274,000", "5.48"):
+    for cell in ("2x4", "300 s (150 steps)", "not reached", "$1.50", "274,000", "5.48"):
         assert cell in out, (cell, out)
 
 

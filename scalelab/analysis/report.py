@@ -23,11 +23,12 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
+
 from rich.console import Console
 from rich.table import Table
 from scalelab.core.engines import known_fact
 from scalelab.core.errors import DataError
-from scalelab.core.terminal import cell_pieces, fold_cell, unbreakable_width
+from scalelab.core.terminal import cell_pieces, fold_cell, number_text, unbreakable_width, usd_text
 from scalelab.core.writes import refuse_links
 
 if TYPE_CHECKING:
@@ -63,6 +64,10 @@ DEFINITIONS: tuple[tuple[str, str], ...] = (
                      "as a fraction of the total step time."),
     ("Time to threshold", "training seconds (validation excluded) until the validation loss first "
                           "reached the loss threshold."),
+    ("Speedup and efficiency to threshold", "time to threshold of the smallest layout of the same series / "
+                                            "this layout's, and that over n: where both reached the threshold "
+                                            "(more workers can need more samples to converge, so these can be "
+                                            "lower than the throughput's)."),
     ("Dollars", "the run's wall time from its launch to its last record (dollars), or to the threshold event "
                 "($ to threshold), billed per second with a 60 s minimum per instance at its fleet's price "
                 "(costs.billing.run_cost, as `launch cost`); runs with no price show none."),
@@ -127,9 +132,20 @@ def _script_rows_only(df: pd.DataFrame) -> bool:
 
 
 def _layout(r: pd.Series) -> str:
-    if _missing(r.get("nodes")) or _missing(r.get("gpus_per_node")):
+    """nodes x GPUs per node; for a published table (`--from-csv`), which gives nodes and workers, the GPUs per
+    node are the workers over the nodes: its 1x4, 2x2 and 4x1 rows read as three rows of 4 workers, with nothing
+    saying which arrangement each was. Workers that do not split evenly over the nodes are said as such."""
+    nodes, gpus = r.get("nodes"), r.get("gpus_per_node")
+    if _missing(nodes):
         return _DASH
-    return f"{int(r['nodes'])}x{int(r['gpus_per_node'])}"
+    if _missing(gpus):
+        workers = r.get("workers")
+        if _missing(workers):
+            return _DASH
+        if int(workers) % int(nodes):
+            return f"{int(workers)} on {int(nodes)} nodes"
+        gpus = int(workers) // int(nodes)
+    return f"{int(nodes)}x{int(gpus)}"
 
 
 def _step_ms(r: pd.Series) -> str:
@@ -152,15 +168,21 @@ def _shares(r: pd.Series) -> str:
 
 
 def _threshold(r: pd.Series) -> str:
+    """Time (and steps) to the threshold, the seconds to 3 significant digits: at 0.1 s, 0.06 s and 0.14 s
+    both read "0.1 s"."""
     reached = r.get("reached_threshold")
     t = r.get("time_to_threshold_s")
     if _missing(reached):
-        return _num(t, ".1f") + " s" if not _missing(t) else _DASH
+        return _seconds(t) if not _missing(t) else _DASH
     if not bool(reached):
         return "not reached"
-    out = _num(t, ".1f") + " s"
+    out = _seconds(t)
     steps = r.get("steps_to_threshold")
     return out + (f" ({int(steps)} steps)" if not _missing(steps) else "")
+
+
+def _seconds(t: Any) -> str:
+    return _DASH if _missing(t) else f"{number_text(float(t))} s"
 
 
 def _columns(df: pd.DataFrame) -> list[tuple[str, Callable[[pd.Series], str], bool]]:
@@ -172,7 +194,7 @@ def _columns(df: pd.DataFrame) -> list[tuple[str, Callable[[pd.Series], str], bo
         cols.append(("label", lambda r: _DASH if _missing(r.get("label")) else str(r["label"]), False))
     if _distinct(df, "precision"):  # summaries from before mixed precision have none to show
         cols.append(("precision", lambda r: _DASH if _missing(r.get("precision")) else str(r["precision"]), False))
-    if {"nodes", "gpus_per_node"} <= has:
+    if {"nodes", "gpus_per_node"} <= has or ({"nodes", "workers"} <= has and df["nodes"].notna().any()):
         cols.append(("layout (nodes x GPUs)", _layout, False))
     if "workers" in has:
         cols.append(("workers", lambda r: _num(r.get("workers"), ".0f"), True))
@@ -197,6 +219,9 @@ def _columns(df: pd.DataFrame) -> list[tuple[str, Callable[[pd.Series], str], bo
         cols.append(("data / exchange share", _shares, True))
     if {"reached_threshold", "time_to_threshold_s"} & has:
         cols.append(("time to threshold", _threshold, True))
+    if "speedup_to_threshold" in has and df["speedup_to_threshold"].notna().any():
+        cols.append(("speedup to threshold", lambda r: _num(r.get("speedup_to_threshold"), ".2f"), True))
+        cols.append(("efficiency to threshold", lambda r: _pct(r.get("efficiency_to_threshold")), True))
     if "noise_scale" in has:
         cols.append(("noise scale (samples)", lambda r: _num(r.get("noise_scale"), ",.0f"), True))
     if "peak_mem_bytes" in has and df["peak_mem_bytes"].notna().any():
@@ -209,10 +234,11 @@ def _columns(df: pd.DataFrame) -> list[tuple[str, Callable[[pd.Series], str], bo
 
 
 def _usd(x: Any) -> str:
-    """Dollars with cents, or four decimals below a dollar (a short run costs a fraction of a cent)."""
+    """Dollars as `launch cost` shows them (`core.terminal.usd_text`: cents, or four decimals below a dollar: a
+    short run costs a fraction of a cent), with the sign."""
     if _missing(x) or math.isinf(float(x)):
         return _DASH
-    return f"${float(x):,.2f}" if abs(float(x)) >= 1 else f"${float(x):.4f}"
+    return f"${usd_text(float(x))}"
 
 
 def _memory(r: pd.Series) -> str:
@@ -239,7 +265,7 @@ def table_rows(df: pd.DataFrame) -> tuple[list[str], list[list[str]]]:
 #: Terminal width the tables are made to fit; what does not fit is in report.json and report.md.
 TABLE_WIDTH = 100
 #: Columns left out first when the table would be wider than the terminal, least needed first.
-_DROPPABLE = ("noise scale (samples)", "samples/s", "time (s)", "data / exchange share", "serial fraction",
+_DROPPABLE = ("efficiency to threshold", "speedup to threshold", "noise scale (samples)", "samples/s", "time (s)", "data / exchange share", "serial fraction",
               "step (ms, mean ± std)", "peak mem/rank", "peak RSS/rank", "$ to threshold", "efficiency", "layout (nodes x GPUs)",
               "nodes x GPUs", "time to threshold", "precision")
 
@@ -280,7 +306,8 @@ def terminal_frame(df: pd.DataFrame, title: str) -> tuple[pd.DataFrame, str]:
         return df, title
     if "workers" in df.columns and df.groupby("label", dropna=False)["workers"].nunique().max() <= 1:
         # one layout per series (a single run): its speedup 1.00 and efficiency 100 % compare nothing
-        df = df.drop(columns=[c for c in ("speedup", "efficiency", "karp_flatt") if c in df.columns])
+        df = df.drop(columns=[c for c in ("speedup", "efficiency", "karp_flatt", "speedup_to_threshold",
+                                          "efficiency_to_threshold") if c in df.columns])
     labels = ["" if _missing(v) else str(v) for v in df["label"]]
     split = [lab.split() for lab in labels]
     common = [w for w in split[0] if all(w in words for words in split[1:])]

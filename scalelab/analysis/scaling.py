@@ -33,6 +33,7 @@ __all__ = [
     "PHASES",
     "STEP_TABLE_COLUMNS",
     "SCALING_COLUMNS",
+    "THRESHOLD_COLUMNS",
     "LayoutSummary",
     "RunMeta",
     "step_table",
@@ -40,6 +41,7 @@ __all__ = [
     "scaling_table",
     "scale_layouts",
     "karp_flatt",
+    "threshold_scaling",
     "pooled_noise_scale",
     "BATCH_SCALING",
 ]
@@ -55,6 +57,9 @@ STEP_TABLE_COLUMNS: tuple[str, ...] = (
 
 #: Columns that `scaling_table` adds to its input.
 SCALING_COLUMNS: tuple[str, ...] = ("base_workers", "n", "speedup", "efficiency", "karp_flatt")
+
+#: Columns that `scale_layouts` adds too: speedup and efficiency of the time to the loss threshold.
+THRESHOLD_COLUMNS: tuple[str, ...] = ("speedup_to_threshold", "efficiency_to_threshold")
 
 _REQUIRED_STEP_COLUMNS = ("rank", "step", "step_s", "words", "samples")
 
@@ -373,6 +378,16 @@ NO_ITEMS = ("measured steps counted no items (0 samples), so it has no throughpu
             "pass the items each step processed: track.step(items=len(batch), ...)")
 
 
+def outside_text(value: float, low: float, high: float, decimals: int = 2, most: int = 12) -> str:
+    """`value`, which lies outside [low, high], with as few decimals from `decimals` on as show it outside:
+    a serial fraction of 1.003 read "1.00 is outside [0, 1]", a warning whose own number contradicted it."""
+    for places in range(decimals, most + 1):
+        text = f"{value:.{places}f}"
+        if not low <= float(text) <= high:
+            return text
+    return repr(value)
+
+
 def trust_warnings(table: pd.DataFrame) -> list[str]:
     """What in a scaling table (`scale_layouts`) cannot be trusted, one sentence per finding, as data
     so every report (terminal, Markdown, JSON) shows the same words."""
@@ -397,7 +412,7 @@ def trust_warnings(table: pd.DataFrame) -> list[str]:
                        f"{MAX_STEP_SPREAD:.0%}): the machine was busy or the steps uneven")
         serial = _float_or_none(row.get("karp_flatt"))
         if serial is not None and not 0 <= serial <= 1:
-            out.append(f"{who}: Karp-Flatt serial fraction {serial:.2f} is outside [0, 1]: the speedup "
+            out.append(f"{who}: Karp-Flatt serial fraction {outside_text(serial, 0, 1)} is outside [0, 1]: the speedup "
                        "is not explained by a serial part (noise, or a different workload per layout)")
         reached, first = _int_or_none(row.get("steps_to_threshold")), _int_or_none(row.get("first_val_step"))
         if reached is not None and first is not None and reached <= first:
@@ -754,7 +769,8 @@ def scale_layouts(
     summaries: Iterable[LayoutSummary], series: str | Sequence[str] = "label",
     extra: Sequence[Mapping[str, Any]] | None = None,
 ) -> pd.DataFrame:
-    """The scaling table of a sweep: one row per run, summary columns plus `SCALING_COLUMNS`.
+    """The scaling table of a sweep: one row per run, summary columns plus `SCALING_COLUMNS` and
+    `THRESHOLD_COLUMNS` (`threshold_scaling`: the same ratios of the time to the loss threshold).
 
     Speedup is the ratio of `words_per_s` (see `scaling_table` for why this is right in both
     modes). Runs are grouped into series by `series` (default `label`: give every run of one sweep
@@ -769,7 +785,7 @@ def scale_layouts(
     if extra is not None:
         records = [{**r, **e} for r, e in zip(records, extra)]
     if not records:
-        cols = list(LayoutSummary.__dataclass_fields__) + list(SCALING_COLUMNS)
+        cols = list(LayoutSummary.__dataclass_fields__) + list(SCALING_COLUMNS) + list(THRESHOLD_COLUMNS)
         return pd.DataFrame(columns=cols)
     df = pd.DataFrame(records)
     for col in _UNMEASURED:  # None (not measured past warm-up) as NaN, even where every run has None
@@ -785,4 +801,35 @@ def scale_layouts(
     modes = set(df["mode"])
     mode = modes.pop() if len(modes) == 1 else "strong"  # throughput-based: mode does not matter
     out = scaling_table(df.assign(throughput=df["words_per_s"]), mode=mode, series=keys)
-    return out.drop(columns="throughput")
+    out = out.drop(columns="throughput")
+    out["speedup_to_threshold"], out["efficiency_to_threshold"] = threshold_scaling(out, keys)
+    return out
+
+
+def threshold_scaling(rows: pd.DataFrame, keys: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """(speedup, efficiency) of the time to the loss threshold against the smallest layout of each series:
+    t_base / t and that over n = workers / base workers, NaN where either run did not reach the threshold.
+
+    Why beside the throughput's: data parallelism can slow convergence (more samples per step, fewer steps'
+    worth of updates), so seed 004 measures speedup and efficiency from both the run time and the time to
+    its loss threshold, and finds the latter lower. `rows` come sorted by series then workers
+    (`scale_layouts`), so each series' first row is its base; a series of one layout on several workers
+    compares nothing and has none (as `scaling_table`'s `_alone_on_many`)."""
+    n_rows = len(rows)
+    speedup, efficiency = np.full(n_rows, np.nan), np.full(n_rows, np.nan)
+    if not n_rows or "time_to_threshold_s" not in rows.columns:
+        return speedup, efficiency
+    reached = rows["reached_threshold"].fillna(False).astype(bool).to_numpy() if "reached_threshold" in rows \
+        else np.ones(n_rows, dtype=bool)
+    time = pd.to_numeric(rows["time_to_threshold_s"], errors="coerce").to_numpy(dtype=float)
+    time = np.where(reached & (time > 0), time, np.nan)
+    workers = pd.to_numeric(rows["workers"], errors="coerce").to_numpy(dtype=float)
+    groups = _series_key(rows, list(keys)).to_numpy() if keys else np.zeros(n_rows, dtype=int)
+    for group in dict.fromkeys(groups):
+        members = np.flatnonzero(groups == group)
+        base = members[0]
+        if len(members) == 1 and workers[base] > 1:
+            continue
+        speedup[members] = time[base] / time[members]
+        efficiency[members] = speedup[members] / (workers[members] / workers[base])
+    return speedup, efficiency

@@ -28,9 +28,16 @@ __all__ = [
     "speedup_note",
     "seed_table",
     "throughput_table",
+    "worker_batches",
+    "host_threads",
+    "RESOLVED_IN_START",
+    "resolved_settings",
+    "VariantRun",
+    "same_settings_warnings",
     "epochs_table",
     "convergence_table",
     "arrangement_table",
+    "measured_epoch_seconds",
     "money_table",
     "money_note",
     "steps_per_epoch",
@@ -65,6 +72,8 @@ class StudyRuns:
     the run's steps; both None when the steps per epoch are not known (`steps_per_epoch`).
     `baseline` names the run every variant without a run of its own at the fewest workers is measured
     against ("strong scaling 1x1").
+    `epoch_s` is the seconds of one epoch at the pace of the run's measured steps (`measured_epoch_seconds`),
+    None when the steps per epoch are not known or no step was measured.
     """
 
     rows: pd.DataFrame
@@ -72,6 +81,7 @@ class StudyRuns:
     epochs_to: dict[str, float | None]
     epochs_run: dict[str, float | None] = field(default_factory=dict)
     baseline: str = ""
+    epoch_s: dict[str, float | None] = field(default_factory=dict)
 
 
 def steps_per_epoch(summary: LayoutSummary, steps: pd.DataFrame) -> int | None:
@@ -85,12 +95,24 @@ def steps_per_epoch(summary: LayoutSummary, steps: pd.DataFrame) -> int | None:
     return int((epochs == epochs.min()).sum())
 
 
+def measured_epoch_seconds(steps: pd.DataFrame, per_epoch: int | None) -> float | None:
+    """Seconds of one epoch at the pace of the measured steps: their mean step time (warm-up and steps some rank
+    did not finish left out, as the throughput's: `analysis.scaling`) times the steps of an epoch. Why: the
+    arrangement table's minutes per epoch counted the warm-up steps while its speed-up was a words/s ratio over
+    the measured ones, so at a few steps a row's speed-up contradicted its own times (0.29 beside 0.38)."""
+    if not per_epoch or not len(steps):
+        return None
+    measured = steps[~steps["warmup"] & (steps["ranks"] == steps["ranks"].max())]
+    return float(measured["t_step"].mean()) * per_epoch if len(measured) else None
+
+
 def study_runs(runs: Sequence[tuple[str, LayoutSummary, pd.DataFrame]],
                extra: Mapping[str, Mapping[str, Any]] | None = None) -> StudyRuns:
     """`StudyRuns` of (run key, summary, per-step table from `analysis.scaling.step_table`) per run.
     `extra` maps a run key to more columns of its row, computed above this layer from its records:
-    `wall_s` (costs.expected.run_seconds, the billed time) and `backend` (where it ran)."""
-    epoch_times, epochs_to, epochs_run, train_s = {}, {}, {}, {}
+    `wall_s` (costs.expected.run_seconds, the billed time), `backend` (where it ran), `worker_batch`
+    (`worker_batches`, of a balanced run), `threads` and `interop_threads` (its start record's)."""
+    epoch_times, epochs_to, epochs_run, train_s, epoch_s = {}, {}, {}, {}, {}
     for key, summary, steps in runs:
         epoch_times[key] = steps.groupby("epoch")["t_step"].sum().tolist()
         train_s[key] = float(steps["t_step"].sum())
@@ -98,6 +120,7 @@ def study_runs(runs: Sequence[tuple[str, LayoutSummary, pd.DataFrame]],
         reached = summary.steps_to_threshold
         epochs_to[key] = round(reached / per, 2) if reached and per else None
         epochs_run[key] = len(steps) / per if per else None
+        epoch_s[key] = measured_epoch_seconds(steps, per)
     rows = scale_layouts([summary for _, summary, _ in runs])
     key_of = {(s.label, s.nodes, s.gpus_per_node): key for key, s, _ in runs}
     rows["run"] = [key_of[(lab, n, g)] for lab, n, g in zip(rows["label"], rows["nodes"], rows["gpus_per_node"])]
@@ -108,7 +131,7 @@ def study_runs(runs: Sequence[tuple[str, LayoutSummary, pd.DataFrame]],
     bases = [rows.iloc[i] for i in speedup_bases(rows)]
     rows["speedup"] = [r / base["words_per_s"] for r, base in zip(rows["words_per_s"], bases)]
     rows["speedup_base"] = [_layout_name(base) for base in bases]
-    return StudyRuns(rows, epoch_times, epochs_to, epochs_run, _layout_name(rows.iloc[study_baseline(rows)]))
+    return StudyRuns(rows, epoch_times, epochs_to, epochs_run, _layout_name(rows.iloc[study_baseline(rows)]), epoch_s)
 
 
 def _layout_name(row: pd.Series) -> str:
@@ -135,14 +158,25 @@ def speedup_bases(rows: pd.DataFrame) -> list[int]:
     return [base[label] for label in rows["label"]]
 
 
-def speedup_note(data: StudyRuns) -> str:
-    """What the study's speedups are measured against, said under its tables (and per row, "Speed-up base"):
-    a variant with no run at the fewest workers is measured against the baseline, which the scaling
-    report does not do."""
+#: What each table's speed-up divides, in its note (`speedup_note`).
+SPEEDUP_OF = {
+    "throughput": "words/s over words/s",
+    "arrangement": "the base's minutes per epoch over this row's, t1/tn as the seed defines it; minutes per epoch "
+                   "are the mean time of the run's measured steps (warm-up left out, as words/s) times the steps "
+                   "of an epoch",
+    "convergence": "the base's time to the loss threshold over this row's, in training seconds with validation "
+                   "left out, where both reached it; efficiency is that over workers / the base's workers",
+}
+
+
+def speedup_note(data: StudyRuns, table: str = "throughput") -> str:
+    """What the study's speedups are measured against and computed from (`SPEEDUP_OF[table]`), said under its
+    tables (and per row, "Speed-up base"): a variant with no run at the fewest workers is measured against the
+    baseline, which the scaling report does not do."""
     rows = data.rows
     fewest = rows["workers"].min()
     groups = [(str(label), grp) for label, grp in rows.groupby("label", sort=False) if grp["workers"].min() != fewest]
-    text = (f"Speed-up base: the run each speed-up (words/s over words/s) is measured against: the variant's own "
+    text = (f"Speed-up base: the run each speed-up ({SPEEDUP_OF[table]}) is measured against: the variant's own "
             f"run at {fewest} worker(s), else the study's baseline, {data.baseline}, as the seed compares every "
             "configuration with its one-GPU run.")
     single = [label for label, grp in groups if grp[["nodes", "gpus_per_node"]].drop_duplicates().shape[0] == 1]
@@ -164,15 +198,122 @@ def seed_table(name: str, data: StudyRuns, epochs_shown: int = 3) -> pd.DataFram
     if name == "convergence":
         return convergence_table(data.rows, data.epochs_to)
     if name == "arrangement":
-        return arrangement_table(data.rows, data.epochs_run)
+        return arrangement_table(data.rows, data.epoch_s)
     raise ValueError(f"seed_table makes {', '.join(t for t in TABLES if t != 'money')}, not {name!r}")
 
 
+def worker_batches(step_records: pd.DataFrame) -> str | None:
+    """The batch each worker measured in a run whose shares of the global batch changed (`--balance dynamic`):
+    the range of the samples a rank took in a measured step, and each rank's mean ("2–14 (rank means 4.9,
+    11.1)"); None where every worker took the same (the global batch over the workers says it). Why: the
+    throughput table showed the balancer's run at 8 a GPU (16 / 2) while its records held shares of 2 to 14.
+    Read from the step records (warm-up and ps server ranks left out, as the throughput's)."""
+    steps = step_records
+    if not len(steps) or "samples" not in steps.columns:
+        return None
+    if "kind" in steps.columns:
+        steps = steps[steps["kind"] == "step"]
+    if "role" in steps.columns:
+        steps = steps[steps["role"] != "server"]
+    if "warmup" in steps.columns:
+        steps = steps[~steps["warmup"].fillna(False).astype(bool)]
+    samples = pd.to_numeric(steps["samples"], errors="coerce").dropna()
+    if samples.nunique() < 2:
+        return None
+    means = samples.groupby(steps.loc[samples.index, "rank"]).mean()
+    return f"{int(samples.min())}–{int(samples.max())} (rank means {', '.join(f'{m:.1f}' for m in means)})"
+
+
+#: Settings whose spec value can leave the choice to the machine (None: PyTorch's default, or the cores over the
+#: ranks) and which every start record states as the run got it (docs/records.md): a study compares variants by
+#: these, not by what their files asked.
+RESOLVED_IN_START = ("threads", "interop_threads")
+
+
+def resolved_settings(given: Mapping[str, Any], start: Mapping[str, Any]) -> dict[str, Any]:
+    """A run's settings (`analysis.results.run_settings` of its spec) with `RESOLVED_IN_START`'s as its start
+    record (rank 0's) says it ran them."""
+    out = dict(given)
+    for key in RESOLVED_IN_START:
+        value = start.get(key)
+        if value is not None and not pd.isna(value):
+            out[key] = int(value)
+    return out
+
+
+@dataclass
+class VariantRun:
+    """One run of a study for `same_settings_warnings`: its variant, layout ("1x2"), the settings its spec gives
+    (`run_settings`) and those it ran with (`resolved_settings`)."""
+
+    variant: str
+    layout: str
+    given: dict[str, Any]
+    resolved: dict[str, Any]
+
+
+def same_settings_warnings(runs: Sequence[VariantRun]) -> list[str]:
+    """A variant whose runs ran with the same settings as an earlier variant's on every layout both ran, one
+    sentence each, naming what its file set and what that resolved to.
+
+    Why: seed 001's "cudnn_lstm 2 host threads" sets interop_threads 2, which is PyTorch's default on a 2-core
+    machine, and the sweep gives every emulated GPU one intra-op thread: its start records read threads 1,
+    interop_threads 2 like the baseline's, and the study reported it as a result of its own. The recipe is
+    left as written (on a GPU machine's cores the default is larger and the variant differs; rewriting it per
+    machine would measure something the file does not say); the study says when it measured nothing new."""
+    by_variant: dict[str, dict[str, VariantRun]] = {}
+    for run in runs:
+        by_variant.setdefault(run.variant, {})[run.layout] = run
+    labels, out = list(by_variant), []
+    for i, label in enumerate(labels):
+        mine = by_variant[label]
+        for earlier in labels[:i]:
+            theirs = by_variant[earlier]
+            shared = [layout for layout in mine if layout in theirs]
+            if not shared or any(mine[lay].resolved != theirs[lay].resolved for lay in shared):
+                continue
+            first = mine[shared[0]]
+            asked = {k: v for k, v in first.given.items() if theirs[shared[0]].given.get(k) != v}
+            said = ", ".join(f"{k} {_setting(v)}" for k, v in asked.items()) or "nothing different"
+            ran = ", ".join(f"{k} {_setting(first.resolved.get(k))}" for k in RESOLVED_IN_START
+                            if k in first.resolved) if set(asked) & set(RESOLVED_IN_START) else ""
+            out.append(f"variant {label!r} ran with the same settings as {earlier!r} on {', '.join(shared)}: it sets "
+                       f"{said}, which resolved to what {earlier!r} ran with on this machine"
+                       + (f" (the start records of both read {ran})" if ran else "")
+                       + "; its rows measure the same configuration again, not a difference between the two")
+            break
+    return out
+
+
+def _setting(value: Any) -> str:
+    return "default" if value is None else str(value)
+
+
+def host_threads(rows: pd.DataFrame) -> list[str] | None:
+    """Each row's "intra-op / inter-op" threads as its start records say it ran (the `threads` and
+    `interop_threads` columns of `study_runs`'s extra), where the rows differ in them; else None (nothing to
+    tell apart, and no column): seed 001 compares host threads, and its table showed none."""
+    if not {"threads", "interop_threads"} <= set(rows.columns):
+        return None
+    cells = [f"{_setting(_whole(a))} / {_setting(_whole(b))}" for a, b in zip(rows["threads"], rows["interop_threads"])]
+    return cells if len(set(cells)) > 1 else None
+
+
+def _whole(value: Any) -> int | None:
+    return None if value is None or pd.isna(value) else int(value)
+
+
 def throughput_table(rows: pd.DataFrame) -> pd.DataFrame:
-    """Seed 001's table: GPUs, batch per GPU, total time of the measured batches, words/s, speedup."""
+    """Seed 001's table: GPUs, batch per GPU, (host threads where the rows differ in them: `host_threads`), total
+    time of the measured batches, words/s, speedup. The batch per GPU is the global batch over the workers, or
+    what a balanced run's workers measured (`worker_batches`: the `worker_batch` column of `study_runs`'s extra)."""
+    split = (rows["global_batch"] // rows["workers"]).tolist()
+    measured = rows["worker_batch"].tolist() if "worker_batch" in rows.columns else [None] * len(rows)
+    threads = host_threads(rows)
     return pd.DataFrame({
         "variant": rows["label"], "GPU number": rows["workers"],
-        "Batch size (per GPU)": rows["global_batch"] // rows["workers"],
+        "Batch size (per GPU)": [m if isinstance(m, str) else b for m, b in zip(measured, split)],
+        **({"Host threads (intra-op / inter-op)": threads} if threads else {}),
         "Measured batches": rows["steps_measured"],
         "Total time of measured batches (s)": (rows["step_s_mean"] * rows["steps_measured"]).round(3),
         "Processing speed (words/s)": rows["words_per_s"].round(1),
@@ -199,27 +340,58 @@ def epochs_table(rows: pd.DataFrame, epoch_times: dict[str, list[float]], shown:
 
 
 def convergence_table(rows: pd.DataFrame, epochs_to: dict[str, float | None]) -> pd.DataFrame:
-    """Seed 004's convergence: epochs and time to the loss threshold per layout."""
+    """Seed 004's convergence: epochs and time to the loss threshold per layout, and the speedup and efficiency
+    of that time (the seed computes both from the run time and from the time to its threshold, and finds the
+    latter lower: more workers can need more samples to converge). Each is measured against the run of the
+    "Speed-up base" column, as the other tables' speed-ups (`speedup_bases`): the base's time to the threshold
+    over this run's, and that over workers / the base's workers; empty where either did not reach it. Times to
+    3 significant digits: 0.06 s and 0.14 s both read 0.1 at one decimal."""
+    time = pd.to_numeric(rows["time_to_threshold_s"], errors="coerce").where(rows["reached_threshold"].fillna(False)
+                                                                              .astype(bool))
+    bases = speedup_bases(rows)
+    speedup = [time.iloc[b] / t if t > 0 and time.iloc[b] > 0 else None for b, t in zip(bases, time)]
+    workers = rows["workers"].tolist()
+    efficiency = [s * workers[b] / w if s is not None else None for s, b, w in zip(speedup, bases, workers)]
     return pd.DataFrame({
         "variant": rows["label"], "layout": rows["nodes"].astype(str) + "x" + rows["gpus_per_node"].astype(str),
         "workers": rows["workers"], "threshold": rows["loss_threshold"],
         "reached": rows["reached_threshold"], "steps to threshold": rows["steps_to_threshold"],
         "epochs to threshold": [epochs_to.get(r) for r in rows["run"]],
-        "time to threshold (s)": pd.to_numeric(rows["time_to_threshold_s"], errors="coerce").round(2),
-    })
-
-
-def arrangement_table(rows: pd.DataFrame, epochs_run: dict[str, float | None]) -> pd.DataFrame:
-    """Seed 004's arrangement table: nodes, GPUs per node, time per epoch, speedup. Minutes per
-    epoch are the training time over the fractional epochs run: a partial last epoch counts as
-    the part it is, not as a whole one."""
-    per_epoch = [train_s / epochs_run[r] / 60 if epochs_run.get(r) else None
-                 for r, train_s in zip(rows["run"], rows["train_s"])]
-    return pd.DataFrame({
-        "variant": rows["label"], "# of Node": rows["nodes"], "# of GPUs per Node": rows["gpus_per_node"],
-        "Time (min/epoch)": [round(x, 4) if x else None for x in per_epoch], "Speed-up": pd.to_numeric(rows["speedup"], errors="coerce").round(2),
+        "time to threshold (s)": [_significant(t) for t in time],
+        "Speed-up to threshold": [_significant(x) for x in speedup],
+        "Efficiency to threshold": [_significant(x) for x in efficiency],
         "Speed-up base": rows["speedup_base"],
     })
+
+
+def _significant(x: float | None, digits: int = 3) -> float | None:
+    """`x` to `digits` significant digits (None where missing): a table's figures from 0.06 s to 3,840 s."""
+    return None if x is None or pd.isna(x) else float(f"{x:.{digits}g}")
+
+
+def arrangement_table(rows: pd.DataFrame, epoch_s: dict[str, float | None]) -> pd.DataFrame:
+    """Seed 004's arrangement table: nodes, GPUs per node, time per epoch, speedup, both from the measured
+    steps. Minutes per epoch are an epoch at the pace of the run's measured steps (`measured_epoch_seconds`:
+    warm-up left out, as the words/s of the other tables), and the speed-up is the seed's t1/tn of that column:
+    the "Speed-up base" run's minutes per epoch over this row's, so the two columns never contradict each other.
+    Where either time is not known (no steps per epoch recorded) the speed-up is the words/s ratio, marked
+    "(words/s)" in "Speed-up from"."""
+    minutes = [epoch_s[r] / 60 if epoch_s.get(r) else None for r in rows["run"]]
+    speedup, source = [], []
+    for row, base in zip(range(len(rows)), speedup_bases(rows)):
+        if minutes[row] and minutes[base]:
+            speedup.append(round(minutes[base] / minutes[row], 2))
+            source.append("time per epoch")
+        else:
+            words = pd.to_numeric(pd.Series([rows["speedup"].iloc[row]]), errors="coerce").iloc[0]
+            speedup.append(None if pd.isna(words) else round(float(words), 2))
+            source.append("words/s")
+    table = pd.DataFrame({
+        "variant": rows["label"], "# of Node": rows["nodes"], "# of GPUs per Node": rows["gpus_per_node"],
+        "Time (min/epoch)": [_significant(x) for x in minutes], "Speed-up": speedup,
+        "Speed-up from": source, "Speed-up base": rows["speedup_base"],
+    })
+    return table if "words/s" in source else table.drop(columns="Speed-up from")
 
 
 def money_table(rows: pd.DataFrame, instances: Mapping[tuple[str, str], str | None], market: str,
@@ -285,10 +457,12 @@ def _header(title: str, seed_scale: str, here: str = "") -> list[str]:
 
 def study_markdown(title: str, seed_scale: str, mode: str, variants: Sequence[str],
                    tables: Mapping[str, pd.DataFrame], report_name: str, here: str = "",
-                   notes: Mapping[str, str] | None = None) -> str:
+                   notes: Mapping[str, str] | None = None, warnings: Sequence[str] = ()) -> str:
     """study.md: the seed-shaped tables in order, each with its note (`notes`: table -> what its figures
-    are measured against), then a link to the full scaling report and its plot."""
+    are measured against), then a link to the full scaling report and its plot. `warnings` (the study's own:
+    `same_settings_warnings`) come before the tables, which they are about."""
     parts = [*_header(title, seed_scale, here), f"Scaling mode: {mode}; variants: {', '.join(variants)}.", ""]
+    parts += [f"WARNING: {w}" for w in warnings] + ([""] if warnings else [])
     for name, df in tables.items():
         parts += [f"## {name.capitalize()}", "", markdown_table(df), ""]
         parts += [notes[name], ""] if notes and notes.get(name) else []

@@ -58,6 +58,20 @@ def number_text(value: float, digits: int = 3) -> str:
     return f"{value:,.{decimals}f}"
 
 
+def usd_text(dollars: float) -> str:
+    """Dollars, without the sign: cents from a dollar up (1,234.50), four decimals below one (0.0075), and
+    more where four would show a non-zero amount as 0.0000 (two significant digits: 0.000042). The one
+    rounding of every command: `launch report` showed $0.0075 and $0.0150 where `launch cost` showed 0.01 for
+    both runs."""
+    if dollars != dollars or dollars in (float("inf"), float("-inf")):
+        return "—"
+    if abs(dollars) >= 1:
+        return f"{dollars:,.2f}"
+    if dollars == 0:
+        return "0.0000"
+    return f"{dollars:.{max(4, 1 - math.floor(math.log10(abs(dollars))))}f}"
+
+
 def break_name(name: str, room: int) -> str:
     """A run's name on lines of at most `room` characters, broken after a hyphen where one fits (a name
     cut inside a number, "...-04575/3", read as another run), as `ls` does: `launch ls`, `launch cost`."""

@@ -28,7 +28,8 @@ from scalelab.core.errors import DataError, RecordError, SpecError
 from scalelab.core.records import load_run
 from scalelab.core.runids import RunDir
 from scalelab.core.spec import MAX_GPUS
-from scalelab.core.terminal import break_name, duration_text, fold_cell, make_console, number_text, unbreakable_width
+from scalelab.core.terminal import (break_name, duration_text, fold_cell, make_console, number_text, unbreakable_width,
+                                    usd_text)
 from scalelab.costs.billing import Mix, instances_for, run_cost
 from scalelab.costs.catalog import DEFAULT_REGION, MARKETS, Catalog, CatalogError, load_catalog, parse_interruptions, refresh
 from scalelab.costs.memory import overflows
@@ -286,8 +287,9 @@ def cost_cmd(run_dirs: tuple[str, ...], from_csv: str | None, instances: str | N
     if "state" in keep and (out["state"] == "COMPLETED").all():  # said only where a run did not complete
         keep.remove("state")
     show = out[keep].rename(columns=_COST_HEADERS)  # threshold columns only where a run has a threshold
+    # dollars as `launch report` rounds them (`usd_text`): 0.0075 and 0.0150, where ",.2f" read 0.01 for both
     nfmt: dict[str, Any] = {"wall": _wall_cell, "$/hour": ".4f", "dollars": _dollars_cell,
-                            "wall to threshold": human_duration, "$ to threshold": ",.2f"}
+                            "wall to threshold": human_duration, "$ to threshold": usd_text}
     never = _never_lines(out)
     if fmt == "markdown":
         for col, how in nfmt.items():
@@ -316,7 +318,7 @@ def _wall_cell(seconds: float) -> str:
 
 def _dollars_cell(dollars: float) -> str:
     """A run's dollars; `never` (it never finishes) where the arithmetic says inf."""
-    return "never" if math.isinf(dollars) else f"{dollars:,.2f}"
+    return "never" if math.isinf(dollars) else usd_text(dollars)
 
 
 def _never_lines(out: pd.DataFrame) -> list[str]:

@@ -349,16 +349,26 @@ def study_report(study_dir: Path, study: Study) -> Path:
     """The seed-shaped tables of the study's runs (a CSV each) and study.md, plus the scaling report."""
     from scalelab.analysis.results import expand_run_dirs, summarize_loaded, write_report
     from scalelab.analysis.scaling import step_table
-    from scalelab.analysis.studies import money_note, seed_table, speedup_note, study_markdown, study_runs
+    from scalelab.analysis.results import run_settings
+    from scalelab.analysis.studies import (RESOLVED_IN_START, VariantRun, money_note, resolved_settings,
+                                           same_settings_warnings, seed_table, speedup_note, study_markdown,
+                                           study_runs, worker_batches)
     from scalelab.costs.studies import price_money_table
 
     runs = expand_run_dirs([sweep for _, sweep in study_sweeps(study_dir)])
-    loaded, extra = [], {}
+    loaded, extra, settings = [], {}, []
     for run in runs:
         records = load_run(run)  # each run is read once, for its summary, its per-step table and its wall time
         loaded.append((str(run), summarize_loaded(records), step_table(records.steps)))
-        extra[str(run)] = {"wall_s": _wall_seconds(records), "backend": records.spec.backend}
+        start = _first_start(records)
+        extra[str(run)] = {"wall_s": _wall_seconds(records), "backend": records.spec.backend,
+                           "worker_batch": worker_batches(records.steps) if records.spec.balance == "dynamic" else None,
+                           **{key: start.get(key) for key in RESOLVED_IN_START}}
+        given = run_settings(records.spec)
+        settings.append(VariantRun(str(records.spec.name), f"{records.spec.nodes}x{records.spec.gpus_per_node}",
+                                   given, resolved_settings(given, start)))
     data = study_runs(loaded, extra)
+    warnings = same_settings_warnings(settings)
     tables = {}
     refuse_links(study_dir, (*(f"{name}.csv" for name in study.tables), "study.md"))  # never through a link
     for name in study.tables:
@@ -366,12 +376,25 @@ def study_report(study_dir: Path, study: Study) -> Path:
                         else seed_table(name, data, study.epochs_shown))
         tables[name].to_csv(study_dir / f"{name}.csv", index=False)
     report = write_report([summary for _, summary, _ in loaded], runs, study_dir)
-    notes = {"arrangement": speedup_note(data), "throughput": speedup_note(data),
+    if warnings:  # the study's own (study.md says them first), beside the scaling report's in warnings.json
+        write_json(study_dir / "warnings.json", [*warnings, *report.warnings])
+    notes = {"arrangement": speedup_note(data, "arrangement"), "throughput": speedup_note(data),
+             "convergence": speedup_note(data, "convergence"),
              "money": money_note(study.market, [e["backend"] for e in extra.values()])}
     path = study_dir / "study.md"
     path.write_text(study_markdown(study.title, study.seed_scale, study.mode, [v.label for v in study.variants],
-                                   tables, report.markdown_path.name, scaling_here(study), notes))
+                                   tables, report.markdown_path.name, scaling_here(study), notes, warnings))
     return path
+
+
+def _first_start(records: Any) -> dict[str, Any]:
+    """Rank 0's start record (the lowest rank's, and the latest launch's where the run was resumed), {} without."""
+    start = records.start
+    if not len(start):
+        return {}
+    ordered = start.sort_values(["rank", "time"] if "time" in start.columns else ["rank"], kind="stable")
+    first = ordered[ordered["rank"] == ordered["rank"].min()]
+    return first.iloc[-1].to_dict()
 
 
 def _wall_seconds(records: Any) -> float | None:
