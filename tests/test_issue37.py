@@ -382,3 +382,20 @@ def test_submitits_own_link_beside_its_script_is_not_refused(tmp_path):
     os.symlink(outside, slurm / "planted.sh")
     with pytest.raises(Exception, match="symbolic link"):
         refuse_run_dir_links(tmp_path)
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--model", "nmt-tiny", "--model-arg", "num_layers=2"],
+     "--model-arg num_layers: nmt-tiny (family nmt) does not read it (num_layers: give enc_layers and dec_layers)"),
+    (["--model", "rnnlm-tiny", "--model-arg", "enc_layers=2"],
+     "--model-arg enc_layers: rnnlm-tiny (family rnnlm) does not read it (enc_layers: give num_layers)"),
+    (["--model", "sentiment-tiny", "--model-arg", "attention=false"],
+     "--model-arg attention: sentiment-tiny (family sentiment) does not read it; its fields:"),
+])
+def test_a_model_field_its_family_never_reads_is_refused(args, words, tmp_path, monkeypatch, capsys) -> None:
+    """`--model-arg num_layers=2` on nmt-small was accepted and the run trained the preset's model unchanged:
+    the nmt family reads enc_layers and dec_layers. `launch memory` predicted the unchanged model the same way."""
+    monkeypatch.chdir(tmp_path)
+    _refused([*args, "--dry-run", "--runs-dir", "runs"], [words], monkeypatch, capsys)
+    assert not (tmp_path / "runs").exists()
+    _refused(["memory", *args], [words], monkeypatch, capsys)

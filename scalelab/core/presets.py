@@ -109,6 +109,34 @@ def _validate_config(cfg: ModelConfig) -> None:
         raise SpecError("a language model cannot be bidirectional: set bidirectional to false")
 
 
+#: The fields each family's model (scalelab/train/models.py) and data read; the rest keep their defaults unread.
+_EVERY_FAMILY = ("family", "vocab_size", "embed_size", "hidden_size", "dropout", "default_batch")
+FAMILY_FIELDS: dict[str, tuple[str, ...]] = {
+    "nmt": (*_EVERY_FAMILY, "enc_layers", "dec_layers", "bidirectional", "src_len", "tgt_len", "attention"),
+    "rnnlm": (*_EVERY_FAMILY, "num_layers", "seq_len"),
+    "sentiment": (*_EVERY_FAMILY, "num_layers", "bidirectional", "seq_len", "num_classes"),
+}
+#: What a family reads instead of a field it does not: said in the refusal.
+_INSTEAD = {("nmt", "num_layers"): "enc_layers and dec_layers", ("nmt", "seq_len"): "src_len and tgt_len",
+            ("rnnlm", "enc_layers"): "num_layers", ("rnnlm", "dec_layers"): "num_layers",
+            ("sentiment", "enc_layers"): "num_layers", ("sentiment", "dec_layers"): "num_layers",
+            ("rnnlm", "src_len"): "seq_len", ("rnnlm", "tgt_len"): "seq_len",
+            ("sentiment", "src_len"): "seq_len", ("sentiment", "tgt_len"): "seq_len"}
+
+
+def refuse_unread_fields(model: str, family: str, overrides: dict[str, Any], flag: str = "--model-arg") -> None:
+    """An override the model's family never reads is refused, naming what it reads instead. Why: `--model-arg
+    num_layers=2` on nmt-small (whose encoder and decoder read enc_layers and dec_layers) was accepted, and the run
+    trained the preset's model unchanged, without a word."""
+    unread = [key for key in overrides if key not in FAMILY_FIELDS[family]]
+    if not unread:
+        return
+    instead = [f"{key}: give {_INSTEAD[(family, key)]}" for key in unread if (family, key) in _INSTEAD]
+    hint = f" ({'; '.join(instead)})" if instead else ""
+    raise SpecError(f"{flag} {', '.join(unread)}: {model} (family {family}) does not read "
+                    f"{'it' if len(unread) == 1 else 'them'}{hint}; its fields: {', '.join(FAMILY_FIELDS[family][1:])}")
+
+
 def model_overrides(overrides: dict[str, Any], where: str = "") -> dict[str, Any]:
     """Overrides of preset fields typed and checked; text is read as the field's type (`--model-arg
     hidden_size=256`). Unknown fields fail listing the valid ones; `where` says where they came from."""

@@ -36,7 +36,8 @@ from scalelab.core.options import (
     one_of,
     option,
 )
-from scalelab.core.presets import OUTPUT_LOSSES, PRESETS, RNN_KINDS, config_with_overrides, model_overrides
+from scalelab.core.presets import (OUTPUT_LOSSES, PRESETS, RNN_KINDS, config_with_overrides, model_overrides,
+                                    refuse_unread_fields)
 from scalelab.core.rundir import SPEC_FILE, name_problem, write_text
 
 # torch.manual_seed takes at most 64 bits; a bigger seed was accepted here and failed in every rank
@@ -508,6 +509,8 @@ class Spec:
         # typed once, kept typed: `hidden_size: "256"` (or --model-arg hidden_size=256) is saved as 256, not text
         self.model_args = model_overrides(self.model_args, "in model_args")  # SpecError on bad keys or values
         cfg = config_with_overrides(PRESETS[self.model], self.model_args, "in model_args")
+        if not stored:  # as `_refuse_unread`: a run made before the refusal still resumes
+            refuse_unread_fields(self.model, cfg.family, self.model_args)
         self._check_text_files(cfg.family)
         self.per_worker_batch(cfg.default_batch)  # raises if a strong-scaling batch does not split
         for key in ("train_src", "train_tgt", "valid_src", "valid_tgt"):

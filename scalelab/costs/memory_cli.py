@@ -15,7 +15,7 @@ import click
 from scalelab.core.errors import SpecError
 from scalelab.core.flags import shared_flags, spec_from_flags
 from scalelab.core.options import parse_pairs
-from scalelab.core.presets import PRESETS, config_with_overrides, model_overrides
+from scalelab.core.presets import PRESETS, config_with_overrides, model_overrides, refuse_unread_fields
 from scalelab.core.terminal import make_console
 from scalelab.costs.catalog import InstanceType, builtin_catalog, unknown_type_message
 from scalelab.costs.memory import GIB, HEADROOM, MemoryPrediction, predict_peak
@@ -73,6 +73,7 @@ def memory_cmd(instance_types: str | None, fmt: str, **params: Any) -> None:
     model_name, precision, engine = spec.model, spec.precision, spec.engine.name
     cfg = config_with_overrides(PRESETS[model_name], model_overrides(parse_pairs(params["model_args"], "--model-arg"),
                                                                      "--model-arg"))
+    refuse_unread_fields(model_name, cfg.family, model_overrides(parse_pairs(params["model_args"], "--model-arg")))
     batch_per_worker = spec.batch_per_worker if spec.batch_per_worker is not None else cfg.default_batch
     prediction = predict_peak(cfg, batch_per_worker, precision, engine, spec.output_loss, spec.optimizer, device="cuda")
     names = [n.strip() for n in instance_types.split(",") if n.strip()] if instance_types is not None else None
