@@ -107,3 +107,14 @@ def test_cost_says_never_and_why_in_table_and_json(monkeypatch, capsys, files) -
     assert rows["r2"]["never_finishes"] is None and rows["r2"]["dollars"] > 0, rows["r2"]
     code, err, out = run_entry([*argv, "--format", "markdown"], monkeypatch, capsys)
     assert code == 0 and "| never |" in out and "r1: never finishes on spot" in out, out
+
+
+def test_the_plan_page_says_never_where_the_candidates_never_finish(monkeypatch, capsys, files, tmp_path) -> None:
+    """plan.html's Candidates table printed "inf" in the time and dollars cells of a spot layout that never
+    finishes; it says never, as the terminal's table does."""
+    code, err, _ = _plan(monkeypatch, capsys, files, "5", "--out", str(tmp_path / "plan"))
+    assert code == 0, err
+    page = (tmp_path / "plan" / "plan.html").read_text()
+    table = page[page.index("Candidates"):]
+    assert "inf" not in table.replace("info", ""), table[:3000]
+    assert table.count("<td>never</td>") >= 6, table[:3000]  # 3 layouts never finish: time and dollars each

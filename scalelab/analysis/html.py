@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import html
 import io
+import math
 import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
@@ -307,14 +308,23 @@ def plan_sections(p: Any, unit: str = "words/s", unmet: Mapping[str, str] | None
         rows = [[r["label"], int(r["workers"]), r["layout"] if pd.notna(r.get("layout")) else
                  f"{int(r['instances'])}× {r['instance_type']}", r["market"], r.get("speed_basis") or "",
                  f"{r['predicted_throughput']:,.0f}" if pd.notna(r.get("predicted_throughput")) else "—",
-                 f"{duration_text(r['hours'] * 3600)} (up to {duration_text(r['hours_high'] * 3600)})",
-                 f"{r['dollars']:,.2f} (up to {r['dollars_high']:,.2f})",
+                 *_time_and_dollars(r),
                  "yes" if r["pareto"] else "", r["recommendation"] or ""] for _, r in c.iterrows()]
         secs.append(("Candidates", _table(["series", "workers", "instances", "market", "speed basis", "throughput /s",
                                            "time", "dollars", "frontier", "recommended"], rows)))
     if p.notes:
         secs.append(("Notes", "<ul class='note'>" + "".join(f"<li>{html.escape(n)}</li>" for n in p.notes) + "</ul>"))
     return secs
+
+
+def _time_and_dollars(r: Any) -> tuple[str, str]:
+    """A candidate's time and dollars cells with their bad ends; "never" for a layout that never finishes (spot
+    interruptions outpace its checkpoints: `never_finishes`). Why: those cells read "inf" on the page."""
+    if isinstance(r.get("never_finishes"), str) and r.get("never_finishes") or not math.isfinite(float(r["hours"])):
+        return "never", "never"
+    hi_h, hi_usd = float(r["hours_high"]), float(r["dollars_high"])
+    return (f"{duration_text(r['hours'] * 3600)} (up to {duration_text(hi_h * 3600) if math.isfinite(hi_h) else 'never'})",
+            f"{r['dollars']:,.2f} (up to {f'{hi_usd:,.2f}' if math.isfinite(hi_usd) else 'never'})")
 
 
 def _recommendation(v: dict[str, Any]) -> str:
