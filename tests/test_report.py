@@ -58,6 +58,8 @@ def test_render_table_values(sweep):
     for needle in ("Sweep", "lstm-sweep", "2x4", "274,000", "1.84", "92.0 %", "250.0 ± 25.0",
                    "300 s (150 steps)", "not reached", "2 % / 12 %", "2 % / —"):
         assert needle in text, needle
+    # the layout column's header in one line: "nodes x GPUs" took three above cells 3 wide ("1x2")
+    assert "┃ layout" in text and "┃ nodes" not in text, text[:2000]
     buf = io.StringIO()
     print_scaling(sweep, Console(file=buf, width=250, color_system=None))
     assert "5.48" in buf.getvalue()  # 274000 / 50000

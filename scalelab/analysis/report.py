@@ -267,7 +267,7 @@ TABLE_WIDTH = 100
 #: Columns left out first when the table would be wider than the terminal, least needed first.
 _DROPPABLE = ("efficiency to threshold", "speedup to threshold", "noise scale (samples)", "samples/s", "time (s)", "data / exchange share", "serial fraction",
               "step (ms, mean ± std)", "peak mem/rank", "peak RSS/rank", "$ to threshold", "efficiency", "layout (nodes x GPUs)",
-              "nodes x GPUs", "time to threshold", "precision")
+              "layout", "time to threshold", "precision")
 
 
 def _min_width(header: str, cells: list[str], text: bool = False) -> int:
@@ -289,8 +289,8 @@ def _terminal_columns(df: pd.DataFrame) -> list[tuple[str, Callable[[pd.Series],
         cells = [fmt(r) for _, r in df.iterrows()]
         if header not in keep and len(cells) and all(c == _DASH for c in cells):
             continue
-        if header == "layout (nodes x GPUs)":  # its cells (1x2) say the rest; 4 header lines at 6 wide
-            header = "nodes x GPUs"
+        if header == "layout (nodes x GPUs)":  # its cells (1x2) say the rest: "nodes x GPUs" took 3 header lines
+            header = "layout"
         if header == "peak mem/rank" and len(cells) and all(c.endswith(" RSS") for c in cells):
             header, fmt = "peak RSS/rank", (lambda r, _f=fmt: _f(r).removesuffix(" RSS"))
         cols.append((header, fmt, right))
