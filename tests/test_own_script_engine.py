@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from conftest import launch, needs_horovod, only_run_dir
 
 HOROVOD_SCRIPT = """import horovod.torch as hvd
@@ -62,20 +63,18 @@ def test_a_horovod_script_left_at_the_default_engine_runs_as_one_horovod_job(tmp
     assert '"horovod"' in (run / "spec.json").read_text()  # a resume starts it the same way
 
 
-def test_a_horovod_script_with_engine_ddp_given_is_refused_naming_the_import(tmp_path: Path) -> None:
-    script = _write(tmp_path, "hv.py", "'''doc'''\n" + HOROVOD_SCRIPT)
-    done = launch("run", "--gpus-per-node", "2", "--engine", "ddp", "--script", str(script), cwd=tmp_path)
+@pytest.mark.parametrize("name, text, engine, said, instead", [
+    ("hv.py", '"""doc"""\n' + HOROVOD_SCRIPT, "ddp",
+     "hv.py:2 imports horovod, but --engine ddp starts the ranks as torchrun does", "give --engine horovod"),
+    ("dd.py", DDP_SCRIPT, "horovod", "dd.py:6 calls init_process_group and imports no horovod", "give --engine ddp"),
+])
+def test_a_script_and_an_engine_given_that_cannot_start_it_are_refused(tmp_path: Path, name, text, engine, said,
+                                                                         instead) -> None:
+    script = _write(tmp_path, name, text)
+    done = launch("run", "--gpus-per-node", "2", "--engine", engine, "--script", str(script), cwd=tmp_path)
     assert done.returncode == 2 and "Traceback" not in done.stderr
-    assert "hv.py:2 imports horovod, but --engine ddp starts the ranks as torchrun does" in done.stderr, done.stderr
-    assert "give --engine horovod" in done.stderr and not (tmp_path / "runs").exists()
-
-
-def test_a_ddp_script_with_engine_horovod_is_refused_naming_the_call(tmp_path: Path) -> None:
-    script = _write(tmp_path, "dd.py", DDP_SCRIPT)
-    done = launch("run", "--gpus-per-node", "2", "--engine", "horovod", "--script", str(script), cwd=tmp_path)
-    assert done.returncode == 2 and "Traceback" not in done.stderr
-    assert "dd.py:6 calls init_process_group and imports no horovod" in done.stderr, done.stderr
-    assert "give --engine ddp" in done.stderr and not (tmp_path / "runs").exists()
+    assert said in done.stderr and instead in done.stderr, done.stderr
+    assert not (tmp_path / "runs").exists()
 
 
 def test_a_script_for_either_engine_and_a_ddp_script_keep_the_engine_given(tmp_path: Path) -> None:

@@ -1,22 +1,10 @@
 """The review of the seed studies' tables: each figure says what it is computed from, the same dollars read
 the same in every command, and a warning's number agrees with its words."""
 
-import dataclasses
-
 import pytest
+from test_trust import summary  # a layout's summary with every field set
 
-from scalelab.analysis.scaling import LayoutSummary, scale_layouts, trust_warnings
-
-
-def summary(workers: int, wps: float, **changes) -> LayoutSummary:
-    base = LayoutSummary(
-        label="s", workers=workers, nodes=1, gpus_per_node=workers, engine="ddp", rnn="fused", model="m",
-        mode="strong", global_batch=64, steps_measured=100, steps_warmup=5, steps_incomplete=0, words_per_s=wps,
-        samples_per_s=wps / 10, step_s_mean=0.2, step_s_median=0.2, step_s_p90=0.21, step_s_std=0.01,
-        share_data=None, share_forward=None, share_backward=None, share_exchange=None, share_optimizer=None,
-        final_loss=1.0, final_val_loss=None, loss_threshold=None, reached_threshold=None,
-        time_to_threshold_s=None, steps_to_threshold=None)
-    return dataclasses.replace(base, **changes)
+from scalelab.analysis.scaling import scale_layouts, trust_warnings
 
 
 def test_a_serial_fraction_just_over_one_reads_over_one():
