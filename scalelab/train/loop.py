@@ -68,6 +68,7 @@ BUCKET_BATCHES = 50  # length bucketing sorts within windows of this many global
 FAIL_AT_STEP_ENV = "SCALELAB_FAIL_AT_STEP"  # STEP: every rank dies (os._exit) after this step
 KILL_AT_STEP_ENV = "SCALELAB_KILL_AT_STEP"  # STEP:RANK: that rank sends itself SIGKILL after STEP
 RAISE_AT_STEP_ENV = "SCALELAB_RAISE_AT_STEP"  # STEP:RANK: that rank raises a RuntimeError after STEP
+HANG_AT_STEP_ENV = "SCALELAB_HANG_AT_STEP"  # STEP:RANK: that rank hangs after STEP (sleeps, signals or not)
 # HOLD_AT_STEP_ENV, STEP[:RANK]: wait there for a stop signal, so that a cancel, or a signal to one rank, lands
 # at STEP (scalelab/train/track.py's hold_for_a_stop_signal, shared with a script's track.step)
 
@@ -494,13 +495,18 @@ def finish(run: Run, progress: Progress, out: RecordWriter, reason: str) -> None
 
 def _die_if_asked(step: int, rank: int) -> None:
     """Test aids: every rank exits at FAIL_AT_STEP; one rank is SIGKILLed at KILL_AT_STEP (STEP:RANK); one
-    rank raises an exception that is not ours at RAISE_AT_STEP (STEP:RANK), as a library's bug would."""
+    rank raises an exception that is not ours at RAISE_AT_STEP (STEP:RANK), as a library's bug would; one rank
+    hangs at HANG_AT_STEP (STEP:RANK), as on a dead filesystem or a deadlock: its stop signals set the flag and
+    the sleep goes on, so only SIGKILL ends it (the stall timeout's case)."""
     if os.environ.get(FAIL_AT_STEP_ENV) == str(step):
         os._exit(17)
     if os.environ.get(KILL_AT_STEP_ENV) == f"{step}:{rank}":
         os.kill(os.getpid(), signal.SIGKILL)
     if os.environ.get(RAISE_AT_STEP_ENV) == f"{step}:{rank}":
         raise RuntimeError(f"injected fault after step {step} ({RAISE_AT_STEP_ENV})")
+    if os.environ.get(HANG_AT_STEP_ENV) == f"{step}:{rank}":
+        while True:
+            time.sleep(3600)
 
 
 def slower_device_extra(factor: float, forward_s: float) -> tuple[float, float]:
