@@ -11,17 +11,21 @@ stuck in a collective never take SIGTERM's path, SIGKILL ends them.
 from __future__ import annotations
 
 import json
-import time
+import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import launch, needs_horovod
+from conftest import ROOT, launch, needs_horovod, on_cpu_where_gpus_are_short
+from scalelab.core.procs import run_processes
 from scalelab.core.spec import STALL_TIMEOUT_MIN, Spec
 from scalelab.launcher.progress import STALL_FLOOR_S, RunWatch
 from scalelab.launcher.runner import stall_check, stall_timeout_s
 from scalelab.train.loop import HANG_AT_STEP_ENV
-from tests.test_faults import _left
+from tests.test_faults import _at_step, _held_at, _left, _run_dir, _start, _wait_for
 
 HVD = pytest.param("horovod", marks=needs_horovod)
 STALL = ["--stall-timeout-min", "0.1", "--backend-opt", "stop_grace_s=3"]
@@ -133,6 +137,8 @@ for step in range(int(sys.argv[1])):
     t = torch.ones(1)
     dist.all_reduce(t)
     track.step(items=1, loss=1.0)
+    if track.should_stop():  # asked: a stop signal is left to the script, and its sleep goes on
+        break
 """
 HANG_HVD = """import sys, time, torch
 import horovod.torch as hvd
@@ -144,6 +150,8 @@ for step in range(int(sys.argv[1])):
         time.sleep(10**6)
     hvd.allreduce(torch.ones(1), name="x")
     track.step(items=1, loss=1.0)
+    if track.should_stop():
+        break
 """
 HANG_SINGLE = """import sys, time
 from scalelab import track
@@ -190,3 +198,56 @@ def test_a_hung_rank_of_the_trainer_is_ended_by_its_stall_timeout(tmp_path: Path
                   "--runs-dir", str(tmp_path / "runs"), cwd=tmp_path, env={HANG_AT_STEP_ENV: "5:1"}, timeout=240)
     run = _ended_by_the_stall(proc, tmp_path, 5)
     assert f"`launch resume {run}`" in " ".join(proc.stderr.split())  # its step-3 checkpoint continues it
+
+
+# ---- the launcher killed while a rank is stuck: the cause the ranks recorded, not a guess -------------------
+
+
+def _script_run(where: Path, script: str) -> subprocess.Popen:
+    (where / "hang.py").write_text(script)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    args = on_cpu_where_gpus_are_short(("run", "--script", "hang.py", "--engine", "ddp", "--gpus-per-node", "2",
+                                        "--steps", "50", "--runs-dir", str(where / "runs"), "--", "50"))
+    return subprocess.Popen([sys.executable, "-m", "scalelab.launcher.cli", *args], cwd=where, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("engine,how", [("ddp", "hang"), ("ddp", "script"),
+                                        pytest.param("horovod", "sigstop", marks=needs_horovod)])
+def test_a_killed_launcher_with_a_stuck_rank_is_named_as_the_cause(tmp_path: Path, engine: str, how: str) -> None:
+    """SIGKILL of the launcher while rank 1 hangs (the trainer's hang aid; a script's sleep) or is stopped
+    (SIGSTOP, as the review did): the ranks that cannot stop give up 25 s later and record why; `launch status`
+    says CANCELLED with that cause and no new checkpoint - not "killed by SIGTERM" (the exit status 143 read back)
+    nor "out of memory?" for the rank its agent then killed."""
+    if how == "script":
+        fg = _script_run(tmp_path, HANG_DDP)
+        run = _run_dir(tmp_path / "runs", fg)
+        _wait_for("both ranks at step 5", lambda: _at_step(run, 5), fg)
+    elif how == "hang":
+        fg = _start(tmp_path, engine, env={HANG_AT_STEP_ENV: "5:1"})
+        run = _run_dir(tmp_path / "runs", fg)
+        _wait_for("both ranks at step 5", lambda: _at_step(run, 5), fg)
+    else:
+        fg, run = _held_at(tmp_path, engine, 5)
+        rank1 = next(p for p in run_processes(run, ("-m", "scalelab.train"))
+                     if (p.environ().get("HOROVOD_RANK") or p.environ().get("RANK")) == "1")
+        rank1.suspend()
+    try:
+        fg.kill()
+        fg.communicate()
+        _wait_for("every process of the run gone", lambda: not _left(run) or None, patience_s=120)
+    finally:
+        for line in _left(run):
+            os.kill(int(line.split()[0]), signal.SIGKILL)
+    status = launch("status", str(run), cwd=tmp_path)
+    shown = " ".join(status.stdout.split())
+    assert (f"CANCELLED its launcher (pid {fg.pid}) is gone; rank 0 did not stop within 25 s and exited after "
+            "step 5") in shown, status.stdout + status.stderr
+    assert "no new checkpoint was saved" in shown and "SIGTERM" not in shown and "out of memory" not in shown, shown
+    if how == "sigstop":  # stopped, it recorded nothing; horovodrun killed it once rank 0 had exited
+        assert "rank 1 ended with no record after step 5" in shown, shown
+    else:  # its own launcher watch gave up too
+        assert "rank 1 did not stop within 25 s and exited after step 5" in shown, shown
+    if how != "script":
+        assert f"`launch resume {run}` continues it from its last checkpoint" in shown, shown

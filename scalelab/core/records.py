@@ -400,6 +400,19 @@ class RecordWriter:
             pass
 
 
+def gave_up_records(out: RecordWriter, cause: str, step: int, grace_s: float, **end: Any) -> None:
+    """The last records of a rank that exits because it did not stop within `grace_s` of its launcher being gone
+    (`cause`; the launcher watches of scalelab/train/loop.py and script.py): an `interrupted` event with `gave_up` (no agreed stop, so no new checkpoint) and its `end`
+    (interrupted, exit 143). Written from the watch thread while the main thread is stuck (in a collective, in
+    the script): a write that fails changes nothing of the exit."""
+    try:
+        out.event("interrupted", signal=None, step=step, cause=cause, gave_up=True, grace_s=grace_s)
+        out.event("end", step=step, reason="interrupted", exit_code=143, **end)
+        out.close()
+    except Exception:  # noqa: BLE001 - the exit goes on whatever the disk says
+        pass
+
+
 def record_line(record: Mapping[str, Any], absent: tuple[str, ...] = ()) -> str:
     """One record as its line in a JSONL file, checked against its kind's schema first: a record that
     does not fit is a bug, found where it is written. `absent`: as for `record_problem`."""
