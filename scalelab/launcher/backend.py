@@ -41,7 +41,7 @@ from typing import Any
 from scalelab.core.launch import starter_of
 from scalelab.core.errors import EngineError, ScalelabError, SpecError, shell_word
 from scalelab.core.options import BackendOptions, Flag
-from scalelab.core.records import error_messages, read_records
+from scalelab.core.records import error_messages, read_records, with_errors_aside
 from scalelab.core.rundir import (
     ACTIVE,
     CANCELLED,
@@ -415,7 +415,7 @@ def rank_ends(run_dir: Path, since: float | None) -> list[RankEnd]:
     are absent (compare with `world`)."""
     out = []
     for path in sorted(RunPaths(Path(run_dir)).records.glob("rank-*.jsonl")):
-        recs = [r for r in read_records(path, [], tolerant=True) if since is None or float(r.get("time", 0)) >= since]
+        recs = [r for r in with_errors_aside(path) if since is None or float(r.get("time", 0)) >= since]
         if recs:
             steps = [r["step"] for r in recs if r["kind"] == "step"]
             errors = [r for r in recs if r["kind"] == "error"]
