@@ -35,7 +35,8 @@ FLAGS_BEFORE = """--backend --model --rnn --precision --engine --nodes --gpus-pe
 --checkpoint-every --threads --interop-threads --independent-replicas/--exchange --balance --balance-every
 --emulate-slowdown --device --cuda-graph --seed --fusion-threshold-mb --cycle-time-ms --grad-compression
 --fp16-allreduce/--no-fp16-allreduce --bucket-cap-mb --ps-shards --ps-state --profile-steps --ps-placement --name
---output-loss --script --module""".split()  # --script, --module: issue 34
+--output-loss --script --module --stall-timeout-min""".split()  # --script, --module: issue 34; --stall-timeout-min:
+# a hung rank ended by its launcher (tests/test_stalls.py)
 
 
 def _leaf_keys(cls: type, prefix: str = "") -> list[str]:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import fill, launch
+from tests.conftest import fill, launch, needs_horovod
 from scalelab.core.errors import ScalelabError
 from scalelab.core.lock import RunLock
 from scalelab.core.records import RecordWriter
@@ -320,3 +320,31 @@ def test_a_run_that_completes_on_a_full_disk_says_so_and_status_writes_its_summa
     (full / "filler").unlink()
     assert settle(backend, run).state == COMPLETED
     assert json.loads(RunPaths(run).summary.read_text())["exit_codes"] == [0]
+
+
+# ---- a records file that cannot grow (a file size limit, a quota) while the disk has room -------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("engine", ["ddp", pytest.param("horovod", marks=needs_horovod)])
+def test_a_records_file_that_cannot_grow_is_the_launchers_error_in_the_ranks_words(tmp_path: Path, engine: str) -> None:
+    """`ulimit -f 150` over the launch (the review's): the ranks' records files stop at 150 KiB (EFBIG) on a disk
+    with room (a smaller limit can leave room for the error line once the cut line is dropped). The rank's error record goes beside its file (records/error-rank-R.jsonl), so the launcher's one line and launch.json's
+    `error` carry its words ("cannot write records ...: File too large"), not "exited with status 2 ... without an
+    end record"."""
+    from tests.conftest import ROOT, on_cpu_where_gpus_are_short
+
+    args = on_cpu_where_gpus_are_short(("run", "--model", "nmt-tiny", "--data", "task", "--steps", "400",
+                                        "--threads", "1", "--engine", engine, "--gpus-per-node", "2",
+                                        "--runs-dir", str(tmp_path / "runs")))
+    command = f"ulimit -f 150; exec {sys.executable} -m scalelab.launcher.cli " + " ".join(args)
+    proc = subprocess.run(["bash", "-c", command], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"})
+    said = " ".join(proc.stderr.split())
+    assert proc.returncode == 1, proc.stderr
+    error = said.split("launch: error:")[1]
+    assert "cannot write records" in error and "File too large" in error, proc.stderr
+    assert "without an end record" not in error, proc.stderr
+    run = next(p for p in (tmp_path / "runs").iterdir() if p.is_dir())
+    state = read_state(run)
+    assert state["state"] == "FAILED" and "File too large" in state.get("error", ""), state  # `launch report` quotes it

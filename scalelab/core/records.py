@@ -280,9 +280,29 @@ class RecordTail:
 
 
 def read_errors(run_dir: Path, since: float | None = None) -> list[dict[str, Any]]:
-    """The `error` records of every rank, in rank order; only those written at `since` or later."""
-    return [rec for path in rank_files(run_dir) for rec in read_records(path, [], tolerant=True)
+    """The `error` records of every rank, in rank order (each rank's own file, then its `error_aside` file);
+    only those written at `since` or later."""
+    return [rec for path in rank_files(run_dir) for rec in with_errors_aside(path)
             if rec["kind"] == "error" and (since is None or float(rec.get("time", 0)) >= since)]
+
+
+def errors_aside(path: Path) -> Path:
+    """records/error-rank-R.jsonl beside records/rank-R.jsonl (`path`): where a rank's `error` record goes when its
+    own records file cannot take it (`record_error`)."""
+    return Path(path).with_name(f"error-{Path(path).name}")
+
+
+def with_errors_aside(path: Path) -> list[dict[str, Any]]:
+    """The records of one rank's file (read tolerantly), then the error records it had to write aside; a file
+    aside that cannot be read adds nothing."""
+    recs = read_records(path, [], tolerant=True)
+    aside = errors_aside(path)
+    if aside.is_file() and not aside.is_symlink():
+        try:
+            recs += [r for r in read_records(aside, [], tolerant=True) if r.get("kind") == "error"]
+        except (OSError, RecordError):
+            pass
+    return recs
 
 
 def error_messages(records: Iterable[Mapping[str, Any]]) -> list[str]:
@@ -401,6 +421,19 @@ class RecordWriter:
             pass
 
 
+def gave_up_records(out: RecordWriter, cause: str, step: int, grace_s: float, **end: Any) -> None:
+    """The last records of a rank that exits because it did not stop within `grace_s` of its launcher being gone
+    (`cause`; the launcher watches of scalelab/train/loop.py and script.py): an `interrupted` event with `gave_up` (no agreed stop, so no new checkpoint) and its `end`
+    (interrupted, exit 143). Written from the watch thread while the main thread is stuck (in a collective, in
+    the script): a write that fails changes nothing of the exit."""
+    try:
+        out.event("interrupted", signal=None, step=step, cause=cause, gave_up=True, grace_s=grace_s)
+        out.event("end", step=step, reason="interrupted", exit_code=143, **end)
+        out.close()
+    except Exception:  # noqa: BLE001 - the exit goes on whatever the disk says
+        pass
+
+
 def record_line(record: Mapping[str, Any], absent: tuple[str, ...] = ()) -> str:
     """One record as its line in a JSONL file, checked against its kind's schema first: a record that
     does not fit is a bug, found where it is written. `absent`: as for `record_problem`."""
@@ -456,12 +489,22 @@ def record_error(run_dir: Path, message: str, env: Mapping[str, str] | None = No
     rank's own error, or its silence, first)."""
     print(f"scalelab: error: {message}", file=sys.stderr, flush=True)
     rank, world = rank_from_env(env)
+    fields = {"peer_lost": True} if peer_lost else {}
     try:
         writer = RecordWriter(run_dir, rank, world)
-        writer.error(message, **({"peer_lost": True} if peer_lost else {}))
+        writer.error(message, **fields)
         writer.close()
-    except (OSError, WriteError) as exc:  # the line above is then all there is
-        print(f"scalelab: could not write the error record under {run_dir}: {exc}", file=sys.stderr, flush=True)
+    except (OSError, WriteError) as exc:
+        # the rank's own records file cannot take it (its size limit, `ulimit -f`, reached; a quota): the same
+        # record, in a file of its own beside it, which the launcher reads with it (`read_errors`). Why: the
+        # launcher said "rank 0 exited with status 2 ... without an end record" while the rank's stderr said
+        # "cannot write records ...: File too large"
+        record = {"kind": "error", "rank": rank, "world": world, "time": time.time(), "message": message, **fields}
+        try:
+            append_record(errors_aside(records_path(run_dir, rank)), record)
+        except (OSError, WriteError) as again:  # the line above is then all there is
+            print(f"scalelab: could not write the error record under {run_dir}: {exc}; nor aside: {again}",
+                  file=sys.stderr, flush=True)
 
 
 def _jsonable(value: Any) -> Any:

@@ -221,6 +221,11 @@ class Unread:
                 f"{self.flag} out")
 
 
+#: The built-in trainer's --stall-timeout-min when none is given: it writes a record at least every step, and its
+#: longest silences (a validation, a checkpoint write) are seconds to minutes, so half an hour without any record
+#: from any rank is a hang, never a slow run; and 20x the median step time is waited for in any case.
+STALL_TIMEOUT_MIN = 30.0
+
 #: A run's length when it gives neither --steps nor --epochs. Only then: `--epochs 3` alone runs 3 epochs, however
 #: many steps they are (the default once capped them at 40, silently), see `Spec.from_dict` and the launcher's `build_spec`.
 DEFAULT_STEPS = 40
@@ -290,6 +295,16 @@ class Spec:
                                           "time-to-threshold.", at_least(0), flag="--loss-threshold")
     checkpoint_every: int = option(0, "Checkpoint every N steps (rank 0 writes) [default: 0 = only on signals].",
                                    at_least(0), flag="--checkpoint-every")
+    # How long the launcher following the run lets its ranks write no record at all, once they have stepped, before
+    # it ends the run as FAILED naming the silent ranks (a hung rank: every other one waits in its collective, and
+    # no timeout of Gloo's ends a wait for a peer that never enters it). None: STALL_TIMEOUT_MIN for the built-in
+    # trainer, off for a --script / --module, whose own evaluations may write no record for longer than anyone
+    # here can know (scalelab/launcher/runner.py's `stall_timeout_s`).
+    stall_timeout_min: float | None = option(None, "End the run as FAILED when no rank has written a record for "
+                                             "this many minutes after its first step (a hung rank), naming the "
+                                             "silent ranks; never before 20x its median step time; 0 = never "
+                                             f"[default: {STALL_TIMEOUT_MIN:g} for the built-in trainer, never for "
+                                             "--script/--module].", at_least(0), flag="--stall-timeout-min")
     threads: int | None = option(None, "Intra-op threads per rank [default: cores / ranks per node].", POSITIVE,
                                  at_most(MAX_THREADS, f"must be at most {MAX_THREADS} threads per rank (more than "
                                          "any machine's cores)"), flag="--threads")

@@ -41,7 +41,7 @@ from typing import Any
 from scalelab.core.launch import starter_of
 from scalelab.core.errors import EngineError, ScalelabError, SpecError, shell_word
 from scalelab.core.options import BackendOptions, Flag
-from scalelab.core.records import error_messages, read_records
+from scalelab.core.records import error_messages, read_records, with_errors_aside
 from scalelab.core.rundir import (
     ACTIVE,
     CANCELLED,
@@ -415,7 +415,7 @@ def rank_ends(run_dir: Path, since: float | None) -> list[RankEnd]:
     are absent (compare with `world`)."""
     out = []
     for path in sorted(RunPaths(Path(run_dir)).records.glob("rank-*.jsonl")):
-        recs = [r for r in read_records(path, [], tolerant=True) if since is None or float(r.get("time", 0)) >= since]
+        recs = [r for r in with_errors_aside(path) if since is None or float(r.get("time", 0)) >= since]
         if recs:
             steps = [r["step"] for r in recs if r["kind"] == "step"]
             errors = [r for r in recs if r["kind"] == "error"]
@@ -439,6 +439,8 @@ def ended_by_records(run_dir: Path, since: float | None) -> RunStatus | None:
     # as the runner's `failure`: a rank's own error, then a rank that went silent or left early, then the
     # errors of ranks that lost that peer (which blamed Gloo's "Connection reset by peer", not the rank gone)
     own = [{"rank": r.rank, "world": r.world, "message": e} for r in ranks if not r.peer_lost for e in r.errors]
+    if not own and any(s.get("gave_up") for r in ranks for s in r.stops):  # its launcher gone, a rank stuck: the
+        return RunStatus(CANCELLED, stop_line(run_dir, ranks))  # cause, not the kills that followed (`gave_up_line`)
     silent = None if own else silent_ranks(run_dir, ranks)
     errors = own or [{"rank": r.rank, "world": r.world, "message": e} for r in ranks for e in r.errors]
     if silent or errors:
@@ -491,6 +493,8 @@ def stop_line(run_dir: Path, ranks: list[RankEnd]) -> str:
     own, or none)."""
     step = max((r.end or {}).get("step") or 0 for r in ranks)
     stops = [(r.rank, s) for r in ranks for s in r.stops]
+    if any(s.get("gave_up") for _, s in stops):
+        return gave_up_line(run_dir, ranks)
     cause = next((s["cause"] for _, s in stops if s.get("cause")), None)
     got: dict[str, list[int]] = {}
     for rank, s in stops:
@@ -508,6 +512,32 @@ def stop_line(run_dir: Path, ranks: list[RankEnd]) -> str:
         return (f"{why}, and every rank stopped at step {step} with a checkpoint; `launch resume {shell_word(run_dir)}` "
                 "continues it from there")
     return f"{why}, and every rank stopped at step {step}; " + no_checkpoint_advice(run_dir)
+
+
+def gave_up_line(run_dir: Path, ranks: list[RankEnd]) -> str:
+    """One line on a run whose launcher went away while a rank could not stop (hung, or stuck in a collective with
+    a hung peer): the cause the ranks recorded ("its launcher (pid N) is gone"), which ranks gave up after how
+    long and at which step (`records.gave_up_records`), the ranks that then ended with no record (their agent
+    killed them once a peer had exited; the exit status where known, with no guess), and that no new checkpoint
+    was saved. Why: `launch status` said "rank 0 was killed by SIGTERM ... rank 1 was killed by SIGKILL ...: out
+    of memory?" of such a run - nobody had sent SIGTERM (that was the exit status 143 read back) and nothing ran
+    out of memory."""
+    gave = [(r, s) for r in ranks for s in r.stops if s.get("gave_up")]
+    cause = next((s["cause"] for _, s in gave if s.get("cause")), "its launcher is gone")
+    said = [f"rank {r.rank} did not stop within {float(s.get('grace_s') or 0):.0f} s and exited after step "
+            f"{s.get('step')}" for r, s in gave]
+    exits = rank_exits(run_dir)
+    for r in ranks:
+        if r.end is None and not r.errors:
+            code = exits.get(r.rank)
+            number = -code if code is not None and code < 0 else code - 128 if code is not None and code > 128 else None
+            how = (f" (killed by {_signal_name(number)})" if number is not None
+                   else f" (exit status {code})" if code is not None else "")
+            said.append(f"rank {r.rank} ended with no record after step {r.last_step or 0}{how}")
+    line = f"{cause}; {', '.join(said)}; no new checkpoint was saved"
+    if has_checkpoint(run_dir):
+        return line + f": `launch resume {shell_word(run_dir)}` continues it from its last checkpoint"
+    return line + "; " + no_checkpoint_advice(run_dir)
 
 
 def no_checkpoint_advice(run_dir: Path) -> str:

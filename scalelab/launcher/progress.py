@@ -9,12 +9,22 @@ Words/s is the reports' definition (docs/records.md, "Throughput formula"): over
 (non-warm-up, non-profiled) steps, the words of every worker rank over the sum of each step's slowest
 rank. A step counts once every worker has recorded it, so the bar never shows rank 0's own, faster
 figure (it showed 47,696 words/s above a table saying 22,510).
+
+A run whose ranks stop recording mid-training (a rank hung in the script, in a collective or on a dead
+filesystem) is said to have stalled (`RunWatch.silence`) once no rank still running has written any record for longer than
+`stall_after_s`: max(STALL_FLOOR_S, STALL_FACTOR x the median step time), counted from the ranks' own `time`
+fields, only after a step was recorded since the latest start (setup, the rendezvous and a queue do not count),
+by the ranks that have not recorded their end. The line then says how long and where each rank last was, and no ETA (which froze at
+its last value: "step 30/200 ... ETA 4s" for five minutes). The launcher ends such a run after
+--stall-timeout-min (scalelab/launcher/runner.py's `stall_check`).
 """
 
 from __future__ import annotations
 
+import statistics
 import sys
 import time
+from collections import deque
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -60,6 +70,7 @@ class Snapshot:
     ended: str | None = None  # how the run ended once every rank recorded its end (`RunWatch.ended`)
     unit: str = "words"  # what words_per_s counts: a --script run's own unit (`track.unit`: images, samples)
     queued: str | None = None  # the backend's word while the run waits in its queue (a requeue): no ETA then
+    stalled: str | None = None  # "no step for 5m10s (since step 30; ...)": no rank recorded anything for long
 
     def steps(self) -> str:
         """"40/200", or "40" when the total is not known."""
@@ -80,6 +91,8 @@ class Snapshot:
             parts.append(f"ended ({self.ended})")
         elif self.queued:
             parts.append(f"queued: {self.queued}")
+        elif self.stalled:
+            parts.append(self.stalled)
         elif self.eta_s is not None:
             parts.append(f"ETA {duration(self.eta_s)}")
         return "  ".join(parts)
@@ -99,6 +112,8 @@ class Snapshot:
             out.append((1, f"ended ({self.ended})"))
         elif self.queued:
             out.append((1, f"queued: {self.queued}"))
+        elif self.stalled:
+            out.append((0, self.stalled))
         elif self.eta_s is not None:
             out.append((1, f"ETA {duration(self.eta_s)}"))
         return out
@@ -111,12 +126,25 @@ class Snapshot:
         "FAILED ... ended (interrupted)" for rank 1's sys.exit(3)."""
         ended = (None if state in ACTIVE else "failed" if state == FAILED
                  else "cancelled" if state == CANCELLED and self.ended is None else self.ended)
-        return replace(self, ended=ended)  # a copy: the watch's own goes on from its records
+        stalled = self.stalled if state is None or state in ACTIVE else None  # an ended run is not stalled
+        return replace(self, ended=ended, stalled=stalled)  # a copy: the watch's own goes on from its records
 
     def to_dict(self) -> dict[str, Any]:
         return {"step": self.step, "total_steps": self.total, "loss": self.loss, "val_loss": self.val_loss,
                 "words_per_s": self.words_per_s, "eta_s": self.eta_s, "threshold_step": self.threshold_step,
-                "ended": self.ended, "unit": self.unit}
+                "ended": self.ended, "unit": self.unit, "stalled": self.stalled}
+
+
+#: A run is said to have stalled when no rank wrote any record for longer than this many seconds and than
+#: STALL_FACTOR times its median step time. Why those: the built-in trainer writes a record at least every step;
+#: between two, a validation (--val-batches forward passes, 4 by default: about a step) or a checkpoint write
+#: (seconds for the models here) takes a few step times, so 20 of them is no ordinary pause, and a minute is
+#: above any hiccup of a loaded machine or a shared filesystem; a script's step time (the interval between its
+#: `track.step` calls) holds its own evaluations, which the median leaves out. It is a statement of fact only
+#: ("no step for 1m05s"); ending the run waits for --stall-timeout-min.
+STALL_FLOOR_S = 60.0
+STALL_FACTOR = 20.0
+STEP_TIMES_KEPT = 200  # the median is over the latest step times (one per step, the slowest rank's)
 
 
 class RunWatch:
@@ -141,6 +169,13 @@ class RunWatch:
         # while the run waits in its backend's queue, the backend's word ("Slurm job 7 PENDING (BeginTime)"): set
         # by whoever asked the backend (`launch status`, `logs -f`; the launcher from launch.json's `queued`)
         self.queued: str | None = None
+        # what `stall` judges from: each rank's latest record time and step, whether it recorded a step since its
+        # latest start, and the latest step times (rank 0's `step_s`; a server rank's none)
+        self.seen: dict[int, float] = {}
+        self.last_step: dict[int, int] = {}
+        self.stepping: dict[int, bool] = {}
+        self.step_times: deque[float] = deque(maxlen=STEP_TIMES_KEPT)
+        self.clock = time.time  # what "now" is (a test's fake clock)
 
     def starting(self) -> str:
         """Where a run is before its first step: "starting ranks: 1 of 2 up (20s)", from the start records
@@ -171,6 +206,8 @@ class RunWatch:
     def _take(self, rank: int, rec: dict[str, Any]) -> None:
         kind = rec.get("kind")
         self.world = int(rec.get("world") or self.world)
+        if isinstance(rec.get("time"), (int, float)):
+            self.seen[rank] = max(self.seen.get(rank, 0.0), float(rec["time"]))
         if kind == "start":
             self._start(rank, rec)
         elif kind == "step":
@@ -196,6 +233,7 @@ class RunWatch:
 
     def _start(self, rank: int, rec: dict[str, Any]) -> None:
         self.started.add(rank)
+        self.stepping[rank] = False  # its setup (imports, the rendezvous) is no stall: judged once it steps
         if rec.get("role") == "server":
             self.servers.add(rank)
         per_epoch = rec.get("steps_per_epoch")
@@ -209,8 +247,12 @@ class RunWatch:
 
     def _step(self, rank: int, rec: dict[str, Any]) -> None:
         step = int(rec["step"])
+        self.last_step[rank] = step
+        self.stepping[rank] = True
         if rank == 0:
             self.snap.step = step  # rank 0 leads; after a resume it counts on from the checkpoint
+            if isinstance(rec.get("step_s"), (int, float)) and not rec.get("warmup"):
+                self.step_times.append(float(rec["step_s"]))
         if rank in self.servers or rec.get("role") == "server" or step in self.counted:
             return  # a server has no words or loss; a step run again after a resume is counted once
         # ranks, words, slowest s, loss sum, measured, ranks with a loss (a script's track.step may pass none)
@@ -249,7 +291,46 @@ class RunWatch:
         snap.queued = self.queued
         if self.queued:  # waiting in the queue (a requeue): when it ends is the queue's to say
             snap.eta_s = None
+        silent = self.silence()
+        snap.stalled = self.stall_line(silent) if silent is not None and silent > self.stall_after_s() else None
+        if snap.stalled:  # no ETA from steps that stopped coming
+            snap.eta_s = None
         return snap
+
+    def median_step_s(self) -> float:
+        """The median of rank 0's latest measured step times (0 before any)."""
+        return statistics.median(self.step_times) if self.step_times else 0.0
+
+    def stall_after_s(self) -> float:
+        """How long no rank may record anything before the run is said to have stalled: max(STALL_FLOOR_S,
+        STALL_FACTOR x its median step time)."""
+        return max(STALL_FLOOR_S, STALL_FACTOR * self.median_step_s())
+
+    def silence(self) -> float | None:
+        """Seconds since any rank still running (no end record since its start) wrote its latest record, where
+        that can mean a stall: a rank stepped since its latest start and the run is not waiting in its backend's
+        queue; else None (starting up, ended, queued: no steps are due). A rank that returned while another hangs
+        (a script's rank 0 done, rank 1 stuck) leaves the silence to the one still running."""
+        live = [rank for rank in self.seen if rank not in self.ends]
+        if self.queued or not live or not any(self.stepping.values()):
+            return None
+        return max(0.0, self.clock() - max(self.seen[rank] for rank in live))
+
+    def stall_line(self, silent: float) -> str:
+        """"no step for 5m10s (since step 30; every rank last recorded step 30)", or with the ranks that are
+        behind: "... (since step 31; rank 1 last recorded step 30 (5m12s ago), the others step 31)". From records
+        alone: which rank hung cannot be told where every rank waits in the same step's collective."""
+        lead = max(self.last_step.values(), default=0)
+        behind = {r: self.last_step.get(r) for r in range(self.world)
+                  if r not in self.servers and self.last_step.get(r, 0) < lead}
+        now = self.clock()
+        if not behind:
+            where = f"every rank last recorded step {lead}"
+        else:
+            where = ", ".join(f"rank {r} last recorded " + (f"step {s}" if s else "no step") +
+                              (f" ({duration(now - self.seen[r])} ago)" if r in self.seen else "")
+                              for r, s in sorted(behind.items())) + f", the others step {lead}"
+        return f"no step for {duration(silent)} (since step {lead}; {where})"
 
 
 def watch_run(run_dir: Path) -> RunWatch:

@@ -18,6 +18,11 @@ what each interruption does.
 
 When a run fails, the one-line message comes from the ranks' `error` records, never from log text;
 without such records, the rank that stopped without a word is named, else the end of the logs shown.
+
+A followed run whose ranks stop writing records (a hung rank: the others wait in its collective forever, and
+Gloo's timeouts do not end a wait for a peer that never enters it) is ended by the follow loop after its stall
+timeout (`stall_check`, --stall-timeout-min): through the one interruption path, as FAILED, with one line that
+says how long no rank wrote anything and where each rank last was.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ from scalelab.core.rundir import (
     COMPLETED,
     FAILED,
     PENDING,
+    RUNNING,
     TERMINAL,
     UNKNOWN,
     RunPaths,
@@ -50,7 +56,7 @@ from scalelab.core.rundir import (
     update_state,
     write_json,
 )
-from scalelab.core.spec import Spec, save_spec
+from scalelab.core.spec import STALL_TIMEOUT_MIN, Spec, save_spec
 from scalelab.core.terminal import make_console
 from scalelab.core.trajectory import record_trajectory
 from scalelab.core.writes import RunWriteError, WriteError, full_note, refuse_run_dir_links
@@ -74,6 +80,11 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 FIRST_POLL_S = 0.1     # the first polls come quickly (a short run, a fast failure), then back off
 UNKNOWN_GRACE_S = 60.0  # a backend that cannot tell the state this long (a busy controller) ends the follow
 INTERRUPTED = "interrupted; every process of the run was stopped"
+
+
+class RunStalled(RunFailed):
+    """The followed run wrote no record past its stall timeout (`stall_check`): raised inside `wait`, so that
+    `stopping_runs` stops it (the cancel path: nothing is left running) as FAILED with this reason."""
 
 
 class Interrupted(KeyboardInterrupt):
@@ -263,6 +274,8 @@ def _why_stopped(exc: BaseException) -> tuple[str, str]:
     launcher stops on the layout it follows, and the user asked for the others to stop too); FAILED, with the
     error, otherwise (a layout that failed while another was cancelled on its own leaves the rest FAILED).
     Why: the cancel of a followed sweep recorded its other layouts FAILED ("the launcher stopped following it")."""
+    if isinstance(exc, RunStalled):  # the follow loop ended a run that stalled: why, in its own words
+        return FAILED, exc.reason
     if isinstance(exc, KeyboardInterrupt):
         return CANCELLED, f"interrupted ({exc.args[0] if exc.args else 'SIGINT'} to the launcher)"
     if isinstance(exc, RunCancelled):  # the followed run was cancelled; one that failed leaves the others FAILED
@@ -354,16 +367,22 @@ def _try_write(write: Callable[[], object]) -> WriteError | None:
 _ENDED_UNRECORDED: set[Path] = set()
 
 
-def wait(backend: Backend, run_dir: Path, on_tick: Callable[[], None] | None = None) -> RunStatus:
+def wait(backend: Backend, run_dir: Path, on_tick: Callable[[], None] | None = None,
+         stall: Callable[[], str | None] | None = None) -> RunStatus:
     """Follow one run until it ends, let the backend finish it, record the end; return how it ended.
 
-    A signal or an error on the way cancels the run (`stopping_runs`) and propagates.
+    A signal or an error on the way cancels the run (`stopping_runs`) and propagates; so does a stall (`stall`,
+    asked after every poll of a running run: why to end it, or None), as a FAILED run.
     """
     _ENDED_UNRECORDED.discard(run_dir)
     try:
         with stopping_runs(backend, [run_dir]):
-            status = ended_as_recorded(run_dir, backend.finish(run_dir, _until_end(backend, run_dir, on_tick)))
+            status = ended_as_recorded(run_dir, backend.finish(run_dir, _until_end(backend, run_dir, on_tick, stall)))
             unrecorded = _try_write(lambda: record_state(run_dir, status.state, status.detail))
+    except RunStalled as exc:  # stopped by `stopping_runs`: what it stopped, and what continues the run
+        stopped = read_state(run_dir).get("stopped")
+        said = exc.reason + (f"; {stopped}" if stopped else "")
+        raise kept(run_dir, RunFailed(f"run {run_dir} failed: {said}" + resume_hint(run_dir), exc.reason)) from None
     except RunFailed:
         raise
     except WriteError as exc:  # stopped (`stopping_runs`) after it had started: a failed run, exit 1
@@ -386,12 +405,15 @@ def ended_as_recorded(run_dir: Path, status: RunStatus) -> RunStatus:
     return stopped_on_a_signal(run_dir, read_state(run_dir).get("launched")) or status
 
 
-def _until_end(backend: Backend, run_dir: Path, on_tick: Callable[[], None] | None) -> RunStatus:
+def _until_end(backend: Backend, run_dir: Path, on_tick: Callable[[], None] | None,
+               stall: Callable[[], str | None] | None = None) -> RunStatus:
     delay, last, unknown_since = min(FIRST_POLL_S, backend.poll_interval_s), PENDING, None
     while True:
         status = backend.poll(run_dir)
         if on_tick:
             on_tick()
+        if status.state == RUNNING and stall is not None and (why := stall()):  # not while it waits in a queue
+            raise RunStalled(why)
         recorded = read_state(run_dir).get("state")
         if status.state in TERMINAL:
             return status if recorded not in TERMINAL else RunStatus(recorded, status.detail)
@@ -426,7 +448,7 @@ def follow(backend: Backend, spec: Spec, run_dir: Path, label: str | None = None
             lines.tick()
 
         try:
-            status = wait(backend, run_dir, on_tick=tick)
+            status = wait(backend, run_dir, on_tick=tick, stall=stall_check(spec, progress.watch))
         finally:
             lines.close()  # what the ranks wrote last (a traceback) before the error that quotes it
     if status.state == CANCELLED:
@@ -434,6 +456,37 @@ def follow(backend: Backend, spec: Spec, run_dir: Path, label: str | None = None
     if status.state != COMPLETED:
         raise kept(run_dir, failure(backend, run_dir, status))
     return summary_of_completed(run_dir)
+
+
+def stall_timeout_s(spec: Spec) -> float | None:
+    """The run's stall timeout in seconds (--stall-timeout-min), None where it has none. Not given: the built-in
+    trainer's STALL_TIMEOUT_MIN (it records every step; its validations and checkpoints take minutes at most); off
+    for a --script / --module, which may evaluate, preprocess or upload for hours between two `track.step` calls
+    (or record no steps at all): only its user knows how long its silences may be."""
+    minutes = spec.stall_timeout_min
+    if minutes is None:
+        minutes = 0.0 if spec.own_code else STALL_TIMEOUT_MIN
+    return minutes * 60.0 if minutes else None
+
+
+def stall_check(spec: Spec, watch) -> Callable[[], str | None] | None:
+    """For `wait`: why to end the run now (no rank of it wrote a record for its stall timeout, and for at least
+    STALL_FACTOR times its median step time, once it had stepped), else None; None without a stall timeout.
+    `watch` is the progress view's RunWatch (launcher/progress.py), polled on every tick before this is asked."""
+    from scalelab.launcher.progress import STALL_FACTOR
+
+    limit = stall_timeout_s(spec)
+    if limit is None:
+        return None
+
+    def check() -> str | None:
+        silent = watch.silence()
+        if silent is None or silent < max(limit, STALL_FACTOR * watch.median_step_s()):
+            return None
+        return (f"{watch.stall_line(silent)}: stalled past its stall timeout (--stall-timeout-min "
+                f"{limit / 60:g}), so the launcher stopped it")
+
+    return check
 
 
 def summary_of_completed(run_dir: Path):

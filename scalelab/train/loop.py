@@ -37,7 +37,7 @@ import torch
 from scalelab.core.errors import ScalelabError
 from scalelab.core.procs import LAUNCHER_ENV, started_at, watched
 from scalelab.core.provenance import machine, software
-from scalelab.core.records import RecordWriter, lost_a_peer, rank_from_env, record_error
+from scalelab.core.records import RecordWriter, gave_up_records, lost_a_peer, rank_from_env, record_error
 from scalelab.core.rundir import RunPaths
 from scalelab.core.spec import Spec, read_spec
 from scalelab.train import balance
@@ -68,6 +68,7 @@ BUCKET_BATCHES = 50  # length bucketing sorts within windows of this many global
 FAIL_AT_STEP_ENV = "SCALELAB_FAIL_AT_STEP"  # STEP: every rank dies (os._exit) after this step
 KILL_AT_STEP_ENV = "SCALELAB_KILL_AT_STEP"  # STEP:RANK: that rank sends itself SIGKILL after STEP
 RAISE_AT_STEP_ENV = "SCALELAB_RAISE_AT_STEP"  # STEP:RANK: that rank raises a RuntimeError after STEP
+HANG_AT_STEP_ENV = "SCALELAB_HANG_AT_STEP"  # STEP:RANK: that rank hangs after STEP (sleeps, signals or not)
 # HOLD_AT_STEP_ENV, STEP[:RANK]: wait there for a stop signal, so that a cancel, or a signal to one rank, lands
 # at STEP (scalelab/train/track.py's hold_for_a_stop_signal, shared with a script's track.step)
 
@@ -77,8 +78,11 @@ RAISE_AT_STEP_ENV = "SCALELAB_RAISE_AT_STEP"  # STEP:RANK: that rank raises a Ru
 # still runs. When it is gone -
 # killed with SIGKILL, where nothing can run in it to stop the ranks - the rank takes the SIGTERM path
 # (agreed stop, rank 0 checkpoints, all exit); a rank that has not exited WATCH_GRACE_S later (hung in a
-# collective whose peer is gone) exits anyway, so nothing is left running. Started with `--detach`,
-# the ranks get no LAUNCHER_ENV and run on alone.
+# collective whose peer is gone or hung) exits anyway, so nothing is left running, after recording why
+# (`gave_up_records`: its `interrupted` event says the launcher is gone and that it did not stop in time, its
+# `end` that it was interrupted): `launch status` then names that cause, not the SIGTERM its agent reads in its
+# exit status 143 nor an OOM guess for a peer the agent then killed. Started with `--detach`, the ranks get no
+# LAUNCHER_ENV and run on alone.
 WATCH_EVERY_S = 2.0
 WATCH_GRACE_S = 25.0
 
@@ -94,6 +98,8 @@ class Stop:
 
     signal: int | None = None
     cause: str | None = None  # why, when not a signal to this rank
+    out: RecordWriter | None = None  # this rank's records and where it is, for the launcher watch's last word
+    progress: "Progress | None" = None
 
     @classmethod
     def install(cls) -> None:
@@ -125,6 +131,8 @@ class Stop:
         time.sleep(WATCH_GRACE_S)
         print(f"scalelab: not stopped {WATCH_GRACE_S:.0f} s after the launcher was gone (a peer hung or gone?): "
               "exiting; the last checkpoint is kept", file=sys.stderr, flush=True)
+        if cls.out is not None and cls.progress is not None:
+            gave_up_records(cls.out, cls.cause, cls.progress.step, WATCH_GRACE_S, elapsed_s=cls.progress.elapsed)
         os._exit(143)
 
 
@@ -201,6 +209,7 @@ def train(run_dir: Path) -> str:
     spec, engine = run.spec, run.engine
     progress = resume(run_dir, run)
     out = open_records(run_dir, run, progress)
+    Stop.out, Stop.progress = out, progress  # the launcher watch's last records, should it have to give up
     reason = "steps" if run.total_steps == spec.steps else "epochs"  # the bound that ends it (both: the fewer steps)
     profiler = StepProfiler(run_dir, spec, run.rank, run.device)  # --profile-steps A:B
     with Prefetcher(batches(run, progress.shares, progress.step), spec.data.prefetch, run.device) as stream:
@@ -494,13 +503,18 @@ def finish(run: Run, progress: Progress, out: RecordWriter, reason: str) -> None
 
 def _die_if_asked(step: int, rank: int) -> None:
     """Test aids: every rank exits at FAIL_AT_STEP; one rank is SIGKILLed at KILL_AT_STEP (STEP:RANK); one
-    rank raises an exception that is not ours at RAISE_AT_STEP (STEP:RANK), as a library's bug would."""
+    rank raises an exception that is not ours at RAISE_AT_STEP (STEP:RANK), as a library's bug would; one rank
+    hangs at HANG_AT_STEP (STEP:RANK), as on a dead filesystem or a deadlock: its stop signals set the flag and
+    the sleep goes on, so only SIGKILL ends it (the stall timeout's case)."""
     if os.environ.get(FAIL_AT_STEP_ENV) == str(step):
         os._exit(17)
     if os.environ.get(KILL_AT_STEP_ENV) == f"{step}:{rank}":
         os.kill(os.getpid(), signal.SIGKILL)
     if os.environ.get(RAISE_AT_STEP_ENV) == f"{step}:{rank}":
         raise RuntimeError(f"injected fault after step {step} ({RAISE_AT_STEP_ENV})")
+    if os.environ.get(HANG_AT_STEP_ENV) == f"{step}:{rank}":
+        while True:
+            time.sleep(3600)
 
 
 def slower_device_extra(factor: float, forward_s: float) -> tuple[float, float]:

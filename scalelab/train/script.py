@@ -46,7 +46,8 @@ from typing import Any
 from scalelab.core.errors import ScalelabError, shell_word
 from scalelab.core.procs import LAUNCHER_ENV, started_at, watched
 from scalelab.core.provenance import machine, software, version
-from scalelab.core.records import RecordWriter, lost_a_peer, rank_from_env, read_records, record_error, records_path
+from scalelab.core.records import (RecordWriter, gave_up_records, lost_a_peer, rank_from_env, read_records,
+                                   record_error, records_path)
 from scalelab.core.spec import Spec, read_spec
 from scalelab.train import track
 
@@ -287,6 +288,10 @@ def _watch(pid: int, start: str) -> None:
     time.sleep(WATCH_GRACE_S)
     print(f"scalelab: the script did not stop {WATCH_GRACE_S:.0f} s after the launcher was gone: exiting",
           file=sys.stderr, flush=True)
+    state = track._state
+    if state.writer is not None:  # why it exits, as the built-in trainer's ranks record it (scalelab/train/loop.py)
+        gave_up_records(state.writer, f"its launcher (pid {pid}) is gone", state.step, WATCH_GRACE_S,
+                        elapsed_s=state.elapsed)
     os._exit(INTERRUPTED)
 
 
