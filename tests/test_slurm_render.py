@@ -35,7 +35,7 @@ CASES = {
     "ddp-2x4-every-option": (
         dict(engine={"name": "ddp"}, nodes=2, gpus_per_node=4, threads=2),
         dict(partition="gpu", account="proj42", qos="high", constraint="v100", exclusive=True, cpus_per_task=2,
-             mem_gb=64, time="2-00:00:00", job_name="nmt scaling", extra_sbatch=["--mail-type=END"],
+             mem_gb=64, time="2-00:00:00", job_name="nmt-scaling", extra_sbatch=["--mail-type=END"],
              setup=["module load cuda/12.1"], gloo_iface="ib0", signal_s=300),
     ),
     "horovod-2x4-defaults": (dict(engine={"name": "horovod"}, nodes=2, gpus_per_node=4), {}),
