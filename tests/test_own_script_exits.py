@@ -246,6 +246,22 @@ def test_a_non_daemon_child_that_never_ends_is_ended_after_the_limit(tmp_path: P
             child.kill()
 
 
+def test_threads_that_end_are_joined_without_waiting_out_the_limit(tmp_path: Path) -> None:
+    """A ThreadPoolExecutor never shut down and a thread ending 0.5 s after the script: every rank waited the whole
+    limit (`threading._shutdown` run off the main thread waits for the main thread's own lock) and then said its
+    threads, named as none, had not finished."""
+    done = exit_of("""
+        import threading, time
+        from concurrent.futures import ThreadPoolExecutor
+        from pathlib import Path
+        pool = ThreadPoolExecutor(max_workers=2)
+        pool.submit(lambda: Path("pool.txt").write_text("saved")).result()
+        threading.Thread(target=lambda: (time.sleep(0.5), Path("late.txt").write_text("done"))).start()
+        """, tmp_path)
+    assert done.returncode == 0 and "did not finish" not in done.stderr, done.stderr
+    assert (tmp_path / "pool.txt").read_text() == "saved" and (tmp_path / "late.txt").read_text() == "done"
+
+
 def test_a_thread_that_never_ends_is_left_after_the_limit_with_a_warning(tmp_path: Path) -> None:
     done = exit_of("""
         import threading, time

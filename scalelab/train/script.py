@@ -453,16 +453,29 @@ def end_as_python_would(limit_s: float = AT_EXIT_S) -> None:
 
 
 def join_threads(limit_s: float) -> None:
-    """Wait, at most `limit_s`, for the script's non-daemon threads, as the interpreter's exit does
-    (`threading._shutdown`: the threading atexit calls, such as a ThreadPoolExecutor's shutdown, then a join of
-    every non-daemon thread), here in a daemon thread so that the wait has a limit."""
-    if not any(not t.daemon and t is not threading.main_thread() for t in threading.enumerate()):
+    """Wait, at most `limit_s`, for the script's non-daemon threads, as the interpreter's exit does: the threading
+    atexit calls (a ThreadPoolExecutor's shutdown), then a join of every non-daemon thread; here in a daemon thread
+    so that the wait has a limit. Not `threading._shutdown` itself: run outside the main thread it also waits for
+    the main thread's own lock, held until the interpreter dies, so every rank with a thread waited the whole
+    30 s and said its (finished) threads had not finished."""
+    def others() -> list[threading.Thread]:
+        return [t for t in threading.enumerate() if not t.daemon and t is not threading.main_thread()]
+
+    if not others():
         return
-    waiter = threading.Thread(target=threading._shutdown, name="scalelab-threads", daemon=True)  # type: ignore[attr-defined]
+    deadline = time.monotonic() + limit_s
+
+    def shut_down() -> None:
+        for call in reversed(list(getattr(threading, "_threading_atexits", []))):
+            call()
+        for thread in others():
+            thread.join(max(0.0, deadline - time.monotonic()))
+
+    waiter = threading.Thread(target=shut_down, name="scalelab-threads", daemon=True)
     waiter.start()
     waiter.join(limit_s)
-    if waiter.is_alive():
-        left = [t.name for t in threading.enumerate() if not t.daemon and t is not threading.main_thread()]
+    left = [t.name for t in others()]
+    if left:
         print(f"scalelab: the script's threads {', '.join(left)} did not finish within {limit_s:g} s; leaving "
               "without them", file=sys.stderr)
 
