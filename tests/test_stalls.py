@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -242,12 +243,11 @@ def test_a_killed_launcher_with_a_stuck_rank_is_named_as_the_cause(tmp_path: Pat
             os.kill(int(line.split()[0]), signal.SIGKILL)
     status = launch("status", str(run), cwd=tmp_path)
     shown = " ".join(status.stdout.split())
-    assert (f"CANCELLED its launcher (pid {fg.pid}) is gone; rank 0 did not stop within 25 s and exited after "
-            "step 5") in shown, status.stdout + status.stderr
+    assert f"CANCELLED its launcher (pid {fg.pid}) is gone; " in shown, status.stdout + status.stderr
+    # which rank gives up first is the race of their 2 s watches; its agent may end the other before its own 25 s
+    assert re.search(r"rank [01] did not stop within 25 s and exited after step 5", shown), shown
     assert "no new checkpoint was saved" in shown and "SIGTERM" not in shown and "out of memory" not in shown, shown
     if how == "sigstop":  # stopped, it recorded nothing; horovodrun killed it once rank 0 had exited
-        assert "rank 1 ended with no record after step 5" in shown, shown
-    else:  # its own launcher watch gave up too
-        assert "rank 1 did not stop within 25 s and exited after step 5" in shown, shown
+        assert "rank 0 did not stop within 25 s" in shown and "rank 1 ended with no record after step 5" in shown
     if how != "script":
         assert f"`launch resume {run}` continues it from its last checkpoint" in shown, shown
