@@ -42,20 +42,28 @@ LABEL_ROLE = "scalelab.io/role"
 
 # ---- names -----------------------------------------------------------------------------------------
 
-def k8s_name(run_name: str, max_len: int = 40) -> str:
-    """A DNS label for the run's objects, derived from the run directory's name.
+def k8s_name(run_name: str, max_len: int = 40, keep: str = "") -> str:
+    """A DNS label for the run's objects, derived from the run's id (`KubernetesBackend.run_name`).
 
     40 characters at most: pod names add "-launcher", "-worker-N", "-N-xxxxx" or "-fetch" and must
-    stay within 63. Long names are cut and keep a short hash so two runs never share a name.
+    stay within 63. Long names are cut and keep a short hash so two runs never share a name; `keep`, a
+    tail of `run_name` (a sweep's layout, `1x2`), stays readable after the hash when it is cut.
     """
-    name = re.sub(r"[^a-z0-9-]+", "-", run_name.lower())
-    name = re.sub(r"-+", "-", name).strip("-")
+    name = _dns_words(run_name)
     if not name or not name[0].isalpha():
         name = "run-" + name
     if len(name) > max_len:
         digest = hashlib.sha1(run_name.encode()).hexdigest()[:6]
-        name = name[: max_len - 7].rstrip("-") + "-" + digest
+        tail = _dns_words(keep)
+        tail = tail if tail and len(tail) <= max_len // 2 else ""
+        head = name[: max_len - len(digest) - 1 - (len(tail) + 1 if tail else 0)].rstrip("-")
+        name = "-".join(filter(None, [head, digest, tail]))
     return name.strip("-")
+
+
+def _dns_words(text: str) -> str:
+    """`text` in lower-case letters, digits and single '-' (what a DNS label may hold), no '-' at either end."""
+    return re.sub(r"-+", "-", re.sub(r"[^a-z0-9-]+", "-", text.lower())).strip("-")
 
 
 def pod_run_dir(name: str, options: Mapping[str, Any]) -> str:
