@@ -109,6 +109,30 @@ def test_validation_rejects_what_an_api_server_would() -> None:
         validate_doc(service)
 
 
+def test_validation_rejects_a_container_that_is_not_locked_down_or_guaranteed() -> None:
+    """No schema asks for these, docs/k8s.md promises them of every container: `validate_doc` checks them, so a
+    container added without them (the --script init container was) fails the tests that validate manifests."""
+    _, hvd = request_for("horovod-1x8")
+    _, ddp = request_for("ddp-1x1")
+    worker = lambda d: d["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]  # noqa: E731
+    job_container = lambda d: d["spec"]["template"]["spec"]["containers"][0]  # noqa: E731
+    for doc, container, change, problem in [
+        (hvd.objects[-1], worker, lambda c: c["securityContext"]["capabilities"].update(drop=[]), "capabilities.drop"),
+        (hvd.objects[-1], worker, lambda c: c["securityContext"].update(allowPrivilegeEscalation=True), "Escalation"),
+        (ddp.objects[-1], job_container, lambda c: c["resources"]["limits"].pop("cpu"), "needs a cpu limit"),
+        (ddp.objects[-1], job_container, lambda c: c["resources"]["requests"].update(cpu="1"), "cpu limit, and a request"),
+        (ddp.fetch, lambda d: d["spec"]["containers"][0], lambda c: c.pop("securityContext"), "container fetch needs"),
+    ]:
+        changed = copy.deepcopy(doc)
+        change(container(changed))
+        with pytest.raises(ManifestInvalid, match=problem):
+            validate_doc(changed)
+    pod = copy.deepcopy(ddp.fetch)
+    pod["spec"]["securityContext"].pop("seccompProfile")
+    with pytest.raises(ManifestInvalid, match="seccompProfile"):
+        validate_doc(pod)
+
+
 @pytest.mark.parametrize("case", ["horovod-1x8", "horovod-4x4-full"])
 def test_mpijob_layout(case: str) -> None:
     spec, request = request_for(case)

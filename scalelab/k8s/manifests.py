@@ -168,9 +168,14 @@ def _mount_code(workload: dict[str, Any], run_name: str, keys: dict[str, str]) -
             "name": f"{run_name}-code", "items": [{"key": key, "path": rel} for rel, key in keys.items()]}},
             {"name": "workdir", "emptyDir": {}}]
         first = pod["containers"][0]
+        # the pod's CPU and memory (an init container runs before the others: the pod's request stays the same), no
+        # GPU; requests = limits and locked down as every container, or the pod would be Burstable, and Pod Security
+        # "restricted" or a quota requiring limits would refuse it
+        amounts = {k: v for k, v in first["resources"]["limits"].items() if k in ("cpu", "memory")}
         pod.setdefault("initContainers", []).append({
             "name": "copy-code", "image": first["image"], "imagePullPolicy": first.get("imagePullPolicy", "IfNotPresent"),
             "command": ["sh", "-c", f"cp -RL {CODE_SOURCE}/. {CODE_MOUNT}/"],  # -L: the volume's files are links
+            "resources": {"requests": dict(amounts), "limits": dict(amounts)}, "securityContext": _locked_down(),
             "volumeMounts": [{"name": "code", "mountPath": CODE_SOURCE, "readOnly": True},
                              {"name": "workdir", "mountPath": CODE_MOUNT}]})
         for container in pod["containers"]:
@@ -347,12 +352,16 @@ def _container(name: str, options: Mapping[str, Any], command: list[str], env: l
     return {
         "name": name, "image": options["image"], "imagePullPolicy": options["image_pull_policy"],
         "command": command, "env": env, "resources": resources,
-        "securityContext": {"allowPrivilegeEscalation": False, "privileged": False, "runAsNonRoot": True,
-                            "capabilities": {"drop": ["ALL"]}},
+        "securityContext": _locked_down(),
         "volumeMounts": [{"name": "runs", "mountPath": options["mount_path"]},
                          {"name": "spec", "mountPath": SPEC_MOUNT, "readOnly": True},
                          {"name": "dshm", "mountPath": "/dev/shm"}],
     }
+
+
+def _locked_down() -> dict[str, Any]:
+    """Every container's securityContext (init containers too): what Pod Security "restricted" asks of it."""
+    return {"allowPrivilegeEscalation": False, "privileged": False, "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]}}
 
 
 def _pod_spec(run_name: str, options: Mapping[str, Any], containers: list[dict[str, Any]], restart: str | None) -> dict[str, Any]:
