@@ -170,6 +170,27 @@ def test_indexed_job_layout(case: str) -> None:
     assert container["resources"]["limits"]["nvidia.com/gpu"] == str(spec.gpus_per_node)
 
 
+@pytest.mark.parametrize("engine", ["ddp", "horovod"])
+def test_device_cpu_asks_for_no_gpus(engine: str, tmp_path: Path) -> None:
+    """`--device cpu`: no pod asks for `nvidia.com/gpu` (on a cluster without GPUs, kind included, such pods never
+    schedule); `--gpus-per-node` still counts the ranks of each pod. The review's command, through `launch`."""
+    out = launch("--backend", "k8s", "--image", "r/i:1", "--engine", engine, "--device", "cpu", "--nodes", "2",
+                 "--gpus-per-node", "2", "--dry-run", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    docs = [d for d in yaml.safe_load_all(out.stdout) if d]
+    validate_all(docs)
+    assert "nvidia.com/gpu" not in out.stdout
+    workload = docs[-2]  # the fetch pod is last
+    if engine == "horovod":
+        launcher = workload["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]
+        assert workload["spec"]["slotsPerWorker"] == 2 and "mpirun -np 4 " in launcher["command"][-1]
+    else:
+        assert "--nproc-per-node=2" in workload["spec"]["template"]["spec"]["containers"][0]["command"][-1]
+    gpu = launch("--backend", "k8s", "--image", "r/i:1", "--engine", engine, "--nodes", "2", "--gpus-per-node", "2",
+                 "--dry-run", cwd=tmp_path)
+    assert "nvidia.com/gpu: '2'" in gpu.stdout, "the GPUs are asked for on the default device (auto)"
+
+
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_pods_are_locked_down(case: str) -> None:
     _, request = request_for(case)

@@ -228,7 +228,7 @@ def indexed_job(spec: Spec, run_name: str, options: Mapping[str, Any], extra_env
     env = [{"name": "MASTER_ADDR", "value": f"{run_name}-0.{run_name}"},
            *_common_env(spec, options, {**(extra_env or {}), **own})]
     container = _container("trainer", options, _with_spec_copy(run_dir, launch.argv), env,
-                           _node_resources(spec, options), gpus=spec.gpus_per_node)
+                           _node_resources(spec, options), gpus=_gpus(spec))
     pod = _pod_spec(run_name, options, [container], restart="Never")
     pod["subdomain"] = run_name  # with the headless Service: stable DNS names per index
     job_spec: dict[str, Any] = {
@@ -254,7 +254,7 @@ def mpijob(spec: Spec, run_name: str, options: Mapping[str, Any], extra_env: Map
     launcher = _container("launcher", options, _with_spec_copy(run_dir, mpirun), env,
                           _resources(options["launcher_cpus"], options["launcher_mem_gb"]), gpus=0)
     worker = _container("worker", options, ["/usr/sbin/sshd", "-De", "-f", f"{MPI_HOME}/.sshd_config"], env,
-                        _node_resources(spec, options), gpus=spec.gpus_per_node)
+                        _node_resources(spec, options), gpus=_gpus(spec))
     labels = lambda role: {"metadata": {"labels": metadata("", options, role, run_name)["labels"]}}  # noqa: E731
     run_policy: dict[str, Any] = {
         "cleanPodPolicy": options["clean_pod_policy"], "ttlSecondsAfterFinished": options["ttl_after_finished_min"] * 60,
@@ -339,6 +339,12 @@ def _resources(cpus: float, mem_gb: float, gpus: int = 0) -> dict[str, Any]:
 
 def _node_resources(spec: Spec, options: Mapping[str, Any]) -> dict[str, Any]:
     return _resources(options["cpus_per_node"], options["mem_gb_per_node"])
+
+
+def _gpus(spec: Spec) -> int:
+    """The `nvidia.com/gpu` of each worker pod: none with --device cpu, whose ranks compute on CPUs (the GPUs per node
+    then count the ranks of each pod); asked for, pods never scheduled on a cluster without GPUs (kind)."""
+    return 0 if spec.device == "cpu" else spec.gpus_per_node
 
 
 def _quantity(x: float) -> str:
