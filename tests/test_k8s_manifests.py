@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -247,6 +248,34 @@ def test_bad_options_fail_at_configuration_time() -> None:
         KubernetesBackend({"image": "x", "run_as_user": 0})
     with pytest.raises(SpecError, match="--image is required"):
         KubernetesBackend({}).validate(Spec(backend="k8s").validate())
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--service-account", "Bad_SA"], r"service_account \(--service-account\) must be a DNS subdomain name"),
+    (["--priority-class", "Bad_PC"], r"priority_class \(--priority-class\) must be a DNS subdomain name"),
+    (["--image-pull-secret", "Reg_Cred"], r"image_pull_secrets \(--image-pull-secret\) must be a DNS subdomain name"),
+    (["--backend-opt", "shm_gb=64"], "shm_gb 64 is not less than mem_gb_per_node 32: /dev/shm is memory-backed.*"
+                                     "raise --backend-opt mem_gb_per_node above 64"),
+])
+def test_values_the_api_server_or_the_kubelet_would_refuse_are_one_line_before_anything(
+        args: list[str], says: str, tmp_path: Path) -> None:
+    """Names the API server refuses (a service account, PriorityClass or Secret is a DNS subdomain), as the
+    namespace and claim already were; and a memory-backed /dev/shm as big as the pod's memory limit, which it counts
+    against (the ranks would be killed for memory): one line, exit 2, nothing printed on stdout."""
+    out = launch("--backend", "k8s", "--image", "r/i:1", *args, "--dry-run", cwd=tmp_path)
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2 and len(lines) == 1 and re.search(says, lines[0]), out.stderr
+    assert "Traceback" not in out.stderr and not out.stdout.strip()
+
+
+def test_valid_names_and_a_shm_within_the_memory_reach_the_pods(tmp_path: Path) -> None:
+    out = launch("--backend", "k8s", "--image", "r/i:1", "--service-account", "trainer.ml-team", "--priority-class",
+                 "training-high", "--backend-opt", "shm_gb=64", "--backend-opt", "mem_gb_per_node=96", "--dry-run",
+                 cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    pod = [d for d in yaml.safe_load_all(out.stdout) if d and d["kind"] == "Job"][0]["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "trainer.ml-team" and pod["priorityClassName"] == "training-high"
+    assert {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "64Gi"}} in pod["volumes"]
 
 
 def test_dry_run_prints_the_manifests_and_calls_nothing(tmp_path: Path) -> None:
