@@ -121,7 +121,8 @@ def test_validation_rejects_a_container_that_is_not_locked_down_or_guaranteed() 
         (hvd.objects[-1], worker, lambda c: c["securityContext"]["capabilities"].update(drop=[]), "capabilities.drop"),
         (hvd.objects[-1], worker, lambda c: c["securityContext"].update(allowPrivilegeEscalation=True), "Escalation"),
         (ddp.objects[-1], job_container, lambda c: c["resources"]["limits"].pop("cpu"), "needs a cpu limit"),
-        (ddp.objects[-1], job_container, lambda c: c["resources"]["requests"].update(cpu="1"), "cpu limit, and a request"),
+        (ddp.objects[-1], job_container, lambda c: c["resources"]["requests"].update(cpu="1"),
+         "cpu limit, and a request"),
         (ddp.fetch, lambda d: d["spec"]["containers"][0], lambda c: c.pop("securityContext"), "container fetch needs"),
     ]:
         changed = copy.deepcopy(doc)

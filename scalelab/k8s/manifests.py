@@ -367,7 +367,8 @@ def _container(name: str, options: Mapping[str, Any], command: list[str], env: l
 
 def _locked_down() -> dict[str, Any]:
     """Every container's securityContext (init containers too): what Pod Security "restricted" asks of it."""
-    return {"allowPrivilegeEscalation": False, "privileged": False, "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]}}
+    return {"allowPrivilegeEscalation": False, "privileged": False, "runAsNonRoot": True,
+            "capabilities": {"drop": ["ALL"]}}
 
 
 def _pod_spec(run_name: str, options: Mapping[str, Any], containers: list[dict[str, Any]], restart: str | None) -> dict[str, Any]:

@@ -29,7 +29,8 @@ def dns_subdomain(value: str) -> str | None:
     subdomain): checked here as the namespace is, so a bad one is one line before anything is created."""
     if not value or (len(value) <= 253 and _DNS_SUBDOMAIN.fullmatch(value)):
         return None
-    return "must be a DNS subdomain name (at most 253 lower-case letters, digits, '-' and '.', beginning and ending with a letter or digit)"
+    return ("must be a DNS subdomain name (at most 253 lower-case letters, digits, '-' and '.', beginning and "
+            "ending with a letter or digit)")
 
 
 def _absolute(path: str) -> str | None:
