@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -109,6 +110,31 @@ def test_validation_rejects_what_an_api_server_would() -> None:
         validate_doc(service)
 
 
+def test_validation_rejects_a_container_that_is_not_locked_down_or_guaranteed() -> None:
+    """No schema asks for these, docs/k8s.md promises them of every container: `validate_doc` checks them, so a
+    container added without them (the --script init container was) fails the tests that validate manifests."""
+    _, hvd = request_for("horovod-1x8")
+    _, ddp = request_for("ddp-1x1")
+    worker = lambda d: d["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]  # noqa: E731
+    job_container = lambda d: d["spec"]["template"]["spec"]["containers"][0]  # noqa: E731
+    for doc, container, change, problem in [
+        (hvd.objects[-1], worker, lambda c: c["securityContext"]["capabilities"].update(drop=[]), "capabilities.drop"),
+        (hvd.objects[-1], worker, lambda c: c["securityContext"].update(allowPrivilegeEscalation=True), "Escalation"),
+        (ddp.objects[-1], job_container, lambda c: c["resources"]["limits"].pop("cpu"), "needs a cpu limit"),
+        (ddp.objects[-1], job_container, lambda c: c["resources"]["requests"].update(cpu="1"),
+         "cpu limit, and a request"),
+        (ddp.fetch, lambda d: d["spec"]["containers"][0], lambda c: c.pop("securityContext"), "container fetch needs"),
+    ]:
+        changed = copy.deepcopy(doc)
+        change(container(changed))
+        with pytest.raises(ManifestInvalid, match=problem):
+            validate_doc(changed)
+    pod = copy.deepcopy(ddp.fetch)
+    pod["spec"]["securityContext"].pop("seccompProfile")
+    with pytest.raises(ManifestInvalid, match="seccompProfile"):
+        validate_doc(pod)
+
+
 @pytest.mark.parametrize("case", ["horovod-1x8", "horovod-4x4-full"])
 def test_mpijob_layout(case: str) -> None:
     spec, request = request_for(case)
@@ -144,6 +170,27 @@ def test_indexed_job_layout(case: str) -> None:
     for arg in (f"--nnodes={spec.nodes}", f"--nproc-per-node={spec.gpus_per_node}", "--node-rank=$JOB_COMPLETION_INDEX "):
         assert arg in script
     assert container["resources"]["limits"]["nvidia.com/gpu"] == str(spec.gpus_per_node)
+
+
+@pytest.mark.parametrize("engine", ["ddp", "horovod"])
+def test_device_cpu_asks_for_no_gpus(engine: str, tmp_path: Path) -> None:
+    """`--device cpu`: no pod asks for `nvidia.com/gpu` (on a cluster without GPUs, kind included, such pods never
+    schedule); `--gpus-per-node` still counts the ranks of each pod. The review's command, through `launch`."""
+    out = launch("--backend", "k8s", "--image", "r/i:1", "--engine", engine, "--device", "cpu", "--nodes", "2",
+                 "--gpus-per-node", "2", "--dry-run", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    docs = [d for d in yaml.safe_load_all(out.stdout) if d]
+    validate_all(docs)
+    assert "nvidia.com/gpu" not in out.stdout
+    workload = docs[-2]  # the fetch pod is last
+    if engine == "horovod":
+        launcher = workload["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]
+        assert workload["spec"]["slotsPerWorker"] == 2 and "mpirun -np 4 " in launcher["command"][-1]
+    else:
+        assert "--nproc-per-node=2" in workload["spec"]["template"]["spec"]["containers"][0]["command"][-1]
+    gpu = launch("--backend", "k8s", "--image", "r/i:1", "--engine", engine, "--nodes", "2", "--gpus-per-node", "2",
+                 "--dry-run", cwd=tmp_path)
+    assert "nvidia.com/gpu: '2'" in gpu.stdout, "the GPUs are asked for on the default device (auto)"
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -202,6 +249,34 @@ def test_bad_options_fail_at_configuration_time() -> None:
         KubernetesBackend({"image": "x", "run_as_user": 0})
     with pytest.raises(SpecError, match="--image is required"):
         KubernetesBackend({}).validate(Spec(backend="k8s").validate())
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--service-account", "Bad_SA"], r"service_account \(--service-account\) must be a DNS subdomain name"),
+    (["--priority-class", "Bad_PC"], r"priority_class \(--priority-class\) must be a DNS subdomain name"),
+    (["--image-pull-secret", "Reg_Cred"], r"image_pull_secrets \(--image-pull-secret\) must be a DNS subdomain name"),
+    (["--backend-opt", "shm_gb=64"], "shm_gb 64 is not less than mem_gb_per_node 32: /dev/shm is memory-backed.*"
+                                     "raise --backend-opt mem_gb_per_node above 64"),
+])
+def test_values_the_api_server_or_the_kubelet_would_refuse_are_one_line_before_anything(
+        args: list[str], says: str, tmp_path: Path) -> None:
+    """Names the API server refuses (a service account, PriorityClass or Secret is a DNS subdomain), as the
+    namespace and claim already were; and a memory-backed /dev/shm as big as the pod's memory limit, which it counts
+    against (the ranks would be killed for memory): one line, exit 2, nothing printed on stdout."""
+    out = launch("--backend", "k8s", "--image", "r/i:1", *args, "--dry-run", cwd=tmp_path)
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2 and len(lines) == 1 and re.search(says, lines[0]), out.stderr
+    assert "Traceback" not in out.stderr and not out.stdout.strip()
+
+
+def test_valid_names_and_a_shm_within_the_memory_reach_the_pods(tmp_path: Path) -> None:
+    out = launch("--backend", "k8s", "--image", "r/i:1", "--service-account", "trainer.ml-team", "--priority-class",
+                 "training-high", "--backend-opt", "shm_gb=64", "--backend-opt", "mem_gb_per_node=96", "--dry-run",
+                 cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    pod = [d for d in yaml.safe_load_all(out.stdout) if d and d["kind"] == "Job"][0]["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "trainer.ml-team" and pod["priorityClassName"] == "training-high"
+    assert {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "64Gi"}} in pod["volumes"]
 
 
 def test_dry_run_prints_the_manifests_and_calls_nothing(tmp_path: Path) -> None:

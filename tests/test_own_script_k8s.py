@@ -6,6 +6,7 @@ Job's container command, run here with the ConfigMaps written out as volumes, ru
 from __future__ import annotations
 
 import base64
+import copy
 from pathlib import Path
 
 import pytest
@@ -65,6 +66,37 @@ def test_the_script_folder_is_a_configmap_every_pod_mounts(engine: str, kinds: l
     assert "-m scalelab.train.script" in command and "scalelab.train " not in command
     if engine == "horovod":  # mpirun passes the folder's whereabouts on to the ranks it starts on the workers
         assert "-x SCALELAB_SCRIPT_DIR" in command
+
+
+@pytest.mark.parametrize("engine", ["ddp", "horovod"])
+def test_the_copy_code_init_container_is_locked_down_and_guaranteed_as_every_container(engine: str) -> None:
+    """Kubernetes counts init containers in a pod's QoS class, Pod Security "restricted" checks them, and a quota
+    requiring limits refuses them without: `copy-code` had no resources and no securityContext, so the pods were
+    Burstable and such namespaces refused them. It has the pod's CPU and memory (it runs before the others: the pod
+    asks for no more), no GPU, requests equal to limits, and the others' securityContext; and the validator checks
+    every container, init containers included, so one added without them fails here (and on the Indexed Job's
+    and on both MPIJob roles)."""
+    from scalelab.k8s.validate import ManifestInvalid, validate_doc
+
+    request = script_request(engine)
+    workload = request.objects[-1]
+    for pod in pod_templates(workload):
+        (init,) = pod["initContainers"]
+        (main,) = pod["containers"]
+        assert init["securityContext"] == main["securityContext"]
+        assert init["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+        assert init["securityContext"]["allowPrivilegeEscalation"] is False
+        cpu_mem = {k: main["resources"]["limits"][k] for k in ("cpu", "memory")}
+        assert init["resources"] == {"requests": cpu_mem, "limits": cpu_mem}
+    validate_doc(workload)
+    for broken, problem in [(lambda c: c.pop("resources"), "init container copy-code needs a cpu limit"),
+                            (lambda c: c.pop("securityContext"), "init container copy-code needs securityContext"),
+                            (lambda c: c["resources"]["requests"].update(memory="1Mi"), "memory limit, and a request")]:
+        for i in range(len(pod_templates(workload))):  # the Job's pod; the MPIJob's Launcher, then its Worker
+            changed = copy.deepcopy(workload)
+            broken(pod_templates(changed)[i]["initContainers"][0])
+            with pytest.raises(ManifestInvalid, match=problem):
+                validate_doc(changed)
 
 
 def test_nested_and_binary_files_keep_their_paths_and_an_oversized_folder_is_refused(tmp_path: Path) -> None:

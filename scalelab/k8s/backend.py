@@ -16,6 +16,7 @@ poll/finish/status/logs/cancel.
 from __future__ import annotations
 
 import base64
+import copy
 import io
 import tarfile
 import time
@@ -33,6 +34,7 @@ from scalelab.core.rundir import (
     TERMINAL,
     UNKNOWN,
     RunPaths,
+    is_sweep,
     read_state,
     start_state,
     update_state,
@@ -70,10 +72,18 @@ class KubernetesBackend(Backend):
     name = "k8s"
     Options = KubernetesOptions  # the valid options, their defaults and checks (scalelab/k8s/options.py)
 
+    sweep = ""  # the sweep whose layouts this backend submits (`for_sweep`): part of their names
+
     def __init__(self, options: dict[str, Any] | None = None, api_factory: Callable[..., Any] | None = None) -> None:
         super().__init__(options)
         self._api_factory = api_factory
         self._api = None
+
+    def for_sweep(self, name: str) -> KubernetesBackend:
+        """This backend for sweep `name`'s layouts, named after it (`run_name`); it shares the client."""
+        other = copy.copy(self)
+        other.sweep = name
+        return other
 
     def api(self):
         """The client wrapper, created (and the kubeconfig read) on first use."""
@@ -88,8 +98,29 @@ class KubernetesBackend(Backend):
     def check(self, spec: Spec) -> None:
         manifests.render(spec, "check", self.options)  # raises SpecError (e.g. no --image) before anything runs
 
+    def run_name(self, run_dir: Path) -> str:
+        """The name of the run's objects and of its directory on the volume (RUN_DIR there), stable for a run
+        directory: the name its earlier launch recorded in launch.json (`launch resume` finds its own objects and
+        checkpoint again, whichever version named it), else its id made a DNS label (`manifests.k8s_name`).
+
+        A sweep's layout directory is named by its layout alone (`1x2`); its id carries its sweep's timestamped name
+        as well (`mysweep-20260101-120000-1x2`), as on AWS (`cloud_run_id`). Why: named `run-1x2`, the layouts of
+        every sweep in a namespace shared objects and one directory on the volume, and a later sweep's ranks found
+        an earlier sweep's checkpoint and records there and resumed from them (or were refused)."""
+        run_dir = Path(run_dir)
+        paths = RunPaths(run_dir)
+        if paths.launch.exists():
+            info = read_state(run_dir)
+            name = info.get("name")
+            if info.get("backend") == self.name and isinstance(name, str) and name and manifests.k8s_name(name) == name:
+                return name
+        sweep = run_dir.parent.name if run_dir.parent.name and is_sweep(run_dir.parent) else self.sweep
+        if not sweep:
+            return manifests.k8s_name(run_dir.name)
+        return manifests.k8s_name(f"{sweep}-{run_dir.name}", keep=run_dir.name)
+
     def submit_dryrun(self, spec: Spec, run_dir: Path) -> KubernetesRequest:
-        name = manifests.k8s_name(Path(run_dir).name)
+        name = self.run_name(run_dir)
         accepted = accepted_env(Path(run_dir))  # `launch resume --allow-changed`: the pods cannot read the launcher's file
         return KubernetesRequest(Path(run_dir), name, self.options["namespace"],
                                  manifests.render(spec, name, self.options, accepted),

@@ -42,20 +42,28 @@ LABEL_ROLE = "scalelab.io/role"
 
 # ---- names -----------------------------------------------------------------------------------------
 
-def k8s_name(run_name: str, max_len: int = 40) -> str:
-    """A DNS label for the run's objects, derived from the run directory's name.
+def k8s_name(run_name: str, max_len: int = 40, keep: str = "") -> str:
+    """A DNS label for the run's objects, derived from the run's id (`KubernetesBackend.run_name`).
 
     40 characters at most: pod names add "-launcher", "-worker-N", "-N-xxxxx" or "-fetch" and must
-    stay within 63. Long names are cut and keep a short hash so two runs never share a name.
+    stay within 63. Long names are cut and keep a short hash so two runs never share a name; `keep`, a
+    tail of `run_name` (a sweep's layout, `1x2`), stays readable after the hash when it is cut.
     """
-    name = re.sub(r"[^a-z0-9-]+", "-", run_name.lower())
-    name = re.sub(r"-+", "-", name).strip("-")
+    name = _dns_words(run_name)
     if not name or not name[0].isalpha():
         name = "run-" + name
     if len(name) > max_len:
         digest = hashlib.sha1(run_name.encode()).hexdigest()[:6]
-        name = name[: max_len - 7].rstrip("-") + "-" + digest
+        tail = _dns_words(keep)
+        tail = tail if tail and len(tail) <= max_len // 2 else ""
+        head = name[: max_len - len(digest) - 1 - (len(tail) + 1 if tail else 0)].rstrip("-")
+        name = "-".join(filter(None, [head, digest, tail]))
     return name.strip("-")
+
+
+def _dns_words(text: str) -> str:
+    """`text` in lower-case letters, digits and single '-' (what a DNS label may hold), no '-' at either end."""
+    return re.sub(r"-+", "-", re.sub(r"[^a-z0-9-]+", "-", text.lower())).strip("-")
 
 
 def pod_run_dir(name: str, options: Mapping[str, Any]) -> str:
@@ -160,9 +168,14 @@ def _mount_code(workload: dict[str, Any], run_name: str, keys: dict[str, str]) -
             "name": f"{run_name}-code", "items": [{"key": key, "path": rel} for rel, key in keys.items()]}},
             {"name": "workdir", "emptyDir": {}}]
         first = pod["containers"][0]
+        # the pod's CPU and memory (an init container runs before the others: the pod's request stays the same), no
+        # GPU; requests = limits and locked down as every container, or the pod would be Burstable, and Pod Security
+        # "restricted" or a quota requiring limits would refuse it
+        amounts = {k: v for k, v in first["resources"]["limits"].items() if k in ("cpu", "memory")}
         pod.setdefault("initContainers", []).append({
             "name": "copy-code", "image": first["image"], "imagePullPolicy": first.get("imagePullPolicy", "IfNotPresent"),
             "command": ["sh", "-c", f"cp -RL {CODE_SOURCE}/. {CODE_MOUNT}/"],  # -L: the volume's files are links
+            "resources": {"requests": dict(amounts), "limits": dict(amounts)}, "securityContext": _locked_down(),
             "volumeMounts": [{"name": "code", "mountPath": CODE_SOURCE, "readOnly": True},
                              {"name": "workdir", "mountPath": CODE_MOUNT}]})
         for container in pod["containers"]:
@@ -215,7 +228,7 @@ def indexed_job(spec: Spec, run_name: str, options: Mapping[str, Any], extra_env
     env = [{"name": "MASTER_ADDR", "value": f"{run_name}-0.{run_name}"},
            *_common_env(spec, options, {**(extra_env or {}), **own})]
     container = _container("trainer", options, _with_spec_copy(run_dir, launch.argv), env,
-                           _node_resources(spec, options), gpus=spec.gpus_per_node)
+                           _node_resources(spec, options), gpus=_gpus(spec))
     pod = _pod_spec(run_name, options, [container], restart="Never")
     pod["subdomain"] = run_name  # with the headless Service: stable DNS names per index
     job_spec: dict[str, Any] = {
@@ -241,7 +254,7 @@ def mpijob(spec: Spec, run_name: str, options: Mapping[str, Any], extra_env: Map
     launcher = _container("launcher", options, _with_spec_copy(run_dir, mpirun), env,
                           _resources(options["launcher_cpus"], options["launcher_mem_gb"]), gpus=0)
     worker = _container("worker", options, ["/usr/sbin/sshd", "-De", "-f", f"{MPI_HOME}/.sshd_config"], env,
-                        _node_resources(spec, options), gpus=spec.gpus_per_node)
+                        _node_resources(spec, options), gpus=_gpus(spec))
     labels = lambda role: {"metadata": {"labels": metadata("", options, role, run_name)["labels"]}}  # noqa: E731
     run_policy: dict[str, Any] = {
         "cleanPodPolicy": options["clean_pod_policy"], "ttlSecondsAfterFinished": options["ttl_after_finished_min"] * 60,
@@ -328,6 +341,12 @@ def _node_resources(spec: Spec, options: Mapping[str, Any]) -> dict[str, Any]:
     return _resources(options["cpus_per_node"], options["mem_gb_per_node"])
 
 
+def _gpus(spec: Spec) -> int:
+    """The `nvidia.com/gpu` of each worker pod: none with --device cpu, whose ranks compute on CPUs (the GPUs per node
+    then count the ranks of each pod); asked for, pods never scheduled on a cluster without GPUs (kind)."""
+    return 0 if spec.device == "cpu" else spec.gpus_per_node
+
+
 def _quantity(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else f"{int(round(x * 1000))}m" if x < 1000 else str(int(round(x)))
 
@@ -339,12 +358,17 @@ def _container(name: str, options: Mapping[str, Any], command: list[str], env: l
     return {
         "name": name, "image": options["image"], "imagePullPolicy": options["image_pull_policy"],
         "command": command, "env": env, "resources": resources,
-        "securityContext": {"allowPrivilegeEscalation": False, "privileged": False, "runAsNonRoot": True,
-                            "capabilities": {"drop": ["ALL"]}},
+        "securityContext": _locked_down(),
         "volumeMounts": [{"name": "runs", "mountPath": options["mount_path"]},
                          {"name": "spec", "mountPath": SPEC_MOUNT, "readOnly": True},
                          {"name": "dshm", "mountPath": "/dev/shm"}],
     }
+
+
+def _locked_down() -> dict[str, Any]:
+    """Every container's securityContext (init containers too): what Pod Security "restricted" asks of it."""
+    return {"allowPrivilegeEscalation": False, "privileged": False, "runAsNonRoot": True,
+            "capabilities": {"drop": ["ALL"]}}
 
 
 def _pod_spec(run_name: str, options: Mapping[str, Any], containers: list[dict[str, Any]], restart: str | None) -> dict[str, Any]:

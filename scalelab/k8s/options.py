@@ -12,7 +12,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from scalelab.core.options import MAX_LIMIT_MINUTES, BackendOptions, above, at_least, at_most, one_of, option
+from scalelab.core.errors import SpecError
+from scalelab.core.options import MAX_LIMIT_MINUTES, BackendOptions, above, at_least, at_most, each, one_of, option
 from scalelab.costs.fleet import OnPremiseFleet
 
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
@@ -21,6 +22,15 @@ _EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 
 def dns_label(value: str) -> str | None:
     return None if _DNS_LABEL.fullmatch(value) else "must be a DNS label (lower-case letters, digits, '-')"
+
+
+def dns_subdomain(value: str) -> str | None:
+    """'' (not given) or a name the API server takes for a service account, PriorityClass or Secret (a DNS
+    subdomain): checked here as the namespace is, so a bad one is one line before anything is created."""
+    if not value or (len(value) <= 253 and _DNS_SUBDOMAIN.fullmatch(value)):
+        return None
+    return ("must be a DNS subdomain name (at most 253 lower-case letters, digits, '-' and '.', beginning and "
+            "ending with a letter or digit)")
 
 
 def _absolute(path: str) -> str | None:
@@ -129,13 +139,13 @@ class KubernetesOptions(BackendOptions, OnPremiseFleet):
     namespace: str = option("default", "Namespace to run in.", dns_label, flag="--namespace")
     context: str = option("", "kubeconfig context [default: the current one].", flag="--kube-context")
     kubeconfig: str = option("", "kubeconfig file [default: $KUBECONFIG or ~/.kube/config].", flag="--kubeconfig")
-    service_account: str = option("", "Service account of the pods.", flag="--service-account")
+    service_account: str = option("", "Service account of the pods.", dns_subdomain, flag="--service-account")
     node_selector: dict[str, str] = option({}, "Node selector (repeatable).", flag="--node-selector",
                                            metavar="LABEL=VALUE", parse=_label_pairs)
     tolerations: list[dict[str, Any]] = option([], "Toleration (repeatable), e.g. nvidia.com/gpu:NoSchedule.",
                                                flag="--toleration", metavar="KEY[=VALUE][:EFFECT]", parse=_tolerations)
-    priority_class: str = option("", "PriorityClass of the pods.", flag="--priority-class")
-    image_pull_secrets: list[str] = option([], "Secret for a private registry (repeatable).",
+    priority_class: str = option("", "PriorityClass of the pods.", dns_subdomain, flag="--priority-class")
+    image_pull_secrets: list[str] = option([], "Secret for a private registry (repeatable).", each(dns_subdomain),
                                            flag="--image-pull-secret", metavar="SECRET")
     secret_env: list[str] = option([], "Env var from a Kubernetes Secret key (repeatable); never a literal.",
                                    flag="--secret-env", metavar="ENV=SECRET:KEY", parse=_secret_env)
@@ -159,3 +169,12 @@ class KubernetesOptions(BackendOptions, OnPremiseFleet):
     master_port: int = option(29500, "DDP rendezvous port of pod 0.", at_least(1), at_most(65535))
     run_as_user: int = option(1000, "User id of the pods (the image's non-root user).", _non_root)
     poll_s: float = option(10.0, "Seconds between status polls while following a run.", above(0))
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.shm_gb >= self.mem_gb_per_node:
+            raise SpecError(
+                f"k8s backend option shm_gb {self.shm_gb:g} is not less than mem_gb_per_node {self.mem_gb_per_node:g}: "
+                "/dev/shm is memory-backed and counts against each worker pod's memory limit, so the ranks would be "
+                f"killed for memory; raise --backend-opt mem_gb_per_node above {self.shm_gb:g} (plus what the ranks "
+                "need) or lower shm_gb")

@@ -9,6 +9,12 @@
   as errors instead, since a pruned field is a setting that never took effect. Its pod templates are
   also checked against the core PodTemplateSpec schema, which is stricter than the CRD's copy.
 
+- Every pod (a Pod, a Job's or an MPIJob role's template) against what docs/k8s.md promises of each of its
+  containers, init containers included, which no schema checks: Pod Security "restricted" (no privilege
+  escalation, not privileged, all capabilities dropped, non-root, a RuntimeDefault seccomp profile) and
+  Guaranteed QoS (CPU and memory requests equal to limits). Why: an init container added without them made
+  the pods Burstable, and a namespace enforcing "restricted" or a quota requiring limits refused them.
+
 `python -m scalelab.k8s.validate FILE.yaml...` validates files (e.g. the output of `launch --dry-run`).
 """
 
@@ -42,9 +48,45 @@ def validate_doc(doc: dict[str, Any]) -> None:
         for role, replica in doc["spec"]["mpiReplicaSpecs"].items():
             template = {"apiVersion": "v1", "kind": "PodTemplate",
                         "metadata": {"name": f"{doc['metadata']['name']}-{role.lower()}"}, "template": replica["template"]}
-            _validate_core(template, f"MPIJob {doc['metadata']['name']} {role} pod template")
+            what = f"MPIJob {doc['metadata']['name']} {role} pod template"
+            _validate_core(template, what)
+            check_locked_down(replica["template"]["spec"], what)
     else:
-        _validate_core(doc, f"{doc.get('kind')} {doc.get('metadata', {}).get('name')}")
+        what = f"{doc.get('kind')} {doc.get('metadata', {}).get('name')}"
+        _validate_core(doc, what)
+        pod = {"Pod": lambda d: d["spec"], "Job": lambda d: d["spec"]["template"]["spec"]}.get(doc.get("kind"))
+        if pod:
+            check_locked_down(pod(doc), what)
+
+
+#: What each container's securityContext must hold (Pod Security "restricted", plus not privileged).
+LOCKED_DOWN = {"allowPrivilegeEscalation": False, "privileged": False}
+
+
+def check_locked_down(pod: dict[str, Any], what: str) -> None:
+    """ManifestInvalid naming the first container (init containers too) that Pod Security "restricted" would
+    refuse or that would make the pod other than Guaranteed QoS (CPU and memory requests equal to limits)."""
+    pod_sc = pod.get("securityContext") or {}
+    for kind in ("initContainers", "containers", "ephemeralContainers"):
+        for c in pod.get(kind) or []:
+            name = f"{what}: {'init container' if kind == 'initContainers' else 'container'} {c.get('name')}"
+            sc = c.get("securityContext") or {}
+            for key, value in LOCKED_DOWN.items():
+                if sc.get(key) is not value:
+                    raise ManifestInvalid(f"{name} needs securityContext.{key}: {str(value).lower()}")
+            if "ALL" not in ((sc.get("capabilities") or {}).get("drop") or []):
+                raise ManifestInvalid(f"{name} needs securityContext.capabilities.drop: [ALL]")
+            if sc.get("runAsNonRoot", pod_sc.get("runAsNonRoot")) is not True:
+                raise ManifestInvalid(f"{name} needs runAsNonRoot: true (its own securityContext or the pod's)")
+            seccomp = (sc.get("seccompProfile") or pod_sc.get("seccompProfile") or {}).get("type")
+            if seccomp not in ("RuntimeDefault", "Localhost"):
+                raise ManifestInvalid(f"{name} needs seccompProfile type RuntimeDefault (its own or the pod's)")
+            resources = c.get("resources") or {}
+            requests, limits = resources.get("requests") or {}, resources.get("limits") or {}
+            for key in ("cpu", "memory"):
+                if key not in limits or requests.get(key, limits[key]) != limits[key]:
+                    raise ManifestInvalid(f"{name} needs a {key} limit, and a request equal to it (Guaranteed QoS; "
+                                          "a quota requiring limits refuses a container without)")
 
 
 def _validate_core(doc: dict[str, Any], what: str) -> None:
