@@ -175,7 +175,9 @@ def _progress(run_dir: Path, state: str) -> dict[str, Any]:
         else:
             steps = summary.get("steps_measured")
             steps = steps + summary.get("steps_warmup", 0) if steps is not None else None
-            return {"steps": steps, "total_steps": read_spec(run_dir).steps, "loss": summary.get("final_loss"),
+            total = read_spec(run_dir).steps  # a script's --steps is only the bar's total: never below its steps
+            total = max(total, steps) if total and steps else total
+            return {"steps": steps, "total_steps": total, "loss": summary.get("final_loss"),
                     "words_per_s": summary.get("words_per_s"), "unit": summary.get("unit") or "words", "eta_s": None}
     return {**_from_records(run_dir, state), **note}
 
