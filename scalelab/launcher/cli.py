@@ -12,6 +12,7 @@ SIGHUP) stops every process of the run, records it as CANCELLED and exits 128 + 
 from __future__ import annotations
 
 import difflib
+import itertools
 import json
 import re
 import shlex
@@ -1415,9 +1416,61 @@ def show_click_error(exc: click.ClickException) -> None:
         return
     if isinstance(exc, click.UsageError) and ctx is not None:
         click.echo(ctx.get_usage(), err=True)
-    err_console.print(f"[bold red]launch: error:[/] {escape(exc.format_message())}", highlight=False, soft_wrap=True)
+    message = exc.format_message()
+    if isinstance(exc, click.NoSuchOption) and ctx is not None:
+        message = unknown_option_message(exc, ctx.info_name or "run", sys.argv[1:]) or message
+    err_console.print(f"[bold red]launch: error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     if isinstance(exc, click.UsageError) and ctx is not None:
         click.echo(f"(`{ctx.command_path} --help` lists every option)", err=True)
+
+
+#: Options typed from the habits of other launchers (torchrun, horovodrun, a cluster's `--gpus`), with what `launch
+#: run` and `launch sweep` take instead. Why: click's nearest names were wrong ones: `--workers` -> '--nodes', `--gpus`
+#: -> '--gpu-type' (a Slurm-only option), where the ranks per node are --gpus-per-node.
+_PER_NODE = "--gpus-per-node N (the ranks on each node; --nodes M for more nodes)"
+HABIT_HINTS: dict[str, dict[str, str]] = {
+    "run": {
+        "--workers": "a run's workers are --nodes x --gpus-per-node: give --gpus-per-node N (and --nodes M); "
+                     "`launch sweep --workers 1,2` runs one layout per worker count",
+        "--gpus": f"give {_PER_NODE}",
+        "--num-gpus": f"give {_PER_NODE}",
+        "--ngpus": f"give {_PER_NODE}",
+        "--nproc-per-node": f"torchrun's --nproc-per-node is {_PER_NODE}",
+        "--nproc_per_node": f"torchrun's --nproc_per_node is {_PER_NODE}",
+        "--nnodes": "torchrun's --nnodes is --nodes M",
+        "--np": "horovodrun's -np (all ranks) is --nodes M x --gpus-per-node N",
+    },
+    "sweep": {
+        "--gpus": "give --workers 1,2,4 (the worker counts, on one node) or --layouts 1x1,1x2,2x1",
+        "--num-gpus": "give --workers 1,2,4 (the worker counts, on one node) or --layouts 1x1,1x2,2x1",
+        "--ngpus": "give --workers 1,2,4 (the worker counts, on one node) or --layouts 1x1,1x2,2x1",
+        "--nproc-per-node": "give --workers 1,2,4 (the worker counts, on one node) or --layouts 1x1,1x2,2x1",
+        "--nproc_per_node": "give --workers 1,2,4 (the worker counts, on one node) or --layouts 1x1,1x2,2x1",
+        "--nnodes": "give --layouts NODESxGPUS, e.g. 1x2,2x2",
+    },
+}
+
+
+def unknown_option_message(exc: click.NoSuchOption, command: str, argv: list[str]) -> str | None:
+    """What to say of an option `launch run|sweep` does not have, where click's nearest names mislead: an option
+    from another launcher's habits (`HABIT_HINTS`), and with --script/--module, that the script's own arguments go
+    after `--` (`launch --script train.py --out x` was "Did you mean one of: '--account', '--spot', '--subnet'?",
+    and `--steps 10`, which launch has, was taken by launch). None: click's message stands."""
+    name = exc.option_name
+    words = argv[:argv.index("--")] if "--" in argv else argv
+    hint = HABIT_HINTS.get(command, {}).get(name.split("=")[0])
+    script = next((f"{flag} {words[i + 1]}" for i, flag in enumerate(words[:-1]) if flag in ("--script", "--module")),
+                  None)
+    if hint is None and script is None:
+        return None
+    parts = [f"No such option {name!r}"] + ([hint] if hint else [])
+    if script is not None and name in words:
+        at = words.index(name)
+        theirs = [name] + list(itertools.takewhile(lambda w: not w.startswith("-"), words[at + 1:]))
+        rest = " ".join(shell_word(w) for w in theirs)
+        parts.append(("if it is your script's own, " if hint else "") + "your script's arguments go after `--`: "
+                     f"`launch {command} {script} [OPTIONS] -- {rest}`")
+    return ": ".join(parts[:2]) + "".join(f"; {p}" for p in parts[2:])
 
 
 def interrupted(exc: BaseException | None) -> None:

@@ -1,0 +1,102 @@
+"""A new user's review: what `launch` says where someone new to it types what other launchers take, and what
+it prints at 80 columns. Each test is a case the review found, through the real command."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from tests.conftest import launch
+
+
+def _error(proc: subprocess.CompletedProcess) -> str:
+    assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    return proc.stderr
+
+
+@pytest.mark.parametrize("args, says, not_says", [
+    (["--workers", "2"], ["--gpus-per-node", "launch sweep --workers"], ["Did you mean '--nodes'"]),
+    (["--gpus", "2"], ["--gpus-per-node"], ["--gpu-type"]),
+    (["--nproc-per-node", "2"], ["torchrun's --nproc-per-node is --gpus-per-node"], ["Did you mean"]),
+    (["--nnodes", "2"], ["--nodes M"], ["Did you mean"]),
+])
+def test_options_from_other_launchers_point_to_launchs_own(tmp_path, args, says, not_says):
+    """`launch --workers 2` suggested '--nodes' and `launch --gpus 2` '--gpu-type' (Slurm-only)."""
+    err = _error(launch(*args, cwd=tmp_path))
+    for text in says:
+        assert text in err, err
+    for text in not_says:
+        assert text not in err, err
+
+
+def test_sweep_gpus_points_to_workers(tmp_path):
+    err = _error(launch("sweep", "--gpus", "2", cwd=tmp_path))
+    assert "--workers 1,2,4" in err and "--gpu-type" not in err, err
+
+
+def test_a_scripts_option_says_its_arguments_go_after_the_double_dash(tmp_path):
+    """`launch --script train.py --out x` suggested '--account', '--spot', '--subnet'."""
+    err = _error(launch("--script", "train.py", "--out", "x", cwd=tmp_path))
+    assert "`launch run --script train.py [OPTIONS] -- --out x`" in err, err
+    assert "--account" not in err and "--subnet" not in err, err
+
+
+def test_a_mistyped_option_without_a_script_keeps_clicks_suggestion(tmp_path):
+    err = _error(launch("--gpus-pernode", "2", cwd=tmp_path))
+    assert "'--gpus-per-node'" in err and "after `--`" not in err, err
+
+
+def _steps(run_dir, last, end=False):
+    from scalelab.core.records import RecordWriter
+
+    out = RecordWriter(run_dir, 0, 1)
+    for step in range(1, last + 1):
+        out.write("step", step=step, warmup=False, step_s=0.1, samples=8, words=80, loss=1.0)
+    if end:
+        out.event("end", reason="completed")
+    out.close()
+
+
+def test_progress_past_the_given_total_shows_at_least_the_step(tmp_path):
+    """A script run with --steps 10 that runs its own 60 steps showed `step 16/10 ... ETA 0s`, then `step 60/10`."""
+    from scalelab.launcher.progress import RunWatch
+
+    _steps(tmp_path, 16)
+    snap = RunWatch(tmp_path, steps=10).poll()
+    assert (snap.step, snap.total, snap.eta_s) == (16, 16, None)
+    assert "step 16/16+" in snap.line() and "ETA" not in snap.line(), snap.line()
+
+
+def test_progress_within_the_total_is_unchanged(tmp_path):
+    from scalelab.launcher.progress import RunWatch
+
+    _steps(tmp_path, 4)
+    snap = RunWatch(tmp_path, steps=10).poll()
+    assert snap.total == 10 and "step 4/10 " in snap.line() and "ETA" in snap.line(), snap.line()
+
+
+def test_plain_progress_past_the_total_ends_with_the_runs_own_length(tmp_path, capsys):
+    import io
+
+    from rich.console import Console
+
+    from scalelab.launcher.progress import RunProgress
+
+    _steps(tmp_path, 60, end=True)
+    with RunProgress(tmp_path, 10, "run", console=Console(file=io.StringIO(), force_terminal=False)):
+        pass
+    err = capsys.readouterr().err
+    assert "step 60/60  loss" in err and "ended (completed)" in err and "/10" not in err, err
+
+
+def test_steps_for_a_script_notes_it_sets_only_the_bar(tmp_path):
+    """`launch --script train.py --steps 10` ran the script's own 60 steps without a word."""
+    script = tmp_path / "train.py"
+    script.write_text("print('hi')\n")
+    proc = launch("--script", str(script), "--steps", "10", "--dry-run", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "--steps 10 only sets the progress bar's total" in proc.stderr and "after `--`" in proc.stderr
+    proc = launch("--script", str(script), "--steps", "10", "--dry-run", "--", "--steps", "10", cwd=tmp_path)
+    assert proc.returncode == 0 and "only sets the progress bar's total" not in proc.stderr, proc.stderr
