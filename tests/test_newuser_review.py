@@ -100,3 +100,19 @@ def test_steps_for_a_script_notes_it_sets_only_the_bar(tmp_path):
     assert "--steps 10 only sets the progress bar's total" in proc.stderr and "after `--`" in proc.stderr
     proc = launch("--script", str(script), "--steps", "10", "--dry-run", "--", "--steps", "10", cwd=tmp_path)
     assert proc.returncode == 0 and "only sets the progress bar's total" not in proc.stderr, proc.stderr
+
+
+def test_karp_flatt_of_a_slowdown_names_the_drop_not_noise():
+    """The README's own first job (speedup 0.29 on 2 workers) was told "noise, or a different workload per layout";
+    a speedup below 1 is a throughput drop, as `launch plan` says."""
+    from test_trust import summary
+
+    from scalelab.analysis.scaling import scale_layouts, trust_warnings
+
+    said = [w for w in trust_warnings(scale_layouts([summary(1, 1000.0), summary(2, 290.0)])) if "Karp-Flatt" in w]
+    assert len(said) == 1, said
+    assert "throughput drops from 1 to 2 workers (1,000 -> 290 words/s, speedup 0.29)" in said[0], said
+    assert "negative scaling" in said[0] and "noise" not in said[0], said
+    # a speedup above n (superlinear) still has the old cause
+    said = [w for w in trust_warnings(scale_layouts([summary(1, 1000.0), summary(2, 2300.0)])) if "Karp-Flatt" in w]
+    assert len(said) == 1 and "noise, or a different workload" in said[0], said

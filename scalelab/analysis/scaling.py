@@ -411,7 +411,16 @@ def trust_warnings(table: pd.DataFrame) -> list[str]:
             out.append(f"{who}: step times spread {std / mean:.0%} around their mean (over "
                        f"{MAX_STEP_SPREAD:.0%}): the machine was busy or the steps uneven")
         serial = _float_or_none(row.get("karp_flatt"))
-        if serial is not None and not 0 <= serial <= 1:
+        speedup, rate = _float_or_none(row.get("speedup")), _float_or_none(row.get("words_per_s"))
+        if serial is not None and speedup is not None and 0 < speedup < 1 and rate:
+            # a slowdown, not an odd serial part (the README's own first job got "noise, or a different workload")
+            unit = row.get("unit") if isinstance(row.get("unit"), str) else "words"
+            out.append(f"{who}: Karp-Flatt serial fraction {outside_text(serial, 0, 1)} is outside [0, 1] because "
+                       f"throughput drops from {_int_or_none(row.get('base_workers'))} to "
+                       f"{_int_or_none(row.get('workers'))} workers ({rate / speedup:,.0f} -> {rate:,.0f} {unit}/s, "
+                       f"speedup {outside_text(speedup, 1, math.inf)}): negative scaling (a busy host, "
+                       "oversubscribed cores or a slow link), not a serial part")
+        elif serial is not None and not 0 <= serial <= 1:
             out.append(f"{who}: Karp-Flatt serial fraction {outside_text(serial, 0, 1)} is outside [0, 1]: the speedup "
                        "is not explained by a serial part (noise, or a different workload per layout)")
         reached, first = _int_or_none(row.get("steps_to_threshold")), _int_or_none(row.get("first_val_step"))
