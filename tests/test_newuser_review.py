@@ -116,3 +116,31 @@ def test_karp_flatt_of_a_slowdown_names_the_drop_not_noise():
     # a speedup above n (superlinear) still has the old cause
     said = [w for w in trust_warnings(scale_layouts([summary(1, 1000.0), summary(2, 2300.0)])) if "Karp-Flatt" in w]
     assert len(said) == 1 and "noise, or a different workload" in said[0], said
+
+
+def test_a_sweep_whose_axes_differ_is_named_by_both(tmp_path):
+    """`--batch-scaling growing --work-scaling fixed` was labelled and reported as "weak" (report.json "mode"),
+    which means both axes growing; the sweep directory already said batch-growing-work-fixed."""
+    from scalelab.analysis.results import run_label
+    from scalelab.core.spec import Spec
+
+    spec = Spec(model="nmt-tiny", batch_per_worker=16, work_scaling="fixed")
+    assert run_label(spec).endswith(" batch-growing-work-fixed"), run_label(spec)
+    assert run_label(Spec(model="nmt-tiny", batch_per_worker=16, work_scaling="growing")).endswith(" weak")
+    assert run_label(Spec(model="nmt-tiny", batch_per_worker=16)).endswith(" weak")  # a run outside a sweep
+    assert run_label(Spec(model="nmt-tiny", global_batch=16, work_scaling="fixed")).endswith(" strong")
+
+
+def test_a_summarys_mode_names_both_axes():
+    from test_trust import summary
+
+    from scalelab.analysis.scaling import RunMeta, scale_layouts, summarize_run
+    import pandas as pd
+
+    steps = pd.DataFrame([{"rank": r, "step": s, "warmup": False, "step_s": 0.1, "samples": 8, "words": 80,
+                           "loss": 1.0} for r in (0,) for s in range(1, 21)])
+    meta = RunMeta(label="x", workers=1, nodes=1, gpus_per_node=1, batch_mode="weak", work_scaling="fixed")
+    assert summarize_run(steps, None, None, meta).mode == "batch-growing-work-fixed"
+    table = scale_layouts([summary(1, 1000.0, mode="batch-growing-work-fixed"),
+                           summary(2, 1800.0, mode="batch-growing-work-fixed")])
+    assert list(table["speedup"]) == [1.0, 1.8]

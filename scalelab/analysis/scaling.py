@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 
 from scalelab.core.errors import RecordError
-from scalelab.core.spec import BATCH_MODES, BATCH_SCALING
+from scalelab.core.spec import BATCH_MODES, BATCH_SCALING, scaling_name
 
 __all__ = [
     "PHASES",
@@ -195,7 +195,7 @@ class LayoutSummary:
     engine: str | None
     rnn: str | None
     model: str | None
-    mode: str
+    mode: str  # strong, weak, or both axes where they differ (core.spec.scaling_name)
     global_batch: int | None
     steps_measured: int
     steps_warmup: int
@@ -319,7 +319,7 @@ def summarize_run(
         engine=meta.engine,
         rnn=meta.rnn,
         model=meta.model,
-        mode=mode,
+        mode=scaling_name(BATCH_SCALING[mode], meta.work_scaling),  # both axes where they differ, as the label
         global_batch=_int_or_none(meta.global_batch),
         **counts,
         **_rates_and_step_times(measured),
@@ -807,8 +807,8 @@ def scale_layouts(
         df["_series"] = 0
     df = df.sort_values(["_series", "workers", "nodes"], kind="stable").drop(columns="_series")
     df = df.reset_index(drop=True)
-    modes = set(df["mode"])
-    mode = modes.pop() if len(modes) == 1 else "strong"  # throughput-based: mode does not matter
+    modes = set(df["mode"])  # a scaling name (strong, weak, batch-growing-work-fixed)
+    mode = modes.pop() if len(modes) == 1 and modes <= set(BATCH_MODES) else "strong"  # throughput: no matter
     out = scaling_table(df.assign(throughput=df["words_per_s"]), mode=mode, series=keys)
     out = out.drop(columns="throughput")
     out["speedup_to_threshold"], out["efficiency_to_threshold"] = threshold_scaling(out, keys)
