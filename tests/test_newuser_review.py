@@ -144,3 +144,22 @@ def test_a_summarys_mode_names_both_axes():
     table = scale_layouts([summary(1, 1000.0, mode="batch-growing-work-fixed"),
                            summary(2, 1800.0, mode="batch-growing-work-fixed")])
     assert list(table["speedup"]) == [1.0, 1.8]
+
+
+def test_ls_where_nothing_ran_yet_says_so_and_exits_0(tmp_path):
+    """In a new directory `launch ls` exited 2: "runs directory runs does not exist; pass --runs-dir DIR"."""
+    proc = launch("ls", cwd=tmp_path, env={"SCALELAB_RUNS_DIR": ""})
+    assert proc.returncode == 0 and "no runs under runs" in proc.stdout, (proc.stdout, proc.stderr)
+
+
+def test_a_runs_dir_that_is_no_directory_names_where_it_came_from(tmp_path):
+    err = _error(launch("ls", cwd=tmp_path, env={"SCALELAB_RUNS_DIR": "/dev/null"}))
+    assert "/dev/null is a character device, not a directory" in err and "$SCALELAB_RUNS_DIR" in err, err
+    err = _error(launch("status", "--runs-dir", "/dev/null", cwd=tmp_path, env={"SCALELAB_RUNS_DIR": ""}))
+    assert "not a directory" in err and "no runs under" not in err, err
+
+
+def test_a_short_id_where_nothing_ran_advises_no_failing_command(tmp_path):
+    """`launch status 151022` with no runs advised `launch ls --runs-dir runs`, which itself failed."""
+    err = _error(launch("status", "151022", cwd=tmp_path, env={"SCALELAB_RUNS_DIR": ""}))
+    assert "no run was started here yet" in err and "launch ls --runs-dir runs" not in err, err

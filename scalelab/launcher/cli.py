@@ -1136,9 +1136,10 @@ def print_rows(rows: list[dict[str, Any]], fmt: str, title: str | None = None) -
 def ls_cmd(runs_dir: str, fmt: str) -> None:
     """Runs, sweeps and studies under the runs directory, newest first: backend, layout, state (asked of
     the backend while recorded as active), steps, words/s, cost so far where a price is known, age."""
+    from scalelab.core.runids import nothing_ran_yet
     from scalelab.launcher.inventory import inventory
 
-    rows = inventory(Path(runs_dir))
+    rows = [] if nothing_ran_yet(Path(runs_dir)) else inventory(Path(runs_dir))  # no ./runs yet: none ran here
     if not rows and fmt == "table":
         console.print(f"no runs under {runs_dir}", highlight=False)
         return

@@ -33,7 +33,6 @@ from scalelab.core.rundir import (
     sweep_runs,
 )
 from scalelab.core.spec import Spec, read_spec
-from scalelab.core.writes import what_it_is
 from scalelab.launcher.backend import rank_log as rank_log  # one rank's lines of a log (`Backend.rank_logs`)
 
 # The state of a sweep's layout whose directory is gone (`_unstarted`).
@@ -335,8 +334,9 @@ def inventory(root: Path) -> list[dict[str, Any]]:
     active run is asked of its backend together with the others (`Backends`)."""
     root = Path(root)
     if not root.is_dir():
-        what = "does not exist" if not root.exists() else f"is {what_it_is(root)}, not a directory"
-        raise ScalelabError(f"runs directory {root} {what}; pass --runs-dir DIR")
+        from scalelab.core.runids import runs_dir_trouble
+
+        raise ScalelabError(runs_dir_trouble(root) or f"runs directory {root} is not a directory")
     now, backends = time.time(), Backends()
     found = [(p, kind_of(p)) for p in sorted(root.iterdir()) if p.is_dir()]
     found = [(p, k) for p, k in found if k]
