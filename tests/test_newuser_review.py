@@ -163,3 +163,19 @@ def test_a_short_id_where_nothing_ran_advises_no_failing_command(tmp_path):
     """`launch status 151022` with no runs advised `launch ls --runs-dir runs`, which itself failed."""
     err = _error(launch("status", "151022", cwd=tmp_path, env={"SCALELAB_RUNS_DIR": ""}))
     assert "no run was started here yet" in err and "launch ls --runs-dir runs" not in err, err
+
+
+def test_help_says_what_the_command_does(tmp_path):
+    """The review's help inaccuracies: sweep's --threads default, --runs-dir's "(short ids, the newest run)" on
+    ls/cancel/resume, cancel/resume silent on short ids, memory's --batch-per-worker "(weak scaling)"."""
+    def helped(*args):
+        proc = launch(*args, "--help", cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        return " ".join(proc.stdout.split())
+
+    assert "a local sweep gives every layout those of its widest layout" in helped("sweep")
+    for command in ("ls", "cancel", "resume"):
+        assert "the newest run" not in helped(command), command
+    for command in ("cancel", "resume"):
+        assert "RUN_DIR may be a short id" in helped(command), command
+    assert "In a run or sweep every worker takes this batch" in helped("memory")

@@ -274,8 +274,9 @@ class Spec:
     global_batch: int | None = option(None, "Strong scaling: this global batch is split across workers "
                                       "[default: the preset's].", POSITIVE, at_most(MAX_BATCH, BATCH_LIMIT),
                                       flag="--global-batch")
-    batch_per_worker: int | None = option(None, "Samples per worker and step: every worker takes this batch, so "
-                                          "the global batch grows with the workers (weak scaling).", POSITIVE, at_most(MAX_BATCH, BATCH_LIMIT), flag="--batch-per-worker")
+    batch_per_worker: int | None = option(None, "Samples per worker (rank) and step. In a run or sweep every "
+                                          "worker takes this batch, so the global batch grows with the workers (weak "
+                                          "scaling in the batch).", POSITIVE, at_most(MAX_BATCH, BATCH_LIMIT), flag="--batch-per-worker")
     steps: int | None = option(DEFAULT_STEPS, "Optimizer steps to run; none with --epochs and no --steps (the "
                                    "epochs decide) (with --script/--module: only the progress bar's and "
                                    "the cost preview's total; your script's own arguments go after `--`).", POSITIVE,
@@ -315,7 +316,8 @@ class Spec:
                                              "silent ranks; never before 20x its median step time; 0 = never "
                                              f"[default: {STALL_TIMEOUT_MIN:g} for the built-in trainer, never for "
                                              "--script/--module].", at_least(0), flag="--stall-timeout-min")
-    threads: int | None = option(None, "Intra-op threads per rank [default: cores / ranks per node].", POSITIVE,
+    threads: int | None = option(None, "Intra-op threads per rank [default: cores / ranks per node; a local sweep "
+                                 "gives every layout those of its widest layout].", POSITIVE,
                                  at_most(MAX_THREADS, f"must be at most {MAX_THREADS} threads per rank (more than "
                                          "any machine's cores)"), flag="--threads")
     interop_threads: int | None = option(None, "Inter-op threads per rank [default: PyTorch's].", POSITIVE,

@@ -701,7 +701,8 @@ def print_summary(run_dir: Path, summary) -> None:
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED, metavar="")
 def resume_cmd(run_dir: str, runs_dir: str, detach: bool, rank_output: str | None,
                allow_changed: tuple[str, ...], script_args: tuple[str, ...]) -> None:
-    """Continue RUN_DIR from its last checkpoint with the spec it was started with.
+    """Continue RUN_DIR from its last checkpoint with the spec it was started with. RUN_DIR may be a short id
+    (a unique prefix or suffix of its name under the runs directory).
 
     A sweep directory: its layouts that did not complete are continued (from their checkpoints) or
     started, then the sweep is reported. A run that still runs is refused: `launch cancel` it first.
@@ -1293,7 +1294,8 @@ def logs_cmd(run_dir: str | None, runs_dir: str, rank: int | None, follow: bool)
 @runs_dir_lookup_option()
 def cancel_cmd(run_dir: str, runs_dir: str) -> None:
     """Stop a run: ranks get SIGTERM (they checkpoint and exit), then SIGKILL after a grace period; then
-    check that none of its processes is left. A sweep directory: every layout launched and not ended."""
+    check that none of its processes is left. A sweep directory: every layout launched and not ended.
+    RUN_DIR may be a short id (a unique prefix or suffix of its name under the runs directory)."""
     from scalelab.launcher.runner import cancel
 
     paths = [Path(run_dir)]
