@@ -4,6 +4,7 @@ it prints at 80 columns. Each test is a case the review found, through the real 
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -179,3 +180,80 @@ def test_help_says_what_the_command_does(tmp_path):
     for command in ("cancel", "resume"):
         assert "RUN_DIR may be a short id" in helped(command), command
     assert "In a run or sweep every worker takes this batch" in helped("memory")
+
+
+def _a_run(tmp_path, name="nmt-tiny-ddp-1x2-20261207-044202"):
+    from scalelab.core.spec import Spec, save_spec
+
+    run = tmp_path / "runs" / name
+    run.mkdir(parents=True)
+    save_spec(Spec(), run)
+    return run
+
+
+def _at_80(monkeypatch, tmp_path):
+    import io
+
+    from rich.console import Console
+
+    from scalelab.launcher import cli
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("SCALELAB_RUNS_DIR", raising=False)
+    out, err = io.StringIO(), io.StringIO()
+    monkeypatch.setattr(cli, "console", Console(file=out, width=80, color_system=None))
+    monkeypatch.setattr(cli, "err_console", Console(file=err, width=80, color_system=None))
+    return out, err
+
+
+def test_the_closing_lines_fit_80_columns_with_the_short_id(tmp_path, monkeypatch):
+    """`run directory: X  (launch report X)` and `launch: interrupted; ... launch resume runs/... continues it` ran
+    past 80 columns, the run's path twice."""
+    from types import SimpleNamespace
+
+    from scalelab.launcher import cli
+
+    out, err = _at_80(monkeypatch, tmp_path)
+    run = _a_run(tmp_path, "a-run-with-a-rather-long-name-to-show-the-wrapping-ddp-1x2-20261207-044202")
+    cli._run_directory_line(Path("runs") / run.name, "report")
+    with pytest.raises(SystemExit):
+        cli.interrupted(SimpleNamespace(resume=str(Path("runs") / run.name), exit_code=130))
+    said = out.getvalue() + err.getvalue()
+    assert "(launch report 044202)" in said, said  # the short id, and the command on one line
+    assert f"`launch resume runs/{run.name}`" in said  # the path and the command whole, on a line of their own
+    assert max(map(len, said.splitlines())) <= 80 or any(len(line) > 80 and run.name in line
+                                                         for line in said.splitlines()), said
+
+
+def test_a_short_id_is_never_one_that_names_two_runs(tmp_path, monkeypatch):
+    from scalelab.core.runids import short_id
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("SCALELAB_RUNS_DIR", raising=False)
+    one = _a_run(tmp_path, "nmt-tiny-ddp-1x2-20261207-044202")
+    _a_run(tmp_path, "nmt-tiny-ddp-1x2-20261208-044202")  # the same time on the next day
+    assert short_id(Path("runs") / one.name) == "20261207-044202"
+    assert short_id(tmp_path / "elsewhere" / one.name) == str(tmp_path / "elsewhere" / one.name)
+
+
+def test_logs_rank_step_lines_wrap_at_the_width(tmp_path, monkeypatch):
+    from scalelab.core.records import RecordWriter
+    from scalelab.launcher.inventory import RankLines
+
+    monkeypatch.setenv("COLUMNS", "80")
+    out = RecordWriter(tmp_path, 0, 1)
+    out.write("step", step=12345, warmup=True, step_s=1.2345, data_s=0.1234, forward_s=0.3456, backward_s=0.5678,
+              exchange_s=0.2345, optimizer_s=0.0123, samples=800, words=128000, loss=4.1234)
+    out.close()
+    text = RankLines(tmp_path, 0).read()
+    lines = text.splitlines()[1:]
+    assert len(lines) > 1 and max(map(len, lines)) <= 80, text
+    assert " ".join(" ".join(lines).split()).startswith("[rank 0] step 12345 loss 4.1234 1234.5 ms"), text
+
+
+def test_one_process_is_not_processes(tmp_path):
+    import inspect
+
+    from scalelab.launcher import local
+
+    assert "process{'es' if len(live) != 1 else ''}" in inspect.getsource(local)

@@ -160,6 +160,33 @@ def newest_run_dir(root: Path | None = None) -> Path:
     return _newest_first(top)[0]
 
 
+def short_id(run_dir: Path | str, root: Path | None = None) -> str:
+    """The shortest tail of a run directory's name, at a hyphen (its time, `044202`; else its date and time), that
+    names it alone among the runs under the runs root, where the commands look short ids up; else its path. Why:
+    the lines after a run (`launch report X`, `launch resume X`, a detached run's four) held its path twice and ran
+    past 80 columns."""
+    path = Path(run_dir)
+    ctx = click.get_current_context(silent=True)
+    root = root or runs_root(configured=configured_runs_dir(ctx))
+    try:
+        if path.parent.resolve() != root.resolve():
+            return str(run_dir)  # elsewhere (--runs-dir, a sweep's layout): only its path names it
+    except OSError:
+        return str(run_dir)
+    parts = path.name.split("-")
+    for count in range(1, len(parts)):
+        tail = "-".join(parts[-count:])
+        if not tail.isdigit() and count == 1:
+            continue  # a word ("strong") is no id a person reads as one
+        try:
+            found = resolve_run_dir(tail, root)
+        except ScalelabError:  # several match: a longer tail
+            continue
+        if found != tail and Path(found).resolve() == path.resolve():
+            return tail
+    return str(run_dir)
+
+
 def configured_runs_dir(ctx: click.Context | None) -> str | None:
     """A config file's `runs-dir` as the commands see it: click's `default_map` (scalelab/launcher/cli.py
     `ConfigDefaults`, one map for every command, so a command without --runs-dir of its own reads it too)."""

@@ -659,14 +659,22 @@ def run_and_show(backend, spec: Spec, run_dir: Path, detach: bool, echo: frozens
         state = now.detail or now.state
     except ScalelabError:  # the job is queued; only asking its state failed (an sacct/squeue hiccup)
         state = "submitted"
-    console.print(f"started [bold]{run_dir}[/] detached: no launcher follows it ({state}).\n"
-                  f"  follow it:  launch status {shell_word(run_dir)}   launch logs {shell_word(run_dir)}\n"
-                  f"  stop it:    launch cancel {shell_word(run_dir)}   ({_stopped_how(spec, run_dir)})\n"
-                  f"  once ended: launch status {shell_word(run_dir)} records how it ended (and its summary), "
-                  f"launch report {shell_word(run_dir)} reports it", highlight=False, soft_wrap=True)
+    from scalelab.core.runids import short_id
+
+    short = short_id(run_dir)
+    rid = shell_word(short)  # the short id where it is unique: the lines ran to ~150 columns
+    lines = [("", f"started {run_dir} detached: no launcher follows it ({state})."),
+             ("  follow it:  ", f"launch status {rid}   launch logs {rid}"),
+             ("  stop it:    ", f"launch cancel {rid}   ({_stopped_how(spec, short)})"),
+             ("  once ended: ", f"launch status {rid} records how it ended (and its summary), launch report {rid} "
+                            "reports it")]
+    commands = tuple(f"launch {c} {rid}" for c in ("status", "logs", "cancel", "resume", "report"))
+    for lead, text in lines:  # wrapped between words, a path and a command whole
+        console.print(escape(prose_lines(lead, text, console.width, whole=commands)), highlight=False,
+                      soft_wrap=True)
 
 
-def _stopped_how(spec: Spec, run_dir: Path) -> str:
+def _stopped_how(spec: Spec, run_dir: Path | str) -> str:
     """What a cancel does to the run's ranks and how `launch resume` goes on: the built-in trainer checkpoints; a
     script gets SIGTERM and is started again, resuming from whatever it saved itself."""
     if spec.own_code:
@@ -677,13 +685,24 @@ def _stopped_how(spec: Spec, run_dir: Path) -> str:
 def print_summary(run_dir: Path, summary) -> None:
     if isinstance(summary, dict):  # a --script run without step records (runner.write_summary)
         console.print(f"note: {summary['note']}", highlight=False, soft_wrap=True)
-        console.print(f"run directory: [bold]{run_dir}[/]  (launch logs {shell_word(run_dir)})")
+        _run_directory_line(run_dir, "logs")
         return
     from scalelab.analysis.report import print_scaling
     from scalelab.analysis.scaling import scale_layouts
 
     print_scaling(scale_layouts([summary]), console=console)
-    console.print(f"run directory: [bold]{run_dir}[/]  (launch report {shell_word(run_dir)})", soft_wrap=True)  # paths whole
+    _run_directory_line(run_dir, "report")
+
+
+def _run_directory_line(run_dir: Path, command: str) -> None:
+    """`run directory: PATH  (launch report ID)`, the short id where it is unique, wrapped between words with the
+    path whole: with the path twice it ran past 80 columns."""
+    from scalelab.core.runids import short_id
+
+    hint = f"(launch {command} {shell_word(short_id(run_dir))})"
+    text = f"{run_dir}  {hint}"
+    console.print(escape(prose_lines("run directory: ", text, console.width, whole=(hint,))), highlight=False,
+                  soft_wrap=True)
 
 
 # ---- resume --------------------------------------------------------------------------------------
@@ -935,7 +954,10 @@ def report_dirs(paths: list[Path], out: Path | None, fmt: str, rates: tuple[str,
         for note in report.notes:  # prose: wrapped between words, a path whole
             console.print(escape(prose_lines("note: ", note, console.width)), highlight=False, soft_wrap=True)
         plot = f"  plot: {report.plot_path}" if report.plot_path else ""
-        console.print(f"report: [bold]{report.markdown_path}[/]{plot}", soft_wrap=True)
+        line = f"report: {report.markdown_path}{plot}"
+        if len(line) > console.width and plot:  # a line each, paths whole (a sweep's ran to ~150 columns)
+            line = f"report: {report.markdown_path}\nplot:   {report.plot_path}"
+        console.print(escape(line), highlight=False, soft_wrap=True)
 
 
 def unmeasured_facts(paths: list[Path]) -> list[dict[str, Any]] | None:
@@ -1480,8 +1502,10 @@ def interrupted(exc: BaseException | None) -> None:
     """Exit after a stop signal: SIGINT 130, SIGTERM 143, SIGHUP 129 (the runner has cancelled the run)."""
     resume = getattr(exc, "resume", None)
     try:
-        err_console.print(f"launch: {INTERRUPTED}" + (f"; `launch resume {shell_word(resume)}` continues it" if resume else ""),
-                          highlight=False, soft_wrap=True)
+        command = f"`launch resume {shell_word(resume)}`" if resume else ""
+        text = f"{INTERRUPTED}" + (f"; {command} continues it" if resume else "")
+        err_console.print(escape(prose_lines("launch: ", text, err_console.width, whole=(command,) if resume else ())),
+                          highlight=False, soft_wrap=True)  # wrapped between words, the command whole
     except OSError:  # SIGHUP: the terminal may be gone
         pass
     sys.exit(getattr(exc, "exit_code", 128 + signal.SIGINT))

@@ -33,6 +33,7 @@ from scalelab.core.rundir import (
     sweep_runs,
 )
 from scalelab.core.spec import Spec, read_spec
+from scalelab.core.terminal import prose_lines
 from scalelab.launcher.backend import rank_log as rank_log  # one rank's lines of a log (`Backend.rank_logs`)
 
 # The state of a sweep's layout whose directory is gone (`_unstarted`).
@@ -400,7 +401,7 @@ def record_line(rec: dict[str, Any], unit: str = "words") -> str | None:
         head = f"step {rec.get('step')}" + ("  loss —" if loss is None else f"  loss {float(loss):.4f}")
         exchange = f" (exch {ms('exchange_s')})" if rec.get("exchange_s") is not None else ""  # inside the backward
         timed = any(rec.get(k) is not None for k in ("data_s", "forward_s", "backward_s", "optimizer_s"))
-        phases = (f": data {ms('data_s')}  fwd {ms('forward_s')}  bwd {ms('backward_s')}{exchange}  "
+        phases = (f": data {ms('data_s')} fwd {ms('forward_s')} bwd {ms('backward_s')}{exchange} "
                   f"opt {ms('optimizer_s')}") if timed else ""
         marks = " (warm-up)" if rec.get("warmup") else " (profiled)" if rec.get("profiled") else ""
         count = rec.get("words") if unit == "words" else rec.get("samples", rec.get("words"))
@@ -423,7 +424,10 @@ class RankLines:
     def __init__(self, run_dir: Path, rank: int) -> None:
         from scalelab.core.records import RecordTail
 
+        from scalelab.core.terminal import make_console
+
         self.rank = rank
+        self.width = make_console().width
         self.tail = RecordTail(RunPaths(Path(run_dir)).records / f"rank-{rank}.jsonl")
         self.text = ""
         try:  # a script's items are samples until its `unit` event says otherwise; the trainer's are words
@@ -439,8 +443,8 @@ class RankLines:
             if rec.get("kind") == "event" and rec.get("event") == "unit" and rec.get("unit"):
                 self.unit = str(rec["unit"])
             line = record_line(rec, self.unit)
-            if line:
-                self.text += f"[rank {self.rank}] {line}\n"
+            if line:  # wrapped between words at the terminal's width (a step line ran to ~105 columns)
+                self.text += prose_lines(f"[rank {self.rank}] ", line, self.width) + "\n"
         return self.text
 
 
