@@ -257,3 +257,17 @@ def test_one_process_is_not_processes(tmp_path):
     from scalelab.launcher import local
 
     assert "process{'es' if len(live) != 1 else ''}" in inspect.getsource(local)
+
+
+def test_html_report_paths_are_printed_one_way(tmp_path):
+    """`report --format html` printed a relative path for one directory and an absolute one for several."""
+    from test_costs_cli import _fake_run
+
+    runs = [_fake_run(tmp_path / "runs", f"r{g}", g, 0.1, 6400, None) for g in (1, 2)]
+    env = {"SCALELAB_PRICES": str(tmp_path / "no-prices.json")}
+    one = launch("report", str(runs[0]), "--format", "html", cwd=tmp_path, env=env)
+    both = launch("report", *map(str, runs), "--format", "html", cwd=tmp_path, env=env)
+    assert one.returncode == 0 and both.returncode == 0, (one.stderr, both.stderr)
+    shown = [one.stdout.strip().splitlines()[-1], both.stdout.strip().splitlines()[-1]]
+    assert shown[0] == "runs/r1/report.html" and shown[1].startswith("runs/.reports/"), shown
+    assert all((tmp_path / s).is_file() for s in shown), shown

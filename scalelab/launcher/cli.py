@@ -946,7 +946,7 @@ def report_dirs(paths: list[Path], out: Path | None, fmt: str, rates: tuple[str,
     elif fmt == "markdown":
         click.echo(report.markdown_path.read_text())
     elif fmt == "html":
-        click.echo(str(write_html_report(report, paths)))
+        click.echo(str(_shown_path(write_html_report(report, paths))))
     else:
         from scalelab.analysis.report import print_scaling
 
@@ -1018,6 +1018,16 @@ def report_pricer(rates: tuple[str, ...] = (), prices_file: str | None = None):
 #: The columns of a report row that say what the run cost (the rest of `launch cost`'s row is in it already).
 REPORT_COST_COLUMNS = ("instances", "market", "usd_per_hour", "billed_seconds", "dollars", "dollars_to_threshold",
                        "price_basis", "price_note")
+
+
+def _shown_path(path: Path) -> Path:
+    """`path` as printed: relative to the working directory where it lies under it, else absolute, whatever form it
+    was made in. Why: `report --format html` printed a relative path for one directory and an absolute one for
+    several."""
+    try:
+        return path.resolve().relative_to(Path.cwd().resolve())
+    except (ValueError, OSError):
+        return path.resolve()
 
 
 def write_html_report(report, paths: list[Path]) -> Path:
@@ -1122,17 +1132,17 @@ def _units(rows: list[dict[str, Any]]) -> set[str]:
 
 
 def _rate_header(rows: list[dict[str, Any]]) -> str:
-    """"words/s", a --script run's own unit ("images/s": issue 34), or "per s" where the rows count different
-    things (each cell then names its unit)."""
+    """"words/s", a --script run's own unit ("images/s": issue 34), or "throughput" where the rows count different
+    things (each cell then names its unit per second: "82,016 tokens/s"; the header "per s" read as no unit)."""
     units = _units(rows)
-    return f"{units.pop()}/s" if len(units) == 1 else "words/s" if not units else "per s"
+    return f"{units.pop()}/s" if len(units) == 1 else "words/s" if not units else "throughput"
 
 
 def _rate_cell(row: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     from scalelab.launcher.inventory import cell
 
     text = cell(row["words_per_s"])
-    return text if len(_units(rows)) <= 1 or text == "—" else f"{text} {row.get('unit') or 'words'}"
+    return text if len(_units(rows)) <= 1 or text == "—" else f"{text} {row.get('unit') or 'words'}/s"
 
 
 def _steps_cell(row: dict[str, Any]) -> str:
