@@ -328,7 +328,8 @@ def test_a_live_run_has_one_owner_and_a_detached_run_is_followed_by_status(tmp_p
 
     # detached: `launch resume --detach` returns at once; the ranks run on with no launcher
     proc = launch("resume", str(run), "--detach", cwd=tmp_path, env={HOLD_AT_STEP_ENV: "4"})
-    assert proc.returncode == 0 and f"launch cancel {run}" in proc.stdout, proc.stderr
+    short = run.name.rsplit("-", 1)[1]  # its short id: the only run under ./runs
+    assert proc.returncode == 0 and f"launch cancel {short}" in proc.stdout, proc.stderr
     assert "SCALELAB_LAUNCHER" not in _state(run)["env"] and not (run / OWNER_FILE).exists()
     _wait_for("both ranks at step 4", lambda: _at_step(run, 4))
     refused = launch("resume", str(run), cwd=tmp_path)

@@ -107,12 +107,13 @@ def _records(run_dir: Path, world: int = 2, steps: int = 3) -> None:
         out.close()
 
 
-def test_rank_lines_stream_one_ranks_records(tmp_path):
+def test_rank_lines_stream_one_ranks_records(tmp_path, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")  # each record on one line (at 80 columns a step line wraps between words)
     _records(tmp_path)
     lines = RankLines(tmp_path, 1)
     first = lines.read()
     assert "[rank 1] started (world 2, device cpu, host vm)" in first
-    assert "[rank 1] step 3  loss 5.1000  12.3 ms: data 1.0  fwd 3.0  bwd 7.0 (exch 2.0)  opt 1.0  80 words" in first
+    assert "[rank 1] step 3  loss 5.1000  12.3 ms: data 1.0 fwd 3.0 bwd 7.0 (exch 2.0) opt 1.0  80 words" in first
     assert "(warm-up)" in first.splitlines()[2] and "loss 4.1000" not in first  # rank 0's are not in it
     out = RecordWriter(tmp_path, 1, 2)
     out.write("val", step=3, epoch=0, val_loss=4.05, elapsed_s=1.0)

@@ -142,7 +142,8 @@ def test_what_a_sweep_derives_from_the_layout_does_not_split_a_series(tmp_path):
         ]
     rows = _rows(build_report(runs, tmp_path / "rep", plots=False))
     series = _by_label(rows)
-    assert set(series) == {f"{PLAIN} balance=static", f"{PLAIN} balance=dynamic"}, list(series)
+    growing = PLAIN.replace(" strong", " batch-fixed-work-growing")  # both axes named: it is no strong sweep
+    assert set(series) == {f"{growing} balance=static", f"{growing} balance=dynamic"}, list(series)
     for part in series.values():
         layouts = {(r["nodes"], r["gpus_per_node"]): r["speedup"] for r in part}
         assert layouts == pytest.approx({(1, 1): 1.0, (1, 2): 0.10 / 0.06, (2, 1): 0.10 / 0.07})

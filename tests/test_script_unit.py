@@ -114,7 +114,7 @@ def test_rows_of_several_units_name_each_rows_unit():
 
 
 def test_ls_rows_of_several_units_say_each_cells_unit():
-    """`launch ls` over a built-in run and a script run: the column is "per s" and each cell names its unit."""
+    """`launch ls` over a built-in run and a script run: the column is "throughput" and each cell names its unit per second."""
     import io
 
     from rich.console import Console
@@ -128,7 +128,7 @@ def test_ls_rows_of_several_units_say_each_cells_unit():
     console = Console(file=io.StringIO(), width=100, color_system=None)
     console.print(rows_table(rows, None, 100))
     out = console.file.getvalue()
-    assert "per s" in out.splitlines()[0] and "9,179 words" in out and "1,582 images" in out, out
+    assert "throughput" in out.splitlines()[0] and "9,179 words/s" in out and "1,582 images/s" in out, out
     one = Console(file=io.StringIO(), width=100, color_system=None)
     one.print(rows_table(rows[1:], None, 100))
     assert "images/s" in one.file.getvalue().splitlines()[0], one.file.getvalue()

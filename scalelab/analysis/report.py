@@ -465,8 +465,8 @@ def _what_was_run(df: pd.DataFrame) -> list[str]:
         if vals:
             out.append(f"{name}: {', '.join(vals)}")
     axes = {"batch_scaling": ("Global batch as workers are added", {
-                "fixed": "fixed (split over the workers: strong scaling)",
-                "growing": "growing (every worker keeps its batch: weak scaling)"}),
+                "fixed": "fixed (split over the workers)",
+                "growing": "growing (every worker keeps its batch)"}),
             "work_scaling": ("Total work as workers are added", {
                 "fixed": "fixed (the same job)", "growing": "growing (the same work per worker)"})}
     for col, (name, expl) in axes.items():

@@ -58,7 +58,7 @@ def run_label(spec: Spec) -> str:
     The precision is part of it: a bf16 layout's speedup is over the bf16 base, not the fp32 one."""
     if spec.own_code:  # the preset's RNN and precision are not the script's, nor its batch (strong or weak)
         return spec.name or f"{spec.script_label} {spec.engine.name}"
-    return spec.name or f"{spec.model} {spec.rnn} {spec.precision} {spec.engine.name} {spec.batch_mode}"
+    return spec.name or f"{spec.model} {spec.rnn} {spec.precision} {spec.engine.name} {spec.scaling}"
 
 
 #: Spec fields that never set a series apart (every other field of spec.json does: `run_settings`), and why:

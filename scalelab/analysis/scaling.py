@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 
 from scalelab.core.errors import RecordError
-from scalelab.core.spec import BATCH_MODES, BATCH_SCALING
+from scalelab.core.spec import BATCH_MODES, BATCH_SCALING, scaling_name
 
 __all__ = [
     "PHASES",
@@ -195,7 +195,7 @@ class LayoutSummary:
     engine: str | None
     rnn: str | None
     model: str | None
-    mode: str
+    mode: str  # strong, weak, or both axes where they differ (core.spec.scaling_name)
     global_batch: int | None
     steps_measured: int
     steps_warmup: int
@@ -319,7 +319,7 @@ def summarize_run(
         engine=meta.engine,
         rnn=meta.rnn,
         model=meta.model,
-        mode=mode,
+        mode=scaling_name(BATCH_SCALING[mode], meta.work_scaling),  # both axes where they differ, as the label
         global_batch=_int_or_none(meta.global_batch),
         **counts,
         **_rates_and_step_times(measured),
@@ -411,7 +411,16 @@ def trust_warnings(table: pd.DataFrame) -> list[str]:
             out.append(f"{who}: step times spread {std / mean:.0%} around their mean (over "
                        f"{MAX_STEP_SPREAD:.0%}): the machine was busy or the steps uneven")
         serial = _float_or_none(row.get("karp_flatt"))
-        if serial is not None and not 0 <= serial <= 1:
+        speedup, rate = _float_or_none(row.get("speedup")), _float_or_none(row.get("words_per_s"))
+        if serial is not None and speedup is not None and 0 < speedup < 1 and rate:
+            # a slowdown, not an odd serial part (the README's own first job got "noise, or a different workload")
+            unit = row.get("unit") if isinstance(row.get("unit"), str) else "words"
+            out.append(f"{who}: Karp-Flatt serial fraction {outside_text(serial, 0, 1)} is outside [0, 1] because "
+                       f"throughput drops from {_int_or_none(row.get('base_workers'))} to "
+                       f"{_int_or_none(row.get('workers'))} workers ({rate / speedup:,.0f} -> {rate:,.0f} {unit}/s, "
+                       f"speedup {outside_text(speedup, 1, math.inf)}): negative scaling (a busy host, "
+                       "oversubscribed cores or a slow link), not a serial part")
+        elif serial is not None and not 0 <= serial <= 1:
             out.append(f"{who}: Karp-Flatt serial fraction {outside_text(serial, 0, 1)} is outside [0, 1]: the speedup "
                        "is not explained by a serial part (noise, or a different workload per layout)")
         reached, first = _int_or_none(row.get("steps_to_threshold")), _int_or_none(row.get("first_val_step"))
@@ -798,8 +807,8 @@ def scale_layouts(
         df["_series"] = 0
     df = df.sort_values(["_series", "workers", "nodes"], kind="stable").drop(columns="_series")
     df = df.reset_index(drop=True)
-    modes = set(df["mode"])
-    mode = modes.pop() if len(modes) == 1 else "strong"  # throughput-based: mode does not matter
+    modes = set(df["mode"])  # a scaling name (strong, weak, batch-growing-work-fixed)
+    mode = modes.pop() if len(modes) == 1 and modes <= set(BATCH_MODES) else "strong"  # throughput: no matter
     out = scaling_table(df.assign(throughput=df["words_per_s"]), mode=mode, series=keys)
     out = out.drop(columns="throughput")
     out["speedup_to_threshold"], out["efficiency_to_threshold"] = threshold_scaling(out, keys)

@@ -88,7 +88,7 @@ def runs_dir_lookup_option() -> Callable:
     created or checked for writing, as nothing is made there."""
     return click.option("--runs-dir", "runs_dir", type=click.Path(file_okay=False), default=None, is_eager=True,
                         callback=runs_dir_callback,
-                        help=f"Where runs are looked up (short ids, the newest run) [default: ${RUNS_DIR_ENV}, "
+                        help=f"The runs directory this command looks in [default: ${RUNS_DIR_ENV}, "
                              f"else a config file's runs-dir, else ./{DEFAULT_RUNS_ROOT}].")
 
 

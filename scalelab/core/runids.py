@@ -76,6 +76,34 @@ def check_root(param: click.Parameter, root: Path, ctx: click.Context) -> None:
         raise type(exc)(f"{exc}; {fix}") from None
 
 
+def runs_dir_trouble(root: Path) -> str | None:
+    """Why `root` cannot hold runs to look up, naming where it came from and the fix: it is a file (/dev/null) or it
+    does not exist; None where it is a directory. Why: `SCALELAB_RUNS_DIR=/dev/null launch ls` said "pass --runs-dir
+    DIR" without naming the variable, and `launch status --runs-dir /dev/null` "no runs under /dev/null"."""
+    from scalelab.core.writes import what_it_is
+
+    if root.is_dir():
+        return None
+    what = "does not exist" if not root.exists() else f"is {what_it_is(root)}, not a directory"
+    ctx = click.get_current_context(silent=True)
+    flag = ctx is not None and "runs_dir" in ctx.params and \
+        ctx.get_parameter_source("runs_dir") == click.core.ParameterSource.COMMANDLINE
+    if flag:
+        fix = "give --runs-dir the directory that holds the runs"
+    elif str(root) == os.environ.get(RUNS_DIR_ENV, "").strip():
+        fix = f"it comes from ${RUNS_DIR_ENV}: point it at a directory (or unset it), or give --runs-dir DIR"
+    elif root == DEFAULT_RUNS_ROOT:
+        fix = f"it is the default; give --runs-dir DIR (or set ${RUNS_DIR_ENV}) where the runs are"
+    else:
+        fix = "it comes from a config file's runs-dir: change it, or give --runs-dir DIR"
+    return f"runs directory {root} {what}; {fix}"
+
+
+def nothing_ran_yet(root: Path) -> bool:
+    """Whether `root` is the default runs directory (./runs) and does not exist: no run was started here yet, which `launch ls` says as it says an empty one (it exited 2, "pass --runs-dir DIR")."""
+    return Path(root) == DEFAULT_RUNS_ROOT and not os.path.lexists(root)
+
+
 def _candidates(root: Path) -> list[Path]:
     """Run, sweep and study directories under `root`, and the layouts of its sweeps (one level down)."""
     if not root.is_dir():
@@ -124,9 +152,39 @@ def newest_run_dir(root: Path | None = None) -> Path:
     root = root or runs_root()
     top = [p for p in _candidates(root) if p.parent == root and any((p / marker).exists() for marker in LISTED)]
     if not top:
+        trouble = runs_dir_trouble(root) if os.path.lexists(root) else None  # a file: not "no runs under" it
+        if trouble:
+            raise ScalelabError(trouble)
         raise ScalelabError(f"no runs under {root} ({RUNS_DIR_RULE}): give RUN_DIR, or start one with "
                             "`launch run`")
     return _newest_first(top)[0]
+
+
+def short_id(run_dir: Path | str, root: Path | None = None) -> str:
+    """The shortest tail of a run directory's name, at a hyphen (its time, `044202`; else its date and time), that
+    names it alone among the runs under the runs root, where the commands look short ids up; else its path. Why:
+    the lines after a run (`launch report X`, `launch resume X`, a detached run's four) held its path twice and ran
+    past 80 columns."""
+    path = Path(run_dir)
+    ctx = click.get_current_context(silent=True)
+    root = root or runs_root(configured=configured_runs_dir(ctx))
+    try:
+        if path.parent.resolve() != root.resolve():
+            return str(run_dir)  # elsewhere (--runs-dir, a sweep's layout): only its path names it
+    except OSError:
+        return str(run_dir)
+    parts = path.name.split("-")
+    for count in range(1, len(parts)):
+        tail = "-".join(parts[-count:])
+        if not tail.isdigit() and count == 1:
+            continue  # a word ("strong") is no id a person reads as one
+        try:
+            found = resolve_run_dir(tail, root)
+        except ScalelabError:  # several match: a longer tail
+            continue
+        if found != tail and Path(found).resolve() == path.resolve():
+            return tail
+    return str(run_dir)
 
 
 def configured_runs_dir(ctx: click.Context | None) -> str | None:
@@ -153,8 +211,14 @@ class RunDir(click.ParamType):
         # an ambiguous id: ScalelabError, one line like every user error
         found = resolve_run_dir(str(value), root, command=command)
         if found == str(value) and found and not Path(found).exists() and os.sep not in found:
-            raise ScalelabError(f"no run matches {found!r} under {root} (`launch ls --runs-dir {shell_word(root)}` lists "
-                                "them)")
+            if nothing_ran_yet(root):  # `launch ls --runs-dir runs` would only say the same
+                raise ScalelabError(f"no run matches {found!r}: no run was started here yet (no ./{root}); give the "
+                                    f"run's directory, or --runs-dir DIR where its runs are")
+            trouble = runs_dir_trouble(root)
+            if trouble:
+                raise ScalelabError(f"no run matches {found!r}: {trouble}")
+            listing = "launch ls" + ("" if root == DEFAULT_RUNS_ROOT else f" --runs-dir {shell_word(root)}")
+            raise ScalelabError(f"no run matches {found!r} under {root} (`{listing}` lists them)")
         return found
 
 

@@ -73,6 +73,16 @@ BATCH_SCALING = {"strong": "fixed", "weak": "growing"}
 MODE_AXES = {mode: (axis, axis) for mode, axis in BATCH_SCALING.items()}
 
 
+def scaling_name(batch_scaling: str, work_scaling: str | None = None) -> str:
+    """"strong" or "weak" for the two usual pairs of axes, else both axes ("batch-growing-work-fixed"); the work
+    axis defaults to the batch's (a run outside a sweep has none of its own). The one name of a sweep's directory,
+    its series label and its reports' `mode`. Why: a batch-growing, work-fixed sweep was labelled "weak", which
+    means both axes growing."""
+    work_scaling = work_scaling or batch_scaling
+    named = {axes: mode for mode, axes in MODE_AXES.items()}
+    return named.get((batch_scaling, work_scaling), f"batch-{batch_scaling}-work-{work_scaling}")
+
+
 def batch_mode_of(axis: str) -> str:
     """The batch mode ("strong" | "weak") of a scaling axis ("fixed" | "growing"): `BATCH_SCALING` read backwards."""
     return next(mode for mode, a in BATCH_SCALING.items() if a == axis)
@@ -264,8 +274,9 @@ class Spec:
     global_batch: int | None = option(None, "Strong scaling: this global batch is split across workers "
                                       "[default: the preset's].", POSITIVE, at_most(MAX_BATCH, BATCH_LIMIT),
                                       flag="--global-batch")
-    batch_per_worker: int | None = option(None, "Samples per worker and step: every worker takes this batch, so "
-                                          "the global batch grows with the workers (weak scaling).", POSITIVE, at_most(MAX_BATCH, BATCH_LIMIT), flag="--batch-per-worker")
+    batch_per_worker: int | None = option(None, "Samples per worker (rank) and step. In a run or sweep every "
+                                          "worker takes this batch, so the global batch grows with the workers (weak "
+                                          "scaling in the batch).", POSITIVE, at_most(MAX_BATCH, BATCH_LIMIT), flag="--batch-per-worker")
     steps: int | None = option(DEFAULT_STEPS, "Optimizer steps to run; none with --epochs and no --steps (the "
                                    "epochs decide) (with --script/--module: only the progress bar's and "
                                    "the cost preview's total; your script's own arguments go after `--`).", POSITIVE,
@@ -305,7 +316,8 @@ class Spec:
                                              "silent ranks; never before 20x its median step time; 0 = never "
                                              f"[default: {STALL_TIMEOUT_MIN:g} for the built-in trainer, never for "
                                              "--script/--module].", at_least(0), flag="--stall-timeout-min")
-    threads: int | None = option(None, "Intra-op threads per rank [default: cores / ranks per node].", POSITIVE,
+    threads: int | None = option(None, "Intra-op threads per rank [default: cores / ranks per node; a local sweep "
+                                 "gives every layout those of its widest layout].", POSITIVE,
                                  at_most(MAX_THREADS, f"must be at most {MAX_THREADS} threads per rank (more than "
                                          "any machine's cores)"), flag="--threads")
     interop_threads: int | None = option(None, "Inter-op threads per rank [default: PyTorch's].", POSITIVE,
@@ -411,6 +423,11 @@ class Spec:
     def batch_mode(self) -> str:
         """`weak` when the per-worker batch is fixed (the global batch grows with workers)."""
         return "weak" if self.batch_per_worker is not None else "strong"
+
+    @property
+    def scaling(self) -> str:
+        """The run's two axes by name (`scaling_name`): `batch_mode` where its work axis is the batch's."""
+        return scaling_name(BATCH_SCALING[self.batch_mode], self.work_scaling)
 
     def resolved_global_batch(self, default_batch: int) -> int:
         """Global batch for this layout; `default_batch` is the preset's when neither is given."""

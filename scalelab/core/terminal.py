@@ -141,14 +141,18 @@ def _fold_line(line: str, room: int, hyphens: bool) -> str:
     return "\n".join([*lines, now.rstrip()])
 
 
-def prose_lines(lead: str, text: str, width: int) -> str:
+def prose_lines(lead: str, text: str, width: int, whole: tuple[str, ...] = ()) -> str:
     """`lead` + `text` wrapped at spaces to `width`, a word longer than a line (a run directory's path) kept whole
     on a line of its own, never broken inside; the lines after the first indented under the text. Why: rich
-    folded a warning's path mid-word ("run/sum" / "mary.json"), so it could not be copied or searched."""
+    folded a warning's path mid-word ("run/sum" / "mary.json"), so it could not be copied or searched. `whole`:
+    phrases of `text` never broken at their spaces either (a command to paste: `launch resume RUN`)."""
     import textwrap
 
+    glue = "\x00"
+    for phrase in whole:
+        text = text.replace(phrase, phrase.replace(" ", glue))
     return textwrap.fill(text, width=max(width, 20), initial_indent=lead, subsequent_indent=" " * len(lead),
-                         break_long_words=False, break_on_hyphens=False)
+                         break_long_words=False, break_on_hyphens=False).replace(glue, " ")
 
 
 def wrap_help_at_spaces() -> None:

@@ -12,6 +12,7 @@ SIGHUP) stops every process of the run, records it as CANCELLED and exits 128 + 
 from __future__ import annotations
 
 import difflib
+import itertools
 import json
 import re
 import shlex
@@ -658,14 +659,22 @@ def run_and_show(backend, spec: Spec, run_dir: Path, detach: bool, echo: frozens
         state = now.detail or now.state
     except ScalelabError:  # the job is queued; only asking its state failed (an sacct/squeue hiccup)
         state = "submitted"
-    console.print(f"started [bold]{run_dir}[/] detached: no launcher follows it ({state}).\n"
-                  f"  follow it:  launch status {shell_word(run_dir)}   launch logs {shell_word(run_dir)}\n"
-                  f"  stop it:    launch cancel {shell_word(run_dir)}   ({_stopped_how(spec, run_dir)})\n"
-                  f"  once ended: launch status {shell_word(run_dir)} records how it ended (and its summary), "
-                  f"launch report {shell_word(run_dir)} reports it", highlight=False, soft_wrap=True)
+    from scalelab.core.runids import short_id
+
+    short = short_id(run_dir)
+    rid = shell_word(short)  # the short id where it is unique: the lines ran to ~150 columns
+    lines = [("", f"started {run_dir} detached: no launcher follows it ({state})."),
+             ("  follow it:  ", f"launch status {rid}   launch logs {rid}"),
+             ("  stop it:    ", f"launch cancel {rid}   ({_stopped_how(spec, short)})"),
+             ("  once ended: ", f"launch status {rid} records how it ended (and its summary), launch report {rid} "
+                            "reports it")]
+    commands = tuple(f"launch {c} {rid}" for c in ("status", "logs", "cancel", "resume", "report"))
+    for lead, text in lines:  # wrapped between words, a path and a command whole
+        console.print(escape(prose_lines(lead, text, console.width, whole=commands)), highlight=False,
+                      soft_wrap=True)
 
 
-def _stopped_how(spec: Spec, run_dir: Path) -> str:
+def _stopped_how(spec: Spec, run_dir: Path | str) -> str:
     """What a cancel does to the run's ranks and how `launch resume` goes on: the built-in trainer checkpoints; a
     script gets SIGTERM and is started again, resuming from whatever it saved itself."""
     if spec.own_code:
@@ -676,13 +685,24 @@ def _stopped_how(spec: Spec, run_dir: Path) -> str:
 def print_summary(run_dir: Path, summary) -> None:
     if isinstance(summary, dict):  # a --script run without step records (runner.write_summary)
         console.print(f"note: {summary['note']}", highlight=False, soft_wrap=True)
-        console.print(f"run directory: [bold]{run_dir}[/]  (launch logs {shell_word(run_dir)})")
+        _run_directory_line(run_dir, "logs")
         return
     from scalelab.analysis.report import print_scaling
     from scalelab.analysis.scaling import scale_layouts
 
     print_scaling(scale_layouts([summary]), console=console)
-    console.print(f"run directory: [bold]{run_dir}[/]  (launch report {shell_word(run_dir)})", soft_wrap=True)  # paths whole
+    _run_directory_line(run_dir, "report")
+
+
+def _run_directory_line(run_dir: Path, command: str) -> None:
+    """`run directory: PATH  (launch report ID)`, the short id where it is unique, wrapped between words with the
+    path whole: with the path twice it ran past 80 columns."""
+    from scalelab.core.runids import short_id
+
+    hint = f"(launch {command} {shell_word(short_id(run_dir))})"
+    text = f"{run_dir}  {hint}"
+    console.print(escape(prose_lines("run directory: ", text, console.width, whole=(hint,))), highlight=False,
+                  soft_wrap=True)
 
 
 # ---- resume --------------------------------------------------------------------------------------
@@ -700,7 +720,8 @@ def print_summary(run_dir: Path, summary) -> None:
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED, metavar="")
 def resume_cmd(run_dir: str, runs_dir: str, detach: bool, rank_output: str | None,
                allow_changed: tuple[str, ...], script_args: tuple[str, ...]) -> None:
-    """Continue RUN_DIR from its last checkpoint with the spec it was started with.
+    """Continue RUN_DIR from its last checkpoint with the spec it was started with. RUN_DIR may be a short id
+    (a unique prefix or suffix of its name under the runs directory).
 
     A sweep directory: its layouts that did not complete are continued (from their checkpoints) or
     started, then the sweep is reported. A run that still runs is refused: `launch cancel` it first.
@@ -925,7 +946,7 @@ def report_dirs(paths: list[Path], out: Path | None, fmt: str, rates: tuple[str,
     elif fmt == "markdown":
         click.echo(report.markdown_path.read_text())
     elif fmt == "html":
-        click.echo(str(write_html_report(report, paths)))
+        click.echo(str(_shown_path(write_html_report(report, paths))))
     else:
         from scalelab.analysis.report import print_scaling
 
@@ -933,7 +954,10 @@ def report_dirs(paths: list[Path], out: Path | None, fmt: str, rates: tuple[str,
         for note in report.notes:  # prose: wrapped between words, a path whole
             console.print(escape(prose_lines("note: ", note, console.width)), highlight=False, soft_wrap=True)
         plot = f"  plot: {report.plot_path}" if report.plot_path else ""
-        console.print(f"report: [bold]{report.markdown_path}[/]{plot}", soft_wrap=True)
+        line = f"report: {report.markdown_path}{plot}"
+        if len(line) > console.width and plot:  # a line each, paths whole (a sweep's ran to ~150 columns)
+            line = f"report: {report.markdown_path}\nplot:   {report.plot_path}"
+        console.print(escape(line), highlight=False, soft_wrap=True)
 
 
 def unmeasured_facts(paths: list[Path]) -> list[dict[str, Any]] | None:
@@ -994,6 +1018,16 @@ def report_pricer(rates: tuple[str, ...] = (), prices_file: str | None = None):
 #: The columns of a report row that say what the run cost (the rest of `launch cost`'s row is in it already).
 REPORT_COST_COLUMNS = ("instances", "market", "usd_per_hour", "billed_seconds", "dollars", "dollars_to_threshold",
                        "price_basis", "price_note")
+
+
+def _shown_path(path: Path) -> Path:
+    """`path` as printed: relative to the working directory where it lies under it, else absolute, whatever form it
+    was made in. Why: `report --format html` printed a relative path for one directory and an absolute one for
+    several."""
+    try:
+        return path.resolve().relative_to(Path.cwd().resolve())
+    except (ValueError, OSError):
+        return path.resolve()
 
 
 def write_html_report(report, paths: list[Path]) -> Path:
@@ -1098,17 +1132,17 @@ def _units(rows: list[dict[str, Any]]) -> set[str]:
 
 
 def _rate_header(rows: list[dict[str, Any]]) -> str:
-    """"words/s", a --script run's own unit ("images/s": issue 34), or "per s" where the rows count different
-    things (each cell then names its unit)."""
+    """"words/s", a --script run's own unit ("images/s": issue 34), or "throughput" where the rows count different
+    things (each cell then names its unit per second: "82,016 tokens/s"; the header "per s" read as no unit)."""
     units = _units(rows)
-    return f"{units.pop()}/s" if len(units) == 1 else "words/s" if not units else "per s"
+    return f"{units.pop()}/s" if len(units) == 1 else "words/s" if not units else "throughput"
 
 
 def _rate_cell(row: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     from scalelab.launcher.inventory import cell
 
     text = cell(row["words_per_s"])
-    return text if len(_units(rows)) <= 1 or text == "—" else f"{text} {row.get('unit') or 'words'}"
+    return text if len(_units(rows)) <= 1 or text == "—" else f"{text} {row.get('unit') or 'words'}/s"
 
 
 def _steps_cell(row: dict[str, Any]) -> str:
@@ -1135,9 +1169,10 @@ def print_rows(rows: list[dict[str, Any]], fmt: str, title: str | None = None) -
 def ls_cmd(runs_dir: str, fmt: str) -> None:
     """Runs, sweeps and studies under the runs directory, newest first: backend, layout, state (asked of
     the backend while recorded as active), steps, words/s, cost so far where a price is known, age."""
+    from scalelab.core.runids import nothing_ran_yet
     from scalelab.launcher.inventory import inventory
 
-    rows = inventory(Path(runs_dir))
+    rows = [] if nothing_ran_yet(Path(runs_dir)) else inventory(Path(runs_dir))  # no ./runs yet: none ran here
     if not rows and fmt == "table":
         console.print(f"no runs under {runs_dir}", highlight=False)
         return
@@ -1291,7 +1326,8 @@ def logs_cmd(run_dir: str | None, runs_dir: str, rank: int | None, follow: bool)
 @runs_dir_lookup_option()
 def cancel_cmd(run_dir: str, runs_dir: str) -> None:
     """Stop a run: ranks get SIGTERM (they checkpoint and exit), then SIGKILL after a grace period; then
-    check that none of its processes is left. A sweep directory: every layout launched and not ended."""
+    check that none of its processes is left. A sweep directory: every layout launched and not ended.
+    RUN_DIR may be a short id (a unique prefix or suffix of its name under the runs directory)."""
     from scalelab.launcher.runner import cancel
 
     paths = [Path(run_dir)]
@@ -1415,17 +1451,71 @@ def show_click_error(exc: click.ClickException) -> None:
         return
     if isinstance(exc, click.UsageError) and ctx is not None:
         click.echo(ctx.get_usage(), err=True)
-    err_console.print(f"[bold red]launch: error:[/] {escape(exc.format_message())}", highlight=False, soft_wrap=True)
+    message = exc.format_message()
+    if isinstance(exc, click.NoSuchOption) and ctx is not None:
+        message = unknown_option_message(exc, ctx.info_name or "run", sys.argv[1:]) or message
+    err_console.print(f"[bold red]launch: error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     if isinstance(exc, click.UsageError) and ctx is not None:
         click.echo(f"(`{ctx.command_path} --help` lists every option)", err=True)
+
+
+#: Options typed from the habits of other launchers (torchrun, horovodrun, a cluster's `--gpus`), with what `launch
+#: run` and `launch sweep` take instead. Why: click's nearest names were wrong ones: `--workers` -> '--nodes', `--gpus`
+#: -> '--gpu-type' (a Slurm-only option), where the ranks per node are --gpus-per-node.
+_PER_NODE = "--gpus-per-node N (the ranks on each node; --nodes M for more nodes)"
+HABIT_HINTS: dict[str, dict[str, str]] = {
+    "run": {
+        "--workers": "a run's workers are --nodes x --gpus-per-node: give --gpus-per-node N (and --nodes M); "
+                     "`launch sweep --workers 1,2` runs one layout per worker count",
+        "--gpus": f"give {_PER_NODE}",
+        "--num-gpus": f"give {_PER_NODE}",
+        "--ngpus": f"give {_PER_NODE}",
+        "--nproc-per-node": f"torchrun's --nproc-per-node is {_PER_NODE}",
+        "--nproc_per_node": f"torchrun's --nproc_per_node is {_PER_NODE}",
+        "--nnodes": "torchrun's --nnodes is --nodes M",
+        "--np": "horovodrun's -np (all ranks) is --nodes M x --gpus-per-node N",
+    },
+    "sweep": {
+        "--gpus": "give --workers 1,2,4 (the worker counts, on one node) or --layouts 1x1,1x2,2x1",
+        "--num-gpus": "give --workers 1,2,4 (the worker counts, on one node) or --layouts 1x1,1x2,2x1",
+        "--ngpus": "give --workers 1,2,4 (the worker counts, on one node) or --layouts 1x1,1x2,2x1",
+        "--nproc-per-node": "give --workers 1,2,4 (the worker counts, on one node) or --layouts 1x1,1x2,2x1",
+        "--nproc_per_node": "give --workers 1,2,4 (the worker counts, on one node) or --layouts 1x1,1x2,2x1",
+        "--nnodes": "give --layouts NODESxGPUS, e.g. 1x2,2x2",
+    },
+}
+
+
+def unknown_option_message(exc: click.NoSuchOption, command: str, argv: list[str]) -> str | None:
+    """What to say of an option `launch run|sweep` does not have, where click's nearest names mislead: an option
+    from another launcher's habits (`HABIT_HINTS`), and with --script/--module, that the script's own arguments go
+    after `--` (`launch --script train.py --out x` was "Did you mean one of: '--account', '--spot', '--subnet'?",
+    and `--steps 10`, which launch has, was taken by launch). None: click's message stands."""
+    name = exc.option_name
+    words = argv[:argv.index("--")] if "--" in argv else argv
+    hint = HABIT_HINTS.get(command, {}).get(name.split("=")[0])
+    script = next((f"{flag} {words[i + 1]}" for i, flag in enumerate(words[:-1]) if flag in ("--script", "--module")),
+                  None)
+    if hint is None and script is None:
+        return None
+    parts = [f"No such option {name!r}"] + ([hint] if hint else [])
+    if script is not None and name in words:
+        at = words.index(name)
+        theirs = [name] + list(itertools.takewhile(lambda w: not w.startswith("-"), words[at + 1:]))
+        rest = " ".join(shell_word(w) for w in theirs)
+        parts.append(("if it is your script's own, " if hint else "") + "your script's arguments go after `--`: "
+                     f"`launch {command} {script} [OPTIONS] -- {rest}`")
+    return ": ".join(parts[:2]) + "".join(f"; {p}" for p in parts[2:])
 
 
 def interrupted(exc: BaseException | None) -> None:
     """Exit after a stop signal: SIGINT 130, SIGTERM 143, SIGHUP 129 (the runner has cancelled the run)."""
     resume = getattr(exc, "resume", None)
     try:
-        err_console.print(f"launch: {INTERRUPTED}" + (f"; `launch resume {shell_word(resume)}` continues it" if resume else ""),
-                          highlight=False, soft_wrap=True)
+        command = f"`launch resume {shell_word(resume)}`" if resume else ""
+        text = f"{INTERRUPTED}" + (f"; {command} continues it" if resume else "")
+        err_console.print(escape(prose_lines("launch: ", text, err_console.width, whole=(command,) if resume else ())),
+                          highlight=False, soft_wrap=True)  # wrapped between words, the command whole
     except OSError:  # SIGHUP: the terminal may be gone
         pass
     sys.exit(getattr(exc, "exit_code", 128 + signal.SIGINT))

@@ -33,7 +33,7 @@ from scalelab.core.rundir import (
     sweep_runs,
 )
 from scalelab.core.spec import Spec, read_spec
-from scalelab.core.writes import what_it_is
+from scalelab.core.terminal import prose_lines
 from scalelab.launcher.backend import rank_log as rank_log  # one rank's lines of a log (`Backend.rank_logs`)
 
 # The state of a sweep's layout whose directory is gone (`_unstarted`).
@@ -175,7 +175,9 @@ def _progress(run_dir: Path, state: str) -> dict[str, Any]:
         else:
             steps = summary.get("steps_measured")
             steps = steps + summary.get("steps_warmup", 0) if steps is not None else None
-            return {"steps": steps, "total_steps": read_spec(run_dir).steps, "loss": summary.get("final_loss"),
+            total = read_spec(run_dir).steps  # a script's --steps is only the bar's total: never below its steps
+            total = max(total, steps) if total and steps else total
+            return {"steps": steps, "total_steps": total, "loss": summary.get("final_loss"),
                     "words_per_s": summary.get("words_per_s"), "unit": summary.get("unit") or "words", "eta_s": None}
     return {**_from_records(run_dir, state), **note}
 
@@ -333,8 +335,9 @@ def inventory(root: Path) -> list[dict[str, Any]]:
     active run is asked of its backend together with the others (`Backends`)."""
     root = Path(root)
     if not root.is_dir():
-        what = "does not exist" if not root.exists() else f"is {what_it_is(root)}, not a directory"
-        raise ScalelabError(f"runs directory {root} {what}; pass --runs-dir DIR")
+        from scalelab.core.runids import runs_dir_trouble
+
+        raise ScalelabError(runs_dir_trouble(root) or f"runs directory {root} is not a directory")
     now, backends = time.time(), Backends()
     found = [(p, kind_of(p)) for p in sorted(root.iterdir()) if p.is_dir()]
     found = [(p, k) for p, k in found if k]
@@ -398,7 +401,7 @@ def record_line(rec: dict[str, Any], unit: str = "words") -> str | None:
         head = f"step {rec.get('step')}" + ("  loss —" if loss is None else f"  loss {float(loss):.4f}")
         exchange = f" (exch {ms('exchange_s')})" if rec.get("exchange_s") is not None else ""  # inside the backward
         timed = any(rec.get(k) is not None for k in ("data_s", "forward_s", "backward_s", "optimizer_s"))
-        phases = (f": data {ms('data_s')}  fwd {ms('forward_s')}  bwd {ms('backward_s')}{exchange}  "
+        phases = (f": data {ms('data_s')} fwd {ms('forward_s')} bwd {ms('backward_s')}{exchange} "
                   f"opt {ms('optimizer_s')}") if timed else ""
         marks = " (warm-up)" if rec.get("warmup") else " (profiled)" if rec.get("profiled") else ""
         count = rec.get("words") if unit == "words" else rec.get("samples", rec.get("words"))
@@ -421,7 +424,10 @@ class RankLines:
     def __init__(self, run_dir: Path, rank: int) -> None:
         from scalelab.core.records import RecordTail
 
+        from scalelab.core.terminal import make_console
+
         self.rank = rank
+        self.width = make_console().width
         self.tail = RecordTail(RunPaths(Path(run_dir)).records / f"rank-{rank}.jsonl")
         self.text = ""
         try:  # a script's items are samples until its `unit` event says otherwise; the trainer's are words
@@ -437,8 +443,8 @@ class RankLines:
             if rec.get("kind") == "event" and rec.get("event") == "unit" and rec.get("unit"):
                 self.unit = str(rec["unit"])
             line = record_line(rec, self.unit)
-            if line:
-                self.text += f"[rank {self.rank}] {line}\n"
+            if line:  # wrapped between words at the terminal's width (a step line ran to ~105 columns)
+                self.text += prose_lines(f"[rank {self.rank}] ", line, self.width) + "\n"
         return self.text
 
 

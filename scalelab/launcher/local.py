@@ -331,7 +331,7 @@ class LocalBackend(Backend):
             return RunStatus(info["state"], info.get("detail", ""))
         live = self._processes(run_dir)
         if live:
-            return RunStatus(RUNNING, f"{len(live)} processes: pids {sorted(p.pid for p in live)}")
+            return RunStatus(RUNNING, f"{len(live)} process{'es' if len(live) != 1 else ''}: pids {sorted(p.pid for p in live)}")
         self._record_exits(run_dir)  # no launcher reaped them (detached, or killed): what the agents printed
         return (ended_by_records(run_dir, info.get("launched"))
                 or RunStatus(UNKNOWN, "no process of the run is left and its ranks recorded nothing"))

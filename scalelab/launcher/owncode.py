@@ -66,7 +66,22 @@ def apply(spec: Spec, params: dict[str, Any]) -> Spec:
     spec.model = str(spec.script_label)  # the run's name, label and model column
     if params.get("steps") is None and spec.steps == Spec().steps:
         spec.steps = None  # the script decides its length; --steps only sets the progress bar's total
+    elif params.get("steps") is not None and given("steps"):
+        _note_steps(spec, int(params["steps"]), args)
     return spec
+
+
+def _note_steps(spec: Spec, steps: int, args: list[str]) -> None:
+    """One line at the start where --steps is given to a script run whose own arguments (after `--`) do not say
+    --steps: it only sets the progress bar's total. Why: `launch --script train_ddp.py --steps 10` ran the script's
+    own 60 steps, exit 0, under a bar that read "step 60/10": the user meant the script's --steps."""
+    if any(a == "--steps" or a.startswith("--steps=") for a in args):
+        return
+    from scalelab.core.terminal import make_console, prose_lines
+
+    text = (f"--steps {steps} only sets the progress bar's total ({spec.script_label} decides its length); "
+            f"script arguments go after `--`: launch {_command_name()} ... -- --steps {steps}")
+    print(prose_lines("launch: note: ", text, make_console(stderr=True).width), file=sys.stderr, flush=True)
 
 
 def _engine_for_code(spec: Spec) -> None:

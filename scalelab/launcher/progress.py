@@ -71,10 +71,15 @@ class Snapshot:
     unit: str = "words"  # what words_per_s counts: a --script run's own unit (`track.unit`: images, samples)
     queued: str | None = None  # the backend's word while the run waits in its queue (a requeue): no ETA then
     stalled: str | None = None  # "no step for 5m10s (since step 30; ...)": no rank recorded anything for long
+    # the run went past the total it was given (a --script run's --steps only sets the bar's total; the script
+    # decides its length): the total shown grows with the step, as "at least" ("60/60+")
+    over: bool = False
 
     def steps(self) -> str:
-        """"40/200", or "40" when the total is not known."""
-        return f"{self.step}/{self.total}" if self.total else str(self.step)
+        """"40/200", or "40" when the total is not known; "60/60+" past the given total while the run goes on."""
+        if not self.total:
+            return str(self.step)
+        return f"{self.step}/{self.total}" + ("+" if self.over and not self.ended else "")
 
     def line(self) -> str:
         """One line: step 40/200  loss 3.210  val 3.105  12,345 words/s  ETA 1m10s."""
@@ -285,8 +290,12 @@ class RunWatch:
     def snapshot(self) -> Snapshot:
         snap = self.snap
         snap.total = self.total
+        # a total the run went past (a script's --steps is only the bar's): at least the step, never "step 60/10"
+        snap.over = bool(self.total) and snap.step > self.total
+        if snap.over:
+            snap.total = snap.step
         snap.words_per_s = self.words / self.seconds if self.seconds > 0 else None
-        left = (self.total - snap.step) if self.total else None
+        left = (self.total - snap.step) if self.total and not snap.over else None
         snap.eta_s = left * self.seconds / self.measured if left is not None and self.measured else None
         snap.queued = self.queued
         if self.queued:  # waiting in the queue (a requeue): when it ends is the queue's to say
@@ -532,7 +541,8 @@ class RunProgress:
                 print(f"[{self.label}] {self.watch.starting()}", file=sys.stderr, flush=True)
         if not snap.total:
             return
-        decile = snap.step * 10 // snap.total
+        # past the given total (a script's own length): a line when it passes it, and one when the run ends
+        decile: int | str = f"over {snap.ended}" if snap.over else snap.step * 10 // snap.total
         if snap.threshold_step is not None and self._last_plain != "threshold":
             self._last_plain = "threshold"
             print(f"[{self.label}] {snap.line()}", file=sys.stderr, flush=True)
