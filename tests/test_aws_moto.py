@@ -967,3 +967,83 @@ def test_gc_finds_the_heartbeat_of_a_run_launched_before_the_tag(cloud, tmp_path
     assert left(cloud, run_id)["instances"] == 1
     out = launch("aws", "gc", "--run-id", run_id, "--force", cwd=tmp_path, env=_gc_env(cloud))
     assert out.returncode == 0 and left(cloud, run_id) == NOTHING, out.stderr
+
+
+# ---- `launch cancel` in another terminal while a launcher follows the run (review, item 1) ------------
+
+
+class SlowSavingNodes:
+    """The instances' side in a thread: heartbeats and rank 0's steps until the stop request, then the leader
+    saves its checkpoint `save_s` later (an upload that takes time), then both instances say they stopped."""
+
+    def __init__(self, cloud, run_dir: Path, save_s: float) -> None:
+        import threading
+
+        self.fake, self.save_s, self.stop_seen = FakeNodes(cloud, run_dir), save_s, None
+        self.fake.t0 = time.time()  # steps of now: the follower's stall check sees a live run
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._play, daemon=True)
+        self.thread.start()
+
+    def _stop_asked(self) -> bool:
+        try:
+            self.fake.cloud["s3"].head_object(Bucket=self.fake.cloud["bucket"], Key=f"{self.fake.prefix}/control/stop")
+        except Exception:  # noqa: BLE001 - 404: not asked yet
+            return False
+        return True
+
+    def _play(self) -> None:
+        step = 0
+        while not self.done.is_set():
+            nodes = self.fake.heartbeat(0)
+            if len(nodes) == 2:
+                if self.stop_seen is None and self._stop_asked():
+                    self.stop_seen = time.monotonic()
+                step += self.stop_seen is None
+                self.fake.records(0, 0, range(1, step + 1), world=2)
+                if self.stop_seen is not None and time.monotonic() - self.stop_seen > self.save_s:
+                    self.fake.put("checkpoint.pt", b"the leader's checkpoint")
+                    for i, n in enumerate(nodes):
+                        self.fake.put(f"status/gen-0/{n['InstanceId']}.json",
+                                      {"state": "interrupted", "reason": "stop_requested", "exit_code": 143, "index": i})
+                    return
+            time.sleep(0.3)
+
+
+def test_a_cancel_from_another_terminal_lets_the_leader_save_then_tears_down_once(cloud, tmp_path):
+    """`launch cancel RUN` while a launcher follows the run, its leader needing 5 s to save after the stop
+    request. The follower ended the run the moment launch.json said CANCELLED (before the cancel had even put
+    its stop request) and tore it down: no checkpoint reached the run directory, the cancel then waited its
+    whole 150 s for a leader already gone, and aws-events.jsonl held two aws_end. Now: the checkpoint is saved
+    and mirrored, the cancel ends in seconds, the follower says the run continues from its checkpoint, one
+    aws_end, nothing left."""
+    proc, run_dir, err = _start_following(cloud, tmp_path)
+    nodes = SlowSavingNodes(cloud, run_dir, save_s=5.0)
+    try:
+        deadline = time.time() + 30
+        while not (run_dir / "records" / "rank-0.jsonl").exists():  # the follower mirrors rank 0's steps
+            assert time.time() < deadline and proc.poll() is None, err.read_text()
+            time.sleep(0.2)
+        t0 = time.monotonic()
+        out = launch("cancel", str(run_dir), cwd=tmp_path, timeout=200,
+                     env={"AWS_ENDPOINT_URL": cloud["url"], "AWS_DEFAULT_REGION": REGION,
+                          "AWS_ACCESS_KEY_ID": CREDS["aws_access_key_id"],
+                          "AWS_SECRET_ACCESS_KEY": CREDS["aws_secret_access_key"]})
+        took = time.monotonic() - t0
+        _exit_within(proc, 60)
+    finally:
+        nodes.done.set()
+        if proc.poll() is None:
+            proc.kill()
+    text = err.read_text()
+    assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
+    assert took < 60 and "no checkpoint reported within" not in out.stderr, (took, out.stderr)
+    assert nodes.stop_seen is not None
+    assert (run_dir / "checkpoint.pt").read_bytes() == b"the leader's checkpoint"
+    rel = run_dir.relative_to(tmp_path)
+    assert f"run {rel} was cancelled; `launch resume {rel}` continues it from its last checkpoint" in text, text
+    ends = [json.loads(line) for line in (run_dir / "records" / "aws-events.jsonl").read_text().splitlines()
+            if json.loads(line).get("event") == "aws_end"]
+    assert len(ends) == 1 and ends[0]["state"] == "CANCELLED", ends
+    assert json.loads((run_dir / "launch.json").read_text())["state"] == "CANCELLED"
+    assert left(cloud, run_dir.name) == NOTHING

@@ -268,9 +268,9 @@ class AwsBackend(Backend):
     def _check(self, run_dir: Path) -> RunStatus | None:
         """One look at the run: None while it goes on, else how it ended (instances still up)."""
         info = read_state(run_dir)
-        if info.get("state") == CANCELLED:  # `launch cancel` from another process
-            return RunStatus(CANCELLED, "cancelled")
         plan, gen, now = self._plan_for(run_dir), int(info["generation"]), time.time()
+        cancel_asked = info.get("state") == CANCELLED  # by `launch cancel` in another process
+        waited = self._cancel_waited(run_dir, info, now) if cancel_asked else None
         ec2 = self.client("ec2", plan.region)
         copy = run_dir / mirror.MIRROR_DIR
         statuses = mirror.json_files(copy / "status" / f"gen-{gen}", lambda n: not n.endswith(".heartbeat.json"))
@@ -278,7 +278,7 @@ class AwsBackend(Backend):
         notices = mirror.json_files(copy / "events" / f"gen-{gen}", lambda n: True)
         nodes = sorted(td.instances(ec2, plan.run_id, None, gen), key=node_order)
         if not nodes:
-            return RunStatus(FAILED, f"no instance of generation {gen} exists")
+            return RunStatus(CANCELLED, "cancelled") if cancel_asked else RunStatus(FAILED, f"no instance of generation {gen} exists")
         leader = nodes[0]["InstanceId"]
         lead = statuses.get(leader, {}).get("state")
         unsaid = self._silent_after_the_leader(run_dir, gen, nodes, statuses, now) if lead else []
@@ -299,14 +299,19 @@ class AwsBackend(Backend):
                 and statuses.get(n["InstanceId"], {}).get("state") not in ("completed", "cancelled")
                 and statuses.get(n["InstanceId"], {}).get("notice_on") in (None, n["InstanceId"])]  # not a peer's
         stopping = notices or gone or lead == "interrupted"
-        if any(s.get("reason") == STOP_REQUESTED for s in statuses.values()) or (stopping and self._stop_asked(info)):
+        if cancel_asked or any(s.get("reason") == STOP_REQUESTED for s in statuses.values()) or (
+                stopping and self._stop_asked(info)):
             # `launch cancel` from elsewhere: its ranks stopped on the stop request; not an interruption to
             # replace (that started a new generation while the cancel tore the run down, found on two played
             # instances; and again when the cancel's teardown ended the instances before their statuses
             # reached this mirror). Ended once the leader has said it saved (or is gone): the teardown must
             # not cut its checkpoint's upload.
             if lead is None and leader not in {n["InstanceId"] for n in nodes if n["State"]["Name"] in GONE_STATES}:
-                return None
+                if waited is None:  # no cancel recorded, or one seen less than the cancel's own wait ago
+                    return None
+                return RunStatus(CANCELLED, f"cancelled (`launch cancel`); the leader reported no checkpoint within "
+                                            f"{waited:g} s; `launch resume {shell_word(run_dir)}` continues from "
+                                            "the last checkpoint in S3")
             return self._ended(CANCELLED, f"cancelled (`launch cancel`); every rank stopped with a checkpoint; "
                                           f"`launch resume {shell_word(run_dir)}` continues it", unsaid)
         if stopping:
@@ -326,6 +331,23 @@ class AwsBackend(Backend):
         if now - float(info["started"]) > float(self.options["timeout_min"]) * 60:
             return RunStatus(FAILED, f"time limit of {self.options['timeout_min']} min reached (--time-limit-min)")
         return None
+
+    def _cancel_waited(self, run_dir: Path, info: dict, now: float) -> float | None:
+        """A run recorded CANCELLED by `launch cancel` in another process while this launcher follows it: None
+        while the cancel's own wait for the leader's checkpoint may still run, else that wait (s), after which
+        the run ends whatever the leader said. Why: the follower ended the run the moment launch.json said
+        CANCELLED, before the cancel had even put its stop request, and tore the instances down while the
+        leader was saving (no checkpoint; the cancel then waited 150 s for an instance already gone, and the
+        run's aws_end was recorded twice). The stop request is put here too (the cancel may have died before
+        it did): the nodes checkpoint and the ordinary stop path below ends the run once the leader has said
+        so or is gone."""
+        seen = info.get("cancel_seen")
+        if seen is None:
+            s3 = self.client("s3", info["region"])
+            s3.put_object(Bucket=info["bucket"], Key=f"{info['prefix']}/{STOP_REQUEST}", Body=b"cancel")
+            seen = update_state(run_dir, cancel_seen=now)["cancel_seen"]
+        wait_s = float(self.options["interruption_grace_s"]) + float(self.options["end_grace_s"])
+        return wait_s if now - float(seen) >= wait_s else None
 
     def _silent_after_the_leader(self, run_dir: Path, gen: int, nodes: list[dict], statuses: dict,
                                  now: float) -> list[str] | None:
@@ -445,10 +467,14 @@ class AwsBackend(Backend):
         removed = td.teardown(self.client("ec2", region), info["run_id"], poll_s=min(5.0, float(self.options["poll_s"])),
                               placement_groups=created_pgs, give_up=STOP_NOW.is_set)
         self._mark_ended(run_dir)
-        info = update_state(run_dir, removed=removed)
+        with edit_state(run_dir) as info:  # once per launch: a cancel from elsewhere and the follower both tear down
+            first = info.get("torn_down") != info.get("started")
+            if first:
+                info.update(removed=removed, torn_down=info.get("started"))
         self._beat_ended(info)
-        state = info["state"] if info.get("state") in TERMINAL else state
-        mirror.event(run_dir, "aws_end", state=state, **mirror.cost_facts(run_dir, info))
+        if first:
+            state = info["state"] if info.get("state") in TERMINAL else state
+            mirror.event(run_dir, "aws_end", state=state, **mirror.cost_facts(run_dir, info))
 
     def _beat_ended(self, info: dict[str, Any]) -> None:
         """Mark the heartbeat ended: `launch aws gc` may then remove what the teardown kept at once."""
@@ -527,12 +553,19 @@ class AwsBackend(Backend):
              f"(end_grace_s) for the others' last records, then terminating its {len(up)} instance(s); "
              "Ctrl-C again terminates them at once, without the checkpoint")
         leader = min(td.instances(ec2, info["run_id"], None, gen), key=node_order, default=None)
-        said = _final_statuses_of(s3, info, gen, every_s=min(5.0, float(self.options["poll_s"])))
-        # the leader's final status (not a heartbeat nor another node's): it checkpointed
-        if not wait_until(lambda: STOP_NOW.is_set() or (said() & {leader["InstanceId"]} if leader else said()),
+        every_s = min(5.0, float(self.options["poll_s"]))
+        said = _final_statuses_of(s3, info, gen, every_s=every_s)
+        gone = _gone_of(ec2, leader["InstanceId"] if leader else None, every_s)
+        # the leader's final status (not a heartbeat nor another node's): it checkpointed; or the leader is gone
+        # (the launcher that follows the run ended it once it had said so): nothing more will come
+        if not wait_until(lambda: STOP_NOW.is_set() or (said() & {leader["InstanceId"]} if leader else said()) or gone(),
                           grace_s, interval_s=0.5):
             _say(f"no checkpoint reported within {grace_s:g} s: terminating the instances anyway; "
                  f"`launch resume {shell_word(run_dir)}` continues from the last checkpoint in S3")
+            return
+        if leader and gone() and not said() & {leader["InstanceId"]}:
+            _say(f"the leader's instance {leader['InstanceId']} is gone (ended by the launcher that follows the run, "
+                 "or by AWS): not waiting for its checkpoint any longer")
             return
         # then every other instance still up: it writes its final status after its ranks' last records
         def silent() -> set[str]:
@@ -562,6 +595,29 @@ def _final_statuses_of(s3, info: dict, gen: int, every_s: float) -> Callable[[],
         return ids[0]
 
     return said
+
+
+def _gone_of(ec2, instance_id: str | None, every_s: float) -> Callable[[], bool]:
+    """A function saying whether instance `instance_id` no longer runs (GONE_STATES, or not found), asking EC2
+    at most every `every_s`; always False without an instance. Why: `launch cancel` waited its whole
+    interruption_grace_s (150 s) for the checkpoint of a leader that the launcher following the run had
+    already terminated."""
+    last, answer = [float("-inf")], [False]
+
+    def gone() -> bool:
+        if instance_id is not None and not answer[0] and time.monotonic() - last[0] >= every_s:
+            last[0] = time.monotonic()
+            try:
+                found = [i for r in ec2.describe_instances(InstanceIds=[instance_id])["Reservations"]
+                         for i in r["Instances"]]
+            except Exception as exc:  # an instance terminated long ago: InvalidInstanceID.NotFound
+                if not str(_error_code(exc) or "").endswith("NotFound"):
+                    raise
+                found = []
+            answer[0] = not found or all(i["State"]["Name"] in GONE_STATES for i in found)
+        return answer[0]
+
+    return gone
 
 
 def _beat(s3, bucket: str, prefix: str, timeout_s: float, ended: bool = False) -> None:
