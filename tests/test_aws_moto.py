@@ -767,6 +767,21 @@ def test_no_credentials_is_one_clear_message(tmp_path):
     assert out.returncode == 2 and "no AWS credentials" in out.stderr
 
 
+def test_an_endpoint_that_cannot_be_reached_is_one_line_and_leaves_no_run_directory(tmp_path):
+    """AWS not reachable (here a closed port on loopback): the first request of the launch, the look for instances
+    of the run, raised botocore's EndpointConnectionError as a 158-line traceback, exit 1, and left a run directory
+    that `launch ls` showed NEW. Now one line naming the endpoint, exit 2, nothing left, as without credentials."""
+    env = {**os.environ, "AWS_ENDPOINT_URL": "http://127.0.0.1:9", "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "y",
+           "AWS_MAX_ATTEMPTS": "1", "AWS_EC2_METADATA_DISABLED": "true"}
+    out = _launch_clean(tmp_path, env, "--backend", "aws", "--bucket", "rev-bkt", "--region", REGION, "--yes",
+                        "--runs-dir", "runs")
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    errors = [line for line in out.stderr.splitlines() if line.startswith("launch: error:")]
+    assert len(errors) == 1 and "cannot reach AWS" in errors[0] and "http://127.0.0.1:9" in errors[0], out.stderr
+    assert "nothing was started" in errors[0]
+    assert list((tmp_path / "runs").iterdir()) == [] if (tmp_path / "runs").exists() else True
+
+
 def _launch_clean(cwd: Path, env: dict, *args: str):
     import subprocess
     import sys

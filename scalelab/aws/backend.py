@@ -128,7 +128,12 @@ class AwsBackend(Backend):
     def schedule(self, request: AwsRequest) -> str:
         plan, run_dir = request.plan, Path(request.run_dir)
         self._plan = plan
-        self._refuse_while_running(plan, run_dir)
+        try:
+            self._refuse_while_running(plan, run_dir)
+        except Exception as exc:  # the first request of a launch: an endpoint that cannot be reached, bad keys
+            if _is_client_error(exc):
+                raise _user_error(exc, "checking for instances of the run", "nothing was started") from None
+            raise
         RunPaths(run_dir).logs.mkdir(parents=True, exist_ok=True)
         start_state(run_dir, backend=self.name, run_id=plan.run_id, region=plan.region, bucket=plan.bucket,
                     prefix=plan.prefix, node_types=plan.node_types, started=time.time(), generation=0,
@@ -686,22 +691,28 @@ def _error_code(exc: BaseException) -> str | None:
     return (response or {}).get("Error", {}).get("Code") if isinstance(response, dict) else None
 
 
+UNREACHABLE = ("EndpointConnectionError", "ConnectTimeoutError", "ConnectionClosedError", "ReadTimeoutError")
+
+
 def _is_client_error(exc: BaseException) -> bool:
-    return _error_code(exc) is not None or type(exc).__name__ in ("NoCredentialsError", "EndpointConnectionError",
-                                                                  "NoRegionError")
+    return _error_code(exc) is not None or type(exc).__name__ in ("NoCredentialsError", "NoRegionError", *UNREACHABLE)
 
 
-def _user_error(exc: BaseException, doing: str) -> BaseException:
+def _user_error(exc: BaseException, doing: str,
+                outcome: str = "every instance of the run was terminated") -> BaseException:
     """AWS's answer as one line: the operation, the error code and AWS's message."""
     if not _is_client_error(exc):
         return exc
     if type(exc).__name__ == "NoCredentialsError":
         return ScalelabError("no AWS credentials found: run `aws configure`, or set AWS_PROFILE or "
                              "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY")
+    if type(exc).__name__ in UNREACHABLE:  # botocore's words name the endpoint: one line, not 158 of traceback
+        return ScalelabError(f"cannot reach AWS while {doing}: {exc}; check the network, the region and "
+                             f"AWS_ENDPOINT_URL if set; {outcome}")
     err = getattr(exc, "response", {}).get("Error", {}) if _error_code(exc) else {}
     op = getattr(exc, "operation_name", "")
     msg = f"{err.get('Code')}: {err.get('Message')}" if err else str(exc)
-    return ScalelabError(f"AWS refused {op or 'a request'} while {doing}: {msg}; every instance of the run was terminated")
+    return ScalelabError(f"AWS refused {op or 'a request'} while {doing}: {msg}; {outcome}")
 
 
 def pack_code(folder: Path, files: list[str]) -> bytes:
