@@ -26,7 +26,7 @@ import click
 from rich.markup import escape
 
 from scalelab.core.checks import InputFile, OutputDir
-from scalelab.core.errors import NotQueued, ScalelabError, SpecError, shell_word
+from scalelab.core.errors import ScalelabError, SpecError, shell_word
 from scalelab.core.flags import (  # noqa: F401
     SPEC_FLAGS,
     DataFlag,
@@ -635,9 +635,10 @@ def run_cmd(detach: bool, rank_output: str | None, **params: Any) -> None:
     run_dir = new_run_dir(Path(params["runs_dir"]), spec.name or f"{spec.model}-{spec.engine.name}-{spec.nodes}x{spec.gpus_per_node}")
     try:
         run_and_show(backend, spec, run_dir, detach, echo)
-    except (WriteError, NotQueued, OSError) as exc:
-        # a full or read-only disk before the launch, a submission Slurm refused: leave no empty run directory
-        # (`launch ls` listed a refused one as NEW for ever), or say how to remove it where it cannot be
+    except (ScalelabError, OSError) as exc:
+        # a full or read-only disk before the launch, a submission Slurm refused, a cloud or cluster that cannot be
+        # reached: leave no run directory that was never launched (no launch.json; `launch ls` listed a refused one
+        # as NEW for ever), or say how to remove it where it cannot be
         if isinstance(exc, OSError) and not is_write_failure(exc):
             raise
         left = discard_unlaunched(run_dir)
