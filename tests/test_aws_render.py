@@ -265,3 +265,25 @@ def test_a_type_the_default_ami_does_not_support_is_noted_once_with_the_fix(caps
     AwsBackend({**OPTIONS, "instance_type": "p2.xlarge", "ami": "ami-0123456789abcdef0"}).check(spec())
     AwsBackend({**OPTIONS, "instance_type": "g5.xlarge"}).check(spec())
     assert capsys.readouterr().err == ""  # an image of the user's own, or a supported type: nothing to say
+
+
+def test_a_dry_run_makes_the_backends_checks_and_says_its_notes(tmp_path):
+    """`--dry-run` returned before the backend's checks: a p2.xlarge without --ami had no note that the default
+    AMI cannot use its GPU (docs/aws.md promises it), and values AWS refuses (a 100,000 GiB gp3 volume, an AMI
+    that is no AMI id, a wheel that does not exist) printed a plan. Now the same note and one-line refusals,
+    exit 2, still with no call (the endpoint listens nowhere)."""
+    env = {"AWS_ENDPOINT_URL": "http://127.0.0.1:9", "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "y"}
+    base = ("--backend", "aws", "--bucket", "bkt-rev", "--region", "us-east-1", "--dry-run")
+    out = launch(*base, "--instance-type", "p2.xlarge", cwd=tmp_path, env=env)
+    assert out.returncode == 0 and json.loads(out.stdout)["layout"]["instances"] == {"p2.xlarge": 1}, out.stderr
+    assert "note: p2.xlarge: not among the types the default AMI supports" in out.stderr, out.stderr
+    for flags, says in [(("--backend-opt", "volume_gb=100000"), "volume_gb must be at most 16,384, the largest gp3 volume"),
+                        (("--ami", "foo"), "must be an AMI id"),
+                        (("--backend-opt", f"wheel={tmp_path / 'none.whl'}"), f"wheel={tmp_path / 'none.whl'}: no such file")]:
+        out = launch(*base, *flags, cwd=tmp_path, env=env)
+        assert out.returncode == 2 and says in out.stderr and "Traceback" not in out.stderr, (flags, out.stderr)
+        assert out.stdout == "" and len(out.stderr.strip().splitlines()) == 1, (flags, out.stderr)
+    out = launch(*base, "--ami", "ami-0123456789abcdef0", "--backend-opt", "volume_gb=16384", cwd=tmp_path, env=env)
+    assert out.returncode == 0, out.stderr  # the largest gp3 volume, an image id of AWS's form
+    assert not (tmp_path / "runs").exists()
+

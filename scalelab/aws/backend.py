@@ -92,7 +92,13 @@ class AwsBackend(Backend):
         return default_region()  # AWS_REGION, AWS_DEFAULT_REGION, ~/.aws/config: no call
 
     def check(self, spec: Spec) -> None:
+        """What needs no remote call: the plan (types, GPUs, bucket, region), the wheel to ship, and a note on
+        types the default AMI cannot use; also for --dry-run, which printed a plan AWS would refuse."""
         plan = render.make_plan(spec, Path("runs/validate"), self.options, self.region())
+        wheel = str(self.options.get("wheel") or "")
+        if wheel and not Path(wheel).is_file():
+            raise SpecError(f"--backend-opt wheel={wheel}: no such file; give the path of a built wheel "
+                            f"(pip wheel --no-deps -w dist .), or leave it out to ship one built from this checkout")
         types = [*plan.node_types, *(self.options.get("fallback_instance_types") or [])]
         misses = [t for t in render.default_ami_misses(types, str(self.options.get("ami") or "")) if t not in _NOTED]
         if misses:

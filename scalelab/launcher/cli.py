@@ -626,6 +626,7 @@ def run_cmd(detach: bool, rank_output: str | None, **params: Any) -> None:
     if detach:
         detaching(backend)
     if params["dry_run"]:
+        backend.check_dry_run(spec)
         run_dir = dryrun_dir(Path(params["runs_dir"]), spec.name or spec.model)
         click.echo(backend.submit_dryrun(spec, run_dir).render())
         show_quote([(spec, 1)], params)
