@@ -287,3 +287,12 @@ def test_a_dry_run_makes_the_backends_checks_and_says_its_notes(tmp_path):
     assert out.returncode == 0, out.stderr  # the largest gp3 volume, an image id of AWS's form
     assert not (tmp_path / "runs").exists()
 
+
+def test_the_time_limit_warning_says_durations_that_can_be_compared(tmp_path):
+    """A 20 s run under --time-limit-min 0.2 was warned "the expected 0 min is longer than --time-limit-min 0.2"."""
+    env = {"AWS_ENDPOINT_URL": "http://127.0.0.1:9", "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "y"}
+    out = launch("--backend", "aws", "--bucket", "bkt-rev", "--region", "us-east-1", "--time-limit-min", "0.2",
+                 "--dry-run", cwd=tmp_path, env=env)
+    assert out.returncode == 0, out.stderr
+    assert "the expected 20 s is longer than --time-limit-min 0.2 (12 s)" in out.stderr, out.stderr
+
