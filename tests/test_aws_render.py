@@ -296,3 +296,21 @@ def test_the_time_limit_warning_says_durations_that_can_be_compared(tmp_path):
     assert out.returncode == 0, out.stderr
     assert "the expected 20 s is longer than --time-limit-min 0.2 (12 s)" in out.stderr, out.stderr
 
+
+def test_a_sweeps_dry_run_shows_the_names_the_sweep_sends(tmp_path):
+    """The AWS sweep dry run printed run id `1x1` (its S3 prefix and security group too), while the real sweep
+    tags `sweep-nmt-tiny-strong-<date-time>-1x1`, and --name was ignored: the names are now the real ones, DRYRUN
+    in place of the date and time, as `launch run --dry-run` says them."""
+    env = {"AWS_ENDPOINT_URL": "http://127.0.0.1:9", "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "y"}
+    base = ("sweep", "--backend", "aws", "--bucket", "bkt-rev", "--region", "us-east-1", "--layouts", "1x1,2x1",
+            "--global-batch", "16", "--dry-run")
+    out = launch(*base, cwd=tmp_path, env=env)
+    assert out.returncode == 0, out.stderr
+    docs = [json.loads("{" + part) for part in out.stdout.strip().lstrip("{").split("\n{")]
+    assert [d["run_id"] for d in docs] == ["sweep-nmt-tiny-strong-DRYRUN-1x1", "sweep-nmt-tiny-strong-DRYRUN-2x1"]
+    assert docs[0]["s3"] == "s3://bkt-rev/scalelab/sweep-nmt-tiny-strong-DRYRUN-1x1/"
+    groups = [c["params"]["GroupName"] for c in docs[1]["requests"] if c["operation"] == "CreateSecurityGroup"]
+    assert groups == ["scalelab-sweep-nmt-tiny-strong-DRYRUN-2x1"]
+    out = launch(*base, "--name", "mysw", cwd=tmp_path, env=env)
+    assert out.returncode == 0 and '"run_id": "mysw-DRYRUN-1x1"' in out.stdout, out.stderr
+    assert not (tmp_path / "runs").exists()

@@ -801,10 +801,12 @@ def sweep_cmd(workers: str | None, layouts: str | None, batch_scaling: str | Non
     specs = sweep_specs(base, parse_layouts(workers, layouts), batch_scaling=axes[0], work_scaling=axes[1])
     mode = sweep_name(*axes)
     backend = get_backend(base.backend, base.backend_options)
-    if params["dry_run"]:
-        backend = backend.for_sweep("sweep-DRYRUN")
+    if params["dry_run"]:  # named as the real sweep's directory, DRYRUN for its date and time
+        dry = dryrun_dir(Path(params["runs_dir"]), base.name or f"sweep-{base.model}-{mode}")
+        backend = backend.for_sweep(dry.name)
+        backend.check_dry_run(base)
         for spec in specs:
-            run_dir = Path(params["runs_dir"]) / f"sweep-DRYRUN/{spec.nodes}x{spec.gpus_per_node}"
+            run_dir = dry / f"{spec.nodes}x{spec.gpus_per_node}"
             for request in backend.submit_dryrun_batch(spec, repeat_dirs(run_dir, repeats)):
                 click.echo(request.render())
         show_quote([(spec, repeats) for spec in specs], params)
