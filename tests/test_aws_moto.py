@@ -1062,3 +1062,45 @@ def test_a_cancel_from_another_terminal_lets_the_leader_save_then_tears_down_onc
     assert len(ends) == 1 and ends[0]["state"] == "CANCELLED", ends
     assert json.loads((run_dir / "launch.json").read_text())["state"] == "CANCELLED"
     assert left(cloud, run_dir.name) == NOTHING
+
+
+# ---- gc after a SIGKILLed launcher on this host (review, item 5) ------------------------------------------
+
+
+def test_gc_removes_a_run_whose_launcher_died_on_this_host_lists_only_what_goes_and_status_records_it(cloud, tmp_path):
+    """A launcher SIGKILLed seconds ago on this host left a fresh heartbeat: gc skipped its run ("a launcher still
+    follows it ... 6 s ago") though `launch status` knew no launcher follows it; gc's stdout (--dry-run too) listed
+    a skipped run's instances and group as if they went; and after gc the run's `launch status` was UNKNOWN for
+    ever. Now: a dead pid on this host is no launcher, a skipped run's resources are not listed, and the run gc
+    removed is recorded CANCELLED by gc."""
+    import socket
+    import subprocess
+    import sys
+
+    from scalelab.launcher.runner import settle
+
+    killed, followed = run_dir_for(tmp_path), run_dir_for(tmp_path)
+    for run_dir in (killed, followed):
+        submit(backend(cloud), make_spec(), run_dir)  # heartbeats of this (live) process, on this host
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # its pid: a launcher that is no more
+    cloud["s3"].put_object(Bucket=cloud["bucket"], Key=f"scalelab/{killed.name}/control/launcher.json",
+                           Body=json.dumps({"time": time.time(), "host": socket.gethostname(), "pid": gone.pid,
+                                            "timeout_s": 600}).encode())
+    ids = {d: [i["InstanceId"] for i in live(cloud, d.name)] for d in (killed, followed)}
+    out = launch("aws", "gc", "--dry-run", cwd=tmp_path, env=_gc_env(cloud))
+    assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
+    assert f"run {followed.name}: skipped, a launcher still follows it" in out.stderr, out.stderr
+    assert f"run {killed.name}: skipped" not in out.stderr, out.stderr
+    assert all(f"would remove: instance {i}" in out.stdout for i in ids[killed]), out.stdout
+    assert not any(i in out.stdout for i in ids[followed]) and f"scalelab-{followed.name}" not in out.stdout, out.stdout
+    assert left(cloud, killed.name)["instances"] == 2  # a dry run
+    out = launch("aws", "gc", cwd=tmp_path, env=_gc_env(cloud))
+    assert out.returncode == 0 and f"run {killed.name}: terminated 2 instance(s)" in out.stdout, out.stdout + out.stderr
+    assert left(cloud, killed.name) == NOTHING and left(cloud, followed.name)["instances"] == 2
+    status = settle(backend(cloud), killed)
+    assert status.state == "CANCELLED" and "removed by `launch aws gc`" in status.detail, status
+    assert json.loads((killed / "launch.json").read_text())["state"] == "CANCELLED"
+    assert settle(backend(cloud), followed).state == "RUNNING"
+    cancel(backend(cloud), followed)
+    assert left(cloud, followed.name) == NOTHING

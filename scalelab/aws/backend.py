@@ -37,7 +37,7 @@ from typing import Any, Callable, Iterator
 
 from scalelab.aws import mirror, render
 from scalelab.aws import teardown as td
-from scalelab.aws.bootstrap import LAUNCHER_HEARTBEAT, LAUNCHER_LOST, STOP_REQUEST, STOP_REQUESTED, is_missing, node_order
+from scalelab.aws.bootstrap import GC_RECORD, LAUNCHER_HEARTBEAT, LAUNCHER_LOST, STOP_REQUEST, STOP_REQUESTED, is_missing, node_order
 from scalelab.aws.options import AwsOptions, default_region
 from scalelab.aws.render import AwsRequest, Plan
 from scalelab.core.errors import ScalelabError, SpecError, shell_word
@@ -504,7 +504,42 @@ class AwsBackend(Backend):
         live = td.instances(self.client("ec2", info["region"]), info["run_id"], ["pending", "running"])
         if live:
             return RunStatus(RUNNING, f"{len(live)} instance(s) up, generation {info.get('generation')}")
-        return RunStatus(UNKNOWN, "no instance is up and the launcher did not record how the run ended")
+        return self._ended_unfollowed(Path(run_dir), info) or RunStatus(
+            UNKNOWN, "no instance is up and the launcher did not record how the run ended")
+
+    def _ended_unfollowed(self, run_dir: Path, info: dict) -> RunStatus | None:
+        """How a run no launcher recorded the end of ended, as S3 says: removed by `launch aws gc` (its record,
+        control/gc.json), or its instances stopped themselves when the launcher's heartbeat went stale; None
+        when S3 says neither. Why: after a killed launcher and `launch aws gc --run-id R --force`, `launch
+        status` said UNKNOWN for ever, though gc and the nodes knew how the run had ended."""
+        from botocore.exceptions import ClientError
+
+        s3 = self.client("s3", info["region"])
+        run = shell_word(run_dir)
+        try:
+            gc = json.loads(s3.get_object(Bucket=info["bucket"], Key=f"{info['prefix']}/{GC_RECORD}")["Body"].read())
+        except (ClientError, ValueError) as exc:
+            if isinstance(exc, ClientError) and not is_missing(exc):
+                raise
+            gc = None
+        if isinstance(gc, dict) and isinstance(gc.get("time"), (int, float)) and gc["time"] >= float(info.get("started", 0)):
+            when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(gc["time"]))
+            return RunStatus(CANCELLED, f"its instances were removed by `launch aws gc` on {gc.get('host', 'a host')} "
+                                        f"at {when}, no launcher following it; `launch resume {run}` continues from the "
+                                        "last checkpoint in S3")
+        prefix = f"{info['prefix']}/status/gen-{info.get('generation', 0)}/"
+        for obj in s3.list_objects_v2(Bucket=info["bucket"], Prefix=prefix).get("Contents", []):
+            if obj["Key"].endswith(".heartbeat.json") or not obj["Key"].endswith(".json"):
+                continue
+            try:
+                said = json.loads(s3.get_object(Bucket=info["bucket"], Key=obj["Key"])["Body"].read())
+            except (ClientError, ValueError):
+                continue
+            if isinstance(said, dict) and said.get("reason") == LAUNCHER_LOST:
+                return RunStatus(FAILED, f"the instances stopped themselves: no heartbeat from the launcher for "
+                                         f"{self.options['heartbeat_timeout_min']:g} min (was it killed?); "
+                                         f"`launch resume {run}` continues from the last checkpoint")
+        return None
 
     def logs(self, run_dir: Path) -> str:
         run_dir = Path(run_dir)
