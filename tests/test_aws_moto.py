@@ -767,6 +767,21 @@ def test_no_credentials_is_one_clear_message(tmp_path):
     assert out.returncode == 2 and "no AWS credentials" in out.stderr
 
 
+def test_an_endpoint_that_cannot_be_reached_is_one_line_and_leaves_no_run_directory(tmp_path):
+    """AWS not reachable (here a closed port on loopback): the first request of the launch, the look for instances
+    of the run, raised botocore's EndpointConnectionError as a 158-line traceback, exit 1, and left a run directory
+    that `launch ls` showed NEW. Now one line naming the endpoint, exit 2, nothing left, as without credentials."""
+    env = {**os.environ, "AWS_ENDPOINT_URL": "http://127.0.0.1:9", "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "y",
+           "AWS_MAX_ATTEMPTS": "1", "AWS_EC2_METADATA_DISABLED": "true"}
+    out = _launch_clean(tmp_path, env, "--backend", "aws", "--bucket", "rev-bkt", "--region", REGION, "--yes",
+                        "--runs-dir", "runs")
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    errors = [line for line in out.stderr.splitlines() if line.startswith("launch: error:")]
+    assert len(errors) == 1 and "cannot reach AWS" in errors[0] and "http://127.0.0.1:9" in errors[0], out.stderr
+    assert "nothing was started" in errors[0]
+    assert list((tmp_path / "runs").iterdir()) == [] if (tmp_path / "runs").exists() else True
+
+
 def _launch_clean(cwd: Path, env: dict, *args: str):
     import subprocess
     import sys
@@ -967,3 +982,125 @@ def test_gc_finds_the_heartbeat_of_a_run_launched_before_the_tag(cloud, tmp_path
     assert left(cloud, run_id)["instances"] == 1
     out = launch("aws", "gc", "--run-id", run_id, "--force", cwd=tmp_path, env=_gc_env(cloud))
     assert out.returncode == 0 and left(cloud, run_id) == NOTHING, out.stderr
+
+
+# ---- `launch cancel` in another terminal while a launcher follows the run (review, item 1) ------------
+
+
+class SlowSavingNodes:
+    """The instances' side in a thread: heartbeats and rank 0's steps until the stop request, then the leader
+    saves its checkpoint `save_s` later (an upload that takes time), then both instances say they stopped."""
+
+    def __init__(self, cloud, run_dir: Path, save_s: float) -> None:
+        import threading
+
+        self.fake, self.save_s, self.stop_seen = FakeNodes(cloud, run_dir), save_s, None
+        self.fake.t0 = time.time()  # steps of now: the follower's stall check sees a live run
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._play, daemon=True)
+        self.thread.start()
+
+    def _stop_asked(self) -> bool:
+        try:
+            self.fake.cloud["s3"].head_object(Bucket=self.fake.cloud["bucket"], Key=f"{self.fake.prefix}/control/stop")
+        except Exception:  # noqa: BLE001 - 404: not asked yet
+            return False
+        return True
+
+    def _play(self) -> None:
+        step = 0
+        while not self.done.is_set():
+            nodes = self.fake.heartbeat(0)
+            if len(nodes) == 2:
+                if self.stop_seen is None and self._stop_asked():
+                    self.stop_seen = time.monotonic()
+                step += self.stop_seen is None
+                self.fake.records(0, 0, range(1, step + 1), world=2)
+                if self.stop_seen is not None and time.monotonic() - self.stop_seen > self.save_s:
+                    self.fake.put("checkpoint.pt", b"the leader's checkpoint")
+                    for i, n in enumerate(nodes):
+                        self.fake.put(f"status/gen-0/{n['InstanceId']}.json",
+                                      {"state": "interrupted", "reason": "stop_requested", "exit_code": 143, "index": i})
+                    return
+            time.sleep(0.3)
+
+
+def test_a_cancel_from_another_terminal_lets_the_leader_save_then_tears_down_once(cloud, tmp_path):
+    """`launch cancel RUN` while a launcher follows the run, its leader needing 5 s to save after the stop
+    request. The follower ended the run the moment launch.json said CANCELLED (before the cancel had even put
+    its stop request) and tore it down: no checkpoint reached the run directory, the cancel then waited its
+    whole 150 s for a leader already gone, and aws-events.jsonl held two aws_end. Now: the checkpoint is saved
+    and mirrored, the cancel ends in seconds, the follower says the run continues from its checkpoint, one
+    aws_end, nothing left."""
+    proc, run_dir, err = _start_following(cloud, tmp_path)
+    nodes = SlowSavingNodes(cloud, run_dir, save_s=5.0)
+    try:
+        deadline = time.time() + 30
+        while not (run_dir / "records" / "rank-0.jsonl").exists():  # the follower mirrors rank 0's steps
+            assert time.time() < deadline and proc.poll() is None, err.read_text()
+            time.sleep(0.2)
+        t0 = time.monotonic()
+        out = launch("cancel", str(run_dir), cwd=tmp_path, timeout=200,
+                     env={"AWS_ENDPOINT_URL": cloud["url"], "AWS_DEFAULT_REGION": REGION,
+                          "AWS_ACCESS_KEY_ID": CREDS["aws_access_key_id"],
+                          "AWS_SECRET_ACCESS_KEY": CREDS["aws_secret_access_key"]})
+        took = time.monotonic() - t0
+        _exit_within(proc, 60)
+    finally:
+        nodes.done.set()
+        if proc.poll() is None:
+            proc.kill()
+    text = err.read_text()
+    assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
+    assert took < 60 and "no checkpoint reported within" not in out.stderr, (took, out.stderr)
+    assert nodes.stop_seen is not None
+    assert (run_dir / "checkpoint.pt").read_bytes() == b"the leader's checkpoint"
+    rel = run_dir.relative_to(tmp_path)
+    assert f"run {rel} was cancelled; `launch resume {rel}` continues it from its last checkpoint" in text, text
+    ends = [json.loads(line) for line in (run_dir / "records" / "aws-events.jsonl").read_text().splitlines()
+            if json.loads(line).get("event") == "aws_end"]
+    assert len(ends) == 1 and ends[0]["state"] == "CANCELLED", ends
+    assert json.loads((run_dir / "launch.json").read_text())["state"] == "CANCELLED"
+    assert left(cloud, run_dir.name) == NOTHING
+
+
+# ---- gc after a SIGKILLed launcher on this host (review, item 5) ------------------------------------------
+
+
+def test_gc_removes_a_run_whose_launcher_died_on_this_host_lists_only_what_goes_and_status_records_it(cloud, tmp_path):
+    """A launcher SIGKILLed seconds ago on this host left a fresh heartbeat: gc skipped its run ("a launcher still
+    follows it ... 6 s ago") though `launch status` knew no launcher follows it; gc's stdout (--dry-run too) listed
+    a skipped run's instances and group as if they went; and after gc the run's `launch status` was UNKNOWN for
+    ever. Now: a dead pid on this host is no launcher, a skipped run's resources are not listed, and the run gc
+    removed is recorded CANCELLED by gc."""
+    import socket
+    import subprocess
+    import sys
+
+    from scalelab.launcher.runner import settle
+
+    killed, followed = run_dir_for(tmp_path), run_dir_for(tmp_path)
+    for run_dir in (killed, followed):
+        submit(backend(cloud), make_spec(), run_dir)  # heartbeats of this (live) process, on this host
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # its pid: a launcher that is no more
+    cloud["s3"].put_object(Bucket=cloud["bucket"], Key=f"scalelab/{killed.name}/control/launcher.json",
+                           Body=json.dumps({"time": time.time(), "host": socket.gethostname(), "pid": gone.pid,
+                                            "timeout_s": 600}).encode())
+    ids = {d: [i["InstanceId"] for i in live(cloud, d.name)] for d in (killed, followed)}
+    out = launch("aws", "gc", "--dry-run", cwd=tmp_path, env=_gc_env(cloud))
+    assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
+    assert f"run {followed.name}: skipped, a launcher still follows it" in out.stderr, out.stderr
+    assert f"run {killed.name}: skipped" not in out.stderr, out.stderr
+    assert all(f"would remove: instance {i}" in out.stdout for i in ids[killed]), out.stdout
+    assert not any(i in out.stdout for i in ids[followed]) and f"scalelab-{followed.name}" not in out.stdout, out.stdout
+    assert left(cloud, killed.name)["instances"] == 2  # a dry run
+    out = launch("aws", "gc", cwd=tmp_path, env=_gc_env(cloud))
+    assert out.returncode == 0 and f"run {killed.name}: terminated 2 instance(s)" in out.stdout, out.stdout + out.stderr
+    assert left(cloud, killed.name) == NOTHING and left(cloud, followed.name)["instances"] == 2
+    status = settle(backend(cloud), killed)
+    assert status.state == "CANCELLED" and "removed by `launch aws gc`" in status.detail, status
+    assert json.loads((killed / "launch.json").read_text())["state"] == "CANCELLED"
+    assert settle(backend(cloud), followed).state == "RUNNING"
+    cancel(backend(cloud), followed)
+    assert left(cloud, followed.name) == NOTHING

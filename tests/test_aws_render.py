@@ -265,3 +265,52 @@ def test_a_type_the_default_ami_does_not_support_is_noted_once_with_the_fix(caps
     AwsBackend({**OPTIONS, "instance_type": "p2.xlarge", "ami": "ami-0123456789abcdef0"}).check(spec())
     AwsBackend({**OPTIONS, "instance_type": "g5.xlarge"}).check(spec())
     assert capsys.readouterr().err == ""  # an image of the user's own, or a supported type: nothing to say
+
+
+def test_a_dry_run_makes_the_backends_checks_and_says_its_notes(tmp_path):
+    """`--dry-run` returned before the backend's checks: a p2.xlarge without --ami had no note that the default
+    AMI cannot use its GPU (docs/aws.md promises it), and values AWS refuses (a 100,000 GiB gp3 volume, an AMI
+    that is no AMI id, a wheel that does not exist) printed a plan. Now the same note and one-line refusals,
+    exit 2, still with no call (the endpoint listens nowhere)."""
+    env = {"AWS_ENDPOINT_URL": "http://127.0.0.1:9", "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "y"}
+    base = ("--backend", "aws", "--bucket", "bkt-rev", "--region", "us-east-1", "--dry-run")
+    out = launch(*base, "--instance-type", "p2.xlarge", cwd=tmp_path, env=env)
+    assert out.returncode == 0 and json.loads(out.stdout)["layout"]["instances"] == {"p2.xlarge": 1}, out.stderr
+    assert "note: p2.xlarge: not among the types the default AMI supports" in out.stderr, out.stderr
+    for flags, says in [(("--backend-opt", "volume_gb=100000"), "volume_gb must be at most 16,384, the largest gp3 volume"),
+                        (("--ami", "foo"), "must be an AMI id"),
+                        (("--backend-opt", f"wheel={tmp_path / 'none.whl'}"), f"wheel={tmp_path / 'none.whl'}: no such file")]:
+        out = launch(*base, *flags, cwd=tmp_path, env=env)
+        assert out.returncode == 2 and says in out.stderr and "Traceback" not in out.stderr, (flags, out.stderr)
+        assert out.stdout == "" and len(out.stderr.strip().splitlines()) == 1, (flags, out.stderr)
+    out = launch(*base, "--ami", "ami-0123456789abcdef0", "--backend-opt", "volume_gb=16384", cwd=tmp_path, env=env)
+    assert out.returncode == 0, out.stderr  # the largest gp3 volume, an image id of AWS's form
+    assert not (tmp_path / "runs").exists()
+
+
+def test_the_time_limit_warning_says_durations_that_can_be_compared(tmp_path):
+    """A 20 s run under --time-limit-min 0.2 was warned "the expected 0 min is longer than --time-limit-min 0.2"."""
+    env = {"AWS_ENDPOINT_URL": "http://127.0.0.1:9", "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "y"}
+    out = launch("--backend", "aws", "--bucket", "bkt-rev", "--region", "us-east-1", "--time-limit-min", "0.2",
+                 "--dry-run", cwd=tmp_path, env=env)
+    assert out.returncode == 0, out.stderr
+    assert "the expected 20 s is longer than --time-limit-min 0.2 (12 s)" in out.stderr, out.stderr
+
+
+def test_a_sweeps_dry_run_shows_the_names_the_sweep_sends(tmp_path):
+    """The AWS sweep dry run printed run id `1x1` (its S3 prefix and security group too), while the real sweep
+    tags `sweep-nmt-tiny-strong-<date-time>-1x1`, and --name was ignored: the names are now the real ones, DRYRUN
+    in place of the date and time, as `launch run --dry-run` says them."""
+    env = {"AWS_ENDPOINT_URL": "http://127.0.0.1:9", "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "y"}
+    base = ("sweep", "--backend", "aws", "--bucket", "bkt-rev", "--region", "us-east-1", "--layouts", "1x1,2x1",
+            "--global-batch", "16", "--dry-run")
+    out = launch(*base, cwd=tmp_path, env=env)
+    assert out.returncode == 0, out.stderr
+    docs = [json.loads("{" + part) for part in out.stdout.strip().lstrip("{").split("\n{")]
+    assert [d["run_id"] for d in docs] == ["sweep-nmt-tiny-strong-DRYRUN-1x1", "sweep-nmt-tiny-strong-DRYRUN-2x1"]
+    assert docs[0]["s3"] == "s3://bkt-rev/scalelab/sweep-nmt-tiny-strong-DRYRUN-1x1/"
+    groups = [c["params"]["GroupName"] for c in docs[1]["requests"] if c["operation"] == "CreateSecurityGroup"]
+    assert groups == ["scalelab-sweep-nmt-tiny-strong-DRYRUN-2x1"]
+    out = launch(*base, "--name", "mysw", cwd=tmp_path, env=env)
+    assert out.returncode == 0 and '"run_id": "mysw-DRYRUN-1x1"' in out.stdout, out.stderr
+    assert not (tmp_path / "runs").exists()

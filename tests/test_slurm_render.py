@@ -362,7 +362,7 @@ def test_a_dry_run_sweep_with_repeats_prints_one_job_array_per_layout(tmp_path: 
                   str(tmp_path / "runs"), "--dry-run", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert done.stdout.count("#!/bin/bash") == 2 and done.stdout.count("#SBATCH --array=0-1%1") == 2
-    assert "sweep-DRYRUN/1x2-rN-slurm/%A_%a_%t_log.out" in done.stdout
+    assert "sweep-nmt-tiny-strong-DRYRUN/1x2-rN-slurm/%A_%a_%t_log.out" in done.stdout  # the real sweep's name
     assert not (tmp_path / "runs").exists(), "a dry run must not create a run directory"
 
 
@@ -384,7 +384,7 @@ def test_a_sweeps_layouts_run_one_at_a_time_unless_they_get_whole_nodes(tmp_path
         assert names == {"scalelab-1x1-r", "scalelab-1x2-r"}
     else:
         assert done.stdout.count("#SBATCH --dependency=singleton") == 2 and done.stdout.count("--array=0-1%1") == 2
-        assert names == {"scalelab-sweep-DRYRUN"}
+        assert names == {"scalelab-sweep-nmt-tiny-strong-DRYRUN"}
     one = launch("run", "--backend", "slurm", "--runs-dir", str(tmp_path / "runs"), "--dry-run", cwd=tmp_path)
     assert one.returncode == 0 and "--dependency" not in one.stdout, one.stderr
 

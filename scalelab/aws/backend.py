@@ -37,7 +37,7 @@ from typing import Any, Callable, Iterator
 
 from scalelab.aws import mirror, render
 from scalelab.aws import teardown as td
-from scalelab.aws.bootstrap import LAUNCHER_HEARTBEAT, LAUNCHER_LOST, STOP_REQUEST, STOP_REQUESTED, is_missing, node_order
+from scalelab.aws.bootstrap import GC_RECORD, LAUNCHER_HEARTBEAT, LAUNCHER_LOST, STOP_REQUEST, STOP_REQUESTED, is_missing, node_order
 from scalelab.aws.options import AwsOptions, default_region
 from scalelab.aws.render import AwsRequest, Plan
 from scalelab.core.errors import ScalelabError, SpecError, shell_word
@@ -92,7 +92,13 @@ class AwsBackend(Backend):
         return default_region()  # AWS_REGION, AWS_DEFAULT_REGION, ~/.aws/config: no call
 
     def check(self, spec: Spec) -> None:
+        """What needs no remote call: the plan (types, GPUs, bucket, region), the wheel to ship, and a note on
+        types the default AMI cannot use; also for --dry-run, which printed a plan AWS would refuse."""
         plan = render.make_plan(spec, Path("runs/validate"), self.options, self.region())
+        wheel = str(self.options.get("wheel") or "")
+        if wheel and not Path(wheel).is_file():
+            raise SpecError(f"--backend-opt wheel={wheel}: no such file; give the path of a built wheel "
+                            f"(pip wheel --no-deps -w dist .), or leave it out to ship one built from this checkout")
         types = [*plan.node_types, *(self.options.get("fallback_instance_types") or [])]
         misses = [t for t in render.default_ami_misses(types, str(self.options.get("ami") or "")) if t not in _NOTED]
         if misses:
@@ -128,7 +134,12 @@ class AwsBackend(Backend):
     def schedule(self, request: AwsRequest) -> str:
         plan, run_dir = request.plan, Path(request.run_dir)
         self._plan = plan
-        self._refuse_while_running(plan, run_dir)
+        try:
+            self._refuse_while_running(plan, run_dir)
+        except Exception as exc:  # the first request of a launch: an endpoint that cannot be reached, bad keys
+            if _is_client_error(exc):
+                raise _user_error(exc, "checking for instances of the run", "nothing was started") from None
+            raise
         RunPaths(run_dir).logs.mkdir(parents=True, exist_ok=True)
         start_state(run_dir, backend=self.name, run_id=plan.run_id, region=plan.region, bucket=plan.bucket,
                     prefix=plan.prefix, node_types=plan.node_types, started=time.time(), generation=0,
@@ -268,9 +279,9 @@ class AwsBackend(Backend):
     def _check(self, run_dir: Path) -> RunStatus | None:
         """One look at the run: None while it goes on, else how it ended (instances still up)."""
         info = read_state(run_dir)
-        if info.get("state") == CANCELLED:  # `launch cancel` from another process
-            return RunStatus(CANCELLED, "cancelled")
         plan, gen, now = self._plan_for(run_dir), int(info["generation"]), time.time()
+        cancel_asked = info.get("state") == CANCELLED  # by `launch cancel` in another process
+        waited = self._cancel_waited(run_dir, info, now) if cancel_asked else None
         ec2 = self.client("ec2", plan.region)
         copy = run_dir / mirror.MIRROR_DIR
         statuses = mirror.json_files(copy / "status" / f"gen-{gen}", lambda n: not n.endswith(".heartbeat.json"))
@@ -278,7 +289,7 @@ class AwsBackend(Backend):
         notices = mirror.json_files(copy / "events" / f"gen-{gen}", lambda n: True)
         nodes = sorted(td.instances(ec2, plan.run_id, None, gen), key=node_order)
         if not nodes:
-            return RunStatus(FAILED, f"no instance of generation {gen} exists")
+            return RunStatus(CANCELLED, "cancelled") if cancel_asked else RunStatus(FAILED, f"no instance of generation {gen} exists")
         leader = nodes[0]["InstanceId"]
         lead = statuses.get(leader, {}).get("state")
         unsaid = self._silent_after_the_leader(run_dir, gen, nodes, statuses, now) if lead else []
@@ -299,14 +310,19 @@ class AwsBackend(Backend):
                 and statuses.get(n["InstanceId"], {}).get("state") not in ("completed", "cancelled")
                 and statuses.get(n["InstanceId"], {}).get("notice_on") in (None, n["InstanceId"])]  # not a peer's
         stopping = notices or gone or lead == "interrupted"
-        if any(s.get("reason") == STOP_REQUESTED for s in statuses.values()) or (stopping and self._stop_asked(info)):
+        if cancel_asked or any(s.get("reason") == STOP_REQUESTED for s in statuses.values()) or (
+                stopping and self._stop_asked(info)):
             # `launch cancel` from elsewhere: its ranks stopped on the stop request; not an interruption to
             # replace (that started a new generation while the cancel tore the run down, found on two played
             # instances; and again when the cancel's teardown ended the instances before their statuses
             # reached this mirror). Ended once the leader has said it saved (or is gone): the teardown must
             # not cut its checkpoint's upload.
             if lead is None and leader not in {n["InstanceId"] for n in nodes if n["State"]["Name"] in GONE_STATES}:
-                return None
+                if waited is None:  # no cancel recorded, or one seen less than the cancel's own wait ago
+                    return None
+                return RunStatus(CANCELLED, f"cancelled (`launch cancel`); the leader reported no checkpoint within "
+                                            f"{waited:g} s; `launch resume {shell_word(run_dir)}` continues from "
+                                            "the last checkpoint in S3")
             return self._ended(CANCELLED, f"cancelled (`launch cancel`); every rank stopped with a checkpoint; "
                                           f"`launch resume {shell_word(run_dir)}` continues it", unsaid)
         if stopping:
@@ -326,6 +342,23 @@ class AwsBackend(Backend):
         if now - float(info["started"]) > float(self.options["timeout_min"]) * 60:
             return RunStatus(FAILED, f"time limit of {self.options['timeout_min']} min reached (--time-limit-min)")
         return None
+
+    def _cancel_waited(self, run_dir: Path, info: dict, now: float) -> float | None:
+        """A run recorded CANCELLED by `launch cancel` in another process while this launcher follows it: None
+        while the cancel's own wait for the leader's checkpoint may still run, else that wait (s), after which
+        the run ends whatever the leader said. Why: the follower ended the run the moment launch.json said
+        CANCELLED, before the cancel had even put its stop request, and tore the instances down while the
+        leader was saving (no checkpoint; the cancel then waited 150 s for an instance already gone, and the
+        run's aws_end was recorded twice). The stop request is put here too (the cancel may have died before
+        it did): the nodes checkpoint and the ordinary stop path below ends the run once the leader has said
+        so or is gone."""
+        seen = info.get("cancel_seen")
+        if seen is None:
+            s3 = self.client("s3", info["region"])
+            s3.put_object(Bucket=info["bucket"], Key=f"{info['prefix']}/{STOP_REQUEST}", Body=b"cancel")
+            seen = update_state(run_dir, cancel_seen=now)["cancel_seen"]
+        wait_s = float(self.options["interruption_grace_s"]) + float(self.options["end_grace_s"])
+        return wait_s if now - float(seen) >= wait_s else None
 
     def _silent_after_the_leader(self, run_dir: Path, gen: int, nodes: list[dict], statuses: dict,
                                  now: float) -> list[str] | None:
@@ -445,10 +478,14 @@ class AwsBackend(Backend):
         removed = td.teardown(self.client("ec2", region), info["run_id"], poll_s=min(5.0, float(self.options["poll_s"])),
                               placement_groups=created_pgs, give_up=STOP_NOW.is_set)
         self._mark_ended(run_dir)
-        info = update_state(run_dir, removed=removed)
+        with edit_state(run_dir) as info:  # once per launch: a cancel from elsewhere and the follower both tear down
+            first = info.get("torn_down") != info.get("started")
+            if first:
+                info.update(removed=removed, torn_down=info.get("started"))
         self._beat_ended(info)
-        state = info["state"] if info.get("state") in TERMINAL else state
-        mirror.event(run_dir, "aws_end", state=state, **mirror.cost_facts(run_dir, info))
+        if first:
+            state = info["state"] if info.get("state") in TERMINAL else state
+            mirror.event(run_dir, "aws_end", state=state, **mirror.cost_facts(run_dir, info))
 
     def _beat_ended(self, info: dict[str, Any]) -> None:
         """Mark the heartbeat ended: `launch aws gc` may then remove what the teardown kept at once."""
@@ -467,7 +504,42 @@ class AwsBackend(Backend):
         live = td.instances(self.client("ec2", info["region"]), info["run_id"], ["pending", "running"])
         if live:
             return RunStatus(RUNNING, f"{len(live)} instance(s) up, generation {info.get('generation')}")
-        return RunStatus(UNKNOWN, "no instance is up and the launcher did not record how the run ended")
+        return self._ended_unfollowed(Path(run_dir), info) or RunStatus(
+            UNKNOWN, "no instance is up and the launcher did not record how the run ended")
+
+    def _ended_unfollowed(self, run_dir: Path, info: dict) -> RunStatus | None:
+        """How a run no launcher recorded the end of ended, as S3 says: removed by `launch aws gc` (its record,
+        control/gc.json), or its instances stopped themselves when the launcher's heartbeat went stale; None
+        when S3 says neither. Why: after a killed launcher and `launch aws gc --run-id R --force`, `launch
+        status` said UNKNOWN for ever, though gc and the nodes knew how the run had ended."""
+        from botocore.exceptions import ClientError
+
+        s3 = self.client("s3", info["region"])
+        run = shell_word(run_dir)
+        try:
+            gc = json.loads(s3.get_object(Bucket=info["bucket"], Key=f"{info['prefix']}/{GC_RECORD}")["Body"].read())
+        except (ClientError, ValueError) as exc:
+            if isinstance(exc, ClientError) and not is_missing(exc):
+                raise
+            gc = None
+        if isinstance(gc, dict) and isinstance(gc.get("time"), (int, float)) and gc["time"] >= float(info.get("started", 0)):
+            when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(gc["time"]))
+            return RunStatus(CANCELLED, f"its instances were removed by `launch aws gc` on {gc.get('host', 'a host')} "
+                                        f"at {when}, no launcher following it; `launch resume {run}` continues from the "
+                                        "last checkpoint in S3")
+        prefix = f"{info['prefix']}/status/gen-{info.get('generation', 0)}/"
+        for obj in s3.list_objects_v2(Bucket=info["bucket"], Prefix=prefix).get("Contents", []):
+            if obj["Key"].endswith(".heartbeat.json") or not obj["Key"].endswith(".json"):
+                continue
+            try:
+                said = json.loads(s3.get_object(Bucket=info["bucket"], Key=obj["Key"])["Body"].read())
+            except (ClientError, ValueError):
+                continue
+            if isinstance(said, dict) and said.get("reason") == LAUNCHER_LOST:
+                return RunStatus(FAILED, f"the instances stopped themselves: no heartbeat from the launcher for "
+                                         f"{self.options['heartbeat_timeout_min']:g} min (was it killed?); "
+                                         f"`launch resume {run}` continues from the last checkpoint")
+        return None
 
     def logs(self, run_dir: Path) -> str:
         run_dir = Path(run_dir)
@@ -527,12 +599,19 @@ class AwsBackend(Backend):
              f"(end_grace_s) for the others' last records, then terminating its {len(up)} instance(s); "
              "Ctrl-C again terminates them at once, without the checkpoint")
         leader = min(td.instances(ec2, info["run_id"], None, gen), key=node_order, default=None)
-        said = _final_statuses_of(s3, info, gen, every_s=min(5.0, float(self.options["poll_s"])))
-        # the leader's final status (not a heartbeat nor another node's): it checkpointed
-        if not wait_until(lambda: STOP_NOW.is_set() or (said() & {leader["InstanceId"]} if leader else said()),
+        every_s = min(5.0, float(self.options["poll_s"]))
+        said = _final_statuses_of(s3, info, gen, every_s=every_s)
+        gone = _gone_of(ec2, leader["InstanceId"] if leader else None, every_s)
+        # the leader's final status (not a heartbeat nor another node's): it checkpointed; or the leader is gone
+        # (the launcher that follows the run ended it once it had said so): nothing more will come
+        if not wait_until(lambda: STOP_NOW.is_set() or (said() & {leader["InstanceId"]} if leader else said()) or gone(),
                           grace_s, interval_s=0.5):
             _say(f"no checkpoint reported within {grace_s:g} s: terminating the instances anyway; "
                  f"`launch resume {shell_word(run_dir)}` continues from the last checkpoint in S3")
+            return
+        if leader and gone() and not said() & {leader["InstanceId"]}:
+            _say(f"the leader's instance {leader['InstanceId']} is gone (ended by the launcher that follows the run, "
+                 "or by AWS): not waiting for its checkpoint any longer")
             return
         # then every other instance still up: it writes its final status after its ranks' last records
         def silent() -> set[str]:
@@ -562,6 +641,29 @@ def _final_statuses_of(s3, info: dict, gen: int, every_s: float) -> Callable[[],
         return ids[0]
 
     return said
+
+
+def _gone_of(ec2, instance_id: str | None, every_s: float) -> Callable[[], bool]:
+    """A function saying whether instance `instance_id` no longer runs (GONE_STATES, or not found), asking EC2
+    at most every `every_s`; always False without an instance. Why: `launch cancel` waited its whole
+    interruption_grace_s (150 s) for the checkpoint of a leader that the launcher following the run had
+    already terminated."""
+    last, answer = [float("-inf")], [False]
+
+    def gone() -> bool:
+        if instance_id is not None and not answer[0] and time.monotonic() - last[0] >= every_s:
+            last[0] = time.monotonic()
+            try:
+                found = [i for r in ec2.describe_instances(InstanceIds=[instance_id])["Reservations"]
+                         for i in r["Instances"]]
+            except Exception as exc:  # an instance terminated long ago: InvalidInstanceID.NotFound
+                if not str(_error_code(exc) or "").endswith("NotFound"):
+                    raise
+                found = []
+            answer[0] = not found or all(i["State"]["Name"] in GONE_STATES for i in found)
+        return answer[0]
+
+    return gone
 
 
 def _beat(s3, bucket: str, prefix: str, timeout_s: float, ended: bool = False) -> None:
@@ -630,22 +732,28 @@ def _error_code(exc: BaseException) -> str | None:
     return (response or {}).get("Error", {}).get("Code") if isinstance(response, dict) else None
 
 
+UNREACHABLE = ("EndpointConnectionError", "ConnectTimeoutError", "ConnectionClosedError", "ReadTimeoutError")
+
+
 def _is_client_error(exc: BaseException) -> bool:
-    return _error_code(exc) is not None or type(exc).__name__ in ("NoCredentialsError", "EndpointConnectionError",
-                                                                  "NoRegionError")
+    return _error_code(exc) is not None or type(exc).__name__ in ("NoCredentialsError", "NoRegionError", *UNREACHABLE)
 
 
-def _user_error(exc: BaseException, doing: str) -> BaseException:
+def _user_error(exc: BaseException, doing: str,
+                outcome: str = "every instance of the run was terminated") -> BaseException:
     """AWS's answer as one line: the operation, the error code and AWS's message."""
     if not _is_client_error(exc):
         return exc
     if type(exc).__name__ == "NoCredentialsError":
         return ScalelabError("no AWS credentials found: run `aws configure`, or set AWS_PROFILE or "
                              "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY")
+    if type(exc).__name__ in UNREACHABLE:  # botocore's words name the endpoint: one line, not 158 of traceback
+        return ScalelabError(f"cannot reach AWS while {doing}: {exc}; check the network, the region and "
+                             f"AWS_ENDPOINT_URL if set; {outcome}")
     err = getattr(exc, "response", {}).get("Error", {}) if _error_code(exc) else {}
     op = getattr(exc, "operation_name", "")
     msg = f"{err.get('Code')}: {err.get('Message')}" if err else str(exc)
-    return ScalelabError(f"AWS refused {op or 'a request'} while {doing}: {msg}; every instance of the run was terminated")
+    return ScalelabError(f"AWS refused {op or 'a request'} while {doing}: {msg}; {outcome}")
 
 
 def pack_code(folder: Path, files: list[str]) -> bytes:

@@ -47,6 +47,7 @@ from scalelab.core.writes import extract_inside, open_inside
 METADATA_URL = "http://169.254.169.254"
 SCRIPT_CHECKPOINTS = "checkpoint"  # RUN_DIR/checkpoint/: a --script's own files (scalelab/train/track.py)
 LAUNCHER_HEARTBEAT = "control/launcher.json"  # the launcher rewrites it on every poll (scalelab/aws/backend.py)
+GC_RECORD = "control/gc.json"  # written by `launch aws gc` when it removes the run (scalelab/aws/cli.py)
 STOP_REQUEST = "control/stop"  # written by `launch cancel` and by a launcher stopped by a signal
 # Why a node stopped its ranks early (`reason` in its status): the launcher reads LAUNCHER_LOST.
 SPOT_NOTICE, STOP_REQUESTED, LAUNCHER_LOST = "spot_notice", "stop_requested", "launcher_lost"

@@ -62,11 +62,13 @@ def gc_cmd(region: str | None, run_id: str | None, dry_run: bool, force: bool) -
             click.echo("nothing left by scalelab runs")
             return
         runs = _not_followed(ec2, s3, found, force)
+        for rid in runs:  # listed once it is known to go: a skipped run's resources stay, so they are not listed
+            _list(found[rid], "would remove" if dry_run else "removing")
         if dry_run:
             click.echo("(dry run: nothing removed)")
             return
         for rid in runs:
-            _remove(ec2, rid)
+            _remove(ec2, s3, rid, found[rid])
     except (ClientError, BotoCoreError) as exc:
         raise ScalelabError(f"AWS refused the clean-up: {exc}") from None
 
@@ -81,15 +83,6 @@ def _found(ec2, run_id: str | None) -> dict[str, list[dict]]:
     vols = td.volumes(ec2, run_id, ["available"])
     for p in problems:
         click.echo(f"warning: {p}", err=True)
-    for i in live:
-        tags = {t["Key"]: t["Value"] for t in i.get("Tags", [])}
-        click.echo(f"instance {i['InstanceId']} {i['InstanceType']} {i['State']['Name']} run {tags.get(td.TAG_RUN)}")
-    for g in sgs:
-        click.echo(f"security-group {g['GroupId']} {g['GroupName']}")
-    for g in pgs:
-        click.echo(f"placement-group {g['GroupName']}")
-    for v in vols:
-        click.echo(f"volume {v['VolumeId']} {v['Size']} GB")
     by_run: dict[str, list[dict]] = {}
     for r in [*live, *sgs, *pgs, *vols]:
         rid = td._tagged(r, run_id)
@@ -117,11 +110,54 @@ def _not_followed(ec2, s3, found: dict[str, list[dict]], force: bool) -> list[st
     return runs
 
 
-def _remove(ec2, rid: str) -> None:
+def _list(resources: list[dict], doing: str) -> None:
+    """The resources of one run gc removes, a line each (stdout). Why only those: gc listed every resource found,
+    a skipped run's too, so its output read as if the instances of a run a launcher follows had been removed."""
     from scalelab.aws import teardown as td
 
+    for r in resources:
+        tags = {t["Key"]: t["Value"] for t in r.get("Tags", []) or []}
+        if "InstanceId" in r:
+            what = f"instance {r['InstanceId']} {r['InstanceType']} {r['State']['Name']} run {tags.get(td.TAG_RUN)}"
+        elif "GroupId" in r:
+            what = f"security-group {r['GroupId']} {r['GroupName']}"
+        elif "VolumeId" in r:
+            what = f"volume {r['VolumeId']} {r['Size']} GB"
+        else:
+            what = f"placement-group {r['GroupName']}"
+        click.echo(f"{doing}: {what}")
+
+
+def _remove(ec2, s3, rid: str, resources: list[dict]) -> None:
+    from scalelab.aws import teardown as td
+
+    _record_gc(ec2, s3, resources)  # first: a run gc is ending says so, whatever the teardown meets
     removed = td.teardown(ec2, rid)
     click.echo(f"run {rid}: terminated {len(removed['instances'])} instance(s), deleted "
                f"{len(removed['volumes'])} volume(s), {len(removed['security_groups'])} security group(s) "
                f"and {len(removed['placement_groups'])} placement group(s)"
                + (f"; kept {', '.join(removed['kept'])}" if removed["kept"] else ""))
+
+
+def _record_gc(ec2, s3, resources: list[dict]) -> None:
+    """Put control/gc.json beside the run's launcher heartbeat (its prefix in S3): `launch status` of the run then
+    records it CANCELLED by gc, with when and from where (AwsBackend.status). Why: after `gc --run-id R --force`
+    the run stayed UNKNOWN ("the launcher did not record how the run ended") for ever. Nothing names the prefix
+    (no heartbeat tag, no user data): nothing is put; a put S3 refuses does not stop the clean-up."""
+    import json
+    import socket
+    import time
+
+    from scalelab.aws.bootstrap import GC_RECORD, LAUNCHER_HEARTBEAT
+    from scalelab.aws.liveness import heartbeat_url
+
+    url = heartbeat_url(ec2, resources)
+    if not url or not url.endswith("/" + LAUNCHER_HEARTBEAT):
+        return
+    bucket, _, key = url.removeprefix("s3://").partition("/")
+    body = {"time": time.time(), "host": socket.gethostname(), "instances": sum("InstanceId" in r for r in resources)}
+    try:
+        s3.put_object(Bucket=bucket, Key=key.removesuffix(LAUNCHER_HEARTBEAT) + GC_RECORD,
+                      Body=json.dumps(body).encode())
+    except Exception as exc:  # noqa: BLE001 - the clean-up matters more than its record
+        click.echo(f"warning: could not record the clean-up in s3://{bucket}/{key.rsplit('/', 1)[0]}/ ({exc})", err=True)

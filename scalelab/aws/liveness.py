@@ -85,10 +85,33 @@ def launcher_of(s3, ec2, resources: list[dict[str, Any]]) -> Launcher:
     timeout = _number(body.get("timeout_s")) or DEFAULT_TIMEOUT_S
     age = _server_now(obj) - obj["LastModified"].timestamp()
     who = f"pid {body['pid']} on {body['host']}" if body.get("pid") and body.get("host") else "unknown"
+    if age < timeout and _dead_here(body):
+        return Launcher(False, f"its launcher ({who}) is gone: no such process on this host, though it wrote its "
+                               f"heartbeat {max(age, 0):.0f} s ago")
     if age < timeout:
         return Launcher(True, f"its launcher ({who}) wrote its heartbeat {max(age, 0):.0f} s ago "
                               f"(stale after {timeout / 60:g} min, its --heartbeat-timeout-min)")
     return Launcher(False, f"its launcher heartbeat is {age / 60:.1f} min old (stale after {timeout / 60:g} min)")
+
+
+def _dead_here(body: dict[str, Any]) -> bool:
+    """Whether the heartbeat's launcher ran on this host and its process is gone. Why: gc of a run whose launcher
+    had been SIGKILLed seconds before, on the same machine, skipped it as followed ("wrote its heartbeat 6 s ago")
+    while `launch status` said no launcher follows it. Another host's pid cannot be asked: its heartbeat's age
+    decides, as before."""
+    import os
+    import socket
+
+    pid = body.get("pid")
+    if body.get("host") != socket.gethostname() or isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # it exists, another user's
+        return False
+    return False
 
 
 def _json(raw: bytes) -> dict[str, Any]:

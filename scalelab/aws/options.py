@@ -65,6 +65,18 @@ def s3_bucket_name(name: str) -> str | None:
     return f"{broken} (S3's naming rules), e.g. my-team-scalelab" if broken else None
 
 
+MAX_GP3_GIB = 16384  # EC2 refuses a larger gp3 volume (the root volume's type, scalelab/aws/render.py)
+
+
+def ami_id(value: str) -> str | None:
+    """An image EC2 can start: `ami-` and 8 or 17 hex digits, or an SSM parameter (`resolve:ssm:/path`), as
+    RunInstances' ImageId takes. Why here: `--ami foo` passed the dry run and failed only at RunInstances,
+    after the security group and the upload."""
+    if not value or re.fullmatch(r"ami-(?:[0-9a-f]{8}|[0-9a-f]{17})", value) or re.fullmatch(r"resolve:ssm:\S+", value):
+        return None
+    return "must be an AMI id (ami- and 8 or 17 hex digits, e.g. ami-0abcdef1234567890) or resolve:ssm:/PARAMETER"
+
+
 @dataclass(frozen=True)
 class AwsOptions(BackendOptions, CloudFleet):
     """EC2 instances, S3 and the limits that keep a run from costing more than asked."""
@@ -79,7 +91,8 @@ class AwsOptions(BackendOptions, CloudFleet):
                                 flag="--instance-type")
     fallback_instance_types: list[str] = option([], "Type used when the first has no (spot) capacity (repeatable).",
                                                 flag="--fallback-instance-type")
-    ami: str = option("", "AMI id [default: the region's AWS Deep Learning AMI with PyTorch, via SSM].", flag="--ami")
+    ami: str = option("", "AMI id [default: the region's AWS Deep Learning AMI with PyTorch, via SSM].", ami_id,
+                      flag="--ami")
     subnet_id: str = option("", "Subnet to launch into [default: the default VPC's].", flag="--subnet")
     security_group_id: str = option("", "Existing security group [default: one per run, traffic only inside it].",
                                     flag="--security-group")
@@ -101,7 +114,9 @@ class AwsOptions(BackendOptions, CloudFleet):
                                           "launcher's heartbeat in S3 is this many minutes old (a killed "
                                           "launcher, a closed laptop).", above(0), at_most(MAX_MINUTES, MINUTES_LIMIT),
                                           flag="--heartbeat-timeout-min")
-    volume_gb: int = option(100, "Root volume of each instance in GB.", at_least(1))
+    volume_gb: int = option(100, "Root volume of each instance in GB.", at_least(1),
+                            at_most(MAX_GP3_GIB, f"must be at most {MAX_GP3_GIB:,}, the largest gp3 volume EC2 "
+                                                 "makes (16 TiB)"))
     max_replacements: int = option(3, "Spot capacity replaced at most this often.", at_least(0))
     report_timeout_min: float = option(20.0, "A node that never reports by then fails the run.", above(0))
     interruption_grace_s: float = option(150.0, "Wait this long for the checkpoint after a spot notice.", at_least(0))

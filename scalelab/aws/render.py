@@ -92,10 +92,12 @@ def cloud_run_id(run_dir: Path) -> str:
     """The id that tags a run's instances, volumes, groups and S3 prefix. A layout of a sweep or a
     probe is named by its layout alone (`1x1`, `g5.xlarge-1x1`), so two sweeps in one bucket would
     share tags and one's teardown would end the other's instances: a layout's id carries its sweep's
-    (timestamped, unique) name as well."""
+    (timestamped, unique) name as well. A sweep's --dry-run layout (RUNS/NAME-DRYRUN/1x1, a directory never made)
+    is named as the real one would be, DRYRUN for the date and time: it printed `1x1`, a name no sweep sends."""
     run_dir = Path(run_dir)
     parent = run_dir.parent
-    return f"{parent.name}-{run_dir.name}" if parent.name and is_sweep(parent) else run_dir.name
+    dry_sweep = parent.name.endswith("-DRYRUN") and not run_dir.name.endswith("-DRYRUN")
+    return f"{parent.name}-{run_dir.name}" if parent.name and (dry_sweep or is_sweep(parent)) else run_dir.name
 
 
 def prerequisites_missing(options: Mapping[str, Any], region: str) -> list[str]:

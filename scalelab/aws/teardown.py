@@ -103,6 +103,9 @@ def teardown(ec2, run_id: str | None, wait_s: float = 600, poll_s: float = 5,
     return removed
 
 
+GONE_CODES = (".NotFound", ".Unknown")  # InvalidGroup.NotFound, InvalidVolume.NotFound, InvalidPlacementGroup.Unknown
+
+
 def _delete(removed: dict[str, list[str]], kind: str, name: str, call) -> None:
     from botocore.exceptions import ClientError
 
@@ -110,4 +113,6 @@ def _delete(removed: dict[str, list[str]], kind: str, name: str, call) -> None:
         call()
         removed[kind].append(name)
     except ClientError as exc:  # e.g. DependencyViolation while an instance is still shutting down
+        if str(exc.response.get("Error", {}).get("Code", "")).endswith(GONE_CODES):
+            return  # deleted meanwhile by another teardown of the run (a `launch cancel` beside its launcher)
         removed["kept"].append(f"{name} ({exc.response.get('Error', {}).get('Code')}; `launch aws gc` retries)")

@@ -192,6 +192,14 @@ class Backend(ABC):
     def check(self, spec: Spec) -> None:
         """The backend's own checks for `validate`."""
 
+    def check_dry_run(self, spec: Spec) -> None:
+        """The checks `--dry-run` makes before it prints the request: the backend's own (`check`: no remote call),
+        so that a dry run shows the refusals and notes the real launch would (the AWS note on a type the default
+        AMI cannot use; a volume or wheel AWS would refuse). Why: the dry run returned before them and printed a
+        plan the launch then refused. Not `validate`'s tools of this machine (Horovod built), which a request
+        printed to be read need not have."""
+        self.check(spec)
+
     def for_spec(self, spec: Spec) -> Backend:
         """This backend with `spec`'s own options: the runs of a probe differ in instance type or GPU
         type, and each must be sent with its own. The same object when they are this one's; else a

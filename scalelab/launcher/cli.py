@@ -27,7 +27,7 @@ import click
 from rich.markup import escape
 
 from scalelab.core.checks import InputFile, OutputDir
-from scalelab.core.errors import NotQueued, ScalelabError, SpecError, shell_word
+from scalelab.core.errors import ScalelabError, SpecError, shell_word
 from scalelab.core.flags import (  # noqa: F401
     SPEC_FLAGS,
     DataFlag,
@@ -627,6 +627,7 @@ def run_cmd(detach: bool, rank_output: str | None, **params: Any) -> None:
     if detach:
         detaching(backend)
     if params["dry_run"]:
+        backend.check_dry_run(spec)
         run_dir = dryrun_dir(Path(params["runs_dir"]), spec.name or spec.model)
         click.echo(backend.submit_dryrun(spec, run_dir).render())
         show_quote([(spec, 1)], params)
@@ -636,9 +637,10 @@ def run_cmd(detach: bool, rank_output: str | None, **params: Any) -> None:
     run_dir = new_run_dir(Path(params["runs_dir"]), spec.name or f"{spec.model}-{spec.engine.name}-{spec.nodes}x{spec.gpus_per_node}")
     try:
         run_and_show(backend, spec, run_dir, detach, echo)
-    except (WriteError, NotQueued, OSError) as exc:
-        # a full or read-only disk before the launch, a submission Slurm refused: leave no empty run directory
-        # (`launch ls` listed a refused one as NEW for ever), or say how to remove it where it cannot be
+    except (ScalelabError, OSError) as exc:
+        # a full or read-only disk before the launch, a submission Slurm refused, a cloud or cluster that cannot be
+        # reached: leave no run directory that was never launched (no launch.json; `launch ls` listed a refused one
+        # as NEW for ever), or say how to remove it where it cannot be
         if isinstance(exc, OSError) and not is_write_failure(exc):
             raise
         left = discard_unlaunched(run_dir)
@@ -820,10 +822,12 @@ def sweep_cmd(workers: str | None, layouts: str | None, batch_scaling: str | Non
     specs = sweep_specs(base, parse_layouts(workers, layouts), batch_scaling=axes[0], work_scaling=axes[1])
     mode = sweep_name(*axes)
     backend = get_backend(base.backend, base.backend_options)
-    if params["dry_run"]:
-        backend = backend.for_sweep("sweep-DRYRUN")
+    if params["dry_run"]:  # named as the real sweep's directory, DRYRUN for its date and time
+        dry = dryrun_dir(Path(params["runs_dir"]), base.name or f"sweep-{base.model}-{mode}")
+        backend = backend.for_sweep(dry.name)
+        backend.check_dry_run(base)
         for spec in specs:
-            run_dir = Path(params["runs_dir"]) / f"sweep-DRYRUN/{spec.nodes}x{spec.gpus_per_node}"
+            run_dir = dry / f"{spec.nodes}x{spec.gpus_per_node}"
             for request in backend.submit_dryrun_batch(spec, repeat_dirs(run_dir, repeats)):
                 click.echo(request.render())
         show_quote([(spec, repeats) for spec in specs], params)

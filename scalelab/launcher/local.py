@@ -214,6 +214,9 @@ class LocalBackend(Backend):
 
     # ---- render (pure) ---------------------------------------------------------------------------
 
+    def check_dry_run(self, spec: Spec) -> None:
+        """None: the local checks are of this machine's tools, GPUs and cores, which a dry run need not have."""
+
     def check(self, spec: Spec) -> None:
         if starter_of(spec.engine.name).needs_horovod and tool_path("horovodrun") is None:
             raise EngineError("horovodrun is not installed beside this Python nor on PATH; install Horovod with scripts/build-horovod.sh")

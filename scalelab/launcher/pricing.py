@@ -147,8 +147,13 @@ def time_limit_warning(spec: Spec, hours: float) -> list[str]:
         return []
     if not limit or math.isnan(hours) or hours * 60 <= limit:
         return []
-    return [f"  warning: the expected {hours * 60:,.0f} min is longer than --time-limit-min {limit:g}: the run "
-            f"would be stopped at {limit:g} min; raise --time-limit-min (or lower --steps)"]
+    from scalelab.core.terminal import duration_text
+
+    # durations said as durations (20 s, 12.5 min, 2.11 h): "the expected 0 min is longer than --time-limit-min 0.2"
+    # read as a contradiction for a run of 20 s
+    said = f" ({duration_text(limit * 60)})" if limit * 60 < 90 else ""
+    return [f"  warning: the expected {duration_text(hours * 3600)} is longer than --time-limit-min {limit:g}{said}: the "
+            f"run would be stopped at {limit:g} min; raise --time-limit-min (or lower --steps)"]
 
 
 def fleet_rate(spec: Spec) -> float | None:

@@ -21,7 +21,7 @@ import sys
 from contextlib import ExitStack
 from pathlib import Path
 
-from scalelab.core.errors import NotQueued, ScalelabError, SpecError, shell_word
+from scalelab.core.errors import ScalelabError, SpecError, shell_word
 from scalelab.core.rundir import (
     CANCELLED,
     COMPLETED,
@@ -192,14 +192,15 @@ def run_sweep(backend, specs: list[Spec], runs_root: Path, name: str, repeats: i
     write_json(sweep_dir / SWEEP_FILE, {"runs": names, "layouts": [[s.nodes, s.gpus_per_node] for s in specs]})
     try:
         return continue_sweep(backend, sweep_dir)
-    except NotQueued:
+    except ScalelabError:
         _discard_unlaunched_sweep(sweep_dir)
         raise
 
 
 def _discard_unlaunched_sweep(sweep_dir: Path) -> None:
     """Remove a sweep directory this launcher just made when none of its layouts was launched (a submission Slurm
-    refused, before anything was queued): as a refused run's, it holds nothing to resume or report."""
+    refused, a cloud or cluster that cannot be reached, before anything was started): as a refused run's, it holds
+    nothing to resume or report."""
     if not any(RunPaths(run_dir).launch.exists() for run_dir in sweep_runs(sweep_dir)):
         shutil.rmtree(sweep_dir, ignore_errors=True)
 
