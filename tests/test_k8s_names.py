@@ -86,7 +86,7 @@ def test_the_sweep_dry_run_names_its_layouts_after_the_sweep(tmp_path: Path) -> 
                  "--name", "mysweep", "--runs-dir", str(tmp_path / "runs"), "--dry-run", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     names = {d["metadata"]["name"] for d in yaml.safe_load_all(out.stdout) if d and d["kind"] == "Job"}
-    assert names == {"sweep-dryrun-1x1", "sweep-dryrun-1x2"}, names
+    assert names == {"mysweep-dryrun-1x1", "mysweep-dryrun-1x2"}, names  # the sweep's --name, DRYRUN for its time
     assert "/scalelab/runs/run-1x" not in out.stdout
 
 
