@@ -83,7 +83,7 @@ def _make_pages(tmp: Path) -> dict[str, Path]:
         proc = launch(*argv, cwd=tmp, env=env)
         assert proc.returncode == 0, proc.stderr
         out[name] = {"plan": tmp / "plan" / "plan.html", "csv": tmp / "csv" / "report.html"}.get(
-            name, tmp / proc.stdout.strip().splitlines()[-1])  # printed relative to the working directory
+            name, Path(proc.stdout.strip().splitlines()[-1]))  # printed absolute
     return out
 
 

@@ -269,5 +269,6 @@ def test_html_report_paths_are_printed_one_way(tmp_path):
     both = launch("report", *map(str, runs), "--format", "html", cwd=tmp_path, env=env)
     assert one.returncode == 0 and both.returncode == 0, (one.stderr, both.stderr)
     shown = [one.stdout.strip().splitlines()[-1], both.stdout.strip().splitlines()[-1]]
-    assert shown[0] == "runs/r1/report.html" and shown[1].startswith("runs/.reports/"), shown
-    assert all((tmp_path / s).is_file() for s in shown), shown
+    assert shown[0] == str(tmp_path.resolve() / "runs/r1/report.html"), shown  # absolute both: opens from anywhere
+    assert shown[1].startswith(str(tmp_path.resolve() / "runs/.reports/")), shown
+    assert all(Path(s).is_absolute() and Path(s).is_file() for s in shown), shown

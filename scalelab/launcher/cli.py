@@ -1025,13 +1025,10 @@ REPORT_COST_COLUMNS = ("instances", "market", "usd_per_hour", "billed_seconds", 
 
 
 def _shown_path(path: Path) -> Path:
-    """`path` as printed: relative to the working directory where it lies under it, else absolute, whatever form it
-    was made in. Why: `report --format html` printed a relative path for one directory and an absolute one for
-    several."""
-    try:
-        return path.resolve().relative_to(Path.cwd().resolve())
-    except (ValueError, OSError):
-        return path.resolve()
+    """`path` as printed: absolute, whatever form it was made in, so that it opens from any directory (`xdg-open
+    "$(launch report --format html ...)"`). Why: `report --format html` printed a relative path for one directory
+    and an absolute one for several."""
+    return path.resolve()
 
 
 def write_html_report(report, paths: list[Path]) -> Path:
