@@ -400,8 +400,11 @@ def run(run_dir: Path) -> int:
             print(f"scalelab: warning: --loss-threshold {spec.loss_threshold:g} could not be judged: the script recorded "
                   "no validation loss; call `track.validation(loss=v)` after each validation (README: \"Your own training "
                   "script\")", file=sys.stderr, flush=True)
+    # `imports_track`: whether the script imported `scalelab.track`, so that a report of a run with no step can tell
+    # a script that never used track (add it) from one that skipped its training (resumed from another layout's
+    # checkpoint): the advice to add track given to a script that called it was wrong
     out.event("end", step=state.step, reason=reason, elapsed_s=state.elapsed, exit_code=code,
-              wall_s=time.perf_counter() - started)
+              wall_s=time.perf_counter() - started, imports_track="scalelab.track" in sys.modules)
     out.close()
     return code
 

@@ -1,0 +1,71 @@
+"""A torchrun user's review of own scripts (`launch --script`), as each defect was seen:
+
+- a sweep whose second layout resumed from the first layout's checkpoint (in a folder of the script's own) and took
+  no step made the whole sweep's report an error (exit 2, no table), telling a script that calls `track.step`
+  to add it: the layout is now left out with why, the others reported;
+- the terminal table of a script sweep lost its only throughput column (samples/s, droppable as the built-in
+  models' second column) where it had to leave columns out;
+- a DataLoader worker's exception made the run's one-line error a block of the worker's whole traceback;
+- `launch status` of a run whose rank 1 exited 3 said "exit codes [1]", torchrun's agent's status.
+
+Each on every engine it touches: ddp and horovod (the `single` engine where one process is the rank).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import launch, needs_horovod, only_run_dir
+
+ENGINES = ["ddp", pytest.param("horovod", marks=needs_horovod)]
+
+# Trains 12 steps unless an earlier layout left its mark in the working directory (as a script that saves to
+# ./ckpt and resumes from there): then it takes no step and exits 0. IMPORT says where it imports track.
+SKIPS = """import os, sys, time
+{top}
+if os.path.exists("trained"):
+    print("resumed after the last step: nothing to do", flush=True)
+    sys.exit(0)
+{inside}
+for _ in range(12):
+    time.sleep(0.01)
+    track.step(items=4, loss=1.0)
+if (os.environ.get("RANK") or os.environ.get("HOROVOD_RANK") or "0") == "0":
+    open("trained", "w").close()
+"""
+IMPORT = "from scalelab import track"
+
+
+def prose(text: str) -> str:
+    """Warnings and notes, wrapped between words in the terminal, as one line."""
+    return " ".join(text.split())
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_layout_that_took_no_step_is_left_out_of_its_sweeps_report_saying_why(engine: str, tmp_path: Path) -> None:
+    (tmp_path / "skips.py").write_text(SKIPS.format(top=IMPORT, inside=""))
+    proc = launch("sweep", "--script", "skips.py", "--engine", engine, "--workers", "1,2", "--device", "cpu",
+                  cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    sweep = only_run_dir(tmp_path / "runs")
+    said = prose(proc.stderr)
+    assert "1x2: skips.py ran" in said and "recorded no step, though it imports scalelab.track" in said, said
+    assert "left out of the report" in said and "to measure it, add" not in said, said
+    assert [r["workers"] for r in json.loads((sweep / "report.json").read_text())] == [1]
+    assert "samples/s" in proc.stdout and "1x1" in proc.stdout, proc.stdout
+    again = launch("report", str(sweep), cwd=tmp_path)
+    assert again.returncode == 0 and "recorded no step, though it imports scalelab.track" in prose(again.stderr), \
+        again.stderr[-3000:]
+
+
+def test_a_layout_whose_script_never_used_track_is_told_to_add_it(tmp_path: Path) -> None:
+    """The advice to add track stands where the script never imported it (here: only on the path that trains)."""
+    (tmp_path / "skips.py").write_text(SKIPS.format(top="", inside=IMPORT))
+    proc = launch("sweep", "--script", "skips.py", "--workers", "1,2", "--device", "cpu", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    said = prose(proc.stderr)
+    assert "1x2: skips.py ran" in said and "has no step records; to measure it, add `from scalelab import track`" \
+        in said and "though it imports" not in said, said
