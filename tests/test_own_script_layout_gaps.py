@@ -69,3 +69,20 @@ def test_a_layout_whose_script_never_used_track_is_told_to_add_it(tmp_path: Path
     said = prose(proc.stderr)
     assert "1x2: skips.py ran" in said and "has no step records; to measure it, add `from scalelab import track`" \
         in said and "though it imports" not in said, said
+
+
+def test_a_script_tables_throughput_column_stays_whatever_else_must_go() -> None:
+    """samples/s is a --script's headline (its items); for the built-in models it is the second column, which goes
+    before the others where the table is too wide."""
+    from test_trust import summary
+
+    from scalelab.analysis.report import fitting_columns
+    from scalelab.analysis.scaling import scale_layouts
+
+    script = scale_layouts([summary(1, 1000.0, unit="samples", samples_per_s=1000.0),
+                            summary(2, 1900.0, unit="samples", samples_per_s=1900.0)])
+    builtin = scale_layouts([summary(1, 1000.0), summary(2, 1900.0)])
+    for width in (60, 100, 200):
+        assert "samples/s" in [h for h, _, _ in fitting_columns(script, width)], width
+        assert "words/s" in [h for h, _, _ in fitting_columns(builtin, width)], width
+    assert "samples/s" not in [h for h, _, _ in fitting_columns(builtin, 60)]
