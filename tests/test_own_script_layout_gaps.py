@@ -86,3 +86,71 @@ def test_a_script_tables_throughput_column_stays_whatever_else_must_go() -> None
         assert "samples/s" in [h for h, _, _ in fitting_columns(script, width)], width
         assert "words/s" in [h for h, _, _ in fitting_columns(builtin, width)], width
     assert "samples/s" not in [h for h, _, _ in fitting_columns(builtin, 60)]
+
+
+# Rank 0's DataLoader worker raises on sample 37: torch re-raises it in the rank with the worker's whole traceback
+# in the message.
+DL_ERROR = """import os, torch
+from torch.utils.data import DataLoader, Dataset
+class Samples(Dataset):
+    def __len__(self):
+        return 100
+    def __getitem__(self, i):
+        if i == 37 and (os.environ.get("RANK") or os.environ.get("HOROVOD_RANK") or "0") == "0":
+            raise ValueError(f"bad sample {i}")
+        return torch.tensor([float(i)])
+for batch in DataLoader(Samples(), batch_size=4, num_workers=2):
+    pass
+"""
+
+
+def error_lines(stderr: str) -> list[str]:
+    lines = stderr.splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith("launch: error:"))
+    return lines[first:]
+
+
+@pytest.mark.parametrize("engine", ["single", *ENGINES])
+def test_a_dataloader_workers_error_is_one_line_naming_the_rank_to_read(engine: str, tmp_path: Path) -> None:
+    (tmp_path / "dlerr.py").write_text(DL_ERROR)
+    ranks = "1" if engine == "single" else "2"
+    proc = launch("--script", "dlerr.py", "--engine", engine, "--gpus-per-node", ranks, "--device", "cpu",
+                  cwd=tmp_path)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    run = only_run_dir(tmp_path / "runs")
+    (line,) = error_lines(proc.stderr)  # nothing of the worker's traceback after it
+    assert "dlerr.py raised ValueError in DataLoader worker process" in line and ": bad sample 37 (" in line, line
+    assert f"its full traceback: launch logs {run} --rank 0)" in line and "Traceback" not in line, line
+    report = launch("report", str(run), cwd=tmp_path)
+    (said,) = error_lines(report.stderr)
+    assert report.returncode == 2 and "bad sample 37" in said, report.stderr
+    logs = launch("logs", str(run), "--rank", "0", cwd=tmp_path)  # where the line sends the reader: the whole of it
+    assert "ValueError: bad sample 37" in logs.stdout and "Original Traceback" in logs.stdout, logs.stdout[-3000:]
+
+
+def test_a_message_of_several_lines_is_said_in_one() -> None:
+    """load_state_dict's mismatch list, a DataLoader worker's wrapped traceback, and a plain message."""
+    import torch
+
+    from scalelab.train.script import one_line_message
+
+    try:
+        torch.nn.Linear(2, 3).load_state_dict(torch.nn.Linear(3, 2).state_dict())
+    except RuntimeError as exc:
+        said, where, cut = one_line_message(exc)
+    assert said.startswith("Error(s) in loading state_dict for Linear: size mismatch for weight") and \
+        "\n" not in said and where == "" and cut, said
+    wrapped = ValueError("Caught ValueError in DataLoader worker process 1.\nOriginal Traceback (most recent call "
+                         "last):\n  File \"x.py\", line 3, in f\n    raise ValueError('bad index 37')\nValueError: bad "
+                         "index 37\n")
+    assert one_line_message(wrapped) == ("bad index 37", " in DataLoader worker process 1", True)
+    assert one_line_message(KeyError("plain")) == ("'plain'", "", False)
+    assert one_line_message(AssertionError()) == ("", "", False)
+
+
+def test_several_ranks_with_the_same_shortened_error_say_it_once() -> None:
+    from scalelab.core.records import error_messages
+
+    recs = [{"rank": r, "world": 2, "message": f"a.py raised ValueError: x (its full traceback: launch logs R --rank {r})"}
+            for r in (1, 0)]
+    assert error_messages(recs) == ["a.py raised ValueError: x (its full traceback: launch logs R --rank 1)"]

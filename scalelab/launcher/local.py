@@ -355,6 +355,14 @@ class LocalBackend(Backend):
         ranks = [rank_output(path, tag) for tag, path in outputs]
         return "\n".join([log_text(logs, drop=TORCHRUN_TEE.match), *ranks])
 
+    def rank_logs(self, run_dir: Path, rank: int) -> str:
+        """One rank's lines; of the `single` engine, whose one process is rank 0, its whole log (untagged). Why:
+        `launch logs RUN --rank 0` of such a run showed none of its output, where a failed script's one-line
+        error sends the reader for its full traceback."""
+        if starter_of(read_spec(run_dir).engine.name).name == PLAIN:
+            return self.logs(run_dir)
+        return super().rank_logs(run_dir, rank)
+
     def rank_output_files(self, run_dir: Path) -> list[RankOutput]:
         """torchrun's ranks: each one's own stdout.log and stderr.log (`rank_outputs`: whole lines, where the
         agent's copies could be cut); horovodrun's: its log, whose rank lines carry their tags; the one process

@@ -330,11 +330,47 @@ def _raised(name: str, folder: Path) -> int:
     exc = sys.exc_info()[1]
     traceback.print_exception(type(exc), exc, _scripts_frames(exc.__traceback__))
     sys.stderr.flush()
-    said = str(exc)  # an `assert` without a message: no dangling ": "
-    track._state.error = f"{name} raised {type(exc).__name__}" + (f": {said}" if said else "")
+    said, where, cut = one_line_message(exc)  # an `assert` without a message: no dangling ": "
+    track._state.error = f"{name} raised {type(exc).__name__}{where}" + (f": {said}" if said else "")
+    track._state.error_cut = cut
     track._state.error_at = _raised_at(exc, folder)
     track._state.peer_lost = lost_a_peer(exc)  # a collective failing after a peer died
     return 1
+
+
+#: How torch's DataLoader re-raises a worker's exception in the rank (torch/_utils.py, ExceptionWrapper.reraise):
+#: "Caught ValueError in DataLoader worker process 1.\nOriginal Traceback (most recent call last):\n...".
+WRAPPED_TRACEBACK = "Original Traceback (most recent call last):"
+MESSAGE_MAX = 300  # characters of an exception's message in the one-line error
+
+
+def one_line_message(exc: BaseException) -> tuple[str, str, bool]:
+    """(the exception's message in one line, where it was caught when that is not the rank itself: " in DataLoader
+    worker process 1", whether lines were left out). Why: the run's error is one line (the README says so), and a
+    message of several lines (a DataLoader worker's exception, which carries the worker's whole traceback;
+    load_state_dict's list of mismatched sizes) made the launcher's line, and `launch report`'s, a block; the full
+    traceback stays in the rank's log. A wrapped worker traceback gives its last line ("ValueError: bad index 37",
+    the worker's own exception) and the worker it came from; any other message its first line, and the next too
+    where the first only announces it ("Error(s) in loading state_dict for Linear:")."""
+    text = str(exc)
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if len(lines) <= 1:
+        said, where, cut = (lines[0] if lines else ""), "", False
+    elif WRAPPED_TRACEBACK in text:
+        said, cut = lines[-1], True
+        said = said.removeprefix(f"{type(exc).__name__}: ")
+        caught = lines[0].rstrip(".")
+        prefix = f"Caught {type(exc).__name__} "
+        where = " " + caught.removeprefix(prefix) if caught.startswith(prefix) else ""
+    else:
+        said, where = lines[0], ""
+        if said.endswith(":"):
+            said = f"{said} {lines[1]}"
+        cut = len(lines) > (2 if lines[0].endswith(":") else 1)
+        said += " …" if cut else ""
+    if len(said) > MESSAGE_MAX:
+        said, cut = said[:MESSAGE_MAX - 1] + "…", True
+    return said, where, cut
 
 
 def _raised_at(exc: BaseException, folder: Path) -> str | None:
@@ -392,8 +428,10 @@ def run(run_dir: Path) -> int:
     if code != 0 and not (stopped and code == INTERRUPTED):  # 143 with no stop signal: the script's own status
         said = state.error or f"{spec.script_label} exited with status {code}"
         at = f"at {state.error_at}; " if state.error and state.error_at else ""
-        out.error(f"{said} ({at}its output: launch logs {shell_word(run_dir)})",  # the same words on every rank: said once
-                  **({"peer_lost": True} if state.peer_lost else {}))
+        # the same words on every rank: said once (`error_messages` takes "--rank R" of a shortened message as such)
+        where = (f"its full traceback: launch logs {shell_word(run_dir)} --rank {rank}" if state.error_cut
+                 else f"its output: launch logs {shell_word(run_dir)}")
+        out.error(f"{said} ({at}{where})", **({"peer_lost": True} if state.peer_lost else {}))
     elif spec.loss_threshold is not None and state.reached is None and not stopped:
         out.event("threshold_not_reached", step=state.step, elapsed_s=state.elapsed, threshold=spec.loss_threshold)
         if not state.validations and rank == 0:
