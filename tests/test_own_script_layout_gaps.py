@@ -154,3 +154,26 @@ def test_several_ranks_with_the_same_shortened_error_say_it_once() -> None:
     recs = [{"rank": r, "world": 2, "message": f"a.py raised ValueError: x (its full traceback: launch logs R --rank {r})"}
             for r in (1, 0)]
     assert error_messages(recs) == ["a.py raised ValueError: x (its full traceback: launch logs R --rank 1)"]
+
+
+EXIT_3 = """import os, sys, time
+from scalelab import track
+rank = os.environ.get("RANK") or os.environ.get("HOROVOD_RANK") or "0"
+track.step(items=1, loss=1.0)
+if rank == "1":
+    sys.exit(3)
+time.sleep(3)
+"""
+
+
+@pytest.mark.parametrize("engine", ["single", *ENGINES])
+def test_status_of_a_failed_run_says_its_ranks_exit_statuses(engine: str, tmp_path: Path) -> None:
+    (tmp_path / "exit3.py").write_text(EXIT_3.replace('"1"', '"0"') if engine == "single" else EXIT_3)
+    failing = 0 if engine == "single" else 1
+    proc = launch("--script", "exit3.py", "--engine", engine, "--gpus-per-node", "1" if engine == "single" else "2",
+                  "--device", "cpu", cwd=tmp_path)
+    assert proc.returncode == 1 and "exited with status 3" in proc.stderr, proc.stderr[-3000:]
+    run = only_run_dir(tmp_path / "runs")
+    status = launch("status", str(run), cwd=tmp_path)
+    first = status.stdout.splitlines()[0]
+    assert f"FAILED rank {failing} exited with status 3" in first and "exit codes" not in first, status.stdout

@@ -63,6 +63,7 @@ from scalelab.launcher.backend import (
     RunStatus,
     ended_by_records,
     log_text,
+    rank_exits,
     rank_tag,
     reported_exits,
 )
@@ -196,6 +197,18 @@ def shell_status(code: int | None) -> int | None:
     return 128 - code if code is not None and code < 0 else code
 
 
+def ranks_exits_detail(run_dir: Path, codes: list[int]) -> str:
+    """A failed run's detail (`launch status`): its ranks' exit statuses as recorded (`rank_exits`), the failing
+    rank's first ("rank 1 exited with status 3; rank 0 exited with status 143"); the processes' own `codes` only
+    where no rank's is known. Why: status said "exit codes [1]", torchrun's agents' status, of a run whose rank 1
+    exited 3, which the launcher's own line said."""
+    failed = {rank: code for rank, code in rank_exits(run_dir).items() if code != 0}
+    if not failed:
+        return f"exit codes {codes}"
+    order = sorted(failed, key=lambda rank: (failed[rank] == 128 + signal.SIGTERM, rank))  # a stopped peer's last
+    return "; ".join(f"rank {rank} exited with status {failed[rank]}" for rank in order)
+
+
 THREADS_PER_CORE = 4  # --threads above this many per core of this machine is refused (issue #37)
 
 
@@ -298,7 +311,8 @@ class LocalBackend(Backend):
             return RunStatus(COMPLETED, f"exit codes {codes}")
         # only SIGTERM from outside the launcher (and the nodes stopped after it): cancelled, not failed
         stopped = all(c in (0, 128 + signal.SIGTERM) for c in codes)
-        return RunStatus(CANCELLED if stopped else FAILED, f"exit codes {codes}")
+        return RunStatus(CANCELLED if stopped else FAILED, f"exit codes {codes}" if stopped else
+                         ranks_exits_detail(run_dir, codes))
 
     def _record_exits(self, run_dir: Path, codes: list[int] | None = None) -> None:
         """Each rank's exit status into launch.json (`rank_exits`, read by `backend.silent_ranks`): the one
