@@ -65,6 +65,7 @@ from scalelab.launcher.backend import (
     log_text,
     rank_exits,
     rank_tag,
+    read_log,
     reported_exits,
 )
 from scalelab.launcher.options import LocalOptions
@@ -183,7 +184,7 @@ def rank_output(path: Path, tag: str) -> str:
     """One rank's output file under a `==> PATH (rank R) <==` header, each line tagged as torchrun tags it (what
     `launch logs --rank R` and the failure's abort line look for); a last line still being written stays
     without its newline, as in the file (`launch logs -f` holds it back until it is whole)."""
-    text = path.read_text(errors="replace")
+    text = read_log(path)  # a progress bar's carriage returns kept in its line: `launch logs` shows its last state
     lines = re.findall(r"[^\n]*\n|[^\n]+$", text)
     rank, local = rank_tag(tag, at_start=True)
     who = f"rank {rank}" if rank is not None else f"local rank {local}"

@@ -1,0 +1,70 @@
+"""A torchrun user's review of own scripts (`launch --script`), the run's edges:
+
+- `launch logs` made every state of a tqdm-style bar (carriage returns) a tagged line of its own, where the
+  terminal that followed the run showed one line;
+- TORCHELASTIC_RUN_ID was "none" in every run (torchrun's static rendezvous), so scripts that name their output
+  folder by it wrote every run into one;
+- stopping a run whose ranks had live DataLoader workers printed "DataLoader worker ... killed by signal:
+  Terminated" tracebacks, one through scalelab's own exit path, which it cut short.
+
+Each on every engine it touches: ddp and horovod, and `single` where one process is the rank.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, launch, needs_horovod, only_run_dir, read_jsonl
+from scalelab.train.track import HOLD_AT_STEP_ENV
+
+ENGINES = ["single", "ddp", pytest.param("horovod", marks=needs_horovod)]
+
+# A bar of 50 states on stderr, each after a carriage return, as tqdm draws one; then a line on stdout.
+BAR = r"""import sys
+from scalelab import track
+for i in range(1, 51):
+    sys.stderr.write(f"\r{i * 2}%|{'#' * (i // 5)}| {i}/50")
+    sys.stderr.flush()
+    track.step(items=1, loss=1.0)
+sys.stderr.write("\n")
+print("done", flush=True)
+"""
+
+
+def ranks(engine: str) -> str:
+    return "1" if engine == "single" else "2"
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_logs_show_a_progress_bar_in_its_last_state_once_per_rank(engine: str, tmp_path: Path) -> None:
+    (tmp_path / "bar.py").write_text(BAR)
+    proc = launch("--script", "bar.py", "--engine", engine, "--gpus-per-node", ranks(engine), "--device", "cpu",
+                  cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run = only_run_dir(tmp_path / "runs")
+    logs = launch("logs", str(run), cwd=tmp_path)
+    bars = [line for line in logs.stdout.splitlines() if "/50" in line]
+    assert len(bars) == int(ranks(engine)) and all(line.endswith("100%|##########| 50/50") for line in bars), \
+        logs.stdout[-3000:]
+    if engine != "single":  # each under its rank's tag
+        assert sorted(line.split(":")[0] for line in bars) in (["[rank0]", "[rank1]"], ["[0]<stderr>", "[1]<stderr>"])
+    one = launch("logs", str(run), "--rank", "0", cwd=tmp_path)
+    (bar,) = [line for line in one.stdout.splitlines() if "/50" in line]
+    assert bar.endswith("100%|##########| 50/50") and "done" in one.stdout, one.stdout[-3000:]
+
+
+def test_a_rewritten_line_keeps_its_last_state_under_its_tag() -> None:
+    from scalelab.core.terminal import visible_text
+
+    assert visible_text("[rank0]:\r2%\r4%\r100% 5/5\nnext\n") == "[rank0]:100% 5/5\nnext\n"
+    assert visible_text("[1]<stderr>:\r[1]<stderr>:2%\r[1]<stderr>:100%\n") == "[1]<stderr>:100%\n"
+    assert visible_text("a\r\nb\rc\r\n\rd") == "a\nc\nd"  # \r\n a line break; an empty last state is no state
+    assert visible_text("bell:\x07\rshown\n") == "shown\n"
