@@ -68,3 +68,45 @@ def test_a_rewritten_line_keeps_its_last_state_under_its_tag() -> None:
     assert visible_text("[1]<stderr>:\r[1]<stderr>:2%\r[1]<stderr>:100%\n") == "[1]<stderr>:100%\n"
     assert visible_text("a\r\nb\rc\r\n\rd") == "a\nc\nd"  # \r\n a line break; an empty last state is no state
     assert visible_text("bell:\x07\rshown\n") == "shown\n"
+
+
+RUN_ID = """import os, sys
+from scalelab import track
+print("RUN_ID", os.environ.get("TORCHELASTIC_RUN_ID"), flush=True)
+with open(f"run-ids-{os.environ.get('RANK', '0')}", "a") as out:
+    out.write(f"{os.environ.get('TORCHELASTIC_RUN_ID')}\\n")
+if not track.resumed:
+    (track.checkpoint_dir / "first").write_text("")
+    sys.exit(143)  # its own status: a failed run, which `launch resume` continues
+"""
+
+
+def test_torchelastic_run_id_is_the_runs_own_and_stays_on_resume(tmp_path: Path) -> None:
+    (tmp_path / "rid.py").write_text(RUN_ID)
+    first = launch("--script", "rid.py", "--engine", "ddp", "--gpus-per-node", "2", "--device", "cpu", cwd=tmp_path)
+    assert first.returncode == 1, first.stderr[-3000:]
+    run = only_run_dir(tmp_path / "runs")
+    again = launch("resume", str(run), cwd=tmp_path)
+    assert again.returncode == 0, again.stderr[-3000:]
+    for rank in (0, 1):
+        assert (tmp_path / f"run-ids-{rank}").read_text().split() == [run.name, run.name]
+
+
+def test_a_sweeps_layouts_have_run_ids_of_their_own(tmp_path: Path) -> None:
+    from scalelab.core.spec import EngineSpec, Spec
+    from scalelab.train.script import RUN_ID_ENV, set_run_id
+
+    sweep = tmp_path / "sweep-a-strong-1"
+    (sweep / "1x2").mkdir(parents=True)
+    (sweep / "sweep.json").write_text(json.dumps({"runs": ["1x2"]}))
+    before = os.environ.get(RUN_ID_ENV)
+    try:
+        os.environ.pop(RUN_ID_ENV, None)
+        set_run_id(Spec(model="nmt-tiny", engine=EngineSpec(name="horovod")), sweep / "1x2")
+        assert RUN_ID_ENV not in os.environ  # torchrun's variable: not horovodrun's
+        set_run_id(Spec(model="nmt-tiny", engine=EngineSpec(name="ddp")), sweep / "1x2")
+        assert os.environ[RUN_ID_ENV] == "sweep-a-strong-1-1x2"
+    finally:
+        os.environ.pop(RUN_ID_ENV, None)
+        if before is not None:
+            os.environ[RUN_ID_ENV] = before

@@ -104,6 +104,27 @@ def start_records(run_dir: Path, spec: Spec, rank: int, world: int) -> tuple[Rec
     return out, last, elapsed
 
 
+RUN_ID_ENV = "TORCHELASTIC_RUN_ID"  # torchrun's run id, which scripts name their output folders by
+
+
+def set_run_id(spec: Spec, run_dir: Path) -> None:
+    """TORCHELASTIC_RUN_ID of a torchrun-started script (`ddp`, `ps`; Slurm's srun-started ranks too): the run's
+    own id, its directory's name, with its sweep's where it is a sweep's layout (`1x2` is a layout of many sweeps),
+    as AWS names a run (`cloud_run_id`, the name of its directory on the instances). Why: torchrun's static
+    rendezvous (`--master-addr`, how launch starts it) sets it to "none" for every run, so scripts that name their
+    output folder by it wrote every run into the same one. The same on `launch resume`, unlike torchrun's fresh id
+    per call: a resume continues the run (its records, its `track.checkpoint_dir`), so the script finds its own
+    output folder again; another run, layout or repeat gets another id."""
+    from scalelab.core.engines import TORCHRUN
+    from scalelab.core.launch import starter_of
+    from scalelab.core.rundir import is_sweep
+
+    if starter_of(spec.engine.name).name != TORCHRUN:
+        return
+    parent = run_dir.parent
+    os.environ[RUN_ID_ENV] = f"{parent.name}-{run_dir.name}" if parent.name and is_sweep(parent) else run_dir.name
+
+
 def install_stop(launcher: str | None, run_dir: Path, rank: int) -> StopSignals:
     """SIGTERM/SIGUSR1/SIGINT: `track.should_stop()` turns True, or, for a script that never asks, it ends (143);
     a script that installs its own handler gets its handler called instead (`StopSignals`). Either way the
@@ -406,6 +427,7 @@ def run(run_dir: Path) -> int:
     rank, world = rank_from_env()
     out, last, elapsed = start_records(run_dir, spec, rank, world)
     clear_stop_note(run_dir, rank)
+    set_run_id(spec, run_dir)
     track._activate(out, run_dir, spec.warmup_steps, spec.loss_threshold, last, elapsed, started)
     stops = install_stop(os.environ.get(LAUNCHER_ENV), run_dir, rank)
     stops.wrap()
