@@ -110,3 +110,71 @@ def test_a_sweeps_layouts_have_run_ids_of_their_own(tmp_path: Path) -> None:
         os.environ.pop(RUN_ID_ENV, None)
         if before is not None:
             os.environ[RUN_ID_ENV] = before
+
+
+# Its DataLoader's iterator is a module global (the module's function keeps the globals in a cycle, so the
+# iterator and its two workers outlive the script's frame until a collection, in the runner's exit path).
+LOADER = """import time, torch
+from torch.utils.data import DataLoader, TensorDataset
+from scalelab import track
+loader = iter(DataLoader(TensorDataset(torch.randn(100000, 4)), batch_size=4, num_workers=2))
+def helper():
+    return 1
+for _ in range(100000):
+    next(loader)
+    time.sleep(0.01)
+    track.step(items=4, loss=1.0)
+"""
+HOLD = 3
+
+
+def start(tmp_path: Path, engine: str) -> tuple[subprocess.Popen, Path]:
+    """`launch --script loader.py` in the background, once every rank holds at step HOLD (its workers alive)."""
+    (tmp_path / "loader.py").write_text(LOADER)
+    argv = ["--script", "loader.py", "--engine", engine, "--gpus-per-node", ranks(engine), "--device", "cpu"]
+    proc = subprocess.Popen([sys.executable, "-m", "scalelab.launcher.cli", *argv], cwd=tmp_path, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200", HOLD_AT_STEP_ENV: str(HOLD)},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and proc.poll() is None:
+        runs = [p for p in (tmp_path / "runs").glob("*") if p.is_dir()] if (tmp_path / "runs").exists() else []
+        held = runs and all((runs[0] / "records" / f"rank-{r}.jsonl").exists() and any(
+            rec.get("step") == HOLD for rec in read_jsonl(runs[0] / "records" / f"rank-{r}.jsonl"))
+            for r in range(int(ranks(engine))))
+        if held:
+            return proc, runs[0]
+        time.sleep(0.2)
+    proc.kill()
+    pytest.fail(f"the ranks did not reach step {HOLD}: {proc.communicate()}")
+
+
+def quiet_stop(proc: subprocess.Popen, run: Path, engine: str) -> None:
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode in (1, 130) and ("was cancelled" in err or "launch: interrupted" in err), err[-3000:]
+    assert "killed by signal" not in err and "scalelab/train/script.py" not in err and "Traceback" not in err, err
+    assert json.loads((run / "launch.json").read_text())["state"] == "CANCELLED"
+    for rank in range(int(ranks(engine))):
+        ends = [r for r in read_jsonl(run / "records" / f"rank-{rank}.jsonl") if r.get("event") == "end"]
+        assert [(e["reason"], e["exit_code"]) for e in ends] == [("interrupted", 143)], ends
+    logs = launch("logs", str(run), cwd=run.parent.parent)
+    assert "killed by signal" not in logs.stdout and "scalelab/train/script.py" not in logs.stdout, logs.stdout
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_cancel_ends_the_dataloaders_workers_without_their_tracebacks(engine: str, tmp_path: Path) -> None:
+    proc, run = start(tmp_path, engine)
+    try:
+        cancel = launch("cancel", str(run), cwd=tmp_path)
+        assert cancel.returncode == 0 and "CANCELLED" in cancel.stdout, cancel.stdout + cancel.stderr
+        quiet_stop(proc, run, engine)
+    finally:
+        proc.kill()
+
+
+def test_ctrl_c_ends_the_dataloaders_workers_without_their_tracebacks(tmp_path: Path) -> None:
+    proc, run = start(tmp_path, "ddp")
+    try:
+        proc.send_signal(signal.SIGINT)
+        quiet_stop(proc, run, "ddp")
+    finally:
+        proc.kill()

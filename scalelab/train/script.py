@@ -175,6 +175,7 @@ class StopSignals:
         self.first[signum] = now
         asked = track._stopped(signum)
         note_stop(self.run_dir, self.rank, signum)
+        quiet_worker_deaths()  # the stop ends the DataLoader's workers too: their deaths are ours, not errors
         handler = self.script.get(signum)
         if handler is signal.SIG_IGN:
             return
@@ -242,6 +243,34 @@ class StopSignals:
         if sig is None:
             return (self.originals[1] if self.originals else signal.getsignal)(signum)
         return self.script.get(sig, self)
+
+
+DATALOADER_MODULE = "torch.utils.data"  # where torch's SIGCHLD handler of DataLoader workers is defined
+
+
+def _child_ended(signum: int, frame: FrameType | None) -> None:
+    """SIGCHLD's handler once the DataLoader's is quieted: nothing (as the default). A Python handler, not SIG_DFL:
+    a SIGCHLD already pending when the handler changed then finds one (with SIG_DFL, CPython printed "OSError:
+    Signal 17 ignored due to race condition")."""
+
+
+def quiet_worker_deaths(any_handler: bool = False) -> None:
+    """SIGCHLD handled by nothing (`_child_ended`) where torch's DataLoader handler has it (`any_handler`: any
+    Python handler but this one).
+
+    Why: that handler raises "DataLoader worker (pid N) is killed by signal: Terminated" in whatever code the rank
+    runs when a worker dies. A stop (`launch cancel`, Ctrl-C, SIGTERM) ends the workers with their rank, so every
+    rank printed that traceback: in the DataLoader's `__del__`, or through the runner's own exit path
+    (`end_as_python_would`, `flush_open_files`), which it cut short. Called on the rank's stop signal, and once the
+    script has returned (`any_handler`): the runner then ends the script's leftover children itself. A worker that
+    dies on its own while the script runs on is still the script's error (torch finds it dead at its next fetch)."""
+    try:
+        handler = signal.getsignal(signal.SIGCHLD)
+        if callable(handler) and handler is not _child_ended and (
+                any_handler or str(getattr(handler, "__module__", "")).startswith(DATALOADER_MODULE)):
+            signal.signal(signal.SIGCHLD, _child_ended)
+    except (ValueError, OSError, TypeError, AttributeError):  # not the main thread, or no SIGCHLD: nothing to quiet
+        pass
 
 
 def stop_note(run_dir: Path, rank: int) -> Path:
@@ -437,6 +466,7 @@ def run(run_dir: Path) -> int:
         stops.unwrap()
     for sig in STOP_SIGNALS:  # the script is done: a signal now (torchrun stopping the ranks left once a peer
         signal.signal(sig, signal.SIG_IGN)  # exited 143, the launcher watch) must not cut its end record short
+    quiet_worker_deaths(any_handler=True)  # nor its children's deaths, the runner's own doing from here on
     state = track._state
     # a rank that got no signal itself but whose script returned while a peer had got one: it left through the
     # script's stop agreement, as the built-in trainer's peers do (their `interrupted` has no signal of their own)
@@ -574,12 +604,15 @@ def flush_open_files() -> None:
     import gc
     import io
 
-    for obj in gc.get_objects():
-        try:
-            if issubclass(type(obj), io.IOBase) and not obj.closed and obj.writable():
-                obj.flush()
-        except Exception:  # noqa: BLE001 - a broken pipe, a closed fd under it: nothing to save there
-            pass
+    try:  # the walk itself too: a signal handler of the script's raising in it must not end the rank's exit path
+        for obj in gc.get_objects():
+            try:
+                if issubclass(type(obj), io.IOBase) and not obj.closed and obj.writable():
+                    obj.flush()
+            except Exception:  # noqa: BLE001 - a broken pipe, a closed fd under it: nothing to save there
+                pass
+    except Exception:  # noqa: BLE001 - what was flushed is flushed; the rest of the exit goes on
+        pass
 
 
 def end_daemon_children(grace_s: float = 5.0) -> None:
@@ -605,5 +638,9 @@ if __name__ == "__main__":
     from scalelab.train import exit_without_teardown
 
     status = main()
-    end_as_python_would()
+    try:
+        end_as_python_would()
+    except Exception as exc:  # noqa: BLE001 - a handler of the script's raising in the runner's frames: the rank's
+        # status is the script's, and no traceback of scalelab's own frames (`quiet_worker_deaths`)
+        print(f"scalelab: ending the script's leftovers raised {type(exc).__name__}: {exc}", file=sys.stderr)
     exit_without_teardown(status)  # as the trainer: no interpreter teardown under Gloo's or Horovod's threads
