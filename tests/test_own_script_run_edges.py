@@ -70,14 +70,19 @@ def test_a_rewritten_line_keeps_its_last_state_under_its_tag() -> None:
     assert visible_text("bell:\x07\rshown\n") == "shown\n"
 
 
-RUN_ID = """import os, sys
-from scalelab import track
-print("RUN_ID", os.environ.get("TORCHELASTIC_RUN_ID"), flush=True)
-with open(f"run-ids-{os.environ.get('RANK', '0')}", "a") as out:
+# Each rank writes its TORCHELASTIC_RUN_ID; in the first launch both then fail (once the other has written its
+# own: a rank failing first would have torchrun end its peer before it wrote), so that `launch resume` runs it again.
+RUN_ID = """import os, sys, time
+rank = os.environ["RANK"]
+mine, other = f"run-ids-{rank}", f"run-ids-{1 - int(rank)}"
+first = not os.path.exists(mine)
+with open(mine, "a") as out:
     out.write(f"{os.environ.get('TORCHELASTIC_RUN_ID')}\\n")
-if not track.resumed:
-    (track.checkpoint_dir / "first").write_text("")
-    sys.exit(143)  # its own status: a failed run, which `launch resume` continues
+if first:
+    deadline = time.monotonic() + 60
+    while not (os.path.exists(other) and os.path.getsize(other)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    sys.exit(3)
 """
 
 
