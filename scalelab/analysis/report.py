@@ -342,17 +342,22 @@ def fitting(headers: Sequence[str], cells: Sequence[Sequence[str]], text: Sequen
 
 
 def fitting_columns(df: pd.DataFrame, width: int = TABLE_WIDTH) -> list[tuple[str, Callable[[pd.Series], str], bool]]:
-    """The table's columns, the droppable ones left out (least needed first) until it fits `width`."""
+    """The table's columns, the droppable ones left out (least needed first) until it fits `width`; never the
+    headline throughput (`throughput_header`), whatever its unit. Why: "samples/s" is droppable as the built-in
+    models' second column, but it is a --script's headline (its items), and a script sweep's table lost its only
+    throughput column at any width."""
     cols = _terminal_columns(df)
     cells = [[fmt(r) for _, r in df.iterrows()] for _, fmt, _ in cols]
     text = [not right and i == 0 for i, (_, _, right) in enumerate(cols)]
     headers = [h for h, _, _ in cols]
-    keep = fitting(headers, cells, text, _DROPPABLE, width)
+    headline = throughput_header(df)
+    droppable = [name for name in _DROPPABLE if name != headline]
+    keep = fitting(headers, cells, text, droppable, width)
     if text and text[0] and sum(_min_width(headers[i], cells[i], text[i]) + 3 for i in keep) + 1 > width:
         # a label's word wider than the room left (a long --name, a script's arguments): it folds between its
         # parts (`render_table`), so the columns are fitted to those
         cells[0] = [" ".join(cell_pieces(c, hyphens=True)) for c in cells[0]]
-        keep = fitting(headers, cells, text, _DROPPABLE, width)
+        keep = fitting(headers, cells, text, droppable, width)
     return [cols[i] for i in keep]
 
 

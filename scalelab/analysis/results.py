@@ -365,6 +365,11 @@ def build_report(paths: list[Path], out: Path | None = None, price: Pricer | Non
         try:
             run = load_run(run_dir)
             summary = summarize_loaded(run)
+        except UnmeasuredError as exc:  # a --script layout that completed without a measured step: said, not fatal
+            # Why: one layout that took no step (a script that resumed from another layout's checkpoint) made the
+            # whole sweep's report an error; it is left out as a layout that did not finish is (`finished_layouts`)
+            left_out.append(str(exc) if len(runs) > 1 else _left_out(paths, exc))
+            continue
         except RecordError as exc:  # of several: a run that failed before its first measured step
             left_out.append(_left_out(paths, exc))
             continue
@@ -378,7 +383,8 @@ def build_report(paths: list[Path], out: Path | None = None, price: Pricer | Non
         if price is not None:
             extra.append(price(run, summary))
     if left_out and not loaded:
-        raise RecordError(f"none of the {len(paths)} directories has a run to report: {'; '.join(left_out)}")
+        raise RecordError(f"none of the {len(paths)} directories has a run to report: {'; '.join(left_out)}"
+                          if len(paths) > 1 else f"no run of {paths[0]} has a measured step: {'; '.join(left_out)}")
     runs, warnings = loaded, [f"{why}; left out of the report" for why in left_out] + warnings
     if out is None:
         out = default_report_dir(paths)
@@ -545,8 +551,27 @@ def unmeasured_note(run) -> str:
     of one that failed or was cancelled, that (`not_completed_note`)."""
     from scalelab.train.track import HOW_TO_RECORD
 
-    return not_completed_note(run) or \
-        f"{run.run_dir}: {run.spec.script_label} {_ran(run)} and has no step records; {HOW_TO_RECORD}"
+    if failed := not_completed_note(run):
+        return failed
+    if used_track(run):  # it records with track: adding track is no advice; it took no step in this run
+        return (f"{run.run_dir}: {run.spec.script_label} {_ran(run)} and recorded no step, though it imports "
+                "scalelab.track (did it skip its training, e.g. resume from a checkpoint that another layout or run "
+                "left in a folder of its own? track.checkpoint_dir is each run's own)")
+    return f"{run.run_dir}: {run.spec.script_label} {_ran(run)} and has no step records; {HOW_TO_RECORD}"
+
+
+def used_track(run) -> bool:
+    """Whether a --script run's script used `scalelab.track`: its ranks' `end` events say it imported it
+    (`imports_track`, scalelab/train/script.py), or, in runs recorded before they said so, it called
+    `track.unit` or `track.validation` (its `unit` events, `val` records). Why: a report told a script that
+    calls `track.step` in its loop, but resumed from another layout's checkpoint and took no step, to add it."""
+    events = run.events
+    if len(events) and "event" in events.columns:
+        if "imports_track" in events.columns and events[events["event"] == "end"]["imports_track"].eq(True).any():
+            return True
+        if (events["event"] == "unit").any():
+            return True
+    return len(run.val) > 0
 
 
 def not_completed_note(run) -> str | None:

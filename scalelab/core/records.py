@@ -305,16 +305,23 @@ def with_errors_aside(path: Path) -> list[dict[str, Any]]:
     return recs
 
 
+_LOGS_OF_A_RANK = re.compile(r" --rank \d+\)$")  # the end of an error that names one rank's traceback
+
+
 def error_messages(records: Iterable[Mapping[str, Any]]) -> list[str]:
     """The error records' messages, each once, in order; one that a single rank of several said names that rank
     ("rank 1: exit3.py exited with status 3"), unless it starts with a rank already (the trainer's own "rank 1:
     RuntimeError: ..."). Why: a script's ranks say which script failed, never which rank, and the launcher said
     "exit3.py exited with status 3" of a run whose rank 1 alone had failed. The same words from several ranks
-    stay one message without a rank (every rank raised the same error)."""
+    stay one message without a rank (every rank raised the same error); so do those that differ only in the rank
+    whose full traceback they point to ("launch logs RUN --rank 1)", a shortened message: scalelab/train/script.py),
+    said as the first rank said it."""
     said: dict[str, set[Any]] = {}
     world: dict[str, int] = {}
+    first: dict[str, str] = {}
     for rec in records:
         message = str(rec.get("message", "")).strip()
+        message = first.setdefault(_LOGS_OF_A_RANK.sub(")", message), message)
         said.setdefault(message, set()).add(rec.get("rank"))
         world[message] = max(world.get(message, 1), int(rec.get("world") or 1))
     return [f"rank {next(iter(ranks))}: {message}"

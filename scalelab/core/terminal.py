@@ -184,8 +184,33 @@ _SHOWN_CONTROLS = re.compile(r"\x1b\[[0-9;:]*m|[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 def visible_text(text: str) -> str:
     """`text` (a log, as a run's processes wrote it) safe to print on a terminal: control characters shown as
     `\\xNN` (a NUL, a bell, a backspace, an escape sequence that moves the cursor, sets the title or clears the
-    screen), colours (SGR sequences) kept, tabs and newlines as they are, a carriage return taken as a line
-    break (as Python reads the local logs). Why: `launch logs` printed a log's raw bytes, which a terminal
-    executes; a binary write in a rank's output garbled or hid the lines around it."""
-    text = text.replace("\r\n", "\n").replace("\r", "\n")
+    screen), colours (SGR sequences) kept, tabs and newlines as they are, of a line rewritten with carriage
+    returns (a progress bar) only its last state (`last_rewrites`). Why: `launch logs` printed a log's raw bytes,
+    which a terminal executes; a binary write in a rank's output garbled or hid the lines around it."""
+    text = last_rewrites(text)
     return _SHOWN_CONTROLS.sub(lambda m: m[0] if len(m[0]) > 1 else f"\\x{ord(m[0]):02x}", text)
+
+
+# A rank's tag at the start of a log line (torchrun's `[rank1]:`, horovodrun's `[1]<stderr>:`, a Slurm task's
+# `[0,1]<stdout>:`, torchrun's local `[default1]:`): kept before a rewritten line's last state
+_LINE_TAG = re.compile(r"\[(?:rank\d+|\d+(?:,\d+)?|default\d+)\](?:<std(?:out|err)>)?:")
+
+
+def last_rewrites(text: str) -> str:
+    """Each line of `text` as a terminal leaves it when the line was rewritten with carriage returns (a tqdm bar):
+    what follows its last carriage return (the last part with something in it), under the line's rank tag. Why:
+    `launch logs` turned every state of a 50-step bar into a line of its own (51 lines), where the terminal that
+    followed the run showed one. A `\\r\\n` is a line break."""
+    if "\r" not in text:
+        return text
+    lines = re.findall(r"[^\n]*\n|[^\n]+$", text.replace("\r\n", "\n"))
+    out = []
+    for line in lines:
+        body, end = (line[:-1], "\n") if line.endswith("\n") else (line, "")
+        if "\r" in body:
+            parts = body.split("\r")
+            tag = m[0] if (m := _LINE_TAG.match(parts[0])) else ""
+            shown = next((part for part in reversed(parts) if part.removeprefix(tag).strip()), parts[0])
+            body = shown if shown.startswith(tag) else tag + shown
+        out.append(body + end)
+    return "".join(out)

@@ -330,8 +330,16 @@ def rank_log(run_dir: Path, text: str, rank: int) -> str:
     the lines the launcher tagged with the rank in the combined log."""
     own = RunPaths(Path(run_dir)).logs / f"rank-{rank}.log"
     if own.exists():
-        return own.read_text(errors="replace")
-    return "".join(line for line in text.splitlines(keepends=True) if rank in rank_tag(line, at_start=True))
+        return read_log(own)
+    # lines end at a newline only: a progress bar's carriage returns stay inside its line (`visible_text`)
+    return "".join(line for line in re.findall(r"[^\n]*\n|[^\n]+$", text) if rank in rank_tag(line, at_start=True))
+
+
+def read_log(path: Path) -> str:
+    """A log file's text with its carriage returns as written (not read as line breaks, as `read_text` does), so
+    that `launch logs` shows a rewritten line (a progress bar) once, in its last state (`visible_text`)."""
+    with open(path, errors="replace", newline="") as log:
+        return log.read()
 
 
 def log_text(paths: list[Path], drop: Callable[[str], object] | None = None) -> str:
@@ -339,7 +347,7 @@ def log_text(paths: list[Path], drop: Callable[[str], object] | None = None) -> 
     torchrun agent's traceback for the stop signal it was sent is one line (`quiet_stop_tracebacks`). `drop`:
     the lines left out (an agent's copies of its ranks' lines, shown from the ranks' own files)."""
     def text(p: Path) -> str:
-        body = p.read_text(errors="replace")
+        body = read_log(p)
         if drop is not None:  # lines end at a newline only: splitlines() also cut at a form feed (\x0c), and the
             # rest of a dropped line stayed, untagged
             body = "".join(line for line in re.findall(r"[^\n]*\n|[^\n]+$", body) if not drop(line))

@@ -63,7 +63,9 @@ from scalelab.launcher.backend import (
     RunStatus,
     ended_by_records,
     log_text,
+    rank_exits,
     rank_tag,
+    read_log,
     reported_exits,
 )
 from scalelab.launcher.options import LocalOptions
@@ -182,7 +184,7 @@ def rank_output(path: Path, tag: str) -> str:
     """One rank's output file under a `==> PATH (rank R) <==` header, each line tagged as torchrun tags it (what
     `launch logs --rank R` and the failure's abort line look for); a last line still being written stays
     without its newline, as in the file (`launch logs -f` holds it back until it is whole)."""
-    text = path.read_text(errors="replace")
+    text = read_log(path)  # a progress bar's carriage returns kept in its line: `launch logs` shows its last state
     lines = re.findall(r"[^\n]*\n|[^\n]+$", text)
     rank, local = rank_tag(tag, at_start=True)
     who = f"rank {rank}" if rank is not None else f"local rank {local}"
@@ -194,6 +196,18 @@ def shell_status(code: int | None) -> int | None:
     run's status said "exit codes [-15]" where every other place (the launcher's own exit, the ranks'
     os._exit(143)) says 143 for the same SIGTERM."""
     return 128 - code if code is not None and code < 0 else code
+
+
+def ranks_exits_detail(run_dir: Path, codes: list[int]) -> str:
+    """A failed run's detail (`launch status`): its ranks' exit statuses as recorded (`rank_exits`), the failing
+    rank's first ("rank 1 exited with status 3; rank 0 exited with status 143"); the processes' own `codes` only
+    where no rank's is known. Why: status said "exit codes [1]", torchrun's agents' status, of a run whose rank 1
+    exited 3, which the launcher's own line said."""
+    failed = {rank: code for rank, code in rank_exits(run_dir).items() if code != 0}
+    if not failed:
+        return f"exit codes {codes}"
+    order = sorted(failed, key=lambda rank: (failed[rank] == 128 + signal.SIGTERM, rank))  # a stopped peer's last
+    return "; ".join(f"rank {rank} exited with status {failed[rank]}" for rank in order)
 
 
 THREADS_PER_CORE = 4  # --threads above this many per core of this machine is refused (issue #37)
@@ -301,7 +315,8 @@ class LocalBackend(Backend):
             return RunStatus(COMPLETED, f"exit codes {codes}")
         # only SIGTERM from outside the launcher (and the nodes stopped after it): cancelled, not failed
         stopped = all(c in (0, 128 + signal.SIGTERM) for c in codes)
-        return RunStatus(CANCELLED if stopped else FAILED, f"exit codes {codes}")
+        return RunStatus(CANCELLED if stopped else FAILED, f"exit codes {codes}" if stopped else
+                         ranks_exits_detail(run_dir, codes))
 
     def _record_exits(self, run_dir: Path, codes: list[int] | None = None) -> None:
         """Each rank's exit status into launch.json (`rank_exits`, read by `backend.silent_ranks`): the one
@@ -357,6 +372,14 @@ class LocalBackend(Backend):
             return log_text(logs)
         ranks = [rank_output(path, tag) for tag, path in outputs]
         return "\n".join([log_text(logs, drop=TORCHRUN_TEE.match), *ranks])
+
+    def rank_logs(self, run_dir: Path, rank: int) -> str:
+        """One rank's lines; of the `single` engine, whose one process is rank 0, its whole log (untagged). Why:
+        `launch logs RUN --rank 0` of such a run showed none of its output, where a failed script's one-line
+        error sends the reader for its full traceback."""
+        if starter_of(read_spec(run_dir).engine.name).name == PLAIN:
+            return self.logs(run_dir)
+        return super().rank_logs(run_dir, rank)
 
     def rank_output_files(self, run_dir: Path) -> list[RankOutput]:
         """torchrun's ranks: each one's own stdout.log and stderr.log (`rank_outputs`: whole lines, where the

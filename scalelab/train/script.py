@@ -104,6 +104,27 @@ def start_records(run_dir: Path, spec: Spec, rank: int, world: int) -> tuple[Rec
     return out, last, elapsed
 
 
+RUN_ID_ENV = "TORCHELASTIC_RUN_ID"  # torchrun's run id, which scripts name their output folders by
+
+
+def set_run_id(spec: Spec, run_dir: Path) -> None:
+    """TORCHELASTIC_RUN_ID of a torchrun-started script (`ddp`, `ps`; Slurm's srun-started ranks too): the run's
+    own id, its directory's name, with its sweep's where it is a sweep's layout (`1x2` is a layout of many sweeps),
+    as AWS names a run (`cloud_run_id`, the name of its directory on the instances). Why: torchrun's static
+    rendezvous (`--master-addr`, how launch starts it) sets it to "none" for every run, so scripts that name their
+    output folder by it wrote every run into the same one. The same on `launch resume`, unlike torchrun's fresh id
+    per call: a resume continues the run (its records, its `track.checkpoint_dir`), so the script finds its own
+    output folder again; another run, layout or repeat gets another id."""
+    from scalelab.core.engines import TORCHRUN
+    from scalelab.core.launch import starter_of
+    from scalelab.core.rundir import is_sweep
+
+    if starter_of(spec.engine.name).name != TORCHRUN:
+        return
+    parent = run_dir.parent
+    os.environ[RUN_ID_ENV] = f"{parent.name}-{run_dir.name}" if parent.name and is_sweep(parent) else run_dir.name
+
+
 def install_stop(launcher: str | None, run_dir: Path, rank: int) -> StopSignals:
     """SIGTERM/SIGUSR1/SIGINT: `track.should_stop()` turns True, or, for a script that never asks, it ends (143);
     a script that installs its own handler gets its handler called instead (`StopSignals`). Either way the
@@ -154,6 +175,7 @@ class StopSignals:
         self.first[signum] = now
         asked = track._stopped(signum)
         note_stop(self.run_dir, self.rank, signum)
+        quiet_worker_deaths()  # the stop ends the DataLoader's workers too: their deaths are ours, not errors
         handler = self.script.get(signum)
         if handler is signal.SIG_IGN:
             return
@@ -221,6 +243,34 @@ class StopSignals:
         if sig is None:
             return (self.originals[1] if self.originals else signal.getsignal)(signum)
         return self.script.get(sig, self)
+
+
+DATALOADER_MODULE = "torch.utils.data"  # where torch's SIGCHLD handler of DataLoader workers is defined
+
+
+def _child_ended(signum: int, frame: FrameType | None) -> None:
+    """SIGCHLD's handler once the DataLoader's is quieted: nothing (as the default). A Python handler, not SIG_DFL:
+    a SIGCHLD already pending when the handler changed then finds one (with SIG_DFL, CPython printed "OSError:
+    Signal 17 ignored due to race condition")."""
+
+
+def quiet_worker_deaths(any_handler: bool = False) -> None:
+    """SIGCHLD handled by nothing (`_child_ended`) where torch's DataLoader handler has it (`any_handler`: any
+    Python handler but this one).
+
+    Why: that handler raises "DataLoader worker (pid N) is killed by signal: Terminated" in whatever code the rank
+    runs when a worker dies. A stop (`launch cancel`, Ctrl-C, SIGTERM) ends the workers with their rank, so every
+    rank printed that traceback: in the DataLoader's `__del__`, or through the runner's own exit path
+    (`end_as_python_would`, `flush_open_files`), which it cut short. Called on the rank's stop signal, and once the
+    script has returned (`any_handler`): the runner then ends the script's leftover children itself. A worker that
+    dies on its own while the script runs on is still the script's error (torch finds it dead at its next fetch)."""
+    try:
+        handler = signal.getsignal(signal.SIGCHLD)
+        if callable(handler) and handler is not _child_ended and (
+                any_handler or str(getattr(handler, "__module__", "")).startswith(DATALOADER_MODULE)):
+            signal.signal(signal.SIGCHLD, _child_ended)
+    except (ValueError, OSError, TypeError, AttributeError):  # not the main thread, or no SIGCHLD: nothing to quiet
+        pass
 
 
 def stop_note(run_dir: Path, rank: int) -> Path:
@@ -330,11 +380,47 @@ def _raised(name: str, folder: Path) -> int:
     exc = sys.exc_info()[1]
     traceback.print_exception(type(exc), exc, _scripts_frames(exc.__traceback__))
     sys.stderr.flush()
-    said = str(exc)  # an `assert` without a message: no dangling ": "
-    track._state.error = f"{name} raised {type(exc).__name__}" + (f": {said}" if said else "")
+    said, where, cut = one_line_message(exc)  # an `assert` without a message: no dangling ": "
+    track._state.error = f"{name} raised {type(exc).__name__}{where}" + (f": {said}" if said else "")
+    track._state.error_cut = cut
     track._state.error_at = _raised_at(exc, folder)
     track._state.peer_lost = lost_a_peer(exc)  # a collective failing after a peer died
     return 1
+
+
+#: How torch's DataLoader re-raises a worker's exception in the rank (torch/_utils.py, ExceptionWrapper.reraise):
+#: "Caught ValueError in DataLoader worker process 1.\nOriginal Traceback (most recent call last):\n...".
+WRAPPED_TRACEBACK = "Original Traceback (most recent call last):"
+MESSAGE_MAX = 300  # characters of an exception's message in the one-line error
+
+
+def one_line_message(exc: BaseException) -> tuple[str, str, bool]:
+    """(the exception's message in one line, where it was caught when that is not the rank itself: " in DataLoader
+    worker process 1", whether lines were left out). Why: the run's error is one line (the README says so), and a
+    message of several lines (a DataLoader worker's exception, which carries the worker's whole traceback;
+    load_state_dict's list of mismatched sizes) made the launcher's line, and `launch report`'s, a block; the full
+    traceback stays in the rank's log. A wrapped worker traceback gives its last line ("ValueError: bad index 37",
+    the worker's own exception) and the worker it came from; any other message its first line, and the next too
+    where the first only announces it ("Error(s) in loading state_dict for Linear:")."""
+    text = str(exc)
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if len(lines) <= 1:
+        said, where, cut = (lines[0] if lines else ""), "", False
+    elif WRAPPED_TRACEBACK in text:
+        said, cut = lines[-1], True
+        said = said.removeprefix(f"{type(exc).__name__}: ")
+        caught = lines[0].rstrip(".")
+        prefix = f"Caught {type(exc).__name__} "
+        where = " " + caught.removeprefix(prefix) if caught.startswith(prefix) else ""
+    else:
+        said, where = lines[0], ""
+        if said.endswith(":"):
+            said = f"{said} {lines[1]}"
+        cut = len(lines) > (2 if lines[0].endswith(":") else 1)
+        said += " …" if cut else ""
+    if len(said) > MESSAGE_MAX:
+        said, cut = said[:MESSAGE_MAX - 1] + "…", True
+    return said, where, cut
 
 
 def _raised_at(exc: BaseException, folder: Path) -> str | None:
@@ -370,6 +456,7 @@ def run(run_dir: Path) -> int:
     rank, world = rank_from_env()
     out, last, elapsed = start_records(run_dir, spec, rank, world)
     clear_stop_note(run_dir, rank)
+    set_run_id(spec, run_dir)
     track._activate(out, run_dir, spec.warmup_steps, spec.loss_threshold, last, elapsed, started)
     stops = install_stop(os.environ.get(LAUNCHER_ENV), run_dir, rank)
     stops.wrap()
@@ -379,6 +466,7 @@ def run(run_dir: Path) -> int:
         stops.unwrap()
     for sig in STOP_SIGNALS:  # the script is done: a signal now (torchrun stopping the ranks left once a peer
         signal.signal(sig, signal.SIG_IGN)  # exited 143, the launcher watch) must not cut its end record short
+    quiet_worker_deaths(any_handler=True)  # nor its children's deaths, the runner's own doing from here on
     state = track._state
     # a rank that got no signal itself but whose script returned while a peer had got one: it left through the
     # script's stop agreement, as the built-in trainer's peers do (their `interrupted` has no signal of their own)
@@ -392,16 +480,21 @@ def run(run_dir: Path) -> int:
     if code != 0 and not (stopped and code == INTERRUPTED):  # 143 with no stop signal: the script's own status
         said = state.error or f"{spec.script_label} exited with status {code}"
         at = f"at {state.error_at}; " if state.error and state.error_at else ""
-        out.error(f"{said} ({at}its output: launch logs {shell_word(run_dir)})",  # the same words on every rank: said once
-                  **({"peer_lost": True} if state.peer_lost else {}))
+        # the same words on every rank: said once (`error_messages` takes "--rank R" of a shortened message as such)
+        where = (f"its full traceback: launch logs {shell_word(run_dir)} --rank {rank}" if state.error_cut
+                 else f"its output: launch logs {shell_word(run_dir)}")
+        out.error(f"{said} ({at}{where})", **({"peer_lost": True} if state.peer_lost else {}))
     elif spec.loss_threshold is not None and state.reached is None and not stopped:
         out.event("threshold_not_reached", step=state.step, elapsed_s=state.elapsed, threshold=spec.loss_threshold)
         if not state.validations and rank == 0:
             print(f"scalelab: warning: --loss-threshold {spec.loss_threshold:g} could not be judged: the script recorded "
                   "no validation loss; call `track.validation(loss=v)` after each validation (README: \"Your own training "
                   "script\")", file=sys.stderr, flush=True)
+    # `imports_track`: whether the script imported `scalelab.track`, so that a report of a run with no step can tell
+    # a script that never used track (add it) from one that skipped its training (resumed from another layout's
+    # checkpoint): the advice to add track given to a script that called it was wrong
     out.event("end", step=state.step, reason=reason, elapsed_s=state.elapsed, exit_code=code,
-              wall_s=time.perf_counter() - started)
+              wall_s=time.perf_counter() - started, imports_track="scalelab.track" in sys.modules)
     out.close()
     return code
 
@@ -511,12 +604,15 @@ def flush_open_files() -> None:
     import gc
     import io
 
-    for obj in gc.get_objects():
-        try:
-            if issubclass(type(obj), io.IOBase) and not obj.closed and obj.writable():
-                obj.flush()
-        except Exception:  # noqa: BLE001 - a broken pipe, a closed fd under it: nothing to save there
-            pass
+    try:  # the walk itself too: a signal handler of the script's raising in it must not end the rank's exit path
+        for obj in gc.get_objects():
+            try:
+                if issubclass(type(obj), io.IOBase) and not obj.closed and obj.writable():
+                    obj.flush()
+            except Exception:  # noqa: BLE001 - a broken pipe, a closed fd under it: nothing to save there
+                pass
+    except Exception:  # noqa: BLE001 - what was flushed is flushed; the rest of the exit goes on
+        pass
 
 
 def end_daemon_children(grace_s: float = 5.0) -> None:
@@ -542,5 +638,9 @@ if __name__ == "__main__":
     from scalelab.train import exit_without_teardown
 
     status = main()
-    end_as_python_would()
+    try:
+        end_as_python_would()
+    except Exception as exc:  # noqa: BLE001 - a handler of the script's raising in the runner's frames: the rank's
+        # status is the script's, and no traceback of scalelab's own frames (`quiet_worker_deaths`)
+        print(f"scalelab: ending the script's leftovers raised {type(exc).__name__}: {exc}", file=sys.stderr)
     exit_without_teardown(status)  # as the trainer: no interpreter teardown under Gloo's or Horovod's threads

@@ -67,6 +67,7 @@ class _State:
     stop_cause: str | None = None
     error: str | None = None  # the script's uncaught exception, in one line (scalelab/train/script.py)
     error_at: str | None = None  # FILE:LINE where it was raised, in the user's code
+    error_cut: bool = False  # its message had more lines than the error's one: the traceback says them
     peer_lost: bool = False  # that exception is a collective failing after another rank died
     hold_at: str | None = None  # HOLD_AT_STEP_ENV's value (a test aid)
 
