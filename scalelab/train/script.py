@@ -167,6 +167,9 @@ class StopSignals:
     def __call__(self, signum: int, frame: FrameType | None) -> None:
         if os.getpid() != self.me:  # a process the script forked (a multiprocessing or DataLoader worker)
             return self._in_a_child(signum, frame)
+        # first of all: the stop ends the DataLoader's workers too, and their SIGCHLD, arriving within this handler,
+        # ran torch's handler inside it ("DataLoader worker ... killed by signal: Terminated"): their deaths are ours
+        quiet_worker_deaths()
         if self.chained:  # the script's handler called the one it replaced: the runner's own action
             return self._runner_action(signum, track._state.stop_asked)
         now = time.monotonic()
@@ -175,7 +178,6 @@ class StopSignals:
         self.first[signum] = now
         asked = track._stopped(signum)
         note_stop(self.run_dir, self.rank, signum)
-        quiet_worker_deaths()  # the stop ends the DataLoader's workers too: their deaths are ours, not errors
         handler = self.script.get(signum)
         if handler is signal.SIG_IGN:
             return
