@@ -274,7 +274,8 @@ def test_a_stop_signal_to_the_launcher_checkpoints_stops_everything_and_resumes_
     finally:
         fg.kill()
     assert fg.returncode == 128 + sig and "Traceback" not in err, err
-    assert f"interrupted; every process of the run was stopped; `launch resume {run}` continues it" in err, err
+    said = " ".join(err.split())  # wrapped at words to the terminal's width (80 here: no terminal)
+    assert f"interrupted; every process of the run was stopped; `launch resume {run}` continues it" in said, err
     assert _state(run)["state"] == "CANCELLED" and signal.Signals(sig).name in _state(run)["detail"]
     _assert_nothing_left(run)
     assert _checkpoint_step(run) == 5
@@ -409,7 +410,7 @@ def test_an_interrupted_sweep_reports_what_finished_and_resumes_the_rest(tmp_pat
         _wait_for(f"layout {wait_in} at step 2", lambda: _at_step(sweep / wait_in, 2, world), fg)
         fg.send_signal(signal.SIGINT)
         _, err = fg.communicate(timeout=PATIENCE_S)
-        assert fg.returncode == 130 and f"`launch resume {sweep}` continues it" in err, err
+        assert fg.returncode == 130 and f"`launch resume {sweep}` continues it" in " ".join(err.split()), err
         _assert_nothing_left(sweep)
         return sweep
 

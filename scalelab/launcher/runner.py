@@ -606,8 +606,8 @@ def failure(backend: Backend, run_dir: Path, status: RunStatus) -> ScalelabError
                              f"{shell_word(run_dir)}` (or run with --runs-dir on a filesystem with room)", why)
     failed = f"run {run_dir} {status.state.lower()} ({status.detail})"
     silent, logs = _silence(backend, run_dir, rank_ends(run_dir, since))
-    if silent:
-        return RunFailed(f"{failed}: {silent}", silent)
+    if silent:  # it names the silent rank and its status; the detail's list would name the peer that lost it too
+        return RunFailed(f"run {run_dir} {status.state.lower()}: {silent}", silent)
     if errors:  # only ranks that lost a peer said something
         said = "; ".join(error_messages(errors))
         return RunFailed(said + f" (run directory {run_dir})" + resume_hint(run_dir), said)

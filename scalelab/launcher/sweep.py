@@ -241,8 +241,7 @@ def continue_sweep(backend, sweep_dir: Path) -> Path:
     for _, run_dir in todo:  # a planted link in any layout: refused before anything is written (issue #37)
         refuse_run_dir_links(run_dir)
     backend = backend.for_sweep(sweep_dir.name)
-    if todo and (note := backend.sweep_note()):
-        print(f"launch: {note}", file=sys.stderr, flush=True)
+    note = backend.sweep_note() if todo else ""  # said once the first layout is queued: a refused one is one line
     with owning(sweep_dir), ExitStack() as locks, stopping_runs(backend, []) as held:
         for spec, run_dirs in _batches(todo, backend.queues):
             for run_dir in run_dirs:
@@ -253,6 +252,9 @@ def continue_sweep(backend, sweep_dir: Path) -> Path:
             # options (a probe's candidates differ in instance type)
             own = backend.for_spec(spec)
             submit(own, spec, *run_dirs)
+            if note:
+                print(f"launch: {note}", file=sys.stderr, flush=True)
+                note = ""
             if not backend.queues:  # one at a time: followed to its end before the next starts
                 _follow_layout(own, spec, run_dirs[0], sweep_dir)
         if backend.queues:  # every layout is queued now; follow each in turn
