@@ -28,7 +28,7 @@ pytestmark = pytest.mark.slow  # a two-layout sweep on the cluster each
 LAYOUTS = ("1x1", "1x2")
 
 
-def _sweep(tmp_path: Path, exclusive: bool = True) -> tuple[subprocess.Popen, Path]:
+def _sweep(tmp_path: Path, exclusive: bool = False) -> tuple[subprocess.Popen, Path]:
     """A 2-layout sweep in the background; it and its directory once both layouts' ranks trained 2 steps (each on
     whole nodes: --exclusive), or, without --exclusive, once 1x1 trained 2 steps and 1x2 waits for it in the queue
     (`--dependency=singleton`: the layouts of a sweep run one after another)."""
@@ -96,7 +96,9 @@ def test_cancel_of_a_sweep_whose_launcher_was_killed_stops_every_layouts_job(slu
 
 
 def test_cancel_of_a_followed_sweep_records_every_layout_cancelled(slurm_cluster, tmp_path: Path) -> None:
-    proc, sweep = _sweep(tmp_path)
+    """1x1 followed and running, 1x2 queued behind it: both end CANCELLED. Not with --exclusive: whole nodes wait
+    for every other test's job on the shared cluster to leave them (CI: over 240 s)."""
+    proc, sweep = _sweep(tmp_path, exclusive=False)
     jobs = _jobs(sweep)
     try:
         cancelled = launch("cancel", str(sweep), cwd=tmp_path)
