@@ -71,9 +71,9 @@ def memory_cmd(instance_types: str | None, fmt: str, **params: Any) -> None:
     model's batch (its preset's default_batch: what one worker of `launch run --model M` trains)."""
     spec = spec_from_flags(params).validate()  # what `launch run` refuses (ps in fp16) is not predicted either
     model_name, precision, engine = spec.model, spec.precision, spec.engine.name
-    cfg = config_with_overrides(PRESETS[model_name], model_overrides(parse_pairs(params["model_args"], "--model-arg"),
-                                                                     "--model-arg"))
-    refuse_unread_fields(model_name, cfg.family, model_overrides(parse_pairs(params["model_args"], "--model-arg")))
+    overrides = model_overrides(parse_pairs(params["model_args"], "--model-arg"), "--model-arg")
+    cfg = config_with_overrides(PRESETS[model_name], overrides)
+    refuse_unread_fields(model_name, cfg.family, overrides)
     batch_per_worker = spec.batch_per_worker if spec.batch_per_worker is not None else cfg.default_batch
     prediction = predict_peak(cfg, batch_per_worker, precision, engine, spec.output_loss, spec.optimizer, device="cuda")
     names = [n.strip() for n in instance_types.split(",") if n.strip()] if instance_types is not None else None

@@ -104,8 +104,8 @@ def executor_parameters(spec: Spec, run_dirs: Sequence[Path], options: Mapping[s
     forced.update(_sbatch_pairs(o["extra_sbatch"]))
     if spec.own_code and spec.workdir and "chdir" not in forced:  # a resume from elsewhere runs where the first
         forced["chdir"] = spec.workdir  # launch did: the script's relative paths resolve there (launcher.owncode)
-    name = job_name(run_dirs, o)
-    if one_at_a_time(sweep, o):  # every layout of the sweep under one name, one job of that name at a time
+    name, alone = job_name(run_dirs, o), one_at_a_time(sweep, o)
+    if alone:  # every layout of the sweep under one name, one job of that name at a time
         name = job_name([Path(sweep)], o)
         forced["dependency"] = "singleton"
     params: dict[str, Any] = dict(
@@ -126,7 +126,7 @@ def executor_parameters(spec: Spec, run_dirs: Sequence[Path], options: Mapping[s
             params[key] = o[key]
     if o["exclusive"]:
         params["exclusive"] = True
-    if one_at_a_time(sweep, o):
+    if alone:
         params["array_parallelism"] = 1  # the repeats too: `--array=0-N%1`
     return params
 
