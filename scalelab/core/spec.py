@@ -37,7 +37,7 @@ from scalelab.core.options import (
     option,
 )
 from scalelab.core.presets import (OUTPUT_LOSSES, PRESETS, RNN_KINDS, config_with_overrides, model_overrides,
-                                    refuse_unread_fields)
+                                    path_flag, refuse_unread_fields)
 from scalelab.core.rundir import SPEC_FILE, name_problem, write_text
 
 # torch.manual_seed takes at most 64 bits; a bigger seed was accepted here and failed in every rank
@@ -548,10 +548,10 @@ class Spec:
         for key in ("train_src", "train_tgt", "valid_src", "valid_tgt"):
             path = getattr(self.data, key)
             if self.data.kind == "text" and path:
-                check_text_file(path, f"--{key.replace('_', '-')}")
+                check_text_file(path, path_flag(key))
         self._check_text_contents(cfg.family)
-        if self.data.kind == "task" and self.data.train_samples < self.resolved_global_batch(cfg.default_batch):
-            batch = self.resolved_global_batch(cfg.default_batch)  # the ranks' "fewer than one global batch", now
+        batch = self.resolved_global_batch(cfg.default_batch)
+        if self.data.kind == "task" and self.data.train_samples < batch:  # the ranks' "fewer than one global batch"
             raise SpecError(f"--train-samples {self.data.train_samples} is fewer than one global batch of {batch}: "
                             f"give --train-samples {batch} or more, or a smaller batch")
         if self.steps is not None and self.epochs is None and self.steps <= self.warmup_steps:
@@ -663,13 +663,13 @@ class Spec:
             return
         if family == "nmt":
             for src, tgt in (("train_src", "train_tgt"), ("valid_src", "valid_tgt")):
-                if getattr(self.data, src) and getattr(self.data, tgt):
-                    check_parallel(getattr(self.data, src), getattr(self.data, tgt), f"--{src.replace('_', '-')}",
-                                   f"--{tgt.replace('_', '-')}")
+                a, b = getattr(self.data, src), getattr(self.data, tgt)
+                if a and b:
+                    check_parallel(a, b, path_flag(src), path_flag(tgt))
         elif family == "sentiment":
             for key in ("train_src", "valid_src"):
-                if getattr(self.data, key):
-                    check_labelled(getattr(self.data, key), f"--{key.replace('_', '-')}")
+                if path := getattr(self.data, key):
+                    check_labelled(path, path_flag(key))
 
     def _check_text_files(self, family: str) -> None:
         """`--data text` reads one file per family: a pair for translation (`--train-tgt` was not asked for,
