@@ -126,6 +126,12 @@ def _newest_first(paths: list[Path]) -> list[Path]:
     return sorted(paths, key=lambda p: (born(p), p.name, str(p)), reverse=True)
 
 
+def _matching(text: str, candidates: list[Path]) -> list[Path]:
+    """The candidates named exactly `text`, else those whose name starts or ends with it."""
+    found = [p for p in candidates if p.name.startswith(text) or p.name.endswith(text)]
+    return [p for p in found if p.name == text] or found
+
+
 def resolve_run_dir(text: str, root: Path | None = None, command: str = "launch status") -> str:
     """`text` itself when it exists (or looks like a path); else the one directory under the runs root
     whose name is exactly `text`, or else starts or ends with it. No match: `text` unchanged, so the
@@ -133,10 +139,7 @@ def resolve_run_dir(text: str, root: Path | None = None, command: str = "launch 
     newest first, with how to name one exactly; never a guess."""
     if not text or Path(text).exists() or os.sep in text:
         return text
-    found = [p for p in _candidates(root or runs_root()) if p.name.startswith(text) or p.name.endswith(text)]
-    exact = [p for p in found if p.name == text]
-    if exact:
-        found = exact
+    found = _matching(text, _candidates(root or runs_root()))
     if len(found) > 1:
         found = _newest_first(found)
         names = ", ".join(str(p) for p in found[:SHOWN]) + (f" and {len(found) - SHOWN} more" if len(found) > SHOWN else "")
@@ -174,15 +177,16 @@ def short_id(run_dir: Path | str, root: Path | None = None) -> str:
     except OSError:
         return str(run_dir)
     parts = path.name.split("-")
+    candidates: list[Path] | None = None  # listed once, every tail matched against it as `resolve_run_dir` does
     for count in range(1, len(parts)):
         tail = "-".join(parts[-count:])
         if not tail.isdigit() and count == 1:
             continue  # a word ("strong") is no id a person reads as one
-        try:
-            found = resolve_run_dir(tail, root)
-        except ScalelabError:  # several match: a longer tail
+        if Path(tail).exists():  # `resolve_run_dir` takes it as that path, not as an id
             continue
-        if found != tail and Path(found).resolve() == path.resolve():
+        candidates = _candidates(root) if candidates is None else candidates
+        found = _matching(tail, candidates)
+        if len(found) == 1 and found[0].resolve() == path.resolve():  # several: a longer tail
             return tail
     return str(run_dir)
 
