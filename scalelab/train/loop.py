@@ -525,8 +525,6 @@ def slower_device_extra(factor: float, forward_s: float) -> tuple[float, float]:
     Why apart: the whole extra (3x the forward's) was slept after the forward and timed as part of `forward_s`,
     which the dynamic balancer measures speed from, so a 1.78x slower worker measured 1 + 3 x 0.78 = 3.3x slower
     and got shares of ~[16, 48] where ~[23, 41] balance it."""
-    if factor == 1.0:
-        return 0.0, 0.0
     return (factor - 1.0) * forward_s, (factor - 1.0) * 2 * forward_s
 
 
