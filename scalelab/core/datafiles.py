@@ -18,21 +18,30 @@ from scalelab.core.errors import SpecError
 
 COUNT_LIMIT = 2 << 30  # bytes of one file whose lines are counted up front (a few seconds at most)
 LABEL_LIMIT = 1 << 20  # bytes of a sentiment file whose lines are checked for LABEL<TAB>text up front
-_counted: dict[tuple[str, int, int], int] = {}  # (path, size, mtime): lines; a sweep validates each layout's spec
+# (path, size, mtime) -> what was found in the file: a sweep validates each layout's spec, each reading the same files
+_counted: dict[tuple[str, int, int], int] = {}  # its lines
+_unlabelled: dict[tuple[str, int, int], tuple[int, str] | None] = {}  # its first line without a label, if any
+
+
+def _key(p: Path) -> tuple[str, int, int] | None:
+    """(resolved path, size, mtime) of the file, the key of what was found in it; None where it cannot be stat-ed."""
+    try:
+        st = p.stat()
+    except OSError:
+        return None
+    return str(p.resolve()), st.st_size, st.st_mtime_ns
 
 
 def count_lines(path: str | os.PathLike) -> int | None:
     """Lines of the file as `read_lines` splits them; None for a file over COUNT_LIMIT or unreadable (its reader
     says why)."""
     p = Path(path)
-    try:
-        st = p.stat()
-    except OSError:
+    key = _key(p)
+    if key is None:
         return None
-    key = (str(p.resolve()), st.st_size, st.st_mtime_ns)
     if key in _counted:
         return _counted[key]
-    if st.st_size > COUNT_LIMIT:
+    if key[1] > COUNT_LIMIT:
         return None
     lines, last = 0, b"\n"
     try:
@@ -58,19 +67,37 @@ def check_parallel(src: str | os.PathLike, tgt: str | os.PathLike, src_flag: str
 def check_labelled(path: str | os.PathLike, flag: str) -> None:
     """SpecError naming the first line of the file's first LABEL_LIMIT bytes that is not LABEL<TAB>text (blank
     lines pass, as the trainer skips them)."""
+    found = _first_unlabelled(Path(path))
+    if found is not None:
+        number, line = found
+        raise SpecError(f"{path}:{number}: expected LABEL<TAB>text, got {line!r} ({flag}: sentiment data is "
+                        "one example a line, its label, a tab, then its text)")
+
+
+def _first_unlabelled(p: Path) -> tuple[int, str] | None:
+    """(number, first 80 characters) of the first line of the file's first LABEL_LIMIT bytes that is not
+    LABEL<TAB>text; None where every one is, or where the file cannot be read (its reader says why)."""
+    key = _key(p)
+    if key is None:
+        return None
+    if key in _unlabelled:
+        return _unlabelled[key]
     try:
-        with Path(path).open("rb") as f:
+        with p.open("rb") as f:
             head = f.read(LABEL_LIMIT + 1)
     except OSError:
-        return  # its reader says why
+        return None
     lines = head.split(b"\n")
     if len(head) > LABEL_LIMIT:
         lines.pop()  # cut at the limit: not a whole line
+    found = None
     for number, raw in enumerate(lines, start=1):
         line = raw.decode("utf-8", "replace").rstrip("\r")
         if not line.strip():
             continue
         label, tab, text = line.partition("\t")
         if not tab or not label.strip() or not text.split():
-            raise SpecError(f"{path}:{number}: expected LABEL<TAB>text, got {line[:80]!r} ({flag}: sentiment data is "
-                            "one example a line, its label, a tab, then its text)")
+            found = number, line[:80]
+            break
+    _unlabelled[key] = found
+    return found
