@@ -118,9 +118,8 @@ def _list(resources: list[dict], doing: str) -> None:
     from scalelab.aws import teardown as td
 
     for r in resources:
-        tags = {t["Key"]: t["Value"] for t in r.get("Tags", []) or []}
         if "InstanceId" in r:
-            what = f"instance {r['InstanceId']} {r['InstanceType']} {r['State']['Name']} run {tags.get(td.TAG_RUN)}"
+            what = f"instance {r['InstanceId']} {r['InstanceType']} {r['State']['Name']} run {td._tagged(r, None)}"
         elif "GroupId" in r:
             what = f"security-group {r['GroupId']} {r['GroupName']}"
         elif "VolumeId" in r:
