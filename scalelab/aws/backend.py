@@ -496,14 +496,22 @@ class AwsBackend(Backend):
     # ---- status, logs, cancel ------------------------------------------------------------------
 
     def status(self, run_dir: Path) -> RunStatus:
+        """The run's state; AWS's refusal, or an endpoint that cannot be reached, is one line (`_user_error`), as at
+        the launch's first request: `launch status`, `launch ls` and a resume's check of the run all ask here, and
+        showed botocore's traceback (exit 1)."""
         info = read_state(run_dir)
         if info.get("state") in TERMINAL:
             return RunStatus(info["state"], info.get("detail", ""))
-        live = td.instances(self.client("ec2", info["region"]), info["run_id"], ["pending", "running"])
-        if live:
-            return RunStatus(RUNNING, f"{len(live)} instance(s) up, generation {info.get('generation')}")
-        return self._ended_unfollowed(Path(run_dir), info) or RunStatus(
-            UNKNOWN, "no instance is up and the launcher did not record how the run ended")
+        try:
+            live = td.instances(self.client("ec2", info["region"]), info["run_id"], ["pending", "running"])
+            if live:
+                return RunStatus(RUNNING, f"{len(live)} instance(s) up, generation {info.get('generation')}")
+            return self._ended_unfollowed(Path(run_dir), info) or RunStatus(
+                UNKNOWN, "no instance is up and the launcher did not record how the run ended")
+        except Exception as exc:
+            if _is_client_error(exc):
+                raise _user_error(exc, "looking up the run's state", "nothing was changed") from None
+            raise
 
     def _ended_unfollowed(self, run_dir: Path, info: dict) -> RunStatus | None:
         """How a run no launcher recorded the end of ended, as S3 says: removed by `launch aws gc` (its record,
