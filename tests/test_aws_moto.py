@@ -782,6 +782,30 @@ def test_an_endpoint_that_cannot_be_reached_is_one_line_and_leaves_no_run_direct
     assert list((tmp_path / "runs").iterdir()) == [] if (tmp_path / "runs").exists() else True
 
 
+def test_the_status_of_a_run_aws_cannot_be_reached_for_is_one_line(tmp_path):
+    """`launch status` of an AWS run no launcher follows, AWS not reachable: the launch's first request says so in
+    one line (above), but the status's look for the run's instances raised botocore's EndpointConnectionError as a
+    149-line traceback, exit 1 (`launch ls` and a resume's check of the run failed the same way). Now the same one
+    line, exit 2, from AwsBackend.status, which every one of them asks."""
+    from scalelab.core.rundir import start_state
+    from scalelab.core.spec import save_spec
+
+    run_dir = tmp_path / "runs" / "r1"
+    run_dir.mkdir(parents=True)
+    save_spec(Spec.from_dict({"model": "nmt-tiny", "backend": "aws",
+                              "backend_options": {"bucket": "rev-bkt", "region": REGION}}), run_dir)
+    start_state(run_dir, backend="aws", run_id="r1", region=REGION, bucket="rev-bkt", prefix="scalelab/r1",
+                node_types=["g5.xlarge"], started=time.time(), generation=0, instances=[], refs={}, replacements=0,
+                requests=[])
+    env = {**os.environ, "AWS_ENDPOINT_URL": "http://127.0.0.1:9", "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "y",
+           "AWS_MAX_ATTEMPTS": "1", "AWS_EC2_METADATA_DISABLED": "true"}
+    out = _launch_clean(tmp_path, env, "status", "runs/r1")
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    errors = [line for line in out.stderr.splitlines() if line.startswith("launch: error:")]
+    assert len(errors) == 1 and "cannot reach AWS" in errors[0] and "http://127.0.0.1:9" in errors[0], out.stderr
+    assert "nothing was changed" in errors[0], out.stderr
+
+
 def _launch_clean(cwd: Path, env: dict, *args: str):
     import subprocess
     import sys

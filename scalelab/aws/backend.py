@@ -299,9 +299,7 @@ class AwsBackend(Backend):
             return self._ended(CANCELLED, f"a rank of generation {gen} got a stop signal; every rank stopped with a "
                                           f"checkpoint; `launch resume {shell_word(run_dir)}` continues it", unsaid)
         if any(s.get("reason") == LAUNCHER_LOST for s in statuses.values()):
-            return RunStatus(FAILED, f"the instances stopped themselves: no heartbeat from the launcher for "
-                                     f"{self.options['heartbeat_timeout_min']:g} min (was it suspended?); "
-                                     f"`launch resume {shell_word(run_dir)}` continues from the last checkpoint")
+            return self._launcher_lost(run_dir, "was it suspended?")
         failed = {i: s for i, s in statuses.items() if s.get("state") == "failed"}
         if failed:
             return RunStatus(FAILED, "; ".join(f"{i}: {s.get('error') or 'exit code ' + str(s.get('exit_code'))}"
@@ -498,14 +496,22 @@ class AwsBackend(Backend):
     # ---- status, logs, cancel ------------------------------------------------------------------
 
     def status(self, run_dir: Path) -> RunStatus:
+        """The run's state; AWS's refusal, or an endpoint that cannot be reached, is one line (`_user_error`), as at
+        the launch's first request: `launch status`, `launch ls` and a resume's check of the run all ask here, and
+        showed botocore's traceback (exit 1)."""
         info = read_state(run_dir)
         if info.get("state") in TERMINAL:
             return RunStatus(info["state"], info.get("detail", ""))
-        live = td.instances(self.client("ec2", info["region"]), info["run_id"], ["pending", "running"])
-        if live:
-            return RunStatus(RUNNING, f"{len(live)} instance(s) up, generation {info.get('generation')}")
-        return self._ended_unfollowed(Path(run_dir), info) or RunStatus(
-            UNKNOWN, "no instance is up and the launcher did not record how the run ended")
+        try:
+            live = td.instances(self.client("ec2", info["region"]), info["run_id"], ["pending", "running"])
+            if live:
+                return RunStatus(RUNNING, f"{len(live)} instance(s) up, generation {info.get('generation')}")
+            return self._ended_unfollowed(Path(run_dir), info) or RunStatus(
+                UNKNOWN, "no instance is up and the launcher did not record how the run ended")
+        except Exception as exc:
+            if _is_client_error(exc):
+                raise _user_error(exc, "looking up the run's state", "nothing was changed") from None
+            raise
 
     def _ended_unfollowed(self, run_dir: Path, info: dict) -> RunStatus | None:
         """How a run no launcher recorded the end of ended, as S3 says: removed by `launch aws gc` (its record,
@@ -536,10 +542,15 @@ class AwsBackend(Backend):
             except (ClientError, ValueError):
                 continue
             if isinstance(said, dict) and said.get("reason") == LAUNCHER_LOST:
-                return RunStatus(FAILED, f"the instances stopped themselves: no heartbeat from the launcher for "
-                                         f"{self.options['heartbeat_timeout_min']:g} min (was it killed?); "
-                                         f"`launch resume {run}` continues from the last checkpoint")
+                return self._launcher_lost(run_dir, "was it killed?")
         return None
+
+    def _launcher_lost(self, run_dir: Path, guess: str) -> RunStatus:
+        """A run whose instances stopped themselves on a stale launcher heartbeat (a status of reason LAUNCHER_LOST),
+        as the following launcher (`_check`) and `launch status` of an unfollowed run (`_ended_unfollowed`) say it."""
+        return RunStatus(FAILED, f"the instances stopped themselves: no heartbeat from the launcher for "
+                                 f"{self.options['heartbeat_timeout_min']:g} min ({guess}); "
+                                 f"`launch resume {shell_word(run_dir)}` continues from the last checkpoint")
 
     def logs(self, run_dir: Path) -> str:
         run_dir = Path(run_dir)

@@ -67,8 +67,8 @@ def gc_cmd(region: str | None, run_id: str | None, dry_run: bool, force: bool) -
         if dry_run:
             click.echo("(dry run: nothing removed)")
             return
-        for rid in runs:
-            _remove(ec2, s3, rid, found[rid])
+        for rid, heartbeat in runs.items():
+            _remove(ec2, s3, rid, found[rid], heartbeat)
     except (ClientError, BotoCoreError) as exc:
         raise ScalelabError(f"AWS refused the clean-up: {exc}") from None
 
@@ -91,14 +91,16 @@ def _found(ec2, run_id: str | None) -> dict[str, list[dict]]:
     return by_run
 
 
-def _not_followed(ec2, s3, found: dict[str, list[dict]], force: bool) -> list[str]:
-    """The runs gc may remove: those no launcher follows (its heartbeat stale, ended or absent);
-    each run skipped is said, with why and how to remove it anyway."""
-    from scalelab.aws.liveness import launcher_of
+def _not_followed(ec2, s3, found: dict[str, list[dict]], force: bool) -> dict[str, str | None]:
+    """The runs gc may remove: those no launcher follows (its heartbeat stale, ended or absent), each with the
+    s3:// address of its heartbeat (`heartbeat_url`: found once, from tags or user data, and `_record_gc`
+    writes beside it); each run skipped is said, with why and how to remove it anyway."""
+    from scalelab.aws.liveness import heartbeat_url, launcher_of
 
-    runs = []
+    runs: dict[str, str | None] = {}
     for rid in sorted(found):
-        launcher = launcher_of(s3, ec2, found[rid])
+        url = heartbeat_url(ec2, found[rid])
+        launcher = launcher_of(s3, url)
         if launcher.live and not force:
             click.echo(f"run {rid}: skipped, a launcher still follows it: {launcher.why}; stop it there (Ctrl-C, "
                        f"or `launch cancel RUN_DIR`), wait until its heartbeat is stale, or remove it anyway with "
@@ -106,7 +108,7 @@ def _not_followed(ec2, s3, found: dict[str, list[dict]], force: bool) -> list[st
             continue
         if launcher.live:
             click.echo(f"run {rid}: removing it although {launcher.why} (--force)", err=True)
-        runs.append(rid)
+        runs[rid] = url
     return runs
 
 
@@ -116,9 +118,8 @@ def _list(resources: list[dict], doing: str) -> None:
     from scalelab.aws import teardown as td
 
     for r in resources:
-        tags = {t["Key"]: t["Value"] for t in r.get("Tags", []) or []}
         if "InstanceId" in r:
-            what = f"instance {r['InstanceId']} {r['InstanceType']} {r['State']['Name']} run {tags.get(td.TAG_RUN)}"
+            what = f"instance {r['InstanceId']} {r['InstanceType']} {r['State']['Name']} run {td._tagged(r, None)}"
         elif "GroupId" in r:
             what = f"security-group {r['GroupId']} {r['GroupName']}"
         elif "VolumeId" in r:
@@ -128,10 +129,10 @@ def _list(resources: list[dict], doing: str) -> None:
         click.echo(f"{doing}: {what}")
 
 
-def _remove(ec2, s3, rid: str, resources: list[dict]) -> None:
+def _remove(ec2, s3, rid: str, resources: list[dict], heartbeat: str | None) -> None:
     from scalelab.aws import teardown as td
 
-    _record_gc(ec2, s3, resources)  # first: a run gc is ending says so, whatever the teardown meets
+    _record_gc(s3, heartbeat, resources)  # first: a run gc is ending says so, whatever the teardown meets
     removed = td.teardown(ec2, rid)
     click.echo(f"run {rid}: terminated {len(removed['instances'])} instance(s), deleted "
                f"{len(removed['volumes'])} volume(s), {len(removed['security_groups'])} security group(s) "
@@ -139,19 +140,17 @@ def _remove(ec2, s3, rid: str, resources: list[dict]) -> None:
                + (f"; kept {', '.join(removed['kept'])}" if removed["kept"] else ""))
 
 
-def _record_gc(ec2, s3, resources: list[dict]) -> None:
-    """Put control/gc.json beside the run's launcher heartbeat (its prefix in S3): `launch status` of the run then
-    records it CANCELLED by gc, with when and from where (AwsBackend.status). Why: after `gc --run-id R --force`
-    the run stayed UNKNOWN ("the launcher did not record how the run ended") for ever. Nothing names the prefix
-    (no heartbeat tag, no user data): nothing is put; a put S3 refuses does not stop the clean-up."""
+def _record_gc(s3, url: str | None, resources: list[dict]) -> None:
+    """Put control/gc.json beside the run's launcher heartbeat at `url` (its prefix in S3): `launch status` of the
+    run then records it CANCELLED by gc, with when and from where (AwsBackend.status). Why: after `gc --run-id R
+    --force` the run stayed UNKNOWN ("the launcher did not record how the run ended") for ever. Nothing names the
+    prefix (no heartbeat tag, no user data): nothing is put; a put S3 refuses does not stop the clean-up."""
     import json
     import socket
     import time
 
     from scalelab.aws.bootstrap import GC_RECORD, LAUNCHER_HEARTBEAT
-    from scalelab.aws.liveness import heartbeat_url
 
-    url = heartbeat_url(ec2, resources)
     if not url or not url.endswith("/" + LAUNCHER_HEARTBEAT):
         return
     bucket, _, key = url.removeprefix("s3://").partition("/")

@@ -66,9 +66,9 @@ def heartbeat_url(ec2, resources: list[dict[str, Any]]) -> str | None:
     return None
 
 
-def launcher_of(s3, ec2, resources: list[dict[str, Any]]) -> Launcher:
-    """Whether a launcher still follows the run these resources belong to (see the module's note)."""
-    url = heartbeat_url(ec2, resources)
+def launcher_of(s3, url: str | None) -> Launcher:
+    """Whether a launcher still follows the run whose heartbeat is at `url` (`heartbeat_url` of its resources;
+    see the module's note)."""
     if url is None:
         return Launcher(False, "no launcher heartbeat is named by its resources")
     bucket, _, key = url.removeprefix("s3://").partition("/")

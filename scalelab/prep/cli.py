@@ -135,12 +135,13 @@ def check_local_inputs(request: PrepRequest) -> None:
     local_files: dict[str, list[str]] = {}
     for key, patterns in request.inputs.items():
         local = [p for p in patterns if not is_remote(p)]
-        for path, size in expand(local, key, request.storage) if local else []:
+        found = expand(local, key, request.storage) if local else []  # globbed and stat-ed once
+        for path, size in found:
             if size == 0:
                 raise SpecError(f"data file is empty: {path} ({flag(key)}); give a file with text in it")
             check_text_file(path, flag(key))
         if local and len(local) == len(patterns):  # all local: the files the prep reads, in its order
-            local_files[key] = [path for path, _ in expand(local, key, request.storage)]
+            local_files[key] = [path for path, _ in found]
     family = request.config.family
     if family == "nmt":
         for src, tgt in (("train_src", "train_tgt"), ("valid_src", "valid_tgt")):
