@@ -173,7 +173,7 @@ def _threshold(r: pd.Series) -> str:
     reached = r.get("reached_threshold")
     t = r.get("time_to_threshold_s")
     if _missing(reached):
-        return _seconds(t) if not _missing(t) else _DASH
+        return _seconds(t)
     if not bool(reached):
         return "not reached"
     out = _seconds(t)
