@@ -45,7 +45,7 @@ import pandas as pd
 
 from scalelab.analysis.report import to_json_records
 from scalelab.core.errors import DataError
-from scalelab.costs.billing import Mix, cost_at_rate, run_cost
+from scalelab.costs.billing import Mix, RunCost, cost_at_rate, run_cost
 from scalelab.costs.calibration import DEFAULT_CONFIDENCE, next_count
 from scalelab.costs.catalog import Catalog, CatalogError, InstanceType
 from scalelab.costs.convergence import ConvergenceFit, fit_convergence
@@ -299,12 +299,17 @@ def _layout_markets(request: PlanRequest, layout: Layout, r: pd.Series, notes: l
                     "time_basis": "the table's job" if request.work is None else "given work",
                     "model": r["model"], "basis": r.get("basis", "model"),
                     "held_out_error": r.get("held_out_error"), "speed_basis": r.get("speed_basis"), **shares,
-                    "hours": cost["point"].hours, "hours_low": cost["low"].hours, "hours_high": cost["high"].hours,
-                    "usd_per_hour": cost["point"].usd_per_hour, "dollars": cost["point"].dollars,
-                    "dollars_high": cost["high"].dollars,
-                    "expected_interruptions": cost["point"].expected_interruptions,
-                    "never_finishes": cost["point"].never_finishes})
+                    **_cost_columns(cost)})
     return out
+
+
+def _cost_columns(cost: dict[str, RunCost]) -> dict[str, Any]:
+    """A candidate row's time and money columns from its costs at the prediction and at both ends of its band
+    ("point", "low", "high"): named layouts and the worker grid price their rows the same way."""
+    point = cost["point"]
+    return {"hours": point.hours, "hours_low": cost["low"].hours, "hours_high": cost["high"].hours,
+            "usd_per_hour": point.usd_per_hour, "dollars": point.dollars, "dollars_high": cost["high"].dollars,
+            "expected_interruptions": point.expected_interruptions, "never_finishes": point.never_finishes}
 
 
 # ---- 1. fit and predict -------------------------------------------------------------------------
@@ -705,18 +710,13 @@ def _market_rows(request: PlanRequest, cand: Candidate, layout: dict[str, Any], 
     count = layout["instances"]
     over = request.overheads if request.work is None else Overheads()
     spot = {k: v for k, v in request.spot_terms().items() if k != "interruptions_per_hour"}
-    rows = []
+    instances, rows = str(Mix(((count, cand.name),))), []
+    wall = {k: over.wall_s(v) if math.isfinite(v) else v for k, v in train_s.items()}  # the same in every market
     for market, usd in cand.usd_per_hour.items():
-        cost = {k: cost_at_rate(over.wall_s(v) if math.isfinite(v) else v, str(Mix(((count, cand.name),))), count * cand.gpus,
-                                count * usd, market, cand.region, layout["label"],
+        cost = {k: cost_at_rate(v, instances, count * cand.gpus, count * usd, market, cand.region, layout["label"],
                                 count * cand.interruptions_per_hour, **spot)
-                for k, v in train_s.items()}
-        rows.append({**layout, "market": market, **estimate, "hours": cost["point"].hours,
-                     "hours_low": cost["low"].hours, "hours_high": cost["high"].hours,
-                     "usd_per_hour": cost["point"].usd_per_hour, "dollars": cost["point"].dollars,
-                     "dollars_high": cost["high"].dollars,
-                     "expected_interruptions": cost["point"].expected_interruptions,
-                     "never_finishes": cost["point"].never_finishes})
+                for k, v in wall.items()}
+        rows.append({**layout, "market": market, **estimate, **_cost_columns(cost)})
     return rows
 
 
