@@ -904,13 +904,6 @@ def _recommendation_line(key: str, v: dict[str, Any]) -> str:
             f"${v['dollars']:,.2f} (up to ${v['dollars_high']:,.2f}){unmeasured}")
 
 
-def _where(row: Any) -> str:
-    """A candidate in words: its named layout, or its workers on their instances."""
-    if isinstance(row.get("layout"), str) and row.get("layout"):
-        return str(row["layout"])
-    return f"{_plural(int(row['workers']), 'worker')} on {row['instances']}*{row['instance_type']}"
-
-
 #: A limit no layout meets, per recommendation: (its flag, the column judged, what the surest is, its unit).
 _UNMET = {"cheapest_within_deadline": ("--deadline-h", "hours_high", "finishes within", "h"),
           "fastest_within_budget": ("--budget", "dollars_high", "costs at most", "$")}
@@ -927,13 +920,10 @@ def _unmet_line(key: str, result) -> str:
     what to change. Why: it was a stderr note only, the answer block silent and no way out said. Rendered from
     the plan's candidates (the planner keeps the recommendation as None). Where no layout finishes at all (spot
     at its interruption rate), that is the answer (`_never_line`)."""
-    from scalelab.costs.planner import never_finishing
+    from scalelab.costs.planner import candidate_text, finishing_candidates, fitting_candidates, never_finishing
 
-    fitting = result.candidates
-    if "fits_memory" in fitting.columns:  # as the planner judges: a layout that overflows is never recommended
-        fitting = fitting[~fitting["fits_memory"].map(overflows)]
-    finite = fitting[[math.isfinite(h) and math.isfinite(d) for h, d in
-                      zip(fitting["hours_high"].astype(float), fitting["dollars_high"].astype(float))]]
+    fitting = fitting_candidates(result.candidates)  # as the planner judges: one that overflows is never recommended
+    finite = finishing_candidates(fitting)
     if finite.empty or key not in _UNMET:
         return _never_line(key, result, never_finishing(fitting))
     fitting = finite
@@ -945,7 +935,7 @@ def _unmet_line(key: str, result) -> str:
     if result.confidence > 0.5:  # --confidence's least
         ways.append(f"lower --confidence (now {result.confidence:.0%})")
     return (f"{key.replace('_', ' ')}: none: no layout {verb} {flag} with {result.confidence:.0%} confidence; the "
-            f"surest, {_where(surest)} {surest['market']}, {'takes' if unit == 'h' else 'costs'} up to {bound}. "
+            f"surest, {candidate_text(surest)} {surest['market']}, {'takes' if unit == 'h' else 'costs'} up to {bound}. "
             f"To get one: {', '.join(ways[:-1])}, or {ways[-1]}")
 
 
@@ -953,7 +943,7 @@ def _never_line(key: str, result, stalled: pd.DataFrame) -> str:
     """The answer where no priced layout finishes: on spot every one loses each hour to its interruptions
     (`billing.spot_stall`: the nearest one's reason and what would let it finish). Why: the plan recommended a
     layout of infinite time and crashed printing it (`launch plan --market spot --interruptions-per-hour 10`)."""
-    from scalelab.costs.planner import candidate_text
+    from scalelab.costs.planner import nearest_never_text
 
     name = key.replace("_", " ")
     if key == "fastest" and "cheapest" in result.recommendations:
@@ -961,9 +951,7 @@ def _never_line(key: str, result, stalled: pd.DataFrame) -> str:
     if not len(stalled):  # infinite for another cause: a band down to no throughput
         return (f"{name}: none: no layout's time is bounded at {result.confidence:.0%} confidence (its band reaches "
                 "no throughput); measure more layouts or lower --confidence")
-    first = stalled.iloc[0]
-    return (f"{name}: none: no priced layout finishes; the one with the fewest instances, {candidate_text(first)} "
-            f"{first['market']}, {first['never_finishes']}")
+    return f"{name}: none: no priced layout finishes; {nearest_never_text(stalled)}"
 
 
 def _other_ways(key: str, result, fitting: pd.DataFrame) -> list[str]:
