@@ -909,12 +909,6 @@ _UNMET = {"cheapest_within_deadline": ("--deadline-h", "hours_high", "finishes w
           "fastest_within_budget": ("--budget", "dollars_high", "costs at most", "$")}
 
 
-def _answers_none(key: str) -> bool:
-    """Whether a recommendation the planner left None gets an answer line saying why: a limit no layout meets
-    (`_UNMET`), or the plain cheapest and fastest where no layout finishes at all (spot at its rate)."""
-    return key in _UNMET or key in ("cheapest", "fastest")
-
-
 def _unmet_line(key: str, result) -> str:
     """The answer where no layout meets --deadline-h or --budget: none, the surest layout and its bad end, and
     what to change. Why: it was a stderr note only, the answer block silent and no way out said. Rendered from
@@ -992,8 +986,8 @@ def _model_lines(result) -> list[str]:
     """The plan's words, in reading order: assumptions, the answer (recommendations with their bounds),
     what to measure next."""
     lines = _assumption_lines(result)
-    lines += [_recommendation_line(k, v) if v else _unmet_line(k, result) for k, v in result.recommendations.items()
-              if v or _answers_none(k)]
+    # a None one too: `recommend` leaves one None only where it has no answer, and `_unmet_line` says why
+    lines += [_recommendation_line(k, v) if v else _unmet_line(k, result) for k, v in result.recommendations.items()]
     if result.next_measurement:
         n = result.next_measurement
         series = f" ({n['label']})" if n["label"] else ""
@@ -1026,8 +1020,8 @@ _BATCH_FMT = {"batch": ".0f", "steps": ",.0f", "steps low": ",.0f", "steps high"
 _CAND_VIEW = {"label": "series", "workers": "workers", "instances": "instances", "market": "market",
               "speed_basis": "speed", "global_batch": "batch", "steps_to_threshold": "steps", "hours": "time",
               "hours_high": "up to", "dollars": "dollars", "dollars_high": "up to $", "pick": "pick"}
-_CAND_FMT: dict[str, Any] = {"workers": ".0f", "batch": ".0f", "steps": ",.0f", "dollars": lambda d: _dollars_cell(d),
-                             "up to $": lambda d: _dollars_cell(d), "time": lambda h: _wall_cell(h * 3600),
+_CAND_FMT: dict[str, Any] = {"workers": ".0f", "batch": ".0f", "steps": ",.0f", "dollars": _dollars_cell,
+                             "up to $": _dollars_cell, "time": lambda h: _wall_cell(h * 3600),
                              "up to": lambda h: _wall_cell(h * 3600)}
 
 
@@ -1199,7 +1193,7 @@ def _write_plan(result, out_dir: Path, table: pd.DataFrame | None, curves: dict[
     from scalelab.analysis.html import plan_sections, scaling_sections, write_html
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    unmet = {k: _unmet_line(k, result) for k, v in result.recommendations.items() if not v and _answers_none(k)}
+    unmet = {k: _unmet_line(k, result) for k, v in result.recommendations.items() if not v}
     sections = plan_sections(result, unit, unmet)
     if table is not None and len(table):
         sections += scaling_sections(table, curves)
