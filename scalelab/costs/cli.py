@@ -367,11 +367,11 @@ def finished_run_dirs(run_dirs: tuple[str, ...]) -> tuple[str, ...]:
         if not (is_sweep(path) or (path / STUDY_FILE).exists()):
             out.append(given)
             continue
-        runs, said = _finished_runs(path)  # none finished: one error saying so and what continues it
+        # none finished: one error saying so and what continues it
+        runs, said = _finished_runs(path, "the plan leaves it out")
         out += [str(r) for r in runs]
         for line in said:
-            err_console.print(f"[yellow]warning:[/] {escape(line.replace('it is not in the report', 'the plan leaves it out'))}",
-                              highlight=False, soft_wrap=True)
+            err_console.print(f"[yellow]warning:[/] {escape(line)}", highlight=False, soft_wrap=True)
     return tuple(out)
 
 
