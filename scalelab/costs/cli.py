@@ -292,11 +292,7 @@ def cost_cmd(run_dirs: tuple[str, ...], from_csv: str | None, instances: str | N
                             "wall to threshold": human_duration, "$ to threshold": usd_text}
     never = _never_lines(out)
     if fmt == "markdown":
-        for col, how in nfmt.items():
-            if callable(how) and col in show.columns:
-                show[col] = show[col].map(lambda v, how=how: None if v is None or v != v else how(v))
-        click.echo(markdown_table(show, {k: v for k, v in nfmt.items() if not callable(v)},
-                                  align_right=[k for k, v in nfmt.items() if callable(v)]))
+        click.echo(markdown_table(show, nfmt))
         for line in never:
             click.echo(f"\n{line}")
     else:
@@ -1175,12 +1171,7 @@ def plan_markdown(result, unit: str = "words/s") -> str:
 
     parts = ["# Scaling plan", "", *[f"- {line}" for line in _model_lines(result)]]
     for title, rows, fmt in _plan_tables(result, unit):
-        rows = rows.copy()
-        for col, how in fmt.items():
-            if callable(how) and col in rows.columns:
-                rows[col] = rows[col].map(lambda v, how=how: None if v is None or v != v else how(v))
-        parts += ["", f"## {title}", "", markdown_table(rows, {k: v for k, v in fmt.items() if not callable(v)},
-                                                        align_right=[k for k, v in fmt.items() if callable(v)])]
+        parts += ["", f"## {title}", "", markdown_table(rows, fmt)]
     if len(result.candidates):
         parts += ["", _pick_legend(result)]
     if result.notes:
