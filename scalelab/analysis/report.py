@@ -173,7 +173,7 @@ def _threshold(r: pd.Series) -> str:
     reached = r.get("reached_threshold")
     t = r.get("time_to_threshold_s")
     if _missing(reached):
-        return _seconds(t) if not _missing(t) else _DASH
+        return _seconds(t)
     if not bool(reached):
         return "not reached"
     out = _seconds(t)
@@ -420,12 +420,13 @@ def _md_escape(s: str) -> str:
     return s.replace("|", "\\|").replace("\n", " ")
 
 
-def markdown_table(df: pd.DataFrame, formats: Mapping[str, str] | None = None, missing: str = _DASH,
-                   align_right: Iterable[str] = ()) -> str:
+def markdown_table(df: pd.DataFrame, formats: Mapping[str, str | Callable[[Any], str]] | None = None,
+                   missing: str = _DASH, align_right: Iterable[str] = ()) -> str:
     """`df` as a GitHub Markdown table: the column names as headers, one line per row.
 
-    `formats` maps a column to a number format (e.g. ",.0f", ".1%"); those columns and the ones in
-    `align_right` are right-aligned, the others left. A missing value (None, NaN, NA) reads
+    `formats` maps a column to a number format (e.g. ",.0f", ".1%") or to a function giving a cell's text
+    (`launch cost` and `launch plan` format their durations and dollars so, as on the terminal); those columns
+    and the ones in `align_right` are right-aligned, the others left. A missing value (None, NaN, NA) reads
     `missing`; any other cell is its str(), with '|' and line breaks escaped so that a label can
     never break the table. Cells are read column by column, so an int column prints 3, not 3.0,
     whatever the other columns hold. Every Markdown table of the project comes from here.
@@ -442,9 +443,11 @@ def markdown_table(df: pd.DataFrame, formats: Mapping[str, str] | None = None, m
     return "\n".join(lines)
 
 
-def _md_cell(value: Any, fmt: str | None, missing: str) -> str:
+def _md_cell(value: Any, fmt: str | Callable[[Any], str] | None, missing: str) -> str:
     if _missing(value):
         return missing
+    if callable(fmt):
+        return _md_escape(fmt(value))
     return format(float(value), fmt) if fmt else _md_escape(str(value))
 
 

@@ -282,8 +282,9 @@ def expand_run_dirs(paths: list[Path]) -> list[Path]:
     return out
 
 
-def _finished_runs(path: Path) -> tuple[list[Path], list[str]]:
-    """The runs of a run, sweep or study directory that a report takes, and warnings about the others."""
+def _finished_runs(path: Path, left_out: str = "it is not in the report") -> tuple[list[Path], list[str]]:
+    """The runs of a run, sweep or study directory that a report takes, and warnings about the others
+    (`left_out`: what each unfinished layout's warning says of it, `finished_layouts`)."""
     if (path / STUDY_FILE).exists():
         runs, warnings = [], []
         for label, sweep in study_sweeps(path):
@@ -291,7 +292,7 @@ def _finished_runs(path: Path) -> tuple[list[Path], list[str]]:
                 warnings.append(f"variant {label!r} of {path} never started; `launch study` runs it")
                 continue
             try:
-                found, said = finished_layouts(sweep)
+                found, said = finished_layouts(sweep, left_out)
             except RecordError as exc:  # one variant with nothing finished: report the others
                 found, said = [], [str(exc)]
             runs += found
@@ -300,7 +301,7 @@ def _finished_runs(path: Path) -> tuple[list[Path], list[str]]:
             raise RecordError(f"no run of the study {path} has finished yet: {'; '.join(warnings)}")
         return runs, warnings
     if (path / SWEEP_FILE).exists():
-        return finished_layouts(path)
+        return finished_layouts(path, left_out)
     return expand_run_dirs([path]), []
 
 
@@ -315,8 +316,9 @@ class Report:
     notes: list[str] = field(default_factory=list)  # what the dollars rest on, or how to give them a price
 
 
-def finished_layouts(sweep_dir: Path) -> tuple[list[Path], list[str]]:
-    """The layouts of a sweep that completed, and a warning naming each that did not (and how it stands)."""
+def finished_layouts(sweep_dir: Path, left_out: str = "it is not in the report") -> tuple[list[Path], list[str]]:
+    """The layouts of a sweep that completed, and a warning naming each that did not (and how it stands), saying
+    `left_out` of it (`launch plan`: "the plan leaves it out")."""
     done, unfinished = [], []
     for run_dir in sweep_runs(sweep_dir):
         state = run_state(run_dir) if (run_dir / "spec.json").exists() else None
@@ -331,7 +333,7 @@ def finished_layouts(sweep_dir: Path) -> tuple[list[Path], list[str]]:
         raise RecordError(f"no layout of the sweep {sweep_dir} has finished yet "
                           f"({'; '.join(f'{name} {how}' for name, how in unfinished)}); "
                           f"`launch resume {shell_word(sweep_dir)}` continues it")
-    return done, [f"layout {name} of {sweep_dir} did not finish ({how}); it is not in the report; "
+    return done, [f"layout {name} of {sweep_dir} did not finish ({how}); {left_out}; "
                   f"`launch resume {shell_word(sweep_dir)}` continues it" for name, how in unfinished]
 
 

@@ -821,9 +821,9 @@ def threshold_scaling(rows: pd.DataFrame, keys: Sequence[str]) -> tuple[np.ndarr
 
     Why beside the throughput's: data parallelism can slow convergence (more samples per step, fewer steps'
     worth of updates), so seed 004 measures speedup and efficiency from both the run time and the time to
-    its loss threshold, and finds the latter lower. `rows` come sorted by series then workers
-    (`scale_layouts`), so each series' first row is its base; a series of one layout on several workers
-    compares nothing and has none (as `scaling_table`'s `_alone_on_many`)."""
+    its loss threshold, and finds the latter lower. Each series' base is `scaling_table`'s (`_base_rows`: its
+    row with the fewest workers, the first on a tie; `rows` come sorted by series, workers, nodes from
+    `scale_layouts`); a series of one layout on several workers compares nothing and has none (`_alone_on_many`)."""
     n_rows = len(rows)
     speedup, efficiency = np.full(n_rows, np.nan), np.full(n_rows, np.nan)
     if not n_rows or "time_to_threshold_s" not in rows.columns:
@@ -833,12 +833,9 @@ def threshold_scaling(rows: pd.DataFrame, keys: Sequence[str]) -> tuple[np.ndarr
     time = pd.to_numeric(rows["time_to_threshold_s"], errors="coerce").to_numpy(dtype=float)
     time = np.where(reached & (time > 0), time, np.nan)
     workers = pd.to_numeric(rows["workers"], errors="coerce").to_numpy(dtype=float)
-    groups = _series_key(rows, list(keys)).to_numpy() if keys else np.zeros(n_rows, dtype=int)
-    for group in dict.fromkeys(groups):
-        members = np.flatnonzero(groups == group)
-        base = members[0]
-        if len(members) == 1 and workers[base] > 1:
-            continue
-        speedup[members] = time[base] / time[members]
-        efficiency[members] = speedup[members] / (workers[members] / workers[base])
-    return speedup, efficiency
+    # every row is a base candidate (a base that did not reach the threshold makes its series' ratios NaN)
+    base = _base_rows(rows, list(keys), workers, np.zeros(n_rows))
+    speedup = time[base] / time
+    efficiency = speedup / (workers / workers[base])
+    alone = _alone_on_many(base, workers)
+    return np.where(alone, np.nan, speedup), np.where(alone, np.nan, efficiency)

@@ -68,8 +68,7 @@ class StudyRuns:
     (`speedup_bases`).
     `epoch_times` holds the seconds of each epoch's steps per run (a partial last epoch: its
     steps so far), `epochs_to` the fractional epochs until the loss threshold (steps to it over
-    steps per epoch), None when it was not reached, and `epochs_run` the fractional epochs of all
-    the run's steps; both None when the steps per epoch are not known (`steps_per_epoch`).
+    steps per epoch), None when it was not reached or the steps per epoch are not known (`steps_per_epoch`).
     `baseline` names the run every variant without a run of its own at the fewest workers is measured
     against ("strong scaling 1x1").
     `epoch_s` is the seconds of one epoch at the pace of the run's measured steps (`measured_epoch_seconds`),
@@ -79,7 +78,6 @@ class StudyRuns:
     rows: pd.DataFrame
     epoch_times: dict[str, list[float]]
     epochs_to: dict[str, float | None]
-    epochs_run: dict[str, float | None] = field(default_factory=dict)
     baseline: str = ""
     epoch_s: dict[str, float | None] = field(default_factory=dict)
 
@@ -112,14 +110,13 @@ def study_runs(runs: Sequence[tuple[str, LayoutSummary, pd.DataFrame]],
     `extra` maps a run key to more columns of its row, computed above this layer from its records:
     `wall_s` (costs.expected.run_seconds, the billed time), `backend` (where it ran), `worker_batch`
     (`worker_batches`, of a balanced run), `threads` and `interop_threads` (its start record's)."""
-    epoch_times, epochs_to, epochs_run, train_s, epoch_s = {}, {}, {}, {}, {}
+    epoch_times, epochs_to, train_s, epoch_s = {}, {}, {}, {}
     for key, summary, steps in runs:
         epoch_times[key] = steps.groupby("epoch")["t_step"].sum().tolist()
         train_s[key] = float(steps["t_step"].sum())
         per = steps_per_epoch(summary, steps)
         reached = summary.steps_to_threshold
         epochs_to[key] = round(reached / per, 2) if reached and per else None
-        epochs_run[key] = len(steps) / per if per else None
         epoch_s[key] = measured_epoch_seconds(steps, per)
     rows = scale_layouts([summary for _, summary, _ in runs])
     key_of = {(s.label, s.nodes, s.gpus_per_node): key for key, s, _ in runs}
@@ -131,7 +128,7 @@ def study_runs(runs: Sequence[tuple[str, LayoutSummary, pd.DataFrame]],
     bases = [rows.iloc[i] for i in speedup_bases(rows)]
     rows["speedup"] = [r / base["words_per_s"] for r, base in zip(rows["words_per_s"], bases)]
     rows["speedup_base"] = [_layout_name(base) for base in bases]
-    return StudyRuns(rows, epoch_times, epochs_to, epochs_run, _layout_name(rows.iloc[study_baseline(rows)]), epoch_s)
+    return StudyRuns(rows, epoch_times, epochs_to, _layout_name(rows.iloc[study_baseline(rows)]), epoch_s)
 
 
 def _layout_name(row: pd.Series) -> str:
@@ -377,14 +374,14 @@ def arrangement_table(rows: pd.DataFrame, epoch_s: dict[str, float | None]) -> p
     Where either time is not known (no steps per epoch recorded) the speed-up is the words/s ratio, marked
     "(words/s)" in "Speed-up from"."""
     minutes = [epoch_s[r] / 60 if epoch_s.get(r) else None for r in rows["run"]]
+    words = pd.to_numeric(rows["speedup"], errors="coerce").tolist()
     speedup, source = [], []
-    for row, base in zip(range(len(rows)), speedup_bases(rows)):
+    for row, base in enumerate(speedup_bases(rows)):
         if minutes[row] and minutes[base]:
             speedup.append(round(minutes[base] / minutes[row], 2))
             source.append("time per epoch")
         else:
-            words = pd.to_numeric(pd.Series([rows["speedup"].iloc[row]]), errors="coerce").iloc[0]
-            speedup.append(None if pd.isna(words) else round(float(words), 2))
+            speedup.append(None if pd.isna(words[row]) else round(float(words[row]), 2))
             source.append("words/s")
     table = pd.DataFrame({
         "variant": rows["label"], "# of Node": rows["nodes"], "# of GPUs per Node": rows["gpus_per_node"],

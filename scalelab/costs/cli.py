@@ -292,11 +292,7 @@ def cost_cmd(run_dirs: tuple[str, ...], from_csv: str | None, instances: str | N
                             "wall to threshold": human_duration, "$ to threshold": usd_text}
     never = _never_lines(out)
     if fmt == "markdown":
-        for col, how in nfmt.items():
-            if callable(how) and col in show.columns:
-                show[col] = show[col].map(lambda v, how=how: None if v is None or v != v else how(v))
-        click.echo(markdown_table(show, {k: v for k, v in nfmt.items() if not callable(v)},
-                                  align_right=[k for k, v in nfmt.items() if callable(v)]))
+        click.echo(markdown_table(show, nfmt))
         for line in never:
             click.echo(f"\n{line}")
     else:
@@ -367,11 +363,11 @@ def finished_run_dirs(run_dirs: tuple[str, ...]) -> tuple[str, ...]:
         if not (is_sweep(path) or (path / STUDY_FILE).exists()):
             out.append(given)
             continue
-        runs, said = _finished_runs(path)  # none finished: one error saying so and what continues it
+        # none finished: one error saying so and what continues it
+        runs, said = _finished_runs(path, "the plan leaves it out")
         out += [str(r) for r in runs]
         for line in said:
-            err_console.print(f"[yellow]warning:[/] {escape(line.replace('it is not in the report', 'the plan leaves it out'))}",
-                              highlight=False, soft_wrap=True)
+            err_console.print(f"[yellow]warning:[/] {escape(line)}", highlight=False, soft_wrap=True)
     return tuple(out)
 
 
@@ -904,22 +900,9 @@ def _recommendation_line(key: str, v: dict[str, Any]) -> str:
             f"${v['dollars']:,.2f} (up to ${v['dollars_high']:,.2f}){unmeasured}")
 
 
-def _where(row: Any) -> str:
-    """A candidate in words: its named layout, or its workers on their instances."""
-    if isinstance(row.get("layout"), str) and row.get("layout"):
-        return str(row["layout"])
-    return f"{_plural(int(row['workers']), 'worker')} on {row['instances']}*{row['instance_type']}"
-
-
 #: A limit no layout meets, per recommendation: (its flag, the column judged, what the surest is, its unit).
 _UNMET = {"cheapest_within_deadline": ("--deadline-h", "hours_high", "finishes within", "h"),
           "fastest_within_budget": ("--budget", "dollars_high", "costs at most", "$")}
-
-
-def _answers_none(key: str) -> bool:
-    """Whether a recommendation the planner left None gets an answer line saying why: a limit no layout meets
-    (`_UNMET`), or the plain cheapest and fastest where no layout finishes at all (spot at its rate)."""
-    return key in _UNMET or key in ("cheapest", "fastest")
 
 
 def _unmet_line(key: str, result) -> str:
@@ -927,13 +910,10 @@ def _unmet_line(key: str, result) -> str:
     what to change. Why: it was a stderr note only, the answer block silent and no way out said. Rendered from
     the plan's candidates (the planner keeps the recommendation as None). Where no layout finishes at all (spot
     at its interruption rate), that is the answer (`_never_line`)."""
-    from scalelab.costs.planner import never_finishing
+    from scalelab.costs.planner import candidate_text, finishing_candidates, fitting_candidates, never_finishing
 
-    fitting = result.candidates
-    if "fits_memory" in fitting.columns:  # as the planner judges: a layout that overflows is never recommended
-        fitting = fitting[~fitting["fits_memory"].map(overflows)]
-    finite = fitting[[math.isfinite(h) and math.isfinite(d) for h, d in
-                      zip(fitting["hours_high"].astype(float), fitting["dollars_high"].astype(float))]]
+    fitting = fitting_candidates(result.candidates)  # as the planner judges: one that overflows is never recommended
+    finite = finishing_candidates(fitting)
     if finite.empty or key not in _UNMET:
         return _never_line(key, result, never_finishing(fitting))
     fitting = finite
@@ -945,7 +925,7 @@ def _unmet_line(key: str, result) -> str:
     if result.confidence > 0.5:  # --confidence's least
         ways.append(f"lower --confidence (now {result.confidence:.0%})")
     return (f"{key.replace('_', ' ')}: none: no layout {verb} {flag} with {result.confidence:.0%} confidence; the "
-            f"surest, {_where(surest)} {surest['market']}, {'takes' if unit == 'h' else 'costs'} up to {bound}. "
+            f"surest, {candidate_text(surest)} {surest['market']}, {'takes' if unit == 'h' else 'costs'} up to {bound}. "
             f"To get one: {', '.join(ways[:-1])}, or {ways[-1]}")
 
 
@@ -953,7 +933,7 @@ def _never_line(key: str, result, stalled: pd.DataFrame) -> str:
     """The answer where no priced layout finishes: on spot every one loses each hour to its interruptions
     (`billing.spot_stall`: the nearest one's reason and what would let it finish). Why: the plan recommended a
     layout of infinite time and crashed printing it (`launch plan --market spot --interruptions-per-hour 10`)."""
-    from scalelab.costs.planner import candidate_text
+    from scalelab.costs.planner import nearest_never_text
 
     name = key.replace("_", " ")
     if key == "fastest" and "cheapest" in result.recommendations:
@@ -961,9 +941,7 @@ def _never_line(key: str, result, stalled: pd.DataFrame) -> str:
     if not len(stalled):  # infinite for another cause: a band down to no throughput
         return (f"{name}: none: no layout's time is bounded at {result.confidence:.0%} confidence (its band reaches "
                 "no throughput); measure more layouts or lower --confidence")
-    first = stalled.iloc[0]
-    return (f"{name}: none: no priced layout finishes; the one with the fewest instances, {candidate_text(first)} "
-            f"{first['market']}, {first['never_finishes']}")
+    return f"{name}: none: no priced layout finishes; {nearest_never_text(stalled)}"
 
 
 def _other_ways(key: str, result, fitting: pd.DataFrame) -> list[str]:
@@ -1004,8 +982,8 @@ def _model_lines(result) -> list[str]:
     """The plan's words, in reading order: assumptions, the answer (recommendations with their bounds),
     what to measure next."""
     lines = _assumption_lines(result)
-    lines += [_recommendation_line(k, v) if v else _unmet_line(k, result) for k, v in result.recommendations.items()
-              if v or _answers_none(k)]
+    # a None one too: `recommend` leaves one None only where it has no answer, and `_unmet_line` says why
+    lines += [_recommendation_line(k, v) if v else _unmet_line(k, result) for k, v in result.recommendations.items()]
     if result.next_measurement:
         n = result.next_measurement
         series = f" ({n['label']})" if n["label"] else ""
@@ -1038,8 +1016,8 @@ _BATCH_FMT = {"batch": ".0f", "steps": ",.0f", "steps low": ",.0f", "steps high"
 _CAND_VIEW = {"label": "series", "workers": "workers", "instances": "instances", "market": "market",
               "speed_basis": "speed", "global_batch": "batch", "steps_to_threshold": "steps", "hours": "time",
               "hours_high": "up to", "dollars": "dollars", "dollars_high": "up to $", "pick": "pick"}
-_CAND_FMT: dict[str, Any] = {"workers": ".0f", "batch": ".0f", "steps": ",.0f", "dollars": lambda d: _dollars_cell(d),
-                             "up to $": lambda d: _dollars_cell(d), "time": lambda h: _wall_cell(h * 3600),
+_CAND_FMT: dict[str, Any] = {"workers": ".0f", "batch": ".0f", "steps": ",.0f", "dollars": _dollars_cell,
+                             "up to $": _dollars_cell, "time": lambda h: _wall_cell(h * 3600),
                              "up to": lambda h: _wall_cell(h * 3600)}
 
 
@@ -1193,12 +1171,7 @@ def plan_markdown(result, unit: str = "words/s") -> str:
 
     parts = ["# Scaling plan", "", *[f"- {line}" for line in _model_lines(result)]]
     for title, rows, fmt in _plan_tables(result, unit):
-        rows = rows.copy()
-        for col, how in fmt.items():
-            if callable(how) and col in rows.columns:
-                rows[col] = rows[col].map(lambda v, how=how: None if v is None or v != v else how(v))
-        parts += ["", f"## {title}", "", markdown_table(rows, {k: v for k, v in fmt.items() if not callable(v)},
-                                                        align_right=[k for k, v in fmt.items() if callable(v)])]
+        parts += ["", f"## {title}", "", markdown_table(rows, fmt)]
     if len(result.candidates):
         parts += ["", _pick_legend(result)]
     if result.notes:
@@ -1211,7 +1184,7 @@ def _write_plan(result, out_dir: Path, table: pd.DataFrame | None, curves: dict[
     from scalelab.analysis.html import plan_sections, scaling_sections, write_html
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    unmet = {k: _unmet_line(k, result) for k, v in result.recommendations.items() if not v and _answers_none(k)}
+    unmet = {k: _unmet_line(k, result) for k, v in result.recommendations.items() if not v}
     sections = plan_sections(result, unit, unmet)
     if table is not None and len(table):
         sections += scaling_sections(table, curves)

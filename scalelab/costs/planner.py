@@ -45,7 +45,7 @@ import pandas as pd
 
 from scalelab.analysis.report import to_json_records
 from scalelab.core.errors import DataError
-from scalelab.costs.billing import Mix, cost_at_rate, run_cost
+from scalelab.costs.billing import Mix, RunCost, cost_at_rate, run_cost
 from scalelab.costs.calibration import DEFAULT_CONFIDENCE, next_count
 from scalelab.costs.catalog import Catalog, CatalogError, InstanceType
 from scalelab.costs.convergence import ConvergenceFit, fit_convergence
@@ -56,7 +56,8 @@ from scalelab.costs.speed import Speed, resolve_speed
 from scalelab.costs.steptime import Layout, predict_layouts
 
 __all__ = ["Overheads", "PlanRequest", "Plan", "Candidate", "plan", "predict", "predict_convergence", "next_measurement",
-           "resolve_candidate", "price", "recommend", "never_finishing", "candidate_text"]
+           "resolve_candidate", "price", "recommend", "fitting_candidates", "finishing_candidates", "never_finishing",
+           "nearest_never_text", "candidate_text"]
 
 
 # ---- the plan -----------------------------------------------------------------------------------
@@ -299,12 +300,17 @@ def _layout_markets(request: PlanRequest, layout: Layout, r: pd.Series, notes: l
                     "time_basis": "the table's job" if request.work is None else "given work",
                     "model": r["model"], "basis": r.get("basis", "model"),
                     "held_out_error": r.get("held_out_error"), "speed_basis": r.get("speed_basis"), **shares,
-                    "hours": cost["point"].hours, "hours_low": cost["low"].hours, "hours_high": cost["high"].hours,
-                    "usd_per_hour": cost["point"].usd_per_hour, "dollars": cost["point"].dollars,
-                    "dollars_high": cost["high"].dollars,
-                    "expected_interruptions": cost["point"].expected_interruptions,
-                    "never_finishes": cost["point"].never_finishes})
+                    **_cost_columns(cost)})
     return out
+
+
+def _cost_columns(cost: dict[str, RunCost]) -> dict[str, Any]:
+    """A candidate row's time and money columns from its costs at the prediction and at both ends of its band
+    ("point", "low", "high"): named layouts and the worker grid price their rows the same way."""
+    point = cost["point"]
+    return {"hours": point.hours, "hours_low": cost["low"].hours, "hours_high": cost["high"].hours,
+            "usd_per_hour": point.usd_per_hour, "dollars": point.dollars, "dollars_high": cost["high"].dollars,
+            "expected_interruptions": point.expected_interruptions, "never_finishes": point.never_finishes}
 
 
 # ---- 1. fit and predict -------------------------------------------------------------------------
@@ -705,18 +711,13 @@ def _market_rows(request: PlanRequest, cand: Candidate, layout: dict[str, Any], 
     count = layout["instances"]
     over = request.overheads if request.work is None else Overheads()
     spot = {k: v for k, v in request.spot_terms().items() if k != "interruptions_per_hour"}
-    rows = []
+    instances, rows = str(Mix(((count, cand.name),))), []
+    wall = {k: over.wall_s(v) if math.isfinite(v) else v for k, v in train_s.items()}  # the same in every market
     for market, usd in cand.usd_per_hour.items():
-        cost = {k: cost_at_rate(over.wall_s(v) if math.isfinite(v) else v, str(Mix(((count, cand.name),))), count * cand.gpus,
-                                count * usd, market, cand.region, layout["label"],
+        cost = {k: cost_at_rate(v, instances, count * cand.gpus, count * usd, market, cand.region, layout["label"],
                                 count * cand.interruptions_per_hour, **spot)
-                for k, v in train_s.items()}
-        rows.append({**layout, "market": market, **estimate, "hours": cost["point"].hours,
-                     "hours_low": cost["low"].hours, "hours_high": cost["high"].hours,
-                     "usd_per_hour": cost["point"].usd_per_hour, "dollars": cost["point"].dollars,
-                     "dollars_high": cost["high"].dollars,
-                     "expected_interruptions": cost["point"].expected_interruptions,
-                     "never_finishes": cost["point"].never_finishes})
+                for k, v in wall.items()}
+        rows.append({**layout, "market": market, **estimate, **_cost_columns(cost)})
     return rows
 
 
@@ -746,13 +747,13 @@ def recommend(candidates: pd.DataFrame, deadline_h: float | None, budget_usd: fl
     candidates["pareto"] = False
     sure = f"{confidence:.0%}"
     notes.extend(_memory_notes(candidates))
-    everything, candidates = candidates, _fitting(candidates)  # a layout that does not fit is never recommended
+    everything, candidates = candidates, fitting_candidates(candidates)  # a layout that does not fit is never recommended
     if candidates.empty:
         notes.append("no layout fits its GPUs' memory: nothing to recommend; use a smaller batch per rank or GPUs "
                      "with more memory (`launch memory`)")
         return recs, notes
     notes.extend(_never_notes(candidates))
-    candidates = _finishing(candidates)  # one that never finishes (spot at its rate) is never recommended either
+    candidates = finishing_candidates(candidates)  # one that never finishes (spot at its rate) is never recommended either
     if candidates.empty:  # each recommendation asked is None: the answer says why none finishes (costs/cli.py)
         for key, limit in (("cheapest_within_deadline", deadline_h), ("fastest_within_budget", budget_usd)):
             if limit is not None:
@@ -783,7 +784,7 @@ def recommend(candidates: pd.DataFrame, deadline_h: float | None, budget_usd: fl
     return recs, notes
 
 
-def _finishing(candidates: pd.DataFrame) -> pd.DataFrame:
+def finishing_candidates(candidates: pd.DataFrame) -> pd.DataFrame:
     """The rows with a finite time and price at their band's bad end. Why: on spot at 10 interruptions an hour
     every layout's time was infinite, and one was recommended as the cheapest (and crashed the answer's line)."""
     finite = np.isfinite(pd.to_numeric(candidates["hours_high"], errors="coerce").astype(float)) \
@@ -808,17 +809,23 @@ def candidate_text(row: Any) -> str:
     return f"{workers} worker{'' if workers == 1 else 's'} on {row['instances']}*{row['instance_type']}"
 
 
+def nearest_never_text(stalled: pd.DataFrame) -> str:
+    """The first of `never_finishing`'s rows in words, with its reason and way out (the plan's note and the
+    answer's line both say it)."""
+    first = stalled.iloc[0]
+    return f"the one with the fewest instances, {candidate_text(first)} {first['market']}, {first['never_finishes']}"
+
+
 def _never_notes(candidates: pd.DataFrame) -> list[str]:
     """One note where layouts never finish on spot: how many, and the nearest one's reason and way out."""
     stalled = never_finishing(candidates)
     if not len(stalled):
         return []
-    first = stalled.iloc[0]
-    return [f"{len(stalled)} of {len(candidates)} priced layouts never finish and are never recommended; the one with "
-            f"the fewest instances, {candidate_text(first)} {first['market']}, {first['never_finishes']}"]
+    return [f"{len(stalled)} of {len(candidates)} priced layouts never finish and are never recommended; "
+            f"{nearest_never_text(stalled)}"]
 
 
-def _fitting(candidates: pd.DataFrame) -> pd.DataFrame:
+def fitting_candidates(candidates: pd.DataFrame) -> pd.DataFrame:
     """The rows whose ranks fit their GPUs' memory (or whose fit is unknown)."""
     if "fits_memory" not in candidates.columns:
         return candidates
