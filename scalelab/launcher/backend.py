@@ -385,8 +385,13 @@ _STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1}
 
 def _stop_signal(code: int) -> str | None:
     """The name of the stop signal an exit code says the process ended by (-15 or 143: SIGTERM), else None."""
-    number = -code if code < 0 else code - 128 if code > 128 else None
+    number = _signal_number(code)
     return signal.Signals(number).name if number in {int(s) for s in _STOP_SIGNALS} else None
+
+
+def _signal_number(code: int | None) -> int | None:
+    """The signal an exit code says the process was killed by (Popen's -N, or a shell's 128 + N), else None."""
+    return -code if code is not None and code < 0 else code - 128 if code is not None and code > 128 else None
 
 
 def quiet_stop_tracebacks(text: str) -> str:
@@ -456,7 +461,7 @@ def ended_by_records(run_dir: Path, since: float | None) -> RunStatus | None:
     # errors of ranks that lost that peer (which blamed Gloo's "Connection reset by peer", not the rank gone)
     own = [{"rank": r.rank, "world": r.world, "message": e} for r in ranks if not r.peer_lost for e in r.errors]
     if not own and any(s.get("gave_up") for r in ranks for s in r.stops):  # its launcher gone, a rank stuck: the
-        return RunStatus(CANCELLED, stop_line(run_dir, ranks))  # cause, not the kills that followed (`gave_up_line`)
+        return RunStatus(CANCELLED, gave_up_line(run_dir, ranks))  # cause, not the kills that followed
     silent = None if own else silent_ranks(run_dir, ranks)
     errors = own or [{"rank": r.rank, "world": r.world, "message": e} for r in ranks for e in r.errors]
     if silent or errors:
@@ -546,7 +551,7 @@ def gave_up_line(run_dir: Path, ranks: list[RankEnd]) -> str:
     for r in ranks:
         if r.end is None and not r.errors:
             code = exits.get(r.rank)
-            number = -code if code is not None and code < 0 else code - 128 if code is not None and code > 128 else None
+            number = _signal_number(code)
             how = (f" (killed by {_signal_name(number)})" if number is not None
                    else f" (exit status {code})" if code is not None else "")
             said.append(f"rank {r.rank} ended with no record after step {r.last_step or 0}{how}")
@@ -647,7 +652,7 @@ def _silent(rank: int, seen: RankEnd | None, code: int | None, stepped: bool = T
     and `launch status` called that "killed by a signal, or out of memory?"."""
     at = f" after step {seen.last_step}" if seen is not None and seen.last_step else \
         " before its first step" if stepped else ""
-    number = -code if code is not None and code < 0 else code - 128 if code is not None and code > 128 else None
+    number = _signal_number(code)
     if number is not None:
         oom = ": out of memory?" if number == signal.SIGKILL else ""
         return (f"rank {rank} was killed by {_signal_name(number)} (signal {number}){at}, with no error and no end "
