@@ -331,8 +331,14 @@ def rank_log(run_dir: Path, text: str, rank: int) -> str:
     own = RunPaths(Path(run_dir)).logs / f"rank-{rank}.log"
     if own.exists():
         return read_log(own)
-    # lines end at a newline only: a progress bar's carriage returns stay inside its line (`visible_text`)
-    return "".join(line for line in re.findall(r"[^\n]*\n|[^\n]+$", text) if rank in rank_tag(line, at_start=True))
+    return "".join(line for line in log_lines(text) if rank in rank_tag(line, at_start=True))
+
+
+def log_lines(text: str) -> list[str]:
+    """`text`'s lines, each with its newline (the last one without, where it has none): cut at a newline only.
+    Why not splitlines(): it also cuts at a carriage return (a progress bar's, kept inside its line: `visible_text`)
+    and at a form feed (\x0c), which left the rest of a dropped or tagged line on its own, untagged."""
+    return re.findall(r"[^\n]*\n|[^\n]+$", text)
 
 
 def read_log(path: Path) -> str:
@@ -348,9 +354,8 @@ def log_text(paths: list[Path], drop: Callable[[str], object] | None = None) -> 
     the lines left out (an agent's copies of its ranks' lines, shown from the ranks' own files)."""
     def text(p: Path) -> str:
         body = read_log(p)
-        if drop is not None:  # lines end at a newline only: splitlines() also cut at a form feed (\x0c), and the
-            # rest of a dropped line stayed, untagged
-            body = "".join(line for line in re.findall(r"[^\n]*\n|[^\n]+$", body) if not drop(line))
+        if drop is not None:
+            body = "".join(line for line in log_lines(body) if not drop(line))
         return quiet_stop_tracebacks(body)
 
     return "\n".join(f"==> {p} <==\n" + (text(p) if p.exists() else "(no output yet)\n") for p in paths)
