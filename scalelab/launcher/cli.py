@@ -1277,12 +1277,12 @@ def logs_cmd(run_dir: str | None, runs_dir: str, rank: int | None, follow: bool)
 
     if run_dir is None:
         run_dir = str(newest_run_dir(Path(runs_dir)))
-        if not (Path(run_dir) / "spec.json").exists():
-            try:
-                refuse_not_a_run(Path(run_dir), "launch logs")
-            except ScalelabError as exc:
-                raise ScalelabError(f"the newest under {runs_dir}: {exc}") from None
-    refuse_not_a_run(Path(run_dir), "launch logs")
+        try:
+            refuse_not_a_run(Path(run_dir), "launch logs")
+        except ScalelabError as exc:
+            raise ScalelabError(f"the newest under {runs_dir}: {exc}") from None
+    else:
+        refuse_not_a_run(Path(run_dir), "launch logs")
     backend, path = _backend_of(run_dir)
     if rank is not None and not 0 <= rank < read_spec(path).world:
         raise ScalelabError(f"--rank {rank}: the run has ranks 0..{read_spec(path).world - 1}")
