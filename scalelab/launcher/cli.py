@@ -950,7 +950,9 @@ def report_dirs(paths: list[Path], out: Path | None, fmt: str, rates: tuple[str,
     elif fmt == "markdown":
         click.echo(report.markdown_path.read_text())
     elif fmt == "html":
-        click.echo(str(_shown_path(write_html_report(report, paths))))
+        # absolute, whatever form it was made in, so that it opens from any directory (`xdg-open "$(launch report
+        # --format html ...)"`): it was relative for one directory and absolute for several
+        click.echo(str(write_html_report(report, paths).resolve()))
     else:
         from scalelab.analysis.report import print_scaling
 
@@ -1022,13 +1024,6 @@ def report_pricer(rates: tuple[str, ...] = (), prices_file: str | None = None):
 #: The columns of a report row that say what the run cost (the rest of `launch cost`'s row is in it already).
 REPORT_COST_COLUMNS = ("instances", "market", "usd_per_hour", "billed_seconds", "dollars", "dollars_to_threshold",
                        "price_basis", "price_note")
-
-
-def _shown_path(path: Path) -> Path:
-    """`path` as printed: absolute, whatever form it was made in, so that it opens from any directory (`xdg-open
-    "$(launch report --format html ...)"`). Why: `report --format html` printed a relative path for one directory
-    and an absolute one for several."""
-    return path.resolve()
 
 
 def write_html_report(report, paths: list[Path]) -> Path:
