@@ -1459,6 +1459,7 @@ def show_click_error(exc: click.ClickException) -> None:
 #: run` and `launch sweep` take instead. Why: click's nearest names were wrong ones: `--workers` -> '--nodes', `--gpus`
 #: -> '--gpu-type' (a Slurm-only option), where the ranks per node are --gpus-per-node.
 _PER_NODE = "--gpus-per-node N (the ranks on each node; --nodes M for more nodes)"
+_SWEEP_WORKERS = "give --workers 1,2,4 (the worker counts, on one node) or --layouts 1x1,1x2,2x1"
 HABIT_HINTS: dict[str, dict[str, str]] = {
     "run": {
         "--workers": "a run's workers are --nodes x --gpus-per-node: give --gpus-per-node N (and --nodes M); "
@@ -1472,11 +1473,11 @@ HABIT_HINTS: dict[str, dict[str, str]] = {
         "--np": "horovodrun's -np (all ranks) is --nodes M x --gpus-per-node N",
     },
     "sweep": {
-        "--gpus": "give --workers 1,2,4 (the worker counts, on one node) or --layouts 1x1,1x2,2x1",
-        "--num-gpus": "give --workers 1,2,4 (the worker counts, on one node) or --layouts 1x1,1x2,2x1",
-        "--ngpus": "give --workers 1,2,4 (the worker counts, on one node) or --layouts 1x1,1x2,2x1",
-        "--nproc-per-node": "give --workers 1,2,4 (the worker counts, on one node) or --layouts 1x1,1x2,2x1",
-        "--nproc_per_node": "give --workers 1,2,4 (the worker counts, on one node) or --layouts 1x1,1x2,2x1",
+        "--gpus": _SWEEP_WORKERS,
+        "--num-gpus": _SWEEP_WORKERS,
+        "--ngpus": _SWEEP_WORKERS,
+        "--nproc-per-node": _SWEEP_WORKERS,
+        "--nproc_per_node": _SWEEP_WORKERS,
         "--nnodes": "give --layouts NODESxGPUS, e.g. 1x2,2x2",
     },
 }
