@@ -447,10 +447,12 @@ def _backend_flag(backend: str, flag: Flag):
 
 def build_spec(params: dict[str, Any]) -> Spec:
     """YAML (if any) < flags; every value typed and checked with where it came from; then validate."""
-    spec = load_spec(params["spec_file"]) if params.get("spec_file") else Spec()
+    spec_file = params.get("spec_file")
+    spec = load_spec(spec_file) if spec_file else Spec()
+    in_file: set[str] | None = None  # the keys the spec file sets (`_file_keys`), read once, where needed
     configured = _from_config(params)
     if configured:  # a config file's default yields to the spec file's own value (built-in < config < spec < flag)
-        in_file = _file_keys(params["spec_file"]) if params.get("spec_file") else set()
+        in_file = _file_keys(spec_file) if spec_file else set()
         params = {k: (None if k in configured and _spec_key(k) in in_file else v) for k, v in params.items()}
     overrides = _spec_flag_values(params)
     if "global_batch" in overrides and "batch_per_worker" in overrides:
@@ -461,7 +463,7 @@ def build_spec(params: dict[str, Any]) -> Spec:
     if "batch_per_worker" in overrides:
         spec.global_batch = None
     spec = spec.with_overrides(overrides)
-    if spec.epochs is not None and not _steps_chosen(params, configured):
+    if spec.epochs is not None and not _steps_chosen(params, configured, in_file):
         spec.steps = None  # --epochs alone runs its epochs: the default 40 steps (or a config file's) caps nothing
     if params.get("model_args"):
         pairs = parse_pairs(params["model_args"], "--model-arg")
@@ -473,13 +475,16 @@ def build_spec(params: dict[str, Any]) -> Spec:
     return apply(spec, params).validate()  # --script / --module: checked, resolved, the arguments after `--`
 
 
-def _steps_chosen(params: dict[str, Any], configured: set[str]) -> bool:
-    """Whether this run's steps were chosen for it: --steps typed, or `steps` in its spec file. Why: with --epochs,
-    only a chosen length is a second bound (whichever ends first); the built-in default (40) or a config file's
-    default steps meant for runs that give no length would end the epochs early, and did, silently."""
+def _steps_chosen(params: dict[str, Any], configured: set[str], in_file: set[str] | None) -> bool:
+    """Whether this run's steps were chosen for it: --steps typed, or `steps` in its spec file (`in_file`: its
+    keys where `build_spec` read them already, else None). Why: with --epochs, only a chosen length is a second
+    bound (whichever ends first); the built-in default (40) or a config file's default steps meant for runs that
+    give no length would end the epochs early, and did, silently."""
     if params.get("steps") is not None and "steps" not in configured:
         return True
-    return bool(params.get("spec_file")) and "steps" in _file_keys(params["spec_file"])
+    if not params.get("spec_file"):
+        return False
+    return "steps" in (in_file if in_file is not None else _file_keys(params["spec_file"]))
 
 
 def _drop_configured_unread(spec: Spec, params: dict[str, Any]) -> None:
