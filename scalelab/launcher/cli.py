@@ -816,8 +816,9 @@ def sweep_cmd(workers: str | None, layouts: str | None, batch_scaling: str | Non
     the fewest workers. --mode strong is both fixed, --mode weak both growing. Every layout is
     checked before the first one runs, and every run records both axes.
     """
+    from scalelab.core.spec import scaling_name
     from scalelab.launcher.sweep import (parse_layouts, refuse_layout_flags, repeat_dirs, run_sweep, sweep_axes,
-                                         sweep_name, sweep_specs)
+                                         sweep_specs)
 
     if not workers and not layouts:
         raise SpecError("give --workers (e.g. 1,2) or --layouts (e.g. 1x1,1x2,2x1)")
@@ -825,7 +826,7 @@ def sweep_cmd(workers: str | None, layouts: str | None, batch_scaling: str | Non
     base = build_spec({**params, "nodes": None, "gpus_per_node": None})
     axes = sweep_axes(mode, batch_scaling, work_scaling, base)
     specs = sweep_specs(base, parse_layouts(workers, layouts), batch_scaling=axes[0], work_scaling=axes[1])
-    mode = sweep_name(*axes)
+    mode = scaling_name(*axes)  # "strong", "weak", else both axes: the directory's name, as the reports' mode
     backend = get_backend(base.backend, base.backend_options)
     if params["dry_run"]:  # named as the real sweep's directory, DRYRUN for its date and time
         dry = dryrun_dir(Path(params["runs_dir"]), base.name or f"sweep-{base.model}-{mode}")
