@@ -418,8 +418,11 @@ def study_cmd(study_file: str, scale: str | None, backend: str | None, runs_dir:
     specs = [(spec, 1) for v in study.variants for spec in variant_specs(study, v)] if study.kind == "scaling" else []
     price = {**price, "runs_dir": runs_dir}
     if dry_run:
-        for v in study.variants:
-            for spec in variant_specs(study, v):
+        planned = [(v, variant_specs(study, v)) for v in study.variants]
+        for _, (first, *_) in planned:  # what `run_study` refuses or notes of each variant, before anything is printed
+            get_backend(first.backend, first.backend_options).check_dry_run(first)
+        for v, v_specs in planned:
+            for spec in v_specs:
                 b = get_backend(spec.backend, spec.backend_options)
                 click.echo(f"# variant {v.label!r}, layout {spec.nodes}x{spec.gpus_per_node}")
                 click.echo(b.submit_dryrun(spec, Path(runs_dir) / "study-DRYRUN" / f"{spec.nodes}x{spec.gpus_per_node}").render())
