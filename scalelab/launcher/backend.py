@@ -331,8 +331,14 @@ def rank_log(run_dir: Path, text: str, rank: int) -> str:
     own = RunPaths(Path(run_dir)).logs / f"rank-{rank}.log"
     if own.exists():
         return read_log(own)
-    # lines end at a newline only: a progress bar's carriage returns stay inside its line (`visible_text`)
-    return "".join(line for line in re.findall(r"[^\n]*\n|[^\n]+$", text) if rank in rank_tag(line, at_start=True))
+    return "".join(line for line in log_lines(text) if rank in rank_tag(line, at_start=True))
+
+
+def log_lines(text: str) -> list[str]:
+    """`text`'s lines, each with its newline (the last one without, where it has none): cut at a newline only.
+    Why not splitlines(): it also cuts at a carriage return (a progress bar's, kept inside its line: `visible_text`)
+    and at a form feed (\x0c), which left the rest of a dropped or tagged line on its own, untagged."""
+    return re.findall(r"[^\n]*\n|[^\n]+$", text)
 
 
 def read_log(path: Path) -> str:
@@ -348,9 +354,8 @@ def log_text(paths: list[Path], drop: Callable[[str], object] | None = None) -> 
     the lines left out (an agent's copies of its ranks' lines, shown from the ranks' own files)."""
     def text(p: Path) -> str:
         body = read_log(p)
-        if drop is not None:  # lines end at a newline only: splitlines() also cut at a form feed (\x0c), and the
-            # rest of a dropped line stayed, untagged
-            body = "".join(line for line in re.findall(r"[^\n]*\n|[^\n]+$", body) if not drop(line))
+        if drop is not None:
+            body = "".join(line for line in log_lines(body) if not drop(line))
         return quiet_stop_tracebacks(body)
 
     return "\n".join(f"==> {p} <==\n" + (text(p) if p.exists() else "(no output yet)\n") for p in paths)
@@ -385,8 +390,13 @@ _STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1}
 
 def _stop_signal(code: int) -> str | None:
     """The name of the stop signal an exit code says the process ended by (-15 or 143: SIGTERM), else None."""
-    number = -code if code < 0 else code - 128 if code > 128 else None
+    number = _signal_number(code)
     return signal.Signals(number).name if number in {int(s) for s in _STOP_SIGNALS} else None
+
+
+def _signal_number(code: int | None) -> int | None:
+    """The signal an exit code says the process was killed by (Popen's -N, or a shell's 128 + N), else None."""
+    return -code if code is not None and code < 0 else code - 128 if code is not None and code > 128 else None
 
 
 def quiet_stop_tracebacks(text: str) -> str:
@@ -456,7 +466,7 @@ def ended_by_records(run_dir: Path, since: float | None) -> RunStatus | None:
     # errors of ranks that lost that peer (which blamed Gloo's "Connection reset by peer", not the rank gone)
     own = [{"rank": r.rank, "world": r.world, "message": e} for r in ranks if not r.peer_lost for e in r.errors]
     if not own and any(s.get("gave_up") for r in ranks for s in r.stops):  # its launcher gone, a rank stuck: the
-        return RunStatus(CANCELLED, stop_line(run_dir, ranks))  # cause, not the kills that followed (`gave_up_line`)
+        return RunStatus(CANCELLED, gave_up_line(run_dir, ranks))  # cause, not the kills that followed
     silent = None if own else silent_ranks(run_dir, ranks)
     errors = own or [{"rank": r.rank, "world": r.world, "message": e} for r in ranks for e in r.errors]
     if silent or errors:
@@ -546,7 +556,7 @@ def gave_up_line(run_dir: Path, ranks: list[RankEnd]) -> str:
     for r in ranks:
         if r.end is None and not r.errors:
             code = exits.get(r.rank)
-            number = -code if code is not None and code < 0 else code - 128 if code is not None and code > 128 else None
+            number = _signal_number(code)
             how = (f" (killed by {_signal_name(number)})" if number is not None
                    else f" (exit status {code})" if code is not None else "")
             said.append(f"rank {r.rank} ended with no record after step {r.last_step or 0}{how}")
@@ -647,7 +657,7 @@ def _silent(rank: int, seen: RankEnd | None, code: int | None, stepped: bool = T
     and `launch status` called that "killed by a signal, or out of memory?"."""
     at = f" after step {seen.last_step}" if seen is not None and seen.last_step else \
         " before its first step" if stepped else ""
-    number = -code if code is not None and code < 0 else code - 128 if code is not None and code > 128 else None
+    number = _signal_number(code)
     if number is not None:
         oom = ": out of memory?" if number == signal.SIGKILL else ""
         return (f"rank {rank} was killed by {_signal_name(number)} (signal {number}){at}, with no error and no end "

@@ -447,10 +447,12 @@ def _backend_flag(backend: str, flag: Flag):
 
 def build_spec(params: dict[str, Any]) -> Spec:
     """YAML (if any) < flags; every value typed and checked with where it came from; then validate."""
-    spec = load_spec(params["spec_file"]) if params.get("spec_file") else Spec()
+    spec_file = params.get("spec_file")
+    spec = load_spec(spec_file) if spec_file else Spec()
+    in_file: set[str] | None = None  # the keys the spec file sets (`_file_keys`), read once, where needed
     configured = _from_config(params)
     if configured:  # a config file's default yields to the spec file's own value (built-in < config < spec < flag)
-        in_file = _file_keys(params["spec_file"]) if params.get("spec_file") else set()
+        in_file = _file_keys(spec_file) if spec_file else set()
         params = {k: (None if k in configured and _spec_key(k) in in_file else v) for k, v in params.items()}
     overrides = _spec_flag_values(params)
     if "global_batch" in overrides and "batch_per_worker" in overrides:
@@ -461,7 +463,7 @@ def build_spec(params: dict[str, Any]) -> Spec:
     if "batch_per_worker" in overrides:
         spec.global_batch = None
     spec = spec.with_overrides(overrides)
-    if spec.epochs is not None and not _steps_chosen(params, configured):
+    if spec.epochs is not None and not _steps_chosen(params, configured, in_file):
         spec.steps = None  # --epochs alone runs its epochs: the default 40 steps (or a config file's) caps nothing
     if params.get("model_args"):
         pairs = parse_pairs(params["model_args"], "--model-arg")
@@ -473,13 +475,16 @@ def build_spec(params: dict[str, Any]) -> Spec:
     return apply(spec, params).validate()  # --script / --module: checked, resolved, the arguments after `--`
 
 
-def _steps_chosen(params: dict[str, Any], configured: set[str]) -> bool:
-    """Whether this run's steps were chosen for it: --steps typed, or `steps` in its spec file. Why: with --epochs,
-    only a chosen length is a second bound (whichever ends first); the built-in default (40) or a config file's
-    default steps meant for runs that give no length would end the epochs early, and did, silently."""
+def _steps_chosen(params: dict[str, Any], configured: set[str], in_file: set[str] | None) -> bool:
+    """Whether this run's steps were chosen for it: --steps typed, or `steps` in its spec file (`in_file`: its
+    keys where `build_spec` read them already, else None). Why: with --epochs, only a chosen length is a second
+    bound (whichever ends first); the built-in default (40) or a config file's default steps meant for runs that
+    give no length would end the epochs early, and did, silently."""
     if params.get("steps") is not None and "steps" not in configured:
         return True
-    return bool(params.get("spec_file")) and "steps" in _file_keys(params["spec_file"])
+    if not params.get("spec_file"):
+        return False
+    return "steps" in (in_file if in_file is not None else _file_keys(params["spec_file"]))
 
 
 def _drop_configured_unread(spec: Spec, params: dict[str, Any]) -> None:
@@ -811,8 +816,9 @@ def sweep_cmd(workers: str | None, layouts: str | None, batch_scaling: str | Non
     the fewest workers. --mode strong is both fixed, --mode weak both growing. Every layout is
     checked before the first one runs, and every run records both axes.
     """
+    from scalelab.core.spec import scaling_name
     from scalelab.launcher.sweep import (parse_layouts, refuse_layout_flags, repeat_dirs, run_sweep, sweep_axes,
-                                         sweep_name, sweep_specs)
+                                         sweep_specs)
 
     if not workers and not layouts:
         raise SpecError("give --workers (e.g. 1,2) or --layouts (e.g. 1x1,1x2,2x1)")
@@ -820,7 +826,7 @@ def sweep_cmd(workers: str | None, layouts: str | None, batch_scaling: str | Non
     base = build_spec({**params, "nodes": None, "gpus_per_node": None})
     axes = sweep_axes(mode, batch_scaling, work_scaling, base)
     specs = sweep_specs(base, parse_layouts(workers, layouts), batch_scaling=axes[0], work_scaling=axes[1])
-    mode = sweep_name(*axes)
+    mode = scaling_name(*axes)  # "strong", "weak", else both axes: the directory's name, as the reports' mode
     backend = get_backend(base.backend, base.backend_options)
     if params["dry_run"]:  # named as the real sweep's directory, DRYRUN for its date and time
         dry = dryrun_dir(Path(params["runs_dir"]), base.name or f"sweep-{base.model}-{mode}")
@@ -950,7 +956,9 @@ def report_dirs(paths: list[Path], out: Path | None, fmt: str, rates: tuple[str,
     elif fmt == "markdown":
         click.echo(report.markdown_path.read_text())
     elif fmt == "html":
-        click.echo(str(_shown_path(write_html_report(report, paths))))
+        # absolute, whatever form it was made in, so that it opens from any directory (`xdg-open "$(launch report
+        # --format html ...)"`): it was relative for one directory and absolute for several
+        click.echo(str(write_html_report(report, paths).resolve()))
     else:
         from scalelab.analysis.report import print_scaling
 
@@ -1022,13 +1030,6 @@ def report_pricer(rates: tuple[str, ...] = (), prices_file: str | None = None):
 #: The columns of a report row that say what the run cost (the rest of `launch cost`'s row is in it already).
 REPORT_COST_COLUMNS = ("instances", "market", "usd_per_hour", "billed_seconds", "dollars", "dollars_to_threshold",
                        "price_basis", "price_note")
-
-
-def _shown_path(path: Path) -> Path:
-    """`path` as printed: absolute, whatever form it was made in, so that it opens from any directory (`xdg-open
-    "$(launch report --format html ...)"`). Why: `report --format html` printed a relative path for one directory
-    and an absolute one for several."""
-    return path.resolve()
 
 
 def write_html_report(report, paths: list[Path]) -> Path:
@@ -1277,12 +1278,12 @@ def logs_cmd(run_dir: str | None, runs_dir: str, rank: int | None, follow: bool)
 
     if run_dir is None:
         run_dir = str(newest_run_dir(Path(runs_dir)))
-        if not (Path(run_dir) / "spec.json").exists():
-            try:
-                refuse_not_a_run(Path(run_dir), "launch logs")
-            except ScalelabError as exc:
-                raise ScalelabError(f"the newest under {runs_dir}: {exc}") from None
-    refuse_not_a_run(Path(run_dir), "launch logs")
+        try:
+            refuse_not_a_run(Path(run_dir), "launch logs")
+        except ScalelabError as exc:
+            raise ScalelabError(f"the newest under {runs_dir}: {exc}") from None
+    else:
+        refuse_not_a_run(Path(run_dir), "launch logs")
     backend, path = _backend_of(run_dir)
     if rank is not None and not 0 <= rank < read_spec(path).world:
         raise ScalelabError(f"--rank {rank}: the run has ranks 0..{read_spec(path).world - 1}")
@@ -1464,6 +1465,7 @@ def show_click_error(exc: click.ClickException) -> None:
 #: run` and `launch sweep` take instead. Why: click's nearest names were wrong ones: `--workers` -> '--nodes', `--gpus`
 #: -> '--gpu-type' (a Slurm-only option), where the ranks per node are --gpus-per-node.
 _PER_NODE = "--gpus-per-node N (the ranks on each node; --nodes M for more nodes)"
+_SWEEP_WORKERS = "give --workers 1,2,4 (the worker counts, on one node) or --layouts 1x1,1x2,2x1"
 HABIT_HINTS: dict[str, dict[str, str]] = {
     "run": {
         "--workers": "a run's workers are --nodes x --gpus-per-node: give --gpus-per-node N (and --nodes M); "
@@ -1477,11 +1479,11 @@ HABIT_HINTS: dict[str, dict[str, str]] = {
         "--np": "horovodrun's -np (all ranks) is --nodes M x --gpus-per-node N",
     },
     "sweep": {
-        "--gpus": "give --workers 1,2,4 (the worker counts, on one node) or --layouts 1x1,1x2,2x1",
-        "--num-gpus": "give --workers 1,2,4 (the worker counts, on one node) or --layouts 1x1,1x2,2x1",
-        "--ngpus": "give --workers 1,2,4 (the worker counts, on one node) or --layouts 1x1,1x2,2x1",
-        "--nproc-per-node": "give --workers 1,2,4 (the worker counts, on one node) or --layouts 1x1,1x2,2x1",
-        "--nproc_per_node": "give --workers 1,2,4 (the worker counts, on one node) or --layouts 1x1,1x2,2x1",
+        "--gpus": _SWEEP_WORKERS,
+        "--num-gpus": _SWEEP_WORKERS,
+        "--ngpus": _SWEEP_WORKERS,
+        "--nproc-per-node": _SWEEP_WORKERS,
+        "--nproc_per_node": _SWEEP_WORKERS,
         "--nnodes": "give --layouts NODESxGPUS, e.g. 1x2,2x2",
     },
 }

@@ -95,7 +95,7 @@ class Backends:
 
     def watch(self, run_dirs: list[Path]) -> None:
         """Each run whose launch.json says it is active, to its backend; one that cannot be read is
-        left to `verified_state`, which says so."""
+        left to `verified_status`, which says so."""
         for run_dir in run_dirs:
             try:
                 if RunPaths(run_dir).launch.exists() and _recorded(run_dir) in ACTIVE:
@@ -108,14 +108,10 @@ def _recorded(run_dir: Path) -> str:
     return read_state(run_dir).get("state") or "PENDING"
 
 
-def verified_state(run_dir: Path, backends: Backends | None = None) -> str:
-    """The run's state, asked of its backend while launch.json says it is active ("?" appended when the
-    backend could not be asked); None-launched runs are "NEW"."""
-    return verified_status(run_dir, backends)[0]
-
-
 def verified_status(run_dir: Path, backends: Backends | None = None) -> tuple[str, str]:
-    """(`verified_state`, the backend's words for it while it was asked: "Slurm job 7 PENDING (Dependency)")."""
+    """(The run's state, asked of its backend while launch.json says it is active ("?" appended when the
+    backend could not be asked; never-launched runs are "NEW"), the backend's words for it while it was asked:
+    "Slurm job 7 PENDING (Dependency)")."""
     from scalelab.launcher.runner import settle
 
     if not RunPaths(run_dir).launch.exists():

@@ -62,6 +62,7 @@ from scalelab.launcher.backend import (
     Request,
     RunStatus,
     ended_by_records,
+    log_lines,
     log_text,
     rank_exits,
     rank_tag,
@@ -185,7 +186,7 @@ def rank_output(path: Path, tag: str) -> str:
     `launch logs --rank R` and the failure's abort line look for); a last line still being written stays
     without its newline, as in the file (`launch logs -f` holds it back until it is whole)."""
     text = read_log(path)  # a progress bar's carriage returns kept in its line: `launch logs` shows its last state
-    lines = re.findall(r"[^\n]*\n|[^\n]+$", text)
+    lines = log_lines(text)
     rank, local = rank_tag(tag, at_start=True)
     who = f"rank {rank}" if rank is not None else f"local rank {local}"
     return f"==> {path} ({who}) <==\n" + "".join(tag + line for line in lines)

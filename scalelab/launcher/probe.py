@@ -379,6 +379,8 @@ def _print_dry_run(runs: list[tuple[Candidate, Spec]], named: list[tuple[str, Sp
     from scalelab.launcher.backend import get_backend
 
     backend = get_backend(runs[0][1].backend, runs[0][1].backend_options)
+    for _, spec in runs:  # what the real probe's `validate` refuses or notes, before anything is printed
+        backend.for_spec(spec).check_dry_run(spec)
     click.echo(f"# probe directory: {probe_dir.absolute()} (a placeholder: --dry-run creates nothing; "
                "a real probe gets NAME-DATE-TIME)")
     for (_, spec), (name, _) in zip(runs, named):

@@ -310,10 +310,10 @@ class RunWatch:
         """The median of rank 0's latest measured step times (0 before any)."""
         return statistics.median(self.step_times) if self.step_times else 0.0
 
-    def stall_after_s(self) -> float:
-        """How long no rank may record anything before the run is said to have stalled: max(STALL_FLOOR_S,
-        STALL_FACTOR x its median step time)."""
-        return max(STALL_FLOOR_S, STALL_FACTOR * self.median_step_s())
+    def stall_after_s(self, floor_s: float = STALL_FLOOR_S) -> float:
+        """How long no rank may record anything before the run is said to have stalled: max(`floor_s`,
+        STALL_FACTOR x its median step time); the launcher ends it after max(its stall timeout, the same)."""
+        return max(floor_s, STALL_FACTOR * self.median_step_s())
 
     def silence(self) -> float | None:
         """Seconds since any rank still running (no end record since its start) wrote its latest record, where

@@ -473,15 +473,13 @@ def stall_check(spec: Spec, watch) -> Callable[[], str | None] | None:
     """For `wait`: why to end the run now (no rank of it wrote a record for its stall timeout, and for at least
     STALL_FACTOR times its median step time, once it had stepped), else None; None without a stall timeout.
     `watch` is the progress view's RunWatch (launcher/progress.py), polled on every tick before this is asked."""
-    from scalelab.launcher.progress import STALL_FACTOR
-
     limit = stall_timeout_s(spec)
     if limit is None:
         return None
 
     def check() -> str | None:
         silent = watch.silence()
-        if silent is None or silent < max(limit, STALL_FACTOR * watch.median_step_s()):
+        if silent is None or silent < watch.stall_after_s(limit):
             return None
         return (f"{watch.stall_line(silent)}: stalled past its stall timeout (--stall-timeout-min "
                 f"{limit / 60:g}), so the launcher stopped it")

@@ -124,18 +124,12 @@ def _refuse_unread_base(study: Study, path: Path) -> None:
 
 
 def _variants(raw: dict[str, Any], path: Path) -> list[Variant]:
-    """The study's variants (the base alone when the key is left out), refused when `variants:` is given
-    but empty, or two share a label: both were accepted without a word, and the study then ran nothing,
-    or its tables merged two variants' rows under one name."""
+    """The study's variants (the base alone when the key is left out), refused when two share a label: that was
+    accepted without a word, and its tables merged two variants' rows under one name. Each variant's shape (a
+    non-empty list of mappings with a label, their keys) is `check_study_file`'s, checked before this is read."""
     given = raw.get("variants", [{"label": "base"}])
-    if not isinstance(given, list) or not given:
-        raise SpecError(f"variants in {path} must be a non-empty list of {{label, set}} entries, got {given!r}; "
-                        "give at least one variant, or leave the key out to run the base alone")
     variants, seen = [], set()
     for v in given:
-        extra = sorted(set(v) - {"label", "set", "layouts", "instances"}) if isinstance(v, dict) else ["?"]
-        if extra or "label" not in v:
-            raise SpecError(f"a variant in {path} needs a label and may have set, layouts, instances; got {v!r}")
         label = str(v["label"])
         if label in seen:
             raise SpecError(f"two variants in {path} have the label {label!r}: give each variant its own label")
@@ -424,8 +418,11 @@ def study_cmd(study_file: str, scale: str | None, backend: str | None, runs_dir:
     specs = [(spec, 1) for v in study.variants for spec in variant_specs(study, v)] if study.kind == "scaling" else []
     price = {**price, "runs_dir": runs_dir}
     if dry_run:
-        for v in study.variants:
-            for spec in variant_specs(study, v):
+        planned = [(v, variant_specs(study, v)) for v in study.variants]
+        for _, (first, *_) in planned:  # what `run_study` refuses or notes of each variant, before anything is printed
+            get_backend(first.backend, first.backend_options).check_dry_run(first)
+        for v, v_specs in planned:
+            for spec in v_specs:
                 b = get_backend(spec.backend, spec.backend_options)
                 click.echo(f"# variant {v.label!r}, layout {spec.nodes}x{spec.gpus_per_node}")
                 click.echo(b.submit_dryrun(spec, Path(runs_dir) / "study-DRYRUN" / f"{spec.nodes}x{spec.gpus_per_node}").render())

@@ -12,19 +12,18 @@ spec's settings, a table's name, a gemm option's values) is checked where they a
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any, Callable
 
 from scalelab.core.errors import SpecError
 from scalelab.costs.billing import Mix
 from scalelab.costs.catalog import MARKETS, CatalogError
+from scalelab.launcher.sweep import _LAYOUT  # NODESxGPUS, as --layouts and a study's layouts are parsed
 
 STUDY_KEYS = {"title", "seed_scale", "base", "mode", "layouts", "variants", "tables", "scales", "instances",
               "market", "epochs_shown", "kind", "gemm"}
 SCALE_KEYS = STUDY_KEYS - {"scales"}  # a scale replaces top-level parts (base is merged into the file's)
 VARIANT_KEYS = {"label", "set", "layouts", "instances"}
-_LAYOUT = re.compile(r"^\s*(\d+)\s*x\s*(\d+)\s*$")
 
 
 def _text(value: Any) -> bool:

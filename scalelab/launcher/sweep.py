@@ -32,7 +32,7 @@ from scalelab.core.rundir import (
     sweep_runs,
     write_json,
 )
-from scalelab.core.spec import MODE_AXES, Spec, read_spec, save_spec, scaling_name
+from scalelab.core.spec import MODE_AXES, Spec, read_spec, save_spec
 from scalelab.core.writes import refuse_run_dir_links
 from scalelab.launcher.runner import follow, owning, refuse_if_live, refuse_model_change, refuse_restart, stopping_runs, submit
 
@@ -95,12 +95,6 @@ def sweep_axes(mode: str | None, batch_scaling: str | None, work_scaling: str | 
     batch = batch_scaling or "fixed"
     same_epochs = base is not None and base.epochs is not None and base.steps is None
     return batch, work_scaling or ("fixed" if same_epochs else batch)
-
-
-def sweep_name(batch_scaling: str, work_scaling: str) -> str:
-    """"strong" or "weak" for the two usual pairs, else both axes (for the sweep directory's name): the series
-    label and the reports' `mode` say the same (`core.spec.scaling_name`)."""
-    return scaling_name(batch_scaling, work_scaling)
 
 
 def sweep_specs(base: Spec, layouts: list[tuple[int, int]], mode: str | None = None, *,
