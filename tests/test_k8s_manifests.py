@@ -298,3 +298,17 @@ def test_dry_run_prints_the_manifests_and_calls_nothing(tmp_path: Path) -> None:
 def test_k8s_flags_belong_to_the_k8s_backend(tmp_path: Path) -> None:
     out = launch("--backend", "local", "--image", "img:1", "--dry-run", cwd=tmp_path)
     assert out.returncode == 2 and "--image is an option of --backend k8s" in out.stderr
+
+
+@pytest.mark.parametrize("item, part", [
+    ("1WANDB=wandb:api-key", "ENV_NAME '1WANDB'"),
+    ("WANDB KEY=wandb:api-key", "ENV_NAME 'WANDB KEY'"),
+    ("WANDB_API_KEY=Wandb_Secret:api-key", "SECRET_NAME 'Wandb_Secret' must be a DNS subdomain"),
+    ("WANDB_API_KEY=wandb:api/key", "KEY 'api/key'"),
+])
+def test_secret_env_parts_are_checked_as_the_api_server_would(item: str, part: str) -> None:
+    """Each part of `--secret-env` is one line before anything is rendered, naming the part (the pods' env was
+    otherwise refused by the API server with a 422 after the ConfigMap had been created)."""
+    with pytest.raises(SpecError, match=re.escape(part)):
+        KubernetesBackend({"image": "x", "secret_env": [item]})
+    KubernetesBackend({"image": "x", "secret_env": ["wandb.api-key_2=wandb.team:api-key.v2"]})

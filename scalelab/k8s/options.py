@@ -62,6 +62,10 @@ def _label_pairs(value: Any) -> Any:
 # 63 characters) and value (a label value: at most 63 characters, maybe none), as the API server checks them.
 _LABEL_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+# A container's env var name and a Secret's data key, as the API server checks them (its IsEnvVarName and
+# IsConfigMapKey: a name from this pattern is taken by every version).
+_ENV_NAME = re.compile(r"[-._a-zA-Z][-._a-zA-Z0-9]*")
+_SECRET_KEY = re.compile(r"[-._a-zA-Z0-9]+")
 
 
 def _qualified_name(key: str) -> str | None:
@@ -116,6 +120,16 @@ def secret_env_ref(item: str) -> tuple[str, str, str]:
     secret, colon, key = ref.partition(":")
     if not (sep and colon and name and secret and key):
         raise ValueError(f"secret env {item!r} must be ENV_NAME=SECRET_NAME:KEY (a reference to a Kubernetes Secret)")
+    # The API server's own rules, checked here so that a bad part is one line before anything is created, not a
+    # 422 on the pods after the ConfigMap exists.
+    problem = (None if _ENV_NAME.fullmatch(name) else
+               f"ENV_NAME {name!r} must be letters, digits, '_', '-' or '.', not beginning with a digit")
+    problem = problem or (f"SECRET_NAME {secret!r} {dns_subdomain(secret)}" if dns_subdomain(secret) else None)
+    if not problem and not (len(key) <= 253 and _SECRET_KEY.fullmatch(key)):
+        problem = f"KEY {key!r} must be at most 253 letters, digits, '-', '_' or '.' (a key of the Secret's data)"
+    if problem:
+        raise ValueError(f"secret env {item!r}: {problem}; give ENV_NAME=SECRET_NAME:KEY, e.g. "
+                         "WANDB_API_KEY=wandb:api-key")
     return name, secret, key
 
 
