@@ -313,8 +313,11 @@ def _wall_cell(seconds: float) -> str:
 
 
 def _dollars_cell(dollars: float) -> str:
-    """A run's dollars; `never` (it never finishes) where the arithmetic says inf."""
-    return "never" if math.isinf(dollars) else usd_text(dollars)
+    """A run's or a layout's dollars as every cost figure reads them (`report.dollars_text`: `never` for inf),
+    loaded when a table is drawn: this module's import, for --help, loads no pandas (tests/test_help_imports.py)."""
+    from scalelab.analysis.report import dollars_text
+
+    return dollars_text(dollars)
 
 
 def _never_lines(out: pd.DataFrame) -> list[str]:
@@ -897,7 +900,7 @@ def _recommendation_line(key: str, v: dict[str, Any]) -> str:
     where = v["layout"] if v.get("layout") else f"{_plural(int(v['workers']), 'worker')} on {v['instances']}*{v['instance_type']}"
     return (f"{key.replace('_', ' ')}: {where} "
             f"({v['market']}): {human_duration(v['hours'] * 3600)} (up to {human_duration(v['hours_high'] * 3600)}), "
-            f"${v['dollars']:,.2f} (up to ${v['dollars_high']:,.2f}){unmeasured}")
+            f"${_dollars_cell(v['dollars'])} (up to ${_dollars_cell(v['dollars_high'])}){unmeasured}")
 
 
 #: A limit no layout meets, per recommendation: (its flag, the column judged, what the surest is, its unit).
@@ -920,7 +923,8 @@ def _unmet_line(key: str, result) -> str:
     flag, column, verb, unit = _UNMET[key]
     surest = fitting.loc[fitting[column].idxmin()]
     needed = math.ceil(float(surest[column]) * 100) / 100
-    bound = f"{needed:.2f} h" if unit == "h" else f"${needed:,.2f}"
+    # the surest's price as its table cell reads (`_dollars_cell`); the flag's value rounded up to a cent that meets it
+    bound = f"{needed:.2f} h" if unit == "h" else f"${_dollars_cell(float(surest[column]))}"
     ways = [f"raise {flag} to at least {needed:.2f}", *_other_ways(key, result, fitting)]
     if result.confidence > 0.5:  # --confidence's least
         ways.append(f"lower --confidence (now {result.confidence:.0%})")
