@@ -26,7 +26,7 @@ from rich.table import Table
 from scalelab.core.checks import NON_NEGATIVE, POSITIVE, InputFile, Number, OutputDir, aws_region_problem
 from scalelab.core.errors import DataError, RecordError, SpecError
 from scalelab.core.records import load_run
-from scalelab.core.runids import RunDir
+from scalelab.core.runids import RunDir, holds_runs
 from scalelab.core.spec import MAX_GPUS
 from scalelab.core.terminal import (break_name, duration_text, fold_cell, make_console, number_text, unbreakable_width,
                                     usd_text)
@@ -487,10 +487,8 @@ def _runs_among(paths: list[Path]) -> list[Path]:
 
     if len(paths) < 2:
         return paths
-    def is_run(p: Path) -> bool:
-        return any((p / name).exists() for name in ("spec.json", SWEEP_FILE, STUDY_FILE))
-    runs = [p for p in paths if is_run(p)]
-    skipped = [p for p in paths if not is_run(p)]
+    runs = [p for p in paths if holds_runs(p)]
+    skipped = [p for p in paths if not holds_runs(p)]
     if not runs:
         raise DataError(f"none of the {len(paths)} paths is a run, sweep or study directory (no spec.json, "
                         f"{SWEEP_FILE} or {STUDY_FILE}); `launch ls` lists the runs")
