@@ -161,6 +161,23 @@ def test_a_balanced_runs_batch_per_gpu_is_what_its_workers_took():
     assert seed_table("throughput", data)["Batch size (per GPU)"].tolist() == [16, "2–14 (rank means 3.0, 13.0)"]
 
 
+def test_a_balanced_runs_worker_batches_leave_out_profiled_steps_and_superseded_attempts():
+    """`worker_batches` filtered the step records itself: a step traced by --profile-steps (not timed, as warm-up)
+    and the first attempt of a step re-done after a resume counted, so its range read 1–15 where the steps the
+    throughput measured held 6 to 10."""
+    import pandas as pd
+
+    from scalelab.analysis.studies import worker_batches
+
+    # (step, time, shares, profiled): step 1 warm-up, step 2 profiled, step 3 done twice (resumed), step 4
+    attempts = [(1, 1.0, (8, 8), False), (2, 2.0, (1, 15), True), (3, 3.0, (3, 13), False),
+                (3, 10.0, (6, 10), False), (4, 11.0, (6, 10), False)]
+    records = pd.DataFrame([{"kind": "step", "rank": r, "step": step, "time": t, "warmup": step == 1,
+                             "profiled": profiled, "samples": shares[r], "step_s": 0.1, "words": 10}
+                            for step, t, shares, profiled in attempts for r in (0, 1)])
+    assert worker_batches(records) == "6–10 (rank means 6.0, 10.0)"
+
+
 def test_a_variant_that_resolves_to_its_baselines_settings_is_named_and_threads_are_shown_where_they_differ():
     """Seed 001 --scale cpu on 2 cores: "cudnn_lstm 2 host threads" sets interop_threads 2, PyTorch's default
     there, and ran as the baseline did (start records: threads 1, interop_threads 2 in both); the study

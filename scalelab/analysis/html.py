@@ -23,7 +23,8 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator, PercentFormatter
 
-from scalelab.analysis.report import DEFINITIONS, plot_speedup, plot_throughput, table_rows, terminal_frame
+from scalelab.analysis.report import (DEFINITIONS, dollars_text, plot_speedup, plot_throughput, table_rows,
+                                      terminal_frame)
 from scalelab.core.engines import known_fact
 from scalelab.core.terminal import duration_text
 from scalelab.core.writes import check_inside
@@ -322,9 +323,9 @@ def _time_and_dollars(r: Any) -> tuple[str, str]:
     interruptions outpace its checkpoints: `never_finishes`). Why: those cells read "inf" on the page."""
     if isinstance(r.get("never_finishes"), str) and r.get("never_finishes") or not math.isfinite(float(r["hours"])):
         return "never", "never"
-    hi_h, hi_usd = float(r["hours_high"]), float(r["dollars_high"])
+    hi_h = float(r["hours_high"])
     return (f"{duration_text(r['hours'] * 3600)} (up to {duration_text(hi_h * 3600) if math.isfinite(hi_h) else 'never'})",
-            f"{r['dollars']:,.2f} (up to {f'{hi_usd:,.2f}' if math.isfinite(hi_usd) else 'never'})")
+            f"{dollars_text(float(r['dollars']))} (up to {dollars_text(float(r['dollars_high']))})")
 
 
 def _recommendation(v: dict[str, Any]) -> str:
@@ -337,7 +338,7 @@ def _recommendation(v: dict[str, Any]) -> str:
              f"{workers} worker{'s' if workers != 1 else ''} on {v['instances']}× {html.escape(v['instance_type'])}")
     return (f"{where} "
             f"({v['market']}): {duration_text(v['hours'] * 3600)} (up to {duration_text(v['hours_high'] * 3600)}), "
-            f"${v['dollars']:,.2f} (up to ${v['dollars_high']:,.2f}){unmeasured}")
+            f"${dollars_text(v['dollars'])} (up to ${dollars_text(v['dollars_high'])}){unmeasured}")
 
 
 def _convergence_sections(p: Any) -> list[tuple[str, str]]:

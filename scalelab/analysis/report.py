@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFINITIONS",
+    "dollars_text",
     "table_rows",
     "render_table",
     "print_scaling",
@@ -231,6 +232,14 @@ def _columns(df: pd.DataFrame) -> list[tuple[str, Callable[[pd.Series], str], bo
     if "dollars_to_threshold" in has and df["dollars_to_threshold"].notna().any():
         cols.append(("$ to threshold", lambda r: _usd(r.get("dollars_to_threshold")), True))
     return cols
+
+
+def dollars_text(dollars: float) -> str:
+    """Dollars without the sign as `launch cost` and `launch plan` show them: `usd_text`'s rounding (cents,
+    four decimals below a dollar), and "never" where the arithmetic says inf (a run that never finishes:
+    `costs.billing.spot_stall`). Why one function: the plan's answer line and plan.html printed cents ($0.32)
+    beside its table's 0.3167."""
+    return "never" if math.isinf(dollars) else usd_text(dollars)
 
 
 def _usd(x: Any) -> str:

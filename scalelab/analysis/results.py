@@ -48,6 +48,7 @@ from scalelab.core.rundir import (
     study_sweeps,
     sweep_runs,
 )
+from scalelab.core.runids import holds_runs
 from scalelab.core.spec import BATCH_SCALING, Spec, read_spec
 from scalelab.core.trajectory import spec_changes
 from scalelab.core.writes import refuse_links
@@ -407,8 +408,7 @@ def _left_out(paths: list[Path], exc: RecordError) -> str:
 def is_report_dir(path: Path) -> bool:
     """Whether `path` is a directory `launch report` wrote (report.json, and no spec, sweep or study of its own):
     reports made before they went to .reports/ sit beside the runs, where runs/* globs take them."""
-    return path.is_dir() and (path / "report.json").is_file() and not any(
-        (path / name).exists() for name in ("spec.json", SWEEP_FILE, STUDY_FILE))
+    return path.is_dir() and (path / "report.json").is_file() and not holds_runs(path)
 
 
 #: Where reports of several runs go under their runs' directory: hidden, so `launch report runs/*` and

@@ -37,6 +37,7 @@ __all__ = [
     "LayoutSummary",
     "RunMeta",
     "step_table",
+    "rank_steps",
     "summarize_run",
     "scaling_table",
     "scale_layouts",
@@ -95,10 +96,9 @@ def step_table(records: pd.DataFrame) -> pd.DataFrame:
 
     Raises RecordError when a required column (rank, step, step_s, words, samples) is missing.
     """
-    work = _step_columns(records)
+    work = rank_steps(records)
     if len(work) == 0:
         return pd.DataFrame({c: pd.Series(dtype=_STEP_DTYPES.get(c, "float64")) for c in STEP_TABLE_COLUMNS})
-    work = _latest_attempts(work)
     grouped = work.groupby("step", sort=True)
     agg = grouped.agg(
         epoch=("epoch", "max"),
@@ -114,6 +114,14 @@ def step_table(records: pd.DataFrame) -> pd.DataFrame:
     out["warmup"] = out["warmup"].astype(bool)
     out["ranks"] = out["ranks"].astype("int64")
     return out.loc[:, list(STEP_TABLE_COLUMNS)]
+
+
+def rank_steps(records: pd.DataFrame) -> pd.DataFrame:
+    """One row per worker rank and step, as `step_table` reads them: step records only, no ps server ranks,
+    `warmup` also where --profile-steps traced the step, and the latest attempt of a step re-done after a
+    resume. Why shared: `studies.worker_batches` filtered the records itself and kept profiled steps and
+    superseded attempts, so a balanced run's "batch its workers took" read other steps than its throughput."""
+    return _latest_attempts(_step_columns(records))
 
 
 def _step_columns(records: pd.DataFrame) -> pd.DataFrame:

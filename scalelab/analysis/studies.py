@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 import pandas as pd
 
 from scalelab.analysis.report import markdown_table
-from scalelab.analysis.scaling import LayoutSummary, scale_layouts
+from scalelab.analysis.scaling import LayoutSummary, rank_steps, scale_layouts
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -204,17 +204,13 @@ def worker_batches(step_records: pd.DataFrame) -> str | None:
     the range of the samples a rank took in a measured step, and each rank's mean ("2–14 (rank means 4.9,
     11.1)"); None where every worker took the same (the global batch over the workers says it). Why: the
     throughput table showed the balancer's run at 8 a GPU (16 / 2) while its records held shares of 2 to 14.
-    Read from the step records (warm-up and ps server ranks left out, as the throughput's)."""
-    steps = step_records
-    if not len(steps) or "samples" not in steps.columns:
+    Read from the steps the throughput measures (`scaling.rank_steps`: no ps server ranks, the latest attempt
+    of a re-done step; a step any rank marked warm-up or profiled left out, as `step_table` marks it)."""
+    if not len(step_records) or "samples" not in step_records.columns:
         return None
-    if "kind" in steps.columns:
-        steps = steps[steps["kind"] == "step"]
-    if "role" in steps.columns:
-        steps = steps[steps["role"] != "server"]
-    if "warmup" in steps.columns:
-        steps = steps[~steps["warmup"].fillna(False).astype(bool)]
-    samples = pd.to_numeric(steps["samples"], errors="coerce").dropna()
+    steps = rank_steps(step_records)
+    steps = steps[~steps.groupby("step")["warmup"].transform("max").astype(bool)]
+    samples = steps["samples"].dropna()
     if samples.nunique() < 2:
         return None
     means = samples.groupby(steps.loc[samples.index, "rank"]).mean()

@@ -26,7 +26,7 @@ from rich.table import Table
 from scalelab.core.checks import NON_NEGATIVE, POSITIVE, InputFile, Number, OutputDir, aws_region_problem
 from scalelab.core.errors import DataError, RecordError, SpecError
 from scalelab.core.records import load_run
-from scalelab.core.runids import RunDir
+from scalelab.core.runids import RunDir, holds_runs
 from scalelab.core.spec import MAX_GPUS
 from scalelab.core.terminal import (break_name, duration_text, fold_cell, make_console, number_text, unbreakable_width,
                                     usd_text)
@@ -313,8 +313,11 @@ def _wall_cell(seconds: float) -> str:
 
 
 def _dollars_cell(dollars: float) -> str:
-    """A run's dollars; `never` (it never finishes) where the arithmetic says inf."""
-    return "never" if math.isinf(dollars) else usd_text(dollars)
+    """A run's or a layout's dollars as every cost figure reads them (`report.dollars_text`: `never` for inf),
+    loaded when a table is drawn: this module's import, for --help, loads no pandas (tests/test_help_imports.py)."""
+    from scalelab.analysis.report import dollars_text
+
+    return dollars_text(dollars)
 
 
 def _never_lines(out: pd.DataFrame) -> list[str]:
@@ -484,10 +487,8 @@ def _runs_among(paths: list[Path]) -> list[Path]:
 
     if len(paths) < 2:
         return paths
-    def is_run(p: Path) -> bool:
-        return any((p / name).exists() for name in ("spec.json", SWEEP_FILE, STUDY_FILE))
-    runs = [p for p in paths if is_run(p)]
-    skipped = [p for p in paths if not is_run(p)]
+    runs = [p for p in paths if holds_runs(p)]
+    skipped = [p for p in paths if not holds_runs(p)]
     if not runs:
         raise DataError(f"none of the {len(paths)} paths is a run, sweep or study directory (no spec.json, "
                         f"{SWEEP_FILE} or {STUDY_FILE}); `launch ls` lists the runs")
@@ -897,7 +898,7 @@ def _recommendation_line(key: str, v: dict[str, Any]) -> str:
     where = v["layout"] if v.get("layout") else f"{_plural(int(v['workers']), 'worker')} on {v['instances']}*{v['instance_type']}"
     return (f"{key.replace('_', ' ')}: {where} "
             f"({v['market']}): {human_duration(v['hours'] * 3600)} (up to {human_duration(v['hours_high'] * 3600)}), "
-            f"${v['dollars']:,.2f} (up to ${v['dollars_high']:,.2f}){unmeasured}")
+            f"${_dollars_cell(v['dollars'])} (up to ${_dollars_cell(v['dollars_high'])}){unmeasured}")
 
 
 #: A limit no layout meets, per recommendation: (its flag, the column judged, what the surest is, its unit).
@@ -920,7 +921,8 @@ def _unmet_line(key: str, result) -> str:
     flag, column, verb, unit = _UNMET[key]
     surest = fitting.loc[fitting[column].idxmin()]
     needed = math.ceil(float(surest[column]) * 100) / 100
-    bound = f"{needed:.2f} h" if unit == "h" else f"${needed:,.2f}"
+    # the surest's price as its table cell reads (`_dollars_cell`); the flag's value rounded up to a cent that meets it
+    bound = f"{needed:.2f} h" if unit == "h" else f"${_dollars_cell(float(surest[column]))}"
     ways = [f"raise {flag} to at least {needed:.2f}", *_other_ways(key, result, fitting)]
     if result.confidence > 0.5:  # --confidence's least
         ways.append(f"lower --confidence (now {result.confidence:.0%})")

@@ -7,6 +7,7 @@ mark the layouts that do not fit (scalelab/costs/memory.py).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -15,7 +16,7 @@ import click
 from scalelab.core.errors import SpecError
 from scalelab.core.flags import shared_flags, spec_from_flags
 from scalelab.core.options import parse_pairs
-from scalelab.core.presets import PRESETS, config_with_overrides, model_overrides, refuse_unread_fields
+from scalelab.core.presets import PRESETS, config_with_overrides, model_overrides
 from scalelab.core.terminal import make_console
 from scalelab.costs.catalog import InstanceType, builtin_catalog, unknown_type_message
 from scalelab.costs.memory import GIB, HEADROOM, MemoryPrediction, predict_peak
@@ -69,11 +70,12 @@ def memory_cmd(instance_types: str | None, fmt: str, **params: Any) -> None:
     (`--rnn stepwise` and `--ps-state cpu` change a rank's memory too, but the prediction models only the
     fused cuDNN/oneDNN LSTM and the optimizer state on the rank). Without --batch-per-worker a rank takes the
     model's batch (its preset's default_batch: what one worker of `launch run --model M` trains)."""
-    spec = spec_from_flags(params).validate()  # what `launch run` refuses (ps in fp16) is not predicted either
+    # `spec_from_flags` reads the spec fields' flags only: --model-arg joins the spec here, typed naming the flag
+    # (as `launch run` does), so that validate refuses a field the model never reads, as `launch run` does
+    flagged = model_overrides(parse_pairs(params["model_args"], "--model-arg"), "--model-arg")
+    spec = dataclasses.replace(spec_from_flags(params), model_args=flagged).validate()  # ps in fp16: refused too
     model_name, precision, engine = spec.model, spec.precision, spec.engine.name
-    overrides = model_overrides(parse_pairs(params["model_args"], "--model-arg"), "--model-arg")
-    cfg = config_with_overrides(PRESETS[model_name], overrides)
-    refuse_unread_fields(model_name, cfg.family, overrides)
+    cfg = config_with_overrides(PRESETS[model_name], spec.model_args)
     batch_per_worker = spec.batch_per_worker if spec.batch_per_worker is not None else cfg.default_batch
     prediction = predict_peak(cfg, batch_per_worker, precision, engine, spec.output_loss, spec.optimizer, device="cuda")
     names = [n.strip() for n in instance_types.split(",") if n.strip()] if instance_types is not None else None

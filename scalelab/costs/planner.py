@@ -43,7 +43,7 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
-from scalelab.analysis.report import to_json_records
+from scalelab.analysis.report import dollars_text, to_json_records
 from scalelab.core.errors import DataError
 from scalelab.costs.billing import Mix, RunCost, cost_at_rate, run_cost
 from scalelab.costs.calibration import DEFAULT_CONFIDENCE, next_count
@@ -768,7 +768,8 @@ def recommend(candidates: pd.DataFrame, deadline_h: float | None, budget_usd: fl
         ("cheapest_within_deadline", "hours_high", deadline_h, "dollars_high", lambda: f"no layout finishes within "
          f"{deadline_h:g} h with {sure} confidence; the surest takes up to {candidates['hours_high'].min():.2f} h"),
         ("fastest_within_budget", "dollars_high", budget_usd, "hours_high", lambda: f"no layout costs at most "
-         f"${budget_usd:,.2f} with {sure} confidence; the surest costs up to ${candidates['dollars_high'].min():,.2f}"),
+         f"${budget_usd:,.2f} with {sure} confidence; the surest costs up to "
+         f"${dollars_text(candidates['dollars_high'].min())}"),
     )
     for key, column, limit, by, why_none in limits:
         if limit is not None:
