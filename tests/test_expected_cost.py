@@ -156,3 +156,15 @@ def test_an_unmeasured_layout_is_predicted_from_the_measured_ones():
     assert step_s == 0.3 and "measured" in basis
     step_s, _, basis = step_time(Spec(nodes=1, gpus_per_node=8, **base), runs)
     assert "predicted" in basis and 64 / 700 < step_s < 64 / 350  # faster than 4 workers, below linear
+
+
+def test_a_preview_under_a_dollar_is_rounded_as_every_cost_figure(tmp_path):
+    """The dry run's price says what a short launch costs as `launch cost` and `launch report` would (four
+    decimals below a dollar: $0.0190), not "$0.02" for the layout and the launch."""
+    import re
+
+    out = launch(*AWS, "--steps", "20", "--dry-run", cwd=tmp_path, env=NO_PRICES)
+    assert out.returncode == 0, out.stderr
+    (layout,) = re.findall(r"expected \$(\S+) for 20 steps", out.stderr)
+    (total,) = re.findall(r"expected cost of the launch: \$(\S+)\n", out.stderr)
+    assert re.fullmatch(r"0\.\d{4}", layout) and total == layout  # one layout: its price is the launch's

@@ -23,10 +23,10 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator, PercentFormatter
 
-from scalelab.analysis.report import (DEFINITIONS, dollars_text, plot_speedup, plot_throughput, table_rows,
+from scalelab.analysis.report import (DEFINITIONS, plot_speedup, plot_throughput, table_rows,
                                       terminal_frame)
 from scalelab.core.engines import known_fact
-from scalelab.core.terminal import duration_text
+from scalelab.core.terminal import dollars_text, duration_text
 from scalelab.core.writes import check_inside
 
 __all__ = ["plot_cost_frontier", "plot_phases", "plot_loss", "plot_predictions", "figure_png",

@@ -28,7 +28,7 @@ from rich.console import Console
 from rich.table import Table
 from scalelab.core.engines import known_fact
 from scalelab.core.errors import DataError
-from scalelab.core.terminal import cell_pieces, fold_cell, number_text, unbreakable_width, usd_text
+from scalelab.core.terminal import cell_pieces, dollars_text, fold_cell, number_text, unbreakable_width, usd_text
 from scalelab.core.writes import refuse_links
 
 if TYPE_CHECKING:
@@ -232,14 +232,6 @@ def _columns(df: pd.DataFrame) -> list[tuple[str, Callable[[pd.Series], str], bo
     if "dollars_to_threshold" in has and df["dollars_to_threshold"].notna().any():
         cols.append(("$ to threshold", lambda r: _usd(r.get("dollars_to_threshold")), True))
     return cols
-
-
-def dollars_text(dollars: float) -> str:
-    """Dollars without the sign as `launch cost` and `launch plan` show them: `usd_text`'s rounding (cents,
-    four decimals below a dollar), and "never" where the arithmetic says inf (a run that never finishes:
-    `costs.billing.spot_stall`). Why one function: the plan's answer line and plan.html printed cents ($0.32)
-    beside its table's 0.3167."""
-    return "never" if math.isinf(dollars) else usd_text(dollars)
 
 
 def _usd(x: Any) -> str:

@@ -164,9 +164,9 @@ def cost_points(table: pd.DataFrame) -> pd.DataFrame | None:
 def _cost_section(points: pd.DataFrame | None, basis: str) -> list[tuple[str, str]]:
     if points is None or not len(points):
         return [("Cost", f"<p>{html.escape(basis)}</p>")] if basis else []
-    from scalelab.core.terminal import duration_text
+    from scalelab.core.terminal import dollars_text, duration_text
 
-    rows = [[r["layout"], duration_text(r["hours"] * 3600), f"{r['dollars']:,.4f}", f"{r['usd_per_hour']:,.2f}"]
+    rows = [[r["layout"], duration_text(r["hours"] * 3600), dollars_text(r["dollars"]), f"{r['usd_per_hour']:,.2f}"]
             for _, r in points.iterrows()]
     table = _table(["layout", "billed time", "dollars", "$/hour"], rows)
     if len(points) < 2:  # one point is no trade-off to plot: the table says it

@@ -72,6 +72,14 @@ def usd_text(dollars: float) -> str:
     return f"{dollars:.{max(4, 1 - math.floor(math.log10(abs(dollars))))}f}"
 
 
+def dollars_text(dollars: float) -> str:
+    """Dollars without the sign as `launch cost` and `launch plan` show them: `usd_text`'s rounding (cents,
+    four decimals below a dollar), and "never" where the arithmetic says inf (a run that never finishes:
+    `costs.billing.spot_stall`). Why one function: the plan's answer line and plan.html printed cents ($0.32)
+    beside its table's 0.3167."""
+    return "never" if math.isinf(dollars) else usd_text(dollars)
+
+
 def break_name(name: str, room: int) -> str:
     """A run's name on lines of at most `room` characters, broken after a hyphen where one fits (a name
     cut inside a number, "...-04575/3", read as another run), as `ls` does: `launch ls`, `launch cost`."""

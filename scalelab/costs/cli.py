@@ -28,8 +28,8 @@ from scalelab.core.errors import DataError, RecordError, SpecError
 from scalelab.core.records import load_run
 from scalelab.core.runids import RunDir, holds_runs
 from scalelab.core.spec import MAX_GPUS
-from scalelab.core.terminal import (break_name, duration_text, fold_cell, make_console, number_text, unbreakable_width,
-                                    usd_text)
+from scalelab.core.terminal import (break_name, dollars_text, duration_text, fold_cell, make_console, number_text,
+                                    unbreakable_width, usd_text)
 from scalelab.costs.billing import Mix, instances_for, run_cost
 from scalelab.costs.catalog import DEFAULT_REGION, MARKETS, Catalog, CatalogError, load_catalog, parse_interruptions, refresh
 from scalelab.costs.memory import overflows
@@ -288,7 +288,7 @@ def cost_cmd(run_dirs: tuple[str, ...], from_csv: str | None, instances: str | N
         keep.remove("state")
     show = out[keep].rename(columns=_COST_HEADERS)  # threshold columns only where a run has a threshold
     # dollars as `launch report` rounds them (`usd_text`): 0.0075 and 0.0150, where ",.2f" read 0.01 for both
-    nfmt: dict[str, Any] = {"wall": _wall_cell, "$/hour": ".4f", "dollars": _dollars_cell,
+    nfmt: dict[str, Any] = {"wall": _wall_cell, "$/hour": ".4f", "dollars": dollars_text,
                             "wall to threshold": human_duration, "$ to threshold": usd_text}
     never = _never_lines(out)
     if fmt == "markdown":
@@ -310,14 +310,6 @@ def cost_cmd(run_dirs: tuple[str, ...], from_csv: str | None, instances: str | N
 def _wall_cell(seconds: float) -> str:
     """A run's wall time; `never` where spot interruptions leave no time to work (`billing.spot_stall`)."""
     return "never" if math.isinf(seconds) else human_duration(seconds)
-
-
-def _dollars_cell(dollars: float) -> str:
-    """A run's or a layout's dollars as every cost figure reads them (`report.dollars_text`: `never` for inf),
-    loaded when a table is drawn: this module's import, for --help, loads no pandas (tests/test_help_imports.py)."""
-    from scalelab.analysis.report import dollars_text
-
-    return dollars_text(dollars)
 
 
 def _never_lines(out: pd.DataFrame) -> list[str]:
@@ -898,7 +890,7 @@ def _recommendation_line(key: str, v: dict[str, Any]) -> str:
     where = v["layout"] if v.get("layout") else f"{_plural(int(v['workers']), 'worker')} on {v['instances']}*{v['instance_type']}"
     return (f"{key.replace('_', ' ')}: {where} "
             f"({v['market']}): {human_duration(v['hours'] * 3600)} (up to {human_duration(v['hours_high'] * 3600)}), "
-            f"${_dollars_cell(v['dollars'])} (up to ${_dollars_cell(v['dollars_high'])}){unmeasured}")
+            f"${dollars_text(v['dollars'])} (up to ${dollars_text(v['dollars_high'])}){unmeasured}")
 
 
 #: A limit no layout meets, per recommendation: (its flag, the column judged, what the surest is, its unit).
@@ -921,8 +913,8 @@ def _unmet_line(key: str, result) -> str:
     flag, column, verb, unit = _UNMET[key]
     surest = fitting.loc[fitting[column].idxmin()]
     needed = math.ceil(float(surest[column]) * 100) / 100
-    # the surest's price as its table cell reads (`_dollars_cell`); the flag's value rounded up to a cent that meets it
-    bound = f"{needed:.2f} h" if unit == "h" else f"${_dollars_cell(float(surest[column]))}"
+    # the surest's price as its table cell reads (`dollars_text`); the flag's value rounded up to a cent that meets it
+    bound = f"{needed:.2f} h" if unit == "h" else f"${dollars_text(float(surest[column]))}"
     ways = [f"raise {flag} to at least {needed:.2f}", *_other_ways(key, result, fitting)]
     if result.confidence > 0.5:  # --confidence's least
         ways.append(f"lower --confidence (now {result.confidence:.0%})")
@@ -1018,8 +1010,8 @@ _BATCH_FMT = {"batch": ".0f", "steps": ",.0f", "steps low": ",.0f", "steps high"
 _CAND_VIEW = {"label": "series", "workers": "workers", "instances": "instances", "market": "market",
               "speed_basis": "speed", "global_batch": "batch", "steps_to_threshold": "steps", "hours": "time",
               "hours_high": "up to", "dollars": "dollars", "dollars_high": "up to $", "pick": "pick"}
-_CAND_FMT: dict[str, Any] = {"workers": ".0f", "batch": ".0f", "steps": ",.0f", "dollars": _dollars_cell,
-                             "up to $": _dollars_cell, "time": lambda h: _wall_cell(h * 3600),
+_CAND_FMT: dict[str, Any] = {"workers": ".0f", "batch": ".0f", "steps": ",.0f", "dollars": dollars_text,
+                             "up to $": dollars_text, "time": lambda h: _wall_cell(h * 3600),
                              "up to": lambda h: _wall_cell(h * 3600)}
 
 

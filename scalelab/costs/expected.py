@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from scalelab.core.spec import Spec
-from scalelab.core.terminal import duration_text
+from scalelab.core.terminal import dollars_text, duration_text
 from scalelab.costs.billing import Mix, RunCost, instances_for, run_cost
 from scalelab.costs.catalog import DEFAULT_REGION, Catalog, CatalogError, load_catalog
 from scalelab.costs.fleet import MARKET_ON_DEMAND, MARKET_SPOT, Fleet
@@ -51,7 +51,7 @@ class Estimate:
         unknown = "unknown steps (the script's own)" if self.own_code else f"unknown steps ({self.length_basis})"
         steps = unknown if self.steps is None else f"{self.steps:,} steps" + (
             f" ({self.length_basis})" if self.length_basis else "")
-        dollars = "unknown" if math.isnan(self.dollars) else f"${self.dollars:,.2f}"
+        dollars = "unknown" if math.isnan(self.dollars) else f"${dollars_text(self.dollars)}"
         startup = f" + {self.startup_s:.3g} s start-up" if self.startup_s else ""
         took = "an unknown time" if math.isnan(self.hours) else duration_text(self.hours * 3600)
         return (f"fleet ${self.usd_per_hour:,.2f}/hour ({self.rate_basis}); expected {dollars} "

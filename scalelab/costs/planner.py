@@ -43,8 +43,9 @@ from typing import Any, Sequence
 import numpy as np
 import pandas as pd
 
-from scalelab.analysis.report import dollars_text, to_json_records
+from scalelab.analysis.report import to_json_records
 from scalelab.core.errors import DataError
+from scalelab.core.terminal import dollars_text
 from scalelab.costs.billing import Mix, RunCost, cost_at_rate, run_cost
 from scalelab.costs.calibration import DEFAULT_CONFIDENCE, next_count
 from scalelab.costs.catalog import Catalog, CatalogError, InstanceType

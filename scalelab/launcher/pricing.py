@@ -73,7 +73,9 @@ class Quote:
     def text(self) -> str:
         why = ("a --script decides its own steps: give --steps N, the steps it runs, for a price" if self.own_code
                else "--epochs of data whose steps per epoch are known once it is read: give --steps too, to bound it")
-        total = f"unknown ({why})" if math.isnan(self.total_usd) else f"${self.total_usd:,.2f}"
+        from scalelab.core.terminal import dollars_text
+
+        total = f"unknown ({why})" if math.isnan(self.total_usd) else f"${dollars_text(self.total_usd)}"
         return "\n".join([*self.lines, f"expected cost of the launch: {total}"])
 
 
