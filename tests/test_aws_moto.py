@@ -787,23 +787,81 @@ def test_the_status_of_a_run_aws_cannot_be_reached_for_is_one_line(tmp_path):
     one line (above), but the status's look for the run's instances raised botocore's EndpointConnectionError as a
     149-line traceback, exit 1 (`launch ls` and a resume's check of the run failed the same way). Now the same one
     line, exit 2, from AwsBackend.status, which every one of them asks."""
+    _unfollowed_run(tmp_path / "runs" / "r1")
+    out = _launch_clean(tmp_path, UNREACHABLE_ENV, "status", "runs/r1")
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    errors = [line for line in out.stderr.splitlines() if line.startswith("launch: error:")]
+    assert len(errors) == 1 and "cannot reach AWS" in errors[0] and "http://127.0.0.1:9" in errors[0], out.stderr
+    assert "nothing was changed" in errors[0], out.stderr
+
+
+# AWS out of reach: nothing listens on port 9 of loopback; one attempt, no instance metadata to ask for keys
+UNREACHABLE_ENV = {**os.environ, "AWS_ENDPOINT_URL": "http://127.0.0.1:9", "AWS_ACCESS_KEY_ID": "x",
+                   "AWS_SECRET_ACCESS_KEY": "y", "AWS_MAX_ATTEMPTS": "1", "AWS_EC2_METADATA_DISABLED": "true"}
+
+
+def _unfollowed_run(run_dir: Path) -> Path:
+    """An AWS run directory as a launcher leaves it while the run goes on (state not ended), run id r1 in
+    bucket rev-bkt, which no launcher follows."""
     from scalelab.core.rundir import start_state
     from scalelab.core.spec import save_spec
 
-    run_dir = tmp_path / "runs" / "r1"
     run_dir.mkdir(parents=True)
     save_spec(Spec.from_dict({"model": "nmt-tiny", "backend": "aws",
                               "backend_options": {"bucket": "rev-bkt", "region": REGION}}), run_dir)
     start_state(run_dir, backend="aws", run_id="r1", region=REGION, bucket="rev-bkt", prefix="scalelab/r1",
                 node_types=["g5.xlarge"], started=time.time(), generation=0, instances=[], refs={}, replacements=0,
                 requests=[])
-    env = {**os.environ, "AWS_ENDPOINT_URL": "http://127.0.0.1:9", "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "y",
-           "AWS_MAX_ATTEMPTS": "1", "AWS_EC2_METADATA_DISABLED": "true"}
-    out = _launch_clean(tmp_path, env, "status", "runs/r1")
-    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
-    errors = [line for line in out.stderr.splitlines() if line.startswith("launch: error:")]
-    assert len(errors) == 1 and "cannot reach AWS" in errors[0] and "http://127.0.0.1:9" in errors[0], out.stderr
-    assert "nothing was changed" in errors[0], out.stderr
+    return run_dir
+
+
+def test_a_cancel_aws_cannot_be_reached_for_is_one_line_saying_the_instances_may_still_run(tmp_path):
+    """`launch cancel` of an AWS run, AWS not reachable: the stop request, the last mirror and the teardown each
+    raised botocore's EndpointConnectionError, a 292-line traceback, exit 1, after the runner had recorded the
+    run CANCELLED. Now one line, exit 2: the run is recorded CANCELLED here, its instances may still run, and how
+    to finish the job (the cancel again, which `_ended_already` passes to the backend, or `launch aws gc`)."""
+    import json as json_
+
+    _unfollowed_run(tmp_path / "runs" / "r1")
+    for _ in range(2):  # the second: a run recorded CANCELLED already, whose instances the backend still stops
+        out = _launch_clean(tmp_path, UNREACHABLE_ENV, "cancel", "runs/r1")
+        assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+        lines = out.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("launch: error: cannot reach AWS while terminating"), out.stderr
+        assert "http://127.0.0.1:9" in lines[0], lines[0]
+        assert "run runs/r1 is recorded CANCELLED here, but its instances may still be running" in lines[0], lines[0]
+        assert "once AWS can be reached, `launch cancel runs/r1` again or `launch aws gc --run-id r1 --region " \
+               f"{REGION}` terminates them" in lines[0], lines[0]
+        state = json_.loads((tmp_path / "runs" / "r1" / "launch.json").read_text())
+        assert state["state"] == "CANCELLED", state
+
+
+def test_a_cancel_whose_stop_request_aws_refuses_still_terminates_and_says_so(cloud, tmp_path, capsys):
+    """`launch cancel` where S3 refuses the stop request (a bucket policy): the teardown after it ran, the instances
+    went, yet the cancel ended in botocore's ClientError traceback, the run's end unrecorded. Now a warning line
+    naming the refusal and that the instances were terminated all the same, and the cancel ends normally."""
+    from botocore.exceptions import ClientError
+
+    be = backend(cloud)
+    run_dir = run_dir_for(tmp_path)
+    be.schedule(be.submit_dryrun(make_spec(), run_dir))
+
+    class Refusing:
+        def __getattr__(self, name):
+            return getattr(cloud["s3"], name)
+
+        def put_object(self, **kw):
+            raise ClientError({"Error": {"Code": "AccessDenied", "Message": "Access Denied"}}, "PutObject")
+
+    other = AwsBackend(backend(cloud).options, clients={"ec2": cloud["ec2"], "s3": Refusing()})
+    capsys.readouterr()
+    status = cancel(other, run_dir)
+    assert status.state == "CANCELLED", status
+    assert live(cloud, run_dir.name) == []
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"launch: warning: AWS refused PutObject while asking its ranks to checkpoint: AccessDenied: Access "
+                   f"Denied; its instances were terminated all the same; its last records and logs may be only in S3 "
+                   f"(s3://{cloud['bucket']}/scalelab/{run_dir.name}/)"], err
 
 
 def _launch_clean(cwd: Path, env: dict, *args: str):
