@@ -864,6 +864,37 @@ def test_a_cancel_whose_stop_request_aws_refuses_still_terminates_and_says_so(cl
                    f"(s3://{cloud['bucket']}/scalelab/{run_dir.name}/)"], err
 
 
+def test_the_logs_of_a_run_aws_cannot_be_reached_for_are_the_local_copy_said_once(tmp_path, monkeypatch, capsys):
+    """`launch logs` of a running AWS run, AWS not reachable: the mirror before the logs raised botocore's
+    EndpointConnectionError, a 149-line traceback (only a ScalelabError fell back to the local copy). Now the
+    logs mirrored last time, and one line on stderr saying so and why, once however often `-f` asks."""
+    for key, value in UNREACHABLE_ENV.items():
+        if key.startswith("AWS_"):
+            monkeypatch.setenv(key, value)
+    run_dir = _unfollowed_run(tmp_path / "runs" / "r1")
+    log = run_dir / "s3" / "logs" / "gen-0" / "node-0-trainer.log"
+    log.parent.mkdir(parents=True)
+    log.write_text("step 3 of 6\n")
+    be = AwsBackend({"bucket": "rev-bkt", "region": REGION}, endpoint_url="http://127.0.0.1:9")
+    assert "step 3 of 6" in be.logs(run_dir) and "step 3 of 6" in be.logs(run_dir)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"launch: showing the local copy of the logs as of the last mirror "
+                                               f"({run_dir / 's3'}): AWS could not be reached (Could not connect to "
+                                               f"the endpoint URL: \"http://127.0.0.1:9/"), err
+
+
+def test_the_logs_of_a_run_whose_listing_aws_refuses_are_the_local_copy(cloud, tmp_path, capsys):
+    """The same where AWS answers but refuses the listing (here: the bucket is gone): the local copy, and AWS's
+    refusal in a few words."""
+    run_dir = _unfollowed_run(tmp_path / "runs" / "r1")  # bucket rev-bkt: none in moto
+    (run_dir / "s3" / "logs" / "gen-0").mkdir(parents=True)
+    (run_dir / "s3" / "logs" / "gen-0" / "node-0-trainer.log").write_text("step 3 of 6\n")
+    assert "step 3 of 6" in backend(cloud).logs(run_dir)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].endswith("AWS refused ListObjectsV2 (NoSuchBucket: The specified bucket does "
+                                             "not exist)"), err
+
+
 def _launch_clean(cwd: Path, env: dict, *args: str):
     import subprocess
     import sys

@@ -74,6 +74,7 @@ class AwsBackend(Backend):
         super().__init__(options)
         self._session, self._clients, self._endpoint = session, dict(clients or {}), endpoint_url
         self._plan: Plan | None = None
+        self._said_local: set[Path] = set()  # runs whose logs were shown from the local copy, AWS failing (`logs`)
 
     def _forget(self) -> None:
         self._plan = None  # the plan of another run (another instance type)
@@ -553,12 +554,22 @@ class AwsBackend(Backend):
                                  f"`launch resume {shell_word(run_dir)}` continues from the last checkpoint")
 
     def logs(self, run_dir: Path) -> str:
+        """The nodes' logs, mirrored from S3 first while the run has not ended. Where the mirror cannot be made (no
+        credentials, AWS refusing or out of reach) the local copy as of the last mirror is shown; an AWS error
+        says so once on stderr, with why. Why: an unreachable endpoint was a 150-line botocore traceback."""
         run_dir = Path(run_dir)
         if read_state(run_dir).get("state") not in TERMINAL:
             try:
                 self.pull(run_dir)
             except ScalelabError:
                 pass
+            except Exception as exc:
+                if not _is_client_error(exc):
+                    raise
+                if run_dir not in self._said_local:  # `launch logs -f` asks on every tick: said once
+                    self._said_local.add(run_dir)
+                    _say(f"showing the local copy of the logs as of the last mirror ({mirror.mirrored(run_dir).root}): "
+                         f"{_aws_failure(exc)}")
         files = _node_logs(run_dir)
         if not files:
             return f"(no logs from the instances yet; {mirror.mirrored(run_dir).logs} is empty)\n"
@@ -805,6 +816,15 @@ def _refusal(exc: BaseException) -> str:
     """AWS's error code and message ('AccessDenied: Access Denied'), else botocore's words."""
     err = getattr(exc, "response", {}).get("Error", {}) if _error_code(exc) else {}
     return f"{err.get('Code')}: {err.get('Message')}" if err else str(exc)
+
+
+def _aws_failure(exc: BaseException) -> str:
+    """Why AWS could not answer, in a few words, for a line that goes on (`logs`); `_user_error` for one that ends."""
+    if type(exc).__name__ == "NoCredentialsError":
+        return "no AWS credentials found"
+    if type(exc).__name__ in UNREACHABLE:
+        return f"AWS could not be reached ({exc})"
+    return f"AWS refused {_operation(exc)} ({_refusal(exc)})"
 
 
 def _on_aws(missed: list[tuple[str, BaseException]], doing: str, step: Callable[[], object]) -> None:
