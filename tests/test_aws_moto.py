@@ -895,6 +895,51 @@ def test_the_logs_of_a_run_whose_listing_aws_refuses_are_the_local_copy(cloud, t
                                              "not exist)"), err
 
 
+def test_a_ranks_error_record_set_aside_reaches_the_launcher(cloud, tmp_path):
+    """A rank whose records file cannot grow (a quota) writes its `error` record to records/error-rank-R.jsonl
+    beside it (core.records `errors_aside`), which the launcher reads with the rank's file. On AWS neither the
+    node's upload nor the launcher's mirror took that file, so the run's one line was not the rank's words. Now
+    the mirror merges it into RUN_DIR/records/ (across generations, as rank-R.jsonl) and the failure says it."""
+    be = backend(cloud, instance_type="g3.4xlarge")
+    run_dir = run_dir_for(tmp_path)
+    be.schedule(be.submit_dryrun(make_spec(nodes=1, engine={"name": "single"}), run_dir))
+    fake = FakeNodes(cloud, run_dir)
+    error = {"kind": "error", "rank": 0, "world": 1, "time": time.time(),
+             "message": "cannot write records runs/x/records/rank-0.jsonl: File too large"}
+
+    def instance_side() -> None:
+        ns = fake.heartbeat(0)
+        fake.records(0, 0, range(1, 4), world=1)  # then its file could take no more: no error, no end in it
+        fake.put("records/gen-0/error-rank-0.jsonl", (json.dumps(error) + "\n").encode())
+        fake.put(f"status/gen-0/{ns[0]['InstanceId']}.json", {"state": "failed", "exit_code": 2})
+
+    status = wait(be, run_dir, on_tick=instance_side)
+    assert status.state == "FAILED", status
+    message = str(failure(be, run_dir, status))
+    assert message.startswith("cannot write records runs/x/records/rank-0.jsonl: File too large"), message
+    assert (run_dir / "records" / "error-rank-0.jsonl").is_file()
+    assert live(cloud, run_dir.name) == []
+
+
+def test_error_records_set_aside_are_merged_across_generations_in_order(cloud, tmp_path):
+    """error-rank-R.jsonl of each generation (gen-G in S3) merged into RUN_DIR/records/error-rank-R.jsonl in
+    generation order, as rank-R.jsonl is (gen-10 after gen-2: by number), where `read_errors` finds them."""
+    from scalelab.aws import mirror
+    from scalelab.core.records import read_errors
+
+    s3, bucket, prefix = cloud["s3"], cloud["bucket"], "scalelab/aside-test"
+    for gen in (10, 2):
+        rec = {"kind": "start", "rank": 0, "world": 1, "time": 100.0 + gen, "resumed_from_step": None}
+        s3.put_object(Bucket=bucket, Key=f"{prefix}/records/gen-{gen}/rank-0.jsonl", Body=(json.dumps(rec) + "\n").encode())
+        err = {"kind": "error", "rank": 0, "world": 1, "time": 100.0 + gen, "message": f"generation {gen}'s error"}
+        s3.put_object(Bucket=bucket, Key=f"{prefix}/records/gen-{gen}/error-rank-0.jsonl",
+                      Body=(json.dumps(err) + "\n").encode())
+    run = tmp_path / "run"
+    run.mkdir()
+    mirror.pull(s3, run, {"bucket": bucket, "prefix": prefix, "etags": {}})
+    assert [r["message"] for r in read_errors(run)] == ["generation 2's error", "generation 10's error"]
+
+
 def _launch_clean(cwd: Path, env: dict, *args: str):
     import subprocess
     import sys

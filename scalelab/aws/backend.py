@@ -42,6 +42,7 @@ from scalelab.aws.options import AwsOptions, default_region
 from scalelab.aws.render import AwsRequest, Plan
 from scalelab.core.errors import ScalelabError, SpecError, shell_word
 from scalelab.core.lock import RunBusy
+from scalelab.core.records import RANK_FILE
 from scalelab.core.rundir import (
     CANCELLED,
     COMPLETED,
@@ -740,19 +741,21 @@ def _say(message: str) -> None:
 
 
 def _ranks_started(s3, bucket: str, prefix: str, gen: int) -> int:
-    """How many ranks of the generation have records in S3: only those can have something to save."""
-    return _count(s3, bucket, f"{prefix}records/gen-{gen}/", ".jsonl")
+    """How many ranks of the generation have records in S3 (rank-R.jsonl; not a rank's error-rank-R.jsonl beside
+    it, the same rank): only those can have something to save."""
+    return _count(s3, bucket, f"{prefix}records/gen-{gen}/", lambda name: RANK_FILE.fullmatch(name) is not None)
 
 
 def _agents_started(s3, bucket: str, prefix: str, gen: int) -> int:
     """How many nodes of the generation have a heartbeat in S3: their agents have started the ranks."""
-    return _count(s3, bucket, f"{prefix}status/gen-{gen}/", ".heartbeat.json")
+    return _count(s3, bucket, f"{prefix}status/gen-{gen}/", lambda name: name.endswith(".heartbeat.json"))
 
 
-def _count(s3, bucket: str, prefix: str, suffix: str) -> int:
-    """How many non-empty objects under `prefix` end with `suffix` (one listing page: a run's few files)."""
+def _count(s3, bucket: str, prefix: str, keep: Callable[[str], bool]) -> int:
+    """How many non-empty objects under `prefix` have a name (after it) that `keep` takes (one listing page: a
+    run's few files)."""
     listing = s3.list_objects_v2(Bucket=bucket, Prefix=prefix)
-    return sum(1 for o in listing.get("Contents", []) if o["Key"].endswith(suffix) and o.get("Size", 1) > 0)
+    return sum(1 for o in listing.get("Contents", []) if keep(o["Key"][len(prefix):]) and o.get("Size", 1) > 0)
 
 
 def _next_generation(s3, plan: Plan) -> int:
