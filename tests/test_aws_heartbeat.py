@@ -259,3 +259,40 @@ def test_a_hostname_horovod_cannot_use_across_instances_is_named_before_any_rank
         assert problem is None
     else:
         assert says in problem and "'ip-10-0-1-5'" in problem and "10.0.1.5" in problem and "/etc/hosts" in problem
+
+
+def test_a_ranks_error_record_set_aside_is_uploaded_and_counts_as_no_rank(node, tmp_path):
+    """A rank whose records file cannot grow writes its `error` record to records/error-rank-R.jsonl beside it
+    (core.records `errors_aside`); the node uploaded only rank-R.jsonl, so the launcher never saw the rank's words.
+    Now both go to records/gen-G/; the file aside is the same rank's, not one more rank that started (the count
+    a cancel says and waits by)."""
+    from scalelab.aws.backend import _ranks_started
+
+    sync, _ = node
+    cfg = Config({"SCALELAB_RUN_ID": "r1", "SCALELAB_BUCKET": sync.cfg.bucket, "SCALELAB_PREFIX": "scalelab/r1",
+                  "SCALELAB_GENERATION": "3", "SCALELAB_WORK": str(tmp_path)})
+    records = cfg.run_dir / "records"
+    records.mkdir(parents=True)
+    (records / "rank-0.jsonl").write_text('{"kind": "start", "rank": 0, "world": 1, "time": 1.0}\n')
+    (records / "error-rank-0.jsonl").write_text('{"kind": "error", "rank": 0, "world": 1, "time": 2.0, '
+                                                '"message": "cannot write records: File too large"}\n')
+    Sync(sync.s3, cfg, "i-1", 0).push()
+    listing = sync.s3.list_objects_v2(Bucket=cfg.bucket, Prefix="scalelab/r1/records/")
+    assert sorted(o["Key"] for o in listing["Contents"]) == ["scalelab/r1/records/gen-3/error-rank-0.jsonl",
+                                                             "scalelab/r1/records/gen-3/rank-0.jsonl"]
+    assert _ranks_started(sync.s3, cfg.bucket, "scalelab/r1/", 3) == 1
+
+
+def test_a_rank_with_an_error_set_aside_did_not_stop_cleanly_on_a_signal(tmp_path):
+    """Every rank's last `end` says interrupted, but rank 1's error record went aside (its file could not take
+    it): that rank failed, so the node must not report the run `cancelled` (a clean stop on a signal)."""
+    from scalelab.aws.bootstrap import ranks_stopped_on_a_signal
+
+    records = tmp_path / "records"
+    records.mkdir()
+    for rank in (0, 1):
+        (records / f"rank-{rank}.jsonl").write_text(f'{{"kind": "event", "event": "end", "rank": {rank}, '
+                                                    f'"reason": "interrupted"}}\n')
+    assert ranks_stopped_on_a_signal(tmp_path)
+    (records / "error-rank-1.jsonl").write_text('{"kind": "error", "rank": 1, "message": "File too large"}\n')
+    assert not ranks_stopped_on_a_signal(tmp_path)

@@ -787,23 +787,157 @@ def test_the_status_of_a_run_aws_cannot_be_reached_for_is_one_line(tmp_path):
     one line (above), but the status's look for the run's instances raised botocore's EndpointConnectionError as a
     149-line traceback, exit 1 (`launch ls` and a resume's check of the run failed the same way). Now the same one
     line, exit 2, from AwsBackend.status, which every one of them asks."""
+    _unfollowed_run(tmp_path / "runs" / "r1")
+    out = _launch_clean(tmp_path, UNREACHABLE_ENV, "status", "runs/r1")
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    errors = [line for line in out.stderr.splitlines() if line.startswith("launch: error:")]
+    assert len(errors) == 1 and "cannot reach AWS" in errors[0] and "http://127.0.0.1:9" in errors[0], out.stderr
+    assert "nothing was changed" in errors[0], out.stderr
+
+
+# AWS out of reach: nothing listens on port 9 of loopback; one attempt, no instance metadata to ask for keys
+UNREACHABLE_ENV = {**os.environ, "AWS_ENDPOINT_URL": "http://127.0.0.1:9", "AWS_ACCESS_KEY_ID": "x",
+                   "AWS_SECRET_ACCESS_KEY": "y", "AWS_MAX_ATTEMPTS": "1", "AWS_EC2_METADATA_DISABLED": "true"}
+
+
+def _unfollowed_run(run_dir: Path) -> Path:
+    """An AWS run directory as a launcher leaves it while the run goes on (state not ended), run id r1 in
+    bucket rev-bkt, which no launcher follows."""
     from scalelab.core.rundir import start_state
     from scalelab.core.spec import save_spec
 
-    run_dir = tmp_path / "runs" / "r1"
     run_dir.mkdir(parents=True)
     save_spec(Spec.from_dict({"model": "nmt-tiny", "backend": "aws",
                               "backend_options": {"bucket": "rev-bkt", "region": REGION}}), run_dir)
     start_state(run_dir, backend="aws", run_id="r1", region=REGION, bucket="rev-bkt", prefix="scalelab/r1",
                 node_types=["g5.xlarge"], started=time.time(), generation=0, instances=[], refs={}, replacements=0,
                 requests=[])
-    env = {**os.environ, "AWS_ENDPOINT_URL": "http://127.0.0.1:9", "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "y",
-           "AWS_MAX_ATTEMPTS": "1", "AWS_EC2_METADATA_DISABLED": "true"}
-    out = _launch_clean(tmp_path, env, "status", "runs/r1")
-    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
-    errors = [line for line in out.stderr.splitlines() if line.startswith("launch: error:")]
-    assert len(errors) == 1 and "cannot reach AWS" in errors[0] and "http://127.0.0.1:9" in errors[0], out.stderr
-    assert "nothing was changed" in errors[0], out.stderr
+    return run_dir
+
+
+def test_a_cancel_aws_cannot_be_reached_for_is_one_line_saying_the_instances_may_still_run(tmp_path):
+    """`launch cancel` of an AWS run, AWS not reachable: the stop request, the last mirror and the teardown each
+    raised botocore's EndpointConnectionError, a 292-line traceback, exit 1, after the runner had recorded the
+    run CANCELLED. Now one line, exit 2: the run is recorded CANCELLED here, its instances may still run, and how
+    to finish the job (the cancel again, which `_ended_already` passes to the backend, or `launch aws gc`)."""
+    import json as json_
+
+    _unfollowed_run(tmp_path / "runs" / "r1")
+    for _ in range(2):  # the second: a run recorded CANCELLED already, whose instances the backend still stops
+        out = _launch_clean(tmp_path, UNREACHABLE_ENV, "cancel", "runs/r1")
+        assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+        lines = out.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("launch: error: cannot reach AWS while terminating"), out.stderr
+        assert "http://127.0.0.1:9" in lines[0], lines[0]
+        assert "run runs/r1 is recorded CANCELLED here, but its instances may still be running" in lines[0], lines[0]
+        assert "once AWS can be reached, `launch cancel runs/r1` again or `launch aws gc --run-id r1 --region " \
+               f"{REGION}` terminates them" in lines[0], lines[0]
+        state = json_.loads((tmp_path / "runs" / "r1" / "launch.json").read_text())
+        assert state["state"] == "CANCELLED", state
+
+
+def test_a_cancel_whose_stop_request_aws_refuses_still_terminates_and_says_so(cloud, tmp_path, capsys):
+    """`launch cancel` where S3 refuses the stop request (a bucket policy): the teardown after it ran, the instances
+    went, yet the cancel ended in botocore's ClientError traceback, the run's end unrecorded. Now a warning line
+    naming the refusal and that the instances were terminated all the same, and the cancel ends normally."""
+    from botocore.exceptions import ClientError
+
+    be = backend(cloud)
+    run_dir = run_dir_for(tmp_path)
+    be.schedule(be.submit_dryrun(make_spec(), run_dir))
+
+    class Refusing:
+        def __getattr__(self, name):
+            return getattr(cloud["s3"], name)
+
+        def put_object(self, **kw):
+            raise ClientError({"Error": {"Code": "AccessDenied", "Message": "Access Denied"}}, "PutObject")
+
+    other = AwsBackend(backend(cloud).options, clients={"ec2": cloud["ec2"], "s3": Refusing()})
+    capsys.readouterr()
+    status = cancel(other, run_dir)
+    assert status.state == "CANCELLED", status
+    assert live(cloud, run_dir.name) == []
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"launch: warning: AWS refused PutObject while asking its ranks to checkpoint: AccessDenied: Access "
+                   f"Denied; its instances were terminated all the same; its last records and logs may be only in S3 "
+                   f"(s3://{cloud['bucket']}/scalelab/{run_dir.name}/)"], err
+
+
+def test_the_logs_of_a_run_aws_cannot_be_reached_for_are_the_local_copy_said_once(tmp_path, monkeypatch, capsys):
+    """`launch logs` of a running AWS run, AWS not reachable: the mirror before the logs raised botocore's
+    EndpointConnectionError, a 149-line traceback (only a ScalelabError fell back to the local copy). Now the
+    logs mirrored last time, and one line on stderr saying so and why, once however often `-f` asks."""
+    for key, value in UNREACHABLE_ENV.items():
+        if key.startswith("AWS_"):
+            monkeypatch.setenv(key, value)
+    run_dir = _unfollowed_run(tmp_path / "runs" / "r1")
+    log = run_dir / "s3" / "logs" / "gen-0" / "node-0-trainer.log"
+    log.parent.mkdir(parents=True)
+    log.write_text("step 3 of 6\n")
+    be = AwsBackend({"bucket": "rev-bkt", "region": REGION}, endpoint_url="http://127.0.0.1:9")
+    assert "step 3 of 6" in be.logs(run_dir) and "step 3 of 6" in be.logs(run_dir)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"launch: showing the local copy of the logs as of the last mirror "
+                                               f"({run_dir / 's3'}): AWS could not be reached (Could not connect to "
+                                               f"the endpoint URL: \"http://127.0.0.1:9/"), err
+
+
+def test_the_logs_of_a_run_whose_listing_aws_refuses_are_the_local_copy(cloud, tmp_path, capsys):
+    """The same where AWS answers but refuses the listing (here: the bucket is gone): the local copy, and AWS's
+    refusal in a few words."""
+    run_dir = _unfollowed_run(tmp_path / "runs" / "r1")  # bucket rev-bkt: none in moto
+    (run_dir / "s3" / "logs" / "gen-0").mkdir(parents=True)
+    (run_dir / "s3" / "logs" / "gen-0" / "node-0-trainer.log").write_text("step 3 of 6\n")
+    assert "step 3 of 6" in backend(cloud).logs(run_dir)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].endswith("AWS refused ListObjectsV2 (NoSuchBucket: The specified bucket does "
+                                             "not exist)"), err
+
+
+def test_a_ranks_error_record_set_aside_reaches_the_launcher(cloud, tmp_path):
+    """A rank whose records file cannot grow (a quota) writes its `error` record to records/error-rank-R.jsonl
+    beside it (core.records `errors_aside`), which the launcher reads with the rank's file. On AWS neither the
+    node's upload nor the launcher's mirror took that file, so the run's one line was not the rank's words. Now
+    the mirror merges it into RUN_DIR/records/ (across generations, as rank-R.jsonl) and the failure says it."""
+    be = backend(cloud, instance_type="g3.4xlarge")
+    run_dir = run_dir_for(tmp_path)
+    be.schedule(be.submit_dryrun(make_spec(nodes=1, engine={"name": "single"}), run_dir))
+    fake = FakeNodes(cloud, run_dir)
+    error = {"kind": "error", "rank": 0, "world": 1, "time": time.time(),
+             "message": "cannot write records runs/x/records/rank-0.jsonl: File too large"}
+
+    def instance_side() -> None:
+        ns = fake.heartbeat(0)
+        fake.records(0, 0, range(1, 4), world=1)  # then its file could take no more: no error, no end in it
+        fake.put("records/gen-0/error-rank-0.jsonl", (json.dumps(error) + "\n").encode())
+        fake.put(f"status/gen-0/{ns[0]['InstanceId']}.json", {"state": "failed", "exit_code": 2})
+
+    status = wait(be, run_dir, on_tick=instance_side)
+    assert status.state == "FAILED", status
+    message = str(failure(be, run_dir, status))
+    assert message.startswith("cannot write records runs/x/records/rank-0.jsonl: File too large"), message
+    assert (run_dir / "records" / "error-rank-0.jsonl").is_file()
+    assert live(cloud, run_dir.name) == []
+
+
+def test_error_records_set_aside_are_merged_across_generations_in_order(cloud, tmp_path):
+    """error-rank-R.jsonl of each generation (gen-G in S3) merged into RUN_DIR/records/error-rank-R.jsonl in
+    generation order, as rank-R.jsonl is (gen-10 after gen-2: by number), where `read_errors` finds them."""
+    from scalelab.aws import mirror
+    from scalelab.core.records import read_errors
+
+    s3, bucket, prefix = cloud["s3"], cloud["bucket"], "scalelab/aside-test"
+    for gen in (10, 2):
+        rec = {"kind": "start", "rank": 0, "world": 1, "time": 100.0 + gen, "resumed_from_step": None}
+        s3.put_object(Bucket=bucket, Key=f"{prefix}/records/gen-{gen}/rank-0.jsonl", Body=(json.dumps(rec) + "\n").encode())
+        err = {"kind": "error", "rank": 0, "world": 1, "time": 100.0 + gen, "message": f"generation {gen}'s error"}
+        s3.put_object(Bucket=bucket, Key=f"{prefix}/records/gen-{gen}/error-rank-0.jsonl",
+                      Body=(json.dumps(err) + "\n").encode())
+    run = tmp_path / "run"
+    run.mkdir()
+    mirror.pull(s3, run, {"bucket": bucket, "prefix": prefix, "etags": {}})
+    assert [r["message"] for r in read_errors(run)] == ["generation 2's error", "generation 10's error"]
 
 
 def _launch_clean(cwd: Path, env: dict, *args: str):

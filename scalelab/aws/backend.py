@@ -42,6 +42,7 @@ from scalelab.aws.options import AwsOptions, default_region
 from scalelab.aws.render import AwsRequest, Plan
 from scalelab.core.errors import ScalelabError, SpecError, shell_word
 from scalelab.core.lock import RunBusy
+from scalelab.core.records import RANK_FILE
 from scalelab.core.rundir import (
     CANCELLED,
     COMPLETED,
@@ -74,6 +75,7 @@ class AwsBackend(Backend):
         super().__init__(options)
         self._session, self._clients, self._endpoint = session, dict(clients or {}), endpoint_url
         self._plan: Plan | None = None
+        self._said_local: set[Path] = set()  # runs whose logs were shown from the local copy, AWS failing (`logs`)
 
     def _forget(self) -> None:
         self._plan = None  # the plan of another run (another instance type)
@@ -553,12 +555,22 @@ class AwsBackend(Backend):
                                  f"`launch resume {shell_word(run_dir)}` continues from the last checkpoint")
 
     def logs(self, run_dir: Path) -> str:
+        """The nodes' logs, mirrored from S3 first while the run has not ended. Where the mirror cannot be made (no
+        credentials, AWS refusing or out of reach) the local copy as of the last mirror is shown; an AWS error
+        says so once on stderr, with why. Why: an unreachable endpoint was a 150-line botocore traceback."""
         run_dir = Path(run_dir)
         if read_state(run_dir).get("state") not in TERMINAL:
             try:
                 self.pull(run_dir)
             except ScalelabError:
                 pass
+            except Exception as exc:
+                if not _is_client_error(exc):
+                    raise
+                if run_dir not in self._said_local:  # `launch logs -f` asks on every tick: said once
+                    self._said_local.add(run_dir)
+                    _say(f"showing the local copy of the logs as of the last mirror ({mirror.mirrored(run_dir).root}): "
+                         f"{_aws_failure(exc)}")
         files = _node_logs(run_dir)
         if not files:
             return f"(no logs from the instances yet; {mirror.mirrored(run_dir).logs} is empty)\n"
@@ -572,16 +584,48 @@ class AwsBackend(Backend):
     def cancel(self, run_dir: Path, grace_s: float | None = None) -> None:
         """Ask the nodes to checkpoint (STOP_REQUEST), wait for the leader where a rank has something to
         save, terminate everything. After a second Ctrl-C (STOP_NOW) nothing is waited for or pulled:
-        the instances go at once, and the records stay in S3 for the next `launch report` or resume."""
+        the instances go at once, and the records stay in S3 for the next `launch report` or resume.
+
+        AWS refusing a request or out of reach is one line, not botocore's traceback: an error (`_still_up`) when the
+        teardown failed, as the instances may still run; a warning when only the stop request, the wait or the last
+        mirror failed, as they were terminated all the same."""
         run_dir = Path(run_dir)
+        grace_s = float(self.options["interruption_grace_s"]) if grace_s is None else grace_s
+        missed: list[tuple[str, BaseException]] = []  # (what was being done, AWS's error) of the steps that failed
         try:
-            self._ask_to_stop(run_dir, float(self.options["interruption_grace_s"]) if grace_s is None else grace_s)
-        finally:  # whatever S3 said: nothing of the run may stay up
             try:
-                if not STOP_NOW.is_set():
-                    self.pull(run_dir)
-            finally:
-                self._teardown(run_dir, CANCELLED)
+                _on_aws(missed, "asking its ranks to checkpoint", lambda: self._ask_to_stop(run_dir, grace_s))
+            finally:  # whatever S3 said, the last records; not from an endpoint out of reach (another wait for nothing)
+                if not STOP_NOW.is_set() and not any(type(exc).__name__ in UNREACHABLE for _, exc in missed):
+                    _on_aws(missed, "mirroring its last records and logs", lambda: self.pull(run_dir))
+        except BaseException:  # a bug, a signal: nothing of the run may stay up all the same
+            self._teardown(run_dir, CANCELLED)
+            raise
+        try:
+            self._teardown(run_dir, CANCELLED)
+        except Exception as exc:
+            if not _is_client_error(exc):
+                raise
+            raise self._still_up(run_dir, exc) from None
+        if missed:
+            info, (doing, exc) = read_state(run_dir), missed[0]
+            _say(f"warning: {_user_error(exc, doing, 'its instances were terminated all the same')}; its last records "
+                 f"and logs may be only in S3 (s3://{info['bucket']}/{info['prefix']}/)")
+
+    def _still_up(self, run_dir: Path, exc: BaseException) -> BaseException:
+        """The one line of a cancel whose teardown AWS refused or could not be reached for: the runner has recorded
+        the run CANCELLED already, but its instances may still run; they stop by themselves once the launcher's
+        heartbeat is stale, and `launch cancel` again or `launch aws gc` finishes the job."""
+        info = read_state(run_dir)
+        run = shell_word(run_dir)
+        state = info.get("state")
+        said = f"run {run} is recorded {state} here, but its" if state in TERMINAL else "its"
+        when = "once AWS can be reached" if type(exc).__name__ in UNREACHABLE else "once that is fixed"
+        return _user_error(exc, "terminating the run's instances",
+                           f"{said} instances may still be running (they stop by themselves "
+                           f"{float(self.options['heartbeat_timeout_min']):g} min after the launcher's last heartbeat); "
+                           f"{when}, `launch cancel {run}` again or `launch aws gc --run-id {shell_word(info['run_id'])} "
+                           f"--region {shell_word(info['region'])}` terminates them")
 
     def _ask_to_stop(self, run_dir: Path, grace_s: float) -> None:
         """Put the stop request, then wait (up to `grace_s`) for the leader's checkpoint, but only when a
@@ -697,19 +741,21 @@ def _say(message: str) -> None:
 
 
 def _ranks_started(s3, bucket: str, prefix: str, gen: int) -> int:
-    """How many ranks of the generation have records in S3: only those can have something to save."""
-    return _count(s3, bucket, f"{prefix}records/gen-{gen}/", ".jsonl")
+    """How many ranks of the generation have records in S3 (rank-R.jsonl; not a rank's error-rank-R.jsonl beside
+    it, the same rank): only those can have something to save."""
+    return _count(s3, bucket, f"{prefix}records/gen-{gen}/", lambda name: RANK_FILE.fullmatch(name) is not None)
 
 
 def _agents_started(s3, bucket: str, prefix: str, gen: int) -> int:
     """How many nodes of the generation have a heartbeat in S3: their agents have started the ranks."""
-    return _count(s3, bucket, f"{prefix}status/gen-{gen}/", ".heartbeat.json")
+    return _count(s3, bucket, f"{prefix}status/gen-{gen}/", lambda name: name.endswith(".heartbeat.json"))
 
 
-def _count(s3, bucket: str, prefix: str, suffix: str) -> int:
-    """How many non-empty objects under `prefix` end with `suffix` (one listing page: a run's few files)."""
+def _count(s3, bucket: str, prefix: str, keep: Callable[[str], bool]) -> int:
+    """How many non-empty objects under `prefix` have a name (after it) that `keep` takes (one listing page: a
+    run's few files)."""
     listing = s3.list_objects_v2(Bucket=bucket, Prefix=prefix)
-    return sum(1 for o in listing.get("Contents", []) if o["Key"].endswith(suffix) and o.get("Size", 1) > 0)
+    return sum(1 for o in listing.get("Contents", []) if keep(o["Key"][len(prefix):]) and o.get("Size", 1) > 0)
 
 
 def _next_generation(s3, plan: Plan) -> int:
@@ -761,10 +807,38 @@ def _user_error(exc: BaseException, doing: str,
     if type(exc).__name__ in UNREACHABLE:  # botocore's words name the endpoint: one line, not 158 of traceback
         return ScalelabError(f"cannot reach AWS while {doing}: {exc}; check the network, the region and "
                              f"AWS_ENDPOINT_URL if set; {outcome}")
+    return ScalelabError(f"AWS refused {_operation(exc)} while {doing}: {_refusal(exc)}; {outcome}")
+
+
+def _operation(exc: BaseException) -> str:
+    """The request a botocore error is about ('PutObject'), else 'a request'."""
+    return getattr(exc, "operation_name", "") or "a request"
+
+
+def _refusal(exc: BaseException) -> str:
+    """AWS's error code and message ('AccessDenied: Access Denied'), else botocore's words."""
     err = getattr(exc, "response", {}).get("Error", {}) if _error_code(exc) else {}
-    op = getattr(exc, "operation_name", "")
-    msg = f"{err.get('Code')}: {err.get('Message')}" if err else str(exc)
-    return ScalelabError(f"AWS refused {op or 'a request'} while {doing}: {msg}; {outcome}")
+    return f"{err.get('Code')}: {err.get('Message')}" if err else str(exc)
+
+
+def _aws_failure(exc: BaseException) -> str:
+    """Why AWS could not answer, in a few words, for a line that goes on (`logs`); `_user_error` for one that ends."""
+    if type(exc).__name__ == "NoCredentialsError":
+        return "no AWS credentials found"
+    if type(exc).__name__ in UNREACHABLE:
+        return f"AWS could not be reached ({exc})"
+    return f"AWS refused {_operation(exc)} ({_refusal(exc)})"
+
+
+def _on_aws(missed: list[tuple[str, BaseException]], doing: str, step: Callable[[], object]) -> None:
+    """Run one step of a cancel; AWS's refusal or an unreachable endpoint is added to `missed` (with `doing`) rather
+    than raised, so that the teardown after it still runs and says it once; anything else propagates."""
+    try:
+        step()
+    except Exception as exc:
+        if not _is_client_error(exc):
+            raise
+        missed.append((doing, exc))
 
 
 def pack_code(folder: Path, files: list[str]) -> bytes:

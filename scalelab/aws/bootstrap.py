@@ -8,7 +8,8 @@
    `python -m scalelab.train RUN_DIR` (single), one torchrun per node (ddp, ps), or horovodrun on the
    leader reaching the other nodes over ssh (horovod; the leader's public key goes through S3), with
    Horovod's fusion settings in its environment.
-5. Every few seconds: upload records (records/gen-G/rank-R.jsonl), logs, the leader's checkpoint
+5. Every few seconds: upload records (records/gen-G/rank-R.jsonl, and error-rank-R.jsonl where a rank's error
+   record had to go beside its own file: scalelab/core/records.py `errors_aside`), logs, the leader's checkpoint
    and a heartbeat; poll the spot interruption notice (`spot/instance-action`, 404 until AWS
    schedules an interruption two minutes ahead), a stop request from the launcher (`control/stop`)
    and the launcher's own heartbeat (`control/launcher.json`, rewritten on each of its polls).
@@ -40,6 +41,7 @@ from pathlib import Path
 
 from scalelab.core.launch import NodeLaunch, Site, launch_plan, starter_of
 from scalelab.core.net import is_loopback
+from scalelab.core.records import errors_aside
 from scalelab.core.rundir import CHECKPOINT_FILE, LOGS_DIR, RECORDS_DIR, SPEC_FILE, RunPaths
 from scalelab.core.spec import Spec, read_spec
 from scalelab.core.writes import extract_inside, open_inside
@@ -168,6 +170,14 @@ def trainer_command(spec: Spec, python: str, run_dir: Path, hosts: list[str], in
 # ---- S3 sync ------------------------------------------------------------------------------------
 
 
+def record_files(records: Path) -> list[Path]:
+    """The ranks' records files in `records` to upload: rank-R.jsonl, and error-rank-R.jsonl, where a rank's `error`
+    record goes when its own file cannot grow (a quota; scalelab/core/records.py `errors_aside`). Why the second: the
+    launcher reads it beside the rank's file (`with_errors_aside`), but only rank-R.jsonl was uploaded, so an AWS run
+    failed with "rank 0 after step 3 stopped with no error and no end record" instead of the rank's error."""
+    return sorted([*records.glob("rank-*.jsonl"), *records.glob("error-rank-*.jsonl")])
+
+
 def is_missing(exc: Exception) -> bool:
     """Whether a botocore ClientError says the object is not there (S3 answers 404 three ways)."""
     return getattr(exc, "response", {}).get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound")
@@ -195,7 +205,7 @@ class Sync:
     def push(self) -> None:
         g = f"gen-{self.cfg.generation}"
         paths = RunPaths(self.cfg.run_dir)  # S3 keys mirror the run directory's layout (scalelab/aws/mirror.py reads them)
-        for rec in sorted(paths.records.glob("rank-*.jsonl")):
+        for rec in record_files(paths.records):
             self._put(rec, f"{RECORDS_DIR}/{g}/{rec.name}")
         for log in sorted(paths.logs.glob("*.log")):
             self._put(log, f"{LOGS_DIR}/{g}/node-{self.index}-{log.name}")
@@ -577,13 +587,13 @@ def ranks_stopped_early(run_dir: Path) -> bool:
 
 def ranks_stopped_on_a_signal(run_dir: Path) -> bool:
     """Whether every rank of this node recorded that it stopped cleanly on a stop signal (its last `end`
-    says interrupted, no `error`): a signal to one rank (a node agent, the OOM killer, a hook), which
-    every rank answered with a checkpoint and a stop (issue #37)."""
+    says interrupted, no `error`, nor one set aside in error-rank-R.jsonl): a signal to one rank (a node agent,
+    the OOM killer, a hook), which every rank answered with a checkpoint and a stop (issue #37)."""
     files = list((Path(run_dir) / "records").glob("rank-*.jsonl"))
     if not files:
         return False
     for path in files:
-        end, error = None, False
+        end, error = None, errors_aside(path).is_file()  # only a rank's `error` records go there
         for line in path.read_text(errors="replace").splitlines():
             try:
                 rec = json.loads(line)

@@ -3,7 +3,8 @@
 The nodes write under s3://BUCKET/PREFIX/RUN_ID/ (scalelab/aws/bootstrap.py); the launcher mirrors that into
 RUN_DIR/s3/ (by ETag: only what changed is downloaded), the checkpoint to RUN_DIR/checkpoint.pt,
 and merges each rank's records across generations into RUN_DIR/records/rank-R.jsonl (generation
-order; a replacement generation continues the step count from the checkpoint), so `launch report`
+order; a replacement generation continues the step count from the checkpoint; its error records set aside,
+error-rank-R.jsonl, likewise), so `launch report`
 and the progress display read a run directory like any other. Launcher-side events (instances
 started, interruptions, the end with instance-seconds and lost time) go to
 RUN_DIR/records/aws-events.jsonl. Records are read with the one reader (`core.records`), tolerantly:
@@ -115,11 +116,14 @@ def checkpoint_step(run_dir: Path) -> int | None:
 
 
 def merge(run_dir: Path) -> None:
-    """RUN_DIR/records/rank-R.jsonl = the generations' rank-R files in order; logs copied to RUN_DIR/logs."""
+    """RUN_DIR/records/rank-R.jsonl = the generations' rank-R files in order, and error-rank-R.jsonl (a rank's
+    `error` records set aside when its own file could not grow: core.records `errors_aside`) the same way, where
+    the launcher reads them beside the rank's file; logs copied to RUN_DIR/logs. Why the second: only rank-R was
+    merged, so the launcher said "stopped with no error and no end record" of an AWS rank that had said its error."""
     records, paths = mirrored(run_dir).records, RunPaths(run_dir)
     ranks: dict[str, list[Path]] = {}
     for gen_dir in sorted(records.glob("gen-*"), key=lambda p: int(p.name.split("-")[1])):
-        for f in gen_dir.glob("rank-*.jsonl"):
+        for f in [*gen_dir.glob("rank-*.jsonl"), *gen_dir.glob("error-rank-*.jsonl")]:
             ranks.setdefault(f.name, []).append(f)
     paths.records.mkdir(exist_ok=True)
     for name, parts in ranks.items():
