@@ -14,6 +14,7 @@ analysis.studies (from the runs' records, like every other report), the dollars 
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import re
 from dataclasses import dataclass, field
@@ -23,7 +24,7 @@ from typing import Any, Callable
 import click
 
 from scalelab.core.checks import InputFile
-from scalelab.core.errors import SpecError
+from scalelab.core.errors import ScalelabError, SpecError
 from scalelab.core.flags import shared_flags
 from scalelab.core.records import load_run
 from scalelab.core.rundir import GEMM_FILE, STUDY_FILE, new_run_dir, study_sweeps, write_json
@@ -258,17 +259,24 @@ def _deep_merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_study(study: Study, runs_root: Path) -> Path:
-    """Run every variant's sweep into one study directory; return it."""
+    """Run every variant's sweep into one study directory; return it. A study that launched nothing (its first
+    variant refused, before any layout was submitted) leaves no directory, as `run_sweep` leaves no sweep."""
 
     study_dir = new_run_dir(runs_root, "study-" + study.title.split(":")[0].replace(" ", "-").lower())
-    sweeps = []
-    for i, variant in enumerate(study.variants):
-        specs = variant_specs(study, variant)
-        backend = get_backend(specs[0].backend, specs[0].backend_options)
-        backend.validate(specs[0])
-        sweep = run_sweep(backend, specs, study_dir, f"v{i}")
-        sweeps.append({"label": variant.label, "dir": sweep.name})
-        write_json(study_dir / STUDY_FILE, {"title": study.title, "scale": study.scale, "sweeps": sweeps})
+    sweeps: list[dict[str, str]] = []
+    try:
+        for i, variant in enumerate(study.variants):
+            specs = variant_specs(study, variant)
+            backend = get_backend(specs[0].backend, specs[0].backend_options)
+            backend.validate(specs[0])
+            sweep = run_sweep(backend, specs, study_dir, f"v{i}")
+            sweeps.append({"label": variant.label, "dir": sweep.name})
+            write_json(study_dir / STUDY_FILE, {"title": study.title, "scale": study.scale, "sweeps": sweeps})
+    except ScalelabError:
+        if not sweeps and not any(study_dir.iterdir()):  # run_sweep removed the first sweep: nothing was launched
+            with contextlib.suppress(OSError):  # the error that stopped the study matters more
+                study_dir.rmdir()
+        raise
     return study_dir
 
 
