@@ -39,7 +39,7 @@ from typing import Any
 import click
 
 from scalelab.core.errors import ScalelabError, SpecError, shell_word
-from scalelab.core.rundir import SWEEP_FILE, RunPaths, new_run_dir, read_json, write_json
+from scalelab.core.rundir import SWEEP_FILE, RunPaths, dryrun_dir, new_run_dir, read_json, write_json
 from scalelab.core.spec import Spec, save_spec
 from scalelab.launcher.cli import GroupedCommand, build_spec, console, spec_options
 from scalelab.launcher.runner import err_console
@@ -335,8 +335,8 @@ def probe_cmd(instance_types: str | None, probe_steps: int, mode: str, link_size
     named = [(c.run_name(s.nodes, s.gpus_per_node), s) for c, s in runs]
     expected = expected_rows(named, catalog)
     if params["dry_run"]:
-        return _print_dry_run(runs, named, expected,
-                              Path(params["runs_dir"]) / f"{base.name or f'probe-{base.model}'}-DRYRUN")
+        placeholder = dryrun_dir(Path(params["runs_dir"]), base.name or f"probe-{base.model}")
+        return _print_dry_run(runs, named, expected, placeholder)
     _show_expected(expected)
     total = sum(r["dollars"] for r in expected)
     if params.get("max_usd") is not None and total > params["max_usd"]:

@@ -27,7 +27,7 @@ from scalelab.core.checks import InputFile
 from scalelab.core.errors import ScalelabError, SpecError
 from scalelab.core.flags import shared_flags
 from scalelab.core.records import load_run
-from scalelab.core.rundir import GEMM_FILE, STUDY_FILE, new_run_dir, study_sweeps, write_json
+from scalelab.core.rundir import GEMM_FILE, STUDY_FILE, dryrun_dir, new_run_dir, study_sweeps, write_json
 from scalelab.core.spec import BACKEND_NAMES, MODE_AXES, Spec, read_yaml_mapping
 from scalelab.core.writes import refuse_links
 from scalelab.launcher.backend import get_backend
@@ -258,11 +258,17 @@ def _deep_merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def study_name(study: Study) -> str:
+    """The name of the study's directory (before its date): `study-` and the title up to a colon; its dry run's
+    placeholder directory takes it too (NAME-DRYRUN), as a run's and a sweep's do."""
+    return "study-" + study.title.split(":")[0].replace(" ", "-").lower()
+
+
 def run_study(study: Study, runs_root: Path) -> Path:
     """Run every variant's sweep into one study directory; return it. A study that launched nothing (its first
     variant refused, before any layout was submitted) leaves no directory, as `run_sweep` leaves no sweep."""
 
-    study_dir = new_run_dir(runs_root, "study-" + study.title.split(":")[0].replace(" ", "-").lower())
+    study_dir = new_run_dir(runs_root, study_name(study))
     sweeps: list[dict[str, str]] = []
     try:
         for i, variant in enumerate(study.variants):
@@ -433,7 +439,8 @@ def study_cmd(study_file: str, scale: str | None, backend: str | None, runs_dir:
             for spec in v_specs:
                 b = get_backend(spec.backend, spec.backend_options)
                 click.echo(f"# variant {v.label!r}, layout {spec.nodes}x{spec.gpus_per_node}")
-                click.echo(b.submit_dryrun(spec, Path(runs_dir) / "study-DRYRUN" / f"{spec.nodes}x{spec.gpus_per_node}").render())
+                click.echo(b.submit_dryrun(spec, dryrun_dir(Path(runs_dir), study_name(study))
+                                           / f"{spec.nodes}x{spec.gpus_per_node}").render())
         if specs:
             show_quote(specs, price)
         return
