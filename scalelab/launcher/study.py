@@ -264,15 +264,16 @@ def study_name(study: Study) -> str:
     return "study-" + study.title.split(":")[0].replace(" ", "-").lower()
 
 
-def run_study(study: Study, runs_root: Path) -> Path:
-    """Run every variant's sweep into one study directory; return it. A study that launched nothing (its first
-    variant refused, before any layout was submitted) leaves no directory, as `run_sweep` leaves no sweep."""
+def run_study(study: Study, runs_root: Path, planned: list[list[Spec]] | None = None) -> Path:
+    """Run every variant's sweep into one study directory; return it. `planned`: each variant's specs where the
+    caller made them already (`study_cmd`, for the price). A study that launched nothing (its first variant
+    refused, before any layout was submitted) leaves no directory, as `run_sweep` leaves no sweep."""
 
+    planned = planned or [variant_specs(study, v) for v in study.variants]
     study_dir = new_run_dir(runs_root, study_name(study))
     sweeps: list[dict[str, str]] = []
     try:
-        for i, variant in enumerate(study.variants):
-            specs = variant_specs(study, variant)
+        for i, (variant, specs) in enumerate(zip(study.variants, planned)):
             backend = get_backend(specs[0].backend, specs[0].backend_options)
             backend.validate(specs[0])
             sweep = run_sweep(backend, specs, study_dir, f"v{i}")
@@ -367,7 +368,8 @@ def study_report(study_dir: Path, study: Study) -> Path:
     loaded, extra, settings = [], {}, []
     for run in runs:
         records = load_run(run)  # each run is read once, for its summary, its per-step table and its wall time
-        loaded.append((str(run), summarize_loaded(records), step_table(records.steps)))
+        steps = step_table(records.steps)  # made once: the summary is drawn from it too
+        loaded.append((str(run), summarize_loaded(records, steps), steps))
         start = _first_start(records)
         extra[str(run)] = {"wall_s": _wall_seconds(records), "backend": records.spec.backend,
                            "worker_batch": worker_batches(records.steps) if records.spec.balance == "dynamic" else None,
@@ -429,10 +431,11 @@ def study_cmd(study_file: str, scale: str | None, backend: str | None, runs_dir:
     """Run a seed's study (examples/*.yaml) and write its tables (study.md, CSV) and scaling report."""
 
     study = load_study(Path(study_file), scale, {"backend": backend} if backend else None)
-    specs = [(spec, 1) for v in study.variants for spec in variant_specs(study, v)] if study.kind == "scaling" else []
+    # each variant's specs, made once for the price, the dry run and the run (a GEMM study's dry run shows its base)
+    planned = [(v, variant_specs(study, v)) for v in study.variants] if dry_run or study.kind == "scaling" else []
+    specs = [(spec, 1) for _, v_specs in planned for spec in v_specs] if study.kind == "scaling" else []
     price = {**price, "runs_dir": runs_dir}
     if dry_run:
-        planned = [(v, variant_specs(study, v)) for v in study.variants]
         for _, (first, *_) in planned:  # what `run_study` refuses or notes of each variant, before anything is printed
             get_backend(first.backend, first.backend_options).check_dry_run(first)
         for v, v_specs in planned:
@@ -449,7 +452,7 @@ def study_cmd(study_file: str, scale: str | None, backend: str | None, runs_dir:
     if study.kind == "gemm":
         path = gemm_study(study, Path(runs_dir))
     else:
-        path = study_report(run_study(study, Path(runs_dir)), study)
+        path = study_report(run_study(study, Path(runs_dir), [v_specs for _, v_specs in planned]), study)
     show_study(path)
 
 
