@@ -213,3 +213,31 @@ def test_ls_and_status_list_prep_runs_and_sweeps_beside_training_runs(tmp_path):
     status = CliRunner().invoke(main, ["status", str(sweep)])
     assert status.exit_code == 0, status.output
     assert f"prep {sweep.absolute()}: INCOMPLETE" in status.output and "100" in status.output and "1 worker" in status.output
+
+
+@pytest.mark.parametrize("state, summary", [("COMPLETED", True), ("FAILED", False), ("RUNNING", False)])
+def test_a_runs_row_reads_its_spec_once(tmp_path, monkeypatch, state, summary):
+    """`launch ls` read each run's spec.json two or three times (run_row, verified_status, the progress columns);
+    the row reads it once. A RUNNING run's backend is asked (settle, stood in for here); a stopped one's records
+    are read for where it stopped."""
+    import scalelab.launcher.runner as runner
+    from scalelab.launcher.backend import RunStatus
+    from scalelab.launcher.inventory import run_row
+
+    run = make_run(tmp_path / "r", state=state, summary=summary)
+    (run / "records").mkdir()
+    step = {"kind": "step", "rank": 0, "world": 1, "step": 3, "time": time.time(), "warmup": False, "step_s": 0.5,
+            "samples": 8, "words": 100, "loss": 2.5}
+    (run / "records" / "rank-0.jsonl").write_text(json.dumps(step) + "\n")
+    monkeypatch.setattr(runner, "settle", lambda backend, run_dir: RunStatus(state, "asked"))
+    reads = []
+    real = Path.read_text
+
+    def counted(self, *args, **kwargs):
+        if self.name == "spec.json":
+            reads.append(self)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", counted)
+    row = run_row(run)
+    assert row["state"] == state and row["steps"] and len(reads) == 1, (row, reads)

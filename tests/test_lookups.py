@@ -13,6 +13,7 @@ from scalelab.core.rundir import write_json
 from scalelab.core.spec import Spec, read_spec, save_spec
 from scalelab.launcher.cli import main
 from scalelab.launcher.inventory import combined_state, describe
+from tests.conftest import run_entry
 
 
 def said(result) -> str:
@@ -143,3 +144,20 @@ def test_status_with_no_id_shows_the_newest_prep_as_ls_lists_it(tmp_path):
     assert out.exit_code == 0 and "prep-x" in said(out) and "no runs under" not in said(out), said(out)
     out = CliRunner().invoke(main, ["logs", "--runs-dir", str(tmp_path)])
     assert out.exit_code != 0 and "is a prep" in said(out), said(out)
+
+
+def test_cancel_of_a_study_or_a_prep_says_what_it_is(tmp_path, monkeypatch, capsys):
+    """`launch cancel STUDY` and `launch cancel PREP` said "is not a run directory: spec.json is missing" where
+    `launch logs` explains the directory; cancel takes sweeps, so a study's sweeps are offered, not "one of its
+    layouts"."""
+    from scalelab.core.rundir import STUDY_FILE
+
+    study = tmp_path / "study-x"
+    study.mkdir()
+    write_json(study / STUDY_FILE, {"title": "t", "sweeps": []})
+    prep = make_prep(tmp_path / "prep-x")
+    for path, what in ((study, "is a study, not a run"), (prep, "is a prep")):
+        code, err, _ = run_entry(["cancel", str(path)], monkeypatch, capsys)
+        assert code != 0 and what in err and "spec.json is missing" not in err, err
+        assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert "Ctrl-C" in err

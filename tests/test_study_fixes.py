@@ -258,3 +258,16 @@ def test_seed004_money_and_speedups_end_to_end(tmp_path):
     assert set(thr["Speedup base"]) == {"strong scaling 1x1"}
     assert json.loads((study / "study.json").read_text())["scale"] == "test"
     assert "sentiment-tiny" in (study / "study.md").read_text()
+
+
+def test_a_study_dry_run_names_its_placeholder_as_the_real_study_is_named(tmp_path, monkeypatch, capsys):
+    """`launch study --dry-run` wrote every request under RUNS/study-DRYRUN whatever the study; run, sweep and probe
+    dry runs name theirs NAME-DRYRUN (`dryrun_dir`) after the name the real directory gets."""
+    from tests.conftest import run_entry
+
+    runs = tmp_path / "runs"
+    code, err, out = run_entry(["study", str(EXAMPLES / "seed001-nmt-data-parallel.yaml"), "--scale", "test",
+                                "--dry-run", "--runs-dir", str(runs)], monkeypatch, capsys)
+    assert code == 0, err
+    assert f"{runs}/study-seed-001-DRYRUN/1x2" in out and "study-DRYRUN" not in out, out[-2000:]
+    assert not runs.exists()

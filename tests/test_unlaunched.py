@@ -4,17 +4,21 @@
 was launched (no launch.json), only a Slurm refusal (NotQueued) and a full disk removed it. A cluster that cannot
 be reached left an empty directory that `launch ls` showed NEW for ever (a user review: k8s with no kubeconfig or
 an unreachable API server; AWS with an unreachable endpoint, tests/test_aws_moto.py). Here the Kubernetes cases,
-for a run and for a sweep, whose directory is removed the same way when none of its layouts was launched.
+for a run and for a sweep, whose directory is removed the same way when none of its layouts was launched; and a
+study and a probe whose first submission Slurm refuses (a stand-in sbatch), which left their directories behind.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import os
 from pathlib import Path
 
 import pytest
 from conftest import launch
 
-pytest.importorskip("kubernetes", reason="the kubernetes client is not installed")
+needs_kubernetes = pytest.mark.skipif(importlib.util.find_spec("kubernetes") is None,
+                                      reason="the kubernetes client is not installed")
 
 UNREACHABLE = """apiVersion: v1
 kind: Config
@@ -25,6 +29,7 @@ current-context: x
 """
 
 
+@needs_kubernetes
 @pytest.mark.parametrize("command", [[], ["sweep", "--workers", "1,2"]])
 @pytest.mark.parametrize("kubeconfig, says", [(None, "no kubeconfig at"), (UNREACHABLE, "cannot reach the Kubernetes API")])
 def test_a_k8s_launch_that_reaches_no_cluster_leaves_no_run_directory(tmp_path: Path, command, kubeconfig, says):
@@ -36,3 +41,37 @@ def test_a_k8s_launch_that_reaches_no_cluster_leaves_no_run_directory(tmp_path: 
     assert out.returncode == 2 and says in out.stderr and "Traceback" not in out.stderr, out.stderr
     runs = tmp_path / "runs"
     assert not runs.exists() or list(runs.iterdir()) == [], list(runs.iterdir())
+
+
+REFUSING_SBATCH = """#!/bin/bash
+echo "sbatch: error: Batch job submission failed: Invalid partition name specified" >&2
+exit 1
+"""
+
+STUDY = """title: "Refused: two variants"
+mode: weak
+layouts: [1x1]
+base: {model: nmt-tiny, backend: slurm, batch_per_worker: 8, steps: 4, warmup_steps: 1}
+variants:
+  - {label: a, set: {rnn: fused}}
+  - {label: b, set: {rnn: stepwise}}
+tables: [throughput]
+"""
+
+
+@pytest.mark.parametrize("command", [
+    ["study", "study.yaml"],
+    ["probe", "--backend", "slurm", "--model", "nmt-tiny", "--warmup-steps", "1", "--probe-steps", "2",
+     "--instance-types", "a", "--gpus-per-node", "1", "--yes"]])
+def test_a_study_or_probe_that_slurm_refuses_leaves_no_directory(tmp_path: Path, command):
+    """The study's sweep was removed but its empty study directory stayed; the probe directory (its runs'
+    directories, sweep.json, probe.json) stayed whole: `launch ls` listed both for ever."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "sbatch").write_text(REFUSING_SBATCH)
+    (fake / "sbatch").chmod(0o755)
+    (tmp_path / "study.yaml").write_text(STUDY)
+    out = launch(*command, "--runs-dir", "runs", cwd=tmp_path, env={"PATH": f"{fake}{os.pathsep}/usr/bin:/bin"})
+    assert out.returncode == 2 and "Slurm refused the job" in out.stderr and "Traceback" not in out.stderr, out.stderr
+    runs = tmp_path / "runs"
+    assert not runs.exists() or list(runs.iterdir()) == [], list(runs.rglob("*"))

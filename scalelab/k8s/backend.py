@@ -16,7 +16,6 @@ poll/finish/status/logs/cancel.
 from __future__ import annotations
 
 import base64
-import copy
 import io
 import tarfile
 import time
@@ -72,18 +71,10 @@ class KubernetesBackend(Backend):
     name = "k8s"
     Options = KubernetesOptions  # the valid options, their defaults and checks (scalelab/k8s/options.py)
 
-    sweep = ""  # the sweep whose layouts this backend submits (`for_sweep`): part of their names
-
     def __init__(self, options: dict[str, Any] | None = None, api_factory: Callable[..., Any] | None = None) -> None:
         super().__init__(options)
         self._api_factory = api_factory
         self._api = None
-
-    def for_sweep(self, name: str) -> KubernetesBackend:
-        """This backend for sweep `name`'s layouts, named after it (`run_name`); it shares the client."""
-        other = copy.copy(self)
-        other.sweep = name
-        return other
 
     def api(self):
         """The client wrapper, created (and the kubeconfig read) on first use."""

@@ -215,10 +215,15 @@ class Backend(ABC):
     def _forget(self) -> None:
         """Drop per-request state a copy must not share (`for_spec`)."""
 
+    sweep = ""  # the sweep whose layouts this backend submits (`for_sweep`); "" for a run of its own
+
     def for_sweep(self, name: str) -> Backend:
-        """This backend for the layouts of sweep `name`. The same object, where the backend runs one layout at a
-        time anyway; a backend that queues them (Slurm) keeps them from sharing nodes while they are timed."""
-        return self
+        """This backend for the layouts of sweep `name`: a copy with `sweep` set, sharing its clients and watchers.
+        Slurm sends them one at a time without --exclusive, so that none is timed while another shares its node
+        (`slurm.render.one_at_a_time`); Kubernetes names their objects after it; local and AWS do not read it."""
+        other = copy.copy(self)
+        other.sweep = name
+        return other
 
     def sweep_note(self) -> str:
         """One line on how the sweep's layouts will share the machines (said before they start), or ''."""

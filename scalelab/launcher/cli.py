@@ -763,7 +763,7 @@ def resume_cmd(run_dir: str, runs_dir: str, detach: bool, rank_output: str | Non
                 module, attr = target.split(":")
                 getattr(import_optional(module), attr)(path)
         return
-    refuse_not_a_run(path, "launch resume")  # a study, a prep: what it is and what to do, not "spec.json is missing"
+    refuse_not_a_run(path, "launch resume", takes_sweeps=True)  # a study, a prep: what it is and what to do, not "spec.json is missing"
     spec = read_spec(path).validate(stored=True)  # a --script run from before the trainer-only refusal resumes
     echo = echoed_ranks(rank_output, spec, detach)
     from scalelab.core.trajectory import check_resume, record_changes
@@ -1054,17 +1054,22 @@ def write_html_report(report, paths: list[Path]) -> Path:
 # ---- status, logs, cancel ------------------------------------------------------------------------
 
 
-def refuse_not_a_run(path: Path, command: str) -> None:
+def refuse_not_a_run(path: Path, command: str, takes_sweeps: bool = False) -> None:
     """A sweep, study, prep or GEMM study given to a command that takes one run (`launch logs`, `launch resume` of a
     prep) is one error saying what it is and what to give instead: it said "is not a run directory: spec.json is
-    missing", true and no help. Anything else is left to `read_spec`'s error."""
+    missing", true and no help. Anything else is left to `read_spec`'s error. `takes_sweeps`: the command takes a
+    sweep as well (`launch cancel`, `launch resume`), so a sweep is left to it and a study's sweeps are offered."""
     from scalelab.core.rundir import sweep_runs
     from scalelab.launcher.inventory import kind_of
 
     if (path / "spec.json").exists() or not path.is_dir():
         return
     kind, word = kind_of(path), shell_word(path)
-    if kind == "sweep":
+    if kind == "study" and takes_sweeps:
+        raise ScalelabError(f"{path} is a study, not a run: `{command}` takes one of its sweeps or one layout of one "
+                            f"(`launch status {word}` lists them; name one as {word}/VARIANT_DIR or "
+                            f"{word}/VARIANT_DIR/LAYOUT)")
+    if kind == "sweep" and not takes_sweeps:
         names = [p.name for p in sweep_runs(path)]
         first = f" (`{command} {shell_word(path / names[0])}`)" if names else ""
         raise ScalelabError(f"{path} is a sweep, not a run: `{command}` takes one of its layouts{first}; its layouts: "
@@ -1075,7 +1080,9 @@ def refuse_not_a_run(path: Path, command: str) -> None:
     if kind in ("prep", "gemm"):
         what = "a prep (made by `launch prep`)" if kind == "prep" else "a GEMM study"
         also = ("; a prep is not resumed: run the same `launch prep` again" if command.endswith("resume") and kind == "prep"
-                else f"; its records are under {shell_word(path / 'records')}" if kind == "prep" else "")
+                else "; it has no ranks to cancel: Ctrl-C stops it in the terminal that runs it"
+                if command.endswith("cancel") else f"; its records are under {shell_word(path / 'records')}"
+                if kind == "prep" else "")
         raise ScalelabError(f"{path} is {what}, not a training run: `launch status {word}` shows its state and "
                             f"`launch report {word}` its figures{also}")
 
@@ -1333,6 +1340,7 @@ def cancel_cmd(run_dir: str, runs_dir: str) -> None:
     from scalelab.launcher.runner import cancel
 
     paths = [Path(run_dir)]
+    refuse_not_a_run(paths[0], "launch cancel", takes_sweeps=True)  # a study, a prep: not "spec.json is missing"
     if is_sweep(Path(run_dir)):
         paths = _live_layouts(Path(run_dir))
         if not paths:

@@ -108,10 +108,10 @@ def _recorded(run_dir: Path) -> str:
     return read_state(run_dir).get("state") or "PENDING"
 
 
-def verified_status(run_dir: Path, backends: Backends | None = None) -> tuple[str, str]:
+def verified_status(run_dir: Path, spec: Spec, backends: Backends | None = None) -> tuple[str, str]:
     """(The run's state, asked of its backend while launch.json says it is active ("?" appended when the
     backend could not be asked; never-launched runs are "NEW"), the backend's words for it while it was asked:
-    "Slurm job 7 PENDING (Dependency)")."""
+    "Slurm job 7 PENDING (Dependency)"). `spec`: the run's, as its row read it."""
     from scalelab.launcher.runner import settle
 
     if not RunPaths(run_dir).launch.exists():
@@ -120,7 +120,6 @@ def verified_status(run_dir: Path, backends: Backends | None = None) -> tuple[st
     if recorded not in ACTIVE:
         return recorded, ""
     try:
-        spec = read_spec(run_dir)
         status = settle((backends or Backends()).of(spec), run_dir)
         return status.state, status.detail
     except ScalelabError:
@@ -130,9 +129,10 @@ def verified_status(run_dir: Path, backends: Backends | None = None) -> tuple[st
 def run_row(run_dir: Path, now: float | None = None, backends: Backends | None = None) -> dict[str, Any]:
     """One run's row: backend and layout from spec.json, state verified, steps, loss and words/s from
     summary.json once it completed, else from its records as they are (step of total, last loss, ETA:
-    `launcher.progress`), the cost so far when launch.json knows a price per hour, the age from the launch."""
+    `launcher.progress`), the cost so far when launch.json knows a price per hour, the age from the launch.
+    spec.json is read once here, for all of them: it was read two or three times a row."""
     spec = read_spec(run_dir)
-    state, detail = verified_status(run_dir, backends)
+    state, detail = verified_status(run_dir, spec, backends)
     paths = RunPaths(run_dir)
     info = read_state(run_dir) if paths.launch.exists() else {}
     started = info.get("launched") or info.get("started")
@@ -140,7 +140,7 @@ def run_row(run_dir: Path, now: float | None = None, backends: Backends | None =
     rate = info.get("usd_per_hour")
     row = {
         "name": run_dir.name, "path": str(run_dir.absolute()), "kind": "run", "backend": spec.backend,
-        "layout": f"{spec.nodes}x{spec.gpus_per_node}", "state": state, **_progress(run_dir, state),
+        "layout": f"{spec.nodes}x{spec.gpus_per_node}", "state": state, **_progress(run_dir, state, spec),
         "cost_usd": _cost_so_far(rate, ended - started) if rate is not None and started else None,
         "age_s": (now or time.time()) - started if started else None,
     }
@@ -157,7 +157,7 @@ def _cost_so_far(usd_per_hour: float, seconds: float) -> float:
     return cost_at_rate(max(0.0, float(seconds)), "", 0, float(usd_per_hour), "on-demand", "").dollars
 
 
-def _progress(run_dir: Path, state: str) -> dict[str, Any]:
+def _progress(run_dir: Path, state: str, spec: Spec) -> dict[str, Any]:
     """steps, total_steps, loss, words_per_s (in `unit`: words, or a --script run's own), eta_s: a completed run's from its summary, any other's from
     its records (a run that is training, or one that stopped: where it stopped; a completed one whose summary.json
     is damaged, with a note saying so: status, logs and report read such a run, so ls shows it too)."""
@@ -171,22 +171,22 @@ def _progress(run_dir: Path, state: str) -> dict[str, Any]:
         else:
             steps = summary.get("steps_measured")
             steps = steps + summary.get("steps_warmup", 0) if steps is not None else None
-            total = read_spec(run_dir).steps  # a script's --steps is only the bar's total: never below its steps
+            total = spec.steps  # a script's --steps is only the bar's total: never below its steps
             total = max(total, steps) if total and steps else total
             return {"steps": steps, "total_steps": total, "loss": summary.get("final_loss"),
                     "words_per_s": summary.get("words_per_s"), "unit": summary.get("unit") or "words", "eta_s": None}
-    return {**_from_records(run_dir, state), **note}
+    return {**_from_records(run_dir, state, spec), **note}
 
 
-def _from_records(run_dir: Path, state: str) -> dict[str, Any]:
+def _from_records(run_dir: Path, state: str, spec: Spec) -> dict[str, Any]:
     """The progress columns from the run's records as they are: a run that is training, one that stopped
     (where it stopped), or a completed one whose summary.json cannot be read."""
     from scalelab.launcher.progress import snapshot_of
 
     paths = RunPaths(run_dir)
-    snap = snapshot_of(run_dir) if paths.records.exists() else None
+    snap = snapshot_of(run_dir, spec=spec) if paths.records.exists() else None
     if snap is None:
-        return {"steps": None, "total_steps": read_spec(run_dir).steps, "loss": None, "words_per_s": None,
+        return {"steps": None, "total_steps": spec.steps, "loss": None, "words_per_s": None,
                 "unit": "words", "eta_s": None}
     return {"steps": snap.step, "total_steps": snap.total, "loss": snap.loss, "words_per_s": snap.words_per_s,
             "unit": snap.unit, "eta_s": snap.eta_s if state.rstrip("?") in ACTIVE else None}

@@ -38,8 +38,8 @@ from typing import Any
 
 import click
 
-from scalelab.core.errors import SpecError, shell_word
-from scalelab.core.rundir import SWEEP_FILE, RunPaths, new_run_dir, read_json, write_json
+from scalelab.core.errors import ScalelabError, SpecError, shell_word
+from scalelab.core.rundir import SWEEP_FILE, RunPaths, dryrun_dir, new_run_dir, read_json, write_json
 from scalelab.core.spec import Spec, save_spec
 from scalelab.launcher.cli import GroupedCommand, build_spec, console, spec_options
 from scalelab.launcher.runner import err_console
@@ -335,8 +335,8 @@ def probe_cmd(instance_types: str | None, probe_steps: int, mode: str, link_size
     named = [(c.run_name(s.nodes, s.gpus_per_node), s) for c, s in runs]
     expected = expected_rows(named, catalog)
     if params["dry_run"]:
-        return _print_dry_run(runs, named, expected,
-                              Path(params["runs_dir"]) / f"{base.name or f'probe-{base.model}'}-DRYRUN")
+        placeholder = dryrun_dir(Path(params["runs_dir"]), base.name or f"probe-{base.model}")
+        return _print_dry_run(runs, named, expected, placeholder)
     _show_expected(expected)
     total = sum(r["dollars"] for r in expected)
     if params.get("max_usd") is not None and total > params["max_usd"]:
@@ -353,7 +353,7 @@ def run_probe(base: Spec, runs: list[tuple[Candidate, Spec]], expected: list[dic
     `backend`: one built by the caller (tests give one with their clients), else the spec's; `rates`
     (--rate) are kept in probe.json for the costs after a resume."""
     from scalelab.launcher.backend import get_backend
-    from scalelab.launcher.sweep import continue_sweep
+    from scalelab.launcher.sweep import continue_sweep, discard_unlaunched_sweep
 
     backend = backend or get_backend(base.backend, runs[0][1].backend_options)
     for _, spec in runs:
@@ -361,7 +361,9 @@ def run_probe(base: Spec, runs: list[tuple[Candidate, Spec]], expected: list[dic
     probe_dir = create_probe_dir(runs_root, name, base.backend, mode, probe_steps, runs, expected, rates)
     try:
         continue_sweep(backend, probe_dir)
-    except BaseException:  # what ran was paid for, also when the probe stopped early: say it, then the error
+    except BaseException as exc:  # what ran was paid for, also when the probe stopped early: say it, then the error
+        if isinstance(exc, ScalelabError) and discard_unlaunched_sweep(probe_dir):
+            raise  # nothing was submitted, so nothing was paid: as `launch sweep`, no directory is left
         try:
             err_console.print(f"probe: cost so far ${write_results(probe_dir, catalog)['actual']['dollars']:,.4f} "
                               f"({probe_dir / PROBE_FILE})", highlight=False, soft_wrap=True)

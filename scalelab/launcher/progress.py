@@ -41,7 +41,7 @@ from rich.progress import (
 from scalelab.core.errors import ScalelabError
 from scalelab.core.records import RecordTail, rank_files
 from scalelab.core.rundir import ACTIVE, CANCELLED, FAILED, RunPaths
-from scalelab.core.spec import read_spec
+from scalelab.core.spec import Spec, read_spec
 
 
 def duration(seconds: float | None) -> str:
@@ -342,9 +342,9 @@ class RunWatch:
         return f"no step for {duration(silent)} (since step {lead}; {where})"
 
 
-def watch_run(run_dir: Path) -> RunWatch:
-    """A RunWatch of a run directory, its total from spec.json."""
-    spec = read_spec(Path(run_dir))
+def watch_run(run_dir: Path, spec: Spec | None = None) -> RunWatch:
+    """A RunWatch of a run directory, its total from spec.json (or `spec`, where the caller read it)."""
+    spec = spec if spec is not None else read_spec(Path(run_dir))
     watch = RunWatch(run_dir, spec.steps, spec.epochs)
     watch.expected = spec.world
     launched = _launched(Path(run_dir))
@@ -375,11 +375,13 @@ def queued_of(run_dir: Path) -> str | None:
     return str(value) if value else None
 
 
-def snapshot_of(run_dir: Path, state: str | None = None, dropped: list[str] | None = None) -> Snapshot | None:
+def snapshot_of(run_dir: Path, state: str | None = None, dropped: list[str] | None = None,
+                spec: Spec | None = None) -> Snapshot | None:
     """Where a run is now, from all its records, as a run in `state` shows it (`Snapshot.as_of`; None: as the
     records have it); None when it wrote none yet, or nothing to say (no step, not ended). `dropped` gets a
-    line for each record line that could not be read (PATH:LINE: what is wrong), which the snapshot leaves out."""
-    watch = watch_run(run_dir)
+    line for each record line that could not be read (PATH:LINE: what is wrong), which the snapshot leaves out.
+    `spec`: the run's where the caller read it already (`launch ls`), else read from spec.json."""
+    watch = watch_run(run_dir, spec)
     snap = watch.poll().as_of(state)
     if dropped is not None:
         dropped += [line for tail in watch.tails.values() for line in tail.warnings]

@@ -14,6 +14,7 @@ analysis.studies (from the runs' records, like every other report), the dollars 
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import re
 from dataclasses import dataclass, field
@@ -23,10 +24,10 @@ from typing import Any, Callable
 import click
 
 from scalelab.core.checks import InputFile
-from scalelab.core.errors import SpecError
+from scalelab.core.errors import ScalelabError, SpecError
 from scalelab.core.flags import shared_flags
 from scalelab.core.records import load_run
-from scalelab.core.rundir import GEMM_FILE, STUDY_FILE, new_run_dir, study_sweeps, write_json
+from scalelab.core.rundir import GEMM_FILE, STUDY_FILE, dryrun_dir, new_run_dir, study_sweeps, write_json
 from scalelab.core.spec import BACKEND_NAMES, MODE_AXES, Spec, read_yaml_mapping
 from scalelab.core.writes import refuse_links
 from scalelab.launcher.backend import get_backend
@@ -257,18 +258,32 @@ def _deep_merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def run_study(study: Study, runs_root: Path) -> Path:
-    """Run every variant's sweep into one study directory; return it."""
+def study_name(study: Study) -> str:
+    """The name of the study's directory (before its date): `study-` and the title up to a colon; its dry run's
+    placeholder directory takes it too (NAME-DRYRUN), as a run's and a sweep's do."""
+    return "study-" + study.title.split(":")[0].replace(" ", "-").lower()
 
-    study_dir = new_run_dir(runs_root, "study-" + study.title.split(":")[0].replace(" ", "-").lower())
-    sweeps = []
-    for i, variant in enumerate(study.variants):
-        specs = variant_specs(study, variant)
-        backend = get_backend(specs[0].backend, specs[0].backend_options)
-        backend.validate(specs[0])
-        sweep = run_sweep(backend, specs, study_dir, f"v{i}")
-        sweeps.append({"label": variant.label, "dir": sweep.name})
-        write_json(study_dir / STUDY_FILE, {"title": study.title, "scale": study.scale, "sweeps": sweeps})
+
+def run_study(study: Study, runs_root: Path, planned: list[list[Spec]] | None = None) -> Path:
+    """Run every variant's sweep into one study directory; return it. `planned`: each variant's specs where the
+    caller made them already (`study_cmd`, for the price). A study that launched nothing (its first variant
+    refused, before any layout was submitted) leaves no directory, as `run_sweep` leaves no sweep."""
+
+    planned = planned or [variant_specs(study, v) for v in study.variants]
+    study_dir = new_run_dir(runs_root, study_name(study))
+    sweeps: list[dict[str, str]] = []
+    try:
+        for i, (variant, specs) in enumerate(zip(study.variants, planned)):
+            backend = get_backend(specs[0].backend, specs[0].backend_options)
+            backend.validate(specs[0])
+            sweep = run_sweep(backend, specs, study_dir, f"v{i}")
+            sweeps.append({"label": variant.label, "dir": sweep.name})
+            write_json(study_dir / STUDY_FILE, {"title": study.title, "scale": study.scale, "sweeps": sweeps})
+    except ScalelabError:
+        if not sweeps and not any(study_dir.iterdir()):  # run_sweep removed the first sweep: nothing was launched
+            with contextlib.suppress(OSError):  # the error that stopped the study matters more
+                study_dir.rmdir()
+        raise
     return study_dir
 
 
@@ -353,7 +368,8 @@ def study_report(study_dir: Path, study: Study) -> Path:
     loaded, extra, settings = [], {}, []
     for run in runs:
         records = load_run(run)  # each run is read once, for its summary, its per-step table and its wall time
-        loaded.append((str(run), summarize_loaded(records), step_table(records.steps)))
+        steps = step_table(records.steps)  # made once: the summary is drawn from it too
+        loaded.append((str(run), summarize_loaded(records, steps), steps))
         start = _first_start(records)
         extra[str(run)] = {"wall_s": _wall_seconds(records), "backend": records.spec.backend,
                            "worker_batch": worker_batches(records.steps) if records.spec.balance == "dynamic" else None,
@@ -415,17 +431,19 @@ def study_cmd(study_file: str, scale: str | None, backend: str | None, runs_dir:
     """Run a seed's study (examples/*.yaml) and write its tables (study.md, CSV) and scaling report."""
 
     study = load_study(Path(study_file), scale, {"backend": backend} if backend else None)
-    specs = [(spec, 1) for v in study.variants for spec in variant_specs(study, v)] if study.kind == "scaling" else []
+    # each variant's specs, made once for the price, the dry run and the run (a GEMM study's dry run shows its base)
+    planned = [(v, variant_specs(study, v)) for v in study.variants] if dry_run or study.kind == "scaling" else []
+    specs = [(spec, 1) for _, v_specs in planned for spec in v_specs] if study.kind == "scaling" else []
     price = {**price, "runs_dir": runs_dir}
     if dry_run:
-        planned = [(v, variant_specs(study, v)) for v in study.variants]
         for _, (first, *_) in planned:  # what `run_study` refuses or notes of each variant, before anything is printed
             get_backend(first.backend, first.backend_options).check_dry_run(first)
         for v, v_specs in planned:
             for spec in v_specs:
                 b = get_backend(spec.backend, spec.backend_options)
                 click.echo(f"# variant {v.label!r}, layout {spec.nodes}x{spec.gpus_per_node}")
-                click.echo(b.submit_dryrun(spec, Path(runs_dir) / "study-DRYRUN" / f"{spec.nodes}x{spec.gpus_per_node}").render())
+                click.echo(b.submit_dryrun(spec, dryrun_dir(Path(runs_dir), study_name(study))
+                                           / f"{spec.nodes}x{spec.gpus_per_node}").render())
         if specs:
             show_quote(specs, price)
         return
@@ -434,7 +452,7 @@ def study_cmd(study_file: str, scale: str | None, backend: str | None, runs_dir:
     if study.kind == "gemm":
         path = gemm_study(study, Path(runs_dir))
     else:
-        path = study_report(run_study(study, Path(runs_dir)), study)
+        path = study_report(run_study(study, Path(runs_dir), [v_specs for _, v_specs in planned]), study)
     show_study(path)
 
 

@@ -187,16 +187,17 @@ def run_sweep(backend, specs: list[Spec], runs_root: Path, name: str, repeats: i
     try:
         return continue_sweep(backend, sweep_dir)
     except ScalelabError:
-        _discard_unlaunched_sweep(sweep_dir)
+        discard_unlaunched_sweep(sweep_dir)
         raise
 
 
-def _discard_unlaunched_sweep(sweep_dir: Path) -> None:
+def discard_unlaunched_sweep(sweep_dir: Path) -> bool:
     """Remove a sweep directory this launcher just made when none of its layouts was launched (a submission Slurm
     refused, a cloud or cluster that cannot be reached, before anything was started): as a refused run's, it holds
-    nothing to resume or report."""
+    nothing to resume or report. A probe's directory too (a sweep with probe.json). True when it is gone."""
     if not any(RunPaths(run_dir).launch.exists() for run_dir in sweep_runs(sweep_dir)):
         shutil.rmtree(sweep_dir, ignore_errors=True)
+    return not sweep_dir.exists()
 
 
 def resume_sweep(sweep_dir: Path, allow_changed: tuple[str, ...] = ()) -> Path:

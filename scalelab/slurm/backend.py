@@ -21,7 +21,6 @@ status/logs/cancel.
 
 from __future__ import annotations
 
-import copy
 import logging
 import os
 import pwd
@@ -128,16 +127,6 @@ class SlurmBackend(Backend):
         # One watcher for every job this backend follows: one sacct query for all, 2 s apart at first.
         self.watcher = SlurmWatcher(delay_s=max(2.0, float(self.options["poll_s"])))
         self._verified: set[str] = set()  # job ids found to be their run's (`_not_this_run`)
-
-    sweep = ""  # the sweep whose layouts this backend submits (`for_sweep`): they run one at a time
-
-    def for_sweep(self, name: str) -> SlurmBackend:
-        """This backend for sweep `name`'s layouts: without --exclusive they are sent one at a time (`one_at_a_time`).
-        Why: queued at once, a 1-worker and a 2-worker layout ran together on one node, each slowing the other,
-        and the sweep reported a speedup of 24 on 2 workers with only a timing-spread warning."""
-        other = copy.copy(self)
-        other.sweep = name
-        return other
 
     def sweep_note(self) -> str:
         if not one_at_a_time(self.sweep, self.options):
