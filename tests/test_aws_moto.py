@@ -883,6 +883,20 @@ def test_the_logs_of_a_run_aws_cannot_be_reached_for_are_the_local_copy_said_onc
                                                f"the endpoint URL: \"http://127.0.0.1:9/"), err
 
 
+def test_launch_logs_of_a_run_aws_cannot_be_reached_for_prints_the_local_copy(tmp_path):
+    """The command itself: the backend gave the local copy, but the progress line after it asked the run's state,
+    whose one-line "cannot reach AWS" error ended the command with exit 2 and no logs. Now the logs, then a
+    progress line saying the state is unknown and why, exit 0."""
+    run_dir = _unfollowed_run(tmp_path / "runs" / "r1")
+    (run_dir / "s3" / "logs" / "gen-0").mkdir(parents=True)
+    (run_dir / "s3" / "logs" / "gen-0" / "node-0-trainer.log").write_text("step 3 of 6\n")
+    out = _launch_clean(tmp_path, UNREACHABLE_ENV, "logs", "runs/r1")
+    assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
+    assert "step 3 of 6" in out.stdout, out.stdout
+    (progress,) = [line for line in out.stdout.splitlines() if line.startswith("[progress]")]
+    assert "the run's state is unknown: cannot reach AWS" in progress, out.stdout
+
+
 def test_the_logs_of_a_run_whose_listing_aws_refuses_are_the_local_copy(cloud, tmp_path, capsys):
     """The same where AWS answers but refuses the listing (here: the bucket is gone): the local copy, and AWS's
     refusal in a few words."""

@@ -1320,7 +1320,10 @@ def logs_cmd(run_dir: str | None, runs_dir: str, rank: int | None, follow: bool)
     if not follow:
         texts = read()
         text = "\n".join(t.rstrip("\n") + "\n" for t in ([texts] if isinstance(texts, str) else texts) if t.strip())
-        line = progress()
+        try:
+            line = progress()
+        except ScalelabError as exc:  # AWS out of reach: the logs are its local copy (the backend said so); show them
+            line = f"the run's state is unknown: {exc}"
         click.echo(visible_text(text) + (f"{'' if not text or text.endswith(chr(10)) else chr(10)}[progress] {line}"
                                          if line else ""))
         return
