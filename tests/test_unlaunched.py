@@ -75,3 +75,63 @@ def test_a_study_or_probe_that_slurm_refuses_leaves_no_directory(tmp_path: Path,
     assert out.returncode == 2 and "Slurm refused the job" in out.stderr and "Traceback" not in out.stderr, out.stderr
     runs = tmp_path / "runs"
     assert not runs.exists() or list(runs.iterdir()) == [], list(runs.rglob("*"))
+
+
+def _fails_on_second_save(monkeypatch, module) -> None:
+    """`save_spec` in `module` fails as a full disk does on the second layout's spec.json."""
+    import errno
+
+    from scalelab.core.spec import save_spec
+
+    calls = []
+
+    def save(spec, run_dir):
+        calls.append(run_dir)
+        if len(calls) == 2:
+            raise OSError(errno.ENOSPC, "No space left on device", str(run_dir / "spec.json"))
+        return save_spec(spec, run_dir)
+
+    monkeypatch.setattr(module, "save_spec", save)
+
+
+def _specs():
+    from scalelab.core.spec import Spec
+
+    return [Spec.from_dict({"model": "nmt-tiny", "nodes": 1, "gpus_per_node": g}).validate() for g in (1, 2)]
+
+
+def test_a_sweep_whose_layouts_cannot_be_written_leaves_no_directory(tmp_path: Path, monkeypatch):
+    """A full disk while a sweep's layouts were written left RUNS/NAME/1x1/spec.json and an empty 1x2 with no
+    sweep.json: `launch ls` listed it, `launch resume` could not take it. The directory goes, the error stays."""
+    import scalelab.launcher.sweep as sweep
+
+    _fails_on_second_save(monkeypatch, sweep)
+    with pytest.raises(OSError, match="No space left"):
+        sweep.run_sweep(None, _specs(), tmp_path / "runs", "s")
+    assert list((tmp_path / "runs").iterdir()) == []
+
+
+def test_a_study_whose_first_sweep_cannot_be_written_leaves_no_directory(tmp_path: Path, monkeypatch):
+    """The same under a study: its first sweep's layouts fail, so neither the sweep nor the study directory
+    stays (the study caught only ScalelabError, so an OSError left the empty study directory)."""
+    import scalelab.launcher.sweep as sweep
+    from scalelab.launcher.study import load_study, run_study
+
+    path = tmp_path / "study.yaml"
+    path.write_text(STUDY.replace("layouts: [1x1]", "layouts: [1x1, 1x2]").replace("backend: slurm", "backend: local"))
+    study = load_study(path)
+    _fails_on_second_save(monkeypatch, sweep)
+    with pytest.raises(OSError, match="No space left"):
+        run_study(study, tmp_path / "runs")
+    assert list((tmp_path / "runs").iterdir()) == []
+
+
+def test_a_probe_whose_runs_cannot_be_written_leaves_no_directory(tmp_path: Path, monkeypatch):
+    """And a probe's directory (its runs, sweep.json and probe.json are written before anything is launched)."""
+    import scalelab.launcher.probe as probe
+
+    _fails_on_second_save(monkeypatch, probe)
+    cand = probe.Candidate("local-1t", 2)
+    with pytest.raises(OSError, match="No space left"):
+        probe.create_probe_dir(tmp_path / "runs", "p", "local", "strong", 4, [(cand, s) for s in _specs()], [])
+    assert list((tmp_path / "runs").iterdir()) == []

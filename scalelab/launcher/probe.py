@@ -278,21 +278,24 @@ def create_probe_dir(runs_root: Path, name: str, backend: str, mode: str, probe_
                      runs: list[tuple[Candidate, Spec]], expected: list[dict[str, Any]],
                      rates: tuple[str, ...] = ()) -> Path:
     """The probe directory: every run's directory and spec, sweep.json (its runs) and probe.json."""
+    from scalelab.launcher.sweep import removed_on_failure
+
     probe_dir = new_run_dir(runs_root, name)
-    for cand, spec in runs:
-        run_dir = probe_dir / cand.run_name(spec.nodes, spec.gpus_per_node)
-        run_dir.mkdir()
-        save_spec(spec, run_dir)
-    names = [cand.run_name(s.nodes, s.gpus_per_node) for cand, s in runs]
-    write_json(probe_dir / SWEEP_FILE, {"runs": names, "layouts": [[s.nodes, s.gpus_per_node] for _, s in runs],
-                                        "probe": True})
-    seen = list({c.name: c for c, _ in runs}.values())
-    write_json(probe_dir / PROBE_FILE, {
-        "backend": backend, "mode": mode, "probe_steps": probe_steps, "created": time.time(), "rates": list(rates),
-        "candidates": [{**asdict(c), "layouts": [list(x) for x in c.layouts()],
-                        "runs": [c.run_name(s.nodes, s.gpus_per_node) for cc, s in runs if cc.name == c.name]}
-                       for c in seen],
-        "expected": {"dollars": sum(r["dollars"] for r in expected), "runs": expected}})
+    with removed_on_failure(probe_dir):
+        for cand, spec in runs:
+            run_dir = probe_dir / cand.run_name(spec.nodes, spec.gpus_per_node)
+            run_dir.mkdir()
+            save_spec(spec, run_dir)
+        names = [cand.run_name(s.nodes, s.gpus_per_node) for cand, s in runs]
+        write_json(probe_dir / SWEEP_FILE, {"runs": names, "layouts": [[s.nodes, s.gpus_per_node] for _, s in runs],
+                                            "probe": True})
+        seen = list({c.name: c for c, _ in runs}.values())
+        write_json(probe_dir / PROBE_FILE, {
+            "backend": backend, "mode": mode, "probe_steps": probe_steps, "created": time.time(), "rates": list(rates),
+            "candidates": [{**asdict(c), "layouts": [list(x) for x in c.layouts()],
+                            "runs": [c.run_name(s.nodes, s.gpus_per_node) for cc, s in runs if cc.name == c.name]}
+                           for c in seen],
+            "expected": {"dollars": sum(r["dollars"] for r in expected), "runs": expected}})
     return probe_dir
 
 

@@ -279,7 +279,7 @@ def run_study(study: Study, runs_root: Path, planned: list[list[Spec]] | None = 
             sweep = run_sweep(backend, specs, study_dir, f"v{i}")
             sweeps.append({"label": variant.label, "dir": sweep.name})
             write_json(study_dir / STUDY_FILE, {"title": study.title, "scale": study.scale, "sweeps": sweeps})
-    except ScalelabError:
+    except (ScalelabError, OSError):  # OSError: a full or read-only disk under the first sweep's layouts
         if not sweeps and not any(study_dir.iterdir()):  # run_sweep removed the first sweep: nothing was launched
             with contextlib.suppress(OSError):  # the error that stopped the study matters more
                 study_dir.rmdir()

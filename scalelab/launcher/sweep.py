@@ -18,8 +18,9 @@ import os
 import re
 import shutil
 import sys
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
+from typing import Iterator
 
 from scalelab.core.errors import ScalelabError, SpecError, shell_word
 from scalelab.core.rundir import (
@@ -177,17 +178,30 @@ def run_sweep(backend, specs: list[Spec], runs_root: Path, name: str, repeats: i
     can be reported (what finished) and resumed (`resume_sweep`) whatever point it reached.
     """
     sweep_dir = new_run_dir(runs_root, name)
-    names = []
-    for spec in specs:
-        for run_dir in repeat_dirs(sweep_dir / f"{spec.nodes}x{spec.gpus_per_node}", repeats):
-            run_dir.mkdir()
-            save_spec(spec, run_dir)
-            names.append(run_dir.name)
-    write_json(sweep_dir / SWEEP_FILE, {"runs": names, "layouts": [[s.nodes, s.gpus_per_node] for s in specs]})
+    with removed_on_failure(sweep_dir):
+        names = []
+        for spec in specs:
+            for run_dir in repeat_dirs(sweep_dir / f"{spec.nodes}x{spec.gpus_per_node}", repeats):
+                run_dir.mkdir()
+                save_spec(spec, run_dir)
+                names.append(run_dir.name)
+        write_json(sweep_dir / SWEEP_FILE, {"runs": names, "layouts": [[s.nodes, s.gpus_per_node] for s in specs]})
     try:
         return continue_sweep(backend, sweep_dir)
     except ScalelabError:
         discard_unlaunched_sweep(sweep_dir)
+        raise
+
+
+@contextmanager
+def removed_on_failure(made: Path) -> Iterator[None]:
+    """Around the writes that fill a directory this launcher just made, before anything in it is launched: where
+    one fails (a full or read-only disk, Ctrl-C), the half-written directory goes, as a refused run's does (a sweep
+    left `v0/1x1/spec.json` and an empty `1x2`, which `launch ls` listed and `launch resume` could not take)."""
+    try:
+        yield
+    except BaseException:
+        shutil.rmtree(made, ignore_errors=True)
         raise
 
 
