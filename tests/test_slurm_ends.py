@@ -7,21 +7,26 @@
   torchrun or horovodrun between them reports the exits), so the path is the same for both.
 - A rank killed by SIGKILL is named by its signal in the launcher's line, as on the local backend
   (tests/test_faults.py), not guessed ("killed by a signal, or out of memory?").
+- A hung rank is ended by --stall-timeout-min, FAILED with the line tests/test_stalls.py checks on the local
+  backend, which says what was stopped (the job, scancelled, out of the queue) and that nothing is left.
 
-The runs are tiny (1 node, 2 ranks, one thread each).
+The runs are tiny (1 node, 2 ranks, one thread each); the hung one takes the cluster's KillWait (30 s) to end, since
+a rank stuck in a collective never takes SIGTERM's path.
 """
 
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from scalelab.slurm.backend import task_exits
-from scalelab.train.loop import KILL_AT_STEP_ENV
+from scalelab.train.loop import HANG_AT_STEP_ENV, KILL_AT_STEP_ENV
 from tests.conftest import launch, only_run_dir
 from tests.test_own_script_layout_gaps import EXIT_3
+from tests.test_stalls import _ended_by_the_stall
 
 SLURM = ["--backend", "slurm", "--engine", "ddp", "--gpus-per-node", "2", "--threads", "1"]
 TRAINER = ["--model", "nmt-tiny", "--data", "task", "--global-batch", "16", "--warmup-steps", "1"]
@@ -41,6 +46,11 @@ def test_the_exits_of_the_jobs_latest_start_are_read_and_nothing_else(tmp_path: 
                                                                       '"exit_code": "x"}\n{"cut')
     assert task_exits(tmp_path, "7") == {0: 0, 1: 3}
     assert task_exits(tmp_path, "6") == {0: 1} and task_exits(tmp_path, "8") == {}
+
+
+def _sacct_state(job: str) -> str:
+    return subprocess.run(["sacct", "-n", "-X", "-P", "-j", job, "-o", "State"], capture_output=True,
+                          text=True).stdout.split()[0]
 
 
 @pytest.mark.slow  # a real cluster: 10-40 s
@@ -66,3 +76,14 @@ def test_a_killed_slurm_rank_is_named_by_its_signal(slurm_cluster, tmp_path: Pat
     status = launch("status", str(only_run_dir(tmp_path / "runs")), cwd=tmp_path).stdout
     first = " ".join(status.splitlines()[0].split())
     assert "FAILED rank " in first and "rank 1 exited with status 137" in first, status  # 128 + SIGKILL
+
+
+@pytest.mark.slow  # a real cluster: 10-40 s
+def test_a_hung_slurm_rank_is_ended_by_its_stall_timeout(slurm_cluster, tmp_path: Path) -> None:
+    proc = launch(*SLURM, *TRAINER, "--steps", "30", "--checkpoint-every", "3", "--stall-timeout-min", "0.1",
+                  "--runs-dir", str(tmp_path / "runs"), cwd=tmp_path, env={HANG_AT_STEP_ENV: "5:1"}, timeout=300)
+    run = _ended_by_the_stall(proc, tmp_path, 5)  # FAILED with the one line, in launch.json and status; none left
+    job = json.loads((run / "launch.json").read_text())["job_id"]
+    assert f"stopped Slurm job {job} (scancel); it left the queue, none left" in " ".join(proc.stderr.split())
+    assert _sacct_state(job) == "CANCELLED"
+    assert f"`launch resume {run}`" in " ".join(proc.stderr.split())  # its step-3 checkpoint continues it

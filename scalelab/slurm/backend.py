@@ -302,19 +302,25 @@ class SlurmBackend(Backend):
                         for path in (paths.stdout, paths.stderr) if path.is_file()]
         return out
 
-    def cancel(self, run_dir: Path, grace_s: float = 120.0) -> None:
+    def cancel(self, run_dir: Path, grace_s: float = 120.0) -> str | None:
         """submitit's cancel (scancel: the ranks get SIGTERM, checkpoint and exit), then wait until the
         job has left the queue: slurmd has then ended every process of it on every node (SIGKILL after
-        `KillWait`), so nothing of the run is left. A job still there after `grace_s` is an error."""
+        `KillWait`), so nothing of the run is left. A job still there after `grace_s` is an error.
+
+        Returns what it did and checked where it stopped a job ("stopped Slurm job 7 (scancel); it left the
+        queue, none left"), as the local backend says its processes' count. Why: a run ended by its stall
+        timeout said what was stopped on the local backend and nothing on Slurm."""
         job_id = read_state(run_dir).get("job_id")
         if not job_id:
-            return  # never queued
+            return None  # never queued
         wrong = self._not_this_run(run_dir, job_id)
         if wrong:
             raise ScalelabError(wrong)
-        if STATE_MAP.get(squeue_state(job_id)) in ACTIVE:
+        active = STATE_MAP.get(squeue_state(job_id)) in ACTIVE
+        if active:
             submitit.SlurmJob(jobs_of(run_dir)[-1]["folder"], job_id).cancel(check=False)
         wait_gone(job_id, grace_s)
+        return f"stopped Slurm job {job_id} (scancel); it left the queue, none left" if active else None
 
 
     def _not_this_run(self, run_dir: Path, job_id: str) -> str:
