@@ -22,7 +22,6 @@ from pathlib import Path
 
 import pytest
 
-from scalelab.slurm.backend import task_exits
 from scalelab.train.loop import HANG_AT_STEP_ENV, KILL_AT_STEP_ENV
 from tests.conftest import launch, only_run_dir
 from tests.test_own_script_layout_gaps import EXIT_3
@@ -35,6 +34,8 @@ TRAINER = ["--model", "nmt-tiny", "--data", "task", "--global-batch", "16", "--w
 def test_the_exits_of_the_jobs_latest_start_are_read_and_nothing_else(tmp_path: Path) -> None:
     """Of job 7, restarted once: its restart's lines only (not the first start's, not job 6's); a bad line, a
     line of the wrong shape and a planted link are passed over."""
+    from scalelab.slurm.backend import task_exits  # here: the cluster tests need no new name to run
+
     (tmp_path / "slurm").mkdir()
     (tmp_path / "elsewhere.jsonl").write_text(json.dumps({"rank": 2, "job_id": "7", "restart": 1, "exit_code": 9}) + "\n")
     (tmp_path / "slurm" / "exit-2.jsonl").symlink_to(tmp_path / "elsewhere.jsonl")
