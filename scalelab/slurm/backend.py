@@ -21,6 +21,8 @@ status/logs/cancel.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 import os
 import pwd
@@ -53,9 +55,10 @@ from scalelab.core.rundir import (
 )
 from scalelab.core.spec import Spec, read_spec
 from scalelab.core.waiting import wait_until
+from scalelab.core.writes import open_inside
 from scalelab.launcher.backend import Backend, RankOutput, Request, RunStatus, log_text
 from scalelab.slurm.options import SlurmOptions, warning_too_late
-from scalelab.slurm.rank import RankJob
+from scalelab.slurm.rank import EXIT_FILE, INTERRUPTED, PLACEMENT_DIR, RankJob
 from scalelab.slurm.render import (
     array_stem,
     executor_parameters,
@@ -235,7 +238,8 @@ class SlurmBackend(Backend):
         where = f" on {nodes}" if nodes and nodes != "None assigned" else ""
         reason = self.watcher.reasons.get(job_id, "") if STATE_MAP.get(state) == PENDING else ""
         why = f" ({reason})" if reason else ""
-        return RunStatus(STATE_MAP.get(state, UNKNOWN), f"Slurm job {job_id} {state}{why}{where}")
+        status = RunStatus(STATE_MAP.get(state, UNKNOWN), f"Slurm job {job_id} {state}{why}{where}")
+        return with_rank_exits(run_dir, job_id, status) if status.state == FAILED else status
 
     def job_state(self, job_id: str, mode: str = "standard") -> tuple[str, str]:
         """(Slurm state, node list) from the watcher: accounting's (sacct), or the controller's (squeue)
@@ -287,19 +291,25 @@ class SlurmBackend(Backend):
                         for path in (paths.stdout, paths.stderr) if path.is_file()]
         return out
 
-    def cancel(self, run_dir: Path, grace_s: float = 120.0) -> None:
+    def cancel(self, run_dir: Path, grace_s: float = 120.0) -> str | None:
         """submitit's cancel (scancel: the ranks get SIGTERM, checkpoint and exit), then wait until the
         job has left the queue: slurmd has then ended every process of it on every node (SIGKILL after
-        `KillWait`), so nothing of the run is left. A job still there after `grace_s` is an error."""
+        `KillWait`), so nothing of the run is left. A job still there after `grace_s` is an error.
+
+        Returns what it did and checked where it stopped a job ("stopped Slurm job 7 (scancel); it left the
+        queue, none left"), as the local backend says its processes' count. Why: a run ended by its stall
+        timeout said what was stopped on the local backend and nothing on Slurm."""
         job_id = read_state(run_dir).get("job_id")
         if not job_id:
-            return  # never queued
+            return None  # never queued
         wrong = self._not_this_run(run_dir, job_id)
         if wrong:
             raise ScalelabError(wrong)
-        if STATE_MAP.get(squeue_state(job_id)) in ACTIVE:
+        active = STATE_MAP.get(squeue_state(job_id)) in ACTIVE
+        if active:
             submitit.SlurmJob(jobs_of(run_dir)[-1]["folder"], job_id).cancel(check=False)
         wait_gone(job_id, grace_s)
+        return f"stopped Slurm job {job_id} (scancel); it left the queue, none left" if active else None
 
 
     def _not_this_run(self, run_dir: Path, job_id: str) -> str:
@@ -313,6 +323,47 @@ class SlurmBackend(Backend):
                     f"and `sacct -j {job_id}`, and stop the run's own job with scancel")
         self._verified.add(job_id)
         return ""
+
+
+def with_rank_exits(run_dir: Path, job_id: str, status: RunStatus) -> RunStatus:
+    """`status` of a FAILED job with its ranks' exit statuses first, in the local backend's words and order
+    (`local.ranks_exits_detail`: "rank 1 exited with status 3; rank 0 exited with status 143 (Slurm job 7 FAILED on
+    node1)"), read from what the ranks recorded (`task_exits`) and kept as launch.json's `rank_exits`, which the
+    failure's line reads too (`backend.silent_ranks`: "rank 1 was killed by SIGKILL"); `status` as it is where no
+    rank recorded a failing exit (every one 0 or 143, the stop's). Why: `launch status` of a Slurm run whose rank 1
+    exited 3 said only "Slurm job 7 FAILED on node1", where the local backend names the rank and its status."""
+    from scalelab.core.rundir import update_state
+    from scalelab.launcher.local import ranks_exits_detail
+
+    exits = {str(rank): code for rank, code in sorted(task_exits(run_dir, job_id).items())}
+    try:
+        if exits and read_state(run_dir).get("rank_exits") != exits:
+            update_state(run_dir, rank_exits=exits)
+    except ScalelabError:  # a full disk, an unreadable launch.json: Slurm's word alone
+        return status
+    if all(code in (0, INTERRUPTED) for code in exits.values()):  # none failed on its own (a time limit's stop):
+        return status  # as the local backend, which names statuses only then; Slurm's word says why
+    return RunStatus(status.state, f"{ranks_exits_detail(run_dir, [])} ({status.detail})")
+
+
+def task_exits(run_dir: Path, job_id: str) -> dict[int, int]:
+    """{rank: exit status} of job `job_id`'s latest (re)start, as its ranks recorded them in RUN_DIR/slurm/exit-R.jsonl
+    (`rank.record_exit`); a rank that recorded none (killed with its task) is absent. Lines that are not such a
+    record, and a planted link, are passed over."""
+    lines = []
+    for path in sorted((Path(run_dir) / PLACEMENT_DIR).glob(EXIT_FILE.format(rank="*"))):
+        try:
+            with os.fdopen(open_inside(run_dir, path, os.O_RDONLY), "rb") as f:
+                raw = f.read().decode(errors="replace").splitlines()
+        except (OSError, ScalelabError):
+            continue
+        for text in raw:
+            with contextlib.suppress(ValueError):
+                lines.append(json.loads(text))
+    mine = [line for line in lines if isinstance(line, dict) and line.get("job_id") == job_id
+            and type(line.get("rank")) is int and type(line.get("exit_code")) is int]
+    latest = max((line.get("restart") or 0 for line in mine), default=0)
+    return {line["rank"]: line["exit_code"] for line in mine if (line.get("restart") or 0) == latest}
 
 
 def note_queued(run_dir: Path, status: RunStatus) -> None:

@@ -35,7 +35,11 @@ RUN_DIR/checkpoint.pt when the job starts again. Unlike submitit's own handler, 
 the ranks have checkpointed, not inside the signal handler, since the trainer needs the time.
 
 Where each rank ran (Slurm node, node id, local rank, GPU, job id, restart count) is appended to
-RUN_DIR/slurm/placement-R.jsonl, one line per (re)start; the training records stay as they are.
+RUN_DIR/slurm/placement-R.jsonl, one line per (re)start; the training records stay as they are. How its
+trainer ended (its exit status, 128 + N for signal N) is appended to RUN_DIR/slurm/exit-R.jsonl with the same
+job id and restart count: the backend's `launch status` of a failed job names each rank's exit status from it,
+as the local backend does from what torchrun or horovodrun report (`rank_exits`); Slurm itself keeps one exit
+code per step, not per task.
 
 `python -m scalelab.slurm.rank --free-port` prints a free TCP port (the DDP rendezvous port, on the first node).
 """
@@ -60,7 +64,7 @@ from submitit.core.utils import temporary_save_path
 from submitit.helpers import Checkpointable, DelayedSubmission
 
 from scalelab.core.devices import GPU_PINNED_ENV, gpu_shortage
-from scalelab.core.errors import SpecError, shell_word
+from scalelab.core.errors import ScalelabError, SpecError, shell_word
 from scalelab.core.launch import Slot, starter_of
 from scalelab.core.launch import rank_env as engine_rank_env
 from scalelab.core.net import free_port, gloo_hostname_problem, resolve
@@ -70,6 +74,7 @@ from scalelab.core.writes import write_inside
 
 INTERRUPTED = 143  # the trainer's exit after checkpointing on a stop signal (scalelab/train/loop.py)
 PLACEMENT_DIR = "slurm"
+EXIT_FILE = "exit-{rank}.jsonl"  # in PLACEMENT_DIR: one line per (re)start of the rank, its trainer's exit status
 
 
 @dataclass(frozen=True)
@@ -168,6 +173,16 @@ def record_placement(run_dir: Path, task: Task, env: dict[str, str], added: dict
     write_inside(run_dir, path, json.dumps(line) + "\n", append=True)
 
 
+def record_exit(run_dir: Path, task: Task, env: dict[str, str], code: int) -> None:
+    """Append this rank's exit status to RUN_DIR/slurm/exit-R.jsonl (`EXIT_FILE`), for `launch status`. A file that
+    cannot be written (a full disk, a planted link) is passed over: the rank's own exit status must still reach srun."""
+    line = {"rank": task.rank, "job_id": task.job_id, "restart": int(env.get("SLURM_RESTART_COUNT", "0") or 0),
+            "exit_code": code, "time": time.time()}
+    with contextlib.suppress(OSError, ScalelabError):
+        write_inside(run_dir, Path(run_dir) / PLACEMENT_DIR / EXIT_FILE.format(rank=task.rank),
+                     json.dumps(line) + "\n", append=True)
+
+
 def run_trainer(run_dir: Path, added: dict[str, str], own_code: bool = False) -> tuple[int, set[int]]:
     """`python -m scalelab.train RUN_DIR` (or, `own_code`, the runner of the user's --script:
     `python -m scalelab.train.script RUN_DIR`) with this rank's variables until it exits; TERM and USR1 are
@@ -210,6 +225,7 @@ class RankJob(Checkpointable):
             self._fail(str(exc), 2)
         record_placement(self.run_dir, task, env, added)
         code, got = run_trainer(self.run_dir, added, own_code)
+        record_exit(self.run_dir, task, env, code)
         if code == 0:
             return {"rank": task.rank, "exit_code": 0}
         if code == INTERRUPTED and got == {signal.SIGUSR1}:  # the time limit is near; not a cancel
