@@ -711,6 +711,18 @@ def rank_exits(run_dir: Path) -> dict[int, int]:
             if str(rank).isdigit() and isinstance(code, int) and not isinstance(code, bool)}
 
 
+def ranks_exits_detail(run_dir: Path, codes: list[int]) -> str:
+    """A failed run's detail (`launch status`): its ranks' exit statuses as recorded (`rank_exits`), the failing
+    rank's first ("rank 1 exited with status 3; rank 0 exited with status 143"); the processes' own `codes` only
+    where no rank's is known. Why: status said "exit codes [1]", torchrun's agents' status, of a run whose rank 1
+    exited 3, which the launcher's own line said."""
+    failed = {rank: code for rank, code in rank_exits(run_dir).items() if code != 0}
+    if not failed:
+        return f"exit codes {codes}"
+    order = sorted(failed, key=lambda rank: (failed[rank] == 128 + signal.SIGTERM, rank))  # a stopped peer's last
+    return "; ".join(f"rank {rank} exited with status {failed[rank]}" for rank in order)
+
+
 # What the agents report of ranks that failed: torchrun's ChildFailedError summary ("rank : 1 (local_rank:
 # 1)" then "exitcode : 5 (pid: N)") and horovodrun's "Process 1 exit with status code 5." lines.
 _TORCHRUN_EXIT = re.compile(r"^\s*rank\s*: (\d+) \(local_rank: \d+\)\n\s*exitcode\s*: (-?\d+)", re.MULTILINE)

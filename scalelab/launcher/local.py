@@ -64,8 +64,8 @@ from scalelab.launcher.backend import (
     ended_by_records,
     log_lines,
     log_text,
-    rank_exits,
     rank_tag,
+    ranks_exits_detail,
     read_log,
     reported_exits,
 )
@@ -197,18 +197,6 @@ def shell_status(code: int | None) -> int | None:
     run's status said "exit codes [-15]" where every other place (the launcher's own exit, the ranks'
     os._exit(143)) says 143 for the same SIGTERM."""
     return 128 - code if code is not None and code < 0 else code
-
-
-def ranks_exits_detail(run_dir: Path, codes: list[int]) -> str:
-    """A failed run's detail (`launch status`): its ranks' exit statuses as recorded (`rank_exits`), the failing
-    rank's first ("rank 1 exited with status 3; rank 0 exited with status 143"); the processes' own `codes` only
-    where no rank's is known. Why: status said "exit codes [1]", torchrun's agents' status, of a run whose rank 1
-    exited 3, which the launcher's own line said."""
-    failed = {rank: code for rank, code in rank_exits(run_dir).items() if code != 0}
-    if not failed:
-        return f"exit codes {codes}"
-    order = sorted(failed, key=lambda rank: (failed[rank] == 128 + signal.SIGTERM, rank))  # a stopped peer's last
-    return "; ".join(f"rank {rank} exited with status {failed[rank]}" for rank in order)
 
 
 THREADS_PER_CORE = 4  # --threads above this many per core of this machine is refused (issue #37)

@@ -56,7 +56,7 @@ from scalelab.core.rundir import (
 from scalelab.core.spec import Spec, read_spec
 from scalelab.core.waiting import wait_until
 from scalelab.core.writes import open_inside
-from scalelab.launcher.backend import Backend, RankOutput, Request, RunStatus, log_text
+from scalelab.launcher.backend import Backend, RankOutput, Request, RunStatus, log_text, ranks_exits_detail
 from scalelab.slurm.options import SlurmOptions, warning_too_late
 from scalelab.slurm.rank import EXIT_FILE, INTERRUPTED, PLACEMENT_DIR, RankJob
 from scalelab.slurm.render import (
@@ -327,13 +327,12 @@ class SlurmBackend(Backend):
 
 def with_rank_exits(run_dir: Path, job_id: str, status: RunStatus) -> RunStatus:
     """`status` of a FAILED job with its ranks' exit statuses first, in the local backend's words and order
-    (`local.ranks_exits_detail`: "rank 1 exited with status 3; rank 0 exited with status 143 (Slurm job 7 FAILED on
-    node1)"), read from what the ranks recorded (`task_exits`) and kept as launch.json's `rank_exits`, which the
+    (`ranks_exits_detail`: "rank 1 exited with status 3; rank 0 exited with status 143 (Slurm job 7 FAILED on node1)"),
+    read from what the ranks recorded (`task_exits`) and kept as launch.json's `rank_exits`, which the
     failure's line reads too (`backend.silent_ranks`: "rank 1 was killed by SIGKILL"); `status` as it is where no
     rank recorded a failing exit (every one 0 or 143, the stop's). Why: `launch status` of a Slurm run whose rank 1
     exited 3 said only "Slurm job 7 FAILED on node1", where the local backend names the rank and its status."""
     from scalelab.core.rundir import update_state
-    from scalelab.launcher.local import ranks_exits_detail
 
     exits = {str(rank): code for rank, code in sorted(task_exits(run_dir, job_id).items())}
     try:
