@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import runpy
 import signal
 import sys
@@ -165,11 +166,8 @@ class StopSignals:
         self.originals: tuple[Any, Any] | None = None  # signal.signal, signal.getsignal while wrapped
 
     def __call__(self, signum: int, frame: FrameType | None) -> None:
-        if os.getpid() != self.me:  # a process the script forked (a multiprocessing or DataLoader worker)
+        if not self._quieted():  # a process the script forked (a multiprocessing or DataLoader worker)
             return self._in_a_child(signum, frame)
-        # first of all: the stop ends the DataLoader's workers too, and their SIGCHLD, arriving within this handler,
-        # ran torch's handler inside it ("DataLoader worker ... killed by signal: Terminated"): their deaths are ours
-        quiet_worker_deaths()
         if self.chained:  # the script's handler called the one it replaced: the runner's own action
             return self._runner_action(signum, track._state.stop_asked)
         now = time.monotonic()
@@ -188,6 +186,22 @@ class StopSignals:
             handler(signum, frame)
         finally:
             self.chained = False
+
+    def _quieted(self) -> bool:
+        """False in a forked child; in the rank, torch's DataLoader SIGCHLD handler replaced first of all. Why: the
+        stop ends the DataLoader's workers too, and their SIGCHLD ran torch's handler inside this one ("DataLoader
+        worker ... killed by signal: Terminated"), the rank's end then a failure. Where a SIGCHLD already pending
+        with the stop runs it at this handler's first call (before the handler is replaced), that error is the
+        stop's, not the script's, and the replacement is made again."""
+        while True:
+            try:
+                if os.getpid() != self.me:
+                    return False
+                quiet_worker_deaths()
+                return True
+            except RuntimeError as exc:
+                if not _STOPPED_WORKER.search(str(exc)):
+                    raise
 
     @staticmethod
     def _runner_action(signum: int, asked: bool) -> None:
@@ -254,6 +268,10 @@ def _child_ended(signum: int, frame: FrameType | None) -> None:
     """SIGCHLD's handler once the DataLoader's is quieted: nothing (as the default). A Python handler, not SIG_DFL:
     a SIGCHLD already pending when the handler changed then finds one (with SIG_DFL, CPython printed "OSError:
     Signal 17 ignored due to race condition")."""
+
+
+# torch's SIGCHLD handler's error for a DataLoader worker ended by a stop signal (`signal.strsignal`'s names)
+_STOPPED_WORKER = re.compile(r"DataLoader worker \(pid \d+\) is killed by signal: (Terminated|Interrupt|Hangup)")
 
 
 def quiet_worker_deaths(any_handler: bool = False) -> None:
