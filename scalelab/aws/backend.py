@@ -136,12 +136,9 @@ class AwsBackend(Backend):
     def schedule(self, request: AwsRequest) -> str:
         plan, run_dir = request.plan, Path(request.run_dir)
         self._plan = plan
-        try:
+        # the first request of a launch: an endpoint that cannot be reached, bad keys
+        with _one_line("checking for instances of the run", "nothing was started"):
             self._refuse_while_running(plan, run_dir)
-        except Exception as exc:  # the first request of a launch: an endpoint that cannot be reached, bad keys
-            if _is_client_error(exc):
-                raise _user_error(exc, "checking for instances of the run", "nothing was started") from None
-            raise
         RunPaths(run_dir).logs.mkdir(parents=True, exist_ok=True)
         start_state(run_dir, backend=self.name, run_id=plan.run_id, region=plan.region, bucket=plan.bucket,
                     prefix=plan.prefix, node_types=plan.node_types, started=time.time(), generation=0,
@@ -266,16 +263,12 @@ class AwsBackend(Backend):
     def poll(self, run_dir: Path) -> RunStatus:
         """Mirror S3 into the run directory, then look at the run (and replace interrupted capacity)."""
         run_dir = Path(run_dir)
-        try:
+        with _one_line("following the run"):  # the runner then cancels the run: every instance is terminated
             info = read_state(run_dir)
             _beat(self.client("s3", info["region"]), info["bucket"], info["prefix"],  # "still following"
                   self._heartbeat_timeout_s())
             self.pull(run_dir)
             outcome = self._check(run_dir)
-        except Exception as exc:  # the runner then cancels the run: every instance is terminated
-            if _is_client_error(exc):
-                raise _user_error(exc, "following the run") from None
-            raise
         return outcome or RunStatus(RUNNING, f"generation {read_state(run_dir)['generation']}")
 
     def _check(self, run_dir: Path) -> RunStatus | None:
@@ -504,16 +497,12 @@ class AwsBackend(Backend):
         info = read_state(run_dir)
         if info.get("state") in TERMINAL:
             return RunStatus(info["state"], info.get("detail", ""))
-        try:
+        with _one_line("looking up the run's state", "nothing was changed"):
             live = td.instances(self.client("ec2", info["region"]), info["run_id"], ["pending", "running"])
             if live:
                 return RunStatus(RUNNING, f"{len(live)} instance(s) up, generation {info.get('generation')}")
             return self._ended_unfollowed(Path(run_dir), info) or RunStatus(
                 UNKNOWN, "no instance is up and the launcher did not record how the run ended")
-        except Exception as exc:
-            if _is_client_error(exc):
-                raise _user_error(exc, "looking up the run's state", "nothing was changed") from None
-            raise
 
     def _ended_unfollowed(self, run_dir: Path, info: dict) -> RunStatus | None:
         """How a run no launcher recorded the end of ended, as S3 says: removed by `launch aws gc` (its record,
@@ -794,6 +783,18 @@ UNREACHABLE = ("EndpointConnectionError", "ConnectTimeoutError", "ConnectionClos
 
 def _is_client_error(exc: BaseException) -> bool:
     return _error_code(exc) is not None or type(exc).__name__ in ("NoCredentialsError", "NoRegionError", *UNREACHABLE)
+
+
+@contextmanager
+def _one_line(doing: str, outcome: str = "every instance of the run was terminated") -> Iterator[None]:
+    """AWS refusing a request of the block, or out of reach, as one line (`_user_error`: what was being done, AWS's
+    words, `outcome`) instead of botocore's traceback; any other error as it is."""
+    try:
+        yield
+    except Exception as exc:
+        if _is_client_error(exc):
+            raise _user_error(exc, doing, outcome) from None
+        raise
 
 
 def _user_error(exc: BaseException, doing: str,
