@@ -500,8 +500,10 @@ class RunProgress:
     def _plain_queue(self) -> None:
         """Without a terminal, a line when the run enters its queue, when its reason to wait changes to another
         one (BeginTime -> Priority), and when it leaves (queued -> running): a job held in Slurm's queue printed
-        nothing for as long as it waited. A moment without a reason (squeue between two) is no news."""
-        queued = self.watch.queued
+        nothing for as long as it waited. A moment without a reason (squeue between two) is no news. A run with a
+        recorded step has left its queue, whatever the last look at the queue said: the job may start and take its
+        steps between two looks, and its step line came before "out of the queue"."""
+        queued = None if self.snap.step or self.snap.ended else self.watch.queued
         if queued == self._last_queued or (queued and self._last_queued and "(" not in queued):
             return
         if queued:
