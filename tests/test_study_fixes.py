@@ -232,16 +232,19 @@ def test_study_md_says_what_ran_at_its_scale_not_the_seeds_or_cpus():
 
 
 def test_study_json_records_the_scale(tmp_path, monkeypatch):
+    """study.json (written before the first run, with every variant's sweep) names the scale and the command
+    line's overrides, and the study file is copied beside it: what `launch resume STUDY` loads again."""
     import scalelab.launcher.study as study_mod
 
-    def fake_sweep(backend, specs, root, prefix):
-        (root / prefix).mkdir()
-        return root / prefix
-
-    monkeypatch.setattr(study_mod, "run_sweep", fake_sweep)
-    study_dir = study_mod.run_study(load_study(EXAMPLES / "seed004-sentiment.yaml", "test"), tmp_path)
+    ran = []
+    monkeypatch.setattr(study_mod, "continue_sweep", lambda backend, sweep, within: ran.append((sweep, within)))
+    source = EXAMPLES / "seed004-sentiment.yaml"
+    study_dir = study_mod.run_study(load_study(source, "test", {"backend": "local"}), tmp_path)
     meta = json.loads((study_dir / "study.json").read_text())
-    assert meta["scale"] == "test" and len(meta["sweeps"]) == 3
+    assert meta["scale"] == "test" and meta["overrides"] == {"backend": "local"} and len(meta["sweeps"]) == 3
+    assert [sweep.name for sweep, _ in ran] == [s["dir"] for s in meta["sweeps"]]
+    assert all(within == study_dir for _, within in ran)
+    assert (study_dir / "study.yaml").read_bytes() == source.read_bytes()
 
 
 @pytest.mark.slow

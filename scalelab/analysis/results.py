@@ -289,11 +289,11 @@ def _finished_runs(path: Path, left_out: str = "it is not in the report") -> tup
     if (path / STUDY_FILE).exists():
         runs, warnings = [], []
         for label, sweep in study_sweeps(path):
-            if not (sweep / SWEEP_FILE).exists():
+            if not (sweep / SWEEP_FILE).exists():  # a study made before every sweep was written at its start
                 warnings.append(f"variant {label!r} of {path} never started; `launch study` runs it")
                 continue
             try:
-                found, said = finished_layouts(sweep, left_out)
+                found, said = finished_layouts(sweep, left_out, resume=path)
             except RecordError as exc:  # one variant with nothing finished: report the others
                 found, said = [], [str(exc)]
             runs += found
@@ -317,9 +317,12 @@ class Report:
     notes: list[str] = field(default_factory=list)  # what the dollars rest on, or how to give them a price
 
 
-def finished_layouts(sweep_dir: Path, left_out: str = "it is not in the report") -> tuple[list[Path], list[str]]:
+def finished_layouts(sweep_dir: Path, left_out: str = "it is not in the report",
+                     resume: Path | None = None) -> tuple[list[Path], list[str]]:
     """The layouts of a sweep that completed, and a warning naming each that did not (and how it stands), saying
-    `left_out` of it (`launch plan`: "the plan leaves it out")."""
+    `left_out` of it (`launch plan`: "the plan leaves it out") and what resumes it: the sweep, or `resume` (the
+    study the sweep is part of, which resumes its variants in order)."""
+    again = f"`launch resume {shell_word(resume or sweep_dir)}` continues it"
     done, unfinished = [], []
     for run_dir in sweep_runs(sweep_dir):
         state = run_state(run_dir) if (run_dir / "spec.json").exists() else None
@@ -332,10 +335,9 @@ def finished_layouts(sweep_dir: Path, left_out: str = "it is not in the report")
             unfinished.append((run_dir.name, f"{state.lower()}: {detail}" if state else "never started"))
     if not done:
         raise RecordError(f"no layout of the sweep {sweep_dir} has finished yet "
-                          f"({'; '.join(f'{name} {how}' for name, how in unfinished)}); "
-                          f"`launch resume {shell_word(sweep_dir)}` continues it")
-    return done, [f"layout {name} of {sweep_dir} did not finish ({how}); {left_out}; "
-                  f"`launch resume {shell_word(sweep_dir)}` continues it" for name, how in unfinished]
+                          f"({'; '.join(f'{name} {how}' for name, how in unfinished)}); {again}")
+    return done, [f"layout {name} of {sweep_dir} did not finish ({how}); {left_out}; {again}"
+                  for name, how in unfinished]
 
 
 #: (run, its summary) -> more columns of its row: the dollars, priced by the caller (costs/ sits above this layer)

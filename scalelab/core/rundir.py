@@ -40,6 +40,7 @@ CHECKPOINT_FILE = "checkpoint.pt"
 CHECKPOINT_DIR = "checkpoint"  # RUN_DIR/checkpoint/: a --script's own checkpoint files (scalelab.track)
 SWEEP_FILE = "sweep.json"  # a sweep directory: {"runs": [layout directory names, in sweep order], ...}
 STUDY_FILE = "study.json"  # a study directory: {"title": ..., "sweeps": [{"label": variant, "dir": sweep}, ...]}
+STUDY_SOURCE = "study.yaml"  # a study directory's copy of the study file it ran, which `launch resume STUDY` reads
 GEMM_FILE = "gemm.json"  # seed 003's GEMM study (launcher/study.py): no runs, its timings are its tables
 
 # ---- run states: every backend maps its own (Slurm's, Kubernetes', EC2's) onto these -------------

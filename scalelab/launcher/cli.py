@@ -39,7 +39,8 @@ from scalelab.core.flags import (  # noqa: F401
 from scalelab.core.options import Flag, parse_pairs  # noqa: F401  (prep imports it here)
 from scalelab.core.presets import model_overrides
 from scalelab.core.runids import RunDir
-from scalelab.core.rundir import ACTIVE, GEMM_FILE, PENDING, discard_unlaunched, dryrun_dir, is_sweep, new_run_dir
+from scalelab.core.rundir import (ACTIVE, GEMM_FILE, PENDING, STUDY_FILE, discard_unlaunched, dryrun_dir, is_sweep,
+                                  new_run_dir)
 from scalelab.core.spec import (
     BATCH_MODES,
     SCALING_AXES,
@@ -731,7 +732,8 @@ def resume_cmd(run_dir: str, runs_dir: str, detach: bool, rank_output: str | Non
     (a unique prefix or suffix of its name under the runs directory).
 
     A sweep directory: its layouts that did not complete are continued (from their checkpoints) or
-    started, then the sweep is reported. A run that still runs is refused: `launch cancel` it first.
+    started, then the sweep is reported. A study directory: the same for each of its variants' sweeps,
+    then its tables are written. A run that still runs is refused: `launch cancel` it first.
     A spec.json edited since the run last ran in a field that changes how it trains is refused unless
     --allow-changed names the field.
     """
@@ -743,15 +745,22 @@ def resume_cmd(run_dir: str, runs_dir: str, detach: bool, rank_output: str | Non
                         f"it runs as {shell_word(path / 'spec.json')} says; to change them, edit `script_args` there "
                         "and resume with --allow-changed script_args")
     allowed_fields(allow_changed)  # a misspelt field is refused whatever the run's state (a completed one returned first)
-    if is_sweep(path):
+    study = (path / STUDY_FILE).is_file()
+    if is_sweep(path) or study:
         from scalelab.launcher.sweep import resume_sweep
 
+        what = "study" if study else "sweep"
         if rank_output is not None:
-            raise SpecError(f"--rank-output {rank_output} is for one run: a sweep's layouts are followed by their "
+            raise SpecError(f"--rank-output {rank_output} is for one run: a {what}'s layouts are followed by their "
                             "progress (`launch logs LAYOUT_DIR -f` shows a layout's output)")
         if detach:
-            raise SpecError("--detach is not for sweeps: their layouts run one after another, which takes a "
+            raise SpecError(f"--detach is not for a {what}: its layouts run one after another, which takes a "
                             "launcher following them; resume it without --detach")
+        if study:
+            from scalelab.launcher.study import resume_study, show_study
+
+            show_study(resume_study(path, allow_changed))
+            return
         from scalelab.launcher.layouts import restore_missing_layouts
 
         for name in restore_missing_layouts(path):  # deleted by hand: made again from sweep.json and a sibling's spec
@@ -1037,7 +1046,7 @@ def write_html_report(report, paths: list[Path]) -> Path:
     for one study, titled by it and with its seed-shaped tables (the CSVs `launch study` wrote)."""
     from scalelab.analysis.runhtml import cost_points, write_run_html
     from scalelab.core.records import load_run
-    from scalelab.core.rundir import STUDY_FILE, read_json
+    from scalelab.core.rundir import read_json
 
     runs = [load_run(r) for r in report.runs]
     points = cost_points(report.table)
@@ -1108,8 +1117,10 @@ def rows_table(rows: list[dict[str, Any]], title: str | None = None, width: int 
                (_rate_header(rows), "right", lambda r: _rate_cell(r, rows)),
                ("ETA", "right", lambda r: "—" if r.get("eta_s") is None else duration(r["eta_s"])),
                ("cost $", "right", lambda r: cell(r["cost_usd"], 2)), ("age", "right", lambda r: age(r["age_s"]))]
+    if any(r.get("variant") for r in rows):  # a study's layouts: each variant's sweep has a 1x1 of its own
+        columns.insert(1, ("variant", "left", lambda r: cell(r.get("variant"))))
     # the others only where some row has a value (JSON has all); the cost always, a dash saying no price is known
-    keep = ("name", "backend", "layout", "state", "steps", "cost $")
+    keep = ("name", "variant", "backend", "layout", "state", "steps", "cost $")
     columns = [c for c in columns if c[0] in keep or any(c[2](r) != "—" for r in rows)]
     width = width or console.width or 100
 

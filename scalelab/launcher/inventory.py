@@ -261,7 +261,13 @@ def study_row(study_dir: Path, now: float | None = None, backends: Backends | No
     rows = []
     for label, sweep_dir in _study_sweeps(study_dir):
         rows += [{**r, "variant": label} for r in sweep_row(sweep_dir, now, backends)["layouts"]]
-    return group_row(study_dir, "study", rows)
+    row = group_row(study_dir, "study", rows)
+    if row["state"] in ("INCOMPLETE", "NEW") and any(r["state"] == "NEW" for r in rows) and owner_of(study_dir):
+        row["state"] = "RUNNING"  # its launcher is alive, between two layouts
+    note = sweep_note(study_dir, rows, row["state"])  # how far it got; `launch resume STUDY` goes on
+    if note:
+        row["note"] = note
+    return row
 
 
 def _study_sweeps(study_dir: Path) -> list[tuple[str | None, Path]]:

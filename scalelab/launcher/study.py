@@ -14,9 +14,9 @@ analysis.studies (from the runs' records, like every other report), the dollars 
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import re
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -24,18 +24,21 @@ from typing import Any, Callable
 import click
 
 from scalelab.core.checks import InputFile
-from scalelab.core.errors import ScalelabError, SpecError
+from scalelab.core.errors import ScalelabError, SpecError, shell_word
 from scalelab.core.flags import shared_flags
 from scalelab.core.records import load_run
-from scalelab.core.rundir import GEMM_FILE, STUDY_FILE, dryrun_dir, new_run_dir, study_sweeps, write_json
-from scalelab.core.spec import BACKEND_NAMES, MODE_AXES, Spec, read_yaml_mapping
+from scalelab.core.rundir import (COMPLETED, GEMM_FILE, STUDY_FILE, STUDY_SOURCE, RunPaths, dryrun_dir, new_run_dir,
+                                  read_json, run_state, study_sweeps, sweep_runs, write_json)
+from scalelab.core.spec import BACKEND_NAMES, MODE_AXES, Spec, read_spec, read_yaml_mapping
 from scalelab.core.writes import refuse_links
 from scalelab.launcher.backend import get_backend
 from scalelab.launcher.cli import console
 from scalelab.launcher.runner import err_console
 from scalelab.launcher.pricing import guard, price_options, show_quote
 from scalelab.launcher.studyfile import check_study_file
-from scalelab.launcher.sweep import parse_layouts, run_sweep, sweep_specs
+from scalelab.launcher.runner import owning
+from scalelab.launcher.sweep import (checked_resume, continue_sweep, make_sweep, parse_layouts, removed_on_failure,
+                                     sweep_specs)
 
 
 @dataclass
@@ -61,6 +64,8 @@ class Study:
     kind: str = "scaling"  # scaling: sweeps of training runs; gemm: seed 003's single-process measurements
     gemm: dict[str, Any] = field(default_factory=dict)
     scale: str | None = None  # the named scale it was loaded at (`--scale`); None: the file's base
+    source: Path | None = None  # the file it was loaded from, copied into its directory (`launch resume STUDY`)
+    overrides: dict[str, Any] = field(default_factory=dict)  # the command line's spec overrides (--backend)
 
     def instance_mixes(self) -> dict[tuple[str, str], str | None]:
         """(variant label, layout "NxG") -> the instance mix it runs on (the variant's, else the
@@ -99,6 +104,7 @@ def load_study(path: Path, scale: str | None = None, overrides: dict[str, Any] |
         epochs_shown=int(raw.get("epochs_shown", 3)),
     )
     study.kind, study.gemm, study.scale = raw.get("kind", "scaling"), raw.get("gemm", {}), scale
+    study.source, study.overrides = path, dict(overrides or {})
     if study.kind == "gemm":
         _check_gemm(study.gemm, path)
         return study
@@ -266,25 +272,64 @@ def study_name(study: Study) -> str:
 
 def run_study(study: Study, runs_root: Path, planned: list[list[Spec]] | None = None) -> Path:
     """Run every variant's sweep into one study directory; return it. `planned`: each variant's specs where the
-    caller made them already (`study_cmd`, for the price). A study that launched nothing (its first variant
-    refused, before any layout was submitted) leaves no directory, as `run_sweep` leaves no sweep."""
+    caller made them already (`study_cmd`, for the price).
 
+    Every variant's sweep (its layouts' directories and specs), study.json and a copy of the study file are
+    written before the first run starts, as a sweep writes every layout's first: a study stopped at any point
+    is reported as far as it went and resumed (`launch resume STUDY`) from there. A study that launched
+    nothing (its first submission refused) leaves no directory, as `run_sweep` leaves no sweep."""
     planned = planned or [variant_specs(study, v) for v in study.variants]
+    for specs in planned:  # every variant's backend refuses before anything is made
+        get_backend(specs[0].backend, specs[0].backend_options).validate(specs[0])
     study_dir = new_run_dir(runs_root, study_name(study))
-    sweeps: list[dict[str, str]] = []
+    with removed_on_failure(study_dir):
+        sweeps = [{"label": variant.label, "dir": make_sweep(specs, study_dir, f"v{i}").name}
+                  for i, (variant, specs) in enumerate(zip(study.variants, planned))]
+        if study.source is not None:
+            (study_dir / STUDY_SOURCE).write_bytes(study.source.read_bytes())
+        write_json(study_dir / STUDY_FILE, {"title": study.title, "scale": study.scale,
+                                            "overrides": study.overrides, "sweeps": sweeps})
     try:
-        for i, (variant, specs) in enumerate(zip(study.variants, planned)):
-            backend = get_backend(specs[0].backend, specs[0].backend_options)
-            backend.validate(specs[0])
-            sweep = run_sweep(backend, specs, study_dir, f"v{i}")
-            sweeps.append({"label": variant.label, "dir": sweep.name})
-            write_json(study_dir / STUDY_FILE, {"title": study.title, "scale": study.scale, "sweeps": sweeps})
-    except (ScalelabError, OSError):  # OSError: a full or read-only disk under the first sweep's layouts
-        if not sweeps and not any(study_dir.iterdir()):  # run_sweep removed the first sweep: nothing was launched
-            with contextlib.suppress(OSError):  # the error that stopped the study matters more
-                study_dir.rmdir()
+        return continue_study(study_dir)
+    except ScalelabError:  # launched nothing: nothing to report or resume
+        if not any(RunPaths(run).launch.exists() for _, sweep in study_sweeps(study_dir) for run in sweep_runs(sweep)):
+            shutil.rmtree(study_dir, ignore_errors=True)
         raise
+
+
+def continue_study(study_dir: Path, allow_changed: tuple[str, ...] | None = None) -> Path:
+    """Each variant's sweep that has not completed, in study order, held as one (`owning`: a stop names the study
+    to resume); a layout that does not complete stops the study. `allow_changed` None: the study's first run;
+    otherwise `launch resume STUDY`, whose checks (`checked_resume`) pass for every sweep before any goes on."""
+    todo = [sweep for _, sweep in study_sweeps(study_dir)
+            if any(run_state(run) != COMPLETED for run in sweep_runs(sweep))]
+    if allow_changed is None:
+        backends = [_sweep_backend(sweep) for sweep in todo]
+    else:
+        backends = [checked_resume(sweep, allow_changed) for sweep in todo]
+    with owning(study_dir):
+        for backend, sweep in zip(backends, todo):
+            continue_sweep(backend, sweep, within=study_dir)
     return study_dir
+
+
+def _sweep_backend(sweep_dir: Path) -> Any:
+    first = read_spec(sweep_runs(sweep_dir)[0]).validate(stored=True)
+    return get_backend(first.backend, first.backend_options)
+
+
+def resume_study(study_dir: Path, allow_changed: tuple[str, ...] = ()) -> Path:
+    """`launch resume STUDY`: its unfinished layouts continued from their checkpoints or started, variant after
+    variant, then its tables and study.md written as `launch study` writes them; the study file it ran is its
+    own copy, so the tables are those of the study that ran even where the original was edited since."""
+    source = study_dir / STUDY_SOURCE
+    if not source.is_file():
+        raise ScalelabError(f"{study_dir} holds no copy of its study file ({STUDY_SOURCE}): it was made by an "
+                            "older scalelab, which wrote none; resume its sweeps one by one (`launch status "
+                            f"{shell_word(study_dir)}` lists them), or run `launch study` again")
+    meta = read_json(study_dir / STUDY_FILE, STUDY_FILE, dict)
+    study = load_study(source, meta.get("scale"), meta.get("overrides") or None)  # refused before anything runs
+    return study_report(continue_study(study_dir, allow_changed), study)
 
 
 def report_gemm(paths: list[Path], out: Path | None, fmt: str) -> None:

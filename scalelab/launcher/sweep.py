@@ -177,6 +177,17 @@ def run_sweep(backend, specs: list[Spec], runs_root: Path, name: str, repeats: i
     Every layout's directory and spec are written before the first run starts, so an interrupted sweep
     can be reported (what finished) and resumed (`resume_sweep`) whatever point it reached.
     """
+    sweep_dir = make_sweep(specs, runs_root, name, repeats)
+    try:
+        return continue_sweep(backend, sweep_dir)
+    except ScalelabError:
+        discard_unlaunched_sweep(sweep_dir)
+        raise
+
+
+def make_sweep(specs: list[Spec], runs_root: Path, name: str, repeats: int = 1) -> Path:
+    """A new sweep directory holding every layout's directory and spec, and sweep.json; nothing launched. A study
+    makes all its variants' sweeps so before its first run, so that it can be resumed whatever point it reached."""
     sweep_dir = new_run_dir(runs_root, name)
     with removed_on_failure(sweep_dir):
         names = []
@@ -186,11 +197,7 @@ def run_sweep(backend, specs: list[Spec], runs_root: Path, name: str, repeats: i
                 save_spec(spec, run_dir)
                 names.append(run_dir.name)
         write_json(sweep_dir / SWEEP_FILE, {"runs": names, "layouts": [[s.nodes, s.gpus_per_node] for s in specs]})
-    try:
-        return continue_sweep(backend, sweep_dir)
-    except ScalelabError:
-        discard_unlaunched_sweep(sweep_dir)
-        raise
+    return sweep_dir
 
 
 @contextmanager
@@ -217,6 +224,13 @@ def discard_unlaunched_sweep(sweep_dir: Path) -> bool:
 def resume_sweep(sweep_dir: Path, allow_changed: tuple[str, ...] = ()) -> Path:
     """`launch resume SWEEP_DIR`: the layouts that did not complete, continued or started; the sweep.
     A layout whose spec.json changes how it trains since it ran is refused unless allowed (issue #37)."""
+    return continue_sweep(checked_resume(sweep_dir, allow_changed), sweep_dir)
+
+
+def checked_resume(sweep_dir: Path, allow_changed: tuple[str, ...] = ()):
+    """The sweep's backend, once every unfinished layout may be resumed (its spec unchanged or the change
+    allowed, a checkpoint where steps were taken) and the allowed changes are recorded; a refusal changes
+    nothing. Done for every sweep of a study before the first of them goes on."""
     from scalelab.core.trajectory import check_resume, record_changes
     from scalelab.launcher.backend import get_backend
 
@@ -233,10 +247,10 @@ def resume_sweep(sweep_dir: Path, allow_changed: tuple[str, ...] = ()) -> Path:
     for run_dir, changed in changes:
         if changed:
             record_changes(run_dir, changed)
-    return continue_sweep(backend, sweep_dir)
+    return backend
 
 
-def continue_sweep(backend, sweep_dir: Path) -> Path:
+def continue_sweep(backend, sweep_dir: Path, within: Path | None = None) -> Path:
     """Run every layout of the sweep that has not completed; return the sweep directory.
 
     One after another, or - for a backend with a queue (`Backend.queues`, e.g. Slurm) - every layout
@@ -244,7 +258,7 @@ def continue_sweep(backend, sweep_dir: Path) -> Path:
     continues from its checkpoint (a run resumes from the checkpoint in its directory), one never
     started starts. The sweep owns its directory and each layout's while it runs it (`owning`), and
     holds every run it submitted (`stopping_runs`): a stop signal or an error cancels whatever has
-    not ended, and names the sweep as what to resume.
+    not ended, and names the sweep as what to resume (`within`: the study it is part of, then).
     """
     todo = [(read_spec(run_dir).validate(stored=True), run_dir) for run_dir in sweep_runs(sweep_dir) if run_state(run_dir) != COMPLETED]
     for _, run_dir in todo:  # a planted link in any layout: refused before anything is written (issue #37)
@@ -265,10 +279,10 @@ def continue_sweep(backend, sweep_dir: Path) -> Path:
                 print(f"launch: {note}", file=sys.stderr, flush=True)
                 note = ""
             if not backend.queues:  # one at a time: followed to its end before the next starts
-                _follow_layout(own, spec, run_dirs[0], sweep_dir)
+                _follow_layout(own, spec, run_dirs[0], sweep_dir, within)
         if backend.queues:  # every layout is queued now; follow each in turn
             for spec, run_dir in todo:
-                _follow_layout(backend.for_spec(spec), spec, run_dir, sweep_dir)
+                _follow_layout(backend.for_spec(spec), spec, run_dir, sweep_dir, within)
     return sweep_dir
 
 
@@ -284,17 +298,18 @@ def _batches(todo: list[tuple[Spec, Path]], together: bool) -> list[tuple[Spec, 
     return out
 
 
-def _follow_layout(backend, spec: Spec, run_dir: Path, sweep_dir: Path) -> None:
-    """Follow one layout; a layout that did not complete stops the sweep, saying how to continue it. Its error goes
-    on with those words added, so its type and exit status stay the layout's: 1 for a layout that failed, as for a
-    run (`RunFailed`), 2 for a wrong input."""
+def _follow_layout(backend, spec: Spec, run_dir: Path, sweep_dir: Path, within: Path | None = None) -> None:
+    """Follow one layout; a layout that did not complete stops the sweep (and the study `within`, if any), saying
+    how to continue it. Its error goes on with those words added, so its type and exit status stay the layout's: 1
+    for a layout that failed, as for a run (`RunFailed`), 2 for a wrong input."""
     try:
         follow(backend, spec, run_dir, label=run_dir.name)
     except ScalelabError as exc:
-        how = (f"the sweep was cancelled at layout {run_dir.name}, and its unfinished layouts with it"
-               if _cancelled(run_dir) else f"the sweep stopped at layout {run_dir.name}")
-        exc.args = (f"{exc}; {how}; `launch resume {shell_word(sweep_dir)}` continues its unfinished layouts, "
-                    "`launch report` reports the finished ones",)
+        what, layout = ("study", f"{sweep_dir.name}/{run_dir.name}") if within else ("sweep", run_dir.name)
+        how = (f"the {what} was cancelled at layout {layout}, and its unfinished layouts with it"
+               if _cancelled(run_dir) else f"the {what} stopped at layout {layout}")
+        exc.args = (f"{exc}; {how}; `launch resume {shell_word(within or sweep_dir)}` continues its unfinished "
+                    "layouts, `launch report` reports the finished ones",)
         raise
 
 
