@@ -88,3 +88,23 @@ def test_resume_of_a_study_refuses_the_one_run_flags(tmp_path: Path, monkeypatch
     (study / "study.json").write_text(json.dumps({"title": "x", "sweeps": []}))
     code, err, _ = run_entry(["resume", str(study), *flag], monkeypatch, capsys)
     assert code == 2 and "a study" in err and "Traceback" not in err, err
+
+
+def test_a_study_with_nothing_finished_names_itself_once_as_what_continues_it(tmp_path: Path, monkeypatch,
+                                                                               capsys) -> None:
+    """`launch report STUDY` before any layout completed: one error naming each variant's state and the study's
+    resume once (it named each variant's sweep, each with its own `launch resume`)."""
+    from scalelab.launcher.study import load_study, variant_specs
+    from scalelab.launcher.sweep import make_sweep
+
+    (tmp_path / "s.yaml").write_text(STUDY)
+    study = load_study(tmp_path / "s.yaml")
+    root = tmp_path / "study-two-variants-20260101-000000"
+    root.mkdir()
+    sweeps = [{"label": v.label, "dir": make_sweep(variant_specs(study, v), root, f"v{i}").name}
+              for i, v in enumerate(study.variants)]
+    (root / "study.json").write_text(json.dumps({"title": study.title, "sweeps": sweeps}))
+    code, err, _ = run_entry(["report", str(root)], monkeypatch, capsys)
+    said = " ".join(err.split())
+    assert code == 2 and "no run of the study" in said and said.count("launch resume") == 1, said
+    assert said.rstrip().endswith(f"`launch resume {root}` continues it"), said

@@ -298,8 +298,10 @@ def _finished_runs(path: Path, left_out: str = "it is not in the report") -> tup
                 found, said = [], [str(exc)]
             runs += found
             warnings += said
-        if not runs:
-            raise RecordError(f"no run of the study {path} has finished yet: {'; '.join(warnings)}")
+        if not runs:  # what continues the study said once, not once per variant
+            again = f"; `launch resume {shell_word(path)}` continues it"
+            said = "; ".join(w.removesuffix(again) for w in warnings)
+            raise RecordError(f"no run of the study {path} has finished yet: {said}{again}")
         return runs, warnings
     if (path / SWEEP_FILE).exists():
         return finished_layouts(path, left_out)
