@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 import click
 from rich import box
@@ -573,23 +574,75 @@ def _parse_workers(text: str | None) -> list[int]:
     return out
 
 
-def _parse_speed(pairs: tuple[str, ...]) -> dict[str, float]:
+def _parse_speed(pairs: tuple[str, ...], catalog: Catalog) -> dict[str, float]:
+    """`--speed KEY=FACTOR` pairs, each key a GPU model, type or rate of `catalog` and each factor in
+    (0, MAX_SPEED_FACTOR]. Why: a misspelt key (`V10=3`) was ignored without a word, and `A10G=1e300`
+    priced every layout at "0 s"."""
+    from scalelab.costs.speed import MAX_SPEED_FACTOR, check_speed
+
     out = {}
     for p in pairs:
         k, sep, v = p.partition("=")
         try:
             out[k.strip()] = float(v)
-            assert sep and k.strip() and float(v) > 0
+            assert sep and k.strip() and 0 < float(v) <= MAX_SPEED_FACTOR
         except (ValueError, AssertionError):
-            raise SpecError(f"--speed takes GPU_OR_TYPE=FACTOR with FACTOR > 0 (e.g. V100=2.5), got {p!r}") from None
+            raise SpecError(f"--speed takes GPU_OR_TYPE=FACTOR with FACTOR > 0 and <= {MAX_SPEED_FACTOR:g} (the "
+                            f"type's per-GPU speed over the measured one, e.g. V100=2.5), got {p!r}") from None
+    why = check_speed(out, catalog)
+    if why:
+        raise SpecError(why)
     return out
 
 
+def _asked_type(name: str, catalog: Catalog) -> None:
+    """A type of `--instance-types` the catalog lacks is an error naming the fix; a mix (`1*p2.xlarge+3*g3.4xlarge`)
+    is not a type: the worker-count planner prices one type at a time, and mixes are `--predict NxG@MIX`."""
+    if "*" in name or "+" in name:
+        raise SpecError(f"--instance-types {name!r}: a mix of instances, not one type; --instance-types takes single "
+                        "types (e.g. g3.4xlarge,p2.xlarge); plan a mixed fleet with --predict NODESxGPUS@MIX, e.g. "
+                        "--predict 4x1@1*p2.xlarge+3*g3.4xlarge (the table needs nodes and instance_type)")
+    catalog.instance(name)
+
+
+def _none_named(labels: Sequence[Any]) -> str:
+    """'a names none' / 'a, b name none': the runs that name no instance type."""
+    names = [str(x) for x in labels]
+    return f"{', '.join(names)} {'names' if len(names) == 1 else 'name'} none"
+
+
+def _one_reason_each(reasons: Sequence[str]) -> str:
+    """Reasons of the form 'TYPE: why', one per cause with its types listed, not the same long sentence once per
+    type in one line. A `--speed GPU=FACTOR` hint that differs only by GPU is merged, its GPUs named."""
+    causes: dict[str, list[str]] = {}
+    gpus: dict[str, list[str]] = {}
+    for reason in reasons:
+        name, sep, why = reason.partition(": ")
+        if not sep:
+            name, why = "", reason
+        generic = re.sub(r"--speed (\S+)=FACTOR", "--speed GPU=FACTOR", why)
+        causes.setdefault(generic, []).append(name)
+        gpus.setdefault(generic, []).extend(re.findall(r"--speed (\S+)=FACTOR", why))
+    out = []
+    for why, names in causes.items():
+        keys = list(dict.fromkeys(gpus[why]))
+        why = why.replace("--speed GPU=FACTOR", f"--speed {keys[0]}=FACTOR") if len(keys) == 1 else \
+            why.replace("--speed GPU=FACTOR", f"--speed GPU=FACTOR ({', '.join(keys)})") if keys else why
+        named = [n for n in names if n]
+        out.append(f"{', '.join(named)}: {why}" if named else why)
+    return "; ".join(out)
+
+
 def _parse_batches(text: str | None) -> list[int]:
+    """Global batches, each a whole number >= 1; the message names the item that is not."""
+    for item in (text or "").replace(" ", "").split(","):
+        if item and (not item.isdigit() or int(item) < 1):
+            raise SpecError(f"--predict-batch takes global batches (whole numbers >= 1) separated by commas, e.g. "
+                            f"64,128; {item!r} in {text!r} is not one")
     try:
         return _parse_workers(text)
-    except SpecError:
-        raise SpecError(f"--predict-batch takes global batches separated by commas, e.g. 64,128; got {text!r}") from None
+    except SpecError as exc:
+        raise SpecError(str(exc).replace("--predict-workers", "--predict-batch")) from None
 
 
 @click.command("plan")
@@ -681,7 +734,7 @@ def plan_cmd(run_dirs: tuple[str, ...], from_csv: str | None, predict_workers: s
         raise SpecError(f"--instance-types {instance_types!r} names no type: give types, e.g. g3.4xlarge,g3.16xlarge, "
                         "or leave the flag out for the default ones")
     for t in asked:
-        catalog.instance(t)  # a type asked for that the catalog lacks: an error naming the fix
+        _asked_type(t, catalog)
     if given_on is not None and given_on not in catalog.names():  # was planned unpriced without a word
         try:
             catalog.instance(given_on)
@@ -694,7 +747,7 @@ def plan_cmd(run_dirs: tuple[str, ...], from_csv: str | None, predict_workers: s
     link = LinkModel(gradient_bytes=(gradient_mb or 1.0) * 1e6, intra_gbps=intra_gbps)
     result = plan(PlanRequest(
         m.measured, _worker_grid(m.measured, predict_workers), catalog, types,
-        list(MARKETS) if market == "both" else [market], work, measured_on, _parse_speed(speed), link,
+        list(MARKETS) if market == "both" else [market], work, measured_on, _parse_speed(speed, catalog), link,
         deadline_h=deadline_h, budget_usd=budget_usd, region=params["region"], confidence=confidence,
         convergence=m.convergence, predict_batch=_parse_batches(predict_batch), overheads=m.overheads,
         probe_speed=m.probe_speed, precision=m.precision, memory=m.memory, source=_source(from_csv),
@@ -707,7 +760,7 @@ def plan_cmd(run_dirs: tuple[str, ...], from_csv: str | None, predict_workers: s
         result.notes.append(why)
         result.unpriced.append(why)
     if len(result.candidates) == 0 and types and work is not None:  # the cause alone, not the fit's notes
-        raise CatalogError("; ".join(result.unpriced) or "nothing could be priced")
+        raise CatalogError(_one_reason_each(result.unpriced) or "nothing could be priced")
     _refuse_unanswered_limits(result, deadline_h, budget_usd, asked, _source(from_csv))
     _show_plan(result, fmt, out, m)
 
@@ -824,7 +877,7 @@ def _predict_layouts(run_dirs: tuple[str, ...], path: str | None, text: str, con
     if not path and measured["instance_type"].isna().any():
         raise DataError("--predict with run directories needs runs made on a named instance type (a cloud "
                         "backend, or --rate TYPE=... with --instance-type); "
-                        f"{', '.join(map(str, measured.loc[measured['instance_type'].isna(), 'label'].unique()))} name none")
+                        + _none_named(measured.loc[measured['instance_type'].isna(), 'label'].unique()))
     result = plan(PlanRequest(measured, [], catalog, markets=markets, work=work, deadline_h=deadline_h,
                               budget_usd=budget_usd, region=params["region"], confidence=confidence,
                               layouts=layouts, source=_source(path), **_spot_kwargs(params)))

@@ -37,6 +37,7 @@ estimated relative to it: such types are not priced, and the reason says what to
 
 from __future__ import annotations
 
+import difflib
 import math
 from dataclasses import dataclass
 from functools import lru_cache
@@ -47,7 +48,7 @@ import pandas as pd
 
 from scalelab.costs.catalog import Catalog, GpuModel, InstanceType
 
-__all__ = ["SPEED_BASES", "Speed", "resolve_speed", "spec_time_ratio", "calibrate", "published_ratio"]
+__all__ = ["SPEED_BASES", "Speed", "resolve_speed", "check_speed", "speed_keys", "MAX_SPEED_FACTOR", "spec_time_ratio", "calibrate", "published_ratio"]
 
 SPEED_BASES = ("measured", "probe", "published", "estimate", "user")
 PUBLISHED_WIDENING = 1.3  # a ratio measured on other jobs: the corpus's K80/P100 ratios span 10 % over three CNNs
@@ -172,3 +173,30 @@ def published_ratio(gpu: str, ref: str, precision: str) -> tuple[float, float, s
     median = float(np.median(ratios))
     spread = math.exp(max(abs(math.log(x / median)) for x in ratios))
     return median, max(PUBLISHED_WIDENING, spread), f"{len(ratios)} job(s), {kind}"
+
+
+#: the largest `--speed` factor taken: a thousand times the measured GPU is past any GPU generation's step
+#: (K80 to H100 is about 20x); 1e300 priced every layout at "0 s"
+MAX_SPEED_FACTOR = 1000.0
+
+
+def speed_keys(catalog: Catalog) -> list[str]:
+    """What `--speed KEY=FACTOR` may name: the catalog's GPU models, instance types and rate names (`resolve_speed`
+    looks a type up by its name, then by its GPU model)."""
+    models = set(catalog.gpu_models) | {i.gpu_model for i in catalog.instances.values() if i.gpu_model}
+    return sorted(models | set(catalog.names()))
+
+
+def check_speed(speed: dict[str, float], catalog: Catalog) -> str | None:
+    """Why `speed` cannot be applied (a key the catalog does not know, with the nearest valid one), or None.
+    Why: `--speed V10=3` was ignored without a word, and the plan read as if the factor were applied."""
+    known = speed_keys(catalog)
+    lower = {k.lower(): k for k in known}
+    for key in speed:
+        if key in known:
+            continue
+        close = difflib.get_close_matches(key.lower(), list(lower), n=1)
+        hint = f"did you mean {lower[close[0]]}? " if close else ""
+        return (f"--speed {key}: no GPU model, instance type or rate of that name; {hint}give a GPU model (e.g. "
+                f"{', '.join(sorted(catalog.gpu_models)[:4])}), a type or a rate that `launch cost --list` shows")
+    return None

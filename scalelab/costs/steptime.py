@@ -54,7 +54,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Protocol, Sequence
 
 import numpy as np
@@ -62,7 +62,7 @@ import pandas as pd
 
 from scalelab.core.errors import DataError
 from scalelab.core.spec import BALANCE_MODES
-from scalelab.costs.billing import Mix
+from scalelab.costs.billing import Mix, instances_for
 from scalelab.costs.calibration import band_class, band_spread, calibrate, conformal_quantile, k_class, measured_noise
 from scalelab.costs.catalog import Catalog, CatalogError
 from scalelab.costs.fitting import FitError, FitResult, LinkModel, fit_series, nnls
@@ -74,6 +74,10 @@ __all__ = ["Known", "Layout", "parse_fleet_layout", "parse_fleet_layouts", "exch
 
 STEP_MODELS = names("layout", choosable=True)  # scalelab/costs/registry.py; steptime-scaled only widens bands
 _DEFAULT_LINK = LinkModel()
+#: the largest layout `--predict` takes: 4096 nodes (32,768 GPUs of 8-GPU nodes, the scale of the largest training
+#: clusters) and 1024 GPUs per node (a GPU-hour rate's node has any shape); past them a prediction is no answer
+MAX_NODES = 4096
+MAX_GPUS_PER_NODE = 1024
 _LAYOUT = re.compile(r"\s*(\d+)\s*x\s*(\d+)\s*@\s*([^:]+?)\s*(?::\s*(\w+)\s*)?")
 
 
@@ -89,6 +93,7 @@ class Layout:
     gpus_per_node: int
     node_types: tuple[str, ...]
     balance: str = "static"
+    units: int = 1  # billed units per node: 1 an instance, or its GPUs at a GPU-hour rate (billing.instances_for)
 
     @property
     def workers(self) -> int:
@@ -100,9 +105,9 @@ class Layout:
         items: list[list[Any]] = []
         for t in self.node_types:
             if items and items[-1][1] == t:
-                items[-1][0] += 1
+                items[-1][0] += self.units
             else:
-                items.append([1, t])
+                items.append([self.units, t])
         return str(Mix(tuple((n, t) for n, t in items)))
 
     @property
@@ -113,7 +118,11 @@ class Layout:
 
 
 def _layout(nodes: int, gpus: int, mix: Mix, balance: str, catalog: Catalog, what: str) -> Layout:
-    """A checked layout: one instance per node, each with at least `gpus` GPUs."""
+    """A checked layout: one instance per node, each with at least `gpus` GPUs. A rate per GPU-hour has no shape
+    (docs/costs.md): its node holds any GPUs and is billed per GPU (`billing.instances_for`), so `1x2@slurm` and
+    `1x2@2*slurm` are both one node of two GPUs billed as 2 GPU-hours an hour."""
+    if all(catalog.instance(t).per_gpu for _, t in mix.items):
+        return _per_gpu_layout(nodes, gpus, mix, balance, catalog, what)
     if mix.count() != nodes:
         raise DataError(f"{what}: {nodes} node(s) but {mix.count()} instance(s) ({mix}); give one instance per node, "
                         f"e.g. {nodes}x{gpus}@{nodes}*{mix.items[0][1]}")
@@ -127,6 +136,21 @@ def _layout(nodes: int, gpus: int, mix: Mix, balance: str, catalog: Catalog, wha
     return Layout(nodes, gpus, tuple(mix.node_types()), balance)
 
 
+def _per_gpu_layout(nodes: int, gpus: int, mix: Mix, balance: str, catalog: Catalog, what: str) -> Layout:
+    """A layout at GPU-hour rates: one rate term per node, or one per GPU (`NODES*GPUS` of them)."""
+    units = instances_for(1, gpus, mix.items[0][1], catalog).count()
+    types = mix.node_types()
+    if len(types) == nodes * units and units > 1:
+        types = types[::units]
+    elif len(types) != nodes:
+        raise DataError(f"{what}: {nodes} node(s) of {gpus} GPU(s) at a GPU-hour rate are {nodes} node(s) or "
+                        f"{nodes * gpus} GPU(s), but {mix} names {mix.count()}; write e.g. "
+                        f"{nodes}x{gpus}@{mix.items[0][1]} (a bare rate is every node)")
+    if balance not in BALANCE_MODES:
+        raise DataError(f"{what}: balance must be static or dynamic, got {balance!r}")
+    return Layout(nodes, gpus, tuple(types), balance, units)
+
+
 def parse_fleet_layout(text: str, catalog: Catalog) -> Layout:
     """A layout on instance types, `NODESxGPUS@INSTANCES[:static|:dynamic]` (`launch plan --predict`),
     e.g. `4x1@1*p2.xlarge+3*g3.4xlarge:dynamic`; a bare type after @ is one instance per node
@@ -136,6 +160,10 @@ def parse_fleet_layout(text: str, catalog: Catalog) -> Layout:
         raise DataError(f"--predict: cannot read layout {text!r}; write NODESxGPUS@INSTANCES, e.g. 4x1@4*g3.4xlarge, "
                         "2x2@2*g3.16xlarge or 4x1@1*p2.xlarge+3*g3.4xlarge:dynamic (NODES, GPUS >= 1)")
     nodes, gpus = int(m.group(1)), int(m.group(2))
+    if nodes > MAX_NODES or gpus > MAX_GPUS_PER_NODE:
+        raise DataError(f"--predict {text!r}: {nodes} node(s) of {gpus} GPU(s) is past what a layout may have (at most "
+                        f"{MAX_NODES} nodes and {MAX_GPUS_PER_NODE} GPUs per node, the scale of the largest training "
+                        "clusters); predict a smaller layout")
     try:
         mix = Mix.parse(m.group(3), catalog, nodes=nodes)
     except CatalogError as exc:
@@ -211,6 +239,8 @@ class StepModel:
     links: np.ndarray = field(default_factory=lambda: np.zeros(4))
     seen: tuple[bool, bool] = (False, False)  # (inside a node, across nodes)
     known: Known = field(default_factory=lambda: Known())
+    nodes_measured: int = 0  # the most nodes of a fitted multi-GPU row: past it the exchange is extrapolated
+    reading: str = "blend"  # past nodes_measured: "bandwidth", "latency" or their geometric mean ("blend")
 
     @property
     def bandwidth(self) -> bool:
@@ -244,7 +274,19 @@ class StepModel:
         return float(each.max())
 
     def exchange_s(self, layout: Layout) -> float:
-        return float(self.exchange_terms(layout) @ self.links)
+        """The exposed exchange. Past the most nodes measured (nk) the table cannot tell a bandwidth-bound
+        ring (bytes 2(n−1)/n: flat in n, near-linear scaling for ever) from a latency-bound one (2(n−1)
+        steps) where the across-node latency fitted to zero: the exchange measured at nk read as latency
+        grows as n/nk times the bytes reading. Both are physics; the point is their geometric mean (as the worker planner's two-count
+        point is), the band holds both (`predict_layouts`). Before, a fitted latency of zero predicted
+        1,000,000 g3.4xlarge nodes at 0.06 s for a 10 h job."""
+        terms = self.exchange_terms(layout)
+        bandwidth = float(terms @ self.links)
+        nk, n = self.nodes_measured, layout.nodes
+        if self.reading == "bandwidth" or nk < 2 or n <= nk or self.links[2] > 0:  # a fitted latency grows already
+            return bandwidth
+        latency = bandwidth + float(terms[3] * self.links[3]) * (n / nk - 1.0)
+        return latency if self.reading == "latency" else math.sqrt(bandwidth * latency)
 
     def exchange_terms(self, layout: Layout) -> np.ndarray:
         return exchange_terms(layout, self.catalog, self.bandwidth, self.known.link_gbps)
@@ -281,7 +323,7 @@ def fit_scaled_model(rows: pd.DataFrame, catalog: Catalog, known: Known | None =
     multi = rows[(rows["workers"] > 1) & rows["layout"].map(lambda lay: _one_known_type(base, lay))]
     keys = multi["layout"].map(lambda lay: gpu_key(lay.node_types[0], catalog))
     return ScaledStepModel("steptime-scaled", catalog, base.compute, base.links, base.seen, base.known,
-                           ref=str(keys.mode().iloc[0]) if len(keys) else "")
+                           base.nodes_measured, ref=str(keys.mode().iloc[0]) if len(keys) else "")
 
 
 def fit_step_model(rows: pd.DataFrame, catalog: Catalog, name: str = "steptime",
@@ -313,6 +355,7 @@ def _fit_step_model(rows: pd.DataFrame, catalog: Catalog, name: str, known: Know
     if len(multi):
         model.seen = (bool((multi["layout"].map(lambda lay: lay.gpus_per_node) > 1).any()),
                       bool((multi["layout"].map(lambda lay: lay.nodes) > 1).any()))
+        model.nodes_measured = int(multi["layout"].map(lambda lay: lay.nodes).max())
         feats = np.vstack([model.exchange_terms(lay) for lay in multi["layout"]])
         rest = np.array([s - model.compute_s(lay, b) - data_s_per_sample * b
                          for lay, b, s in zip(multi["layout"], multi["b"], multi["step"])])
@@ -535,9 +578,37 @@ def predict_layouts(measured: pd.DataFrame, layouts: Sequence[Layout], catalog: 
     others: dict[str, LayoutModel] = {name: fit_layout_model(rows, catalog, name, known)
                                       for name in STEP_MODELS if name != chosen}
     others["steptime-scaled"] = fit_scaled_model(rows, catalog, known)
+    others |= _readings(model if isinstance(model, StepModel) else others["steptime"])
     out = [_layout_row(model, chosen, layout, rows, measured, q, time_based, errs, confidence, others, catalog)
            for layout in layouts]
+    notes += _beyond_notes(layouts, rows)
     return pd.DataFrame(out), notes
+
+
+def _readings(model: StepModel) -> dict[str, StepModel]:
+    """The two readings of the exchange past the most nodes measured, bandwidth- and latency-bound
+    (`StepModel.exchange_s`), as committee members: the band holds both, the point is between them."""
+    return {f"{model.name}-{r}": replace(model, reading=r) for r in ("bandwidth", "latency")}
+
+
+def nodes_beyond(layout: Layout, rows: pd.DataFrame) -> float | None:
+    """How many times the most nodes of a measured multi-GPU row the layout spans (None when not past them,
+    or when no row spans nodes: such a layout is refused by `why_not`)."""
+    most = int(rows.loc[rows["workers"] > 1, "nodes"].max()) if (rows["workers"] > 1).any() else 0
+    return layout.nodes / most if most >= 2 and layout.nodes > most else None
+
+
+def _beyond_notes(layouts: Sequence[Layout], rows: pd.DataFrame) -> list[str]:
+    """One note per layout predicted past the most nodes measured, saying how far."""
+    out = []
+    for layout in layouts:
+        far = nodes_beyond(layout, rows)
+        if far is not None:
+            out.append(f"{layout.text}: an extrapolation to {layout.nodes} nodes, {far:.3g}x the most nodes measured "
+                       f"({round(layout.nodes / far)}): the exchange across nodes is read both bandwidth-bound and "
+                       "latency-bound (a ring's 2(n-1) steps), the point between them and the band holding both; "
+                       "measure a layout on more nodes to narrow it")
+    return out
 
 
 def corpus_band(rows: pd.DataFrame, confidence: float, errs: Sequence[float],
@@ -626,6 +697,8 @@ def _layout_row(model: LayoutModel, chosen: str, layout: Layout, rows: pd.DataFr
                 "time_high_s": per / low if low > 0 else math.inf, "work": per}  # the table's job, in its units
     total = sum(parts.values())
     row |= {f"{k}_share": v / total for k, v in parts.items()} if total > 0 else {}
+    far = nodes_beyond(layout, rows) if basis == "model" else None
+    row["nodes_beyond_measured"] = far  # how many times the most nodes measured (None: inside them)
     return row | {"model": chosen, "basis": basis, "held_out_error": float(np.mean(errs)) if errs else None,
                   "held_out_predictions": len(errs), "speed_basis": "measured"}
 
