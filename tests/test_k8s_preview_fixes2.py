@@ -80,3 +80,51 @@ def test_a_dns_label_with_bad_characters_still_says_which_characters():
     from scalelab.k8s.options import dns_label
     assert "lower-case letters" in (dns_label("Bad") or "")
     assert dns_label("a" * 63) is None
+
+
+# ---- 3. the AWS spot preview: --max-price bounds it, another region's price is an estimate --------------------
+
+AWS_SPOT = ["--backend", "aws", "--bucket", "my-bucket", "--placement-group", "none", "--spot", "--dry-run",
+            "--steps", "20"]
+
+
+def _layout_lines(err: str) -> str:
+    """The preview's layout line(s), joined (a long one may be wrapped at spaces on a narrow terminal)."""
+    return " ".join(err.split())
+
+
+def test_max_price_bounds_the_spot_preview_where_no_spot_price_is_known(monkeypatch, capsys):
+    code, err, _ = run_entry([*AWS_SPOT, "--region", "us-east-1", "--max-price", "0.10"], monkeypatch, capsys)
+    assert code == 0, err
+    text = _layout_lines(err)
+    assert "fleet $0.10/hour" in text and "at most --max-price $0.10/instance-hour" in text, text
+    assert "at most the on-demand price" not in text
+
+
+def test_max_price_bounds_each_instance_of_a_layout(monkeypatch, capsys):
+    code, err, _ = run_entry([*AWS_SPOT, "--region", "us-east-1", "--max-price", "0.10", "--nodes", "2"],
+                             monkeypatch, capsys)
+    assert code == 0, err
+    assert "fleet $0.20/hour (2*g4dn.xlarge spot at most --max-price $0.10/instance-hour" in _layout_lines(err), err
+
+
+def test_a_region_without_prices_is_priced_at_us_east_1_as_an_estimate_not_a_bound(monkeypatch, capsys):
+    code, err, _ = run_entry([*AWS_SPOT, "--region", "ap-south-2"], monkeypatch, capsys)
+    assert code == 0, err
+    text = _layout_lines(err)
+    assert "estimated at the us-east-1 on-demand price" in text and "none known in ap-south-2" in text, text
+    assert "at most the us-east-1" not in text
+
+
+def test_max_price_bounds_the_spot_price_in_any_region(monkeypatch, capsys):
+    code, err, _ = run_entry([*AWS_SPOT, "--region", "ap-south-2", "--max-price", "0.10"], monkeypatch, capsys)
+    assert code == 0, err
+    assert "fleet $0.10/hour" in _layout_lines(err) and "us-east-1" not in err, err
+
+
+@pytest.mark.parametrize("price", ["0", "0.0"])
+def test_a_max_price_of_zero_is_refused_not_dropped(price, monkeypatch, capsys):
+    code, err, _ = run_entry([*AWS_SPOT, "--region", "us-east-1", "--max-price", price], monkeypatch, capsys)
+    assert code == 2, (code, err)
+    line, = _error_lines(err)
+    assert "--max-price" in line and "> 0" in line and "Traceback" not in err, err

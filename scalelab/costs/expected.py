@@ -21,7 +21,7 @@ from typing import Any
 from scalelab.core.spec import Spec
 from scalelab.core.terminal import dollars_text, duration_text
 from scalelab.costs.billing import Mix, RunCost, instances_for, run_cost
-from scalelab.costs.catalog import DEFAULT_REGION, Catalog, CatalogError, load_catalog
+from scalelab.costs.catalog import DEFAULT_REGION, Catalog, CatalogError, Price, load_catalog
 from scalelab.costs.fleet import MARKET_ON_DEMAND, MARKET_SPOT, Fleet
 
 __all__ = ["ASSUMED_GPU_HOUR_USD", "ASSUMED_STEP_S", "Estimate", "FleetPrice", "fleet_price", "fleet_pricing",
@@ -127,28 +127,53 @@ def is_priced(fleet: Fleet, catalog: Catalog) -> bool:
 
 
 def _cloud_price(spec: Spec, fleet: Fleet, catalog: Catalog) -> FleetPrice:
-    """The instance mix's price in the run's market and region; where the catalog lacks it, an
-    upper bound (spot: on-demand) or another region's price (us-east-1, built in), said as such."""
+    """The instance mix's price in the run's market and region; where the catalog lacks it, an upper bound
+    (spot: --max-price, else on-demand) or the us-east-1 price (built in) as an estimate, said as such."""
     Mix.for_nodes(fleet.instance_type, spec.nodes, catalog, provider=fleet.provider)  # an explicit mix: one per node
     mix = instances_for(spec.nodes, spec.gpus_per_node, fleet.instance_type, catalog, provider=fleet.provider)
-    market = fleet.market
-    region = fleet.region or catalog.region
-    tries = [(market, region, f"{mix} {market}")]
-    if market == MARKET_SPOT:  # a spot price never exceeds on-demand (the default maximum bid)
-        tries.append((MARKET_ON_DEMAND, region, f"{mix} spot at most the on-demand price (no spot price known: "
-                                                f"`launch cost --refresh spot --region {region}`)"))
-    if region != DEFAULT_REGION:
-        tries.append((MARKET_ON_DEMAND, DEFAULT_REGION, f"{mix} {market} assumed at most the {DEFAULT_REGION} "
-                                                        f"on-demand price (none known in {region}: `launch cost "
-                                                        f"--refresh all --region {region}`)"))
     error: CatalogError | None = None
-    for market_, region_, basis in tries:
+    for market, region, basis, priced in _cloud_tries(mix, fleet, fleet.region or catalog.region, catalog):
         try:
-            mix.usd_per_hour(catalog, market_, region_)
-            return FleetPrice(mix, market_, region_, basis, catalog)
+            mix.usd_per_hour(priced, market, region)
+            return FleetPrice(mix, market, region, basis, priced)
         except CatalogError as exc:
             error = error or exc  # the first: it names the price that was asked for
     raise error
+
+
+def _cloud_tries(mix: Mix, fleet: Fleet, region: str, catalog: Catalog) -> list[tuple[str, str, str, Catalog]]:
+    """(market, region, basis, catalog) to price `mix` with, best first. A spot bid's --max-price bounds what an
+    instance-hour costs in any region, the on-demand price (EC2's default bid) only in its own; another region's
+    price bounds nothing (other regions often cost more), so it is only an estimate."""
+    market = fleet.market
+    tries = [(market, region, f"{mix} {market}", catalog)]
+    refresh_spot = f"no spot price known: `launch cost --refresh spot --region {region}`"
+    if market == MARKET_SPOT and fleet.max_price:
+        capped, lower = _capped_spot(catalog, mix, region, fleet.max_price)
+        where_lower = " or the on-demand price where that is lower" if lower else ""
+        bid = f"{fleet.max_price:.2f}" if round(fleet.max_price, 2) == fleet.max_price else f"{fleet.max_price:g}"
+        tries.append((MARKET_SPOT, region, f"{mix} spot at most --max-price ${bid}/instance-hour"
+                                           f"{where_lower} ({refresh_spot})", capped))
+    elif market == MARKET_SPOT:  # a spot price never exceeds on-demand (the default maximum bid)
+        tries.append((MARKET_ON_DEMAND, region, f"{mix} spot at most the on-demand price ({refresh_spot})", catalog))
+    if region != DEFAULT_REGION:
+        tries.append((MARKET_ON_DEMAND, DEFAULT_REGION, f"{mix} {market} estimated at the {DEFAULT_REGION} on-demand "
+                                                        f"price (none known in {region}, whose prices may be higher: "
+                                                        f"`launch cost --refresh all --region {region}`)", catalog))
+    return tries
+
+
+def _capped_spot(catalog: Catalog, mix: Mix, region: str, cap: float) -> tuple[Catalog, bool]:
+    """A copy of `catalog` whose spot price of each type of `mix` in `region` is its bound: the bid `cap`, or the
+    on-demand price there where known and lower (a spot price never exceeds it); and whether that was lower."""
+    capped = replace(catalog, spot=dict(catalog.spot))
+    lower = False
+    for _, name in mix.items:
+        on_demand = catalog.on_demand.get((name, region))
+        bound = cap if on_demand is None or on_demand.usd_per_hour >= cap else on_demand.usd_per_hour
+        lower = lower or bound < cap
+        capped.set_price(name, region, MARKET_SPOT, Price(bound, "bound: --max-price or on-demand"))
+    return capped, lower
 
 
 def planned_steps(spec: Spec) -> tuple[int | None, str]:
