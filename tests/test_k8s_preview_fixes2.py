@@ -128,3 +128,34 @@ def test_a_max_price_of_zero_is_refused_not_dropped(price, monkeypatch, capsys):
     assert code == 2, (code, err)
     line, = _error_lines(err)
     assert "--max-price" in line and "> 0" in line and "Traceback" not in err, err
+
+
+# ---- 4. the preview on an unpriced backend, and for a script of its own ------------------------------------
+
+
+@pytest.mark.parametrize("args", [["--backend", "slurm"], ["--backend", "k8s", "--image", "reg/x:1"]],
+                         ids=["slurm", "k8s"])
+def test_a_dry_run_without_a_rate_says_no_price_is_known_and_how_to_give_one(args, monkeypatch, capsys):
+    code, err, _ = run_entry(["run", *args, "--dry-run", "--steps", "20"], monkeypatch, capsys)
+    assert code == 0, err
+    text = _layout_lines(err)
+    assert "have no price" in text and "--rate USD_PER_GPU_HOUR" in text, err
+    assert text.count("note:") == 1, err
+
+
+def test_the_local_backend_still_previews_nothing(monkeypatch, capsys):
+    code, err, _ = run_entry(["run", "--backend", "local", "--dry-run", "--steps", "20"], monkeypatch, capsys)
+    assert code == 0, err
+    assert "no price" not in err and "--rate" not in err, err
+
+
+def test_an_own_script_preview_gives_the_hourly_price_and_says_why_no_total(tmp_path, monkeypatch, capsys):
+    script = tmp_path / "x.py"
+    script.write_text("print('hi')\n")
+    monkeypatch.chdir(tmp_path)
+    code, err, _ = run_entry(["run", "--backend", "slurm", "--rate", "0.5", "--script", str(script), "--dry-run"],
+                             monkeypatch, capsys)
+    assert code == 0, err
+    text = _layout_lines(err)
+    assert "1x1: fleet $0.50/hour" in text and "a script's length is not known before it runs, so no total" in text
+    assert "unknown steps" not in text and "an unknown time" not in text and "x 0.5 s/step" not in text, err

@@ -25,7 +25,7 @@ from scalelab.costs.catalog import DEFAULT_REGION, Catalog, CatalogError, Price,
 from scalelab.costs.fleet import MARKET_ON_DEMAND, MARKET_SPOT, Fleet
 
 __all__ = ["ASSUMED_GPU_HOUR_USD", "ASSUMED_STEP_S", "Estimate", "FleetPrice", "fleet_price", "fleet_pricing",
-           "expected_cost", "is_priced", "planned_steps", "recorded_cost", "run_seconds"]
+           "expected_cost", "is_priced", "no_price_note", "planned_steps", "recorded_cost", "run_seconds"]
 
 #: On-premise price of one GPU-hour when the prices file names no rate for the backend.
 ASSUMED_GPU_HOUR_USD = 0.50
@@ -47,14 +47,17 @@ class Estimate:
     length_basis: str = ""  # which bound gave `steps` (`planned_steps`); "" for --steps alone
 
     def line(self) -> str:
-        """One line for the terminal: price per hour, expected dollars and both assumptions."""
-        unknown = "unknown steps (the script's own)" if self.own_code else f"unknown steps ({self.length_basis})"
-        steps = unknown if self.steps is None else f"{self.steps:,} steps" + (
+        """One line for the terminal: price per hour, expected dollars and both assumptions; a script whose
+        length is unknown gets the hourly price alone (a sum of unknowns said nothing)."""
+        hourly = f"fleet ${self.usd_per_hour:,.2f}/hour ({self.rate_basis})"
+        if self.own_code and self.steps is None:
+            return f"{hourly}; a script's length is not known before it runs, so no total"
+        steps = f"unknown steps ({self.length_basis})" if self.steps is None else f"{self.steps:,} steps" + (
             f" ({self.length_basis})" if self.length_basis else "")
         dollars = "unknown" if math.isnan(self.dollars) else f"${dollars_text(self.dollars)}"
         startup = f" + {self.startup_s:.3g} s start-up" if self.startup_s else ""
         took = "an unknown time" if math.isnan(self.hours) else duration_text(self.hours * 3600)
-        return (f"fleet ${self.usd_per_hour:,.2f}/hour ({self.rate_basis}); expected {dollars} "
+        return (f"{hourly}; expected {dollars} "
                 f"for {steps} x {self.step_s:.3g} s/step ({self.step_basis}){startup} = {took}")
 
     def with_step_basis(self, basis: str) -> "Estimate":
@@ -213,6 +216,14 @@ def expected_cost(spec: Spec, step_s: float | None = None, catalog: Catalog | No
                     spec.own_code, length)
 
 
+def no_price_note(spec: Spec) -> str:
+    """What prices an on-premise backend's runs when no rate is set, said the same in `launch report`, `launch cost`
+    and a --dry-run's preview (which otherwise said nothing, though --help promises a cost)."""
+    named = (spec.backend_options or {}).get("instance_type") or spec.backend
+    return (f"the {spec.backend} backend's runs have no price: give --rate USD_PER_GPU_HOUR (the backend's rate), "
+            f"--rate {named}=USD/gpu-hour, or a '{named}' rate in the prices file")
+
+
 def run_seconds(run: Any) -> float:
     """Wall time of a recorded run: from its launch (launch.json, else the first start record: the
     start-up is paid too) to the last record of any rank. The one run time every price of a finished run
@@ -239,12 +250,8 @@ def recorded_cost(run: Any, price: FleetPrice | None, wall_to_threshold_s: float
     No price, or only the assumed one (no rate set for an on-premise machine): no dollars; `price_note`
     says what to give."""
     if price is None or price.assumed:
-        backend = run.spec.backend
-        named = (run.spec.backend_options or {}).get("instance_type") or backend
         return {"instances": None, "market": None, "usd_per_hour": None, "billed_seconds": None, "dollars": None,
-                "dollars_to_threshold": None, "price_basis": None,
-                "price_note": f"the {backend} backend's runs have no price: give --rate USD_PER_GPU_HOUR (the "
-                              f"backend's rate), --rate {named}=USD/gpu-hour, or a '{named}' rate in the prices file"}
+                "dollars_to_threshold": None, "price_basis": None, "price_note": no_price_note(run.spec)}
     cost = price.cost(run_seconds(run), label, measured=True)
     wall = wall_to_threshold_s
     to_threshold = None if wall is None or wall != wall else price.cost(float(wall), measured=True).dollars
