@@ -105,7 +105,7 @@ def test_every_option_key_is_accepted_as_text(name):
     ("k8s", {"master_port": 70000}, False, "master_port must be <= 65535, got 70000"),
     ("k8s", {"clean_pod_policy": "Some"}, False, "clean_pod_policy must be one of Running, All, None, got 'Some'"),
     ("k8s", {"node_selector": ["gpu"]}, False, "node_selector (--node-selector): takes LABEL=VALUE, got 'gpu'"),
-    ("aws", {"spot_max_price": -0.5}, False, "spot_max_price (--max-price) must be >= 0, got -0.5"),
+    ("aws", {"spot_max_price": -0.5}, False, "spot_max_price (--max-price) must be > 0 USD per instance-hour"),
     ("aws", {"timeout_min": 0}, False, "timeout_min (--time-limit-min) must be > 0, got 0.0"),
     ("aws", {"spot": 1}, False, "spot (--spot/--on-demand): expected bool (true or false), got 1"),
     ("aws", {"volume_gb": 1.5}, False, "volume_gb: expected int (a whole number), got 1.5"),

@@ -107,7 +107,9 @@ class AwsOptions(BackendOptions, CloudFleet):
     spot: bool = option(False, "Spot instances (interruptions are resumed from checkpoints) or on-demand.",
                         flag="--spot/--on-demand")
     spot_max_price: float | None = option(None, "Spot: highest USD per instance-hour [default: the on-demand price].",
-                                          at_least(0), flag="--max-price")
+                                          above(0, "must be > 0 USD per instance-hour (EC2 takes no bid of 0): "
+                                                   "give the highest price to pay, or leave --max-price out for "
+                                                   "the on-demand price"), flag="--max-price")
     timeout_min: float = option(120.0, "Everything is terminated after this many minutes.", above(0),
                                 at_most(MAX_MINUTES, MINUTES_LIMIT), flag="--time-limit-min")
     heartbeat_timeout_min: float = option(10.0, "The instances checkpoint and terminate themselves when the "

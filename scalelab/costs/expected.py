@@ -21,11 +21,11 @@ from typing import Any
 from scalelab.core.spec import Spec
 from scalelab.core.terminal import dollars_text, duration_text
 from scalelab.costs.billing import Mix, RunCost, instances_for, run_cost
-from scalelab.costs.catalog import DEFAULT_REGION, Catalog, CatalogError, load_catalog
+from scalelab.costs.catalog import DEFAULT_REGION, Catalog, CatalogError, Price, load_catalog
 from scalelab.costs.fleet import MARKET_ON_DEMAND, MARKET_SPOT, Fleet
 
 __all__ = ["ASSUMED_GPU_HOUR_USD", "ASSUMED_STEP_S", "Estimate", "FleetPrice", "fleet_price", "fleet_pricing",
-           "expected_cost", "is_priced", "planned_steps", "recorded_cost", "run_seconds"]
+           "expected_cost", "is_priced", "no_price_note", "planned_steps", "recorded_cost", "run_seconds"]
 
 #: On-premise price of one GPU-hour when the prices file names no rate for the backend.
 ASSUMED_GPU_HOUR_USD = 0.50
@@ -47,14 +47,17 @@ class Estimate:
     length_basis: str = ""  # which bound gave `steps` (`planned_steps`); "" for --steps alone
 
     def line(self) -> str:
-        """One line for the terminal: price per hour, expected dollars and both assumptions."""
-        unknown = "unknown steps (the script's own)" if self.own_code else f"unknown steps ({self.length_basis})"
-        steps = unknown if self.steps is None else f"{self.steps:,} steps" + (
+        """One line for the terminal: price per hour, expected dollars and both assumptions; a script whose
+        length is unknown gets the hourly price alone (a sum of unknowns said nothing)."""
+        hourly = f"fleet ${self.usd_per_hour:,.2f}/hour ({self.rate_basis})"
+        if self.own_code and self.steps is None:
+            return f"{hourly}; a script's length is not known before it runs, so no total"
+        steps = f"unknown steps ({self.length_basis})" if self.steps is None else f"{self.steps:,} steps" + (
             f" ({self.length_basis})" if self.length_basis else "")
         dollars = "unknown" if math.isnan(self.dollars) else f"${dollars_text(self.dollars)}"
         startup = f" + {self.startup_s:.3g} s start-up" if self.startup_s else ""
         took = "an unknown time" if math.isnan(self.hours) else duration_text(self.hours * 3600)
-        return (f"fleet ${self.usd_per_hour:,.2f}/hour ({self.rate_basis}); expected {dollars} "
+        return (f"{hourly}; expected {dollars} "
                 f"for {steps} x {self.step_s:.3g} s/step ({self.step_basis}){startup} = {took}")
 
     def with_step_basis(self, basis: str) -> "Estimate":
@@ -127,28 +130,53 @@ def is_priced(fleet: Fleet, catalog: Catalog) -> bool:
 
 
 def _cloud_price(spec: Spec, fleet: Fleet, catalog: Catalog) -> FleetPrice:
-    """The instance mix's price in the run's market and region; where the catalog lacks it, an
-    upper bound (spot: on-demand) or another region's price (us-east-1, built in), said as such."""
+    """The instance mix's price in the run's market and region; where the catalog lacks it, an upper bound
+    (spot: --max-price, else on-demand) or the us-east-1 price (built in) as an estimate, said as such."""
     Mix.for_nodes(fleet.instance_type, spec.nodes, catalog, provider=fleet.provider)  # an explicit mix: one per node
     mix = instances_for(spec.nodes, spec.gpus_per_node, fleet.instance_type, catalog, provider=fleet.provider)
-    market = fleet.market
-    region = fleet.region or catalog.region
-    tries = [(market, region, f"{mix} {market}")]
-    if market == MARKET_SPOT:  # a spot price never exceeds on-demand (the default maximum bid)
-        tries.append((MARKET_ON_DEMAND, region, f"{mix} spot at most the on-demand price (no spot price known: "
-                                                f"`launch cost --refresh spot --region {region}`)"))
-    if region != DEFAULT_REGION:
-        tries.append((MARKET_ON_DEMAND, DEFAULT_REGION, f"{mix} {market} assumed at most the {DEFAULT_REGION} "
-                                                        f"on-demand price (none known in {region}: `launch cost "
-                                                        f"--refresh all --region {region}`)"))
     error: CatalogError | None = None
-    for market_, region_, basis in tries:
+    for market, region, basis, priced in _cloud_tries(mix, fleet, fleet.region or catalog.region, catalog):
         try:
-            mix.usd_per_hour(catalog, market_, region_)
-            return FleetPrice(mix, market_, region_, basis, catalog)
+            mix.usd_per_hour(priced, market, region)
+            return FleetPrice(mix, market, region, basis, priced)
         except CatalogError as exc:
             error = error or exc  # the first: it names the price that was asked for
     raise error
+
+
+def _cloud_tries(mix: Mix, fleet: Fleet, region: str, catalog: Catalog) -> list[tuple[str, str, str, Catalog]]:
+    """(market, region, basis, catalog) to price `mix` with, best first. A spot bid's --max-price bounds what an
+    instance-hour costs in any region, the on-demand price (EC2's default bid) only in its own; another region's
+    price bounds nothing (other regions often cost more), so it is only an estimate."""
+    market = fleet.market
+    tries = [(market, region, f"{mix} {market}", catalog)]
+    refresh_spot = f"no spot price known: `launch cost --refresh spot --region {region}`"
+    if market == MARKET_SPOT and fleet.max_price:
+        capped, lower = _capped_spot(catalog, mix, region, fleet.max_price)
+        where_lower = " or the on-demand price where that is lower" if lower else ""
+        bid = f"{fleet.max_price:.2f}" if round(fleet.max_price, 2) == fleet.max_price else f"{fleet.max_price:g}"
+        tries.append((MARKET_SPOT, region, f"{mix} spot at most --max-price ${bid}/instance-hour"
+                                           f"{where_lower} ({refresh_spot})", capped))
+    elif market == MARKET_SPOT:  # a spot price never exceeds on-demand (the default maximum bid)
+        tries.append((MARKET_ON_DEMAND, region, f"{mix} spot at most the on-demand price ({refresh_spot})", catalog))
+    if region != DEFAULT_REGION:
+        tries.append((MARKET_ON_DEMAND, DEFAULT_REGION, f"{mix} {market} estimated at the {DEFAULT_REGION} on-demand "
+                                                        f"price (none known in {region}, whose prices may be higher: "
+                                                        f"`launch cost --refresh all --region {region}`)", catalog))
+    return tries
+
+
+def _capped_spot(catalog: Catalog, mix: Mix, region: str, cap: float) -> tuple[Catalog, bool]:
+    """A copy of `catalog` whose spot price of each type of `mix` in `region` is its bound: the bid `cap`, or the
+    on-demand price there where known and lower (a spot price never exceeds it); and whether that was lower."""
+    capped = replace(catalog, spot=dict(catalog.spot))
+    lower = False
+    for _, name in mix.items:
+        on_demand = catalog.on_demand.get((name, region))
+        bound = cap if on_demand is None or on_demand.usd_per_hour >= cap else on_demand.usd_per_hour
+        lower = lower or bound < cap
+        capped.set_price(name, region, MARKET_SPOT, Price(bound, "bound: --max-price or on-demand"))
+    return capped, lower
 
 
 def planned_steps(spec: Spec) -> tuple[int | None, str]:
@@ -188,6 +216,14 @@ def expected_cost(spec: Spec, step_s: float | None = None, catalog: Catalog | No
                     spec.own_code, length)
 
 
+def no_price_note(spec: Spec) -> str:
+    """What prices an on-premise backend's runs when no rate is set, said the same in `launch report`, `launch cost`
+    and a --dry-run's preview (which otherwise said nothing, though --help promises a cost)."""
+    named = (spec.backend_options or {}).get("instance_type") or spec.backend
+    return (f"the {spec.backend} backend's runs have no price: give --rate USD_PER_GPU_HOUR (the backend's rate), "
+            f"--rate {named}=USD/gpu-hour, or a '{named}' rate in the prices file")
+
+
 def run_seconds(run: Any) -> float:
     """Wall time of a recorded run: from its launch (launch.json, else the first start record: the
     start-up is paid too) to the last record of any rank. The one run time every price of a finished run
@@ -214,12 +250,8 @@ def recorded_cost(run: Any, price: FleetPrice | None, wall_to_threshold_s: float
     No price, or only the assumed one (no rate set for an on-premise machine): no dollars; `price_note`
     says what to give."""
     if price is None or price.assumed:
-        backend = run.spec.backend
-        named = (run.spec.backend_options or {}).get("instance_type") or backend
         return {"instances": None, "market": None, "usd_per_hour": None, "billed_seconds": None, "dollars": None,
-                "dollars_to_threshold": None, "price_basis": None,
-                "price_note": f"the {backend} backend's runs have no price: give --rate USD_PER_GPU_HOUR (the "
-                              f"backend's rate), --rate {named}=USD/gpu-hour, or a '{named}' rate in the prices file"}
+                "dollars_to_threshold": None, "price_basis": None, "price_note": no_price_note(run.spec)}
     cost = price.cost(run_seconds(run), label, measured=True)
     wall = wall_to_threshold_s
     to_threshold = None if wall is None or wall != wall else price.cost(float(wall), measured=True).dollars

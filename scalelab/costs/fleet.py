@@ -31,6 +31,7 @@ class Fleet:
     market: str = MARKET_ON_DEMAND
     region: str | None = None
     rate_name: str = ""
+    max_price: float | None = None  # spot: the highest USD per instance-hour bid (--max-price), None: on-demand
 
     @property
     def cloud(self) -> bool:
@@ -60,8 +61,11 @@ class CloudFleet:
     backend: ClassVar[str]
 
     def fleet(self: Any) -> Fleet:
-        """The instances of the run, their market and region (None: the catalog's)."""
+        """The instances of the run, their market and region (None: the catalog's), and a spot bid's cap: a spot
+        price is unknown until it runs, and the cap is then what bounds it."""
         options: Mapping[str, Any] = self
+        spot = bool(options.get("spot"))
+        max_price = options.get("spot_max_price") if spot else None
         return Fleet(provider=self.provider, instance_type=str(options["instance_type"]),
-                     market=MARKET_SPOT if options.get("spot") else MARKET_ON_DEMAND,
-                     region=options.get("region") or None, rate_name=self.backend)
+                     market=MARKET_SPOT if spot else MARKET_ON_DEMAND, region=options.get("region") or None,
+                     rate_name=self.backend, max_price=float(max_price) if max_price else None)

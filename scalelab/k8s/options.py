@@ -21,7 +21,14 @@ _EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 
 
 def dns_label(value: str) -> str | None:
-    return None if _DNS_LABEL.fullmatch(value) else "must be a DNS label (lower-case letters, digits, '-')"
+    """What is wrong with `value` as a namespace or claim name (a DNS label), or None; a name that is too long
+    says so with its length, since its characters may all be fine."""
+    if len(value) > 63:
+        return f"must be at most 63 characters (a DNS label), not {len(value)}: give a shorter name"
+    if _DNS_LABEL.fullmatch(value):
+        return None
+    return ("must be a DNS label (lower-case letters, digits, '-', beginning and ending with a letter or digit, "
+            "at most 63 characters)")
 
 
 def dns_subdomain(value: str) -> str | None:
@@ -31,6 +38,23 @@ def dns_subdomain(value: str) -> str | None:
         return None
     return ("must be a DNS subdomain name (at most 253 lower-case letters, digits, '-' and '.', beginning and "
             "ending with a letter or digit)")
+
+
+# An image reference as the kubelet parses it (the distribution/reference grammar, IPv6 hosts left out):
+# [HOST[:PORT]/]PATH[/PATH...][:TAG][@ALGORITHM:DIGEST], each PATH lower-case.
+_HOST_PART = r"[a-zA-Z0-9](?:[-a-zA-Z0-9]*[a-zA-Z0-9])?"
+_PATH_PART = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_IMAGE = re.compile(rf"(?:{_HOST_PART}(?:\.{_HOST_PART})*(?::[0-9]+)?/)?{_PATH_PART}(?:/{_PATH_PART})*"
+                    r"(?::\w[\w.-]{0,127})?(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?")
+
+
+def image_reference(value: str) -> str | None:
+    """'' (not given: manifests.py says it is required) or an image reference the kubelet can parse; checked here
+    so that `--image "Bad Image"` is one line at --dry-run, not InvalidImageName on every pod after submit."""
+    if not value or _IMAGE.fullmatch(value):
+        return None
+    return ("must be an image reference [REGISTRY/]REPOSITORY[:TAG][@sha256:DIGEST] with no spaces and a lower-case "
+            "repository, e.g. registry.example.com/scalelab/trainer:1.0")
 
 
 def _absolute(path: str) -> str | None:
@@ -46,19 +70,29 @@ def _items(value: Any) -> list[Any]:
 
 
 def _label_pairs(value: Any) -> Any:
-    """`["LABEL=VALUE", ...]` (or one such string) as a mapping; a mapping as it is, values as text."""
-    if isinstance(value, dict):
-        return {str(k): str(v) for k, v in value.items()}
-    out = {}
-    for item in _items(value):
-        key, sep, val = str(item).partition("=")
-        if not sep or not key:
-            raise ValueError(f"takes LABEL=VALUE, got {item!r}")
-        out[key] = val
-    return out
+    """`["LABEL=VALUE", ...]` (or one such string) as a mapping; a mapping as it is, values as text.
+
+    Each key and value is checked as the API server checks a label, so a bad one is one line at --dry-run, not a
+    manifest the API server refuses at submit."""
+    pairs = ({str(k): str(v) for k, v in value.items()} if isinstance(value, dict)
+             else dict(_label_pair(str(item)) for item in _items(value)))
+    for key, val in pairs.items():
+        problem = _qualified_name(key) or _label_value(val)
+        if problem:
+            raise ValueError(f"node selector {key + '=' + val!r}: {problem}; give LABEL=VALUE, e.g. "
+                             "nvidia.com/gpu.product=Tesla-T4")
+    return pairs
 
 
-# Kubernetes' rules for a taint's key (a label key: an optional DNS-subdomain prefix and `/`, then a name of at most
+def _label_pair(item: str) -> tuple[str, str]:
+    """'LABEL=VALUE' as (LABEL, VALUE); ValueError without '=' or a label."""
+    key, sep, val = item.partition("=")
+    if not sep or not key:
+        raise ValueError(f"takes LABEL=VALUE, got {item!r}")
+    return key, val
+
+
+# Kubernetes' rules for a label's or taint's key (a label key: an optional DNS-subdomain prefix and `/`, then a name of at most
 # 63 characters) and value (a label value: at most 63 characters, maybe none), as the API server checks them.
 _LABEL_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
@@ -69,7 +103,7 @@ _SECRET_KEY = re.compile(r"[-._a-zA-Z0-9]+")
 
 
 def _qualified_name(key: str) -> str | None:
-    """What is wrong with `key` as a taint's key, or None (Kubernetes' qualified name)."""
+    """What is wrong with `key` as a label's or taint's key, or None (Kubernetes' qualified name)."""
     prefix, slash, name = key.rpartition("/")
     if slash and not (len(prefix) <= 253 and _DNS_SUBDOMAIN.fullmatch(prefix)):
         return f"the key's prefix {prefix!r} must be a DNS subdomain (lower-case letters, digits, '-', '.')"
@@ -80,7 +114,7 @@ def _qualified_name(key: str) -> str | None:
 
 
 def _label_value(value: str) -> str | None:
-    """What is wrong with `value` as a taint's value, or None ('' is a value)."""
+    """What is wrong with `value` as a label's or taint's value, or None ('' is a value)."""
     if value and not (len(value) <= 63 and _LABEL_NAME.fullmatch(value)):
         return (f"the value {value!r} must be at most 63 letters, digits, '-', '_' or '.' beginning and ending with "
                 "a letter or digit")
@@ -147,7 +181,8 @@ class KubernetesOptions(BackendOptions, OnPremiseFleet):
     backend = "k8s"
     assumed_startup_s = 120.0  # pods scheduled, the image pulled, the rendezvous
 
-    image: str = option("", "Trainer image (built from scalelab/k8s/Dockerfile); required.", flag="--image")
+    image: str = option("", "Trainer image (built from scalelab/k8s/Dockerfile); required.", image_reference,
+                        flag="--image")
     image_pull_policy: str = option("IfNotPresent", "When the kubelet pulls the image.",
                                     one_of("Always", "IfNotPresent", "Never"))
     namespace: str = option("default", "Namespace to run in.", dns_label, flag="--namespace")

@@ -177,11 +177,23 @@ def show_quote(specs: list[tuple[Spec, int]], params: dict[str, Any]) -> Quote |
     """For --dry-run: the price on stderr (stdout stays exactly what would be sent); no question."""
     q = quote(specs, params)
     if q is None:
+        _no_price_note(specs[0][0])
         return None
     click.echo(q.text(), err=True)
     if params.get("max_usd") is not None and not q.total_usd <= params["max_usd"]:
         click.echo(f"(a launch would be refused: over --max-usd {params['max_usd']:g})", err=True)
     return q
+
+
+def _no_price_note(spec: Spec) -> None:
+    """On stderr, why --dry-run shows no cost for an unpriced on-premise backend and how to give a price; nothing
+    for the local backend, whose runs cost nothing."""
+    if spec.backend == "local":
+        return
+    from scalelab.core.terminal import make_console, prose_lines
+    from scalelab.costs.expected import no_price_note
+
+    click.echo(prose_lines("note: ", no_price_note(spec), make_console(stderr=True).width), err=True)
 
 
 def guard(specs: list[tuple[Spec, int]], params: dict[str, Any]) -> Quote | None:
