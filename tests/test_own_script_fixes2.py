@@ -2,6 +2,8 @@
 
 1. Ctrl-C of a script that never saved a checkpoint said "`launch resume RUN` continues it" over an empty
    checkpoint/ folder; it now gives the no-checkpoint advice `launch status` gives.
+2. A script (or --module) with a syntax error, or bytes that are no UTF-8 text, started every rank, printed a
+   traceback per rank and left a FAILED run; it is refused in one line, exit 2, before any run directory.
 """
 
 from __future__ import annotations
@@ -13,7 +15,9 @@ import sys
 import time
 from pathlib import Path
 
-from conftest import ROOT, on_cpu_where_gpus_are_short, read_jsonl
+import pytest
+
+from conftest import ROOT, launch, on_cpu_where_gpus_are_short, read_jsonl
 
 LONG = """import time, torch, torch.distributed as dist
 from scalelab import track
@@ -55,3 +59,22 @@ def test_ctrl_c_of_a_script_with_no_checkpoint_does_not_promise_to_continue_it(t
     assert "continues it" not in said, err
     assert f"no checkpoint was saved ({run}/checkpoint/ is empty)" in said, err
     assert f"`launch resume {run}` starts it again with nothing to continue from" in said, err
+
+
+@pytest.mark.parametrize("files,args,said", [
+    pytest.param({"syntax.py": b"def f(:\n  pass\n"}, ["--script", "syntax.py"],
+                 "launch: error: --script syntax.py: line 1: invalid syntax: fix the script (`python syntax.py` "
+                 "shows it)", id="syntax"),
+    pytest.param({"bin.py": bytes(range(128, 256)) * 2}, ["--script", "bin.py"],
+                 "launch: error: --script bin.py is not Python source: line 1 is not UTF-8 text", id="not-utf8"),
+    pytest.param({"pkg/__init__.py": b"", "pkg/mod.py": b"x = (\n"}, ["--module", "pkg.mod"],
+                 "launch: error: --module pkg.mod (pkg/mod.py): line 1: '(' was never closed", id="module"),
+])
+def test_code_that_does_not_compile_is_refused_before_anything_starts(tmp_path, files, args, said) -> None:
+    for name, data in files.items():
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_bytes(data)
+    proc = launch(*args, "--gpus-per-node", "2", cwd=tmp_path)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith(said), proc.stderr
+    assert not (tmp_path / "runs").exists(), "a run directory was made"

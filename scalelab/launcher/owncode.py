@@ -61,6 +61,7 @@ def apply(spec: Spec, params: dict[str, Any]) -> Spec:
     else:
         spec.script_dir = spec.script_dir or os.getcwd()
         check_module(str(spec.module), Path(spec.script_dir))
+        _check_module_syntax(str(spec.module), Path(spec.script_dir))
     _engine_for_code(spec)
     spec.workdir = os.getcwd()  # where the ranks run, now and on every resume (relative paths resolve there)
     spec.model = str(spec.script_label)  # the run's name, label and model column
@@ -69,6 +70,15 @@ def apply(spec: Spec, params: dict[str, Any]) -> Spec:
     elif params.get("steps") is not None and given("steps"):
         _note_steps(spec, int(params["steps"]), args)
     return spec
+
+
+def _check_module_syntax(name: str, folder: Path) -> None:
+    """The --module's own file (in `folder`; an installed one is not read) compiles, else one line, as a --script's
+    (`check_syntax`)."""
+    path = module_file(name, folder)
+    if path is not None:
+        shown = os.path.relpath(path, folder) if path.is_relative_to(folder) else str(path)
+        check_syntax(path, f"--module {name} ({shown})", f"python -m py_compile {shown}")
 
 
 def _note_steps(spec: Spec, steps: int, args: list[str]) -> None:
@@ -253,7 +263,25 @@ def check_script(text: str) -> Path:
     if _program(interpreter) in NOT_PYTHON:  # the ranks run it with Python (torchrun's default too)
         raise SpecError(f"--script {given} is a script for {interpreter!r}, not Python: its ranks run it with "
                         "Python; give the Python script it starts (its arguments after `--`)")
+    check_syntax(path, f"--script {given}", f"python {given}")
     return path.resolve()
+
+
+def check_syntax(path: Path, what: str, shows: str) -> None:
+    """Refuse, in one line, Python code that cannot be compiled: a syntax error, bytes that are no UTF-8 text (nor
+    in the encoding its coding line names). `what` names it (`--script x.py`), `shows` is the command that shows the
+    error. Why: such a script started every rank, each printed the same traceback, and a FAILED run was left."""
+    try:
+        ast.parse(path.read_bytes(), filename=str(path))
+    except OSError:
+        return  # unreadable: check_script said so already; a module's file is left to its ranks
+    except SyntaxError as exc:
+        if str(exc.msg).startswith("(unicode error)"):
+            raise SpecError(f"{what} is not Python source: line {exc.lineno} is not UTF-8 text; give the Python "
+                            "script itself (or name its encoding in a `# -*- coding: NAME -*-` line)") from None
+        raise SpecError(f"{what}: line {exc.lineno}: {exc.msg}: fix the script (`{shows}` shows it)") from None
+    except ValueError:  # a NUL byte past the start of the file
+        raise SpecError(f"{what} is not a text file (binary); give the Python script itself") from None
 
 
 # Interpreters whose scripts are surely no Python: only these are refused. A Python script's line may name
