@@ -4,6 +4,9 @@
    checkpoint/ folder; it now gives the no-checkpoint advice `launch status` gives.
 2. A script (or --module) with a syntax error, or bytes that are no UTF-8 text, started every rank, printed a
    traceback per rank and left a FAILED run; it is refused in one line, exit 2, before any run directory.
+3. --engine single with a torchrun-style script (an init_process_group that always runs, reading RANK...) failed
+   in its rank ("environment variable RANK expected, but not set"); it is refused in one line naming --engine ddp.
+   A script that calls it only under torchrun (examples/own-script/train_ddp.py) still runs.
 """
 
 from __future__ import annotations
@@ -78,3 +81,36 @@ def test_code_that_does_not_compile_is_refused_before_anything_starts(tmp_path, 
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith(said), proc.stderr
     assert not (tmp_path / "runs").exists(), "a run directory was made"
+
+
+DDP_TOP = """import torch, torch.distributed as dist
+from scalelab import track
+dist.init_process_group("gloo")
+t = torch.ones(1); dist.all_reduce(t); track.step(items=1, loss=1.0)
+"""
+
+
+def test_single_refuses_a_script_that_always_reads_torchruns_variables(tmp_path) -> None:
+    (tmp_path / "ddp1.py").write_text(DDP_TOP)
+    proc = launch("--script", "ddp1.py", "--engine", "single", cwd=tmp_path)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert lines[0].startswith("launch: error: ddp1.py:3 calls init_process_group") and "--engine ddp" in lines[0]
+    assert not (tmp_path / "runs").exists(), "a run directory was made"
+
+
+@pytest.mark.parametrize("source,line", [
+    (DDP_TOP, 3),
+    ("import torch.distributed as dist\ndef main():\n    dist.init_process_group('gloo')\n"
+     "if __name__ == '__main__':\n    main()\n", 3),
+    ("import os, torch.distributed as dist\nif 'RANK' in os.environ:\n    dist.init_process_group('gloo')\n", None),
+    ("import torch.distributed as dist\ndist.init_process_group('gloo', init_method='tcp://127.0.0.1:1', rank=0, "
+     "world_size=1)\n", None),
+    ((ROOT / "examples" / "own-script" / "train_ddp.py").read_text(), None),
+])
+def test_which_init_process_group_calls_need_torchrun(source, line) -> None:
+    import ast
+
+    from scalelab.launcher.owncode import env_rendezvous
+
+    assert env_rendezvous(ast.parse(source)) == line

@@ -107,6 +107,10 @@ def _engine_for_code(spec: Spec) -> None:
         raise SpecError(f"{path.name}:{call} calls init_process_group and imports no horovod, but --engine "
                         f"{spec.engine.name} starts the ranks as horovodrun does, without torchrun's RANK, WORLD_SIZE "
                         "and MASTER_ADDR; give --engine ddp (the ranks start as torchrun starts them)")
+    if facts.one_worker and tree and (call := env_rendezvous(tree)):
+        raise SpecError(f"{path.name}:{call} calls init_process_group, which reads torchrun's RANK, WORLD_SIZE and "
+                        f"MASTER_ADDR, but --engine {spec.engine.name} starts one process without them; give --engine "
+                        "ddp (with one worker, its rank starts as `torchrun --nproc-per-node 1` starts it)")
     if line is None or facts.starter == HOROVODRUN or facts.one_worker:
         return
     where = f"{path.name}:{line} imports horovod"
@@ -125,6 +129,42 @@ def _parsed(path: Path) -> ast.Module | None:
         return ast.parse(path.read_bytes(), filename=str(path))
     except (OSError, SyntaxError, ValueError):
         return None
+
+
+def env_rendezvous(tree: ast.Module) -> int | None:
+    """The first line of an `init_process_group(...)` that always runs and reads torchrun's variables (no
+    `init_method` other than env://, no `store`), or None. Always: a module's own statement, one in a function's body
+    or under `if __name__ == "__main__"`, not one under another `if`, a `try` or a loop (a script that runs with or
+    without torchrun: examples/own-script/train_ddp.py). Why: under --engine single such a script failed in its rank
+    with "environment variable RANK expected, but not set"."""
+    lines = [node.lineno for stmt in _always_run(tree.body) for node in ast.walk(stmt)
+             if isinstance(node, ast.Call) and _reads_env(node)]
+    return min(lines) if lines else None
+
+
+def _always_run(body: list[ast.stmt]) -> list[ast.stmt]:
+    """The simple statements of `body` that run whenever it does, with the bodies of functions and of a
+    `__main__` guard (a function may only be called conditionally: a refusal then names --engine ddp, which runs it
+    too)."""
+    found: list[ast.stmt] = []
+    for stmt in body:
+        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            found += _always_run(stmt.body)
+        elif isinstance(stmt, ast.If) and "__main__" in ast.unparse(stmt.test):
+            found += _always_run(stmt.body)
+        elif isinstance(stmt, (ast.Expr, ast.Assign, ast.AnnAssign, ast.Return)):
+            found.append(stmt)
+    return found
+
+
+def _reads_env(call: ast.Call) -> bool:
+    """Whether `call` is init_process_group(...) rendezvousing through torchrun's environment variables."""
+    if "init_process_group" not in (getattr(call.func, "attr", None), getattr(call.func, "id", None)):
+        return False
+    words = {k.arg: k.value for k in call.keywords}
+    method = words.get("init_method")
+    env = method is None or (isinstance(method, ast.Constant) and str(method.value).startswith("env://"))
+    return env and "store" not in words and not (len(call.args) > 1)
 
 
 def calls(tree: ast.AST, name: str) -> int | None:
