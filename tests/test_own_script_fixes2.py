@@ -114,3 +114,18 @@ def test_which_init_process_group_calls_need_torchrun(source, line) -> None:
     from scalelab.launcher.owncode import env_rendezvous
 
     assert env_rendezvous(ast.parse(source)) == line
+
+
+@pytest.mark.parametrize("exits", [{"0": -15, "1": -9}, {"0": 143, "1": 137}])
+def test_the_rank_its_agent_stopped_is_said_after_the_killed_one(tmp_path, exits) -> None:
+    """4. Rank 1 killed by SIGKILL; torchrun then stopped rank 0 with SIGTERM: rank 1 is named first."""
+    import json
+
+    from scalelab.core.spec import EngineSpec, Spec, save_spec
+    from scalelab.launcher.backend import RankEnd, silent_ranks
+
+    save_spec(Spec(engine=EngineSpec(name="ddp"), nodes=1, gpus_per_node=2, batch_per_worker=8, steps=10), tmp_path)
+    (tmp_path / "launch.json").write_text(json.dumps({"state": "FAILED", "rank_exits": exits}))
+    said = silent_ranks(tmp_path, [RankEnd(0, 2, None, None, [], []), RankEnd(1, 2, None, None, [], [])])
+    assert said.startswith("rank 1 was killed by SIGKILL (signal 9)"), said
+    assert "rank 0 was killed by SIGTERM (signal 15)" in said, said
