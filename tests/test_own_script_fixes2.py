@@ -129,3 +129,13 @@ def test_the_rank_its_agent_stopped_is_said_after_the_killed_one(tmp_path, exits
     said = silent_ranks(tmp_path, [RankEnd(0, 2, None, None, [], []), RankEnd(1, 2, None, None, [], [])])
     assert said.startswith("rank 1 was killed by SIGKILL (signal 9)"), said
     assert "rank 0 was killed by SIGTERM (signal 15)" in said, said
+
+
+def test_the_end_note_of_a_script_without_step_records_is_wrapped_to_the_terminal(tmp_path) -> None:
+    """5. The note was printed as one 321-character line on an 80-column terminal; `launch report` wraps it."""
+    (tmp_path / "silent.py").write_text("print('hello')\n")
+    proc = launch("--script", "silent.py", "--engine", "single", cwd=tmp_path, env={"COLUMNS": "80"})
+    assert proc.returncode == 0, proc.stderr
+    note = proc.stdout[proc.stdout.index("note: "):]
+    assert "has no step records" in " ".join(note.split()), proc.stdout
+    assert all(len(line) <= 80 for line in proc.stdout.splitlines()), proc.stdout

@@ -691,9 +691,11 @@ def _stopped_how(spec: Spec, run_dir: Path | str) -> str:
     return f"its ranks checkpoint; launch resume {shell_word(run_dir)} continues"
 
 
-def print_summary(run_dir: Path, summary) -> None:
+def print_summary(run_dir: Path, summary: Any) -> None:
+    """The end of a completed run: its scaling row, or the note of a --script run without step records, wrapped
+    at words to the terminal as `launch report` wraps it (it was one 321-character line)."""
     if isinstance(summary, dict):  # a --script run without step records (runner.write_summary)
-        console.print(f"note: {summary['note']}", highlight=False, soft_wrap=True)
+        console.print(escape(prose_lines("note: ", summary["note"], console.width)), highlight=False, soft_wrap=True)
         _run_directory_line(run_dir, "logs")
         return
     from scalelab.analysis.report import print_scaling
