@@ -7,6 +7,9 @@
 3. --engine single with a torchrun-style script (an init_process_group that always runs, reading RANK...) failed
    in its rank ("environment variable RANK expected, but not set"); it is refused in one line naming --engine ddp.
    A script that calls it only under torchrun (examples/own-script/train_ddp.py) still runs.
+4. A rank killed by SIGKILL was named after its peer that torchrun then stopped with SIGTERM.
+5. The end note of a script without step records was one long line; it is wrapped as `launch report` wraps it.
+6. `launch --help`'s "Start here" never named --script / --module.
 """
 
 from __future__ import annotations
@@ -139,3 +142,15 @@ def test_the_end_note_of_a_script_without_step_records_is_wrapped_to_the_termina
     note = proc.stdout[proc.stdout.index("note: "):]
     assert "has no step records" in " ".join(note.split()), proc.stdout
     assert all(len(line) <= 80 for line in proc.stdout.splitlines()), proc.stdout
+
+
+def test_the_top_level_help_starts_users_on_their_own_script_too() -> None:
+    """6. `launch --help`'s "Start here" named only built-in presets; --script / --module were found by chance."""
+    from click.testing import CliRunner
+
+    from scalelab.launcher.cli import main
+
+    out = CliRunner().invoke(main, ["--help"], prog_name="launch", env={"COLUMNS": "80"}).output
+    start = out[out.index("Start here:"):out.index("`launch` with options")]
+    assert "launch --script train.py" in start and "--module" in start, start
+    assert max(len(line) for line in out.splitlines()) <= 80, out

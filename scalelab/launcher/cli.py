@@ -364,6 +364,8 @@ def main(ctx: click.Context) -> None:
         launch sweep --model nmt-tiny --workers 1,2
       its speedup / efficiency table:
         launch report runs/sweep-*
+      your own training script (or --module pkg.mod):
+        launch --script train.py --gpus-per-node 2 -- --lr 0.1
 
     `launch` with options and no command is `launch run`. See `launch run --help` for every option.
     """
