@@ -623,6 +623,9 @@ def silent_ranks(run_dir: Path, ranks: list[RankEnd]) -> str | None:
     runner, or gone before they started), or that left early while the others went on and then lost that
     peer; None when every rank recorded its end and none left early.
 
+    The ranks their agent stopped (SIGTERM) come last, as in `ranks_exits_detail`: rank 1 killed by SIGKILL was said
+    after rank 0, whom torchrun stopped with SIGTERM because of it.
+
     Why the early leaver counts as silent: a rank that returns (or `sys.exit(0)`s) at step 3 of 10 records
     a clean end, and the rank still in its next all_reduce records Gloo's "Connection reset by peer": that
     error is the echo, the rank that left is the cause."""
@@ -631,6 +634,7 @@ def silent_ranks(run_dir: Path, ranks: list[RankEnd]) -> str | None:
     exits = rank_exits(run_dir)
     stepped = any(r.last_step for r in ranks)
     quiet = [n for n in range(world) if n not in started or (started[n].end is None and not started[n].errors)]
+    quiet.sort(key=lambda n: (exits.get(n) in (128 + signal.SIGTERM, -signal.SIGTERM), n))  # a stopped peer's last
     full = full_note(run_dir) if quiet else ""  # where its records go is full: why it wrote no end (nor error)
     said = [_silent(n, started.get(n), exits.get(n), stepped, full) for n in quiet]
     left = early_leavers(ranks, planned_steps(run_dir))

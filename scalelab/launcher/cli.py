@@ -39,8 +39,8 @@ from scalelab.core.flags import (  # noqa: F401
 from scalelab.core.options import Flag, parse_pairs  # noqa: F401  (prep imports it here)
 from scalelab.core.presets import model_overrides
 from scalelab.core.runids import RunDir
-from scalelab.core.rundir import (ACTIVE, GEMM_FILE, PENDING, STUDY_FILE, discard_unlaunched, dryrun_dir, is_sweep,
-                                  new_run_dir)
+from scalelab.core.rundir import (ACTIVE, GEMM_FILE, PENDING, STUDY_FILE, RunPaths, discard_unlaunched, dryrun_dir,
+                                  is_sweep, new_run_dir)
 from scalelab.core.spec import (
     BATCH_MODES,
     SCALING_AXES,
@@ -51,7 +51,8 @@ from scalelab.core.spec import (
 from scalelab.core.terminal import break_name, make_console, prose_lines, visible_text, wrap_help_at_spaces
 from scalelab.core.writes import WriteError, is_write_failure, unnamed_write_failure, writing
 from scalelab.launcher import __version__
-from scalelab.launcher.backend import backend_flags, get_backend, import_optional, options_type
+from scalelab.launcher.backend import (backend_flags, get_backend, has_checkpoint, import_optional,
+                                      no_checkpoint_advice, options_type)
 from scalelab.costs.rates import named_rates, rate_options
 from scalelab.launcher.pricing import guard, price_options, show_quote
 from scalelab.launcher.runner import INTERRUPTED, detaching, err_console, execute, start_detached
@@ -363,6 +364,8 @@ def main(ctx: click.Context) -> None:
         launch sweep --model nmt-tiny --workers 1,2
       its speedup / efficiency table:
         launch report runs/sweep-*
+      your own training script (or --module pkg.mod):
+        launch --script train.py --gpus-per-node 2 -- --lr 0.1
 
     `launch` with options and no command is `launch run`. See `launch run --help` for every option.
     """
@@ -690,9 +693,11 @@ def _stopped_how(spec: Spec, run_dir: Path | str) -> str:
     return f"its ranks checkpoint; launch resume {shell_word(run_dir)} continues"
 
 
-def print_summary(run_dir: Path, summary) -> None:
+def print_summary(run_dir: Path, summary: Any) -> None:
+    """The end of a completed run: its scaling row, or the note of a --script run without step records, wrapped
+    at words to the terminal as `launch report` wraps it (it was one 321-character line)."""
     if isinstance(summary, dict):  # a --script run without step records (runner.write_summary)
-        console.print(f"note: {summary['note']}", highlight=False, soft_wrap=True)
+        console.print(escape(prose_lines("note: ", summary["note"], console.width)), highlight=False, soft_wrap=True)
         _run_directory_line(run_dir, "logs")
         return
     from scalelab.analysis.report import print_scaling
@@ -1533,14 +1538,27 @@ def unknown_option_message(exc: click.NoSuchOption, command: str, argv: list[str
     return ": ".join(parts[:2]) + "".join(f"; {p}" for p in parts[2:])
 
 
+def interrupted_text(resume: Path | None) -> str:
+    """What an interrupted launch says of what it held: that it stopped, and what continues it. A single run
+    with nothing saved gets the no-checkpoint advice (`backend.no_checkpoint_advice`), as `launch status`
+    and a cancel (`runner.cancelled_line`) give it. Why: a script that never checkpointed was told
+    "`launch resume RUN` continues it" with its checkpoint/ folder empty."""
+    if resume is None:
+        return INTERRUPTED
+    single_run = RunPaths(resume).spec.is_file() and not is_sweep(resume) and not (resume / STUDY_FILE).exists()
+    if single_run and not has_checkpoint(resume):
+        return f"{INTERRUPTED}; {no_checkpoint_advice(resume)}"
+    return f"{INTERRUPTED}; `launch resume {shell_word(resume)}` continues it"
+
+
 def interrupted(exc: BaseException | None) -> None:
     """Exit after a stop signal: SIGINT 130, SIGTERM 143, SIGHUP 129 (the runner has cancelled the run)."""
     resume = getattr(exc, "resume", None)
     try:
-        command = f"`launch resume {shell_word(resume)}`" if resume else ""
-        text = f"{INTERRUPTED}" + (f"; {command} continues it" if resume else "")
-        err_console.print(escape(prose_lines("launch: ", text, err_console.width, whole=(command,) if resume else ())),
-                          highlight=False, soft_wrap=True)  # wrapped between words, the command whole
+        text = interrupted_text(Path(resume) if resume else None)
+        whole = tuple(re.findall(r"`[^`]+`", text))
+        err_console.print(escape(prose_lines("launch: ", text, err_console.width, whole=whole)),
+                          highlight=False, soft_wrap=True)  # wrapped between words, each command whole
     except OSError:  # SIGHUP: the terminal may be gone
         pass
     sys.exit(getattr(exc, "exit_code", 128 + signal.SIGINT))

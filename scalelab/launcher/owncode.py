@@ -61,6 +61,7 @@ def apply(spec: Spec, params: dict[str, Any]) -> Spec:
     else:
         spec.script_dir = spec.script_dir or os.getcwd()
         check_module(str(spec.module), Path(spec.script_dir))
+        _check_module_syntax(str(spec.module), Path(spec.script_dir))
     _engine_for_code(spec)
     spec.workdir = os.getcwd()  # where the ranks run, now and on every resume (relative paths resolve there)
     spec.model = str(spec.script_label)  # the run's name, label and model column
@@ -69,6 +70,15 @@ def apply(spec: Spec, params: dict[str, Any]) -> Spec:
     elif params.get("steps") is not None and given("steps"):
         _note_steps(spec, int(params["steps"]), args)
     return spec
+
+
+def _check_module_syntax(name: str, folder: Path) -> None:
+    """The --module's own file (in `folder`; an installed one is not read) compiles, else one line, as a --script's
+    (`check_syntax`)."""
+    path = module_file(name, folder)
+    if path is not None:
+        shown = os.path.relpath(path, folder) if path.is_relative_to(folder) else str(path)
+        check_syntax(path, f"--module {name} ({shown})", f"python -m py_compile {shown}")
 
 
 def _note_steps(spec: Spec, steps: int, args: list[str]) -> None:
@@ -97,6 +107,10 @@ def _engine_for_code(spec: Spec) -> None:
         raise SpecError(f"{path.name}:{call} calls init_process_group and imports no horovod, but --engine "
                         f"{spec.engine.name} starts the ranks as horovodrun does, without torchrun's RANK, WORLD_SIZE "
                         "and MASTER_ADDR; give --engine ddp (the ranks start as torchrun starts them)")
+    if facts.one_worker and tree and (call := env_rendezvous(tree)):
+        raise SpecError(f"{path.name}:{call} calls init_process_group, which reads torchrun's RANK, WORLD_SIZE and "
+                        f"MASTER_ADDR, but --engine {spec.engine.name} starts one process without them; give --engine "
+                        "ddp (with one worker, its rank starts as `torchrun --nproc-per-node 1` starts it)")
     if line is None or facts.starter == HOROVODRUN or facts.one_worker:
         return
     where = f"{path.name}:{line} imports horovod"
@@ -115,6 +129,42 @@ def _parsed(path: Path) -> ast.Module | None:
         return ast.parse(path.read_bytes(), filename=str(path))
     except (OSError, SyntaxError, ValueError):
         return None
+
+
+def env_rendezvous(tree: ast.Module) -> int | None:
+    """The first line of an `init_process_group(...)` that always runs and reads torchrun's variables (no
+    `init_method` other than env://, no `store`), or None. Always: a module's own statement, one in a function's body
+    or under `if __name__ == "__main__"`, not one under another `if`, a `try` or a loop (a script that runs with or
+    without torchrun: examples/own-script/train_ddp.py). Why: under --engine single such a script failed in its rank
+    with "environment variable RANK expected, but not set"."""
+    lines = [node.lineno for stmt in _always_run(tree.body) for node in ast.walk(stmt)
+             if isinstance(node, ast.Call) and _reads_env(node)]
+    return min(lines) if lines else None
+
+
+def _always_run(body: list[ast.stmt]) -> list[ast.stmt]:
+    """The simple statements of `body` that run whenever it does, with the bodies of functions and of a
+    `__main__` guard (a function may only be called conditionally: a refusal then names --engine ddp, which runs it
+    too)."""
+    found: list[ast.stmt] = []
+    for stmt in body:
+        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            found += _always_run(stmt.body)
+        elif isinstance(stmt, ast.If) and "__main__" in ast.unparse(stmt.test):
+            found += _always_run(stmt.body)
+        elif isinstance(stmt, (ast.Expr, ast.Assign, ast.AnnAssign, ast.Return)):
+            found.append(stmt)
+    return found
+
+
+def _reads_env(call: ast.Call) -> bool:
+    """Whether `call` is init_process_group(...) rendezvousing through torchrun's environment variables."""
+    if "init_process_group" not in (getattr(call.func, "attr", None), getattr(call.func, "id", None)):
+        return False
+    words = {k.arg: k.value for k in call.keywords}
+    method = words.get("init_method")
+    env = method is None or (isinstance(method, ast.Constant) and str(method.value).startswith("env://"))
+    return env and "store" not in words and not (len(call.args) > 1)
 
 
 def calls(tree: ast.AST, name: str) -> int | None:
@@ -253,7 +303,25 @@ def check_script(text: str) -> Path:
     if _program(interpreter) in NOT_PYTHON:  # the ranks run it with Python (torchrun's default too)
         raise SpecError(f"--script {given} is a script for {interpreter!r}, not Python: its ranks run it with "
                         "Python; give the Python script it starts (its arguments after `--`)")
+    check_syntax(path, f"--script {given}", f"python {given}")
     return path.resolve()
+
+
+def check_syntax(path: Path, what: str, shows: str) -> None:
+    """Refuse, in one line, Python code that cannot be compiled: a syntax error, bytes that are no UTF-8 text (nor
+    in the encoding its coding line names). `what` names it (`--script x.py`), `shows` is the command that shows the
+    error. Why: such a script started every rank, each printed the same traceback, and a FAILED run was left."""
+    try:
+        ast.parse(path.read_bytes(), filename=str(path))
+    except OSError:
+        return  # unreadable: check_script said so already; a module's file is left to its ranks
+    except SyntaxError as exc:
+        if str(exc.msg).startswith("(unicode error)"):
+            raise SpecError(f"{what} is not Python source: line {exc.lineno} is not UTF-8 text; give the Python "
+                            "script itself (or name its encoding in a `# -*- coding: NAME -*-` line)") from None
+        raise SpecError(f"{what}: line {exc.lineno}: {exc.msg}: fix the script (`{shows}` shows it)") from None
+    except ValueError:  # a NUL byte past the start of the file
+        raise SpecError(f"{what} is not a text file (binary); give the Python script itself") from None
 
 
 # Interpreters whose scripts are surely no Python: only these are refused. A Python script's line may name
