@@ -108,3 +108,4 @@ def test_a_study_with_nothing_finished_names_itself_once_as_what_continues_it(tm
     said = " ".join(err.split())
     assert code == 2 and "no run of the study" in said and said.count("launch resume") == 1, said
     assert said.rstrip().endswith(f"`launch resume {root}` continues it"), said
+

@@ -637,13 +637,14 @@ def run_cmd(detach: bool, rank_output: str | None, **params: Any) -> None:
         detaching(backend)
     if params["dry_run"]:
         backend.check_dry_run(spec)
-        run_dir = dryrun_dir(Path(params["runs_dir"]), spec.name or spec.model)
-        click.echo(backend.submit_dryrun(spec, run_dir).render())
+        run_dir = dryrun_dir(Path(params["runs_dir"]), run_name_of(spec))
+        text = backend.submit_dryrun(spec, run_dir).render()
+        click.echo(text, nl=not text.endswith("\n"))  # exactly the request: a script's last newline is its own
         show_quote([(spec, 1)], params)
         return
     backend.validate(spec)
     guard([(spec, 1)], params)
-    run_dir = new_run_dir(Path(params["runs_dir"]), spec.name or f"{spec.model}-{spec.engine.name}-{spec.nodes}x{spec.gpus_per_node}")
+    run_dir = new_run_dir(Path(params["runs_dir"]), run_name_of(spec))
     try:
         run_and_show(backend, spec, run_dir, detach, echo)
     except (ScalelabError, OSError) as exc:
@@ -705,6 +706,12 @@ def print_summary(run_dir: Path, summary: Any) -> None:
 
     print_scaling(scale_layouts([summary]), console=console)
     _run_directory_line(run_dir, "report")
+
+
+def run_name_of(spec: Spec) -> str:
+    """The name of a run's directory before its date (`--name`, else model-engine-NxG), its dry run's too
+    (NAME-DRYRUN): the dry run printed the model alone, so its Slurm job name was not the one submitted."""
+    return spec.name or f"{spec.model}-{spec.engine.name}-{spec.nodes}x{spec.gpus_per_node}"
 
 
 def _run_directory_line(run_dir: Path, command: str) -> None:
@@ -1512,6 +1519,9 @@ HABIT_HINTS: dict[str, dict[str, str]] = {
         "--nproc-per-node": _SWEEP_WORKERS,
         "--nproc_per_node": _SWEEP_WORKERS,
         "--nnodes": "give --layouts NODESxGPUS, e.g. 1x2,2x2",
+        "--detach": "a sweep is not detached: its launcher follows its layouts to their ends and then writes its "
+                    "report; run it in the background (`nohup launch sweep ... &`) or in tmux/screen, and `launch "
+                    "status SWEEP` shows it from any terminal",
     },
 }
 
