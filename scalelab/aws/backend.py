@@ -53,6 +53,7 @@ from scalelab.core.rundir import (
     RunPaths,
     edit_state,
     read_state,
+    record_state,
     start_state,
     update_state,
 )
@@ -62,6 +63,7 @@ from scalelab.launcher.backend import STOP_NOW, Backend, RankOutput, RunStatus, 
 
 CAPACITY_ERRORS = {"InsufficientInstanceCapacity", "InsufficientCapacity", "SpotMaxPriceTooLow",
                    "MaxSpotInstanceCountExceeded", "InstanceLimitExceeded", "Unsupported"}
+UNREACHABLE_POLLS = 3  # polls in a row AWS may be out of reach for before the launcher stops the run
 GONE_STATES = ("shutting-down", "terminated", "stopping", "stopped")  # an instance that no longer runs the run
 ROOT = Path(__file__).resolve().parents[2]  # the project root (pyproject.toml) of a source checkout
 
@@ -76,6 +78,7 @@ class AwsBackend(Backend):
         self._session, self._clients, self._endpoint = session, dict(clients or {}), endpoint_url
         self._plan: Plan | None = None
         self._said_local: set[Path] = set()  # runs whose logs were shown from the local copy, AWS failing (`logs`)
+        self._missed_polls: dict[Path, int] = {}  # runs: how many polls in a row AWS could not be reached for
 
     def _forget(self) -> None:
         self._plan = None  # the plan of another run (another instance type)
@@ -157,9 +160,13 @@ class AwsBackend(Backend):
             update_state(run_dir, generation=generation)
             self._launch_generation(run_dir, generation)
         except BaseException as exc:  # the runner records how the launch ended
-            self._safe_teardown(run_dir, CANCELLED if isinstance(exc, KeyboardInterrupt) else FAILED)
+            started = bool(read_state(run_dir).get("instances"))
+            down = self._safe_teardown(run_dir, CANCELLED if isinstance(exc, KeyboardInterrupt) else FAILED)
             if _is_client_error(exc):
-                raise _user_error(exc, "starting the run") from None
+                undone = _start_undone(started, down)
+                missing = _no_bucket(exc, plan)
+                raise (ScalelabError(f"{missing}; {undone}") if missing else
+                       _user_error(exc, "starting the run", undone)) from None
             raise
         return plan.run_id
 
@@ -263,13 +270,41 @@ class AwsBackend(Backend):
     def poll(self, run_dir: Path) -> RunStatus:
         """Mirror S3 into the run directory, then look at the run (and replace interrupted capacity)."""
         run_dir = Path(run_dir)
-        with _one_line("following the run"):  # the runner then cancels the run: every instance is terminated
+        try:
             info = read_state(run_dir)
             _beat(self.client("s3", info["region"]), info["bucket"], info["prefix"],  # "still following"
                   self._heartbeat_timeout_s())
             self.pull(run_dir)
             outcome = self._check(run_dir)
+        except Exception as exc:
+            if not _is_client_error(exc):
+                raise
+            return self._aws_failed(run_dir, exc)
+        self._missed_polls.pop(run_dir, None)
         return outcome or RunStatus(RUNNING, f"generation {read_state(run_dir)['generation']}")
+
+    def _aws_failed(self, run_dir: Path, exc: BaseException) -> RunStatus:
+        """A poll AWS refused or could not be reached for. Out of reach for fewer than UNREACHABLE_POLLS polls in a
+        row: the run goes on (a network blip must not end a long run). Else the run is stopped here, and the error
+        says what that stop really did. Why: the runner's own stop came after the error's words, which said "every
+        instance of the run was terminated" while the stop had failed and the instance ran on (also in launch.json)."""
+        missed = self._missed_polls[run_dir] = self._missed_polls.get(run_dir, 0) + 1
+        if type(exc).__name__ in UNREACHABLE and missed < UNREACHABLE_POLLS:
+            _say(f"warning: cannot reach AWS while following the run ({exc}); trying again "
+                 f"({missed} of {UNREACHABLE_POLLS} polls in a row)")
+            return RunStatus(RUNNING, f"generation {read_state(run_dir)['generation']}; AWS out of reach")
+        self._missed_polls.pop(run_dir, None)
+        try:
+            self._stop(run_dir, None)
+        except Exception as down:
+            if not _is_client_error(down):
+                raise
+            error = _user_error(exc, "following the run", f"stopping the run failed too ({_aws_failure(down)}): its"
+                                + self._may_still_run(run_dir, down))
+        else:
+            error = _user_error(exc, "following the run", "every instance of the run was terminated")
+        record_state(run_dir, FAILED, str(error))  # the runner then leaves the run as recorded: not stopped twice
+        raise error from None
 
     def _check(self, run_dir: Path) -> RunStatus | None:
         """One look at the run: None while it goes on, else how it ended (instances still up)."""
@@ -444,19 +479,22 @@ class AwsBackend(Backend):
                 if inst.get("ended") is None and (generation is None or inst["generation"] == generation):
                     inst["ended"] = time.time()
 
-    def _safe_teardown(self, run_dir: Path, state: str) -> None:
-        """Teardown on an error path: a failing teardown must not hide the original error, but is said."""
+    def _safe_teardown(self, run_dir: Path, state: str) -> bool:
+        """Teardown on an error path: a failing teardown must not hide the original error, but is said. Returns
+        whether it succeeded (the error then says what was really removed)."""
         if not self._clients and self._session is None:
             try:
                 self.client("ec2", read_state(run_dir)["region"])
             except ScalelabError:  # no credentials: nothing can have been created
-                return
+                return True
         try:
             self._teardown(run_dir, state)
         except Exception as exc:  # noqa: BLE001
             run_id = render.cloud_run_id(run_dir)
             print(f"launch: warning: could not tear down run {run_id} ({exc!r}); "
                   f"run `launch aws gc --run-id {run_id}`", file=sys.stderr)
+            return False
+        return True
 
     def _teardown(self, run_dir: Path, state: str) -> None:
         """Whatever happened: terminate every instance of the run, delete its groups, record what went.
@@ -578,7 +616,16 @@ class AwsBackend(Backend):
         AWS refusing a request or out of reach is one line, not botocore's traceback: an error (`_still_up`) when the
         teardown failed, as the instances may still run; a warning when only the stop request, the wait or the last
         mirror failed, as they were terminated all the same."""
-        run_dir = Path(run_dir)
+        try:
+            self._stop(Path(run_dir), grace_s)
+        except Exception as exc:
+            if not _is_client_error(exc):
+                raise
+            raise self._still_up(Path(run_dir), exc) from None
+
+    def _stop(self, run_dir: Path, grace_s: float | None) -> None:
+        """`cancel`'s steps; AWS's error of the teardown raised as it is, so that the caller says it its own way
+        (`cancel`: `_still_up`; a poll that lost AWS: `_aws_failed`)."""
         grace_s = float(self.options["interruption_grace_s"]) if grace_s is None else grace_s
         missed: list[tuple[str, BaseException]] = []  # (what was being done, AWS's error) of the steps that failed
         try:
@@ -590,12 +637,7 @@ class AwsBackend(Backend):
         except BaseException:  # a bug, a signal: nothing of the run may stay up all the same
             self._teardown(run_dir, CANCELLED)
             raise
-        try:
-            self._teardown(run_dir, CANCELLED)
-        except Exception as exc:
-            if not _is_client_error(exc):
-                raise
-            raise self._still_up(run_dir, exc) from None
+        self._teardown(run_dir, CANCELLED)
         if missed:
             info, (doing, exc) = read_state(run_dir), missed[0]
             _say(f"warning: {_user_error(exc, doing, 'its instances were terminated all the same')}; its last records "
@@ -605,16 +647,19 @@ class AwsBackend(Backend):
         """The one line of a cancel whose teardown AWS refused or could not be reached for: the runner has recorded
         the run CANCELLED already, but its instances may still run; they stop by themselves once the launcher's
         heartbeat is stale, and `launch cancel` again or `launch aws gc` finishes the job."""
+        state = read_state(run_dir).get("state")
+        said = f"run {shell_word(run_dir)} is recorded {state} here, but its" if state in TERMINAL else "its"
+        return _user_error(exc, "terminating the run's instances", said + self._may_still_run(run_dir, exc, "again"))
+
+    def _may_still_run(self, run_dir: Path, exc: BaseException, again: str = "") -> str:
+        """' instances may still be running (...); once ..., `launch cancel RUN` or `launch aws gc ...` terminates
+        them': what is true, and what removes them, after a teardown that failed on `exc`."""
         info = read_state(run_dir)
-        run = shell_word(run_dir)
-        state = info.get("state")
-        said = f"run {run} is recorded {state} here, but its" if state in TERMINAL else "its"
         when = "once AWS can be reached" if type(exc).__name__ in UNREACHABLE else "once that is fixed"
-        return _user_error(exc, "terminating the run's instances",
-                           f"{said} instances may still be running (they stop by themselves "
-                           f"{float(self.options['heartbeat_timeout_min']):g} min after the launcher's last heartbeat); "
-                           f"{when}, `launch cancel {run}` again or `launch aws gc --run-id {shell_word(info['run_id'])} "
-                           f"--region {shell_word(info['region'])}` terminates them")
+        return (f" instances may still be running (they stop by themselves "
+                f"{float(self.options['heartbeat_timeout_min']):g} min after the launcher's last heartbeat); "
+                f"{when}, `launch cancel {shell_word(run_dir)}`{' ' + again if again else ''} or `launch aws gc --run-id "
+                f"{shell_word(info['run_id'])} --region {shell_word(info['region'])}` terminates them")
 
     def _ask_to_stop(self, run_dir: Path, grace_s: float) -> None:
         """Put the stop request, then wait (up to `grace_s`) for the leader's checkpoint, but only when a
@@ -756,6 +801,24 @@ def _next_generation(s3, plan: Plan) -> int:
             if m:
                 gens.append(int(m.group(1)))
     return max(gens) + 1
+
+
+def _start_undone(started: bool, down: bool) -> str:
+    """What a launch that failed on the way left, as the end of its error: only what happened. Why: a launch that
+    failed before any instance said "every instance of the run was terminated"."""
+    if not down:
+        return "removing what it had created failed (see the warning above)"
+    if started:
+        return "every instance of the run was terminated"
+    return "no instance had been started; what the launch had created was removed"
+
+
+def _no_bucket(exc: BaseException, plan: Plan) -> str | None:
+    """A NoSuchBucket refusal as a line naming the bucket and how to make it; None for any other error."""
+    if _error_code(exc) != "NoSuchBucket":
+        return None
+    return (f"the bucket {plan.bucket} (--bucket) does not exist: create it with "
+            f"`aws s3 mb s3://{plan.bucket} --region {plan.region}`, or pass --bucket with one of yours")
 
 
 def _resolve(value: Any, refs: dict[str, Any], ec2, options: dict[str, Any]) -> Any:

@@ -1,0 +1,64 @@
+"""AWS backend fixes against moto's server on loopback: what the launcher says and records after AWS failed it
+(an endpoint lost mid-run, a missing bucket), resume generations, instances ended outside scalelab, `launch aws gc`
+of a region that does not exist, `launch cancel` of a run recorded ended."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from test_aws_moto import REGION, backend, cloud, live, make_spec, run_dir_for  # noqa: F401 - `cloud` is a fixture
+
+boto3 = pytest.importorskip("boto3", reason="boto3 is not installed: pip install boto3")
+
+from scalelab.aws import teardown as td  # noqa: E402
+from scalelab.aws.backend import AwsBackend  # noqa: E402
+from scalelab.core.errors import ScalelabError  # noqa: E402
+from scalelab.core.rundir import read_state  # noqa: E402
+from scalelab.launcher.runner import wait  # noqa: E402
+
+
+def _unreachable_clients() -> dict:
+    """EC2 and S3 clients of an endpoint nothing listens on (port 9 of loopback), one attempt each."""
+    from botocore.config import Config
+
+    session = boto3.Session(region_name=REGION, aws_access_key_id="x", aws_secret_access_key="y")
+    config = Config(retries={"max_attempts": 1, "mode": "standard"}, connect_timeout=2)
+    return {s: session.client(s, endpoint_url="http://127.0.0.1:9", config=config) for s in ("ec2", "s3")}
+
+
+def test_losing_aws_mid_run_says_the_instances_may_still_run_not_that_they_were_terminated(cloud, tmp_path):
+    """The endpoint lost while following the run: the error (and launch.json) said "every instance of the run was
+    terminated" before any teardown, which then failed; the instance ran on. Now it says they may still run and
+    what removes them."""
+    be = backend(cloud)
+    run_dir = run_dir_for(tmp_path)
+    be.schedule(be.submit_dryrun(make_spec(nodes=1), run_dir))
+    be._clients = _unreachable_clients()
+    try:
+        with pytest.raises(ScalelabError) as err:
+            wait(be, run_dir)
+        said = str(err.value)
+        assert "cannot reach AWS while following the run" in said, said
+        assert "every instance of the run was terminated" not in said, said
+        assert "may still be running" in said and f"launch aws gc --run-id {run_dir.name}" in said, said
+        state = read_state(run_dir)
+        assert state["state"] == "FAILED" and "every instance of the run was terminated" not in state["detail"], state
+        assert "may still be running" in state["detail"], state
+        assert len(live(cloud, run_dir.name)) == 1  # what the message says: it still runs
+    finally:
+        td.teardown(cloud["ec2"], run_dir.name, poll_s=0.01)
+
+
+def test_a_missing_bucket_is_named_with_its_fix_and_claims_no_termination(cloud, tmp_path):
+    """--bucket of a bucket that does not exist: "AWS refused ListObjectsV2 ...: NoSuchBucket ...; every instance of
+    the run was terminated" though none had started. Now the bucket, `aws s3 mb`, and only what happened."""
+    be = backend(cloud, bucket="scalelab-no-such-bucket-here")
+    run_dir = run_dir_for(tmp_path)
+    with pytest.raises(ScalelabError) as err:
+        be.schedule(be.submit_dryrun(make_spec(nodes=1), run_dir))
+    said = str(err.value)
+    assert "scalelab-no-such-bucket-here" in said and "aws s3 mb s3://scalelab-no-such-bucket-here" in said, said
+    assert "every instance of the run was terminated" not in said and "no instance had been started" in said, said
+    assert live(cloud, run_dir.name) == []
