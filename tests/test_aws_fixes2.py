@@ -62,3 +62,55 @@ def test_a_missing_bucket_is_named_with_its_fix_and_claims_no_termination(cloud,
     assert "scalelab-no-such-bucket-here" in said and "aws s3 mb s3://scalelab-no-such-bucket-here" in said, said
     assert "every instance of the run was terminated" not in said and "no instance had been started" in said, said
     assert live(cloud, run_dir.name) == []
+
+
+def test_a_resume_after_instances_that_never_reported_starts_a_new_generation(cloud, tmp_path):
+    """`launch resume` of a run whose nodes never wrote a status: the generation was counted from S3's gen-*
+    statuses only, so the resume launched generation 0 again, took the earlier launch's terminated gen-0
+    instance for its own lost one and replaced it at once. Now the resume runs generation 1, and a poll leaves it
+    running."""
+    from scalelab.launcher.runner import cancel
+
+    first = backend(cloud)
+    run_dir = run_dir_for(tmp_path)
+    first.schedule(first.submit_dryrun(make_spec(nodes=1), run_dir))
+    cancel(first, run_dir)
+    assert live(cloud, run_dir.name) == []
+    again = backend(cloud)
+    again.schedule(again.submit_dryrun(make_spec(nodes=1), run_dir))
+    state = read_state(run_dir)
+    assert state["generation"] == 1 and [i["generation"] for i in state["instances"]] == [1], state
+    assert again.poll(run_dir).state == "RUNNING"
+    state = read_state(run_dir)
+    assert state["generation"] == 1 and state["replacements"] == 0, state
+    assert all(i.get("ended") is None for i in state["instances"]), state["instances"]
+    again.cancel(run_dir)
+
+
+def test_an_on_demand_instance_terminated_by_hand_fails_the_run_and_is_not_a_spot_interruption(cloud, tmp_path):
+    """An on-demand instance terminated outside scalelab was recorded a spot interruption and replaced, four
+    times, then "capacity was interrupted 4 times ... continues from the last checkpoint" with no checkpoint, and
+    aws_end said "generations": 0. Now the run fails at once saying what EC2 said, nothing is replaced, no
+    checkpoint is promised, and aws_end counts the generation it ran."""
+    be = backend(cloud)
+    run_dir = run_dir_for(tmp_path)
+    be.schedule(be.submit_dryrun(make_spec(nodes=1), run_dir))
+    ended = []
+
+    def instance_side() -> None:
+        up = td.instances(cloud["ec2"], run_dir.name, ["pending", "running"])
+        if up and not ended:
+            ended.append(up[0]["InstanceId"])
+            cloud["ec2"].terminate_instances(InstanceIds=ended)
+
+    status = wait(be, run_dir, on_tick=instance_side)
+    assert status.state == "FAILED", status
+    assert f"instance {ended[0]} was terminated outside scalelab" in status.detail, status.detail
+    assert "User initiated shutdown" in status.detail, status.detail
+    assert "continues from the last checkpoint" not in status.detail and "no checkpoint was saved" in status.detail
+    events = [json.loads(x) for x in (run_dir / "records" / "aws-events.jsonl").read_text().splitlines()]
+    kinds = [e["event"] for e in events]
+    assert "spot_interruption" not in kinds and "capacity_replaced" not in kinds, kinds
+    assert events[-1]["event"] == "aws_end" and events[-1]["generations"] == 1, events[-1]
+    assert td.instances(cloud["ec2"], run_dir.name, None, 1) == []
+    assert live(cloud, run_dir.name) == []

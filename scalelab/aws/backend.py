@@ -142,13 +142,14 @@ class AwsBackend(Backend):
         # the first request of a launch: an endpoint that cannot be reached, bad keys
         with _one_line("checking for instances of the run", "nothing was started"):
             self._refuse_while_running(plan, run_dir)
+        used = _generations_recorded(run_dir)  # before start_state writes a new launch.json over them
         RunPaths(run_dir).logs.mkdir(parents=True, exist_ok=True)
         start_state(run_dir, backend=self.name, run_id=plan.run_id, region=plan.region, bucket=plan.bucket,
                     prefix=plan.prefix, node_types=plan.node_types, started=time.time(), generation=0,
                     instances=[], refs={}, replacements=0, requests=request.calls)
         try:
             ec2, s3 = self.client("ec2", plan.region), self.client("s3", plan.region)
-            generation = _next_generation(s3, plan)
+            generation = max([_next_generation(s3, plan), *(g + 1 for g in used | _generations_tagged(ec2, plan.run_id))])
             s3.delete_object(Bucket=plan.bucket, Key=plan.key(STOP_REQUEST))  # a resumed run was cancelled before
             _beat(s3, plan.bucket, plan.prefix, self._heartbeat_timeout_s())
             refs: dict[str, Any] = {}
@@ -353,6 +354,9 @@ class AwsBackend(Backend):
                                             "the last checkpoint in S3")
             return self._ended(CANCELLED, f"cancelled (`launch cancel`); every rank stopped with a checkpoint; "
                                           f"`launch resume {shell_word(run_dir)}` continues it", unsaid)
+        outside = [n for n in gone if n.get("InstanceLifecycle") != "spot" and n["InstanceId"] not in notices]
+        if outside:  # on-demand capacity is not interrupted by AWS: someone ended it; not replaced
+            return self._ended_outside(run_dir, gen, outside)
         if stopping:
             first = info.setdefault("interrupted_at", now)
             update_state(run_dir, interrupted_at=first)
@@ -429,6 +433,19 @@ class AwsBackend(Backend):
             raise
         return True
 
+    def _ended_outside(self, run_dir: Path, gen: int, lost: list[dict]) -> RunStatus:
+        """The end of a run whose on-demand instance(s) ended outside scalelab (terminated or stopped by hand, or by
+        EC2 on a failure), with EC2's reason (StateReason). Why: they were called spot interruptions and replaced,
+        four times, then "capacity was interrupted 4 times ... continues from the last checkpoint" with no
+        checkpoint at all."""
+        for n in lost:
+            mirror.event(run_dir, "instance_ended_outside", generation=gen, instance_id=n["InstanceId"],
+                         instance_type=n["InstanceType"], state=n["State"]["Name"],
+                         reason=(n.get("StateReason") or {}).get("Code"))
+        said = "; ".join(f"instance {n['InstanceId']} was {_gone_word(n)} outside scalelab"
+                         + (f" ({why})" if (why := (n.get("StateReason") or {}).get("Message")) else "") for n in lost)
+        return RunStatus(FAILED, f"{said}; an on-demand instance is not replaced; " + _resume_advice(run_dir))
+
     def _replace(self, run_dir: Path, gen: int, nodes: list[dict], notices: dict, gone: list[dict]) -> RunStatus | None:
         """Record the interruption, end the generation, start the next one from the checkpoint."""
         ec2 = self.client("ec2", self._plan_for(run_dir).region)
@@ -445,7 +462,7 @@ class AwsBackend(Backend):
         if int(info.get("replacements", 0)) >= int(self.options["max_replacements"]):
             return RunStatus(FAILED, f"capacity was interrupted {info.get('replacements', 0) + 1} times "
                                        f"(max_replacements {self.options['max_replacements']}); "
-                                       f"`launch resume {shell_word(run_dir)}` continues from the last checkpoint")
+                                       + _resume_advice(run_dir))
         with edit_state(run_dir) as info:
             info.pop("interrupted_at", None)
             info["replacements"] = int(info.get("replacements", 0)) + 1
@@ -819,6 +836,40 @@ def _no_bucket(exc: BaseException, plan: Plan) -> str | None:
         return None
     return (f"the bucket {plan.bucket} (--bucket) does not exist: create it with "
             f"`aws s3 mb s3://{plan.bucket} --region {plan.region}`, or pass --bucket with one of yours")
+
+
+def _gone_word(node: dict) -> str:
+    """'terminated' or 'stopped', as EC2 says the instance went."""
+    return "stopped" if node["State"]["Name"] in ("stopping", "stopped") else "terminated"
+
+
+def _resume_advice(run_dir: Path) -> str:
+    """What continues the run: `launch resume` from the checkpoint the mirror holds, else the advice for a run
+    with none (`no_checkpoint_advice`); never a checkpoint that does not exist."""
+    from scalelab.launcher.backend import has_checkpoint, no_checkpoint_advice
+
+    step = mirror.checkpoint_step(run_dir)
+    if step is None and not has_checkpoint(run_dir):
+        return no_checkpoint_advice(run_dir)
+    at = f" of step {step}" if step is not None else ""
+    return f"`launch resume {shell_word(run_dir)}` continues from the last checkpoint{at}"
+
+
+def _generations_recorded(run_dir: Path) -> set[int]:
+    """The generations of the instances an earlier launch of the run recorded in its launch.json (none for a new
+    run). Why: a resume counted only the generations whose nodes had written a status to S3; after instances that
+    never reported, it launched generation 0 again and took the earlier launch's ended ones for its own."""
+    try:
+        info = read_state(run_dir) if RunPaths(run_dir).launch.exists() else {}
+    except (ScalelabError, OSError, ValueError):
+        return set()
+    return {int(i["generation"]) for i in info.get("instances") or [] if isinstance(i.get("generation"), int)}
+
+
+def _generations_tagged(ec2, run_id: str) -> set[int]:
+    """The generations EC2 still lists instances of for the run (terminated ones stay visible about an hour)."""
+    tags = ({t["Key"]: t["Value"] for t in i.get("Tags") or []} for i in td.instances(ec2, run_id))
+    return {int(t[render.TAG_GENERATION]) for t in tags if str(t.get(render.TAG_GENERATION, "")).isdigit()}
 
 
 def _resolve(value: Any, refs: dict[str, Any], ec2, options: dict[str, Any]) -> Any:
