@@ -13,7 +13,6 @@ from test_aws_moto import REGION, backend, cloud, live, make_spec, run_dir_for  
 boto3 = pytest.importorskip("boto3", reason="boto3 is not installed: pip install boto3")
 
 from scalelab.aws import teardown as td  # noqa: E402
-from scalelab.aws.backend import AwsBackend  # noqa: E402
 from scalelab.core.errors import ScalelabError  # noqa: E402
 from scalelab.core.rundir import read_state  # noqa: E402
 from scalelab.launcher.runner import wait  # noqa: E402
@@ -114,3 +113,50 @@ def test_an_on_demand_instance_terminated_by_hand_fails_the_run_and_is_not_a_spo
     assert events[-1]["event"] == "aws_end" and events[-1]["generations"] == 1, events[-1]
     assert td.instances(cloud["ec2"], run_dir.name, None, 1) == []
     assert live(cloud, run_dir.name) == []
+
+
+def test_gc_of_a_region_that_does_not_exist_is_one_line_naming_it(cloud, tmp_path):
+    """`launch aws gc --region mars-1` against an endpoint: botocore's ResponseParserError as a 60-line traceback.
+    Now the check `launch run --region` makes, before any request: one line, exit 2."""
+    from conftest import launch
+
+    env = {**os.environ, "AWS_ENDPOINT_URL": cloud["url"], "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "y",
+           "AWS_DEFAULT_REGION": REGION, "AWS_MAX_ATTEMPTS": "1"}
+    out = launch("aws", "gc", "--region", "mars-1", cwd=tmp_path, env=env)
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--region 'mars-1' is not an AWS region" in lines[0], out.stderr
+
+
+def test_gc_says_botocore_errors_in_one_line_and_a_connection_failure_is_no_refusal():
+    """Every botocore error of the clean-up is one line: an answer that cannot be read (ResponseParserError, not a
+    BotoCoreError) was a traceback, and an endpoint out of reach was "AWS refused the clean-up"."""
+    from botocore.exceptions import EndpointConnectionError
+    from botocore.parsers import ResponseParserError
+
+    from scalelab.aws.cli import _aws_error
+
+    parse = _aws_error(ResponseParserError("Unable to parse response (syntax error), invalid XML received.\nmore"))
+    assert parse is not None and "could not be read" in str(parse) and "\n" not in str(parse), parse
+    lost = _aws_error(EndpointConnectionError(endpoint_url="http://127.0.0.1:9/"))
+    assert lost is not None and "cannot reach AWS" in str(lost) and "refused" not in str(lost), lost
+    assert _aws_error(ValueError("a bug")) is None
+
+
+def test_cancel_of_a_run_recorded_ended_says_what_it_terminated(cloud, tmp_path):
+    """`launch cancel` of an AWS run recorded ended whose instance still ran: it terminated the instance and said
+    "it had ended already; nothing to stop". Now it says what it terminated."""
+    from scalelab.core.rundir import record_state
+    from scalelab.launcher.runner import cancel
+
+    be = backend(cloud)
+    run_dir = run_dir_for(tmp_path)
+    be.schedule(be.submit_dryrun(make_spec(nodes=1), run_dir))
+    up = [i["InstanceId"] for i in live(cloud, run_dir.name)]
+    record_state(run_dir, "FAILED", "the launcher stopped following it")
+    status = cancel(backend(cloud), run_dir)
+    assert status.state == "FAILED", status
+    assert "nothing to stop" not in status.detail and f"terminated 1 instance(s): {up[0]}" in status.detail, status
+    assert live(cloud, run_dir.name) == []
+    again = cancel(backend(cloud), run_dir)  # nothing left now: that is said
+    assert "nothing to stop" in again.detail, again

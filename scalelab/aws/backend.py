@@ -513,11 +513,11 @@ class AwsBackend(Backend):
             return False
         return True
 
-    def _teardown(self, run_dir: Path, state: str) -> None:
+    def _teardown(self, run_dir: Path, state: str) -> list[str]:
         """Whatever happened: terminate every instance of the run, delete its groups, record what went.
 
         `state` is how the run ended for the cost events; an end the runner recorded already (a
-        cancel) wins, as it does in launch.json.
+        cancel) wins, as it does in launch.json. Returns the ids of the instances it terminated.
         """
         info = read_state(run_dir)
         region = info["region"]
@@ -534,6 +534,7 @@ class AwsBackend(Backend):
         if first:
             state = info["state"] if info.get("state") in TERMINAL else state
             mirror.event(run_dir, "aws_end", state=state, **mirror.cost_facts(run_dir, info))
+        return list(removed["instances"])
 
     def _beat_ended(self, info: dict[str, Any]) -> None:
         """Mark the heartbeat ended: `launch aws gc` may then remove what the teardown kept at once."""
@@ -625,22 +626,26 @@ class AwsBackend(Backend):
         their ranks, each tagged with its rank; the nodes' own lines are not a rank's."""
         return [RankOutput(path) for path in _node_logs(Path(run_dir))]
 
-    def cancel(self, run_dir: Path, grace_s: float | None = None) -> None:
+    def cancel(self, run_dir: Path, grace_s: float | None = None) -> str | None:
         """Ask the nodes to checkpoint (STOP_REQUEST), wait for the leader where a rank has something to
         save, terminate everything. After a second Ctrl-C (STOP_NOW) nothing is waited for or pulled:
         the instances go at once, and the records stay in S3 for the next `launch report` or resume.
 
         AWS refusing a request or out of reach is one line, not botocore's traceback: an error (`_still_up`) when the
         teardown failed, as the instances may still run; a warning when only the stop request, the wait or the last
-        mirror failed, as they were terminated all the same."""
+        mirror failed, as they were terminated all the same.
+
+        Returns what it terminated ("terminated 1 instance(s): i-..."), None when no instance was up: `launch cancel`
+        of a run recorded ended says "nothing to stop" only then."""
         try:
-            self._stop(Path(run_dir), grace_s)
+            terminated = self._stop(Path(run_dir), grace_s)
         except Exception as exc:
             if not _is_client_error(exc):
                 raise
             raise self._still_up(Path(run_dir), exc) from None
+        return f"terminated {len(terminated)} instance(s): {', '.join(terminated)}" if terminated else None
 
-    def _stop(self, run_dir: Path, grace_s: float | None) -> None:
+    def _stop(self, run_dir: Path, grace_s: float | None) -> list[str]:
         """`cancel`'s steps; AWS's error of the teardown raised as it is, so that the caller says it its own way
         (`cancel`: `_still_up`; a poll that lost AWS: `_aws_failed`)."""
         grace_s = float(self.options["interruption_grace_s"]) if grace_s is None else grace_s
@@ -654,11 +659,12 @@ class AwsBackend(Backend):
         except BaseException:  # a bug, a signal: nothing of the run may stay up all the same
             self._teardown(run_dir, CANCELLED)
             raise
-        self._teardown(run_dir, CANCELLED)
+        terminated = self._teardown(run_dir, CANCELLED)
         if missed:
             info, (doing, exc) = read_state(run_dir), missed[0]
             _say(f"warning: {_user_error(exc, doing, 'its instances were terminated all the same')}; its last records "
                  f"and logs may be only in S3 (s3://{info['bucket']}/{info['prefix']}/)")
+        return terminated
 
     def _still_up(self, run_dir: Path, exc: BaseException) -> BaseException:
         """The one line of a cancel whose teardown AWS refused or could not be reached for: the runner has recorded
