@@ -53,6 +53,7 @@ from scalelab.core.rundir import (
     RunPaths,
     edit_state,
     read_state,
+    record_state,
     start_state,
     update_state,
 )
@@ -62,6 +63,7 @@ from scalelab.launcher.backend import STOP_NOW, Backend, RankOutput, RunStatus, 
 
 CAPACITY_ERRORS = {"InsufficientInstanceCapacity", "InsufficientCapacity", "SpotMaxPriceTooLow",
                    "MaxSpotInstanceCountExceeded", "InstanceLimitExceeded", "Unsupported"}
+UNREACHABLE_POLLS = 3  # polls in a row AWS may be out of reach for before the launcher stops the run
 GONE_STATES = ("shutting-down", "terminated", "stopping", "stopped")  # an instance that no longer runs the run
 ROOT = Path(__file__).resolve().parents[2]  # the project root (pyproject.toml) of a source checkout
 
@@ -76,6 +78,7 @@ class AwsBackend(Backend):
         self._session, self._clients, self._endpoint = session, dict(clients or {}), endpoint_url
         self._plan: Plan | None = None
         self._said_local: set[Path] = set()  # runs whose logs were shown from the local copy, AWS failing (`logs`)
+        self._missed_polls: dict[Path, int] = {}  # runs: how many polls in a row AWS could not be reached for
 
     def _forget(self) -> None:
         self._plan = None  # the plan of another run (another instance type)
@@ -139,13 +142,14 @@ class AwsBackend(Backend):
         # the first request of a launch: an endpoint that cannot be reached, bad keys
         with _one_line("checking for instances of the run", "nothing was started"):
             self._refuse_while_running(plan, run_dir)
+        used = _generations_recorded(run_dir)  # before start_state writes a new launch.json over them
         RunPaths(run_dir).logs.mkdir(parents=True, exist_ok=True)
         start_state(run_dir, backend=self.name, run_id=plan.run_id, region=plan.region, bucket=plan.bucket,
                     prefix=plan.prefix, node_types=plan.node_types, started=time.time(), generation=0,
                     instances=[], refs={}, replacements=0, requests=request.calls)
         try:
             ec2, s3 = self.client("ec2", plan.region), self.client("s3", plan.region)
-            generation = _next_generation(s3, plan)
+            generation = max([_next_generation(s3, plan), *(g + 1 for g in used | _generations_tagged(ec2, plan.run_id))])
             s3.delete_object(Bucket=plan.bucket, Key=plan.key(STOP_REQUEST))  # a resumed run was cancelled before
             _beat(s3, plan.bucket, plan.prefix, self._heartbeat_timeout_s())
             refs: dict[str, Any] = {}
@@ -157,9 +161,13 @@ class AwsBackend(Backend):
             update_state(run_dir, generation=generation)
             self._launch_generation(run_dir, generation)
         except BaseException as exc:  # the runner records how the launch ended
-            self._safe_teardown(run_dir, CANCELLED if isinstance(exc, KeyboardInterrupt) else FAILED)
+            started = bool(read_state(run_dir).get("instances"))
+            down = self._safe_teardown(run_dir, CANCELLED if isinstance(exc, KeyboardInterrupt) else FAILED)
             if _is_client_error(exc):
-                raise _user_error(exc, "starting the run") from None
+                undone = _start_undone(started, down)
+                missing = _no_bucket(exc, plan)
+                raise (ScalelabError(f"{missing}; {undone}") if missing else
+                       _user_error(exc, "starting the run", undone)) from None
             raise
         return plan.run_id
 
@@ -263,13 +271,41 @@ class AwsBackend(Backend):
     def poll(self, run_dir: Path) -> RunStatus:
         """Mirror S3 into the run directory, then look at the run (and replace interrupted capacity)."""
         run_dir = Path(run_dir)
-        with _one_line("following the run"):  # the runner then cancels the run: every instance is terminated
+        try:
             info = read_state(run_dir)
             _beat(self.client("s3", info["region"]), info["bucket"], info["prefix"],  # "still following"
                   self._heartbeat_timeout_s())
             self.pull(run_dir)
             outcome = self._check(run_dir)
+        except Exception as exc:
+            if not _is_client_error(exc):
+                raise
+            return self._aws_failed(run_dir, exc)
+        self._missed_polls.pop(run_dir, None)
         return outcome or RunStatus(RUNNING, f"generation {read_state(run_dir)['generation']}")
+
+    def _aws_failed(self, run_dir: Path, exc: BaseException) -> RunStatus:
+        """A poll AWS refused or could not be reached for. Out of reach for fewer than UNREACHABLE_POLLS polls in a
+        row: the run goes on (a network blip must not end a long run). Else the run is stopped here, and the error
+        says what that stop really did. Why: the runner's own stop came after the error's words, which said "every
+        instance of the run was terminated" while the stop had failed and the instance ran on (also in launch.json)."""
+        missed = self._missed_polls[run_dir] = self._missed_polls.get(run_dir, 0) + 1
+        if type(exc).__name__ in UNREACHABLE and missed < UNREACHABLE_POLLS:
+            _say(f"warning: cannot reach AWS while following the run ({exc}); trying again "
+                 f"({missed} of {UNREACHABLE_POLLS} polls in a row)")
+            return RunStatus(RUNNING, f"generation {read_state(run_dir)['generation']}; AWS out of reach")
+        self._missed_polls.pop(run_dir, None)
+        try:
+            self._stop(run_dir, None)
+        except Exception as down:
+            if not _is_client_error(down):
+                raise
+            error = _user_error(exc, "following the run", f"stopping the run failed too ({_aws_failure(down)}): its"
+                                + self._may_still_run(run_dir, down))
+        else:
+            error = _user_error(exc, "following the run", "every instance of the run was terminated")
+        record_state(run_dir, FAILED, str(error))  # the runner then leaves the run as recorded: not stopped twice
+        raise error from None
 
     def _check(self, run_dir: Path) -> RunStatus | None:
         """One look at the run: None while it goes on, else how it ended (instances still up)."""
@@ -318,6 +354,9 @@ class AwsBackend(Backend):
                                             "the last checkpoint in S3")
             return self._ended(CANCELLED, f"cancelled (`launch cancel`); every rank stopped with a checkpoint; "
                                           f"`launch resume {shell_word(run_dir)}` continues it", unsaid)
+        outside = [n for n in gone if n.get("InstanceLifecycle") != "spot" and n["InstanceId"] not in notices]
+        if outside:  # on-demand capacity is not interrupted by AWS: someone ended it; not replaced
+            return self._ended_outside(run_dir, gen, outside)
         if stopping:
             first = info.setdefault("interrupted_at", now)
             update_state(run_dir, interrupted_at=first)
@@ -394,6 +433,19 @@ class AwsBackend(Backend):
             raise
         return True
 
+    def _ended_outside(self, run_dir: Path, gen: int, lost: list[dict]) -> RunStatus:
+        """The end of a run whose on-demand instance(s) ended outside scalelab (terminated or stopped by hand, or by
+        EC2 on a failure), with EC2's reason (StateReason). Why: they were called spot interruptions and replaced,
+        four times, then "capacity was interrupted 4 times ... continues from the last checkpoint" with no
+        checkpoint at all."""
+        for n in lost:
+            mirror.event(run_dir, "instance_ended_outside", generation=gen, instance_id=n["InstanceId"],
+                         instance_type=n["InstanceType"], state=n["State"]["Name"],
+                         reason=(n.get("StateReason") or {}).get("Code"))
+        said = "; ".join(f"instance {n['InstanceId']} was {_gone_word(n)} outside scalelab"
+                         + (f" ({why})" if (why := (n.get("StateReason") or {}).get("Message")) else "") for n in lost)
+        return RunStatus(FAILED, f"{said}; an on-demand instance is not replaced; " + _resume_advice(run_dir))
+
     def _replace(self, run_dir: Path, gen: int, nodes: list[dict], notices: dict, gone: list[dict]) -> RunStatus | None:
         """Record the interruption, end the generation, start the next one from the checkpoint."""
         ec2 = self.client("ec2", self._plan_for(run_dir).region)
@@ -410,7 +462,7 @@ class AwsBackend(Backend):
         if int(info.get("replacements", 0)) >= int(self.options["max_replacements"]):
             return RunStatus(FAILED, f"capacity was interrupted {info.get('replacements', 0) + 1} times "
                                        f"(max_replacements {self.options['max_replacements']}); "
-                                       f"`launch resume {shell_word(run_dir)}` continues from the last checkpoint")
+                                       + _resume_advice(run_dir))
         with edit_state(run_dir) as info:
             info.pop("interrupted_at", None)
             info["replacements"] = int(info.get("replacements", 0)) + 1
@@ -444,25 +496,28 @@ class AwsBackend(Backend):
                 if inst.get("ended") is None and (generation is None or inst["generation"] == generation):
                     inst["ended"] = time.time()
 
-    def _safe_teardown(self, run_dir: Path, state: str) -> None:
-        """Teardown on an error path: a failing teardown must not hide the original error, but is said."""
+    def _safe_teardown(self, run_dir: Path, state: str) -> bool:
+        """Teardown on an error path: a failing teardown must not hide the original error, but is said. Returns
+        whether it succeeded (the error then says what was really removed)."""
         if not self._clients and self._session is None:
             try:
                 self.client("ec2", read_state(run_dir)["region"])
             except ScalelabError:  # no credentials: nothing can have been created
-                return
+                return True
         try:
             self._teardown(run_dir, state)
         except Exception as exc:  # noqa: BLE001
             run_id = render.cloud_run_id(run_dir)
             print(f"launch: warning: could not tear down run {run_id} ({exc!r}); "
                   f"run `launch aws gc --run-id {run_id}`", file=sys.stderr)
+            return False
+        return True
 
-    def _teardown(self, run_dir: Path, state: str) -> None:
+    def _teardown(self, run_dir: Path, state: str) -> list[str]:
         """Whatever happened: terminate every instance of the run, delete its groups, record what went.
 
         `state` is how the run ended for the cost events; an end the runner recorded already (a
-        cancel) wins, as it does in launch.json.
+        cancel) wins, as it does in launch.json. Returns the ids of the instances it terminated.
         """
         info = read_state(run_dir)
         region = info["region"]
@@ -479,6 +534,7 @@ class AwsBackend(Backend):
         if first:
             state = info["state"] if info.get("state") in TERMINAL else state
             mirror.event(run_dir, "aws_end", state=state, **mirror.cost_facts(run_dir, info))
+        return list(removed["instances"])
 
     def _beat_ended(self, info: dict[str, Any]) -> None:
         """Mark the heartbeat ended: `launch aws gc` may then remove what the teardown kept at once."""
@@ -570,15 +626,28 @@ class AwsBackend(Backend):
         their ranks, each tagged with its rank; the nodes' own lines are not a rank's."""
         return [RankOutput(path) for path in _node_logs(Path(run_dir))]
 
-    def cancel(self, run_dir: Path, grace_s: float | None = None) -> None:
+    def cancel(self, run_dir: Path, grace_s: float | None = None) -> str | None:
         """Ask the nodes to checkpoint (STOP_REQUEST), wait for the leader where a rank has something to
         save, terminate everything. After a second Ctrl-C (STOP_NOW) nothing is waited for or pulled:
         the instances go at once, and the records stay in S3 for the next `launch report` or resume.
 
         AWS refusing a request or out of reach is one line, not botocore's traceback: an error (`_still_up`) when the
         teardown failed, as the instances may still run; a warning when only the stop request, the wait or the last
-        mirror failed, as they were terminated all the same."""
-        run_dir = Path(run_dir)
+        mirror failed, as they were terminated all the same.
+
+        Returns what it terminated ("terminated 1 instance(s): i-..."), None when no instance was up: `launch cancel`
+        of a run recorded ended says "nothing to stop" only then."""
+        try:
+            terminated = self._stop(Path(run_dir), grace_s)
+        except Exception as exc:
+            if not _is_client_error(exc):
+                raise
+            raise self._still_up(Path(run_dir), exc) from None
+        return f"terminated {len(terminated)} instance(s): {', '.join(terminated)}" if terminated else None
+
+    def _stop(self, run_dir: Path, grace_s: float | None) -> list[str]:
+        """`cancel`'s steps; AWS's error of the teardown raised as it is, so that the caller says it its own way
+        (`cancel`: `_still_up`; a poll that lost AWS: `_aws_failed`)."""
         grace_s = float(self.options["interruption_grace_s"]) if grace_s is None else grace_s
         missed: list[tuple[str, BaseException]] = []  # (what was being done, AWS's error) of the steps that failed
         try:
@@ -590,31 +659,30 @@ class AwsBackend(Backend):
         except BaseException:  # a bug, a signal: nothing of the run may stay up all the same
             self._teardown(run_dir, CANCELLED)
             raise
-        try:
-            self._teardown(run_dir, CANCELLED)
-        except Exception as exc:
-            if not _is_client_error(exc):
-                raise
-            raise self._still_up(run_dir, exc) from None
+        terminated = self._teardown(run_dir, CANCELLED)
         if missed:
             info, (doing, exc) = read_state(run_dir), missed[0]
             _say(f"warning: {_user_error(exc, doing, 'its instances were terminated all the same')}; its last records "
                  f"and logs may be only in S3 (s3://{info['bucket']}/{info['prefix']}/)")
+        return terminated
 
     def _still_up(self, run_dir: Path, exc: BaseException) -> BaseException:
         """The one line of a cancel whose teardown AWS refused or could not be reached for: the runner has recorded
         the run CANCELLED already, but its instances may still run; they stop by themselves once the launcher's
         heartbeat is stale, and `launch cancel` again or `launch aws gc` finishes the job."""
+        state = read_state(run_dir).get("state")
+        said = f"run {shell_word(run_dir)} is recorded {state} here, but its" if state in TERMINAL else "its"
+        return _user_error(exc, "terminating the run's instances", said + self._may_still_run(run_dir, exc, "again"))
+
+    def _may_still_run(self, run_dir: Path, exc: BaseException, again: str = "") -> str:
+        """' instances may still be running (...); once ..., `launch cancel RUN` or `launch aws gc ...` terminates
+        them': what is true, and what removes them, after a teardown that failed on `exc`."""
         info = read_state(run_dir)
-        run = shell_word(run_dir)
-        state = info.get("state")
-        said = f"run {run} is recorded {state} here, but its" if state in TERMINAL else "its"
         when = "once AWS can be reached" if type(exc).__name__ in UNREACHABLE else "once that is fixed"
-        return _user_error(exc, "terminating the run's instances",
-                           f"{said} instances may still be running (they stop by themselves "
-                           f"{float(self.options['heartbeat_timeout_min']):g} min after the launcher's last heartbeat); "
-                           f"{when}, `launch cancel {run}` again or `launch aws gc --run-id {shell_word(info['run_id'])} "
-                           f"--region {shell_word(info['region'])}` terminates them")
+        return (f" instances may still be running (they stop by themselves "
+                f"{float(self.options['heartbeat_timeout_min']):g} min after the launcher's last heartbeat); "
+                f"{when}, `launch cancel {shell_word(run_dir)}`{' ' + again if again else ''} or `launch aws gc --run-id "
+                f"{shell_word(info['run_id'])} --region {shell_word(info['region'])}` terminates them")
 
     def _ask_to_stop(self, run_dir: Path, grace_s: float) -> None:
         """Put the stop request, then wait (up to `grace_s`) for the leader's checkpoint, but only when a
@@ -756,6 +824,58 @@ def _next_generation(s3, plan: Plan) -> int:
             if m:
                 gens.append(int(m.group(1)))
     return max(gens) + 1
+
+
+def _start_undone(started: bool, down: bool) -> str:
+    """What a launch that failed on the way left, as the end of its error: only what happened. Why: a launch that
+    failed before any instance said "every instance of the run was terminated"."""
+    if not down:
+        return "removing what it had created failed (see the warning above)"
+    if started:
+        return "every instance of the run was terminated"
+    return "no instance had been started; what the launch had created was removed"
+
+
+def _no_bucket(exc: BaseException, plan: Plan) -> str | None:
+    """A NoSuchBucket refusal as a line naming the bucket and how to make it; None for any other error."""
+    if _error_code(exc) != "NoSuchBucket":
+        return None
+    return (f"the bucket {plan.bucket} (--bucket) does not exist: create it with "
+            f"`aws s3 mb s3://{plan.bucket} --region {plan.region}`, or pass --bucket with one of yours")
+
+
+def _gone_word(node: dict) -> str:
+    """'terminated' or 'stopped', as EC2 says the instance went."""
+    return "stopped" if node["State"]["Name"] in ("stopping", "stopped") else "terminated"
+
+
+def _resume_advice(run_dir: Path) -> str:
+    """What continues the run: `launch resume` from the checkpoint the mirror holds, else the advice for a run
+    with none (`no_checkpoint_advice`); never a checkpoint that does not exist."""
+    from scalelab.launcher.backend import has_checkpoint, no_checkpoint_advice
+
+    step = mirror.checkpoint_step(run_dir)
+    if step is None and not has_checkpoint(run_dir):
+        return no_checkpoint_advice(run_dir)
+    at = f" of step {step}" if step is not None else ""
+    return f"`launch resume {shell_word(run_dir)}` continues from the last checkpoint{at}"
+
+
+def _generations_recorded(run_dir: Path) -> set[int]:
+    """The generations of the instances an earlier launch of the run recorded in its launch.json (none for a new
+    run). Why: a resume counted only the generations whose nodes had written a status to S3; after instances that
+    never reported, it launched generation 0 again and took the earlier launch's ended ones for its own."""
+    try:
+        info = read_state(run_dir) if RunPaths(run_dir).launch.exists() else {}
+    except (ScalelabError, OSError, ValueError):
+        return set()
+    return {int(i["generation"]) for i in info.get("instances") or [] if isinstance(i.get("generation"), int)}
+
+
+def _generations_tagged(ec2, run_id: str) -> set[int]:
+    """The generations EC2 still lists instances of for the run (terminated ones stay visible about an hour)."""
+    tags = ({t["Key"]: t["Value"] for t in i.get("Tags") or []} for i in td.instances(ec2, run_id))
+    return {int(t[render.TAG_GENERATION]) for t in tags if str(t.get(render.TAG_GENERATION, "")).isdigit()}
 
 
 def _resolve(value: Any, refs: dict[str, Any], ec2, options: dict[str, Any]) -> Any:

@@ -12,7 +12,8 @@ from __future__ import annotations
 import click
 
 from scalelab.aws.options import REGION_HINT, default_region
-from scalelab.core.errors import ScalelabError
+from scalelab.core.checks import aws_region_problem
+from scalelab.core.errors import ScalelabError, SpecError
 
 
 def _clients(region: str | None):
@@ -24,6 +25,10 @@ def _clients(region: str | None):
     session = boto3.Session(region_name=region or default_region() or None)
     if not session.region_name:
         raise ScalelabError(f"no AWS region: give {REGION_HINT}")
+    unknown = aws_region_problem(session.region_name)  # as `launch run --region`: before any request
+    if unknown:
+        raise SpecError(unknown if region else unknown.replace(
+            "--region", "the default region (AWS_REGION, AWS_DEFAULT_REGION or ~/.aws/config)", 1) + "; give --region")
     if session.get_credentials() is None:
         raise ScalelabError("no AWS credentials found: run `aws configure`, or set AWS_PROFILE or "
                             "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY")
@@ -47,8 +52,6 @@ def gc_cmd(region: str | None, run_id: str | None, dry_run: bool, force: bool) -
     A run whose launcher heartbeat is fresh is skipped (a launcher elsewhere still follows it); see
     scalelab/aws/liveness.py.
     """
-    from botocore.exceptions import BotoCoreError, ClientError
-
     if run_id is not None and (not run_id.strip() or any(c.isspace() for c in run_id)):
         raise ScalelabError(f"--run-id {run_id!r}: give a run id (the scalelab:run-id tag, no spaces), "
                             "or leave --run-id out for every scalelab run's resources")
@@ -69,8 +72,33 @@ def gc_cmd(region: str | None, run_id: str | None, dry_run: bool, force: bool) -
             return
         for rid, heartbeat in runs.items():
             _remove(ec2, s3, rid, found[rid], heartbeat)
-    except (ClientError, BotoCoreError) as exc:
-        raise ScalelabError(f"AWS refused the clean-up: {exc}") from None
+    except Exception as exc:
+        error = _aws_error(exc)
+        if error is None:
+            raise
+        raise error from None
+
+
+def _aws_error(exc: BaseException) -> ScalelabError | None:
+    """botocore's error of the clean-up as one line, naming what went wrong: AWS's refusal, an endpoint out of
+    reach, an answer that could not be read (ResponseParserError: not AWS, or a region it does not serve); None
+    for any other error. Why: a parser error was a 60-line traceback, and a connection failure said "refused"."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    from scalelab.aws.backend import UNREACHABLE, _refusal
+
+    again = "`launch aws gc` again removes what is left"
+    if isinstance(exc, ClientError):
+        return ScalelabError(f"AWS refused {exc.operation_name} during the clean-up: {_refusal(exc)}; {again} "
+                             "once that is fixed")
+    if type(exc).__name__ in UNREACHABLE:
+        return ScalelabError(f"cannot reach AWS during the clean-up: {exc}; check the network, --region and "
+                             f"AWS_ENDPOINT_URL if set; {again} once AWS can be reached")
+    if isinstance(exc, BotoCoreError) or type(exc).__module__.startswith("botocore"):
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return ScalelabError(f"AWS's answer during the clean-up could not be read ({type(exc).__name__}: {first[:200]}); "
+                             f"check --region and AWS_ENDPOINT_URL if set; {again} once that is fixed")
+    return None
 
 
 def _found(ec2, run_id: str | None) -> dict[str, list[dict]]:

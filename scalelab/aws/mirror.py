@@ -79,7 +79,9 @@ def generation_records(run_dir: Path, gen: int) -> Path:
 
 
 def cost_facts(run_dir: Path, info: dict[str, Any]) -> dict[str, Any]:
-    """Instance-seconds per type and market, interruptions and the training time they cost."""
+    """Instance-seconds per type and market, interruptions and the training time they cost. The generations are
+    those this launch started instances for (launch.json), not the gen-* folders of records: generations whose
+    nodes never wrote a record were not counted ("generations": 0 after four)."""
     seconds: dict[str, float] = {}
     for inst in info["instances"]:
         key = f"{inst['type']}/{inst['lifecycle']}"
@@ -92,7 +94,7 @@ def cost_facts(run_dir: Path, info: dict[str, Any]) -> dict[str, Any]:
         if t_end and t_start:
             lost += max(0.0, t_start[0] - t_end[-1])  # no training between the generations
     return {"instance_seconds": seconds, "interruptions": int(info.get("replacements", 0)),
-            "lost_s": lost, "generations": len(gens)}
+            "lost_s": lost, "generations": len({i["generation"] for i in info["instances"]})}
 
 
 def _rank0(gen_dir: Path, kind: str) -> list[dict]:

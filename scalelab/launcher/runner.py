@@ -346,7 +346,17 @@ def _ended_already(backend: Backend, run_dir: Path) -> RunStatus:
     completed run in a read-only runs directory is no error."""
     checked = backend.cancel(run_dir)
     info = read_state(run_dir)
-    return RunStatus(info.get("state", UNKNOWN), "it had ended already; nothing to stop" + (f" ({checked})" if checked else ""))
+    return RunStatus(info.get("state", UNKNOWN), "it had ended already" + _left_over(checked))
+
+
+def _left_over(checked: object) -> str:
+    """What a cancel of an ended run found, after 'it had ended already': "nothing to stop" only where the backend
+    stopped nothing (None, or its words begin with "no ...": the local backend's "no process of the run was
+    running"). Why: an AWS run recorded ended whose instance still ran was terminated by the cancel, which then
+    said "nothing to stop"."""
+    if not checked or str(checked).startswith("no "):
+        return "; nothing to stop" + (f" ({checked})" if checked else "")
+    return f", but not all of it had stopped: {checked}"
 
 
 def _try_write(write: Callable[[], object]) -> WriteError | None:
