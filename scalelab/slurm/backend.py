@@ -165,6 +165,14 @@ class SlurmBackend(Backend):
 
     # ---- schedule --------------------------------------------------------------------------------
 
+    def preflight(self, spec: Spec, run_dirs: list[Path]) -> None:
+        """`sbatch --test-only` of the request(s) for `run_dirs`, sending nothing: a sweep asks it of every layout
+        before it submits the first (`launcher.sweep.continue_sweep`). Why: a sweep whose second layout asked for
+        more GPUs than a node has queued the first, cancelled it and recorded it FAILED with the second's error."""
+        for request in self.submit_dryrun_batch(spec, run_dirs):
+            request.folder.mkdir(parents=True, exist_ok=True)
+            _test_only(request)
+
     def schedule(self, request: SlurmRequest) -> str:
         """Ask Slurm whether the job could run (`sbatch --test-only`), then submit it through submitit.
 
