@@ -57,3 +57,54 @@ def test_layouts_queued_before_a_refused_one_are_recorded_cancelled(slurm_cluste
     assert state["state"] == "CANCELLED", state
     assert "layout 1x5" in state["detail"] and "refused" in state["detail"], state["detail"]
     assert "(1x1) was cancelled" in err, err
+
+
+# ---- Slurm unreachable: a recorded end shown at once; sacct's errors one line; sbatch's not a refusal ----------
+
+
+class _NoStatus:
+    """A backend that must not be asked: the run's end is recorded."""
+
+    def status(self, run_dir: Path):
+        raise AssertionError("settle asked the backend about a run recorded as ended")
+
+
+def test_settle_returns_a_recorded_end_without_asking_the_backend(tmp_path: Path) -> None:
+    from scalelab.launcher.runner import settle
+
+    (tmp_path / "launch.json").write_text(json.dumps({"backend": "slurm", "job_id": "111", "state": "CANCELLED",
+                                                       "detail": "cancelled by the user"}))
+    status = settle(_NoStatus(), tmp_path)
+    assert (status.state, status.detail) == ("CANCELLED", "cancelled by the user")
+
+
+def _unreachable_conf(where: Path) -> Path:
+    """A copy of the cluster's slurm.conf whose controller and accounting ports nothing listens on."""
+    text = Path("/etc/slurm/slurm.conf").read_text()
+    lines = ["SlurmctldPort=6899" if line.startswith("SlurmctldPort=") else
+             "AccountingStoragePort=6898" if line.startswith("AccountingStoragePort=") else line
+             for line in text.splitlines()]
+    conf = where / "slurm.conf"
+    conf.write_text("\n".join(lines) + "\n")
+    return conf
+
+
+def test_sacct_errors_are_one_line_not_printed(slurm_cluster, tmp_path: Path, monkeypatch, capfd) -> None:
+    from scalelab.slurm.backend import SlurmWatcher
+
+    monkeypatch.setenv("SLURM_CONF", str(_unreachable_conf(tmp_path)))
+    watcher = SlurmWatcher(delay_s=2.0)
+    watcher.register_job("111")
+    watcher.update()
+    assert "sacct" not in capfd.readouterr().err, "sacct's own error lines reached the terminal"
+    assert getattr(watcher, "problem", "").startswith("sacct failed"), "the error was not kept as one line"
+
+
+def test_sbatch_that_reaches_no_controller_is_not_called_a_refusal() -> None:
+    from scalelab.slurm.backend import SlurmRequest, _refusal
+
+    proc = subprocess.CompletedProcess(["sbatch"], 1, "", "sbatch: error: Batch job submission failed: Unable to "
+                                       "contact slurm controller (connect failure)\n")
+    said = _refusal("Slurm refused the job", proc, SlurmRequest(Path("/tmp/r1"), run_dirs=[Path("/tmp/r1")]))
+    assert "refused" not in said, said
+    assert "is slurmctld up?" in said and "scontrol ping" in said, said

@@ -83,8 +83,12 @@ STATE_MAP = {
 
 NODE_CONFIG_HINT = ("the cluster has no nodes with that many GPUs / CPUs / memory: check --nodes, --gpus-per-node, "
                     "--cpus-per-task and --mem-gb against `sinfo -o '%P %D %c %m %G'`")
+UNREACHABLE_HINT = "cannot reach the Slurm controller: is slurmctld up? (`sinfo`, `scontrol ping`)"
+NO_ACCOUNTING_HINT = ("cannot reach Slurm's accounting or controller: are slurmdbd and slurmctld up? (`sacct`, "
+                      "`scontrol ping`)")
 # What to do about Slurm's most common refusals (matched in its message, which is always shown too).
 HINTS = [
+    ("unable to contact slurm controller", UNREACHABLE_HINT),
     ("invalid partition", "check --partition: `sinfo -s` lists the partitions"),
     ("node configuration is not available", NODE_CONFIG_HINT),
     ("invalid feature specification", "check --constraint: `sinfo -o '%N %f'` lists the nodes' features"),
@@ -246,6 +250,8 @@ class SlurmBackend(Backend):
         where = f" on {nodes}" if nodes and nodes != "None assigned" else ""
         reason = self.watcher.reasons.get(job_id, "") if STATE_MAP.get(state) == PENDING else ""
         why = f" ({reason})" if reason else ""
+        if STATE_MAP.get(state) is None and self.watcher.problem:  # sacct's error, one line, where nothing is known
+            why = f": {self.watcher.problem}; {NO_ACCOUNTING_HINT}"
         status = RunStatus(STATE_MAP.get(state, UNKNOWN), f"Slurm job {job_id} {state}{why}{where}")
         return with_rank_exits(run_dir, job_id, status) if status.state == FAILED else status
 
@@ -464,20 +470,43 @@ class SlurmWatcher(SlurmInfoWatcher):
         self.jobs: set[str] = set()
         self.queued: dict[str, str] = {}
         self.reasons: dict[str, str] = {}  # job id -> why it waits in the queue (squeue's %r), same answer
+        self.problem = ""  # sacct's last error, one line ('' when it answered): `SlurmBackend.job_state`
 
     def register_job(self, job_id: str) -> None:
         super().register_job(job_id)
         self.jobs.add(job_id)
 
     def update(self) -> None:
-        asked = self.num_calls
-        super().update()
-        if self.num_calls == asked:  # sacct was not asked (no job left to follow): neither is squeue
+        if not self._sacct():  # sacct was not asked (no job left to follow): neither is squeue
             return
         lagging = sorted(j for j in self.jobs if STATE_MAP.get(sacct_state(self.get_info(j, "cache"))) in (None, PENDING))
         rows = squeue_rows(lagging) if lagging else {}
         self.queued = {job: state for job, (state, _) in rows.items()}
         self.reasons = {job: reason for job, (_, reason) in rows.items() if reason}
+
+    def _sacct(self) -> bool:
+        """submitit's `update` (one sacct for every job not finished), with sacct's stderr captured: kept as one
+        line in `problem` ('' once sacct answers) instead of printed. Why: with Slurm unreachable `launch status`
+        printed sacct's raw "slurm_persist_conn_open_without_init ... Connection refused" lines. False when there
+        was no job to ask about."""
+        command = self._make_command()
+        if command is None:
+            return False
+        self._num_calls += 1
+        try:
+            proc = subprocess.run(command, capture_output=True, text=True, timeout=60)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            self.problem = f"`sacct` failed: {exc}"
+        else:
+            lines = [line.strip() for line in proc.stderr.splitlines() if line.strip()]
+            self.problem = "" if proc.returncode == 0 else f"sacct failed: {lines[-1] if lines else proc.returncode}"
+            if proc.returncode == 0:
+                self._info_dict.update(self.read_info(proc.stdout))
+        self._last_status_check = time.time()
+        for job_id in self._registered - self._finished:
+            if self.is_done(job_id, mode="cache"):
+                self._finished.add(job_id)
+        return True
 
 
 def sacct_state(info: dict[str, str]) -> str:
@@ -611,6 +640,8 @@ def _refusal(what: str, proc: subprocess.CompletedProcess, request: SlurmRequest
     words = "; ".join(line.strip() for line in (proc.stderr + proc.stdout).splitlines() if line.strip())
     words = words or f"exit code {proc.returncode}"
     hints = [hint for key, hint in HINTS if key in words.lower()][:1]
+    if hints == [UNREACHABLE_HINT]:  # sbatch reached nobody: Slurm refused nothing
+        what = "could not submit the job"
     if hints and hints[0] == NODE_CONFIG_HINT:
         hints = [_too_few_nodes(request) or hints[0]]
     return f"{what} for {request.run_dir.name} (nothing was queued): {words}" + (f"; {hints[0]}" if hints else "")
