@@ -108,3 +108,33 @@ def test_sbatch_that_reaches_no_controller_is_not_called_a_refusal() -> None:
     said = _refusal("Slurm refused the job", proc, SlurmRequest(Path("/tmp/r1"), run_dirs=[Path("/tmp/r1")]))
     assert "refused" not in said, said
     assert "is slurmctld up?" in said and "scontrol ping" in said, said
+
+
+# ---- the time limit with --no-requeue: the stop names the flag given -------------------------------------------
+
+
+class _Executor:
+    """submitit's executor as `_send` uses it, keeping the rank functions it is given instead of sending them."""
+
+    def __init__(self) -> None:
+        self.sent: list = []
+
+    def submit(self, rank):
+        self.sent.append(rank)
+        return rank
+
+
+def test_a_time_limit_stop_with_no_requeue_names_the_flag(tmp_path: Path, monkeypatch) -> None:
+    """The rank function `--no-requeue` sends says, at the time limit, that --no-requeue was given."""
+    import scalelab.slurm.backend as slurm
+    from scalelab.slurm.rank import RankJob
+
+    executor = _Executor()
+    monkeypatch.setattr(slurm, "make_executor", lambda *args: executor)
+    monkeypatch.setattr(slurm, "need", lambda command: None)
+    backend = slurm.SlurmBackend({"requeue": False})
+    backend._send(slurm.SlurmRequest(tmp_path, run_dirs=[tmp_path], parameters={}, python="python"))
+    said = executor.sent[0]._why_not_requeued()
+    assert "--no-requeue was given" in said and "no requeue is left" not in said, said
+    spent = RankJob(tmp_path, 1, True).checkpoint().function  # requeued once: the last one spent next time
+    assert "max_requeues" in spent._why_not_requeued() and spent.requeues_left == 0

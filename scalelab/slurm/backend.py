@@ -134,6 +134,7 @@ class SlurmBackend(Backend):
         # One watcher for every job this backend follows: one sacct query for all, 2 s apart at first.
         self.watcher = SlurmWatcher(delay_s=max(2.0, float(self.options["poll_s"])))
         self._verified: set[str] = set()  # job ids found to be their run's (`_not_this_run`)
+        self._tested: set[str] = set()  # sbatch scripts `preflight` found Slurm would take; shared by copies
 
     def sweep_note(self) -> str:
         if not one_at_a_time(self.sweep, self.options):
@@ -176,6 +177,7 @@ class SlurmBackend(Backend):
         for request in self.submit_dryrun_batch(spec, run_dirs):
             request.folder.mkdir(parents=True, exist_ok=True)
             _test_only(request)
+            self._tested.add(request.script)  # `schedule` sends it without asking again
 
     def schedule(self, request: SlurmRequest) -> str:
         """Ask Slurm whether the job could run (`sbatch --test-only`), then submit it through submitit.
@@ -185,7 +187,10 @@ class SlurmBackend(Backend):
         for run_dir in request.run_dirs:
             self._refuse_while_queued(run_dir)
         request.folder.mkdir(parents=True, exist_ok=True)
-        _test_only(request)
+        if request.script in self._tested:  # asked by `preflight` a moment ago: once is enough
+            self._tested.discard(request.script)
+        else:
+            _test_only(request)
         jobs = self._send(request)
         for run_dir, job in zip(request.run_dirs, jobs):
             previous = jobs_of(run_dir) if RunPaths(run_dir).launch.exists() else []
@@ -201,7 +206,7 @@ class SlurmBackend(Backend):
         need("sbatch")
         executor = make_executor(request.folder, request.parameters, request.python)
         requeues = self.options["max_requeues"] if self.options["requeue"] else 0
-        ranks = [RankJob(run_dir, requeues) for run_dir in request.run_dirs]
+        ranks = [RankJob(run_dir, requeues, bool(self.options["requeue"])) for run_dir in request.run_dirs]
         try:
             if len(ranks) == 1:
                 return [executor.submit(ranks[0])]
