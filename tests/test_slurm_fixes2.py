@@ -138,3 +138,29 @@ def test_a_time_limit_stop_with_no_requeue_names_the_flag(tmp_path: Path, monkey
     assert "--no-requeue was given" in said and "no requeue is left" not in said, said
     spent = RankJob(tmp_path, 1, True).checkpoint().function  # requeued once: the last one spent next time
     assert "max_requeues" in spent._why_not_requeued() and spent.requeues_left == 0
+
+
+# ---- a --gpu-type the cluster does not have: the hint names it and the types there are ------------------------
+
+
+def test_an_unknown_gpu_type_is_named_with_the_types_the_nodes_have(slurm_cluster, tmp_path: Path) -> None:
+    done = launch("run", *SMALL, "--gpu-type", "c", "-y", "--runs-dir", "runs", cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert "--gpu-type c" in done.stderr and "GPU types are a, b" in done.stderr, done.stderr
+
+
+# ---- `launch logs` of a Slurm run: its note fits an 80-column terminal ------------------------------------------
+
+
+def test_the_task_logs_note_fits_80_columns(tmp_path: Path, monkeypatch) -> None:
+    from scalelab.slurm.backend import summarised_task_logs
+
+    monkeypatch.setenv("COLUMNS", "80")
+    folder = tmp_path / "runs" / "nmt-tiny-ddp-1x1-20261207-103551" / "slurm"
+    folder.mkdir(parents=True)
+    (folder / "7_0_log.out").write_text("submitit INFO (2026-12-07 10:00:00,123) - Starting with JobEnvironment()\n")
+    (folder / "7_0_log.err").write_text("step 1\n")
+    text = summarised_task_logs([folder / "7_0_log.out", folder / "7_0_log.err"])
+    note = text.split("==>")[0]
+    assert "left out" in note and str(folder) in note
+    assert max(len(line) for line in note.splitlines()) <= max(80, len(str(folder)) + 1), note

@@ -456,10 +456,19 @@ def summarised_task_logs(paths: list[Path]) -> str:
         else:
             quiet.append(path)
     if quiet or dropped:  # first, and said the same way whatever the counts, so that `logs -f` says it once
-        folders = ", ".join(sorted({str(p.parent) for p in paths}))
-        shown.insert(0, f"(submitit's own lines are left out, and the task log files holding nothing else; the files "
-                        f"are whole on disk in {folders}: `launch logs RUN --rank N` shows one rank's)\n")
+        shown.insert(0, logs_note(sorted({str(p.parent) for p in paths})))
     return "\n".join(shown)
+
+
+def logs_note(folders: list[str]) -> str:
+    """The note above the summarised task logs, wrapped at the terminal's width (80 off one), a folder's path kept
+    whole. Why: it was one line of 214 characters on an 80-column terminal."""
+    from scalelab.core.terminal import prose_lines
+
+    command = "launch logs RUN --rank N"
+    text = (f"(submitit's own lines and the task files holding nothing else are left out; every file is whole in "
+            f"{', '.join(folders)}: `{command}` shows one rank's)")
+    return prose_lines("", text, shutil.get_terminal_size((80, 24)).columns, whole=(command,)) + "\n"
 
 
 class SlurmWatcher(SlurmInfoWatcher):
@@ -648,7 +657,7 @@ def _refusal(what: str, proc: subprocess.CompletedProcess, request: SlurmRequest
     if hints == [UNREACHABLE_HINT]:  # sbatch reached nobody: Slurm refused nothing
         what = "could not submit the job"
     if hints and hints[0] == NODE_CONFIG_HINT:
-        hints = [_too_few_nodes(request) or hints[0]]
+        hints = [_too_few_nodes(request) or _no_such_gpu_type(request) or hints[0]]
     return f"{what} for {request.run_dir.name} (nothing was queued): {words}" + (f"; {hints[0]}" if hints else "")
 
 
@@ -664,6 +673,33 @@ def _too_few_nodes(request: SlurmRequest) -> str:
     where = f"partition {partition}" if partition else "the default partition"
     return (f"--nodes {asked} asks for more nodes than {where} has ({have}): give --nodes {have} or fewer, or "
             "another --partition (`sinfo -s` lists the partitions and their nodes)")
+
+
+def _no_such_gpu_type(request: SlurmRequest) -> str:
+    """The hint for a typed GPU request (`--gpu-type`, gres gpu:TYPE:N) that no node has that many of, naming the
+    cluster's GPU GRES as sinfo lists them ('' for an untyped request). Why: `--gpu-type c` got the hint naming
+    --nodes, --gpus-per-node, --cpus-per-task and --mem-gb, and not --gpu-type."""
+    gres = str(request.parameters.get("gres") or "")
+    parts = gres.split(":")
+    if len(parts) != 3 or parts[0] != "gpu":
+        return ""
+    types = cluster_gpu_types()
+    if types and parts[1] not in types:
+        return (f"the cluster has no GPUs of type {parts[1]!r} (--gpu-type {parts[1]}): its nodes' GPU types are "
+                f"{', '.join(types)} (`sinfo -o '%N %G'`); give one of those, or leave --gpu-type out")
+    return (f"no node has {parts[2]} GPU(s) of type {parts[1]} with the CPUs / memory asked: check --gpu-type, "
+            f"--gpus-per-node, --nodes, --cpus-per-task and --mem-gb against `sinfo -o '%P %D %c %m %G'`")
+
+
+def cluster_gpu_types() -> list[str]:
+    """The GPU types of the nodes' GRES as sinfo lists them ("gpu:a:2,gpu:b:2" -> [a, b]); [] when sinfo cannot
+    say. Said as words, not GRES strings: the launcher's console would read ":a:" as an emoji code."""
+    try:
+        proc = _slurm(["sinfo", "-h", "-o", "%G"], timeout=10)
+    except ScalelabError:
+        return []
+    found = re.findall(r"(?:^|,)gpu:([^:,(\s]+):", proc.stdout, flags=re.M) if proc.returncode == 0 else []
+    return sorted(set(found))
 
 
 def partition_nodes(partition: str) -> int | None:
