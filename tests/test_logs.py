@@ -92,7 +92,7 @@ def test_slurm_task_files_are_summarised_and_stay_whole_on_disk(tmp_path):
     assert "submitit INFO (" not in text and "Starting with JobEnvironment" not in text
     assert "==> " + str(tmp_path / "12_0_log.err") + " <==\nscalelab: Horovod rendezvous on port 1234" in text
     assert text.count("==> ") == 1  # the 15 files with only submitit's lines: one line, not 15 headers
-    assert "submitit's own lines are left out, and the task log files holding nothing else" in text
+    assert "submitit's own lines and the task files holding nothing else are left out" in text
     assert all(f.read_text().startswith("submitit INFO") for f in files)  # the files are untouched
 
 

@@ -191,7 +191,7 @@ def test_two_nodes_four_gpus_each(slurm_cluster, tmp_path: Path, engine: str) ->
     report = launch("report", str(run_dir), "--format", "json", cwd=tmp_path)
     assert report.returncode == 0, report.stderr
     logs = launch("logs", str(run_dir), cwd=tmp_path).stdout  # submitit's per-task logs, summarised (issue 35)
-    assert "submitit INFO (" not in logs and "submitit's own lines are left out" in logs, logs
+    assert "submitit INFO (" not in logs and "submitit's own lines and the task files" in logs, logs
     last = launch("logs", str(run_dir), "--rank", "7", cwd=tmp_path).stdout  # one rank's task files, whole
     assert f"slurm/{job_of(run_dir)}_7_log.out" in last and "submitit INFO (" in last, last
     assert "[rank 7] step 4  loss" in last  # and its records

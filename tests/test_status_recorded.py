@@ -38,6 +38,11 @@ def test_a_cancelled_run_stays_cancelled_whatever_sacct_says(tmp_path) -> None:
 
 
 def test_a_run_still_going_is_the_schedulers(tmp_path) -> None:
-    """A resumed run (its launch.json says RUNNING, or an old end): what runs now is the scheduler's to say."""
+    """A run a launcher holds while it resumes it (its launch.json still says an old end): what runs now is the
+    scheduler's to say. Not held, the recorded end stands (an ended run's state cannot change)."""
+    from scalelab.core.lock import RunLock
+
     run = _run(tmp_path, "CANCELLED", "old")
-    assert settle(_Scheduler("RUNNING", "Slurm job 8 RUNNING"), run).state == "RUNNING"
+    with RunLock(run):
+        assert settle(_Scheduler("RUNNING", "Slurm job 8 RUNNING"), run).state == "RUNNING"
+    assert settle(_Scheduler("RUNNING", "Slurm job 8 RUNNING"), run).state == "CANCELLED"

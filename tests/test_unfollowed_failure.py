@@ -1,7 +1,7 @@
 """A run that fails with no launcher following it (`--detach`, or its launcher was killed) says why in `launch status`.
 
 Before, `launch status` recorded the scheduler's word alone ("FAILED Slurm job 2434 FAILED on node1"), while the
-rank's error record said why ("the time limit was near ... no requeue is left ...; `launch resume` continues it")
+rank's error record said why ("the time limit was near ... it was not requeued because --no-requeue was given ...; `launch resume` continues it")
 and a followed run printed it. `settle` now records a FAILED end nobody followed with the same words as the
 launcher's error (`runner.failure`), on every backend: here a detached local run whose rank raises, and a detached
 Slurm run stopped at its time-limit warning with no requeue left.
@@ -73,5 +73,5 @@ def test_a_detached_slurm_run_stopped_at_its_time_limit_says_why_in_status(slurm
         subprocess.run(["scancel", job], capture_output=True)
     head = status.stdout.splitlines()[0]
     assert f"FAILED Slurm job {job} FAILED" in head, status.stdout
-    assert "the time limit was near" in head and "no requeue is left" in head and "launch resume" in head, head
+    assert "the time limit was near" in head and "--no-requeue was given" in head and "launch resume" in head, head
     assert in_queue(job) == [] and processes_of(run, job) == []

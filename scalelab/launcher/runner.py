@@ -545,18 +545,23 @@ def write_summary(run_dir: Path):
 
 def settle(backend: Backend, run_dir: Path) -> RunStatus:
     """The run's state now, as `launch status` shows it. A run that ended with no launcher following it
-    (detached, or its launcher was killed) gets its end recorded here, and its summary if it completed."""
-    status = backend.status(run_dir)
-    if status.state not in TERMINAL:
-        return status
+    (detached, or its launcher was killed) gets its end recorded here, and its summary if it completed.
+
+    A recorded end that no launcher holds is returned before the backend is asked: an ended run's state cannot
+    change, and it is the launcher's judgement from the ranks' records (cancelled: rank 1 got SIGTERM), not the
+    scheduler's word for the same end (Slurm's FAILED for a job whose rank exited 143). Why first: with Slurm
+    unreachable, `launch status` of a COMPLETED run printed sacct's errors and "UNKNOWN" after 37 s. A run a
+    launcher holds (a resume sending it again, a cancel stopping it) is the scheduler's to say."""
     info = read_state(run_dir)
-    if info.get("state") in TERMINAL:
-        if info["state"] == COMPLETED and not RunPaths(run_dir).summary.exists() and not owner_of(run_dir):
+    owned = owner_of(run_dir)
+    if info.get("state") in TERMINAL and not owned:
+        if info["state"] == COMPLETED and not RunPaths(run_dir).summary.exists():
             _summary_if_possible(run_dir)
-        # the launcher's judgement from the ranks' records (cancelled: rank 1 got SIGTERM), not the scheduler's
-        # word for the same end (Slurm's FAILED for a job whose rank exited 143), which `launch status` showed
+        return RunStatus(info["state"], info.get("detail", ""))
+    status = backend.status(run_dir)
+    if status.state in TERMINAL and info.get("state") in TERMINAL:  # held, and ended as recorded
         return RunStatus(info["state"], info.get("detail") or status.detail)
-    if owner_of(run_dir):
+    if status.state not in TERMINAL or owned:
         return status
     detail, why = _why_it_failed(backend, run_dir, status) if status.state == FAILED else (status.detail, {})
     ended = record_state(run_dir, status.state, detail, **why)

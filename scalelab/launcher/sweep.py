@@ -22,11 +22,12 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from scalelab.core.errors import ScalelabError, SpecError, shell_word
+from scalelab.core.errors import NotQueued, ScalelabError, SpecError, shell_word
 from scalelab.core.rundir import (
     CANCELLED,
     COMPLETED,
     SWEEP_FILE,
+    TERMINAL,
     RunPaths,
     new_run_dir,
     run_state,
@@ -35,7 +36,7 @@ from scalelab.core.rundir import (
 )
 from scalelab.core.spec import MODE_AXES, Spec, read_spec, save_spec
 from scalelab.core.writes import refuse_run_dir_links
-from scalelab.launcher.runner import follow, owning, refuse_if_live, refuse_model_change, refuse_restart, stopping_runs, submit
+from scalelab.launcher.runner import cancel, follow, owning, refuse_if_live, refuse_model_change, refuse_restart, stopping_runs, submit
 
 _LAYOUT = re.compile(r"^\s*(\d+)\s*x\s*(\d+)\s*$")
 
@@ -266,6 +267,7 @@ def continue_sweep(backend, sweep_dir: Path, within: Path | None = None) -> Path
     backend = backend.for_sweep(sweep_dir.name)
     note = backend.sweep_note() if todo else ""  # said once the first layout is queued: a refused one is one line
     with owning(sweep_dir), ExitStack() as locks, stopping_runs(backend, []) as held:
+        preflight(backend, todo)
         for spec, run_dirs in _batches(todo, backend.queues):
             for run_dir in run_dirs:
                 locks.enter_context(owning(run_dir))
@@ -274,7 +276,11 @@ def continue_sweep(backend, sweep_dir: Path, within: Path | None = None) -> Path
             # the repeats of a layout together: one job array on Slurm; each spec with its own backend
             # options (a probe's candidates differ in instance type)
             own = backend.for_spec(spec)
-            submit(own, spec, *run_dirs)
+            try:
+                submit(own, spec, *run_dirs)
+            except NotQueued as exc:
+                _cancel_queued(backend, [d for d in held if d not in run_dirs], run_dirs[0].name, exc)
+                raise
             if note:
                 print(f"launch: {note}", file=sys.stderr, flush=True)
                 note = ""
@@ -284,6 +290,32 @@ def continue_sweep(backend, sweep_dir: Path, within: Path | None = None) -> Path
             for spec, run_dir in todo:
                 _follow_layout(backend.for_spec(spec), spec, run_dir, sweep_dir, within)
     return sweep_dir
+
+
+def preflight(backend, todo: list[tuple[Spec, Path]]) -> None:
+    """Ask the backend whether every layout's request could run (`preflight`: Slurm's `sbatch --test-only`) before
+    the first is submitted; a backend without the hook has nothing to ask. Why: a sweep with one impossible layout
+    queued the good ones and then cancelled them, though `sweep --help` promises every layout checked first."""
+    check = getattr(type(backend), "preflight", None)
+    if check is None:
+        return
+    for spec, run_dirs in _batches(todo, True):
+        backend.for_spec(spec).preflight(spec, run_dirs)
+
+
+def _cancel_queued(backend, queued: list[Path], refused: str, exc: NotQueued) -> None:
+    """The layouts queued before layout `refused` was refused (one the preflight passed: the cluster changed in
+    between), cancelled and recorded CANCELLED with the reason, not FAILED with another layout's error; the error
+    says so, as "nothing was queued" is true of the refused layout alone."""
+    cancelled = []
+    for run_dir in queued:
+        if RunPaths(run_dir).launch.exists() and run_state(run_dir) not in TERMINAL:
+            cancel(backend, run_dir, f"cancelled by the launcher before it ran: layout {refused} of its sweep was "
+                   "refused", CANCELLED)
+            cancelled.append(run_dir.name)
+    if cancelled:
+        exc.args = (f"{exc}; the layout{'s' if len(cancelled) > 1 else ''} queued before it "
+                    f"({', '.join(cancelled)}) {'were' if len(cancelled) > 1 else 'was'} cancelled",)
 
 
 def _batches(todo: list[tuple[Spec, Path]], together: bool) -> list[tuple[Spec, list[Path]]]:

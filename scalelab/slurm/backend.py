@@ -83,8 +83,12 @@ STATE_MAP = {
 
 NODE_CONFIG_HINT = ("the cluster has no nodes with that many GPUs / CPUs / memory: check --nodes, --gpus-per-node, "
                     "--cpus-per-task and --mem-gb against `sinfo -o '%P %D %c %m %G'`")
+UNREACHABLE_HINT = "cannot reach the Slurm controller: is slurmctld up? (`sinfo`, `scontrol ping`)"
+NO_ACCOUNTING_HINT = ("cannot reach Slurm's accounting or controller: are slurmdbd and slurmctld up? (`sacct`, "
+                      "`scontrol ping`)")
 # What to do about Slurm's most common refusals (matched in its message, which is always shown too).
 HINTS = [
+    ("unable to contact slurm controller", UNREACHABLE_HINT),
     ("invalid partition", "check --partition: `sinfo -s` lists the partitions"),
     ("node configuration is not available", NODE_CONFIG_HINT),
     ("invalid feature specification", "check --constraint: `sinfo -o '%N %f'` lists the nodes' features"),
@@ -130,6 +134,7 @@ class SlurmBackend(Backend):
         # One watcher for every job this backend follows: one sacct query for all, 2 s apart at first.
         self.watcher = SlurmWatcher(delay_s=max(2.0, float(self.options["poll_s"])))
         self._verified: set[str] = set()  # job ids found to be their run's (`_not_this_run`)
+        self._tested: set[str] = set()  # sbatch scripts `preflight` found Slurm would take; shared by copies
 
     def sweep_note(self) -> str:
         if not one_at_a_time(self.sweep, self.options):
@@ -165,6 +170,15 @@ class SlurmBackend(Backend):
 
     # ---- schedule --------------------------------------------------------------------------------
 
+    def preflight(self, spec: Spec, run_dirs: list[Path]) -> None:
+        """`sbatch --test-only` of the request(s) for `run_dirs`, sending nothing: a sweep asks it of every layout
+        before it submits the first (`launcher.sweep.continue_sweep`). Why: a sweep whose second layout asked for
+        more GPUs than a node has queued the first, cancelled it and recorded it FAILED with the second's error."""
+        for request in self.submit_dryrun_batch(spec, run_dirs):
+            request.folder.mkdir(parents=True, exist_ok=True)
+            _test_only(request)
+            self._tested.add(request.script)  # `schedule` sends it without asking again
+
     def schedule(self, request: SlurmRequest) -> str:
         """Ask Slurm whether the job could run (`sbatch --test-only`), then submit it through submitit.
 
@@ -173,7 +187,10 @@ class SlurmBackend(Backend):
         for run_dir in request.run_dirs:
             self._refuse_while_queued(run_dir)
         request.folder.mkdir(parents=True, exist_ok=True)
-        _test_only(request)
+        if request.script in self._tested:  # asked by `preflight` a moment ago: once is enough
+            self._tested.discard(request.script)
+        else:
+            _test_only(request)
         jobs = self._send(request)
         for run_dir, job in zip(request.run_dirs, jobs):
             previous = jobs_of(run_dir) if RunPaths(run_dir).launch.exists() else []
@@ -189,7 +206,7 @@ class SlurmBackend(Backend):
         need("sbatch")
         executor = make_executor(request.folder, request.parameters, request.python)
         requeues = self.options["max_requeues"] if self.options["requeue"] else 0
-        ranks = [RankJob(run_dir, requeues) for run_dir in request.run_dirs]
+        ranks = [RankJob(run_dir, requeues, bool(self.options["requeue"])) for run_dir in request.run_dirs]
         try:
             if len(ranks) == 1:
                 return [executor.submit(ranks[0])]
@@ -238,6 +255,8 @@ class SlurmBackend(Backend):
         where = f" on {nodes}" if nodes and nodes != "None assigned" else ""
         reason = self.watcher.reasons.get(job_id, "") if STATE_MAP.get(state) == PENDING else ""
         why = f" ({reason})" if reason else ""
+        if STATE_MAP.get(state) is None and self.watcher.problem:  # sacct's error, one line, where nothing is known
+            why = f": {self.watcher.problem}; {NO_ACCOUNTING_HINT}"
         status = RunStatus(STATE_MAP.get(state, UNKNOWN), f"Slurm job {job_id} {state}{why}{where}")
         return with_rank_exits(run_dir, job_id, status) if status.state == FAILED else status
 
@@ -437,10 +456,19 @@ def summarised_task_logs(paths: list[Path]) -> str:
         else:
             quiet.append(path)
     if quiet or dropped:  # first, and said the same way whatever the counts, so that `logs -f` says it once
-        folders = ", ".join(sorted({str(p.parent) for p in paths}))
-        shown.insert(0, f"(submitit's own lines are left out, and the task log files holding nothing else; the files "
-                        f"are whole on disk in {folders}: `launch logs RUN --rank N` shows one rank's)\n")
+        shown.insert(0, logs_note(sorted({str(p.parent) for p in paths})))
     return "\n".join(shown)
+
+
+def logs_note(folders: list[str]) -> str:
+    """The note above the summarised task logs, wrapped at the terminal's width (80 off one), a folder's path kept
+    whole. Why: it was one line of 214 characters on an 80-column terminal."""
+    from scalelab.core.terminal import prose_lines
+
+    command = "launch logs RUN --rank N"
+    text = (f"(submitit's own lines and the task files holding nothing else are left out; every file is whole in "
+            f"{', '.join(folders)}: `{command}` shows one rank's)")
+    return prose_lines("", text, shutil.get_terminal_size((80, 24)).columns, whole=(command,)) + "\n"
 
 
 class SlurmWatcher(SlurmInfoWatcher):
@@ -456,20 +484,43 @@ class SlurmWatcher(SlurmInfoWatcher):
         self.jobs: set[str] = set()
         self.queued: dict[str, str] = {}
         self.reasons: dict[str, str] = {}  # job id -> why it waits in the queue (squeue's %r), same answer
+        self.problem = ""  # sacct's last error, one line ('' when it answered): `SlurmBackend.job_state`
 
     def register_job(self, job_id: str) -> None:
         super().register_job(job_id)
         self.jobs.add(job_id)
 
     def update(self) -> None:
-        asked = self.num_calls
-        super().update()
-        if self.num_calls == asked:  # sacct was not asked (no job left to follow): neither is squeue
+        if not self._sacct():  # sacct was not asked (no job left to follow): neither is squeue
             return
         lagging = sorted(j for j in self.jobs if STATE_MAP.get(sacct_state(self.get_info(j, "cache"))) in (None, PENDING))
         rows = squeue_rows(lagging) if lagging else {}
         self.queued = {job: state for job, (state, _) in rows.items()}
         self.reasons = {job: reason for job, (_, reason) in rows.items() if reason}
+
+    def _sacct(self) -> bool:
+        """submitit's `update` (one sacct for every job not finished), with sacct's stderr captured: kept as one
+        line in `problem` ('' once sacct answers) instead of printed. Why: with Slurm unreachable `launch status`
+        printed sacct's raw "slurm_persist_conn_open_without_init ... Connection refused" lines. False when there
+        was no job to ask about."""
+        command = self._make_command()
+        if command is None:
+            return False
+        self._num_calls += 1
+        try:
+            proc = subprocess.run(command, capture_output=True, text=True, timeout=60)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            self.problem = f"`sacct` failed: {exc}"
+        else:
+            lines = [line.strip() for line in proc.stderr.splitlines() if line.strip()]
+            self.problem = "" if proc.returncode == 0 else f"sacct failed: {lines[-1] if lines else proc.returncode}"
+            if proc.returncode == 0:
+                self._info_dict.update(self.read_info(proc.stdout))
+        self._last_status_check = time.time()
+        for job_id in self._registered - self._finished:
+            if self.is_done(job_id, mode="cache"):
+                self._finished.add(job_id)
+        return True
 
 
 def sacct_state(info: dict[str, str]) -> str:
@@ -603,8 +654,10 @@ def _refusal(what: str, proc: subprocess.CompletedProcess, request: SlurmRequest
     words = "; ".join(line.strip() for line in (proc.stderr + proc.stdout).splitlines() if line.strip())
     words = words or f"exit code {proc.returncode}"
     hints = [hint for key, hint in HINTS if key in words.lower()][:1]
+    if hints == [UNREACHABLE_HINT]:  # sbatch reached nobody: Slurm refused nothing
+        what = "could not submit the job"
     if hints and hints[0] == NODE_CONFIG_HINT:
-        hints = [_too_few_nodes(request) or hints[0]]
+        hints = [_too_few_nodes(request) or _no_such_gpu_type(request) or hints[0]]
     return f"{what} for {request.run_dir.name} (nothing was queued): {words}" + (f"; {hints[0]}" if hints else "")
 
 
@@ -620,6 +673,33 @@ def _too_few_nodes(request: SlurmRequest) -> str:
     where = f"partition {partition}" if partition else "the default partition"
     return (f"--nodes {asked} asks for more nodes than {where} has ({have}): give --nodes {have} or fewer, or "
             "another --partition (`sinfo -s` lists the partitions and their nodes)")
+
+
+def _no_such_gpu_type(request: SlurmRequest) -> str:
+    """The hint for a typed GPU request (`--gpu-type`, gres gpu:TYPE:N) that no node has that many of, naming the
+    cluster's GPU GRES as sinfo lists them ('' for an untyped request). Why: `--gpu-type c` got the hint naming
+    --nodes, --gpus-per-node, --cpus-per-task and --mem-gb, and not --gpu-type."""
+    gres = str(request.parameters.get("gres") or "")
+    parts = gres.split(":")
+    if len(parts) != 3 or parts[0] != "gpu":
+        return ""
+    types = cluster_gpu_types()
+    if types and parts[1] not in types:
+        return (f"the cluster has no GPUs of type {parts[1]!r} (--gpu-type {parts[1]}): its nodes' GPU types are "
+                f"{', '.join(types)} (`sinfo -o '%N %G'`); give one of those, or leave --gpu-type out")
+    return (f"no node has {parts[2]} GPU(s) of type {parts[1]} with the CPUs / memory asked: check --gpu-type, "
+            f"--gpus-per-node, --nodes, --cpus-per-task and --mem-gb against `sinfo -o '%P %D %c %m %G'`")
+
+
+def cluster_gpu_types() -> list[str]:
+    """The GPU types of the nodes' GRES as sinfo lists them ("gpu:a:2,gpu:b:2" -> [a, b]); [] when sinfo cannot
+    say. Said as words, not GRES strings: the launcher's console would read ":a:" as an emoji code."""
+    try:
+        proc = _slurm(["sinfo", "-h", "-o", "%G"], timeout=10)
+    except ScalelabError:
+        return []
+    found = re.findall(r"(?:^|,)gpu:([^:,(\s]+):", proc.stdout, flags=re.M) if proc.returncode == 0 else []
+    return sorted(set(found))
 
 
 def partition_nodes(partition: str) -> int | None:

@@ -206,11 +206,13 @@ def run_trainer(run_dir: Path, added: dict[str, str], own_code: bool = False) ->
 
 
 class RankJob(Checkpointable):
-    """One rank of the run in RUN_DIR; `requeues_left`: requeues after a time-limit warning still allowed."""
+    """One rank of the run in RUN_DIR; `requeues_left`: requeues after a time-limit warning still allowed;
+    `requeue`: False where `--no-requeue` was given (then none is allowed, and the stop says why)."""
 
-    def __init__(self, run_dir: Path, requeues_left: int) -> None:
+    def __init__(self, run_dir: Path, requeues_left: int, requeue: bool = True) -> None:
         self.run_dir = Path(run_dir)
         self.requeues_left = requeues_left
+        self.requeue_on = requeue
 
     def __call__(self) -> dict[str, Any]:
         job = submitit.JobEnvironment()
@@ -234,14 +236,24 @@ class RankJob(Checkpointable):
                     self.requeue(job)
                 return {"rank": task.rank, "exit_code": code, "requeued": True}  # exit 0: srun keeps rank 0
             if task.rank == 0:
-                self._fail("the time limit was near: every rank checkpointed and stopped, and no requeue is left "
-                           f"(--requeue, max_requeues); `launch resume {shell_word(self.run_dir)}` continues it", code)
+                self._fail(f"the time limit was near: every rank checkpointed and stopped, {self._why_not_requeued()}; "
+                           f"`launch resume {shell_word(self.run_dir)}` continues it", code)
         sys.exit(code)  # SystemExit: submitit saves no result, as for its own preemption exit
+
+    def _why_not_requeued(self) -> str:
+        """Why the job was not requeued: `--no-requeue` given, or every requeue (max_requeues) spent. Why: with
+        --no-requeue the stop said "no requeue is left (--requeue, max_requeues)", as if some had been tried.
+        `requeue_on` read with a default: a job pickled before it existed requeues as it was sent."""
+        if not getattr(self, "requeue_on", True):
+            return ("and it was not requeued because --no-requeue was given (leave it out, or give --requeue, to "
+                    "let Slurm requeue it from its checkpoint)")
+        return ("and no requeue is left (each allowed one was spent: raise --backend-opt max_requeues=N for more, "
+                "or give a longer --time)")
 
     def checkpoint(self) -> DelayedSubmission:
         """What runs when the requeued job starts again: this rank function with one requeue fewer. The
         training state is not in it: the ranks wrote RUN_DIR/checkpoint.pt before stopping."""
-        return DelayedSubmission(RankJob(self.run_dir, self.requeues_left - 1))
+        return DelayedSubmission(RankJob(self.run_dir, self.requeues_left - 1, getattr(self, "requeue_on", True)))
 
     def requeue(self, job: submitit.JobEnvironment) -> None:
         """Rank 0, once every rank has checkpointed: submitit's requeue of a Checkpointable."""
