@@ -26,7 +26,7 @@ from matplotlib.ticker import MaxNLocator, PercentFormatter
 from scalelab.analysis.report import (DEFINITIONS, plot_speedup, plot_throughput, table_rows,
                                       terminal_frame)
 from scalelab.core.engines import known_fact
-from scalelab.core.terminal import dollars_text, duration_text
+from scalelab.core.terminal import dollars_text, duration_text, number_text
 from scalelab.core.writes import check_inside
 
 __all__ = ["plot_cost_frontier", "plot_phases", "plot_loss", "plot_predictions", "figure_png",
@@ -282,17 +282,8 @@ def plan_sections(p: Any, unit: str = "words/s", unmet: Mapping[str, str] | None
                    for k, v in p.recommendations.items() if v or k in unmet)
     if len(p.candidates) and recs:
         secs.append(("Recommendation", f"<ul class='rec'>{recs}</ul>"))
-    used = p.predictions.groupby("label")["model"].first().to_dict() if len(p.predictions) else {}
-    model_rows = [[lab, used.get(lab, f.chosen), f"{len(f.measured)}",
-                   *(("—" if f.held_out_error[m] is None else f"{f.held_out_error[m]:.1%}") for m in f.models)]
-                  for lab, f in p.fits.items()]
-    any_fit = next(iter(p.fits.values()), None)
-    model_names = list(any_fit.models) if any_fit else []
-    secs.append(("Scaling models", "<p>Each model was fitted to the measured layouts; the held-out error is the "
-                 "mean relative error predicting each measurement from the others. The model used is the one "
-                 "with the lowest held-out error on published scaling tables the plan never saw "
-                 "(docs/benchmarks.md).</p>"
-                 + _table(["series", "chosen", "measurements", *[f"{m} held-out error" for m in model_names]], model_rows)))
+    secs += _models_section(p)
+    secs += _layout_section(p)
     if len(p.predictions) and "interval_low" in p.predictions.columns:
         secs.append(("Predicted throughput", f"<p>Bands at {p.confidence:.0%}.</p>"
                      + _img(figure_png(plot_predictions(p.predictions, unit)), "predictions")))
@@ -305,17 +296,66 @@ def plan_sections(p: Any, unit: str = "words/s", unmet: Mapping[str, str] | None
         secs.append(("Cost against time", "<p>Each point is one layout on one instance type; the frontier "
                      "joins those that no other layout beats on both time and money.</p>"
                      + _img(figure_png(plot_cost_frontier(p.candidates)), "cost frontier")))
-        c = p.candidates.sort_values(["hours"])
-        rows = [[r["label"], int(r["workers"]), r["layout"] if pd.notna(r.get("layout")) else
-                 f"{int(r['instances'])}× {r['instance_type']}", r["market"], r.get("speed_basis") or "",
-                 f"{r['predicted_throughput']:,.0f}" if pd.notna(r.get("predicted_throughput")) else "—",
-                 *_time_and_dollars(r),
-                 "yes" if r["pareto"] else "", r["recommendation"] or ""] for _, r in c.iterrows()]
-        secs.append(("Candidates", _table(["series", "workers", "instances", "market", "speed basis", "throughput /s",
-                                           "time", "dollars", "frontier", "recommended"], rows)))
+        secs.append(("Candidates", _candidates_table(p.candidates)))
     if p.notes:
         secs.append(("Notes", "<ul class='note'>" + "".join(f"<li>{html.escape(n)}</li>" for n in p.notes) + "</ul>"))
     return secs
+
+
+def _models_section(p: Any) -> list[tuple[str, str]]:
+    """The worker-count models of each series fitted; none for a plan of named layouts (`--predict`), which
+    has no such fit: its table was printed empty."""
+    if not p.fits:
+        return []
+    used = p.predictions.groupby("label")["model"].first().to_dict() if len(p.predictions) else {}
+    model_rows = [[lab, used.get(lab, f.chosen), f"{len(f.measured)}",
+                   *(("—" if f.held_out_error[m] is None else f"{f.held_out_error[m]:.1%}") for m in f.models)]
+                  for lab, f in p.fits.items()]
+    model_names = list(next(iter(p.fits.values())).models)
+    return [("Scaling models", "<p>Each model was fitted to the measured layouts; the held-out error is the "
+             "mean relative error predicting each measurement from the others. The model used is the one "
+             "with the lowest held-out error on published scaling tables the plan never saw "
+             "(docs/benchmarks.md).</p>"
+             + _table(["series", "chosen", "measurements", *[f"{m} held-out error" for m in model_names]], model_rows))]
+
+
+#: the layout table of a `--predict` plan, as plan.md has it (costs/cli.py's _LAYOUT_VIEW and _LAYOUT_THR_VIEW)
+_LAYOUT_TIME = (("predicted_time_s", "time"), ("time_low_s", "low"), ("time_high_s", "high"))
+_LAYOUT_RATE = (("predicted_throughput", "predicted /s"), ("throughput_low", "low /s"), ("throughput_high", "high /s"))
+
+
+def _layout_section(p: Any) -> list[tuple[str, str]]:
+    """Each named layout's predicted time (or throughput) with its band, its basis (measured or the step-time
+    model) and its compute and exchange shares: what plan.md shows. Why: plan.html left this table out, so the
+    page of a `--predict` plan showed no layout's prediction, only the candidates' dollars."""
+    pred = p.predictions
+    if not len(pred) or "layout" not in pred.columns:
+        return []
+    timed = "predicted_time_s" in pred.columns
+    cells = _LAYOUT_TIME if timed else _LAYOUT_RATE
+    show = duration_text if timed else number_text
+    rows = [[r["layout"], r.get("model") or "", r.get("basis") or "",
+             *(show(float(r[c])) if pd.notna(r.get(c)) else "—" for c, _ in cells),
+             *(f"{float(r[c]):.0%}" if pd.notna(r.get(c)) else "—" for c in ("compute_share", "exchange_share"))]
+            for _, r in pred.iterrows()]
+    title = f"Predicted {'time' if timed else 'throughput per second'} of each layout"
+    text = (f"<p>{p.confidence:.0%} band; basis: the layout's own measurement, or the step-time model; "
+            "compute and exchange: their shares of its step.</p>")
+    return [(title, text + _table(["layout", "model", "basis", *(h for _, h in cells), "compute", "exchange"], rows))]
+
+
+def _candidates_table(candidates: pd.DataFrame) -> str:
+    """Every priced layout, fastest first. Instances are written `COUNT*TYPE`, as the terminal, plan.md and
+    plan.json write them (the page wrote `1× g5.xlarge`); the throughput column is left out when no row has
+    one (a plan of layouts in seconds showed a column of "—")."""
+    c = candidates.sort_values(["hours"])
+    rate = "predicted_throughput" in c.columns and c["predicted_throughput"].notna().any()
+    rows = [[r["label"], int(r["workers"]), r["layout"] if pd.notna(r.get("layout")) else
+             f"{int(r['instances'])}*{r['instance_type']}", r["market"], r.get("speed_basis") or "",
+             *([f"{r['predicted_throughput']:,.0f}" if pd.notna(r.get("predicted_throughput")) else "—"] if rate else []),
+             *_time_and_dollars(r), "yes" if r["pareto"] else "", r["recommendation"] or ""] for _, r in c.iterrows()]
+    return _table(["series", "workers", "instances", "market", "speed basis", *(["throughput /s"] if rate else []),
+                   "time", "dollars", "frontier", "recommended"], rows)
 
 
 def _time_and_dollars(r: Any) -> tuple[str, str]:
@@ -335,7 +375,7 @@ def _recommendation(v: dict[str, Any]) -> str:
                   f"; <i>{html.escape(str(speed))} speed: never measured on {html.escape(v['instance_type'])}</i>")
     workers = int(v["workers"])
     where = (html.escape(str(v["layout"])) if v.get("layout") else
-             f"{workers} worker{'s' if workers != 1 else ''} on {v['instances']}× {html.escape(v['instance_type'])}")
+             f"{workers} worker{'s' if workers != 1 else ''} on {v['instances']}*{html.escape(v['instance_type'])}")
     return (f"{where} "
             f"({v['market']}): {duration_text(v['hours'] * 3600)} (up to {duration_text(v['hours_high'] * 3600)}), "
             f"${dollars_text(v['dollars'])} (up to ${dollars_text(v['dollars_high'])}){unmeasured}")
