@@ -215,6 +215,10 @@ def test_the_closing_lines_fit_80_columns_with_the_short_id(tmp_path, monkeypatc
 
     out, err = _at_80(monkeypatch, tmp_path)
     run = _a_run(tmp_path, "a-run-with-a-rather-long-name-to-show-the-wrapping-ddp-1x2-20261207-044202")
+    from scalelab.core.rundir import RunPaths
+
+    RunPaths(run).checkpoint.parent.mkdir(parents=True, exist_ok=True)  # saved: "continues it" (none: other advice)
+    RunPaths(run).checkpoint.write_bytes(b"x")
     cli._run_directory_line(Path("runs") / run.name, "report")
     with pytest.raises(SystemExit):
         cli.interrupted(SimpleNamespace(resume=str(Path("runs") / run.name), exit_code=130))

@@ -98,6 +98,9 @@ LAZY_REPORTS: dict[str, str] = {"prep.json": "scalelab.prep.report:report_dirs",
 # Sweep directories of a kind told by a file they hold: file -> "module:function" taking the directory,
 # called after `launch resume` has continued its runs.
 LAZY_RESUMED: dict[str, str] = {"probe.json": "scalelab.launcher.probe:show_probe"}
+# `launch resume STUDY`: "module:function" taking (the study directory, --allow-changed), imported by name as the
+# study command is (scalelab.launcher.study imports this module's console)
+STUDY_RESUME = "scalelab.launcher.study:resume_and_show"
 
 
 # The flags of the lazy commands that no eager command has, so that a config file key meant for them is known
@@ -769,9 +772,8 @@ def resume_cmd(run_dir: str, runs_dir: str, detach: bool, rank_output: str | Non
             raise SpecError(f"--detach is not for a {what}: its layouts run one after another, which takes a "
                             "launcher following them; resume it without --detach")
         if study:
-            from scalelab.launcher.study import resume_study, show_study
-
-            show_study(resume_study(path, allow_changed))
+            module, attr = STUDY_RESUME.split(":")
+            getattr(import_optional(module), attr)(path, allow_changed)
             return
         from scalelab.launcher.layouts import restore_missing_layouts
 

@@ -332,6 +332,11 @@ def resume_study(study_dir: Path, allow_changed: tuple[str, ...] = ()) -> Path:
     return study_report(continue_study(study_dir, allow_changed), study)
 
 
+def resume_and_show(study_dir: Path, allow_changed: tuple[str, ...] = ()) -> None:
+    """`launch resume STUDY` (launcher.cli.STUDY_RESUME): the study resumed, then its study.md shown."""
+    show_study(resume_study(study_dir, allow_changed))
+
+
 def report_gemm(paths: list[Path], out: Path | None, fmt: str) -> None:
     """`launch report` of a GEMM study directory (it holds gemm.json, the marker `launcher.cli.LAZY_REPORTS`
     maps to this; (paths, out, fmt) as `report_dirs`): it ran no training, so there is no scaling report, only
