@@ -109,3 +109,37 @@ def test_a_study_with_nothing_finished_names_itself_once_as_what_continues_it(tm
     assert code == 2 and "no run of the study" in said and said.count("launch resume") == 1, said
     assert said.rstrip().endswith(f"`launch resume {root}` continues it"), said
 
+
+
+class _RefusesLong:
+    """A backend whose preflight refuses the 'long' variant's layout (as `sbatch --test-only` refuses 1x5)."""
+
+    queues = True
+
+    def for_sweep(self, name: str) -> "_RefusesLong":
+        return self
+
+    def for_spec(self, spec) -> "_RefusesLong":
+        return self
+
+    def preflight(self, spec, run_dirs) -> None:
+        if spec.steps == 6:
+            from scalelab.core.errors import SpecError
+
+            raise SpecError(f"Slurm refused the job for {run_dirs[0].name}")
+
+
+def test_a_layout_refused_in_a_later_variant_stops_the_study_before_anything_is_sent(tmp_path: Path,
+                                                                                     monkeypatch) -> None:
+    """Every variant's layouts are asked of the backend (`preflight`) before the first is submitted: a study whose
+    second variant Slurm would refuse sent its first variant's jobs and then stopped with them spent."""
+    import scalelab.launcher.study as study_mod
+    from scalelab.core.errors import SpecError
+
+    sent = []
+    monkeypatch.setattr(study_mod, "_sweep_backend", lambda sweep: _RefusesLong())
+    monkeypatch.setattr(study_mod, "continue_sweep", lambda backend, sweep, within: sent.append(sweep))
+    (tmp_path / "s.yaml").write_text(STUDY)
+    with pytest.raises(SpecError, match="refused the job for 1x1"):
+        study_mod.run_study(study_mod.load_study(tmp_path / "s.yaml"), tmp_path / "runs")
+    assert sent == [] and list((tmp_path / "runs").iterdir()) == []  # nothing sent, no study directory left

@@ -37,8 +37,8 @@ from scalelab.launcher.runner import err_console
 from scalelab.launcher.pricing import guard, price_options, show_quote
 from scalelab.launcher.studyfile import check_study_file
 from scalelab.launcher.runner import owning
-from scalelab.launcher.sweep import (checked_resume, continue_sweep, make_sweep, parse_layouts, removed_on_failure,
-                                     sweep_specs)
+from scalelab.launcher.sweep import (checked_resume, continue_sweep, make_sweep, parse_layouts, preflight_sweep,
+                                     removed_on_failure, sweep_specs)
 
 
 @dataclass
@@ -299,7 +299,8 @@ def run_study(study: Study, runs_root: Path, planned: list[list[Spec]] | None = 
 
 def continue_study(study_dir: Path, allow_changed: tuple[str, ...] | None = None) -> Path:
     """Each variant's sweep that has not completed, in study order, held as one (`owning`: a stop names the study
-    to resume); a layout that does not complete stops the study. `allow_changed` None: the study's first run;
+    to resume), every layout of every one asked of its backend first (`preflight_sweep`: Slurm's `sbatch
+    --test-only`); a layout that does not complete stops the study. `allow_changed` None: the study's first run;
     otherwise `launch resume STUDY`, whose checks (`checked_resume`) pass for every sweep before any goes on."""
     todo = [sweep for _, sweep in study_sweeps(study_dir)
             if any(run_state(run) != COMPLETED for run in sweep_runs(sweep))]
@@ -307,6 +308,8 @@ def continue_study(study_dir: Path, allow_changed: tuple[str, ...] | None = None
         backends = [_sweep_backend(sweep) for sweep in todo]
     else:
         backends = [checked_resume(sweep, allow_changed) for sweep in todo]
+    for backend, sweep in zip(backends, todo):  # every variant's layouts asked of the backend before the first is sent
+        preflight_sweep(backend, sweep)
     with owning(study_dir):
         for backend, sweep in zip(backends, todo):
             continue_sweep(backend, sweep, within=study_dir)

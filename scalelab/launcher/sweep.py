@@ -303,6 +303,14 @@ def preflight(backend, todo: list[tuple[Spec, Path]]) -> None:
         backend.for_spec(spec).preflight(spec, run_dirs)
 
 
+def preflight_sweep(backend, sweep_dir: Path) -> None:
+    """`preflight` of a sweep's unfinished layouts as `continue_sweep` asks it: a study asks it of every variant's
+    sweep before the first layout of the first is submitted, as a sweep does of its layouts."""
+    todo = [(read_spec(run_dir).validate(stored=True), run_dir) for run_dir in sweep_runs(sweep_dir)
+            if run_state(run_dir) != COMPLETED]
+    preflight(backend.for_sweep(sweep_dir.name), todo)
+
+
 def _cancel_queued(backend, queued: list[Path], refused: str, exc: NotQueued) -> None:
     """The layouts queued before layout `refused` was refused (one the preflight passed: the cluster changed in
     between), cancelled and recorded CANCELLED with the reason, not FAILED with another layout's error; the error
