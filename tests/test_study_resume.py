@@ -24,7 +24,7 @@ mode: strong
 layouts: [1x1]
 base:
   model: nmt-tiny
-  engine: {name: ddp}
+  engine: {name: single}
   steps: 3
   warmup_steps: 1
   checkpoint_every: 2
