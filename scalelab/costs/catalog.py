@@ -291,7 +291,8 @@ def parse_rate(text: str) -> tuple[str, float, str, int]:
     usd = _rate_usd(m.group(2)) if m else None
     if not m or usd is None:
         raise CatalogError(
-            f"--rate takes [NAME=]USD/gpu-hour or [NAME=]USD/node-hour@GPUS with USD a number >= 0 (e.g. "
+            f"--rate takes [NAME=]USD/gpu-hour or [NAME=]USD/node-hour@GPUS with USD a number from 0 to "
+            f"{MAX_USD_PER_HOUR:,.0f} (above that a price is a typo; e.g. "
             f"0.45/gpu-hour, slurm=0.45/gpu-hour, k8s=3.2/node-hour@4), got {text!r}"
         )
     name, _, per, gpus = m.groups()
@@ -391,8 +392,9 @@ def load_catalog(prices_file: str | Path | None = None, rates: Iterable[str] = (
     if path.exists():
         try:
             data = _read_structured(path, empty=None)
-        except ValueError as exc:
-            raise CatalogError(f"prices file {path} is not valid JSON/YAML: {exc}; {FIX}") from None
+        except ValueError as exc:  # `null` or a list is valid JSON, but not prices: said as such
+            what = "holds no mapping of prices" if str(exc) == NOT_A_MAPPING else "is not valid JSON/YAML"
+            raise CatalogError(f"prices file {path} {what}: {exc}; {FIX}") from None
         if data is None:  # as an empty spec or config file is refused: a file meant to say something says nothing
             raise CatalogError(f"prices file {path} is empty: give it prices ({', '.join(ROWS)}; format: "
                                "docs/costs.md), or remove it")
@@ -403,6 +405,9 @@ def load_catalog(prices_file: str | Path | None = None, rates: Iterable[str] = (
     for name, rate in (interruptions or {}).items():
         cat.set_interruptions(name, rate)
     return cat
+
+
+NOT_A_MAPPING = "expected a mapping at the top level"
 
 
 def _read_structured(path: Path, empty: dict[str, Any] | None = None) -> dict[str, Any] | None:
@@ -436,7 +441,7 @@ def _read_structured(path: Path, empty: dict[str, Any] | None = None) -> dict[st
         except RecursionError:  # a RecursionError traceback (issue #37)
             raise ValueError("lists or mappings nested deeper than can be read; flatten it") from None
     if not isinstance(data, dict):
-        raise ValueError("expected a mapping at the top level")
+        raise ValueError(NOT_A_MAPPING)
     return data
 
 
