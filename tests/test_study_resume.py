@@ -137,7 +137,7 @@ def test_a_layout_refused_in_a_later_variant_stops_the_study_before_anything_is_
     from scalelab.core.errors import SpecError
 
     sent = []
-    monkeypatch.setattr(study_mod, "_sweep_backend", lambda sweep: _RefusesLong())
+    monkeypatch.setattr(study_mod, "sweep_backend", lambda sweep: _RefusesLong())
     monkeypatch.setattr(study_mod, "continue_sweep", lambda backend, sweep, within: sent.append(sweep))
     (tmp_path / "s.yaml").write_text(STUDY)
     with pytest.raises(SpecError, match="refused the job for 1x1"):

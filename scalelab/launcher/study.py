@@ -27,9 +27,9 @@ from scalelab.core.checks import InputFile
 from scalelab.core.errors import ScalelabError, SpecError, shell_word
 from scalelab.core.flags import shared_flags
 from scalelab.core.records import load_run
-from scalelab.core.rundir import (COMPLETED, GEMM_FILE, STUDY_FILE, STUDY_SOURCE, RunPaths, dryrun_dir, new_run_dir,
-                                  read_json, run_state, study_sweeps, sweep_runs, write_json)
-from scalelab.core.spec import BACKEND_NAMES, MODE_AXES, Spec, read_spec, read_yaml_mapping
+from scalelab.core.rundir import (GEMM_FILE, STUDY_FILE, STUDY_SOURCE, RunPaths, dryrun_dir, new_run_dir, read_json,
+                                  study_sweeps, sweep_runs, write_json)
+from scalelab.core.spec import BACKEND_NAMES, MODE_AXES, Spec, read_yaml_mapping
 from scalelab.core.writes import refuse_links
 from scalelab.launcher.backend import get_backend
 from scalelab.launcher.cli import console
@@ -38,7 +38,7 @@ from scalelab.launcher.pricing import guard, price_options, show_quote
 from scalelab.launcher.studyfile import check_study_file
 from scalelab.launcher.runner import owning
 from scalelab.launcher.sweep import (checked_resume, continue_sweep, make_sweep, parse_layouts, preflight_sweep,
-                                     removed_on_failure, sweep_specs)
+                                     removed_on_failure, sweep_backend, sweep_specs, unfinished_layouts)
 
 
 @dataclass
@@ -302,10 +302,9 @@ def continue_study(study_dir: Path, allow_changed: tuple[str, ...] | None = None
     to resume), every layout of every one asked of its backend first (`preflight_sweep`: Slurm's `sbatch
     --test-only`); a layout that does not complete stops the study. `allow_changed` None: the study's first run;
     otherwise `launch resume STUDY`, whose checks (`checked_resume`) pass for every sweep before any goes on."""
-    todo = [sweep for _, sweep in study_sweeps(study_dir)
-            if any(run_state(run) != COMPLETED for run in sweep_runs(sweep))]
+    todo = [sweep for _, sweep in study_sweeps(study_dir) if unfinished_layouts(sweep)]
     if allow_changed is None:
-        backends = [_sweep_backend(sweep) for sweep in todo]
+        backends = [sweep_backend(sweep) for sweep in todo]
     else:
         backends = [checked_resume(sweep, allow_changed) for sweep in todo]
     for backend, sweep in zip(backends, todo):  # every variant's layouts asked of the backend before the first is sent
@@ -314,11 +313,6 @@ def continue_study(study_dir: Path, allow_changed: tuple[str, ...] | None = None
         for backend, sweep in zip(backends, todo):
             continue_sweep(backend, sweep, within=study_dir)
     return study_dir
-
-
-def _sweep_backend(sweep_dir: Path) -> Any:
-    first = read_spec(sweep_runs(sweep_dir)[0]).validate(stored=True)
-    return get_backend(first.backend, first.backend_options)
 
 
 def resume_study(study_dir: Path, allow_changed: tuple[str, ...] = ()) -> Path:

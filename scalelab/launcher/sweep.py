@@ -233,21 +233,33 @@ def checked_resume(sweep_dir: Path, allow_changed: tuple[str, ...] = ()):
     allowed, a checkpoint where steps were taken) and the allowed changes are recorded; a refusal changes
     nothing. Done for every sweep of a study before the first of them goes on."""
     from scalelab.core.trajectory import check_resume, record_changes
-    from scalelab.launcher.backend import get_backend
 
-    layouts = sweep_runs(sweep_dir)
-    unfinished = [(run_dir, read_spec(run_dir).validate(stored=True)) for run_dir in layouts
-                  if run_state(run_dir) != COMPLETED]
+    unfinished = [(run_dir, spec) for spec, run_dir in unfinished_layouts(sweep_dir)]
     changes = [(run_dir, check_resume(run_dir, spec, allow_changed)) for run_dir, spec in unfinished]
-    first = read_spec(layouts[0]).validate(stored=True)
-    backend = get_backend(first.backend, first.backend_options)
-    backend.validate(first)
+    backend = sweep_backend(sweep_dir, validated=True)
     for (run_dir, spec), (_, changed) in zip(unfinished, changes):  # refused before any layout is changed
         refuse_restart(backend, run_dir, spec)  # steps but no checkpoint: it would train them again
         refuse_model_change(run_dir, spec, changed)  # a checkpoint that does not fit the allowed new model
     for run_dir, changed in changes:
         if changed:
             record_changes(run_dir, changed)
+    return backend
+
+
+def unfinished_layouts(sweep_dir: Path) -> list[tuple[Spec, Path]]:
+    """(spec, directory) of each layout of the sweep that has not completed, in sweep order."""
+    return [(read_spec(run_dir).validate(stored=True), run_dir) for run_dir in sweep_runs(sweep_dir)
+            if run_state(run_dir) != COMPLETED]
+
+
+def sweep_backend(sweep_dir: Path, validated: bool = False):
+    """The backend of the sweep's first layout (every layout shares it); `validated`: checked against it too."""
+    from scalelab.launcher.backend import get_backend
+
+    first = read_spec(sweep_runs(sweep_dir)[0]).validate(stored=True)
+    backend = get_backend(first.backend, first.backend_options)
+    if validated:
+        backend.validate(first)
     return backend
 
 
@@ -261,13 +273,14 @@ def continue_sweep(backend, sweep_dir: Path, within: Path | None = None) -> Path
     holds every run it submitted (`stopping_runs`): a stop signal or an error cancels whatever has
     not ended, and names the sweep as what to resume (`within`: the study it is part of, then).
     """
-    todo = [(read_spec(run_dir).validate(stored=True), run_dir) for run_dir in sweep_runs(sweep_dir) if run_state(run_dir) != COMPLETED]
+    todo = unfinished_layouts(sweep_dir)
     for _, run_dir in todo:  # a planted link in any layout: refused before anything is written (issue #37)
         refuse_run_dir_links(run_dir)
     backend = backend.for_sweep(sweep_dir.name)
     note = backend.sweep_note() if todo else ""  # said once the first layout is queued: a refused one is one line
     with owning(sweep_dir), ExitStack() as locks, stopping_runs(backend, []) as held:
-        preflight(backend, todo)
+        if within is None:  # a study asked it of all its sweeps' layouts already (`preflight_sweep`)
+            preflight(backend, todo)
         for spec, run_dirs in _batches(todo, backend.queues):
             for run_dir in run_dirs:
                 locks.enter_context(owning(run_dir))
@@ -306,9 +319,7 @@ def preflight(backend, todo: list[tuple[Spec, Path]]) -> None:
 def preflight_sweep(backend, sweep_dir: Path) -> None:
     """`preflight` of a sweep's unfinished layouts as `continue_sweep` asks it: a study asks it of every variant's
     sweep before the first layout of the first is submitted, as a sweep does of its layouts."""
-    todo = [(read_spec(run_dir).validate(stored=True), run_dir) for run_dir in sweep_runs(sweep_dir)
-            if run_state(run_dir) != COMPLETED]
-    preflight(backend.for_sweep(sweep_dir.name), todo)
+    preflight(backend.for_sweep(sweep_dir.name), unfinished_layouts(sweep_dir))
 
 
 def _cancel_queued(backend, queued: list[Path], refused: str, exc: NotQueued) -> None:
