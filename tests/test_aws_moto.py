@@ -1020,6 +1020,7 @@ def _gc_env(cloud) -> dict[str, str]:
             "AWS_DEFAULT_REGION": REGION, "AWS_MAX_ATTEMPTS": "1"}
 
 
+@pytest.mark.slow
 def test_gc_skips_a_run_whose_launcher_is_live_and_cleans_a_stale_one(cloud, tmp_path):
     """Two runs: one a launcher follows (heartbeat just written, fresh for 10 min), one whose launcher
     was killed (heartbeat older than its own 1.2 s timeout). `launch aws gc` with no --run-id removes
@@ -1197,6 +1198,7 @@ class SlowSavingNodes:
             time.sleep(0.3)
 
 
+@pytest.mark.slow
 def test_a_cancel_from_another_terminal_lets_the_leader_save_then_tears_down_once(cloud, tmp_path):
     """`launch cancel RUN` while a launcher follows the run, its leader needing 5 s to save after the stop
     request. The follower ended the run the moment launch.json said CANCELLED (before the cancel had even put

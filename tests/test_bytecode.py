@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 _PROBE = """
@@ -27,6 +29,7 @@ print("\\n".join(sorted(late)))
 """
 
 
+@pytest.mark.slow
 def test_an_optimizer_step_imports_nothing_the_bytecode_script_left_out() -> None:
     done = subprocess.run([sys.executable, "-c", _PROBE, str(ROOT / "scripts")], capture_output=True, text=True,
                           timeout=300, cwd=ROOT)

@@ -64,6 +64,7 @@ def loso(tmp_path_factory) -> pd.DataFrame:
     return coverage_once(tmp_path_factory, 0.9)
 
 
+@pytest.mark.slow
 def test_leaving_one_whole_source_out_meets_the_issue_bar(loso):
     """Issue 33: fits on 3+ counts hold >= 88 % at 90 % with a mean error at most 0.9x the naive trend
     rule's; fits on 2 counts hold >= 88 % with a median half-width of at most 20 %; every bound finite;
@@ -327,6 +328,7 @@ def test_one_registry_names_every_model_the_planner_can_use():
     assert all(m.kind in ("worker-count", "layout") and m.what for m in REGISTRY.values())
 
 
+@pytest.mark.slow
 def test_the_tasks_are_kept_in_a_cache_keyed_by_the_corpus_and_read_back_exactly(tmp_path, monkeypatch):
     """`launch plan` reads the published tables' tasks from a file instead of fitting them again (seconds);
     the file read back equals the fit, a damaged one is made anew, and "off" keeps none."""
@@ -374,6 +376,7 @@ def test_two_layouts_of_one_count_are_two_rows_each_its_own_measurement():
 
 
 @pytest.mark.parametrize("confidence", [0.5, 0.8])
+@pytest.mark.slow
 def test_a_lower_confidence_gives_narrower_bands_that_hold_about_as_asked(confidence, loso):
     """Review of issue 33: the band's inner levels started at 0.9, so 50 % and 80 % bands were 90 % ones."""
     lower = coverage_summary(coverage(confidence), ["k_class"]).set_index("k_class")
@@ -398,6 +401,7 @@ def test_a_count_between_measured_ones_gets_the_interpolations_band_not_a_measur
     assert b.loc[4, "high"] > 1200 and b.loc[4, "low"] < 1100, b  # was [1,108, 1,154]
 
 
+@pytest.mark.slow
 def test_counts_between_measured_ones_hold_their_band_on_sources_left_out():
     """Every shipped series' inner counts, each left out and predicted with the band learnt without its
     source: about 90 % held (69 % with a measured count's band); docs/benchmarks.md has the figures."""

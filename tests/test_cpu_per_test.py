@@ -13,6 +13,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = importlib.util.spec_from_file_location("cpu_per_test", ROOT / "scripts" / "cpu-per-test.py")
 cpu = importlib.util.module_from_spec(SPEC)
@@ -45,6 +47,7 @@ def test_the_summary_sums_cpu_per_kind_file_and_test() -> None:
     assert text.endswith("total: 4 processes, 6 s of CPU")
 
 
+@pytest.mark.slow
 def test_a_process_started_by_a_test_is_charged_to_that_test(tmp_path: Path) -> None:
     out = tmp_path / "cpu.json"
     sampler = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "cpu-per-test.py"), str(out)],

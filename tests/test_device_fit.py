@@ -130,6 +130,7 @@ def test_the_launchers_horovod_check_says_how_to_build_it_where_it_is_missing_or
 
 
 @pytest.mark.gpu
+@pytest.mark.slow
 def test_the_cli_refuses_before_any_rank_starts(tmp_path):
     """Without a GPU here the refusal is not reachable from the CLI; this checks the CPU path still runs
     two ranks, and (on a machine with one GPU) that the message reaches the user as one line."""
@@ -147,6 +148,7 @@ def test_the_cli_refuses_before_any_rank_starts(tmp_path):
 
 
 @pytest.mark.parametrize("engine, ranks", [("single", 1), ("ddp", 2), ("ps", 2), ("horovod", 2)])
+@pytest.mark.slow
 def test_every_rank_records_its_peak_memory_and_the_report_shows_it(tmp_path, engine, ranks):
     from conftest import horovod_available
 
@@ -231,6 +233,7 @@ def test_the_recurrent_layers_run_in_the_precision_asked_for(device, name, rnn):
 # ---- the parameter server on one rank ------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_one_rank_parameter_server_exchanges_nothing(tmp_path):
     proc = launch("--engine", "ps", "--gpus-per-node", "1", "--model", "nmt-tiny", "--steps", "4", "--warmup-steps", "1", "--runs-dir", "runs",
                   "--device", "cpu", "--checkpoint-every", "2", cwd=tmp_path)

@@ -73,6 +73,7 @@ ENGINES = [
 
 
 @pytest.mark.parametrize("engine,workers", ENGINES)
+@pytest.mark.slow
 def test_an_early_threshold_sweep_completes_and_is_reported(tmp_path, engine, workers):
     """The README's threshold example (nmt-tiny to loss 4.3) validated every 5 steps: the threshold is met at
     step 5, the last warm-up step. The sweep used to stop with "no measured steps ... raise --steps"."""

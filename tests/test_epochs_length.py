@@ -76,6 +76,7 @@ def test_a_weak_sweep_of_epochs_runs_every_layouts_epochs(quoted, monkeypatch, c
     assert [(s.workers, s.steps, s.epochs) for s in quoted] == [(1, None, 3), (2, None, 6)]
 
 
+@pytest.mark.slow
 def test_epochs_run_to_their_end_and_resume_to_more_epochs(tmp_path):
     """The review's repro: 512 samples / 32 = 16 steps an epoch, 3 epochs = 48 steps, ended by the epochs. A
     completed run of epochs says to raise `epochs` (not `steps`), and raising them continues it."""

@@ -115,6 +115,7 @@ def _step(name: str, code: str, read=lambda o: {"out": o.stdout.strip()}, budget
     return Step(name, f"fake {name}", budget, [PY, "-c", code], read)
 
 
+@pytest.mark.slow
 def test_a_failing_crashing_or_overrunning_step_does_not_stop_the_others(tmp_path):
     child = tmp_path / "child.pid"
 

@@ -54,6 +54,7 @@ def test_the_engines_say_whether_their_backward_can_be_captured() -> None:
     assert eng.graphable()
 
 
+@pytest.mark.slow
 def test_a_cpu_run_records_why_it_ran_eagerly(tmp_path: Path) -> None:
     """The start record says the graph is off and why; no step claims to be graphed; backward is timed."""
     proc = launch("run", "--model", "nmt-tiny", "--steps", "7", "--warmup-steps", "2", "--device", "cpu",

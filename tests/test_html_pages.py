@@ -87,6 +87,7 @@ def _make_pages(tmp: Path) -> dict[str, Path]:
     return out
 
 
+@pytest.mark.slow
 def test_reports_land_where_the_runs_globs_do_not_take_them(pages, monkeypatch, capsys):
     """A one-run HTML report landed in runs/report-DATE/, which `launch cost runs/*` and `launch report runs/*`
     then refused as not a run. Now: one run's report is in its own directory, several runs' in runs/.reports/."""
@@ -116,6 +117,7 @@ def test_one_run_report_has_no_one_dot_plots(pages):
         assert f'alt="{alt}"' in many, alt
 
 
+@pytest.mark.slow
 def test_every_table_scrolls_inside_its_box(pages):
     for name in ("one", "all", "plan"):
         text = pages[name].read_text()
@@ -196,6 +198,7 @@ def test_predicted_throughput_has_whole_worker_ticks():
 
 
 @needs_chromium
+@pytest.mark.slow
 def test_pages_fit_1280_pixels_in_chromium(pages, tmp_path):
     """Chromium lays each page out in a 1280 px window: nothing wider than it (a wide table scrolls inside
     its box), and a screenshot of each (looked at by hand for issue 35) is made."""

@@ -94,6 +94,7 @@ def test_bad_profile_steps_are_refused_before_anything_runs(tmp_path, value, wor
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.slow
 def test_the_page_shows_every_trust_warning(html_report):
     """warnings.json's warnings (1 measured step, the threshold at the first validation) are on the
     page, in a section of their own before the numbers."""

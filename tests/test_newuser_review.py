@@ -263,6 +263,7 @@ def test_one_process_is_not_processes(tmp_path):
     assert "process{'es' if len(live) != 1 else ''}" in inspect.getsource(local)
 
 
+@pytest.mark.slow
 def test_html_report_paths_are_printed_one_way(tmp_path):
     """`report --format html` printed a relative path for one directory and an absolute one for several."""
     from test_costs_cli import _fake_run

@@ -50,6 +50,7 @@ def test_a_machine_that_cannot_compile_falls_back_to_chunked_and_says_why(monkey
     assert resolve("chunked", torch.device("cpu")) == ("chunked", None)
 
 
+@pytest.mark.slow
 def test_trying_the_compiler_draws_nothing_from_the_runs_random_stream():
     """The trial compile runs before the model is built: a random draw there changed every compiled run's
     initial weights (its first loss was 2.5e-3 away from the full loss's)."""

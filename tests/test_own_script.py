@@ -55,6 +55,7 @@ def check_script_run(run_dir: Path, engine: str, steps: int) -> None:
     assert len(load_run(run_dir).steps) == 2 * steps  # the one reader takes them as any run's
 
 
+@pytest.mark.slow
 def test_ddp_script_on_two_local_ranks_is_measured_like_a_built_in_model(tmp_path: Path) -> None:
     proc = launch("--script", str(DDP), "--engine", "ddp", "--gpus-per-node", "2", "--loss-threshold", "1.5",
                   "--", "--steps", "30", "--val-every", "10", cwd=tmp_path)
@@ -81,6 +82,7 @@ def test_ddp_script_on_two_local_ranks_is_measured_like_a_built_in_model(tmp_pat
 
 
 @needs_horovod
+@pytest.mark.slow
 def test_horovod_script_runs_under_horovodrun_on_two_ranks(tmp_path: Path) -> None:
     dry = launch("--script", str(HOROVOD), "--engine", "horovod", "--gpus-per-node", "2", "--dry-run", "--",
                  "--steps", "12", cwd=tmp_path)
@@ -93,6 +95,7 @@ def test_horovod_script_runs_under_horovodrun_on_two_ranks(tmp_path: Path) -> No
     check_script_run(only_run_dir(tmp_path / "runs"), "horovod", 12)
 
 
+@pytest.mark.slow
 def test_ddp_script_records_every_rank_and_runs_alone_unchanged(tmp_path: Path) -> None:
     proc = launch("--script", str(DDP), "--engine", "ddp", "--gpus-per-node", "2", "--",
                   "--steps", "12", "--val-every", "100", cwd=tmp_path)
@@ -135,6 +138,7 @@ for step in range(parser.parse_args().steps):
 """
 
 
+@pytest.mark.slow
 def test_a_script_whose_steps_were_all_warm_up_completes_with_a_note(tmp_path: Path) -> None:
     """The script decides its length (no spec check can refuse it up front, as the trainer's --steps is):
     4 steps, all warm-up, is a completed run saying how to measure it, not an error after the fact."""
@@ -249,6 +253,7 @@ if __name__ == "__main__":
 
 
 @pytest.mark.parametrize("engine", ["ddp", pytest.param("horovod", marks=needs_horovod)])
+@pytest.mark.slow
 def test_a_script_ends_as_python_does_its_atexit_handlers_open_files_and_daemon_children(engine, tmp_path) -> None:
     """The ranks leave with os._exit (no interpreter teardown under Gloo's or Horovod's threads), which also
     skipped what Python does at exit: a script's unclosed metrics file came out empty, its atexit handler

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from conftest import launch, only_run_dir
 
 PER_RANK = """import time
@@ -26,6 +28,7 @@ dist.destroy_process_group()
 """
 
 
+@pytest.mark.slow
 def test_a_per_rank_batch_script_sweep_is_named_as_growing_its_batch(tmp_path: Path) -> None:
     script = tmp_path / "per_rank.py"
     script.write_text(PER_RANK)

@@ -52,6 +52,7 @@ def _write(tmp_path: Path, name: str, text: str) -> Path:
 
 
 @needs_horovod
+@pytest.mark.slow
 def test_a_horovod_script_left_at_the_default_engine_runs_as_one_horovod_job(tmp_path: Path) -> None:
     script = _write(tmp_path, "hv.py", HOROVOD_SCRIPT)
     done = launch("run", "--gpus-per-node", "2", "--script", str(script), cwd=tmp_path, timeout=180)

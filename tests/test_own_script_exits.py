@@ -106,6 +106,7 @@ def nothing_left(run: Path) -> None:
 
 
 @pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.slow
 def test_a_cancel_of_a_script_that_handles_sigterm_itself_is_cancelled_and_resumes(engine: str, tmp_path: Path):
     """It was recorded COMPLETED ("every rank recorded its end ... before the cancel reached it"), launch exited 0,
     and `launch resume` refused the run."""
@@ -132,6 +133,7 @@ def test_a_cancel_of_a_script_that_handles_sigterm_itself_is_cancelled_and_resum
     nothing_left(run)
 
 
+@pytest.mark.slow
 def test_ctrl_c_of_a_script_that_handles_sigterm_itself_leaves_a_run_to_resume(tmp_path: Path) -> None:
     """Ctrl-C said "`launch resume` continues it" (exit 130), but `launch status` said COMPLETED and resume refused."""
     proc, run = start(tmp_path, "ownsig.py", OWN_HANDLER, "ddp", "--", "40")

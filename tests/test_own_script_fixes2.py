@@ -44,6 +44,7 @@ def _stepped(runs: Path) -> Path | None:
     return None
 
 
+@pytest.mark.slow
 def test_ctrl_c_of_a_script_with_no_checkpoint_does_not_promise_to_continue_it(tmp_path) -> None:
     (tmp_path / "long.py").write_text(LONG)
     args = on_cpu_where_gpus_are_short(("--script", "long.py", "--gpus-per-node", "2"))

@@ -169,6 +169,7 @@ def test_a_folder_over_the_limit_is_one_line_from_the_command(tmp_path: Path) ->
     assert "Traceback" not in proc.stderr and not proc.stdout.strip()
 
 
+@pytest.mark.slow
 def test_the_pod_command_runs_the_script_from_the_mounted_configmap(tmp_path: Path) -> None:
     """No cluster: the indexed Job's container command run here, as the kubelet would run it, with the two
     ConfigMaps written out as their volumes would hold them (the code's files at their `items` paths) and the

@@ -45,6 +45,7 @@ def prose(text: str) -> str:
 
 
 @pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.slow
 def test_a_layout_that_took_no_step_is_left_out_of_its_sweeps_report_saying_why(engine: str, tmp_path: Path) -> None:
     (tmp_path / "skips.py").write_text(SKIPS.format(top=IMPORT, inside=""))
     proc = launch("sweep", "--script", "skips.py", "--engine", engine, "--workers", "1,2", "--device", "cpu",
@@ -61,6 +62,7 @@ def test_a_layout_that_took_no_step_is_left_out_of_its_sweeps_report_saying_why(
         again.stderr[-3000:]
 
 
+@pytest.mark.slow
 def test_a_layout_whose_script_never_used_track_is_told_to_add_it(tmp_path: Path) -> None:
     """The advice to add track stands where the script never imported it (here: only on the path that trains)."""
     (tmp_path / "skips.py").write_text(SKIPS.format(top="", inside=IMPORT))
@@ -111,6 +113,7 @@ def error_lines(stderr: str) -> list[str]:
 
 
 @pytest.mark.parametrize("engine", ["single", *ENGINES])
+@pytest.mark.slow
 def test_a_dataloader_workers_error_is_one_line_naming_the_rank_to_read(engine: str, tmp_path: Path) -> None:
     (tmp_path / "dlerr.py").write_text(DL_ERROR)
     ranks = "1" if engine == "single" else "2"

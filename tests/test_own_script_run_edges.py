@@ -44,6 +44,7 @@ def ranks(engine: str) -> str:
 
 
 @pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.slow
 def test_logs_show_a_progress_bar_in_its_last_state_once_per_rank(engine: str, tmp_path: Path) -> None:
     (tmp_path / "bar.py").write_text(BAR)
     proc = launch("--script", "bar.py", "--engine", engine, "--gpus-per-node", ranks(engine), "--device", "cpu",
@@ -86,6 +87,7 @@ if first:
 """
 
 
+@pytest.mark.slow
 def test_torchelastic_run_id_is_the_runs_own_and_stays_on_resume(tmp_path: Path) -> None:
     (tmp_path / "rid.py").write_text(RUN_ID)
     first = launch("--script", "rid.py", "--engine", "ddp", "--gpus-per-node", "2", "--device", "cpu", cwd=tmp_path)
@@ -166,6 +168,7 @@ def quiet_stop(proc: subprocess.Popen, run: Path, engine: str) -> None:
 
 
 @pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.slow
 def test_a_cancel_ends_the_dataloaders_workers_without_their_tracebacks(engine: str, tmp_path: Path) -> None:
     proc, run = start(tmp_path, engine)
     try:
@@ -176,6 +179,7 @@ def test_a_cancel_ends_the_dataloaders_workers_without_their_tracebacks(engine: 
         proc.kill()
 
 
+@pytest.mark.slow
 def test_ctrl_c_ends_the_dataloaders_workers_without_their_tracebacks(tmp_path: Path) -> None:
     proc, run = start(tmp_path, "ddp")
     try:

@@ -96,6 +96,7 @@ def assert_same(a, b) -> None:
     assert (a.samples, a.words) == (b.samples, b.words)
 
 
+@pytest.mark.slow
 def test_same_shards_for_any_number_of_workers(tmp_path: Path) -> None:
     inputs = generate(tmp_path / "c", "nmt", 900, words=400, seed=3)
     outs = []
@@ -479,6 +480,7 @@ def test_slurm_dry_run_prints_the_dask_jobqueue_job_script(tmp_path: Path) -> No
     assert not (tmp_path / "runs").exists(), "a dry run writes nothing"
 
 
+@pytest.mark.slow
 def test_prep_to_s3_and_train_from_it(client, tmp_path: Path, moto_url: str, monkeypatch) -> None:
     """On moto's S3: inputs read from and shards written to a bucket; the trainer copies its shards
     into the cache and reads the same samples as from a local copy."""

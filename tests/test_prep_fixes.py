@@ -113,6 +113,7 @@ def _alive(pids: set[int], wait_s: float = 5.0) -> list[str]:
 
 
 @pytest.mark.parametrize("how", ["ctrl-c", "kill"])
+@pytest.mark.slow
 def test_ctrl_c_during_a_prep_says_one_line(tmp_path: Path, how: str) -> None:
     """SIGINT to the process group (Ctrl-C) or SIGTERM to the launcher (`kill PID`) once the tasks run. Was, for
     Ctrl-C: ~100 lines of `Task exception was never retrieved ... AllExit` and the workers' KeyboardInterrupt
@@ -151,6 +152,7 @@ def test_ctrl_c_during_a_prep_says_one_line(tmp_path: Path, how: str) -> None:
 # ---- 3. a failed prep's record -------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_failed_prep_records_why_and_report_says_it(tmp_path: Path) -> None:
     """Was: `launch report RUN` said "no manifest phase in its records; see RUN/logs", a folder that
     does not exist, and `_held/` stayed in --out. The bad line lies past what `launch prep` checks up front
@@ -178,6 +180,7 @@ def test_a_failed_prep_records_why_and_report_says_it(tmp_path: Path) -> None:
 # ---- 4. the scaling table in 80 columns ----------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_the_prep_scaling_table_fits_80_columns_without_cutting_numbers(tmp_path: Path) -> None:
     """Was: every cell cut to 1-2 characters and an ellipsis at 80 columns."""
     src, tgt = nmt_corpus(tmp_path)

@@ -141,6 +141,7 @@ def test_a_bad_rank_output_is_named(value: str, said: str) -> None:
 
 
 @pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.slow
 def test_a_scripts_prints_reach_the_terminal_tagged_with_their_rank(engine: str, tmp_path: Path) -> None:
     (tmp_path / "talk.py").write_text(SCRIPT)
     proc = launch("--script", "talk.py", "--engine", engine, "--gpus-per-node", "2", "--runs-dir", "runs",
@@ -174,6 +175,7 @@ def test_the_one_process_of_single_is_rank_0_and_its_traceback_is_the_scripts_ow
 
 
 @pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.slow
 def test_a_resume_shows_only_its_own_launchs_lines(engine: str, tmp_path: Path) -> None:
     """horovodrun appends to the run's one log and torchrun starts new files: neither shows the first launch's
     lines again."""

@@ -74,6 +74,7 @@ def runs(tmp_path_factory) -> dict[str, Path]:
 # ---- a script that counts no items -----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_script_that_counts_no_items_completes_and_says_how_to_count_them(runs) -> None:
     proc = runs["zero_proc"]
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
@@ -95,6 +96,7 @@ def test_report_and_plan_of_a_run_without_items_say_so_without_a_traceback(runs)
     assert "no measured throughput" in one_error_line(plan) and "track.step(items=" in one_error_line(plan)
 
 
+@pytest.mark.slow
 def test_a_negative_count_in_records_is_refused_with_its_line(runs, tmp_path: Path) -> None:
     run = tmp_path / "negative"
     shutil.copytree(runs["zero"], run)
@@ -164,6 +166,7 @@ def test_status_of_a_script_that_passes_no_loss_shows_none(runs) -> None:
     assert "loss" not in line and "samples/s" in line, proc.stdout
 
 
+@pytest.mark.slow
 def test_status_says_that_records_have_unreadable_lines(runs, tmp_path: Path) -> None:
     run = tmp_path / "corrupt"
     shutil.copytree(runs["noloss"], run)

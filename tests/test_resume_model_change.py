@@ -30,6 +30,7 @@ def _set_model_args(run: Path, args: dict) -> None:
     (run / "spec.json").write_text(json.dumps(spec, indent=2))
 
 
+@pytest.mark.slow
 def test_a_model_the_checkpoint_cannot_hold_is_refused_before_anything_starts(completed, tmp_path) -> None:
     run = _copy(completed("single"), tmp_path / "run", state="CANCELLED")
     _set_model_args(run, {"hidden_size": 64})

@@ -114,6 +114,7 @@ def test_report_and_cost_find_a_short_id_in_the_config_files_runs_dir(configured
     assert "no run matches" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_raised_steps_with_a_checkpoint_older_than_the_runs_end_are_refused(configured_run, tmp_path) -> None:
     """Interrupted at step k (checkpoint on the signal), resumed to its end N without --checkpoint-every,
     then steps raised: before, the resume went on from k and wrote steps k+1..N a second time."""

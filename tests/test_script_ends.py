@@ -46,6 +46,7 @@ def error_line(proc) -> str:
 
 @pytest.mark.parametrize("engine, body", [("ddp", EARLY_DDP), pytest.param("horovod", EARLY_HOROVOD,
                                                                            marks=needs_horovod)])
+@pytest.mark.slow
 def test_a_rank_that_leaves_early_is_named_not_the_peer_that_lost_it(engine, body, tmp_path: Path) -> None:
     (tmp_path / "early.py").write_text(body)
     said = error_line(launch("--script", "early.py", "--engine", engine, "--gpus-per-node", "2", cwd=tmp_path))
@@ -109,6 +110,7 @@ dist.barrier()
 """
 
 
+@pytest.mark.slow
 def test_logs_of_one_rank_show_its_own_output_under_torchrun(tmp_path: Path) -> None:
     """Two emulated nodes of one rank each: rank 1 is local rank 0 of node 1, so the tag must be the global rank.
     torchrun keeps the ranks' output it tees in the run directory (RUN/logs/torchrun), not in a new

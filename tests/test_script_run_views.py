@@ -98,6 +98,7 @@ def test_a_failed_rank_is_named_and_the_status_says_failed(engine: str, tmp_path
     assert "interrupted" not in status.stdout, status.stdout
 
 
+@pytest.mark.slow
 def test_the_report_of_a_failed_run_without_step_records_says_it_failed(tmp_path: Path) -> None:
     said = error_line(run_script(tmp_path, "fail_rank1.py", FAIL_RANK1))
     assert "rank 1: fail_rank1.py raised RuntimeError: boom on rank 1: bad batch" in said, said
@@ -146,6 +147,7 @@ TWO_NODES = ("--nodes", "2", "--gpus-per-node", "1")  # two torchrun agents: eac
     ("ddp", TWO_NODES, ("[rank0]:", "[rank1]:")),  # the global rank, from the rank's start record
     pytest.param("horovod", ("--gpus-per-node", "2"), ("[0]<stdout>:", "[1]<stdout>:"), marks=needs_horovod),
 ])
+@pytest.mark.slow
 def test_the_combined_log_shows_whole_lines_and_follows(engine: str, layout: tuple[str, ...], tags: tuple[str, str],
                                                         tmp_path: Path) -> None:
     started = run_script(tmp_path, "parts.py", PARTS, engine, "--detach", layout=layout)

@@ -99,6 +99,7 @@ def wait_for(what: str, check, proc: subprocess.Popen | None = None, patience_s:
 
 
 @pytest.mark.parametrize("engine", ["ddp", pytest.param("horovod", marks=needs_horovod)])
+@pytest.mark.slow
 def test_sigterm_to_one_rank_of_a_script_cancels_the_run_and_resume_completes_it(engine: str, tmp_path: Path) -> None:
     script = tmp_path / "code" / "train.py"
     script.parent.mkdir()

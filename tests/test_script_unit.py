@@ -56,6 +56,7 @@ def test_repeats_of_a_script_run_for_real_each_recording_its_steps(sweep):
         assert summary["unit"] == "images" and summary["workers"] == ranks and summary["words_per_s"] > 0, summary
 
 
+@pytest.mark.slow
 def test_the_sweeps_report_says_images_per_second(sweep):
     _, sweep_dir, out = sweep
     header = next(line for line in out.splitlines() if "workers" in line)
@@ -66,6 +67,7 @@ def test_the_sweeps_report_says_images_per_second(sweep):
     assert "images/s" in table_header and "words/s" not in table_header, table_header
 
 
+@pytest.mark.slow
 def test_report_json_markdown_and_html_carry_the_unit(sweep):
     cwd, sweep_dir, _ = sweep
     rows = json.loads(launch("report", str(sweep_dir), "--format", "json", cwd=cwd).stdout)

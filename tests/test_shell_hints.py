@@ -9,6 +9,8 @@ import re
 import shlex
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import launch
 
 ODD = "sp ace/rüns x"
@@ -49,6 +51,7 @@ def test_the_runners_hints_quote_the_run_directory(tmp_path: Path) -> None:
     assert _words_after(no_checkpoint_advice(bare), "run") == ["--spec", str(bare / "spec.json")]
 
 
+@pytest.mark.slow
 def test_a_runs_summary_line_names_a_command_that_pastes(tmp_path: Path) -> None:
     """`launch run --runs-dir 'sp ace/rüns x'`: its last line's `(launch report ...)` is one word, and runs."""
     proc = launch("--steps", "2", "--warmup-steps", "1", "--runs-dir", ODD, cwd=tmp_path)

@@ -260,6 +260,7 @@ MANY_STEPS = "from scalelab import track\nfor i in range(100_000):\n    track.st
 
 
 @pytest.mark.parametrize("what", [["--script", "many.py"], ["--model", "nmt-tiny", "--steps", "5000"]])
+@pytest.mark.slow
 def test_a_disk_that_fills_mid_run_is_one_warning_exit_1_and_named_by_status(small_fs, tmp_path: Path,
                                                                             what: list[str]) -> None:
     """The reviewer's run: a 64 KiB runs directory fills with the ranks' records. One warning (its end could not
