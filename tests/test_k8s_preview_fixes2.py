@@ -159,3 +159,23 @@ def test_an_own_script_preview_gives_the_hourly_price_and_says_why_no_total(tmp_
     text = _layout_lines(err)
     assert "1x1: fleet $0.50/hour" in text and "a script's length is not known before it runs, so no total" in text
     assert "unknown steps" not in text and "an unknown time" not in text and "x 0.5 s/step" not in text, err
+
+
+def test_a_known_spot_price_above_max_price_is_not_the_preview_price(monkeypatch, capsys):
+    """The built-in catalog knows p2.xlarge spot at $0.1288/hour in us-east-1: a bid of $0.05 was previewed at $0.13/hour,
+    a price the instances can never be paid at (EC2 starts none while the spot price is above the bid)."""
+    code, err, _ = run_entry([*AWS_SPOT, "--region", "us-east-1", "--instance-type", "p2.xlarge", "--max-price", "0.05"],
+                             monkeypatch, capsys)
+    assert code == 0, err
+    text = _layout_lines(err)
+    assert "fleet $0.05/hour" in text and "fleet $0.13/hour" not in text, text
+    assert "last known spot price of p2.xlarge $0.1288/hour" in text and "SpotMaxPriceTooLow" in text, text
+    assert "raise --max-price" in text, text
+
+
+def test_a_bid_above_the_known_spot_price_is_previewed_at_that_price(monkeypatch, capsys):
+    code, err, _ = run_entry([*AWS_SPOT, "--region", "us-east-1", "--instance-type", "p2.xlarge", "--max-price", "0.50"],
+                             monkeypatch, capsys)
+    assert code == 0, err
+    text = _layout_lines(err)
+    assert "fleet $0.13/hour (1*p2.xlarge spot)" in text and "SpotMaxPriceTooLow" not in text, text

@@ -155,6 +155,12 @@ def _cloud_tries(mix: Mix, fleet: Fleet, region: str, catalog: Catalog) -> list[
         capped, lower = _capped_spot(catalog, mix, region, fleet.max_price)
         where_lower = " or the on-demand price where that is lower" if lower else ""
         bid = f"{fleet.max_price:.2f}" if round(fleet.max_price, 2) == fleet.max_price else f"{fleet.max_price:g}"
+        above = _spot_above_bid(catalog, mix, region, fleet.max_price)
+        if above:  # the known price is one the instances never pay: they pay at most the bid, or do not start
+            return [(MARKET_SPOT, region, f"{mix} spot at most --max-price ${bid}/instance-hour{where_lower}; but the "
+                                          f"last known spot price of {above} is above the bid, and EC2 starts no spot "
+                                          "instance while the price is above its bid (SpotMaxPriceTooLow): raise "
+                                          "--max-price, or leave it out to bid the on-demand price", capped)]
         tries.append((MARKET_SPOT, region, f"{mix} spot at most --max-price ${bid}/instance-hour"
                                            f"{where_lower} ({refresh_spot})", capped))
     elif market == MARKET_SPOT:  # a spot price never exceeds on-demand (the default maximum bid)
@@ -164,6 +170,19 @@ def _cloud_tries(mix: Mix, fleet: Fleet, region: str, catalog: Catalog) -> list[
                                                         f"price (none known in {region}, whose prices may be higher: "
                                                         f"`launch cost --refresh all --region {region}`)", catalog))
     return tries
+
+
+def _spot_above_bid(catalog: Catalog, mix: Mix, region: str, bid: float) -> str:
+    """The types of `mix` whose known spot price in `region` is above `bid`, with that price ("p2.xlarge $0.1288/hour (as of
+    2017)"); '' when none is. Why: the preview priced a fleet at a spot price its --max-price does not reach,
+    a cost the run can never have (EC2 starts no instance below the current spot price)."""
+    said = []
+    for name in dict.fromkeys(name for _, name in mix.items):
+        known = catalog.spot.get((name, region))
+        if known is not None and known.usd_per_hour > bid:
+            when = f" (as of {known.observed})" if known.observed else ""
+            said.append(f"{name} ${known.usd_per_hour:g}/hour{when}")
+    return ", ".join(said)
 
 
 def _capped_spot(catalog: Catalog, mix: Mix, region: str, cap: float) -> tuple[Catalog, bool]:
