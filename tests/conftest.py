@@ -131,6 +131,19 @@ def launched_once(tmp_path_factory, prefix: str, *args: str) -> Path:
     return made_once(tmp_path_factory, [prefix, *args], make)
 
 
+def study_made_once(tmp_path_factory, recipe: Path, *args: str) -> tuple[Path, str]:
+    """(the study directory, what `launch study RECIPE ARGS...` printed), run once in the pytest run (made_once) for
+    the tests that only read its tables: seed 004's end to end was run by two files, 30 s of CPU each."""
+    def make(where: Path) -> Path:
+        proc = launch("study", str(recipe), *args, "--runs-dir", "runs", cwd=where, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        (where / "stdout.txt").write_text(proc.stdout)
+        return only_run_dir(where / "runs")
+
+    study = made_once(tmp_path_factory, ["study", str(recipe), *args], make)
+    return study, (study.parents[1] / "stdout.txt").read_text()
+
+
 def runs_made_once(tmp_path_factory, spec: list[str], engines: dict[str, list[str]], prefix: str):
     """`get(engine)`: a run of `spec` on that engine, launched the first time any test of the pytest run asks
     for it and reused by every later one (made_once); tests that change a run work on copies."""

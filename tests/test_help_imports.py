@@ -207,3 +207,32 @@ def test_report_html_still_draws_its_plots_inside_the_page(two_runs, tmp_path, m
     out = CliRunner().invoke(main, ["report", *two_runs, "--out", str(tmp_path / "h"), "--format", "html"])
     assert out.exit_code == 0, out.output
     assert (tmp_path / "h" / "report.html").read_text().count("data:image/png;base64,") >= 2
+
+
+# A Ctrl-C while `launch` imports its CLI, made certain: an import hook raises KeyboardInterrupt where the CLI's
+# module is asked for, as the signal would in that moment. Then the console script's own code runs.
+CTRL_C_IN_THE_IMPORT = """import sys
+class CtrlC:
+    def find_spec(self, name, path=None, target=None):
+        if name == "scalelab.launcher.cli":
+            raise KeyboardInterrupt
+sys.meta_path.insert(0, CtrlC())
+from scalelab.launcher.entry import entry
+sys.argv = ["launch", "--version"]
+sys.exit(entry())
+"""
+
+
+def test_a_ctrl_c_while_launch_imports_its_cli_is_one_line_and_exit_130() -> None:
+    """It was a KeyboardInterrupt traceback: the console script imported the CLI before any of its handling."""
+    done = subprocess.run([sys.executable, "-c", CTRL_C_IN_THE_IMPORT], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 130, (done.returncode, done.stderr)
+    assert done.stderr == "launch: interrupted before it started; nothing was launched\n", done.stderr
+
+
+def test_the_console_script_enters_through_the_guarded_entry() -> None:
+    import tomllib
+
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts["launch"] == "scalelab.launcher.entry:entry"

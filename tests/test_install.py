@@ -62,7 +62,7 @@ def test_the_wheel_holds_one_top_level_package(tmp_path: Path) -> None:
     tops = {name.split("/")[0] for name in zipfile.ZipFile(wheel).namelist()}
     assert {t for t in tops if not t.endswith(".dist-info")} == {"scalelab"}
     entry = next(n for n in zipfile.ZipFile(wheel).namelist() if n.endswith("entry_points.txt"))
-    assert "launch = scalelab.launcher.cli:entry" in zipfile.ZipFile(wheel).read(entry).decode()
+    assert "launch = scalelab.launcher.entry:entry" in zipfile.ZipFile(wheel).read(entry).decode()
 
 
 def test_launch_help_lists_every_command_and_imports_none_of_them() -> None:

@@ -10,7 +10,7 @@ import pytest
 
 from scalelab.core.errors import SpecError
 from scalelab.launcher.study import load_study, variant_specs
-from tests.conftest import ROOT, launch, only_run_dir
+from tests.conftest import ROOT, launch, only_run_dir, study_made_once
 
 EXAMPLES = ROOT / "examples"
 
@@ -119,6 +119,12 @@ def _run(tmp_path: Path, name: str) -> Path:
     return only_run_dir(tmp_path / "runs")
 
 
+@pytest.fixture
+def seed004(tmp_path_factory) -> Path:
+    """Seed 004's study at its test scale, run once in the pytest run; tests/test_study_fixes.py reads it too."""
+    return study_made_once(tmp_path_factory, EXAMPLES / "seed004-sentiment.yaml", "--scale", "test")[0]
+
+
 @pytest.mark.slow
 def test_seed001_throughput_table(tmp_path):
     study = _run(tmp_path, "seed001-nmt-data-parallel.yaml")
@@ -142,8 +148,8 @@ def test_seed002_epoch_times(tmp_path):
 
 
 @pytest.mark.slow
-def test_seed004_convergence_arrangement_money(tmp_path):
-    study = _run(tmp_path, "seed004-sentiment.yaml")
+def test_seed004_convergence_arrangement_money(seed004):
+    study = seed004
     conv = pd.read_csv(study / "convergence.csv")
     assert set(conv["layout"]) >= {"1x1", "1x2", "2x1"}
     assert conv["threshold"].eq(0.65).all()

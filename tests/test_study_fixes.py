@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from scalelab.launcher.study import load_study
-from tests.conftest import ROOT, launch, only_run_dir
+from tests.conftest import ROOT, launch, study_made_once
 
 EXAMPLES = ROOT / "examples"
 
@@ -248,15 +248,12 @@ def test_study_json_records_the_scale(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-def test_seed004_money_and_speedups_end_to_end(tmp_path):
-    proc = launch("study", str(EXAMPLES / "seed004-sentiment.yaml"), "--scale", "test", "--runs-dir", "runs",
-                  cwd=tmp_path, timeout=600)
-    assert proc.returncode == 0, proc.stderr
-    study = only_run_dir(tmp_path / "runs")
+def test_seed004_money_and_speedups_end_to_end(tmp_path_factory):
+    study, printed = study_made_once(tmp_path_factory, EXAMPLES / "seed004-sentiment.yaml", "--scale", "test")
     money = pd.read_csv(study / "money.csv")
     assert (money["Wall seconds"] >= money["Wall seconds to threshold"]).all()
     assert (money["Total Price ($)"] >= money["Price to threshold ($)"]).all()
-    assert "1*p2.xlarge+1*g3.4xlarge" in proc.stdout  # printed whole
+    assert "1*p2.xlarge+1*g3.4xlarge" in printed  # printed whole
     thr = pd.read_csv(study / "throughput.csv")
     assert set(thr["Speedup base"]) == {"strong scaling 1x1"}
     assert json.loads((study / "study.json").read_text())["scale"] == "test"

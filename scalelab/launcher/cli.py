@@ -1406,9 +1406,10 @@ def _live_layouts(sweep_dir: Path) -> list[Path]:
 
 
 def entry() -> None:
-    """Console-script entry: user errors as one line, exit 2; a stop signal exit 128 + it; bugs keep tracebacks."""
-    escape_unencodable()
+    """Console-script entry: user errors as one line, exit 2; a stop signal exit 128 + it; bugs keep tracebacks.
+    (`launch` itself enters through scalelab/launcher/entry.py, which imports this module.)"""
     try:
+        escape_unencodable()
         main.main(prog_name="launch", standalone_mode=False, default_map=defaults_for(sys.argv[1:]))
     except click.exceptions.Abort as exc:  # click turns KeyboardInterrupt (and so runner.Interrupted) into Abort
         interrupted(exc.__cause__)
