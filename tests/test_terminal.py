@@ -383,3 +383,53 @@ def test_cost_title_keeps_one_long_shared_name_whole_at_80_columns(tmp_path, mon
     assert max(len(line) for line in out.splitlines()) <= 80, out
     assert f"Cost per run: {LONG_NAMES[0]}" in out, out
     assert "1x1" in out and "1x2" in out
+
+
+def _stderr_on_a_terminal(args: list[str], cwd, columns: int = 80) -> tuple[int, str]:
+    """`launch ARGS` with its stderr on a pseudo-terminal `columns` wide: (exit code, what it showed, colours removed)."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    leader, follower = os.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "scalelab.launcher.cli", *args], cwd=cwd, stdout=subprocess.PIPE,
+                            stderr=follower, env={**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": str(columns)})
+    os.close(follower)
+    shown = b""
+    while True:
+        try:
+            chunk = os.read(leader, 4096)
+        except OSError:  # the terminal's other end closed: the process is done writing
+            break
+        if not chunk:
+            break
+        shown += chunk
+    os.close(leader)
+    proc.communicate(timeout=60)
+    return proc.returncode, re.sub(r"\x1b\[[0-9;]*m", "", shown.decode()).replace("\r\n", "\n")
+
+
+def test_an_error_at_a_terminal_is_wrapped_between_words_with_its_command_whole(tmp_path):
+    """An error's one long line was folded by the terminal at 80 columns, mid-word: half a path, half a command."""
+    runs = tmp_path / ("a-runs-directory-" + "with-a-long-name-" * 3)
+    runs.mkdir()
+    code, shown = _stderr_on_a_terminal(["status", "nosuchrun", "--runs-dir", str(runs)], tmp_path)
+    assert code == 2, shown
+    lines = shown.rstrip("\n").split("\n")
+    assert len(lines) > 1 and lines[0].startswith("launch: error: no run matches 'nosuchrun'"), shown
+    assert all(len(line) <= 80 for line in lines if str(runs) not in line), shown  # a path longer than a line stays whole
+    assert all(line.startswith(" " * len("launch: error: ")) for line in lines[1:]), shown
+    command = f"`launch ls --runs-dir {runs}`"
+    assert any(command in line for line in lines), shown  # the command to paste, on one line
+    assert " ".join(" ".join(lines).split()) == " ".join(shown.split())
+
+
+def test_an_error_off_a_terminal_stays_one_line(tmp_path):
+    from tests.conftest import launch
+
+    runs = tmp_path / ("a-runs-directory-" + "with-a-long-name-" * 3)
+    runs.mkdir()
+    done = launch("status", "nosuchrun", "--runs-dir", str(runs), cwd=tmp_path, env={"COLUMNS": "80"})
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and done.stderr.startswith("launch: error: "), done.stderr

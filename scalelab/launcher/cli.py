@@ -1419,13 +1419,12 @@ def entry() -> None:
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
     except ScalelabError as exc:
-        err_console.print(f"[bold red]launch: error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
+        print_error(str(exc))
         sys.exit(exc.exit_code)
     except OSError as exc:  # a write no command wrapped: still the user's to fix (full, read-only, not theirs)
         if not is_write_failure(exc):
             raise
-        err_console.print(f"[bold red]launch: error:[/] {escape(unnamed_write_failure(exc))}", highlight=False,
-                          soft_wrap=True)
+        print_error(unnamed_write_failure(exc))
         sys.exit(2)
     except KeyboardInterrupt as exc:
         interrupted(exc)
@@ -1476,6 +1475,20 @@ def escape_unencodable() -> None:
             pass
 
 
+ERROR_LEAD = "launch: error: "
+
+
+def print_error(message: str) -> None:
+    """`launch: error: MESSAGE` on stderr. At a terminal, wrapped between words to its width with every `command`
+    whole (`prose_lines`, as the interrupted line is): the terminal folded a long message mid-word at 80 columns,
+    a path or a command cut in two. Off a terminal (a pipe, a log, a test), one line, which grep and the tools
+    that read an error's first line take whole."""
+    if err_console.is_terminal:
+        whole = tuple(re.findall(r"`[^`]+`", message))
+        message = prose_lines(ERROR_LEAD, message, err_console.width, whole=whole)[len(ERROR_LEAD):]
+    err_console.print(f"[bold red]{ERROR_LEAD.rstrip()}[/] {escape(message)}", highlight=False, soft_wrap=True)
+
+
 def show_click_error(exc: click.ClickException) -> None:
     """A flag click could not read, in the one style of every error (`launch: error: ...`, where click
     said `Error: ...`), after the usage line and before where the help is."""
@@ -1486,14 +1499,14 @@ def show_click_error(exc: click.ClickException) -> None:
         return
     blamed = config_blame(exc)
     if blamed is not None:  # a config file's value: no usage line, as the flag was not typed
-        err_console.print(f"[bold red]launch: error:[/] {escape(blamed)}", highlight=False, soft_wrap=True)
+        print_error(blamed)
         return
     if isinstance(exc, click.UsageError) and ctx is not None:
         click.echo(ctx.get_usage(), err=True)
     message = exc.format_message()
     if isinstance(exc, click.NoSuchOption) and ctx is not None:
         message = unknown_option_message(exc, ctx.info_name or "run", sys.argv[1:]) or message
-    err_console.print(f"[bold red]launch: error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+    print_error(message)
     if isinstance(exc, click.UsageError) and ctx is not None:
         click.echo(f"(`{ctx.command_path} --help` lists every option)", err=True)
 
