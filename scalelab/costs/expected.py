@@ -173,9 +173,10 @@ def _cloud_tries(mix: Mix, fleet: Fleet, region: str, catalog: Catalog) -> list[
 
 
 def _spot_above_bid(catalog: Catalog, mix: Mix, region: str, bid: float) -> str:
-    """The types of `mix` whose known spot price in `region` is above `bid`, with that price ("p2.xlarge $0.1288/hour (as of
-    2017)"); '' when none is. Why: the preview priced a fleet at a spot price its --max-price does not reach,
-    a cost the run can never have (EC2 starts no instance below the current spot price)."""
+    """The types of `mix` whose known spot price in `region` is above `bid`, with that price
+    ("p2.xlarge $0.1288/hour (as of 2017)"); '' when none is. Why: the preview priced a fleet at a spot price
+    its --max-price does not reach, a cost the run can never have (EC2 starts no instance below the current
+    spot price)."""
     said = []
     for name in dict.fromkeys(name for _, name in mix.items):
         known = catalog.spot.get((name, region))
