@@ -27,6 +27,7 @@ def _unreachable_clients() -> dict:
     return {s: session.client(s, endpoint_url="http://127.0.0.1:9", config=config) for s in ("ec2", "s3")}
 
 
+@pytest.mark.slow
 def test_losing_aws_mid_run_says_the_instances_may_still_run_not_that_they_were_terminated(cloud, tmp_path):
     """The endpoint lost while following the run: the error (and launch.json) said "every instance of the run was
     terminated" before any teardown, which then failed; the instance ran on. Now it says they may still run and

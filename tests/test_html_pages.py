@@ -104,6 +104,7 @@ def test_reports_land_where_the_runs_globs_do_not_take_them(pages, monkeypatch, 
         assert code == 0, (argv[0], err)
 
 
+@pytest.mark.slow
 def test_one_run_report_has_no_one_dot_plots(pages):
     """One run has no speedup to plot: the page says so and shows what one run can (table, phases, loss,
     per-rank timeline); its cost is a table, not a one-point plot."""

@@ -148,6 +148,7 @@ def test_script_on_two_instances_ships_starts_and_terminates(cloud, wheel, tmp_p
     assert json.loads(report.stdout)[0]["workers"] == 2
 
 
+@pytest.mark.slow
 def test_the_price_preview_of_a_script_run(tmp_path: Path) -> None:
     """Before anything is sent: dollars for the --steps the script runs, or why they are not known."""
     from conftest import launch

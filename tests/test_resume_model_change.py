@@ -48,6 +48,7 @@ def test_a_model_the_checkpoint_cannot_hold_is_refused_before_anything_starts(co
     assert json.loads((run / "launch.json").read_text())["state"] == "COMPLETED"
 
 
+@pytest.mark.slow
 def test_a_sweeps_layout_is_refused_before_any_layout_changes(completed, tmp_path) -> None:
     sweep = tmp_path / "sweep"
     sweep.mkdir()
