@@ -392,9 +392,10 @@ def load_catalog(prices_file: str | Path | None = None, rates: Iterable[str] = (
     if path.exists():
         try:
             data = _read_structured(path, empty=None)
-        except ValueError as exc:  # `null` or a list is valid JSON, but not prices: said as such
-            what = "holds no mapping of prices" if str(exc) == NOT_A_MAPPING else "is not valid JSON/YAML"
-            raise CatalogError(f"prices file {path} {what}: {exc}; {FIX}") from None
+        except NotAMapping as exc:  # `null` or a list is valid JSON, but not prices: said as such
+            raise CatalogError(f"prices file {path} holds no mapping of prices: {exc}; {FIX}") from None
+        except ValueError as exc:
+            raise CatalogError(f"prices file {path} is not valid JSON/YAML: {exc}; {FIX}") from None
         if data is None:  # as an empty spec or config file is refused: a file meant to say something says nothing
             raise CatalogError(f"prices file {path} is empty: give it prices ({', '.join(ROWS)}; format: "
                                "docs/costs.md), or remove it")
@@ -407,7 +408,8 @@ def load_catalog(prices_file: str | Path | None = None, rates: Iterable[str] = (
     return cat
 
 
-NOT_A_MAPPING = "expected a mapping at the top level"
+class NotAMapping(ValueError):
+    """A prices file that parses but holds no mapping at its top (a list, a number): not a syntax error."""
 
 
 def _read_structured(path: Path, empty: dict[str, Any] | None = None) -> dict[str, Any] | None:
@@ -441,7 +443,7 @@ def _read_structured(path: Path, empty: dict[str, Any] | None = None) -> dict[st
         except RecursionError:  # a RecursionError traceback (issue #37)
             raise ValueError("lists or mappings nested deeper than can be read; flatten it") from None
     if not isinstance(data, dict):
-        raise ValueError(NOT_A_MAPPING)
+        raise NotAMapping("expected a mapping at the top level")
     return data
 
 
