@@ -46,3 +46,19 @@ def test_a_run_still_going_is_the_schedulers(tmp_path) -> None:
     with RunLock(run):
         assert settle(_Scheduler("RUNNING", "Slurm job 8 RUNNING"), run).state == "RUNNING"
     assert settle(_Scheduler("RUNNING", "Slurm job 8 RUNNING"), run).state == "CANCELLED"
+
+
+def test_a_failed_runs_detail_names_the_failing_rank_before_peers_stopped_by_sigterm(tmp_path: Path) -> None:
+    """torchrun reports a worker it stopped as -15, horovodrun and Slurm as 143: either way the rank that
+    failed by itself comes first. CI saw "rank 0 exited with status -15; rank 1 exited with status 3" of a
+    run whose rank 1 exited 3 (stop 63), because only 143 was taken for a stopped peer."""
+    from scalelab.launcher.backend import ranks_exits_detail
+    for stopped in (-15, 143):
+        run = tmp_path / str(stopped)
+        run.mkdir()
+        (run / "launch.json").write_text(json.dumps({"state": "FAILED", "rank_exits": {"0": stopped, "1": 3}}))
+        assert ranks_exits_detail(run, [1]) == f"rank 1 exited with status 3; rank 0 exited with status {stopped}"
+    killed = tmp_path / "killed"  # a rank killed outright is a cause, not a stopped peer: rank order stays
+    killed.mkdir()
+    (killed / "launch.json").write_text(json.dumps({"state": "FAILED", "rank_exits": {"0": -9, "1": 3}}))
+    assert ranks_exits_detail(killed, [1]) == "rank 0 exited with status -9; rank 1 exited with status 3"

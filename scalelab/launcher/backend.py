@@ -719,11 +719,13 @@ def ranks_exits_detail(run_dir: Path, codes: list[int]) -> str:
     """A failed run's detail (`launch status`): its ranks' exit statuses as recorded (`rank_exits`), the failing
     rank's first ("rank 1 exited with status 3; rank 0 exited with status 143"); the processes' own `codes` only
     where no rank's is known. Why: status said "exit codes [1]", torchrun's agents' status, of a run whose rank 1
-    exited 3, which the launcher's own line said."""
+    exited 3, which the launcher's own line said. A rank stopped by SIGTERM comes last whether its status reads
+    143 (horovodrun, Slurm) or -15 (torchrun): a peer stopped because another failed is not the cause."""
     failed = {rank: code for rank, code in rank_exits(run_dir).items() if code != 0}
     if not failed:
         return f"exit codes {codes}"
-    order = sorted(failed, key=lambda rank: (failed[rank] == 128 + signal.SIGTERM, rank))  # a stopped peer's last
+    stopped = (128 + signal.SIGTERM, -signal.SIGTERM)  # a peer its agent stopped: the shell's 143, torchrun's -15
+    order = sorted(failed, key=lambda rank: (failed[rank] in stopped, rank))  # a stopped peer's last
     return "; ".join(f"rank {rank} exited with status {failed[rank]}" for rank in order)
 
 
