@@ -2,11 +2,12 @@
 directory's lock is released (or stale: its owner is dead), and a resumed run records the same losses
 as a run that was never interrupted.
 
-Faults: a rank killed (SIGKILL); SIGINT, SIGTERM, SIGHUP and SIGKILL to the launcher; `launch cancel`
+Faults: SIGINT, SIGTERM, SIGHUP and SIGKILL to the launcher; `launch cancel`
 while rank 0 writes a checkpoint (the write is held open by a test aid that slows `os.fsync`), with a
 grace period long enough to finish it and one that cuts it with SIGKILL; a hung rank (SIGSTOP) under
 `launch cancel`; a planted pid; a planted checkpoint; a sweep interrupted in its first layout; a second
-launcher for a live run; a detached run. Full disks are in test_checkpoint.py.
+launcher for a live run; a detached run. A rank killed (SIGKILL) is in test_resume.py, on every engine;
+full disks are in test_checkpoint.py.
 
 Runs are tiny (nmt-tiny, task data, 8 steps, periodic checkpoints every 3 steps). The ranks wait at a
 given step for a stop signal (SCALELAB_HOLD_AT_STEP) so that each fault lands at a known step; the
@@ -33,7 +34,7 @@ from scalelab.core.lock import OWNER_FILE
 from scalelab.core.procs import ProcessRef, run_processes
 from tests.conftest import ROOT, launch, needs_horovod, on_cpu_where_gpus_are_short, read_jsonl, runs_made_once
 from scalelab.train.checkpoint import CHECKPOINT_NAME
-from scalelab.train.loop import HOLD_AT_STEP_ENV, KILL_AT_STEP_ENV
+from scalelab.train.loop import HOLD_AT_STEP_ENV
 
 # Also the spec of tests/test_rank_signals.py, so that both files compare against one uninterrupted run per
 # engine (REFERENCE, made once in the pytest run). The ranks get the default 30 s to checkpoint and exit after
@@ -185,24 +186,6 @@ def _resume_matches(run: Path, whole: Path, from_step: int) -> None:
 
 
 # ---- faults of a rank ----------------------------------------------------------------------------
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("engine", ["ddp", HOROVOD])
-def test_a_killed_rank_fails_the_run_and_it_resumes_from_the_last_checkpoint(tmp_path, engine, reference):
-    """SIGKILL of rank 1 after step 5: the run fails with one line that names rank 1's silence, not rank 0's
-    echo of it (rank 0's all-reduce fails, "Connection reset by peer", recorded as `peer_lost`); `launch
-    resume` goes on from the checkpoint of step 3 to the uninterrupted run's losses."""
-    proc = launch(*SPEC, *ENGINES[engine], "--runs-dir", "runs", cwd=tmp_path, env={KILL_AT_STEP_ENV: "5:1"})
-    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
-    said = [line for line in proc.stderr.splitlines() if line.startswith("launch")]  # not its `[RUN] step` lines
-    assert len(said) == 1 and "rank 1 was killed by SIGKILL (signal 9) after step 5" in said[0], said
-    assert "rank 0" not in said[0], said
-    run = _run_dir(tmp_path / "runs")
-    assert _state(run)["state"] == "FAILED"
-    _assert_nothing_left(run)
-    assert _checkpoint_step(run) == 3
-    _resume_matches(run, reference(engine), from_step=3)
 
 
 @pytest.mark.slow
