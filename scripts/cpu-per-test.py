@@ -31,7 +31,7 @@ def kind_of(argv: list[str]) -> str:
     if program.startswith("python") and len(argv) > 1 and not argv[1].startswith("-"):
         program = Path(argv[1]).name  # a console script run by its shebang: `python .../bin/torchrun ...`
     module = argv[argv.index("-m") + 1] if "-m" in argv[:-1] else ""
-    if program == "torchrun" or module == "torch.distributed.run":
+    if program == "torchrun" or module in ("torch.distributed.run", "scalelab.core.torchrun"):
         return "torchrun agent"
     if program == "horovodrun" or module.startswith("horovod.runner") or module == "scalelab.core.horovodrun":
         return "horovodrun"

@@ -100,7 +100,7 @@ def test_dry_run_prints_commands_and_runs_nothing(tmp_path):
                   "--dry-run", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
-    assert out.count("torch.distributed.run") == 2  # one torchrun agent per emulated node
+    assert out.count("scalelab.core.torchrun") == 2  # one torchrun agent per emulated node
     assert "--nnodes=2" in out and "--node-rank=1" in out and "--nproc-per-node=2" in out
     assert "OMP_NUM_THREADS=" in out and "-m scalelab.train" in out
     assert not (tmp_path / "runs").exists()

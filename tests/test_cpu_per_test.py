@@ -28,6 +28,7 @@ def test_processes_are_named_by_program_and_module_not_by_their_arguments() -> N
     assert cpu.kind_of([py, "-m", "scalelab.train", RUN]) == "rank"
     assert cpu.kind_of([py, "/work/.venv/bin/torchrun", "--nnodes", "1", "-m", "scalelab.train", RUN]) == "torchrun agent"
     assert cpu.kind_of([py, "-m", "torch.distributed.run", "-m", "scalelab.train", RUN]) == "torchrun agent"
+    assert cpu.kind_of([py, "-m", "scalelab.core.torchrun", "-m", "scalelab.train", RUN]) == "torchrun agent"
     assert cpu.kind_of([py, "/work/.venv/bin/horovodrun", "-np", "2", py, "-m", "scalelab.train"]) == "horovodrun"
     assert cpu.kind_of([py, "-m", "scalelab.core.horovodrun", "--gloo", "-np", "2", py, "-m", "scalelab.train"]) == "horovodrun"
     assert cpu.kind_of([py, "-m", "scalelab.launcher.cli", "report", RUN]) == "launch"

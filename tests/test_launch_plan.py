@@ -29,7 +29,7 @@ def _spec(engine: str, nodes: int = 2, gpus: int = 2, **fields) -> Spec:
 def test_torchrun_engines_get_one_agent_per_node_with_the_rendezvous_on_node_0() -> None:
     plan = launch_plan(_spec("ddp"), "/runs/r", Site(python="py", master_addr="10.0.0.1", master_port=29400))
     assert [launch.node for launch in plan] == [0, 1]
-    assert plan[1].argv == ["py", "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=2", "--node-rank=1",
+    assert plan[1].argv == ["py", "-m", "scalelab.core.torchrun", "--nnodes=2", "--nproc-per-node=2", "--node-rank=1",
                             "--master-addr=10.0.0.1", "--master-port=29400", "--log-dir=/runs/r/logs/torchrun",
                             "--tee=3", "-m", "scalelab.train", "/runs/r"]
     assert plan[0].env == {"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "[rank${rank}]:"}  # lines tagged by global rank
@@ -87,7 +87,7 @@ def test_a_new_engine_in_the_table_is_launched_like_its_starter(monkeypatch) -> 
     monkeypatch.setitem(engine_table.ENGINE_TABLE, "ddp2", engine_table.Engine("ddp2", TORCHRUN, "a copy of DDP"))
     spec = _spec("ddp")
     spec.engine.name = "ddp2"
-    assert [launch.argv[2] for launch in launch_plan(spec, "/r")] == ["torch.distributed.run"] * 2
+    assert [launch.argv[2] for launch in launch_plan(spec, "/r")] == ["scalelab.core.torchrun"] * 2
 
 
 def test_every_engine_has_a_class_and_a_starter() -> None:
@@ -100,7 +100,7 @@ def test_every_engine_has_a_class_and_a_starter() -> None:
 
 def test_only_the_launch_module_writes_launcher_command_lines() -> None:
     """`grep` finds the torchrun/horovodrun/mpirun command lines and Horovod's variables built in one module."""
-    words = {"torch.distributed.run", "scalelab.core.horovodrun", "mpirun", "HOROVOD_FUSION_THRESHOLD", "HOROVOD_CROSS_RANK"}
+    words = {"scalelab.core.torchrun", "scalelab.core.horovodrun", "mpirun", "HOROVOD_FUSION_THRESHOLD", "HOROVOD_CROSS_RANK"}
     found = set()
     for path in (ROOT / "scalelab").rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):

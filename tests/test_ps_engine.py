@@ -44,12 +44,12 @@ def test_k8s_runs_ps_as_an_indexed_job_of_torchrun_pods() -> None:
     assert [d["kind"] for d in request.objects] == ["ConfigMap", "Service", "Job"]
     validate_all([*request.objects, request.fetch])
     script = request.objects[2]["spec"]["template"]["spec"]["containers"][0]["command"][-1]
-    assert "torch.distributed.run" in script and "--nnodes=2" in script
+    assert "scalelab.core.torchrun" in script and "--nnodes=2" in script
 
 
 def test_aws_starts_one_torchrun_per_node_for_ps() -> None:
     cmd = trainer_command(_spec(), "py", Path("/w/r"), ["10.0.0.1", "10.0.0.2"], 1).argv
-    assert cmd[:3] == ["py", "-m", "torch.distributed.run"] and "--node-rank=1" in cmd
+    assert cmd[:3] == ["py", "-m", "scalelab.core.torchrun"] and "--node-rank=1" in cmd
     assert "--master-addr=10.0.0.1" in cmd and cmd[-3:] == ["-m", "scalelab.train", "/w/r"]
 
 

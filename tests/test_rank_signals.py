@@ -91,7 +91,7 @@ def rank_process(run: Path, rank: int) -> psutil.Process | None:
     for proc in psutil.process_iter(["cmdline"]):
         cmd = proc.info["cmdline"] or []
         try:
-            agent = any("torch.distributed.run" in a or "horovodrun" in a for a in cmd)  # its line ends so too
+            agent = any("scalelab.core.torchrun" in a or "horovodrun" in a for a in cmd)  # its line ends so too
             if not agent and cmd[-2:] == ["scalelab.train", str(run)]:
                 env = proc.environ()
                 if int(env.get("RANK", env.get("HOROVOD_RANK", "0"))) == rank:

@@ -72,7 +72,7 @@ def rank_process(run: Path, rank: int) -> psutil.Process | None:
     for proc in psutil.process_iter(["cmdline"]):
         cmd = proc.info["cmdline"] or []
         try:
-            agent = any("torch.distributed.run" in a or "horovodrun" in a for a in cmd)
+            agent = any("scalelab.core.torchrun" in a or "horovodrun" in a for a in cmd)
             if not agent and cmd[-2:] == ["scalelab.train.script", str(run)]:
                 env = proc.environ()
                 if int(env.get("RANK", env.get("HOROVOD_RANK", "-1"))) == rank:

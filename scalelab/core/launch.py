@@ -6,7 +6,8 @@ launches (processes here, pods, instances, a job's tasks) and decides nothing ab
 decides is the engine's starter (scalelab/core/engines.py):
 
 - plain: `python -m scalelab.train RUN_DIR` on node 0;
-- torchrun: one `python -m torch.distributed.run` agent per node, static rendezvous on node 0
+- torchrun: one torchrun agent per node (`python -m scalelab.core.torchrun`: PyTorch's own
+  `torch.distributed.run`, leaving without the interpreter's teardown), static rendezvous on node 0
   (`--master-addr`/`--master-port`), `--nproc-per-node` = `Spec.ranks_per_node`, its ranks' output kept in
   RUN_DIR/logs/torchrun and printed tagged with the global rank;
 - horovodrun: one `horovodrun --gloo` on node 0 that starts every rank (over ssh on other hosts), or,
@@ -166,7 +167,7 @@ def torchrun_argv(python: str, nodes: int, ranks_per_node: int, node_rank: int |
     stderr tagged with the rank (`--tee=3`; the tag: TORCHRUN_PREFIX, in the launch's env); without, neither
     (`--tee` without `--log-dir` writes the ranks' output to a new /tmp/torchelastic_* that nothing deletes)."""
     logs = [f"--log-dir={log_dir}", "--tee=3"] if log_dir is not None else []
-    return [python, "-m", "torch.distributed.run", f"--nnodes={nodes}", f"--nproc-per-node={ranks_per_node}",
+    return [python, "-m", "scalelab.core.torchrun", f"--nnodes={nodes}", f"--nproc-per-node={ranks_per_node}",
             _arg("--node-rank", node_rank), _arg("--master-addr", master_addr), f"--master-port={master_port}",
             *logs, *program]
 
