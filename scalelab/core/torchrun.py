@@ -2,10 +2,11 @@
 
 Why: after its ranks have ended, torchrun's agent spent about 0.45 s of CPU and wall time tearing down the
 interpreter that `import torch` filled (docs/benchmarks.md, stop 64), and the launch of every DDP or `ps` run
-on the local, Kubernetes and AWS backends waited for it (Slurm's srun starts the ranks without an agent). Everything else is PyTorch's
-own `torch.distributed.run.main`: the arguments, the rendezvous, the `--tee`'d output, the signals. Its
-import runs with Python's cyclic collector paused (PyTorch makes ~250,000 long-lived objects, which the
-collector walked again and again while they loaded; scalelab/train/__init__.py says the same of the ranks).
+on the local, Kubernetes and AWS backends waited for it (Slurm's srun starts the ranks without an agent).
+Everything else is PyTorch's own `torch.distributed.run.main`: the arguments, the rendezvous, the `--tee`'d
+output, the signals. Its import runs with Python's cyclic collector paused (PyTorch makes ~250,000
+long-lived objects, which the collector walked again and again while they loaded; scalelab/train/__init__.py
+says the same of the ranks).
 
 It exits at once only where the agent returned or called `sys.exit`: a failed run (ChildFailedError) or a
 stop signal (SignalException) leaves as under torchrun, Python printing the traceback and exiting 1, which
