@@ -108,6 +108,7 @@ def test_ddp_script_records_every_rank_and_runs_alone_unchanged(tmp_path: Path) 
     assert len(list((tmp_path / "runs").iterdir())) == 1
 
 
+@pytest.mark.slow
 def test_a_script_that_calls_nothing_still_gets_a_run_and_the_report_says_how_to_measure(tmp_path: Path) -> None:
     (tmp_path / "plain.py").write_text("import sys\nprint('args', sys.argv[1:])\n")
     proc = launch("--script", "plain.py", "--engine", "single", "--", "--lr", "0.1", "two words", cwd=tmp_path)

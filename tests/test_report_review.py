@@ -117,6 +117,7 @@ def runs_glob(runs: dict[str, Path]) -> list[str]:
     return sorted(str(p) for p in (runs["where"] / "runs").iterdir() if not p.name.startswith(".") and p != runs["zero"])
 
 
+@pytest.mark.slow
 def test_report_of_several_leaves_out_failed_runs_and_prep_directories_with_a_warning_each(runs, tmp_path) -> None:
     where = runs["where"]
     glob = runs_glob(runs)
