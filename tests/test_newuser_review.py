@@ -240,6 +240,20 @@ def test_a_short_id_is_never_one_that_names_two_runs(tmp_path, monkeypatch):
     assert short_id(tmp_path / "elsewhere" / one.name) == str(tmp_path / "elsewhere" / one.name)
 
 
+def test_a_second_run_in_the_same_second_gets_its_time_and_suffix_as_its_id(tmp_path, monkeypatch):
+    """new_run_dir names it `...-044202-1`; its id was `1`, which any later run ending in 1 (`-044211`) shares."""
+    from scalelab.core.runids import resolve_run_dir, short_id
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("SCALELAB_RUNS_DIR", raising=False)
+    first = _a_run(tmp_path, "nmt-tiny-ddp-1x2-20261207-044202")
+    second = _a_run(tmp_path, "nmt-tiny-ddp-1x2-20261207-044202-1")
+    assert short_id(Path("runs") / second.name) == "044202-1"
+    assert short_id(Path("runs") / first.name) == "044202"
+    _a_run(tmp_path, "nmt-tiny-ddp-1x2-20261207-044211")
+    assert resolve_run_dir("044202-1") == str(Path("runs") / second.name)
+
+
 def test_logs_rank_step_lines_wrap_at_the_width(tmp_path, monkeypatch):
     from scalelab.core.records import RecordWriter
     from scalelab.launcher.inventory import RankLines

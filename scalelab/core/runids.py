@@ -14,6 +14,7 @@ error that lists them newest first, never a guess; an id matching none names the
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import click
@@ -167,7 +168,8 @@ def short_id(run_dir: Path | str, root: Path | None = None) -> str:
     """The shortest tail of a run directory's name, at a hyphen (its time, `044202`; else its date and time), that
     names it alone among the runs under the runs root, where the commands look short ids up; else its path. Why:
     the lines after a run (`launch report X`, `launch resume X`, a detached run's four) held its path twice and ran
-    past 80 columns."""
+    past 80 columns. A second run started in the same second (`...-044202-1`) gets `044202-1`, never `1`, which the
+    next run whose name ends in 1 would share."""
     path = Path(run_dir)
     ctx = click.get_current_context(silent=True)
     root = root or runs_root(configured=configured_runs_dir(ctx))
@@ -180,8 +182,8 @@ def short_id(run_dir: Path | str, root: Path | None = None) -> str:
     candidates: list[Path] | None = None  # listed once, every tail matched against it as `resolve_run_dir` does
     for count in range(1, len(parts)):
         tail = "-".join(parts[-count:])
-        if not tail.isdigit() and count == 1:
-            continue  # a word ("strong") is no id a person reads as one
+        if count == 1 and not re.fullmatch(r"\d{6}", tail):
+            continue  # a word ("strong"), or the `-1` of a second run in the same second, is no id on its own
         if Path(tail).exists():  # `resolve_run_dir` takes it as that path, not as an id
             continue
         candidates = _candidates(root) if candidates is None else candidates
