@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from conftest import ROOT
 from scalelab.core.net import free_port
 
@@ -47,6 +49,7 @@ def test_it_runs_the_ranks_and_exits_without_the_interpreters_teardown(tmp_path:
     assert not list(tmp_path.glob("agent-*")), "the agent ran the interpreter's teardown instead of os._exit"
 
 
+@pytest.mark.slow  # 5.6-6.7 s in the full suite: two agents that start their ranks and fail
 def test_a_failed_rank_is_torchruns_failure_and_a_bad_flag_its_usage(tmp_path: Path) -> None:
     """A rank exiting 3: the agent exits 1 with torchrun's ChildFailedError report naming the rank and its status
     (what the launcher reads: scalelab.launcher.backend.reported_exits); an unknown flag: torchrun's usage, exit 2."""
