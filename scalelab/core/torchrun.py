@@ -5,8 +5,8 @@ interpreter that `import torch` filled (docs/benchmarks.md, stop 64), and the la
 on the local, Kubernetes and AWS backends waited for it (Slurm's srun starts the ranks without an agent).
 Everything else is PyTorch's own `torch.distributed.run.main`: the arguments, the rendezvous, the `--tee`'d
 output, the signals. Its import runs with Python's cyclic collector paused (PyTorch makes ~250,000
-long-lived objects, which the collector walked again and again while they loaded; scalelab/train/__init__.py
-says the same of the ranks).
+long-lived objects, which the collector walked again and again while they loaded), as the ranks' is
+(scalelab/core/quickexit.py).
 
 It exits at once only where the agent returned or called `sys.exit`: a failed run (ChildFailedError) or a
 stop signal (SignalException) leaves as under torchrun, Python printing the traceback and exiting 1, which
@@ -17,20 +17,16 @@ No PyTorch at import: `--dry-run` and the launch plan only name this module.
 
 from __future__ import annotations
 
-import gc
 import logging
-import os
 import sys
 from typing import NoReturn
 
+from scalelab.core.quickexit import collector_paused, exit_without_teardown
+
 
 def main() -> NoReturn:
-    gc.disable()
-    try:
+    with collector_paused(collect=True):
         from torch.distributed import run  # here: the module is named in command lines rendered without PyTorch
-    finally:
-        gc.collect()
-        gc.enable()
     sys.argv[0] = "torchrun"  # its usage and messages name the program users know
     try:
         run.main()
@@ -38,9 +34,7 @@ def main() -> NoReturn:
     except SystemExit as exc:  # argparse's usage errors (2), --help (0)
         code = _exit_status(exc.code)
     logging.shutdown()  # the agent's log lines, flushed as an ordinary exit flushes them
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    exit_without_teardown(code)
 
 
 def _exit_status(code: object) -> int:

@@ -724,8 +724,7 @@ def ranks_exits_detail(run_dir: Path, codes: list[int]) -> str:
     failed = {rank: code for rank, code in rank_exits(run_dir).items() if code != 0}
     if not failed:
         return f"exit codes {codes}"
-    stopped = (128 + signal.SIGTERM, -signal.SIGTERM)  # a peer its agent stopped: the shell's 143, torchrun's -15
-    order = sorted(failed, key=lambda rank: (failed[rank] in stopped, rank))  # a stopped peer's last
+    order = sorted(failed, key=lambda rank: (_signal_number(failed[rank]) == signal.SIGTERM, rank))  # stopped peers last
     return "; ".join(f"rank {rank} exited with status {failed[rank]}" for rank in order)
 
 

@@ -1478,14 +1478,18 @@ def escape_unencodable() -> None:
 ERROR_LEAD = "launch: error: "
 
 
+def backticked(text: str) -> tuple[str, ...]:
+    """Each `command` in `text`, backticks included: what `prose_lines` keeps whole on one line."""
+    return tuple(re.findall(r"`[^`]+`", text))
+
+
 def print_error(message: str) -> None:
     """`launch: error: MESSAGE` on stderr. At a terminal, wrapped between words to its width with every `command`
     whole (`prose_lines`, as the interrupted line is): the terminal folded a long message mid-word at 80 columns,
     a path or a command cut in two. Off a terminal (a pipe, a log, a test), one line, which grep and the tools
     that read an error's first line take whole."""
     if err_console.is_terminal:
-        whole = tuple(re.findall(r"`[^`]+`", message))
-        message = prose_lines(ERROR_LEAD, message, err_console.width, whole=whole)[len(ERROR_LEAD):]
+        message = prose_lines(ERROR_LEAD, message, err_console.width, whole=backticked(message))[len(ERROR_LEAD):]
     err_console.print(f"[bold red]{ERROR_LEAD.rstrip()}[/] {escape(message)}", highlight=False, soft_wrap=True)
 
 
@@ -1582,8 +1586,7 @@ def interrupted(exc: BaseException | None) -> None:
     resume = getattr(exc, "resume", None)
     try:
         text = interrupted_text(Path(resume) if resume else None)
-        whole = tuple(re.findall(r"`[^`]+`", text))
-        err_console.print(escape(prose_lines("launch: ", text, err_console.width, whole=whole)),
+        err_console.print(escape(prose_lines("launch: ", text, err_console.width, whole=backticked(text))),
                           highlight=False, soft_wrap=True)  # wrapped between words, each command whole
     except OSError:  # SIGHUP: the terminal may be gone
         pass
