@@ -67,6 +67,22 @@ def test_a_rewritten_line_keeps_its_last_state_under_its_tag() -> None:
 
     assert visible_text("[rank0]:\r2%\r4%\r100% 5/5\nnext\n") == "[rank0]:100% 5/5\nnext\n"
     assert visible_text("[1]<stderr>:\r[1]<stderr>:2%\r[1]<stderr>:100%\n") == "[1]<stderr>:100%\n"
+    # two ranks' bars interleaved on one line (horovodrun tags every state): each last state keeps its own rank's tag
+    both = "[1]<stderr>:\r[0]<stderr>:\r[1]<stderr>:2%\r[0]<stderr>:100% 5/5\n[1]<stderr>:100% 5/5\n"
+    assert visible_text(both) == "[0]<stderr>:100% 5/5\n[1]<stderr>:100% 5/5\n"
+    assert visible_text("[0]<stderr>:\r[1]<stderr>:\r") == "[0]<stderr>:"  # nothing drawn yet
+
+
+def test_one_ranks_lines_of_two_bars_drawn_at_once_are_its_own(tmp_path: Path) -> None:
+    """`launch logs --rank R` of a combined log (horovodrun's) where two ranks' bars interleaved on one line."""
+    from scalelab.core.terminal import visible_text
+    from scalelab.launcher.backend import rank_log
+
+    both = "[1]<stderr>:\r[0]<stderr>:\r[1]<stderr>:2%\r[0]<stderr>:100% 5/5\n[1]<stderr>:100% 5/5\nlaunch: done\n"
+    assert visible_text(rank_log(tmp_path, both, 0)) == "[0]<stderr>:100% 5/5\n"
+    assert visible_text(rank_log(tmp_path, both, 1)) == "[1]<stderr>:2%\n[1]<stderr>:100% 5/5\n"
+    torchrun = "[rank0]:\r2%\r100% 5/5\n[rank1]:\r100% 5/5\n"  # a state without a tag is the line's rank's
+    assert visible_text(rank_log(tmp_path, torchrun, 0)) == "[rank0]:100% 5/5\n"
     assert visible_text("a\r\nb\rc\r\n\rd") == "a\nc\nd"  # \r\n a line break; an empty last state is no state
     assert visible_text("bell:\x07\rshown\n") == "shown\n"
 

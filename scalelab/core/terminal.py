@@ -204,11 +204,18 @@ def visible_text(text: str) -> str:
 _LINE_TAG = re.compile(r"\[(?:rank\d+|\d+(?:,\d+)?|default\d+)\](?:<std(?:out|err)>)?:")
 
 
+def _untagged(part: str) -> str:
+    """`part` without the rank tag it starts with, if any."""
+    return part[m.end():] if (m := _LINE_TAG.match(part)) else part
+
+
 def last_rewrites(text: str) -> str:
     """Each line of `text` as a terminal leaves it when the line was rewritten with carriage returns (a tqdm bar):
     what follows its last carriage return (the last part with something in it), under the line's rank tag. Why:
     `launch logs` turned every state of a 50-step bar into a line of its own (51 lines), where the terminal that
-    followed the run showed one. A `\\r\\n` is a line break."""
+    followed the run showed one. A `\\r\\n` is a line break. A state that carries its own tag keeps it: horovodrun
+    tags every state, and two ranks' bars drawn at once interleave on one line, where the line's first tag
+    would have put one rank's bar under the other's."""
     if "\r" not in text:
         return text
     lines = re.findall(r"[^\n]*\n|[^\n]+$", text.replace("\r\n", "\n"))
@@ -218,7 +225,7 @@ def last_rewrites(text: str) -> str:
         if "\r" in body:
             parts = body.split("\r")
             tag = m[0] if (m := _LINE_TAG.match(parts[0])) else ""
-            shown = next((part for part in reversed(parts) if part.removeprefix(tag).strip()), parts[0])
-            body = shown if shown.startswith(tag) else tag + shown
+            shown = next((part for part in reversed(parts) if _untagged(part).strip()), parts[0])
+            body = shown if _LINE_TAG.match(shown) else tag + shown
         out.append(body + end)
     return "".join(out)
