@@ -3,6 +3,7 @@ one line, a failed prep records why (and `launch report` says it), the scaling t
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import signal
@@ -147,6 +148,30 @@ def test_ctrl_c_during_a_prep_says_one_line(tmp_path: Path, how: str) -> None:
     assert not (tmp_path / "out" / "_held").exists()
     records = [json.loads(line) for line in (run / "records" / "prep.jsonl").read_text().splitlines()]
     assert records[-1]["kind"] == "failure" and records[-1]["error"] == "interrupted"
+
+
+def test_a_stop_signal_that_arrives_inside_a_gc_callback_is_not_lost() -> None:
+    """Python drops an exception raised in a garbage collector's callback (Dask's scheduler keeps one in the
+    launcher of `launch prep`): a Ctrl-C handled there was lost, and the prep ran on. It comes again, outside."""
+    from scalelab.launcher.runner import Interrupted, stop_signals_interrupt
+
+    sent = []
+
+    def callback(phase: str, info: dict) -> None:
+        if phase == "start" and not sent:
+            sent.append(time.monotonic())
+            signal.raise_signal(signal.SIGTERM)
+            sum(range(10_000))  # the handler runs here, inside the callback
+
+    gc.callbacks.append(callback)
+    try:
+        with pytest.raises(Interrupted) as stopped, stop_signals_interrupt():
+            gc.collect()
+            while time.monotonic() < (sent[0] if sent else time.monotonic()) + 5:
+                time.sleep(0.01)
+    finally:
+        gc.callbacks.remove(callback)
+    assert sent and stopped.value.signum == signal.SIGTERM
 
 
 # ---- 3. a failed prep's record -------------------------------------------------------------------

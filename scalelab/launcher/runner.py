@@ -178,11 +178,28 @@ def _signals(handler: Callable[[int, object], None]) -> Iterator[None]:
         yield  # signals reach only the main thread; a follow loop in another thread is stopped by its caller
         return
     previous = {sig: signal.signal(sig, handler) for sig in STOP_SIGNALS}
+    previous_hook, sys.unraisablehook = sys.unraisablehook, _resending_lost_interrupts(sys.unraisablehook)
     try:
         yield
     finally:
+        sys.unraisablehook = previous_hook
         for sig, old in previous.items():
             signal.signal(sig, old)
+
+
+def _resending_lost_interrupts(previous: Callable[[Any], object]) -> Callable[[Any], object]:
+    """An unraisablehook that sends a stop signal again when Python had to drop its `Interrupted`: the signal
+    arrived while a garbage collector's callback ran (Dask's scheduler, in `launch prep`, keeps one), or a
+    `__del__`, where an exception cannot propagate. Why: Ctrl-C of a prep was then lost (with an "Exception
+    ignored" traceback) and the prep ran on. The signal comes again from a thread a moment later, so that it lands
+    in ordinary code; other dropped exceptions go to the hook before."""
+    def hook(unraisable: Any) -> None:
+        if isinstance(unraisable.exc_value, Interrupted):
+            threading.Timer(0.01, os.kill, (os.getpid(), unraisable.exc_value.signum)).start()
+        else:
+            previous(unraisable)
+
+    return hook
 
 
 def _raise_interrupted(signum: int, frame: object) -> None:
