@@ -316,6 +316,42 @@ def pytest_sessionfinish(session):
         SLURM_STARTED_BY.unlink(missing_ok=True)
 
 
+# Modules whose tests mostly wait rather than compute, besides those on the Slurm cluster: stall timeouts.
+WAITING_MODULES = ("tests/test_stalls.py",)
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """The tests that mostly wait (on the Slurm cluster's scheduler, on a stall timeout) spread evenly among the
+    other modules, which stay whole and in order. Why: in file order they came one after the other, so that for
+    minutes all three workers waited on the cluster at once, the cores 17-47 % idle and the jobs queued behind each
+    other's (docs/benchmarks.md, stop 65), where the suite is otherwise CPU-bound. A waiting module with a
+    module-scoped fixture moves whole, so that the fixture is made once. The order is the same in every xdist
+    worker, as xdist requires."""
+    modules: dict[str, list] = {}
+    for item in items:
+        modules.setdefault(item.nodeid.split("::")[0], []).append(item)
+    waiting = [m for m, its in modules.items()
+               if m in WAITING_MODULES or any("slurm_cluster" in getattr(it, "fixturenames", ()) for it in its)]
+    units = []  # what moves as one: a test, or a waiting module with a module-scoped fixture
+    for m in waiting:
+        units += [modules[m]] if any(_module_scoped(it) for it in modules[m]) else [[it] for it in modules[m]]
+    busy = [modules[m] for m in modules if m not in waiting]
+    if not units or not busy:
+        return
+    # the waiting tests at even steps through the first 85 % of the other modules: quick ones fill the end
+    slots: dict[int, list] = {}
+    for i, unit in enumerate(units):
+        slots.setdefault(round((i + 0.5) * 0.85 * len(busy) / len(units)), []).extend(unit)
+    items[:] = [item for i, module in enumerate(busy) for item in (*slots.pop(i, []), *module)]
+    items.extend(item for unit in slots.values() for item in unit)
+
+
+def _module_scoped(item) -> bool:
+    """Whether `item` uses a module-scoped fixture (made again each time its module is come back to)."""
+    info = getattr(item, "_fixtureinfo", None)
+    return info is not None and any(d.scope == "module" for defs in info.name2fixturedefs.values() for d in defs)
+
+
 def run_entry(argv: list[str], monkeypatch, capsys) -> tuple[int, str, str]:
     """`launch ARGV` in-process through the console entry point: (exit code, stderr, stdout)."""
     import sys as _sys

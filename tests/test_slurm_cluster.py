@@ -336,13 +336,14 @@ def test_detach_submits_and_returns_as_sbatch_does_and_status_records_the_end(sl
 # ---- exact resume on the cluster: a killed rank, a requeue ----------------------------------------
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def cluster_reference(slurm_cluster, tmp_path_factory):
     """The uninterrupted run of each engine that the resumed cluster runs must match exactly: tests/test_resume.py's
     *local* run of the same spec, made once in the pytest run (conftest's made_once). The cluster's nodes start
     the same ranks on this machine, one thread each, so the backends give the same floats; a Slurm run of its
     own per engine cost 1-2 more ranks and a job each. It asks for the cluster: the tests that use it submit
-    jobs, and without it they ran only where another test had started the cluster first."""
+    jobs, and without it they ran only where another test had started the cluster first. Session-scoped: the
+    module's tests are spread among the others (conftest's pytest_collection_modifyitems)."""
     return lambda engine: resume_reference(tmp_path_factory, engine)
 
 
