@@ -70,7 +70,7 @@ def test_a_rewritten_line_keeps_its_last_state_under_its_tag() -> None:
     # two ranks' bars interleaved on one line (horovodrun tags every state): each last state keeps its own rank's tag
     both = "[1]<stderr>:\r[0]<stderr>:\r[1]<stderr>:2%\r[0]<stderr>:100% 5/5\n[1]<stderr>:100% 5/5\n"
     assert visible_text(both) == "[0]<stderr>:100% 5/5\n[1]<stderr>:100% 5/5\n"
-    assert visible_text("[0]<stderr>:\r[1]<stderr>:\r") == "[0]<stderr>:"  # nothing drawn yet
+    assert visible_text("[0]<stderr>:\r[1]<stderr>:\r") == "[0]<stderr>:\n[1]<stderr>:"  # nothing drawn yet
 
 
 def test_one_ranks_lines_of_two_bars_drawn_at_once_are_its_own(tmp_path: Path) -> None:
@@ -80,7 +80,12 @@ def test_one_ranks_lines_of_two_bars_drawn_at_once_are_its_own(tmp_path: Path) -
 
     both = "[1]<stderr>:\r[0]<stderr>:\r[1]<stderr>:2%\r[0]<stderr>:100% 5/5\n[1]<stderr>:100% 5/5\nlaunch: done\n"
     assert visible_text(rank_log(tmp_path, both, 0)) == "[0]<stderr>:100% 5/5\n"
-    assert visible_text(rank_log(tmp_path, both, 1)) == "[1]<stderr>:2%\n[1]<stderr>:100% 5/5\n"
+    assert visible_text(rank_log(tmp_path, both, 1)) == "[1]<stderr>:100% 5/5\n"
+    # as horovodrun interleaved them in a run: the line ends with the other rank's stdout, its bar goes on after
+    run = ("[1]<stderr>:\r[1]<stderr>:2% 1/9\r[0]<stderr>:\r[0]<stderr>:2% 1/9\r[1]<stdout>:done\n"
+           "[0]<stderr>:9/9\r[1]<stderr>:9/9\n[0]<stderr>:\n[0]<stdout>:done\n")
+    assert visible_text(rank_log(tmp_path, run, 0)) == "[0]<stderr>:9/9\n[0]<stdout>:done\n"
+    assert visible_text(run) == "[1]<stdout>:done\n[1]<stderr>:9/9\n[0]<stderr>:9/9\n[0]<stdout>:done\n"
     torchrun = "[rank0]:\r2%\r100% 5/5\n[rank1]:\r100% 5/5\n"  # a state without a tag is the line's rank's
     assert visible_text(rank_log(tmp_path, torchrun, 0)) == "[rank0]:100% 5/5\n"
     assert visible_text("a\r\nb\rc\r\n\rd") == "a\nc\nd"  # \r\n a line break; an empty last state is no state

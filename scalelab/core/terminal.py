@@ -204,6 +204,29 @@ def visible_text(text: str) -> str:
 _LINE_TAG = re.compile(r"\[(?:rank\d+|\d+(?:,\d+)?|default\d+)\](?:<std(?:out|err)>)?:")
 
 
+def untangled(text: str) -> str:
+    """`text` (a log of several ranks) with each state of a line rewritten with carriage returns (a progress bar)
+    on the line of the rank that drew it: a line ends where its own rank's newline comes. Why: horovodrun tags
+    every state it passes on (`[R]<stderr>:`), and two ranks' bars drawn at once interleave on one line, which
+    `launch logs` showed under the line's first tag, one rank's bar under the other's, and cut off. A state
+    without a tag (torchrun tags a line once) is of the tag before it on its line. A `\\r\\n` is a line break."""
+    if "\r" not in text:
+        return text
+    out: list[str] = []
+    open_lines: dict[str, list[str]] = {}  # per tag, the states of its line so far
+    for line in re.findall(r"[^\n]*\n|[^\n]+$", text.replace("\r\n", "\n")):
+        body, end = (line[:-1], "\n") if line.endswith("\n") else (line, "")
+        tag = ""
+        for part in body.split("\r"):
+            if m := _LINE_TAG.match(part):
+                tag, part = m[0], part[m.end():]
+            open_lines.setdefault(tag, []).append(part)
+        if end:
+            out.append(tag + "\r".join(open_lines.pop(tag)) + end)
+    out.append("\n".join(tag + "\r".join(parts) for tag, parts in open_lines.items()))
+    return "".join(out)
+
+
 def _untagged(part: str) -> str:
     """`part` without the rank tag it starts with, if any."""
     return part[m.end():] if (m := _LINE_TAG.match(part)) else part
@@ -213,12 +236,11 @@ def last_rewrites(text: str) -> str:
     """Each line of `text` as a terminal leaves it when the line was rewritten with carriage returns (a tqdm bar):
     what follows its last carriage return (the last part with something in it), under the line's rank tag. Why:
     `launch logs` turned every state of a 50-step bar into a line of its own (51 lines), where the terminal that
-    followed the run showed one. A `\\r\\n` is a line break. A state that carries its own tag keeps it: horovodrun
-    tags every state, and two ranks' bars drawn at once interleave on one line, where the line's first tag
-    would have put one rank's bar under the other's."""
+    followed the run showed one. A `\\r\\n` is a line break. Ranks' states interleaved on one line are first put
+    back on their own ranks' lines (`untangled`)."""
     if "\r" not in text:
         return text
-    lines = re.findall(r"[^\n]*\n|[^\n]+$", text.replace("\r\n", "\n"))
+    lines = re.findall(r"[^\n]*\n|[^\n]+$", untangled(text))
     out = []
     for line in lines:
         body, end = (line[:-1], "\n") if line.endswith("\n") else (line, "")

@@ -336,24 +336,9 @@ def rank_log(run_dir: Path, text: str, rank: int) -> str:
     own = RunPaths(Path(run_dir)).logs / f"rank-{rank}.log"
     if own.exists():
         return read_log(own)
-    return "".join(rank_line(line, rank) for line in log_lines(text))
+    from scalelab.core.terminal import untangled  # here: Rich, which the module imports, only where logs are shown
 
-
-def rank_line(line: str, rank: int) -> str:
-    """What of one line of a combined log is `rank`'s: the line, when it starts with the rank's tag; of a line
-    rewritten with carriage returns (a progress bar), the states under the rank's tag, a state without a tag
-    being of the tag before it. Why: horovodrun tags every state, and two ranks' bars drawn at once interleave on
-    one line, which the line's first tag gave whole to one rank."""
-    if "\r" not in line:
-        return line if rank in rank_tag(line, at_start=True) else ""
-    body, end = (line[:-1], "\n") if line.endswith("\n") else (line, "")
-    kept, mine = [], False
-    for part in body.split("\r"):
-        if (tag := rank_tag(part, at_start=True)) != (None, None):
-            mine = rank in tag
-        if mine:
-            kept.append(part)
-    return "\r".join(kept) + end if kept else ""
+    return "".join(line for line in log_lines(untangled(text)) if rank in rank_tag(line, at_start=True))
 
 
 def log_lines(text: str) -> list[str]:
