@@ -223,7 +223,8 @@ def untangled(text: str) -> str:
             open_lines.setdefault(tag, []).append(part)
         if end:
             out.append(tag + "\r".join(open_lines.pop(tag)) + end)
-    out.append("\n".join(tag + "\r".join(parts) for tag, parts in open_lines.items()))
+    rest = "\n".join(tag + "\r".join(parts) for tag, parts in open_lines.items())
+    out.append(rest + "\n" if rest and text.endswith("\n") else rest)  # a text that ended a line still does
     return "".join(out)
 
 
