@@ -174,6 +174,25 @@ def test_a_stop_signal_that_arrives_inside_a_gc_callback_is_not_lost() -> None:
     assert sent and stopped.value.signum == signal.SIGTERM
 
 
+def test_a_dropped_stop_signal_stops_a_block_that_ends_before_it_comes_again() -> None:
+    """An `Interrupted` dropped (as in a gc callback, above), then the block ends at once: the block's end raises
+    it, and the signal is not sent again after the block, where the handler before it (here: one that counts)
+    would take it."""
+    from types import SimpleNamespace
+
+    from scalelab.launcher.runner import Interrupted, stop_signals_interrupt
+
+    after = []
+    before = signal.signal(signal.SIGTERM, lambda signum, frame: after.append(signum))
+    try:
+        with pytest.raises(Interrupted) as stopped, stop_signals_interrupt():
+            sys.unraisablehook(SimpleNamespace(exc_value=Interrupted(signal.SIGTERM)))  # what Python does with it
+        time.sleep(0.2)
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert stopped.value.signum == signal.SIGTERM and after == []
+
+
 # ---- 3. a failed prep's record -------------------------------------------------------------------
 
 

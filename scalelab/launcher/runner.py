@@ -178,28 +178,56 @@ def _signals(handler: Callable[[int, object], None]) -> Iterator[None]:
         yield  # signals reach only the main thread; a follow loop in another thread is stopped by its caller
         return
     previous = {sig: signal.signal(sig, handler) for sig in STOP_SIGNALS}
-    previous_hook, sys.unraisablehook = sys.unraisablehook, _resending_lost_interrupts(sys.unraisablehook)
+    lost = _LostInterrupts(sys.unraisablehook)
+    sys.unraisablehook = lost.hook
     try:
         yield
     finally:
-        sys.unraisablehook = previous_hook
-        for sig, old in previous.items():
-            signal.signal(sig, old)
+        try:
+            signum = lost.close()
+        finally:
+            sys.unraisablehook = lost.previous
+            for sig, old in previous.items():
+                signal.signal(sig, old)
+        if signum is not None:  # dropped, and the block ended before it came again: it stops the block's caller
+            raise Interrupted(signum)
 
 
-def _resending_lost_interrupts(previous: Callable[[Any], object]) -> Callable[[Any], object]:
+class _LostInterrupts:
     """An unraisablehook that sends a stop signal again when Python had to drop its `Interrupted`: the signal
     arrived while a garbage collector's callback ran (Dask's scheduler, in `launch prep`, keeps one), or a
     `__del__`, where an exception cannot propagate. Why: Ctrl-C of a prep was then lost (with an "Exception
     ignored" traceback) and the prep ran on. The signal comes again from a thread a moment later, so that it lands
-    in ordinary code; other dropped exceptions go to the hook before."""
-    def hook(unraisable: Any) -> None:
-        if isinstance(unraisable.exc_value, Interrupted):
-            threading.Timer(0.01, os.kill, (os.getpid(), unraisable.exc_value.signum)).start()
-        else:
-            previous(unraisable)
+    in ordinary code; never after `close` (the block's end), which hands back the one still to come. Other dropped
+    exceptions go to the hook before."""
 
-    return hook
+    def __init__(self, previous: Callable[[Any], object]) -> None:
+        self.previous = previous
+        self._lock = threading.Lock()
+        self._pending: int | None = None
+        self._closed = False
+
+    def hook(self, unraisable: Any) -> None:
+        if not isinstance(unraisable.exc_value, Interrupted):
+            self.previous(unraisable)
+            return
+        with self._lock:
+            self._pending = unraisable.exc_value.signum
+        threading.Timer(0.01, self._send_again).start()
+
+    def _send_again(self) -> None:
+        with self._lock:
+            if self._closed or self._pending is None:
+                return
+            signum, self._pending = self._pending, None
+            os.kill(os.getpid(), signum)
+
+    def close(self) -> int | None:
+        """The signal that was dropped and not yet sent again, if any; none is sent after this."""
+        with self._lock:
+            self._closed = True
+            signum, self._pending = self._pending, None
+        return signum
 
 
 def _raise_interrupted(signum: int, frame: object) -> None:
