@@ -322,20 +322,28 @@ WAITING_MODULES = ("tests/test_stalls.py",)
 
 def pytest_collection_modifyitems(session, config, items):
     """The tests that mostly wait (on the Slurm cluster's scheduler, on a stall timeout) spread evenly among the
-    other modules, which stay whole and in order. Why: in file order they came one after the other, so that for
-    minutes all three workers waited on the cluster at once, the cores 17-47 % idle and the jobs queued behind each
-    other's (docs/benchmarks.md, stop 65), where the suite is otherwise CPU-bound. A waiting module with a
-    module-scoped fixture moves whole, so that the fixture is made once. The order is the same in every xdist
-    worker, as xdist requires."""
+    other modules, which stay whole and in order (a module's tests that do not wait stay together). Why: in file
+    order they came one after the other, so that for minutes all three workers waited on the cluster at once, the
+    cores 17-47 % idle and the jobs queued behind each other's (docs/benchmarks.md, stop 65), where the suite is
+    otherwise CPU-bound. A module with a waiting test and a module-scoped fixture moves whole, so that the fixture
+    is made once. The order is the same in every xdist worker, as xdist requires."""
     modules: dict[str, list] = {}
     for item in items:
         modules.setdefault(item.nodeid.split("::")[0], []).append(item)
-    waiting = [m for m, its in modules.items()
-               if m in WAITING_MODULES or any("slurm_cluster" in getattr(it, "fixturenames", ()) for it in its)]
-    units = []  # what moves as one: a test, or a waiting module with a module-scoped fixture
-    for m in waiting:
-        units += [modules[m]] if any(_module_scoped(it) for it in modules[m]) else [[it] for it in modules[m]]
-    busy = [modules[m] for m in modules if m not in waiting]
+
+    def waits(item) -> bool:
+        return item.nodeid.split("::")[0] in WAITING_MODULES or "slurm_cluster" in getattr(item, "fixturenames", ())
+
+    units, busy = [], []  # what moves as one: a waiting test, or a module with one and a module-scoped fixture
+    for its in modules.values():
+        if not any(waits(it) for it in its):
+            busy.append(its)
+        elif any(_module_scoped(it) for it in its):
+            units.append(its)
+        else:
+            units += [[it] for it in its if waits(it)]
+            if rest := [it for it in its if not waits(it)]:
+                busy.append(rest)
     if not units or not busy:
         return
     # the waiting tests at even steps through the first 85 % of the other modules: quick ones fill the end
