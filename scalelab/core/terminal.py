@@ -228,11 +228,6 @@ def untangled(text: str) -> str:
     return "".join(out)
 
 
-def _untagged(part: str) -> str:
-    """`part` without the rank tag it starts with, if any."""
-    return part[m.end():] if (m := _LINE_TAG.match(part)) else part
-
-
 def last_rewrites(text: str) -> str:
     """Each line of `text` as a terminal leaves it when the line was rewritten with carriage returns (a tqdm bar):
     what follows its last carriage return (the last part with something in it), under the line's rank tag. Why:
@@ -248,7 +243,7 @@ def last_rewrites(text: str) -> str:
         if "\r" in body:
             parts = body.split("\r")
             tag = m[0] if (m := _LINE_TAG.match(parts[0])) else ""
-            shown = next((part for part in reversed(parts) if _untagged(part).strip()), parts[0])
-            body = shown if _LINE_TAG.match(shown) else tag + shown
+            shown = next((part for part in reversed(parts) if part.removeprefix(tag).strip()), parts[0])
+            body = shown if shown.startswith(tag) else tag + shown
         out.append(body + end)
     return "".join(out)
