@@ -599,7 +599,8 @@ def ddp_exposed_exchange(preset: str, bucket_caps_mb: list[float], steps: int = 
     (`no_sync`), for each bucket size, on `preset`'s real parameter set: the exchange DDP could not
     hide behind backward. With `compression`, the trainer's comm hook sends the gradients in fp16 / bf16."""
     import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel
+
+    from scalelab.train import ddp
 
 
     start_process_group("gloo")
@@ -609,7 +610,7 @@ def ddp_exposed_exchange(preset: str, bucket_caps_mb: list[float], steps: int = 
     batch = build_dataset("synthetic", cfg, 0).get_batch(0, 0, cfg.default_batch, 0, cfg.default_batch // dist.get_world_size())
     results = []
     for cap in bucket_caps_mb:
-        model = keep_until_exit(DistributedDataParallel(build_model(cfg), bucket_cap_mb=cap))
+        model = keep_until_exit(ddp.build(build_model(cfg), bucket_cap_mb=cap))
         hook = ddp_compression_hook(compression)
         if hook is not None:
             model.register_comm_hook(None, hook)

@@ -192,13 +192,14 @@ class DDPEngine(Engine):
         return not self.exchanging  # independent replicas have no hooks in the backward
 
     def wrap(self, model, optimizer):
-        from torch.nn.parallel import DistributedDataParallel
+        from scalelab.train import ddp
 
         device_ids = [model_device(model).index] if model_device(model).type == "cuda" else None
-        # DDP broadcasts rank 0's parameters at construction; all-reduce overlaps backward by bucket. Its
-        # constructor imports `torch._dynamo` (its many long-lived objects: the collector paused while they load).
+        # DDP broadcasts rank 0's parameters at construction; all-reduce overlaps backward by bucket. Built
+        # without importing the compiler where it is not imported yet (scalelab/train/ddp.py); where the
+        # constructor does import it, the collector is paused while its many long-lived objects load.
         with collector_paused():
-            model = DistributedDataParallel(model, device_ids=device_ids, bucket_cap_mb=self.spec.bucket_cap_mb)
+            model = ddp.build(model, device_ids=device_ids, bucket_cap_mb=self.spec.bucket_cap_mb)
         hook = ddp_compression_hook(self.spec.grad_compression)
         if hook is not None:
             model.register_comm_hook(None, hook)  # each bucket: cast, divide, all-reduce, back to fp32
