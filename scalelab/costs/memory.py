@@ -37,9 +37,12 @@ FORMAT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 LSTM_VALUES_PER_TOKEN = 7
 CPU_LSTM_SCRATCH_PER_DIRECTION = 11
 # A CPU rank's resident set grows by this much on its first training steps whatever the model (thread
-# pools, oneDNN's primitives and scratch, the autograd engine): 105-107 MiB measured with the three
-# tiny presets, whose tensors are negligible. On a GPU these are not tensors and are not counted.
-CPU_RUNTIME_BYTES = 105 * 2**20
+# pools, oneDNN's primitives and scratch, the autograd engine): 26.5-28.6 MiB beyond the predicted tensors
+# with the three tiny presets, whose tensors are negligible, on the single, DDP and Horovod engines alike
+# (docs/benchmarks.md, stop 66). It was 105 MiB, measured on DDP ranks while DDP's constructor still imported
+# the compiler (73 MiB of it; scalelab/train/ddp.py), which single and Horovod ranks never did: their
+# predictions were 73 MiB too high. On a GPU these are not tensors and are not counted.
+CPU_RUNTIME_BYTES = 28 * 2**20
 FULL_LOSS_BYTES_PER_LOGIT = 12  # float32 log-softmax kept + its gradient + the logits' gradient
 HEADROOM = 0.9  # a GPU's memory usable by tensors: the CUDA context and the allocator's cache take the rest
 
