@@ -39,9 +39,12 @@ CPU_LSTM_SCRATCH_PER_DIRECTION = 11
 # A CPU rank's resident set grows by this much on its first training steps whatever the model (thread
 # pools, oneDNN's primitives and scratch, the autograd engine): 26.5-28.6 MiB beyond the predicted tensors
 # with the three tiny presets, whose tensors are negligible, on the single, DDP and Horovod engines alike
-# (docs/benchmarks.md, stop 66). It was 105 MiB, measured on DDP ranks while DDP's constructor still imported
-# the compiler (73 MiB of it; scalelab/train/ddp.py), which single and Horovod ranks never did: their
-# predictions were 73 MiB too high. On a GPU these are not tensors and are not counted.
+# (docs/benchmarks.md, "DDP without the compiler's import", stop 66). It was 105 MiB, measured (2026-11-26)
+# when every rank imported the compiler (`torch._dynamo`, 73 MiB of it) after its base was taken; since the
+# eleventh stop only DDP ranks did (scalelab/train/optim.py), so single and Horovod predictions were 73 MiB
+# high, and now none does (scalelab/train/ddp.py). A rank that compiles (`--output-loss compiled` on a
+# CPU) still imports it, and more: its prediction is low by at least that much. On a GPU these are not
+# tensors and are not counted.
 CPU_RUNTIME_BYTES = 28 * 2**20
 FULL_LOSS_BYTES_PER_LOGIT = 12  # float32 log-softmax kept + its gradient + the logits' gradient
 HEADROOM = 0.9  # a GPU's memory usable by tensors: the CUDA context and the allocator's cache take the rest

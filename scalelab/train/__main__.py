@@ -8,8 +8,8 @@ run that finished correctly, and the launcher would report a failure.
 The imports run with the cyclic garbage collector paused, and one collection after them: PyTorch makes
 about 250,000 objects that live as long as the rank, and the collector walked them again and again while
 they loaded (docs/benchmarks.md, tenth stop). `torch._dynamo`, which PyTorch's optimizers and DDP import,
-is not imported here: the trainer's optimizers do without it (scalelab/train/optim.py), and a DDP rank
-imports it in DDP's constructor, with the collector paused there. Nothing is frozen
+is not imported here: the trainer's optimizers and its DDP do without it (scalelab/train/optim.py,
+scalelab/train/ddp.py); a rank that compiles its output layer imports it then. Nothing is frozen
 (`gc.freeze`, which makes full collections frequent): with it, two DDP ranks of one CI run hung after their
 last record, freeing DDP's reducer, whose Gloo group's destructor joins Gloo's threads with the GIL held
 while one of them waited for the GIL. The group is now kept to the end besides (`_KEPT_UNTIL_EXIT`,

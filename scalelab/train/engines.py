@@ -1,4 +1,4 @@
-"""Distributed engines: the only module that calls Horovod or torch.distributed.
+"""Distributed engines: the training loop's only way to Horovod and torch.distributed (DDP is built by ddp.py).
 
 Every engine offers the same small surface to the training loop, so the loop reads the same for one
 process, DDP and Horovod, and the distributed lines are easy to spot:

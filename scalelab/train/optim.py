@@ -9,9 +9,9 @@ compiled region. The import is the biggest part of a CPU rank's start-up: 2.5-3.
 eleventh stop). The trainer never calls its optimizer from compiled code (only the output layer's loss is
 compiled, `scalelab/train/outloss.py`), so `eager(cls)` gives a subclass whose methods are those same
 functions unwrapped, with `step` still run with gradients off (`differentiable=False`), as the wrapper did.
-Horovod's `DistributedOptimizer` subclasses it in turn, so its step reaches these. DDP's constructor imports
-the compiler of its own accord: a DDP rank still pays for it. The CPU memory prediction's errors did not
-move (docs/benchmarks.md has them before and after).
+Horovod's `DistributedOptimizer` subclasses it in turn, so its step reaches these. DDP's constructor imported
+the compiler of its own accord until stop 66 (scalelab/train/ddp.py avoids that too). The CPU memory
+prediction's errors did not move (docs/benchmarks.md has them before and after).
 
 Where a PyTorch release wraps these differently (nothing to unwrap), the optimizer is PyTorch's class as
 it is: slower to start, never wrong. A user's own script (`--script`) builds its own optimizers.
