@@ -202,6 +202,9 @@ def visible_text(text: str) -> str:
 # A rank's tag at the start of a log line (torchrun's `[rank1]:`, horovodrun's `[1]<stderr>:`, a Slurm task's
 # `[0,1]<stdout>:`, torchrun's local `[default1]:`): kept before a rewritten line's last state
 _LINE_TAG = re.compile(r"\[(?:rank\d+|\d+(?:,\d+)?|default\d+)\](?:<std(?:out|err)>)?:")
+# A text's lines, each with its newline: cut at a newline only, not at a bar's carriage return (the launcher's
+# `log_lines`, which stays free of Rich, cuts the same way).
+_LINES = re.compile(r"[^\n]*\n|[^\n]+$")
 
 
 def untangled(text: str) -> str:
@@ -214,7 +217,7 @@ def untangled(text: str) -> str:
         return text
     out: list[str] = []
     open_lines: dict[str, list[str]] = {}  # per tag, the states of its line so far
-    for line in re.findall(r"[^\n]*\n|[^\n]+$", text.replace("\r\n", "\n")):
+    for line in _LINES.findall(text.replace("\r\n", "\n")):
         body, end = (line[:-1], "\n") if line.endswith("\n") else (line, "")
         tag = ""
         for part in body.split("\r"):
@@ -236,7 +239,7 @@ def last_rewrites(text: str) -> str:
     back on their own ranks' lines (`untangled`)."""
     if "\r" not in text:
         return text
-    lines = re.findall(r"[^\n]*\n|[^\n]+$", untangled(text))
+    lines = _LINES.findall(untangled(text))
     out = []
     for line in lines:
         body, end = (line[:-1], "\n") if line.endswith("\n") else (line, "")

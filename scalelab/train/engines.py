@@ -196,8 +196,8 @@ class DDPEngine(Engine):
 
         device_ids = [model_device(model).index] if model_device(model).type == "cuda" else None
         # DDP broadcasts rank 0's parameters at construction; all-reduce overlaps backward by bucket. Built
-        # without importing the compiler where it is not imported yet (scalelab/train/ddp.py); where the
-        # constructor does import it, the collector is paused while its many long-lived objects load.
+        # without importing the compiler (scalelab/train/ddp.py); should the stand-in have to import it (a
+        # PyTorch that asks the compiler more), the collector is paused while its many long-lived objects load.
         with collector_paused():
             model = ddp.build(model, device_ids=device_ids, bucket_cap_mb=self.spec.bucket_cap_mb)
         hook = ddp_compression_hook(self.spec.grad_compression)
