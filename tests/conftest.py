@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -327,7 +328,7 @@ def pytest_collection_modifyitems(session, config, items):
     cores 17-47 % idle and the jobs queued behind each other's (docs/benchmarks.md, stop 65), where the suite is
     otherwise CPU-bound. A module with a waiting test and a module-scoped fixture moves whole, so that the fixture
     is made once; each module's waiting tests spread over the run, interleaved with the other modules' (a module's
-long waits at once left the cores idle). The order is the same in every xdist worker, as xdist requires."""
+    long waits at once left the cores idle). The order is the same in every xdist worker, as xdist requires."""
     modules: dict[str, list] = {}
     for item in items:
         modules.setdefault(item.nodeid.split("::")[0], []).append(item)
@@ -351,14 +352,12 @@ long waits at once left the cores idle). The order is the same in every xdist wo
     # (30-40 s each, their ranks asleep) came within a minute of each other, all three workers waiting at once
     # with the cores 80 % idle (docs/benchmarks.md, stop 67). A stable sort on (k + 0.5) / n, the k-th of a module's n
     # units, interleaves the modules and keeps each one's own order.
-    of_module: dict[str, int] = {}
-    place = []
-    for unit in units:
-        module = unit[0].nodeid.split("::")[0]
-        place.append(of_module.get(module, 0))
-        of_module[module] = place[-1] + 1
-    units = [unit for _, unit in sorted(enumerate(units), key=lambda iu: (place[iu[0]] + 0.5)
-                                        / of_module[iu[1][0].nodeid.split("::")[0]])]
+    module_of = [unit[0].nodeid.split("::")[0] for unit in units]
+    count, seen, where = Counter(module_of), Counter(), []
+    for module in module_of:
+        where.append((seen[module] + 0.5) / count[module])
+        seen[module] += 1
+    units = [unit for _, unit in sorted(zip(where, units), key=lambda wu: wu[0])]
     # the waiting tests at even steps through the first 85 % of the other modules: quick ones fill the end
     slots: dict[int, list] = {}
     for i, unit in enumerate(units):
