@@ -562,15 +562,24 @@ def gave_up_line(run_dir: Path, ranks: list[RankEnd]) -> str:
     exits = rank_exits(run_dir)
     for r in ranks:
         if r.end is None and not r.errors:
-            code = exits.get(r.rank)
-            number = _signal_number(code)
-            how = (f" (killed by {_signal_name(number)})" if number is not None
-                   else f" (exit status {code})" if code is not None else "")
-            said.append(f"rank {r.rank} ended with no record after step {r.last_step or 0}{how}")
+            said.append(f"rank {r.rank} ended with no record after step {r.last_step or 0}{_how_it_ended(exits.get(r.rank))}")
     line = f"{cause}; {', '.join(said)}; no new checkpoint was saved"
     if has_checkpoint(run_dir):
         return line + f": `launch resume {shell_word(run_dir)}` continues it from its last checkpoint"
     return line + "; " + no_checkpoint_advice(run_dir)
+
+
+def _how_it_ended(code: int | None) -> str:
+    """What a rank's exit status says of a rank that ended with no record after a peer gave up (`gave_up_line`).
+    A SIGTERM status is its agent's stop of the workers left once a peer had exited (horovodrun's "Terminating
+    remaining workers", torchrun's the same): said as that, not as "killed by SIGTERM", which named a signal
+    nobody had sent as if it were the cause (horovodrun reports 143 of a rank it stopped that way, now and then)."""
+    number = _signal_number(code)
+    if number == signal.SIGTERM:
+        return f" (exit status {code}: its agent stopped it once a peer had exited)"
+    if number is not None:
+        return f" (killed by {_signal_name(number)})"
+    return f" (exit status {code})" if code is not None else ""
 
 
 def no_checkpoint_advice(run_dir: Path) -> str:
