@@ -350,12 +350,14 @@ def pytest_collection_modifyitems(session, config, items):
         return
     # each module's waiting units spread over the whole run, not one module's after another's: test_stalls' cases
     # (30-40 s each, their ranks asleep) came within a minute of each other, all three workers waiting at once
-    # with the cores 80 % idle (docs/benchmarks.md, stop 67). A stable sort on (k + 0.5) / n, the k-th of a module's n
-    # units, interleaves the modules and keeps each one's own order.
+    # with the cores 80 % idle (docs/benchmarks.md, stop 67). A stable sort on (k + phase) / n, the k-th of a module's
+    # n units, interleaves the modules and keeps each one's own order; each module's phase in [0, 1) is its own
+    # (golden-ratio steps), so that modules of one waiting test do not all land together in the middle.
     module_of = [unit[0].nodeid.split("::")[0] for unit in units]
     count, seen, where = Counter(module_of), Counter(), []
+    phase = {module: (0.5 + j * 0.618034) % 1 for j, module in enumerate(count)}
     for module in module_of:
-        where.append((seen[module] + 0.5) / count[module])
+        where.append((seen[module] + phase[module]) / count[module])
         seen[module] += 1
     units = [unit for _, unit in sorted(zip(where, units), key=lambda wu: wu[0])]
     # the waiting tests at even steps through the first 85 % of the other modules: quick ones fill the end

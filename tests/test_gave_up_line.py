@@ -27,7 +27,8 @@ def test_a_peer_its_agent_stopped_is_said_so_not_killed_by_sigterm(tmp_path: Pat
     if someone had sent it, in the line whose point is that the launcher's loss is the cause."""
     line = _line(tmp_path, {"0": 143, "1": code})
     assert line.startswith("its launcher (pid 7) is gone; rank 0 did not stop within 25 s and exited after step 5, ")
-    assert f"rank 1 ended with no record after step 5 (exit status {code}: its agent stopped it once a peer had exited)" in line
+    assert (f"rank 1 ended with no record after step 5 (exit status {code}: stopped by its agent, as agents stop the "
+            "ranks left once one has exited)") in line
     assert "SIGTERM" not in line and "no new checkpoint was saved" in line
 
 

@@ -551,8 +551,8 @@ def gave_up_line(run_dir: Path, ranks: list[RankEnd]) -> str:
     """One line on a run whose launcher went away while a rank could not stop (hung, or stuck in a collective with
     a hung peer): the cause the ranks recorded ("its launcher (pid N) is gone"), which ranks gave up after how
     long and at which step (`records.gave_up_records`), the ranks that then ended with no record (their agent
-    killed them once a peer had exited; the exit status where known, with no guess), and that no new checkpoint
-    was saved. Why: `launch status` said "rank 0 was killed by SIGTERM ... rank 1 was killed by SIGKILL ...: out
+    killed them once a peer had exited; the exit status where known, a SIGTERM's said as its agent's stop:
+    `_how_it_ended`), and that no new checkpoint was saved. Why: `launch status` said "rank 0 was killed by SIGTERM ... rank 1 was killed by SIGKILL ...: out
     of memory?" of such a run - nobody had sent SIGTERM (that was the exit status 143 read back) and nothing ran
     out of memory."""
     gave = [(r, s) for r in ranks for s in r.stops if s.get("gave_up")]
@@ -562,7 +562,8 @@ def gave_up_line(run_dir: Path, ranks: list[RankEnd]) -> str:
     exits = rank_exits(run_dir)
     for r in ranks:
         if r.end is None and not r.errors:
-            said.append(f"rank {r.rank} ended with no record after step {r.last_step or 0}{_how_it_ended(exits.get(r.rank))}")
+            how = _how_it_ended(exits.get(r.rank))
+            said.append(f"rank {r.rank} ended with no record after step {r.last_step or 0}{how}")
     line = f"{cause}; {', '.join(said)}; no new checkpoint was saved"
     if has_checkpoint(run_dir):
         return line + f": `launch resume {shell_word(run_dir)}` continues it from its last checkpoint"
@@ -571,12 +572,13 @@ def gave_up_line(run_dir: Path, ranks: list[RankEnd]) -> str:
 
 def _how_it_ended(code: int | None) -> str:
     """What a rank's exit status says of a rank that ended with no record after a peer gave up (`gave_up_line`).
-    A SIGTERM status is its agent's stop of the workers left once a peer had exited (horovodrun's "Terminating
-    remaining workers", torchrun's the same): said as that, not as "killed by SIGTERM", which named a signal
-    nobody had sent as if it were the cause (horovodrun reports 143 of a rank it stopped that way, now and then)."""
+    A SIGTERM status there is its agent's report of its own stop (the rank's handler keeps a SIGTERM itself from
+    killing it; horovodrun's executor reads 143, torchrun -15), which agents send to the ranks left once one has
+    exited ("Terminating remaining workers"): said as that, not as "killed by SIGTERM", which read as a signal
+    someone had sent and as the cause (horovodrun reports it of a stopped rank now and then)."""
     number = _signal_number(code)
     if number == signal.SIGTERM:
-        return f" (exit status {code}: its agent stopped it once a peer had exited)"
+        return f" (exit status {code}: stopped by its agent, as agents stop the ranks left once one has exited)"
     if number is not None:
         return f" (killed by {_signal_name(number)})"
     return f" (exit status {code})" if code is not None else ""
