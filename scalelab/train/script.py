@@ -163,12 +163,13 @@ class StopSignals:
         self.script: dict[int, Any] = {}  # the script's own handler of a stop signal (a callable or SIG_IGN)
         self.first: dict[int, float] = {}  # monotonic time of each stop signal's first delivery
         self.chained = False  # inside the script's handler: it may call the one it replaced (`getsignal`'s)
+        self.calling: FrameType | None = None  # this handler's frame while the script's handler runs
         self.originals: tuple[Any, Any] | None = None  # signal.signal, signal.getsignal while wrapped
 
     def __call__(self, signum: int, frame: FrameType | None) -> None:
         if not self._quieted():  # a process the script forked (a multiprocessing or DataLoader worker)
             return self._in_a_child(signum, frame)
-        if self.chained:  # the script's handler called the one it replaced: the runner's own action
+        if self.chained and not self._delivered_inside(frame):  # the script's handler called the one it replaced
             return self._runner_action(signum, track._state.stop_asked)
         now = time.monotonic()
         if now - self.first.get(signum, -REPEAT_S) < REPEAT_S:
@@ -181,11 +182,24 @@ class StopSignals:
             return
         if not callable(handler) or handler is signal.default_int_handler:
             return self._runner_action(signum, asked)
-        self.chained = True
+        before = self.chained, self.calling
+        self.chained, self.calling = True, sys._getframe()
         try:
             handler(signum, frame)
         finally:
-            self.chained = False
+            self.chained, self.calling = before
+
+    def _delivered_inside(self, frame: FrameType | None) -> bool:
+        """Whether a call made while the script's handler runs is a signal delivered inside it (`frame`, the frame
+        the signal interrupted, runs above this handler's own), not the script calling the handler it replaced (it
+        passes the frame it was given, or None). Why: of the cancel's SIGTERM and torchrun's agent's, the second
+        came while the script's handler ran and was taken for its call: the rank exited 143 before the script's save
+        (a CI run of stop 67). Delivered inside, it is a repeat like any other."""
+        while frame is not None:
+            if frame is self.calling:
+                return True
+            frame = frame.f_back
+        return False
 
     def _quieted(self) -> bool:
         """False in a forked child; in the rank, torch's DataLoader SIGCHLD handler replaced first of all. Why: the
