@@ -194,7 +194,9 @@ class StopSignals:
         the signal interrupted, runs above this handler's own), not the script calling the handler it replaced (it
         passes the frame it was given, or None). Why: of the cancel's SIGTERM and torchrun's agent's, the second
         came while the script's handler ran and was taken for its call: the rank exited 143 before the script's save
-        (a CI run of stop 67). Delivered inside, it is a repeat like any other."""
+        (a CI run of stop 67). Delivered inside, it is a repeat like any other. The limit: a script whose handler
+        passes its own frame (`sys._getframe()`) instead of the one it was given looks like a delivery; within
+        REPEAT_S its call is then swallowed, so it should pass the frame it got (or None), as the idiom does."""
         while frame is not None:
             if frame is self.calling:
                 return True
