@@ -552,9 +552,9 @@ def gave_up_line(run_dir: Path, ranks: list[RankEnd]) -> str:
     a hung peer): the cause the ranks recorded ("its launcher (pid N) is gone"), which ranks gave up after how
     long and at which step (`records.gave_up_records`), the ranks that then ended with no record (their agent
     killed them once a peer had exited; the exit status where known, a SIGTERM's said as its agent's stop:
-    `_how_it_ended`), and that no new checkpoint was saved. Why: `launch status` said "rank 0 was killed by SIGTERM ... rank 1 was killed by SIGKILL ...: out
-    of memory?" of such a run - nobody had sent SIGTERM (that was the exit status 143 read back) and nothing ran
-    out of memory."""
+    `_how_it_ended`), and that no new checkpoint was saved. Why: `launch status` said "rank 0 was killed by
+    SIGTERM ... rank 1 was killed by SIGKILL ...: out of memory?" of such a run - nobody had sent SIGTERM (that
+    was the exit status 143 read back) and nothing ran out of memory."""
     gave = [(r, s) for r in ranks for s in r.stops if s.get("gave_up")]
     cause = next((s["cause"] for _, s in gave if s.get("cause")), "its launcher is gone")
     said = [f"rank {r.rank} did not stop within {float(s.get('grace_s') or 0):.0f} s and exited after step "

@@ -162,14 +162,15 @@ class StopSignals:
         self.run_dir, self.rank, self.me = run_dir, rank, os.getpid()
         self.script: dict[int, Any] = {}  # the script's own handler of a stop signal (a callable or SIG_IGN)
         self.first: dict[int, float] = {}  # monotonic time of each stop signal's first delivery
-        self.chained = False  # inside the script's handler: it may call the one it replaced (`getsignal`'s)
-        self.calling: FrameType | None = None  # this handler's frame while the script's handler runs
+        # this handler's frame while the script's handler runs (None outside it): the script's handler may call
+        # the one it replaced (`getsignal`'s), and a signal may be delivered inside it (`_delivered_inside`)
+        self.calling: FrameType | None = None
         self.originals: tuple[Any, Any] | None = None  # signal.signal, signal.getsignal while wrapped
 
     def __call__(self, signum: int, frame: FrameType | None) -> None:
         if not self._quieted():  # a process the script forked (a multiprocessing or DataLoader worker)
             return self._in_a_child(signum, frame)
-        if self.chained and not self._delivered_inside(frame):  # the script's handler called the one it replaced
+        if self.calling is not None and not self._delivered_inside(frame):  # the script's handler chained to it
             return self._runner_action(signum, track._state.stop_asked)
         now = time.monotonic()
         if now - self.first.get(signum, -REPEAT_S) < REPEAT_S:
@@ -182,12 +183,11 @@ class StopSignals:
             return
         if not callable(handler) or handler is signal.default_int_handler:
             return self._runner_action(signum, asked)
-        before = self.chained, self.calling
-        self.chained, self.calling = True, sys._getframe()
+        before, self.calling = self.calling, sys._getframe()
         try:
             handler(signum, frame)
         finally:
-            self.chained, self.calling = before
+            self.calling = before
 
     def _delivered_inside(self, frame: FrameType | None) -> bool:
         """Whether a call made while the script's handler runs is a signal delivered inside it (`frame`, the frame
